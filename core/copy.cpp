@@ -1,0 +1,100 @@
+// core: copy_, contiguous, clone, to(dtype|device) and the CPU element copy behind them.
+#include "core/copy.h"
+
+#include <cstring>
+
+#include "core/autograd_meta.h"
+#include "core/dispatch.h"
+#include "core/grad_mode.h"
+#include "core/strided_iter.h"
+
+namespace weft {
+namespace {
+
+DeviceCopyFn g_device_copy[kNumDeviceTypes] = {nullptr, nullptr};
+
+template <class D, class S>
+void copy_cpu_typed(const Tensor& dst, const Tensor& src) {
+  D* d = static_cast<D*>(dst.data_ptr());
+  const S* s = static_cast<const S*>(src.data_ptr());
+  int64_t n = dst.numel();
+  if (dst.is_contiguous() && src.is_contiguous()) {
+    if constexpr (std::is_same_v<D, S>) {
+      std::memcpy(d, s, size_t(n) * sizeof(D));
+    } else {
+#pragma omp parallel for if (n > 32768)
+      for (int64_t i = 0; i < n; ++i) d[i] = convert_scalar<D>(s[i]);
+    }
+    return;
+  }
+  StridedIter<2> it(dst.shape(), {dst.strides(), src.strides()});
+#pragma omp parallel for if (n > 32768)
+  for (int64_t r = 0; r < it.num_runs(); ++r) {
+    auto off = it.run_offsets(r);
+    auto [sd, ss] = it.inner_strides();
+    D* dp = d + off[0];
+    const S* sp = s + off[1];
+    for (int64_t i = 0; i < it.inner_size(); ++i) dp[i * sd] = convert_scalar<D>(sp[i * ss]);
+  }
+}
+
+}  // namespace
+
+void register_device_copy(DeviceType type, DeviceCopyFn fn) { g_device_copy[int(type)] = fn; }
+
+void copy_elements(const Tensor& dst, const Tensor& src) {
+  WEFT_CHECK(dst.shape() == src.shape(), "copy: shapes differ, dst {} vs src {}", tensor_desc(dst),
+             tensor_desc(src));
+  if (dst.numel() == 0) return;
+  if (dst.device().is_cpu() && src.device().is_cpu()) {
+    WEFT_DISPATCH(dst.dtype(), "copy", [&]<typename D>() {
+      WEFT_DISPATCH(src.dtype(), "copy", [&]<typename S>() { copy_cpu_typed<D, S>(dst, src); });
+    });
+    return;
+  }
+  Device other = dst.device().is_cpu() ? src.device() : dst.device();
+  DeviceCopyFn fn = g_device_copy[int(other.type)];
+  WEFT_CHECK(fn != nullptr, "copy: no copy routine for device {} (backend not built)", other.str());
+  fn(dst, src);
+}
+
+Tensor& Tensor::copy_(const Tensor& src) {
+  check_defined("copy_");
+  WEFT_CHECK(src.defined(), "copy_: source is an undefined tensor");
+  WEFT_CHECK(!(GradMode::is_enabled() && is_leaf() && requires_grad()),
+             "copy_: a leaf tensor that requires grad ({}) cannot be written in place while grad "
+             "mode is on (use NoGradGuard)", tensor_desc(*this));
+  Tensor s = src.shape() == shape() ? src : src.expand(shape());
+  copy_elements(*this, s.detach());
+  return *this;
+}
+
+Tensor Tensor::to(Device device, DType dtype) const {
+  check_defined("to");
+  if (device == this->device() && dtype == this->dtype()) return *this;
+  Tensor out = empty(shape(), {.dtype = dtype, .device = device});
+  copy_elements(out, detach());
+  if (requires_grad()) {
+    if (auto fn = detail::autograd_hooks().record_copy) fn(*this, out);
+  }
+  return out;
+}
+Tensor Tensor::to(DType dtype) const { return to(device(), dtype); }
+Tensor Tensor::to(Device device) const { return to(device, dtype()); }
+
+Tensor Tensor::clone() const {
+  check_defined("clone");
+  Tensor out = empty(shape(), {.dtype = dtype(), .device = device()});
+  copy_elements(out, detach());
+  if (requires_grad()) {
+    if (auto fn = detail::autograd_hooks().record_copy) fn(*this, out);
+  }
+  return out;
+}
+
+Tensor Tensor::contiguous() const {
+  check_defined("contiguous");
+  return is_contiguous() ? *this : clone();
+}
+
+}  // namespace weft

@@ -1,0 +1,28 @@
+// core: the one error type. User mistakes throw weft::Error with a message that names the
+// op, shapes, dtypes and devices involved, and where in weft the check sits.
+#pragma once
+#include <fmt/format.h>
+#include <stdexcept>
+#include <string>
+
+namespace weft {
+
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+namespace detail {
+[[noreturn]] void throw_error(const char* file, int line, const std::string& msg);
+}  // namespace detail
+
+}  // namespace weft
+
+// WEFT_CHECK(cond, "fmt {}", args...): throws weft::Error("<msg> (at file:line)") if !cond.
+#define WEFT_CHECK(cond, ...)                                                        \
+  do {                                                                               \
+    if (!(cond)) [[unlikely]]                                                        \
+      ::weft::detail::throw_error(__FILE__, __LINE__, ::fmt::format(__VA_ARGS__));   \
+  } while (0)
+
+#define WEFT_ERROR(...) ::weft::detail::throw_error(__FILE__, __LINE__, ::fmt::format(__VA_ARGS__))

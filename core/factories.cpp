@@ -1,0 +1,149 @@
+// core: tensor factories, in-place fills, and element access as doubles.
+#include <cmath>
+
+#include "core/copy.h"
+#include "core/dispatch.h"
+#include "core/generator.h"
+#include "core/grad_mode.h"
+#include "core/strided_iter.h"
+
+namespace weft {
+
+Tensor empty(const Shape& shape, TensorOptions opts) {
+  for (int64_t s : shape) WEFT_CHECK(s >= 0, "empty: negative size in shape {}", shape_str(shape));
+  size_t nbytes = size_t(shape_numel(shape)) * dtype_size(opts.dtype);
+  auto storage = std::make_shared<StorageImpl>(nbytes, opts.device);
+  Tensor t(std::make_shared<TensorImpl>(std::move(storage), shape, contiguous_strides(shape), 0, opts.dtype));
+  if (opts.requires_grad) t.set_requires_grad(true);
+  return t;
+}
+
+Tensor full(const Shape& shape, double value, TensorOptions opts) {
+  bool rg = opts.requires_grad;
+  opts.requires_grad = false;
+  Tensor t = empty(shape, opts);
+  t.fill_(value);
+  if (rg) t.set_requires_grad(true);
+  return t;
+}
+Tensor zeros(const Shape& shape, TensorOptions opts) { return full(shape, 0.0, opts); }
+Tensor ones(const Shape& shape, TensorOptions opts) { return full(shape, 1.0, opts); }
+Tensor scalar_tensor(double value, TensorOptions opts) { return full({}, value, opts); }
+Tensor empty_like(const Tensor& t) { return empty(t.shape(), {.dtype = t.dtype(), .device = t.device()}); }
+Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), {.dtype = t.dtype(), .device = t.device()}); }
+Tensor ones_like(const Tensor& t) { return ones(t.shape(), {.dtype = t.dtype(), .device = t.device()}); }
+
+namespace {
+// Builds a tensor on the CPU from doubles, then moves it to opts' dtype and device.
+template <class Fill>
+Tensor from_doubles(const Shape& shape, TensorOptions opts, Fill&& fill) {
+  Tensor host = empty(shape, {.dtype = DType::f64});
+  double* p = host.data<double>();
+  int64_t n = host.numel();
+  for (int64_t i = 0; i < n; ++i) p[i] = fill(i);
+  Tensor out = host.to(opts.device, opts.dtype);
+  if (opts.requires_grad) out.set_requires_grad(true);
+  return out;
+}
+}  // namespace
+
+Tensor arange(double start, double end, double step, TensorOptions opts) {
+  WEFT_CHECK(step != 0, "arange: step must be non-zero");
+  WEFT_CHECK((end - start) / step >= 0, "arange: range [{}, {}) with step {} is empty in the wrong direction",
+             start, end, step);
+  int64_t n = int64_t(std::ceil((end - start) / step));
+  return from_doubles({n}, opts, [&](int64_t i) { return start + double(i) * step; });
+}
+
+Tensor rand(const Shape& shape, TensorOptions opts, Generator* gen) {
+  Generator& g = gen ? *gen : default_generator();
+  return from_doubles(shape, opts, [&](int64_t) { return g.uniform(); });
+}
+
+Tensor randn(const Shape& shape, TensorOptions opts, Generator* gen) {
+  Generator& g = gen ? *gen : default_generator();
+  return from_doubles(shape, opts, [&](int64_t) { return g.normal(); });
+}
+
+Tensor from_vector(const std::vector<double>& values, const Shape& shape, TensorOptions opts) {
+  WEFT_CHECK(int64_t(values.size()) == shape_numel(shape),
+             "from_vector: {} values do not fill shape {} ({} elements)", values.size(),
+             shape_str(shape), shape_numel(shape));
+  return from_doubles(shape, opts, [&](int64_t i) { return values[size_t(i)]; });
+}
+
+Tensor from_blob(void* data, const Shape& shape, DType dtype, Device device,
+                 std::function<void(void*)> deleter) {
+  size_t nbytes = size_t(shape_numel(shape)) * dtype_size(dtype);
+  auto storage = std::make_shared<StorageImpl>(data, nbytes, device, std::move(deleter));
+  return Tensor(std::make_shared<TensorImpl>(std::move(storage), shape, contiguous_strides(shape), 0, dtype));
+}
+
+std::vector<double> to_vector(const Tensor& t) {
+  Tensor host = empty(t.shape(), {.dtype = DType::f64});
+  copy_elements(host, t.detach());
+  const double* p = host.data<double>();
+  return std::vector<double>(p, p + host.numel());
+}
+
+double Tensor::item() const {
+  check_defined("item");
+  WEFT_CHECK(numel() == 1, "item: tensor {} has {} elements, expected exactly one", tensor_desc(*this),
+             numel());
+  return to_vector(*this)[0];
+}
+
+// ---------------------------------------------------------------- in-place fills
+
+static void check_inplace(const Tensor& t, const char* op) {
+  WEFT_CHECK(!(GradMode::is_enabled() && t.is_leaf() && t.requires_grad()),
+             "{}: a leaf tensor that requires grad ({}) cannot be written in place while grad mode "
+             "is on (use NoGradGuard)", op, tensor_desc(t));
+}
+
+Tensor& Tensor::fill_(double value) {
+  check_defined("fill_");
+  check_inplace(*this, "fill_");
+  if (numel() == 0) return *this;
+  if (!device().is_cpu()) {
+    copy_elements(*this, full(shape(), value, {.dtype = dtype()}));
+    return *this;
+  }
+  WEFT_DISPATCH(dtype(), "fill_", [&]<typename T>() {
+    T v = convert_scalar<T>(value);
+    T* p = static_cast<T*>(data_ptr());
+    StridedIter<1> it(shape(), {strides()});
+    for (int64_t r = 0; r < it.num_runs(); ++r) {
+      T* q = p + it.run_offsets(r)[0];
+      int64_t s = it.inner_strides()[0];
+      for (int64_t i = 0; i < it.inner_size(); ++i) q[i * s] = v;
+    }
+  });
+  return *this;
+}
+
+Tensor& Tensor::zero_() { return fill_(0.0); }
+
+Tensor& Tensor::uniform_(double low, double high, Generator* gen) {
+  check_defined("uniform_");
+  check_inplace(*this, "uniform_");
+  WEFT_CHECK(is_floating(dtype()), "uniform_: expects a floating tensor, got {}", tensor_desc(*this));
+  WEFT_CHECK(low <= high, "uniform_: low {} > high {}", low, high);
+  Generator& g = gen ? *gen : default_generator();
+  copy_elements(*this, from_doubles(shape(), {.dtype = DType::f64},
+                                    [&](int64_t) { return low + (high - low) * g.uniform(); }));
+  return *this;
+}
+
+Tensor& Tensor::normal_(double mean, double std, Generator* gen) {
+  check_defined("normal_");
+  check_inplace(*this, "normal_");
+  WEFT_CHECK(is_floating(dtype()), "normal_: expects a floating tensor, got {}", tensor_desc(*this));
+  WEFT_CHECK(std >= 0, "normal_: std must be non-negative, got {}", std);
+  Generator& g = gen ? *gen : default_generator();
+  copy_elements(*this, from_doubles(shape(), {.dtype = DType::f64},
+                                    [&](int64_t) { return mean + std * g.normal(); }));
+  return *this;
+}
+
+}  // namespace weft

@@ -1,0 +1,42 @@
+// core: a block of device memory shared by a tensor and its views. It can be freed and
+// re-allocated in place, so FSDP can drop an unsharded parameter's memory while autograd
+// still holds the tensor object, and bring it back before the next use.
+#pragma once
+#include <cstddef>
+#include <functional>
+#include <memory>
+
+#include "core/device.h"
+
+namespace weft {
+
+class StorageImpl {
+ public:
+  StorageImpl(size_t nbytes, Device device);
+  // Wraps memory owned elsewhere; `deleter` (may be empty) runs when the storage dies.
+  StorageImpl(void* data, size_t nbytes, Device device, std::function<void(void*)> deleter);
+  ~StorageImpl();
+  StorageImpl(const StorageImpl&) = delete;
+  StorageImpl& operator=(const StorageImpl&) = delete;
+
+  void* data() const;  // throws if the storage has been freed
+  void* data_or_null() const { return data_; }
+  size_t nbytes() const { return nbytes_; }
+  Device device() const { return device_; }
+  bool is_allocated() const { return data_ != nullptr || nbytes_ == 0; }
+
+  void free();                   // releases the memory; views keep their geometry
+  void allocate(size_t nbytes);  // (re)allocates uninitialised memory of nbytes in place
+
+ private:
+  void release();
+  void* data_ = nullptr;
+  size_t nbytes_ = 0;
+  Device device_;
+  bool owned_ = true;
+  std::function<void(void*)> deleter_;
+};
+
+using Storage = std::shared_ptr<StorageImpl>;
+
+}  // namespace weft

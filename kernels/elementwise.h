@@ -1,0 +1,52 @@
+// kernels: element-wise math with broadcasting and type promotion. Functions take tensors
+// of any strides on one device, check them, allocate the result and dispatch on
+// (device, dtype) to the backend loop (kernels/cpu now; kernels/cuda when built). 16-bit
+// floats compute in f32. No autograd here: autograd/ops builds on these.
+#pragma once
+#include <optional>
+
+#include "core/tensor.h"
+
+namespace weft::kernels {
+
+enum class UnaryOp {
+  neg, exp, log, sqrt, rsqrt, abs, tanh, sigmoid, relu, gelu_tanh, gelu_erf, sin, cos,
+  square, reciprocal, sign, log1p, expm1, logical_not
+};
+const char* unary_op_name(UnaryOp op);
+
+enum class BinaryOp {
+  add, sub, mul, div, pow, maximum, minimum,
+  eq, ne, lt, le, gt, ge,  // comparisons give bool tensors
+  logical_and, logical_or
+};
+const char* binary_op_name(BinaryOp op);
+
+// y = op(x). Float-only ops (exp, log, ...) reject integer inputs with a clear error;
+// neg/abs/sign/relu/square also take integers; logical_not gives bool.
+Tensor unary(UnaryOp op, const Tensor& x);
+// grad_x = grad * op'(x), using the saved output y where that is cheaper (exp, tanh,
+// sigmoid, sqrt, rsqrt, reciprocal). Shapes of grad, x, y are equal.
+Tensor unary_backward(UnaryOp op, const Tensor& grad, const Tensor& x, const Tensor& y);
+
+// out = a op b with broadcasting; dtype = promote_types (bool for comparisons and logical
+// ops). Both operands must be on one device.
+Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b);
+// out = a op s (or s op a when scalar_first). The tensor's dtype is kept, except that an
+// integer tensor with a non-integral scalar in arithmetic gives f32, and comparisons give bool.
+Tensor binary_scalar(BinaryOp op, const Tensor& a, double s, bool scalar_first = false);
+
+// dst += alpha * src, src broadcast to dst's shape, converted to dst's dtype; dst may be
+// any strided view, but must not overlap itself (no expanded dims).
+void add_(const Tensor& dst, const Tensor& src, double alpha = 1.0);
+// dst *= s in place.
+void mul_scalar_(const Tensor& dst, double s);
+
+// out = cond ? a : b, all three broadcast together; cond is bool (or u8).
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+// out = mask ? value : x, mask (bool) broadcast to x's shape.
+Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
+// out = min(max(x, lo), hi); either bound may be absent.
+Tensor clamp(const Tensor& x, std::optional<double> lo, std::optional<double> hi);
+
+}  // namespace weft::kernels

@@ -1,0 +1,32 @@
+// kernels: reductions over any set of dims (empty dims = all dims), with keepdim.
+// 16-bit floats accumulate in f32, f32 in f32 with pairwise/blocked sums (OpenMP across
+// output elements or across the reduced range, whichever is larger).
+#pragma once
+#include <utility>
+
+#include "core/tensor.h"
+
+namespace weft::kernels {
+
+enum class ReduceOp { sum, mean, max, min, prod };
+
+// Sum/mean of bool or integer inputs give i64 (sum) or f32 (mean); float inputs keep their dtype.
+Tensor reduce(ReduceOp op, const Tensor& x, const Shape& dims, bool keepdim);
+// Values and i64 indices of the max/min along one dim (first occurrence on ties).
+std::pair<Tensor, Tensor> max_dim(const Tensor& x, int64_t dim, bool keepdim);
+std::pair<Tensor, Tensor> min_dim(const Tensor& x, int64_t dim, bool keepdim);
+Tensor argmax(const Tensor& x, int64_t dim, bool keepdim);
+Tensor argmin(const Tensor& x, int64_t dim, bool keepdim);
+// Variance with Bessel-style `correction` (1 = unbiased, like torch.var's default).
+Tensor var(const Tensor& x, const Shape& dims, int64_t correction, bool keepdim);
+// Sums x down to `shape` (the inverse of broadcasting `shape` to x's shape); used for
+// gradients of broadcast operands.
+Tensor sum_to(const Tensor& x, const Shape& shape);
+
+// The dims after wrapping negatives and sorting (all dims when `dims` is empty); throws on
+// repeats or out-of-range dims naming `op`.
+Shape normalize_dims(const Shape& dims, int64_t ndim, const char* op);
+// Shape of a reduction's result.
+Shape reduced_shape(const Shape& shape, const Shape& dims_normalized, bool keepdim);
+
+}  // namespace weft::kernels

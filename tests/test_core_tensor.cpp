@@ -1,0 +1,148 @@
+// Tests for core: tensor geometry, views sharing storage, copies and dtype conversion,
+// factories, the generator, memory counters and in-place storage free/re-allocate.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <limits>
+
+#include "core/allocator.h"
+#include "core/generator.h"
+#include "core/tensor.h"
+
+using namespace weft;
+
+TEST_CASE("contiguous tensors have row-major strides") {
+  Tensor t = zeros({2, 3, 4});
+  CHECK(t.shape() == Shape{2, 3, 4});
+  CHECK(t.strides() == Shape{12, 4, 1});
+  CHECK(t.numel() == 24);
+  CHECK(t.is_contiguous());
+  CHECK(t.dtype() == kFloat32);
+  CHECK(t.device() == kCPU);
+}
+
+TEST_CASE("views share storage with their base") {
+  Tensor t = arange(0, 12).view({3, 4});
+  Tensor tr = t.transpose(0, 1);
+  CHECK(tr.shape() == Shape{4, 3});
+  CHECK(!tr.is_contiguous());
+  CHECK(tr.storage() == t.storage());
+  tr.select(0, 1).fill_(-1);  // column 1 of t
+  CHECK(to_vector(t) == std::vector<double>{0, -1, 2, 3, 4, -1, 6, 7, 8, -1, 10, 11});
+  CHECK(to_vector(t.narrow(1, 1, 2)) == std::vector<double>{-1, 2, -1, 6, -1, 10});
+  CHECK(to_vector(t.slice(1, 0, 4, 2)) == std::vector<double>{0, 2, 4, 6, 8, 10});
+  CHECK(to_vector(t.permute({1, 0}).contiguous()) == to_vector(tr));
+  CHECK(to_vector(tr.contiguous()) == std::vector<double>{0, 4, 8, -1, -1, -1, 2, 6, 10, 3, 7, 11});
+}
+
+TEST_CASE("reshape views when possible and copies otherwise") {
+  Tensor t = arange(0, 6).view({2, 3});
+  CHECK(t.reshape({3, 2}).storage() == t.storage());
+  CHECK(t.reshape({-1}).shape() == Shape{6});
+  Tensor tt = t.t();
+  Tensor r = tt.reshape({6});
+  CHECK(r.storage() != t.storage());
+  CHECK(to_vector(r) == std::vector<double>{0, 3, 1, 4, 2, 5});
+  CHECK_THROWS_AS(tt.view({6}), Error);
+  CHECK(t.flatten().shape() == Shape{6});
+}
+
+TEST_CASE("expand, squeeze, unsqueeze, chunk and split") {
+  Tensor t = arange(0, 3).view({3, 1});
+  Tensor e = t.expand({2, 3, 4});
+  CHECK(e.shape() == Shape{2, 3, 4});
+  CHECK(e.strides() == Shape{0, 1, 0});
+  CHECK(to_vector(e.select(0, 1).select(0, 2)) == std::vector<double>{2, 2, 2, 2});
+  CHECK(t.squeeze().shape() == Shape{3});
+  CHECK(t.squeeze(1).shape() == Shape{3});
+  CHECK(t.unsqueeze(0).shape() == Shape{1, 3, 1});
+  CHECK(t.unsqueeze(-1).shape() == Shape{3, 1, 1});
+  auto chunks = arange(0, 10).chunk(4);  // torch.chunk: sizes 3, 3, 3, 1
+  REQUIRE(chunks.size() == 4);
+  CHECK(chunks[0].numel() == 3);
+  CHECK(chunks[3].numel() == 1);
+  CHECK(to_vector(chunks[3]) == std::vector<double>{9});
+  auto parts = arange(0, 12).view({3, 4}).split(3, 1);
+  REQUIRE(parts.size() == 2);
+  CHECK(parts[1].shape() == Shape{3, 1});
+  CHECK(to_vector(parts[1]) == std::vector<double>{3, 7, 11});
+}
+
+TEST_CASE("dtype conversions round to nearest even") {
+  // bf16 has 8 mantissa bits: 1 + 2^-8 is halfway between 1 and 1 + 2^-7 -> rounds to even (1).
+  CHECK(float(BFloat16(1.0f + 0x1p-8f)) == 1.0f);
+  CHECK(float(BFloat16(1.0f + 3 * 0x1p-8f)) == 1.0f + 0x1p-6f);
+  CHECK(std::isnan(float(BFloat16(std::numeric_limits<float>::quiet_NaN()))));
+  // f16: 10 mantissa bits; 1 + 2^-11 ties to 1, 1 + 3*2^-11 ties up to 1 + 2^-9.
+  CHECK(float(Half(1.0f + 0x1p-11f)) == 1.0f);
+  CHECK(float(Half(1.0f + 3 * 0x1p-11f)) == 1.0f + 0x1p-9f);
+  CHECK(float(Half(65504.0f)) == 65504.0f);
+  CHECK(std::isinf(float(Half(65520.0f))));
+  CHECK(float(Half(0x1p-24f)) == 0x1p-24f);  // smallest subnormal
+  CHECK(float(Half(0x1p-26f)) == 0.0f);
+  Tensor x = from_vector({1.5, -2.25, 3.0, 1e-3}, {4});
+  for (DType d : {kFloat64, kBFloat16, kFloat16}) {
+    Tensor y = x.to(d).to(kFloat32);
+    auto v = to_vector(y);
+    CHECK(v[0] == 1.5);
+    CHECK(v[1] == -2.25);
+    CHECK(v[2] == 3.0);
+    CHECK(std::abs(v[3] - 1e-3) < 1e-5);
+  }
+  CHECK(to_vector(from_vector({-1.7, 2.9}, {2}).to(kInt64)) == std::vector<double>{-1, 2});
+  CHECK(to_vector(from_vector({0, 2}, {2}).to(kBool)) == std::vector<double>{0, 1});
+}
+
+TEST_CASE("factories and seeded generators") {
+  CHECK(to_vector(full({2}, 7)) == std::vector<double>{7, 7});
+  CHECK(to_vector(arange(1, 2, 0.25)) == std::vector<double>{1, 1.25, 1.5, 1.75});
+  Generator g1(42), g2(42);
+  CHECK(to_vector(randn({5}, {}, &g1)) == to_vector(randn({5}, {}, &g2)));
+  Tensor u = rand({1000}, {}, &g1);
+  for (double v : to_vector(u)) CHECK((v >= 0 && v < 1));
+  Tensor n = randn({20000}, {.dtype = kFloat64}, &g1);
+  auto v = to_vector(n);
+  double mean = 0, sq = 0;
+  for (double a : v) { mean += a; sq += a * a; }
+  mean /= double(v.size());
+  CHECK(std::abs(mean) < 0.03);
+  CHECK(std::abs(sq / double(v.size()) - 1) < 0.05);
+}
+
+TEST_CASE("memory counters count exact bytes and track the peak") {
+  reset_peak_memory_stats();
+  auto before = memory_stats();
+  {
+    Tensor a = empty({100}, {.dtype = kFloat32});     // 400 bytes
+    Tensor b = empty({3, 5}, {.dtype = kBFloat16});   // 30 bytes
+    auto mid = memory_stats();
+    CHECK(mid.live_bytes - before.live_bytes == 430);
+    CHECK(mid.peak_bytes >= before.live_bytes + 430);
+  }
+  auto after = memory_stats();
+  CHECK(after.live_bytes == before.live_bytes);
+  CHECK(after.peak_bytes - before.live_bytes == 430);
+  reset_peak_memory_stats();
+  CHECK(memory_stats().peak_bytes == memory_stats().live_bytes);
+}
+
+TEST_CASE("storage can be freed and re-allocated in place") {
+  Tensor t = ones({256});
+  Tensor v = t.narrow(0, 10, 5);
+  auto live = memory_stats().live_bytes;
+  t.storage()->free();
+  CHECK(memory_stats().live_bytes == live - 1024);
+  CHECK_THROWS_WITH(t.data_ptr(), Catch::Contains("freed"));
+  CHECK_THROWS_AS(to_vector(v), Error);
+  t.storage()->allocate(1024);
+  CHECK(memory_stats().live_bytes == live);
+  t.fill_(3);
+  CHECK(to_vector(v) == std::vector<double>{3, 3, 3, 3, 3});
+}
+
+TEST_CASE("printing shows values, dtype and shape") {
+  std::string s = from_vector({1, 2, 3, 4}, {2, 2}).str();
+  CHECK(s.find("[[1.0, 2.0],") != std::string::npos);
+  CHECK(s.find("f32[2, 2] on cpu") != std::string::npos);
+  std::string big = zeros({100, 100}).str();
+  CHECK(big.find("...") != std::string::npos);
+}
