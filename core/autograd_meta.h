@@ -22,11 +22,14 @@ struct AutogradMeta {
 
 namespace detail {
 
+using ViewReplay = std::function<Tensor(const Tensor&)>;
+
 // Installed once by autograd (see autograd/engine.cpp). Core calls these only when a tensor
 // takes part in autograd, so core alone never records anything.
 struct AutogradHooks {
-  // `out` is a view of `base` (which requires grad): give `out` a grad_fn.
-  void (*record_view)(const Tensor& base, Tensor& out) = nullptr;
+  // `out` is a view of `base` (which requires grad): give `out` a grad_fn. `replay` applies
+  // the same view to another tensor shaped like base (null for as_strided).
+  void (*record_view)(const Tensor& base, Tensor& out, const ViewReplay& replay) = nullptr;
   // `out` is a copy of `src` (contiguous/clone/to): give `out` a grad_fn.
   void (*record_copy)(const Tensor& src, Tensor& out) = nullptr;
   void (*backward)(const Tensor& root, const Tensor& grad, bool retain_graph) = nullptr;

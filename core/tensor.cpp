@@ -64,18 +64,17 @@ void* Tensor::data_ptr() const {
 namespace {
 
 // Records `out` as a view of `base` for autograd when base needs gradients.
-Tensor finish_view(const Tensor& base, Tensor out) {
-  if (base.requires_grad()) {
-    auto fn = detail::autograd_hooks().record_view;
-    if (fn) fn(base, out);
-  }
-  return out;
-}
-
-Tensor make_view(const Tensor& base, Shape shape, Shape strides, int64_t offset) {
+// `replay` re-applies the same view to another tensor of base's shape (autograd writes the
+// gradient through it); it is only built when base takes part in autograd.
+template <class Replay>
+Tensor make_view(const Tensor& base, Shape shape, Shape strides, int64_t offset, Replay&& replay) {
   auto impl = std::make_shared<TensorImpl>(base.storage(), std::move(shape), std::move(strides),
                                            offset, base.dtype());
-  return finish_view(base, Tensor(std::move(impl)));
+  Tensor out(std::move(impl));
+  if (base.requires_grad()) {
+    if (auto fn = detail::autograd_hooks().record_view) fn(base, out, detail::ViewReplay(replay));
+  }
+  return out;
 }
 
 Shape infer_shape(Shape shape, int64_t numel, const char* op, const Shape& from) {
@@ -136,7 +135,9 @@ Tensor Tensor::view(Shape new_shape) const {
   WEFT_CHECK(st.has_value(),
              "view: shape {} is not compatible with input {} of strides {} (use reshape, which copies)",
              shape_str(new_shape), shape_str(shape()), shape_str(strides()));
-  return make_view(*this, std::move(new_shape), std::move(*st), offset());
+  Shape replay_shape = new_shape;
+  return make_view(*this, std::move(new_shape), std::move(*st), offset(),
+                   [replay_shape](const Tensor& t) { return t.view(replay_shape); });
 }
 
 Tensor Tensor::reshape(Shape new_shape) const {
@@ -167,7 +168,8 @@ Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
              start + length, d, n, tensor_desc(*this));
   Shape s = shape();
   s[d] = length;
-  return make_view(*this, std::move(s), strides(), offset() + start * strides()[d]);
+  return make_view(*this, std::move(s), strides(), offset() + start * strides()[d],
+                   [=](const Tensor& t) { return t.narrow(d, start, length); });
 }
 
 Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const {
@@ -181,7 +183,8 @@ Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const 
   Shape s = shape(), st = strides();
   s[d] = (end - start + step - 1) / step;
   st[d] *= step;
-  return make_view(*this, std::move(s), std::move(st), offset() + start * strides()[d]);
+  return make_view(*this, std::move(s), std::move(st), offset() + start * strides()[d],
+                   [=](const Tensor& t) { return t.slice(d, start, end, step); });
 }
 
 Tensor Tensor::select(int64_t d, int64_t index) const {
@@ -194,17 +197,19 @@ Tensor Tensor::select(int64_t d, int64_t index) const {
   Shape s = shape(), st = strides();
   s.erase(s.begin() + d);
   st.erase(st.begin() + d);
-  return make_view(*this, std::move(s), std::move(st), offset() + index * strides()[d]);
+  return make_view(*this, std::move(s), std::move(st), offset() + index * strides()[d],
+                   [=](const Tensor& t) { return t.select(d, index); });
 }
 
 Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
-  if (dim() == 0) return make_view(*this, {}, {}, offset());
+  if (dim() == 0) return make_view(*this, {}, {}, offset(), [](const Tensor& t) { return t.detach(); });
   d0 = wrap_dim(d0, dim(), "transpose");
   d1 = wrap_dim(d1, dim(), "transpose");
   Shape s = shape(), st = strides();
   std::swap(s[d0], s[d1]);
   std::swap(st[d0], st[d1]);
-  return make_view(*this, std::move(s), std::move(st), offset());
+  return make_view(*this, std::move(s), std::move(st), offset(),
+                   [=](const Tensor& t) { return t.transpose(d0, d1); });
 }
 
 Tensor Tensor::t() const {
@@ -224,7 +229,8 @@ Tensor Tensor::permute(const Shape& dims) const {
     s[i] = shape()[d];
     st[i] = strides()[d];
   }
-  return make_view(*this, std::move(s), std::move(st), offset());
+  return make_view(*this, std::move(s), std::move(st), offset(),
+                   [dims](const Tensor& t) { return t.permute(dims); });
 }
 
 Tensor Tensor::expand(Shape target) const {
@@ -244,24 +250,26 @@ Tensor Tensor::expand(Shape target) const {
                shape_str(shape()), shape_str(target), i, cur, target[i]);
     st[i] = cur == target[i] ? strides()[i - lead] : 0;
   }
-  return make_view(*this, std::move(target), std::move(st), offset());
+  Shape replay_shape = target;
+  return make_view(*this, std::move(target), std::move(st), offset(),
+                   [replay_shape](const Tensor& t) { return t.expand(replay_shape); });
 }
 
 Tensor Tensor::squeeze() const {
   Shape s, st;
   for (int64_t d = 0; d < dim(); ++d)
     if (shape()[d] != 1) { s.push_back(shape()[d]); st.push_back(strides()[d]); }
-  return make_view(*this, std::move(s), std::move(st), offset());
+  return make_view(*this, std::move(s), std::move(st), offset(), [](const Tensor& t) { return t.squeeze(); });
 }
 
 Tensor Tensor::squeeze(int64_t d) const {
-  if (dim() == 0) return make_view(*this, {}, {}, offset());
+  if (dim() == 0) return make_view(*this, {}, {}, offset(), [](const Tensor& t) { return t.detach(); });
   d = wrap_dim(d, dim(), "squeeze");
-  if (shape()[d] != 1) return make_view(*this, shape(), strides(), offset());
+  if (shape()[d] != 1) return make_view(*this, shape(), strides(), offset(), [](const Tensor& t) { return t.detach(); });
   Shape s = shape(), st = strides();
   s.erase(s.begin() + d);
   st.erase(st.begin() + d);
-  return make_view(*this, std::move(s), std::move(st), offset());
+  return make_view(*this, std::move(s), std::move(st), offset(), [d](const Tensor& t) { return t.squeeze(d); });
 }
 
 Tensor Tensor::unsqueeze(int64_t d) const {
@@ -270,7 +278,7 @@ Tensor Tensor::unsqueeze(int64_t d) const {
   int64_t stride = d < dim() ? strides()[d] * shape()[d] : 1;
   s.insert(s.begin() + d, 1);
   st.insert(st.begin() + d, stride);
-  return make_view(*this, std::move(s), std::move(st), offset());
+  return make_view(*this, std::move(s), std::move(st), offset(), [d](const Tensor& t) { return t.unsqueeze(d); });
 }
 
 std::vector<Tensor> Tensor::split_with_sizes(const Shape& sizes, int64_t d) const {
@@ -322,7 +330,7 @@ Tensor Tensor::as_strided(Shape s, Shape st, int64_t off) const {
   WEFT_CHECK(off >= 0 && int64_t((max_index + 1) * int64_t(element_size())) <= int64_t(storage()->nbytes()),
              "as_strided: view (shape {}, strides {}, offset {}) reaches past storage of {} bytes",
              shape_str(s), shape_str(st), off, storage()->nbytes());
-  return make_view(*this, std::move(s), std::move(st), off);
+  return make_view(*this, std::move(s), std::move(st), off, nullptr);
 }
 
 Tensor Tensor::detach() const {

@@ -1,1 +1,78 @@
-// placeholder: filled in by the kernels work
+// kernels: matmul and gemm entry points: shape rules, checks, output allocation and the
+// device dispatch. The loops are in kernels/cpu/gemm.cpp.
+#include "kernels/linalg.h"
+
+#include "kernels/cpu/gemm.h"
+
+namespace weft::kernels {
+namespace {
+
+void check_operands(const char* op, const Tensor& a, const Tensor& b) {
+  WEFT_CHECK(a.defined() && b.defined(), "{}: got an undefined tensor ({} and {})", op, tensor_desc(a),
+             tensor_desc(b));
+  WEFT_CHECK(a.device() == b.device(), "{}: operands are on different devices: {} and {}", op,
+             tensor_desc(a), tensor_desc(b));
+  WEFT_CHECK(a.dtype() == b.dtype(), "{}: operands have different dtypes: {} and {}", op,
+             tensor_desc(a), tensor_desc(b));
+  WEFT_CHECK(is_floating(a.dtype()), "{}: expects floating tensors (f32, f64, bf16, f16), got {} and {}",
+             op, tensor_desc(a), tensor_desc(b));
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  check_operands("matmul", a, b);
+  WEFT_CHECK(a.dim() >= 1 && b.dim() >= 1, "matmul: both operands need at least 1 dim, got {} and {}",
+             tensor_desc(a), tensor_desc(b));
+  TensorOptions opts{.dtype = a.dtype(), .device = a.device()};
+  if (a.dim() == 1 && b.dim() == 1) {
+    WEFT_CHECK(a.size(0) == b.size(0), "matmul: 1-D operands differ in length: {} and {}", tensor_desc(a),
+               tensor_desc(b));
+    Tensor out = empty({}, opts);
+    if (a.device().is_cpu()) {
+      cpu::dot(a, b, out);
+      return out;
+    }
+    WEFT_ERROR("matmul: not built for device {}", a.device().str());
+  }
+  // A 1-D operand becomes a row (left) or column (right) matrix; its dim is dropped after.
+  Tensor a2 = a.dim() == 1 ? a.unsqueeze(0) : a;
+  Tensor b2 = b.dim() == 1 ? b.unsqueeze(1) : b;
+  int64_t m = a2.size(-2), k = a2.size(-1), n = b2.size(-1);
+  WEFT_CHECK(k == b2.size(-2),
+             "matmul: inner dims differ: {} @ {} (a's last dim {} vs b's {} dim {})", tensor_desc(a),
+             tensor_desc(b), k, b.dim() == 1 ? "only" : "second-to-last", b2.size(-2));
+  Shape batch = broadcast_shapes(Shape(a2.shape().begin(), a2.shape().end() - 2),
+                                 Shape(b2.shape().begin(), b2.shape().end() - 2), "matmul");
+  Shape full = batch;
+  full.push_back(m);
+  full.push_back(n);
+  Tensor out = empty(full, opts);
+  if (a.device().is_cpu()) {
+    cpu::matmul(a2, b2, out);
+  } else {
+    WEFT_ERROR("matmul: not built for device {}", a.device().str());
+  }
+  if (a.dim() == 1) out = out.squeeze(-2);
+  if (b.dim() == 1) out = out.squeeze(-1);
+  return out;
+}
+
+void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& out, double alpha,
+          double beta) {
+  check_operands("gemm", a, b);
+  WEFT_CHECK(a.dim() == 2 && b.dim() == 2, "gemm: expects 2-D operands, got {} and {}", tensor_desc(a),
+             tensor_desc(b));
+  WEFT_CHECK(out.defined() && out.dtype() == a.dtype() && out.device() == a.device(),
+             "gemm: out {} must match the operands' dtype and device ({})", tensor_desc(out),
+             tensor_desc(a));
+  Tensor A = trans_a ? a.t() : a, B = trans_b ? b.t() : b;
+  WEFT_CHECK(A.size(1) == B.size(0), "gemm: inner dims differ: op(a) is [{}, {}], op(b) is [{}, {}]",
+             A.size(0), A.size(1), B.size(0), B.size(1));
+  WEFT_CHECK(out.dim() == 2 && out.size(0) == A.size(0) && out.size(1) == B.size(1) && out.is_contiguous(),
+             "gemm: out {} must be a contiguous [{}, {}] matrix", tensor_desc(out), A.size(0), B.size(1));
+  if (a.device().is_cpu()) return cpu::gemm(A, B, out, alpha, beta);
+  WEFT_ERROR("gemm: not built for device {}", a.device().str());
+}
+
+}  // namespace weft::kernels

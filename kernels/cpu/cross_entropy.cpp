@@ -1,1 +1,134 @@
-// placeholder: filled in by the kernels work
+// kernels/cpu: cross-entropy fused with its log_softmax, one row per task. With label
+// smoothing eps over C classes a row's loss is (1-eps)*(-lp[t]) + eps/C * sum_c(-lp[c]),
+// and sum_c(-lp[c]) = C*lse - sum_c x[c] falls out of the same pass. Row losses are summed
+// in row order in double so the reduction is deterministic.
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "core/dispatch.h"
+#include "kernels/cpu/fast_math.h"
+#include "kernels/cpu/nn.h"
+
+namespace weft::kernels::cpu {
+namespace {
+
+template <class F>
+void dispatch_target(DType t, F&& fn) {
+  if (t == DType::i64) return fn.template operator()<int64_t>();
+  if (t == DType::i32) return fn.template operator()<int32_t>();
+  WEFT_ERROR("cross_entropy: target must be i64 or i32, got {}", dtype_name(t));
+}
+
+template <typename T, typename I>
+void forward_typed(const Tensor& logits, const Tensor& target, int64_t ignore_index, double eps,
+                   Reduction reduction, const Tensor& loss, const Tensor& log_probs) {
+  using A = acc_t<T>;
+  int64_t n = logits.size(0), c = logits.size(1);
+  const T* px = logits.data<T>();
+  const I* pt = target.data<I>();
+  T* plp = log_probs.data<T>();
+  std::vector<double> row_loss(n);
+#pragma omp parallel for schedule(static) if (n * c > kParallelGrain)
+  for (int64_t i = 0; i < n; ++i) {
+    const T* x = px + i * c;
+    T* lp = plp + i * c;
+    A mx = -std::numeric_limits<A>::infinity(), sum = 0, xsum = 0;
+#pragma omp simd reduction(max : mx)
+    for (int64_t j = 0; j < c; ++j) mx = std::max(mx, A(x[j]));
+#pragma omp simd reduction(+ : sum, xsum)
+    for (int64_t j = 0; j < c; ++j) {
+      sum += fast_exp(A(x[j]) - mx);
+      xsum += A(x[j]);
+    }
+    A lse = mx + std::log(sum);
+#pragma omp simd
+    for (int64_t j = 0; j < c; ++j) lp[j] = T(A(x[j]) - lse);
+    int64_t t = pt[i];
+    if (t == ignore_index) {
+      row_loss[i] = 0;
+      continue;
+    }
+    double nll = double(lse) - double(A(x[t]));
+    double smooth = double(c) * double(lse) - double(xsum);
+    row_loss[i] = (1 - eps) * nll + eps / double(c) * smooth;
+  }
+  if (reduction == Reduction::none) {
+    T* pl = loss.data<T>();
+    for (int64_t i = 0; i < n; ++i) pl[i] = T(A(row_loss[i]));
+    return;
+  }
+  double total = 0;
+  int64_t count = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    total += row_loss[i];
+    count += int64_t(pt[i]) != ignore_index;
+  }
+  // All targets ignored under "mean" gives 0/0 = NaN, as in PyTorch.
+  if (reduction == Reduction::mean) total = count ? total / double(count) : std::nan("");
+  *loss.data<T>() = T(A(total));
+}
+
+// d loss_i / d x_ic = g_i * (p_ic - eps/C - (1-eps) [c == t_i]); ignored rows get 0.
+template <typename T, typename I>
+void backward_typed(const Tensor& grad_loss, const Tensor& log_probs, const Tensor& target,
+                    int64_t ignore_index, double eps, Reduction reduction, const Tensor& dlogits) {
+  using A = acc_t<T>;
+  int64_t n = log_probs.size(0), c = log_probs.size(1);
+  const T* plp = log_probs.data<T>();
+  const I* pt = target.data<I>();
+  const T* pg = grad_loss.data<T>();
+  T* pd = dlogits.data<T>();
+  double scale = reduction == Reduction::none ? 1.0 : double(A(pg[0]));
+  if (reduction == Reduction::mean) {
+    int64_t count = 0;
+    for (int64_t i = 0; i < n; ++i) count += int64_t(pt[i]) != ignore_index;
+    scale = count ? scale / double(count) : std::nan("");
+  }
+  A off = A(eps / double(c)), hit = A(1 - eps);
+#pragma omp parallel for schedule(static) if (n * c > kParallelGrain)
+  for (int64_t i = 0; i < n; ++i) {
+    T* d = pd + i * c;
+    const T* lp = plp + i * c;
+    int64_t t = pt[i];
+    if (t == ignore_index) {
+      for (int64_t j = 0; j < c; ++j) d[j] = T(A(0));
+      continue;
+    }
+    A g = reduction == Reduction::none ? A(pg[i]) : A(scale);
+#pragma omp simd
+    for (int64_t j = 0; j < c; ++j) d[j] = T(g * (fast_exp(A(lp[j])) - off));
+    d[t] = T(A(d[t]) - g * hit);
+  }
+}
+
+}  // namespace
+
+void cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing,
+                   Reduction reduction, const Tensor& loss, const Tensor& log_probs) {
+  int64_t c = logits.size(1);
+  dispatch_target(target.dtype(), [&]<typename I>() {
+    const I* pt = target.data<I>();
+    for (int64_t i = 0; i < target.numel(); ++i) {
+      int64_t t = pt[i];
+      WEFT_CHECK(t == ignore_index || (t >= 0 && t < c),
+                 "cross_entropy: target {} (row {}) is out of range for {} classes (ignore_index {})", t, i,
+                 c, ignore_index);
+    }
+    WEFT_DISPATCH_FLOAT(logits.dtype(), "cross_entropy", [&]<typename T>() {
+      forward_typed<T, I>(logits, target, ignore_index, label_smoothing, reduction, loss, log_probs);
+    });
+  });
+}
+
+void cross_entropy_backward(const Tensor& grad_loss, const Tensor& log_probs, const Tensor& target,
+                            int64_t ignore_index, double label_smoothing, Reduction reduction,
+                            const Tensor& dlogits) {
+  dispatch_target(target.dtype(), [&]<typename I>() {
+    WEFT_DISPATCH_FLOAT(log_probs.dtype(), "cross_entropy_backward", [&]<typename T>() {
+      backward_typed<T, I>(grad_loss, log_probs, target, ignore_index, label_smoothing, reduction, dlogits);
+    });
+  });
+}
+
+}  // namespace weft::kernels::cpu

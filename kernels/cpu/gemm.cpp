@@ -1,1 +1,208 @@
-// placeholder: filled in by the kernels work
+// kernels/cpu: matrix products through Eigen. Eigen threads a large GEMM itself with OpenMP
+// and runs serially when called from inside a parallel region, which is what lets batched
+// matmul split small GEMMs across the batch instead.
+#include "kernels/cpu/gemm.h"
+
+#include <Eigen/Core>
+#include <optional>
+#include <vector>
+
+#include "core/copy.h"
+#include "core/dispatch.h"
+#include "kernels/threads.h"
+
+namespace weft::kernels::cpu {
+namespace {
+
+using Eigen::Dynamic;
+using Eigen::OuterStride;
+
+template <typename T, int Order>
+using ConstMat = Eigen::Map<const Eigen::Matrix<T, Dynamic, Dynamic, Order>, 0, OuterStride<>>;
+template <typename T>
+using OutMat = Eigen::Map<Eigen::Matrix<T, Dynamic, Dynamic, Eigen::RowMajor>, 0, OuterStride<>>;
+
+template <typename T, int OrderA, int OrderB>
+void gemm_eigen(int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb,
+                T* c, int64_t ldc, T alpha, T beta) {
+  ConstMat<T, OrderA> A(a, m, k, OuterStride<>(lda));
+  ConstMat<T, OrderB> B(b, k, n, OuterStride<>(ldb));
+  OutMat<T> C(c, m, n, OuterStride<>(ldc));
+  if (beta == T(0)) {
+    if (alpha == T(1)) C.noalias() = A * B;
+    else C.noalias() = alpha * A * B;
+  } else {
+    if (beta != T(1)) C *= beta;
+    C.noalias() += alpha * A * B;
+  }
+}
+
+// Rows of a [..., m, k] seen as one row-major [M, k] matrix, when the strides allow it
+// (contiguous batches, or rows sliced out of a wider matrix like a fused qkv projection).
+std::optional<MatLayout> fold_rows(const Tensor& a) {
+  int64_t k = a.size(-1), rows = a.numel() / std::max<int64_t>(k, 1);
+  if (k > 1 && a.stride(-1) != 1) return std::nullopt;
+  int64_t row_stride = -1, expected = 0;
+  for (int64_t d = a.dim() - 2; d >= 0; --d) {
+    if (a.size(d) == 1) continue;
+    if (row_stride < 0) {
+      row_stride = a.stride(d);
+      expected = row_stride * a.size(d);
+    } else if (a.stride(d) != expected) {
+      return std::nullopt;
+    } else {
+      expected *= a.size(d);
+    }
+  }
+  if (rows <= 1) return row_major(std::max<int64_t>(k, 1));
+  if (row_stride < k) return std::nullopt;  // broadcast (stride 0) or overlapping rows
+  return row_major(row_stride);
+}
+
+// Per-matrix element offsets of `t` ([..., r, c]) for each index of `batch` (broadcasting).
+std::vector<int64_t> batch_offsets(const Tensor& t, const Shape& batch) {
+  int64_t nb = shape_numel(batch), nd = int64_t(batch.size()), lead = nd - (t.dim() - 2);
+  Shape strides(nd, 0);
+  for (int64_t d = lead; d < nd; ++d)
+    if (t.size(d - lead) != 1) strides[d] = t.stride(d - lead);
+  std::vector<int64_t> offs(nb);
+  for (int64_t i = 0; i < nb; ++i) {
+    int64_t rem = i, off = 0;
+    for (int64_t d = nd - 1; d >= 0; --d) {
+      off += (rem % batch[d]) * strides[d];
+      rem /= batch[d];
+    }
+    offs[i] = off;
+  }
+  return offs;
+}
+
+Tensor with_layout(const Tensor& t) { return mat_layout(t).ok ? t : t.contiguous(); }
+
+template <typename T>
+void matmul_typed(const Tensor& a, const Tensor& b, const Tensor& out) {
+  int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
+  T* c = out.data<T>();
+  if (a.dim() == 2 && b.dim() == 2) {
+    Tensor A = with_layout(a), B = with_layout(b);
+    gemm<T>(m, n, k, A.data<T>(), mat_layout(A), B.data<T>(), mat_layout(B), c, n);
+    return;
+  }
+  if (b.dim() == 2) {  // [..., m, k] @ [k, n]: one GEMM over all rows (a Linear layer)
+    if (auto la = fold_rows(a)) {
+      Tensor B = with_layout(b);
+      gemm<T>(a.numel() / std::max<int64_t>(k, 1), n, k, a.data<T>(), *la, B.data<T>(), mat_layout(B),
+              c, n);
+      return;
+    }
+  }
+  Shape batch(out.shape().begin(), out.shape().end() - 2);
+  int64_t nb = shape_numel(batch);
+  // Copies are made before broadcasting, so a shared operand is copied once.
+  Tensor A = with_layout(a), B = with_layout(b);
+  MatLayout la = mat_layout(A), lb = mat_layout(B);
+  std::vector<int64_t> oa = batch_offsets(A, batch), ob = batch_offsets(B, batch);
+  const T* pa = A.data<T>();
+  const T* pb = B.data<T>();
+  double work = double(m) * double(n) * double(k);
+  int threads = get_num_threads();
+  // Small GEMMs do not pay for Eigen's internal threading; a batch split does, once every
+  // thread gets a whole GEMM.
+  bool split_batch = threads > 1 && nb >= threads && work * nb > 1e5 &&
+                     (work < double(1 << 22) || nb >= 4 * threads);
+#pragma omp parallel for schedule(static) if (split_batch)
+  for (int64_t i = 0; i < nb; ++i)
+    gemm<T>(m, n, k, pa + oa[i], la, pb + ob[i], lb, c + i * m * n, n);
+}
+
+bool is_16bit(DType t) { return t == DType::bf16 || t == DType::f16; }
+
+}  // namespace
+
+MatLayout mat_layout(int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride) {
+  if (rows <= 1 && cols <= 1) return row_major(1);
+  if ((col_stride == 1 || cols == 1) && (rows == 1 || row_stride >= cols))
+    return row_major(rows == 1 ? cols : row_stride);
+  if ((row_stride == 1 || rows == 1) && (cols == 1 || col_stride >= rows))
+    return col_major(cols == 1 ? rows : col_stride);
+  return {};
+}
+
+template <typename T>
+void gemm(int64_t m, int64_t n, int64_t k, const T* a, MatLayout la, const T* b, MatLayout lb,
+          T* c, int64_t ldc, T alpha, T beta) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    OutMat<T> C(c, m, n, OuterStride<>(ldc));
+    if (beta == T(0)) C.setZero();
+    else C *= beta;
+    return;
+  }
+  if (la.row_major && lb.row_major)
+    gemm_eigen<T, Eigen::RowMajor, Eigen::RowMajor>(m, n, k, a, la.ld, b, lb.ld, c, ldc, alpha, beta);
+  else if (la.row_major)
+    gemm_eigen<T, Eigen::RowMajor, Eigen::ColMajor>(m, n, k, a, la.ld, b, lb.ld, c, ldc, alpha, beta);
+  else if (lb.row_major)
+    gemm_eigen<T, Eigen::ColMajor, Eigen::RowMajor>(m, n, k, a, la.ld, b, lb.ld, c, ldc, alpha, beta);
+  else
+    gemm_eigen<T, Eigen::ColMajor, Eigen::ColMajor>(m, n, k, a, la.ld, b, lb.ld, c, ldc, alpha, beta);
+}
+template void gemm<float>(int64_t, int64_t, int64_t, const float*, MatLayout, const float*, MatLayout,
+                          float*, int64_t, float, float);
+template void gemm<double>(int64_t, int64_t, int64_t, const double*, MatLayout, const double*,
+                           MatLayout, double*, int64_t, double, double);
+
+void matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
+  if (out.numel() == 0) return;
+  if (is_16bit(out.dtype())) {
+    Tensor out32 = empty(out.shape());
+    matmul(a.to(DType::f32), b.to(DType::f32), out32);
+    copy_elements(out, out32);
+    return;
+  }
+  WEFT_DISPATCH_FLOAT(out.dtype(), "matmul", [&]<typename T>() {
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) matmul_typed<T>(a, b, out);
+  });
+}
+
+void dot(const Tensor& a, const Tensor& b, const Tensor& out) {
+  if (is_16bit(out.dtype())) {
+    Tensor out32 = empty({});
+    dot(a.to(DType::f32), b.to(DType::f32), out32);
+    copy_elements(out, out32);
+    return;
+  }
+  WEFT_DISPATCH_FLOAT(out.dtype(), "dot", [&]<typename T>() {
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+      using Vec = Eigen::Matrix<T, Dynamic, 1>;
+      int64_t n = a.numel(), sa = a.stride(0), sb = b.stride(0);
+      const T* pa = a.data<T>();
+      const T* pb = b.data<T>();
+      T r = 0;
+      if (sa == 1 && sb == 1) {
+        r = Eigen::Map<const Vec>(pa, n).dot(Eigen::Map<const Vec>(pb, n));
+      } else {
+        for (int64_t i = 0; i < n; ++i) r += pa[i * sa] * pb[i * sb];
+      }
+      *out.data<T>() = r;
+    }
+  });
+}
+
+void gemm(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta) {
+  if (is_16bit(out.dtype())) {
+    Tensor out32 = out.to(DType::f32);
+    gemm(a.to(DType::f32), b.to(DType::f32), out32, alpha, beta);
+    copy_elements(out, out32);
+    return;
+  }
+  WEFT_DISPATCH_FLOAT(out.dtype(), "gemm", [&]<typename T>() {
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+      Tensor A = with_layout(a), B = with_layout(b);
+      gemm<T>(A.size(0), B.size(1), A.size(1), A.data<T>(), mat_layout(A), B.data<T>(), mat_layout(B),
+              out.data<T>(), out.size(1), T(alpha), T(beta));
+    }
+  });
+}
+
+}  // namespace weft::kernels::cpu

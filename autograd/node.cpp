@@ -1,0 +1,88 @@
+#include "autograd/node.h"
+
+#include <atomic>
+
+#include "core/autograd_meta.h"
+#include "core/grad_mode.h"
+#include "kernels/elementwise.h"
+
+namespace weft::autograd {
+
+static std::atomic<uint64_t> g_next_sequence_nr{0};
+
+Node::Node(std::string name) : name_(std::move(name)), sequence_nr_(g_next_sequence_nr++) {}
+
+TensorList FunctionNode::apply(TensorList&& grad_outputs) {
+  WEFT_CHECK(!released_,
+             "backward: trying to backward through {} a second time, but its saved tensors were "
+             "freed by the first backward; pass retain_graph=true to the first backward", name_);
+  return fn_(grad_outputs);
+}
+
+AccumulateGrad::AccumulateGrad(Tensor leaf) : Node("AccumulateGrad"), leaf_(std::move(leaf)) {
+  sequence_nr_ = UINT64_MAX;  // accumulate as soon as ready, before other ready nodes
+  output_meta.push_back({leaf_.shape(), leaf_.dtype(), leaf_.device()});
+}
+
+TensorList AccumulateGrad::apply(TensorList&& grad_outputs) {
+  Tensor g = std::move(grad_outputs[0]);
+  AutogradMeta& meta = leaf_.autograd_meta();
+  for (auto& hook : meta.leaf_hooks) {
+    Tensor r = hook(g);
+    if (r.defined()) g = r;
+  }
+  if (!meta.grad.defined()) {
+    // Take the incoming buffer when nothing else can see it, else copy it.
+    bool exclusive = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 && g.is_contiguous();
+    meta.grad = exclusive ? g.detach() : g.detach().clone();
+  } else {
+    kernels::add_(meta.grad, g);
+  }
+  for (auto& hook : meta.post_accumulate_grad_hooks) hook(leaf_);
+  return {};
+}
+
+Edge gradient_edge(const Tensor& t) {
+  if (!t.defined() || !t.requires_grad()) return {};
+  AutogradMeta& meta = t.autograd_meta();
+  if (meta.grad_fn) return {meta.grad_fn, meta.output_nr};
+  auto acc = meta.grad_accumulator.lock();
+  if (!acc) {
+    // The AccumulateGrad holds the leaf through its own handle so hooks see the same tensor.
+    acc = std::make_shared<AccumulateGrad>(Tensor(t.impl_ptr()));
+    meta.grad_accumulator = acc;
+  }
+  return {acc, 0};
+}
+
+bool needs_grad(std::initializer_list<const Tensor*> inputs) {
+  if (!GradMode::is_enabled()) return false;
+  for (const Tensor* t : inputs)
+    if (t->defined() && t->requires_grad()) return true;
+  return false;
+}
+
+bool needs_grad(const TensorList& inputs) {
+  if (!GradMode::is_enabled()) return false;
+  for (const Tensor& t : inputs)
+    if (t.defined() && t.requires_grad()) return true;
+  return false;
+}
+
+std::shared_ptr<FunctionNode> record(std::string name, const TensorList& inputs,
+                                     const TensorList& outputs, FunctionNode::BackwardFn fn) {
+  auto node = std::make_shared<FunctionNode>(std::move(name), std::move(fn));
+  node->next_edges.reserve(inputs.size());
+  for (const Tensor& t : inputs) node->next_edges.push_back(gradient_edge(t));
+  for (uint32_t i = 0; i < outputs.size(); ++i) {
+    const Tensor& out = outputs[i];
+    node->output_meta.push_back({out.shape(), out.dtype(), out.device()});
+    AutogradMeta& meta = out.autograd_meta();
+    meta.grad_fn = node;
+    meta.output_nr = i;
+    meta.requires_grad = false;
+  }
+  return node;
+}
+
+}  // namespace weft::autograd

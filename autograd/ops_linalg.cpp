@@ -1,0 +1,101 @@
+// autograd: matmul and linear with their gradients. Batched operands against a 2-D weight
+// fold the batch into rows, so the weight gradient is one GEMM rather than a batched GEMM
+// followed by a sum.
+#include "autograd/ops.h"
+#include "kernels/elementwise.h"
+#include "kernels/linalg.h"
+#include "kernels/reduce.h"
+
+namespace weft {
+
+using autograd::needs_grad;
+using autograd::record;
+using autograd::TensorList;
+namespace k = kernels;
+
+namespace {
+
+Tensor mT(const Tensor& t) { return t.transpose(-2, -1); }
+
+// Gradients of c = a @ b for a, b with at least 2 dims (batch dims broadcast).
+std::pair<Tensor, Tensor> matmul_grads(const Tensor& g, const Tensor& a, const Tensor& b, bool need_a,
+                                       bool need_b) {
+  Tensor ga, gb;
+  if (a.dim() > 2 && b.dim() == 2) {
+    int64_t k_dim = a.size(-1), n = b.size(-1);
+    Tensor g2 = g.reshape({-1, n});
+    if (need_a) ga = k::matmul(g2, b.t()).reshape(a.shape());
+    if (need_b) gb = k::matmul(a.reshape({-1, k_dim}).t(), g2);
+    return {ga, gb};
+  }
+  if (need_a) ga = k::sum_to(k::matmul(g, mT(b)), a.shape());
+  if (need_b) gb = k::sum_to(k::matmul(mT(a), g), b.shape());
+  return {ga, gb};
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  Tensor out = k::matmul(a, b);
+  if (needs_grad({&a, &b})) {
+    record("MatmulBackward", {a, b}, {out},
+           [a = a.detach(), b = b.detach(), ra = a.requires_grad(), rb = b.requires_grad()](
+               const TensorList& g) -> TensorList {
+             if (a.dim() == 1 && b.dim() == 1) {  // dot product
+               return {ra ? k::binary(k::BinaryOp::mul, g[0], b) : Tensor(),
+                       rb ? k::binary(k::BinaryOp::mul, g[0], a) : Tensor()};
+             }
+             // Promote vectors to matrices as matmul does, then undo it on the gradients.
+             Tensor a2 = a.dim() == 1 ? a.unsqueeze(0) : a;
+             Tensor b2 = b.dim() == 1 ? b.unsqueeze(-1) : b;
+             Tensor g2 = g[0];
+             if (a.dim() == 1) g2 = g2.unsqueeze(-2);
+             if (b.dim() == 1) g2 = g2.unsqueeze(-1);
+             auto [ga, gb] = matmul_grads(g2, a2, b2, ra, rb);
+             if (ga.defined()) ga = ga.reshape(a.shape());
+             if (gb.defined()) gb = gb.reshape(b.shape());
+             return {ga, gb};
+           });
+  }
+  return out;
+}
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  WEFT_CHECK(weight.dim() == 2, "linear: weight must be 2-D [out, in], got {}", tensor_desc(weight));
+  WEFT_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1),
+             "linear: input {} does not match weight {} (last input dim must equal in_features {})",
+             tensor_desc(x), tensor_desc(weight), weight.size(1));
+  WEFT_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0)),
+             "linear: bias {} does not match weight {} (expected [{}])", tensor_desc(bias),
+             tensor_desc(weight), weight.size(0));
+  int64_t in = weight.size(1), out_f = weight.size(0);
+  Tensor x2 = x.detach().reshape({-1, in});
+  Tensor y2;
+  if (bias.defined()) {
+    y2 = empty({x2.size(0), out_f}, {.dtype = x.dtype(), .device = x.device()});
+    y2.copy_(bias.detach());
+    k::gemm(x2, false, weight.detach(), true, y2, 1.0, 1.0);
+  } else {
+    y2 = k::matmul(x2, weight.detach().t());
+  }
+  Shape out_shape = x.shape();
+  out_shape.back() = out_f;
+  Tensor y = y2.view(out_shape);
+  if (needs_grad({&x, &weight, &bias})) {
+    TensorList inputs{x, weight};
+    if (bias.defined()) inputs.push_back(bias);
+    record("LinearBackward", inputs, {y},
+           [x2, w = weight.detach(), x_shape = x.shape(), rx = x.requires_grad(), rw = weight.requires_grad(),
+            rb = bias.defined() && bias.requires_grad(), has_bias = bias.defined()](const TensorList& g) -> TensorList {
+             Tensor g2 = g[0].reshape({-1, w.size(0)});
+             TensorList r(has_bias ? 3 : 2);
+             if (rx) r[0] = k::matmul(g2, w).view(x_shape);
+             if (rw) r[1] = k::matmul(g2.t(), x2);
+             if (rb) r[2] = k::reduce(k::ReduceOp::sum, g2, {0}, false);
+             return r;
+           });
+  }
+  return y;
+}
+
+}  // namespace weft

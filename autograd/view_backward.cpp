@@ -1,0 +1,75 @@
+// autograd: gradients of core's view and copy methods. A view's gradient is written back
+// through the same view (re-applied by `replay`) into zeros shaped like the base; expanded
+// dims are summed first. as_strided has no replay and maps by raw geometry instead, which
+// is exact when the base is contiguous (the only case weft itself uses).
+#include "autograd/engine.h"
+#include "core/autograd_meta.h"
+#include "core/copy.h"
+#include "kernels/reduce.h"
+
+namespace weft::autograd::detail {
+namespace {
+
+// Copies `grad` into `window` (a view of fresh zeros), summing over the window's expanded
+// (stride-0) dims first so each element is written once.
+void write_through(const Tensor& window, const Tensor& grad) {
+  Shape expanded;
+  for (int64_t i = 0; i < window.dim(); ++i)
+    if (window.stride(i) == 0 && window.size(i) > 1) expanded.push_back(i);
+  if (expanded.empty()) {
+    copy_elements(window, grad);
+    return;
+  }
+  Tensor summed = kernels::reduce(kernels::ReduceOp::sum, grad, expanded, true);
+  Tensor target = window;
+  for (int64_t d : expanded) target = target.narrow(d, 0, 1);
+  copy_elements(target, summed);
+}
+
+void record_view(const Tensor& base, Tensor& out, const weft::detail::ViewReplay& replay) {
+  if (!needs_grad({&base})) return;
+  Shape base_shape = base.shape();
+  DType dtype = base.dtype();
+  bool reshape_only = base.is_contiguous() && out.is_contiguous() && out.offset() == base.offset() &&
+                      out.numel() == base.numel();
+  if (reshape_only) {
+    record("ViewBackward", {base}, {out}, [base_shape](const TensorList& g) -> TensorList {
+      return {g[0].reshape(base_shape)};
+    });
+    return;
+  }
+  if (replay) {
+    record("ViewBackward", {base}, {out}, [base_shape, dtype, replay](const TensorList& g) -> TensorList {
+      Tensor grad_base = zeros(base_shape, {.dtype = dtype, .device = g[0].device()});
+      write_through(replay(grad_base), g[0]);
+      return {grad_base};
+    });
+    return;
+  }
+  WEFT_CHECK(base.is_contiguous(), "as_strided: gradients need a contiguous base, got {}", tensor_desc(base));
+  Shape shape = out.shape(), strides = out.strides();
+  int64_t rel = out.offset() - base.offset();
+  record("AsStridedBackward", {base}, {out}, [=](const TensorList& g) -> TensorList {
+    Tensor grad_base = zeros(base_shape, {.dtype = dtype, .device = g[0].device()});
+    write_through(grad_base.as_strided(shape, strides, rel), g[0]);
+    return {grad_base};
+  });
+}
+
+void record_copy(const Tensor& src, Tensor& out) {
+  if (!needs_grad({&src})) return;
+  DType dtype = src.dtype();
+  Device device = src.device();
+  record("CopyBackward", {src}, {out}, [dtype, device](const TensorList& g) -> TensorList {
+    return {g[0].to(device, dtype)};
+  });
+}
+
+}  // namespace
+
+void install_view_hooks(weft::detail::AutogradHooks& hooks) {
+  hooks.record_view = &record_view;
+  hooks.record_copy = &record_copy;
+}
+
+}  // namespace weft::autograd::detail
