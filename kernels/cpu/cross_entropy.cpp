@@ -20,6 +20,17 @@ void dispatch_target(DType t, F&& fn) {
   WEFT_ERROR("cross_entropy: target must be i64 or i32, got {}", dtype_name(t));
 }
 
+template <typename I>
+void check_targets(const Tensor& target, int64_t c, int64_t ignore_index) {
+  const I* pt = target.data<I>();
+  for (int64_t i = 0; i < target.numel(); ++i) {
+    int64_t t = pt[i];
+    WEFT_CHECK(t == ignore_index || (t >= 0 && t < c),
+               "cross_entropy: target {} (row {}) is out of range for {} classes (ignore_index {})", t, i, c,
+               ignore_index);
+  }
+}
+
 template <typename T, typename I>
 void forward_typed(const Tensor& logits, const Tensor& target, int64_t ignore_index, double eps,
                    Reduction reduction, const Tensor& loss, const Tensor& log_probs) {
@@ -106,15 +117,8 @@ void backward_typed(const Tensor& grad_loss, const Tensor& log_probs, const Tens
 
 void cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing,
                    Reduction reduction, const Tensor& loss, const Tensor& log_probs) {
-  int64_t c = logits.size(1);
   dispatch_target(target.dtype(), [&]<typename I>() {
-    const I* pt = target.data<I>();
-    for (int64_t i = 0; i < target.numel(); ++i) {
-      int64_t t = pt[i];
-      WEFT_CHECK(t == ignore_index || (t >= 0 && t < c),
-                 "cross_entropy: target {} (row {}) is out of range for {} classes (ignore_index {})", t, i,
-                 c, ignore_index);
-    }
+    check_targets<I>(target, logits.size(1), ignore_index);
     WEFT_DISPATCH_FLOAT(logits.dtype(), "cross_entropy", [&]<typename T>() {
       forward_typed<T, I>(logits, target, ignore_index, label_smoothing, reduction, loss, log_probs);
     });
@@ -125,6 +129,7 @@ void cross_entropy_backward(const Tensor& grad_loss, const Tensor& log_probs, co
                             int64_t ignore_index, double label_smoothing, Reduction reduction,
                             const Tensor& dlogits) {
   dispatch_target(target.dtype(), [&]<typename I>() {
+    check_targets<I>(target, log_probs.size(1), ignore_index);
     WEFT_DISPATCH_FLOAT(log_probs.dtype(), "cross_entropy_backward", [&]<typename T>() {
       backward_typed<T, I>(grad_loss, log_probs, target, ignore_index, label_smoothing, reduction, dlogits);
     });

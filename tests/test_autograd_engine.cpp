@@ -1,0 +1,167 @@
+// Tests for the autograd engine: accumulation, dependency order, hooks and their order,
+// queue_callback, custom Functions, retain_graph, NoGradGuard and detach.
+#include <catch2/catch.hpp>
+
+#include "weft.h"
+
+using namespace weft;
+using autograd::Engine;
+using autograd::TensorList;
+
+static std::vector<double> vec(const Tensor& t) { return to_vector(t); }
+
+TEST_CASE("gradients accumulate into leaves across uses and backward calls") {
+  Tensor x = from_vector({1, 2, 3}, {3}).set_requires_grad();
+  Tensor y = sum(x * x + x * 3.0);  // dy/dx = 2x + 3
+  y.backward();
+  CHECK(vec(x.grad()) == std::vector<double>{5, 7, 9});
+  sum(x * 2.0).backward();  // accumulates
+  CHECK(vec(x.grad()) == std::vector<double>{7, 9, 11});
+  CHECK(y.item() == Approx(1 + 4 + 9 + 3 * 6));
+}
+
+TEST_CASE("a diamond graph runs each node once with summed gradients") {
+  Tensor x = from_vector({2}, {1}).set_requires_grad();
+  Tensor a = exp(x);
+  Tensor b = a * a + a;  // d/dx = (2a + 1) * a
+  b.backward(ones({1}));
+  double e2 = std::exp(2.0);
+  CHECK(x.grad().item() == Approx((2 * e2 + 1) * e2));
+}
+
+TEST_CASE("backward needs a gradient for non-scalar roots") {
+  Tensor x = ones({2, 2}).set_requires_grad();
+  Tensor y = x * 2.0;
+  CHECK_THROWS_WITH(y.backward(), Catch::Contains("scalar"));
+  y.backward(full({2, 2}, 0.5));
+  CHECK(vec(x.grad()) == std::vector<double>{1, 1, 1, 1});
+}
+
+TEST_CASE("backward twice through a freed graph is an error unless retained") {
+  Tensor x = ones({3}).set_requires_grad();
+  Tensor y = sum(exp(x));
+  y.backward({}, /*retain_graph=*/true);
+  y.backward();
+  CHECK(vec(x.grad())[0] == Approx(2 * std::exp(1.0)));
+  CHECK_THROWS_WITH(y.backward(), Catch::Contains("second time"));
+}
+
+TEST_CASE("tensor hooks fire in backward order and may replace gradients") {
+  Tensor x = from_vector({1, 2}, {2}).set_requires_grad();
+  std::vector<std::string> order;
+  Tensor a = x * 3.0;
+  Tensor b = a * 2.0;
+  a.register_hook([&](const Tensor& g) { order.push_back("a"); return g * 10.0; });
+  b.register_hook([&](const Tensor& g) { order.push_back("b"); return Tensor(); });
+  x.register_hook([&](const Tensor& g) { order.push_back("x"); return Tensor(); });
+  x.register_post_accumulate_grad_hook([&](Tensor& p) {
+    order.push_back("post");
+    CHECK(p.grad().defined());
+  });
+  sum(b).backward();
+  CHECK(order == std::vector<std::string>{"b", "a", "x", "post"});
+  CHECK(vec(x.grad()) == std::vector<double>{60, 60});  // 2 * 10 * 3
+}
+
+TEST_CASE("retain_grad keeps a non-leaf gradient") {
+  Tensor x = ones({2}).set_requires_grad();
+  Tensor h = x * 4.0;
+  h.retain_grad();
+  sum(h * h).backward();
+  CHECK(vec(h.grad()) == std::vector<double>{8, 8});
+}
+
+TEST_CASE("queue_callback runs once after all nodes, and only during backward") {
+  CHECK_THROWS_WITH(Engine::queue_callback([] {}), Catch::Contains("no backward"));
+  Tensor x = ones({2}).set_requires_grad();
+  int calls = 0;
+  bool saw_grad = false;
+  Tensor y = x * 2.0;
+  y.register_hook([&](const Tensor& g) {
+    Engine::queue_callback([&] {
+      ++calls;
+      saw_grad = x.grad().defined();  // the leaf was accumulated before the callback
+      Engine::queue_callback([&] { ++calls; });  // callbacks may queue callbacks
+    });
+    return Tensor();
+  });
+  sum(y).backward();
+  CHECK(calls == 2);
+  CHECK(saw_grad);
+}
+
+namespace {
+// y = x * k, with a backward that also counts its calls.
+struct ScaleFn : autograd::Function {
+  double k;
+  int* calls;
+  ScaleFn(double k_, int* c) : k(k_), calls(c) {}
+  std::string name() const override { return "ScaleFn"; }
+  TensorList forward(autograd::FunctionCtx& ctx, const TensorList& in) override {
+    CHECK(!GradMode::is_enabled());
+    return {in[0] * k};
+  }
+  TensorList backward(autograd::FunctionCtx& ctx, const TensorList& g) override {
+    ++*calls;
+    return {g[0] * k};
+  }
+};
+// Identity whose backward reports that the input gradient is ready (as FSDP's post-backward).
+struct Identity : autograd::Function {
+  bool* fired;
+  explicit Identity(bool* f) : fired(f) {}
+  TensorList forward(autograd::FunctionCtx&, const TensorList& in) override { return {in[0]}; }
+  TensorList backward(autograd::FunctionCtx&, const TensorList& g) override {
+    *fired = true;
+    return {g[0]};
+  }
+};
+}  // namespace
+
+TEST_CASE("custom Functions record a node with their own backward") {
+  int calls = 0;
+  Tensor x = from_vector({1, -2}, {2}).set_requires_grad();
+  Tensor y = autograd::Function::apply<ScaleFn>({x}, 3.0, &calls)[0];
+  CHECK(y.grad_fn() != nullptr);
+  CHECK(y.grad_fn()->name() == "ScaleFn");
+  sum(y * y).backward();  // d/dx (3x)^2 = 18x
+  CHECK(calls == 1);
+  CHECK(vec(x.grad()) == std::vector<double>{18, -36});
+
+  bool fired = false;
+  Tensor z = autograd::Function::apply<Identity>({x}, &fired)[0];
+  CHECK(z.storage() == x.storage());
+  sum(z).backward();
+  CHECK(fired);
+}
+
+TEST_CASE("NoGradGuard and detach stop recording") {
+  Tensor x = ones({2}).set_requires_grad();
+  {
+    NoGradGuard guard;
+    Tensor y = x * 2.0;
+    CHECK(!y.requires_grad());
+  }
+  Tensor d = x.detach();
+  CHECK(!d.requires_grad());
+  CHECK(d.storage() == x.storage());
+  CHECK((x * 2.0).requires_grad());
+}
+
+TEST_CASE("gradients flow through views back to the base") {
+  Tensor x = arange(0, 6, 1, {.dtype = kFloat64}).view({2, 3}).detach().set_requires_grad();
+  Tensor y = x.t().select(0, 1) * from_vector({10, 20}, {2}, {.dtype = kFloat64});  // column 1
+  sum(y).backward();
+  CHECK(vec(x.grad()) == std::vector<double>{0, 10, 0, 0, 20, 0});
+  x.set_grad({});
+  sum(x.unsqueeze(0).expand({4, 2, 3})).backward();
+  CHECK(vec(x.grad()) == std::vector<double>(6, 4.0));
+}
+
+TEST_CASE("dtype conversions are differentiable and gradients keep the leaf dtype") {
+  Tensor x = ones({2}, {.dtype = kFloat64}).set_requires_grad();
+  Tensor y = x.to(kFloat32) * 2.0;
+  sum(y).backward();
+  CHECK(x.grad().dtype() == kFloat64);
+  CHECK(vec(x.grad()) == std::vector<double>{2, 2});
+}

@@ -1,0 +1,170 @@
+// Every differentiable op against finite differences (autograd::gradcheck, f64), on several
+// shapes, with broadcasting and with non-contiguous views as inputs.
+#include <catch2/catch.hpp>
+
+#include "weft.h"
+
+using namespace weft;
+using autograd::gradcheck;
+using autograd::TensorList;
+
+namespace {
+Generator gen(7);
+Tensor leaf(const Shape& shape, double lo = -1, double hi = 1) {
+  Tensor t = empty(shape, {.dtype = kFloat64});
+  t.uniform_(lo, hi, &gen);
+  return t.set_requires_grad();
+}
+// Values bounded away from 0 (for log, sqrt, division, pow).
+Tensor positive(const Shape& shape) { return leaf(shape, 0.5, 2.0); }
+
+void expect_ok(const std::function<Tensor(const TensorList&)>& fn, const TensorList& in) {
+  auto r = gradcheck(fn, in);
+  INFO(r.message);
+  CHECK(r.ok);
+}
+}  // namespace
+
+TEST_CASE("gradcheck: binary arithmetic with broadcasting") {
+  Tensor a = leaf({3, 4}), b = leaf({4}), c = leaf({3, 1}), p = positive({3, 4}), q = positive({1, 4});
+  expect_ok([](const TensorList& x) { return add(x[0], x[1], 0.5); }, {a, b});
+  expect_ok([](const TensorList& x) { return sub(x[0], x[1], 2.0); }, {a, c});
+  expect_ok([](const TensorList& x) { return x[0] * x[1]; }, {a, c});
+  expect_ok([](const TensorList& x) { return x[0] / x[1]; }, {a, q});
+  expect_ok([](const TensorList& x) { return pow(x[0], x[1]); }, {p, q});
+  expect_ok([](const TensorList& x) { return pow(x[0], 3.0); }, {a});
+  expect_ok([](const TensorList& x) { return pow(x[0], -1.5); }, {p});
+  expect_ok([](const TensorList& x) { return pow(2.0, x[0]); }, {a});
+  expect_ok([](const TensorList& x) { return maximum(x[0], x[1]); }, {a, b});
+  expect_ok([](const TensorList& x) { return minimum(x[0], x[1]); }, {a, c});
+  // Non-contiguous operands: a transposed view and an expanded one.
+  Tensor t = leaf({4, 3});
+  expect_ok([](const TensorList& x) { return x[0].t() * x[1]; }, {t, a});
+  expect_ok([](const TensorList& x) { return x[0] + x[1].unsqueeze(0).expand({3, 4}); }, {a, b});
+}
+
+TEST_CASE("gradcheck: scalar operators") {
+  Tensor a = leaf({2, 3}), p = positive({2, 3});
+  expect_ok([](const TensorList& x) { return x[0] * 3.0 + 1.0; }, {a});
+  expect_ok([](const TensorList& x) { return 2.0 - x[0] / 4.0; }, {a});
+  expect_ok([](const TensorList& x) { return 3.0 / x[0]; }, {p});
+  expect_ok([](const TensorList& x) { return -x[0] - 1.0; }, {a});
+}
+
+TEST_CASE("gradcheck: unary functions") {
+  Tensor a = leaf({2, 5}), p = positive({2, 5});
+  // Keep relu/abs/clamp inputs away from their kinks.
+  Tensor k = from_vector({-0.9, -0.5, 0.3, 0.7, 1.2, -1.3}, {2, 3}, {.dtype = kFloat64}).set_requires_grad();
+  expect_ok([](const TensorList& x) { return neg(x[0]); }, {a});
+  expect_ok([](const TensorList& x) { return exp(x[0]); }, {a});
+  expect_ok([](const TensorList& x) { return log(x[0]); }, {p});
+  expect_ok([](const TensorList& x) { return sqrt(x[0]); }, {p});
+  expect_ok([](const TensorList& x) { return rsqrt(x[0]); }, {p});
+  expect_ok([](const TensorList& x) { return abs(x[0]); }, {k});
+  expect_ok([](const TensorList& x) { return tanh(x[0]); }, {a});
+  expect_ok([](const TensorList& x) { return sigmoid(x[0]); }, {a});
+  expect_ok([](const TensorList& x) { return relu(x[0]); }, {k});
+  expect_ok([](const TensorList& x) { return gelu(x[0]); }, {a});
+  expect_ok([](const TensorList& x) { return gelu(x[0], "tanh"); }, {a});
+  expect_ok([](const TensorList& x) { return sin(x[0]) + cos(x[0]); }, {a});
+  expect_ok([](const TensorList& x) { return square(x[0]); }, {a});
+  expect_ok([](const TensorList& x) { return reciprocal(x[0]); }, {p});
+  expect_ok([](const TensorList& x) { return clamp(x[0], -0.6, 0.8); }, {k});
+  expect_ok([](const TensorList& x) { return clamp(x[0], std::nullopt, 0.5); }, {k});
+  expect_ok([](const TensorList& x) { return tanh(x[0].t()); }, {a});  // strided input
+}
+
+TEST_CASE("gradcheck: where and masked_fill") {
+  Tensor a = leaf({3, 4}), b = leaf({4});
+  Tensor cond = from_vector({1, 0, 0, 1}, {4}).to(kBool);
+  expect_ok([&](const TensorList& x) { return where(cond, x[0], x[1]); }, {a, b});
+  expect_ok([&](const TensorList& x) { return masked_fill(x[0], cond, -5.0); }, {a});
+}
+
+TEST_CASE("gradcheck: reductions") {
+  Tensor a = leaf({3, 4, 2});
+  expect_ok([](const TensorList& x) { return sum(x[0]); }, {a});
+  expect_ok([](const TensorList& x) { return sum(x[0], {1}); }, {a});
+  expect_ok([](const TensorList& x) { return sum(x[0], {0, 2}, true); }, {a});
+  expect_ok([](const TensorList& x) { return mean(x[0], {-1}); }, {a});
+  expect_ok([](const TensorList& x) { return mean(x[0].transpose(0, 2), {0}); }, {a});
+  expect_ok([](const TensorList& x) { return var(x[0], {1}); }, {a});
+  expect_ok([](const TensorList& x) { return var(x[0], {}, 0, true); }, {a});
+  expect_ok([](const TensorList& x) { return max(x[0]); }, {a});
+  expect_ok([](const TensorList& x) { return min(x[0]); }, {a});
+  expect_ok([](const TensorList& x) { return max(x[0], 1).first; }, {a});
+  expect_ok([](const TensorList& x) { return min(x[0], -1, true).first; }, {a});
+}
+
+TEST_CASE("gradcheck: matmul shapes and linear") {
+  expect_ok([](const TensorList& x) { return matmul(x[0], x[1]); }, {leaf({3, 4}), leaf({4, 5})});
+  expect_ok([](const TensorList& x) { return matmul(x[0], x[1]); }, {leaf({4}), leaf({4})});
+  expect_ok([](const TensorList& x) { return matmul(x[0], x[1]); }, {leaf({4}), leaf({4, 2})});
+  expect_ok([](const TensorList& x) { return matmul(x[0], x[1]); }, {leaf({3, 4}), leaf({4})});
+  expect_ok([](const TensorList& x) { return matmul(x[0], x[1]); }, {leaf({2, 3, 4}), leaf({4, 5})});
+  expect_ok([](const TensorList& x) { return matmul(x[0], x[1]); }, {leaf({2, 1, 3, 4}), leaf({5, 4, 2})});
+  expect_ok([](const TensorList& x) { return matmul(x[0].t(), x[1].t()); }, {leaf({4, 3}), leaf({5, 4})});
+  expect_ok([](const TensorList& x) { return linear(x[0], x[1], x[2]); }, {leaf({2, 3, 4}), leaf({5, 4}), leaf({5})});
+  expect_ok([](const TensorList& x) { return linear(x[0], x[1]); }, {leaf({3, 4}), leaf({2, 4})});
+}
+
+TEST_CASE("gradcheck: softmax, log_softmax and layer_norm") {
+  Tensor a = leaf({3, 5});
+  expect_ok([](const TensorList& x) { return softmax(x[0], -1); }, {a});
+  expect_ok([](const TensorList& x) { return softmax(x[0], 0); }, {a});
+  expect_ok([](const TensorList& x) { return log_softmax(x[0], 1); }, {a});
+  expect_ok([](const TensorList& x) { return log_softmax(x[0].t(), -1); }, {a});
+  expect_ok([](const TensorList& x) { return layer_norm(x[0], {5}, x[1], x[2]); }, {leaf({2, 3, 5}), leaf({5}), leaf({5})});
+  expect_ok([](const TensorList& x) { return layer_norm(x[0], {3, 5}); }, {leaf({2, 3, 5})});
+}
+
+TEST_CASE("gradcheck: embedding, index_select, gather, scatter_add") {
+  Tensor idx = from_vector({0, 2, 2, 1}, {2, 2}, {.dtype = kInt64});
+  expect_ok([&](const TensorList& x) { return embedding(x[0], idx); }, {leaf({3, 4})});
+  Tensor i1 = from_vector({2, 0, 2}, {3}, {.dtype = kInt64});
+  expect_ok([&](const TensorList& x) { return index_select(x[0], 1, i1); }, {leaf({2, 4})});
+  Tensor gi = from_vector({0, 1, 1, 0, 2, 2}, {2, 3}, {.dtype = kInt64});
+  expect_ok([&](const TensorList& x) { return gather(x[0], 1, gi); }, {leaf({2, 4})});
+  expect_ok([&](const TensorList& x) { return scatter_add(x[0], 1, gi, x[1]); }, {leaf({2, 4}), leaf({2, 3})});
+}
+
+TEST_CASE("gradcheck: cross_entropy with ignore_index, label smoothing and reductions") {
+  Tensor logits = leaf({4, 5});
+  Tensor target = from_vector({1, 4, -100, 0}, {4}, {.dtype = kInt64});
+  expect_ok([&](const TensorList& x) { return cross_entropy(x[0], target); }, {logits});
+  expect_ok([&](const TensorList& x) { return cross_entropy(x[0], target, {.reduction = "sum"}); }, {logits});
+  expect_ok([&](const TensorList& x) { return cross_entropy(x[0], target, {.reduction = "none"}); }, {logits});
+  expect_ok([&](const TensorList& x) { return cross_entropy(x[0], target, {.label_smoothing = 0.1}); }, {logits});
+}
+
+TEST_CASE("gradcheck: cat, stack and views") {
+  expect_ok([](const TensorList& x) { return cat({x[0], x[1]}, 1); }, {leaf({2, 3}), leaf({2, 2})});
+  expect_ok([](const TensorList& x) { return stack({x[0], x[1]}, 0); }, {leaf({2, 3}), leaf({2, 3})});
+  Tensor a = leaf({4, 6});
+  expect_ok([](const TensorList& x) { return x[0].view({2, 12}) * 2.0; }, {a});
+  expect_ok([](const TensorList& x) { return x[0].t().reshape({-1}) * 2.0; }, {a});
+  expect_ok([](const TensorList& x) { return x[0].narrow(1, 2, 3) * sum(x[0].slice(0, 0, 4, 2).narrow(1, 0, 3)); }, {a});
+  expect_ok([](const TensorList& x) { return x[0].permute({1, 0}).select(0, 3) * 1.0; }, {a});
+  expect_ok([](const TensorList& x) { auto c = x[0].chunk(3, 1); return c[0] * c[2]; }, {a});
+  expect_ok([](const TensorList& x) { return x[0].unsqueeze(1).expand({4, 3, 6}).squeeze(0) * 1.0; }, {a});
+  expect_ok([](const TensorList& x) { return x[0].flatten() * x[0].flatten(); }, {a});
+}
+
+TEST_CASE("gradcheck: dropout with a fixed mask") {
+  Tensor a = leaf({4, 5});
+  expect_ok([](const TensorList& x) {
+    Generator g(3);  // same mask on every evaluation
+    return dropout(x[0], 0.3, true, &g);
+  }, {a});
+}
+
+TEST_CASE("gradcheck: conv2d and max_pool2d") {
+  expect_ok([](const TensorList& x) { return conv2d(x[0], x[1], x[2], 1, 1); },
+            {leaf({2, 2, 5, 5}), leaf({3, 2, 3, 3}), leaf({3})});
+  expect_ok([](const TensorList& x) { return conv2d(x[0], x[1], {}, 2, 0); }, {leaf({1, 1, 6, 5}), leaf({2, 1, 2, 2})});
+  // Distinct values so the max is unique and the pooling is differentiable everywhere tested.
+  Tensor img = (arange(0, 2 * 16, 1, {.dtype = kFloat64}).reshape({1, 2, 4, 4}) * 0.37).detach();
+  img = (sin(img) * 3.0).detach().set_requires_grad();
+  expect_ok([](const TensorList& x) { return max_pool2d(x[0], 2); }, {img});
+  expect_ok([](const TensorList& x) { return max_pool2d(x[0], 3, 1, 1); }, {img});
+}
