@@ -10,3 +10,4 @@
 #include "core/grad_mode.h"
 #include "core/tensor.h"
 #include "kernels/threads.h"
+#include "nn/nn.h"

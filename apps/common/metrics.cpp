@@ -1,0 +1,30 @@
+#include "apps/common/metrics.h"
+
+#include <cerrno>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace weft::apps {
+
+MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
+  if (path.empty()) return;
+  file_ = std::fopen(path.c_str(), "a");
+  WEFT_CHECK(file_ != nullptr, "metrics: cannot open {} for writing: {}", path, std::strerror(errno));
+}
+
+MetricsWriter::~MetricsWriter() {
+  if (file_) std::fclose(file_);
+}
+
+void MetricsWriter::write(const std::map<std::string, MetricValue>& fields) {
+  if (!file_) return;
+  nlohmann::json j = nlohmann::json::object();
+  for (auto& [k, v] : fields) std::visit([&](auto&& x) { j[k] = x; }, v);
+  std::string line = j.dump() + "\n";
+  WEFT_CHECK(std::fwrite(line.data(), 1, line.size(), file_) == line.size() && std::fflush(file_) == 0,
+             "metrics: writing {} failed: {}", path_, std::strerror(errno));
+}
+
+}  // namespace weft::apps

@@ -1,0 +1,103 @@
+// kernels/cpu: fused Adam/AdamW and SGD updates. The scalar factors are rounded to the
+// parameter type before use, as PyTorch does when it passes Python floats to its kernels.
+#include <cmath>
+
+#include "core/dispatch.h"
+#include "kernels/optim.h"
+
+namespace weft::kernels {
+namespace {
+
+void check_same(const char* op, const Tensor& param, std::initializer_list<const Tensor*> others) {
+  WEFT_CHECK(param.device().is_cpu(), "{}: not built for device {}", op, param.device().str());
+  WEFT_CHECK(param.is_contiguous(), "{}: parameter {} must be contiguous", op, tensor_desc(param));
+  for (const Tensor* t : others) {
+    if (!t->defined()) continue;
+    WEFT_CHECK(t->shape() == param.shape() && t->dtype() == param.dtype() && t->device() == param.device() &&
+                   t->is_contiguous(),
+               "{}: tensor {} does not match parameter {} (same shape, dtype, device, contiguous needed)", op,
+               tensor_desc(*t), tensor_desc(param));
+  }
+}
+
+template <typename T>
+void adam_loop(T* p, const T* g, T* m, T* v, int64_t n, const AdamStep& s) {
+  const double bc1 = 1 - std::pow(s.beta1, double(s.step));
+  const double bc2 = 1 - std::pow(s.beta2, double(s.step));
+  const T decay = T(1 - s.lr * s.weight_decay);
+  const T wd = T(s.weight_decay);
+  const T b1 = T(s.beta1), w1 = T(1 - s.beta1);
+  const T b2 = T(s.beta2), w2 = T(1 - s.beta2);
+  const T neg_step = T(-(s.lr / bc1));
+  const T bc2_sqrt = T(std::sqrt(bc2));
+  const T eps = T(s.eps);
+  const bool decoupled = s.decoupled, has_wd = s.weight_decay != 0;
+#pragma omp parallel for simd if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) {
+    T pi = p[i], gi = g[i];
+    if (has_wd) {
+      if (decoupled) pi = pi * decay;
+      else gi = gi + wd * pi;
+    }
+    T mi = m[i] * b1;  // exp_avg.mul_(beta1).add_(grad, alpha=1-beta1)
+    mi = mi + w1 * gi;
+    T vi = v[i] * b2;
+    vi = vi + w2 * gi * gi;
+    T denom = std::sqrt(vi) / bc2_sqrt + eps;
+    p[i] = pi + neg_step * mi / denom;
+    m[i] = mi;
+    v[i] = vi;
+  }
+}
+
+template <typename T>
+void sgd_loop(T* p, const T* g, T* buf, int64_t n, const SgdStep& s) {
+  const T wd = T(s.weight_decay), mom = T(s.momentum), damp = T(1 - s.dampening), neg_lr = T(-s.lr);
+  const bool has_wd = s.weight_decay != 0, has_mom = s.momentum != 0;
+#pragma omp parallel for simd if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) {
+    T d = g[i];
+    if (has_wd) d = d + wd * p[i];
+    if (has_mom) {
+      T b = s.first ? d : buf[i] * mom + damp * d;
+      buf[i] = b;
+      d = s.nesterov ? d + mom * b : b;
+    }
+    p[i] = p[i] + neg_lr * d;
+  }
+}
+
+}  // namespace
+
+void adam_step_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                const AdamStep& s) {
+  check_same("adam_step", param, {&grad, &exp_avg, &exp_avg_sq});
+  WEFT_CHECK(s.step >= 1, "adam_step: step must be >= 1, got {}", s.step);
+  switch (param.dtype()) {
+    case DType::f32:
+      return adam_loop(param.data<float>(), grad.data<float>(), exp_avg.data<float>(), exp_avg_sq.data<float>(),
+                       param.numel(), s);
+    case DType::f64:
+      return adam_loop(param.data<double>(), grad.data<double>(), exp_avg.data<double>(),
+                       exp_avg_sq.data<double>(), param.numel(), s);
+    default:
+      WEFT_ERROR("adam_step: parameters must be f32 or f64 (keep master weights in f32), got {}", tensor_desc(param));
+  }
+}
+
+void sgd_step_(const Tensor& param, const Tensor& grad, const Tensor& buf, const SgdStep& s) {
+  check_same("sgd_step", param, {&grad, &buf});
+  WEFT_CHECK(s.momentum == 0 || buf.defined(), "sgd_step: momentum {} needs a momentum buffer", s.momentum);
+  switch (param.dtype()) {
+    case DType::f32:
+      return sgd_loop(param.data<float>(), grad.data<float>(), buf.defined() ? buf.data<float>() : nullptr,
+                      param.numel(), s);
+    case DType::f64:
+      return sgd_loop(param.data<double>(), grad.data<double>(), buf.defined() ? buf.data<double>() : nullptr,
+                      param.numel(), s);
+    default:
+      WEFT_ERROR("sgd_step: parameters must be f32 or f64, got {}", tensor_desc(param));
+  }
+}
+
+}  // namespace weft::kernels

@@ -1,0 +1,266 @@
+#include "nn/module.h"
+
+#include <ostream>
+#include <sstream>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "autograd/ops.h"
+#include "core/autograd_meta.h"
+#include "core/grad_mode.h"
+
+namespace weft::nn {
+
+TensorList Module::forward(const TensorList& inputs) {
+  WEFT_CHECK(inputs.size() == 1, "{}: forward takes one tensor, got {}", type_name_, inputs.size());
+  return {forward(inputs[0])};
+}
+
+Tensor Module::forward(const Tensor&) {
+  WEFT_ERROR("{}: forward is not implemented for this module", type_name_);
+}
+
+TensorList Module::operator()(const TensorList& inputs) {
+  TensorList in = inputs;
+  // Iterate over copies: a hook may register or remove hooks.
+  auto pre = hooks_->pre;
+  for (auto& [id, hook] : pre)
+    if (auto r = hook(*this, in)) in = std::move(*r);
+  TensorList out = forward(in);
+  auto post = hooks_->post;
+  for (auto& [id, hook] : post)
+    if (auto r = hook(*this, in, out)) out = std::move(*r);
+  return out;
+}
+
+Tensor Module::operator()(const Tensor& input) {
+  TensorList out = (*this)(TensorList{input});
+  WEFT_CHECK(out.size() == 1, "{}: called with one tensor but forward returned {}", type_name_, out.size());
+  return out[0];
+}
+
+void Module::check_new_name(const std::string& name, const char* what) const {
+  WEFT_CHECK(!name.empty() && name.find('.') == std::string::npos,
+             "{}: {} name \"{}\" must be non-empty and contain no '.'", type_name_, what, name);
+  auto taken = [&](const auto& list) {
+    for (auto& [n, _] : list)
+      if (n == name) return true;
+    return false;
+  };
+  WEFT_CHECK(!taken(params_) && !taken(buffers_) && !taken(children_),
+             "{}: name \"{}\" is already registered", type_name_, name);
+}
+
+Tensor& Module::register_parameter(const std::string& name, Tensor t, bool requires_grad) {
+  check_new_name(name, "parameter");
+  if (t.defined()) {
+    t = t.is_leaf() ? t : t.detach();
+    if (requires_grad) t.set_requires_grad(true);
+  }
+  params_.emplace_back(name, std::move(t));
+  return params_.back().second;
+}
+
+Tensor& Module::register_buffer(const std::string& name, Tensor t) {
+  check_new_name(name, "buffer");
+  buffers_.emplace_back(name, std::move(t));
+  return buffers_.back().second;
+}
+
+void Module::add_child(const std::string& name, ModulePtr m) {
+  check_new_name(name, "module");
+  WEFT_CHECK(m != nullptr, "{}: child module \"{}\" is null", type_name_, name);
+  children_.emplace_back(name, std::move(m));
+}
+
+Tensor& Module::parameter_slot(const std::string& name) {
+  for (auto& [n, t] : params_)
+    if (n == name) return t;
+  WEFT_ERROR("{}: no parameter named \"{}\"", type_name_, name);
+}
+
+void Module::set_parameter(const std::string& name, Tensor t) { parameter_slot(name) = std::move(t); }
+
+void Module::collect(const std::string& prefix, bool recurse, bool buffers, NamedTensorList& out) const {
+  for (auto& [n, t] : buffers ? buffers_ : params_)
+    if (t.defined()) out.emplace_back(prefix + n, t);
+  if (!recurse) return;
+  for (auto& [n, child] : children_) child->collect(prefix + n + ".", true, buffers, out);
+}
+
+NamedTensorList Module::named_parameters(bool recurse) const {
+  NamedTensorList out;
+  collect("", recurse, false, out);
+  // A tensor registered twice (tied weights) is listed once, under its first name.
+  std::unordered_set<TensorImpl*> seen;
+  NamedTensorList unique;
+  for (auto& e : out)
+    if (seen.insert(e.second.impl()).second) unique.push_back(std::move(e));
+  return unique;
+}
+
+std::vector<Tensor> Module::parameters(bool recurse) const {
+  std::vector<Tensor> out;
+  for (auto& [n, t] : named_parameters(recurse)) out.push_back(t);
+  return out;
+}
+
+NamedTensorList Module::named_buffers(bool recurse) const {
+  NamedTensorList out;
+  collect("", recurse, true, out);
+  return out;
+}
+
+std::vector<std::pair<std::string, ModulePtr>> Module::named_children() const { return children_; }
+
+std::vector<std::pair<std::string, ModulePtr>> Module::named_modules() {
+  std::vector<std::pair<std::string, ModulePtr>> out;
+  // Modules not owned by a shared_ptr (e.g. on the stack) are listed with a non-owning handle.
+  ModulePtr self = weak_from_this().lock();
+  if (!self) self = ModulePtr(this, [](Module*) {});
+  out.emplace_back("", self);
+  for (auto& [n, child] : children_)
+    for (auto& [sub, m] : child->named_modules()) out.emplace_back(sub.empty() ? n : n + "." + sub, m);
+  return out;
+}
+
+std::vector<ModulePtr> Module::modules() {
+  std::vector<ModulePtr> out;
+  for (auto& [n, m] : named_modules()) out.push_back(m);
+  return out;
+}
+
+NamedTensorList Module::state_dict() const {
+  NamedTensorList out;
+  for (auto& [n, t] : params_)
+    if (t.defined()) out.emplace_back(n, t.detach());
+  for (auto& [n, t] : buffers_)
+    if (t.defined()) out.emplace_back(n, t.detach());
+  for (auto& [cn, child] : children_)
+    for (auto& [n, t] : child->state_dict()) out.emplace_back(cn + "." + n, t);
+  return out;
+}
+
+void Module::load_state_dict(const NamedTensorList& state, bool strict) {
+  std::unordered_map<std::string, const Tensor*> given;
+  for (auto& [n, t] : state) given[n] = &t;
+  std::vector<std::string> missing, mismatched;
+  std::unordered_set<std::string> used;
+  auto own = state_dict();
+  for (auto& [n, t] : own) {
+    auto it = given.find(n);
+    if (it == given.end()) {
+      missing.push_back(n);
+      continue;
+    }
+    used.insert(n);
+    if (it->second->shape() != t.shape())
+      mismatched.push_back(fmt::format("{} (checkpoint {}, model {})", n, shape_str(it->second->shape()),
+                                       shape_str(t.shape())));
+  }
+  std::vector<std::string> unexpected;
+  for (auto& [n, t] : state)
+    if (!used.count(n)) unexpected.push_back(n);
+  std::string problems;
+  if (!mismatched.empty()) problems += fmt::format(" shape mismatch: {};", fmt::join(mismatched, ", "));
+  if (strict && !missing.empty()) problems += fmt::format(" missing keys: {};", fmt::join(missing, ", "));
+  if (strict && !unexpected.empty()) problems += fmt::format(" unexpected keys: {};", fmt::join(unexpected, ", "));
+  WEFT_CHECK(problems.empty(), "load_state_dict for {}:{}", type_name_, problems);
+  NoGradGuard no_grad;
+  for (auto& [n, t] : own)
+    if (auto it = given.find(n); it != given.end()) Tensor(t).copy_(*it->second);
+}
+
+Module& Module::train(bool on) {
+  training_ = on;
+  for (auto& [n, child] : children_) child->train(on);
+  return *this;
+}
+
+void Module::convert(const std::function<Tensor(const Tensor&)>& fn) {
+  // Swap the converted data into the existing TensorImpl so every handle follows.
+  auto swap_in = [&](Tensor& t) {
+    if (!t.defined() || !is_floating(t.dtype())) return;
+    Tensor c = fn(t.detach());
+    if (c.is_same(t) || (c.storage() == t.storage() && c.dtype() == t.dtype())) return;
+    TensorImpl* impl = t.impl();
+    impl->storage = c.storage();
+    impl->shape = c.shape();
+    impl->strides = c.strides();
+    impl->offset = c.offset();
+    impl->dtype = c.dtype();
+    if (impl->autograd) impl->autograd->grad = Tensor();
+  };
+  std::unordered_set<TensorImpl*> done;
+  for (auto& [n, t] : params_)
+    if (t.defined() && done.insert(t.impl()).second) swap_in(t);
+  for (auto& [n, t] : buffers_) swap_in(t);
+  for (auto& [n, child] : children_) child->convert(fn);
+}
+
+Module& Module::to(DType dtype) {
+  WEFT_CHECK(is_floating(dtype), "{}.to: modules convert to floating dtypes only, got {}", type_name_,
+             dtype_name(dtype));
+  convert([dtype](const Tensor& t) { return t.to(dtype).contiguous(); });
+  return *this;
+}
+
+Module& Module::to(Device device) {
+  convert([device](const Tensor& t) { return t.to(device); });
+  return *this;
+}
+
+Module& Module::apply(const std::function<void(Module&)>& fn) {
+  for (auto& [n, child] : children_) child->apply(fn);
+  fn(*this);
+  return *this;
+}
+
+void Module::zero_grad(bool set_to_none) {
+  NoGradGuard no_grad;
+  for (auto& t : parameters()) {
+    Tensor g = t.grad();
+    if (!g.defined()) continue;
+    if (set_to_none) t.set_grad(Tensor());
+    else g.zero_();
+  }
+}
+
+HookHandle Module::register_forward_pre_hook(ForwardPreHook hook) {
+  uint64_t id = hooks_->next_id++;
+  hooks_->pre.emplace_back(id, std::move(hook));
+  return HookHandle([weak = std::weak_ptr<Hooks>(hooks_), id] {
+    if (auto h = weak.lock()) std::erase_if(h->pre, [id](auto& e) { return e.first == id; });
+  });
+}
+
+HookHandle Module::register_forward_hook(ForwardHook hook) {
+  uint64_t id = hooks_->next_id++;
+  hooks_->post.emplace_back(id, std::move(hook));
+  return HookHandle([weak = std::weak_ptr<Hooks>(hooks_), id] {
+    if (auto h = weak.lock()) std::erase_if(h->post, [id](auto& e) { return e.first == id; });
+  });
+}
+
+std::string Module::str() const {
+  std::string head = type_name_ + "(" + extra_repr();
+  if (children_.empty()) return head + ")";
+  std::ostringstream os;
+  os << head << "\n";
+  for (auto& [n, child] : children_) {
+    std::string sub = child->str();
+    // Indent the child's lines by two spaces.
+    std::string indented;
+    for (char c : sub) {
+      indented += c;
+      if (c == '\n') indented += "  ";
+    }
+    os << "  (" << n << "): " << indented << "\n";
+  }
+  os << ")";
+  return os.str();
+}
+
+std::ostream& operator<<(std::ostream& os, const Module& m) { return os << m.str(); }
+
+}  // namespace weft::nn

@@ -1,0 +1,133 @@
+// nn: Module, the tree users build models from. A module owns named parameters, buffers
+// and child modules in registration order; names are dotted paths ("blocks.3.attn.qkv.weight").
+// Calling a module runs its forward pre-hooks, forward and forward hooks, each of which may
+// replace the tensors passed on (FSDP schedules its communication through them).
+//
+// Parameters live in slots with stable addresses: a layer keeps a `Tensor&` to its slot, and
+// whoever replaces the slot's tensor (set_parameter, FSDP's sharding) is seen by forward.
+#pragma once
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "autograd/node.h"
+#include "core/tensor.h"
+
+namespace weft::nn {
+
+using autograd::TensorList;
+using NamedTensorList = std::vector<std::pair<std::string, Tensor>>;
+
+class Module;
+using ModulePtr = std::shared_ptr<Module>;
+// May return replacement inputs (or nothing to keep them).
+using ForwardPreHook = std::function<std::optional<TensorList>(Module&, const TensorList& inputs)>;
+// May return replacement outputs (or nothing to keep them).
+using ForwardHook =
+    std::function<std::optional<TensorList>(Module&, const TensorList& inputs, const TensorList& outputs)>;
+
+// Returned by hook registration; remove() unregisters (idempotent).
+class HookHandle {
+ public:
+  HookHandle() = default;
+  explicit HookHandle(std::function<void()> remover) : remover_(std::move(remover)) {}
+  void remove() {
+    if (remover_) std::exchange(remover_, nullptr)();
+  }
+
+ private:
+  std::function<void()> remover_;
+};
+
+class Module : public std::enable_shared_from_this<Module> {
+ public:
+  explicit Module(std::string type_name = "Module") : type_name_(std::move(type_name)) {}
+  virtual ~Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  // ---- forward. Single-tensor modules override forward(const Tensor&); others override
+  // forward(const TensorList&). Call a module with operator() so hooks run.
+  virtual TensorList forward(const TensorList& inputs);
+  virtual Tensor forward(const Tensor& input);
+  TensorList operator()(const TensorList& inputs);
+  Tensor operator()(const Tensor& input);
+
+  // ---- registration. Names must be non-empty, without dots, and unique per module.
+  // An undefined tensor registers an empty slot (like an optional bias set to None).
+  Tensor& register_parameter(const std::string& name, Tensor t, bool requires_grad = true);
+  Tensor& register_buffer(const std::string& name, Tensor t);
+  template <class M>
+  std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> m) {
+    add_child(name, m);
+    return m;
+  }
+  // Replaces a direct parameter's tensor (the slot keeps its address and name).
+  void set_parameter(const std::string& name, Tensor t);
+
+  // ---- access (recursive by default; empty slots are skipped)
+  NamedTensorList named_parameters(bool recurse = true) const;
+  std::vector<Tensor> parameters(bool recurse = true) const;
+  NamedTensorList named_buffers(bool recurse = true) const;
+  std::vector<std::pair<std::string, ModulePtr>> named_children() const;
+  // All modules in the tree, pre-order, self first under the name "".
+  std::vector<std::pair<std::string, ModulePtr>> named_modules();
+  std::vector<ModulePtr> modules();
+  // Slot of a direct parameter (throws if there is none of that name).
+  Tensor& parameter_slot(const std::string& name);
+
+  // ---- state: parameters then buffers of each module, pre-order, dotted names.
+  NamedTensorList state_dict() const;
+  // Copies values into the existing tensors (converting dtype). strict: missing and
+  // unexpected keys are errors; shapes must always match. The error lists every problem.
+  void load_state_dict(const NamedTensorList& state, bool strict = true);
+
+  // ---- modes and conversions
+  Module& train(bool on = true);
+  Module& eval() { return train(false); }
+  bool is_training() const { return training_; }
+  // Converts floating parameters and buffers in place: every existing handle (optimizers,
+  // layers' slots) sees the new dtype/device.
+  Module& to(DType dtype);
+  Module& to(Device device);
+  // fn(module) on every module of the tree, children first, then self (like nn.Module.apply).
+  Module& apply(const std::function<void(Module&)>& fn);
+  void zero_grad(bool set_to_none = true);
+
+  // ---- hooks, run on every call in registration order
+  HookHandle register_forward_pre_hook(ForwardPreHook hook);
+  HookHandle register_forward_hook(ForwardHook hook);
+
+  // ---- printing: the module tree, one line per module, like PyTorch's repr.
+  const std::string& type_name() const { return type_name_; }
+  virtual std::string extra_repr() const { return ""; }
+  std::string str() const;
+
+ protected:
+  void add_child(const std::string& name, ModulePtr m);
+  bool training_ = true;
+
+ private:
+  void check_new_name(const std::string& name, const char* what) const;
+  void collect(const std::string& prefix, bool recurse, bool buffers, NamedTensorList& out) const;
+  void convert(const std::function<Tensor(const Tensor&)>& fn);
+  std::string type_name_;
+  std::deque<std::pair<std::string, Tensor>> params_;  // deque: slot addresses stay valid
+  std::deque<std::pair<std::string, Tensor>> buffers_;
+  std::vector<std::pair<std::string, ModulePtr>> children_;
+  // Shared with HookHandles (weakly), so removing a hook after the module died is harmless.
+  struct Hooks {
+    std::vector<std::pair<uint64_t, ForwardPreHook>> pre;
+    std::vector<std::pair<uint64_t, ForwardHook>> post;
+    uint64_t next_id = 0;
+  };
+  std::shared_ptr<Hooks> hooks_ = std::make_shared<Hooks>();
+};
+
+std::ostream& operator<<(std::ostream& os, const Module& m);
+
+}  // namespace weft::nn

@@ -1,0 +1,11 @@
+// nn: everything a model author needs — Module, layers, containers, transformer blocks,
+// losses, initialisers, optimizers and learning-rate schedules.
+#pragma once
+#include "nn/containers.h"
+#include "nn/init.h"
+#include "nn/layers.h"
+#include "nn/loss.h"
+#include "nn/module.h"
+#include "nn/optimizer.h"
+#include "nn/scheduler.h"
+#include "nn/transformer.h"

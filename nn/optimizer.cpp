@@ -1,0 +1,227 @@
+#include "nn/optimizer.h"
+
+#include <cmath>
+
+#include "core/grad_mode.h"
+#include "kernels/elementwise.h"
+#include "kernels/optim.h"
+#include "kernels/reduce.h"
+
+namespace weft::nn {
+
+Optimizer::Optimizer(std::string name, std::vector<ParamGroup> groups, std::map<std::string, double> defaults)
+    : groups_(std::move(groups)), name_(std::move(name)) {
+  WEFT_CHECK(!groups_.empty(), "{}: no parameter groups given", name_);
+  std::map<TensorImpl*, size_t> seen;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    ParamGroup& group = groups_[g];
+    for (auto& [k, v] : group.options)
+      WEFT_CHECK(defaults.count(k), "{}: unknown option \"{}\" in parameter group {}", name_, k, g);
+    for (auto& [k, v] : defaults) group.options.try_emplace(k, v);
+    WEFT_CHECK(group.options["lr"] >= 0, "{}: learning rate must be >= 0, got {}", name_, group.options["lr"]);
+    for (const Tensor& p : group.params) {
+      WEFT_CHECK(p.defined() && p.is_leaf() && is_floating(p.dtype()),
+                 "{}: parameters must be defined floating leaf tensors, got {}", name_, tensor_desc(p));
+      WEFT_CHECK(seen.emplace(p.impl(), g).second, "{}: a parameter {} appears in more than one place", name_,
+                 tensor_desc(p));
+    }
+  }
+}
+
+void Optimizer::zero_grad(bool set_to_none) {
+  NoGradGuard no_grad;
+  for (auto& g : groups_)
+    for (auto& p : g.params) {
+      if (!p.grad().defined()) continue;
+      if (set_to_none) p.set_grad(Tensor());
+      else p.grad().zero_();
+    }
+}
+
+double Optimizer::option(size_t group, const std::string& name) const {
+  WEFT_CHECK(group < groups_.size(), "{}: no parameter group {} (have {})", name_, group, groups_.size());
+  auto it = groups_[group].options.find(name);
+  WEFT_CHECK(it != groups_[group].options.end(), "{}: no option \"{}\"", name_, name);
+  return it->second;
+}
+
+void Optimizer::set_option(size_t group, const std::string& name, double value) {
+  option(group, name);  // validates
+  groups_[group].options[name] = value;
+}
+
+void Optimizer::set_lr(double lr) {
+  for (size_t g = 0; g < groups_.size(); ++g) set_option(g, "lr", lr);
+}
+
+std::map<std::string, Tensor>& Optimizer::state_of(const Tensor& param) { return state_[param.impl()]; }
+
+NamedTensorList Optimizer::state_dict() const {
+  NamedTensorList out;
+  size_t index = 0;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    for (auto& [k, v] : groups_[g].options)
+      out.emplace_back(fmt::format("param_groups.{}.{}", g, k), scalar_tensor(v, {.dtype = DType::f64}));
+    out.emplace_back(fmt::format("param_groups.{}.num_params", g),
+                     scalar_tensor(double(groups_[g].params.size()), {.dtype = DType::f64}));
+    for (const Tensor& p : groups_[g].params) {
+      auto it = state_.find(p.impl());
+      if (it != state_.end())
+        for (auto& [k, t] : it->second) out.emplace_back(fmt::format("state.{}.{}", index, k), t.detach());
+      ++index;
+    }
+  }
+  return out;
+}
+
+void Optimizer::load_state_dict(const NamedTensorList& state) {
+  std::map<std::string, Tensor> given(state.begin(), state.end());
+  auto take = [&](const std::string& key) -> Tensor {
+    auto it = given.find(key);
+    WEFT_CHECK(it != given.end(), "{}.load_state_dict: missing key \"{}\"", name_, key);
+    Tensor t = it->second;
+    given.erase(it);
+    return t;
+  };
+  std::vector<std::map<std::string, double>> options(groups_.size());
+  std::map<TensorImpl*, std::map<std::string, Tensor>> new_state;
+  size_t index = 0;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    double n = take(fmt::format("param_groups.{}.num_params", g)).item();
+    WEFT_CHECK(size_t(n) == groups_[g].params.size(),
+               "{}.load_state_dict: group {} has {} parameters in the checkpoint but {} here", name_, g, n,
+               groups_[g].params.size());
+    for (auto& [k, v] : groups_[g].options) options[g][k] = take(fmt::format("param_groups.{}.{}", g, k)).item();
+    for (const Tensor& p : groups_[g].params) {
+      std::string prefix = fmt::format("state.{}.", index++);
+      for (auto it = given.begin(); it != given.end();) {
+        if (it->first.rfind(prefix, 0) != 0) {
+          ++it;
+          continue;
+        }
+        std::string k = it->first.substr(prefix.size());
+        const Tensor& t = it->second;
+        bool per_element = k != "step";
+        WEFT_CHECK(!per_element || t.shape() == p.shape(),
+                   "{}.load_state_dict: state \"{}\" has shape {} but its parameter has shape {}", name_, it->first,
+                   shape_str(t.shape()), shape_str(p.shape()));
+        new_state[p.impl()][k] = per_element ? t.to(p.device(), p.dtype()).contiguous().clone() : t.clone();
+        it = given.erase(it);
+      }
+    }
+  }
+  WEFT_CHECK(given.empty(), "{}.load_state_dict: unexpected key \"{}\"", name_, given.begin()->first);
+  for (size_t g = 0; g < groups_.size(); ++g) groups_[g].options = options[g];
+  state_ = std::move(new_state);
+}
+
+// ---------------------------------------------------------------- SGD
+
+static std::vector<ParamGroup> one_group(std::vector<Tensor> params) { return {{std::move(params), {}}}; }
+
+SGD::SGD(std::vector<Tensor> params, SGDOptions o) : SGD(one_group(std::move(params)), o) {}
+
+SGD::SGD(std::vector<ParamGroup> groups, SGDOptions o)
+    : Optimizer("SGD", std::move(groups),
+                {{"lr", o.lr}, {"momentum", o.momentum}, {"dampening", o.dampening},
+                 {"weight_decay", o.weight_decay}, {"nesterov", o.nesterov ? 1.0 : 0.0}}) {
+  for (auto& g : groups_) {
+    WEFT_CHECK(g.options["momentum"] >= 0 && g.options["weight_decay"] >= 0,
+               "SGD: momentum and weight_decay must be >= 0");
+    WEFT_CHECK(g.options["nesterov"] == 0 || (g.options["momentum"] > 0 && g.options["dampening"] == 0),
+               "SGD: nesterov momentum requires a momentum and zero dampening");
+  }
+}
+
+void SGD::step() {
+  NoGradGuard no_grad;
+  for (auto& g : groups_) {
+    kernels::SgdStep s{g.options["lr"], g.options["momentum"], g.options["dampening"], g.options["weight_decay"],
+                       g.options["nesterov"] != 0, false};
+    for (Tensor& p : g.params) {
+      Tensor grad = p.grad();
+      if (!grad.defined()) continue;
+      Tensor buf;
+      if (s.momentum != 0) {
+        auto& st = state_of(p);
+        s.first = !st.count("momentum_buffer");
+        if (s.first) st["momentum_buffer"] = empty_like(p);
+        buf = st["momentum_buffer"];
+      }
+      kernels::sgd_step_(p, grad.contiguous(), buf, s);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- Adam / AdamW
+
+Adam::Adam(std::vector<Tensor> params, AdamOptions o) : Adam(one_group(std::move(params)), o) {}
+Adam::Adam(std::vector<ParamGroup> groups, AdamOptions o) : Adam("Adam", std::move(groups), o, false) {}
+
+Adam::Adam(std::string name, std::vector<ParamGroup> groups, AdamOptions o, bool decoupled)
+    : Optimizer(std::move(name), std::move(groups),
+                {{"lr", o.lr}, {"beta1", o.beta1}, {"beta2", o.beta2}, {"eps", o.eps},
+                 {"weight_decay", o.weight_decay}}),
+      decoupled_(decoupled) {
+  for (auto& g : groups_) {
+    double b1 = g.options["beta1"], b2 = g.options["beta2"];
+    WEFT_CHECK(b1 >= 0 && b1 < 1 && b2 >= 0 && b2 < 1, "{}: betas must be in [0, 1), got ({}, {})", name_, b1, b2);
+    WEFT_CHECK(g.options["eps"] >= 0 && g.options["weight_decay"] >= 0, "{}: eps and weight_decay must be >= 0",
+               name_);
+  }
+}
+
+void Adam::step() {
+  NoGradGuard no_grad;
+  for (auto& g : groups_) {
+    for (Tensor& p : g.params) {
+      Tensor grad = p.grad();
+      if (!grad.defined()) continue;
+      auto& st = state_of(p);
+      if (!st.count("step")) {
+        st["step"] = scalar_tensor(0, {.dtype = DType::f32});
+        st["exp_avg"] = zeros_like(p);
+        st["exp_avg_sq"] = zeros_like(p);
+      }
+      // The step count is kept as a f32 tensor, as PyTorch does, so state dicts look alike.
+      int64_t step = int64_t(st["step"].item()) + 1;
+      st["step"].fill_(double(step));
+      kernels::adam_step_(p, grad.contiguous(), st["exp_avg"], st["exp_avg_sq"],
+                          {g.options["lr"], g.options["beta1"], g.options["beta2"], g.options["eps"],
+                           g.options["weight_decay"], step, decoupled_});
+    }
+  }
+}
+
+AdamW::AdamW(std::vector<Tensor> params, AdamWOptions o) : AdamW(one_group(std::move(params)), o) {}
+AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions o)
+    : Adam("AdamW", std::move(groups), {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay}, true) {}
+
+// ---------------------------------------------------------------- clipping
+
+double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type) {
+  WEFT_CHECK(norm_type == 2.0 || std::isinf(norm_type), "clip_grad_norm_: norm_type must be 2 or inf, got {}",
+             norm_type);
+  NoGradGuard no_grad;
+  double total = 0;
+  for (const Tensor& p : params) {
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    if (std::isinf(norm_type)) {
+      total = std::max(total, kernels::reduce(kernels::ReduceOp::max, kernels::unary(kernels::UnaryOp::abs, g), {}, false).item());
+    } else {
+      // Sum of squares accumulated in f64 for a norm independent of parameter order.
+      Tensor g64 = g.to(DType::f64);
+      total += kernels::reduce(kernels::ReduceOp::sum, kernels::binary(kernels::BinaryOp::mul, g64, g64), {}, false).item();
+    }
+  }
+  if (!std::isinf(norm_type)) total = std::sqrt(total);
+  double coef = max_norm / (total + 1e-6);
+  if (coef < 1.0) {
+    for (const Tensor& p : params)
+      if (p.grad().defined()) kernels::mul_scalar_(p.grad(), coef);
+  }
+  return total;
+}
+
+}  // namespace weft::nn

@@ -1,0 +1,102 @@
+// nn: optimizers. Each holds parameter groups (tensors + options) and per-parameter state;
+// step() updates parameters in place from their .grad() without recording a graph, with
+// PyTorch's update formulas and operation order (single-tensor path), so results agree to
+// float rounding. State dicts are flat lists of named tensors that round-trip through
+// safetensors: "state.<i>.<name>" for parameter i (in group order) and
+// "param_groups.<g>.<option>" as 0-dim f64 tensors.
+#pragma once
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nn/module.h"
+
+namespace weft::nn {
+
+// Parameters sharing options; `options` may override some of the optimizer's defaults
+// (e.g. {{"weight_decay", 0.0}} for biases and norms).
+struct ParamGroup {
+  std::vector<Tensor> params;
+  std::map<std::string, double> options;
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  virtual void step() = 0;
+  void zero_grad(bool set_to_none = true);
+
+  size_t num_groups() const { return groups_.size(); }
+  std::vector<Tensor>& params(size_t group) { return groups_.at(group).params; }
+  double option(size_t group, const std::string& name) const;
+  void set_option(size_t group, const std::string& name, double value);
+  double lr(size_t group = 0) const { return option(group, "lr"); }
+  void set_lr(double lr);  // all groups
+
+  NamedTensorList state_dict() const;
+  // Restores options and state; the parameter layout (groups, sizes, shapes) must match.
+  void load_state_dict(const NamedTensorList& state);
+
+ protected:
+  // `defaults` lists every option this optimizer knows; groups may override some.
+  Optimizer(std::string name, std::vector<ParamGroup> groups, std::map<std::string, double> defaults);
+  // Per-parameter state (e.g. "exp_avg"), created lazily by step().
+  std::map<std::string, Tensor>& state_of(const Tensor& param);
+  std::vector<ParamGroup> groups_;
+  std::string name_;
+
+ private:
+  std::map<TensorImpl*, std::map<std::string, Tensor>> state_;
+};
+
+struct SGDOptions {
+  double lr = 1e-3;
+  double momentum = 0;
+  double dampening = 0;
+  double weight_decay = 0;
+  bool nesterov = false;
+};
+class SGD : public Optimizer {
+ public:
+  SGD(std::vector<Tensor> params, SGDOptions opts);
+  SGD(std::vector<ParamGroup> groups, SGDOptions opts);
+  void step() override;
+};
+
+struct AdamOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0;  // Adam: L2 added to the gradient; AdamW: decoupled decay
+};
+class Adam : public Optimizer {
+ public:
+  Adam(std::vector<Tensor> params, AdamOptions opts);
+  Adam(std::vector<ParamGroup> groups, AdamOptions opts);
+  void step() override;
+
+ protected:
+  Adam(std::string name, std::vector<ParamGroup> groups, AdamOptions opts, bool decoupled);
+  bool decoupled_;
+};
+
+struct AdamWOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 1e-2;
+};
+class AdamW : public Adam {
+ public:
+  AdamW(std::vector<Tensor> params, AdamWOptions opts);
+  AdamW(std::vector<ParamGroup> groups, AdamWOptions opts);
+};
+
+// Scales all gradients so their global norm is at most max_norm (norm_type 2 or inf) and
+// returns the norm before clipping, as torch.nn.utils.clip_grad_norm_.
+double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type = 2.0);
+
+}  // namespace weft::nn

@@ -1,0 +1,76 @@
+#include "nn/scheduler.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace weft::nn {
+
+LRScheduler::LRScheduler(Optimizer& opt) : opt_(opt) {
+  for (size_t g = 0; g < opt_.num_groups(); ++g) base_lrs_.push_back(opt_.lr(g));
+}
+
+void LRScheduler::apply() {
+  double f = factor(step_);
+  for (size_t g = 0; g < base_lrs_.size(); ++g) opt_.set_option(g, "lr", base_lrs_[g] * f);
+}
+
+void LRScheduler::step() {
+  ++step_;
+  apply();
+}
+
+void LRScheduler::set_last_step(int64_t step) {
+  WEFT_CHECK(step >= 0, "LRScheduler: step must be >= 0, got {}", step);
+  step_ = step;
+  apply();
+}
+
+std::vector<double> LRScheduler::get_last_lr() const {
+  std::vector<double> out;
+  for (size_t g = 0; g < base_lrs_.size(); ++g) out.push_back(opt_.lr(g));
+  return out;
+}
+
+LinearLR::LinearLR(Optimizer& opt, double s, double e, int64_t n)
+    : LRScheduler(opt), start_factor(s), end_factor(e), total_iters(n) {
+  WEFT_CHECK(s > 0 && s <= 1 && e >= 0 && e <= 1 && n >= 0,
+             "LinearLR: need 0 < start_factor <= 1, 0 <= end_factor <= 1, total_iters >= 0; got {}, {}, {}", s, e, n);
+  apply();
+}
+double LinearLR::factor(int64_t step) const {
+  if (total_iters == 0 || step >= total_iters) return end_factor;
+  return start_factor + (end_factor - start_factor) * double(step) / double(total_iters);
+}
+
+CosineAnnealingLR::CosineAnnealingLR(Optimizer& opt, int64_t t, double eta)
+    : LRScheduler(opt), t_max(t), eta_min(eta) {
+  WEFT_CHECK(t > 0, "CosineAnnealingLR: t_max must be > 0, got {}", t);
+  WEFT_CHECK(opt.num_groups() == 1 || eta == 0, "CosineAnnealingLR: eta_min needs a single parameter group");
+  apply();
+}
+double CosineAnnealingLR::factor(int64_t step) const {
+  double base = base_lrs_.at(0);
+  double t = double(std::min(step, t_max));
+  double lr = eta_min + (base - eta_min) * (1 + std::cos(M_PI * t / double(t_max))) / 2;
+  return base == 0 ? 0 : lr / base;
+}
+
+StepLR::StepLR(Optimizer& opt, int64_t s, double g) : LRScheduler(opt), step_size(s), gamma(g) {
+  WEFT_CHECK(s > 0, "StepLR: step_size must be > 0, got {}", s);
+  apply();
+}
+double StepLR::factor(int64_t step) const { return std::pow(gamma, double(step / step_size)); }
+
+WarmupCosineLR::WarmupCosineLR(Optimizer& opt, int64_t w, int64_t t, double r)
+    : LRScheduler(opt), warmup(w), total(t), min_lr_ratio(r) {
+  WEFT_CHECK(w >= 0 && t > w && r >= 0 && r <= 1,
+             "WarmupCosineLR: need 0 <= warmup < total and 0 <= min_lr_ratio <= 1; got {}, {}, {}", w, t, r);
+  apply();
+}
+double WarmupCosineLR::factor(int64_t step) const {
+  if (step < warmup) return double(step + 1) / double(warmup);
+  double progress = std::min(1.0, double(step - warmup) / double(total - warmup));
+  return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + std::cos(M_PI * progress));
+}
+
+}  // namespace weft::nn

@@ -1,0 +1,68 @@
+// nn: learning-rate schedules. A scheduler owns the optimizer's "lr" option: construction
+// records each group's base lr and applies the schedule's value for step 0; step() advances
+// one step and sets lr = base_lr * factor(step), with closed forms as torch.optim.lr_scheduler.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "nn/optimizer.h"
+
+namespace weft::nn {
+
+class LRScheduler {
+ public:
+  explicit LRScheduler(Optimizer& opt);
+  virtual ~LRScheduler() = default;
+  void step();
+  int64_t last_step() const { return step_; }
+  std::vector<double> get_last_lr() const;
+  // Multiplier of the base lr at `step` (0 = before the first optimizer step).
+  virtual double factor(int64_t step) const = 0;
+  // For checkpoints: restores the position (and re-applies the lr).
+  void set_last_step(int64_t step);
+
+ protected:
+  void apply();
+  Optimizer& opt_;
+  std::vector<double> base_lrs_;
+  int64_t step_ = 0;
+};
+
+// Linear ramp from start_factor to end_factor over total_iters steps, then constant (LinearLR).
+class LinearLR : public LRScheduler {
+ public:
+  LinearLR(Optimizer& opt, double start_factor = 1.0 / 3, double end_factor = 1.0, int64_t total_iters = 5);
+  double factor(int64_t step) const override;
+  double start_factor, end_factor;
+  int64_t total_iters;
+};
+
+// eta_min + (base - eta_min) * (1 + cos(pi * step / t_max)) / 2, flat at eta_min after t_max.
+class CosineAnnealingLR : public LRScheduler {
+ public:
+  CosineAnnealingLR(Optimizer& opt, int64_t t_max, double eta_min = 0.0);
+  double factor(int64_t step) const override;
+  int64_t t_max;
+  double eta_min;
+};
+
+// lr * gamma^(step / step_size) (integer division), as StepLR.
+class StepLR : public LRScheduler {
+ public:
+  StepLR(Optimizer& opt, int64_t step_size, double gamma = 0.1);
+  double factor(int64_t step) const override;
+  int64_t step_size;
+  double gamma;
+};
+
+// Linear warmup from 0 to the base lr over `warmup` steps, then cosine decay to
+// min_lr_ratio * base at `total` steps (the usual GPT schedule).
+class WarmupCosineLR : public LRScheduler {
+ public:
+  WarmupCosineLR(Optimizer& opt, int64_t warmup, int64_t total, double min_lr_ratio = 0.1);
+  double factor(int64_t step) const override;
+  int64_t warmup, total;
+  double min_lr_ratio;
+};
+
+}  // namespace weft::nn

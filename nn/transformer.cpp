@@ -1,0 +1,60 @@
+#include "nn/transformer.h"
+
+#include <cmath>
+#include <limits>
+
+#include "autograd/ops.h"
+
+namespace weft::nn {
+
+CausalSelfAttention::CausalSelfAttention(const TransformerConfig& cfg, Generator* gen)
+    : Module("CausalSelfAttention"), d_model(cfg.d_model), n_head(cfg.n_head), dropout_p(cfg.dropout) {
+  WEFT_CHECK(n_head > 0 && d_model % n_head == 0, "CausalSelfAttention: d_model {} must be divisible by n_head {}",
+             d_model, n_head);
+  c_attn = register_module("c_attn", std::make_shared<Linear>(d_model, 3 * d_model, cfg.bias, gen));
+  c_proj = register_module("c_proj", std::make_shared<Linear>(d_model, d_model, cfg.bias, gen));
+}
+
+Tensor CausalSelfAttention::forward(const Tensor& x) {
+  WEFT_CHECK(x.dim() == 3 && x.size(2) == d_model, "CausalSelfAttention: expected input [B, T, {}], got {}",
+             d_model, tensor_desc(x));
+  int64_t B = x.size(0), T = x.size(1), hd = d_model / n_head;
+  Tensor qkv = (*c_attn)(x);  // [B, T, 3d]
+  auto parts = qkv.split(d_model, 2);
+  auto heads = [&](const Tensor& t) { return t.view({B, T, n_head, hd}).transpose(1, 2); };  // [B, H, T, hd]
+  Tensor q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);
+  Tensor att = matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(double(hd)));  // [B, H, T, T]
+  // Future positions (column > row) are masked out.
+  Tensor rows = arange(0, double(T), 1, {.dtype = DType::i64}).view({T, 1});
+  Tensor cols = arange(0, double(T), 1, {.dtype = DType::i64}).view({1, T});
+  att = masked_fill(att, cols > rows, -std::numeric_limits<double>::infinity());
+  att = dropout(softmax(att, -1), dropout_p, is_training());
+  Tensor y = matmul(att, v).transpose(1, 2).reshape({B, T, d_model});
+  return dropout((*c_proj)(y), dropout_p, is_training());
+}
+
+std::string CausalSelfAttention::extra_repr() const { return fmt::format("d_model={}, n_head={}", d_model, n_head); }
+
+MLP::MLP(const TransformerConfig& cfg, Generator* gen)
+    : Module("MLP"), approximate(cfg.gelu_approximate), dropout_p(cfg.dropout) {
+  c_fc = register_module("c_fc", std::make_shared<Linear>(cfg.d_model, 4 * cfg.d_model, cfg.bias, gen));
+  c_proj = register_module("c_proj", std::make_shared<Linear>(4 * cfg.d_model, cfg.d_model, cfg.bias, gen));
+}
+
+Tensor MLP::forward(const Tensor& x) {
+  return dropout((*c_proj)(gelu((*c_fc)(x), approximate)), dropout_p, is_training());
+}
+
+Block::Block(const TransformerConfig& cfg, Generator* gen) : Module("Block") {
+  ln_1 = register_module("ln_1", std::make_shared<LayerNorm>(cfg.d_model, 1e-5, true, cfg.bias));
+  attn = register_module("attn", std::make_shared<CausalSelfAttention>(cfg, gen));
+  ln_2 = register_module("ln_2", std::make_shared<LayerNorm>(cfg.d_model, 1e-5, true, cfg.bias));
+  mlp = register_module("mlp", std::make_shared<MLP>(cfg, gen));
+}
+
+Tensor Block::forward(const Tensor& x) {
+  Tensor h = x + (*attn)((*ln_1)(x));
+  return h + (*mlp)((*ln_2)(h));
+}
+
+}  // namespace weft::nn
