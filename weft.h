@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/generator.h"
 #include "core/grad_mode.h"
+#include "core/safetensors.h"
 #include "core/tensor.h"
 #include "kernels/threads.h"
 #include "nn/nn.h"

@@ -45,6 +45,7 @@ Device Tensor::device() const { check_defined("device"); return impl_->storage->
 const Storage& Tensor::storage() const { check_defined("storage"); return impl_->storage; }
 
 bool Tensor::is_contiguous() const {
+  if (numel() == 0) return true;  // no elements: any strides describe the same (empty) layout
   int64_t expected = 1;
   for (int64_t d = dim() - 1; d >= 0; --d) {
     if (impl_->shape[d] == 1) continue;

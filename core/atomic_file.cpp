@@ -1,0 +1,87 @@
+#include "core/atomic_file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "core/error.h"
+
+namespace weft {
+namespace {
+
+std::string errno_str() { return std::strerror(errno); }
+
+// Creates `<path>.tmp.<pid>.<n>` exclusively. open() with mode 0666 lets the umask decide the
+// permissions, as for any ordinary new file (mkstemp would force 0600).
+int create_temp(const std::string& path, std::string& tmp) {
+  static std::atomic<uint64_t> counter{0};
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    tmp = fmt::format("{}.tmp.{}.{}", path, ::getpid(), counter++);
+    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd >= 0 || errno != EEXIST) return fd;
+  }
+  errno = EEXIST;
+  return -1;
+}
+
+void fsync_parent_dir(const std::string& path) {
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  if (dir.empty()) dir = ".";
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  WEFT_CHECK(fd >= 0, "write_file_atomic: cannot open directory '{}' of '{}' to sync it: {}", dir,
+             path, errno_str());
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  // Some filesystems cannot sync a directory (EINVAL); the file itself is already durable.
+  WEFT_CHECK(rc == 0 || err == EINVAL, "write_file_atomic: syncing directory '{}' after writing "
+             "'{}' failed: {}", dir, path, std::strerror(err));
+}
+
+}  // namespace
+
+void write_file_atomic(const std::string& path, const std::function<void(std::FILE*)>& write) {
+  WEFT_CHECK(!path.empty(), "write_file_atomic: empty path");
+  std::string tmp;
+  int fd = create_temp(path, tmp);
+  WEFT_CHECK(fd >= 0, "write_file_atomic: cannot create temporary file '{}' for '{}': {}", tmp,
+             path, errno_str());
+  std::FILE* f = ::fdopen(fd, "wb");
+  if (!f) {
+    std::string err = errno_str();
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    WEFT_ERROR("write_file_atomic: fdopen of temporary file '{}' for '{}' failed: {}", tmp, path,
+               err);
+  }
+  // Everything up to the rename may fail; `path` must then stay as it was.
+  try {
+    write(f);
+    WEFT_CHECK(!std::ferror(f), "write_file_atomic: writing '{}' failed: {}", path, errno_str());
+    WEFT_CHECK(std::fflush(f) == 0, "write_file_atomic: flushing '{}' failed: {}", path,
+               errno_str());
+    WEFT_CHECK(::fsync(::fileno(f)) == 0, "write_file_atomic: fsync of '{}' failed: {}", path,
+               errno_str());
+  } catch (...) {
+    std::fclose(f);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  if (std::fclose(f) != 0) {
+    std::string err = errno_str();
+    ::unlink(tmp.c_str());
+    WEFT_ERROR("write_file_atomic: closing '{}' failed: {}", path, err);
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::string err = errno_str();
+    ::unlink(tmp.c_str());
+    WEFT_ERROR("write_file_atomic: renaming '{}' to '{}' failed: {}", tmp, path, err);
+  }
+  fsync_parent_dir(path);
+}
+
+}  // namespace weft

@@ -1,0 +1,306 @@
+#include "core/safetensors.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+
+#include "core/atomic_file.h"
+
+namespace weft {
+namespace {
+
+// Tensor bytes go between memory and the file as they are.
+static_assert(std::endian::native == std::endian::little,
+              "safetensors data is little-endian; weft would need to byte-swap on this host");
+
+using Json = nlohmann::ordered_json;  // keeps the header's key order
+
+// The reference reader's limit; a larger header means a corrupt or foreign file.
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+
+constexpr std::pair<DType, const char*> kDTypeNames[] = {
+    {DType::f32, "F32"}, {DType::f64, "F64"}, {DType::bf16, "BF16"}, {DType::f16, "F16"},
+    {DType::i64, "I64"}, {DType::i32, "I32"}, {DType::u8, "U8"},     {DType::bool_, "BOOL"}};
+
+const char* file_dtype_name(DType dtype) {
+  for (auto& [d, name] : kDTypeNames)
+    if (d == dtype) return name;
+  WEFT_ERROR("safetensors: dtype {} has no safetensors name", dtype_name(dtype));
+}
+
+std::optional<DType> parse_dtype(const std::string& name) {
+  for (auto& [d, n] : kDTypeNames)
+    if (name == n) return d;
+  return std::nullopt;
+}
+
+std::string errno_str() { return std::strerror(errno); }
+
+// ---- reading
+
+struct Entry {
+  std::string name;
+  DType dtype;
+  Shape shape;
+  uint64_t begin, end;  // byte range within the data section
+};
+
+struct Header {
+  std::vector<Entry> entries;  // sorted by data offset
+  Metadata metadata;
+};
+
+struct FileCloser {
+  void operator()(std::FILE* f) const { std::fclose(f); }
+};
+
+class InFile {
+ public:
+  explicit InFile(const std::string& path) : path_(path), f_(std::fopen(path.c_str(), "rb")) {
+    WEFT_CHECK(f_, "safetensors: cannot open '{}': {}", path, errno_str());
+    struct stat st;
+    WEFT_CHECK(::fstat(::fileno(f_.get()), &st) == 0, "safetensors: cannot stat '{}': {}", path,
+               errno_str());
+    WEFT_CHECK(!S_ISDIR(st.st_mode), "safetensors: '{}' is a directory, not a file", path);
+    size_ = uint64_t(st.st_size);
+  }
+  const std::string& path() const { return path_; }
+  uint64_t size() const { return size_; }
+
+  void read(void* dst, size_t n, const std::string& what) {
+    if (std::fread(dst, 1, n, f_.get()) == n) return;
+    WEFT_CHECK(!std::ferror(f_.get()), "safetensors: reading {} from '{}' failed: {}", what, path_,
+               errno_str());
+    WEFT_ERROR("safetensors: '{}' ended while reading {} (did it change while being read?)", path_,
+               what);
+  }
+
+ private:
+  std::string path_;
+  std::unique_ptr<std::FILE, FileCloser> f_;
+  uint64_t size_ = 0;
+};
+
+// A JSON integer >= 0 that fits in int64 (nlohmann keeps larger ones unsigned; the cast to
+// int64 turns those negative, so one test covers both).
+bool is_count(const Json& j) { return j.is_number_integer() && j.get<int64_t>() >= 0; }
+
+// Parses one tensor's entry and checks it against itself and the data section's size.
+Entry parse_entry(const std::string& path, const std::string& name, const Json& v,
+                  uint64_t data_size) {
+  WEFT_CHECK(v.is_object(), "safetensors: '{}': entry '{}' is a JSON {}, not an object with "
+             "dtype, shape and data_offsets", path, name, v.type_name());
+  auto field = [&](const char* key) -> const Json& {
+    auto it = v.find(key);
+    WEFT_CHECK(it != v.end(), "safetensors: '{}': tensor '{}' has no \"{}\"", path, name, key);
+    return *it;
+  };
+  const Json& jdtype = field("dtype");
+  const Json& jshape = field("shape");
+  const Json& joffsets = field("data_offsets");
+
+  WEFT_CHECK(jdtype.is_string(), "safetensors: '{}': tensor '{}' has dtype {}, not a string",
+             path, name, jdtype.dump());
+  std::optional<DType> dtype = parse_dtype(jdtype.get<std::string>());
+  WEFT_CHECK(dtype, "safetensors: '{}': tensor '{}' has unknown or unsupported dtype {} (weft "
+             "reads F32 F64 BF16 F16 I64 I32 U8 BOOL)", path, name, jdtype.dump());
+
+  bool shape_ok = jshape.is_array() && std::all_of(jshape.begin(), jshape.end(), is_count);
+  WEFT_CHECK(shape_ok, "safetensors: '{}': tensor '{}' has shape {}; a shape must be a list of "
+             "non-negative integers", path, name, jshape.dump());
+  Shape shape;
+  uint64_t nbytes = dtype_size(*dtype);
+  bool overflow = false;
+  for (const Json& d : jshape) {
+    shape.push_back(d.get<int64_t>());
+    overflow |= __builtin_mul_overflow(nbytes, uint64_t(shape.back()), &nbytes);
+  }
+  WEFT_CHECK(!overflow, "safetensors: '{}': tensor '{}' has shape {}, too large to address", path,
+             name, jshape.dump());
+
+  bool offsets_ok = joffsets.is_array() && joffsets.size() == 2 && is_count(joffsets[0]) &&
+                    is_count(joffsets[1]);
+  WEFT_CHECK(offsets_ok, "safetensors: '{}': tensor '{}' has data_offsets {}; they must be "
+             "[begin, end], two non-negative integers", path, name, joffsets.dump());
+  uint64_t begin = joffsets[0].get<uint64_t>(), end = joffsets[1].get<uint64_t>();
+  WEFT_CHECK(begin <= end, "safetensors: '{}': tensor '{}' has data_offsets [{}, {}], which end "
+             "before they begin", path, name, begin, end);
+  WEFT_CHECK(end <= data_size, "safetensors: '{}': tensor '{}' has data_offsets [{}, {}], past the "
+             "end of the data section ({} bytes; is the file truncated?)", path, name, begin, end,
+             data_size);
+  WEFT_CHECK(end - begin == nbytes, "safetensors: '{}': tensor '{}' ({} {}) needs {} bytes but "
+             "its data_offsets [{}, {}] hold {}", path, name, jdtype.get<std::string>(),
+             shape_str(shape), nbytes, begin, end, end - begin);
+  return {name, *dtype, std::move(shape), begin, end};
+}
+
+// Reads and validates the header; leaves the file positioned at the start of the data.
+Header read_header(InFile& in) {
+  const std::string& path = in.path();
+  WEFT_CHECK(in.size() >= 8, "safetensors: '{}' is {} bytes long, too short for the 8-byte header "
+             "length; not a safetensors file", path, in.size());
+  unsigned char len_bytes[8];
+  in.read(len_bytes, 8, "the header length");
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = n << 8 | len_bytes[i];
+  WEFT_CHECK(n <= kMaxHeaderBytes, "safetensors: '{}': header length {} is larger than the limit "
+             "of {} bytes; not a safetensors file, or a corrupt one", path, n, kMaxHeaderBytes);
+  WEFT_CHECK(n <= in.size() - 8, "safetensors: '{}': header length {} is larger than the file "
+             "({} bytes); truncated or not a safetensors file", path, n, in.size());
+  std::string text(n, '\0');
+  in.read(text.data(), n, "the header");
+
+  Json j;
+  try {
+    j = Json::parse(text);
+  } catch (const Json::exception& e) {
+    WEFT_ERROR("safetensors: '{}': header is not valid JSON: {}", path, e.what());
+  }
+  WEFT_CHECK(j.is_object(), "safetensors: '{}': header is a JSON {}, not an object", path,
+             j.type_name());
+
+  Header h;
+  uint64_t data_size = in.size() - 8 - n;
+  for (const auto& [name, v] : j.items()) {
+    if (name != "__metadata__") {
+      h.entries.push_back(parse_entry(path, name, v, data_size));
+      continue;
+    }
+    if (v.is_null()) continue;
+    WEFT_CHECK(v.is_object(), "safetensors: '{}': __metadata__ is a JSON {}, not an object of "
+               "strings", path, v.type_name());
+    for (const auto& [key, value] : v.items()) {
+      WEFT_CHECK(value.is_string(), "safetensors: '{}': __metadata__ entry '{}' is {}, not a "
+                 "string", path, key, value.dump());
+      h.metadata[key] = value.get<std::string>();
+    }
+  }
+
+  // The tensors must tile the data section exactly, as the reference reader demands: no
+  // overlap (two tensors aliasing bytes), no gap, nothing after the last one.
+  std::stable_sort(h.entries.begin(), h.entries.end(), [](const Entry& a, const Entry& b) {
+    return std::pair(a.begin, a.end) < std::pair(b.begin, b.end);
+  });
+  uint64_t pos = 0;
+  const Entry* prev = nullptr;
+  for (const Entry& e : h.entries) {
+    WEFT_CHECK(e.begin >= pos, "safetensors: '{}': tensor '{}' (bytes [{}, {})) overlaps tensor "
+               "'{}' (bytes [{}, {}))", path, e.name, e.begin, e.end, prev->name, prev->begin,
+               prev->end);
+    WEFT_CHECK(e.begin == pos, "safetensors: '{}': {} unused bytes before tensor '{}' (bytes "
+               "[{}, {})); tensor data must be contiguous", path, e.begin - pos, e.name, e.begin,
+               e.end);
+    pos = e.end;
+    prev = &e;
+  }
+  WEFT_CHECK(pos == data_size, "safetensors: '{}': data section is {} bytes but the tensors end "
+             "at byte {}: {} trailing bytes", path, data_size, pos, data_size - pos);
+  return h;
+}
+
+// ---- writing
+
+void write_bytes(std::FILE* f, const void* data, size_t n, const std::string& path) {
+  WEFT_CHECK(std::fwrite(data, 1, n, f) == n, "save_safetensors: writing '{}' failed: {}", path,
+             errno_str());
+}
+
+}  // namespace
+
+void save_safetensors(const std::string& path, const NamedTensors& tensors,
+                      const Metadata& metadata) {
+  // Check everything and build the header before the file is touched.
+  Json header = Json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::set<std::string> seen;
+  uint64_t offset = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto& [name, t] = tensors[i];
+    WEFT_CHECK(!name.empty(), "save_safetensors: '{}': tensor #{} has an empty name", path, i);
+    WEFT_CHECK(name != "__metadata__", "save_safetensors: '{}': tensor #{} is named "
+               "'__metadata__', which the format reserves", path, i);
+    WEFT_CHECK(seen.insert(name).second, "save_safetensors: '{}': tensor name '{}' appears more "
+               "than once (again as #{})", path, name, i);
+    WEFT_CHECK(t.defined(), "save_safetensors: '{}': tensor '{}' is undefined", path, name);
+    Json entry = Json::object();
+    entry["dtype"] = file_dtype_name(t.dtype());
+    entry["shape"] = t.shape();
+    entry["data_offsets"] = Json::array({offset, offset + t.nbytes()});
+    header[name] = std::move(entry);
+    offset += t.nbytes();
+  }
+  std::string text;
+  try {
+    text = header.dump();
+  } catch (const Json::exception& e) {
+    WEFT_ERROR("save_safetensors: '{}': a tensor name or metadata string is not valid UTF-8 ({})",
+               path, e.what());
+  }
+  // Trailing spaces are valid JSON and make the data start 8-byte aligned, so a reader that
+  // maps the file can use the tensors in place.
+  text.append((8 - text.size() % 8) % 8, ' ');
+
+  write_file_atomic(path, [&](std::FILE* f) {
+    unsigned char len_bytes[8];
+    for (int i = 0; i < 8; ++i) len_bytes[i] = uint8_t(uint64_t(text.size()) >> (8 * i));
+    write_bytes(f, len_bytes, 8, path);
+    write_bytes(f, text.data(), text.size(), path);
+    // One tensor at a time, so a GPU model needs host memory for its largest tensor only.
+    for (const auto& [name, t] : tensors) {
+      if (t.numel() == 0) continue;
+      try {
+        Tensor c = t.detach();
+        if (!c.device().is_cpu()) c = c.to(Device::cpu());
+        c = c.contiguous();
+        write_bytes(f, c.data_ptr(), c.nbytes(), path);
+      } catch (const Error& e) {
+        WEFT_ERROR("save_safetensors: '{}': cannot write tensor '{}' ({}); the file was left as "
+                   "it was: {}", path, name, tensor_desc(t), e.what());
+      }
+    }
+  });
+}
+
+SafetensorsContents load_safetensors(const std::string& path) {
+  InFile in(path);
+  Header h = read_header(in);
+  SafetensorsContents out;
+  out.metadata = std::move(h.metadata);
+  // The entries tile the data section in this order, so one sequential pass reads them all.
+  for (Entry& e : h.entries) {
+    Tensor t = empty(e.shape, {.dtype = e.dtype});
+    if (e.end > e.begin) {
+      in.read(t.data_ptr(), e.end - e.begin, fmt::format("tensor '{}'", e.name));
+      // Any byte other than 0 or 1 in a C++ bool is undefined behaviour; make it 1.
+      if (e.dtype == DType::bool_) {
+        auto* p = static_cast<uint8_t*>(t.data_ptr());
+        for (uint64_t i = 0; i < e.end - e.begin; ++i) p[i] = p[i] != 0;
+      }
+    }
+    out.tensors.emplace_back(std::move(e.name), std::move(t));
+  }
+  return out;
+}
+
+Metadata read_safetensors_metadata(const std::string& path) {
+  InFile in(path);
+  return read_header(in).metadata;
+}
+
+std::vector<SafetensorsEntry> read_safetensors_index(const std::string& path) {
+  InFile in(path);
+  std::vector<SafetensorsEntry> index;
+  for (Entry& e : read_header(in).entries)
+    index.push_back({std::move(e.name), e.dtype, std::move(e.shape)});
+  return index;
+}
+
+}  // namespace weft
