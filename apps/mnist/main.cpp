@@ -40,7 +40,7 @@ std::unique_ptr<nn::Optimizer> make_optimizer(const Options& o, std::vector<Tens
 // The sample order of an epoch: a Fisher-Yates shuffle from a generator seeded by (seed,
 // epoch), so a resumed run sees the same batches as an uninterrupted one.
 std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch) {
-  std::vector<int64_t> idx(size_t(n));
+  std::vector<int64_t> idx(static_cast<size_t>(n));
   std::iota(idx.begin(), idx.end(), 0);
   Generator g(seed * 1000003ull + uint64_t(epoch) + 1);
   for (int64_t i = n - 1; i > 0; --i) std::swap(idx[size_t(i)], idx[size_t(g.next_u64() % uint64_t(i + 1))]);
@@ -52,7 +52,7 @@ std::pair<double, double> evaluate(nn::Module& model, const apps::MnistSplit& sp
   model.eval();
   int64_t n = split.images.size(0), correct = 0;
   double loss_sum = 0;
-  std::vector<int64_t> all(size_t(n));
+  std::vector<int64_t> all(static_cast<size_t>(n));
   std::iota(all.begin(), all.end(), 0);
   for (int64_t b = 0; b < n; b += 1000) {
     int64_t m = std::min<int64_t>(1000, n - b);

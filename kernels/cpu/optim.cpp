@@ -1,5 +1,11 @@
 // kernels/cpu: fused Adam/AdamW and SGD updates. The scalar factors are rounded to the
 // parameter type before use, as PyTorch does when it passes Python floats to its kernels.
+// Rounding follows PyTorch's vectorized CPU kernels: `add(x, alpha=a)` and
+// `addcmul(t1, t2, value=v)` end in one fused multiply-add (std::fma here); every other
+// multiply, add and divide rounds on its own, so the compiler must not contract anything
+// else in this file.
+#pragma GCC optimize("fp-contract=off")
+
 #include <cmath>
 
 #include "core/dispatch.h"
@@ -36,15 +42,14 @@ void adam_loop(T* p, const T* g, T* m, T* v, int64_t n, const AdamStep& s) {
   for (int64_t i = 0; i < n; ++i) {
     T pi = p[i], gi = g[i];
     if (has_wd) {
-      if (decoupled) pi = pi * decay;
-      else gi = gi + wd * pi;
+      if (decoupled) pi = pi * decay;             // param.mul_(1 - lr * wd)
+      else gi = std::fma(wd, pi, gi);             // grad.add(param, alpha=wd)
     }
-    T mi = m[i] * b1;  // exp_avg.mul_(beta1).add_(grad, alpha=1-beta1)
-    mi = mi + w1 * gi;
-    T vi = v[i] * b2;
-    vi = vi + w2 * gi * gi;
-    T denom = std::sqrt(vi) / bc2_sqrt + eps;
-    p[i] = pi + neg_step * mi / denom;
+    T mi = std::fma(w1, gi, m[i] * b1);           // exp_avg.mul_(beta1).add_(grad, alpha=1-beta1)
+    T vi = v[i] * b2;                             // exp_avg_sq.mul_(beta2)
+    vi = std::fma(w2 * gi, gi, vi);               //   .addcmul_(grad, grad, value=1-beta2)
+    T denom = std::sqrt(vi) / bc2_sqrt + eps;     // (exp_avg_sq.sqrt() / bc2_sqrt).add_(eps)
+    p[i] = pi + neg_step * mi / denom;            // param.addcdiv_(exp_avg, denom, value=-step_size)
     m[i] = mi;
     v[i] = vi;
   }
@@ -57,13 +62,14 @@ void sgd_loop(T* p, const T* g, T* buf, int64_t n, const SgdStep& s) {
 #pragma omp parallel for simd if (n > 65536)
   for (int64_t i = 0; i < n; ++i) {
     T d = g[i];
-    if (has_wd) d = d + wd * p[i];
+    if (has_wd) d = std::fma(wd, p[i], d);        // d_p.add(param, alpha=wd)
     if (has_mom) {
-      T b = s.first ? d : buf[i] * mom + damp * d;
+      // clone on the first step, else buf.mul_(momentum).add_(d_p, alpha=1-dampening)
+      T b = s.first ? d : std::fma(damp, d, buf[i] * mom);
       buf[i] = b;
-      d = s.nesterov ? d + mom * b : b;
+      d = s.nesterov ? std::fma(mom, b, d) : b;   // d_p.add(buf, alpha=momentum)
     }
-    p[i] = p[i] + neg_lr * d;
+    p[i] = std::fma(neg_lr, d, p[i]);             // param.add_(d_p, alpha=-lr)
   }
 }
 
