@@ -4,13 +4,11 @@
 set -euo pipefail
 build_dir=$1
 src_dir=$2
+prefix=$3
+libdir=$4
 dest=$(mktemp -d)
 trap 'rm -rf "$dest"' EXIT
 meson install -C "$build_dir" --destdir "$dest" --no-rebuild --quiet
-prefix=$(meson introspect "$build_dir" --buildoptions | python3 -c \
-  'import json,sys; print(next(o["value"] for o in json.load(sys.stdin) if o["name"]=="prefix"))')
-libdir=$(meson introspect "$build_dir" --buildoptions | python3 -c \
-  'import json,sys; print(next(o["value"] for o in json.load(sys.stdin) if o["name"]=="libdir"))')
 root="$dest$prefix"
 pc=$(find "$root" -name weft.pc | head -1)
 [ -n "$pc" ] || { echo "weft.pc not installed under $root"; exit 1; }

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# End-to-end checks of weft-mnist on the Fashion-MNIST files: --help, bad flags and data,
+# JSONL metrics, and that --save then --load continues training exactly where it stopped
+# (the resumed run's losses equal the uninterrupted run's, bit for bit).
+set -euo pipefail
+exe=$1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+"$exe" --help | grep -q -- "--checkpoint\|--save" || fail "--help does not list --save"
+if "$exe" --model rnn 2>"$tmp/err"; then fail "--model rnn accepted"; fi
+grep -q "rnn" "$tmp/err" || fail "bad --model not named: $(cat "$tmp/err")"
+if "$exe" --data "$tmp/nowhere" --steps 1 2>"$tmp/err"; then fail "missing data accepted"; fi
+grep -q "dataset-fashion-mnist" "$tmp/err" || fail "missing data does not name the package: $(cat "$tmp/err")"
+
+common=(--seed 3 --batch-size 64 --threads 1)
+"$exe" "${common[@]}" --steps 30 --log-every 10 --metrics "$tmp/a.jsonl" >/dev/null 2>&1
+"$exe" "${common[@]}" --steps 20 --log-every 10 --metrics "$tmp/b.jsonl" --save "$tmp/ck.safetensors" >/dev/null 2>&1
+"$exe" "${common[@]}" --steps 10 --log-every 10 --metrics "$tmp/b.jsonl" --load "$tmp/ck.safetensors" >/dev/null 2>&1
+
+loss_at() { grep "\"step\":$2[,}]" "$1" | grep -v '"split"' | grep -o '"loss":[^,}]*'; }
+for f in a b; do
+  for key in '"step":' '"loss":' '"lr":' '"samples_per_s":'; do
+    head -1 "$tmp/$f.jsonl" | grep -q "$key" || fail "metrics line lacks $key: $(head -1 "$tmp/$f.jsonl")"
+  done
+  grep -q '"split":"test"' "$tmp/$f.jsonl" || fail "no test evaluation line in $f.jsonl"
+  grep '"split":"test"' "$tmp/$f.jsonl" | grep -q '"accuracy":' || fail "test line lacks accuracy"
+done
+a20=$(loss_at "$tmp/a.jsonl" 20); b20=$(loss_at "$tmp/b.jsonl" 20)
+a30=$(loss_at "$tmp/a.jsonl" 30); b30=$(loss_at "$tmp/b.jsonl" 30)
+[ -n "$a30" ] && [ "$a20" = "$b20" ] && [ "$a30" = "$b30" ] ||
+  fail "resumed run differs: step 20 $a20 vs $b20, step 30 $a30 vs $b30"
+# A checkpoint of another model is refused with a clear message.
+if "$exe" --model cnn --load "$tmp/ck.safetensors" --steps 1 2>"$tmp/err"; then fail "cnn loaded an mlp checkpoint"; fi
+grep -q "mlp model" "$tmp/err" || fail "model mismatch not explained: $(cat "$tmp/err")"
+echo "mnist cli ok: resumed loss at step 30 $b30 equals uninterrupted $a30"
