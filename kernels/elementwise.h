@@ -26,14 +26,17 @@ const char* binary_op_name(BinaryOp op);
 // neg/abs/sign/relu/square also take integers; logical_not gives bool.
 Tensor unary(UnaryOp op, const Tensor& x);
 // grad_x = grad * op'(x), using the saved output y where that is cheaper (exp, tanh,
-// sigmoid, sqrt, rsqrt, reciprocal). Shapes of grad, x, y are equal.
+// sigmoid, sqrt, rsqrt, reciprocal). Shapes of grad, x, y are equal. Only the tensor the
+// derivative reads must be defined: y for the ops above, nothing for neg/sign/logical_not
+// (zeros for the last two), x otherwise. relu reads x > 0, so y may be passed as x.
 Tensor unary_backward(UnaryOp op, const Tensor& grad, const Tensor& x, const Tensor& y);
 
 // out = a op b with broadcasting; dtype = promote_types (bool for comparisons and logical
 // ops). Both operands must be on one device.
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b);
 // out = a op s (or s op a when scalar_first). The tensor's dtype is kept, except that an
-// integer tensor with a non-integral scalar in arithmetic gives f32, and comparisons give bool.
+// integer tensor with a non-integral scalar in arithmetic gives f32 (so does div), a bool
+// tensor in arithmetic gives i64, and comparisons give bool. 16-bit floats apply s in f32.
 Tensor binary_scalar(BinaryOp op, const Tensor& a, double s, bool scalar_first = false);
 
 // dst += alpha * src, src broadcast to dst's shape, converted to dst's dtype; dst may be

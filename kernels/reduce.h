@@ -11,16 +11,21 @@ namespace weft::kernels {
 enum class ReduceOp { sum, mean, max, min, prod };
 
 // Sum/mean of bool or integer inputs give i64 (sum) or f32 (mean); float inputs keep their dtype.
+// prod of integers gives i64; max/min keep the dtype and propagate NaN. Reducing over no
+// elements gives 0 (sum), 1 (prod), NaN (mean) and is an error for max/min. A 0-dim tensor
+// reduces to itself.
 Tensor reduce(ReduceOp op, const Tensor& x, const Shape& dims, bool keepdim);
-// Values and i64 indices of the max/min along one dim (first occurrence on ties).
+// Values and i64 indices of the max/min along one dim (first occurrence on ties; a NaN wins,
+// as torch.max). An empty dim is an error.
 std::pair<Tensor, Tensor> max_dim(const Tensor& x, int64_t dim, bool keepdim);
 std::pair<Tensor, Tensor> min_dim(const Tensor& x, int64_t dim, bool keepdim);
 Tensor argmax(const Tensor& x, int64_t dim, bool keepdim);
 Tensor argmin(const Tensor& x, int64_t dim, bool keepdim);
-// Variance with Bessel-style `correction` (1 = unbiased, like torch.var's default).
+// Variance with Bessel-style `correction` (1 = unbiased, like torch.var's default); float
+// tensors only. Divides by max(0, n - correction), so one element unbiased gives NaN.
 Tensor var(const Tensor& x, const Shape& dims, int64_t correction, bool keepdim);
 // Sums x down to `shape` (the inverse of broadcasting `shape` to x's shape); used for
-// gradients of broadcast operands.
+// gradients of broadcast operands. Returns x itself when the shapes are equal.
 Tensor sum_to(const Tensor& x, const Shape& shape);
 
 // The dims after wrapping negatives and sorting (all dims when `dims` is empty); throws on

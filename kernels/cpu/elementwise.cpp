@@ -4,10 +4,64 @@
 #include "kernels/cpu/elementwise.h"
 
 #include <type_traits>
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
 
 #include "core/dispatch.h"
+#include "core/strided_iter.h"
 
 namespace weft::kernels::cpu {
+
+template <size_t N>
+void for_each_run(const Shape& shape, const std::array<const Shape*, N>& strides, RunFn<N> fn) {
+  int64_t n = shape_numel(shape);
+  if (n == 0) return;
+  std::array<int64_t, N> flat{};
+  bool all_flat = true;
+  for (size_t k = 0; k < N; ++k) {
+    bool contig = true, zero = true;
+    int64_t expect = 1;
+    for (size_t d = shape.size(); d-- > 0;) {
+      if (shape[d] == 1) continue;
+      contig &= (*strides[k])[d] == expect;
+      zero &= (*strides[k])[d] == 0;
+      expect *= shape[d];
+    }
+    flat[k] = contig ? 1 : 0;
+    all_flat &= contig || zero;
+  }
+  if (all_flat) {
+    parallel_range(n, kParallelGrain / 2, 64, [&](int64_t b, int64_t e) {
+      std::array<int64_t, N> off;
+      for (size_t k = 0; k < N; ++k) off[k] = b * flat[k];
+      fn(off, flat, e - b);
+    });
+    return;
+  }
+  std::array<Shape, N> all;
+  for (size_t k = 0; k < N; ++k) all[k] = *strides[k];
+  StridedIter<N> it(shape, all);
+  int64_t inner = it.inner_size();
+  const auto& st = it.inner_strides();
+  parallel_range(n, kParallelGrain / 2, 64, [&](int64_t b, int64_t e) {
+    int64_t r = b / inner, i = b % inner;
+    while (b < e) {
+      auto off = it.run_offsets(r);
+      int64_t len = std::min(inner - i, e - b);
+      for (size_t k = 0; k < N; ++k) off[k] += i * st[k];
+      fn(off, st, len);
+      b += len;
+      ++r;
+      i = 0;
+    }
+  });
+}
+template void for_each_run<1>(const Shape&, const std::array<const Shape*, 1>&, RunFn<1>);
+template void for_each_run<2>(const Shape&, const std::array<const Shape*, 2>&, RunFn<2>);
+template void for_each_run<3>(const Shape&, const std::array<const Shape*, 3>&, RunFn<3>);
+template void for_each_run<4>(const Shape&, const std::array<const Shape*, 4>&, RunFn<4>);
+
 namespace {
 
 template <class T> T* ptr(const Tensor& t) { return static_cast<T*>(t.data_ptr()); }
@@ -49,26 +103,28 @@ template <class O, class A, class F>
 void map1(const F& f, const Tensor& out, const Tensor& a) {
   O* po = ptr<O>(out);
   const A* pa = ptr<const A>(a);
-  for_each_run<2>(out.shape(), {out.strides(), a.strides()}, [&](const auto& off, const auto& st, int64_t n) {
+  for_each_run<2>(out.shape(), {&out.strides(), &a.strides()}, [&](const auto& off, const auto& st, int64_t n) {
     if (st[0] == 1 && st[1] == 1) loop1<1, 1>(f, po + off[0], pa + off[1], 1, 1, n);
     else loop1<-1, -1>(f, po + off[0], pa + off[1], st[0], st[1], n);
   });
 }
 
-// out = f(a, b)
-template <class O, class A, class B, class F>
+// out = f(a, b). kBroadcast: extra loops for one operand broadcast along the run (a row
+// added to a matrix), worth their compile time for binary ops on 32/64-bit types.
+template <class O, class A, class B, bool kBroadcast = false, class F>
 void map2(const F& f, const Tensor& out, const Tensor& a, const Tensor& b) {
   O* po = ptr<O>(out);
   const A* pa = ptr<const A>(a);
   const B* pb = ptr<const B>(b);
-  for_each_run<3>(out.shape(), {out.strides(), a.strides(), b.strides()},
+  for_each_run<3>(out.shape(), {&out.strides(), &a.strides(), &b.strides()},
                   [&](const auto& off, const auto& st, int64_t n) {
     O* o = po + off[0];
     const A* x = pa + off[1];
     const B* y = pb + off[2];
+    constexpr bool kWide = kBroadcast && sizeof(A) >= 4 && sizeof(B) >= 4;
     if (st[0] == 1 && st[1] == 1 && st[2] == 1) loop2<1, 1, 1>(f, o, x, y, 1, 1, 1, n);
-    else if (st[0] == 1 && st[1] == 1 && st[2] == 0) loop2<1, 1, 0>(f, o, x, y, 1, 1, 0, n);
-    else if (st[0] == 1 && st[1] == 0 && st[2] == 1) loop2<1, 0, 1>(f, o, x, y, 1, 0, 1, n);
+    else if (kWide && st[0] == 1 && st[1] == 1 && st[2] == 0) loop2<1, 1, 0>(f, o, x, y, 1, 1, 0, n);
+    else if (kWide && st[0] == 1 && st[1] == 0 && st[2] == 1) loop2<1, 0, 1>(f, o, x, y, 1, 0, 1, n);
     else loop2<-1, -1, -1>(f, o, x, y, st[0], st[1], st[2], n);
   });
 }
@@ -81,7 +137,7 @@ void map3(const F& f, const Tensor& out, const Tensor& a, const Tensor& b, const
   const A* pa = ptr<const A>(a);
   const B* pb = ptr<const B>(b);
   const C* pc = ptr<const C>(c);
-  for_each_run<4>(out.shape(), {out.strides(), a.strides(), b.strides(), c.strides()},
+  for_each_run<4>(out.shape(), {&out.strides(), &a.strides(), &b.strides(), &c.strides()},
                   [&](const auto& off, const auto& st, int64_t n) {
     O* o = po + off[0];
     const A* x = pa + off[1];
@@ -99,7 +155,7 @@ void map3(const F& f, const Tensor& out, const Tensor& a, const Tensor& b, const
 template <class T, class F>
 void inplace1(const F& f, const Tensor& dst) {
   T* pd = ptr<T>(dst);
-  for_each_run<1>(dst.shape(), {dst.strides()}, [&](const auto& off, const auto& st, int64_t n) {
+  for_each_run<1>(dst.shape(), {&dst.strides()}, [&](const auto& off, const auto& st, int64_t n) {
     if (st[0] == 1) loop_inplace1<1>(f, pd + off[0], 1, n);
     else loop_inplace1<-1>(f, pd + off[0], st[0], n);
   });
@@ -110,7 +166,7 @@ template <class T, class B, class F>
 void inplace2(const F& f, const Tensor& dst, const Tensor& b) {
   T* pd = ptr<T>(dst);
   const B* pb = ptr<const B>(b);
-  for_each_run<2>(dst.shape(), {dst.strides(), b.strides()}, [&](const auto& off, const auto& st, int64_t n) {
+  for_each_run<2>(dst.shape(), {&dst.strides(), &b.strides()}, [&](const auto& off, const auto& st, int64_t n) {
     if (st[0] == 1 && st[1] == 1) loop_inplace2<1, 1>(f, pd + off[0], pb + off[1], 1, 1, n);
     else if (st[0] == 1 && st[1] == 0) loop_inplace2<1, 0>(f, pd + off[0], pb + off[1], 1, 0, n);
     else loop_inplace2<-1, -1>(f, pd + off[0], pb + off[1], st[0], st[1], n);
@@ -119,12 +175,19 @@ void inplace2(const F& f, const Tensor& dst, const Tensor& b) {
 
 // ---- scalar helpers
 
-// A double as the compute type A; integers wrap like a cast through int64 (callers only pass
-// integral values for integer types).
+// A double as the compute type A; for integers it truncates and wraps like a cast through
+// int64 (NaN gives 0, no undefined conversions).
 template <class A> A scalar_as(double s) {
   if constexpr (std::is_same_v<A, bool>) return s != 0;
   else if constexpr (std::is_integral_v<A>) return s != s ? A(0) : A(int64_t(std::clamp(s, -9.2e18, 9.2e18)));
   else return A(s);
+}
+
+// A clamp bound as A: integers saturate to A's range (clamping u8 to 1000 changes nothing).
+template <class A> A bound_as(double s) {
+  if constexpr (std::is_integral_v<A> && sizeof(A) < 8 && !std::is_same_v<A, bool>)
+    s = std::clamp(s, double(std::numeric_limits<A>::lowest()), double(std::numeric_limits<A>::max()));
+  return scalar_as<A>(s);
 }
 
 // Integer arithmetic wraps like the hardware (through the unsigned type: signed overflow is UB).
@@ -146,12 +209,15 @@ template <class T> T int_pow(T b, T e) {
   return r;
 }
 
-inline float v_exp(float x) { return exp_f32(x); }
-inline double v_exp(double x) { return std::exp(x); }
-inline float v_tanh(float x) { return tanh_f32(x); }
-inline double v_tanh(double x) { return std::tanh(x); }
-inline float v_sigmoid(float x) { return sigmoid_f32(x); }
-inline double v_sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+WEFT_MATH_INLINE float v_exp(float x) { return exp_f32(x); }
+WEFT_MATH_INLINE double v_exp(double x) { return std::exp(x); }
+WEFT_MATH_INLINE float v_tanh(float x) { return tanh_f32(x); }
+WEFT_MATH_INLINE double v_tanh(double x) { return std::tanh(x); }
+WEFT_MATH_INLINE float v_sigmoid(float x) { return sigmoid_f32(x); }
+WEFT_MATH_INLINE double v_sigmoid(double x) {
+  double e = std::exp(-std::fabs(x)), r = 1.0 / (1.0 + e);
+  return x >= 0 ? r : e * r;
+}
 
 constexpr double kSqrt2OverPi = 0.79788456080286535588;
 constexpr double kGeluC = 0.044715;
@@ -160,20 +226,59 @@ constexpr double kInvSqrt2Pi = 0.39894228040143267794;
 
 // gelu_tanh(x) = 0.5x(1 + tanh(u)) = x * sigmoid(2u): the sigmoid form does not cancel for
 // large negative x.
-template <class A> A gelu_tanh(A x) {
+template <class A> WEFT_MATH_INLINE A gelu_tanh(A x) {
   A u = A(kSqrt2OverPi) * (x + A(kGeluC) * x * x * x);
   return x * v_sigmoid(A(2) * u);
 }
-template <class A> A gelu_tanh_grad(A x) {
+template <class A> WEFT_MATH_INLINE A gelu_tanh_grad(A x) {
   A u = A(kSqrt2OverPi) * (x + A(kGeluC) * x * x * x);
   A s = v_sigmoid(A(2) * u);
   A du = A(kSqrt2OverPi) * (A(1) + A(3 * kGeluC) * x * x);
   return s + A(2) * x * s * (A(1) - s) * du;
 }
-// 1 + erf(x/sqrt2) as erfc(-x/sqrt2) keeps precision where erf is close to -1.
-template <class A> A gelu_erf(A x) { return A(0.5) * x * std::erfc(-x * A(kInvSqrt2)); }
-template <class A> A gelu_erf_grad(A x) {
-  return A(0.5) * std::erfc(-x * A(kInvSqrt2)) + x * std::exp(A(-0.5) * x * x) * A(kInvSqrt2Pi);
+// gelu_erf(x) = x * Phi(x); 1 + erf(x/sqrt2) as erfc(-x/sqrt2) keeps precision where erf is
+// close to -1.
+WEFT_MATH_INLINE float normal_cdf(float x) { return normal_cdf_f32(x); }
+WEFT_MATH_INLINE double normal_cdf(double x) { return 0.5 * std::erfc(-x * kInvSqrt2); }
+WEFT_MATH_INLINE float normal_pdf(float x) { return float(kInvSqrt2Pi) * exp_neg_half_sq_f32(x); }
+WEFT_MATH_INLINE double normal_pdf(double x) { return kInvSqrt2Pi * std::exp(-0.5 * x * x); }
+template <class A> WEFT_MATH_INLINE A gelu_erf(A x) { return x * normal_cdf(x); }
+template <class A> WEFT_MATH_INLINE A gelu_erf_grad(A x) { return normal_cdf(x) + x * normal_pdf(x); }
+
+// sqrt with explicit vector instructions on unit-stride runs: std::sqrt in a loop does not
+// vectorise while it may have to set errno (no -fno-math-errno here).
+template <class T>
+void sqrt_run(const T* a, T* o, int64_t n, bool reciprocal) {
+  int64_t i = 0;
+#if defined(__AVX__)  // 256-bit: AVX-512's sqrt intrinsics trip a GCC 12 false warning
+  if constexpr (std::is_same_v<T, float>) {
+    const __m256 one = _mm256_set1_ps(1.f);
+    for (; i + 8 <= n; i += 8) {
+      __m256 r = _mm256_sqrt_ps(_mm256_loadu_ps(a + i));
+      _mm256_storeu_ps(o + i, reciprocal ? _mm256_div_ps(one, r) : r);
+    }
+  } else {
+    const __m256d one = _mm256_set1_pd(1.0);
+    for (; i + 4 <= n; i += 4) {
+      __m256d r = _mm256_sqrt_pd(_mm256_loadu_pd(a + i));
+      _mm256_storeu_pd(o + i, reciprocal ? _mm256_div_pd(one, r) : r);
+    }
+  }
+#endif
+  for (; i < n; ++i) o[i] = reciprocal ? T(1) / std::sqrt(a[i]) : std::sqrt(a[i]);
+}
+
+template <class T>
+void sqrt_map(bool reciprocal, const Tensor& out, const Tensor& x) {
+  T* po = ptr<T>(out);
+  const T* px = ptr<const T>(x);
+  for_each_run<2>(out.shape(), {&out.strides(), &x.strides()}, [&](const auto& off, const auto& st, int64_t n) {
+    if (st[0] == 1 && st[1] == 1) return sqrt_run(px + off[1], po + off[0], n, reciprocal);
+    for (int64_t i = 0; i < n; ++i) {
+      T r = std::sqrt(px[off[1] + i * st[1]]);
+      po[off[0] + i * st[0]] = reciprocal ? T(1) / r : r;
+    }
+  });
 }
 
 template <class A> A float_sign(A v) { return v > A(0) ? A(1) : v < A(0) ? A(-1) : v; }  // NaN stays NaN
@@ -188,6 +293,9 @@ void unary_typed(UnaryOp op, const Tensor& out, const Tensor& x) {
     return;
   }
   auto run = [&](auto f) { map1<T, T>([f](T v) { return T(f(A(v))); }, out, x); };
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    if (op == UnaryOp::sqrt || op == UnaryOp::rsqrt) return sqrt_map<T>(op == UnaryOp::rsqrt, out, x);
+  }
   if constexpr (is_float_v<T>) {
     switch (op) {
       case UnaryOp::neg: return run([](A v) { return -v; });
@@ -333,18 +441,29 @@ void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
   WEFT_DISPATCH(a.dtype(), binary_op_name(op), [&]<typename T>() {
     using A = acc_t<T>;
     with_binary_op<T>(op, [&]<class Op, class O>() {
-      map2<O, T, T>([](T x, T y) { return O(Op::apply(A(x), A(y))); }, out, a, b);
+      map2<O, T, T, true>([](T x, T y) { return O(Op::apply(A(x), A(y))); }, out, a, b);
     });
   });
 }
 
 void binary_scalar(BinaryOp op, const Tensor& out, const Tensor& a, double s, bool scalar_first) {
+  // Only sub, div and pow need s op a as such; the rest commute or flip (s < a is a > s).
+  if (scalar_first && op != BinaryOp::sub && op != BinaryOp::div && op != BinaryOp::pow) {
+    scalar_first = false;
+    if (op == BinaryOp::lt) op = BinaryOp::gt;
+    else if (op == BinaryOp::gt) op = BinaryOp::lt;
+    else if (op == BinaryOp::le) op = BinaryOp::ge;
+    else if (op == BinaryOp::ge) op = BinaryOp::le;
+  }
   WEFT_DISPATCH(a.dtype(), binary_op_name(op), [&]<typename T>() {
     using A = acc_t<T>;
     A sv = scalar_as<A>(s);
     with_binary_op<T>(op, [&]<class Op, class O>() {
-      if (scalar_first) map1<O, T>([sv](T x) { return O(Op::apply(sv, A(x))); }, out, a);
-      else map1<O, T>([sv](T x) { return O(Op::apply(A(x), sv)); }, out, a);
+      constexpr bool kReversible = std::is_same_v<Op, SubOp> || std::is_same_v<Op, DivOp> || std::is_same_v<Op, PowOp>;
+      if constexpr (kReversible) {
+        if (scalar_first) return map1<O, T>([sv](T x) { return O(Op::apply(sv, A(x))); }, out, a);
+      }
+      map1<O, T>([sv](T x) { return O(Op::apply(A(x), sv)); }, out, a);
     });
   });
 }
@@ -383,7 +502,7 @@ void masked_fill(const Tensor& out, const Tensor& x, const Tensor& mask, double 
 void clamp(const Tensor& out, const Tensor& x, std::optional<double> lo, std::optional<double> hi) {
   WEFT_DISPATCH(out.dtype(), "clamp", [&]<typename T>() {
     using A = acc_t<T>;
-    A l = scalar_as<A>(lo.value_or(0)), h = scalar_as<A>(hi.value_or(0));
+    A l = bound_as<A>(lo.value_or(0)), h = bound_as<A>(hi.value_or(0));
     // Comparisons are false for NaN, so a NaN input passes through as NaN.
     if (lo && hi) map1<T, T>([l, h](T v) { A a = A(v); a = a < l ? l : a; return T(a > h ? h : a); }, out, x);
     else if (lo) map1<T, T>([l](T v) { A a = A(v); return T(a < l ? l : a); }, out, x);
