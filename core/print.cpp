@@ -12,14 +12,37 @@ namespace {
 constexpr int64_t kSummariseAbove = 1000;  // elements
 constexpr int64_t kEdgeItems = 3;
 
+// One number format for the whole tensor, as PyTorch chooses it: integers as "2.0",
+// moderate magnitudes with 4 decimals, very large or small ones in scientific notation.
+enum class Style { integer, whole_float, fixed, scientific };
+
+Style choose_style(const std::vector<double>& v, bool floating) {
+  if (!floating) return Style::integer;
+  bool whole = true;
+  double max_abs = 0, min_abs = INFINITY;
+  for (double x : v) {
+    if (!std::isfinite(x)) continue;
+    whole &= x == std::floor(x);
+    double a = std::fabs(x);
+    max_abs = std::max(max_abs, a);
+    if (a > 0) min_abs = std::min(min_abs, a);
+  }
+  if (whole && max_abs < 1e8) return Style::whole_float;
+  if (max_abs >= 1e8 || (min_abs < 1e-4 && max_abs / min_abs > 1e3)) return Style::scientific;
+  return Style::fixed;
+}
+
 void print_rec(std::ostringstream& os, const std::vector<double>& v, const Shape& shape,
-               const Shape& strides, int64_t dim, int64_t base, bool summarise, bool floating,
+               const Shape& strides, int64_t dim, int64_t base, bool summarise, Style style,
                int indent) {
   if (dim == int64_t(shape.size())) {
     double x = v[size_t(base)];
-    if (!floating) os << fmt::format("{}", int64_t(x));
-    else if (std::isfinite(x) && x == std::floor(x) && std::fabs(x) < 1e8) os << fmt::format("{:.1f}", x);
-    else os << fmt::format("{:.4g}", x);
+    switch (style) {
+      case Style::integer: os << fmt::format("{}", int64_t(x)); break;
+      case Style::whole_float: os << fmt::format("{:.1f}", x); break;
+      case Style::fixed: os << fmt::format("{:.4f}", x); break;
+      case Style::scientific: os << fmt::format("{:.4e}", x); break;
+    }
     return;
   }
   os << "[";
@@ -31,7 +54,7 @@ void print_rec(std::ostringstream& os, const std::vector<double>& v, const Shape
       os << (dim + 1 == int64_t(shape.size()) ? ", " : ",\n" + std::string(size_t(indent + 1), ' '));
       continue;
     }
-    print_rec(os, v, shape, strides, dim + 1, base + i * strides[dim], summarise, floating, indent + 1);
+    print_rec(os, v, shape, strides, dim + 1, base + i * strides[dim], summarise, style, indent + 1);
     if (i + 1 < n) {
       if (dim + 1 == int64_t(shape.size())) os << ", ";
       else os << "," << std::string(size_t(shape.size() - dim - 1), '\n') << std::string(size_t(indent + 1), ' ');
@@ -49,7 +72,7 @@ std::string Tensor::str() const {
   if (storage()->is_allocated()) {
     std::vector<double> v = to_vector(*this);
     print_rec(os, v, shape(), contiguous_strides(shape()), 0, 0, numel() > kSummariseAbove,
-              is_floating(dtype()), 7);
+              choose_style(v, is_floating(dtype())), 7);
   } else {
     os << "<freed storage>";
   }

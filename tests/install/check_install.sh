@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs weft into a temporary prefix, then builds and runs the README example against
-# the installed headers and weft.pc: `meson install` must give a usable library.
+# Installs weft into a temporary prefix, then builds and runs every C++ example in README.md
+# (each ```cpp block that includes <weft/weft.h>) against the installed headers and weft.pc:
+# `meson install` must give a usable library, and the README's code must work.
 set -euo pipefail
 build_dir=$1
 src_dir=$2
@@ -20,6 +21,17 @@ mkdir -p "$dest/pc"
 sed "s|^prefix=.*|prefix=$root|" "$pc" > "$dest/pc/weft.pc"
 export PKG_CONFIG_PATH="$dest/pc"
 flags=$(pkg-config --cflags --libs weft)
-c++ -std=c++20 -O1 "$src_dir/tests/install/readme_example.cpp" -o "$dest/readme_example" $flags
-LD_LIBRARY_PATH="$root/$libdir" "$dest/readme_example"
-echo "installed headers, weft.pc and the README example work"
+awk -v dir="$dest" '
+  /^```cpp/ { n++; file = dir "/readme_" n ".cpp"; inblock = 1; next }
+  /^```/ { inblock = 0; next }
+  inblock { print > file }' "$src_dir/README.md"
+count=0
+for src in "$dest"/readme_*.cpp; do
+  grep -q '#include <weft/weft.h>' "$src" || continue
+  exe="${src%.cpp}"
+  c++ -std=c++20 -O1 "$src" -o "$exe" $flags
+  (cd "$dest" && LD_LIBRARY_PATH="$root/$libdir" "$exe")
+  count=$((count + 1))
+done
+[ "$count" -ge 2 ] || { echo "expected at least 2 README examples, found $count"; exit 1; }
+echo "installed headers, weft.pc and $count README examples work"
