@@ -10,17 +10,19 @@ namespace {
 void check_operands(const char* op, const Tensor& a, const Tensor& b) {
   WEFT_CHECK(a.defined() && b.defined(), "{}: got an undefined tensor ({} and {})", op, tensor_desc(a),
              tensor_desc(b));
-  WEFT_CHECK(a.device() == b.device(), "{}: operands are on different devices: {} and {}", op,
+  WEFT_CHECK(a.device() == b.device(), "{}: operands are on different devices: {} and {}", op, tensor_desc(a),
+             tensor_desc(b));
+  WEFT_CHECK(a.dtype() == b.dtype(), "{}: operands have different dtypes: {} and {}", op, tensor_desc(a),
+             tensor_desc(b));
+  WEFT_CHECK(is_floating(a.dtype()), "{}: expects floating tensors (f32, f64, bf16, f16), got {} and {}", op,
              tensor_desc(a), tensor_desc(b));
-  WEFT_CHECK(a.dtype() == b.dtype(), "{}: operands have different dtypes: {} and {}", op,
-             tensor_desc(a), tensor_desc(b));
-  WEFT_CHECK(is_floating(a.dtype()), "{}: expects floating tensors (f32, f64, bf16, f16), got {} and {}",
-             op, tensor_desc(a), tensor_desc(b));
 }
 
 }  // namespace
 
-Tensor matmul(const Tensor& a, const Tensor& b) {
+Tensor matmul(const Tensor& a_, const Tensor& b_) {
+  // Kernels never record autograd history: work on detached handles.
+  Tensor a = a_.defined() ? a_.detach() : a_, b = b_.defined() ? b_.detach() : b_;
   check_operands("matmul", a, b);
   WEFT_CHECK(a.dim() >= 1 && b.dim() >= 1, "matmul: both operands need at least 1 dim, got {} and {}",
              tensor_desc(a), tensor_desc(b));
@@ -39,9 +41,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   Tensor a2 = a.dim() == 1 ? a.unsqueeze(0) : a;
   Tensor b2 = b.dim() == 1 ? b.unsqueeze(1) : b;
   int64_t m = a2.size(-2), k = a2.size(-1), n = b2.size(-1);
-  WEFT_CHECK(k == b2.size(-2),
-             "matmul: inner dims differ: {} @ {} (a's last dim {} vs b's {} dim {})", tensor_desc(a),
-             tensor_desc(b), k, b.dim() == 1 ? "only" : "second-to-last", b2.size(-2));
+  WEFT_CHECK(k == b2.size(-2), "matmul: inner dims differ: {} @ {} (a's last dim {} vs b's {} dim {})",
+             tensor_desc(a), tensor_desc(b), k, b.dim() == 1 ? "only" : "second-to-last", b2.size(-2));
   Shape batch = broadcast_shapes(Shape(a2.shape().begin(), a2.shape().end() - 2),
                                  Shape(b2.shape().begin(), b2.shape().end() - 2), "matmul");
   Shape full = batch;
@@ -58,14 +59,14 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   return out;
 }
 
-void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& out, double alpha,
+void gemm(const Tensor& a_, bool trans_a, const Tensor& b_, bool trans_b, const Tensor& out, double alpha,
           double beta) {
+  Tensor a = a_.defined() ? a_.detach() : a_, b = b_.defined() ? b_.detach() : b_;
   check_operands("gemm", a, b);
   WEFT_CHECK(a.dim() == 2 && b.dim() == 2, "gemm: expects 2-D operands, got {} and {}", tensor_desc(a),
              tensor_desc(b));
   WEFT_CHECK(out.defined() && out.dtype() == a.dtype() && out.device() == a.device(),
-             "gemm: out {} must match the operands' dtype and device ({})", tensor_desc(out),
-             tensor_desc(a));
+             "gemm: out {} must match the operands' dtype and device ({})", tensor_desc(out), tensor_desc(a));
   Tensor A = trans_a ? a.t() : a, B = trans_b ? b.t() : b;
   WEFT_CHECK(A.size(1) == B.size(0), "gemm: inner dims differ: op(a) is [{}, {}], op(b) is [{}, {}]",
              A.size(0), A.size(1), B.size(0), B.size(1));

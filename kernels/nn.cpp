@@ -1,1 +1,274 @@
-// placeholder: filled in by the kernels work
+// kernels: entry points of the neural-network kernels (kernels/nn.h). Each checks its
+// arguments (naming the op, shapes, dtypes and devices), allocates the outputs, makes the
+// inputs contiguous where the loops need it and dispatches on the device. The CPU loops
+// live in kernels/cpu/; 16-bit types that the loops do not take go through f32 here.
+#include "kernels/nn.h"
+
+#include "kernels/cpu/nn.h"
+#include "kernels/nn_checks.h"
+
+namespace weft::kernels {
+using namespace checks;
+namespace {
+
+// [outer, n, inner] around dim (a 0-dim tensor is one element).
+void split_dim(const Tensor& x, int64_t dim, int64_t& outer, int64_t& n, int64_t& inner) {
+  outer = n = inner = 1;
+  for (int64_t d = 0; d < x.dim(); ++d) {
+    if (d < dim) outer *= x.size(d);
+    else if (d == dim) n = x.size(d);
+    else inner *= x.size(d);
+  }
+}
+
+Tensor softmax_forward(const Tensor& x, int64_t dim, bool log) {
+  const char* op = log ? "log_softmax" : "softmax";
+  check_float(op, x, "input");
+  int64_t d = wrap_dim(dim, std::max<int64_t>(x.dim(), 1), op), outer, n, inner;
+  split_dim(x, d, outer, n, inner);
+  Tensor y = empty(x.shape(), like(x));
+  if (x.device().is_cpu()) {
+    cpu::softmax(x.contiguous(), y, outer, n, inner, log);
+    return y;
+  }
+  not_built(op, x);
+}
+
+Tensor softmax_backward_impl(const Tensor& grad, const Tensor& y, int64_t dim, bool log) {
+  const char* op = log ? "log_softmax_backward" : "softmax_backward";
+  check_float(op, y, "output");
+  check_float(op, grad, "grad");
+  check_same(op, grad, y);
+  int64_t d = wrap_dim(dim, std::max<int64_t>(y.dim(), 1), op), outer, n, inner;
+  split_dim(y, d, outer, n, inner);
+  Tensor dx = empty(y.shape(), like(y));
+  if (y.device().is_cpu()) {
+    cpu::softmax_backward(grad.contiguous(), y.contiguous(), dx, outer, n, inner, log);
+    return dx;
+  }
+  not_built(op, y);
+}
+
+Shape stats_shape(const Tensor& x, int64_t normalized_ndim) {
+  return Shape(x.shape().begin(), x.shape().end() - normalized_ndim);
+}
+
+void check_affine(const char* op, const Tensor& p, const char* name, const Tensor& x, const Shape& norm) {
+  if (!p.defined()) return;
+  check_device(op, p, x);
+  WEFT_CHECK(p.dtype() == x.dtype() && p.shape() == norm,
+             "{}: {} {} must have dtype {} and the normalized shape {} of input {}", op, name, tensor_desc(p),
+             dtype_name(x.dtype()), shape_str(norm), tensor_desc(x));
+}
+
+Shape norm_shape(const char* op, const Tensor& x, int64_t normalized_ndim) {
+  WEFT_CHECK(normalized_ndim >= 1 && normalized_ndim <= x.dim(),
+             "{}: normalized_ndim {} must be in [1, {}] for input {}", op, normalized_ndim, x.dim(),
+             tensor_desc(x));
+  return Shape(x.shape().end() - normalized_ndim, x.shape().end());
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- softmax family
+
+Tensor softmax(const Tensor& x, int64_t dim) { return softmax_forward(plain(x), dim, false); }
+Tensor log_softmax(const Tensor& x, int64_t dim) { return softmax_forward(plain(x), dim, true); }
+Tensor softmax_backward(const Tensor& grad, const Tensor& y, int64_t dim) {
+  return softmax_backward_impl(plain(grad), plain(y), dim, false);
+}
+Tensor log_softmax_backward(const Tensor& grad, const Tensor& y, int64_t dim) {
+  return softmax_backward_impl(plain(grad), plain(y), dim, true);
+}
+
+// ---------------------------------------------------------------- layer norm
+
+std::tuple<Tensor, Tensor, Tensor> layer_norm(const Tensor& x_, int64_t normalized_ndim,
+                                              const Tensor& weight_, const Tensor& bias_, double eps) {
+  Tensor x = plain(x_), weight = plain(weight_), bias = plain(bias_);
+  const char* op = "layer_norm";
+  check_float(op, x, "input");
+  Shape norm = norm_shape(op, x, normalized_ndim);
+  check_affine(op, weight, "weight", x, norm);
+  check_affine(op, bias, "bias", x, norm);
+  WEFT_CHECK(eps >= 0, "layer_norm: eps must be >= 0, got {}", eps);
+  TensorOptions stats{.dtype = x.dtype() == DType::f64 ? DType::f64 : DType::f32, .device = x.device()};
+  Tensor y = empty(x.shape(), like(x));
+  Tensor mean = empty(stats_shape(x, normalized_ndim), stats), rstd = empty(mean.shape(), stats);
+  if (x.device().is_cpu()) {
+    cpu::layer_norm(x.contiguous(), contig(weight), contig(bias), eps, y, mean, rstd);
+    return {y, mean, rstd};
+  }
+  not_built(op, x);
+}
+
+std::tuple<Tensor, Tensor, Tensor> layer_norm_backward(const Tensor& grad_, const Tensor& x_,
+                                                       const Tensor& mean_, const Tensor& rstd_,
+                                                       const Tensor& weight_, const Tensor& bias_,
+                                                       int64_t normalized_ndim) {
+  Tensor grad = plain(grad_), x = plain(x_), mean = plain(mean_), rstd = plain(rstd_);
+  Tensor weight = plain(weight_), bias = plain(bias_);
+  const char* op = "layer_norm_backward";
+  check_float(op, x, "input");
+  check_float(op, grad, "grad");
+  check_same(op, grad, x);
+  Shape norm = norm_shape(op, x, normalized_ndim);
+  check_affine(op, weight, "weight", x, norm);
+  check_affine(op, bias, "bias", x, norm);
+  DType stats = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  for (const Tensor* s : {&mean, &rstd}) {
+    WEFT_CHECK(
+        s->defined() && s->dtype() == stats && s->numel() == shape_numel(stats_shape(x, normalized_ndim)),
+        "layer_norm_backward: saved statistics {} do not fit input {} (want {}{})", tensor_desc(*s),
+        tensor_desc(x), dtype_name(stats), shape_str(stats_shape(x, normalized_ndim)));
+    check_device(op, *s, x);
+  }
+  Tensor dx = empty(x.shape(), like(x));
+  Tensor dweight = weight.defined() ? empty(weight.shape(), like(weight)) : Tensor();
+  Tensor dbias = bias.defined() ? empty(bias.shape(), like(bias)) : Tensor();
+  if (x.device().is_cpu()) {
+    cpu::layer_norm_backward(grad.contiguous(), x.contiguous(), mean.contiguous(), rstd.contiguous(),
+                             contig(weight), dx, dweight, dbias);
+    return {dx, dweight, dbias};
+  }
+  not_built(op, x);
+}
+
+// ---------------------------------------------------------------- cross-entropy
+
+std::pair<Tensor, Tensor> cross_entropy(const Tensor& logits_, const Tensor& target_, int64_t ignore_index,
+                                        double label_smoothing, Reduction reduction) {
+  Tensor logits = plain(logits_), target = plain(target_);
+  const char* op = "cross_entropy";
+  check_float(op, logits, "logits");
+  check_index(op, target, "target");
+  check_device(op, logits, target);
+  WEFT_CHECK(logits.dim() == 1 || logits.dim() == 2, "cross_entropy: logits must be [N, C] or [C], got {}",
+             tensor_desc(logits));
+  int64_t n = logits.dim() == 2 ? logits.size(0) : 1, c = logits.size(-1);
+  bool target_ok = logits.dim() == 2 ? (target.dim() == 1 && target.size(0) == n)
+                                     : (target.dim() <= 1 && target.numel() == 1);
+  WEFT_CHECK(target_ok,
+             "cross_entropy: target {} does not fit logits {} (want [N] for [N, C], a scalar for [C])",
+             tensor_desc(target), tensor_desc(logits));
+  WEFT_CHECK(label_smoothing >= 0 && label_smoothing <= 1,
+             "cross_entropy: label_smoothing must be in [0, 1], got {}", label_smoothing);
+  WEFT_CHECK(c > 0, "cross_entropy: logits {} have no classes", tensor_desc(logits));
+  Tensor log_probs = empty({n, c}, like(logits));
+  Tensor loss = empty(reduction == Reduction::none ? Shape{n} : Shape{}, like(logits));
+  if (logits.device().is_cpu()) {
+    cpu::cross_entropy(logits.reshape({n, c}).contiguous(), target.reshape({n}).contiguous(), ignore_index,
+                       label_smoothing, reduction, loss, log_probs);
+  } else {
+    not_built(op, logits);
+  }
+  if (logits.dim() == 1) {
+    log_probs = log_probs.view({c});
+    if (reduction == Reduction::none) loss = loss.view({});
+  }
+  return {loss, log_probs};
+}
+
+Tensor cross_entropy_backward(const Tensor& grad_loss_, const Tensor& log_probs_, const Tensor& target_,
+                              int64_t ignore_index, double label_smoothing, Reduction reduction) {
+  Tensor grad_loss = plain(grad_loss_), log_probs = plain(log_probs_), target = plain(target_);
+  const char* op = "cross_entropy_backward";
+  check_float(op, log_probs, "log_probs");
+  check_float(op, grad_loss, "grad");
+  check_index(op, target, "target");
+  check_device(op, log_probs, target);
+  check_device(op, log_probs, grad_loss);
+  WEFT_CHECK(log_probs.dim() == 1 || log_probs.dim() == 2, "{}: log_probs must be [N, C] or [C], got {}", op,
+             tensor_desc(log_probs));
+  int64_t n = log_probs.dim() == 2 ? log_probs.size(0) : 1, c = log_probs.size(-1);
+  WEFT_CHECK(target.numel() == n, "{}: target {} does not fit log_probs {}", op, tensor_desc(target),
+             tensor_desc(log_probs));
+  WEFT_CHECK(
+      grad_loss.dtype() == log_probs.dtype() && grad_loss.numel() == (reduction == Reduction::none ? n : 1),
+      "{}: grad {} does not fit the loss of log_probs {}", op, tensor_desc(grad_loss),
+      tensor_desc(log_probs));
+  Tensor dlogits = empty(log_probs.shape(), like(log_probs));
+  if (log_probs.device().is_cpu()) {
+    cpu::cross_entropy_backward(grad_loss.reshape({grad_loss.numel()}).contiguous(),
+                                log_probs.reshape({n, c}).contiguous(), target.reshape({n}).contiguous(),
+                                ignore_index, label_smoothing, reduction, dlogits.view({n, c}));
+    return dlogits;
+  }
+  not_built(op, log_probs);
+}
+
+// ---------------------------------------------------------------- cat
+
+Tensor cat(const std::vector<Tensor>& xs, int64_t dim) {
+  WEFT_CHECK(!xs.empty(), "cat: expects a non-empty list of tensors");
+  // 1-D empty tensors are skipped whatever their neighbours' shapes, as in PyTorch.
+  auto skipped = [](const Tensor& t) { return t.dim() == 1 && t.numel() == 0; };
+  const Tensor* ref = nullptr;
+  DType dtype = DType::bool_;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    WEFT_CHECK(xs[i].defined(), "cat: tensor {} is undefined", i);
+    check_device("cat", xs[0], xs[i]);
+    dtype = i == 0 ? xs[i].dtype() : promote_types(dtype, xs[i].dtype());
+    if (!ref && !skipped(xs[i])) ref = &xs[i];
+  }
+  if (!ref) return empty({0}, {.dtype = dtype, .device = xs[0].device()});
+  WEFT_CHECK(ref->dim() > 0, "cat: zero-dimensional tensor {} cannot be concatenated", tensor_desc(*ref));
+  int64_t d = wrap_dim(dim, ref->dim(), "cat");
+  Shape shape = ref->shape();
+  shape[d] = 0;
+  std::vector<Tensor> parts;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const Tensor& x = xs[i];
+    if (skipped(x)) continue;
+    WEFT_CHECK(x.dim() == ref->dim(), "cat: tensor {} {} has {} dims but tensor {} has {}", i, tensor_desc(x),
+               x.dim(), ref - xs.data(), ref->dim());
+    for (int64_t k = 0; k < x.dim(); ++k)
+      WEFT_CHECK(k == d || x.size(k) == ref->size(k),
+                 "cat: tensor {} {} differs from tensor {} {} in dim {} (sizes must match except in dim {})",
+                 i, tensor_desc(x), ref - xs.data(), tensor_desc(*ref), k, d);
+    shape[d] += x.size(d);
+    parts.push_back(x.detach());
+  }
+  Tensor out = empty(shape, {.dtype = dtype, .device = ref->device()});
+  if (out.numel() == 0) return out;
+  if (out.device().is_cpu()) {
+    cpu::cat(parts, d, out);
+    return out;
+  }
+  not_built("cat", out);
+}
+
+// ---------------------------------------------------------------- dropout
+
+std::pair<Tensor, Tensor> dropout(const Tensor& x_, double p, Generator* gen) {
+  Tensor x = plain(x_);
+  check_float("dropout", x, "input");
+  WEFT_CHECK(p >= 0 && p <= 1, "dropout: probability p must be in [0, 1], got {}", p);
+  uint64_t seed = (gen ? *gen : default_generator()).next_u64();
+  Tensor y = empty(x.shape(), like(x));
+  Tensor mask = empty(x.shape(), {.dtype = DType::bool_, .device = x.device()});
+  if (x.device().is_cpu()) {
+    cpu::dropout(x.contiguous(), p, seed, y, mask);
+    return {y, mask};
+  }
+  not_built("dropout", x);
+}
+
+Tensor dropout_backward(const Tensor& grad_, const Tensor& mask_, double p) {
+  Tensor grad = plain(grad_), mask = plain(mask_);
+  check_float("dropout_backward", grad, "grad");
+  WEFT_CHECK(mask.defined() && (mask.dtype() == DType::bool_ || mask.dtype() == DType::u8) &&
+                 mask.shape() == grad.shape(),
+             "dropout_backward: mask {} must be a bool tensor shaped like grad {}", tensor_desc(mask),
+             tensor_desc(grad));
+  check_device("dropout_backward", grad, mask);
+  WEFT_CHECK(p >= 0 && p <= 1, "dropout_backward: probability p must be in [0, 1], got {}", p);
+  Tensor dx = empty(grad.shape(), like(grad));
+  if (grad.device().is_cpu()) {
+    cpu::dropout_backward(grad.contiguous(), mask.to(DType::bool_).contiguous(), p, dx);
+    return dx;
+  }
+  not_built("dropout_backward", grad);
+}
+
+}  // namespace weft::kernels

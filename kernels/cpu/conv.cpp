@@ -1,7 +1,7 @@
 // kernels/cpu: 2-D convolution as im2col + GEMM, per image. With at least as many images as
-// threads, images go to threads (each with its own column buffer, Eigen serial inside);
-// otherwise images run in turn and Eigen threads each GEMM. A 1x1, stride-1, unpadded
-// convolution is a GEMM on the image itself, without im2col.
+// threads, images go to threads (each with its own column buffer; Eigen runs serially inside
+// a parallel region); otherwise images run in turn and Eigen threads each GEMM. A 1x1,
+// stride-1, unpadded convolution is a GEMM on the image itself, without im2col.
 #include <cstring>
 #include <vector>
 
@@ -24,8 +24,8 @@ struct ConvGeom {
 };
 
 ConvGeom geometry(const Tensor& x, const Tensor& weight, const Conv2dParams& p) {
-  ConvGeom g{x.size(0), x.size(1), x.size(2), x.size(3), weight.size(0), weight.size(2), weight.size(3),
-             0, 0, p};
+  ConvGeom g{x.size(0),      x.size(1),      x.size(2), x.size(3), weight.size(0),
+             weight.size(2), weight.size(3), 0,         0,         p};
   g.ho = (g.h + 2 * p.pad_h - g.kh) / p.stride_h + 1;
   g.wo = (g.w + 2 * p.pad_w - g.kw) / p.stride_w + 1;
   return g;
@@ -89,6 +89,18 @@ bool split_images(const ConvGeom& g) {
   return nt > 1 && g.n >= nt && double(g.n) * g.o * g.k() * g.hw_out() > 1e5;
 }
 
+// body(n, thread) for every image: spread over `threads` threads, or in turn (threads == 1)
+// outside any parallel region so that Eigen may thread each GEMM itself.
+template <class F>
+void for_images(int64_t count, int threads, F&& body) {
+  if (threads == 1) {
+    for (int64_t n = 0; n < count; ++n) body(n, 0);
+    return;
+  }
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t n = 0; n < count; ++n) body(n, thread_index());
+}
+
 template <typename T>
 void forward_typed(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dParams& p,
                    const Tensor& out) {
@@ -98,23 +110,20 @@ void forward_typed(const Tensor& x, const Tensor& weight, const Tensor& bias, co
   const T* pb = bias.defined() ? bias.data<T>() : nullptr;
   T* po = out.data<T>();
   int64_t k = g.k(), hw = g.hw_out();
-#pragma omp parallel if (split_images(g))
-  {
-    std::vector<T> col(g.direct() ? 0 : size_t(k * hw));
-#pragma omp for schedule(static)
-    for (int64_t n = 0; n < g.n; ++n) {
-      const T* cn = px + n * g.image();
-      if (!g.direct()) {
-        im2col(g, cn, col.data());
-        cn = col.data();
-      }
-      T* on = po + n * g.o * hw;
-      gemm<T>(g.o, hw, k, pw, row_major(k), cn, row_major(hw), on, hw);
-      if (pb)
-        for (int64_t o = 0; o < g.o; ++o)
-          for (int64_t i = 0; i < hw; ++i) on[o * hw + i] += pb[o];
+  int threads = split_images(g) ? thread_count() : 1;
+  std::vector<std::vector<T>> cols(size_t(threads), std::vector<T>(g.direct() ? 0 : size_t(k * hw)));
+  for_images(g.n, threads, [&](int64_t n, int tid) {
+    const T* cn = px + n * g.image();
+    if (!g.direct()) {
+      im2col(g, cn, cols[tid].data());
+      cn = cols[tid].data();
     }
-  }
+    T* on = po + n * g.o * hw;
+    gemm<T>(g.o, hw, k, pw, row_major(k), cn, row_major(hw), on, hw);
+    if (pb)
+      for (int64_t o = 0; o < g.o; ++o)
+        for (int64_t i = 0; i < hw; ++i) on[o * hw + i] += pb[o];
+  });
 }
 
 // dweight += g_n @ col_n^T, dcol_n = W^T @ g_n, dx_n = col2im(dcol_n), dbias = sum g.
@@ -128,30 +137,25 @@ void backward_typed(const Tensor& grad, const Tensor& x, const Tensor& weight, c
   T* pdx = dx.data<T>();
   T* pdw = dweight.data<T>();
   int64_t k = g.k(), hw = g.hw_out(), wsize = g.o * k;
-  bool split = split_images(g);
-  int nt = split ? thread_count() : 1;
-  std::fill(pdw, pdw + wsize, T(0));
-  // Per-thread dweight partials, summed in thread order afterwards (deterministic).
-  std::vector<T> partial(split ? size_t(nt * wsize) : 0, T(0));
-#pragma omp parallel num_threads(nt) if (split)
-  {
-    T* dw = split ? partial.data() + thread_index() * wsize : pdw;
-    std::vector<T> col(g.direct() ? 0 : size_t(k * hw)), dcol(g.direct() ? 0 : size_t(k * hw));
-#pragma omp for schedule(static)
-    for (int64_t n = 0; n < g.n; ++n) {
-      const T* cn = px + n * g.image();
-      if (!g.direct()) {
-        im2col(g, cn, col.data());
-        cn = col.data();
-      }
-      const T* gn = pg + n * g.o * hw;
-      gemm<T>(g.o, k, hw, gn, row_major(hw), cn, col_major(hw), dw, k, T(1), T(1));
-      T* dcn = g.direct() ? pdx + n * g.image() : dcol.data();
-      gemm<T>(k, hw, g.o, pw, col_major(k), gn, row_major(hw), dcn, hw);
-      if (!g.direct()) col2im(g, dcol.data(), pdx + n * g.image());
+  int threads = split_images(g) ? thread_count() : 1;
+  // One dweight partial per thread, summed in thread order afterwards (deterministic).
+  std::vector<T> partial(size_t(threads * wsize), T(0));
+  size_t buf = g.direct() ? 0 : size_t(k * hw);
+  auto cols = std::vector<std::vector<T>>(size_t(threads), std::vector<T>(buf)), dcols = cols;
+  for_images(g.n, threads, [&](int64_t n, int tid) {
+    const T* cn = px + n * g.image();
+    if (!g.direct()) {
+      im2col(g, cn, cols[tid].data());
+      cn = cols[tid].data();
     }
-  }
-  for (int t = 0; t < (split ? nt : 0); ++t)
+    const T* gn = pg + n * g.o * hw;
+    gemm<T>(g.o, k, hw, gn, row_major(hw), cn, col_major(hw), partial.data() + tid * wsize, k, T(1), T(1));
+    T* dcn = g.direct() ? pdx + n * g.image() : dcols[tid].data();
+    gemm<T>(k, hw, g.o, pw, col_major(k), gn, row_major(hw), dcn, hw);
+    if (!g.direct()) col2im(g, dcn, pdx + n * g.image());
+  });
+  std::copy(partial.begin(), partial.begin() + wsize, pdw);
+  for (int t = 1; t < threads; ++t)
     for (int64_t i = 0; i < wsize; ++i) pdw[i] += partial[t * wsize + i];
   if (dbias.defined()) {
     T* pdb = dbias.data<T>();
@@ -172,7 +176,7 @@ void backward_typed(const Tensor& grad, const Tensor& x, const Tensor& weight, c
 void conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dParams& p,
             const Tensor& out) {
   if (out.numel() == 0) return;
-  WEFT_DISPATCH_FLOAT(x.dtype(), "conv2d", [&]<typename T>() {
+  dispatch_float(x.dtype(), "conv2d", [&]<typename T>() {
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
       forward_typed<T>(x, weight, bias, p, out);
     else WEFT_ERROR("conv2d: 16-bit inputs must be converted to f32 by the caller");
@@ -181,7 +185,7 @@ void conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Con
 
 void conv2d_backward(const Tensor& grad, const Tensor& x, const Tensor& weight, const Conv2dParams& p,
                      const Tensor& dx, const Tensor& dweight, const Tensor& dbias) {
-  WEFT_DISPATCH_FLOAT(x.dtype(), "conv2d_backward", [&]<typename T>() {
+  dispatch_float(x.dtype(), "conv2d_backward", [&]<typename T>() {
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
       backward_typed<T>(grad, x, weight, p, dx, dweight, dbias);
     else WEFT_ERROR("conv2d_backward: 16-bit inputs must be converted to f32 by the caller");

@@ -1,7 +1,7 @@
 // kernels/cpu: cross-entropy fused with its log_softmax, one row per task. With label
-// smoothing eps over C classes a row's loss is (1-eps)*(-lp[t]) + eps/C * sum_c(-lp[c]),
-// and sum_c(-lp[c]) = C*lse - sum_c x[c] falls out of the same pass. Row losses are summed
-// in row order in double so the reduction is deterministic.
+// smoothing eps over C classes a row's loss is (1-eps)*(-lp[t]) + eps/C * sum_c(-lp[c]), and
+// sum_c(-lp[c]) = C*log(sum_c e^(x[c]-max)) - sum_c (x[c]-max) falls out of the same pass.
+// Row losses are summed in row order in double so the reduction is deterministic.
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -50,18 +50,18 @@ void forward_typed(const Tensor& logits, const Tensor& target, int64_t ignore_in
 #pragma omp simd reduction(+ : sum, xsum)
     for (int64_t j = 0; j < c; ++j) {
       sum += fast_exp(A(x[j]) - mx);
-      xsum += A(x[j]);
+      xsum += A(x[j]) - mx;
     }
-    A lse = mx + std::log(sum);
+    A ls = std::log(sum);
 #pragma omp simd
-    for (int64_t j = 0; j < c; ++j) lp[j] = T(A(x[j]) - lse);
+    for (int64_t j = 0; j < c; ++j) lp[j] = T((A(x[j]) - mx) - ls);
     int64_t t = pt[i];
     if (t == ignore_index) {
       row_loss[i] = 0;
       continue;
     }
-    double nll = double(lse) - double(A(x[t]));
-    double smooth = double(c) * double(lse) - double(xsum);
+    double nll = double(ls) - (double(A(x[t])) - double(mx));
+    double smooth = double(c) * double(ls) - double(xsum);
     row_loss[i] = (1 - eps) * nll + eps / double(c) * smooth;
   }
   if (reduction == Reduction::none) {
@@ -119,7 +119,7 @@ void cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_in
                    Reduction reduction, const Tensor& loss, const Tensor& log_probs) {
   dispatch_target(target.dtype(), [&]<typename I>() {
     check_targets<I>(target, logits.size(1), ignore_index);
-    WEFT_DISPATCH_FLOAT(logits.dtype(), "cross_entropy", [&]<typename T>() {
+    dispatch_float(logits.dtype(), "cross_entropy", [&]<typename T>() {
       forward_typed<T, I>(logits, target, ignore_index, label_smoothing, reduction, loss, log_probs);
     });
   });
@@ -130,7 +130,7 @@ void cross_entropy_backward(const Tensor& grad_loss, const Tensor& log_probs, co
                             const Tensor& dlogits) {
   dispatch_target(target.dtype(), [&]<typename I>() {
     check_targets<I>(target, log_probs.size(1), ignore_index);
-    WEFT_DISPATCH_FLOAT(log_probs.dtype(), "cross_entropy_backward", [&]<typename T>() {
+    dispatch_float(log_probs.dtype(), "cross_entropy_backward", [&]<typename T>() {
       backward_typed<T, I>(grad_loss, log_probs, target, ignore_index, label_smoothing, reduction, dlogits);
     });
   });

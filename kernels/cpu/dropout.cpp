@@ -26,7 +26,7 @@ void dropout(const Tensor& x, double p, uint64_t seed, const Tensor& y, const Te
     pm[i] = (h & 0xffffffffull) >= threshold;
     if (i + 1 < n) pm[i + 1] = (h >> 32) >= threshold;
   }
-  WEFT_DISPATCH_FLOAT(x.dtype(), "dropout", [&]<typename T>() {
+  dispatch_float(x.dtype(), "dropout", [&]<typename T>() {
     using A = acc_t<T>;
     const T* px = x.data<T>();
     T* py = y.data<T>();
@@ -39,7 +39,7 @@ void dropout(const Tensor& x, double p, uint64_t seed, const Tensor& y, const Te
 void dropout_backward(const Tensor& grad, const Tensor& mask, double p, const Tensor& dx) {
   int64_t n = grad.numel();
   const bool* pm = mask.data<bool>();
-  WEFT_DISPATCH_FLOAT(grad.dtype(), "dropout_backward", [&]<typename T>() {
+  dispatch_float(grad.dtype(), "dropout_backward", [&]<typename T>() {
     using A = acc_t<T>;
     const T* pg = grad.data<T>();
     T* pd = dx.data<T>();

@@ -3,7 +3,13 @@
 // matmul split small GEMMs across the batch instead.
 #include "kernels/cpu/gemm.h"
 
+// gcc 12 reports false "may be used uninitialized" warnings inside its own AVX-512
+// intrinsics once Eigen's packet code is inlined; silence them for Eigen only.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <Eigen/Core>
+#pragma GCC diagnostic pop
 #include <optional>
 #include <vector>
 
@@ -23,8 +29,8 @@ template <typename T>
 using OutMat = Eigen::Map<Eigen::Matrix<T, Dynamic, Dynamic, Eigen::RowMajor>, 0, OuterStride<>>;
 
 template <typename T, int OrderA, int OrderB>
-void gemm_eigen(int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb,
-                T* c, int64_t ldc, T alpha, T beta) {
+void gemm_eigen(int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb, T* c,
+                int64_t ldc, T alpha, T beta) {
   ConstMat<T, OrderA> A(a, m, k, OuterStride<>(lda));
   ConstMat<T, OrderB> B(b, k, n, OuterStride<>(ldb));
   OutMat<T> C(c, m, n, OuterStride<>(ldc));
@@ -91,8 +97,7 @@ void matmul_typed(const Tensor& a, const Tensor& b, const Tensor& out) {
   if (b.dim() == 2) {  // [..., m, k] @ [k, n]: one GEMM over all rows (a Linear layer)
     if (auto la = fold_rows(a)) {
       Tensor B = with_layout(b);
-      gemm<T>(a.numel() / std::max<int64_t>(k, 1), n, k, a.data<T>(), *la, B.data<T>(), mat_layout(B),
-              c, n);
+      gemm<T>(a.numel() / std::max<int64_t>(k, 1), n, k, a.data<T>(), *la, B.data<T>(), mat_layout(B), c, n);
       return;
     }
   }
@@ -106,13 +111,16 @@ void matmul_typed(const Tensor& a, const Tensor& b, const Tensor& out) {
   const T* pb = B.data<T>();
   double work = double(m) * double(n) * double(k);
   int threads = get_num_threads();
+  auto one = [&](int64_t i) { gemm<T>(m, n, k, pa + oa[i], la, pb + ob[i], lb, c + i * m * n, n); };
   // Small GEMMs do not pay for Eigen's internal threading; a batch split does, once every
-  // thread gets a whole GEMM.
-  bool split_batch = threads > 1 && nb >= threads && work * nb > 1e5 &&
-                     (work < double(1 << 22) || nb >= 4 * threads);
-#pragma omp parallel for schedule(static) if (split_batch)
-  for (int64_t i = 0; i < nb; ++i)
-    gemm<T>(m, n, k, pa + oa[i], la, pb + ob[i], lb, c + i * m * n, n);
+  // thread gets a whole GEMM. Otherwise run in turn, outside any parallel region, so that
+  // Eigen threads each GEMM.
+  if (threads > 1 && nb >= threads && work * nb > 1e5 && (work < double(1 << 22) || nb >= 4 * threads)) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < nb; ++i) one(i);
+  } else {
+    for (int64_t i = 0; i < nb; ++i) one(i);
+  }
 }
 
 bool is_16bit(DType t) { return t == DType::bf16 || t == DType::f16; }
@@ -129,8 +137,8 @@ MatLayout mat_layout(int64_t rows, int64_t cols, int64_t row_stride, int64_t col
 }
 
 template <typename T>
-void gemm(int64_t m, int64_t n, int64_t k, const T* a, MatLayout la, const T* b, MatLayout lb,
-          T* c, int64_t ldc, T alpha, T beta) {
+void gemm(int64_t m, int64_t n, int64_t k, const T* a, MatLayout la, const T* b, MatLayout lb, T* c,
+          int64_t ldc, T alpha, T beta) {
   if (m == 0 || n == 0) return;
   if (k == 0) {
     OutMat<T> C(c, m, n, OuterStride<>(ldc));
@@ -144,13 +152,12 @@ void gemm(int64_t m, int64_t n, int64_t k, const T* a, MatLayout la, const T* b,
     gemm_eigen<T, Eigen::RowMajor, Eigen::ColMajor>(m, n, k, a, la.ld, b, lb.ld, c, ldc, alpha, beta);
   else if (lb.row_major)
     gemm_eigen<T, Eigen::ColMajor, Eigen::RowMajor>(m, n, k, a, la.ld, b, lb.ld, c, ldc, alpha, beta);
-  else
-    gemm_eigen<T, Eigen::ColMajor, Eigen::ColMajor>(m, n, k, a, la.ld, b, lb.ld, c, ldc, alpha, beta);
+  else gemm_eigen<T, Eigen::ColMajor, Eigen::ColMajor>(m, n, k, a, la.ld, b, lb.ld, c, ldc, alpha, beta);
 }
-template void gemm<float>(int64_t, int64_t, int64_t, const float*, MatLayout, const float*, MatLayout,
-                          float*, int64_t, float, float);
-template void gemm<double>(int64_t, int64_t, int64_t, const double*, MatLayout, const double*,
-                           MatLayout, double*, int64_t, double, double);
+template void gemm<float>(int64_t, int64_t, int64_t, const float*, MatLayout, const float*, MatLayout, float*,
+                          int64_t, float, float);
+template void gemm<double>(int64_t, int64_t, int64_t, const double*, MatLayout, const double*, MatLayout,
+                           double*, int64_t, double, double);
 
 void matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
   if (out.numel() == 0) return;
@@ -160,7 +167,7 @@ void matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
     copy_elements(out, out32);
     return;
   }
-  WEFT_DISPATCH_FLOAT(out.dtype(), "matmul", [&]<typename T>() {
+  dispatch_float(out.dtype(), "matmul", [&]<typename T>() {
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) matmul_typed<T>(a, b, out);
   });
 }
@@ -172,7 +179,7 @@ void dot(const Tensor& a, const Tensor& b, const Tensor& out) {
     copy_elements(out, out32);
     return;
   }
-  WEFT_DISPATCH_FLOAT(out.dtype(), "dot", [&]<typename T>() {
+  dispatch_float(out.dtype(), "dot", [&]<typename T>() {
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
       using Vec = Eigen::Matrix<T, Dynamic, 1>;
       int64_t n = a.numel(), sa = a.stride(0), sb = b.stride(0);
@@ -196,7 +203,7 @@ void gemm(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, dou
     copy_elements(out, out32);
     return;
   }
-  WEFT_DISPATCH_FLOAT(out.dtype(), "gemm", [&]<typename T>() {
+  dispatch_float(out.dtype(), "gemm", [&]<typename T>() {
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
       Tensor A = with_layout(a), B = with_layout(b);
       gemm<T>(A.size(0), B.size(1), A.size(1), A.data<T>(), mat_layout(A), B.data<T>(), mat_layout(B),

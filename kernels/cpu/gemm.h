@@ -23,14 +23,14 @@ inline MatLayout col_major(int64_t ld) { return {true, false, ld}; }
 // c[m, n] (row-major, leading dim ldc) = alpha * a[m, k] b[k, n] + beta * c; T is float or
 // double. beta == 0 never reads c. Eigen threads inside unless called from a parallel region.
 template <typename T>
-void gemm(int64_t m, int64_t n, int64_t k, const T* a, MatLayout la, const T* b, MatLayout lb,
-          T* c, int64_t ldc, T alpha = T(1), T beta = T(0));
+void gemm(int64_t m, int64_t n, int64_t k, const T* a, MatLayout la, const T* b, MatLayout lb, T* c,
+          int64_t ldc, T alpha = T(1), T beta = T(0));
 
 // Tensor-level kernels behind kernels::matmul / kernels::gemm (checked by the caller).
 // a [..., m, k] and b [..., k, n] with batch dims broadcastable to out's [batch..., m, n];
 // out is contiguous. Any float dtype (16-bit ones go through f32).
 void matmul(const Tensor& a, const Tensor& b, const Tensor& out);
-void dot(const Tensor& a, const Tensor& b, const Tensor& out);  // 1-D, out 0-dim
+void dot(const Tensor& a, const Tensor& b, const Tensor& out);                              // 1-D, out 0-dim
 void gemm(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta);  // 2-D
 
 }  // namespace weft::kernels::cpu

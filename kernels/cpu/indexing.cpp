@@ -21,15 +21,21 @@ void dispatch_index(DType t, const char* op, F&& fn) {
 template <class F>
 void dispatch_word(size_t size, F&& fn) {
   switch (size) {
-    case 1: return fn.template operator()<uint8_t>();
-    case 2: return fn.template operator()<uint16_t>();
-    case 4: return fn.template operator()<uint32_t>();
-    default: return fn.template operator()<uint64_t>();
+    case 1:
+      return fn.template operator()<uint8_t>();
+    case 2:
+      return fn.template operator()<uint16_t>();
+    case 4:
+      return fn.template operator()<uint32_t>();
+    default:
+      return fn.template operator()<uint64_t>();
   }
 }
 
 // Row-major [outer, size(dim), inner] split of a shape around dim.
-struct Split3 { int64_t outer = 1, mid = 1, inner = 1; };
+struct Split3 {
+  int64_t outer = 1, mid = 1, inner = 1;
+};
 Split3 split3(const Shape& shape, int64_t dim) {
   Split3 s;
   for (int64_t d = 0; d < int64_t(shape.size()); ++d) {
@@ -80,13 +86,14 @@ void embedding(const Tensor& weight, const Tensor& indices, const Tensor& out) {
   dispatch_index(indices.dtype(), "embedding", [&]<typename I>() {
     const I* idx = indices.data<I>();
 #pragma omp parallel for schedule(static) if (n * d > kParallelGrain)
-    for (int64_t i = 0; i < n; ++i) std::memcpy(o + i * row_bytes, w + int64_t(idx[i]) * row_bytes, row_bytes);
+    for (int64_t i = 0; i < n; ++i)
+      std::memcpy(o + i * row_bytes, w + int64_t(idx[i]) * row_bytes, row_bytes);
   });
 }
 
 void embedding_backward(const Tensor& grad, const Tensor& indices, const Tensor& out) {
   int64_t n = indices.numel(), v = out.size(0), d = out.size(1);
-  WEFT_DISPATCH_FLOAT(out.dtype(), "embedding_backward", [&]<typename T>() {
+  dispatch_float(out.dtype(), "embedding_backward", [&]<typename T>() {
     const T* g = grad.data<T>();
     T* o = out.data<T>();
     dispatch_index(indices.dtype(), "embedding_backward", [&]<typename I>() {
@@ -136,7 +143,7 @@ void index_add(const Tensor& out, int64_t dim, const Tensor& index, const Tensor
   int64_t len = index.numel();
   constexpr int64_t kBlock = 1024;
   int64_t blocks = (s.inner + kBlock - 1) / kBlock;
-  WEFT_DISPATCH(out.dtype(), "index_add", [&]<typename T>() {
+  dispatch_dtype(out.dtype(), "index_add", [&]<typename T>() {
     T* po = out.data<T>();
     const T* ps = src.data<T>();
     dispatch_index(index.dtype(), "index_add", [&]<typename I>() {
@@ -179,7 +186,7 @@ void scatter_add(const Tensor& out, int64_t dim, const Tensor& index, const Tens
   const Shape& os = out.strides();
   const Shape& ss = src.strides();
   int64_t ostep = dim == nd - 1 ? 0 : os[nd - 1];
-  WEFT_DISPATCH(out.dtype(), "scatter_add", [&]<typename T>() {
+  dispatch_dtype(out.dtype(), "scatter_add", [&]<typename T>() {
     T* po = out.data<T>();
     const T* ps = src.data<T>();
     dispatch_index(index.dtype(), "scatter_add", [&]<typename I>() {

@@ -12,8 +12,8 @@ namespace weft::kernels::cpu {
 namespace {
 
 template <typename T>
-void forward_typed(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
-                   const Tensor& y, const Tensor& mean, const Tensor& rstd) {
+void forward_typed(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& y,
+                   const Tensor& mean, const Tensor& rstd) {
   using A = acc_t<T>;
   int64_t rows = mean.numel(), n = rows ? x.numel() / rows : 0;
   const T* px = x.data<T>();
@@ -118,16 +118,14 @@ void backward_typed(const Tensor& grad, const Tensor& x, const Tensor& mean, con
 
 void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& y,
                 const Tensor& mean, const Tensor& rstd) {
-  WEFT_DISPATCH_FLOAT(x.dtype(), "layer_norm",
-                      [&]<typename T>() { forward_typed<T>(x, weight, bias, eps, y, mean, rstd); });
+  dispatch_float(x.dtype(), "layer_norm",
+                 [&]<typename T>() { forward_typed<T>(x, weight, bias, eps, y, mean, rstd); });
 }
 
 void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& mean, const Tensor& rstd,
-                         const Tensor& weight, const Tensor& dx, const Tensor& dweight,
-                         const Tensor& dbias) {
-  WEFT_DISPATCH_FLOAT(x.dtype(), "layer_norm_backward", [&]<typename T>() {
-    backward_typed<T>(grad, x, mean, rstd, weight, dx, dweight, dbias);
-  });
+                         const Tensor& weight, const Tensor& dx, const Tensor& dweight, const Tensor& dbias) {
+  dispatch_float(x.dtype(), "layer_norm_backward",
+                 [&]<typename T>() { backward_typed<T>(grad, x, mean, rstd, weight, dx, dweight, dbias); });
 }
 
 }  // namespace weft::kernels::cpu

@@ -45,8 +45,7 @@ void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, doubl
                 const Tensor& mean, const Tensor& rstd);
 // dweight/dbias undefined when not wanted.
 void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& mean, const Tensor& rstd,
-                         const Tensor& weight, const Tensor& dx, const Tensor& dweight,
-                         const Tensor& dbias);
+                         const Tensor& weight, const Tensor& dx, const Tensor& dweight, const Tensor& dbias);
 
 // Throws naming `op` if an element of index (i64/i32) lies outside [0, size).
 // The message reads "<op>: index <v> is out of range for <size> <what>".
@@ -65,9 +64,8 @@ void gather(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& out
 void scatter_add(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src);
 
 // logits contiguous [N, C]; target contiguous [N]; loss [N] (none) or 0-dim; log_probs [N, C].
-void cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index,
-                   double label_smoothing, Reduction reduction, const Tensor& loss,
-                   const Tensor& log_probs);
+void cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing,
+                   Reduction reduction, const Tensor& loss, const Tensor& log_probs);
 void cross_entropy_backward(const Tensor& grad_loss, const Tensor& log_probs, const Tensor& target,
                             int64_t ignore_index, double label_smoothing, Reduction reduction,
                             const Tensor& dlogits);

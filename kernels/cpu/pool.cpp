@@ -11,7 +11,7 @@ namespace weft::kernels::cpu {
 void max_pool2d(const Tensor& x, const Pool2dParams& p, const Tensor& out, const Tensor& indices) {
   int64_t planes = x.size(0), h = x.size(1), w = x.size(2), ho = out.size(1), wo = out.size(2);
   int64_t* pi = indices.data<int64_t>();
-  WEFT_DISPATCH_FLOAT(x.dtype(), "max_pool2d", [&]<typename T>() {
+  dispatch_float(x.dtype(), "max_pool2d", [&]<typename T>() {
     using A = acc_t<T>;
     const T* px = x.data<T>();
     T* po = out.data<T>();
@@ -46,7 +46,7 @@ void max_pool2d(const Tensor& x, const Pool2dParams& p, const Tensor& out, const
 void max_pool2d_backward(const Tensor& grad, const Tensor& indices, const Tensor& dx) {
   int64_t planes = grad.size(0), per_out = grad.size(1) * grad.size(2), per_in = dx.size(1) * dx.size(2);
   const int64_t* pi = indices.data<int64_t>();
-  WEFT_DISPATCH_FLOAT(grad.dtype(), "max_pool2d_backward", [&]<typename T>() {
+  dispatch_float(grad.dtype(), "max_pool2d_backward", [&]<typename T>() {
     using A = acc_t<T>;
     const T* pg = grad.data<T>();
     T* pd = dx.data<T>();

@@ -25,9 +25,9 @@ void softmax_row(const T* x, T* y, int64_t n, acc_t<T>* buf) {
   if constexpr (Log) {
 #pragma omp simd reduction(+ : sum)
     for (int64_t i = 0; i < n; ++i) sum += fast_exp(A(x[i]) - mx);
-    A lse = mx + std::log(sum);
+    A ls = std::log(sum);  // (x - max) - log(sum) keeps the low bits that x - lse would lose
 #pragma omp simd
-    for (int64_t i = 0; i < n; ++i) y[i] = T(A(x[i]) - lse);
+    for (int64_t i = 0; i < n; ++i) y[i] = T((A(x[i]) - mx) - ls);
   } else {
     // Exponentials go to y directly when it holds A, else to a float buffer (16-bit types).
     A* e = buf ? buf : reinterpret_cast<A*>(y);
@@ -57,15 +57,12 @@ void softmax_cols(const T* x, T* y, int64_t n, int64_t inner, int64_t j0, int64_
     const T* xr = x + i * inner + j0;
     for (int64_t j = 0; j < w; ++j) sum[j] += fast_exp(A(xr[j]) - mx[j]);
   }
-  for (int64_t j = 0; j < w; ++j) {
-    if constexpr (Log) mx[j] += std::log(sum[j]);
-    else sum[j] = A(1) / sum[j];
-  }
+  for (int64_t j = 0; j < w; ++j) sum[j] = Log ? std::log(sum[j]) : A(1) / sum[j];
   for (int64_t i = 0; i < n; ++i) {
     const T* xr = x + i * inner + j0;
     T* yr = y + i * inner + j0;
     for (int64_t j = 0; j < w; ++j) {
-      if constexpr (Log) yr[j] = T(A(xr[j]) - mx[j]);
+      if constexpr (Log) yr[j] = T((A(xr[j]) - mx[j]) - sum[j]);
       else yr[j] = T(fast_exp(A(xr[j]) - mx[j]) * sum[j]);
     }
   }
@@ -90,8 +87,7 @@ void softmax_typed(const T* x, T* y, int64_t outer, int64_t n, int64_t inner) {
 #pragma omp parallel for schedule(static) if (par)
   for (int64_t t = 0; t < outer * blocks; ++t) {
     int64_t o = t / blocks, j0 = (t % blocks) * kColBlock;
-    softmax_cols<T, Log>(x + o * n * inner, y + o * n * inner, n, inner, j0,
-                         std::min(inner, j0 + kColBlock));
+    softmax_cols<T, Log>(x + o * n * inner, y + o * n * inner, n, inner, j0, std::min(inner, j0 + kColBlock));
   }
 }
 
@@ -158,7 +154,7 @@ void backward_typed(const T* g, const T* y, T* dx, int64_t outer, int64_t n, int
 
 void softmax(const Tensor& x, const Tensor& y, int64_t outer, int64_t n, int64_t inner, bool log) {
   if (x.numel() == 0) return;
-  WEFT_DISPATCH_FLOAT(x.dtype(), log ? "log_softmax" : "softmax", [&]<typename T>() {
+  dispatch_float(x.dtype(), log ? "log_softmax" : "softmax", [&]<typename T>() {
     if (log) softmax_typed<T, true>(x.data<T>(), y.data<T>(), outer, n, inner);
     else softmax_typed<T, false>(x.data<T>(), y.data<T>(), outer, n, inner);
   });
@@ -167,7 +163,7 @@ void softmax(const Tensor& x, const Tensor& y, int64_t outer, int64_t n, int64_t
 void softmax_backward(const Tensor& grad, const Tensor& y, const Tensor& dx, int64_t outer, int64_t n,
                       int64_t inner, bool log) {
   if (y.numel() == 0) return;
-  WEFT_DISPATCH_FLOAT(y.dtype(), log ? "log_softmax_backward" : "softmax_backward", [&]<typename T>() {
+  dispatch_float(y.dtype(), log ? "log_softmax_backward" : "softmax_backward", [&]<typename T>() {
     if (log) backward_typed<T, true>(grad.data<T>(), y.data<T>(), dx.data<T>(), outer, n, inner);
     else backward_typed<T, false>(grad.data<T>(), y.data<T>(), dx.data<T>(), outer, n, inner);
   });
