@@ -10,6 +10,7 @@
 #include "core/tensor.h"
 #include "kernels/reduce.h"
 #include "kernels/threads.h"
+#include "test_util.h"
 
 using namespace weft;
 using namespace weft::kernels;
@@ -19,21 +20,8 @@ namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-void check_values(const Tensor& t, const std::vector<double>& want, double rtol = 1e-6, double atol = 1e-6) {
-  std::vector<double> got = to_vector(t);
-  REQUIRE(got.size() == want.size());
-  int bad = 0;
-  std::ostringstream msg;
-  for (size_t i = 0; i < got.size(); ++i) {
-    double g = got[i], w = want[i];
-    bool ok = (std::isnan(g) && std::isnan(w)) || g == w || std::fabs(g - w) <= atol + rtol * std::fabs(w);
-    if (!ok && bad++ < 8) msg << "  [" << i << "] got " << g << ", want " << w << "\n";
-  }
-  INFO(tensor_desc(t) << ": " << bad << " mismatches\n" << msg.str());
-  CHECK(bad == 0);
-}
-
-Tensor vec(const std::vector<double>& v, DType dt = kFloat32) { return from_vector(v, {int64_t(v.size())}, {.dtype = dt}); }
+using test::check_values;
+using test::vec;
 
 const char* op_name(ReduceOp op) {
   switch (op) {
