@@ -1,6 +1,7 @@
 // Tests for nn layers: forward values against hand computation, default initialisation
 // ranges, and gradcheck through each layer's parameters and inputs (in f64).
 #include <catch2/catch.hpp>
+#include <array>
 #include <cmath>
 
 #include "weft.h"
@@ -161,4 +162,52 @@ TEST_CASE("losses: mse_loss and cross_entropy") {
   Tensor target = from_vector({0, 2}, {2}, {.dtype = kInt64});
   double l0 = std::log(3.0), l1 = std::log(std::exp(1) + std::exp(2) + std::exp(3)) - 3;
   CHECK(nn::cross_entropy(logits, target).item() == Approx((l0 + l1) / 2));
+}
+
+TEST_CASE("nn::init: fans, gains and the ranges of each initialiser") {
+  Tensor w = empty({64, 32, 3, 3});
+  auto [fi, fo] = init::fan_in_and_fan_out(w);
+  CHECK(fi == 32 * 9);
+  CHECK(fo == 64 * 9);
+  CHECK(init::calculate_gain("relu") == Approx(std::sqrt(2.0)));
+  CHECK(init::calculate_gain("leaky_relu", std::sqrt(5.0)) == Approx(std::sqrt(1.0 / 3)));
+  CHECK_THROWS_WITH(init::calculate_gain("swish"), Catch::Contains("swish"));
+  auto stats = [](const Tensor& t) {
+    auto v = to_vector(t);
+    double mn = 1e9, mx = -1e9, s = 0, sq = 0;
+    for (double a : v) { mn = std::min(mn, a); mx = std::max(mx, a); s += a; sq += a * a; }
+    double m = s / double(v.size());
+    return std::array<double, 3>{mn, mx, std::sqrt(sq / double(v.size()) - m * m)};
+  };
+  Generator g(1);
+  Tensor a = empty({256, 128});
+  init::xavier_uniform_(a, 1.0, &g);
+  double xb = std::sqrt(6.0 / (256 + 128));
+  auto sa = stats(a);
+  CHECK(sa[0] >= -xb);
+  CHECK(sa[1] <= xb);
+  CHECK(sa[1] > 0.95 * xb);
+  init::xavier_normal_(a, 1.0, &g);
+  CHECK(stats(a)[2] == Approx(std::sqrt(2.0 / (256 + 128))).epsilon(0.03));
+  init::kaiming_normal_(a, 0, "fan_in", "relu", &g);
+  CHECK(stats(a)[2] == Approx(std::sqrt(2.0 / 128)).epsilon(0.03));
+  init::kaiming_uniform_(a, 0, "fan_out", "relu", &g);
+  double kb = std::sqrt(3.0) * std::sqrt(2.0 / 256);
+  CHECK(stats(a)[1] <= kb);
+  CHECK(stats(a)[1] > 0.95 * kb);
+  init::normal_(a, 2.0, 0.5, &g);
+  CHECK(stats(a)[2] == Approx(0.5).epsilon(0.03));
+  init::uniform_(a, -3, -2, &g);
+  CHECK(stats(a)[0] >= -3);
+  CHECK(stats(a)[1] < -2);
+  init::zeros_(a);
+  CHECK(stats(a)[1] == 0);
+  init::ones_(a);
+  CHECK(stats(a)[0] == 1);
+  init::constant_(a, 0.25);
+  CHECK(stats(a)[2] == Approx(0).margin(1e-12));
+  Tensor leaf = ones({3}).set_requires_grad();
+  init::normal_(leaf);  // initialisers work on parameters (they run without recording)
+  CHECK(leaf.requires_grad());
+  CHECK_THROWS_WITH(init::kaiming_uniform_(leaf), Catch::Contains("at least 2 dims"));
 }
