@@ -12,3 +12,6 @@
 #include "core/tensor.h"
 #include "kernels/threads.h"
 #include "nn/nn.h"
+#include "dist/device_mesh.h"
+#include "dist/dist.h"
+#include "dist/process_group.h"

@@ -1,0 +1,146 @@
+// weft-bench-collectives: all-gather and reduce-scatter bandwidth through weft's MPI backend,
+// beside the same collective on raw MPI in the same run, like nccl-tests. Run it under mpirun:
+//   mpirun -np 4 --bind-to none ./weft-bench-collectives [--max-bytes 64M]
+// size is the larger buffer (all-gather output, reduce-scatter input), as nccl-tests counts;
+// algbw = size / time and busbw = algbw * (n - 1) / n, the bytes each rank's links carry.
+// Each size runs in rounds that alternate the variants (raw blocking, raw nonblocking, weft),
+// so a noisy machine slows them alike; the table gives each variant's median round.
+#include <mpi.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "dist/dist.h"
+
+using namespace weft;
+
+namespace {
+
+int64_t parse_bytes(const std::string& s) {
+  size_t pos = 0;
+  double v = std::stod(s, &pos);
+  std::string unit = s.substr(pos);
+  double mul = unit.empty() || unit == "B" ? 1
+             : unit == "K" || unit == "KB" ? 1 << 10
+             : unit == "M" || unit == "MB" ? 1 << 20
+             : unit == "G" || unit == "GB" ? double(1 << 30)
+                                           : -1;
+  WEFT_CHECK(mul > 0, "bad size '{}': use a number with K, M or G", s);
+  return int64_t(v * mul);
+}
+
+std::string human(int64_t bytes) {
+  if (bytes >= (1 << 20)) return fmt::format("{}M", bytes >> 20);
+  if (bytes >= (1 << 10)) return fmt::format("{}K", bytes >> 10);
+  return fmt::format("{}", bytes);
+}
+
+// Seconds per call of fn, timed over `iters` calls on every rank; the slowest rank counts.
+double time_batch(const std::function<void()>& fn, int iters) {
+  MPI_Barrier(MPI_COMM_WORLD);
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) fn();
+  double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters, worst = 0;
+  MPI_Allreduce(&t, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return worst;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"weft-bench-collectives: all-gather and reduce-scatter through weft vs raw MPI (run under mpirun)"};
+  std::string min_s = "1K", max_s = "256M";
+  int rounds = 5;
+  double batch_ms = 50;
+  app.add_option("--min-bytes", min_s, "smallest size (K, M, G suffixes)")->capture_default_str();
+  app.add_option("--max-bytes", max_s, "largest size; sizes grow 4x from --min-bytes")->capture_default_str();
+  app.add_option("--rounds", rounds, "alternating rounds per size (the median is reported)")->capture_default_str();
+  app.add_option("--batch-ms", batch_ms, "target time of one round's batch of calls")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  dist::init();
+  auto world = dist::world();
+  int n = world->size(), me = world->rank();
+  MPI_Comm comm;  // raw MPI gets its own communicator too, as weft's world group has
+  MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+  int64_t min_bytes = parse_bytes(min_s), max_bytes = parse_bytes(max_s);
+  if (me == 0) {
+    char host[MPI_MAX_PROCESSOR_NAME];
+    int len = 0;
+    MPI_Get_processor_name(host, &len);
+    std::printf("# weft-bench-collectives: %d ranks on %s, f32, %d rounds per size, sizes %s..%s\n", n, host,
+                rounds, human(min_bytes).c_str(), human(max_bytes).c_str());
+  }
+
+  for (int which = 0; which < 2; ++which) {
+    bool gather = which == 0;
+    if (me == 0) {
+      std::printf("\n## %s (size = %s bytes)\n", gather ? "all-gather" : "reduce-scatter (sum)",
+                  gather ? "output" : "input");
+      std::printf("%9s %11s | %-29s | %-29s | %-29s | %8s %8s\n", "", "",
+                  gather ? "MPI_Allgather" : "MPI_Reduce_scatter_block",
+                  gather ? "MPI_Iallgather + MPI_Wait" : "MPI_Ireduce_scatter_block+Wait",
+                  gather ? "weft all_gather_into_tensor" : "weft reduce_scatter_tensor", "weft vs", "weft vs");
+      std::printf("%9s %11s | %9s %9s %9s | %9s %9s %9s | %9s %9s %9s | %8s %8s\n", "size", "count/rank",
+                  "time(us)", "algbw", "busbw", "time(us)", "algbw", "busbw", "time(us)", "algbw", "busbw",
+                  "blocking", "nonblk");
+    }
+    for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) {
+      int64_t per_rank = std::max<int64_t>(1, bytes / 4 / n), total = per_rank * n;
+      Tensor small = full({per_rank}, 1.0), big = full({total}, 1.0);
+      int count = int(per_rank);
+      std::function<void()> raw, raw_nb, ours;
+      if (gather) {
+        raw = [&] { MPI_Allgather(small.data_ptr(), count, MPI_FLOAT, big.data_ptr(), count, MPI_FLOAT, comm); };
+        raw_nb = [&] {
+          MPI_Request r;
+          MPI_Iallgather(small.data_ptr(), count, MPI_FLOAT, big.data_ptr(), count, MPI_FLOAT, comm, &r);
+          MPI_Wait(&r, MPI_STATUS_IGNORE);
+        };
+        ours = [&] { world->all_gather_into_tensor(big, small)->wait(); };
+      } else {
+        raw = [&] { MPI_Reduce_scatter_block(big.data_ptr(), small.data_ptr(), count, MPI_FLOAT, MPI_SUM, comm); };
+        raw_nb = [&] {
+          MPI_Request r;
+          MPI_Ireduce_scatter_block(big.data_ptr(), small.data_ptr(), count, MPI_FLOAT, MPI_SUM, comm, &r);
+          MPI_Wait(&r, MPI_STATUS_IGNORE);
+        };
+        ours = [&] { world->reduce_scatter_tensor(small, big)->wait(); };
+      }
+      // Warm up (first-touch, MPI's buffers), then size the batches from the slowest variant.
+      double probe = std::max({time_batch(raw, 1), time_batch(raw_nb, 1), time_batch(ours, 1)});
+      int iters = std::clamp(int(batch_ms * 1e-3 / std::max(probe, 1e-7)), 1, 2000);
+      std::vector<double> t_raw, t_nb, t_ours;
+      for (int r = 0; r < rounds; ++r) {
+        t_raw.push_back(time_batch(raw, iters));
+        t_nb.push_back(time_batch(raw_nb, iters));
+        t_ours.push_back(time_batch(ours, iters));
+      }
+      if (me == 0) {
+        double bus = double(n - 1) / n, b = double(total) * 4;
+        auto cols = [&](double t) {
+          return fmt::format("{:9.1f} {:9.3f} {:9.3f}", t * 1e6, b / t / 1e9, b / t / 1e9 * bus);
+        };
+        double a = median(t_raw), nb = median(t_nb), w = median(t_ours);
+        std::printf("%9s %11lld | %s | %s | %s | %+7.1f%% %+7.1f%%\n", human(int64_t(b)).c_str(),
+                    (long long)per_rank, cols(a).c_str(), cols(nb).c_str(), cols(w).c_str(), (w / a - 1) * 100,
+                    (w / nb - 1) * 100);
+        std::fflush(stdout);
+      }
+    }
+  }
+  if (me == 0) std::printf("\nalgbw and busbw in GB/s; times are per call, the median of %d rounds.\n", rounds);
+  MPI_Comm_free(&comm);
+  dist::finalize();
+  return 0;
+}

@@ -1,0 +1,188 @@
+// dist: process-wide state: MPI start-up and shutdown, the world groups, settings from the
+// environment, and the registry of live groups that finalize() closes.
+#include "dist/dist.h"
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "dist/backend.h"
+#include "dist/check.h"
+
+namespace weft::dist {
+namespace {
+
+struct State {
+  std::recursive_mutex mu;
+  bool initialized = false;
+  bool started_mpi = false;  // weft called MPI_Init_thread, so weft calls MPI_Finalize
+  int rank = 0, size = 1, local_rank = 0;
+  std::atomic<double> timeout{300.0};
+  std::atomic<bool> debug{false};
+  ProcessGroupPtr world[kNumDeviceTypes];
+  std::vector<std::weak_ptr<ProcessGroup>> groups;
+};
+
+State& state() {
+  static State* s = new State;  // never destroyed: the comm thread may outlive static destructors
+  return *s;
+}
+
+double parse_timeout(const char* text) {
+  char* end = nullptr;
+  double v = std::strtod(text, &end);
+  WEFT_CHECK(end != text && *end == '\0' && std::isfinite(v) && v > 0,
+             "dist::init: WEFT_COLLECTIVE_TIMEOUT='{}' is not a positive number of seconds", text);
+  return v;
+}
+
+bool parse_flag(const char* name, const char* text) {
+  std::string v(text);
+  if (v == "" || v == "0" || v == "false" || v == "off" || v == "no") return false;
+  if (v == "1" || v == "true" || v == "on" || v == "yes") return true;
+  WEFT_ERROR("dist::init: {}='{}' is not a flag (use 1 or 0)", name, text);
+}
+
+}  // namespace
+
+void init() {
+  State& s = state();
+  std::lock_guard lock(s.mu);
+  if (s.initialized) return;
+  int inited = 0, finalized = 0, provided = 0;
+  MPI_CHECK(MPI_Finalized(&finalized));
+  WEFT_CHECK(!finalized, "dist::init: MPI was already finalized; it cannot be started again in this process");
+  MPI_CHECK(MPI_Initialized(&inited));
+  if (!inited) {
+    MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided));
+    s.started_mpi = true;
+  } else {
+    MPI_CHECK(MPI_Query_thread(&provided));
+  }
+  WEFT_CHECK(provided >= MPI_THREAD_MULTIPLE,
+             "dist::init: MPI grants thread level {} but weft's communication thread needs "
+             "MPI_THREAD_MULTIPLE ({}); use an MPI built with thread support",
+             provided, int(MPI_THREAD_MULTIPLE));
+  // Errors come back as codes that MPI_CHECK turns into exceptions, instead of MPI's default
+  // of killing the job without saying which weft call failed.
+  MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+  MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &s.rank));
+  MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &s.size));
+  MPI_Comm node;
+  MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, s.rank, MPI_INFO_NULL, &node));
+  MPI_CHECK(MPI_Comm_rank(node, &s.local_rank));
+  MPI_CHECK(MPI_Comm_free(&node));
+  if (const char* t = std::getenv("WEFT_COLLECTIVE_TIMEOUT")) s.timeout = parse_timeout(t);
+  if (const char* d = std::getenv("WEFT_DIST_DEBUG")) s.debug = parse_flag("WEFT_DIST_DEBUG", d);
+  detail::start_comm_thread();
+  s.initialized = true;
+}
+
+void finalize() {
+  State& s = state();
+  std::lock_guard lock(s.mu);
+  if (!s.initialized) return;
+  detail::drain_comm_thread();
+  for (auto& w : s.world) w.reset();
+  for (auto& weak : s.groups)
+    if (auto g = weak.lock(); g && !g->closed()) g->close();
+  s.groups.clear();
+  detail::stop_comm_thread();
+  s.initialized = false;
+  if (s.started_mpi) MPI_CHECK(MPI_Finalize());
+}
+
+bool is_initialized() { return state().initialized; }
+int rank() { detail::check_initialized("dist::rank"); return state().rank; }
+int world_size() { detail::check_initialized("dist::world_size"); return state().size; }
+int local_rank() { detail::check_initialized("dist::local_rank"); return state().local_rank; }
+
+ProcessGroupPtr world(DeviceType device) {
+  detail::check_initialized("dist::world");
+  State& s = state();
+  std::lock_guard lock(s.mu);
+  ProcessGroupPtr& g = s.world[int(device)];
+  if (!g) {
+    MPI_Comm comm;
+    MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm));
+    g = detail::new_group(device, comm, "world");
+  }
+  return g;
+}
+
+double collective_timeout() { return state().timeout; }
+void set_collective_timeout(double seconds) {
+  WEFT_CHECK(std::isfinite(seconds) && seconds > 0, "dist::set_collective_timeout: {} is not a positive number of seconds", seconds);
+  state().timeout = seconds;
+}
+bool debug_mode() { return state().debug; }
+void set_debug_mode(bool on) { state().debug = on; }
+
+int cuda_device_count() { return detail::nccl_device_count(); }
+
+void abort_job(const std::string& message, int exit_code) {
+  // The waiting thread and the communication thread's watchdog may both see a timeout: the
+  // first one reports and aborts, the second waits for the abort to end the process.
+  static std::atomic<bool> aborting{false};
+  if (aborting.exchange(true))
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  int inited = 0, finalized = 0;
+  MPI_Initialized(&inited);
+  MPI_Finalized(&finalized);
+  int r = -1;
+  if (inited && !finalized) MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  std::fprintf(stderr, "[weft.dist rank %d] %s\n", r, message.c_str());
+  std::fflush(stderr);
+  if (inited && !finalized) MPI_Abort(MPI_COMM_WORLD, exit_code);
+  std::_Exit(exit_code);
+}
+
+namespace detail {
+
+void check_initialized(const char* what) {
+  WEFT_CHECK(state().initialized, "{}: call dist::init() first", what);
+}
+
+ProcessGroupPtr new_group(DeviceType device, MPI_Comm comm, std::string name) {
+  ProcessGroupPtr g = device == DeviceType::cuda ? new_nccl_group(comm, std::move(name))
+                                                 : new_mpi_group(comm, std::move(name));
+  State& s = state();
+  std::lock_guard lock(s.mu);
+  std::erase_if(s.groups, [](auto& w) { return w.expired(); });
+  s.groups.push_back(g);
+  return g;
+}
+
+std::vector<int> world_ranks_of(MPI_Comm comm) {
+  MPI_Group group, world_group;
+  int n = 0;
+  MPI_CHECK(MPI_Comm_group(comm, &group));
+  MPI_CHECK(MPI_Comm_group(MPI_COMM_WORLD, &world_group));
+  MPI_CHECK(MPI_Group_size(group, &n));
+  std::vector<int> mine(static_cast<size_t>(n)), world(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) mine[size_t(i)] = i;
+  MPI_CHECK(MPI_Group_translate_ranks(group, n, mine.data(), world_group, world.data()));
+  MPI_CHECK(MPI_Group_free(&group));
+  MPI_CHECK(MPI_Group_free(&world_group));
+  return world;
+}
+
+std::string ranks_str(const std::vector<int>& ranks) {
+  std::string out = "[";
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (i == 8 && ranks.size() > 10) {
+      out += fmt::format(", ... {}", ranks.back());
+      break;
+    }
+    out += fmt::format("{}{}", i ? ", " : "", ranks[i]);
+  }
+  return out + "]";
+}
+
+}  // namespace detail
+}  // namespace weft::dist

@@ -1,0 +1,109 @@
+#include "fsdp/fsdp_param.h"
+
+#include "core/autograd_meta.h"
+#include "core/copy.h"
+#include "core/grad_mode.h"
+#include "kernels/elementwise.h"
+
+namespace weft::fsdp {
+
+FSDPParam::FSDPParam(std::string name, std::vector<Tensor*> slots, int64_t shard_dim, int rank, int world,
+                     const Tensor& shard_storage, int64_t storage_offset)
+    : name_(std::move(name)), slots_(std::move(slots)), shard_dim_(shard_dim), rank_(rank), world_(world),
+      offset_(storage_offset) {
+  const Tensor& orig = *slots_.at(0);
+  global_shape_ = orig.shape();
+  requires_grad_ = orig.requires_grad();
+  int64_t extent = global_shape_.empty() ? 1 : global_shape_[size_t(shard_dim_)];
+  chunk_ = (extent + world_ - 1) / world_;  // torch.chunk
+  local_rows_ = std::clamp<int64_t>(extent - int64_t(rank_) * chunk_, 0, chunk_);
+  Shape chunk_shape = global_shape_.empty() ? Shape{1} : global_shape_;
+  chunk_shape[size_t(shard_dim_)] = chunk_;
+  padded_numel_ = shape_numel(chunk_shape);
+  padded_flat_ = shard_storage.narrow(0, offset_, padded_numel_);
+  Tensor local = chunk_view(padded_flat_).narrow(shard_dim_, 0, local_rows_);
+  if (global_shape_.empty() && local_rows_ == 1) local = local.view({});  // 0-dim: held by rank 0
+  sharded_ = local.detach();
+  if (requires_grad_) sharded_.set_requires_grad(true);
+  load_full(orig);
+}
+
+Tensor FSDPParam::chunk_view(const Tensor& flat) const {
+  Shape s = global_shape_.empty() ? Shape{1} : global_shape_;
+  s[size_t(shard_dim_)] = chunk_;
+  return flat.view(s);
+}
+
+void FSDPParam::load_full(const Tensor& full) {
+  WEFT_CHECK(full.shape() == global_shape_, "fsdp: parameter {} has global shape {}, got {}", name_,
+             shape_str(global_shape_), tensor_desc(full));
+  NoGradGuard no_grad;
+  Tensor chunk = chunk_view(padded_flat_);
+  chunk.zero_();
+  if (local_rows_ == 0) return;
+  Tensor src = global_shape_.empty() ? full.view({1}) : full;
+  copy_elements(chunk.narrow(shard_dim_, 0, local_rows_),
+                src.detach().narrow(shard_dim_, int64_t(rank_) * chunk_, local_rows_));
+}
+
+void FSDPParam::copy_out(const Tensor& gathered, DType unsharded_dtype) {
+  if (!unsharded_.defined() || unsharded_.dtype() != unsharded_dtype) {
+    unsharded_ = empty(global_shape_, {.dtype = unsharded_dtype, .device = gathered.device()});
+    if (requires_grad_) unsharded_.set_requires_grad(true);
+  } else if (!unsharded_.storage()->is_allocated()) {
+    unsharded_.storage()->allocate(size_t(unsharded_.numel()) * unsharded_.element_size());
+  }
+  Tensor dst = global_shape_.empty() ? unsharded_.detach().view({1}) : unsharded_.detach();
+  int64_t extent = dst.size(shard_dim_);
+  for (int r = 0; r < world_; ++r) {
+    int64_t start = int64_t(r) * chunk_, rows = std::clamp<int64_t>(extent - start, 0, chunk_);
+    if (rows == 0) break;
+    Tensor src = chunk_view(gathered.select(0, r).narrow(0, offset_, padded_numel_)).narrow(shard_dim_, 0, rows);
+    copy_elements(dst.narrow(shard_dim_, start, rows), src);
+  }
+}
+
+void FSDPParam::copy_in_grad(const Tensor& send) const {
+  Tensor g = unsharded_.grad();
+  if (!g.defined()) return;  // no gradient reached it: contributes zeros
+  if (global_shape_.empty()) g = g.view({1});
+  int64_t extent = g.size(shard_dim_);
+  for (int r = 0; r < world_; ++r) {
+    int64_t start = int64_t(r) * chunk_, rows = std::clamp<int64_t>(extent - start, 0, chunk_);
+    if (rows == 0) break;
+    Tensor dst = chunk_view(send.select(0, r).narrow(0, offset_, padded_numel_)).narrow(shard_dim_, 0, rows);
+    copy_elements(dst, g.detach().narrow(shard_dim_, start, rows));
+  }
+}
+
+void FSDPParam::accumulate_sharded_grad(const Tensor& reduced_flat) {
+  if (!requires_grad_) return;
+  Tensor part = chunk_view(reduced_flat.narrow(0, offset_, padded_numel_)).narrow(shard_dim_, 0, local_rows_);
+  if (global_shape_.empty() && local_rows_ == 1) part = part.view({});
+  Tensor current = sharded_.grad();
+  if (!current.defined()) {
+    sharded_.set_grad(part.to(sharded_.dtype()).contiguous().clone());
+  } else {
+    kernels::add_(current, part);
+  }
+}
+
+void FSDPParam::free_unsharded() {
+  if (unsharded_.defined() && unsharded_.storage()->is_allocated()) unsharded_.storage()->free();
+}
+
+bool FSDPParam::has_unsharded_grad() const { return unsharded_.defined() && unsharded_.grad().defined(); }
+
+void FSDPParam::clear_unsharded_grad() {
+  if (unsharded_.defined()) unsharded_.set_grad(Tensor());
+}
+
+void FSDPParam::use_sharded() {
+  for (Tensor* s : slots_) *s = sharded_;
+}
+
+void FSDPParam::use_unsharded() {
+  for (Tensor* s : slots_) *s = unsharded_;
+}
+
+}  // namespace weft::fsdp

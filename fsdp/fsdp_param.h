@@ -1,0 +1,66 @@
+// fsdp: one sharded parameter. Its global tensor is cut along `shard_dim` into world-size
+// chunks of torch.chunk's size (the last ones zero-padded so every rank holds the same
+// number of elements). The module's registered parameter is this rank's unpadded chunk, a
+// leaf the optimizer steps; `unsharded` is the full parameter used in forward and backward,
+// whose storage exists only between unshard and reshard.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "nn/module.h"
+
+namespace weft::fsdp {
+
+class FSDPParam {
+ public:
+  // `slots`: every module slot that holds this parameter (tied parameters have several).
+  // `name`: its first dotted name under the module fully_shard was called on.
+  FSDPParam(std::string name, std::vector<Tensor*> slots, int64_t shard_dim, int rank, int world,
+            const Tensor& shard_storage, int64_t storage_offset);
+
+  const std::string& name() const { return name_; }
+  const Shape& global_shape() const { return global_shape_; }
+  int64_t shard_dim() const { return shard_dim_; }
+  DType dtype() const { return sharded_.dtype(); }
+  bool requires_grad() const { return requires_grad_; }
+  int64_t padded_numel() const { return padded_numel_; }  // per rank, incl. padding
+  int64_t storage_offset() const { return offset_; }      // in the group's flat shard buffer
+  // The sharded parameter (registered in the module between steps, stepped by the optimizer).
+  const Tensor& sharded() const { return sharded_; }
+  // This rank's padded chunk as a flat view [padded_numel] of the group's shard buffer.
+  const Tensor& padded_flat() const { return padded_flat_; }
+  const Tensor& unsharded() const { return unsharded_; }
+
+  // Copies the global values of `full` (shape global_shape) into this rank's chunk.
+  void load_full(const Tensor& full);
+  // Builds the unsharded parameter from an all-gathered buffer [world, group_numel] whose
+  // column range [offset, offset + padded) holds each rank's padded chunk.
+  void copy_out(const Tensor& gathered, DType unsharded_dtype);
+  // Packs the unsharded gradient into `send` [world, group_numel] at this param's columns,
+  // zero padding included, converted to send's dtype.
+  void copy_in_grad(const Tensor& send) const;
+  // Adds this rank's reduced chunk (flat [padded] slice of the reduce-scatter output) into the
+  // sharded parameter's .grad.
+  void accumulate_sharded_grad(const Tensor& reduced_flat);
+  void free_unsharded();  // the parameter's memory; an accumulated gradient stays
+  bool has_unsharded_grad() const;
+  void clear_unsharded_grad();
+  void use_sharded();
+  void use_unsharded();
+
+ private:
+  // View of a flat [padded_numel] chunk as the chunk's own shape (padded extent on shard_dim).
+  Tensor chunk_view(const Tensor& flat) const;
+  std::string name_;
+  std::vector<Tensor*> slots_;
+  Shape global_shape_;
+  int64_t shard_dim_;
+  int rank_, world_;
+  int64_t chunk_ = 0;       // extent of one rank's chunk along shard_dim (padded)
+  int64_t local_rows_ = 0;  // real extent of this rank's chunk (<= chunk_)
+  int64_t padded_numel_ = 0, offset_ = 0;
+  bool requires_grad_ = false;
+  Tensor padded_flat_, sharded_, unsharded_;
+};
+
+}  // namespace weft::fsdp

@@ -1,0 +1,197 @@
+#include "fsdp/fully_shard.h"
+
+#include <unordered_map>
+#include <unordered_set>
+
+#include "core/grad_mode.h"
+#include "dist/dist.h"
+#include "fsdp/state.h"
+
+namespace weft::fsdp {
+
+void register_state(const nn::Module& module, const std::shared_ptr<FSDPState>& s);  // state.cpp
+
+FSDPModule fully_shard(const nn::ModulePtr& module, const FullyShardOptions& opts) {
+  WEFT_CHECK(module != nullptr, "fully_shard: module is null");
+  WEFT_CHECK(!state_of(*module), "fully_shard: called twice on the same {} module", module->type_name());
+  if (!dist::is_initialized()) dist::init();
+  auto mesh = opts.mesh ? opts.mesh : std::make_shared<dist::DeviceMesh>(DeviceType::cpu);
+  WEFT_CHECK(mesh->ndim() == 1 || mesh->ndim() == 2, "fully_shard: the mesh must be 1-D or 2-D (replicate, shard), got {}",
+             mesh->str());
+  auto shard_group = mesh->group(mesh->ndim() - 1);
+  auto replicate_group = mesh->ndim() == 2 ? mesh->group(0) : nullptr;
+
+  // What earlier calls in this subtree took: their shards (skipped here) and the original
+  // tensors they replaced (still registered elsewhere only if tied across groups).
+  std::unordered_set<TensorImpl*> shards, originals_taken;
+  for (auto& [mn, m] : module->named_modules())
+    if (auto s = state_of(*m); s && s->group) {
+      for (auto& p : s->group->params()) shards.insert(p->sharded().impl());
+      for (auto& w : s->group->originals)
+        if (auto o = w.lock()) originals_taken.insert(o.get());
+    }
+  // Parameters of the subtree not yet in a group, with every slot that holds each of them.
+  std::vector<FSDPParamGroup::Entry> entries;
+  std::unordered_map<TensorImpl*, size_t> index;
+  for (auto& [mname, m] : module->named_modules()) {
+    for (auto& [pname, t] : m->named_parameters(false)) {
+      std::string name = mname.empty() ? pname : mname + "." + pname;
+      Tensor* slot = &m->parameter_slot(pname);
+      TensorImpl* impl = t.impl();
+      if (auto it = index.find(impl); it != index.end()) {  // tied within this group
+        entries[it->second].slots.push_back(slot);
+        continue;
+      }
+      if (shards.count(impl)) continue;
+      WEFT_CHECK(!originals_taken.count(impl),
+                 "fully_shard: parameter {} is tied to a parameter already sharded by an earlier fully_shard call; "
+                 "tied parameters must be in the same group (shard the module that holds both)", name);
+      int64_t dim = 0;
+      if (opts.shard_placement_fn) {
+        dim = opts.shard_placement_fn(name, t);
+        WEFT_CHECK(dim >= 0 && dim < std::max<int64_t>(t.dim(), 1),
+                   "fully_shard: shard_placement_fn gave dim {} for parameter {} of shape {}", dim, name,
+                   shape_str(t.shape()));
+      }
+      index[impl] = entries.size();
+      entries.push_back({name, {slot}, dim});
+    }
+  }
+  std::vector<std::weak_ptr<TensorImpl>> originals;
+  for (auto& e : entries) originals.push_back(e.slots[0]->impl_ptr());
+  std::unique_ptr<FSDPParamGroup> group;
+  if (!entries.empty()) {
+    group = std::make_unique<FSDPParamGroup>(std::move(entries), opts, shard_group, replicate_group);
+    group->originals = std::move(originals);
+  }
+  auto state = std::make_shared<FSDPState>(*module, opts, std::move(group), mesh);
+  register_state(*module, state);
+  // The module's hooks own the state; the state refers back to the module by reference.
+  module->register_forward_pre_hook([state](nn::Module&, const TensorList& in) { return state->pre_forward(in); });
+  module->register_forward_hook(
+      [state](nn::Module&, const TensorList&, const TensorList& out) { return state->post_forward(out); });
+  return FSDPModule(state);
+}
+
+std::optional<FSDPModule> fsdp_module(const nn::Module& module) {
+  auto s = state_of(module);
+  if (!s) return std::nullopt;
+  return FSDPModule(s);
+}
+
+nn::Module& FSDPModule::module() const { return state_->module; }
+
+std::vector<FSDPState*> FSDPModule::subtree() const {
+  std::vector<FSDPState*> out;
+  for (auto& [n, m] : state_->module.named_modules())
+    if (auto s = state_of(*m)) out.push_back(s.get());
+  return out;
+}
+
+void FSDPModule::UnshardHandle::wait() {
+  if (state_->group) state_->group->finish_unshard();
+}
+
+FSDPModule::UnshardHandle FSDPModule::unshard(bool async_op) {
+  if (state_->group) {
+    state_->group->start_unshard();
+    if (!async_op) state_->group->finish_unshard();
+  }
+  return UnshardHandle(state_);
+}
+
+void FSDPModule::reshard() {
+  if (state_->group) state_->group->reshard();
+}
+
+void FSDPModule::set_requires_gradient_sync(bool sync, bool recurse) {
+  for (FSDPState* s : recurse ? subtree() : std::vector<FSDPState*>{state_.get()}) s->requires_gradient_sync = sync;
+}
+void FSDPModule::set_reshard_after_backward(bool r, bool recurse) {
+  for (FSDPState* s : recurse ? subtree() : std::vector<FSDPState*>{state_.get()}) s->reshard_after_backward = r;
+}
+void FSDPModule::set_reshard_after_forward(bool r, bool recurse) {
+  for (FSDPState* s : recurse ? subtree() : std::vector<FSDPState*>{state_.get()}) s->reshard_after_forward = r;
+}
+void FSDPModule::set_modules_to_forward_prefetch(const std::vector<FSDPModule>& modules) {
+  state_->forward_prefetch.clear();
+  for (auto& m : modules) state_->forward_prefetch.push_back(m.state_);
+  state_->explicit_forward_prefetch = true;
+}
+void FSDPModule::set_modules_to_backward_prefetch(const std::vector<FSDPModule>& modules) {
+  state_->backward_prefetch.clear();
+  for (auto& m : modules) state_->backward_prefetch.push_back(m.state_);
+  state_->explicit_backward_prefetch = true;
+}
+void FSDPModule::set_is_last_backward(bool last) { state_->is_last_backward = last; }
+void FSDPModule::set_reduce_scatter_divide_factor(double factor) {
+  WEFT_CHECK(factor > 0, "set_reduce_scatter_divide_factor: factor must be positive, got {}", factor);
+  for (FSDPState* s : subtree())
+    if (s->group) s->group->reduce_scatter_divide_factor = factor;
+}
+void FSDPModule::set_unshard_in_backward(bool u) { state_->unshard_in_backward = u; }
+void FSDPModule::set_requires_all_reduce(bool a, bool recurse) {
+  for (FSDPState* s : recurse ? subtree() : std::vector<FSDPState*>{state_.get()})
+    if (s->group) s->group->requires_all_reduce = a;
+}
+
+const FSDPParam& FSDPModule::find_param(const std::string& name) const {
+  for (FSDPState* s : subtree())
+    if (s->group)
+      for (auto& p : s->group->params()) {
+        // Names are recorded relative to the module fully_shard was called on.
+        std::string prefix;
+        for (auto& [mn, m] : state_->module.named_modules())
+          if (m.get() == &s->module) prefix = mn.empty() ? "" : mn + ".";
+        if (prefix + p->name() == name) return *p;
+      }
+  WEFT_ERROR("fsdp: no sharded parameter named \"{}\" under this module", name);
+}
+
+Tensor FSDPModule::full_tensor(const std::string& name) const {
+  const FSDPParam& p = find_param(name);
+  auto pg = state_->mesh->group(state_->mesh->ndim() - 1);
+  Tensor recv = empty({int64_t(pg->size()), p.padded_numel()}, {.dtype = p.dtype(), .device = p.sharded().device()});
+  pg->all_gather_into_tensor(recv.view({-1}), p.padded_flat())->wait();
+  // Reassemble like an unshard, into a fresh tensor.
+  Tensor full = empty(p.global_shape(), {.dtype = p.dtype(), .device = recv.device()});
+  Tensor dst = p.global_shape().empty() ? full.view({1}) : full;
+  int64_t extent = dst.size(p.shard_dim()), chunk = (extent + pg->size() - 1) / pg->size();
+  Shape chunk_shape = dst.shape();
+  chunk_shape[size_t(p.shard_dim())] = chunk;
+  NoGradGuard ng;
+  for (int r = 0; r < pg->size(); ++r) {
+    int64_t start = int64_t(r) * chunk, rows = std::clamp<int64_t>(extent - start, 0, chunk);
+    if (rows == 0) break;
+    dst.narrow(p.shard_dim(), start, rows).copy_(recv.select(0, r).view(chunk_shape).narrow(p.shard_dim(), 0, rows));
+  }
+  return full;
+}
+
+ShardInfo FSDPModule::shard_info(const std::string& name) const {
+  const FSDPParam& p = find_param(name);
+  auto pg = state_->mesh->group(state_->mesh->ndim() - 1);
+  ShardInfo info;
+  info.global_shape = p.global_shape();
+  info.shard_dim = p.shard_dim();
+  info.world_size = pg->size();
+  info.rank = pg->rank();
+  int64_t extent = p.global_shape().empty() ? 1 : p.global_shape()[size_t(p.shard_dim())];
+  int64_t chunk = (extent + pg->size() - 1) / pg->size();
+  info.offset = std::min(extent, int64_t(pg->rank()) * chunk);
+  info.length = std::clamp<int64_t>(extent - int64_t(pg->rank()) * chunk, 0, chunk);
+  return info;
+}
+
+CommStats FSDPModule::comm_stats(bool recurse) const {
+  CommStats total;
+  for (FSDPState* s : recurse ? subtree() : std::vector<FSDPState*>{state_.get()})
+    if (s->group) {
+      total.all_gathers += s->group->stats.all_gathers;
+      total.reduce_scatters += s->group->stats.reduce_scatters;
+      total.all_reduces += s->group->stats.all_reduces;
+    }
+  return total;
+}
+
+}  // namespace weft::fsdp

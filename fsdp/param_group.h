@@ -1,0 +1,76 @@
+// fsdp: a parameter group — the parameters one fully_shard call took over. Its shards live
+// in one flat buffer, so unsharding is one all-gather (straight from that buffer) followed by
+// copies out into each unsharded parameter, and gradient reduction is one reduce-scatter of
+// all the group's gradients packed into one buffer.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "dist/process_group.h"
+#include "fsdp/fsdp_param.h"
+#include "fsdp/options.h"
+
+namespace weft::fsdp {
+
+struct CommStats {
+  int64_t all_gathers = 0;
+  int64_t reduce_scatters = 0;
+  int64_t all_reduces = 0;
+};
+
+class FSDPParamGroup {
+ public:
+  struct Entry {
+    std::string name;
+    std::vector<Tensor*> slots;
+    int64_t shard_dim;
+  };
+  FSDPParamGroup(std::vector<Entry> entries, const FullyShardOptions& opts, dist::ProcessGroupPtr shard_group,
+                 dist::ProcessGroupPtr replicate_group);
+
+  const std::vector<std::unique_ptr<FSDPParam>>& params() const { return params_; }
+  const Tensor& flat_shard() const { return flat_shard_; }
+  DType unsharded_dtype() const { return param_dtype_; }
+  const dist::ProcessGroupPtr& shard_group() const { return shard_group_; }
+
+  enum class State { sharded, gathering, unsharded };
+  State state() const { return state_; }
+  // Starts the all-gather unless already gathering or unsharded.
+  void start_unshard();
+  // Completes a started all-gather (or runs one) and points the module slots at the unsharded
+  // parameters.
+  void finish_unshard();
+  // Frees the unsharded parameters and points the slots back at the sharded ones.
+  void reshard();
+
+  // After backward: packs the unsharded gradients and starts their reduce-scatter (and, with
+  // HSDP, the all-reduce across replicas happens in finish); frees the unsharded gradients.
+  void start_reduce_scatter();
+  bool reduce_scatter_pending() const { return pending_rs_ != nullptr; }
+  // Waits for the reduce-scatter and accumulates into the sharded parameters' .grad.
+  void finish_reduce_scatter();
+  bool has_unsharded_grads() const;
+
+  double reduce_scatter_divide_factor = 0;  // 0: average over the shard (and replica) ranks
+  bool requires_all_reduce = true;          // HSDP: average over replicas
+  CommStats stats;
+  // The tensors the shards replaced, to recognise a tied copy registered outside the group.
+  std::vector<std::weak_ptr<TensorImpl>> originals;
+
+ private:
+  std::vector<std::unique_ptr<FSDPParam>> params_;
+  dist::ProcessGroupPtr shard_group_, replicate_group_;
+  Tensor flat_shard_;
+  int64_t group_numel_ = 0;
+  DType param_dtype_, reduce_dtype_;
+  State state_ = State::sharded;
+  dist::WorkPtr gather_work_;
+  Tensor gather_send_, gather_recv_;
+  struct PendingReduce {
+    dist::WorkPtr work;
+    Tensor send, out;
+  };
+  std::unique_ptr<PendingReduce> pending_rs_;
+};
+
+}  // namespace weft::fsdp

@@ -1,0 +1,232 @@
+#include "fsdp/state.h"
+
+#include <unordered_map>
+
+#include "autograd/engine.h"
+#include "autograd/function.h"
+#include "core/grad_mode.h"
+
+namespace weft::fsdp {
+
+namespace {
+
+std::unordered_map<const nn::Module*, std::weak_ptr<FSDPState>>& registry() {
+  static std::unordered_map<const nn::Module*, std::weak_ptr<FSDPState>> r;
+  return r;
+}
+
+// Identity on the module's inputs whose backward runs when the gradients of all of them are
+// complete, i.e. when the module's own backward has finished.
+class PostBackward : public autograd::Function {
+ public:
+  explicit PostBackward(std::weak_ptr<FSDPState> s) : state_(std::move(s)) {}
+  std::string name() const override { return "FSDPPostBackward"; }
+  TensorList forward(autograd::FunctionCtx&, const TensorList& inputs) override { return inputs; }
+  TensorList backward(autograd::FunctionCtx&, const TensorList& grads) override {
+    if (auto s = state_.lock()) s->post_backward();
+    return grads;
+  }
+
+ private:
+  std::weak_ptr<FSDPState> state_;
+};
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+}  // namespace
+
+std::shared_ptr<FSDPState> state_of(const nn::Module& module) {
+  auto it = registry().find(&module);
+  return it == registry().end() ? nullptr : it->second.lock();
+}
+
+void register_state(const nn::Module& module, const std::shared_ptr<FSDPState>& s) { registry()[&module] = s; }
+
+FSDPState::FSDPState(nn::Module& m, const FullyShardOptions& opts, std::unique_ptr<FSDPParamGroup> g,
+                     std::shared_ptr<dist::DeviceMesh> mesh_)
+    : module(m), group(std::move(g)), mesh(std::move(mesh_)), mp(opts.mp_policy),
+      reshard_after_forward(opts.reshard_after_forward) {}
+
+void FSDPState::lazy_init() {
+  is_root = true;
+  root = this;
+  // Every sharded module below this one becomes part of this root's step.
+  for (auto& [name, m] : module.named_modules()) {
+    auto s = state_of(*m);
+    if (!s) continue;
+    if (s.get() != this) {
+      WEFT_CHECK(!s->is_root.value_or(false) || s->forward_order.empty(),
+                 "fsdp: module '{}' ran forward as a root before its parent's first forward; call the "
+                 "outermost sharded module", name);
+      s->is_root = false;
+      s->root = this;
+    }
+    if (!s->reshard_after_forward) s->reshard_after_forward = s.get() != this;  // root keeps its params
+    states.push_back(s.get());
+  }
+  validate_across_ranks();
+}
+
+// Every rank must hold the same model: same parameter names, global shapes and dtypes in the
+// same order, or the collectives would mismatch. Compared by hash, then per parameter to name
+// the first difference; every rank raises the same error.
+void FSDPState::validate_across_ranks() {
+  auto pg = mesh->group(mesh->ndim() - 1);
+  std::vector<std::string> descs;
+  for (FSDPState* s : states)
+    if (s->group)
+      for (auto& p : s->group->params())
+        descs.push_back(fmt::format("{} {} {}", p->name(), shape_str(p->global_shape()), dtype_name(p->dtype())));
+  int world = pg->size();
+  Tensor count = scalar_tensor(double(descs.size()), {.dtype = DType::i64}).view({1});
+  Tensor counts = empty({world}, {.dtype = DType::i64});
+  pg->all_gather_into_tensor(counts, count)->wait();
+  int64_t max_count = 0;
+  for (double c : to_vector(counts)) max_count = std::max<int64_t>(max_count, int64_t(c));
+  Tensor hashes = zeros({max_count}, {.dtype = DType::i64});
+  for (size_t i = 0; i < descs.size(); ++i) hashes.data<int64_t>()[i] = int64_t(fnv1a(descs[i]) >> 1);
+  Tensor all = empty({int64_t(world) * max_count}, {.dtype = DType::i64});
+  if (max_count > 0) pg->all_gather_into_tensor(all, hashes)->wait();
+  auto c = to_vector(counts);
+  const int64_t* h = all.data<int64_t>();
+  for (int64_t i = 0; i < max_count; ++i) {
+    for (int r = 1; r < world; ++r) {
+      bool differ = (i < int64_t(c[0])) != (i < int64_t(c[size_t(r)])) || h[i] != h[int64_t(r) * max_count + i];
+      if (!differ) continue;
+      std::string mine = i < int64_t(descs.size()) ? descs[size_t(i)] : "(none)";
+      WEFT_ERROR("fully_shard: ranks hold different models: parameter #{} differs between rank 0 and rank {} "
+                 "(this rank, {}, has \"{}\"; {} parameters here, counts per rank {})",
+                 i, r, pg->rank(), mine, descs.size(), shape_str(Shape(c.begin(), c.end())));
+    }
+  }
+}
+
+void FSDPState::reset_iteration() {
+  for (FSDPState* s : states) {
+    s->pre_backward_done = s->post_backward_done = false;
+    if (!s->group) continue;
+    if (s->group->reduce_scatter_pending()) s->group->finish_reduce_scatter();
+    // A forward or backward that threw midway can leave groups gathered: start clean.
+    if (s->group->state() != FSDPParamGroup::State::sharded) s->group->reshard();
+  }
+  callback_queued = false;
+}
+
+FSDPState* FSDPState::next_in_order(int direction) {
+  if (!root || !root->order_recorded) return nullptr;
+  auto& order = root->forward_order;
+  for (size_t i = 0; i < order.size(); ++i) {
+    if (order[i] != this) continue;
+    int64_t j = int64_t(i) + direction;
+    while (j >= 0 && j < int64_t(order.size())) {
+      if (order[size_t(j)]->group) return order[size_t(j)];
+      j += direction;
+    }
+    return nullptr;
+  }
+  return nullptr;
+}
+
+std::optional<TensorList> FSDPState::pre_forward(const TensorList& inputs) {
+  if (!is_root.has_value()) lazy_init();
+  if (*is_root) {
+    reset_iteration();
+    if (!order_recorded) forward_order.clear();
+  }
+  if (root && !root->order_recorded) root->forward_order.push_back(this);
+  if (group) {
+    group->finish_unshard();
+    // Prefetch: the next group's all-gather runs while this module computes.
+    if (explicit_forward_prefetch) {
+      for (auto& w : forward_prefetch)
+        if (auto s = w.lock(); s && s->group) s->group->start_unshard();
+    } else if (FSDPState* next = next_in_order(+1)) {
+      next->group->start_unshard();
+    }
+  }
+  TensorList out = inputs;
+  if (mp.param_dtype && mp.cast_forward_inputs)
+    for (Tensor& t : out)
+      if (t.defined() && is_floating(t.dtype()) && t.dtype() != *mp.param_dtype) t = t.to(*mp.param_dtype);
+  // Hook the inputs that need gradients so this module's post-backward runs when they have them.
+  TensorList need;
+  std::vector<size_t> where;
+  if (GradMode::is_enabled() && group)
+    for (size_t i = 0; i < out.size(); ++i)
+      if (out[i].defined() && out[i].requires_grad()) {
+        need.push_back(out[i]);
+        where.push_back(i);
+      }
+  if (!need.empty()) {
+    TensorList wrapped = autograd::Function::apply<PostBackward>(need, weak_from_this());
+    for (size_t k = 0; k < where.size(); ++k) out[where[k]] = wrapped[k];
+  }
+  return out;
+}
+
+std::optional<TensorList> FSDPState::post_forward(const TensorList& outputs) {
+  if (*is_root) root->order_recorded = true;  // the root's forward ends last
+  bool grad = GradMode::is_enabled();
+  // Without gradients no backward follows, so nothing needs to stay gathered.
+  if (group && (*reshard_after_forward || !grad)) group->reshard();
+  TensorList out = outputs;
+  if (mp.output_dtype)
+    for (Tensor& t : out)
+      if (t.defined() && is_floating(t.dtype()) && t.dtype() != *mp.output_dtype) t = t.to(*mp.output_dtype);
+  if (grad) {
+    std::weak_ptr<FSDPState> self = weak_from_this();
+    for (Tensor& t : out)
+      if (t.defined() && t.requires_grad())
+        t.register_hook([self](const Tensor&) {
+          if (auto s = self.lock()) s->pre_backward();
+          return Tensor();
+        });
+  }
+  return out;
+}
+
+void FSDPState::pre_backward() {
+  if (pre_backward_done) return;
+  pre_backward_done = true;
+  if (root && !root->callback_queued) {
+    root->callback_queued = true;
+    FSDPState* r = root;
+    autograd::Engine::queue_callback([r] { r->root_final_callback(); });
+  }
+  if (!group || !unshard_in_backward) return;
+  group->finish_unshard();
+  if (explicit_backward_prefetch) {
+    for (auto& w : backward_prefetch)
+      if (auto s = w.lock(); s && s->group) s->group->start_unshard();
+  } else if (FSDPState* prev = next_in_order(-1)) {
+    if (*prev->reshard_after_forward) prev->group->start_unshard();
+  }
+}
+
+void FSDPState::post_backward() {
+  if (post_backward_done || !group) return;
+  post_backward_done = true;
+  if (requires_gradient_sync) group->start_reduce_scatter();
+  if (reshard_after_backward) group->reshard();
+}
+
+void FSDPState::root_final_callback() {
+  // Groups whose inputs needed no gradient (the root itself, a first layer fed raw data)
+  // have not run their post-backward yet.
+  for (auto it = states.rbegin(); it != states.rend(); ++it) {
+    FSDPState* s = *it;
+    if (!s->group || s->post_backward_done) continue;
+    if (s->group->state() != FSDPParamGroup::State::sharded || s->group->has_unsharded_grads()) s->post_backward();
+  }
+  for (FSDPState* s : states) {
+    if (s->group && is_last_backward) s->group->finish_reduce_scatter();
+    s->pre_backward_done = s->post_backward_done = false;
+  }
+  callback_queued = false;
+}
+
+}  // namespace weft::fsdp

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Runs dist_fault under mpirun and checks that the job fails fast, on every rank, with a
+# message that names what went wrong. Usage: fault.sh MPIRUN EXE MODE NP
+set -uo pipefail
+mpirun=$1 exe=$2 mode=$3 np=$4
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+fail() { echo "FAIL ($mode, np $np): $*"; echo "--- output:"; cat "$log"; exit 1; }
+
+export WEFT_COLLECTIVE_TIMEOUT=2
+[ "$mode" = mismatch ] && export WEFT_DIST_DEBUG=1
+start=$(date +%s%N)
+# `timeout` is the backstop: the job must end by itself long before it.
+timeout 50 "$mpirun" -np "$np" --oversubscribe --bind-to none "$exe" "$mode" >"$log" 2>&1
+rc=$?
+elapsed_ms=$(( ($(date +%s%N) - start) / 1000000 ))
+echo "mode $mode, np $np: exit $rc after ${elapsed_ms} ms"
+[ "$rc" -ne 0 ] || fail "the job succeeded"
+[ "$rc" -ne 124 ] || [ "$mode" != mismatch ] || fail "timed out"
+[ "$elapsed_ms" -lt 30000 ] || fail "took ${elapsed_ms} ms with a 2 s collective timeout"
+want() { grep -qF -- "$1" "$log" || fail "output lacks: $1"; }
+case $mode in
+  skip|skip-nowait)
+    want "all_gather_into_tensor #2 (f32, in 1000 elements, out $((np * 1000))) on group 'world' ($np ranks)"
+    want "did not complete within 2 s"
+    want "Aborting the job"
+    [ "$mode" = skip-nowait ] && want "seen by the communication thread"
+    ;;
+  mismatch)
+    last=$((np - 1))
+    for r in $(seq 0 $last); do want "rank $r caught: dist debug check"; done
+    want "rank 0 calls all_gather_into_tensor #2 (f32, in 5 elements, out $((np * 5)))"
+    want "rank $last calls all_gather_into_tensor #2 (f32, in 7 elements, out $((np * 7)))"
+    ;;
+esac
+echo "ok: the job failed as it should"
