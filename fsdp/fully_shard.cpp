@@ -15,7 +15,11 @@ FSDPModule fully_shard(const nn::ModulePtr& module, const FullyShardOptions& opt
   WEFT_CHECK(module != nullptr, "fully_shard: module is null");
   WEFT_CHECK(!state_of(*module), "fully_shard: called twice on the same {} module", module->type_name());
   if (!dist::is_initialized()) dist::init();
-  auto mesh = opts.mesh ? opts.mesh : std::make_shared<dist::DeviceMesh>(DeviceType::cpu);
+  // One default world mesh for every call, so all groups share one communicator.
+  static std::shared_ptr<dist::DeviceMesh> world_mesh;
+  if (!opts.mesh && (!world_mesh || world_mesh->group(0)->closed()))
+    world_mesh = std::make_shared<dist::DeviceMesh>(DeviceType::cpu);
+  auto mesh = opts.mesh ? opts.mesh : world_mesh;
   WEFT_CHECK(mesh->ndim() == 1 || mesh->ndim() == 2, "fully_shard: the mesh must be 1-D or 2-D (replicate, shard), got {}",
              mesh->str());
   auto shard_group = mesh->group(mesh->ndim() - 1);
