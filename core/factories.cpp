@@ -34,16 +34,35 @@ Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), {.dtype = t.dtype()
 Tensor ones_like(const Tensor& t) { return ones(t.shape(), {.dtype = t.dtype(), .device = t.device()}); }
 
 namespace {
-// Builds a tensor on the CPU from doubles, then moves it to opts' dtype and device.
+// Builds a tensor of opts' dtype from doubles produced in row-major order, writing straight
+// into a CPU tensor (no f64 staging copy: initialising a large weight must not need twice
+// its size), then moves it to opts' device.
 template <class Fill>
 Tensor from_doubles(const Shape& shape, TensorOptions opts, Fill&& fill) {
-  Tensor host = empty(shape, {.dtype = DType::f64});
-  double* p = host.data<double>();
+  Tensor host = empty(shape, {.dtype = opts.dtype});
   int64_t n = host.numel();
-  for (int64_t i = 0; i < n; ++i) p[i] = fill(i);
-  Tensor out = host.to(opts.device, opts.dtype);
+  WEFT_DISPATCH(opts.dtype, "factory", [&]<typename T>() {
+    T* p = static_cast<T*>(host.data_ptr());
+    for (int64_t i = 0; i < n; ++i) p[i] = convert_scalar<T>(fill(i));
+  });
+  Tensor out = opts.device.is_cpu() ? host : host.to(opts.device);
   if (opts.requires_grad) out.set_requires_grad(true);
   return out;
+}
+
+// Fills `t` in place from doubles in row-major order: directly when it is a contiguous CPU
+// tensor, else through a contiguous temporary of its own dtype.
+template <class Fill>
+void fill_from_doubles(Tensor& t, Fill&& fill) {
+  if (t.device().is_cpu() && t.is_contiguous()) {
+    int64_t n = t.numel();
+    WEFT_DISPATCH(t.dtype(), "fill", [&]<typename T>() {
+      T* p = static_cast<T*>(t.data_ptr());
+      for (int64_t i = 0; i < n; ++i) p[i] = convert_scalar<T>(fill(i));
+    });
+    return;
+  }
+  copy_elements(t, from_doubles(t.shape(), {.dtype = t.dtype()}, fill));
 }
 }  // namespace
 
@@ -130,8 +149,7 @@ Tensor& Tensor::uniform_(double low, double high, Generator* gen) {
   WEFT_CHECK(is_floating(dtype()), "uniform_: expects a floating tensor, got {}", tensor_desc(*this));
   WEFT_CHECK(low <= high, "uniform_: low {} > high {}", low, high);
   Generator& g = gen ? *gen : default_generator();
-  copy_elements(*this, from_doubles(shape(), {.dtype = DType::f64},
-                                    [&](int64_t) { return low + (high - low) * g.uniform(); }));
+  fill_from_doubles(*this, [&](int64_t) { return low + (high - low) * g.uniform(); });
   return *this;
 }
 
@@ -141,8 +159,7 @@ Tensor& Tensor::normal_(double mean, double std, Generator* gen) {
   WEFT_CHECK(is_floating(dtype()), "normal_: expects a floating tensor, got {}", tensor_desc(*this));
   WEFT_CHECK(std >= 0, "normal_: std must be non-negative, got {}", std);
   Generator& g = gen ? *gen : default_generator();
-  copy_elements(*this, from_doubles(shape(), {.dtype = DType::f64},
-                                    [&](int64_t) { return mean + std * g.normal(); }));
+  fill_from_doubles(*this, [&](int64_t) { return mean + std * g.normal(); });
   return *this;
 }
 

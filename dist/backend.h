@@ -19,7 +19,7 @@ ProcessGroupPtr new_nccl_group(MPI_Comm comm, std::string name);  // throws wher
 ProcessGroupPtr new_group(DeviceType device, MPI_Comm comm, std::string name);
 
 // The MPI backend's communication thread (one per process).
-void start_comm_thread();
+void start_comm_thread(int threads_on_host);  // 2 per rank on this host: caller + comm thread
 void drain_comm_thread();  // returns once every queued collective has completed
 void stop_comm_thread();
 

@@ -75,11 +75,13 @@ void init() {
   MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &s.size));
   MPI_Comm node;
   MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, s.rank, MPI_INFO_NULL, &node));
+  int local_size = 1;
   MPI_CHECK(MPI_Comm_rank(node, &s.local_rank));
+  MPI_CHECK(MPI_Comm_size(node, &local_size));
   MPI_CHECK(MPI_Comm_free(&node));
   if (const char* t = std::getenv("WEFT_COLLECTIVE_TIMEOUT")) s.timeout = parse_timeout(t);
   if (const char* d = std::getenv("WEFT_DIST_DEBUG")) s.debug = parse_flag("WEFT_DIST_DEBUG", d);
-  detail::start_comm_thread();
+  detail::start_comm_thread(2 * local_size);
   s.initialized = true;
 }
 

@@ -19,11 +19,19 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // Handing a collective to the communication thread and back costs two thread wake-ups, each
-// tens of microseconds on a VM: both sides spin (yielding the core to any thread that wants
-// it) for a while before they sleep, so back-to-back collectives pay neither. MPI's own
-// blocking calls spin the same way.
+// tens of microseconds on a VM: both sides spin for a while before they sleep, so
+// back-to-back collectives pay neither. Like MPI's own blocking calls, spinning yields the
+// core after each poll only when this host runs more weft threads than it has cores.
 constexpr auto kWaitSpin = std::chrono::milliseconds(2);
 constexpr auto kIdleSpin = std::chrono::milliseconds(1);
+std::atomic<bool> g_yield_when_idle{true};
+
+void relax() {
+  if (g_yield_when_idle.load(std::memory_order_relaxed)) std::this_thread::yield();
+#if defined(__x86_64__) || defined(__i386__)
+  else __builtin_ia32_pause();
+#endif
+}
 
 // Spins until ready() or `budget` has passed; true if ready.
 template <class F> bool spin_until(F&& ready, Clock::duration budget) {
@@ -31,7 +39,7 @@ template <class F> bool spin_until(F&& ready, Clock::duration budget) {
   for (int i = 1;; ++i) {
     if (ready()) return true;
     if ((i & 15) == 0 && Clock::now() > end) return false;
-    std::this_thread::yield();
+    relax();
   }
 }
 
@@ -241,16 +249,14 @@ void CommThread::run() {
         requests.resize(j);
         ended += size_t(n_done);
       } else {
-        // Nothing finished: check the oldest against the timeout now and then, and let a
-        // computing thread have the core (MPI's own blocking waits yield the same way when
-        // ranks outnumber cores).
+        // Nothing finished: check the oldest against the timeout now and then.
         if ((spins & 255) == 0) {
           MpiWork& oldest = *active.front();
           double timeout = collective_timeout();
           if (std::chrono::duration<double>(Clock::now() - oldest.posted_at).count() > timeout)
             fail_timeout(oldest.info(), timeout, "posted to MPI, not completed; seen by the communication thread");
         }
-        std::this_thread::yield();
+        relax();
       }
     }
     if (ended) retire();
@@ -269,6 +275,10 @@ void MpiWork::wait(double timeout_seconds) {
 }
 
 void MpiWork::mark_done() {
+  // MPI is done with the buffers: let their memory go now rather than when the last handle to
+  // this Work dies (the communication thread keeps one a while), so callers' memory bounds hold.
+  c_.in = Tensor();
+  c_.out = Tensor();
   {
     std::lock_guard lock(mu_);
     done_.store(true, std::memory_order_release);
@@ -381,7 +391,10 @@ ProcessGroupPtr new_mpi_group(MPI_Comm comm, std::string name) {
   return std::make_shared<MpiProcessGroup>(comm, std::move(name), rank, size);
 }
 
-void start_comm_thread() { comm_thread().start(); }
+void start_comm_thread(int threads_on_host) {
+  g_yield_when_idle = threads_on_host > int(std::thread::hardware_concurrency());
+  comm_thread().start();
+}
 void drain_comm_thread() { comm_thread().drain(); }
 void stop_comm_thread() { comm_thread().stop(); }
 

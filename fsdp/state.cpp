@@ -210,7 +210,15 @@ void FSDPState::pre_backward() {
 void FSDPState::post_backward() {
   if (post_backward_done || !group) return;
   post_backward_done = true;
-  if (requires_gradient_sync) group->start_reduce_scatter();
+  if (requires_gradient_sync) {
+    // At most one reduce-scatter in flight besides this one: finishing the previous group's
+    // frees its send buffer before this group's is filled (the backward memory bound).
+    FSDPState* r = root ? root : this;
+    if (r->last_reduce_scatter && r->last_reduce_scatter != this && r->last_reduce_scatter->group)
+      r->last_reduce_scatter->group->finish_reduce_scatter();
+    group->start_reduce_scatter();
+    r->last_reduce_scatter = this;
+  }
   if (reshard_after_backward) group->reshard();
 }
 
@@ -226,6 +234,7 @@ void FSDPState::root_final_callback() {
     if (s->group && is_last_backward) s->group->finish_reduce_scatter();
     s->pre_backward_done = s->post_backward_done = false;
   }
+  last_reduce_scatter = nullptr;
   callback_queued = false;
 }
 

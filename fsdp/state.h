@@ -43,6 +43,7 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   bool pre_backward_done = false;
   bool post_backward_done = false;
   bool callback_queued = false;  // root: the end-of-backward callback of this backward is queued
+  FSDPState* last_reduce_scatter = nullptr;  // root: the group whose reduce-scatter was started last
 
   std::optional<TensorList> pre_forward(const TensorList& inputs);
   std::optional<TensorList> post_forward(const TensorList& outputs);
