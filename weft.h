@@ -1,4 +1,4 @@
-// weft: the umbrella header. Include this to get tensors, autograd and the kernels' knobs.
+// weft: the umbrella header — tensors, autograd, nn, dist and fsdp in one include.
 #pragma once
 #include "autograd/engine.h"
 #include "autograd/function.h"
@@ -15,3 +15,4 @@
 #include "dist/device_mesh.h"
 #include "dist/dist.h"
 #include "dist/process_group.h"
+#include "fsdp/fsdp.h"

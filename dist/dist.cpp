@@ -2,6 +2,8 @@
 // environment, and the registry of live groups that finalize() closes.
 #include "dist/dist.h"
 
+#include "core/trace.h"
+
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -72,6 +74,7 @@ void init() {
   // of killing the job without saying which weft call failed.
   MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
   MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &s.rank));
+  trace::set_rank(s.rank);
   MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &s.size));
   MPI_Comm node;
   MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, s.rank, MPI_INFO_NULL, &node));

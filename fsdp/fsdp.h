@@ -2,3 +2,6 @@
 #pragma once
 #include "fsdp/fully_shard.h"
 #include "fsdp/options.h"
+#include "fsdp/clip_grad.h"
+#include "fsdp/summon_full_params.h"
+#include "fsdp/wrap.h"

@@ -2,6 +2,7 @@
 
 #include "core/copy.h"
 #include "core/grad_mode.h"
+#include "core/trace.h"
 #include "kernels/elementwise.h"
 
 namespace weft::fsdp {
@@ -40,6 +41,7 @@ FSDPParamGroup::FSDPParamGroup(std::vector<Entry> entries, const FullyShardOptio
                                                   world, flat_shard_, offset));
     offset += padded[i];
   }
+  label = params_[0]->name();
   param_dtype_ = opts.mp_policy.param_dtype.value_or(dtype);
   reduce_dtype_ = opts.mp_policy.reduce_dtype.value_or(param_dtype_);
   for (auto& p : params_) p->use_sharded();
@@ -51,6 +53,7 @@ void FSDPParamGroup::start_unshard() {
   // The shard buffer is sent as is unless parameters are gathered in another dtype.
   gather_send_ = param_dtype_ == flat_shard_.dtype() ? flat_shard_ : flat_shard_.to(param_dtype_);
   gather_recv_ = empty({int64_t(world), group_numel_}, {.dtype = param_dtype_, .device = flat_shard_.device()});
+  gather_started_us_ = trace::enabled() ? trace::now_us() : 0;
   gather_work_ = shard_group_->all_gather_into_tensor(gather_recv_.view({-1}), gather_send_);
   ++stats.all_gathers;
   state_ = State::gathering;
@@ -59,7 +62,12 @@ void FSDPParamGroup::start_unshard() {
 void FSDPParamGroup::finish_unshard() {
   if (state_ == State::unsharded) return;
   if (state_ == State::sharded) start_unshard();
-  gather_work_->wait();
+  {
+    trace::Span span("wait all_gather", "fsdp");
+    gather_work_->wait();
+  }
+  if (gather_started_us_)
+    trace::record("all_gather " + label, "comm", gather_started_us_, trace::now_us() - gather_started_us_, 1);
   {
     NoGradGuard no_grad;
     for (auto& p : params_) p->copy_out(gather_recv_, param_dtype_);
@@ -98,6 +106,7 @@ void FSDPParamGroup::start_reduce_scatter() {
   }
   pr->out = empty({group_numel_}, {.dtype = reduce_dtype_, .device = flat_shard_.device()});
   bool average = reduce_scatter_divide_factor == 0;
+  rs_started_us_ = trace::enabled() ? trace::now_us() : 0;
   pr->work = shard_group_->reduce_scatter_tensor(pr->out, pr->send.view({-1}),
                                                  average ? dist::ReduceOp::avg : dist::ReduceOp::sum);
   ++stats.reduce_scatters;
@@ -107,7 +116,12 @@ void FSDPParamGroup::start_reduce_scatter() {
 void FSDPParamGroup::finish_reduce_scatter() {
   if (!pending_rs_) return;
   auto pr = std::move(pending_rs_);
-  pr->work->wait();
+  {
+    trace::Span span("wait reduce_scatter", "fsdp");
+    pr->work->wait();
+  }
+  if (rs_started_us_)
+    trace::record("reduce_scatter " + label, "comm", rs_started_us_, trace::now_us() - rs_started_us_, 1);
   NoGradGuard no_grad;
   if (replicate_group_ && replicate_group_->size() > 1 && requires_all_reduce) {
     bool average = reduce_scatter_divide_factor == 0;

@@ -54,6 +54,7 @@ class FSDPParamGroup {
   double reduce_scatter_divide_factor = 0;  // 0: average over the shard (and replica) ranks
   bool requires_all_reduce = true;          // HSDP: average over replicas
   CommStats stats;
+  std::string label;  // names the group in traces: its module's path under the root
   // The tensors the shards replaced, to recognise a tied copy registered outside the group.
   std::vector<std::weak_ptr<TensorImpl>> originals;
 
@@ -65,6 +66,7 @@ class FSDPParamGroup {
   DType param_dtype_, reduce_dtype_;
   State state_ = State::sharded;
   dist::WorkPtr gather_work_;
+  uint64_t gather_started_us_ = 0, rs_started_us_ = 0;  // for traces
   Tensor gather_send_, gather_recv_;
   struct PendingReduce {
     dist::WorkPtr work;

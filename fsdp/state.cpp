@@ -5,6 +5,7 @@
 #include "autograd/engine.h"
 #include "autograd/function.h"
 #include "core/grad_mode.h"
+#include "core/trace.h"
 
 namespace weft::fsdp {
 
@@ -66,6 +67,8 @@ void FSDPState::lazy_init() {
       s->root = this;
     }
     if (!s->reshard_after_forward) s->reshard_after_forward = s.get() != this;  // root keeps its params
+    s->path = name.empty() ? module.type_name() : name;
+    if (s->group) s->group->label = s->path;
     states.push_back(s.get());
   }
   validate_across_ranks();
@@ -133,6 +136,7 @@ FSDPState* FSDPState::next_in_order(int direction) {
 
 std::optional<TensorList> FSDPState::pre_forward(const TensorList& inputs) {
   if (!is_root.has_value()) lazy_init();
+  forward_started_us = trace::enabled() ? trace::now_us() : 0;
   if (*is_root) {
     reset_iteration();
     if (!order_recorded) forward_order.clear();
@@ -173,6 +177,8 @@ std::optional<TensorList> FSDPState::post_forward(const TensorList& outputs) {
   bool grad = GradMode::is_enabled();
   // Without gradients no backward follows, so nothing needs to stay gathered.
   if (group && (*reshard_after_forward || !grad)) group->reshard();
+  if (forward_started_us)
+    trace::record("forward " + path, "fsdp", forward_started_us, trace::now_us() - forward_started_us);
   TensorList out = outputs;
   if (mp.output_dtype)
     for (Tensor& t : out)
@@ -192,6 +198,7 @@ std::optional<TensorList> FSDPState::post_forward(const TensorList& outputs) {
 void FSDPState::pre_backward() {
   if (pre_backward_done) return;
   pre_backward_done = true;
+  backward_started_us = trace::enabled() ? trace::now_us() : 0;
   if (root && !root->callback_queued) {
     root->callback_queued = true;
     FSDPState* r = root;
@@ -210,6 +217,8 @@ void FSDPState::pre_backward() {
 void FSDPState::post_backward() {
   if (post_backward_done || !group) return;
   post_backward_done = true;
+  if (backward_started_us)
+    trace::record("backward " + path, "fsdp", backward_started_us, trace::now_us() - backward_started_us);
   if (requires_gradient_sync) {
     // At most one reduce-scatter in flight besides this one: finishing the previous group's
     // frees its send buffer before this group's is filled (the backward memory bound).

@@ -42,6 +42,8 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   // Per iteration.
   bool pre_backward_done = false;
   bool post_backward_done = false;
+  uint64_t forward_started_us = 0, backward_started_us = 0;  // for traces
+  std::string path;  // the module's path under the root ("blocks.3"; the root's type name)
   bool callback_queued = false;  // root: the end-of-backward callback of this backward is queued
   FSDPState* last_reduce_scatter = nullptr;  // root: the group whose reduce-scatter was started last
 

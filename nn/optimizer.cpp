@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "core/grad_mode.h"
+#include "core/trace.h"
 #include "kernels/elementwise.h"
 #include "kernels/optim.h"
 #include "kernels/reduce.h"
@@ -134,6 +135,7 @@ SGD::SGD(std::vector<ParamGroup> groups, SGDOptions o)
 }
 
 void SGD::step() {
+  trace::Span span("optimizer step", "optim");
   NoGradGuard no_grad;
   for (auto& g : groups_) {
     kernels::SgdStep s{g.options["lr"], g.options["momentum"], g.options["dampening"], g.options["weight_decay"],
@@ -172,6 +174,7 @@ Adam::Adam(std::string name, std::vector<ParamGroup> groups, AdamOptions o, bool
 }
 
 void Adam::step() {
+  trace::Span span("optimizer step", "optim");
   NoGradGuard no_grad;
   for (auto& g : groups_) {
     for (Tensor& p : g.params) {

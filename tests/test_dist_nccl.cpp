@@ -33,6 +33,19 @@ Tensor to_host(const Tensor& d) {
   return h;
 }
 
+// One CHECK per comparison, naming the op and the first differing element.
+void check_same(const std::vector<double>& got, const std::vector<double>& want, const std::string& what) {
+  REQUIRE(got.size() == want.size());
+  size_t bad = got.size(), n_bad = 0;
+  for (size_t i = 0; i < got.size(); ++i)
+    if (got[i] != want[i]) n_bad++, bad = std::min(bad, i);
+  INFO(what << ": " << n_bad << " elements differ"
+            << (n_bad ? ", first at " + std::to_string(bad) + ": got " + std::to_string(got[bad]) + ", want " +
+                            std::to_string(want[bad])
+                      : ""));
+  CHECK(n_bad == 0);
+}
+
 Tensor make(DType t, int64_t n, int rank) {
   std::vector<double> v(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) v[size_t(i)] = value(rank, i);
@@ -55,7 +68,7 @@ TEST_CASE("nccl: all_gather, reduce_scatter, all_reduce, broadcast, all_to_all, 
       std::vector<double> got = to_vector(to_host(out)), want;
       for (int r = 0; r < p; ++r)
         for (int64_t i = 0; i < n; ++i) want.push_back(value(r, i));
-      CHECK(got == want);
+      check_same(got, want, "all_gather");
 
       Tensor x = to_gpu(make(t, n, me), dev);
       g->all_reduce(x, ReduceOp::sum)->wait();
@@ -66,7 +79,7 @@ TEST_CASE("nccl: all_gather, reduce_scatter, all_reduce, broadcast, all_to_all, 
         for (int r = 0; r < p; ++r) s += value(r, i);
         want.push_back(s);
       }
-      CHECK(got == want);
+      check_same(got, want, "all_reduce");
 
       Tensor part = to_gpu(zeros({n}, {.dtype = t}), dev);
       ReduceOp op = is_floating(t) ? ReduceOp::avg : ReduceOp::sum;
@@ -78,11 +91,11 @@ TEST_CASE("nccl: all_gather, reduce_scatter, all_reduce, broadcast, all_to_all, 
         for (int r = 0; r < p; ++r) s += value(r, me * n + i);
         want.push_back(op == ReduceOp::avg ? s / p : s);
       }
-      CHECK(got == want);
+      check_same(got, want, "reduce_scatter");
 
       Tensor b = to_gpu(make(t, n, me), dev);
       g->broadcast(b, p - 1)->wait();
-      CHECK(to_vector(to_host(b)) == to_vector(make(t, n, p - 1)));
+      check_same(to_vector(to_host(b)), to_vector(make(t, n, p - 1)), "broadcast");
     }
   }
   Tensor in = to_gpu(full({p * 2}, double(me)), dev), out = to_gpu(zeros({p * 2}), dev);

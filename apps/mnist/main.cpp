@@ -1,7 +1,12 @@
-// weft-mnist: trains an MLP or CNN classifier on Fashion-MNIST (or any IDX data set).
+// weft-mnist: trains an MLP or CNN classifier on Fashion-MNIST (or any IDX data set), in one
+// process or, with --fsdp, sharded over the ranks mpirun starts (one FSDP group per layer).
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <exception>
 #include <numeric>
+#include <optional>
 #include <thread>
 
 #include "apps/common/metrics.h"
@@ -9,6 +14,7 @@
 #include "apps/mnist/idx.h"
 #include "apps/mnist/models.h"
 #include "core/safetensors.h"
+#include "fsdp/fsdp.h"
 #include "weft.h"
 
 using namespace weft;
@@ -27,7 +33,51 @@ struct Options {
   int64_t steps = 0;  // 0: no limit
   std::string data = apps::kDefaultMnistDir;
   int64_t log_every = 50;
+  bool fsdp = false;
 };
+
+// Where this process sits. Without --fsdp: a world of one that never communicates.
+struct Ranks {
+  bool fsdp = false;
+  int rank = 0, world = 1;
+  bool lead() const { return rank == 0; }  // prints, writes metrics and checkpoints
+};
+
+// A failure every rank knows about: all of them stop cleanly (no rank is left waiting).
+struct AgreedError : Error {
+  using Error::Error;
+};
+
+// Runs rank-local work (reading files, checking flags) and then lets every rank learn whether
+// any rank failed, so a failure on one rank fails all instead of leaving the others waiting in
+// the next collective. The failing rank reports its own message; the others say why they stop.
+template <class Work>
+void on_every_rank(const Ranks& ranks, Work&& work) {
+  std::exception_ptr error;
+  try {
+    work();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  if (ranks.fsdp) {
+    Tensor failed = from_vector({error ? 1.0 : 0.0}, {1}, {.dtype = kFloat64});
+    dist::world()->all_reduce(failed, dist::ReduceOp::max)->wait();
+    if (!error && failed.item() > 0) throw AgreedError("mnist: stopping because another rank failed (see its message)");
+  }
+  if (!error) return;
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    throw AgreedError(e.what());
+  }
+}
+
+double mean_over_ranks(double local, const Ranks& ranks) {
+  if (!ranks.fsdp) return local;
+  Tensor t = from_vector({local}, {1}, {.dtype = kFloat64});
+  dist::world()->all_reduce(t, dist::ReduceOp::avg)->wait();
+  return t.item();
+}
 
 std::unique_ptr<nn::Optimizer> make_optimizer(const Options& o, std::vector<Tensor> params) {
   if (o.optimizer == "adamw") return std::make_unique<nn::AdamW>(std::move(params), nn::AdamWOptions{.lr = o.lr});
@@ -47,37 +97,58 @@ std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch) {
   return idx;
 }
 
-std::pair<double, double> evaluate(nn::Module& model, const apps::MnistSplit& split) {
+// Test loss and accuracy. Under FSDP each rank evaluates its slice of every batch of 1000 (the
+// forward gathers the parameters and, without gradients, frees them again) and the sums are
+// all-reduced; a batch smaller than the world is evaluated whole on every rank and counted
+// once, so every rank runs the same forwards.
+std::pair<double, double> evaluate(nn::Module& model, const apps::MnistSplit& split, const Ranks& ranks) {
   NoGradGuard no_grad;
   model.eval();
-  int64_t n = split.images.size(0), correct = 0;
-  double loss_sum = 0;
+  int64_t n = split.images.size(0);
+  double loss_sum = 0, correct = 0;
   std::vector<int64_t> all(static_cast<size_t>(n));
   std::iota(all.begin(), all.end(), 0);
   for (int64_t b = 0; b < n; b += 1000) {
     int64_t m = std::min<int64_t>(1000, n - b);
-    auto [x, y] = apps::mnist_batch(split, all, b, m);
+    bool split_batch = m >= ranks.world;
+    int64_t lo = split_batch ? m * ranks.rank / ranks.world : 0;
+    int64_t hi = split_batch ? m * (ranks.rank + 1) / ranks.world : m;
+    auto [x, y] = apps::mnist_batch(split, all, b + lo, hi - lo);
     Tensor logits = model(x);
+    if (!split_batch && !ranks.lead()) continue;
     loss_sum += cross_entropy(logits, y, {.reduction = "sum"}).item();
-    correct += int64_t(sum(eq(argmax(logits, 1), y)).item());
+    correct += double(int64_t(sum(eq(argmax(logits, 1), y)).item()));
   }
   model.train();
-  return {loss_sum / double(n), double(correct) / double(n)};
+  if (ranks.fsdp) {
+    Tensor sums = from_vector({loss_sum, correct}, {2}, {.dtype = kFloat64});
+    dist::world()->all_reduce(sums, dist::ReduceOp::sum)->wait();
+    loss_sum = sums.data<double>()[0];
+    correct = sums.data<double>()[1];
+  }
+  return {loss_sum / double(n), correct / double(n)};
 }
 
-void save_checkpoint(const std::string& path, nn::Module& model, nn::Optimizer& opt, const Options& o,
-                     int64_t step) {
+// Checkpoints hold the full (unsharded) model and optimizer state, whatever the world size that
+// wrote them, so a run can resume on any number of ranks, with or without --fsdp.
+void save_checkpoint(const std::string& path, const nn::NamedTensorList& model_sd,
+                     const nn::NamedTensorList& optim_sd, const Options& o, int64_t step) {
   NamedTensors all;
-  for (auto& [k, t] : model.state_dict()) all.emplace_back("model." + k, t);
-  for (auto& [k, t] : opt.state_dict()) all.emplace_back("optim." + k, t);
+  for (auto& [k, t] : model_sd) all.emplace_back("model." + k, t);
+  for (auto& [k, t] : optim_sd) all.emplace_back("optim." + k, t);
   save_safetensors(path, all,
                    {{"format", "weft-mnist"}, {"model", o.model}, {"optimizer", o.optimizer},
                     {"step", std::to_string(step)}, {"seed", std::to_string(o.seed)},
                     {"batch_size", std::to_string(o.batch_size)}});
 }
 
-// Restores model and optimizer; returns the step the checkpoint was taken at.
-int64_t load_checkpoint(const std::string& path, nn::Module& model, nn::Optimizer& opt, const Options& o) {
+struct Checkpoint {
+  nn::NamedTensorList model, optim;
+  int64_t step = 0;
+};
+
+// Reads a checkpoint written by save_checkpoint and checks it fits the flags.
+Checkpoint read_checkpoint(const std::string& path, const Options& o) {
   auto contents = load_safetensors(path);
   auto& meta = contents.metadata;
   auto get = [&](const std::string& k) {
@@ -90,82 +161,210 @@ int64_t load_checkpoint(const std::string& path, nn::Module& model, nn::Optimize
   WEFT_CHECK(get("model") == o.model, "mnist: {} holds a {} model but --model is {}", path, get("model"), o.model);
   WEFT_CHECK(get("optimizer") == o.optimizer, "mnist: {} was trained with {} but --optimizer is {}", path,
              get("optimizer"), o.optimizer);
-  nn::NamedTensorList model_sd, optim_sd;
+  Checkpoint ck;
   for (auto& [k, t] : contents.tensors) {
-    if (k.rfind("model.", 0) == 0) model_sd.emplace_back(k.substr(6), t);
-    else if (k.rfind("optim.", 0) == 0) optim_sd.emplace_back(k.substr(6), t);
+    if (k.rfind("model.", 0) == 0) ck.model.emplace_back(k.substr(6), t);
+    else if (k.rfind("optim.", 0) == 0) ck.optim.emplace_back(k.substr(6), t);
     else WEFT_ERROR("mnist: unexpected tensor \"{}\" in {}", k, path);
   }
-  model.load_state_dict(model_sd);
-  opt.load_state_dict(optim_sd);
-  return std::stoll(get("step"));
+  ck.step = std::stoll(get("step"));
+  return ck;
 }
 
-int run(const Options& o) {
-  if (o.threads > 0) set_num_threads(o.threads);
-  WEFT_CHECK(o.batch_size > 0 && o.epochs > 0 && o.lr > 0, "mnist: --batch-size, --epochs and --lr must be positive");
-  apps::MnistData data = apps::load_mnist(o.data);
-  int64_t n_train = data.train.images.size(0);
-  int64_t steps_per_epoch = n_train / o.batch_size;  // the last partial batch is dropped
-  WEFT_CHECK(steps_per_epoch > 0, "mnist: batch size {} exceeds the {} training samples", o.batch_size, n_train);
+// ---- FSDP: one group per layer, and full state dicts gathered from the shards.
 
-  manual_seed(o.seed);
-  nn::ModulePtr model = apps::make_mnist_model(o.model, data.rows, data.cols);
-  auto opt = make_optimizer(o, model->parameters());
+// fully_shard on every direct child that holds parameters (fc1, fc2, fc3 of the MLP; conv1,
+// conv2, fc1, fc2 of the CNN), then on the root: one all-gather and one reduce-scatter per layer.
+fsdp::FSDPModule shard_model(const nn::ModulePtr& model) {
+  for (auto& [name, child] : model->named_children())
+    if (!child->parameters().empty()) fsdp::fully_shard(child);
+  return fsdp::fully_shard(model);
+}
+
+// An optimizer state key "state.<i>.<name>" that holds one value per element of parameter i
+// (every state but the step count): its parameter index, else nothing.
+std::optional<size_t> per_element_state(const std::string& key) {
+  if (key.rfind("state.", 0) != 0) return std::nullopt;
+  size_t dot = key.find('.', 6);
+  if (dot == std::string::npos || key.substr(dot + 1) == "step") return std::nullopt;
+  return size_t(std::stoull(key.substr(6, dot - 6)));
+}
+
+// The full tensor from every rank's shard of it (`local` has this rank's shard shape, as the
+// optimizer's state does). Shards are padded to equal chunks for the all-gather, as FSDP's own.
+Tensor gather_shards(const Tensor& local, const fsdp::ShardInfo& info) {
+  const int64_t dim = info.shard_dim, extent = info.global_shape.at(size_t(dim));
+  const int64_t chunk = (extent + info.world_size - 1) / info.world_size;
+  Shape chunk_shape = info.global_shape;
+  chunk_shape[size_t(dim)] = chunk;
+  Tensor padded = zeros(chunk_shape, {.dtype = local.dtype()});
+  if (info.length > 0) padded.narrow(dim, 0, info.length).copy_(local);
+  Tensor all = empty({int64_t(info.world_size), shape_numel(chunk_shape)}, {.dtype = local.dtype()});
+  dist::world()->all_gather_into_tensor(all.view({-1}), padded.view({-1}))->wait();
+  Tensor full = empty(info.global_shape, {.dtype = local.dtype()});
+  for (int r = 0; r < info.world_size; ++r) {
+    int64_t rows = std::clamp<int64_t>(extent - r * chunk, 0, chunk);
+    if (rows > 0) full.narrow(dim, r * chunk, rows).copy_(all.select(0, r).view(chunk_shape).narrow(dim, 0, rows));
+  }
+  return full;
+}
+
+// Full model and optimizer state dicts, as a single process would have them: collective calls
+// on every rank (one all-gather per tensor); every rank gets the result.
+nn::NamedTensorList full_model_state(nn::Module& model, const fsdp::FSDPModule& root) {
+  nn::NamedTensorList out;
+  for (auto& [name, t] : model.named_parameters()) out.emplace_back(name, root.full_tensor(name));
+  for (auto& [name, t] : model.named_buffers()) out.emplace_back(name, t);  // buffers are not sharded
+  return out;
+}
+nn::NamedTensorList full_optimizer_state(nn::Optimizer& opt, nn::Module& model, const fsdp::FSDPModule& root) {
+  auto params = model.named_parameters();  // the optimizer was built from parameters() in this order
+  auto local = opt.state_dict();
+  // Every rank must gather the same tensors in the same order; they differ only if some shard
+  // never had a gradient. The all-reduce gives every rank the same verdict.
+  Tensor n = from_vector({double(local.size()), -double(local.size())}, {2}, {.dtype = kFloat64});
+  dist::world()->all_reduce(n, dist::ReduceOp::max)->wait();
+  double most = n.data<double>()[0], fewest = -n.data<double>()[1];
+  if (most != fewest)
+    throw AgreedError(fmt::format("mnist: the ranks hold different optimizer states ({} to {} tensors); cannot save "
+                                  "a full checkpoint", fewest, most));
+  nn::NamedTensorList out;
+  for (auto& [key, t] : local) {
+    auto i = per_element_state(key);
+    out.emplace_back(key, i ? gather_shards(t, root.shard_info(params.at(*i).first)) : t);
+  }
+  return out;
+}
+// The inverse: this rank's slice of a full optimizer state dict.
+nn::NamedTensorList local_optimizer_state(const nn::NamedTensorList& full, nn::Module& model,
+                                          const fsdp::FSDPModule& root) {
+  auto params = model.named_parameters();
+  nn::NamedTensorList out;
+  for (auto& [key, t] : full) {
+    auto i = per_element_state(key);
+    if (!i) {
+      out.emplace_back(key, t);
+      continue;
+    }
+    WEFT_CHECK(*i < params.size(), "mnist: checkpoint state \"{}\" names parameter {} of {}", key, *i, params.size());
+    auto info = root.shard_info(params[*i].first);
+    WEFT_CHECK(t.shape() == info.global_shape, "mnist: checkpoint state \"{}\" has shape {} but {} is {}", key,
+               shape_str(t.shape()), params[*i].first, shape_str(info.global_shape));
+    out.emplace_back(key, t.narrow(info.shard_dim, info.offset, info.length).contiguous());
+  }
+  return out;
+}
+
+int run(const Options& o, const Ranks& ranks) {
+  // Everything up to sharding is rank-local; on_every_rank makes a failure on any rank
+  // (bad flags, missing files, a checkpoint that does not fit) stop every rank.
+  apps::MnistData data;
+  nn::ModulePtr model;
+  std::optional<Checkpoint> ck;
+  std::optional<apps::MetricsWriter> metrics;
+  int64_t n_train = 0, steps_per_epoch = 0;
+  on_every_rank(ranks, [&] {
+    if (o.threads > 0) set_num_threads(o.threads);
+    WEFT_CHECK(o.batch_size > 0 && o.epochs > 0 && o.lr > 0, "mnist: --batch-size, --epochs and --lr must be positive");
+    WEFT_CHECK(o.batch_size % ranks.world == 0,
+               "mnist: --batch-size {} does not split evenly over {} ranks: --batch-size is the global batch and "
+               "each rank takes an equal slice of it, so use a multiple of {}",
+               o.batch_size, ranks.world, ranks.world);
+    data = apps::load_mnist(o.data);
+    n_train = data.train.images.size(0);
+    steps_per_epoch = n_train / o.batch_size;  // the last partial batch is dropped
+    WEFT_CHECK(steps_per_epoch > 0, "mnist: batch size {} exceeds the {} training samples", o.batch_size, n_train);
+    manual_seed(o.seed);  // the same full model on every rank
+    model = apps::make_mnist_model(o.model, data.rows, data.cols);
+    if (!o.load.empty()) ck = read_checkpoint(o.load, o);
+    // Under FSDP the full weights are loaded before sharding: each rank keeps its slice.
+    if (ck) model->load_state_dict(ck->model);
+    metrics.emplace(ranks.lead() ? o.metrics : std::string());  // one file, written by rank 0
+  });
+
+  auto count_params = [&] {
+    int64_t n = 0;
+    for (auto& p : model->parameters()) n += p.numel();
+    return n;
+  };
+  const int64_t n_params = count_params();
+  std::optional<fsdp::FSDPModule> root;
+  if (ranks.fsdp) root = shard_model(model);
+  auto opt = make_optimizer(o, model->parameters());  // after sharding: steps this rank's shards
   int64_t step = 0;
-  if (!o.load.empty()) {
-    step = load_checkpoint(o.load, *model, *opt, o);
-    std::fprintf(stderr, "resumed from %s at step %lld\n", o.load.c_str(), (long long)step);
+  if (ck) {
+    on_every_rank(ranks, [&] {
+      opt->load_state_dict(root ? local_optimizer_state(ck->optim, *model, *root) : ck->optim);
+    });
+    step = ck->step;
+    ck.reset();
+    if (ranks.lead()) std::fprintf(stderr, "resumed from %s at step %lld\n", o.load.c_str(), (long long)step);
   }
   int64_t total_steps = o.epochs * steps_per_epoch;
   if (o.steps > 0) total_steps = std::min(total_steps, step + o.steps);
-  int64_t n_params = 0;
-  for (auto& p : model->parameters()) n_params += p.numel();
-  std::fprintf(stderr, "weft-mnist: %s (%lld parameters), %lld train / %lld test samples from %s, batch %lld, "
-               "%lld steps/epoch, %d threads\n", o.model.c_str(), (long long)n_params, (long long)n_train,
-               (long long)data.test.images.size(0), o.data.c_str(), (long long)o.batch_size,
-               (long long)steps_per_epoch, get_num_threads());
+  const int64_t local_batch = o.batch_size / ranks.world;
+  if (ranks.lead()) {
+    std::fprintf(stderr, "weft-mnist: %s (%lld parameters), %lld train / %lld test samples from %s, batch %lld, "
+                 "%lld steps/epoch, %d threads\n", o.model.c_str(), (long long)n_params,
+                 (long long)n_train, (long long)data.test.images.size(0), o.data.c_str(), (long long)o.batch_size,
+                 (long long)steps_per_epoch, get_num_threads());
+    if (root)
+      std::fprintf(stderr, "weft-mnist: FSDP over %d ranks: one group per layer, %lld parameters on rank 0, "
+                   "%lld samples per rank per step\n", ranks.world, (long long)count_params(), (long long)local_batch);
+  }
 
-  apps::MetricsWriter metrics(o.metrics);
   while (step < total_steps) {
     int64_t epoch = step / steps_per_epoch;
     auto order = epoch_order(n_train, o.seed, epoch);
     int64_t epoch_end = std::min((epoch + 1) * steps_per_epoch, total_steps);
-    apps::Progress progress(fmt::format("epoch {}", epoch + 1), epoch_end - epoch * steps_per_epoch, "samples");
+    std::optional<apps::Progress> progress;
+    if (ranks.lead())
+      progress.emplace(fmt::format("epoch {}", epoch + 1), epoch_end - epoch * steps_per_epoch, "samples");
     auto window_start = std::chrono::steady_clock::now();
     int64_t window_samples = 0;
     double loss_v = 0;
     while (step < epoch_end) {
       int64_t i = step - epoch * steps_per_epoch;
-      auto [x, y] = apps::mnist_batch(data.train, order, i * o.batch_size, o.batch_size);
+      // Every rank walks the same global batches and takes rows [r*B/N, (r+1)*B/N) of each;
+      // FSDP averages the gradients over ranks, which is the gradient of the global batch.
+      auto [x, y] = apps::mnist_batch(data.train, order, i * o.batch_size + ranks.rank * local_batch, local_batch);
       opt->zero_grad();
       Tensor loss = cross_entropy((*model)(x), y);
       loss.backward();
       opt->step();
       ++step;
       window_samples += o.batch_size;
-      loss_v = loss.item();
-      progress.update(i + 1, o.batch_size, fmt::format("loss {:.4f}", loss_v));
+      loss_v = mean_over_ranks(loss.item(), ranks);  // the global batch's mean loss
+      if (progress) progress->update(i + 1, o.batch_size, fmt::format("loss {:.4f}", loss_v));
       if (step % o.log_every == 0 || step == epoch_end) {
         auto now = std::chrono::steady_clock::now();
         double dt = std::chrono::duration<double>(now - window_start).count();
-        metrics.write({{"step", step}, {"epoch", epoch + 1}, {"loss", loss_v}, {"lr", opt->lr()},
-                       {"samples_per_s", dt > 0 ? double(window_samples) / dt : 0.0}});
+        metrics->write({{"step", step}, {"epoch", epoch + 1}, {"loss", loss_v}, {"lr", opt->lr()},
+                        {"samples_per_s", dt > 0 ? double(window_samples) / dt : 0.0}});
         window_start = now;
         window_samples = 0;
       }
     }
-    progress.finish(fmt::format("loss {:.4f}", loss_v));
-    auto [test_loss, acc] = evaluate(*model, data.test);
-    std::fprintf(stderr, "epoch %lld: test loss %.4f, test accuracy %.2f%%\n", (long long)(epoch + 1), test_loss,
-                 100 * acc);
-    std::printf("epoch %lld test_accuracy %.4f test_loss %.4f\n", (long long)(epoch + 1), acc, test_loss);
-    metrics.write({{"split", std::string("test")}, {"epoch", epoch + 1}, {"step", step}, {"loss", test_loss},
-                   {"accuracy", acc}});
+    if (progress) progress->finish(fmt::format("loss {:.4f}", loss_v));
+    auto [test_loss, acc] = evaluate(*model, data.test, ranks);
+    if (ranks.lead()) {
+      std::fprintf(stderr, "epoch %lld: test loss %.4f, test accuracy %.2f%%\n", (long long)(epoch + 1), test_loss,
+                   100 * acc);
+      std::printf("epoch %lld test_accuracy %.4f test_loss %.4f\n", (long long)(epoch + 1), acc, test_loss);
+      std::fflush(stdout);
+    }
+    metrics->write({{"split", std::string("test")}, {"epoch", epoch + 1}, {"step", step}, {"loss", test_loss},
+                    {"accuracy", acc}});
   }
   if (!o.save.empty()) {
-    save_checkpoint(o.save, *model, *opt, o, step);
-    std::fprintf(stderr, "saved model and optimizer at step %lld to %s\n", (long long)step, o.save.c_str());
+    // Under FSDP every rank takes part in gathering the full state; rank 0 writes it.
+    nn::NamedTensorList model_sd = root ? full_model_state(*model, *root) : model->state_dict();
+    nn::NamedTensorList optim_sd = root ? full_optimizer_state(*opt, *model, *root) : opt->state_dict();
+    on_every_rank(ranks, [&] {
+      if (ranks.lead()) save_checkpoint(o.save, model_sd, optim_sd, o, step);
+    });
+    if (ranks.lead())
+      std::fprintf(stderr, "saved model and optimizer at step %lld to %s\n", (long long)step, o.save.c_str());
   }
   return 0;
 }
@@ -177,23 +376,61 @@ int main(int argc, char** argv) {
   CLI::App app{"weft-mnist: train an MLP or CNN classifier on Fashion-MNIST (IDX files)"};
   app.add_option("--model", o.model, "mlp or cnn")->check(CLI::IsMember({"mlp", "cnn"}))->capture_default_str();
   app.add_option("--epochs", o.epochs, "passes over the training set")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--batch-size", o.batch_size, "samples per step")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--batch-size", o.batch_size, "samples per step (the global batch under --fsdp)")
+      ->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--lr", o.lr, "learning rate")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--optimizer", o.optimizer, "adamw, adam or sgd (momentum 0.9)")
       ->check(CLI::IsMember({"adamw", "adam", "sgd"}))->capture_default_str();
   app.add_option("--seed", o.seed, "seed for initialisation and data order")->capture_default_str();
-  app.add_option("--threads", o.threads, "CPU threads (default: OMP_NUM_THREADS or all cores)")->check(CLI::NonNegativeNumber);
-  app.add_option("--metrics", o.metrics, "append JSONL metrics to FILE");
-  app.add_option("--save", o.save, "save model and optimizer (safetensors) to FILE at the end");
-  app.add_option("--load", o.load, "resume from a checkpoint written by --save")->check(CLI::ExistingFile);
+  app.add_option("--threads", o.threads, "CPU threads (per rank; default: OMP_NUM_THREADS or all cores)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--metrics", o.metrics, "append JSONL metrics to FILE (rank 0 writes)");
+  app.add_option("--save", o.save, "save model and optimizer (safetensors) to FILE at the end (full state, "
+                 "also under --fsdp)");
+  app.add_option("--load", o.load, "resume from a checkpoint written by --save (at any number of ranks)")
+      ->check(CLI::ExistingFile);
   app.add_option("--steps", o.steps, "stop after N more optimizer steps")->check(CLI::NonNegativeNumber);
   app.add_option("--data", o.data, "directory with {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]")->capture_default_str();
   app.add_option("--log-every", o.log_every, "steps between metrics lines")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_flag("--fsdp", o.fsdp, "shard the model over the ranks of mpirun with fsdp::fully_shard (see below)");
+  app.footer(
+      "Sharded training (--fsdp): mpirun -np N --oversubscribe --bind-to none weft-mnist --fsdp ...\n"
+      "  Each layer (fc1, fc2, fc3 / conv1, conv2, fc1, fc2) is one FSDP group, then the root; each rank\n"
+      "  holds 1/N of the parameters, gradients and optimizer state. --batch-size stays the global\n"
+      "  batch: rank r trains on rows [r*B/N, (r+1)*B/N) of the same batch, so B must be a multiple of\n"
+      "  N, and losses and accuracy match a single-process run with the same flags (up to float\n"
+      "  rounding). The logged loss is the mean over all ranks; rank 0 prints and writes metrics.\n"
+      "  --save gathers the full model and optimizer state (all ranks take part) and rank 0 writes it,\n"
+      "  the same format as without --fsdp; --load reads the file on every rank (it must be visible to\n"
+      "  all of them) and each keeps its slice, so a run can resume at another number of ranks.\n"
+      "  Set OMP_NUM_THREADS or --threads so that ranks x threads fits the cores.");
   CLI11_PARSE(app, argc, argv);
+  Ranks ranks;
+  int rc = 1;
   try {
-    return run(o);
+    if (o.fsdp) {
+      dist::init();
+      ranks = {.fsdp = true, .rank = dist::rank(), .world = dist::world_size()};
+    } else if (const char* n = std::getenv("OMPI_COMM_WORLD_SIZE"); n && std::atoi(n) > 1 &&
+               std::getenv("OMPI_COMM_WORLD_RANK") && std::atoi(std::getenv("OMPI_COMM_WORLD_RANK")) == 0) {
+      std::fprintf(stderr, "weft-mnist: note: started by mpirun with %s processes but without --fsdp: each trains "
+                   "its own copy of the model\n", n);
+    }
+    rc = run(o, ranks);
+  } catch (const AgreedError& e) {
+    // Every rank failed here: say so once per rank and stop cleanly.
+    if (ranks.world > 1) std::fprintf(stderr, "weft-mnist: error on rank %d: %s\n", ranks.rank, e.what());
+    else std::fprintf(stderr, "weft-mnist: error: %s\n", e.what());
   } catch (const std::exception& e) {
+    // A failure the other ranks may not share (they may be waiting in a collective): end them all.
+    if (ranks.world > 1) dist::abort_job(fmt::format("weft-mnist: error: {}", e.what()));
     std::fprintf(stderr, "weft-mnist: error: %s\n", e.what());
-    return 1;
   }
+  try {
+    if (dist::is_initialized()) dist::finalize();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "weft-mnist: error while shutting down: %s\n", e.what());
+    rc = 1;
+  }
+  return rc;
 }

@@ -1,0 +1,532 @@
+// FSDP1/FairScale conveniences on top of fully_shard: clip_grad_norm_ over sharded gradients,
+// SummonFullParams, sharding-strategy presets and auto-wrap policies. Each trains with parity
+// against plain single-process training of the same seeded model on the same global batches
+// (each rank takes its slice), as tests/test_fsdp_parity.cpp. Runs under mpirun at 1, 2, 4 ranks.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+#include "dist/dist.h"
+#include "fsdp/fsdp.h"
+#include "fsdp/state.h"
+#include "weft.h"
+
+using namespace weft;
+
+namespace {
+
+// Shapes that do not divide by 2 or 4, so shards are padded (fc2's 3 rows leave rank 3 of 4
+// with an empty shard).
+struct UnevenMLP : nn::Module {
+  std::shared_ptr<nn::Linear> fc1, fc2;
+  UnevenMLP() : nn::Module("UnevenMLP") {
+    fc1 = register_module("fc1", std::make_shared<nn::Linear>(7, 15));
+    fc2 = register_module("fc2", std::make_shared<nn::Linear>(15, 3));
+  }
+  Tensor forward(const Tensor& x) override { return (*fc2)(relu((*fc1)(x))); }
+  using nn::Module::forward;
+};
+
+// Embedding, two pre-LN blocks (1752 parameters each: attn 576 = c_attn 432 + c_proj 144,
+// mlp 1152 = 576 + 576, two norms of 12), final norm (24) and head (143). No biases in the
+// blocks (see test_fsdp_parity.cpp for why).
+struct TinyGPT : nn::Module {
+  std::shared_ptr<nn::Embedding> wte;
+  std::shared_ptr<nn::ModuleList> blocks;
+  std::shared_ptr<nn::LayerNorm> ln_f;
+  std::shared_ptr<nn::Linear> head;
+  TinyGPT() : nn::Module("TinyGPT") {
+    nn::TransformerConfig cfg{.d_model = 12, .n_head = 3, .bias = false};
+    wte = register_module("wte", std::make_shared<nn::Embedding>(11, 12));
+    blocks = register_module("blocks", std::make_shared<nn::ModuleList>());
+    for (int i = 0; i < 2; ++i) blocks->push_back(std::make_shared<nn::Block>(cfg));
+    ln_f = register_module("ln_f", std::make_shared<nn::LayerNorm>(12));
+    head = register_module("head", std::make_shared<nn::Linear>(12, 11));
+  }
+  Tensor forward(const Tensor& idx) override {
+    Tensor h = (*wte)(idx);
+    for (auto& b : *blocks) h = (*b)(h);
+    return (*head)((*ln_f)(h));
+  }
+  using nn::Module::forward;
+};
+
+struct Batch {
+  Tensor x, y;
+};
+Batch mlp_batch(int step, int64_t rows = 8) {
+  Generator g(100 + uint64_t(step));
+  Tensor x = randn({rows, 7}, {}, &g);
+  Tensor y = (rand({rows}, {}, &g) * 3.0).to(kInt64);
+  return {x, y};
+}
+Batch gpt_batch(int step, int64_t rows = 4) {
+  Generator g(200 + uint64_t(step));
+  Tensor x = (rand({rows, 5}, {}, &g) * 11.0).to(kInt64);
+  Tensor y = (rand({rows, 5}, {}, &g) * 11.0).to(kInt64);
+  return {x, y};
+}
+// Data parallel over every rank, whatever the mesh: each takes its slice of the global batch.
+Batch slice(const Batch& b) {
+  int64_t n = b.x.size(0) / dist::world_size();
+  return {b.x.narrow(0, n * dist::rank(), n), b.y.narrow(0, n * dist::rank(), n)};
+}
+Tensor loss_of(nn::Module& m, const Batch& b) {
+  Tensor logits = m(b.x);
+  return cross_entropy(logits.reshape({-1, logits.size(-1)}), b.y.reshape({-1}));
+}
+double global_mean(double local) {
+  Tensor t = from_vector({local}, {1}, {.dtype = kFloat64});
+  dist::world()->all_reduce(t, dist::ReduceOp::avg)->wait();
+  return t.item();
+}
+
+// Elementwise |got - want| <= atol + rtol * |want|, reporting the worst element.
+void check_close(const std::vector<double>& got, const std::vector<double>& want, double rtol,
+                 const std::string& what, double atol = 1e-6) {
+  REQUIRE(got.size() == want.size());
+  double worst = -1;
+  size_t at = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    double excess = std::abs(got[i] - want[i]) - rtol * std::abs(want[i]);
+    if (excess > worst) worst = excess, at = i;
+  }
+  INFO(what << ": worst element " << at << " (fsdp " << got[at] << ", reference " << want[at] << ", difference "
+            << std::abs(got[at] - want[at]) << ")");
+  CHECK(worst <= atol);
+}
+
+void check_params(nn::Module& ref, const fsdp::FSDPModule& root, const std::string& what) {
+  for (auto& [name, p] : ref.named_parameters())
+    check_close(to_vector(root.full_tensor(name)), to_vector(p), 1e-5, what + ": parameter " + name);
+}
+
+// Optional steps of a parity run, called on both models at the same points.
+struct Callbacks {
+  // After sharding, before training (e.g. edit parameters the same way in both).
+  std::function<void(nn::Module& ref, nn::Module& model, fsdp::FSDPModule& root)> setup;
+  // After backward, before the optimizer step (e.g. clip).
+  std::function<void(nn::Module& ref, nn::Module& model, fsdp::FSDPModule& root, int step)> after_backward;
+  // Around each FSDP step's forward and backward (e.g. collective counts).
+  std::function<void(fsdp::FSDPModule& root, int step, const char* when)> on;
+};
+
+// `steps` AdamW steps with FSDP (shard(model) returns the root) and without; compares losses
+// each step and the full parameters at the end.
+template <class Model, class MakeBatch, class Shard>
+void run_parity(MakeBatch make_batch, Shard shard, const Callbacks& cb = {}, int steps = 6) {
+  manual_seed(7);
+  auto ref = std::make_shared<Model>();
+  manual_seed(7);
+  auto model = std::make_shared<Model>();
+  fsdp::FSDPModule root = shard(model);
+  if (cb.setup) cb.setup(*ref, *model, root);
+  nn::AdamW ref_opt(ref->parameters(), {.lr = 1e-2});
+  nn::AdamW opt(model->parameters(), {.lr = 1e-2});
+  for (int step = 0; step < steps; ++step) {
+    ref_opt.zero_grad();
+    opt.zero_grad();
+    Batch global = make_batch(step);
+    Tensor l_ref = loss_of(*ref, global);
+    l_ref.backward();
+    if (cb.on) cb.on(root, step, "start");
+    Tensor l = loss_of(*model, slice(global));
+    if (cb.on) cb.on(root, step, "forward");
+    l.backward();
+    if (cb.on) cb.on(root, step, "backward");
+    if (cb.after_backward) cb.after_backward(*ref, *model, root, step);
+    ref_opt.step();
+    opt.step();
+    check_close({global_mean(l.item())}, {l_ref.item()}, 1e-5, fmt::format("loss at step {}", step));
+  }
+  check_params(*ref, root, "after training");
+}
+
+fsdp::FSDPModule shard_mlp(const std::shared_ptr<UnevenMLP>& m, const fsdp::FullyShardOptions& o = {}) {
+  fsdp::fully_shard(m->fc1, o);
+  fsdp::fully_shard(m->fc2, o);
+  return fsdp::fully_shard(m, o);
+}
+fsdp::FSDPModule shard_gpt(const std::shared_ptr<TinyGPT>& m, const fsdp::FullyShardOptions& o = {}) {
+  for (auto& b : *m->blocks) fsdp::fully_shard(b, o);
+  return fsdp::fully_shard(m, o);
+}
+
+double sum_of(const Tensor& t) {
+  double s = 0;
+  for (double v : to_vector(t)) s += v;
+  return s;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// clip_grad_norm_
+
+TEST_CASE("clip_grad_norm_: the global norm of sharded gradients, clipping as nn::clip_grad_norm_") {
+  for (double norm_type : std::vector<double>{2.0, INFINITY}) {
+    INFO("norm_type " << norm_type);
+    // Below every step's norm, so clipping is active, but not far below: gradients scaled down
+    // ~10x (by clipping or by any constant) leave a few near-zero elements where AdamW's eps
+    // turns reduction-order rounding into parameter differences above 1e-5.
+    const double max_norm = norm_type == 2.0 ? 0.4 : 0.1;
+    Callbacks cb;
+    cb.after_backward = [&](nn::Module& ref, nn::Module& model, fsdp::FSDPModule&, int step) {
+      double want = nn::clip_grad_norm_(ref.parameters(), max_norm, norm_type);
+      double got = fsdp::clip_grad_norm_(model.parameters(), max_norm, norm_type);
+      check_close({got}, {want}, 1e-5, fmt::format("norm at step {}", step));
+      CHECK(want > max_norm);
+    };
+    run_parity<UnevenMLP>([](int s) { return mlp_batch(s); }, [](auto m) { return shard_mlp(m); }, cb);
+    run_parity<TinyGPT>([](int s) { return gpt_batch(s); }, [](auto m) { return shard_gpt(m); }, cb);
+  }
+}
+
+TEST_CASE("clip_grad_norm_ of an FSDPModule reduces over the shard group only (NO_SHARD, HSDP)") {
+  std::vector<int> sizes{1};
+  if (dist::world_size() % 2 == 0) sizes.push_back(2);
+  for (int shard : sizes) {
+    INFO("HYBRID_SHARD with shard groups of " << shard << " (1: NO_SHARD's layout)");
+    auto opts = fsdp::strategy_options(fsdp::ShardingStrategy::HYBRID_SHARD, shard);
+    Callbacks cb;
+    cb.after_backward = [](nn::Module& ref, nn::Module&, fsdp::FSDPModule& root, int step) {
+      double want = nn::clip_grad_norm_(ref.parameters(), 0.5);
+      double got = fsdp::clip_grad_norm_(root, 0.5);
+      check_close({got}, {want}, 1e-5, fmt::format("norm at step {}", step));
+      CHECK(want > 0.5);
+    };
+    run_parity<TinyGPT>([](int s) { return gpt_batch(s); }, [&](auto m) { return shard_gpt(m, opts); }, cb);
+  }
+}
+
+TEST_CASE("clip_grad_norm_: bad arguments fail on every rank") {
+  manual_seed(1);
+  auto m = std::make_shared<UnevenMLP>();
+  auto root = shard_mlp(m);
+  loss_of(*m, slice(mlp_batch(0))).backward();
+  CHECK_THROWS_WITH(fsdp::clip_grad_norm_(m->parameters(), 1.0, 1.0), Catch::Contains("norm_type must be 2 or inf"));
+  CHECK_THROWS_WITH(fsdp::clip_grad_norm_(root, -1.0), Catch::Contains("max_norm must be >= 0"));
+  // Not clipping (max_norm above the norm) leaves gradients untouched.
+  std::vector<std::vector<double>> before;
+  for (auto& p : m->parameters()) before.push_back(to_vector(p.grad()));
+  double norm = fsdp::clip_grad_norm_(root, 1e9);
+  CHECK(norm > 0);
+  size_t i = 0;
+  for (auto& p : m->parameters()) CHECK(to_vector(p.grad()) == before[i++]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// SummonFullParams
+
+TEST_CASE("SummonFullParams: full parameters inside, shards again after") {
+  manual_seed(3);
+  auto ref = std::make_shared<UnevenMLP>();
+  manual_seed(3);
+  auto m = std::make_shared<UnevenMLP>();
+  auto root = shard_mlp(m);
+  auto shard_shapes = [&] {
+    std::vector<Shape> s;
+    for (auto& p : m->parameters()) s.push_back(p.shape());
+    return s;
+  };
+  auto sharded = shard_shapes();
+  {
+    fsdp::SummonFullParams full(root);
+    auto named = m->named_parameters();
+    auto ref_named = ref->named_parameters();
+    REQUIRE(named.size() == ref_named.size());
+    for (size_t i = 0; i < named.size(); ++i) {
+      CHECK(named[i].first == ref_named[i].first);
+      CHECK(named[i].second.shape() == ref_named[i].second.shape());
+      CHECK(to_vector(named[i].second) == to_vector(ref_named[i].second));
+    }
+    CHECK(m->fc1->weight.requires_grad());
+  }
+  CHECK(shard_shapes() == sharded);
+  check_params(*ref, root, "after a read-only summon");
+}
+
+TEST_CASE("SummonFullParams: edits persist into the shards and training continues with parity") {
+  auto edit = [](nn::Module& mod) {
+    auto& m = dynamic_cast<UnevenMLP&>(mod);
+    NoGradGuard ng;
+    m.fc1->weight.fill_(0.05);  // 15 rows: padded at 2 and 4 ranks
+    m.fc2->bias.copy_(from_vector({0.1, -0.2, 0.3}, {3}));
+    m.fc2->weight.narrow(1, 0, 5).zero_();  // a partial edit of a parameter sharded to 1 row per rank
+  };
+  Callbacks cb;
+  cb.setup = [&](nn::Module& ref, nn::Module& model, fsdp::FSDPModule& root) {
+    edit(ref);
+    {
+      fsdp::SummonFullParams full(root);
+      edit(model);
+    }
+    check_params(ref, root, "right after the guard");
+    // Padding is zero still: each padded chunk sums to its shard.
+    for (auto& [n, mod] : model.named_modules())
+      if (auto s = fsdp::state_of(*mod); s && s->group)
+        for (auto& p : s->group->params()) CHECK(sum_of(p->padded_flat()) == sum_of(p->sharded()));
+  };
+  run_parity<UnevenMLP>([](int s) { return mlp_batch(s); }, [](auto m) { return shard_mlp(m); }, cb);
+}
+
+TEST_CASE("SummonFullParams: writeback = false discards edits; rank0_only") {
+  manual_seed(4);
+  auto ref = std::make_shared<UnevenMLP>();
+  manual_seed(4);
+  auto m = std::make_shared<UnevenMLP>();
+  auto root = shard_mlp(m);
+  {
+    fsdp::SummonFullParams full(root, {.writeback = false});
+    NoGradGuard ng;
+    m->fc1->weight.fill_(3.0);
+  }
+  check_params(*ref, root, "after a discarded edit");
+  Shape shard_shape = m->fc1->weight.shape();
+  {
+    fsdp::SummonFullParams full(root, {.writeback = false, .rank0_only = true});
+    CHECK(m->fc1->weight.shape() == (dist::rank() == 0 ? Shape{15, 7} : shard_shape));
+    if (dist::rank() == 0) CHECK(to_vector(m->fc1->weight) == to_vector(ref->fc1->weight));
+  }
+  CHECK(m->fc1->weight.shape() == shard_shape);
+  CHECK_THROWS_WITH(fsdp::SummonFullParams(root, {.writeback = true, .rank0_only = true}),
+                    Catch::Contains("rank0_only needs writeback = false"));
+}
+
+TEST_CASE("SummonFullParams: a no-grad forward inside the guard sees the edits") {
+  manual_seed(5);
+  auto ref = std::make_shared<TinyGPT>();
+  manual_seed(5);
+  auto m = std::make_shared<TinyGPT>();
+  auto root = shard_gpt(m);
+  auto edit = [](TinyGPT& g) {
+    NoGradGuard ng;
+    g.head->weight.narrow(0, 0, 4).fill_(0.25);
+    { Tensor w = g.blocks->at<nn::Block>(1)->mlp->c_fc->weight; w.copy_(w * 0.5); }
+  };
+  edit(*ref);
+  Batch b = gpt_batch(0);
+  Tensor want;
+  {
+    NoGradGuard ng;
+    want = (*ref)(b.x);
+  }
+  {
+    fsdp::SummonFullParams full(root);
+    edit(*m);
+    {
+      NoGradGuard ng;
+      check_close(to_vector((*m)(b.x)), to_vector(want), 1e-5, "logits of a forward inside the guard");
+      check_close(to_vector((*m)(b.x)), to_vector(want), 1e-5, "logits of a second forward");
+    }
+    CHECK(m->head->weight.shape() == Shape{11, 12});  // full tensors again after the forward
+    // With gradients it is refused (after fully_shard's own hooks ran: the guard cleans up).
+    CHECK_THROWS_WITH((*m)(b.x), Catch::Contains("NoGradGuard only"));
+  }
+  check_params(*ref, root, "after the guard");
+  // Training goes on normally.
+  nn::AdamW ref_opt(ref->parameters(), {.lr = 1e-2}), opt(m->parameters(), {.lr = 1e-2});
+  for (int step = 0; step < 3; ++step) {
+    Batch g = gpt_batch(10 + step);
+    ref_opt.zero_grad();
+    opt.zero_grad();
+    Tensor lr = loss_of(*ref, g);
+    lr.backward();
+    Tensor l = loss_of(*m, slice(g));
+    l.backward();
+    ref_opt.step();
+    opt.step();
+    check_close({global_mean(l.item())}, {lr.item()}, 1e-5, fmt::format("loss at step {}", step));
+  }
+  check_params(*ref, root, "after training");
+}
+
+TEST_CASE("SummonFullParams: refused inside backward, between forward and backward, and nested") {
+  manual_seed(6);
+  auto m = std::make_shared<TinyGPT>();
+  auto root = shard_gpt(m);
+  Batch b = slice(gpt_batch(0));
+  // The root keeps its parameters gathered from forward to backward.
+  Tensor l = loss_of(*m, b);
+  CHECK_THROWS_WITH(fsdp::SummonFullParams(root), Catch::Contains("between training steps"));
+  // Inside backward: from a gradient hook.
+  std::string error;
+  Tensor h = (*m->wte)(b.x);
+  l = l + sum(h) * 0.0;
+  h.register_hook([&](const Tensor&) {
+    try {
+      fsdp::SummonFullParams full(root);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    return Tensor();
+  });
+  l.backward();
+  CHECK_THAT(error, Catch::Contains("inside backward"));
+  {
+    fsdp::SummonFullParams full(root);
+    CHECK_THROWS_WITH(fsdp::SummonFullParams(fsdp::fsdp_module(*m->blocks->at<nn::Block>(0)).value()),
+                      Catch::Contains("nested"));
+  }
+  // And afterwards a normal step works.
+  m->zero_grad();
+  loss_of(*m, b).backward();
+  CHECK(m->head->weight.grad().defined());
+}
+
+TEST_CASE("SummonFullParams under mixed precision gives the f32 master weights, unchanged on exit") {
+  manual_seed(8);
+  auto ref = std::make_shared<UnevenMLP>();
+  manual_seed(8);
+  auto m = std::make_shared<UnevenMLP>();
+  fsdp::FullyShardOptions bf16;
+  bf16.mp_policy.param_dtype = DType::bf16;
+  auto root = shard_mlp(m, bf16);
+  std::vector<std::vector<double>> shards;
+  for (auto& p : m->parameters()) shards.push_back(to_vector(p));
+  {
+    fsdp::SummonFullParams full(root);
+    CHECK(m->fc1->weight.dtype() == DType::f32);
+    CHECK(to_vector(m->fc1->weight) == to_vector(ref->fc1->weight));
+  }
+  size_t i = 0;
+  for (auto& p : m->parameters()) CHECK(to_vector(p) == shards[i++]);  // bitwise
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sharding strategies
+
+TEST_CASE("strategy presets train with parity") {
+  using S = fsdp::ShardingStrategy;
+  const int world = dist::world_size();
+  struct Case {
+    S strategy;
+    int shard_size;
+  };
+  std::vector<Case> cases{{S::FULL_SHARD, 0}, {S::SHARD_GRAD_OP, 0}, {S::NO_SHARD, 0}};
+  for (int shard : {1, 2, 4})
+    if (world % shard == 0) cases.push_back({S::HYBRID_SHARD, shard});
+  if (world != 4) WARN("HYBRID_SHARD 2x2 (2 replicas of 2 shards) needs 4 ranks; world size " << world);
+  const int groups = 3;  // two blocks and the root
+  for (auto c : cases) {
+    INFO(fsdp::strategy_name(c.strategy) << " shard_size " << c.shard_size << " at world " << world);
+    auto opts = fsdp::strategy_options(c.strategy, c.shard_size);
+    const int shards = opts.mesh->size(opts.mesh->ndim() - 1);
+    const int replicas = opts.mesh->ndim() == 2 ? opts.mesh->size(0) : 1;
+    CHECK(shards * replicas == world);
+    fsdp::CommStats at_start, at_forward;
+    Callbacks cb;
+    cb.setup = [&](nn::Module&, nn::Module& model, fsdp::FSDPModule&) {
+      auto& g = dynamic_cast<TinyGPT&>(model);
+      int64_t chunk = (11 + shards - 1) / shards;  // head.weight has 11 rows
+      int64_t rows = std::clamp<int64_t>(11 - int64_t(opts.mesh->coordinate(opts.mesh->ndim() - 1)) * chunk, 0, chunk);
+      CHECK(g.head->weight.shape() == Shape{rows, 12});  // NO_SHARD: the full parameter
+    };
+    cb.on = [&](fsdp::FSDPModule& root, int, const char* when) {
+      auto now = root.comm_stats();
+      if (std::string(when) == "start") at_start = now;
+      if (std::string(when) == "forward") {
+        at_forward = now;
+        CHECK(now.all_gathers - at_start.all_gathers == groups);
+      }
+      if (std::string(when) == "backward") {
+        // Gathered again for backward: the blocks when they resharded after forward.
+        int regathered = c.strategy == S::SHARD_GRAD_OP || c.strategy == S::NO_SHARD ? 0 : groups - 1;
+        CHECK(now.all_gathers - at_forward.all_gathers == regathered);
+        CHECK(now.reduce_scatters - at_start.reduce_scatters == groups);
+        CHECK(now.all_reduces - at_start.all_reduces == (replicas > 1 ? groups : 0));
+      }
+    };
+    run_parity<TinyGPT>([](int s) { return gpt_batch(s); }, [&](auto m) { return shard_gpt(m, opts); }, cb);
+  }
+}
+
+TEST_CASE("strategy presets: bad shard sizes fail on every rank") {
+  using S = fsdp::ShardingStrategy;
+  const int world = dist::world_size();
+  CHECK_THROWS_WITH(fsdp::strategy_options(S::HYBRID_SHARD, world + 1),
+                    Catch::Contains("HYBRID_SHARD needs a shard group size that divides the world size"));
+  CHECK_THROWS_WITH(fsdp::strategy_options(S::HYBRID_SHARD), Catch::Contains("divides the world size"));
+  CHECK_THROWS_WITH(fsdp::strategy_options(S::NO_SHARD, 2), Catch::Contains("applies to HYBRID_SHARD only"));
+  CHECK(fsdp::parse_sharding_strategy("shard_grad_op") == S::SHARD_GRAD_OP);
+  CHECK_THROWS_WITH(fsdp::parse_sharding_strategy("ZERO3"), Catch::Contains("unknown sharding strategy"));
+  // The world is still in step: a collective after the refusals completes.
+  CHECK(global_mean(1.0) == 1.0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Auto-wrap
+
+namespace {
+
+// The dotted names of the sharded modules of a tree ("" for the root).
+std::vector<std::string> wrapped(nn::Module& root) {
+  std::vector<std::string> out;
+  for (auto& [name, m] : root.named_modules())
+    if (fsdp::fsdp_module(*m)) out.push_back(name);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("auto-wrap by module type and by size wraps the expected modules and trains with parity") {
+  using V = std::vector<std::string>;
+  struct Case {
+    const char* what;
+    fsdp::AutoWrapPolicy policy;
+    V expected;
+  };
+  std::vector<Case> cases{
+      {"type Block", fsdp::module_type_policy({"Block"}), V{"", "blocks.0", "blocks.1"}},
+      // 1200: a block (1752) reaches it, nothing inside one (attn 576, mlp 1152) does.
+      {"size 1200", fsdp::size_based_policy(1200), V{"", "blocks.0", "blocks.1"}},
+      // 500: each linear of the mlp (576), then attn (432 + 144 left unwrapped); the mlp and the
+      // block have too little left (0 and 24).
+      {"size 500", fsdp::size_based_policy(500),
+       V{"", "blocks.0.attn", "blocks.0.mlp.c_fc", "blocks.0.mlp.c_proj", "blocks.1.attn", "blocks.1.mlp.c_fc",
+         "blocks.1.mlp.c_proj"}},
+      {"type Linear or LayerNorm", fsdp::module_type_policy({"Linear", "LayerNorm"}),
+       V{"", "blocks.0.ln_1", "blocks.0.attn.c_attn", "blocks.0.attn.c_proj", "blocks.0.ln_2", "blocks.0.mlp.c_fc",
+         "blocks.0.mlp.c_proj", "blocks.1.ln_1", "blocks.1.attn.c_attn", "blocks.1.attn.c_proj", "blocks.1.ln_2",
+         "blocks.1.mlp.c_fc", "blocks.1.mlp.c_proj", "ln_f", "head"}},
+  };
+  for (auto& c : cases) {
+    INFO("policy " << c.what);
+    Callbacks cb;
+    cb.setup = [&](nn::Module&, nn::Module& model, fsdp::FSDPModule&) { CHECK(wrapped(model) == c.expected); };
+    run_parity<TinyGPT>([](int s) { return gpt_batch(s); },
+                        [&](auto m) { return fsdp::apply_auto_wrap(m, c.policy); }, cb, 5);
+  }
+}
+
+TEST_CASE("auto-wrap: the policy sees unwrapped counts; modules sharded by hand are kept; errors") {
+  manual_seed(9);
+  auto m = std::make_shared<TinyGPT>();
+  fsdp::fully_shard(m->blocks->at<nn::Block>(0));
+  std::vector<std::pair<std::string, int64_t>> seen;
+  auto policy = [&](const nn::Module& mod, const std::string& path, int64_t unwrapped) {
+    seen.push_back({path, unwrapped});
+    return mod.type_name() == "Block";
+  };
+  auto root = fsdp::apply_auto_wrap(m, policy);
+  CHECK(wrapped(*m) == std::vector<std::string>{"", "blocks.0", "blocks.1"});
+  auto count = [&](const std::string& path) {
+    for (auto& [p, n] : seen)
+      if (p == path) return n;
+    return int64_t(-1);
+  };
+  CHECK(count("blocks.0") == -1);  // sharded by hand: not asked
+  CHECK(count("blocks.1") == 1752);
+  CHECK(count("blocks.1.attn") == 576);
+  CHECK(count("blocks") == 0);  // its blocks are wrapped
+  CHECK(count("head") == 143);
+  CHECK(count("") == -1);  // the root is always wrapped
+  CHECK_THROWS_WITH(fsdp::apply_auto_wrap(m, policy), Catch::Contains("already sharded"));
+  CHECK_THROWS_WITH(fsdp::size_based_policy(0), Catch::Contains("min_num_params must be positive"));
+  // Sharding strategy options pass through to every wrapped module.
+  auto m2 = std::make_shared<TinyGPT>();
+  auto opts = fsdp::strategy_options(fsdp::ShardingStrategy::SHARD_GRAD_OP);
+  auto root2 = fsdp::apply_auto_wrap(m2, fsdp::module_type_policy({"Block"}), opts);
+  CHECK(fsdp::state_of(*m2->blocks->at<nn::Block>(1))->mesh == opts.mesh);
+  CHECK(root2.state()->mesh == opts.mesh);
+}
