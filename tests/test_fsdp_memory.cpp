@@ -7,6 +7,8 @@
 // temporaries (documented in docs/FSDP.md).
 #include <catch2/catch.hpp>
 
+#include <cstdio>
+
 #include "core/allocator.h"
 #include "dist/dist.h"
 #include "fsdp/fsdp.h"
@@ -95,6 +97,12 @@ TEST_CASE("memory stays within FSDP2's bounds through init, forward, backward an
       opt.step();
       loss = Tensor();
       int64_t after_step = live() - base;
+      // The measured figures, for docs/FSDP.md (rank 0 prints them).
+      if (dist::rank() == 0)
+        std::printf("memory np=%d reshard=%d step=%d: P %.2f B %.2f E %.2f Ps %.2f | init %.2f forward %.2f "
+                    "backward %.2f after-step %.2f MiB\n", n, int(reshard), step, P / 1048576.0, B / 1048576.0,
+                    E / 1048576.0, Ps / 1048576.0, init_peak / 1048576.0, fwd_peak / 1048576.0, bwd_peak / 1048576.0,
+                    after_step / 1048576.0);
       INFO("after the step " << after_step);
       CHECK(after_step <= 4 * Ps + kSlack);
       opt.zero_grad();
