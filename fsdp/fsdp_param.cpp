@@ -53,12 +53,17 @@ void FSDPParam::copy_out(const Tensor& gathered, DType unsharded_dtype) {
   } else if (!unsharded_.storage()->is_allocated()) {
     unsharded_.storage()->allocate(size_t(unsharded_.numel()) * unsharded_.element_size());
   }
-  Tensor dst = global_shape_.empty() ? unsharded_.detach().view({1}) : unsharded_.detach();
+  assemble_into(gathered, offset_, unsharded_.detach());
+}
+
+void FSDPParam::assemble_into(const Tensor& gathered, int64_t column_offset, const Tensor& full) const {
+  Tensor dst = global_shape_.empty() ? full.view({1}) : full;
   int64_t extent = dst.size(shard_dim_);
   for (int r = 0; r < world_; ++r) {
     int64_t start = int64_t(r) * chunk_, rows = std::clamp<int64_t>(extent - start, 0, chunk_);
     if (rows == 0) break;
-    Tensor src = chunk_view(gathered.select(0, r).narrow(0, offset_, padded_numel_)).narrow(shard_dim_, 0, rows);
+    Tensor src =
+        chunk_view(gathered.select(0, r).narrow(0, column_offset, padded_numel_)).narrow(shard_dim_, 0, rows);
     copy_elements(dst.narrow(shard_dim_, start, rows), src);
   }
 }

@@ -33,8 +33,10 @@ class FSDPParam {
 
   // Copies the global values of `full` (shape global_shape) into this rank's chunk.
   void load_full(const Tensor& full);
-  // Builds the unsharded parameter from an all-gathered buffer [world, group_numel] whose
-  // column range [offset, offset + padded) holds each rank's padded chunk.
+  // Writes the full value into `dst` (global shape) from an all-gathered buffer [world, cols]
+  // whose columns [column_offset, column_offset + padded) hold each rank's padded chunk.
+  void assemble_into(const Tensor& gathered, int64_t column_offset, const Tensor& dst) const;
+  // Builds the unsharded parameter from the group's all-gathered buffer [world, group_numel].
   void copy_out(const Tensor& gathered, DType unsharded_dtype);
   // Packs the unsharded gradient into `send` [world, group_numel] at this param's columns,
   // zero padding included, converted to send's dtype.

@@ -157,18 +157,9 @@ Tensor FSDPModule::full_tensor(const std::string& name) const {
   auto pg = state_->mesh->group(state_->mesh->ndim() - 1);
   Tensor recv = empty({int64_t(pg->size()), p.padded_numel()}, {.dtype = p.dtype(), .device = p.sharded().device()});
   pg->all_gather_into_tensor(recv.view({-1}), p.padded_flat())->wait();
-  // Reassemble like an unshard, into a fresh tensor.
   Tensor full = empty(p.global_shape(), {.dtype = p.dtype(), .device = recv.device()});
-  Tensor dst = p.global_shape().empty() ? full.view({1}) : full;
-  int64_t extent = dst.size(p.shard_dim()), chunk = (extent + pg->size() - 1) / pg->size();
-  Shape chunk_shape = dst.shape();
-  chunk_shape[size_t(p.shard_dim())] = chunk;
   NoGradGuard ng;
-  for (int r = 0; r < pg->size(); ++r) {
-    int64_t start = int64_t(r) * chunk, rows = std::clamp<int64_t>(extent - start, 0, chunk);
-    if (rows == 0) break;
-    dst.narrow(p.shard_dim(), start, rows).copy_(recv.select(0, r).view(chunk_shape).narrow(p.shard_dim(), 0, rows));
-  }
+  p.assemble_into(recv, 0, full);
   return full;
 }
 

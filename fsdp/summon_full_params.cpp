@@ -25,18 +25,8 @@ std::unordered_set<const FSDPState*>& summoned() {
 // The full tensor of `p` from its group's all-gathered shard buffer [world, group_numel], in
 // the shards' own dtype (f32 master weights even under mixed precision).
 Tensor assemble(const FSDPParam& p, const Tensor& gathered) {
-  const int64_t world = gathered.size(0), dim = p.shard_dim();
   Tensor full = empty(p.global_shape(), {.dtype = gathered.dtype(), .device = gathered.device()});
-  Tensor dst = p.global_shape().empty() ? full.view({1}) : full;
-  const int64_t extent = dst.size(dim), chunk = (extent + world - 1) / world;  // torch.chunk, as FSDPParam
-  Shape chunk_shape = dst.shape();
-  chunk_shape[size_t(dim)] = chunk;
-  for (int64_t r = 0; r < world; ++r) {
-    int64_t start = r * chunk, rows = std::clamp<int64_t>(extent - start, 0, chunk);
-    if (rows == 0) break;
-    Tensor src = gathered.select(0, r).narrow(0, p.storage_offset(), p.padded_numel()).view(chunk_shape);
-    copy_elements(dst.narrow(dim, start, rows), src.narrow(dim, 0, rows));
-  }
+  p.assemble_into(gathered, p.storage_offset(), full);
   if (p.requires_grad()) full.set_requires_grad(true);
   return full;
 }

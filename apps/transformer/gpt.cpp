@@ -1,0 +1,75 @@
+#include "apps/transformer/gpt.h"
+
+#include <cmath>
+
+namespace weft::apps {
+
+void check_config(const GPTConfig& cfg) {
+  WEFT_CHECK(cfg.n_layer > 0, "transformer: --n-layer must be positive, got {}", cfg.n_layer);
+  WEFT_CHECK(cfg.n_head > 0, "transformer: --n-head must be positive, got {}", cfg.n_head);
+  WEFT_CHECK(cfg.d_model > 0, "transformer: --d-model must be positive, got {}", cfg.d_model);
+  WEFT_CHECK(cfg.d_model % cfg.n_head == 0,
+             "transformer: --n-head {} does not divide --d-model {} (each head gets d_model / n_head channels)",
+             cfg.n_head, cfg.d_model);
+  WEFT_CHECK(cfg.ctx > 0, "transformer: --ctx must be positive, got {}", cfg.ctx);
+  WEFT_CHECK(cfg.vocab_size > 0, "transformer: vocabulary size must be positive, got {}", cfg.vocab_size);
+  WEFT_CHECK(cfg.dropout >= 0 && cfg.dropout < 1, "transformer: --dropout must be in [0, 1), got {}", cfg.dropout);
+}
+
+GPT::GPT(const GPTConfig& c) : nn::Module("GPT"), cfg(c) {
+  check_config(cfg);
+  transformer = register_module("transformer", std::make_shared<nn::Module>("Transformer"));
+  wte = transformer->register_module("wte", std::make_shared<nn::Embedding>(cfg.vocab_size, cfg.d_model));
+  wpe = transformer->register_module("wpe", std::make_shared<nn::Embedding>(cfg.ctx, cfg.d_model));
+  h = transformer->register_module("h", std::make_shared<nn::ModuleList>());
+  nn::TransformerConfig tc{.d_model = cfg.d_model, .n_head = cfg.n_head, .dropout = cfg.dropout, .bias = true,
+                           .gelu_approximate = "tanh"};
+  for (int64_t i = 0; i < cfg.n_layer; ++i) {
+    blocks.push_back(std::make_shared<nn::Block>(tc));
+    h->push_back(blocks.back());
+  }
+  ln_f = transformer->register_module("ln_f", std::make_shared<nn::LayerNorm>(cfg.d_model));
+  if (!cfg.tie_weights)
+    lm_head = register_module("lm_head", std::make_shared<nn::Linear>(cfg.d_model, cfg.vocab_size, false));
+}
+
+Tensor GPT::forward(const Tensor& idx) {
+  WEFT_CHECK(idx.dim() == 2, "GPT: expected token ids [B, T], got {}", tensor_desc(idx));
+  const int64_t T = idx.size(1);
+  WEFT_CHECK(T <= cfg.ctx, "GPT: sequence of {} tokens is longer than the context {}", T, cfg.ctx);
+  Tensor pos = arange(0, double(T), 1, {.dtype = kInt64});
+  Tensor x = (*wte)(idx) + (*wpe)(pos);  // [B, T, d] + [T, d]
+  x = dropout(x, cfg.dropout, is_training());
+  for (auto& block : blocks) x = (*block)(x);
+  x = (*ln_f)(x);
+  if (lm_head) return (*lm_head)(x);
+  return matmul(x, wte->weight.transpose(0, 1));  // tied head, no bias
+}
+
+std::string GPT::extra_repr() const {
+  return fmt::format("n_layer={}, n_head={}, d_model={}, ctx={}, vocab={}, tied={}", cfg.n_layer, cfg.n_head,
+                     cfg.d_model, cfg.ctx, cfg.vocab_size, cfg.tie_weights);
+}
+
+void init_gpt(GPT& model) {
+  NoGradGuard no_grad;
+  const double residual_std = 0.02 / std::sqrt(2.0 * double(model.cfg.n_layer));
+  auto ends_with = [](const std::string& s, const std::string& suffix) {
+    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  for (auto& [name, p] : model.named_parameters()) {
+    Tensor t = p;
+    if (name.find(".ln_") != std::string::npos) continue;  // LayerNorm keeps (1, 0)
+    if (ends_with(name, ".bias")) nn::init::zeros_(t);
+    else if (ends_with(name, "c_proj.weight")) nn::init::normal_(t, 0.0, residual_std);
+    else nn::init::normal_(t, 0.0, 0.02);
+  }
+}
+
+int64_t count_parameters(const nn::Module& model) {
+  int64_t n = 0;
+  for (auto& p : model.parameters()) n += p.numel();
+  return n;
+}
+
+}  // namespace weft::apps

@@ -1,0 +1,517 @@
+// weft-transformer: a byte-level GPT trained on any text (default: Debian's fortunes), in one
+// process or, with --fsdp, sharded over the ranks mpirun starts (one FSDP group per block, then
+// the root); and sampling text from a saved checkpoint.
+//   weft-transformer train --steps 200 --checkpoint-dir ck
+//   mpirun -np 2 --oversubscribe --bind-to none weft-transformer train --fsdp --threads 1
+//   weft-transformer sample --checkpoint ck --prompt "Q: " --tokens 200
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <filesystem>
+#include <functional>
+#include <optional>
+
+#include "apps/common/metrics.h"
+#include "apps/common/progress.h"
+#include "apps/transformer/gpt.h"
+#include "apps/transformer/text_data.h"
+#include "core/safetensors.h"
+#include "fsdp/fsdp.h"
+#include "weft.h"
+
+using namespace weft;
+
+namespace {
+
+constexpr const char* kCheckpointFile = "checkpoint.safetensors";
+constexpr uint64_t kValSeedOffset = 0x5eed0000ull;  // val batches: a stream apart from training's
+
+struct TrainOptions {
+  apps::GPTConfig model;
+  bool untie = false;
+  int64_t batch_size = 16, steps = 200, grad_accum = 1, warmup = 10;
+  double lr = 3e-4, weight_decay = 0.1, min_lr_ratio = 0.1, clip = 1.0;
+  uint64_t seed = 0;
+  int threads = 0;
+  std::string metrics, data = apps::kDefaultTextDir, checkpoint_dir, resume;
+  int64_t checkpoint_every = 0, eval_every = 100, eval_iters = 10, log_every = 10;
+  bool fsdp = false;
+};
+
+struct SampleOptions {
+  std::string checkpoint, prompt = "\n";
+  int64_t tokens = 200, top_k = 0;
+  double temperature = 1.0;
+  uint64_t seed = 0;
+  int threads = 0;
+};
+
+struct Ranks {
+  bool fsdp = false;
+  int rank = 0, world = 1;
+  bool lead() const { return rank == 0; }  // prints, writes metrics and checkpoints
+};
+
+// A failure every rank knows about: all of them stop cleanly (no rank is left waiting).
+struct AgreedError : Error {
+  using Error::Error;
+};
+
+// Runs rank-local work, then lets every rank learn whether any failed, so one rank's failure
+// stops all of them instead of leaving the others waiting in the next collective.
+template <class Work>
+void on_every_rank(const Ranks& ranks, Work&& work) {
+  std::exception_ptr error;
+  try {
+    work();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  if (ranks.fsdp) {
+    Tensor failed = from_vector({error ? 1.0 : 0.0}, {1}, {.dtype = kFloat64});
+    dist::world()->all_reduce(failed, dist::ReduceOp::max)->wait();
+    if (!error && failed.item() > 0)
+      throw AgreedError("transformer: stopping because another rank failed (see its message)");
+  }
+  if (!error) return;
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    throw AgreedError(e.what());
+  }
+}
+
+double mean_over_ranks(double local, const Ranks& ranks) {
+  if (!ranks.fsdp) return local;
+  Tensor t = from_vector({local}, {1}, {.dtype = kFloat64});
+  dist::world()->all_reduce(t, dist::ReduceOp::avg)->wait();
+  return t.item();
+}
+
+// ---- checkpoints: the full (unsharded) model and optimizer state plus the config and step,
+// one safetensors file written atomically, whatever the world size that wrote it.
+
+std::string checkpoint_path(const std::string& path) {
+  return std::filesystem::is_directory(path) ? (std::filesystem::path(path) / kCheckpointFile).string() : path;
+}
+
+void save_checkpoint(const std::string& dir, const nn::NamedTensorList& model_sd, const nn::NamedTensorList& optim_sd,
+                     const apps::GPTConfig& cfg, const TrainOptions& o, int64_t step) {
+  std::filesystem::create_directories(dir);
+  NamedTensors all;
+  for (auto& [k, t] : model_sd) all.emplace_back("model." + k, t);
+  for (auto& [k, t] : optim_sd) all.emplace_back("optim." + k, t);
+  save_safetensors((std::filesystem::path(dir) / kCheckpointFile).string(), all,
+                   {{"format", "weft-transformer"}, {"n_layer", std::to_string(cfg.n_layer)},
+                    {"n_head", std::to_string(cfg.n_head)}, {"d_model", std::to_string(cfg.d_model)},
+                    {"ctx", std::to_string(cfg.ctx)}, {"vocab_size", std::to_string(cfg.vocab_size)},
+                    {"tied", cfg.tie_weights ? "1" : "0"}, {"step", std::to_string(step)},
+                    {"seed", std::to_string(o.seed)}, {"batch_size", std::to_string(o.batch_size)}});
+}
+
+struct Checkpoint {
+  apps::GPTConfig cfg;
+  nn::NamedTensorList model, optim;
+  int64_t step = 0;
+};
+
+Checkpoint read_checkpoint(const std::string& where) {
+  const std::string path = checkpoint_path(where);
+  WEFT_CHECK(std::filesystem::exists(path), "transformer: no checkpoint at {}", path);
+  auto contents = load_safetensors(path);
+  auto get = [&](const std::string& k) {
+    auto it = contents.metadata.find(k);
+    WEFT_CHECK(it != contents.metadata.end(), "transformer: {} is not a weft-transformer checkpoint (no \"{}\")",
+               path, k);
+    return it->second;
+  };
+  WEFT_CHECK(get("format") == "weft-transformer", "transformer: {} is a \"{}\" file, not a weft-transformer checkpoint",
+             path, get("format"));
+  Checkpoint ck;
+  ck.cfg.n_layer = std::stoll(get("n_layer"));
+  ck.cfg.n_head = std::stoll(get("n_head"));
+  ck.cfg.d_model = std::stoll(get("d_model"));
+  ck.cfg.ctx = std::stoll(get("ctx"));
+  ck.cfg.vocab_size = std::stoll(get("vocab_size"));
+  ck.cfg.tie_weights = get("tied") == "1";
+  ck.step = std::stoll(get("step"));
+  for (auto& [k, t] : contents.tensors) {
+    if (k.rfind("model.", 0) == 0) ck.model.emplace_back(k.substr(6), t);
+    else if (k.rfind("optim.", 0) == 0) ck.optim.emplace_back(k.substr(6), t);
+    else WEFT_ERROR("transformer: unexpected tensor \"{}\" in {}", k, path);
+  }
+  return ck;
+}
+
+// ---- FSDP: one group per block, then the root (embeddings, ln_f, head).
+
+fsdp::FSDPModule shard_model(apps::GPT& model, const nn::ModulePtr& root) {
+  for (auto& block : model.blocks) fsdp::fully_shard(block);
+  return fsdp::fully_shard(root);
+}
+
+// "state.<i>.<name>" holding one value per element of parameter i (all but "step").
+std::optional<size_t> per_element_state(const std::string& key) {
+  if (key.rfind("state.", 0) != 0) return std::nullopt;
+  size_t dot = key.find('.', 6);
+  if (dot == std::string::npos || key.substr(dot + 1) == "step") return std::nullopt;
+  return size_t(std::stoull(key.substr(6, dot - 6)));
+}
+
+// The full tensor from every rank's shard (padded to equal chunks for the all-gather).
+Tensor gather_shards(const Tensor& local, const fsdp::ShardInfo& info) {
+  const int64_t dim = info.shard_dim, extent = info.global_shape.at(size_t(dim));
+  const int64_t chunk = (extent + info.world_size - 1) / info.world_size;
+  Shape chunk_shape = info.global_shape;
+  chunk_shape[size_t(dim)] = chunk;
+  Tensor padded = zeros(chunk_shape, {.dtype = local.dtype()});
+  if (info.length > 0) padded.narrow(dim, 0, info.length).copy_(local);
+  Tensor all = empty({int64_t(info.world_size), shape_numel(chunk_shape)}, {.dtype = local.dtype()});
+  dist::world()->all_gather_into_tensor(all.view({-1}), padded.view({-1}))->wait();
+  Tensor full = empty(info.global_shape, {.dtype = local.dtype()});
+  for (int r = 0; r < info.world_size; ++r) {
+    int64_t rows = std::clamp<int64_t>(extent - r * chunk, 0, chunk);
+    if (rows > 0) full.narrow(dim, r * chunk, rows).copy_(all.select(0, r).view(chunk_shape).narrow(dim, 0, rows));
+  }
+  return full;
+}
+
+nn::NamedTensorList full_model_state(nn::Module& model, const fsdp::FSDPModule& root) {
+  nn::NamedTensorList out;
+  for (auto& [name, t] : model.named_parameters()) out.emplace_back(name, root.full_tensor(name));
+  for (auto& [name, t] : model.named_buffers()) out.emplace_back(name, t);
+  return out;
+}
+
+// `names`: the parameters' names in the optimizer's order (its groups, concatenated).
+nn::NamedTensorList full_optimizer_state(nn::Optimizer& opt, const std::vector<std::string>& names,
+                                         const fsdp::FSDPModule& root) {
+  auto local = opt.state_dict();
+  Tensor n = from_vector({double(local.size()), -double(local.size())}, {2}, {.dtype = kFloat64});
+  dist::world()->all_reduce(n, dist::ReduceOp::max)->wait();
+  if (n.data<double>()[0] != -n.data<double>()[1])
+    throw AgreedError("transformer: the ranks hold different optimizer states; cannot save a full checkpoint");
+  nn::NamedTensorList out;
+  for (auto& [key, t] : local) {
+    auto i = per_element_state(key);
+    out.emplace_back(key, i ? gather_shards(t, root.shard_info(names.at(*i))) : t);
+  }
+  return out;
+}
+
+nn::NamedTensorList local_optimizer_state(const nn::NamedTensorList& full, const std::vector<std::string>& names,
+                                          const fsdp::FSDPModule& root) {
+  nn::NamedTensorList out;
+  for (auto& [key, t] : full) {
+    auto i = per_element_state(key);
+    if (!i) {
+      out.emplace_back(key, t);
+      continue;
+    }
+    WEFT_CHECK(*i < names.size(), "transformer: checkpoint state \"{}\" names parameter {} of {}", key, *i,
+               names.size());
+    auto info = root.shard_info(names[*i]);
+    WEFT_CHECK(t.shape() == info.global_shape, "transformer: checkpoint state \"{}\" has shape {} but {} is {}", key,
+               shape_str(t.shape()), names[*i], shape_str(info.global_shape));
+    out.emplace_back(key, t.narrow(info.shard_dim, info.offset, info.length).contiguous());
+  }
+  return out;
+}
+
+// Mean validation loss over `iters` fixed batches (the same ones at every evaluation and any
+// world size); each rank evaluates its rows and the means are averaged over ranks.
+double evaluate(nn::Module& model, const apps::TextData& data, const TrainOptions& o, const Ranks& ranks) {
+  NoGradGuard no_grad;
+  model.eval();
+  const int64_t lo = o.batch_size * ranks.rank / ranks.world, hi = o.batch_size * (ranks.rank + 1) / ranks.world;
+  double total = 0;
+  for (int64_t i = 0; i < o.eval_iters; ++i) {
+    auto [x, y] = apps::text_batch(data.val, o.seed + kValSeedOffset, i, o.batch_size, o.model.ctx, lo, hi);
+    Tensor logits = model(x);
+    total += cross_entropy(logits.view({-1, o.model.vocab_size}), y.view({-1})).item();
+  }
+  model.train();
+  return mean_over_ranks(total / double(o.eval_iters), ranks);
+}
+
+int train(TrainOptions o, const Ranks& ranks) {
+  apps::TextData data;
+  std::shared_ptr<apps::GPT> model;
+  std::optional<Checkpoint> ck;
+  std::optional<apps::MetricsWriter> metrics;
+  o.model.tie_weights = !o.untie;
+  on_every_rank(ranks, [&] {
+    if (o.threads > 0) set_num_threads(o.threads);
+    apps::check_config(o.model);
+    WEFT_CHECK(o.lr > 0 && o.steps > 0 && o.batch_size > 0 && o.grad_accum > 0,
+               "transformer: --lr, --steps, --batch-size and --grad-accum must be positive");
+    WEFT_CHECK(o.batch_size % ranks.world == 0,
+               "transformer: --batch-size {} does not split evenly over {} ranks: it is the global batch and each "
+               "rank takes an equal slice, so use a multiple of {}", o.batch_size, ranks.world, ranks.world);
+    WEFT_CHECK(o.warmup >= 0 && o.warmup < o.steps, "transformer: --warmup {} must be in [0, --steps {})", o.warmup,
+               o.steps);
+    data = apps::load_text(o.data);
+    WEFT_CHECK(int64_t(data.val.size()) > o.model.ctx + 1,
+               "transformer: the validation part of {} ({} bytes) is shorter than the context {}", o.data,
+               data.val.size(), o.model.ctx);
+    if (!o.resume.empty()) {
+      ck = read_checkpoint(o.resume);
+      auto& c = ck->cfg;
+      WEFT_CHECK(c.n_layer == o.model.n_layer && c.n_head == o.model.n_head && c.d_model == o.model.d_model &&
+                     c.ctx == o.model.ctx && c.tie_weights == o.model.tie_weights,
+                 "transformer: checkpoint {} holds a model with n_layer {}, n_head {}, d_model {}, ctx {}, tied {}; "
+                 "the flags ask for {}, {}, {}, {}, {}", o.resume, c.n_layer, c.n_head, c.d_model, c.ctx,
+                 c.tie_weights, o.model.n_layer, o.model.n_head, o.model.d_model, o.model.ctx, o.model.tie_weights);
+    }
+    manual_seed(o.seed);  // the same full model on every rank
+    model = std::make_shared<apps::GPT>(o.model);
+    apps::init_gpt(*model);
+    if (ck) model->load_state_dict(ck->model);
+    metrics.emplace(ranks.lead() ? o.metrics : std::string());
+  });
+  const int64_t n_params = apps::count_parameters(*model);
+
+  // Weight decay on the 2-D weights (matmuls and embeddings) only; decided before sharding
+  // from the full shapes, then looked up by name.
+  std::vector<std::string> decay_names, other_names;
+  for (auto& [name, p] : model->named_parameters()) (p.dim() >= 2 ? decay_names : other_names).push_back(name);
+
+  std::optional<fsdp::FSDPModule> root;
+  if (ranks.fsdp) root = shard_model(*model, model);
+  auto params = model->named_parameters();  // after sharding: this rank's shards
+  auto pick = [&](const std::vector<std::string>& names) {
+    std::vector<Tensor> out;
+    for (auto& n : names)
+      for (auto& [pn, p] : params)
+        if (pn == n) out.push_back(p);
+    return out;
+  };
+  std::vector<std::string> opt_names = decay_names;
+  opt_names.insert(opt_names.end(), other_names.begin(), other_names.end());
+  nn::AdamW opt({nn::ParamGroup{pick(decay_names), {}}, nn::ParamGroup{pick(other_names), {{"weight_decay", 0.0}}}},
+                nn::AdamWOptions{.lr = o.lr, .weight_decay = o.weight_decay});
+  nn::WarmupCosineLR sched(opt, o.warmup, o.steps, o.min_lr_ratio);
+  int64_t step = 0;
+  if (ck) {
+    on_every_rank(ranks, [&] { opt.load_state_dict(root ? local_optimizer_state(ck->optim, opt_names, *root) : ck->optim); });
+    step = ck->step;
+    ck.reset();
+    sched.set_last_step(step);
+    if (ranks.lead()) std::fprintf(stderr, "resumed from %s at step %lld\n", o.resume.c_str(), (long long)step);
+  }
+
+  const int64_t lo = o.batch_size * ranks.rank / ranks.world, hi = o.batch_size * (ranks.rank + 1) / ranks.world;
+  const int64_t tokens_per_step = o.batch_size * o.grad_accum * o.model.ctx;
+  if (ranks.lead()) {
+    std::fprintf(stderr, "weft-transformer: GPT n_layer %lld, n_head %lld, d_model %lld, ctx %lld, %s head: %lld "
+                 "parameters; %zu train / %zu val bytes from %zu file(s) of %s; batch %lld x %lld accumulation, "
+                 "%d threads\n", (long long)o.model.n_layer, (long long)o.model.n_head, (long long)o.model.d_model,
+                 (long long)o.model.ctx, o.model.tie_weights ? "tied" : "untied", (long long)n_params,
+                 data.train.size(), data.val.size(), data.files.size(), o.data.c_str(), (long long)o.batch_size,
+                 (long long)o.grad_accum, get_num_threads());
+    if (root)
+      std::fprintf(stderr, "weft-transformer: FSDP over %d ranks: one group per block and the root; %lld parameters "
+                   "on rank 0, %lld sequences per rank per micro-step\n", ranks.world,
+                   (long long)apps::count_parameters(*model), (long long)(hi - lo));
+  }
+
+  auto write_checkpoint = [&] {
+    nn::NamedTensorList model_sd = root ? full_model_state(*model, *root) : model->state_dict();
+    nn::NamedTensorList optim_sd = root ? full_optimizer_state(opt, opt_names, *root) : opt.state_dict();
+    on_every_rank(ranks, [&] {
+      if (ranks.lead()) save_checkpoint(o.checkpoint_dir, model_sd, optim_sd, o.model, o, step);
+    });
+    if (ranks.lead())
+      std::fprintf(stderr, "saved model and optimizer at step %lld to %s\n", (long long)step,
+                   (std::filesystem::path(o.checkpoint_dir) / kCheckpointFile).c_str());
+  };
+
+  std::optional<apps::Progress> progress;
+  if (ranks.lead()) progress.emplace("train", o.steps - step, "tokens");
+  const int64_t first = step;
+  auto window_start = std::chrono::steady_clock::now();
+  int64_t window_tokens = 0;
+  double loss_v = 0;
+  while (step < o.steps) {
+    opt.zero_grad();
+    double loss_sum = 0;
+    for (int64_t micro = 0; micro < o.grad_accum; ++micro) {
+      auto [x, y] = apps::text_batch(data.train, o.seed, step * o.grad_accum + micro, o.batch_size, o.model.ctx, lo, hi);
+      Tensor logits = (*model)(x);
+      Tensor loss = cross_entropy(logits.view({-1, o.model.vocab_size}), y.view({-1}));
+      loss_sum += loss.item();
+      (o.grad_accum > 1 ? loss * (1.0 / double(o.grad_accum)) : loss).backward();
+    }
+    if (o.clip > 0) {
+      if (root) fsdp::clip_grad_norm_(*root, o.clip);
+      else nn::clip_grad_norm_(model->parameters(), o.clip);
+    }
+    const double lr_used = opt.lr(0);
+    opt.step();
+    sched.step();
+    ++step;
+    window_tokens += tokens_per_step;
+    loss_v = mean_over_ranks(loss_sum / double(o.grad_accum), ranks);  // the global batch's mean loss
+    if (progress) progress->update(step - first, tokens_per_step, fmt::format("loss {:.4f}", loss_v));
+    if (step % o.log_every == 0 || step == first + 1 || step == o.steps) {
+      auto now = std::chrono::steady_clock::now();
+      double dt = std::chrono::duration<double>(now - window_start).count();
+      metrics->write({{"step", step}, {"loss", loss_v}, {"lr", lr_used},
+                      {"tokens_per_s", dt > 0 ? double(window_tokens) / dt : 0.0},
+                      {"peak_bytes", memory_stats().peak_bytes}});
+      window_start = now;
+      window_tokens = 0;
+    }
+    if ((o.eval_every > 0 && step % o.eval_every == 0) || step == o.steps) {
+      double val = evaluate(*model, data, o, ranks);
+      metrics->write({{"split", std::string("val")}, {"step", step}, {"loss", val}});
+      if (ranks.lead()) {
+        std::printf("step %lld train_loss %.4f val_loss %.4f\n", (long long)step, loss_v, val);
+        std::fflush(stdout);
+      }
+    }
+    if (!o.checkpoint_dir.empty() && ((o.checkpoint_every > 0 && step % o.checkpoint_every == 0) || step == o.steps))
+      write_checkpoint();
+  }
+  if (progress) progress->finish(fmt::format("loss {:.4f}", loss_v));
+  return 0;
+}
+
+// Draws the next byte from logits [vocab] (f32): greedy at temperature 0, else softmax of
+// logits / temperature over the top_k largest (all when top_k is 0).
+int64_t draw(const Tensor& logits, const SampleOptions& o, Generator& g) {
+  Tensor l = logits.to(kFloat64).contiguous();
+  const double* p = l.data<double>();
+  const int64_t v = l.numel();
+  std::vector<double> w(p, p + v);
+  if (o.temperature <= 0) return int64_t(std::max_element(w.begin(), w.end()) - w.begin());
+  double cut = -INFINITY;
+  if (o.top_k > 0 && o.top_k < v) {
+    std::vector<double> sorted = w;
+    std::nth_element(sorted.begin(), sorted.begin() + (o.top_k - 1), sorted.end(), std::greater<double>());
+    cut = sorted[size_t(o.top_k - 1)];
+  }
+  const double top = *std::max_element(w.begin(), w.end());
+  double total = 0;
+  for (auto& x : w) total += (x = x >= cut ? std::exp((x - top) / o.temperature) : 0.0);
+  double u = g.uniform() * total;
+  for (int64_t i = 0; i < v; ++i) {
+    u -= w[size_t(i)];
+    if (u < 0) return i;
+  }
+  for (int64_t i = v - 1; i >= 0; --i)
+    if (w[size_t(i)] > 0) return i;
+  return 0;
+}
+
+int sample(const SampleOptions& o) {
+  if (o.threads > 0) set_num_threads(o.threads);
+  WEFT_CHECK(o.tokens >= 0, "transformer: --tokens must be non-negative");
+  Checkpoint ck = read_checkpoint(o.checkpoint);
+  apps::GPT model(ck.cfg);
+  model.load_state_dict(ck.model);
+  model.eval();
+  NoGradGuard no_grad;
+  std::vector<int64_t> ids;
+  for (unsigned char c : o.prompt) ids.push_back(c);
+  WEFT_CHECK(!ids.empty(), "transformer: --prompt must not be empty (it starts the text)");
+  std::fwrite(o.prompt.data(), 1, o.prompt.size(), stdout);
+  Generator g(o.seed);
+  for (int64_t n = 0; n < o.tokens; ++n) {
+    // The model sees at most its context: the last ctx bytes.
+    const int64_t t = std::min<int64_t>(int64_t(ids.size()), ck.cfg.ctx);
+    Tensor x = empty({1, t}, {.dtype = kInt64});
+    std::copy(ids.end() - t, ids.end(), x.data<int64_t>());
+    Tensor logits = model(x);  // [1, t, vocab]
+    int64_t next = draw(logits.select(0, 0).select(0, t - 1), o, g);
+    ids.push_back(next);
+    std::fputc(int(next), stdout);
+  }
+  std::fputc('\n', stdout);
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"weft-transformer: train a byte-level GPT on text and sample from it"};
+  app.require_subcommand(1);
+  TrainOptions t;
+  SampleOptions s;
+  auto* tr = app.add_subcommand("train", "train a GPT on the bytes of a text file or folder");
+  tr->add_option("--n-layer", t.model.n_layer, "transformer blocks")->capture_default_str();
+  tr->add_option("--n-head", t.model.n_head, "attention heads (must divide --d-model)")->capture_default_str();
+  tr->add_option("--d-model", t.model.d_model, "embedding width")->capture_default_str();
+  tr->add_option("--ctx", t.model.ctx, "context length in bytes")->capture_default_str();
+  tr->add_option("--dropout", t.model.dropout, "dropout probability")->capture_default_str();
+  tr->add_flag("--untie", t.untie, "give the LM head its own weight instead of sharing transformer.wte.weight");
+  tr->add_option("--batch-size", t.batch_size, "sequences per micro-step (the global batch under --fsdp)")
+      ->capture_default_str();
+  tr->add_option("--grad-accum", t.grad_accum, "micro-steps accumulated per optimizer step")->capture_default_str();
+  tr->add_option("--steps", t.steps, "optimizer steps in all (the schedule's length)")->capture_default_str();
+  tr->add_option("--lr", t.lr, "peak learning rate")->capture_default_str();
+  tr->add_option("--warmup", t.warmup, "linear warmup steps before the cosine decay")->capture_default_str();
+  tr->add_option("--weight-decay", t.weight_decay, "AdamW decay on 2-D weights")->capture_default_str();
+  tr->add_option("--clip", t.clip, "gradient norm clip (0: none)")->capture_default_str();
+  tr->add_option("--seed", t.seed, "seed for initialisation and batches")->capture_default_str();
+  tr->add_option("--threads", t.threads, "CPU threads per rank (default: OMP_NUM_THREADS or all cores)")
+      ->check(CLI::NonNegativeNumber);
+  tr->add_option("--metrics", t.metrics, "append JSONL metrics to FILE (rank 0 writes)");
+  tr->add_option("--data", t.data, "text file or folder of text files")->capture_default_str();
+  tr->add_option("--eval-every", t.eval_every, "steps between validation losses (0: only at the end)")
+      ->capture_default_str();
+  tr->add_option("--eval-iters", t.eval_iters, "validation batches per evaluation")->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  tr->add_option("--log-every", t.log_every, "steps between metrics lines")->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  tr->add_option("--checkpoint-dir", t.checkpoint_dir, "save model + optimizer + step to DIR/checkpoint.safetensors");
+  tr->add_option("--checkpoint-every", t.checkpoint_every, "steps between checkpoints (0: only at the end)")
+      ->check(CLI::NonNegativeNumber);
+  tr->add_option("--resume", t.resume, "continue from the checkpoint in DIR (written at any number of ranks)");
+  tr->add_flag("--fsdp", t.fsdp, "shard over the ranks of mpirun: fully_shard per block, then the root");
+  tr->footer(
+      "Sharded training: mpirun -np N --oversubscribe --bind-to none weft-transformer train --fsdp ...\n"
+      "  --batch-size stays the global batch (a multiple of N): rank r trains on rows [r*B/N, (r+1)*B/N)\n"
+      "  of the same batch, so the losses match a single-process run up to float rounding.");
+  auto* sa = app.add_subcommand("sample", "generate text from a checkpoint");
+  sa->add_option("--checkpoint", s.checkpoint, "checkpoint directory (or its .safetensors file)")->required();
+  sa->add_option("--prompt", s.prompt, "text to continue")->capture_default_str();
+  sa->add_option("--tokens", s.tokens, "bytes to generate")->capture_default_str();
+  sa->add_option("--temperature", s.temperature, "softmax temperature (0: greedy)")->capture_default_str();
+  sa->add_option("--top-k", s.top_k, "draw from the K most likely bytes only (0: all)")->capture_default_str();
+  sa->add_option("--seed", s.seed, "seed for drawing")->capture_default_str();
+  sa->add_option("--threads", s.threads, "CPU threads")->check(CLI::NonNegativeNumber);
+  CLI11_PARSE(app, argc, argv);
+
+  Ranks ranks;
+  int rc = 1;
+  try {
+    if (sa->parsed()) {
+      rc = sample(s);
+    } else {
+      if (t.fsdp) {
+        dist::init();
+        ranks = {.fsdp = true, .rank = dist::rank(), .world = dist::world_size()};
+      }
+      rc = train(t, ranks);
+    }
+  } catch (const AgreedError& e) {
+    if (ranks.world > 1) std::fprintf(stderr, "weft-transformer: error on rank %d: %s\n", ranks.rank, e.what());
+    else std::fprintf(stderr, "weft-transformer: error: %s\n", e.what());
+  } catch (const std::exception& e) {
+    if (ranks.world > 1) dist::abort_job(fmt::format("weft-transformer: error: {}", e.what()));
+    std::fprintf(stderr, "weft-transformer: error: %s\n", e.what());
+  }
+  try {
+    if (dist::is_initialized()) dist::finalize();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "weft-transformer: error while shutting down: %s\n", e.what());
+    rc = 1;
+  }
+  return rc;
+}

@@ -1,0 +1,84 @@
+#include "apps/transformer/text_data.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+namespace weft::apps {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+void append_file(const fs::path& p, std::vector<uint8_t>& out) {
+  std::ifstream in(p, std::ios::binary);
+  WEFT_CHECK(in.good(), "transformer: cannot open {}", p.string());
+  out.insert(out.end(), std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  WEFT_CHECK(!in.bad(), "transformer: error while reading {}", p.string());
+}
+
+}  // namespace
+
+TextData load_text(const std::string& path, double val_fraction) {
+  const bool is_default = path == kDefaultTextDir;
+  std::error_code ec;
+  auto hint = [&] {
+    return is_default ? std::string(" (the default text is Debian's `fortunes` package: apt-get install fortunes, "
+                                    "or pass --data FILE|DIR)")
+                      : std::string();
+  };
+  WEFT_CHECK(fs::exists(path, ec), "transformer: text data {} does not exist{}", path, hint());
+  TextData d;
+  std::vector<uint8_t> all;
+  if (fs::is_directory(path, ec)) {
+    std::vector<fs::path> files;
+    for (auto& e : fs::directory_iterator(path, ec)) {
+      if (e.is_symlink() || !e.is_regular_file()) continue;
+      if (e.path().extension() == ".dat") continue;  // strfile's binary index, not text
+      files.push_back(e.path());
+    }
+    WEFT_CHECK(!ec, "transformer: cannot list {}: {}", path, ec.message());
+    std::sort(files.begin(), files.end());
+    for (auto& f : files) {
+      append_file(f, all);
+      d.files.push_back(f.string());
+    }
+  } else {
+    append_file(path, all);
+    d.files.push_back(path);
+  }
+  WEFT_CHECK(!all.empty(), "transformer: no text found in {}{}", path, hint());
+  WEFT_CHECK(val_fraction >= 0 && val_fraction < 1, "transformer: validation fraction {} not in [0, 1)", val_fraction);
+  const size_t n_val = size_t(double(all.size()) * val_fraction);
+  d.train.assign(all.begin(), all.end() - std::ptrdiff_t(n_val));
+  d.val.assign(all.end() - std::ptrdiff_t(n_val), all.end());
+  return d;
+}
+
+std::pair<Tensor, Tensor> text_batch(const std::vector<uint8_t>& split, uint64_t seed, int64_t index,
+                                     int64_t batch, int64_t ctx, int64_t row_begin, int64_t row_end) {
+  const int64_t n = int64_t(split.size());
+  WEFT_CHECK(n > ctx + 1, "transformer: {} bytes of text are too few for a context of {} (need at least {})", n, ctx,
+             ctx + 2);
+  WEFT_CHECK(0 <= row_begin && row_begin <= row_end && row_end <= batch, "text_batch: rows [{}, {}) outside [0, {})",
+             row_begin, row_end, batch);
+  // Every rank draws all `batch` starts so that row r is the same window at any world size.
+  Generator g(seed * 1000003ull + uint64_t(index) + 1);
+  std::vector<int64_t> starts(static_cast<size_t>(batch));
+  for (auto& s : starts) s = int64_t(g.next_u64() % uint64_t(n - ctx - 1));
+  const int64_t rows = row_end - row_begin;
+  Tensor x = empty({rows, ctx}, {.dtype = kInt64}), y = empty({rows, ctx}, {.dtype = kInt64});
+  int64_t* xp = x.data<int64_t>();
+  int64_t* yp = y.data<int64_t>();
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t s = starts[size_t(row_begin + r)];
+    for (int64_t t = 0; t < ctx; ++t) {
+      xp[r * ctx + t] = split[size_t(s + t)];
+      yp[r * ctx + t] = split[size_t(s + t + 1)];
+    }
+  }
+  return {x, y};
+}
+
+}  // namespace weft::apps

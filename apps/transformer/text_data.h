@@ -1,0 +1,32 @@
+// apps/transformer: text as raw bytes, split into train and validation parts, and batches
+// drawn so that the global batch at a step does not depend on the number of ranks.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "weft.h"
+
+namespace weft::apps {
+
+inline constexpr const char* kDefaultTextDir = "/usr/share/games/fortunes";
+
+struct TextData {
+  std::vector<uint8_t> train, val;
+  std::vector<std::string> files;  // what was read, in order
+};
+
+// Reads a file, or every regular file of a folder in name order (skipping *.dat index files
+// and symbolic links, as the fortunes folder holds *.u8 links to its own texts). The last
+// `val_fraction` of the concatenated bytes is the validation part, so the split depends on
+// the data only. Missing data is an error naming where it was looked for.
+TextData load_text(const std::string& path, double val_fraction = 0.1);
+
+// The global batch number `index` of `split` (ids [batch, ctx] and targets shifted by one
+// byte): `batch` window starts drawn from Generator(seed, index) on every rank, of which this
+// process takes rows [row_begin, row_end). Every world size sees the same global batch.
+std::pair<Tensor, Tensor> text_batch(const std::vector<uint8_t>& split, uint64_t seed, int64_t index,
+                                     int64_t batch, int64_t ctx, int64_t row_begin, int64_t row_end);
+
+}  // namespace weft::apps
