@@ -206,6 +206,7 @@ void CommThread::run() {
   std::vector<std::shared_ptr<MpiWork>> active, incoming;
   std::vector<MPI_Request> requests;
   std::vector<int> indices;
+  int idle_polls = 0;
   for (uint64_t spins = 0;; ++spins) {
     if (active.empty()) spin_until([&] { return has_queued_.load(std::memory_order_acquire); }, kIdleSpin);
     if (active.empty() || has_queued_.load(std::memory_order_acquire)) {
@@ -256,10 +257,18 @@ void CommThread::run() {
           if (std::chrono::duration<double>(Clock::now() - oldest.posted_at).count() > timeout)
             fail_timeout(oldest.info(), timeout, "posted to MPI, not completed; seen by the communication thread");
         }
-        relax();
+        // With more threads than cores, a long wait sleeps between polls so the compute
+        // threads (this rank's and the others') get the cores.
+        if (++idle_polls > 64 && g_yield_when_idle.load(std::memory_order_relaxed))
+          std::this_thread::sleep_for(std::chrono::microseconds(20));
+        else
+          relax();
       }
     }
-    if (ended) retire();
+    if (ended) {
+      idle_polls = 0;
+      retire();
+    }
   }
 }
 

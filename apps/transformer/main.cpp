@@ -39,7 +39,9 @@ struct TrainOptions {
   int threads = 0;
   std::string metrics, data = apps::kDefaultTextDir, checkpoint_dir, resume;
   int64_t checkpoint_every = 0, eval_every = 100, eval_iters = 10, log_every = 10;
+  int64_t stop_after = 0;  // 0: run to --steps
   bool fsdp = false;
+  std::string reshard_after_forward = "true", mixed_precision = "none";
 };
 
 struct SampleOptions {
@@ -149,9 +151,18 @@ Checkpoint read_checkpoint(const std::string& where) {
 
 // ---- FSDP: one group per block, then the root (embeddings, ln_f, head).
 
-fsdp::FSDPModule shard_model(apps::GPT& model, const nn::ModulePtr& root) {
-  for (auto& block : model.blocks) fsdp::fully_shard(block);
-  return fsdp::fully_shard(root);
+// --reshard-after-forward applies to the blocks; the root keeps FSDP2's default (its
+// parameters are needed again at once by backward). Under bf16 mixed precision parameters are
+// gathered and used in bf16, gradients reduced in f32, and the logits come out in f32 for the loss.
+fsdp::FSDPModule shard_model(apps::GPT& model, const nn::ModulePtr& root, const TrainOptions& o) {
+  fsdp::FullyShardOptions block_opts;
+  block_opts.reshard_after_forward = o.reshard_after_forward == "true";
+  if (o.mixed_precision == "bf16") block_opts.mp_policy = {.param_dtype = DType::bf16, .reduce_dtype = kFloat32};
+  fsdp::FullyShardOptions root_opts;
+  root_opts.mp_policy = block_opts.mp_policy;
+  if (o.mixed_precision == "bf16") root_opts.mp_policy.output_dtype = kFloat32;
+  for (auto& block : model.blocks) fsdp::fully_shard(block, block_opts);
+  return fsdp::fully_shard(root, root_opts);
 }
 
 // "state.<i>.<name>" holding one value per element of parameter i (all but "step").
@@ -252,8 +263,11 @@ int train(TrainOptions o, const Ranks& ranks) {
     WEFT_CHECK(o.batch_size % ranks.world == 0,
                "transformer: --batch-size {} does not split evenly over {} ranks: it is the global batch and each "
                "rank takes an equal slice, so use a multiple of {}", o.batch_size, ranks.world, ranks.world);
-    WEFT_CHECK(o.warmup >= 0 && o.warmup < o.steps, "transformer: --warmup {} must be in [0, --steps {})", o.warmup,
-               o.steps);
+    WEFT_CHECK(ranks.fsdp || (o.mixed_precision == "none" && o.reshard_after_forward == "true"),
+               "transformer: --mixed-precision and --reshard-after-forward are FSDP options: add --fsdp");
+    WEFT_CHECK(o.warmup >= 0, "transformer: --warmup must be non-negative, got {}", o.warmup);
+    // The schedule needs a step after the warmup; a short run keeps the default warmup usable.
+    o.warmup = std::min(o.warmup, o.steps - 1);
     data = apps::load_text(o.data);
     WEFT_CHECK(int64_t(data.val.size()) > o.model.ctx + 1,
                "transformer: the validation part of {} ({} bytes) is shorter than the context {}", o.data,
@@ -281,7 +295,7 @@ int train(TrainOptions o, const Ranks& ranks) {
   for (auto& [name, p] : model->named_parameters()) (p.dim() >= 2 ? decay_names : other_names).push_back(name);
 
   std::optional<fsdp::FSDPModule> root;
-  if (ranks.fsdp) root = shard_model(*model, model);
+  if (ranks.fsdp) root = shard_model(*model, model, o);
   auto params = model->named_parameters();  // after sharding: this rank's shards
   auto pick = [&](const std::vector<std::string>& names) {
     std::vector<Tensor> out;
@@ -330,13 +344,16 @@ int train(TrainOptions o, const Ranks& ranks) {
                    (std::filesystem::path(o.checkpoint_dir) / kCheckpointFile).c_str());
   };
 
+  // --stop-after ends this run early but keeps the schedule of --steps, so a later --resume
+  // continues exactly as an uninterrupted run would.
+  const int64_t end = o.stop_after > 0 ? std::min(o.steps, step + o.stop_after) : o.steps;
   std::optional<apps::Progress> progress;
-  if (ranks.lead()) progress.emplace("train", o.steps - step, "tokens");
+  if (ranks.lead()) progress.emplace("train", end - step, "tokens");
   const int64_t first = step;
   auto window_start = std::chrono::steady_clock::now();
   int64_t window_tokens = 0;
   double loss_v = 0;
-  while (step < o.steps) {
+  while (step < end) {
     opt.zero_grad();
     double loss_sum = 0;
     for (int64_t micro = 0; micro < o.grad_accum; ++micro) {
@@ -357,7 +374,7 @@ int train(TrainOptions o, const Ranks& ranks) {
     window_tokens += tokens_per_step;
     loss_v = mean_over_ranks(loss_sum / double(o.grad_accum), ranks);  // the global batch's mean loss
     if (progress) progress->update(step - first, tokens_per_step, fmt::format("loss {:.4f}", loss_v));
-    if (step % o.log_every == 0 || step == first + 1 || step == o.steps) {
+    if (step % o.log_every == 0 || step == first + 1 || step == end) {
       auto now = std::chrono::steady_clock::now();
       double dt = std::chrono::duration<double>(now - window_start).count();
       metrics->write({{"step", step}, {"loss", loss_v}, {"lr", lr_used},
@@ -366,7 +383,7 @@ int train(TrainOptions o, const Ranks& ranks) {
       window_start = now;
       window_tokens = 0;
     }
-    if ((o.eval_every > 0 && step % o.eval_every == 0) || step == o.steps) {
+    if ((o.eval_every > 0 && step % o.eval_every == 0) || step == end) {
       double val = evaluate(*model, data, o, ranks);
       metrics->write({{"split", std::string("val")}, {"step", step}, {"loss", val}});
       if (ranks.lead()) {
@@ -374,7 +391,7 @@ int train(TrainOptions o, const Ranks& ranks) {
         std::fflush(stdout);
       }
     }
-    if (!o.checkpoint_dir.empty() && ((o.checkpoint_every > 0 && step % o.checkpoint_every == 0) || step == o.steps))
+    if (!o.checkpoint_dir.empty() && ((o.checkpoint_every > 0 && step % o.checkpoint_every == 0) || step == end))
       write_checkpoint();
   }
   if (progress) progress->finish(fmt::format("loss {:.4f}", loss_v));
@@ -469,11 +486,20 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   tr->add_option("--log-every", t.log_every, "steps between metrics lines")->check(CLI::PositiveNumber)
       ->capture_default_str();
+  tr->add_option("--stop-after", t.stop_after, "end this run after N steps, keeping the --steps schedule (for --resume)")
+      ->check(CLI::NonNegativeNumber);
   tr->add_option("--checkpoint-dir", t.checkpoint_dir, "save model + optimizer + step to DIR/checkpoint.safetensors");
   tr->add_option("--checkpoint-every", t.checkpoint_every, "steps between checkpoints (0: only at the end)")
       ->check(CLI::NonNegativeNumber);
   tr->add_option("--resume", t.resume, "continue from the checkpoint in DIR (written at any number of ranks)");
   tr->add_flag("--fsdp", t.fsdp, "shard over the ranks of mpirun: fully_shard per block, then the root");
+  tr->add_option("--reshard-after-forward", t.reshard_after_forward,
+                 "under --fsdp: free each block's gathered parameters after forward (true) or keep them for "
+                 "backward (false)")
+      ->check(CLI::IsMember({"true", "false"}))->capture_default_str();
+  tr->add_option("--mixed-precision", t.mixed_precision,
+                 "under --fsdp: bf16 gathers and computes in bf16, reduces gradients in f32; none keeps f32")
+      ->check(CLI::IsMember({"bf16", "none"}))->capture_default_str();
   tr->footer(
       "Sharded training: mpirun -np N --oversubscribe --bind-to none weft-transformer train --fsdp ...\n"
       "  --batch-size stays the global batch (a multiple of N): rank r trains on rows [r*B/N, (r+1)*B/N)\n"
@@ -481,9 +507,10 @@ int main(int argc, char** argv) {
   auto* sa = app.add_subcommand("sample", "generate text from a checkpoint");
   sa->add_option("--checkpoint", s.checkpoint, "checkpoint directory (or its .safetensors file)")->required();
   sa->add_option("--prompt", s.prompt, "text to continue")->capture_default_str();
-  sa->add_option("--tokens", s.tokens, "bytes to generate")->capture_default_str();
+  sa->add_option("--tokens", s.tokens, "bytes to generate")->check(CLI::NonNegativeNumber)->capture_default_str();
   sa->add_option("--temperature", s.temperature, "softmax temperature (0: greedy)")->capture_default_str();
-  sa->add_option("--top-k", s.top_k, "draw from the K most likely bytes only (0: all)")->capture_default_str();
+  sa->add_option("--top-k", s.top_k, "draw from the K most likely bytes only (0: all)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
   sa->add_option("--seed", s.seed, "seed for drawing")->capture_default_str();
   sa->add_option("--threads", s.threads, "CPU threads")->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);

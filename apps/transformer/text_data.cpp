@@ -21,12 +21,11 @@ void append_file(const fs::path& p, std::vector<uint8_t>& out) {
 }  // namespace
 
 TextData load_text(const std::string& path, double val_fraction) {
-  const bool is_default = path == kDefaultTextDir;
   std::error_code ec;
-  auto hint = [&] {
-    return is_default ? std::string(" (the default text is Debian's `fortunes` package: apt-get install fortunes, "
-                                    "or pass --data FILE|DIR)")
-                      : std::string();
+  // Said whenever no text is found: the usual cause is the default data not being installed.
+  auto hint = [] {
+    return std::string(" (the default text is Debian's `fortunes` package: apt-get install fortunes; or pass "
+                       "--data FILE|DIR)");
   };
   WEFT_CHECK(fs::exists(path, ec), "transformer: text data {} does not exist{}", path, hint());
   TextData d;
