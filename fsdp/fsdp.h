@@ -5,3 +5,4 @@
 #include "fsdp/clip_grad.h"
 #include "fsdp/summon_full_params.h"
 #include "fsdp/wrap.h"
+#include "fsdp/state_dict.h"

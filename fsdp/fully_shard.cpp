@@ -152,13 +152,25 @@ const FSDPParam& FSDPModule::find_param(const std::string& name) const {
   WEFT_ERROR("fsdp: no sharded parameter named \"{}\" under this module", name);
 }
 
-Tensor FSDPModule::full_tensor(const std::string& name) const {
+Tensor FSDPModule::full_tensor(const std::string& name) const { return gather_shard(name, find_param(name).sharded()); }
+
+Tensor FSDPModule::gather_shard(const std::string& name, const Tensor& local) const {
   const FSDPParam& p = find_param(name);
+  WEFT_CHECK(local.shape() == p.sharded().shape(), "fsdp: gather_shard of {}: tensor {} is not shaped like the shard {}",
+             name, tensor_desc(local), shape_str(p.sharded().shape()));
   auto pg = state_->mesh->group(state_->mesh->ndim() - 1);
-  Tensor recv = empty({int64_t(pg->size()), p.padded_numel()}, {.dtype = p.dtype(), .device = p.sharded().device()});
-  pg->all_gather_into_tensor(recv.view({-1}), p.padded_flat())->wait();
-  Tensor full = empty(p.global_shape(), {.dtype = p.dtype(), .device = recv.device()});
   NoGradGuard ng;
+  // Padded like the parameter's own chunk, so the all-gather sends equal sizes.
+  Tensor padded = zeros({p.padded_numel()}, {.dtype = local.dtype(), .device = local.device()});
+  Shape chunk_shape = p.global_shape().empty() ? Shape{1} : p.global_shape();
+  int64_t extent = chunk_shape[size_t(p.shard_dim())];
+  chunk_shape[size_t(p.shard_dim())] = (extent + pg->size() - 1) / pg->size();
+  if (local.numel() > 0)
+    padded.view(chunk_shape).narrow(p.shard_dim(), 0, local.dim() == 0 ? 1 : local.size(p.shard_dim()))
+        .copy_(local.dim() == 0 ? local.view({1}) : local);
+  Tensor recv = empty({int64_t(pg->size()), p.padded_numel()}, {.dtype = local.dtype(), .device = local.device()});
+  pg->all_gather_into_tensor(recv.view({-1}), padded)->wait();
+  Tensor full = empty(p.global_shape(), {.dtype = local.dtype(), .device = local.device()});
   p.assemble_into(recv, 0, full);
   return full;
 }

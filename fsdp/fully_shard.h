@@ -69,6 +69,9 @@ class FSDPModule {
 
   // The full value of a parameter of this group (all-gathered; a collective call).
   Tensor full_tensor(const std::string& name) const;
+  // The full tensor from every rank's `local`, a tensor shaped like this rank's shard of
+  // parameter `name` (e.g. its optimizer state); a collective call.
+  Tensor gather_shard(const std::string& name, const Tensor& local) const;
   ShardInfo shard_info(const std::string& name) const;
   // Collectives issued by this module's group (and, with recurse, by all groups below).
   CommStats comm_stats(bool recurse = true) const;

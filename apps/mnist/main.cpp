@@ -181,78 +181,11 @@ fsdp::FSDPModule shard_model(const nn::ModulePtr& model) {
   return fsdp::fully_shard(model);
 }
 
-// An optimizer state key "state.<i>.<name>" that holds one value per element of parameter i
-// (every state but the step count): its parameter index, else nothing.
-std::optional<size_t> per_element_state(const std::string& key) {
-  if (key.rfind("state.", 0) != 0) return std::nullopt;
-  size_t dot = key.find('.', 6);
-  if (dot == std::string::npos || key.substr(dot + 1) == "step") return std::nullopt;
-  return size_t(std::stoull(key.substr(6, dot - 6)));
-}
-
-// The full tensor from every rank's shard of it (`local` has this rank's shard shape, as the
-// optimizer's state does). Shards are padded to equal chunks for the all-gather, as FSDP's own.
-Tensor gather_shards(const Tensor& local, const fsdp::ShardInfo& info) {
-  const int64_t dim = info.shard_dim, extent = info.global_shape.at(size_t(dim));
-  const int64_t chunk = (extent + info.world_size - 1) / info.world_size;
-  Shape chunk_shape = info.global_shape;
-  chunk_shape[size_t(dim)] = chunk;
-  Tensor padded = zeros(chunk_shape, {.dtype = local.dtype()});
-  if (info.length > 0) padded.narrow(dim, 0, info.length).copy_(local);
-  Tensor all = empty({int64_t(info.world_size), shape_numel(chunk_shape)}, {.dtype = local.dtype()});
-  dist::world()->all_gather_into_tensor(all.view({-1}), padded.view({-1}))->wait();
-  Tensor full = empty(info.global_shape, {.dtype = local.dtype()});
-  for (int r = 0; r < info.world_size; ++r) {
-    int64_t rows = std::clamp<int64_t>(extent - r * chunk, 0, chunk);
-    if (rows > 0) full.narrow(dim, r * chunk, rows).copy_(all.select(0, r).view(chunk_shape).narrow(dim, 0, rows));
-  }
-  return full;
-}
-
-// Full model and optimizer state dicts, as a single process would have them: collective calls
-// on every rank (one all-gather per tensor); every rank gets the result.
-nn::NamedTensorList full_model_state(nn::Module& model, const fsdp::FSDPModule& root) {
-  nn::NamedTensorList out;
-  for (auto& [name, t] : model.named_parameters()) out.emplace_back(name, root.full_tensor(name));
-  for (auto& [name, t] : model.named_buffers()) out.emplace_back(name, t);  // buffers are not sharded
-  return out;
-}
-nn::NamedTensorList full_optimizer_state(nn::Optimizer& opt, nn::Module& model, const fsdp::FSDPModule& root) {
-  auto params = model.named_parameters();  // the optimizer was built from parameters() in this order
-  auto local = opt.state_dict();
-  // Every rank must gather the same tensors in the same order; they differ only if some shard
-  // never had a gradient. The all-reduce gives every rank the same verdict.
-  Tensor n = from_vector({double(local.size()), -double(local.size())}, {2}, {.dtype = kFloat64});
-  dist::world()->all_reduce(n, dist::ReduceOp::max)->wait();
-  double most = n.data<double>()[0], fewest = -n.data<double>()[1];
-  if (most != fewest)
-    throw AgreedError(fmt::format("mnist: the ranks hold different optimizer states ({} to {} tensors); cannot save "
-                                  "a full checkpoint", fewest, most));
-  nn::NamedTensorList out;
-  for (auto& [key, t] : local) {
-    auto i = per_element_state(key);
-    out.emplace_back(key, i ? gather_shards(t, root.shard_info(params.at(*i).first)) : t);
-  }
-  return out;
-}
-// The inverse: this rank's slice of a full optimizer state dict.
-nn::NamedTensorList local_optimizer_state(const nn::NamedTensorList& full, nn::Module& model,
-                                          const fsdp::FSDPModule& root) {
-  auto params = model.named_parameters();
-  nn::NamedTensorList out;
-  for (auto& [key, t] : full) {
-    auto i = per_element_state(key);
-    if (!i) {
-      out.emplace_back(key, t);
-      continue;
-    }
-    WEFT_CHECK(*i < params.size(), "mnist: checkpoint state \"{}\" names parameter {} of {}", key, *i, params.size());
-    auto info = root.shard_info(params[*i].first);
-    WEFT_CHECK(t.shape() == info.global_shape, "mnist: checkpoint state \"{}\" has shape {} but {} is {}", key,
-               shape_str(t.shape()), params[*i].first, shape_str(info.global_shape));
-    out.emplace_back(key, t.narrow(info.shard_dim, info.offset, info.length).contiguous());
-  }
-  return out;
+// The parameters' names in the optimizer's order (it is built from parameters()).
+std::vector<std::string> param_names(nn::Module& model) {
+  std::vector<std::string> names;
+  for (auto& [name, t] : model.named_parameters()) names.push_back(name);
+  return names;
 }
 
 int run(const Options& o, const Ranks& ranks) {
@@ -294,7 +227,7 @@ int run(const Options& o, const Ranks& ranks) {
   int64_t step = 0;
   if (ck) {
     on_every_rank(ranks, [&] {
-      opt->load_state_dict(root ? local_optimizer_state(ck->optim, *model, *root) : ck->optim);
+      opt->load_state_dict(root ? fsdp::local_optimizer_state_dict(ck->optim, param_names(*model), *root) : ck->optim);
     });
     step = ck->step;
     ck.reset();
@@ -358,8 +291,8 @@ int run(const Options& o, const Ranks& ranks) {
   }
   if (!o.save.empty()) {
     // Under FSDP every rank takes part in gathering the full state; rank 0 writes it.
-    nn::NamedTensorList model_sd = root ? full_model_state(*model, *root) : model->state_dict();
-    nn::NamedTensorList optim_sd = root ? full_optimizer_state(*opt, *model, *root) : opt->state_dict();
+    nn::NamedTensorList model_sd = root ? fsdp::full_state_dict(*model, *root) : model->state_dict();
+    nn::NamedTensorList optim_sd = root ? fsdp::full_optimizer_state_dict(*opt, param_names(*model), *root) : opt->state_dict();
     on_every_rank(ranks, [&] {
       if (ranks.lead()) save_checkpoint(o.save, model_sd, optim_sd, o, step);
     });

@@ -165,73 +165,6 @@ fsdp::FSDPModule shard_model(apps::GPT& model, const nn::ModulePtr& root, const 
   return fsdp::fully_shard(root, root_opts);
 }
 
-// "state.<i>.<name>" holding one value per element of parameter i (all but "step").
-std::optional<size_t> per_element_state(const std::string& key) {
-  if (key.rfind("state.", 0) != 0) return std::nullopt;
-  size_t dot = key.find('.', 6);
-  if (dot == std::string::npos || key.substr(dot + 1) == "step") return std::nullopt;
-  return size_t(std::stoull(key.substr(6, dot - 6)));
-}
-
-// The full tensor from every rank's shard (padded to equal chunks for the all-gather).
-Tensor gather_shards(const Tensor& local, const fsdp::ShardInfo& info) {
-  const int64_t dim = info.shard_dim, extent = info.global_shape.at(size_t(dim));
-  const int64_t chunk = (extent + info.world_size - 1) / info.world_size;
-  Shape chunk_shape = info.global_shape;
-  chunk_shape[size_t(dim)] = chunk;
-  Tensor padded = zeros(chunk_shape, {.dtype = local.dtype()});
-  if (info.length > 0) padded.narrow(dim, 0, info.length).copy_(local);
-  Tensor all = empty({int64_t(info.world_size), shape_numel(chunk_shape)}, {.dtype = local.dtype()});
-  dist::world()->all_gather_into_tensor(all.view({-1}), padded.view({-1}))->wait();
-  Tensor full = empty(info.global_shape, {.dtype = local.dtype()});
-  for (int r = 0; r < info.world_size; ++r) {
-    int64_t rows = std::clamp<int64_t>(extent - r * chunk, 0, chunk);
-    if (rows > 0) full.narrow(dim, r * chunk, rows).copy_(all.select(0, r).view(chunk_shape).narrow(dim, 0, rows));
-  }
-  return full;
-}
-
-nn::NamedTensorList full_model_state(nn::Module& model, const fsdp::FSDPModule& root) {
-  nn::NamedTensorList out;
-  for (auto& [name, t] : model.named_parameters()) out.emplace_back(name, root.full_tensor(name));
-  for (auto& [name, t] : model.named_buffers()) out.emplace_back(name, t);
-  return out;
-}
-
-// `names`: the parameters' names in the optimizer's order (its groups, concatenated).
-nn::NamedTensorList full_optimizer_state(nn::Optimizer& opt, const std::vector<std::string>& names,
-                                         const fsdp::FSDPModule& root) {
-  auto local = opt.state_dict();
-  Tensor n = from_vector({double(local.size()), -double(local.size())}, {2}, {.dtype = kFloat64});
-  dist::world()->all_reduce(n, dist::ReduceOp::max)->wait();
-  if (n.data<double>()[0] != -n.data<double>()[1])
-    throw AgreedError("transformer: the ranks hold different optimizer states; cannot save a full checkpoint");
-  nn::NamedTensorList out;
-  for (auto& [key, t] : local) {
-    auto i = per_element_state(key);
-    out.emplace_back(key, i ? gather_shards(t, root.shard_info(names.at(*i))) : t);
-  }
-  return out;
-}
-
-nn::NamedTensorList local_optimizer_state(const nn::NamedTensorList& full, const std::vector<std::string>& names,
-                                          const fsdp::FSDPModule& root) {
-  nn::NamedTensorList out;
-  for (auto& [key, t] : full) {
-    auto i = per_element_state(key);
-    if (!i) {
-      out.emplace_back(key, t);
-      continue;
-    }
-    WEFT_CHECK(*i < names.size(), "transformer: checkpoint state \"{}\" names parameter {} of {}", key, *i,
-               names.size());
-    auto info = root.shard_info(names[*i]);
-    WEFT_CHECK(t.shape() == info.global_shape, "transformer: checkpoint state \"{}\" has shape {} but {} is {}", key,
-               shape_str(t.shape()), names[*i], shape_str(info.global_shape));
-    out.emplace_back(key, t.narrow(info.shard_dim, info.offset, info.length).contiguous());
-  }
-  return out;
-}
 
 // Mean validation loss over `iters` fixed batches (the same ones at every evaluation and any
 // world size); each rank evaluates its rows and the means are averaged over ranks.
@@ -311,7 +244,7 @@ int train(TrainOptions o, const Ranks& ranks) {
   nn::WarmupCosineLR sched(opt, o.warmup, o.steps, o.min_lr_ratio);
   int64_t step = 0;
   if (ck) {
-    on_every_rank(ranks, [&] { opt.load_state_dict(root ? local_optimizer_state(ck->optim, opt_names, *root) : ck->optim); });
+    on_every_rank(ranks, [&] { opt.load_state_dict(root ? fsdp::local_optimizer_state_dict(ck->optim, opt_names, *root) : ck->optim); });
     step = ck->step;
     ck.reset();
     sched.set_last_step(step);
@@ -334,8 +267,8 @@ int train(TrainOptions o, const Ranks& ranks) {
   }
 
   auto write_checkpoint = [&] {
-    nn::NamedTensorList model_sd = root ? full_model_state(*model, *root) : model->state_dict();
-    nn::NamedTensorList optim_sd = root ? full_optimizer_state(opt, opt_names, *root) : opt.state_dict();
+    nn::NamedTensorList model_sd = root ? fsdp::full_state_dict(*model, *root) : model->state_dict();
+    nn::NamedTensorList optim_sd = root ? fsdp::full_optimizer_state_dict(opt, opt_names, *root) : opt.state_dict();
     on_every_rank(ranks, [&] {
       if (ranks.lead()) save_checkpoint(o.checkpoint_dir, model_sd, optim_sd, o.model, o, step);
     });
