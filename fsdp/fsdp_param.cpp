@@ -28,10 +28,26 @@ FSDPParam::FSDPParam(std::string name, std::vector<Tensor*> slots, int64_t shard
   load_full(orig);
 }
 
-Tensor FSDPParam::chunk_view(const Tensor& flat) const {
+Tensor FSDPParam::chunk_view(const Tensor& flat, int64_t chunk) const {
   Shape s = global_shape_.empty() ? Shape{1} : global_shape_;
-  s[size_t(shard_dim_)] = chunk_;
+  s[size_t(shard_dim_)] = chunk < 0 ? chunk_ : chunk;
   return flat.view(s);
+}
+
+int64_t FSDPParam::padded_numel_for(int ranks) const {
+  Shape s = global_shape_.empty() ? Shape{1} : global_shape_;
+  s[size_t(shard_dim_)] = (extent() + ranks - 1) / ranks;
+  return shape_numel(s);
+}
+
+void FSDPParam::copy_chunk_of_unsharded(int index, int ranks, const Tensor& flat) const {
+  int64_t chunk = (extent() + ranks - 1) / ranks;
+  int64_t start = int64_t(index) * chunk, rows = std::clamp<int64_t>(extent() - start, 0, chunk);
+  Tensor dst = chunk_view(flat, chunk);
+  dst.zero_();
+  if (rows == 0) return;
+  Tensor src = global_shape_.empty() ? unsharded_.detach().view({1}) : unsharded_.detach();
+  copy_elements(dst.narrow(shard_dim_, 0, rows), src.narrow(shard_dim_, start, rows));
 }
 
 void FSDPParam::load_full(const Tensor& full) {
@@ -46,24 +62,24 @@ void FSDPParam::load_full(const Tensor& full) {
                 src.detach().narrow(shard_dim_, int64_t(rank_) * chunk_, local_rows_));
 }
 
-void FSDPParam::copy_out(const Tensor& gathered, DType unsharded_dtype) {
+void FSDPParam::copy_out(const Tensor& gathered, DType unsharded_dtype, int64_t column_offset, int ranks) {
   if (!unsharded_.defined() || unsharded_.dtype() != unsharded_dtype) {
     unsharded_ = empty(global_shape_, {.dtype = unsharded_dtype, .device = gathered.device()});
     if (requires_grad_) unsharded_.set_requires_grad(true);
   } else if (!unsharded_.storage()->is_allocated()) {
     unsharded_.storage()->allocate(size_t(unsharded_.numel()) * unsharded_.element_size());
   }
-  assemble_into(gathered, offset_, unsharded_.detach());
+  assemble_into(gathered, column_offset, unsharded_.detach(), ranks);
 }
 
-void FSDPParam::assemble_into(const Tensor& gathered, int64_t column_offset, const Tensor& full) const {
+void FSDPParam::assemble_into(const Tensor& gathered, int64_t column_offset, const Tensor& full, int ranks) const {
+  if (ranks == 0) ranks = world_;
+  const int64_t chunk = (extent() + ranks - 1) / ranks, padded = padded_numel_for(ranks);
   Tensor dst = global_shape_.empty() ? full.view({1}) : full;
-  int64_t extent = dst.size(shard_dim_);
-  for (int r = 0; r < world_; ++r) {
-    int64_t start = int64_t(r) * chunk_, rows = std::clamp<int64_t>(extent - start, 0, chunk_);
+  for (int r = 0; r < ranks; ++r) {
+    int64_t start = int64_t(r) * chunk, rows = std::clamp<int64_t>(extent() - start, 0, chunk);
     if (rows == 0) break;
-    Tensor src =
-        chunk_view(gathered.select(0, r).narrow(0, column_offset, padded_numel_)).narrow(shard_dim_, 0, rows);
+    Tensor src = chunk_view(gathered.select(0, r).narrow(0, column_offset, padded), chunk).narrow(shard_dim_, 0, rows);
     copy_elements(dst.narrow(shard_dim_, start, rows), src);
   }
 }

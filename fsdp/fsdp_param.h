@@ -33,11 +33,17 @@ class FSDPParam {
 
   // Copies the global values of `full` (shape global_shape) into this rank's chunk.
   void load_full(const Tensor& full);
-  // Writes the full value into `dst` (global shape) from an all-gathered buffer [world, cols]
-  // whose columns [column_offset, column_offset + padded) hold each rank's padded chunk.
-  void assemble_into(const Tensor& gathered, int64_t column_offset, const Tensor& dst) const;
-  // Builds the unsharded parameter from the group's all-gathered buffer [world, group_numel].
-  void copy_out(const Tensor& gathered, DType unsharded_dtype);
+  // Writes the full value into `dst` (global shape) from an all-gathered buffer [ranks, cols]
+  // whose columns [column_offset, column_offset + padded) hold each rank's padded chunk, the
+  // parameter being cut into `ranks` chunks (0: the shard group's size).
+  void assemble_into(const Tensor& gathered, int64_t column_offset, const Tensor& dst, int ranks = 0) const;
+  // Builds the unsharded parameter from an all-gathered buffer [ranks, cols] as above.
+  void copy_out(const Tensor& gathered, DType unsharded_dtype, int64_t column_offset, int ranks = 0);
+  // Elements of one padded chunk when cut into `ranks` chunks.
+  int64_t padded_numel_for(int ranks) const;
+  // Copies chunk `index` (of `ranks`) of the unsharded parameter into `flat` [padded_numel_for(ranks)],
+  // zero padding included.
+  void copy_chunk_of_unsharded(int index, int ranks, const Tensor& flat) const;
   // Packs the unsharded gradient into `send` [world, group_numel] at this param's columns,
   // zero padding included, converted to send's dtype.
   void copy_in_grad(const Tensor& send) const;
@@ -51,8 +57,9 @@ class FSDPParam {
   void use_unsharded();
 
  private:
-  // View of a flat [padded_numel] chunk as the chunk's own shape (padded extent on shard_dim).
-  Tensor chunk_view(const Tensor& flat) const;
+  // View of a flat chunk as the chunk's own shape (padded extent `chunk` on shard_dim).
+  Tensor chunk_view(const Tensor& flat, int64_t chunk = -1) const;
+  int64_t extent() const { return global_shape_.empty() ? 1 : global_shape_[size_t(shard_dim_)]; }
   std::string name_;
   std::vector<Tensor*> slots_;
   Shape global_shape_;

@@ -33,8 +33,10 @@ struct FullyShardOptions {
   // over dim 1 and averages gradients over dim 0 (HSDP). Null: the 1-D world mesh.
   std::shared_ptr<dist::DeviceMesh> mesh;
   // After forward: true frees the unsharded parameters (gathered again for backward), false
-  // keeps them until after backward. Unset: true, except for the root module (false).
-  std::optional<bool> reshard_after_forward;
+  // keeps them until after backward, an int k keeps 1/k of them per rank so that backward
+  // gathers within groups of k neighbouring ranks (k must divide the world size; 1-D meshes).
+  // Unset: true, except for the root module (false).
+  std::optional<std::variant<bool, int>> reshard_after_forward;
   // Dim to shard each parameter on (default 0); other dims must divide evenly.
   std::function<int64_t(const std::string& name, const Tensor& param)> shard_placement_fn;
   MixedPrecisionPolicy mp_policy;

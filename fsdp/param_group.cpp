@@ -48,20 +48,30 @@ FSDPParamGroup::FSDPParamGroup(std::vector<Entry> entries, const FullyShardOptio
 }
 
 void FSDPParamGroup::start_unshard() {
-  if (state_ != State::sharded) return;
-  const int world = shard_group_->size();
-  // The shard buffer is sent as is unless parameters are gathered in another dtype.
-  gather_send_ = param_dtype_ == flat_shard_.dtype() ? flat_shard_ : flat_shard_.to(param_dtype_);
-  gather_recv_ = empty({int64_t(world), group_numel_}, {.dtype = param_dtype_, .device = flat_shard_.device()});
+  if (state_ != State::sharded && state_ != State::partial) return;
   gather_started_us_ = trace::enabled() ? trace::now_us() : 0;
-  gather_work_ = shard_group_->all_gather_into_tensor(gather_recv_.view({-1}), gather_send_);
+  if (state_ == State::partial) {
+    // Gather within the subgroup from the chunks kept after forward.
+    gather_send_ = partial_shard_;
+    gather_recv_ = empty({int64_t(partial_group_->size()), partial_shard_.numel()},
+                         {.dtype = partial_shard_.dtype(), .device = partial_shard_.device()});
+    gather_work_ = partial_group_->all_gather_into_tensor(gather_recv_.view({-1}), gather_send_);
+    gathering_partial_ = true;
+  } else {
+    const int world = shard_group_->size();
+    // The shard buffer is sent as is unless parameters are gathered in another dtype.
+    gather_send_ = param_dtype_ == flat_shard_.dtype() ? flat_shard_ : flat_shard_.to(param_dtype_);
+    gather_recv_ = empty({int64_t(world), group_numel_}, {.dtype = param_dtype_, .device = flat_shard_.device()});
+    gather_work_ = shard_group_->all_gather_into_tensor(gather_recv_.view({-1}), gather_send_);
+    gathering_partial_ = false;
+  }
   ++stats.all_gathers;
   state_ = State::gathering;
 }
 
 void FSDPParamGroup::finish_unshard() {
   if (state_ == State::unsharded) return;
-  if (state_ == State::sharded) start_unshard();
+  if (state_ == State::sharded || state_ == State::partial) start_unshard();
   {
     trace::Span span("wait all_gather", "fsdp");
     gather_work_->wait();
@@ -70,11 +80,17 @@ void FSDPParamGroup::finish_unshard() {
     trace::record("all_gather " + label, "comm", gather_started_us_, trace::now_us() - gather_started_us_, 1);
   {
     NoGradGuard no_grad;
-    for (auto& p : params_) p->copy_out(gather_recv_, param_dtype_);
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (gathering_partial_)
+        params_[i]->copy_out(gather_recv_, param_dtype_, partial_offsets_[i], partial_group_->size());
+      else
+        params_[i]->copy_out(gather_recv_, param_dtype_, params_[i]->storage_offset());
+    }
   }
   gather_work_.reset();
   gather_send_ = Tensor();
   gather_recv_ = Tensor();
+  partial_shard_ = Tensor();
   for (auto& p : params_) p->use_unsharded();
   state_ = State::unsharded;
 }
@@ -85,7 +101,30 @@ void FSDPParamGroup::reshard() {
     p->free_unsharded();
     p->use_sharded();
   }
+  partial_shard_ = Tensor();
   state_ = State::sharded;
+}
+
+void FSDPParamGroup::reshard_to_subgroup(const dist::ProcessGroupPtr& group) {
+  if (state_ == State::gathering) finish_unshard();
+  if (state_ != State::unsharded) return;
+  const int k = group->size(), index = group->rank();
+  partial_group_ = group;
+  partial_offsets_.clear();
+  int64_t total = 0;
+  for (auto& p : params_) {
+    partial_offsets_.push_back(total);
+    total += p->padded_numel_for(k);
+  }
+  Tensor kept = empty({total}, {.dtype = param_dtype_, .device = flat_shard_.device()});
+  {
+    NoGradGuard no_grad;
+    for (size_t i = 0; i < params_.size(); ++i)
+      params_[i]->copy_chunk_of_unsharded(index, k, kept.narrow(0, partial_offsets_[i], params_[i]->padded_numel_for(k)));
+  }
+  reshard();
+  partial_shard_ = kept;
+  state_ = State::partial;
 }
 
 bool FSDPParamGroup::has_unsharded_grads() const {

@@ -33,7 +33,9 @@ class FSDPParamGroup {
   DType unsharded_dtype() const { return param_dtype_; }
   const dist::ProcessGroupPtr& shard_group() const { return shard_group_; }
 
-  enum class State { sharded, gathering, unsharded };
+  // partial: after a forward with reshard_after_forward = k, each rank keeps its 1/k chunk of
+  // the full parameters, gathered again within its group of k ranks for backward.
+  enum class State { sharded, partial, gathering, unsharded };
   State state() const { return state_; }
   // Starts the all-gather unless already gathering or unsharded.
   void start_unshard();
@@ -42,6 +44,9 @@ class FSDPParamGroup {
   void finish_unshard();
   // Frees the unsharded parameters and points the slots back at the sharded ones.
   void reshard();
+  // Keeps this rank's chunk of the full parameters for its group of `post_forward_group`'s
+  // ranks, then reshards (state partial).
+  void reshard_to_subgroup(const dist::ProcessGroupPtr& post_forward_group);
 
   // After backward: packs the unsharded gradients and starts their reduce-scatter (and, with
   // HSDP, the all-reduce across replicas happens in finish); frees the unsharded gradients.
@@ -66,6 +71,11 @@ class FSDPParamGroup {
   DType param_dtype_, reduce_dtype_;
   State state_ = State::sharded;
   dist::WorkPtr gather_work_;
+  // reshard_after_forward = k: the subgroup, this rank's chunks of it, and their offsets.
+  dist::ProcessGroupPtr partial_group_;
+  Tensor partial_shard_;
+  std::vector<int64_t> partial_offsets_;
+  bool gathering_partial_ = false;
   uint64_t gather_started_us_ = 0, rs_started_us_ = 0;  // for traces
   Tensor gather_send_, gather_recv_;
   struct PendingReduce {

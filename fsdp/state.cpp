@@ -1,5 +1,6 @@
 #include "fsdp/state.h"
 
+#include <map>
 #include <unordered_map>
 
 #include "autograd/engine.h"
@@ -49,8 +50,28 @@ void register_state(const nn::Module& module, const std::shared_ptr<FSDPState>& 
 
 FSDPState::FSDPState(nn::Module& m, const FullyShardOptions& opts, std::unique_ptr<FSDPParamGroup> g,
                      std::shared_ptr<dist::DeviceMesh> mesh_)
-    : module(m), group(std::move(g)), mesh(std::move(mesh_)), mp(opts.mp_policy),
-      reshard_after_forward(opts.reshard_after_forward) {}
+    : module(m), group(std::move(g)), mesh(std::move(mesh_)), mp(opts.mp_policy) {
+  if (opts.reshard_after_forward) {
+    if (const bool* b = std::get_if<bool>(&*opts.reshard_after_forward)) {
+      reshard_after_forward = *b;
+    } else {
+      int k = std::get<int>(*opts.reshard_after_forward);
+      int n = mesh->group(mesh->ndim() - 1)->size();
+      WEFT_CHECK(mesh->ndim() == 1, "fully_shard: reshard_after_forward = {} needs a 1-D mesh, got {}", k, mesh->str());
+      WEFT_CHECK(k >= 1 && k <= n && n % k == 0,
+                 "fully_shard: reshard_after_forward = {} must divide the {} ranks of the mesh", k, n);
+      reshard_after_forward = true;
+      // Groups of k neighbouring ranks (one communicator per k for all modules); k == n is
+      // plain resharding.
+      static std::map<int, dist::ProcessGroupPtr> groups;
+      if (k < n) {
+        auto& g = groups[k];
+        if (!g || g->closed()) g = dist::DeviceMesh(mesh->device_type(), {n / k, k}).group(1);
+        reshard_group = g;
+      }
+    }
+  }
+}
 
 void FSDPState::lazy_init() {
   is_root = true;
@@ -176,7 +197,10 @@ std::optional<TensorList> FSDPState::post_forward(const TensorList& outputs) {
   if (*is_root) root->order_recorded = true;  // the root's forward ends last
   bool grad = GradMode::is_enabled();
   // Without gradients no backward follows, so nothing needs to stay gathered.
-  if (group && (*reshard_after_forward || !grad)) group->reshard();
+  if (group && (*reshard_after_forward || !grad)) {
+    if (grad && reshard_group) group->reshard_to_subgroup(reshard_group);
+    else group->reshard();
+  }
   if (forward_started_us)
     trace::record("forward " + path, "fsdp", forward_started_us, trace::now_us() - forward_started_us);
   TensorList out = outputs;

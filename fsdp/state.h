@@ -25,6 +25,7 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   std::shared_ptr<dist::DeviceMesh> mesh;
   MixedPrecisionPolicy mp;
   std::optional<bool> reshard_after_forward;  // resolved at lazy init
+  dist::ProcessGroupPtr reshard_group;        // reshard_after_forward = k: the k ranks to keep 1/k for
   bool requires_gradient_sync = true;
   bool reshard_after_backward = true;
   bool unshard_in_backward = true;

@@ -253,3 +253,28 @@ TEST_CASE("bad input: tied parameters split across groups, models that differ ac
   fsdp::fully_shard(other);
   CHECK_THROWS_WITH((*other)(ones({2, 4})), Catch::Contains("ranks hold different models") && Catch::Contains("rank 1"));
 }
+
+TEST_CASE("reshard_after_forward = 2: backward gathers within pairs of ranks") {
+  int n = dist::world_size();
+  if (n < 4) {
+    WARN("resharding to a smaller world needs a divisor 1 < k < world size; checked under mpirun -np 4");
+    return;
+  }
+  parity({.opts = {.reshard_after_forward = 2}});
+  manual_seed(11);
+  auto model = std::make_shared<Stack>();
+  std::vector<fsdp::FSDPModule> blocks;
+  for (auto& b : *model->blocks) blocks.push_back(fsdp::fully_shard(b, {.reshard_after_forward = 2}));
+  auto root = fsdp::fully_shard(model);
+  Tensor l = loss_of(*model, slice(batch(0), dist::rank(), n));
+  // After forward each block keeps 1/2 of its parameters: more than a shard, less than all.
+  auto b0 = model->blocks->at<nn::Block>(0);
+  CHECK(b0->mlp->c_fc->weight.shape() == Shape{32 / n, 8});  // the registered shard again
+  auto before = root.comm_stats();
+  l.backward();
+  auto after = root.comm_stats();
+  CHECK(after.all_gathers - before.all_gathers == 3);  // the blocks, within their pairs
+  CHECK(after.reduce_scatters - before.reduce_scatters == 4);
+  CHECK_THROWS_WITH(fsdp::fully_shard(std::make_shared<nn::Linear>(2, 2), {.reshard_after_forward = 3}),
+                    Catch::Contains("must divide"));
+}

@@ -156,7 +156,10 @@ Checkpoint read_checkpoint(const std::string& where) {
 // gathered and used in bf16, gradients reduced in f32, and the logits come out in f32 for the loss.
 fsdp::FSDPModule shard_model(apps::GPT& model, const nn::ModulePtr& root, const TrainOptions& o) {
   fsdp::FullyShardOptions block_opts;
-  block_opts.reshard_after_forward = o.reshard_after_forward == "true";
+  if (o.reshard_after_forward == "true" || o.reshard_after_forward == "false")
+    block_opts.reshard_after_forward = o.reshard_after_forward == "true";
+  else  // N: keep 1/N per rank, gathered within groups of N ranks for backward
+    block_opts.reshard_after_forward = std::stoi(o.reshard_after_forward);
   if (o.mixed_precision == "bf16") block_opts.mp_policy = {.param_dtype = DType::bf16, .reduce_dtype = kFloat32};
   fsdp::FullyShardOptions root_opts;
   root_opts.mp_policy = block_opts.mp_policy;
@@ -427,9 +430,9 @@ int main(int argc, char** argv) {
   tr->add_option("--resume", t.resume, "continue from the checkpoint in DIR (written at any number of ranks)");
   tr->add_flag("--fsdp", t.fsdp, "shard over the ranks of mpirun: fully_shard per block, then the root");
   tr->add_option("--reshard-after-forward", t.reshard_after_forward,
-                 "under --fsdp: free each block's gathered parameters after forward (true) or keep them for "
-                 "backward (false)")
-      ->check(CLI::IsMember({"true", "false"}))->capture_default_str();
+                 "under --fsdp: free each block's gathered parameters after forward (true), keep them for "
+                 "backward (false), or keep 1/N per rank and gather within groups of N ranks (N)")
+      ->check(CLI::IsMember({"true", "false"}) | CLI::PositiveNumber)->capture_default_str();
   tr->add_option("--mixed-precision", t.mixed_precision,
                  "under --fsdp: bf16 gathers and computes in bf16, reduces gradients in f32; none keeps f32")
       ->check(CLI::IsMember({"bf16", "none"}))->capture_default_str();
