@@ -9,7 +9,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 
-"$exe" --help | grep -q -- "--checkpoint\|--save" || fail "--help does not list --save"
+"$exe" --help | grep -- "--checkpoint\|--save" >/dev/null || fail "--help does not list --save"
 if "$exe" --model rnn 2>"$tmp/err"; then fail "--model rnn accepted"; fi
 grep -q "rnn" "$tmp/err" || fail "bad --model not named: $(cat "$tmp/err")"
 if "$exe" --data "$tmp/nowhere" --steps 1 2>"$tmp/err"; then fail "missing data accepted"; fi
@@ -23,10 +23,10 @@ common=(--seed 3 --batch-size 64 --threads 1)
 loss_at() { grep "\"step\":$2[,}]" "$1" | grep -v '"split"' | grep -o '"loss":[^,}]*'; }
 for f in a b; do
   for key in '"step":' '"loss":' '"lr":' '"samples_per_s":'; do
-    head -1 "$tmp/$f.jsonl" | grep -q "$key" || fail "metrics line lacks $key: $(head -1 "$tmp/$f.jsonl")"
+    head -1 "$tmp/$f.jsonl" | grep "$key" >/dev/null || fail "metrics line lacks $key: $(head -1 "$tmp/$f.jsonl")"
   done
   grep -q '"split":"test"' "$tmp/$f.jsonl" || fail "no test evaluation line in $f.jsonl"
-  grep '"split":"test"' "$tmp/$f.jsonl" | grep -q '"accuracy":' || fail "test line lacks accuracy"
+  grep '"split":"test"' "$tmp/$f.jsonl" | grep '"accuracy":' >/dev/null || fail "test line lacks accuracy"
 done
 a20=$(loss_at "$tmp/a.jsonl" 20); b20=$(loss_at "$tmp/b.jsonl" 20)
 a30=$(loss_at "$tmp/a.jsonl" 30); b30=$(loss_at "$tmp/b.jsonl" 30)

@@ -63,7 +63,7 @@ if run "${launch[@]}" -np 2 "$mnist" --fsdp --batch-size 63 --steps 1 >/dev/null
   fail "--batch-size 63 at 2 ranks accepted"
 fi
 for r in 0 1; do
-  grep "error on rank $r" "$tmp/err" | grep -q "does not split evenly over 2 ranks" ||
+  grep "error on rank $r" "$tmp/err" | grep "does not split evenly over 2 ranks" >/dev/null ||
     fail "rank $r does not explain the bad batch size: $(cat "$tmp/err")"
 done
 echo "mnist --fsdp ok: losses at steps 10 and 20 match single-process at 2 and 4 ranks and after resuming" \

@@ -15,8 +15,8 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 
-"$exe" --help | grep -q "sample" || fail "--help does not list the sample subcommand"
-"$exe" train --help | grep -q -- "--checkpoint-dir" || fail "train --help does not list --checkpoint-dir"
+"$exe" --help | grep "sample" >/dev/null || fail "--help does not list the sample subcommand"
+"$exe" train --help | grep -- "--checkpoint-dir" >/dev/null || fail "train --help does not list --checkpoint-dir"
 if "$exe" train --n-head 3 --d-model 32 --steps 1 2>"$tmp/err"; then fail "--n-head 3 --d-model 32 accepted"; fi
 grep -q "does not divide --d-model" "$tmp/err" || fail "bad --n-head not explained: $(cat "$tmp/err")"
 if "$exe" train --data "$tmp/nowhere" --steps 1 2>"$tmp/err"; then fail "missing data accepted"; fi
@@ -34,7 +34,7 @@ grep -q " 34688 parameters" "$tmp/a.err" || fail "parameter count is not 34688: 
 
 loss_at() { grep "\"step\":$2[,}]" "$1" | grep -v '"split"' | grep -o '"loss":[^,}]*' | cut -d: -f2; }
 for key in '"step":' '"loss":' '"lr":' '"tokens_per_s":' '"peak_bytes":'; do
-  head -1 "$tmp/a.jsonl" | grep -q "$key" || fail "metrics line lacks $key: $(head -1 "$tmp/a.jsonl")"
+  head -1 "$tmp/a.jsonl" | grep "$key" >/dev/null || fail "metrics line lacks $key: $(head -1 "$tmp/a.jsonl")"
 done
 grep -q '"split":"val"' "$tmp/a.jsonl" || fail "no validation line in the metrics"
 a1=$(loss_at "$tmp/a.jsonl" 1); a10=$(loss_at "$tmp/a.jsonl" 10); a30=$(loss_at "$tmp/a.jsonl" 30)
@@ -52,9 +52,9 @@ for key in 'model.transformer.wte.weight":{"dtype":"F32","shape":[256,32]' \
            'model.transformer.h.1.attn.c_attn.weight":{"dtype":"F32","shape":[96,32]' \
            'model.transformer.h.1.mlp.c_proj.weight":{"dtype":"F32","shape":[32,128]' \
            'model.transformer.ln_f.bias":{"dtype":"F32","shape":[32]'; do
-  head -c 20000 "$tmp/ck/checkpoint.safetensors" | grep -aqF "$key" || fail "checkpoint lacks $key"
+  head -c 20000 "$tmp/ck/checkpoint.safetensors" | grep -aF "$key" >/dev/null || fail "checkpoint lacks $key"
 done
-if head -c 20000 "$tmp/ck/checkpoint.safetensors" | grep -aq "lm_head"; then fail "tied head saved as lm_head"; fi
+if head -c 20000 "$tmp/ck/checkpoint.safetensors" | grep -a "lm_head" >/dev/null; then fail "tied head saved as lm_head"; fi
 
 # sample: the prompt, then exactly N bytes, then a newline.
 "$exe" sample --checkpoint "$tmp/ck" --prompt "Q: " --tokens 40 --top-k 8 --temperature 0.8 --seed 2 >"$tmp/s.txt"
