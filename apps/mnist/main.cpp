@@ -11,6 +11,7 @@
 
 #include "apps/common/metrics.h"
 #include "apps/common/progress.h"
+#include "apps/common/ranks.h"
 #include "apps/mnist/idx.h"
 #include "apps/mnist/models.h"
 #include "core/safetensors.h"
@@ -36,48 +37,9 @@ struct Options {
   bool fsdp = false;
 };
 
-// Where this process sits. Without --fsdp: a world of one that never communicates.
-struct Ranks {
-  bool fsdp = false;
-  int rank = 0, world = 1;
-  bool lead() const { return rank == 0; }  // prints, writes metrics and checkpoints
-};
-
-// A failure every rank knows about: all of them stop cleanly (no rank is left waiting).
-struct AgreedError : Error {
-  using Error::Error;
-};
-
-// Runs rank-local work (reading files, checking flags) and then lets every rank learn whether
-// any rank failed, so a failure on one rank fails all instead of leaving the others waiting in
-// the next collective. The failing rank reports its own message; the others say why they stop.
-template <class Work>
-void on_every_rank(const Ranks& ranks, Work&& work) {
-  std::exception_ptr error;
-  try {
-    work();
-  } catch (...) {
-    error = std::current_exception();
-  }
-  if (ranks.fsdp) {
-    Tensor failed = from_vector({error ? 1.0 : 0.0}, {1}, {.dtype = kFloat64});
-    dist::world()->all_reduce(failed, dist::ReduceOp::max)->wait();
-    if (!error && failed.item() > 0) throw AgreedError("mnist: stopping because another rank failed (see its message)");
-  }
-  if (!error) return;
-  try {
-    std::rethrow_exception(error);
-  } catch (const std::exception& e) {
-    throw AgreedError(e.what());
-  }
-}
-
-double mean_over_ranks(double local, const Ranks& ranks) {
-  if (!ranks.fsdp) return local;
-  Tensor t = from_vector({local}, {1}, {.dtype = kFloat64});
-  dist::world()->all_reduce(t, dist::ReduceOp::avg)->wait();
-  return t.item();
-}
+using apps::AgreedError;
+using apps::Ranks;
+using apps::mean_over_ranks;
 
 std::unique_ptr<nn::Optimizer> make_optimizer(const Options& o, std::vector<Tensor> params) {
   if (o.optimizer == "adamw") return std::make_unique<nn::AdamW>(std::move(params), nn::AdamWOptions{.lr = o.lr});
@@ -196,7 +158,7 @@ int run(const Options& o, const Ranks& ranks) {
   std::optional<Checkpoint> ck;
   std::optional<apps::MetricsWriter> metrics;
   int64_t n_train = 0, steps_per_epoch = 0;
-  on_every_rank(ranks, [&] {
+  apps::on_every_rank(ranks, "mnist", [&] {
     if (o.threads > 0) set_num_threads(o.threads);
     WEFT_CHECK(o.batch_size > 0 && o.epochs > 0 && o.lr > 0, "mnist: --batch-size, --epochs and --lr must be positive");
     WEFT_CHECK(o.batch_size % ranks.world == 0,
@@ -226,7 +188,7 @@ int run(const Options& o, const Ranks& ranks) {
   auto opt = make_optimizer(o, model->parameters());  // after sharding: steps this rank's shards
   int64_t step = 0;
   if (ck) {
-    on_every_rank(ranks, [&] {
+    apps::on_every_rank(ranks, "mnist", [&] {
       opt->load_state_dict(root ? fsdp::local_optimizer_state_dict(ck->optim, param_names(*model), *root) : ck->optim);
     });
     step = ck->step;
@@ -293,7 +255,7 @@ int run(const Options& o, const Ranks& ranks) {
     // Under FSDP every rank takes part in gathering the full state; rank 0 writes it.
     nn::NamedTensorList model_sd = root ? fsdp::full_state_dict(*model, *root) : model->state_dict();
     nn::NamedTensorList optim_sd = root ? fsdp::full_optimizer_state_dict(*opt, param_names(*model), *root) : opt->state_dict();
-    on_every_rank(ranks, [&] {
+    apps::on_every_rank(ranks, "mnist", [&] {
       if (ranks.lead()) save_checkpoint(o.save, model_sd, optim_sd, o, step);
     });
     if (ranks.lead())

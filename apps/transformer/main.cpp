@@ -17,6 +17,7 @@
 
 #include "apps/common/metrics.h"
 #include "apps/common/progress.h"
+#include "apps/common/ranks.h"
 #include "apps/transformer/gpt.h"
 #include "apps/transformer/text_data.h"
 #include "core/safetensors.h"
@@ -52,47 +53,9 @@ struct SampleOptions {
   int threads = 0;
 };
 
-struct Ranks {
-  bool fsdp = false;
-  int rank = 0, world = 1;
-  bool lead() const { return rank == 0; }  // prints, writes metrics and checkpoints
-};
-
-// A failure every rank knows about: all of them stop cleanly (no rank is left waiting).
-struct AgreedError : Error {
-  using Error::Error;
-};
-
-// Runs rank-local work, then lets every rank learn whether any failed, so one rank's failure
-// stops all of them instead of leaving the others waiting in the next collective.
-template <class Work>
-void on_every_rank(const Ranks& ranks, Work&& work) {
-  std::exception_ptr error;
-  try {
-    work();
-  } catch (...) {
-    error = std::current_exception();
-  }
-  if (ranks.fsdp) {
-    Tensor failed = from_vector({error ? 1.0 : 0.0}, {1}, {.dtype = kFloat64});
-    dist::world()->all_reduce(failed, dist::ReduceOp::max)->wait();
-    if (!error && failed.item() > 0)
-      throw AgreedError("transformer: stopping because another rank failed (see its message)");
-  }
-  if (!error) return;
-  try {
-    std::rethrow_exception(error);
-  } catch (const std::exception& e) {
-    throw AgreedError(e.what());
-  }
-}
-
-double mean_over_ranks(double local, const Ranks& ranks) {
-  if (!ranks.fsdp) return local;
-  Tensor t = from_vector({local}, {1}, {.dtype = kFloat64});
-  dist::world()->all_reduce(t, dist::ReduceOp::avg)->wait();
-  return t.item();
-}
+using apps::AgreedError;
+using apps::Ranks;
+using apps::mean_over_ranks;
 
 // ---- checkpoints: the full (unsharded) model and optimizer state plus the config and step,
 // one safetensors file written atomically, whatever the world size that wrote it.
@@ -191,7 +154,7 @@ int train(TrainOptions o, const Ranks& ranks) {
   std::optional<Checkpoint> ck;
   std::optional<apps::MetricsWriter> metrics;
   o.model.tie_weights = !o.untie;
-  on_every_rank(ranks, [&] {
+  apps::on_every_rank(ranks, "transformer", [&] {
     if (o.threads > 0) set_num_threads(o.threads);
     apps::check_config(o.model);
     WEFT_CHECK(o.lr > 0 && o.steps > 0 && o.batch_size > 0 && o.grad_accum > 0,
@@ -247,7 +210,7 @@ int train(TrainOptions o, const Ranks& ranks) {
   nn::WarmupCosineLR sched(opt, o.warmup, o.steps, o.min_lr_ratio);
   int64_t step = 0;
   if (ck) {
-    on_every_rank(ranks, [&] { opt.load_state_dict(root ? fsdp::local_optimizer_state_dict(ck->optim, opt_names, *root) : ck->optim); });
+    apps::on_every_rank(ranks, "transformer", [&] { opt.load_state_dict(root ? fsdp::local_optimizer_state_dict(ck->optim, opt_names, *root) : ck->optim); });
     step = ck->step;
     ck.reset();
     sched.set_last_step(step);
@@ -272,7 +235,7 @@ int train(TrainOptions o, const Ranks& ranks) {
   auto write_checkpoint = [&] {
     nn::NamedTensorList model_sd = root ? fsdp::full_state_dict(*model, *root) : model->state_dict();
     nn::NamedTensorList optim_sd = root ? fsdp::full_optimizer_state_dict(opt, opt_names, *root) : opt.state_dict();
-    on_every_rank(ranks, [&] {
+    apps::on_every_rank(ranks, "transformer", [&] {
       if (ranks.lead()) save_checkpoint(o.checkpoint_dir, model_sd, optim_sd, o.model, o, step);
     });
     if (ranks.lead())
