@@ -82,7 +82,6 @@ void run_backward(const TensorList& roots, const TensorList& root_grads, bool re
 
   for (size_t i = 0; i < roots.size(); ++i) deliver("backward root", root_edges[i], root_grads[i]);
 
-  std::vector<std::shared_ptr<Node>> executed;
   while (!ready.empty()) {
     std::shared_ptr<Node> node = ready.top();
     ready.pop();
@@ -111,10 +110,10 @@ void run_backward(const TensorList& roots, const TensorList& root_grads, bool re
       if (!e.valid()) continue;
       deliver(node->name(), e, i < out.size() ? out[i] : Tensor());
     }
-    executed.push_back(std::move(node));
+    // Saved activations go as soon as their node has run (not at the end of the backward),
+    // so the backward's peak holds only the activations still ahead of it.
+    if (!retain_graph) node->release_saved();
   }
-  if (!retain_graph)
-    for (auto& n : executed) n->release_saved();
 }
 
 // Entry points core's Tensor methods reach through detail::autograd_hooks().

@@ -109,4 +109,18 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = {}, in
               int64_t padding = 0);
 Tensor max_pool2d(const Tensor& x, int64_t kernel_size, int64_t stride = -1, int64_t padding = 0);
 
+// ---- attention (autograd/ops_attention.cpp)
+// softmax(q k^T / sqrt(E) (+ causal mask)) v for q [B, H, Tq, E], k [B, H, Tk, E],
+// v [B, H, Tk, Ev] -> [B, H, Tq, Ev], as torch's F.scaled_dot_product_attention with
+// is_causal (which here needs Tq == Tk). One fused node that never holds the [B, H, Tq, Tk]
+// probabilities; dropout on them (p > 0 while training) falls back to the composite ops.
+// The output is stored [B, Tq, H, Ev], so out.transpose(1, 2) is contiguous.
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = false,
+                                    double dropout_p = 0.0, bool training = true, Generator* gen = nullptr);
+// The same on a fused projection qkv [B, T, 3d] (q | k | v along the last dim, each split
+// into n_head heads, as nanoGPT's c_attn) -> [B, T, d] with the heads concatenated. Reads the
+// heads in place and writes the gradient of qkv as one tensor.
+Tensor scaled_dot_product_attention_qkv(const Tensor& qkv, int64_t n_head, bool causal = true,
+                                        double dropout_p = 0.0, bool training = true, Generator* gen = nullptr);
+
 }  // namespace weft

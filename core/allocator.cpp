@@ -1,6 +1,7 @@
 #include "core/allocator.h"
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <new>
 
@@ -25,13 +26,15 @@ class CpuAllocator final : public Allocator {
     }
     total_.fetch_add(int64_t(nbytes));
     allocs_.fetch_add(1);
+    record_live(live);
     return p;
   }
   void deallocate(void* ptr, size_t nbytes) override {
     if (!ptr) return;
     std::free(ptr);
-    live_.fetch_sub(int64_t(nbytes));
+    int64_t live = live_.fetch_sub(int64_t(nbytes)) - int64_t(nbytes);
     frees_.fetch_add(1);
+    record_live(live);
   }
   MemoryStats stats() const override {
     MemoryStats s;
@@ -49,23 +52,62 @@ class CpuAllocator final : public Allocator {
 };
 
 Allocator* g_allocators[kNumDeviceTypes] = {nullptr, nullptr};
+AllocatorLookup g_lookups[kNumDeviceTypes] = {nullptr, nullptr};
 
 }  // namespace
+
+void Allocator::start_recording(size_t capacity) {
+  std::lock_guard<std::mutex> lock(record_mutex_);
+  timeline_ = MemoryTimeline{};
+  timeline_.samples.reserve(capacity);  // no reallocation (and no pause) while recording
+  capacity_ = capacity;
+  recording_.store(true);
+}
+
+MemoryTimeline Allocator::stop_recording() {
+  std::lock_guard<std::mutex> lock(record_mutex_);
+  recording_.store(false);
+  MemoryTimeline out = std::move(timeline_);
+  timeline_ = MemoryTimeline{};
+  return out;
+}
+
+void Allocator::record_slow(int64_t live_bytes) {
+  std::lock_guard<std::mutex> lock(record_mutex_);
+  if (!recording_.load(std::memory_order_relaxed)) return;  // stopped while this thread waited
+  if (timeline_.samples.size() >= capacity_) {
+    ++timeline_.dropped;
+    return;
+  }
+  // The clock is read under the lock so that the samples' times never go backwards.
+  const int64_t t = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                        std::chrono::steady_clock::now().time_since_epoch()).count();
+  timeline_.samples.push_back({t, live_bytes});
+}
 
 Allocator& allocator_for(Device device) {
   if (device.is_cpu()) {
     static CpuAllocator cpu;  // never destroyed before static tensors that use it
     return cpu;
   }
+  if (AllocatorLookup lookup = g_lookups[int(device.type)]) return lookup(device.index);
   Allocator* a = g_allocators[int(device.type)];
+  if (a == nullptr && device.is_cuda())
+    WEFT_ERROR("CUDA device {} requested ({}), but weft was built without CUDA (reconfigure with "
+               "-Dcuda=enabled where the CUDA toolkit, cuBLAS and NCCL are installed)", device.index,
+               device.str());
   WEFT_CHECK(a != nullptr, "no allocator for device {}: weft was built without that backend",
              device.str());
   return *a;
 }
 
 void register_allocator(DeviceType type, Allocator* allocator) { g_allocators[int(type)] = allocator; }
+void register_allocator_lookup(DeviceType type, AllocatorLookup lookup) { g_lookups[int(type)] = lookup; }
 
 MemoryStats memory_stats(Device device) { return allocator_for(device).stats(); }
 void reset_peak_memory_stats(Device device) { allocator_for(device).reset_peak(); }
+
+void start_memory_recording(Device device, size_t capacity) { allocator_for(device).start_recording(capacity); }
+MemoryTimeline stop_memory_recording(Device device) { return allocator_for(device).stop_recording(); }
 
 }  // namespace weft

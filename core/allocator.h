@@ -2,9 +2,13 @@
 // Counters track the bytes callers asked for (exact, no rounding), like
 // torch.cuda.memory_stats' "allocated_bytes"; `reserved_bytes` is what the allocator holds
 // from the system (equal to live bytes on CPU; a caching CUDA allocator holds more).
+// An opt-in timeline of live bytes (start_memory_recording) feeds memory-over-time plots.
 #pragma once
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
+#include <vector>
 
 #include "core/device.h"
 
@@ -19,6 +23,17 @@ struct MemoryStats {
   int64_t num_frees = 0;
 };
 
+// One point of a memory timeline: live bytes just after an allocation or a free.
+struct MemorySample {
+  int64_t t_ns = 0;       // std::chrono::steady_clock time, ns since its epoch
+  int64_t live_bytes = 0;
+};
+
+struct MemoryTimeline {
+  std::vector<MemorySample> samples;  // in the order the changes were recorded
+  int64_t dropped = 0;                // changes after the capacity was full (not stored)
+};
+
 class Allocator {
  public:
   virtual ~Allocator() = default;
@@ -27,14 +42,47 @@ class Allocator {
   virtual MemoryStats stats() const = 0;
   virtual void reset_peak() = 0;
   virtual void empty_cache() {}
+
+  // Timeline recording; see start_memory_recording below.
+  void start_recording(size_t capacity);
+  MemoryTimeline stop_recording();
+
+ protected:
+  // Implementations call this after every change of live bytes with the new value. When no
+  // recording runs it costs one relaxed atomic load.
+  void record_live(int64_t live_bytes) {
+    if (recording_.load(std::memory_order_relaxed)) record_slow(live_bytes);
+  }
+
+ private:
+  void record_slow(int64_t live_bytes);
+  std::atomic<bool> recording_{false};
+  std::mutex record_mutex_;  // allocations come from OpenMP and communication threads too
+  MemoryTimeline timeline_;
+  size_t capacity_ = 0;
 };
 
 // The allocator for a device; throws if that device's backend is not built or registered.
 Allocator& allocator_for(Device device);
 // Backends (e.g. kernels/cuda) install their allocator here at start-up.
 void register_allocator(DeviceType type, Allocator* allocator);
+// Backends with one allocator per device index install a lookup instead (kernels/cuda does).
+// It runs on every allocator_for(device) of that type and throws for a device that does not
+// exist; registering it must not touch the device (it runs at static initialisation).
+using AllocatorLookup = Allocator& (*)(int index);
+void register_allocator_lookup(DeviceType type, AllocatorLookup lookup);
 
 MemoryStats memory_stats(Device device = Device::cpu());
 void reset_peak_memory_stats(Device device = Device::cpu());
+
+// Memory timeline: from start_memory_recording until stop_memory_recording, the device's
+// allocator appends (time, live bytes) after every allocation and free, from any thread, up to
+// `capacity` samples (16 bytes each, held outside the counted memory; later changes are
+// counted in `dropped`). Every change is kept, so with the peak reset at the start, the peak
+// is the largest sample (or the live bytes at the start). Off by default, when it costs one relaxed atomic load per allocation
+// and free. Starting again discards an unfinished timeline. The CPU allocator records; a
+// device allocator takes part by calling Allocator::record_live.
+void start_memory_recording(Device device = Device::cpu(), size_t capacity = size_t(1) << 22);
+MemoryTimeline stop_memory_recording(Device device = Device::cpu());
 
 }  // namespace weft

@@ -30,16 +30,7 @@ int create_temp(const std::string& path, std::string& tmp) {
 
 void fsync_parent_dir(const std::string& path) {
   std::string dir = std::filesystem::path(path).parent_path().string();
-  if (dir.empty()) dir = ".";
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  WEFT_CHECK(fd >= 0, "write_file_atomic: cannot open directory '{}' of '{}' to sync it: {}", dir,
-             path, errno_str());
-  int rc = ::fsync(fd);
-  int err = errno;
-  ::close(fd);
-  // Some filesystems cannot sync a directory (EINVAL); the file itself is already durable.
-  WEFT_CHECK(rc == 0 || err == EINVAL, "write_file_atomic: syncing directory '{}' after writing "
-             "'{}' failed: {}", dir, path, std::strerror(err));
+  fsync_directory(dir.empty() ? "." : dir);
 }
 
 }  // namespace
@@ -82,6 +73,16 @@ void write_file_atomic(const std::string& path, const std::function<void(std::FI
     WEFT_ERROR("write_file_atomic: renaming '{}' to '{}' failed: {}", tmp, path, err);
   }
   fsync_parent_dir(path);
+}
+
+void fsync_directory(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  WEFT_CHECK(fd >= 0, "fsync_directory: cannot open directory '{}' to sync it: {}", dir, errno_str());
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  // Some filesystems cannot sync a directory (EINVAL); the files themselves are already durable.
+  WEFT_CHECK(rc == 0 || err == EINVAL, "fsync_directory: syncing directory '{}' failed: {}", dir, std::strerror(err));
 }
 
 }  // namespace weft

@@ -16,4 +16,8 @@ namespace weft {
 // it leaves behind is caught here too.
 void write_file_atomic(const std::string& path, const std::function<void(std::FILE*)>& write);
 
+// fsync of a directory, so that entries created, renamed or removed in it survive a crash
+// (a filesystem that cannot sync directories, EINVAL, is accepted). weft::Error naming `dir`.
+void fsync_directory(const std::string& dir);
+
 }  // namespace weft

@@ -125,7 +125,8 @@ Tensor& Tensor::fill_(double value) {
   check_inplace(*this, "fill_");
   if (numel() == 0) return *this;
   if (!device().is_cpu()) {
-    copy_elements(*this, full(shape(), value, {.dtype = dtype()}));
+    // One host element broadcast: the device backend uploads it once and fills on the device.
+    copy_elements(*this, full({}, value, {.dtype = dtype()}).expand(shape()));
     return *this;
   }
   WEFT_DISPATCH(dtype(), "fill_", [&]<typename T>() {

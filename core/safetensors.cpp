@@ -30,17 +30,6 @@ constexpr std::pair<DType, const char*> kDTypeNames[] = {
     {DType::f32, "F32"}, {DType::f64, "F64"}, {DType::bf16, "BF16"}, {DType::f16, "F16"},
     {DType::i64, "I64"}, {DType::i32, "I32"}, {DType::u8, "U8"},     {DType::bool_, "BOOL"}};
 
-const char* file_dtype_name(DType dtype) {
-  for (auto& [d, name] : kDTypeNames)
-    if (d == dtype) return name;
-  WEFT_ERROR("safetensors: dtype {} has no safetensors name", dtype_name(dtype));
-}
-
-std::optional<DType> parse_dtype(const std::string& name) {
-  for (auto& [d, n] : kDTypeNames)
-    if (name == n) return d;
-  return std::nullopt;
-}
 
 std::string errno_str() { return std::strerror(errno); }
 
@@ -56,6 +45,7 @@ struct Entry {
 struct Header {
   std::vector<Entry> entries;  // sorted by data offset
   Metadata metadata;
+  uint64_t data_size = 0;      // bytes after the header
 };
 
 struct FileCloser {
@@ -75,6 +65,10 @@ class InFile {
   const std::string& path() const { return path_; }
   uint64_t size() const { return size_; }
 
+  void seek(uint64_t pos) {
+    WEFT_CHECK(::fseeko(f_.get(), off_t(pos), SEEK_SET) == 0, "safetensors: seeking in '{}' failed: {}", path_,
+               errno_str());
+  }
   void read(void* dst, size_t n, const std::string& what) {
     if (std::fread(dst, 1, n, f_.get()) == n) return;
     WEFT_CHECK(!std::ferror(f_.get()), "safetensors: reading {} from '{}' failed: {}", what, path_,
@@ -109,7 +103,7 @@ Entry parse_entry(const std::string& path, const std::string& name, const Json& 
 
   WEFT_CHECK(jdtype.is_string(), "safetensors: '{}': tensor '{}' has dtype {}, not a string",
              path, name, jdtype.dump());
-  std::optional<DType> dtype = parse_dtype(jdtype.get<std::string>());
+  std::optional<DType> dtype = parse_safetensors_dtype(jdtype.get<std::string>());
   WEFT_CHECK(dtype, "safetensors: '{}': tensor '{}' has unknown or unsupported dtype {} (weft "
              "reads F32 F64 BF16 F16 I64 I32 U8 BOOL)", path, name, jdtype.dump());
 
@@ -168,7 +162,7 @@ Header read_header(InFile& in) {
              j.type_name());
 
   Header h;
-  uint64_t data_size = in.size() - 8 - n;
+  uint64_t data_size = h.data_size = in.size() - 8 - n;
   for (const auto& [name, v] : j.items()) {
     if (name != "__metadata__") {
       h.entries.push_back(parse_entry(path, name, v, data_size));
@@ -215,27 +209,39 @@ void write_bytes(std::FILE* f, const void* data, size_t n, const std::string& pa
 
 }  // namespace
 
-void save_safetensors(const std::string& path, const NamedTensors& tensors,
-                      const Metadata& metadata) {
+const char* safetensors_dtype_name(DType dtype) {
+  for (auto& [d, name] : kDTypeNames)
+    if (d == dtype) return name;
+  WEFT_ERROR("safetensors: dtype {} has no safetensors name", dtype_name(dtype));
+}
+
+std::optional<DType> parse_safetensors_dtype(const std::string& name) {
+  for (auto& [d, n] : kDTypeNames)
+    if (name == n) return d;
+  return std::nullopt;
+}
+
+void save_safetensors(const std::string& path, const std::vector<SafetensorsEntry>& entries,
+                      const std::function<Tensor(size_t)>& produce, const Metadata& metadata) {
   // Check everything and build the header before the file is touched.
   Json header = Json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::set<std::string> seen;
   uint64_t offset = 0;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const auto& [name, t] = tensors[i];
-    WEFT_CHECK(!name.empty(), "save_safetensors: '{}': tensor #{} has an empty name", path, i);
-    WEFT_CHECK(name != "__metadata__", "save_safetensors: '{}': tensor #{} is named "
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const SafetensorsEntry& e = entries[i];
+    WEFT_CHECK(!e.name.empty(), "save_safetensors: '{}': tensor #{} has an empty name", path, i);
+    WEFT_CHECK(e.name != "__metadata__", "save_safetensors: '{}': tensor #{} is named "
                "'__metadata__', which the format reserves", path, i);
-    WEFT_CHECK(seen.insert(name).second, "save_safetensors: '{}': tensor name '{}' appears more "
-               "than once (again as #{})", path, name, i);
-    WEFT_CHECK(t.defined(), "save_safetensors: '{}': tensor '{}' is undefined", path, name);
+    WEFT_CHECK(seen.insert(e.name).second, "save_safetensors: '{}': tensor name '{}' appears more "
+               "than once (again as #{})", path, e.name, i);
+    uint64_t nbytes = uint64_t(shape_numel(e.shape)) * dtype_size(e.dtype);
     Json entry = Json::object();
-    entry["dtype"] = file_dtype_name(t.dtype());
-    entry["shape"] = t.shape();
-    entry["data_offsets"] = Json::array({offset, offset + t.nbytes()});
-    header[name] = std::move(entry);
-    offset += t.nbytes();
+    entry["dtype"] = safetensors_dtype_name(e.dtype);
+    entry["shape"] = e.shape;
+    entry["data_offsets"] = Json::array({offset, offset + nbytes});
+    header[e.name] = std::move(entry);
+    offset += nbytes;
   }
   std::string text;
   try {
@@ -254,53 +260,94 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
     write_bytes(f, len_bytes, 8, path);
     write_bytes(f, text.data(), text.size(), path);
     // One tensor at a time, so a GPU model needs host memory for its largest tensor only.
-    for (const auto& [name, t] : tensors) {
-      if (t.numel() == 0) continue;
+    for (size_t i = 0; i < entries.size(); ++i) {
+      const SafetensorsEntry& e = entries[i];
+      Tensor t;
       try {
+        t = produce(i);
+        WEFT_CHECK(t.defined() && t.dtype() == e.dtype && t.shape() == e.shape,
+                   "expected {} {}, got {}", dtype_name(e.dtype), shape_str(e.shape),
+                   t.defined() ? tensor_desc(t) : std::string("an undefined tensor"));
+        if (t.numel() == 0) continue;
         Tensor c = t.detach();
         if (!c.device().is_cpu()) c = c.to(Device::cpu());
         c = c.contiguous();
         write_bytes(f, c.data_ptr(), c.nbytes(), path);
-      } catch (const Error& e) {
-        WEFT_ERROR("save_safetensors: '{}': cannot write tensor '{}' ({}); the file was left as "
-                   "it was: {}", path, name, tensor_desc(t), e.what());
+      } catch (const Error& err) {
+        WEFT_ERROR("save_safetensors: '{}': cannot write tensor '{}'{}; the file was left as "
+                   "it was: {}", path, e.name, t.defined() ? " (" + tensor_desc(t) + ")" : "", err.what());
       }
     }
   });
 }
 
-SafetensorsContents load_safetensors(const std::string& path) {
-  InFile in(path);
-  Header h = read_header(in);
-  SafetensorsContents out;
-  out.metadata = std::move(h.metadata);
-  // The entries tile the data section in this order, so one sequential pass reads them all.
-  for (Entry& e : h.entries) {
-    Tensor t = empty(e.shape, {.dtype = e.dtype});
-    if (e.end > e.begin) {
-      in.read(t.data_ptr(), e.end - e.begin, fmt::format("tensor '{}'", e.name));
-      // Any byte other than 0 or 1 in a C++ bool is undefined behaviour; make it 1.
-      if (e.dtype == DType::bool_) {
-        auto* p = static_cast<uint8_t*>(t.data_ptr());
-        for (uint64_t i = 0; i < e.end - e.begin; ++i) p[i] = p[i] != 0;
-      }
-    }
-    out.tensors.emplace_back(std::move(e.name), std::move(t));
+void save_safetensors(const std::string& path, const NamedTensors& tensors,
+                      const Metadata& metadata) {
+  std::vector<SafetensorsEntry> entries;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto& [name, t] = tensors[i];
+    WEFT_CHECK(t.defined(), "save_safetensors: '{}': tensor '{}' is undefined", path, name);
+    entries.push_back({name, t.dtype(), t.shape()});
   }
+  save_safetensors(path, entries, [&](size_t i) { return tensors[i].second; }, metadata);
+}
+
+struct SafetensorsReader::Impl {
+  explicit Impl(const std::string& path) : in(path) {
+    header = read_header(in);
+    for (const Entry& e : header.entries) {
+      by_name[e.name] = public_entries.size();
+      public_entries.push_back({e.name, e.dtype, e.shape});
+    }
+  }
+  InFile in;
+  Header header;
+  std::vector<SafetensorsEntry> public_entries;
+  std::map<std::string, size_t> by_name;
+};
+
+SafetensorsReader::SafetensorsReader(const std::string& path) : impl_(std::make_unique<Impl>(path)) {}
+SafetensorsReader::~SafetensorsReader() = default;
+SafetensorsReader::SafetensorsReader(SafetensorsReader&&) noexcept = default;
+const std::string& SafetensorsReader::path() const { return impl_->in.path(); }
+const Metadata& SafetensorsReader::metadata() const { return impl_->header.metadata; }
+const std::vector<SafetensorsEntry>& SafetensorsReader::entries() const { return impl_->public_entries; }
+
+const SafetensorsEntry* SafetensorsReader::find(const std::string& name) const {
+  auto it = impl_->by_name.find(name);
+  return it == impl_->by_name.end() ? nullptr : &impl_->public_entries[it->second];
+}
+
+Tensor SafetensorsReader::read(const std::string& name) {
+  auto it = impl_->by_name.find(name);
+  WEFT_CHECK(it != impl_->by_name.end(), "safetensors: '{}' has no tensor '{}'", path(), name);
+  const Entry& e = impl_->header.entries[it->second];
+  Tensor t = empty(e.shape, {.dtype = e.dtype});
+  if (e.end > e.begin) {
+    // The data section starts after the 8-byte length and the header; its extent was validated.
+    impl_->in.seek(impl_->in.size() - impl_->header.data_size + e.begin);
+    impl_->in.read(t.data_ptr(), e.end - e.begin, fmt::format("tensor '{}'", e.name));
+    // Any byte other than 0 or 1 in a C++ bool is undefined behaviour; make it 1.
+    if (e.dtype == DType::bool_) {
+      auto* p = static_cast<uint8_t*>(t.data_ptr());
+      for (uint64_t i = 0; i < e.end - e.begin; ++i) p[i] = p[i] != 0;
+    }
+  }
+  return t;
+}
+
+SafetensorsContents load_safetensors(const std::string& path) {
+  SafetensorsReader reader(path);
+  SafetensorsContents out;
+  out.metadata = reader.metadata();
+  for (const SafetensorsEntry& e : reader.entries()) out.tensors.emplace_back(e.name, reader.read(e.name));
   return out;
 }
 
-Metadata read_safetensors_metadata(const std::string& path) {
-  InFile in(path);
-  return read_header(in).metadata;
-}
+Metadata read_safetensors_metadata(const std::string& path) { return SafetensorsReader(path).metadata(); }
 
 std::vector<SafetensorsEntry> read_safetensors_index(const std::string& path) {
-  InFile in(path);
-  std::vector<SafetensorsEntry> index;
-  for (Entry& e : read_header(in).entries)
-    index.push_back({std::move(e.name), e.dtype, std::move(e.shape)});
-  return index;
+  return SafetensorsReader(path).entries();
 }
 
 }  // namespace weft

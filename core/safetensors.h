@@ -3,7 +3,10 @@
 // raw little-endian data. Files written here load with Python's `safetensors` and PyTorch,
 // and theirs load here (for the dtypes weft has).
 #pragma once
+#include <functional>
 #include <map>
+#include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -36,5 +39,34 @@ struct SafetensorsEntry {
   Shape shape;
 };
 std::vector<SafetensorsEntry> read_safetensors_index(const std::string& path);  // file order
+
+// The format's dtype names ("F32", "BF16", ...) and back (nullopt for a name weft lacks).
+const char* safetensors_dtype_name(DType dtype);
+std::optional<DType> parse_safetensors_dtype(const std::string& name);
+
+// Streaming write: the header comes from `entries` and `produce(i)` is called once per entry,
+// in order, for a tensor of that dtype and shape, so only one tensor need exist at a time
+// (e.g. gathered or assembled just before it is written). Atomic like save_safetensors.
+void save_safetensors(const std::string& path, const std::vector<SafetensorsEntry>& entries,
+                      const std::function<Tensor(size_t index)>& produce, const Metadata& metadata = {});
+
+// Random access: opens the file and validates its header once; read() loads one tensor, so
+// a reader that needs a few tensors of a large file holds only those in memory.
+class SafetensorsReader {
+ public:
+  explicit SafetensorsReader(const std::string& path);
+  ~SafetensorsReader();
+  SafetensorsReader(SafetensorsReader&&) noexcept;
+  const std::string& path() const;
+  const Metadata& metadata() const;
+  const std::vector<SafetensorsEntry>& entries() const;  // in the order of their data
+  const SafetensorsEntry* find(const std::string& name) const;  // null if absent
+  // Throws a weft::Error naming the file and the tensor if it is absent or cannot be read.
+  Tensor read(const std::string& name);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace weft

@@ -1,8 +1,9 @@
 // dist: the NCCL backend (CUDA tensors), built when weft finds CUDA. One NCCL communicator per
 // group, its unique id made on the group's rank 0 and sent over the group's MPI communicator.
-// Collectives run on the group's own stream after the work already queued on the legacy
-// default stream (where weft's kernels run); a CUDA event per collective backs is_completed()
-// and wait(), and wait() polls it so that it can time out. NCCL reduces bf16/f16 natively.
+// Collectives run on the group's own stream after the work already queued on the caller's
+// current CUDA stream (where weft's kernels run, kernels/cuda/runtime.h); a CUDA event per
+// collective backs is_completed() and wait(), and wait() polls it so that it can time out.
+// NCCL reduces bf16/f16 natively.
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -12,6 +13,7 @@
 #include "dist/backend.h"
 #include "dist/check.h"
 #include "dist/dist.h"
+#include "kernels/cuda/runtime.h"
 
 namespace weft::dist::detail {
 
@@ -167,7 +169,9 @@ WorkPtr NcclProcessGroup::launch(Collective c) {
   const CollectiveInfo& i = c.info;
   CUDA_CHECK(cudaSetDevice(device_));
   if (debug_mode()) debug_check(comm_, world_ranks(), i);
-  CUDA_CHECK(cudaEventRecord(ready_, cudaStreamLegacy));
+  // After the work queued so far on the caller's current stream (kernels/cuda/runtime.h;
+  // the legacy default stream unless a StreamGuard chose another).
+  CUDA_CHECK(cudaEventRecord(ready_, kernels::cuda::current_stream(device_).handle()));
   CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
   void* in = c.in.defined() ? c.in.data_ptr() : nullptr;
   void* out = c.out.defined() ? c.out.data_ptr() : nullptr;

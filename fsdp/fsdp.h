@@ -1,4 +1,5 @@
-// fsdp: fully sharded data parallelism — fully_shard, FSDPModule, options. See docs/FSDP.md.
+// fsdp: fully sharded data parallelism — fully_shard, FSDPModule, options, state dicts and
+// checkpoints. See docs/FSDP.md and docs/CHECKPOINTS.md.
 #pragma once
 #include "fsdp/fully_shard.h"
 #include "fsdp/options.h"
@@ -6,3 +7,5 @@
 #include "fsdp/summon_full_params.h"
 #include "fsdp/wrap.h"
 #include "fsdp/state_dict.h"
+#include "fsdp/sharded_state_dict.h"
+#include "fsdp/checkpoint.h"

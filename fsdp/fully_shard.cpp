@@ -140,6 +140,11 @@ void FSDPModule::set_requires_all_reduce(bool a, bool recurse) {
 }
 
 const FSDPParam& FSDPModule::find_param(const std::string& name) const {
+  if (const FSDPParam* p = lookup_param(name)) return *p;
+  WEFT_ERROR("fsdp: no sharded parameter named \"{}\" under this module", name);
+}
+
+const FSDPParam* FSDPModule::lookup_param(const std::string& name) const {
   for (FSDPState* s : subtree())
     if (s->group)
       for (auto& p : s->group->params()) {
@@ -147,9 +152,9 @@ const FSDPParam& FSDPModule::find_param(const std::string& name) const {
         std::string prefix;
         for (auto& [mn, m] : state_->module.named_modules())
           if (m.get() == &s->module) prefix = mn.empty() ? "" : mn + ".";
-        if (prefix + p->name() == name) return *p;
+        if (prefix + p->name() == name) return p.get();
       }
-  WEFT_ERROR("fsdp: no sharded parameter named \"{}\" under this module", name);
+  return nullptr;
 }
 
 Tensor FSDPModule::full_tensor(const std::string& name) const { return gather_shard(name, find_param(name).sharded()); }

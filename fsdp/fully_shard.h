@@ -73,6 +73,8 @@ class FSDPModule {
   // parameter `name` (e.g. its optimizer state); a collective call.
   Tensor gather_shard(const std::string& name, const Tensor& local) const;
   ShardInfo shard_info(const std::string& name) const;
+  // Whether `name` is a parameter sharded by this module's group or one below it.
+  bool shards(const std::string& name) const { return lookup_param(name) != nullptr; }
   // Collectives issued by this module's group (and, with recurse, by all groups below).
   CommStats comm_stats(bool recurse = true) const;
   const std::shared_ptr<FSDPState>& state() const { return state_; }
@@ -80,6 +82,7 @@ class FSDPModule {
  private:
   std::vector<FSDPState*> subtree() const;
   const FSDPParam& find_param(const std::string& name) const;
+  const FSDPParam* lookup_param(const std::string& name) const;  // null if not sharded here
   std::shared_ptr<FSDPState> state_;
 };
 

@@ -1,66 +1,133 @@
 #include "fsdp/state_dict.h"
 
-#include <optional>
+#include <unordered_map>
 
+#include "core/copy.h"
+#include "core/grad_mode.h"
+#include "dist/dist.h"
 #include "fsdp/state.h"
 
 namespace weft::fsdp {
 namespace {
 
-// "state.<i>.<name>" holding one value per element of parameter i (every state but "step").
-std::optional<size_t> per_element_state(const std::string& key) {
-  if (key.rfind("state.", 0) != 0) return std::nullopt;
-  size_t dot = key.find('.', 6);
-  if (dot == std::string::npos || key.substr(dot + 1) == "step") return std::nullopt;
-  return size_t(std::stoull(key.substr(6, dot - 6)));
+// Gathers each entry of a sharded state dict (a whole one is already full), one at a time.
+// `param_of(key)` names the FSDP parameter whose layout a sharded entry follows.
+template <class ParamOf>
+nn::NamedTensorList gather(const ShardedStateDict& sd, const FSDPModule* root, const FullStateDictOptions& o,
+                           ParamOf param_of) {
+  const bool keep = !o.rank0_only || !root || dist::rank() == 0;
+  nn::NamedTensorList out;
+  for (auto& [key, t] : sd) {
+    Tensor full = t.placement.whole() ? t.local : root->gather_shard(param_of(key), t.local);
+    if (!keep) continue;
+    if (o.cpu_offload && !full.device().is_cpu()) full = full.to(Device::cpu());
+    out.emplace_back(key, full);
+  }
+  return out;
+}
+
+// A full tensor as the only piece of itself.
+std::vector<Piece> whole_piece(const Tensor& full) {
+  return {Piece{Placement::of_whole(full.shape()), [full] { return full; }, "the full state dict"}};
+}
+
+// This rank's slice of every key of `expected` from `full`.
+std::map<std::string, Tensor> slices(const ShardedStateDict& expected, const std::map<std::string, Tensor>& full,
+                                     const char* what) {
+  std::map<std::string, Tensor> out;
+  for (auto& [key, t] : expected) {
+    auto it = full.find(key);
+    WEFT_CHECK(it != full.end(), "fsdp: {}: the full state dict lacks \"{}\"", what, key);
+    WEFT_CHECK(it->second.shape() == t.placement.global_shape, "fsdp: {}: \"{}\" is {} in the full state dict but {} "
+               "here", what, key, tensor_desc(it->second), shape_str(t.placement.global_shape));
+    Tensor local = empty(t.local.shape(), {.dtype = t.local.dtype(), .device = t.local.device()});
+    assemble_from_pieces(key, local, t.placement, whole_piece(it->second));
+    out.emplace(key, local);
+  }
+  return out;
 }
 
 }  // namespace
 
-nn::NamedTensorList full_state_dict(nn::Module& model, const FSDPModule& root) {
+nn::NamedTensorList full_state_dict(nn::Module& model, const FSDPModule* root, const FullStateDictOptions& o) {
+  auto gathered = gather(sharded_state_dict(model, root), root, o, [](const std::string& k) { return k; });
+  std::map<std::string, Tensor> by_name(gathered.begin(), gathered.end());
+  if (gathered.empty()) return {};
+  // In state_dict()'s order, a tied parameter under each of its names.
   nn::NamedTensorList out;
-  for (auto& [name, t] : model.named_parameters()) out.emplace_back(name, root.full_tensor(name));
-  for (auto& [name, t] : model.named_buffers()) out.emplace_back(name, t);
-  return out;
-}
-
-nn::NamedTensorList full_optimizer_state_dict(const nn::Optimizer& opt, const std::vector<std::string>& names,
-                                              const FSDPModule& root) {
-  auto local = opt.state_dict();
-  // Every rank must gather the same tensors in the same order; they differ only if some
-  // shard never had a gradient. The all-reduce gives every rank the same verdict.
-  auto group = root.state()->mesh->group(root.state()->mesh->ndim() - 1);
-  Tensor n = from_vector({double(local.size()), -double(local.size())}, {2}, {.dtype = kFloat64});
-  group->all_reduce(n, dist::ReduceOp::max)->wait();
-  WEFT_CHECK(n.data<double>()[0] == -n.data<double>()[1],
-             "fsdp: the ranks hold different optimizer states ({} to {} tensors); cannot gather a full state dict",
-             -n.data<double>()[1], n.data<double>()[0]);
-  nn::NamedTensorList out;
-  for (auto& [key, t] : local) {
-    auto i = per_element_state(key);
-    WEFT_CHECK(!i || *i < names.size(), "fsdp: optimizer state \"{}\" names parameter {} of {}", key, i.value_or(0),
-               names.size());
-    out.emplace_back(key, i ? root.gather_shard(names[*i], t) : t);
+  auto tied = tied_parameter_names(model);
+  for (auto& [name, t] : model.state_dict()) {
+    auto it = tied.find(name);
+    out.emplace_back(name, by_name.at(it == tied.end() ? name : it->second));
   }
   return out;
 }
 
-nn::NamedTensorList local_optimizer_state_dict(const nn::NamedTensorList& full, const std::vector<std::string>& names,
-                                               const FSDPModule& root) {
-  nn::NamedTensorList out;
+nn::NamedTensorList full_optimizer_state_dict(const nn::Optimizer& opt, nn::Module& model, const FSDPModule* root,
+                                              const FullStateDictOptions& o) {
+  auto local = sharded_optimizer_state_dict(opt, model, root);
+  if (root) {
+    // Every rank must gather the same tensors in the same order; they differ only if some
+    // shard never had a gradient. The all-reduce gives every rank the same verdict.
+    auto group = root->state()->mesh->group(root->state()->mesh->ndim() - 1);
+    double n = double(local.size()), fp = double(keys_fingerprint(local) >> 12);
+    Tensor v = from_vector({n, -n, fp, -fp}, {4}, {.dtype = kFloat64});
+    group->all_reduce(v, dist::ReduceOp::max)->wait();
+    const double* m = v.data<double>();
+    WEFT_CHECK(m[0] == -m[1] && m[2] == -m[3], "fsdp: the ranks hold different optimizer states ({} to {} tensors, "
+               "or different keys); cannot gather a full state dict", -m[1], m[0]);
+  }
+  return gather(local, root, o, [](const std::string& key) {
+    std::string param, state;
+    split_optimizer_state_key(key, param, state);
+    return param;
+  });
+}
+
+void load_full_state_dict(nn::Module& model, const nn::NamedTensorList& full, const FSDPModule* root,
+                          const std::map<std::string, std::string>& aliases) {
+  const char* what = "load_full_state_dict";
+  std::map<std::string, Tensor> given(full.begin(), full.end());
+  auto expected = sharded_state_dict(model, root);
+  auto local = slices(expected, given, what);
+  for (auto& [k, t] : expected) given.erase(k);
+  auto duplicates = tied_parameter_names(model);
+  duplicates.insert(aliases.begin(), aliases.end());
+  for (auto& [key, t] : given) {
+    auto it = duplicates.find(key);
+    WEFT_CHECK(it != duplicates.end(), "fsdp: {}: unexpected key \"{}\" in the full state dict (the model has no such "
+               "parameter or buffer)", what, key);
+    auto target = full.end();
+    for (auto f = full.begin(); f != full.end(); ++f)
+      if (f->first == it->second) target = f;
+    WEFT_CHECK(target != full.end() && target->second.shape() == t.shape() &&
+                   to_vector(target->second) == to_vector(t),
+               "fsdp: {}: \"{}\" must equal \"{}\" (the model ties them), but the full state dict holds different "
+               "values", what, key, it->second);
+  }
+  NoGradGuard no_grad;
+  for (auto& [k, t] : expected) copy_elements(t.local, local.at(k));
+}
+
+void load_full_optimizer_state_dict(nn::Optimizer& opt, nn::Module& model, const nn::NamedTensorList& full,
+                                    const FSDPModule* root) {
+  std::map<std::string, Tensor> params;
+  for (auto& [name, t] : model.named_parameters()) params.emplace(name, t);
+  nn::NamedTensorList local;
   for (auto& [key, t] : full) {
-    auto i = per_element_state(key);
-    if (!i) {
-      out.emplace_back(key, t);
+    std::string param, state;
+    if (!split_optimizer_state_key(key, param, state) || state == "step" || !params.count(param)) {
+      local.emplace_back(key, t);
       continue;
     }
-    WEFT_CHECK(*i < names.size(), "fsdp: checkpoint state \"{}\" names parameter {} of {}", key, *i, names.size());
-    auto info = root.shard_info(names[*i]);
-    WEFT_CHECK(t.shape() == info.global_shape, "fsdp: checkpoint state \"{}\" has shape {} but {} is {}", key,
-               shape_str(t.shape()), names[*i], shape_str(info.global_shape));
-    out.emplace_back(key, t.narrow(info.shard_dim, info.offset, info.length).contiguous());
+    Placement want = param_placement(root, param, params.at(param));
+    WEFT_CHECK(t.shape() == want.global_shape, "fsdp: load_full_optimizer_state_dict: \"{}\" is {} but parameter {} "
+               "is {}", key, tensor_desc(t), param, shape_str(want.global_shape));
+    Tensor slice = empty(want.local_shape(), {.dtype = t.dtype()});
+    assemble_from_pieces(key, slice, want, whole_piece(t));
+    local.emplace_back(key, slice);
   }
-  return out;
+  opt.load_state_dict(position_optimizer_state(local, optimizer_param_names(opt, model)));
 }
 
 }  // namespace weft::fsdp

@@ -1,25 +1,40 @@
 // fsdp: full (unsharded) state dicts of a sharded model and of its optimizer, as one process
-// would have them, and the way back to this rank's shards. Gathering is a collective call on
-// every rank of the shard group (one all-gather per tensor); every rank gets the result.
+// would have them, and the way back from a full state dict to this rank's shards, so a model
+// trained without FSDP can continue sharded and the other way round. Gathering is a
+// collective call on every rank of the shard group, one all-gather per tensor, so at most one
+// gathered tensor exists at a time on ranks that do not keep the result. The optimizer's
+// state is keyed by parameter names (see fsdp/sharded_state_dict.h). `root` null: the model is
+// not sharded and nothing communicates.
 #pragma once
+#include <map>
 #include <string>
 #include <vector>
 
-#include "fsdp/fully_shard.h"
-#include "nn/optimizer.h"
+#include "fsdp/sharded_state_dict.h"
 
 namespace weft::fsdp {
 
-// Parameters (gathered) and buffers (not sharded) under their usual names.
-nn::NamedTensorList full_state_dict(nn::Module& model, const FSDPModule& root);
-// The optimizer's state dict with every per-element state ("state.<i>.exp_avg", ...) gathered
-// to the parameter's full shape. `param_names[i]` names the optimizer's i-th parameter (its
-// groups concatenated, e.g. `named_parameters()` order for an optimizer built from
-// `parameters()`). Ranks whose states differ in their keys fail together.
-nn::NamedTensorList full_optimizer_state_dict(const nn::Optimizer& opt, const std::vector<std::string>& param_names,
-                                              const FSDPModule& root);
-// The inverse for loading: this rank's slice of each per-element state of a full state dict.
-nn::NamedTensorList local_optimizer_state_dict(const nn::NamedTensorList& full,
-                                               const std::vector<std::string>& param_names, const FSDPModule& root);
+struct FullStateDictOptions {
+  bool rank0_only = false;   // only global rank 0 keeps the result; the others get an empty list
+  bool cpu_offload = false;  // results on the CPU (gathered one tensor at a time, then moved)
+};
+
+// Parameters (gathered, a tied one under each of its names) and buffers under their usual names.
+nn::NamedTensorList full_state_dict(nn::Module& model, const FSDPModule* root, const FullStateDictOptions& opts = {});
+// The optimizer's state dict with every per-element state gathered to its parameter's shape.
+// Ranks whose states differ in their keys (a shard that never had a gradient) fail together.
+nn::NamedTensorList full_optimizer_state_dict(const nn::Optimizer& opt, nn::Module& model, const FSDPModule* root,
+                                              const FullStateDictOptions& opts = {});
+
+// Loads a full state dict into the (sharded) model: each rank takes its slice; no
+// communication. Every parameter and buffer must be present with its full shape; a key that
+// names a tied parameter's second name, or is listed in `aliases` (key -> parameter it
+// duplicates, e.g. a tied LM head saved separately), must equal that parameter; any other key
+// is an error. Nothing is written unless everything fits.
+void load_full_state_dict(nn::Module& model, const nn::NamedTensorList& full, const FSDPModule* root,
+                          const std::map<std::string, std::string>& aliases = {});
+// The optimizer's state from a full (name-keyed) optimizer state dict: each rank takes its slice.
+void load_full_optimizer_state_dict(nn::Optimizer& opt, nn::Module& model, const nn::NamedTensorList& full,
+                                    const FSDPModule* root);
 
 }  // namespace weft::fsdp

@@ -6,6 +6,10 @@
 #include <cmath>
 
 #include "kernels/cpu/elementwise.h"
+#if WEFT_WITH_CUDA
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/runtime.h"
+#endif
 
 namespace weft::kernels {
 namespace {
@@ -21,6 +25,9 @@ void check_same_device(const char* op, const Tensor& a, const Tensor& b) {
 
 // Throws for devices whose backend is not built (before anything is allocated there).
 void check_backend(const char* op, Device dev) {
+#if WEFT_WITH_CUDA
+  if (dev.is_cuda()) return cuda::check_device(dev.index, op);
+#endif
   WEFT_CHECK(dev.is_cpu(), "{}: not built for device {}", op, dev.str());
 }
 [[noreturn]] void no_backend(const char* op, Device dev) { WEFT_ERROR("{}: not built for device {}", op, dev.str()); }
@@ -134,6 +141,9 @@ Tensor unary(UnaryOp op, const Tensor& x) {
   check_backend(name, x.device());
   Tensor out = empty(x.shape(), {.dtype = op == UnaryOp::logical_not ? DType::bool_ : dt, .device = x.device()});
   if (x.device().is_cpu()) cpu::unary(op, out, x);
+#if WEFT_WITH_CUDA
+  else if (x.device().is_cuda()) cuda::unary(op, out, x);
+#endif
   else no_backend(name, x.device());
   return out;
 }
@@ -158,6 +168,9 @@ Tensor unary_backward(UnaryOp op, const Tensor& grad, const Tensor& x, const Ten
   check_backend(name, grad.device());
   Tensor gx = empty(grad.shape(), {.dtype = grad.dtype(), .device = grad.device()});
   if (grad.device().is_cpu()) cpu::unary_backward(op, gx, grad, needs_x ? v : Tensor(), needs_y ? v : Tensor());
+#if WEFT_WITH_CUDA
+  else if (grad.device().is_cuda()) cuda::unary_backward(op, gx, grad, needs_x ? v : Tensor(), needs_y ? v : Tensor());
+#endif
   else no_backend(name, grad.device());
   return gx;
 }
@@ -177,6 +190,9 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   Tensor out = empty(shape, {.dtype = out_dt, .device = a.device()});
   Tensor ac = operand(a, ct, shape), bc = operand(b, ct, shape);
   if (a.device().is_cpu()) cpu::binary(op, out, ac, bc);
+#if WEFT_WITH_CUDA
+  else if (a.device().is_cuda()) cuda::binary(op, out, ac, bc);
+#endif
   else no_backend(name, a.device());
   return out;
 }
@@ -200,6 +216,9 @@ Tensor binary_scalar(BinaryOp op, const Tensor& a, double s, bool scalar_first) 
   Tensor out = empty(a.shape(), {.dtype = out_dt, .device = a.device()});
   Tensor ac = operand(a, ct, a.shape());
   if (a.device().is_cpu()) cpu::binary_scalar(op, out, ac, s, scalar_first);
+#if WEFT_WITH_CUDA
+  else if (a.device().is_cuda()) cuda::binary_scalar(op, out, ac, s, scalar_first);
+#endif
   else no_backend(name, a.device());
   return out;
 }
@@ -216,6 +235,9 @@ void add_(const Tensor& dst, const Tensor& src, double alpha) {
   check_backend("add_", dst.device());
   Tensor s = operand(src, dst.dtype(), dst.shape());
   if (dst.device().is_cpu()) cpu::add_(dst, s, alpha);
+#if WEFT_WITH_CUDA
+  else if (dst.device().is_cuda()) cuda::add_(dst, s, alpha);
+#endif
   else no_backend("add_", dst.device());
 }
 
@@ -226,6 +248,9 @@ void mul_scalar_(const Tensor& dst, double s) {
   check_no_self_overlap("mul_scalar_", dst);
   check_backend("mul_scalar_", dst.device());
   if (dst.device().is_cpu()) cpu::mul_scalar_(dst, s);
+#if WEFT_WITH_CUDA
+  else if (dst.device().is_cuda()) cuda::mul_scalar_(dst, s);
+#endif
   else no_backend("mul_scalar_", dst.device());
 }
 
@@ -243,6 +268,9 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   Tensor out = empty(shape, {.dtype = dt, .device = a.device()});
   Tensor c = operand(cond, cond.dtype(), shape), ac = operand(a, dt, shape), bc = operand(b, dt, shape);
   if (a.device().is_cpu()) cpu::where(out, c, ac, bc);
+#if WEFT_WITH_CUDA
+  else if (a.device().is_cuda()) cuda::where(out, c, ac, bc);
+#endif
   else no_backend("where", a.device());
   return out;
 }
@@ -260,6 +288,9 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
   Tensor out = empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});
   Tensor m = operand(mask, mask.dtype(), x.shape());
   if (x.device().is_cpu()) cpu::masked_fill(out, x, m, value);
+#if WEFT_WITH_CUDA
+  else if (x.device().is_cuda()) cuda::masked_fill(out, x, m, value);
+#endif
   else no_backend("masked_fill", x.device());
   return out;
 }
@@ -275,6 +306,9 @@ Tensor clamp(const Tensor& x, std::optional<double> lo, std::optional<double> hi
   Tensor out = empty(x.shape(), {.dtype = dt, .device = x.device()});
   Tensor xc = operand(x, dt, x.shape());
   if (x.device().is_cpu()) cpu::clamp(out, xc, lo, hi);
+#if WEFT_WITH_CUDA
+  else if (x.device().is_cuda()) cuda::clamp(out, xc, lo, hi);
+#endif
   else no_backend("clamp", x.device());
   return out;
 }

@@ -6,20 +6,11 @@
 #include <optional>
 
 #include "core/tensor.h"
+#include "kernels/op_kinds.h"  // UnaryOp, BinaryOp
 
 namespace weft::kernels {
 
-enum class UnaryOp {
-  neg, exp, log, sqrt, rsqrt, abs, tanh, sigmoid, relu, gelu_tanh, gelu_erf, sin, cos,
-  square, reciprocal, sign, log1p, expm1, logical_not
-};
 const char* unary_op_name(UnaryOp op);
-
-enum class BinaryOp {
-  add, sub, mul, div, pow, maximum, minimum,
-  eq, ne, lt, le, gt, ge,  // comparisons give bool tensors
-  logical_and, logical_or
-};
 const char* binary_op_name(BinaryOp op);
 
 // y = op(x). Float-only ops (exp, log, ...) reject integer inputs with a clear error;

@@ -2,7 +2,14 @@
 // device dispatch. The loops are in kernels/cpu/gemm.cpp.
 #include "kernels/linalg.h"
 
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
 #include "kernels/cpu/gemm.h"
+#if WEFT_WITH_CUDA
+#include "kernels/cuda/gemm.h"
+#endif
 
 namespace weft::kernels {
 namespace {
@@ -18,7 +25,15 @@ void check_operands(const char* op, const Tensor& a, const Tensor& b) {
              tensor_desc(a), tensor_desc(b));
 }
 
+std::atomic<bool> g_allow_tf32{[] {
+  const char* env = std::getenv("WEFT_ALLOW_TF32");
+  return env && std::strcmp(env, "1") == 0;
+}()};
+
 }  // namespace
+
+void set_allow_tf32(bool allow) { g_allow_tf32.store(allow); }
+bool allow_tf32() { return g_allow_tf32.load(); }
 
 Tensor matmul(const Tensor& a_, const Tensor& b_) {
   // Kernels never record autograd history: work on detached handles.
@@ -35,6 +50,12 @@ Tensor matmul(const Tensor& a_, const Tensor& b_) {
       cpu::dot(a, b, out);
       return out;
     }
+#if WEFT_WITH_CUDA
+    if (a.device().is_cuda()) {
+      cuda::dot(a, b, out);
+      return out;
+    }
+#endif
     WEFT_ERROR("matmul: not built for device {}", a.device().str());
   }
   // A 1-D operand becomes a row (left) or column (right) matrix; its dim is dropped after.
@@ -51,6 +72,10 @@ Tensor matmul(const Tensor& a_, const Tensor& b_) {
   Tensor out = empty(full, opts);
   if (a.device().is_cpu()) {
     cpu::matmul(a2, b2, out);
+#if WEFT_WITH_CUDA
+  } else if (a.device().is_cuda()) {
+    cuda::matmul(a2, b2, out);
+#endif
   } else {
     WEFT_ERROR("matmul: not built for device {}", a.device().str());
   }
@@ -73,6 +98,9 @@ void gemm(const Tensor& a_, bool trans_a, const Tensor& b_, bool trans_b, const 
   WEFT_CHECK(out.dim() == 2 && out.size(0) == A.size(0) && out.size(1) == B.size(1) && out.is_contiguous(),
              "gemm: out {} must be a contiguous [{}, {}] matrix", tensor_desc(out), A.size(0), B.size(1));
   if (a.device().is_cpu()) return cpu::gemm(A, B, out, alpha, beta);
+#if WEFT_WITH_CUDA
+  if (a.device().is_cuda()) return cuda::gemm(A, B, out, alpha, beta);
+#endif
   WEFT_ERROR("gemm: not built for device {}", a.device().str());
 }
 

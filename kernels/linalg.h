@@ -1,6 +1,7 @@
 // kernels: matrix products. CPU GEMMs go through Eigen (OpenMP-parallel, compiled with
-// -march=native -mtune=generic); strided inputs that are row- or column-major are used in
-// place, others are made contiguous first.
+// -march=native -mtune=generic), CUDA GEMMs through cuBLASLt (kernels/cuda/gemm.h); on both,
+// strided inputs that are row- or column-major are used in place, others are made
+// contiguous first.
 #pragma once
 #include "core/tensor.h"
 
@@ -12,5 +13,13 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 // out[m,n] = alpha * op(a)[m,k] op(b)[k,n] + beta * out, 2-D only; out must be contiguous.
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& out,
           double alpha = 1.0, double beta = 0.0);
+
+// Whether f32 products on CUDA (matmul, gemm, and the GEMMs inside conv2d) may run on TF32
+// tensor cores: inputs rounded to a 10-bit mantissa, f32 accumulation, about 1e-3 relative
+// error, several times faster. Off by default, as torch.backends.cuda.matmul.allow_tf32 is;
+// the environment variable WEFT_ALLOW_TF32=1 turns it on at start-up. Process-wide, read at
+// each product; no effect on the CPU or on other dtypes.
+void set_allow_tf32(bool allow);
+bool allow_tf32();
 
 }  // namespace weft::kernels

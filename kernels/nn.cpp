@@ -5,6 +5,10 @@
 #include "kernels/nn.h"
 
 #include "kernels/cpu/nn.h"
+#if WEFT_WITH_CUDA
+#include "kernels/cuda/nn_ops.h"
+#include "kernels/cuda/ops.h"
+#endif
 #include "kernels/nn_checks.h"
 
 namespace weft::kernels {
@@ -31,6 +35,12 @@ Tensor softmax_forward(const Tensor& x, int64_t dim, bool log) {
     cpu::softmax(x.contiguous(), y, outer, n, inner, log);
     return y;
   }
+#if WEFT_WITH_CUDA
+  if (x.device().is_cuda()) {
+    cuda::softmax(x.contiguous(), y, outer, n, inner, log);
+    return y;
+  }
+#endif
   not_built(op, x);
 }
 
@@ -46,6 +56,12 @@ Tensor softmax_backward_impl(const Tensor& grad, const Tensor& y, int64_t dim, b
     cpu::softmax_backward(grad.contiguous(), y.contiguous(), dx, outer, n, inner, log);
     return dx;
   }
+#if WEFT_WITH_CUDA
+  if (y.device().is_cuda()) {
+    cuda::softmax_backward(grad.contiguous(), y.contiguous(), dx, outer, n, inner, log);
+    return dx;
+  }
+#endif
   not_built(op, y);
 }
 
@@ -99,6 +115,12 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm(const Tensor& x_, int64_t normaliz
     cpu::layer_norm(x.contiguous(), contig(weight), contig(bias), eps, y, mean, rstd);
     return {y, mean, rstd};
   }
+#if WEFT_WITH_CUDA
+  if (x.device().is_cuda()) {
+    cuda::layer_norm(x.contiguous(), contig(weight), contig(bias), eps, y, mean, rstd);
+    return {y, mean, rstd};
+  }
+#endif
   not_built(op, x);
 }
 
@@ -131,6 +153,13 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm_backward(const Tensor& grad_, cons
                              contig(weight), dx, dweight, dbias);
     return {dx, dweight, dbias};
   }
+#if WEFT_WITH_CUDA
+  if (x.device().is_cuda()) {
+    cuda::layer_norm_backward(grad.contiguous(), x.contiguous(), mean.contiguous(), rstd.contiguous(),
+                              contig(weight), dx, dweight, dbias);
+    return {dx, dweight, dbias};
+  }
+#endif
   not_built(op, x);
 }
 
@@ -159,6 +188,11 @@ std::pair<Tensor, Tensor> cross_entropy(const Tensor& logits_, const Tensor& tar
   if (logits.device().is_cpu()) {
     cpu::cross_entropy(logits.reshape({n, c}).contiguous(), target.reshape({n}).contiguous(), ignore_index,
                        label_smoothing, reduction, loss, log_probs);
+#if WEFT_WITH_CUDA
+  } else if (logits.device().is_cuda()) {
+    cuda::cross_entropy(logits.reshape({n, c}).contiguous(), target.reshape({n}).contiguous(), ignore_index,
+                        label_smoothing, reduction, loss, log_probs);
+#endif
   } else {
     not_built(op, logits);
   }
@@ -194,6 +228,14 @@ Tensor cross_entropy_backward(const Tensor& grad_loss_, const Tensor& log_probs_
                                 ignore_index, label_smoothing, reduction, dlogits.view({n, c}));
     return dlogits;
   }
+#if WEFT_WITH_CUDA
+  if (log_probs.device().is_cuda()) {
+    cuda::cross_entropy_backward(grad_loss.reshape({grad_loss.numel()}).contiguous(),
+                                 log_probs.reshape({n, c}).contiguous(), target.reshape({n}).contiguous(),
+                                 ignore_index, label_smoothing, reduction, dlogits.view({n, c}));
+    return dlogits;
+  }
+#endif
   not_built(op, log_probs);
 }
 
@@ -235,6 +277,12 @@ Tensor cat(const std::vector<Tensor>& xs, int64_t dim) {
     cpu::cat(parts, d, out);
     return out;
   }
+#if WEFT_WITH_CUDA
+  if (out.device().is_cuda()) {
+    cuda::cat(parts, d, out);
+    return out;
+  }
+#endif
   not_built("cat", out);
 }
 
@@ -251,6 +299,12 @@ std::pair<Tensor, Tensor> dropout(const Tensor& x_, double p, Generator* gen) {
     cpu::dropout(x.contiguous(), p, seed, y, mask);
     return {y, mask};
   }
+#if WEFT_WITH_CUDA
+  if (x.device().is_cuda()) {
+    cuda::dropout(x.contiguous(), p, seed, y, mask);
+    return {y, mask};
+  }
+#endif
   not_built("dropout", x);
 }
 
@@ -268,6 +322,12 @@ Tensor dropout_backward(const Tensor& grad_, const Tensor& mask_, double p) {
     cpu::dropout_backward(grad.contiguous(), mask.to(DType::bool_).contiguous(), p, dx);
     return dx;
   }
+#if WEFT_WITH_CUDA
+  if (grad.device().is_cuda()) {
+    cuda::dropout_backward(grad.contiguous(), mask.to(DType::bool_).contiguous(), p, dx);
+    return dx;
+  }
+#endif
   not_built("dropout_backward", grad);
 }
 

@@ -2,6 +2,9 @@
 // checks, allocation and device dispatch. The convolution loops take f32/f64; 16-bit
 // tensors are converted around them.
 #include "kernels/cpu/nn.h"
+#if WEFT_WITH_CUDA
+#include "kernels/cuda/nn_ops.h"
+#endif
 #include "kernels/nn.h"
 #include "kernels/nn_checks.h"
 
@@ -60,6 +63,13 @@ Tensor conv2d(const Tensor& x_, const Tensor& weight_, const Tensor& bias_, cons
                 bias.defined() ? bias.to(ct).contiguous() : bias, p, out);
     return out.to(x.dtype());
   }
+#if WEFT_WITH_CUDA
+  if (x.device().is_cuda()) {
+    cuda::conv2d(x.to(ct).contiguous(), weight.to(ct).contiguous(),
+                 bias.defined() ? bias.to(ct).contiguous() : bias, p, out);
+    return out.to(x.dtype());
+  }
+#endif
   not_built("conv2d", x);
 }
 
@@ -87,6 +97,13 @@ std::tuple<Tensor, Tensor, Tensor> conv2d_backward(const Tensor& grad_, const Te
                          dweight, dbias);
     return {dx.to(x.dtype()), dweight.to(x.dtype()), has_bias ? dbias.to(x.dtype()) : dbias};
   }
+#if WEFT_WITH_CUDA
+  if (x.device().is_cuda()) {
+    cuda::conv2d_backward(grad.to(ct).contiguous(), x.to(ct).contiguous(), weight.to(ct).contiguous(), p, dx,
+                          dweight, dbias);
+    return {dx.to(x.dtype()), dweight.to(x.dtype()), has_bias ? dbias.to(x.dtype()) : dbias};
+  }
+#endif
   not_built(op, x);
 }
 
@@ -119,6 +136,14 @@ std::pair<Tensor, Tensor> max_pool2d(const Tensor& x_, const Pool2dParams& p) {
                       indices.view({planes, ho, wo}));
     return {out, indices};
   }
+#if WEFT_WITH_CUDA
+  if (x.device().is_cuda()) {
+    if (out.numel() > 0)
+      cuda::max_pool2d(x.contiguous().view({planes, h, w}), p, out.view({planes, ho, wo}),
+                       indices.view({planes, ho, wo}));
+    return {out, indices};
+  }
+#endif
   not_built("max_pool2d", x);
 }
 
@@ -145,6 +170,14 @@ Tensor max_pool2d_backward(const Tensor& grad_, const Tensor& indices_, const Sh
                              dx.view({planes, h, w}));
     return dx;
   }
+#if WEFT_WITH_CUDA
+  if (grad.device().is_cuda()) {
+    if (grad.numel() == 0) return dx;
+    cuda::max_pool2d_backward(grad.contiguous().view({planes, ho, wo}), indices.contiguous().view({planes, ho, wo}),
+                              dx.view({planes, h, w}));
+    return dx;
+  }
+#endif
   not_built(op, grad);
 }
 

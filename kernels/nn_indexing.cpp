@@ -4,6 +4,9 @@
 #include <fmt/format.h>
 
 #include "kernels/cpu/nn.h"
+#if WEFT_WITH_CUDA
+#include "kernels/cuda/ops.h"
+#endif
 #include "kernels/nn.h"
 #include "kernels/nn_checks.h"
 
@@ -25,6 +28,14 @@ Tensor embedding(const Tensor& weight_, const Tensor& indices_) {
     cpu::embedding(weight.contiguous(), idx, out);
     return out;
   }
+#if WEFT_WITH_CUDA
+  if (weight.device().is_cuda()) {
+    Tensor idx = indices.contiguous();
+    cuda::check_index_range(idx, weight.size(0), "embedding", "embeddings");
+    cuda::embedding(weight.contiguous(), idx, out);
+    return out;
+  }
+#endif
   not_built("embedding", weight);
 }
 

@@ -11,6 +11,10 @@
 #include <limits>
 
 #include "kernels/cpu/reduce.h"
+#if WEFT_WITH_CUDA
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/runtime.h"
+#endif
 #include "kernels/elementwise.h"
 
 namespace weft::kernels {
@@ -28,6 +32,9 @@ const char* reduce_op_name(ReduceOp op) {
 }
 
 void check_backend(const char* op, Device dev) {
+#if WEFT_WITH_CUDA
+  if (dev.is_cuda()) return cuda::check_device(dev.index, op);
+#endif
   WEFT_CHECK(dev.is_cpu(), "{}: not built for device {}", op, dev.str());
 }
 [[noreturn]] void no_backend(const char* op, Device dev) { WEFT_ERROR("{}: not built for device {}", op, dev.str()); }
@@ -103,6 +110,9 @@ std::pair<Tensor, Tensor> arg_reduce(bool is_max, const Tensor& x, int64_t dim, 
   if (values.numel() == 0) return {values, indices};
   Layout l = plan_layout(x, dims);
   if (x.device().is_cpu()) cpu::arg_reduce(is_max, values, indices, l.x, l.outer, l.reduced, l.inner);
+#if WEFT_WITH_CUDA
+  else if (x.device().is_cuda()) cuda::arg_reduce(is_max, values, indices, l.x, l.outer, l.reduced, l.inner);
+#endif
   else no_backend(name, x.device());
   return {values, indices};
 }
@@ -161,6 +171,9 @@ Tensor reduce(ReduceOp op, const Tensor& x, const Shape& dims, bool keepdim) {
   }
   Layout l = plan_layout(x, nd);
   if (x.device().is_cpu()) cpu::reduce(op, out, l.x, l.outer, l.reduced, l.inner, l.inner_reduced);
+#if WEFT_WITH_CUDA
+  else if (x.device().is_cuda()) cuda::reduce(op, out, l.x, l.outer, l.reduced, l.inner, l.inner_reduced);
+#endif
   else no_backend(name, x.device());
   return out;
 }

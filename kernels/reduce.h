@@ -5,10 +5,9 @@
 #include <utility>
 
 #include "core/tensor.h"
+#include "kernels/op_kinds.h"  // ReduceOp
 
 namespace weft::kernels {
-
-enum class ReduceOp { sum, mean, max, min, prod };
 
 // Sum/mean of bool or integer inputs give i64 (sum) or f32 (mean); float inputs keep their dtype.
 // prod of integers gives i64; max/min keep the dtype and propagate NaN. Reducing over no

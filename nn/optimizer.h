@@ -29,6 +29,7 @@ class Optimizer {
 
   size_t num_groups() const { return groups_.size(); }
   std::vector<Tensor>& params(size_t group) { return groups_.at(group).params; }
+  const std::vector<Tensor>& params(size_t group) const { return groups_.at(group).params; }
   double option(size_t group, const std::string& name) const;
   void set_option(size_t group, const std::string& name, double value);
   double lr(size_t group = 0) const { return option(group, "lr"); }

@@ -1,8 +1,5 @@
 #include "nn/transformer.h"
 
-#include <cmath>
-#include <limits>
-
 #include "autograd/ops.h"
 
 namespace weft::nn {
@@ -18,18 +15,9 @@ CausalSelfAttention::CausalSelfAttention(const TransformerConfig& cfg, Generator
 Tensor CausalSelfAttention::forward(const Tensor& x) {
   WEFT_CHECK(x.dim() == 3 && x.size(2) == d_model, "CausalSelfAttention: expected input [B, T, {}], got {}",
              d_model, tensor_desc(x));
-  int64_t B = x.size(0), T = x.size(1), hd = d_model / n_head;
-  Tensor qkv = (*c_attn)(x);  // [B, T, 3d]
-  auto parts = qkv.split(d_model, 2);
-  auto heads = [&](const Tensor& t) { return t.view({B, T, n_head, hd}).transpose(1, 2); };  // [B, H, T, hd]
-  Tensor q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);
-  Tensor att = matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(double(hd)));  // [B, H, T, T]
-  // Future positions (column > row) are masked out.
-  Tensor rows = arange(0, double(T), 1, {.dtype = DType::i64}).view({T, 1});
-  Tensor cols = arange(0, double(T), 1, {.dtype = DType::i64}).view({1, T});
-  att = masked_fill(att, cols > rows, -std::numeric_limits<double>::infinity());
-  att = dropout(softmax(att, -1), dropout_p, is_training());
-  Tensor y = matmul(att, v).transpose(1, 2).reshape({B, T, d_model});
+  // One fused node reads the q, k, v heads straight out of the [B, T, 3d] projection and
+  // returns the heads concatenated as [B, T, d]; the [B, H, T, T] scores are never stored.
+  Tensor y = scaled_dot_product_attention_qkv((*c_attn)(x), n_head, /*causal=*/true, dropout_p, is_training());
   return dropout((*c_proj)(y), dropout_p, is_training());
 }
 

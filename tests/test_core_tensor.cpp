@@ -125,6 +125,35 @@ TEST_CASE("memory counters count exact bytes and track the peak") {
   CHECK(memory_stats().peak_bytes == memory_stats().live_bytes);
 }
 
+TEST_CASE("the memory timeline records every change while on, and nothing while off") {
+  { Tensor unrecorded = empty({64}); }
+  CHECK(stop_memory_recording().samples.empty());  // off by default
+  reset_peak_memory_stats();
+  const int64_t base = memory_stats().live_bytes;
+  start_memory_recording();
+  {
+    Tensor a = empty({1000});  // 4000 bytes
+    Tensor b = empty({500});   // 2000 bytes
+    a = Tensor();
+    Tensor c = empty({250});   // 1000 bytes
+  }
+  MemoryTimeline tl = stop_memory_recording();
+  { Tensor after_stop = empty({64}); }
+  REQUIRE(tl.samples.size() == 6);
+  CHECK(tl.dropped == 0);
+  std::vector<int64_t> live;
+  for (auto& s : tl.samples) live.push_back(s.live_bytes - base);
+  CHECK(live == std::vector<int64_t>{4000, 6000, 2000, 3000, 2000, 0});  // c, then b, go out of scope
+  for (size_t i = 1; i < tl.samples.size(); ++i) CHECK(tl.samples[i].t_ns >= tl.samples[i - 1].t_ns);
+  CHECK(memory_stats().peak_bytes - base == 6000);  // the largest sample is the peak
+
+  start_memory_recording(Device::cpu(), 2);  // a full timeline counts what it could not keep
+  { Tensor a = empty({8}), b = empty({8}); }
+  tl = stop_memory_recording();
+  CHECK(tl.samples.size() == 2);
+  CHECK(tl.dropped == 2);
+}
+
 TEST_CASE("storage can be freed and re-allocated in place") {
   Tensor t = ones({256});
   Tensor v = t.narrow(0, 10, 5);

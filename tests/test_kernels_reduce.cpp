@@ -344,8 +344,11 @@ TEST_CASE("reductions reject bad input with messages naming the op") {
   CHECK_THROWS_AS(max_dim(zeros({0}), 0, false), weft::Error);
   CHECK_THROWS_WITH(reduce(ReduceOp::sum, x, {2}, false), Contains("sum") && Contains("dim 2"));
   CHECK_THROWS_WITH(reduce(ReduceOp::mean, x, {0, 0}, false), Contains("mean") && Contains("more than once"));
-  CHECK_THROWS_WITH(reduce(ReduceOp::sum, on_gpu, {}, false), Contains("sum") && Contains("not built for device cuda:0"));
-  CHECK_THROWS_WITH(max_dim(on_gpu, 0, false), Contains("max_dim") && Contains("cuda:0"));
+  if (!test::cuda_usable()) {  // the message depends on whether weft was built with CUDA
+    CHECK_THROWS_WITH(reduce(ReduceOp::sum, on_gpu, {}, false),
+                      Contains("sum") && (Contains("not built for device cuda:0") || Contains("no CUDA device is visible")));
+    CHECK_THROWS_WITH(max_dim(on_gpu, 0, false), Contains("max_dim") && Contains("cuda:0"));
+  }
   CHECK_THROWS_WITH(reduce(ReduceOp::prod, Tensor(), {}, false), Contains("prod") && Contains("undefined"));
   CHECK_THROWS_WITH(var(ones({3}, {.dtype = kInt64}), {}, 1, false), Contains("var") && Contains("floating"));
   CHECK_THROWS_WITH(argmin(x, -3, false), Contains("min_dim") && Contains("-3"));

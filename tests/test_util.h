@@ -6,6 +6,9 @@
 #include <vector>
 
 #include "core/tensor.h"
+#if WEFT_WITH_CUDA
+#include "kernels/cuda/runtime.h"
+#endif
 
 namespace weft::test {
 
@@ -23,6 +26,16 @@ inline void check_values(const Tensor& t, const std::vector<double>& want, doubl
   }
   INFO(tensor_desc(t) << ": " << bad << " mismatches\n" << msg.str());
   CHECK(bad == 0);
+}
+
+// Whether CUDA kernels can run here (built with CUDA and a device visible). Tests that label
+// host memory as cuda:0 to provoke errors may only run ops on it when they cannot.
+inline bool cuda_usable() {
+#if WEFT_WITH_CUDA
+  return kernels::cuda::is_available();
+#else
+  return false;
+#endif
 }
 
 // A 1-D tensor of the given values.

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <exception>
 #include <numeric>
+#include <map>
 #include <optional>
 #include <thread>
 
@@ -31,6 +32,8 @@ struct Options {
   uint64_t seed = 0;
   int threads = 0;
   std::string metrics, save, load;
+  int64_t checkpoint_every = 0;
+  int keep_last = 0;
   int64_t steps = 0;  // 0: no limit
   std::string data = apps::kDefaultMnistDir;
   int64_t log_every = 50;
@@ -91,46 +94,29 @@ std::pair<double, double> evaluate(nn::Module& model, const apps::MnistSplit& sp
   return {loss_sum / double(n), correct / double(n)};
 }
 
-// Checkpoints hold the full (unsharded) model and optimizer state, whatever the world size that
-// wrote them, so a run can resume on any number of ranks, with or without --fsdp.
-void save_checkpoint(const std::string& path, const nn::NamedTensorList& model_sd,
-                     const nn::NamedTensorList& optim_sd, const Options& o, int64_t step) {
-  NamedTensors all;
-  for (auto& [k, t] : model_sd) all.emplace_back("model." + k, t);
-  for (auto& [k, t] : optim_sd) all.emplace_back("optim." + k, t);
-  save_safetensors(path, all,
-                   {{"format", "weft-mnist"}, {"model", o.model}, {"optimizer", o.optimizer},
-                    {"step", std::to_string(step)}, {"seed", std::to_string(o.seed)},
-                    {"batch_size", std::to_string(o.batch_size)}});
+// Checkpoints are fsdp::save_checkpoint directories: every rank writes its own shards, and a run
+// resumes from them at any number of ranks, with or without --fsdp (docs/CHECKPOINTS.md).
+std::map<std::string, std::string> describe(const Options& o) {
+  return {{"format", "weft-mnist"}, {"model", o.model}, {"optimizer", o.optimizer}, {"seed", std::to_string(o.seed)},
+          {"batch_size", std::to_string(o.batch_size)}};
 }
 
-struct Checkpoint {
-  nn::NamedTensorList model, optim;
-  int64_t step = 0;
-};
-
-// Reads a checkpoint written by save_checkpoint and checks it fits the flags.
-Checkpoint read_checkpoint(const std::string& path, const Options& o) {
-  auto contents = load_safetensors(path);
-  auto& meta = contents.metadata;
+// The checkpoint --load names, checked against the flags.
+std::string checkpoint_to_load(const Options& o) {
+  std::string where = fsdp::latest_checkpoint(o.load);
+  WEFT_CHECK(!where.empty(), "mnist: no checkpoint in {} (no index.json there and no complete step_* directory)",
+             o.load);
+  auto app = fsdp::read_checkpoint_index(where).training.app;
   auto get = [&](const std::string& k) {
-    auto it = meta.find(k);
-    WEFT_CHECK(it != meta.end(), "mnist: {} is not a weft-mnist checkpoint (no \"{}\" in its metadata)", path, k);
+    auto it = app.find(k);
+    WEFT_CHECK(it != app.end(), "mnist: {} is not a weft-mnist checkpoint (no \"{}\" in its description)", where, k);
     return it->second;
   };
-  WEFT_CHECK(get("format") == "weft-mnist", "mnist: {} is a \"{}\" file, not a weft-mnist checkpoint", path,
-             get("format"));
-  WEFT_CHECK(get("model") == o.model, "mnist: {} holds a {} model but --model is {}", path, get("model"), o.model);
-  WEFT_CHECK(get("optimizer") == o.optimizer, "mnist: {} was trained with {} but --optimizer is {}", path,
+  WEFT_CHECK(get("format") == "weft-mnist", "mnist: {} was written by \"{}\", not weft-mnist", where, get("format"));
+  WEFT_CHECK(get("model") == o.model, "mnist: {} holds a {} model but --model is {}", where, get("model"), o.model);
+  WEFT_CHECK(get("optimizer") == o.optimizer, "mnist: {} was trained with {} but --optimizer is {}", where,
              get("optimizer"), o.optimizer);
-  Checkpoint ck;
-  for (auto& [k, t] : contents.tensors) {
-    if (k.rfind("model.", 0) == 0) ck.model.emplace_back(k.substr(6), t);
-    else if (k.rfind("optim.", 0) == 0) ck.optim.emplace_back(k.substr(6), t);
-    else WEFT_ERROR("mnist: unexpected tensor \"{}\" in {}", k, path);
-  }
-  ck.step = std::stoll(get("step"));
-  return ck;
+  return where;
 }
 
 // ---- FSDP: one group per layer, and full state dicts gathered from the shards.
@@ -143,19 +129,12 @@ fsdp::FSDPModule shard_model(const nn::ModulePtr& model) {
   return fsdp::fully_shard(model);
 }
 
-// The parameters' names in the optimizer's order (it is built from parameters()).
-std::vector<std::string> param_names(nn::Module& model) {
-  std::vector<std::string> names;
-  for (auto& [name, t] : model.named_parameters()) names.push_back(name);
-  return names;
-}
-
 int run(const Options& o, const Ranks& ranks) {
   // Everything up to sharding is rank-local; on_every_rank makes a failure on any rank
   // (bad flags, missing files, a checkpoint that does not fit) stop every rank.
   apps::MnistData data;
   nn::ModulePtr model;
-  std::optional<Checkpoint> ck;
+  std::string resume_from;
   std::optional<apps::MetricsWriter> metrics;
   int64_t n_train = 0, steps_per_epoch = 0;
   apps::on_every_rank(ranks, "mnist", [&] {
@@ -171,9 +150,7 @@ int run(const Options& o, const Ranks& ranks) {
     WEFT_CHECK(steps_per_epoch > 0, "mnist: batch size {} exceeds the {} training samples", o.batch_size, n_train);
     manual_seed(o.seed);  // the same full model on every rank
     model = apps::make_mnist_model(o.model, data.rows, data.cols);
-    if (!o.load.empty()) ck = read_checkpoint(o.load, o);
-    // Under FSDP the full weights are loaded before sharding: each rank keeps its slice.
-    if (ck) model->load_state_dict(ck->model);
+    if (!o.load.empty()) resume_from = checkpoint_to_load(o);
     metrics.emplace(ranks.lead() ? o.metrics : std::string());  // one file, written by rank 0
   });
 
@@ -187,14 +164,23 @@ int run(const Options& o, const Ranks& ranks) {
   if (ranks.fsdp) root = shard_model(model);
   auto opt = make_optimizer(o, model->parameters());  // after sharding: steps this rank's shards
   int64_t step = 0;
-  if (ck) {
+  if (!resume_from.empty()) {
+    // Each rank reads the pieces of its own shards, whatever world size wrote them.
     apps::on_every_rank(ranks, "mnist", [&] {
-      opt->load_state_dict(root ? fsdp::local_optimizer_state_dict(ck->optim, param_names(*model), *root) : ck->optim);
+      step = fsdp::load_checkpoint(resume_from, *model, opt.get(), root ? &*root : nullptr).step;
     });
-    step = ck->step;
-    ck.reset();
-    if (ranks.lead()) std::fprintf(stderr, "resumed from %s at step %lld\n", o.load.c_str(), (long long)step);
+    if (ranks.lead()) std::fprintf(stderr, "resumed from %s at step %lld\n", resume_from.c_str(), (long long)step);
   }
+  auto save = [&] {
+    fsdp::TrainingState ts{.step = step,
+                           .data = {{"epoch", step / steps_per_epoch}, {"batch", step % steps_per_epoch}},
+                           .app = describe(o)};
+    std::string where;
+    apps::on_every_rank(ranks, "mnist", [&] {
+      where = fsdp::save_checkpoint(o.save, *model, opt.get(), root ? &*root : nullptr, ts, {.keep_last = o.keep_last});
+    });
+    if (ranks.lead()) std::fprintf(stderr, "saved model and optimizer at step %lld to %s\n", (long long)step, where.c_str());
+  };
   int64_t total_steps = o.epochs * steps_per_epoch;
   if (o.steps > 0) total_steps = std::min(total_steps, step + o.steps);
   const int64_t local_batch = o.batch_size / ranks.world;
@@ -228,6 +214,7 @@ int run(const Options& o, const Ranks& ranks) {
       loss.backward();
       opt->step();
       ++step;
+      if (!o.save.empty() && o.checkpoint_every > 0 && step % o.checkpoint_every == 0 && step < total_steps) save();
       window_samples += o.batch_size;
       loss_v = mean_over_ranks(loss.item(), ranks);  // the global batch's mean loss
       if (progress) progress->update(i + 1, o.batch_size, fmt::format("loss {:.4f}", loss_v));
@@ -251,16 +238,7 @@ int run(const Options& o, const Ranks& ranks) {
     metrics->write({{"split", std::string("test")}, {"epoch", epoch + 1}, {"step", step}, {"loss", test_loss},
                     {"accuracy", acc}});
   }
-  if (!o.save.empty()) {
-    // Under FSDP every rank takes part in gathering the full state; rank 0 writes it.
-    nn::NamedTensorList model_sd = root ? fsdp::full_state_dict(*model, *root) : model->state_dict();
-    nn::NamedTensorList optim_sd = root ? fsdp::full_optimizer_state_dict(*opt, param_names(*model), *root) : opt->state_dict();
-    apps::on_every_rank(ranks, "mnist", [&] {
-      if (ranks.lead()) save_checkpoint(o.save, model_sd, optim_sd, o, step);
-    });
-    if (ranks.lead())
-      std::fprintf(stderr, "saved model and optimizer at step %lld to %s\n", (long long)step, o.save.c_str());
-  }
+  if (!o.save.empty()) save();
   return 0;
 }
 
@@ -280,10 +258,14 @@ int main(int argc, char** argv) {
   app.add_option("--threads", o.threads, "CPU threads (per rank; default: OMP_NUM_THREADS or all cores)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--metrics", o.metrics, "append JSONL metrics to FILE (rank 0 writes)");
-  app.add_option("--save", o.save, "save model and optimizer (safetensors) to FILE at the end (full state, "
-                 "also under --fsdp)");
-  app.add_option("--load", o.load, "resume from a checkpoint written by --save (at any number of ranks)")
-      ->check(CLI::ExistingFile);
+  app.add_option("--save", o.save, "write a checkpoint (model, optimizer, data position) to DIR/step_<N>/ at the end: "
+                 "one file per rank plus index.json, also under --fsdp");
+  app.add_option("--checkpoint-every", o.checkpoint_every, "with --save: also every N steps (0: only at the end)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--keep-last", o.keep_last, "with --save: keep only the K newest checkpoints (0: all)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--load,--resume", o.load, "resume from the latest checkpoint in DIR (written at any number of ranks)")
+      ->check(CLI::ExistingDirectory);
   app.add_option("--steps", o.steps, "stop after N more optimizer steps")->check(CLI::NonNegativeNumber);
   app.add_option("--data", o.data, "directory with {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]")->capture_default_str();
   app.add_option("--log-every", o.log_every, "steps between metrics lines")->check(CLI::PositiveNumber)->capture_default_str();
@@ -295,9 +277,9 @@ int main(int argc, char** argv) {
       "  batch: rank r trains on rows [r*B/N, (r+1)*B/N) of the same batch, so B must be a multiple of\n"
       "  N, and losses and accuracy match a single-process run with the same flags (up to float\n"
       "  rounding). The logged loss is the mean over all ranks; rank 0 prints and writes metrics.\n"
-      "  --save gathers the full model and optimizer state (all ranks take part) and rank 0 writes it,\n"
-      "  the same format as without --fsdp; --load reads the file on every rank (it must be visible to\n"
-      "  all of them) and each keeps its slice, so a run can resume at another number of ranks.\n"
+      "  --save writes a checkpoint directory: every rank its own shards (no gathering) and rank 0 an\n"
+      "  index; --load reads it at any number of ranks, with or without --fsdp (each rank reads the\n"
+      "  pieces of its slice), so the directory must be visible to all of them.\n"
       "  Set OMP_NUM_THREADS or --threads so that ranks x threads fits the cores.");
   CLI11_PARSE(app, argc, argv);
   Ranks ranks;

@@ -13,6 +13,8 @@
 #include <exception>
 #include <filesystem>
 #include <functional>
+#include <map>
+#include <memory>
 #include <optional>
 
 #include "apps/common/metrics.h"
@@ -28,7 +30,6 @@ using namespace weft;
 
 namespace {
 
-constexpr const char* kCheckpointFile = "checkpoint.safetensors";
 constexpr uint64_t kValSeedOffset = 0x5eed0000ull;  // val batches: a stream apart from training's
 
 struct TrainOptions {
@@ -41,6 +42,7 @@ struct TrainOptions {
   std::string metrics, data = apps::kDefaultTextDir, checkpoint_dir, resume;
   int64_t checkpoint_every = 0, eval_every = 100, eval_iters = 10, log_every = 10;
   int64_t stop_after = 0;  // 0: run to --steps
+  int keep_last = 0;
   bool fsdp = false;
   std::string reshard_after_forward = "true", mixed_precision = "none";
 };
@@ -57,59 +59,46 @@ using apps::AgreedError;
 using apps::Ranks;
 using apps::mean_over_ranks;
 
-// ---- checkpoints: the full (unsharded) model and optimizer state plus the config and step,
-// one safetensors file written atomically, whatever the world size that wrote it.
+// ---- checkpoints: fsdp::save_checkpoint directories (every rank writes its own shards; see
+// docs/CHECKPOINTS.md) described by the model config, and single consolidated files
+// (weft-checkpoint consolidate) for sampling.
 
-std::string checkpoint_path(const std::string& path) {
-  return std::filesystem::is_directory(path) ? (std::filesystem::path(path) / kCheckpointFile).string() : path;
+constexpr const char* kFormat = "weft-transformer";
+constexpr const char* kTiedHead = "lm_head.weight";  // nanoGPT's name of the head tied to wte
+constexpr const char* kEmbedding = "transformer.wte.weight";
+
+std::map<std::string, std::string> describe(const apps::GPTConfig& cfg, const TrainOptions& o) {
+  return {{"format", kFormat}, {"n_layer", std::to_string(cfg.n_layer)}, {"n_head", std::to_string(cfg.n_head)},
+          {"d_model", std::to_string(cfg.d_model)}, {"ctx", std::to_string(cfg.ctx)},
+          {"vocab_size", std::to_string(cfg.vocab_size)}, {"tied", cfg.tie_weights ? "1" : "0"},
+          {"seed", std::to_string(o.seed)}, {"batch_size", std::to_string(o.batch_size)}};
 }
 
-void save_checkpoint(const std::string& dir, const nn::NamedTensorList& model_sd, const nn::NamedTensorList& optim_sd,
-                     const apps::GPTConfig& cfg, const TrainOptions& o, int64_t step) {
-  std::filesystem::create_directories(dir);
-  NamedTensors all;
-  for (auto& [k, t] : model_sd) all.emplace_back("model." + k, t);
-  for (auto& [k, t] : optim_sd) all.emplace_back("optim." + k, t);
-  save_safetensors((std::filesystem::path(dir) / kCheckpointFile).string(), all,
-                   {{"format", "weft-transformer"}, {"n_layer", std::to_string(cfg.n_layer)},
-                    {"n_head", std::to_string(cfg.n_head)}, {"d_model", std::to_string(cfg.d_model)},
-                    {"ctx", std::to_string(cfg.ctx)}, {"vocab_size", std::to_string(cfg.vocab_size)},
-                    {"tied", cfg.tie_weights ? "1" : "0"}, {"step", std::to_string(step)},
-                    {"seed", std::to_string(o.seed)}, {"batch_size", std::to_string(o.batch_size)}});
-}
-
-struct Checkpoint {
-  apps::GPTConfig cfg;
-  nn::NamedTensorList model, optim;
-  int64_t step = 0;
-};
-
-Checkpoint read_checkpoint(const std::string& where) {
-  const std::string path = checkpoint_path(where);
-  WEFT_CHECK(std::filesystem::exists(path), "transformer: no checkpoint at {}", path);
-  auto contents = load_safetensors(path);
+// The model config in a checkpoint's (or a consolidated file's) description.
+apps::GPTConfig config_of(const std::map<std::string, std::string>& app, const std::string& where) {
   auto get = [&](const std::string& k) {
-    auto it = contents.metadata.find(k);
-    WEFT_CHECK(it != contents.metadata.end(), "transformer: {} is not a weft-transformer checkpoint (no \"{}\")",
-               path, k);
+    auto it = app.find(k);
+    WEFT_CHECK(it != app.end(), "transformer: {} is not a weft-transformer checkpoint (no \"{}\" in its description)",
+               where, k);
     return it->second;
   };
-  WEFT_CHECK(get("format") == "weft-transformer", "transformer: {} is a \"{}\" file, not a weft-transformer checkpoint",
-             path, get("format"));
-  Checkpoint ck;
-  ck.cfg.n_layer = std::stoll(get("n_layer"));
-  ck.cfg.n_head = std::stoll(get("n_head"));
-  ck.cfg.d_model = std::stoll(get("d_model"));
-  ck.cfg.ctx = std::stoll(get("ctx"));
-  ck.cfg.vocab_size = std::stoll(get("vocab_size"));
-  ck.cfg.tie_weights = get("tied") == "1";
-  ck.step = std::stoll(get("step"));
-  for (auto& [k, t] : contents.tensors) {
-    if (k.rfind("model.", 0) == 0) ck.model.emplace_back(k.substr(6), t);
-    else if (k.rfind("optim.", 0) == 0) ck.optim.emplace_back(k.substr(6), t);
-    else WEFT_ERROR("transformer: unexpected tensor \"{}\" in {}", k, path);
-  }
-  return ck;
+  WEFT_CHECK(get("format") == kFormat, "transformer: {} was written by \"{}\", not weft-transformer", where,
+             get("format"));
+  apps::GPTConfig cfg;
+  cfg.n_layer = std::stoll(get("n_layer"));
+  cfg.n_head = std::stoll(get("n_head"));
+  cfg.d_model = std::stoll(get("d_model"));
+  cfg.ctx = std::stoll(get("ctx"));
+  cfg.vocab_size = std::stoll(get("vocab_size"));
+  cfg.tie_weights = get("tied") == "1";
+  return cfg;
+}
+
+// nanoGPT's state dict has lm_head.weight even when it is tied to wte: consolidated files
+// repeat it, and loading one checks that it equals wte.
+std::map<std::string, std::string> head_alias(const apps::GPTConfig& cfg) {
+  if (!cfg.tie_weights) return {};
+  return {{kTiedHead, kEmbedding}};
 }
 
 // ---- FSDP: one group per block, then the root (embeddings, ln_f, head).
@@ -151,7 +140,7 @@ double evaluate(nn::Module& model, const apps::TextData& data, const TrainOption
 int train(TrainOptions o, const Ranks& ranks) {
   apps::TextData data;
   std::shared_ptr<apps::GPT> model;
-  std::optional<Checkpoint> ck;
+  std::string resume_from;  // the checkpoint directory --resume resolves to
   std::optional<apps::MetricsWriter> metrics;
   o.model.tie_weights = !o.untie;
   apps::on_every_rank(ranks, "transformer", [&] {
@@ -172,18 +161,19 @@ int train(TrainOptions o, const Ranks& ranks) {
                "transformer: the validation part of {} ({} bytes) is shorter than the context {}", o.data,
                data.val.size(), o.model.ctx);
     if (!o.resume.empty()) {
-      ck = read_checkpoint(o.resume);
-      auto& c = ck->cfg;
+      resume_from = fsdp::latest_checkpoint(o.resume);
+      WEFT_CHECK(!resume_from.empty(), "transformer: no checkpoint to resume in {} (no index.json there and no "
+                 "complete step_* directory)", o.resume);
+      auto c = config_of(fsdp::read_checkpoint_index(resume_from).training.app, resume_from);
       WEFT_CHECK(c.n_layer == o.model.n_layer && c.n_head == o.model.n_head && c.d_model == o.model.d_model &&
                      c.ctx == o.model.ctx && c.tie_weights == o.model.tie_weights,
                  "transformer: checkpoint {} holds a model with n_layer {}, n_head {}, d_model {}, ctx {}, tied {}; "
-                 "the flags ask for {}, {}, {}, {}, {}", o.resume, c.n_layer, c.n_head, c.d_model, c.ctx,
+                 "the flags ask for {}, {}, {}, {}, {}", resume_from, c.n_layer, c.n_head, c.d_model, c.ctx,
                  c.tie_weights, o.model.n_layer, o.model.n_head, o.model.d_model, o.model.ctx, o.model.tie_weights);
     }
     manual_seed(o.seed);  // the same full model on every rank
     model = std::make_shared<apps::GPT>(o.model);
     apps::init_gpt(*model);
-    if (ck) model->load_state_dict(ck->model);
     metrics.emplace(ranks.lead() ? o.metrics : std::string());
   });
   const int64_t n_params = apps::count_parameters(*model);
@@ -203,19 +193,24 @@ int train(TrainOptions o, const Ranks& ranks) {
         if (pn == n) out.push_back(p);
     return out;
   };
-  std::vector<std::string> opt_names = decay_names;
-  opt_names.insert(opt_names.end(), other_names.begin(), other_names.end());
   nn::AdamW opt({nn::ParamGroup{pick(decay_names), {}}, nn::ParamGroup{pick(other_names), {{"weight_decay", 0.0}}}},
                 nn::AdamWOptions{.lr = o.lr, .weight_decay = o.weight_decay});
   nn::WarmupCosineLR sched(opt, o.warmup, o.steps, o.min_lr_ratio);
   int64_t step = 0;
-  if (ck) {
-    apps::on_every_rank(ranks, "transformer", [&] { opt.load_state_dict(root ? fsdp::local_optimizer_state_dict(ck->optim, opt_names, *root) : ck->optim); });
-    step = ck->step;
-    ck.reset();
+  int64_t first_batch = 0;  // the data position: global micro-batches drawn before `step`
+  if (!resume_from.empty()) {
+    // Model, optimizer and RNG from the shards of any world size; the schedule and the data
+    // continue from the step and position saved with them.
+    fsdp::TrainingState ts;
+    apps::on_every_rank(ranks, "transformer", [&] {
+      ts = fsdp::load_checkpoint(resume_from, *model, &opt, root ? &*root : nullptr);
+    });
+    step = ts.step;
+    first_batch = ts.data.count("batch") ? ts.data.at("batch") : step * o.grad_accum;
     sched.set_last_step(step);
-    if (ranks.lead()) std::fprintf(stderr, "resumed from %s at step %lld\n", o.resume.c_str(), (long long)step);
+    if (ranks.lead()) std::fprintf(stderr, "resumed from %s at step %lld\n", resume_from.c_str(), (long long)step);
   }
+  const int64_t resumed_step = step;
 
   const int64_t lo = o.batch_size * ranks.rank / ranks.world, hi = o.batch_size * (ranks.rank + 1) / ranks.world;
   const int64_t tokens_per_step = o.batch_size * o.grad_accum * o.model.ctx;
@@ -233,14 +228,16 @@ int train(TrainOptions o, const Ranks& ranks) {
   }
 
   auto write_checkpoint = [&] {
-    nn::NamedTensorList model_sd = root ? fsdp::full_state_dict(*model, *root) : model->state_dict();
-    nn::NamedTensorList optim_sd = root ? fsdp::full_optimizer_state_dict(opt, opt_names, *root) : opt.state_dict();
+    fsdp::TrainingState ts{.step = step,
+                           .data = {{"batch", first_batch + (step - resumed_step) * o.grad_accum}},
+                           .app = describe(o.model, o),
+                           .aliases = head_alias(o.model)};
+    std::string where;
     apps::on_every_rank(ranks, "transformer", [&] {
-      if (ranks.lead()) save_checkpoint(o.checkpoint_dir, model_sd, optim_sd, o.model, o, step);
+      where = fsdp::save_checkpoint(o.checkpoint_dir, *model, &opt, root ? &*root : nullptr, ts,
+                                    {.keep_last = o.keep_last});
     });
-    if (ranks.lead())
-      std::fprintf(stderr, "saved model and optimizer at step %lld to %s\n", (long long)step,
-                   (std::filesystem::path(o.checkpoint_dir) / kCheckpointFile).c_str());
+    if (ranks.lead()) std::fprintf(stderr, "saved model and optimizer at step %lld to %s\n", (long long)step, where.c_str());
   };
 
   // --stop-after ends this run early but keeps the schedule of --steps, so a later --resume
@@ -256,7 +253,8 @@ int train(TrainOptions o, const Ranks& ranks) {
     opt.zero_grad();
     double loss_sum = 0;
     for (int64_t micro = 0; micro < o.grad_accum; ++micro) {
-      auto [x, y] = apps::text_batch(data.train, o.seed, step * o.grad_accum + micro, o.batch_size, o.model.ctx, lo, hi);
+      auto [x, y] = apps::text_batch(data.train, o.seed, first_batch + (step - resumed_step) * o.grad_accum + micro,
+                                     o.batch_size, o.model.ctx, lo, hi);
       Tensor logits = (*model)(x);
       Tensor loss = cross_entropy(logits.view({-1, o.model.vocab_size}), y.view({-1}));
       loss_sum += loss.item();
@@ -327,9 +325,23 @@ int64_t draw(const Tensor& logits, const SampleOptions& o, Generator& g) {
 int sample(const SampleOptions& o) {
   if (o.threads > 0) set_num_threads(o.threads);
   WEFT_CHECK(o.tokens >= 0, "transformer: --tokens must be non-negative");
-  Checkpoint ck = read_checkpoint(o.checkpoint);
-  apps::GPT model(ck.cfg);
-  model.load_state_dict(ck.model);
+  // A checkpoint directory, or one file (weft-checkpoint consolidate's, or any with the same
+  // description and nanoGPT's names; a tied head's lm_head.weight must equal wte's).
+  std::unique_ptr<apps::GPT> model_ptr;
+  if (std::filesystem::is_regular_file(o.checkpoint)) {
+    auto contents = load_safetensors(o.checkpoint);
+    auto cfg = config_of(contents.metadata, o.checkpoint);
+    model_ptr = std::make_unique<apps::GPT>(cfg);
+    fsdp::load_full_state_dict(*model_ptr, contents.tensors, nullptr, head_alias(cfg));
+  } else {
+    std::string where = fsdp::latest_checkpoint(o.checkpoint);
+    WEFT_CHECK(!where.empty(), "transformer: no checkpoint at {} (neither a safetensors file nor a checkpoint "
+               "directory)", o.checkpoint);
+    model_ptr = std::make_unique<apps::GPT>(config_of(fsdp::read_checkpoint_index(where).training.app, where));
+    fsdp::load_checkpoint(where, *model_ptr, nullptr, nullptr, {.restore_rng = false});
+  }
+  apps::GPT& model = *model_ptr;
+  const apps::GPTConfig& cfg = model.cfg;
   model.eval();
   NoGradGuard no_grad;
   std::vector<int64_t> ids;
@@ -339,7 +351,7 @@ int sample(const SampleOptions& o) {
   Generator g(o.seed);
   for (int64_t n = 0; n < o.tokens; ++n) {
     // The model sees at most its context: the last ctx bytes.
-    const int64_t t = std::min<int64_t>(int64_t(ids.size()), ck.cfg.ctx);
+    const int64_t t = std::min<int64_t>(int64_t(ids.size()), cfg.ctx);
     Tensor x = empty({1, t}, {.dtype = kInt64});
     std::copy(ids.end() - t, ids.end(), x.data<int64_t>());
     Tensor logits = model(x);  // [1, t, vocab]
@@ -387,10 +399,13 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   tr->add_option("--stop-after", t.stop_after, "end this run after N steps, keeping the --steps schedule (for --resume)")
       ->check(CLI::NonNegativeNumber);
-  tr->add_option("--checkpoint-dir", t.checkpoint_dir, "save model + optimizer + step to DIR/checkpoint.safetensors");
+  tr->add_option("--checkpoint-dir", t.checkpoint_dir,
+                 "save model, optimizer, RNG and data position to DIR/step_<N>/ (one file per rank + index.json)");
   tr->add_option("--checkpoint-every", t.checkpoint_every, "steps between checkpoints (0: only at the end)")
       ->check(CLI::NonNegativeNumber);
-  tr->add_option("--resume", t.resume, "continue from the checkpoint in DIR (written at any number of ranks)");
+  tr->add_option("--keep-last", t.keep_last, "keep only the K newest checkpoints in --checkpoint-dir (0: all)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  tr->add_option("--resume", t.resume, "continue from the latest checkpoint in DIR (written at any number of ranks)");
   tr->add_flag("--fsdp", t.fsdp, "shard over the ranks of mpirun: fully_shard per block, then the root");
   tr->add_option("--reshard-after-forward", t.reshard_after_forward,
                  "under --fsdp: free each block's gathered parameters after forward (true), keep them for "
@@ -404,7 +419,8 @@ int main(int argc, char** argv) {
       "  --batch-size stays the global batch (a multiple of N): rank r trains on rows [r*B/N, (r+1)*B/N)\n"
       "  of the same batch, so the losses match a single-process run up to float rounding.");
   auto* sa = app.add_subcommand("sample", "generate text from a checkpoint");
-  sa->add_option("--checkpoint", s.checkpoint, "checkpoint directory (or its .safetensors file)")->required();
+  sa->add_option("--checkpoint", s.checkpoint, "checkpoint directory (the latest in it) or a consolidated "
+                 ".safetensors file")->required();
   sa->add_option("--prompt", s.prompt, "text to continue")->capture_default_str();
   sa->add_option("--tokens", s.tokens, "bytes to generate")->check(CLI::NonNegativeNumber)->capture_default_str();
   sa->add_option("--temperature", s.temperature, "softmax temperature (0: greedy)")->capture_default_str();

@@ -1,6 +1,6 @@
-// kernels/cpu: matrix products through Eigen. Eigen threads a large GEMM itself with OpenMP
-// and runs serially when called from inside a parallel region, which is what lets batched
-// matmul split small GEMMs across the batch instead.
+// kernels/cpu: matrix products through Eigen. A large GEMM is split into one slice of the
+// output per OpenMP thread (see gemm below); called from inside a parallel region it runs
+// serially, which is what lets batched matmul split small GEMMs across the batch instead.
 #include "kernels/cpu/gemm.h"
 
 // gcc 12 reports false "may be used uninitialized" warnings inside its own AVX-512
@@ -10,12 +10,16 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <Eigen/Core>
 #pragma GCC diagnostic pop
+#include <algorithm>
 #include <optional>
 #include <vector>
 
 #include "core/copy.h"
 #include "core/dispatch.h"
 #include "kernels/threads.h"
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 namespace weft::kernels::cpu {
 namespace {
@@ -112,9 +116,9 @@ void matmul_typed(const Tensor& a, const Tensor& b, const Tensor& out) {
   double work = double(m) * double(n) * double(k);
   int threads = get_num_threads();
   auto one = [&](int64_t i) { gemm<T>(m, n, k, pa + oa[i], la, pb + ob[i], lb, c + i * m * n, n); };
-  // Small GEMMs do not pay for Eigen's internal threading; a batch split does, once every
+  // Small GEMMs do not pay for threading inside one product; a batch split does, once every
   // thread gets a whole GEMM. Otherwise run in turn, outside any parallel region, so that
-  // Eigen threads each GEMM.
+  // each GEMM is threaded.
   if (threads > 1 && nb >= threads && work * nb > 1e5 && (work < double(1 << 22) || nb >= 4 * threads)) {
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < nb; ++i) one(i);
@@ -136,10 +140,15 @@ MatLayout mat_layout(int64_t rows, int64_t cols, int64_t row_stride, int64_t col
   return {};
 }
 
+namespace {
+
+// Products of at least this many multiply-adds are split across threads by gemm below.
+constexpr double kSplitWork = double(1 << 20);
+
+// One product on the calling thread (Eigen runs serially inside a parallel region).
 template <typename T>
-void gemm(int64_t m, int64_t n, int64_t k, const T* a, MatLayout la, const T* b, MatLayout lb, T* c,
-          int64_t ldc, T alpha, T beta) {
-  if (m == 0 || n == 0) return;
+void gemm_one(int64_t m, int64_t n, int64_t k, const T* a, MatLayout la, const T* b, MatLayout lb, T* c,
+              int64_t ldc, T alpha, T beta) {
   if (k == 0) {
     OutMat<T> C(c, m, n, OuterStride<>(ldc));
     if (beta == T(0)) C.setZero();
@@ -153,6 +162,38 @@ void gemm(int64_t m, int64_t n, int64_t k, const T* a, MatLayout la, const T* b,
   else if (lb.row_major)
     gemm_eigen<T, Eigen::ColMajor, Eigen::RowMajor>(m, n, k, a, la.ld, b, lb.ld, c, ldc, alpha, beta);
   else gemm_eigen<T, Eigen::ColMajor, Eigen::ColMajor>(m, n, k, a, la.ld, b, lb.ld, c, ldc, alpha, beta);
+}
+
+}  // namespace
+
+// Large products give each thread a contiguous slice of C's rows (or columns, when C is
+// wider than tall), each a serial Eigen product, instead of letting Eigen thread one product.
+// Eigen's threads synchronise once per packed block of the shared operand; on a machine
+// shared with other work, a descheduled thread stalls the other at every such point, while
+// the slices meet only once. Each thread packs the shared operand itself, which costs little
+// next to the slice's arithmetic. Measured on the 2-core machine: 5-20 % more tokens/s in
+// weft-transformer at 2 threads (docs/PERFORMANCE.md).
+template <typename T>
+void gemm(int64_t m, int64_t n, int64_t k, const T* a, MatLayout la, const T* b, MatLayout lb, T* c,
+          int64_t ldc, T alpha, T beta) {
+  if (m == 0 || n == 0) return;
+  const bool by_rows = m >= n;
+  const int64_t len = by_rows ? m : n;
+  int threads = 1;
+#ifdef _OPENMP
+  if (!omp_in_parallel() && double(m) * double(n) * double(k) >= kSplitWork)
+    threads = int(std::min<int64_t>(get_num_threads(), len / 16));
+#endif
+  if (threads <= 1) return gemm_one<T>(m, n, k, a, la, b, lb, c, ldc, alpha, beta);
+#pragma omp parallel num_threads(threads)
+  {
+    const int t = omp_get_thread_num();
+    const int64_t p0 = len * t / threads, p1 = len * (t + 1) / threads;
+    if (by_rows)  // rows p0..p1 of a and c
+      gemm_one<T>(p1 - p0, n, k, la.row_major ? a + p0 * la.ld : a + p0, la, b, lb, c + p0 * ldc, ldc, alpha, beta);
+    else  // columns p0..p1 of b and c
+      gemm_one<T>(m, p1 - p0, k, a, la, lb.row_major ? b + p0 : b + p0 * lb.ld, lb, c + p0, ldc, alpha, beta);
+  }
 }
 template void gemm<float>(int64_t, int64_t, int64_t, const float*, MatLayout, const float*, MatLayout, float*,
                           int64_t, float, float);

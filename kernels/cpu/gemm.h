@@ -21,7 +21,8 @@ inline MatLayout row_major(int64_t ld) { return {true, true, ld}; }
 inline MatLayout col_major(int64_t ld) { return {true, false, ld}; }
 
 // c[m, n] (row-major, leading dim ldc) = alpha * a[m, k] b[k, n] + beta * c; T is float or
-// double. beta == 0 never reads c. Eigen threads inside unless called from a parallel region.
+// double. beta == 0 never reads c. Large products are split over the OpenMP threads unless
+// called from a parallel region.
 template <typename T>
 void gemm(int64_t m, int64_t n, int64_t k, const T* a, MatLayout la, const T* b, MatLayout lb, T* c,
           int64_t ldc, T alpha = T(1), T beta = T(0));

@@ -10,12 +10,20 @@
 
 #include "core/dispatch.h"
 #include "kernels/optim.h"
+#if WEFT_WITH_CUDA
+#include "kernels/cuda/nn_ops.h"
+#endif
 
 namespace weft::kernels {
 namespace {
 
 void check_same(const char* op, const Tensor& param, std::initializer_list<const Tensor*> others) {
+#if WEFT_WITH_CUDA
+  WEFT_CHECK(param.device().is_cpu() || param.device().is_cuda(), "{}: not built for device {}", op,
+             param.device().str());
+#else
   WEFT_CHECK(param.device().is_cpu(), "{}: not built for device {}", op, param.device().str());
+#endif
   WEFT_CHECK(param.is_contiguous(), "{}: parameter {} must be contiguous", op, tensor_desc(param));
   for (const Tensor* t : others) {
     if (!t->defined()) continue;
@@ -79,6 +87,9 @@ void adam_step_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, 
                 const AdamStep& s) {
   check_same("adam_step", param, {&grad, &exp_avg, &exp_avg_sq});
   WEFT_CHECK(s.step >= 1, "adam_step: step must be >= 1, got {}", s.step);
+#if WEFT_WITH_CUDA
+  if (param.device().is_cuda()) return cuda::adam_step_(param, grad, exp_avg, exp_avg_sq, s);
+#endif
   switch (param.dtype()) {
     case DType::f32:
       return adam_loop(param.data<float>(), grad.data<float>(), exp_avg.data<float>(), exp_avg_sq.data<float>(),
@@ -94,6 +105,9 @@ void adam_step_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, 
 void sgd_step_(const Tensor& param, const Tensor& grad, const Tensor& buf, const SgdStep& s) {
   check_same("sgd_step", param, {&grad, &buf});
   WEFT_CHECK(s.momentum == 0 || buf.defined(), "sgd_step: momentum {} needs a momentum buffer", s.momentum);
+#if WEFT_WITH_CUDA
+  if (param.device().is_cuda()) return cuda::sgd_step_(param, grad, buf, s);
+#endif
   switch (param.dtype()) {
     case DType::f32:
       return sgd_loop(param.data<float>(), grad.data<float>(), buf.defined() ? buf.data<float>() : nullptr,

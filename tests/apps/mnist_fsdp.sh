@@ -31,11 +31,11 @@ done
 
 # Resume: 10 steps at 2 ranks with --save, then 10 more from the checkpoint at 4 ranks and alone.
 half=(--log-every 10 --seed 3 --batch-size 64 --threads 1 --steps 10)
-run "${launch[@]}" -np 2 "$mnist" --fsdp "${half[@]}" --save "$tmp/ck.safetensors" >/dev/null 2>"$tmp/err" ||
+run "${launch[@]}" -np 2 "$mnist" --fsdp "${half[@]}" --save "$tmp/ck" >/dev/null 2>"$tmp/err" ||
   fail "--save at 2 ranks: $(cat "$tmp/err")"
-run "${launch[@]}" -np 4 "$mnist" --fsdp "${half[@]}" --load "$tmp/ck.safetensors" --metrics "$tmp/resumed4.jsonl" \
+run "${launch[@]}" -np 4 "$mnist" --fsdp "${half[@]}" --load "$tmp/ck" --metrics "$tmp/resumed4.jsonl" \
   >/dev/null 2>"$tmp/err" || fail "--load at 4 ranks: $(cat "$tmp/err")"
-run "$mnist" "${half[@]}" --load "$tmp/ck.safetensors" --metrics "$tmp/resumed1.jsonl" >/dev/null 2>"$tmp/err" ||
+run "$mnist" "${half[@]}" --load "$tmp/ck" --metrics "$tmp/resumed1.jsonl" >/dev/null 2>"$tmp/err" ||
   fail "--load of an FSDP checkpoint in one process: $(cat "$tmp/err")"
 
 loss_at() { grep "\"step\":$2[,}]" "$1" | grep -v '"split"' | grep -o '"loss":[^,}]*' | cut -d: -f2 || true; }

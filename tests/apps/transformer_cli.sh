@@ -46,15 +46,20 @@ awk -v l="$a30" 'BEGIN { exit !(l < 4.7) }' || fail "step-30 loss $a30 is not cl
 awk -v l="$v30" 'BEGIN { exit !(l < 4.2) }' || fail "step-30 validation loss $v30 is not clearly below 5.5"
 [ -n "$b30" ] && [ "$a30" = "$b30" ] || fail "resumed run's step-30 loss $b30 differs from $a30"
 
-# nanoGPT's names and layouts in the checkpoint (its JSON header is at the start of the file).
-for key in 'model.transformer.wte.weight":{"dtype":"F32","shape":[256,32]' \
-           'model.transformer.wpe.weight":{"dtype":"F32","shape":[32,32]' \
-           'model.transformer.h.1.attn.c_attn.weight":{"dtype":"F32","shape":[96,32]' \
-           'model.transformer.h.1.mlp.c_proj.weight":{"dtype":"F32","shape":[32,128]' \
-           'model.transformer.ln_f.bias":{"dtype":"F32","shape":[32]'; do
-  head -c 20000 "$tmp/ck/checkpoint.safetensors" | grep -aF "$key" >/dev/null || fail "checkpoint lacks $key"
+# nanoGPT's names and layouts in the checkpoint's index (tensors are "model.<name>"); a tied
+# head is one parameter, repeated as lm_head.weight only by consolidation (an alias).
+ck=$(ls -d "$tmp"/ck/step_* | tail -1)
+[ "$(basename "$ck")" = step_00000020 ] || fail "latest checkpoint is $ck, expected step_00000020"
+tr -d ' \n' <"$ck/index.json" >"$tmp/index.min"
+for key in '"model.transformer.wte.weight":{"dtype":"F32","shape":[256,32]' \
+           '"model.transformer.wpe.weight":{"dtype":"F32","shape":[32,32]' \
+           '"model.transformer.h.1.attn.c_attn.weight":{"dtype":"F32","shape":[96,32]' \
+           '"model.transformer.h.1.mlp.c_proj.weight":{"dtype":"F32","shape":[32,128]' \
+           '"model.transformer.ln_f.bias":{"dtype":"F32","shape":[32]' \
+           '"aliases":{"lm_head.weight":"transformer.wte.weight"}'; do
+  grep -F "$key" "$tmp/index.min" >/dev/null || fail "checkpoint index lacks $key"
 done
-if head -c 20000 "$tmp/ck/checkpoint.safetensors" | grep -a "lm_head" >/dev/null; then fail "tied head saved as lm_head"; fi
+if grep -F '"model.lm_head' "$tmp/index.min" >/dev/null; then fail "tied head saved as its own tensor"; fi
 
 # sample: the prompt, then exactly N bytes, then a newline.
 "$exe" sample --checkpoint "$tmp/ck" --prompt "Q: " --tokens 40 --top-k 8 --temperature 0.8 --seed 2 >"$tmp/s.txt"

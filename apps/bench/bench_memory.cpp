@@ -1,0 +1,362 @@
+// weft-bench-memory: peak memory per rank of FSDP training against FSDP2's memory formulas.
+// Builds the GPT of apps/transformer, shards it (fully_shard per block, then the root), trains a
+// few AdamW steps in fp32 on random tokens with a fixed batch per rank, and reads the CPU
+// allocator: its peak per phase, and its timeline of live bytes (start_memory_recording) for
+// plots. Run it at several world sizes, then combine the JSON files into one table:
+//   mpirun -np 2 --oversubscribe --bind-to none weft-bench-memory --json np2.json
+//   weft-bench-memory --summary np1.json np2.json np4.json
+// scripts/bench_memory.sh runs 1, 2 and 4 ranks, the summary and the plot (docs/MEMORY_SCALING.md).
+//
+// The bound (fp32, Adam; P all parameter bytes, B one block's, E the root's own, Ps this rank's
+// shards, padding included; L blocks; A the activations, measured): FSDP2's forward <= 3B + E +
+// Ps and backward <= 4B + E + 2Ps, plus Adam's 2Ps once the first step has made it, plus the
+// activations. The largest is backward from the second step. Its activation part is A, alive
+// when backward starts, plus the gradients a block's backward holds at once, at most the size
+// of that block's activations, taken as A / L (an over-estimate: A also holds the embeddings'
+// output and the logits). Printed beside each peak: 4B + E + 4Ps + A + A/L.
+// A is measured on each rank, each step: live bytes after the loss minus live bytes before the
+// forward, minus E (the root's gathered parameters, which stay for backward).
+#include <mpi.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "apps/transformer/gpt.h"
+#include "core/allocator.h"
+#include "dist/dist.h"
+#include "fsdp/fsdp.h"
+#include "weft.h"
+
+using namespace weft;
+using json = nlohmann::json;
+
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+struct Options {
+  // nanofsdp's chart shape (32 layers, d_model 1024, ctx 256) with d_model and ctx halved; see
+  // docs/MEMORY_SCALING.md for the choice of the batch.
+  apps::GPTConfig model{.ctx = 128, .n_layer = 32, .n_head = 8, .d_model = 512};
+  int64_t batch = 4;  // sequences per rank per step
+  int64_t steps = 5;
+  uint64_t seed = 0;
+  int threads = 0;
+  int64_t series_points = 3000;
+  std::string json_path;
+  std::vector<std::string> summary;
+  bool check = false;
+};
+
+int64_t bytes_of(const std::vector<Tensor>& ts) {
+  int64_t n = 0;
+  for (auto& t : ts) n += int64_t(t.nbytes());
+  return n;
+}
+
+int64_t live() { return memory_stats().live_bytes; }
+int64_t peak() { return memory_stats().peak_bytes; }
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// The timeline reduced to at most `points` time bins, each with the smallest and largest live
+// bytes recorded in it (so every peak survives the reduction), in MiB, times in s from t0.
+json reduce_timeline(const MemoryTimeline& tl, int64_t t0, int64_t t_end, int64_t points) {
+  json t = json::array(), lo = json::array(), hi = json::array();
+  const double width = std::max<double>(1.0, double(t_end - t0) / double(points));
+  int64_t bin = -1, bmin = 0, bmax = 0;
+  auto flush = [&] {
+    if (bin < 0) return;
+    t.push_back(double(bin) * width * 1e-9);
+    lo.push_back(double(bmin) / kMiB);
+    hi.push_back(double(bmax) / kMiB);
+  };
+  for (auto& s : tl.samples) {
+    int64_t b = int64_t(double(std::max<int64_t>(0, s.t_ns - t0)) / width);
+    if (b != bin) {
+      flush();
+      bin = b;
+      bmin = bmax = s.live_bytes;
+    }
+    bmin = std::min(bmin, s.live_bytes);
+    bmax = std::max(bmax, s.live_bytes);
+  }
+  flush();
+  return {{"t_s", t}, {"min_mib", lo}, {"max_mib", hi}};
+}
+
+// Every rank's JSON text gathered to rank 0 (others get an empty list).
+std::vector<json> gather_to_lead(const json& mine) {
+  std::string text = mine.dump();
+  int n = dist::world_size(), me = dist::rank();
+  int len = int(text.size());
+  std::vector<int> lens(size_t(n), 0), offs(size_t(n), 0);
+  MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, MPI_COMM_WORLD);
+  int total = 0;
+  for (int r = 0; r < n; ++r) offs[size_t(r)] = total, total += lens[size_t(r)];
+  std::string all(me == 0 ? size_t(total) : 0, '\0');
+  MPI_Gatherv(text.data(), len, MPI_CHAR, all.data(), lens.data(), offs.data(), MPI_CHAR, 0, MPI_COMM_WORLD);
+  std::vector<json> out;
+  if (me == 0)
+    for (int r = 0; r < n; ++r) out.push_back(json::parse(all.substr(size_t(offs[size_t(r)]), size_t(lens[size_t(r)]))));
+  return out;
+}
+
+struct Phase {
+  const char* name;
+  int64_t peak = 0;  // bytes above the baseline
+};
+
+int run(const Options& o) {
+  dist::init();
+  const int n = dist::world_size(), me = dist::rank();
+  if (o.threads > 0) set_num_threads(o.threads);
+  apps::check_config(o.model);
+  WEFT_CHECK(o.batch > 0 && o.steps >= 2, "weft-bench-memory: --batch-size must be positive and --steps at least 2 "
+             "(the bound's peak comes from a step after the first, once Adam's state exists)");
+
+  // Everything is measured above what this process held before the model existed.
+  MPI_Barrier(MPI_COMM_WORLD);
+  const int64_t base = live();
+  reset_peak_memory_stats();
+  start_memory_recording();
+  const int64_t t0 = now_ns();
+  json events = json::array();
+  auto mark = [&](int64_t step, const char* phase) {
+    events.push_back({{"step", step}, {"phase", phase}, {"t_s", double(now_ns() - t0) * 1e-9}});
+  };
+
+  // Init as weft-transformer does it: the full model on every rank (same seed, same weights),
+  // then sharded block by block and the root.
+  mark(-1, "init");
+  manual_seed(o.seed);
+  auto model = std::make_shared<apps::GPT>(o.model);
+  apps::init_gpt(*model);
+  const int64_t P = bytes_of(model->parameters());
+  const int64_t B = bytes_of(model->blocks.front()->parameters());
+  const int64_t E = P - B * o.model.n_layer;
+  for (auto& block : model->blocks) fsdp::fully_shard(block);
+  fsdp::fully_shard(model);
+  const int64_t Ps = bytes_of(model->parameters());  // this rank's shards, padding included
+  nn::AdamW opt(model->parameters(), nn::AdamWOptions{.lr = 3e-4, .weight_decay = 0.1});
+  const int64_t init_peak = peak() - base;
+
+  Generator gen(o.seed + 1000003ull * uint64_t(me + 1));  // each rank its own rows
+  std::vector<Phase> worst = {{"forward"}, {"backward"}, {"step"}};
+  json steps = json::array();
+  int64_t act_max = 0, train_peak = 0;
+  const char* train_peak_phase = "";
+  for (int64_t step = 0; step < o.steps; ++step) {
+    mark(step, "forward");
+    opt.zero_grad();
+    Tensor x = (rand({o.batch, o.model.ctx}, {}, &gen) * double(o.model.vocab_size)).to(kInt64);
+    Tensor y = (rand({o.batch, o.model.ctx}, {}, &gen) * double(o.model.vocab_size)).to(kInt64);
+    reset_peak_memory_stats();
+    const int64_t before = live();
+    Tensor loss = cross_entropy((*model)(x).view({-1, o.model.vocab_size}), y.view({-1}));
+    const int64_t act = live() - before - E;  // the root's E stays gathered into backward
+    const int64_t fwd = peak() - base;
+    mark(step, "backward");
+    reset_peak_memory_stats();
+    loss.backward();
+    loss = Tensor();
+    const int64_t bwd = peak() - base;
+    mark(step, "step");
+    reset_peak_memory_stats();
+    opt.step();
+    const int64_t stp = peak() - base;
+    const int64_t after = live() - base;
+    x = y = Tensor();
+    act_max = std::max(act_max, act);
+    int64_t phase_peaks[3] = {fwd, bwd, stp};
+    for (int i = 0; i < 3; ++i) {
+      worst[size_t(i)].peak = std::max(worst[size_t(i)].peak, phase_peaks[i]);
+      if (phase_peaks[i] > train_peak) train_peak = phase_peaks[i], train_peak_phase = worst[size_t(i)].name;
+    }
+    steps.push_back({{"step", step}, {"activations", act}, {"forward_peak", fwd}, {"backward_peak", bwd},
+                     {"step_peak", stp}, {"after_step", after}});
+  }
+  mark(o.steps, "end");
+  const int64_t t_end = now_ns();
+  MemoryTimeline tl = stop_memory_recording();
+  int64_t timeline_max = 0;
+  for (auto& s : tl.samples) timeline_max = std::max(timeline_max, s.live_bytes - base);
+
+  // FSDP2's bounds (see the header comment); Adam's 2Ps from the second step on.
+  const int64_t params_bound = 4 * B + E + 4 * Ps;
+  const int64_t bound = params_bound + act_max + act_max / o.model.n_layer;
+  json mine = {{"rank", me},
+               {"Ps", Ps},
+               {"init_peak", init_peak},
+               {"train_peak", train_peak},
+               {"train_peak_phase", train_peak_phase},
+               {"forward_peak", worst[0].peak},
+               {"backward_peak", worst[1].peak},
+               {"step_peak", worst[2].peak},
+               {"activations", act_max},
+               {"params_bound", params_bound},
+               {"bound", bound},
+               {"timeline_max", timeline_max},
+               {"timeline_samples", tl.samples.size()},
+               {"timeline_dropped", tl.dropped},
+               {"steps", steps},
+               {"events", events},
+               {"series", reduce_timeline(tl, t0, t_end, o.series_points)}};
+  tl = MemoryTimeline{};
+  std::vector<json> ranks = gather_to_lead(mine);
+  int failed = 0;
+  if (me == 0) {
+    json worst_rank = ranks.front();
+    for (auto& r : ranks)
+      if (r["train_peak"].get<int64_t>() > worst_rank["train_peak"].get<int64_t>()) worst_rank = r;
+    json summary = {{"world", n},
+                    {"n_layer", o.model.n_layer},
+                    {"d_model", o.model.d_model},
+                    {"n_head", o.model.n_head},
+                    {"ctx", o.model.ctx},
+                    {"vocab", o.model.vocab_size},
+                    {"batch_per_rank", o.batch},
+                    {"steps", o.steps},
+                    {"P", P},
+                    {"B", B},
+                    {"E", E},
+                    {"ranks", ranks}};
+    auto mib = [](const json& v) { return v.get<double>() / kMiB; };
+    std::printf("# weft-bench-memory: GPT n_layer %lld, d_model %lld, n_head %lld, ctx %lld, vocab %lld; fp32, "
+                "AdamW, fully_shard per block + root; %lld steps, batch %lld x %lld tokens per rank; %d rank(s)\n",
+                (long long)o.model.n_layer, (long long)o.model.d_model, (long long)o.model.n_head,
+                (long long)o.model.ctx, (long long)o.model.vocab_size, (long long)o.steps, (long long)o.batch,
+                (long long)o.model.ctx, n);
+    std::printf("# P %.2f MiB (%lld parameters), B %.2f MiB per block, E %.2f MiB outside the blocks (MiB = 2^20 "
+                "bytes)\n", P / kMiB, (long long)(P / 4), B / kMiB, E / kMiB);
+    std::printf("| rank | Ps | init peak | forward peak | backward peak | step peak | activations A | 4B+E+4Ps "
+                "| bound 4B+E+4Ps+A+A/L | train peak / bound | timeline max |\n");
+    std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    for (auto& r : ranks) {
+      std::printf("| %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.3f | %.2f |\n",
+                  r["rank"].get<int>(), mib(r["Ps"]), mib(r["init_peak"]), mib(r["forward_peak"]),
+                  mib(r["backward_peak"]), mib(r["step_peak"]), mib(r["activations"]), mib(r["params_bound"]),
+                  mib(r["bound"]), r["train_peak"].get<double>() / r["bound"].get<double>(), mib(r["timeline_max"]));
+      // The timeline holds every change, so its largest sample is the allocator's own peak.
+      int64_t over_all = std::max({r["init_peak"].get<int64_t>(), r["train_peak"].get<int64_t>()});
+      if (r["timeline_dropped"].get<int64_t>() == 0 && r["timeline_max"].get<int64_t>() != over_all) {
+        std::printf("CHECK FAILED: rank %d: timeline max %lld bytes != allocator peak %lld bytes\n",
+                    r["rank"].get<int>(), (long long)r["timeline_max"].get<int64_t>(), (long long)over_all);
+        ++failed;
+      }
+      if (r["train_peak"].get<int64_t>() > r["bound"].get<int64_t>()) {
+        std::printf("%s: rank %d: training peak %.2f MiB exceeds the bound 4B+E+4Ps+A+A/L = %.2f MiB\n",
+                    o.check ? "CHECK FAILED" : "note", r["rank"].get<int>(), mib(r["train_peak"]), mib(r["bound"]));
+        if (o.check) ++failed;
+      }
+    }
+    std::printf("peak per rank (max over ranks): %.2f MiB in %s on rank %d; bound 4B+E+4Ps %.2f + A(1+1/L) %.2f = "
+                "%.2f MiB\n", mib(worst_rank["train_peak"]), worst_rank["train_peak_phase"].get<std::string>().c_str(),
+                worst_rank["rank"].get<int>(), mib(worst_rank["params_bound"]),
+                mib(worst_rank["bound"]) - mib(worst_rank["params_bound"]), mib(worst_rank["bound"]));
+    std::fflush(stdout);
+    if (!o.json_path.empty()) {
+      std::ofstream f(o.json_path);
+      f << summary.dump() << "\n";
+      WEFT_CHECK(f.good(), "weft-bench-memory: could not write {}", o.json_path);
+    }
+  }
+  MPI_Bcast(&failed, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  dist::finalize();
+  return failed ? 1 : 0;
+}
+
+// The table over world sizes from the JSON files of single runs.
+int summarize(const std::vector<std::string>& paths) {
+  std::vector<json> runs;
+  for (auto& p : paths) {
+    std::ifstream f(p);
+    WEFT_CHECK(f.good(), "weft-bench-memory: cannot read {}", p);
+    json j;
+    try {
+      f >> j;
+      (void)j.at("world").get<int>();
+      (void)j.at("ranks").at(0).at("train_peak").get<int64_t>();
+    } catch (const json::exception& e) {
+      WEFT_ERROR("weft-bench-memory: {} is not a weft-bench-memory --json file ({})", p, e.what());
+    }
+    runs.push_back(std::move(j));
+  }
+  std::sort(runs.begin(), runs.end(), [](const json& a, const json& b) { return a["world"] < b["world"]; });
+  auto peak_of = [](const json& run) {
+    json w = run["ranks"][0];
+    for (auto& r : run["ranks"])
+      if (r["train_peak"].get<int64_t>() > w["train_peak"].get<int64_t>()) w = r;
+    return w;
+  };
+  const json& first = runs.front();
+  for (auto& r : runs)
+    WEFT_CHECK(r["n_layer"] == first["n_layer"] && r["d_model"] == first["d_model"] && r["ctx"] == first["ctx"] &&
+                   r["batch_per_rank"] == first["batch_per_rank"],
+               "weft-bench-memory: the files describe different models or batches; compare like with like");
+  const double base = runs.front()["world"] == 1 ? peak_of(runs.front())["train_peak"].get<double>() : 0;
+  std::printf("| ranks | Ps | activations A | peak per rank (max over ranks) | phase | 4B+E+4Ps | bound 4B+E+4Ps+A+A/L "
+              "| peak / bound | peak / 1 rank | bound / 1 rank |\n");
+  std::printf("|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|\n");
+  const double base_bound = runs.front()["world"] == 1 ? peak_of(runs.front())["bound"].get<double>() : 0;
+  for (auto& run : runs) {
+    json w = peak_of(run);
+    double pk = w["train_peak"].get<double>(), bd = w["bound"].get<double>();
+    std::string ratio = base > 0 ? fmt::format("{:.2f}", pk / base) : "-";
+    std::string bratio = base_bound > 0 ? fmt::format("{:.2f}", bd / base_bound) : "-";
+    std::printf("| %d | %.1f | %.1f | %.1f | %s | %.1f | %.1f | %.3f | %s | %s |\n", run["world"].get<int>(),
+                w["Ps"].get<double>() / kMiB, w["activations"].get<double>() / kMiB, pk / kMiB,
+                w["train_peak_phase"].get<std::string>().c_str(), w["params_bound"].get<double>() / kMiB, bd / kMiB,
+                pk / bd, ratio.c_str(), bratio.c_str());
+  }
+  std::printf("(MiB; P %.1f, B %.2f, E %.2f MiB; GPT n_layer %lld, d_model %lld, ctx %lld, batch %lld per rank)\n",
+              first["P"].get<double>() / kMiB, first["B"].get<double>() / kMiB, first["E"].get<double>() / kMiB,
+              (long long)first["n_layer"].get<int64_t>(), (long long)first["d_model"].get<int64_t>(),
+              (long long)first["ctx"].get<int64_t>(), (long long)first["batch_per_rank"].get<int64_t>());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"weft-bench-memory: peak memory per rank of FSDP training (GPT, fp32, AdamW) beside FSDP2's bounds; "
+               "run under mpirun, or --summary to combine runs"};
+  Options o;
+  app.add_option("--n-layer", o.model.n_layer, "transformer blocks")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--d-model", o.model.d_model, "embedding width")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--n-head", o.model.n_head, "attention heads (must divide --d-model)")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--ctx", o.model.ctx, "tokens per sequence")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--batch-size", o.batch, "sequences per rank per step (fixed per rank, as data parallel scales)")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--steps", o.steps, "training steps (at least 2)")->check(CLI::Range(int64_t(2), int64_t(1000)))
+      ->capture_default_str();
+  app.add_option("--seed", o.seed, "seed for the weights and the tokens")->capture_default_str();
+  app.add_option("--threads", o.threads, "CPU threads per rank (default: OMP_NUM_THREADS or all cores)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--json", o.json_path, "write the figures and each rank's memory timeline to FILE (rank 0)");
+  app.add_option("--series-points", o.series_points, "time bins per rank in the JSON timeline (each keeps min and max)")
+      ->check(CLI::Range(int64_t(10), int64_t(1000000)))->capture_default_str();
+  app.add_flag("--check", o.check, "exit 1 if a rank's training peak exceeds the bound 4B+E+4Ps+A+A/L");
+  app.add_option("--summary", o.summary, "print the table over world sizes from --json files of earlier runs and exit")
+      ->expected(1, -1)->check(CLI::ExistingFile);
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (!o.summary.empty()) return summarize(o.summary);
+    return run(o);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "weft-bench-memory: error: %s\n", e.what());
+    // Every rank fails the same flag checks; anything else may leave other ranks waiting.
+    if (dist::is_initialized() && dist::world_size() > 1) dist::abort_job(fmt::format("weft-bench-memory: {}", e.what()));
+    if (dist::is_initialized()) dist::finalize();
+    return 1;
+  }
+}

@@ -1,0 +1,101 @@
+// weft-checkpoint: looks after checkpoint directories written by fsdp::save_checkpoint (see
+// docs/CHECKPOINTS.md), in one process, at any size of the run that wrote them.
+//   weft-checkpoint inspect DIR                      the index as a table
+//   weft-checkpoint verify DIR                       sizes, sha256s, shapes and coverage
+//   weft-checkpoint consolidate DIR OUT.safetensors  one ordinary file with the full model
+// DIR is a checkpoint (holding index.json) or a directory of them (the latest is used).
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <exception>
+
+#include "core/safetensors.h"
+#include "fsdp/checkpoint.h"
+
+using namespace weft;
+
+namespace {
+
+std::string human_bytes(uint64_t n) {
+  if (n >= (1ull << 30)) return fmt::format("{:.1f} GiB", double(n) / double(1ull << 30));
+  if (n >= (1ull << 20)) return fmt::format("{:.1f} MiB", double(n) / double(1ull << 20));
+  if (n >= (1ull << 10)) return fmt::format("{:.1f} KiB", double(n) / double(1ull << 10));
+  return fmt::format("{} B", n);
+}
+
+int inspect(const std::string& dir) {
+  fsdp::CheckpointIndex ix = fsdp::read_checkpoint_index(dir);
+  std::printf("checkpoint  %s\n", ix.dir.c_str());
+  std::printf("step        %lld\n", (long long)ix.training.step);
+  std::printf("weft        %s (format %d)\n", ix.weft_version.c_str(), ix.format_version);
+  std::string mesh;
+  for (size_t i = 0; i < ix.mesh_shape.size(); ++i)
+    mesh += fmt::format("{}{}={}", i ? " x " : "", ix.mesh_dim_names.at(i), ix.mesh_shape[i]);
+  std::printf("world size  %d (mesh %s), %d shard file(s)\n", ix.world_size, mesh.c_str(), ix.num_shards);
+  for (auto& [k, v] : ix.training.app) std::printf("app         %s = %s\n", k.c_str(), v.c_str());
+  for (auto& [k, v] : ix.training.data) std::printf("data        %s = %lld\n", k.c_str(), (long long)v);
+  for (auto& [k, v] : ix.training.aliases) std::printf("alias       %s = %s\n", k.c_str(), v.c_str());
+  std::printf("rng         %zu state(s)\n\n", ix.rng.size());
+
+  std::printf("%-24s %10s  %s\n", "file", "bytes", "sha256");
+  uint64_t total = 0;
+  for (auto& f : ix.files) {
+    std::printf("%-24s %10llu  %s\n", f.name.c_str(), (unsigned long long)f.bytes, f.sha256.c_str());
+    total += f.bytes;
+  }
+  std::printf("%-24s %10llu  (%s)\n\n", "total", (unsigned long long)total, human_bytes(total).c_str());
+
+  size_t width = 6;
+  for (auto& e : ix.tensors) width = std::max(width, e.key.size());
+  std::printf("%-*s  %-5s  %-16s  %-11s  %s\n", int(width), "tensor", "dtype", "shape", "placement", "pieces");
+  for (auto& e : ix.tensors) {
+    std::string pieces;
+    for (auto& s : e.shards) {
+      if (!pieces.empty()) pieces += " ";
+      pieces += e.shard_dim < 0 ? s.file : fmt::format("{}:[{},{})", s.file.substr(0, s.file.find('.')), s.offset,
+                                                       s.offset + s.length);
+    }
+    std::printf("%-*s  %-5s  %-16s  %-11s  %s\n", int(width), e.key.c_str(), safetensors_dtype_name(e.dtype),
+                shape_str(e.shape).c_str(),
+                e.shard_dim < 0 ? "Replicate()" : fmt::format("Shard({})", e.shard_dim).c_str(), pieces.c_str());
+  }
+  return 0;
+}
+
+int verify(const std::string& dir) {
+  fsdp::VerifyReport r = fsdp::verify_checkpoint(dir);
+  std::printf("ok: %s: %zu file(s), %s, %zu tensors; sizes, sha256s, shapes and coverage match the index\n",
+              fsdp::latest_checkpoint(dir).c_str(), r.files, human_bytes(r.bytes).c_str(), r.tensors);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"weft-checkpoint: inspect, verify and consolidate weft checkpoint directories"};
+  app.require_subcommand(1);
+  std::string dir, out;
+  bool with_optimizer = false;
+  auto* ins = app.add_subcommand("inspect", "print the index: step, mesh, files and every tensor's placement");
+  ins->add_option("DIR", dir, "checkpoint directory (or a directory of them: the latest)")->required();
+  auto* ver = app.add_subcommand("verify", "check every file's size and sha256 and every tensor's pieces");
+  ver->add_option("DIR", dir, "checkpoint directory (or a directory of them: the latest)")->required();
+  auto* con = app.add_subcommand("consolidate", "write the full (unsharded) model to one safetensors file");
+  con->add_option("DIR", dir, "checkpoint directory (or a directory of them: the latest)")->required();
+  con->add_option("OUT", out, "output .safetensors file (loads with Python's safetensors and PyTorch)")->required();
+  con->add_flag("--with-optimizer", with_optimizer, "also write the optimizer state, under \"optim.\"");
+  app.footer("Files written by consolidate carry the model's own names (nanoGPT's for weft-transformer, with\n"
+             "lm_head.weight repeated for a tied head) and the app's config in their metadata.");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (ins->parsed()) return inspect(dir);
+    if (ver->parsed()) return verify(dir);
+    fsdp::consolidate_checkpoint(dir, out, with_optimizer);
+    auto entries = read_safetensors_index(out);
+    std::fprintf(stderr, "wrote %s: %zu tensors from %s\n", out.c_str(), entries.size(),
+                 fsdp::latest_checkpoint(dir).c_str());
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "weft-checkpoint: error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,103 @@
+// autograd: scaled-dot-product attention as one graph node over the fused kernel
+// (kernels/attention.h): the node saves q, k, v, the output and one log-sum-exp per query
+// row, never the [B, H, Tq, Tk] probabilities. With dropout on the probabilities (p > 0
+// while training) the fused kernel does not apply: the op is then computed from the
+// composite ops (matmul, masked_fill, softmax, dropout, matmul), which are correct but keep
+// the full score tensor.
+#include <cmath>
+#include <limits>
+
+#include "autograd/ops.h"
+#include "kernels/attention.h"
+
+namespace weft {
+
+using autograd::needs_grad;
+using autograd::record;
+using autograd::TensorList;
+namespace k = kernels;
+
+namespace {
+
+void check_dropout(double p, const char* op) {
+  WEFT_CHECK(p >= 0 && p <= 1, "{}: dropout probability must be in [0, 1], got {}", op, p);
+}
+
+// [B, T, 3, H, hd] -> the i-th of the three [B, H, T, hd] views (query, key, value).
+Tensor qkv_heads(const Tensor& x, int64_t i) { return x.select(2, i).transpose(1, 2); }
+
+double default_scale(const Tensor& q) { return 1.0 / std::sqrt(double(std::max<int64_t>(q.size(-1), 1))); }
+
+// softmax(q k^T * scale, masked) with dropout, then @ v, from differentiable ops.
+Tensor composite_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double dropout_p,
+                           Generator* gen) {
+  Tensor att = matmul(q, k.transpose(-2, -1)) * default_scale(q);
+  if (causal) {
+    const int64_t tq = q.size(-2), tk = k.size(-2);
+    Tensor rows = arange(0, double(tq), 1, {.dtype = DType::i64, .device = q.device()}).view({tq, 1});
+    Tensor cols = arange(0, double(tk), 1, {.dtype = DType::i64, .device = q.device()}).view({1, tk});
+    att = masked_fill(att, cols > rows, -std::numeric_limits<double>::infinity());
+  }
+  return matmul(dropout(softmax(att, -1), dropout_p, true, gen), v);
+}
+
+}  // namespace
+
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                                    double dropout_p, bool training, Generator* gen) {
+  const char* op = "scaled_dot_product_attention";
+  check_dropout(dropout_p, op);
+  WEFT_CHECK(q.defined() && k.defined() && v.defined(), "{}: query, key and value must be defined tensors", op);
+  if (training && dropout_p > 0) {
+    k::check_attention(op, q, k, v, causal);
+    return composite_attention(q, k, v, causal, dropout_p, gen);
+  }
+  const double scale = default_scale(q);
+  auto [out, lse] = k::attention(q, k, v, causal, scale);
+  if (needs_grad({&q, &k, &v})) {
+    record("ScaledDotProductAttentionBackward", {q, k, v}, {out},
+           [q = q.detach(), k = k.detach(), v = v.detach(), out = out.detach(), lse = lse, causal,
+            scale](const TensorList& g) -> TensorList {
+             auto [dq, dk, dv] = k::attention_backward(g[0], q, k, v, out, lse, causal, scale);
+             return {dq, dk, dv};
+           });
+  }
+  return out;
+}
+
+Tensor scaled_dot_product_attention_qkv(const Tensor& qkv, int64_t n_head, bool causal, double dropout_p,
+                                        bool training, Generator* gen) {
+  const char* op = "scaled_dot_product_attention_qkv";
+  check_dropout(dropout_p, op);
+  WEFT_CHECK(qkv.defined() && qkv.dim() == 3, "{}: qkv must be [batch, seq, 3 * d_model], got {}", op,
+             qkv.defined() ? tensor_desc(qkv) : std::string("undefined"));
+  WEFT_CHECK(n_head > 0 && qkv.size(2) % (3 * n_head) == 0,
+             "{}: the last dim of qkv {} must split into 3 x n_head {} equal heads", op, tensor_desc(qkv), n_head);
+  const int64_t B = qkv.size(0), T = qkv.size(1), d = qkv.size(2) / 3, hd = d / n_head;
+  if (training && dropout_p > 0) {
+    Tensor x = qkv.reshape({B, T, 3, n_head, hd});
+    return scaled_dot_product_attention(qkv_heads(x, 0), qkv_heads(x, 1), qkv_heads(x, 2), causal, dropout_p, training, gen)
+        .transpose(1, 2)
+        .reshape({B, T, d});
+  }
+  Tensor x = qkv.detach().reshape({B, T, 3, n_head, hd});  // a view of a Linear's output
+  const double scale = 1.0 / std::sqrt(double(std::max<int64_t>(hd, 1)));
+  auto [out, lse] = k::attention(qkv_heads(x, 0), qkv_heads(x, 1), qkv_heads(x, 2), causal, scale);
+  Tensor y = out.transpose(1, 2).view({B, T, d});  // out is stored [B, T, H, hd]
+  if (needs_grad({&qkv})) {
+    record("ScaledDotProductAttentionQkvBackward", {qkv}, {y},
+           [x, out = out, lse = lse, causal, scale, B, T, d, n_head, hd](const TensorList& g) -> TensorList {
+             Tensor grad = g[0].reshape({B, T, n_head, hd}).transpose(1, 2);
+             // One [B, T, 3d] gradient buffer: the three head gradients are written straight
+             // into their slices, so no zero-filled copies are summed afterwards.
+             Tensor dqkv = empty({B, T, 3 * d}, {.dtype = x.dtype(), .device = x.device()});
+             Tensor dx = dqkv.view({B, T, 3, n_head, hd});
+             k::attention_backward_into(grad, qkv_heads(x, 0), qkv_heads(x, 1), qkv_heads(x, 2), out, lse, causal, scale,
+                                        qkv_heads(dx, 0), qkv_heads(dx, 1), qkv_heads(dx, 2));
+             return {dqkv};
+           });
+  }
+  return y;
+}
+
+}  // namespace weft

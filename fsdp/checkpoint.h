@@ -1,0 +1,116 @@
+// fsdp: checkpoint directories. Every rank writes its own pieces of the model and optimizer
+// (a sharded state dict, no gathering) to one safetensors file per shard, and rank 0 writes an
+// index (index.json): world size, mesh, every tensor's global shape, dtype, placement and the
+// files holding its pieces, the training step, RNG states, data-loader position, weft's
+// version and each file's sha256. Loading works at any world size: each rank reads only the
+// pieces that overlap its own shards. See docs/CHECKPOINTS.md.
+//
+//   DIR/step_00000100/index.json
+//   DIR/step_00000100/rank_00000.safetensors ... rank_<N-1>.safetensors
+//
+// A checkpoint is written to DIR/.tmp-step_<step> (files fsync'ed) and renamed into place only
+// when complete, so a crash leaves the previous checkpoints valid; keep_last removes the oldest.
+// The directory must be visible to every rank (a shared filesystem across hosts).
+#pragma once
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/generator.h"
+#include "fsdp/sharded_state_dict.h"
+
+namespace weft::fsdp {
+
+// What a training loop restores besides the model, the optimizer and the RNG.
+struct TrainingState {
+  int64_t step = 0;  // optimizer steps taken (an LR schedule resumes from it)
+  std::map<std::string, int64_t> data;        // data-loader position in the app's terms (e.g. epoch, batch)
+  std::map<std::string, std::string> app;     // the app's description (format, model config); copied into
+                                              // the metadata of consolidated files
+  std::map<std::string, std::string> aliases;  // extra names a consolidated file repeats: name -> parameter
+                                               // (e.g. nanoGPT's lm_head.weight for a tied head)
+};
+
+struct SaveOptions {
+  int keep_last = 0;  // keep only the K newest complete checkpoints under the directory (0: all)
+};
+
+// Writes `dir`/step_<step>/ (replacing a checkpoint of the same step) and returns its path. A
+// collective call on every rank of root's mesh (under HSDP, replica 0's ranks write the
+// files); `root` null: an unsharded model written by this process alone. `opt` may be null.
+// A failure on any rank fails every rank and leaves the earlier checkpoints as they were.
+std::string save_checkpoint(const std::string& dir, nn::Module& model, const nn::Optimizer* opt,
+                            const FSDPModule* root, const TrainingState& state, const SaveOptions& options = {});
+
+// `path` itself when it is a checkpoint (holds index.json), else the complete step_* under it
+// with the highest step; empty when there is none.
+std::string latest_checkpoint(const std::string& path);
+
+struct LoadOptions {
+  bool verify = true;       // check each file's size and sha256 before reading it
+  bool restore_rng = true;  // the default generator's state: this rank's as saved (rank 0's at ranks
+                            // the saving run did not have)
+};
+
+// Loads the checkpoint at `path` (or the latest under it) into the model and, unless null, the
+// optimizer, whatever world size wrote it: each rank reads the pieces overlapping its shards.
+// A collective call on every rank of root's mesh. All or nothing: every rank reads and checks
+// everything before any tensor is written, and a failure on one rank fails all of them. Errors
+// name the file and the key (a missing or truncated file, a hash mismatch, a tensor the model
+// does not have or has in another shape).
+TrainingState load_checkpoint(const std::string& path, nn::Module& model, nn::Optimizer* opt, const FSDPModule* root,
+                              const LoadOptions& options = {});
+
+// ---- the index, for tools (one process, no model needed)
+
+struct CheckpointIndex {
+  struct File {
+    std::string name;  // relative to the checkpoint directory
+    int shard = 0;
+    uint64_t bytes = 0;
+    std::string sha256;
+  };
+  struct Shard {
+    std::string file;
+    int64_t offset = 0, length = 0;  // along the tensor's shard dim
+  };
+  struct Entry {
+    std::string key;  // "model.<name>" or "optim.<key>"
+    Shape shape;
+    DType dtype = kFloat32;
+    int64_t shard_dim = -1;  // -1: whole ("Replicate()"), one piece in the first file
+    std::vector<Shard> shards;
+  };
+  std::string dir;  // the checkpoint directory
+  int format_version = 0;
+  std::string weft_version;
+  int world_size = 1, num_shards = 1;
+  std::vector<int> mesh_shape;
+  std::vector<std::string> mesh_dim_names;
+  std::vector<File> files;
+  std::vector<Entry> tensors;  // model entries first, in state_dict order
+  std::vector<Generator::State> rng;  // one per rank
+  TrainingState training;
+
+  const Entry* find(const std::string& key) const;  // null if absent
+  std::string file_path(const std::string& file) const;  // dir / file
+};
+
+// Reads and validates index.json of the checkpoint at `path` (or the latest under it).
+CheckpointIndex read_checkpoint_index(const std::string& path);
+
+struct VerifyReport {
+  size_t files = 0, tensors = 0;
+  uint64_t bytes = 0;
+};
+// Checks that every file exists with its recorded size and sha256, that each holds exactly the
+// pieces the index names with their dtypes and shapes, and that the pieces of every tensor
+// cover it once. Throws a weft::Error naming the file and key of the first problem.
+VerifyReport verify_checkpoint(const std::string& path);
+
+// Writes the whole model (unsharded, names without the "model." prefix, plus the aliases) to
+// one safetensors file, assembling one tensor at a time; with `with_optimizer` the optimizer's
+// state too, under "optim.". The file's metadata is the app's description and the step.
+void consolidate_checkpoint(const std::string& path, const std::string& out, bool with_optimizer = false);
+
+}  // namespace weft::fsdp

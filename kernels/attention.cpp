@@ -1,0 +1,163 @@
+// kernels: entry points of the fused attention (kernels/attention.h): argument checks that
+// name the operand at fault, output allocation in the [B, T, H, hd] layout, the 16-bit
+// round trip through f32, and the device dispatch. The CPU loops are in kernels/cpu/attention.cpp.
+#include "kernels/attention.h"
+
+#include "core/copy.h"
+#include "kernels/cpu/attention.h"
+#if WEFT_WITH_CUDA
+#include "kernels/cuda/nn_ops.h"
+#endif
+#include "kernels/nn_checks.h"
+
+namespace weft::kernels {
+using namespace checks;
+namespace {
+
+// Sizes of the three operands once checked.
+struct Dims {
+  int64_t B, H, Tq, Tk, E, Ev;
+};
+
+Dims check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {
+  check_float(op, q, "query");
+  check_float(op, k, "key");
+  check_float(op, v, "value");
+  check_device(op, q, k);
+  check_device(op, q, v);
+  WEFT_CHECK(q.dtype() == k.dtype() && q.dtype() == v.dtype(),
+             "{}: query, key and value must share a dtype, got {}, {} and {}", op, tensor_desc(q), tensor_desc(k),
+             tensor_desc(v));
+  WEFT_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
+             "{}: query, key and value must be 4-D [batch, heads, seq, head_dim], got {}, {} and {}", op,
+             tensor_desc(q), tensor_desc(k), tensor_desc(v));
+  Dims d{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), v.size(3)};
+  WEFT_CHECK(k.size(0) == d.B && v.size(0) == d.B && k.size(1) == d.H && v.size(1) == d.H,
+             "{}: batch and head dims differ: query {}, key {}, value {}", op, tensor_desc(q), tensor_desc(k),
+             tensor_desc(v));
+  WEFT_CHECK(k.size(3) == d.E, "{}: query {} and key {} must have the same head_dim (last dim)", op,
+             tensor_desc(q), tensor_desc(k));
+  WEFT_CHECK(v.size(2) == d.Tk, "{}: key {} and value {} must have the same sequence length (dim 2)", op,
+             tensor_desc(k), tensor_desc(v));
+  WEFT_CHECK(!causal || d.Tq == d.Tk,
+             "{}: causal attention needs as many queries as keys, got query {} and key {}", op, tensor_desc(q),
+             tensor_desc(k));
+  WEFT_CHECK(d.Tk > 0 || d.Tq == 0 || d.B * d.H == 0,
+             "{}: key {} has no positions to attend to", op, tensor_desc(k));
+  return d;
+}
+
+// Strided views are read in place when their rows are unit-stride; others are copied.
+Tensor rows(const Tensor& t) { return t.stride(-1) == 1 || t.size(-1) <= 1 ? t : t.contiguous(); }
+
+DType stats_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
+
+// A [B, H, T, C] tensor stored as [B, T, H, C].
+Tensor empty_bthc(int64_t B, int64_t H, int64_t T, int64_t C, TensorOptions opts) {
+  return empty({B, T, H, C}, opts).transpose(1, 2);
+}
+
+void check_grads_into(const char* op, const Tensor& g, const Tensor& like_t, const char* name) {
+  WEFT_CHECK(g.defined() && g.dtype() == like_t.dtype() && g.shape() == like_t.shape() &&
+                 g.device() == like_t.device() && (g.stride(-1) == 1 || g.size(-1) <= 1),
+             "{}: {} {} must match {} with unit last stride", op, name, tensor_desc(g), tensor_desc(like_t));
+}
+
+}  // namespace
+
+void check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {
+  check_qkv(op, q, k, v, causal);
+}
+
+std::pair<Tensor, Tensor> attention(const Tensor& q_, const Tensor& k_, const Tensor& v_, bool causal,
+                                    double scale) {
+  const char* op = "attention";
+  Tensor q = plain(q_), k = plain(k_), v = plain(v_);
+  Dims d = check_qkv(op, q, k, v, causal);
+  Tensor out = empty_bthc(d.B, d.H, d.Tq, d.Ev, like(q));
+  Tensor lse = empty({d.B, d.H, d.Tq}, {.dtype = stats_dtype(q.dtype()), .device = q.device()});
+  if (out.numel() == 0 && lse.numel() == 0) return {out, lse};
+  if (q.device().is_cpu()) {
+    if (is_16bit(q.dtype())) {
+      Tensor out32 = empty_bthc(d.B, d.H, d.Tq, d.Ev, {});
+      cpu::attention(q.to(DType::f32), k.to(DType::f32), v.to(DType::f32), causal, scale, out32, lse);
+      copy_elements(out, out32);
+    } else {
+      cpu::attention(rows(q), rows(k), rows(v), causal, scale, out, lse);
+    }
+    return {out, lse};
+  }
+#if WEFT_WITH_CUDA
+  // The CUDA kernels read and write 16-bit operands in place (computing in f32).
+  if (q.device().is_cuda()) {
+    cuda::attention(rows(q), rows(k), rows(v), causal, scale, out, lse);
+    return {out, lse};
+  }
+#endif
+  not_built(op, q);
+}
+
+void attention_backward_into(const Tensor& grad_, const Tensor& q_, const Tensor& k_, const Tensor& v_,
+                             const Tensor& out_, const Tensor& lse_, bool causal, double scale, const Tensor& dq,
+                             const Tensor& dk, const Tensor& dv) {
+  const char* op = "attention_backward";
+  Tensor grad = plain(grad_), q = plain(q_), k = plain(k_), v = plain(v_), out = plain(out_),
+         lse = plain(lse_);
+  Dims d = check_qkv(op, q, k, v, causal);
+  Shape out_shape{d.B, d.H, d.Tq, d.Ev};
+  for (const Tensor* t : {&grad, &out}) {
+    WEFT_CHECK(t->defined() && t->dtype() == q.dtype() && t->shape() == out_shape,
+               "{}: grad and out must be {}{} like the forward's output, got {}", op, dtype_name(q.dtype()),
+               shape_str(out_shape), t->defined() ? tensor_desc(*t) : std::string("undefined"));
+    check_device(op, q, *t);
+  }
+  WEFT_CHECK(lse.defined() && lse.dtype() == stats_dtype(q.dtype()) && lse.shape() == Shape({d.B, d.H, d.Tq}),
+             "{}: saved log-sum-exp {} does not fit query {} (want {}{})", op,
+             lse.defined() ? tensor_desc(lse) : std::string("undefined"), tensor_desc(q),
+             dtype_name(stats_dtype(q.dtype())), shape_str({d.B, d.H, d.Tq}));
+  check_device(op, q, lse);
+  check_grads_into(op, dq, q, "dq");
+  check_grads_into(op, dk, k, "dk");
+  check_grads_into(op, dv, v, "dv");
+  if (d.B * d.H == 0 || (d.Tq == 0 && d.Tk == 0)) return;
+  if (q.device().is_cpu()) {
+    if (is_16bit(q.dtype())) {
+      auto f32 = [](const Tensor& t) { return t.to(DType::f32); };
+      Tensor dq32 = empty_bthc(d.B, d.H, d.Tq, d.E, {}), dk32 = empty_bthc(d.B, d.H, d.Tk, d.E, {});
+      Tensor dv32 = empty_bthc(d.B, d.H, d.Tk, d.Ev, {});
+      cpu::attention_backward(f32(grad), f32(q), f32(k), f32(v), f32(out), lse.contiguous(), causal, scale,
+                              dq32, dk32, dv32);
+      copy_elements(dq, dq32);
+      copy_elements(dk, dk32);
+      copy_elements(dv, dv32);
+    } else {
+      cpu::attention_backward(rows(grad), rows(q), rows(k), rows(v), rows(out), lse.contiguous(), causal,
+                              scale, dq, dk, dv);
+    }
+    return;
+  }
+#if WEFT_WITH_CUDA
+  if (q.device().is_cuda()) {
+    cuda::attention_backward(rows(grad), rows(q), rows(k), rows(v), rows(out), lse.contiguous(), causal, scale, dq,
+                             dk, dv);
+    return;
+  }
+#endif
+  not_built(op, q);
+}
+
+std::tuple<Tensor, Tensor, Tensor> attention_backward(const Tensor& grad, const Tensor& q, const Tensor& k,
+                                                      const Tensor& v, const Tensor& out, const Tensor& lse,
+                                                      bool causal, double scale) {
+  // Shapes are checked again by attention_backward_into; these only need to be allocatable.
+  WEFT_CHECK(q.defined() && k.defined() && v.defined() && q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
+             "attention_backward: query, key and value must be 4-D [batch, heads, seq, head_dim], got {}, {} and "
+             "{}", q.defined() ? tensor_desc(q) : "undefined", k.defined() ? tensor_desc(k) : "undefined",
+             v.defined() ? tensor_desc(v) : "undefined");
+  auto alloc = [](const Tensor& t) { return empty_bthc(t.size(0), t.size(1), t.size(2), t.size(3), like(t)); };
+  Tensor dq = alloc(q), dk = alloc(k), dv = alloc(v);
+  attention_backward_into(grad, q, k, v, out, lse, causal, scale, dq, dk, dv);
+  return {dq, dk, dv};
+}
+
+}  // namespace weft::kernels

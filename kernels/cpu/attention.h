@@ -1,0 +1,16 @@
+// kernels/cpu: the fused attention loops behind kernels/attention.h. Callers have checked
+// shapes, dtypes (f32 or f64 here) and devices; every tensor is a 4-D [B, H, T, C] view with
+// a unit last stride and any other strides, lse [B, H, Tq] contiguous.
+#pragma once
+#include "core/tensor.h"
+
+namespace weft::kernels::cpu {
+
+void attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale, const Tensor& out,
+               const Tensor& lse);
+// dq, dk, dv are overwritten.
+void attention_backward(const Tensor& grad, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                        const Tensor& lse, bool causal, double scale, const Tensor& dq, const Tensor& dk,
+                        const Tensor& dv);
+
+}  // namespace weft::kernels::cpu

@@ -1,0 +1,29 @@
+// kernels/cuda: installs the CUDA backend into core at start-up: the per-device caching
+// allocators (so Storage, memory_stats and empty() work on cuda:i) and the device copy (so
+// to/copy_/clone/contiguous/fill_ do). Registration only stores function pointers: the
+// driver is first touched when a CUDA tensor is made, so CPU-only programs on a machine
+// without a GPU are unaffected.
+#include "core/copy.h"
+#include "kernels/cuda/allocator.h"
+#include "kernels/cuda/ops.h"
+
+namespace weft::kernels::cuda {
+namespace {
+
+Allocator& lookup_allocator(int index) { return device_allocator(index); }
+
+const bool g_registered = [] {
+  register_allocator_lookup(DeviceType::cuda, &lookup_allocator);
+  register_device_copy(DeviceType::cuda, &copy);
+  return true;
+}();
+
+}  // namespace
+}  // namespace weft::kernels::cuda
+
+// The weft static library is linked object by object, and nothing refers to this file's
+// object: the build passes -Wl,--undefined=weft_cuda_backend_anchor to every program linking
+// weft so that the linker keeps it, and the registration above runs.
+extern "C" {
+int weft_cuda_backend_anchor = 1;
+}

@@ -1,0 +1,21 @@
+// kernels: the op enums shared by the public entry points (kernels/elementwise.h,
+// kernels/reduce.h) and the backends. Kept free of includes so that nvcc-compiled CUDA files
+// (kernels/cuda/*.cu), which cannot include core/tensor.h (fmt), see the same definitions.
+#pragma once
+
+namespace weft::kernels {
+
+enum class UnaryOp {
+  neg, exp, log, sqrt, rsqrt, abs, tanh, sigmoid, relu, gelu_tanh, gelu_erf, sin, cos,
+  square, reciprocal, sign, log1p, expm1, logical_not
+};
+
+enum class BinaryOp {
+  add, sub, mul, div, pow, maximum, minimum,
+  eq, ne, lt, le, gt, ge,  // comparisons give bool tensors
+  logical_and, logical_or
+};
+
+enum class ReduceOp { sum, mean, max, min, prod };
+
+}  // namespace weft::kernels

@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# Checkpoint directories end to end with weft-transformer, weft-mnist and weft-checkpoint:
+# - exact resume across processes: 10 steps vs 5, stop, resume 5 (with dropout, so the RNG state
+#   matters) log bitwise the same losses, alone and at 2 ranks;
+# - another world size: 1 -> 4 and 4 -> 1 (and mnist 2 -> 1 -> 4) continue with the
+#   uninterrupted run's losses (rel 1e-5: the ranks' sums round differently);
+# - weft-checkpoint inspect / verify / consolidate (nanoGPT names, lm_head.weight for the tied
+#   head; `sample` from the file prints what it prints from the directory);
+# - a flipped byte, a truncated or deleted shard and another model's flags are clear errors on
+#   every rank and write nothing; keep_last keeps the newest.
+# Usage: checkpoint_cli.sh WEFT_TRANSFORMER WEFT_MNIST WEFT_CHECKPOINT [MPIRUN MPIRUN_ARGS...]
+set -euo pipefail
+gpt=$1
+mnist=$2
+tool=$3
+shift 3
+launch=("$@")
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+export OMP_NUM_THREADS=1
+run() { timeout 120 "$@"; }
+mp() { [ ${#launch[@]} -gt 0 ] || fail "no mpirun given"; run "${launch[@]}" -np "$@"; }
+loss_at() { grep "\"step\":$2[,}]" "$1" | grep -v '"split"' | grep -o '"loss":[^,}]*' | cut -d: -f2 || true; }
+same() { [ -n "$2" ] && [ "$1" = "$2" ] || fail "$3: $2, uninterrupted $1"; }
+within() {  # within GOT WANT WHAT: rel 1e-5
+  awk -v a="$1" -v b="$2" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && d <= 1e-5 * (b < 0 ? -b : b)) }' ||
+    fail "$3: $1, uninterrupted $2"
+}
+
+cfg=(--n-layer 2 --n-head 2 --d-model 32 --ctx 32 --batch-size 8 --steps 10 --warmup 3 --lr 3e-3 --seed 0 --threads 1
+     --eval-every 0 --eval-iters 2 --log-every 1)
+
+# Exact resume in one process, with dropout: the resumed run must restore the RNG too.
+run "$gpt" train "${cfg[@]}" --dropout 0.1 --metrics "$tmp/d.jsonl" >/dev/null 2>"$tmp/err" || fail "$(cat "$tmp/err")"
+run "$gpt" train "${cfg[@]}" --dropout 0.1 --metrics "$tmp/dr.jsonl" --stop-after 5 --checkpoint-dir "$tmp/ckd" \
+  --checkpoint-every 2 --keep-last 2 >/dev/null 2>&1
+ls "$tmp/ckd" | tr '\n' ' ' | grep -qx "step_00000004 step_00000005 " || fail "keep-last 2 left: $(ls "$tmp/ckd")"
+run "$gpt" train "${cfg[@]}" --dropout 0.1 --metrics "$tmp/dr.jsonl" --resume "$tmp/ckd" >/dev/null 2>"$tmp/err" ||
+  fail "resume: $(cat "$tmp/err")"
+grep -q "resumed from .*step_00000005 at step 5" "$tmp/err" || fail "did not resume from the latest: $(cat "$tmp/err")"
+for s in 6 8 10; do same "$(loss_at "$tmp/d.jsonl" $s)" "$(loss_at "$tmp/dr.jsonl" $s)" "resumed step-$s loss (dropout)"; done
+
+# The same at 2 ranks, in new processes.
+mp 2 "$gpt" train --fsdp "${cfg[@]}" --dropout 0.1 --metrics "$tmp/d2.jsonl" >/dev/null 2>"$tmp/err" ||
+  fail "2 ranks: $(cat "$tmp/err")"
+mp 2 "$gpt" train --fsdp "${cfg[@]}" --dropout 0.1 --metrics "$tmp/d2r.jsonl" --stop-after 5 \
+  --checkpoint-dir "$tmp/ck2" >/dev/null 2>&1
+mp 2 "$gpt" train --fsdp "${cfg[@]}" --dropout 0.1 --metrics "$tmp/d2r.jsonl" --resume "$tmp/ck2" >/dev/null 2>&1
+for s in 6 10; do same "$(loss_at "$tmp/d2.jsonl" $s)" "$(loss_at "$tmp/d2r.jsonl" $s)" "2-rank resumed step-$s loss"; done
+
+# Another world size (no dropout: its masks depend on the ranks): 1 -> 4 and 4 -> 1.
+run "$gpt" train "${cfg[@]}" --metrics "$tmp/a.jsonl" >/dev/null 2>&1
+run "$gpt" train "${cfg[@]}" --metrics "$tmp/x.jsonl" --stop-after 5 --checkpoint-dir "$tmp/ck1" >/dev/null 2>&1
+mp 4 "$gpt" train --fsdp "${cfg[@]}" --metrics "$tmp/x14.jsonl" --resume "$tmp/ck1" >/dev/null 2>"$tmp/err" ||
+  fail "1 -> 4: $(cat "$tmp/err")"
+mp 4 "$gpt" train --fsdp "${cfg[@]}" --metrics "$tmp/x4.jsonl" --stop-after 5 --checkpoint-dir "$tmp/ck4" \
+  >/dev/null 2>&1
+run "$gpt" train "${cfg[@]}" --metrics "$tmp/x41.jsonl" --resume "$tmp/ck4" >/dev/null 2>"$tmp/err" ||
+  fail "4 -> 1: $(cat "$tmp/err")"
+a10=$(loss_at "$tmp/a.jsonl" 10)
+within "$(loss_at "$tmp/x14.jsonl" 10)" "$a10" "step-10 loss resumed 1 -> 4"
+within "$(loss_at "$tmp/x41.jsonl" 10)" "$a10" "step-10 loss resumed 4 -> 1"
+
+# mnist: 2 -> 1 -> 4 ranks through --save/--load directories.
+m=(--seed 3 --batch-size 64 --threads 1 --log-every 10)
+run "$mnist" "${m[@]}" --steps 30 --metrics "$tmp/m.jsonl" >/dev/null 2>&1
+mp 2 "$mnist" --fsdp "${m[@]}" --steps 10 --save "$tmp/mck" >/dev/null 2>"$tmp/err" || fail "mnist save: $(cat "$tmp/err")"
+run "$mnist" "${m[@]}" --steps 10 --load "$tmp/mck" --save "$tmp/mck" --metrics "$tmp/m1.jsonl" >/dev/null 2>&1
+mp 4 "$mnist" --fsdp "${m[@]}" --steps 10 --resume "$tmp/mck" --metrics "$tmp/m4.jsonl" >/dev/null 2>"$tmp/err" ||
+  fail "mnist 1 -> 4: $(cat "$tmp/err")"
+within "$(loss_at "$tmp/m1.jsonl" 20)" "$(loss_at "$tmp/m.jsonl" 20)" "mnist step-20 loss resumed 2 -> 1"
+within "$(loss_at "$tmp/m4.jsonl" 30)" "$(loss_at "$tmp/m.jsonl" 30)" "mnist step-30 loss resumed 1 -> 4"
+
+# weft-checkpoint on the 4-rank checkpoint.
+"$tool" inspect "$tmp/ck4" >"$tmp/inspect.txt" || fail "inspect failed"
+for want in "step        5" "world size  4" "rank_00003.safetensors" "model.transformer.h.1.mlp.c_fc.weight" \
+            "Shard(0)" "lm_head.weight = transformer.wte.weight"; do
+  grep -qF "$want" "$tmp/inspect.txt" || fail "inspect does not show '$want': $(head -30 "$tmp/inspect.txt")"
+done
+"$tool" verify "$tmp/ck4" >"$tmp/verify.txt" || fail "verify of a good checkpoint failed: $(cat "$tmp/verify.txt")"
+"$tool" consolidate "$tmp/ck4" "$tmp/gpt.safetensors" 2>/dev/null || fail "consolidate failed"
+head -c 4000 "$tmp/gpt.safetensors" | tr -d ' ' >"$tmp/header"
+for key in '"transformer.wte.weight":{"dtype":"F32","shape":[256,32]' '"lm_head.weight":{"dtype":"F32","shape":[256,32]' \
+           '"transformer.h.0.attn.c_attn.weight":{"dtype":"F32","shape":[96,32]' '"format":"weft-transformer"'; do
+  grep -aF "$key" "$tmp/header" >/dev/null || fail "consolidated file lacks $key"
+done
+if grep -aF '"model.' "$tmp/header" >/dev/null; then fail "consolidated names keep the model. prefix"; fi
+"$gpt" sample --checkpoint "$tmp/ck4" --prompt "Q: " --tokens 30 --seed 1 >"$tmp/s_dir.txt"
+"$gpt" sample --checkpoint "$tmp/gpt.safetensors" --prompt "Q: " --tokens 30 --seed 1 >"$tmp/s_file.txt"
+cmp -s "$tmp/s_dir.txt" "$tmp/s_file.txt" || fail "sampling the consolidated file differs from the directory"
+
+# Damaged copies: verify names the file; resuming fails on every rank and writes nothing.
+last=rank_00003.safetensors
+damage() {  # damage NAME HOW
+  cp -r "$tmp/ck4" "$tmp/$1"
+  local f
+  f=$(ls -d "$tmp/$1"/step_*)/$last
+  case $2 in
+    flip) printf '\x5a' | dd of="$f" bs=1 seek=$(( $(stat -c %s "$f") - 3 )) conv=notrunc status=none ;;
+    truncate) truncate -s -5 "$f" ;;
+    delete) rm "$f" ;;
+  esac
+}
+for how in flip truncate delete; do
+  damage "bad_$how" "$how"
+  if "$tool" verify "$tmp/bad_$how" >"$tmp/out" 2>&1; then fail "verify accepted a $how shard"; fi
+  grep -q "$last" "$tmp/out" || fail "verify of a $how shard does not name the file: $(cat "$tmp/out")"
+  before=$(ls -R "$tmp/bad_$how" | md5sum)
+  if mp 4 "$gpt" train --fsdp "${cfg[@]}" --resume "$tmp/bad_$how" --checkpoint-dir "$tmp/bad_$how" >/dev/null \
+       2>"$tmp/err"; then fail "resumed from a $how shard"; fi
+  grep -q "$last" "$tmp/err" || fail "resuming from a $how shard does not name the file: $(cat "$tmp/err")"
+  [ "$(grep -c "error on rank" "$tmp/err")" = 4 ] || fail "not every rank stopped ($how): $(cat "$tmp/err")"
+  [ "$(ls -R "$tmp/bad_$how" | md5sum)" = "$before" ] || fail "a failed resume ($how) changed the directory"
+done
+grep -q "sha256" <("$tool" verify "$tmp/bad_flip" 2>&1) || fail "a flipped byte is not reported as a hash mismatch"
+# Another model's flags, and a directory without checkpoints.
+other=("${cfg[@]}")
+other[1]=3  # --n-layer 3
+if run "$gpt" train "${other[@]}" --resume "$tmp/ck4" 2>"$tmp/err" >/dev/null; then fail "n_layer 3 resumed"; fi
+grep -q "n_layer 2" "$tmp/err" || fail "model mismatch not explained: $(cat "$tmp/err")"
+if run "$mnist" --model cnn --load "$tmp/mck" --steps 1 2>"$tmp/err" >/dev/null; then fail "cnn loaded an mlp"; fi
+grep -q "mlp model" "$tmp/err" || fail "mnist model mismatch not explained: $(cat "$tmp/err")"
+mkdir "$tmp/empty"
+if "$tool" inspect "$tmp/empty" 2>"$tmp/err"; then fail "inspect of an empty directory succeeded"; fi
+grep -q "no complete checkpoint" "$tmp/err" || fail "empty directory not explained: $(cat "$tmp/err")"
+echo "checkpoint cli ok: exact resume (dropout) alone and at 2 ranks; step-10 loss $a10 after 1->4 and 4->1;" \
+     "mnist 2->1->4; inspect, verify, consolidate; corrupt shards refused on every rank"

@@ -1,0 +1,448 @@
+// FSDP state dicts and checkpoints at 1, 2 and 4 ranks: sharded round trips without
+// communication, full state dicts against the single-process model, the optimizer's state by
+// name, checkpoints resharded N -> M for every pair of shard counts the world allows,
+// consolidation, exact resume, retention, and clear errors for corrupt or foreign checkpoints.
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+
+#include "core/safetensors.h"
+#include "fsdp/fsdp.h"
+#include "fsdp_test_models.h"
+
+using namespace weft;
+using namespace weft::fsdp_test;
+using Catch::Matchers::Contains;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A directory every rank sees under the same name (rank 0's pid), emptied first.
+fs::path shared_dir(const std::string& name) {
+  Tensor pid = from_vector({dist::rank() == 0 ? double(::getpid()) : 0.0}, {1}, {.dtype = kFloat64});
+  dist::world()->all_reduce(pid, dist::ReduceOp::max)->wait();
+  fs::path dir = fs::temp_directory_path() / fmt::format("weft_test_ckpt_{}_{}", int64_t(pid.item()), name);
+  if (dist::rank() == 0) {
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+  }
+  dist::world()->barrier()->wait();
+  return dir;
+}
+
+void barrier() { dist::world()->barrier()->wait(); }
+
+// Bitwise equality of two named lists (same keys in the same order), naming the first difference.
+void check_same(const nn::NamedTensorList& got, const nn::NamedTensorList& want, const std::string& what) {
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    INFO(what << ": entry " << i << " \"" << got[i].first << "\" vs \"" << want[i].first << "\"");
+    REQUIRE(got[i].first == want[i].first);
+    REQUIRE(got[i].second.shape() == want[i].second.shape());
+    auto a = to_vector(got[i].second), b = to_vector(want[i].second);
+    size_t bad = 0;
+    while (bad < a.size() && a[bad] == b[bad]) ++bad;
+    INFO("first difference at element " << bad << ": " << (bad < a.size() ? a[bad] : 0.0) << " vs "
+                                        << (bad < b.size() ? b[bad] : 0.0));
+    CHECK(bad == a.size());
+  }
+}
+
+nn::NamedTensorList clone_all(const nn::NamedTensorList& l) {
+  nn::NamedTensorList out;
+  for (auto& [k, t] : l) out.emplace_back(k, t.clone());
+  return out;
+}
+
+// The models under test, sharded per child (one group each) then at the root.
+template <class M>
+std::pair<std::shared_ptr<M>, fsdp::FSDPModule> make_sharded(uint64_t seed,
+                                                             std::shared_ptr<dist::DeviceMesh> mesh = nullptr) {
+  manual_seed(seed);
+  auto m = std::make_shared<M>();
+  for (auto& [name, child] : m->named_children())
+    if (!child->parameters().empty() && name != "blocks") fsdp::fully_shard(child, {.mesh = mesh});
+  if constexpr (std::is_same_v<M, TinyGPT>)
+    for (auto& b : *m->blocks) fsdp::fully_shard(b, {.mesh = mesh});
+  auto root = fsdp::fully_shard(m, {.mesh = mesh});
+  return {m, root};
+}
+
+Batch batch_for(const nn::Module& m, int step) {
+  return m.type_name() == "UnevenMLP" ? mlp_batch(step, 8) : gpt_batch(step, 4);
+}
+
+// Trains steps [first, first + steps) on this rank's slice of each global batch.
+void train(nn::Module& m, nn::Optimizer& opt, int first, int steps, std::vector<double>* losses = nullptr,
+           nn::LRScheduler* sched = nullptr) {
+  for (int s = first; s < first + steps; ++s) {
+    opt.zero_grad();
+    Tensor loss = loss_of(m, slice(batch_for(m, s)));
+    loss.backward();
+    opt.step();
+    if (sched) sched->step();
+    if (losses) losses->push_back(global_mean(loss.item()));
+  }
+}
+
+auto mesh_of(int shards) {
+  int n = dist::world_size();
+  return std::make_shared<dist::DeviceMesh>(DeviceType::cpu, std::vector<int>{n / shards, shards},
+                                            std::vector<std::string>{"replicate", "shard"});
+}
+
+std::vector<int> shard_counts() {
+  std::vector<int> out;
+  for (int n : {1, 2, 4})
+    if (dist::world_size() % n == 0) out.push_back(n);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("sharded state dict: local shards with placements, no communication, loads back in place") {
+  auto [m, root] = make_sharded<UnevenMLP>(1);
+  nn::AdamW opt(m->parameters(), {.lr = 1e-2});
+  train(*m, opt, 0, 2);
+  const auto before = root.comm_stats();
+  auto sd = fsdp::sharded_state_dict(*m, &root);
+  auto osd = fsdp::sharded_optimizer_state_dict(opt, *m, &root);
+  CHECK(root.comm_stats().all_gathers == before.all_gathers);
+  CHECK(root.comm_stats().all_reduces == before.all_reduces);
+  // fc2.weight [3, 15]: rank r of N holds rows [r*c, r*c + len) with c = ceil(3 / N).
+  const int n = dist::world_size(), r = dist::rank();
+  const int64_t c = (3 + n - 1) / n, len = std::clamp<int64_t>(3 - r * c, 0, c);
+  for (auto& [k, t] : sd)
+    if (k == "fc2.weight") {
+      CHECK(t.placement == fsdp::Placement{{3, 15}, 0, std::min<int64_t>(3, r * c), len});
+      CHECK(t.local.shape() == Shape{len, 15});
+    }
+  std::map<std::string, fsdp::ShardedTensor> by_key(osd.begin(), osd.end());
+  REQUIRE(by_key.count("state.fc1.weight.exp_avg"));
+  CHECK(by_key.at("state.fc1.weight.exp_avg").placement == by_key.at("state.fc1.weight.exp_avg_sq").placement);
+  CHECK(by_key.at("state.fc1.weight.step").placement.whole());
+
+  // Keep copies, change everything, load the copies back: bitwise the saved values.
+  fsdp::ShardedStateDict saved, osaved;
+  for (auto& [k, t] : sd) saved.emplace_back(k, fsdp::ShardedTensor{t.local.clone(), t.placement});
+  for (auto& [k, t] : osd) osaved.emplace_back(k, fsdp::ShardedTensor{t.local.clone(), t.placement});
+  train(*m, opt, 2, 1);
+  const auto trained = root.comm_stats();
+  fsdp::load_sharded_state_dict(*m, saved, &root);
+  fsdp::load_sharded_optimizer_state_dict(opt, *m, osaved, &root);
+  CHECK(root.comm_stats().all_gathers == trained.all_gathers);  // loading communicates neither
+  CHECK(root.comm_stats().all_reduces == trained.all_reduces);
+  auto as_list = [](const fsdp::ShardedStateDict& d) {
+    nn::NamedTensorList l;
+    for (auto& [k, t] : d) l.emplace_back(k, t.local);
+    return l;
+  };
+  check_same(as_list(fsdp::sharded_state_dict(*m, &root)), as_list(saved), "model after load");
+  check_same(as_list(fsdp::sharded_optimizer_state_dict(opt, *m, &root)), as_list(osaved), "optimizer after load");
+
+  // Another layout is refused with the key and both placements.
+  if (n > 1) {
+    auto wrong = saved;
+    for (auto& [k, t] : wrong)
+      if (!t.placement.whole()) t.placement.offset += 1;
+    CHECK_THROWS_WITH(fsdp::load_sharded_state_dict(*m, wrong, &root),
+                      Contains("fc1.weight") && Contains("load a checkpoint to reshard"));
+  }
+}
+
+TEST_CASE("full state dicts: gathered like the single-process model, to every rank or rank 0, and back") {
+  // Reference: the same training in one process on the global batch.
+  manual_seed(3);
+  auto ref = std::make_shared<TinyGPT>();
+  nn::AdamW ref_opt(ref->parameters(), {.lr = 1e-2});
+  for (int s = 0; s < 3; ++s) {
+    ref_opt.zero_grad();
+    loss_of(*ref, gpt_batch(s, 4)).backward();
+    ref_opt.step();
+  }
+  auto [m, root] = make_sharded<TinyGPT>(3);
+  nn::AdamW opt(m->parameters(), {.lr = 1e-2});
+  train(*m, opt, 0, 3);
+
+  auto full = fsdp::full_state_dict(*m, &root);
+  auto want = ref->state_dict();
+  REQUIRE(full.size() == want.size());
+  for (size_t i = 0; i < full.size(); ++i) {
+    REQUIRE(full[i].first == want[i].first);
+    check_close(to_vector(full[i].second), to_vector(want[i].second), 1e-4, full[i].first, 1e-5);
+  }
+  auto ofull = fsdp::full_optimizer_state_dict(opt, *m, &root);
+  auto oref = fsdp::name_optimizer_state(ref_opt.state_dict(), fsdp::optimizer_param_names(ref_opt, *ref));
+  REQUIRE(ofull.size() == oref.size());
+  for (size_t i = 0; i < ofull.size(); ++i) {
+    REQUIRE(ofull[i].first == oref[i].first);  // e.g. "state.blocks.0.attn.c_attn.weight.exp_avg"
+    check_close(to_vector(ofull[i].second), to_vector(oref[i].second), 1e-3, ofull[i].first, 1e-5);
+  }
+
+  auto r0 = fsdp::full_state_dict(*m, &root, {.rank0_only = true, .cpu_offload = true});
+  CHECK(r0.size() == (dist::rank() == 0 ? full.size() : 0));
+  auto or0 = fsdp::full_optimizer_state_dict(opt, *m, &root, {.rank0_only = true});
+  CHECK(or0.size() == (dist::rank() == 0 ? ofull.size() : 0));
+
+  // A full state dict loads into a differently initialised sharded model and optimizer: each
+  // rank takes its slice, and gathering again gives the same values bit for bit.
+  auto [m2, root2] = make_sharded<TinyGPT>(99);
+  nn::AdamW opt2(m2->parameters(), {.lr = 1e-2});
+  fsdp::load_full_state_dict(*m2, full, &root2);
+  fsdp::load_full_optimizer_state_dict(opt2, *m2, ofull, &root2);
+  check_same(fsdp::full_state_dict(*m2, &root2), full, "model loaded from a full state dict");
+  check_same(fsdp::full_optimizer_state_dict(opt2, *m2, &root2), ofull, "optimizer loaded from a full state dict");
+  // ... and the unsharded model from the sharded one's full state dict (the other direction).
+  manual_seed(98);
+  TinyGPT plain;
+  fsdp::load_full_state_dict(plain, full, nullptr);
+  check_same(plain.state_dict(), full, "unsharded model loaded from an FSDP full state dict");
+
+  // Bad full state dicts: a wrong shape, a missing key, an unknown key; nothing is written.
+  auto wrong = clone_all(full);
+  wrong[0].second = zeros({5, 12});
+  CHECK_THROWS_WITH(fsdp::load_full_state_dict(*m2, wrong, &root2), Contains("wte.weight") && Contains("[5, 12]"));
+  auto missing = nn::NamedTensorList(full.begin() + 1, full.end());
+  CHECK_THROWS_WITH(fsdp::load_full_state_dict(*m2, missing, &root2), Contains("lacks \"wte.weight\""));
+  auto extra = full;
+  extra.emplace_back("lm_head.weight", full[0].second.clone());
+  CHECK_THROWS_WITH(fsdp::load_full_state_dict(*m2, extra, &root2), Contains("unexpected key \"lm_head.weight\""));
+  check_same(fsdp::full_state_dict(*m2, &root2), full, "model after refused loads");
+  // A separately saved copy of a tied weight (nanoGPT's lm_head.weight) is accepted when equal.
+  fsdp::load_full_state_dict(*m2, extra, &root2, {{"lm_head.weight", "wte.weight"}});
+  extra.back().second = extra.back().second + 1.0;
+  CHECK_THROWS_WITH(fsdp::load_full_state_dict(*m2, extra, &root2, {{"lm_head.weight", "wte.weight"}}),
+                    Contains("\"lm_head.weight\" must equal \"wte.weight\""));
+}
+
+TEST_CASE("checkpoints reshard N -> M for every pair of shard counts (HSDP meshes of N shards)") {
+  fs::path dir = shared_dir("reshard");
+  std::map<int, std::pair<nn::NamedTensorList, nn::NamedTensorList>> saved;  // N -> full model, optimizer
+  for (int n : shard_counts()) {
+    auto [m, root] = make_sharded<TinyGPT>(5, mesh_of(n));
+    nn::AdamW opt(m->parameters(), {.lr = 1e-2});
+    train(*m, opt, 0, 2);
+    saved[n] = {fsdp::full_state_dict(*m, &root), fsdp::full_optimizer_state_dict(opt, *m, &root)};
+    std::string where = fsdp::save_checkpoint((dir / std::to_string(n)).string(), *m, &opt, &root, {.step = 2});
+    CHECK(fs::path(where).filename() == "step_00000002");
+  }
+  barrier();
+  for (int n : shard_counts())
+    for (int m_shards : shard_counts()) {
+      INFO("saved with " << n << " shards, loaded with " << m_shards);
+      auto [m, root] = make_sharded<TinyGPT>(77, mesh_of(m_shards));
+      nn::AdamW opt(m->parameters(), {.lr = 1e-2});
+      auto ts = fsdp::load_checkpoint((dir / std::to_string(n)).string(), *m, &opt, &root);
+      CHECK(ts.step == 2);
+      check_same(fsdp::full_state_dict(*m, &root), saved[n].first, "model");
+      check_same(fsdp::full_optimizer_state_dict(opt, *m, &root), saved[n].second, "optimizer");
+    }
+  // The index records the layout; verify passes.
+  if (dist::rank() == 0)
+    for (int n : shard_counts()) {
+      auto ix = fsdp::read_checkpoint_index((dir / std::to_string(n)).string());
+      CHECK(ix.num_shards == n);
+      CHECK(ix.world_size == dist::world_size());
+      CHECK(ix.files.size() == size_t(n));
+      CHECK(ix.rng.size() == size_t(dist::world_size()));
+      auto report = fsdp::verify_checkpoint((dir / std::to_string(n)).string());
+      CHECK(report.files == size_t(n));
+    }
+  barrier();
+  if (dist::rank() == 0) fs::remove_all(dir);
+}
+
+TEST_CASE("consolidate writes the full state dict to one file, aliases included") {
+  fs::path dir = shared_dir("consolidate");
+  auto [m, root] = make_sharded<TinyGPT>(6);
+  nn::AdamW opt(m->parameters(), {.lr = 1e-2});
+  train(*m, opt, 0, 2);
+  auto full = fsdp::full_state_dict(*m, &root);
+  auto ofull = fsdp::full_optimizer_state_dict(opt, *m, &root);
+  fsdp::save_checkpoint(dir.string(), *m, &opt, &root,
+                        {.step = 2, .app = {{"format", "test"}}, .aliases = {{"lm_head.weight", "wte.weight"}}});
+  if (dist::rank() == 0) {
+    fsdp::consolidate_checkpoint(dir.string(), (dir / "model.safetensors").string());
+    auto file = load_safetensors((dir / "model.safetensors").string());
+    nn::NamedTensorList want = full;
+    want.emplace_back("lm_head.weight", full[0].second);
+    check_same(file.tensors, want, "consolidated file");
+    CHECK(file.metadata.at("format") == "test");
+    CHECK(file.metadata.at("step") == "2");
+    fsdp::consolidate_checkpoint(dir.string(), (dir / "all.safetensors").string(), true);
+    auto all = load_safetensors((dir / "all.safetensors").string());
+    nn::NamedTensorList optim;
+    for (auto& [k, t] : all.tensors)
+      if (k.rfind("optim.", 0) == 0) optim.emplace_back(k.substr(6), t);
+    check_same(optim, ofull, "consolidated optimizer state");
+  }
+  barrier();
+  if (dist::rank() == 0) fs::remove_all(dir);
+}
+
+// Dropout draws from the default generator, so exact resume needs the RNG state too.
+struct DropoutMLP : nn::Module {
+  std::shared_ptr<nn::Linear> fc1, fc2;
+  std::shared_ptr<nn::Dropout> drop;
+  DropoutMLP() : nn::Module("UnevenMLP") {  // UnevenMLP's shapes and batches
+    fc1 = register_module("fc1", std::make_shared<nn::Linear>(7, 15));
+    drop = register_module("drop", std::make_shared<nn::Dropout>(0.3));
+    fc2 = register_module("fc2", std::make_shared<nn::Linear>(15, 3));
+  }
+  Tensor forward(const Tensor& x) override { return (*fc2)((*drop)(relu((*fc1)(x)))); }
+  using nn::Module::forward;
+};
+
+TEST_CASE("exact resume: 10 steps equal 5 steps, save, fresh model and optimizer, load, 5 steps (bitwise)") {
+  fs::path dir = shared_dir("resume");
+  auto run = [&](int first, int steps, bool load, bool save, std::vector<double>& losses) {
+    auto [m, root] = make_sharded<DropoutMLP>(load ? 1234 : 11);
+    nn::AdamW opt(m->parameters(), {.lr = 1e-2});
+    nn::WarmupCosineLR sched(opt, 2, 10);
+    manual_seed(load ? 4321 : 12);  // the dropout stream: restored from the checkpoint when loading
+    if (load) {
+      auto ts = fsdp::load_checkpoint(dir.string(), *m, &opt, &root);
+      REQUIRE(ts.step == first);
+      CHECK(ts.data.at("batch") == first);
+      sched.set_last_step(ts.step);
+    }
+    train(*m, opt, first, steps, &losses, &sched);
+    if (save) fsdp::save_checkpoint(dir.string(), *m, &opt, &root, {.step = first + steps, .data = {{"batch", 5}}});
+  };
+  std::vector<double> whole, part;
+  run(0, 10, false, false, whole);
+  run(0, 5, false, true, part);
+  run(5, 5, true, false, part);
+  REQUIRE(part.size() == 10);
+  for (int i = 0; i < 10; ++i) {
+    INFO("step " << i + 1 << ": uninterrupted " << whole[size_t(i)] << ", resumed " << part[size_t(i)]);
+    CHECK(whole[size_t(i)] == part[size_t(i)]);
+  }
+  barrier();
+  if (dist::rank() == 0) fs::remove_all(dir);
+}
+
+TEST_CASE("retention and latest: keep_last, incomplete checkpoints ignored, same step replaced") {
+  fs::path dir = shared_dir("keep");
+  auto [m, root] = make_sharded<UnevenMLP>(2);
+  for (int step = 1; step <= 4; ++step) fsdp::save_checkpoint(dir.string(), *m, nullptr, &root, {.step = step},
+                                                              {.keep_last = 2});
+  fsdp::save_checkpoint(dir.string(), *m, nullptr, &root, {.step = 4}, {.keep_last = 2});  // again: replaced
+  barrier();
+  CHECK(!fs::exists(dir / "step_00000001"));
+  CHECK(!fs::exists(dir / "step_00000002"));
+  CHECK(fs::exists(dir / "step_00000003" / "index.json"));
+  CHECK(fs::path(fsdp::latest_checkpoint(dir.string())).filename() == "step_00000004");
+  barrier();
+  if (dist::rank() == 0) fs::create_directories(dir / "step_00000009");  // no index.json: not complete
+  if (dist::rank() == 0) fs::create_directories(dir / ".tmp-step_00000010");
+  barrier();
+  CHECK(fs::path(fsdp::latest_checkpoint(dir.string())).filename() == "step_00000004");
+  CHECK(fsdp::latest_checkpoint((dir / "none").string()).empty());
+  barrier();
+  if (dist::rank() == 0) fs::remove_all(dir);
+}
+
+TEST_CASE("bad checkpoints fail on every rank with the file and key, and change nothing") {
+  fs::path dir = shared_dir("corrupt");
+  auto [m, root] = make_sharded<TinyGPT>(8);
+  nn::AdamW opt(m->parameters(), {.lr = 1e-2});
+  train(*m, opt, 0, 1);
+  const std::string good = fsdp::save_checkpoint(dir.string(), *m, &opt, &root, {.step = 1});
+  const auto before = clone_all(fsdp::full_state_dict(*m, &root));
+  const std::string last = fmt::format("rank_{:05d}.safetensors", dist::world_size() - 1);
+
+  // Each case: a copy of the good checkpoint, damaged by rank 0; every rank must fail, each
+  // naming the problem or saying another rank failed, and at least one naming it.
+  auto expect_failure = [&](const std::string& name, const std::function<void(const fs::path&)>& damage,
+                            const std::string& needle, nn::Module& model, const fsdp::FSDPModule& r,
+                            nn::Optimizer* o) {
+    fs::path bad = dir / name;
+    if (dist::rank() == 0) {
+      fs::copy(good, bad);
+      damage(bad);
+    }
+    barrier();
+    std::string message;
+    try {
+      fsdp::load_checkpoint(bad.string(), model, o, &r);
+    } catch (const Error& e) {
+      message = e.what();
+    }
+    INFO(name << ": rank " << dist::rank() << " says: " << message);
+    CHECK(!message.empty());
+    bool names_it = message.find(needle) != std::string::npos;
+    CHECK((names_it || message.find("failed on another rank") != std::string::npos));
+    Tensor named = from_vector({names_it ? 1.0 : 0.0}, {1}, {.dtype = kFloat64});
+    dist::world()->all_reduce(named, dist::ReduceOp::max)->wait();
+    CHECK(named.item() == 1.0);
+    return message;
+  };
+  auto flip_byte = [&](const fs::path& d) {
+    std::fstream f(d / last, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-5, std::ios::end);
+    char c;
+    f.get(c);
+    f.seekp(-5, std::ios::end);
+    f.put(char(c ^ 0x40));
+  };
+  expect_failure("flipped", flip_byte, last + " is", *m, root, &opt);  // "sha256 of .../rank_N is ..."
+  expect_failure("truncated", [&](const fs::path& d) { fs::resize_file(d / last, fs::file_size(d / last) - 7); },
+                 last + " is", *m, root, &opt);
+  expect_failure("deleted", [&](const fs::path& d) { fs::remove(d / last); }, last + " is missing", *m, root, &opt);
+  expect_failure("no_index", [&](const fs::path& d) { fs::remove(d / "index.json"); }, "no complete checkpoint", *m,
+                 root, &opt);
+  // Without hash checks a truncated tensor is still caught, naming the file and the tensor.
+  {
+    fs::path bad = dir / "truncated_noverify";
+    if (dist::rank() == 0) {
+      fs::copy(good, bad);
+      fs::resize_file(bad / last, fs::file_size(bad / last) - 7);
+    }
+    barrier();
+    std::string message;
+    try {
+      fsdp::load_checkpoint(bad.string(), *m, &opt, &root, {.verify = false});
+    } catch (const Error& e) {
+      message = e.what();
+    }
+    INFO("rank " << dist::rank() << ": " << message);
+    CHECK(!message.empty());
+  }
+  // Another model: other shapes (fc1 7 -> 16 instead of 15), then other names.
+  struct WiderMLP : nn::Module {
+    WiderMLP() : nn::Module("WiderMLP") {
+      register_module("fc1", std::make_shared<nn::Linear>(7, 16));
+      register_module("fc2", std::make_shared<nn::Linear>(16, 3));
+    }
+  };
+  fs::path mlp_dir = dir / "mlp";
+  {
+    auto [mlp, mroot] = make_sharded<UnevenMLP>(1);
+    fsdp::save_checkpoint(mlp_dir.string(), *mlp, nullptr, &mroot, {.step = 0});
+  }
+  barrier();
+  {
+    manual_seed(1);
+    auto wide = std::make_shared<WiderMLP>();
+    for (auto& [n, c] : wide->named_children()) fsdp::fully_shard(c);
+    auto wroot = fsdp::fully_shard(wide);
+    CHECK_THROWS_WITH(fsdp::load_checkpoint(mlp_dir.string(), *wide, nullptr, &wroot),
+                      Contains("\"model.fc1.weight\"") && Contains("[15, 7]") && Contains("[16, 7]"));
+  }
+  CHECK_THROWS_WITH(fsdp::load_checkpoint(mlp_dir.string(), *m, &opt, &root),
+                    Contains("index.json") && Contains("no tensor \"model.wte.weight\"") &&
+                        Contains("another model"));
+  // Nothing was written by any failed load.
+  check_same(fsdp::full_state_dict(*m, &root), before, "model after failed loads");
+
+  // A save that cannot create its directory fails on every rank and leaves the old one valid.
+  if (dist::rank() == 0) std::ofstream(dir / "a_file") << "x";
+  barrier();
+  CHECK_THROWS(fsdp::save_checkpoint((dir / "a_file" / "sub").string(), *m, &opt, &root, {.step = 2}));
+  if (dist::rank() == 0) CHECK(fsdp::verify_checkpoint(good).files == size_t(dist::world_size()));
+  barrier();
+  if (dist::rank() == 0) fs::remove_all(dir);
+}

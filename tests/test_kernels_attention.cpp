@@ -1,0 +1,287 @@
+// Fused scaled-dot-product attention (kernels/attention.h, weft::scaled_dot_product_attention
+// and its fused-qkv form) against the composite reference matmul -> masked_fill -> softmax ->
+// matmul: outputs and gradients at several shapes (sequence lengths that are not multiples
+// of the kernel's row block, T = 1, Tq != Tk), strided inputs, f64 gradcheck, 16-bit
+// inputs, the dropout fallback, nn::CausalSelfAttention, and the errors bad arguments raise.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include "kernels/attention.h"
+#include "test_util.h"
+#include "weft.h"
+
+using namespace weft;
+using autograd::gradcheck;
+using autograd::TensorList;
+using Catch::Matchers::Contains;
+
+namespace {
+
+Generator gen(11);
+
+Tensor random(const Shape& shape, DType dt = kFloat32, double scale = 1.0) {
+  Tensor t = empty(shape, {.dtype = dt});
+  t.normal_(0.0, scale, &gen);
+  return t;
+}
+
+// The composite reference: the naive attention every GPT implementation starts from.
+Tensor reference(const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {
+  Tensor att = matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(double(q.size(-1))));
+  if (causal) {
+    int64_t tq = q.size(-2), tk = k.size(-2);
+    Tensor rows = arange(0, double(tq), 1, {.dtype = kInt64}).view({tq, 1});
+    Tensor cols = arange(0, double(tk), 1, {.dtype = kInt64}).view({1, tk});
+    att = masked_fill(att, cols > rows, -std::numeric_limits<double>::infinity());
+  }
+  return matmul(softmax(att, -1), v);
+}
+
+// Largest |a - b| / (atol + rtol |b|) over all elements, with the worst element described.
+struct Diff {
+  double worst = 0;
+  std::string where;
+};
+Diff compare(const Tensor& got, const Tensor& want, double rtol, double atol) {
+  REQUIRE(got.shape() == want.shape());
+  std::vector<double> g = to_vector(got.contiguous()), w = to_vector(want.contiguous());
+  Diff d;
+  for (size_t i = 0; i < g.size(); ++i) {
+    double r = g[i] == w[i] ? 0.0 : std::fabs(g[i] - w[i]) / (atol + rtol * std::fabs(w[i]));
+    if (!(r <= d.worst)) {  // NaN counts as worst
+      d.worst = std::isnan(r) ? INFINITY : r;
+      std::ostringstream s;
+      s << "[" << i << "] got " << g[i] << ", want " << w[i];
+      d.where = s.str();
+    }
+  }
+  return d;
+}
+void check_close(const Tensor& got, const Tensor& want, double rtol, double atol, const std::string& what) {
+  Diff d = compare(got, want, rtol, atol);
+  INFO(what << " " << tensor_desc(got) << ": worst " << d.where << " (" << d.worst << " x tolerance)");
+  CHECK(d.worst <= 1.0);
+}
+
+// Forward and all three gradients of the fused op against the reference, for the same
+// upstream gradient.
+void check_against_reference(int64_t B, int64_t H, int64_t Tq, int64_t Tk, int64_t E, int64_t Ev, bool causal) {
+  std::ostringstream name;
+  name << "B" << B << " H" << H << " Tq" << Tq << " Tk" << Tk << " E" << E << " Ev" << Ev
+       << (causal ? " causal" : " full");
+  Tensor q = random({B, H, Tq, E}), k = random({B, H, Tk, E}), v = random({B, H, Tk, Ev});
+  Tensor gout = random({B, H, Tq, Ev});
+  auto run = [&](bool fused) {
+    Tensor qq = q.clone().set_requires_grad(), kk = k.clone().set_requires_grad(), vv = v.clone().set_requires_grad();
+    Tensor y = fused ? scaled_dot_product_attention(qq, kk, vv, causal) : reference(qq, kk, vv, causal);
+    sum(y * gout).backward();
+    return TensorList{y.detach(), qq.grad(), kk.grad(), vv.grad()};
+  };
+  TensorList got = run(true), want = run(false);
+  check_close(got[0], want[0], 1e-4, 1e-5, name.str() + " output");
+  check_close(got[1], want[1], 1e-3, 1e-5, name.str() + " dq");
+  check_close(got[2], want[2], 1e-3, 1e-5, name.str() + " dk");
+  check_close(got[3], want[3], 1e-3, 1e-5, name.str() + " dv");
+}
+
+}  // namespace
+
+TEST_CASE("attention: fused forward and backward match the composite reference") {
+  SECTION("causal, sequence lengths around the row block") {
+    for (int64_t T : {1, 2, 5, 31, 32, 33, 37, 64, 70, 128})
+      check_against_reference(2, 3, T, T, 16, 16, true);
+  }
+  SECTION("causal, GPT shapes") {
+    check_against_reference(4, 4, 128, 128, 32, 32, true);
+    check_against_reference(2, 6, 256, 256, 64, 64, true);
+  }
+  SECTION("non-causal, Tq != Tk and a value width unlike the key width") {
+    check_against_reference(2, 2, 7, 13, 8, 5, false);
+    check_against_reference(1, 3, 45, 1, 4, 6, false);
+    check_against_reference(2, 1, 1, 40, 12, 12, false);
+    check_against_reference(1, 2, 100, 67, 16, 24, false);
+    // Head widths that are multiples of 16 (the register-tiled f32 path where built).
+    check_against_reference(2, 2, 19, 45, 16, 32, false);
+    check_against_reference(1, 2, 130, 3, 32, 16, false);
+  }
+}
+
+TEST_CASE("attention: large scores stay finite and rows sum to one") {
+  // Scores of +-1000 overflow exp without the max subtraction.
+  Tensor q = random({1, 2, 40, 8}, kFloat32, 30.0), k = random({1, 2, 40, 8}, kFloat32, 30.0);
+  Tensor v = ones({1, 2, 40, 8});
+  Tensor y = scaled_dot_product_attention(q, k, v, true);
+  // With v all ones every output is the row's probability sum.
+  test::check_values(y.reshape({-1}), std::vector<double>(size_t(y.numel()), 1.0), 1e-5, 1e-5);
+  check_close(y, reference(q, k, v, true), 1e-4, 1e-5, "large scores");
+}
+
+TEST_CASE("attention: the first causal row copies the first value") {
+  Tensor q = random({2, 2, 9, 4}), k = random({2, 2, 9, 4}), v = random({2, 2, 9, 4});
+  Tensor y = scaled_dot_product_attention(q, k, v, true);
+  check_close(y.narrow(2, 0, 1), v.narrow(2, 0, 1), 1e-6, 1e-6, "row 0");
+}
+
+TEST_CASE("attention: strided views are read in place with the same result") {
+  // The heads of a fused [B, T, 3d] projection: row stride 3d, head stride hd.
+  const int64_t B = 2, T = 45, H = 3, hd = GENERATE(8, 16), d = H * hd;
+  Tensor qkv = random({B, T, 3 * d});
+  Tensor x = qkv.view({B, T, 3, H, hd});
+  Tensor q = x.select(2, 0).transpose(1, 2), k = x.select(2, 1).transpose(1, 2), v = x.select(2, 2).transpose(1, 2);
+  REQUIRE_FALSE(q.is_contiguous());
+  Tensor strided = scaled_dot_product_attention(q, k, v, true);
+  Tensor contiguous = scaled_dot_product_attention(q.contiguous(), k.contiguous(), v.contiguous(), true);
+  check_close(strided, contiguous, 1e-6, 1e-7, "strided vs contiguous");
+  // A key whose last dim is not unit-stride is copied first.
+  Tensor kt = k.contiguous().transpose(2, 3).contiguous().transpose(2, 3);
+  REQUIRE(kt.stride(-1) != 1);
+  check_close(scaled_dot_product_attention(q, kt, v, true), contiguous, 1e-6, 1e-7, "column-major key");
+  // The output is stored [B, T, H, hd].
+  CHECK(strided.transpose(1, 2).is_contiguous());
+}
+
+TEST_CASE("attention: the fused-qkv form equals the split form, outputs and gradients") {
+  const int64_t B = 3, T = 50, H = 4, hd = 8, d = H * hd;
+  for (bool causal : {true, false}) {
+    Tensor base = random({B, T, 3 * d});
+    Tensor gy = random({B, T, d});
+    Tensor a = base.clone().set_requires_grad();
+    Tensor ya = scaled_dot_product_attention_qkv(a, H, causal);
+    sum(ya * gy).backward();
+    Tensor b = base.clone().set_requires_grad();
+    Tensor xb = b.view({B, T, 3, H, hd});
+    auto head = [&](int64_t i) { return xb.select(2, i).transpose(1, 2); };
+    Tensor yb = reference(head(0), head(1), head(2), causal).transpose(1, 2).reshape({B, T, d});
+    sum(yb * gy).backward();
+    check_close(ya, yb, 1e-4, 1e-5, causal ? "qkv causal output" : "qkv full output");
+    check_close(a.grad(), b.grad(), 1e-3, 1e-5, causal ? "qkv causal grad" : "qkv full grad");
+  }
+}
+
+TEST_CASE("attention: gradcheck in f64") {
+  auto leaf = [](const Shape& s) { return random(s, kFloat64).set_requires_grad(); };
+  auto expect_ok = [](bool causal, const TensorList& in) {
+    auto r = gradcheck(
+        [causal](const TensorList& x) { return scaled_dot_product_attention(x[0], x[1], x[2], causal); }, in);
+    INFO(r.message);
+    CHECK(r.ok);
+  };
+  expect_ok(true, {leaf({2, 2, 5, 3}), leaf({2, 2, 5, 3}), leaf({2, 2, 5, 3})});
+  expect_ok(true, {leaf({1, 1, 1, 4}), leaf({1, 1, 1, 4}), leaf({1, 1, 1, 2})});
+  expect_ok(true, {leaf({1, 2, 35, 2}), leaf({1, 2, 35, 2}), leaf({1, 2, 35, 2})});  // two row blocks
+  expect_ok(false, {leaf({2, 1, 4, 3}), leaf({2, 1, 6, 3}), leaf({2, 1, 6, 2})});
+  // Only some inputs needing grad.
+  Tensor k = random({1, 2, 4, 3}, kFloat64), v = random({1, 2, 4, 3}, kFloat64);
+  auto r = gradcheck([&](const TensorList& x) { return scaled_dot_product_attention(x[0], k, v, true); },
+                     {leaf({1, 2, 4, 3})});
+  INFO(r.message);
+  CHECK(r.ok);
+  Tensor qkv = leaf({2, 6, 12});  // d 4, 2 heads of 2
+  auto rq = gradcheck([](const TensorList& x) { return scaled_dot_product_attention_qkv(x[0], 2, true); }, {qkv});
+  INFO(rq.message);
+  CHECK(rq.ok);
+}
+
+TEST_CASE("attention: 16-bit inputs are computed in f32") {
+  Tensor q = random({2, 2, 33, 16}), k = random({2, 2, 33, 16}), v = random({2, 2, 33, 16});
+  Tensor want = scaled_dot_product_attention(q, k, v, true);
+  for (DType dt : {DType::bf16, DType::f16}) {
+    Tensor qh = q.to(dt).set_requires_grad(), kh = k.to(dt), vh = v.to(dt);
+    Tensor y = scaled_dot_product_attention(qh, kh, vh, true);
+    CHECK(y.dtype() == dt);
+    // Against f32 attention on the rounded inputs: only the output rounding differs.
+    Tensor want_h = scaled_dot_product_attention(qh.detach().to(kFloat32), kh.to(kFloat32), vh.to(kFloat32), true);
+    check_close(y.to(kFloat32), want_h, dt == DType::bf16 ? 8e-3 : 1e-3, 1e-3, std::string(dtype_name(dt)));
+    sum(y).backward();
+    CHECK(qh.grad().dtype() == dt);
+    CHECK(qh.grad().shape() == qh.shape());
+  }
+}
+
+TEST_CASE("attention: dropout falls back to the composite ops with the same draws") {
+  Tensor q = random({2, 2, 12, 4}), k = random({2, 2, 12, 4}), v = random({2, 2, 12, 4});
+  Generator g1(5), g2(5);
+  Tensor y = scaled_dot_product_attention(q, k, v, true, 0.3, true, &g1);
+  Tensor att = matmul(q, k.transpose(-2, -1)) * 0.5;
+  Tensor rows = arange(0, 12.0, 1, {.dtype = kInt64}).view({12, 1});
+  Tensor cols = arange(0, 12.0, 1, {.dtype = kInt64}).view({1, 12});
+  att = masked_fill(att, cols > rows, -std::numeric_limits<double>::infinity());
+  Tensor want = matmul(dropout(softmax(att, -1), 0.3, true, &g2), v);
+  check_close(y, want, 1e-5, 1e-6, "dropout");
+  // Dropout is off outside training and at p = 0.
+  Tensor plain = scaled_dot_product_attention(q, k, v, true);
+  check_close(scaled_dot_product_attention(q, k, v, true, 0.3, false), plain, 0, 0, "eval");
+  // The fused-qkv form takes the same fallback and draws.
+  Tensor base = random({2, 5, 24});
+  Generator g3(9), g4(9);
+  Tensor ya = scaled_dot_product_attention_qkv(base, 2, true, 0.5, true, &g3);
+  Tensor xb = base.view({2, 5, 3, 2, 4});
+  auto head = [&](int64_t i) { return xb.select(2, i).transpose(1, 2); };
+  Tensor yb = scaled_dot_product_attention(head(0), head(1), head(2), true, 0.5, true, &g4).transpose(1, 2).reshape({2, 5, 8});
+  check_close(ya, yb, 0, 0, "qkv dropout");
+}
+
+TEST_CASE("attention: nn::CausalSelfAttention uses the fused op and matches the composite path") {
+  manual_seed(3);
+  nn::TransformerConfig cfg{.d_model = 32, .n_head = 4};
+  nn::CausalSelfAttention attn(cfg);
+  Tensor x = random({3, 19, 32});
+  Tensor gy = random({3, 19, 32});
+  Tensor y = attn(x);
+  sum(y * gy).backward();
+  Tensor gw = attn.c_attn->weight.grad().clone();
+  attn.zero_grad();
+  // The composite path by hand, with the module's own weights.
+  Tensor qkv = linear(x, attn.c_attn->weight, attn.c_attn->bias).view({3, 19, 3, 4, 8});
+  auto head = [&](int64_t i) { return qkv.select(2, i).transpose(1, 2); };
+  Tensor h = reference(head(0), head(1), head(2), true).transpose(1, 2).reshape({3, 19, 32});
+  Tensor want = linear(h, attn.c_proj->weight, attn.c_proj->bias);
+  sum(want * gy).backward();
+  check_close(y, want, 1e-4, 1e-6, "module output");
+  check_close(gw, attn.c_attn->weight.grad(), 1e-3, 1e-6, "c_attn.weight grad");
+}
+
+TEST_CASE("attention: bad arguments raise errors naming the problem") {
+  Tensor q = random({2, 2, 5, 4}), k = random({2, 2, 5, 4}), v = random({2, 2, 5, 4});
+  CHECK_THROWS_WITH(scaled_dot_product_attention(q.view({4, 5, 4}), k, v),
+                    Contains("4-D [batch, heads, seq, head_dim]") && Contains("f32[4, 5, 4]"));
+  CHECK_THROWS_WITH(scaled_dot_product_attention(q, random({2, 2, 5, 3}), v),
+                    Contains("same head_dim") && Contains("[2, 2, 5, 3]"));
+  CHECK_THROWS_WITH(scaled_dot_product_attention(q, k, random({2, 2, 6, 4})),
+                    Contains("same sequence length") && Contains("[2, 2, 6, 4]"));
+  CHECK_THROWS_WITH(scaled_dot_product_attention(q, random({2, 3, 5, 4}), v), Contains("batch and head dims differ"));
+  CHECK_THROWS_WITH(scaled_dot_product_attention(random({2, 2, 3, 4}), random({2, 2, 6, 4}), random({2, 2, 6, 4}), true),
+                    Contains("causal attention needs as many queries as keys"));
+  CHECK_THROWS_WITH(scaled_dot_product_attention(q, k.to(kFloat64), v), Contains("must share a dtype"));
+  CHECK_THROWS_WITH(scaled_dot_product_attention(q.to(kInt64), k, v),
+                    Contains("query must be a floating tensor") && Contains("i64"));
+  CHECK_THROWS_WITH(scaled_dot_product_attention(q, k, v, true, 1.5), Contains("dropout probability must be in [0, 1]"));
+  // The dropout fallback checks the same things.
+  CHECK_THROWS_WITH(scaled_dot_product_attention(q, random({2, 2, 5, 3}), v, false, 0.1), Contains("same head_dim"));
+  CHECK_THROWS_WITH(scaled_dot_product_attention(q, random({2, 2, 0, 4}), random({2, 2, 0, 4})),
+                    Contains("no positions to attend to"));
+  CHECK_THROWS_WITH(scaled_dot_product_attention_qkv(random({2, 5, 25}), 2), Contains("3 x n_head 2"));
+  CHECK_THROWS_WITH(scaled_dot_product_attention_qkv(random({10, 24}), 2), Contains("[batch, seq, 3 * d_model]"));
+  // Kernel level: saved tensors that do not fit.
+  auto [out, lse] = kernels::attention(q, k, v, true, 0.5);
+  CHECK_THROWS_WITH(kernels::attention_backward(out, q, k, v, out, lse.to(kFloat64), true, 0.5),
+                    Contains("saved log-sum-exp"));
+  CHECK_THROWS_WITH(kernels::attention_backward(random({2, 2, 4, 4}), q, k, v, out, lse, true, 0.5),
+                    Contains("grad and out must be"));
+}
+
+TEST_CASE("attention: empty batches give empty results") {
+  Tensor q = random({0, 2, 5, 4}).set_requires_grad();
+  Tensor y = scaled_dot_product_attention(q, random({0, 2, 5, 4}), random({0, 2, 5, 4}), true);
+  CHECK(y.shape() == Shape({0, 2, 5, 4}));
+  sum(y).backward();
+  CHECK(q.grad().shape() == q.shape());
+  // No queries but some keys: the key and value gradients are zero.
+  Tensor k = random({1, 1, 3, 4}).set_requires_grad();
+  Tensor y2 = scaled_dot_product_attention(random({1, 1, 0, 4}), k, random({1, 1, 3, 4}), false);
+  CHECK(y2.shape() == Shape({1, 1, 0, 4}));
+  sum(y2).backward();
+  test::check_values(k.grad().reshape({-1}), std::vector<double>(12, 0.0));
+}
