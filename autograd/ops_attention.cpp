@@ -15,7 +15,6 @@ namespace weft {
 using autograd::needs_grad;
 using autograd::record;
 using autograd::TensorList;
-namespace k = kernels;
 
 namespace {
 
@@ -48,17 +47,15 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   const char* op = "scaled_dot_product_attention";
   check_dropout(dropout_p, op);
   WEFT_CHECK(q.defined() && k.defined() && v.defined(), "{}: query, key and value must be defined tensors", op);
-  if (training && dropout_p > 0) {
-    k::check_attention(op, q, k, v, causal);
-    return composite_attention(q, k, v, causal, dropout_p, gen);
-  }
+  kernels::check_attention(op, q, k, v, causal);
+  if (training && dropout_p > 0) return composite_attention(q, k, v, causal, dropout_p, gen);
   const double scale = default_scale(q);
-  auto [out, lse] = k::attention(q, k, v, causal, scale);
+  auto [out, lse] = kernels::attention(q, k, v, causal, scale);
   if (needs_grad({&q, &k, &v})) {
     record("ScaledDotProductAttentionBackward", {q, k, v}, {out},
            [q = q.detach(), k = k.detach(), v = v.detach(), out = out.detach(), lse = lse, causal,
             scale](const TensorList& g) -> TensorList {
-             auto [dq, dk, dv] = k::attention_backward(g[0], q, k, v, out, lse, causal, scale);
+             auto [dq, dk, dv] = kernels::attention_backward(g[0], q, k, v, out, lse, causal, scale);
              return {dq, dk, dv};
            });
   }
@@ -76,13 +73,13 @@ Tensor scaled_dot_product_attention_qkv(const Tensor& qkv, int64_t n_head, bool 
   const int64_t B = qkv.size(0), T = qkv.size(1), d = qkv.size(2) / 3, hd = d / n_head;
   if (training && dropout_p > 0) {
     Tensor x = qkv.reshape({B, T, 3, n_head, hd});
-    return scaled_dot_product_attention(qkv_heads(x, 0), qkv_heads(x, 1), qkv_heads(x, 2), causal, dropout_p, training, gen)
-        .transpose(1, 2)
-        .reshape({B, T, d});
+    Tensor y = scaled_dot_product_attention(qkv_heads(x, 0), qkv_heads(x, 1), qkv_heads(x, 2), causal, dropout_p,
+                                            training, gen);
+    return y.transpose(1, 2).reshape({B, T, d});
   }
   Tensor x = qkv.detach().reshape({B, T, 3, n_head, hd});  // a view of a Linear's output
   const double scale = 1.0 / std::sqrt(double(std::max<int64_t>(hd, 1)));
-  auto [out, lse] = k::attention(qkv_heads(x, 0), qkv_heads(x, 1), qkv_heads(x, 2), causal, scale);
+  auto [out, lse] = kernels::attention(qkv_heads(x, 0), qkv_heads(x, 1), qkv_heads(x, 2), causal, scale);
   Tensor y = out.transpose(1, 2).view({B, T, d});  // out is stored [B, T, H, hd]
   if (needs_grad({&qkv})) {
     record("ScaledDotProductAttentionQkvBackward", {qkv}, {y},
@@ -92,8 +89,8 @@ Tensor scaled_dot_product_attention_qkv(const Tensor& qkv, int64_t n_head, bool 
              // into their slices, so no zero-filled copies are summed afterwards.
              Tensor dqkv = empty({B, T, 3 * d}, {.dtype = x.dtype(), .device = x.device()});
              Tensor dx = dqkv.view({B, T, 3, n_head, hd});
-             k::attention_backward_into(grad, qkv_heads(x, 0), qkv_heads(x, 1), qkv_heads(x, 2), out, lse, causal, scale,
-                                        qkv_heads(dx, 0), qkv_heads(dx, 1), qkv_heads(dx, 2));
+             kernels::attention_backward_into(grad, qkv_heads(x, 0), qkv_heads(x, 1), qkv_heads(x, 2), out, lse,
+                                              causal, scale, qkv_heads(dx, 0), qkv_heads(dx, 1), qkv_heads(dx, 2));
              return {dqkv};
            });
   }

@@ -69,6 +69,7 @@ class NcclWork final : public Work {
   }
   bool is_completed() override;
   void wait(double timeout_seconds) override;
+  bool wait_on_current_stream() override;
 
  private:
   std::shared_ptr<const NcclProcessGroup> group_;
@@ -163,6 +164,17 @@ void NcclWork::wait(double timeout_seconds) {
     if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
   if (!error_.empty()) throw Error(error_);
+}
+
+bool NcclWork::wait_on_current_stream() {
+  ncclResult_t async = ncclSuccess;
+  NCCL_CHECK(ncclCommGetAsyncError(group_->nccl(), &async));
+  if (async != ncclSuccess && async != ncclInProgress)
+    throw Error(fmt::format("{}: NCCL reports {} ({})", info_.str(), ncclGetErrorString(async),
+                            ncclGetLastError(group_->nccl())));
+  int device = group_->device().index;
+  CUDA_CHECK(cudaStreamWaitEvent(kernels::cuda::current_stream(device).handle(), done_, 0));
+  return true;
 }
 
 WorkPtr NcclProcessGroup::launch(Collective c) {

@@ -50,6 +50,12 @@ class Work {
   // the default is dist::collective_timeout()) it prints the collective and aborts the job.
   void wait();
   virtual void wait(double timeout_seconds) = 0;
+  // Device backends (NCCL): makes the work queued from now on on the calling thread's current
+  // CUDA stream of the group's device wait for this collective on the device, without
+  // blocking the host, and returns true. Such a wait has no timeout of its own: a collective
+  // that never finishes shows up at the next host wait (Work::wait, a stream synchronize).
+  // Host backends (MPI) return false: call wait() instead.
+  virtual bool wait_on_current_stream() { return false; }
   const CollectiveInfo& info() const { return info_; }
 
  protected:

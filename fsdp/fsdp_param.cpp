@@ -4,6 +4,9 @@
 #include "core/copy.h"
 #include "core/grad_mode.h"
 #include "kernels/elementwise.h"
+#if WEFT_WITH_CUDA
+#include "kernels/cuda/allocator.h"
+#endif
 
 namespace weft::fsdp {
 
@@ -103,7 +106,13 @@ void FSDPParam::accumulate_sharded_grad(const Tensor& reduced_flat) {
   if (global_shape_.empty() && local_rows_ == 1) part = part.view({});
   Tensor current = sharded_.grad();
   if (!current.defined()) {
-    sharded_.set_grad(part.to(sharded_.dtype()).contiguous().clone());
+    // A copy: `part` is a view of the reduce-scatter's buffer, which is released after this.
+    Tensor g = part.to(sharded_.dtype()).contiguous();
+    bool copied = false;
+#if WEFT_WITH_CUDA
+    if (pin_grads_ && g.device().is_cpu()) g = kernels::cuda::pin_memory(g), copied = true;
+#endif
+    sharded_.set_grad(copied ? g : g.clone());
   } else {
     kernels::add_(current, part);
   }

@@ -50,6 +50,8 @@ class FSDPParam {
   // Adds this rank's reduced chunk (flat [padded] slice of the reduce-scatter output) into the
   // sharded parameter's .grad.
   void accumulate_sharded_grad(const Tensor& reduced_flat);
+  // CPU offload of CUDA parameters: new sharded gradients go to pinned host memory.
+  void set_pin_grads(bool pin) { pin_grads_ = pin; }
   void free_unsharded();  // the parameter's memory; an accumulated gradient stays
   bool has_unsharded_grad() const;
   void clear_unsharded_grad();
@@ -69,6 +71,7 @@ class FSDPParam {
   int64_t local_rows_ = 0;  // real extent of this rank's chunk (<= chunk_)
   int64_t padded_numel_ = 0, offset_ = 0;
   bool requires_grad_ = false;
+  bool pin_grads_ = false;
   Tensor padded_flat_, sharded_, unsharded_;
 };
 

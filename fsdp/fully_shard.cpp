@@ -15,16 +15,6 @@ FSDPModule fully_shard(const nn::ModulePtr& module, const FullyShardOptions& opt
   WEFT_CHECK(module != nullptr, "fully_shard: module is null");
   WEFT_CHECK(!state_of(*module), "fully_shard: called twice on the same {} module", module->type_name());
   if (!dist::is_initialized()) dist::init();
-  // One default world mesh for every call, so all groups share one communicator.
-  static std::shared_ptr<dist::DeviceMesh> world_mesh;
-  if (!opts.mesh && (!world_mesh || world_mesh->group(0)->closed()))
-    world_mesh = std::make_shared<dist::DeviceMesh>(DeviceType::cpu);
-  auto mesh = opts.mesh ? opts.mesh : world_mesh;
-  WEFT_CHECK(mesh->ndim() == 1 || mesh->ndim() == 2, "fully_shard: the mesh must be 1-D or 2-D (replicate, shard), got {}",
-             mesh->str());
-  auto shard_group = mesh->group(mesh->ndim() - 1);
-  auto replicate_group = mesh->ndim() == 2 ? mesh->group(0) : nullptr;
-
   // What earlier calls in this subtree took: their shards (skipped here) and the original
   // tensors they replaced (still registered elsewhere only if tied across groups).
   std::unordered_set<TensorImpl*> shards, originals_taken;
@@ -61,6 +51,46 @@ FSDPModule fully_shard(const nn::ModulePtr& module, const FullyShardOptions& opt
       entries.push_back({name, {slot}, dim});
     }
   }
+  // The device of the module's parameters picks the default mesh's backend (MPI for CPU
+  // tensors, NCCL for CUDA ones). Every rank has the same model, hence the same choice, so the
+  // collective mesh construction below happens on all ranks or none.
+  // A module left without parameters of its own (a root whose blocks took them all) follows
+  // the groups below it.
+  Device device = kCPU;
+  if (!entries.empty()) {
+    device = entries[0].slots[0]->device();
+  } else {
+    for (auto& [mn, m] : module->named_modules())
+      if (auto s = state_of(*m); s && s->group) {
+        device = s->group->compute_device();
+        break;
+      }
+  }
+  // One default world mesh per device type for every call, so all groups share a communicator.
+  static std::shared_ptr<dist::DeviceMesh> world_mesh[kNumDeviceTypes];
+  auto& default_mesh = world_mesh[int(device.type)];
+  if (!opts.mesh && (!default_mesh || default_mesh->group(0)->closed()))
+    default_mesh = std::make_shared<dist::DeviceMesh>(device.type);
+  auto mesh = opts.mesh ? opts.mesh : default_mesh;
+  WEFT_CHECK(mesh->ndim() == 1 || mesh->ndim() == 2, "fully_shard: the mesh must be 1-D or 2-D (replicate, shard), got {}",
+             mesh->str());
+  auto shard_group = mesh->group(mesh->ndim() - 1);
+  auto replicate_group = mesh->ndim() == 2 ? mesh->group(0) : nullptr;
+  // The collectives run on the mesh's backend, which takes tensors of one device only.
+  Device comm_device = shard_group->device();
+  WEFT_CHECK(comm_device.type == device.type,
+             "fully_shard: the parameters of this {} module are on {} but {} communicates with the {} backend, which "
+             "takes {} tensors; {}", module->type_name(), device.str(), mesh->str(), shard_group->backend(),
+             comm_device.is_cpu() ? "CPU" : "CUDA",
+             device.is_cuda() ? "build the mesh with DeviceMesh(DeviceType::cuda) (NCCL) or leave FullyShardOptions::mesh "
+                                "unset to use the default CUDA mesh"
+                              : fmt::format("move the module to {} first (module->to(...)) or use a DeviceMesh(DeviceType::cpu)",
+                                            comm_device.str()));
+  WEFT_CHECK(comm_device == device || device.is_cpu(),
+             "fully_shard: the parameters of this {} module are on {} but this rank's NCCL group of {} uses {} (local "
+             "rank {} modulo the visible GPUs); move the module to {}", module->type_name(), device.str(), mesh->str(),
+             comm_device.str(), dist::local_rank(), comm_device.str());
+
   std::vector<std::weak_ptr<TensorImpl>> originals;
   for (auto& e : entries) originals.push_back(e.slots[0]->impl_ptr());
   std::unique_ptr<FSDPParamGroup> group;
@@ -165,19 +195,21 @@ Tensor FSDPModule::gather_shard(const std::string& name, const Tensor& local) co
              name, tensor_desc(local), shape_str(p.sharded().shape()));
   auto pg = state_->mesh->group(state_->mesh->ndim() - 1);
   NoGradGuard ng;
+  // Gathered on the group's device (where an offloaded shard is not), returned on local's.
+  const Device dev = pg->device();
   // Padded like the parameter's own chunk, so the all-gather sends equal sizes.
-  Tensor padded = zeros({p.padded_numel()}, {.dtype = local.dtype(), .device = local.device()});
+  Tensor padded = zeros({p.padded_numel()}, {.dtype = local.dtype(), .device = dev});
   Shape chunk_shape = p.global_shape().empty() ? Shape{1} : p.global_shape();
   int64_t extent = chunk_shape[size_t(p.shard_dim())];
   chunk_shape[size_t(p.shard_dim())] = (extent + pg->size() - 1) / pg->size();
   if (local.numel() > 0)
     padded.view(chunk_shape).narrow(p.shard_dim(), 0, local.dim() == 0 ? 1 : local.size(p.shard_dim()))
         .copy_(local.dim() == 0 ? local.view({1}) : local);
-  Tensor recv = empty({int64_t(pg->size()), p.padded_numel()}, {.dtype = local.dtype(), .device = local.device()});
+  Tensor recv = empty({int64_t(pg->size()), p.padded_numel()}, {.dtype = local.dtype(), .device = dev});
   pg->all_gather_into_tensor(recv.view({-1}), padded)->wait();
-  Tensor full = empty(p.global_shape(), {.dtype = local.dtype(), .device = local.device()});
+  Tensor full = empty(p.global_shape(), {.dtype = local.dtype(), .device = dev});
   p.assemble_into(recv, 0, full);
-  return full;
+  return full.device() == local.device() ? full : full.to(local.device());
 }
 
 ShardInfo FSDPModule::shard_info(const std::string& name) const {

@@ -27,11 +27,17 @@ class FSDPParamGroup {
   };
   FSDPParamGroup(std::vector<Entry> entries, const FullyShardOptions& opts, dist::ProcessGroupPtr shard_group,
                  dist::ProcessGroupPtr replicate_group);
+  ~FSDPParamGroup();
 
   const std::vector<std::unique_ptr<FSDPParam>>& params() const { return params_; }
   const Tensor& flat_shard() const { return flat_shard_; }
   DType unsharded_dtype() const { return param_dtype_; }
   const dist::ProcessGroupPtr& shard_group() const { return shard_group_; }
+  // Where forward and backward run and the collectives' buffers live: the parameters' device.
+  // The shards live there too, except with CPU offload of CUDA parameters (offloaded()): then
+  // the flat shard buffer, the sharded gradients and the optimizer are on the host.
+  Device compute_device() const { return compute_device_; }
+  bool offloaded() const { return offload_; }
 
   // partial: after a forward with reshard_after_forward = k, each rank keeps its 1/k chunk of
   // the full parameters, gathered again within its group of k ranks for backward.
@@ -78,11 +84,11 @@ class FSDPParamGroup {
   bool gathering_partial_ = false;
   uint64_t gather_started_us_ = 0, rs_started_us_ = 0;  // for traces
   Tensor gather_send_, gather_recv_;
-  struct PendingReduce {
-    dist::WorkPtr work;
-    Tensor send, out;
-  };
+  Device compute_device_;
+  bool offload_ = false;
+  struct PendingReduce;  // param_group.cpp
   std::unique_ptr<PendingReduce> pending_rs_;
+  void finish_reduce_scatter_on_device(PendingReduce& pr);  // CUDA builds only
 };
 
 }  // namespace weft::fsdp

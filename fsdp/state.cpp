@@ -7,6 +7,9 @@
 #include "autograd/function.h"
 #include "core/grad_mode.h"
 #include "core/trace.h"
+#if WEFT_WITH_CUDA
+#include "fsdp/device_sync.h"
+#endif
 
 namespace weft::fsdp {
 
@@ -63,9 +66,9 @@ FSDPState::FSDPState(nn::Module& m, const FullyShardOptions& opts, std::unique_p
       reshard_after_forward = true;
       // Groups of k neighbouring ranks (one communicator per k for all modules); k == n is
       // plain resharding.
-      static std::map<int, dist::ProcessGroupPtr> groups;
+      static std::map<std::pair<DeviceType, int>, dist::ProcessGroupPtr> groups;
       if (k < n) {
-        auto& g = groups[k];
+        auto& g = groups[{mesh->device_type(), k}];
         if (!g || g->closed()) g = dist::DeviceMesh(mesh->device_type(), {n / k, k}).group(1);
         reshard_group = g;
       }
@@ -106,15 +109,19 @@ void FSDPState::validate_across_ranks() {
       for (auto& p : s->group->params())
         descs.push_back(fmt::format("{} {} {}", p->name(), shape_str(p->global_shape()), dtype_name(p->dtype())));
   int world = pg->size();
-  Tensor count = scalar_tensor(double(descs.size()), {.dtype = DType::i64}).view({1});
-  Tensor counts = empty({world}, {.dtype = DType::i64});
+  // Exchanged on the group's device (NCCL takes CUDA tensors only), read on the host.
+  Device dev = pg->device();
+  Tensor count = scalar_tensor(double(descs.size()), {.dtype = DType::i64}).view({1}).to(dev);
+  Tensor counts = empty({world}, {.dtype = DType::i64, .device = dev});
   pg->all_gather_into_tensor(counts, count)->wait();
+  counts = counts.to(kCPU);
   int64_t max_count = 0;
   for (double c : to_vector(counts)) max_count = std::max<int64_t>(max_count, int64_t(c));
   Tensor hashes = zeros({max_count}, {.dtype = DType::i64});
   for (size_t i = 0; i < descs.size(); ++i) hashes.data<int64_t>()[i] = int64_t(fnv1a(descs[i]) >> 1);
-  Tensor all = empty({int64_t(world) * max_count}, {.dtype = DType::i64});
-  if (max_count > 0) pg->all_gather_into_tensor(all, hashes)->wait();
+  Tensor all = empty({int64_t(world) * max_count}, {.dtype = DType::i64, .device = dev});
+  if (max_count > 0) pg->all_gather_into_tensor(all, hashes.to(dev))->wait();
+  all = all.to(kCPU);
   auto c = to_vector(counts);
   const int64_t* h = all.data<int64_t>();
   for (int64_t i = 0; i < max_count; ++i) {
@@ -263,10 +270,19 @@ void FSDPState::root_final_callback() {
     if (!s->group || s->post_backward_done) continue;
     if (s->group->state() != FSDPParamGroup::State::sharded || s->group->has_unsharded_grads()) s->post_backward();
   }
+  bool offloaded = false;
   for (FSDPState* s : states) {
     if (s->group && is_last_backward) s->group->finish_reduce_scatter();
+    if (s->group && s->group->offloaded()) offloaded = true;
     s->pre_backward_done = s->post_backward_done = false;
   }
+#if WEFT_WITH_CUDA
+  // With CPU offload the optimizer writes the pinned shards on the host next: every upload
+  // from them (the all-gathers' copy-in) must have completed.
+  if (offloaded) detail::release_all();
+#else
+  (void)offloaded;
+#endif
   last_reduce_scatter = nullptr;
   callback_queued = false;
 }

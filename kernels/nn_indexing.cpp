@@ -60,6 +60,14 @@ Tensor embedding_backward(const Tensor& grad_, const Tensor& indices_, int64_t n
     cpu::embedding_backward(grad.to(acc).contiguous(), idx, out);
     return out.to(grad.dtype());
   }
+#if WEFT_WITH_CUDA
+  if (grad.device().is_cuda()) {
+    Tensor idx = indices.contiguous();
+    cuda::check_index_range(idx, num_weights, op, "embeddings");
+    cuda::embedding_backward(grad.to(acc).contiguous(), idx, out);
+    return out.to(grad.dtype());
+  }
+#endif
   not_built(op, grad);
 }
 
@@ -81,6 +89,15 @@ Tensor index_select(const Tensor& x_, int64_t dim, const Tensor& index_) {
     if (out.numel() > 0) cpu::index_select(x.contiguous(), d, idx, out);
     return out;
   }
+#if WEFT_WITH_CUDA
+  if (x.device().is_cuda()) {
+    Tensor idx = index.contiguous();
+    cuda::check_index_range(idx, x.size(d), "index_select",
+                            fmt::format("positions along dim {} of {}", d, tensor_desc(x)));
+    if (out.numel() > 0) cuda::index_select(x.contiguous(), d, idx, out);
+    return out;
+  }
+#endif
   not_built("index_select", x);
 }
 
@@ -106,6 +123,15 @@ Tensor index_add(const Shape& shape, int64_t dim, const Tensor& index_, const Te
     if (src.numel() > 0) cpu::index_add(out, d, idx, src.contiguous());
     return out;
   }
+#if WEFT_WITH_CUDA
+  if (src.device().is_cuda()) {
+    Tensor idx = index.contiguous();
+    cuda::check_index_range(idx, shape[d], "index_add",
+                            fmt::format("positions along dim {} of {}", d, shape_str(shape)));
+    if (src.numel() > 0) cuda::index_add(out, d, idx, src.contiguous());
+    return out;
+  }
+#endif
   not_built("index_add", src);
 }
 
@@ -128,6 +154,15 @@ Tensor gather(const Tensor& x_, int64_t dim, const Tensor& index_) {
     if (out.numel() > 0) cpu::gather(x, d, idx, out);
     return out;
   }
+#if WEFT_WITH_CUDA
+  if (x.device().is_cuda()) {
+    Tensor idx = index.contiguous();
+    cuda::check_index_range(idx, x.size(d), "gather",
+                            fmt::format("positions along dim {} of {}", d, tensor_desc(x)));
+    if (out.numel() > 0) cuda::gather(x, d, idx, out);
+    return out;
+  }
+#endif
   not_built("gather", x);
 }
 
@@ -155,6 +190,15 @@ Tensor scatter_add(const Tensor& self_, int64_t dim, const Tensor& index_, const
     if (idx.numel() > 0) cpu::scatter_add(out, d, idx, src);
     return out;
   }
+#if WEFT_WITH_CUDA
+  if (self.device().is_cuda()) {
+    Tensor idx = index.contiguous();
+    cuda::check_index_range(idx, self.size(d), "scatter_add",
+                            fmt::format("positions along dim {} of {}", d, tensor_desc(self)));
+    if (idx.numel() > 0) cuda::scatter_add(out, d, idx, src);
+    return out;
+  }
+#endif
   not_built("scatter_add", self);
 }
 

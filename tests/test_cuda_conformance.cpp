@@ -286,6 +286,46 @@ std::vector<Case> cases() {
     for (DType it : {DType::i64, DType::i32})
       cs.push_back({"embedding", {{{50, 24}, t}, {{7, 9}, it, Values::index, false, 50}},
                     one([](const auto& x) { return embedding(x[0], x[1]); })});
+  // The index ops of indexing_backward.cu. Repeated indices (more positions than targets)
+  // make the accumulating ones add several values into one element; those add atomically in
+  // no fixed order on CUDA, and 16-bit ones add in f32 and round once where the CPU rounds
+  // every add (hence tol_scale 2).
+  for (DType t : kFloats)
+    for (DType it : {DType::i64, DType::i32})
+      cs.push_back({"embedding_backward", {{{7, 9, 24}, t}, {{7, 9}, it, Values::index, false, 50}},
+                    one([](const auto& x) { return embedding_backward(x[0], x[1], 50); }), 2.0});
+  for (DType t : kAll) {
+    const double acc_tol = is_floating(t) ? 2.0 : 1.0;
+    cs.push_back({"index_select dim 1", {{{5, 6, 7}, t}, {{9}, DType::i64, Values::index, false, 6}},
+                  one([](const auto& x) { return index_select(x[0], 1, x[1]); })});
+    cs.push_back({"index_select dim 0 (strided, i32 index)",
+                  {{{6, 7}, t, Values::normal, true}, {{11}, DType::i32, Values::index, false, 6}},
+                  one([](const auto& x) { return index_select(x[0], 0, x[1]); })});
+    cs.push_back({"index_select dim -1", {{{5, 6, 7}, t}, {{4}, DType::i64, Values::index, false, 7}},
+                  one([](const auto& x) { return index_select(x[0], -1, x[1]); })});
+    cs.push_back({"index_add dim 1", {{{9}, DType::i64, Values::index, false, 6}, {{5, 9, 7}, t}},
+                  one([](const auto& x) { return index_add({5, 6, 7}, 1, x[0], x[1]); }), acc_tol});
+    cs.push_back({"index_add dim 0 (strided src, i32 index)",
+                  {{{13}, DType::i32, Values::index, false, 4}, {{13, 6}, t, Values::normal, true}},
+                  one([](const auto& x) { return index_add({4, 6}, 0, x[0], x[1]); }), acc_tol});
+    cs.push_back({"gather dim 1", {{{5, 6, 7}, t}, {{5, 4, 7}, DType::i64, Values::index, false, 6}},
+                  one([](const auto& x) { return gather(x[0], 1, x[1]); })});
+    cs.push_back({"gather dim 0 (index larger along dim)", {{{5, 6, 7}, t}, {{8, 3, 7}, DType::i32, Values::index, false, 5}},
+                  one([](const auto& x) { return gather(x[0], 0, x[1]); })});
+    cs.push_back({"gather dim -1 (strided input)",
+                  {{{5, 6, 7}, t, Values::normal, true}, {{4, 6, 9}, DType::i64, Values::index, false, 7}},
+                  one([](const auto& x) { return gather(x[0], -1, x[1]); })});
+    cs.push_back({"scatter_add dim 1",
+                  {{{5, 6, 7}, t}, {{5, 9, 7}, DType::i64, Values::index, false, 6}, {{5, 9, 7}, t}},
+                  one([](const auto& x) { return scatter_add(x[0], 1, x[1], x[2]); }), acc_tol});
+    cs.push_back({"scatter_add dim 0 (src larger than index, i32 index)",
+                  {{{4, 6, 7}, t}, {{9, 5, 6}, DType::i32, Values::index, false, 4}, {{10, 6, 7}, t}},
+                  one([](const auto& x) { return scatter_add(x[0], 0, x[1], x[2]); }), acc_tol});
+    cs.push_back({"scatter_add dim -1 (strided self and src)",
+                  {{{5, 6, 7}, t, Values::normal, true}, {{5, 6, 11}, DType::i64, Values::index, false, 7},
+                   {{5, 6, 11}, t, Values::normal, true}},
+                  one([](const auto& x) { return scatter_add(x[0], -1, x[1], x[2]); }), acc_tol});
+  }
 
   // ---- GEMM (cuBLASLt on CUDA). 16-bit products accumulate in f32 on both devices.
   auto mm = one([](const auto& x) { return matmul(x[0], x[1]); });
@@ -635,6 +675,21 @@ void run_runtime_checks() {
     threw = std::string(e.what()).find("out of range") != std::string::npos;
   }
   EXPECT(threw);
+  // The other index ops check their ranges on the host too (indexing_backward.cu).
+  Tensor bad_index = full({2, 3}, 5, {.dtype = DType::i64, .device = dev});
+  auto throws_range = [](auto f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what()).find("out of range") != std::string::npos;
+    }
+    return false;
+  };
+  EXPECT(throws_range([&] { (void)embedding_backward(ones({2, 3, 4}, {.device = dev}), bad_index, 5); }));
+  EXPECT(throws_range([&] { (void)index_select(ones({4, 2}, {.device = dev}), 0, bad_index.view({6})); }));
+  EXPECT(throws_range([&] { (void)index_add({4, 2}, 0, bad_index.view({6}), ones({6, 2}, {.device = dev})); }));
+  EXPECT(throws_range([&] { (void)gather(ones({4, 3}, {.device = dev}), 0, bad_index); }));
+  EXPECT(throws_range([&] { (void)scatter_add(ones({4, 3}, {.device = dev}), 0, bad_index, ones({2, 3}, {.device = dev})); }));
   std::printf("runtime checks: %d failed\n", g_runtime_failures);
 }
 

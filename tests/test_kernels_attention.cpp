@@ -219,7 +219,8 @@ TEST_CASE("attention: dropout falls back to the composite ops with the same draw
   Tensor ya = scaled_dot_product_attention_qkv(base, 2, true, 0.5, true, &g3);
   Tensor xb = base.view({2, 5, 3, 2, 4});
   auto head = [&](int64_t i) { return xb.select(2, i).transpose(1, 2); };
-  Tensor yb = scaled_dot_product_attention(head(0), head(1), head(2), true, 0.5, true, &g4).transpose(1, 2).reshape({2, 5, 8});
+  Tensor yb = scaled_dot_product_attention(head(0), head(1), head(2), true, 0.5, true, &g4);
+  yb = yb.transpose(1, 2).reshape({2, 5, 8});
   check_close(ya, yb, 0, 0, "qkv dropout");
 }
 
@@ -252,12 +253,14 @@ TEST_CASE("attention: bad arguments raise errors naming the problem") {
   CHECK_THROWS_WITH(scaled_dot_product_attention(q, k, random({2, 2, 6, 4})),
                     Contains("same sequence length") && Contains("[2, 2, 6, 4]"));
   CHECK_THROWS_WITH(scaled_dot_product_attention(q, random({2, 3, 5, 4}), v), Contains("batch and head dims differ"));
-  CHECK_THROWS_WITH(scaled_dot_product_attention(random({2, 2, 3, 4}), random({2, 2, 6, 4}), random({2, 2, 6, 4}), true),
-                    Contains("causal attention needs as many queries as keys"));
+  CHECK_THROWS_WITH(
+      scaled_dot_product_attention(random({2, 2, 3, 4}), random({2, 2, 6, 4}), random({2, 2, 6, 4}), true),
+      Contains("causal attention needs as many queries as keys"));
   CHECK_THROWS_WITH(scaled_dot_product_attention(q, k.to(kFloat64), v), Contains("must share a dtype"));
   CHECK_THROWS_WITH(scaled_dot_product_attention(q.to(kInt64), k, v),
                     Contains("query must be a floating tensor") && Contains("i64"));
-  CHECK_THROWS_WITH(scaled_dot_product_attention(q, k, v, true, 1.5), Contains("dropout probability must be in [0, 1]"));
+  CHECK_THROWS_WITH(scaled_dot_product_attention(q, k, v, true, 1.5),
+                    Contains("dropout probability must be in [0, 1]"));
   // The dropout fallback checks the same things.
   CHECK_THROWS_WITH(scaled_dot_product_attention(q, random({2, 2, 5, 3}), v, false, 0.1), Contains("same head_dim"));
   CHECK_THROWS_WITH(scaled_dot_product_attention(q, random({2, 2, 0, 4}), random({2, 2, 0, 4})),

@@ -10,6 +10,7 @@
 #include <optional>
 #include <thread>
 
+#include "apps/common/device.h"
 #include "apps/common/metrics.h"
 #include "apps/common/progress.h"
 #include "apps/common/ranks.h"
@@ -38,6 +39,7 @@ struct Options {
   std::string data = apps::kDefaultMnistDir;
   int64_t log_every = 50;
   bool fsdp = false;
+  std::string device = "cpu";
 };
 
 using apps::AgreedError;
@@ -66,7 +68,7 @@ std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch) {
 // forward gathers the parameters and, without gradients, frees them again) and the sums are
 // all-reduced; a batch smaller than the world is evaluated whole on every rank and counted
 // once, so every rank runs the same forwards.
-std::pair<double, double> evaluate(nn::Module& model, const apps::MnistSplit& split, const Ranks& ranks) {
+std::pair<double, double> evaluate(nn::Module& model, const apps::MnistSplit& split, const Ranks& ranks, Device device) {
   NoGradGuard no_grad;
   model.eval();
   int64_t n = split.images.size(0);
@@ -78,7 +80,8 @@ std::pair<double, double> evaluate(nn::Module& model, const apps::MnistSplit& sp
     bool split_batch = m >= ranks.world;
     int64_t lo = split_batch ? m * ranks.rank / ranks.world : 0;
     int64_t hi = split_batch ? m * (ranks.rank + 1) / ranks.world : m;
-    auto [x, y] = apps::mnist_batch(split, all, b + lo, hi - lo);
+    auto [x_host, y_host] = apps::mnist_batch(split, all, b + lo, hi - lo);
+    Tensor x = x_host.to(device), y = y_host.to(device);
     Tensor logits = model(x);
     if (!split_batch && !ranks.lead()) continue;
     loss_sum += cross_entropy(logits, y, {.reduction = "sum"}).item();
@@ -137,7 +140,9 @@ int run(const Options& o, const Ranks& ranks) {
   std::string resume_from;
   std::optional<apps::MetricsWriter> metrics;
   int64_t n_train = 0, steps_per_epoch = 0;
+  Device device = kCPU;
   apps::on_every_rank(ranks, "mnist", [&] {
+    device = apps::parse_device(o.device, "mnist");  // first: a device that cannot work ends the run at once
     if (o.threads > 0) set_num_threads(o.threads);
     WEFT_CHECK(o.batch_size > 0 && o.epochs > 0 && o.lr > 0, "mnist: --batch-size, --epochs and --lr must be positive");
     WEFT_CHECK(o.batch_size % ranks.world == 0,
@@ -150,6 +155,7 @@ int run(const Options& o, const Ranks& ranks) {
     WEFT_CHECK(steps_per_epoch > 0, "mnist: batch size {} exceeds the {} training samples", o.batch_size, n_train);
     manual_seed(o.seed);  // the same full model on every rank
     model = apps::make_mnist_model(o.model, data.rows, data.cols);
+    model->to(device);  // initialised on the host (the same values on every device), then moved
     if (!o.load.empty()) resume_from = checkpoint_to_load(o);
     metrics.emplace(ranks.lead() ? o.metrics : std::string());  // one file, written by rank 0
   });
@@ -186,9 +192,9 @@ int run(const Options& o, const Ranks& ranks) {
   const int64_t local_batch = o.batch_size / ranks.world;
   if (ranks.lead()) {
     std::fprintf(stderr, "weft-mnist: %s (%lld parameters), %lld train / %lld test samples from %s, batch %lld, "
-                 "%lld steps/epoch, %d threads\n", o.model.c_str(), (long long)n_params,
+                 "%lld steps/epoch, %d threads, on %s\n", o.model.c_str(), (long long)n_params,
                  (long long)n_train, (long long)data.test.images.size(0), o.data.c_str(), (long long)o.batch_size,
-                 (long long)steps_per_epoch, get_num_threads());
+                 (long long)steps_per_epoch, get_num_threads(), device.str().c_str());
     if (root)
       std::fprintf(stderr, "weft-mnist: FSDP over %d ranks: one group per layer, %lld parameters on rank 0, "
                    "%lld samples per rank per step\n", ranks.world, (long long)count_params(), (long long)local_batch);
@@ -208,7 +214,8 @@ int run(const Options& o, const Ranks& ranks) {
       int64_t i = step - epoch * steps_per_epoch;
       // Every rank walks the same global batches and takes rows [r*B/N, (r+1)*B/N) of each;
       // FSDP averages the gradients over ranks, which is the gradient of the global batch.
-      auto [x, y] = apps::mnist_batch(data.train, order, i * o.batch_size + ranks.rank * local_batch, local_batch);
+      auto [x_host, y_host] = apps::mnist_batch(data.train, order, i * o.batch_size + ranks.rank * local_batch, local_batch);
+      Tensor x = x_host.to(device), y = y_host.to(device);
       opt->zero_grad();
       Tensor loss = cross_entropy((*model)(x), y);
       loss.backward();
@@ -228,7 +235,7 @@ int run(const Options& o, const Ranks& ranks) {
       }
     }
     if (progress) progress->finish(fmt::format("loss {:.4f}", loss_v));
-    auto [test_loss, acc] = evaluate(*model, data.test, ranks);
+    auto [test_loss, acc] = evaluate(*model, data.test, ranks, device);
     if (ranks.lead()) {
       std::fprintf(stderr, "epoch %lld: test loss %.4f, test accuracy %.2f%%\n", (long long)(epoch + 1), test_loss,
                    100 * acc);
@@ -269,6 +276,8 @@ int main(int argc, char** argv) {
   app.add_option("--steps", o.steps, "stop after N more optimizer steps")->check(CLI::NonNegativeNumber);
   app.add_option("--data", o.data, "directory with {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]")->capture_default_str();
   app.add_option("--log-every", o.log_every, "steps between metrics lines")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--device", o.device, "cpu, cuda (this rank's GPU) or cuda:N: where the model and batches live")
+      ->capture_default_str();
   app.add_flag("--fsdp", o.fsdp, "shard the model over the ranks of mpirun with fsdp::fully_shard (see below)");
   app.footer(
       "Sharded training (--fsdp): mpirun -np N --oversubscribe --bind-to none weft-mnist --fsdp ...\n"

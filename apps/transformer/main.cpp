@@ -17,6 +17,7 @@
 #include <memory>
 #include <optional>
 
+#include "apps/common/device.h"
 #include "apps/common/metrics.h"
 #include "apps/common/progress.h"
 #include "apps/common/ranks.h"
@@ -45,6 +46,7 @@ struct TrainOptions {
   int keep_last = 0;
   bool fsdp = false;
   std::string reshard_after_forward = "true", mixed_precision = "none";
+  std::string device = "cpu";
 };
 
 struct SampleOptions {
@@ -53,6 +55,7 @@ struct SampleOptions {
   double temperature = 1.0;
   uint64_t seed = 0;
   int threads = 0;
+  std::string device = "cpu";
 };
 
 using apps::AgreedError;
@@ -123,13 +126,15 @@ fsdp::FSDPModule shard_model(apps::GPT& model, const nn::ModulePtr& root, const 
 
 // Mean validation loss over `iters` fixed batches (the same ones at every evaluation and any
 // world size); each rank evaluates its rows and the means are averaged over ranks.
-double evaluate(nn::Module& model, const apps::TextData& data, const TrainOptions& o, const Ranks& ranks) {
+double evaluate(nn::Module& model, const apps::TextData& data, const TrainOptions& o, const Ranks& ranks,
+                Device device) {
   NoGradGuard no_grad;
   model.eval();
   const int64_t lo = o.batch_size * ranks.rank / ranks.world, hi = o.batch_size * (ranks.rank + 1) / ranks.world;
   double total = 0;
   for (int64_t i = 0; i < o.eval_iters; ++i) {
-    auto [x, y] = apps::text_batch(data.val, o.seed + kValSeedOffset, i, o.batch_size, o.model.ctx, lo, hi);
+    auto [x_host, y_host] = apps::text_batch(data.val, o.seed + kValSeedOffset, i, o.batch_size, o.model.ctx, lo, hi);
+    Tensor x = x_host.to(device), y = y_host.to(device);
     Tensor logits = model(x);
     total += cross_entropy(logits.view({-1, o.model.vocab_size}), y.view({-1})).item();
   }
@@ -143,7 +148,9 @@ int train(TrainOptions o, const Ranks& ranks) {
   std::string resume_from;  // the checkpoint directory --resume resolves to
   std::optional<apps::MetricsWriter> metrics;
   o.model.tie_weights = !o.untie;
+  Device device = kCPU;
   apps::on_every_rank(ranks, "transformer", [&] {
+    device = apps::parse_device(o.device, "transformer");  // first: a device that cannot work ends the run at once
     if (o.threads > 0) set_num_threads(o.threads);
     apps::check_config(o.model);
     WEFT_CHECK(o.lr > 0 && o.steps > 0 && o.batch_size > 0 && o.grad_accum > 0,
@@ -173,6 +180,7 @@ int train(TrainOptions o, const Ranks& ranks) {
     }
     manual_seed(o.seed);  // the same full model on every rank
     model = std::make_shared<apps::GPT>(o.model);
+    model->to(device);  // initialised on the host (the same values on every device), then moved
     apps::init_gpt(*model);
     metrics.emplace(ranks.lead() ? o.metrics : std::string());
   });
@@ -253,8 +261,10 @@ int train(TrainOptions o, const Ranks& ranks) {
     opt.zero_grad();
     double loss_sum = 0;
     for (int64_t micro = 0; micro < o.grad_accum; ++micro) {
-      auto [x, y] = apps::text_batch(data.train, o.seed, first_batch + (step - resumed_step) * o.grad_accum + micro,
-                                     o.batch_size, o.model.ctx, lo, hi);
+      auto [x_host, y_host] = apps::text_batch(data.train, o.seed,
+                                               first_batch + (step - resumed_step) * o.grad_accum + micro,
+                                               o.batch_size, o.model.ctx, lo, hi);
+      Tensor x = x_host.to(device), y = y_host.to(device);
       Tensor logits = (*model)(x);
       Tensor loss = cross_entropy(logits.view({-1, o.model.vocab_size}), y.view({-1}));
       loss_sum += loss.item();
@@ -281,7 +291,7 @@ int train(TrainOptions o, const Ranks& ranks) {
       window_tokens = 0;
     }
     if ((o.eval_every > 0 && step % o.eval_every == 0) || step == end) {
-      double val = evaluate(*model, data, o, ranks);
+      double val = evaluate(*model, data, o, ranks, device);
       metrics->write({{"split", std::string("val")}, {"step", step}, {"loss", val}});
       if (ranks.lead()) {
         std::printf("step %lld train_loss %.4f val_loss %.4f\n", (long long)step, loss_v, val);
@@ -323,6 +333,7 @@ int64_t draw(const Tensor& logits, const SampleOptions& o, Generator& g) {
 }
 
 int sample(const SampleOptions& o) {
+  const Device device = apps::parse_device(o.device, "transformer");
   if (o.threads > 0) set_num_threads(o.threads);
   WEFT_CHECK(o.tokens >= 0, "transformer: --tokens must be non-negative");
   // A checkpoint directory, or one file (weft-checkpoint consolidate's, or any with the same
@@ -341,6 +352,7 @@ int sample(const SampleOptions& o) {
     fsdp::load_checkpoint(where, *model_ptr, nullptr, nullptr, {.restore_rng = false});
   }
   apps::GPT& model = *model_ptr;
+  model.to(device);
   const apps::GPTConfig& cfg = model.cfg;
   model.eval();
   NoGradGuard no_grad;
@@ -354,8 +366,8 @@ int sample(const SampleOptions& o) {
     const int64_t t = std::min<int64_t>(int64_t(ids.size()), cfg.ctx);
     Tensor x = empty({1, t}, {.dtype = kInt64});
     std::copy(ids.end() - t, ids.end(), x.data<int64_t>());
-    Tensor logits = model(x);  // [1, t, vocab]
-    int64_t next = draw(logits.select(0, 0).select(0, t - 1), o, g);
+    Tensor logits = model(x.to(device));  // [1, t, vocab]
+    int64_t next = draw(logits.select(0, 0).select(0, t - 1).to(kCPU), o, g);
     ids.push_back(next);
     std::fputc(int(next), stdout);
   }
@@ -406,6 +418,8 @@ int main(int argc, char** argv) {
   tr->add_option("--keep-last", t.keep_last, "keep only the K newest checkpoints in --checkpoint-dir (0: all)")
       ->check(CLI::NonNegativeNumber)->capture_default_str();
   tr->add_option("--resume", t.resume, "continue from the latest checkpoint in DIR (written at any number of ranks)");
+  tr->add_option("--device", t.device, "cpu, cuda (this rank's GPU) or cuda:N: where the model and batches live")
+      ->capture_default_str();
   tr->add_flag("--fsdp", t.fsdp, "shard over the ranks of mpirun: fully_shard per block, then the root");
   tr->add_option("--reshard-after-forward", t.reshard_after_forward,
                  "under --fsdp: free each block's gathered parameters after forward (true), keep them for "
@@ -428,6 +442,7 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber)->capture_default_str();
   sa->add_option("--seed", s.seed, "seed for drawing")->capture_default_str();
   sa->add_option("--threads", s.threads, "CPU threads")->check(CLI::NonNegativeNumber);
+  sa->add_option("--device", s.device, "cpu, cuda or cuda:N: where the model runs")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   Ranks ranks;

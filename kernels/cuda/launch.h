@@ -69,4 +69,27 @@ void launch_arg_reduce(bool is_max, const void* x, DType dtype, void* values, in
 void launch_embedding(const void* weight, DType dtype, const void* index, DType index_dtype, int64_t n,
                       int64_t dim, void* out, cudaStream_t stream);
 
+// ---- the other index ops (indexing_backward.cu). Indices are i64 or i32 and already
+// range-checked by the host. Accumulations are atomic adds: the order of the adds into one
+// element varies, so float sums may differ in the last bits between runs. Their output dtype
+// is the source's, or f32 for a bf16/f16 source (the host converts the f32 result back);
+// + means wrap-around for integers and logical or for bool, as on the CPU.
+// out[o, j, k] = x[o, index[j], k] for contiguous x [outer, mid, inner], index [len] and
+// out [outer, len, inner].
+void launch_index_select(const void* x, DType dtype, int64_t outer, int64_t mid, int64_t inner, const void* index,
+                         DType index_dtype, int64_t len, void* out, cudaStream_t stream);
+// out[o, index[j], k] += src[o, j, k] for contiguous out [outer, mid, inner], index [len] and
+// src [outer, len, inner]. embedding_backward is the case outer = 1.
+void launch_index_add(void* out, DType out_dtype, int64_t outer, int64_t mid, int64_t inner, const void* index,
+                      DType index_dtype, int64_t len, const void* src, DType src_dtype, cudaStream_t stream);
+// For every position c of index (contiguous, shape g: g.sizes[0..g.ndim) are index's dims,
+// unmerged; g.numel its size): out[c] = x[c with c[dim] = index[c]], out contiguous of index's
+// shape, x any strides (x.strides per index dim).
+void launch_gather(const Geometry& g, int dim, const Operand& x, const void* index, DType index_dtype, void* out,
+                   cudaStream_t stream);
+// For every position c of index (as in launch_gather): out[c with c[dim] = index[c]] += src[c],
+// out and src any strides (per index dim).
+void launch_scatter_add(const Geometry& g, int dim, const Operand& out, const void* index, DType index_dtype,
+                        const Operand& src, cudaStream_t stream);
+
 }  // namespace weft::kernels::cuda

@@ -153,4 +153,86 @@ void embedding(const Tensor& weight, const Tensor& indices, const Tensor& out) {
                    weight.size(1), out.data_ptr(), stream_of(out));
 }
 
+namespace {
+
+// [outer, size(dim), inner] around dim, as kernels/cpu/indexing.cpp splits contiguous shapes.
+void split3(const Shape& shape, int64_t dim, int64_t& outer, int64_t& mid, int64_t& inner) {
+  outer = mid = inner = 1;
+  for (int64_t d = 0; d < int64_t(shape.size()); ++d) (d < dim ? outer : d == dim ? mid : inner) *= shape[size_t(d)];
+}
+
+// The kernels' view of index's positions: its dims as they are (dim must stay addressable, so
+// nothing is merged), and `t`'s strides per dim (t has index's number of dims).
+Geometry index_geometry(const char* op, const Tensor& index) {
+  WEFT_CHECK(index.dim() <= kMaxDims, "{}: the CUDA kernel indexes at most {} dims, got index {}", op, kMaxDims,
+             tensor_desc(index));
+  Geometry g;
+  g.numel = index.numel();
+  g.ndim = int(index.dim());
+  for (int d = 0; d < g.ndim; ++d) g.sizes[d] = index.size(d);
+  return g;
+}
+Operand strided_operand(const Tensor& t, int ndim) {
+  Operand o;
+  o.data = t.data_ptr();
+  o.dtype = t.dtype();
+  for (int d = 0; d < ndim; ++d) o.strides[d] = t.stride(d);
+  return o;
+}
+
+// 16-bit floats accumulate in an f32 temporary (atomics on 16-bit values would round at every
+// add); the others accumulate in place.
+bool accumulates_in_f32(const Tensor& out) { return out.dtype() == DType::bf16 || out.dtype() == DType::f16; }
+
+}  // namespace
+
+void embedding_backward(const Tensor& grad, const Tensor& indices, const Tensor& out) {
+  // The caller passes grad already in out's (f32 or f64) dtype: a row-wise index_add.
+  if (grad.numel() == 0) return;
+  DeviceGuard guard(out.device().index);
+  Tensor g = grad.contiguous();
+  launch_index_add(out.data_ptr(), out.dtype(), 1, out.size(0), out.size(1), indices.data_ptr(), indices.dtype(),
+                   indices.numel(), g.data_ptr(), g.dtype(), stream_of(out));
+}
+
+void index_select(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& out) {
+  if (out.numel() == 0) return;
+  DeviceGuard guard(out.device().index);
+  int64_t outer, mid, inner;
+  split3(x.shape(), dim, outer, mid, inner);
+  launch_index_select(x.data_ptr(), x.dtype(), outer, mid, inner, index.data_ptr(), index.dtype(), index.numel(),
+                      out.data_ptr(), stream_of(out));
+}
+
+void index_add(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) {
+  if (src.numel() == 0) return;
+  DeviceGuard guard(out.device().index);
+  int64_t outer, mid, inner;
+  split3(out.shape(), dim, outer, mid, inner);
+  const bool f32 = accumulates_in_f32(out);
+  Tensor acc = f32 ? out.to(DType::f32) : out;
+  launch_index_add(acc.data_ptr(), acc.dtype(), outer, mid, inner, index.data_ptr(), index.dtype(), index.numel(),
+                   src.data_ptr(), src.dtype(), stream_of(out));
+  if (f32) copy(out, acc);
+}
+
+void gather(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& out) {
+  if (out.numel() == 0) return;
+  DeviceGuard guard(out.device().index);
+  Geometry g = index_geometry("gather", index);
+  launch_gather(g, int(dim), strided_operand(x, g.ndim), index.data_ptr(), index.dtype(), out.data_ptr(),
+                stream_of(out));
+}
+
+void scatter_add(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) {
+  if (index.numel() == 0) return;
+  DeviceGuard guard(out.device().index);
+  Geometry g = index_geometry("scatter_add", index);
+  const bool f32 = accumulates_in_f32(out);
+  Tensor acc = f32 ? out.to(DType::f32) : out;
+  launch_scatter_add(g, int(dim), strided_operand(acc, g.ndim), index.data_ptr(), index.dtype(),
+                     strided_operand(src, g.ndim), stream_of(out));
+  if (f32) copy(out, acc);
+}
+
 }  // namespace weft::kernels::cuda

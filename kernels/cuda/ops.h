@@ -52,6 +52,15 @@ void cat(const std::vector<Tensor>& xs, int64_t dim, const Tensor& out);
 // host, so it waits for the stream.
 void check_index_range(const Tensor& index, int64_t size, const char* op, const std::string& what);
 void embedding(const Tensor& weight, const Tensor& indices, const Tensor& out);
+// The rest take kernels/cpu/nn.h's arguments (indices contiguous and range-checked by the
+// caller). The accumulating ones (embedding_backward, index_add, scatter_add) add atomically,
+// so float results may differ in the last bits between runs; 16-bit outputs accumulate in an
+// f32 temporary converted at the end.
+void embedding_backward(const Tensor& grad, const Tensor& indices, const Tensor& out);
+void index_select(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& out);
+void index_add(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src);
+void gather(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& out);
+void scatter_add(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src);
 
 // ---- copies (copy.cpp): registered with core, behind copy_/to/clone/contiguous/fill_ for
 // any pair where one side is CUDA. See copy.cpp for when it is asynchronous.

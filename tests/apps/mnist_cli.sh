@@ -14,6 +14,14 @@ if "$exe" --model rnn 2>"$tmp/err"; then fail "--model rnn accepted"; fi
 grep -q "rnn" "$tmp/err" || fail "bad --model not named: $(cat "$tmp/err")"
 if "$exe" --data "$tmp/nowhere" --steps 1 2>"$tmp/err"; then fail "missing data accepted"; fi
 grep -q "dataset-fashion-mnist" "$tmp/err" || fail "missing data does not name the package: $(cat "$tmp/err")"
+# --device: an unknown name is refused; cuda trains where a GPU is visible and is otherwise a
+# clear error naming why (this holds on machines without a GPU and on builds without CUDA).
+if "$exe" --device tpu --steps 1 2>"$tmp/err"; then fail "--device tpu accepted"; fi
+grep -q "expected cpu, cuda or cuda:N" "$tmp/err" || fail "bad --device not explained: $(cat "$tmp/err")"
+if ! "$exe" --device cuda --steps 1 >/dev/null 2>"$tmp/err"; then
+  grep -Eq -- "--device cuda: (no CUDA device is visible|weft was built without CUDA)" "$tmp/err" ||
+    fail "--device cuda failed without naming the problem: $(cat "$tmp/err")"
+fi
 
 common=(--seed 3 --batch-size 64 --threads 1)
 "$exe" "${common[@]}" --steps 30 --log-every 10 --metrics "$tmp/a.jsonl" >/dev/null 2>&1

@@ -23,6 +23,19 @@ if "$exe" train --data "$tmp/nowhere" --steps 1 2>"$tmp/err"; then fail "missing
 grep -q "nowhere" "$tmp/err" && grep -q "fortunes" "$tmp/err" || fail "missing data not explained: $(cat "$tmp/err")"
 if "$exe" sample --checkpoint "$tmp/nowhere" 2>"$tmp/err"; then fail "missing checkpoint accepted"; fi
 grep -q "no checkpoint" "$tmp/err" || fail "missing checkpoint not explained: $(cat "$tmp/err")"
+# --device cuda without a usable GPU (no CUDA build, no visible device): a clear error naming
+# why, for train and sample alike, before any data or checkpoint is read. Where a GPU is
+# visible the checks do not apply (the device is accepted and the runs go on).
+if "$exe" train --device cuda --data "$tmp/nowhere" --steps 1 2>"$tmp/err"; then fail "train on $tmp/nowhere passed"; fi
+if ! grep -q "nowhere" "$tmp/err"; then
+  grep -Eq -- "--device cuda: (no CUDA device is visible|weft was built without CUDA)" "$tmp/err" ||
+    fail "train --device cuda failed without naming the problem: $(cat "$tmp/err")"
+  if "$exe" sample --device cuda --checkpoint "$tmp/nowhere" 2>"$tmp/err"; then fail "sample --device cuda passed"; fi
+  grep -Eq -- "--device cuda: (no CUDA device is visible|weft was built without CUDA)" "$tmp/err" ||
+    fail "sample --device cuda failed without naming the problem: $(cat "$tmp/err")"
+fi
+if "$exe" train --device cuda:x --steps 1 2>"$tmp/err"; then fail "--device cuda:x accepted"; fi
+grep -q "expected cpu, cuda or cuda:N" "$tmp/err" || fail "bad --device not explained: $(cat "$tmp/err")"
 
 cfg=(--n-layer 2 --n-head 2 --d-model 32 --ctx 32 --batch-size 8 --steps 30 --warmup 3 --lr 3e-3 --seed 0
      --threads 1 --eval-every 0 --eval-iters 4)
