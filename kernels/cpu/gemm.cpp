@@ -47,27 +47,6 @@ void gemm_eigen(int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const 
   }
 }
 
-// Rows of a [..., m, k] seen as one row-major [M, k] matrix, when the strides allow it
-// (contiguous batches, or rows sliced out of a wider matrix like a fused qkv projection).
-std::optional<MatLayout> fold_rows(const Tensor& a) {
-  int64_t k = a.size(-1), rows = a.numel() / std::max<int64_t>(k, 1);
-  if (k > 1 && a.stride(-1) != 1) return std::nullopt;
-  int64_t row_stride = -1, expected = 0;
-  for (int64_t d = a.dim() - 2; d >= 0; --d) {
-    if (a.size(d) == 1) continue;
-    if (row_stride < 0) {
-      row_stride = a.stride(d);
-      expected = row_stride * a.size(d);
-    } else if (a.stride(d) != expected) {
-      return std::nullopt;
-    } else {
-      expected *= a.size(d);
-    }
-  }
-  if (rows <= 1) return row_major(std::max<int64_t>(k, 1));
-  if (row_stride < k) return std::nullopt;  // broadcast (stride 0) or overlapping rows
-  return row_major(row_stride);
-}
 
 // Per-matrix element offsets of `t` ([..., r, c]) for each index of `batch` (broadcasting).
 std::vector<int64_t> batch_offsets(const Tensor& t, const Shape& batch) {
@@ -130,6 +109,26 @@ void matmul_typed(const Tensor& a, const Tensor& b, const Tensor& out) {
 bool is_16bit(DType t) { return t == DType::bf16 || t == DType::f16; }
 
 }  // namespace
+
+std::optional<MatLayout> fold_rows(const Tensor& a) {
+  int64_t k = a.size(-1), rows = a.numel() / std::max<int64_t>(k, 1);
+  if (k > 1 && a.stride(-1) != 1) return std::nullopt;
+  int64_t row_stride = -1, expected = 0;
+  for (int64_t d = a.dim() - 2; d >= 0; --d) {
+    if (a.size(d) == 1) continue;
+    if (row_stride < 0) {
+      row_stride = a.stride(d);
+      expected = row_stride * a.size(d);
+    } else if (a.stride(d) != expected) {
+      return std::nullopt;
+    } else {
+      expected *= a.size(d);
+    }
+  }
+  if (rows <= 1) return row_major(std::max<int64_t>(k, 1));
+  if (row_stride < k) return std::nullopt;  // broadcast (stride 0) or overlapping rows
+  return row_major(row_stride);
+}
 
 MatLayout mat_layout(int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride) {
   if (rows <= 1 && cols <= 1) return row_major(1);

@@ -2,6 +2,7 @@
 // their memory layout so that transposed and sliced views reach Eigen without a copy.
 #pragma once
 #include <cstdint>
+#include <optional>
 
 #include "core/tensor.h"
 
@@ -19,6 +20,10 @@ inline MatLayout mat_layout(const Tensor& m) {
 }
 inline MatLayout row_major(int64_t ld) { return {true, true, ld}; }
 inline MatLayout col_major(int64_t ld) { return {true, false, ld}; }
+// Rows of a [..., m, k] seen as one row-major [M, k] matrix, when the strides allow it
+// (contiguous batches, or rows sliced out of a wider matrix like a fused qkv projection);
+// nullopt for broadcast or overlapping rows. Device-independent: the CUDA GEMM uses it too.
+std::optional<MatLayout> fold_rows(const Tensor& a);
 
 // c[m, n] (row-major, leading dim ldc) = alpha * a[m, k] b[k, n] + beta * c; T is float or
 // double. beta == 0 never reads c. Large products are split over the OpenMP threads unless

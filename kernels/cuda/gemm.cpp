@@ -120,27 +120,6 @@ std::optional<int64_t> batch_stride(const Tensor& t, const Shape& batch) {
   return stride.value_or(0);
 }
 
-// Rows of a [..., m, k] as one row-major [rows, k] matrix when its strides allow it (the
-// input of a Linear layer, or rows sliced out of a wider matrix).
-std::optional<MatLayout> fold_rows(const Tensor& a) {
-  int64_t k = a.size(-1), rows = a.numel() / std::max<int64_t>(k, 1);
-  if (k > 1 && a.stride(-1) != 1) return std::nullopt;
-  int64_t row_stride = -1, expected = 0;
-  for (int64_t d = a.dim() - 2; d >= 0; --d) {
-    if (a.size(d) == 1) continue;
-    if (row_stride < 0) {
-      row_stride = a.stride(d);
-      expected = row_stride * a.size(d);
-    } else if (a.stride(d) != expected) {
-      return std::nullopt;
-    } else {
-      expected *= a.size(d);
-    }
-  }
-  if (rows <= 1) return cpu::row_major(std::max<int64_t>(k, 1));
-  if (row_stride < k) return std::nullopt;  // broadcast (stride 0) or overlapping rows
-  return cpu::row_major(row_stride);
-}
 
 }  // namespace
 
@@ -239,7 +218,7 @@ void matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
   // b shared by every batch entry and a's rows folding into one matrix (a Linear layer on
   // [..., k] inputs): one GEMM over all rows.
   if (nb > 1 && sb && *sb == 0 && a.numel() == nb * m * k) {
-    if (auto rows = fold_rows(a)) {
+    if (auto rows = cpu::fold_rows(a)) {
       gemm_raw(out.dtype(), nb * m, n, k, {a.data_ptr(), *rows, 0}, {B.data_ptr(), cpu::mat_layout(B), 0},
                out.data_ptr(), n, 0, 1, 1.0, 0.0, dev);
       return;
