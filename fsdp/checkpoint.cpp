@@ -65,22 +65,24 @@ Scope scope_of(const FSDPModule* root) {
 Tensor all_gather(const Scope& s, const Tensor& mine) {
   const int64_t n = mine.numel();
   if (!s.shard_group) return mine.view({1, n}).clone();
-  Tensor rows = empty({s.num_shards, n}, {.dtype = kInt64});
-  s.shard_group->all_gather_into_tensor(rows.view({-1}), mine)->wait();
-  if (!s.replicate_group) return rows;
-  Tensor all = empty({s.world(), n}, {.dtype = kInt64});
+  // On the groups' device (NCCL groups take CUDA tensors only), back on the CPU at the end.
+  const Device dev = s.shard_group->device();
+  Tensor rows = empty({s.num_shards, n}, {.dtype = kInt64, .device = dev});
+  s.shard_group->all_gather_into_tensor(rows.view({-1}), mine.to(dev))->wait();
+  if (!s.replicate_group) return rows.to(kCPU);
+  Tensor all = empty({s.world(), n}, {.dtype = kInt64, .device = dev});
   s.replicate_group->all_gather_into_tensor(all.view({-1}), rows.view({-1}))->wait();
-  return all;
+  return all.to(kCPU);
 }
 
 // Rethrows this rank's error, or, when another rank failed, throws here too: no rank goes on
 // to the next collective alone.
 void agree(const Scope& s, std::exception_ptr error, const std::string& what) {
   if (s.world() > 1) {
-    Tensor failed = from_vector({error ? 1.0 : 0.0}, {1}, {.dtype = kFloat64});
+    Tensor failed = from_vector({error ? 1.0 : 0.0}, {1}, {.dtype = kFloat64}).to(s.shard_group->device());
     s.shard_group->all_reduce(failed, dist::ReduceOp::max)->wait();
     if (s.replicate_group) s.replicate_group->all_reduce(failed, dist::ReduceOp::max)->wait();
-    if (!error && failed.item() > 0)
+    if (!error && failed.to(kCPU).item() > 0)
       WEFT_ERROR("checkpoint: {} failed on another rank (see its message); stopping here too", what);
   }
   if (error) std::rethrow_exception(error);

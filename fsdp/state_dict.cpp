@@ -71,8 +71,9 @@ nn::NamedTensorList full_optimizer_state_dict(const nn::Optimizer& opt, nn::Modu
     // shard never had a gradient. The all-reduce gives every rank the same verdict.
     auto group = root->state()->mesh->group(root->state()->mesh->ndim() - 1);
     double n = double(local.size()), fp = double(keys_fingerprint(local) >> 12);
-    Tensor v = from_vector({n, -n, fp, -fp}, {4}, {.dtype = kFloat64});
+    Tensor v = from_vector({n, -n, fp, -fp}, {4}, {.dtype = kFloat64}).to(group->device());
     group->all_reduce(v, dist::ReduceOp::max)->wait();
+    v = v.to(kCPU);
     const double* m = v.data<double>();
     WEFT_CHECK(m[0] == -m[1] && m[2] == -m[3], "fsdp: the ranks hold different optimizer states ({} to {} tensors, "
                "or different keys); cannot gather a full state dict", -m[1], m[0]);

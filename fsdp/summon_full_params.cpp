@@ -65,9 +65,10 @@ SummonFullParams::SummonFullParams(const FSDPModule& module, SummonOptions optio
   for (auto& s : states_) {
     if (!s->group) continue;
     FSDPParamGroup& g = *s->group;
-    const Tensor& flat = g.flat_shard();
-    Tensor recv =
-        empty({int64_t(g.shard_group()->size()), flat.numel()}, {.dtype = flat.dtype(), .device = flat.device()});
+    // On the group's device: an offloaded shard buffer sits in host memory, which NCCL cannot read.
+    const Device dev = g.shard_group()->device();
+    const Tensor flat = g.flat_shard().device() == dev ? g.flat_shard() : g.flat_shard().to(dev);
+    Tensor recv = empty({int64_t(g.shard_group()->size()), flat.numel()}, {.dtype = flat.dtype(), .device = dev});
     gathers.push_back({&g, recv, g.shard_group()->all_gather_into_tensor(recv.view({-1}), flat)});
   }
   const bool hold = !opts_.rank0_only || dist::rank() == 0;
