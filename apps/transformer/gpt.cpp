@@ -37,7 +37,9 @@ Tensor GPT::forward(const Tensor& idx) {
   WEFT_CHECK(idx.dim() == 2, "GPT: expected token ids [B, T], got {}", tensor_desc(idx));
   const int64_t T = idx.size(1);
   WEFT_CHECK(T <= cfg.ctx, "GPT: sequence of {} tokens is longer than the context {}", T, cfg.ctx);
-  Tensor pos = arange(0, double(T), 1, {.dtype = kInt64});
+  // Positions on the device of the token ids (where the model computes): an embedding needs
+  // its indices on its weight's device.
+  Tensor pos = arange(0, double(T), 1, {.dtype = kInt64, .device = idx.device()});
   Tensor x = (*wte)(idx) + (*wpe)(pos);  // [B, T, d] + [T, d]
   x = dropout(x, cfg.dropout, is_training());
   for (auto& block : blocks) x = (*block)(x);
