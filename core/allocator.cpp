@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <new>
 
+#include "core/device_runtime.h"
 #include "core/error.h"
 
 namespace weft {
@@ -90,14 +91,13 @@ Allocator& allocator_for(Device device) {
     static CpuAllocator cpu;  // never destroyed before static tensors that use it
     return cpu;
   }
+  // A backend in its own library registers its allocator when it is loaded.
+  if (g_lookups[int(device.type)] == nullptr && g_allocators[int(device.type)] == nullptr) {
+    WEFT_CHECK(load_backend(device.type), "{} requested, but {}", device.str(), backend_unavailable_reason(device.type));
+  }
   if (AllocatorLookup lookup = g_lookups[int(device.type)]) return lookup(device.index);
   Allocator* a = g_allocators[int(device.type)];
-  if (a == nullptr && device.is_cuda())
-    WEFT_ERROR("CUDA device {} requested ({}), but weft was built without CUDA (reconfigure with "
-               "-Dcuda=enabled where the CUDA toolkit, cuBLAS and NCCL are installed)", device.index,
-               device.str());
-  WEFT_CHECK(a != nullptr, "no allocator for device {}: weft was built without that backend",
-             device.str());
+  WEFT_CHECK(a != nullptr, "no allocator for device {}: its backend registered none", device.str());
   return *a;
 }
 

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/autograd_meta.h"
+#include "core/device_runtime.h"
 #include "core/dispatch.h"
 #include "core/grad_mode.h"
 #include "core/strided_iter.h"
@@ -53,8 +54,10 @@ void copy_elements(const Tensor& dst, const Tensor& src) {
     return;
   }
   Device other = dst.device().is_cpu() ? src.device() : dst.device();
+  if (g_device_copy[int(other.type)] == nullptr)
+    WEFT_CHECK(load_backend(other.type), "copy: {} requested, but {}", other.str(), backend_unavailable_reason(other.type));
   DeviceCopyFn fn = g_device_copy[int(other.type)];
-  WEFT_CHECK(fn != nullptr, "copy: no copy routine for device {} (backend not built)", other.str());
+  WEFT_CHECK(fn != nullptr, "copy: no copy routine for device {} (its backend registered none)", other.str());
   fn(dst, src);
 }
 

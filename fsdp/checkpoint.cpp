@@ -134,7 +134,7 @@ std::pair<int64_t, int64_t> chunk_of(const Shape& shape, int64_t dim, int s, int
 
 std::string placement_name(int64_t dim) { return dim < 0 ? "Replicate()" : fmt::format("Shard({})", dim); }
 
-Json index_json(const ShardedStateDict& sd, const Scope& sc, const TrainingState& state,
+Json index_json(const ShardedStateDict& sd, const Scope& sc, const CheckpointProgress& state,
                 const std::map<std::string, std::string>& aliases, const Tensor& records) {
   Json j = Json::object();
   j["format"] = "weft-checkpoint";
@@ -323,7 +323,7 @@ std::string latest_checkpoint(const std::string& path) {
 }
 
 std::string save_checkpoint(const std::string& dir, nn::Module& model, const nn::Optimizer* opt,
-                            const FSDPModule* root, const TrainingState& state, const SaveOptions& options) {
+                            const FSDPModule* root, const CheckpointProgress& state, const SaveOptions& options) {
   const Scope sc = scope_of(root);
   const fs::path final_dir = fs::path(dir) / step_dir_name(state.step);
   const fs::path tmp = fs::path(dir) / (".tmp-" + step_dir_name(state.step));
@@ -490,7 +490,7 @@ CheckpointIndex read_checkpoint_index(const std::string& path) {
   return ix;
 }
 
-TrainingState load_checkpoint(const std::string& path, nn::Module& model, nn::Optimizer* opt, const FSDPModule* root,
+CheckpointProgress load_checkpoint(const std::string& path, nn::Module& model, nn::Optimizer* opt, const FSDPModule* root,
                               const LoadOptions& options) {
   const Scope sc = scope_of(root);
   CheckpointIndex index;

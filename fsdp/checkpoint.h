@@ -22,7 +22,7 @@
 namespace weft::fsdp {
 
 // What a training loop restores besides the model, the optimizer and the RNG.
-struct TrainingState {
+struct CheckpointProgress {
   int64_t step = 0;  // optimizer steps taken (an LR schedule resumes from it)
   std::map<std::string, int64_t> data;        // data-loader position in the app's terms (e.g. epoch, batch)
   std::map<std::string, std::string> app;     // the app's description (format, model config); copied into
@@ -40,7 +40,7 @@ struct SaveOptions {
 // files); `root` null: an unsharded model written by this process alone. `opt` may be null.
 // A failure on any rank fails every rank and leaves the earlier checkpoints as they were.
 std::string save_checkpoint(const std::string& dir, nn::Module& model, const nn::Optimizer* opt,
-                            const FSDPModule* root, const TrainingState& state, const SaveOptions& options = {});
+                            const FSDPModule* root, const CheckpointProgress& state, const SaveOptions& options = {});
 
 // `path` itself when it is a checkpoint (holds index.json), else the complete step_* under it
 // with the highest step; empty when there is none.
@@ -58,7 +58,7 @@ struct LoadOptions {
 // everything before any tensor is written, and a failure on one rank fails all of them. Errors
 // name the file and the key (a missing or truncated file, a hash mismatch, a tensor the model
 // does not have or has in another shape).
-TrainingState load_checkpoint(const std::string& path, nn::Module& model, nn::Optimizer* opt, const FSDPModule* root,
+CheckpointProgress load_checkpoint(const std::string& path, nn::Module& model, nn::Optimizer* opt, const FSDPModule* root,
                               const LoadOptions& options = {});
 
 // ---- the index, for tools (one process, no model needed)
@@ -90,7 +90,7 @@ struct CheckpointIndex {
   std::vector<File> files;
   std::vector<Entry> tensors;  // model entries first, in state_dict order
   std::vector<Generator::State> rng;  // one per rank
-  TrainingState training;
+  CheckpointProgress training;
 
   const Entry* find(const std::string& key) const;  // null if absent
   std::string file_path(const std::string& file) const;  // dir / file

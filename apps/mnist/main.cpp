@@ -178,7 +178,7 @@ int run(const Options& o, const Ranks& ranks) {
     if (ranks.lead()) std::fprintf(stderr, "resumed from %s at step %lld\n", resume_from.c_str(), (long long)step);
   }
   auto save = [&] {
-    fsdp::TrainingState ts{.step = step,
+    fsdp::CheckpointProgress ts{.step = step,
                            .data = {{"epoch", step / steps_per_epoch}, {"batch", step % steps_per_epoch}},
                            .app = describe(o)};
     std::string where;

@@ -209,7 +209,7 @@ int train(TrainOptions o, const Ranks& ranks) {
   if (!resume_from.empty()) {
     // Model, optimizer and RNG from the shards of any world size; the schedule and the data
     // continue from the step and position saved with them.
-    fsdp::TrainingState ts;
+    fsdp::CheckpointProgress ts;
     apps::on_every_rank(ranks, "transformer", [&] {
       ts = fsdp::load_checkpoint(resume_from, *model, &opt, root ? &*root : nullptr);
     });
@@ -236,7 +236,7 @@ int train(TrainOptions o, const Ranks& ranks) {
   }
 
   auto write_checkpoint = [&] {
-    fsdp::TrainingState ts{.step = step,
+    fsdp::CheckpointProgress ts{.step = step,
                            .data = {{"batch", first_batch + (step - resumed_step) * o.grad_accum}},
                            .app = describe(o.model, o),
                            .aliases = head_alias(o.model)};

@@ -4,15 +4,20 @@
 // driver is first touched when a CUDA tensor is made, so CPU-only programs on a machine
 // without a GPU are unaffected.
 #include "core/copy.h"
+#include "core/device_runtime.h"
 #include "kernels/cuda/allocator.h"
 #include "kernels/cuda/ops.h"
 
 namespace weft::kernels::cuda {
+
+DeviceRuntime& device_runtime();  // kernels/cuda/device_runtime.cpp
+
 namespace {
 
 Allocator& lookup_allocator(int index) { return device_allocator(index); }
 
 const bool g_registered = [] {
+  register_device_runtime(DeviceType::cuda, &device_runtime());
   register_allocator_lookup(DeviceType::cuda, &lookup_allocator);
   register_device_copy(DeviceType::cuda, &copy);
   return true;
