@@ -14,7 +14,10 @@ void check_initialized(const char* what);
 
 // Groups over `comm` (taken over: freed by close()). Every rank of comm calls these together.
 ProcessGroupPtr new_mpi_group(MPI_Comm comm, std::string name);
-ProcessGroupPtr new_nccl_group(MPI_Comm comm, std::string name);  // throws where NCCL is not built
+// Device backends (NCCL, in libweft-cuda) register the group type for their device when their
+// library is loaded; new_group loads it on first use (core/device_runtime.h).
+using DeviceGroupFactory = ProcessGroupPtr (*)(MPI_Comm comm, std::string name);
+void register_device_group(DeviceType device, DeviceGroupFactory factory);
 // Picks the backend for the device and registers the group so finalize() can close it.
 ProcessGroupPtr new_group(DeviceType device, MPI_Comm comm, std::string name);
 
@@ -23,7 +26,6 @@ void start_comm_thread(int threads_on_host);  // 2 per rank on this host: caller
 void drain_comm_thread();  // returns once every queued collective has completed
 void stop_comm_thread();
 
-int nccl_device_count();  // 0 when not built or no usable GPU
 std::vector<int> world_ranks_of(MPI_Comm comm);
 // "[0, 1, 2, 3]", cut short for large groups
 std::string ranks_str(const std::vector<int>& ranks);

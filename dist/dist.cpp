@@ -2,6 +2,7 @@
 // environment, and the registry of live groups that finalize() closes.
 #include "dist/dist.h"
 
+#include "core/device_runtime.h"
 #include "core/trace.h"
 
 #include <atomic>
@@ -128,7 +129,21 @@ void set_collective_timeout(double seconds) {
 bool debug_mode() { return state().debug; }
 void set_debug_mode(bool on) { state().debug = on; }
 
-int cuda_device_count() { return detail::nccl_device_count(); }
+namespace {
+detail::DeviceGroupFactory g_group_factories[kNumDeviceTypes] = {};
+// The factory for a device type, loading its backend library the first time.
+detail::DeviceGroupFactory group_factory(DeviceType device) {
+  if (g_group_factories[int(device)] == nullptr) load_backend(device);
+  return g_group_factories[int(device)];
+}
+}  // namespace
+
+void detail::register_device_group(DeviceType device, DeviceGroupFactory factory) {
+  g_group_factories[int(device)] = factory;
+}
+
+bool nccl_available() { return group_factory(DeviceType::cuda) != nullptr; }
+int cuda_device_count() { return device_count(DeviceType::cuda); }
 
 void abort_job(const std::string& message, int exit_code) {
   // The waiting thread and the communication thread's watchdog may both see a timeout: the
@@ -154,8 +169,15 @@ void check_initialized(const char* what) {
 }
 
 ProcessGroupPtr new_group(DeviceType device, MPI_Comm comm, std::string name) {
-  ProcessGroupPtr g = device == DeviceType::cuda ? new_nccl_group(comm, std::move(name))
-                                                 : new_mpi_group(comm, std::move(name));
+  ProcessGroupPtr g;
+  if (device == DeviceType::cpu) {
+    g = new_mpi_group(comm, std::move(name));
+  } else if (DeviceGroupFactory factory = group_factory(device)) {
+    g = factory(comm, std::move(name));
+  } else {
+    MPI_Comm_free(&comm);
+    WEFT_ERROR("dist: group '{}' on CUDA needs the NCCL backend, but {}", name, backend_unavailable_reason(device));
+  }
   State& s = state();
   std::lock_guard lock(s.mu);
   std::erase_if(s.groups, [](auto& w) { return w.expired(); });

@@ -1,7 +1,8 @@
-// dist: the NCCL backend (CUDA tensors), built when weft finds CUDA. One NCCL communicator per
-// group, its unique id made on the group's rank 0 and sent over the group's MPI communicator.
-// Collectives run on the group's own stream after the work already queued on the caller's
-// current CUDA stream (where weft's kernels run, kernels/cuda/runtime.h); a CUDA event per
+// dist: the NCCL backend (CUDA tensors), part of the CUDA backend library (libweft-cuda), which
+// registers it with dist when loaded. One NCCL communicator per group, its unique id made on
+// the group's rank 0 and sent over the group's MPI communicator. Collectives run on the
+// group's own stream after the work already queued on the caller's current stream
+// (core/stream.h: where weft's kernels run); a CUDA event per
 // collective backs is_completed() and wait(), and wait() polls it so that it can time out.
 // NCCL reduces bf16/f16 natively.
 #include <cuda_runtime.h>
@@ -13,7 +14,8 @@
 #include "dist/backend.h"
 #include "dist/check.h"
 #include "dist/dist.h"
-#include "kernels/cuda/runtime.h"
+#include "core/device_runtime.h"
+#include "core/stream.h"
 
 namespace weft::dist::detail {
 
@@ -31,6 +33,10 @@ void throw_cuda_error(int code, const char* call, const char* file, int line) {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+cudaStream_t current_cuda_stream(int device) {
+  return static_cast<cudaStream_t>(current_stream(Device::cuda(device)).handle());
+}
 
 ncclDataType_t nccl_type(DType t) {
   switch (t) {
@@ -83,7 +89,7 @@ class NcclProcessGroup final : public ProcessGroup, public std::enable_shared_fr
  public:
   NcclProcessGroup(MPI_Comm comm, std::string name, int rank, int size)
       : ProcessGroup(std::move(name), rank, size, world_ranks_of(comm)), comm_(comm) {
-    device_ = local_rank() % nccl_device_count();
+    device_ = local_rank() % device_count(DeviceType::cuda);
     CUDA_CHECK(cudaSetDevice(device_));
     ncclUniqueId id{};
     if (rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
@@ -173,7 +179,7 @@ bool NcclWork::wait_on_current_stream() {
     throw Error(fmt::format("{}: NCCL reports {} ({})", info_.str(), ncclGetErrorString(async),
                             ncclGetLastError(group_->nccl())));
   int device = group_->device().index;
-  CUDA_CHECK(cudaStreamWaitEvent(kernels::cuda::current_stream(device).handle(), done_, 0));
+  CUDA_CHECK(cudaStreamWaitEvent(current_cuda_stream(device), done_, 0));
   return true;
 }
 
@@ -181,9 +187,9 @@ WorkPtr NcclProcessGroup::launch(Collective c) {
   const CollectiveInfo& i = c.info;
   CUDA_CHECK(cudaSetDevice(device_));
   if (debug_mode()) debug_check(comm_, world_ranks(), i);
-  // After the work queued so far on the caller's current stream (kernels/cuda/runtime.h;
-  // the legacy default stream unless a StreamGuard chose another).
-  CUDA_CHECK(cudaEventRecord(ready_, kernels::cuda::current_stream(device_).handle()));
+  // After the work queued so far on the caller's current stream (the legacy default stream
+  // unless a StreamGuard chose another).
+  CUDA_CHECK(cudaEventRecord(ready_, current_cuda_stream(device_)));
   CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
   void* in = c.in.defined() ? c.in.data_ptr() : nullptr;
   void* out = c.out.defined() ? c.out.data_ptr() : nullptr;
@@ -221,12 +227,11 @@ WorkPtr NcclProcessGroup::launch(Collective c) {
   return std::make_shared<NcclWork>(c.info, shared_from_this(), done, c.in, c.out);
 }
 
-}  // namespace
-
 ProcessGroupPtr new_nccl_group(MPI_Comm comm, std::string name) {
-  if (nccl_device_count() == 0) {
+  if (device_count(DeviceType::cuda) == 0) {
     MPI_Comm_free(&comm);
-    WEFT_ERROR("dist: group '{}' on CUDA: no usable CUDA device on this host (cudaGetDeviceCount finds none)", name);
+    WEFT_ERROR("dist: group '{}' on CUDA: no usable CUDA device on this host ({})", name,
+               device_unavailable_reason(DeviceType::cuda));
   }
   int rank = 0, size = 1;
   MPI_CHECK(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
@@ -235,17 +240,11 @@ ProcessGroupPtr new_nccl_group(MPI_Comm comm, std::string name) {
   return std::make_shared<NcclProcessGroup>(comm, std::move(name), rank, size);
 }
 
-int nccl_device_count() {
-  int count = 0;  // cudaGetDeviceCount leaves it unwritten when no driver is present
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    cudaGetLastError();  // clear the sticky error
-    return 0;
-  }
-  return count;
-}
+const bool g_registered = [] {
+  register_device_group(DeviceType::cuda, &new_nccl_group);
+  return true;
+}();
+
+}  // namespace
 
 }  // namespace weft::dist::detail
-
-namespace weft::dist {
-bool nccl_available() { return true; }
-}  // namespace weft::dist

@@ -12,9 +12,8 @@
 #include "weft.h"
 #include "fsdp_test_models.h"
 
-#if WEFT_WITH_NCCL
-#include "kernels/cuda/allocator.h"
-#include "kernels/cuda/runtime.h"
+#include "core/device_runtime.h"
+#include "core/stream.h"
 
 using namespace weft;
 using namespace weft::fsdp_test;
@@ -49,7 +48,7 @@ void run_cuda_parity(const fsdp::FullyShardOptions& opts, bool offload, int step
   for (auto& p : model->parameters()) {
     if (offload) {
       CHECK(p.device().is_cpu());
-      if (p.numel() > 0) CHECK(kernels::cuda::is_pinned(p.data_ptr()));
+      if (p.numel() > 0) CHECK(is_pinned(p.data_ptr(), gpu()));
     } else {
       CHECK(p.device() == dev);
     }
@@ -115,7 +114,7 @@ TEST_CASE("fsdp on cuda: collective counts and memory released after a step") {
     l.backward();
     CHECK(root.comm_stats().reduce_scatters - before.reduce_scatters == 3);
   }
-  kernels::cuda::synchronize();
+  synchronize(gpu());
   for (auto& p : m->parameters()) CHECK(p.device() == dev);
 }
 
@@ -131,6 +130,3 @@ TEST_CASE("fsdp on cuda: a mesh whose backend cannot take the module's tensors i
   CHECK_THROWS_WITH(fsdp::fully_shard(on_cpu->fc1, {.mesh = cuda_mesh}),
                     Contains("on cpu") && Contains("nccl backend") && Contains("move the module to"));
 }
-#else
-TEST_CASE("fsdp on cuda: not built") { SUCCEED("weft was built without NCCL"); }
-#endif

@@ -53,9 +53,8 @@
 #include "dist/dist.h"
 #include "fsdp/fsdp.h"
 #include "weft.h"
-#if WEFT_WITH_CUDA
-#include "kernels/cuda/runtime.h"
-#endif
+#include "core/device_runtime.h"
+#include "core/stream.h"
 
 using namespace weft;
 
@@ -78,29 +77,14 @@ struct Options {
 // reason to skip; a malformed name is left to parse_device's error.
 std::string unavailable(const std::string& device) {
   if (device != "cuda" && device.rfind("cuda:", 0) != 0) return "";
-#if WEFT_WITH_CUDA
-  if (kernels::cuda::device_count() == 0)
-    return "no CUDA device is visible (" + kernels::cuda::unavailable_reason() + ")";
-  return "";
-#else
-  return "weft was built without CUDA (reconfigure with meson setup -Dcuda=enabled on a machine with the CUDA "
-         "toolkit)";
-#endif
+  if (device_count(DeviceType::cuda) > 0) return "";
+  std::string why = device_unavailable_reason(DeviceType::cuda);
+  return backend_unavailable_reason(DeviceType::cuda).empty() ? "no CUDA device is visible (" + why + ")" : why;
 }
 
-// Waits for everything queued on the device, so that host clocks bracket the device's work.
-void synchronize(Device d) {
-#if WEFT_WITH_CUDA
-  if (d.is_cuda()) kernels::cuda::synchronize(d.index);
-#else
-  (void)d;
-#endif
-}
 
 std::string describe(Device d) {
-#if WEFT_WITH_CUDA
-  if (d.is_cuda()) return d.str() + ", " + kernels::cuda::device_description(d.index);
-#endif
+  if (d.is_cuda()) return d.str() + ", " + device_description(d);
   return fmt::format("{}, {} threads", d.str(), get_num_threads());
 }
 

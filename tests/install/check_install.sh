@@ -21,6 +21,11 @@ mkdir -p "$dest/pc"
 sed "s|^prefix=.*|prefix=$root|" "$pc" > "$dest/pc/weft.pc"
 export PKG_CONFIG_PATH="$dest/pc"
 flags=$(pkg-config --cflags --libs weft)
+# Consumers get weft's own include path and libraries only: no Eigen, MPI or CUDA paths.
+if grep -Eq 'eigen|openmpi|cuda' <<<"$flags"; then echo "weft.pc leaks private paths: $flags"; exit 1; fi
+for lib in core kernels autograd nn dist fsdp; do
+  ls "$root/$libdir/libweft-$lib.so.0" >/dev/null || { echo "libweft-$lib.so.0 (versioned soname) not installed"; exit 1; }
+done
 awk -v dir="$dest" '
   /^```cpp/ { n++; file = dir "/readme_" n ".cpp"; inblock = 1; next }
   /^```/ { inblock = 0; next }
@@ -29,8 +34,12 @@ count=0
 for src in "$dest"/readme_*.cpp; do
   grep -q '#include <weft/weft.h>' "$src" || continue
   exe="${src%.cpp}"
-  c++ -std=c++20 -O1 "$src" -o "$exe" $flags
-  (cd "$dest" && LD_LIBRARY_PATH="$root/$libdir" "$exe")
+  # As the README says: pkg-config, plus an rpath to the prefix's libdir.
+  c++ -std=c++20 -O1 "$src" -o "$exe" $flags -Wl,-rpath,"$(pkg-config --variable=libdir weft)"
+  if ldd "$exe" | grep -E 'libweft-cuda|libcudart|libcublas|libnccl'; then
+    echo "$exe (a CPU program) links a CUDA library (above)"; exit 1
+  fi
+  (cd "$dest" && "$exe")
   count=$((count + 1))
 done
 [ "$count" -ge 2 ] || { echo "expected at least 2 README examples, found $count"; exit 1; }

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Fails on an #include that points up the layer stack (docs/ARCHITECTURE.md), or from the
+# device-neutral layers into a device backend. The build refuses upward calls (each layer is
+# its own shared library linked with --no-undefined); this catches upward includes, which can
+# compile while calling nothing (types, inline code). Usage: check_layers.sh [SOURCE_ROOT]
+set -euo pipefail
+cd "${1:-$(dirname "$0")/..}"
+# What each layer may include besides itself.
+declare -A allowed=(
+  [core]=""
+  [kernels]="core"
+  [autograd]="core kernels"
+  [nn]="core kernels autograd"
+  [dist]="core"
+  [fsdp]="core kernels autograd nn dist"
+)
+bad=0
+for layer in core kernels autograd nn dist fsdp; do
+  ok=" $layer ${allowed[$layer]} "
+  while IFS=: read -r file line text; do
+    target=$(sed -E 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"([a-z_]+)\/.*/\1/' <<<"$text")
+    [[ "$text" =~ \"[a-z_]+/ ]] || continue
+    # The CUDA backend library holds kernels/cuda and dist/nccl_backend.cpp: only it includes
+    # kernels/cuda, and it may use every layer it links (core, kernels, dist).
+    if [[ "$file" == kernels/cuda/* || "$file" == dist/nccl_backend.cpp ]]; then
+      [[ " core kernels dist " == *" $target "* ]] && continue
+    elif [[ "$text" == *'"kernels/cuda/'* ]]; then
+      echo "$file:$line: includes the CUDA backend (${text}); only libweft-cuda (kernels/cuda, dist/nccl_backend.cpp) may"
+      bad=1
+      continue
+    fi
+    if [[ "$ok" != *" $target "* ]]; then
+      echo "$file:$line: $layer includes $target (${text}); $layer may include only: $layer ${allowed[$layer]}"
+      bad=1
+    fi
+  done < <(grep -rnE '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' "$layer" --include='*.h' --include='*.cpp' \
+             --include='*.cu' --include='*.cuh' || true)
+done
+# Programs reach CUDA through core/stream.h and core/device_runtime.h, never its internals.
+if grep -rnE '#[[:space:]]*include[[:space:]]*"kernels/cuda/' apps; then
+  echo "apps: the lines above include the CUDA backend's internal headers"
+  bad=1
+fi
+if [ "$bad" -ne 0 ]; then
+  echo "layering: upward includes found (see docs/ARCHITECTURE.md)"
+  exit 1
+fi
+echo "layering: every include points down (core < kernels < autograd < nn; core < dist; fsdp on top)"
