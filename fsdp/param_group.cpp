@@ -88,14 +88,16 @@ void FSDPParamGroup::start_unshard() {
 void FSDPParamGroup::finish_unshard() {
   if (state_ == State::unsharded) return;
   if (state_ == State::sharded || state_ == State::partial) start_unshard();
-  auto gathered = std::move(gather_);
-  wait_all_gather(*gathered);
+  // Dropped only once done: a wait that throws leaves the collective to complete later.
+  AllGatherResult& gathered = *gather_;
+  wait_all_gather(gathered);
   std::vector<int64_t> offsets = partial_offsets_;
   if (!gathering_partial_) {
     offsets.clear();
     for (auto& p : params_) offsets.push_back(p->storage_offset());
   }
-  all_gather_copy_out(*comm_, std::move(*gathered), params_, param_dtype_, offsets);
+  all_gather_copy_out(*comm_, std::move(gathered), params_, param_dtype_, offsets);
+  gather_.reset();
   partial_shard_ = Tensor();
   for (auto& p : params_) p->use_unsharded();
   state_ = State::unsharded;

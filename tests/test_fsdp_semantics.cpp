@@ -292,11 +292,11 @@ TEST_CASE("training states: the hooks move through checked transitions") {
   CHECK(s->training_state() == fsdp::TrainingState::idle);
   // Hooks registered after fully_shard's run after its own: they see the state it set.
   std::vector<fsdp::TrainingState> seen;
-  block->register_forward_pre_hook([&](nn::Module&, const TensorList&) -> std::optional<TensorList> {
+  block->register_forward_pre_hook([&](nn::Module&, const nn::TensorList&) -> std::optional<nn::TensorList> {
     seen.push_back(s->training_state());
     return std::nullopt;
   });
-  block->register_forward_hook([&](nn::Module&, const TensorList&, const TensorList& out) -> std::optional<TensorList> {
+  block->register_forward_hook([&](nn::Module&, const nn::TensorList&, const nn::TensorList& out) -> std::optional<nn::TensorList> {
     seen.push_back(s->training_state());
     out[0].register_hook([&](const Tensor&) {
       seen.push_back(s->training_state());
