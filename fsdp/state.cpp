@@ -1,8 +1,5 @@
 #include "fsdp/state.h"
 
-#include <map>
-#include <unordered_map>
-
 #include "autograd/engine.h"
 #include "autograd/function.h"
 #include "core/grad_mode.h"
