@@ -4,6 +4,7 @@
 // sharded over the "shard" group (neighbouring ranks, e.g. one host) and gradients averaged
 // over the "replicate" group.
 #pragma once
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -43,5 +44,11 @@ class DeviceMesh {
   std::vector<int> coord_;
   std::vector<ProcessGroupPtr> groups_;
 };
+
+// The shared mesh of `shape` over the world (empty: 1-D over all ranks) for `device`, e.g.
+// fully_shard's default mesh: every caller asking for the same device and shape gets the
+// same groups. Created on first use (a collective call on every rank); owned by dist's process
+// state and released by dist::finalize().
+std::shared_ptr<DeviceMesh> default_mesh(DeviceType device, const std::vector<int>& shape = {});
 
 }  // namespace weft::dist

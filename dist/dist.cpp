@@ -1,5 +1,5 @@
-// dist: process-wide state: MPI start-up and shutdown, the world groups, settings from the
-// environment, and the registry of live groups that finalize() closes.
+// dist: process-wide state: MPI start-up and shutdown, the world groups and default meshes,
+// settings from the environment, and the registry of live groups that finalize() closes.
 #include "dist/dist.h"
 
 #include "core/device_runtime.h"
@@ -11,11 +11,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <thread>
 
 #include "dist/backend.h"
 #include "dist/check.h"
+#include "dist/device_mesh.h"
 
 namespace weft::dist {
 namespace {
@@ -28,6 +30,7 @@ struct State {
   std::atomic<double> timeout{300.0};
   std::atomic<bool> debug{false};
   ProcessGroupPtr world[kNumDeviceTypes];
+  std::map<std::pair<DeviceType, std::vector<int>>, std::shared_ptr<DeviceMesh>> meshes;  // default_mesh()
   std::vector<std::weak_ptr<ProcessGroup>> groups;
 };
 
@@ -95,6 +98,7 @@ void finalize() {
   if (!s.initialized) return;
   detail::drain_comm_thread();
   for (auto& w : s.world) w.reset();
+  s.meshes.clear();
   for (auto& weak : s.groups)
     if (auto g = weak.lock(); g && !g->closed()) g->close();
   s.groups.clear();
@@ -119,6 +123,16 @@ ProcessGroupPtr world(DeviceType device) {
     g = detail::new_group(device, comm, "world");
   }
   return g;
+}
+
+std::shared_ptr<DeviceMesh> default_mesh(DeviceType device, const std::vector<int>& shape) {
+  detail::check_initialized("dist::default_mesh");
+  State& s = state();
+  std::lock_guard lock(s.mu);
+  std::vector<int> dims = shape.empty() ? std::vector<int>{s.size} : shape;
+  auto& mesh = s.meshes[{device, dims}];
+  if (!mesh || mesh->group(0)->closed()) mesh = std::make_shared<DeviceMesh>(device, dims);
+  return mesh;
 }
 
 double collective_timeout() { return state().timeout; }

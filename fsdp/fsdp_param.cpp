@@ -2,11 +2,9 @@
 
 #include "core/autograd_meta.h"
 #include "core/copy.h"
+#include "core/device_runtime.h"
 #include "core/grad_mode.h"
 #include "kernels/elementwise.h"
-#if WEFT_WITH_CUDA
-#include "kernels/cuda/allocator.h"
-#endif
 
 namespace weft::fsdp {
 
@@ -108,11 +106,8 @@ void FSDPParam::accumulate_sharded_grad(const Tensor& reduced_flat) {
   if (!current.defined()) {
     // A copy: `part` is a view of the reduce-scatter's buffer, which is released after this.
     Tensor g = part.to(sharded_.dtype()).contiguous();
-    bool copied = false;
-#if WEFT_WITH_CUDA
-    if (pin_grads_ && g.device().is_cpu()) g = kernels::cuda::pin_memory(g), copied = true;
-#endif
-    sharded_.set_grad(copied ? g : g.clone());
+    const bool pin = pin_grads_ && g.device().is_cpu();
+    sharded_.set_grad(pin ? pin_memory(g, pin_device_) : g.clone());
   } else {
     kernels::add_(current, part);
   }

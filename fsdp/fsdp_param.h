@@ -50,8 +50,9 @@ class FSDPParam {
   // Adds this rank's reduced chunk (flat [padded] slice of the reduce-scatter output) into the
   // sharded parameter's .grad.
   void accumulate_sharded_grad(const Tensor& reduced_flat);
-  // CPU offload of CUDA parameters: new sharded gradients go to pinned host memory.
-  void set_pin_grads(bool pin) { pin_grads_ = pin; }
+  // CPU offload of device parameters: new sharded gradients go to host memory pinned through
+  // `device`'s backend.
+  void set_pin_grads(bool pin, Device device) { pin_grads_ = pin, pin_device_ = device; }
   void free_unsharded();  // the parameter's memory; an accumulated gradient stays
   bool has_unsharded_grad() const;
   void clear_unsharded_grad();
@@ -72,6 +73,7 @@ class FSDPParam {
   int64_t padded_numel_ = 0, offset_ = 0;
   bool requires_grad_ = false;
   bool pin_grads_ = false;
+  Device pin_device_ = kCPU;
   Tensor padded_flat_, sharded_, unsharded_;
 };
 

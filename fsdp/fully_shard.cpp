@@ -4,12 +4,11 @@
 #include <unordered_set>
 
 #include "core/grad_mode.h"
+#include "dist/device_mesh.h"
 #include "dist/dist.h"
 #include "fsdp/state.h"
 
 namespace weft::fsdp {
-
-void register_state(const nn::Module& module, const std::shared_ptr<FSDPState>& s);  // state.cpp
 
 FSDPModule fully_shard(const nn::ModulePtr& module, const FullyShardOptions& opts) {
   WEFT_CHECK(module != nullptr, "fully_shard: module is null");
@@ -66,12 +65,9 @@ FSDPModule fully_shard(const nn::ModulePtr& module, const FullyShardOptions& opt
         break;
       }
   }
-  // One default world mesh per device type for every call, so all groups share a communicator.
-  static std::shared_ptr<dist::DeviceMesh> world_mesh[kNumDeviceTypes];
-  auto& default_mesh = world_mesh[int(device.type)];
-  if (!opts.mesh && (!default_mesh || default_mesh->group(0)->closed()))
-    default_mesh = std::make_shared<dist::DeviceMesh>(device.type);
-  auto mesh = opts.mesh ? opts.mesh : default_mesh;
+  // One default world mesh per device type for every call (owned by dist until
+  // dist::finalize), so all groups share a communicator.
+  auto mesh = opts.mesh ? opts.mesh : dist::default_mesh(device.type);
   WEFT_CHECK(mesh->ndim() == 1 || mesh->ndim() == 2, "fully_shard: the mesh must be 1-D or 2-D (replicate, shard), got {}",
              mesh->str());
   auto shard_group = mesh->group(mesh->ndim() - 1);
@@ -99,8 +95,9 @@ FSDPModule fully_shard(const nn::ModulePtr& module, const FullyShardOptions& opt
     group->originals = std::move(originals);
   }
   auto state = std::make_shared<FSDPState>(*module, opts, std::move(group), mesh);
-  register_state(*module, state);
-  // The module's hooks own the state; the state refers back to the module by reference.
+  // The module owns its state (its extension slot, and its hooks); the state refers back to the
+  // module by reference and dies with it.
+  module->set_extension(state);
   module->register_forward_pre_hook([state](nn::Module&, const TensorList& in) { return state->pre_forward(in); });
   module->register_forward_hook(
       [state](nn::Module&, const TensorList&, const TensorList& out) { return state->post_forward(out); });
@@ -113,11 +110,11 @@ std::optional<FSDPModule> fsdp_module(const nn::Module& module) {
   return FSDPModule(s);
 }
 
-nn::Module& FSDPModule::module() const { return state_->module; }
+nn::Module& FSDPModule::module() const { return state_->module(); }
 
 std::vector<FSDPState*> FSDPModule::subtree() const {
   std::vector<FSDPState*> out;
-  for (auto& [n, m] : state_->module.named_modules())
+  for (auto& [n, m] : state_->module().named_modules())
     if (auto s = state_of(*m)) out.push_back(s.get());
   return out;
 }
@@ -139,31 +136,29 @@ void FSDPModule::reshard() {
 }
 
 void FSDPModule::set_requires_gradient_sync(bool sync, bool recurse) {
-  for (FSDPState* s : recurse ? subtree() : std::vector<FSDPState*>{state_.get()}) s->requires_gradient_sync = sync;
+  for (FSDPState* s : recurse ? subtree() : std::vector<FSDPState*>{state_.get()}) s->requires_gradient_sync_ = sync;
 }
 void FSDPModule::set_reshard_after_backward(bool r, bool recurse) {
-  for (FSDPState* s : recurse ? subtree() : std::vector<FSDPState*>{state_.get()}) s->reshard_after_backward = r;
+  for (FSDPState* s : recurse ? subtree() : std::vector<FSDPState*>{state_.get()}) s->reshard_after_backward_ = r;
 }
 void FSDPModule::set_reshard_after_forward(bool r, bool recurse) {
-  for (FSDPState* s : recurse ? subtree() : std::vector<FSDPState*>{state_.get()}) s->reshard_after_forward = r;
+  for (FSDPState* s : recurse ? subtree() : std::vector<FSDPState*>{state_.get()}) s->reshard_after_forward_ = r;
 }
 void FSDPModule::set_modules_to_forward_prefetch(const std::vector<FSDPModule>& modules) {
-  state_->forward_prefetch.clear();
-  for (auto& m : modules) state_->forward_prefetch.push_back(m.state_);
-  state_->explicit_forward_prefetch = true;
+  auto& targets = state_->forward_prefetch_.emplace();
+  for (auto& m : modules) targets.push_back(m.state_);
 }
 void FSDPModule::set_modules_to_backward_prefetch(const std::vector<FSDPModule>& modules) {
-  state_->backward_prefetch.clear();
-  for (auto& m : modules) state_->backward_prefetch.push_back(m.state_);
-  state_->explicit_backward_prefetch = true;
+  auto& targets = state_->backward_prefetch_.emplace();
+  for (auto& m : modules) targets.push_back(m.state_);
 }
-void FSDPModule::set_is_last_backward(bool last) { state_->is_last_backward = last; }
+void FSDPModule::set_is_last_backward(bool last) { state_->is_last_backward_ = last; }
 void FSDPModule::set_reduce_scatter_divide_factor(double factor) {
   WEFT_CHECK(factor > 0, "set_reduce_scatter_divide_factor: factor must be positive, got {}", factor);
   for (FSDPState* s : subtree())
     if (s->group) s->group->reduce_scatter_divide_factor = factor;
 }
-void FSDPModule::set_unshard_in_backward(bool u) { state_->unshard_in_backward = u; }
+void FSDPModule::set_unshard_in_backward(bool u) { state_->unshard_in_backward_ = u; }
 void FSDPModule::set_requires_all_reduce(bool a, bool recurse) {
   for (FSDPState* s : recurse ? subtree() : std::vector<FSDPState*>{state_.get()})
     if (s->group) s->group->requires_all_reduce = a;
@@ -180,8 +175,8 @@ const FSDPParam* FSDPModule::lookup_param(const std::string& name) const {
       for (auto& p : s->group->params()) {
         // Names are recorded relative to the module fully_shard was called on.
         std::string prefix;
-        for (auto& [mn, m] : state_->module.named_modules())
-          if (m.get() == &s->module) prefix = mn.empty() ? "" : mn + ".";
+        for (auto& [mn, m] : state_->module().named_modules())
+          if (m.get() == &s->module()) prefix = mn.empty() ? "" : mn + ".";
         if (prefix + p->name() == name) return p.get();
       }
   return nullptr;

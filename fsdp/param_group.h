@@ -1,7 +1,10 @@
 // fsdp: a parameter group — the parameters one fully_shard call took over. Its shards live
 // in one flat buffer, so unsharding is one all-gather (straight from that buffer) followed by
 // copies out into each unsharded parameter, and gradient reduction is one reduce-scatter of
-// all the group's gradients packed into one buffer.
+// all the group's gradients packed into one buffer. This file holds the group's state and its
+// unshard / reshard / reduce logic; the collectives themselves (copy-in, all-gather, copy-out,
+// gradient packing, reduce-scatter, accumulate) are free functions in fsdp/collectives.h, issued
+// on the streams of the group's communication context (fsdp/comm_context.h).
 #pragma once
 #include <memory>
 #include <vector>
@@ -11,6 +14,10 @@
 #include "fsdp/options.h"
 
 namespace weft::fsdp {
+
+class CommContext;         // fsdp/comm_context.h
+struct AllGatherResult;     // fsdp/collectives.h
+struct ReduceScatterResult;
 
 struct CommStats {
   int64_t all_gathers = 0;
@@ -38,6 +45,10 @@ class FSDPParamGroup {
   // the flat shard buffer, the sharded gradients and the optimizer are on the host.
   Device compute_device() const { return compute_device_; }
   bool offloaded() const { return offload_; }
+  // The streams and held buffers of this group's collectives; the root's lazy init makes every
+  // group under it share the root's.
+  const std::shared_ptr<CommContext>& comm_context() const { return comm_; }
+  void set_comm_context(std::shared_ptr<CommContext> ctx);
 
   // partial: after a forward with reshard_after_forward = k, each rank keeps its 1/k chunk of
   // the full parameters, gathered again within its group of k ranks for backward.
@@ -76,19 +87,16 @@ class FSDPParamGroup {
   int64_t group_numel_ = 0;
   DType param_dtype_, reduce_dtype_;
   State state_ = State::sharded;
-  dist::WorkPtr gather_work_;
   // reshard_after_forward = k: the subgroup, this rank's chunks of it, and their offsets.
   dist::ProcessGroupPtr partial_group_;
   Tensor partial_shard_;
   std::vector<int64_t> partial_offsets_;
   bool gathering_partial_ = false;
-  uint64_t gather_started_us_ = 0, rs_started_us_ = 0;  // for traces
-  Tensor gather_send_, gather_recv_;
   Device compute_device_;
   bool offload_ = false;
-  struct PendingReduce;  // param_group.cpp
-  std::unique_ptr<PendingReduce> pending_rs_;
-  void finish_reduce_scatter_on_device(PendingReduce& pr);  // CUDA builds only
+  std::shared_ptr<CommContext> comm_;
+  std::unique_ptr<AllGatherResult> gather_;       // while gathering
+  std::unique_ptr<ReduceScatterResult> pending_rs_;  // between start and finish_reduce_scatter
 };
 
 }  // namespace weft::fsdp

@@ -1,24 +1,15 @@
 #include "fsdp/state.h"
 
-#include <map>
-#include <unordered_map>
-
 #include "autograd/engine.h"
 #include "autograd/function.h"
 #include "core/grad_mode.h"
 #include "core/trace.h"
-#if WEFT_WITH_CUDA
-#include "fsdp/device_sync.h"
-#endif
+#include "dist/device_mesh.h"
+#include "fsdp/comm_context.h"
 
 namespace weft::fsdp {
 
 namespace {
-
-std::unordered_map<const nn::Module*, std::weak_ptr<FSDPState>>& registry() {
-  static std::unordered_map<const nn::Module*, std::weak_ptr<FSDPState>> r;
-  return r;
-}
 
 // Identity on the module's inputs whose backward runs when the gradients of all of them are
 // complete, i.e. when the module's own backward has finished.
@@ -44,58 +35,77 @@ uint64_t fnv1a(const std::string& s) {
 
 }  // namespace
 
-std::shared_ptr<FSDPState> state_of(const nn::Module& module) {
-  auto it = registry().find(&module);
-  return it == registry().end() ? nullptr : it->second.lock();
+const char* training_state_name(TrainingState state) {
+  switch (state) {
+    case TrainingState::idle: return "IDLE";
+    case TrainingState::forward: return "FORWARD";
+    case TrainingState::pre_backward: return "PRE_BACKWARD";
+    case TrainingState::post_backward: return "POST_BACKWARD";
+  }
+  return "?";
 }
 
-void register_state(const nn::Module& module, const std::shared_ptr<FSDPState>& s) { registry()[&module] = s; }
+std::shared_ptr<FSDPState> state_of(const nn::Module& module) { return module.extension_as<FSDPState>(); }
 
 FSDPState::FSDPState(nn::Module& m, const FullyShardOptions& opts, std::unique_ptr<FSDPParamGroup> g,
                      std::shared_ptr<dist::DeviceMesh> mesh_)
-    : module(m), group(std::move(g)), mesh(std::move(mesh_)), mp(opts.mp_policy) {
+    : group(std::move(g)), mesh(std::move(mesh_)), module_(m), mp_(opts.mp_policy), path_(m.type_name()) {
   if (opts.reshard_after_forward) {
     if (const bool* b = std::get_if<bool>(&*opts.reshard_after_forward)) {
-      reshard_after_forward = *b;
+      reshard_after_forward_ = *b;
     } else {
       int k = std::get<int>(*opts.reshard_after_forward);
       int n = mesh->group(mesh->ndim() - 1)->size();
       WEFT_CHECK(mesh->ndim() == 1, "fully_shard: reshard_after_forward = {} needs a 1-D mesh, got {}", k, mesh->str());
       WEFT_CHECK(k >= 1 && k <= n && n % k == 0,
                  "fully_shard: reshard_after_forward = {} must divide the {} ranks of the mesh", k, n);
-      reshard_after_forward = true;
-      // Groups of k neighbouring ranks (one communicator per k for all modules); k == n is
-      // plain resharding.
-      static std::map<std::pair<DeviceType, int>, dist::ProcessGroupPtr> groups;
-      if (k < n) {
-        auto& g = groups[{mesh->device_type(), k}];
-        if (!g || g->closed()) g = dist::DeviceMesh(mesh->device_type(), {n / k, k}).group(1);
-        reshard_group = g;
-      }
+      reshard_after_forward_ = true;
+      // Groups of k neighbouring ranks (dist's shared mesh: one communicator per k for all
+      // modules); k == n is plain resharding.
+      if (k < n) reshard_group_ = dist::default_mesh(mesh->device_type(), {n / k, k})->group(1);
     }
   }
 }
 
 void FSDPState::lazy_init() {
-  is_root = true;
-  root = this;
-  // Every sharded module below this one becomes part of this root's step.
-  for (auto& [name, m] : module.named_modules()) {
+  is_root_ = true;
+  root_ = weak_from_this();
+  // Every sharded module below this one becomes part of this root's step, and its group issues
+  // its collectives through this root's communication context.
+  std::shared_ptr<CommContext> comm = group ? group->comm_context() : std::make_shared<CommContext>();
+  for (auto& [name, m] : module_.named_modules()) {
     auto s = state_of(*m);
     if (!s) continue;
     if (s.get() != this) {
-      WEFT_CHECK(!s->is_root.value_or(false) || s->forward_order.empty(),
+      WEFT_CHECK(!s->is_root_.value_or(false) || (s->recording_order_.empty() && !s->forward_order_),
                  "fsdp: module '{}' ran forward as a root before its parent's first forward; call the "
                  "outermost sharded module", name);
-      s->is_root = false;
-      s->root = this;
+      s->is_root_ = false;
+      s->root_ = weak_from_this();
     }
-    if (!s->reshard_after_forward) s->reshard_after_forward = s.get() != this;  // root keeps its params
-    s->path = name.empty() ? module.type_name() : name;
-    if (s->group) s->group->label = s->path;
-    states.push_back(s.get());
+    if (!s->reshard_after_forward_) s->reshard_after_forward_ = s.get() != this;  // root keeps its params
+    s->path_ = name.empty() ? module_.type_name() : name;
+    if (s->group) {
+      s->group->label = s->path_;
+      s->group->set_comm_context(comm);
+    }
+    states_.push_back(s.get());
   }
   validate_across_ranks();
+}
+
+void FSDPState::transition(TrainingState to, std::initializer_list<TrainingState> from, const char* hook) {
+  for (TrainingState f : from)
+    if (training_state_ == f) {
+      training_state_ = to;
+      return;
+    }
+  std::string allowed;
+  for (TrainingState f : from) allowed += (allowed.empty() ? "" : " or ") + std::string(training_state_name(f));
+  WEFT_ERROR("fsdp: {} of module '{}' cannot move its training state from {} to {} (only from {}); the module's "
+             "forward and backward hooks ran out of order (a forward or backward re-entered, or one interrupted "
+             "without the root's next forward to reset it)",
+             hook, path_, training_state_name(training_state_), training_state_name(to), allowed);
 }
 
 // Every rank must hold the same model: same parameter names, global shapes and dtypes in the
@@ -104,7 +114,7 @@ void FSDPState::lazy_init() {
 void FSDPState::validate_across_ranks() {
   auto pg = mesh->group(mesh->ndim() - 1);
   std::vector<std::string> descs;
-  for (FSDPState* s : states)
+  for (FSDPState* s : states_)
     if (s->group)
       for (auto& p : s->group->params())
         descs.push_back(fmt::format("{} {} {}", p->name(), shape_str(p->global_shape()), dtype_name(p->dtype())));
@@ -137,19 +147,20 @@ void FSDPState::validate_across_ranks() {
 }
 
 void FSDPState::reset_iteration() {
-  for (FSDPState* s : states) {
-    s->pre_backward_done = s->post_backward_done = false;
+  for (FSDPState* s : states_) {
+    s->training_state_ = TrainingState::idle;
     if (!s->group) continue;
     if (s->group->reduce_scatter_pending()) s->group->finish_reduce_scatter();
     // A forward or backward that threw midway can leave groups gathered: start clean.
     if (s->group->state() != FSDPParamGroup::State::sharded) s->group->reshard();
   }
-  callback_queued = false;
+  step_ = TrainingState::idle;
 }
 
 FSDPState* FSDPState::next_in_order(int direction) {
-  if (!root || !root->order_recorded) return nullptr;
-  auto& order = root->forward_order;
+  FSDPState* r = root();
+  if (!r || !r->forward_order_) return nullptr;
+  auto& order = *r->forward_order_;
   for (size_t i = 0; i < order.size(); ++i) {
     if (order[i] != this) continue;
     int64_t j = int64_t(i) + direction;
@@ -163,27 +174,30 @@ FSDPState* FSDPState::next_in_order(int direction) {
 }
 
 std::optional<TensorList> FSDPState::pre_forward(const TensorList& inputs) {
-  if (!is_root.has_value()) lazy_init();
-  forward_started_us = trace::enabled() ? trace::now_us() : 0;
-  if (*is_root) {
+  if (!is_root_.has_value()) lazy_init();
+  if (*is_root_) {
     reset_iteration();
-    if (!order_recorded) forward_order.clear();
+    if (!forward_order_) recording_order_.clear();
+    step_ = TrainingState::forward;
   }
-  if (root && !root->order_recorded) root->forward_order.push_back(this);
+  transition(TrainingState::forward, {TrainingState::idle}, "pre-forward");
+  forward_started_us_ = trace::enabled() ? trace::now_us() : 0;
+  FSDPState* r = root();
+  if (r && !r->forward_order_) r->recording_order_.push_back(this);
   if (group) {
     group->finish_unshard();
     // Prefetch: the next group's all-gather runs while this module computes.
-    if (explicit_forward_prefetch) {
-      for (auto& w : forward_prefetch)
+    if (forward_prefetch_) {
+      for (auto& w : *forward_prefetch_)
         if (auto s = w.lock(); s && s->group) s->group->start_unshard();
     } else if (FSDPState* next = next_in_order(+1)) {
       next->group->start_unshard();
     }
   }
   TensorList out = inputs;
-  if (mp.param_dtype && mp.cast_forward_inputs)
+  if (mp_.param_dtype && mp_.cast_forward_inputs)
     for (Tensor& t : out)
-      if (t.defined() && is_floating(t.dtype()) && t.dtype() != *mp.param_dtype) t = t.to(*mp.param_dtype);
+      if (t.defined() && is_floating(t.dtype()) && t.dtype() != *mp_.param_dtype) t = t.to(*mp_.param_dtype);
   // Hook the inputs that need gradients so this module's post-backward runs when they have them.
   TensorList need;
   std::vector<size_t> where;
@@ -201,19 +215,24 @@ std::optional<TensorList> FSDPState::pre_forward(const TensorList& inputs) {
 }
 
 std::optional<TensorList> FSDPState::post_forward(const TensorList& outputs) {
-  if (*is_root) root->order_recorded = true;  // the root's forward ends last
+  transition(TrainingState::idle, {TrainingState::forward}, "post-forward");
+  if (*is_root_) {  // the root's forward ends last: the order is recorded
+    if (!forward_order_) forward_order_ = std::move(recording_order_);
+    recording_order_.clear();
+    step_ = TrainingState::idle;
+  }
   bool grad = GradMode::is_enabled();
   // Without gradients no backward follows, so nothing needs to stay gathered.
-  if (group && (*reshard_after_forward || !grad)) {
-    if (grad && reshard_group) group->reshard_to_subgroup(reshard_group);
+  if (group && (*reshard_after_forward_ || !grad)) {
+    if (grad && reshard_group_) group->reshard_to_subgroup(reshard_group_);
     else group->reshard();
   }
-  if (forward_started_us)
-    trace::record("forward " + path, "fsdp", forward_started_us, trace::now_us() - forward_started_us);
+  if (forward_started_us_)
+    trace::record("forward " + path_, "fsdp", forward_started_us_, trace::now_us() - forward_started_us_);
   TensorList out = outputs;
-  if (mp.output_dtype)
+  if (mp_.output_dtype)
     for (Tensor& t : out)
-      if (t.defined() && is_floating(t.dtype()) && t.dtype() != *mp.output_dtype) t = t.to(*mp.output_dtype);
+      if (t.defined() && is_floating(t.dtype()) && t.dtype() != *mp_.output_dtype) t = t.to(*mp_.output_dtype);
   if (grad) {
     std::weak_ptr<FSDPState> self = weak_from_this();
     for (Tensor& t : out)
@@ -227,64 +246,64 @@ std::optional<TensorList> FSDPState::post_forward(const TensorList& outputs) {
 }
 
 void FSDPState::pre_backward() {
-  if (pre_backward_done) return;
-  pre_backward_done = true;
-  backward_started_us = trace::enabled() ? trace::now_us() : 0;
-  if (root && !root->callback_queued) {
-    root->callback_queued = true;
-    FSDPState* r = root;
+  // Once per backward: the hook is on every output of the module.
+  if (training_state_ == TrainingState::pre_backward || training_state_ == TrainingState::post_backward) return;
+  transition(TrainingState::pre_backward, {TrainingState::idle}, "pre-backward");
+  backward_started_us_ = trace::enabled() ? trace::now_us() : 0;
+  if (FSDPState* r = root(); r && r->step_ != TrainingState::pre_backward) {
+    r->step_ = TrainingState::pre_backward;
     autograd::Engine::queue_callback([r] { r->root_final_callback(); });
   }
-  if (!group || !unshard_in_backward) return;
+  if (!group || !unshard_in_backward_) return;
   group->finish_unshard();
-  if (explicit_backward_prefetch) {
-    for (auto& w : backward_prefetch)
+  if (backward_prefetch_) {
+    for (auto& w : *backward_prefetch_)
       if (auto s = w.lock(); s && s->group) s->group->start_unshard();
   } else if (FSDPState* prev = next_in_order(-1)) {
-    if (*prev->reshard_after_forward) prev->group->start_unshard();
+    if (*prev->reshard_after_forward_) prev->group->start_unshard();
   }
 }
 
 void FSDPState::post_backward() {
-  if (post_backward_done || !group) return;
-  post_backward_done = true;
-  if (backward_started_us)
-    trace::record("backward " + path, "fsdp", backward_started_us, trace::now_us() - backward_started_us);
-  if (requires_gradient_sync) {
+  // Once per backward: the identity Function fires it, or the root's end-of-backward callback.
+  if (!group || training_state_ == TrainingState::post_backward) return;
+  transition(TrainingState::post_backward, {TrainingState::idle, TrainingState::pre_backward}, "post-backward");
+  if (backward_started_us_)
+    trace::record("backward " + path_, "fsdp", backward_started_us_, trace::now_us() - backward_started_us_);
+  if (requires_gradient_sync_) {
     // At most one reduce-scatter in flight besides this one: finishing the previous group's
     // frees its send buffer before this group's is filled (the backward memory bound).
-    FSDPState* r = root ? root : this;
-    if (r->last_reduce_scatter && r->last_reduce_scatter != this && r->last_reduce_scatter->group)
-      r->last_reduce_scatter->group->finish_reduce_scatter();
+    FSDPState* r = root();
+    if (!r) r = this;
+    if (r->last_reduce_scatter_ && r->last_reduce_scatter_ != this && r->last_reduce_scatter_->group)
+      r->last_reduce_scatter_->group->finish_reduce_scatter();
     group->start_reduce_scatter();
-    r->last_reduce_scatter = this;
+    r->last_reduce_scatter_ = this;
   }
-  if (reshard_after_backward) group->reshard();
+  if (reshard_after_backward_) group->reshard();
 }
 
 void FSDPState::root_final_callback() {
   // Groups whose inputs needed no gradient (the root itself, a first layer fed raw data)
   // have not run their post-backward yet.
-  for (auto it = states.rbegin(); it != states.rend(); ++it) {
+  for (auto it = states_.rbegin(); it != states_.rend(); ++it) {
     FSDPState* s = *it;
-    if (!s->group || s->post_backward_done) continue;
+    if (!s->group || s->training_state_ == TrainingState::post_backward) continue;
     if (s->group->state() != FSDPParamGroup::State::sharded || s->group->has_unsharded_grads()) s->post_backward();
   }
   bool offloaded = false;
-  for (FSDPState* s : states) {
-    if (s->group && is_last_backward) s->group->finish_reduce_scatter();
+  for (FSDPState* s : states_) {
+    if (s->group && is_last_backward_) s->group->finish_reduce_scatter();
     if (s->group && s->group->offloaded()) offloaded = true;
-    s->pre_backward_done = s->post_backward_done = false;
+    s->training_state_ = TrainingState::idle;
   }
-#if WEFT_WITH_CUDA
   // With CPU offload the optimizer writes the pinned shards on the host next: every upload
   // from them (the all-gathers' copy-in) must have completed.
-  if (offloaded) detail::release_all();
-#else
-  (void)offloaded;
-#endif
-  last_reduce_scatter = nullptr;
-  callback_queued = false;
+  if (offloaded)
+    for (FSDPState* s : states_)
+      if (s->group) s->group->comm_context()->release_all();
+  last_reduce_scatter_ = nullptr;
+  step_ = TrainingState::idle;
 }
 
 }  // namespace weft::fsdp

@@ -1,12 +1,28 @@
-// fsdp: the per-module state behind fully_shard. It hooks the module's forward (pre: unshard
-// and prefetch the next group; post: reshard and arm the backward hooks), the gradients of
-// its outputs (pre-backward: unshard again and prefetch in reverse order) and of its inputs
-// (post-backward through an identity Function: reduce-scatter and reshard). The root state —
-// the outermost sharded module run in forward — also validates the model across ranks on the
-// first forward and, at the end of every backward, finishes what its descendants left.
+// fsdp: the per-module state behind fully_shard, attached to the module it shards (the
+// module's extension slot, nn::ModuleExtension) and destroyed with it. It hooks the module's
+// forward (pre: unshard and prefetch the next group; post: reshard and arm the backward hooks),
+// the gradients of its outputs (pre-backward: unshard again and prefetch in reverse order) and
+// of its inputs (post-backward through an identity Function: reduce-scatter and reshard). The
+// root state — the outermost sharded module run in forward — also validates the model across
+// ranks on the first forward and, at the end of every backward, finishes what its descendants
+// left.
+//
+// Progress is explicit, as FSDP2's TrainingState: each state is IDLE, FORWARD, PRE_BACKWARD or
+// POST_BACKWARD, and every hook moves it through a checked transition:
+//
+//   IDLE --pre_forward--> FORWARD --post_forward--> IDLE
+//   IDLE --pre_backward--> PRE_BACKWARD --post_backward--> POST_BACKWARD
+//   IDLE --post_backward--> POST_BACKWARD   (a module whose outputs got no gradient)
+//   any  --end of backward (root) / root's next forward--> IDLE
+//
+// A hook called in another state raises weft::Error naming the module, the current and the
+// requested state. Repeated backward hooks of one backward (a module whose outputs or inputs
+// are several tensors) are no-ops once the state has moved on.
 #pragma once
+#include <initializer_list>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "fsdp/param_group.h"
@@ -15,50 +31,76 @@ namespace weft::fsdp {
 
 using nn::TensorList;
 
-class FSDPState : public std::enable_shared_from_this<FSDPState> {
+class FSDPModule;
+
+enum class TrainingState { idle, forward, pre_backward, post_backward };
+// "IDLE", "FORWARD", "PRE_BACKWARD", "POST_BACKWARD" (FSDP2's names).
+const char* training_state_name(TrainingState state);
+
+class FSDPState : public nn::ModuleExtension, public std::enable_shared_from_this<FSDPState> {
  public:
   FSDPState(nn::Module& module, const FullyShardOptions& opts, std::unique_ptr<FSDPParamGroup> group,
             std::shared_ptr<dist::DeviceMesh> mesh);
 
-  nn::Module& module;
-  std::unique_ptr<FSDPParamGroup> group;  // null when the module had no unsharded parameters left
-  std::shared_ptr<dist::DeviceMesh> mesh;
-  MixedPrecisionPolicy mp;
-  std::optional<bool> reshard_after_forward;  // resolved at lazy init
-  dist::ProcessGroupPtr reshard_group;        // reshard_after_forward = k: the k ranks to keep 1/k for
-  bool requires_gradient_sync = true;
-  bool reshard_after_backward = true;
-  bool unshard_in_backward = true;
-  bool is_last_backward = true;
-  std::vector<std::weak_ptr<FSDPState>> forward_prefetch, backward_prefetch;  // explicit; empty: implicit
-  bool explicit_forward_prefetch = false, explicit_backward_prefetch = false;
+  // Read by FSDPModule, state dicts, checkpoints and clip_grad_norm_.
+  const std::unique_ptr<FSDPParamGroup> group;  // null when the module had no unsharded parameters left
+  const std::shared_ptr<dist::DeviceMesh> mesh;
 
-  // Root bookkeeping.
-  std::optional<bool> is_root;
-  FSDPState* root = nullptr;
-  std::vector<FSDPState*> states;         // root: every state under it, pre-order, itself first
-  std::vector<FSDPState*> forward_order;  // root: states in the order their forward ran
-  bool order_recorded = false;
+  nn::Module& module() const { return module_; }
+  TrainingState training_state() const { return training_state_; }
+  // The module's path under its root ("blocks.3"; the root's type name); its type name until
+  // the root's first forward.
+  const std::string& path() const { return path_; }
 
-  // Per iteration.
-  bool pre_backward_done = false;
-  bool post_backward_done = false;
-  uint64_t forward_started_us = 0, backward_started_us = 0;  // for traces
-  std::string path;  // the module's path under the root ("blocks.3"; the root's type name)
-  bool callback_queued = false;  // root: the end-of-backward callback of this backward is queued
-  FSDPState* last_reduce_scatter = nullptr;  // root: the group whose reduce-scatter was started last
-
+  // The hooks fully_shard installs.
   std::optional<TensorList> pre_forward(const TensorList& inputs);
   std::optional<TensorList> post_forward(const TensorList& outputs);
   void pre_backward();
   void post_backward();
-  void root_final_callback();  // root only
+  void root_final_callback();  // root only: the end of a backward
 
  private:
+  friend class FSDPModule;  // its setters write the settings below
+
   void lazy_init();
   void validate_across_ranks();
   void reset_iteration();  // root: recover from an interrupted step
+  FSDPState* root() const { return root_.lock().get(); }
   FSDPState* next_in_order(int direction);
+  // Moves to `to` if the state is one of `from`; else raises weft::Error naming the module, the
+  // current and the requested state and `hook`.
+  void transition(TrainingState to, std::initializer_list<TrainingState> from, const char* hook);
+
+  nn::Module& module_;
+  MixedPrecisionPolicy mp_;
+  TrainingState training_state_ = TrainingState::idle;
+  std::string path_;
+
+  // Settings (FSDPModule's setters).
+  std::optional<bool> reshard_after_forward_;  // resolved at lazy init
+  dist::ProcessGroupPtr reshard_group_;        // reshard_after_forward = k: the k ranks to keep 1/k for
+  bool requires_gradient_sync_ = true;
+  bool reshard_after_backward_ = true;
+  bool unshard_in_backward_ = true;
+  bool is_last_backward_ = true;
+  // Explicit prefetch targets; unset: the implicit order (the next or previous forward).
+  std::optional<std::vector<std::weak_ptr<FSDPState>>> forward_prefetch_, backward_prefetch_;
+
+  // Set by the root's lazy init.
+  std::optional<bool> is_root_;
+  std::weak_ptr<FSDPState> root_;
+
+  // Root only: the step every state under it takes part in (FSDP2's state context).
+  std::vector<FSDPState*> states_;  // every state under the root, pre-order, itself first
+  // The order forwards ran in: being recorded during the first forward, then fixed.
+  std::vector<FSDPState*> recording_order_;
+  std::optional<std::vector<FSDPState*>> forward_order_;
+  // The whole step: FORWARD while the root's forward runs, PRE_BACKWARD from the first
+  // pre-backward hook of a backward (the end-of-backward callback is queued) to its callback.
+  TrainingState step_ = TrainingState::idle;
+  FSDPState* last_reduce_scatter_ = nullptr;  // the group whose reduce-scatter was started last
+
+  uint64_t forward_started_us_ = 0, backward_started_us_ = 0;  // for traces
 };
 
 // The state fully_shard attached to a module, or null.

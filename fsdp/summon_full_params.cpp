@@ -91,11 +91,11 @@ SummonFullParams::SummonFullParams(const FSDPModule& module, SummonOptions optio
   for (auto& s : states_) {
     summoned().insert(s.get());
     // Registered after fully_shard's own hooks, so these run after its pre- and post-forward.
-    hooks_.push_back(s->module.register_forward_pre_hook([this](nn::Module& m, const TensorList&) {
+    hooks_.push_back(s->module().register_forward_pre_hook([this](nn::Module& m, const TensorList&) {
       before_forward(m);
       return std::optional<TensorList>();
     }));
-    hooks_.push_back(s->module.register_forward_hook([this](nn::Module& m, const TensorList&, const TensorList&) {
+    hooks_.push_back(s->module().register_forward_hook([this](nn::Module& m, const TensorList&, const TensorList&) {
       if (&m == forward_starter_) {  // the forward's post-hooks resharded: full tensors again
         forward_starter_ = nullptr;
         point_slots_at_full();

@@ -23,6 +23,14 @@ using autograd::TensorList;
 using NamedTensorList = std::vector<std::pair<std::string, Tensor>>;
 
 class Module;
+
+// An object a layer above nn attaches to a module (fsdp's per-module state): owned by the
+// module and destroyed with it, so nothing outside keys state by a module's address.
+class ModuleExtension {
+ public:
+  virtual ~ModuleExtension() = default;
+};
+
 using ModulePtr = std::shared_ptr<Module>;
 // May return replacement inputs (or nothing to keep them).
 using ForwardPreHook = std::function<std::optional<TensorList>(Module&, const TensorList& inputs)>;
@@ -102,6 +110,15 @@ class Module : public std::enable_shared_from_this<Module> {
   HookHandle register_forward_pre_hook(ForwardPreHook hook);
   HookHandle register_forward_hook(ForwardHook hook);
 
+  // ---- attached extension: one slot, set by fsdp's fully_shard. A typed read returns null
+  // when the slot is empty or holds another type.
+  void set_extension(std::shared_ptr<ModuleExtension> ext) { extension_ = std::move(ext); }
+  const std::shared_ptr<ModuleExtension>& extension() const { return extension_; }
+  template <class T>
+  std::shared_ptr<T> extension_as() const {
+    return std::dynamic_pointer_cast<T>(extension_);
+  }
+
   // ---- printing: the module tree, one line per module, like PyTorch's repr.
   const std::string& type_name() const { return type_name_; }
   virtual std::string extra_repr() const { return ""; }
@@ -126,6 +143,7 @@ class Module : public std::enable_shared_from_this<Module> {
     uint64_t next_id = 0;
   };
   std::shared_ptr<Hooks> hooks_ = std::make_shared<Hooks>();
+  std::shared_ptr<ModuleExtension> extension_;
 };
 
 std::ostream& operator<<(std::ostream& os, const Module& m);

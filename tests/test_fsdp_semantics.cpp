@@ -1,11 +1,13 @@
 // FSDP semantics beyond plain parity: HSDP on a 2-D mesh, frozen and tied parameters,
 // mixed precision, sharding on another dim, recovery from an exception in forward,
-// bitwise repeatability, explicit prefetching and the errors for bad input. Runs under
+// bitwise repeatability, explicit prefetching, the errors for bad input, the checked training
+// states and the state's lifetime with its module. Runs under
 // mpirun at 1, 2 and 4 ranks.
 #include <catch2/catch.hpp>
 
 #include "dist/dist.h"
 #include "fsdp/fsdp.h"
+#include "fsdp/state.h"
 #include "weft.h"
 
 using namespace weft;
@@ -277,4 +279,73 @@ TEST_CASE("reshard_after_forward = 2: backward gathers within pairs of ranks") {
   CHECK(after.reduce_scatters - before.reduce_scatters == 4);
   CHECK_THROWS_WITH(fsdp::fully_shard(std::make_shared<nn::Linear>(2, 2), {.reshard_after_forward = 3}),
                     Catch::Contains("must divide"));
+}
+
+TEST_CASE("training states: the hooks move through checked transitions") {
+  manual_seed(3);
+  auto model = std::make_shared<Stack>();
+  for (auto& b : *model->blocks) fsdp::fully_shard(b);
+  fsdp::fully_shard(model);
+  auto block = model->blocks->at<nn::Block>(1);
+  auto s = fsdp::state_of(*block);
+  REQUIRE(s);
+  CHECK(s->training_state() == fsdp::TrainingState::idle);
+  // Hooks registered after fully_shard's run after its own: they see the state it set.
+  std::vector<fsdp::TrainingState> seen;
+  block->register_forward_pre_hook([&](nn::Module&, const nn::TensorList&) -> std::optional<nn::TensorList> {
+    seen.push_back(s->training_state());
+    return std::nullopt;
+  });
+  block->register_forward_hook([&](nn::Module&, const nn::TensorList&, const nn::TensorList& out) -> std::optional<nn::TensorList> {
+    seen.push_back(s->training_state());
+    out[0].register_hook([&](const Tensor&) {
+      seen.push_back(s->training_state());
+      return Tensor();
+    });
+    return std::nullopt;
+  });
+  Tensor loss = loss_of(*model, slice(batch(0), dist::rank(), dist::world_size()));
+  loss.backward();
+  using TS = fsdp::TrainingState;
+  CHECK(seen == std::vector<TS>{TS::forward, TS::idle, TS::pre_backward});
+  for (auto& m : model->modules())
+    if (auto st = fsdp::state_of(*m)) CHECK(st->training_state() == TS::idle);  // reset at the end of backward
+
+  // Out of order: a post-forward with no forward, a forward entered twice.
+  Tensor h = rand({2, 6, 8});
+  CHECK_THROWS_WITH(s->post_forward({h}), Catch::Contains("post-forward of module 'blocks.1'") &&
+                                              Catch::Contains("from IDLE to IDLE") && Catch::Contains("only from FORWARD"));
+  {
+    NoGradGuard no_grad;
+    s->pre_forward({h});
+    CHECK(s->training_state() == TS::forward);
+    CHECK_THROWS_WITH(s->pre_forward({h}), Catch::Contains("pre-forward of module 'blocks.1'") &&
+                                               Catch::Contains("from FORWARD to FORWARD") && Catch::Contains("only from IDLE"));
+    s->post_forward({h});
+    CHECK(s->training_state() == TS::idle);
+  }
+  // The root's next forward starts from IDLE everywhere: training goes on.
+  loss_of(*model, slice(batch(1), dist::rank(), dist::world_size())).backward();
+  CHECK(s->training_state() == TS::idle);
+}
+
+TEST_CASE("the state is attached to its module and dies with it") {
+  std::weak_ptr<fsdp::FSDPState> root_state, block_state;
+  {
+    manual_seed(3);
+    auto model = std::make_shared<Stack>();
+    for (auto& b : *model->blocks) fsdp::fully_shard(b);
+    fsdp::fully_shard(model);  // the returned handle is dropped: the module holds the state
+    root_state = fsdp::state_of(*model);
+    block_state = fsdp::state_of(*model->blocks->at<nn::Block>(0));
+    REQUIRE(!root_state.expired());
+    REQUIRE(!block_state.expired());
+    CHECK(model->extension() == root_state.lock());
+    loss_of(*model, slice(batch(0), dist::rank(), dist::world_size())).backward();
+    CHECK(!root_state.expired());
+  }
+  CHECK(root_state.expired());
+  CHECK(block_state.expired());
+  auto plain = std::make_shared<nn::Linear>(2, 2);
+  CHECK(fsdp::state_of(*plain) == nullptr);
 }
