@@ -50,12 +50,10 @@
 #include "apps/common/device.h"
 #include "apps/transformer/gpt.h"
 #include "core/allocator.h"
+#include "core/device_runtime.h"
 #include "dist/dist.h"
 #include "fsdp/fsdp.h"
 #include "weft.h"
-#if WEFT_WITH_CUDA
-#include "kernels/cuda/runtime.h"
-#endif
 
 using namespace weft;
 
@@ -78,29 +76,16 @@ struct Options {
 // reason to skip; a malformed name is left to parse_device's error.
 std::string unavailable(const std::string& device) {
   if (device != "cuda" && device.rfind("cuda:", 0) != 0) return "";
-#if WEFT_WITH_CUDA
-  if (kernels::cuda::device_count() == 0)
-    return "no CUDA device is visible (" + kernels::cuda::unavailable_reason() + ")";
-  return "";
-#else
-  return "weft was built without CUDA (reconfigure with meson setup -Dcuda=enabled on a machine with the CUDA "
-         "toolkit)";
-#endif
+  return apps::cuda_unavailable_reason();
 }
 
 // Waits for everything queued on the device, so that host clocks bracket the device's work.
 void synchronize(Device d) {
-#if WEFT_WITH_CUDA
-  if (d.is_cuda()) kernels::cuda::synchronize(d.index);
-#else
-  (void)d;
-#endif
+  if (!d.is_cpu()) device_runtime(d.type).synchronize(d.index);
 }
 
 std::string describe(Device d) {
-#if WEFT_WITH_CUDA
-  if (d.is_cuda()) return d.str() + ", " + kernels::cuda::device_description(d.index);
-#endif
+  if (!d.is_cpu()) return d.str() + ", " + device_description(d);
   return fmt::format("{}, {} threads", d.str(), get_num_threads());
 }
 
@@ -189,10 +174,7 @@ int run(const Options& o) {
     Tensor loss = cross_entropy(logits.view({-1, V}), y.view({-1}));
     logits = Tensor();
     loss.backward();
-    if (o.clip > 0) {
-      if (root) fsdp::clip_grad_norm_(*root, o.clip);
-      else nn::clip_grad_norm_(model->parameters(), o.clip);
-    }
+    if (o.clip > 0) nn::clip_grad_norm_(model->parameters(), o.clip);  // sharded or not
     opt.step();
     const double loss_v = loss.item();
     synchronize(device);
