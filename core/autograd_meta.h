@@ -5,6 +5,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/partial_reduction.h"
 #include "core/tensor.h"
 
 namespace weft {
@@ -18,6 +19,7 @@ struct AutogradMeta {
   std::vector<GradHook> leaf_hooks;                 // leaves: run before accumulation
   std::vector<PostAccumulateGradHook> post_accumulate_grad_hooks;
   bool retains_grad = false;
+  std::shared_ptr<const PartialReduction> partial_reduction;  // leaves held in part (core/partial_reduction.h)
 };
 
 namespace detail {

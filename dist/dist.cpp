@@ -15,6 +15,7 @@
 #include <mutex>
 #include <thread>
 
+#include "core/device_runtime.h"
 #include "dist/backend.h"
 #include "dist/check.h"
 #include "dist/device_mesh.h"
@@ -111,6 +112,14 @@ bool is_initialized() { return state().initialized; }
 int rank() { detail::check_initialized("dist::rank"); return state().rank; }
 int world_size() { detail::check_initialized("dist::world_size"); return state().size; }
 int local_rank() { detail::check_initialized("dist::local_rank"); return state().local_rank; }
+
+Device local_device(DeviceType type) {
+  if (type == DeviceType::cpu) return Device::cpu();
+  const int count = device_count(type);
+  WEFT_CHECK(count > 0, "dist::local_device: no {} device is usable: {}", type == DeviceType::cuda ? "CUDA" : "GPU",
+             device_unavailable_reason(type));
+  return Device{type, (is_initialized() ? local_rank() : 0) % count};
+}
 
 ProcessGroupPtr world(DeviceType device) {
   detail::check_initialized("dist::world");

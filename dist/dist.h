@@ -30,6 +30,12 @@ int rank();        // in the world
 int world_size();
 int local_rank();  // among the processes on this host: picks this rank's GPU
 
+// This rank's device of `type`: the CPU, or for a GPU type local_rank() modulo the visible
+// devices (one rank per GPU on each host; the GPU its NCCL groups use). Device 0 before init()
+// (a process alone). Throws weft::Error saying why when no device of `type` is visible (e.g.
+// "weft was built without CUDA ...").
+Device local_device(DeviceType type);
+
 // The group of all ranks: MPI for DeviceType::cpu, NCCL for DeviceType::cuda (created on first
 // use; a collective call on every rank).
 ProcessGroupPtr world(DeviceType device = DeviceType::cpu);

@@ -89,7 +89,7 @@ class NcclProcessGroup final : public ProcessGroup, public std::enable_shared_fr
  public:
   NcclProcessGroup(MPI_Comm comm, std::string name, int rank, int size)
       : ProcessGroup(std::move(name), rank, size, world_ranks_of(comm)), comm_(comm) {
-    device_ = local_rank() % device_count(DeviceType::cuda);
+    device_ = local_device(DeviceType::cuda).index;
     CUDA_CHECK(cudaSetDevice(device_));
     ncclUniqueId id{};
     if (rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));

@@ -1,30 +1,19 @@
-// fsdp: gradient clipping over sharded gradients. Each rank holds only its shard of every
-// gradient, so the local norm is partial: the ranks sum their squares (or take the max, for
-// the inf-norm) across the shard group before clipping. Gives the same norm and the same
-// clipped gradients as nn::clip_grad_norm_ on the unsharded model.
+// fsdp: gradient clipping of a sharded module. nn::clip_grad_norm_ itself handles sharded
+// parameters (fully_shard attaches to each shard a reduction over its shard group), so
 //
-//   loss.backward();
-//   double norm = fsdp::clip_grad_norm_(model->parameters(), 1.0);   // every rank calls it
-//   opt.step();
+//   double norm = nn::clip_grad_norm_(model->parameters(), 1.0);   // every rank calls it
+//
+// is the whole story while the module holds its shards. This overload takes the shards from
+// the module's parameter groups instead, which is the same except for a group kept gathered
+// after backward (set_reshard_after_backward(false)): its module slots then hold the unsharded
+// parameters, while the reduced gradients are on the shards.
 #pragma once
-#include <vector>
-
-#include "dist/process_group.h"
 #include "fsdp/fully_shard.h"
+#include "nn/clip_grad.h"
 
 namespace weft::fsdp {
 
-// `params`: this rank's shards (what model->parameters() holds after fully_shard). Their
-// squared gradients (f64) are summed over `group` (default: dist::world()), so each element
-// of the global gradient must be held by exactly one rank of `group`: with HSDP or NO_SHARD
-// pass the mesh's shard group, or use the overload below. Scales the local gradients by
-// max_norm / (norm + 1e-6) when that is < 1 and returns the norm before clipping, the same on
-// every rank. norm_type: 2 or inf. A collective: every rank of `group` calls it.
-double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type = 2.0,
-                       dist::ProcessGroupPtr group = nullptr);
-
-// All parameters under a sharded module, reduced over its mesh's shard group (correct for
-// 1-D meshes, HSDP and NO_SHARD alike, since replicas hold equal gradients).
+// nn::clip_grad_norm_ over every shard under `module`. A collective on every rank of its mesh.
 double clip_grad_norm_(const FSDPModule& module, double max_norm, double norm_type = 2.0);
 
 }  // namespace weft::fsdp

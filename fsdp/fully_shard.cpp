@@ -6,6 +6,7 @@
 #include "core/grad_mode.h"
 #include "dist/device_mesh.h"
 #include "dist/dist.h"
+#include "dist/group_reduction.h"
 #include "fsdp/state.h"
 
 namespace weft::fsdp {
@@ -93,6 +94,9 @@ FSDPModule fully_shard(const nn::ModulePtr& module, const FullyShardOptions& opt
   if (!entries.empty()) {
     group = std::make_unique<FSDPParamGroup>(std::move(entries), opts, shard_group, replicate_group);
     group->originals = std::move(originals);
+    // A shard's reductions (nn::clip_grad_norm_) complete over the ranks holding the others.
+    if (shard_group->size() > 1)
+      for (auto& p : group->params()) set_partial_reduction(p->sharded(), dist::reduction_over(shard_group));
   }
   auto state = std::make_shared<FSDPState>(*module, opts, std::move(group), mesh);
   // The module owns its state (its extension slot, and its hooks); the state refers back to the

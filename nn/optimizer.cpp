@@ -200,31 +200,4 @@ AdamW::AdamW(std::vector<Tensor> params, AdamWOptions o) : AdamW(one_group(std::
 AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions o)
     : Adam("AdamW", std::move(groups), {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay}, true) {}
 
-// ---------------------------------------------------------------- clipping
-
-double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type) {
-  WEFT_CHECK(norm_type == 2.0 || std::isinf(norm_type), "clip_grad_norm_: norm_type must be 2 or inf, got {}",
-             norm_type);
-  NoGradGuard no_grad;
-  double total = 0;
-  for (const Tensor& p : params) {
-    Tensor g = p.grad();
-    if (!g.defined()) continue;
-    if (std::isinf(norm_type)) {
-      total = std::max(total, kernels::reduce(kernels::ReduceOp::max, kernels::unary(kernels::UnaryOp::abs, g), {}, false).item());
-    } else {
-      // Sum of squares accumulated in f64 for a norm independent of parameter order.
-      Tensor g64 = g.to(DType::f64);
-      total += kernels::reduce(kernels::ReduceOp::sum, kernels::binary(kernels::BinaryOp::mul, g64, g64), {}, false).item();
-    }
-  }
-  if (!std::isinf(norm_type)) total = std::sqrt(total);
-  double coef = max_norm / (total + 1e-6);
-  if (coef < 1.0) {
-    for (const Tensor& p : params)
-      if (p.grad().defined()) kernels::mul_scalar_(p.grad(), coef);
-  }
-  return total;
-}
-
 }  // namespace weft::nn

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "nn/clip_grad.h"  // clip_grad_norm_, used beside every optimizer
 #include "nn/module.h"
 
 namespace weft::nn {
@@ -95,9 +96,5 @@ class AdamW : public Adam {
   AdamW(std::vector<Tensor> params, AdamWOptions opts);
   AdamW(std::vector<ParamGroup> groups, AdamWOptions opts);
 };
-
-// Scales all gradients so their global norm is at most max_norm (norm_type 2 or inf) and
-// returns the norm before clipping, as torch.nn.utils.clip_grad_norm_.
-double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type = 2.0);
 
 }  // namespace weft::nn

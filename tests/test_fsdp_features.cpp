@@ -1,4 +1,4 @@
-// FSDP1/FairScale conveniences on top of fully_shard: clip_grad_norm_ over sharded gradients,
+// FSDP1/FairScale conveniences on top of fully_shard: nn::clip_grad_norm_ over sharded gradients,
 // SummonFullParams, sharding-strategy presets and auto-wrap policies. Each trains with parity
 // against plain single-process training of the same seeded model on the same global batches
 // (each rank takes its slice), as tests/test_fsdp_parity.cpp. Runs under mpirun at 1, 2, 4 ranks.
@@ -84,23 +84,43 @@ double sum_of(const Tensor& t) {
 // ---------------------------------------------------------------------------------------------
 // clip_grad_norm_
 
-TEST_CASE("clip_grad_norm_: the global norm of sharded gradients, clipping as nn::clip_grad_norm_") {
-  for (double norm_type : std::vector<double>{2.0, INFINITY}) {
+TEST_CASE("clip_grad_norm_: one function for sharded and unsharded models, the same norm and clipped grads") {
+  // nn::clip_grad_norm_ on the shards (model.parameters() after fully_shard) against the same
+  // call on the unsharded reference: the norm of every step, and (through parity of the
+  // trained parameters) the clipped gradients.
+  for (double norm_type : std::vector<double>{2.0, INFINITY, 1.0, 3.0}) {
     INFO("norm_type " << norm_type);
-    // Below every step's norm, so clipping is active, but not far below: gradients scaled down
-    // ~10x (by clipping or by any constant) leave a few near-zero elements where AdamW's eps
-    // turns reduction-order rounding into parameter differences above 1e-5.
-    const double max_norm = norm_type == 2.0 ? 0.4 : 0.1;
     Callbacks cb;
     cb.after_backward = [&](nn::Module& ref, nn::Module& model, fsdp::FSDPModule&, int step) {
+      // Below every step's norm, so clipping is active, but not far below: gradients scaled
+      // down ~10x leave near-zero elements where AdamW's eps turns reduction-order rounding
+      // into parameter differences above 1e-5.
+      const double max_norm = 0.8 * nn::clip_grad_norm_(ref.parameters(), 1e30, norm_type);
       double want = nn::clip_grad_norm_(ref.parameters(), max_norm, norm_type);
-      double got = fsdp::clip_grad_norm_(model.parameters(), max_norm, norm_type);
+      double got = nn::clip_grad_norm_(model.parameters(), max_norm, norm_type);
       check_close({got}, {want}, 1e-5, fmt::format("norm at step {}", step));
       CHECK(want > max_norm);
     };
     run_parity<UnevenMLP>([](int s) { return mlp_batch(s); }, [](auto m) { return shard_mlp(m); }, cb);
     run_parity<TinyGPT>([](int s) { return gpt_batch(s); }, [](auto m) { return shard_gpt(m); }, cb);
   }
+}
+
+TEST_CASE("clip_grad_norm_: sharded and whole parameters in one call") {
+  manual_seed(1);
+  auto m = std::make_shared<UnevenMLP>();
+  auto root = shard_mlp(m);
+  loss_of(*m, slice(mlp_batch(0))).backward();
+  // A parameter outside FSDP, the same on every rank: counted once, not once per rank.
+  Tensor extra = zeros({2});
+  extra.set_requires_grad(true);
+  extra.set_grad(from_vector({3.0, -4.0}, {2}));
+  std::vector<Tensor> all = m->parameters();
+  all.push_back(extra);
+  const double sharded = nn::clip_grad_norm_(m->parameters(), 1e30);
+  CHECK(nn::clip_grad_norm_(all, 1e30) == Approx(std::sqrt(sharded * sharded + 25.0)));
+  const double sharded_inf = nn::clip_grad_norm_(m->parameters(), 1e30, INFINITY);
+  CHECK(nn::clip_grad_norm_(all, 1e30, INFINITY) == Approx(std::max(sharded_inf, 4.0)));
 }
 
 TEST_CASE("clip_grad_norm_ of an FSDPModule reduces over the shard group only (NO_SHARD, HSDP)") {
@@ -112,7 +132,7 @@ TEST_CASE("clip_grad_norm_ of an FSDPModule reduces over the shard group only (N
     Callbacks cb;
     cb.after_backward = [](nn::Module& ref, nn::Module&, fsdp::FSDPModule& root, int step) {
       double want = nn::clip_grad_norm_(ref.parameters(), 0.5);
-      double got = fsdp::clip_grad_norm_(root, 0.5);
+      double got = step % 2 ? fsdp::clip_grad_norm_(root, 0.5) : nn::clip_grad_norm_(root.module().parameters(), 0.5);
       check_close({got}, {want}, 1e-5, fmt::format("norm at step {}", step));
       CHECK(want > 0.5);
     };
@@ -125,7 +145,7 @@ TEST_CASE("clip_grad_norm_: bad arguments fail on every rank") {
   auto m = std::make_shared<UnevenMLP>();
   auto root = shard_mlp(m);
   loss_of(*m, slice(mlp_batch(0))).backward();
-  CHECK_THROWS_WITH(fsdp::clip_grad_norm_(m->parameters(), 1.0, 1.0), Catch::Contains("norm_type must be 2 or inf"));
+  CHECK_THROWS_WITH(nn::clip_grad_norm_(m->parameters(), 1.0, -1.0), Catch::Contains("norm_type must be > 0 or inf"));
   CHECK_THROWS_WITH(fsdp::clip_grad_norm_(root, -1.0), Catch::Contains("max_norm must be >= 0"));
   // Not clipping (max_norm above the norm) leaves gradients untouched.
   std::vector<std::vector<double>> before;

@@ -50,10 +50,10 @@
 #include "apps/common/device.h"
 #include "apps/transformer/gpt.h"
 #include "core/allocator.h"
+#include "core/device_runtime.h"
 #include "dist/dist.h"
 #include "fsdp/fsdp.h"
 #include "weft.h"
-#include "core/device_runtime.h"
 #include "core/stream.h"
 
 using namespace weft;
@@ -77,14 +77,11 @@ struct Options {
 // reason to skip; a malformed name is left to parse_device's error.
 std::string unavailable(const std::string& device) {
   if (device != "cuda" && device.rfind("cuda:", 0) != 0) return "";
-  if (device_count(DeviceType::cuda) > 0) return "";
-  std::string why = device_unavailable_reason(DeviceType::cuda);
-  return backend_unavailable_reason(DeviceType::cuda).empty() ? "no CUDA device is visible (" + why + ")" : why;
+  return apps::cuda_unavailable_reason();
 }
 
-
 std::string describe(Device d) {
-  if (d.is_cuda()) return d.str() + ", " + device_description(d);
+  if (!d.is_cpu()) return d.str() + ", " + device_description(d);
   return fmt::format("{}, {} threads", d.str(), get_num_threads());
 }
 
@@ -173,10 +170,7 @@ int run(const Options& o) {
     Tensor loss = cross_entropy(logits.view({-1, V}), y.view({-1}));
     logits = Tensor();
     loss.backward();
-    if (o.clip > 0) {
-      if (root) fsdp::clip_grad_norm_(*root, o.clip);
-      else nn::clip_grad_norm_(model->parameters(), o.clip);
-    }
+    if (o.clip > 0) nn::clip_grad_norm_(model->parameters(), o.clip);  // sharded or not
     opt.step();
     const double loss_v = loss.item();
     synchronize(device);

@@ -1,10 +1,8 @@
 #include "apps/common/device.h"
 
+#include "core/device_runtime.h"
 #include "core/error.h"
 #include "dist/dist.h"
-#if WEFT_WITH_CUDA
-#include "kernels/cuda/runtime.h"
-#endif
 
 namespace weft::apps {
 
@@ -19,18 +17,20 @@ Device parse_device(const std::string& name, const char* app) {
   } else {
     WEFT_CHECK(name == "cuda", "{}: --device {}: expected cpu, cuda or cuda:N", app, name);
   }
-#if WEFT_WITH_CUDA
-  int count = kernels::cuda::device_count();
-  WEFT_CHECK(count > 0, "{}: --device {}: no CUDA device is visible ({}); use --device cpu", app, name,
-             kernels::cuda::unavailable_reason());
-  if (index < 0) index = dist::is_initialized() ? dist::local_rank() % count : 0;
+  const int count = device_count(DeviceType::cuda);
+  WEFT_CHECK(count > 0, "{}: --device {}: {}; use --device cpu", app, name, cuda_unavailable_reason());
+  if (index < 0) return dist::local_device(DeviceType::cuda);
   WEFT_CHECK(index < count, "{}: --device {}: only {} CUDA device(s) are visible (cuda:0 to cuda:{})", app, name,
              count, count - 1);
   return Device::cuda(index);
-#else
-  WEFT_ERROR("{}: --device {}: weft was built without CUDA (reconfigure with meson setup -Dcuda=enabled on a machine "
-             "with the CUDA toolkit); use --device cpu", app, name);
-#endif
+}
+
+std::string cuda_unavailable_reason() {
+  if (device_count(DeviceType::cuda) > 0) return "";
+  // A missing backend explains itself ("weft was built without CUDA ..."); a loaded one that
+  // sees no device gives the driver's reason.
+  const std::string why = device_unavailable_reason(DeviceType::cuda);
+  return load_backend(DeviceType::cuda) ? "no CUDA device is visible (" + why + ")" : why;
 }
 
 }  // namespace weft::apps

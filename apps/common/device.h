@@ -11,4 +11,8 @@ namespace weft::apps {
 // name, a weft built without CUDA, no visible CUDA device, an index past the visible ones.
 Device parse_device(const std::string& name, const char* app);
 
+// Why no CUDA device can be used ("" when one can): "weft was built without CUDA ..." or "no
+// CUDA device is visible (<the driver's reason>)".
+std::string cuda_unavailable_reason();
+
 }  // namespace weft::apps

@@ -1,10 +1,9 @@
-// apps: where an app's process sits among the ranks, and the two helpers the apps use to
-// keep ranks in step: agreeing on failures (so one rank's error stops all of them instead of
-// leaving the others waiting in the next collective) and averaging a scalar over ranks.
+// apps: where an app's process sits among the ranks. Keeping ranks in step when one fails is
+// dist's (dist/agree.h): an app runs rank-local work through dist::agree(ranks.groups(), ...).
 #pragma once
-#include <exception>
+#include <vector>
 
-#include "core/error.h"
+#include "dist/agree.h"
 #include "dist/dist.h"
 
 namespace weft::apps {
@@ -14,27 +13,9 @@ struct Ranks {
   bool fsdp = false;
   int rank = 0, world = 1;
   bool lead() const { return rank == 0; }  // prints, writes metrics and checkpoints
+  // The groups an agreement spans: the world under --fsdp, none (this process alone) otherwise.
+  std::vector<dist::ProcessGroupPtr> groups() const;
 };
-
-// A failure every rank knows about: all of them stop cleanly (no rank is left waiting).
-struct AgreedError : Error {
-  using Error::Error;
-};
-
-// Runs rank-local work (reading files, checking flags), then lets every rank learn whether any
-// rank failed. The failing rank reports its own message; the others say (naming `app`) why
-// they stop. Either way every rank throws AgreedError.
-void agree_on_failure(const Ranks& ranks, const char* app, std::exception_ptr error);
-template <class Work>
-void on_every_rank(const Ranks& ranks, const char* app, Work&& work) {
-  std::exception_ptr error;
-  try {
-    work();
-  } catch (...) {
-    error = std::current_exception();
-  }
-  agree_on_failure(ranks, app, error);
-}
 
 double mean_over_ranks(double local, const Ranks& ranks);
 

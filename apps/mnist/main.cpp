@@ -42,7 +42,6 @@ struct Options {
   std::string device = "cpu";
 };
 
-using apps::AgreedError;
 using apps::Ranks;
 using apps::mean_over_ranks;
 
@@ -133,7 +132,7 @@ fsdp::FSDPModule shard_model(const nn::ModulePtr& model) {
 }
 
 int run(const Options& o, const Ranks& ranks) {
-  // Everything up to sharding is rank-local; on_every_rank makes a failure on any rank
+  // Everything up to sharding is rank-local; dist::agree makes a failure on any rank
   // (bad flags, missing files, a checkpoint that does not fit) stop every rank.
   apps::MnistData data;
   nn::ModulePtr model;
@@ -141,7 +140,7 @@ int run(const Options& o, const Ranks& ranks) {
   std::optional<apps::MetricsWriter> metrics;
   int64_t n_train = 0, steps_per_epoch = 0;
   Device device = kCPU;
-  apps::on_every_rank(ranks, "mnist", [&] {
+  dist::agree(ranks.groups(), "mnist", [&] {
     device = apps::parse_device(o.device, "mnist");  // first: a device that cannot work ends the run at once
     if (o.threads > 0) set_num_threads(o.threads);
     WEFT_CHECK(o.batch_size > 0 && o.epochs > 0 && o.lr > 0, "mnist: --batch-size, --epochs and --lr must be positive");
@@ -172,7 +171,7 @@ int run(const Options& o, const Ranks& ranks) {
   int64_t step = 0;
   if (!resume_from.empty()) {
     // Each rank reads the pieces of its own shards, whatever world size wrote them.
-    apps::on_every_rank(ranks, "mnist", [&] {
+    dist::agree(ranks.groups(), "mnist", [&] {
       step = fsdp::load_checkpoint(resume_from, *model, opt.get(), root ? &*root : nullptr).step;
     });
     if (ranks.lead()) std::fprintf(stderr, "resumed from %s at step %lld\n", resume_from.c_str(), (long long)step);
@@ -182,7 +181,7 @@ int run(const Options& o, const Ranks& ranks) {
                            .data = {{"epoch", step / steps_per_epoch}, {"batch", step % steps_per_epoch}},
                            .app = describe(o)};
     std::string where;
-    apps::on_every_rank(ranks, "mnist", [&] {
+    dist::agree(ranks.groups(), "mnist", [&] {
       where = fsdp::save_checkpoint(o.save, *model, opt.get(), root ? &*root : nullptr, ts, {.keep_last = o.keep_last});
     });
     if (ranks.lead()) std::fprintf(stderr, "saved model and optimizer at step %lld to %s\n", (long long)step, where.c_str());
@@ -291,9 +290,8 @@ int main(int argc, char** argv) {
       "  pieces of its slice), so the directory must be visible to all of them.\n"
       "  Set OMP_NUM_THREADS or --threads so that ranks x threads fits the cores.");
   CLI11_PARSE(app, argc, argv);
-  Ranks ranks;
-  int rc = 1;
-  try {
+  return dist::run_program("weft-mnist", [&] {
+    Ranks ranks;
     if (o.fsdp) {
       dist::init();
       ranks = {.fsdp = true, .rank = dist::rank(), .world = dist::world_size()};
@@ -302,21 +300,6 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "weft-mnist: note: started by mpirun with %s processes but without --fsdp: each trains "
                    "its own copy of the model\n", n);
     }
-    rc = run(o, ranks);
-  } catch (const AgreedError& e) {
-    // Every rank failed here: say so once per rank and stop cleanly.
-    if (ranks.world > 1) std::fprintf(stderr, "weft-mnist: error on rank %d: %s\n", ranks.rank, e.what());
-    else std::fprintf(stderr, "weft-mnist: error: %s\n", e.what());
-  } catch (const std::exception& e) {
-    // A failure the other ranks may not share (they may be waiting in a collective): end them all.
-    if (ranks.world > 1) dist::abort_job(fmt::format("weft-mnist: error: {}", e.what()));
-    std::fprintf(stderr, "weft-mnist: error: %s\n", e.what());
-  }
-  try {
-    if (dist::is_initialized()) dist::finalize();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "weft-mnist: error while shutting down: %s\n", e.what());
-    rc = 1;
-  }
-  return rc;
+    return run(o, ranks);
+  });
 }

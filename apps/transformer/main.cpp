@@ -58,7 +58,6 @@ struct SampleOptions {
   std::string device = "cpu";
 };
 
-using apps::AgreedError;
 using apps::Ranks;
 using apps::mean_over_ranks;
 
@@ -149,7 +148,7 @@ int train(TrainOptions o, const Ranks& ranks) {
   std::optional<apps::MetricsWriter> metrics;
   o.model.tie_weights = !o.untie;
   Device device = kCPU;
-  apps::on_every_rank(ranks, "transformer", [&] {
+  dist::agree(ranks.groups(), "transformer", [&] {
     device = apps::parse_device(o.device, "transformer");  // first: a device that cannot work ends the run at once
     if (o.threads > 0) set_num_threads(o.threads);
     apps::check_config(o.model);
@@ -210,7 +209,7 @@ int train(TrainOptions o, const Ranks& ranks) {
     // Model, optimizer and RNG from the shards of any world size; the schedule and the data
     // continue from the step and position saved with them.
     fsdp::CheckpointProgress ts;
-    apps::on_every_rank(ranks, "transformer", [&] {
+    dist::agree(ranks.groups(), "transformer", [&] {
       ts = fsdp::load_checkpoint(resume_from, *model, &opt, root ? &*root : nullptr);
     });
     step = ts.step;
@@ -241,7 +240,7 @@ int train(TrainOptions o, const Ranks& ranks) {
                            .app = describe(o.model, o),
                            .aliases = head_alias(o.model)};
     std::string where;
-    apps::on_every_rank(ranks, "transformer", [&] {
+    dist::agree(ranks.groups(), "transformer", [&] {
       where = fsdp::save_checkpoint(o.checkpoint_dir, *model, &opt, root ? &*root : nullptr, ts,
                                     {.keep_last = o.keep_last});
     });
@@ -270,10 +269,7 @@ int train(TrainOptions o, const Ranks& ranks) {
       loss_sum += loss.item();
       (o.grad_accum > 1 ? loss * (1.0 / double(o.grad_accum)) : loss).backward();
     }
-    if (o.clip > 0) {
-      if (root) fsdp::clip_grad_norm_(*root, o.clip);
-      else nn::clip_grad_norm_(model->parameters(), o.clip);
-    }
+    if (o.clip > 0) nn::clip_grad_norm_(model->parameters(), o.clip);  // sharded or not
     const double lr_used = opt.lr(0);
     opt.step();
     sched.step();
@@ -445,30 +441,13 @@ int main(int argc, char** argv) {
   sa->add_option("--device", s.device, "cpu, cuda or cuda:N: where the model runs")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
-  Ranks ranks;
-  int rc = 1;
-  try {
-    if (sa->parsed()) {
-      rc = sample(s);
-    } else {
-      if (t.fsdp) {
-        dist::init();
-        ranks = {.fsdp = true, .rank = dist::rank(), .world = dist::world_size()};
-      }
-      rc = train(t, ranks);
+  return dist::run_program("weft-transformer", [&] {
+    if (sa->parsed()) return sample(s);
+    Ranks ranks;
+    if (t.fsdp) {
+      dist::init();
+      ranks = {.fsdp = true, .rank = dist::rank(), .world = dist::world_size()};
     }
-  } catch (const AgreedError& e) {
-    if (ranks.world > 1) std::fprintf(stderr, "weft-transformer: error on rank %d: %s\n", ranks.rank, e.what());
-    else std::fprintf(stderr, "weft-transformer: error: %s\n", e.what());
-  } catch (const std::exception& e) {
-    if (ranks.world > 1) dist::abort_job(fmt::format("weft-transformer: error: {}", e.what()));
-    std::fprintf(stderr, "weft-transformer: error: %s\n", e.what());
-  }
-  try {
-    if (dist::is_initialized()) dist::finalize();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "weft-transformer: error while shutting down: %s\n", e.what());
-    rc = 1;
-  }
-  return rc;
+    return train(t, ranks);
+  });
 }

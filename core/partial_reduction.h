@@ -1,0 +1,31 @@
+// core: how a reduction over a parameter's elements is completed when this process holds only
+// part of them. A layer that shards parameters (fsdp) attaches a PartialReduction to each shard
+// it registers, the way a DTensor carries its placement in PyTorch; code below the
+// communication layer (nn::clip_grad_norm_) reduces its local part, then lets the parameter's
+// PartialReduction combine the parts of every process that holds one, without knowing how.
+// A tensor without one is held whole.
+#pragma once
+#include <memory>
+
+namespace weft {
+
+class Tensor;
+
+enum class PartialOp { sum, max };
+
+class PartialReduction {
+ public:
+  virtual ~PartialReduction() = default;
+  // `partial` combined over every process holding a part of the tensor (a collective: each of
+  // them calls it, in the same order as its other collectives).
+  virtual double reduce(double partial, PartialOp op) const = 0;
+  // Whether `other` combines over the same processes, so that one reduce() serves both.
+  virtual bool same_processes(const PartialReduction& other) const = 0;
+};
+
+// Attaches `reduction` to the leaf tensor `t` (null: held whole again).
+void set_partial_reduction(const Tensor& t, std::shared_ptr<const PartialReduction> reduction);
+// `t`'s PartialReduction; null when it is held whole.
+std::shared_ptr<const PartialReduction> partial_reduction(const Tensor& t);
+
+}  // namespace weft

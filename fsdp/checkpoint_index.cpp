@@ -1,0 +1,204 @@
+#include "fsdp/checkpoint_index.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "core/safetensors.h"
+
+namespace weft::fsdp {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::ordered_json;
+
+std::string placement_name(int64_t dim) { return dim < 0 ? "Replicate()" : fmt::format("Shard({})", dim); }
+
+// Reads fields of index.json, naming the file and the key of anything missing or mistyped.
+struct IndexReader {
+  std::string path;
+  [[noreturn]] void fail(const std::string& key, const std::string& why) const {
+    WEFT_ERROR("checkpoint: {}: \"{}\" {}", path, key, why);
+  }
+  const Json& at(const Json& obj, const std::string& key, const std::string& where = "") const {
+    auto it = obj.find(key);
+    if (it == obj.end()) fail(where.empty() ? key : where + "." + key, "is missing");
+    return *it;
+  }
+  int64_t integer(const Json& obj, const std::string& key, const std::string& where = "") const {
+    const Json& v = at(obj, key, where);
+    if (!v.is_number_integer()) fail(where.empty() ? key : where + "." + key, "is " + v.dump() + ", not an integer");
+    return v.get<int64_t>();
+  }
+  std::string string(const Json& obj, const std::string& key, const std::string& where = "") const {
+    const Json& v = at(obj, key, where);
+    if (!v.is_string()) fail(where.empty() ? key : where + "." + key, "is " + v.dump() + ", not a string");
+    return v.get<std::string>();
+  }
+};
+
+}  // namespace
+
+std::string checkpoint_shard_file(int shard) { return fmt::format("rank_{:05d}.safetensors", shard); }
+
+std::string describe(const CheckpointIndex::Entry& e) {
+  return fmt::format("{} {}", safetensors_dtype_name(e.dtype), shape_str(e.shape));
+}
+
+const CheckpointIndex::Entry* CheckpointIndex::find(const std::string& key) const {
+  for (auto& e : tensors)
+    if (e.key == key) return &e;
+  return nullptr;
+}
+
+std::string CheckpointIndex::file_path(const std::string& file) const { return (fs::path(dir) / file).string(); }
+
+std::string checkpoint_index_json(const CheckpointIndex& ix) {
+  Json j = Json::object();
+  j["format"] = "weft-checkpoint";
+  j["format_version"] = ix.format_version;
+  j["weft_version"] = ix.weft_version;
+  j["step"] = ix.training.step;
+  j["world_size"] = ix.world_size;
+  j["num_shards"] = ix.num_shards;
+  j["mesh"] = {{"shape", ix.mesh_shape}, {"dim_names", ix.mesh_dim_names}};
+  j["data"] = ix.training.data;
+  j["app"] = ix.training.app;
+  j["aliases"] = ix.training.aliases;
+  Json rng = Json::array();
+  for (size_t i = 0; i < ix.rng.size(); ++i) {
+    const Generator::State& g = ix.rng[i];
+    rng.push_back({{"rank", i}, {"state", {g.s[0], g.s[1], g.s[2], g.s[3]}}, {"seed", g.seed},
+                   {"has_spare", g.has_spare}, {"spare", g.spare}});
+  }
+  j["rng"] = rng;
+  Json files = Json::array();
+  for (auto& f : ix.files)
+    files.push_back({{"file", f.name}, {"shard", f.shard}, {"bytes", f.bytes}, {"sha256", f.sha256}});
+  j["files"] = files;
+  Json tensors = Json::object();
+  for (auto& e : ix.tensors) {
+    Json shards = Json::array();
+    for (auto& s : e.shards) {
+      if (e.shard_dim < 0) shards.push_back({{"file", s.file}});
+      else shards.push_back({{"file", s.file}, {"offset", s.offset}, {"length", s.length}});
+    }
+    tensors[e.key] = {{"dtype", safetensors_dtype_name(e.dtype)}, {"shape", e.shape},
+                      {"placement", placement_name(e.shard_dim)}, {"shards", shards}};
+  }
+  j["tensors"] = tensors;
+  return j.dump(1) + "\n";
+}
+
+CheckpointIndex read_checkpoint_index(const std::string& path) {
+  std::string where = latest_checkpoint(path);
+  WEFT_CHECK(!where.empty(), "checkpoint: no complete checkpoint at '{}' (no {} there and no step_* directory holding "
+             "one)", path, kCheckpointIndexFile);
+  IndexReader r{(fs::path(where) / kCheckpointIndexFile).string()};
+  std::string text;
+  {
+    std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(r.path.c_str(), "rb"), &std::fclose);
+    WEFT_CHECK(f, "checkpoint: cannot open {}: {}", r.path, std::strerror(errno));
+    char buf[65536];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, f.get())) > 0) text.append(buf, n);
+  }
+  Json j;
+  try {
+    j = Json::parse(text);
+  } catch (const Json::exception& e) {
+    WEFT_ERROR("checkpoint: {} is not valid JSON: {}", r.path, e.what());
+  }
+  WEFT_CHECK(j.is_object(), "checkpoint: {} holds a JSON {}, not an object", r.path, j.type_name());
+  WEFT_CHECK(r.string(j, "format") == "weft-checkpoint", "checkpoint: {} is a \"{}\" index, not a weft checkpoint",
+             r.path, r.string(j, "format"));
+  CheckpointIndex ix;
+  ix.dir = where;
+  ix.format_version = int(r.integer(j, "format_version"));
+  WEFT_CHECK(ix.format_version == kCheckpointFormatVersion, "checkpoint: {} has format_version {}; this weft reads {}", r.path,
+             ix.format_version, kCheckpointFormatVersion);
+  ix.weft_version = r.string(j, "weft_version");
+  ix.training.step = r.integer(j, "step");
+  ix.world_size = int(r.integer(j, "world_size"));
+  ix.num_shards = int(r.integer(j, "num_shards"));
+  WEFT_CHECK(ix.num_shards >= 1 && ix.world_size >= ix.num_shards, "checkpoint: {}: num_shards {} and world_size {} "
+             "do not fit", r.path, ix.num_shards, ix.world_size);
+  try {
+    const Json& mesh = r.at(j, "mesh");
+    ix.mesh_shape = r.at(mesh, "shape", "mesh").get<std::vector<int>>();
+    ix.mesh_dim_names = r.at(mesh, "dim_names", "mesh").get<std::vector<std::string>>();
+    ix.training.data = r.at(j, "data").get<std::map<std::string, int64_t>>();
+    ix.training.app = r.at(j, "app").get<std::map<std::string, std::string>>();
+    ix.training.aliases = r.at(j, "aliases").get<std::map<std::string, std::string>>();
+    for (const Json& g : r.at(j, "rng")) {
+      Generator::State st{};
+      auto s = r.at(g, "state", "rng").get<std::vector<uint64_t>>();
+      WEFT_CHECK(s.size() == 4, "checkpoint: {}: an rng state has {} words, not 4", r.path, s.size());
+      std::copy(s.begin(), s.end(), st.s);
+      st.seed = r.at(g, "seed", "rng").get<uint64_t>();
+      st.has_spare = r.at(g, "has_spare", "rng").get<bool>();
+      st.spare = r.at(g, "spare", "rng").get<double>();
+      ix.rng.push_back(st);
+    }
+  } catch (const Json::exception& e) {
+    WEFT_ERROR("checkpoint: {}: mesh, data, app, aliases or rng is malformed: {}", r.path, e.what());
+  }
+  std::set<std::string> file_names;
+  for (const Json& f : r.at(j, "files")) {
+    CheckpointIndex::File file{r.string(f, "file", "files"), int(r.integer(f, "shard", "files")),
+                               uint64_t(r.integer(f, "bytes", "files")), r.string(f, "sha256", "files")};
+    // Only plain names: an index must not point outside its directory.
+    WEFT_CHECK(!file.name.empty() && file.name.find('/') == std::string::npos && file.name[0] != '.',
+               "checkpoint: {}: file name \"{}\" is not a plain name in the checkpoint directory", r.path, file.name);
+    file_names.insert(file.name);
+    ix.files.push_back(file);
+  }
+  const Json& tensors = r.at(j, "tensors");
+  WEFT_CHECK(tensors.is_object(), "checkpoint: {}: \"tensors\" is not an object", r.path);
+  for (auto& [key, t] : tensors.items()) {
+    CheckpointIndex::Entry e;
+    e.key = key;
+    auto dtype = parse_safetensors_dtype(r.string(t, "dtype", key));
+    if (!dtype) r.fail(key, "has dtype " + t["dtype"].dump() + ", which weft does not have");
+    e.dtype = *dtype;
+    const Json& shape = r.at(t, "shape", key);
+    if (!shape.is_array()) r.fail(key, "has shape " + shape.dump() + ", not a list");
+    for (const Json& d : shape) {
+      if (!d.is_number_integer() || d.get<int64_t>() < 0) r.fail(key, "has shape " + shape.dump());
+      e.shape.push_back(d.get<int64_t>());
+    }
+    std::string placement = r.string(t, "placement", key);
+    if (placement != "Replicate()") {
+      if (placement.rfind("Shard(", 0) != 0 || placement.back() != ')') r.fail(key, "has placement " + placement);
+      try {
+        e.shard_dim = std::stoll(placement.substr(6, placement.size() - 7));
+      } catch (const std::exception&) {
+        r.fail(key, "has placement " + placement);
+      }
+      if (e.shard_dim < 0 || e.shard_dim >= std::max<int64_t>(1, int64_t(e.shape.size())))
+        r.fail(key, "has placement " + placement + " for shape " + shape_str(e.shape));
+    }
+    const int64_t extent = e.shard_dim < 0 ? 0 : e.shape.empty() ? 1 : e.shape[size_t(e.shard_dim)];
+    for (const Json& s : r.at(t, "shards", key)) {
+      CheckpointIndex::Shard sh{r.string(s, "file", key + ".shards"), 0, 0};
+      if (!file_names.count(sh.file)) r.fail(key, "names file " + sh.file + ", which \"files\" does not list");
+      if (e.shard_dim >= 0) {
+        sh.offset = r.integer(s, "offset", key + ".shards");
+        sh.length = r.integer(s, "length", key + ".shards");
+        if (sh.offset < 0 || sh.length < 0 || sh.offset + sh.length > extent)
+          r.fail(key, fmt::format("has a piece [{}, {}) outside its extent {}", sh.offset, sh.offset + sh.length,
+                                  extent));
+      }
+      e.shards.push_back(sh);
+    }
+    ix.tensors.push_back(std::move(e));
+  }
+  return ix;
+}
+
+}  // namespace weft::fsdp

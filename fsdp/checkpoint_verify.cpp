@@ -1,0 +1,80 @@
+// fsdp: checkpoint tools that need no model and no other rank: verify_checkpoint checks a
+// directory against its index, consolidate_checkpoint writes the whole model to one file
+// (declared in fsdp/checkpoint.h).
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "fsdp/checkpoint.h"
+#include "fsdp/checkpoint_index.h"
+#include "fsdp/checkpoint_pieces.h"
+
+namespace weft::fsdp {
+
+VerifyReport verify_checkpoint(const std::string& path) {
+  CheckpointIndex index = read_checkpoint_index(path);
+  PieceSource source(index, false);
+  VerifyReport report;
+  std::map<std::string, std::set<std::string>> unlisted;  // file -> tensors no index entry claimed yet
+  for (auto& f : index.files) {
+    source.check_file(f);
+    for (auto& e : source.open(f.name).entries()) unlisted[f.name].insert(e.name);
+    ++report.files;
+    report.bytes += f.bytes;
+  }
+  for (auto& e : index.tensors) {
+    // The pieces must tile the tensor: sorted by offset, each starting where the last ended.
+    std::vector<CheckpointIndex::Shard> shards = e.shards;
+    std::sort(shards.begin(), shards.end(), [](auto& a, auto& b) { return a.offset < b.offset; });
+    const int64_t extent = e.shard_dim < 0 ? 0 : e.shape.empty() ? 1 : e.shape[size_t(e.shard_dim)];
+    int64_t end = 0;
+    for (auto& s : shards) {
+      WEFT_CHECK(e.shard_dim >= 0 || shards.size() == 1, "checkpoint: {}: the replicated tensor \"{}\" has {} pieces",
+                 index.dir, e.key, shards.size());
+      WEFT_CHECK(e.shard_dim < 0 || s.offset == end, "checkpoint: {}: the pieces of \"{}\" {} at index {} of dim {}",
+                 index.dir, e.key, s.offset < end ? "overlap" : "leave a gap", end, e.shard_dim);
+      end = s.offset + s.length;
+      Placement pl = e.shard_dim < 0 ? Placement::of_whole(e.shape) : Placement{e.shape, e.shard_dim, s.offset, s.length};
+      const SafetensorsEntry* se = source.open(s.file).find(e.key);
+      WEFT_CHECK(se, "checkpoint: {} has no tensor \"{}\" although the index lists a piece of it there",
+                 index.file_path(s.file), e.key);
+      WEFT_CHECK(se->dtype == e.dtype && se->shape == pl.local_shape(), "checkpoint: {}: \"{}\" is {} {} but the "
+                 "index needs {} {} ({})", index.file_path(s.file), e.key, safetensors_dtype_name(se->dtype),
+                 shape_str(se->shape), safetensors_dtype_name(e.dtype), shape_str(pl.local_shape()), pl.str());
+      unlisted[s.file].erase(e.key);
+    }
+    WEFT_CHECK(!shards.empty() && (e.shard_dim < 0 || end == extent), "checkpoint: {}: the pieces of \"{}\" cover {} "
+               "of the {} indices of dim {}", index.dir, e.key, end, extent, e.shard_dim);
+    ++report.tensors;
+  }
+  for (auto& [file, names] : unlisted)
+    WEFT_CHECK(names.empty(), "checkpoint: {} holds \"{}\", which the index does not list", index.file_path(file),
+               names.empty() ? "" : *names.begin());
+  return report;
+}
+
+void consolidate_checkpoint(const std::string& path, const std::string& out, bool with_optimizer) {
+  CheckpointIndex index = read_checkpoint_index(path);
+  PieceSource source(index, true);
+  std::vector<SafetensorsEntry> entries;
+  std::vector<const CheckpointIndex::Entry*> from;
+  for (auto& e : index.tensors) {
+    bool model = e.key.rfind("model.", 0) == 0;
+    if (!model && !with_optimizer) continue;
+    entries.push_back({model ? e.key.substr(6) : e.key, e.dtype, e.shape});
+    from.push_back(&e);
+  }
+  for (auto& [name, target] : index.training.aliases) {
+    const CheckpointIndex::Entry* e = index.find("model." + target);
+    WEFT_CHECK(e, "checkpoint: {}: alias \"{}\" names \"{}\", which the checkpoint does not hold", index.dir, name,
+               target);
+    entries.push_back({name, e->dtype, e->shape});
+    from.push_back(e);
+  }
+  Metadata meta(index.training.app.begin(), index.training.app.end());
+  meta["step"] = std::to_string(index.training.step);
+  meta["weft_version"] = index.weft_version;
+  save_safetensors(out, entries, [&](size_t i) { return source.full(*from[i]); }, meta);
+}
+
+}  // namespace weft::fsdp

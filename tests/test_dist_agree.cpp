@@ -1,0 +1,118 @@
+// dist::agree: a failure on one rank stops every rank with a named error (its own message on
+// the failed rank, "failed on another rank (rank K: ...)" on the others), never a hang; the
+// ranks stay in step for the collectives that follow. Also dist::local_device.
+#include <catch2/catch.hpp>
+
+#include <stdexcept>
+#include <string>
+
+#include "dist/agree.h"
+#include "dist/device_mesh.h"
+#include "dist/dist.h"
+
+using namespace weft;
+using namespace weft::dist;
+using Catch::Contains;
+using Catch::StartsWith;
+
+namespace {
+
+// The message `work` makes every rank throw, or "" when it returns.
+template <class Work>
+std::string agreed_message(const std::vector<ProcessGroupPtr>& groups, Work&& work, int* failed_rank = nullptr) {
+  try {
+    agree(groups, "testing", work);
+  } catch (const AgreedError& e) {
+    if (failed_rank) *failed_rank = e.failed_rank;
+    return e.what();
+  }
+  return "";
+}
+
+// The ranks are still in step: every rank gets the sum of 1..world.
+void check_in_step() {
+  Tensor x = from_vector({double(rank() + 1)}, {1}, {.dtype = kFloat64});
+  world()->all_reduce(x)->wait();
+  CHECK(x.item() == world_size() * (world_size() + 1) / 2);
+}
+
+}  // namespace
+
+TEST_CASE("agree: no failure returns on every rank") {
+  int ran = 0;
+  CHECK(agreed_message({world()}, [&] { ++ran; }) == "");
+  CHECK(ran == 1);
+  check_in_step();
+}
+
+TEST_CASE("agree: one rank throws, every rank throws a named error") {
+  const int bad = world_size() - 1;
+  int failed = -2;
+  std::string message = agreed_message({world()}, [&] {
+    if (rank() == bad) throw std::runtime_error("cannot open data.bin on rank " + std::to_string(bad));
+  }, &failed);
+  CHECK(failed == bad);
+  if (rank() == bad) {
+    CHECK(message == "cannot open data.bin on rank " + std::to_string(bad));  // its own, unchanged
+  } else {
+    CHECK(message == "testing failed on another rank (rank " + std::to_string(bad) + ": cannot open data.bin on rank " +
+                         std::to_string(bad) + ")");
+  }
+  check_in_step();
+}
+
+TEST_CASE("agree: several ranks fail; the others name the lowest, each failed rank keeps its own") {
+  int failed = -2;
+  std::string message = agreed_message({world()}, [&] {
+    if (rank() == 0 || rank() == world_size() - 1) WEFT_ERROR("bad flag on rank {}", rank());
+  }, &failed);
+  CHECK(failed == 0);
+  // (WEFT_ERROR adds " (at file:line)" to a message.)
+  if (rank() == 0 || rank() == world_size() - 1) CHECK_THAT(message, StartsWith("bad flag on rank " + std::to_string(rank()) + " (at"));
+  else CHECK_THAT(message, StartsWith("testing failed on another rank (rank 0: bad flag on rank 0 (at"));
+  check_in_step();
+}
+
+TEST_CASE("agree: over a 2-D mesh's groups, every rank of the mesh learns of the failure") {
+  const int n = world_size(), replicas = n % 2 == 0 ? 2 : n, shards = n / replicas;
+  DeviceMesh mesh(DeviceType::cpu, {replicas, shards}, {"replicate", "shard"});
+  const int bad = n - 1;
+  std::string message = agreed_message({mesh.group("shard"), mesh.group("replicate")}, [&] {
+    if (rank() == bad) WEFT_ERROR("disk full");
+  });
+  if (rank() == bad) CHECK_THAT(message, StartsWith("disk full (at"));
+  else CHECK_THAT(message, StartsWith("testing failed on another rank (rank " + std::to_string(bad) + ": disk full (at"));
+  check_in_step();
+}
+
+TEST_CASE("agree: an AgreedError from a nested agreement passes through unchanged") {
+  const int bad = world_size() - 1;
+  std::string inner_message = agreed_message({world()}, [&] { if (rank() == bad) WEFT_ERROR("inner"); });
+  std::string outer = agreed_message({world()}, [&] {
+    agree({world()}, "inner step", [&] { if (rank() == bad) WEFT_ERROR("inner"); });
+  });
+  CHECK_THAT(outer, StartsWith(rank() == bad ? "inner (at" : "inner step failed on another rank (rank " + std::to_string(bad) + ": inner (at"));
+  CHECK(!inner_message.empty());
+  check_in_step();
+}
+
+TEST_CASE("agree: a long message is cut, not overrun") {
+  const std::string huge(10000, 'x');
+  std::string message = agreed_message({world()}, [&] { if (rank() == 0) throw std::runtime_error(huge); });
+  if (rank() == 0) CHECK(message == huge);
+  else CHECK(message.size() < 2100);
+  check_in_step();
+}
+
+TEST_CASE("agree: without groups (a process alone) the error is this rank's own") {
+  CHECK_THAT(agreed_message({}, [] { WEFT_ERROR("alone"); }), StartsWith("alone (at"));
+  CHECK(agreed_message({nullptr}, [] {}) == "");
+}
+
+TEST_CASE("local_device: the CPU, or a clear error without a GPU") {
+  CHECK(local_device(DeviceType::cpu) == Device::cpu());
+  if (cuda_device_count() == 0)
+    CHECK_THROWS_WITH(local_device(DeviceType::cuda), Contains("dist::local_device: no CUDA device is usable"));
+  else
+    CHECK(local_device(DeviceType::cuda).index == local_rank() % cuda_device_count());
+}
