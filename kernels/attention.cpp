@@ -103,8 +103,8 @@ void attention_backward_into(const Tensor& grad_, const Tensor& q_, const Tensor
   check_grads_into(op, dv, v, "dv");
   const KernelBackend& backend = kernel_backend(q.device(), op);
   if (d.B * d.H == 0 || (d.Tq == 0 && d.Tk == 0)) return;
-  backend.attention_backward(rows(grad), rows(q), rows(k), rows(v), rows(out), lse.contiguous(), causal, scale, dq,
-                             dk, dv);
+  backend.attention_backward(rows(grad), rows(q), rows(k), rows(v), rows(out), lse.contiguous(), causal, scale,
+                             dq, dk, dv);
 }
 
 std::tuple<Tensor, Tensor, Tensor> attention_backward(const Tensor& grad, const Tensor& q, const Tensor& k,
