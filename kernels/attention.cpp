@@ -1,13 +1,10 @@
 // kernels: entry points of the fused attention (kernels/attention.h): argument checks that
-// name the operand at fault, output allocation in the [B, T, H, hd] layout, the 16-bit
-// round trip through f32, and the device dispatch. The CPU loops are in kernels/cpu/attention.cpp.
+// name the operand at fault, output allocation in the [B, T, H, hd] layout, and the dispatch
+// to the device's backend (the CPU's computes 16-bit operands in f32 copies,
+// kernels/cpu/backend.cpp). The CPU loops are in kernels/cpu/attention.cpp.
 #include "kernels/attention.h"
 
-#include "core/copy.h"
-#include "kernels/cpu/attention.h"
-#if WEFT_WITH_CUDA
-#include "kernels/cuda/nn_ops.h"
-#endif
+#include "kernels/backend.h"
 #include "kernels/nn_checks.h"
 
 namespace weft::kernels {
@@ -74,27 +71,12 @@ std::pair<Tensor, Tensor> attention(const Tensor& q_, const Tensor& k_, const Te
   const char* op = "attention";
   Tensor q = plain(q_), k = plain(k_), v = plain(v_);
   Dims d = check_qkv(op, q, k, v, causal);
+  const KernelBackend& backend = kernel_backend(q.device(), op);
   Tensor out = empty_bthc(d.B, d.H, d.Tq, d.Ev, like(q));
   Tensor lse = empty({d.B, d.H, d.Tq}, {.dtype = stats_dtype(q.dtype()), .device = q.device()});
   if (out.numel() == 0 && lse.numel() == 0) return {out, lse};
-  if (q.device().is_cpu()) {
-    if (is_16bit(q.dtype())) {
-      Tensor out32 = empty_bthc(d.B, d.H, d.Tq, d.Ev, {});
-      cpu::attention(q.to(DType::f32), k.to(DType::f32), v.to(DType::f32), causal, scale, out32, lse);
-      copy_elements(out, out32);
-    } else {
-      cpu::attention(rows(q), rows(k), rows(v), causal, scale, out, lse);
-    }
-    return {out, lse};
-  }
-#if WEFT_WITH_CUDA
-  // The CUDA kernels read and write 16-bit operands in place (computing in f32).
-  if (q.device().is_cuda()) {
-    cuda::attention(rows(q), rows(k), rows(v), causal, scale, out, lse);
-    return {out, lse};
-  }
-#endif
-  not_built(op, q);
+  backend.attention(rows(q), rows(k), rows(v), causal, scale, out, lse);
+  return {out, lse};
 }
 
 void attention_backward_into(const Tensor& grad_, const Tensor& q_, const Tensor& k_, const Tensor& v_,
@@ -119,31 +101,10 @@ void attention_backward_into(const Tensor& grad_, const Tensor& q_, const Tensor
   check_grads_into(op, dq, q, "dq");
   check_grads_into(op, dk, k, "dk");
   check_grads_into(op, dv, v, "dv");
+  const KernelBackend& backend = kernel_backend(q.device(), op);
   if (d.B * d.H == 0 || (d.Tq == 0 && d.Tk == 0)) return;
-  if (q.device().is_cpu()) {
-    if (is_16bit(q.dtype())) {
-      auto f32 = [](const Tensor& t) { return t.to(DType::f32); };
-      Tensor dq32 = empty_bthc(d.B, d.H, d.Tq, d.E, {}), dk32 = empty_bthc(d.B, d.H, d.Tk, d.E, {});
-      Tensor dv32 = empty_bthc(d.B, d.H, d.Tk, d.Ev, {});
-      cpu::attention_backward(f32(grad), f32(q), f32(k), f32(v), f32(out), lse.contiguous(), causal, scale,
-                              dq32, dk32, dv32);
-      copy_elements(dq, dq32);
-      copy_elements(dk, dk32);
-      copy_elements(dv, dv32);
-    } else {
-      cpu::attention_backward(rows(grad), rows(q), rows(k), rows(v), rows(out), lse.contiguous(), causal,
-                              scale, dq, dk, dv);
-    }
-    return;
-  }
-#if WEFT_WITH_CUDA
-  if (q.device().is_cuda()) {
-    cuda::attention_backward(rows(grad), rows(q), rows(k), rows(v), rows(out), lse.contiguous(), causal, scale, dq,
-                             dk, dv);
-    return;
-  }
-#endif
-  not_built(op, q);
+  backend.attention_backward(rows(grad), rows(q), rows(k), rows(v), rows(out), lse.contiguous(), causal, scale,
+                             dq, dk, dv);
 }
 
 std::tuple<Tensor, Tensor, Tensor> attention_backward(const Tensor& grad, const Tensor& q, const Tensor& k,

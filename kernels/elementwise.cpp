@@ -5,11 +5,7 @@
 
 #include <cmath>
 
-#include "kernels/cpu/elementwise.h"
-#if WEFT_WITH_CUDA
-#include "kernels/cuda/ops.h"
-#include "kernels/cuda/runtime.h"
-#endif
+#include "kernels/backend.h"
 
 namespace weft::kernels {
 namespace {
@@ -22,15 +18,6 @@ void check_same_device(const char* op, const Tensor& a, const Tensor& b) {
   WEFT_CHECK(a.device() == b.device(), "{}: tensors are on different devices: {} and {}", op,
              tensor_desc(a), tensor_desc(b));
 }
-
-// Throws for devices whose backend is not built (before anything is allocated there).
-void check_backend(const char* op, Device dev) {
-#if WEFT_WITH_CUDA
-  if (dev.is_cuda()) return cuda::check_device(dev.index, op);
-#endif
-  WEFT_CHECK(dev.is_cpu(), "{}: not built for device {}", op, dev.str());
-}
-[[noreturn]] void no_backend(const char* op, Device dev) { WEFT_ERROR("{}: not built for device {}", op, dev.str()); }
 
 // t as dtype `dt` (a copy only if it differs), broadcast to `shape`. Detached first so that
 // these internal views and copies record no autograd history.
@@ -138,13 +125,9 @@ Tensor unary(UnaryOp op, const Tensor& x) {
     WEFT_CHECK(dt != DType::bool_ || op == UnaryOp::logical_not, "{}: not supported for bool tensor {}",
                name, tensor_desc(x));
   }
-  check_backend(name, x.device());
+  const KernelBackend& backend = kernel_backend(x.device(), name);
   Tensor out = empty(x.shape(), {.dtype = op == UnaryOp::logical_not ? DType::bool_ : dt, .device = x.device()});
-  if (x.device().is_cpu()) cpu::unary(op, out, x);
-#if WEFT_WITH_CUDA
-  else if (x.device().is_cuda()) cuda::unary(op, out, x);
-#endif
-  else no_backend(name, x.device());
+  backend.unary(op, out, x);
   return out;
 }
 
@@ -165,13 +148,9 @@ Tensor unary_backward(UnaryOp op, const Tensor& grad, const Tensor& x, const Ten
                tensor_desc(grad), tensor_desc(saved));
     v = operand(saved, grad.dtype(), grad.shape());
   }
-  check_backend(name, grad.device());
+  const KernelBackend& backend = kernel_backend(grad.device(), name);
   Tensor gx = empty(grad.shape(), {.dtype = grad.dtype(), .device = grad.device()});
-  if (grad.device().is_cpu()) cpu::unary_backward(op, gx, grad, needs_x ? v : Tensor(), needs_y ? v : Tensor());
-#if WEFT_WITH_CUDA
-  else if (grad.device().is_cuda()) cuda::unary_backward(op, gx, grad, needs_x ? v : Tensor(), needs_y ? v : Tensor());
-#endif
-  else no_backend(name, grad.device());
+  backend.unary_backward(op, gx, grad, needs_x ? v : Tensor(), needs_y ? v : Tensor());
   return gx;
 }
 
@@ -186,14 +165,10 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   if (op == BinaryOp::div && !is_floating(ct)) ct = out_dt = DType::f32;  // true division
   WEFT_CHECK(!(ct == DType::bool_ && (op == BinaryOp::sub || op == BinaryOp::pow)),
              "{}: not supported for bool tensors ({} and {})", name, tensor_desc(a), tensor_desc(b));
-  check_backend(name, a.device());
+  const KernelBackend& backend = kernel_backend(a.device(), name);
   Tensor out = empty(shape, {.dtype = out_dt, .device = a.device()});
   Tensor ac = operand(a, ct, shape), bc = operand(b, ct, shape);
-  if (a.device().is_cpu()) cpu::binary(op, out, ac, bc);
-#if WEFT_WITH_CUDA
-  else if (a.device().is_cuda()) cuda::binary(op, out, ac, bc);
-#endif
-  else no_backend(name, a.device());
+  backend.binary(op, out, ac, bc);
   return out;
 }
 
@@ -212,14 +187,10 @@ Tensor binary_scalar(BinaryOp op, const Tensor& a, double s, bool scalar_first) 
              "pow: integer tensor {} to the negative integer power {} (convert to float first)",
              tensor_desc(a), s);
   DType out_dt = is_comparison(op) ? DType::bool_ : ct;
-  check_backend(name, a.device());
+  const KernelBackend& backend = kernel_backend(a.device(), name);
   Tensor out = empty(a.shape(), {.dtype = out_dt, .device = a.device()});
   Tensor ac = operand(a, ct, a.shape());
-  if (a.device().is_cpu()) cpu::binary_scalar(op, out, ac, s, scalar_first);
-#if WEFT_WITH_CUDA
-  else if (a.device().is_cuda()) cuda::binary_scalar(op, out, ac, s, scalar_first);
-#endif
-  else no_backend(name, a.device());
+  backend.binary_scalar(op, out, ac, s, scalar_first);
   return out;
 }
 
@@ -232,13 +203,9 @@ void add_(const Tensor& dst, const Tensor& src, double alpha) {
   WEFT_CHECK(is_floating(dst.dtype()) || is_integral_scalar(alpha),
              "add_: alpha {} is not an integer but destination {} is", alpha, tensor_desc(dst));
   check_no_self_overlap("add_", dst);
-  check_backend("add_", dst.device());
+  const KernelBackend& backend = kernel_backend(dst.device(), "add_");
   Tensor s = operand(src, dst.dtype(), dst.shape());
-  if (dst.device().is_cpu()) cpu::add_(dst, s, alpha);
-#if WEFT_WITH_CUDA
-  else if (dst.device().is_cuda()) cuda::add_(dst, s, alpha);
-#endif
-  else no_backend("add_", dst.device());
+  backend.add_(dst, s, alpha);
 }
 
 void mul_scalar_(const Tensor& dst, double s) {
@@ -246,12 +213,8 @@ void mul_scalar_(const Tensor& dst, double s) {
   WEFT_CHECK(is_floating(dst.dtype()) || is_integral_scalar(s),
              "mul_scalar_: scalar {} is not an integer but destination {} is", s, tensor_desc(dst));
   check_no_self_overlap("mul_scalar_", dst);
-  check_backend("mul_scalar_", dst.device());
-  if (dst.device().is_cpu()) cpu::mul_scalar_(dst, s);
-#if WEFT_WITH_CUDA
-  else if (dst.device().is_cuda()) cuda::mul_scalar_(dst, s);
-#endif
-  else no_backend("mul_scalar_", dst.device());
+  const KernelBackend& backend = kernel_backend(dst.device(), "mul_scalar_");
+  backend.mul_scalar_(dst, s);
 }
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
@@ -264,14 +227,10 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   check_same_device("where", cond, b);
   Shape shape = broadcast_shapes(broadcast_shapes(cond.shape(), a.shape(), "where"), b.shape(), "where");
   DType dt = promote_types(a.dtype(), b.dtype());
-  check_backend("where", a.device());
+  const KernelBackend& backend = kernel_backend(a.device(), "where");
   Tensor out = empty(shape, {.dtype = dt, .device = a.device()});
   Tensor c = operand(cond, cond.dtype(), shape), ac = operand(a, dt, shape), bc = operand(b, dt, shape);
-  if (a.device().is_cpu()) cpu::where(out, c, ac, bc);
-#if WEFT_WITH_CUDA
-  else if (a.device().is_cuda()) cuda::where(out, c, ac, bc);
-#endif
-  else no_backend("where", a.device());
+  backend.where(out, c, ac, bc);
   return out;
 }
 
@@ -284,14 +243,10 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
   WEFT_CHECK(broadcast_shapes(x.shape(), mask.shape(), "masked_fill") == x.shape(),
              "masked_fill: mask {} cannot be broadcast to the input's shape {}", tensor_desc(mask),
              shape_str(x.shape()));
-  check_backend("masked_fill", x.device());
+  const KernelBackend& backend = kernel_backend(x.device(), "masked_fill");
   Tensor out = empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});
   Tensor m = operand(mask, mask.dtype(), x.shape());
-  if (x.device().is_cpu()) cpu::masked_fill(out, x, m, value);
-#if WEFT_WITH_CUDA
-  else if (x.device().is_cuda()) cuda::masked_fill(out, x, m, value);
-#endif
-  else no_backend("masked_fill", x.device());
+  backend.masked_fill(out, x, m, value);
   return out;
 }
 
@@ -302,14 +257,10 @@ Tensor clamp(const Tensor& x, std::optional<double> lo, std::optional<double> hi
   DType dt = x.dtype();
   if (!is_floating(dt) && ((lo && !is_integral_scalar(*lo)) || (hi && !is_integral_scalar(*hi))))
     dt = DType::f32;
-  check_backend("clamp", x.device());
+  const KernelBackend& backend = kernel_backend(x.device(), "clamp");
   Tensor out = empty(x.shape(), {.dtype = dt, .device = x.device()});
   Tensor xc = operand(x, dt, x.shape());
-  if (x.device().is_cpu()) cpu::clamp(out, xc, lo, hi);
-#if WEFT_WITH_CUDA
-  else if (x.device().is_cuda()) cuda::clamp(out, xc, lo, hi);
-#endif
-  else no_backend("clamp", x.device());
+  backend.clamp(out, xc, lo, hi);
   return out;
 }
 

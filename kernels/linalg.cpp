@@ -1,15 +1,12 @@
 // kernels: matmul and gemm entry points: shape rules, checks, output allocation and the
-// device dispatch. The loops are in kernels/cpu/gemm.cpp.
+// dispatch to the device's backend. The CPU loops are in kernels/cpu/gemm.cpp.
 #include "kernels/linalg.h"
 
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
 
-#include "kernels/cpu/gemm.h"
-#if WEFT_WITH_CUDA
-#include "kernels/cuda/gemm.h"
-#endif
+#include "kernels/backend.h"
 
 namespace weft::kernels {
 namespace {
@@ -41,22 +38,14 @@ Tensor matmul(const Tensor& a_, const Tensor& b_) {
   check_operands("matmul", a, b);
   WEFT_CHECK(a.dim() >= 1 && b.dim() >= 1, "matmul: both operands need at least 1 dim, got {} and {}",
              tensor_desc(a), tensor_desc(b));
+  const KernelBackend& backend = kernel_backend(a.device(), "matmul");
   TensorOptions opts{.dtype = a.dtype(), .device = a.device()};
   if (a.dim() == 1 && b.dim() == 1) {
     WEFT_CHECK(a.size(0) == b.size(0), "matmul: 1-D operands differ in length: {} and {}", tensor_desc(a),
                tensor_desc(b));
     Tensor out = empty({}, opts);
-    if (a.device().is_cpu()) {
-      cpu::dot(a, b, out);
-      return out;
-    }
-#if WEFT_WITH_CUDA
-    if (a.device().is_cuda()) {
-      cuda::dot(a, b, out);
-      return out;
-    }
-#endif
-    WEFT_ERROR("matmul: not built for device {}", a.device().str());
+    backend.dot(a, b, out);
+    return out;
   }
   // A 1-D operand becomes a row (left) or column (right) matrix; its dim is dropped after.
   Tensor a2 = a.dim() == 1 ? a.unsqueeze(0) : a;
@@ -70,15 +59,7 @@ Tensor matmul(const Tensor& a_, const Tensor& b_) {
   full.push_back(m);
   full.push_back(n);
   Tensor out = empty(full, opts);
-  if (a.device().is_cpu()) {
-    cpu::matmul(a2, b2, out);
-#if WEFT_WITH_CUDA
-  } else if (a.device().is_cuda()) {
-    cuda::matmul(a2, b2, out);
-#endif
-  } else {
-    WEFT_ERROR("matmul: not built for device {}", a.device().str());
-  }
+  backend.matmul(a2, b2, out);
   if (a.dim() == 1) out = out.squeeze(-2);
   if (b.dim() == 1) out = out.squeeze(-1);
   return out;
@@ -97,11 +78,7 @@ void gemm(const Tensor& a_, bool trans_a, const Tensor& b_, bool trans_b, const 
              A.size(0), A.size(1), B.size(0), B.size(1));
   WEFT_CHECK(out.dim() == 2 && out.size(0) == A.size(0) && out.size(1) == B.size(1) && out.is_contiguous(),
              "gemm: out {} must be a contiguous [{}, {}] matrix", tensor_desc(out), A.size(0), B.size(1));
-  if (a.device().is_cpu()) return cpu::gemm(A, B, out, alpha, beta);
-#if WEFT_WITH_CUDA
-  if (a.device().is_cuda()) return cuda::gemm(A, B, out, alpha, beta);
-#endif
-  WEFT_ERROR("gemm: not built for device {}", a.device().str());
+  kernel_backend(a.device(), "gemm").gemm(A, B, out, alpha, beta);
 }
 
 }  // namespace weft::kernels

@@ -1,14 +1,10 @@
 // kernels: entry points of the neural-network kernels (kernels/nn.h). Each checks its
 // arguments (naming the op, shapes, dtypes and devices), allocates the outputs, makes the
-// inputs contiguous where the loops need it and dispatches on the device. The CPU loops
-// live in kernels/cpu/; 16-bit types that the loops do not take go through f32 here.
+// inputs contiguous where the loops need it and dispatches through the device's backend
+// (kernels/backend.h); 16-bit types that the loops do not take go through f32 here.
 #include "kernels/nn.h"
 
-#include "kernels/cpu/nn.h"
-#if WEFT_WITH_CUDA
-#include "kernels/cuda/nn_ops.h"
-#include "kernels/cuda/ops.h"
-#endif
+#include "kernels/backend.h"
 #include "kernels/nn_checks.h"
 
 namespace weft::kernels {
@@ -30,18 +26,10 @@ Tensor softmax_forward(const Tensor& x, int64_t dim, bool log) {
   check_float(op, x, "input");
   int64_t d = wrap_dim(dim, std::max<int64_t>(x.dim(), 1), op), outer, n, inner;
   split_dim(x, d, outer, n, inner);
+  const KernelBackend& backend = kernel_backend(x.device(), op);
   Tensor y = empty(x.shape(), like(x));
-  if (x.device().is_cpu()) {
-    cpu::softmax(x.contiguous(), y, outer, n, inner, log);
-    return y;
-  }
-#if WEFT_WITH_CUDA
-  if (x.device().is_cuda()) {
-    cuda::softmax(x.contiguous(), y, outer, n, inner, log);
-    return y;
-  }
-#endif
-  not_built(op, x);
+  backend.softmax(x.contiguous(), y, outer, n, inner, log);
+  return y;
 }
 
 Tensor softmax_backward_impl(const Tensor& grad, const Tensor& y, int64_t dim, bool log) {
@@ -51,18 +39,10 @@ Tensor softmax_backward_impl(const Tensor& grad, const Tensor& y, int64_t dim, b
   check_same(op, grad, y);
   int64_t d = wrap_dim(dim, std::max<int64_t>(y.dim(), 1), op), outer, n, inner;
   split_dim(y, d, outer, n, inner);
+  const KernelBackend& backend = kernel_backend(y.device(), op);
   Tensor dx = empty(y.shape(), like(y));
-  if (y.device().is_cpu()) {
-    cpu::softmax_backward(grad.contiguous(), y.contiguous(), dx, outer, n, inner, log);
-    return dx;
-  }
-#if WEFT_WITH_CUDA
-  if (y.device().is_cuda()) {
-    cuda::softmax_backward(grad.contiguous(), y.contiguous(), dx, outer, n, inner, log);
-    return dx;
-  }
-#endif
-  not_built(op, y);
+  backend.softmax_backward(grad.contiguous(), y.contiguous(), dx, outer, n, inner, log);
+  return dx;
 }
 
 Shape stats_shape(const Tensor& x, int64_t normalized_ndim) {
@@ -108,20 +88,12 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm(const Tensor& x_, int64_t normaliz
   check_affine(op, weight, "weight", x, norm);
   check_affine(op, bias, "bias", x, norm);
   WEFT_CHECK(eps >= 0, "layer_norm: eps must be >= 0, got {}", eps);
+  const KernelBackend& backend = kernel_backend(x.device(), op);
   TensorOptions stats{.dtype = x.dtype() == DType::f64 ? DType::f64 : DType::f32, .device = x.device()};
   Tensor y = empty(x.shape(), like(x));
   Tensor mean = empty(stats_shape(x, normalized_ndim), stats), rstd = empty(mean.shape(), stats);
-  if (x.device().is_cpu()) {
-    cpu::layer_norm(x.contiguous(), contig(weight), contig(bias), eps, y, mean, rstd);
-    return {y, mean, rstd};
-  }
-#if WEFT_WITH_CUDA
-  if (x.device().is_cuda()) {
-    cuda::layer_norm(x.contiguous(), contig(weight), contig(bias), eps, y, mean, rstd);
-    return {y, mean, rstd};
-  }
-#endif
-  not_built(op, x);
+  backend.layer_norm(x.contiguous(), contig(weight), contig(bias), eps, y, mean, rstd);
+  return {y, mean, rstd};
 }
 
 std::tuple<Tensor, Tensor, Tensor> layer_norm_backward(const Tensor& grad_, const Tensor& x_,
@@ -145,22 +117,13 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm_backward(const Tensor& grad_, cons
         tensor_desc(x), dtype_name(stats), shape_str(stats_shape(x, normalized_ndim)));
     check_device(op, *s, x);
   }
+  const KernelBackend& backend = kernel_backend(x.device(), op);
   Tensor dx = empty(x.shape(), like(x));
   Tensor dweight = weight.defined() ? empty(weight.shape(), like(weight)) : Tensor();
   Tensor dbias = bias.defined() ? empty(bias.shape(), like(bias)) : Tensor();
-  if (x.device().is_cpu()) {
-    cpu::layer_norm_backward(grad.contiguous(), x.contiguous(), mean.contiguous(), rstd.contiguous(),
-                             contig(weight), dx, dweight, dbias);
-    return {dx, dweight, dbias};
-  }
-#if WEFT_WITH_CUDA
-  if (x.device().is_cuda()) {
-    cuda::layer_norm_backward(grad.contiguous(), x.contiguous(), mean.contiguous(), rstd.contiguous(),
+  backend.layer_norm_backward(grad.contiguous(), x.contiguous(), mean.contiguous(), rstd.contiguous(),
                               contig(weight), dx, dweight, dbias);
-    return {dx, dweight, dbias};
-  }
-#endif
-  not_built(op, x);
+  return {dx, dweight, dbias};
 }
 
 // ---------------------------------------------------------------- cross-entropy
@@ -183,19 +146,11 @@ std::pair<Tensor, Tensor> cross_entropy(const Tensor& logits_, const Tensor& tar
   WEFT_CHECK(label_smoothing >= 0 && label_smoothing <= 1,
              "cross_entropy: label_smoothing must be in [0, 1], got {}", label_smoothing);
   WEFT_CHECK(c > 0, "cross_entropy: logits {} have no classes", tensor_desc(logits));
+  const KernelBackend& backend = kernel_backend(logits.device(), op);
   Tensor log_probs = empty({n, c}, like(logits));
   Tensor loss = empty(reduction == Reduction::none ? Shape{n} : Shape{}, like(logits));
-  if (logits.device().is_cpu()) {
-    cpu::cross_entropy(logits.reshape({n, c}).contiguous(), target.reshape({n}).contiguous(), ignore_index,
-                       label_smoothing, reduction, loss, log_probs);
-#if WEFT_WITH_CUDA
-  } else if (logits.device().is_cuda()) {
-    cuda::cross_entropy(logits.reshape({n, c}).contiguous(), target.reshape({n}).contiguous(), ignore_index,
+  backend.cross_entropy(logits.reshape({n, c}).contiguous(), target.reshape({n}).contiguous(), ignore_index,
                         label_smoothing, reduction, loss, log_probs);
-#endif
-  } else {
-    not_built(op, logits);
-  }
   if (logits.dim() == 1) {
     log_probs = log_probs.view({c});
     if (reduction == Reduction::none) loss = loss.view({});
@@ -221,22 +176,12 @@ Tensor cross_entropy_backward(const Tensor& grad_loss_, const Tensor& log_probs_
       grad_loss.dtype() == log_probs.dtype() && grad_loss.numel() == (reduction == Reduction::none ? n : 1),
       "{}: grad {} does not fit the loss of log_probs {}", op, tensor_desc(grad_loss),
       tensor_desc(log_probs));
+  const KernelBackend& backend = kernel_backend(log_probs.device(), op);
   Tensor dlogits = empty(log_probs.shape(), like(log_probs));
-  if (log_probs.device().is_cpu()) {
-    cpu::cross_entropy_backward(grad_loss.reshape({grad_loss.numel()}).contiguous(),
-                                log_probs.reshape({n, c}).contiguous(), target.reshape({n}).contiguous(),
-                                ignore_index, label_smoothing, reduction, dlogits.view({n, c}));
-    return dlogits;
-  }
-#if WEFT_WITH_CUDA
-  if (log_probs.device().is_cuda()) {
-    cuda::cross_entropy_backward(grad_loss.reshape({grad_loss.numel()}).contiguous(),
+  backend.cross_entropy_backward(grad_loss.reshape({grad_loss.numel()}).contiguous(),
                                  log_probs.reshape({n, c}).contiguous(), target.reshape({n}).contiguous(),
                                  ignore_index, label_smoothing, reduction, dlogits.view({n, c}));
-    return dlogits;
-  }
-#endif
-  not_built(op, log_probs);
+  return dlogits;
 }
 
 // ---------------------------------------------------------------- cat
@@ -271,19 +216,11 @@ Tensor cat(const std::vector<Tensor>& xs, int64_t dim) {
     shape[d] += x.size(d);
     parts.push_back(x.detach());
   }
+  const KernelBackend& backend = kernel_backend(ref->device(), "cat");
   Tensor out = empty(shape, {.dtype = dtype, .device = ref->device()});
   if (out.numel() == 0) return out;
-  if (out.device().is_cpu()) {
-    cpu::cat(parts, d, out);
-    return out;
-  }
-#if WEFT_WITH_CUDA
-  if (out.device().is_cuda()) {
-    cuda::cat(parts, d, out);
-    return out;
-  }
-#endif
-  not_built("cat", out);
+  backend.cat(parts, d, out);
+  return out;
 }
 
 // ---------------------------------------------------------------- dropout
@@ -292,20 +229,12 @@ std::pair<Tensor, Tensor> dropout(const Tensor& x_, double p, Generator* gen) {
   Tensor x = plain(x_);
   check_float("dropout", x, "input");
   WEFT_CHECK(p >= 0 && p <= 1, "dropout: probability p must be in [0, 1], got {}", p);
+  const KernelBackend& backend = kernel_backend(x.device(), "dropout");
   uint64_t seed = (gen ? *gen : default_generator()).next_u64();
   Tensor y = empty(x.shape(), like(x));
   Tensor mask = empty(x.shape(), {.dtype = DType::bool_, .device = x.device()});
-  if (x.device().is_cpu()) {
-    cpu::dropout(x.contiguous(), p, seed, y, mask);
-    return {y, mask};
-  }
-#if WEFT_WITH_CUDA
-  if (x.device().is_cuda()) {
-    cuda::dropout(x.contiguous(), p, seed, y, mask);
-    return {y, mask};
-  }
-#endif
-  not_built("dropout", x);
+  backend.dropout(x.contiguous(), p, seed, y, mask);
+  return {y, mask};
 }
 
 Tensor dropout_backward(const Tensor& grad_, const Tensor& mask_, double p) {
@@ -317,18 +246,10 @@ Tensor dropout_backward(const Tensor& grad_, const Tensor& mask_, double p) {
              tensor_desc(grad));
   check_device("dropout_backward", grad, mask);
   WEFT_CHECK(p >= 0 && p <= 1, "dropout_backward: probability p must be in [0, 1], got {}", p);
+  const KernelBackend& backend = kernel_backend(grad.device(), "dropout_backward");
   Tensor dx = empty(grad.shape(), like(grad));
-  if (grad.device().is_cpu()) {
-    cpu::dropout_backward(grad.contiguous(), mask.to(DType::bool_).contiguous(), p, dx);
-    return dx;
-  }
-#if WEFT_WITH_CUDA
-  if (grad.device().is_cuda()) {
-    cuda::dropout_backward(grad.contiguous(), mask.to(DType::bool_).contiguous(), p, dx);
-    return dx;
-  }
-#endif
-  not_built("dropout_backward", grad);
+  backend.dropout_backward(grad.contiguous(), mask.to(DType::bool_).contiguous(), p, dx);
+  return dx;
 }
 
 }  // namespace weft::kernels

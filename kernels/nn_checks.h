@@ -4,10 +4,6 @@
 
 namespace weft::kernels::checks {
 
-[[noreturn]] inline void not_built(const char* op, const Tensor& t) {
-  WEFT_ERROR("{}: not built for device {}", op, t.device().str());
-}
-
 inline void check_float(const char* op, const Tensor& t, const char* name) {
   WEFT_CHECK(t.defined(), "{}: {} is an undefined tensor", op, name);
   WEFT_CHECK(is_floating(t.dtype()), "{}: {} must be a floating tensor (f32, f64, bf16, f16), got {}", op,

@@ -1,10 +1,7 @@
 // kernels: entry points of conv2d and max_pool2d (NCHW, or CHW for one image): shape rules,
-// checks, allocation and device dispatch. The convolution loops take f32/f64; 16-bit
-// tensors are converted around them.
-#include "kernels/cpu/nn.h"
-#if WEFT_WITH_CUDA
-#include "kernels/cuda/nn_ops.h"
-#endif
+// checks, allocation and dispatch to the device's backend. The convolution loops take
+// f32/f64; 16-bit tensors are converted around them.
+#include "kernels/backend.h"
 #include "kernels/nn.h"
 #include "kernels/nn_checks.h"
 
@@ -56,21 +53,12 @@ Tensor conv2d(const Tensor& x_, const Tensor& weight_, const Tensor& bias_, cons
                "conv2d: bias {} must be [{}] of dtype {}", tensor_desc(bias), weight.size(0),
                dtype_name(x.dtype()));
   }
+  const KernelBackend& backend = kernel_backend(x.device(), "conv2d");
   DType ct = compute_dtype(x.dtype());
   Tensor out = empty(shape, {.dtype = ct, .device = x.device()});
-  if (x.device().is_cpu()) {
-    cpu::conv2d(x.to(ct).contiguous(), weight.to(ct).contiguous(),
-                bias.defined() ? bias.to(ct).contiguous() : bias, p, out);
-    return out.to(x.dtype());
-  }
-#if WEFT_WITH_CUDA
-  if (x.device().is_cuda()) {
-    cuda::conv2d(x.to(ct).contiguous(), weight.to(ct).contiguous(),
+  backend.conv2d(x.to(ct).contiguous(), weight.to(ct).contiguous(),
                  bias.defined() ? bias.to(ct).contiguous() : bias, p, out);
-    return out.to(x.dtype());
-  }
-#endif
-  not_built("conv2d", x);
+  return out.to(x.dtype());
 }
 
 std::tuple<Tensor, Tensor, Tensor> conv2d_backward(const Tensor& grad_, const Tensor& x_,
@@ -88,23 +76,14 @@ std::tuple<Tensor, Tensor, Tensor> conv2d_backward(const Tensor& grad_, const Te
   WEFT_CHECK(grad.shape() == shape && grad.dtype() == x.dtype(),
              "{}: grad {} must be {}{}, the output of input {}", op, tensor_desc(grad), dtype_name(x.dtype()),
              shape_str(shape), tensor_desc(x));
+  const KernelBackend& backend = kernel_backend(x.device(), op);
   DType ct = compute_dtype(x.dtype());
   TensorOptions opts{.dtype = ct, .device = x.device()};
   Tensor dx = zeros(x.shape(), opts), dweight = empty(weight.shape(), opts);
   Tensor dbias = has_bias ? empty({weight.size(0)}, opts) : Tensor();
-  if (x.device().is_cpu()) {
-    cpu::conv2d_backward(grad.to(ct).contiguous(), x.to(ct).contiguous(), weight.to(ct).contiguous(), p, dx,
-                         dweight, dbias);
-    return {dx.to(x.dtype()), dweight.to(x.dtype()), has_bias ? dbias.to(x.dtype()) : dbias};
-  }
-#if WEFT_WITH_CUDA
-  if (x.device().is_cuda()) {
-    cuda::conv2d_backward(grad.to(ct).contiguous(), x.to(ct).contiguous(), weight.to(ct).contiguous(), p, dx,
+  backend.conv2d_backward(grad.to(ct).contiguous(), x.to(ct).contiguous(), weight.to(ct).contiguous(), p, dx,
                           dweight, dbias);
-    return {dx.to(x.dtype()), dweight.to(x.dtype()), has_bias ? dbias.to(x.dtype()) : dbias};
-  }
-#endif
-  not_built(op, x);
+  return {dx.to(x.dtype()), dweight.to(x.dtype()), has_bias ? dbias.to(x.dtype()) : dbias};
 }
 
 std::pair<Tensor, Tensor> max_pool2d(const Tensor& x_, const Pool2dParams& p) {
@@ -128,23 +107,13 @@ std::pair<Tensor, Tensor> max_pool2d(const Tensor& x_, const Pool2dParams& p) {
   shape[shape.size() - 2] = ho;
   shape[shape.size() - 1] = wo;
   int64_t planes = x.numel() / std::max<int64_t>(h * w, 1);
+  const KernelBackend& backend = kernel_backend(x.device(), "max_pool2d");
   Tensor out = empty(shape, like(x));
   Tensor indices = empty(shape, {.dtype = DType::i64, .device = x.device()});
-  if (x.device().is_cpu()) {
-    if (out.numel() > 0)
-      cpu::max_pool2d(x.contiguous().view({planes, h, w}), p, out.view({planes, ho, wo}),
-                      indices.view({planes, ho, wo}));
-    return {out, indices};
-  }
-#if WEFT_WITH_CUDA
-  if (x.device().is_cuda()) {
-    if (out.numel() > 0)
-      cuda::max_pool2d(x.contiguous().view({planes, h, w}), p, out.view({planes, ho, wo}),
+  if (out.numel() > 0)
+    backend.max_pool2d(x.contiguous().view({planes, h, w}), p, out.view({planes, ho, wo}),
                        indices.view({planes, ho, wo}));
-    return {out, indices};
-  }
-#endif
-  not_built("max_pool2d", x);
+  return {out, indices};
 }
 
 Tensor max_pool2d_backward(const Tensor& grad_, const Tensor& indices_, const Shape& input_shape) {
@@ -161,24 +130,13 @@ Tensor max_pool2d_backward(const Tensor& grad_, const Tensor& indices_, const Sh
              "{}: grad {} does not fit input shape {}", op, tensor_desc(grad), shape_str(input_shape));
   int64_t h = input_shape[nd - 2], w = input_shape[nd - 1], ho = grad.size(-2), wo = grad.size(-1);
   int64_t planes = shape_numel(input_shape) / std::max<int64_t>(h * w, 1);
+  const KernelBackend& backend = kernel_backend(grad.device(), op);
   Tensor dx = zeros(input_shape, like(grad));
-  if (grad.device().is_cpu()) {
-    if (grad.numel() == 0) return dx;
-    Tensor idx = indices.contiguous();
-    cpu::check_index_range(idx, h * w, op, "positions in an input plane");
-    cpu::max_pool2d_backward(grad.contiguous().view({planes, ho, wo}), idx.view({planes, ho, wo}),
-                             dx.view({planes, h, w}));
-    return dx;
-  }
-#if WEFT_WITH_CUDA
-  if (grad.device().is_cuda()) {
-    if (grad.numel() == 0) return dx;
-    cuda::max_pool2d_backward(grad.contiguous().view({planes, ho, wo}), indices.contiguous().view({planes, ho, wo}),
+  if (grad.numel() == 0) return dx;
+  // The backend checks (or, where that costs a copy to the host, skips) out-of-plane indices.
+  backend.max_pool2d_backward(grad.contiguous().view({planes, ho, wo}), indices.contiguous().view({planes, ho, wo}),
                               dx.view({planes, h, w}));
-    return dx;
-  }
-#endif
-  not_built(op, grad);
+  return dx;
 }
 
 }  // namespace weft::kernels

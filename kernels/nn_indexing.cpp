@@ -1,12 +1,9 @@
 // kernels: entry points of embedding and the index ops (index_select, index_add, gather,
-// scatter_add): checks, allocation and device dispatch. Index values are bounds-checked by
+// scatter_add): checks, allocation and dispatch to the device's backend. Index values are bounds-checked by
 // the backend, which is where they can be read.
 #include <fmt/format.h>
 
-#include "kernels/cpu/nn.h"
-#if WEFT_WITH_CUDA
-#include "kernels/cuda/ops.h"
-#endif
+#include "kernels/backend.h"
 #include "kernels/nn.h"
 #include "kernels/nn_checks.h"
 
@@ -21,22 +18,12 @@ Tensor embedding(const Tensor& weight_, const Tensor& indices_) {
   check_device("embedding", weight, indices);
   Shape shape = indices.shape();
   shape.push_back(weight.size(1));
+  const KernelBackend& backend = kernel_backend(weight.device(), "embedding");
   Tensor out = empty(shape, like(weight));
-  if (weight.device().is_cpu()) {
-    Tensor idx = indices.contiguous();
-    cpu::check_index_range(idx, weight.size(0), "embedding", "embeddings");
-    cpu::embedding(weight.contiguous(), idx, out);
-    return out;
-  }
-#if WEFT_WITH_CUDA
-  if (weight.device().is_cuda()) {
-    Tensor idx = indices.contiguous();
-    cuda::check_index_range(idx, weight.size(0), "embedding", "embeddings");
-    cuda::embedding(weight.contiguous(), idx, out);
-    return out;
-  }
-#endif
-  not_built("embedding", weight);
+  Tensor idx = indices.contiguous();
+  backend.check_index_range(idx, weight.size(0), "embedding", "embeddings");
+  backend.embedding(weight.contiguous(), idx, out);
+  return out;
 }
 
 Tensor embedding_backward(const Tensor& grad_, const Tensor& indices_, int64_t num_weights) {
@@ -53,22 +40,12 @@ Tensor embedding_backward(const Tensor& grad_, const Tensor& indices_, int64_t n
   int64_t d = grad.size(-1);
   // 16-bit gradients accumulate in f32 so that repeated tokens do not lose precision.
   DType acc = is_16bit(grad.dtype()) ? DType::f32 : grad.dtype();
+  const KernelBackend& backend = kernel_backend(grad.device(), op);
   Tensor out = zeros({num_weights, d}, {.dtype = acc, .device = grad.device()});
-  if (grad.device().is_cpu()) {
-    Tensor idx = indices.contiguous();
-    cpu::check_index_range(idx, num_weights, op, "embeddings");
-    cpu::embedding_backward(grad.to(acc).contiguous(), idx, out);
-    return out.to(grad.dtype());
-  }
-#if WEFT_WITH_CUDA
-  if (grad.device().is_cuda()) {
-    Tensor idx = indices.contiguous();
-    cuda::check_index_range(idx, num_weights, op, "embeddings");
-    cuda::embedding_backward(grad.to(acc).contiguous(), idx, out);
-    return out.to(grad.dtype());
-  }
-#endif
-  not_built(op, grad);
+  Tensor idx = indices.contiguous();
+  backend.check_index_range(idx, num_weights, op, "embeddings");
+  backend.embedding_backward(grad.to(acc).contiguous(), idx, out);
+  return out.to(grad.dtype());
 }
 
 Tensor index_select(const Tensor& x_, int64_t dim, const Tensor& index_) {
@@ -81,24 +58,13 @@ Tensor index_select(const Tensor& x_, int64_t dim, const Tensor& index_) {
   int64_t d = wrap_dim(dim, x.dim(), "index_select");
   Shape shape = x.shape();
   shape[d] = index.numel();
+  const KernelBackend& backend = kernel_backend(x.device(), "index_select");
   Tensor out = empty(shape, like(x));
-  if (x.device().is_cpu()) {
-    Tensor idx = index.contiguous();
-    cpu::check_index_range(idx, x.size(d), "index_select",
-                           fmt::format("positions along dim {} of {}", d, tensor_desc(x)));
-    if (out.numel() > 0) cpu::index_select(x.contiguous(), d, idx, out);
-    return out;
-  }
-#if WEFT_WITH_CUDA
-  if (x.device().is_cuda()) {
-    Tensor idx = index.contiguous();
-    cuda::check_index_range(idx, x.size(d), "index_select",
+  Tensor idx = index.contiguous();
+  backend.check_index_range(idx, x.size(d), "index_select",
                             fmt::format("positions along dim {} of {}", d, tensor_desc(x)));
-    if (out.numel() > 0) cuda::index_select(x.contiguous(), d, idx, out);
-    return out;
-  }
-#endif
-  not_built("index_select", x);
+  if (out.numel() > 0) backend.index_select(x.contiguous(), d, idx, out);
+  return out;
 }
 
 Tensor index_add(const Shape& shape, int64_t dim, const Tensor& index_, const Tensor& src_) {
@@ -115,24 +81,13 @@ Tensor index_add(const Shape& shape, int64_t dim, const Tensor& index_, const Te
   WEFT_CHECK(src.shape() == want,
              "index_add: src {} must have shape {} (output {} with dim {} sized like index {})",
              tensor_desc(src), shape_str(want), shape_str(shape), d, tensor_desc(index));
+  const KernelBackend& backend = kernel_backend(src.device(), "index_add");
   Tensor out = zeros(shape, like(src));
-  if (src.device().is_cpu()) {
-    Tensor idx = index.contiguous();
-    cpu::check_index_range(idx, shape[d], "index_add",
-                           fmt::format("positions along dim {} of {}", d, shape_str(shape)));
-    if (src.numel() > 0) cpu::index_add(out, d, idx, src.contiguous());
-    return out;
-  }
-#if WEFT_WITH_CUDA
-  if (src.device().is_cuda()) {
-    Tensor idx = index.contiguous();
-    cuda::check_index_range(idx, shape[d], "index_add",
+  Tensor idx = index.contiguous();
+  backend.check_index_range(idx, shape[d], "index_add",
                             fmt::format("positions along dim {} of {}", d, shape_str(shape)));
-    if (src.numel() > 0) cuda::index_add(out, d, idx, src.contiguous());
-    return out;
-  }
-#endif
-  not_built("index_add", src);
+  if (src.numel() > 0) backend.index_add(out, d, idx, src.contiguous());
+  return out;
 }
 
 Tensor gather(const Tensor& x_, int64_t dim, const Tensor& index_) {
@@ -146,24 +101,13 @@ Tensor gather(const Tensor& x_, int64_t dim, const Tensor& index_) {
   for (int64_t k = 0; k < x.dim(); ++k)
     WEFT_CHECK(k == d || index.size(k) <= x.size(k), "gather: index {} is larger than input {} in dim {}",
                tensor_desc(index), tensor_desc(x), k);
+  const KernelBackend& backend = kernel_backend(x.device(), "gather");
   Tensor out = empty(index.shape(), like(x));
-  if (x.device().is_cpu()) {
-    Tensor idx = index.contiguous();
-    cpu::check_index_range(idx, x.size(d), "gather",
-                           fmt::format("positions along dim {} of {}", d, tensor_desc(x)));
-    if (out.numel() > 0) cpu::gather(x, d, idx, out);
-    return out;
-  }
-#if WEFT_WITH_CUDA
-  if (x.device().is_cuda()) {
-    Tensor idx = index.contiguous();
-    cuda::check_index_range(idx, x.size(d), "gather",
+  Tensor idx = index.contiguous();
+  backend.check_index_range(idx, x.size(d), "gather",
                             fmt::format("positions along dim {} of {}", d, tensor_desc(x)));
-    if (out.numel() > 0) cuda::gather(x, d, idx, out);
-    return out;
-  }
-#endif
-  not_built("gather", x);
+  if (out.numel() > 0) backend.gather(x, d, idx, out);
+  return out;
 }
 
 Tensor scatter_add(const Tensor& self_, int64_t dim, const Tensor& index_, const Tensor& src_) {
@@ -182,24 +126,13 @@ Tensor scatter_add(const Tensor& self_, int64_t dim, const Tensor& index_, const
     WEFT_CHECK(index.size(k) <= src.size(k) && (k == d || index.size(k) <= self.size(k)),
                "scatter_add: index {} is larger than src {} or self {} in dim {}", tensor_desc(index),
                tensor_desc(src), tensor_desc(self), k);
+  const KernelBackend& backend = kernel_backend(self.device(), "scatter_add");
   Tensor out = self.clone();
-  if (self.device().is_cpu()) {
-    Tensor idx = index.contiguous();
-    cpu::check_index_range(idx, self.size(d), "scatter_add",
-                           fmt::format("positions along dim {} of {}", d, tensor_desc(self)));
-    if (idx.numel() > 0) cpu::scatter_add(out, d, idx, src);
-    return out;
-  }
-#if WEFT_WITH_CUDA
-  if (self.device().is_cuda()) {
-    Tensor idx = index.contiguous();
-    cuda::check_index_range(idx, self.size(d), "scatter_add",
+  Tensor idx = index.contiguous();
+  backend.check_index_range(idx, self.size(d), "scatter_add",
                             fmt::format("positions along dim {} of {}", d, tensor_desc(self)));
-    if (idx.numel() > 0) cuda::scatter_add(out, d, idx, src);
-    return out;
-  }
-#endif
-  not_built("scatter_add", self);
+  if (idx.numel() > 0) backend.scatter_add(out, d, idx, src);
+  return out;
 }
 
 }  // namespace weft::kernels

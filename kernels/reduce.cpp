@@ -10,11 +10,7 @@
 #include <cmath>
 #include <limits>
 
-#include "kernels/cpu/reduce.h"
-#if WEFT_WITH_CUDA
-#include "kernels/cuda/ops.h"
-#include "kernels/cuda/runtime.h"
-#endif
+#include "kernels/backend.h"
 #include "kernels/elementwise.h"
 
 namespace weft::kernels {
@@ -30,14 +26,6 @@ const char* reduce_op_name(ReduceOp op) {
   }
   return "reduce(?)";
 }
-
-void check_backend(const char* op, Device dev) {
-#if WEFT_WITH_CUDA
-  if (dev.is_cuda()) return cuda::check_device(dev.index, op);
-#endif
-  WEFT_CHECK(dev.is_cpu(), "{}: not built for device {}", op, dev.str());
-}
-[[noreturn]] void no_backend(const char* op, Device dev) { WEFT_ERROR("{}: not built for device {}", op, dev.str()); }
 
 int64_t reduced_numel_of(const Tensor& x, const Shape& dims) {
   int64_t n = 1;
@@ -103,17 +91,13 @@ std::pair<Tensor, Tensor> arg_reduce(bool is_max, const Tensor& x, int64_t dim, 
   Shape dims = normalize_dims({dim}, x.dim(), name);
   WEFT_CHECK(reduced_numel_of(x, dims) > 0, "{}: dim {} of {} is empty; the {} is undefined", name, dim,
              tensor_desc(x), is_max ? "max" : "min");
-  check_backend(name, x.device());
+  const KernelBackend& backend = kernel_backend(x.device(), name);
   Shape shape = reduced_shape(x.shape(), dims, keepdim);
   Tensor values = empty(shape, {.dtype = x.dtype(), .device = x.device()});
   Tensor indices = empty(shape, {.dtype = DType::i64, .device = x.device()});
   if (values.numel() == 0) return {values, indices};
   Layout l = plan_layout(x, dims);
-  if (x.device().is_cpu()) cpu::arg_reduce(is_max, values, indices, l.x, l.outer, l.reduced, l.inner);
-#if WEFT_WITH_CUDA
-  else if (x.device().is_cuda()) cuda::arg_reduce(is_max, values, indices, l.x, l.outer, l.reduced, l.inner);
-#endif
-  else no_backend(name, x.device());
+  backend.arg_reduce(is_max, values, indices, l.x, l.outer, l.reduced, l.inner);
   return {values, indices};
 }
 
@@ -162,7 +146,7 @@ Tensor reduce(ReduceOp op, const Tensor& x, const Shape& dims, bool keepdim) {
   WEFT_CHECK(n > 0 || shape_numel(shape) == 0 || (op != ReduceOp::max && op != ReduceOp::min),
              "{}: reducing {} over dims {} covers no elements; the {} is undefined", name, tensor_desc(x),
              shape_str(nd), name);
-  check_backend(name, x.device());
+  const KernelBackend& backend = kernel_backend(x.device(), name);
   Tensor out = empty(shape, {.dtype = dt, .device = x.device()});
   if (out.numel() == 0) return out;
   if (n == 0) {  // the identity: sum 0, prod 1, mean NaN (0/0)
@@ -170,11 +154,7 @@ Tensor reduce(ReduceOp op, const Tensor& x, const Shape& dims, bool keepdim) {
     return out;
   }
   Layout l = plan_layout(x, nd);
-  if (x.device().is_cpu()) cpu::reduce(op, out, l.x, l.outer, l.reduced, l.inner, l.inner_reduced);
-#if WEFT_WITH_CUDA
-  else if (x.device().is_cuda()) cuda::reduce(op, out, l.x, l.outer, l.reduced, l.inner, l.inner_reduced);
-#endif
-  else no_backend(name, x.device());
+  backend.reduce(op, out, l.x, l.outer, l.reduced, l.inner, l.inner_reduced);
   return out;
 }
 

@@ -1,6 +1,7 @@
 // kernels/cpu: the element-wise loops. Each op is a small functor on the accumulation type
-// (float for 16-bit floats); the op switch runs once per call and the loops are templated
-// on the functor, with unit/zero inner strides fixed at compile time so they vectorise.
+// (float for 16-bit floats) from kernels/scalar_ops.h, shared with the CUDA kernels; the op
+// switch runs once per call and the loops are templated on the functor, with unit/zero
+// inner strides fixed at compile time so they vectorise.
 #include "kernels/cpu/elementwise.h"
 
 #include <type_traits>
@@ -10,6 +11,7 @@
 
 #include "core/dispatch.h"
 #include "core/strided_iter.h"
+#include "kernels/scalar_ops.h"
 
 namespace weft::kernels::cpu {
 
@@ -63,6 +65,7 @@ template void for_each_run<3>(const Shape&, const std::array<const Shape*, 3>&, 
 template void for_each_run<4>(const Shape&, const std::array<const Shape*, 4>&, RunFn<4>);
 
 namespace {
+using namespace scalar;
 
 template <class T> T* ptr(const Tensor& t) { return static_cast<T*>(t.data_ptr()); }
 template <class T> constexpr bool is_float_v = std::is_floating_point_v<acc_t<T>>;
@@ -173,77 +176,21 @@ void inplace2(const F& f, const Tensor& dst, const Tensor& b) {
   });
 }
 
-// ---- scalar helpers
+// ---- math: the shared formulas (kernels/scalar_ops.h) with float exp, tanh, sigmoid and
+// the normal distribution written so that loops calling them vectorise (fast_math.h).
 
-// A double as the compute type A; for integers it truncates and wraps like a cast through
-// int64 (NaN gives 0, no undefined conversions).
-template <class A> A scalar_as(double s) {
-  if constexpr (std::is_same_v<A, bool>) return s != 0;
-  else if constexpr (std::is_integral_v<A>) return s != s ? A(0) : A(int64_t(std::clamp(s, -9.2e18, 9.2e18)));
-  else return A(s);
-}
-
-// A clamp bound as A: integers saturate to A's range (clamping u8 to 1000 changes nothing).
-template <class A> A bound_as(double s) {
-  if constexpr (std::is_integral_v<A> && sizeof(A) < 8 && !std::is_same_v<A, bool>)
-    s = std::clamp(s, double(std::numeric_limits<A>::lowest()), double(std::numeric_limits<A>::max()));
-  return scalar_as<A>(s);
-}
-
-// Integer arithmetic wraps like the hardware (through the unsigned type: signed overflow is UB).
-template <class T> T wrap_add(T a, T b) { using U = std::make_unsigned_t<T>; return T(U(a) + U(b)); }
-template <class T> T wrap_sub(T a, T b) { using U = std::make_unsigned_t<T>; return T(U(a) - U(b)); }
-template <class T> T wrap_mul(T a, T b) { using U = std::make_unsigned_t<T>; return T(U(a) * U(b)); }
-
-// Integer power by squaring; negative exponents give the truncated result (0 unless |b| == 1).
-template <class T> T int_pow(T b, T e) {
-  if constexpr (std::is_signed_v<T>) {
-    if (e < 0) return b == 1 ? T(1) : b == -1 ? T((e & 1) ? -1 : 1) : T(0);
-  }
-  T r = 1;
-  while (e) {
-    if (e & 1) r = wrap_mul(r, b);
-    b = wrap_mul(b, b);
-    e = T(e >> 1);
-  }
-  return r;
-}
-
-WEFT_MATH_INLINE float v_exp(float x) { return exp_f32(x); }
-WEFT_MATH_INLINE double v_exp(double x) { return std::exp(x); }
-WEFT_MATH_INLINE float v_tanh(float x) { return tanh_f32(x); }
-WEFT_MATH_INLINE double v_tanh(double x) { return std::tanh(x); }
-WEFT_MATH_INLINE float v_sigmoid(float x) { return sigmoid_f32(x); }
-WEFT_MATH_INLINE double v_sigmoid(double x) {
-  double e = std::exp(-std::fabs(x)), r = 1.0 / (1.0 + e);
-  return x >= 0 ? r : e * r;
-}
-
-constexpr double kSqrt2OverPi = 0.79788456080286535588;
-constexpr double kGeluC = 0.044715;
-constexpr double kInvSqrt2 = 0.70710678118654752440;
-constexpr double kInvSqrt2Pi = 0.39894228040143267794;
-
-// gelu_tanh(x) = 0.5x(1 + tanh(u)) = x * sigmoid(2u): the sigmoid form does not cancel for
-// large negative x.
-template <class A> WEFT_MATH_INLINE A gelu_tanh(A x) {
-  A u = A(kSqrt2OverPi) * (x + A(kGeluC) * x * x * x);
-  return x * v_sigmoid(A(2) * u);
-}
-template <class A> WEFT_MATH_INLINE A gelu_tanh_grad(A x) {
-  A u = A(kSqrt2OverPi) * (x + A(kGeluC) * x * x * x);
-  A s = v_sigmoid(A(2) * u);
-  A du = A(kSqrt2OverPi) * (A(1) + A(3 * kGeluC) * x * x);
-  return s + A(2) * x * s * (A(1) - s) * du;
-}
-// gelu_erf(x) = x * Phi(x); 1 + erf(x/sqrt2) as erfc(-x/sqrt2) keeps precision where erf is
-// close to -1.
-WEFT_MATH_INLINE float normal_cdf(float x) { return normal_cdf_f32(x); }
-WEFT_MATH_INLINE double normal_cdf(double x) { return 0.5 * std::erfc(-x * kInvSqrt2); }
-WEFT_MATH_INLINE float normal_pdf(float x) { return float(kInvSqrt2Pi) * exp_neg_half_sq_f32(x); }
-WEFT_MATH_INLINE double normal_pdf(double x) { return kInvSqrt2Pi * std::exp(-0.5 * x * x); }
-template <class A> WEFT_MATH_INLINE A gelu_erf(A x) { return x * normal_cdf(x); }
-template <class A> WEFT_MATH_INLINE A gelu_erf_grad(A x) { return normal_cdf(x) + x * normal_pdf(x); }
+struct CpuMath : LibMath {
+  using LibMath::exp;
+  using LibMath::normal_cdf;
+  using LibMath::normal_pdf;
+  using LibMath::sigmoid;
+  using LibMath::tanh;
+  WEFT_MATH_INLINE static float exp(float x) { return exp_f32(x); }
+  WEFT_MATH_INLINE static float tanh(float x) { return tanh_f32(x); }
+  WEFT_MATH_INLINE static float sigmoid(float x) { return sigmoid_f32(x); }
+  WEFT_MATH_INLINE static float normal_cdf(float x) { return normal_cdf_f32(x); }
+  WEFT_MATH_INLINE static float normal_pdf(float x) { return float(kInvSqrt2Pi) * exp_neg_half_sq_f32(x); }
+};
 
 // sqrt with explicit vector instructions on unit-stride runs: std::sqrt in a loop does not
 // vectorise while it may have to set errno (no -fno-math-errno here).
@@ -281,8 +228,6 @@ void sqrt_map(bool reciprocal, const Tensor& out, const Tensor& x) {
   });
 }
 
-template <class A> A float_sign(A v) { return v > A(0) ? A(1) : v < A(0) ? A(-1) : v; }  // NaN stays NaN
-
 // ---- unary
 
 template <class T>
@@ -292,138 +237,34 @@ void unary_typed(UnaryOp op, const Tensor& out, const Tensor& x) {
     map1<bool, T>([](T v) { return !(A(v) != A(0)); }, out, x);
     return;
   }
-  auto run = [&](auto f) { map1<T, T>([f](T v) { return T(f(A(v))); }, out, x); };
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
     if (op == UnaryOp::sqrt || op == UnaryOp::rsqrt) return sqrt_map<T>(op == UnaryOp::rsqrt, out, x);
   }
-  if constexpr (is_float_v<T>) {
-    switch (op) {
-      case UnaryOp::neg: return run([](A v) { return -v; });
-      case UnaryOp::exp: return run([](A v) { return v_exp(v); });
-      case UnaryOp::log: return run([](A v) { return std::log(v); });
-      case UnaryOp::sqrt: return run([](A v) { return std::sqrt(v); });
-      case UnaryOp::rsqrt: return run([](A v) { return A(1) / std::sqrt(v); });
-      case UnaryOp::abs: return run([](A v) { return std::fabs(v); });
-      case UnaryOp::tanh: return run([](A v) { return v_tanh(v); });
-      case UnaryOp::sigmoid: return run([](A v) { return v_sigmoid(v); });
-      case UnaryOp::relu: return run([](A v) { return v < A(0) ? A(0) : v; });  // NaN stays NaN
-      case UnaryOp::gelu_tanh: return run([](A v) { return gelu_tanh(v); });
-      case UnaryOp::gelu_erf: return run([](A v) { return gelu_erf(v); });
-      case UnaryOp::sin: return run([](A v) { return std::sin(v); });
-      case UnaryOp::cos: return run([](A v) { return std::cos(v); });
-      case UnaryOp::square: return run([](A v) { return v * v; });
-      case UnaryOp::reciprocal: return run([](A v) { return A(1) / v; });
-      case UnaryOp::sign: return run([](A v) { return float_sign(v); });
-      case UnaryOp::log1p: return run([](A v) { return std::log1p(v); });
-      case UnaryOp::expm1: return run([](A v) { return std::expm1(v); });
-      case UnaryOp::logical_not: break;
+  bool done = false;
+  with_unary_op(op, [&]<UnaryOp OP>() {
+    if constexpr (unary_supported<is_float_v<T>, std::is_same_v<T, bool>>(OP)) {
+      map1<T, T>([](T v) { return T(UnaryFn<OP, CpuMath>{}(A(v))); }, out, x);
+      done = true;
     }
-  } else if constexpr (!std::is_same_v<T, bool>) {
-    switch (op) {
-      case UnaryOp::neg: return run([](T v) { return wrap_sub(T(0), v); });
-      case UnaryOp::abs:
-        if constexpr (std::is_signed_v<T>) return run([](T v) { return v < 0 ? wrap_sub(T(0), v) : v; });
-        else return run([](T v) { return v; });
-      case UnaryOp::sign:
-        if constexpr (std::is_signed_v<T>) return run([](T v) { return T((v > 0) - (v < 0)); });
-        else return run([](T v) { return T(v > 0); });
-      case UnaryOp::relu:
-        if constexpr (std::is_signed_v<T>) return run([](T v) { return v < 0 ? T(0) : v; });
-        else return run([](T v) { return v; });
-      case UnaryOp::square: return run([](T v) { return wrap_mul(v, v); });
-      default: break;
-    }
-  }
-  WEFT_ERROR("{}: not implemented for {}", unary_op_name(op), dtype_name(x.dtype()));
+  });
+  WEFT_CHECK(done, "{}: not implemented for {}", unary_op_name(op), dtype_name(x.dtype()));
 }
 
 template <class T>
 void unary_backward_typed(UnaryOp op, const Tensor& gx, const Tensor& grad, const Tensor& x, const Tensor& y) {
   using A = acc_t<T>;
-  // gx = g * f(v) where v is x or y, whichever the derivative is cheaper from.
-  auto with = [&](const Tensor& v, auto f) {
-    map2<T, T, T>([f](T g, T v) { return T(A(g) * f(A(v))); }, gx, grad, v);
-  };
   switch (op) {
     case UnaryOp::neg: return map1<T, T>([](T g) { return T(-A(g)); }, gx, grad);
-    case UnaryOp::exp: return with(y, [](A v) { return v; });
-    case UnaryOp::log: return with(x, [](A v) { return A(1) / v; });
-    case UnaryOp::sqrt: return with(y, [](A v) { return A(0.5) / v; });
-    case UnaryOp::rsqrt: return with(y, [](A v) { return A(-0.5) * v * v * v; });
-    case UnaryOp::abs: return with(x, [](A v) { return v > A(0) ? A(1) : v < A(0) ? A(-1) : A(0); });
-    case UnaryOp::tanh: return with(y, [](A v) { return A(1) - v * v; });
-    case UnaryOp::sigmoid: return with(y, [](A v) { return v * (A(1) - v); });
-    case UnaryOp::relu: return with(x, [](A v) { return v > A(0) ? A(1) : A(0); });
-    case UnaryOp::gelu_tanh: return with(x, [](A v) { return gelu_tanh_grad(v); });
-    case UnaryOp::gelu_erf: return with(x, [](A v) { return gelu_erf_grad(v); });
-    case UnaryOp::sin: return with(x, [](A v) { return std::cos(v); });
-    case UnaryOp::cos: return with(x, [](A v) { return -std::sin(v); });
-    case UnaryOp::square: return with(x, [](A v) { return A(2) * v; });
-    case UnaryOp::reciprocal: return with(y, [](A v) { return -v * v; });
-    case UnaryOp::log1p: return with(x, [](A v) { return A(1) / (A(1) + v); });
-    case UnaryOp::expm1: return with(x, [](A v) { return v_exp(v); });
     case UnaryOp::sign:
     case UnaryOp::logical_not: return map1<T, T>([](T) { return T(0.f); }, gx, grad);
+    default: break;
   }
-}
-
-// ---- binary: each op is a functor on the compute type A
-
-struct AddOp { template <class A> static A apply(A a, A b) {
-  if constexpr (std::is_same_v<A, bool>) return a || b;
-  else if constexpr (std::is_integral_v<A>) return wrap_add(a, b);
-  else return a + b;
-} };
-struct SubOp { template <class A> static A apply(A a, A b) {
-  if constexpr (std::is_integral_v<A>) return wrap_sub(a, b);
-  else return a - b;
-} };
-struct MulOp { template <class A> static A apply(A a, A b) {
-  if constexpr (std::is_same_v<A, bool>) return a && b;
-  else if constexpr (std::is_integral_v<A>) return wrap_mul(a, b);
-  else return a * b;
-} };
-struct DivOp { template <class A> static A apply(A a, A b) { return a / b; } };
-struct PowOp { template <class A> static A apply(A a, A b) {
-  if constexpr (std::is_integral_v<A>) return int_pow(a, b);
-  else return std::pow(a, b);
-} };
-// maximum/minimum propagate NaN from either side, as torch.maximum.
-struct MaxOp { template <class A> static A apply(A a, A b) { return (a > b || a != a) ? a : b; } };
-struct MinOp { template <class A> static A apply(A a, A b) { return (a < b || a != a) ? a : b; } };
-struct EqOp { template <class A> static bool apply(A a, A b) { return a == b; } };
-struct NeOp { template <class A> static bool apply(A a, A b) { return a != b; } };
-struct LtOp { template <class A> static bool apply(A a, A b) { return a < b; } };
-struct LeOp { template <class A> static bool apply(A a, A b) { return a <= b; } };
-struct GtOp { template <class A> static bool apply(A a, A b) { return a > b; } };
-struct GeOp { template <class A> static bool apply(A a, A b) { return a >= b; } };
-struct AndOp { template <class A> static bool apply(A a, A b) { return a != A(0) && b != A(0); } };
-struct OrOp { template <class A> static bool apply(A a, A b) { return a != A(0) || b != A(0); } };
-
-// Calls fn.template operator()<Op, O>() for op and compute type T (O: the output type).
-// Ops the public layer never sends for T (sub/pow on bool, div on integers) are not
-// instantiated.
-template <class T, class F>
-void with_binary_op(BinaryOp op, F&& fn) {
-  constexpr bool is_bool = std::is_same_v<T, bool>;
-  switch (op) {
-    case BinaryOp::add: return fn.template operator()<AddOp, T>();
-    case BinaryOp::sub: if constexpr (!is_bool) return fn.template operator()<SubOp, T>(); break;
-    case BinaryOp::mul: return fn.template operator()<MulOp, T>();
-    case BinaryOp::div: if constexpr (is_float_v<T>) return fn.template operator()<DivOp, T>(); break;
-    case BinaryOp::pow: if constexpr (!is_bool) return fn.template operator()<PowOp, T>(); break;
-    case BinaryOp::maximum: return fn.template operator()<MaxOp, T>();
-    case BinaryOp::minimum: return fn.template operator()<MinOp, T>();
-    case BinaryOp::eq: return fn.template operator()<EqOp, bool>();
-    case BinaryOp::ne: return fn.template operator()<NeOp, bool>();
-    case BinaryOp::lt: return fn.template operator()<LtOp, bool>();
-    case BinaryOp::le: return fn.template operator()<LeOp, bool>();
-    case BinaryOp::gt: return fn.template operator()<GtOp, bool>();
-    case BinaryOp::ge: return fn.template operator()<GeOp, bool>();
-    case BinaryOp::logical_and: return fn.template operator()<AndOp, bool>();
-    case BinaryOp::logical_or: return fn.template operator()<OrOp, bool>();
-  }
-  WEFT_ERROR("{}: not implemented for {}", binary_op_name(op), dtype_name(dtype_of<T>()));
+  // gx = g * D(v) where v is x or y, whichever the derivative is cheaper from.
+  const Tensor& v = y.defined() ? y : x;
+  with_unary_op(op, [&]<UnaryOp OP>() {
+    if constexpr (OP != UnaryOp::neg && OP != UnaryOp::sign && OP != UnaryOp::logical_not)
+      map2<T, T, T>([](T g, T v) { return T(A(g) * GradFn<OP, CpuMath>{}(A(v))); }, gx, grad, v);
+  });
 }
 
 }  // namespace
@@ -440,9 +281,10 @@ void unary_backward(UnaryOp op, const Tensor& gx, const Tensor& grad, const Tens
 void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
   WEFT_DISPATCH(a.dtype(), binary_op_name(op), [&]<typename T>() {
     using A = acc_t<T>;
-    with_binary_op<T>(op, [&]<class Op, class O>() {
+    bool done = with_binary_op<T, is_float_v<T>>(op, [&]<class Op, class O>() {
       map2<O, T, T, true>([](T x, T y) { return O(Op::apply(A(x), A(y))); }, out, a, b);
     });
+    WEFT_CHECK(done, "{}: not implemented for {}", binary_op_name(op), dtype_name(a.dtype()));
   });
 }
 
@@ -458,13 +300,14 @@ void binary_scalar(BinaryOp op, const Tensor& out, const Tensor& a, double s, bo
   WEFT_DISPATCH(a.dtype(), binary_op_name(op), [&]<typename T>() {
     using A = acc_t<T>;
     A sv = scalar_as<A>(s);
-    with_binary_op<T>(op, [&]<class Op, class O>() {
+    bool done = with_binary_op<T, is_float_v<T>>(op, [&]<class Op, class O>() {
       constexpr bool kReversible = std::is_same_v<Op, SubOp> || std::is_same_v<Op, DivOp> || std::is_same_v<Op, PowOp>;
       if constexpr (kReversible) {
         if (scalar_first) return map1<O, T>([sv](T x) { return O(Op::apply(sv, A(x))); }, out, a);
       }
       map1<O, T>([sv](T x) { return O(Op::apply(A(x), sv)); }, out, a);
     });
+    WEFT_CHECK(done, "{}: not implemented for {}", binary_op_name(op), dtype_name(a.dtype()));
   });
 }
 

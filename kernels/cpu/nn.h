@@ -8,16 +8,15 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "kernels/cpu/elementwise.h"  // kParallelGrain
 #include "kernels/nn.h"
+#include "kernels/optim.h"
 
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
 namespace weft::kernels::cpu {
-
-// Work (elements touched) below which a loop stays on one thread.
-inline constexpr int64_t kParallelGrain = 32768;
 
 inline int thread_count() {
 #ifdef _OPENMP
@@ -85,7 +84,13 @@ void conv2d_backward(const Tensor& grad, const Tensor& x, const Tensor& weight, 
                      const Tensor& dx, const Tensor& dweight, const Tensor& dbias);
 // x contiguous [planes, H, W]; out/indices [planes, Ho, Wo].
 void max_pool2d(const Tensor& x, const Pool2dParams& p, const Tensor& out, const Tensor& indices);
-// grad/indices contiguous [planes, Ho, Wo]; dx zeroed [planes, H, W].
+// grad/indices contiguous [planes, Ho, Wo]; dx zeroed [planes, H, W]. Range-checks indices.
 void max_pool2d_backward(const Tensor& grad, const Tensor& indices, const Tensor& dx);
+
+// Fused optimizer updates (kernels/cpu/optim.cpp): in place, contiguous, f32 or f64 (others
+// throw).
+void adam_step_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                const AdamStep& s);
+void sgd_step_(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf, const SgdStep& s);
 
 }  // namespace weft::kernels::cpu

@@ -1,5 +1,6 @@
-// kernels/cpu: fused Adam/AdamW and SGD updates. The scalar factors are rounded to the
-// parameter type before use, as PyTorch does when it passes Python floats to its kernels.
+// kernels/cpu: the fused Adam/AdamW and SGD update loops behind kernels/optim.h. The scalar
+// factors are rounded to the parameter type before use, as PyTorch does when it passes
+// Python floats to its kernels.
 // Rounding follows PyTorch's vectorized CPU kernels: `add(x, alpha=a)` and
 // `addcmul(t1, t2, value=v)` end in one fused multiply-add (std::fma here); every other
 // multiply, add and divide rounds on its own, so the compiler must not contract anything
@@ -9,30 +10,10 @@
 #include <cmath>
 
 #include "core/dispatch.h"
-#include "kernels/optim.h"
-#if WEFT_WITH_CUDA
-#include "kernels/cuda/nn_ops.h"
-#endif
+#include "kernels/cpu/nn.h"
 
-namespace weft::kernels {
+namespace weft::kernels::cpu {
 namespace {
-
-void check_same(const char* op, const Tensor& param, std::initializer_list<const Tensor*> others) {
-#if WEFT_WITH_CUDA
-  WEFT_CHECK(param.device().is_cpu() || param.device().is_cuda(), "{}: not built for device {}", op,
-             param.device().str());
-#else
-  WEFT_CHECK(param.device().is_cpu(), "{}: not built for device {}", op, param.device().str());
-#endif
-  WEFT_CHECK(param.is_contiguous(), "{}: parameter {} must be contiguous", op, tensor_desc(param));
-  for (const Tensor* t : others) {
-    if (!t->defined()) continue;
-    WEFT_CHECK(t->shape() == param.shape() && t->dtype() == param.dtype() && t->device() == param.device() &&
-                   t->is_contiguous(),
-               "{}: tensor {} does not match parameter {} (same shape, dtype, device, contiguous needed)", op,
-               tensor_desc(*t), tensor_desc(param));
-  }
-}
 
 template <typename T>
 void adam_loop(T* p, const T* g, T* m, T* v, int64_t n, const AdamStep& s) {
@@ -85,11 +66,6 @@ void sgd_loop(T* p, const T* g, T* buf, int64_t n, const SgdStep& s) {
 
 void adam_step_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
                 const AdamStep& s) {
-  check_same("adam_step", param, {&grad, &exp_avg, &exp_avg_sq});
-  WEFT_CHECK(s.step >= 1, "adam_step: step must be >= 1, got {}", s.step);
-#if WEFT_WITH_CUDA
-  if (param.device().is_cuda()) return cuda::adam_step_(param, grad, exp_avg, exp_avg_sq, s);
-#endif
   switch (param.dtype()) {
     case DType::f32:
       return adam_loop(param.data<float>(), grad.data<float>(), exp_avg.data<float>(), exp_avg_sq.data<float>(),
@@ -103,11 +79,6 @@ void adam_step_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, 
 }
 
 void sgd_step_(const Tensor& param, const Tensor& grad, const Tensor& buf, const SgdStep& s) {
-  check_same("sgd_step", param, {&grad, &buf});
-  WEFT_CHECK(s.momentum == 0 || buf.defined(), "sgd_step: momentum {} needs a momentum buffer", s.momentum);
-#if WEFT_WITH_CUDA
-  if (param.device().is_cuda()) return cuda::sgd_step_(param, grad, buf, s);
-#endif
   switch (param.dtype()) {
     case DType::f32:
       return sgd_loop(param.data<float>(), grad.data<float>(), buf.defined() ? buf.data<float>() : nullptr,
@@ -120,4 +91,4 @@ void sgd_step_(const Tensor& param, const Tensor& grad, const Tensor& buf, const
   }
 }
 
-}  // namespace weft::kernels
+}  // namespace weft::kernels::cpu

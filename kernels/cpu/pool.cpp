@@ -45,6 +45,8 @@ void max_pool2d(const Tensor& x, const Pool2dParams& p, const Tensor& out, const
 
 void max_pool2d_backward(const Tensor& grad, const Tensor& indices, const Tensor& dx) {
   int64_t planes = grad.size(0), per_out = grad.size(1) * grad.size(2), per_in = dx.size(1) * dx.size(2);
+  // The loop writes at these positions unchecked.
+  check_index_range(indices, per_in, "max_pool2d_backward", "positions in an input plane");
   const int64_t* pi = indices.data<int64_t>();
   dispatch_float(grad.dtype(), "max_pool2d_backward", [&]<typename T>() {
     using A = acc_t<T>;

@@ -1,13 +1,16 @@
 // kernels/cuda: binary element-wise ops (tensor-tensor with broadcast operands, and
 // tensor-scalar in one kernel), the in-place add_/mul_scalar_, where, masked_fill and clamp,
-// with the semantics of kernels/cpu/elementwise.cpp.
-#include <limits>
-
-#include "kernels/cuda/math.cuh"
+// with the semantics of kernels/cpu/elementwise.cpp: both take their formulas from
+// kernels/scalar_ops.h.
+#include "kernels/cuda/common.cuh"
+#include "kernels/scalar_ops.h"
 
 namespace weft::kernels::cuda {
 namespace {
-using namespace math;
+using scalar::AddOp;
+using scalar::bound_as;
+using scalar::MulOp;
+using scalar::scalar_as;
 
 // How the second operand of a binary kernel is given.
 enum class Mode : int { tensors, tensor_scalar, scalar_tensor };
@@ -23,34 +26,10 @@ __global__ void binary_kernel(Geometry g, Operands<3> ops, Mode mode, acc_t<T> s
     offsets<3>(i, g, ops, off);
     acc_t<T> x = load(a[off[1]]);
     acc_t<T> y = mode == Mode::tensors ? load(b[off[2]]) : s;  // b is only read when given
-    auto v = mode == Mode::scalar_tensor ? Op{}(y, x) : Op{}(x, y);
+    auto v = mode == Mode::scalar_tensor ? Op::apply(y, x) : Op::apply(x, y);
     if constexpr (std::is_same_v<O, bool>) o[off[0]] = v;
     else o[off[0]] = store<T>(v);
   }
-}
-
-// Calls fn.template operator()<Op, O>() for op on compute type T (O: output storage type).
-// Ops the public layer never sends for T (sub/pow on bool, div on integers) are not built.
-template <class T, class F> void with_binary_op(BinaryOp op, F&& fn) {
-  constexpr bool is_bool = std::is_same_v<T, bool>;
-  switch (op) {
-    case BinaryOp::add: return fn.template operator()<AddOp, T>();
-    case BinaryOp::sub: if constexpr (!is_bool) return fn.template operator()<SubOp, T>(); break;
-    case BinaryOp::mul: return fn.template operator()<MulOp, T>();
-    case BinaryOp::div: if constexpr (is_float_v<T>) return fn.template operator()<DivOp, T>(); break;
-    case BinaryOp::pow: if constexpr (!is_bool) return fn.template operator()<PowOp, T>(); break;
-    case BinaryOp::maximum: return fn.template operator()<MaxOp, T>();
-    case BinaryOp::minimum: return fn.template operator()<MinOp, T>();
-    case BinaryOp::eq: return fn.template operator()<EqOp, bool>();
-    case BinaryOp::ne: return fn.template operator()<NeOp, bool>();
-    case BinaryOp::lt: return fn.template operator()<LtOp, bool>();
-    case BinaryOp::le: return fn.template operator()<LeOp, bool>();
-    case BinaryOp::gt: return fn.template operator()<GtOp, bool>();
-    case BinaryOp::ge: return fn.template operator()<GeOp, bool>();
-    case BinaryOp::logical_and: return fn.template operator()<AndOp, bool>();
-    case BinaryOp::logical_or: return fn.template operator()<OrOp, bool>();
-  }
-  WEFT_CUDA_FAIL("cuda binary: op not supported for this dtype");
 }
 
 void binary_any(BinaryOp op, const Geometry& g, const Operand& out, const Operand& a, const Operand& b, Mode mode,
@@ -58,10 +37,11 @@ void binary_any(BinaryOp op, const Geometry& g, const Operand& out, const Operan
   if (g.numel == 0) return;
   dispatch_all(a.dtype, [&]<class T>() {
     acc_t<T> sv = scalar_as<acc_t<T>>(s);
-    with_binary_op<T>(op, [&]<class Op, class O>() {
+    bool supported = scalar::with_binary_op<T, is_float_v<T>>(op, [&]<class Op, class O>() {
       binary_kernel<Op, T, O><<<grid_for(g.numel), kThreads, 0, stream>>>(g, operands<3>({out, a, b}), mode, sv);
       WEFT_CUDA_CHECK_LAUNCH();
     });
+    if (!supported) WEFT_CUDA_FAIL("cuda binary: op not supported for this dtype");
   });
 }
 
@@ -75,8 +55,8 @@ __global__ void add_kernel(Geometry g, Operands<2> ops, bool use_alpha, acc_t<T>
     int64_t off[2];
     offsets<2>(i, g, ops, off);
     acc_t<T> v = load(s[off[1]]);
-    if (use_alpha) v = MulOp{}(alpha, v);
-    d[off[0]] = store<T>(AddOp{}(load(d[off[0]]), v));
+    if (use_alpha) v = MulOp::apply(alpha, v);
+    d[off[0]] = store<T>(AddOp::apply(load(d[off[0]]), v));
   }
 }
 
@@ -86,7 +66,7 @@ __global__ void mul_scalar_kernel(Geometry g, Operands<1> ops, acc_t<T> s) {
   WEFT_CUDA_GRID_STRIDE_LOOP(i, g.numel) {
     int64_t off[1];
     offsets<1>(i, g, ops, off);
-    d[off[0]] = store<T>(MulOp{}(load(d[off[0]]), s));
+    d[off[0]] = store<T>(MulOp::apply(load(d[off[0]]), s));
   }
 }
 
@@ -129,15 +109,6 @@ __global__ void clamp_kernel(Geometry g, Operands<2> ops, bool has_lo, acc_t<T> 
     if (has_hi) a = a > hi ? hi : a;
     o[off[0]] = store<T>(a);
   }
-}
-
-// A clamp bound as A: integers saturate to A's range (clamping u8 to 1000 changes nothing).
-template <class A> A bound_as(double s) {
-  if constexpr (std::is_integral_v<A> && sizeof(A) < 8 && !std::is_same_v<A, bool>) {
-    double lo = double(std::numeric_limits<A>::lowest()), hi = double(std::numeric_limits<A>::max());
-    s = s < lo ? lo : s > hi ? hi : s;
-  }
-  return scalar_as<A>(s);
 }
 
 }  // namespace

@@ -61,20 +61,6 @@ template <class D, class S> __device__ __forceinline__ D convert(S s) {
   }
 }
 
-// A host double as arithmetic type A, as kernels/cpu's scalar_as: integers truncate through
-// int64 (NaN gives 0, out-of-range values saturate), bool is != 0.
-template <class A> inline A scalar_as(double s) {
-  if constexpr (std::is_same_v<A, bool>) {
-    return s != 0;
-  } else if constexpr (std::is_integral_v<A>) {
-    if (s != s) return A(0);
-    double c = s < -9.2e18 ? -9.2e18 : s > 9.2e18 ? 9.2e18 : s;
-    return A(int64_t(c));
-  } else {
-    return A(s);
-  }
-}
-
 // The operands of one element-wise kernel, passed by value as one kernel parameter.
 template <int N> struct Operands {
   Operand op[N];

@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/ops.h"
 #include "kernels/cuda/runtime.h"
 #include "kernels/elementwise.h"
 #include "kernels/linalg.h"
@@ -203,6 +204,9 @@ void clear_gemm_cache() {
   for (auto& [device, st] : states()) st.algos.clear();
 }
 
+namespace {
+
+// The backend functions of kernels::matmul / dot / gemm (contracts in kernels/backend.h).
 void matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
   if (out.numel() == 0) return;
   const int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
@@ -276,6 +280,14 @@ void gemm(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, dou
   gemm_raw(out.dtype(), A.size(0), B.size(1), A.size(1), {A.data_ptr(), cpu::mat_layout(A), 0},
            {B.data_ptr(), cpu::mat_layout(B), 0}, out.data_ptr(), out.size(1), 0, 1, alpha, beta,
            out.device().index);
+}
+
+}  // namespace
+
+void fill_gemm_ops(KernelBackend& t) {
+  t.matmul = &matmul;
+  t.dot = &dot;
+  t.gemm = &gemm;
 }
 
 }  // namespace weft::kernels::cuda

@@ -31,12 +31,6 @@ struct GemmOperand {
 void gemm_raw(DType dtype, int64_t m, int64_t n, int64_t k, const GemmOperand& a, const GemmOperand& b, void* c,
               int64_t ldc, int64_t c_batch_stride, int64_t batch, double alpha, double beta, int device);
 
-// Tensor-level kernels behind kernels::matmul / kernels::gemm, with the contracts of their
-// kernels/cpu counterparts (kernels/cpu/gemm.h): checked and allocated by the caller.
-void matmul(const Tensor& a, const Tensor& b, const Tensor& out);                           // out contiguous
-void dot(const Tensor& a, const Tensor& b, const Tensor& out);                              // 1-D, out 0-dim
-void gemm(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta);  // 2-D
-
 // Drops the cached cuBLASLt algorithm choices (tests; the cache is keyed by every
 // parameter of a product, so it never needs invalidating for correctness).
 void clear_gemm_cache();

@@ -1,8 +1,7 @@
-// kernels/cuda: tensors to kernel arguments for the nn, optimizer and attention kernels
-// (kernels/cuda/nn_ops.h), and the host side of convolution: im2col buffers in chunks of
-// images, and the products through gemm_raw.
-#include "kernels/cuda/nn_ops.h"
-
+// kernels/cuda: the CUDA backend functions of the nn, optimizer and attention ops (contracts in
+// kernels/backend.h): tensors to kernel arguments, and the host side of convolution: im2col
+// buffers in chunks of images, and the products through gemm_raw. The kernels are in the .cu
+// files named in nn_launch.h; docs/CUDA.md describes them.
 #include <algorithm>
 
 #include "kernels/cuda/gemm.h"
@@ -64,8 +63,6 @@ char* at(const Tensor& t, int64_t elements) {
   return static_cast<char*>(t.data_ptr()) + elements * int64_t(dtype_size(t.dtype()));
 }
 
-}  // namespace
-
 // ---------------------------------------------------------------- softmax, layer norm
 
 void softmax(const Tensor& x, const Tensor& y, int64_t outer, int64_t n, int64_t inner, bool log) {
@@ -106,6 +103,8 @@ void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& mean
 
 // ---------------------------------------------------------------- cross-entropy
 
+// The targets are copied to the host to be checked (as on the CPU, an out-of-range target is
+// an error) and counted, so these wait for the stream.
 void cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing,
                    Reduction reduction, const Tensor& loss, const Tensor& log_probs) {
   const int64_t n = logits.size(0), c = logits.size(1);
@@ -132,6 +131,7 @@ void cross_entropy_backward(const Tensor& grad_loss, const Tensor& log_probs, co
 
 // ---------------------------------------------------------------- dropout
 
+// The same mask as the CPU for the same seed.
 void dropout(const Tensor& x, double p, uint64_t seed, const Tensor& y, const Tensor& mask) {
   if (x.numel() == 0) return;
   DeviceGuard guard(x.device().index);
@@ -229,6 +229,8 @@ void max_pool2d(const Tensor& x, const Pool2dParams& p, const Tensor& out, const
                     stream_of(x));
 }
 
+// An index outside the plane (never produced by max_pool2d) is skipped rather than checked, to
+// spare a copy to the host.
 void max_pool2d_backward(const Tensor& grad, const Tensor& indices, const Tensor& dx) {
   if (grad.numel() == 0) return;
   DeviceGuard guard(grad.device().index);
@@ -242,6 +244,7 @@ void max_pool2d_backward(const Tensor& grad, const Tensor& indices, const Tensor
 }
 
 // ---------------------------------------------------------------- optimizers
+// Bit-identical to the CPU update (kernels/cpu/optim.cpp) on the same inputs.
 
 void adam_step_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
                 const AdamStep& s) {
@@ -281,6 +284,27 @@ void attention_backward(const Tensor& grad, const Tensor& q, const Tensor& k, co
   auto view = [&](const Tensor& t) { return t.numel() ? heads(t) : HeadsView{nullptr, 0, 0, 0}; };
   launch_attention_backward(view(grad), view(q), view(k), view(v), view(out), s.Tq ? lse.data_ptr() : nullptr,
                             delta.data_ptr(), view(dq), view(dk), view(dv), q.dtype(), s, stream_of(q));
+}
+
+}  // namespace
+
+void fill_nn_ops(KernelBackend& t) {
+  t.softmax = &softmax;
+  t.softmax_backward = &softmax_backward;
+  t.layer_norm = &layer_norm;
+  t.layer_norm_backward = &layer_norm_backward;
+  t.cross_entropy = &cross_entropy;
+  t.cross_entropy_backward = &cross_entropy_backward;
+  t.dropout = &dropout;
+  t.dropout_backward = &dropout_backward;
+  t.conv2d = &conv2d;
+  t.conv2d_backward = &conv2d_backward;
+  t.max_pool2d = &max_pool2d;
+  t.max_pool2d_backward = &max_pool2d_backward;
+  t.attention = &attention;
+  t.attention_backward = &attention_backward;
+  t.adam_step_ = &adam_step_;
+  t.sgd_step_ = &sgd_step_;
 }
 
 }  // namespace weft::kernels::cuda

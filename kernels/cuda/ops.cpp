@@ -1,4 +1,5 @@
-// kernels/cuda: tensors to kernel descriptors, and the backend functions of ops.h.
+// kernels/cuda: tensors to kernel descriptors, and the CUDA backend functions of the
+// element-wise, reduction, cat and index ops (kernels/backend.h has their contracts).
 #include "kernels/cuda/ops.h"
 
 #include "kernels/cpu/nn.h"
@@ -49,6 +50,8 @@ Geometry plan(const Shape& shape, const std::vector<const Tensor*>& tensors, std
 }
 
 cudaStream_t stream_of(const Tensor& t) { return current_stream(t.device().index).handle(); }
+
+namespace {
 
 // ---------------------------------------------------------------- element-wise
 
@@ -143,6 +146,7 @@ void cat(const std::vector<Tensor>& xs, int64_t dim, const Tensor& out) {
   }
 }
 
+// Throws as the CPU check does; copies the indices to the host, so it waits for the stream.
 void check_index_range(const Tensor& index, int64_t size, const char* op, const std::string& what) {
   cpu::check_index_range(index.to(Device::cpu()), size, op, what);
 }
@@ -153,7 +157,8 @@ void embedding(const Tensor& weight, const Tensor& indices, const Tensor& out) {
                    weight.size(1), out.data_ptr(), stream_of(out));
 }
 
-namespace {
+// The accumulating ops below (embedding_backward, index_add, scatter_add) add atomically, so
+// float results may differ in the last bits between runs.
 
 // [outer, size(dim), inner] around dim, as kernels/cpu/indexing.cpp splits contiguous shapes.
 void split3(const Shape& shape, int64_t dim, int64_t& outer, int64_t& mid, int64_t& inner) {
@@ -183,8 +188,6 @@ Operand strided_operand(const Tensor& t, int ndim) {
 // 16-bit floats accumulate in an f32 temporary (atomics on 16-bit values would round at every
 // add); the others accumulate in place.
 bool accumulates_in_f32(const Tensor& out) { return out.dtype() == DType::bf16 || out.dtype() == DType::f16; }
-
-}  // namespace
 
 void embedding_backward(const Tensor& grad, const Tensor& indices, const Tensor& out) {
   // The caller passes grad already in out's (f32 or f64) dtype: a row-wise index_add.
@@ -233,6 +236,30 @@ void scatter_add(const Tensor& out, int64_t dim, const Tensor& index, const Tens
   launch_scatter_add(g, int(dim), strided_operand(acc, g.ndim), index.data_ptr(), index.dtype(),
                      strided_operand(src, g.ndim), stream_of(out));
   if (f32) copy(out, acc);
+}
+
+}  // namespace
+
+void fill_elementwise_ops(KernelBackend& t) {
+  t.unary = &unary;
+  t.unary_backward = &unary_backward;
+  t.binary = &binary;
+  t.binary_scalar = &binary_scalar;
+  t.add_ = &add_;
+  t.mul_scalar_ = &mul_scalar_;
+  t.where = &where;
+  t.masked_fill = &masked_fill;
+  t.clamp = &clamp;
+  t.reduce = &reduce;
+  t.arg_reduce = &arg_reduce;
+  t.cat = &cat;
+  t.check_index_range = &check_index_range;
+  t.embedding = &embedding;
+  t.embedding_backward = &embedding_backward;
+  t.index_select = &index_select;
+  t.index_add = &index_add;
+  t.gather = &gather;
+  t.scatter_add = &scatter_add;
 }
 
 }  // namespace weft::kernels::cuda

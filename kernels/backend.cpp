@@ -1,0 +1,57 @@
+// kernels: the registry of KernelBackend tables, one per device type, and the lookup the
+// public entry points dispatch through.
+#include "kernels/backend.h"
+
+#include <array>
+#include <atomic>
+#include <cstring>
+
+#include "core/device_runtime.h"
+
+namespace weft::kernels {
+namespace {
+
+// A function-local static: backends register from static initialisers, which may run before
+// this file's own.
+std::array<std::atomic<const KernelBackend*>, kNumDeviceTypes>& tables() {
+  static std::array<std::atomic<const KernelBackend*>, kNumDeviceTypes> t{};
+  return t;
+}
+
+const char* device_type_name(DeviceType type) { return type == DeviceType::cuda ? "CUDA" : "CPU"; }
+
+}  // namespace
+
+void register_kernel_backend(DeviceType type, const KernelBackend* table) {
+  WEFT_CHECK(table != nullptr, "register_kernel_backend: null table for the {} backend", device_type_name(type));
+  // A table is a run of function pointers: find an entry left unset, so that a backend
+  // missing an op fails at start-up rather than crashing in the op.
+  using Entry = void (*)();
+  static_assert(sizeof(KernelBackend) % sizeof(Entry) == 0);
+  std::array<Entry, sizeof(KernelBackend) / sizeof(Entry)> entries;
+  std::memcpy(entries.data(), table, sizeof(KernelBackend));
+  for (size_t i = 0; i < entries.size(); ++i)
+    WEFT_CHECK(entries[i] != nullptr, "register_kernel_backend: the {} backend leaves entry {} of its table unset",
+               device_type_name(type), i);
+  tables()[size_t(type)].store(table, std::memory_order_release);
+}
+
+const KernelBackend& kernel_backend(Device device, const char* op) {
+  // The CPU table is returned directly: it must not depend on static initialisation order.
+  if (device.is_cpu()) return cpu::kernel_table();
+  auto& slot = tables()[size_t(device.type)];
+  const KernelBackend* table = slot.load(std::memory_order_acquire);
+  if (table == nullptr) {
+    load_backend(device.type);  // its static initialisers register its table
+    table = slot.load(std::memory_order_acquire);
+  }
+  if (table == nullptr) {
+    std::string reason = backend_unavailable_reason(device.type);
+    if (reason.empty()) reason = fmt::format("the {} backend registered no kernels", device_type_name(device.type));
+    WEFT_ERROR("{}: no kernels for device {}: {}", op, device.str(), reason);
+  }
+  check_device(device, op);
+  return *table;
+}
+
+}  // namespace weft::kernels
