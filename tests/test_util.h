@@ -5,10 +5,8 @@
 #include <sstream>
 #include <vector>
 
+#include "core/device_runtime.h"
 #include "core/tensor.h"
-#if WEFT_WITH_CUDA
-#include "kernels/cuda/runtime.h"
-#endif
 
 namespace weft::test {
 
@@ -30,13 +28,7 @@ inline void check_values(const Tensor& t, const std::vector<double>& want, doubl
 
 // Whether CUDA kernels can run here (built with CUDA and a device visible). Tests that label
 // host memory as cuda:0 to provoke errors may only run ops on it when they cannot.
-inline bool cuda_usable() {
-#if WEFT_WITH_CUDA
-  return kernels::cuda::is_available();
-#else
-  return false;
-#endif
-}
+inline bool cuda_usable() { return device_count(DeviceType::cuda) > 0; }
 
 // A 1-D tensor of the given values.
 inline Tensor vec(const std::vector<double>& v, DType dt = DType::f32) {
