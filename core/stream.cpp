@@ -5,10 +5,21 @@
 #include "core/device_runtime.h"
 
 namespace weft {
+namespace {
+
+// The runtime of `device` (not the CPU) once the device is known to exist, so that a missing
+// device is reported as such ("no CUDA device is visible") rather than by whatever call of
+// the backend happens to fail first, or not at all (a current stream needs no driver call).
+DeviceRuntime& checked_runtime(Device device, const char* op) {
+  check_device(device, op);
+  return device_runtime(device.type);
+}
+
+}  // namespace
 
 Stream Stream::create(Device device, int priority) {
   if (device.is_cpu()) return Stream();
-  DeviceRuntime& rt = device_runtime(device.type, "Stream::create");
+  DeviceRuntime& rt = checked_runtime(device, "Stream::create");
   void* h = rt.create_stream(device.index, priority);
   int index = device.index;
   DeviceRuntime* r = &rt;
@@ -30,7 +41,7 @@ void Stream::wait(const Event& event) const {
 
 Stream current_stream(Device device) {
   if (device.is_cpu()) return Stream();
-  return Stream::wrap(device, device_runtime(device.type, "current_stream").current_stream(device.index));
+  return Stream::wrap(device, checked_runtime(device, "current_stream").current_stream(device.index));
 }
 
 void set_current_stream(const Stream& stream) {
@@ -79,7 +90,7 @@ void Event::record(const Stream& stream) {
     device_ = d;
     return;
   }
-  DeviceRuntime& rt = device_runtime(d.type, "Event::record");
+  DeviceRuntime& rt = checked_runtime(d, "Event::record");
   if (handle_ == nullptr || device_ != d) {
     release();
     handle_ = rt.create_event(d.index, timing_);

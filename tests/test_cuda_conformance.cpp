@@ -15,6 +15,7 @@
 
 #include "core/copy.h"
 #include "core/generator.h"
+#include "core/stream.h"
 #include "core/tensor.h"
 #include "kernels/attention.h"
 #include "kernels/elementwise.h"
@@ -619,28 +620,29 @@ void run_runtime_checks() {
   cu::empty_cache(0);
   EXPECT(memory_stats(dev).reserved_bytes == s0.reserved_bytes);
 
-  // Streams: a StreamGuard redirects the current stream; work on it is correct once waited for.
-  cu::Stream side = cu::Stream::create(0);
-  EXPECT(cu::current_stream(0).is_default());
+  // Streams (core's, on the CUDA runtime): a StreamGuard redirects the current stream; work on
+  // it is correct once waited for.
+  Stream side = Stream::create(dev);
+  EXPECT(current_stream(dev).handle() == nullptr);  // the default stream
   Tensor x = arange(0, 1 << 20, 1, {.device = dev});
-  cu::Event ready;
-  ready.record();
+  Event ready;
+  ready.record(current_stream(dev));
   Tensor y;
   {
-    cu::StreamGuard guard(side);
-    EXPECT(cu::current_stream(0) == side);
+    StreamGuard guard(side);
+    EXPECT(current_stream(dev) == side);
     side.wait(ready);
     y = binary_scalar(BinaryOp::mul, x, 2.0);
   }
-  EXPECT(cu::current_stream(0).is_default());
+  EXPECT(current_stream(dev).handle() == nullptr);
   side.synchronize();
   EXPECT(reduce(ReduceOp::max, y, {}, false).item() == double((1 << 21) - 2));
 
   // Events: timing and completion.
-  cu::Event start(true), stop(true);
-  start.record();
+  Event start(true), stop(true);
+  start.record(current_stream(dev));
   Tensor z = unary(UnaryOp::exp, y);
-  stop.record();
+  stop.record(current_stream(dev));
   stop.synchronize();
   EXPECT(stop.query());
   EXPECT(start.elapsed_ms(stop) >= 0);
@@ -656,7 +658,7 @@ void run_runtime_checks() {
   d.copy_(host);  // async from pinned memory
   Tensor back = cu::empty_pinned({4096}, DType::f32);
   back.copy_(d);  // async into pinned memory
-  cu::current_stream(0).synchronize();
+  current_stream(dev).synchronize();
   EXPECT(back.data<float>()[4095] == 4095.f && back.data<float>()[17] == 17.f);
   EXPECT(cu::pinned_memory_stats().live_bytes >= 2 * 4096 * 4);
 

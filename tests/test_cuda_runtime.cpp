@@ -10,6 +10,7 @@
 #include <set>
 
 #include "core/allocator.h"
+#include "core/stream.h"
 #include "core/tensor.h"
 #include "kernels/elementwise.h"
 #if WEFT_WITH_CUDA
@@ -249,13 +250,17 @@ TEST_CASE("cuda: without a device, CUDA requests fail with the reason; with one,
                     Contains("CUDA device 0 requested (cuda:0), but no CUDA device is visible"));
   CHECK_THROWS_WITH(ones({2}).to(Device::cuda(0)), Contains("no CUDA device is visible"));
   CHECK_THROWS_WITH(memory_stats(Device::cuda(0)), Contains("no CUDA device is visible"));
-  CHECK_THROWS_WITH(cu::current_stream(), Contains("no CUDA device is visible"));
+  CHECK_THROWS_WITH(current_stream(Device::cuda(0)), Contains("no CUDA device is visible"));
   CHECK_THROWS_WITH(cu::empty_pinned({4}), Contains("no CUDA device is visible"));
-  CHECK_THROWS_WITH(cu::Stream::create(0), Contains("no CUDA device is visible"));
+  CHECK_THROWS_WITH(Stream::create(Device::cuda(0)), Contains("no CUDA device is visible"));
   // An event never recorded is complete; recording needs a device.
-  cu::Event e;
+  Event e;
   CHECK(e.query());
-  CHECK_THROWS_WITH(e.record(cu::Stream()), Contains("no CUDA device is visible"));
+  CHECK_THROWS_WITH(e.record(Stream::default_stream(Device::cuda(0))), Contains("no CUDA device is visible"));
+  // The CPU's streams and events need no device.
+  CHECK(current_stream(kCPU) == Stream());
+  e.record(current_stream(kCPU));
+  CHECK(e.query());
 }
 
 #endif

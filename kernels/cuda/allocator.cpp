@@ -34,7 +34,7 @@ class DeviceMemory final : public MemorySource {
     DeviceGuard g(device_);
     WEFT_CUDA_CHECK(cudaFree(p));  // waits for the device: no kernel still uses the segment
   }
-  uintptr_t current_stream() override { return reinterpret_cast<uintptr_t>(cuda::current_stream(device_).handle()); }
+  uintptr_t current_stream() override { return reinterpret_cast<uintptr_t>(cuda::current_stream(device_)); }
   std::string describe() override {
     DeviceGuard g(device_);
     size_t free_b = 0, total = 0;
@@ -322,7 +322,7 @@ void PinnedHostAllocator::deallocate(void* ptr, size_t /*nbytes*/) {
   cudaEvent_t ev = nullptr;
   int device = 0;
   bool ok = cudaGetDevice(&device) == cudaSuccess && cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) == cudaSuccess;
-  if (ok) ok = cudaEventRecord(ev, current_stream(device).handle()) == cudaSuccess;
+  if (ok) ok = cudaEventRecord(ev, current_stream(device)) == cudaSuccess;
   if (!ok) {
     cudaGetLastError();
     if (ev) cudaEventDestroy(ev);

@@ -44,7 +44,7 @@ bool is_broadcast_scalar(const Tensor& t) {
 // host (contiguous, on the CPU) -> device memory dst_ptr, nbytes, on the current stream of
 // `device`; waits unless the host memory is pinned.
 void upload(void* dst_ptr, const Tensor& host, int device) {
-  cudaStream_t s = current_stream(device).handle();
+  cudaStream_t s = current_stream(device);
   WEFT_CUDA_CHECK(cudaMemcpyAsync(dst_ptr, host.data_ptr(), host.nbytes(), cudaMemcpyHostToDevice, s));
   if (!is_pinned(host.data_ptr())) WEFT_CUDA_CHECK(cudaStreamSynchronize(s));
 }
@@ -96,15 +96,17 @@ void device_to_device_peer(const Tensor& dst, const Tensor& src) {
   }
   Tensor landed = dst.is_contiguous() ? dst : empty(dst.shape(), {.dtype = dst.dtype(), .device = dst.device()});
   int sd = src.device().index, dd = dst.device().index;
-  current_stream(sd).synchronize();  // packed is complete
-  cudaStream_t s = current_stream(dd).handle();
   {
-    DeviceGuard guard(dd);
-    WEFT_CUDA_CHECK(cudaMemcpyPeerAsync(landed.data_ptr(), dd, packed.data_ptr(), sd, landed.nbytes(), s));
+    // The legacy default stream (nullptr) is the current device's: make sd current.
+    DeviceGuard guard(sd);
+    WEFT_CUDA_CHECK(cudaStreamSynchronize(current_stream(sd)));  // packed is complete
   }
+  DeviceGuard guard(dd);
+  cudaStream_t s = current_stream(dd);
+  WEFT_CUDA_CHECK(cudaMemcpyPeerAsync(landed.data_ptr(), dd, packed.data_ptr(), sd, landed.nbytes(), s));
   if (!landed.is_same(dst)) copy_on_device(dst, landed);
   // packed belongs to the source stream's pool; it may be reused as soon as it is freed.
-  current_stream(dd).synchronize();
+  WEFT_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
 }  // namespace

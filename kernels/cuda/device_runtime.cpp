@@ -25,10 +25,8 @@ class CudaRuntime final : public DeviceRuntime {
   std::string unavailable_reason() override { return cuda::unavailable_reason(); }
   std::string describe(int index) override { return device_description(index); }
   void synchronize(int index) override { cuda::synchronize(index); }
-  void* current_stream(int index) override { return cuda::current_stream(index).handle(); }
-  void set_current_stream(int index, void* stream) override {
-    cuda::set_current_stream(Stream::wrap(as_stream(stream), index));
-  }
+  void* current_stream(int index) override { return cuda::current_stream(index); }
+  void set_current_stream(int index, void* stream) override { cuda::set_current_stream(index, as_stream(stream)); }
   void* create_stream(int index, int priority) override {
     DeviceGuard g(index);
     cudaStream_t h = nullptr;

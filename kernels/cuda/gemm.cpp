@@ -131,7 +131,7 @@ void gemm_raw(DType dtype, int64_t m, int64_t n, int64_t k, const GemmOperand& a
   WEFT_CHECK(a.layout.ok && b.layout.ok, "cuda gemm: operand layouts must be row- or column-major");
   WEFT_CHECK(batch <= INT32_MAX, "cuda gemm: batch of {} matrices exceeds cuBLASLt's limit", batch);
   DeviceGuard guard(device);
-  cudaStream_t stream = current_stream(device).handle();
+  cudaStream_t stream = current_stream(device);
   const cudaDataType_t type = data_type(dtype);
   const bool f64 = dtype == DType::f64;
   const bool tf32 = dtype == DType::f32 && allow_tf32();

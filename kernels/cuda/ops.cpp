@@ -49,7 +49,7 @@ Geometry plan(const Shape& shape, const std::vector<const Tensor*>& tensors, std
   return g;
 }
 
-cudaStream_t stream_of(const Tensor& t) { return current_stream(t.device().index).handle(); }
+cudaStream_t stream_of(const Tensor& t) { return current_stream(t.device().index); }
 
 namespace {
 
