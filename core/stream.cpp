@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "core/device_runtime.h"
+#include "core/error.h"
 
 namespace weft {
 namespace {
@@ -106,7 +107,10 @@ void Event::synchronize() const {
 bool Event::query() const { return handle_ == nullptr || device_runtime(device_.type).query_event(handle_); }
 
 float Event::elapsed_ms(const Event& end) const {
-  if (handle_ == nullptr || end.handle_ == nullptr) return 0.f;
+  WEFT_CHECK(timing_ && end.timing_, "Event::elapsed_ms: both events need enable_timing = true");
+  WEFT_CHECK(handle_ != nullptr && end.handle_ != nullptr,
+             "Event::elapsed_ms: both events must have been recorded on a device stream (CPU events time nothing)");
+  WEFT_CHECK(device_ == end.device_, "Event::elapsed_ms: events on {} and {}", device_.str(), end.device_.str());
   return device_runtime(device_.type).elapsed_ms(handle_, end.handle_);
 }
 

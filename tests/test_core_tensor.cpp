@@ -6,6 +6,8 @@
 
 #include "core/allocator.h"
 #include "core/generator.h"
+#include "core/device_runtime.h"
+#include "core/stream.h"
 #include "core/tensor.h"
 
 using namespace weft;
@@ -174,4 +176,29 @@ TEST_CASE("printing shows values, dtype and shape") {
   CHECK(s.find("f32[2, 2] on cpu") != std::string::npos);
   std::string big = zeros({100, 100}).str();
   CHECK(big.find("...") != std::string::npos);
+}
+
+TEST_CASE("streams and events: no-ops on the CPU, timing needs recorded device events") {
+  using Catch::Contains;
+  Stream s = current_stream(kCPU);
+  CHECK(s == Stream());
+  CHECK(s.device() == kCPU);
+  CHECK(s.query());
+  {
+    StreamGuard guard(Stream::create(kCPU));  // a CPU stream is the CPU stream
+    CHECK(current_stream(kCPU) == Stream());
+  }
+  Event e(true), f(true);
+  e.record(s);
+  f.record(s);
+  CHECK(e.query());
+  CHECK_FALSE(e.recorded());
+  e.synchronize();
+  s.wait(e);
+  synchronize(kCPU);
+  CHECK_THROWS_WITH(e.elapsed_ms(f), Contains("must have been recorded on a device stream"));
+  Event untimed;
+  CHECK_THROWS_WITH(untimed.elapsed_ms(f), Contains("enable_timing"));
+  CHECK(device_count(DeviceType::cpu) == 1);
+  CHECK(device_description(kCPU) == "cpu");
 }
