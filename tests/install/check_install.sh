@@ -39,7 +39,13 @@ for src in "$dest"/readme_*.cpp; do
   if ldd "$exe" | grep -E 'libweft-cuda|libcudart|libcublas|libnccl'; then
     echo "$exe (a CPU program) links a CUDA library (above)"; exit 1
   fi
-  (cd "$dest" && "$exe")
+  # Run it with the dynamic loader's log: it must load weft from the prefix and no CUDA library.
+  (cd "$dest" && env -u LD_LIBRARY_PATH LD_DEBUG=files "$exe" 2>"$exe.loads")
+  grep -q "calling init: $root/$libdir/libweft-core.so.0" "$exe.loads" ||
+    { echo "$exe did not load libweft-core from the prefix: $(grep -o "calling init: [^ ]*weft-core[^ ]*" "$exe.loads" | head -1)"; exit 1; }
+  if grep -E 'file=[^ ]*(libweft-cuda|libcudart|libcublas|libnccl)' "$exe.loads"; then
+    echo "$exe (a CPU program) loaded a CUDA library (above)"; exit 1
+  fi
   count=$((count + 1))
 done
 [ "$count" -ge 2 ] || { echo "expected at least 2 README examples, found $count"; exit 1; }
