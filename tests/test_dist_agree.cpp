@@ -7,6 +7,7 @@
 #include <string>
 
 #include "dist/agree.h"
+#include "dist/config_check.h"
 #include "dist/device_mesh.h"
 #include "dist/dist.h"
 
@@ -107,6 +108,61 @@ TEST_CASE("agree: a long message is cut, not overrun") {
 TEST_CASE("agree: without groups (a process alone) the error is this rank's own") {
   CHECK_THAT(agreed_message({}, [] { WEFT_ERROR("alone"); }), StartsWith("alone (at"));
   CHECK(agreed_message({nullptr}, [] {}) == "");
+}
+
+namespace {
+
+// The message check_same_config throws on this rank, or "" when it returns.
+std::string config_message(const ConfigSettings& settings, int* failed_rank = nullptr) {
+  try {
+    check_same_config(settings, "weft-test");
+  } catch (const AgreedError& e) {
+    if (failed_rank) *failed_rank = e.failed_rank;
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("check_same_config: equal settings pass on every rank") {
+  CHECK(config_message({{"--lr", "0.1"}, {"--steps", "10"}, {"--data", std::string(200, 'x')}}) == "");
+  CHECK(config_message({}) == "");
+  check_in_step();
+}
+
+TEST_CASE("check_same_config: a value that differs by rank names the flag and every rank's value, on every rank") {
+  int failed = -2;
+  // --steps differs too, later: the first differing flag is named.
+  std::string message = config_message({{"--model", "mlp"}, {"--lr", rank() == 0 ? "0.1" : "0.2"},
+                                        {"--steps", std::to_string(rank())}}, &failed);
+  if (world_size() == 1) {
+    CHECK(message == "");
+  } else {
+    const std::string others = world_size() == 2 ? "rank 1" : "ranks 1-" + std::to_string(world_size() - 1);
+    CHECK(message == "weft-test: ranks were started with different settings: --lr is 0.1 on rank 0, 0.2 on " + others +
+                         " (every rank must get the same flags)");
+    CHECK(failed == 1);
+  }
+  check_in_step();
+}
+
+TEST_CASE("check_same_config: each rank its own value; long values are cut") {
+  std::string message = config_message({{"--data", "/data/rank" + std::to_string(rank()) + std::string(100, 'z')}});
+  if (world_size() > 1) {
+    CHECK_THAT(message, StartsWith("weft-test: ranks were started with different settings: --data is /data/rank0zz"));
+    for (int r = 0; r < world_size(); ++r)
+      CHECK_THAT(message, Contains("/data/rank" + std::to_string(r) + "zz") && Contains("... on rank " + std::to_string(r)));
+  }
+  check_in_step();
+}
+
+TEST_CASE("check_same_config: a different number of settings is named, not a hang") {
+  ConfigSettings settings{{"--lr", "0.1"}};
+  if (rank() == world_size() - 1) settings.push_back({"--extra", "1"});
+  std::string message = config_message(settings);
+  if (world_size() > 1) CHECK_THAT(message, Contains("the ranks passed between 1 and 2 settings"));
+  check_in_step();
 }
 
 TEST_CASE("local_device: the CPU, or a clear error without a GPU") {

@@ -17,6 +17,7 @@
 #include "apps/mnist/idx.h"
 #include "apps/mnist/models.h"
 #include "core/safetensors.h"
+#include "dist/config_check.h"
 #include "fsdp/fsdp.h"
 #include "weft.h"
 
@@ -44,6 +45,27 @@ struct Options {
 
 using apps::Ranks;
 using apps::mean_over_ranks;
+
+// The flags that change the model, the math, the data stream or the collective sequence: under
+// mpirun every rank must get the same ones (not --threads, --metrics or --device, which are the
+// rank's own). Checkpoint directories count by presence only.
+dist::ConfigSettings shared_settings(const Options& o) {
+  auto present = [](const std::string& dir) { return std::string(dir.empty() ? "(none)" : "(given)"); };
+  return {{"--model", o.model},
+          {"--epochs", fmt::format("{}", o.epochs)},
+          {"--batch-size", fmt::format("{}", o.batch_size)},
+          {"--lr", fmt::format("{}", o.lr)},
+          {"--optimizer", o.optimizer},
+          {"--seed", fmt::format("{}", o.seed)},
+          {"--save", present(o.save)},
+          {"--checkpoint-every", fmt::format("{}", o.checkpoint_every)},
+          {"--keep-last", fmt::format("{}", o.keep_last)},
+          {"--load", o.load},
+          {"--steps", fmt::format("{}", o.steps)},
+          {"--data", o.data},
+          {"--log-every", fmt::format("{}", o.log_every)},
+          {"--fsdp", o.fsdp ? "true" : "false"}};
+}
 
 std::unique_ptr<nn::Optimizer> make_optimizer(const Options& o, std::vector<Tensor> params) {
   if (o.optimizer == "adamw") return std::make_unique<nn::AdamW>(std::move(params), nn::AdamWOptions{.lr = o.lr});
@@ -295,6 +317,7 @@ int main(int argc, char** argv) {
     if (o.fsdp) {
       dist::init();
       ranks = {.fsdp = true, .rank = dist::rank(), .world = dist::world_size()};
+      dist::check_same_config(shared_settings(o), "weft-mnist");  // before any other collective
     } else if (const char* n = std::getenv("OMPI_COMM_WORLD_SIZE"); n && std::atoi(n) > 1 &&
                std::getenv("OMPI_COMM_WORLD_RANK") && std::atoi(std::getenv("OMPI_COMM_WORLD_RANK")) == 0) {
       std::fprintf(stderr, "weft-mnist: note: started by mpirun with %s processes but without --fsdp: each trains "

@@ -24,6 +24,7 @@
 #include "apps/transformer/gpt.h"
 #include "apps/transformer/text_data.h"
 #include "core/safetensors.h"
+#include "dist/config_check.h"
 #include "fsdp/fsdp.h"
 #include "weft.h"
 
@@ -60,6 +61,39 @@ struct SampleOptions {
 
 using apps::Ranks;
 using apps::mean_over_ranks;
+
+// The flags that change the model, the math, the data stream or the collective sequence: under
+// mpirun every rank must get the same ones (not --threads, --metrics or --device, which are the
+// rank's own). The checkpoint directory counts by presence only.
+dist::ConfigSettings shared_settings(const TrainOptions& o) {
+  auto num = [](auto v) { return fmt::format("{}", v); };
+  return {{"--n-layer", num(o.model.n_layer)},
+          {"--n-head", num(o.model.n_head)},
+          {"--d-model", num(o.model.d_model)},
+          {"--ctx", num(o.model.ctx)},
+          {"--dropout", num(o.model.dropout)},
+          {"--untie", o.untie ? "true" : "false"},
+          {"--batch-size", num(o.batch_size)},
+          {"--grad-accum", num(o.grad_accum)},
+          {"--steps", num(o.steps)},
+          {"--lr", num(o.lr)},
+          {"--warmup", num(o.warmup)},
+          {"--weight-decay", num(o.weight_decay)},
+          {"--clip", num(o.clip)},
+          {"--seed", num(o.seed)},
+          {"--data", o.data},
+          {"--eval-every", num(o.eval_every)},
+          {"--eval-iters", num(o.eval_iters)},
+          {"--log-every", num(o.log_every)},
+          {"--stop-after", num(o.stop_after)},
+          {"--checkpoint-dir", o.checkpoint_dir.empty() ? "(none)" : "(given)"},
+          {"--checkpoint-every", num(o.checkpoint_every)},
+          {"--keep-last", num(o.keep_last)},
+          {"--resume", o.resume},
+          {"--fsdp", o.fsdp ? "true" : "false"},
+          {"--reshard-after-forward", o.reshard_after_forward},
+          {"--mixed-precision", o.mixed_precision}};
+}
 
 // ---- checkpoints: fsdp::save_checkpoint directories (every rank writes its own shards; see
 // docs/CHECKPOINTS.md) described by the model config, and single consolidated files
@@ -447,6 +481,7 @@ int main(int argc, char** argv) {
     if (t.fsdp) {
       dist::init();
       ranks = {.fsdp = true, .rank = dist::rank(), .world = dist::world_size()};
+      dist::check_same_config(shared_settings(t), "weft-transformer");  // before any other collective
     }
     return train(t, ranks);
   });

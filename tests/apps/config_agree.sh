@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Every rank must get the same configuration: an MPMD launch that hands weft-mnist --fsdp or
+# weft-transformer train --fsdp one different flag per rank group fails within the time limit
+# (no hang, no silent run with different models), and every rank says which flag differs and
+# each rank's value; the same launch with agreeing flags trains.
+# Usage: config_agree.sh WEFT_MNIST WEFT_TRANSFORMER MPIRUN [MPIRUN_ARGS...]
+set -euo pipefail
+mnist=$1
+transformer=$2
+mpirun=$3
+shift 3
+mpirun_args=("$@")
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+export OMP_NUM_THREADS=1
+
+# mpmd NP_A NP_B -- ARGS_A... -- ARGS_B...: runs `mpirun -np NP_A ARGS_A : -np NP_B ARGS_B`.
+mpmd() {
+  local na=$1 nb=$2
+  shift 3
+  local a=() b=()
+  while [ "$1" != "--" ]; do a+=("$1"); shift; done
+  shift
+  b=("$@")
+  timeout 60 "$mpirun" "${mpirun_args[@]}" -np "$na" "${a[@]}" : -np "$nb" "${b[@]}"
+}
+
+# expect_mismatch NAME FLAG NP VALUES... -- mpmd arguments: the launch fails, not by timeout,
+# and each of the NP ranks prints "error on rank R: ...: FLAG is ..." with every value.
+expect_mismatch() {
+  local name=$1 flag=$2 np=$3
+  shift 3
+  local rc=0
+  mpmd "$@" >"$tmp/$name.out" 2>&1 || rc=$?
+  [ "$rc" != 0 ] || fail "$name: ranks with different $flag trained on: $(cat "$tmp/$name.out")"
+  [ "$rc" != 124 ] && [ "$rc" != 137 ] || fail "$name: hung with different $flag: $(cat "$tmp/$name.out")"
+  for ((r = 0; r < np; ++r)); do
+    grep -q "error on rank $r: .*ranks were started with different settings: $flag is " "$tmp/$name.out" ||
+      fail "$name: rank $r does not name $flag: $(cat "$tmp/$name.out")"
+  done
+  local lines
+  lines=$(grep -c "different settings: $flag is .*(every rank must get the same flags)" "$tmp/$name.out" || true)
+  [ "$lines" -ge "$np" ] || fail "$name: $lines of $np ranks name $flag: $(cat "$tmp/$name.out")"
+}
+
+m=(--fsdp --steps 2 --log-every 1 --seed 1 --threads 1)
+expect_mismatch mnist_lr --lr 2 1 1 -- "$mnist" "${m[@]}" --batch-size 16 --lr 0.1 -- "$mnist" "${m[@]}" --batch-size 16 --lr 0.2
+grep -q -- "--lr is 0.1 on rank 0, 0.2 on rank 1 (every rank must get the same flags)" "$tmp/mnist_lr.out" ||
+  fail "mnist --lr: the message lists the values wrongly: $(cat "$tmp/mnist_lr.out")"
+expect_mismatch mnist_batch --batch-size 2 1 1 -- "$mnist" "${m[@]}" --batch-size 16 -- "$mnist" "${m[@]}" --batch-size 32
+expect_mismatch mnist_batch_np4 --batch-size 4 2 2 -- "$mnist" "${m[@]}" --batch-size 16 -- "$mnist" "${m[@]}" --batch-size 32
+grep -q -- "--batch-size is 16 on ranks 0-1, 32 on ranks 2-3" "$tmp/mnist_batch_np4.out" ||
+  fail "mnist --batch-size at 4 ranks: the message lists the values wrongly: $(cat "$tmp/mnist_batch_np4.out")"
+
+t=(train --fsdp --n-layer 1 --n-head 2 --d-model 16 --ctx 16 --batch-size 4 --warmup 1 --seed 0
+   --threads 1 --eval-every 0 --eval-iters 1 --log-every 1)
+expect_mismatch transformer_accum --grad-accum 2 1 1 -- "$transformer" "${t[@]}" --steps 2 -- "$transformer" "${t[@]}" --steps 2 --grad-accum 2
+expect_mismatch transformer_steps --steps 2 1 1 -- "$transformer" "${t[@]}" --steps 3 -- "$transformer" "${t[@]}" --steps 4
+expect_mismatch transformer_clip_np4 --clip 4 2 2 -- "$transformer" "${t[@]}" --steps 2 -- "$transformer" "${t[@]}" --steps 2 --clip 0.5
+
+# Control: the same MPMD launch with agreeing flags trains at 2 ranks (once per app).
+mpmd 1 1 -- "$mnist" "${m[@]}" --batch-size 16 --lr 0.1 -- "$mnist" "${m[@]}" --batch-size 16 --lr 0.1 >"$tmp/ok.out" 2>&1 ||
+  fail "mnist with agreeing flags: $(cat "$tmp/ok.out")"
+mpmd 1 1 -- "$transformer" "${t[@]}" --steps 2 -- "$transformer" "${t[@]}" --steps 2 >"$tmp/ok.out" 2>&1 ||
+  fail "transformer with agreeing flags: $(cat "$tmp/ok.out")"
+! grep -q "different settings" "$tmp/ok.out" || fail "agreeing flags reported as different: $(cat "$tmp/ok.out")"
+echo "config_agree: ok"
