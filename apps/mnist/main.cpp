@@ -2,6 +2,7 @@
 // process or, with --fsdp, sharded over the ranks mpirun starts (one FSDP group per layer).
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -12,6 +13,7 @@
 
 #include "apps/common/device.h"
 #include "apps/common/metrics.h"
+#include "apps/common/nonfinite.h"
 #include "apps/common/progress.h"
 #include "apps/common/ranks.h"
 #include "apps/mnist/idx.h"
@@ -41,6 +43,7 @@ struct Options {
   int64_t log_every = 50;
   bool fsdp = false;
   std::string device = "cpu";
+  std::string on_nan = "error";
 };
 
 using apps::Ranks;
@@ -64,7 +67,8 @@ dist::ConfigSettings shared_settings(const Options& o) {
           {"--steps", fmt::format("{}", o.steps)},
           {"--data", o.data},
           {"--log-every", fmt::format("{}", o.log_every)},
-          {"--fsdp", o.fsdp ? "true" : "false"}};
+          {"--fsdp", o.fsdp ? "true" : "false"},
+          {"--on-nan", o.on_nan}};
 }
 
 std::unique_ptr<nn::Optimizer> make_optimizer(const Options& o, std::vector<Tensor> params) {
@@ -195,17 +199,25 @@ int run(const Options& o, const Ranks& ranks) {
     // Each rank reads the pieces of its own shards, whatever world size wrote them.
     dist::agree(ranks.groups(), "mnist", [&] {
       step = fsdp::load_checkpoint(resume_from, *model, opt.get(), root ? &*root : nullptr).step;
+      apps::check_finite_parameters(*model, fmt::format("mnist: refusing to resume from {}", resume_from));
     });
     if (ranks.lead()) std::fprintf(stderr, "resumed from %s at step %lld\n", resume_from.c_str(), (long long)step);
   }
+  const apps::OnNan on_nan = apps::parse_on_nan(o.on_nan);
+  std::string last_checkpoint = resume_from;  // the newest checkpoint known good
+  int64_t skipped = 0;                         // steps whose update --on-nan skip dropped
   auto save = [&] {
     fsdp::CheckpointProgress ts{.step = step,
                            .data = {{"epoch", step / steps_per_epoch}, {"batch", step % steps_per_epoch}},
                            .app = describe(o)};
     std::string where;
     dist::agree(ranks.groups(), "mnist", [&] {
+      // Never from non-finite state: the checkpoints already written stay as they are.
+      apps::check_finite_parameters(*model, fmt::format("mnist: refusing to write a checkpoint at step {}", step),
+                                    "; the existing checkpoints are untouched");
       where = fsdp::save_checkpoint(o.save, *model, opt.get(), root ? &*root : nullptr, ts, {.keep_last = o.keep_last});
     });
+    last_checkpoint = where;
     if (ranks.lead()) std::fprintf(stderr, "saved model and optimizer at step %lld to %s\n", (long long)step, where.c_str());
   };
   int64_t total_steps = o.epochs * steps_per_epoch;
@@ -240,16 +252,26 @@ int run(const Options& o, const Ranks& ranks) {
       opt->zero_grad();
       Tensor loss = cross_entropy((*model)(x), y);
       loss.backward();
-      opt->step();
+      // The global batch's mean loss: the same value on every rank, so all decide alike.
+      loss_v = mean_over_ranks(loss.item(), ranks);
+      if (!std::isfinite(loss_v) && on_nan != apps::OnNan::ignore) {
+        if (on_nan == apps::OnNan::error) apps::stop_on_nonfinite_loss("mnist", loss_v, step + 1, ranks, last_checkpoint);
+        opt->zero_grad();  // --on-nan skip: drop this step's update and go on
+        ++skipped;
+        if (ranks.lead())
+          std::fprintf(stderr, "weft-mnist: the loss is %s at step %lld; skipped its update (%lld skipped)\n",
+                       apps::describe_value(loss_v).c_str(), (long long)(step + 1), (long long)skipped);
+      } else {
+        opt->step();
+      }
       ++step;
       if (!o.save.empty() && o.checkpoint_every > 0 && step % o.checkpoint_every == 0 && step < total_steps) save();
       window_samples += o.batch_size;
-      loss_v = mean_over_ranks(loss.item(), ranks);  // the global batch's mean loss
       if (progress) progress->update(i + 1, o.batch_size, fmt::format("loss {:.4f}", loss_v));
       if (step % o.log_every == 0 || step == epoch_end) {
         auto now = std::chrono::steady_clock::now();
         double dt = std::chrono::duration<double>(now - window_start).count();
-        metrics->write({{"step", step}, {"epoch", epoch + 1}, {"loss", loss_v}, {"lr", opt->lr()},
+        metrics->write({{"step", step}, {"epoch", epoch + 1}, {"loss", loss_v}, {"lr", opt->lr()}, {"skipped", skipped},
                         {"samples_per_s", dt > 0 ? double(window_samples) / dt : 0.0}});
         window_start = now;
         window_samples = 0;
@@ -266,6 +288,9 @@ int run(const Options& o, const Ranks& ranks) {
     metrics->write({{"split", std::string("test")}, {"epoch", epoch + 1}, {"step", step}, {"loss", test_loss},
                     {"accuracy", acc}});
   }
+  if (skipped > 0 && ranks.lead())
+    std::fprintf(stderr, "weft-mnist: skipped %lld steps: their loss was not finite (--on-nan skip)\n",
+                 (long long)skipped);
   if (!o.save.empty()) save();
   return 0;
 }
@@ -299,6 +324,8 @@ int main(int argc, char** argv) {
   app.add_option("--log-every", o.log_every, "steps between metrics lines")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--device", o.device, "cpu, cuda (this rank's GPU) or cuda:N: where the model and batches live")
       ->capture_default_str();
+  app.add_option("--on-nan", o.on_nan, "when the loss is NaN or infinite: error (stop), skip (drop that step's "
+                 "update) or ignore (train on)")->check(CLI::IsMember({"error", "skip", "ignore"}))->capture_default_str();
   app.add_flag("--fsdp", o.fsdp, "shard the model over the ranks of mpirun with fsdp::fully_shard (see below)");
   app.footer(
       "Sharded training (--fsdp): mpirun -np N --oversubscribe --bind-to none weft-mnist --fsdp ...\n"

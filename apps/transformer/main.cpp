@@ -19,6 +19,7 @@
 
 #include "apps/common/device.h"
 #include "apps/common/metrics.h"
+#include "apps/common/nonfinite.h"
 #include "apps/common/progress.h"
 #include "apps/common/ranks.h"
 #include "apps/transformer/gpt.h"
@@ -48,6 +49,7 @@ struct TrainOptions {
   bool fsdp = false;
   std::string reshard_after_forward = "true", mixed_precision = "none";
   std::string device = "cpu";
+  std::string on_nan = "error";
 };
 
 struct SampleOptions {
@@ -92,7 +94,8 @@ dist::ConfigSettings shared_settings(const TrainOptions& o) {
           {"--resume", o.resume},
           {"--fsdp", o.fsdp ? "true" : "false"},
           {"--reshard-after-forward", o.reshard_after_forward},
-          {"--mixed-precision", o.mixed_precision}};
+          {"--mixed-precision", o.mixed_precision},
+          {"--on-nan", o.on_nan}};
 }
 
 // ---- checkpoints: fsdp::save_checkpoint directories (every rank writes its own shards; see
@@ -245,6 +248,7 @@ int train(TrainOptions o, const Ranks& ranks) {
     fsdp::CheckpointProgress ts;
     dist::agree(ranks.groups(), "transformer", [&] {
       ts = fsdp::load_checkpoint(resume_from, *model, &opt, root ? &*root : nullptr);
+      apps::check_finite_parameters(*model, fmt::format("transformer: refusing to resume from {}", resume_from));
     });
     step = ts.step;
     first_batch = ts.data.count("batch") ? ts.data.at("batch") : step * o.grad_accum;
@@ -268,6 +272,9 @@ int train(TrainOptions o, const Ranks& ranks) {
                    (long long)apps::count_parameters(*model), (long long)(hi - lo));
   }
 
+  const apps::OnNan on_nan = apps::parse_on_nan(o.on_nan);
+  std::string last_checkpoint = resume_from;  // the newest checkpoint known good
+  int64_t skipped = 0;                         // steps whose update --on-nan skip dropped
   auto write_checkpoint = [&] {
     fsdp::CheckpointProgress ts{.step = step,
                            .data = {{"batch", first_batch + (step - resumed_step) * o.grad_accum}},
@@ -275,9 +282,13 @@ int train(TrainOptions o, const Ranks& ranks) {
                            .aliases = head_alias(o.model)};
     std::string where;
     dist::agree(ranks.groups(), "transformer", [&] {
+      // Never from non-finite state: the checkpoints already written stay as they are.
+      apps::check_finite_parameters(*model, fmt::format("transformer: refusing to write a checkpoint at step {}", step),
+                                    "; the existing checkpoints are untouched");
       where = fsdp::save_checkpoint(o.checkpoint_dir, *model, &opt, root ? &*root : nullptr, ts,
                                     {.keep_last = o.keep_last});
     });
+    last_checkpoint = where;
     if (ranks.lead()) std::fprintf(stderr, "saved model and optimizer at step %lld to %s\n", (long long)step, where.c_str());
   };
 
@@ -303,18 +314,30 @@ int train(TrainOptions o, const Ranks& ranks) {
       loss_sum += loss.item();
       (o.grad_accum > 1 ? loss * (1.0 / double(o.grad_accum)) : loss).backward();
     }
-    if (o.clip > 0) nn::clip_grad_norm_(model->parameters(), o.clip);  // sharded or not
+    // The global batch's mean loss: the same value on every rank, so all decide alike.
+    loss_v = mean_over_ranks(loss_sum / double(o.grad_accum), ranks);
+    const bool finite = std::isfinite(loss_v);
+    if (!finite && on_nan == apps::OnNan::error)
+      apps::stop_on_nonfinite_loss("transformer", loss_v, step + 1, ranks, last_checkpoint);
     const double lr_used = opt.lr(0);
-    opt.step();
+    if (!finite && on_nan == apps::OnNan::skip) {
+      opt.zero_grad();  // drop this step's update; the schedule and the data still move on
+      ++skipped;
+      if (ranks.lead())
+        std::fprintf(stderr, "weft-transformer: the loss is %s at step %lld; skipped its update (%lld skipped)\n",
+                     apps::describe_value(loss_v).c_str(), (long long)(step + 1), (long long)skipped);
+    } else {
+      if (o.clip > 0) nn::clip_grad_norm_(model->parameters(), o.clip);  // sharded or not
+      opt.step();
+    }
     sched.step();
     ++step;
     window_tokens += tokens_per_step;
-    loss_v = mean_over_ranks(loss_sum / double(o.grad_accum), ranks);  // the global batch's mean loss
     if (progress) progress->update(step - first, tokens_per_step, fmt::format("loss {:.4f}", loss_v));
     if (step % o.log_every == 0 || step == first + 1 || step == end) {
       auto now = std::chrono::steady_clock::now();
       double dt = std::chrono::duration<double>(now - window_start).count();
-      metrics->write({{"step", step}, {"loss", loss_v}, {"lr", lr_used},
+      metrics->write({{"step", step}, {"loss", loss_v}, {"lr", lr_used}, {"skipped", skipped},
                       {"tokens_per_s", dt > 0 ? double(window_tokens) / dt : 0.0},
                       {"peak_bytes", memory_stats().peak_bytes}});
       window_start = now;
@@ -332,6 +355,9 @@ int train(TrainOptions o, const Ranks& ranks) {
       write_checkpoint();
   }
   if (progress) progress->finish(fmt::format("loss {:.4f}", loss_v));
+  if (skipped > 0 && ranks.lead())
+    std::fprintf(stderr, "weft-transformer: skipped %lld of %lld steps: their loss was not finite (--on-nan skip)\n",
+                 (long long)skipped, (long long)(end - first));
   return 0;
 }
 
@@ -341,6 +367,9 @@ int64_t draw(const Tensor& logits, const SampleOptions& o, Generator& g) {
   Tensor l = logits.to(kFloat64).contiguous();
   const double* p = l.data<double>();
   const int64_t v = l.numel();
+  for (int64_t i = 0; i < v; ++i)
+    WEFT_CHECK(std::isfinite(p[i]), "transformer: the logit of byte {} is {}: the model's output is not finite, so "
+               "there is nothing to sample", i, apps::describe_value(p[i]));
   std::vector<double> w(p, p + v);
   if (o.temperature <= 0) return int64_t(std::max_element(w.begin(), w.end()) - w.begin());
   double cut = -INFINITY;
@@ -382,6 +411,7 @@ int sample(const SampleOptions& o) {
     fsdp::load_checkpoint(where, *model_ptr, nullptr, nullptr, {.restore_rng = false});
   }
   apps::GPT& model = *model_ptr;
+  apps::check_finite_parameters(model, fmt::format("transformer: refusing to sample from {}", o.checkpoint));
   model.to(device);
   const apps::GPTConfig& cfg = model.cfg;
   model.eval();
@@ -458,6 +488,8 @@ int main(int argc, char** argv) {
   tr->add_option("--mixed-precision", t.mixed_precision,
                  "under --fsdp: bf16 gathers and computes in bf16, reduces gradients in f32; none keeps f32")
       ->check(CLI::IsMember({"bf16", "none"}))->capture_default_str();
+  tr->add_option("--on-nan", t.on_nan, "when the loss is NaN or infinite: error (stop), skip (drop that step's "
+                 "update) or ignore (train on)")->check(CLI::IsMember({"error", "skip", "ignore"}))->capture_default_str();
   tr->footer(
       "Sharded training: mpirun -np N --oversubscribe --bind-to none weft-transformer train --fsdp ...\n"
       "  --batch-size stays the global batch (a multiple of N): rank r trains on rows [r*B/N, (r+1)*B/N)\n"

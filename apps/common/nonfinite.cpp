@@ -1,0 +1,53 @@
+#include "apps/common/nonfinite.h"
+
+#include <cmath>
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "core/tensor.h"
+#include "dist/agree.h"
+
+namespace weft::apps {
+
+std::string describe_value(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  return fmt::format("{}", v);
+}
+
+std::string first_nonfinite(const nn::NamedTensorList& params) {
+  for (auto& [name, p] : params) {
+    if (!p.defined() || p.numel() == 0 || !is_floating(p.dtype())) continue;
+    Tensor h = p.detach().to(kCPU, kFloat64).contiguous();
+    const double* d = h.data<double>();
+    const int64_t n = h.numel();
+    for (int64_t i = 0; i < n; ++i)
+      if (!std::isfinite(d[i])) return fmt::format("{} ({} at element {})", name, describe_value(d[i]), i);
+  }
+  return {};
+}
+
+void check_finite_parameters(const nn::Module& model, const std::string& context, const std::string& advice) {
+  std::string bad = first_nonfinite(model.named_parameters());
+  WEFT_CHECK(bad.empty(), "{}: parameter {} is not finite{}", context, bad, advice);
+}
+
+OnNan parse_on_nan(const std::string& s) {
+  if (s == "error") return OnNan::error;
+  if (s == "skip") return OnNan::skip;
+  if (s == "ignore") return OnNan::ignore;
+  throw Error(fmt::format("--on-nan must be error, skip or ignore, not \"{}\"", s));
+}
+
+void stop_on_nonfinite_loss(const std::string& program, double loss, int64_t step, const Ranks& ranks,
+                            const std::string& last_checkpoint) {
+  std::string msg = fmt::format(
+      "{}: the loss is {} at step {}{}; training stopped; {} — lower --lr or use --on-nan skip", program,
+      describe_value(loss), step,
+      ranks.fsdp ? fmt::format(" (the mean over {} ranks)", ranks.world) : std::string(),
+      last_checkpoint.empty() ? std::string("no checkpoint was written")
+                              : fmt::format("the last good checkpoint is {}", last_checkpoint));
+  throw dist::AgreedError(msg, 0);
+}
+
+}  // namespace weft::apps

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# NaN is bad input: a non-finite loss stops weft-transformer and weft-mnist with a clear error
+# naming the step (--on-nan skip drops those updates and goes on, --on-nan ignore trains on),
+# a checkpoint is never written from non-finite state (the good ones stay byte-identical), and
+# `sample` refuses a checkpoint whose weights are not finite, naming the parameter. With an
+# mpirun: --fsdp --lr 1e30 at 2 ranks fails on both ranks within seconds.
+# Usage: nonfinite_cli.sh TRANSFORMER MNIST CHECKPOINT [MPIRUN MPIRUN_ARGS...]
+set -euo pipefail
+tf=$1 mnist=$2 ckpt=$3
+mpirun=${4:-}
+shift $(( $# > 3 ? 4 : 3 ))
+mpirun_args=("$@")
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+sums() { (cd "$1" && find . -type f | sort | xargs sha256sum); }
+
+cfg=(--n-layer 1 --n-head 2 --d-model 16 --ctx 16 --batch-size 4 --warmup 0 --seed 0 --threads 1 --eval-every 0
+     --eval-iters 1)
+# A good checkpoint at step 2, then a run from it with a learning rate that blows the weights up.
+"$tf" train "${cfg[@]}" --steps 2 --checkpoint-dir "$tmp/ck" >/dev/null 2>"$tmp/err" || fail "train: $(cat "$tmp/err")"
+sums "$tmp/ck" >"$tmp/before"
+if "$tf" train "${cfg[@]}" --steps 6 --lr 1e30 --resume "$tmp/ck" --checkpoint-dir "$tmp/ck" --checkpoint-every 1 \
+    >/dev/null 2>"$tmp/err"; then fail "transformer --lr 1e30 exited 0"; fi
+grep -Eq "the loss is (nan|inf|-inf) at step [0-9]+" "$tmp/err" || fail "no loss error naming the step: $(cat "$tmp/err")"
+grep -q "last good checkpoint is $tmp/ck/step_" "$tmp/err" || fail "no last good checkpoint named: $(cat "$tmp/err")"
+sums "$tmp/ck" >"$tmp/after"
+cmp -s "$tmp/before" "$tmp/after" || fail "checkpoints changed by the failed run: $(diff "$tmp/before" "$tmp/after")"
+# The first update with --lr 1e30 makes the weights non-finite: saving after it is refused.
+if "$tf" train "${cfg[@]}" --steps 1 --lr 1e30 --checkpoint-dir "$tmp/ck2" --on-nan ignore >/dev/null 2>"$tmp/err"; then
+  fail "a checkpoint of non-finite weights was written"; fi
+grep -Eq "refusing to write a checkpoint at step 1: parameter [a-z_.0-9]+ \((nan|inf|-inf) at element" "$tmp/err" ||
+  fail "non-finite save not explained: $(cat "$tmp/err")"
+[ -z "$(ls "$tmp/ck2" 2>/dev/null | grep step_ || true)" ] || fail "a step directory was written: $(ls "$tmp/ck2")"
+# --on-nan skip completes and counts; --on-nan ignore exits 0 as before.
+"$tf" train "${cfg[@]}" --steps 4 --lr 1e30 --on-nan skip >/dev/null 2>"$tmp/err" ||
+  fail "--on-nan skip failed: $(cat "$tmp/err")"
+grep -q "skipped its update" "$tmp/err" && grep -Eq "skipped [0-9]+ of 4 steps" "$tmp/err" ||
+  fail "--on-nan skip does not report skipped steps: $(cat "$tmp/err")"
+"$tf" train "${cfg[@]}" --steps 4 --lr 1e30 --on-nan ignore >/dev/null 2>"$tmp/err" ||
+  fail "--on-nan ignore failed: $(cat "$tmp/err")"
+
+# sample: weights holding a NaN (one element of ln_f.weight set in a consolidated file) are refused.
+"$ckpt" consolidate "$tmp/ck" "$tmp/good.safetensors" >/dev/null 2>"$tmp/err" || fail "consolidate: $(cat "$tmp/err")"
+"$tf" sample --checkpoint "$tmp/good.safetensors" --tokens 5 >/dev/null 2>"$tmp/err" || fail "sample: $(cat "$tmp/err")"
+python3 - "$tmp/good.safetensors" "$tmp/nan.safetensors" <<'PY'
+import json, struct, sys
+b = bytearray(open(sys.argv[1], 'rb').read())
+n = struct.unpack('<Q', b[:8])[0]
+t = json.loads(b[8:8 + n])['transformer.ln_f.weight']
+assert t['dtype'] == 'F32'
+b[8 + n + t['data_offsets'][0]:8 + n + t['data_offsets'][0] + 4] = struct.pack('<f', float('nan'))
+open(sys.argv[2], 'wb').write(b)
+PY
+if "$tf" sample --checkpoint "$tmp/nan.safetensors" --tokens 5 >"$tmp/out" 2>"$tmp/err"; then
+  fail "sample on NaN weights exited 0"; fi
+grep -q "parameter transformer.ln_f.weight (nan at element 0) is not finite" "$tmp/err" ||
+  fail "sample on NaN weights does not name the parameter: $(cat "$tmp/err")"
+! grep -q $'\x00' "$tmp/out" 2>/dev/null || fail "sample printed NUL bytes"
+
+# weft-mnist: the same.
+m=(--batch-size 32 --threads 1 --seed 1 --log-every 1)
+"$mnist" "${m[@]}" --steps 2 --save "$tmp/mk" >/dev/null 2>"$tmp/err" || fail "mnist: $(cat "$tmp/err")"
+sums "$tmp/mk" >"$tmp/before"
+if "$mnist" "${m[@]}" --steps 4 --lr 1e30 --load "$tmp/mk" --save "$tmp/mk" --checkpoint-every 1 >/dev/null 2>"$tmp/err"; then
+  fail "mnist --lr 1e30 exited 0"; fi
+grep -Eq "the loss is (nan|inf|-inf) at step [0-9]+" "$tmp/err" || fail "mnist: no loss error: $(cat "$tmp/err")"
+grep -q "last good checkpoint is $tmp/mk/step_2" "$tmp/err" || fail "mnist: no last checkpoint: $(cat "$tmp/err")"
+sums "$tmp/mk" >"$tmp/after"
+cmp -s "$tmp/before" "$tmp/after" || fail "mnist checkpoints changed: $(diff "$tmp/before" "$tmp/after")"
+if "$mnist" "${m[@]}" --steps 1 --lr 1e30 --on-nan ignore --save "$tmp/mk2" >/dev/null 2>"$tmp/err"; then
+  fail "mnist wrote a checkpoint of non-finite weights"; fi
+grep -q "refusing to write a checkpoint at step 1: parameter" "$tmp/err" || fail "mnist save: $(cat "$tmp/err")"
+[ -z "$(ls "$tmp/mk2" 2>/dev/null | grep step_ || true)" ] || fail "mnist wrote a step directory: $(ls "$tmp/mk2")"
+"$mnist" "${m[@]}" --steps 3 --lr 1e30 --on-nan skip >/dev/null 2>"$tmp/err" || fail "mnist skip: $(cat "$tmp/err")"
+grep -Eq "skipped [0-9]+ steps" "$tmp/err" || fail "mnist --on-nan skip does not report: $(cat "$tmp/err")"
+"$mnist" "${m[@]}" --steps 3 --lr 1e30 --on-nan ignore >/dev/null 2>"$tmp/err" || fail "mnist ignore: $(cat "$tmp/err")"
+
+# FSDP at 2 ranks: every rank stops with the message, none is left waiting.
+if [ -n "$mpirun" ]; then
+  if timeout 60 "$mpirun" -np 2 "${mpirun_args[@]}" "$tf" train --fsdp "${cfg[@]}" --steps 4 --lr 1e30 \
+      >/dev/null 2>"$tmp/err"; then fail "--fsdp --lr 1e30 exited 0"; fi
+  for r in 0 1; do
+    grep -Eq "error on rank $r: .*the loss is (nan|inf|-inf) at step [0-9]+ \(the mean over 2 ranks\)" "$tmp/err" ||
+      fail "rank $r did not stop with the message: $(cat "$tmp/err")"
+  done
+fi
+echo "nonfinite_cli: all checks passed"
