@@ -20,7 +20,7 @@ cfg=(--n-layer 1 --n-head 2 --d-model 16 --ctx 16 --batch-size 4 --warmup 0 --se
 # A good checkpoint at step 2, then a run from it with a learning rate that blows the weights up.
 "$tf" train "${cfg[@]}" --steps 2 --checkpoint-dir "$tmp/ck" >/dev/null 2>"$tmp/err" || fail "train: $(cat "$tmp/err")"
 sums "$tmp/ck" >"$tmp/before"
-if "$tf" train "${cfg[@]}" --steps 6 --lr 1e30 --resume "$tmp/ck" --checkpoint-dir "$tmp/ck" --checkpoint-every 1 \
+if "$tf" train "${cfg[@]}" --steps 6 --lr 1e30 --resume "$tmp/ck" --checkpoint-dir "$tmp/ck" \
     >/dev/null 2>"$tmp/err"; then fail "transformer --lr 1e30 exited 0"; fi
 grep -Eq "the loss is (nan|inf|-inf) at step [0-9]+" "$tmp/err" || fail "no loss error naming the step: $(cat "$tmp/err")"
 grep -q "last good checkpoint is $tmp/ck/step_" "$tmp/err" || fail "no last good checkpoint named: $(cat "$tmp/err")"
@@ -56,13 +56,13 @@ if "$tf" sample --checkpoint "$tmp/nan.safetensors" --tokens 5 >"$tmp/out" 2>"$t
   fail "sample on NaN weights exited 0"; fi
 grep -q "parameter transformer.ln_f.weight (nan at element 0) is not finite" "$tmp/err" ||
   fail "sample on NaN weights does not name the parameter: $(cat "$tmp/err")"
-! grep -q $'\x00' "$tmp/out" 2>/dev/null || fail "sample printed NUL bytes"
+[ "$(tr -d '\000' <"$tmp/out" | wc -c)" = "$(wc -c <"$tmp/out")" ] || fail "sample printed NUL bytes"
 
 # weft-mnist: the same.
 m=(--batch-size 32 --threads 1 --seed 1 --log-every 1)
 "$mnist" "${m[@]}" --steps 2 --save "$tmp/mk" >/dev/null 2>"$tmp/err" || fail "mnist: $(cat "$tmp/err")"
 sums "$tmp/mk" >"$tmp/before"
-if "$mnist" "${m[@]}" --steps 4 --lr 1e30 --load "$tmp/mk" --save "$tmp/mk" --checkpoint-every 1 >/dev/null 2>"$tmp/err"; then
+if "$mnist" "${m[@]}" --steps 4 --lr 1e30 --load "$tmp/mk" --save "$tmp/mk" >/dev/null 2>"$tmp/err"; then
   fail "mnist --lr 1e30 exited 0"; fi
 grep -Eq "the loss is (nan|inf|-inf) at step [0-9]+" "$tmp/err" || fail "mnist: no loss error: $(cat "$tmp/err")"
 grep -q "last good checkpoint is $tmp/mk/step_2" "$tmp/err" || fail "mnist: no last checkpoint: $(cat "$tmp/err")"
