@@ -26,10 +26,10 @@ grep -Eq "the loss is (nan|inf|-inf) at step [0-9]+" "$tmp/err" || fail "no loss
 grep -q "last good checkpoint is $tmp/ck/step_" "$tmp/err" || fail "no last good checkpoint named: $(cat "$tmp/err")"
 sums "$tmp/ck" >"$tmp/after"
 cmp -s "$tmp/before" "$tmp/after" || fail "checkpoints changed by the failed run: $(diff "$tmp/before" "$tmp/after")"
-# The first update with --lr 1e30 makes the weights non-finite: saving after it is refused.
-if "$tf" train "${cfg[@]}" --steps 1 --lr 1e30 --checkpoint-dir "$tmp/ck2" --on-nan ignore >/dev/null 2>"$tmp/err"; then
+# Updates from a non-finite loss (--on-nan ignore) make the weights non-finite: saving is refused.
+if "$tf" train "${cfg[@]}" --steps 3 --lr 1e30 --checkpoint-dir "$tmp/ck2" --on-nan ignore >/dev/null 2>"$tmp/err"; then
   fail "a checkpoint of non-finite weights was written"; fi
-grep -Eq "refusing to write a checkpoint at step 1: parameter [a-z_.0-9]+ \((nan|inf|-inf) at element" "$tmp/err" ||
+grep -Eq "refusing to write a checkpoint at step 3: parameter [a-z_.0-9]+ \((nan|inf|-inf) at element" "$tmp/err" ||
   fail "non-finite save not explained: $(cat "$tmp/err")"
 [ -z "$(ls "$tmp/ck2" 2>/dev/null | grep step_ || true)" ] || fail "a step directory was written: $(ls "$tmp/ck2")"
 # --on-nan skip completes and counts; --on-nan ignore exits 0 as before.
@@ -62,15 +62,15 @@ grep -q "parameter transformer.ln_f.weight (nan at element 0) is not finite" "$t
 m=(--batch-size 32 --threads 1 --seed 1 --log-every 1)
 "$mnist" "${m[@]}" --steps 2 --save "$tmp/mk" >/dev/null 2>"$tmp/err" || fail "mnist: $(cat "$tmp/err")"
 sums "$tmp/mk" >"$tmp/before"
-if "$mnist" "${m[@]}" --steps 4 --lr 1e30 --load "$tmp/mk" --save "$tmp/mk" >/dev/null 2>"$tmp/err"; then
+if "$mnist" "${m[@]}" --steps 4 --lr 1e30 --save "$tmp/mk" >/dev/null 2>"$tmp/err"; then
   fail "mnist --lr 1e30 exited 0"; fi
 grep -Eq "the loss is (nan|inf|-inf) at step [0-9]+" "$tmp/err" || fail "mnist: no loss error: $(cat "$tmp/err")"
-grep -q "last good checkpoint is $tmp/mk/step_2" "$tmp/err" || fail "mnist: no last checkpoint: $(cat "$tmp/err")"
+grep -q "no checkpoint was written" "$tmp/err" || fail "mnist: no last checkpoint: $(cat "$tmp/err")"
 sums "$tmp/mk" >"$tmp/after"
 cmp -s "$tmp/before" "$tmp/after" || fail "mnist checkpoints changed: $(diff "$tmp/before" "$tmp/after")"
-if "$mnist" "${m[@]}" --steps 1 --lr 1e30 --on-nan ignore --save "$tmp/mk2" >/dev/null 2>"$tmp/err"; then
+if "$mnist" "${m[@]}" --steps 3 --lr 1e30 --on-nan ignore --save "$tmp/mk2" >/dev/null 2>"$tmp/err"; then
   fail "mnist wrote a checkpoint of non-finite weights"; fi
-grep -q "refusing to write a checkpoint at step 1: parameter" "$tmp/err" || fail "mnist save: $(cat "$tmp/err")"
+grep -q "refusing to write a checkpoint at step 3: parameter" "$tmp/err" || fail "mnist save: $(cat "$tmp/err")"
 [ -z "$(ls "$tmp/mk2" 2>/dev/null | grep step_ || true)" ] || fail "mnist wrote a step directory: $(ls "$tmp/mk2")"
 "$mnist" "${m[@]}" --steps 3 --lr 1e30 --on-nan skip >/dev/null 2>"$tmp/err" || fail "mnist skip: $(cat "$tmp/err")"
 grep -Eq "skipped [0-9]+ steps" "$tmp/err" || fail "mnist --on-nan skip does not report: $(cat "$tmp/err")"
