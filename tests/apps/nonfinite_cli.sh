@@ -43,15 +43,14 @@ grep -q "skipped its update" "$tmp/err" && grep -Eq "skipped [0-9]+ of 4 steps" 
 # sample: weights holding a NaN (one element of ln_f.weight set in a consolidated file) are refused.
 "$ckpt" consolidate "$tmp/ck" "$tmp/good.safetensors" >/dev/null 2>"$tmp/err" || fail "consolidate: $(cat "$tmp/err")"
 "$tf" sample --checkpoint "$tmp/good.safetensors" --tokens 5 >/dev/null 2>"$tmp/err" || fail "sample: $(cat "$tmp/err")"
-python3 - "$tmp/good.safetensors" "$tmp/nan.safetensors" <<'PY'
-import json, struct, sys
-b = bytearray(open(sys.argv[1], 'rb').read())
-n = struct.unpack('<Q', b[:8])[0]
-t = json.loads(b[8:8 + n])['transformer.ln_f.weight']
-assert t['dtype'] == 'F32'
-b[8 + n + t['data_offsets'][0]:8 + n + t['data_offsets'][0] + 4] = struct.pack('<f', float('nan'))
-open(sys.argv[2], 'wb').write(b)
-PY
+# Patch element 0 of ln_f.weight to a NaN (f32 0x7fc00000, little-endian) at its data offset:
+# the file is an 8-byte header length, the JSON header, then the data.
+cp "$tmp/good.safetensors" "$tmp/nan.safetensors"
+hlen=$(od -An -t u8 -N 8 "$tmp/good.safetensors" | tr -d ' ')
+entry=$(head -c $((8 + hlen)) "$tmp/good.safetensors" | tail -c "$hlen" | grep -o '"transformer.ln_f.weight":{[^}]*}')
+grep -q '"dtype":"F32"' <<<"$entry" || fail "ln_f.weight is not F32 in the consolidated file: $entry"
+off=$(grep -o '"data_offsets":\[[0-9]*' <<<"$entry" | grep -o '[0-9]*$')
+printf '\x00\x00\xc0\x7f' | dd of="$tmp/nan.safetensors" bs=1 seek=$((8 + hlen + off)) conv=notrunc 2>/dev/null
 if "$tf" sample --checkpoint "$tmp/nan.safetensors" --tokens 5 >"$tmp/out" 2>"$tmp/err"; then
   fail "sample on NaN weights exited 0"; fi
 grep -q "parameter transformer.ln_f.weight (nan at element 0) is not finite" "$tmp/err" ||
