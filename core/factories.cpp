@@ -1,5 +1,6 @@
 // core: tensor factories, in-place fills, and element access as doubles.
 #include <cmath>
+#include <limits>
 
 #include "core/copy.h"
 #include "core/dispatch.h"
@@ -9,9 +10,21 @@
 
 namespace weft {
 
+namespace {
+// shape_numel(shape) * element_size, checked: the byte count of a tensor must fit an int64.
+size_t shape_nbytes(const Shape& shape, size_t element_size) {
+  size_t bytes = 0;
+  int64_t n = shape_numel(shape);
+  WEFT_CHECK(n >= 0 && !__builtin_mul_overflow(size_t(n), element_size, &bytes) &&
+                 bytes <= size_t(std::numeric_limits<int64_t>::max()),
+             "shape {}: {} elements of {} bytes overflow the byte size", shape_str(shape), n, element_size);
+  return bytes;
+}
+}  // namespace
+
 Tensor empty(const Shape& shape, TensorOptions opts) {
   for (int64_t s : shape) WEFT_CHECK(s >= 0, "empty: negative size in shape {}", shape_str(shape));
-  size_t nbytes = size_t(shape_numel(shape)) * dtype_size(opts.dtype);
+  size_t nbytes = shape_nbytes(shape, dtype_size(opts.dtype));
   auto storage = std::make_shared<StorageImpl>(nbytes, opts.device);
   Tensor t(std::make_shared<TensorImpl>(std::move(storage), shape, contiguous_strides(shape), 0, opts.dtype));
   if (opts.requires_grad) t.set_requires_grad(true);
@@ -93,7 +106,7 @@ Tensor from_vector(const std::vector<double>& values, const Shape& shape, Tensor
 
 Tensor from_blob(void* data, const Shape& shape, DType dtype, Device device,
                  std::function<void(void*)> deleter) {
-  size_t nbytes = size_t(shape_numel(shape)) * dtype_size(dtype);
+  size_t nbytes = shape_nbytes(shape, dtype_size(dtype));
   auto storage = std::make_shared<StorageImpl>(data, nbytes, device, std::move(deleter));
   return Tensor(std::make_shared<TensorImpl>(std::move(storage), shape, contiguous_strides(shape), 0, dtype));
 }

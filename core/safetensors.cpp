@@ -53,8 +53,18 @@ struct FileCloser {
 };
 
 class InFile {
+  // fopen of a FIFO blocks until a writer comes, and a device never ends: only regular files
+  // (or what a symlink names) are opened.
+  static std::FILE* open_regular(const std::string& path) {
+    struct stat st;
+    if (::stat(path.c_str(), &st) == 0)
+      WEFT_CHECK(S_ISREG(st.st_mode) || S_ISDIR(st.st_mode),
+                 "safetensors: '{}' is not a regular file (a FIFO, socket or device?)", path);
+    return std::fopen(path.c_str(), "rb");
+  }
+
  public:
-  explicit InFile(const std::string& path) : path_(path), f_(std::fopen(path.c_str(), "rb")) {
+  explicit InFile(const std::string& path) : path_(path), f_(open_regular(path)) {
     WEFT_CHECK(f_, "safetensors: cannot open '{}': {}", path, errno_str());
     struct stat st;
     WEFT_CHECK(::fstat(::fileno(f_.get()), &st) == 0, "safetensors: cannot stat '{}': {}", path,

@@ -7,9 +7,15 @@
 
 namespace weft {
 
+// Throws weft::Error naming the shape when the element count overflows int64.
 int64_t shape_numel(const Shape& shape) {
   int64_t n = 1;
-  for (int64_t s : shape) n *= s;
+  bool overflow = false;
+  for (int64_t s : shape) {
+    if (s == 0) return 0;  // an empty dim makes any product of the others 0
+    overflow |= __builtin_mul_overflow(n, s, &n);
+  }
+  WEFT_CHECK(!overflow, "shape {}: the element count overflows int64", shape_str(shape));
   return n;
 }
 

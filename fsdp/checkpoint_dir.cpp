@@ -18,7 +18,8 @@ std::map<int64_t, fs::path> complete_checkpoints(const fs::path& dir) {
   std::error_code ec;
   for (auto& e : fs::directory_iterator(dir, ec)) {
     std::string name = e.path().filename().string();
-    if (name.size() <= 5 || name.rfind("step_", 0) != 0 ||
+    // step_<digits>, at most 18 of them (so the number fits an int64; longer names are not ours).
+    if (name.size() <= 5 || name.size() > 5 + 18 || name.rfind("step_", 0) != 0 ||
         name.find_first_not_of("0123456789", 5) != std::string::npos || !fs::exists(e.path() / kCheckpointIndexFile))
       continue;
     out[std::stoll(name.substr(5))] = e.path();

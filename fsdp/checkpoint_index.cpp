@@ -102,6 +102,13 @@ CheckpointIndex read_checkpoint_index(const std::string& path) {
   IndexReader r{(fs::path(where) / kCheckpointIndexFile).string()};
   std::string text;
   {
+    // A FIFO would block fopen for ever, a device (/dev/zero) never ends: a regular file, bounded.
+    constexpr uintmax_t kMaxIndexBytes = uintmax_t(256) << 20;
+    std::error_code ec;
+    WEFT_CHECK(fs::is_regular_file(r.path, ec), "checkpoint: {} is not a regular file (a FIFO or device?)", r.path);
+    const uintmax_t size = fs::file_size(r.path, ec);
+    WEFT_CHECK(!ec && size <= kMaxIndexBytes, "checkpoint: {} is {} bytes, more than the limit of {} bytes", r.path,
+               size, kMaxIndexBytes);
     std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(r.path.c_str(), "rb"), &std::fclose);
     WEFT_CHECK(f, "checkpoint: cannot open {}: {}", r.path, std::strerror(errno));
     char buf[65536];

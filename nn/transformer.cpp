@@ -4,8 +4,22 @@
 
 namespace weft::nn {
 
+namespace {
+// Checked by every layer that takes a TransformerConfig, before any parameter is allocated.
+const TransformerConfig& checked(const TransformerConfig& cfg, const char* layer) {
+  WEFT_CHECK(cfg.d_model >= 1, "{}: d_model must be >= 1, got {}", layer, cfg.d_model);
+  WEFT_CHECK(cfg.n_head >= 1, "{}: n_head must be >= 1, got {}", layer, cfg.n_head);
+  WEFT_CHECK(cfg.d_model % cfg.n_head == 0, "{}: d_model {} must be divisible by n_head {}", layer, cfg.d_model,
+             cfg.n_head);
+  WEFT_CHECK(cfg.dropout >= 0 && cfg.dropout < 1, "{}: dropout must be in [0, 1), got {}", layer, cfg.dropout);
+  WEFT_CHECK(cfg.gelu_approximate == "tanh" || cfg.gelu_approximate == "none",
+             "{}: gelu_approximate must be \"tanh\" or \"none\", got \"{}\"", layer, cfg.gelu_approximate);
+  return cfg;
+}
+}  // namespace
+
 CausalSelfAttention::CausalSelfAttention(const TransformerConfig& cfg, Generator* gen)
-    : Module("CausalSelfAttention"), d_model(cfg.d_model), n_head(cfg.n_head), dropout_p(cfg.dropout) {
+    : Module("CausalSelfAttention"), d_model(checked(cfg, "CausalSelfAttention").d_model), n_head(cfg.n_head), dropout_p(cfg.dropout) {
   WEFT_CHECK(n_head > 0 && d_model % n_head == 0, "CausalSelfAttention: d_model {} must be divisible by n_head {}",
              d_model, n_head);
   c_attn = register_module("c_attn", std::make_shared<Linear>(d_model, 3 * d_model, cfg.bias, gen));
@@ -24,7 +38,7 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
 std::string CausalSelfAttention::extra_repr() const { return fmt::format("d_model={}, n_head={}", d_model, n_head); }
 
 MLP::MLP(const TransformerConfig& cfg, Generator* gen)
-    : Module("MLP"), approximate(cfg.gelu_approximate), dropout_p(cfg.dropout) {
+    : Module("MLP"), approximate(checked(cfg, "MLP").gelu_approximate), dropout_p(cfg.dropout) {
   c_fc = register_module("c_fc", std::make_shared<Linear>(cfg.d_model, 4 * cfg.d_model, cfg.bias, gen));
   c_proj = register_module("c_proj", std::make_shared<Linear>(4 * cfg.d_model, cfg.d_model, cfg.bias, gen));
 }
@@ -34,6 +48,7 @@ Tensor MLP::forward(const Tensor& x) {
 }
 
 Block::Block(const TransformerConfig& cfg, Generator* gen) : Module("Block") {
+  checked(cfg, "Block");
   ln_1 = register_module("ln_1", std::make_shared<LayerNorm>(cfg.d_model, 1e-5, true, cfg.bias));
   attn = register_module("attn", std::make_shared<CausalSelfAttention>(cfg, gen));
   ln_2 = register_module("ln_2", std::make_shared<LayerNorm>(cfg.d_model, 1e-5, true, cfg.bias));

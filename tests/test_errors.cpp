@@ -70,3 +70,17 @@ TEST_CASE("undefined tensors, freed storage and invalid arguments") {
   CHECK_THROWS_WITH(cross_entropy(ones({2, 3}), from_vector({0, 1}, {2}, {.dtype = kInt64}), {.reduction = "avg"}),
                     Contains("reduction"));
 }
+
+TEST_CASE("element and byte counts that overflow are refused, naming the shape") {
+  const int64_t big = int64_t(1) << 40;
+  CHECK_THROWS_WITH(empty({big, big}), Contains("[1099511627776, 1099511627776]") && Contains("overflows int64"));
+  CHECK_THROWS_WITH(shape_numel({big, big, 2}), Contains("overflows int64"));
+  CHECK_THROWS_WITH(zeros({int64_t(1) << 62, 4}), Contains("overflows"));
+  // The element count fits but the bytes do not: 2^62 float32s are 2^64 bytes.
+  CHECK_THROWS_WITH(empty({int64_t(1) << 62}), Contains("[4611686018427387904]") && Contains("byte size"));
+  CHECK_THROWS_WITH(empty({int64_t(1) << 61}, {.dtype = kFloat64}), Contains("byte size"));
+  // A zero dim makes any shape empty, however large the others.
+  CHECK(shape_numel({big, big, 0}) == 0);
+  CHECK(empty({big, 0, big}).numel() == 0);
+  CHECK(shape_numel({int64_t(1) << 31, int64_t(1) << 31}) == int64_t(1) << 62);
+}

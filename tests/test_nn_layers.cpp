@@ -211,3 +211,38 @@ TEST_CASE("nn::init: fans, gains and the ranges of each initialiser") {
   CHECK(leaf.requires_grad());
   CHECK_THROWS_WITH(init::kaiming_uniform_(leaf), Catch::Contains("at least 2 dims"));
 }
+
+TEST_CASE("layer constructors name the layer and the argument at fault") {
+  using Catch::Contains;
+  CHECK_THROWS_WITH(Linear(-1, 4), Contains("Linear: in_features must be >= 1, got -1"));
+  CHECK_THROWS_WITH(Linear(4, -2), Contains("Linear: out_features must be >= 0, got -2"));
+  CHECK_THROWS_WITH(Embedding(-5, 3), Contains("Embedding: num_embeddings must be >= 0, got -5"));
+  CHECK_THROWS_WITH(Embedding(5, -3), Contains("Embedding: embedding_dim"));
+  CHECK_THROWS_WITH(LayerNorm(0), Contains("LayerNorm: dim must be >= 1, got 0"));
+  CHECK_THROWS_WITH(LayerNorm(4, -1e-5), Contains("LayerNorm: eps"));
+  CHECK_THROWS_WITH(RMSNorm(-1), Contains("RMSNorm: dim"));
+  CHECK_THROWS_WITH(Conv2d(0, 4, 3), Contains("Conv2d: in_channels must be >= 1, got 0"));
+  CHECK_THROWS_WITH(Conv2d(1, 4, 0), Contains("Conv2d: kernel_size must be >= 1, got 0"));
+  CHECK_THROWS_WITH(Conv2d(1, 4, 3, 0), Contains("Conv2d: stride must be >= 1, got 0"));
+  CHECK_THROWS_WITH(Conv2d(1, 4, 3, 1, -1), Contains("Conv2d: padding must be >= 0, got -1"));
+  CHECK_THROWS_WITH(MaxPool2d(0), Contains("MaxPool2d: kernel_size"));
+  CHECK_THROWS_WITH(MaxPool2d(2, 0), Contains("MaxPool2d: stride"));
+  CHECK_THROWS_WITH(MaxPool2d(2, 2, 3), Contains("MaxPool2d: padding 3 must be at most half of kernel_size 2"));
+  CHECK_THROWS_WITH(Dropout(1.0), Contains("Dropout: p must be in [0, 1)"));
+  CHECK_THROWS_WITH(Dropout(-0.5), Contains("Dropout: p must be in [0, 1)"));
+  CHECK_NOTHROW(Dropout(0.0));
+  CHECK_NOTHROW(MaxPool2d(2));  // stride defaults to the kernel size
+  CHECK_THROWS_WITH(Linear(0, 3), Contains("Linear: in_features must be >= 1, got 0"));  // no fan-in to scale by
+  CHECK_NOTHROW(Linear(3, 0));
+
+  TransformerConfig ok{.d_model = 8, .n_head = 2};
+  CHECK_NOTHROW(Block(ok));
+  auto with = [&](auto f) { TransformerConfig c = ok; f(c); return c; };
+  CHECK_THROWS_WITH(CausalSelfAttention(with([](auto& c) { c.n_head = 0; })),
+                    Contains("CausalSelfAttention: n_head must be >= 1, got 0"));
+  CHECK_THROWS_WITH(CausalSelfAttention(with([](auto& c) { c.n_head = 3; })),
+                    Contains("d_model 8 must be divisible by n_head 3"));
+  CHECK_THROWS_WITH(MLP(with([](auto& c) { c.d_model = -8; })), Contains("MLP: d_model must be >= 1, got -8"));
+  CHECK_THROWS_WITH(MLP(with([](auto& c) { c.gelu_approximate = "erf"; })), Contains("MLP: gelu_approximate"));
+  CHECK_THROWS_WITH(Block(with([](auto& c) { c.dropout = 1.0; })), Contains("Block: dropout must be in [0, 1), got 1"));
+}

@@ -18,7 +18,14 @@ struct GzFile {
 }  // namespace
 
 Tensor read_idx(const std::string& path) {
-  WEFT_CHECK(std::filesystem::exists(path), "read_idx: {} does not exist", path);
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  WEFT_CHECK(fs::exists(path, ec), "read_idx: {} does not exist", path);
+  // A FIFO would block open() for ever and a device (/dev/zero) never ends: only regular files.
+  WEFT_CHECK(fs::is_regular_file(path, ec), "read_idx: {} is not a regular file (a FIFO, device or directory?)", path);
+  const uintmax_t size = fs::file_size(path, ec);
+  WEFT_CHECK(!ec && size <= kMaxIdxBytes, "read_idx: {} is {} bytes, more than the limit of {} bytes", path, size,
+             kMaxIdxBytes);
   GzFile gz{gzopen(path.c_str(), "rb")};  // reads plain files too
   WEFT_CHECK(gz.f != nullptr, "read_idx: cannot open {}", path);
   auto read_exact = [&](void* buf, size_t n, const char* what) {
@@ -46,7 +53,8 @@ Tensor read_idx(const std::string& path) {
     int64_t d = (int64_t(b[0]) << 24) | (int64_t(b[1]) << 16) | (int64_t(b[2]) << 8) | int64_t(b[3]);
     dims.push_back(d);
     total *= d;
-    WEFT_CHECK(total <= (int64_t(1) << 34), "read_idx: {} declares an implausible size {}", path, shape_str(dims));
+    WEFT_CHECK(total <= int64_t(kMaxIdxBytes), "read_idx: {} declares {} ({} bytes or more), more than the limit of {} bytes",
+               path, shape_str(dims), total, kMaxIdxBytes);
   }
   Tensor out = empty(dims, {.dtype = DType::u8});
   read_exact(out.data_ptr(), size_t(total), "the data");
@@ -79,7 +87,10 @@ static MnistSplit load_split(const std::string& dir, const std::string& prefix, 
 }
 
 MnistData load_mnist(const std::string& dir) {
-  WEFT_CHECK(std::filesystem::is_directory(dir),
+  std::error_code ec;
+  WEFT_CHECK(!std::filesystem::exists(dir, ec) || std::filesystem::is_directory(dir, ec),
+             "mnist: --data {} is not a directory (it should hold the IDX files)", dir);
+  WEFT_CHECK(std::filesystem::is_directory(dir, ec),
              "mnist: data directory {} does not exist. For Fashion-MNIST install the Debian package: "
              "apt-get install dataset-fashion-mnist (or pass --data DIR with IDX files)", dir);
   MnistData d;

@@ -11,6 +11,7 @@
 #include <optional>
 #include <thread>
 
+#include "apps/common/cli.h"
 #include "apps/common/device.h"
 #include "apps/common/metrics.h"
 #include "apps/common/nonfinite.h"
@@ -301,27 +302,27 @@ int main(int argc, char** argv) {
   Options o;
   CLI::App app{"weft-mnist: train an MLP or CNN classifier on Fashion-MNIST (IDX files)"};
   app.add_option("--model", o.model, "mlp or cnn")->check(CLI::IsMember({"mlp", "cnn"}))->capture_default_str();
-  app.add_option("--epochs", o.epochs, "passes over the training set")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--epochs", o.epochs, "passes over the training set")->check(apps::cli::integer(1, 1000000))->capture_default_str();
   app.add_option("--batch-size", o.batch_size, "samples per step (the global batch under --fsdp)")
-      ->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--lr", o.lr, "learning rate")->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(apps::cli::integer(1, 1 << 20))->capture_default_str();
+  app.add_option("--lr", o.lr, "learning rate")->check(apps::cli::number_above(0))->capture_default_str();
   app.add_option("--optimizer", o.optimizer, "adamw, adam or sgd (momentum 0.9)")
       ->check(CLI::IsMember({"adamw", "adam", "sgd"}))->capture_default_str();
-  app.add_option("--seed", o.seed, "seed for initialisation and data order")->capture_default_str();
+  app.add_option("--seed", o.seed, "seed for initialisation and data order")->check(apps::cli::seed())->capture_default_str();
   app.add_option("--threads", o.threads, "CPU threads (per rank; default: OMP_NUM_THREADS or all cores)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(apps::cli::threads());
   app.add_option("--metrics", o.metrics, "append JSONL metrics to FILE (rank 0 writes)");
   app.add_option("--save", o.save, "write a checkpoint (model, optimizer, data position) to DIR/step_<N>/ at the end: "
                  "one file per rank plus index.json, also under --fsdp");
   app.add_option("--checkpoint-every", o.checkpoint_every, "with --save: also every N steps (0: only at the end)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(apps::cli::integer(0, int64_t(1) << 40));
   app.add_option("--keep-last", o.keep_last, "with --save: keep only the K newest checkpoints (0: all)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(apps::cli::integer(0, 1000000));
   app.add_option("--load,--resume", o.load, "resume from the latest checkpoint in DIR (written at any number of ranks)")
       ->check(CLI::ExistingDirectory);
-  app.add_option("--steps", o.steps, "stop after N more optimizer steps")->check(CLI::NonNegativeNumber);
+  app.add_option("--steps", o.steps, "stop after N more optimizer steps")->check(apps::cli::integer(0, int64_t(1) << 40));
   app.add_option("--data", o.data, "directory with {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]")->capture_default_str();
-  app.add_option("--log-every", o.log_every, "steps between metrics lines")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--log-every", o.log_every, "steps between metrics lines")->check(apps::cli::integer(1, int64_t(1) << 40))->capture_default_str();
   app.add_option("--device", o.device, "cpu, cuda (this rank's GPU) or cuda:N: where the model and batches live")
       ->capture_default_str();
   app.add_option("--on-nan", o.on_nan, "when the loss is NaN or infinite: error (stop), skip (drop that step's "

@@ -20,7 +20,15 @@ struct GPTConfig {
   double dropout = 0.0;
 };
 
-// Checks a config and throws a weft::Error naming the flag at fault.
+// Upper bounds of the config's fields (the flags' ranges, and what a checkpoint may declare).
+constexpr int64_t kMaxLayers = 1024, kMaxHeads = 1024, kMaxDModel = 65536, kMaxCtx = 1 << 20,
+                  kMaxVocab = 1 << 24, kMaxSampleTokens = 1 << 20;
+
+// The parameter count of a GPT with this config (as a double: no overflow for absurd configs).
+double param_count(const GPTConfig& cfg);
+
+// Checks a config and throws a weft::Error naming the flag at fault, including a model whose
+// float32 weights alone would not fit in this machine's memory (before anything is allocated).
 void check_config(const GPTConfig& cfg);
 
 // Input: token ids [B, T] (i64, T <= ctx). Output: logits [B, T, vocab_size].

@@ -17,6 +17,7 @@
 #include <memory>
 #include <optional>
 
+#include "apps/common/cli.h"
 #include "apps/common/device.h"
 #include "apps/common/metrics.h"
 #include "apps/common/nonfinite.h"
@@ -124,11 +125,14 @@ apps::GPTConfig config_of(const std::map<std::string, std::string>& app, const s
   WEFT_CHECK(get("format") == kFormat, "transformer: {} was written by \"{}\", not weft-transformer", where,
              get("format"));
   apps::GPTConfig cfg;
-  cfg.n_layer = std::stoll(get("n_layer"));
-  cfg.n_head = std::stoll(get("n_head"));
-  cfg.d_model = std::stoll(get("d_model"));
-  cfg.ctx = std::stoll(get("ctx"));
-  cfg.vocab_size = std::stoll(get("vocab_size"));
+  auto field = [&](const std::string& k, int64_t hi) {
+    return apps::cli::parse_integer_field(get(k), 1, hi, fmt::format("transformer: {}: model field \"{}\"", where, k));
+  };
+  cfg.n_layer = field("n_layer", apps::kMaxLayers);
+  cfg.n_head = field("n_head", apps::kMaxHeads);
+  cfg.d_model = field("d_model", apps::kMaxDModel);
+  cfg.ctx = field("ctx", apps::kMaxCtx);
+  cfg.vocab_size = field("vocab_size", apps::kMaxVocab);
   cfg.tie_weights = get("tied") == "1";
   return cfg;
 }
@@ -444,39 +448,43 @@ int main(int argc, char** argv) {
   TrainOptions t;
   SampleOptions s;
   auto* tr = app.add_subcommand("train", "train a GPT on the bytes of a text file or folder");
-  tr->add_option("--n-layer", t.model.n_layer, "transformer blocks")->capture_default_str();
-  tr->add_option("--n-head", t.model.n_head, "attention heads (must divide --d-model)")->capture_default_str();
-  tr->add_option("--d-model", t.model.d_model, "embedding width")->capture_default_str();
-  tr->add_option("--ctx", t.model.ctx, "context length in bytes")->capture_default_str();
-  tr->add_option("--dropout", t.model.dropout, "dropout probability")->capture_default_str();
+  tr->add_option("--n-layer", t.model.n_layer, "transformer blocks")->check(apps::cli::integer(1, apps::kMaxLayers))->capture_default_str();
+  tr->add_option("--n-head", t.model.n_head, "attention heads (must divide --d-model)")->check(apps::cli::integer(1, apps::kMaxHeads))
+      ->capture_default_str();
+  tr->add_option("--d-model", t.model.d_model, "embedding width")->check(apps::cli::integer(1, apps::kMaxDModel))->capture_default_str();
+  tr->add_option("--ctx", t.model.ctx, "context length in bytes")->check(apps::cli::integer(1, apps::kMaxCtx))->capture_default_str();
+  tr->add_option("--dropout", t.model.dropout, "dropout probability")->check(apps::cli::number_in_half_open(0, 1))->capture_default_str();
   tr->add_flag("--untie", t.untie, "give the LM head its own weight instead of sharing transformer.wte.weight");
   tr->add_option("--batch-size", t.batch_size, "sequences per micro-step (the global batch under --fsdp)")
+      ->check(apps::cli::integer(1, 1 << 20))->capture_default_str();
+  tr->add_option("--grad-accum", t.grad_accum, "micro-steps accumulated per optimizer step")->check(apps::cli::integer(1, 1 << 20))
       ->capture_default_str();
-  tr->add_option("--grad-accum", t.grad_accum, "micro-steps accumulated per optimizer step")->capture_default_str();
-  tr->add_option("--steps", t.steps, "optimizer steps in all (the schedule's length)")->capture_default_str();
-  tr->add_option("--lr", t.lr, "peak learning rate")->capture_default_str();
-  tr->add_option("--warmup", t.warmup, "linear warmup steps before the cosine decay")->capture_default_str();
-  tr->add_option("--weight-decay", t.weight_decay, "AdamW decay on 2-D weights")->capture_default_str();
-  tr->add_option("--clip", t.clip, "gradient norm clip (0: none)")->capture_default_str();
-  tr->add_option("--seed", t.seed, "seed for initialisation and batches")->capture_default_str();
+  tr->add_option("--steps", t.steps, "optimizer steps in all (the schedule's length)")
+      ->check(apps::cli::integer(1, int64_t(1) << 40))->capture_default_str();
+  tr->add_option("--lr", t.lr, "peak learning rate")->check(apps::cli::number_above(0))->capture_default_str();
+  tr->add_option("--warmup", t.warmup, "linear warmup steps before the cosine decay")
+      ->check(apps::cli::integer(0, int64_t(1) << 40))->capture_default_str();
+  tr->add_option("--weight-decay", t.weight_decay, "AdamW decay on 2-D weights")->check(apps::cli::number_from(0, 1e6))->capture_default_str();
+  tr->add_option("--clip", t.clip, "gradient norm clip (0: none)")->check(apps::cli::number_from(0, 1e30))->capture_default_str();
+  tr->add_option("--seed", t.seed, "seed for initialisation and batches")->check(apps::cli::seed())->capture_default_str();
   tr->add_option("--threads", t.threads, "CPU threads per rank (default: OMP_NUM_THREADS or all cores)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(apps::cli::threads());
   tr->add_option("--metrics", t.metrics, "append JSONL metrics to FILE (rank 0 writes)");
   tr->add_option("--data", t.data, "text file or folder of text files")->capture_default_str();
   tr->add_option("--eval-every", t.eval_every, "steps between validation losses (0: only at the end)")
+      ->check(apps::cli::integer(0, int64_t(1) << 40))->capture_default_str();
+  tr->add_option("--eval-iters", t.eval_iters, "validation batches per evaluation")->check(apps::cli::integer(1, 1000000))
       ->capture_default_str();
-  tr->add_option("--eval-iters", t.eval_iters, "validation batches per evaluation")->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  tr->add_option("--log-every", t.log_every, "steps between metrics lines")->check(CLI::PositiveNumber)
+  tr->add_option("--log-every", t.log_every, "steps between metrics lines")->check(apps::cli::integer(1, int64_t(1) << 40))
       ->capture_default_str();
   tr->add_option("--stop-after", t.stop_after, "end this run after N steps, keeping the --steps schedule (for --resume)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(apps::cli::integer(0, int64_t(1) << 40));
   tr->add_option("--checkpoint-dir", t.checkpoint_dir,
                  "save model, optimizer, RNG and data position to DIR/step_<N>/ (one file per rank + index.json)");
   tr->add_option("--checkpoint-every", t.checkpoint_every, "steps between checkpoints (0: only at the end)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(apps::cli::integer(0, int64_t(1) << 40));
   tr->add_option("--keep-last", t.keep_last, "keep only the K newest checkpoints in --checkpoint-dir (0: all)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(apps::cli::integer(0, 1000000))->capture_default_str();
   tr->add_option("--resume", t.resume, "continue from the latest checkpoint in DIR (written at any number of ranks)");
   tr->add_option("--device", t.device, "cpu, cuda (this rank's GPU) or cuda:N: where the model and batches live")
       ->capture_default_str();
@@ -484,7 +492,7 @@ int main(int argc, char** argv) {
   tr->add_option("--reshard-after-forward", t.reshard_after_forward,
                  "under --fsdp: free each block's gathered parameters after forward (true), keep them for "
                  "backward (false), or keep 1/N per rank and gather within groups of N ranks (N)")
-      ->check(CLI::IsMember({"true", "false"}) | CLI::PositiveNumber)->capture_default_str();
+      ->check(CLI::IsMember({"true", "false"}) | apps::cli::integer(1, 1 << 20))->capture_default_str();
   tr->add_option("--mixed-precision", t.mixed_precision,
                  "under --fsdp: bf16 gathers and computes in bf16, reduces gradients in f32; none keeps f32")
       ->check(CLI::IsMember({"bf16", "none"}))->capture_default_str();
@@ -498,12 +506,12 @@ int main(int argc, char** argv) {
   sa->add_option("--checkpoint", s.checkpoint, "checkpoint directory (the latest in it) or a consolidated "
                  ".safetensors file")->required();
   sa->add_option("--prompt", s.prompt, "text to continue")->capture_default_str();
-  sa->add_option("--tokens", s.tokens, "bytes to generate")->check(CLI::NonNegativeNumber)->capture_default_str();
-  sa->add_option("--temperature", s.temperature, "softmax temperature (0: greedy)")->capture_default_str();
+  sa->add_option("--tokens", s.tokens, "bytes to generate")->check(apps::cli::integer(0, apps::kMaxSampleTokens))->capture_default_str();
+  sa->add_option("--temperature", s.temperature, "softmax temperature (0: greedy)")->check(apps::cli::number_from(0, 1e6))->capture_default_str();
   sa->add_option("--top-k", s.top_k, "draw from the K most likely bytes only (0: all)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
-  sa->add_option("--seed", s.seed, "seed for drawing")->capture_default_str();
-  sa->add_option("--threads", s.threads, "CPU threads")->check(CLI::NonNegativeNumber);
+      ->check(apps::cli::integer(0, 1 << 20))->capture_default_str();
+  sa->add_option("--seed", s.seed, "seed for drawing")->check(apps::cli::seed())->capture_default_str();
+  sa->add_option("--threads", s.threads, "CPU threads")->check(apps::cli::threads());
   sa->add_option("--device", s.device, "cpu, cuda or cuda:N: where the model runs")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 

@@ -12,6 +12,14 @@ namespace fs = std::filesystem;
 namespace {
 
 void append_file(const fs::path& p, std::vector<uint8_t>& out) {
+  std::error_code ec;
+  // A FIFO would block open() for ever and a device (/dev/zero) never ends: only regular files.
+  WEFT_CHECK(fs::is_regular_file(p, ec), "transformer: {} is not a regular file or a directory (a FIFO or device?)",
+             p.string());
+  const uintmax_t size = fs::file_size(p, ec);
+  WEFT_CHECK(!ec && out.size() + size <= kMaxTextBytes,
+             "transformer: {} is {} bytes, which takes the text past the limit of {} bytes", p.string(), size,
+             kMaxTextBytes);
   std::ifstream in(p, std::ios::binary);
   WEFT_CHECK(in.good(), "transformer: cannot open {}", p.string());
   out.insert(out.end(), std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());

@@ -10,6 +10,9 @@
 
 namespace weft::apps {
 
+// The most text --data may hold, over all its files: 1 GiB.
+constexpr uint64_t kMaxTextBytes = uint64_t(1) << 30;
+
 inline constexpr const char* kDefaultTextDir = "/usr/share/games/fortunes";
 
 struct TextData {

@@ -1,0 +1,110 @@
+#include "apps/common/cli.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+
+#include "core/error.h"
+
+namespace weft::apps::cli {
+
+namespace {
+
+std::string num_str(double v) { return fmt::format("{}", v); }
+
+// "" and the value when `text` is a whole finite number, else the message.
+std::string parse_number(const std::string& text, double& v) {
+  if (text.empty()) return "not a number: (empty)";
+  const char* b = text.c_str();
+  char* end = nullptr;
+  errno = 0;
+  v = std::strtod(b, &end);
+  if (end == b || *end != '\0' || std::isspace(static_cast<unsigned char>(text[0])))
+    return fmt::format("not a number: {}", text);
+  if (!std::isfinite(v) || errno == ERANGE) return fmt::format("not a finite number: {}", text);
+  return "";
+}
+
+}  // namespace
+
+std::string check_integer(const std::string& text, int64_t lo, int64_t hi) {
+  int64_t v = 0;
+  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  bool whole = !text.empty() && p == text.data() + text.size();
+  if (ec == std::errc::result_out_of_range || (whole && (v < lo || v > hi)))
+    return fmt::format("expected an integer from {} to {}, got {}", lo, hi, text);
+  if (ec != std::errc() || !whole) return fmt::format("not an integer: {} (expected one from {} to {})", text, lo, hi);
+  return "";
+}
+
+CLI::Validator integer(int64_t lo, int64_t hi) {
+  return CLI::Validator([lo, hi](std::string& s) { return check_integer(s, lo, hi); },
+                        fmt::format("INT in [{} - {}]", lo, hi));
+}
+
+CLI::Validator seed() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        uint64_t v = 0;
+        auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+        if (ec == std::errc() && !s.empty() && p == s.data() + s.size()) return "";
+        return fmt::format("expected an integer from 0 to {}, got {}", std::numeric_limits<uint64_t>::max(), s);
+      },
+      "UINT64");
+}
+
+CLI::Validator threads() { return integer(1, kMaxThreads); }
+
+CLI::Validator number_above(double lo) {
+  return CLI::Validator(
+      [lo](std::string& s) -> std::string {
+        double v = 0;
+        if (auto e = parse_number(s, v); !e.empty()) return e;
+        if (!(v > lo)) return fmt::format("expected a number > {}, got {}", num_str(lo), s);
+        return "";
+      },
+      fmt::format("NUMBER > {}", num_str(lo)));
+}
+
+CLI::Validator number_from(double lo, double hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& s) -> std::string {
+        double v = 0;
+        if (auto e = parse_number(s, v); !e.empty()) return e;
+        if (std::isinf(hi) && !(v >= lo)) return fmt::format("expected a number >= {}, got {}", num_str(lo), s);
+        if (!(v >= lo && v <= hi))
+          return fmt::format("expected a number from {} to {}, got {}", num_str(lo), num_str(hi), s);
+        return "";
+      },
+      std::isinf(hi) ? fmt::format("NUMBER >= {}", num_str(lo)) : fmt::format("NUMBER in [{} - {}]", lo, hi));
+}
+
+CLI::Validator number_in_half_open(double lo, double hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& s) -> std::string {
+        double v = 0;
+        if (auto e = parse_number(s, v); !e.empty()) return e;
+        if (!(v >= lo && v < hi))
+          return fmt::format("expected a number >= {} and < {}, got {}", num_str(lo), num_str(hi), s);
+        return "";
+      },
+      fmt::format("NUMBER in [{} - {})", lo, hi));
+}
+
+int64_t parse_integer_field(const std::string& text, int64_t lo, int64_t hi, const std::string& what) {
+  std::string err = check_integer(text, lo, hi);
+  WEFT_CHECK(err.empty(), "{}: {}", what, err);
+  return std::stoll(text);
+}
+
+uint64_t physical_memory_bytes() {
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? uint64_t(pages) * uint64_t(page) : 0;
+}
+
+}  // namespace weft::apps::cli
