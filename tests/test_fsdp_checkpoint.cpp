@@ -342,6 +342,22 @@ TEST_CASE("retention and latest: keep_last, incomplete checkpoints ignored, same
   CHECK(fs::path(fsdp::latest_checkpoint(dir.string())).filename() == "step_00000004");
   CHECK(fsdp::latest_checkpoint((dir / "none").string()).empty());
   barrier();
+  // Leftovers of saves that stopped midway (a crash, kill -9) are removed when a later step is
+  // published; those of later steps are kept.
+  if (dist::rank() == 0) {
+    fs::create_directories(dir / ".tmp-step_00000002" / "sub");
+    std::ofstream(dir / ".tmp-step_00000002" / "model-00000.safetensors") << "partial";
+    fs::create_directories(dir / ".old-step_00000003");
+  }
+  barrier();
+  fsdp::save_checkpoint(dir.string(), *m, nullptr, &root, {.step = 5}, {.keep_last = 2});
+  barrier();
+  CHECK(!fs::exists(dir / ".tmp-step_00000002"));
+  CHECK(!fs::exists(dir / ".old-step_00000003"));
+  CHECK(fs::exists(dir / ".tmp-step_00000010"));
+  CHECK(fs::exists(dir / "step_00000005" / "index.json"));
+  CHECK(!fs::exists(dir / ".tmp-step_00000005"));
+  barrier();
   if (dist::rank() == 0) fs::remove_all(dir);
 }
 
