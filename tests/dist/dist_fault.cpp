@@ -1,10 +1,11 @@
 // Ranks that disagree on purpose, for fault.sh: the job must fail on every rank with a message
-// naming the collective, never hang. Usage: dist_fault skip|skip-nowait|mismatch
+// naming the collective, never hang. Usage: dist_fault skip|skip-nowait|mismatch|throw
 #include <chrono>
 #include <cstdio>
 #include <string>
 #include <thread>
 
+#include "dist/agree.h"
 #include "dist/dist.h"
 
 using namespace weft;
@@ -12,6 +13,20 @@ using namespace std::chrono_literals;
 
 int main(int argc, char** argv) {
   std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "throw") {
+    // An exception escapes on the last rank only, while the others wait in a collective: the
+    // program's run_program must end the whole job at once, not after the collective timeout.
+    return dist::run_program("dist_fault", [&] {
+      dist::init();
+      auto g = dist::world();
+      int me = g->rank(), last = g->size() - 1;
+      if (me == last) throw Error("rank " + std::to_string(me) + " fails on its own");
+      Tensor out = empty({g->size() * 10});
+      g->all_gather_into_tensor(out, ones({10}))->wait();
+      std::fprintf(stderr, "rank %d: no error\n", me);
+      return 2;
+    });
+  }
   dist::init();
   auto g = dist::world();
   int me = g->rank(), p = g->size(), last = p - 1;
@@ -43,7 +58,7 @@ int main(int argc, char** argv) {
       return 3;
     }
   } else {
-    std::fprintf(stderr, "usage: dist_fault skip|skip-nowait|mismatch\n");
+    std::fprintf(stderr, "usage: dist_fault skip|skip-nowait|mismatch|throw\n");
   }
   dist::finalize();
   return 2;  // reaching here means the fault went unnoticed

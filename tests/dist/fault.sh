@@ -7,7 +7,8 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 fail() { echo "FAIL ($mode, np $np): $*"; echo "--- output:"; cat "$log"; exit 1; }
 
-export WEFT_COLLECTIVE_TIMEOUT=2
+# throw: a timeout far beyond the 30 s bound below, so only the abort can end the job in time.
+if [ "$mode" = throw ]; then export WEFT_COLLECTIVE_TIMEOUT=120; else export WEFT_COLLECTIVE_TIMEOUT=2; fi
 [ "$mode" = mismatch ] && export WEFT_DIST_DEBUG=1
 start=$(date +%s%N)
 # `timeout` is the backstop: the job must end by itself long before it.
@@ -17,7 +18,7 @@ elapsed_ms=$(( ($(date +%s%N) - start) / 1000000 ))
 echo "mode $mode, np $np: exit $rc after ${elapsed_ms} ms"
 [ "$rc" -ne 0 ] || fail "the job succeeded"
 [ "$rc" -ne 124 ] || [ "$mode" != mismatch ] || fail "timed out"
-[ "$elapsed_ms" -lt 30000 ] || fail "took ${elapsed_ms} ms with a 2 s collective timeout"
+[ "$elapsed_ms" -lt 30000 ] || fail "took ${elapsed_ms} ms (collective timeout ${WEFT_COLLECTIVE_TIMEOUT} s)"
 want() { grep -qF -- "$1" "$log" || fail "output lacks: $1"; }
 case $mode in
   skip|skip-nowait)
@@ -25,6 +26,11 @@ case $mode in
     want "did not complete within 2 s"
     want "Aborting the job"
     [ "$mode" = skip-nowait ] && want "seen by the communication thread"
+    ;;
+  throw)
+    last=$((np - 1))
+    want "dist_fault: error: rank $last fails on its own"
+    if grep -q "no error" "$log"; then fail "a rank went on after another one failed"; fi
     ;;
   mismatch)
     last=$((np - 1))
