@@ -3,8 +3,12 @@
 // the debug-mode mismatch report; bad input. Runs alone (world of 1) and under mpirun -np 2, 4.
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "autograd/ops.h"
@@ -227,16 +231,38 @@ TEST_CASE("async: the caller computes while a collective is in flight") {
   int64_t n = 1 << 20;
   Tensor in = make(kFloat32, n, me), out = empty({p * n});
   Tensor a = rand({192, 192}), b = rand({192, 192});
+  // The last rank joins only after every other rank has issued its all-gather, checked it, and
+  // computed while it was pending, and said so with a file (outside MPI, so nothing else is in
+  // flight on the group): their all-gather cannot complete before the last rank joins, whatever
+  // the speed of the machine. The directory is named after rank 0's pid, agreed over the group.
+  const bool late = me == p - 1 && p > 1;
+  Tensor pid = scalar_tensor(me == 0 ? double(getpid()) : 0.0, {.dtype = kFloat64});
+  g->all_reduce(pid, ReduceOp::sum)->wait();
+  const std::filesystem::path sync =
+      std::filesystem::temp_directory_path() / ("weft_async_" + std::to_string(int64_t(pid.item())));
+  if (me == 0) std::filesystem::create_directories(sync);
   g->barrier()->wait();
-  // The last rank joins late, so the others' all-gather cannot finish before it does: their
-  // is_completed() is false after issuing, and their matmuls run while it is pending.
-  if (me == p - 1 && p > 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  WorkPtr w = g->all_gather_into_tensor(out, in);
-  if (me != p - 1) CHECK_FALSE(w->is_completed());
   Tensor c;
-  for (int k = 0; k < 10; ++k) c = matmul(a, b);  // the caller's thread is free
-  if (me != p - 1 && p > 1) CHECK_FALSE(w->is_completed());  // still waiting for the late rank
+  WorkPtr w;
+  if (!late) {
+    w = g->all_gather_into_tensor(out, in);
+    if (p > 1) CHECK_FALSE(w->is_completed());
+    for (int k = 0; k < 10; ++k) c = matmul(a, b);  // the caller's thread is free
+    if (p > 1) CHECK_FALSE(w->is_completed());  // still waiting for the last rank
+    std::ofstream(sync / std::to_string(me)) << "issued";
+  } else {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    for (int r = 0; r < p - 1; ++r)
+      while (!std::filesystem::exists(sync / std::to_string(r))) {
+        REQUIRE(std::chrono::steady_clock::now() < deadline);
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    for (int k = 0; k < 10; ++k) c = matmul(a, b);
+    w = g->all_gather_into_tensor(out, in);
+  }
   w->wait();
+  g->barrier()->wait();
+  if (me == 0) std::filesystem::remove_all(sync);
   CHECK(w->is_completed());
   CHECK(c.size(0) == 192);
   std::vector<double> want;
