@@ -93,7 +93,7 @@ Allocator& allocator_for(Device device) {
   }
   // A backend in its own library registers its allocator when it is loaded.
   if (g_lookups[int(device.type)] == nullptr && g_allocators[int(device.type)] == nullptr) {
-    WEFT_CHECK(load_backend(device.type), "{} device {} requested ({}), but {}", device.is_cuda() ? "CUDA" : "a",
+    WEFT_CHECK(load_backend(device.type), "{} device {} requested ({}), but {}", device_type_name(device.type),
                device.index, device.str(), backend_unavailable_reason(device.type));
   }
   if (AllocatorLookup lookup = g_lookups[int(device.type)]) return lookup(device.index);

@@ -21,4 +21,7 @@ struct Device {
 
 inline const Device kCPU = Device::cpu();
 
+// "CPU" or "CUDA", for messages.
+inline const char* device_type_name(DeviceType t) { return t == DeviceType::cuda ? "CUDA" : "CPU"; }
+
 }  // namespace weft

@@ -62,8 +62,6 @@ void load_cuda(BackendSlot& slot) {
   slot.reason = "weft's CUDA backend could not be loaded (" + errors + ")";
 }
 
-const char* type_name(DeviceType t) { return t == DeviceType::cuda ? "CUDA" : "CPU"; }
-
 }  // namespace
 
 void register_device_runtime(DeviceType type, DeviceRuntime* runtime) { g_slots[int(type)].runtime = runtime; }
@@ -105,10 +103,10 @@ void check_device(Device device, const char* op) {
   int count = rt.device_count();
   std::string prefix = op ? std::string(op) + ": " : "";
   WEFT_CHECK(count > 0, "{}{} device {} requested ({}), but no {} device is visible ({})", prefix,
-             type_name(device.type), device.index, device.str(), type_name(device.type), rt.unavailable_reason());
+             device_type_name(device.type), device.index, device.str(), device_type_name(device.type), rt.unavailable_reason());
   WEFT_CHECK(device.index >= 0 && device.index < count,
-             "{}{} device {} requested ({}), but only {} {} device(s) are visible", prefix, type_name(device.type),
-             device.index, device.str(), count, type_name(device.type));
+             "{}{} device {} requested ({}), but only {} {} device(s) are visible", prefix, device_type_name(device.type),
+             device.index, device.str(), count, device_type_name(device.type));
 }
 
 std::string device_description(Device device) {

@@ -116,7 +116,7 @@ int local_rank() { detail::check_initialized("dist::local_rank"); return state()
 Device local_device(DeviceType type) {
   if (type == DeviceType::cpu) return Device::cpu();
   const int count = device_count(type);
-  WEFT_CHECK(count > 0, "dist::local_device: no {} device is usable: {}", type == DeviceType::cuda ? "CUDA" : "GPU",
+  WEFT_CHECK(count > 0, "dist::local_device: no {} device is usable: {}", device_type_name(type),
              device_unavailable_reason(type));
   return Device{type, (is_initialized() ? local_rank() : 0) % count};
 }

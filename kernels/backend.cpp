@@ -18,8 +18,6 @@ std::array<std::atomic<const KernelBackend*>, kNumDeviceTypes>& tables() {
   return t;
 }
 
-const char* device_type_name(DeviceType type) { return type == DeviceType::cuda ? "CUDA" : "CPU"; }
-
 }  // namespace
 
 void register_kernel_backend(DeviceType type, const KernelBackend* table) {

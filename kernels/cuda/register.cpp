@@ -38,10 +38,3 @@ const bool g_registered = [] {
 
 }  // namespace
 }  // namespace weft::kernels::cuda
-
-// The weft static library is linked object by object, and nothing refers to this file's
-// object: the build passes -Wl,--undefined=weft_cuda_backend_anchor to every program linking
-// weft so that the linker keeps it, and the registration above runs.
-extern "C" {
-int weft_cuda_backend_anchor = 1;
-}

@@ -6,8 +6,7 @@
 set -u
 table=$1
 declare -A prog=([mnist]=$2 [transformer]=$3 [checkpoint]=$4)
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # $tmp (removed on exit), fail
 
 # Fixtures the rows name as @TMP@/...
 mkfifo "$tmp/fifo"
@@ -29,7 +28,7 @@ for v in abc 100000000 -3; do
   cp -r "$tmp/ck" "$tmp/ck_$v"
   idx=$(ls "$tmp/ck_$v"/*/index.json "$tmp/ck_$v"/index.json 2>/dev/null | head -1)
   sed -i -E "s/(\"n_layer\" *: *)\"[0-9]+\"/\1\"$v\"/" "$idx"
-  grep -q "\"n_layer\": *\"$v\"" "$idx" || { echo "FAIL: could not edit n_layer in $idx"; exit 1; }
+  grep -q "\"n_layer\": *\"$v\"" "$idx" || fail "could not edit n_layer in $idx"
 done
 
 mkdir -p "$tmp/ck_bigstep/step_99999999999999999999"
@@ -56,5 +55,5 @@ while IFS=$'\t' read -r name args want_rc want_msg; do
   fi
 done < "$table"
 echo "bad_input: $((rows - failed)) of $rows rows passed"
-[ "$rows" -ge 40 ] || { echo "FAIL: only $rows rows"; exit 1; }
+[ "$rows" -ge 40 ] || fail "only $rows rows"
 [ "$failed" = 0 ]

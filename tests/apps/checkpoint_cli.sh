@@ -15,9 +15,7 @@ mnist=$2
 tool=$3
 shift 3
 launch=("$@")
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # $tmp (removed on exit), fail
 export OMP_NUM_THREADS=1
 run() { timeout 120 "$@"; }
 mp() { [ ${#launch[@]} -gt 0 ] || fail "no mpirun given"; run "${launch[@]}" -np "$@"; }

@@ -8,9 +8,7 @@
 set -euo pipefail
 exe=$1
 have_cuda=$2
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # $tmp (removed on exit), fail
 cuda_libs='libweft-cuda|libcudart|libcublas|libnccl|libcuda\.'
 
 ldd "$exe" >"$tmp/ldd"

@@ -5,9 +5,7 @@
 # the defaults reaching 83 % test accuracy.
 set -euo pipefail
 exe=$1
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # $tmp (removed on exit), fail
 
 "$exe" --help | grep -- "--checkpoint\|--save" >/dev/null || fail "--help does not list --save"
 if "$exe" --model rnn 2>"$tmp/err"; then fail "--model rnn accepted"; fi

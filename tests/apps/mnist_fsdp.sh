@@ -10,9 +10,7 @@ mnist=$1
 simple=$2
 shift 2
 launch=("$@")  # mpirun and its flags; "-np N exe ..." follows
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # $tmp (removed on exit), fail
 export OMP_NUM_THREADS=1
 run() { timeout 90 "$@"; }  # a hang fails the test instead of stalling it
 

@@ -11,9 +11,7 @@ exe=$1
 mpirun=${2:-}
 shift $(( $# > 1 ? 2 : 1 ))
 mpirun_args=("$@")
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # $tmp (removed on exit), fail
 
 "$exe" --help | grep "sample" >/dev/null || fail "--help does not list the sample subcommand"
 "$exe" train --help | grep -- "--checkpoint-dir" >/dev/null || fail "train --help does not list --checkpoint-dir"
