@@ -4,33 +4,25 @@
 # its own shared library linked with --no-undefined); this catches upward includes, which can
 # compile while calling nothing (types, inline code). Usage: check_layers.sh [SOURCE_ROOT]
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/layers.sh"  # below: what each layer may use
 cd "${1:-$(dirname "$0")/..}"
-# What each layer may include besides itself.
-declare -A allowed=(
-  [core]=""
-  [kernels]="core"
-  [autograd]="core kernels"
-  [nn]="core kernels autograd"
-  [dist]="core"
-  [fsdp]="core kernels autograd nn dist"
-)
 bad=0
 for layer in core kernels autograd nn dist fsdp; do
-  ok=" $layer ${allowed[$layer]} "
+  ok=" $layer ${below[$layer]} "
   while IFS=: read -r file line text; do
     target=$(sed -E 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"([a-z_]+)\/.*/\1/' <<<"$text")
     [[ "$text" =~ \"[a-z_]+/ ]] || continue
     # The CUDA backend library holds kernels/cuda and dist/nccl_backend.cpp: only it includes
     # kernels/cuda, and it may use every layer it links (core, kernels, dist).
     if [[ "$file" == kernels/cuda/* || "$file" == dist/nccl_backend.cpp ]]; then
-      [[ " core kernels dist " == *" $target "* ]] && continue
+      [[ " ${below[cuda]} " == *" $target "* ]] && continue
     elif [[ "$text" == *'"kernels/cuda/'* ]]; then
       echo "$file:$line: includes the CUDA backend (${text}); only libweft-cuda (kernels/cuda, dist/nccl_backend.cpp) may"
       bad=1
       continue
     fi
     if [[ "$ok" != *" $target "* ]]; then
-      echo "$file:$line: $layer includes $target (${text}); $layer may include only: $layer ${allowed[$layer]}"
+      echo "$file:$line: $layer includes $target (${text}); $layer may include only: $layer ${below[$layer]}"
       bad=1
     fi
   done < <(grep -rnE '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' "$layer" --include='*.h' --include='*.cpp' \

@@ -5,15 +5,7 @@
 # already refuses that link (--no-undefined); this checks the result. Usage: check_libraries.sh BUILD_DIR
 set -euo pipefail
 build=$1
-declare -A below=(
-  [core]=""
-  [kernels]="core"
-  [autograd]="core kernels"
-  [nn]="core kernels autograd"
-  [dist]="core"
-  [fsdp]="core kernels autograd nn dist"
-  [cuda]="core kernels dist"
-)
+source "$(dirname "${BASH_SOURCE[0]}")/layers.sh"  # below: what each layer may use
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 defined() { nm -D --defined-only "$build/libweft-$1.so" | awk '{print $NF}' | grep '^_ZN4weft' || true; }
