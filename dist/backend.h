@@ -35,8 +35,13 @@ std::string ranks_str(const std::vector<int>& ranks);
 void wait_request(MPI_Request& request, const CollectiveInfo& info, const char* stage);
 [[noreturn]] void fail_timeout(const CollectiveInfo& info, double seconds, const std::string& state);
 
-// Debug mode: exchanges a description of `info` over comm and throws the same weft::Error on
-// every rank if the ranks' calls differ.
-void debug_check(MPI_Comm comm, const std::vector<int>& world_ranks, const CollectiveInfo& info);
+// The check that the ranks of a group issue the same collective (collective_check.cpp).
+// fingerprint: a hash of the call (sequence number, kind, dtype, sizes, op, root, label) in
+// [0, 2^62). compare_calls: every rank of comm exchanges the full description of its call;
+// returns if all are the same, else throws the same AgreedError on every rank naming the calls.
+// Checks pair up in issue order, so the k-th check of every rank describes its k-th call: a rank
+// that skipped a collective shows as a different call (or, at the end, as a timeout).
+int64_t fingerprint(const CollectiveInfo& info);
+void compare_calls(MPI_Comm comm, const std::vector<int>& world_ranks, const CollectiveInfo& info);
 
 }  // namespace weft::dist::detail

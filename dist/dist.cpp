@@ -19,6 +19,7 @@
 #include "dist/backend.h"
 #include "dist/check.h"
 #include "dist/device_mesh.h"
+#include "dist/flight_recorder.h"
 
 namespace weft::dist {
 namespace {
@@ -89,6 +90,7 @@ void init() {
   MPI_CHECK(MPI_Comm_free(&node));
   if (const char* t = std::getenv("WEFT_COLLECTIVE_TIMEOUT")) s.timeout = parse_timeout(t);
   if (const char* d = std::getenv("WEFT_DIST_DEBUG")) s.debug = parse_flag("WEFT_DIST_DEBUG", d);
+  detail::flight_start();
   detail::start_comm_thread(2 * local_size);
   s.initialized = true;
 }
@@ -104,6 +106,7 @@ void finalize() {
     if (auto g = weak.lock(); g && !g->closed()) g->close();
   s.groups.clear();
   detail::stop_comm_thread();
+  detail::flight_stop();
   s.initialized = false;
   if (s.started_mpi) MPI_CHECK(MPI_Finalize());
 }

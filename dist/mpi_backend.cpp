@@ -12,6 +12,7 @@
 #include "dist/backend.h"
 #include "dist/check.h"
 #include "dist/dist.h"
+#include "dist/flight_recorder.h"
 
 namespace weft::dist::detail {
 namespace {
@@ -88,23 +89,32 @@ void from_f32(DType t, const std::vector<float>& src, void* dst, float scale) {
 
 class MpiProcessGroup;
 
+// A work goes through two MPI requests: first its fingerprint check, an all-reduce over the
+// group's check communicator, then the collective itself on the group's communicator, posted
+// only when every rank's fingerprint matched. A group has one check in flight at a time, so the
+// checks and the collectives are posted in issue order on their communicators, and a failed
+// check can exchange the full descriptions on the check communicator at once.
 class MpiWork final : public Work {
  public:
-  MpiWork(Collective c, std::shared_ptr<const MpiProcessGroup> group, MPI_Comm comm)
-      : Work(c.info), c_(std::move(c)), group_(std::move(group)), comm_(comm) {}
+  MpiWork(Collective c, std::shared_ptr<MpiProcessGroup> group)
+      : Work(c.info), c_(std::move(c)), group_(std::move(group)) {}
 
   bool is_completed() override { return done_.load(std::memory_order_acquire); }
   void wait(double timeout_seconds) override;
 
   // Communication thread only.
-  bool start();   // false if the work already ended (it failed before reaching MPI)
-  void finish();  // its request completed
+  MpiProcessGroup& group() const { return *group_; }
+  bool begin();    // posts the check (debug mode: compares and posts the collective); false if it ended
+  bool advance();  // its request completed; true if it posted the collective after its check
   void fail(const std::string& message);
   MPI_Request request = MPI_REQUEST_NULL;
   Clock::time_point posted_at;
+  bool checking = false;  // `request` is the fingerprint check
 
  private:
   void post();
+  void finish();
+  void fail_with(std::exception_ptr error);
   void mark_done();
   int count(int64_t n) const {
     WEFT_CHECK(n <= INT_MAX, "{}: {} elements per call exceed MPI's int counts; split the tensor", info_.str(), n);
@@ -112,23 +122,26 @@ class MpiWork final : public Work {
   }
 
   Collective c_;
-  std::shared_ptr<const MpiProcessGroup> group_;  // keeps the communicator alive
-  MPI_Comm comm_;
+  std::shared_ptr<MpiProcessGroup> group_;  // keeps the communicators alive
+  int64_t fingerprint_[2] = {0, 0};          // {h, -h}, then their minimum over the group
   std::vector<float> stage_in_, stage_out_;  // f32 copies for bf16/f16 reductions
   std::atomic<bool> done_{false}, posted_{false};
   std::mutex mu_;
   std::condition_variable cv_;
-  std::string error_;
+  std::exception_ptr error_;
 };
 
 class MpiProcessGroup final : public ProcessGroup, public std::enable_shared_from_this<MpiProcessGroup> {
  public:
-  MpiProcessGroup(MPI_Comm comm, std::string name, int rank, int size)
-      : ProcessGroup(std::move(name), rank, size, world_ranks_of(comm)), comm_(comm) {}
+  MpiProcessGroup(MPI_Comm comm, MPI_Comm check_comm, std::string name, int rank, int size)
+      : ProcessGroup(std::move(name), rank, size, world_ranks_of(comm)), comm_(comm), check_comm_(check_comm) {}
   ~MpiProcessGroup() override {
     int finalized = 1;
     MPI_Finalized(&finalized);
-    if (!closed_ && !finalized) MPI_Comm_free(&comm_);
+    if (!closed_ && !finalized) {
+      MPI_Comm_free(&comm_);
+      MPI_Comm_free(&check_comm_);
+    }
   }
   std::string_view backend() const override { return "mpi"; }
   Device device() const override { return Device::cpu(); }
@@ -137,13 +150,15 @@ class MpiProcessGroup final : public ProcessGroup, public std::enable_shared_fro
     drain_comm_thread();  // its queued collectives still need the communicator
     closed_ = true;
     MPI_CHECK(MPI_Comm_free(&comm_));
+    MPI_CHECK(MPI_Comm_free(&check_comm_));
   }
+
+  // Communication thread only.
+  MPI_Comm comm_, check_comm_;
+  bool check_in_flight = false;
 
  protected:
   WorkPtr launch(Collective c) override;
-
- private:
-  MPI_Comm comm_;
 };
 
 // One per process. Works are posted in the order they were queued, which is the order the
@@ -184,7 +199,7 @@ class CommThread {
 
   std::mutex mu_;
   std::condition_variable wake_, idle_;
-  std::vector<std::shared_ptr<MpiWork>> queue_;    // issued, not yet posted
+  std::vector<std::shared_ptr<MpiWork>> queue_;    // issued, not yet seen by the thread
   std::vector<std::shared_ptr<MpiWork>> pending_;  // issued, not yet completed (oldest first)
   std::atomic<bool> has_queued_{false};
   bool stop_ = false;
@@ -202,30 +217,47 @@ void CommThread::retire() {
   if (pending_.empty()) idle_.notify_all();
 }
 
+// Begins the waiting works whose group has no check in flight, in issue order; returns how many
+// ended at once (failed).
+size_t begin_waiting(std::vector<std::shared_ptr<MpiWork>>& waiting, std::vector<std::shared_ptr<MpiWork>>& active,
+                     std::vector<MPI_Request>& requests) {
+  size_t ended = 0, kept = 0;
+  for (auto& w : waiting) {
+    if (w->group().check_in_flight) {
+      waiting[kept++] = std::move(w);
+    } else if (w->begin()) {
+      active.push_back(w);
+      requests.push_back(w->request);
+    } else {
+      ++ended;
+    }
+  }
+  waiting.resize(kept);
+  return ended;
+}
+
 void CommThread::run() {
-  std::vector<std::shared_ptr<MpiWork>> active, incoming;
+  std::vector<std::shared_ptr<MpiWork>> active, waiting;
   std::vector<MPI_Request> requests;
   std::vector<int> indices;
   int idle_polls = 0;
+  auto last_serve = Clock::now();
   for (uint64_t spins = 0;; ++spins) {
     if (active.empty()) spin_until([&] { return has_queued_.load(std::memory_order_acquire); }, kIdleSpin);
     if (active.empty() || has_queued_.load(std::memory_order_acquire)) {
       std::unique_lock lock(mu_);
-      if (active.empty()) wake_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      // Idle: wake now and then to answer other ranks' status requests (flight_recorder.h).
+      while (active.empty() && !wake_.wait_for(lock, std::chrono::milliseconds(50), [&] { return stop_ || !queue_.empty(); })) {
+        lock.unlock();
+        flight_serve();
+        lock.lock();
+      }
       if (stop_ && queue_.empty() && active.empty()) return;
-      incoming.swap(queue_);
+      waiting.insert(waiting.end(), std::make_move_iterator(queue_.begin()), std::make_move_iterator(queue_.end()));
+      queue_.clear();
       has_queued_.store(false, std::memory_order_relaxed);
     }
-    size_t ended = 0;
-    for (auto& w : incoming) {
-      if (w->start()) {
-        active.push_back(w);
-        requests.push_back(w->request);
-      } else {
-        ++ended;
-      }
-    }
-    incoming.clear();
+    size_t ended = begin_waiting(waiting, active, requests);
     if (!active.empty()) {
       int n_done = 0;
       indices.resize(active.size());
@@ -237,8 +269,13 @@ void CommThread::run() {
         requests.clear();
       } else if (n_done > 0 && n_done != MPI_UNDEFINED) {
         for (int k = 0; k < n_done; ++k) {
-          active[size_t(indices[size_t(k)])]->finish();
-          active[size_t(indices[size_t(k)])] = nullptr;
+          size_t i = size_t(indices[size_t(k)]);
+          if (active[i]->advance()) {
+            requests[i] = active[i]->request;  // its check passed: the collective is posted
+          } else {
+            active[i] = nullptr;
+            ++ended;
+          }
         }
         size_t j = 0;
         for (size_t i = 0; i < active.size(); ++i) {
@@ -248,14 +285,22 @@ void CommThread::run() {
         }
         active.resize(j);
         requests.resize(j);
-        ended += size_t(n_done);
+        ended += begin_waiting(waiting, active, requests);  // the next checks of those groups
+        idle_polls = 0;
       } else {
         // Nothing finished: check the oldest against the timeout now and then.
         if ((spins & 255) == 0) {
           MpiWork& oldest = *active.front();
           double timeout = collective_timeout();
           if (std::chrono::duration<double>(Clock::now() - oldest.posted_at).count() > timeout)
-            fail_timeout(oldest.info(), timeout, "posted to MPI, not completed; seen by the communication thread");
+            fail_timeout(oldest.info(), timeout,
+                         oldest.checking ? "its fingerprint check is posted; the other ranks have not issued a "
+                                           "collective to match it; seen by the communication thread"
+                                         : "posted to MPI, not completed; seen by the communication thread");
+          if (Clock::now() - last_serve > std::chrono::milliseconds(50)) {
+            flight_serve();
+            last_serve = Clock::now();
+          }
         }
         // With more threads than cores, a long wait sleeps between polls so the compute
         // threads (this rank's and the others') get the cores.
@@ -265,10 +310,7 @@ void CommThread::run() {
           relax();
       }
     }
-    if (ended) {
-      idle_polls = 0;
-      retire();
-    }
+    if (ended) retire();
   }
 }
 
@@ -278,9 +320,11 @@ void MpiWork::wait(double timeout_seconds) {
     std::unique_lock lock(mu_);
     if (!cv_.wait_for(lock, std::chrono::duration<double>(timeout_seconds), is_done))
       fail_timeout(info_, timeout_seconds,
-                   posted_ ? "posted to MPI, not completed" : "queued behind earlier collectives, not yet posted");
+                   posted_     ? "posted to MPI, not completed"
+                   : checking  ? "its fingerprint check is posted; the other ranks have not issued a collective to match it"
+                               : "queued behind earlier collectives, not yet posted");
   }
-  if (!error_.empty()) throw Error(error_);
+  if (error_) std::rethrow_exception(error_);
 }
 
 void MpiWork::mark_done() {
@@ -295,21 +339,60 @@ void MpiWork::mark_done() {
   cv_.notify_all();
 }
 
-void MpiWork::fail(const std::string& message) {
-  error_ = message;
+void MpiWork::fail(const std::string& message) { fail_with(std::make_exception_ptr(Error(message))); }
+
+void MpiWork::fail_with(std::exception_ptr error) {
+  error_ = std::move(error);
+  flight_stage(info_, CollectiveStage::failed);
   mark_done();
 }
 
-bool MpiWork::start() {
+bool MpiWork::begin() {
+  MpiProcessGroup& g = *group_;
   try {
-    if (debug_mode()) debug_check(comm_, group_->world_ranks(), info_);
+    if (debug_mode() || g.size() == 1) {
+      if (g.size() > 1) compare_calls(g.check_comm_, g.world_ranks(), info_);
+      post();
+      posted_.store(true, std::memory_order_relaxed);
+      flight_stage(info_, CollectiveStage::posted);
+    } else {
+      fingerprint_[0] = fingerprint(info_);
+      fingerprint_[1] = -fingerprint_[0];
+      MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, fingerprint_, 2, MPI_INT64_T, MPI_MIN, g.check_comm_, &request));
+      g.check_in_flight = checking = true;
+      flight_stage(info_, CollectiveStage::checking);
+    }
+  } catch (...) {
+    fail_with(std::current_exception());
+    return false;
+  }
+  posted_at = Clock::now();
+  return true;
+}
+
+bool MpiWork::advance() {
+  if (!checking) {
+    finish();
+    return false;
+  }
+  checking = false;
+  group_->check_in_flight = false;
+  try {
+    // Every rank sees the same minimum of {h, -h}: all agree that all fingerprints are equal
+    // (the minimum is h and the maximum is h), or all compare the full descriptions.
+    int64_t mine = fingerprint(info_);
+    if (fingerprint_[0] != mine || -fingerprint_[1] != mine) {
+      compare_calls(group_->check_comm_, group_->world_ranks(), info_);
+      WEFT_ERROR("{}: the ranks' fingerprints of this call differ, but their descriptions match", info_.str());
+    }
     post();
-  } catch (const std::exception& e) {
-    fail(e.what());
+  } catch (...) {
+    fail_with(std::current_exception());
     return false;
   }
   posted_at = Clock::now();
   posted_.store(true, std::memory_order_relaxed);
+  flight_stage(info_, CollectiveStage::posted);
   return true;
 }
 
@@ -322,7 +405,7 @@ void MpiWork::post() {
   switch (i.kind) {
     case CollectiveKind::all_gather: {
       int n = count(i.in_numel);
-      MPI_CHECK(MPI_Iallgather(c_.in_place_gather ? MPI_IN_PLACE : in, n, type, out, n, type, comm_, &request));
+      MPI_CHECK(MPI_Iallgather(c_.in_place_gather ? MPI_IN_PLACE : in, n, type, out, n, type, group_->comm_, &request));
       break;
     }
     case CollectiveKind::reduce_scatter: {
@@ -331,9 +414,9 @@ void MpiWork::post() {
       if (staged) {
         to_f32(i.dtype, in, stage_in_, i.in_numel);
         stage_out_.resize(size_t(m));
-        MPI_CHECK(MPI_Ireduce_scatter_block(stage_in_.data(), stage_out_.data(), m, MPI_FLOAT, mpi_op(i.op), comm_, &request));
+        MPI_CHECK(MPI_Ireduce_scatter_block(stage_in_.data(), stage_out_.data(), m, MPI_FLOAT, mpi_op(i.op), group_->comm_, &request));
       } else {
-        MPI_CHECK(MPI_Ireduce_scatter_block(in, out, m, type, mpi_op(i.op), comm_, &request));
+        MPI_CHECK(MPI_Ireduce_scatter_block(in, out, m, type, mpi_op(i.op), group_->comm_, &request));
       }
       break;
     }
@@ -341,21 +424,21 @@ void MpiWork::post() {
       int n = count(i.in_numel);
       if (staged) {
         to_f32(i.dtype, in, stage_out_, i.in_numel);
-        MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, stage_out_.data(), n, MPI_FLOAT, mpi_op(i.op), comm_, &request));
+        MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, stage_out_.data(), n, MPI_FLOAT, mpi_op(i.op), group_->comm_, &request));
       } else {
-        MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, out, n, type, mpi_op(i.op), comm_, &request));
+        MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, out, n, type, mpi_op(i.op), group_->comm_, &request));
       }
       break;
     }
     case CollectiveKind::broadcast:
-      MPI_CHECK(MPI_Ibcast(out, count(i.in_numel), type, i.root, comm_, &request));
+      MPI_CHECK(MPI_Ibcast(out, count(i.in_numel), type, i.root, group_->comm_, &request));
       break;
     case CollectiveKind::barrier:
-      MPI_CHECK(MPI_Ibarrier(comm_, &request));
+      MPI_CHECK(MPI_Ibarrier(group_->comm_, &request));
       break;
     case CollectiveKind::all_to_all: {
       int block = count(i.in_numel / i.group_size);
-      MPI_CHECK(MPI_Ialltoall(in, block, type, out, block, type, comm_, &request));
+      MPI_CHECK(MPI_Ialltoall(in, block, type, out, block, type, group_->comm_, &request));
       break;
     }
   }
@@ -379,13 +462,14 @@ void MpiWork::finish() try {
       for (int64_t k = 0; k < n; ++k) p[k] /= double(i.group_size);
     }
   }
+  flight_stage(info_, CollectiveStage::completed);
   mark_done();
-} catch (const std::exception& e) {
-  fail(e.what());
+} catch (...) {
+  fail_with(std::current_exception());
 }
 
 WorkPtr MpiProcessGroup::launch(Collective c) {
-  auto work = std::make_shared<MpiWork>(std::move(c), shared_from_this(), comm_);
+  auto work = std::make_shared<MpiWork>(std::move(c), shared_from_this());
   comm_thread().enqueue(work);
   return work;
 }
@@ -397,7 +481,9 @@ ProcessGroupPtr new_mpi_group(MPI_Comm comm, std::string name) {
   MPI_CHECK(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
   MPI_CHECK(MPI_Comm_rank(comm, &rank));
   MPI_CHECK(MPI_Comm_size(comm, &size));
-  return std::make_shared<MpiProcessGroup>(comm, std::move(name), rank, size);
+  MPI_Comm check_comm;  // for the fingerprint checks, apart from the collectives' order
+  MPI_CHECK(MPI_Comm_dup(comm, &check_comm));
+  return std::make_shared<MpiProcessGroup>(comm, check_comm, std::move(name), rank, size);
 }
 
 void start_comm_thread(int threads_on_host) {

@@ -14,6 +14,7 @@
 #include "dist/backend.h"
 #include "dist/check.h"
 #include "dist/dist.h"
+#include "dist/flight_recorder.h"
 #include "core/device_runtime.h"
 #include "core/stream.h"
 
@@ -150,6 +151,7 @@ bool NcclWork::is_completed() {
     error_ = fmt::format("{}: the CUDA event behind it reports {} ({})", info_.str(), cudaGetErrorString(e),
                          cudaGetErrorName(e));
   completed_ = true;
+  flight_stage(info_, error_.empty() ? CollectiveStage::completed : CollectiveStage::failed);
   return true;
 }
 
@@ -186,7 +188,7 @@ bool NcclWork::wait_on_current_stream() {
 WorkPtr NcclProcessGroup::launch(Collective c) {
   const CollectiveInfo& i = c.info;
   CUDA_CHECK(cudaSetDevice(device_));
-  if (debug_mode()) debug_check(comm_, world_ranks(), i);
+  if (debug_mode()) compare_calls(comm_, world_ranks(), i);
   // After the work queued so far on the caller's current stream (the legacy default stream
   // unless a StreamGuard chose another).
   CUDA_CHECK(cudaEventRecord(ready_, current_cuda_stream(device_)));
@@ -224,6 +226,7 @@ WorkPtr NcclProcessGroup::launch(Collective c) {
   cudaEvent_t done;
   CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
   CUDA_CHECK(cudaEventRecord(done, stream_));
+  flight_stage(i, CollectiveStage::posted);
   return std::make_shared<NcclWork>(c.info, shared_from_this(), done, c.in, c.out);
 }
 

@@ -3,7 +3,10 @@
 #include "dist/process_group.h"
 
 
+#include <atomic>
+
 #include "dist/dist.h"
+#include "dist/flight_recorder.h"
 
 namespace weft::dist {
 
@@ -46,8 +49,21 @@ std::string CollectiveInfo::call() const {
     default:
       what = fmt::format(" ({}, in {} elements, out {})", dtype_name(dtype), in_numel, out_numel);
   }
+  if (!label.empty()) what += fmt::format(" [{}]", label);
   return fmt::format("{} #{}{}", collective_name(kind), seq, what);
 }
+
+namespace {
+thread_local std::string t_label;
+std::atomic<uint64_t> g_next_group_id{1};
+}  // namespace
+
+CollectiveLabel::CollectiveLabel(std::string_view label) : previous_length_(t_label.size()) {
+  if (!t_label.empty()) t_label += ": ";
+  t_label += label;
+}
+CollectiveLabel::~CollectiveLabel() { t_label.resize(previous_length_); }
+const std::string& CollectiveLabel::current() { return t_label; }
 
 std::string CollectiveInfo::str() const {
   return fmt::format("{} on group '{}' ({} ranks)", call(), group, group_size);
@@ -56,7 +72,16 @@ std::string CollectiveInfo::str() const {
 void Work::wait() { wait(collective_timeout()); }
 
 ProcessGroup::ProcessGroup(std::string name, int rank, int size, std::vector<int> world_ranks)
-    : name_(std::move(name)), rank_(rank), size_(size), world_ranks_(std::move(world_ranks)) {}
+    : name_(std::move(name)), rank_(rank), size_(size), world_ranks_(std::move(world_ranks)),
+      id_(g_next_group_id.fetch_add(1)) {}
+
+WorkPtr ProcessGroup::issue(Collective c) {
+  c.info.seq = ++seq_;
+  c.info.group_id = id_;
+  c.info.label = CollectiveLabel::current();
+  detail::flight_issued(c.info, world_ranks_);
+  return launch(std::move(c));
+}
 
 namespace {
 
@@ -141,8 +166,7 @@ Collective ProcessGroup::make(CollectiveKind kind, const Tensor& out, const Tens
 
 WorkPtr ProcessGroup::all_gather_into_tensor(const Tensor& out, const Tensor& in) {
   Collective c = make(CollectiveKind::all_gather, out, in);
-  c.info.seq = ++seq_;
-  return launch(std::move(c));
+  return issue(std::move(c));
 }
 
 static void check_reduce(const ProcessGroup& g, CollectiveKind kind, DType dtype, ReduceOp op) {
@@ -159,16 +183,14 @@ WorkPtr ProcessGroup::reduce_scatter_tensor(const Tensor& out, const Tensor& in,
   Collective c = make(CollectiveKind::reduce_scatter, out, in);
   check_reduce(*this, c.info.kind, c.info.dtype, op);
   c.info.op = op;
-  c.info.seq = ++seq_;
-  return launch(std::move(c));
+  return issue(std::move(c));
 }
 
 WorkPtr ProcessGroup::all_reduce(const Tensor& tensor, ReduceOp op) {
   Collective c = make(CollectiveKind::all_reduce, tensor, tensor);
   check_reduce(*this, c.info.kind, c.info.dtype, op);
   c.info.op = op;
-  c.info.seq = ++seq_;
-  return launch(std::move(c));
+  return issue(std::move(c));
 }
 
 WorkPtr ProcessGroup::broadcast(const Tensor& tensor, int root) {
@@ -176,20 +198,17 @@ WorkPtr ProcessGroup::broadcast(const Tensor& tensor, int root) {
              name_, root, size_);
   Collective c = make(CollectiveKind::broadcast, tensor, tensor);
   c.info.root = root;
-  c.info.seq = ++seq_;
-  return launch(std::move(c));
+  return issue(std::move(c));
 }
 
 WorkPtr ProcessGroup::barrier() {
   Collective c = make(CollectiveKind::barrier, {}, {});
-  c.info.seq = ++seq_;
-  return launch(std::move(c));
+  return issue(std::move(c));
 }
 
 WorkPtr ProcessGroup::all_to_all_single(const Tensor& out, const Tensor& in) {
   Collective c = make(CollectiveKind::all_to_all, out, in);
-  c.info.seq = ++seq_;
-  return launch(std::move(c));
+  return issue(std::move(c));
 }
 
 }  // namespace weft::dist

@@ -5,7 +5,10 @@
 // Issue a group's collectives from one thread at a time (their sequence numbers follow the
 // calls). Rules shared by every backend, as in torch.distributed:
 // - every rank of a group issues the same collectives, with the same sizes and dtypes, in
-//   the same order (WEFT_DIST_DEBUG=1 checks this before each collective);
+//   the same order. The MPI backend checks this before it touches any buffer: the ranks
+//   all-reduce a fingerprint of each call (sequence number, kind, dtype, sizes, op, root,
+//   label) first, and on a mismatch every rank throws the same error naming the calls
+//   (WEFT_DIST_DEBUG=1 exchanges the full descriptions every time instead);
 // - tensors handed to a collective stay untouched until its Work completes (the backend
 //   reads and writes them in the background; the Work keeps them alive);
 // - every wait has a timeout (dist::collective_timeout()); a collective that does not finish
@@ -37,8 +40,29 @@ struct CollectiveInfo {
   int root = 0;                 // broadcast
   std::string group;            // the group's name, e.g. "world" or "mesh.shard"
   int group_size = 1;
-  std::string call() const;  // "all_gather_into_tensor #5 (f32, in 3 elements, out 6)"
-  std::string str() const;   // call() + " on group 'world' (2 ranks)"
+  uint64_t group_id = 0;        // unique per group in this process
+  std::string label;            // who issued it (CollectiveLabel), e.g. "fsdp 'h.0' FORWARD"
+  // "all_gather_into_tensor #5 (f32, in 3 elements, out 6)", then " [label]" if labelled
+  std::string call() const;
+  std::string str() const;  // call() + " on group 'world' (2 ranks)"
+};
+
+// Names the code that issues collectives on this thread while it lives, for error messages,
+// the fingerprint check and the flight recorder (dist/flight_recorder.h). Nested labels join
+// with ": ". A label is part of each collective's fingerprint, so it must be the same text on
+// every rank (no rank numbers, no timings).
+//
+//   dist::CollectiveLabel label("fsdp 'h.0' FORWARD");
+class CollectiveLabel {
+ public:
+  explicit CollectiveLabel(std::string_view label);
+  ~CollectiveLabel();
+  CollectiveLabel(const CollectiveLabel&) = delete;
+  CollectiveLabel& operator=(const CollectiveLabel&) = delete;
+  static const std::string& current();  // "" when none is set
+
+ private:
+  size_t previous_length_;
 };
 
 class Work {
@@ -114,6 +138,8 @@ class ProcessGroup {
   int rank_ = 0, size_ = 1;
   std::vector<int> world_ranks_;
   uint64_t seq_ = 0;
+  uint64_t id_;
+  WorkPtr issue(Collective c);  // numbers, labels and records the call, then launches it
 };
 
 using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;

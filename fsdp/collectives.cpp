@@ -44,6 +44,7 @@ AllGatherResult all_gather(CommContext& ctx, const Tensor& flat_shard, DType dty
   StreamGuard on_gather_stream = after_current_stream(stream, device);
   r.send = all_gather_copy_in(flat_shard, dtype, device);
   r.recv = empty({int64_t(group->size()), r.send.numel()}, {.dtype = dtype, .device = device});
+  dist::CollectiveLabel what("all-gather of '" + r.label + "'");
   r.work = group->all_gather_into_tensor(r.recv.view({-1}), r.send);
   r.issued.record(stream);
   return r;
@@ -94,6 +95,7 @@ ReduceScatterResult reduce_scatter(CommContext& ctx, const FSDPParams& params, c
   pack_grads(params, r.send, r.grads);
   r.out = empty({columns}, {.dtype = dtype, .device = device});
   r.started_us = trace::enabled() ? trace::now_us() : 0;
+  dist::CollectiveLabel what("reduce-scatter of '" + r.label + "'");
   r.work = group->reduce_scatter_tensor(r.out, r.send.view({-1}), op);
   return r;
 }
@@ -114,6 +116,7 @@ int reduce_scatter_accumulate(CommContext& ctx, ReduceScatterResult&& r, const F
   std::vector<dist::WorkPtr> works{r.work};
   int all_reduces = 0;
   if (post.replicate_group) {
+    dist::CollectiveLabel what("all-reduce of '" + r.label + "' across replicas");
     works.push_back(post.replicate_group->all_reduce(r.out, post.replicate_op));
     wait_on_stream(works.back());
     ++all_reduces;

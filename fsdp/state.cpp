@@ -174,6 +174,8 @@ FSDPState* FSDPState::next_in_order(int direction) {
 }
 
 std::optional<TensorList> FSDPState::pre_forward(const TensorList& inputs) {
+  // Names the collectives issued from here in the fingerprint check and the flight recorder.
+  dist::CollectiveLabel label(fmt::format("fsdp '{}' FORWARD", path_));
   if (!is_root_.has_value()) lazy_init();
   if (*is_root_) {
     reset_iteration();
@@ -249,6 +251,7 @@ void FSDPState::pre_backward() {
   // Once per backward: the hook is on every output of the module.
   if (training_state_ == TrainingState::pre_backward || training_state_ == TrainingState::post_backward) return;
   transition(TrainingState::pre_backward, {TrainingState::idle}, "pre-backward");
+  dist::CollectiveLabel label(fmt::format("fsdp '{}' PRE_BACKWARD", path_));
   backward_started_us_ = trace::enabled() ? trace::now_us() : 0;
   if (FSDPState* r = root(); r && r->step_ != TrainingState::pre_backward) {
     r->step_ = TrainingState::pre_backward;
@@ -268,6 +271,7 @@ void FSDPState::post_backward() {
   // Once per backward: the identity Function fires it, or the root's end-of-backward callback.
   if (!group || training_state_ == TrainingState::post_backward) return;
   transition(TrainingState::post_backward, {TrainingState::idle, TrainingState::pre_backward}, "post-backward");
+  dist::CollectiveLabel label(fmt::format("fsdp '{}' POST_BACKWARD", path_));
   if (backward_started_us_)
     trace::record("backward " + path_, "fsdp", backward_started_us_, trace::now_us() - backward_started_us_);
   if (requires_gradient_sync_) {
@@ -284,6 +288,7 @@ void FSDPState::post_backward() {
 }
 
 void FSDPState::root_final_callback() {
+  dist::CollectiveLabel label(fmt::format("fsdp '{}' end of backward", path_));
   // Groups whose inputs needed no gradient (the root itself, a first layer fed raw data)
   // have not run their post-backward yet.
   for (auto it = states_.rbegin(); it != states_.rend(); ++it) {

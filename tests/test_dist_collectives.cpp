@@ -294,6 +294,33 @@ TEST_CASE("debug mode: mismatched calls throw the same error on every rank, nami
   set_debug_mode(false);
 }
 
+TEST_CASE("the always-on fingerprint check: mismatched calls throw on every rank before any buffer is touched") {
+  auto g = world();
+  if (g->size() < 2) return;
+  REQUIRE_FALSE(debug_mode());
+  // Sizes that differ would make MPI write past the smaller ranks' buffers: every rank throws
+  // instead, and `out` keeps its values.
+  int64_t n = g->rank() == g->size() - 1 ? 4 : 3;
+  Tensor in = ones({n}), out = full({g->size() * n}, -7.0);
+  std::string last = "rank " + std::to_string(g->size() - 1);
+  CHECK_THROWS_WITH(g->all_gather_into_tensor(out, in)->wait(),
+                    Contains("dist collective check:") && Contains("rank 0 calls all_gather_into_tensor") &&
+                        Contains(last + " calls all_gather_into_tensor") && Contains("in 4 elements") &&
+                        Contains("in 3 elements"));
+  check_equal(out, std::vector<double>(size_t(g->size() * n), -7.0), "the all-gather's output after the check failed");
+  // Same sizes, different labels (e.g. two FSDP modules of one shape): also caught.
+  {
+    CollectiveLabel label(g->rank() == 0 ? "module a" : "module b");
+    Tensor x = ones({2});
+    CHECK_THROWS_WITH(g->all_reduce(x)->wait(), Contains("[module a]") && Contains("[module b]"));
+    check_equal(x, std::vector<double>(2, 1.0), "the all-reduce's tensor after the check failed");
+  }
+  // Matching calls pass, and the group is still in step.
+  Tensor y = ones({2});
+  g->all_reduce(y)->wait();
+  check_equal(y, std::vector<double>(2, double(g->size())), "all_reduce after the check errors");
+}
+
 TEST_CASE("bad input is a clear error naming the op and the tensors") {
   auto g = world();
   int p = g->size();

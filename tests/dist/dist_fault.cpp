@@ -1,5 +1,6 @@
 // Ranks that disagree on purpose, for fault.sh: the job must fail on every rank with a message
-// naming the collective, never hang. Usage: dist_fault skip|skip-nowait|mismatch|throw
+// naming the collective, never hang.
+// Usage: dist_fault skip|skip-nowait|mismatch|throw|fsdp-skip|fsdp-extra
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -7,6 +8,7 @@
 
 #include "dist/agree.h"
 #include "dist/dist.h"
+#include "weft.h"
 
 using namespace weft;
 using namespace std::chrono_literals;
@@ -24,6 +26,36 @@ int main(int argc, char** argv) {
       Tensor out = empty({g->size() * 10});
       g->all_gather_into_tensor(out, ones({10}))->wait();
       std::fprintf(stderr, "rank %d: no error\n", me);
+      return 2;
+    });
+  }
+  if (mode == "fsdp-skip" || mode == "fsdp-extra") {
+    // A sharded model trains one step on every rank. Then
+    //   fsdp-skip:  the last rank does not run the second step: the others' first all-gather
+    //               of it times out, and the report names the lagging rank and the module;
+    //   fsdp-extra: the last rank gathers block 1 by hand before the second step: its call
+    //               differs from the others' (the root's forward all-gather), which the
+    //               fingerprint check reports on every rank before any buffer is touched.
+    return dist::run_program("dist_fault", [&] {
+      dist::init();
+      int me = dist::rank(), last = dist::world_size() - 1;
+      Generator gen(7);
+      auto model = std::make_shared<nn::Sequential>();
+      for (int i = 0; i < 3; ++i) model->push_back(std::make_shared<nn::Linear>(8, 8, true, &gen));
+      for (size_t i = 0; i < model->size(); ++i) fsdp::fully_shard((*model)[i]);
+      fsdp::fully_shard(model);
+      Tensor x = randn({4, 8}, {}, &gen);
+      sum((*model)(x)).backward();
+      if (me == last) {
+        if (mode == "fsdp-skip") {
+          std::this_thread::sleep_for(60s);
+          return 2;
+        }
+        fsdp::fsdp_module(*(*model)[1])->unshard();
+      }
+      sum((*model)(x)).backward();
+      std::fprintf(stderr, "rank %d: no error\n", me);
+      dist::finalize();
       return 2;
     });
   }
@@ -46,8 +78,8 @@ int main(int argc, char** argv) {
       std::this_thread::sleep_for(60s);
     }
   } else if (mode == "mismatch") {
-    // Run with WEFT_DIST_DEBUG=1: the last rank passes a different size; every rank must
-    // get the same error.
+    // The last rank passes a different size; every rank must get the same error (from the
+    // always-on fingerprint check, or with WEFT_DIST_DEBUG=1 from the full comparison).
     int64_t n = me == last ? 7 : 5;
     try {
       g->all_gather_into_tensor(empty({p * n}), ones({n}))->wait();
@@ -58,7 +90,7 @@ int main(int argc, char** argv) {
       return 3;
     }
   } else {
-    std::fprintf(stderr, "usage: dist_fault skip|skip-nowait|mismatch|throw\n");
+    std::fprintf(stderr, "usage: dist_fault skip|skip-nowait|mismatch|throw|fsdp-skip|fsdp-extra\n");
   }
   dist::finalize();
   return 2;  // reaching here means the fault went unnoticed

@@ -4,20 +4,21 @@
 set -uo pipefail
 mpirun=$1 exe=$2 mode=$3 np=$4
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
 fail() { echo "FAIL ($mode, np $np): $*"; echo "--- output:"; cat "$log"; exit 1; }
 
 # throw: a timeout far beyond the 30 s bound below, so only the abort can end the job in time.
 if [ "$mode" = throw ]; then export WEFT_COLLECTIVE_TIMEOUT=120; else export WEFT_COLLECTIVE_TIMEOUT=2; fi
-[ "$mode" = mismatch ] && export WEFT_DIST_DEBUG=1
+[ "$mode" = mismatch-debug ] && export WEFT_DIST_DEBUG=1
+export WEFT_FLIGHT_DIR=$(mktemp -d)
+trap 'rm -f "$log"; rm -rf "$WEFT_FLIGHT_DIR"' EXIT
 start=$(date +%s%N)
 # `timeout` is the backstop: the job must end by itself long before it.
-timeout 50 "$mpirun" -np "$np" --oversubscribe --bind-to none "$exe" "$mode" >"$log" 2>&1
+timeout 50 "$mpirun" -np "$np" --oversubscribe --bind-to none "$exe" "${mode%-debug}" >"$log" 2>&1
 rc=$?
 elapsed_ms=$(( ($(date +%s%N) - start) / 1000000 ))
 echo "mode $mode, np $np: exit $rc after ${elapsed_ms} ms"
 [ "$rc" -ne 0 ] || fail "the job succeeded"
-[ "$rc" -ne 124 ] || [ "$mode" != mismatch ] || fail "timed out"
+case $mode in mismatch*|fsdp-extra) [ "$rc" -ne 124 ] || fail "timed out";; esac
 [ "$elapsed_ms" -lt 30000 ] || fail "took ${elapsed_ms} ms (collective timeout ${WEFT_COLLECTIVE_TIMEOUT} s)"
 want() { grep -qF -- "$1" "$log" || fail "output lacks: $1"; }
 case $mode in
@@ -26,15 +27,41 @@ case $mode in
     want "did not complete within 2 s"
     want "Aborting the job"
     [ "$mode" = skip-nowait ] && want "seen by the communication thread"
+    # The flight recorder: the lagging rank is named, and every rank wrote its record.
+    want "Lagging: rank $((np - 1)) never issued all_gather_into_tensor #2"
+    want "rank $((np - 1)): has not issued #2 on this group: it issued 1 and completed 1"
+    for r in $(seq 0 $((np - 1))); do
+      grep -qF "all_gather_into_tensor #1 (f32, in 1000 elements" "$WEFT_FLIGHT_DIR/flight_rank$r.txt" 2>/dev/null ||
+        fail "no flight record of rank $r in WEFT_FLIGHT_DIR"
+    done
+    ;;
+  fsdp-skip)
+    # The record names the module and phase whose collective never arrived.
+    want "did not complete within 2 s"
+    want "Lagging: rank $((np - 1)) never issued all_gather_into_tensor"
+    want "[fsdp '0' FORWARD: all-gather of '0']"
+    for r in $(seq 0 $((np - 1))); do
+      grep -qF "reduce-scatter of '0'" "$WEFT_FLIGHT_DIR/flight_rank$r.txt" 2>/dev/null ||
+        fail "no flight record of rank $r with the first step's collectives"
+    done
+    ;;
+  fsdp-extra)
+    # Found by the fingerprint check on every rank, naming both calls by their labels.
+    for r in $(seq 0 $((np - 1))); do want "dist_fault: error on rank $r: dist collective check"; done
+    want "calls all_gather_into_tensor #12"
+    want "[fsdp '0' FORWARD: all-gather of '0']"
+    want "all-gather of '1']"
+    if grep -q "no error" "$log"; then fail "a rank went on after the mismatch"; fi
     ;;
   throw)
     last=$((np - 1))
     want "dist_fault: error: rank $last fails on its own"
     if grep -q "no error" "$log"; then fail "a rank went on after another one failed"; fi
     ;;
-  mismatch)
+  mismatch|mismatch-debug)
     last=$((np - 1))
-    for r in $(seq 0 $last); do want "rank $r caught: dist debug check"; done
+    for r in $(seq 0 $last); do want "rank $r caught: dist collective check"; done
+    [ "$mode" = mismatch-debug ] && want "(WEFT_DIST_DEBUG)"
     want "rank 0 calls all_gather_into_tensor #2 (f32, in 5 elements, out $((np * 5)))"
     want "rank $last calls all_gather_into_tensor #2 (f32, in 7 elements, out $((np * 7)))"
     ;;
