@@ -3,6 +3,7 @@
 // data; the logic that reads it is in autograd/.
 #pragma once
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/partial_reduction.h"
@@ -20,6 +21,11 @@ struct AutogradMeta {
   std::vector<PostAccumulateGradHook> post_accumulate_grad_hooks;
   bool retains_grad = false;
   std::shared_ptr<const PartialReduction> partial_reduction;  // leaves held in part (core/partial_reduction.h)
+  // Leaves a transform took out of their module (fsdp::fully_shard replaces a parameter by its
+  // shard): what replaced it, for the error of an optimizer that still holds the old tensor.
+  std::string replaced_by;
+  // Shards that fsdp::fully_shard registered: the module whose call made them.
+  std::string shard_of;
 };
 
 namespace detail {

@@ -77,7 +77,7 @@ void all_gather_copy_out(CommContext& ctx, AllGatherResult&& r, const FSDPParams
 void pack_grads(const FSDPParams& params, const Tensor& send, std::vector<Tensor>& in_use) {
   for (auto& p : params) {
     p->copy_in_grad(send);
-    if (!send.device().is_cpu() && p->has_unsharded_grad()) in_use.push_back(p->unsharded().grad());
+    if (!send.device().is_cpu() && p->has_unsharded_grad()) in_use.push_back(p->unsharded_grad());
     p->clear_unsharded_grad();
   }
 }
@@ -115,6 +115,23 @@ int reduce_scatter_accumulate(CommContext& ctx, ReduceScatterResult&& r, const F
     trace::record("reduce_scatter " + r.label, "comm", r.started_us, trace::now_us() - r.started_us, 1);
   std::vector<dist::WorkPtr> works{r.work};
   int all_reduces = 0;
+  if (post.partial_reduce_output) {
+    Tensor& partial = *post.partial_reduce_output;
+    if (post.partial_only) {  // kept for the all-reduce of a later backward (FSDP2's partial reduce output)
+      if (partial.defined()) kernels::add_(partial, r.out);
+      else partial = r.out;
+      Event summed;
+      summed.record(current_stream(device));
+      std::vector<Tensor> keep = std::move(r.grads);
+      keep.push_back(std::move(r.send));
+      ctx.release_after(std::move(summed), std::move(keep), std::move(works));
+      return 0;
+    }
+    if (partial.defined()) {
+      kernels::add_(r.out, partial);
+      partial = Tensor();
+    }
+  }
   if (post.replicate_group) {
     dist::CollectiveLabel what("all-reduce of '" + r.label + "' across replicas");
     works.push_back(post.replicate_group->all_reduce(r.out, post.replicate_op));

@@ -88,12 +88,18 @@ struct PostReduce {
   double divide_factor = 0;  // 0: none
   bool offload = false;      // accumulate into host (CPU-offloaded) sharded gradients
   bool pin_host = false;     // with offload: download into pinned host memory
+  // HSDP gradient accumulation (set_requires_all_reduce): reduce-scatter outputs that were not
+  // all-reduced yet, summed. With `partial_only` the output is added here and nothing else
+  // happens; otherwise a defined sum is added to the output before its all-reduce, and reset.
+  Tensor* partial_reduce_output = nullptr;
+  bool partial_only = false;
 };
 
 // The post-reduce accumulate: waits for the reduce-scatter (the stream that runs the rest
 // waits on the device, else the host), runs the HSDP all-reduce, divides, and accumulates into
 // each parameter's sharded .grad — with offload after downloading to the host, waited for, as
-// the optimizer steps on the host next. Returns the number of all-reduces issued.
+// the optimizer steps on the host next; or, with post.partial_only, only adds the output to
+// post.partial_reduce_output. Returns the number of all-reduces issued.
 int reduce_scatter_accumulate(CommContext& ctx, ReduceScatterResult&& result, const FSDPParams& params, Device device,
                               const PostReduce& post);
 

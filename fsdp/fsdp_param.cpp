@@ -86,7 +86,7 @@ void FSDPParam::assemble_into(const Tensor& gathered, int64_t column_offset, con
 }
 
 void FSDPParam::copy_in_grad(const Tensor& send) const {
-  Tensor g = unsharded_.grad();
+  Tensor g = unsharded_grad();
   if (!g.defined()) return;  // no gradient reached it: contributes zeros
   if (global_shape_.empty()) g = g.view({1});
   int64_t extent = g.size(shard_dim_);
@@ -117,10 +117,25 @@ void FSDPParam::free_unsharded() {
   if (unsharded_.defined() && unsharded_.storage()->is_allocated()) unsharded_.storage()->free();
 }
 
-bool FSDPParam::has_unsharded_grad() const { return unsharded_.defined() && unsharded_.grad().defined(); }
+void FSDPParam::accumulate_unsharded_grad(DType dtype) {
+  Tensor g = unsharded_.defined() ? unsharded_.grad() : Tensor();
+  if (!g.defined()) return;
+  NoGradGuard no_grad;
+  if (accumulated_grad_.defined()) kernels::add_(accumulated_grad_, g.to(dtype));
+  else accumulated_grad_ = g.to(dtype).contiguous();
+  unsharded_.set_grad(Tensor());
+}
+
+Tensor FSDPParam::unsharded_grad() const {
+  if (accumulated_grad_.defined()) return accumulated_grad_;
+  return unsharded_.defined() ? unsharded_.grad() : Tensor();
+}
+
+bool FSDPParam::has_unsharded_grad() const { return unsharded_grad().defined(); }
 
 void FSDPParam::clear_unsharded_grad() {
   if (unsharded_.defined()) unsharded_.set_grad(Tensor());
+  accumulated_grad_ = Tensor();
 }
 
 void FSDPParam::use_sharded() {

@@ -54,6 +54,11 @@ class FSDPParam {
   // `device`'s backend.
   void set_pin_grads(bool pin, Device device) { pin_grads_ = pin, pin_device_ = device; }
   void free_unsharded();  // the parameter's memory; an accumulated gradient stays
+  // Gradient accumulation without sync: moves the unsharded parameter's .grad into an
+  // accumulator of `dtype` (FSDP2 accumulates in the reduce dtype, not a lower param dtype).
+  void accumulate_unsharded_grad(DType dtype);
+  // The gradient to reduce: the accumulator if there is one, else the unsharded .grad.
+  Tensor unsharded_grad() const;
   bool has_unsharded_grad() const;
   void clear_unsharded_grad();
   void use_sharded();
@@ -75,6 +80,7 @@ class FSDPParam {
   bool pin_grads_ = false;
   Device pin_device_ = kCPU;
   Tensor padded_flat_, sharded_, unsharded_;
+  Tensor accumulated_grad_;  // see accumulate_unsharded_grad
 };
 
 }  // namespace weft::fsdp

@@ -3,6 +3,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "core/autograd_meta.h"
 #include "core/grad_mode.h"
 #include "dist/device_mesh.h"
 #include "dist/dist.h"
@@ -37,6 +38,10 @@ FSDPModule fully_shard(const nn::ModulePtr& module, const FullyShardOptions& opt
         continue;
       }
       if (shards.count(impl)) continue;
+      WEFT_CHECK(!impl->autograd || impl->autograd->shard_of.empty(),
+                 "fully_shard: parameter {} of this {} module is already a shard made by fully_shard on an enclosing "
+                 "module ({}); call fully_shard bottom-up: on the blocks first, then on the modules that contain them, "
+                 "the root last", name, module->type_name(), impl->autograd ? impl->autograd->shard_of : "");
       WEFT_CHECK(!originals_taken.count(impl),
                  "fully_shard: parameter {} is tied to a parameter already sharded by an earlier fully_shard call; "
                  "tied parameters must be in the same group (shard the module that holds both)", name);
@@ -89,14 +94,20 @@ FSDPModule fully_shard(const nn::ModulePtr& module, const FullyShardOptions& opt
              comm_device.str(), dist::local_rank(), comm_device.str());
 
   std::vector<std::weak_ptr<TensorImpl>> originals;
-  for (auto& e : entries) originals.push_back(e.slots[0]->impl_ptr());
+  for (auto& e : entries) {
+    originals.push_back(e.slots[0]->impl_ptr());
+    e.slots[0]->autograd_meta().replaced_by =
+        fmt::format("its shard when fsdp::fully_shard ran on the {} module holding '{}'", module->type_name(), e.name);
+  }
   std::unique_ptr<FSDPParamGroup> group;
   if (!entries.empty()) {
     group = std::make_unique<FSDPParamGroup>(std::move(entries), opts, shard_group, replicate_group);
     group->originals = std::move(originals);
     // A shard's reductions (nn::clip_grad_norm_) complete over the ranks holding the others.
-    if (shard_group->size() > 1)
-      for (auto& p : group->params()) set_partial_reduction(p->sharded(), dist::reduction_over(shard_group));
+    for (auto& p : group->params()) {
+      p->sharded().autograd_meta().shard_of = fmt::format("a {} module, as '{}'", module->type_name(), p->name());
+      if (shard_group->size() > 1) set_partial_reduction(p->sharded(), dist::reduction_over(shard_group));
+    }
   }
   auto state = std::make_shared<FSDPState>(*module, opts, std::move(group), mesh);
   // The module owns its state (its extension slot, and its hooks); the state refers back to the
@@ -156,7 +167,12 @@ void FSDPModule::set_modules_to_backward_prefetch(const std::vector<FSDPModule>&
   auto& targets = state_->backward_prefetch_.emplace();
   for (auto& m : modules) targets.push_back(m.state_);
 }
-void FSDPModule::set_is_last_backward(bool last) { state_->is_last_backward_ = last; }
+// One setting for the whole step, as FSDP2's state context: called on any module, it sets the
+// root's (read at the end of backward); before the first forward the root adopts it.
+void FSDPModule::set_is_last_backward(bool last) {
+  state_->is_last_backward_ = last;
+  if (FSDPState* r = state_->root()) r->is_last_backward_ = last;
+}
 void FSDPModule::set_reduce_scatter_divide_factor(double factor) {
   WEFT_CHECK(factor > 0, "set_reduce_scatter_divide_factor: factor must be positive, got {}", factor);
   for (FSDPState* s : subtree())

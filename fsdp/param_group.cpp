@@ -135,6 +135,11 @@ void FSDPParamGroup::reshard_to_subgroup(const dist::ProcessGroupPtr& group) {
   state_ = State::partial;
 }
 
+void FSDPParamGroup::accumulate_unsharded_grads() {
+  if (reduce_dtype_ == param_dtype_) return;
+  for (auto& p : params_) p->accumulate_unsharded_grad(reduce_dtype_);
+}
+
 bool FSDPParamGroup::has_unsharded_grads() const {
   for (auto& p : params_)
     if (p->has_unsharded_grad()) return true;
@@ -154,7 +159,11 @@ void FSDPParamGroup::finish_reduce_scatter() {
   if (!pending_rs_) return;
   auto pending = std::move(pending_rs_);
   PostReduce post;
-  if (replicate_group_ && replicate_group_->size() > 1 && requires_all_reduce) {
+  if (replicate_group_ && replicate_group_->size() > 1) {
+    // Without the all-reduce (HSDP gradient accumulation) the output waits in the partial sum
+    // for the backward that all-reduces; the sharded gradients stay untouched until then.
+    post.partial_reduce_output = &partial_reduce_output_;
+    post.partial_only = !requires_all_reduce;
     post.replicate_group = replicate_group_;
     post.replicate_op = reduce_scatter_divide_factor == 0 ? dist::ReduceOp::avg : dist::ReduceOp::sum;
   }

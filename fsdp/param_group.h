@@ -72,6 +72,9 @@ class FSDPParamGroup {
   // Waits for the reduce-scatter and accumulates into the sharded parameters' .grad.
   void finish_reduce_scatter();
   bool has_unsharded_grads() const;
+  // Moves the unsharded gradients into accumulators of the reduce dtype when it differs from
+  // the param dtype (no-op otherwise); called at each post-backward.
+  void accumulate_unsharded_grads();
 
   double reduce_scatter_divide_factor = 0;  // 0: average over the shard (and replica) ranks
   bool requires_all_reduce = true;          // HSDP: average over replicas
@@ -97,6 +100,7 @@ class FSDPParamGroup {
   std::shared_ptr<CommContext> comm_;
   std::unique_ptr<AllGatherResult> gather_;       // while gathering
   std::unique_ptr<ReduceScatterResult> pending_rs_;  // between start and finish_reduce_scatter
+  Tensor partial_reduce_output_;  // HSDP: reduce-scatter outputs not yet all-reduced (requires_all_reduce off)
 };
 
 }  // namespace weft::fsdp

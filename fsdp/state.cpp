@@ -84,6 +84,7 @@ void FSDPState::lazy_init() {
       s->root_ = weak_from_this();
     }
     if (!s->reshard_after_forward_) s->reshard_after_forward_ = s.get() != this;  // root keeps its params
+    if (!s->is_last_backward_) is_last_backward_ = false;  // set on a module before the first forward
     s->path_ = name.empty() ? module_.type_name() : name;
     if (s->group) {
       s->group->label = s->path_;
@@ -147,12 +148,16 @@ void FSDPState::validate_across_ranks() {
 }
 
 void FSDPState::reset_iteration() {
+  // A forward or backward that threw midway (the step did not come back to IDLE) can leave
+  // groups gathered: start clean. After a completed step, groups left unsharded on purpose
+  // (reshard_after_backward off, a root that keeps its parameters) stay so: the next forward
+  // needs no all-gather for them.
+  const bool interrupted = step_ != TrainingState::idle;
   for (FSDPState* s : states_) {
     s->training_state_ = TrainingState::idle;
     if (!s->group) continue;
     if (s->group->reduce_scatter_pending()) s->group->finish_reduce_scatter();
-    // A forward or backward that threw midway can leave groups gathered: start clean.
-    if (s->group->state() != FSDPParamGroup::State::sharded) s->group->reshard();
+    if (interrupted && s->group->state() != FSDPParamGroup::State::sharded) s->group->reshard();
   }
   step_ = TrainingState::idle;
 }
@@ -261,9 +266,9 @@ void FSDPState::pre_backward() {
   group->finish_unshard();
   if (backward_prefetch_) {
     for (auto& w : *backward_prefetch_)
-      if (auto s = w.lock(); s && s->group) s->group->start_unshard();
+      if (auto s = w.lock(); s && s->group && s->unshard_in_backward_) s->group->start_unshard();
   } else if (FSDPState* prev = next_in_order(-1)) {
-    if (*prev->reshard_after_forward_) prev->group->start_unshard();
+    if (*prev->reshard_after_forward_ && prev->unshard_in_backward_) prev->group->start_unshard();
   }
 }
 
@@ -274,6 +279,9 @@ void FSDPState::post_backward() {
   dist::CollectiveLabel label(fmt::format("fsdp '{}' POST_BACKWARD", path_));
   if (backward_started_us_)
     trace::record("backward " + path_, "fsdp", backward_started_us_, trace::now_us() - backward_started_us_);
+  // Gradients accumulated across backwards without sync are kept in the reduce dtype, as
+  // FSDP2 does (not in a lower param dtype).
+  group->accumulate_unsharded_grads();
   if (requires_gradient_sync_) {
     // At most one reduce-scatter in flight besides this one: finishing the previous group's
     // frees its send buffer before this group's is filled (the backward memory bound).
@@ -298,7 +306,7 @@ void FSDPState::root_final_callback() {
   }
   bool offloaded = false;
   for (FSDPState* s : states_) {
-    if (s->group && is_last_backward_) s->group->finish_reduce_scatter();
+    if (s->group && is_last_backward_) s->group->finish_reduce_scatter();  // set on any module of this root
     if (s->group && s->group->offloaded()) offloaded = true;
     s->training_state_ = TrainingState::idle;
   }

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "core/autograd_meta.h"
 #include "core/grad_mode.h"
 #include "core/trace.h"
 #include "kernels/elementwise.h"
@@ -56,6 +57,17 @@ void Optimizer::set_lr(double lr) {
 }
 
 std::map<std::string, Tensor>& Optimizer::state_of(const Tensor& param) { return state_[param.impl()]; }
+
+void Optimizer::check_params() const {
+  for (size_t g = 0; g < groups_.size(); ++g)
+    for (size_t i = 0; i < groups_[g].params.size(); ++i) {
+      const Tensor& p = groups_[g].params[i];
+      if (p.defined() && p.impl()->autograd && !p.impl()->autograd->replaced_by.empty())
+        WEFT_ERROR("{}::step: parameter {} of group {} ({}) is no longer in its module: it was replaced by {}. "
+                   "This optimizer was built before that; build it after sharding, from model->parameters()",
+                   name_, i, g, tensor_desc(p), p.impl()->autograd->replaced_by);
+    }
+}
 
 NamedTensorList Optimizer::state_dict() const {
   NamedTensorList out;
@@ -135,6 +147,7 @@ SGD::SGD(std::vector<ParamGroup> groups, SGDOptions o)
 }
 
 void SGD::step() {
+  check_params();
   trace::Span span("optimizer step", "optim");
   NoGradGuard no_grad;
   for (auto& g : groups_) {
@@ -174,6 +187,7 @@ Adam::Adam(std::string name, std::vector<ParamGroup> groups, AdamOptions o, bool
 }
 
 void Adam::step() {
+  check_params();
   trace::Span span("optimizer step", "optim");
   NoGradGuard no_grad;
   for (auto& g : groups_) {

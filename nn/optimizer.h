@@ -43,6 +43,10 @@ class Optimizer {
  protected:
   // `defaults` lists every option this optimizer knows; groups may override some.
   Optimizer(std::string name, std::vector<ParamGroup> groups, std::map<std::string, double> defaults);
+  // Throws if a parameter was replaced in its module after this optimizer was built (e.g. by
+  // fsdp::fully_shard): stepping it would train a tensor the model no longer uses. Each step()
+  // calls it first.
+  void check_params() const;
   // Per-parameter state (e.g. "exp_avg"), created lazily by step().
   std::map<std::string, Tensor>& state_of(const Tensor& param);
   std::vector<ParamGroup> groups_;

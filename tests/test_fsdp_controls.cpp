@@ -1,0 +1,206 @@
+// FSDPModule's controls do what their names say: each test fails when its control is a no-op.
+// set_requires_all_reduce (HSDP accumulation), set_reshard_after_backward, set_unshard_in_backward,
+// set_is_last_backward on a sub-module, gradient accumulation in the reduce dtype under mixed
+// precision, and the mistakes that used to train wrongly (an optimizer built before sharding,
+// sharding top-down). Runs under mpirun at 1, 2 and 4 ranks.
+#include <catch2/catch.hpp>
+
+#include "dist/dist.h"
+#include "fsdp/fsdp.h"
+#include "fsdp/state.h"
+#include "weft.h"
+#include "fsdp_test_models.h"
+
+using namespace weft;
+using namespace weft::fsdp_test;
+using Catch::Contains;
+
+namespace {
+
+fsdp::FSDPModule shard_blocks(const std::shared_ptr<TinyGPT>& m, const fsdp::FullyShardOptions& o = {}) {
+  for (auto& b : *m->blocks) fsdp::fully_shard(b, o);
+  return fsdp::fully_shard(m, o);
+}
+
+void check_params_match(fsdp::FSDPModule& root, nn::Module& ref, double rtol, const std::string& what) {
+  for (auto& [name, p] : ref.named_parameters())
+    check_close(to_vector(root.full_tensor(name)), to_vector(p), rtol, what + ": parameter " + name);
+}
+
+bool any_reduce_scatter_pending(nn::Module& model) {
+  for (auto& [name, m] : model.named_modules())
+    if (auto s = fsdp::state_of(*m); s && s->group && s->group->reduce_scatter_pending()) return true;
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("set_requires_all_reduce(false): HSDP accumulation all-reduces on the later backward") {
+  const int world = dist::world_size();
+  if (world < 2 || world % 2 != 0) {
+    WARN("HSDP needs 2 replicas: an even world size; world size " << world);
+    return;
+  }
+  // 2 replicas of world/2 shards: (2, 1) at 2 ranks, (2, 2) at 4.
+  auto mesh = std::make_shared<dist::DeviceMesh>(DeviceType::cpu, std::vector<int>{2, world / 2});
+  manual_seed(7);
+  auto ref = std::make_shared<TinyGPT>();
+  manual_seed(7);
+  auto model = std::make_shared<TinyGPT>();
+  auto root = shard_blocks(model, {.mesh = mesh});
+  nn::AdamW ref_opt(ref->parameters(), {.lr = 1e-2});
+  nn::AdamW opt(model->parameters(), {.lr = 1e-2});
+  const int micro = 2;
+  for (int step = 0; step < 3; ++step) {
+    ref_opt.zero_grad();
+    opt.zero_grad();
+    for (int m = 0; m < micro; ++m) {
+      Batch global = gpt_batch(step * micro + m, 4);
+      (loss_of(*ref, global) * (1.0 / micro)).backward();
+      // Reduce-scatter only on the first micro-batch; the all-reduce of the last must carry it.
+      root.set_requires_all_reduce(m == micro - 1);
+      (loss_of(*model, slice(global)) * (1.0 / micro)).backward();
+    }
+    ref_opt.step();
+    opt.step();
+  }
+  // Every rank compares its replica with the reference: replicas that diverged fail here.
+  check_params_match(root, *ref, 1e-5, "HSDP accumulation");
+}
+
+TEST_CASE("set_reshard_after_backward(false): the next forward gathers nothing") {
+  manual_seed(7);
+  auto ref = std::make_shared<TinyGPT>();
+  manual_seed(7);
+  auto model = std::make_shared<TinyGPT>();
+  auto root = shard_blocks(model);
+  const int groups = 3;
+  nn::AdamW ref_opt(ref->parameters(), {.lr = 1e-2});
+  nn::AdamW opt(model->parameters(), {.lr = 1e-2});
+  for (int step = 0; step < 2; ++step) {
+    ref_opt.zero_grad();
+    opt.zero_grad();
+    for (int m = 0; m < 2; ++m) {
+      Batch global = gpt_batch(step * 2 + m, 4);
+      (loss_of(*ref, global) * 0.5).backward();
+      bool last = m == 1;
+      root.set_requires_gradient_sync(last);
+      root.set_reshard_after_backward(last);
+      auto before = root.comm_stats();
+      Tensor l = loss_of(*model, slice(global)) * 0.5;
+      // The first micro-batch of a step gathers every group; the second finds them unsharded.
+      INFO("step " << step << " micro-batch " << m);
+      CHECK(root.comm_stats().all_gathers - before.all_gathers == (m == 0 ? groups : 0));
+      l.backward();
+    }
+    ref_opt.step();
+    opt.step();
+  }
+  check_params_match(root, *ref, 1e-5, "accumulation without resharding");
+}
+
+TEST_CASE("set_unshard_in_backward(false): the module is not gathered in backward, prefetch included") {
+  manual_seed(7);
+  auto ref = std::make_shared<TinyGPT>();
+  manual_seed(7);
+  auto model = std::make_shared<TinyGPT>();
+  // The embedding needs no weights in its backward (the gradient scatters by index).
+  auto wte = fsdp::fully_shard(model->wte);
+  auto root = shard_blocks(model);
+  wte.set_unshard_in_backward(false);
+  nn::AdamW ref_opt(ref->parameters(), {.lr = 1e-2});
+  nn::AdamW opt(model->parameters(), {.lr = 1e-2});
+  for (int step = 0; step < 3; ++step) {
+    ref_opt.zero_grad();
+    opt.zero_grad();
+    Batch global = gpt_batch(step, 4);
+    loss_of(*ref, global).backward();
+    Tensor l = loss_of(*model, slice(global));
+    auto before = root.comm_stats();
+    auto wte_before = wte.comm_stats();
+    l.backward();
+    // The two blocks are gathered again (the root kept its parameters); the embedding is not,
+    // though it comes next in the reverse order that block 0's prefetch follows.
+    CHECK(root.comm_stats().all_gathers - before.all_gathers == 2);
+    CHECK(wte.comm_stats().all_gathers == wte_before.all_gathers);
+    CHECK(wte.comm_stats().reduce_scatters == wte_before.reduce_scatters + 1);
+    ref_opt.step();
+    opt.step();
+  }
+  check_params_match(root, *ref, 1e-5, "embedding not gathered in backward");
+}
+
+TEST_CASE("set_is_last_backward on a sub-module sets the whole step's") {
+  for (bool before_first_forward : {true, false}) {
+    INFO("set before the first forward: " << before_first_forward);
+    manual_seed(7);
+    auto model = std::make_shared<TinyGPT>();
+    auto root = shard_blocks(model);
+    auto block0 = *fsdp::fsdp_module(*model->blocks->at<nn::Block>(0));
+    auto block1 = *fsdp::fsdp_module(*model->blocks->at<nn::Block>(1));
+    if (!before_first_forward) {
+      loss_of(*model, slice(gpt_batch(0, 4))).backward();
+      CHECK_FALSE(any_reduce_scatter_pending(*model));
+    }
+    block0.set_is_last_backward(false);
+    loss_of(*model, slice(gpt_batch(1, 4))).backward();
+    // Not the last backward: the last reduce-scatter is left in flight (finished by the next
+    // backward or forward).
+    CHECK(any_reduce_scatter_pending(*model));
+    block1.set_is_last_backward(true);
+    loss_of(*model, slice(gpt_batch(2, 4))).backward();
+    CHECK_FALSE(any_reduce_scatter_pending(*model));
+  }
+}
+
+TEST_CASE("accumulation without sync under mixed precision keeps gradients in the reduce dtype") {
+  // bf16 parameters, f32 reduction. Syncing every micro-batch sums f32 reduce-scatter outputs;
+  // syncing only the last must accumulate the unsharded bf16 gradients in f32, so both agree to
+  // f32 rounding. Accumulating in bf16 would differ by ~1e-2 relative.
+  fsdp::FullyShardOptions o{.mp_policy = {.param_dtype = DType::bf16, .reduce_dtype = DType::f32}};
+  auto build = [&] {
+    manual_seed(11);
+    auto m = std::make_shared<UnevenMLP>();
+    fsdp::fully_shard(m->fc1, o);
+    fsdp::fully_shard(m->fc2, o);
+    return std::make_pair(m, fsdp::fully_shard(m, o));
+  };
+  auto [every, every_root] = build();
+  auto [last, last_root] = build();
+  const int micro = 8;
+  for (int m = 0; m < micro; ++m) {
+    Batch b = slice(mlp_batch(m, 8));
+    every_root.set_requires_gradient_sync(true);
+    (loss_of(*every, b) * (1.0 / micro)).backward();
+    last_root.set_requires_gradient_sync(m == micro - 1);
+    (loss_of(*last, b) * (1.0 / micro)).backward();
+  }
+  auto want = every->named_parameters(), got = last->named_parameters();
+  for (size_t i = 0; i < want.size(); ++i) {
+    REQUIRE(got[i].second.grad().defined() == want[i].second.grad().defined());
+    if (!want[i].second.grad().defined() || want[i].second.numel() == 0) continue;  // an empty shard
+    CHECK(got[i].second.grad().dtype() == DType::f32);
+    check_close(to_vector(got[i].second.grad()), to_vector(want[i].second.grad()), 1e-4,
+                "accumulated gradient of " + want[i].first, 1e-7);
+  }
+}
+
+TEST_CASE("an optimizer built before fully_shard is refused at its first step, naming the parameter") {
+  manual_seed(3);
+  auto m = std::make_shared<UnevenMLP>();
+  nn::AdamW early(m->parameters(), {.lr = 1e-2});
+  fsdp::fully_shard(m->fc1);
+  fsdp::fully_shard(m);
+  loss_of(*m, slice(mlp_batch(0, 8))).backward();
+  CHECK_THROWS_WITH(early.step(), Contains("AdamW::step: parameter 0") && Contains("fully_shard") &&
+                                      Contains("'weight'") && Contains("build it after sharding"));
+  nn::AdamW late(m->parameters(), {.lr = 1e-2});
+  CHECK_NOTHROW(late.step());
+}
+
+TEST_CASE("sharding a module after the module that contains it is refused: bottom-up") {
+  manual_seed(3);
+  auto m = std::make_shared<UnevenMLP>();
+  fsdp::fully_shard(m);
+  CHECK_THROWS_WITH(fsdp::fully_shard(m->fc1), Contains("bottom-up") && Contains("'fc1.weight'"));
+}
