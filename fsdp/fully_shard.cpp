@@ -8,6 +8,7 @@
 #include "dist/device_mesh.h"
 #include "dist/dist.h"
 #include "dist/group_reduction.h"
+#include "fsdp/sharded_state_dict.h"
 #include "fsdp/state.h"
 
 namespace weft::fsdp {
@@ -186,6 +187,10 @@ void FSDPModule::set_requires_all_reduce(bool a, bool recurse) {
 
 const FSDPParam& FSDPModule::find_param(const std::string& name) const {
   if (const FSDPParam* p = lookup_param(name)) return *p;
+  // A tied parameter's other names (its first name is the sharded parameter's).
+  auto tied = tied_parameter_names(state_->module());
+  if (auto it = tied.find(name); it != tied.end())
+    if (const FSDPParam* p = lookup_param(it->second)) return *p;
   WEFT_ERROR("fsdp: no sharded parameter named \"{}\" under this module", name);
 }
 

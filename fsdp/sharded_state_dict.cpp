@@ -95,8 +95,12 @@ Placement param_placement(const FSDPModule* root, const std::string& name, const
 std::map<std::string, std::string> tied_parameter_names(nn::Module& model) {
   std::map<std::string, std::string> tied;
   std::unordered_map<TensorImpl*, std::string> first;
-  for (auto& [name, t] : model.named_parameters())
-    if (auto [it, fresh] = first.emplace(t.impl(), name); !fresh) tied[name] = it->second;
+  // named_parameters() lists a tied tensor once: walk every module's own slots instead.
+  for (auto& [mname, m] : model.named_modules())
+    for (auto& [pname, t] : m->named_parameters(false)) {
+      std::string name = mname.empty() ? pname : mname + "." + pname;
+      if (auto [it, fresh] = first.emplace(t.impl(), name); !fresh) tied[name] = it->second;
+    }
   return tied;
 }
 

@@ -4,6 +4,7 @@
 // precision, and the mistakes that used to train wrongly (an optimizer built before sharding,
 // sharding top-down). Runs under mpirun at 1, 2 and 4 ranks.
 #include <catch2/catch.hpp>
+#include <filesystem>
 
 #include "dist/dist.h"
 #include "fsdp/fsdp.h"
@@ -203,4 +204,86 @@ TEST_CASE("sharding a module after the module that contains it is refused: botto
   auto m = std::make_shared<UnevenMLP>();
   fsdp::fully_shard(m);
   CHECK_THROWS_WITH(fsdp::fully_shard(m->fc1), Contains("bottom-up") && Contains("'fc1.weight'"));
+}
+
+namespace {
+// A language model whose head is tied to its embedding: one tensor under two names.
+struct TiedLM : nn::Module {
+  std::shared_ptr<nn::Embedding> wte;
+  std::shared_ptr<nn::Linear> head;
+  TiedLM() : nn::Module("TiedLM") {
+    wte = register_module("wte", std::make_shared<nn::Embedding>(11, 12));
+    head = register_module("head", std::make_shared<nn::Linear>(12, 11, false));
+    head->parameter_slot("weight") = wte->weight;
+  }
+  Tensor forward(const Tensor& idx) override { return (*head)((*wte)(idx)); }
+  using nn::Module::forward;
+};
+}  // namespace
+
+TEST_CASE("tied parameters in every state-dict path") {
+  manual_seed(5);
+  auto ref = std::make_shared<TiedLM>();
+  manual_seed(5);
+  auto model = std::make_shared<TiedLM>();
+  auto root = fsdp::fully_shard(model);
+  nn::AdamW ref_opt(ref->parameters(), {.lr = 1e-2});
+  nn::AdamW opt(model->parameters(), {.lr = 1e-2});
+  for (int step = 0; step < 2; ++step) {
+    Batch global = gpt_batch(step, 4);
+    ref_opt.zero_grad();
+    opt.zero_grad();
+    loss_of(*ref, global).backward();
+    loss_of(*model, slice(global)).backward();
+    ref_opt.step();
+    opt.step();
+  }
+  const auto want = to_vector(ref->wte->weight);
+  // full_tensor under either name.
+  check_close(to_vector(root.full_tensor("wte.weight")), want, 1e-5, "full_tensor(wte.weight)");
+  check_close(to_vector(root.full_tensor("head.weight")), want, 1e-5, "full_tensor(head.weight)");
+  // The full state dict holds both names, as the unsharded model's state_dict() does.
+  for (bool rank0_only : {false, true}) {
+    auto full = fsdp::full_state_dict(*model, &root, {.rank0_only = rank0_only});
+    if (rank0_only && dist::rank() != 0) {
+      CHECK(full.empty());
+      continue;
+    }
+    std::vector<std::string> names;
+    for (auto& [k, t] : full) names.push_back(k);
+    CHECK(names == std::vector<std::string>{"wte.weight", "head.weight"});
+    for (auto& [k, t] : full) check_close(to_vector(t), want, 1e-5, "full state dict " + k);
+    // A strict load into the unsharded model takes it.
+    auto plain = std::make_shared<TiedLM>();
+    plain->load_state_dict(full);
+    check_close(to_vector(plain->head->weight), want, 1e-5, "unsharded model loaded from the full state dict");
+  }
+  // Load full into sharded: both names given, equal values.
+  auto full = fsdp::full_state_dict(*model, &root);
+  manual_seed(99);
+  auto other = std::make_shared<TiedLM>();
+  auto other_root = fsdp::fully_shard(other);
+  fsdp::load_full_state_dict(*other, full, &other_root);
+  check_close(to_vector(other_root.full_tensor("head.weight")), want, 1e-5, "loaded into a sharded model");
+  // A sharded checkpoint: loads back into a sharded model, and its consolidated file holds every
+  // name a strict load of the unsharded model expects.
+  namespace fs = std::filesystem;
+  fs::path dir = fs::temp_directory_path() / "weft_tied_ckpt";
+  if (dist::rank() == 0) fs::remove_all(dir);
+  dist::world()->barrier()->wait();
+  fsdp::save_checkpoint(dir.string(), *model, &opt, &root, {.step = 2});
+  manual_seed(98);
+  auto again = std::make_shared<TiedLM>();
+  auto again_root = fsdp::fully_shard(again);
+  fsdp::load_checkpoint(dir.string(), *again, nullptr, &again_root);
+  check_close(to_vector(again_root.full_tensor("head.weight")), want, 1e-5, "loaded from the checkpoint");
+  if (dist::rank() == 0) {
+    fsdp::consolidate_checkpoint(dir.string(), (dir / "model.safetensors").string());
+    auto file = load_safetensors((dir / "model.safetensors").string());
+    auto plain = std::make_shared<TiedLM>();
+    plain->load_state_dict(file.tensors);
+    check_close(to_vector(plain->head->weight), want, 1e-5, "unsharded model loaded from the consolidated file");
+  }
+  dist::world()->barrier()->wait();
+  if (dist::rank() == 0) fs::remove_all(dir);
 }
