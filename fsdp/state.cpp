@@ -1,5 +1,7 @@
 #include "fsdp/state.h"
 
+#include <cstdio>
+
 #include "autograd/engine.h"
 #include "autograd/function.h"
 #include "core/grad_mode.h"
@@ -178,6 +180,33 @@ FSDPState* FSDPState::next_in_order(int direction) {
   return nullptr;
 }
 
+namespace {
+// The roots whose end-of-backward callbacks the running backward queued.
+std::vector<std::string>& backward_roots() {
+  static std::vector<std::string> roots;
+  return roots;
+}
+
+// One backward through several roots means the module that calls them is not sharded: its own
+// parameters get each rank's gradients unsynchronized and drift apart. FSDP2 allows the
+// pattern, so this warns (once per process) rather than fails.
+void warn_if_parent_unsharded() {
+  auto& roots = backward_roots();
+  static bool warned = false;
+  if (roots.size() > 1 && !warned) {
+    warned = true;
+    std::string names;
+    for (auto& n : roots) names += (names.empty() ? "'" : ", '") + n + "'";
+    std::fprintf(stderr,
+                 "fsdp: warning: one backward ran through %zu separately sharded modules (%s) that are each a root: the "
+                 "module that calls them is not sharded, so its own parameters, if any, get different gradients on "
+                 "each rank and drift apart. Call fully_shard on the whole model last.\n",
+                 roots.size(), names.c_str());
+  }
+  roots.clear();
+}
+}  // namespace
+
 std::optional<TensorList> FSDPState::pre_forward(const TensorList& inputs) {
   // Names the collectives issued from here in the fingerprint check and the flight recorder.
   dist::CollectiveLabel label(fmt::format("fsdp '{}' FORWARD", path_));
@@ -260,6 +289,7 @@ void FSDPState::pre_backward() {
   backward_started_us_ = trace::enabled() ? trace::now_us() : 0;
   if (FSDPState* r = root(); r && r->step_ != TrainingState::pre_backward) {
     r->step_ = TrainingState::pre_backward;
+    backward_roots().push_back(r->path_);
     autograd::Engine::queue_callback([r] { r->root_final_callback(); });
   }
   if (!group || !unshard_in_backward_) return;
@@ -296,6 +326,7 @@ void FSDPState::post_backward() {
 }
 
 void FSDPState::root_final_callback() {
+  warn_if_parent_unsharded();
   dist::CollectiveLabel label(fmt::format("fsdp '{}' end of backward", path_));
   // Groups whose inputs needed no gradient (the root itself, a first layer fed raw data)
   // have not run their post-backward yet.

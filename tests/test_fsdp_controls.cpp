@@ -4,6 +4,11 @@
 // precision, and the mistakes that used to train wrongly (an optimizer built before sharding,
 // sharding top-down). Runs under mpirun at 1, 2 and 4 ranks.
 #include <catch2/catch.hpp>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <filesystem>
 
 #include "dist/dist.h"
@@ -286,4 +291,30 @@ TEST_CASE("tied parameters in every state-dict path") {
   }
   dist::world()->barrier()->wait();
   if (dist::rank() == 0) fs::remove_all(dir);
+}
+
+TEST_CASE("an unsharded parent of sharded modules is warned about") {
+  // Only the layers are sharded: each is a root, and the model's own parameters (none here, a
+  // model with a head of its own would drift) are not synchronized. FSDP2 allows it; weft warns.
+  manual_seed(3);
+  auto m = std::make_shared<UnevenMLP>();
+  fsdp::fully_shard(m->fc1);
+  fsdp::fully_shard(m->fc2);
+  std::fflush(stderr);
+  char path[] = "/tmp/weft_warn_XXXXXX";
+  int fd = mkstemp(path);
+  REQUIRE(fd >= 0);
+  int saved = dup(2);
+  dup2(fd, 2);
+  loss_of(*m, slice(mlp_batch(0, 8))).backward();
+  std::fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  close(fd);
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  std::remove(path);
+  CHECK_THAT(text.str(), Contains("fsdp: warning: one backward ran through 2 separately sharded modules") &&
+                             Contains("Call fully_shard on the whole model last"));
 }
