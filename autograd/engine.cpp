@@ -142,7 +142,6 @@ void Engine::backward(const Tensor& root, const Tensor& grad, bool retain_graph)
 
 void Engine::backward(const TensorList& roots, const TensorList& grads, bool retain_graph) {
   WEFT_CHECK(roots.size() == grads.size(), "backward: {} roots but {} gradients", roots.size(), grads.size());
-  WEFT_CHECK(g_current == nullptr, "backward: cannot start a backward pass from inside another one");
   TensorList root_grads;
   for (size_t i = 0; i < roots.size(); ++i) {
     const Tensor& r = roots[i];
@@ -159,6 +158,13 @@ void Engine::backward(const TensorList& roots, const TensorList& grads, bool ret
                  "root is {}; pass a gradient", tensor_desc(r));
       root_grads.push_back(ones(r.shape(), {.dtype = r.dtype(), .device = r.device()}));
     }
+  }
+  if (g_current != nullptr) {
+    // Re-entrant: a node's backward runs a backward of its own (activation checkpointing
+    // recomputes its forward and backpropagates through it). Callbacks it queues belong to the
+    // outer pass and run when that one ends.
+    run_backward(roots, root_grads, retain_graph);
+    return;
   }
   BackwardState state;
   g_current = &state;

@@ -1,5 +1,7 @@
 #include "nn/module.h"
 
+#include "nn/checkpoint.h"
+
 #include <ostream>
 #include <sstream>
 #include <unordered_map>
@@ -26,7 +28,7 @@ TensorList Module::operator()(const TensorList& inputs) {
   auto pre = hooks_->pre;
   for (auto& [id, hook] : pre)
     if (auto r = hook(*this, in)) in = std::move(*r);
-  TensorList out = forward(in);
+  TensorList out = checkpointing_ ? checkpoint([this](const TensorList& x) { return forward(x); }, in) : forward(in);
   auto post = hooks_->post;
   for (auto& [id, hook] : post)
     if (auto r = hook(*this, in, out)) out = std::move(*r);

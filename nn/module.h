@@ -106,6 +106,11 @@ class Module : public std::enable_shared_from_this<Module> {
   Module& apply(const std::function<void(Module&)>& fn);
   void zero_grad(bool set_to_none = true);
 
+  // ---- activation checkpointing (nn/checkpoint.h): each call with gradients keeps only its
+  // inputs for backward and runs forward again when the backward reaches it. Hooks run once.
+  void set_activation_checkpointing(bool on) { checkpointing_ = on; }
+  bool activation_checkpointing() const { return checkpointing_; }
+
   // ---- hooks, run on every call in registration order
   HookHandle register_forward_pre_hook(ForwardPreHook hook);
   HookHandle register_forward_hook(ForwardHook hook);
@@ -127,6 +132,7 @@ class Module : public std::enable_shared_from_this<Module> {
  protected:
   void add_child(const std::string& name, ModulePtr m);
   bool training_ = true;
+  bool checkpointing_ = false;
 
  private:
   void check_new_name(const std::string& name, const char* what) const;

@@ -1,6 +1,7 @@
 // nn: everything a model author needs — Module, layers, containers, transformer blocks,
 // losses, initialisers, optimizers and learning-rate schedules.
 #pragma once
+#include "nn/checkpoint.h"
 #include "nn/clip_grad.h"
 #include "nn/containers.h"
 #include "nn/init.h"

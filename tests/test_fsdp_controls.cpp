@@ -318,3 +318,42 @@ TEST_CASE("an unsharded parent of sharded modules is warned about") {
   CHECK_THAT(text.str(), Contains("fsdp: warning: one backward ran through 2 separately sharded modules") &&
                              Contains("Call fully_shard on the whole model last"));
 }
+
+TEST_CASE("activation checkpointing composes with fully_shard: parity, either order") {
+  for (bool checkpoint_first : {true, false}) {
+    INFO("checkpointing turned on " << (checkpoint_first ? "before" : "after") << " sharding");
+    manual_seed(7);
+    auto ref = std::make_shared<TinyGPT>();
+    manual_seed(7);
+    auto model = std::make_shared<TinyGPT>();
+    int recomputes = 0;
+    for (auto& b : *model->blocks) {
+      if (checkpoint_first) b->set_activation_checkpointing(true);
+      // A child's hooks run in forward and again in the recompute.
+      std::static_pointer_cast<nn::Block>(b)->mlp->register_forward_hook(
+          [&](nn::Module&, const nn::TensorList&, const nn::TensorList&) {
+            ++recomputes;
+            return std::optional<nn::TensorList>();
+          });
+    }
+    auto root = shard_blocks(model);
+    if (!checkpoint_first)
+      for (auto& b : *model->blocks) b->set_activation_checkpointing(true);
+    nn::AdamW ref_opt(ref->parameters(), {.lr = 1e-2});
+    nn::AdamW opt(model->parameters(), {.lr = 1e-2});
+    for (int step = 0; step < 3; ++step) {
+      ref_opt.zero_grad();
+      opt.zero_grad();
+      Batch global = gpt_batch(step, 4);
+      Tensor ref_loss = loss_of(*ref, global);
+      ref_loss.backward();
+      Tensor l = loss_of(*model, slice(global));
+      l.backward();
+      check_close({global_mean(l.item())}, {ref_loss.item()}, 1e-5, fmt::format("loss at step {}", step));
+      ref_opt.step();
+      opt.step();
+    }
+    CHECK(recomputes == 3 * 2 * 2);  // 3 steps x 2 blocks x (forward + recompute)
+    check_params_match(root, *ref, 1e-5, "activation checkpointing");
+  }
+}

@@ -1,0 +1,86 @@
+#include "nn/checkpoint.h"
+
+#include "autograd/engine.h"
+#include "autograd/function.h"
+#include "core/generator.h"
+#include "core/grad_mode.h"
+
+namespace weft::nn {
+namespace {
+
+class CheckpointFunction : public autograd::Function {
+ public:
+  explicit CheckpointFunction(CheckpointFn fn) : fn_(std::move(fn)) {}
+  std::string name() const override { return "CheckpointBackward"; }
+
+  TensorList forward(autograd::FunctionCtx& ctx, const TensorList& inputs) override {
+    rng_ = default_generator().state();
+    ctx.save_for_backward(inputs);
+    return fn_(inputs);  // Function::run records nothing inside forward
+  }
+
+  TensorList backward(autograd::FunctionCtx& ctx, const TensorList& grad_outputs) override {
+    // The inputs again, as leaves of the recomputed graph.
+    TensorList x;
+    for (size_t i = 0; i < ctx.saved.size(); ++i) {
+      Tensor t = ctx.saved[i].defined() ? ctx.saved[i].detach() : Tensor();
+      if (t.defined() && i < ctx.needs_input_grad.size() && ctx.needs_input_grad[i]) t.set_requires_grad(true);
+      x.push_back(t);
+    }
+    TensorList out;
+    {
+      auto now = default_generator().state();
+      default_generator().set_state(rng_);
+      struct Restore {
+        Generator::State state;
+        ~Restore() { default_generator().set_state(state); }
+      } restore{now};
+      bool prev = GradMode::is_enabled();
+      GradMode::set_enabled(true);
+      try {
+        out = fn_(x);
+      } catch (...) {
+        GradMode::set_enabled(prev);
+        throw;
+      }
+      GradMode::set_enabled(prev);
+    }
+    WEFT_CHECK(out.size() == grad_outputs.size(),
+               "nn::checkpoint: the recomputed forward returned {} outputs, the first run {}", out.size(),
+               grad_outputs.size());
+    TensorList roots, grads;
+    for (size_t i = 0; i < out.size(); ++i)
+      if (out[i].defined() && out[i].requires_grad() && grad_outputs[i].defined()) {
+        roots.push_back(out[i]);
+        grads.push_back(grad_outputs[i]);
+      }
+    if (!roots.empty()) autograd::Engine::backward(roots, grads);
+    TensorList result;
+    for (auto& t : x) result.push_back(t.defined() && t.requires_grad() ? t.grad() : Tensor());
+    return result;
+  }
+
+ private:
+  CheckpointFn fn_;
+  Generator::State rng_;
+};
+
+}  // namespace
+
+TensorList checkpoint(const CheckpointFn& fn, const TensorList& inputs) {
+  if (!GradMode::is_enabled()) return fn(inputs);
+  bool any = false;
+  for (const Tensor& t : inputs) any |= t.defined() && t.requires_grad();
+  if (any) return autograd::Function::apply<CheckpointFunction>(inputs, fn);
+  // No input needs a gradient, but fn's parameters may: an empty anchor that does makes the
+  // call part of the graph, so the backward reaches the recompute.
+  Tensor anchor = empty({0});
+  anchor.set_requires_grad(true);
+  TensorList in = inputs;
+  in.push_back(anchor);
+  const size_t n = inputs.size();
+  return autograd::Function::apply<CheckpointFunction>(
+      in, [fn, n](const TensorList& x) { return fn(TensorList(x.begin(), x.begin() + int64_t(n))); });
+}
+
+}  // namespace weft::nn

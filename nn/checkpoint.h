@@ -1,0 +1,30 @@
+// nn: activation checkpointing. A checkpointed computation keeps only its inputs for backward
+// and runs its forward again, with gradients, when the backward reaches it (PyTorch's
+// torch.utils.checkpoint): its intermediate activations are never held through the rest of
+// the forward. The default generator's state is restored for the recompute, so dropout draws
+// the same masks.
+//
+//   Tensor y = nn::checkpoint([&](const TensorList& x) { return TensorList{(*block)(x[0])}; }, {h})[0];
+//   block->set_activation_checkpointing(true);   // the same for every call of block
+//
+// Composes with fsdp::fully_shard: a sharded module that is checkpointed runs its FSDP hooks
+// once in forward, and its pre-backward hook gathers the parameters again before the recompute
+// (shard the blocks after turning checkpointing on or before: the order does not matter).
+#pragma once
+#include <functional>
+
+#include "autograd/node.h"
+
+namespace weft::nn {
+
+using autograd::TensorList;
+
+using CheckpointFn = std::function<TensorList(const TensorList&)>;
+
+// Runs fn(inputs) without recording a graph and returns its outputs, which require grad when
+// any input or parameter does; their backward recomputes fn with the saved inputs and the
+// generator state of this call, and backpropagates through the recomputation. Outside grad
+// mode it is fn(inputs).
+TensorList checkpoint(const CheckpointFn& fn, const TensorList& inputs);
+
+}  // namespace weft::nn
