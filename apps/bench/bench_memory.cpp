@@ -52,6 +52,7 @@ struct Options {
   std::string json_path;
   std::vector<std::string> summary;
   bool check = false;
+  bool activation_checkpointing = false;
 };
 
 int64_t bytes_of(const std::vector<Tensor>& ts) {
@@ -143,7 +144,10 @@ int run(const Options& o) {
   const int64_t P = bytes_of(model->parameters());
   const int64_t B = bytes_of(model->blocks.front()->parameters());
   const int64_t E = P - B * o.model.n_layer;
-  for (auto& block : model->blocks) fsdp::fully_shard(block);
+  for (auto& block : model->blocks) {
+    block->set_activation_checkpointing(o.activation_checkpointing);
+    fsdp::fully_shard(block);
+  }
   fsdp::fully_shard(model);
   const int64_t Ps = bytes_of(model->parameters());  // this rank's shards, padding included
   nn::AdamW opt(model->parameters(), nn::AdamWOptions{.lr = 3e-4, .weight_decay = 0.1});
@@ -231,9 +235,10 @@ int run(const Options& o) {
                     {"ranks", ranks}};
     auto mib = [](const json& v) { return v.get<double>() / kMiB; };
     std::printf("# weft-bench-memory: GPT n_layer %lld, d_model %lld, n_head %lld, ctx %lld, vocab %lld; fp32, "
-                "AdamW, fully_shard per block + root; %lld steps, batch %lld x %lld tokens per rank; %d rank(s)\n",
+                "AdamW, fully_shard per block + root%s; %lld steps, batch %lld x %lld tokens per rank; %d rank(s)\n",
                 (long long)o.model.n_layer, (long long)o.model.d_model, (long long)o.model.n_head,
-                (long long)o.model.ctx, (long long)o.model.vocab_size, (long long)o.steps, (long long)o.batch,
+                (long long)o.model.ctx, (long long)o.model.vocab_size,
+                o.activation_checkpointing ? ", activation checkpointing per block" : "", (long long)o.steps, (long long)o.batch,
                 (long long)o.model.ctx, n);
     std::printf("# P %.2f MiB (%lld parameters), B %.2f MiB per block, E %.2f MiB outside the blocks (MiB = 2^20 "
                 "bytes)\n", P / kMiB, (long long)(P / 4), B / kMiB, E / kMiB);
@@ -345,6 +350,8 @@ int main(int argc, char** argv) {
   app.add_option("--json", o.json_path, "write the figures and each rank's memory timeline to FILE (rank 0)");
   app.add_option("--series-points", o.series_points, "time bins per rank in the JSON timeline (each keeps min and max)")
       ->check(CLI::Range(int64_t(10), int64_t(1000000)))->capture_default_str();
+  app.add_flag("--activation-checkpointing", o.activation_checkpointing,
+               "recompute each block in backward (the activations A then hold only the blocks' inputs)");
   app.add_flag("--check", o.check, "exit 1 if a rank's training peak exceeds the bound 4B+E+4Ps+A+A/L");
   app.add_option("--summary", o.summary, "print the table over world sizes from --json files of earlier runs and exit")
       ->expected(1, -1)->check(CLI::ExistingFile);

@@ -48,6 +48,7 @@ struct TrainOptions {
   int64_t stop_after = 0;  // 0: run to --steps
   int keep_last = 0;
   bool fsdp = false;
+  bool activation_checkpointing = false;
   std::string reshard_after_forward = "true", mixed_precision = "none";
   std::string device = "cpu";
   std::string on_nan = "error";
@@ -94,6 +95,7 @@ dist::ConfigSettings shared_settings(const TrainOptions& o) {
           {"--keep-last", num(o.keep_last)},
           {"--resume", o.resume},
           {"--fsdp", o.fsdp ? "true" : "false"},
+          {"--activation-checkpointing", o.activation_checkpointing ? "true" : "false"},
           {"--reshard-after-forward", o.reshard_after_forward},
           {"--mixed-precision", o.mixed_precision},
           {"--on-nan", o.on_nan}};
@@ -231,6 +233,8 @@ int train(TrainOptions o, const Ranks& ranks) {
   std::vector<std::string> decay_names, other_names;
   for (auto& [name, p] : model->named_parameters()) (p.dim() >= 2 ? decay_names : other_names).push_back(name);
 
+  // Each block keeps only its input for backward and runs again there (nn/checkpoint.h).
+  for (auto& block : model->blocks) block->set_activation_checkpointing(o.activation_checkpointing);
   std::optional<fsdp::FSDPModule> root;
   if (ranks.fsdp) root = shard_model(*model, model, o);
   auto params = model->named_parameters();  // after sharding: this rank's shards
@@ -488,6 +492,8 @@ int main(int argc, char** argv) {
   tr->add_option("--resume", t.resume, "continue from the latest checkpoint in DIR (written at any number of ranks)");
   tr->add_option("--device", t.device, "cpu, cuda (this rank's GPU) or cuda:N: where the model and batches live")
       ->capture_default_str();
+  tr->add_flag("--activation-checkpointing", t.activation_checkpointing,
+               "recompute each block's forward in backward instead of keeping its activations");
   tr->add_flag("--fsdp", t.fsdp, "shard over the ranks of mpirun: fully_shard per block, then the root");
   tr->add_option("--reshard-after-forward", t.reshard_after_forward,
                  "under --fsdp: free each block's gathered parameters after forward (true), keep them for "

@@ -57,6 +57,17 @@ awk -v l="$a30" 'BEGIN { exit !(l < 4.7) }' || fail "step-30 loss $a30 is not cl
 awk -v l="$v30" 'BEGIN { exit !(l < 4.2) }' || fail "step-30 validation loss $v30 is not clearly below 5.5"
 [ -n "$b30" ] && [ "$a30" = "$b30" ] || fail "resumed run's step-30 loss $b30 differs from $a30"
 
+# --activation-checkpointing: the same losses, less memory at the step's peak.
+"$exe" train "${cfg[@]}" --metrics "$tmp/ac.jsonl" --stop-after 10 --activation-checkpointing >/dev/null 2>"$tmp/ac.err" ||
+  fail "--activation-checkpointing run failed: $(cat "$tmp/ac.err")"
+ac10=$(loss_at "$tmp/ac.jsonl" 10)
+awk -v a="$a10" -v b="$ac10" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(b != "" && d <= 1e-6 * a) }' ||
+  fail "--activation-checkpointing step-10 loss $ac10 differs from $a10"
+peak_at() { grep "\"step\":$2[,}]" "$1" | grep -v '"split"' | grep -o '"peak_bytes":[^,}]*' | cut -d: -f2; }
+pa=$(peak_at "$tmp/a.jsonl" 10); pc=$(peak_at "$tmp/ac.jsonl" 10)
+awk -v a="$pa" -v c="$pc" 'BEGIN { exit !(c != "" && c + 0 < a + 0) }' ||
+  fail "--activation-checkpointing peak $pc bytes is not below the plain run's $pa"
+
 # nanoGPT's names and layouts in the checkpoint's index (tensors are "model.<name>"); a tied
 # head is one parameter, repeated as lm_head.weight only by consolidation (an alias).
 ck=$(ls -d "$tmp"/ck/step_* | tail -1)
@@ -96,6 +107,11 @@ if [ -n "$mpirun" ]; then
   mp10=$(loss_at "$tmp/mp.jsonl" 10)
   awk -v a="$a10" -v b="$mp10" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(b != "" && d <= 0.02 * a) }' ||
     fail "bf16 step-10 loss $mp10 is not within 2% of f32's $a10"
+  "$mpirun" -np 2 "${mpirun_args[@]}" "$exe" train --fsdp "${cfg[@]}" --metrics "$tmp/fac.jsonl" --stop-after 10 \
+      --activation-checkpointing >/dev/null 2>"$tmp/fac.err" || fail "--fsdp --activation-checkpointing failed: $(cat "$tmp/fac.err")"
+  fac10=$(loss_at "$tmp/fac.jsonl" 10)
+  awk -v a="$a10" -v b="$fac10" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(b != "" && d <= 1e-5 * a) }' ||
+    fail "2-rank --fsdp --activation-checkpointing step-10 loss $fac10 differs from single-process $a10"
   # The 2-rank checkpoint resumes in one process and samples there.
   "$exe" train "${cfg[@]}" --metrics "$tmp/f.jsonl" --resume "$tmp/ckf" >/dev/null 2>&1
   f30=$(loss_at "$tmp/f.jsonl" 30)
@@ -103,6 +119,6 @@ if [ -n "$mpirun" ]; then
     fail "single-process resume of the 2-rank checkpoint: step-30 loss $f30, expected $a30"
   "$exe" sample --checkpoint "$tmp/ckf" --prompt "A" --tokens 10 >"$tmp/sf.txt"
   [ "$(wc -c <"$tmp/sf.txt")" -eq 12 ] || fail "sampling the 2-rank checkpoint printed the wrong length"
-  echo "fsdp: step-10 loss np2 $f10, np4 $f4, np2 bf16 $mp10 (single $a10); resumed step-30 loss $f30 (single $a30)"
+  echo "fsdp: step-10 loss np2 $f10, np4 $f4, np2 bf16 $mp10, np2 checkpointed $fac10 (single $a10); resumed step-30 loss $f30 (single $a30)"
 fi
-echo "transformer cli ok: loss $a1 -> $a30 (val $v30) in 30 steps; resumed step-30 loss $b30"
+echo "transformer cli ok: loss $a1 -> $a30 (val $v30) in 30 steps; resumed step-30 loss $b30; checkpointed step-10 loss $ac10, peak $pc vs $pa bytes"
