@@ -51,6 +51,6 @@ reference_run() {
   local mnist=$1 dir=$2
   shift 2
   mkdir -p "$dir"
-  timeout 120 "$@" -np 4 "$mnist" "${train_args[@]}" --metrics "$dir/metrics.jsonl" --save "$dir/ck" \
+  timeout 60 "$@" -np 4 "$mnist" "${train_args[@]}" --metrics "$dir/metrics.jsonl" --save "$dir/ck" \
     >"$dir/out" 2>&1 || fail "the single-host mpirun run failed: $(cat "$dir/out")"
 }

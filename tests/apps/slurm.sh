@@ -82,6 +82,7 @@ cleanup() {
   rm -rf "$tmp"
 }
 trap cleanup EXIT
+trap 'exit 143' TERM INT  # meson's timeout: clean up all the same
 start=$(date +%s)
 slurmctld -D -i >"$s/slurmctld.out" 2>&1 &
 ctld=$!
@@ -102,7 +103,7 @@ reference_run "$mnist" "$tmp/one" "${launch[@]}"
 
 # 1. srun: each task one rank; OpenMPI finds its rank and peers through Slurm's PMIx server.
 mkdir -p "$tmp/srun"
-timeout 120 srun -n 4 --mpi=pmix --kill-on-bad-exit=1 "$tmp/rank.sh" "$tmp/srun" "$mnist" "${train_args[@]}" \
+timeout 60 srun -n 4 --mpi=pmix --kill-on-bad-exit=1 "$tmp/rank.sh" "$tmp/srun" "$mnist" "${train_args[@]}" \
   --metrics "$tmp/srun/metrics.jsonl" --save "$tmp/srun/ck" >"$tmp/srun/out" 2>&1 ||
   fail "srun -n 4 --mpi=pmix failed: $(cat "$tmp/srun/out" "$tmp"/srun/rank*.out)"
 grep -q "FSDP over 4 ranks" "$tmp/srun/rank0.out" || fail "srun did not make one world of 4 ranks: $(cat "$tmp/srun/rank0.out")"
@@ -120,7 +121,7 @@ export OMP_NUM_THREADS=1
 srun --mpi=pmix "$tmp/rank.sh" "$tmp/sbatch" "$mnist" ${train_args[*]} \\
   --metrics "$tmp/sbatch/metrics.jsonl" --save "$tmp/sbatch/ck"
 EOF
-timeout 120 sbatch --wait --output "$tmp/sbatch/job.out" "$tmp/job.sh" >"$tmp/sbatch/out" 2>&1 ||
+timeout 60 sbatch --wait --output "$tmp/sbatch/job.out" "$tmp/job.sh" >"$tmp/sbatch/out" 2>&1 ||
   fail "sbatch --wait failed: $(cat "$tmp/sbatch/out" "$tmp/sbatch/job.out" "$tmp"/sbatch/rank*.out 2>/dev/null)"
 same_training "sbatch + srun" "$tmp/one" "$tmp/sbatch"
 echo "sbatch --wait (srun --mpi=pmix inside): the same losses and checkpoints"
