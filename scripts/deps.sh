@@ -2,15 +2,24 @@
 # Installs the Debian packages weft needs, and only those that are missing (idempotent).
 set -euo pipefail
 packages=(meson ninja-build pkg-config g++ libeigen3-dev catch2 libopenmpi-dev openmpi-bin
-          libcli11-dev libfmt-dev nlohmann-json3-dev zlib1g-dev libssl-dev dataset-fashion-mnist fortunes)
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "installing: ${missing[*]}"
+          libcli11-dev libfmt-dev nlohmann-json3-dev zlib1g-dev libssl-dev dataset-fashion-mnist fortunes
+          iproute2)
+# The launcher tests' one-node Slurm cluster (tests/apps/slurm.sh), without the recommended
+# plugins (databases, IPMI, GPUs): 6 packages, about 13 s.
+slurm_packages=(slurmctld slurmd slurm-client)
+missing_of() {
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || echo "$p"
+  done
+}
+missing=($(missing_of "${packages[@]}"))
+missing_slurm=($(missing_of "${slurm_packages[@]}"))
+if [ $((${#missing[@]} + ${#missing_slurm[@]})) -gt 0 ]; then
+  echo "installing: ${missing[*]} ${missing_slurm[*]}"
   sudo_cmd=""
   [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+  install=($sudo_cmd env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=900 install -y -q)
   $sudo_cmd apt-get update -q
-  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get -o DPkg::Lock::Timeout=900 install -y -q "${missing[@]}"
+  [ ${#missing[@]} -eq 0 ] || "${install[@]}" "${missing[@]}"
+  [ ${#missing_slurm[@]} -eq 0 ] || "${install[@]}" --no-install-recommends "${missing_slurm[@]}"
 fi
