@@ -44,7 +44,7 @@ SummonFullParams::SummonFullParams(const FSDPModule& module, SummonOptions optio
   nn::Module& top = module.module();
   for (auto& [name, m] : top.named_modules()) {
     auto s = state_of(*m);
-    if (!s) continue;
+    if (!s || (!opts_.recurse && m.get() != &top)) continue;
     std::string where = name.empty() ? top.type_name() + " (the module summoned)" : "'" + name + "'";
     WEFT_CHECK(!summoned().count(s.get()),
                "fsdp::SummonFullParams: sharded module {} is already summoned by an enclosing SummonFullParams; "
@@ -79,7 +79,12 @@ SummonFullParams::SummonFullParams(const FSDPModule& module, SummonOptions optio
       ga.work->wait();
       for (auto& p : ga.group->params()) {
         index[p->sharded().impl()] = held_.size();
-        held_.push_back({p.get(), ga.group, hold ? assemble(*p, ga.recv) : Tensor(), {}});
+        Tensor full = hold ? assemble(*p, ga.recv) : Tensor();
+        if (full.defined() && opts_.offload_to_cpu && !full.device().is_cpu()) {
+          full = full.to(Device::cpu());
+          if (p->requires_grad()) full.set_requires_grad(true);
+        }
+        held_.push_back({p.get(), ga.group, full, {}});
       }
       ga.recv = Tensor();
     }

@@ -20,9 +20,12 @@
 
 namespace weft::fsdp {
 
+// FSDP1's summon_full_params arguments.
 struct SummonOptions {
-  bool writeback = true;    // copy the full tensors back into the shards on exit
-  bool rank0_only = false;  // only world rank 0 sees full tensors (the others keep shards); no writeback
+  bool recurse = true;          // also the sharded modules below `module` (false: its own group only)
+  bool writeback = true;        // copy the full tensors back into the shards on exit
+  bool rank0_only = false;      // only world rank 0 sees full tensors (the others keep shards); no writeback
+  bool offload_to_cpu = false;  // the full tensors live in host memory (device groups; CPU ones already do)
 };
 
 class SummonFullParams {

@@ -23,12 +23,16 @@ Tensor Module::forward(const Tensor&) {
 }
 
 TensorList Module::operator()(const TensorList& inputs) {
+  return call([this](const TensorList& x) { return forward(x); }, inputs);
+}
+
+TensorList Module::call(const std::function<TensorList(const TensorList&)>& method, const TensorList& inputs) {
   TensorList in = inputs;
   // Iterate over copies: a hook may register or remove hooks.
   auto pre = hooks_->pre;
   for (auto& [id, hook] : pre)
     if (auto r = hook(*this, in)) in = std::move(*r);
-  TensorList out = checkpointing_ ? checkpoint([this](const TensorList& x) { return forward(x); }, in) : forward(in);
+  TensorList out = checkpointing_ ? checkpoint(method, in) : method(in);
   auto post = hooks_->post;
   for (auto& [id, hook] : post)
     if (auto r = hook(*this, in, out)) out = std::move(*r);

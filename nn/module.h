@@ -64,6 +64,10 @@ class Module : public std::enable_shared_from_this<Module> {
   virtual Tensor forward(const Tensor& input);
   TensorList operator()(const TensorList& inputs);
   Tensor operator()(const Tensor& input);
+  // Runs `method` (any computation of this module, e.g. a sampling loop) in place of forward,
+  // with this module's forward hooks around it, so fsdp's hooks gather and reshard the
+  // parameters for it as for forward (FSDP2's register_fsdp_forward_method).
+  TensorList call(const std::function<TensorList(const TensorList&)>& method, const TensorList& inputs);
 
   // ---- registration. Names must be non-empty, without dots, and unique per module.
   // An undefined tensor registers an empty slot (like an optional bias set to None).

@@ -357,3 +357,47 @@ TEST_CASE("activation checkpointing composes with fully_shard: parity, either or
     check_params_match(root, *ref, 1e-5, "activation checkpointing");
   }
 }
+
+TEST_CASE("Module::call runs any method of a sharded module inside its forward hooks") {
+  manual_seed(3);
+  auto ref = std::make_shared<UnevenMLP>();
+  manual_seed(3);
+  auto m = std::make_shared<UnevenMLP>();
+  fsdp::fully_shard(m);
+  Tensor x = randn({2, 7});
+  // A method other than forward that reads the parameters directly: without the hooks it
+  // would see this rank's shards.
+  auto method = [&](const nn::TensorList& in) {
+    return nn::TensorList{matmul(in[0], m->fc1->weight.transpose(0, 1))};
+  };
+  NoGradGuard no_grad;  // e.g. sampling: afterwards the parameters are shards again
+  Tensor got = m->call(method, {x})[0];
+  Tensor want = matmul(x, ref->fc1->weight.transpose(0, 1));
+  check_close(to_vector(got), to_vector(want), 1e-6, "a method run through call()");
+  CHECK(m->fc1->weight.shape() == fsdp::fsdp_module(*m)->state()->group->params()[0]->sharded().shape());
+}
+
+TEST_CASE("SummonFullParams: recurse and offload_to_cpu") {
+  manual_seed(7);
+  auto ref = std::make_shared<TinyGPT>();
+  manual_seed(7);
+  auto model = std::make_shared<TinyGPT>();
+  auto root = shard_blocks(model);
+  auto block_w = [&] { return model->blocks->at<nn::Block>(0)->mlp->c_fc->weight; };
+  const Shape shard_shape = block_w().shape();
+  {
+    fsdp::SummonFullParams own(root, {.recurse = false});
+    CHECK(model->head->weight.shape() == ref->head->weight.shape());
+    CHECK(to_vector(model->head->weight) == to_vector(ref->head->weight));
+    CHECK(block_w().shape() == shard_shape);  // the blocks' groups are not summoned
+  }
+  {
+    fsdp::SummonFullParams all(root, {.offload_to_cpu = true});
+    CHECK(block_w().shape() == ref->blocks->at<nn::Block>(0)->mlp->c_fc->weight.shape());
+    CHECK(block_w().device().is_cpu());
+    NoGradGuard no_grad;
+    block_w().fill_(0.25);
+  }
+  CHECK(block_w().shape() == shard_shape);
+  for (double v : to_vector(root.full_tensor("blocks.0.mlp.c_fc.weight"))) REQUIRE(v == 0.25);
+}
