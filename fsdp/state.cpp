@@ -59,12 +59,16 @@ FSDPState::FSDPState(nn::Module& m, const FullyShardOptions& opts, std::unique_p
       int k = std::get<int>(*opts.reshard_after_forward);
       int n = mesh->group(mesh->ndim() - 1)->size();
       WEFT_CHECK(mesh->ndim() == 1, "fully_shard: reshard_after_forward = {} needs a 1-D mesh, got {}", k, mesh->str());
-      WEFT_CHECK(k >= 1 && k <= n && n % k == 0,
-                 "fully_shard: reshard_after_forward = {} must divide the {} ranks of the mesh", k, n);
+      // As FSDP2: a non-trivial divisor of the shard dim's size. 1 would keep the full
+      // parameters (false) and n would be plain resharding (true).
+      WEFT_CHECK(k > 1 && k < n && n % k == 0,
+                 "fully_shard: reshard_after_forward = {} must divide the {} ranks of the mesh and lie strictly between "
+                 "1 and {} (for 1 pass false: keep the full parameters; for {} pass true: reshard to the shards)",
+                 k, n, n, n);
       reshard_after_forward_ = true;
       // Groups of k neighbouring ranks (dist's shared mesh: one communicator per k for all
-      // modules); k == n is plain resharding.
-      if (k < n) reshard_group_ = dist::default_mesh(mesh->device_type(), {n / k, k})->group(1);
+      // modules).
+      reshard_group_ = dist::default_mesh(mesh->device_type(), {n / k, k})->group(1);
     }
   }
 }

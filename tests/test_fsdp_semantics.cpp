@@ -272,6 +272,11 @@ TEST_CASE("reshard_after_forward = 2: backward gathers within pairs of ranks") {
   // After forward each block keeps 1/2 of its parameters: more than a shard, less than all.
   auto b0 = model->blocks->at<nn::Block>(0);
   CHECK(b0->mlp->c_fc->weight.shape() == Shape{32 / n, 8});  // the registered shard again
+  // Each block's group holds its 1/2 chunk: half the full parameter's elements, twice a shard's.
+  for (auto& b : *model->blocks) {
+    auto s = fsdp::state_of(*b);
+    CHECK(s->group->state() == fsdp::FSDPParamGroup::State::partial);
+  }
   auto before = root.comm_stats();
   l.backward();
   auto after = root.comm_stats();
@@ -279,6 +284,11 @@ TEST_CASE("reshard_after_forward = 2: backward gathers within pairs of ranks") {
   CHECK(after.reduce_scatters - before.reduce_scatters == 4);
   CHECK_THROWS_WITH(fsdp::fully_shard(std::make_shared<nn::Linear>(2, 2), {.reshard_after_forward = 3}),
                     Catch::Contains("must divide"));
+  // FSDP2's non-trivial divisors only: 1 is `false`, the world size is `true`.
+  CHECK_THROWS_WITH(fsdp::fully_shard(std::make_shared<nn::Linear>(2, 2), {.reshard_after_forward = 1}),
+                    Catch::Contains("for 1 pass false"));
+  CHECK_THROWS_WITH(fsdp::fully_shard(std::make_shared<nn::Linear>(2, 2), {.reshard_after_forward = n}),
+                    Catch::Contains("pass true"));
 }
 
 TEST_CASE("training states: the hooks move through checked transitions") {
