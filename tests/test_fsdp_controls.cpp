@@ -401,3 +401,50 @@ TEST_CASE("SummonFullParams: recurse and offload_to_cpu") {
   CHECK(block_w().shape() == shard_shape);
   for (double v : to_vector(root.full_tensor("blocks.0.mlp.c_fc.weight"))) REQUIRE(v == 0.25);
 }
+
+TEST_CASE("prefetch: the next group's all-gather is in flight before the current module computes") {
+  using S = fsdp::FSDPParamGroup::State;
+  manual_seed(3);
+  auto seq = std::make_shared<nn::Sequential>();
+  for (int i = 0; i < 4; ++i) seq->push_back(std::make_shared<nn::Linear>(8, 8));
+  std::vector<fsdp::FSDPModule> blocks;
+  for (size_t i = 0; i < 4; ++i) blocks.push_back(fsdp::fully_shard((*seq)[i]));
+  fsdp::fully_shard(seq);
+  auto state = [&](size_t i) { return fsdp::state_of(*(*seq)[i])->group->state(); };
+  auto prefetched = [&](size_t i) { return state(i) == S::gathering || state(i) == S::unsharded; };
+  // Observed from hooks registered after fully_shard's: they run after its pre-forward (the
+  // module's own group gathered, the prefetch issued) and after its pre-backward.
+  std::vector<std::vector<bool>> fwd(4), bwd(4);  // per block: which groups were prefetched then
+  for (size_t i = 0; i < 4; ++i) {
+    (*seq)[i]->register_forward_pre_hook([&, i](nn::Module&, const nn::TensorList&) {
+      for (size_t j = 0; j < 4; ++j) fwd[i].push_back(j != i && prefetched(j));
+      return std::optional<nn::TensorList>();
+    });
+    (*seq)[i]->register_forward_hook([&, i](nn::Module&, const nn::TensorList&, const nn::TensorList& out) {
+      out[0].register_hook([&, i](const Tensor&) {
+        for (size_t j = 0; j < 4; ++j) bwd[i].push_back(j != i && prefetched(j));
+        return Tensor();
+      });
+      return std::optional<nn::TensorList>();
+    });
+  }
+  auto step = [&] {
+    for (auto& v : fwd) v.clear();
+    for (auto& v : bwd) v.clear();
+    sum((*seq)(randn({2, 8}))).backward();
+  };
+  step();  // the first forward records the order; later ones prefetch along it
+  step();
+  using V = std::vector<bool>;
+  // Implicit: forward gathers the next block ahead, backward the previous one.
+  CHECK(fwd[0] == V{false, true, false, false});
+  CHECK(fwd[2] == V{false, false, false, true});
+  CHECK(bwd[3] == V{false, false, true, false});
+  CHECK(bwd[1] == V{true, false, false, false});
+  // Explicit targets replace the implicit ones.
+  blocks[0].set_modules_to_forward_prefetch({blocks[2]});
+  blocks[3].set_modules_to_backward_prefetch({blocks[1]});
+  step();
+  CHECK(fwd[0] == V{false, false, true, false});
+  CHECK(bwd[3] == V{false, true, false, false});
+}
