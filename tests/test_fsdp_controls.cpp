@@ -448,3 +448,81 @@ TEST_CASE("prefetch: the next group's all-gather is in flight before the current
   CHECK(fwd[0] == V{false, false, true, false});
   CHECK(bwd[3] == V{false, true, false, false});
 }
+
+TEST_CASE("mixed precision is numerically bf16: close to f32, and not equal to it") {
+  manual_seed(7);
+  auto ref = std::make_shared<TinyGPT>();
+  manual_seed(7);
+  auto model = std::make_shared<TinyGPT>();
+  // Blocks pass bf16 on; the root's output (the logits) comes back in f32.
+  fsdp::FullyShardOptions o{.mp_policy = {.param_dtype = DType::bf16, .reduce_dtype = DType::f32}};
+  for (auto& b : *model->blocks) fsdp::fully_shard(b, o);
+  o.mp_policy.output_dtype = DType::f32;
+  auto root = fsdp::fully_shard(model, o);
+  Batch global = gpt_batch(0, 4);
+  Tensor ref_loss = loss_of(*ref, global);
+  ref_loss.backward();
+  Tensor l = loss_of(*model, slice(global));
+  l.backward();
+  double got = global_mean(l.item()), want = ref_loss.item();
+  INFO("loss: bf16 " << got << ", f32 " << want);
+  CHECK(std::abs(got - want) <= 1e-2 * std::abs(want));  // bf16 keeps 8 bits of mantissa
+  CHECK(std::abs(got - want) > 1e-5 * std::abs(want));    // it did compute in bf16 (f32 parity: < 1e-6)
+  // Gradients (f32 shards, reduced in f32) within a relative 3e-2 in norm of the f32 ones.
+  double err = 0, norm = 0;
+  for (auto& [name, p] : model->named_parameters()) {
+    // A collective for every parameter on every rank, whatever this rank's shard holds.
+    Tensor g = root.gather_shard(name, p.grad().defined() ? p.grad() : zeros_like(p));
+    Tensor w;
+    for (auto& [rn, rp] : ref->named_parameters())
+      if (rn == name) w = rp.grad();
+    auto a = to_vector(g), b = to_vector(w);
+    for (size_t i = 0; i < a.size(); ++i) err += (a[i] - b[i]) * (a[i] - b[i]), norm += b[i] * b[i];
+  }
+  INFO("relative gradient error " << std::sqrt(err / norm));
+  CHECK(std::sqrt(err / norm) <= 3e-2);
+  CHECK(std::sqrt(err / norm) > 1e-4);  // bf16, not f32 (f32 parity: ~1e-7)
+}
+
+TEST_CASE("cast_forward_inputs = false leaves the inputs' dtype to the module") {
+  struct CastAware : nn::Module {
+    std::shared_ptr<nn::Linear> fc;
+    DType seen = DType::f32;
+    CastAware() : nn::Module("CastAware") { fc = register_module("fc", std::make_shared<nn::Linear>(4, 4)); }
+    Tensor forward(const Tensor& x) override {
+      seen = x.dtype();
+      return (*fc)(x.to(fc->weight.dtype()));
+    }
+    using nn::Module::forward;
+  };
+  for (bool cast : {true, false}) {
+    manual_seed(1);
+    auto m = std::make_shared<CastAware>();
+    fsdp::fully_shard(m, {.mp_policy = {.param_dtype = DType::bf16, .cast_forward_inputs = cast}});
+    Tensor y = (*m)(randn({2, 4}));
+    CHECK(m->seen == (cast ? DType::bf16 : DType::f32));
+    CHECK(y.dtype() == DType::bf16);
+  }
+}
+
+TEST_CASE("set_reduce_scatter_divide_factor: sum, then divide by the factor") {
+  auto grads = [](double factor) {
+    manual_seed(3);
+    auto m = std::make_shared<UnevenMLP>();
+    fsdp::fully_shard(m->fc1);
+    auto root = fsdp::fully_shard(m);
+    if (factor > 0) root.set_reduce_scatter_divide_factor(factor);
+    loss_of(*m, slice(mlp_batch(0, 8))).backward();
+    std::vector<double> out;
+    for (auto& p : m->parameters())
+      if (p.grad().defined())
+        for (double v : to_vector(p.grad())) out.push_back(v);
+    return out;
+  };
+  auto avg = grads(0), summed = grads(1.0), half = grads(2.0);
+  const double n = dist::world_size();
+  std::vector<double> want_sum, want_half;
+  for (double v : avg) want_sum.push_back(v * n), want_half.push_back(v * n / 2);
+  check_close(summed, want_sum, 1e-5, "factor 1: the sum over ranks");
+  check_close(half, want_half, 1e-5, "factor 2: the sum over ranks, halved");
+}
