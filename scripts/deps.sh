@@ -2,7 +2,8 @@
 # Installs the Debian packages weft needs, and only those that are missing (idempotent).
 set -euo pipefail
 packages=(meson ninja-build pkg-config g++ libeigen3-dev catch2 libopenmpi-dev openmpi-bin
-          libcli11-dev libfmt-dev nlohmann-json3-dev zlib1g-dev libssl-dev dataset-fashion-mnist fortunes)
+          libcli11-dev libfmt-dev nlohmann-json3-dev zlib1g-dev libssl-dev dataset-fashion-mnist fortunes
+          clang libclang-rt-14-dev)  # clang + its runtimes: the libFuzzer targets (tests/fuzz)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -28,7 +28,7 @@ clang=$(command -v clang++ || command -v clang++-14 || true)
 [ -n "$clang" ] || { echo "SKIP: clang++ is not installed (Debian: clang, libclang-rt-14-dev; scripts/deps.sh)"; exit 77; }
 out="$build/tests/fuzz"
 corpus="$out/corpus_$target"
-mkdir -p "$corpus"
+rm -rf "$corpus" && mkdir -p "$corpus"  # the seeds only: each run starts from the same inputs
 # Does this clang link a fuzzer at all (the runtime ships in libclang-rt-<v>-dev)?
 printf 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }\n' >"$out/probe.cpp"
 if ! "$clang" -fsanitize=fuzzer "$out/probe.cpp" -o "$out/probe" 2>"$out/probe.err"; then
@@ -117,5 +117,5 @@ if [ "$status" -ne 0 ]; then
   echo "fuzz_$target: failed (exit $status); the input is $out/crash-* (or oom-*, timeout-*), the log $out/fuzz_$target.log"
   exit 1
 fi
-tail -n 3 "fuzz_$target.log"
+grep -E '^(INFO: Seed|Done )' "fuzz_$target.log" || true
 echo "fuzz_$target: $runs inputs without a crash"
