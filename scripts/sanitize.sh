@@ -17,7 +17,7 @@
 # Usage: scripts/sanitize.sh [asan] [tsan]   (both when none is named)
 # Extra meson test arguments can be given after "--", e.g. sanitize.sh asan -- core_tensor.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 root=$(pwd)
 kinds=()
 while [ $# -gt 0 ] && [ "$1" != -- ]; do
