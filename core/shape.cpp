@@ -24,7 +24,8 @@ Shape contiguous_strides(const Shape& shape) {
   int64_t s = 1;
   for (size_t i = shape.size(); i-- > 0;) {
     strides[i] = s;
-    s *= std::max<int64_t>(shape[i], 1);
+    // Only an empty tensor's strides can pass int64 (the caller checked numel); they address nothing: wrap.
+    __builtin_mul_overflow(s, std::max<int64_t>(shape[i], 1), &s);
   }
   return strides;
 }

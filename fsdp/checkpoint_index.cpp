@@ -40,6 +40,13 @@ struct IndexReader {
     if (!v.is_string()) fail(where.empty() ? key : where + "." + key, "is " + v.dump() + ", not a string");
     return v.get<std::string>();
   }
+  // nlohmann's get<integer type>() casts a float, undefined beyond the type's range: integers only.
+  const Json& integral(const Json& v, const std::string& key) const {
+    if (v.is_number_float()) fail(key, "holds " + v.dump() + ", not an integer");
+    if (v.is_structured())
+      for (const Json& x : v) integral(x, key);
+    return v;
+  }
 };
 
 }  // namespace
@@ -137,17 +144,17 @@ CheckpointIndex read_checkpoint_index(const std::string& path) {
              "do not fit", r.path, ix.num_shards, ix.world_size);
   try {
     const Json& mesh = r.at(j, "mesh");
-    ix.mesh_shape = r.at(mesh, "shape", "mesh").get<std::vector<int>>();
+    ix.mesh_shape = r.integral(r.at(mesh, "shape", "mesh"), "mesh.shape").get<std::vector<int>>();
     ix.mesh_dim_names = r.at(mesh, "dim_names", "mesh").get<std::vector<std::string>>();
-    ix.training.data = r.at(j, "data").get<std::map<std::string, int64_t>>();
+    ix.training.data = r.integral(r.at(j, "data"), "data").get<std::map<std::string, int64_t>>();
     ix.training.app = r.at(j, "app").get<std::map<std::string, std::string>>();
     ix.training.aliases = r.at(j, "aliases").get<std::map<std::string, std::string>>();
     for (const Json& g : r.at(j, "rng")) {
       Generator::State st{};
-      auto s = r.at(g, "state", "rng").get<std::vector<uint64_t>>();
+      auto s = r.integral(r.at(g, "state", "rng"), "rng.state").get<std::vector<uint64_t>>();
       WEFT_CHECK(s.size() == 4, "checkpoint: {}: an rng state has {} words, not 4", r.path, s.size());
       std::copy(s.begin(), s.end(), st.s);
-      st.seed = r.at(g, "seed", "rng").get<uint64_t>();
+      st.seed = r.integral(r.at(g, "seed", "rng"), "rng.seed").get<uint64_t>();
       st.has_spare = r.at(g, "has_spare", "rng").get<bool>();
       st.spare = r.at(g, "spare", "rng").get<double>();
       ix.rng.push_back(st);
@@ -197,9 +204,8 @@ CheckpointIndex read_checkpoint_index(const std::string& path) {
       if (e.shard_dim >= 0) {
         sh.offset = r.integer(s, "offset", key + ".shards");
         sh.length = r.integer(s, "length", key + ".shards");
-        if (sh.offset < 0 || sh.length < 0 || sh.offset + sh.length > extent)
-          r.fail(key, fmt::format("has a piece [{}, {}) outside its extent {}", sh.offset, sh.offset + sh.length,
-                                  extent));
+        if (sh.offset < 0 || sh.length < 0 || sh.offset > extent || sh.length > extent - sh.offset)
+          r.fail(key, fmt::format("has a piece of length {} at {} outside its extent {}", sh.length, sh.offset, extent));
       }
       e.shards.push_back(sh);
     }

@@ -73,6 +73,18 @@ TEST_CASE("malformed IDX files are clear errors") {
   CHECK_THROWS_WITH(apps::read_idx(d.file("nope")), Contains("does not exist"));
 }
 
+TEST_CASE("IDX headers declaring more than the file holds are refused before allocating") {
+  TempDir d;
+  // 4 GiB declared by a 9-byte file (plain) and by a few dozen bytes of gzip (found by fuzz_idx).
+  write_plain(d.file("big"), idx_bytes(0x08, {0xffffffff}, 1));
+  CHECK_THROWS_WITH(apps::read_idx(d.file("big")), Contains("truncated") && Contains("holds at most 1"));
+  write_gz(d.file("big.gz"), idx_bytes(0x08, {0xffffffff}, 0));
+  CHECK_THROWS_WITH(apps::read_idx(d.file("big.gz")), Contains("truncated") && Contains("[4294967295]"));
+  // Two dims near 2^32 multiply past 2^63: refused by the size limit, without overflowing.
+  write_plain(d.file("wide"), idx_bytes(0x08, {0xffffffff, 0xffffffff}, 0));
+  CHECK_THROWS_WITH(apps::read_idx(d.file("wide")), Contains("more than the limit"));
+}
+
 TEST_CASE("data sets: missing files name the Debian package; counts must agree") {
   TempDir d;
   CHECK_THROWS_WITH(apps::load_mnist(d.file("missing_dir")), Contains("dataset-fashion-mnist"));

@@ -462,3 +462,30 @@ TEST_CASE("bad checkpoints fail on every rank with the file and key, and change 
   barrier();
   if (dist::rank() == 0) fs::remove_all(dir);
 }
+
+TEST_CASE("index.json: numbers out of their type's range are errors, not undefined behaviour") {
+  // Found by tests/fuzz/fuzz_checkpoint_index.cpp under UBSan: floats cast to integers, and a
+  // piece's offset + length past 2^63. Each rank reads its own copy; no communication.
+  fs::path dir = fs::temp_directory_path() / fmt::format("weft_test_index_{}", ::getpid());
+  fs::create_directories(dir);
+  const std::string head = R"j({"format":"weft-checkpoint","format_version":1,"weft_version":"0","step":0,)j"
+                           R"j("world_size":1,"num_shards":1,"app":{},"aliases":{},"files":[{"file":"f","shard":0,)j"
+                           R"j("bytes":1,"sha256":""}],)j";
+  auto read = [&](const std::string& rest) {
+    std::ofstream(dir / "index.json") << head << rest;
+    return fsdp::read_checkpoint_index(dir.string());
+  };
+  const std::string ok_mesh = R"j("mesh":{"shape":[1],"dim_names":["x"]},)j", ok_rest = R"j("data":{},"rng":[],)j";
+  const std::string tensor = R"j("tensors":{"k":{"dtype":"F32","shape":[4],"placement":"Shard(0)","shards":)j";
+  CHECK(read(ok_mesh + ok_rest + tensor + R"j([{"file":"f","offset":1,"length":3}]}}})j").tensors.size() == 1);
+  CHECK_THROWS_WITH(read(R"j("mesh":{"shape":[1e300],"dim_names":["x"]},)j" + ok_rest + R"j("tensors":{}})j"),
+                    Contains("\"mesh.shape\" holds 1e+300, not an integer"));
+  CHECK_THROWS_WITH(read(ok_mesh + R"j("data":{"epoch":-1e300},"rng":[],"tensors":{}})j"), Contains("\"data\" holds"));
+  CHECK_THROWS_WITH(read(ok_mesh + R"j("data":{},"rng":[{"state":[1,2,3,4.5e40],"seed":0,"has_spare":false,)j"
+                                   R"j("spare":0}],"tensors":{}})j"),
+                    Contains("\"rng.state\" holds"));
+  CHECK_THROWS_WITH(read(ok_mesh + ok_rest + tensor +
+                         R"j([{"file":"f","offset":3,"length":9223372036854775807}]}}})j"),
+                    Contains("outside its extent 4"));
+  fs::remove_all(dir);
+}

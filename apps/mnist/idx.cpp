@@ -2,6 +2,7 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "core/error.h"
@@ -29,13 +30,17 @@ Tensor read_idx(const std::string& path) {
   GzFile gz{gzopen(path.c_str(), "rb")};  // reads plain files too
   WEFT_CHECK(gz.f != nullptr, "read_idx: cannot open {}", path);
   auto read_exact = [&](void* buf, size_t n, const char* what) {
-    int got = gzread(gz.f, buf, unsigned(n));
-    if (got < 0) {
-      int errnum = 0;
-      const char* msg = gzerror(gz.f, &errnum);
-      WEFT_ERROR("read_idx: {}: reading {} failed: {}", path, what, msg);
+    // gzread reads at most INT_MAX bytes a call (and returns fewer only at the end of the file).
+    for (size_t done = 0; done < n;) {
+      int got = gzread(gz.f, static_cast<char*>(buf) + done, unsigned(std::min<size_t>(n - done, size_t(1) << 30)));
+      if (got < 0) {
+        int errnum = 0;
+        const char* msg = gzerror(gz.f, &errnum);
+        WEFT_ERROR("read_idx: {}: reading {} failed: {}", path, what, msg);
+      }
+      WEFT_CHECK(got > 0, "read_idx: {} is truncated: expected {} bytes of {}, got {}", path, n, what, done);
+      done += size_t(got);
     }
-    WEFT_CHECK(size_t(got) == n, "read_idx: {} is truncated: expected {} bytes of {}, got {}", path, n, what, got);
   };
   unsigned char magic[4];
   read_exact(magic, 4, "the magic number");
@@ -46,16 +51,22 @@ Tensor read_idx(const std::string& path) {
   int ndim = magic[3];
   WEFT_CHECK(ndim >= 1 && ndim <= 4, "read_idx: {} declares {} dims (expected 1 to 4)", path, ndim);
   Shape dims;
-  int64_t total = 1;
+  uint64_t total = 1;  // <= 2^32 before each product with a dim < 2^32: never wraps
   for (int i = 0; i < ndim; ++i) {
     unsigned char b[4];
     read_exact(b, 4, "the dimensions");
     int64_t d = (int64_t(b[0]) << 24) | (int64_t(b[1]) << 16) | (int64_t(b[2]) << 8) | int64_t(b[3]);
     dims.push_back(d);
-    total *= d;
-    WEFT_CHECK(total <= int64_t(kMaxIdxBytes), "read_idx: {} declares {} ({} bytes or more), more than the limit of {} bytes",
+    total *= uint64_t(d);
+    WEFT_CHECK(total <= kMaxIdxBytes, "read_idx: {} declares {} ({} bytes or more), more than the limit of {} bytes",
                path, shape_str(dims), total, kMaxIdxBytes);
   }
+  // Nothing is allocated for data the file cannot hold: a plain file holds what follows its
+  // header, a gzip'd one at most deflate's largest ratio (1032:1) times its size.
+  const uint64_t header = 4 + 4 * uint64_t(ndim);
+  const uint64_t room = gzdirect(gz.f) ? (size > header ? size - header : 0) : size * 1032;
+  WEFT_CHECK(total <= room, "read_idx: {} is truncated: its header declares {} ({} bytes), the file holds at most {}",
+             path, shape_str(dims), total, room);
   Tensor out = empty(dims, {.dtype = DType::u8});
   read_exact(out.data_ptr(), size_t(total), "the data");
   unsigned char extra;

@@ -43,6 +43,13 @@ if "$exe" --model cnn --load "$tmp/ck" --steps 1 2>"$tmp/err"; then fail "cnn lo
 grep -q "mlp model" "$tmp/err" || fail "model mismatch not explained: $(cat "$tmp/err")"
 # One epoch with the default settings learns: 84 % on an AVX2 machine, 83.95 % on an AVX-512
 # one (the summation order of the vector width changes the rounding); untrained is ~10 %.
+# Under a sanitizer (scripts/sanitize.sh sets WEFT_SANITIZER) the epoch takes minutes and checks
+# learning, not memory: the steps above already ran every code path it would.
+if [ -n "${WEFT_SANITIZER:-}" ]; then
+  echo "mnist cli ok: resumed loss at step 30 $b30 equals uninterrupted $a30; the 1-epoch accuracy check is" \
+       "skipped under $WEFT_SANITIZER (minutes of training that checks learning, not memory)"
+  exit 0
+fi
 acc=$("$exe" --epochs 1 2>/dev/null | grep -o 'test_accuracy [0-9.]*' | cut -d' ' -f2)
 [ -n "$acc" ] || fail "no test accuracy printed"
 awk -v a="$acc" 'BEGIN { exit !(a >= 0.83) }' || fail "test accuracy after one epoch $acc < 0.83"

@@ -5,7 +5,13 @@ set -euo pipefail
 simple=$1  # usage: trace.sh WEFT_SIMPLE MPIRUN [MPIRUN_ARGS...]
 mpirun=$2
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # $tmp (removed on exit), fail
-WEFT_TRACE="$tmp/t" "$mpirun" -np 2 --oversubscribe --bind-to none -x WEFT_TRACE "$simple" >/dev/null
+# OpenMPI refuses -x beside an mca_base_env_list (scripts/sanitize.sh sets one): join that list then.
+pass=(-x WEFT_TRACE)
+if [ -n "${OMPI_MCA_mca_base_env_list:-}" ]; then
+  export OMPI_MCA_mca_base_env_list="$OMPI_MCA_mca_base_env_list;WEFT_TRACE"
+  pass=()
+fi
+WEFT_TRACE="$tmp/t" "$mpirun" -np 2 --oversubscribe --bind-to none "${pass[@]}" "$simple" >/dev/null
 for r in 0 1; do
   f="$tmp/t.rank$r.json"
   [ -s "$f" ] || fail "no trace $f"

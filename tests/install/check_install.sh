@@ -7,6 +7,11 @@ build_dir=$1
 src_dir=$2
 prefix=$3
 libdir=$4
+# A sanitized build's libraries (scripts/sanitize.sh) need the example built with the same
+# sanitizers, so that their runtime is loaded first.
+sanitize=${5:-none}
+san_flags=()
+[ "$sanitize" = none ] || san_flags=("-fsanitize=$sanitize")
 dest=$(mktemp -d)
 trap 'rm -rf "$dest"' EXIT
 meson install -C "$build_dir" --destdir "$dest" --no-rebuild --quiet
@@ -35,12 +40,13 @@ for src in "$dest"/readme_*.cpp; do
   grep -q '#include <weft/weft.h>' "$src" || continue
   exe="${src%.cpp}"
   # As the README says: pkg-config, plus an rpath to the prefix's libdir.
-  c++ -std=c++20 -O1 "$src" -o "$exe" $flags -Wl,-rpath,"$(pkg-config --variable=libdir weft)"
+  c++ -std=c++20 -O1 "${san_flags[@]}" "$src" -o "$exe" $flags -Wl,-rpath,"$(pkg-config --variable=libdir weft)"
   if ldd "$exe" | grep -E 'libweft-cuda|libcudart|libcublas|libnccl'; then
     echo "$exe (a CPU program) links a CUDA library (above)"; exit 1
   fi
   # Run it with the dynamic loader's log: it must load weft from the prefix and no CUDA library.
-  (cd "$dest" && env -u LD_LIBRARY_PATH LD_DEBUG=files "$exe" 2>"$exe.loads")
+  (cd "$dest" && env -u LD_LIBRARY_PATH LD_DEBUG=files "$exe" 2>"$exe.loads") ||
+    { echo "$exe failed; its stderr without the loader's log:"; grep -Ev '^ *[0-9]+:' "$exe.loads" | tail -n 30; exit 1; }
   grep -q "calling init: $root/$libdir/libweft-core.so.0" "$exe.loads" ||
     { echo "$exe did not load libweft-core from the prefix: $(grep -o "calling init: [^ ]*weft-core[^ ]*" "$exe.loads" | head -1)"; exit 1; }
   if grep -E 'file=[^ ]*(libweft-cuda|libcudart|libcublas|libnccl)' "$exe.loads"; then
