@@ -109,7 +109,7 @@ class MpiWork final : public Work {
   void fail(const std::string& message);
   MPI_Request request = MPI_REQUEST_NULL;
   Clock::time_point posted_at;
-  bool checking = false;  // `request` is the fingerprint check
+  std::atomic<bool> checking{false};  // `request` is the fingerprint check (read by waiters' timeout messages)
 
  private:
   void post();
@@ -359,7 +359,8 @@ bool MpiWork::begin() {
       fingerprint_[0] = fingerprint(info_);
       fingerprint_[1] = -fingerprint_[0];
       MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, fingerprint_, 2, MPI_INT64_T, MPI_MIN, g.check_comm_, &request));
-      g.check_in_flight = checking = true;
+      g.check_in_flight = true;
+      checking = true;
       flight_stage(info_, CollectiveStage::checking);
     }
   } catch (...) {
