@@ -17,6 +17,7 @@
 #include "apps/common/nonfinite.h"
 #include "apps/common/progress.h"
 #include "apps/common/ranks.h"
+#include "apps/common/stop.h"
 #include "apps/mnist/idx.h"
 #include "apps/mnist/models.h"
 #include "core/safetensors.h"
@@ -207,6 +208,7 @@ int run(const Options& o, const Ranks& ranks) {
   const apps::OnNan on_nan = apps::parse_on_nan(o.on_nan);
   std::string last_checkpoint = resume_from;  // the newest checkpoint known good
   int64_t skipped = 0;                         // steps whose update --on-nan skip dropped
+  int64_t saved_step = -1;                     // the step of the last checkpoint this run wrote
   auto save = [&] {
     fsdp::CheckpointProgress ts{.step = step,
                            .data = {{"epoch", step / steps_per_epoch}, {"batch", step % steps_per_epoch}},
@@ -219,6 +221,7 @@ int run(const Options& o, const Ranks& ranks) {
       where = fsdp::save_checkpoint(o.save, *model, opt.get(), root ? &*root : nullptr, ts, {.keep_last = o.keep_last});
     });
     last_checkpoint = where;
+    saved_step = step;
     if (ranks.lead()) std::fprintf(stderr, "saved model and optimizer at step %lld to %s\n", (long long)step, where.c_str());
   };
   int64_t total_steps = o.epochs * steps_per_epoch;
@@ -253,8 +256,10 @@ int run(const Options& o, const Ranks& ranks) {
       opt->zero_grad();
       Tensor loss = cross_entropy((*model)(x), y);
       loss.backward();
-      // The global batch's mean loss: the same value on every rank, so all decide alike.
-      loss_v = mean_over_ranks(loss.item(), ranks);
+      // The global batch's mean loss, and whether any rank was asked to stop: the same values on
+      // every rank, so all decide alike.
+      const apps::StepEnd end = apps::end_step(loss.item(), ranks);
+      loss_v = end.loss;
       if (!std::isfinite(loss_v) && on_nan != apps::OnNan::ignore) {
         if (on_nan == apps::OnNan::error) apps::stop_on_nonfinite_loss("mnist", loss_v, step + 1, ranks, last_checkpoint);
         opt->zero_grad();  // --on-nan skip: drop this step's update and go on
@@ -276,6 +281,12 @@ int run(const Options& o, const Ranks& ranks) {
                         {"samples_per_s", dt > 0 ? double(window_samples) / dt : 0.0}});
         window_start = now;
         window_samples = 0;
+      }
+      if (end.stop_signal != 0) {  // SIGTERM or SIGINT: this step is done; save and stop
+        if (progress) progress->finish(fmt::format("loss {:.4f}", loss_v));
+        if (!o.save.empty() && saved_step != step) save();
+        return apps::report_stop("weft-mnist", end.stop_signal, step, o.save.empty() ? "" : last_checkpoint, ranks,
+                                 "no checkpoint written (no --save)");
       }
     }
     if (progress) progress->finish(fmt::format("loss {:.4f}", loss_v));
@@ -341,16 +352,8 @@ int main(int argc, char** argv) {
       "  Set OMP_NUM_THREADS or --threads so that ranks x threads fits the cores.");
   CLI11_PARSE(app, argc, argv);
   return dist::run_program("weft-mnist", [&] {
-    Ranks ranks;
-    if (o.fsdp) {
-      dist::init();
-      ranks = {.fsdp = true, .rank = dist::rank(), .world = dist::world_size()};
-      dist::check_same_config(shared_settings(o), "weft-mnist");  // before any other collective
-    } else if (const char* n = std::getenv("OMPI_COMM_WORLD_SIZE"); n && std::atoi(n) > 1 &&
-               std::getenv("OMPI_COMM_WORLD_RANK") && std::atoi(std::getenv("OMPI_COMM_WORLD_RANK")) == 0) {
-      std::fprintf(stderr, "weft-mnist: note: started by mpirun with %s processes but without --fsdp: each trains "
-                   "its own copy of the model\n", n);
-    }
+    const Ranks ranks = apps::start_ranks("weft-mnist", o.fsdp, {}, shared_settings(o));
+    apps::install_stop_handlers("weft-mnist");
     return run(o, ranks);
   });
 }

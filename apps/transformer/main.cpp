@@ -23,6 +23,7 @@
 #include "apps/common/nonfinite.h"
 #include "apps/common/progress.h"
 #include "apps/common/ranks.h"
+#include "apps/common/stop.h"
 #include "apps/transformer/gpt.h"
 #include "apps/transformer/text_data.h"
 #include "core/safetensors.h"
@@ -279,6 +280,7 @@ int train(TrainOptions o, const Ranks& ranks) {
   const apps::OnNan on_nan = apps::parse_on_nan(o.on_nan);
   std::string last_checkpoint = resume_from;  // the newest checkpoint known good
   int64_t skipped = 0;                         // steps whose update --on-nan skip dropped
+  int64_t saved_step = -1;                     // the step of the last checkpoint this run wrote
   auto write_checkpoint = [&] {
     fsdp::CheckpointProgress ts{.step = step,
                            .data = {{"batch", first_batch + (step - resumed_step) * o.grad_accum}},
@@ -293,6 +295,7 @@ int train(TrainOptions o, const Ranks& ranks) {
                                     {.keep_last = o.keep_last});
     });
     last_checkpoint = where;
+    saved_step = step;
     if (ranks.lead()) std::fprintf(stderr, "saved model and optimizer at step %lld to %s\n", (long long)step, where.c_str());
   };
 
@@ -318,8 +321,10 @@ int train(TrainOptions o, const Ranks& ranks) {
       loss_sum += loss.item();
       (o.grad_accum > 1 ? loss * (1.0 / double(o.grad_accum)) : loss).backward();
     }
-    // The global batch's mean loss: the same value on every rank, so all decide alike.
-    loss_v = mean_over_ranks(loss_sum / double(o.grad_accum), ranks);
+    // The global batch's mean loss, and whether any rank was asked to stop: the same values on
+    // every rank, so all decide alike.
+    const apps::StepEnd step_end = apps::end_step(loss_sum / double(o.grad_accum), ranks);
+    loss_v = step_end.loss;
     const bool finite = std::isfinite(loss_v);
     if (!finite && on_nan == apps::OnNan::error)
       apps::stop_on_nonfinite_loss("transformer", loss_v, step + 1, ranks, last_checkpoint);
@@ -346,6 +351,13 @@ int train(TrainOptions o, const Ranks& ranks) {
                       {"peak_bytes", memory_stats().peak_bytes}});
       window_start = now;
       window_tokens = 0;
+    }
+    if (step_end.stop_signal != 0) {  // SIGTERM or SIGINT: this step is done; save and stop (no evaluation)
+      if (progress) progress->finish(fmt::format("loss {:.4f}", loss_v));
+      if (!o.checkpoint_dir.empty() && saved_step != step) write_checkpoint();
+      return apps::report_stop("weft-transformer", step_end.stop_signal, step,
+                               o.checkpoint_dir.empty() ? "" : last_checkpoint, ranks,
+                               "no checkpoint written (no --checkpoint-dir)");
     }
     if ((o.eval_every > 0 && step % o.eval_every == 0) || step == end) {
       double val = evaluate(*model, data, o, ranks, device);
@@ -516,13 +528,12 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   return dist::run_program("weft-transformer", [&] {
-    if (sa->parsed()) return sample(s);
-    Ranks ranks;
-    if (t.fsdp) {
-      dist::init();
-      ranks = {.fsdp = true, .rank = dist::rank(), .world = dist::world_size()};
-      dist::check_same_config(shared_settings(t), "weft-transformer");  // before any other collective
+    if (sa->parsed()) {
+      apps::start_ranks("weft-transformer", false, {{"command", "sample"}}, {});
+      return sample(s);
     }
+    const Ranks ranks = apps::start_ranks("weft-transformer", t.fsdp, {{"command", "train"}}, shared_settings(t));
+    apps::install_stop_handlers("weft-transformer");
     return train(t, ranks);
   });
 }
