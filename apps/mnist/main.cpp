@@ -17,6 +17,7 @@
 #include "apps/common/nonfinite.h"
 #include "apps/common/progress.h"
 #include "apps/common/ranks.h"
+#include "apps/common/resume.h"
 #include "apps/common/stop.h"
 #include "apps/mnist/idx.h"
 #include "apps/mnist/models.h"
@@ -126,26 +127,44 @@ std::pair<double, double> evaluate(nn::Module& model, const apps::MnistSplit& sp
 
 // Checkpoints are fsdp::save_checkpoint directories: every rank writes its own shards, and a run
 // resumes from them at any number of ranks, with or without --fsdp (docs/CHECKPOINTS.md).
-std::map<std::string, std::string> describe(const Options& o) {
+std::map<std::string, std::string> describe(const Options& o, int64_t n_train) {
   return {{"format", "weft-mnist"}, {"model", o.model}, {"optimizer", o.optimizer}, {"seed", std::to_string(o.seed)},
-          {"batch_size", std::to_string(o.batch_size)}};
+          {"batch_size", std::to_string(o.batch_size)}, {"lr", fmt::format("{}", o.lr)},
+          {"train_samples", std::to_string(n_train)}};
 }
 
-// The checkpoint --load names, checked against the flags.
-std::string checkpoint_to_load(const Options& o) {
+// The checkpoint --load names, checked against the flags: the model, the optimizer and everything
+// that decides the batches (seed, batch size, training set) must be the ones it was written
+// with. --epochs and --steps may change (they say how far to go on), and so may --lr: it
+// replaces the learning rate the optimizer state restores (run() says so).
+std::string checkpoint_to_load(const Options& o, int64_t n_train, int64_t steps_per_epoch) {
   std::string where = fsdp::latest_checkpoint(o.load);
   WEFT_CHECK(!where.empty(), "mnist: no checkpoint in {} (no index.json there and no complete step_* directory)",
              o.load);
-  auto app = fsdp::read_checkpoint_index(where).training.app;
+  const fsdp::CheckpointProgress ck = fsdp::read_checkpoint_index(where).training;
   auto get = [&](const std::string& k) {
-    auto it = app.find(k);
-    WEFT_CHECK(it != app.end(), "mnist: {} is not a weft-mnist checkpoint (no \"{}\" in its description)", where, k);
+    auto it = ck.app.find(k);
+    WEFT_CHECK(it != ck.app.end(), "mnist: {} is not a weft-mnist checkpoint (no \"{}\" in its description)", where, k);
     return it->second;
   };
   WEFT_CHECK(get("format") == "weft-mnist", "mnist: {} was written by \"{}\", not weft-mnist", where, get("format"));
   WEFT_CHECK(get("model") == o.model, "mnist: {} holds a {} model but --model is {}", where, get("model"), o.model);
   WEFT_CHECK(get("optimizer") == o.optimizer, "mnist: {} was trained with {} but --optimizer is {}", where,
              get("optimizer"), o.optimizer);
+  auto same = [&](const char* key, const char* flag, const std::string& value, const char* why) {
+    apps::check_resumed_setting(ck.app, key, flag, value, why, where, "mnist");
+  };
+  same("seed", "--seed", std::to_string(o.seed), "the seed decides the order of the samples");
+  same("batch_size", "--batch-size", std::to_string(o.batch_size), "the checkpoint's step counts batches of that size");
+  same("train_samples", "the training set (--data) has", std::to_string(n_train),
+       "the checkpoint's position is in that training set");
+  const int64_t total = o.epochs * steps_per_epoch;
+  WEFT_CHECK(ck.step <= total, "mnist: {} is at step {}, beyond the {} steps of --epochs {} ({} steps per epoch): "
+             "raise --epochs to go on", where, ck.step, total, o.epochs, steps_per_epoch);
+  const int64_t epoch = apps::data_position(ck.data, "epoch", 0, o.epochs, where, "mnist");
+  const int64_t batch = apps::data_position(ck.data, "batch", 0, steps_per_epoch - 1, where, "mnist");
+  WEFT_CHECK(epoch * steps_per_epoch + batch == ck.step, "mnist: {}: data position epoch {} batch {} is not step {} "
+             "at {} steps per epoch", where, epoch, batch, ck.step, steps_per_epoch);
   return where;
 }
 
@@ -183,7 +202,7 @@ int run(const Options& o, const Ranks& ranks) {
     manual_seed(o.seed);  // the same full model on every rank
     model = apps::make_mnist_model(o.model, data.rows, data.cols);
     model->to(device);  // initialised on the host (the same values on every device), then moved
-    if (!o.load.empty()) resume_from = checkpoint_to_load(o);
+    if (!o.load.empty()) resume_from = checkpoint_to_load(o, n_train, steps_per_epoch);
     metrics.emplace(ranks.lead() ? o.metrics : std::string());  // one file, written by rank 0
   });
 
@@ -201,6 +220,11 @@ int run(const Options& o, const Ranks& ranks) {
     // Each rank reads the pieces of its own shards, whatever world size wrote them.
     dist::agree(ranks.groups(), "mnist", [&] {
       step = fsdp::load_checkpoint(resume_from, *model, opt.get(), root ? &*root : nullptr).step;
+      // The optimizer state brought the checkpoint's learning rate back; an explicit --lr wins (as
+      // setting param_groups' lr after load_state_dict does in PyTorch).
+      if (opt->lr() != o.lr && ranks.lead())
+        std::fprintf(stderr, "weft-mnist: --lr %g replaces the checkpoint's learning rate %g\n", o.lr, opt->lr());
+      opt->set_lr(o.lr);
       apps::check_finite_parameters(*model, fmt::format("mnist: refusing to resume from {}", resume_from));
     });
     if (ranks.lead()) std::fprintf(stderr, "resumed from %s at step %lld\n", resume_from.c_str(), (long long)step);
@@ -212,7 +236,7 @@ int run(const Options& o, const Ranks& ranks) {
   auto save = [&] {
     fsdp::CheckpointProgress ts{.step = step,
                            .data = {{"epoch", step / steps_per_epoch}, {"batch", step % steps_per_epoch}},
-                           .app = describe(o)};
+                           .app = describe(o, n_train)};
     std::string where;
     dist::agree(ranks.groups(), "mnist", [&] {
       // Never from non-finite state: the checkpoints already written stay as they are.

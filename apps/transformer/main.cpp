@@ -23,6 +23,7 @@
 #include "apps/common/nonfinite.h"
 #include "apps/common/progress.h"
 #include "apps/common/ranks.h"
+#include "apps/common/resume.h"
 #include "apps/common/stop.h"
 #include "apps/transformer/gpt.h"
 #include "apps/transformer/text_data.h"
@@ -108,11 +109,14 @@ constexpr const char* kFormat = "weft-transformer";
 constexpr const char* kTiedHead = "lm_head.weight";  // nanoGPT's name of the head tied to wte
 constexpr const char* kEmbedding = "transformer.wte.weight";
 
-std::map<std::string, std::string> describe(const apps::GPTConfig& cfg, const TrainOptions& o) {
+// The model config, and what decides the batches (seed, batch size, accumulation, the training
+// bytes): resuming checks these against the flags.
+std::map<std::string, std::string> describe(const apps::GPTConfig& cfg, const TrainOptions& o, size_t train_bytes) {
   return {{"format", kFormat}, {"n_layer", std::to_string(cfg.n_layer)}, {"n_head", std::to_string(cfg.n_head)},
           {"d_model", std::to_string(cfg.d_model)}, {"ctx", std::to_string(cfg.ctx)},
           {"vocab_size", std::to_string(cfg.vocab_size)}, {"tied", cfg.tie_weights ? "1" : "0"},
-          {"seed", std::to_string(o.seed)}, {"batch_size", std::to_string(o.batch_size)}};
+          {"seed", std::to_string(o.seed)}, {"batch_size", std::to_string(o.batch_size)},
+          {"grad_accum", std::to_string(o.grad_accum)}, {"train_bytes", std::to_string(train_bytes)}};
 }
 
 // The model config in a checkpoint's (or a consolidated file's) description.
@@ -212,12 +216,29 @@ int train(TrainOptions o, const Ranks& ranks) {
       resume_from = fsdp::latest_checkpoint(o.resume);
       WEFT_CHECK(!resume_from.empty(), "transformer: no checkpoint to resume in {} (no index.json there and no "
                  "complete step_* directory)", o.resume);
-      auto c = config_of(fsdp::read_checkpoint_index(resume_from).training.app, resume_from);
+      const fsdp::CheckpointProgress ck = fsdp::read_checkpoint_index(resume_from).training;
+      auto c = config_of(ck.app, resume_from);
       WEFT_CHECK(c.n_layer == o.model.n_layer && c.n_head == o.model.n_head && c.d_model == o.model.d_model &&
                      c.ctx == o.model.ctx && c.tie_weights == o.model.tie_weights,
                  "transformer: checkpoint {} holds a model with n_layer {}, n_head {}, d_model {}, ctx {}, tied {}; "
                  "the flags ask for {}, {}, {}, {}, {}", resume_from, c.n_layer, c.n_head, c.d_model, c.ctx,
                  c.tie_weights, o.model.n_layer, o.model.n_head, o.model.d_model, o.model.ctx, o.model.tie_weights);
+      // The batches: another seed, batch size, accumulation or text would continue on another data
+      // stream than the checkpoint's position means. (--lr, --warmup and --steps take effect:
+      // the schedule is recomputed from them at the checkpoint's step; docs/CHECKPOINTS.md.)
+      auto same = [&](const char* key, const char* flag, const std::string& value, const char* why) {
+        apps::check_resumed_setting(ck.app, key, flag, value, why, resume_from, "transformer");
+      };
+      same("seed", "--seed", std::to_string(o.seed), "the seed decides the batches");
+      same("batch_size", "--batch-size", std::to_string(o.batch_size), "the data position counts batches of that size");
+      same("grad_accum", "--grad-accum", std::to_string(o.grad_accum), "the data position counts micro-batches");
+      same("train_bytes", "the training text (--data) has", std::to_string(data.train.size()),
+           "the batches are drawn from that text");
+      WEFT_CHECK(ck.step <= o.steps, "transformer: {} is at step {}, beyond --steps {}: raise --steps to go on",
+                 resume_from, ck.step, o.steps);
+      if (ck.data.count("batch"))
+        apps::data_position(ck.data, "batch", ck.step * o.grad_accum, ck.step * o.grad_accum, resume_from,
+                            "transformer");
     }
     manual_seed(o.seed);  // the same full model on every rank
     model = std::make_shared<apps::GPT>(o.model);
@@ -284,7 +305,7 @@ int train(TrainOptions o, const Ranks& ranks) {
   auto write_checkpoint = [&] {
     fsdp::CheckpointProgress ts{.step = step,
                            .data = {{"batch", first_batch + (step - resumed_step) * o.grad_accum}},
-                           .app = describe(o.model, o),
+                           .app = describe(o.model, o, data.train.size()),
                            .aliases = head_alias(o.model)};
     std::string where;
     dist::agree(ranks.groups(), "transformer", [&] {
