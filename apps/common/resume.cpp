@@ -1,5 +1,7 @@
 #include "apps/common/resume.h"
 
+#include <filesystem>
+
 #include "core/error.h"
 
 namespace weft::apps {
@@ -20,6 +22,14 @@ int64_t data_position(const std::map<std::string, int64_t>& data, const std::str
   WEFT_CHECK(it->second >= lo && it->second <= hi, "{}: {}: data position \"{}\" is {}, outside [{}, {}] for these "
              "flags: the checkpoint is damaged or was written with other data", program, where, key, it->second, lo, hi);
   return it->second;
+}
+
+void check_checkpoint_dir(const std::string& dir, const std::string& flag, const std::string& program) {
+  if (dir.empty()) return;
+  std::error_code ec;
+  const auto st = std::filesystem::status(dir, ec);
+  WEFT_CHECK(!std::filesystem::exists(st) || std::filesystem::is_directory(st),
+             "{}: {} {} exists and is not a directory", program, flag, dir);
 }
 
 }  // namespace weft::apps

@@ -22,4 +22,8 @@ void check_resumed_setting(const std::map<std::string, std::string>& app, const 
 int64_t data_position(const std::map<std::string, int64_t>& data, const std::string& key, int64_t lo, int64_t hi,
                       const std::string& where, const std::string& program);
 
+// A checkpoint directory given by `flag` must be a directory or not exist yet (it is made on the
+// first save): a file, FIFO or device there is an error at start-up, not after training.
+void check_checkpoint_dir(const std::string& dir, const std::string& flag, const std::string& program);
+
 }  // namespace weft::apps

@@ -39,7 +39,7 @@ std::string signal_name(int sig) {
   return fmt::format("signal {}", sig);
 }
 
-void install_stop_handlers(const std::string& program) {
+StopSignals::StopSignals(const std::string& program) {
   std::string msg = fmt::format("{}: a second stop signal: stopping at once, without a checkpoint\n", program);
   g_second_length = std::min(msg.size(), sizeof(g_second_message));
   std::memcpy(g_second_message, msg.data(), g_second_length);
@@ -50,6 +50,11 @@ void install_stop_handlers(const std::string& program) {
   for (int sig : {SIGTERM, SIGINT})
     WEFT_CHECK(sigaction(sig, &sa, nullptr) == 0, "{}: sigaction({}) failed: {} (at {}:{})", program, signal_name(sig),
                std::strerror(errno), __FILE__, __LINE__);
+}
+
+StopSignals::~StopSignals() {
+  std::signal(SIGTERM, SIG_DFL);
+  std::signal(SIGINT, SIG_DFL);
 }
 
 int received_stop_signal() { return g_signal.load(); }

@@ -11,9 +11,16 @@
 
 namespace weft::apps {
 
-// Installs the handlers for SIGTERM and SIGINT (after dist::init: MPI may install its own).
-// `program` names the process in the message a second signal prints.
-void install_stop_handlers(const std::string& program);
+// While it lives, SIGTERM and SIGINT are recorded (the training loop's scope: after dist::init,
+// which may install MPI's own handlers); afterwards their default actions are back. `program`
+// names the process in the message a second signal prints.
+class StopSignals {
+ public:
+  explicit StopSignals(const std::string& program);
+  ~StopSignals();
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+};
 
 // The first signal this process received (0: none).
 int received_stop_signal();

@@ -2,6 +2,7 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "core/error.h"
@@ -56,8 +57,18 @@ Tensor read_idx(const std::string& path) {
     WEFT_CHECK(total <= int64_t(kMaxIdxBytes), "read_idx: {} declares {} ({} bytes or more), more than the limit of {} bytes",
                path, shape_str(dims), total, kMaxIdxBytes);
   }
+  // A plain file's size tells at once whether the data is there (before allocating for it).
+  const uintmax_t header = 4 + 4 * uintmax_t(ndim);
+  WEFT_CHECK(!gzdirect(gz.f) || size >= header + uintmax_t(total), "read_idx: {} declares {} ({} bytes of data) but "
+             "holds only {} bytes after its header: the file is truncated", path, shape_str(dims), total, size - header);
   Tensor out = empty(dims, {.dtype = DType::u8});
-  read_exact(out.data_ptr(), size_t(total), "the data");
+  // gzread takes at most INT_MAX bytes per call: files over 2 GiB are read in pieces.
+  auto* data = static_cast<unsigned char*>(out.data_ptr());
+  for (int64_t done = 0; done < total;) {
+    const int64_t n = std::min<int64_t>(total - done, int64_t(1) << 30);
+    read_exact(data + done, size_t(n), "the data");
+    done += n;
+  }
   unsigned char extra;
   WEFT_CHECK(gzread(gz.f, &extra, 1) == 0, "read_idx: {} has bytes after the {} declared by its header {}", path,
              total, shape_str(dims));

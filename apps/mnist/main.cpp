@@ -195,6 +195,7 @@ int run(const Options& o, const Ranks& ranks) {
                "mnist: --batch-size {} does not split evenly over {} ranks: --batch-size is the global batch and "
                "each rank takes an equal slice of it, so use a multiple of {}",
                o.batch_size, ranks.world, ranks.world);
+    apps::check_checkpoint_dir(o.save, "--save", "mnist");
     data = apps::load_mnist(o.data);
     n_train = data.train.images.size(0);
     steps_per_epoch = n_train / o.batch_size;  // the last partial batch is dropped
@@ -261,6 +262,9 @@ int run(const Options& o, const Ranks& ranks) {
                    "%lld samples per rank per step\n", ranks.world, (long long)count_params(), (long long)local_batch);
   }
 
+  // From here a signal stops the run after its step (apps/common/stop.h); before, the default
+  // action ends it at once (a process blocked while starting up could not reach a step's end).
+  apps::StopSignals stop_signals("weft-mnist");
   while (step < total_steps) {
     int64_t epoch = step / steps_per_epoch;
     auto order = epoch_order(n_train, o.seed, epoch);
@@ -377,7 +381,6 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   return dist::run_program("weft-mnist", [&] {
     const Ranks ranks = apps::start_ranks("weft-mnist", o.fsdp, {}, shared_settings(o));
-    apps::install_stop_handlers("weft-mnist");
     return run(o, ranks);
   });
 }

@@ -208,6 +208,7 @@ int train(TrainOptions o, const Ranks& ranks) {
     WEFT_CHECK(o.warmup >= 0, "transformer: --warmup must be non-negative, got {}", o.warmup);
     // The schedule needs a step after the warmup; a short run keeps the default warmup usable.
     o.warmup = std::min(o.warmup, o.steps - 1);
+    apps::check_checkpoint_dir(o.checkpoint_dir, "--checkpoint-dir", "transformer");
     data = apps::load_text(o.data);
     WEFT_CHECK(int64_t(data.val.size()) > o.model.ctx + 1,
                "transformer: the validation part of {} ({} bytes) is shorter than the context {}", o.data,
@@ -329,6 +330,9 @@ int train(TrainOptions o, const Ranks& ranks) {
   auto window_start = std::chrono::steady_clock::now();
   int64_t window_tokens = 0;
   double loss_v = 0;
+  // From here a signal stops the run after its step (apps/common/stop.h); before, the default
+  // action ends it at once (a process blocked while starting up could not reach a step's end).
+  apps::StopSignals stop_signals("weft-transformer");
   while (step < end) {
     opt.zero_grad();
     double loss_sum = 0;
@@ -554,7 +558,6 @@ int main(int argc, char** argv) {
       return sample(s);
     }
     const Ranks ranks = apps::start_ranks("weft-transformer", t.fsdp, {{"command", "train"}}, shared_settings(t));
-    apps::install_stop_handlers("weft-transformer");
     return train(t, ranks);
   });
 }
