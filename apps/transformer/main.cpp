@@ -109,14 +109,15 @@ constexpr const char* kFormat = "weft-transformer";
 constexpr const char* kTiedHead = "lm_head.weight";  // nanoGPT's name of the head tied to wte
 constexpr const char* kEmbedding = "transformer.wte.weight";
 
-// The model config, and what decides the batches (seed, batch size, accumulation, the training
-// bytes): resuming checks these against the flags.
+// The model config, what decides the batches (seed, batch size, accumulation, the training
+// bytes) and the weight decay (restored with the optimizer state): resuming checks these.
 std::map<std::string, std::string> describe(const apps::GPTConfig& cfg, const TrainOptions& o, size_t train_bytes) {
   return {{"format", kFormat}, {"n_layer", std::to_string(cfg.n_layer)}, {"n_head", std::to_string(cfg.n_head)},
           {"d_model", std::to_string(cfg.d_model)}, {"ctx", std::to_string(cfg.ctx)},
           {"vocab_size", std::to_string(cfg.vocab_size)}, {"tied", cfg.tie_weights ? "1" : "0"},
           {"seed", std::to_string(o.seed)}, {"batch_size", std::to_string(o.batch_size)},
-          {"grad_accum", std::to_string(o.grad_accum)}, {"train_bytes", std::to_string(train_bytes)}};
+          {"grad_accum", std::to_string(o.grad_accum)}, {"train_bytes", std::to_string(train_bytes)},
+          {"weight_decay", fmt::format("{}", o.weight_decay)}};
 }
 
 // The model config in a checkpoint's (or a consolidated file's) description.
@@ -235,6 +236,8 @@ int train(TrainOptions o, const Ranks& ranks) {
       same("grad_accum", "--grad-accum", std::to_string(o.grad_accum), "the data position counts micro-batches");
       same("train_bytes", "the training text (--data) has", std::to_string(data.train.size()),
            "the batches are drawn from that text");
+      same("weight_decay", "--weight-decay", fmt::format("{}", o.weight_decay),
+           "the optimizer state restores the weight decay, so another value would be ignored");
       WEFT_CHECK(ck.step <= o.steps, "transformer: {} is at step {}, beyond --steps {}: raise --steps to go on",
                  resume_from, ck.step, o.steps);
       if (ck.data.count("batch"))
