@@ -97,7 +97,7 @@ const std::map<std::string, std::function<void()>> kCases = {
        o.mp_policy.param_dtype = kInt64;
        fsdp::fully_shard(tiny_mlp(), o);
      }},
-    {"fully_shard_cuda_without_cuda", [] {
+    {"module_to_unusable_cuda", [] {
        auto m = tiny_mlp();
        m->to(Device::cuda(0));
      }},
