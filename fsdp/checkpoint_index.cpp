@@ -138,6 +138,7 @@ CheckpointIndex read_checkpoint_index(const std::string& path) {
              ix.format_version, kCheckpointFormatVersion);
   ix.weft_version = r.string(j, "weft_version");
   ix.training.step = r.integer(j, "step");
+  WEFT_CHECK(ix.training.step >= 0, "checkpoint: {}: step {} is negative", r.path, ix.training.step);
   ix.world_size = int(r.integer(j, "world_size"));
   ix.num_shards = int(r.integer(j, "num_shards"));
   WEFT_CHECK(ix.num_shards >= 1 && ix.world_size >= ix.num_shards, "checkpoint: {}: num_shards {} and world_size {} "

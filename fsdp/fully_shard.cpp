@@ -16,6 +16,9 @@ namespace weft::fsdp {
 FSDPModule fully_shard(const nn::ModulePtr& module, const FullyShardOptions& opts) {
   WEFT_CHECK(module != nullptr, "fully_shard: module is null");
   WEFT_CHECK(!state_of(*module), "fully_shard: called twice on the same {} module", module->type_name());
+  for (auto [what, d] : {std::pair{"param_dtype", opts.mp_policy.param_dtype}, {"reduce_dtype", opts.mp_policy.reduce_dtype},
+                         {"output_dtype", opts.mp_policy.output_dtype}})
+    WEFT_CHECK(!d || is_floating(*d), "fully_shard: mp_policy.{} must be a floating dtype, got {}", what, dtype_name(*d));
   if (!dist::is_initialized()) dist::init();
   // What earlier calls in this subtree took: their shards (skipped here) and the original
   // tensors they replaced (still registered elsewhere only if tied across groups).

@@ -24,7 +24,9 @@ std::string parse_number(const std::string& text, double& v) {
   char* end = nullptr;
   errno = 0;
   v = std::strtod(b, &end);
-  if (end == b || *end != '\0' || std::isspace(static_cast<unsigned char>(text[0])))
+  // strtod also reads hexadecimal ("0x10" is 16): a decimal number is expected.
+  if (end == b || *end != '\0' || std::isspace(static_cast<unsigned char>(text[0])) ||
+      text.find_first_of("xX") != std::string::npos)
     return fmt::format("not a number: {}", text);
   if (!std::isfinite(v) || errno == ERANGE) return fmt::format("not a finite number: {}", text);
   return "";

@@ -2,6 +2,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -10,6 +11,12 @@ namespace weft::apps {
 
 MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
   if (path.empty()) return;
+  // A FIFO would block fopen() until a reader comes (for ever, in a batch job); a device or a
+  // directory is no place for a log. A new file is fine.
+  std::error_code ec;
+  const auto st = std::filesystem::status(path, ec);
+  WEFT_CHECK(!std::filesystem::exists(st) || std::filesystem::is_regular_file(st),
+             "metrics: {} exists and is not a regular file (a FIFO, device or directory?)", path);
   file_ = std::fopen(path.c_str(), "a");
   WEFT_CHECK(file_ != nullptr, "metrics: cannot open {} for writing: {}", path, std::strerror(errno));
 }

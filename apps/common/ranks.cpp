@@ -1,5 +1,8 @@
 #include "apps/common/ranks.h"
 
+#include <cstdio>
+#include <cstdlib>
+
 #include "core/tensor.h"
 
 namespace weft::apps {
@@ -7,6 +10,24 @@ namespace weft::apps {
 std::vector<dist::ProcessGroupPtr> Ranks::groups() const {
   if (!fsdp) return {};
   return {dist::world()};
+}
+
+Ranks start_ranks(const std::string& program, bool fsdp, dist::ConfigSettings launch, const dist::ConfigSettings& shared) {
+  const char* n = std::getenv("OMPI_COMM_WORLD_SIZE");
+  const int launched = n ? std::atoi(n) : 1;
+  if (!fsdp && launched <= 1) return {};
+  dist::init();
+  launch.insert(launch.begin(), {"--fsdp", fsdp ? "true" : "false"});
+  dist::check_same_config(launch, program);  // before any other collective
+  if (!fsdp) {
+    if (dist::rank() == 0)
+      std::fprintf(stderr, "%s: note: started by mpirun with %d processes but without --fsdp: each trains its own copy "
+                   "of the model\n", program.c_str(), launched);
+    return {};
+  }
+  Ranks ranks{.fsdp = true, .rank = dist::rank(), .world = dist::world_size()};
+  dist::check_same_config(shared, program);
+  return ranks;
 }
 
 double mean_over_ranks(double local, const Ranks& ranks) {

@@ -1,9 +1,11 @@
 // apps: where an app's process sits among the ranks. Keeping ranks in step when one fails is
 // dist's (dist/agree.h): an app runs rank-local work through dist::agree(ranks.groups(), ...).
 #pragma once
+#include <string>
 #include <vector>
 
 #include "dist/agree.h"
+#include "dist/config_check.h"
 #include "dist/dist.h"
 
 namespace weft::apps {
@@ -16,6 +18,14 @@ struct Ranks {
   // The groups an agreement spans: the world under --fsdp, none (this process alone) otherwise.
   std::vector<dist::ProcessGroupPtr> groups() const;
 };
+
+// Where this process sits, checked with the other processes of the launch. Under --fsdp:
+// dist::init, then every rank must pass the same `shared` settings (dist::check_same_config).
+// Started by mpirun with several processes but without --fsdp, a process still joins MPI to
+// compare --fsdp and `launch` (a subcommand, say) with the others, so that a launch giving --fsdp
+// to some ranks only fails on every rank naming --fsdp instead of hanging in MPI_Init; then each
+// trains alone (rank 0 says so).
+Ranks start_ranks(const std::string& program, bool fsdp, dist::ConfigSettings launch, const dist::ConfigSettings& shared);
 
 double mean_over_ranks(double local, const Ranks& ranks);
 

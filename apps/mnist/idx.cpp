@@ -68,7 +68,7 @@ Tensor read_idx(const std::string& path) {
   WEFT_CHECK(total <= room, "read_idx: {} is truncated: its header declares {} ({} bytes), the file holds at most {}",
              path, shape_str(dims), total, room);
   Tensor out = empty(dims, {.dtype = DType::u8});
-  read_exact(out.data_ptr(), size_t(total), "the data");
+  read_exact(out.data_ptr(), size_t(total), "the data");  // in pieces of at most 1 GiB
   unsigned char extra;
   WEFT_CHECK(gzread(gz.f, &extra, 1) == 0, "read_idx: {} has bytes after the {} declared by its header {}", path,
              total, shape_str(dims));

@@ -17,6 +17,8 @@
 #include "apps/common/nonfinite.h"
 #include "apps/common/progress.h"
 #include "apps/common/ranks.h"
+#include "apps/common/resume.h"
+#include "apps/common/stop.h"
 #include "apps/mnist/idx.h"
 #include "apps/mnist/models.h"
 #include "core/safetensors.h"
@@ -125,26 +127,44 @@ std::pair<double, double> evaluate(nn::Module& model, const apps::MnistSplit& sp
 
 // Checkpoints are fsdp::save_checkpoint directories: every rank writes its own shards, and a run
 // resumes from them at any number of ranks, with or without --fsdp (docs/CHECKPOINTS.md).
-std::map<std::string, std::string> describe(const Options& o) {
+std::map<std::string, std::string> describe(const Options& o, int64_t n_train) {
   return {{"format", "weft-mnist"}, {"model", o.model}, {"optimizer", o.optimizer}, {"seed", std::to_string(o.seed)},
-          {"batch_size", std::to_string(o.batch_size)}};
+          {"batch_size", std::to_string(o.batch_size)}, {"lr", fmt::format("{}", o.lr)},
+          {"train_samples", std::to_string(n_train)}};
 }
 
-// The checkpoint --load names, checked against the flags.
-std::string checkpoint_to_load(const Options& o) {
+// The checkpoint --load names, checked against the flags: the model, the optimizer and everything
+// that decides the batches (seed, batch size, training set) must be the ones it was written
+// with. --epochs and --steps may change (they say how far to go on), and so may --lr: it
+// replaces the learning rate the optimizer state restores (run() says so).
+std::string checkpoint_to_load(const Options& o, int64_t n_train, int64_t steps_per_epoch) {
   std::string where = fsdp::latest_checkpoint(o.load);
   WEFT_CHECK(!where.empty(), "mnist: no checkpoint in {} (no index.json there and no complete step_* directory)",
              o.load);
-  auto app = fsdp::read_checkpoint_index(where).training.app;
+  const fsdp::CheckpointProgress ck = fsdp::read_checkpoint_index(where).training;
   auto get = [&](const std::string& k) {
-    auto it = app.find(k);
-    WEFT_CHECK(it != app.end(), "mnist: {} is not a weft-mnist checkpoint (no \"{}\" in its description)", where, k);
+    auto it = ck.app.find(k);
+    WEFT_CHECK(it != ck.app.end(), "mnist: {} is not a weft-mnist checkpoint (no \"{}\" in its description)", where, k);
     return it->second;
   };
   WEFT_CHECK(get("format") == "weft-mnist", "mnist: {} was written by \"{}\", not weft-mnist", where, get("format"));
   WEFT_CHECK(get("model") == o.model, "mnist: {} holds a {} model but --model is {}", where, get("model"), o.model);
   WEFT_CHECK(get("optimizer") == o.optimizer, "mnist: {} was trained with {} but --optimizer is {}", where,
              get("optimizer"), o.optimizer);
+  auto same = [&](const char* key, const char* flag, const std::string& value, const char* why) {
+    apps::check_resumed_setting(ck.app, key, flag, value, why, where, "mnist");
+  };
+  same("seed", "--seed", std::to_string(o.seed), "the seed decides the order of the samples");
+  same("batch_size", "--batch-size", std::to_string(o.batch_size), "the checkpoint's step counts batches of that size");
+  same("train_samples", "the training set (--data) has", std::to_string(n_train),
+       "the checkpoint's position is in that training set");
+  const int64_t total = o.epochs * steps_per_epoch;
+  WEFT_CHECK(ck.step <= total, "mnist: {} is at step {}, beyond the {} steps of --epochs {} ({} steps per epoch): "
+             "raise --epochs to go on", where, ck.step, total, o.epochs, steps_per_epoch);
+  const int64_t epoch = apps::data_position(ck.data, "epoch", 0, o.epochs, where, "mnist");
+  const int64_t batch = apps::data_position(ck.data, "batch", 0, steps_per_epoch - 1, where, "mnist");
+  WEFT_CHECK(epoch * steps_per_epoch + batch == ck.step, "mnist: {}: data position epoch {} batch {} is not step {} "
+             "at {} steps per epoch", where, epoch, batch, ck.step, steps_per_epoch);
   return where;
 }
 
@@ -175,6 +195,7 @@ int run(const Options& o, const Ranks& ranks) {
                "mnist: --batch-size {} does not split evenly over {} ranks: --batch-size is the global batch and "
                "each rank takes an equal slice of it, so use a multiple of {}",
                o.batch_size, ranks.world, ranks.world);
+    apps::check_checkpoint_dir(o.save, "--save", "mnist");
     data = apps::load_mnist(o.data);
     n_train = data.train.images.size(0);
     steps_per_epoch = n_train / o.batch_size;  // the last partial batch is dropped
@@ -182,7 +203,7 @@ int run(const Options& o, const Ranks& ranks) {
     manual_seed(o.seed);  // the same full model on every rank
     model = apps::make_mnist_model(o.model, data.rows, data.cols);
     model->to(device);  // initialised on the host (the same values on every device), then moved
-    if (!o.load.empty()) resume_from = checkpoint_to_load(o);
+    if (!o.load.empty()) resume_from = checkpoint_to_load(o, n_train, steps_per_epoch);
     metrics.emplace(ranks.lead() ? o.metrics : std::string());  // one file, written by rank 0
   });
 
@@ -200,6 +221,11 @@ int run(const Options& o, const Ranks& ranks) {
     // Each rank reads the pieces of its own shards, whatever world size wrote them.
     dist::agree(ranks.groups(), "mnist", [&] {
       step = fsdp::load_checkpoint(resume_from, *model, opt.get(), root ? &*root : nullptr).step;
+      // The optimizer state brought the checkpoint's learning rate back; an explicit --lr wins (as
+      // setting param_groups' lr after load_state_dict does in PyTorch).
+      if (opt->lr() != o.lr && ranks.lead())
+        std::fprintf(stderr, "weft-mnist: --lr %g replaces the checkpoint's learning rate %g\n", o.lr, opt->lr());
+      opt->set_lr(o.lr);
       apps::check_finite_parameters(*model, fmt::format("mnist: refusing to resume from {}", resume_from));
     });
     if (ranks.lead()) std::fprintf(stderr, "resumed from %s at step %lld\n", resume_from.c_str(), (long long)step);
@@ -207,10 +233,11 @@ int run(const Options& o, const Ranks& ranks) {
   const apps::OnNan on_nan = apps::parse_on_nan(o.on_nan);
   std::string last_checkpoint = resume_from;  // the newest checkpoint known good
   int64_t skipped = 0;                         // steps whose update --on-nan skip dropped
+  int64_t saved_step = -1;                     // the step of the last checkpoint this run wrote
   auto save = [&] {
     fsdp::CheckpointProgress ts{.step = step,
                            .data = {{"epoch", step / steps_per_epoch}, {"batch", step % steps_per_epoch}},
-                           .app = describe(o)};
+                           .app = describe(o, n_train)};
     std::string where;
     dist::agree(ranks.groups(), "mnist", [&] {
       // Never from non-finite state: the checkpoints already written stay as they are.
@@ -219,6 +246,7 @@ int run(const Options& o, const Ranks& ranks) {
       where = fsdp::save_checkpoint(o.save, *model, opt.get(), root ? &*root : nullptr, ts, {.keep_last = o.keep_last});
     });
     last_checkpoint = where;
+    saved_step = step;
     if (ranks.lead()) std::fprintf(stderr, "saved model and optimizer at step %lld to %s\n", (long long)step, where.c_str());
   };
   int64_t total_steps = o.epochs * steps_per_epoch;
@@ -234,6 +262,9 @@ int run(const Options& o, const Ranks& ranks) {
                    "%lld samples per rank per step\n", ranks.world, (long long)count_params(), (long long)local_batch);
   }
 
+  // From here a signal stops the run after its step (apps/common/stop.h); before, the default
+  // action ends it at once (a process blocked while starting up could not reach a step's end).
+  apps::StopSignals stop_signals("weft-mnist");
   while (step < total_steps) {
     int64_t epoch = step / steps_per_epoch;
     auto order = epoch_order(n_train, o.seed, epoch);
@@ -253,8 +284,10 @@ int run(const Options& o, const Ranks& ranks) {
       opt->zero_grad();
       Tensor loss = cross_entropy((*model)(x), y);
       loss.backward();
-      // The global batch's mean loss: the same value on every rank, so all decide alike.
-      loss_v = mean_over_ranks(loss.item(), ranks);
+      // The global batch's mean loss, and whether any rank was asked to stop: the same values on
+      // every rank, so all decide alike.
+      const apps::StepEnd end = apps::end_step(loss.item(), ranks);
+      loss_v = end.loss;
       if (!std::isfinite(loss_v) && on_nan != apps::OnNan::ignore) {
         if (on_nan == apps::OnNan::error) apps::stop_on_nonfinite_loss("mnist", loss_v, step + 1, ranks, last_checkpoint);
         opt->zero_grad();  // --on-nan skip: drop this step's update and go on
@@ -276,6 +309,12 @@ int run(const Options& o, const Ranks& ranks) {
                         {"samples_per_s", dt > 0 ? double(window_samples) / dt : 0.0}});
         window_start = now;
         window_samples = 0;
+      }
+      if (end.stop_signal != 0) {  // SIGTERM or SIGINT: this step is done; save and stop
+        if (progress) progress->finish(fmt::format("loss {:.4f}", loss_v));
+        if (!o.save.empty() && saved_step != step) save();
+        return apps::report_stop("weft-mnist", end.stop_signal, step, o.save.empty() ? "" : last_checkpoint, ranks,
+                                 "no checkpoint written (no --save)");
       }
     }
     if (progress) progress->finish(fmt::format("loss {:.4f}", loss_v));
@@ -341,16 +380,7 @@ int main(int argc, char** argv) {
       "  Set OMP_NUM_THREADS or --threads so that ranks x threads fits the cores.");
   CLI11_PARSE(app, argc, argv);
   return dist::run_program("weft-mnist", [&] {
-    Ranks ranks;
-    if (o.fsdp) {
-      dist::init();
-      ranks = {.fsdp = true, .rank = dist::rank(), .world = dist::world_size()};
-      dist::check_same_config(shared_settings(o), "weft-mnist");  // before any other collective
-    } else if (const char* n = std::getenv("OMPI_COMM_WORLD_SIZE"); n && std::atoi(n) > 1 &&
-               std::getenv("OMPI_COMM_WORLD_RANK") && std::atoi(std::getenv("OMPI_COMM_WORLD_RANK")) == 0) {
-      std::fprintf(stderr, "weft-mnist: note: started by mpirun with %s processes but without --fsdp: each trains "
-                   "its own copy of the model\n", n);
-    }
+    const Ranks ranks = apps::start_ranks("weft-mnist", o.fsdp, {}, shared_settings(o));
     return run(o, ranks);
   });
 }

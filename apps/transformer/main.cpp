@@ -23,6 +23,8 @@
 #include "apps/common/nonfinite.h"
 #include "apps/common/progress.h"
 #include "apps/common/ranks.h"
+#include "apps/common/resume.h"
+#include "apps/common/stop.h"
 #include "apps/transformer/gpt.h"
 #include "apps/transformer/text_data.h"
 #include "core/safetensors.h"
@@ -109,11 +111,15 @@ constexpr const char* kFormat = "weft-transformer";
 constexpr const char* kTiedHead = "lm_head.weight";  // nanoGPT's name of the head tied to wte
 constexpr const char* kEmbedding = "transformer.wte.weight";
 
-std::map<std::string, std::string> describe(const apps::GPTConfig& cfg, const TrainOptions& o) {
+// The model config, what decides the batches (seed, batch size, accumulation, the training
+// bytes) and the weight decay (restored with the optimizer state): resuming checks these.
+std::map<std::string, std::string> describe(const apps::GPTConfig& cfg, const TrainOptions& o, size_t train_bytes) {
   return {{"format", kFormat}, {"n_layer", std::to_string(cfg.n_layer)}, {"n_head", std::to_string(cfg.n_head)},
           {"d_model", std::to_string(cfg.d_model)}, {"ctx", std::to_string(cfg.ctx)},
           {"vocab_size", std::to_string(cfg.vocab_size)}, {"tied", cfg.tie_weights ? "1" : "0"},
-          {"seed", std::to_string(o.seed)}, {"batch_size", std::to_string(o.batch_size)}};
+          {"seed", std::to_string(o.seed)}, {"batch_size", std::to_string(o.batch_size)},
+          {"grad_accum", std::to_string(o.grad_accum)}, {"train_bytes", std::to_string(train_bytes)},
+          {"weight_decay", fmt::format("{}", o.weight_decay)}};
 }
 
 // The model config in a checkpoint's (or a consolidated file's) description.
@@ -205,6 +211,7 @@ int train(TrainOptions o, const Ranks& ranks) {
     WEFT_CHECK(o.warmup >= 0, "transformer: --warmup must be non-negative, got {}", o.warmup);
     // The schedule needs a step after the warmup; a short run keeps the default warmup usable.
     o.warmup = std::min(o.warmup, o.steps - 1);
+    apps::check_checkpoint_dir(o.checkpoint_dir, "--checkpoint-dir", "transformer");
     data = apps::load_text(o.data);
     WEFT_CHECK(int64_t(data.val.size()) > o.model.ctx + 1,
                "transformer: the validation part of {} ({} bytes) is shorter than the context {}", o.data,
@@ -213,12 +220,31 @@ int train(TrainOptions o, const Ranks& ranks) {
       resume_from = fsdp::latest_checkpoint(o.resume);
       WEFT_CHECK(!resume_from.empty(), "transformer: no checkpoint to resume in {} (no index.json there and no "
                  "complete step_* directory)", o.resume);
-      auto c = config_of(fsdp::read_checkpoint_index(resume_from).training.app, resume_from);
+      const fsdp::CheckpointProgress ck = fsdp::read_checkpoint_index(resume_from).training;
+      auto c = config_of(ck.app, resume_from);
       WEFT_CHECK(c.n_layer == o.model.n_layer && c.n_head == o.model.n_head && c.d_model == o.model.d_model &&
                      c.ctx == o.model.ctx && c.tie_weights == o.model.tie_weights,
                  "transformer: checkpoint {} holds a model with n_layer {}, n_head {}, d_model {}, ctx {}, tied {}; "
                  "the flags ask for {}, {}, {}, {}, {}", resume_from, c.n_layer, c.n_head, c.d_model, c.ctx,
                  c.tie_weights, o.model.n_layer, o.model.n_head, o.model.d_model, o.model.ctx, o.model.tie_weights);
+      // The batches: another seed, batch size, accumulation or text would continue on another data
+      // stream than the checkpoint's position means. (--lr, --warmup and --steps take effect:
+      // the schedule is recomputed from them at the checkpoint's step; docs/CHECKPOINTS.md.)
+      auto same = [&](const char* key, const char* flag, const std::string& value, const char* why) {
+        apps::check_resumed_setting(ck.app, key, flag, value, why, resume_from, "transformer");
+      };
+      same("seed", "--seed", std::to_string(o.seed), "the seed decides the batches");
+      same("batch_size", "--batch-size", std::to_string(o.batch_size), "the data position counts batches of that size");
+      same("grad_accum", "--grad-accum", std::to_string(o.grad_accum), "the data position counts micro-batches");
+      same("train_bytes", "the training text (--data) has", std::to_string(data.train.size()),
+           "the batches are drawn from that text");
+      same("weight_decay", "--weight-decay", fmt::format("{}", o.weight_decay),
+           "the optimizer state restores the weight decay, so another value would be ignored");
+      WEFT_CHECK(ck.step <= o.steps, "transformer: {} is at step {}, beyond --steps {}: raise --steps to go on",
+                 resume_from, ck.step, o.steps);
+      if (ck.data.count("batch"))
+        apps::data_position(ck.data, "batch", ck.step * o.grad_accum, ck.step * o.grad_accum, resume_from,
+                            "transformer");
     }
     manual_seed(o.seed);  // the same full model on every rank
     model = std::make_shared<apps::GPT>(o.model);
@@ -283,10 +309,11 @@ int train(TrainOptions o, const Ranks& ranks) {
   const apps::OnNan on_nan = apps::parse_on_nan(o.on_nan);
   std::string last_checkpoint = resume_from;  // the newest checkpoint known good
   int64_t skipped = 0;                         // steps whose update --on-nan skip dropped
+  int64_t saved_step = -1;                     // the step of the last checkpoint this run wrote
   auto write_checkpoint = [&] {
     fsdp::CheckpointProgress ts{.step = step,
                            .data = {{"batch", first_batch + (step - resumed_step) * o.grad_accum}},
-                           .app = describe(o.model, o),
+                           .app = describe(o.model, o, data.train.size()),
                            .aliases = head_alias(o.model)};
     std::string where;
     dist::agree(ranks.groups(), "transformer", [&] {
@@ -297,6 +324,7 @@ int train(TrainOptions o, const Ranks& ranks) {
                                     {.keep_last = o.keep_last});
     });
     last_checkpoint = where;
+    saved_step = step;
     if (ranks.lead()) std::fprintf(stderr, "saved model and optimizer at step %lld to %s\n", (long long)step, where.c_str());
   };
 
@@ -309,6 +337,9 @@ int train(TrainOptions o, const Ranks& ranks) {
   auto window_start = std::chrono::steady_clock::now();
   int64_t window_tokens = 0;
   double loss_v = 0;
+  // From here a signal stops the run after its step (apps/common/stop.h); before, the default
+  // action ends it at once (a process blocked while starting up could not reach a step's end).
+  apps::StopSignals stop_signals("weft-transformer");
   while (step < end) {
     opt.zero_grad();
     double loss_sum = 0;
@@ -322,8 +353,10 @@ int train(TrainOptions o, const Ranks& ranks) {
       loss_sum += loss.item();
       (o.grad_accum > 1 ? loss * (1.0 / double(o.grad_accum)) : loss).backward();
     }
-    // The global batch's mean loss: the same value on every rank, so all decide alike.
-    loss_v = mean_over_ranks(loss_sum / double(o.grad_accum), ranks);
+    // The global batch's mean loss, and whether any rank was asked to stop: the same values on
+    // every rank, so all decide alike.
+    const apps::StepEnd step_end = apps::end_step(loss_sum / double(o.grad_accum), ranks);
+    loss_v = step_end.loss;
     const bool finite = std::isfinite(loss_v);
     if (!finite && on_nan == apps::OnNan::error)
       apps::stop_on_nonfinite_loss("transformer", loss_v, step + 1, ranks, last_checkpoint);
@@ -350,6 +383,13 @@ int train(TrainOptions o, const Ranks& ranks) {
                       {"peak_bytes", memory_stats().peak_bytes}});
       window_start = now;
       window_tokens = 0;
+    }
+    if (step_end.stop_signal != 0) {  // SIGTERM or SIGINT: this step is done; save and stop (no evaluation)
+      if (progress) progress->finish(fmt::format("loss {:.4f}", loss_v));
+      if (!o.checkpoint_dir.empty() && saved_step != step) write_checkpoint();
+      return apps::report_stop("weft-transformer", step_end.stop_signal, step,
+                               o.checkpoint_dir.empty() ? "" : last_checkpoint, ranks,
+                               "no checkpoint written (no --checkpoint-dir)");
     }
     if ((o.eval_every > 0 && step % o.eval_every == 0) || step == end) {
       double val = evaluate(*model, data, o, ranks, device);
@@ -522,13 +562,11 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   return dist::run_program("weft-transformer", [&] {
-    if (sa->parsed()) return sample(s);
-    Ranks ranks;
-    if (t.fsdp) {
-      dist::init();
-      ranks = {.fsdp = true, .rank = dist::rank(), .world = dist::world_size()};
-      dist::check_same_config(shared_settings(t), "weft-transformer");  // before any other collective
+    if (sa->parsed()) {
+      apps::start_ranks("weft-transformer", false, {{"command", "sample"}}, {});
+      return sample(s);
     }
+    const Ranks ranks = apps::start_ranks("weft-transformer", t.fsdp, {{"command", "train"}}, shared_settings(t));
     return train(t, ranks);
   });
 }

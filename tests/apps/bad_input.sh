@@ -2,10 +2,15 @@
 # Bad input, table-driven: every row of bad_input.tsv runs one program with bad flags or files
 # and must end (within `timeout 30`: no hang) with the expected non-zero exit code (no crash:
 # not a signal, not 124) and print the expected message fragment. Every failing row is printed
-# with what it got. Usage: bad_input.sh TABLE weft-mnist weft-transformer weft-checkpoint
+# with what it got. Rows "api CASE" run bad_api (tests/apps/bad_api.cpp); rows "mpirun ARGS" run
+# mpirun with the given arguments (@MNIST@ and @TRANSFORMER@ name the apps; skipped without mpirun).
+# Usage: bad_input.sh TABLE weft-mnist weft-transformer weft-checkpoint bad_api [MPIRUN ARGS...]
 set -u
 table=$1
-declare -A prog=([mnist]=$2 [transformer]=$3 [checkpoint]=$4)
+declare -A prog=([mnist]=$2 [transformer]=$3 [checkpoint]=$4 [api]=$5)
+shift 5
+mpirun=("$@")
+export OMP_NUM_THREADS=1
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # $tmp (removed on exit), fail
 
 # Fixtures the rows name as @TMP@/...
@@ -31,16 +36,71 @@ for v in abc 100000000 -3; do
   grep -q "\"n_layer\": *\"$v\"" "$idx" || fail "could not edit n_layer in $idx"
 done
 
+# Damaged and edited copies: a truncated shard, a flipped byte, an index cut short, and index
+# fields out of range (step, data position).
+shard() { ls "$1"/step_*/rank_00000.safetensors; }
+index() { ls "$1"/step_*/index.json; }
+cp -r "$tmp/ck" "$tmp/ck_trunc" && truncate -s -7 "$(shard "$tmp/ck_trunc")"
+cp -r "$tmp/ck" "$tmp/ck_flip" && printf '\x5a' | dd of="$(shard "$tmp/ck_flip")" bs=1 seek=200 conv=notrunc status=none
+cp -r "$tmp/ck" "$tmp/ck_cut" && truncate -s 100 "$(index "$tmp/ck_cut")"
+edit() {  # edit NAME SED: a copy of the checkpoint with its index edited
+  cp -r "$tmp/ck" "$tmp/$1" && sed -i -E "$2" "$(index "$tmp/$1")"
+}
+edit ck_step99 's/"step": *[0-9]+/"step": 99/'
+edit ck_stepneg 's/"step": *[0-9]+/"step": -1/'
+edit ck_stephuge 's/"step": *[0-9]+/"step": 99999999999999999999/'
+edit ck_batchneg 's/"batch": *[0-9]+/"batch": -4/'
+edit ck_batchbig 's/"batch": *[0-9]+/"batch": 9223372036854775807/'
+edit ck_stepstr 's/"step": *[0-9]+/"step": "one"/'
+# A weft-mnist checkpoint (batch 32, one step) and edited copies.
+if ! "${prog[mnist]}" --steps 1 --batch-size 32 --threads 1 --save "$tmp/mck" >"$tmp/setup.log" 2>&1; then
+  echo "FAIL: could not write the mnist fixture checkpoint:"; cat "$tmp/setup.log"; exit 1
+fi
+cp -r "$tmp/mck" "$tmp/mck_epoch" && sed -i -E 's/"epoch": *[0-9]+/"epoch": -1/' "$(index "$tmp/mck_epoch")"
+cp -r "$tmp/mck" "$tmp/mck_step" && sed -i -E 's/"step": *[0-9]+/"step": 999999/' "$(index "$tmp/mck_step")"
+# IDX data sets: each a copy of a tiny valid set (10 images of 2x2) with one file damaged.
+idx_set() {  # idx_set DIR: 40 train and 40 test images of 2x2 pixels, labels 0..9 four times
+  mkdir -p "$1"
+  for s in train t10k; do
+    { printf '\x00\x00\x08\x03\x00\x00\x00\x28\x00\x00\x00\x02\x00\x00\x00\x02'; head -c 160 /dev/zero; } >"$1/$s-images-idx3-ubyte"
+    { printf '\x00\x00\x08\x01\x00\x00\x00\x28'; for _ in 1 2 3 4; do printf '\x00\x01\x02\x03\x04\x05\x06\x07\x08\x09'; done; } \
+      >"$1/$s-labels-idx1-ubyte"
+  done
+}
+idx_set "$tmp/idx_ok"
+idx_set "$tmp/idx_trunc" && truncate -s 30 "$tmp/idx_trunc/train-images-idx3-ubyte"
+idx_set "$tmp/idx_magic" && printf '\x01' | dd of="$tmp/idx_magic/train-images-idx3-ubyte" bs=1 seek=0 conv=notrunc status=none
+idx_set "$tmp/idx_type" && printf '\x0d' | dd of="$tmp/idx_type/train-images-idx3-ubyte" bs=1 seek=2 conv=notrunc status=none
+idx_set "$tmp/idx_label" && printf '\x0c' | dd of="$tmp/idx_label/train-labels-idx1-ubyte" bs=1 seek=8 conv=notrunc status=none
+idx_set "$tmp/idx_count" && printf '\x27' | dd of="$tmp/idx_count/train-labels-idx1-ubyte" bs=1 seek=7 conv=notrunc status=none
+idx_set "$tmp/idx_gz" && rm "$tmp/idx_gz/train-images-idx3-ubyte" &&
+  head -c 100 /dev/urandom | { printf '\x1f\x8b\x08\x00'; cat; } >"$tmp/idx_gz/train-images-idx3-ubyte.gz"
+# An IDX header claiming 3 GiB (over 2 GiB, under the 4 GiB limit) with no data behind it.
+idx_set "$tmp/idx_3g" && printf '\x00\x00\x08\x03\x00\x00\xc0\x00\x00\x00\x01\x00\x00\x00\x01\x00' \
+  >"$tmp/idx_3g/train-images-idx3-ubyte"
+: >"$tmp/empty.txt"
+mkdir "$tmp/no_text"
+head -c 4000 /dev/urandom | base64 >"$tmp/other.txt"
+head -c 1000 /dev/urandom | base64 >>"$tmp/other.txt"
+
 mkdir -p "$tmp/ck_bigstep/step_99999999999999999999"
 echo '{}' > "$tmp/ck_bigstep/step_99999999999999999999/index.json"
 
-rows=0 failed=0
+rows=0 failed=0 skipped=0
 while IFS=$'\t' read -r name args want_rc want_msg; do
   [[ -z "$name" || "$name" == \#* ]] && continue
   rows=$((rows + 1))
   args=${args//@TMP@/$tmp}
+  want_msg=${want_msg//@TMP@/$tmp}
+  args=${args//@MNIST@/${prog[mnist]}}
+  args=${args//@TRANSFORMER@/${prog[transformer]}}
   eval "set -- $args"
-  timeout 30 "${prog[$name]}" "$@" </dev/null >"$tmp/out" 2>&1
+  if [ "$name" = mpirun ]; then
+    if [ ${#mpirun[@]} = 0 ]; then skipped=$((skipped + 1)); continue; fi
+    timeout -k 5 60 "${mpirun[@]}" "$@" </dev/null >"$tmp/out" 2>&1
+  else
+    timeout -k 5 30 "${prog[$name]}" "$@" </dev/null >"$tmp/out" 2>&1
+  fi
   rc=$?
   got=$(head -c 600 "$tmp/out")
   why=""
@@ -54,6 +114,6 @@ while IFS=$'\t' read -r name args want_rc want_msg; do
     printf 'FAIL row %d: %s %s: %s; got exit %s:\n%s\n\n' "$rows" "$name" "$args" "$why" "$rc" "$got"
   fi
 done < "$table"
-echo "bad_input: $((rows - failed)) of $rows rows passed"
-[ "$rows" -ge 40 ] || fail "only $rows rows"
+echo "bad_input: $((rows - failed - skipped)) of $rows rows passed ($skipped mpirun rows skipped: no mpirun given)"
+[ "$rows" -ge 100 ] || fail "only $rows rows"
 [ "$failed" = 0 ]

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every rank must get the same configuration: an MPMD launch that hands weft-mnist --fsdp or
-# weft-transformer train --fsdp one different flag per rank group fails within the time limit
+# weft-transformer train --fsdp one different flag per rank group (or --fsdp to some ranks only) fails within the time limit
 # (no hang, no silent run with different models), and every rank says which flag differs and
 # each rank's value; the same launch with agreeing flags trains.
 # Usage: config_agree.sh WEFT_MNIST WEFT_TRANSFORMER MPIRUN [MPIRUN_ARGS...]
@@ -51,9 +51,17 @@ expect_mismatch mnist_batch_np4 --batch-size 4 2 2 -- "$mnist" "${m[@]}" --batch
 grep -q -- "--batch-size is 16 on ranks 0-1, 32 on ranks 2-3" "$tmp/mnist_batch_np4.out" ||
   fail "mnist --batch-size at 4 ranks: the message lists the values wrongly: $(cat "$tmp/mnist_batch_np4.out")"
 
+# --fsdp on some ranks only: the ranks without it join MPI too (started by mpirun) and every rank
+# names --fsdp, instead of the --fsdp rank hanging in MPI_Init while the other trains alone.
+expect_mismatch mnist_fsdp_some --fsdp 2 1 1 -- "$mnist" "${m[@]}" --batch-size 16 -- "$mnist" "${m[@]:1}" --batch-size 16
+grep -q -- "--fsdp is true on rank 0, false on rank 1" "$tmp/mnist_fsdp_some.out" ||
+  fail "mnist --fsdp on rank 0 only: $(cat "$tmp/mnist_fsdp_some.out")"
+
 t=(train --fsdp --n-layer 1 --n-head 2 --d-model 16 --ctx 16 --batch-size 4 --warmup 1 --seed 0
    --threads 1 --eval-every 0 --eval-iters 1 --log-every 1)
 expect_mismatch transformer_accum --grad-accum 2 1 1 -- "$transformer" "${t[@]}" --steps 2 -- "$transformer" "${t[@]}" --steps 2 --grad-accum 2
+expect_mismatch transformer_fsdp_some --fsdp 3 1 2 -- "$transformer" "${t[@]}" --steps 2 -- "$transformer" train \
+  "${t[@]:2}" --steps 2
 expect_mismatch transformer_steps --steps 2 1 1 -- "$transformer" "${t[@]}" --steps 3 -- "$transformer" "${t[@]}" --steps 4
 expect_mismatch transformer_clip_np4 --clip 4 2 2 -- "$transformer" "${t[@]}" --steps 2 -- "$transformer" "${t[@]}" --steps 2 --clip 0.5
 

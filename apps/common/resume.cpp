@@ -1,0 +1,35 @@
+#include "apps/common/resume.h"
+
+#include <filesystem>
+
+#include "core/error.h"
+
+namespace weft::apps {
+
+void check_resumed_setting(const std::map<std::string, std::string>& app, const std::string& key,
+                           const std::string& flag, const std::string& value, const std::string& why,
+                           const std::string& where, const std::string& program) {
+  auto it = app.find(key);
+  if (it == app.end()) return;
+  WEFT_CHECK(it->second == value, "{}: {} was written with {} {} but {} is {}: {}; pass {} {} to resume it (or start a "
+             "new run)", program, where, flag, it->second, flag, value, why, flag, it->second);
+}
+
+int64_t data_position(const std::map<std::string, int64_t>& data, const std::string& key, int64_t lo, int64_t hi,
+                      const std::string& where, const std::string& program) {
+  auto it = data.find(key);
+  WEFT_CHECK(it != data.end(), "{}: {} records no data position \"{}\"", program, where, key);
+  WEFT_CHECK(it->second >= lo && it->second <= hi, "{}: {}: data position \"{}\" is {}, outside [{}, {}] for these "
+             "flags: the checkpoint is damaged or was written with other data", program, where, key, it->second, lo, hi);
+  return it->second;
+}
+
+void check_checkpoint_dir(const std::string& dir, const std::string& flag, const std::string& program) {
+  if (dir.empty()) return;
+  std::error_code ec;
+  const auto st = std::filesystem::status(dir, ec);
+  WEFT_CHECK(!std::filesystem::exists(st) || std::filesystem::is_directory(st),
+             "{}: {} {} exists and is not a directory", program, flag, dir);
+}
+
+}  // namespace weft::apps

@@ -1,0 +1,29 @@
+// apps: resuming must not change what the run means. A checkpoint's description records the
+// settings that shape the data stream, the optimizer or the schedule (batch size, seed, learning
+// rate, ...); resuming with another value of one of them is an error naming the flag and both
+// values, and a data position or step that does not fit the flags is an error too. The flags that
+// may change on resume are listed in docs/CHECKPOINTS.md ("Resuming").
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace weft::apps {
+
+// Throws weft::Error "<program>: <where> was written with <flag> <recorded> but <flag> is <value>:
+// <why>; pass <flag> <recorded> to resume it" when `app` records `key` with a value other than
+// `value`. A key the checkpoint lacks (written by an older weft) is not checked.
+void check_resumed_setting(const std::map<std::string, std::string>& app, const std::string& key,
+                           const std::string& flag, const std::string& value, const std::string& why,
+                           const std::string& where, const std::string& program);
+
+// The data position `key` of a checkpoint, which must lie in [lo, hi]; throws naming the
+// checkpoint, the key and the range otherwise (a missing key as well).
+int64_t data_position(const std::map<std::string, int64_t>& data, const std::string& key, int64_t lo, int64_t hi,
+                      const std::string& where, const std::string& program);
+
+// A checkpoint directory given by `flag` must be a directory or not exist yet (it is made on the
+// first save): a file, FIFO or device there is an error at start-up, not after training.
+void check_checkpoint_dir(const std::string& dir, const std::string& flag, const std::string& program);
+
+}  // namespace weft::apps
