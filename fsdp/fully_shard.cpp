@@ -1,5 +1,6 @@
 #include "fsdp/fully_shard.h"
 
+#include <algorithm>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -15,7 +16,29 @@ namespace weft::fsdp {
 
 FSDPModule fully_shard(const nn::ModulePtr& module, const FullyShardOptions& opts) {
   WEFT_CHECK(module != nullptr, "fully_shard: module is null");
-  WEFT_CHECK(!state_of(*module), "fully_shard: called twice on the same {} module", module->type_name());
+  return fully_shard(std::vector<nn::ModulePtr>{module}, opts);
+}
+
+FSDPModule fully_shard(const std::vector<nn::ModulePtr>& modules, const FullyShardOptions& opts) {
+  WEFT_CHECK(!modules.empty(), "fully_shard: the list of modules is empty");
+  std::vector<nn::Module*> members;
+  for (size_t i = 0; i < modules.size(); ++i) {
+    WEFT_CHECK(modules[i] != nullptr, "fully_shard: module {} of the list is null", i);
+    WEFT_CHECK(!state_of(*modules[i]), "fully_shard: called twice on the same {} module{}", modules[i]->type_name(),
+               modules.size() > 1 ? fmt::format(" (#{} of the list)", i) : "");
+    members.push_back(modules[i].get());
+  }
+  // The members of one group are disjoint: none holds another.
+  for (size_t i = 0; i < members.size(); ++i)
+    for (auto& [name, m] : members[i]->named_modules())
+      for (size_t j = 0; j < members.size(); ++j)
+        WEFT_CHECK(j == i || m.get() != members[j],
+                   "fully_shard: module #{} of the list ({}) {} module #{} ({}); the modules of one group must be "
+                   "distinct and none may contain another", j, members[j]->type_name(),
+                   name.empty() ? "is the same as" : "is inside", i, members[i]->type_name());
+  const nn::Module* module = members[0];
+  const std::string what = members.size() == 1 ? module->type_name() + " module"
+                                               : fmt::format("list of {} modules", members.size());
   for (auto [what, d] : {std::pair{"param_dtype", opts.mp_policy.param_dtype}, {"reduce_dtype", opts.mp_policy.reduce_dtype},
                          {"output_dtype", opts.mp_policy.output_dtype}})
     WEFT_CHECK(!d || is_floating(*d), "fully_shard: mp_policy.{} must be a floating dtype, got {}", what, dtype_name(*d));
@@ -23,7 +46,8 @@ FSDPModule fully_shard(const nn::ModulePtr& module, const FullyShardOptions& opt
   // What earlier calls in this subtree took: their shards (skipped here) and the original
   // tensors they replaced (still registered elsewhere only if tied across groups).
   std::unordered_set<TensorImpl*> shards, originals_taken;
-  for (auto& [mn, m] : module->named_modules())
+  const auto walk = named_modules_of(members);
+  for (auto& [mn, m] : walk)
     if (auto s = state_of(*m); s && s->group) {
       for (auto& p : s->group->params()) shards.insert(p->sharded().impl());
       for (auto& w : s->group->originals)
@@ -32,7 +56,7 @@ FSDPModule fully_shard(const nn::ModulePtr& module, const FullyShardOptions& opt
   // Parameters of the subtree not yet in a group, with every slot that holds each of them.
   std::vector<FSDPParamGroup::Entry> entries;
   std::unordered_map<TensorImpl*, size_t> index;
-  for (auto& [mname, m] : module->named_modules()) {
+  for (auto& [mname, m] : walk) {
     for (auto& [pname, t] : m->named_parameters(false)) {
       std::string name = mname.empty() ? pname : mname + "." + pname;
       Tensor* slot = &m->parameter_slot(pname);
@@ -43,9 +67,9 @@ FSDPModule fully_shard(const nn::ModulePtr& module, const FullyShardOptions& opt
       }
       if (shards.count(impl)) continue;
       WEFT_CHECK(!impl->autograd || impl->autograd->shard_of.empty(),
-                 "fully_shard: parameter {} of this {} module is already a shard made by fully_shard on an enclosing "
+                 "fully_shard: parameter {} of this {} is already a shard made by fully_shard on an enclosing "
                  "module ({}); call fully_shard bottom-up: on the blocks first, then on the modules that contain them, "
-                 "the root last", name, module->type_name(), impl->autograd ? impl->autograd->shard_of : "");
+                 "the root last", name, what, impl->autograd ? impl->autograd->shard_of : "");
       WEFT_CHECK(!originals_taken.count(impl),
                  "fully_shard: parameter {} is tied to a parameter already sharded by an earlier fully_shard call; "
                  "tied parameters must be in the same group (shard the module that holds both)", name);
@@ -69,7 +93,7 @@ FSDPModule fully_shard(const nn::ModulePtr& module, const FullyShardOptions& opt
   if (!entries.empty()) {
     device = entries[0].slots[0]->device();
   } else {
-    for (auto& [mn, m] : module->named_modules())
+    for (auto& [mn, m] : walk)
       if (auto s = state_of(*m); s && s->group) {
         device = s->group->compute_device();
         break;
@@ -85,23 +109,23 @@ FSDPModule fully_shard(const nn::ModulePtr& module, const FullyShardOptions& opt
   // The collectives run on the mesh's backend, which takes tensors of one device only.
   Device comm_device = shard_group->device();
   WEFT_CHECK(comm_device.type == device.type,
-             "fully_shard: the parameters of this {} module are on {} but {} communicates with the {} backend, which "
-             "takes {} tensors; {}", module->type_name(), device.str(), mesh->str(), shard_group->backend(),
+             "fully_shard: the parameters of this {} are on {} but {} communicates with the {} backend, which "
+             "takes {} tensors; {}", what, device.str(), mesh->str(), shard_group->backend(),
              comm_device.is_cpu() ? "CPU" : "CUDA",
              device.is_cuda() ? "build the mesh with DeviceMesh(DeviceType::cuda) (NCCL) or leave FullyShardOptions::mesh "
                                 "unset to use the default CUDA mesh"
                               : fmt::format("move the module to {} first (module->to(...)) or use a DeviceMesh(DeviceType::cpu)",
                                             comm_device.str()));
   WEFT_CHECK(comm_device == device || device.is_cpu(),
-             "fully_shard: the parameters of this {} module are on {} but this rank's NCCL group of {} uses {} (local "
-             "rank {} modulo the visible GPUs); move the module to {}", module->type_name(), device.str(), mesh->str(),
+             "fully_shard: the parameters of this {} are on {} but this rank's NCCL group of {} uses {} (local "
+             "rank {} modulo the visible GPUs); move the module to {}", what, device.str(), mesh->str(),
              comm_device.str(), dist::local_rank(), comm_device.str());
 
   std::vector<std::weak_ptr<TensorImpl>> originals;
   for (auto& e : entries) {
     originals.push_back(e.slots[0]->impl_ptr());
     e.slots[0]->autograd_meta().replaced_by =
-        fmt::format("its shard when fsdp::fully_shard ran on the {} module holding '{}'", module->type_name(), e.name);
+        fmt::format("its shard when fsdp::fully_shard ran on the {} holding '{}'", what, e.name);
   }
   std::unique_ptr<FSDPParamGroup> group;
   if (!entries.empty()) {
@@ -109,17 +133,20 @@ FSDPModule fully_shard(const nn::ModulePtr& module, const FullyShardOptions& opt
     group->originals = std::move(originals);
     // A shard's reductions (nn::clip_grad_norm_) complete over the ranks holding the others.
     for (auto& p : group->params()) {
-      p->sharded().autograd_meta().shard_of = fmt::format("a {} module, as '{}'", module->type_name(), p->name());
+      p->sharded().autograd_meta().shard_of = fmt::format("a {}, as '{}'", what, p->name());
       if (shard_group->size() > 1) set_partial_reduction(p->sharded(), dist::reduction_over(shard_group));
     }
   }
-  auto state = std::make_shared<FSDPState>(*module, opts, std::move(group), mesh);
-  // The module owns its state (its extension slot, and its hooks); the state refers back to the
-  // module by reference and dies with it.
-  module->set_extension(state);
-  module->register_forward_pre_hook([state](nn::Module&, const TensorList& in) { return state->pre_forward(in); });
-  module->register_forward_hook(
-      [state](nn::Module&, const TensorList&, const TensorList& out) { return state->post_forward(out); });
+  auto state = std::make_shared<FSDPState>(members, opts, std::move(group), mesh);
+  // The modules own their state (their extension slot, and their hooks); the state refers back
+  // to them by pointer and dies with them.
+  for (size_t i = 0; i < members.size(); ++i) {
+    members[i]->set_extension(state);
+    members[i]->register_forward_pre_hook(
+        [state, i](nn::Module&, const TensorList& in) { return state->pre_forward(in, i); });
+    members[i]->register_forward_hook(
+        [state, i](nn::Module&, const TensorList&, const TensorList& out) { return state->post_forward(out, i); });
+  }
   return FSDPModule(state);
 }
 
@@ -133,8 +160,8 @@ nn::Module& FSDPModule::module() const { return state_->module(); }
 
 std::vector<FSDPState*> FSDPModule::subtree() const {
   std::vector<FSDPState*> out;
-  for (auto& [n, m] : state_->module().named_modules())
-    if (auto s = state_of(*m)) out.push_back(s.get());
+  for (auto& [n, m] : state_->named_modules())
+    if (auto s = state_of(*m); s && std::find(out.begin(), out.end(), s.get()) == out.end()) out.push_back(s.get());
   return out;
 }
 
@@ -183,6 +210,7 @@ void FSDPModule::set_reduce_scatter_divide_factor(double factor) {
     if (s->group) s->group->reduce_scatter_divide_factor = factor;
 }
 void FSDPModule::set_unshard_in_backward(bool u) { state_->unshard_in_backward_ = u; }
+void FSDPModule::set_post_optim_event(Event event) { state_->set_post_optim_event(std::move(event)); }
 void FSDPModule::set_requires_all_reduce(bool a, bool recurse) {
   for (FSDPState* s : recurse ? subtree() : std::vector<FSDPState*>{state_.get()})
     if (s->group) s->group->requires_all_reduce = a;
@@ -190,23 +218,25 @@ void FSDPModule::set_requires_all_reduce(bool a, bool recurse) {
 
 const FSDPParam& FSDPModule::find_param(const std::string& name) const {
   if (const FSDPParam* p = lookup_param(name)) return *p;
-  // A tied parameter's other names (its first name is the sharded parameter's).
-  auto tied = tied_parameter_names(state_->module());
-  if (auto it = tied.find(name); it != tied.end())
-    if (const FSDPParam* p = lookup_param(it->second)) return *p;
   WEFT_ERROR("fsdp: no sharded parameter named \"{}\" under this module", name);
 }
 
+// Resolved through the module tree: the tensor in the slot `name` names (any name of a tied
+// parameter), then the group parameter whose sharded or unsharded tensor it is.
 const FSDPParam* FSDPModule::lookup_param(const std::string& name) const {
+  const size_t dot = name.rfind('.');
+  const std::string mname = dot == std::string::npos ? "" : name.substr(0, dot);
+  const std::string pname = dot == std::string::npos ? name : name.substr(dot + 1);
+  const TensorImpl* impl = nullptr;
+  for (auto& [n, m] : state_->named_modules())
+    if (n == mname)
+      for (auto& [own, t] : m->named_parameters(false))
+        if (own == pname) impl = t.impl();
+  if (!impl) return nullptr;
   for (FSDPState* s : subtree())
     if (s->group)
-      for (auto& p : s->group->params()) {
-        // Names are recorded relative to the module fully_shard was called on.
-        std::string prefix;
-        for (auto& [mn, m] : state_->module().named_modules())
-          if (m.get() == &s->module()) prefix = mn.empty() ? "" : mn + ".";
-        if (prefix + p->name() == name) return p.get();
-      }
+      for (auto& p : s->group->params())
+        if (p->sharded().impl() == impl || (p->unsharded().defined() && p->unsharded().impl() == impl)) return p.get();
   return nullptr;
 }
 

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "core/stream.h"
 #include "fsdp/options.h"
 #include "fsdp/param_group.h"
 #include "nn/module.h"
@@ -66,6 +67,10 @@ class FSDPModule {
   void set_unshard_in_backward(bool unshard);
   // HSDP: false skips the all-reduce across replicas (keeps per-replica gradients).
   void set_requires_all_reduce(bool all_reduce, bool recurse = true);
+  // The next forward's all-gathers also wait for `event` (e.g. recorded after an optimizer step
+  // run on another stream); used once, then dropped: set a new event every step. Applies to
+  // the whole root. On the CPU events are complete when recorded, so it orders nothing.
+  void set_post_optim_event(Event event);
 
   // The full value of a parameter of this group (all-gathered; a collective call).
   Tensor full_tensor(const std::string& name) const;
@@ -78,15 +83,22 @@ class FSDPModule {
   // Collectives issued by this module's group (and, with recurse, by all groups below).
   CommStats comm_stats(bool recurse = true) const;
   const std::shared_ptr<FSDPState>& state() const { return state_; }
+  // The state of this module's group and of every group below it, each once.
+  std::vector<FSDPState*> subtree() const;
 
  private:
-  std::vector<FSDPState*> subtree() const;
   const FSDPParam& find_param(const std::string& name) const;
   const FSDPParam* lookup_param(const std::string& name) const;  // null if not sharded here
   std::shared_ptr<FSDPState> state_;
 };
 
 FSDPModule fully_shard(const nn::ModulePtr& module, const FullyShardOptions& options = {});
+// One group for several sibling modules (FSDP2's fully_shard on a list): one all-gather and one
+// reduce-scatter for all of them, gathered when the first of them starts its forward and
+// resharded when the last one ends it. Every forward that needs gradients must run all of
+// them. The handle names their parameters as a ModuleList of them would ("0.weight",
+// "1.weight"); module() is the first of them.
+FSDPModule fully_shard(const std::vector<nn::ModulePtr>& modules, const FullyShardOptions& options = {});
 // The FSDPModule of a module fully_shard was applied to, if any.
 std::optional<FSDPModule> fsdp_module(const nn::Module& module);
 

@@ -1,6 +1,7 @@
 #include "fsdp/state.h"
 
 #include <cstdio>
+#include <map>
 
 #include "autograd/engine.h"
 #include "autograd/function.h"
@@ -21,7 +22,7 @@ class PostBackward : public autograd::Function {
   std::string name() const override { return "FSDPPostBackward"; }
   TensorList forward(autograd::FunctionCtx&, const TensorList& inputs) override { return inputs; }
   TensorList backward(autograd::FunctionCtx&, const TensorList& grads) override {
-    if (auto s = state_.lock()) s->post_backward();
+    if (auto s = state_.lock()) s->member_inputs_done();
     return grads;
   }
 
@@ -49,9 +50,11 @@ const char* training_state_name(TrainingState state) {
 
 std::shared_ptr<FSDPState> state_of(const nn::Module& module) { return module.extension_as<FSDPState>(); }
 
-FSDPState::FSDPState(nn::Module& m, const FullyShardOptions& opts, std::unique_ptr<FSDPParamGroup> g,
+FSDPState::FSDPState(std::vector<nn::Module*> modules, const FullyShardOptions& opts, std::unique_ptr<FSDPParamGroup> g,
                      std::shared_ptr<dist::DeviceMesh> mesh_)
-    : group(std::move(g)), mesh(std::move(mesh_)), module_(m), mp_(opts.mp_policy), path_(m.type_name()) {
+    : group(std::move(g)), mesh(std::move(mesh_)), mp_(opts.mp_policy), modules_(std::move(modules)),
+      members_to_run_(modules_.size(), false) {
+  for (nn::Module* m : modules_) path_ += (path_.empty() ? "" : "+") + m->type_name();
   if (opts.reshard_after_forward) {
     if (const bool* b = std::get_if<bool>(&*opts.reshard_after_forward)) {
       reshard_after_forward_ = *b;
@@ -73,30 +76,52 @@ FSDPState::FSDPState(nn::Module& m, const FullyShardOptions& opts, std::unique_p
   }
 }
 
+std::vector<std::pair<std::string, nn::Module*>> named_modules_of(const std::vector<nn::Module*>& members) {
+  std::vector<std::pair<std::string, nn::Module*>> out;
+  for (size_t i = 0; i < members.size(); ++i)
+    for (auto& [name, m] : members[i]->named_modules()) {
+      std::string prefix = members.size() == 1 ? "" : std::to_string(i);
+      out.emplace_back(prefix.empty() || name.empty() ? prefix + name : prefix + "." + name, m.get());
+    }
+  return out;
+}
+
+std::vector<std::pair<std::string, nn::Module*>> FSDPState::named_modules() const { return named_modules_of(modules_); }
+
 void FSDPState::lazy_init() {
   is_root_ = true;
   root_ = weak_from_this();
   // Every sharded module below this one becomes part of this root's step, and its group issues
-  // its collectives through this root's communication context.
+  // its collectives through this root's communication context. A list's state is met once per
+  // member: its path names them all ("blocks.0+blocks.1").
   std::shared_ptr<CommContext> comm = group ? group->comm_context() : std::make_shared<CommContext>();
-  for (auto& [name, m] : module_.named_modules()) {
+  std::map<FSDPState*, std::string> paths;
+  for (auto& [name, m] : named_modules()) {
     auto s = state_of(*m);
     if (!s) continue;
+    std::string here = name.empty() ? m->type_name() : name;
+    if (auto it = paths.find(s.get()); it != paths.end()) {
+      it->second += "+" + here;
+      continue;
+    }
+    paths[s.get()] = here;
     if (s.get() != this) {
       WEFT_CHECK(!s->is_root_.value_or(false) || (s->recording_order_.empty() && !s->forward_order_),
                  "fsdp: module '{}' ran forward as a root before its parent's first forward; call the "
-                 "outermost sharded module", name);
+                 "outermost sharded module", here);
       s->is_root_ = false;
       s->root_ = weak_from_this();
     }
     if (!s->reshard_after_forward_) s->reshard_after_forward_ = s.get() != this;  // root keeps its params
     if (!s->is_last_backward_) is_last_backward_ = false;  // set on a module before the first forward
-    s->path_ = name.empty() ? module_.type_name() : name;
+    states_.push_back(s.get());
+  }
+  for (FSDPState* s : states_) {
+    s->path_ = paths[s];
     if (s->group) {
       s->group->label = s->path_;
       s->group->set_comm_context(comm);
     }
-    states_.push_back(s.get());
   }
   validate_across_ranks();
 }
@@ -161,7 +186,12 @@ void FSDPState::reset_iteration() {
   const bool interrupted = step_ != TrainingState::idle;
   for (FSDPState* s : states_) {
     s->training_state_ = TrainingState::idle;
+    // A list whose members did not all run (a forward without gradients may skip some) is
+    // still gathered: reshard it.
+    const bool list_unfinished = s->members_left_ > 0;
+    s->members_left_ = 0;
     if (!s->group) continue;
+    if (list_unfinished && s->group->state() != FSDPParamGroup::State::sharded) s->group->reshard();
     if (s->group->reduce_scatter_pending()) s->group->finish_reduce_scatter();
     if (interrupted && s->group->state() != FSDPParamGroup::State::sharded) s->group->reshard();
   }
@@ -211,7 +241,12 @@ void warn_if_parent_unsharded() {
 }
 }  // namespace
 
-std::optional<TensorList> FSDPState::pre_forward(const TensorList& inputs) {
+std::optional<TensorList> FSDPState::pre_forward(const TensorList& inputs, size_t member) {
+  // A list's later members join the forward their group's first member started.
+  if (members_left_ > 0 && !members_to_run_[member]) {
+    members_to_run_[member] = true;
+    return prepare_inputs(inputs);
+  }
   // Names the collectives issued from here in the fingerprint check and the flight recorder.
   dist::CollectiveLabel label(fmt::format("fsdp '{}' FORWARD", path_));
   if (!is_root_.has_value()) lazy_init();
@@ -219,8 +254,20 @@ std::optional<TensorList> FSDPState::pre_forward(const TensorList& inputs) {
     reset_iteration();
     if (!forward_order_) recording_order_.clear();
     step_ = TrainingState::forward;
+    // set_post_optim_event: the gathers wait for the event besides the issuing stream.
+    if (post_optim_event_) {
+      for (FSDPState* s : states_)
+        if (s->group) s->group->comm_context()->all_gather_stream(s->group->compute_device()).wait(*post_optim_event_);
+      post_optim_event_.reset();
+    }
   }
   transition(TrainingState::forward, {TrainingState::idle}, "pre-forward");
+  if (modules_.size() > 1) {
+    members_to_run_.assign(modules_.size(), false);
+    members_to_run_[member] = true;
+    members_left_ = modules_.size();
+    inputs_pending_ = 0;
+  }
   forward_started_us_ = trace::enabled() ? trace::now_us() : 0;
   FSDPState* r = root();
   if (r && !r->forward_order_) r->recording_order_.push_back(this);
@@ -234,6 +281,10 @@ std::optional<TensorList> FSDPState::pre_forward(const TensorList& inputs) {
       next->group->start_unshard();
     }
   }
+  return prepare_inputs(inputs);
+}
+
+TensorList FSDPState::prepare_inputs(const TensorList& inputs) {
   TensorList out = inputs;
   if (mp_.param_dtype && mp_.cast_forward_inputs)
     for (Tensor& t : out)
@@ -248,13 +299,25 @@ std::optional<TensorList> FSDPState::pre_forward(const TensorList& inputs) {
         where.push_back(i);
       }
   if (!need.empty()) {
+    if (modules_.size() > 1) ++inputs_pending_;
     TensorList wrapped = autograd::Function::apply<PostBackward>(need, weak_from_this());
     for (size_t k = 0; k < where.size(); ++k) out[where[k]] = wrapped[k];
   }
   return out;
 }
 
-std::optional<TensorList> FSDPState::post_forward(const TensorList& outputs) {
+void FSDPState::member_inputs_done() {
+  // A list's post-backward waits for the inputs of every member that ran: members run one after
+  // another (the first one's inputs are done last) or side by side (in any order).
+  if (modules_.size() > 1 && --inputs_pending_ > 0) return;
+  post_backward();
+}
+
+std::optional<TensorList> FSDPState::post_forward(const TensorList& outputs, size_t member) {
+  if (modules_.size() > 1) {
+    if (members_left_ == 0 || !members_to_run_[member]) return prepare_outputs(outputs);  // a member run twice
+    if (--members_left_ > 0) return prepare_outputs(outputs);  // the group stays gathered for the others
+  }
   transition(TrainingState::idle, {TrainingState::forward}, "post-forward");
   if (*is_root_) {  // the root's forward ends last: the order is recorded
     if (!forward_order_) forward_order_ = std::move(recording_order_);
@@ -269,11 +332,15 @@ std::optional<TensorList> FSDPState::post_forward(const TensorList& outputs) {
   }
   if (forward_started_us_)
     trace::record("forward " + path_, "fsdp", forward_started_us_, trace::now_us() - forward_started_us_);
+  return prepare_outputs(outputs);
+}
+
+TensorList FSDPState::prepare_outputs(const TensorList& outputs) {
   TensorList out = outputs;
   if (mp_.output_dtype)
     for (Tensor& t : out)
       if (t.defined() && is_floating(t.dtype()) && t.dtype() != *mp_.output_dtype) t = t.to(*mp_.output_dtype);
-  if (grad) {
+  if (GradMode::is_enabled()) {
     std::weak_ptr<FSDPState> self = weak_from_this();
     for (Tensor& t : out)
       if (t.defined() && t.requires_grad())
@@ -285,9 +352,19 @@ std::optional<TensorList> FSDPState::post_forward(const TensorList& outputs) {
   return out;
 }
 
+void FSDPState::set_post_optim_event(Event event) {
+  FSDPState* r = root();
+  (r ? r : this)->post_optim_event_ = std::move(event);
+}
+
 void FSDPState::pre_backward() {
   // Once per backward: the hook is on every output of the module.
   if (training_state_ == TrainingState::pre_backward || training_state_ == TrainingState::post_backward) return;
+  WEFT_CHECK(members_left_ == 0,
+             "fsdp: backward reached the group of modules '{}' (one fully_shard call on a list) whose forward ran only "
+             "{} of its {} modules; each forward that needs gradients must run every module of the list, as the "
+             "group is resharded when the last of them ends its forward", path_, modules_.size() - members_left_,
+             modules_.size());
   transition(TrainingState::pre_backward, {TrainingState::idle}, "pre-backward");
   dist::CollectiveLabel label(fmt::format("fsdp '{}' PRE_BACKWARD", path_));
   backward_started_us_ = trace::enabled() ? trace::now_us() : 0;

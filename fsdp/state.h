@@ -7,6 +7,11 @@
 // ranks on the first forward and, at the end of every backward, finishes what its descendants
 // left.
 //
+// One state may serve several sibling modules (fully_shard on a list): they form one group, gathered
+// when the first of them starts its forward and resharded when the last of them ends it, as
+// FSDP2's group forward hooks; every member's inputs and outputs carry the backward hooks, and the
+// post-backward runs once the inputs of every member have their gradients.
+//
 // Progress is explicit, as FSDP2's TrainingState: each state is IDLE, FORWARD, PRE_BACKWARD or
 // POST_BACKWARD, and every hook moves it through a checked transition:
 //
@@ -25,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "core/stream.h"
 #include "fsdp/param_group.h"
 
 namespace weft::fsdp {
@@ -39,24 +45,31 @@ const char* training_state_name(TrainingState state);
 
 class FSDPState : public nn::ModuleExtension, public std::enable_shared_from_this<FSDPState> {
  public:
-  FSDPState(nn::Module& module, const FullyShardOptions& opts, std::unique_ptr<FSDPParamGroup> group,
+  // `modules`: the module fully_shard was called on, or the members of the list (in order).
+  FSDPState(std::vector<nn::Module*> modules, const FullyShardOptions& opts, std::unique_ptr<FSDPParamGroup> group,
             std::shared_ptr<dist::DeviceMesh> mesh);
 
   // Read by FSDPModule, state dicts, checkpoints and clip_grad_norm_.
   const std::unique_ptr<FSDPParamGroup> group;  // null when the module had no unsharded parameters left
   const std::shared_ptr<dist::DeviceMesh> mesh;
 
-  nn::Module& module() const { return module_; }
+  nn::Module& module() const { return *modules_[0]; }  // the first member of a list
+  const std::vector<nn::Module*>& modules() const { return modules_; }
+  // The modules this state covers and every module below them, named as under the module
+  // fully_shard was called on (for a list: as a ModuleList of its members, "0.fc", "1.fc").
+  std::vector<std::pair<std::string, nn::Module*>> named_modules() const;
   TrainingState training_state() const { return training_state_; }
   // The module's path under its root ("blocks.3"; the root's type name); its type name until
   // the root's first forward.
   const std::string& path() const { return path_; }
 
-  // The hooks fully_shard installs.
-  std::optional<TensorList> pre_forward(const TensorList& inputs);
-  std::optional<TensorList> post_forward(const TensorList& outputs);
+  // The hooks fully_shard installs on each member module (`member`: its index in modules()).
+  std::optional<TensorList> pre_forward(const TensorList& inputs, size_t member = 0);
+  std::optional<TensorList> post_forward(const TensorList& outputs, size_t member = 0);
   void pre_backward();
   void post_backward();
+  void member_inputs_done();  // a member's inputs got their gradients (a list waits for all)
+  void set_post_optim_event(Event event);
   void root_final_callback();  // root only: the end of a backward
 
  private:
@@ -71,7 +84,17 @@ class FSDPState : public nn::ModuleExtension, public std::enable_shared_from_thi
   // current and the requested state and `hook`.
   void transition(TrainingState to, std::initializer_list<TrainingState> from, const char* hook);
 
-  nn::Module& module_;
+  // The members' part of the forward hooks: input casts and post-backward hooks; output casts
+  // and pre-backward hooks.
+  TensorList prepare_inputs(const TensorList& inputs);
+  TensorList prepare_outputs(const TensorList& outputs);
+
+  std::vector<nn::Module*> modules_;
+  // A list's forward: the members that have not run yet (empty between forwards), and the
+  // post-backward hooks armed on members' inputs that have not fired yet.
+  std::vector<bool> members_to_run_;
+  size_t members_left_ = 0;
+  int inputs_pending_ = 0;
   MixedPrecisionPolicy mp_;
   TrainingState training_state_ = TrainingState::idle;
   std::string path_;
@@ -99,9 +122,14 @@ class FSDPState : public nn::ModuleExtension, public std::enable_shared_from_thi
   // pre-backward hook of a backward (the end-of-backward callback is queued) to its callback.
   TrainingState step_ = TrainingState::idle;
   FSDPState* last_reduce_scatter_ = nullptr;  // the group whose reduce-scatter was started last
+  std::optional<Event> post_optim_event_;     // set_post_optim_event: waited on by the next forward's gathers
 
   uint64_t forward_started_us_ = 0, backward_started_us_ = 0;  // for traces
 };
+
+// Every module of `members` and below them, named as under the module fully_shard was called
+// on; several members are named as a ModuleList of them ("0", "0.fc", "1", ...).
+std::vector<std::pair<std::string, nn::Module*>> named_modules_of(const std::vector<nn::Module*>& members);
 
 // The state fully_shard attached to a module, or null.
 std::shared_ptr<FSDPState> state_of(const nn::Module& module);

@@ -41,11 +41,13 @@ SummonFullParams::SummonFullParams(const FSDPModule& module, SummonOptions optio
              "write back)");
   WEFT_CHECK(!autograd::Engine::is_running(),
              "fsdp::SummonFullParams: called inside backward; summon the full parameters between training steps");
-  nn::Module& top = module.module();
-  for (auto& [name, m] : top.named_modules()) {
+  const auto walk = module.state()->named_modules();
+  for (auto& [name, m] : walk) {
     auto s = state_of(*m);
-    if (!s || (!opts_.recurse && m.get() != &top)) continue;
-    std::string where = name.empty() ? top.type_name() + " (the module summoned)" : "'" + name + "'";
+    if (!s || (!opts_.recurse && s != module.state()) ||
+        std::find(states_.begin(), states_.end(), s) != states_.end())
+      continue;
+    std::string where = s == module.state() ? s->path() + " (the module summoned)" : "'" + name + "'";
     WEFT_CHECK(!summoned().count(s.get()),
                "fsdp::SummonFullParams: sharded module {} is already summoned by an enclosing SummonFullParams; "
                "nested guards are not supported", where);
@@ -89,24 +91,26 @@ SummonFullParams::SummonFullParams(const FSDPModule& module, SummonOptions optio
       ga.recv = Tensor();
     }
   }
-  for (auto& [name, m] : top.named_modules())
+  for (auto& [name, m] : walk)
     for (auto& [pname, t] : m->named_parameters(false))
       if (auto it = index.find(t.impl()); it != index.end())
         held_[it->second].slots.push_back(&m->parameter_slot(pname));
   for (auto& s : states_) {
     summoned().insert(s.get());
     // Registered after fully_shard's own hooks, so these run after its pre- and post-forward.
-    hooks_.push_back(s->module().register_forward_pre_hook([this](nn::Module& m, const TensorList&) {
-      before_forward(m);
-      return std::optional<TensorList>();
-    }));
-    hooks_.push_back(s->module().register_forward_hook([this](nn::Module& m, const TensorList&, const TensorList&) {
-      if (&m == forward_starter_) {  // the forward's post-hooks resharded: full tensors again
-        forward_starter_ = nullptr;
-        point_slots_at_full();
-      }
-      return std::optional<TensorList>();
-    }));
+    for (nn::Module* member : s->modules()) {
+      hooks_.push_back(member->register_forward_pre_hook([this](nn::Module& m, const TensorList&) {
+        before_forward(m);
+        return std::optional<TensorList>();
+      }));
+      hooks_.push_back(member->register_forward_hook([this](nn::Module& m, const TensorList&, const TensorList&) {
+        if (&m == forward_starter_) {  // the forward's post-hooks resharded: full tensors again
+          forward_starter_ = nullptr;
+          point_slots_at_full();
+        }
+        return std::optional<TensorList>();
+      }));
+    }
   }
   active_ = true;
   point_slots_at_full();

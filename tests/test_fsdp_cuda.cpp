@@ -118,6 +118,51 @@ TEST_CASE("fsdp on cuda: collective counts and memory released after a step") {
   for (auto& p : m->parameters()) CHECK(p.device() == dev);
 }
 
+// The optimizer steps on a side stream behind a long queue of unrelated work; only the
+// post-optimizer event orders the next forward's all-gathers after the step. Without it the
+// gathers would read the shards before the step and the losses would lag the reference's.
+TEST_CASE("fsdp on cuda: set_post_optim_event orders the next all-gathers after a side-stream step") {
+  const Device dev = gpu();
+  manual_seed(7);
+  auto ref = std::make_shared<UnevenMLP>();
+  ref->to(dev);
+  manual_seed(7);
+  auto model = std::make_shared<UnevenMLP>();
+  model->to(dev);
+  fsdp::fully_shard(model->fc1);
+  fsdp::fully_shard(model->fc2);
+  auto root = fsdp::fully_shard(model);
+  nn::AdamW ref_opt(ref->parameters(), {.lr = 1e-2});
+  nn::AdamW opt(model->parameters(), {.lr = 1e-2});
+  Stream side = Stream::create(dev);
+  Tensor busy = randn({2048, 2048}).to(dev);
+  for (int step = 0; step < 4; ++step) {
+    Batch global = mlp_batch(step, 8);
+    ref_opt.zero_grad();
+    opt.zero_grad();
+    Tensor l_ref = loss_of(*ref, on(global, dev));
+    l_ref.backward();
+    ref_opt.step();
+    Tensor l = loss_of(*model, on(slice(global), dev));
+    l.backward();
+    check_close({global_mean(l.item())}, {l_ref.item()}, 1e-5, fmt::format("loss at step {}", step));
+    Event grads_ready;
+    grads_ready.record(current_stream(dev));
+    side.wait(grads_ready);
+    Event stepped;
+    {
+      StreamGuard on_side(side);
+      Tensor x = busy;
+      for (int i = 0; i < 40; ++i) x = matmul(x, busy) * 1e-3;
+      NoGradGuard no_grad;
+      opt.step();
+      stepped.record(side);
+    }
+    root.set_post_optim_event(std::move(stepped));
+  }
+  synchronize(dev);
+}
+
 TEST_CASE("fsdp on cuda: a mesh whose backend cannot take the module's tensors is an error") {
   const Device dev = gpu();
   auto cpu_mesh = std::make_shared<dist::DeviceMesh>(DeviceType::cpu);

@@ -75,6 +75,66 @@ TEST_CASE("parity: gradient accumulation over 4 micro-batches, syncing on the la
   }, 3, 4);
 }
 
+// Two branches fed the same activations, summed: siblings that run side by side.
+struct TwoBranch : nn::Module {
+  std::shared_ptr<nn::Linear> pre, a, b, head;
+  TwoBranch() : nn::Module("TwoBranch") {
+    pre = register_module("pre", std::make_shared<nn::Linear>(7, 9));
+    a = register_module("a", std::make_shared<nn::Linear>(9, 6));
+    b = register_module("b", std::make_shared<nn::Linear>(9, 6));
+    head = register_module("head", std::make_shared<nn::Linear>(6, 3));
+  }
+  Tensor forward(const Tensor& x) override {
+    Tensor h = relu((*pre)(x));
+    return (*head)((*a)(h) + relu((*b)(h)));
+  }
+  using nn::Module::forward;
+};
+
+TEST_CASE("fully_shard on a list: siblings run one after another form one group") {
+  run_parity<TinyGPT>(gpt_batch, 4, [](const std::shared_ptr<TinyGPT>& m) {
+    auto group = fsdp::fully_shard(std::vector<ModulePtr>{(*m->blocks)[0], (*m->blocks)[1]});
+    CHECK(fsdp::fsdp_module(*(*m->blocks)[1])->state() == group.state());
+    CHECK(group.shards("1.attn.c_attn.weight"));
+    auto root = fsdp::fully_shard(m);
+    // One all-gather for both blocks in a forward, and one reduce-scatter in backward.
+    auto before = group.comm_stats(false);
+    loss_of(*m, slice(gpt_batch(99, 4))).backward();
+    CHECK(group.comm_stats(false).all_gathers - before.all_gathers == 2);  // forward, then backward
+    CHECK(group.comm_stats(false).reduce_scatters - before.reduce_scatters == 1);
+    for (auto& p : m->parameters()) p.set_grad(Tensor());
+    return root;
+  }, 4);
+}
+
+TEST_CASE("fully_shard on a list: siblings run side by side form one group") {
+  run_parity<TwoBranch>(mlp_batch, 8, [](const std::shared_ptr<TwoBranch>& m) {
+    fsdp::fully_shard(std::vector<ModulePtr>{m->a, m->b});
+    return fsdp::fully_shard(m);
+  }, 4);
+}
+
+TEST_CASE("fully_shard on a list: refused lists, and a forward that skips a member") {
+  auto m = std::make_shared<TwoBranch>();
+  CHECK_THROWS_WITH(fsdp::fully_shard(std::vector<ModulePtr>{}), Catch::Contains("list of modules is empty"));
+  CHECK_THROWS_WITH(fsdp::fully_shard(std::vector<ModulePtr>{m->a, m->a}), Catch::Contains("is the same as"));
+  CHECK_THROWS_WITH(fsdp::fully_shard(std::vector<ModulePtr>{m, m->a}), Catch::Contains("is inside"));
+  fsdp::fully_shard(std::vector<ModulePtr>{m->a, m->b});
+  fsdp::fully_shard(m);
+  // Only `a` runs: the group never ends its forward, and backward says so.
+  Tensor x = randn({2, 7});
+  {
+    NoGradGuard no_grad;
+    (*m)(x);
+  }
+  Tensor h = randn({2, 9});
+  h.set_requires_grad(true);
+  Tensor out = (*m->a)(h);
+  CHECK_THROWS_WITH(sum(out).backward(), Catch::Contains("ran only 1 of its 2 modules"));
+  // The next forward starts clean.
+  CHECK_NOTHROW(sum((*m)(x)).backward());
+}
+
 TEST_CASE("the registered parameters are this rank's shards; sharding metadata") {
   manual_seed(1);
   auto m = std::make_shared<UnevenMLP>();
