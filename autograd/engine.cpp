@@ -1,9 +1,11 @@
 #include "autograd/engine.h"
 
+#include <optional>
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
 
+#include "core/allocator.h"
 #include "core/autograd_meta.h"
 #include "core/grad_mode.h"
 #include "kernels/elementwise.h"
@@ -101,7 +103,12 @@ void run_backward(const TensorList& roots, const TensorList& root_grads, bool re
     for (auto& [nr, weak] : node->retained) {
       if (auto impl = weak.lock()) Tensor(impl).autograd_meta().grad = grads[nr].clone();
     }
+    // Names the gradients and temporaries in out-of-memory reports, while a limit is set.
+    const std::string owner = MemoryOwner::wanted() ? "backward of " + node->name() : std::string();
+    std::optional<MemoryOwner> owning;
+    if (!owner.empty()) owning.emplace(owner);
     TensorList out = node->apply(std::move(grads));
+    owning.reset();
     WEFT_CHECK(out.size() == node->next_edges.size() || out.empty(),
                "backward: {} returned {} gradients for {} inputs", node->name(), out.size(),
                node->next_edges.size());

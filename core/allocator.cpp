@@ -1,8 +1,11 @@
 #include "core/allocator.h"
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
+#include <map>
 #include <new>
 
 #include "core/device_runtime.h"
@@ -15,23 +18,38 @@ namespace {
 // thread may allocate concurrently.
 class CpuAllocator final : public Allocator {
  public:
+  CpuAllocator() { apply_env_limit(); }
   void* allocate(size_t nbytes) override {
     if (nbytes == 0) return nullptr;
+    const int64_t n = int64_t(nbytes);
+    int64_t live;
+    if (limit() > 0) {  // reserve the bytes first, so that concurrent allocations cannot pass the limit together
+      int64_t cur = live_.load();
+      do check_limit(nbytes, cur, "cpu");
+      while (!live_.compare_exchange_weak(cur, cur + n));
+      live = cur + n;
+    } else {
+      live = live_.fetch_add(n) + n;
+    }
     size_t rounded = (nbytes + 63) / 64 * 64;
     void* p = std::aligned_alloc(64, rounded);
-    WEFT_CHECK(p != nullptr, "cpu allocator: out of memory allocating {} bytes (live {} bytes)",
-               nbytes, live_.load());
-    int64_t live = live_.fetch_add(int64_t(nbytes)) + int64_t(nbytes);
+    if (p == nullptr) {
+      live_.fetch_sub(n);
+      throw OutOfMemoryError(fmt::format("cpu allocator: out of memory allocating {} bytes (live {} bytes)", nbytes,
+                                         live_.load()));
+    }
     int64_t peak = peak_.load();
     while (live > peak && !peak_.compare_exchange_weak(peak, live)) {
     }
-    total_.fetch_add(int64_t(nbytes));
+    total_.fetch_add(n);
     allocs_.fetch_add(1);
+    track(p, nbytes);
     record_live(live);
     return p;
   }
   void deallocate(void* ptr, size_t nbytes) override {
     if (!ptr) return;
+    untrack(ptr);
     std::free(ptr);
     int64_t live = live_.fetch_sub(int64_t(nbytes)) - int64_t(nbytes);
     frees_.fetch_add(1);
@@ -53,6 +71,10 @@ class CpuAllocator final : public Allocator {
 };
 
 Allocator* g_allocators[kNumDeviceTypes] = {nullptr, nullptr};
+std::atomic<bool> g_any_limit{false};
+thread_local const std::string* t_owner = nullptr;
+
+std::string mib(int64_t bytes) { return fmt::format("{:.1f} MiB", double(bytes) / double(1 << 20)); }
 AllocatorLookup g_lookups[kNumDeviceTypes] = {nullptr, nullptr};
 
 }  // namespace
@@ -85,6 +107,89 @@ void Allocator::record_slow(int64_t live_bytes) {
                         std::chrono::steady_clock::now().time_since_epoch()).count();
   timeline_.samples.push_back({t, live_bytes});
 }
+
+// ---------------------------------------------------------------- memory limit
+
+int64_t parse_bytes(const std::string& text, const std::string& what) {
+  size_t i = 0;
+  while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) ++i;
+  std::string unit = text.substr(i);
+  static const std::map<std::string, int> shifts = {{"", 0},   {"K", 10},   {"M", 20},   {"G", 30},   {"T", 40},
+                                                    {"KiB", 10}, {"MiB", 20}, {"GiB", 30}, {"TiB", 40}};
+  auto it = shifts.find(unit);
+  WEFT_CHECK(i > 0 && i <= 15 && it != shifts.end(),
+             "{}: \"{}\" is not a byte count (digits, then optionally K, M, G, T or KiB, MiB, GiB, TiB; e.g. 512M)",
+             what, text);
+  const int64_t n = std::stoll(text.substr(0, i));
+  WEFT_CHECK(n <= (int64_t(1) << (62 - it->second)), "{}: \"{}\" is too large", what, text);
+  return n << it->second;
+}
+
+void Allocator::set_limit(int64_t bytes) {
+  WEFT_CHECK(bytes >= 0, "set_memory_limit: the limit must be 0 (none) or a positive byte count, got {}", bytes);
+  limit_.store(bytes);
+  if (bytes > 0) {
+    tracking_.store(true);
+    g_any_limit.store(true);
+  }
+}
+
+void Allocator::apply_env_limit() {
+  if (const char* v = std::getenv("WEFT_MEMORY_LIMIT"); v && *v) set_limit(parse_bytes(v, "WEFT_MEMORY_LIMIT"));
+}
+
+void Allocator::label(void* ptr, std::string owner) {
+  if (!ptr || limit() <= 0) return;
+  std::lock_guard<std::mutex> lock(owners_mutex_);
+  if (auto it = owners_.find(ptr); it != owners_.end()) it->second.owner = std::move(owner);
+}
+
+void Allocator::track_slow(void* ptr, size_t nbytes) {
+  const std::string* owner = MemoryOwner::current();
+  std::lock_guard<std::mutex> lock(owners_mutex_);
+  owners_[ptr] = {int64_t(nbytes), owner ? *owner : std::string()};
+}
+
+void Allocator::untrack_slow(void* ptr) {
+  std::lock_guard<std::mutex> lock(owners_mutex_);
+  owners_.erase(ptr);
+}
+
+void Allocator::check_limit(size_t nbytes, int64_t live_bytes, const std::string& name) {
+  const int64_t lim = limit();
+  if (lim <= 0 || live_bytes + int64_t(nbytes) <= lim) return;
+  // The largest owners of live memory, summed per owner.
+  std::map<std::string, int64_t> by_owner;
+  int64_t named = 0;
+  {
+    std::lock_guard<std::mutex> lock(owners_mutex_);
+    for (auto& [p, o] : owners_)
+      if (!o.owner.empty()) by_owner[o.owner] += o.bytes, named += o.bytes;
+  }
+  std::vector<std::pair<int64_t, std::string>> largest;
+  for (auto& [owner, bytes] : by_owner) largest.emplace_back(bytes, owner);
+  std::sort(largest.rbegin(), largest.rend());
+  std::string owners;
+  for (size_t i = 0; i < std::min<size_t>(largest.size(), 6); ++i)
+    owners += fmt::format("{}{} {}", i ? ", " : "", mib(largest[i].first), largest[i].second);
+  if (live_bytes > named) owners += fmt::format("{}{} not named", owners.empty() ? "" : ", ", mib(live_bytes - named));
+  const std::string* owner = MemoryOwner::current();
+  throw OutOfMemoryError(fmt::format(
+      "out of memory on {}: allocating {} ({} bytes){} with {} live would pass the memory limit of {} ({} bytes; "
+      "WEFT_MEMORY_LIMIT or weft::set_memory_limit). Largest live allocations: {}",
+      name, mib(int64_t(nbytes)), nbytes, owner ? " for " + *owner : "", mib(live_bytes), mib(lim), lim,
+      owners.empty() ? "none" : owners));
+}
+
+MemoryOwner::MemoryOwner(const std::string& owner) : previous_(t_owner) { t_owner = &owner; }
+MemoryOwner::~MemoryOwner() { t_owner = previous_; }
+const std::string* MemoryOwner::current() { return t_owner; }
+bool MemoryOwner::wanted() { return g_any_limit.load(std::memory_order_relaxed); }
+
+void set_memory_limit(Device device, int64_t bytes) { allocator_for(device).set_limit(bytes); }
+int64_t memory_limit(Device device) { return allocator_for(device).limit(); }
+
+// ---------------------------------------------------------------- registry
 
 Allocator& allocator_for(Device device) {
   if (device.is_cpu()) {

@@ -3,14 +3,20 @@
 // torch.cuda.memory_stats' "allocated_bytes"; `reserved_bytes` is what the allocator holds
 // from the system (equal to live bytes on CPU; a caching CUDA allocator holds more).
 // An opt-in timeline of live bytes (start_memory_recording) feeds memory-over-time plots.
+// A memory limit per device (WEFT_MEMORY_LIMIT, set_memory_limit) turns an allocation that
+// would pass it into an OutOfMemoryError naming the request, the live bytes, the limit and the
+// largest live allocations by owner (MemoryOwner scopes name them).
 #pragma once
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
+#include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "core/device.h"
+#include "core/error.h"
 
 namespace weft {
 
@@ -34,6 +40,12 @@ struct MemoryTimeline {
   int64_t dropped = 0;                // changes after the capacity was full (not stored)
 };
 
+// An allocation refused by a memory limit (or by the device itself).
+class OutOfMemoryError : public Error {
+ public:
+  using Error::Error;
+};
+
 class Allocator {
  public:
   virtual ~Allocator() = default;
@@ -47,7 +59,27 @@ class Allocator {
   void start_recording(size_t capacity);
   MemoryTimeline stop_recording();
 
+  // The cap on live bytes (0: none); see set_memory_limit below.
+  void set_limit(int64_t bytes);
+  int64_t limit() const { return limit_.load(std::memory_order_relaxed); }
+  // Names a live allocation in out-of-memory reports (kept only while a limit is set).
+  void label(void* ptr, std::string owner);
+
  protected:
+  // Implementations: the cap from WEFT_MEMORY_LIMIT (called from their constructor).
+  void apply_env_limit();
+  // Throws OutOfMemoryError if `nbytes` more than `live_bytes` would pass the limit; `name`
+  // is the device ("cpu", "cuda:0").
+  void check_limit(size_t nbytes, int64_t live_bytes, const std::string& name);
+  // Around every allocation and free: remembers the owner of allocations made inside a
+  // MemoryOwner scope while a limit is set (one relaxed load otherwise).
+  void track(void* ptr, size_t nbytes) {
+    if (limit() > 0) track_slow(ptr, nbytes);
+  }
+  void untrack(void* ptr) {
+    if (tracking_.load(std::memory_order_relaxed)) untrack_slow(ptr);
+  }
+
   // Implementations call this after every change of live bytes with the new value. When no
   // recording runs it costs one relaxed atomic load.
   void record_live(int64_t live_bytes) {
@@ -56,6 +88,16 @@ class Allocator {
 
  private:
   void record_slow(int64_t live_bytes);
+  void track_slow(void* ptr, size_t nbytes);
+  void untrack_slow(void* ptr);
+  std::atomic<int64_t> limit_{0};
+  std::atomic<bool> tracking_{false};
+  std::mutex owners_mutex_;
+  struct Owned {
+    int64_t bytes;
+    std::string owner;
+  };
+  std::unordered_map<void*, Owned> owners_;
   std::atomic<bool> recording_{false};
   std::mutex record_mutex_;  // allocations come from OpenMP and communication threads too
   MemoryTimeline timeline_;
@@ -74,6 +116,34 @@ void register_allocator_lookup(DeviceType type, AllocatorLookup lookup);
 
 MemoryStats memory_stats(Device device = Device::cpu());
 void reset_peak_memory_stats(Device device = Device::cpu());
+
+// Memory limit: an allocation that would bring the device's live bytes (as memory_stats
+// counts them) past `bytes` throws OutOfMemoryError instead; 0 removes the limit. The
+// WEFT_MEMORY_LIMIT environment variable sets it for the CPU and every CUDA device when their
+// allocator is first used: a byte count with an optional suffix K, M, G, T (powers of 1024;
+// KiB, MiB, GiB, TiB too), e.g. 512M. Pinned host staging memory is not capped.
+void set_memory_limit(Device device, int64_t bytes);
+int64_t memory_limit(Device device = Device::cpu());
+// Parses a byte count as WEFT_MEMORY_LIMIT takes it; throws weft::Error naming `what` if bad.
+int64_t parse_bytes(const std::string& text, const std::string& what);
+
+// Names what the memory allocated on this thread during its scope is for, in out-of-memory
+// reports ("fsdp 'blocks.0' FORWARD", "forward of Block"). Scopes nest: the innermost names.
+// `owner` must outlive the scope. Costs a thread-local push and pop.
+class MemoryOwner {
+ public:
+  explicit MemoryOwner(const std::string& owner);
+  ~MemoryOwner();
+  MemoryOwner(const MemoryOwner&) = delete;
+  MemoryOwner& operator=(const MemoryOwner&) = delete;
+  // The innermost owner on this thread, or null.
+  static const std::string* current();
+  // Whether any device has a limit (owners are only remembered then).
+  static bool wanted();
+
+ private:
+  const std::string* previous_;
+};
 
 // Memory timeline: from start_memory_recording until stop_memory_recording, the device's
 // allocator appends (time, live bytes) after every allocation and free, from any thread, up to

@@ -58,7 +58,7 @@ thread_local std::string t_label;
 std::atomic<uint64_t> g_next_group_id{1};
 }  // namespace
 
-CollectiveLabel::CollectiveLabel(std::string_view label) : previous_length_(t_label.size()) {
+CollectiveLabel::CollectiveLabel(std::string_view label) : previous_length_(t_label.size()), owner_(t_label) {
   if (!t_label.empty()) t_label += ": ";
   t_label += label;
 }

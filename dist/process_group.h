@@ -20,6 +20,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/allocator.h"
 #include "core/tensor.h"
 
 namespace weft::dist {
@@ -63,6 +64,7 @@ class CollectiveLabel {
 
  private:
   size_t previous_length_;
+  MemoryOwner owner_;  // memory allocated in the scope is named by the label too
 };
 
 class Work {

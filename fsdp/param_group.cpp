@@ -1,5 +1,6 @@
 #include "fsdp/param_group.h"
 
+#include "core/allocator.h"
 #include "core/device_runtime.h"
 #include "core/grad_mode.h"
 #include "core/stream.h"
@@ -60,6 +61,8 @@ FSDPParamGroup::FSDPParamGroup(std::vector<Entry> entries, const FullyShardOptio
   // optimizer, a state dict) may read them as soon as fully_shard returns.
   if (offload_) current_stream(device).synchronize();
   label = params_[0]->name();
+  if (MemoryOwner::wanted() && group_numel_ > 0)
+    allocator_for(flat_shard_.device()).label(flat_shard_.data_ptr(), "fsdp shards of the group of '" + label + "'");
   param_dtype_ = opts.mp_policy.param_dtype.value_or(dtype);
   reduce_dtype_ = opts.mp_policy.reduce_dtype.value_or(param_dtype_);
   for (auto& p : params_) p->use_sharded();
@@ -69,6 +72,8 @@ void FSDPParamGroup::set_comm_context(std::shared_ptr<CommContext> ctx) { comm_ 
 
 void FSDPParamGroup::start_unshard() {
   if (state_ != State::sharded && state_ != State::partial) return;
+  const std::string owner = "fsdp all-gather of '" + label + "'";
+  MemoryOwner owning(owner);
   if (state_ == State::partial) {
     // Gather within the subgroup from the chunks kept after forward.
     gather_ = std::make_unique<AllGatherResult>(all_gather(*comm_, partial_shard_, partial_shard_.dtype(),
@@ -88,6 +93,8 @@ void FSDPParamGroup::start_unshard() {
 void FSDPParamGroup::finish_unshard() {
   if (state_ == State::unsharded) return;
   if (state_ == State::sharded || state_ == State::partial) start_unshard();
+  const std::string owner = "fsdp unsharded parameters of '" + label + "'";
+  MemoryOwner owning(owner);
   // Dropped only once done: a wait that throws leaves the collective to complete later.
   AllGatherResult& gathered = *gather_;
   wait_all_gather(gathered);
@@ -117,6 +124,8 @@ void FSDPParamGroup::reshard_to_subgroup(const dist::ProcessGroupPtr& group) {
   if (state_ == State::gathering) finish_unshard();
   if (state_ != State::unsharded) return;
   const int k = group->size(), index = group->rank();
+  const std::string owner = "fsdp kept chunk (reshard_after_forward = k) of '" + label + "'";
+  MemoryOwner owning(owner);
   partial_group_ = group;
   partial_offsets_.clear();
   int64_t total = 0;
@@ -148,6 +157,8 @@ bool FSDPParamGroup::has_unsharded_grads() const {
 
 void FSDPParamGroup::start_reduce_scatter() {
   if (pending_rs_) finish_reduce_scatter();
+  const std::string owner = "fsdp reduce-scatter of '" + label + "'";
+  MemoryOwner owning(owner);
   bool average = reduce_scatter_divide_factor == 0;
   pending_rs_ = std::make_unique<ReduceScatterResult>(
       reduce_scatter(*comm_, params_, shard_group_, group_numel_, reduce_dtype_, compute_device_,
@@ -158,6 +169,8 @@ void FSDPParamGroup::start_reduce_scatter() {
 void FSDPParamGroup::finish_reduce_scatter() {
   if (!pending_rs_) return;
   auto pending = std::move(pending_rs_);
+  const std::string owner = "fsdp sharded gradients of '" + label + "'";
+  MemoryOwner owning(owner);
   PostReduce post;
   if (replicate_group_ && replicate_group_->size() > 1) {
     // Without the all-reduce (HSDP gradient accumulation) the output waits in the partial sum

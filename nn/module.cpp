@@ -8,6 +8,7 @@
 #include <unordered_set>
 
 #include "autograd/ops.h"
+#include "core/allocator.h"
 #include "core/autograd_meta.h"
 #include "core/grad_mode.h"
 
@@ -32,7 +33,11 @@ TensorList Module::call(const std::function<TensorList(const TensorList&)>& meth
   auto pre = hooks_->pre;
   for (auto& [id, hook] : pre)
     if (auto r = hook(*this, in)) in = std::move(*r);
-  TensorList out = checkpointing_ ? checkpoint(method, in) : method(in);
+  TensorList out;
+  {
+    MemoryOwner owner(memory_owner_);
+    out = checkpointing_ ? checkpoint(method, in) : method(in);
+  }
   auto post = hooks_->post;
   for (auto& [id, hook] : post)
     if (auto r = hook(*this, in, out)) out = std::move(*r);
@@ -62,6 +67,8 @@ Tensor& Module::register_parameter(const std::string& name, Tensor t, bool requi
   if (t.defined()) {
     t = t.is_leaf() ? t : t.detach();
     if (requires_grad) t.set_requires_grad(true);
+    if (MemoryOwner::wanted() && t.storage() && t.storage()->is_allocated())
+      allocator_for(t.device()).label(t.storage()->data(), fmt::format("parameter '{}' of {}", name, type_name_));
   }
   params_.emplace_back(name, std::move(t));
   return params_.back().second;

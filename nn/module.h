@@ -53,7 +53,8 @@ class HookHandle {
 
 class Module : public std::enable_shared_from_this<Module> {
  public:
-  explicit Module(std::string type_name = "Module") : type_name_(std::move(type_name)) {}
+  explicit Module(std::string type_name = "Module")
+      : type_name_(std::move(type_name)), memory_owner_("forward of " + type_name_) {}
   virtual ~Module() = default;
   Module(const Module&) = delete;
   Module& operator=(const Module&) = delete;
@@ -143,6 +144,7 @@ class Module : public std::enable_shared_from_this<Module> {
   void collect(const std::string& prefix, bool recurse, bool buffers, NamedTensorList& out) const;
   void convert(const std::function<Tensor(const Tensor&)>& fn);
   std::string type_name_;
+  std::string memory_owner_;  // names the memory its forward allocates in out-of-memory reports
   std::deque<std::pair<std::string, Tensor>> params_;  // deque: slot addresses stay valid
   std::deque<std::pair<std::string, Tensor>> buffers_;
   std::vector<std::pair<std::string, ModulePtr>> children_;

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "core/allocator.h"
 #include "core/autograd_meta.h"
 #include "core/grad_mode.h"
 #include "core/trace.h"
@@ -148,6 +149,7 @@ SGD::SGD(std::vector<ParamGroup> groups, SGDOptions o)
 
 void SGD::step() {
   check_params();
+  MemoryOwner owner(state_owner_);
   trace::Span span("optimizer step", "optim");
   NoGradGuard no_grad;
   for (auto& g : groups_) {
@@ -188,6 +190,7 @@ Adam::Adam(std::string name, std::vector<ParamGroup> groups, AdamOptions o, bool
 
 void Adam::step() {
   check_params();
+  MemoryOwner owner(state_owner_);
   trace::Span span("optimizer step", "optim");
   NoGradGuard no_grad;
   for (auto& g : groups_) {

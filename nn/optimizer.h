@@ -51,6 +51,7 @@ class Optimizer {
   std::map<std::string, Tensor>& state_of(const Tensor& param);
   std::vector<ParamGroup> groups_;
   std::string name_;
+  std::string state_owner_ = name_ + " state";  // names the state step() allocates in out-of-memory reports
 
  private:
   std::map<TensorImpl*, std::map<std::string, Tensor>> state_;

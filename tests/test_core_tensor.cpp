@@ -156,6 +156,46 @@ TEST_CASE("the memory timeline records every change while on, and nothing while 
   CHECK(tl.dropped == 2);
 }
 
+TEST_CASE("a memory limit turns an allocation past it into a named out-of-memory error") {
+  const int64_t live = memory_stats().live_bytes;
+  set_memory_limit(kCPU, live + (1 << 20));
+  REQUIRE(memory_limit() == live + (1 << 20));
+  std::string err;
+  {
+    const std::string owner = "the test's buffer";
+    Tensor kept;
+    {
+      MemoryOwner owning(owner);
+      kept = empty({512 << 10}, {.dtype = DType::u8});  // 0.5 MiB, under the limit
+    }
+    try {
+      Tensor big = empty({1 << 20}, {.dtype = DType::u8});
+    } catch (const OutOfMemoryError& e) {
+      err = e.what();
+    }
+    CHECK(memory_stats().live_bytes == live + (512 << 10));  // the refused bytes are not counted
+  }
+  set_memory_limit(kCPU, 0);
+  INFO(err);
+  CHECK_THAT(err, Catch::Contains("out of memory on cpu: allocating 1.0 MiB (1048576 bytes)") &&
+                      Catch::Contains("would pass the memory limit of") && Catch::Contains("WEFT_MEMORY_LIMIT") &&
+                      Catch::Contains("Largest live allocations: 0.5 MiB the test's buffer"));
+  CHECK(memory_stats().live_bytes == live);
+  // No limit: the same allocation succeeds.
+  CHECK_NOTHROW(empty({1 << 20}, {.dtype = DType::u8}));
+  CHECK_THROWS_WITH(set_memory_limit(kCPU, -1), Catch::Contains("positive byte count"));
+}
+
+TEST_CASE("byte counts as WEFT_MEMORY_LIMIT takes them") {
+  CHECK(parse_bytes("1000", "x") == 1000);
+  CHECK(parse_bytes("512K", "x") == 512 << 10);
+  CHECK(parse_bytes("3M", "x") == 3 << 20);
+  CHECK(parse_bytes("2GiB", "x") == int64_t(2) << 30);
+  CHECK(parse_bytes("1T", "x") == int64_t(1) << 40);
+  for (const char* bad : {"", "12X", "-5", "1.5G", "M", "99999999999999999999"})
+    CHECK_THROWS_WITH(parse_bytes(bad, "WEFT_MEMORY_LIMIT"), Catch::Contains("WEFT_MEMORY_LIMIT: \"" + std::string(bad) + "\""));
+}
+
 TEST_CASE("storage can be freed and re-allocated in place") {
   Tensor t = ones({256});
   Tensor v = t.narrow(0, 10, 5);

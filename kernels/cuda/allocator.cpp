@@ -58,7 +58,9 @@ bool CachingAllocator::BlockLess::operator()(const Block* a, const Block* b) con
 }
 
 CachingAllocator::CachingAllocator(std::unique_ptr<MemorySource> source, std::string name)
-    : source_(std::move(source)), name_(std::move(name)) {}
+    : source_(std::move(source)), name_(std::move(name)) {
+  apply_env_limit();
+}
 
 CachingAllocator::~CachingAllocator() {
   // Only tests destroy allocators (device ones live for the whole process); give back what
@@ -86,6 +88,7 @@ void* CachingAllocator::allocate(size_t nbytes) {
 void* CachingAllocator::allocate(size_t nbytes, uintptr_t stream) {
   if (nbytes == 0) return nullptr;
   std::lock_guard<std::mutex> lock(mu_);
+  check_limit(nbytes, stats_.live_bytes, name_);
   const size_t size = round_size(nbytes);
   const bool small = size <= kSmallRequest;
   Pool& pool = pool_of(small);
@@ -110,9 +113,9 @@ void* CachingAllocator::allocate(size_t nbytes, uintptr_t stream) {
       p = source_->allocate(seg);
     }
     if (!p)
-      WEFT_ERROR("CUDA out of memory on {}: tried to allocate {} ({} bytes); weft holds {} live and {} reserved "
+      throw OutOfMemoryError(fmt::format("CUDA out of memory on {}: tried to allocate {} ({} bytes); weft holds {} live and {} reserved "
                  "(of which {} cached){}", name_, mib(int64_t(nbytes)), nbytes, mib(stats_.live_bytes),
-                 mib(stats_.reserved_bytes), mib(stats_.reserved_bytes - cache_.block_bytes), source_->describe());
+                 mib(stats_.reserved_bytes), mib(stats_.reserved_bytes - cache_.block_bytes), source_->describe()));
     b = new Block;
     b->ptr = static_cast<char*>(p);
     b->size = seg;
@@ -149,6 +152,7 @@ void* CachingAllocator::allocate(size_t nbytes, uintptr_t stream) {
   stats_.total_allocated_bytes += int64_t(nbytes);
   ++stats_.num_allocs;
   cache_.block_bytes += int64_t(b->size);
+  track(b->ptr, nbytes);
   record_live(stats_.live_bytes);
   return b->ptr;
 }
@@ -158,6 +162,7 @@ void CachingAllocator::deallocate(void* ptr, size_t /*nbytes*/) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = allocated_.find(ptr);
   WEFT_CHECK(it != allocated_.end(), "{} allocator: freeing {} which it did not allocate (or freed twice)", name_, ptr);
+  untrack(ptr);
   Block* b = it->second;
   allocated_.erase(it);
   stats_.live_bytes -= int64_t(b->requested);

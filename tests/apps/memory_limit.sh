@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# WEFT_MEMORY_LIMIT caps the allocator: weft-transformer under a limit smaller than its need
+# stops with an out-of-memory error naming the request, the live bytes, the limit and the
+# largest owners; a bad value is named; under a limit it fits in, it trains exactly as without.
+# With an mpirun: --fsdp at 2 ranks under too small a limit ends the whole job with that error,
+# within seconds (no rank left waiting in a collective).
+# Usage: memory_limit.sh TRANSFORMER [MPIRUN MPIRUN_ARGS...]
+set -euo pipefail
+tf=$1
+mpirun=${2:-}
+shift $(( $# > 1 ? 2 : 1 ))
+mpirun_args=("$@")
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # $tmp (removed on exit), fail
+
+cfg=(--n-layer 2 --n-head 2 --d-model 32 --ctx 32 --batch-size 8 --warmup 0 --seed 0 --threads 1 --eval-every 0
+     --eval-iters 1 --steps 3)
+"$tf" train "${cfg[@]}" >"$tmp/free" 2>/dev/null || fail "training without a limit failed"
+WEFT_MEMORY_LIMIT=64M "$tf" train "${cfg[@]}" >"$tmp/capped" 2>"$tmp/err" || fail "64M is enough: $(cat "$tmp/err")"
+cmp -s <(grep train_loss "$tmp/free") <(grep train_loss "$tmp/capped") || fail "a limit changed the losses"
+if WEFT_MEMORY_LIMIT=1M "$tf" train "${cfg[@]}" >/dev/null 2>"$tmp/err"; then fail "1M of memory was enough"; fi
+grep -Eq "out of memory on cpu: allocating [0-9.]+ MiB \([0-9]+ bytes\)( for [^)]*)? with [0-9.]+ MiB live would pass the memory limit of 1.0 MiB \(1048576 bytes" "$tmp/err" ||
+  fail "no out-of-memory error naming request, live bytes and limit: $(cat "$tmp/err")"
+grep -Eq "Largest live allocations: [0-9.]+ MiB (forward of|parameter|backward of)" "$tmp/err" ||
+  fail "the error names no owner: $(cat "$tmp/err")"
+if WEFT_MEMORY_LIMIT=12X "$tf" train "${cfg[@]}" >/dev/null 2>"$tmp/err"; then fail "WEFT_MEMORY_LIMIT=12X accepted"; fi
+grep -q 'WEFT_MEMORY_LIMIT: "12X" is not a byte count' "$tmp/err" || fail "bad limit not named: $(cat "$tmp/err")"
+
+if [ -n "$mpirun" ]; then
+  start=$SECONDS
+  if WEFT_MEMORY_LIMIT=1M timeout 120 "$mpirun" "${mpirun_args[@]}" -x WEFT_MEMORY_LIMIT -np 2 "$tf" train "${cfg[@]}" \
+      --fsdp >/dev/null 2>"$tmp/err"; then fail "2 ranks under 1M trained"; fi
+  [ $((SECONDS - start)) -lt 60 ] || fail "the job took $((SECONDS - start)) s to stop"
+  grep -q "out of memory on cpu" "$tmp/err" || fail "2 ranks: no out-of-memory error: $(cat "$tmp/err")"
+  ! grep -q "did not complete within" "$tmp/err" || fail "2 ranks: stopped by a timeout: $(cat "$tmp/err")"
+fi
+echo "memory_limit: ok"
