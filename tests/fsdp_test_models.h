@@ -4,10 +4,13 @@
 #pragma once
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "dist/dist.h"
+#include "fsdp/fsdp.h"
 #include "weft.h"
 
 namespace weft::fsdp_test {
@@ -95,5 +98,59 @@ void check_close(const std::vector<double>& got, const std::vector<double>& want
   CHECK(worst <= atol);
 }
 
+template <class Model>
+std::shared_ptr<Model> seeded(uint64_t seed) {
+  manual_seed(seed);
+  return std::make_shared<Model>();
+}
+
+// The parity harness: a seeded reference model trained in one process on the global batches
+// and the same model sharded by `shard` trained on this rank's slices, each with AdamW.
+// train() runs the steps, comparing the losses (averaged over ranks) with the reference's at
+// every step; the hooks run around each FSDP micro-batch (settings, collective counts).
+template <class Model>
+struct Parity {
+  struct Hooks {
+    std::function<void(int step, int micro)> before_forward, before_backward, after_backward;
+  };
+  std::shared_ptr<Model> ref, model;
+  fsdp::FSDPModule root;
+  nn::AdamW ref_opt, opt;
+
+  template <class Shard>
+  explicit Parity(Shard shard, uint64_t seed = 7)
+      : ref(seeded<Model>(seed)), model(seeded<Model>(seed)), root(shard(model)),
+        ref_opt(ref->parameters(), {.lr = 1e-2}), opt(model->parameters(), {.lr = 1e-2}) {}
+
+  // `steps` optimizer steps of `micro` micro-batches each (the loss scaled by 1/micro).
+  template <class MakeBatch>
+  void train(MakeBatch make_batch, int64_t rows, int steps, int micro = 1, const Hooks& hooks = {}) {
+    for (int step = 0; step < steps; ++step) {
+      ref_opt.zero_grad();
+      opt.zero_grad();
+      double ref_loss = 0, loss = 0;
+      for (int m = 0; m < micro; ++m) {
+        Batch global = make_batch(step * micro + m, rows);
+        Tensor l_ref = loss_of(*ref, global) * (1.0 / micro);
+        l_ref.backward();
+        ref_loss += l_ref.item();
+        if (hooks.before_forward) hooks.before_forward(step, m);
+        Tensor l = loss_of(*model, slice(global)) * (1.0 / micro);
+        if (hooks.before_backward) hooks.before_backward(step, m);
+        l.backward();
+        if (hooks.after_backward) hooks.after_backward(step, m);
+        loss += l.item();
+      }
+      ref_opt.step();
+      opt.step();
+      check_close({global_mean(loss)}, {ref_loss}, 1e-5, fmt::format("loss at step {}", step));
+    }
+  }
+  // Every full parameter of the sharded model against the reference's.
+  void check_params(double rtol, const std::string& what) {
+    for (auto& [name, p] : ref->named_parameters())
+      check_close(to_vector(root.full_tensor(name)), to_vector(p), rtol, what + ": parameter " + name);
+  }
+};
 
 }  // namespace weft::fsdp_test

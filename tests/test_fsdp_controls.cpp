@@ -28,11 +28,6 @@ fsdp::FSDPModule shard_blocks(const std::shared_ptr<TinyGPT>& m, const fsdp::Ful
   return fsdp::fully_shard(m, o);
 }
 
-void check_params_match(fsdp::FSDPModule& root, nn::Module& ref, double rtol, const std::string& what) {
-  for (auto& [name, p] : ref.named_parameters())
-    check_close(to_vector(root.full_tensor(name)), to_vector(p), rtol, what + ": parameter " + name);
-}
-
 bool any_reduce_scatter_pending(nn::Module& model) {
   for (auto& [name, m] : model.named_modules())
     if (auto s = fsdp::state_of(*m); s && s->group && s->group->reduce_scatter_pending()) return true;
@@ -49,91 +44,58 @@ TEST_CASE("set_requires_all_reduce(false): HSDP accumulation all-reduces on the 
   }
   // 2 replicas of world/2 shards: (2, 1) at 2 ranks, (2, 2) at 4.
   auto mesh = std::make_shared<dist::DeviceMesh>(DeviceType::cpu, std::vector<int>{2, world / 2});
-  manual_seed(7);
-  auto ref = std::make_shared<TinyGPT>();
-  manual_seed(7);
-  auto model = std::make_shared<TinyGPT>();
-  auto root = shard_blocks(model, {.mesh = mesh});
-  nn::AdamW ref_opt(ref->parameters(), {.lr = 1e-2});
-  nn::AdamW opt(model->parameters(), {.lr = 1e-2});
-  const int micro = 2;
-  for (int step = 0; step < 3; ++step) {
-    ref_opt.zero_grad();
-    opt.zero_grad();
-    for (int m = 0; m < micro; ++m) {
-      Batch global = gpt_batch(step * micro + m, 4);
-      (loss_of(*ref, global) * (1.0 / micro)).backward();
-      // Reduce-scatter only on the first micro-batch; the all-reduce of the last must carry it.
-      root.set_requires_all_reduce(m == micro - 1);
-      (loss_of(*model, slice(global)) * (1.0 / micro)).backward();
-    }
-    ref_opt.step();
-    opt.step();
-  }
+  Parity<TinyGPT> run([&](const std::shared_ptr<TinyGPT>& m) { return shard_blocks(m, {.mesh = mesh}); });
+  // Reduce-scatter only on the first micro-batch; the all-reduce of the last must carry it.
+  run.train(gpt_batch, 4, 3, 2, {.before_forward = [&](int, int m) { run.root.set_requires_all_reduce(m == 1); }});
   // Every rank compares its replica with the reference: replicas that diverged fail here.
-  check_params_match(root, *ref, 1e-5, "HSDP accumulation");
+  run.check_params(1e-5, "HSDP accumulation");
 }
 
 TEST_CASE("set_reshard_after_backward(false): the next forward gathers nothing") {
-  manual_seed(7);
-  auto ref = std::make_shared<TinyGPT>();
-  manual_seed(7);
-  auto model = std::make_shared<TinyGPT>();
-  auto root = shard_blocks(model);
+  Parity<TinyGPT> run([](const std::shared_ptr<TinyGPT>& m) { return shard_blocks(m); });
   const int groups = 3;
-  nn::AdamW ref_opt(ref->parameters(), {.lr = 1e-2});
-  nn::AdamW opt(model->parameters(), {.lr = 1e-2});
-  for (int step = 0; step < 2; ++step) {
-    ref_opt.zero_grad();
-    opt.zero_grad();
-    for (int m = 0; m < 2; ++m) {
-      Batch global = gpt_batch(step * 2 + m, 4);
-      (loss_of(*ref, global) * 0.5).backward();
-      bool last = m == 1;
-      root.set_requires_gradient_sync(last);
-      root.set_reshard_after_backward(last);
-      auto before = root.comm_stats();
-      Tensor l = loss_of(*model, slice(global)) * 0.5;
-      // The first micro-batch of a step gathers every group; the second finds them unsharded.
-      INFO("step " << step << " micro-batch " << m);
-      CHECK(root.comm_stats().all_gathers - before.all_gathers == (m == 0 ? groups : 0));
-      l.backward();
-    }
-    ref_opt.step();
-    opt.step();
-  }
-  check_params_match(root, *ref, 1e-5, "accumulation without resharding");
+  fsdp::CommStats before;
+  run.train(gpt_batch, 4, 2, 2,
+            {.before_forward =
+                 [&](int, int m) {
+                   bool last = m == 1;
+                   run.root.set_requires_gradient_sync(last);
+                   run.root.set_reshard_after_backward(last);
+                   before = run.root.comm_stats();
+                 },
+             .before_backward =
+                 [&](int step, int m) {
+                   // The first micro-batch of a step gathers every group; the second finds them unsharded.
+                   INFO("step " << step << " micro-batch " << m);
+                   CHECK(run.root.comm_stats().all_gathers - before.all_gathers == (m == 0 ? groups : 0));
+                 }});
+  run.check_params(1e-5, "accumulation without resharding");
 }
 
 TEST_CASE("set_unshard_in_backward(false): the module is not gathered in backward, prefetch included") {
-  manual_seed(7);
-  auto ref = std::make_shared<TinyGPT>();
-  manual_seed(7);
-  auto model = std::make_shared<TinyGPT>();
-  // The embedding needs no weights in its backward (the gradient scatters by index).
-  auto wte = fsdp::fully_shard(model->wte);
-  auto root = shard_blocks(model);
-  wte.set_unshard_in_backward(false);
-  nn::AdamW ref_opt(ref->parameters(), {.lr = 1e-2});
-  nn::AdamW opt(model->parameters(), {.lr = 1e-2});
-  for (int step = 0; step < 3; ++step) {
-    ref_opt.zero_grad();
-    opt.zero_grad();
-    Batch global = gpt_batch(step, 4);
-    loss_of(*ref, global).backward();
-    Tensor l = loss_of(*model, slice(global));
-    auto before = root.comm_stats();
-    auto wte_before = wte.comm_stats();
-    l.backward();
-    // The two blocks are gathered again (the root kept its parameters); the embedding is not,
-    // though it comes next in the reverse order that block 0's prefetch follows.
-    CHECK(root.comm_stats().all_gathers - before.all_gathers == 2);
-    CHECK(wte.comm_stats().all_gathers == wte_before.all_gathers);
-    CHECK(wte.comm_stats().reduce_scatters == wte_before.reduce_scatters + 1);
-    ref_opt.step();
-    opt.step();
-  }
-  check_params_match(root, *ref, 1e-5, "embedding not gathered in backward");
+  std::optional<fsdp::FSDPModule> wte;
+  Parity<TinyGPT> run([&](const std::shared_ptr<TinyGPT>& m) {
+    // The embedding needs no weights in its backward (the gradient scatters by index).
+    wte = fsdp::fully_shard(m->wte);
+    wte->set_unshard_in_backward(false);
+    return shard_blocks(m);
+  });
+  fsdp::CommStats before, wte_before;
+  run.train(gpt_batch, 4, 3, 1,
+            {.before_backward =
+                 [&](int, int) {
+                   before = run.root.comm_stats();
+                   wte_before = wte->comm_stats();
+                 },
+             .after_backward =
+                 [&](int, int) {
+                   // The two blocks are gathered again (the root kept its parameters); the embedding is
+                   // not, though it comes next in the reverse order that block 0's prefetch follows.
+                   CHECK(run.root.comm_stats().all_gathers - before.all_gathers == 2);
+                   CHECK(wte->comm_stats().all_gathers == wte_before.all_gathers);
+                   CHECK(wte->comm_stats().reduce_scatters == wte_before.reduce_scatters + 1);
+                 }});
+  run.check_params(1e-5, "embedding not gathered in backward");
 }
 
 TEST_CASE("set_is_last_backward on a sub-module sets the whole step's") {
@@ -227,23 +189,12 @@ struct TiedLM : nn::Module {
 }  // namespace
 
 TEST_CASE("tied parameters in every state-dict path") {
-  manual_seed(5);
-  auto ref = std::make_shared<TiedLM>();
-  manual_seed(5);
-  auto model = std::make_shared<TiedLM>();
-  auto root = fsdp::fully_shard(model);
-  nn::AdamW ref_opt(ref->parameters(), {.lr = 1e-2});
-  nn::AdamW opt(model->parameters(), {.lr = 1e-2});
-  for (int step = 0; step < 2; ++step) {
-    Batch global = gpt_batch(step, 4);
-    ref_opt.zero_grad();
-    opt.zero_grad();
-    loss_of(*ref, global).backward();
-    loss_of(*model, slice(global)).backward();
-    ref_opt.step();
-    opt.step();
-  }
-  const auto want = to_vector(ref->wte->weight);
+  Parity<TiedLM> run([](const std::shared_ptr<TiedLM>& m) { return fsdp::fully_shard(m); }, 5);
+  run.train(gpt_batch, 4, 2);
+  auto& model = run.model;
+  auto& root = run.root;
+  auto& opt = run.opt;
+  const auto want = to_vector(run.ref->wte->weight);
   // full_tensor under either name.
   check_close(to_vector(root.full_tensor("wte.weight")), want, 1e-5, "full_tensor(wte.weight)");
   check_close(to_vector(root.full_tensor("head.weight")), want, 1e-5, "full_tensor(head.weight)");
@@ -322,39 +273,25 @@ TEST_CASE("an unsharded parent of sharded modules is warned about") {
 TEST_CASE("activation checkpointing composes with fully_shard: parity, either order") {
   for (bool checkpoint_first : {true, false}) {
     INFO("checkpointing turned on " << (checkpoint_first ? "before" : "after") << " sharding");
-    manual_seed(7);
-    auto ref = std::make_shared<TinyGPT>();
-    manual_seed(7);
-    auto model = std::make_shared<TinyGPT>();
     int recomputes = 0;
-    for (auto& b : *model->blocks) {
-      if (checkpoint_first) b->set_activation_checkpointing(true);
-      // A child's hooks run in forward and again in the recompute.
-      std::static_pointer_cast<nn::Block>(b)->mlp->register_forward_hook(
-          [&](nn::Module&, const nn::TensorList&, const nn::TensorList&) {
-            ++recomputes;
-            return std::optional<nn::TensorList>();
-          });
-    }
-    auto root = shard_blocks(model);
-    if (!checkpoint_first)
-      for (auto& b : *model->blocks) b->set_activation_checkpointing(true);
-    nn::AdamW ref_opt(ref->parameters(), {.lr = 1e-2});
-    nn::AdamW opt(model->parameters(), {.lr = 1e-2});
-    for (int step = 0; step < 3; ++step) {
-      ref_opt.zero_grad();
-      opt.zero_grad();
-      Batch global = gpt_batch(step, 4);
-      Tensor ref_loss = loss_of(*ref, global);
-      ref_loss.backward();
-      Tensor l = loss_of(*model, slice(global));
-      l.backward();
-      check_close({global_mean(l.item())}, {ref_loss.item()}, 1e-5, fmt::format("loss at step {}", step));
-      ref_opt.step();
-      opt.step();
-    }
+    Parity<TinyGPT> run([&](const std::shared_ptr<TinyGPT>& model) {
+      for (auto& b : *model->blocks) {
+        if (checkpoint_first) b->set_activation_checkpointing(true);
+        // A child's hooks run in forward and again in the recompute.
+        std::static_pointer_cast<nn::Block>(b)->mlp->register_forward_hook(
+            [&](nn::Module&, const nn::TensorList&, const nn::TensorList&) {
+              ++recomputes;
+              return std::optional<nn::TensorList>();
+            });
+      }
+      auto root = shard_blocks(model);
+      if (!checkpoint_first)
+        for (auto& b : *model->blocks) b->set_activation_checkpointing(true);
+      return root;
+    });
+    run.train(gpt_batch, 4, 3);
     CHECK(recomputes == 3 * 2 * 2);  // 3 steps x 2 blocks x (forward + recompute)
-    check_params_match(root, *ref, 1e-5, "activation checkpointing");
+    run.check_params(1e-5, "activation checkpointing");
   }
 }
 

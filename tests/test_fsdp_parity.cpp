@@ -15,36 +15,14 @@ using nn::ModulePtr;
 
 namespace {
 
-// Trains `steps` AdamW steps with FSDP and without; compares losses and full parameters.
+// Trains `steps` AdamW steps with FSDP and without, syncing gradients on the last micro-batch;
+// compares losses and full parameters.
 template <class Model, class MakeBatch, class Shard>
 void run_parity(MakeBatch make_batch, int64_t rows, Shard shard, int steps = 6, int micro = 1) {
-  manual_seed(7);
-  auto ref = std::make_shared<Model>();
-  manual_seed(7);
-  auto model = std::make_shared<Model>();
-  auto root = shard(model);
-  nn::AdamW ref_opt(ref->parameters(), {.lr = 1e-2});
-  nn::AdamW opt(model->parameters(), {.lr = 1e-2});
-  for (int step = 0; step < steps; ++step) {
-    ref_opt.zero_grad();
-    opt.zero_grad();
-    double ref_loss = 0, loss = 0;
-    for (int m = 0; m < micro; ++m) {
-      Batch global = make_batch(step * micro + m, rows);
-      Tensor l_ref = loss_of(*ref, global) * (1.0 / micro);
-      l_ref.backward();
-      ref_loss += l_ref.item();
-      root.set_requires_gradient_sync(m == micro - 1);
-      Tensor l = loss_of(*model, slice(global)) * (1.0 / micro);
-      l.backward();
-      loss += l.item();
-    }
-    ref_opt.step();
-    opt.step();
-    check_close({global_mean(loss)}, {ref_loss}, 1e-5, fmt::format("loss at step {}", step));
-  }
-  for (auto& [name, p] : ref->named_parameters())
-    check_close(to_vector(root.full_tensor(name)), to_vector(p), 1e-5, "parameter " + name);
+  Parity<Model> run(shard);
+  run.train(make_batch, rows, steps, micro,
+            {.before_forward = [&](int, int m) { run.root.set_requires_gradient_sync(m == micro - 1); }});
+  run.check_params(1e-5, "parity");
 }
 
 }  // namespace

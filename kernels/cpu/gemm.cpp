@@ -184,6 +184,7 @@ void gemm(int64_t m, int64_t n, int64_t k, const T* a, MatLayout la, const T* b,
     threads = int(std::min<int64_t>(get_num_threads(), len / 16));
 #endif
   if (threads <= 1) return gemm_one<T>(m, n, k, a, la, b, lb, c, ldc, alpha, beta);
+#ifdef _OPENMP
 #pragma omp parallel num_threads(threads)
   {
     const int t = omp_get_thread_num();
@@ -193,6 +194,7 @@ void gemm(int64_t m, int64_t n, int64_t k, const T* a, MatLayout la, const T* b,
     else  // columns p0..p1 of b and c
       gemm_one<T>(m, p1 - p0, k, a, la, lb.row_major ? b + p0 : b + p0 * lb.ld, lb, c + p0, ldc, alpha, beta);
   }
+#endif
 }
 template void gemm<float>(int64_t, int64_t, int64_t, const float*, MatLayout, const float*, MatLayout, float*,
                           int64_t, float, float);
