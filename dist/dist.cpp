@@ -2,9 +2,6 @@
 // settings from the environment, and the registry of live groups that finalize() closes.
 #include "dist/dist.h"
 
-#include "core/device_runtime.h"
-#include "core/trace.h"
-
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -16,6 +13,8 @@
 #include <thread>
 
 #include "core/device_runtime.h"
+#include "core/trace.h"
+#include "dist/agree.h"
 #include "dist/backend.h"
 #include "dist/check.h"
 #include "dist/device_mesh.h"
@@ -42,6 +41,7 @@ struct State {
   int rank = 0, size = 1, local_rank = 0;
   std::atomic<double> timeout{300.0};
   std::atomic<bool> debug{false};
+  std::atomic<bool> check{true};
   ProcessGroupPtr world[kNumDeviceTypes];
   std::map<std::pair<DeviceType, std::vector<int>>, std::shared_ptr<DeviceMesh>> meshes;  // default_mesh()
   std::vector<std::weak_ptr<ProcessGroup>> groups;
@@ -102,6 +102,21 @@ void init() {
   MPI_CHECK(MPI_Comm_free(&node));
   if (const char* t = std::getenv("WEFT_COLLECTIVE_TIMEOUT")) s.timeout = parse_timeout(t);
   if (const char* d = std::getenv("WEFT_DIST_DEBUG")) s.debug = parse_flag("WEFT_DIST_DEBUG", d);
+  if (const char* c = std::getenv("WEFT_COLLECTIVE_CHECK")) s.check = parse_flag("WEFT_COLLECTIVE_CHECK", c);
+  // Ranks that check differently would post their checks and collectives on different
+  // communicators and wait on each other: every rank must have the same settings.
+  int flags[4] = {int(s.debug), int(s.check), -int(s.debug), -int(s.check)};
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, flags, 4, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+  for (auto [i, name] : {std::pair{0, "WEFT_DIST_DEBUG"}, {1, "WEFT_COLLECTIVE_CHECK"}})
+    if (flags[i] != -flags[i + 2]) {
+      // Every rank sees the same result and stops here; MPI ends cleanly.
+      if (s.started_mpi) MPI_CHECK(MPI_Finalize());
+      s.started_mpi = false;
+      throw AgreedError(fmt::format("dist::init: {} differs between ranks (on for some, off for others; this rank: "
+                                    "{}); give every rank the same environment (mpirun -x {})",
+                                    name, (i == 0 ? bool(s.debug) : bool(s.check)) ? "on" : "off", name),
+                        s.rank);
+    }
   detail::flight_start();
   detail::start_comm_thread(2 * local_size);
   s.initialized = true;
@@ -169,6 +184,8 @@ void set_collective_timeout(double seconds) {
 }
 bool debug_mode() { return state().debug; }
 void set_debug_mode(bool on) { state().debug = on; }
+bool collective_check() { return state().check; }
+void set_collective_check(bool on) { state().check = on; }
 
 namespace {
 detail::DeviceGroupFactory g_group_factories[kNumDeviceTypes] = {};

@@ -49,6 +49,12 @@ void set_collective_timeout(double seconds);
 // throws the same error naming the ranks that differ.
 bool debug_mode();
 void set_debug_mode(bool on);
+// The always-on fingerprint check of MPI collectives (docs/DIST.md); WEFT_COLLECTIVE_CHECK=0
+// turns it off (to measure its cost, or for the last microseconds of small collectives).
+// Every rank must have the same setting (dist::init checks the environment's agrees); a rank
+// that changes it must do so at the same point as all the others.
+bool collective_check();
+void set_collective_check(bool on);
 
 bool nccl_available();    // weft was built with the NCCL backend
 int cuda_device_count();  // 0 without CUDA support or without a usable GPU

@@ -13,7 +13,12 @@ export WEFT_FLIGHT_DIR=$(mktemp -d)
 trap 'rm -f "$log"; rm -rf "$WEFT_FLIGHT_DIR"' EXIT
 start=$(date +%s%N)
 # `timeout` is the backstop: the job must end by itself long before it.
-timeout 50 "$mpirun" -np "$np" --oversubscribe --bind-to none "$exe" "${mode%-debug}" >"$log" 2>&1
+if [ "$mode" = env-differs ]; then  # rank 0 turns the collective check off, the others do not
+  timeout 50 "$mpirun" --oversubscribe --bind-to none -np 1 -x WEFT_COLLECTIVE_CHECK=0 "$exe" throw : \
+    -np $((np - 1)) "$exe" throw >"$log" 2>&1
+else
+  timeout 50 "$mpirun" -np "$np" --oversubscribe --bind-to none "$exe" "${mode%-debug}" >"$log" 2>&1
+fi
 rc=$?
 elapsed_ms=$(( ($(date +%s%N) - start) / 1000000 ))
 echo "mode $mode, np $np: exit $rc after ${elapsed_ms} ms"
@@ -57,6 +62,13 @@ case $mode in
     last=$((np - 1))
     want "dist_fault: error: rank $last fails on its own"
     if grep -q "no error" "$log"; then fail "a rank went on after another one failed"; fi
+    ;;
+  env-differs)
+    # Found at dist::init on every rank, before any collective could wait on another.
+    what="dist_fault: error: dist::init: WEFT_COLLECTIVE_CHECK differs between ranks (on for some, off for others; this rank:"
+    [ "$(grep -cF "$what off)" "$log")" = 1 ] || fail "rank 0 (check off) did not report the difference once"
+    [ "$(grep -cF "$what on)" "$log")" = $((np - 1)) ] || fail "not every rank with the check on reported the difference"
+    if grep -q "no error" "$log"; then fail "a rank went on"; fi
     ;;
   mismatch|mismatch-debug)
     last=$((np - 1))
