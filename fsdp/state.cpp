@@ -52,8 +52,8 @@ std::shared_ptr<FSDPState> state_of(const nn::Module& module) { return module.ex
 
 FSDPState::FSDPState(std::vector<nn::Module*> modules, const FullyShardOptions& opts, std::unique_ptr<FSDPParamGroup> g,
                      std::shared_ptr<dist::DeviceMesh> mesh_)
-    : group(std::move(g)), mesh(std::move(mesh_)), mp_(opts.mp_policy), modules_(std::move(modules)),
-      members_to_run_(modules_.size(), false) {
+    : group(std::move(g)), mesh(std::move(mesh_)), modules_(std::move(modules)), members_to_run_(modules_.size(), false),
+      mp_(opts.mp_policy) {
   for (nn::Module* m : modules_) path_ += (path_.empty() ? "" : "+") + m->type_name();
   if (opts.reshard_after_forward) {
     if (const bool* b = std::get_if<bool>(&*opts.reshard_after_forward)) {

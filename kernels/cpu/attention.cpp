@@ -74,7 +74,7 @@ void forward_typed(const Tensor& q, const Tensor& k, const Tensor& v, bool causa
   const Heads<T> Q(q), K(k), V(v), O(out);
   T* L = lse.data<T>();
   const int64_t bh_count = B * H;
-  const bool par = double(bh_count) * double(Tq) * double(Tk) * double(E + Ev) > kParallelWork && bh_count > 1;
+  [[maybe_unused]] const bool par = double(bh_count) * double(Tq) * double(Tk) * double(E + Ev) > kParallelWork && bh_count > 1;
 #pragma omp parallel if (par)
   {
     std::vector<T> buf(size_t(std::min(kRowBlock, Tq) * Tk));
@@ -104,7 +104,7 @@ void backward_typed(const Tensor& grad, const Tensor& q, const Tensor& k, const 
   const Heads<T> Q(q), K(k), V(v), O(out), G(grad), DQ(dq), DK(dk), DV(dv);
   const T* L = lse.data<T>();
   const int64_t bh_count = B * H;
-  const bool par = double(bh_count) * double(Tq) * double(Tk) * double(E + Ev) > kParallelWork && bh_count > 1;
+  [[maybe_unused]] const bool par = double(bh_count) * double(Tq) * double(Tk) * double(E + Ev) > kParallelWork && bh_count > 1;
 #pragma omp parallel if (par)
   {
     const int64_t rb = std::min(kRowBlock, Tq);
@@ -291,7 +291,7 @@ void forward_tiled(const Tensor& q, const Tensor& k, const Tensor& v, bool causa
   const Heads<float> Q(q), K(k), V(v), O(out);
   float* L = lse.data<float>();
   const int64_t bh_count = B * H, ldk = round_up(Tk, kW);
-  const bool par = double(bh_count) * double(Tq) * double(Tk) * double(E + Ev) > kParallelWork && bh_count > 1;
+  [[maybe_unused]] const bool par = double(bh_count) * double(Tq) * double(Tk) * double(E + Ev) > kParallelWork && bh_count > 1;
 #pragma omp parallel if (par)
   {
     const int64_t rb = std::min(kRowBlock, Tq);
@@ -332,7 +332,7 @@ void backward_tiled(const Tensor& grad, const Tensor& q, const Tensor& k, const 
   const Heads<float> Q(q), K(k), V(v), O(out), G(grad), DQ(dq), DK(dk), DV(dv);
   const float* L = lse.data<float>();
   const int64_t bh_count = B * H, ldk = round_up(Tk, kW);
-  const bool par = double(bh_count) * double(Tq) * double(Tk) * double(E + Ev) > kParallelWork && bh_count > 1;
+  [[maybe_unused]] const bool par = double(bh_count) * double(Tq) * double(Tk) * double(E + Ev) > kParallelWork && bh_count > 1;
 #pragma omp parallel if (par)
   {
     const int64_t rb = std::min(kRowBlock, Tq);

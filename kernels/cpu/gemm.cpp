@@ -177,7 +177,7 @@ void gemm(int64_t m, int64_t n, int64_t k, const T* a, MatLayout la, const T* b,
           int64_t ldc, T alpha, T beta) {
   if (m == 0 || n == 0) return;
   const bool by_rows = m >= n;
-  const int64_t len = by_rows ? m : n;
+  [[maybe_unused]] const int64_t len = by_rows ? m : n;
   int threads = 1;
 #ifdef _OPENMP
   if (!omp_in_parallel() && double(m) * double(n) * double(k) >= kSplitWork)

@@ -71,7 +71,7 @@ void softmax_cols(const T* x, T* y, int64_t n, int64_t inner, int64_t j0, int64_
 template <typename T, bool Log>
 void softmax_typed(const T* x, T* y, int64_t outer, int64_t n, int64_t inner) {
   using A = acc_t<T>;
-  bool par = outer * n * inner > kParallelGrain;
+  [[maybe_unused]] bool par = outer * n * inner > kParallelGrain;
   if (inner == 1) {
     constexpr bool need_buf = !std::is_same_v<T, A> && !Log;
 #pragma omp parallel if (par)
@@ -136,7 +136,7 @@ void backward_cols(const T* g, const T* y, T* dx, int64_t n, int64_t inner, int6
 
 template <typename T, bool Log>
 void backward_typed(const T* g, const T* y, T* dx, int64_t outer, int64_t n, int64_t inner) {
-  bool par = outer * n * inner > kParallelGrain;
+  [[maybe_unused]] bool par = outer * n * inner > kParallelGrain;
   if (inner == 1) {
 #pragma omp parallel for schedule(static) if (par)
     for (int64_t r = 0; r < outer; ++r) backward_row<T, Log>(g + r * n, y + r * n, dx + r * n, n);
