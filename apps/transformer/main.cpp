@@ -52,6 +52,7 @@ struct TrainOptions {
   bool fsdp = false;
   bool activation_checkpointing = false;
   std::string reshard_after_forward = "true", mixed_precision = "none";
+  std::string sharding_strategy = "FULL_SHARD";
   std::string device = "cpu";
   std::string on_nan = "error";
 };
@@ -157,15 +158,20 @@ std::map<std::string, std::string> head_alias(const apps::GPTConfig& cfg) {
 // --reshard-after-forward applies to the blocks; the root keeps FSDP2's default (its
 // parameters are needed again at once by backward). Under bf16 mixed precision parameters are
 // gathered and used in bf16, gradients reduced in f32, and the logits come out in f32 for the loss.
-fsdp::FSDPModule shard_model(apps::GPT& model, const nn::ModulePtr& root, const TrainOptions& o) {
+fsdp::FSDPModule shard_model(apps::GPT& model, const nn::ModulePtr& root, const TrainOptions& o, Device device) {
+  const auto strategy = fsdp::parse_sharding_strategy(o.sharding_strategy);
+  // FULL_SHARD is the 1-D world mesh fully_shard uses by default; the others build their mesh.
   fsdp::FullyShardOptions block_opts;
-  if (o.reshard_after_forward == "true" || o.reshard_after_forward == "false")
+  if (strategy != fsdp::ShardingStrategy::FULL_SHARD) block_opts = fsdp::strategy_options(strategy, 0, device.type);
+  if (strategy != fsdp::ShardingStrategy::FULL_SHARD) {
+    // The strategy decides resharding (--reshard-after-forward must be left at its default).
+  } else if (o.reshard_after_forward == "true" || o.reshard_after_forward == "false")
     block_opts.reshard_after_forward = o.reshard_after_forward == "true";
   else  // N: keep 1/N per rank, gathered within groups of N ranks for backward
     block_opts.reshard_after_forward = std::stoi(o.reshard_after_forward);
   if (o.mixed_precision == "bf16") block_opts.mp_policy = {.param_dtype = DType::bf16, .reduce_dtype = kFloat32};
-  fsdp::FullyShardOptions root_opts;
-  root_opts.mp_policy = block_opts.mp_policy;
+  fsdp::FullyShardOptions root_opts = block_opts;
+  root_opts.reshard_after_forward.reset();  // the root keeps FSDP2's default
   if (o.mixed_precision == "bf16") root_opts.mp_policy.output_dtype = kFloat32;
   for (auto& block : model.blocks) fsdp::fully_shard(block, block_opts);
   return fsdp::fully_shard(root, root_opts);
@@ -206,8 +212,13 @@ int train(TrainOptions o, const Ranks& ranks) {
     WEFT_CHECK(o.batch_size % ranks.world == 0,
                "transformer: --batch-size {} does not split evenly over {} ranks: it is the global batch and each "
                "rank takes an equal slice, so use a multiple of {}", o.batch_size, ranks.world, ranks.world);
-    WEFT_CHECK(ranks.fsdp || (o.mixed_precision == "none" && o.reshard_after_forward == "true"),
-               "transformer: --mixed-precision and --reshard-after-forward are FSDP options: add --fsdp");
+    WEFT_CHECK(ranks.fsdp || (o.mixed_precision == "none" && o.reshard_after_forward == "true" &&
+                              o.sharding_strategy == "FULL_SHARD"),
+               "transformer: --mixed-precision, --reshard-after-forward and --sharding-strategy are FSDP options: "
+               "add --fsdp");
+    WEFT_CHECK(o.sharding_strategy == "FULL_SHARD" || o.reshard_after_forward == "true",
+               "transformer: --reshard-after-forward applies to --sharding-strategy FULL_SHARD only ({} decides it)",
+               o.sharding_strategy);
     WEFT_CHECK(o.warmup >= 0, "transformer: --warmup must be non-negative, got {}", o.warmup);
     // The schedule needs a step after the warmup; a short run keeps the default warmup usable.
     o.warmup = std::min(o.warmup, o.steps - 1);
@@ -262,7 +273,7 @@ int train(TrainOptions o, const Ranks& ranks) {
   // Each block keeps only its input for backward and runs again there (nn/checkpoint.h).
   for (auto& block : model->blocks) block->set_activation_checkpointing(o.activation_checkpointing);
   std::optional<fsdp::FSDPModule> root;
-  if (ranks.fsdp) root = shard_model(*model, model, o);
+  if (ranks.fsdp) root = shard_model(*model, model, o, device);
   auto params = model->named_parameters();  // after sharding: this rank's shards
   auto pick = [&](const std::vector<std::string>& names) {
     std::vector<Tensor> out;
@@ -539,6 +550,11 @@ int main(int argc, char** argv) {
                  "under --fsdp: free each block's gathered parameters after forward (true), keep them for "
                  "backward (false), or keep 1/N per rank and gather within groups of N ranks (N)")
       ->check(CLI::IsMember({"true", "false"}) | apps::cli::integer(1, 1 << 20))->capture_default_str();
+  tr->add_option("--sharding-strategy", t.sharding_strategy,
+                 "under --fsdp: FULL_SHARD (parameters, gradients and optimizer state sharded), SHARD_GRAD_OP "
+                 "(parameters kept gathered from forward to backward) or NO_SHARD (every rank holds the whole "
+                 "model; gradients all-reduced, as DDP)")
+      ->check(CLI::IsMember({"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"}))->capture_default_str();
   tr->add_option("--mixed-precision", t.mixed_precision,
                  "under --fsdp: bf16 gathers and computes in bf16, reduces gradients in f32; none keeps f32")
       ->check(CLI::IsMember({"bf16", "none"}))->capture_default_str();

@@ -112,6 +112,18 @@ if [ -n "$mpirun" ]; then
   fac10=$(loss_at "$tmp/fac.jsonl" 10)
   awk -v a="$a10" -v b="$fac10" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(b != "" && d <= 1e-5 * a) }' ||
     fail "2-rank --fsdp --activation-checkpointing step-10 loss $fac10 differs from single-process $a10"
+  # NO_SHARD (every rank holds the model, gradients all-reduced) trains the same, and its
+  # checkpoint resumes in one process.
+  "$mpirun" -np 2 "${mpirun_args[@]}" "$exe" train --fsdp --sharding-strategy NO_SHARD "${cfg[@]}" \
+      --metrics "$tmp/ns.jsonl" --stop-after 10 --checkpoint-dir "$tmp/ckns" >/dev/null 2>"$tmp/ns.err" ||
+    fail "--sharding-strategy NO_SHARD failed: $(cat "$tmp/ns.err")"
+  ns10=$(loss_at "$tmp/ns.jsonl" 10)
+  awk -v a="$a10" -v b="$ns10" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(b != "" && d <= 1e-5 * a) }' ||
+    fail "2-rank NO_SHARD step-10 loss $ns10 differs from single-process $a10"
+  "$exe" train "${cfg[@]}" --metrics "$tmp/ns.jsonl" --resume "$tmp/ckns" >/dev/null 2>&1
+  ns30=$(loss_at "$tmp/ns.jsonl" 30)
+  awk -v a="$a30" -v b="$ns30" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(b != "" && d <= 1e-5 * a) }' ||
+    fail "single-process resume of the NO_SHARD checkpoint: step-30 loss $ns30, expected $a30"
   # The 2-rank checkpoint resumes in one process and samples there.
   "$exe" train "${cfg[@]}" --metrics "$tmp/f.jsonl" --resume "$tmp/ckf" >/dev/null 2>&1
   f30=$(loss_at "$tmp/f.jsonl" 30)
