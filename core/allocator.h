@@ -114,6 +114,10 @@ void register_allocator(DeviceType type, Allocator* allocator);
 using AllocatorLookup = Allocator& (*)(int index);
 void register_allocator_lookup(DeviceType type, AllocatorLookup lookup);
 
+// Whether the CPU allocator keeps freed blocks for reuse (WEFT_CPU_CACHE; off in sanitizer
+// builds). allocator_for(Device::cpu()).empty_cache() returns them to the system.
+bool cpu_block_cache_enabled();
+
 MemoryStats memory_stats(Device device = Device::cpu());
 void reset_peak_memory_stats(Device device = Device::cpu());
 

@@ -196,6 +196,31 @@ TEST_CASE("byte counts as WEFT_MEMORY_LIMIT takes them") {
     CHECK_THROWS_WITH(parse_bytes(bad, "WEFT_MEMORY_LIMIT"), Catch::Contains("WEFT_MEMORY_LIMIT: \"" + std::string(bad) + "\""));
 }
 
+TEST_CASE("the CPU allocator reuses freed blocks of a size class and gives them back on empty_cache") {
+  if (!cpu_block_cache_enabled()) {
+    WARN("skipped: the CPU block cache is off (WEFT_CPU_CACHE=0 or a sanitizer build)");
+    return;
+  }
+  Allocator& cpu = allocator_for(kCPU);
+  cpu.empty_cache();
+  const auto before = memory_stats();
+  void* first = nullptr;
+  {
+    Tensor t = empty({100000});  // 400,000 bytes: class 409,600
+    first = t.data_ptr();
+  }
+  auto cached = memory_stats();
+  CHECK(cached.live_bytes == before.live_bytes);
+  CHECK(cached.reserved_bytes >= before.reserved_bytes + 409600);  // kept, not freed
+  {
+    Tensor t = empty({99000});  // 396,000 bytes: the same class
+    CHECK(t.data_ptr() == first);
+    CHECK(memory_stats().reserved_bytes == cached.reserved_bytes);
+  }
+  cpu.empty_cache();
+  CHECK(memory_stats().reserved_bytes == before.reserved_bytes);
+}
+
 TEST_CASE("storage can be freed and re-allocated in place") {
   Tensor t = ones({256});
   Tensor v = t.narrow(0, 10, 5);
