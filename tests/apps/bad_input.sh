@@ -11,7 +11,7 @@ declare -A prog=([mnist]=$2 [transformer]=$3 [checkpoint]=$4 [api]=$5)
 shift 5
 mpirun=("$@")
 export OMP_NUM_THREADS=1
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # $tmp (removed on exit), fail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # $tmp (removed on exit), fail, loss_at, within
 
 # Fixtures the rows name as @TMP@/...
 mkfifo "$tmp/fifo"

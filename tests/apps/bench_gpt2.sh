@@ -9,7 +9,7 @@
 # Usage: bench_gpt2.sh EXE
 set -euo pipefail
 exe=$1
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # $tmp (removed on exit), fail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # $tmp (removed on exit), fail, loss_at, within
 tiny=(--device cpu --n-layer 2 --n-head 4 --d-model 64 --ctx 64 --vocab 256 --batch-size 2 --steps 2 --threads 1
       --peak-tflops 0.1)  # a CPU-sized peak, so the MFU column is a checkable percentage
 

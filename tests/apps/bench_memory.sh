@@ -8,7 +8,7 @@ bench=$1
 mpirun=${2:-}
 shift $(( $# < 2 ? $# : 2 ))
 mpirun_args=("$@")
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # $tmp (removed on exit), fail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # $tmp (removed on exit), fail, loss_at, within
 tiny=(--n-layer 4 --d-model 128 --n-head 4 --ctx 16 --batch-size 1 --steps 3 --check)
 
 check_run() {  # FILE RANKS

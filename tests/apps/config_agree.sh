@@ -10,7 +10,7 @@ transformer=$2
 mpirun=$3
 shift 3
 mpirun_args=("$@")
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # $tmp (removed on exit), fail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # $tmp (removed on exit), fail, loss_at, within
 export OMP_NUM_THREADS=1
 
 # mpmd NP_A NP_B -- ARGS_A... -- ARGS_B...: runs `mpirun -np NP_A ARGS_A : -np NP_B ARGS_B`.

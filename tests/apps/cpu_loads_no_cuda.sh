@@ -8,7 +8,7 @@
 set -euo pipefail
 exe=$1
 have_cuda=$2
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # $tmp (removed on exit), fail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # $tmp (removed on exit), fail, loss_at, within
 cuda_libs='libweft-cuda|libcudart|libcublas|libnccl|libcuda\.'
 
 ldd "$exe" >"$tmp/ldd"

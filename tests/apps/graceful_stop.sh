@@ -15,7 +15,7 @@ set -euo pipefail
 gpt=$1 mnist=$2 tool=$3
 shift 3
 launch=("$@")
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # $tmp (removed on exit), fail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # $tmp (removed on exit), fail, loss_at, within
 export OMP_NUM_THREADS=1
 steps() { local c; c=$(grep -c '"step"' "$1" 2>/dev/null) || true; echo "${c:-0}"; }
 wait_for_step() {  # wait_for_step METRICS N PID: until METRICS logs N steps (the process must still run)
@@ -32,7 +32,6 @@ rank_pid() {  # rank_pid PID RANK: the process of that rank among PID's descenda
     tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -x "OMPI_COMM_WORLD_RANK=$2" >/dev/null && { echo "$p"; return; }
   done
 }
-loss_at() { grep "\"step\":$2[,}]" "$1" | grep -v '"split"' | grep -o '"loss":[^,}]*' | cut -d: -f2 || true; }
 consolidated() { "$tool" consolidate "$1" "$2" >/dev/null 2>"$tmp/err" || fail "consolidate $1: $(cat "$tmp/err")"; }
 
 S=3000

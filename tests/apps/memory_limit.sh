@@ -10,7 +10,7 @@ tf=$1
 mpirun=${2:-}
 shift $(( $# > 1 ? 2 : 1 ))
 mpirun_args=("$@")
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # $tmp (removed on exit), fail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # $tmp (removed on exit), fail, loss_at, within
 
 cfg=(--n-layer 2 --n-head 2 --d-model 32 --ctx 32 --batch-size 8 --warmup 0 --seed 0 --threads 1 --eval-every 0
      --eval-iters 1 --steps 3)

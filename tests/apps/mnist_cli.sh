@@ -5,7 +5,7 @@
 # the defaults reaching 83 % test accuracy.
 set -euo pipefail
 exe=$1
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # $tmp (removed on exit), fail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # $tmp (removed on exit), fail, loss_at, within
 
 "$exe" --help | grep -- "--checkpoint\|--save" >/dev/null || fail "--help does not list --save"
 if "$exe" --model rnn 2>"$tmp/err"; then fail "--model rnn accepted"; fi
@@ -26,7 +26,6 @@ common=(--seed 3 --batch-size 64 --threads 1)
 "$exe" "${common[@]}" --steps 20 --log-every 10 --metrics "$tmp/b.jsonl" --save "$tmp/ck" >/dev/null 2>&1
 "$exe" "${common[@]}" --steps 10 --log-every 10 --metrics "$tmp/b.jsonl" --load "$tmp/ck" >/dev/null 2>&1
 
-loss_at() { grep "\"step\":$2[,}]" "$1" | grep -v '"split"' | grep -o '"loss":[^,}]*'; }
 for f in a b; do
   for key in '"step":' '"loss":' '"lr":' '"samples_per_s":'; do
     head -1 "$tmp/$f.jsonl" | grep "$key" >/dev/null || fail "metrics line lacks $key: $(head -1 "$tmp/$f.jsonl")"

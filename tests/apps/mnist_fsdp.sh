@@ -10,7 +10,7 @@ mnist=$1
 simple=$2
 shift 2
 launch=("$@")  # mpirun and its flags; "-np N exe ..." follows
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # $tmp (removed on exit), fail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # $tmp (removed on exit), fail, loss_at, within
 export OMP_NUM_THREADS=1
 run() { timeout 90 "$@"; }  # a hang fails the test instead of stalling it
 
@@ -36,13 +36,7 @@ run "${launch[@]}" -np 4 "$mnist" --fsdp "${half[@]}" --load "$tmp/ck" --metrics
 run "$mnist" "${half[@]}" --load "$tmp/ck" --metrics "$tmp/resumed1.jsonl" >/dev/null 2>"$tmp/err" ||
   fail "--load of an FSDP checkpoint in one process: $(cat "$tmp/err")"
 
-loss_at() { grep "\"step\":$2[,}]" "$1" | grep -v '"split"' | grep -o '"loss":[^,}]*' | cut -d: -f2 || true; }
 accuracy_of() { grep '"split":"test"' "$1" | grep -o '"accuracy":[^,}]*' | cut -d: -f2 || true; }
-# within A B RTOL ATOL WHAT: |A - B| <= RTOL |B| + ATOL
-within() {
-  awk -v a="$1" -v b="$2" -v r="$3" -v t="$4" 'BEGIN { d = a - b; if (d < 0) d = -d; m = b < 0 ? -b : b
-                                                       exit !(a != "" && d <= r * m + t) }' || fail "$5: $1 vs single-process $2"
-}
 for step in 10 20; do
   want=$(loss_at "$tmp/np1.jsonl" $step)
   [ -n "$want" ] || fail "no single-process loss at step $step"

@@ -10,7 +10,7 @@ tf=$1 mnist=$2 ckpt=$3
 mpirun=${4:-}
 shift $(( $# > 3 ? 4 : 3 ))
 mpirun_args=("$@")
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # $tmp (removed on exit), fail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # $tmp (removed on exit), fail, loss_at, within
 sums() { (cd "$1" && find . -type f | sort | xargs sha256sum); }
 
 cfg=(--n-layer 1 --n-head 2 --d-model 16 --ctx 16 --batch-size 4 --warmup 0 --seed 0 --threads 1 --eval-every 0

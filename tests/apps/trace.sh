@@ -4,7 +4,7 @@
 set -euo pipefail
 simple=$1  # usage: trace.sh WEFT_SIMPLE MPIRUN [MPIRUN_ARGS...]
 mpirun=$2
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # $tmp (removed on exit), fail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # $tmp (removed on exit), fail, loss_at, within
 # OpenMPI refuses -x beside an mca_base_env_list (scripts/sanitize.sh sets one): join that list then.
 pass=(-x WEFT_TRACE)
 if [ -n "${OMPI_MCA_mca_base_env_list:-}" ]; then

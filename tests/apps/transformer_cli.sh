@@ -11,7 +11,7 @@ exe=$1
 mpirun=${2:-}
 shift $(( $# > 1 ? 2 : 1 ))
 mpirun_args=("$@")
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # $tmp (removed on exit), fail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # $tmp (removed on exit), fail, loss_at, within
 
 "$exe" --help | grep "sample" >/dev/null || fail "--help does not list the sample subcommand"
 "$exe" train --help | grep -- "--checkpoint-dir" >/dev/null || fail "train --help does not list --checkpoint-dir"
@@ -43,7 +43,6 @@ grep -q " 34688 parameters" "$tmp/a.err" || fail "parameter count is not 34688: 
 "$exe" train "${cfg[@]}" --metrics "$tmp/b.jsonl" --stop-after 20 --checkpoint-dir "$tmp/ck" >/dev/null 2>&1
 "$exe" train "${cfg[@]}" --metrics "$tmp/b.jsonl" --resume "$tmp/ck" >/dev/null 2>&1
 
-loss_at() { grep "\"step\":$2[,}]" "$1" | grep -v '"split"' | grep -o '"loss":[^,}]*' | cut -d: -f2; }
 for key in '"step":' '"loss":' '"lr":' '"tokens_per_s":' '"peak_bytes":'; do
   head -1 "$tmp/a.jsonl" | grep "$key" >/dev/null || fail "metrics line lacks $key: $(head -1 "$tmp/a.jsonl")"
 done
@@ -61,8 +60,7 @@ awk -v l="$v30" 'BEGIN { exit !(l < 4.2) }' || fail "step-30 validation loss $v3
 "$exe" train "${cfg[@]}" --metrics "$tmp/ac.jsonl" --stop-after 10 --activation-checkpointing >/dev/null 2>"$tmp/ac.err" ||
   fail "--activation-checkpointing run failed: $(cat "$tmp/ac.err")"
 ac10=$(loss_at "$tmp/ac.jsonl" 10)
-awk -v a="$a10" -v b="$ac10" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(b != "" && d <= 1e-6 * a) }' ||
-  fail "--activation-checkpointing step-10 loss $ac10 differs from $a10"
+within "$ac10" "$a10" 1e-6 0 "--activation-checkpointing step-10 loss $ac10 differs from $a10"
 peak_at() { grep "\"step\":$2[,}]" "$1" | grep -v '"split"' | grep -o '"peak_bytes":[^,}]*' | cut -d: -f2; }
 pa=$(peak_at "$tmp/a.jsonl" 10); pc=$(peak_at "$tmp/ac.jsonl" 10)
 awk -v a="$pa" -v c="$pc" 'BEGIN { exit !(c != "" && c + 0 < a + 0) }' ||
@@ -93,42 +91,35 @@ if [ -n "$mpirun" ]; then
   "$mpirun" -np 2 "${mpirun_args[@]}" "$exe" train --fsdp "${cfg[@]}" --metrics "$tmp/f.jsonl" --stop-after 20 \
       --checkpoint-dir "$tmp/ckf" >/dev/null 2>"$tmp/f.err" || fail "2-rank --fsdp run failed: $(cat "$tmp/f.err")"
   f10=$(loss_at "$tmp/f.jsonl" 10)
-  awk -v a="$a10" -v b="$f10" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(b != "" && d <= 1e-5 * a) }' ||
-    fail "2-rank --fsdp step-10 loss $f10 differs from single-process $a10"
+  within "$f10" "$a10" 1e-5 0 "2-rank --fsdp step-10 loss $f10 differs from single-process $a10"
   "$mpirun" -np 4 "${mpirun_args[@]}" "$exe" train --fsdp "${cfg[@]}" --metrics "$tmp/f4.jsonl" --stop-after 10 \
       >/dev/null 2>"$tmp/f4.err" || fail "4-rank --fsdp run failed: $(cat "$tmp/f4.err")"
   f4=$(loss_at "$tmp/f4.jsonl" 10)
-  awk -v a="$a10" -v b="$f4" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(b != "" && d <= 1e-5 * a) }' ||
-    fail "4-rank --fsdp step-10 loss $f4 differs from single-process $a10"
+  within "$f4" "$a10" 1e-5 0 "4-rank --fsdp step-10 loss $f4 differs from single-process $a10"
   # bf16 mixed precision and keeping parameters after forward: same training, close losses.
   "$mpirun" -np 2 "${mpirun_args[@]}" "$exe" train --fsdp "${cfg[@]}" --metrics "$tmp/mp.jsonl" --stop-after 10 \
       --mixed-precision bf16 --reshard-after-forward false >/dev/null 2>"$tmp/mp.err" ||
     fail "--mixed-precision bf16 run failed: $(cat "$tmp/mp.err")"
   mp10=$(loss_at "$tmp/mp.jsonl" 10)
-  awk -v a="$a10" -v b="$mp10" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(b != "" && d <= 0.02 * a) }' ||
-    fail "bf16 step-10 loss $mp10 is not within 2% of f32's $a10"
+  within "$mp10" "$a10" 0.02 0 "bf16 step-10 loss $mp10 is not within 2% of f32's $a10"
   "$mpirun" -np 2 "${mpirun_args[@]}" "$exe" train --fsdp "${cfg[@]}" --metrics "$tmp/fac.jsonl" --stop-after 10 \
       --activation-checkpointing >/dev/null 2>"$tmp/fac.err" || fail "--fsdp --activation-checkpointing failed: $(cat "$tmp/fac.err")"
   fac10=$(loss_at "$tmp/fac.jsonl" 10)
-  awk -v a="$a10" -v b="$fac10" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(b != "" && d <= 1e-5 * a) }' ||
-    fail "2-rank --fsdp --activation-checkpointing step-10 loss $fac10 differs from single-process $a10"
+  within "$fac10" "$a10" 1e-5 0 "2-rank --fsdp --activation-checkpointing step-10 loss $fac10 differs from single-process $a10"
   # NO_SHARD (every rank holds the model, gradients all-reduced) trains the same, and its
   # checkpoint resumes in one process.
   "$mpirun" -np 2 "${mpirun_args[@]}" "$exe" train --fsdp --sharding-strategy NO_SHARD "${cfg[@]}" \
       --metrics "$tmp/ns.jsonl" --stop-after 10 --checkpoint-dir "$tmp/ckns" >/dev/null 2>"$tmp/ns.err" ||
     fail "--sharding-strategy NO_SHARD failed: $(cat "$tmp/ns.err")"
   ns10=$(loss_at "$tmp/ns.jsonl" 10)
-  awk -v a="$a10" -v b="$ns10" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(b != "" && d <= 1e-5 * a) }' ||
-    fail "2-rank NO_SHARD step-10 loss $ns10 differs from single-process $a10"
+  within "$ns10" "$a10" 1e-5 0 "2-rank NO_SHARD step-10 loss $ns10 differs from single-process $a10"
   "$exe" train "${cfg[@]}" --metrics "$tmp/ns.jsonl" --resume "$tmp/ckns" >/dev/null 2>&1
   ns30=$(loss_at "$tmp/ns.jsonl" 30)
-  awk -v a="$a30" -v b="$ns30" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(b != "" && d <= 1e-5 * a) }' ||
-    fail "single-process resume of the NO_SHARD checkpoint: step-30 loss $ns30, expected $a30"
+  within "$ns30" "$a30" 1e-5 0 "single-process resume of the NO_SHARD checkpoint: step-30 loss $ns30, expected $a30"
   # The 2-rank checkpoint resumes in one process and samples there.
   "$exe" train "${cfg[@]}" --metrics "$tmp/f.jsonl" --resume "$tmp/ckf" >/dev/null 2>&1
   f30=$(loss_at "$tmp/f.jsonl" 30)
-  awk -v a="$a30" -v b="$f30" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(b != "" && d <= 1e-5 * a) }' ||
-    fail "single-process resume of the 2-rank checkpoint: step-30 loss $f30, expected $a30"
+  within "$f30" "$a30" 1e-5 0 "single-process resume of the 2-rank checkpoint: step-30 loss $f30, expected $a30"
   "$exe" sample --checkpoint "$tmp/ckf" --prompt "A" --tokens 10 >"$tmp/sf.txt"
   [ "$(wc -c <"$tmp/sf.txt")" -eq 12 ] || fail "sampling the 2-rank checkpoint printed the wrong length"
   echo "fsdp: step-10 loss np2 $f10, np4 $f4, np2 bf16 $mp10, np2 checkpointed $fac10 (single $a10); resumed step-30 loss $f30 (single $a30)"

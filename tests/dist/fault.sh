@@ -26,6 +26,12 @@ echo "mode $mode, np $np: exit $rc after ${elapsed_ms} ms"
 case $mode in mismatch*|fsdp-extra) [ "$rc" -ne 124 ] || fail "timed out";; esac
 [ "$elapsed_ms" -lt 30000 ] || fail "took ${elapsed_ms} ms (collective timeout ${WEFT_COLLECTIVE_TIMEOUT} s)"
 want() { grep -qF -- "$1" "$log" || fail "output lacks: $1"; }
+# Every rank wrote its flight record to WEFT_FLIGHT_DIR, holding $1.
+every_rank_recorded() {
+  for r in $(seq 0 $((np - 1))); do
+    grep -qF -- "$1" "$WEFT_FLIGHT_DIR/flight_rank$r.txt" 2>/dev/null || fail "rank $r's flight record lacks: $1"
+  done
+}
 case $mode in
   skip|skip-nowait)
     want "all_gather_into_tensor #2 (f32, in 1000 elements, out $((np * 1000))) on group 'world' ($np ranks)"
@@ -35,20 +41,14 @@ case $mode in
     # The flight recorder: the lagging rank is named, and every rank wrote its record.
     want "Lagging: rank $((np - 1)) never issued all_gather_into_tensor #2"
     want "rank $((np - 1)): has not issued #2 on this group: it issued 1 and completed 1"
-    for r in $(seq 0 $((np - 1))); do
-      grep -qF "all_gather_into_tensor #1 (f32, in 1000 elements" "$WEFT_FLIGHT_DIR/flight_rank$r.txt" 2>/dev/null ||
-        fail "no flight record of rank $r in WEFT_FLIGHT_DIR"
-    done
+    every_rank_recorded "all_gather_into_tensor #1 (f32, in 1000 elements"
     ;;
   fsdp-skip)
     # The record names the module and phase whose collective never arrived.
     want "did not complete within 2 s"
     want "Lagging: rank $((np - 1)) never issued all_gather_into_tensor"
     want "[fsdp '0' FORWARD: all-gather of '0']"
-    for r in $(seq 0 $((np - 1))); do
-      grep -qF "reduce-scatter of '0'" "$WEFT_FLIGHT_DIR/flight_rank$r.txt" 2>/dev/null ||
-        fail "no flight record of rank $r with the first step's collectives"
-    done
+    every_rank_recorded "reduce-scatter of '0'"  # the first step's collectives
     ;;
   fsdp-extra)
     # Found by the fingerprint check on every rank, naming both calls by their labels.
