@@ -157,14 +157,15 @@ std::map<std::string, std::string> head_alias(const apps::GPTConfig& cfg) {
 // --reshard-after-forward applies to the blocks; the root keeps FSDP2's default (its
 // parameters are needed again at once by backward). Under bf16 mixed precision parameters are
 // gathered and used in bf16, gradients reduced in f32, and the logits come out in f32 for the loss.
-fsdp::FSDPModule shard_model(apps::GPT& model, const nn::ModulePtr& root, const TrainOptions& o) {
-  fsdp::FullyShardOptions block_opts;
+// The model is on the meta device: its shards are allocated and initialised on `device`'s mesh.
+fsdp::FSDPModule shard_model(apps::GPT& model, const nn::ModulePtr& root, const TrainOptions& o, Device device) {
+  fsdp::FullyShardOptions block_opts{.mesh = dist::default_mesh(device.type)};
   if (o.reshard_after_forward == "true" || o.reshard_after_forward == "false")
     block_opts.reshard_after_forward = o.reshard_after_forward == "true";
   else  // N: keep 1/N per rank, gathered within groups of N ranks for backward
     block_opts.reshard_after_forward = std::stoi(o.reshard_after_forward);
   if (o.mixed_precision == "bf16") block_opts.mp_policy = {.param_dtype = DType::bf16, .reduce_dtype = kFloat32};
-  fsdp::FullyShardOptions root_opts;
+  fsdp::FullyShardOptions root_opts{.mesh = block_opts.mesh};
   root_opts.mp_policy = block_opts.mp_policy;
   if (o.mixed_precision == "bf16") root_opts.mp_policy.output_dtype = kFloat32;
   for (auto& block : model.blocks) fsdp::fully_shard(block, block_opts);
@@ -247,9 +248,17 @@ int train(TrainOptions o, const Ranks& ranks) {
                             "transformer");
     }
     manual_seed(o.seed);  // the same full model on every rank
-    model = std::make_shared<apps::GPT>(o.model);
-    model->to(device);  // initialised on the host (the same values on every device), then moved
-    apps::init_gpt(*model);
+    if (ranks.fsdp) {
+      // Deferred: built on the meta device (init_gpt records its rules there too); fully_shard
+      // then initialises only this rank's shards, bitwise the eager build's values.
+      DefaultDeviceGuard meta(Device::meta());
+      model = std::make_shared<apps::GPT>(o.model);
+      apps::init_gpt(*model);
+    } else {
+      model = std::make_shared<apps::GPT>(o.model);
+      model->to(device);  // initialised on the host (the same values on every device), then moved
+      apps::init_gpt(*model);
+    }
     metrics.emplace(ranks.lead() ? o.metrics : std::string());
   });
   const int64_t n_params = apps::count_parameters(*model);
@@ -262,7 +271,7 @@ int train(TrainOptions o, const Ranks& ranks) {
   // Each block keeps only its input for backward and runs again there (nn/checkpoint.h).
   for (auto& block : model->blocks) block->set_activation_checkpointing(o.activation_checkpointing);
   std::optional<fsdp::FSDPModule> root;
-  if (ranks.fsdp) root = shard_model(*model, model, o);
+  if (ranks.fsdp) root = shard_model(*model, model, o, device);
   auto params = model->named_parameters();  // after sharding: this rank's shards
   auto pick = [&](const std::vector<std::string>& names) {
     std::vector<Tensor> out;
