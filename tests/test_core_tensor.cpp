@@ -187,6 +187,7 @@ TEST_CASE("the meta device: shapes and dtypes, no memory, fills recorded") {
   CHECK(memory_stats().live_bytes == before);
   CHECK(w.device().is_meta());
   CHECK(w.device().str() == "meta");
+  CHECK(w.str() == "tensor(..., f32[64, 32] on meta)");
   CHECK(g.offset() == 64 * 32);
   CHECK(recorded_fill(w)->kind == FillRule::Kind::normal);
   CHECK(recorded_fill(c)->a == 2.5);
