@@ -47,6 +47,9 @@ void copy_elements(const Tensor& dst, const Tensor& src) {
   WEFT_CHECK(dst.shape() == src.shape(), "copy: shapes differ, dst {} vs src {}", tensor_desc(dst),
              tensor_desc(src));
   if (dst.numel() == 0) return;
+  WEFT_CHECK(!dst.device().is_meta() && !src.device().is_meta(),
+             "copy: {} to {}: a tensor on the meta device has no data (deferred initialisation: materialise it with "
+             "nn::materialize or fsdp::fully_shard its module first)", tensor_desc(src), tensor_desc(dst));
   if (dst.device().is_cpu() && src.device().is_cpu()) {
     WEFT_DISPATCH(dst.dtype(), "copy", [&]<typename D>() {
       WEFT_DISPATCH(src.dtype(), "copy", [&]<typename S>() { copy_cpu_typed<D, S>(dst, src); });

@@ -1,9 +1,11 @@
 // core: tensor factories, in-place fills, and element access as doubles.
 #include <cmath>
 #include <limits>
+#include <utility>
 
 #include "core/copy.h"
 #include "core/dispatch.h"
+#include "core/fill_rule.h"
 #include "core/generator.h"
 #include "core/grad_mode.h"
 #include "core/strided_iter.h"
@@ -52,7 +54,10 @@ namespace {
 // its size), then moves it to opts' device.
 template <class Fill>
 Tensor from_doubles(const Shape& shape, TensorOptions opts, Fill&& fill) {
-  Tensor host = empty(shape, {.dtype = opts.dtype});
+  WEFT_CHECK(!opts.device.is_meta(),
+             "factory: a tensor of given values (shape {}) cannot be built on the meta device, which holds no data "
+             "(under DefaultDeviceGuard(Device::meta()) pass .device = kCPU for it)", shape_str(shape));
+  Tensor host = empty(shape, {.dtype = opts.dtype, .device = kCPU});
   int64_t n = host.numel();
   WEFT_DISPATCH(opts.dtype, "factory", [&]<typename T>() {
     T* p = static_cast<T*>(host.data_ptr());
@@ -61,21 +66,6 @@ Tensor from_doubles(const Shape& shape, TensorOptions opts, Fill&& fill) {
   Tensor out = opts.device.is_cpu() ? host : host.to(opts.device);
   if (opts.requires_grad) out.set_requires_grad(true);
   return out;
-}
-
-// Fills `t` in place from doubles in row-major order: directly when it is a contiguous CPU
-// tensor, else through a contiguous temporary of its own dtype.
-template <class Fill>
-void fill_from_doubles(Tensor& t, Fill&& fill) {
-  if (t.device().is_cpu() && t.is_contiguous()) {
-    int64_t n = t.numel();
-    WEFT_DISPATCH(t.dtype(), "fill", [&]<typename T>() {
-      T* p = static_cast<T*>(t.data_ptr());
-      for (int64_t i = 0; i < n; ++i) p[i] = convert_scalar<T>(fill(i));
-    });
-    return;
-  }
-  copy_elements(t, from_doubles(t.shape(), {.dtype = t.dtype()}, fill));
 }
 }  // namespace
 
@@ -88,13 +78,19 @@ Tensor arange(double start, double end, double step, TensorOptions opts) {
 }
 
 Tensor rand(const Shape& shape, TensorOptions opts, Generator* gen) {
-  Generator& g = gen ? *gen : default_generator();
-  return from_doubles(shape, opts, [&](int64_t) { return g.uniform(); });
+  bool rg = std::exchange(opts.requires_grad, false);
+  Tensor t = empty(shape, opts);
+  t.uniform_(0, 1, gen);
+  if (rg) t.set_requires_grad(true);
+  return t;
 }
 
 Tensor randn(const Shape& shape, TensorOptions opts, Generator* gen) {
-  Generator& g = gen ? *gen : default_generator();
-  return from_doubles(shape, opts, [&](int64_t) { return g.normal(); });
+  bool rg = std::exchange(opts.requires_grad, false);
+  Tensor t = empty(shape, opts);
+  t.normal_(0, 1, gen);
+  if (rg) t.set_requires_grad(true);
+  return t;
 }
 
 Tensor from_vector(const std::vector<double>& values, const Shape& shape, TensorOptions opts) {
@@ -136,6 +132,10 @@ static void check_inplace(const Tensor& t, const char* op) {
 Tensor& Tensor::fill_(double value) {
   check_defined("fill_");
   check_inplace(*this, "fill_");
+  if (device().is_meta()) {
+    record_fill(*this, {.kind = FillRule::Kind::constant, .a = value}, "fill_");
+    return *this;
+  }
   if (numel() == 0) return *this;
   if (!device().is_cpu()) {
     // One host element broadcast: the device backend uploads it once and fills on the device.
@@ -157,13 +157,23 @@ Tensor& Tensor::fill_(double value) {
 
 Tensor& Tensor::zero_() { return fill_(0.0); }
 
+// A random fill reserves one counter per element of the generator (offset += numel) and
+// writes element i (row-major) from counter offset + i; on the meta device it only records
+// that rule, so the tensor's values are computed when it is materialised or sharded.
+void Tensor::random_fill(FillRule rule, Generator* gen, const char* op) {
+  Generator& g = gen ? *gen : default_generator();
+  rule.seed = g.seed();
+  rule.offset = g.reserve(uint64_t(numel()));
+  if (device().is_meta()) record_fill(*this, rule, op);
+  else fill_slice(*this, rule, shape());
+}
+
 Tensor& Tensor::uniform_(double low, double high, Generator* gen) {
   check_defined("uniform_");
   check_inplace(*this, "uniform_");
   WEFT_CHECK(is_floating(dtype()), "uniform_: expects a floating tensor, got {}", tensor_desc(*this));
   WEFT_CHECK(low <= high, "uniform_: low {} > high {}", low, high);
-  Generator& g = gen ? *gen : default_generator();
-  fill_from_doubles(*this, [&](int64_t) { return low + (high - low) * g.uniform(); });
+  random_fill({.kind = FillRule::Kind::uniform, .a = low, .b = high}, gen, "uniform_");
   return *this;
 }
 
@@ -172,8 +182,7 @@ Tensor& Tensor::normal_(double mean, double std, Generator* gen) {
   check_inplace(*this, "normal_");
   WEFT_CHECK(is_floating(dtype()), "normal_: expects a floating tensor, got {}", tensor_desc(*this));
   WEFT_CHECK(std >= 0, "normal_: std must be non-negative, got {}", std);
-  Generator& g = gen ? *gen : default_generator();
-  fill_from_doubles(*this, [&](int64_t) { return mean + std * g.normal(); });
+  random_fill({.kind = FillRule::Kind::normal, .a = mean, .b = std}, gen, "normal_");
   return *this;
 }
 

@@ -2,58 +2,79 @@
 
 #include <cmath>
 
+#include "core/error.h"
+
 namespace weft {
 
-static uint64_t splitmix64(uint64_t& x) {
-  uint64_t z = (x += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
+namespace {
+constexpr uint32_t kMul0 = 0xD2511F53u, kMul1 = 0xCD9E8D57u;    // round multipliers
+constexpr uint32_t kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;  // key schedule increments
+
+inline void mulhilo(uint32_t a, uint32_t b, uint32_t& hi, uint32_t& lo) {
+  uint64_t p = uint64_t(a) * uint64_t(b);
+  hi = uint32_t(p >> 32);
+  lo = uint32_t(p);
+}
+
+inline double unit(uint32_t hi, uint32_t lo) {
+  return double(((uint64_t(hi) << 32) | lo) >> 11) * 0x1.0p-53;
+}
+}  // namespace
+
+std::array<uint32_t, 4> philox4x32_10(std::array<uint32_t, 4> counter, std::array<uint32_t, 2> key) {
+  uint32_t c0 = counter[0], c1 = counter[1], c2 = counter[2], c3 = counter[3];
+  uint32_t k0 = key[0], k1 = key[1];
+  for (int round = 0; round < 10; ++round) {
+    if (round > 0) k0 += kWeyl0, k1 += kWeyl1;
+    uint32_t hi0, lo0, hi1, lo1;
+    mulhilo(kMul0, c0, hi0, lo0);
+    mulhilo(kMul1, c2, hi1, lo1);
+    uint32_t n0 = hi1 ^ c1 ^ k0, n1 = lo1, n2 = hi0 ^ c3 ^ k1, n3 = lo0;
+    c0 = n0, c1 = n1, c2 = n2, c3 = n3;
+  }
+  return {c0, c1, c2, c3};
+}
+
+std::array<uint32_t, 4> philox4x32(uint64_t seed, uint64_t counter) {
+  return philox4x32_10({uint32_t(counter), uint32_t(counter >> 32), 0, 0}, {uint32_t(seed), uint32_t(seed >> 32)});
+}
+
+double counter_uniform(uint64_t seed, uint64_t counter) {
+  auto x = philox4x32(seed, counter);
+  return unit(x[0], x[1]);
+}
+
+double counter_normal(uint64_t seed, uint64_t counter) {
+  auto x = philox4x32(seed, counter);
+  double u1 = 1.0 - unit(x[0], x[1]);  // (0, 1]: the log is finite
+  double u2 = unit(x[2], x[3]);
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
 }
 
 void Generator::manual_seed(uint64_t seed) {
   seed_ = seed;
-  uint64_t x = seed;
-  for (auto& s : s_) s = splitmix64(x);
-  has_spare_ = false;
+  offset_ = 0;
 }
 
 void Generator::set_state(const State& st) {
-  for (int i = 0; i < 4; ++i) s_[i] = st.s[i];
   seed_ = st.seed;
-  has_spare_ = st.has_spare;
-  spare_ = st.spare;
+  offset_ = st.offset;
 }
 
-static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+uint64_t Generator::reserve(uint64_t n) {
+  WEFT_CHECK(n <= UINT64_MAX - offset_, "Generator: reserving {} counters at offset {} overflows the 64-bit counter",
+             n, offset_);
+  uint64_t first = offset_;
+  offset_ += n;
+  return first;
+}
 
 uint64_t Generator::next_u64() {
-  uint64_t result = rotl(s_[1] * 5, 7) * 9;
-  uint64_t t = s_[1] << 17;
-  s_[2] ^= s_[0];
-  s_[3] ^= s_[1];
-  s_[1] ^= s_[2];
-  s_[0] ^= s_[3];
-  s_[2] ^= t;
-  s_[3] = rotl(s_[3], 45);
-  return result;
+  auto x = philox4x32(seed_, reserve(1));
+  return (uint64_t(x[0]) << 32) | x[1];
 }
-
-double Generator::uniform() { return double(next_u64() >> 11) * 0x1.0p-53; }
-float Generator::uniform_f() { return float(next_u64() >> 40) * 0x1.0p-24f; }
-
-double Generator::normal() {
-  if (has_spare_) {
-    has_spare_ = false;
-    return spare_;
-  }
-  double u1 = 1.0 - uniform();  // (0, 1]: log is finite
-  double u2 = uniform();
-  double r = std::sqrt(-2.0 * std::log(u1));
-  spare_ = r * std::sin(2.0 * M_PI * u2);
-  has_spare_ = true;
-  return r * std::cos(2.0 * M_PI * u2);
-}
+double Generator::uniform() { return counter_uniform(seed_, reserve(1)); }
+double Generator::normal() { return counter_normal(seed_, reserve(1)); }
 
 Generator& default_generator() {
   static Generator g(0);

@@ -69,7 +69,9 @@ std::string Tensor::str() const {
   if (!defined()) return "tensor(undefined)";
   std::ostringstream os;
   os << "tensor(";
-  if (storage()->is_allocated()) {
+  if (device().is_meta()) {
+    os << "...";  // no values: shape, dtype and device follow
+  } else if (storage()->is_allocated()) {
     std::vector<double> v = to_vector(*this);
     print_rec(os, v, shape(), contiguous_strides(shape()), 0, 0, numel() > kSummariseAbove,
               choose_style(v, is_floating(dtype())), 7);

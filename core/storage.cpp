@@ -14,6 +14,9 @@ StorageImpl::StorageImpl(void* data, size_t nbytes, Device device,
 StorageImpl::~StorageImpl() { release(); }
 
 void* StorageImpl::data() const {
+  WEFT_CHECK(!device_.is_meta(), "a tensor on the meta device ({} bytes) has no data: it was built under "
+             "DefaultDeviceGuard(Device::meta()) for deferred initialisation; materialise it first "
+             "(nn::materialize(module, device)) or fsdp::fully_shard its module", nbytes_);
   WEFT_CHECK(is_allocated(), "storage of {} bytes on {} has been freed (use after free(); "
              "re-allocate it before reading)", nbytes_, device_.str());
   return data_;
@@ -38,6 +41,7 @@ void StorageImpl::allocate(size_t nbytes) {
   WEFT_CHECK(owned_, "storage::allocate: cannot re-allocate memory weft does not own");
   release();
   nbytes_ = nbytes;
+  if (device_.is_meta()) return;  // a size, no memory
   data_ = allocator_for(device_).allocate(nbytes);
 }
 

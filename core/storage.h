@@ -1,6 +1,8 @@
 // core: a block of device memory shared by a tensor and its views. It can be freed and
 // re-allocated in place, so FSDP can drop an unsharded parameter's memory while autograd
 // still holds the tensor object, and bring it back before the next use.
+// Storage on the meta device has a size but no memory: reading its data is an error that says
+// to materialise; it may carry the deferred fill (core/fill_rule.h) that gives its values.
 #pragma once
 #include <cstddef>
 #include <functional>
@@ -9,6 +11,8 @@
 #include "core/device.h"
 
 namespace weft {
+
+struct FillRule;
 
 class StorageImpl {
  public:
@@ -28,6 +32,10 @@ class StorageImpl {
   void free();                   // releases the memory; views keep their geometry
   void allocate(size_t nbytes);  // (re)allocates uninitialised memory of nbytes in place
 
+  // Meta storage only: how its elements are to be computed (null: never filled).
+  const std::shared_ptr<const FillRule>& deferred_fill() const { return deferred_fill_; }
+  void set_deferred_fill(std::shared_ptr<const FillRule> rule) { deferred_fill_ = std::move(rule); }
+
  private:
   void release();
   void* data_ = nullptr;
@@ -35,6 +43,7 @@ class StorageImpl {
   Device device_;
   bool owned_ = true;
   std::function<void(void*)> deleter_;
+  std::shared_ptr<const FillRule> deferred_fill_;
 };
 
 using Storage = std::shared_ptr<StorageImpl>;

@@ -23,10 +23,11 @@ namespace autograd { class Node; }
 class Tensor;
 class Generator;
 struct AutogradMeta;
+struct FillRule;
 
 struct TensorOptions {
   DType dtype = DType::f32;
-  Device device = Device::cpu();
+  Device device = default_device();  // the CPU unless a DefaultDeviceGuard says otherwise
   bool requires_grad = false;
 };
 
@@ -134,6 +135,7 @@ class Tensor {
 
  private:
   void check_defined(const char* op) const;
+  void random_fill(FillRule rule, Generator* gen, const char* op);
   std::shared_ptr<TensorImpl> impl_;
 };
 

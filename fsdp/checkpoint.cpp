@@ -78,7 +78,7 @@ Tensor all_gather(const Scope& s, const Tensor& mine) {
 
 // ---- what each rank tells the index writer: file size, sha256, key fingerprint, RNG state.
 
-constexpr int64_t kRecord = 17;  // bytes, fingerprint, 8 words of sha256 hex, 7 of RNG state
+constexpr int64_t kRecord = 12;  // bytes, fingerprint, 8 words of sha256 hex, RNG seed and offset
 
 Tensor make_record(uint64_t bytes, uint64_t fingerprint, const std::string& sha, const Generator::State& g) {
   Tensor r = zeros({kRecord}, {.dtype = kInt64});
@@ -86,19 +86,15 @@ Tensor make_record(uint64_t bytes, uint64_t fingerprint, const std::string& sha,
   p[0] = int64_t(bytes);
   p[1] = int64_t(fingerprint);
   std::memcpy(p + 2, sha.data(), std::min<size_t>(sha.size(), 64));
-  for (int i = 0; i < 4; ++i) p[10 + i] = int64_t(g.s[i]);
-  p[14] = int64_t(g.seed);
-  p[15] = g.has_spare;
-  p[16] = std::bit_cast<int64_t>(g.spare);
+  p[10] = int64_t(g.seed);
+  p[11] = int64_t(g.offset);
   return r;
 }
 
 Generator::State record_rng(const int64_t* p) {
   Generator::State g{};
-  for (int i = 0; i < 4; ++i) g.s[i] = uint64_t(p[10 + i]);
-  g.seed = uint64_t(p[14]);
-  g.has_spare = p[15] != 0;
-  g.spare = std::bit_cast<double>(p[16]);
+  g.seed = uint64_t(p[10]);
+  g.offset = uint64_t(p[11]);
   return g;
 }
 

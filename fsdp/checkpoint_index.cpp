@@ -80,8 +80,7 @@ std::string checkpoint_index_json(const CheckpointIndex& ix) {
   Json rng = Json::array();
   for (size_t i = 0; i < ix.rng.size(); ++i) {
     const Generator::State& g = ix.rng[i];
-    rng.push_back({{"rank", i}, {"state", {g.s[0], g.s[1], g.s[2], g.s[3]}}, {"seed", g.seed},
-                   {"has_spare", g.has_spare}, {"spare", g.spare}});
+    rng.push_back({{"rank", i}, {"seed", g.seed}, {"offset", g.offset}});
   }
   j["rng"] = rng;
   Json files = Json::array();
@@ -152,12 +151,8 @@ CheckpointIndex read_checkpoint_index(const std::string& path) {
     ix.training.aliases = r.at(j, "aliases").get<std::map<std::string, std::string>>();
     for (const Json& g : r.at(j, "rng")) {
       Generator::State st{};
-      auto s = r.integral(r.at(g, "state", "rng"), "rng.state").get<std::vector<uint64_t>>();
-      WEFT_CHECK(s.size() == 4, "checkpoint: {}: an rng state has {} words, not 4", r.path, s.size());
-      std::copy(s.begin(), s.end(), st.s);
       st.seed = r.integral(r.at(g, "seed", "rng"), "rng.seed").get<uint64_t>();
-      st.has_spare = r.at(g, "has_spare", "rng").get<bool>();
-      st.spare = r.at(g, "spare", "rng").get<double>();
+      st.offset = r.integral(r.at(g, "offset", "rng"), "rng.offset").get<uint64_t>();
       ix.rng.push_back(st);
     }
   } catch (const Json::exception& e) {

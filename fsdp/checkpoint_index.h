@@ -9,7 +9,7 @@
 
 namespace weft::fsdp {
 
-inline constexpr int kCheckpointFormatVersion = 1;
+inline constexpr int kCheckpointFormatVersion = 2;  // 2: RNG state as {seed, offset}
 inline constexpr const char* kCheckpointIndexFile = "index.json";
 
 // The file holding shard `shard`'s pieces: rank_<shard, 5 digits>.safetensors.

@@ -3,6 +3,7 @@
 #include "core/autograd_meta.h"
 #include "core/copy.h"
 #include "core/device_runtime.h"
+#include "core/fill_rule.h"
 #include "core/grad_mode.h"
 #include "kernels/elementwise.h"
 
@@ -26,7 +27,18 @@ FSDPParam::FSDPParam(std::string name, std::vector<Tensor*> slots, int64_t shard
   if (global_shape_.empty() && local_rows_ == 1) local = local.view({});  // 0-dim: held by rank 0
   sharded_ = local.detach();
   if (requires_grad_) sharded_.set_requires_grad(true);
-  load_full(orig);
+  if (orig.device().is_meta()) init_from_rule(orig);
+  else load_full(orig);
+}
+
+void FSDPParam::init_from_rule(const Tensor& meta) {
+  NoGradGuard no_grad;
+  Tensor chunk = chunk_view(padded_flat_);
+  chunk.zero_();  // the padding, and a parameter never filled
+  auto rule = recorded_fill(meta);
+  if (local_rows_ == 0 || !rule) return;
+  // Only this rank's elements are computed: the slice [rank * chunk, + local_rows) on shard_dim.
+  fill_slice(chunk.narrow(shard_dim_, 0, local_rows_), *rule, global_shape_, shard_dim_, int64_t(rank_) * chunk_);
 }
 
 Tensor FSDPParam::chunk_view(const Tensor& flat, int64_t chunk) const {

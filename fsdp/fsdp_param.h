@@ -33,6 +33,9 @@ class FSDPParam {
 
   // Copies the global values of `full` (shape global_shape) into this rank's chunk.
   void load_full(const Tensor& full);
+  // Computes this rank's chunk from a meta parameter's recorded init rule (deferred
+  // initialisation): only this rank's elements, never the full tensor; padding stays zero.
+  void init_from_rule(const Tensor& meta);
   // Writes the full value into `dst` (global shape) from an all-gathered buffer [ranks, cols]
   // whose columns [column_offset, column_offset + padded) hold each rank's padded chunk, the
   // parameter being cut into `ranks` chunks (0: the shard group's size).

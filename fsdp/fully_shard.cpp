@@ -5,6 +5,7 @@
 #include <unordered_set>
 
 #include "core/autograd_meta.h"
+#include "core/fill_rule.h"
 #include "core/grad_mode.h"
 #include "dist/device_mesh.h"
 #include "dist/dist.h"
@@ -89,10 +90,17 @@ FSDPModule fully_shard(const std::vector<nn::ModulePtr>& modules, const FullySha
   // collective mesh construction below happens on all ranks or none.
   // A module left without parameters of its own (a root whose blocks took them all) follows
   // the groups below it.
+  // Meta (deferred) parameters follow the others, else the mesh's device (CPU by default).
   Device device = kCPU;
-  if (!entries.empty()) {
-    device = entries[0].slots[0]->device();
-  } else {
+  bool all_meta = !entries.empty();
+  for (auto& e : entries)
+    if (!e.slots[0]->device().is_meta()) {
+      device = e.slots[0]->device(), all_meta = false;
+      break;
+    }
+  if (all_meta) {
+    if (opts.mesh) device = opts.mesh->group(opts.mesh->ndim() - 1)->device();
+  } else if (entries.empty()) {
     for (auto& [mn, m] : walk)
       if (auto s = state_of(*m); s && s->group) {
         device = s->group->compute_device();
@@ -127,6 +135,11 @@ FSDPModule fully_shard(const std::vector<nn::ModulePtr>& modules, const FullySha
     e.slots[0]->autograd_meta().replaced_by =
         fmt::format("its shard when fsdp::fully_shard ran on the {} holding '{}'", what, e.name);
   }
+  // Meta buffers of the subtree are materialised whole on the group's device (they are not
+  // sharded); meta parameters become shards initialised from their rules by the group.
+  for (nn::Module* m : members)
+    for (auto& [bname, b] : m->named_buffers())
+      if (b.device().is_meta()) materialize_in_place(b, comm_device);
   std::unique_ptr<FSDPParamGroup> group;
   if (!entries.empty()) {
     group = std::make_unique<FSDPParamGroup>(std::move(entries), opts, shard_group, replicate_group);

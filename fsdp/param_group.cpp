@@ -18,12 +18,18 @@ FSDPParamGroup::FSDPParamGroup(std::vector<Entry> entries, const FullyShardOptio
   WEFT_CHECK(!entries.empty(), "fsdp: a parameter group needs at least one parameter");
   const int world = shard_group_->size(), rank = shard_group_->rank();
   DType dtype = entries[0].slots[0]->dtype();
-  Device device = entries[0].slots[0]->device();
+  // Meta (deferred) parameters get their shards on the others' device, or the shard group's.
+  Device device = shard_group_->device();
+  for (auto& e : entries)
+    if (!e.slots[0]->device().is_meta()) {
+      device = e.slots[0]->device();
+      break;
+    }
   // Padded chunk sizes first, to size the flat shard buffer.
   std::vector<int64_t> padded;
   for (auto& e : entries) {
     const Tensor& t = *e.slots[0];
-    WEFT_CHECK(t.dtype() == dtype && t.device() == device,
+    WEFT_CHECK(t.dtype() == dtype && (t.device() == device || t.device().is_meta()),
                "fully_shard: parameters of one group must share dtype and device: {} is {} but {} is {}", e.name,
                tensor_desc(t), entries[0].name, tensor_desc(*entries[0].slots[0]));
     WEFT_CHECK(is_floating(dtype), "fully_shard: parameter {} is {}; only floating parameters can be sharded", e.name,

@@ -33,6 +33,7 @@ TensorList Module::call(const std::function<TensorList(const TensorList&)>& meth
   auto pre = hooks_->pre;
   for (auto& [id, hook] : pre)
     if (auto r = hook(*this, in)) in = std::move(*r);
+  check_not_meta("forward");
   TensorList out;
   {
     MemoryOwner owner(memory_owner_);
@@ -143,7 +144,18 @@ std::vector<ModulePtr> Module::modules() {
   return out;
 }
 
+void Module::check_not_meta(const char* what) const {
+  for (auto* list : {&params_, &buffers_})
+    for (auto& [n, t] : *list)
+      WEFT_CHECK(!t.defined() || !t.device().is_meta(),
+                 "{}: {} of this {} module: {} '{}' is on the meta device (built under DefaultDeviceGuard(Device::meta()), "
+                 "deferred initialisation) and has no values yet; materialise the module first (nn::materialize(module, "
+                 "device)) or fsdp::fully_shard it", type_name_, what, type_name_, list == &params_ ? "parameter" : "buffer",
+                 n);
+}
+
 NamedTensorList Module::state_dict() const {
+  check_not_meta("state_dict");
   NamedTensorList out;
   for (auto& [n, t] : params_)
     if (t.defined()) out.emplace_back(n, t.detach());

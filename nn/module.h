@@ -141,6 +141,8 @@ class Module : public std::enable_shared_from_this<Module> {
 
  private:
   void check_new_name(const std::string& name, const char* what) const;
+  // Throws naming the first direct parameter or buffer on the meta device.
+  void check_not_meta(const char* what) const;
   void collect(const std::string& prefix, bool recurse, bool buffers, NamedTensorList& out) const;
   void convert(const std::function<Tensor(const Tensor&)>& fn);
   std::string type_name_;

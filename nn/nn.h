@@ -7,6 +7,7 @@
 #include "nn/init.h"
 #include "nn/layers.h"
 #include "nn/loss.h"
+#include "nn/materialize.h"
 #include "nn/module.h"
 #include "nn/optimizer.h"
 #include "nn/scheduler.h"

@@ -22,9 +22,14 @@ Optimizer::Optimizer(std::string name, std::vector<ParamGroup> groups, std::map<
       WEFT_CHECK(defaults.count(k), "{}: unknown option \"{}\" in parameter group {}", name_, k, g);
     for (auto& [k, v] : defaults) group.options.try_emplace(k, v);
     WEFT_CHECK(group.options["lr"] >= 0, "{}: learning rate must be >= 0, got {}", name_, group.options["lr"]);
-    for (const Tensor& p : group.params) {
+    for (size_t i = 0; i < group.params.size(); ++i) {
+      const Tensor& p = group.params[i];
       WEFT_CHECK(p.defined() && p.is_leaf() && is_floating(p.dtype()),
                  "{}: parameters must be defined floating leaf tensors, got {}", name_, tensor_desc(p));
+      WEFT_CHECK(!p.device().is_meta(),
+                 "{}: parameter {} of group {} ({}) is on the meta device (deferred initialisation): materialise the "
+                 "model (nn::materialize) or fsdp::fully_shard it before building the optimizer", name_, i, g,
+                 tensor_desc(p));
       WEFT_CHECK(seen.emplace(p.impl(), g).second, "{}: a parameter {} appears in more than one place", name_,
                  tensor_desc(p));
     }

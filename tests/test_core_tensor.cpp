@@ -7,6 +7,7 @@
 #include "core/allocator.h"
 #include "core/generator.h"
 #include "core/device_runtime.h"
+#include "core/fill_rule.h"
 #include "core/stream.h"
 #include "core/tensor.h"
 
@@ -108,6 +109,98 @@ TEST_CASE("factories and seeded generators") {
   mean /= double(v.size());
   CHECK(std::abs(mean) < 0.03);
   CHECK(std::abs(sq / double(v.size()) - 1) < 0.05);
+}
+
+TEST_CASE("Philox4x32-10 matches the published known-answer vectors") {
+  // Random123's kat_vectors for philox4x32_10 (counter, key -> output).
+  using W = std::array<uint32_t, 4>;
+  CHECK(philox4x32_10({0, 0, 0, 0}, {0, 0}) == W{0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8});
+  CHECK(philox4x32_10({~0u, ~0u, ~0u, ~0u}, {~0u, ~0u}) == W{0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd});
+  CHECK(philox4x32_10({0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}, {0xa4093822, 0x299f31d0}) ==
+        W{0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1});
+}
+
+TEST_CASE("a fill of n elements reserves n counters and element i draws from counter offset + i") {
+  Generator g(7);
+  Tensor a = rand({3, 5}, {.dtype = kFloat64}, &g);
+  CHECK(g.offset() == 15);
+  Tensor b = randn({4}, {.dtype = kFloat64}, &g);
+  CHECK(g.offset() == 19);
+  auto va = to_vector(a), vb = to_vector(b);
+  for (int64_t i = 0; i < 15; ++i) CHECK(va[size_t(i)] == counter_uniform(7, uint64_t(i)));
+  for (int64_t i = 0; i < 4; ++i) CHECK(vb[size_t(i)] == counter_normal(7, 15 + uint64_t(i)));
+  // State is {seed, offset}: restoring it replays the same draws.
+  auto st = g.state();
+  double x = g.uniform();
+  g.set_state(st);
+  CHECK(g.uniform() == x);
+  CHECK(g.offset() == 20);
+  // A non-contiguous destination gets the values of its row-major order.
+  Generator g1(3), g2(3);
+  Tensor t = empty({4, 6}, {.dtype = kFloat64}).t();
+  t.uniform_(-1, 2, &g1);
+  Tensor ref = empty({6, 4}, {.dtype = kFloat64});
+  ref.uniform_(-1, 2, &g2);
+  CHECK(to_vector(t) == to_vector(ref));
+}
+
+TEST_CASE("any slice of a random fill equals the same slice of the whole fill") {
+  for (DType dt : {kFloat32, kFloat64, kBFloat16})
+    for (auto kind : {FillRule::Kind::uniform, FillRule::Kind::normal}) {
+      INFO(dtype_name(dt) << (kind == FillRule::Kind::uniform ? " uniform" : " normal"));
+      const Shape shape{7, 6, 5};
+      Generator g(11);
+      g.reserve(100);  // a fill that does not start at counter 0
+      Tensor full = empty(shape, {.dtype = dt});
+      const FillRule rule{.kind = kind, .a = -0.5, .b = 0.75, .seed = 11, .offset = 100};
+      if (kind == FillRule::Kind::uniform) full.uniform_(-0.5, 0.75, &g);
+      else full.normal_(-0.5, 0.75, &g);
+      for (int64_t dim = 0; dim < 3; ++dim)
+        for (auto [start, len] : {std::pair<int64_t, int64_t>{0, 2}, {2, 3}, {4, 1}, {0, 5}}) {
+          INFO("dim " << dim << " start " << start << " length " << len);
+          Tensor part = empty(full.narrow(dim, start, len).shape(), {.dtype = dt});
+          fill_slice(part, rule, shape, dim, start);
+          CHECK(to_vector(part) == to_vector(full.narrow(dim, start, len)));
+        }
+      // Into a non-contiguous destination (through a temporary).
+      Tensor wide = zeros({5, 6, 7}, {.dtype = dt}).permute({2, 1, 0});
+      fill_slice(wide, rule, shape);
+      CHECK(to_vector(wide) == to_vector(full));
+    }
+  CHECK_THROWS_WITH(fill_slice(zeros({2, 3}), FillRule{}, {4, 4}, 0, 1), Catch::Contains("does not fit"));
+  CHECK_THROWS_WITH(fill_slice(zeros({3, 4}), FillRule{}, {4, 4}, 0, 2), Catch::Contains("does not fit"));
+}
+
+TEST_CASE("the meta device: shapes and dtypes, no memory, fills recorded") {
+  auto before = memory_stats().live_bytes;
+  Generator g(5);
+  Tensor w, c;
+  {
+    DefaultDeviceGuard meta(Device::meta());
+    CHECK(default_device().is_meta());
+    w = randn({64, 32}, {}, &g);
+    c = full({8}, 2.5, {.dtype = kBFloat16});
+    CHECK(empty({3}).device().is_meta());
+    CHECK(empty({3}, {.device = kCPU}).device().is_cpu());
+  }
+  CHECK(default_device().is_cpu());
+  CHECK(memory_stats().live_bytes == before);
+  CHECK(w.device().is_meta());
+  CHECK(w.device().str() == "meta");
+  CHECK(w.str() == "tensor(..., f32[64, 32] on meta)");
+  CHECK(g.offset() == 64 * 32);
+  CHECK(recorded_fill(w)->kind == FillRule::Kind::normal);
+  CHECK(recorded_fill(c)->a == 2.5);
+  CHECK_THROWS_WITH(w.data_ptr(), Catch::Contains("meta device"));
+  CHECK_THROWS_WITH(to_vector(w), Catch::Contains("meta device"));
+  CHECK_THROWS_WITH(w.narrow(0, 0, 2).uniform_(), Catch::Contains("part of its storage"));
+  Generator g2(5);
+  CHECK(to_vector(materialize_tensor(w, kCPU)) == to_vector(randn({64, 32}, {}, &g2)));
+  CHECK(to_vector(materialize_tensor(c, kCPU)) == std::vector<double>(8, 2.5));
+  Tensor never = empty({2}, {.device = Device::meta()});
+  CHECK(recorded_fill(never) == nullptr);
+  materialize_in_place(never, kCPU);
+  CHECK(to_vector(never) == std::vector<double>{0, 0});
 }
 
 TEST_CASE("memory counters count exact bytes and track the peak") {

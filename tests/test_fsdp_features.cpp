@@ -17,9 +17,16 @@ using namespace weft::fsdp_test;
 
 namespace {
 
-void check_params(nn::Module& ref, const fsdp::FSDPModule& root, const std::string& what) {
+// After AdamW steps, an element whose gradient is of the order of Adam's eps (1e-8) moves by
+// lr * g / (|g| + eps), so the f32 rounding of another reduction order (about 1e-9 on such a
+// gradient, e.g. -1.06e-7 against a largest element of 2e-2 in this suite's TinyGPT at 4 ranks)
+// shifts it by up to ~1e-5 at lr 1e-2 (4e-6 measured). Trained parameters are compared with
+// that floor; untrained ones (and tests/test_fsdp_parity.cpp's) with 1e-6.
+constexpr double kAdamTrainedAtol = 1e-5;
+
+void check_params(nn::Module& ref, const fsdp::FSDPModule& root, const std::string& what, double atol = 1e-6) {
   for (auto& [name, p] : ref.named_parameters())
-    check_close(to_vector(root.full_tensor(name)), to_vector(p), 1e-5, what + ": parameter " + name);
+    check_close(to_vector(root.full_tensor(name)), to_vector(p), 1e-5, what + ": parameter " + name, atol);
 }
 
 // Optional steps of a parity run, called on both models at the same points.
@@ -60,7 +67,7 @@ void run_parity(MakeBatch make_batch, Shard shard, const Callbacks& cb = {}, int
     opt.step();
     check_close({global_mean(l.item())}, {l_ref.item()}, 1e-5, fmt::format("loss at step {}", step));
   }
-  check_params(*ref, root, "after training");
+  check_params(*ref, root, "after training", kAdamTrainedAtol);
 }
 
 fsdp::FSDPModule shard_mlp(const std::shared_ptr<UnevenMLP>& m, const fsdp::FullyShardOptions& o = {}) {
@@ -279,7 +286,7 @@ TEST_CASE("SummonFullParams: a no-grad forward inside the guard sees the edits")
     opt.step();
     check_close({global_mean(l.item())}, {lr.item()}, 1e-5, fmt::format("loss at step {}", step));
   }
-  check_params(*ref, root, "after training");
+  check_params(*ref, root, "after training", kAdamTrainedAtol);
 }
 
 TEST_CASE("SummonFullParams: refused inside backward, between forward and backward, and nested") {

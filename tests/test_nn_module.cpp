@@ -168,3 +168,114 @@ TEST_CASE("activation checkpointing: the same outputs and gradients, dropout inc
   sum((*ckpt)(x)).backward();
   CHECK(ckpt->mlp->c_fc->weight.grad().defined());
 }
+
+namespace {
+// Models for deferred initialisation: every default init (Linear, Embedding, LayerNorm,
+// RMSNorm, Conv2d, the transformer blocks), a tied weight, a buffer, and a re-initialisation
+// after construction (as a GPT's scaled residual projections).
+struct SmallGPT : Module {
+  std::shared_ptr<Embedding> wte;
+  std::shared_ptr<ModuleList> blocks;
+  std::shared_ptr<RMSNorm> norm;
+  std::shared_ptr<Linear> head;
+  SmallGPT() : Module("SmallGPT") {
+    TransformerConfig cfg{.d_model = 12, .n_head = 3, .bias = true};
+    wte = register_module("wte", std::make_shared<Embedding>(11, 12));
+    blocks = register_module("blocks", std::make_shared<ModuleList>());
+    for (int i = 0; i < 2; ++i) blocks->push_back(std::make_shared<Block>(cfg));
+    norm = register_module("norm", std::make_shared<RMSNorm>(12));
+    head = register_module("head", std::make_shared<Linear>(12, 11, false));
+    head->set_parameter("weight", wte->weight);  // tied
+    NoGradGuard ng;
+    for (auto& [name, p] : named_parameters())
+      if (name.find("c_proj.weight") != std::string::npos) init::normal_(p, 0, 0.02 / std::sqrt(4.0));
+  }
+  Tensor forward(const Tensor& idx) override {
+    Tensor h = (*wte)(idx);
+    for (auto& b : *blocks) h = (*b)(h);
+    return (*head)((*norm)(h));
+  }
+  using Module::forward;
+};
+std::shared_ptr<Module> conv_net() {
+  auto m = std::make_shared<Sequential>();
+  m->push_back(std::make_shared<Conv2d>(1, 4, 3, 1, 1));
+  m->push_back(std::make_shared<ReLU>());
+  m->push_back(std::make_shared<Conv2d>(4, 2, 3, 2, 0, false));
+  m->push_back(std::make_shared<Flatten>());
+  m->push_back(std::make_shared<Linear>(8, 3));
+  return m;
+}
+// Builds the model with the default generator seeded, eagerly or on the meta device.
+template <class Make>
+std::shared_ptr<Module> build(Make make, bool deferred) {
+  manual_seed(1234);
+  if (!deferred) return make();
+  DefaultDeviceGuard meta(Device::meta());
+  return make();
+}
+void check_bitwise_equal(Module& a, Module& b) {
+  auto sa = a.state_dict(), sb = b.state_dict();
+  REQUIRE(names(sa) == names(sb));
+  for (size_t i = 0; i < sa.size(); ++i) {
+    INFO(sa[i].first);
+    CHECK(sa[i].second.device() == sb[i].second.device());
+    CHECK(to_vector(sa[i].second) == to_vector(sb[i].second));
+  }
+}
+}  // namespace
+
+TEST_CASE("deferred initialisation: a meta build costs no memory and materialises bitwise as the eager one") {
+  auto mlp = [] {
+    auto m = std::make_shared<Sequential>();
+    m->push_back(std::make_shared<Linear>(7, 15));
+    m->push_back(std::make_shared<ReLU>());
+    m->push_back(std::make_shared<Linear>(15, 3));
+    return std::static_pointer_cast<Module>(m);
+  };
+  auto gpt = [] { return std::static_pointer_cast<Module>(std::make_shared<SmallGPT>()); };
+  auto net = [] { return std::static_pointer_cast<Module>(std::make_shared<Net>()); };
+  std::vector<std::pair<std::string, std::function<std::shared_ptr<Module>()>>> models{
+      {"mlp", mlp}, {"gpt", gpt}, {"conv", conv_net}, {"net with a buffer", net}};
+  for (auto& [what, make] : models) {
+    INFO(what);
+    auto eager = build(make, false);
+    const uint64_t offset_after = default_generator().offset();
+    int64_t before = memory_stats().live_bytes;
+    auto deferred = build(make, true);
+    CHECK(memory_stats().live_bytes == before);  // no parameter or buffer memory
+    CHECK(default_generator().offset() == offset_after);  // the same counters reserved
+    CHECK(!meta_tensor_names(*deferred).empty());
+    for (auto& p : deferred->parameters()) CHECK(p.device().is_meta());
+    materialize(*deferred);
+    CHECK(meta_tensor_names(*deferred).empty());
+    check_bitwise_equal(*eager, *deferred);
+  }
+  // Tied parameters stay one tensor.
+  auto g = std::static_pointer_cast<SmallGPT>(build(gpt, true));
+  materialize(*g);
+  CHECK(g->head->weight.is_same(g->wte->weight));
+  CHECK(g->wte->weight.requires_grad());
+}
+
+TEST_CASE("deferred initialisation: meta parameters are clear errors until materialised; mixed trees work") {
+  manual_seed(3);
+  // An eager child and a deferred one: the tree is partly meta.
+  auto m = std::make_shared<Sequential>();
+  m->push_back(std::make_shared<Linear>(3, 4));
+  {
+    DefaultDeviceGuard meta(Device::meta());
+    m->push_back(std::make_shared<Linear>(4, 2));
+  }
+  Tensor x = ones({1, 3});
+  CHECK_THROWS_WITH((*m)(x), Contains("parameter 'weight' is on the meta device") && Contains("nn::materialize"));
+  CHECK_THROWS_WITH(m->state_dict(), Contains("state_dict") && Contains("meta device"));
+  CHECK_THROWS_WITH(Adam(m->parameters(), {.lr = 1e-3}), Contains("parameter 2 of group 0") && Contains("meta"));
+  CHECK(meta_tensor_names(*m) == std::vector<std::string>{"1.weight", "1.bias"});
+  auto first = to_vector(m->parameters()[0]);
+  materialize(*m);
+  CHECK(to_vector(m->parameters()[0]) == first);  // the eager part is untouched
+  CHECK((*m)(x).shape() == Shape{1, 2});
+  Adam opt(m->parameters(), {.lr = 1e-3});
+  CHECK_THROWS_WITH(materialize(*m, Device::meta()), Contains("must hold data"));
+}

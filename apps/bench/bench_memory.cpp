@@ -21,6 +21,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -53,6 +54,7 @@ struct Options {
   std::vector<std::string> summary;
   bool check = false;
   bool activation_checkpointing = false;
+  bool deferred_init = false;  // build on the meta device; fully_shard initialises the shards
 };
 
 int64_t bytes_of(const std::vector<Tensor>& ts) {
@@ -135,12 +137,18 @@ int run(const Options& o) {
     events.push_back({{"step", step}, {"phase", phase}, {"t_s", double(now_ns() - t0) * 1e-9}});
   };
 
-  // Init as weft-transformer does it: the full model on every rank (same seed, same weights),
-  // then sharded block by block and the root.
+  // Init: the full model on every rank (same seed, same weights), then sharded block by block
+  // and the root; or, with --deferred-init (as weft-transformer --fsdp does), the model built
+  // on the meta device and only this rank's shards allocated and initialised by fully_shard.
   mark(-1, "init");
   manual_seed(o.seed);
-  auto model = std::make_shared<apps::GPT>(o.model);
-  apps::init_gpt(*model);
+  std::shared_ptr<apps::GPT> model;
+  {
+    std::optional<DefaultDeviceGuard> meta;
+    if (o.deferred_init) meta.emplace(Device::meta());
+    model = std::make_shared<apps::GPT>(o.model);
+    apps::init_gpt(*model);
+  }
   const int64_t P = bytes_of(model->parameters());
   const int64_t B = bytes_of(model->blocks.front()->parameters());
   const int64_t E = P - B * o.model.n_layer;
@@ -197,7 +205,10 @@ int run(const Options& o) {
   // FSDP2's bounds (see the header comment); Adam's 2Ps from the second step on.
   const int64_t params_bound = 4 * B + E + 4 * Ps;
   const int64_t bound = params_bound + act_max + act_max / o.model.n_layer;
+  const int64_t init_bound = Ps + B + (1 << 20);  // DESIGN.md's init <= Ps + B, 1 MiB of slack
   json mine = {{"rank", me},
+               {"deferred_init", o.deferred_init},
+               {"init_bound", init_bound},
                {"Ps", Ps},
                {"init_peak", init_peak},
                {"train_peak", train_peak},
@@ -238,7 +249,8 @@ int run(const Options& o) {
                 "AdamW, fully_shard per block + root%s; %lld steps, batch %lld x %lld tokens per rank; %d rank(s)\n",
                 (long long)o.model.n_layer, (long long)o.model.d_model, (long long)o.model.n_head,
                 (long long)o.model.ctx, (long long)o.model.vocab_size,
-                o.activation_checkpointing ? ", activation checkpointing per block" : "", (long long)o.steps, (long long)o.batch,
+                (std::string(o.activation_checkpointing ? ", activation checkpointing per block" : "") +
+                 (o.deferred_init ? ", deferred init" : "")).c_str(), (long long)o.steps, (long long)o.batch,
                 (long long)o.model.ctx, n);
     std::printf("# P %.2f MiB (%lld parameters), B %.2f MiB per block, E %.2f MiB outside the blocks (MiB = 2^20 "
                 "bytes)\n", P / kMiB, (long long)(P / 4), B / kMiB, E / kMiB);
@@ -256,6 +268,12 @@ int run(const Options& o) {
         std::printf("CHECK FAILED: rank %d: timeline max %lld bytes != allocator peak %lld bytes\n",
                     r["rank"].get<int>(), (long long)r["timeline_max"].get<int64_t>(), (long long)over_all);
         ++failed;
+      }
+      if (r.value("deferred_init", false) && r["init_peak"].get<int64_t>() > r.value("init_bound", int64_t(0))) {
+        std::printf("%s: rank %d: deferred init peak %.2f MiB exceeds the bound Ps+B (+1 MiB) = %.2f MiB\n",
+                    o.check ? "CHECK FAILED" : "note", r["rank"].get<int>(), mib(r["init_peak"]),
+                    mib(r["init_bound"]));
+        if (o.check) ++failed;
       }
       if (r["train_peak"].get<int64_t>() > r["bound"].get<int64_t>()) {
         std::printf("%s: rank %d: training peak %.2f MiB exceeds the bound 4B+E+4Ps+A+A/L = %.2f MiB\n",
@@ -352,6 +370,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t(10), int64_t(1000000)))->capture_default_str();
   app.add_flag("--activation-checkpointing", o.activation_checkpointing,
                "recompute each block in backward (the activations A then hold only the blocks' inputs)");
+  app.add_flag("--deferred-init", o.deferred_init,
+               "build the model on the meta device: fully_shard allocates and initialises only this rank's shards "
+               "(with --check: init peak <= Ps + B + 1 MiB)");
   app.add_flag("--check", o.check, "exit 1 if a rank's training peak exceeds the bound 4B+E+4Ps+A+A/L");
   app.add_option("--summary", o.summary, "print the table over world sizes from --json files of earlier runs and exit")
       ->expected(1, -1)->check(CLI::ExistingFile);

@@ -172,10 +172,12 @@ std::string checkpoint_to_load(const Options& o, int64_t n_train, int64_t steps_
 
 // fully_shard on every direct child that holds parameters (fc1, fc2, fc3 of the MLP; conv1,
 // conv2, fc1, fc2 of the CNN), then on the root: one all-gather and one reduce-scatter per layer.
-fsdp::FSDPModule shard_model(const nn::ModulePtr& model) {
+// The model is on the meta device: its shards are allocated and initialised on `device`'s mesh.
+fsdp::FSDPModule shard_model(const nn::ModulePtr& model, Device device) {
+  const fsdp::FullyShardOptions opts{.mesh = dist::default_mesh(device.type)};
   for (auto& [name, child] : model->named_children())
-    if (!child->parameters().empty()) fsdp::fully_shard(child);
-  return fsdp::fully_shard(model);
+    if (!child->parameters().empty()) fsdp::fully_shard(child, opts);
+  return fsdp::fully_shard(model, opts);
 }
 
 int run(const Options& o, const Ranks& ranks) {
@@ -201,8 +203,15 @@ int run(const Options& o, const Ranks& ranks) {
     steps_per_epoch = n_train / o.batch_size;  // the last partial batch is dropped
     WEFT_CHECK(steps_per_epoch > 0, "mnist: batch size {} exceeds the {} training samples", o.batch_size, n_train);
     manual_seed(o.seed);  // the same full model on every rank
-    model = apps::make_mnist_model(o.model, data.rows, data.cols);
-    model->to(device);  // initialised on the host (the same values on every device), then moved
+    if (ranks.fsdp) {
+      // Deferred: built on the meta device, each rank later initialises only its shards (the
+      // values of the eager build, bit for bit).
+      DefaultDeviceGuard meta(Device::meta());
+      model = apps::make_mnist_model(o.model, data.rows, data.cols);
+    } else {
+      model = apps::make_mnist_model(o.model, data.rows, data.cols);
+      model->to(device);  // initialised on the host (the same values on every device), then moved
+    }
     if (!o.load.empty()) resume_from = checkpoint_to_load(o, n_train, steps_per_epoch);
     metrics.emplace(ranks.lead() ? o.metrics : std::string());  // one file, written by rank 0
   });
@@ -214,7 +223,7 @@ int run(const Options& o, const Ranks& ranks) {
   };
   const int64_t n_params = count_params();
   std::optional<fsdp::FSDPModule> root;
-  if (ranks.fsdp) root = shard_model(model);
+  if (ranks.fsdp) root = shard_model(model, device);
   auto opt = make_optimizer(o, model->parameters());  // after sharding: steps this rank's shards
   int64_t step = 0;
   if (!resume_from.empty()) {

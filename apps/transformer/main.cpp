@@ -158,10 +158,11 @@ std::map<std::string, std::string> head_alias(const apps::GPTConfig& cfg) {
 // --reshard-after-forward applies to the blocks; the root keeps FSDP2's default (its
 // parameters are needed again at once by backward). Under bf16 mixed precision parameters are
 // gathered and used in bf16, gradients reduced in f32, and the logits come out in f32 for the loss.
+// The model is on the meta device: its shards are allocated and initialised on `device`'s mesh.
 fsdp::FSDPModule shard_model(apps::GPT& model, const nn::ModulePtr& root, const TrainOptions& o, Device device) {
   const auto strategy = fsdp::parse_sharding_strategy(o.sharding_strategy);
-  // FULL_SHARD is the 1-D world mesh fully_shard uses by default; the others build their mesh.
-  fsdp::FullyShardOptions block_opts;
+  // FULL_SHARD is the 1-D world mesh of the model's device; the others build their mesh.
+  fsdp::FullyShardOptions block_opts{.mesh = dist::default_mesh(device.type)};
   if (strategy != fsdp::ShardingStrategy::FULL_SHARD) block_opts = fsdp::strategy_options(strategy, 0, device.type);
   if (strategy != fsdp::ShardingStrategy::FULL_SHARD) {
     // The strategy decides resharding (--reshard-after-forward must be left at its default).
@@ -258,9 +259,17 @@ int train(TrainOptions o, const Ranks& ranks) {
                             "transformer");
     }
     manual_seed(o.seed);  // the same full model on every rank
-    model = std::make_shared<apps::GPT>(o.model);
-    model->to(device);  // initialised on the host (the same values on every device), then moved
-    apps::init_gpt(*model);
+    if (ranks.fsdp) {
+      // Deferred: built on the meta device (init_gpt records its rules there too); fully_shard
+      // then initialises only this rank's shards, bitwise the eager build's values.
+      DefaultDeviceGuard meta(Device::meta());
+      model = std::make_shared<apps::GPT>(o.model);
+      apps::init_gpt(*model);
+    } else {
+      model = std::make_shared<apps::GPT>(o.model);
+      model->to(device);  // initialised on the host (the same values on every device), then moved
+      apps::init_gpt(*model);
+    }
     metrics.emplace(ranks.lead() ? o.metrics : std::string());
   });
   const int64_t n_params = apps::count_parameters(*model);

@@ -52,6 +52,19 @@ if [ -n "$mpirun" ]; then
 fi
 [ -s "$tmp/np1.json" ] && grep -q '"series":{' "$tmp/np1.json" || fail "np1.json has no timeline"
 
+# --deferred-init: built on the meta device, so the init peak (rank 0's, column 3) is this
+# rank's shards, held by --check to Ps + B + 1 MiB, and below the eager build's at 2 ranks.
+if [ -n "$mpirun" ]; then run=("$mpirun" -np 2 "${mpirun_args[@]}"); eager="$tmp/np2.txt"; else run=(); eager="$tmp/np1.txt"; fi
+"${run[@]}" "$bench" "${tiny[@]}" --deferred-init > "$tmp/deferred.txt" 2>&1 || { cat "$tmp/deferred.txt"; fail "--deferred-init failed"; }
+cat "$tmp/deferred.txt"
+grep -q 'deferred init;' "$tmp/deferred.txt" || fail "--deferred-init: the header does not say deferred init"
+grep -q 'CHECK FAILED' "$tmp/deferred.txt" && fail "--deferred-init: a check failed"
+init_of() { awk -F'|' '/^\| 0 \| [0-9.]+ \|/ { print $4 + 0 }' "$1"; }
+d=$(init_of "$tmp/deferred.txt"); e=$(init_of "$eager")
+if [ -n "$mpirun" ]; then
+  awk -v d="$d" -v e="$e" 'BEGIN { exit !(d > 0 && d < e) }' || fail "deferred init peak $d MiB is not below the eager $e MiB"
+fi
+
 # Bad input: clear messages, nonzero exits.
 if "$bench" --n-layer 2 --d-model 100 --n-head 3 > "$tmp/bad.txt" 2>&1; then fail "--n-head 3 --d-model 100 was accepted"; fi
 grep -q 'does not divide --d-model' "$tmp/bad.txt" || { cat "$tmp/bad.txt"; fail "no clear message for --n-head"; }

@@ -66,11 +66,10 @@ case "$target" in
   checkpoint_index)
     # A two-shard index as save_checkpoint writes it, a replicated-only one, and a bare minimum.
     cat >"$corpus/two_shards" <<'JSON'
-{"format":"weft-checkpoint","format_version":1,"weft_version":"0.1.0","step":3,"world_size":2,"num_shards":2,
+{"format":"weft-checkpoint","format_version":2,"weft_version":"0.1.0","step":3,"world_size":2,"num_shards":2,
  "mesh":{"shape":[2],"dim_names":["shard"]},"data":{"epoch":1,"batch":7},"app":{"format":"mnist","model":"mlp"},
  "aliases":{"lm_head.weight":"wte.weight"},
- "rng":[{"rank":0,"state":[1,2,3,4],"seed":5,"has_spare":false,"spare":0.0},
-        {"rank":1,"state":[6,7,8,9],"seed":5,"has_spare":true,"spare":-0.5}],
+ "rng":[{"rank":0,"seed":5,"offset":0},{"rank":1,"seed":5,"offset":1536}],
  "files":[{"file":"rank_00000.safetensors","shard":0,"bytes":120,"sha256":"00ff"},
           {"file":"rank_00001.safetensors","shard":1,"bytes":120,"sha256":"ff00"}],
  "tensors":{"model.fc.weight":{"dtype":"F32","shape":[3,2],"placement":"Shard(0)",
@@ -79,7 +78,7 @@ case "$target" in
    "shards":[{"file":"rank_00001.safetensors","offset":0,"length":2}]}}}
 JSON
     cat >"$corpus/replicated" <<'JSON'
-{"format":"weft-checkpoint","format_version":1,"weft_version":"0.1.0","step":0,"world_size":1,"num_shards":1,
+{"format":"weft-checkpoint","format_version":2,"weft_version":"0.1.0","step":0,"world_size":1,"num_shards":1,
  "mesh":{"shape":[],"dim_names":[]},"data":{},"app":{},"aliases":{},"rng":[],
  "files":[{"file":"rank_00000.safetensors","shard":0,"bytes":8,"sha256":""}],
  "tensors":{"model.step":{"dtype":"I64","shape":[],"placement":"Replicate()","shards":[{"file":"rank_00000.safetensors"}]}}}
@@ -87,12 +86,12 @@ JSON
     printf '{"format":"weft-checkpoint"}' >"$corpus/minimal"
     # Inputs that once hit undefined behaviour (floats cast to integers, offset + length past
     # 2^63), kept as regression seeds.
-    small='{"format":"weft-checkpoint","format_version":1,"weft_version":"0","step":0,"world_size":1,"num_shards":1,
+    small='{"format":"weft-checkpoint","format_version":2,"weft_version":"0","step":0,"world_size":1,"num_shards":1,
  "mesh":{"shape":[1],"dim_names":["x"]},"data":{},"app":{},"aliases":{},"rng":[],
  "files":[{"file":"f","shard":0,"bytes":1,"sha256":""}],"tensors":{}}'
     printf '%s' "${small/'"shape":[1]'/'"shape":[1e300]'}" >"$corpus/float_mesh"
     printf '%s' "${small/'"data":{}'/'"data":{"epoch":-1e300}'}" >"$corpus/float_data"
-    printf '%s' "${small/'"rng":[]'/'"rng":[{"state":[1,2,3,4.5e40],"seed":0,"has_spare":false,"spare":0}]'}" \
+    printf '%s' "${small/'"rng":[]'/'"rng":[{"seed":0,"offset":4.5e40}]'}" \
       >"$corpus/float_rng"
     printf '%s' "${small/'"tensors":{}'/'"tensors":{"k":{"dtype":"F32","shape":[4],"placement":"Shard(0)",
  "shards":[{"file":"f","offset":3,"length":9223372036854775807}]}}'}" >"$corpus/offset_overflow"
