@@ -151,6 +151,43 @@ class CpuAllocator final : public Allocator {
   int64_t cached_bytes_ = 0;
 };
 
+// The meta device's: counts bytes as the CPU allocator does and returns distinct addresses
+// that nothing reads (meta storage has no data), so live and peak bytes of a computation on
+// meta tensors are what it would take on a real device.
+class MetaAllocator final : public Allocator {
+ public:
+  void* allocate(size_t nbytes) override {
+    if (nbytes == 0) return nullptr;
+    const int64_t live = live_.fetch_add(int64_t(nbytes)) + int64_t(nbytes);
+    int64_t peak = peak_.load();
+    while (live > peak && !peak_.compare_exchange_weak(peak, live)) {
+    }
+    total_.fetch_add(int64_t(nbytes));
+    allocs_.fetch_add(1);
+    record_live(live);
+    return reinterpret_cast<void*>(next_.fetch_add(64));
+  }
+  void deallocate(void* ptr, size_t nbytes) override {
+    if (!ptr) return;
+    record_live(live_.fetch_sub(int64_t(nbytes)) - int64_t(nbytes));
+    frees_.fetch_add(1);
+  }
+  MemoryStats stats() const override {
+    MemoryStats s;
+    s.live_bytes = s.reserved_bytes = live_.load();
+    s.peak_bytes = peak_.load();
+    s.total_allocated_bytes = total_.load();
+    s.num_allocs = allocs_.load();
+    s.num_frees = frees_.load();
+    return s;
+  }
+  void reset_peak() override { peak_.store(live_.load()); }
+
+ private:
+  std::atomic<int64_t> live_{0}, peak_{0}, total_{0}, allocs_{0}, frees_{0};
+  std::atomic<uintptr_t> next_{uintptr_t(1) << 12};
+};
+
 Allocator* g_allocators[kNumDeviceTypes] = {nullptr, nullptr};
 std::atomic<bool> g_any_limit{false};
 thread_local const std::string* t_owner = nullptr;
@@ -276,6 +313,10 @@ Allocator& allocator_for(Device device) {
   if (device.is_cpu()) {
     static CpuAllocator cpu;  // never destroyed before static tensors that use it
     return cpu;
+  }
+  if (device.is_meta()) {
+    static MetaAllocator meta;
+    return meta;
   }
   // A backend in its own library registers its allocator when it is loaded.
   if (g_lookups[int(device.type)] == nullptr && g_allocators[int(device.type)] == nullptr) {

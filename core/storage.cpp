@@ -41,7 +41,8 @@ void StorageImpl::allocate(size_t nbytes) {
   WEFT_CHECK(owned_, "storage::allocate: cannot re-allocate memory weft does not own");
   release();
   nbytes_ = nbytes;
-  if (device_.is_meta()) return;  // a size, no memory
+  // Meta storage: the meta allocator counts the bytes and hands out an address that is never
+  // read (data() refuses meta storage).
   data_ = allocator_for(device_).allocate(nbytes);
 }
 

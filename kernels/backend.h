@@ -133,4 +133,9 @@ namespace cpu {
 const KernelBackend& kernel_table();
 }  // namespace cpu
 
+namespace meta {
+// The meta device's (kernels/meta/backend.cpp): every entry does nothing (shape propagation).
+const KernelBackend& kernel_table();
+}  // namespace meta
+
 }  // namespace weft::kernels

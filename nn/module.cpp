@@ -33,7 +33,7 @@ TensorList Module::call(const std::function<TensorList(const TensorList&)>& meth
   auto pre = hooks_->pre;
   for (auto& [id, hook] : pre)
     if (auto r = hook(*this, in)) in = std::move(*r);
-  check_not_meta("forward");
+  if (!MetaComputeGuard::enabled()) check_not_meta("forward");
   TensorList out;
   {
     MemoryOwner owner(memory_owner_);
@@ -68,7 +68,7 @@ Tensor& Module::register_parameter(const std::string& name, Tensor t, bool requi
   if (t.defined()) {
     t = t.is_leaf() ? t : t.detach();
     if (requires_grad) t.set_requires_grad(true);
-    if (MemoryOwner::wanted() && t.storage() && t.storage()->is_allocated())
+    if (MemoryOwner::wanted() && !t.device().is_meta() && t.storage() && t.storage()->is_allocated())
       allocator_for(t.device()).label(t.storage()->data(), fmt::format("parameter '{}' of {}", name, type_name_));
   }
   params_.emplace_back(name, std::move(t));
