@@ -6,6 +6,7 @@
 #include "autograd/ops.h"
 #include "core/allocator.h"
 #include "core/error.h"
+#include "core/fill_rule.h"
 #include "core/generator.h"
 #include "core/grad_mode.h"
 #include "core/safetensors.h"

@@ -108,7 +108,7 @@ Tensor from_blob(void* data, const Shape& shape, DType dtype, Device device,
 }
 
 std::vector<double> to_vector(const Tensor& t) {
-  Tensor host = empty(t.shape(), {.dtype = DType::f64});
+  Tensor host = empty(t.shape(), {.dtype = DType::f64, .device = kCPU});
   copy_elements(host, t.detach());
   const double* p = host.data<double>();
   return std::vector<double>(p, p + host.numel());

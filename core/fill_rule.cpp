@@ -26,6 +26,30 @@ std::string FillRule::str() const {
   return "?";
 }
 
+namespace {
+// Element (o, r, i) of a slice of `rows` rows on its dim (outer dims, that dim, inner dims) is
+// element (o, start + r, i) of the full tensor, whose dim has `extent` rows.
+template <typename T>
+void fill_rows(T* p, int64_t n, const FillRule& rule, int64_t outer, int64_t rows, int64_t inner, int64_t extent,
+               int64_t start) {
+  if (rule.kind == FillRule::Kind::constant) {
+    const T v = convert_scalar<T>(rule.a);
+#pragma omp parallel for if (n > 32768)
+    for (int64_t k = 0; k < n; ++k) p[k] = v;
+    return;
+  }
+  // Every element draws from its own counter, so rows are split over threads freely: the
+  // values do not depend on the thread count.
+#pragma omp parallel for collapse(2) if (n > 4096)
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t r = 0; r < rows; ++r) {
+      T* q = p + (o * rows + r) * inner;
+      const int64_t base = (o * extent + start + r) * inner;
+      for (int64_t i = 0; i < inner; ++i) q[i] = convert_scalar<T>(rule.value(base + i));
+    }
+}
+}  // namespace
+
 void fill_slice(const Tensor& dst, const FillRule& rule, const Shape& full_shape, int64_t dim, int64_t start) {
   WEFT_CHECK(dst.defined(), "fill_slice: destination is undefined");
   WEFT_CHECK(!dst.device().is_meta(), "fill_slice: destination {} is on the meta device", tensor_desc(dst));
@@ -46,25 +70,12 @@ void fill_slice(const Tensor& dst, const FillRule& rule, const Shape& full_shape
     copy_elements(dst, host);
     return;
   }
-  // Element (o, r, i) of the slice (outer dims, dim, inner dims) is element
-  // (o, start + r, i) of the full tensor.
   int64_t outer = 1, inner = 1;
   for (int64_t d = 0; d < dim; ++d) outer *= full[size_t(d)];
   for (size_t d = size_t(dim) + 1; d < full.size(); ++d) inner *= full[d];
   const int64_t rows = local[size_t(dim)], extent = full[size_t(dim)];
   WEFT_DISPATCH(dst.dtype(), "fill", [&]<typename T>() {
-    T* p = static_cast<T*>(dst.data_ptr());
-    if (rule.kind == FillRule::Kind::constant) {
-      T v = convert_scalar<T>(rule.a);
-      for (int64_t k = 0, n = dst.numel(); k < n; ++k) p[k] = v;
-      return;
-    }
-    for (int64_t o = 0; o < outer; ++o)
-      for (int64_t r = 0; r < rows; ++r) {
-        T* q = p + (o * rows + r) * inner;
-        const int64_t base = (o * extent + start + r) * inner;
-        for (int64_t i = 0; i < inner; ++i) q[i] = convert_scalar<T>(rule.value(base + i));
-      }
+    fill_rows(static_cast<T*>(dst.data_ptr()), dst.numel(), rule, outer, rows, inner, extent, start);
   });
 }
 

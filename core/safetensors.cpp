@@ -332,7 +332,7 @@ Tensor SafetensorsReader::read(const std::string& name) {
   auto it = impl_->by_name.find(name);
   WEFT_CHECK(it != impl_->by_name.end(), "safetensors: '{}' has no tensor '{}'", path(), name);
   const Entry& e = impl_->header.entries[it->second];
-  Tensor t = empty(e.shape, {.dtype = e.dtype});
+  Tensor t = empty(e.shape, {.dtype = e.dtype, .device = kCPU});
   if (e.end > e.begin) {
     // The data section starts after the 8-byte length and the header; its extent was validated.
     impl_->in.seek(impl_->in.size() - impl_->header.data_size + e.begin);

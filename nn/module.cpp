@@ -167,6 +167,7 @@ NamedTensorList Module::state_dict() const {
 }
 
 void Module::load_state_dict(const NamedTensorList& state, bool strict) {
+  for (auto& [n, m] : named_modules()) m->check_not_meta("load_state_dict");
   std::unordered_map<std::string, const Tensor*> given;
   for (auto& [n, t] : state) given[n] = &t;
   std::vector<std::string> missing, mismatched;

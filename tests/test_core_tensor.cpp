@@ -135,6 +135,12 @@ TEST_CASE("a fill of n elements reserves n counters and element i draws from cou
   g.set_state(st);
   CHECK(g.uniform() == x);
   CHECK(g.offset() == 20);
+  // A fill large enough to run on several threads gives each element its own counter's value.
+  Tensor big = randn({256, 300}, {}, &g);
+  auto vbig = to_vector(big);
+  bool all_equal = true;
+  for (int64_t i = 0; i < 256 * 300; ++i) all_equal &= vbig[size_t(i)] == double(float(counter_normal(7, 20 + uint64_t(i))));
+  CHECK(all_equal);
   // A non-contiguous destination gets the values of its row-major order.
   Generator g1(3), g2(3);
   Tensor t = empty({4, 6}, {.dtype = kFloat64}).t();

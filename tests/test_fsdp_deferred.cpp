@@ -66,6 +66,11 @@ TEST_CASE("deferred + sharded init equals the eager single-process model bitwise
     INFO(what << ", dim-0 sharding");
     check_bitwise(deferred_sharded_state(make, {}), eager_state(make));
   }
+  if (dist::world_size() % 2 == 0) {
+    INFO("TinyGPT, HSDP: sharded within groups of 2, replicated across them");
+    check_bitwise(deferred_sharded_state(models[1].second, fsdp::strategy_options(fsdp::ShardingStrategy::HYBRID_SHARD, 2)),
+                  eager_state(models[1].second));
+  }
   INFO("TinyGPT, 2-D weights sharded on dim 1 through shard_placement_fn");
   auto place = [](const std::string&, const Tensor& t) -> int64_t { return t.dim() == 2 && t.size(1) % 12 == 0 ? 1 : 0; };
   check_bitwise(deferred_sharded_state(models[1].second, {.shard_placement_fn = place}), eager_state(models[1].second));

@@ -270,6 +270,7 @@ TEST_CASE("deferred initialisation: meta parameters are clear errors until mater
   Tensor x = ones({1, 3});
   CHECK_THROWS_WITH((*m)(x), Contains("parameter 'weight' is on the meta device") && Contains("nn::materialize"));
   CHECK_THROWS_WITH(m->state_dict(), Contains("state_dict") && Contains("meta device"));
+  CHECK_THROWS_WITH(m->load_state_dict({}), Contains("load_state_dict") && Contains("'weight' is on the meta device"));
   CHECK_THROWS_WITH(Adam(m->parameters(), {.lr = 1e-3}), Contains("parameter 2 of group 0") && Contains("meta"));
   CHECK(meta_tensor_names(*m) == std::vector<std::string>{"1.weight", "1.bias"});
   auto first = to_vector(m->parameters()[0]);

@@ -101,6 +101,29 @@ const std::map<std::string, std::function<void()>> kCases = {
        auto m = tiny_mlp();
        m->to(Device::cuda(0));
      }},
+    // deferred initialisation: meta parameters used before they are materialised or sharded
+    {"meta_forward", [] {
+       nn::ModulePtr m;
+       {
+         DefaultDeviceGuard meta(Device::meta());
+         m = tiny_mlp();
+       }
+       (*m)(ones({2, 4}));
+     }},
+    {"meta_optimizer", [] {
+       DefaultDeviceGuard meta(Device::meta());
+       nn::AdamW opt(tiny_mlp()->parameters(), {.lr = 1e-3});
+     }},
+    {"meta_state_dict", [] {
+       DefaultDeviceGuard meta(Device::meta());
+       tiny_mlp()->state_dict();
+     }},
+    {"meta_values", [] {
+       DefaultDeviceGuard meta(Device::meta());
+       to_vector(randn({3}));
+     }},
+    {"meta_partial_fill", [] { empty({4, 4}, {.device = Device::meta()}).narrow(0, 1, 2).normal_(); }},
+    {"materialize_to_meta", [] { nn::materialize(*tiny_mlp(), Device::meta()); }},
 };
 
 }  // namespace
