@@ -65,9 +65,10 @@ case $mode in
     ;;
   env-differs)
     # Found at dist::init on every rank, before any collective could wait on another.
-    what="dist_fault: error: dist::init: WEFT_COLLECTIVE_CHECK differs between ranks (on for some, off for others; this rank:"
-    [ "$(grep -cF "$what off)" "$log")" = 1 ] || fail "rank 0 (check off) did not report the difference once"
-    [ "$(grep -cF "$what on)" "$log")" = $((np - 1)) ] || fail "not every rank with the check on reported the difference"
+    # Every rank throws the same error; mpirun may end the others once the first has exited,
+    # before they print, so at least one report is required.
+    want "dist_fault: error: dist::init: WEFT_COLLECTIVE_CHECK differs between ranks (on for some, off for others; this rank:"
+    [ "$rc" -ne 124 ] || fail "timed out"
     if grep -q "no error" "$log"; then fail "a rank went on"; fi
     ;;
   mismatch|mismatch-debug)
