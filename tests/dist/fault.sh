@@ -14,7 +14,9 @@ trap 'rm -f "$log"; rm -rf "$WEFT_FLIGHT_DIR"' EXIT
 start=$(date +%s%N)
 # `timeout` is the backstop: the job must end by itself long before it.
 if [ "$mode" = env-differs ]; then  # rank 0 turns the collective check off, the others do not
-  timeout 50 "$mpirun" --oversubscribe --bind-to none -np 1 -x WEFT_COLLECTIVE_CHECK=0 "$exe" throw : \
+  # env, not mpirun -x: the sanitizer runs pass their environment through mca_base_env_list,
+  # which OpenMPI refuses to mix with -x.
+  timeout 50 "$mpirun" --oversubscribe --bind-to none -np 1 env WEFT_COLLECTIVE_CHECK=0 "$exe" throw : \
     -np $((np - 1)) "$exe" throw >"$log" 2>&1
 else
   timeout 50 "$mpirun" -np "$np" --oversubscribe --bind-to none "$exe" "${mode%-debug}" >"$log" 2>&1
