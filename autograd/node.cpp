@@ -2,6 +2,7 @@
 
 #include <atomic>
 
+#include "core/allocator.h"
 #include "core/autograd_meta.h"
 #include "core/grad_mode.h"
 #include "kernels/elementwise.h"
@@ -35,6 +36,8 @@ TensorList AccumulateGrad::apply(TensorList&& grad_outputs) {
     // Take the incoming buffer when nothing else can see it, else copy it.
     bool exclusive = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 && g.is_contiguous();
     meta.grad = exclusive ? g.detach() : g.detach().clone();
+    if (MemoryOwner::wanted() && meta.grad.numel() > 0)  // named for memory reports and plans
+      allocator_for(meta.grad.device()).label(meta.grad.storage()->data_or_null(), "gradients");
   } else {
     kernels::add_(meta.grad, g);
   }

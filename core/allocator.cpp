@@ -151,7 +151,7 @@ class CpuAllocator final : public Allocator {
   int64_t cached_bytes_ = 0;
 };
 
-// The meta device's: counts bytes as the CPU allocator does and returns distinct addresses
+// The meta device's: counts bytes as the CPU allocator does and returns disjoint addresses
 // that nothing reads (meta storage has no data), so live and peak bytes of a computation on
 // meta tensors are what it would take on a real device.
 class MetaAllocator final : public Allocator {
@@ -165,10 +165,14 @@ class MetaAllocator final : public Allocator {
     total_.fetch_add(int64_t(nbytes));
     allocs_.fetch_add(1);
     record_live(live);
-    return reinterpret_cast<void*>(next_.fetch_add(64));
+    // Addresses as far apart as the bytes, so that overlap checks see distinct allocations apart.
+    void* p = reinterpret_cast<void*>(next_.fetch_add((nbytes + 63) / 64 * 64));
+    track(p, nbytes);
+    return p;
   }
   void deallocate(void* ptr, size_t nbytes) override {
     if (!ptr) return;
+    untrack(ptr);
     record_live(live_.fetch_sub(int64_t(nbytes)) - int64_t(nbytes));
     frees_.fetch_add(1);
   }
@@ -190,6 +194,7 @@ class MetaAllocator final : public Allocator {
 
 Allocator* g_allocators[kNumDeviceTypes] = {nullptr, nullptr};
 std::atomic<bool> g_any_limit{false};
+std::atomic<int> g_accountings{0};  // owner accountings running
 thread_local const std::string* t_owner = nullptr;
 
 std::string mib(int64_t bytes) { return fmt::format("{:.1f} MiB", double(bytes) / double(1 << 20)); }
@@ -257,20 +262,65 @@ void Allocator::apply_env_limit() {
 }
 
 void Allocator::label(void* ptr, std::string owner) {
-  if (!ptr || limit() <= 0) return;
+  if (!ptr || !tracking_.load(std::memory_order_relaxed)) return;
   std::lock_guard<std::mutex> lock(owners_mutex_);
-  if (auto it = owners_.find(ptr); it != owners_.end()) it->second.owner = std::move(owner);
+  auto it = owners_.find(ptr);
+  if (it == owners_.end()) return;
+  if (it->second.accounted) {
+    accounted_live_[it->second.owner] -= it->second.bytes;
+    accounted_live_[owner] += it->second.bytes;
+  }
+  it->second.owner = std::move(owner);
 }
 
 void Allocator::track_slow(void* ptr, size_t nbytes) {
   const std::string* owner = MemoryOwner::current();
   std::lock_guard<std::mutex> lock(owners_mutex_);
-  owners_[ptr] = {int64_t(nbytes), owner ? *owner : std::string()};
+  const bool accounted = accounting_.load(std::memory_order_relaxed);
+  Owned& o = owners_[ptr] = {int64_t(nbytes), owner ? *owner : std::string(), accounted};
+  if (!accounted) return;
+  accounted_live_[o.owner] += o.bytes;
+  accounted_total_ += o.bytes;
+  if (accounted_total_ > accounted_peak_.peak_bytes)
+    accounted_peak_ = {accounted_total_, o.owner, accounted_live_};
 }
 
 void Allocator::untrack_slow(void* ptr) {
   std::lock_guard<std::mutex> lock(owners_mutex_);
-  owners_.erase(ptr);
+  auto it = owners_.find(ptr);
+  if (it == owners_.end()) return;
+  if (it->second.accounted) {
+    accounted_live_[it->second.owner] -= it->second.bytes;
+    accounted_total_ -= it->second.bytes;
+  }
+  owners_.erase(it);
+}
+
+void Allocator::start_accounting() {
+  std::lock_guard<std::mutex> lock(owners_mutex_);
+  for (auto& [p, o] : owners_) o.accounted = false;
+  accounted_live_.clear();
+  accounted_total_ = 0;
+  accounted_peak_ = {};
+  if (!accounting_.exchange(true)) g_accountings.fetch_add(1);
+  tracking_.store(true);
+}
+
+void Allocator::reset_accounting_peak() {
+  std::lock_guard<std::mutex> lock(owners_mutex_);
+  accounted_peak_ = {accounted_total_, MemoryOwner::current() ? *MemoryOwner::current() : "", accounted_live_};
+}
+
+OwnerPeak Allocator::stop_accounting() {
+  std::lock_guard<std::mutex> lock(owners_mutex_);
+  if (accounting_.exchange(false)) g_accountings.fetch_sub(1);
+  for (auto& [p, o] : owners_) o.accounted = false;
+  OwnerPeak out = std::move(accounted_peak_);
+  std::erase_if(out.by_owner, [](const auto& kv) { return kv.second == 0; });
+  accounted_live_.clear();
+  accounted_total_ = 0;
+  accounted_peak_ = {};
+  return out;
 }
 
 void Allocator::check_limit(size_t nbytes, int64_t live_bytes, const std::string& name) {
@@ -302,7 +352,9 @@ void Allocator::check_limit(size_t nbytes, int64_t live_bytes, const std::string
 MemoryOwner::MemoryOwner(const std::string& owner) : previous_(t_owner) { t_owner = &owner; }
 MemoryOwner::~MemoryOwner() { t_owner = previous_; }
 const std::string* MemoryOwner::current() { return t_owner; }
-bool MemoryOwner::wanted() { return g_any_limit.load(std::memory_order_relaxed); }
+bool MemoryOwner::wanted() {
+  return g_any_limit.load(std::memory_order_relaxed) || g_accountings.load(std::memory_order_relaxed) > 0;
+}
 
 void set_memory_limit(Device device, int64_t bytes) { allocator_for(device).set_limit(bytes); }
 int64_t memory_limit(Device device) { return allocator_for(device).limit(); }
@@ -336,6 +388,9 @@ bool cpu_block_cache_enabled() { return static_cast<CpuAllocator&>(allocator_for
 MemoryStats memory_stats(Device device) { return allocator_for(device).stats(); }
 void reset_peak_memory_stats(Device device) { allocator_for(device).reset_peak(); }
 
+void start_owner_accounting(Device device) { allocator_for(device).start_accounting(); }
+void reset_owner_accounting_peak(Device device) { allocator_for(device).reset_accounting_peak(); }
+OwnerPeak stop_owner_accounting(Device device) { return allocator_for(device).stop_accounting(); }
 void start_memory_recording(Device device, size_t capacity) { allocator_for(device).start_recording(capacity); }
 MemoryTimeline stop_memory_recording(Device device) { return allocator_for(device).stop_recording(); }
 

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -33,6 +34,14 @@ struct MemoryStats {
 struct MemorySample {
   int64_t t_ns = 0;       // std::chrono::steady_clock time, ns since its epoch
   int64_t live_bytes = 0;
+};
+
+// Live bytes by owner (MemoryOwner scopes, labels) at the highest point of an owner
+// accounting (start_owner_accounting below).
+struct OwnerPeak {
+  int64_t peak_bytes = 0;                  // the largest sum of accounted live bytes
+  std::string at;                          // the owner of the allocation that reached it
+  std::map<std::string, int64_t> by_owner; // at that moment ("" for allocations no scope named)
 };
 
 struct MemoryTimeline {
@@ -65,6 +74,11 @@ class Allocator {
   // Names a live allocation in out-of-memory reports (kept only while a limit is set).
   void label(void* ptr, std::string owner);
 
+  // Owner accounting; see start_owner_accounting below.
+  void start_accounting();
+  void reset_accounting_peak();
+  OwnerPeak stop_accounting();
+
  protected:
   // Implementations: the cap from WEFT_MEMORY_LIMIT (called from their constructor).
   void apply_env_limit();
@@ -74,7 +88,7 @@ class Allocator {
   // Around every allocation and free: remembers the owner of allocations made inside a
   // MemoryOwner scope while a limit is set (one relaxed load otherwise).
   void track(void* ptr, size_t nbytes) {
-    if (limit() > 0) track_slow(ptr, nbytes);
+    if (limit() > 0 || accounting_.load(std::memory_order_relaxed)) track_slow(ptr, nbytes);
   }
   void untrack(void* ptr) {
     if (tracking_.load(std::memory_order_relaxed)) untrack_slow(ptr);
@@ -96,8 +110,13 @@ class Allocator {
   struct Owned {
     int64_t bytes;
     std::string owner;
+    bool accounted = false;  // allocated during an owner accounting
   };
   std::unordered_map<void*, Owned> owners_;
+  std::atomic<bool> accounting_{false};
+  std::map<std::string, int64_t> accounted_live_;  // under owners_mutex_
+  int64_t accounted_total_ = 0;
+  OwnerPeak accounted_peak_;
   std::atomic<bool> recording_{false};
   std::mutex record_mutex_;  // allocations come from OpenMP and communication threads too
   MemoryTimeline timeline_;
@@ -148,6 +167,16 @@ class MemoryOwner {
  private:
   const std::string* previous_;
 };
+
+// Owner accounting: from start_owner_accounting until stop_owner_accounting, the device's
+// allocator sums the live bytes of each owner (the innermost MemoryOwner scope of the
+// allocation, or its label) over the allocations made in between, and keeps that split at the
+// highest total. reset_owner_accounting_peak starts the highest point again from the present.
+// fsdp::plan_memory runs a training step on the meta device under it to say what the peak is
+// made of. Costs a map update per allocation while on (meant for the meta device).
+void start_owner_accounting(Device device);
+void reset_owner_accounting_peak(Device device);
+OwnerPeak stop_owner_accounting(Device device);
 
 // Memory timeline: from start_memory_recording until stop_memory_recording, the device's
 // allocator appends (time, live bytes) after every allocation and free, from any thread, up to

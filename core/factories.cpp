@@ -54,6 +54,7 @@ namespace {
 // its size), then moves it to opts' device.
 template <class Fill>
 Tensor from_doubles(const Shape& shape, TensorOptions opts, Fill&& fill) {
+  if (opts.device.is_meta() && MetaComputeGuard::enabled()) return empty(shape, opts);  // shapes only
   WEFT_CHECK(!opts.device.is_meta(),
              "factory: a tensor of given values (shape {}) cannot be built on the meta device, which holds no data "
              "(under DefaultDeviceGuard(Device::meta()) pass .device = kCPU for it)", shape_str(shape));

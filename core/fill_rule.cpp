@@ -100,6 +100,10 @@ std::shared_ptr<const FillRule> recorded_fill(const Tensor& t) {
 
 void record_fill(const Tensor& t, const FillRule& rule, const char* op) {
   check_meta(t, op);
+  // Shape propagation (MetaComputeGuard) writes parts of meta storages, e.g. a shard's padding:
+  // values are not followed there, so nothing is recorded.
+  if (MetaComputeGuard::enabled() && !(t.is_contiguous() && t.offset() == 0 && t.nbytes() == t.storage()->nbytes()))
+    return;
   check_whole(t, op);
   t.storage()->set_deferred_fill(std::make_shared<const FillRule>(rule));
 }

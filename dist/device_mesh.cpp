@@ -49,6 +49,19 @@ DeviceMesh::DeviceMesh(DeviceType device, std::vector<int> shape, std::vector<st
   }
 }
 
+DeviceMesh::DeviceMesh(DeviceType device, std::vector<int> shape, std::vector<std::string> dim_names,
+                       std::vector<int> coordinate, std::vector<ProcessGroupPtr> groups)
+    : device_(device), shape_(std::move(shape)), names_(std::move(dim_names)), coord_(std::move(coordinate)),
+      groups_(std::move(groups)) {
+  WEFT_CHECK(!shape_.empty() && names_.size() == shape_.size() && coord_.size() == shape_.size() &&
+                 groups_.size() == shape_.size(),
+             "DeviceMesh: {} dims need as many names, coordinates and groups (got {}, {}, {})", shape_.size(),
+             names_.size(), coord_.size(), groups_.size());
+  for (size_t d = 0; d < shape_.size(); ++d)
+    WEFT_CHECK(groups_[d] && groups_[d]->size() == shape_[d] && groups_[d]->rank() == coord_[d],
+               "DeviceMesh: the group of dim {} is not rank {} of {}", d, coord_[d], shape_[d]);
+}
+
 int DeviceMesh::size(int dim) const {
   WEFT_CHECK(dim >= 0 && dim < ndim(), "DeviceMesh::size: dim {} out of range for {}", dim, str());
   return shape_[size_t(dim)];

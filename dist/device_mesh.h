@@ -21,6 +21,10 @@ class DeviceMesh {
   DeviceMesh(DeviceType device, std::vector<int> shape, std::vector<std::string> dim_names = {});
   // The 1-D mesh over all ranks.
   explicit DeviceMesh(DeviceType device = DeviceType::cpu);
+  // A mesh over groups that exist already (one per dim; this rank at `coordinate`), e.g.
+  // dist::fake_mesh's. Not collective.
+  DeviceMesh(DeviceType device, std::vector<int> shape, std::vector<std::string> dim_names, std::vector<int> coordinate,
+             std::vector<ProcessGroupPtr> groups);
 
   DeviceType device_type() const { return device_; }
   int ndim() const { return int(shape_.size()); }

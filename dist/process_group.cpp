@@ -142,9 +142,10 @@ Collective ProcessGroup::make(CollectiveKind kind, const Tensor& out, const Tens
     // Overlapping buffers would be read and written at once; the one overlap an all-gather
     // allows is `in` being out's own slice (FSDP packs its shard there to save a copy).
     if (!out.is_same(in) && n > 0 && m > 0) {
-      auto* ib = static_cast<const char*>(in.data_ptr());
-      auto* ob = static_cast<const char*>(out.data_ptr());
+      // Addresses only (meta tensors of a fake group have addresses and no data).
       size_t es = in.element_size();
+      auto* ib = static_cast<const char*>(in.storage()->data_or_null()) + size_t(in.offset()) * es;
+      auto* ob = static_cast<const char*>(out.storage()->data_or_null()) + size_t(out.offset()) * es;
       c.in_place_gather = kind == CollectiveKind::all_gather && ib == ob + size_t(rank_) * size_t(n) * es;
       WEFT_CHECK(c.in_place_gather || ib + in.nbytes() <= ob || ob + out.nbytes() <= ib,
                  "{}: in ({}) and out ({}) overlap in memory{}", where(), tensor_desc(in), tensor_desc(out),

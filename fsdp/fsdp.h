@@ -6,6 +6,7 @@
 #include "fsdp/clip_grad.h"
 #include "fsdp/summon_full_params.h"
 #include "fsdp/wrap.h"
+#include "fsdp/memory_plan.h"
 #include "fsdp/state_dict.h"
 #include "fsdp/sharded_state_dict.h"
 #include "fsdp/checkpoint.h"

@@ -36,7 +36,8 @@ void FSDPParam::init_from_rule(const Tensor& meta) {
   Tensor chunk = chunk_view(padded_flat_);
   chunk.zero_();  // the padding, and a parameter never filled
   auto rule = recorded_fill(meta);
-  if (local_rows_ == 0 || !rule) return;
+  // Shards on the meta device (a memory plan) have no values to compute.
+  if (local_rows_ == 0 || !rule || chunk.device().is_meta()) return;
   // Only this rank's elements are computed: the slice [rank * chunk, + local_rows) on shard_dim.
   fill_slice(chunk.narrow(shard_dim_, 0, local_rows_), *rule, global_shape_, shard_dim_, int64_t(rank_) * chunk_);
 }

@@ -139,7 +139,7 @@ FSDPModule fully_shard(const std::vector<nn::ModulePtr>& modules, const FullySha
   // sharded); meta parameters become shards initialised from their rules by the group.
   for (nn::Module* m : members)
     for (auto& [bname, b] : m->named_buffers())
-      if (b.device().is_meta()) materialize_in_place(b, comm_device);
+      if (b.device().is_meta() && !comm_device.is_meta()) materialize_in_place(b, comm_device);
   std::unique_ptr<FSDPParamGroup> group;
   if (!entries.empty()) {
     group = std::make_unique<FSDPParamGroup>(std::move(entries), opts, shard_group, replicate_group);

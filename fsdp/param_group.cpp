@@ -68,7 +68,7 @@ FSDPParamGroup::FSDPParamGroup(std::vector<Entry> entries, const FullyShardOptio
   if (offload_) current_stream(device).synchronize();
   label = params_[0]->name();
   if (MemoryOwner::wanted() && group_numel_ > 0)
-    allocator_for(flat_shard_.device()).label(flat_shard_.data_ptr(), "fsdp shards of the group of '" + label + "'");
+    allocator_for(flat_shard_.device()).label(flat_shard_.storage()->data_or_null(), "fsdp shards of the group of '" + label + "'");
   param_dtype_ = opts.mp_policy.param_dtype.value_or(dtype);
   reduce_dtype_ = opts.mp_policy.reduce_dtype.value_or(param_dtype_);
   for (auto& p : params_) p->use_sharded();

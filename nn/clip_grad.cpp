@@ -13,15 +13,17 @@ namespace weft::nn {
 namespace {
 
 // This process's share of a gradient's norm: max |g| (inf), or sum |g|^p in f64, which keeps
-// the result independent of how the elements are split over ranks up to rounding.
+// the result independent of how the elements are split over ranks up to rounding. Meta
+// gradients (a memory plan: shapes only) allocate what the real ones would and count 0.
 double local_part(const Tensor& g, double p) {
   using kernels::BinaryOp, kernels::ReduceOp, kernels::UnaryOp;
-  if (std::isinf(p)) return kernels::reduce(ReduceOp::max, kernels::unary(UnaryOp::abs, g), {}, false).item();
+  auto value = [](const Tensor& t) { return t.device().is_meta() ? 0.0 : t.item(); };
+  if (std::isinf(p)) return value(kernels::reduce(ReduceOp::max, kernels::unary(UnaryOp::abs, g), {}, false));
   Tensor g64 = g.to(DType::f64);
   Tensor powered = p == 2.0   ? kernels::binary(BinaryOp::mul, g64, g64)
                    : p == 1.0 ? kernels::unary(UnaryOp::abs, g64)
                               : kernels::binary_scalar(BinaryOp::pow, kernels::unary(UnaryOp::abs, g64), p);
-  return kernels::reduce(ReduceOp::sum, powered, {}, false).item();
+  return value(kernels::reduce(ReduceOp::sum, powered, {}, false));
 }
 
 }  // namespace

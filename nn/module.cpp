@@ -68,8 +68,8 @@ Tensor& Module::register_parameter(const std::string& name, Tensor t, bool requi
   if (t.defined()) {
     t = t.is_leaf() ? t : t.detach();
     if (requires_grad) t.set_requires_grad(true);
-    if (MemoryOwner::wanted() && !t.device().is_meta() && t.storage() && t.storage()->is_allocated())
-      allocator_for(t.device()).label(t.storage()->data(), fmt::format("parameter '{}' of {}", name, type_name_));
+    if (MemoryOwner::wanted() && t.storage() && t.storage()->data_or_null())
+      allocator_for(t.device()).label(t.storage()->data_or_null(), fmt::format("parameter '{}' of {}", name, type_name_));
   }
   params_.emplace_back(name, std::move(t));
   return params_.back().second;

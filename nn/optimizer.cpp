@@ -26,7 +26,7 @@ Optimizer::Optimizer(std::string name, std::vector<ParamGroup> groups, std::map<
       const Tensor& p = group.params[i];
       WEFT_CHECK(p.defined() && p.is_leaf() && is_floating(p.dtype()),
                  "{}: parameters must be defined floating leaf tensors, got {}", name_, tensor_desc(p));
-      WEFT_CHECK(!p.device().is_meta(),
+      WEFT_CHECK(!p.device().is_meta() || MetaComputeGuard::enabled(),  // shape propagation steps meta ones
                  "{}: parameter {} of group {} ({}) is on the meta device (deferred initialisation): materialise the "
                  "model (nn::materialize) or fsdp::fully_shard it before building the optimizer", name_, i, g,
                  tensor_desc(p));
@@ -204,7 +204,7 @@ void Adam::step() {
       if (!grad.defined()) continue;
       auto& st = state_of(p);
       if (!st.count("step")) {
-        st["step"] = scalar_tensor(0, {.dtype = DType::f32});
+        st["step"] = scalar_tensor(0, {.dtype = DType::f32, .device = kCPU});  // a host count, as in PyTorch
         st["exp_avg"] = zeros_like(p);
         st["exp_avg_sq"] = zeros_like(p);
       }

@@ -21,6 +21,7 @@
 #include "apps/common/device.h"
 #include "apps/common/metrics.h"
 #include "apps/common/nonfinite.h"
+#include "apps/common/plan.h"
 #include "apps/common/progress.h"
 #include "apps/common/ranks.h"
 #include "apps/common/resume.h"
@@ -55,6 +56,7 @@ struct TrainOptions {
   std::string sharding_strategy = "FULL_SHARD";
   std::string device = "cpu";
   std::string on_nan = "error";
+  apps::PlanFlags plan;
 };
 
 struct SampleOptions {
@@ -101,7 +103,9 @@ dist::ConfigSettings shared_settings(const TrainOptions& o) {
           {"--activation-checkpointing", o.activation_checkpointing ? "true" : "false"},
           {"--reshard-after-forward", o.reshard_after_forward},
           {"--mixed-precision", o.mixed_precision},
-          {"--on-nan", o.on_nan}};
+          {"--on-nan", o.on_nan},
+          {"--plan", o.plan.wanted() ? "true" : "false"},
+          {"--memory-budget", o.plan.budget}};
 }
 
 // ---- checkpoints: fsdp::save_checkpoint directories (every rank writes its own shards; see
@@ -158,11 +162,15 @@ std::map<std::string, std::string> head_alias(const apps::GPTConfig& cfg) {
 // --reshard-after-forward applies to the blocks; the root keeps FSDP2's default (its
 // parameters are needed again at once by backward). Under bf16 mixed precision parameters are
 // gathered and used in bf16, gradients reduced in f32, and the logits come out in f32 for the loss.
-// The model is on the meta device: its shards are allocated and initialised on `device`'s mesh.
-fsdp::FSDPModule shard_model(apps::GPT& model, const nn::ModulePtr& root, const TrainOptions& o, Device device) {
+// The model is on the meta device: its shards are allocated and initialised on `device`'s mesh,
+// or on `mesh` when given (a memory plan's). `per_block`, when given, is each block's
+// reshard_after_forward (a memory plan's choice) in place of --reshard-after-forward.
+fsdp::FSDPModule shard_model(apps::GPT& model, const nn::ModulePtr& root, const TrainOptions& o, Device device,
+                             const std::shared_ptr<dist::DeviceMesh>& mesh = nullptr,
+                             const std::vector<bool>& per_block = {}) {
   const auto strategy = fsdp::parse_sharding_strategy(o.sharding_strategy);
   // FULL_SHARD is the 1-D world mesh of the model's device; the others build their mesh.
-  fsdp::FullyShardOptions block_opts{.mesh = dist::default_mesh(device.type)};
+  fsdp::FullyShardOptions block_opts{.mesh = mesh ? mesh : dist::default_mesh(device.type)};
   if (strategy != fsdp::ShardingStrategy::FULL_SHARD) block_opts = fsdp::strategy_options(strategy, 0, device.type);
   if (strategy != fsdp::ShardingStrategy::FULL_SHARD) {
     // The strategy decides resharding (--reshard-after-forward must be left at its default).
@@ -174,8 +182,69 @@ fsdp::FSDPModule shard_model(apps::GPT& model, const nn::ModulePtr& root, const 
   fsdp::FullyShardOptions root_opts = block_opts;
   root_opts.reshard_after_forward.reset();  // the root keeps FSDP2's default
   if (o.mixed_precision == "bf16") root_opts.mp_policy.output_dtype = kFloat32;
-  for (auto& block : model.blocks) fsdp::fully_shard(block, block_opts);
+  for (size_t i = 0; i < model.blocks.size(); ++i) {
+    fsdp::FullyShardOptions opts = block_opts;
+    if (!per_block.empty()) opts.reshard_after_forward = bool(per_block[i]);
+    fsdp::fully_shard(model.blocks[i], opts);
+  }
   return fsdp::fully_shard(root, root_opts);
+}
+
+// AdamW with weight decay on the 2-D weights (matmuls and embeddings) only: `decay` names them,
+// from the full shapes before sharding; the parameters are looked up by name after it.
+std::unique_ptr<nn::AdamW> make_optimizer(nn::Module& model, const std::vector<std::string>& decay,
+                                          const TrainOptions& o) {
+  std::vector<Tensor> with, without;
+  for (auto& [name, p] : model.named_parameters())
+    (std::find(decay.begin(), decay.end(), name) != decay.end() ? with : without).push_back(p);
+  return std::make_unique<nn::AdamW>(
+      std::vector<nn::ParamGroup>{nn::ParamGroup{with, {}}, nn::ParamGroup{without, {{"weight_decay", 0.0}}}},
+      nn::AdamWOptions{.lr = o.lr, .weight_decay = o.weight_decay});
+}
+
+std::vector<std::string> decayed_names(const nn::Module& model) {
+  std::vector<std::string> out;
+  for (auto& [name, p] : model.named_parameters())
+    if (p.dim() >= 2) out.push_back(name);
+  return out;
+}
+
+// The memory planner's training step: the model, sharding, optimizer, micro-batches, clipping
+// and evaluation of train() below, on meta tensors (fsdp::plan_memory runs it on the meta device).
+fsdp::MemoryPlanRequest plan_request(const TrainOptions& o, bool fsdp) {
+  fsdp::MemoryPlanRequest r;
+  r.sharded = fsdp;
+  r.tunable_groups = fsdp ? int(o.model.n_layer) : 0;
+  r.can_checkpoint = true;
+  r.settings.activation_checkpointing = o.activation_checkpointing;
+  r.settings.reshard_after_forward.assign(size_t(r.tunable_groups), o.reshard_after_forward == "true");
+  r.setup = [o](const fsdp::PlanSettings& s, const std::shared_ptr<dist::DeviceMesh>& mesh) -> fsdp::TrainingStep {
+    manual_seed(o.seed);
+    auto model = std::make_shared<apps::GPT>(o.model);
+    apps::init_gpt(*model);
+    const auto decay = decayed_names(*model);
+    for (auto& block : model->blocks) block->set_activation_checkpointing(s.activation_checkpointing);
+    if (mesh) shard_model(*model, model, o, Device::meta(), mesh, s.reshard_after_forward);
+    std::shared_ptr<nn::AdamW> opt = make_optimizer(*model, decay, o);
+    const int64_t rows = o.batch_size / (mesh ? mesh->size(0) : 1), ctx = o.model.ctx, vocab = o.model.vocab_size;
+    return [model, opt, o, rows, ctx, vocab] {
+      auto tokens = [&] { return empty({rows, ctx}, {.dtype = kInt64}); };
+      opt->zero_grad();
+      for (int64_t micro = 0; micro < o.grad_accum; ++micro) {
+        Tensor x = tokens(), y = tokens();
+        Tensor loss = cross_entropy((*model)(x).view({-1, vocab}), y.view({-1}));
+        (o.grad_accum > 1 ? loss * (1.0 / double(o.grad_accum)) : loss).backward();
+      }
+      if (o.clip > 0) nn::clip_grad_norm_(model->parameters(), o.clip);
+      opt->step();
+      NoGradGuard no_grad;  // an evaluation batch, as between the steps of train()
+      model->eval();
+      Tensor x = tokens(), y = tokens();
+      cross_entropy((*model)(x).view({-1, vocab}), y.view({-1}));
+      model->train();
+    };
+  };
+  return r;
 }
 
 
@@ -204,6 +273,9 @@ int train(TrainOptions o, const Ranks& ranks) {
   std::optional<apps::MetricsWriter> metrics;
   o.model.tie_weights = !o.untie;
   Device device = kCPU;
+  std::optional<fsdp::MemoryPlan> plan;
+  std::vector<bool> per_block;  // reshard_after_forward per block, when a memory budget chose it
+  int64_t start_bytes = 0;      // live before the model: the baseline of the peak reported at the end
   dist::agree(ranks.groups(), "transformer", [&] {
     device = apps::parse_device(o.device, "transformer");  // first: a device that cannot work ends the run at once
     if (o.threads > 0) set_num_threads(o.threads);
@@ -258,6 +330,22 @@ int train(TrainOptions o, const Ranks& ranks) {
         apps::data_position(ck.data, "batch", ck.step * o.grad_accum, ck.step * o.grad_accum, resume_from,
                             "transformer");
     }
+    if (o.plan.wanted())
+      WEFT_CHECK(o.sharding_strategy == "FULL_SHARD" &&
+                     (o.reshard_after_forward == "true" || o.reshard_after_forward == "false"),
+                 "transformer: --plan, --plan-ranks and --memory-budget plan FULL_SHARD with --reshard-after-forward "
+                 "true or false, not --sharding-strategy {} with --reshard-after-forward {}", o.sharding_strategy,
+                 o.reshard_after_forward);
+    WEFT_CHECK(o.plan.ranks == 0 || o.batch_size % o.plan.ranks == 0,
+               "transformer: --batch-size {} does not split evenly over --plan-ranks {}", o.batch_size, o.plan.ranks);
+    reset_peak_memory_stats(device);
+    start_bytes = memory_stats(device).live_bytes;
+    plan = apps::plan_from_flags(o.plan, plan_request(o, ranks.fsdp), ranks, device, "weft-transformer");
+    if (o.plan.plan || o.plan.ranks > 0) return;  // printed; nothing to build or train
+    if (plan && o.plan.budget.size()) {  // train with the plan's choices
+      o.activation_checkpointing = plan->settings.activation_checkpointing;
+      per_block = plan->settings.reshard_after_forward;
+    }
     manual_seed(o.seed);  // the same full model on every rank
     if (ranks.fsdp) {
       // Deferred: built on the meta device (init_gpt records its rules there too); fully_shard
@@ -272,27 +360,17 @@ int train(TrainOptions o, const Ranks& ranks) {
     }
     metrics.emplace(ranks.lead() ? o.metrics : std::string());
   });
+  if (o.plan.plan || o.plan.ranks > 0) return 0;  // the plan is printed; nothing to train
   const int64_t n_params = apps::count_parameters(*model);
 
-  // Weight decay on the 2-D weights (matmuls and embeddings) only; decided before sharding
-  // from the full shapes, then looked up by name.
-  std::vector<std::string> decay_names, other_names;
-  for (auto& [name, p] : model->named_parameters()) (p.dim() >= 2 ? decay_names : other_names).push_back(name);
-
+  // Weight decay on the 2-D weights only, decided from the full shapes before sharding.
+  const std::vector<std::string> decay_names = decayed_names(*model);
   // Each block keeps only its input for backward and runs again there (nn/checkpoint.h).
   for (auto& block : model->blocks) block->set_activation_checkpointing(o.activation_checkpointing);
   std::optional<fsdp::FSDPModule> root;
-  if (ranks.fsdp) root = shard_model(*model, model, o, device);
-  auto params = model->named_parameters();  // after sharding: this rank's shards
-  auto pick = [&](const std::vector<std::string>& names) {
-    std::vector<Tensor> out;
-    for (auto& n : names)
-      for (auto& [pn, p] : params)
-        if (pn == n) out.push_back(p);
-    return out;
-  };
-  nn::AdamW opt({nn::ParamGroup{pick(decay_names), {}}, nn::ParamGroup{pick(other_names), {{"weight_decay", 0.0}}}},
-                nn::AdamWOptions{.lr = o.lr, .weight_decay = o.weight_decay});
+  if (ranks.fsdp) root = shard_model(*model, model, o, device, nullptr, per_block);
+  const std::unique_ptr<nn::AdamW> opt_ptr = make_optimizer(*model, decay_names, o);  // this rank's shards
+  nn::AdamW& opt = *opt_ptr;
   nn::WarmupCosineLR sched(opt, o.warmup, o.steps, o.min_lr_ratio);
   int64_t step = 0;
   int64_t first_batch = 0;  // the data position: global micro-batches drawn before `step`
@@ -426,6 +504,7 @@ int train(TrainOptions o, const Ranks& ranks) {
   if (skipped > 0 && ranks.lead())
     std::fprintf(stderr, "weft-transformer: skipped %lld of %lld steps: their loss was not finite (--on-nan skip)\n",
                  (long long)skipped, (long long)(end - first));
+  apps::report_peak_memory("weft-transformer", device, start_bytes, ranks, plan);
   return 0;
 }
 
@@ -554,6 +633,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   tr->add_flag("--activation-checkpointing", t.activation_checkpointing,
                "recompute each block's forward in backward instead of keeping its activations");
+  apps::add_plan_flags(*tr, t.plan);
   tr->add_flag("--fsdp", t.fsdp, "shard over the ranks of mpirun: fully_shard per block, then the root");
   tr->add_option("--reshard-after-forward", t.reshard_after_forward,
                  "under --fsdp: free each block's gathered parameters after forward (true), keep them for "

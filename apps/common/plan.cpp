@@ -1,0 +1,68 @@
+#include "apps/common/plan.h"
+
+#include <cstdio>
+
+#include "apps/common/cli.h"
+
+#include "core/allocator.h"
+#include "core/tensor.h"
+#include "dist/dist.h"
+
+namespace weft::apps {
+
+void add_plan_flags(CLI::App& cmd, PlanFlags& f) {
+  cmd.add_flag("--plan", f.plan, "print the memory plan (predicted peak per rank and its parts) and stop");
+  cmd.add_option("--plan-ranks", f.ranks, "plan for N ranks from this one process (implies --plan; use with --fsdp)")
+      ->check(cli::integer(1, 1 << 20));
+  cmd.add_option("--memory-budget", f.budget,
+                 "bytes per rank training may use (e.g. 900M): the planner picks reshard-after-forward per block and "
+                 "activation checkpointing to fit, or stops saying by how much it cannot");
+}
+
+std::optional<fsdp::MemoryPlan> plan_from_flags(const PlanFlags& f, fsdp::MemoryPlanRequest request,
+                                                const Ranks& ranks, Device device, const std::string& program) {
+  if (!f.wanted()) return std::nullopt;
+  WEFT_CHECK(f.ranks == 0 || request.sharded, "{}: --plan-ranks plans sharded training: add --fsdp", program);
+  request.world_size = request.sharded ? (f.ranks > 0 ? f.ranks : ranks.world) : 1;
+  const int64_t held = memory_stats(device).live_bytes;
+  int64_t budget = 0;
+  if (!f.budget.empty()) {
+    budget = parse_bytes(f.budget, program + ": --memory-budget");
+    WEFT_CHECK(budget > held, "{}: --memory-budget {} is not more than the {} bytes this rank holds before the model "
+               "(the data)", program, f.budget, held);
+    request.budget = budget - held;
+  }
+  fsdp::MemoryPlan plan = fsdp::plan_memory(request);
+  if (ranks.lead()) {
+    std::FILE* out = f.plan || f.ranks > 0 ? stdout : stderr;
+    std::fprintf(out, "%s: %s", program.c_str(), plan.table().c_str());
+    if (held > 0) std::fprintf(out, "  (above the %lld bytes held before the model)\n", (long long)held);
+    std::fflush(out);
+  }
+  WEFT_CHECK(plan.fits, "{}: training does not fit --memory-budget {} at {} rank{}: the smallest plan (activation "
+             "checkpointing {}, every group resharded after forward) needs {} bytes per rank, {} more than the "
+             "budget leaves after the {} bytes held before the model; use more ranks or a smaller model or batch",
+             program, f.budget, plan.world_size, plan.world_size == 1 ? "" : "s",
+             plan.settings.activation_checkpointing ? "on" : "off", plan.peak_bytes, plan.peak_bytes - budget + held,
+             held);
+  return plan;
+}
+
+void report_peak_memory(const std::string& program, Device device, int64_t start, const Ranks& ranks,
+                        const std::optional<fsdp::MemoryPlan>& plan) {
+  int64_t peak = memory_stats(device).peak_bytes - start;
+  if (ranks.fsdp) {
+    Tensor t = from_vector({double(peak)}, {1}, {.dtype = kFloat64});
+    dist::world()->all_reduce(t, dist::ReduceOp::max)->wait();
+    peak = int64_t(t.item());
+  }
+  if (!ranks.lead()) return;
+  std::fprintf(stderr, "%s: peak memory per rank %.1f MiB (%lld bytes) above the start", program.c_str(),
+               double(peak) / double(1 << 20), (long long)peak);
+  if (plan)
+    std::fprintf(stderr, "; the plan predicted %lld bytes (%+.2f %%)", (long long)plan->peak_bytes,
+                 100.0 * double(plan->peak_bytes - peak) / double(std::max<int64_t>(peak, 1)));
+  std::fprintf(stderr, "\n");
+}
+
+}  // namespace weft::apps

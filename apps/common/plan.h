@@ -1,0 +1,37 @@
+// apps: the memory planner's flags in the training apps (fsdp::plan_memory). --plan prints the
+// predicted peak per rank and its parts and ends the run; --plan-ranks N plans for N ranks from
+// one process; --memory-budget BYTES makes the planner choose reshard_after_forward per group
+// and activation checkpointing so that training fits, and the run then trains with them (or
+// stops before training, saying by how much it cannot fit). weft-plan APP ... is APP's --plan.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "apps/common/ranks.h"
+#include "fsdp/memory_plan.h"
+
+namespace weft::apps {
+
+struct PlanFlags {
+  bool plan = false;
+  int ranks = 0;       // 0: the ranks of this run
+  std::string budget;  // a byte count as WEFT_MEMORY_LIMIT takes it; empty: none
+  bool wanted() const { return plan || ranks > 0 || !budget.empty(); }
+};
+
+void add_plan_flags(CLI::App& cmd, PlanFlags& flags);
+
+// When the flags ask for a plan: fills in the world size and the budget (less what `device`
+// holds already) and plans; rank 0 prints the table (to stdout under --plan). A budget that no
+// setting meets is an error naming the shortfall. Without plan flags: nothing (nullopt).
+std::optional<fsdp::MemoryPlan> plan_from_flags(const PlanFlags& flags, fsdp::MemoryPlanRequest request,
+                                                const Ranks& ranks, Device device, const std::string& program);
+
+// Rank 0 prints the largest peak over the ranks of device memory above `start` (the live bytes
+// before the model was built), beside the plan's prediction if there was one.
+void report_peak_memory(const std::string& program, Device device, int64_t start, const Ranks& ranks,
+                        const std::optional<fsdp::MemoryPlan>& plan);
+
+}  // namespace weft::apps
