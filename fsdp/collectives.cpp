@@ -77,7 +77,9 @@ void all_gather_copy_out(CommContext& ctx, AllGatherResult&& r, const FSDPParams
 void pack_grads(const FSDPParams& params, const Tensor& send, std::vector<Tensor>& in_use) {
   for (auto& p : params) {
     p->copy_in_grad(send);
-    if (!send.device().is_cpu() && p->has_unsharded_grad()) in_use.push_back(p->unsharded_grad());
+    // (A device's streams may still read them; the CPU, and the meta device of a memory plan
+    // that stands for it, are done with them.)
+    if (!send.device().is_cpu() && !send.device().is_meta() && p->has_unsharded_grad()) in_use.push_back(p->unsharded_grad());
     p->clear_unsharded_grad();
   }
 }

@@ -15,6 +15,7 @@
 #include "apps/common/device.h"
 #include "apps/common/metrics.h"
 #include "apps/common/nonfinite.h"
+#include "apps/common/plan.h"
 #include "apps/common/progress.h"
 #include "apps/common/ranks.h"
 #include "apps/common/resume.h"
@@ -47,6 +48,7 @@ struct Options {
   bool fsdp = false;
   std::string device = "cpu";
   std::string on_nan = "error";
+  apps::PlanFlags plan;
 };
 
 using apps::Ranks;
@@ -71,7 +73,9 @@ dist::ConfigSettings shared_settings(const Options& o) {
           {"--data", o.data},
           {"--log-every", fmt::format("{}", o.log_every)},
           {"--fsdp", o.fsdp ? "true" : "false"},
-          {"--on-nan", o.on_nan}};
+          {"--on-nan", o.on_nan},
+          {"--plan", o.plan.wanted() ? "true" : "false"},
+          {"--memory-budget", o.plan.budget}};
 }
 
 std::unique_ptr<nn::Optimizer> make_optimizer(const Options& o, std::vector<Tensor> params) {
@@ -92,6 +96,12 @@ std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch) {
   return idx;
 }
 
+// The summed loss and the number of right answers of one evaluation batch.
+std::pair<Tensor, Tensor> eval_batch(nn::Module& model, const Tensor& x, const Tensor& y) {
+  Tensor logits = model(x);
+  return {cross_entropy(logits, y, {.reduction = "sum"}), sum(eq(argmax(logits, 1), y))};
+}
+
 // Test loss and accuracy. Under FSDP each rank evaluates its slice of every batch of 1000 (the
 // forward gathers the parameters and, without gradients, frees them again) and the sums are
 // all-reduced; a batch smaller than the world is evaluated whole on every rank and counted
@@ -110,10 +120,10 @@ std::pair<double, double> evaluate(nn::Module& model, const apps::MnistSplit& sp
     int64_t hi = split_batch ? m * (ranks.rank + 1) / ranks.world : m;
     auto [x_host, y_host] = apps::mnist_batch(split, all, b + lo, hi - lo);
     Tensor x = x_host.to(device), y = y_host.to(device);
-    Tensor logits = model(x);
+    auto [batch_loss, batch_correct] = eval_batch(model, x, y);
     if (!split_batch && !ranks.lead()) continue;
-    loss_sum += cross_entropy(logits, y, {.reduction = "sum"}).item();
-    correct += double(int64_t(sum(eq(argmax(logits, 1), y)).item()));
+    loss_sum += batch_loss.item();
+    correct += double(int64_t(batch_correct.item()));
   }
   model.train();
   if (ranks.fsdp) {
@@ -173,11 +183,59 @@ std::string checkpoint_to_load(const Options& o, int64_t n_train, int64_t steps_
 // fully_shard on every direct child that holds parameters (fc1, fc2, fc3 of the MLP; conv1,
 // conv2, fc1, fc2 of the CNN), then on the root: one all-gather and one reduce-scatter per layer.
 // The model is on the meta device: its shards are allocated and initialised on `device`'s mesh.
-fsdp::FSDPModule shard_model(const nn::ModulePtr& model, Device device) {
-  const fsdp::FullyShardOptions opts{.mesh = dist::default_mesh(device.type)};
+// A memory plan passes its fake `mesh` and each layer's reshard_after_forward (`per_layer`).
+fsdp::FSDPModule shard_model(const nn::ModulePtr& model, Device device,
+                             const std::shared_ptr<dist::DeviceMesh>& mesh = nullptr,
+                             const std::vector<bool>& per_layer = {}) {
+  const fsdp::FullyShardOptions opts{.mesh = mesh ? mesh : dist::default_mesh(device.type)};
+  size_t i = 0;
   for (auto& [name, child] : model->named_children())
-    if (!child->parameters().empty()) fsdp::fully_shard(child, opts);
+    if (!child->parameters().empty()) {
+      fsdp::FullyShardOptions layer = opts;
+      if (!per_layer.empty()) layer.reshard_after_forward = bool(per_layer[i++]);
+      fsdp::fully_shard(child, layer);
+    }
   return fsdp::fully_shard(model, opts);
+}
+
+// One training step on a batch: the loss, its gradients (the optimizer steps after the caller
+// has checked the loss).
+Tensor forward_backward(nn::Module& model, nn::Optimizer& opt, const Tensor& x, const Tensor& y) {
+  opt.zero_grad();
+  Tensor loss = cross_entropy(model(x), y);
+  loss.backward();
+  return loss;
+}
+
+// The memory planner's training step: run()'s model, sharding, optimizer, step and an
+// evaluation batch, on meta tensors (fsdp::plan_memory runs it on the meta device).
+fsdp::MemoryPlanRequest plan_request(const Options& o, bool fsdp, int64_t rows, int64_t cols) {
+  int64_t layers = 0;
+  {
+    DefaultDeviceGuard meta(Device::meta());
+    for (auto& [name, child] : apps::make_mnist_model(o.model, rows, cols)->named_children())
+      layers += child->parameters().empty() ? 0 : 1;
+  }
+  fsdp::MemoryPlanRequest r;
+  r.sharded = fsdp;
+  r.tunable_groups = fsdp ? int(layers) : 0;
+  r.setup = [o, rows, cols](const fsdp::PlanSettings& s, const std::shared_ptr<dist::DeviceMesh>& mesh) -> fsdp::TrainingStep {
+    manual_seed(o.seed);
+    nn::ModulePtr model = apps::make_mnist_model(o.model, rows, cols);
+    if (mesh) shard_model(model, Device::meta(), mesh, s.reshard_after_forward);
+    std::shared_ptr<nn::Optimizer> opt = make_optimizer(o, model->parameters());
+    const int64_t world = mesh ? mesh->size(0) : 1, batch = o.batch_size / world;
+    const int64_t eval_rows = 1000 >= world ? 1000 / world + (1000 % world ? 1 : 0) : 1000;
+    return [model, opt, batch, eval_rows, pixels = rows * cols] {
+      forward_backward(*model, *opt, empty({batch, pixels}), empty({batch}, {.dtype = kInt64}));
+      opt->step();
+      NoGradGuard no_grad;  // an evaluation batch, as after each epoch of run()
+      model->eval();
+      eval_batch(*model, empty({eval_rows, pixels}), empty({eval_rows}, {.dtype = kInt64}));
+      model->train();
+    };
+  };
+  return r;
 }
 
 int run(const Options& o, const Ranks& ranks) {
@@ -189,6 +247,9 @@ int run(const Options& o, const Ranks& ranks) {
   std::optional<apps::MetricsWriter> metrics;
   int64_t n_train = 0, steps_per_epoch = 0;
   Device device = kCPU;
+  std::optional<fsdp::MemoryPlan> plan;
+  std::vector<bool> per_layer;  // reshard_after_forward per layer, when a memory budget chose it
+  int64_t start_bytes = 0;      // live before the model (the data): the baseline of the peak reported
   dist::agree(ranks.groups(), "mnist", [&] {
     device = apps::parse_device(o.device, "mnist");  // first: a device that cannot work ends the run at once
     if (o.threads > 0) set_num_threads(o.threads);
@@ -202,6 +263,14 @@ int run(const Options& o, const Ranks& ranks) {
     n_train = data.train.images.size(0);
     steps_per_epoch = n_train / o.batch_size;  // the last partial batch is dropped
     WEFT_CHECK(steps_per_epoch > 0, "mnist: batch size {} exceeds the {} training samples", o.batch_size, n_train);
+    reset_peak_memory_stats(device);
+    start_bytes = memory_stats(device).live_bytes;
+    WEFT_CHECK(o.plan.ranks == 0 || o.batch_size % o.plan.ranks == 0,
+               "mnist: --batch-size {} does not split evenly over --plan-ranks {}", o.batch_size, o.plan.ranks);
+    plan = apps::plan_from_flags(o.plan, plan_request(o, ranks.fsdp, data.rows, data.cols), ranks, device,
+                                 "weft-mnist");
+    if (o.plan.plan || o.plan.ranks > 0) return;  // printed; nothing to build or train
+    if (plan && !o.plan.budget.empty()) per_layer = plan->settings.reshard_after_forward;
     manual_seed(o.seed);  // the same full model on every rank
     if (ranks.fsdp) {
       // Deferred: built on the meta device, each rank later initialises only its shards (the
@@ -215,6 +284,7 @@ int run(const Options& o, const Ranks& ranks) {
     if (!o.load.empty()) resume_from = checkpoint_to_load(o, n_train, steps_per_epoch);
     metrics.emplace(ranks.lead() ? o.metrics : std::string());  // one file, written by rank 0
   });
+  if (o.plan.plan || o.plan.ranks > 0) return 0;
 
   auto count_params = [&] {
     int64_t n = 0;
@@ -223,7 +293,7 @@ int run(const Options& o, const Ranks& ranks) {
   };
   const int64_t n_params = count_params();
   std::optional<fsdp::FSDPModule> root;
-  if (ranks.fsdp) root = shard_model(model, device);
+  if (ranks.fsdp) root = shard_model(model, device, nullptr, per_layer);
   auto opt = make_optimizer(o, model->parameters());  // after sharding: steps this rank's shards
   int64_t step = 0;
   if (!resume_from.empty()) {
@@ -290,9 +360,7 @@ int run(const Options& o, const Ranks& ranks) {
       // FSDP averages the gradients over ranks, which is the gradient of the global batch.
       auto [x_host, y_host] = apps::mnist_batch(data.train, order, i * o.batch_size + ranks.rank * local_batch, local_batch);
       Tensor x = x_host.to(device), y = y_host.to(device);
-      opt->zero_grad();
-      Tensor loss = cross_entropy((*model)(x), y);
-      loss.backward();
+      Tensor loss = forward_backward(*model, *opt, x, y);
       // The global batch's mean loss, and whether any rank was asked to stop: the same values on
       // every rank, so all decide alike.
       const apps::StepEnd end = apps::end_step(loss.item(), ranks);
@@ -341,6 +409,7 @@ int run(const Options& o, const Ranks& ranks) {
     std::fprintf(stderr, "weft-mnist: skipped %lld steps: their loss was not finite (--on-nan skip)\n",
                  (long long)skipped);
   if (!o.save.empty()) save();
+  apps::report_peak_memory("weft-mnist", device, start_bytes, ranks, plan);
   return 0;
 }
 
@@ -375,6 +444,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--on-nan", o.on_nan, "when the loss is NaN or infinite: error (stop), skip (drop that step's "
                  "update) or ignore (train on)")->check(CLI::IsMember({"error", "skip", "ignore"}))->capture_default_str();
+  apps::add_plan_flags(app, o.plan);
   app.add_flag("--fsdp", o.fsdp, "shard the model over the ranks of mpirun with fsdp::fully_shard (see below)");
   app.footer(
       "Sharded training (--fsdp): mpirun -np N --oversubscribe --bind-to none weft-mnist --fsdp ...\n"

@@ -209,6 +209,14 @@ std::vector<std::string> decayed_names(const nn::Module& model) {
   return out;
 }
 
+// Forward and backward of one micro-batch (the gradient of the loss / grad_accum); the loss.
+Tensor forward_backward(nn::Module& model, const Tensor& x, const Tensor& y, const TrainOptions& o) {
+  Tensor logits = model(x);
+  Tensor loss = cross_entropy(logits.view({-1, o.model.vocab_size}), y.view({-1}));
+  (o.grad_accum > 1 ? loss * (1.0 / double(o.grad_accum)) : loss).backward();
+  return loss;
+}
+
 // The memory planner's training step: the model, sharding, optimizer, micro-batches, clipping
 // and evaluation of train() below, on meta tensors (fsdp::plan_memory runs it on the meta device).
 fsdp::MemoryPlanRequest plan_request(const TrainOptions& o, bool fsdp) {
@@ -232,8 +240,7 @@ fsdp::MemoryPlanRequest plan_request(const TrainOptions& o, bool fsdp) {
       opt->zero_grad();
       for (int64_t micro = 0; micro < o.grad_accum; ++micro) {
         Tensor x = tokens(), y = tokens();
-        Tensor loss = cross_entropy((*model)(x).view({-1, vocab}), y.view({-1}));
-        (o.grad_accum > 1 ? loss * (1.0 / double(o.grad_accum)) : loss).backward();
+        forward_backward(*model, x, y, o);
       }
       if (o.clip > 0) nn::clip_grad_norm_(model->parameters(), o.clip);
       opt->step();
@@ -446,10 +453,7 @@ int train(TrainOptions o, const Ranks& ranks) {
                                                first_batch + (step - resumed_step) * o.grad_accum + micro,
                                                o.batch_size, o.model.ctx, lo, hi);
       Tensor x = x_host.to(device), y = y_host.to(device);
-      Tensor logits = (*model)(x);
-      Tensor loss = cross_entropy(logits.view({-1, o.model.vocab_size}), y.view({-1}));
-      loss_sum += loss.item();
-      (o.grad_accum > 1 ? loss * (1.0 / double(o.grad_accum)) : loss).backward();
+      loss_sum += forward_backward(*model, x, y, o).item();
     }
     // The global batch's mean loss, and whether any rank was asked to stop: the same values on
     // every rank, so all decide alike.
