@@ -39,10 +39,10 @@ std::optional<fsdp::MemoryPlan> plan_from_flags(const PlanFlags& f, fsdp::Memory
     if (held > 0) std::fprintf(out, "  (above the %lld bytes held before the model)\n", (long long)held);
     std::fflush(out);
   }
-  WEFT_CHECK(plan.fits, "{}: training does not fit --memory-budget {} at {} rank{}: the smallest plan (activation "
+  WEFT_CHECK(plan.fits, "memory plan: training does not fit --memory-budget {} at {} rank{}: the smallest plan (activation "
              "checkpointing {}, every group resharded after forward) needs {} bytes per rank, {} more than the "
              "budget leaves after the {} bytes held before the model; use more ranks or a smaller model or batch",
-             program, f.budget, plan.world_size, plan.world_size == 1 ? "" : "s",
+             f.budget, plan.world_size, plan.world_size == 1 ? "" : "s",
              plan.settings.activation_checkpointing ? "on" : "off", plan.peak_bytes, plan.peak_bytes - budget + held,
              held);
   return plan;
