@@ -6,7 +6,8 @@
 # reshard-after-forward per block and activation checkpointing, the job trains under the cap,
 # and its losses match the unlimited single-process run. Prints a table; exits 1 if any of
 # that does not hold.
-# Usage: scripts/bench_budget.sh BUILD [weft-transformer train flags, after the defaults]
+# Usage: scripts/bench_budget.sh BUILD [model flags of weft-transformer train, replacing the
+#   default --n-layer 16 --n-head 4 --d-model 128 --ctx 64 --batch-size 8]
 #   MPIRUN (default mpirun) and MPIRUN_ARGS (default --oversubscribe --bind-to none) launch the 4 ranks.
 set -euo pipefail
 build=${1:?usage: bench_budget.sh BUILD [flags]}
@@ -15,8 +16,9 @@ tf=$build/apps/transformer/weft-transformer
 plan=$build/apps/plan/weft-plan
 read -r -a launch <<<"${MPIRUN:-mpirun} ${MPIRUN_ARGS:---oversubscribe --bind-to none}"
 [ "$(id -u)" = 0 ] && launch+=(--allow-run-as-root)
-cfg=(--n-layer 16 --n-head 4 --d-model 128 --ctx 64 --batch-size 8 --steps 6 --warmup 0 --eval-every 0 --eval-iters 1
-     --log-every 1 --threads 1 --seed 0 "$@")
+model=(--n-layer 16 --n-head 4 --d-model 128 --ctx 64 --batch-size 8)
+[ $# -gt 0 ] && model=("$@")
+cfg=("${model[@]}" --steps 6 --warmup 0 --eval-every 0 --eval-iters 1 --log-every 1 --threads 1 --seed 0)
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
