@@ -22,14 +22,14 @@ void add_plan_flags(CLI::App& cmd, PlanFlags& f) {
 std::optional<fsdp::MemoryPlan> plan_from_flags(const PlanFlags& f, fsdp::MemoryPlanRequest request,
                                                 const Ranks& ranks, Device device, const std::string& program) {
   if (!f.wanted()) return std::nullopt;
-  WEFT_CHECK(f.ranks == 0 || request.sharded, "{}: --plan-ranks plans sharded training: add --fsdp", program);
+  WEFT_CHECK(f.ranks == 0 || request.sharded, "memory plan: --plan-ranks plans sharded training: add --fsdp");
   request.world_size = request.sharded ? (f.ranks > 0 ? f.ranks : ranks.world) : 1;
   const int64_t held = memory_stats(device).live_bytes;
   int64_t budget = 0;
   if (!f.budget.empty()) {
-    budget = parse_bytes(f.budget, program + ": --memory-budget");
-    WEFT_CHECK(budget > held, "{}: --memory-budget {} is not more than the {} bytes this rank holds before the model "
-               "(the data)", program, f.budget, held);
+    budget = parse_bytes(f.budget, "--memory-budget");
+    WEFT_CHECK(budget > held, "memory plan: --memory-budget {} is not more than the {} bytes this rank holds before the model "
+               "(the data)", f.budget, held);
     request.budget = budget - held;
   }
   fsdp::MemoryPlan plan = fsdp::plan_memory(request);
