@@ -1,4 +1,5 @@
-// kernels/cpu: matrix products through Eigen. A large GEMM is split into one slice of the
+// kernels/cpu: matrix products: f32 through weft's own kernels (sgemm.h) where the CPU has
+// AVX2 + FMA or AVX-512, else and for f64 through Eigen. A large GEMM is split into one slice of the
 // output per OpenMP thread (see gemm below); called from inside a parallel region it runs
 // serially, which is what lets batched matmul split small GEMMs across the batch instead.
 #include "kernels/cpu/gemm.h"
@@ -11,11 +12,17 @@
 #include <Eigen/Core>
 #pragma GCC diagnostic pop
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "core/copy.h"
 #include "core/dispatch.h"
+#include "core/error.h"
+#include "kernels/cpu/sgemm.h"
 #include "kernels/threads.h"
 #ifdef _OPENMP
 #include <omp.h>
@@ -141,6 +148,29 @@ MatLayout mat_layout(int64_t rows, int64_t cols, int64_t row_stride, int64_t col
 
 namespace {
 
+constexpr SgemmKernel kAllSgemm[] = {SgemmKernel::avx512, SgemmKernel::avx2, SgemmKernel::eigen};
+
+// The kernel from WEFT_CPU_GEMM, else the widest the CPU runs; a bad variable leaves an error.
+std::pair<SgemmKernel, std::string> choose_sgemm() {
+  const char* env = std::getenv("WEFT_CPU_GEMM");
+  for (SgemmKernel k : kAllSgemm) {
+    if (env && *env && std::strcmp(env, sgemm_kernel_name(k)) != 0) continue;
+    if (sgemm_kernel_supported(k)) return {k, ""};
+    if (env && *env) return {SgemmKernel::eigen, fmt::format("WEFT_CPU_GEMM={}: this CPU cannot run that f32 GEMM kernel (allowed values: avx512, avx2, eigen)", env)};
+  }
+  return {SgemmKernel::eigen, fmt::format("WEFT_CPU_GEMM={}: unknown f32 GEMM kernel; allowed values: avx512, avx2, eigen", env)};
+}
+
+std::atomic<int> forced_sgemm{-1};  // set_sgemm_kernel
+
+SgemmFn sgemm_fn(SgemmKernel k) {
+#ifdef __x86_64__
+  if (k == SgemmKernel::avx512) return sgemm_avx512;
+  if (k == SgemmKernel::avx2) return sgemm_avx2;
+#endif
+  return nullptr;
+}
+
 // Products of at least this many multiply-adds are split across threads by gemm below.
 constexpr double kSplitWork = double(1 << 20);
 
@@ -154,6 +184,15 @@ void gemm_one(int64_t m, int64_t n, int64_t k, const T* a, MatLayout la, const T
     else C *= beta;
     return;
   }
+  // Every layout, transpose, alpha and beta goes to weft's kernel; only matrix-vector products
+  // (m or n of 1) stay on Eigen, whose GEMV does not pay for packing a panel it reads once.
+  if constexpr (std::is_same_v<T, float>) {
+    if (SgemmFn fn = sgemm_fn(sgemm_kernel()); fn && m > 1 && n > 1) {
+      fn(m, n, k, a, la.row_major ? la.ld : 1, la.row_major ? 1 : la.ld, b, lb.row_major ? lb.ld : 1,
+         lb.row_major ? 1 : lb.ld, c, ldc, alpha, beta);
+      return;
+    }
+  }
   if (la.row_major && lb.row_major)
     gemm_eigen<T, Eigen::RowMajor, Eigen::RowMajor>(m, n, k, a, la.ld, b, lb.ld, c, ldc, alpha, beta);
   else if (la.row_major)
@@ -165,8 +204,38 @@ void gemm_one(int64_t m, int64_t n, int64_t k, const T* a, MatLayout la, const T
 
 }  // namespace
 
+const char* sgemm_kernel_name(SgemmKernel k) {
+  return k == SgemmKernel::avx512 ? "avx512" : k == SgemmKernel::avx2 ? "avx2" : "eigen";
+}
+
+bool sgemm_kernel_supported(SgemmKernel k) {
+#ifdef __x86_64__
+  if (k == SgemmKernel::avx512) return __builtin_cpu_supports("avx512f");
+  if (k == SgemmKernel::avx2) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#endif
+  return k == SgemmKernel::eigen;
+}
+
+SgemmKernel sgemm_kernel() {
+  static const auto [chosen, error] = choose_sgemm();
+  if (int forced = forced_sgemm.load(std::memory_order_relaxed); forced >= 0) return SgemmKernel(forced);
+  // Thrown only outside a parallel region (inside, an exception would end the program): the
+  // first GEMM outside one, e.g. every Linear layer's, reports it.
+#ifdef _OPENMP
+  if (!error.empty() && !omp_in_parallel()) WEFT_ERROR("{}", error);
+#else
+  if (!error.empty()) WEFT_ERROR("{}", error);
+#endif
+  return chosen;
+}
+
+void set_sgemm_kernel(SgemmKernel k) {
+  WEFT_CHECK(sgemm_kernel_supported(k), "set_sgemm_kernel: this CPU cannot run the {} kernel", sgemm_kernel_name(k));
+  forced_sgemm.store(int(k), std::memory_order_relaxed);
+}
+
 // Large products give each thread a contiguous slice of C's rows (or columns, when C is
-// wider than tall), each a serial Eigen product, instead of letting Eigen thread one product.
+// wider than tall), each a serial product, instead of letting Eigen thread one product.
 // Eigen's threads synchronise once per packed block of the shared operand; on a machine
 // shared with other work, a descheduled thread stalls the other at every such point, while
 // the slices meet only once. Each thread packs the shared operand itself, which costs little
