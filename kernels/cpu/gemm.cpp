@@ -1,7 +1,7 @@
-// kernels/cpu: matrix products: f32 through weft's own kernels (sgemm.h) where the CPU has
-// AVX2 + FMA or AVX-512, else and for f64 through Eigen. A large GEMM is split into one slice of the
-// output per OpenMP thread (see gemm below); called from inside a parallel region it runs
-// serially, which is what lets batched matmul split small GEMMs across the batch instead.
+// kernels/cpu: matrix products, f32 through weft's own kernels (sgemm.h) where the CPU has
+// AVX2 + FMA or AVX-512, f64 (and f32 elsewhere) through Eigen. A large GEMM is split into one
+// slice of the output per OpenMP thread (see gemm below); called from inside a parallel region
+// it runs serially, which is what lets batched matmul split small GEMMs across the batch instead.
 #include "kernels/cpu/gemm.h"
 
 // gcc 12 reports false "may be used uninitialized" warnings inside its own AVX-512
@@ -150,15 +150,18 @@ namespace {
 
 constexpr SgemmKernel kAllSgemm[] = {SgemmKernel::avx512, SgemmKernel::avx2, SgemmKernel::eigen};
 
-// The kernel from WEFT_CPU_GEMM, else the widest the CPU runs; a bad variable leaves an error.
+// The kernel WEFT_CPU_GEMM names, else the widest the CPU runs; a bad value leaves an error.
 std::pair<SgemmKernel, std::string> choose_sgemm() {
   const char* env = std::getenv("WEFT_CPU_GEMM");
+  const bool set = env && *env;
+  std::string here;
   for (SgemmKernel k : kAllSgemm) {
-    if (env && *env && std::strcmp(env, sgemm_kernel_name(k)) != 0) continue;
-    if (sgemm_kernel_supported(k)) return {k, ""};
-    if (env && *env) return {SgemmKernel::eigen, fmt::format("WEFT_CPU_GEMM={}: this CPU cannot run that f32 GEMM kernel (allowed values: avx512, avx2, eigen)", env)};
+    if (!sgemm_kernel_supported(k)) continue;
+    if (!set || std::strcmp(env, sgemm_kernel_name(k)) == 0) return {k, ""};
+    here += std::string(here.empty() ? "" : ", ") + sgemm_kernel_name(k);
   }
-  return {SgemmKernel::eigen, fmt::format("WEFT_CPU_GEMM={}: unknown f32 GEMM kernel; allowed values: avx512, avx2, eigen", env)};
+  return {SgemmKernel::eigen, fmt::format("WEFT_CPU_GEMM={}: not an f32 GEMM kernel this CPU runs; allowed values: "
+                                          "avx512, avx2, eigen (this CPU: {})", env, here)};
 }
 
 std::atomic<int> forced_sgemm{-1};  // set_sgemm_kernel
