@@ -90,7 +90,8 @@ void check_shapes(Fn&& fn) {
           if (m * n * k <= 300 * 129 * 300 || t == i % 4)  // the largest shapes in one transpose each
             check_gemm(fn, m, n, k, t & 1, t & 2, (i % 3) * 3, alphas[i % 3], betas[(i / 3) % 3]);
   check_gemm(fn, 13, 2100, 20, false, true, 1, 1.0f, 0.5f);  // past one NC block of columns
-  check_gemm(fn, 2, 3, 600, true, false, 0, 1.0f, 1.0f);     // several KC blocks of depth
+  check_gemm(fn, 2, 3, 600, true, false, 0, 1.0f, 1.0f);     // past one KC block of depth
+  check_gemm(fn, 40, 70, 1100, false, true, 2, 0.5f, 0.25f);  // three KC blocks, a tail in each dim
 }
 
 }  // namespace

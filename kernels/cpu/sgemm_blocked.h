@@ -1,6 +1,6 @@
 // kernels/cpu: the cache-blocked driver behind the f32 GEMM kernels: A and B copied into
-// packed panels (B in KC x NR micro-panels that stay in L1, A in MC x KC blocks that stay in
-// L2), and an MR x NR register tile per step. Included only by the ISA files (sgemm_*.cpp):
+// packed panels (B in KC x NR micro-panels, each reused for a whole MC block of A; A in MC x KC
+// blocks that stay in L2), and an MR x NR register tile per step. Included only by the ISA files (sgemm_*.cpp):
 // everything here has internal linkage, so each gets its own copy built with its own flags.
 #pragma once
 #include <immintrin.h>
