@@ -122,7 +122,22 @@ struct Row {
   std::vector<double> best;                   // the fastest run's rate
 };
 
+// The core clock from a chain of dependent integer adds (one per cycle), to read the peak as
+// flops per cycle: 32 for two 256-bit FMA pipes (Zen 3, Zen 4), 64 for two 512-bit ones (Zen 5).
+double clock_ghz() {
+  uint64_t x = 0;
+  const int64_t iters = 200'000'000;
+  double t0 = seconds_now();
+#ifdef __x86_64__
+  for (int64_t i = 0; i < iters; ++i) asm volatile("add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0" : "+r"(x));
+#endif
+  return 4.0 * double(iters) / (seconds_now() - t0) / 1e9;
+}
+
 int print_table(const std::vector<Row>& rows, const std::vector<int>& counts, bool quick, int reps) {
+  const double ghz = clock_ghz();
+  std::printf("\ncore clock ~%.2f GHz (1 thread, dependent adds): the first peak row is %.0f flops per cycle\n", ghz,
+              rows[0].values[0] / ghz);
   std::printf("\nweft-bench (%s): median (and best) of %d+ runs after warm-up; GEMM %% = share of the measured\n"
               "FMA peak of the kernel's instruction set (Eigen's: of the widest one)\n\n", quick ? "quick" : "full", reps);
   std::string head = "| kernel | size |", rule = "|---|---|";
@@ -237,6 +252,11 @@ int main(int argc, char** argv) {
     gemm_row(fmt::format("{} mlp fc dW", tag), 4 * C, BT, C, true, false, 1, gr);
   }
   gemm_row("batched attention scores", 128, 64, 128, false, true, 48, quick ? 20 : 50);
+  // The clock moves with load and temperature: the peak again after the GEMMs shows by how much.
+  const std::string widest = fma_width("avx512") ? "avx512" : "avx2";
+  if (fma_width(widest))
+    measure({fmt::format("peak fp32 FMA ({}), again", widest), "-", "GFLOP/s", {}},
+            [&](int t) { return fma_gflops(widest, t, quick ? 20'000'000 : 50'000'000); });
   if (gemm_only) return print_table(rows, counts, quick, reps);
 
   // Bandwidth rows: bytes read + written per call.
