@@ -11,8 +11,8 @@ namespace {
 struct Avx2 {
   static constexpr int MR = 6, NR = 16;
   static constexpr int64_t MC = 96, KC = 256, NC = 2048;
-  static void tile(int64_t kc, const float* a, int64_t a_step, const float* b, float* c, int64_t ldc, float alpha,
-                   float beta) {
+  static void tile(int64_t kc, const float* a, int64_t a_row, int64_t a_step, const float* b, float* c, int64_t ldc,
+                   float alpha, float beta) {
     __m256 acc[MR][2];
     for (int i = 0; i < MR; ++i) {
       acc[i][0] = acc[i][1] = _mm256_setzero_ps();
@@ -23,7 +23,7 @@ struct Avx2 {
       const __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8);
 #pragma GCC unroll 6
       for (int i = 0; i < MR; ++i) {
-        const __m256 ai = _mm256_broadcast_ss(a + i);
+        const __m256 ai = _mm256_broadcast_ss(a + i * a_row);
         acc[i][0] = _mm256_fmadd_ps(ai, b0, acc[i][0]);
         acc[i][1] = _mm256_fmadd_ps(ai, b1, acc[i][1]);
       }

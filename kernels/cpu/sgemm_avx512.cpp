@@ -13,8 +13,8 @@ struct Avx512 {
   // a's MC x KC block (288 KB) stays in L2; KC = 512 rather than 256 (b's 64 KB micro-panel
   // then streams from L2) halves the passes over c: 2-4 % faster on a Zen 5 core.
   static constexpr int64_t MC = 144, KC = 512, NC = 2048;
-  static void tile(int64_t kc, const float* a, int64_t a_step, const float* b, float* c, int64_t ldc, float alpha,
-                   float beta) {
+  static void tile(int64_t kc, const float* a, int64_t a_row, int64_t a_step, const float* b, float* c, int64_t ldc,
+                   float alpha, float beta) {
     __m512 acc[MR][2];
     for (int i = 0; i < MR; ++i) {
       acc[i][0] = acc[i][1] = _mm512_setzero_ps();
@@ -25,7 +25,7 @@ struct Avx512 {
       const __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16);
 #pragma GCC unroll 12
       for (int i = 0; i < MR; ++i) {
-        const __m512 ai = _mm512_set1_ps(a[i]);
+        const __m512 ai = _mm512_set1_ps(a[i * a_row]);
         acc[i][0] = _mm512_fmadd_ps(ai, b0, acc[i][0]);
         acc[i][1] = _mm512_fmadd_ps(ai, b1, acc[i][1]);
       }
