@@ -58,31 +58,31 @@ double median_seconds(int warmup, int reps, const std::function<void()>& fn) {
 // run only where the CPU has it, whatever the build flags, so the peak is the CPU's, not the
 // build's. Counted per thread that actually ran: OpenMP may start fewer than asked.
 #ifdef __x86_64__
-template <class V, int W, V (*Set1)(float), V (*Fma)(V, V, V), void (*Store)(float*, V)>
-inline float fma_chains(int64_t iters) {
-  V acc[12], a = Set1(0.999999f), b = Set1(1e-6f);
-  for (auto& v : acc) v = Set1(1.0f);
+__attribute__((target("avx512f"))) float chains_avx512(int64_t iters) {
+  __m512 acc[12], a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-6f);
+  for (auto& v : acc) v = _mm512_set1_ps(1.0f);
   for (int64_t i = 0; i < iters; ++i)
-    for (auto& v : acc) v = Fma(v, a, b);
-  alignas(64) float lanes[W];
+    for (auto& v : acc) v = _mm512_fmadd_ps(v, a, b);
+  alignas(64) float lanes[16];
   float total = 0;
   for (auto& v : acc) {
-    Store(lanes, v);
+    _mm512_store_ps(lanes, v);
     for (float l : lanes) total += l;
   }
   return total;
 }
-__attribute__((target("avx512f"))) __m512 set1_512(float x) { return _mm512_set1_ps(x); }
-__attribute__((target("avx512f"))) __m512 fma_512(__m512 a, __m512 b, __m512 c) { return _mm512_fmadd_ps(a, b, c); }
-__attribute__((target("avx512f"))) void store_512(float* p, __m512 v) { _mm512_store_ps(p, v); }
-__attribute__((target("avx2,fma"))) __m256 set1_256(float x) { return _mm256_set1_ps(x); }
-__attribute__((target("avx2,fma"))) __m256 fma_256(__m256 a, __m256 b, __m256 c) { return _mm256_fmadd_ps(a, b, c); }
-__attribute__((target("avx2,fma"))) void store_256(float* p, __m256 v) { _mm256_store_ps(p, v); }
-__attribute__((target("avx512f"), flatten)) float chains_avx512(int64_t iters) {
-  return fma_chains<__m512, 16, set1_512, fma_512, store_512>(iters);
-}
-__attribute__((target("avx2,fma"), flatten)) float chains_avx2(int64_t iters) {
-  return fma_chains<__m256, 8, set1_256, fma_256, store_256>(iters);
+__attribute__((target("avx2,fma"))) float chains_avx2(int64_t iters) {
+  __m256 acc[12], a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-6f);
+  for (auto& v : acc) v = _mm256_set1_ps(1.0f);
+  for (int64_t i = 0; i < iters; ++i)
+    for (auto& v : acc) v = _mm256_fmadd_ps(v, a, b);
+  alignas(32) float lanes[8];
+  float total = 0;
+  for (auto& v : acc) {
+    _mm256_store_ps(lanes, v);
+    for (float l : lanes) total += l;
+  }
+  return total;
 }
 #endif
 
