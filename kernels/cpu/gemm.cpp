@@ -259,8 +259,11 @@ void gemm(int64_t m, int64_t n, int64_t k, const T* a, MatLayout la, const T* b,
 #ifdef _OPENMP
 #pragma omp parallel num_threads(threads)
   {
+    // Slices start on multiples of the f32 kernels' tile (12 rows, 32 columns) when large
+    // enough, so that only the last one has a tail tile.
     const int t = omp_get_thread_num();
-    const int64_t p0 = len * t / threads, p1 = len * (t + 1) / threads;
+    const int64_t unit = len >= 256 * threads ? (by_rows ? 12 : 32) : 1;
+    const int64_t p0 = len * t / threads / unit * unit, p1 = t + 1 == threads ? len : len * (t + 1) / threads / unit * unit;
     if (by_rows)  // rows p0..p1 of a and c
       gemm_one<T>(p1 - p0, n, k, la.row_major ? a + p0 * la.ld : a + p0, la, b, lb, c + p0 * ldc, ldc, alpha, beta);
     else  // columns p0..p1 of b and c
