@@ -12,7 +12,8 @@ struct Avx512 {
   static constexpr int MR = 12, NR = 32;
   // a's MC x KC block (288 KB) stays in L2; KC = 512 rather than 256 (b's 64 KB micro-panel
   // then streams from L2) halves the passes over c: 2-4 % faster on a Zen 5 core. NC = 512
-  // rather than 2048 keeps b's packed panel at 1 MB: 3-5 % faster with both cores busy.
+  // rather than 2048 keeps b's packed panel at 1 MB: 3-5 % faster with both cores busy (one
+  // process per core; threaded, the same).
   static constexpr int64_t MC = 144, KC = 512, NC = 512;
   static void tile(int64_t kc, const float* a, int64_t a_row, int64_t a_step, const float* b, float* c, int64_t ldc,
                    float alpha, float beta) {

@@ -1,7 +1,8 @@
 // kernels/cpu: the cache-blocked driver behind the f32 GEMM kernels: B copied into packed
 // KC x NR micro-panels, each reused for a whole MC x KC block of A (which stays in L2 and is
-// read in place), and an MR x NR register tile per step. Included only by the ISA files (sgemm_*.cpp):
-// everything here has internal linkage, so each gets its own copy built with its own flags.
+// read in place), and an MR x NR register tile per step. Included only by the ISA files
+// (sgemm_*.cpp): everything here has internal linkage, so each gets its own copy built with
+// its own flags.
 #pragma once
 #include <immintrin.h>
 
@@ -68,6 +69,11 @@ void sgemm_blocked(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs
   float* pa = a_buf.get(K::MC * K::KC);
   float* pb = b_buf.get(K::KC * ((min64(n, K::NC) + NR - 1) / NR * NR));
   alignas(64) float edge[MR * NR];
+  // Full panels of a are read in place when a has a unit stride (as every MatLayout does): the
+  // kernel's broadcasts take any stride, and packing a costs more than it saves (a panel is
+  // used only n / NR times; measured 4-10 % slower when n is a few hundred). Only a tail
+  // panel, whose missing rows must read as 0, is packed.
+  const bool in_place = a_rs == 1 || a_cs == 1;
   for (int64_t jc = 0; jc < n; jc += K::NC) {
     const int64_t nc = min64(K::NC, n - jc);
     for (int64_t pc = 0; pc < k; pc += K::KC) {
@@ -77,11 +83,6 @@ void sgemm_blocked(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs
         pack_panel<NR>(kc, min64(NR, nc - j), b + pc * b_rs + (jc + j) * b_cs, b_cs, b_rs, pb + j * kc);
       for (int64_t ic = 0; ic < m; ic += K::MC) {
         const int64_t mc = min64(K::MC, m - ic);
-        // Full panels of a are read in place when a has a unit stride (as every MatLayout does):
-        // the kernel's broadcasts take any stride, and packing a costs more than it saves (a
-        // panel is used only n / NR times; measured 4-10 % slower when n is a few hundred).
-        // Only a tail panel, whose missing rows must read as 0, is packed.
-        const bool in_place = a_rs == 1 || a_cs == 1;
         for (int64_t i = in_place ? mc / MR * MR : 0; i < mc; i += MR)  // a[i, p] as panels of MR rows
           pack_panel<MR>(kc, min64(MR, mc - i), a + (ic + i) * a_rs + pc * a_cs, a_rs, a_cs, pa + i * kc);
         for (int64_t jr = 0; jr < nc; jr += NR) {
