@@ -21,6 +21,7 @@
 #include <omp.h>
 #endif
 
+#include "core/error.h"
 #include "core/generator.h"
 #include "core/tensor.h"
 #include "kernels/cpu/gemm.h"
@@ -173,6 +174,13 @@ int main(int argc, char** argv) {
   app.add_flag("--gemm-only", gemm_only, "only the FMA peak and the GEMM rows");
   app.add_option("--kernel", kernel_filter, "only this f32 GEMM kernel")->check(CLI::IsMember({"avx512", "avx2", "eigen"}));
   CLI11_PARSE(app, argc, argv);
+  kernels::cpu::SgemmKernel default_kernel;
+  try {
+    default_kernel = kernels::cpu::sgemm_kernel();  // WEFT_CPU_GEMM's, or the CPU's widest
+  } catch (const Error& e) {
+    std::fprintf(stderr, "weft-bench: %s\n", e.what());
+    return 1;
+  }
   // glibc maps every block over 32 MB afresh, so each 64 MB softmax output would pay ~16K
   // page faults (tens of ms under KVM) that have nothing to do with the kernel. Keep freed
   // blocks in the heap instead, as glibc already does for smaller ones.
@@ -212,7 +220,6 @@ int main(int argc, char** argv) {
   for (auto k : {kernels::cpu::SgemmKernel::avx512, kernels::cpu::SgemmKernel::avx2, kernels::cpu::SgemmKernel::eigen})
     if (kernels::cpu::sgemm_kernel_supported(k) && (kernel_filter.empty() || kernel_filter == sgemm_kernel_name(k)))
       gemm_kernels.push_back(k);
-  const auto default_kernel = kernels::cpu::sgemm_kernel();
   auto gemm_row = [&](const std::string& name, int64_t m, int64_t k, int64_t n, bool a_t, bool b_t, int64_t batch,
                       int r) {
     Shape lead = batch > 1 ? Shape{batch} : Shape{};
