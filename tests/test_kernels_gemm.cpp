@@ -94,11 +94,11 @@ void check_shapes(Fn&& fn) {
   check_gemm(fn, 40, 70, 1100, false, true, 2, 0.5f, 0.25f);  // three KC blocks, a tail in each dim
 }
 
-}  // namespace
-
 // Strides of a MatLayout for the ISA functions: (row stride, column stride).
 int64_t rs(MatLayout l) { return l.row_major ? l.ld : 1; }
 int64_t cs(MatLayout l) { return l.row_major ? 1 : l.ld; }
+
+}  // namespace
 
 TEST_CASE("each f32 GEMM kernel matches a double loop on every shape, transpose and stride") {
   for (SgemmKernel kernel : runnable(true)) {
@@ -126,6 +126,8 @@ TEST_CASE("the f32 GEMM entry point gives the same answers with every kernel and
       check_gemm(gemm<float>, 65, 700, 257, true, false, 0, -0.5f, 1.0f);
       check_gemm(gemm<float>, 1, 300, 65, false, false, 2, 2.0f, 0.25f);
       check_gemm(gemm<float>, 129, 1, 17, true, true, 1, 1.0f, 1.0f);
+      check_gemm(gemm<float>, 530, 40, 64, false, true, 1, 1.0f, 0.0f);  // slices on 12-row edges
+      check_gemm(gemm<float>, 40, 600, 64, true, false, 0, 1.0f, 0.5f);  // slices on 32-column edges
     }
   }
   set_num_threads(threads);
