@@ -1,22 +1,30 @@
 // weft-bench: CPU kernel throughput against the machine's own measured peak. Prints one
-// table: peak fp32 FMA rate, sgemm GFLOP/s at a few sizes (plus the GEMM shapes of an MLP
-// layer and of attention), and GB/s of an element-wise op and of a row softmax, each at
-// 1..N threads. Every figure is the median of several runs after a warm-up.
+// table: peak fp32 FMA rate per vector width, GFLOP/s of each f32 GEMM kernel the CPU runs
+// (avx512, avx2, eigen) at 1024^3 and the GEMM shapes of GPT training, and GB/s of an
+// element-wise op and of a row softmax, each at 1..N threads. Every figure is the median (and
+// the best) of several runs after a warm-up.
 #include <malloc.h>
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <map>
+#include <tuple>
 #include <string>
 #include <vector>
 
 #ifdef __x86_64__
 #include <immintrin.h>
 #endif
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
+#include "core/error.h"
 #include "core/generator.h"
 #include "core/tensor.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/elementwise.h"
 #include "kernels/linalg.h"
 #include "kernels/nn.h"
@@ -30,6 +38,8 @@ double seconds_now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+double median_over_best = 1;  // of the last median_seconds: turns a median rate into the best one
+
 // Median wall time of `reps` calls after `warmup` untimed ones.
 double median_seconds(int warmup, int reps, const std::function<void()>& fn) {
   for (int i = 0; i < warmup; ++i) fn();
@@ -40,68 +50,115 @@ double median_seconds(int warmup, int reps, const std::function<void()>& fn) {
     t.push_back(seconds_now() - t0);
   }
   std::sort(t.begin(), t.end());
+  median_over_best = t[t.size() / 2] / t[0];
   return t[t.size() / 2];
 }
 
-// Peak fp32 rate: 12 independent FMA chains per thread (more than latency x throughput,
-// so the FMA pipes never wait), in the widest vectors the build targets.
-const char* kFmaIsa =
-#if defined(__AVX512F__)
-    "AVX-512";
-#elif defined(__FMA__)
-    "AVX2+FMA";
-#else
-    "scalar";
+// Peak fp32 rate of one instruction set: 12 independent FMA chains per thread (more than
+// latency x throughput, so the FMA pipes never wait). Each loop is compiled for its own set and
+// run only where the CPU has it, whatever the build flags, so the peak is the CPU's, not the
+// build's. Counted per thread that actually ran: OpenMP may start fewer than asked.
+#ifdef __x86_64__
+__attribute__((target("avx512f"))) float chains_avx512(int64_t iters) {
+  __m512 acc[12], a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-6f);
+  for (auto& v : acc) v = _mm512_set1_ps(1.0f);
+  for (int64_t i = 0; i < iters; ++i)
+    for (auto& v : acc) v = _mm512_fmadd_ps(v, a, b);
+  alignas(64) float lanes[16];
+  float total = 0;
+  for (auto& v : acc) {
+    _mm512_store_ps(lanes, v);
+    for (float l : lanes) total += l;
+  }
+  return total;
+}
+__attribute__((target("avx2,fma"))) float chains_avx2(int64_t iters) {
+  __m256 acc[12], a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-6f);
+  for (auto& v : acc) v = _mm256_set1_ps(1.0f);
+  for (int64_t i = 0; i < iters; ++i)
+    for (auto& v : acc) v = _mm256_fmadd_ps(v, a, b);
+  alignas(32) float lanes[8];
+  float total = 0;
+  for (auto& v : acc) {
+    _mm256_store_ps(lanes, v);
+    for (float l : lanes) total += l;
+  }
+  return total;
+}
 #endif
 
-double fma_gflops(int threads, int64_t iters) {
-  double flops_per_thread = 0;
+// Vector width in floats of the FMA loop for `isa` ("avx512", "avx2"); 0 where the CPU lacks it.
+int fma_width(const std::string& isa) {
+#ifdef __x86_64__
+  if (isa == "avx512" && __builtin_cpu_supports("avx512f")) return 16;
+  if (isa == "avx2" && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 8;
+#endif
+  return 0;
+}
+
+double fma_gflops(const std::string& isa, int threads, int64_t iters) {
+  int ran = 1, width = fma_width(isa);
   volatile float sink = 0;
   double secs = median_seconds(1, 5, [&] {
 #pragma omp parallel num_threads(threads)
     {
-      float total = 0;
-#if defined(__AVX512F__)
-      __m512 acc[12], a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-6f);
-      for (auto& v : acc) v = _mm512_set1_ps(1.0f);
-      for (int64_t i = 0; i < iters; ++i)
-        for (auto& v : acc) v = _mm512_fmadd_ps(v, a, b);
-      alignas(64) float lanes[16];
-      for (auto& v : acc) {
-        _mm512_store_ps(lanes, v);
-        for (float l : lanes) total += l;
-      }
-      flops_per_thread = double(iters) * 12 * 16 * 2;
-#elif defined(__FMA__)
-      __m256 acc[12], a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-6f);
-      for (auto& v : acc) v = _mm256_set1_ps(1.0f);
-      for (int64_t i = 0; i < iters; ++i)
-        for (auto& v : acc) v = _mm256_fmadd_ps(v, a, b);
-      alignas(32) float lanes[8];
-      for (auto& v : acc) {
-        _mm256_store_ps(lanes, v);
-        for (float l : lanes) total += l;
-      }
-      flops_per_thread = double(iters) * 12 * 8 * 2;
-#else
-      float acc[12];
-      for (auto& v : acc) v = 1.0f;
-      for (int64_t i = 0; i < iters; ++i)
-        for (auto& v : acc) v = v * 0.999999f + 1e-6f;
-      for (float v : acc) total += v;
-      flops_per_thread = double(iters) * 12 * 2;
+#ifdef _OPENMP
+#pragma omp single
+      ran = omp_get_num_threads();
 #endif
+#ifdef __x86_64__
+      float total = width == 16 ? chains_avx512(iters) : chains_avx2(iters);
+#pragma omp critical
       sink = sink + total;
+#endif
     }
   });
-  return flops_per_thread * threads / secs / 1e9;
+  return double(iters) * 12 * width * 2 * ran / secs / 1e9;
 }
 
 struct Row {
   std::string name, size, unit;
-  std::vector<double> values;     // one per thread count
-  double peak_fraction_base = 0;  // > 0: also print values as % of this per-thread-count peak
+  std::vector<double> values;                 // one per thread count: the median run's rate
+  const std::vector<double>* peak = nullptr;  // also print values as % of this peak (per thread count)
+  std::vector<double> best;                   // the fastest run's rate
 };
+
+// The core clock from a chain of dependent integer adds (one per cycle), to read the peak as
+// flops per cycle: 32 for two 256-bit FMA pipes (Zen 3, Zen 4), 64 for two 512-bit ones (Zen 5).
+double clock_ghz() {
+  uint64_t x = 0;
+  const int64_t iters = 200'000'000;
+  double t0 = seconds_now();
+#ifdef __x86_64__
+  for (int64_t i = 0; i < iters; ++i) asm volatile("add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0" : "+r"(x));
+#endif
+  return 4.0 * double(iters) / (seconds_now() - t0) / 1e9;
+}
+
+int print_table(const std::vector<Row>& rows, const std::vector<int>& counts, bool quick, int reps) {
+  const double ghz = clock_ghz();
+  std::printf("\ncore clock ~%.2f GHz (1 thread, dependent adds): the first peak row is %.0f flops per cycle\n", ghz,
+              rows[0].values[0] / ghz);
+  std::printf("\nweft-bench (%s): median (and best) of %d+ runs after warm-up; GEMM %% = share of the measured\n"
+              "FMA peak of the kernel's instruction set (Eigen's: of the widest one)\n\n", quick ? "quick" : "full", reps);
+  std::string head = "| kernel | size |", rule = "|---|---|";
+  for (int t : counts) {
+    head += fmt::format(" {} thread{} |", t, t > 1 ? "s" : "");
+    rule += "---:|";
+  }
+  std::printf("%s unit |\n%s---|\n", head.c_str(), rule.c_str());
+  for (const Row& r : rows) {
+    std::string line = fmt::format("| {} | {} |", r.name, r.size);
+    for (size_t i = 0; i < r.values.size(); ++i) {
+      if (r.peak)
+        line += fmt::format(" {:.1f} ({:.0f}%), best {:.1f} ({:.0f}%) |", r.values[i], 100 * r.values[i] / (*r.peak)[i],
+                            r.best[i], 100 * r.best[i] / (*r.peak)[i]);
+      else line += fmt::format(" {:.1f} (best {:.1f}) |", r.values[i], r.best[i]);
+    }
+    std::printf("%s %s |\n", line.c_str(), r.unit.c_str());
+  }
+  return 0;
+}
 
 }  // namespace
 
@@ -110,9 +167,20 @@ int main(int argc, char** argv) {
   bool quick = false;
   int max_threads = get_num_threads();
   app.add_flag("--quick", quick, "fewer repetitions and no 2048^3 GEMM");
+  bool gemm_only = false;
+  std::string kernel_filter;
   app.add_option("--threads", max_threads, "largest thread count to measure (1..N)")
       ->check(CLI::PositiveNumber);
+  app.add_flag("--gemm-only", gemm_only, "only the FMA peak and the GEMM rows");
+  app.add_option("--kernel", kernel_filter, "only this f32 GEMM kernel")->check(CLI::IsMember({"avx512", "avx2", "eigen"}));
   CLI11_PARSE(app, argc, argv);
+  kernels::cpu::SgemmKernel default_kernel;
+  try {
+    default_kernel = kernels::cpu::sgemm_kernel();  // WEFT_CPU_GEMM's, or the CPU's widest
+  } catch (const Error& e) {
+    std::fprintf(stderr, "weft-bench: %s\n", e.what());
+    return 1;
+  }
   // glibc maps every block over 32 MB afresh, so each 64 MB softmax output would pay ~16K
   // page faults (tens of ms under KVM) that have nothing to do with the kernel. Keep freed
   // blocks in the heap instead, as glibc already does for smaller ones.
@@ -129,38 +197,74 @@ int main(int argc, char** argv) {
     for (int t : counts) {
       set_num_threads(t);
       row.values.push_back(at_threads(t));
+      row.best.push_back(row.values.back() * median_over_best);
     }
     rows.push_back(row);
     std::fprintf(stderr, "  measured %s %s\n", row.name.c_str(), row.size.c_str());
   };
 
-  Row peak{fmt::format("peak fp32 FMA ({})", kFmaIsa), "-", "GFLOP/s", {}};
-  measure(peak, [&](int t) { return fma_gflops(t, quick ? 20'000'000 : 50'000'000); });
-  std::vector<double> peaks = rows.back().values;
+  // The FMA peak of each vector width the CPU has; a GEMM kernel is given as a share of the
+  // peak of its own instruction set (Eigen's: of the widest).
+  std::map<std::string, std::vector<double>> peaks;
+  for (std::string isa : {"avx512", "avx2"}) {
+    if (fma_width(isa) == 0) continue;
+    measure({fmt::format("peak fp32 FMA ({})", isa), "-", "GFLOP/s", {}},
+            [&](int t) { return fma_gflops(isa, t, quick ? 20'000'000 : 50'000'000); });
+    peaks[isa] = rows.back().values;
+    if (!peaks.count("eigen")) peaks["eigen"] = peaks[isa];
+  }
 
-  // C[m, n] = A[m, k] B[k, n]; a_t / b_t: the operand is a transposed view (as Linear's
-  // weight and the backward pass's A^T are).
-  auto gemm_row = [&](const char* name, int64_t m, int64_t k, int64_t n, bool b_t, int64_t batch, int r) {
-    Tensor a = randn(batch > 1 ? Shape{batch, m, k} : Shape{m, k}, {}, &gen);
-    Tensor b = b_t ? randn(batch > 1 ? Shape{batch, n, k} : Shape{n, k}, {}, &gen).transpose(-1, -2)
-                   : randn(batch > 1 ? Shape{batch, k, n} : Shape{k, n}, {}, &gen);
-    Tensor out = empty({m, n});
+  // C[m, n] = A[m, k] B[k, n]; a_t / b_t: the operand is a transposed view (as the backward
+  // pass's X^T and Linear's weight are), through each f32 GEMM kernel the CPU runs.
+  std::vector<kernels::cpu::SgemmKernel> gemm_kernels;
+  for (auto k : {kernels::cpu::SgemmKernel::avx512, kernels::cpu::SgemmKernel::avx2, kernels::cpu::SgemmKernel::eigen})
+    if (kernels::cpu::sgemm_kernel_supported(k) && (kernel_filter.empty() || kernel_filter == sgemm_kernel_name(k)))
+      gemm_kernels.push_back(k);
+  auto gemm_row = [&](const std::string& name, int64_t m, int64_t k, int64_t n, bool a_t, bool b_t, int64_t batch,
+                      int r) {
+    Shape lead = batch > 1 ? Shape{batch} : Shape{};
+    auto mat = [&](int64_t rows, int64_t cols, bool t) {
+      Shape s = lead;
+      s.insert(s.end(), {t ? cols : rows, t ? rows : cols});
+      Tensor x = randn(s, {}, &gen);
+      return t ? x.transpose(-1, -2) : x;
+    };
+    Tensor a = mat(m, k, a_t), b = mat(k, n, b_t), out = empty({m, n});
     double flops = 2.0 * double(m) * double(n) * double(k) * double(batch);
-    std::string size =
-        batch > 1 ? fmt::format("{}x[{}x{}x{}]", batch, m, k, n) : fmt::format("{}x{}x{}", m, k, n);
-    measure({name, size + (b_t ? " (B^T view)" : ""), "GFLOP/s", {}, 1}, [&](int) {
-      double s = median_seconds(2, r, [&] {
-        if (batch > 1) kernels::matmul(a, b);
-        else kernels::gemm(a, false, b, false, out);
+    std::string size = (batch > 1 ? fmt::format("{}x[{}x{}x{}]", batch, m, k, n) : fmt::format("{}x{}x{}", m, k, n)) +
+                       (a_t ? " A^T" : "") + (b_t ? " B^T" : "");
+    for (auto kernel : gemm_kernels) {
+      kernels::cpu::set_sgemm_kernel(kernel);
+      const char* kname = kernels::cpu::sgemm_kernel_name(kernel);
+      measure({fmt::format("{} ({})", name, kname), size, "GFLOP/s", {}, &peaks[kname]}, [&](int) {
+        double s = median_seconds(2, r, [&] {
+          if (batch > 1) kernels::matmul(a, b);
+          else kernels::gemm(a, false, b, false, out);
+        });
+        return flops / s / 1e9;
       });
-      return flops / s / 1e9;
-    });
+    }
+    kernels::cpu::set_sgemm_kernel(default_kernel);
   };
-  gemm_row("sgemm", 1024, 1024, 1024, false, 1, quick ? 5 : 15);
-  if (!quick) gemm_row("sgemm", 2048, 2048, 2048, false, 1, 5);
-  gemm_row("sgemm", 4096, 1024, 1024, false, 1, quick ? 3 : 7);
-  gemm_row("linear fwd (MLP 784->512, batch 128)", 128, 784, 512, true, 1, quick ? 20 : 50);
-  gemm_row("batched attention scores", 128, 64, 128, true, 48, quick ? 20 : 50);
+  int gr = quick ? 5 : 15;  // repetitions of a GEMM
+  gemm_row("sgemm", 1024, 1024, 1024, false, false, 1, gr);
+  if (!quick) gemm_row("sgemm", 2048, 2048, 2048, false, false, 1, 5);
+  // GPT medium (d_model C = 384, 8 x 256 tokens) and small (C = 128, 16 x 128): a Linear's
+  // forward X W^T, and its backward dY W (dX) and dY^T X (dW), for qkv (C -> 3C) and the MLP.
+  for (auto [tag, C, BT] : {std::tuple{"GPT medium", 384, 2048}, std::tuple{"GPT small", 128, 2048}}) {
+    gemm_row(fmt::format("{} qkv fwd", tag), BT, C, 3 * C, false, true, 1, gr);
+    gemm_row(fmt::format("{} mlp fc fwd", tag), BT, C, 4 * C, false, true, 1, gr);
+    gemm_row(fmt::format("{} mlp proj fwd", tag), BT, 4 * C, C, false, true, 1, gr);
+    gemm_row(fmt::format("{} mlp proj dX", tag), BT, C, 4 * C, false, false, 1, gr);
+    gemm_row(fmt::format("{} mlp fc dW", tag), 4 * C, BT, C, true, false, 1, gr);
+  }
+  gemm_row("batched attention scores", 128, 64, 128, false, true, 48, quick ? 20 : 50);
+  // The clock moves with load and temperature: the peak again after the GEMMs shows by how much.
+  const std::string widest = fma_width("avx512") ? "avx512" : "avx2";
+  if (fma_width(widest))
+    measure({fmt::format("peak fp32 FMA ({}), again", widest), "-", "GFLOP/s", {}},
+            [&](int t) { return fma_gflops(widest, t, quick ? 20'000'000 : 50'000'000); });
+  if (gemm_only) return print_table(rows, counts, quick, reps);
 
   // Bandwidth rows: bytes read + written per call.
   int64_t n = 4096 * 4096;
@@ -180,23 +284,5 @@ int main(int argc, char** argv) {
     return 2.0 * double(xs.numel()) * 4 / s / 1e9;
   });
 
-  std::printf(
-      "\nweft-bench (%s): median of %d+ runs after warm-up; GEMM %% = share of the measured FMA peak\n\n",
-      quick ? "quick" : "full", reps);
-  std::string head = "| kernel | size |", rule = "|---|---|";
-  for (int t : counts) {
-    head += fmt::format(" {} thread{} |", t, t > 1 ? "s" : "");
-    rule += "---:|";
-  }
-  std::printf("%s unit |\n%s---|\n", head.c_str(), rule.c_str());
-  for (const Row& r : rows) {
-    std::string line = fmt::format("| {} | {} |", r.name, r.size);
-    for (size_t i = 0; i < r.values.size(); ++i) {
-      if (r.peak_fraction_base > 0)
-        line += fmt::format(" {:.1f} ({:.0f}%) |", r.values[i], 100 * r.values[i] / peaks[i]);
-      else line += fmt::format(" {:.1f} |", r.values[i]);
-    }
-    std::printf("%s %s |\n", line.c_str(), r.unit.c_str());
-  }
-  return 0;
+  return print_table(rows, counts, quick, reps);
 }

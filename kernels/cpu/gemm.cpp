@@ -1,6 +1,7 @@
-// kernels/cpu: matrix products through Eigen. A large GEMM is split into one slice of the
-// output per OpenMP thread (see gemm below); called from inside a parallel region it runs
-// serially, which is what lets batched matmul split small GEMMs across the batch instead.
+// kernels/cpu: matrix products, f32 through weft's own kernels (sgemm.h) where the CPU has
+// AVX2 + FMA or AVX-512, f64 (and f32 elsewhere) through Eigen. A large GEMM is split into one
+// slice of the output per OpenMP thread (see gemm below); called from inside a parallel region
+// it runs serially, which is what lets batched matmul split small GEMMs across the batch instead.
 #include "kernels/cpu/gemm.h"
 
 // gcc 12 reports false "may be used uninitialized" warnings inside its own AVX-512
@@ -11,11 +12,17 @@
 #include <Eigen/Core>
 #pragma GCC diagnostic pop
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "core/copy.h"
 #include "core/dispatch.h"
+#include "core/error.h"
+#include "kernels/cpu/sgemm.h"
 #include "kernels/threads.h"
 #ifdef _OPENMP
 #include <omp.h>
@@ -141,6 +148,32 @@ MatLayout mat_layout(int64_t rows, int64_t cols, int64_t row_stride, int64_t col
 
 namespace {
 
+constexpr SgemmKernel kAllSgemm[] = {SgemmKernel::avx512, SgemmKernel::avx2, SgemmKernel::eigen};
+
+// The kernel WEFT_CPU_GEMM names, else the widest the CPU runs; a bad value leaves an error.
+std::pair<SgemmKernel, std::string> choose_sgemm() {
+  const char* env = std::getenv("WEFT_CPU_GEMM");
+  const bool set = env && *env;
+  std::string here;
+  for (SgemmKernel k : kAllSgemm) {
+    if (!sgemm_kernel_supported(k)) continue;
+    if (!set || std::strcmp(env, sgemm_kernel_name(k)) == 0) return {k, ""};
+    here += std::string(here.empty() ? "" : ", ") + sgemm_kernel_name(k);
+  }
+  return {SgemmKernel::eigen, fmt::format("WEFT_CPU_GEMM={}: not an f32 GEMM kernel this CPU runs; allowed values: "
+                                          "avx512, avx2, eigen (this CPU: {})", env, here)};
+}
+
+std::atomic<int> forced_sgemm{-1};  // set_sgemm_kernel
+
+SgemmFn sgemm_fn(SgemmKernel k) {
+#ifdef __x86_64__
+  if (k == SgemmKernel::avx512) return sgemm_avx512;
+  if (k == SgemmKernel::avx2) return sgemm_avx2;
+#endif
+  return nullptr;
+}
+
 // Products of at least this many multiply-adds are split across threads by gemm below.
 constexpr double kSplitWork = double(1 << 20);
 
@@ -154,6 +187,15 @@ void gemm_one(int64_t m, int64_t n, int64_t k, const T* a, MatLayout la, const T
     else C *= beta;
     return;
   }
+  // Every layout, transpose, alpha and beta goes to weft's kernel; only matrix-vector products
+  // (m or n of 1) stay on Eigen, whose GEMV does not pay for packing a panel it reads once.
+  if constexpr (std::is_same_v<T, float>) {
+    if (SgemmFn fn = sgemm_fn(sgemm_kernel()); fn && m > 1 && n > 1) {
+      fn(m, n, k, a, la.row_major ? la.ld : 1, la.row_major ? 1 : la.ld, b, lb.row_major ? lb.ld : 1,
+         lb.row_major ? 1 : lb.ld, c, ldc, alpha, beta);
+      return;
+    }
+  }
   if (la.row_major && lb.row_major)
     gemm_eigen<T, Eigen::RowMajor, Eigen::RowMajor>(m, n, k, a, la.ld, b, lb.ld, c, ldc, alpha, beta);
   else if (la.row_major)
@@ -165,8 +207,38 @@ void gemm_one(int64_t m, int64_t n, int64_t k, const T* a, MatLayout la, const T
 
 }  // namespace
 
+const char* sgemm_kernel_name(SgemmKernel k) {
+  return k == SgemmKernel::avx512 ? "avx512" : k == SgemmKernel::avx2 ? "avx2" : "eigen";
+}
+
+bool sgemm_kernel_supported(SgemmKernel k) {
+#ifdef __x86_64__
+  if (k == SgemmKernel::avx512) return __builtin_cpu_supports("avx512f");
+  if (k == SgemmKernel::avx2) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#endif
+  return k == SgemmKernel::eigen;
+}
+
+SgemmKernel sgemm_kernel() {
+  static const auto [chosen, error] = choose_sgemm();
+  if (int forced = forced_sgemm.load(std::memory_order_relaxed); forced >= 0) return SgemmKernel(forced);
+  // Thrown only outside a parallel region (inside, an exception would end the program): the
+  // first GEMM outside one, e.g. every Linear layer's, reports it.
+#ifdef _OPENMP
+  if (!error.empty() && !omp_in_parallel()) WEFT_ERROR("{}", error);
+#else
+  if (!error.empty()) WEFT_ERROR("{}", error);
+#endif
+  return chosen;
+}
+
+void set_sgemm_kernel(SgemmKernel k) {
+  WEFT_CHECK(sgemm_kernel_supported(k), "set_sgemm_kernel: this CPU cannot run the {} kernel", sgemm_kernel_name(k));
+  forced_sgemm.store(int(k), std::memory_order_relaxed);
+}
+
 // Large products give each thread a contiguous slice of C's rows (or columns, when C is
-// wider than tall), each a serial Eigen product, instead of letting Eigen thread one product.
+// wider than tall), each a serial product, instead of letting Eigen thread one product.
 // Eigen's threads synchronise once per packed block of the shared operand; on a machine
 // shared with other work, a descheduled thread stalls the other at every such point, while
 // the slices meet only once. Each thread packs the shared operand itself, which costs little
@@ -187,8 +259,11 @@ void gemm(int64_t m, int64_t n, int64_t k, const T* a, MatLayout la, const T* b,
 #ifdef _OPENMP
 #pragma omp parallel num_threads(threads)
   {
+    // Slices start on multiples of the f32 kernels' tile (12 rows, 32 columns) when large
+    // enough, so that only the last one has a tail tile.
     const int t = omp_get_thread_num();
-    const int64_t p0 = len * t / threads, p1 = len * (t + 1) / threads;
+    const int64_t unit = len >= 256 * threads ? (by_rows ? 12 : 32) : 1;
+    const int64_t p0 = len * t / threads / unit * unit, p1 = t + 1 == threads ? len : len * (t + 1) / threads / unit * unit;
     if (by_rows)  // rows p0..p1 of a and c
       gemm_one<T>(p1 - p0, n, k, la.row_major ? a + p0 * la.ld : a + p0, la, b, lb, c + p0 * ldc, ldc, alpha, beta);
     else  // columns p0..p1 of b and c

@@ -32,6 +32,15 @@ template <typename T>
 void gemm(int64_t m, int64_t n, int64_t k, const T* a, MatLayout la, const T* b, MatLayout lb, T* c,
           int64_t ldc, T alpha = T(1), T beta = T(0));
 
+// The f32 GEMM kernel: weft's own packed kernels for AVX-512 or AVX2 + FMA (sgemm.h), chosen
+// at run time from what the CPU has, else Eigen (f64 always uses Eigen). WEFT_CPU_GEMM=avx512|
+// avx2|eigen picks one by hand; a bad value is an error at the first f32 GEMM.
+enum class SgemmKernel { eigen, avx2, avx512 };
+const char* sgemm_kernel_name(SgemmKernel k);
+bool sgemm_kernel_supported(SgemmKernel k);  // this CPU can run it
+SgemmKernel sgemm_kernel();                  // the one in use
+void set_sgemm_kernel(SgemmKernel k);        // for tests and benchmarks; unsupported: an error
+
 // Tensor-level kernels behind kernels::matmul / kernels::gemm (checked by the caller).
 // a [..., m, k] and b [..., k, n] with batch dims broadcastable to out's [batch..., m, n];
 // out is contiguous. Any float dtype (16-bit ones go through f32).

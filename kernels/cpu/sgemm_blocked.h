@@ -1,0 +1,115 @@
+// kernels/cpu: the cache-blocked driver behind the f32 GEMM kernels: B copied into packed
+// KC x NR micro-panels, each reused for a whole MC x KC block of A (which stays in L2 and is
+// read in place), and an MR x NR register tile per step. Included only by the ISA files
+// (sgemm_*.cpp): everything here has internal linkage, so each gets its own copy built with
+// its own flags.
+#pragma once
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <new>
+
+#include "kernels/cpu/sgemm.h"
+
+namespace weft::kernels::cpu {
+namespace {
+
+inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+// Grow-only 64-byte aligned scratch, one per thread and operand.
+struct Scratch {
+  float* p = nullptr;
+  int64_t n = 0;
+  ~Scratch() { std::free(p); }
+  float* get(int64_t want) {
+    if (want <= n) return p;
+    std::free(p);
+    n = (want + 15) / 16 * 16;
+    p = static_cast<float*>(std::aligned_alloc(64, size_t(n) * sizeof(float)));
+    if (!p) throw std::bad_alloc();
+    return p;
+  }
+};
+
+// One packed panel of W values per step: out[p * W + r] = x[r * r_st + p * p_st] for r < rows,
+// p < kc, and 0 for rows <= r < W. The two common layouts get vector copies: steps contiguous
+// (a row-major a, a transposed b) in 4 x 4 transposed blocks, or rows contiguous as whole steps.
+template <int W>
+void pack_panel(int64_t kc, int64_t rows, const float* x, int64_t r_st, int64_t p_st, float* out) {
+  int64_t p = 0, r0 = 0;
+  if (rows == W && r_st == 1) {
+    for (r0 = W; p < kc; ++p) __builtin_memcpy(out + p * W, x + p * p_st, sizeof(float) * W);
+  } else if (p_st == 1) {
+    r0 = rows / 4 * 4;
+    for (; p + 4 <= kc; p += 4)
+      for (int64_t r = 0; r < r0; r += 4) {
+        const float* s = x + r * r_st + p;
+        __m128 v0 = _mm_loadu_ps(s), v1 = _mm_loadu_ps(s + r_st), v2 = _mm_loadu_ps(s + 2 * r_st),
+               v3 = _mm_loadu_ps(s + 3 * r_st);
+        _MM_TRANSPOSE4_PS(v0, v1, v2, v3);
+        _mm_storeu_ps(out + p * W + r, v0);
+        _mm_storeu_ps(out + (p + 1) * W + r, v1);
+        _mm_storeu_ps(out + (p + 2) * W + r, v2);
+        _mm_storeu_ps(out + (p + 3) * W + r, v3);
+      }
+  }
+  for (int64_t q = 0; q < kc; ++q)  // whatever the vector paths left
+    for (int64_t r = q < p ? r0 : 0; r < W; ++r) out[q * W + r] = r < rows ? x[r * r_st + q * p_st] : 0.0f;
+}
+
+// K supplies MR, NR, the block sizes MC (a multiple of MR), KC, NC, and
+// tile(kc, a, a_row, a_step, b_panel, c, ldc, alpha, beta): one full MR x NR tile of c, with
+// a[i, p] at a[i * a_row + p * a_step] (a packed panel: a_row 1, a_step MR).
+template <class K>
+void sgemm_blocked(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const float* b,
+                   int64_t b_rs, int64_t b_cs, float* c, int64_t ldc, float alpha, float beta) {
+  constexpr int MR = K::MR, NR = K::NR;
+  static thread_local Scratch a_buf, b_buf;
+  float* pa = a_buf.get(K::MC * K::KC);
+  float* pb = b_buf.get(K::KC * ((min64(n, K::NC) + NR - 1) / NR * NR));
+  alignas(64) float edge[MR * NR];
+  // Full panels of a are read in place when a has a unit stride (as every MatLayout does): the
+  // kernel's broadcasts take any stride, and packing a costs more than it saves (a panel is
+  // used only n / NR times; measured 4-10 % slower when n is a few hundred). Only a tail
+  // panel, whose missing rows must read as 0, is packed.
+  const bool in_place = a_rs == 1 || a_cs == 1;
+  for (int64_t jc = 0; jc < n; jc += K::NC) {
+    const int64_t nc = min64(K::NC, n - jc);
+    for (int64_t pc = 0; pc < k; pc += K::KC) {
+      const int64_t kc = min64(K::KC, k - pc);
+      const float beta_pc = pc == 0 ? beta : 1.0f;  // later k blocks accumulate onto the first
+      for (int64_t j = 0; j < nc; j += NR)  // b[p, j] as panels of NR columns
+        pack_panel<NR>(kc, min64(NR, nc - j), b + pc * b_rs + (jc + j) * b_cs, b_cs, b_rs, pb + j * kc);
+      for (int64_t ic = 0; ic < m; ic += K::MC) {
+        const int64_t mc = min64(K::MC, m - ic);
+        for (int64_t i = in_place ? mc / MR * MR : 0; i < mc; i += MR)  // a[i, p] as panels of MR rows
+          pack_panel<MR>(kc, min64(MR, mc - i), a + (ic + i) * a_rs + pc * a_cs, a_rs, a_cs, pa + i * kc);
+        for (int64_t jr = 0; jr < nc; jr += NR) {
+          for (int64_t ir = 0; ir < mc; ir += MR) {
+            const int64_t mr = min64(MR, mc - ir), nr = min64(NR, nc - jr);
+            const bool direct = in_place && mr == MR;
+            const float* ap = direct ? a + (ic + ir) * a_rs + pc * a_cs : pa + ir * kc;
+            const int64_t a_row = direct ? a_rs : 1, a_step = direct ? a_cs : MR;
+            const float* bp = pb + jr * kc;
+            float* cp = c + (ic + ir) * ldc + jc + jr;
+            if (mr == MR && nr == NR) {
+              K::tile(kc, ap, a_row, a_step, bp, cp, ldc, alpha, beta_pc);
+              continue;
+            }
+            // A tail tile: the full tile into `edge`, then only its valid part into c.
+            K::tile(kc, ap, a_row, a_step, bp, edge, NR, 1.0f, 0.0f);
+            for (int64_t i = 0; i < mr; ++i)
+              for (int64_t j = 0; j < nr; ++j) {
+                float v = alpha * edge[i * NR + j];
+                cp[i * ldc + j] = beta_pc == 0.0f ? v : v + beta_pc * cp[i * ldc + j];
+              }
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace weft::kernels::cpu

@@ -1,0 +1,183 @@
+// Tests for weft's own f32 GEMM kernels (kernels/cpu/sgemm.h) and their run-time choice: every
+// kernel this CPU runs, against a double-precision loop, over shapes with tails on every block
+// edge, all four transposes, strided leading dims, alpha/beta, threads and batched matmul.
+#include <fmt/format.h>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "core/generator.h"
+#include "core/tensor.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/sgemm.h"
+#include "kernels/linalg.h"
+#include "kernels/threads.h"
+
+using namespace weft;
+using namespace weft::kernels::cpu;
+
+namespace {
+
+// The kernels this CPU runs (weft's own ones only when `own`); the others are skipped, saying why.
+std::vector<SgemmKernel> runnable(bool own) {
+  std::vector<SgemmKernel> out;
+  for (SgemmKernel k : {SgemmKernel::avx512, SgemmKernel::avx2, SgemmKernel::eigen}) {
+    if (own && k == SgemmKernel::eigen) continue;
+    if (sgemm_kernel_supported(k)) out.push_back(k);
+    else std::printf("skipping the %s f32 GEMM kernel: this CPU does not have that instruction set\n", sgemm_kernel_name(k));
+  }
+  return out;
+}
+
+float next_value(uint64_t& s) {  // uniform in [-1, 1)
+  s = s * 6364136223846793005ull + 1442695040888963407ull;
+  return float(int64_t(s >> 40) - (1 << 23)) / float(1 << 23);
+}
+
+// c = alpha * op(a) op(b) + beta * c by `fn`, where op(x) is x or x stored transposed, every
+// matrix has `pad` unused columns past its width, and c's pad must stay untouched. The
+// tolerance is a float rounding bound for k products: 2^-23 (k + 2) sum |terms|.
+template <class Fn>
+void check_gemm(Fn&& fn, int64_t m, int64_t n, int64_t k, bool ta, bool tb, int64_t pad, float alpha, float beta) {
+  const int64_t lda = (ta ? m : k) + pad, ldb = (tb ? k : n) + pad, ldc = n + pad;
+  uint64_t seed = uint64_t(m * 1000003 + n * 1009 + k);
+  std::vector<float> a((ta ? k : m) * lda), b((tb ? n : k) * ldb), c(m * ldc);
+  for (float& v : a) v = next_value(seed);
+  for (float& v : b) v = next_value(seed);
+  for (float& v : c) v = beta == 0.0f ? NAN : next_value(seed);  // beta == 0 must not read c
+  const std::vector<float> c0 = c;
+  fn(m, n, k, a.data(), ta ? col_major(lda) : row_major(lda), b.data(), tb ? col_major(ldb) : row_major(ldb), c.data(),
+     ldc, alpha, beta);
+  int bad = 0;
+  std::string report;
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < ldc; ++j) {
+      double got = c[i * ldc + j], want = 0, mag = 0;
+      if (j >= n) {  // padding
+        if (std::isnan(got) && std::isnan(c0[i * ldc + j])) continue;
+        want = c0[i * ldc + j];
+      } else {
+        for (int64_t p = 0; p < k; ++p) {
+          double t = double(ta ? a[p * lda + i] : a[i * lda + p]) * (tb ? b[j * ldb + p] : b[p * ldb + j]);
+          want += t;
+          mag += std::abs(t);
+        }
+        want = alpha * want + (beta == 0.0f ? 0.0 : beta * double(c0[i * ldc + j]));
+        mag = std::abs(alpha) * mag + (beta == 0.0f ? 0.0 : std::abs(beta * c0[i * ldc + j]));
+      }
+      if (std::abs(got - want) <= std::ldexp(double(k + 2), -23) * mag) continue;
+      if (bad++ < 6) report += fmt::format("  c[{}, {}] = {} want {} (diff {:.3g})\n", i, j, got, want, got - want);
+    }
+  INFO(fmt::format("m={} n={} k={} a{} b{} pad={} alpha={} beta={}: {} of {} elements differ\n{}", m, n, k,
+                   ta ? "^T" : "", tb ? "^T" : "", pad, alpha, beta, bad, m * ldc, report));
+  CHECK(bad == 0);
+}
+
+// Every (m, n, k) from the tails and block edges below, all transposes, rotating pads and alpha/beta.
+template <class Fn>
+void check_shapes(Fn&& fn) {
+  const int64_t dims[] = {1, 7, 17, 63, 65, 129, 300}, depths[] = {1, 7, 17, 65, 257, 300};
+  const float alphas[] = {1.0f, -0.5f, 2.0f}, betas[] = {0.0f, 1.0f, 0.25f};
+  int i = 0;
+  for (int64_t m : dims)
+    for (int64_t n : dims)
+      for (int64_t k : depths)
+        for (int t = 0; t < 4; ++t, ++i)
+          if (m * n * k <= 300 * 129 * 300 || t == i % 4)  // the largest shapes in one transpose each
+            check_gemm(fn, m, n, k, t & 1, t & 2, (i % 3) * 3, alphas[i % 3], betas[(i / 3) % 3]);
+  check_gemm(fn, 13, 2100, 20, false, true, 1, 1.0f, 0.5f);  // past one NC block of columns
+  check_gemm(fn, 2, 3, 600, true, false, 0, 1.0f, 1.0f);     // past one KC block of depth
+  check_gemm(fn, 40, 70, 1100, false, true, 2, 0.5f, 0.25f);  // three KC blocks, a tail in each dim
+}
+
+// Strides of a MatLayout for the ISA functions: (row stride, column stride).
+int64_t rs(MatLayout l) { return l.row_major ? l.ld : 1; }
+int64_t cs(MatLayout l) { return l.row_major ? 1 : l.ld; }
+
+}  // namespace
+
+TEST_CASE("each f32 GEMM kernel matches a double loop on every shape, transpose and stride") {
+  for (SgemmKernel kernel : runnable(true)) {
+    SgemmFn fn = kernel == SgemmKernel::avx512 ? sgemm_avx512 : sgemm_avx2;
+    INFO("kernel " << sgemm_kernel_name(kernel));
+    check_shapes([&](int64_t m, int64_t n, int64_t k, const float* a, MatLayout la, const float* b, MatLayout lb,
+                     float* c, int64_t ldc, float alpha, float beta) {
+      fn(m, n, k, a, rs(la), cs(la), b, rs(lb), cs(lb), c, ldc, alpha, beta);
+    });
+  }
+}
+
+// Through kernels::cpu::gemm, which splits large products over threads and sends matrix-vector
+// products to Eigen, with each kernel forced in turn (and Eigen's own, as a check of the test).
+TEST_CASE("the f32 GEMM entry point gives the same answers with every kernel and thread count") {
+  SgemmKernel saved = sgemm_kernel();
+  int threads = get_num_threads();
+  for (SgemmKernel kernel : runnable(false)) {
+    set_sgemm_kernel(kernel);
+    CHECK(sgemm_kernel() == kernel);
+    for (int t : {1, 2}) {
+      set_num_threads(t);
+      INFO("kernel " << sgemm_kernel_name(kernel) << ", " << t << " threads");
+      check_gemm(gemm<float>, 300, 129, 300, false, true, 3, 1.0f, 0.0f);
+      check_gemm(gemm<float>, 65, 700, 257, true, false, 0, -0.5f, 1.0f);
+      check_gemm(gemm<float>, 1, 300, 65, false, false, 2, 2.0f, 0.25f);
+      check_gemm(gemm<float>, 129, 1, 17, true, true, 1, 1.0f, 1.0f);
+      check_gemm(gemm<float>, 530, 40, 64, false, true, 1, 1.0f, 0.0f);  // slices on 12-row edges
+      check_gemm(gemm<float>, 40, 600, 64, true, false, 0, 1.0f, 0.5f);  // slices on 32-column edges
+    }
+  }
+  set_num_threads(threads);
+  set_sgemm_kernel(saved);
+}
+
+TEST_CASE("batched f32 matmul matches f64 with every kernel") {
+  Generator gen(7);
+  auto check = [](const Tensor& a, const Tensor& b) {
+    std::vector<double> got = to_vector(kernels::matmul(a, b));
+    std::vector<double> want = to_vector(kernels::matmul(a.to(kFloat64), b.to(kFloat64)));
+    REQUIRE(got.size() == want.size());
+    int bad = 0;
+    for (size_t i = 0; i < got.size(); ++i)
+      if (std::abs(got[i] - want[i]) > 1e-4 * (1 + std::abs(want[i])) && bad++ < 6)
+        FAIL_CHECK(fmt::format("[{}] got {} want {}", i, got[i], want[i]));
+  };
+  SgemmKernel saved = sgemm_kernel();
+  for (SgemmKernel kernel : runnable(false)) {
+    set_sgemm_kernel(kernel);
+    INFO("kernel " << sgemm_kernel_name(kernel));
+    check(randn({4, 33, 70}, {}, &gen), randn({45, 70}, {}, &gen).t());               // folded rows, B^T view
+    check(randn({6, 17, 65}, {}, &gen), randn({6, 65, 129}, {}, &gen));               // batch split over threads
+    check(randn({2, 3, 40, 16}, {}, &gen), randn({2, 3, 40, 16}, {}, &gen).transpose(-1, -2));  // q k^T
+    check(randn({2, 150, 130}, {}, &gen).transpose(-1, -2), randn({2, 150, 170}, {}, &gen));     // a^T views
+  }
+  set_sgemm_kernel(saved);
+}
+
+// WEFT_CPU_GEMM is read once per process, so these run in a child process of this test program.
+const char* const kEnvTest = "WEFT_CPU_GEMM picks the kernel and a bad value is a clear error";
+TEST_CASE(kEnvTest, "[.]") {
+  const char* env = std::getenv("WEFT_CPU_GEMM");
+  REQUIRE(env != nullptr);
+  Tensor a = ones({8, 8}), b = ones({8, 8});
+  if (std::string(env) == "eigen") {
+    CHECK(sgemm_kernel() == SgemmKernel::eigen);
+    CHECK(to_vector(kernels::matmul(a, b))[0] == 8.0);
+  } else {
+    using Catch::Contains;
+    CHECK_THROWS_WITH(kernels::matmul(a, b), Contains("WEFT_CPU_GEMM=" + std::string(env)) &&
+                                                 Contains("allowed values: avx512, avx2, eigen"));
+  }
+}
+
+TEST_CASE("WEFT_CPU_GEMM is honoured by a fresh process") {
+  for (const char* value : {"eigen", "bogus"}) {
+    std::string cmd = fmt::format("WEFT_CPU_GEMM={} '{}' '{}' > /dev/null", value,
+                                  std::filesystem::read_symlink("/proc/self/exe").string(), kEnvTest);
+    INFO(cmd);
+    CHECK(std::system(cmd.c_str()) == 0);
+  }
+}
