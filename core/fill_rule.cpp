@@ -86,8 +86,9 @@ void check_meta(const Tensor& t, const char* op) {
 }
 // A meta tensor's values are those of its storage: only a tensor that is its whole storage
 // (contiguous, from element 0) can record or materialise them.
+bool is_whole(const Tensor& t) { return t.is_contiguous() && t.offset() == 0 && t.nbytes() == t.storage()->nbytes(); }
 void check_whole(const Tensor& t, const char* op) {
-  WEFT_CHECK(t.is_contiguous() && t.offset() == 0 && t.nbytes() == t.storage()->nbytes(),
+  WEFT_CHECK(is_whole(t),
              "{}: meta tensor {} is a view of part of its storage; a deferred fill or materialisation covers a whole "
              "tensor (fill the base tensor instead)", op, tensor_desc(t));
 }
@@ -102,8 +103,7 @@ void record_fill(const Tensor& t, const FillRule& rule, const char* op) {
   check_meta(t, op);
   // Shape propagation (MetaComputeGuard) writes parts of meta storages, e.g. a shard's padding:
   // values are not followed there, so nothing is recorded.
-  if (MetaComputeGuard::enabled() && !(t.is_contiguous() && t.offset() == 0 && t.nbytes() == t.storage()->nbytes()))
-    return;
+  if (MetaComputeGuard::enabled() && !is_whole(t)) return;
   check_whole(t, op);
   t.storage()->set_deferred_fill(std::make_shared<const FillRule>(rule));
 }

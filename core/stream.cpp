@@ -16,13 +16,10 @@ DeviceRuntime& checked_runtime(Device device, const char* op) {
   return device_runtime(device.type);
 }
 
-// The CPU and the meta device (shape propagation) run in order on the host: no streams.
-bool on_host(Device d) { return d.is_cpu() || d.is_meta(); }
-
 }  // namespace
 
 Stream Stream::create(Device device, int priority) {
-  if (on_host(device)) return Stream();
+  if (runs_on_host(device)) return Stream();
   DeviceRuntime& rt = checked_runtime(device, "Stream::create");
   void* h = rt.create_stream(device.index, priority);
   int index = device.index;
@@ -31,30 +28,30 @@ Stream Stream::create(Device device, int priority) {
 }
 
 void Stream::synchronize() const {
-  if (!on_host(device_)) device_runtime(device_.type).synchronize_stream(device_.index, handle_);
+  if (!runs_on_host(device_)) device_runtime(device_.type).synchronize_stream(device_.index, handle_);
 }
 
 bool Stream::query() const {
-  return on_host(device_) || device_runtime(device_.type).query_stream(device_.index, handle_);
+  return runs_on_host(device_) || device_runtime(device_.type).query_stream(device_.index, handle_);
 }
 
 void Stream::wait(const Event& event) const {
-  if (on_host(device_) || !event.recorded()) return;
+  if (runs_on_host(device_) || !event.recorded()) return;
   device_runtime(device_.type).stream_wait_event(device_.index, handle_, event.handle());
 }
 
 Stream current_stream(Device device) {
-  if (on_host(device)) return Stream();
+  if (runs_on_host(device)) return Stream();
   return Stream::wrap(device, checked_runtime(device, "current_stream").current_stream(device.index));
 }
 
 void set_current_stream(const Stream& stream) {
   Device d = stream.device();
-  if (!on_host(d)) device_runtime(d.type).set_current_stream(d.index, stream.handle());
+  if (!runs_on_host(d)) device_runtime(d.type).set_current_stream(d.index, stream.handle());
 }
 
 void synchronize(Device device) {
-  if (!on_host(device)) device_runtime(device.type, "synchronize").synchronize(device.index);
+  if (!runs_on_host(device)) device_runtime(device.type, "synchronize").synchronize(device.index);
 }
 
 StreamGuard::StreamGuard(const Stream& stream) : previous_(current_stream(stream.device())) {
@@ -89,7 +86,7 @@ void Event::release() noexcept {
 
 void Event::record(const Stream& stream) {
   Device d = stream.device();
-  if (on_host(d)) {  // CPU work is done when it returns: the event is complete
+  if (runs_on_host(d)) {  // CPU work is done when it returns: the event is complete
     release();
     device_ = d;
     return;

@@ -46,6 +46,11 @@ class Stream {
   std::shared_ptr<void> owner_;  // set for streams made by create()
 };
 
+// Whether work for `device` is done when the call that issues it returns: the CPU, and the
+// meta device (shape propagation, memory plans). Such devices have no streams or events to
+// wait on, and buffers handed to their work may be reused at once.
+inline bool runs_on_host(Device device) { return device.is_cpu() || device.is_meta(); }
+
 // The stream work for `device` goes to on this thread.
 Stream current_stream(Device device);
 // Sets it for stream.device() on this thread (prefer StreamGuard).

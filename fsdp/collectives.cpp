@@ -4,6 +4,7 @@
 
 #include "core/device_runtime.h"
 #include "core/grad_mode.h"
+#include "core/stream.h"
 #include "core/trace.h"
 #include "kernels/elementwise.h"
 
@@ -77,9 +78,8 @@ void all_gather_copy_out(CommContext& ctx, AllGatherResult&& r, const FSDPParams
 void pack_grads(const FSDPParams& params, const Tensor& send, std::vector<Tensor>& in_use) {
   for (auto& p : params) {
     p->copy_in_grad(send);
-    // (A device's streams may still read them; the CPU, and the meta device of a memory plan
-    // that stands for it, are done with them.)
-    if (!send.device().is_cpu() && !send.device().is_meta() && p->has_unsharded_grad()) in_use.push_back(p->unsharded_grad());
+    // A device's streams may still read them; on the host they are done with.
+    if (!runs_on_host(send.device()) && p->has_unsharded_grad()) in_use.push_back(p->unsharded_grad());
     p->clear_unsharded_grad();
   }
 }

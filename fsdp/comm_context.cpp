@@ -16,7 +16,7 @@ CommContext::Streams& CommContext::streams(Device device) {
   auto key = std::make_pair(device.type, device.index);
   auto it = streams_.find(key);
   if (it == streams_.end()) {
-    if (!device.is_cpu() && !device.is_meta()) check_device(device, "fsdp");
+    check_device(device, "fsdp");
     // New streams do not order against the default stream the model's kernels run on, or
     // nothing would overlap; every dependency is an explicit event.
     it = streams_.emplace(key, Streams{Stream::create(device), Stream::create(device)}).first;

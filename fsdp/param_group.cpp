@@ -47,7 +47,7 @@ FSDPParamGroup::FSDPParamGroup(std::vector<Entry> entries, const FullyShardOptio
   }
   compute_device_ = device;
   // CPU offload only means something for device parameters: CPU ones are already on the host.
-  offload_ = opts.offload_policy.has_value() && !device.is_cpu() && !device.is_meta();
+  offload_ = opts.offload_policy.has_value() && !runs_on_host(device);
   if (offload_) {
     // Pinned, so that the all-gather's upload and the gradients' download are asynchronous.
     flat_shard_ = opts.offload_policy->pin_memory ? empty_pinned({group_numel_}, dtype, device)

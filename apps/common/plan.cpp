@@ -34,7 +34,7 @@ std::optional<fsdp::MemoryPlan> plan_from_flags(const PlanFlags& f, fsdp::Memory
   }
   fsdp::MemoryPlan plan = fsdp::plan_memory(request);
   if (ranks.lead()) {
-    std::FILE* out = f.plan || f.ranks > 0 ? stdout : stderr;
+    std::FILE* out = f.only() ? stdout : stderr;
     std::fprintf(out, "%s: %s", program.c_str(), plan.table().c_str());
     if (held > 0) std::fprintf(out, "  (above the %lld bytes held before the model)\n", (long long)held);
     std::fflush(out);

@@ -19,6 +19,7 @@ struct PlanFlags {
   int ranks = 0;       // 0: the ranks of this run
   std::string budget;  // a byte count as WEFT_MEMORY_LIMIT takes it; empty: none
   bool wanted() const { return plan || ranks > 0 || !budget.empty(); }
+  bool only() const { return plan || ranks > 0; }  // print the plan and stop
 };
 
 void add_plan_flags(CLI::App& cmd, PlanFlags& flags);

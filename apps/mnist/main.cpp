@@ -269,8 +269,8 @@ int run(const Options& o, const Ranks& ranks) {
                "mnist: --batch-size {} does not split evenly over --plan-ranks {}", o.batch_size, o.plan.ranks);
     plan = apps::plan_from_flags(o.plan, plan_request(o, ranks.fsdp, data.rows, data.cols), ranks, device,
                                  "weft-mnist");
-    if (o.plan.plan || o.plan.ranks > 0) return;  // printed; nothing to build or train
-    if (plan && !o.plan.budget.empty()) per_layer = plan->settings.reshard_after_forward;
+    if (o.plan.only()) return;  // printed; nothing to build or train
+    if (plan && plan->budget) per_layer = plan->settings.reshard_after_forward;
     manual_seed(o.seed);  // the same full model on every rank
     if (ranks.fsdp) {
       // Deferred: built on the meta device, each rank later initialises only its shards (the
@@ -284,7 +284,7 @@ int run(const Options& o, const Ranks& ranks) {
     if (!o.load.empty()) resume_from = checkpoint_to_load(o, n_train, steps_per_epoch);
     metrics.emplace(ranks.lead() ? o.metrics : std::string());  // one file, written by rank 0
   });
-  if (o.plan.plan || o.plan.ranks > 0) return 0;
+  if (o.plan.only()) return 0;
 
   auto count_params = [&] {
     int64_t n = 0;

@@ -348,8 +348,8 @@ int train(TrainOptions o, const Ranks& ranks) {
     reset_peak_memory_stats(device);
     start_bytes = memory_stats(device).live_bytes;
     plan = apps::plan_from_flags(o.plan, plan_request(o, ranks.fsdp), ranks, device, "weft-transformer");
-    if (o.plan.plan || o.plan.ranks > 0) return;  // printed; nothing to build or train
-    if (plan && o.plan.budget.size()) {  // train with the plan's choices
+    if (o.plan.only()) return;  // printed; nothing to build or train
+    if (plan && plan->budget) {  // train with the plan's choices
       o.activation_checkpointing = plan->settings.activation_checkpointing;
       per_block = plan->settings.reshard_after_forward;
     }
@@ -367,7 +367,7 @@ int train(TrainOptions o, const Ranks& ranks) {
     }
     metrics.emplace(ranks.lead() ? o.metrics : std::string());
   });
-  if (o.plan.plan || o.plan.ranks > 0) return 0;  // the plan is printed; nothing to train
+  if (o.plan.only()) return 0;  // the plan is printed; nothing to train
   const int64_t n_params = apps::count_parameters(*model);
 
   // Weight decay on the 2-D weights only, decided from the full shapes before sharding.

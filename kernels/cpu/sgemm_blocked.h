@@ -58,13 +58,44 @@ void pack_panel(int64_t kc, int64_t rows, const float* x, int64_t r_st, int64_t 
     for (int64_t r = q < p ? r0 : 0; r < W; ++r) out[q * W + r] = r < rows ? x[r * r_st + q * p_st] : 0.0f;
 }
 
-// K supplies MR, NR, the block sizes MC (a multiple of MR), KC, NC, and
-// tile(kc, a, a_row, a_step, b_panel, c, ldc, alpha, beta): one full MR x NR tile of c, with
-// a[i, p] at a[i * a_row + p * a_step] (a packed panel: a_row 1, a_step MR).
+// One full MR x NR tile of c (NR = 2 vectors of V::W floats) from kc steps: per step two
+// vectors of the packed b panel and MR broadcasts of a feed 2 MR FMAs into register
+// accumulators; a[i, p] is at a[i * a_row + p * a_step] (a packed panel: a_row 1, a_step MR).
+// V names the instruction set's vector type and operations (the ISA files define it).
+template <class V, int MR>
+inline void register_tile(int64_t kc, const float* a, int64_t a_row, int64_t a_step, const float* b, float* c,
+                          int64_t ldc, float alpha, float beta) {
+  constexpr int W = V::W;
+  typename V::T acc[MR][2];
+  for (int i = 0; i < MR; ++i) {
+    acc[i][0] = acc[i][1] = V::zero();
+    _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc + W), _MM_HINT_T0);
+  }
+  for (int64_t p = 0; p < kc; ++p, a += a_step, b += 2 * W) {
+    const typename V::T b0 = V::load(b), b1 = V::load(b + W);
+#pragma GCC unroll 12
+    for (int i = 0; i < MR; ++i) {
+      const typename V::T ai = V::set1(a[i * a_row]);
+      acc[i][0] = V::fmadd(ai, b0, acc[i][0]);
+      acc[i][1] = V::fmadd(ai, b1, acc[i][1]);
+    }
+  }
+  const typename V::T va = V::set1(alpha), vb = V::set1(beta);
+  for (int i = 0; i < MR; ++i)
+    for (int v = 0; v < 2; ++v) {
+      float* cv = c + i * ldc + W * v;
+      typename V::T r = V::mul(va, acc[i][v]);
+      if (beta != 0.0f) r = V::fmadd(vb, V::loadu(cv), r);
+      V::storeu(cv, r);
+    }
+}
+
+// K supplies the vector operations V, MR, the block sizes MC (a multiple of MR), KC and NC.
 template <class K>
 void sgemm_blocked(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const float* b,
                    int64_t b_rs, int64_t b_cs, float* c, int64_t ldc, float alpha, float beta) {
-  constexpr int MR = K::MR, NR = K::NR;
+  constexpr int MR = K::MR, NR = 2 * K::V::W;
   static thread_local Scratch a_buf, b_buf;
   float* pa = a_buf.get(K::MC * K::KC);
   float* pb = b_buf.get(K::KC * ((min64(n, K::NC) + NR - 1) / NR * NR));
@@ -94,11 +125,11 @@ void sgemm_blocked(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs
             const float* bp = pb + jr * kc;
             float* cp = c + (ic + ir) * ldc + jc + jr;
             if (mr == MR && nr == NR) {
-              K::tile(kc, ap, a_row, a_step, bp, cp, ldc, alpha, beta_pc);
+              register_tile<typename K::V, MR>(kc, ap, a_row, a_step, bp, cp, ldc, alpha, beta_pc);
               continue;
             }
             // A tail tile: the full tile into `edge`, then only its valid part into c.
-            K::tile(kc, ap, a_row, a_step, bp, edge, NR, 1.0f, 0.0f);
+            register_tile<typename K::V, MR>(kc, ap, a_row, a_step, bp, edge, NR, 1.0f, 0.0f);
             for (int64_t i = 0; i < mr; ++i)
               for (int64_t j = 0; j < nr; ++j) {
                 float v = alpha * edge[i * NR + j];
