@@ -9,6 +9,8 @@
 #include <sstream>
 
 #include "kernels/attention.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/gemm.h"
 #include "test_util.h"
 #include "weft.h"
 
@@ -106,6 +108,32 @@ TEST_CASE("attention: fused forward and backward match the composite reference")
     check_against_reference(2, 2, 19, 45, 16, 32, false);
     check_against_reference(1, 2, 130, 3, 32, 16, false);
   }
+}
+
+// The f32 loops are chosen at run time with the GEMM kernel (kernels/cpu/gemm.h): the
+// register-tiled AVX-512 loops with the AVX-512 kernel, the GEMM-based loops otherwise. Every
+// choice this CPU can make gives the reference's results.
+TEST_CASE("attention: every f32 kernel this CPU runs matches the reference") {
+  using namespace weft::kernels::cpu;
+  const SgemmKernel saved = sgemm_kernel();
+  const Tensor q16 = random({1, 1, 4, 16}), q8 = random({1, 1, 4, 8});
+  for (SgemmKernel kernel : {SgemmKernel::avx512, SgemmKernel::avx2, SgemmKernel::eigen}) {
+    if (!sgemm_kernel_supported(kernel)) {
+      std::printf("skipping attention with the %s kernel: this CPU does not have that instruction set\n",
+                  sgemm_kernel_name(kernel));
+      continue;
+    }
+    set_sgemm_kernel(kernel);
+    INFO("kernel " << sgemm_kernel_name(kernel));
+    CHECK(attention_uses_tiles(q16, q16) == (kernel == SgemmKernel::avx512));
+    CHECK_FALSE(attention_uses_tiles(q8, q8));
+    CHECK_FALSE(attention_uses_tiles(q16.to(kFloat64), q16.to(kFloat64)));
+    for (int64_t T : {1, 7, 33, 70}) check_against_reference(2, 3, T, T, 16, 16, true);
+    check_against_reference(2, 6, 256, 256, 64, 64, true);
+    check_against_reference(2, 2, 19, 45, 16, 32, false);
+    check_against_reference(1, 2, 130, 3, 32, 16, false);
+  }
+  set_sgemm_kernel(saved);
 }
 
 TEST_CASE("attention: large scores stay finite and rows sum to one") {

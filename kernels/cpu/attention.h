@@ -12,5 +12,8 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, d
 void attention_backward(const Tensor& grad, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                         const Tensor& lse, bool causal, double scale, const Tensor& dq, const Tensor& dk,
                         const Tensor& dv);
+// Whether q and v (f32, head dims multiples of 16) take the register-tiled AVX-512 loops: on
+// CPUs with AVX-512 while the AVX-512 GEMM kernel is in use (gemm.h, WEFT_CPU_GEMM).
+bool attention_uses_tiles(const Tensor& q, const Tensor& v);
 
 }  // namespace weft::kernels::cpu

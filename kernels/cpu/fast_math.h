@@ -115,7 +115,7 @@ WEFT_MATH_INLINE float normal_cdf_f32(float x) {
 }
 
 // Overloads for templated loops: f32 takes the vectorisable path, f64 libm.
-inline float fast_exp(float x) { return exp_f32(x); }
-inline double fast_exp(double x) { return std::exp(x); }
+WEFT_MATH_INLINE float fast_exp(float x) { return exp_f32(x); }
+WEFT_MATH_INLINE double fast_exp(double x) { return std::exp(x); }
 
 }  // namespace weft::kernels::cpu

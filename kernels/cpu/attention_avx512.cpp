@@ -1,0 +1,276 @@
+// kernels/cpu: f32 attention with register tiles, for head dims that are multiples of 16.
+// Compiled with -mavx512f in its own static library and called only when the CPU has
+// AVX-512 (attention.cpp); like the GEMM kernels it includes nothing with out-of-line code
+// built for another instruction set (no std:: containers or algorithms).
+//
+// Eigen's GEMM packs both operands on every call, which costs as much as the arithmetic at
+// these sizes (tens of rows by tens of columns). Here keys and values are transposed into
+// [C, Tk] panels once per (batch, head), and every product is a sweep of 8 x 32 output
+// tiles held in 16 vector registers. Row tiles of 8 also follow the causal diagonal more
+// closely than 32-row blocks: a tile's scores stop at the first multiple of 16 past its
+// last row. The steps are those of attention.cpp's generic loops.
+#include <cstring>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "kernels/cpu/attention_tiled.h"
+#include "kernels/cpu/softmax_row.h"
+
+namespace weft::kernels::cpu {
+namespace {
+
+constexpr int64_t kRowBlock = 32;  // query rows per block, as attention.cpp
+
+int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+void zero(float* begin, float* end) {
+  for (float* p = begin; p < end; ++p) *p = 0.f;
+}
+float* at(const HeadsF32& x, int64_t b, int64_t h) { return x.p + b * x.sb + h * x.sh; }
+int64_t thread_index() {
+#ifdef _OPENMP
+  return omp_get_thread_num();
+#else
+  return 0;
+#endif
+}
+
+using vf = float __attribute__((vector_size(64)));
+constexpr int64_t kW = 16;  // floats per vector
+constexpr int64_t kTileRows = 8;
+
+inline vf load(const float* p) {
+  vf v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// c[r, 0:NV*16] = alpha * sum_p a[r*ars + p*acs] * b[p*ldb + 0:NV*16] (+ c when accumulate),
+// for r < R.
+template <int R, int NV>
+inline __attribute__((always_inline)) void tile(int64_t k, const float* a, int64_t ars, int64_t acs,
+                                                const float* b, int64_t ldb, float* c, int64_t ldc, float alpha,
+                                                bool accumulate) {
+  vf acc[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NV; ++v) acc[r][v] = vf{};
+  for (int64_t p = 0; p < k; ++p) {
+    vf bv[NV];
+    for (int v = 0; v < NV; ++v) bv[v] = load(b + p * ldb + v * kW);
+    for (int r = 0; r < R; ++r) {
+      const float x = a[r * ars + p * acs];
+      for (int v = 0; v < NV; ++v) acc[r][v] += x * bv[v];
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NV; ++v) {
+      float* cp = c + r * ldc + v * kW;
+      vf out = acc[r][v] * alpha;
+      if (accumulate) out += load(cp);
+      store(cp, out);
+    }
+}
+
+template <int R>
+void tile_row(int64_t n, int64_t k, const float* a, int64_t ars, int64_t acs, const float* b, int64_t ldb, float* c,
+              int64_t ldc, float alpha, bool accumulate) {
+  int64_t j = 0;
+  for (; j + 2 * kW <= n; j += 2 * kW) tile<R, 2>(k, a, ars, acs, b + j, ldb, c + j, ldc, alpha, accumulate);
+  if (j < n) tile<R, 1>(k, a, ars, acs, b + j, ldb, c + j, ldc, alpha, accumulate);
+}
+
+// C[m, n] = alpha * A[m, k] B[k, n] (+ C), n a multiple of 16; A is read through strides
+// (ars, acs) so that a transposed operand needs no copy; B is row-major.
+void small_gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t ars, int64_t acs, const float* b,
+                int64_t ldb, float* c, int64_t ldc, float alpha, bool accumulate) {
+  int64_t i = 0;
+  for (; i + kTileRows <= m; i += kTileRows)
+    tile_row<kTileRows>(n, k, a + i * ars, ars, acs, b, ldb, c + i * ldc, ldc, alpha, accumulate);
+  const float* ai = a + i * ars;
+  float* ci = c + i * ldc;
+  switch (m - i) {
+    case 7: tile_row<7>(n, k, ai, ars, acs, b, ldb, ci, ldc, alpha, accumulate); break;
+    case 6: tile_row<6>(n, k, ai, ars, acs, b, ldb, ci, ldc, alpha, accumulate); break;
+    case 5: tile_row<5>(n, k, ai, ars, acs, b, ldb, ci, ldc, alpha, accumulate); break;
+    case 4: tile_row<4>(n, k, ai, ars, acs, b, ldb, ci, ldc, alpha, accumulate); break;
+    case 3: tile_row<3>(n, k, ai, ars, acs, b, ldb, ci, ldc, alpha, accumulate); break;
+    case 2: tile_row<2>(n, k, ai, ars, acs, b, ldb, ci, ldc, alpha, accumulate); break;
+    case 1: tile_row<1>(n, k, ai, ars, acs, b, ldb, ci, ldc, alpha, accumulate); break;
+    default: break;
+  }
+}
+
+// panel[c, j] = x[j, c] for j < t, zero for t <= j < ld: keys or values as a [C, ld] panel.
+// x is a packed [t, cols] copy; the loop writes panel rows in order (strided stores are what
+// makes a transpose slow) and reads x down a column, whose lines stay in L1 across c.
+void transpose_panel(const float* x, int64_t t, int64_t cols, float* panel, int64_t ld) {
+  for (int64_t c = 0; c < cols; ++c) {
+    float* pr = panel + c * ld;
+    for (int64_t j = 0; j < t; ++j) pr[j] = x[j * cols + c];
+    zero(pr + t, pr + ld);
+  }
+}
+
+// Scores of query rows [i0, i0 + m) against keys [0, n16): S = scale * Q K^T, one row tile
+// at a time so that causal tiles stop near the diagonal; columns a tile does not reach are
+// zeroed up to n16.
+void scores(const float* qp, int64_t qst, int64_t E, const float* kt, int64_t ldk, int64_t i0, int64_t m,
+            int64_t Tk, bool causal, float scale, float* S, int64_t n16) {
+  for (int64_t r0 = 0; r0 < m; r0 += kTileRows) {
+    const int64_t rows = min64(kTileRows, m - r0);
+    const int64_t nt = causal ? round_up(min64(Tk, i0 + r0 + rows), kW) : n16;
+    small_gemm(rows, nt, E, qp + (i0 + r0) * qst, qst, 1, kt, ldk, S + r0 * n16, n16, scale, false);
+    for (int64_t r = r0; r < r0 + rows; ++r) zero(S + r * n16 + nt, S + (r + 1) * n16);
+  }
+}
+
+// Copies rows [0, t) of a strided [t, cols] operand into a contiguous buffer, and back.
+void pack_rows(const float* x, int64_t st, int64_t t, int64_t cols, float* dst) {
+  for (int64_t j = 0; j < t; ++j) {
+    const float* xr = x + j * st;
+    float* dr = dst + j * cols;
+#pragma omp simd
+    for (int64_t c = 0; c < cols; ++c) dr[c] = xr[c];
+  }
+}
+void unpack_rows(const float* src, int64_t t, int64_t cols, float* x, int64_t st) {
+  for (int64_t j = 0; j < t; ++j) {
+    const float* sr = src + j * cols;
+    float* xr = x + j * st;
+#pragma omp simd
+    for (int64_t c = 0; c < cols; ++c) xr[c] = sr[c];
+  }
+}
+
+}  // namespace
+
+int64_t attention_workspace_avx512(const AttentionDims& d, bool backward) {
+  const int64_t rb = min64(kRowBlock, d.Tq), ldk = round_up(d.Tk, kW), E = d.E, Ev = d.Ev, Tq = d.Tq, Tk = d.Tk;
+  if (!backward) return rb * ldk + E * ldk + Tq * E + Tk * E + Tk * Ev + Tq * Ev;
+  return 2 * rb * ldk + (E + Ev) * ldk + Tq + 2 * Tq * E + Tq * Ev + 2 * Tk * E + 2 * Tk * Ev;
+}
+
+// Each (batch, head) first copies its operands out of their strided views (rows 3d apart in
+// a fused projection, so a [T, hd] head spans T pages) into contiguous buffers that stay in
+// the core's L2 for all the products that follow.
+void attention_forward_avx512(const AttentionDims& d, HeadsF32 Q, HeadsF32 K, HeadsF32 V, HeadsF32 O, float* L,
+                              float* workspace) {
+  const int64_t B = d.B, H = d.H, Tq = d.Tq, E = d.E, Tk = d.Tk, Ev = d.Ev;
+  const bool causal = d.causal;
+  const float scale = d.scale;
+  const int64_t bh_count = B * H, ldk = round_up(Tk, kW);
+#pragma omp parallel if (d.parallel)
+  {
+    const int64_t rb = min64(kRowBlock, Tq);
+    float* S = workspace + thread_index() * attention_workspace_avx512(d, false);
+    float* KT = S + rb * ldk;
+    float* Qc = KT + E * ldk;
+    float* Kc = Qc + Tq * E;
+    float* Vc = Kc + Tk * E;
+    float* Oc = Vc + Tk * Ev;
+#pragma omp for schedule(static)
+    for (int64_t bh = 0; bh < bh_count; ++bh) {
+      const int64_t b = bh / H, h = bh % H;
+      float* lp = L + bh * Tq;
+      pack_rows(at(Q, b, h), Q.st, Tq, E, Qc);
+      pack_rows(at(K, b, h), K.st, Tk, E, Kc);
+      pack_rows(at(V, b, h), V.st, Tk, Ev, Vc);
+      transpose_panel(Kc, Tk, E, KT, ldk);
+      for (int64_t i0 = 0; i0 < Tq; i0 += kRowBlock) {
+        const int64_t m = min64(kRowBlock, Tq - i0), n = causal ? i0 + m : Tk, n16 = round_up(n, kW);
+        scores(Qc, E, E, KT, ldk, i0, m, Tk, causal, scale, S, n16);
+        for (int64_t r = 0; r < m; ++r) lp[i0 + r] = softmax_row(S + r * n16, causal ? i0 + r + 1 : n, n16);
+        // O = P V, each row tile summing only over the keys it sees.
+        for (int64_t r0 = 0; r0 < m; r0 += kTileRows) {
+          const int64_t rows = min64(kTileRows, m - r0), kn = causal ? i0 + r0 + rows : n;
+          small_gemm(rows, Ev, kn, S + r0 * n16, n16, 1, Vc, Ev, Oc + (i0 + r0) * Ev, Ev, 1.f, false);
+        }
+      }
+      unpack_rows(Oc, Tq, Ev, at(O, b, h), O.st);
+    }
+  }
+}
+
+void attention_backward_avx512(const AttentionDims& d, HeadsF32 G, HeadsF32 Q, HeadsF32 K, HeadsF32 V, HeadsF32 O,
+                               const float* L, HeadsF32 DQ, HeadsF32 DK, HeadsF32 DV, float* workspace) {
+  const int64_t B = d.B, H = d.H, Tq = d.Tq, E = d.E, Tk = d.Tk, Ev = d.Ev;
+  const bool causal = d.causal;
+  const float scale = d.scale;
+  const int64_t bh_count = B * H, ldk = round_up(Tk, kW);
+#pragma omp parallel if (d.parallel)
+  {
+    const int64_t rb = min64(kRowBlock, Tq);
+    float* P = workspace + thread_index() * attention_workspace_avx512(d, true);
+    float* dP = P + rb * ldk;
+    float* KT = dP + rb * ldk;
+    float* VT = KT + E * ldk;
+    float* D = VT + Ev * ldk;
+    float* Qc = D + Tq;
+    float* dQc = Qc + Tq * E;
+    float* Gc = dQc + Tq * E;
+    float* Kc = Gc + Tq * Ev;
+    float* dKc = Kc + Tk * E;
+    float* dVc = dKc + Tk * E;
+    float* Vc = dVc + Tk * Ev;
+#pragma omp for schedule(static)
+    for (int64_t bh = 0; bh < bh_count; ++bh) {
+      const int64_t b = bh / H, h = bh % H;
+      const float *op = at(O, b, h), *gp = at(G, b, h);
+      const float* lp = L + bh * Tq;
+      pack_rows(at(Q, b, h), Q.st, Tq, E, Qc);
+      pack_rows(at(K, b, h), K.st, Tk, E, Kc);
+      pack_rows(at(V, b, h), V.st, Tk, Ev, Vc);
+      pack_rows(gp, G.st, Tq, Ev, Gc);
+      transpose_panel(Kc, Tk, E, KT, ldk);
+      transpose_panel(Vc, Tk, Ev, VT, ldk);
+      for (int64_t i = 0; i < Tq; ++i) {
+        const float *g = Gc + i * Ev, *o = op + i * O.st;
+        float s = 0;
+#pragma omp simd reduction(+ : s)
+        for (int64_t c = 0; c < Ev; ++c) s += g[c] * o[c];
+        D[i] = s;
+      }
+      zero(dKc, dKc + Tk * E);
+      zero(dVc, dVc + Tk * Ev);
+      for (int64_t i0 = 0; i0 < Tq; i0 += kRowBlock) {
+        const int64_t m = min64(kRowBlock, Tq - i0), n = causal ? i0 + m : Tk, n16 = round_up(n, kW);
+        scores(Qc, E, E, KT, ldk, i0, m, Tk, causal, scale, P, n16);
+        // dP = dO V^T over the same columns.
+        for (int64_t r0 = 0; r0 < m; r0 += kTileRows) {
+          const int64_t rows = min64(kTileRows, m - r0);
+          const int64_t nt = causal ? round_up(min64(Tk, i0 + r0 + rows), kW) : n16;
+          small_gemm(rows, nt, Ev, Gc + (i0 + r0) * Ev, Ev, 1, VT, ldk, dP + r0 * n16, n16, 1.f, false);
+        }
+        for (int64_t r = 0; r < m; ++r) {
+          float *pr = P + r * n16, *dr = dP + r * n16;
+          const int64_t valid = causal ? i0 + r + 1 : n;
+          const float l = lp[i0 + r], di = D[i0 + r];
+#pragma omp simd
+          for (int64_t j = 0; j < valid; ++j) {
+            const float p = fast_exp(pr[j] - l);
+            pr[j] = p;
+            dr[j] = p * (dr[j] - di) * scale;
+          }
+          zero(pr + valid, pr + n16);
+          zero(dr + valid, dr + n16);
+        }
+        // dV[0:n] += P^T dO, dK[0:n] += dS^T Q: P^T and dS^T are P and dS read with swapped strides.
+        small_gemm(n, Ev, m, P, 1, n16, Gc + i0 * Ev, Ev, dVc, Ev, 1.f, true);
+        small_gemm(n, E, m, dP, 1, n16, Qc + i0 * E, E, dKc, E, 1.f, true);
+        // dQ = dS K, each row tile summing only over the keys it sees.
+        for (int64_t r0 = 0; r0 < m; r0 += kTileRows) {
+          const int64_t rows = min64(kTileRows, m - r0), kn = causal ? i0 + r0 + rows : n;
+          small_gemm(rows, E, kn, dP + r0 * n16, n16, 1, Kc, E, dQc + (i0 + r0) * E, E, 1.f, false);
+        }
+      }
+      unpack_rows(dQc, Tq, E, at(DQ, b, h), DQ.st);
+      unpack_rows(dKc, Tk, E, at(DK, b, h), DK.st);
+      unpack_rows(dVc, Tk, Ev, at(DV, b, h), DV.st);
+    }
+  }
+}
+
+}  // namespace weft::kernels::cpu

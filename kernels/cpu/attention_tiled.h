@@ -1,0 +1,33 @@
+// kernels/cpu: the register-tiled f32 attention loops (attention_avx512.cpp), built for
+// AVX-512 only and called by attention.cpp when the CPU has it (the same run-time choice as
+// the f32 GEMM kernel, gemm.h). Plain pointers and strides: this header has no inline code,
+// so nothing compiled for AVX-512 reaches code that runs on other CPUs.
+#pragma once
+#include <cstdint>
+
+namespace weft::kernels::cpu {
+
+// One [B, H, T, C] operand: element (b, h, t, c) at p[b*sb + h*sh + t*st + c].
+struct HeadsF32 {
+  float* p;
+  int64_t sb, sh, st;
+};
+
+struct AttentionDims {
+  int64_t B, H, Tq, Tk, E, Ev;  // E and Ev multiples of 16
+  bool causal;
+  float scale;
+  bool parallel;  // split the (batch, head) pairs over OpenMP threads
+};
+
+// Floats of workspace each thread needs; the caller passes one block of that many per
+// thread the call may use (one unless d.parallel, else omp_get_max_threads()).
+int64_t attention_workspace_avx512(const AttentionDims& d, bool backward);
+// lse: [B, H, Tq] contiguous. The backward overwrites dq, dk and dv.
+void attention_forward_avx512(const AttentionDims& d, HeadsF32 q, HeadsF32 k, HeadsF32 v, HeadsF32 out, float* lse,
+                              float* workspace);
+void attention_backward_avx512(const AttentionDims& d, HeadsF32 grad, HeadsF32 q, HeadsF32 k, HeadsF32 v,
+                               HeadsF32 out, const float* lse, HeadsF32 dq, HeadsF32 dk, HeadsF32 dv,
+                               float* workspace);
+
+}  // namespace weft::kernels::cpu
