@@ -22,7 +22,7 @@ void register_device_group(DeviceType device, DeviceGroupFactory factory);
 ProcessGroupPtr new_group(DeviceType device, MPI_Comm comm, std::string name);
 
 // The MPI backend's communication thread (one per process).
-void start_comm_thread(int threads_on_host);  // 2 per rank on this host: caller + comm thread
+void start_comm_thread(int ranks_on_host);  // weft processes on this host
 void drain_comm_thread();  // returns once every queued collective has completed
 void stop_comm_thread();
 

@@ -118,7 +118,7 @@ void init() {
                         s.rank);
     }
   detail::flight_start();
-  detail::start_comm_thread(2 * local_size);
+  detail::start_comm_thread(local_size);
   s.initialized = true;
 }
 

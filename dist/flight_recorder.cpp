@@ -179,12 +179,12 @@ void flight_issued(const CollectiveInfo& info, const std::vector<int>& world_ran
   g.issued = info.seq;
 }
 
-void flight_stage(const CollectiveInfo& info, CollectiveStage stage) {
+void flight_stage(const CollectiveInfo& info, CollectiveStage stage, Clock::time_point at) {
   Recorder& r = recorder();
   std::lock_guard lock(r.mu);
   if (Entry* e = find(r, info.group_id, info.seq)) {
     e->stage = stage;
-    e->changed_at = Clock::now();
+    e->changed_at = at;
   }
   if (stage == CollectiveStage::completed || stage == CollectiveStage::failed) ++r.groups[info.group_id].completed;
 }

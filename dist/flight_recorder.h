@@ -6,6 +6,7 @@
 // issued the collective, and every rank that hears of the timeout writes its record to stderr
 // and, if WEFT_FLIGHT_DIR is set, to WEFT_FLIGHT_DIR/flight_rank<R>.txt. See docs/DIST.md.
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -30,7 +31,9 @@ std::string flight_record();
 namespace detail {
 
 void flight_issued(const CollectiveInfo& info, const std::vector<int>& world_ranks);
-void flight_stage(const CollectiveInfo& info, CollectiveStage stage);
+// `at`: when the stage began (now if not given).
+void flight_stage(const CollectiveInfo& info, CollectiveStage stage,
+                  std::chrono::steady_clock::time_point at = std::chrono::steady_clock::now());
 
 // The status exchange: started by dist::init() (after MPI), stopped by finalize().
 void flight_start();

@@ -1,8 +1,10 @@
-// dist: the MPI backend (CPU tensors). A collective call queues an MpiWork; the process's
-// communication thread posts queued works as nonblocking MPI collectives, in issue order, and
-// drives them to completion with MPI_Testsome, so the caller's thread is free to compute.
-// bf16/f16 reductions go through f32 buffers: MPI has no 16-bit float type, and summing in f32
-// then rounding once is what DESIGN.md asks of 16-bit math.
+// dist: the MPI backend (CPU tensors). A collective call queues an MpiWork; queued works are
+// posted as nonblocking MPI collectives in issue order and driven to completion with
+// MPI_Testsome by whichever thread holds the process's progress engine: the caller's own
+// thread when it issues a call or waits for one (so a call and its wait cost about what MPI's
+// own nonblocking call and MPI_Wait do), else the communication thread, which drives works
+// while the caller computes. bf16/f16 reductions go through f32 buffers: MPI has no 16-bit
+// float type, and summing in f32 then rounding once is what DESIGN.md asks of 16-bit math.
 #include <chrono>
 #include <climits>
 #include <condition_variable>
@@ -19,30 +21,27 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Handing a collective to the communication thread and back costs two thread wake-ups, each
-// tens of microseconds on a VM: both sides spin for a while before they sleep, so
-// back-to-back collectives pay neither. Like MPI's own blocking calls, spinning yields the
-// core after each poll only when this host runs more weft threads than it has cores.
-constexpr auto kWaitSpin = std::chrono::milliseconds(2);
-constexpr auto kIdleSpin = std::chrono::milliseconds(1);
-std::atomic<bool> g_yield_when_idle{true};
+// Polling loops pause between polls, and yield the core instead when this host runs more
+// threads that poll than it has cores (the way OpenMPI's own blocking calls behave when
+// oversubscribed). Callers' waits count one thread per rank, the communication threads two.
+std::atomic<bool> g_wait_yields{false}, g_thread_yields{true};
 
-void relax() {
-  if (g_yield_when_idle.load(std::memory_order_relaxed)) std::this_thread::yield();
+void relax(const std::atomic<bool>& yields) {
+  if (yields.load(std::memory_order_relaxed)) std::this_thread::yield();
 #if defined(__x86_64__) || defined(__i386__)
   else __builtin_ia32_pause();
 #endif
 }
 
-// Spins until ready() or `budget` has passed; true if ready.
-template <class F> bool spin_until(F&& ready, Clock::duration budget) {
-  auto end = Clock::now() + budget;
-  for (int i = 1;; ++i) {
-    if (ready()) return true;
-    if ((i & 15) == 0 && Clock::now() > end) return false;
-    relax();
-  }
-}
+// The communication thread naps this long when a caller drives the engine or nothing is in
+// flight, and sleeps until woken after kDeepSleepAfter without work (and then answers other
+// ranks' status requests every 50 ms, flight_recorder.h). A caller that posts a call and then
+// computes is thus served within a nap without waking the thread on every call: on the 2-core
+// VM, naps of 100 us cost FSDP steps 8-10 % against 1 ms (docs/PERFORMANCE.md). A caller that
+// ends its wait with other works still in flight wakes the thread at once.
+constexpr auto kNap = std::chrono::milliseconds(1);
+constexpr auto kDeepSleepAfter = std::chrono::milliseconds(50);
+constexpr auto kServeEvery = std::chrono::milliseconds(50);
 
 MPI_Datatype mpi_type(DType t) {
   switch (t) {
@@ -102,7 +101,7 @@ class MpiWork final : public Work {
   bool is_completed() override { return done_.load(std::memory_order_acquire); }
   void wait(double timeout_seconds) override;
 
-  // Communication thread only.
+  // Only the thread that holds the progress engine.
   MpiProcessGroup& group() const { return *group_; }
   bool begin();    // posts the check (debug mode: compares and posts the collective); false if it ended
   bool advance();  // its request completed; true if it posted the collective after its check
@@ -126,9 +125,7 @@ class MpiWork final : public Work {
   int64_t fingerprint_[2] = {0, 0};          // {h, -h}, then their minimum over the group
   std::vector<float> stage_in_, stage_out_;  // f32 copies for bf16/f16 reductions
   std::atomic<bool> done_{false}, posted_{false};
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::exception_ptr error_;
+  std::exception_ptr error_;  // set before done_
 };
 
 class MpiProcessGroup final : public ProcessGroup, public std::enable_shared_from_this<MpiProcessGroup> {
@@ -153,7 +150,7 @@ class MpiProcessGroup final : public ProcessGroup, public std::enable_shared_fro
     MPI_CHECK(MPI_Comm_free(&check_comm_));
   }
 
-  // Communication thread only.
+  // check_in_flight: only the thread that holds the progress engine.
   MPI_Comm comm_, check_comm_;
   bool check_in_flight = false;
 
@@ -161,8 +158,15 @@ class MpiProcessGroup final : public ProcessGroup, public std::enable_shared_fro
   WorkPtr launch(Collective c) override;
 };
 
-// One per process. Works are posted in the order they were queued, which is the order the
-// ranks agreed to issue them; posting is nonblocking, so a work never waits for a later one.
+// One per process: the works in flight and the communication thread. Works are posted in the
+// order they were queued, which is the order the ranks agreed to issue them; posting is
+// nonblocking, so a work never waits for a later one.
+//
+// The engine: queued, waiting (posted check pending for their group) and active works, and
+// one poll() over them. A thread drives it only while holding engine_mu_. The caller's thread
+// takes it when it issues a call (posting the call at once) and while it waits for one; the
+// communication thread takes it whenever works are in flight and no caller drives, so works
+// progress while the caller computes.
 class CommThread {
  public:
   void start() {
@@ -177,15 +181,8 @@ class CommThread {
     wake_.notify_one();
     if (thread_.joinable()) thread_.join();
   }
-  void enqueue(std::shared_ptr<MpiWork> work) {
-    {
-      std::lock_guard lock(mu_);
-      queue_.push_back(work);
-      pending_.push_back(std::move(work));
-      has_queued_.store(true, std::memory_order_release);
-    }
-    wake_.notify_one();
-  }
+  void enqueue(std::shared_ptr<MpiWork> work);
+  void drive_until_done(MpiWork& work, double timeout_seconds);
   void drain() {
     std::unique_lock lock(mu_);
     double timeout = collective_timeout();
@@ -195,15 +192,30 @@ class CommThread {
 
  private:
   void run();
-  void retire();  // drops completed works from pending_
+  // One pass of the engine (engine_mu_ held); true if a work advanced or ended. `who` names the
+  // driving thread in timeout reports.
+  bool poll(const char* who);
+  void retire();   // drops completed works from pending_
+  void wake_if_asleep() {
+    if (asleep_.load(std::memory_order_acquire)) wake_.notify_one();
+  }
 
   std::mutex mu_;
   std::condition_variable wake_, idle_;
-  std::vector<std::shared_ptr<MpiWork>> queue_;    // issued, not yet seen by the thread
+  std::vector<std::shared_ptr<MpiWork>> queue_;    // issued, not yet taken by the engine
   std::vector<std::shared_ptr<MpiWork>> pending_;  // issued, not yet completed (oldest first)
-  std::atomic<bool> has_queued_{false};
+  std::atomic<bool> has_queued_{false}, asleep_{false};
+  std::atomic<int> drivers_{0};  // callers' threads driving the engine or waiting to
+  std::atomic<size_t> n_pending_{0};  // pending_.size()
   bool stop_ = false;
   std::thread thread_;
+
+  std::mutex engine_mu_;
+  std::vector<std::shared_ptr<MpiWork>> active_, waiting_;
+  std::vector<MPI_Request> requests_;  // active_[i]'s request
+  std::vector<int> indices_;
+  uint64_t polls_ = 0;
+  Clock::time_point last_serve_ = Clock::now();
 };
 
 CommThread& comm_thread() {
@@ -214,6 +226,7 @@ CommThread& comm_thread() {
 void CommThread::retire() {
   std::lock_guard lock(mu_);
   std::erase_if(pending_, [](const auto& w) { return w->is_completed(); });
+  n_pending_.store(pending_.size(), std::memory_order_release);
   if (pending_.empty()) idle_.notify_all();
 }
 
@@ -236,94 +249,148 @@ size_t begin_waiting(std::vector<std::shared_ptr<MpiWork>>& waiting, std::vector
   return ended;
 }
 
-void CommThread::run() {
-  std::vector<std::shared_ptr<MpiWork>> active, waiting;
-  std::vector<MPI_Request> requests;
-  std::vector<int> indices;
-  int idle_polls = 0;
-  auto last_serve = Clock::now();
-  for (uint64_t spins = 0;; ++spins) {
-    if (active.empty()) spin_until([&] { return has_queued_.load(std::memory_order_acquire); }, kIdleSpin);
-    if (active.empty() || has_queued_.load(std::memory_order_acquire)) {
-      std::unique_lock lock(mu_);
-      // Idle: wake now and then to answer other ranks' status requests (flight_recorder.h).
-      while (active.empty() && !wake_.wait_for(lock, std::chrono::milliseconds(50), [&] { return stop_ || !queue_.empty(); })) {
-        lock.unlock();
+bool CommThread::poll(const char* who) {
+  if (has_queued_.load(std::memory_order_acquire)) {
+    std::lock_guard lock(mu_);
+    waiting_.insert(waiting_.end(), std::make_move_iterator(queue_.begin()), std::make_move_iterator(queue_.end()));
+    queue_.clear();
+    has_queued_.store(false, std::memory_order_relaxed);
+  }
+  size_t ended = waiting_.empty() ? 0 : begin_waiting(waiting_, active_, requests_);
+  bool completed = false;
+  if (!active_.empty()) {
+    int n_done = 0;
+    indices_.resize(active_.size());
+    int rc = MPI_Testsome(int(requests_.size()), requests_.data(), &n_done, indices_.data(), MPI_STATUSES_IGNORE);
+    if (rc != MPI_SUCCESS) {
+      for (auto& w : active_) w->fail(fmt::format("{}: MPI_Testsome failed: {}", w->info().str(), mpi_error_string(rc)));
+      ended += active_.size();
+      active_.clear();
+      requests_.clear();
+    } else if (n_done > 0 && n_done != MPI_UNDEFINED) {
+      completed = true;
+      for (int k = 0; k < n_done; ++k) {
+        size_t i = size_t(indices_[size_t(k)]);
+        if (active_[i]->advance()) {
+          requests_[i] = active_[i]->request;  // its check passed: the collective is posted
+        } else {
+          active_[i] = nullptr;
+          ++ended;
+        }
+      }
+      size_t j = 0;
+      for (size_t i = 0; i < active_.size(); ++i) {
+        if (!active_[i]) continue;
+        active_[j] = std::move(active_[i]);
+        requests_[j++] = requests_[i];
+      }
+      active_.resize(j);
+      requests_.resize(j);
+      ended += begin_waiting(waiting_, active_, requests_);  // the next checks of those groups
+    } else if ((++polls_ & 255) == 0) {
+      // Nothing finished: check the oldest against the timeout now and then.
+      MpiWork& oldest = *active_.front();
+      double timeout = collective_timeout();
+      if (std::chrono::duration<double>(Clock::now() - oldest.posted_at).count() > timeout)
+        fail_timeout(oldest.info(), timeout,
+                     fmt::format("{}; seen by {}",
+                                 oldest.checking ? "its fingerprint check is posted; the other ranks have not "
+                                                   "issued a collective to match it"
+                                                 : "posted to MPI, not completed",
+                                 who));
+      if (Clock::now() - last_serve_ > kServeEvery) {
         flight_serve();
-        lock.lock();
-      }
-      if (stop_ && queue_.empty() && active.empty()) return;
-      waiting.insert(waiting.end(), std::make_move_iterator(queue_.begin()), std::make_move_iterator(queue_.end()));
-      queue_.clear();
-      has_queued_.store(false, std::memory_order_relaxed);
-    }
-    size_t ended = begin_waiting(waiting, active, requests);
-    if (!active.empty()) {
-      int n_done = 0;
-      indices.resize(active.size());
-      int rc = MPI_Testsome(int(requests.size()), requests.data(), &n_done, indices.data(), MPI_STATUSES_IGNORE);
-      if (rc != MPI_SUCCESS) {
-        for (auto& w : active) w->fail(fmt::format("{}: MPI_Testsome failed: {}", w->info().str(), mpi_error_string(rc)));
-        ended += active.size();
-        active.clear();
-        requests.clear();
-      } else if (n_done > 0 && n_done != MPI_UNDEFINED) {
-        for (int k = 0; k < n_done; ++k) {
-          size_t i = size_t(indices[size_t(k)]);
-          if (active[i]->advance()) {
-            requests[i] = active[i]->request;  // its check passed: the collective is posted
-          } else {
-            active[i] = nullptr;
-            ++ended;
-          }
-        }
-        size_t j = 0;
-        for (size_t i = 0; i < active.size(); ++i) {
-          if (!active[i]) continue;
-          active[j] = std::move(active[i]);
-          requests[j++] = requests[i];
-        }
-        active.resize(j);
-        requests.resize(j);
-        ended += begin_waiting(waiting, active, requests);  // the next checks of those groups
-        idle_polls = 0;
-      } else {
-        // Nothing finished: check the oldest against the timeout now and then.
-        if ((spins & 255) == 0) {
-          MpiWork& oldest = *active.front();
-          double timeout = collective_timeout();
-          if (std::chrono::duration<double>(Clock::now() - oldest.posted_at).count() > timeout)
-            fail_timeout(oldest.info(), timeout,
-                         oldest.checking ? "its fingerprint check is posted; the other ranks have not issued a "
-                                           "collective to match it; seen by the communication thread"
-                                         : "posted to MPI, not completed; seen by the communication thread");
-          if (Clock::now() - last_serve > std::chrono::milliseconds(50)) {
-            flight_serve();
-            last_serve = Clock::now();
-          }
-        }
-        // With more threads than cores, a long wait sleeps between polls so the compute
-        // threads (this rank's and the others') get the cores.
-        if (++idle_polls > 64 && g_yield_when_idle.load(std::memory_order_relaxed))
-          std::this_thread::sleep_for(std::chrono::microseconds(20));
-        else
-          relax();
+        last_serve_ = Clock::now();
       }
     }
-    if (ended) retire();
+  }
+  if (ended) retire();
+  return completed || ended;
+}
+
+void CommThread::enqueue(std::shared_ptr<MpiWork> work) {
+  {
+    std::lock_guard lock(mu_);
+    queue_.push_back(work);
+    pending_.push_back(std::move(work));
+    n_pending_.store(pending_.size(), std::memory_order_release);
+    has_queued_.store(true, std::memory_order_release);
+  }
+  // Post it now on this thread unless another thread drives the engine (it takes the queue on
+  // its next poll).
+  if (std::unique_lock engine(engine_mu_, std::try_to_lock); engine.owns_lock()) poll("the issuing thread");
+  wake_if_asleep();
+}
+
+void CommThread::drive_until_done(MpiWork& work, double timeout_seconds) {
+  drivers_.fetch_add(1, std::memory_order_acq_rel);
+  Clock::time_point deadline{};  // set at the first look at the clock (most waits end before)
+  int idle_polls = 0;
+  for (uint64_t i = 1; !work.is_completed(); ++i) {
+    bool progressed;
+    {
+      std::lock_guard engine(engine_mu_);
+      progressed = poll("the waiting thread");
+    }
+    if (work.is_completed()) break;
+    if ((i & 63) == 0 && deadline == Clock::time_point{})
+      deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_seconds));
+    else if ((i & 63) == 0 && Clock::now() > deadline) {
+      const char* where = work.checking ? "its fingerprint check is posted; the other ranks have not issued a "
+                                          "collective to match it"
+                                        : "posted to MPI, not completed, or queued behind such collectives";
+      fail_timeout(work.info(), timeout_seconds, where);
+    }
+    // A long wait sleeps between polls when cores are short, so other ranks get them.
+    if (progressed) idle_polls = 0;
+    else if (++idle_polls > 1024 && g_wait_yields.load(std::memory_order_relaxed))
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    else relax(g_wait_yields);
+  }
+  // Works still in flight (a prefetch issued before this wait) go back to the communication
+  // thread.
+  if (drivers_.fetch_sub(1, std::memory_order_acq_rel) == 1 && n_pending_.load(std::memory_order_acquire) > 0)
+    wake_.notify_one();
+}
+
+void CommThread::run() {
+  auto last_work = Clock::now();
+  auto last_serve = Clock::now();
+  int idle_polls = 0;
+  for (;;) {
+    {
+      std::unique_lock lock(mu_);
+      auto has_work = [&] { return stop_ || (drivers_.load(std::memory_order_acquire) == 0 && !pending_.empty()); };
+      while (!has_work()) {
+        // Nap while a caller drives or work ended recently; sleep until woken after that.
+        const bool deep = Clock::now() - last_work > kDeepSleepAfter;
+        asleep_.store(deep, std::memory_order_release);
+        if (deep) wake_.wait_for(lock, kServeEvery, has_work);
+        else wake_.wait_for(lock, kNap, has_work);
+        asleep_.store(false, std::memory_order_relaxed);
+        if (!has_work() && Clock::now() - last_serve > kServeEvery) {
+          lock.unlock();
+          flight_serve();  // answer other ranks' status requests (flight_recorder.h)
+          last_serve = Clock::now();
+          lock.lock();
+        }
+      }
+      if (stop_ && pending_.empty()) return;
+    }
+    last_work = Clock::now();
+    bool progressed = false;
+    if (std::unique_lock engine(engine_mu_, std::try_to_lock); engine.owns_lock()) progressed = poll("the communication thread");
+    // With more threads than cores, a long wait sleeps between polls so the compute threads
+    // (this rank's and the others') get the cores.
+    if (progressed) idle_polls = 0;
+    else if (++idle_polls > 64 && g_thread_yields.load(std::memory_order_relaxed))
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    else relax(g_thread_yields);
   }
 }
 
 void MpiWork::wait(double timeout_seconds) {
-  auto is_done = [&] { return done_.load(std::memory_order_acquire); };
-  if (!spin_until(is_done, kWaitSpin)) {
-    std::unique_lock lock(mu_);
-    if (!cv_.wait_for(lock, std::chrono::duration<double>(timeout_seconds), is_done))
-      fail_timeout(info_, timeout_seconds,
-                   posted_     ? "posted to MPI, not completed"
-                   : checking  ? "its fingerprint check is posted; the other ranks have not issued a collective to match it"
-                               : "queued behind earlier collectives, not yet posted");
-  }
+  if (!is_completed()) comm_thread().drive_until_done(*this, timeout_seconds);
   if (error_) std::rethrow_exception(error_);
 }
 
@@ -332,11 +399,7 @@ void MpiWork::mark_done() {
   // this Work dies (the communication thread keeps one a while), so callers' memory bounds hold.
   c_.in = Tensor();
   c_.out = Tensor();
-  {
-    std::lock_guard lock(mu_);
-    done_.store(true, std::memory_order_release);
-  }
-  cv_.notify_all();
+  done_.store(true, std::memory_order_release);
 }
 
 void MpiWork::fail(const std::string& message) { fail_with(std::make_exception_ptr(Error(message))); }
@@ -353,21 +416,22 @@ bool MpiWork::begin() {
     if (debug_mode() || g.size() == 1 || !collective_check()) {
       if (g.size() > 1 && debug_mode()) compare_calls(g.check_comm_, g.world_ranks(), info_);
       post();
+      posted_at = Clock::now();
       posted_.store(true, std::memory_order_relaxed);
-      flight_stage(info_, CollectiveStage::posted);
+      flight_stage(info_, CollectiveStage::posted, posted_at);
     } else {
       fingerprint_[0] = fingerprint(info_);
       fingerprint_[1] = -fingerprint_[0];
       MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, fingerprint_, 2, MPI_INT64_T, MPI_MIN, g.check_comm_, &request));
       g.check_in_flight = true;
       checking = true;
-      flight_stage(info_, CollectiveStage::checking);
+      posted_at = Clock::now();
+      flight_stage(info_, CollectiveStage::checking, posted_at);
     }
   } catch (...) {
     fail_with(std::current_exception());
     return false;
   }
-  posted_at = Clock::now();
   return true;
 }
 
@@ -393,7 +457,7 @@ bool MpiWork::advance() {
   }
   posted_at = Clock::now();
   posted_.store(true, std::memory_order_relaxed);
-  flight_stage(info_, CollectiveStage::posted);
+  flight_stage(info_, CollectiveStage::posted, posted_at);
   return true;
 }
 
@@ -487,8 +551,10 @@ ProcessGroupPtr new_mpi_group(MPI_Comm comm, std::string name) {
   return std::make_shared<MpiProcessGroup>(comm, check_comm, std::move(name), rank, size);
 }
 
-void start_comm_thread(int threads_on_host) {
-  g_yield_when_idle = threads_on_host > int(std::thread::hardware_concurrency());
+void start_comm_thread(int ranks_on_host) {
+  const int cores = int(std::thread::hardware_concurrency());
+  g_wait_yields = ranks_on_host > cores;
+  g_thread_yields = 2 * ranks_on_host > cores;
   comm_thread().start();
 }
 void drain_comm_thread() { comm_thread().drain(); }

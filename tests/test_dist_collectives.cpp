@@ -271,6 +271,29 @@ TEST_CASE("async: the caller computes while a collective is in flight") {
   check_equal(out, want, "overlapped all_gather");
 }
 
+// The issuing thread posts a call, but only the communication thread drives it while the
+// caller does not wait: polling is_completed() alone must see it complete, with the values.
+TEST_CASE("async: a collective the caller never waits for completes (the communication thread drives it)") {
+  auto g = world();
+  int p = g->size(), me = g->rank();
+  int64_t n = 1 << 16;
+  for (int round = 0; round < 3; ++round) {  // the second and third find the thread napping
+    Tensor in = make(kFloat32, n, me, round), out = empty({p * n});
+    WorkPtr w = g->all_gather_into_tensor(out, in);
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!w->is_completed() && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    INFO("round " << round);
+    REQUIRE(w->is_completed());
+    std::vector<double> want;
+    for (int r = 0; r < p; ++r)
+      for (int64_t i = 0; i < n; ++i) want.push_back(value(r, i + round));
+    check_equal(out, want, "all_gather completed without wait()");
+    w->wait();
+    std::this_thread::sleep_for(std::chrono::milliseconds(round * 60));  // past the deep-sleep point
+  }
+}
+
 TEST_CASE("debug mode: mismatched calls throw the same error on every rank, naming the ranks") {
   auto g = world();
   if (g->size() < 2) return;
