@@ -349,8 +349,10 @@ void CommThread::drive_until_done(MpiWork& work, double timeout_seconds) {
   }
   // Works still in flight (a prefetch issued before this wait) go back to the communication
   // thread.
-  if (drivers_.fetch_sub(1, std::memory_order_acq_rel) == 1 && n_pending_.load(std::memory_order_acquire) > 0)
+  if (drivers_.fetch_sub(1, std::memory_order_acq_rel) == 1 && n_pending_.load(std::memory_order_acquire) > 0) {
+    { std::lock_guard lock(mu_); }  // the thread is either before its check of drivers_ or asleep
     wake_.notify_one();
+  }
 }
 
 void CommThread::run() {
