@@ -21,16 +21,23 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Polling loops pause between polls, and yield the core instead when this host runs more
-// threads that poll than it has cores (the way OpenMPI's own blocking calls behave when
-// oversubscribed). Callers' waits count one thread per rank, the communication threads two.
+// Polling loops pause between polls. When this host runs more threads that poll than it has
+// cores (callers' waits count one thread per rank, the communication threads two), the
+// communication thread yields the core after each poll, the way OpenMPI's own blocking calls
+// behave when oversubscribed, and a caller's wait sleeps 20 us between polls once it has
+// polled 1024 times without progress: a short wait spins, a long one leaves the core to the
+// ranks that share it (yielding at every poll made 64 KB all-gathers at 4 ranks on 2 cores
+// 10-20 % slower, docs/PERFORMANCE.md).
 std::atomic<bool> g_wait_yields{false}, g_thread_yields{true};
 
+void pause() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
 void relax(const std::atomic<bool>& yields) {
   if (yields.load(std::memory_order_relaxed)) std::this_thread::yield();
-#if defined(__x86_64__) || defined(__i386__)
-  else __builtin_ia32_pause();
-#endif
+  else pause();
 }
 
 // The communication thread naps this long when a caller drives the engine or nothing is in
@@ -345,7 +352,7 @@ void CommThread::drive_until_done(MpiWork& work, double timeout_seconds) {
     if (progressed) idle_polls = 0;
     else if (++idle_polls > 1024 && g_wait_yields.load(std::memory_order_relaxed))
       std::this_thread::sleep_for(std::chrono::microseconds(20));
-    else relax(g_wait_yields);
+    else pause();
   }
   // Works still in flight (a prefetch issued before this wait) go back to the communication
   // thread.
