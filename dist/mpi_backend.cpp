@@ -169,12 +169,12 @@ class MpiProcessGroup final : public ProcessGroup, public std::enable_shared_fro
 // order they were queued, which is the order the ranks agreed to issue them; posting is
 // nonblocking, so a work never waits for a later one.
 //
-// The engine: queued, waiting (posted check pending for their group) and active works, and
-// one poll() over them. A thread drives it only while holding engine_mu_. The caller's thread
-// takes it when it issues a call (posting the call at once) and while it waits for one; the
-// communication thread takes it whenever works are in flight and no caller drives, so works
-// progress while the caller computes.
-class CommThread {
+// The engine's state: queued, waiting (a check of their group is in flight) and active works,
+// and one poll() over them. A thread drives it only while holding engine_mu_. The caller's
+// thread takes it when it issues a call (posting the call at once) and while it waits for one;
+// the communication thread (run()) takes it whenever works are in flight and no caller drives,
+// so works progress while the caller computes.
+class ProgressEngine {
  public:
   void start() {
     stop_ = false;
@@ -225,12 +225,12 @@ class CommThread {
   Clock::time_point last_serve_ = Clock::now();
 };
 
-CommThread& comm_thread() {
-  static CommThread* t = new CommThread;  // never destroyed: see dist.cpp's State
+ProgressEngine& progress_engine() {
+  static ProgressEngine* t = new ProgressEngine;  // never destroyed: see dist.cpp's State
   return *t;
 }
 
-void CommThread::retire() {
+void ProgressEngine::retire() {
   std::lock_guard lock(mu_);
   std::erase_if(pending_, [](const auto& w) { return w->is_completed(); });
   n_pending_.store(pending_.size(), std::memory_order_release);
@@ -256,7 +256,7 @@ size_t begin_waiting(std::vector<std::shared_ptr<MpiWork>>& waiting, std::vector
   return ended;
 }
 
-bool CommThread::poll(const char* who) {
+bool ProgressEngine::poll(const char* who) {
   if (has_queued_.load(std::memory_order_acquire)) {
     std::lock_guard lock(mu_);
     waiting_.insert(waiting_.end(), std::make_move_iterator(queue_.begin()), std::make_move_iterator(queue_.end()));
@@ -315,7 +315,7 @@ bool CommThread::poll(const char* who) {
   return completed || ended;
 }
 
-void CommThread::enqueue(std::shared_ptr<MpiWork> work) {
+void ProgressEngine::enqueue(std::shared_ptr<MpiWork> work) {
   {
     std::lock_guard lock(mu_);
     queue_.push_back(work);
@@ -329,7 +329,7 @@ void CommThread::enqueue(std::shared_ptr<MpiWork> work) {
   wake_if_asleep();
 }
 
-void CommThread::drive_until_done(MpiWork& work, double timeout_seconds) {
+void ProgressEngine::drive_until_done(MpiWork& work, double timeout_seconds) {
   drivers_.fetch_add(1, std::memory_order_acq_rel);
   Clock::time_point deadline{};  // set at the first look at the clock (most waits end before)
   int idle_polls = 0;
@@ -362,7 +362,7 @@ void CommThread::drive_until_done(MpiWork& work, double timeout_seconds) {
   }
 }
 
-void CommThread::run() {
+void ProgressEngine::run() {
   auto last_work = Clock::now();
   auto last_serve = Clock::now();
   int idle_polls = 0;
@@ -399,7 +399,7 @@ void CommThread::run() {
 }
 
 void MpiWork::wait(double timeout_seconds) {
-  if (!is_completed()) comm_thread().drive_until_done(*this, timeout_seconds);
+  if (!is_completed()) progress_engine().drive_until_done(*this, timeout_seconds);
   if (error_) std::rethrow_exception(error_);
 }
 
@@ -544,7 +544,7 @@ void MpiWork::finish() try {
 
 WorkPtr MpiProcessGroup::launch(Collective c) {
   auto work = std::make_shared<MpiWork>(std::move(c), shared_from_this());
-  comm_thread().enqueue(work);
+  progress_engine().enqueue(work);
   return work;
 }
 
@@ -564,9 +564,9 @@ void start_comm_thread(int ranks_on_host) {
   const int cores = int(std::thread::hardware_concurrency());
   g_wait_yields = ranks_on_host > cores;
   g_thread_yields = 2 * ranks_on_host > cores;
-  comm_thread().start();
+  progress_engine().start();
 }
-void drain_comm_thread() { comm_thread().drain(); }
-void stop_comm_thread() { comm_thread().stop(); }
+void drain_comm_thread() { progress_engine().drain(); }
+void stop_comm_thread() { progress_engine().stop(); }
 
 }  // namespace weft::dist::detail
