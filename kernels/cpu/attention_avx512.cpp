@@ -145,12 +145,49 @@ void unpack_rows(const float* src, int64_t t, int64_t cols, float* x, int64_t st
   }
 }
 
+// One thread's buffers, carved in order from its block of the workspace. With base == nullptr
+// only `size` is computed: attention_workspace_avx512 and the loops share this one layout.
+struct Carve {
+  float* base;
+  int64_t size = 0;
+  float* take(int64_t n) {
+    float* p = base ? base + size : nullptr;
+    size += n;
+    return p;
+  }
+};
+struct ForwardBuffers {
+  float *S, *KT, *Qc, *Kc, *Vc, *Oc;
+  int64_t size;
+};
+ForwardBuffers forward_buffers(const AttentionDims& d, float* base) {
+  const int64_t rb = min64(kRowBlock, d.Tq), ldk = round_up(d.Tk, kW);
+  Carve c{base};
+  ForwardBuffers f{};
+  f.S = c.take(rb * ldk), f.KT = c.take(d.E * ldk), f.Qc = c.take(d.Tq * d.E), f.Kc = c.take(d.Tk * d.E);
+  f.Vc = c.take(d.Tk * d.Ev), f.Oc = c.take(d.Tq * d.Ev);
+  f.size = c.size;
+  return f;
+}
+struct BackwardBuffers {
+  float *P, *dP, *KT, *VT, *D, *Qc, *dQc, *Gc, *Kc, *dKc, *dVc, *Vc;
+  int64_t size;
+};
+BackwardBuffers backward_buffers(const AttentionDims& d, float* base) {
+  const int64_t rb = min64(kRowBlock, d.Tq), ldk = round_up(d.Tk, kW);
+  Carve c{base};
+  BackwardBuffers g{};
+  g.P = c.take(rb * ldk), g.dP = c.take(rb * ldk), g.KT = c.take(d.E * ldk), g.VT = c.take(d.Ev * ldk);
+  g.D = c.take(d.Tq), g.Qc = c.take(d.Tq * d.E), g.dQc = c.take(d.Tq * d.E), g.Gc = c.take(d.Tq * d.Ev);
+  g.Kc = c.take(d.Tk * d.E), g.dKc = c.take(d.Tk * d.E), g.dVc = c.take(d.Tk * d.Ev), g.Vc = c.take(d.Tk * d.Ev);
+  g.size = c.size;
+  return g;
+}
+
 }  // namespace
 
 int64_t attention_workspace_avx512(const AttentionDims& d, bool backward) {
-  const int64_t rb = min64(kRowBlock, d.Tq), ldk = round_up(d.Tk, kW), E = d.E, Ev = d.Ev, Tq = d.Tq, Tk = d.Tk;
-  if (!backward) return rb * ldk + E * ldk + Tq * E + Tk * E + Tk * Ev + Tq * Ev;
-  return 2 * rb * ldk + (E + Ev) * ldk + Tq + 2 * Tq * E + Tq * Ev + 2 * Tk * E + 2 * Tk * Ev;
+  return backward ? backward_buffers(d, nullptr).size : forward_buffers(d, nullptr).size;
 }
 
 // Each (batch, head) first copies its operands out of their strided views (rows 3d apart in
@@ -164,13 +201,8 @@ void attention_forward_avx512(const AttentionDims& d, HeadsF32 Q, HeadsF32 K, He
   const int64_t bh_count = B * H, ldk = round_up(Tk, kW);
 #pragma omp parallel if (d.parallel)
   {
-    const int64_t rb = min64(kRowBlock, Tq);
-    float* S = workspace + thread_index() * attention_workspace_avx512(d, false);
-    float* KT = S + rb * ldk;
-    float* Qc = KT + E * ldk;
-    float* Kc = Qc + Tq * E;
-    float* Vc = Kc + Tk * E;
-    float* Oc = Vc + Tk * Ev;
+    const int64_t size = forward_buffers(d, nullptr).size;
+    const auto [S, KT, Qc, Kc, Vc, Oc, unused] = forward_buffers(d, workspace + thread_index() * size);
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < bh_count; ++bh) {
       const int64_t b = bh / H, h = bh % H;
@@ -202,19 +234,9 @@ void attention_backward_avx512(const AttentionDims& d, HeadsF32 G, HeadsF32 Q, H
   const int64_t bh_count = B * H, ldk = round_up(Tk, kW);
 #pragma omp parallel if (d.parallel)
   {
-    const int64_t rb = min64(kRowBlock, Tq);
-    float* P = workspace + thread_index() * attention_workspace_avx512(d, true);
-    float* dP = P + rb * ldk;
-    float* KT = dP + rb * ldk;
-    float* VT = KT + E * ldk;
-    float* D = VT + Ev * ldk;
-    float* Qc = D + Tq;
-    float* dQc = Qc + Tq * E;
-    float* Gc = dQc + Tq * E;
-    float* Kc = Gc + Tq * Ev;
-    float* dKc = Kc + Tk * E;
-    float* dVc = dKc + Tk * E;
-    float* Vc = dVc + Tk * Ev;
+    const int64_t size = backward_buffers(d, nullptr).size;
+    const auto [P, dP, KT, VT, D, Qc, dQc, Gc, Kc, dKc, dVc, Vc, unused] =
+        backward_buffers(d, workspace + thread_index() * size);
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < bh_count; ++bh) {
       const int64_t b = bh / H, h = bh % H;
