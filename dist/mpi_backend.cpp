@@ -379,7 +379,10 @@ void ProgressEngine::run() {
         asleep_.store(false, std::memory_order_relaxed);
         if (!has_work() && Clock::now() - last_serve > kServeEvery) {
           lock.unlock();
-          flight_serve();  // answer other ranks' status requests (flight_recorder.h)
+          // Answer other ranks' status requests (flight_recorder.h). Its MPI_Test progresses
+          // every request, writing into collectives' buffers, so it too runs only while holding
+          // the engine; a caller that holds it serves from poll() instead.
+          if (std::unique_lock engine(engine_mu_, std::try_to_lock); engine.owns_lock()) flight_serve();
           last_serve = Clock::now();
           lock.lock();
         }
