@@ -6,6 +6,7 @@
 #include <cctype>
 #include <chrono>
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <new>
 
@@ -240,11 +241,17 @@ int64_t parse_bytes(const std::string& text, const std::string& what) {
   static const std::map<std::string, int> shifts = {{"", 0},   {"K", 10},   {"M", 20},   {"G", 30},   {"T", 40},
                                                     {"KiB", 10}, {"MiB", 20}, {"GiB", 30}, {"TiB", 40}};
   auto it = shifts.find(unit);
-  WEFT_CHECK(i > 0 && i <= 15 && it != shifts.end(),
+  WEFT_CHECK(i > 0 && it != shifts.end(),
              "{}: \"{}\" is not a byte count (digits, then optionally K, M, G, T or KiB, MiB, GiB, TiB; e.g. 512M)",
              what, text);
-  const int64_t n = std::stoll(text.substr(0, i));
-  WEFT_CHECK(n <= (int64_t(1) << (62 - it->second)), "{}: \"{}\" is too large", what, text);
+  // Up to 2^63-1 bytes: the digits are summed with an overflow check, then the unit's shift.
+  const int64_t max = std::numeric_limits<int64_t>::max() >> it->second;
+  int64_t n = 0;
+  for (size_t k = 0; k < i; ++k) {
+    const int d = text[k] - '0';
+    WEFT_CHECK(n <= (max - d) / 10, "{}: \"{}\" is more than 2^63-1 bytes", what, text);
+    n = n * 10 + d;
+  }
   return n << it->second;
 }
 

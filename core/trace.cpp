@@ -1,12 +1,16 @@
 #include "core/trace.h"
 
+#include <fmt/format.h>
+
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <vector>
 
-#include <fmt/format.h>
+#include "core/error.h"
 
 namespace weft::trace {
 namespace {
@@ -60,6 +64,15 @@ uint64_t now_us() {
 }
 
 void set_rank(int rank) { rec().rank = rank; }
+
+void check_writable() {
+  Recorder& r = rec();
+  if (!r.on) return;
+  const std::string file = fmt::format("{}.rank{}.json", r.path, r.rank);
+  std::FILE* f = std::fopen(file.c_str(), "a");
+  WEFT_CHECK(f, "WEFT_TRACE={}: cannot write the trace file {}: {}", r.path, file, std::strerror(errno));
+  std::fclose(f);
+}
 
 void record(const std::string& name, const char* category, uint64_t start_us, uint64_t dur_us, int tid) {
   Recorder& r = rec();

@@ -11,6 +11,9 @@ namespace weft::trace {
 bool enabled();
 uint64_t now_us();
 void set_rank(int rank);
+// Throws weft::Error naming WEFT_TRACE when this process's trace file cannot be written, so a run
+// fails at its start instead of losing its trace at the end (a no-op when tracing is off).
+void check_writable();
 // A finished span [start_us, start_us + dur_us) on lane `tid`.
 void record(const std::string& name, const char* category, uint64_t start_us, uint64_t dur_us, int tid = 0);
 void flush();  // writes the file (idempotent; later events are appended on the next flush)

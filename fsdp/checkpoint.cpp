@@ -14,6 +14,7 @@
 
 #include "core/atomic_file.h"
 #include "core/copy.h"
+#include "core/element_search.h"
 #include "core/grad_mode.h"
 #include "core/safetensors.h"
 #include "core/sha256.h"
@@ -196,7 +197,7 @@ std::string save_checkpoint(const std::string& dir, nn::Module& model, const nn:
       WEFT_CHECK(std::fwrite(text.data(), 1, text.size(), f) == text.size(), "save_checkpoint: writing {} failed",
                  index_path);
     });
-    publish_checkpoint(tmp, final_dir, options.keep_last);
+    publish_checkpoint(tmp, final_dir, options.keep_last, options.keep_also);
   });
   return final_dir.string();
 }
@@ -223,6 +224,9 @@ CheckpointProgress load_checkpoint(const std::string& path, nn::Module& model, n
                  index_path, key, describe(*e), shape_str(t.placement.global_shape));
       Tensor value = empty(t.local.shape(), {.dtype = t.local.dtype()});
       assemble_from_pieces(key, value, t.placement, source.pieces(*e));
+      if (auto bad = find_nonfinite(value))
+        WEFT_ERROR("checkpoint: {}: \"{}\" holds {} (of this rank's part): the checkpoint was written from state "
+                   "that is not finite; resume from an earlier one", index_path, key, bad->str());
       model_values.emplace_back(t.local, value);
     }
     auto tied = tied_parameter_names(model);
@@ -251,6 +255,11 @@ CheckpointProgress load_checkpoint(const std::string& path, nn::Module& model, n
       }
       Tensor value = empty(want.local_shape(), {.dtype = e.dtype});
       assemble_from_pieces(e.key, value, want, source.pieces(e));
+      try {
+        opt->check_state(e.key, state.empty() ? key : state, value);
+      } catch (const Error& err) {
+        WEFT_ERROR("checkpoint: {}: {}; resume from an earlier checkpoint", index_path, err.what());
+      }
       named.emplace_back(key, value);
     }
     have_optim = !named.empty();

@@ -9,10 +9,14 @@
 //   DIR/step_00000100/rank_00000.safetensors ... rank_<N-1>.safetensors
 //
 // A checkpoint is written to DIR/.tmp-step_<step> (files fsync'ed) and renamed into place only
-// when complete, so a crash leaves the previous checkpoints valid; keep_last removes the oldest.
+// when complete, so a crash leaves the previous checkpoints valid; keep_last removes the oldest
+// but never the one with the best recorded loss. A training run claims its directory first
+// (claim_checkpoint_dir): a second run writing to it is refused, naming the first.
 // The directory must be visible to every rank (a shared filesystem across hosts).
 #pragma once
 #include <map>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,10 +33,16 @@ struct CheckpointProgress {
                                               // the metadata of consolidated files
   std::map<std::string, std::string> aliases;  // extra names a consolidated file repeats: name -> parameter
                                                // (e.g. nanoGPT's lm_head.weight for a tied head)
+  std::optional<double> loss;  // the training loss logged at `step` (NaN and infinity kept as such)
 };
 
 struct SaveOptions {
-  int keep_last = 0;  // keep only the K newest complete checkpoints under the directory (0: all)
+  // Keep only the K newest complete checkpoints under the directory (0: all) and, besides them,
+  // the one with the lowest finite recorded loss (the newest of equals), so that a diverging run
+  // cannot rotate away every checkpoint it wrote before diverging.
+  int keep_last = 0;
+  // A checkpoint keep_last must not remove either (a trainer's newest checkpoint known to resume).
+  std::string keep_also;
 };
 
 // Writes `dir`/step_<step>/ (replacing a checkpoint of the same step) and returns its path. A
@@ -46,6 +56,26 @@ std::string save_checkpoint(const std::string& dir, nn::Module& model, const nn:
 // with the highest step; empty when there is none.
 std::string latest_checkpoint(const std::string& path);
 
+// The complete checkpoints under `dir` older than its `keep_last` newest (none when keep_last is
+// 0): after a save with keep_last, those it kept for their loss or as keep_also.
+std::vector<std::string> older_kept_checkpoints(const std::string& dir, int keep_last);
+
+// Held by the one process of a training run that writes `dir` (rank 0 of the job): an exclusive
+// lock on DIR/.lock (flock, released when the process ends, however it ends) holding the
+// holder's host, pid and start time. Claiming a directory another live process holds throws a
+// weft::Error naming that holder; once claimed, the leftovers of saves that were killed before
+// publishing (.tmp-step_*, .old-step_*) are removed, since no one else can be writing them.
+class CheckpointDirLock {
+ public:
+  explicit CheckpointDirLock(const std::string& dir);
+  ~CheckpointDirLock();
+  CheckpointDirLock(const CheckpointDirLock&) = delete;
+  CheckpointDirLock& operator=(const CheckpointDirLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
 struct LoadOptions {
   bool verify = true;       // check each file's size and sha256 before reading it
   bool restore_rng = true;  // the default generator's state: this rank's as saved (rank 0's at ranks
@@ -57,7 +87,8 @@ struct LoadOptions {
 // A collective call on every rank of root's mesh. All or nothing: every rank reads and checks
 // everything before any tensor is written, and a failure on one rank fails all of them. Errors
 // name the file and the key (a missing or truncated file, a hash mismatch, a tensor the model
-// does not have or has in another shape).
+// does not have or has in another shape, a tensor in a shard file that the index does not list,
+// a NaN or infinity, optimizer state the optimizer refuses: nn::Optimizer::check_state).
 CheckpointProgress load_checkpoint(const std::string& path, nn::Module& model, nn::Optimizer* opt, const FSDPModule* root,
                               const LoadOptions& options = {});
 
@@ -104,13 +135,16 @@ struct VerifyReport {
   uint64_t bytes = 0;
 };
 // Checks that every file exists with its recorded size and sha256, that each holds exactly the
-// pieces the index names with their dtypes and shapes, and that the pieces of every tensor
-// cover it once. Throws a weft::Error naming the file and key of the first problem.
+// pieces the index names with their dtypes and shapes, that the pieces of every tensor cover it
+// once, and that every floating value is finite. Throws a weft::Error naming the file and key of
+// the first problem.
 VerifyReport verify_checkpoint(const std::string& path);
 
 // Writes the whole model (unsharded, names without the "model." prefix, plus the aliases) to
 // one safetensors file, assembling one tensor at a time; with `with_optimizer` the optimizer's
-// state too, under "optim.". The file's metadata is the app's description and the step.
-void consolidate_checkpoint(const std::string& path, const std::string& out, bool with_optimizer = false);
+// state too, under "optim.". The file's metadata is the app's description and the step. A NaN or
+// infinity is an error naming the tensor (nothing is written) unless `allow_nonfinite`.
+void consolidate_checkpoint(const std::string& path, const std::string& out, bool with_optimizer = false,
+                            bool allow_nonfinite = false);
 
 }  // namespace weft::fsdp

@@ -1,6 +1,16 @@
 #include "fsdp/checkpoint_dir.h"
 
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <ctime>
+#include <fcntl.h>
+#include <fmt/chrono.h>
 #include <fmt/format.h>
+#include <limits>
+#include <optional>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include "core/atomic_file.h"
 #include "fsdp/checkpoint.h"
@@ -25,17 +35,36 @@ int64_t step_of(const std::string& name, const std::string& prefix) {
 }
 
 // Leftovers of saves that stopped before publishing (".tmp-step_N", ".old-step_N") for steps
-// up to the one just published: a training run saves its steps in order, so nothing can still
-// be writing them. Later steps' leftovers are kept (another run may own them).
-void remove_stale_temporaries(const fs::path& dir, int64_t published) {
+// up to `up_to`: a training run saves its steps in order, so nothing can still be writing them.
+// Later steps' leftovers are kept (another run may own them) unless the caller holds the lock.
+void remove_stale_temporaries(const fs::path& dir, int64_t up_to) {
   std::error_code ec;
   std::vector<fs::path> stale;
   for (auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
     int64_t step = std::max(step_of(name, ".tmp-"), step_of(name, ".old-"));
-    if (step >= 0 && step <= published) stale.push_back(e.path());
+    if (step >= 0 && step <= up_to) stale.push_back(e.path());
   }
   for (const fs::path& p : stale) fs::remove_all(p, ec);  // best effort: the checkpoint is already safe
+}
+
+// The complete checkpoint with the lowest finite recorded loss (the newest of equals); none when
+// no checkpoint records one. An index that cannot be read counts as recording none.
+std::optional<fs::path> best_checkpoint(const std::map<int64_t, fs::path>& all) {
+  std::optional<fs::path> best;
+  double best_loss = 0;
+  for (auto& [step, path] : all) {
+    std::optional<double> loss;
+    try {
+      loss = read_checkpoint_index(path.string()).training.loss;
+    } catch (const Error&) {
+    }
+    if (loss && std::isfinite(*loss) && (!best || *loss <= best_loss)) {
+      best = path;
+      best_loss = *loss;
+    }
+  }
+  return best;
 }
 
 }  // namespace
@@ -52,7 +81,7 @@ std::map<int64_t, fs::path> complete_checkpoints(const fs::path& dir) {
   return out;
 }
 
-void publish_checkpoint(const fs::path& tmp, const fs::path& final_dir, int keep_last) {
+void publish_checkpoint(const fs::path& tmp, const fs::path& final_dir, int keep_last, const std::string& keep_also) {
   fsync_directory(tmp.string());
   fs::path old = final_dir.parent_path() / (".old-" + final_dir.filename().string());
   if (fs::exists(final_dir)) {
@@ -65,11 +94,56 @@ void publish_checkpoint(const fs::path& tmp, const fs::path& final_dir, int keep
   remove_stale_temporaries(final_dir.parent_path(), step_of(final_dir.filename().string(), ""));
   if (keep_last <= 0) return;
   auto all = complete_checkpoints(final_dir.parent_path());
+  const std::optional<fs::path> best = best_checkpoint(all);
   int excess = int(all.size()) - keep_last;
   for (auto& [step, path] : all) {
     if (excess-- <= 0) break;
-    if (path != final_dir) fs::remove_all(path);
+    std::error_code ec;
+    if (path != final_dir && path != best && !(!keep_also.empty() && fs::equivalent(path, keep_also, ec)))
+      fs::remove_all(path);
   }
+}
+
+std::vector<std::string> older_kept_checkpoints(const std::string& dir, int keep_last) {
+  std::vector<std::string> out;
+  if (keep_last <= 0) return out;
+  auto all = complete_checkpoints(dir);
+  for (auto& [step, path] : all)
+    if (int(out.size()) < int(all.size()) - keep_last) out.push_back(path.string());
+  return out;
+}
+
+CheckpointDirLock::CheckpointDirLock(const std::string& dir) {
+  fs::create_directories(dir);
+  const std::string path = (fs::path(dir) / ".lock").string();
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  WEFT_CHECK(fd_ >= 0, "checkpoint: cannot open the lock file {}: {}", path, std::strerror(errno));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    char buf[512] = {};
+    const ssize_t n = ::pread(fd_, buf, sizeof buf - 1, 0);
+    ::close(fd_);
+    fd_ = -1;
+    WEFT_CHECK(err != EWOULDBLOCK, "checkpoint: {} is in use by another run ({}): two runs writing one checkpoint "
+               "directory would rotate away each other's checkpoints; give this run its own directory, or stop the "
+               "other", dir, n > 0 ? std::string(buf, size_t(n)) : std::string("holder unknown"));
+    WEFT_ERROR("checkpoint: cannot lock {}: {}", path, std::strerror(err));
+  }
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  const std::string who = fmt::format("host {}, pid {}, since {:%Y-%m-%d %H:%M:%S} UTC", host, ::getpid(),
+                                      fmt::gmtime(std::time(nullptr)));
+  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, who.data(), who.size(), 0) != ssize_t(who.size())) {
+    const int err = errno;
+    ::close(fd_);
+    WEFT_ERROR("checkpoint: cannot write the lock file {}: {}", path, std::strerror(err));
+  }
+  // Every leftover is stale now: only the holder of the lock saves here.
+  remove_stale_temporaries(dir, std::numeric_limits<int64_t>::max());
+}
+
+CheckpointDirLock::~CheckpointDirLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the lock; the file stays (removing it would race a new holder)
 }
 
 std::string latest_checkpoint(const std::string& path) {

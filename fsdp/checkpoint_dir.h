@@ -21,7 +21,9 @@ std::map<int64_t, std::filesystem::path> complete_checkpoints(const std::filesys
 // Moves the finished `tmp` to `final_dir` (replacing a checkpoint of the same step, which is
 // removed only after), fsync'ing both directories; removes the leftovers of saves that stopped
 // before publishing (.tmp-/.old-step_N) for steps up to this one; then keeps only the
-// `keep_last` newest complete checkpoints beside it (0: all), never removing `final_dir` itself.
-void publish_checkpoint(const std::filesystem::path& tmp, const std::filesystem::path& final_dir, int keep_last);
+// `keep_last` newest complete checkpoints beside it (0: all) and the one with the best recorded
+// loss (SaveOptions), never removing `final_dir` itself nor `keep_also`.
+void publish_checkpoint(const std::filesystem::path& tmp, const std::filesystem::path& final_dir, int keep_last,
+                        const std::string& keep_also);
 
 }  // namespace weft::fsdp

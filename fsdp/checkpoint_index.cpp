@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -71,6 +72,8 @@ std::string checkpoint_index_json(const CheckpointIndex& ix) {
   j["format_version"] = ix.format_version;
   j["weft_version"] = ix.weft_version;
   j["step"] = ix.training.step;
+  // JSON has no NaN or infinity: a non-finite loss is written as the string "nan", "inf" or "-inf".
+  if (const auto& l = ix.training.loss) j["loss"] = std::isfinite(*l) ? Json(*l) : Json(fmt::format("{}", *l));
   j["world_size"] = ix.world_size;
   j["num_shards"] = ix.num_shards;
   j["mesh"] = {{"shape", ix.mesh_shape}, {"dim_names", ix.mesh_dim_names}};
@@ -138,6 +141,11 @@ CheckpointIndex read_checkpoint_index(const std::string& path) {
   ix.weft_version = r.string(j, "weft_version");
   ix.training.step = r.integer(j, "step");
   WEFT_CHECK(ix.training.step >= 0, "checkpoint: {}: step {} is negative", r.path, ix.training.step);
+  if (auto it = j.find("loss"); it != j.end()) {  // absent: no loss was recorded
+    if (it->is_number()) ix.training.loss = it->get<double>();
+    else if (*it == "nan" || *it == "inf" || *it == "-inf") ix.training.loss = std::stod(it->get<std::string>());
+    else r.fail("loss", "is " + it->dump() + ", not a number, \"nan\", \"inf\" or \"-inf\"");
+  }
   ix.world_size = int(r.integer(j, "world_size"));
   ix.num_shards = int(r.integer(j, "num_shards"));
   WEFT_CHECK(ix.num_shards >= 1 && ix.world_size >= ix.num_shards, "checkpoint: {}: num_shards {} and world_size {} "

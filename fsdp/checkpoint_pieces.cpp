@@ -1,6 +1,7 @@
 #include "fsdp/checkpoint_pieces.h"
 
 #include <filesystem>
+#include <set>
 
 #include "core/sha256.h"
 #include "fsdp/checkpoint_index.h"
@@ -28,6 +29,15 @@ SafetensorsReader& PieceSource::open(const std::string& file) {
     for (auto& f : index_.files)
       if (f.name == file) check_file(f);
   auto reader = std::make_unique<SafetensorsReader>(index_.file_path(file));
+  // A tensor the index does not place in this file is not the checkpoint the index describes
+  // (a file from another save, or an edited one): refuse it rather than ignore it.
+  std::set<std::string> listed;
+  for (auto& e : index_.tensors)
+    for (auto& sh : e.shards)
+      if (sh.file == file) listed.insert(e.key);
+  for (auto& e : reader->entries())
+    WEFT_CHECK(listed.count(e.name), "checkpoint: {} holds \"{}\", which the index does not list there",
+               index_.file_path(file), e.name);
   return *readers_.emplace(file, std::move(reader)).first->second;
 }
 

@@ -5,6 +5,7 @@
 #include <map>
 #include <set>
 
+#include "core/element_search.h"
 #include "fsdp/checkpoint.h"
 #include "fsdp/checkpoint_index.h"
 #include "fsdp/checkpoint_pieces.h"
@@ -15,10 +16,9 @@ VerifyReport verify_checkpoint(const std::string& path) {
   CheckpointIndex index = read_checkpoint_index(path);
   PieceSource source(index, false);
   VerifyReport report;
-  std::map<std::string, std::set<std::string>> unlisted;  // file -> tensors no index entry claimed yet
   for (auto& f : index.files) {
     source.check_file(f);
-    for (auto& e : source.open(f.name).entries()) unlisted[f.name].insert(e.name);
+    source.open(f.name);  // refuses a tensor the index does not list in the file
     ++report.files;
     report.bytes += f.bytes;
   }
@@ -41,19 +41,19 @@ VerifyReport verify_checkpoint(const std::string& path) {
       WEFT_CHECK(se->dtype == e.dtype && se->shape == pl.local_shape(), "checkpoint: {}: \"{}\" is {} {} but the "
                  "index needs {} {} ({})", index.file_path(s.file), e.key, safetensors_dtype_name(se->dtype),
                  shape_str(se->shape), safetensors_dtype_name(e.dtype), shape_str(pl.local_shape()), pl.str());
-      unlisted[s.file].erase(e.key);
+      if (auto bad = find_nonfinite(source.read(s.file, e)))
+        WEFT_ERROR("checkpoint: {}: \"{}\" holds {} (element of this file's piece): the checkpoint was written from "
+                   "state that is not finite", index.file_path(s.file), e.key, bad->str());
     }
     WEFT_CHECK(!shards.empty() && (e.shard_dim < 0 || end == extent), "checkpoint: {}: the pieces of \"{}\" cover {} "
                "of the {} indices of dim {}", index.dir, e.key, end, extent, e.shard_dim);
     ++report.tensors;
   }
-  for (auto& [file, names] : unlisted)
-    WEFT_CHECK(names.empty(), "checkpoint: {} holds \"{}\", which the index does not list", index.file_path(file),
-               names.empty() ? "" : *names.begin());
   return report;
 }
 
-void consolidate_checkpoint(const std::string& path, const std::string& out, bool with_optimizer) {
+void consolidate_checkpoint(const std::string& path, const std::string& out, bool with_optimizer,
+                            bool allow_nonfinite) {
   CheckpointIndex index = read_checkpoint_index(path);
   PieceSource source(index, true);
   std::vector<SafetensorsEntry> entries;
@@ -74,7 +74,13 @@ void consolidate_checkpoint(const std::string& path, const std::string& out, boo
   Metadata meta(index.training.app.begin(), index.training.app.end());
   meta["step"] = std::to_string(index.training.step);
   meta["weft_version"] = index.weft_version;
-  save_safetensors(out, entries, [&](size_t i) { return source.full(*from[i]); }, meta);
+  save_safetensors(out, entries, [&](size_t i) {
+    Tensor t = source.full(*from[i]);
+    if (auto bad = allow_nonfinite ? std::nullopt : find_nonfinite(t))
+      WEFT_ERROR("checkpoint: {}: \"{}\" holds {}; nothing was written (allow it explicitly to copy it anyway)",
+                 index.dir, from[i]->key, bad->str());
+    return t;
+  }, meta);
 }
 
 }  // namespace weft::fsdp

@@ -4,6 +4,7 @@
 
 #include "core/allocator.h"
 #include "core/autograd_meta.h"
+#include "core/element_search.h"
 #include "core/grad_mode.h"
 #include "core/trace.h"
 #include "kernels/elementwise.h"
@@ -124,6 +125,7 @@ void Optimizer::load_state_dict(const NamedTensorList& state) {
         WEFT_CHECK(!per_element || t.shape() == p.shape(),
                    "{}.load_state_dict: state \"{}\" has shape {} but its parameter has shape {}", name_, it->first,
                    shape_str(t.shape()), shape_str(p.shape()));
+        check_state(it->first, k, t);
         new_state[p.impl()][k] = per_element ? t.to(p.device(), p.dtype()).contiguous().clone() : t.clone();
         it = given.erase(it);
       }
@@ -132,6 +134,12 @@ void Optimizer::load_state_dict(const NamedTensorList& state) {
   WEFT_CHECK(given.empty(), "{}.load_state_dict: unexpected key \"{}\"", name_, given.begin()->first);
   for (size_t g = 0; g < groups_.size(); ++g) groups_[g].options = options[g];
   state_ = std::move(new_state);
+}
+
+void Optimizer::check_state(const std::string& key, const std::string& state, const Tensor& value) const {
+  (void)state;
+  if (auto bad = find_nonfinite(value))
+    WEFT_ERROR("{}: state \"{}\" holds {}: optimizer state must be finite", name_, key, bad->str());
 }
 
 // ---------------------------------------------------------------- SGD
@@ -191,6 +199,14 @@ Adam::Adam(std::string name, std::vector<ParamGroup> groups, AdamOptions o, bool
     WEFT_CHECK(g.options["eps"] >= 0 && g.options["weight_decay"] >= 0, "{}: eps and weight_decay must be >= 0",
                name_);
   }
+}
+
+void Adam::check_state(const std::string& key, const std::string& state, const Tensor& value) const {
+  Optimizer::check_state(key, state, value);
+  // Second moments are running means of squares, and the step a count: never negative.
+  if (state == "exp_avg_sq" || state == "max_exp_avg_sq" || state == "step")
+    if (auto bad = find_element(value, [](double v) { return v < 0; }))
+      WEFT_ERROR("{}: state \"{}\" holds {}: {} cannot be negative", name_, key, bad->str(), state);
 }
 
 void Adam::step() {

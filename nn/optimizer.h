@@ -37,8 +37,13 @@ class Optimizer {
   void set_lr(double lr);  // all groups
 
   NamedTensorList state_dict() const;
-  // Restores options and state; the parameter layout (groups, sizes, shapes) must match.
+  // Restores options and state; the parameter layout (groups, sizes, shapes) must match, and
+  // every state tensor must pass check_state.
   void load_state_dict(const NamedTensorList& state);
+  // Throws naming `key` when `value` cannot be per-parameter state `state` (e.g. "exp_avg") of
+  // this optimizer: a NaN or an infinity anywhere; Adam adds a negative second moment or step.
+  // A checkpoint loader calls it with its own names for the entries.
+  virtual void check_state(const std::string& key, const std::string& state, const Tensor& value) const;
 
  protected:
   // `defaults` lists every option this optimizer knows; groups may override some.
@@ -83,6 +88,7 @@ class Adam : public Optimizer {
   Adam(std::vector<Tensor> params, AdamOptions opts);
   Adam(std::vector<ParamGroup> groups, AdamOptions opts);
   void step() override;
+  void check_state(const std::string& key, const std::string& state, const Tensor& value) const override;
 
  protected:
   Adam(std::string name, std::vector<ParamGroup> groups, AdamOptions opts, bool decoupled);

@@ -291,6 +291,13 @@ TEST_CASE("byte counts as WEFT_MEMORY_LIMIT takes them") {
   CHECK(parse_bytes("3M", "x") == 3 << 20);
   CHECK(parse_bytes("2GiB", "x") == int64_t(2) << 30);
   CHECK(parse_bytes("1T", "x") == int64_t(1) << 40);
+  // Every count up to 2^63-1 bytes, and none beyond.
+  CHECK(parse_bytes("1000000000000000", "x") == int64_t(1000000000000000));
+  CHECK(parse_bytes("9223372036854775807", "x") == std::numeric_limits<int64_t>::max());
+  CHECK(parse_bytes("8388607T", "x") == int64_t(8388607) << 40);
+  CHECK(parse_bytes("0009223372036854775807", "x") == std::numeric_limits<int64_t>::max());
+  for (const char* big : {"9223372036854775808", "8388608T", "18446744073709551616"})
+    CHECK_THROWS_WITH(parse_bytes(big, "x"), Catch::Contains("more than 2^63-1 bytes"));
   for (const char* bad : {"", "12X", "-5", "1.5G", "M", "99999999999999999999"})
     CHECK_THROWS_WITH(parse_bytes(bad, "WEFT_MEMORY_LIMIT"), Catch::Contains("WEFT_MEMORY_LIMIT: \"" + std::string(bad) + "\""));
 }

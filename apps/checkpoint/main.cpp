@@ -1,7 +1,7 @@
 // weft-checkpoint: looks after checkpoint directories written by fsdp::save_checkpoint (see
 // docs/CHECKPOINTS.md), in one process, at any size of the run that wrote them.
 //   weft-checkpoint inspect DIR                      the index as a table
-//   weft-checkpoint verify DIR                       sizes, sha256s, shapes and coverage
+//   weft-checkpoint verify DIR                       sizes, sha256s, shapes, coverage, finite values
 //   weft-checkpoint consolidate DIR OUT.safetensors  one ordinary file with the full model
 // DIR is a checkpoint (holding index.json) or a directory of them (the latest is used).
 #include <CLI/CLI.hpp>
@@ -63,7 +63,8 @@ int inspect(const std::string& dir) {
 
 int verify(const std::string& dir) {
   fsdp::VerifyReport r = fsdp::verify_checkpoint(dir);
-  std::printf("ok: %s: %zu file(s), %s, %zu tensors; sizes, sha256s, shapes and coverage match the index\n",
+  std::printf("ok: %s: %zu file(s), %s, %zu tensors; sizes, sha256s, shapes and coverage match the index, and "
+              "every value is finite\n",
               fsdp::latest_checkpoint(dir).c_str(), r.files, human_bytes(r.bytes).c_str(), r.tensors);
   return 0;
 }
@@ -74,22 +75,24 @@ int main(int argc, char** argv) {
   CLI::App app{"weft-checkpoint: inspect, verify and consolidate weft checkpoint directories"};
   app.require_subcommand(1);
   std::string dir, out;
-  bool with_optimizer = false;
+  bool with_optimizer = false, allow_nonfinite = false;
   auto* ins = app.add_subcommand("inspect", "print the index: step, mesh, files and every tensor's placement");
   ins->add_option("DIR", dir, "checkpoint directory (or a directory of them: the latest)")->required();
-  auto* ver = app.add_subcommand("verify", "check every file's size and sha256 and every tensor's pieces");
+  auto* ver = app.add_subcommand("verify", "check every file's size and sha256, every tensor's pieces, and that "
+                                 "every value is finite");
   ver->add_option("DIR", dir, "checkpoint directory (or a directory of them: the latest)")->required();
   auto* con = app.add_subcommand("consolidate", "write the full (unsharded) model to one safetensors file");
   con->add_option("DIR", dir, "checkpoint directory (or a directory of them: the latest)")->required();
   con->add_option("OUT", out, "output .safetensors file (loads with Python's safetensors and PyTorch)")->required();
   con->add_flag("--with-optimizer", with_optimizer, "also write the optimizer state, under \"optim.\"");
+  con->add_flag("--allow-nonfinite", allow_nonfinite, "copy tensors holding NaN or infinity (refused by default)");
   app.footer("Files written by consolidate carry the model's own names (nanoGPT's for weft-transformer, with\n"
              "lm_head.weight repeated for a tied head) and the app's config in their metadata.");
   CLI11_PARSE(app, argc, argv);
   try {
     if (ins->parsed()) return inspect(dir);
     if (ver->parsed()) return verify(dir);
-    fsdp::consolidate_checkpoint(dir, out, with_optimizer);
+    fsdp::consolidate_checkpoint(dir, out, with_optimizer, allow_nonfinite);
     auto entries = read_safetensors_index(out);
     std::fprintf(stderr, "wrote %s: %zu tensors from %s\n", out.c_str(), entries.size(),
                  fsdp::latest_checkpoint(dir).c_str());

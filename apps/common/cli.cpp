@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <limits>
 
+#include "core/allocator.h"
 #include "core/error.h"
 
 namespace weft::apps::cli {
@@ -33,6 +34,21 @@ std::string parse_number(const std::string& text, double& v) {
 }
 
 }  // namespace
+
+CLI::Validator bytes() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        if (text.empty()) return "expected a byte count (e.g. 900M), got an empty string";
+        try {
+          parse_bytes(text, "");
+        } catch (const Error& e) {
+          std::string m = e.what();  // ": \"TEXT\" is not ... (at FILE:LINE)": keep the middle
+          return m.substr(m.find('"'), m.rfind(" (at ") - m.find('"'));
+        }
+        return "";
+      },
+      "BYTES");
+}
 
 std::string check_integer(const std::string& text, int64_t lo, int64_t hi) {
   int64_t v = 0;

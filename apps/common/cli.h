@@ -23,6 +23,9 @@ CLI::Validator number_above(double lo);           // > lo
 CLI::Validator number_from(double lo, double hi);  // lo <= x <= hi
 CLI::Validator number_in_half_open(double lo, double hi);  // lo <= x < hi
 
+// A byte count as weft::parse_bytes reads it (e.g. 900M, up to 2^63-1 bytes); "" is refused.
+CLI::Validator bytes();
+
 // The same checks as functions: "" when `text` is fine, otherwise the message.
 std::string check_integer(const std::string& text, int64_t lo, int64_t hi);
 

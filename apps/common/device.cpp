@@ -11,17 +11,18 @@ Device parse_device(const std::string& name, const char* app) {
   int index = -1;  // "cuda": this rank's GPU
   if (name.rfind("cuda:", 0) == 0) {
     const std::string digits = name.substr(5);
-    WEFT_CHECK(!digits.empty() && digits.size() < 4 && digits.find_first_not_of("0123456789") == std::string::npos,
+    WEFT_CHECK(!digits.empty() && digits.size() <= 9 && digits.find_first_not_of("0123456789") == std::string::npos,
                "{}: --device {}: expected cpu, cuda or cuda:N", app, name);
     index = std::stoi(digits);
   } else {
     WEFT_CHECK(name == "cuda", "{}: --device {}: expected cpu, cuda or cuda:N", app, name);
   }
   const int count = device_count(DeviceType::cuda);
+  WEFT_CHECK(index < count || index < 0, "{}: --device {}: there is no such device: {}", app, name,
+             count == 0 ? cuda_unavailable_reason()
+                        : fmt::format("only {} CUDA device(s) are visible (cuda:0 to cuda:{})", count, count - 1));
   WEFT_CHECK(count > 0, "{}: --device {}: {}; use --device cpu", app, name, cuda_unavailable_reason());
   if (index < 0) return dist::local_device(DeviceType::cuda);
-  WEFT_CHECK(index < count, "{}: --device {}: only {} CUDA device(s) are visible (cuda:0 to cuda:{})", app, name,
-             count, count - 1);
   return Device::cuda(index);
 }
 

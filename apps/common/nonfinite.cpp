@@ -40,14 +40,22 @@ OnNan parse_on_nan(const std::string& s) {
 }
 
 void stop_on_nonfinite_loss(const std::string& program, double loss, int64_t step, const Ranks& ranks,
-                            const std::string& last_checkpoint) {
+                            const std::string& checkpoint_advice) {
   std::string msg = fmt::format(
       "{}: the loss is {} at step {}{}; training stopped; {} — lower --lr or use --on-nan skip", program,
       describe_value(loss), step,
-      ranks.fsdp ? fmt::format(" (the mean over {} ranks)", ranks.world) : std::string(),
-      last_checkpoint.empty() ? std::string("no checkpoint was written")
-                              : fmt::format("the last good checkpoint is {}", last_checkpoint));
+      ranks.fsdp ? fmt::format(" (the mean over {} ranks)", ranks.world) : std::string(), checkpoint_advice);
   throw dist::AgreedError(msg, 0);
+}
+
+void SkipLimit::step_done(int64_t step, bool skipped, const std::string& checkpoint_advice) {
+  in_a_row_ = skipped ? in_a_row_ + 1 : 0;
+  total_ += skipped ? 1 : 0;
+  if (in_a_row_ < max_) return;
+  throw dist::AgreedError(fmt::format("{}: the loss was not finite for {} steps in a row (steps {} to {}; "
+                                      "--max-skipped-steps {}): skipping updates does not bring a diverged model "
+                                      "back; training stopped; {} — lower --lr", program_, in_a_row_,
+                                      step - in_a_row_ + 1, step, max_, checkpoint_advice), 0);
 }
 
 }  // namespace weft::apps

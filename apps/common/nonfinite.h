@@ -26,7 +26,22 @@ OnNan parse_on_nan(const std::string& s);
 
 // For --on-nan error: throws dist::AgreedError on every rank with the same message (the loss is
 // already averaged over ranks, so every rank decides the same and none is left waiting).
+// `checkpoint_advice` names the checkpoint to resume from (CheckpointWatch::advice).
 [[noreturn]] void stop_on_nonfinite_loss(const std::string& program, double loss, int64_t step, const Ranks& ranks,
-                                         const std::string& last_checkpoint);
+                                         const std::string& checkpoint_advice);
+
+// For --on-nan skip: counts the steps skipped in a row and, after `max_in_a_row` of them, gives
+// up as stop_on_nonfinite_loss does (a diverged model does not recover by skipping updates).
+class SkipLimit {
+ public:
+  SkipLimit(const std::string& program, int64_t max_in_a_row) : program_(program), max_(max_in_a_row) {}
+  // After each step: whether its update was skipped. Throws dist::AgreedError at the limit.
+  void step_done(int64_t step, bool skipped, const std::string& checkpoint_advice);
+  int64_t total() const { return total_; }
+
+ private:
+  std::string program_;
+  int64_t max_, in_a_row_ = 0, total_ = 0;
+};
 
 }  // namespace weft::apps

@@ -16,7 +16,8 @@ void add_plan_flags(CLI::App& cmd, PlanFlags& f) {
       ->check(cli::integer(1, 1 << 20));
   cmd.add_option("--memory-budget", f.budget,
                  "bytes per rank training may use (e.g. 900M): the planner picks reshard-after-forward per block and "
-                 "activation checkpointing to fit, or stops saying by how much it cannot");
+                 "activation checkpointing to fit, or stops saying by how much it cannot")
+      ->check(cli::bytes());
 }
 
 std::optional<fsdp::MemoryPlan> plan_from_flags(const PlanFlags& f, fsdp::MemoryPlanRequest request,

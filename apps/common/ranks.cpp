@@ -4,6 +4,8 @@
 #include <cstdlib>
 
 #include "core/tensor.h"
+#include "core/trace.h"
+#include "dist/agree.h"
 
 namespace weft::apps {
 
@@ -15,11 +17,15 @@ std::vector<dist::ProcessGroupPtr> Ranks::groups() const {
 Ranks start_ranks(const std::string& program, bool fsdp, dist::ConfigSettings launch, const dist::ConfigSettings& shared) {
   const char* n = std::getenv("OMPI_COMM_WORLD_SIZE");
   const int launched = n ? std::atoi(n) : 1;
-  if (!fsdp && launched <= 1) return {};
+  if (!fsdp && launched <= 1) {
+    trace::check_writable();
+    return {};
+  }
   dist::init();
   launch.insert(launch.begin(), {"--fsdp", fsdp ? "true" : "false"});
   dist::check_same_config(launch, program);  // before any other collective
   if (!fsdp) {
+    trace::check_writable();
     if (dist::rank() == 0)
       std::fprintf(stderr, "%s: note: started by mpirun with %d processes but without --fsdp: each trains its own copy "
                    "of the model\n", program.c_str(), launched);
@@ -27,6 +33,7 @@ Ranks start_ranks(const std::string& program, bool fsdp, dist::ConfigSettings la
   }
   Ranks ranks{.fsdp = true, .rank = dist::rank(), .world = dist::world_size()};
   dist::check_same_config(shared, program);
+  dist::agree(ranks.groups(), program, [] { trace::check_writable(); });
   return ranks;
 }
 

@@ -15,6 +15,23 @@ void check_resumed_setting(const std::map<std::string, std::string>& app, const 
              "new run)", program, where, flag, it->second, flag, value, why, flag, it->second);
 }
 
+void check_resumed_data(const std::map<std::string, std::string>& app, const std::map<std::string, std::string>& now,
+                        const std::string& what, const std::string& source, const std::string& where,
+                        const std::string& program) {
+  std::string recorded, given;
+  bool differ = false;
+  for (auto& [key, value] : now) {
+    auto it = app.find(key);
+    if (it == app.end()) continue;
+    recorded += fmt::format("{}{} {}", recorded.empty() ? "" : ", ", key, it->second);
+    given += fmt::format("{}{} {}", given.empty() ? "" : ", ", key, value);
+    differ |= it->second != value;
+  }
+  WEFT_CHECK(!differ, "{}: {} was written with a {} of {} but {} gives {}: the data position counts into that {}, so "
+             "resuming on other data would not continue the run; give the same data (or start a new run)", program,
+             where, what, recorded, source, given, what);
+}
+
 int64_t data_position(const std::map<std::string, int64_t>& data, const std::string& key, int64_t lo, int64_t hi,
                       const std::string& where, const std::string& program) {
   auto it = data.find(key);

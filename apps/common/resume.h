@@ -17,6 +17,14 @@ void check_resumed_setting(const std::map<std::string, std::string>& app, const 
                            const std::string& flag, const std::string& value, const std::string& why,
                            const std::string& where, const std::string& program);
 
+// The data a run resumes on must be the data the checkpoint was trained on: each of `now`'s keys
+// (e.g. train_bytes and train_sha256) must have the checkpoint's value; keys the checkpoint lacks
+// (written by an older weft) are not checked. Throws "<program>: <where> was written with a
+// <what> of <recorded> but <source> gives <now>: ..." otherwise.
+void check_resumed_data(const std::map<std::string, std::string>& app, const std::map<std::string, std::string>& now,
+                        const std::string& what, const std::string& source, const std::string& where,
+                        const std::string& program);
+
 // The data position `key` of a checkpoint, which must lie in [lo, hi]; throws naming the
 // checkpoint, the key and the range otherwise (a missing key as well).
 int64_t data_position(const std::map<std::string, int64_t>& data, const std::string& key, int64_t lo, int64_t hi,

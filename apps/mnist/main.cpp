@@ -9,8 +9,10 @@
 #include <numeric>
 #include <map>
 #include <optional>
+#include <set>
 #include <thread>
 
+#include "apps/common/checkpoint_watch.h"
 #include "apps/common/cli.h"
 #include "apps/common/device.h"
 #include "apps/common/metrics.h"
@@ -23,6 +25,7 @@
 #include "apps/mnist/idx.h"
 #include "apps/mnist/models.h"
 #include "core/safetensors.h"
+#include "core/sha256.h"
 #include "dist/config_check.h"
 #include "fsdp/fsdp.h"
 #include "weft.h"
@@ -48,6 +51,7 @@ struct Options {
   bool fsdp = false;
   std::string device = "cpu";
   std::string on_nan = "error";
+  int64_t max_skipped = 5;  // --on-nan skip: give up after this many skipped steps in a row
   apps::PlanFlags plan;
 };
 
@@ -74,6 +78,7 @@ dist::ConfigSettings shared_settings(const Options& o) {
           {"--log-every", fmt::format("{}", o.log_every)},
           {"--fsdp", o.fsdp ? "true" : "false"},
           {"--on-nan", o.on_nan},
+          {"--max-skipped-steps", fmt::format("{}", o.max_skipped)},
           {"--plan", o.plan.wanted() ? "true" : "false"},
           {"--memory-budget", o.plan.budget}};
 }
@@ -137,17 +142,28 @@ std::pair<double, double> evaluate(nn::Module& model, const apps::MnistSplit& sp
 
 // Checkpoints are fsdp::save_checkpoint directories: every rank writes its own shards, and a run
 // resumes from them at any number of ranks, with or without --fsdp (docs/CHECKPOINTS.md).
-std::map<std::string, std::string> describe(const Options& o, int64_t n_train) {
-  return {{"format", "weft-mnist"}, {"model", o.model}, {"optimizer", o.optimizer}, {"seed", std::to_string(o.seed)},
-          {"batch_size", std::to_string(o.batch_size)}, {"lr", fmt::format("{}", o.lr)},
-          {"train_samples", std::to_string(n_train)}};
+// The training set's size and content (sha256 of its images and labels): a resumed run must
+// draw its batches from the same one.
+std::map<std::string, std::string> training_set(const apps::MnistSplit& train) {
+  const Tensor images = train.images.contiguous(), labels = train.labels.contiguous();
+  const std::string both = sha256_hex(images.data_ptr(), images.nbytes()) + sha256_hex(labels.data_ptr(), labels.nbytes());
+  return {{"train_samples", std::to_string(train.images.size(0))}, {"train_sha256", sha256_hex(both.data(), both.size())}};
+}
+
+std::map<std::string, std::string> describe(const Options& o, const std::map<std::string, std::string>& train_set) {
+  std::map<std::string, std::string> d = {{"format", "weft-mnist"}, {"model", o.model}, {"optimizer", o.optimizer},
+                                          {"seed", std::to_string(o.seed)}, {"batch_size", std::to_string(o.batch_size)},
+                                          {"lr", fmt::format("{}", o.lr)}};
+  d.insert(train_set.begin(), train_set.end());
+  return d;
 }
 
 // The checkpoint --load names, checked against the flags: the model, the optimizer and everything
 // that decides the batches (seed, batch size, training set) must be the ones it was written
 // with. --epochs and --steps may change (they say how far to go on), and so may --lr: it
 // replaces the learning rate the optimizer state restores (run() says so).
-std::string checkpoint_to_load(const Options& o, int64_t n_train, int64_t steps_per_epoch) {
+std::string checkpoint_to_load(const Options& o, const std::map<std::string, std::string>& train_set,
+                               int64_t steps_per_epoch) {
   std::string where = fsdp::latest_checkpoint(o.load);
   WEFT_CHECK(!where.empty(), "mnist: no checkpoint in {} (no index.json there and no complete step_* directory)",
              o.load);
@@ -166,8 +182,7 @@ std::string checkpoint_to_load(const Options& o, int64_t n_train, int64_t steps_
   };
   same("seed", "--seed", std::to_string(o.seed), "the seed decides the order of the samples");
   same("batch_size", "--batch-size", std::to_string(o.batch_size), "the checkpoint's step counts batches of that size");
-  same("train_samples", "the training set (--data) has", std::to_string(n_train),
-       "the checkpoint's position is in that training set");
+  apps::check_resumed_data(ck.app, train_set, "training set", "--data " + o.data, where, "mnist");
   const int64_t total = o.epochs * steps_per_epoch;
   WEFT_CHECK(ck.step <= total, "mnist: {} is at step {}, beyond the {} steps of --epochs {} ({} steps per epoch): "
              "raise --epochs to go on", where, ck.step, total, o.epochs, steps_per_epoch);
@@ -246,6 +261,8 @@ int run(const Options& o, const Ranks& ranks) {
   std::string resume_from;
   std::optional<apps::MetricsWriter> metrics;
   int64_t n_train = 0, steps_per_epoch = 0;
+  std::map<std::string, std::string> train_set;  // its size and sha256, recorded in checkpoints
+  std::optional<fsdp::CheckpointDirLock> dir_lock;  // rank 0's claim on --save
   Device device = kCPU;
   std::optional<fsdp::MemoryPlan> plan;
   std::vector<bool> per_layer;  // reshard_after_forward per layer, when a memory budget chose it
@@ -259,6 +276,7 @@ int run(const Options& o, const Ranks& ranks) {
                "each rank takes an equal slice of it, so use a multiple of {}",
                o.batch_size, ranks.world, ranks.world);
     apps::check_checkpoint_dir(o.save, "--save", "mnist");
+    if (!o.save.empty() && ranks.lead() && !o.plan.only()) dir_lock.emplace(o.save);
     data = apps::load_mnist(o.data);
     n_train = data.train.images.size(0);
     steps_per_epoch = n_train / o.batch_size;  // the last partial batch is dropped
@@ -281,7 +299,8 @@ int run(const Options& o, const Ranks& ranks) {
       model = apps::make_mnist_model(o.model, data.rows, data.cols);
       model->to(device);  // initialised on the host (the same values on every device), then moved
     }
-    if (!o.load.empty()) resume_from = checkpoint_to_load(o, n_train, steps_per_epoch);
+    if (!o.save.empty() || !o.load.empty()) train_set = training_set(data.train);
+    if (!o.load.empty()) resume_from = checkpoint_to_load(o, train_set, steps_per_epoch);
     metrics.emplace(ranks.lead() ? o.metrics : std::string());  // one file, written by rank 0
   });
   if (o.plan.only()) return 0;
@@ -310,23 +329,35 @@ int run(const Options& o, const Ranks& ranks) {
     if (ranks.lead()) std::fprintf(stderr, "resumed from %s at step %lld\n", resume_from.c_str(), (long long)step);
   }
   const apps::OnNan on_nan = apps::parse_on_nan(o.on_nan);
-  std::string last_checkpoint = resume_from;  // the newest checkpoint known good
-  int64_t skipped = 0;                         // steps whose update --on-nan skip dropped
+  std::string last_checkpoint = resume_from;  // the newest checkpoint written or resumed from
+  apps::CheckpointWatch watch(resume_from, step);  // which of them are known to resume
+  apps::SkipLimit skips("mnist", o.max_skipped);  // steps whose update --on-nan skip dropped
+  std::set<std::string> kept_older;           // older checkpoints --keep-last keeps, once announced
   int64_t saved_step = -1;                     // the step of the last checkpoint this run wrote
+  double loss_v = 0;                           // the last step's loss, recorded with its checkpoint
   auto save = [&] {
     fsdp::CheckpointProgress ts{.step = step,
                            .data = {{"epoch", step / steps_per_epoch}, {"batch", step % steps_per_epoch}},
-                           .app = describe(o, n_train)};
+                           .app = describe(o, train_set),
+                           .loss = loss_v};
     std::string where;
     dist::agree(ranks.groups(), "mnist", [&] {
       // Never from non-finite state: the checkpoints already written stay as they are.
       apps::check_finite_parameters(*model, fmt::format("mnist: refusing to write a checkpoint at step {}", step),
                                     "; the existing checkpoints are untouched");
-      where = fsdp::save_checkpoint(o.save, *model, opt.get(), root ? &*root : nullptr, ts, {.keep_last = o.keep_last});
+      where = fsdp::save_checkpoint(o.save, *model, opt.get(), root ? &*root : nullptr, ts, {.keep_last = o.keep_last, .keep_also = watch.good()});
     });
     last_checkpoint = where;
     saved_step = step;
-    if (ranks.lead()) std::fprintf(stderr, "saved model and optimizer at step %lld to %s\n", (long long)step, where.c_str());
+    watch.saved(step, where);
+    if (!ranks.lead()) return;
+    std::fprintf(stderr, "saved model and optimizer at step %lld to %s\n", (long long)step, where.c_str());
+    // Say once why an older checkpoint outlives --keep-last.
+    const std::string good = watch.good();
+    for (const std::string& kept : fsdp::older_kept_checkpoints(o.save, o.keep_last))
+      if (kept_older.insert(kept).second)
+        std::fprintf(stderr, "weft-mnist: keeping %s besides the %d newest: %s\n", kept.c_str(), o.keep_last,
+                     kept == good ? "the newest checkpoint known to resume" : "the lowest training loss");
   };
   int64_t total_steps = o.epochs * steps_per_epoch;
   if (o.steps > 0) total_steps = std::min(total_steps, step + o.steps);
@@ -353,7 +384,6 @@ int run(const Options& o, const Ranks& ranks) {
       progress.emplace(fmt::format("epoch {}", epoch + 1), epoch_end - epoch * steps_per_epoch, "samples");
     auto window_start = std::chrono::steady_clock::now();
     int64_t window_samples = 0;
-    double loss_v = 0;
     while (step < epoch_end) {
       int64_t i = step - epoch * steps_per_epoch;
       // Every rank walks the same global batches and takes rows [r*B/N, (r+1)*B/N) of each;
@@ -365,16 +395,18 @@ int run(const Options& o, const Ranks& ranks) {
       // every rank, so all decide alike.
       const apps::StepEnd end = apps::end_step(loss.item(), ranks);
       loss_v = end.loss;
-      if (!std::isfinite(loss_v) && on_nan != apps::OnNan::ignore) {
-        if (on_nan == apps::OnNan::error) apps::stop_on_nonfinite_loss("mnist", loss_v, step + 1, ranks, last_checkpoint);
+      watch.loss(step + 1, loss_v);
+      const bool skip = !std::isfinite(loss_v) && on_nan != apps::OnNan::ignore;
+      if (skip) {
+        if (on_nan == apps::OnNan::error) apps::stop_on_nonfinite_loss("mnist", loss_v, step + 1, ranks, watch.advice());
         opt->zero_grad();  // --on-nan skip: drop this step's update and go on
-        ++skipped;
         if (ranks.lead())
           std::fprintf(stderr, "weft-mnist: the loss is %s at step %lld; skipped its update (%lld skipped)\n",
-                       apps::describe_value(loss_v).c_str(), (long long)(step + 1), (long long)skipped);
+                       apps::describe_value(loss_v).c_str(), (long long)(step + 1), (long long)skips.total() + 1);
       } else {
         opt->step();
       }
+      skips.step_done(step + 1, skip, watch.advice());
       ++step;
       if (!o.save.empty() && o.checkpoint_every > 0 && step % o.checkpoint_every == 0 && step < total_steps) save();
       window_samples += o.batch_size;
@@ -382,7 +414,7 @@ int run(const Options& o, const Ranks& ranks) {
       if (step % o.log_every == 0 || step == epoch_end) {
         auto now = std::chrono::steady_clock::now();
         double dt = std::chrono::duration<double>(now - window_start).count();
-        metrics->write({{"step", step}, {"epoch", epoch + 1}, {"loss", loss_v}, {"lr", opt->lr()}, {"skipped", skipped},
+        metrics->write({{"step", step}, {"epoch", epoch + 1}, {"loss", loss_v}, {"lr", opt->lr()}, {"skipped", skips.total()},
                         {"samples_per_s", dt > 0 ? double(window_samples) / dt : 0.0}});
         window_start = now;
         window_samples = 0;
@@ -404,10 +436,14 @@ int run(const Options& o, const Ranks& ranks) {
     }
     metrics->write({{"split", std::string("test")}, {"epoch", epoch + 1}, {"step", step}, {"loss", test_loss},
                     {"accuracy", acc}});
+    if (!std::isfinite(test_loss) && on_nan != apps::OnNan::ignore)  // the same sum on every rank
+      throw dist::AgreedError(fmt::format("mnist: the test loss is {} after epoch {}: the model has diverged; "
+                                          "training stopped; {}", apps::describe_value(test_loss), epoch + 1,
+                                          watch.advice()), 0);
   }
-  if (skipped > 0 && ranks.lead())
+  if (skips.total() > 0 && ranks.lead())
     std::fprintf(stderr, "weft-mnist: skipped %lld steps: their loss was not finite (--on-nan skip)\n",
-                 (long long)skipped);
+                 (long long)skips.total());
   if (!o.save.empty()) save();
   apps::report_peak_memory("weft-mnist", device, start_bytes, ranks, plan);
   return 0;
@@ -429,12 +465,14 @@ int main(int argc, char** argv) {
   app.add_option("--threads", o.threads, "CPU threads (per rank; default: OMP_NUM_THREADS or all cores)")
       ->check(apps::cli::threads());
   app.add_option("--metrics", o.metrics, "append JSONL metrics to FILE (rank 0 writes)");
-  app.add_option("--save", o.save, "write a checkpoint (model, optimizer, data position) to DIR/step_<N>/ at the end: "
-                 "one file per rank plus index.json, also under --fsdp");
+  auto* save = app.add_option("--save", o.save, "write a checkpoint (model, optimizer, data position) to "
+                              "DIR/step_<N>/ at the end: one file per rank plus index.json, also under --fsdp; one "
+                              "run at a time may write DIR");
   app.add_option("--checkpoint-every", o.checkpoint_every, "with --save: also every N steps (0: only at the end)")
-      ->check(apps::cli::integer(0, int64_t(1) << 40));
-  app.add_option("--keep-last", o.keep_last, "with --save: keep only the K newest checkpoints (0: all)")
-      ->check(apps::cli::integer(0, 1000000));
+      ->check(apps::cli::integer(0, int64_t(1) << 40))->needs(save);
+  app.add_option("--keep-last", o.keep_last, "with --save: keep only the K newest checkpoints (0: all), and besides "
+                 "them the one with the lowest training loss")
+      ->check(apps::cli::integer(0, 1000000))->needs(save);
   app.add_option("--load,--resume", o.load, "resume from the latest checkpoint in DIR (written at any number of ranks)")
       ->check(CLI::ExistingDirectory);
   app.add_option("--steps", o.steps, "stop after N more optimizer steps")->check(apps::cli::integer(0, int64_t(1) << 40));
@@ -444,6 +482,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--on-nan", o.on_nan, "when the loss is NaN or infinite: error (stop), skip (drop that step's "
                  "update) or ignore (train on)")->check(CLI::IsMember({"error", "skip", "ignore"}))->capture_default_str();
+  auto* max_skipped = app.add_option("--max-skipped-steps", o.max_skipped, "with --on-nan skip: give up (exit 1) "
+                                     "after N skipped steps in a row")->check(apps::cli::integer(1, 1000000))
+                          ->capture_default_str();
   apps::add_plan_flags(app, o.plan);
   app.add_flag("--fsdp", o.fsdp, "shard the model over the ranks of mpirun with fsdp::fully_shard (see below)");
   app.footer(
@@ -459,6 +500,8 @@ int main(int argc, char** argv) {
       "  Set OMP_NUM_THREADS or --threads so that ranks x threads fits the cores.");
   CLI11_PARSE(app, argc, argv);
   return dist::run_program("weft-mnist", [&] {
+    WEFT_CHECK(max_skipped->count() == 0 || o.on_nan == "skip", "mnist: --max-skipped-steps applies to --on-nan skip "
+               "only (--on-nan is {})", o.on_nan);
     const Ranks ranks = apps::start_ranks("weft-mnist", o.fsdp, {}, shared_settings(o));
     return run(o, ranks);
   });

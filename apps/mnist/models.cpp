@@ -13,6 +13,9 @@ MnistMLP::MnistMLP(int64_t pixels) : nn::Module("MnistMLP") {
 Tensor MnistMLP::forward(const Tensor& x) { return (*fc3)(relu((*fc2)(relu((*fc1)(x))))); }
 
 MnistCNN::MnistCNN(int64_t r, int64_t c) : nn::Module("MnistCNN"), rows(r), cols(c) {
+  // Two 2x2 poolings: smaller images would leave fc1 nothing to read.
+  WEFT_CHECK(r >= 4 && c >= 4, "mnist: the cnn model pools twice by 2, so it needs images of at least 4x4 pixels; "
+             "these are {}x{} (use --model mlp)", r, c);
   conv1 = register_module("conv1", std::make_shared<nn::Conv2d>(1, 32, 3, 1, 1));
   conv2 = register_module("conv2", std::make_shared<nn::Conv2d>(32, 64, 3, 1, 1));
   fc1 = register_module("fc1", std::make_shared<nn::Linear>(64 * (r / 4) * (c / 4), 128));

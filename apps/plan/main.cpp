@@ -6,6 +6,7 @@
 // in the build tree's apps/<app>/) with those flags: one planner, the apps' own training step.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -48,9 +49,22 @@ int main(int argc, char** argv) {
   bool ranks = false;
   for (int i = 2; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--ranks") a = "--plan-ranks", ranks = true;
-    else if (a.starts_with("--ranks=")) a = "--plan-ranks=" + a.substr(8), ranks = true;
+    if (a == "--ranks" || a.starts_with("--ranks=")) {
+      // Checked here, so that the error names weft-plan's flag rather than the app's --plan-ranks.
+      const std::string n = a == "--ranks" ? (i + 1 < argc ? argv[i + 1] : "") : a.substr(8);
+      const bool digits = !n.empty() && n.size() <= 7 && n.find_first_not_of("0123456789") == std::string::npos;
+      if (!digits || std::stol(n) < 1 || std::stol(n) > (1 << 20)) {
+        std::fprintf(stderr, "weft-plan: --ranks: expected an integer from 1 to %d, got \"%s\"\n", 1 << 20, n.c_str());
+        return 2;
+      }
+      a = a == "--ranks" ? "--plan-ranks" : "--plan-ranks=" + n;
+      ranks = true;
+    }
     args.push_back(a);
+  }
+  if (ranks && std::find(args.begin(), args.end(), "--fsdp") == args.end()) {
+    std::fprintf(stderr, "weft-plan: --ranks plans sharded training: add --fsdp\n");
+    return 2;
   }
   if (!ranks) args.push_back("--plan");
   std::vector<char*> cargs;

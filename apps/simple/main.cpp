@@ -64,11 +64,15 @@ int64_t numel_of(const std::vector<Tensor>& params) {
 
 int main(int argc, char** argv) {
   if (argc > 1) {
-    std::printf("usage: [mpirun -np N] weft-simple\n"
-                "Shards a 3-block toy MLP with fsdp::fully_shard and trains %d AdamW steps on a global\n"
-                "batch of %lld synthetic samples split over the N ranks (N must divide %lld).\n",
-                kSteps, (long long)kBatch, (long long)kBatch);
-    return std::strcmp(argv[1], "--help") == 0 ? 0 : 2;
+    // --help prints the usage to stdout; anything else is named on stderr, the usage after it.
+    const bool help = std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0;
+    std::FILE* out = help ? stdout : stderr;
+    if (!help) std::fprintf(stderr, "weft-simple: unknown argument \"%s\" (it takes none)\n", argv[1]);
+    std::fprintf(out, "usage: [mpirun -np N] weft-simple\n"
+                 "Shards a 3-block toy MLP with fsdp::fully_shard and trains %d AdamW steps on a global\n"
+                 "batch of %lld synthetic samples split over the N ranks (N must divide %lld).\n",
+                 kSteps, (long long)kBatch, (long long)kBatch);
+    return help ? 0 : 2;
   }
   try {
     dist::init();  // a world of one without mpirun

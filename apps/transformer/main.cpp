@@ -16,7 +16,9 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 
+#include "apps/common/checkpoint_watch.h"
 #include "apps/common/cli.h"
 #include "apps/common/device.h"
 #include "apps/common/metrics.h"
@@ -29,6 +31,7 @@
 #include "apps/transformer/gpt.h"
 #include "apps/transformer/text_data.h"
 #include "core/safetensors.h"
+#include "core/sha256.h"
 #include "dist/config_check.h"
 #include "fsdp/fsdp.h"
 #include "weft.h"
@@ -56,6 +59,7 @@ struct TrainOptions {
   std::string sharding_strategy = "FULL_SHARD";
   std::string device = "cpu";
   std::string on_nan = "error";
+  int64_t max_skipped = 5;  // --on-nan skip: give up after this many skipped steps in a row
   apps::PlanFlags plan;
 };
 
@@ -104,6 +108,7 @@ dist::ConfigSettings shared_settings(const TrainOptions& o) {
           {"--reshard-after-forward", o.reshard_after_forward},
           {"--mixed-precision", o.mixed_precision},
           {"--on-nan", o.on_nan},
+          {"--max-skipped-steps", num(o.max_skipped)},
           {"--plan", o.plan.wanted() ? "true" : "false"},
           {"--memory-budget", o.plan.budget}};
 }
@@ -117,13 +122,16 @@ constexpr const char* kTiedHead = "lm_head.weight";  // nanoGPT's name of the he
 constexpr const char* kEmbedding = "transformer.wte.weight";
 
 // The model config, what decides the batches (seed, batch size, accumulation, the training
-// bytes) and the weight decay (restored with the optimizer state): resuming checks these.
-std::map<std::string, std::string> describe(const apps::GPTConfig& cfg, const TrainOptions& o, size_t train_bytes) {
+// text: its length and sha256) and the weight decay (restored with the optimizer state):
+// resuming checks these.
+std::map<std::string, std::string> describe(const apps::GPTConfig& cfg, const TrainOptions& o,
+                                            const apps::TextData& data) {
   return {{"format", kFormat}, {"n_layer", std::to_string(cfg.n_layer)}, {"n_head", std::to_string(cfg.n_head)},
           {"d_model", std::to_string(cfg.d_model)}, {"ctx", std::to_string(cfg.ctx)},
           {"vocab_size", std::to_string(cfg.vocab_size)}, {"tied", cfg.tie_weights ? "1" : "0"},
           {"seed", std::to_string(o.seed)}, {"batch_size", std::to_string(o.batch_size)},
-          {"grad_accum", std::to_string(o.grad_accum)}, {"train_bytes", std::to_string(train_bytes)},
+          {"grad_accum", std::to_string(o.grad_accum)}, {"train_bytes", std::to_string(data.train.size())},
+          {"train_sha256", sha256_hex(data.train.data(), data.train.size())},
           {"weight_decay", fmt::format("{}", o.weight_decay)}};
 }
 
@@ -283,6 +291,7 @@ int train(TrainOptions o, const Ranks& ranks) {
   std::optional<fsdp::MemoryPlan> plan;
   std::vector<bool> per_block;  // reshard_after_forward per block, when a memory budget chose it
   int64_t start_bytes = 0;      // live before the model: the baseline of the peak reported at the end
+  std::optional<fsdp::CheckpointDirLock> dir_lock;  // rank 0's claim on --checkpoint-dir
   dist::agree(ranks.groups(), "transformer", [&] {
     device = apps::parse_device(o.device, "transformer");  // first: a device that cannot work ends the run at once
     if (o.threads > 0) set_num_threads(o.threads);
@@ -303,6 +312,7 @@ int train(TrainOptions o, const Ranks& ranks) {
     // The schedule needs a step after the warmup; a short run keeps the default warmup usable.
     o.warmup = std::min(o.warmup, o.steps - 1);
     apps::check_checkpoint_dir(o.checkpoint_dir, "--checkpoint-dir", "transformer");
+    if (!o.checkpoint_dir.empty() && ranks.lead() && !o.plan.only()) dir_lock.emplace(o.checkpoint_dir);
     data = apps::load_text(o.data);
     WEFT_CHECK(int64_t(data.val.size()) > o.model.ctx + 1,
                "transformer: the validation part of {} ({} bytes) is shorter than the context {}", o.data,
@@ -327,8 +337,9 @@ int train(TrainOptions o, const Ranks& ranks) {
       same("seed", "--seed", std::to_string(o.seed), "the seed decides the batches");
       same("batch_size", "--batch-size", std::to_string(o.batch_size), "the data position counts batches of that size");
       same("grad_accum", "--grad-accum", std::to_string(o.grad_accum), "the data position counts micro-batches");
-      same("train_bytes", "the training text (--data) has", std::to_string(data.train.size()),
-           "the batches are drawn from that text");
+      apps::check_resumed_data(ck.app, {{"train_bytes", std::to_string(data.train.size())},
+                                        {"train_sha256", sha256_hex(data.train.data(), data.train.size())}},
+                               "training text", "--data " + o.data, resume_from, "transformer");
       same("weight_decay", "--weight-decay", fmt::format("{}", o.weight_decay),
            "the optimizer state restores the weight decay, so another value would be ignored");
       WEFT_CHECK(ck.step <= o.steps, "transformer: {} is at step {}, beyond --steps {}: raise --steps to go on",
@@ -412,25 +423,37 @@ int train(TrainOptions o, const Ranks& ranks) {
   }
 
   const apps::OnNan on_nan = apps::parse_on_nan(o.on_nan);
-  std::string last_checkpoint = resume_from;  // the newest checkpoint known good
-  int64_t skipped = 0;                         // steps whose update --on-nan skip dropped
+  std::string last_checkpoint = resume_from;  // the newest checkpoint written or resumed from
+  apps::CheckpointWatch watch(resume_from, step);  // which of them are known to resume
+  apps::SkipLimit skips("transformer", o.max_skipped);  // steps whose update --on-nan skip dropped
+  std::set<std::string> kept_older;           // older checkpoints --keep-last keeps, once announced
   int64_t saved_step = -1;                     // the step of the last checkpoint this run wrote
+  double loss_v = 0;                           // the last step's loss, recorded with its checkpoint
   auto write_checkpoint = [&] {
     fsdp::CheckpointProgress ts{.step = step,
                            .data = {{"batch", first_batch + (step - resumed_step) * o.grad_accum}},
-                           .app = describe(o.model, o, data.train.size()),
-                           .aliases = head_alias(o.model)};
+                           .app = describe(o.model, o, data),
+                           .aliases = head_alias(o.model),
+                           .loss = loss_v};
     std::string where;
     dist::agree(ranks.groups(), "transformer", [&] {
       // Never from non-finite state: the checkpoints already written stay as they are.
       apps::check_finite_parameters(*model, fmt::format("transformer: refusing to write a checkpoint at step {}", step),
                                     "; the existing checkpoints are untouched");
       where = fsdp::save_checkpoint(o.checkpoint_dir, *model, &opt, root ? &*root : nullptr, ts,
-                                    {.keep_last = o.keep_last});
+                                    {.keep_last = o.keep_last, .keep_also = watch.good()});
     });
     last_checkpoint = where;
     saved_step = step;
-    if (ranks.lead()) std::fprintf(stderr, "saved model and optimizer at step %lld to %s\n", (long long)step, where.c_str());
+    watch.saved(step, where);
+    if (!ranks.lead()) return;
+    std::fprintf(stderr, "saved model and optimizer at step %lld to %s\n", (long long)step, where.c_str());
+    // Say once why an older checkpoint outlives --keep-last.
+    const std::string good = watch.good();
+    for (const std::string& kept : fsdp::older_kept_checkpoints(o.checkpoint_dir, o.keep_last))
+      if (kept_older.insert(kept).second)
+        std::fprintf(stderr, "weft-transformer: keeping %s besides the %d newest: %s\n", kept.c_str(), o.keep_last,
+                     kept == good ? "the newest checkpoint known to resume" : "the lowest training loss");
   };
 
   // --stop-after ends this run early but keeps the schedule of --steps, so a later --resume
@@ -441,7 +464,6 @@ int train(TrainOptions o, const Ranks& ranks) {
   const int64_t first = step;
   auto window_start = std::chrono::steady_clock::now();
   int64_t window_tokens = 0;
-  double loss_v = 0;
   // From here a signal stops the run after its step (apps/common/stop.h); before, the default
   // action ends it at once (a process blocked while starting up could not reach a step's end).
   apps::StopSignals stop_signals("weft-transformer");
@@ -459,20 +481,21 @@ int train(TrainOptions o, const Ranks& ranks) {
     // every rank, so all decide alike.
     const apps::StepEnd step_end = apps::end_step(loss_sum / double(o.grad_accum), ranks);
     loss_v = step_end.loss;
+    watch.loss(step + 1, loss_v);
     const bool finite = std::isfinite(loss_v);
     if (!finite && on_nan == apps::OnNan::error)
-      apps::stop_on_nonfinite_loss("transformer", loss_v, step + 1, ranks, last_checkpoint);
+      apps::stop_on_nonfinite_loss("transformer", loss_v, step + 1, ranks, watch.advice());
     const double lr_used = opt.lr(0);
     if (!finite && on_nan == apps::OnNan::skip) {
       opt.zero_grad();  // drop this step's update; the schedule and the data still move on
-      ++skipped;
       if (ranks.lead())
         std::fprintf(stderr, "weft-transformer: the loss is %s at step %lld; skipped its update (%lld skipped)\n",
-                     apps::describe_value(loss_v).c_str(), (long long)(step + 1), (long long)skipped);
+                     apps::describe_value(loss_v).c_str(), (long long)(step + 1), (long long)skips.total() + 1);
     } else {
       if (o.clip > 0) nn::clip_grad_norm_(model->parameters(), o.clip);  // sharded or not
       opt.step();
     }
+    skips.step_done(step + 1, !finite && on_nan == apps::OnNan::skip, watch.advice());
     sched.step();
     ++step;
     window_tokens += tokens_per_step;
@@ -480,7 +503,7 @@ int train(TrainOptions o, const Ranks& ranks) {
     if (step % o.log_every == 0 || step == first + 1 || step == end) {
       auto now = std::chrono::steady_clock::now();
       double dt = std::chrono::duration<double>(now - window_start).count();
-      metrics->write({{"step", step}, {"loss", loss_v}, {"lr", lr_used}, {"skipped", skipped},
+      metrics->write({{"step", step}, {"loss", loss_v}, {"lr", lr_used}, {"skipped", skips.total()},
                       {"tokens_per_s", dt > 0 ? double(window_tokens) / dt : 0.0},
                       {"peak_bytes", memory_stats().peak_bytes}});
       window_start = now;
@@ -496,6 +519,10 @@ int train(TrainOptions o, const Ranks& ranks) {
     if ((o.eval_every > 0 && step % o.eval_every == 0) || step == end) {
       double val = evaluate(*model, data, o, ranks, device);
       metrics->write({{"split", std::string("val")}, {"step", step}, {"loss", val}});
+      if (!std::isfinite(val) && on_nan != apps::OnNan::ignore)  // the same mean on every rank
+        throw dist::AgreedError(fmt::format("transformer: the validation loss is {} at step {}: the model has "
+                                            "diverged; training stopped; {}", apps::describe_value(val), step,
+                                            watch.advice()), 0);
       if (ranks.lead()) {
         std::printf("step %lld train_loss %.4f val_loss %.4f\n", (long long)step, loss_v, val);
         std::fflush(stdout);
@@ -505,9 +532,9 @@ int train(TrainOptions o, const Ranks& ranks) {
       write_checkpoint();
   }
   if (progress) progress->finish(fmt::format("loss {:.4f}", loss_v));
-  if (skipped > 0 && ranks.lead())
+  if (skips.total() > 0 && ranks.lead())
     std::fprintf(stderr, "weft-transformer: skipped %lld of %lld steps: their loss was not finite (--on-nan skip)\n",
-                 (long long)skipped, (long long)(end - first));
+                 (long long)skips.total(), (long long)(end - first));
   apps::report_peak_memory("weft-transformer", device, start_bytes, ranks, plan);
   return 0;
 }
@@ -625,13 +652,15 @@ int main(int argc, char** argv) {
   tr->add_option("--log-every", t.log_every, "steps between metrics lines")->check(apps::cli::integer(1, int64_t(1) << 40))
       ->capture_default_str();
   tr->add_option("--stop-after", t.stop_after, "end this run after N steps, keeping the --steps schedule (for --resume)")
-      ->check(apps::cli::integer(0, int64_t(1) << 40));
-  tr->add_option("--checkpoint-dir", t.checkpoint_dir,
-                 "save model, optimizer, RNG and data position to DIR/step_<N>/ (one file per rank + index.json)");
+      ->check(apps::cli::integer(1, int64_t(1) << 40));
+  auto* ck_dir = tr->add_option("--checkpoint-dir", t.checkpoint_dir,
+                                "save model, optimizer, RNG and data position to DIR/step_<N>/ (one file per rank + "
+                                "index.json); one run at a time may write DIR");
   tr->add_option("--checkpoint-every", t.checkpoint_every, "steps between checkpoints (0: only at the end)")
-      ->check(apps::cli::integer(0, int64_t(1) << 40));
-  tr->add_option("--keep-last", t.keep_last, "keep only the K newest checkpoints in --checkpoint-dir (0: all)")
-      ->check(apps::cli::integer(0, 1000000))->capture_default_str();
+      ->check(apps::cli::integer(0, int64_t(1) << 40))->needs(ck_dir);
+  tr->add_option("--keep-last", t.keep_last, "keep only the K newest checkpoints in --checkpoint-dir (0: all), and "
+                 "besides them the one with the lowest training loss")
+      ->check(apps::cli::integer(0, 1000000))->capture_default_str()->needs(ck_dir);
   tr->add_option("--resume", t.resume, "continue from the latest checkpoint in DIR (written at any number of ranks)");
   tr->add_option("--device", t.device, "cpu, cuda (this rank's GPU) or cuda:N: where the model and batches live")
       ->capture_default_str();
@@ -653,6 +682,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"bf16", "none"}))->capture_default_str();
   tr->add_option("--on-nan", t.on_nan, "when the loss is NaN or infinite: error (stop), skip (drop that step's "
                  "update) or ignore (train on)")->check(CLI::IsMember({"error", "skip", "ignore"}))->capture_default_str();
+  auto* max_skipped = tr->add_option("--max-skipped-steps", t.max_skipped, "with --on-nan skip: give up (exit 1) after "
+                                     "N skipped steps in a row")->check(apps::cli::integer(1, 1000000))->capture_default_str();
   tr->footer(
       "Sharded training: mpirun -np N --oversubscribe --bind-to none weft-transformer train --fsdp ...\n"
       "  --batch-size stays the global batch (a multiple of N): rank r trains on rows [r*B/N, (r+1)*B/N)\n"
@@ -668,6 +699,13 @@ int main(int argc, char** argv) {
   sa->add_option("--seed", s.seed, "seed for drawing")->check(apps::cli::seed())->capture_default_str();
   sa->add_option("--threads", s.threads, "CPU threads")->check(apps::cli::threads());
   sa->add_option("--device", s.device, "cpu, cuda or cuda:N: where the model runs")->capture_default_str();
+  // A first word that is neither a flag nor a command is named (CLI11 would only say that a
+  // subcommand is required).
+  if (argc > 1 && argv[1][0] != '-' && std::string(argv[1]) != "train" && std::string(argv[1]) != "sample") {
+    std::fprintf(stderr, "weft-transformer: unknown command \"%s\" (the commands are train and sample; see --help)\n",
+                 argv[1]);
+    return 2;
+  }
   CLI11_PARSE(app, argc, argv);
 
   return dist::run_program("weft-transformer", [&] {
@@ -675,6 +713,8 @@ int main(int argc, char** argv) {
       apps::start_ranks("weft-transformer", false, {{"command", "sample"}}, {});
       return sample(s);
     }
+    WEFT_CHECK(max_skipped->count() == 0 || t.on_nan == "skip", "transformer: --max-skipped-steps applies to --on-nan "
+               "skip only (--on-nan is {})", t.on_nan);
     const Ranks ranks = apps::start_ranks("weft-transformer", t.fsdp, {{"command", "train"}}, shared_settings(t));
     return train(t, ranks);
   });

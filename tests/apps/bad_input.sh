@@ -4,11 +4,13 @@
 # not a signal, not 124) and print the expected message fragment. Every failing row is printed
 # with what it got. Rows "api CASE" run bad_api (tests/apps/bad_api.cpp); rows "mpirun ARGS" run
 # mpirun with the given arguments (@MNIST@ and @TRANSFORMER@ name the apps; skipped without mpirun).
-# Usage: bad_input.sh TABLE weft-mnist weft-transformer weft-checkpoint bad_api [MPIRUN ARGS...]
+# Leading NAME=VALUE words of a row's arguments are set in the program's environment.
+# Usage: bad_input.sh TABLE weft-mnist weft-transformer weft-checkpoint bad_api weft-plan weft-simple
+#        [MPIRUN ARGS...]
 set -u
 table=$1
-declare -A prog=([mnist]=$2 [transformer]=$3 [checkpoint]=$4 [api]=$5)
-shift 5
+declare -A prog=([mnist]=$2 [transformer]=$3 [checkpoint]=$4 [api]=$5 [plan]=$6 [simple]=$7)
+shift 7
 mpirun=("$@")
 export OMP_NUM_THREADS=1
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # $tmp (removed on exit), fail, loss_at, within
@@ -83,6 +85,23 @@ mkdir "$tmp/no_text"
 head -c 4000 /dev/urandom | base64 >"$tmp/other.txt"
 head -c 1000 /dev/urandom | base64 >>"$tmp/other.txt"
 
+# The training text with one byte changed: the same length, other content.
+{ printf 'Q'; tail -c +2 "$tmp/text.txt"; } >"$tmp/same_len.txt"
+# A checkpoint whose first tensor holds a NaN, with the index's sha256 and size brought up to
+# date (so only the value is wrong).
+cp -r "$tmp/ck" "$tmp/ck_nan"
+nan_shard=$(shard "$tmp/ck_nan")
+old_sha=$(sha256sum <"$nan_shard" | cut -c1-64)
+hlen=$(od -An -t u8 -N 8 "$nan_shard" | tr -d ' ')
+printf '\x00\x00\xc0\x7f' | dd of="$nan_shard" bs=1 seek=$((8 + hlen)) conv=notrunc status=none
+sed -i "s/$old_sha/$(sha256sum <"$nan_shard" | cut -c1-64)/" "$(index "$tmp/ck_nan")"
+# A checkpoint directory another process holds (its lock file, as a running training run's).
+mkdir "$tmp/locked"
+flock "$tmp/locked/.lock" sleep 300 >/dev/null 2>&1 &
+lock_holder=$!
+trap 'kill $lock_holder 2>/dev/null; rm -rf "$tmp"' EXIT  # and lib.sh's clean-up
+for _ in $(seq 50); do flock -n "$tmp/locked/.lock" true || break; sleep 0.1; done
+
 mkdir -p "$tmp/ck_bigstep/step_99999999999999999999"
 echo '{}' > "$tmp/ck_bigstep/step_99999999999999999999/index.json"
 
@@ -95,11 +114,13 @@ while IFS=$'\t' read -r name args want_rc want_msg; do
   args=${args//@MNIST@/${prog[mnist]}}
   args=${args//@TRANSFORMER@/${prog[transformer]}}
   eval "set -- $args"
+  envs=()
+  while [[ $# -gt 0 && "$1" =~ ^[A-Z_]+= ]]; do envs+=("$1"); shift; done
   if [ "$name" = mpirun ]; then
     if [ ${#mpirun[@]} = 0 ]; then skipped=$((skipped + 1)); continue; fi
-    timeout -k 5 60 "${mpirun[@]}" "$@" </dev/null >"$tmp/out" 2>&1
+    timeout -k 5 60 env "${envs[@]}" "${mpirun[@]}" "$@" </dev/null >"$tmp/out" 2>&1
   else
-    timeout -k 5 30 "${prog[$name]}" "$@" </dev/null >"$tmp/out" 2>&1
+    timeout -k 5 30 env "${envs[@]}" "${prog[$name]}" "$@" </dev/null >"$tmp/out" 2>&1
   fi
   rc=$?
   got=$(head -c 600 "$tmp/out")

@@ -38,8 +38,8 @@ same_training() {
     fail "$what: training differs from the single-host mpirun run (< single host, > $what):
 $(cat "$tmp/diff")"
   fi
-  (cd "$ref/ck" && find . -type f | sort | xargs sha256sum) >"$tmp/ref.sums"
-  (cd "$dir/ck" && find . -type f | sort | xargs sha256sum) >"$tmp/sums"
+  (cd "$ref/ck" && find . -type f ! -name .lock | sort | xargs sha256sum) >"$tmp/ref.sums"
+  (cd "$dir/ck" && find . -type f ! -name .lock | sort | xargs sha256sum) >"$tmp/sums"
   [ "$(wc -l <"$tmp/ref.sums")" -gt 1 ] || fail "no checkpoint from the reference run"
   diff "$tmp/ref.sums" "$tmp/sums" >"$tmp/diff" ||
     fail "$what: checkpoint files differ from the single-host run's (< single host, > $what):

@@ -1,0 +1,54 @@
+#include "apps/common/checkpoint_watch.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fmt/format.h>
+#include <vector>
+
+namespace weft::apps {
+
+CheckpointWatch::CheckpointWatch(const std::string& resumed, int64_t step) {
+  if (!resumed.empty()) saved_[step] = resumed;
+}
+
+bool CheckpointWatch::spike(double value) const {
+  if (!std::isfinite(value)) return true;
+  if (recent_.size() < kMinHistory) return false;
+  std::vector<double> v(recent_.begin(), recent_.end());
+  std::nth_element(v.begin(), v.begin() + ptrdiff_t(v.size() / 2), v.end());
+  return value > kSpikeFactor * v[v.size() / 2];
+}
+
+void CheckpointWatch::loss(int64_t step, double value) {
+  if (saved_.count(step - 1) && !judged_.count(step - 1)) judged_[step - 1] = !spike(value);
+  if (!std::isfinite(value)) return;
+  recent_.push_back(value);
+  if (recent_.size() > kWindow) recent_.pop_front();
+}
+
+void CheckpointWatch::saved(int64_t step, const std::string& path) {
+  saved_[step] = path;
+  judged_.erase(step);  // a checkpoint of the same step written again is judged again
+}
+
+std::string CheckpointWatch::good() const {
+  for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
+    auto j = judged_.find(it->first);
+    std::error_code ec;
+    if (j != judged_.end() && j->second && std::filesystem::exists(std::filesystem::path(it->second) / "index.json", ec))
+      return it->second;
+  }
+  return {};
+}
+
+std::string CheckpointWatch::advice() const {
+  const std::string rule = fmt::format("its weights gave the next step a finite loss at most {}x the median of the "
+                                       "{} before it", kSpikeFactor, kWindow);
+  const std::string g = good();
+  if (!g.empty()) return fmt::format("the newest checkpoint that resumes is {} ({})", g, rule);
+  if (saved_.empty()) return "no checkpoint was written";
+  return fmt::format("no checkpoint on disk is known to resume (none whose {})", rule.substr(4));
+}
+
+}  // namespace weft::apps

@@ -1,0 +1,40 @@
+// apps: which checkpoint of a training run is known to resume. A checkpoint written after step
+// k holds the weights whose loss step k+1 logs, so it is judged then: "good" when that loss is
+// finite and not a spike, i.e. at most kSpikeFactor times the median of the (up to kWindow)
+// finite losses logged before it (with fewer than kMinHistory of them only finiteness is judged).
+// When a run stops on a non-finite loss, or gives up skipping such steps, it names the newest
+// good checkpoint still on disk: the newest one written may hold weights that are finite but
+// already diverged. See docs/CHECKPOINTS.md ("Divergence").
+#pragma once
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <string>
+
+namespace weft::apps {
+
+class CheckpointWatch {
+ public:
+  static constexpr double kSpikeFactor = 2.0;
+  static constexpr size_t kWindow = 16, kMinHistory = 4;
+
+  // `resumed`: the checkpoint this run started from (judged by the first loss), or empty.
+  CheckpointWatch(const std::string& resumed, int64_t step);
+  // The loss logged at `step` (the mean over the global batch, computed with step-1's weights).
+  void loss(int64_t step, double value);
+  // A checkpoint written after `step`.
+  void saved(int64_t step, const std::string& path);
+  // Non-finite, or a spike against the recent losses.
+  bool spike(double value) const;
+  // The newest good checkpoint still on disk; empty when there is none.
+  std::string good() const;
+  // For messages: "the newest checkpoint that resumes is DIR (RULE)" or why there is none.
+  std::string advice() const;
+
+ private:
+  std::deque<double> recent_;                 // the last kWindow finite losses
+  std::map<int64_t, std::string> saved_;      // step -> checkpoint directory
+  std::map<int64_t, bool> judged_;            // step -> good
+};
+
+}  // namespace weft::apps
