@@ -5,10 +5,13 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
 #include "core/safetensors.h"
+#include "core/sha256.h"
+#include "fsdp/checkpoint_index.h"
 #include "fsdp/fsdp.h"
 #include "fsdp_test_models.h"
 
@@ -486,5 +489,149 @@ TEST_CASE("index.json: numbers out of their type's range are errors, not undefin
   CHECK_THROWS_WITH(read(ok_mesh + ok_rest + tensor +
                          R"j([{"file":"f","offset":3,"length":9223372036854775807}]}}})j"),
                     Contains("outside its extent 4"));
+  fs::remove_all(dir);
+}
+
+namespace {
+
+// Rewrites `file` of the checkpoint at `dir` with `edit` applied to its tensors and records the new
+// size and sha256 in the index, so that only what `edit` did is wrong with it.
+void edit_shard(const fs::path& dir, const std::string& file, const std::function<void(NamedTensors&)>& edit) {
+  auto contents = load_safetensors((dir / file).string());
+  edit(contents.tensors);
+  save_safetensors((dir / file).string(), contents.tensors, contents.metadata);
+  fsdp::CheckpointIndex ix = fsdp::read_checkpoint_index(dir.string());
+  for (auto& f : ix.files) {
+    f.bytes = fs::file_size(ix.file_path(f.name));
+    f.sha256 = sha256_file(ix.file_path(f.name));
+  }
+  std::ofstream(dir / "index.json") << fsdp::checkpoint_index_json(ix);
+}
+
+// Sets element 0 of tensor `key` in `tensors` to `value`.
+void set_first(NamedTensors& tensors, const std::string& key, double value) {
+  for (auto& [k, t] : tensors)
+    if (k == key) {
+      Tensor flat = t.view({-1});
+      flat.narrow(0, 0, 1).fill_(value);
+      return;
+    }
+  FAIL("no tensor " << key << " in the shard file");
+}
+
+}  // namespace
+
+TEST_CASE("non-finite or impossible state is refused by load, verify and consolidate, naming the tensor") {
+  fs::path dir = shared_dir("nonfinite");
+  auto [m, root] = make_sharded<TinyGPT>(8);
+  nn::AdamW opt(m->parameters(), {.lr = 1e-2});
+  train(*m, opt, 0, 1);
+  const std::string good = fsdp::save_checkpoint(dir.string(), *m, &opt, &root, {.step = 1});
+  const auto before = clone_all(fsdp::full_state_dict(*m, &root));
+  const std::string file0 = "rank_00000.safetensors";
+  struct Case {
+    std::string name;
+    std::function<void(NamedTensors&)> edit;
+    std::string needle;
+  };
+  const std::vector<Case> cases = {
+      {"nan_weight", [](NamedTensors& t) { set_first(t, "model.wte.weight", NAN); }, "\"model.wte.weight\" holds nan at element 0"},
+      {"inf_moment", [](NamedTensors& t) { set_first(t, "optim.state.wte.weight.exp_avg", INFINITY); },
+       "optim.state.wte.weight.exp_avg\" holds inf at element 0"},
+      {"negative_second_moment", [](NamedTensors& t) { set_first(t, "optim.state.wte.weight.exp_avg_sq", -1.0); },
+       "optim.state.wte.weight.exp_avg_sq\" holds -1 at element 0: exp_avg_sq cannot be negative"},
+      {"unlisted", [](NamedTensors& t) { t.emplace_back("model.stray", zeros({2})); },
+       "holds \"model.stray\", which the index does not list there"},
+  };
+  for (const Case& c : cases) {
+    const fs::path bad = dir / c.name;
+    if (dist::rank() == 0) {
+      fs::copy(good, bad);
+      edit_shard(bad, file0, c.edit);
+    }
+    barrier();
+    std::string message;
+    try {
+      fsdp::load_checkpoint(bad.string(), *m, &opt, &root);
+    } catch (const Error& e) {
+      message = e.what();
+    }
+    INFO(c.name << ": rank " << dist::rank() << " says: " << message);
+    CHECK(!message.empty());
+    const bool names_it = message.find(c.needle) != std::string::npos;
+    CHECK((names_it || message.find("failed on another rank") != std::string::npos));
+    Tensor named = from_vector({names_it ? 1.0 : 0.0}, {1}, {.dtype = kFloat64});
+    dist::world()->all_reduce(named, dist::ReduceOp::max)->wait();
+    CHECK(named.item() == 1.0);
+    if (dist::rank() == 0 && c.name != "negative_second_moment") {  // verify and consolidate need no optimizer
+      CHECK_THROWS_WITH(fsdp::verify_checkpoint(bad.string()),
+                        Contains(c.name == "unlisted" ? c.needle : c.needle.substr(c.needle.find('"') + 1)));
+      CHECK_THROWS_WITH(fsdp::consolidate_checkpoint(bad.string(), (dir / "out.safetensors").string(), true),
+                        Contains(c.name == "unlisted" ? c.needle : "nothing was written"));
+      CHECK(!fs::exists(dir / "out.safetensors"));
+    }
+    barrier();
+  }
+  // Told to, consolidate copies the NaN.
+  if (dist::rank() == 0) {
+    fsdp::consolidate_checkpoint((dir / "nan_weight").string(), (dir / "out.safetensors").string(), false, true);
+    auto out = load_safetensors((dir / "out.safetensors").string()).tensors;
+    bool found = false;
+    for (auto& [k, t] : out)
+      if (k == "wte.weight") found = std::isnan(to_vector(t)[0]);
+    CHECK(found);
+  }
+  // Nothing was written by any failed load; the good checkpoint loads and verifies.
+  check_same(fsdp::full_state_dict(*m, &root), before, "model after refused loads");
+  CHECK_NOTHROW(fsdp::load_checkpoint(good, *m, &opt, &root));
+  barrier();
+  if (dist::rank() == 0) fs::remove_all(dir);
+}
+
+TEST_CASE("keep_last keeps, besides the newest, the best recorded loss and keep_also; losses round-trip") {
+  fs::path dir = shared_dir("best");
+  auto [m, root] = make_sharded<UnevenMLP>(2);
+  const std::vector<double> losses = {3.0, 1.0, 2.0, NAN, 5.0, 4.0};
+  for (int step = 1; step <= 6; ++step) {
+    const std::string keep_also = step > 3 ? (dir / "step_00000003").string() : std::string();
+    fsdp::save_checkpoint(dir.string(), *m, nullptr, &root, {.step = step, .loss = losses[size_t(step - 1)]},
+                          {.keep_last = 1, .keep_also = keep_also});
+  }
+  barrier();
+  // Step 6 (newest), step 2 (loss 1, the lowest), step 3 (keep_also since step 4); the NaN
+  // of step 4 is never "best".
+  std::vector<std::string> left;
+  for (auto& e : fs::directory_iterator(dir))
+    if (e.path().filename().string().rfind("step_", 0) == 0) left.push_back(e.path().filename().string());
+  std::sort(left.begin(), left.end());
+  CHECK(left == std::vector<std::string>{"step_00000002", "step_00000003", "step_00000006"});
+  CHECK(fsdp::older_kept_checkpoints(dir.string(), 1) ==
+        std::vector<std::string>{(dir / "step_00000002").string(), (dir / "step_00000003").string()});
+  CHECK(*fsdp::read_checkpoint_index((dir / "step_00000002").string()).training.loss == 1.0);
+  barrier();
+  fsdp::save_checkpoint((dir / "nan").string(), *m, nullptr, &root, {.step = 1, .loss = NAN});
+  fsdp::save_checkpoint((dir / "none").string(), *m, nullptr, &root, {.step = 1});
+  CHECK(std::isnan(*fsdp::read_checkpoint_index((dir / "nan").string()).training.loss));
+  CHECK(!fsdp::read_checkpoint_index((dir / "none").string()).training.loss);
+  barrier();
+  if (dist::rank() == 0) fs::remove_all(dir);
+}
+
+TEST_CASE("a checkpoint directory has one writer: a second claim names the holder; leftovers go at claim") {
+  // One process's own directory: flock locks conflict between open files, even in one process.
+  const fs::path dir = fs::temp_directory_path() / fmt::format("weft_test_lock_{}", ::getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir / ".tmp-step_00000099" / "sub");
+  fs::create_directories(dir / ".old-step_00000007");
+  fs::create_directories(dir / "step_00000005");
+  {
+    fsdp::CheckpointDirLock first(dir.string());
+    CHECK(!fs::exists(dir / ".tmp-step_00000099"));
+    CHECK(!fs::exists(dir / ".old-step_00000007"));
+    CHECK(fs::exists(dir / "step_00000005"));
+    CHECK_THROWS_WITH(fsdp::CheckpointDirLock(dir.string()),
+                      Contains("is in use by another run") && Contains(fmt::format("pid {},", ::getpid())));
+  }
+  CHECK_NOTHROW(fsdp::CheckpointDirLock(dir.string()));  // released with its holder
   fs::remove_all(dir);
 }
