@@ -52,7 +52,7 @@ trap restore EXIT INT TERM
 failed_cases() {
   sed 's/\x1b\[[0-9;]*m//g' "$1" | grep -ao '[^ ]*tests/[a-z_]*\.cpp:[0-9]*: FAILED' | sort -u |
     while IFS=: read -r src line _; do
-      (cd "$build" && awk -v at="$line" 'NR <= at && /^TEST_CASE\(/ { name = $0 } END { print name }' "$src")
+      (cd "$build" && awk -v at="$line" 'NR <= at && /^TEST_CASE\(/ { name = $0 } END { print name }' "$src" 2>/dev/null)
     done | sed -E 's/^TEST_CASE\("([^"]*)".*/"\1"/' | sort -u
   grep -a -m1 '^FAIL: ' "$1" || true
 }
