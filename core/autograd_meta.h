@@ -2,6 +2,7 @@
 // core's own methods (views, copies, backward, hooks) take part in graphs. Core stores this
 // data; the logic that reads it is in autograd/.
 #pragma once
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -10,6 +11,9 @@
 #include "core/tensor.h"
 
 namespace weft {
+
+template <class T>
+struct AttachmentKey {};  // a kind of AutogradMeta attachment: a static object of the attaching layer
 
 struct AutogradMeta {
   bool requires_grad = false;               // set on leaves by the user
@@ -21,11 +25,15 @@ struct AutogradMeta {
   std::vector<PostAccumulateGradHook> post_accumulate_grad_hooks;
   bool retains_grad = false;
   std::shared_ptr<const PartialReduction> partial_reduction;  // leaves held in part (core/partial_reduction.h)
-  // Leaves a transform took out of their module (fsdp::fully_shard replaces a parameter by its
-  // shard): what replaced it, for the error of an optimizer that still holds the old tensor.
-  std::string replaced_by;
-  // Shards that fsdp::fully_shard registered: the module whose call made them.
-  std::string shard_of;
+  // What layers above core attach to a tensor, each under its own key; core never reads it.
+  std::map<const void*, std::shared_ptr<void>> attachments;
+  template <class T>
+  void attach(const AttachmentKey<T>& key, T value) { attachments[&key] = std::make_shared<T>(std::move(value)); }
+  template <class T>
+  const T* attached(const AttachmentKey<T>& key) const {
+    auto it = attachments.find(&key);
+    return it == attachments.end() ? nullptr : static_cast<const T*>(it->second.get());
+  }
 };
 
 namespace detail {

@@ -12,15 +12,18 @@
 #include "dist/group_reduction.h"
 #include "fsdp/sharded_state_dict.h"
 #include "fsdp/state.h"
+#include "nn/optimizer.h"
 
 namespace weft::fsdp {
 
-FSDPModule fully_shard(const nn::ModulePtr& module, const FullyShardOptions& opts) {
-  WEFT_CHECK(module != nullptr, "fully_shard: module is null");
-  return fully_shard(std::vector<nn::ModulePtr>{module}, opts);
-}
+namespace {
 
-FSDPModule fully_shard(const std::vector<nn::ModulePtr>& modules, const FullyShardOptions& opts) {
+using NamedModules = std::vector<std::pair<std::string, nn::Module*>>;
+
+const AttachmentKey<std::string> shard_of{};  // on each shard: the fully_shard call that made it
+
+// Checks the modules (non-null, not yet sharded, disjoint) and dtypes; returns the group's members.
+std::vector<nn::Module*> check_arguments(const std::vector<nn::ModulePtr>& modules, const FullyShardOptions& opts) {
   WEFT_CHECK(!modules.empty(), "fully_shard: the list of modules is empty");
   std::vector<nn::Module*> members;
   for (size_t i = 0; i < modules.size(); ++i) {
@@ -37,24 +40,23 @@ FSDPModule fully_shard(const std::vector<nn::ModulePtr>& modules, const FullySha
                    "fully_shard: module #{} of the list ({}) {} module #{} ({}); the modules of one group must be "
                    "distinct and none may contain another", j, members[j]->type_name(),
                    name.empty() ? "is the same as" : "is inside", i, members[i]->type_name());
-  const nn::Module* module = members[0];
-  const std::string what = members.size() == 1 ? module->type_name() + " module"
-                                               : fmt::format("list of {} modules", members.size());
   for (auto [what, d] : {std::pair{"param_dtype", opts.mp_policy.param_dtype}, {"reduce_dtype", opts.mp_policy.reduce_dtype},
                          {"output_dtype", opts.mp_policy.output_dtype}})
     WEFT_CHECK(!d || is_floating(*d), "fully_shard: mp_policy.{} must be a floating dtype, got {}", what, dtype_name(*d));
-  if (!dist::is_initialized()) dist::init();
-  // What earlier calls in this subtree took: their shards (skipped here) and the original
-  // tensors they replaced (still registered elsewhere only if tied across groups).
+  return members;
+}
+
+// The subtree's parameters no earlier call took, each with every slot holding it and its shard dim.
+std::vector<FSDPParamGroup::Entry> collect_entries(const NamedModules& walk, const FullyShardOptions& opts,
+                                                   const std::string& what) {
+  // Earlier calls' shards, and the tensors they replaced (still registered only if tied across groups).
   std::unordered_set<TensorImpl*> shards, originals_taken;
-  const auto walk = named_modules_of(members);
   for (auto& [mn, m] : walk)
     if (auto s = state_of(*m); s && s->group) {
       for (auto& p : s->group->params()) shards.insert(p->sharded().impl());
       for (auto& w : s->group->originals)
         if (auto o = w.lock()) originals_taken.insert(o.get());
     }
-  // Parameters of the subtree not yet in a group, with every slot that holds each of them.
   std::vector<FSDPParamGroup::Entry> entries;
   std::unordered_map<TensorImpl*, size_t> index;
   for (auto& [mname, m] : walk) {
@@ -67,10 +69,10 @@ FSDPModule fully_shard(const std::vector<nn::ModulePtr>& modules, const FullySha
         continue;
       }
       if (shards.count(impl)) continue;
-      WEFT_CHECK(!impl->autograd || impl->autograd->shard_of.empty(),
-                 "fully_shard: parameter {} of this {} is already a shard made by fully_shard on an enclosing "
+      const std::string* made_by = impl->autograd ? impl->autograd->attached(shard_of) : nullptr;
+      WEFT_CHECK(!made_by, "fully_shard: parameter {} of this {} is already a shard made by fully_shard on an enclosing "
                  "module ({}); call fully_shard bottom-up: on the blocks first, then on the modules that contain them, "
-                 "the root last", name, what, impl->autograd ? impl->autograd->shard_of : "");
+                 "the root last", name, what, made_by ? *made_by : "");
       WEFT_CHECK(!originals_taken.count(impl),
                  "fully_shard: parameter {} is tied to a parameter already sharded by an earlier fully_shard call; "
                  "tied parameters must be in the same group (shard the module that holds both)", name);
@@ -85,36 +87,28 @@ FSDPModule fully_shard(const std::vector<nn::ModulePtr>& modules, const FullySha
       entries.push_back({name, {slot}, dim});
     }
   }
-  // The device of the module's parameters picks the default mesh's backend (MPI for CPU
-  // tensors, NCCL for CUDA ones). Every rank has the same model, hence the same choice, so the
-  // collective mesh construction below happens on all ranks or none.
-  // A module left without parameters of its own (a root whose blocks took them all) follows
-  // the groups below it.
-  // Meta (deferred) parameters follow the others, else the mesh's device (CPU by default).
-  Device device = kCPU;
-  bool all_meta = !entries.empty();
+  return entries;
+}
+
+// The group's device: its parameters' (the same on every rank, so all or none build a mesh), else
+// the mesh's for meta ones, else that of the groups below (a root whose blocks took everything).
+Device pick_device(const std::vector<FSDPParamGroup::Entry>& entries, const NamedModules& walk,
+                   const FullyShardOptions& opts) {
   for (auto& e : entries)
-    if (!e.slots[0]->device().is_meta()) {
-      device = e.slots[0]->device(), all_meta = false;
-      break;
-    }
-  if (all_meta) {
-    if (opts.mesh) device = opts.mesh->group(opts.mesh->ndim() - 1)->device();
-  } else if (entries.empty()) {
-    for (auto& [mn, m] : walk)
-      if (auto s = state_of(*m); s && s->group) {
-        device = s->group->compute_device();
-        break;
-      }
-  }
-  // One default world mesh per device type for every call (owned by dist until
-  // dist::finalize), so all groups share a communicator.
+    if (!e.slots[0]->device().is_meta()) return e.slots[0]->device();
+  if (!entries.empty()) return opts.mesh ? opts.mesh->group(opts.mesh->ndim() - 1)->device() : kCPU;
+  for (auto& [mn, m] : walk)
+    if (auto s = state_of(*m); s && s->group) return s->group->compute_device();
+  return kCPU;
+}
+
+// The mesh to shard over (else dist's default one per device type), checked against `device`.
+std::shared_ptr<dist::DeviceMesh> pick_mesh(const FullyShardOptions& opts, Device device, const std::string& what) {
   auto mesh = opts.mesh ? opts.mesh : dist::default_mesh(device.type);
   WEFT_CHECK(mesh->ndim() == 1 || mesh->ndim() == 2, "fully_shard: the mesh must be 1-D or 2-D (replicate, shard), got {}",
              mesh->str());
-  auto shard_group = mesh->group(mesh->ndim() - 1);
-  auto replicate_group = mesh->ndim() == 2 ? mesh->group(0) : nullptr;
   // The collectives run on the mesh's backend, which takes tensors of one device only.
+  auto shard_group = mesh->group(mesh->ndim() - 1);
   Device comm_device = shard_group->device();
   WEFT_CHECK(comm_device.type == device.type,
              "fully_shard: the parameters of this {} are on {} but {} communicates with the {} backend, which "
@@ -128,31 +122,36 @@ FSDPModule fully_shard(const std::vector<nn::ModulePtr>& modules, const FullySha
              "fully_shard: the parameters of this {} are on {} but this rank's NCCL group of {} uses {} (local "
              "rank {} modulo the visible GPUs); move the module to {}", what, device.str(), mesh->str(),
              comm_device.str(), dist::local_rank(), comm_device.str());
+  return mesh;
+}
 
+// Makes the group (null without entries), notes what replaced what, materialises meta buffers whole.
+std::unique_ptr<FSDPParamGroup> make_group(std::vector<FSDPParamGroup::Entry> entries, const std::vector<nn::Module*>& members,
+                                           const FullyShardOptions& opts, const dist::DeviceMesh& mesh, const std::string& what) {
+  auto shard_group = mesh.group(mesh.ndim() - 1);
   std::vector<std::weak_ptr<TensorImpl>> originals;
   for (auto& e : entries) {
     originals.push_back(e.slots[0]->impl_ptr());
-    e.slots[0]->autograd_meta().replaced_by =
-        fmt::format("its shard when fsdp::fully_shard ran on the {} holding '{}'", what, e.name);
+    e.slots[0]->autograd_meta().attach(nn::replaced_parameter,
+                                       fmt::format("its shard when fsdp::fully_shard ran on the {} holding '{}'", what, e.name));
   }
-  // Meta buffers of the subtree are materialised whole on the group's device (they are not
-  // sharded); meta parameters become shards initialised from their rules by the group.
   for (nn::Module* m : members)
     for (auto& [bname, b] : m->named_buffers())
-      if (b.device().is_meta() && !comm_device.is_meta()) materialize_in_place(b, comm_device);
-  std::unique_ptr<FSDPParamGroup> group;
-  if (!entries.empty()) {
-    group = std::make_unique<FSDPParamGroup>(std::move(entries), opts, shard_group, replicate_group);
-    group->originals = std::move(originals);
-    // A shard's reductions (nn::clip_grad_norm_) complete over the ranks holding the others.
-    for (auto& p : group->params()) {
-      p->sharded().autograd_meta().shard_of = fmt::format("a {}, as '{}'", what, p->name());
-      if (shard_group->size() > 1) set_partial_reduction(p->sharded(), dist::reduction_over(shard_group));
-    }
+      if (b.device().is_meta() && !shard_group->device().is_meta()) materialize_in_place(b, shard_group->device());
+  if (entries.empty()) return nullptr;
+  auto group = std::make_unique<FSDPParamGroup>(std::move(entries), opts, shard_group,
+                                                mesh.ndim() == 2 ? mesh.group(0) : nullptr);
+  group->originals = std::move(originals);
+  // A shard's reductions (nn::clip_grad_norm_) complete over the ranks holding the others.
+  for (auto& p : group->params()) {
+    p->sharded().autograd_meta().attach(shard_of, fmt::format("a {}, as '{}'", what, p->name()));
+    if (shard_group->size() > 1) set_partial_reduction(p->sharded(), dist::reduction_over(shard_group));
   }
-  auto state = std::make_shared<FSDPState>(members, opts, std::move(group), mesh);
-  // The modules own their state (their extension slot, and their hooks); the state refers back
-  // to them by pointer and dies with them.
+  return group;
+}
+
+// Attaches the state to each member (owned by its extension slot and hooks) and hooks its forward.
+FSDPModule attach_state(const std::vector<nn::Module*>& members, const std::shared_ptr<FSDPState>& state) {
   for (size_t i = 0; i < members.size(); ++i) {
     members[i]->set_extension(state);
     members[i]->register_forward_pre_hook(
@@ -163,10 +162,28 @@ FSDPModule fully_shard(const std::vector<nn::ModulePtr>& modules, const FullySha
   return FSDPModule(state);
 }
 
+}  // namespace
+
+FSDPModule fully_shard(const nn::ModulePtr& module, const FullyShardOptions& opts) {
+  WEFT_CHECK(module != nullptr, "fully_shard: module is null");
+  return fully_shard(std::vector<nn::ModulePtr>{module}, opts);
+}
+
+FSDPModule fully_shard(const std::vector<nn::ModulePtr>& modules, const FullyShardOptions& opts) {
+  const std::vector<nn::Module*> members = check_arguments(modules, opts);
+  const std::string what = members.size() == 1 ? members[0]->type_name() + " module"
+                                               : fmt::format("list of {} modules", members.size());
+  if (!dist::is_initialized()) dist::init();
+  const NamedModules walk = named_modules_of(members);
+  auto entries = collect_entries(walk, opts, what);
+  auto mesh = pick_mesh(opts, pick_device(entries, walk, opts), what);
+  auto group = make_group(std::move(entries), members, opts, *mesh, what);
+  return attach_state(members, std::make_shared<FSDPState>(members, opts, std::move(group), mesh));
+}
+
 std::optional<FSDPModule> fsdp_module(const nn::Module& module) {
-  auto s = state_of(module);
-  if (!s) return std::nullopt;
-  return FSDPModule(s);
+  if (auto s = state_of(module)) return FSDPModule(s);
+  return std::nullopt;
 }
 
 nn::Module& FSDPModule::module() const { return state_->module(); }
@@ -281,16 +298,10 @@ Tensor FSDPModule::gather_shard(const std::string& name, const Tensor& local) co
 ShardInfo FSDPModule::shard_info(const std::string& name) const {
   const FSDPParam& p = find_param(name);
   auto pg = state_->mesh->group(state_->mesh->ndim() - 1);
-  ShardInfo info;
-  info.global_shape = p.global_shape();
-  info.shard_dim = p.shard_dim();
-  info.world_size = pg->size();
-  info.rank = pg->rank();
-  int64_t extent = p.global_shape().empty() ? 1 : p.global_shape()[size_t(p.shard_dim())];
-  int64_t chunk = (extent + pg->size() - 1) / pg->size();
-  info.offset = std::min(extent, int64_t(pg->rank()) * chunk);
-  info.length = std::clamp<int64_t>(extent - int64_t(pg->rank()) * chunk, 0, chunk);
-  return info;
+  const int64_t extent = p.global_shape().empty() ? 1 : p.global_shape()[size_t(p.shard_dim())];
+  const int64_t chunk = (extent + pg->size() - 1) / pg->size(), start = int64_t(pg->rank()) * chunk;
+  return {p.global_shape(), p.shard_dim(), std::min(extent, start), std::clamp<int64_t>(extent - start, 0, chunk),
+          pg->size(), pg->rank()};
 }
 
 CommStats FSDPModule::comm_stats(bool recurse) const {

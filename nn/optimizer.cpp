@@ -65,14 +65,17 @@ void Optimizer::set_lr(double lr) {
 
 std::map<std::string, Tensor>& Optimizer::state_of(const Tensor& param) { return state_[param.impl()]; }
 
+const AttachmentKey<std::string> replaced_parameter{};
+
 void Optimizer::check_params() const {
   for (size_t g = 0; g < groups_.size(); ++g)
     for (size_t i = 0; i < groups_[g].params.size(); ++i) {
       const Tensor& p = groups_[g].params[i];
-      if (p.defined() && p.impl()->autograd && !p.impl()->autograd->replaced_by.empty())
+      const AutogradMeta* meta = p.defined() ? p.impl()->autograd.get() : nullptr;
+      if (const std::string* by = meta ? meta->attached(replaced_parameter) : nullptr)
         WEFT_ERROR("{}::step: parameter {} of group {} ({}) is no longer in its module: it was replaced by {}. "
                    "This optimizer was built before that; build it after sharding, from model->parameters()",
-                   name_, i, g, tensor_desc(p), p.impl()->autograd->replaced_by);
+                   name_, i, g, tensor_desc(p), *by);
     }
 }
 

@@ -10,10 +10,15 @@
 #include <string>
 #include <vector>
 
+#include "core/autograd_meta.h"
 #include "nn/clip_grad.h"  // clip_grad_norm_, used beside every optimizer
 #include "nn/module.h"
 
 namespace weft::nn {
+
+// A parameter a transform took out of its module (fsdp::fully_shard replaces it by its shard)
+// carries what replaced it under this key: step() names it to an optimizer still holding it.
+extern const AttachmentKey<std::string> replaced_parameter;
 
 // Parameters sharing options; `options` may override some of the optimizer's defaults
 // (e.g. {{"weight_decay", 0.0}} for biases and norms).

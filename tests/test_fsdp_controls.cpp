@@ -1,17 +1,21 @@
 // FSDPModule's controls do what their names say: each test fails when its control is a no-op.
-// set_requires_all_reduce (HSDP accumulation), set_reshard_after_backward, set_unshard_in_backward,
-// set_is_last_backward on a sub-module, gradient accumulation in the reduce dtype under mixed
-// precision, and the mistakes that used to train wrongly (an optimizer built before sharding,
-// sharding top-down). Runs under mpirun at 1, 2 and 4 ranks.
+// set_requires_all_reduce (HSDP accumulation), set_reshard_after_forward, set_reshard_after_backward,
+// set_unshard_in_backward, set_is_last_backward on a sub-module, gradient accumulation in the
+// reduce dtype under mixed precision, MixedPrecisionPolicy::output_dtype, ranks whose sharded
+// models issue different collectives, and the mistakes that used to train wrongly (an optimizer
+// built before sharding, sharding top-down). Runs under mpirun at 1, 2 and 4 ranks.
+// scripts/mutation_pass.sh turns each control into a no-op in turn and names the test that fails.
 #include <catch2/catch.hpp>
 #include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <filesystem>
 
 #include "dist/dist.h"
+#include "dist/flight_recorder.h"
 #include "fsdp/fsdp.h"
 #include "fsdp/state.h"
 #include "weft.h"
@@ -34,7 +38,75 @@ bool any_reduce_scatter_pending(nn::Module& model) {
   return false;
 }
 
+// The all-reduces across replicas (HSDP) in this rank's flight record, one entry per collective
+// (its kind, sequence number, call and group: the line without its timings).
+std::set<std::string> replica_all_reduces() {
+  std::set<std::string> out;
+  std::istringstream in(dist::flight_record());
+  for (std::string line; std::getline(in, line);)
+    if (line.find("across replicas") != std::string::npos) out.insert(line.substr(0, line.find(" ranks)")));
+  return out;
+}
+
+size_t new_entries(const std::set<std::string>& before, const std::set<std::string>& after) {
+  size_t n = 0;
+  for (auto& e : after) n += !before.count(e);
+  return n;
+}
+
+// Every parameter's gradient of the sharded model: the full tensor (gathered over the shard
+// group; a collective on every rank), or nothing where no rank has one.
+std::vector<std::pair<std::string, std::vector<double>>> full_grads(nn::Module& model, const fsdp::FSDPModule& root) {
+  std::vector<std::pair<std::string, std::vector<double>>> out;
+  for (auto& [name, p] : model.named_parameters())
+    out.emplace_back(name, to_vector(root.gather_shard(name, p.grad().defined() ? p.grad() : zeros_like(p))));
+  return out;
+}
+
 }  // namespace
+
+TEST_CASE("set_requires_all_reduce(false): no all-reduce, the sharded gradients wait unreduced") {
+  const int world = dist::world_size();
+  if (world < 2 || world % 2 != 0) {
+    WARN("HSDP needs 2 replicas: an even world size; world size " << world);
+    return;
+  }
+  auto mesh = std::make_shared<dist::DeviceMesh>(DeviceType::cpu, std::vector<int>{2, world / 2});
+  auto ref = seeded<TinyGPT>(7);
+  auto model = seeded<TinyGPT>(7);
+  auto root = shard_blocks(model, {.mesh = mesh});
+  const int groups = 3;
+  Batch global = gpt_batch(0, 4);
+  loss_of(*ref, global).backward();
+  loss_of(*ref, global).backward();  // the reference: two backwards of the global batch, summed
+  // Backward 1 without the all-reduce: every group reduce-scatters within its replica, none
+  // all-reduces across replicas, and the sharded gradients are not written: the replica's
+  // partial sum waits inside the group.
+  root.set_requires_all_reduce(false);
+  auto before = root.comm_stats();
+  auto recorded = replica_all_reduces();
+  loss_of(*model, slice(global)).backward();
+  CHECK(root.comm_stats().reduce_scatters - before.reduce_scatters == groups);
+  CHECK(root.comm_stats().all_reduces - before.all_reduces == 0);
+  CHECK(new_entries(recorded, replica_all_reduces()) == 0);
+  for (auto& [name, p] : model->named_parameters()) {
+    INFO("parameter " << name);
+    CHECK_FALSE(p.grad().defined());
+  }
+  // Backward 2 with it: one all-reduce per group carries both backwards' sums, averaged over
+  // the replicas: the reference's gradients of the two backwards.
+  root.set_requires_all_reduce(true);
+  before = root.comm_stats();
+  recorded = replica_all_reduces();
+  loss_of(*model, slice(global)).backward();
+  CHECK(root.comm_stats().all_reduces - before.all_reduces == groups);
+  CHECK(new_entries(recorded, replica_all_reduces()) == size_t(groups));
+  auto want = ref->named_parameters();
+  auto got = full_grads(*model, root);
+  for (size_t i = 0; i < want.size(); ++i)
+    check_close(got[i].second, to_vector(want[i].second.grad()), 1e-5, "two backwards' gradient of " + got[i].first,
+                1e-7);
+}
 
 TEST_CASE("set_requires_all_reduce(false): HSDP accumulation all-reduces on the later backward") {
   const int world = dist::world_size();
@@ -70,6 +142,48 @@ TEST_CASE("set_reshard_after_backward(false): the next forward gathers nothing")
                    CHECK(run.root.comm_stats().all_gathers - before.all_gathers == (m == 0 ? groups : 0));
                  }});
   run.check_params(1e-5, "accumulation without resharding");
+}
+
+TEST_CASE("set_reshard_after_forward: the groups left gathered after forward, and the backward's all-gathers") {
+  using S = fsdp::FSDPParamGroup::State;
+  auto ref = seeded<TinyGPT>(7);
+  auto model = seeded<TinyGPT>(7);
+  auto root = shard_blocks(model);
+  auto block = [&](int i) { return fsdp::state_of(*model->blocks->at<nn::Block>(size_t(i)))->group->state(); };
+  auto own = [&] { return root.state()->group->state(); };
+  Batch global = gpt_batch(0, 4);
+  loss_of(*ref, global).backward();
+  // Each setting, then what a forward leaves gathered and how many all-gathers its backward
+  // issues (3 groups: the two blocks and the root's own parameters).
+  struct Case {
+    const char* what;
+    std::function<void()> set;
+    bool blocks_gathered, root_gathered;
+    int backward_all_gathers;
+  };
+  const std::vector<Case> cases{
+      {"default: the blocks reshard, the root keeps its parameters", [] {}, false, true, 2},
+      {"false, recursive", [&] { root.set_reshard_after_forward(false); }, true, true, 0},
+      {"true, recursive", [&] { root.set_reshard_after_forward(true); }, false, false, 3},
+      {"false on the root only", [&] { root.set_reshard_after_forward(false, /*recurse=*/false); }, false, true, 2},
+  };
+  for (auto& c : cases) {
+    INFO(c.what);
+    c.set();
+    for (auto& p : model->parameters()) p.set_grad(Tensor());
+    Tensor l = loss_of(*model, slice(global));
+    CHECK((block(0) == S::unsharded) == c.blocks_gathered);
+    CHECK((block(1) == S::unsharded) == c.blocks_gathered);
+    CHECK((own() == S::unsharded) == c.root_gathered);
+    auto before = root.comm_stats();
+    l.backward();
+    CHECK(root.comm_stats().all_gathers - before.all_gathers == c.backward_all_gathers);
+    auto want = ref->named_parameters();
+    auto got = full_grads(*model, root);
+    for (size_t i = 0; i < want.size(); ++i)
+      check_close(got[i].second, to_vector(want[i].second.grad()), 1e-5, std::string(c.what) + ": gradient of " +
+                  got[i].first, 1e-7);
+  }
 }
 
 TEST_CASE("set_unshard_in_backward(false): the module is not gathered in backward, prefetch included") {
@@ -329,11 +443,25 @@ TEST_CASE("SummonFullParams: recurse and offload_to_cpu") {
     CHECK(block_w().shape() == shard_shape);  // the blocks' groups are not summoned
   }
   {
-    fsdp::SummonFullParams all(root, {.offload_to_cpu = true});
-    CHECK(block_w().shape() == ref->blocks->at<nn::Block>(0)->mlp->c_fc->weight.shape());
-    CHECK(block_w().device().is_cpu());
-    NoGradGuard no_grad;
-    block_w().fill_(0.25);
+    // offload_to_cpu moves full tensors gathered on a device to the host. A CPU group's full
+    // tensors are host tensors already, so on the CPU the option has no effect to observe (the
+    // CUDA suite, fsdp_cuda, checks the move); here: the full tensors are host memory of their
+    // own, not views of the group's shard or gather buffers, and their bytes are live on the
+    // host only while summoned.
+    const int64_t live_before = memory_stats(kCPU).live_bytes;
+    auto summoned = std::make_unique<fsdp::SummonFullParams>(root, fsdp::SummonOptions{.offload_to_cpu = true});
+    const Tensor full = block_w();
+    CHECK(full.shape() == ref->blocks->at<nn::Block>(0)->mlp->c_fc->weight.shape());
+    CHECK(full.device().is_cpu());
+    auto& group = *fsdp::state_of(*model->blocks->at<nn::Block>(0))->group;
+    CHECK(group.state() == fsdp::FSDPParamGroup::State::sharded);  // the group itself was not gathered
+    CHECK(full.data_ptr() != group.flat_shard().data_ptr());
+    CHECK(memory_stats(kCPU).live_bytes - live_before >= full.numel() * int64_t(sizeof(float)));
+    {
+      NoGradGuard no_grad;
+      block_w().fill_(0.25);
+    }
+    summoned.reset();
   }
   CHECK(block_w().shape() == shard_shape);
   for (double v : to_vector(root.full_tensor("blocks.0.mlp.c_fc.weight"))) REQUIRE(v == 0.25);
@@ -462,4 +590,79 @@ TEST_CASE("set_reduce_scatter_divide_factor: sum, then divide by the factor") {
   for (double v : avg) want_sum.push_back(v * n), want_half.push_back(v * n / 2);
   check_close(summed, want_sum, 1e-5, "factor 1: the sum over ranks");
   check_close(half, want_half, 1e-5, "factor 2: the sum over ranks, halved");
+}
+
+TEST_CASE("MixedPrecisionPolicy::output_dtype: the module returns it, with the values of the computation") {
+  SECTION("f32 parameters, f64 outputs") {
+    auto ref = seeded<UnevenMLP>(3);
+    auto model = seeded<UnevenMLP>(3);
+    fsdp::fully_shard(model->fc1);
+    auto root = fsdp::fully_shard(model, {.mp_policy = {.output_dtype = DType::f64}});
+    Batch global = mlp_batch(0, 8);
+    Tensor y = (*model)(slice(global).x);  // the module's own output: no cast here
+    CHECK(y.dtype() == DType::f64);
+    {
+      NoGradGuard no_grad;
+      check_close(to_vector(y), to_vector((*ref)(slice(global).x)), 1e-6, "f64 outputs");
+    }
+    // The cast is part of the graph: the f32 shards get the reference's gradients (each rank's
+    // mean over its slice, averaged over the ranks: the mean over the global batch).
+    mean(y).backward();
+    mean((*ref)(global.x)).backward();
+    auto want = ref->named_parameters();
+    auto got = full_grads(*model, root);
+    for (size_t i = 0; i < want.size(); ++i)
+      check_close(got[i].second, to_vector(want[i].second.grad()), 1e-5, "gradient of " + got[i].first, 1e-7);
+    for (auto& [name, p] : model->named_parameters())
+      if (p.grad().defined()) CHECK(p.grad().dtype() == DType::f32);
+  }
+  SECTION("bf16 compute, f32 logits") {
+    auto ref = seeded<TinyGPT>(7);
+    fsdp::MixedPrecisionPolicy bf16{.param_dtype = DType::bf16, .reduce_dtype = DType::f32};
+    auto build = [&](std::optional<DType> output_dtype) {
+      auto m = seeded<TinyGPT>(7);
+      for (auto& b : *m->blocks) fsdp::fully_shard(b, {.mp_policy = bf16});  // blocks pass bf16 on
+      auto root_policy = bf16;
+      root_policy.output_dtype = output_dtype;
+      fsdp::fully_shard(m, {.mp_policy = root_policy});
+      return m;
+    };
+    auto with = build(DType::f32), without = build(std::nullopt);
+    Batch b = slice(gpt_batch(0, 4));
+    NoGradGuard no_grad;
+    Tensor logits = (*with)(b.x);
+    CHECK(logits.dtype() == DType::f32);
+    CHECK((*without)(b.x).dtype() == DType::bf16);  // the head's own dtype
+    auto got = to_vector(logits), want = to_vector((*ref)(b.x));
+    double err = 0, norm = 0;
+    for (size_t i = 0; i < got.size(); ++i) err += (got[i] - want[i]) * (got[i] - want[i]), norm += want[i] * want[i];
+    INFO("relative error of the logits computed in bf16: " << std::sqrt(err / norm));
+    CHECK(std::sqrt(err / norm) <= 2e-2);
+    CHECK(std::sqrt(err / norm) > 1e-5);  // computed in bf16 and cast, not computed in f32
+  }
+}
+
+TEST_CASE("ranks whose sharded models issue different collectives all fail, naming the calls") {
+  const int world = dist::world_size();
+  if (world < 2) {
+    WARN("a mismatch between ranks needs 2 ranks; world size 1: nothing to compare");
+    return;
+  }
+  // The same parameters on every rank (names, shapes, dtypes: fully_shard's check of the model
+  // across ranks passes), but the last rank gathers in bf16: its all-gather sends half the bytes
+  // the others expect. Without the collective fingerprint check MPI would write past the smaller
+  // buffers or wait forever; with it every rank raises the same named error before any buffer
+  // is touched, and the world stays usable.
+  auto model = seeded<UnevenMLP>(3);
+  fsdp::FullyShardOptions o;
+  if (dist::rank() == world - 1) o.mp_policy.param_dtype = DType::bf16;
+  fsdp::fully_shard(model->fc1, o);
+  fsdp::fully_shard(model->fc2, o);
+  fsdp::fully_shard(model, o);
+  CHECK_THROWS_WITH(loss_of(*model, slice(mlp_batch(0, 8))),
+                    Contains("issue different collectives") && Contains("all_gather") && Contains("bf16") &&
+                        Contains("f32") && Contains("fsdp 'fc1' FORWARD"));
+  Tensor one = ones({1});
+  dist::world()->all_reduce(one)->wait();
+  CHECK(one.item() == world);
 }

@@ -175,3 +175,23 @@ TEST_CASE("fsdp on cuda: a mesh whose backend cannot take the module's tensors i
   CHECK_THROWS_WITH(fsdp::fully_shard(on_cpu->fc1, {.mesh = cuda_mesh}),
                     Contains("on cpu") && Contains("nccl backend") && Contains("move the module to"));
 }
+
+TEST_CASE("fsdp on cuda: SummonFullParams(offload_to_cpu) gives host full tensors, else device ones") {
+  // The CPU suites cannot see this option (a CPU group's full tensors are host tensors anyway).
+  const Device dev = gpu();
+  for (bool offload : {false, true}) {
+    INFO("offload_to_cpu = " << offload);
+    manual_seed(7);
+    auto ref = std::make_shared<UnevenMLP>();
+    manual_seed(7);
+    auto model = std::make_shared<UnevenMLP>();
+    model->to(dev);
+    fsdp::fully_shard(model->fc1);
+    auto root = fsdp::fully_shard(model);
+    fsdp::SummonFullParams full(root, {.offload_to_cpu = offload});
+    const Tensor w = model->fc1->weight;
+    CHECK(w.shape() == ref->fc1->weight.shape());
+    CHECK(w.device() == (offload ? kCPU : dev));
+    CHECK(host_values(w) == to_vector(ref->fc1->weight));
+  }
+}
