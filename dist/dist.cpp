@@ -216,6 +216,17 @@ void abort_job(const std::string& message, int exit_code) {
   if (inited && !finalized) MPI_Comm_rank(MPI_COMM_WORLD, &r);
   std::fprintf(stderr, "[weft.dist rank %d] %s\n", r, message.c_str());
   std::fflush(stderr);
+  // MPI_Abort asks the launcher to end every rank. A launcher that is gone or stuck (mpirun has
+  // been seen to crash in its own PMIx shutdown) would leave this rank in MPI_Abort for ever, so
+  // a watchdog ends the process itself; a rank that exits non-zero without MPI_Finalize makes
+  // mpirun end the others, and the others' own timeouts end them when there is no mpirun left.
+  static constexpr int kAbortGraceSeconds = 10;
+  std::thread([r, exit_code] {
+    std::this_thread::sleep_for(std::chrono::seconds(kAbortGraceSeconds));
+    std::fprintf(stderr, "[weft.dist rank %d] MPI_Abort did not end the job within %d s: exiting\n", r,
+                 kAbortGraceSeconds);
+    std::_Exit(exit_code);
+  }).detach();
   if (inited && !finalized) MPI_Abort(MPI_COMM_WORLD, exit_code);
   std::_Exit(exit_code);
 }

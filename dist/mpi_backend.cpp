@@ -4,7 +4,7 @@
 // thread when it issues a call or waits for one (so a call and its wait cost about what MPI's
 // own nonblocking call and MPI_Wait do), else the communication thread, which drives works
 // while the caller computes. bf16/f16 reductions go through f32 buffers: MPI has no 16-bit
-// float type, and summing in f32 then rounding once is what DESIGN.md asks of 16-bit math.
+// float type, and summing in f32 then rounding once is how weft does all 16-bit math.
 #include <chrono>
 #include <climits>
 #include <condition_variable>

@@ -2,7 +2,7 @@
 // device and sharded by fully_shard has, gathered, bitwise the parameters of the same model
 // built eagerly in one process with the same seed (each rank computed only its own elements,
 // on dim 0 or through shard_placement_fn on dim 1), and its build peak per rank stays within
-// DESIGN.md's init bound Ps + one group, which building the whole model first exceeds.
+// the init bound Ps + one group (docs/MEMORY_SCALING.md), which building the whole model first exceeds.
 #include <cstdio>
 #include <optional>
 

@@ -205,7 +205,7 @@ int run(const Options& o) {
   // FSDP2's bounds (see the header comment); Adam's 2Ps from the second step on.
   const int64_t params_bound = 4 * B + E + 4 * Ps;
   const int64_t bound = params_bound + act_max + act_max / o.model.n_layer;
-  const int64_t init_bound = Ps + B + (1 << 20);  // DESIGN.md's init <= Ps + B, 1 MiB of slack
+  const int64_t init_bound = Ps + B + (1 << 20);  // the init bound Ps + B, 1 MiB of slack
   json mine = {{"rank", me},
                {"deferred_init", o.deferred_init},
                {"init_bound", init_bound},

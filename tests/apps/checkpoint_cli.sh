@@ -117,5 +117,26 @@ grep -q "mlp model" "$tmp/err" || fail "mnist model mismatch not explained: $(ca
 mkdir "$tmp/empty"
 if "$tool" inspect "$tmp/empty" 2>"$tmp/err"; then fail "inspect of an empty directory succeeded"; fi
 grep -q "no complete checkpoint" "$tmp/err" || fail "empty directory not explained: $(cat "$tmp/err")"
+# One writer per directory: a second run on a directory a live run writes is refused, naming the
+# first (its pid); leftovers of a killed save are removed when the next run starts.
+long=("${cfg[@]}")
+long[11]=100000  # --steps
+timeout 120 "$gpt" train "${long[@]}" --checkpoint-dir "$tmp/shared" --checkpoint-every 100000 \
+  >/dev/null 2>"$tmp/first.err" &
+first=$!
+for _ in $(seq 100); do grep -q "pid " "$tmp/shared/.lock" 2>/dev/null && break; sleep 0.1; done
+holder=$(grep -o "pid [0-9]*" "$tmp/shared/.lock" | cut -d' ' -f2)
+[ -n "$holder" ] && [ "$(cat /proc/"$holder"/comm 2>/dev/null)" = weft-transforme ] ||
+  { kill $first; fail "the first run's lock does not name it: $(cat "$tmp/shared/.lock" 2>&1)"; }
+if run "$gpt" train "${cfg[@]}" --checkpoint-dir "$tmp/shared" >/dev/null 2>"$tmp/err"; then
+  kill $first; fail "a second run wrote a directory another run holds"; fi
+kill $first; wait $first 2>/dev/null || true  # it stops on SIGTERM (status 143)
+grep -q "$tmp/shared is in use by another run (host .*, pid $holder, since" "$tmp/err" ||
+  fail "the second run does not name the first: $(cat "$tmp/err")"
+mkdir -p "$tmp/shared/.tmp-step_00000099/x" "$tmp/shared/.old-step_00000042"
+run "$gpt" train "${cfg[@]}" --stop-after 1 --checkpoint-dir "$tmp/shared" >/dev/null 2>"$tmp/err" ||
+  fail "a run after the first ended: $(cat "$tmp/err")"
+[ ! -e "$tmp/shared/.tmp-step_00000099" ] && [ ! -e "$tmp/shared/.old-step_00000042" ] ||
+  fail "leftovers of killed saves were kept: $(ls -a "$tmp/shared")"
 echo "checkpoint cli ok: exact resume (dropout) alone and at 2 ranks; step-10 loss $a10 after 1->4 and 4->1;" \
-     "mnist 2->1->4; inspect, verify, consolidate; corrupt shards refused on every rank"
+     "mnist 2->1->4; inspect, verify, consolidate; corrupt shards refused on every rank; one writer per directory"

@@ -25,6 +25,28 @@ grep -q "the newest checkpoint that resumes is $tmp/ck/step_00000002 (its weight
   "$tmp/err" || fail "no checkpoint that resumes named: $(cat "$tmp/err")"
 sums "$tmp/ck" >"$tmp/after"
 cmp -s "$tmp/before" "$tmp/after" || fail "checkpoints changed by the failed run: $(diff "$tmp/before" "$tmp/after")"
+# Saving every step with --keep-last 1 while diverging: step 3's weights are finite but give step 4
+# a non-finite loss. The message names step 2 (its weights gave step 3 a sane loss), not the
+# newest, and rotation kept it; resuming from it works.
+cp -r "$tmp/ck" "$tmp/ck_div"
+if "$tf" train "${cfg[@]}" --steps 8 --lr 1e30 --resume "$tmp/ck_div" --checkpoint-dir "$tmp/ck_div" \
+    --checkpoint-every 1 --keep-last 1 >/dev/null 2>"$tmp/err"; then fail "diverging run exited 0"; fi
+grep -q "saved model and optimizer at step 3" "$tmp/err" || fail "step 3 was not saved: $(cat "$tmp/err")"
+grep -q "the newest checkpoint that resumes is $tmp/ck_div/step_00000002 " "$tmp/err" ||
+  fail "the diverging run does not name step 2: $(cat "$tmp/err")"
+grep -q "keeping $tmp/ck_div/step_00000002 besides the 1 newest: the newest checkpoint known to resume" "$tmp/err" ||
+  fail "keeping step 2 was not said: $(cat "$tmp/err")"
+[ -f "$tmp/ck_div/step_00000002/index.json" ] || fail "rotation removed the checkpoint that resumes: $(ls "$tmp/ck_div")"
+"$tf" train "${cfg[@]}" --steps 3 --resume "$tmp/ck_div/step_00000002" >/dev/null 2>"$tmp/err" ||
+  fail "resuming from the named checkpoint failed: $(cat "$tmp/err")"
+# --on-nan skip gives up after --max-skipped-steps in a row, exit 1, naming a checkpoint.
+if "$tf" train "${cfg[@]}" --steps 20 --lr 1e30 --on-nan skip --max-skipped-steps 3 --resume "$tmp/ck" \
+    >/dev/null 2>"$tmp/err"; then fail "--on-nan skip never gave up"; fi
+grep -q "the loss was not finite for 3 steps in a row (steps 4 to 6; --max-skipped-steps 3)" "$tmp/err" ||
+  fail "--max-skipped-steps did not stop the run: $(cat "$tmp/err")"
+grep -q "the newest checkpoint that resumes is $tmp/ck/step_00000002 " "$tmp/err" ||
+  fail "giving up does not name the checkpoint: $(cat "$tmp/err")"
+
 # Updates from a non-finite loss (--on-nan ignore) make the weights non-finite: saving is refused.
 if "$tf" train "${cfg[@]}" --steps 3 --lr 1e30 --checkpoint-dir "$tmp/ck2" --on-nan ignore >/dev/null 2>"$tmp/err"; then
   fail "a checkpoint of non-finite weights was written"; fi

@@ -13,6 +13,16 @@
 using namespace weft;
 using namespace std::chrono_literals;
 
+#ifdef WEFT_TEST_STUCK_ABORT
+#include <mpi.h>
+// A launcher that never answers MPI_Abort (built as dist_fault_stuck_abort): the executable's
+// MPI_Abort takes the place of the MPI library's, so weft's abort path must end the process by
+// itself.
+extern "C" int MPI_Abort(MPI_Comm, int) {
+  for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+}
+#endif
+
 int main(int argc, char** argv) {
   std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "throw") {

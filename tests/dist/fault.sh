@@ -19,7 +19,9 @@ if [ "$mode" = env-differs ]; then  # rank 0 turns the collective check off, the
   timeout 50 "$mpirun" --oversubscribe --bind-to none -np 1 env WEFT_COLLECTIVE_CHECK=0 "$exe" throw : \
     -np $((np - 1)) "$exe" throw >"$log" 2>&1
 else
-  timeout 50 "$mpirun" -np "$np" --oversubscribe --bind-to none "$exe" "${mode%-debug}" >"$log" 2>&1
+  arg=${mode%-debug}
+  [ "$mode" = stuck-abort ] && arg=skip  # dist_fault_stuck_abort: MPI_Abort never returns
+  timeout 50 "$mpirun" -np "$np" --oversubscribe --bind-to none "$exe" "$arg" >"$log" 2>&1
 fi
 rc=$?
 elapsed_ms=$(( ($(date +%s%N) - start) / 1000000 ))
@@ -35,6 +37,10 @@ every_rank_recorded() {
   done
 }
 case $mode in
+  stuck-abort)
+    want "did not complete within 2 s"
+    want "MPI_Abort did not end the job within 10 s: exiting"
+    [ "$rc" -eq 124 ] || fail "exit $rc, want 124 (the timeout's status, from the watchdog)";;
   skip|skip-nowait)
     want "all_gather_into_tensor #2 (f32, in 1000 elements, out $((np * 1000))) on group 'world' ($np ranks)"
     want "did not complete within 2 s"
