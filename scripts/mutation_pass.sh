@@ -32,6 +32,15 @@ mutations=(
   "forward_prefetch|fsdp/state.cpp|s/      next->group->start_unshard();/      (void)next;/|trace fsdp_controls_np2|apps/simple/weft-simple tests/test_fsdp_controls"
   "backward_prefetch|fsdp/state.cpp|s/if (\*prev->reshard_after_forward_ \&\& prev->unshard_in_backward_) prev->group->start_unshard();/(void)prev;/|trace fsdp_controls_np2|apps/simple/weft-simple tests/test_fsdp_controls"
   "replaced_parameter_note|fsdp/fully_shard.cpp|s/e.slots\[0\]->autograd_meta().attach(nn::replaced_parameter,/(void)(nn::replaced_parameter,/|fsdp_controls_np1 fsdp_controls_np2|tests/test_fsdp_controls"
+  "checkpoint_keep_best|fsdp/checkpoint_dir.cpp|s/path != final_dir \&\& path != best \&\& /path != final_dir \&\& /|fsdp_checkpoint_np1 fsdp_checkpoint_np2|tests/test_fsdp_checkpoint"
+  "checkpoint_keep_also|fsdp/checkpoint_dir.cpp|s/!(!keep_also.empty() \&\& fs::equivalent(path, keep_also, ec))/true/|fsdp_checkpoint_np1 fsdp_checkpoint_np2|tests/test_fsdp_checkpoint"
+  "checkpoint_load_finite|fsdp/checkpoint.cpp|s/if (auto bad = find_nonfinite(value))/if (auto bad = std::optional<FoundElement>())/|fsdp_checkpoint_np1 fsdp_checkpoint_np2|tests/test_fsdp_checkpoint"
+  "optimizer_check_state|nn/optimizer.cpp|s/if (auto bad = find_element(value, \[\](double v) { return v < 0; }))/if (auto bad = std::optional<FoundElement>())/|fsdp_checkpoint_np1 nn_optim|tests/test_fsdp_checkpoint tests/test_nn_optim"
+  "checkpoint_unlisted|fsdp/checkpoint_pieces.cpp|s/WEFT_CHECK(listed.count(e.name)/WEFT_CHECK(true or listed.count(e.name)/|fsdp_checkpoint_np1 fsdp_checkpoint_np2|tests/test_fsdp_checkpoint"
+  "checkpoint_dir_lock|fsdp/checkpoint_dir.cpp|s/if (::flock(fd_, LOCK_EX . LOCK_NB) != 0) {/if (false) {/|fsdp_checkpoint_np1|tests/test_fsdp_checkpoint"
+  "checkpoint_leftovers_at_claim|fsdp/checkpoint_dir.cpp|s/^  remove_stale_temporaries(dir, std::numeric_limits<int64_t>::max());//|fsdp_checkpoint_np1|tests/test_fsdp_checkpoint"
+  "checkpoint_verify_finite|fsdp/checkpoint_verify.cpp|s/if (auto bad = find_nonfinite(source.read(s.file, e)))/if (auto bad = std::optional<FoundElement>())/|fsdp_checkpoint_np1|tests/test_fsdp_checkpoint"
+  "checkpoint_loss_recorded|fsdp/checkpoint_index.cpp|s/if (const auto\& l = ix.training.loss) j\["loss"\]/if (false) j["loss"]/|fsdp_checkpoint_np1|tests/test_fsdp_checkpoint"
 )
 
 # ALL_FSDP: every mutation also runs every fsdp suite (the CUDA one skips without a GPU).

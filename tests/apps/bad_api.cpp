@@ -2,8 +2,11 @@
 // (exit 1, the message on stderr). A case that returns prints "no error" and exits 3; another
 // exception type exits 2; a crash is a signal. tests/apps/bad_input.tsv lists the cases with the
 // message each must print (rows "api CASE"); `bad_api --list` prints the names.
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <string>
@@ -21,6 +24,29 @@ nn::ModulePtr tiny_mlp() {
   m->push_back(std::make_shared<nn::Linear>(4, 8));
   m->push_back(std::make_shared<nn::Linear>(8, 2));
   return m;
+}
+
+// A fresh directory of this process's own under the temp directory.
+std::string scratch_dir(const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() / fmt::format("weft_bad_api_{}_{}", ::getpid(), name);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+// An AdamW state dict after one step, with element 0 of every `state` tensor set to `value`,
+// loaded back.
+void load_adamw_state_with(const std::string& state, double value) {
+  auto m = tiny_mlp();
+  nn::AdamW opt(m->parameters(), {});
+  for (auto& p : m->parameters()) p.set_grad(ones_like(p));
+  opt.step();
+  auto sd = opt.state_dict();
+  for (auto& [k, t] : sd)
+    if (k.size() > state.size() && k.compare(k.size() - state.size(), state.size(), state) == 0 &&
+        k[k.size() - state.size() - 1] == '.')
+      t.view({-1}).narrow(0, 0, 1).fill_(value);
+  opt.load_state_dict(sd);
 }
 
 const std::map<std::string, std::function<void()>> kCases = {
@@ -66,6 +92,30 @@ const std::map<std::string, std::function<void()>> kCases = {
        auto sd = m->state_dict();
        sd[0].second = ones({3, 3});
        m->load_state_dict(sd);
+     }},
+    // optimizer state and checkpoints that cannot be right
+    {"optimizer_state_negative_second_moment", [] { load_adamw_state_with("exp_avg_sq", -1.0); }},
+    {"optimizer_state_nan_moment", [] { load_adamw_state_with("exp_avg", NAN); }},
+    {"checkpoint_unlisted_tensor", [] {
+       const std::string dir = scratch_dir("unlisted");
+       auto m = tiny_mlp();
+       const std::string ck = fsdp::save_checkpoint(dir, *m, nullptr, nullptr, {.step = 1});
+       auto c = load_safetensors(ck + "/rank_00000.safetensors");
+       c.tensors.emplace_back("model.stray", zeros({2}));
+       save_safetensors(ck + "/rank_00000.safetensors", c.tensors, c.metadata);
+       fsdp::load_checkpoint(ck, *m, nullptr, nullptr, {.verify = false});
+     }},
+    {"checkpoint_nan_weights", [] {
+       const std::string dir = scratch_dir("nan");
+       auto m = tiny_mlp();
+       NoGradGuard no_grad;
+       m->parameters()[0].fill_(NAN);
+       fsdp::load_checkpoint(fsdp::save_checkpoint(dir, *m, nullptr, nullptr, {.step = 1}), *m, nullptr, nullptr);
+     }},
+    {"checkpoint_dir_held", [] {
+       const std::string dir = scratch_dir("held");
+       fsdp::CheckpointDirLock first(dir);
+       fsdp::CheckpointDirLock second(dir);
      }},
     {"safetensors_directory", [] { load_safetensors("/"); }},
     {"safetensors_dev_zero", [] { load_safetensors("/dev/zero"); }},
