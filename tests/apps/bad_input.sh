@@ -116,6 +116,7 @@ while IFS=$'\t' read -r name args want_rc want_msg; do
   eval "set -- $args"
   envs=()
   while [[ $# -gt 0 && "$1" =~ ^[A-Z_]+= ]]; do envs+=("$1"); shift; done
+  [ "$name" = api ] && envs+=("TMPDIR=$tmp")  # the cases' scratch directories go with $tmp
   if [ "$name" = mpirun ]; then
     if [ ${#mpirun[@]} = 0 ]; then skipped=$((skipped + 1)); continue; fi
     timeout -k 5 60 env "${envs[@]}" "${mpirun[@]}" "$@" </dev/null >"$tmp/out" 2>&1
