@@ -91,7 +91,7 @@ run_tsan() {
   configure "$dir" -Db_sanitize=thread -Dcpp_args='-g1' || return 1
   rm -f "$dir/meson-logs/testlog.json"
   # Only what the dist and fsdp suites run: the libraries and their test programs.
-  targets=$(ninja -C "$dir" -t targets all | grep -oE '^tests/(test_(dist|fsdp)_[a-z0-9_]+|dist_fault):' | tr -d :)
+  targets=$(ninja -C "$dir" -t targets all | grep -oE '^tests/(test_(dist|fsdp)_[a-z0-9_]+|dist_fault|dist_fault_stuck_abort):' | tr -d :)
   [ -n "$targets" ] || { echo "sanitize.sh: no dist or fsdp test programs in $dir"; return 1; }
   echo "sanitize.sh: building $dir (TSan):" $targets
   # shellcheck disable=SC2086
