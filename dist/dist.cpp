@@ -120,6 +120,10 @@ void init() {
   detail::flight_start();
   detail::start_comm_thread(local_size);
   s.initialized = true;
+  // The CPU world group now, while no collective is in flight: its MPI_Comm_dup, made later
+  // with nonblocking collectives outstanding, would progress them from this thread, outside the
+  // progress engine (writing their buffers unseen by the thread that completes them).
+  world(DeviceType::cpu);
 }
 
 void finalize() {
