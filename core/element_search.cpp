@@ -6,7 +6,10 @@
 
 namespace weft {
 
-std::string FoundElement::str() const { return fmt::format("{} at element {}", value, index); }
+std::string FoundElement::str() const {
+  // A NaN's sign says nothing to a reader: "nan", never "-nan".
+  return fmt::format("{} at element {}", std::isnan(value) ? std::string("nan") : fmt::format("{}", value), index);
+}
 
 std::optional<FoundElement> find_element(const Tensor& t, const std::function<bool(double)>& bad) {
   if (!t.defined() || t.numel() == 0 || !is_floating(t.dtype()) || t.device().is_meta()) return std::nullopt;

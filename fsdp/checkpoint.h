@@ -11,7 +11,7 @@
 // A checkpoint is written to DIR/.tmp-step_<step> (files fsync'ed) and renamed into place only
 // when complete, so a crash leaves the previous checkpoints valid; keep_last removes the oldest
 // but never the one with the best recorded loss. A training run claims its directory first
-// (claim_checkpoint_dir): a second run writing to it is refused, naming the first.
+// (CheckpointDirLock): a second run writing to it is refused, naming the first.
 // The directory must be visible to every rank (a shared filesystem across hosts).
 #pragma once
 #include <map>

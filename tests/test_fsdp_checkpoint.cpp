@@ -96,6 +96,18 @@ auto mesh_of(int shards) {
                                             std::vector<std::string>{"replicate", "shard"});
 }
 
+// A load that had to fail: every rank failed, each naming `needle` or saying another rank failed,
+// and at least one naming it.
+void check_failed_on_every_rank(const std::string& message, const std::string& needle, const std::string& what) {
+  INFO(what << ": rank " << dist::rank() << " says: " << message);
+  CHECK(!message.empty());
+  const bool names_it = message.find(needle) != std::string::npos;
+  CHECK((names_it || message.find("failed on another rank") != std::string::npos));
+  Tensor named = from_vector({names_it ? 1.0 : 0.0}, {1}, {.dtype = kFloat64});
+  dist::world()->all_reduce(named, dist::ReduceOp::max)->wait();
+  CHECK(named.item() == 1.0);
+}
+
 std::vector<int> shard_counts() {
   std::vector<int> out;
   for (int n : {1, 2, 4})
@@ -390,13 +402,7 @@ TEST_CASE("bad checkpoints fail on every rank with the file and key, and change 
     } catch (const Error& e) {
       message = e.what();
     }
-    INFO(name << ": rank " << dist::rank() << " says: " << message);
-    CHECK(!message.empty());
-    bool names_it = message.find(needle) != std::string::npos;
-    CHECK((names_it || message.find("failed on another rank") != std::string::npos));
-    Tensor named = from_vector({names_it ? 1.0 : 0.0}, {1}, {.dtype = kFloat64});
-    dist::world()->all_reduce(named, dist::ReduceOp::max)->wait();
-    CHECK(named.item() == 1.0);
+    check_failed_on_every_rank(message, needle, name);
     return message;
   };
   auto flip_byte = [&](const fs::path& d) {
@@ -556,13 +562,7 @@ TEST_CASE("non-finite or impossible state is refused by load, verify and consoli
     } catch (const Error& e) {
       message = e.what();
     }
-    INFO(c.name << ": rank " << dist::rank() << " says: " << message);
-    CHECK(!message.empty());
-    const bool names_it = message.find(c.needle) != std::string::npos;
-    CHECK((names_it || message.find("failed on another rank") != std::string::npos));
-    Tensor named = from_vector({names_it ? 1.0 : 0.0}, {1}, {.dtype = kFloat64});
-    dist::world()->all_reduce(named, dist::ReduceOp::max)->wait();
-    CHECK(named.item() == 1.0);
+    check_failed_on_every_rank(message, c.needle, c.name);
     if (dist::rank() == 0 && c.name != "negative_second_moment") {  // verify and consolidate need no optimizer
       CHECK_THROWS_WITH(fsdp::verify_checkpoint(bad.string()),
                         Contains(c.name == "unlisted" ? c.needle : c.needle.substr(c.needle.find('"') + 1)));

@@ -65,13 +65,24 @@ std::vector<std::pair<std::string, std::vector<double>>> full_grads(nn::Module& 
 
 }  // namespace
 
-TEST_CASE("set_requires_all_reduce(false): no all-reduce, the sharded gradients wait unreduced") {
+namespace {
+
+// HSDP with 2 replicas of world/2 shards ((2, 1) at 2 ranks, (2, 2) at 4); null, with the reason
+// printed, at an odd world size.
+std::shared_ptr<dist::DeviceMesh> two_replica_mesh() {
   const int world = dist::world_size();
   if (world < 2 || world % 2 != 0) {
-    WARN("HSDP needs 2 replicas: an even world size; world size " << world);
-    return;
+    WARN("skipped: HSDP needs 2 replicas: an even world size; world size " << world);
+    return nullptr;
   }
-  auto mesh = std::make_shared<dist::DeviceMesh>(DeviceType::cpu, std::vector<int>{2, world / 2});
+  return std::make_shared<dist::DeviceMesh>(DeviceType::cpu, std::vector<int>{2, world / 2});
+}
+
+}  // namespace
+
+TEST_CASE("set_requires_all_reduce(false): no all-reduce, the sharded gradients wait unreduced") {
+  auto mesh = two_replica_mesh();
+  if (!mesh) return;
   auto ref = seeded<TinyGPT>(7);
   auto model = seeded<TinyGPT>(7);
   auto root = shard_blocks(model, {.mesh = mesh});
@@ -109,13 +120,8 @@ TEST_CASE("set_requires_all_reduce(false): no all-reduce, the sharded gradients 
 }
 
 TEST_CASE("set_requires_all_reduce(false): HSDP accumulation all-reduces on the later backward") {
-  const int world = dist::world_size();
-  if (world < 2 || world % 2 != 0) {
-    WARN("HSDP needs 2 replicas: an even world size; world size " << world);
-    return;
-  }
-  // 2 replicas of world/2 shards: (2, 1) at 2 ranks, (2, 2) at 4.
-  auto mesh = std::make_shared<dist::DeviceMesh>(DeviceType::cpu, std::vector<int>{2, world / 2});
+  auto mesh = two_replica_mesh();
+  if (!mesh) return;
   Parity<TinyGPT> run([&](const std::shared_ptr<TinyGPT>& m) { return shard_blocks(m, {.mesh = mesh}); });
   // Reduce-scatter only on the first micro-batch; the all-reduce of the last must carry it.
   run.train(gpt_batch, 4, 3, 2, {.before_forward = [&](int, int m) { run.root.set_requires_all_reduce(m == 1); }});

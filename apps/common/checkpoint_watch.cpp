@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fmt/format.h>
 #include <vector>
+
+#include "fsdp/checkpoint.h"
 
 namespace weft::apps {
 
@@ -49,6 +52,14 @@ std::string CheckpointWatch::advice() const {
   if (!g.empty()) return fmt::format("the newest checkpoint that resumes is {} ({})", g, rule);
   if (saved_.empty()) return "no checkpoint was written";
   return fmt::format("no checkpoint on disk is known to resume (none whose {})", rule.substr(4));
+}
+
+void CheckpointWatch::announce_kept(const std::string& program, const std::string& dir, int keep_last) {
+  const std::string g = good();
+  for (const std::string& kept : fsdp::older_kept_checkpoints(dir, keep_last))
+    if (announced_.insert(kept).second)
+      std::fprintf(stderr, "%s: keeping %s besides the %d newest: %s\n", program.c_str(), kept.c_str(), keep_last,
+                   kept == g ? "the newest checkpoint known to resume" : "the lowest training loss");
 }
 
 }  // namespace weft::apps

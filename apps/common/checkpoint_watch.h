@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <set>
 #include <string>
 
 namespace weft::apps {
@@ -30,11 +31,15 @@ class CheckpointWatch {
   std::string good() const;
   // For messages: "the newest checkpoint that resumes is DIR (RULE)" or why there is none.
   std::string advice() const;
+  // After a save to `dir` with --keep-last `keep_last`: says once (on stderr, as `program`) why
+  // each older checkpoint outlived the rotation (the lowest loss, or the newest that resumes).
+  void announce_kept(const std::string& program, const std::string& dir, int keep_last);
 
  private:
   std::deque<double> recent_;                 // the last kWindow finite losses
   std::map<int64_t, std::string> saved_;      // step -> checkpoint directory
   std::map<int64_t, bool> judged_;            // step -> good
+  std::set<std::string> announced_;           // older checkpoints announce_kept has named
 };
 
 }  // namespace weft::apps

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <fmt/format.h>
 
+#include "core/element_search.h"
 #include "core/error.h"
 #include "core/tensor.h"
 #include "dist/agree.h"
@@ -16,14 +17,8 @@ std::string describe_value(double v) {
 }
 
 std::string first_nonfinite(const nn::NamedTensorList& params) {
-  for (auto& [name, p] : params) {
-    if (!p.defined() || p.numel() == 0 || !is_floating(p.dtype())) continue;
-    Tensor h = p.detach().to(kCPU, kFloat64).contiguous();
-    const double* d = h.data<double>();
-    const int64_t n = h.numel();
-    for (int64_t i = 0; i < n; ++i)
-      if (!std::isfinite(d[i])) return fmt::format("{} ({} at element {})", name, describe_value(d[i]), i);
-  }
+  for (auto& [name, p] : params)
+    if (auto bad = find_nonfinite(p)) return fmt::format("{} ({})", name, bad->str());
   return {};
 }
 
@@ -48,14 +43,14 @@ void stop_on_nonfinite_loss(const std::string& program, double loss, int64_t ste
   throw dist::AgreedError(msg, 0);
 }
 
-void SkipLimit::step_done(int64_t step, bool skipped, const std::string& checkpoint_advice) {
+void SkipLimit::step_done(int64_t step, bool skipped, const CheckpointWatch& watch) {
   in_a_row_ = skipped ? in_a_row_ + 1 : 0;
   total_ += skipped ? 1 : 0;
   if (in_a_row_ < max_) return;
   throw dist::AgreedError(fmt::format("{}: the loss was not finite for {} steps in a row (steps {} to {}; "
                                       "--max-skipped-steps {}): skipping updates does not bring a diverged model "
                                       "back; training stopped; {} — lower --lr", program_, in_a_row_,
-                                      step - in_a_row_ + 1, step, max_, checkpoint_advice), 0);
+                                      step - in_a_row_ + 1, step, max_, watch.advice()), 0);
 }
 
 }  // namespace weft::apps

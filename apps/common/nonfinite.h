@@ -4,6 +4,7 @@
 #pragma once
 #include <string>
 
+#include "apps/common/checkpoint_watch.h"
 #include "apps/common/ranks.h"
 #include "nn/module.h"
 
@@ -35,8 +36,9 @@ OnNan parse_on_nan(const std::string& s);
 class SkipLimit {
  public:
   SkipLimit(const std::string& program, int64_t max_in_a_row) : program_(program), max_(max_in_a_row) {}
-  // After each step: whether its update was skipped. Throws dist::AgreedError at the limit.
-  void step_done(int64_t step, bool skipped, const std::string& checkpoint_advice);
+  // After each step: whether its update was skipped. Throws dist::AgreedError at the limit,
+  // naming the checkpoint `watch` advises.
+  void step_done(int64_t step, bool skipped, const CheckpointWatch& watch);
   int64_t total() const { return total_; }
 
  private:

@@ -9,7 +9,6 @@
 #include <numeric>
 #include <map>
 #include <optional>
-#include <set>
 #include <thread>
 
 #include "apps/common/checkpoint_watch.h"
@@ -332,7 +331,6 @@ int run(const Options& o, const Ranks& ranks) {
   std::string last_checkpoint = resume_from;  // the newest checkpoint written or resumed from
   apps::CheckpointWatch watch(resume_from, step);  // which of them are known to resume
   apps::SkipLimit skips("mnist", o.max_skipped);  // steps whose update --on-nan skip dropped
-  std::set<std::string> kept_older;           // older checkpoints --keep-last keeps, once announced
   int64_t saved_step = -1;                     // the step of the last checkpoint this run wrote
   double loss_v = 0;                           // the last step's loss, recorded with its checkpoint
   auto save = [&] {
@@ -352,12 +350,7 @@ int run(const Options& o, const Ranks& ranks) {
     watch.saved(step, where);
     if (!ranks.lead()) return;
     std::fprintf(stderr, "saved model and optimizer at step %lld to %s\n", (long long)step, where.c_str());
-    // Say once why an older checkpoint outlives --keep-last.
-    const std::string good = watch.good();
-    for (const std::string& kept : fsdp::older_kept_checkpoints(o.save, o.keep_last))
-      if (kept_older.insert(kept).second)
-        std::fprintf(stderr, "weft-mnist: keeping %s besides the %d newest: %s\n", kept.c_str(), o.keep_last,
-                     kept == good ? "the newest checkpoint known to resume" : "the lowest training loss");
+    watch.announce_kept("weft-mnist", o.save, o.keep_last);
   };
   int64_t total_steps = o.epochs * steps_per_epoch;
   if (o.steps > 0) total_steps = std::min(total_steps, step + o.steps);
@@ -406,7 +399,7 @@ int run(const Options& o, const Ranks& ranks) {
       } else {
         opt->step();
       }
-      skips.step_done(step + 1, skip, watch.advice());
+      skips.step_done(step + 1, skip, watch);
       ++step;
       if (!o.save.empty() && o.checkpoint_every > 0 && step % o.checkpoint_every == 0 && step < total_steps) save();
       window_samples += o.batch_size;

@@ -16,7 +16,6 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <set>
 
 #include "apps/common/checkpoint_watch.h"
 #include "apps/common/cli.h"
@@ -121,18 +120,25 @@ constexpr const char* kFormat = "weft-transformer";
 constexpr const char* kTiedHead = "lm_head.weight";  // nanoGPT's name of the head tied to wte
 constexpr const char* kEmbedding = "transformer.wte.weight";
 
+// The training text's length and sha256 (computed once per run): a resumed run must draw its
+// batches from the same text.
+std::map<std::string, std::string> training_text(const apps::TextData& data) {
+  return {{"train_bytes", std::to_string(data.train.size())},
+          {"train_sha256", sha256_hex(data.train.data(), data.train.size())}};
+}
+
 // The model config, what decides the batches (seed, batch size, accumulation, the training
-// text: its length and sha256) and the weight decay (restored with the optimizer state):
-// resuming checks these.
+// text) and the weight decay (restored with the optimizer state): resuming checks these.
 std::map<std::string, std::string> describe(const apps::GPTConfig& cfg, const TrainOptions& o,
-                                            const apps::TextData& data) {
-  return {{"format", kFormat}, {"n_layer", std::to_string(cfg.n_layer)}, {"n_head", std::to_string(cfg.n_head)},
-          {"d_model", std::to_string(cfg.d_model)}, {"ctx", std::to_string(cfg.ctx)},
-          {"vocab_size", std::to_string(cfg.vocab_size)}, {"tied", cfg.tie_weights ? "1" : "0"},
-          {"seed", std::to_string(o.seed)}, {"batch_size", std::to_string(o.batch_size)},
-          {"grad_accum", std::to_string(o.grad_accum)}, {"train_bytes", std::to_string(data.train.size())},
-          {"train_sha256", sha256_hex(data.train.data(), data.train.size())},
-          {"weight_decay", fmt::format("{}", o.weight_decay)}};
+                                            const std::map<std::string, std::string>& train_text) {
+  std::map<std::string, std::string> d = {
+      {"format", kFormat}, {"n_layer", std::to_string(cfg.n_layer)}, {"n_head", std::to_string(cfg.n_head)},
+      {"d_model", std::to_string(cfg.d_model)}, {"ctx", std::to_string(cfg.ctx)},
+      {"vocab_size", std::to_string(cfg.vocab_size)}, {"tied", cfg.tie_weights ? "1" : "0"},
+      {"seed", std::to_string(o.seed)}, {"batch_size", std::to_string(o.batch_size)},
+      {"grad_accum", std::to_string(o.grad_accum)}, {"weight_decay", fmt::format("{}", o.weight_decay)}};
+  d.insert(train_text.begin(), train_text.end());
+  return d;
 }
 
 // The model config in a checkpoint's (or a consolidated file's) description.
@@ -292,6 +298,7 @@ int train(TrainOptions o, const Ranks& ranks) {
   std::vector<bool> per_block;  // reshard_after_forward per block, when a memory budget chose it
   int64_t start_bytes = 0;      // live before the model: the baseline of the peak reported at the end
   std::optional<fsdp::CheckpointDirLock> dir_lock;  // rank 0's claim on --checkpoint-dir
+  std::map<std::string, std::string> train_text;  // its length and sha256, recorded in checkpoints
   dist::agree(ranks.groups(), "transformer", [&] {
     device = apps::parse_device(o.device, "transformer");  // first: a device that cannot work ends the run at once
     if (o.threads > 0) set_num_threads(o.threads);
@@ -314,6 +321,7 @@ int train(TrainOptions o, const Ranks& ranks) {
     apps::check_checkpoint_dir(o.checkpoint_dir, "--checkpoint-dir", "transformer");
     if (!o.checkpoint_dir.empty() && ranks.lead() && !o.plan.only()) dir_lock.emplace(o.checkpoint_dir);
     data = apps::load_text(o.data);
+    if (!o.checkpoint_dir.empty() || !o.resume.empty()) train_text = training_text(data);
     WEFT_CHECK(int64_t(data.val.size()) > o.model.ctx + 1,
                "transformer: the validation part of {} ({} bytes) is shorter than the context {}", o.data,
                data.val.size(), o.model.ctx);
@@ -337,9 +345,7 @@ int train(TrainOptions o, const Ranks& ranks) {
       same("seed", "--seed", std::to_string(o.seed), "the seed decides the batches");
       same("batch_size", "--batch-size", std::to_string(o.batch_size), "the data position counts batches of that size");
       same("grad_accum", "--grad-accum", std::to_string(o.grad_accum), "the data position counts micro-batches");
-      apps::check_resumed_data(ck.app, {{"train_bytes", std::to_string(data.train.size())},
-                                        {"train_sha256", sha256_hex(data.train.data(), data.train.size())}},
-                               "training text", "--data " + o.data, resume_from, "transformer");
+      apps::check_resumed_data(ck.app, train_text, "training text", "--data " + o.data, resume_from, "transformer");
       same("weight_decay", "--weight-decay", fmt::format("{}", o.weight_decay),
            "the optimizer state restores the weight decay, so another value would be ignored");
       WEFT_CHECK(ck.step <= o.steps, "transformer: {} is at step {}, beyond --steps {}: raise --steps to go on",
@@ -426,13 +432,12 @@ int train(TrainOptions o, const Ranks& ranks) {
   std::string last_checkpoint = resume_from;  // the newest checkpoint written or resumed from
   apps::CheckpointWatch watch(resume_from, step);  // which of them are known to resume
   apps::SkipLimit skips("transformer", o.max_skipped);  // steps whose update --on-nan skip dropped
-  std::set<std::string> kept_older;           // older checkpoints --keep-last keeps, once announced
   int64_t saved_step = -1;                     // the step of the last checkpoint this run wrote
   double loss_v = 0;                           // the last step's loss, recorded with its checkpoint
   auto write_checkpoint = [&] {
     fsdp::CheckpointProgress ts{.step = step,
                            .data = {{"batch", first_batch + (step - resumed_step) * o.grad_accum}},
-                           .app = describe(o.model, o, data),
+                           .app = describe(o.model, o, train_text),
                            .aliases = head_alias(o.model),
                            .loss = loss_v};
     std::string where;
@@ -448,12 +453,7 @@ int train(TrainOptions o, const Ranks& ranks) {
     watch.saved(step, where);
     if (!ranks.lead()) return;
     std::fprintf(stderr, "saved model and optimizer at step %lld to %s\n", (long long)step, where.c_str());
-    // Say once why an older checkpoint outlives --keep-last.
-    const std::string good = watch.good();
-    for (const std::string& kept : fsdp::older_kept_checkpoints(o.checkpoint_dir, o.keep_last))
-      if (kept_older.insert(kept).second)
-        std::fprintf(stderr, "weft-transformer: keeping %s besides the %d newest: %s\n", kept.c_str(), o.keep_last,
-                     kept == good ? "the newest checkpoint known to resume" : "the lowest training loss");
+    watch.announce_kept("weft-transformer", o.checkpoint_dir, o.keep_last);
   };
 
   // --stop-after ends this run early but keeps the schedule of --steps, so a later --resume
@@ -495,7 +495,7 @@ int train(TrainOptions o, const Ranks& ranks) {
       if (o.clip > 0) nn::clip_grad_norm_(model->parameters(), o.clip);  // sharded or not
       opt.step();
     }
-    skips.step_done(step + 1, !finite && on_nan == apps::OnNan::skip, watch.advice());
+    skips.step_done(step + 1, !finite && on_nan == apps::OnNan::skip, watch);
     sched.step();
     ++step;
     window_tokens += tokens_per_step;
