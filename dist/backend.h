@@ -25,6 +25,17 @@ ProcessGroupPtr new_group(DeviceType device, MPI_Comm comm, std::string name);
 void start_comm_thread(int ranks_on_host);  // weft processes on this host
 void drain_comm_thread();  // returns once every queued collective has completed
 void stop_comm_thread();
+// While one lives, the progress engine makes no MPI call: for a thread's own blocking MPI calls
+// (creating and freeing communicators), which would otherwise progress the engine's collectives
+// from outside it or race its answers to status requests. It first waits for the collectives in
+// flight to complete. Nested ones do nothing more.
+class QuietEngine {
+ public:
+  QuietEngine();
+  ~QuietEngine();
+  QuietEngine(const QuietEngine&) = delete;
+  QuietEngine& operator=(const QuietEngine&) = delete;
+};
 
 std::vector<int> world_ranks_of(MPI_Comm comm);
 // "[0, 1, 2, 3]", cut short for large groups

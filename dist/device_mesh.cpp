@@ -39,6 +39,7 @@ DeviceMesh::DeviceMesh(DeviceType device, std::vector<int> shape, std::vector<st
     coord_[size_t(d)] = rest % shape_[size_t(d)];
     rest /= shape_[size_t(d)];
   }
+  detail::QuietEngine quiet;  // MPI_Comm_split must not progress collectives outside the engine
   for (int d = 0; d < ndim(); ++d) {
     // Ranks that agree on every other coordinate form dim d's group, ordered along d.
     int color = ndim() == 1 ? 0 : coord_[size_t(1 - d)];

@@ -120,10 +120,6 @@ void init() {
   detail::flight_start();
   detail::start_comm_thread(local_size);
   s.initialized = true;
-  // The CPU world group now, while no collective is in flight: its MPI_Comm_dup, made later
-  // with nonblocking collectives outstanding, would progress them from this thread, outside the
-  // progress engine (writing their buffers unseen by the thread that completes them).
-  world(DeviceType::cpu);
 }
 
 void finalize() {
@@ -164,6 +160,7 @@ ProcessGroupPtr world(DeviceType device) {
   std::lock_guard lock(s.mu);
   ProcessGroupPtr& g = s.world[int(device)];
   if (!g) {
+    detail::QuietEngine quiet;  // MPI_Comm_dup must not progress collectives outside the engine
     MPI_Comm comm;
     MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm));
     g = detail::new_group(device, comm, "world");

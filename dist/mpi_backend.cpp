@@ -151,7 +151,7 @@ class MpiProcessGroup final : public ProcessGroup, public std::enable_shared_fro
   Device device() const override { return Device::cpu(); }
   void close() override {
     if (closed_) return;
-    drain_comm_thread();  // its queued collectives still need the communicator
+    QuietEngine quiet;  // its queued collectives still need the communicator
     closed_ = true;
     MPI_CHECK(MPI_Comm_free(&comm_));
     MPI_CHECK(MPI_Comm_free(&check_comm_));
@@ -189,6 +189,12 @@ class ProgressEngine {
     if (thread_.joinable()) thread_.join();
   }
   void enqueue(std::shared_ptr<MpiWork> work);
+  // QuietEngine's: hold the engine with nothing in flight, so no other thread calls MPI.
+  void quiet() {
+    drain();
+    engine_mu_.lock();
+  }
+  void resume() { engine_mu_.unlock(); }
   void drive_until_done(MpiWork& work, double timeout_seconds);
   void drain() {
     std::unique_lock lock(mu_);
@@ -554,6 +560,7 @@ WorkPtr MpiProcessGroup::launch(Collective c) {
 }  // namespace
 
 ProcessGroupPtr new_mpi_group(MPI_Comm comm, std::string name) {
+  QuietEngine quiet;
   int rank = 0, size = 1;
   MPI_CHECK(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
   MPI_CHECK(MPI_Comm_rank(comm, &rank));
@@ -570,6 +577,17 @@ void start_comm_thread(int ranks_on_host) {
   progress_engine().start();
 }
 void drain_comm_thread() { progress_engine().drain(); }
+
+namespace {
+thread_local int g_quiet_depth = 0;  // QuietEngines alive on this thread
+}  // namespace
+
+QuietEngine::QuietEngine() {
+  if (g_quiet_depth++ == 0) progress_engine().quiet();
+}
+QuietEngine::~QuietEngine() {
+  if (--g_quiet_depth == 0) progress_engine().resume();
+}
 void stop_comm_thread() { progress_engine().stop(); }
 
 }  // namespace weft::dist::detail
