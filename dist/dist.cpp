@@ -124,6 +124,7 @@ void init() {
 
 void finalize() {
   State& s = state();
+  detail::QuietEngine quiet;  // the groups' close() below; taken before s.mu, as by world()
   std::lock_guard lock(s.mu);
   if (!s.initialized) return;
   detail::drain_comm_thread();
@@ -157,10 +158,16 @@ Device local_device(DeviceType type) {
 ProcessGroupPtr world(DeviceType device) {
   detail::check_initialized("dist::world");
   State& s = state();
+  {
+    std::lock_guard lock(s.mu);
+    if (ProcessGroupPtr g = s.world[int(device)]) return g;
+  }
+  // MPI_Comm_dup must not progress collectives outside the engine; the engine is taken before
+  // s.mu (new_group takes s.mu while the engine is quiet).
+  detail::QuietEngine quiet;
   std::lock_guard lock(s.mu);
   ProcessGroupPtr& g = s.world[int(device)];
   if (!g) {
-    detail::QuietEngine quiet;  // MPI_Comm_dup must not progress collectives outside the engine
     MPI_Comm comm;
     MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm));
     g = detail::new_group(device, comm, "world");
@@ -171,8 +178,13 @@ ProcessGroupPtr world(DeviceType device) {
 std::shared_ptr<DeviceMesh> default_mesh(DeviceType device, const std::vector<int>& shape) {
   detail::check_initialized("dist::default_mesh");
   State& s = state();
+  const std::vector<int> dims = shape.empty() ? std::vector<int>{s.size} : shape;
+  {
+    std::lock_guard lock(s.mu);
+    if (auto& mesh = s.meshes[{device, dims}]; mesh && !mesh->group(0)->closed()) return mesh;
+  }
+  detail::QuietEngine quiet;  // a new mesh splits communicators: the engine before s.mu, as in world()
   std::lock_guard lock(s.mu);
-  std::vector<int> dims = shape.empty() ? std::vector<int>{s.size} : shape;
   auto& mesh = s.meshes[{device, dims}];
   if (!mesh || mesh->group(0)->closed()) mesh = std::make_shared<DeviceMesh>(device, dims);
   return mesh;
