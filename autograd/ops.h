@@ -10,6 +10,7 @@
 #include "autograd/node.h"
 #include "core/generator.h"
 #include "core/tensor.h"
+#include "kernels/rope.h"
 
 namespace weft {
 
@@ -34,6 +35,11 @@ Tensor sigmoid(const Tensor& x);
 Tensor relu(const Tensor& x);
 // approximate: "none" (erf form, the default as in torch) or "tanh".
 Tensor gelu(const Tensor& x, std::string_view approximate = "none");
+// x * sigmoid(x), as torch.nn.functional.silu.
+Tensor silu(const Tensor& x);
+// silu(gate) * up in one pass (SwiGLU's element-wise part, gate and up broadcast together);
+// the backward reads gate and up, no silu(gate) is kept.
+Tensor swiglu(const Tensor& gate, const Tensor& up);
 Tensor sin(const Tensor& x);
 Tensor cos(const Tensor& x);
 Tensor square(const Tensor& x);
@@ -117,6 +123,21 @@ Tensor max_pool2d(const Tensor& x, int64_t kernel_size, int64_t stride = -1, int
 // The output is stored [B, Tq, H, Ev], so out.transpose(1, 2) is contiguous.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = false,
                                     double dropout_p = 0.0, bool training = true, Generator* gen = nullptr);
+// The same with grouped-query heads and rotary embeddings: k and v may have Hkv heads dividing
+// q's H (query head h reads key/value head h / (H / Hkv), as torch's enable_gqa), and
+// rope.theta > 0 rotates q and k (kernels/rope.h) inside the fused kernel, so the caller
+// passes the projections' head views as they are.
+struct AttentionOptions {
+  bool causal = true;
+  double dropout_p = 0.0;
+  bool training = true;
+  Generator* gen = nullptr;
+  kernels::Rope rope;
+};
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts);
+// Rotary position embedding of x [..., T, E] (kernels/rope.h) with rows at positions pos0,
+// pos0 + 1, ...: the differentiable op for code outside the fused attention.
+Tensor rotary_embedding(const Tensor& x, double theta, int64_t pos0 = 0);
 // The same on a fused projection qkv [B, T, 3d] (q | k | v along the last dim, each split
 // into n_head heads, as nanoGPT's c_attn) -> [B, T, d] with the heads concatenated. Reads the
 // heads in place and writes the gradient of qkv as one tensor.

@@ -2,8 +2,8 @@
 // (kernels/attention.h): the node saves q, k, v, the output and one log-sum-exp per query
 // row, never the [B, H, Tq, Tk] probabilities. With dropout on the probabilities (p > 0
 // while training) the fused kernel does not apply: the op is then computed from the
-// composite ops (matmul, masked_fill, softmax, dropout, matmul), which are correct but keep
-// the full score tensor.
+// composite ops (rotary_embedding, repeated key/value heads, matmul, masked_fill, softmax,
+// dropout, matmul), which are correct but keep the full score tensor.
 #include <cmath>
 #include <limits>
 
@@ -27,9 +27,21 @@ Tensor qkv_heads(const Tensor& x, int64_t i) { return x.select(2, i).transpose(1
 
 double default_scale(const Tensor& q) { return 1.0 / std::sqrt(double(std::max<int64_t>(q.size(-1), 1))); }
 
+// [B, Hkv, T, C] -> [B, Hkv * G, T, C], each head repeated G times in place (head h of the
+// result is head h / G of x), as the fused kernel reads them.
+Tensor repeat_heads(const Tensor& x, int64_t G) {
+  if (G == 1) return x;
+  const int64_t B = x.size(0), Hkv = x.size(1), T = x.size(2), C = x.size(3);
+  return x.unsqueeze(2).expand({B, Hkv, G, T, C}).reshape({B, Hkv * G, T, C});
+}
+
 // softmax(q k^T * scale, masked) with dropout, then @ v, from differentiable ops.
-Tensor composite_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double dropout_p,
-                           Generator* gen) {
+Tensor composite_attention(const Tensor& q_, const Tensor& k_, const Tensor& v_, bool causal, double dropout_p,
+                           Generator* gen, const kernels::Rope& rope) {
+  const int64_t G = q_.size(1) / k_.size(1);
+  Tensor q = rope.on() ? rotary_embedding(q_, rope.theta, rope.q_pos) : q_;
+  Tensor k = repeat_heads(rope.on() ? rotary_embedding(k_, rope.theta, rope.k_pos) : k_, G);
+  Tensor v = repeat_heads(v_, G);
   Tensor att = matmul(q, k.transpose(-2, -1)) * default_scale(q);
   if (causal) {
     const int64_t tq = q.size(-2), tk = k.size(-2);
@@ -44,22 +56,41 @@ Tensor composite_attention(const Tensor& q, const Tensor& k, const Tensor& v, bo
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                                     double dropout_p, bool training, Generator* gen) {
+  return scaled_dot_product_attention(
+      q, k, v, AttentionOptions{.causal = causal, .dropout_p = dropout_p, .training = training, .gen = gen});
+}
+
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o) {
   const char* op = "scaled_dot_product_attention";
-  check_dropout(dropout_p, op);
+  check_dropout(o.dropout_p, op);
   WEFT_CHECK(q.defined() && k.defined() && v.defined(), "{}: query, key and value must be defined tensors", op);
-  kernels::check_attention(op, q, k, v, causal);
-  if (training && dropout_p > 0) return composite_attention(q, k, v, causal, dropout_p, gen);
+  kernels::check_attention(op, q, k, v, o.causal, o.rope);
+  if (o.training && o.dropout_p > 0) return composite_attention(q, k, v, o.causal, o.dropout_p, o.gen, o.rope);
   const double scale = default_scale(q);
-  auto [out, lse] = kernels::attention(q, k, v, causal, scale);
+  auto [out, lse] = kernels::attention(q, k, v, o.causal, scale, o.rope);
   if (needs_grad({&q, &k, &v})) {
     record("ScaledDotProductAttentionBackward", {q, k, v}, {out},
-           [q = q.detach(), k = k.detach(), v = v.detach(), out = out.detach(), lse = lse, causal,
-            scale](const TensorList& g) -> TensorList {
-             auto [dq, dk, dv] = kernels::attention_backward(g[0], q, k, v, out, lse, causal, scale);
+           [q = q.detach(), k = k.detach(), v = v.detach(), out = out.detach(), lse = lse, causal = o.causal,
+            scale, rope = o.rope](const TensorList& g) -> TensorList {
+             auto [dq, dk, dv] = kernels::attention_backward(g[0], q, k, v, out, lse, causal, scale, rope);
              return {dq, dk, dv};
            });
   }
   return out;
+}
+
+Tensor rotary_embedding(const Tensor& x, double theta, int64_t pos0) {
+  const char* op = "rotary_embedding";
+  WEFT_CHECK(x.defined() && x.dim() >= 2, "{}: expected [..., T, E], got {}", op,
+             x.defined() ? tensor_desc(x) : std::string("undefined"));
+  WEFT_CHECK(is_floating(x.dtype()), "{}: expected a float tensor, got {}", op, tensor_desc(x));
+  const int64_t T = x.size(-2), E = x.size(-1), half = E / 2;
+  kernels::check_rope(op, {.theta = theta, .q_pos = pos0, .k_pos = pos0}, E);
+  const DType table_dtype = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  auto tables = kernels::rope_tables(theta, E, pos0 + T, table_dtype, x.device());
+  Tensor c = tables.cos.narrow(0, pos0, T).to(x.dtype()), s = tables.sin.narrow(0, pos0, T).to(x.dtype());
+  Tensor x1 = x.narrow(-1, 0, half), x2 = x.narrow(-1, half, half);
+  return cat({x1 * c - x2 * s, x2 * c + x1 * s}, -1);
 }
 
 Tensor scaled_dot_product_attention_qkv(const Tensor& qkv, int64_t n_head, bool causal, double dropout_p,

@@ -184,6 +184,23 @@ Tensor gelu(const Tensor& x, std::string_view approximate) {
                                : unary_op(UnaryOp::gelu_erf, "GeluBackward", x);
 }
 
+Tensor silu(const Tensor& x) { return unary_op(UnaryOp::silu, "SiluBackward", x); }
+
+Tensor swiglu(const Tensor& gate, const Tensor& up) {
+  Tensor out = k::binary(BinaryOp::silu_mul, gate, up);
+  if (needs_grad({&gate, &up})) {
+    record("SwigluBackward", {gate, up}, {out},
+           [a = gate.detach(), b = up.detach(), ia = InputInfo(gate), ib = InputInfo(up)](const TensorList& g)
+               -> TensorList {
+             // d gate = g * up * silu'(gate), d up = g * silu(gate).
+             Tensor ga = ia.requires_grad ? ia.reduce(k::binary(BinaryOp::silu_grad_mul, a, mul_t(g[0], b))) : Tensor();
+             Tensor gb = ib.requires_grad ? ib.reduce(k::binary(BinaryOp::silu_mul, a, g[0])) : Tensor();
+             return {ga, gb};
+           });
+  }
+  return out;
+}
+
 Tensor clamp(const Tensor& x, std::optional<double> lo, std::optional<double> hi) {
   Tensor out = k::clamp(x, lo, hi);
   if (needs_grad({&x})) {

@@ -346,6 +346,32 @@ Tensor SafetensorsReader::read(const std::string& name) {
   return t;
 }
 
+Tensor SafetensorsReader::read_slice(const std::string& name, int64_t dim, int64_t offset, int64_t length) {
+  auto it = impl_->by_name.find(name);
+  WEFT_CHECK(it != impl_->by_name.end(), "safetensors: '{}' has no tensor '{}'", path(), name);
+  const Entry& e = impl_->header.entries[it->second];
+  const int64_t nd = int64_t(e.shape.size());
+  WEFT_CHECK(dim >= 0 && dim < nd && offset >= 0 && length >= 0 && offset + length <= e.shape[size_t(dim)],
+             "safetensors: '{}': cannot read [{}, {}) of dim {} of tensor '{}' shaped {}", path(), offset,
+             offset + length, dim, name, shape_str(e.shape));
+  WEFT_CHECK(e.dtype != DType::bool_, "safetensors: '{}': slices of bool tensor '{}' are not supported", path(), name);
+  Shape out_shape = e.shape;
+  out_shape[size_t(dim)] = length;
+  Tensor t = empty(out_shape, {.dtype = e.dtype, .device = kCPU});
+  if (t.numel() == 0) return t;
+  int64_t outer = 1, inner = int64_t(dtype_size(e.dtype));
+  for (int64_t d = 0; d < dim; ++d) outer *= e.shape[size_t(d)];
+  for (int64_t d = dim + 1; d < nd; ++d) inner *= e.shape[size_t(d)];
+  const int64_t row = e.shape[size_t(dim)] * inner, piece = length * inner;
+  const uint64_t data_start = impl_->in.size() - impl_->header.data_size + e.begin;
+  auto* dst = static_cast<char*>(t.data_ptr());
+  for (int64_t o = 0; o < outer; ++o) {
+    impl_->in.seek(data_start + uint64_t(o * row + offset * inner));
+    impl_->in.read(dst + o * piece, uint64_t(piece), fmt::format("tensor '{}'", e.name));
+  }
+  return t;
+}
+
 SafetensorsContents load_safetensors(const std::string& path) {
   SafetensorsReader reader(path);
   SafetensorsContents out;

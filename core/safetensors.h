@@ -63,6 +63,9 @@ class SafetensorsReader {
   const SafetensorsEntry* find(const std::string& name) const;  // null if absent
   // Throws a weft::Error naming the file and the tensor if it is absent or cannot be read.
   Tensor read(const std::string& name);
+  // The tensor's narrow(dim, offset, length), contiguous, reading only its bytes: one range for
+  // dim 0, one per index of the dims before `dim` otherwise.
+  Tensor read_slice(const std::string& name, int64_t dim, int64_t offset, int64_t length);
 
  private:
   struct Impl;

@@ -10,3 +10,4 @@
 #include "fsdp/state_dict.h"
 #include "fsdp/sharded_state_dict.h"
 #include "fsdp/checkpoint.h"
+#include "fsdp/external_checkpoint.h"

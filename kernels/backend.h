@@ -20,6 +20,7 @@
 #include "kernels/nn.h"
 #include "kernels/op_kinds.h"
 #include "kernels/optim.h"
+#include "kernels/rope.h"
 
 namespace weft::kernels {
 
@@ -104,13 +105,14 @@ struct KernelBackend {
   void (*scatter_add)(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src);
 
   // ---- fused attention (kernels/attention.h): [B, H, T, C] views with unit last stride, any
-  // other strides, any float dtype; lse [B, H, Tq] contiguous f32 (f64 for f64). dq, dk, dv
-  // are overwritten.
-  void (*attention)(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale, const Tensor& out,
-                    const Tensor& lse);
+  // other strides, any float dtype, k and v with H / G heads for some G (query head h reads
+  // key head h / G); lse [B, H, Tq] contiguous f32 (f64 for f64), rope tables of lse's dtype.
+  // dq, dk, dv are overwritten.
+  void (*attention)(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
+                    const AttentionRope& rope, const Tensor& out, const Tensor& lse);
   void (*attention_backward)(const Tensor& grad, const Tensor& q, const Tensor& k, const Tensor& v,
-                             const Tensor& out, const Tensor& lse, bool causal, double scale, const Tensor& dq,
-                             const Tensor& dk, const Tensor& dv);
+                             const Tensor& out, const Tensor& lse, bool causal, double scale,
+                             const AttentionRope& rope, const Tensor& dq, const Tensor& dk, const Tensor& dv);
 
   // ---- fused optimizer updates (kernels/optim.h): in place, contiguous, same shape, dtype
   // and device; the backend rejects dtypes other than f32/f64.

@@ -82,6 +82,7 @@ const char* unary_op_name(UnaryOp op) {
     case UnaryOp::relu: return "relu";
     case UnaryOp::gelu_tanh: return "gelu_tanh";
     case UnaryOp::gelu_erf: return "gelu_erf";
+    case UnaryOp::silu: return "silu";
     case UnaryOp::sin: return "sin";
     case UnaryOp::cos: return "cos";
     case UnaryOp::square: return "square";
@@ -111,6 +112,8 @@ const char* binary_op_name(BinaryOp op) {
     case BinaryOp::ge: return "ge";
     case BinaryOp::logical_and: return "logical_and";
     case BinaryOp::logical_or: return "logical_or";
+    case BinaryOp::silu_mul: return "silu_mul";
+    case BinaryOp::silu_grad_mul: return "silu_grad_mul";
   }
   return "binary(?)";
 }
@@ -162,7 +165,9 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   Shape shape = broadcast_shapes(a.shape(), b.shape(), name);
   DType ct = promote_types(a.dtype(), b.dtype());
   DType out_dt = is_comparison(op) ? DType::bool_ : ct;
-  if (op == BinaryOp::div && !is_floating(ct)) ct = out_dt = DType::f32;  // true division
+  // true division; SwiGLU's ops are float only
+  if ((op == BinaryOp::div || op == BinaryOp::silu_mul || op == BinaryOp::silu_grad_mul) && !is_floating(ct))
+    ct = out_dt = DType::f32;
   WEFT_CHECK(!(ct == DType::bool_ && (op == BinaryOp::sub || op == BinaryOp::pow)),
              "{}: not supported for bool tensors ({} and {})", name, tensor_desc(a), tensor_desc(b));
   const KernelBackend& backend = kernel_backend(a.device(), name);
@@ -179,7 +184,9 @@ Tensor binary_scalar(BinaryOp op, const Tensor& a, double s, bool scalar_first) 
   if (op == BinaryOp::logical_and || op == BinaryOp::logical_or) {
     s = s != 0 ? 1 : 0;  // only truthiness matters, in any dtype
   } else if (!is_floating(ct)) {
-    if (!is_integral_scalar(s) || op == BinaryOp::div) ct = DType::f32;
+    if (!is_integral_scalar(s) || op == BinaryOp::div || op == BinaryOp::silu_mul ||
+        op == BinaryOp::silu_grad_mul)
+      ct = DType::f32;
     else if (ct == DType::bool_ && !is_comparison(op)) ct = DType::i64;  // as torch.add: True + 1 == 2
     else if (is_comparison(op) && !fits(ct, s)) ct = DType::i64;      // u8 < 300 is true
   }

@@ -6,14 +6,17 @@
 namespace weft::kernels {
 
 enum class UnaryOp {
-  neg, exp, log, sqrt, rsqrt, abs, tanh, sigmoid, relu, gelu_tanh, gelu_erf, sin, cos,
+  neg, exp, log, sqrt, rsqrt, abs, tanh, sigmoid, relu, gelu_tanh, gelu_erf, silu, sin, cos,
   square, reciprocal, sign, log1p, expm1, logical_not
 };
 
 enum class BinaryOp {
   add, sub, mul, div, pow, maximum, minimum,
   eq, ne, lt, le, gt, ge,  // comparisons give bool tensors
-  logical_and, logical_or
+  logical_and, logical_or,
+  // SwiGLU's element-wise part and its derivative (floats only): silu_mul(a, b) = silu(a) * b,
+  // silu_grad_mul(a, b) = silu'(a) * b.
+  silu_mul, silu_grad_mul
 };
 
 enum class ReduceOp { sum, mean, max, min, prod };

@@ -94,6 +94,13 @@ template <class M, class A> WEFT_HOST_DEVICE A gelu_tanh_grad(A x) {
 template <class M, class A> WEFT_HOST_DEVICE A gelu_erf(A x) { return x * M::normal_cdf(x); }
 template <class M, class A> WEFT_HOST_DEVICE A gelu_erf_grad(A x) { return M::normal_cdf(x) + x * M::normal_pdf(x); }
 
+// silu(x) = x * sigmoid(x), as torch.nn.functional.silu; silu'(x) = s + x s (1 - s).
+template <class M, class A> WEFT_HOST_DEVICE A silu(A x) { return x * M::sigmoid(x); }
+template <class M, class A> WEFT_HOST_DEVICE A silu_grad(A x) {
+  A s = M::sigmoid(x);
+  return s + x * s * (A(1) - s);
+}
+
 // ---- unary ops on the arithmetic type A (float, double or an integer type)
 
 // Whether the entry points send `op` for compute type T (kernels/elementwise.cpp: integers
@@ -125,6 +132,7 @@ template <UnaryOp OP, class M> struct UnaryFn {
       else if constexpr (OP == UnaryOp::relu) return v < A(0) ? A(0) : v;  // NaN stays NaN
       else if constexpr (OP == UnaryOp::gelu_tanh) return gelu_tanh<M>(v);
       else if constexpr (OP == UnaryOp::gelu_erf) return gelu_erf<M>(v);
+      else if constexpr (OP == UnaryOp::silu) return silu<M>(v);
       else if constexpr (OP == UnaryOp::sin) return M::sin(v);
       else if constexpr (OP == UnaryOp::cos) return M::cos(v);
       else if constexpr (OP == UnaryOp::square) return v * v;
@@ -151,6 +159,7 @@ template <UnaryOp OP, class M> struct GradFn {
     else if constexpr (OP == UnaryOp::relu) return v > A(0) ? A(1) : A(0);
     else if constexpr (OP == UnaryOp::gelu_tanh) return gelu_tanh_grad<M>(v);
     else if constexpr (OP == UnaryOp::gelu_erf) return gelu_erf_grad<M>(v);
+    else if constexpr (OP == UnaryOp::silu) return silu_grad<M>(v);
     else if constexpr (OP == UnaryOp::sin) return M::cos(v);
     else if constexpr (OP == UnaryOp::cos) return -M::sin(v);
     else if constexpr (OP == UnaryOp::square) return A(2) * v;
@@ -167,7 +176,7 @@ template <class F> bool with_unary_op(UnaryOp op, F&& fn) {
 #define WEFT_CASE(name) case UnaryOp::name: fn.template operator()<UnaryOp::name>(); return true;
     WEFT_CASE(neg) WEFT_CASE(exp) WEFT_CASE(log) WEFT_CASE(sqrt) WEFT_CASE(rsqrt) WEFT_CASE(abs)
     WEFT_CASE(tanh) WEFT_CASE(sigmoid) WEFT_CASE(relu) WEFT_CASE(gelu_tanh) WEFT_CASE(gelu_erf)
-    WEFT_CASE(sin) WEFT_CASE(cos) WEFT_CASE(square) WEFT_CASE(reciprocal) WEFT_CASE(sign)
+    WEFT_CASE(silu) WEFT_CASE(sin) WEFT_CASE(cos) WEFT_CASE(square) WEFT_CASE(reciprocal) WEFT_CASE(sign)
     WEFT_CASE(log1p) WEFT_CASE(expm1) WEFT_CASE(logical_not)
 #undef WEFT_CASE
   }
@@ -206,6 +215,10 @@ struct GtOp { template <class A> WEFT_HOST_DEVICE static bool apply(A a, A b) { 
 struct GeOp { template <class A> WEFT_HOST_DEVICE static bool apply(A a, A b) { return a >= b; } };
 struct AndOp { template <class A> WEFT_HOST_DEVICE static bool apply(A a, A b) { return a != A(0) && b != A(0); } };
 struct OrOp { template <class A> WEFT_HOST_DEVICE static bool apply(A a, A b) { return a != A(0) || b != A(0); } };
+struct SiluMulOp { template <class A> WEFT_HOST_DEVICE static A apply(A a, A b) { return silu<LibMath>(a) * b; } };
+struct SiluGradMulOp {
+  template <class A> WEFT_HOST_DEVICE static A apply(A a, A b) { return silu_grad<LibMath>(a) * b; }
+};
 
 // Calls fn.template operator()<Op, O>() for op on storage type T (O: the output type, T or
 // bool); kFloat says whether T computes in floating point. Ops the entry points never send
@@ -221,6 +234,10 @@ template <class T, bool kFloat, class F> bool with_binary_op(BinaryOp op, F&& fn
 #undef WEFT_CASE
     case BinaryOp::sub: if constexpr (!is_bool) { fn.template operator()<SubOp, T>(); return true; } break;
     case BinaryOp::div: if constexpr (kFloat) { fn.template operator()<DivOp, T>(); return true; } break;
+    case BinaryOp::silu_mul: if constexpr (kFloat) { fn.template operator()<SiluMulOp, T>(); return true; } break;
+    case BinaryOp::silu_grad_mul:
+      if constexpr (kFloat) { fn.template operator()<SiluGradMulOp, T>(); return true; }
+      break;
     case BinaryOp::pow: if constexpr (!is_bool) { fn.template operator()<PowOp, T>(); return true; } break;
   }
   return false;

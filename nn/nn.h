@@ -11,4 +11,5 @@
 #include "nn/module.h"
 #include "nn/optimizer.h"
 #include "nn/scheduler.h"
+#include "nn/llama.h"
 #include "nn/transformer.h"

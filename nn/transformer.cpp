@@ -14,6 +14,7 @@ const TransformerConfig& checked(const TransformerConfig& cfg, const char* layer
   WEFT_CHECK(cfg.dropout >= 0 && cfg.dropout < 1, "{}: dropout must be in [0, 1), got {}", layer, cfg.dropout);
   WEFT_CHECK(cfg.gelu_approximate == "tanh" || cfg.gelu_approximate == "none",
              "{}: gelu_approximate must be \"tanh\" or \"none\", got \"{}\"", layer, cfg.gelu_approximate);
+  WEFT_CHECK(cfg.ffn_dim >= 0, "{}: ffn_dim must be non-negative (0: 4 * d_model), got {}", layer, cfg.ffn_dim);
   return cfg;
 }
 }  // namespace
@@ -39,25 +40,44 @@ std::string CausalSelfAttention::extra_repr() const { return fmt::format("d_mode
 
 MLP::MLP(const TransformerConfig& cfg, Generator* gen)
     : Module("MLP"), approximate(checked(cfg, "MLP").gelu_approximate), dropout_p(cfg.dropout) {
-  c_fc = register_module("c_fc", std::make_shared<Linear>(cfg.d_model, 4 * cfg.d_model, cfg.bias, gen));
-  c_proj = register_module("c_proj", std::make_shared<Linear>(4 * cfg.d_model, cfg.d_model, cfg.bias, gen));
+  const int64_t ffn = cfg.ffn_dim > 0 ? cfg.ffn_dim : 4 * cfg.d_model;
+  c_fc = register_module("c_fc", std::make_shared<Linear>(cfg.d_model, ffn, cfg.bias, gen));
+  c_proj = register_module("c_proj", std::make_shared<Linear>(ffn, cfg.d_model, cfg.bias, gen));
 }
 
 Tensor MLP::forward(const Tensor& x) {
   return dropout((*c_proj)(gelu((*c_fc)(x), approximate)), dropout_p, is_training());
 }
 
-Block::Block(const TransformerConfig& cfg, Generator* gen) : Module("Block") {
-  checked(cfg, "Block");
-  ln_1 = register_module("ln_1", std::make_shared<LayerNorm>(cfg.d_model, 1e-5, true, cfg.bias));
-  attn = register_module("attn", std::make_shared<CausalSelfAttention>(cfg, gen));
-  ln_2 = register_module("ln_2", std::make_shared<LayerNorm>(cfg.d_model, 1e-5, true, cfg.bias));
-  mlp = register_module("mlp", std::make_shared<MLP>(cfg, gen));
+PreNormBlock::PreNormBlock(std::string type, std::pair<std::string, ModulePtr> norm_1,
+                           std::pair<std::string, ModulePtr> attn, std::pair<std::string, ModulePtr> norm_2,
+                           std::pair<std::string, ModulePtr> mlp)
+    : Module(std::move(type)) {
+  norm_1_ = register_module(norm_1.first, norm_1.second);
+  attn_ = register_module(attn.first, attn.second);
+  norm_2_ = register_module(norm_2.first, norm_2.second);
+  mlp_ = register_module(mlp.first, mlp.second);
 }
 
-Tensor Block::forward(const Tensor& x) {
-  Tensor h = x + (*attn)((*ln_1)(x));
-  return h + (*mlp)((*ln_2)(h));
+Tensor PreNormBlock::forward(const Tensor& x) {
+  Tensor h = x + (*attn_)((*norm_1_)(x));
+  return h + (*mlp_)((*norm_2_)(h));
 }
+
+Block::Parts Block::make_parts(const TransformerConfig& cfg, Generator* gen) {
+  checked(cfg, "Block");
+  Parts p;  // built in order: a generator draws the attention's weights before the MLP's
+  p.ln_1 = std::make_shared<LayerNorm>(cfg.d_model, 1e-5, true, cfg.bias);
+  p.attn = std::make_shared<CausalSelfAttention>(cfg, gen);
+  p.ln_2 = std::make_shared<LayerNorm>(cfg.d_model, 1e-5, true, cfg.bias);
+  p.mlp = std::make_shared<MLP>(cfg, gen);
+  return p;
+}
+
+Block::Block(const TransformerConfig& cfg, Generator* gen) : Block(make_parts(cfg, gen)) {}
+
+Block::Block(Parts p)
+    : PreNormBlock("Block", {"ln_1", p.ln_1}, {"attn", p.attn}, {"ln_2", p.ln_2}, {"mlp", p.mlp}),
+      ln_1(p.ln_1), ln_2(p.ln_2), attn(p.attn), mlp(p.mlp) {}
 
 }  // namespace weft::nn

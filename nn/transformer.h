@@ -12,6 +12,23 @@ struct TransformerConfig {
   double dropout = 0.0;
   bool bias = true;
   std::string gelu_approximate = "tanh";
+  int64_t ffn_dim = 0;  // the MLP's hidden width; 0: 4 * d_model
+};
+
+// The block machinery every decoder family shares: a pre-norm residual block,
+//   h = x + attn(norm_1(x));  out = h + mlp(norm_2(h)),
+// whose four children are registered under the family's names.
+class PreNormBlock : public Module {
+ public:
+  Tensor forward(const Tensor& x) override;
+  using Module::forward;
+
+ protected:
+  PreNormBlock(std::string type, std::pair<std::string, ModulePtr> norm_1, std::pair<std::string, ModulePtr> attn,
+               std::pair<std::string, ModulePtr> norm_2, std::pair<std::string, ModulePtr> mlp);
+
+ private:
+  ModulePtr norm_1_, attn_, norm_2_, mlp_;
 };
 
 // Causal multi-head self-attention on [B, T, d] with one fused qkv projection.
@@ -26,7 +43,7 @@ class CausalSelfAttention : public Module {
   std::shared_ptr<Linear> c_attn, c_proj;
 };
 
-// Linear(d, 4d) -> GELU -> Linear(4d, d) -> dropout.
+// Linear(d, ffn) -> GELU -> Linear(ffn, d) -> dropout (ffn = 4d unless the config says).
 class MLP : public Module {
  public:
   explicit MLP(const TransformerConfig& cfg, Generator* gen = nullptr);
@@ -37,15 +54,22 @@ class MLP : public Module {
   double dropout_p;
 };
 
-// Pre-LN block: x + attn(ln_1(x)), then + mlp(ln_2(x)).
-class Block : public Module {
+// GPT-2's pre-LN block: x + attn(ln_1(x)), then + mlp(ln_2(x)).
+class Block : public PreNormBlock {
  public:
   explicit Block(const TransformerConfig& cfg, Generator* gen = nullptr);
-  Tensor forward(const Tensor& x) override;
-  using Module::forward;
   std::shared_ptr<LayerNorm> ln_1, ln_2;
   std::shared_ptr<CausalSelfAttention> attn;
   std::shared_ptr<MLP> mlp;
+
+ private:
+  struct Parts {
+    std::shared_ptr<LayerNorm> ln_1, ln_2;
+    std::shared_ptr<CausalSelfAttention> attn;
+    std::shared_ptr<MLP> mlp;
+  };
+  static Parts make_parts(const TransformerConfig& cfg, Generator* gen);
+  explicit Block(Parts p);
 };
 
 }  // namespace weft::nn

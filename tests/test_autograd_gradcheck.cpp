@@ -66,6 +66,9 @@ TEST_CASE("gradcheck: unary functions") {
   expect_ok([](const TensorList& x) { return relu(x[0]); }, {k});
   expect_ok([](const TensorList& x) { return gelu(x[0]); }, {a});
   expect_ok([](const TensorList& x) { return gelu(x[0], "tanh"); }, {a});
+  expect_ok([](const TensorList& x) { return silu(x[0]); }, {a});
+  expect_ok([](const TensorList& x) { return swiglu(x[0], x[1]); }, {a, p});
+  expect_ok([](const TensorList& x) { return swiglu(x[0], x[1].narrow(0, 0, 1)); }, {a, p});  // broadcast up
   expect_ok([](const TensorList& x) { return sin(x[0]) + cos(x[0]); }, {a});
   expect_ok([](const TensorList& x) { return square(x[0]); }, {a});
   expect_ok([](const TensorList& x) { return reciprocal(x[0]); }, {p});

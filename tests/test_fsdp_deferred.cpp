@@ -48,7 +48,7 @@ void check_bitwise(const nn::NamedTensorList& got, const nn::NamedTensorList& wa
 }
 
 nn::ModulePtr gpt() {
-  apps::GPTConfig cfg{.vocab_size = 37, .ctx = 9, .n_layer = 3, .n_head = 2, .d_model = 8};
+  apps::ModelConfig cfg{.vocab_size = 37, .ctx = 9, .n_layer = 3, .n_head = 2, .d_model = 8};
   auto m = std::make_shared<apps::GPT>(cfg);
   apps::init_gpt(*m);  // nanoGPT's init, the scaled residual projections included
   return m;

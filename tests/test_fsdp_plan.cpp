@@ -15,7 +15,7 @@ using namespace weft;
 
 namespace {
 
-const apps::GPTConfig kConfig{.vocab_size = 64, .ctx = 16, .n_layer = 4, .n_head = 2, .d_model = 32};
+const apps::ModelConfig kConfig{.vocab_size = 64, .ctx = 16, .n_layer = 4, .n_head = 2, .d_model = 32};
 constexpr int64_t kBatch = 8;  // global sequences per step
 
 // Builds the GPT (on the meta device: deferred), sets activation checkpointing, shards each

@@ -2,7 +2,9 @@
 // and its fused-qkv form) against the composite reference matmul -> masked_fill -> softmax ->
 // matmul: outputs and gradients at several shapes (sequence lengths that are not multiples
 // of the kernel's row block, T = 1, Tq != Tk), strided inputs, f64 gradcheck, 16-bit
-// inputs, the dropout fallback, nn::CausalSelfAttention, and the errors bad arguments raise.
+// inputs, the dropout fallback, nn::CausalSelfAttention, and the errors bad arguments raise;
+// grouped-query heads and rotary embeddings against a reference that repeats the key/value
+// heads and rotates q and k with tables computed here, at every f32 kernel the CPU runs.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <limits>
@@ -88,7 +90,111 @@ void check_against_reference(int64_t B, int64_t H, int64_t Tq, int64_t Tk, int64
   check_close(got[3], want[3], 1e-3, 1e-5, name.str() + " dv");
 }
 
+// Rotary embedding of x [B, H, T, E] at positions pos0.. in the rotate-half convention, with
+// angles computed here in f64 (independent of kernels/rope.cpp's tables).
+Tensor rope_reference(const Tensor& x, double theta, int64_t pos0) {
+  const int64_t T = x.size(2), E = x.size(3), half = E / 2;
+  Tensor c = empty({T, half}, {.dtype = kFloat64}), s = empty({T, half}, {.dtype = kFloat64});
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < half; ++i) {
+      const double angle = double(pos0 + t) * std::pow(theta, -2.0 * double(i) / double(E));
+      c.data<double>()[t * half + i] = std::cos(angle);
+      s.data<double>()[t * half + i] = std::sin(angle);
+    }
+  c = c.to(x.dtype()), s = s.to(x.dtype());
+  Tensor x1 = x.narrow(-1, 0, half), x2 = x.narrow(-1, half, half);
+  return cat({x1 * c - x2 * s, x2 * c + x1 * s}, -1);
+}
+
+// Key/value head h / G for every query head h: [B, Hkv, T, C] -> [B, Hkv * G, T, C].
+Tensor repeat_heads(const Tensor& x, int64_t G) {
+  const int64_t B = x.size(0), Hkv = x.size(1), T = x.size(2), C = x.size(3);
+  return x.unsqueeze(2).expand({B, Hkv, G, T, C}).reshape({B, Hkv * G, T, C});
+}
+
+// The fused op with Hkv key/value heads and rotary embeddings against the reference, forward
+// and the three gradients (dk, dv summed over each group's query heads).
+void check_gqa_rope(int64_t B, int64_t H, int64_t Hkv, int64_t T, int64_t E, bool causal, double theta,
+                    int64_t q_pos = 0, int64_t k_pos = 0) {
+  std::ostringstream name;
+  name << "B" << B << " H" << H << " Hkv" << Hkv << " T" << T << " E" << E << (causal ? " causal" : " full")
+       << " theta " << theta << " positions " << q_pos << "/" << k_pos;
+  Tensor q = random({B, H, T, E}), k = random({B, Hkv, T, E}), v = random({B, Hkv, T, E});
+  Tensor gout = random({B, H, T, E});
+  auto run = [&](bool fused) {
+    Tensor qq = q.clone().set_requires_grad(), kk = k.clone().set_requires_grad(), vv = v.clone().set_requires_grad();
+    Tensor y;
+    if (fused) {
+      y = scaled_dot_product_attention(
+          qq, kk, vv, AttentionOptions{.causal = causal, .rope = {.theta = theta, .q_pos = q_pos, .k_pos = k_pos}});
+    } else {
+      Tensor qr = theta > 0 ? rope_reference(qq, theta, q_pos) : qq;
+      Tensor kr = theta > 0 ? rope_reference(kk, theta, k_pos) : kk;
+      y = reference(qr, repeat_heads(kr, H / Hkv), repeat_heads(vv, H / Hkv), causal);
+    }
+    sum(y * gout).backward();
+    return TensorList{y.detach(), qq.grad(), kk.grad(), vv.grad()};
+  };
+  TensorList got = run(true), want = run(false);
+  check_close(got[0], want[0], 1e-4, 1e-5, name.str() + " output");
+  check_close(got[1], want[1], 1e-3, 1e-5, name.str() + " dq");
+  check_close(got[2], want[2], 1e-3, 1e-5, name.str() + " dk");
+  check_close(got[3], want[3], 1e-3, 1e-5, name.str() + " dv");
+}
+
 }  // namespace
+
+TEST_CASE("attention: grouped-query heads and rotary embeddings match the reference at every kernel") {
+  using namespace weft::kernels::cpu;
+  const SgemmKernel saved = sgemm_kernel();
+  for (SgemmKernel kernel : {SgemmKernel::avx512, SgemmKernel::avx2, SgemmKernel::eigen}) {
+    if (!sgemm_kernel_supported(kernel)) {
+      std::printf("skipping grouped-query attention with the %s kernel: this CPU does not have that instruction "
+                  "set\n", sgemm_kernel_name(kernel));
+      continue;
+    }
+    set_sgemm_kernel(kernel);
+    INFO("kernel " << sgemm_kernel_name(kernel));
+    for (int64_t E : {8, 16, 64}) {  // 16 and 64 take the register-tiled loops under AVX-512
+      check_gqa_rope(2, 6, 2, 37, E, true, 10000.0);        // groups of 3, rope
+      check_gqa_rope(1, 4, 1, 33, E, true, 500000.0);       // one key/value head for all
+      check_gqa_rope(2, 4, 4, 20, E, true, 10000.0);        // rope without grouping
+      check_gqa_rope(2, 4, 2, 19, E, false, 0.0);           // grouping without rope, non-causal
+      check_gqa_rope(1, 2, 1, 9, E, false, 10000.0, 5, 3);  // positions not starting at 0
+    }
+  }
+  set_sgemm_kernel(saved);
+}
+
+TEST_CASE("attention: grouped-query heads and rotary embeddings pass gradcheck in f64") {
+  auto leaf = [](const Shape& s) { return random(s, kFloat64).set_requires_grad(); };
+  for (bool causal : {true, false}) {
+    auto r = gradcheck(
+        [causal](const TensorList& x) {
+          return scaled_dot_product_attention(
+              x[0], x[1], x[2], AttentionOptions{.causal = causal, .rope = {.theta = 100.0, .q_pos = 2, .k_pos = 2}});
+        },
+        {leaf({2, 4, 6, 4}), leaf({2, 2, 6, 4}), leaf({2, 2, 6, 4})});
+    INFO(r.message);
+    CHECK(r.ok);
+  }
+  auto rr = gradcheck([](const TensorList& x) { return rotary_embedding(x[0], 10.0, 3); }, {leaf({2, 5, 6})});
+  INFO(rr.message);
+  CHECK(rr.ok);
+}
+
+TEST_CASE("attention: rotary_embedding and the dropout path rotate as the fused kernel does") {
+  Tensor x = random({2, 3, 11, 8});
+  check_close(rotary_embedding(x, 10000.0, 4), rope_reference(x, 10000.0, 4), 1e-5, 1e-6, "rotary_embedding");
+  // With dropout 0 < p the composite ops run; with the same generator state twice, a p of
+  // ~0 keeps every probability, so they must equal the fused result.
+  Tensor q = random({1, 4, 9, 8}), k = random({1, 2, 9, 8}), v = random({1, 2, 9, 8});
+  AttentionOptions fused{.causal = true, .rope = {.theta = 10000.0}};
+  AttentionOptions composite = fused;
+  composite.dropout_p = 1e-12;
+  check_close(scaled_dot_product_attention(q, k, v, composite), scaled_dot_product_attention(q, k, v, fused), 1e-4,
+              1e-5, "dropout path with GQA and rope");
+}
 
 TEST_CASE("attention: fused forward and backward match the composite reference") {
   SECTION("causal, sequence lengths around the row block") {
@@ -280,7 +386,15 @@ TEST_CASE("attention: bad arguments raise errors naming the problem") {
                     Contains("same head_dim") && Contains("[2, 2, 5, 3]"));
   CHECK_THROWS_WITH(scaled_dot_product_attention(q, k, random({2, 2, 6, 4})),
                     Contains("same sequence length") && Contains("[2, 2, 6, 4]"));
-  CHECK_THROWS_WITH(scaled_dot_product_attention(q, random({2, 3, 5, 4}), v), Contains("batch and head dims differ"));
+  CHECK_THROWS_WITH(scaled_dot_product_attention(q, random({2, 3, 5, 4}), v),
+                    Contains("key and value need the same number of heads") && Contains("[2, 3, 5, 4]"));
+  CHECK_THROWS_WITH(scaled_dot_product_attention(random({2, 3, 5, 4}), k, v), Contains("dividing the query's"));
+  CHECK_THROWS_WITH(scaled_dot_product_attention(q, k, v, AttentionOptions{.rope = {.theta = -1.0}}),
+                    Contains("rope theta must be finite and positive"));
+  CHECK_THROWS_WITH(scaled_dot_product_attention(random({2, 2, 5, 3}), random({2, 2, 5, 3}), random({2, 2, 5, 3}),
+                                                 AttentionOptions{.rope = {.theta = 10.0}}),
+                    Contains("even head dim"));
+  CHECK_THROWS_WITH(rotary_embedding(random({2, 5, 3}), 10.0), Contains("even head dim"));
   CHECK_THROWS_WITH(
       scaled_dot_product_attention(random({2, 2, 3, 4}), random({2, 2, 6, 4}), random({2, 2, 6, 4}), true),
       Contains("causal attention needs as many queries as keys"));

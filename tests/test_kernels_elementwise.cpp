@@ -39,6 +39,7 @@ double ref_unary(UnaryOp op, double x) {
     // 0.5x(1 + tanh(u)) and 0.5x(1 + erf(x/sqrt2)), in forms that keep precision for x << 0
     case UnaryOp::gelu_tanh: return x / (1 + std::exp(-2 * std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
     case UnaryOp::gelu_erf: return 0.5 * x * std::erfc(-x / std::sqrt(2.0));
+    case UnaryOp::silu: return x / (1 + std::exp(-x));
     case UnaryOp::sin: return std::sin(x);
     case UnaryOp::cos: return std::cos(x);
     case UnaryOp::square: return x * x;
@@ -54,7 +55,7 @@ double ref_unary(UnaryOp op, double x) {
 const std::vector<UnaryOp> kAllUnary = {
     UnaryOp::neg, UnaryOp::exp, UnaryOp::log, UnaryOp::sqrt, UnaryOp::rsqrt, UnaryOp::abs,
     UnaryOp::tanh, UnaryOp::sigmoid, UnaryOp::relu, UnaryOp::gelu_tanh, UnaryOp::gelu_erf,
-    UnaryOp::sin, UnaryOp::cos, UnaryOp::square, UnaryOp::reciprocal, UnaryOp::sign,
+    UnaryOp::silu, UnaryOp::sin, UnaryOp::cos, UnaryOp::square, UnaryOp::reciprocal, UnaryOp::sign,
     UnaryOp::log1p, UnaryOp::expm1, UnaryOp::logical_not};
 
 bool positive_domain(UnaryOp op) {

@@ -65,7 +65,7 @@ constexpr int64_t kGpt2Tokens = 50257;  // GPT-2's real vocabulary; ids above it
 constexpr double kMiB = 1024.0 * 1024.0;
 
 struct Options {
-  apps::GPTConfig model{.vocab_size = 50304, .ctx = 1024, .n_layer = 12, .n_head = 12, .d_model = 768};
+  apps::ModelConfig model{.vocab_size = 50304, .ctx = 1024, .n_layer = 12, .n_head = 12, .d_model = 768};
   std::string device = "cuda", precision = "bf16";
   int64_t batch = 8, steps = 20, warmup = 5;
   double lr = 3e-4, weight_decay = 0.1, clip = 1.0, peak_tflops = 989.0;

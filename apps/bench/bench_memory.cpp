@@ -44,7 +44,7 @@ constexpr double kMiB = 1024.0 * 1024.0;
 struct Options {
   // nanofsdp's chart shape (32 layers, d_model 1024, ctx 256) with d_model and ctx halved; see
   // docs/MEMORY_SCALING.md for the choice of the batch.
-  apps::GPTConfig model{.ctx = 128, .n_layer = 32, .n_head = 8, .d_model = 512};
+  apps::ModelConfig model{.ctx = 128, .n_layer = 32, .n_head = 8, .d_model = 512};
   int64_t batch = 4;  // sequences per rank per step
   int64_t steps = 5;
   uint64_t seed = 0;

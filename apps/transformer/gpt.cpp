@@ -1,52 +1,17 @@
 #include "apps/transformer/gpt.h"
 
-#include "apps/common/cli.h"
-
 #include <cmath>
 
 namespace weft::apps {
 
-void check_config(const GPTConfig& cfg) {
-  WEFT_CHECK(cfg.n_layer > 0, "transformer: --n-layer must be positive, got {}", cfg.n_layer);
-  WEFT_CHECK(cfg.n_head > 0, "transformer: --n-head must be positive, got {}", cfg.n_head);
-  WEFT_CHECK(cfg.d_model > 0, "transformer: --d-model must be positive, got {}", cfg.d_model);
-  WEFT_CHECK(cfg.d_model % cfg.n_head == 0,
-             "transformer: --n-head {} does not divide --d-model {} (each head gets d_model / n_head channels)",
-             cfg.n_head, cfg.d_model);
-  WEFT_CHECK(cfg.ctx > 0, "transformer: --ctx must be positive, got {}", cfg.ctx);
-  WEFT_CHECK(cfg.vocab_size > 0, "transformer: vocabulary size must be positive, got {}", cfg.vocab_size);
-  WEFT_CHECK(cfg.dropout >= 0 && cfg.dropout < 1, "transformer: --dropout must be in [0, 1), got {}", cfg.dropout);
-  WEFT_CHECK(cfg.n_layer <= kMaxLayers, "transformer: --n-layer must be at most {}, got {}", kMaxLayers, cfg.n_layer);
-  WEFT_CHECK(cfg.n_head <= kMaxHeads, "transformer: --n-head must be at most {}, got {}", kMaxHeads, cfg.n_head);
-  WEFT_CHECK(cfg.d_model <= kMaxDModel, "transformer: --d-model must be at most {}, got {}", kMaxDModel, cfg.d_model);
-  WEFT_CHECK(cfg.ctx <= kMaxCtx, "transformer: --ctx must be at most {}, got {}", kMaxCtx, cfg.ctx);
-  WEFT_CHECK(cfg.vocab_size <= kMaxVocab, "transformer: vocabulary size must be at most {}, got {}", kMaxVocab,
-             cfg.vocab_size);
-  const double params = param_count(cfg), bytes = 4 * params;
-  const double mem = double(cli::physical_memory_bytes());
-  WEFT_CHECK(mem == 0 || bytes <= mem,
-             "transformer: a model of --n-layer {} --n-head {} --d-model {} --ctx {} has {:.3g} parameters: its "
-             "float32 weights alone need {:.1f} GiB, more than this machine's {:.1f} GiB of memory",
-             cfg.n_layer, cfg.n_head, cfg.d_model, cfg.ctx, params, bytes / double(1 << 30), mem / double(1 << 30));
-}
-
-double param_count(const GPTConfig& cfg) {
-  const double d = double(cfg.d_model);
-  // Per block: ln_1, ln_2 (2d each), qkv (3d^2 + 3d), proj (d^2 + d), mlp (8d^2 + 5d).
-  double block = 12 * d * d + 13 * d;
-  double total = double(cfg.n_layer) * block + double(cfg.vocab_size + cfg.ctx) * d + 2 * d;
-  if (!cfg.tie_weights) total += double(cfg.vocab_size) * d;
-  return total;
-}
-
-GPT::GPT(const GPTConfig& c) : nn::Module("GPT"), cfg(c) {
+GPT::GPT(const ModelConfig& c) : nn::Module("GPT"), cfg(c) {
   check_config(cfg);
   transformer = register_module("transformer", std::make_shared<nn::Module>("Transformer"));
   wte = transformer->register_module("wte", std::make_shared<nn::Embedding>(cfg.vocab_size, cfg.d_model));
   wpe = transformer->register_module("wpe", std::make_shared<nn::Embedding>(cfg.ctx, cfg.d_model));
   h = transformer->register_module("h", std::make_shared<nn::ModuleList>());
   nn::TransformerConfig tc{.d_model = cfg.d_model, .n_head = cfg.n_head, .dropout = cfg.dropout, .bias = true,
-                           .gelu_approximate = "tanh"};
+                           .gelu_approximate = "tanh", .ffn_dim = cfg.ffn_dim};
   for (int64_t i = 0; i < cfg.n_layer; ++i) {
     blocks.push_back(std::make_shared<nn::Block>(tc));
     h->push_back(blocks.back());
@@ -89,12 +54,6 @@ void init_gpt(GPT& model) {
     else if (ends_with(name, "c_proj.weight")) nn::init::normal_(t, 0.0, residual_std);
     else nn::init::normal_(t, 0.0, 0.02);
   }
-}
-
-int64_t count_parameters(const nn::Module& model) {
-  int64_t n = 0;
-  for (auto& p : model.parameters()) n += p.numel();
-  return n;
 }
 
 }  // namespace weft::apps

@@ -1,9 +1,11 @@
-// weft-transformer: a byte-level GPT trained on any text (default: Debian's fortunes), in one
-// process or, with --fsdp, sharded over the ranks mpirun starts (one FSDP group per block, then
-// the root); and sampling text from a saved checkpoint.
+// weft-transformer: byte-level decoders of two families (GPT-2 and Llama, --arch) trained on any
+// text (default: Debian's fortunes), in one process or, with --fsdp, sharded over the ranks
+// mpirun starts (one FSDP group per block, then the root), from scratch or from a Hugging Face
+// checkpoint (--init-from); sampling text from a checkpoint; and exporting one to Hugging Face.
 //   weft-transformer train --steps 200 --checkpoint-dir ck
 //   mpirun -np 2 --oversubscribe --bind-to none weft-transformer train --fsdp --threads 1
-//   weft-transformer sample --checkpoint ck --prompt "Q: " --tokens 200
+//   weft-transformer sample --from ck --prompt "Q: " --tokens 200
+//   weft-transformer export-hf --from ck --out hf
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -27,7 +29,8 @@
 #include "apps/common/ranks.h"
 #include "apps/common/resume.h"
 #include "apps/common/stop.h"
-#include "apps/transformer/gpt.h"
+#include "apps/transformer/hf_checkpoint.h"
+#include "apps/transformer/model.h"
 #include "apps/transformer/text_data.h"
 #include "core/safetensors.h"
 #include "core/sha256.h"
@@ -42,8 +45,9 @@ namespace {
 constexpr uint64_t kValSeedOffset = 0x5eed0000ull;  // val batches: a stream apart from training's
 
 struct TrainOptions {
-  apps::GPTConfig model;
+  apps::ModelConfig model;
   bool untie = false;
+  std::string init_from;  // a Hugging Face directory whose config and weights start the run
   int64_t batch_size = 16, steps = 200, grad_accum = 1, warmup = 10;
   double lr = 3e-4, weight_decay = 0.1, min_lr_ratio = 0.1, clip = 1.0;
   uint64_t seed = 0;
@@ -69,6 +73,13 @@ struct SampleOptions {
   uint64_t seed = 0;
   int threads = 0;
   std::string device = "cpu";
+  bool ids = false;         // print the generated token ids, comma-separated, on one line
+  std::string logits_out;   // write the prompt's logits [T, vocab] (f32) to this safetensors file
+};
+
+struct ExportOptions {
+  std::string from, out;
+  std::string max_shard_size = "5G";
 };
 
 using apps::Ranks;
@@ -79,7 +90,12 @@ using apps::mean_over_ranks;
 // rank's own). The checkpoint directory counts by presence only.
 dist::ConfigSettings shared_settings(const TrainOptions& o) {
   auto num = [](auto v) { return fmt::format("{}", v); };
-  return {{"--n-layer", num(o.model.n_layer)},
+  return {{"--arch", o.model.arch},
+          {"--n-kv-head", num(o.model.n_kv_head)},
+          {"--ffn-dim", num(o.model.ffn_dim)},
+          {"--rope-theta", num(o.model.rope_theta)},
+          {"--init-from", o.init_from},
+          {"--n-layer", num(o.model.n_layer)},
           {"--n-head", num(o.model.n_head)},
           {"--d-model", num(o.model.d_model)},
           {"--ctx", num(o.model.ctx)},
@@ -117,8 +133,6 @@ dist::ConfigSettings shared_settings(const TrainOptions& o) {
 // (weft-checkpoint consolidate) for sampling.
 
 constexpr const char* kFormat = "weft-transformer";
-constexpr const char* kTiedHead = "lm_head.weight";  // nanoGPT's name of the head tied to wte
-constexpr const char* kEmbedding = "transformer.wte.weight";
 
 // The training text's length and sha256 (computed once per run): a resumed run must draw its
 // batches from the same text.
@@ -129,10 +143,13 @@ std::map<std::string, std::string> training_text(const apps::TextData& data) {
 
 // The model config, what decides the batches (seed, batch size, accumulation, the training
 // text) and the weight decay (restored with the optimizer state): resuming checks these.
-std::map<std::string, std::string> describe(const apps::GPTConfig& cfg, const TrainOptions& o,
+std::map<std::string, std::string> describe(const apps::ModelConfig& cfg, const TrainOptions& o,
                                             const std::map<std::string, std::string>& train_text) {
   std::map<std::string, std::string> d = {
-      {"format", kFormat}, {"n_layer", std::to_string(cfg.n_layer)}, {"n_head", std::to_string(cfg.n_head)},
+      {"format", kFormat}, {"arch", cfg.arch}, {"n_kv_head", std::to_string(cfg.n_kv_head)},
+      {"ffn_dim", std::to_string(cfg.ffn_dim)}, {"head_dim", std::to_string(cfg.head_dim)},
+      {"rope_theta", fmt::format("{}", cfg.rope_theta)}, {"norm_eps", fmt::format("{}", cfg.norm_eps)},
+      {"n_layer", std::to_string(cfg.n_layer)}, {"n_head", std::to_string(cfg.n_head)},
       {"d_model", std::to_string(cfg.d_model)}, {"ctx", std::to_string(cfg.ctx)},
       {"vocab_size", std::to_string(cfg.vocab_size)}, {"tied", cfg.tie_weights ? "1" : "0"},
       {"seed", std::to_string(o.seed)}, {"batch_size", std::to_string(o.batch_size)},
@@ -142,7 +159,7 @@ std::map<std::string, std::string> describe(const apps::GPTConfig& cfg, const Tr
 }
 
 // The model config in a checkpoint's (or a consolidated file's) description.
-apps::GPTConfig config_of(const std::map<std::string, std::string>& app, const std::string& where) {
+apps::ModelConfig config_of(const std::map<std::string, std::string>& app, const std::string& where) {
   auto get = [&](const std::string& k) {
     auto it = app.find(k);
     WEFT_CHECK(it != app.end(), "transformer: {} is not a weft-transformer checkpoint (no \"{}\" in its description)",
@@ -151,7 +168,7 @@ apps::GPTConfig config_of(const std::map<std::string, std::string>& app, const s
   };
   WEFT_CHECK(get("format") == kFormat, "transformer: {} was written by \"{}\", not weft-transformer", where,
              get("format"));
-  apps::GPTConfig cfg;
+  apps::ModelConfig cfg;
   auto field = [&](const std::string& k, int64_t hi) {
     return apps::cli::parse_integer_field(get(k), 1, hi, fmt::format("transformer: {}: model field \"{}\"", where, k));
   };
@@ -161,14 +178,35 @@ apps::GPTConfig config_of(const std::map<std::string, std::string>& app, const s
   cfg.ctx = field("ctx", apps::kMaxCtx);
   cfg.vocab_size = field("vocab_size", apps::kMaxVocab);
   cfg.tie_weights = get("tied") == "1";
+  // Written since the Llama family came; older checkpoints are GPT-2's.
+  if (app.count("arch")) {
+    cfg.arch = get("arch");
+    auto optional = [&](const std::string& k, int64_t hi) {
+      return apps::cli::parse_integer_field(get(k), 0, hi, fmt::format("transformer: {}: model field \"{}\"", where, k));
+    };
+    cfg.n_kv_head = optional("n_kv_head", apps::kMaxHeads);
+    cfg.ffn_dim = optional("ffn_dim", 16 * apps::kMaxDModel);
+    cfg.head_dim = optional("head_dim", apps::kMaxDModel);
+    auto real = [&](const std::string& k) {
+      const std::string v = get(k);
+      char* end = nullptr;
+      const double x = std::strtod(v.c_str(), &end);
+      WEFT_CHECK(!v.empty() && *end == '\0' && std::isfinite(x) && x > 0,
+                 "transformer: {}: model field \"{}\" must be a positive number, got \"{}\"", where, k, v);
+      return x;
+    };
+    cfg.rope_theta = real("rope_theta");
+    cfg.norm_eps = real("norm_eps");
+  }
+  apps::check_config(cfg);
   return cfg;
 }
 
-// nanoGPT's state dict has lm_head.weight even when it is tied to wte: consolidated files
-// repeat it, and loading one checks that it equals wte.
-std::map<std::string, std::string> head_alias(const apps::GPTConfig& cfg) {
+// nanoGPT's and Hugging Face's state dicts have lm_head.weight even when it is tied to the
+// embedding: consolidated files repeat it, and loading one checks that it equals the embedding.
+std::map<std::string, std::string> head_alias(const apps::ModelConfig& cfg) {
   if (!cfg.tie_weights) return {};
-  return {{kTiedHead, kEmbedding}};
+  return {{apps::kHeadName, apps::embedding_name(cfg)}};
 }
 
 // ---- FSDP: one group per block, then the root (embeddings, ln_f, head).
@@ -179,7 +217,7 @@ std::map<std::string, std::string> head_alias(const apps::GPTConfig& cfg) {
 // The model is on the meta device: its shards are allocated and initialised on `device`'s mesh,
 // or on `mesh` when given (a memory plan's). `per_block`, when given, is each block's
 // reshard_after_forward (a memory plan's choice) in place of --reshard-after-forward.
-fsdp::FSDPModule shard_model(apps::GPT& model, const nn::ModulePtr& root, const TrainOptions& o, Device device,
+fsdp::FSDPModule shard_model(const apps::LanguageModel& model, const TrainOptions& o, Device device,
                              const std::shared_ptr<dist::DeviceMesh>& mesh = nullptr,
                              const std::vector<bool>& per_block = {}) {
   const auto strategy = fsdp::parse_sharding_strategy(o.sharding_strategy);
@@ -201,7 +239,7 @@ fsdp::FSDPModule shard_model(apps::GPT& model, const nn::ModulePtr& root, const 
     if (!per_block.empty()) opts.reshard_after_forward = bool(per_block[i]);
     fsdp::fully_shard(model.blocks[i], opts);
   }
-  return fsdp::fully_shard(root, root_opts);
+  return fsdp::fully_shard(model.module, root_opts);
 }
 
 // AdamW with weight decay on the 2-D weights (matmuls and embeddings) only: `decay` names them,
@@ -242,11 +280,12 @@ fsdp::MemoryPlanRequest plan_request(const TrainOptions& o, bool fsdp) {
   r.settings.reshard_after_forward.assign(size_t(r.tunable_groups), o.reshard_after_forward == "true");
   r.setup = [o](const fsdp::PlanSettings& s, const std::shared_ptr<dist::DeviceMesh>& mesh) -> fsdp::TrainingStep {
     manual_seed(o.seed);
-    auto model = std::make_shared<apps::GPT>(o.model);
-    apps::init_gpt(*model);
+    const apps::LanguageModel lm = apps::make_model(o.model);
+    apps::init_model(lm);
+    const std::shared_ptr<nn::Module> model = lm.module;
     const auto decay = decayed_names(*model);
-    for (auto& block : model->blocks) block->set_activation_checkpointing(s.activation_checkpointing);
-    if (mesh) shard_model(*model, model, o, Device::meta(), mesh, s.reshard_after_forward);
+    for (auto& block : lm.blocks) block->set_activation_checkpointing(s.activation_checkpointing);
+    if (mesh) shard_model(lm, o, Device::meta(), mesh, s.reshard_after_forward);
     std::shared_ptr<nn::AdamW> opt = make_optimizer(*model, decay, o);
     const int64_t rows = o.batch_size / (mesh ? mesh->size(0) : 1), ctx = o.model.ctx, vocab = o.model.vocab_size;
     return [model, opt, o, rows, ctx, vocab] {
@@ -289,7 +328,8 @@ double evaluate(nn::Module& model, const apps::TextData& data, const TrainOption
 
 int train(TrainOptions o, const Ranks& ranks) {
   apps::TextData data;
-  std::shared_ptr<apps::GPT> model;
+  apps::LanguageModel lm;
+  std::shared_ptr<nn::Module> model;
   std::string resume_from;  // the checkpoint directory --resume resolves to
   std::optional<apps::MetricsWriter> metrics;
   o.model.tie_weights = !o.untie;
@@ -302,6 +342,19 @@ int train(TrainOptions o, const Ranks& ranks) {
   dist::agree(ranks.groups(), "transformer", [&] {
     device = apps::parse_device(o.device, "transformer");  // first: a device that cannot work ends the run at once
     if (o.threads > 0) set_num_threads(o.threads);
+    if (!o.init_from.empty()) {  // the model is the checkpoint's; --ctx may shorten its context
+      WEFT_CHECK(apps::is_hf_dir(o.init_from), "transformer: --init-from {} is not a Hugging Face model directory "
+                 "(no config.json there)", o.init_from);
+      apps::ModelConfig hf = apps::read_hf_config(o.init_from);
+      WEFT_CHECK(o.model.ctx <= hf.ctx, "transformer: --ctx {} is longer than {}'s context {}", o.model.ctx,
+                 o.init_from, hf.ctx);
+      if (hf.arch == "llama") hf.ctx = o.model.ctx;  // no position table: any shorter context works
+      WEFT_CHECK(hf.arch == "llama" || o.model.ctx == hf.ctx, "transformer: --ctx {} differs from {}'s n_positions "
+                 "{} (GPT-2's position table is that long: pass --ctx {})", o.model.ctx, o.init_from, hf.ctx, hf.ctx);
+      hf.dropout = o.model.dropout;
+      o.model = hf;
+      o.untie = !hf.tie_weights;
+    }
     apps::check_config(o.model);
     WEFT_CHECK(o.lr > 0 && o.steps > 0 && o.batch_size > 0 && o.grad_accum > 0,
                "transformer: --lr, --steps, --batch-size and --grad-accum must be positive");
@@ -331,11 +384,16 @@ int train(TrainOptions o, const Ranks& ranks) {
                  "complete step_* directory)", o.resume);
       const fsdp::CheckpointProgress ck = fsdp::read_checkpoint_index(resume_from).training;
       auto c = config_of(ck.app, resume_from);
-      WEFT_CHECK(c.n_layer == o.model.n_layer && c.n_head == o.model.n_head && c.d_model == o.model.d_model &&
-                     c.ctx == o.model.ctx && c.tie_weights == o.model.tie_weights,
-                 "transformer: checkpoint {} holds a model with n_layer {}, n_head {}, d_model {}, ctx {}, tied {}; "
-                 "the flags ask for {}, {}, {}, {}, {}", resume_from, c.n_layer, c.n_head, c.d_model, c.ctx,
-                 c.tie_weights, o.model.n_layer, o.model.n_head, o.model.d_model, o.model.ctx, o.model.tie_weights);
+      const nn::LlamaConfig want = apps::llama_config(o.model), have = apps::llama_config(c);
+      WEFT_CHECK(c.arch == o.model.arch && c.n_layer == o.model.n_layer && c.n_head == o.model.n_head &&
+                     c.d_model == o.model.d_model && c.ctx == o.model.ctx && c.tie_weights == o.model.tie_weights &&
+                     have.kv_heads() == want.kv_heads() && have.ffn() == want.ffn() &&
+                     have.head_size() == want.head_size() && c.rope_theta == o.model.rope_theta,
+                 "transformer: checkpoint {} holds a {} model with n_layer {}, n_head {}, n_kv_head {}, d_model {}, "
+                 "ffn_dim {}, ctx {}, tied {}, rope_theta {}; the flags ask for {}, {}, {}, {}, {}, {}, {}, {}, {}",
+                 resume_from, c.arch, c.n_layer, c.n_head, have.kv_heads(), c.d_model, have.ffn(), c.ctx,
+                 c.tie_weights, c.rope_theta, o.model.arch, o.model.n_layer, o.model.n_head, want.kv_heads(),
+                 o.model.d_model, want.ffn(), o.model.ctx, o.model.tie_weights, o.model.rope_theta);
       // The batches: another seed, batch size, accumulation or text would continue on another data
       // stream than the checkpoint's position means. (--lr, --warmup and --steps take effect:
       // the schedule is recomputed from them at the checkpoint's step; docs/CHECKPOINTS.md.)
@@ -372,16 +430,17 @@ int train(TrainOptions o, const Ranks& ranks) {
     }
     manual_seed(o.seed);  // the same full model on every rank
     if (ranks.fsdp) {
-      // Deferred: built on the meta device (init_gpt records its rules there too); fully_shard
+      // Deferred: built on the meta device (init_model records its rules there too); fully_shard
       // then initialises only this rank's shards, bitwise the eager build's values.
       DefaultDeviceGuard meta(Device::meta());
-      model = std::make_shared<apps::GPT>(o.model);
-      apps::init_gpt(*model);
+      lm = apps::make_model(o.model);
+      apps::init_model(lm);
     } else {
-      model = std::make_shared<apps::GPT>(o.model);
-      model->to(device);  // initialised on the host (the same values on every device), then moved
-      apps::init_gpt(*model);
+      lm = apps::make_model(o.model);
+      lm.module->to(device);  // initialised on the host (the same values on every device), then moved
+      apps::init_model(lm);
     }
+    model = lm.module;
     metrics.emplace(ranks.lead() ? o.metrics : std::string());
   });
   if (o.plan.only()) return 0;  // the plan is printed; nothing to train
@@ -390,9 +449,17 @@ int train(TrainOptions o, const Ranks& ranks) {
   // Weight decay on the 2-D weights only, decided from the full shapes before sharding.
   const std::vector<std::string> decay_names = decayed_names(*model);
   // Each block keeps only its input for backward and runs again there (nn/checkpoint.h).
-  for (auto& block : model->blocks) block->set_activation_checkpointing(o.activation_checkpointing);
+  for (auto& block : lm.blocks) block->set_activation_checkpointing(o.activation_checkpointing);
   std::optional<fsdp::FSDPModule> root;
-  if (ranks.fsdp) root = shard_model(*model, model, o, device, nullptr, per_block);
+  if (ranks.fsdp) root = shard_model(lm, o, device, nullptr, per_block);
+  if (!o.init_from.empty() && resume_from.empty()) {
+    // The Hugging Face weights replace the initial ones (each rank reads its shards' bytes only).
+    dist::agree(ranks.groups(), "transformer", [&] {
+      apps::load_hf_checkpoint(o.init_from, lm, root ? &*root : nullptr);
+      apps::check_finite_parameters(*model, fmt::format("transformer: refusing to train from {}", o.init_from));
+    });
+    if (ranks.lead()) std::fprintf(stderr, "weft-transformer: initialised from %s\n", o.init_from.c_str());
+  }
   const std::unique_ptr<nn::AdamW> opt_ptr = make_optimizer(*model, decay_names, o);  // this rank's shards
   nn::AdamW& opt = *opt_ptr;
   nn::WarmupCosineLR sched(opt, o.warmup, o.steps, o.min_lr_ratio);
@@ -416,9 +483,10 @@ int train(TrainOptions o, const Ranks& ranks) {
   const int64_t lo = o.batch_size * ranks.rank / ranks.world, hi = o.batch_size * (ranks.rank + 1) / ranks.world;
   const int64_t tokens_per_step = o.batch_size * o.grad_accum * o.model.ctx;
   if (ranks.lead()) {
-    std::fprintf(stderr, "weft-transformer: GPT n_layer %lld, n_head %lld, d_model %lld, ctx %lld, %s head: %lld "
+    std::fprintf(stderr, "weft-transformer: %s n_layer %lld, n_head %lld, d_model %lld, ctx %lld, %s head: %lld "
                  "parameters; %zu train / %zu val bytes from %zu file(s) of %s; batch %lld x %lld accumulation, "
-                 "%d threads\n", (long long)o.model.n_layer, (long long)o.model.n_head, (long long)o.model.d_model,
+                 "%d threads\n", o.model.arch == "llama" ? "Llama" : "GPT-2", (long long)o.model.n_layer,
+                 (long long)o.model.n_head, (long long)o.model.d_model,
                  (long long)o.model.ctx, o.model.tie_weights ? "tied" : "untied", (long long)n_params,
                  data.train.size(), data.val.size(), data.files.size(), o.data.c_str(), (long long)o.batch_size,
                  (long long)o.grad_accum, get_num_threads());
@@ -569,66 +637,121 @@ int64_t draw(const Tensor& logits, const SampleOptions& o, Generator& g) {
   return 0;
 }
 
+// The model a sample or an export reads: a Hugging Face directory, a checkpoint directory (the
+// latest in it) or one file (weft-checkpoint consolidate's, or any with the same description
+// and the family's names; a tied head's lm_head.weight must equal the embedding). Whole, on the CPU.
+apps::LanguageModel load_model(const std::string& from) {
+  if (apps::is_hf_dir(from)) {
+    apps::LanguageModel lm = apps::make_model(apps::read_hf_config(from));
+    apps::load_hf_checkpoint(from, lm, nullptr);
+    return lm;
+  }
+  if (std::filesystem::is_regular_file(from)) {
+    auto contents = load_safetensors(from);
+    auto cfg = config_of(contents.metadata, from);
+    apps::LanguageModel lm = apps::make_model(cfg);
+    fsdp::load_full_state_dict(*lm.module, contents.tensors, nullptr, head_alias(cfg));
+    return lm;
+  }
+  std::string where = fsdp::latest_checkpoint(from);
+  WEFT_CHECK(!where.empty(), "transformer: no checkpoint at {} (neither a Hugging Face directory, a checkpoint directory "
+             "nor a safetensors file)", from);
+  apps::LanguageModel lm = apps::make_model(config_of(fsdp::read_checkpoint_index(where).training.app, where));
+  fsdp::load_checkpoint(where, *lm.module, nullptr, nullptr, {.restore_rng = false});
+  return lm;
+}
+
 int sample(const SampleOptions& o) {
   const Device device = apps::parse_device(o.device, "transformer");
   if (o.threads > 0) set_num_threads(o.threads);
   WEFT_CHECK(o.tokens >= 0, "transformer: --tokens must be non-negative");
-  // A checkpoint directory, or one file (weft-checkpoint consolidate's, or any with the same
-  // description and nanoGPT's names; a tied head's lm_head.weight must equal wte's).
-  std::unique_ptr<apps::GPT> model_ptr;
-  if (std::filesystem::is_regular_file(o.checkpoint)) {
-    auto contents = load_safetensors(o.checkpoint);
-    auto cfg = config_of(contents.metadata, o.checkpoint);
-    model_ptr = std::make_unique<apps::GPT>(cfg);
-    fsdp::load_full_state_dict(*model_ptr, contents.tensors, nullptr, head_alias(cfg));
-  } else {
-    std::string where = fsdp::latest_checkpoint(o.checkpoint);
-    WEFT_CHECK(!where.empty(), "transformer: no checkpoint at {} (neither a safetensors file nor a checkpoint "
-               "directory)", o.checkpoint);
-    model_ptr = std::make_unique<apps::GPT>(config_of(fsdp::read_checkpoint_index(where).training.app, where));
-    fsdp::load_checkpoint(where, *model_ptr, nullptr, nullptr, {.restore_rng = false});
-  }
-  apps::GPT& model = *model_ptr;
+  apps::LanguageModel lm = load_model(o.checkpoint);
+  nn::Module& model = *lm.module;
   apps::check_finite_parameters(model, fmt::format("transformer: refusing to sample from {}", o.checkpoint));
   model.to(device);
-  const apps::GPTConfig& cfg = model.cfg;
+  const apps::ModelConfig& cfg = lm.cfg;
+  WEFT_CHECK(o.ids || cfg.vocab_size == 256, "transformer: {} has a vocabulary of {} tokens, not 256 bytes: print "
+             "token ids with --ids (weft-transformer reads and writes bytes)", o.checkpoint, cfg.vocab_size);
   model.eval();
   NoGradGuard no_grad;
+  // The prompt's bytes are its token ids.
   std::vector<int64_t> ids;
-  for (unsigned char c : o.prompt) ids.push_back(c);
+  for (unsigned char c : o.prompt) {
+    WEFT_CHECK(int64_t(c) < cfg.vocab_size, "transformer: the prompt's byte {} is not a token of {}'s vocabulary "
+               "of {}", int(c), o.checkpoint, cfg.vocab_size);
+    ids.push_back(c);
+  }
   WEFT_CHECK(!ids.empty(), "transformer: --prompt must not be empty (it starts the text)");
-  std::fwrite(o.prompt.data(), 1, o.prompt.size(), stdout);
+  if (!o.ids) std::fwrite(o.prompt.data(), 1, o.prompt.size(), stdout);
   Generator g(o.seed);
-  for (int64_t n = 0; n < o.tokens; ++n) {
-    // The model sees at most its context: the last ctx bytes.
+  std::string printed;
+  for (int64_t n = 0; n < o.tokens || (n == 0 && !o.logits_out.empty()); ++n) {
+    // The model sees at most its context: the last ctx tokens.
     const int64_t t = std::min<int64_t>(int64_t(ids.size()), cfg.ctx);
     Tensor x = empty({1, t}, {.dtype = kInt64});
     std::copy(ids.end() - t, ids.end(), x.data<int64_t>());
     Tensor logits = model(x.to(device));  // [1, t, vocab]
+    if (n == 0 && !o.logits_out.empty())
+      save_safetensors(o.logits_out, {{"logits", logits.select(0, 0).to(kCPU).to(kFloat32).contiguous()}},
+                       {{"prompt_tokens", std::to_string(t)}});
+    if (n >= o.tokens) break;
     int64_t next = draw(logits.select(0, 0).select(0, t - 1).to(kCPU), o, g);
     ids.push_back(next);
-    std::fputc(int(next), stdout);
+    if (o.ids) printed += (printed.empty() ? "" : ",") + std::to_string(next);
+    else std::fputc(int(next), stdout);
   }
+  if (o.ids) std::fputs(printed.c_str(), stdout);
   std::fputc('\n', stdout);
   std::fflush(stdout);
+  return 0;
+}
+
+int export_hf(const ExportOptions& o) {
+  const int64_t shard = parse_bytes(o.max_shard_size, "transformer: --max-shard-size");
+  WEFT_CHECK(shard > 0, "transformer: --max-shard-size must be positive");
+  apps::LanguageModel lm = load_model(o.from);
+  apps::check_finite_parameters(*lm.module, fmt::format("transformer: refusing to export {}", o.from));
+  apps::export_hf_checkpoint(lm, o.out, shard);
+  std::fprintf(stderr, "weft-transformer: wrote %s (Hugging Face model_type %s, %lld parameters)\n", o.out.c_str(),
+               lm.cfg.arch.c_str(), (long long)apps::count_parameters(*lm.module));
   return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"weft-transformer: train a byte-level GPT on text and sample from it"};
+  CLI::App app{"weft-transformer: train a byte-level decoder (GPT-2 or Llama) on text, sample from it, export it"};
   app.require_subcommand(1);
   TrainOptions t;
   SampleOptions s;
-  auto* tr = app.add_subcommand("train", "train a GPT on the bytes of a text file or folder");
-  tr->add_option("--n-layer", t.model.n_layer, "transformer blocks")->check(apps::cli::integer(1, apps::kMaxLayers))->capture_default_str();
-  tr->add_option("--n-head", t.model.n_head, "attention heads (must divide --d-model)")->check(apps::cli::integer(1, apps::kMaxHeads))
-      ->capture_default_str();
-  tr->add_option("--d-model", t.model.d_model, "embedding width")->check(apps::cli::integer(1, apps::kMaxDModel))->capture_default_str();
+  ExportOptions x;
+  auto* tr = app.add_subcommand("train", "train a decoder on the bytes of a text file or folder");
+  auto* arch = tr->add_option("--arch", t.model.arch, "model family: gpt2 (learned positions, LayerNorm, GELU, tied "
+                              "head) or llama (RoPE, RMSNorm, SwiGLU, grouped-query attention, untied head)")
+                   ->check(CLI::IsMember({"gpt2", "llama"}))->capture_default_str();
+  auto* init_from = tr->add_option("--init-from", t.init_from, "start from a Hugging Face model directory (config.json "
+                                   "+ safetensors, model_type gpt2 or llama): its config and weights");
+  std::vector<CLI::Option*> shape_flags;
+  shape_flags.push_back(tr->add_option("--n-layer", t.model.n_layer, "transformer blocks")->check(apps::cli::integer(1, apps::kMaxLayers))->capture_default_str());
+  shape_flags.push_back(tr->add_option("--n-head", t.model.n_head, "attention heads (must divide --d-model)")->check(apps::cli::integer(1, apps::kMaxHeads))
+      ->capture_default_str());
+  shape_flags.push_back(tr->add_option("--n-kv-head", t.model.n_kv_head, "llama: key/value heads, dividing --n-head (0: as many as "
+                 "--n-head)")->check(apps::cli::integer(0, apps::kMaxHeads))->capture_default_str());
+  shape_flags.push_back(tr->add_option("--d-model", t.model.d_model, "embedding width")->check(apps::cli::integer(1, apps::kMaxDModel))->capture_default_str());
+  shape_flags.push_back(tr->add_option("--ffn-dim", t.model.ffn_dim, "the MLP's hidden width (0: gpt2 4 x --d-model, llama 8/3 x "
+                 "--d-model rounded up to a multiple of 32)")->check(apps::cli::integer(0, 16 * apps::kMaxDModel))->capture_default_str());
+  shape_flags.push_back(tr->add_option("--rope-theta", t.model.rope_theta, "llama: the rotary embeddings' base")
+      ->check(apps::cli::number_above(0))->capture_default_str());
   tr->add_option("--ctx", t.model.ctx, "context length in bytes")->check(apps::cli::integer(1, apps::kMaxCtx))->capture_default_str();
   tr->add_option("--dropout", t.model.dropout, "dropout probability")->check(apps::cli::number_in_half_open(0, 1))->capture_default_str();
-  tr->add_flag("--untie", t.untie, "give the LM head its own weight instead of sharing transformer.wte.weight");
+  auto* untie = tr->add_flag("--untie", t.untie, "give the LM head its own weight instead of sharing the token "
+                             "embedding (llama is untied unless --tie)");
+  shape_flags.push_back(untie);
+  bool tie = false;
+  auto* tie_flag = tr->add_flag("--tie", tie, "llama: share the token embedding with the LM head")->excludes(untie);
+  shape_flags.push_back(tie_flag);
+  shape_flags.push_back(arch);
+  for (CLI::Option* f : shape_flags) f->excludes(init_from);
   tr->add_option("--batch-size", t.batch_size, "sequences per micro-step (the global batch under --fsdp)")
       ->check(apps::cli::integer(1, 1 << 20))->capture_default_str();
   tr->add_option("--grad-accum", t.grad_accum, "micro-steps accumulated per optimizer step")->check(apps::cli::integer(1, 1 << 20))
@@ -688,30 +811,54 @@ int main(int argc, char** argv) {
       "Sharded training: mpirun -np N --oversubscribe --bind-to none weft-transformer train --fsdp ...\n"
       "  --batch-size stays the global batch (a multiple of N): rank r trains on rows [r*B/N, (r+1)*B/N)\n"
       "  of the same batch, so the losses match a single-process run up to float rounding.");
-  auto* sa = app.add_subcommand("sample", "generate text from a checkpoint");
-  sa->add_option("--checkpoint", s.checkpoint, "checkpoint directory (the latest in it) or a consolidated "
-                 ".safetensors file")->required();
-  sa->add_option("--prompt", s.prompt, "text to continue")->capture_default_str();
-  sa->add_option("--tokens", s.tokens, "bytes to generate")->check(apps::cli::integer(0, apps::kMaxSampleTokens))->capture_default_str();
-  sa->add_option("--temperature", s.temperature, "softmax temperature (0: greedy)")->check(apps::cli::number_from(0, 1e6))->capture_default_str();
+  auto* sa = app.add_subcommand("sample", "generate text from a checkpoint or a Hugging Face model");
+  sa->add_option("--from,--checkpoint", s.checkpoint, "a Hugging Face model directory, a checkpoint directory (the "
+                 "latest in it) or a consolidated .safetensors file")->required();
+  sa->add_option("--prompt", s.prompt, "text to continue (its bytes are the token ids)")->capture_default_str();
+  sa->add_option("--tokens,--max-new-tokens", s.tokens, "tokens to generate")
+      ->check(apps::cli::integer(0, apps::kMaxSampleTokens))->capture_default_str();
+  auto* temperature = sa->add_option("--temperature", s.temperature, "softmax temperature (0: greedy)")
+                          ->check(apps::cli::number_from(0, 1e6))->capture_default_str();
+  bool greedy = false;
+  sa->add_flag("--greedy", greedy, "always take the most likely token (--temperature 0)")->excludes(temperature);
+  sa->add_flag("--ids", s.ids, "print the generated token ids, comma-separated, on one line, instead of text");
+  sa->add_option("--logits-out", s.logits_out, "write the prompt's logits [T, vocab] (f32) to FILE.safetensors");
   sa->add_option("--top-k", s.top_k, "draw from the K most likely bytes only (0: all)")
       ->check(apps::cli::integer(0, 1 << 20))->capture_default_str();
   sa->add_option("--seed", s.seed, "seed for drawing")->check(apps::cli::seed())->capture_default_str();
   sa->add_option("--threads", s.threads, "CPU threads")->check(apps::cli::threads());
   sa->add_option("--device", s.device, "cpu, cuda or cuda:N: where the model runs")->capture_default_str();
+  auto* ex = app.add_subcommand("export-hf", "write a checkpoint as a Hugging Face model directory (config.json + "
+                                 "safetensors) that transformers' from_pretrained loads");
+  ex->add_option("--from", x.from, "checkpoint directory (the latest in it, written at any number of ranks) or a "
+                 "consolidated .safetensors file")->required();
+  ex->add_option("--out", x.out, "the directory to write (must not exist)")->required();
+  ex->add_option("--max-shard-size", x.max_shard_size, "split the weights into files of at most this many bytes "
+                 "(with model.safetensors.index.json) when they are larger")->check(apps::cli::bytes())->capture_default_str();
   // A first word that is neither a flag nor a command is named (CLI11 would only say that a
   // subcommand is required).
-  if (argc > 1 && argv[1][0] != '-' && std::string(argv[1]) != "train" && std::string(argv[1]) != "sample") {
-    std::fprintf(stderr, "weft-transformer: unknown command \"%s\" (the commands are train and sample; see --help)\n",
-                 argv[1]);
+  const std::string first = argc > 1 ? argv[1] : "";
+  if (argc > 1 && first[0] != '-' && first != "train" && first != "sample" && first != "export-hf") {
+    std::fprintf(stderr, "weft-transformer: unknown command \"%s\" (the commands are train, sample and export-hf; "
+                 "see --help)\n", argv[1]);
     return 2;
   }
   CLI11_PARSE(app, argc, argv);
+  if (greedy) s.temperature = 0;
+  if (t.model.arch == "llama") t.untie = t.untie || !tie;  // Llama's head is untied by default
+  else if (tie) {
+    std::fprintf(stderr, "weft-transformer: --tie is for --arch llama (GPT-2's head is tied unless --untie)\n");
+    return 2;
+  }
 
   return dist::run_program("weft-transformer", [&] {
     if (sa->parsed()) {
       apps::start_ranks("weft-transformer", false, {{"command", "sample"}}, {});
       return sample(s);
+    }
+    if (ex->parsed()) {
+      apps::start_ranks("weft-transformer", false, {{"command", "export-hf"}}, {});
+      return export_hf(x);
     }
     WEFT_CHECK(max_skipped->count() == 0 || t.on_nan == "skip", "transformer: --max-skipped-steps applies to --on-nan "
                "skip only (--on-nan is {})", t.on_nan);

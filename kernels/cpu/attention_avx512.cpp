@@ -8,7 +8,8 @@
 // [C, Tk] panels once per (batch, head), and every product is a sweep of 8 x 32 output
 // tiles held in 16 vector registers. Row tiles of 8 also follow the causal diagonal more
 // closely than 32-row blocks: a tile's scores stop at the first multiple of 16 past its
-// last row. The steps are those of attention.cpp's generic loops.
+// last row. The steps, grouped-query heads and rotary embeddings are those of attention.cpp's
+// generic loops; the rotation happens in the copies into the packed buffers.
 #include <cstring>
 
 #ifdef _OPENMP
@@ -145,6 +146,37 @@ void unpack_rows(const float* src, int64_t t, int64_t cols, float* x, int64_t st
   }
 }
 
+// pack_rows, rotating each row (kernels/rope.h) at positions pos0, pos0 + 1, ...; and
+// unpack_rows with the inverse rotation, for gradients of rotated operands.
+void pack_rows_rotated(const AttentionDims& d, const float* x, int64_t st, int64_t t, int64_t cols, int64_t pos0,
+                       float* dst) {
+  if (!d.rope_cos) return pack_rows(x, st, t, cols, dst);
+  const int64_t half = cols / 2;
+  for (int64_t j = 0; j < t; ++j) {
+    const float *xr = x + j * st, *c = d.rope_cos + (pos0 + j) * half, *s = d.rope_sin + (pos0 + j) * half;
+    float* dr = dst + j * cols;
+#pragma omp simd
+    for (int64_t i = 0; i < half; ++i) {
+      dr[i] = xr[i] * c[i] - xr[i + half] * s[i];
+      dr[i + half] = xr[i + half] * c[i] + xr[i] * s[i];
+    }
+  }
+}
+void unpack_rows_rotated(const AttentionDims& d, const float* src, int64_t t, int64_t cols, int64_t pos0, float* x,
+                         int64_t st) {
+  if (!d.rope_cos) return unpack_rows(src, t, cols, x, st);
+  const int64_t half = cols / 2;
+  for (int64_t j = 0; j < t; ++j) {
+    const float *sr = src + j * cols, *c = d.rope_cos + (pos0 + j) * half, *s = d.rope_sin + (pos0 + j) * half;
+    float* xr = x + j * st;
+#pragma omp simd
+    for (int64_t i = 0; i < half; ++i) {
+      xr[i] = sr[i] * c[i] + sr[i + half] * s[i];
+      xr[i + half] = sr[i + half] * c[i] - sr[i] * s[i];
+    }
+  }
+}
+
 // One thread's buffers, carved in order from its block of the workspace. With base == nullptr
 // only `size` is computed: attention_workspace_avx512 and the loops share this one layout.
 struct Carve {
@@ -198,7 +230,7 @@ void attention_forward_avx512(const AttentionDims& d, HeadsF32 Q, HeadsF32 K, He
   const int64_t B = d.B, H = d.H, Tq = d.Tq, E = d.E, Tk = d.Tk, Ev = d.Ev;
   const bool causal = d.causal;
   const float scale = d.scale;
-  const int64_t bh_count = B * H, ldk = round_up(Tk, kW);
+  const int64_t bh_count = B * H, ldk = round_up(Tk, kW), G = H / d.Hkv;
 #pragma omp parallel if (d.parallel)
   {
     const int64_t size = forward_buffers(d, nullptr).size;
@@ -207,9 +239,9 @@ void attention_forward_avx512(const AttentionDims& d, HeadsF32 Q, HeadsF32 K, He
     for (int64_t bh = 0; bh < bh_count; ++bh) {
       const int64_t b = bh / H, h = bh % H;
       float* lp = L + bh * Tq;
-      pack_rows(at(Q, b, h), Q.st, Tq, E, Qc);
-      pack_rows(at(K, b, h), K.st, Tk, E, Kc);
-      pack_rows(at(V, b, h), V.st, Tk, Ev, Vc);
+      pack_rows_rotated(d, at(Q, b, h), Q.st, Tq, E, d.q_pos, Qc);
+      pack_rows_rotated(d, at(K, b, h / G), K.st, Tk, E, d.k_pos, Kc);
+      pack_rows(at(V, b, h / G), V.st, Tk, Ev, Vc);
       transpose_panel(Kc, Tk, E, KT, ldk);
       for (int64_t i0 = 0; i0 < Tq; i0 += kRowBlock) {
         const int64_t m = min64(kRowBlock, Tq - i0), n = causal ? i0 + m : Tk, n16 = round_up(n, kW);
@@ -228,69 +260,72 @@ void attention_forward_avx512(const AttentionDims& d, HeadsF32 Q, HeadsF32 K, He
 
 void attention_backward_avx512(const AttentionDims& d, HeadsF32 G, HeadsF32 Q, HeadsF32 K, HeadsF32 V, HeadsF32 O,
                                const float* L, HeadsF32 DQ, HeadsF32 DK, HeadsF32 DV, float* workspace) {
-  const int64_t B = d.B, H = d.H, Tq = d.Tq, E = d.E, Tk = d.Tk, Ev = d.Ev;
+  const int64_t B = d.B, H = d.H, Hkv = d.Hkv, Tq = d.Tq, E = d.E, Tk = d.Tk, Ev = d.Ev;
   const bool causal = d.causal;
   const float scale = d.scale;
-  const int64_t bh_count = B * H, ldk = round_up(Tk, kW);
+  const int64_t task_count = B * Hkv, ldk = round_up(Tk, kW), group = H / Hkv;
 #pragma omp parallel if (d.parallel)
   {
     const int64_t size = backward_buffers(d, nullptr).size;
     const auto [P, dP, KT, VT, D, Qc, dQc, Gc, Kc, dKc, dVc, Vc, unused] =
         backward_buffers(d, workspace + thread_index() * size);
+    // One task per (batch, key/value head): its query heads run in turn and sum into dK, dV.
 #pragma omp for schedule(static)
-    for (int64_t bh = 0; bh < bh_count; ++bh) {
-      const int64_t b = bh / H, h = bh % H;
-      const float *op = at(O, b, h), *gp = at(G, b, h);
-      const float* lp = L + bh * Tq;
-      pack_rows(at(Q, b, h), Q.st, Tq, E, Qc);
-      pack_rows(at(K, b, h), K.st, Tk, E, Kc);
-      pack_rows(at(V, b, h), V.st, Tk, Ev, Vc);
-      pack_rows(gp, G.st, Tq, Ev, Gc);
+    for (int64_t task = 0; task < task_count; ++task) {
+      const int64_t b = task / Hkv, hk = task % Hkv;
+      pack_rows_rotated(d, at(K, b, hk), K.st, Tk, E, d.k_pos, Kc);
+      pack_rows(at(V, b, hk), V.st, Tk, Ev, Vc);
       transpose_panel(Kc, Tk, E, KT, ldk);
       transpose_panel(Vc, Tk, Ev, VT, ldk);
-      for (int64_t i = 0; i < Tq; ++i) {
-        const float *g = Gc + i * Ev, *o = op + i * O.st;
-        float s = 0;
-#pragma omp simd reduction(+ : s)
-        for (int64_t c = 0; c < Ev; ++c) s += g[c] * o[c];
-        D[i] = s;
-      }
       zero(dKc, dKc + Tk * E);
       zero(dVc, dVc + Tk * Ev);
-      for (int64_t i0 = 0; i0 < Tq; i0 += kRowBlock) {
-        const int64_t m = min64(kRowBlock, Tq - i0), n = causal ? i0 + m : Tk, n16 = round_up(n, kW);
-        scores(Qc, E, E, KT, ldk, i0, m, Tk, causal, scale, P, n16);
-        // dP = dO V^T over the same columns.
-        for (int64_t r0 = 0; r0 < m; r0 += kTileRows) {
-          const int64_t rows = min64(kTileRows, m - r0);
-          const int64_t nt = causal ? round_up(min64(Tk, i0 + r0 + rows), kW) : n16;
-          small_gemm(rows, nt, Ev, Gc + (i0 + r0) * Ev, Ev, 1, VT, ldk, dP + r0 * n16, n16, 1.f, false);
+      for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
+        const float *op = at(O, b, h), *gp = at(G, b, h);
+        const float* lp = L + (b * H + h) * Tq;
+        pack_rows_rotated(d, at(Q, b, h), Q.st, Tq, E, d.q_pos, Qc);
+        pack_rows(gp, G.st, Tq, Ev, Gc);
+        for (int64_t i = 0; i < Tq; ++i) {
+          const float *g = Gc + i * Ev, *o = op + i * O.st;
+          float s = 0;
+#pragma omp simd reduction(+ : s)
+          for (int64_t c = 0; c < Ev; ++c) s += g[c] * o[c];
+          D[i] = s;
         }
-        for (int64_t r = 0; r < m; ++r) {
-          float *pr = P + r * n16, *dr = dP + r * n16;
-          const int64_t valid = causal ? i0 + r + 1 : n;
-          const float l = lp[i0 + r], di = D[i0 + r];
-#pragma omp simd
-          for (int64_t j = 0; j < valid; ++j) {
-            const float p = fast_exp(pr[j] - l);
-            pr[j] = p;
-            dr[j] = p * (dr[j] - di) * scale;
+        for (int64_t i0 = 0; i0 < Tq; i0 += kRowBlock) {
+          const int64_t m = min64(kRowBlock, Tq - i0), n = causal ? i0 + m : Tk, n16 = round_up(n, kW);
+          scores(Qc, E, E, KT, ldk, i0, m, Tk, causal, scale, P, n16);
+          // dP = dO V^T over the same columns.
+          for (int64_t r0 = 0; r0 < m; r0 += kTileRows) {
+            const int64_t rows = min64(kTileRows, m - r0);
+            const int64_t nt = causal ? round_up(min64(Tk, i0 + r0 + rows), kW) : n16;
+            small_gemm(rows, nt, Ev, Gc + (i0 + r0) * Ev, Ev, 1, VT, ldk, dP + r0 * n16, n16, 1.f, false);
           }
-          zero(pr + valid, pr + n16);
-          zero(dr + valid, dr + n16);
+          for (int64_t r = 0; r < m; ++r) {
+            float *pr = P + r * n16, *dr = dP + r * n16;
+            const int64_t valid = causal ? i0 + r + 1 : n;
+            const float l = lp[i0 + r], di = D[i0 + r];
+#pragma omp simd
+            for (int64_t j = 0; j < valid; ++j) {
+              const float p = fast_exp(pr[j] - l);
+              pr[j] = p;
+              dr[j] = p * (dr[j] - di) * scale;
+            }
+            zero(pr + valid, pr + n16);
+            zero(dr + valid, dr + n16);
+          }
+          // dV[0:n] += P^T dO, dK[0:n] += dS^T Q: P^T and dS^T are P and dS read with swapped strides.
+          small_gemm(n, Ev, m, P, 1, n16, Gc + i0 * Ev, Ev, dVc, Ev, 1.f, true);
+          small_gemm(n, E, m, dP, 1, n16, Qc + i0 * E, E, dKc, E, 1.f, true);
+          // dQ = dS K, each row tile summing only over the keys it sees.
+          for (int64_t r0 = 0; r0 < m; r0 += kTileRows) {
+            const int64_t rows = min64(kTileRows, m - r0), kn = causal ? i0 + r0 + rows : n;
+            small_gemm(rows, E, kn, dP + r0 * n16, n16, 1, Kc, E, dQc + (i0 + r0) * E, E, 1.f, false);
+          }
         }
-        // dV[0:n] += P^T dO, dK[0:n] += dS^T Q: P^T and dS^T are P and dS read with swapped strides.
-        small_gemm(n, Ev, m, P, 1, n16, Gc + i0 * Ev, Ev, dVc, Ev, 1.f, true);
-        small_gemm(n, E, m, dP, 1, n16, Qc + i0 * E, E, dKc, E, 1.f, true);
-        // dQ = dS K, each row tile summing only over the keys it sees.
-        for (int64_t r0 = 0; r0 < m; r0 += kTileRows) {
-          const int64_t rows = min64(kTileRows, m - r0), kn = causal ? i0 + r0 + rows : n;
-          small_gemm(rows, E, kn, dP + r0 * n16, n16, 1, Kc, E, dQc + (i0 + r0) * E, E, 1.f, false);
-        }
+        unpack_rows_rotated(d, dQc, Tq, E, d.q_pos, at(DQ, b, h), DQ.st);
       }
-      unpack_rows(dQc, Tq, E, at(DQ, b, h), DQ.st);
-      unpack_rows(dKc, Tk, E, at(DK, b, h), DK.st);
-      unpack_rows(dVc, Tk, Ev, at(DV, b, h), DV.st);
+      unpack_rows_rotated(d, dKc, Tk, E, d.k_pos, at(DK, b, hk), DK.st);
+      unpack_rows(dVc, Tk, Ev, at(DV, b, hk), DV.st);
     }
   }
 }

@@ -14,10 +14,15 @@ struct HeadsF32 {
 };
 
 struct AttentionDims {
-  int64_t B, H, Tq, Tk, E, Ev;  // E and Ev multiples of 16
+  int64_t B, H, Hkv, Tq, Tk, E, Ev;  // E and Ev multiples of 16; Hkv divides H
   bool causal;
   float scale;
   bool parallel;  // split the (batch, head) pairs over OpenMP threads
+  // Rotary tables [positions, E/2] (kernels/rope.h) and the first query and key positions;
+  // null: no rotation.
+  const float* rope_cos = nullptr;
+  const float* rope_sin = nullptr;
+  int64_t q_pos = 0, k_pos = 0;
 };
 
 // Floats of workspace each thread needs; the caller passes one block of that many per

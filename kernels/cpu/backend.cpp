@@ -20,20 +20,20 @@ Tensor empty_bthc_f32(const Tensor& like) {
 }
 
 // The attention loops take f32 and f64: 16-bit operands are computed in f32 copies.
-void attention_any(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale, const Tensor& out,
-                   const Tensor& lse) {
-  if (!is_16bit(q)) return attention(q, k, v, causal, scale, out, lse);
+void attention_any(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
+                   const AttentionRope& rope, const Tensor& out, const Tensor& lse) {
+  if (!is_16bit(q)) return attention(q, k, v, causal, scale, rope, out, lse);
   Tensor out32 = empty_bthc_f32(out);
-  attention(f32(q), f32(k), f32(v), causal, scale, out32, lse);
+  attention(f32(q), f32(k), f32(v), causal, scale, rope, out32, lse);
   copy_elements(out, out32);
 }
 
 void attention_backward_any(const Tensor& grad, const Tensor& q, const Tensor& k, const Tensor& v,
-                            const Tensor& out, const Tensor& lse, bool causal, double scale, const Tensor& dq,
-                            const Tensor& dk, const Tensor& dv) {
-  if (!is_16bit(q)) return attention_backward(grad, q, k, v, out, lse, causal, scale, dq, dk, dv);
+                            const Tensor& out, const Tensor& lse, bool causal, double scale,
+                            const AttentionRope& rope, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+  if (!is_16bit(q)) return attention_backward(grad, q, k, v, out, lse, causal, scale, rope, dq, dk, dv);
   Tensor dq32 = empty_bthc_f32(dq), dk32 = empty_bthc_f32(dk), dv32 = empty_bthc_f32(dv);
-  attention_backward(f32(grad), f32(q), f32(k), f32(v), f32(out), lse, causal, scale, dq32, dk32, dv32);
+  attention_backward(f32(grad), f32(q), f32(k), f32(v), f32(out), lse, causal, scale, rope, dq32, dk32, dv32);
   copy_elements(dq, dq32);
   copy_elements(dk, dk32);
   copy_elements(dv, dv32);

@@ -290,7 +290,8 @@ void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
 
 void binary_scalar(BinaryOp op, const Tensor& out, const Tensor& a, double s, bool scalar_first) {
   // Only sub, div and pow need s op a as such; the rest commute or flip (s < a is a > s).
-  if (scalar_first && op != BinaryOp::sub && op != BinaryOp::div && op != BinaryOp::pow) {
+  if (scalar_first && op != BinaryOp::sub && op != BinaryOp::div && op != BinaryOp::pow &&
+      op != BinaryOp::silu_mul && op != BinaryOp::silu_grad_mul) {
     scalar_first = false;
     if (op == BinaryOp::lt) op = BinaryOp::gt;
     else if (op == BinaryOp::gt) op = BinaryOp::lt;

@@ -15,6 +15,11 @@
 // a query tile (accumulating its dQ over key tiles): both recompute P, which costs a second pass
 // but needs no atomics, so gradients are deterministic.
 //
+// Grouped-query attention: query head h reads key/value head h / G (G = H / Hkv); the dK, dV
+// kernel owns a key tile of one key/value head and sums over the G query heads that read it.
+// Rotary embeddings (kernels/rope.h) are applied to q and k rows as they are loaded into
+// shared memory; dQ and dK are rotated back as they are stored.
+//
 // Everything is computed in the arithmetic type (f32 for bf16/f16, f64 for f64) from shared
 // memory by plain loops: correct and simple, not tuned (no tensor cores).
 #include "kernels/cuda/block_reduce.cuh"
@@ -51,6 +56,38 @@ __device__ void store_rows(const View<T>& dst, const A* src, int64_t b, int64_t 
   }
 }
 
+// load_rows rotating row t0 + r as position pos0 + t0 + r (s.rope_cos non-null).
+template <class T, class A>
+__device__ void load_rows_rotated(A* dst, const View<T>& src, int64_t b, int64_t h, int64_t t0, int rows,
+                                  int64_t width, const AttentionShape& s, int64_t pos0) {
+  if (!s.rope_cos) return load_rows(dst, src, b, h, t0, rows, width);
+  const A *cos = static_cast<const A*>(s.rope_cos), *sin = static_cast<const A*>(s.rope_sin);
+  const int64_t half = width / 2;
+  for (int64_t idx = threadIdx.x; idx < rows * width; idx += blockDim.x) {
+    const int64_t r = idx / width, c = idx % width, i = c % half, t = pos0 + t0 + r;
+    const T* row = src.row(b, h, t0 + r);
+    const A x = load(row[c]), other = load(row[c < half ? c + half : c - half]);
+    dst[idx] = c < half ? x * cos[t * half + i] - other * sin[t * half + i]
+                        : x * cos[t * half + i] + other * sin[t * half + i];
+  }
+}
+
+// store_rows with the inverse rotation: the gradient of a rotated operand, back to the input's.
+template <class T, class A>
+__device__ void store_rows_rotated(const View<T>& dst, const A* src, int64_t b, int64_t h, int64_t t0, int rows,
+                                   int64_t width, const AttentionShape& s, int64_t pos0) {
+  if (!s.rope_cos) return store_rows(dst, src, b, h, t0, rows, width);
+  const A *cos = static_cast<const A*>(s.rope_cos), *sin = static_cast<const A*>(s.rope_sin);
+  const int64_t half = width / 2;
+  for (int64_t idx = threadIdx.x; idx < rows * width; idx += blockDim.x) {
+    const int64_t r = idx / width, c = idx % width, i = c % half, t = pos0 + t0 + r;
+    const A x = src[idx], other = src[c < half ? idx + half : idx - half];
+    const A y = c < half ? x * cos[t * half + i] + other * sin[t * half + i]
+                         : x * cos[t * half + i] - other * sin[t * half + i];
+    dst.row(b, h, t0 + r)[c] = store<T>(y);
+  }
+}
+
 template <class A> __device__ void fill(A* p, int64_t n, A v) {
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) p[i] = v;
 }
@@ -78,11 +115,11 @@ __global__ void __launch_bounds__(kAttnThreads) attention_forward(View<T> q, Vie
   A* l = m + tile;
   A* alpha = l + tile;
 
-  const int64_t bh = blockIdx.x, b = bh / s.H, h = bh % s.H;
+  const int64_t bh = blockIdx.x, b = bh / s.H, h = bh % s.H, hk = h / (s.H / s.Hkv);
   const int64_t i0 = int64_t(blockIdx.y) * tile;
   const int rows = int(min(int64_t(tile), s.Tq - i0));
   const A scale = A(s.scale);
-  load_rows(Qs, q, b, h, i0, rows, s.E);
+  load_rows_rotated(Qs, q, b, h, i0, rows, s.E, s, s.q_pos);
   fill(Os, int64_t(tile) * s.Ev, A(0));
   if (threadIdx.x < tile) {
     m[threadIdx.x] = neg_inf<A>();
@@ -92,8 +129,8 @@ __global__ void __launch_bounds__(kAttnThreads) attention_forward(View<T> q, Vie
   for (int64_t j0 = 0; j0 < key_end; j0 += tile) {
     const int cols = int(min(int64_t(tile), s.Tk - j0));
     __syncthreads();  // the previous tile's K, V and S are no longer read
-    load_rows(Ks, k, b, h, j0, cols, s.E);
-    load_rows(Vs, v, b, h, j0, cols, s.Ev);
+    load_rows_rotated(Ks, k, b, hk, j0, cols, s.E, s, s.k_pos);
+    load_rows(Vs, v, b, hk, j0, cols, s.Ev);
     __syncthreads();
     for (int idx = threadIdx.x; idx < rows * tile; idx += blockDim.x) {
       const int r = idx / tile, j = idx % tile;
@@ -174,7 +211,7 @@ __device__ void recompute_tile(const A* Qs, const A* dOs, const A* Ks, const A* 
   }
 }
 
-// grid (B*H, key tiles). Shared: K[tile][E], V[tile][Ev], dK[tile][E], dV[tile][Ev],
+// grid (B*Hkv, key tiles). Shared: K[tile][E], V[tile][Ev], dK[tile][E], dV[tile][Ev],
 // Q[tile][E], dO[tile][Ev], P[tile][tile], dS[tile][tile], L[tile], D[tile].
 template <class T>
 __global__ void __launch_bounds__(kAttnThreads) attention_backward_kv(View<T> grad, View<T> q, View<T> k,
@@ -195,18 +232,20 @@ __global__ void __launch_bounds__(kAttnThreads) attention_backward_kv(View<T> gr
   A* L = dS + tile * tile;
   A* Dl = L + tile;
 
-  const int64_t bh = blockIdx.x, b = bh / s.H, h = bh % s.H;
+  const int64_t b = blockIdx.x / s.Hkv, hk = blockIdx.x % s.Hkv, group = s.H / s.Hkv;
   const int64_t j0 = int64_t(blockIdx.y) * tile;
   const int cols = int(min(int64_t(tile), s.Tk - j0));
-  load_rows(Ks, k, b, h, j0, cols, s.E);
-  load_rows(Vs, v, b, h, j0, cols, s.Ev);
+  load_rows_rotated(Ks, k, b, hk, j0, cols, s.E, s, s.k_pos);
+  load_rows(Vs, v, b, hk, j0, cols, s.Ev);
   fill(dKs, int64_t(tile) * s.E, A(0));
   fill(dVs, int64_t(tile) * s.Ev, A(0));
   // Under the causal mask only queries i >= j0 see these keys (query and key tiles align).
+  for (int64_t h = hk * group; h < (hk + 1) * group; ++h)
   for (int64_t i0 = s.causal ? j0 : 0; i0 < s.Tq; i0 += tile) {
+    const int64_t bh = b * s.H + h;
     const int rows = int(min(int64_t(tile), s.Tq - i0));
     __syncthreads();
-    load_rows(Qs, q, b, h, i0, rows, s.E);
+    load_rows_rotated(Qs, q, b, h, i0, rows, s.E, s, s.q_pos);
     load_rows(dOs, grad, b, h, i0, rows, s.Ev);
     if (threadIdx.x < rows) {
       L[threadIdx.x] = lse[bh * s.Tq + i0 + threadIdx.x];
@@ -229,8 +268,8 @@ __global__ void __launch_bounds__(kAttnThreads) attention_backward_kv(View<T> gr
     }
   }
   __syncthreads();
-  store_rows(dk, dKs, b, h, j0, cols, s.E);
-  store_rows(dv, dVs, b, h, j0, cols, s.Ev);
+  store_rows_rotated(dk, dKs, b, hk, j0, cols, s.E, s, s.k_pos);
+  store_rows(dv, dVs, b, hk, j0, cols, s.Ev);
 }
 
 // grid (B*H, query tiles). Shared: Q[tile][E], dO[tile][Ev], dQ[tile][E], K[tile][E],
@@ -251,10 +290,10 @@ __global__ void __launch_bounds__(kAttnThreads) attention_backward_q(View<T> gra
   A* L = dS + tile * tile;
   A* Dl = L + tile;
 
-  const int64_t bh = blockIdx.x, b = bh / s.H, h = bh % s.H;
+  const int64_t bh = blockIdx.x, b = bh / s.H, h = bh % s.H, hk = h / (s.H / s.Hkv);
   const int64_t i0 = int64_t(blockIdx.y) * tile;
   const int rows = int(min(int64_t(tile), s.Tq - i0));
-  load_rows(Qs, q, b, h, i0, rows, s.E);
+  load_rows_rotated(Qs, q, b, h, i0, rows, s.E, s, s.q_pos);
   load_rows(dOs, grad, b, h, i0, rows, s.Ev);
   fill(dQs, int64_t(tile) * s.E, A(0));
   if (threadIdx.x < rows) {
@@ -265,8 +304,8 @@ __global__ void __launch_bounds__(kAttnThreads) attention_backward_q(View<T> gra
   for (int64_t j0 = 0; j0 < key_end; j0 += tile) {
     const int cols = int(min(int64_t(tile), s.Tk - j0));
     __syncthreads();
-    load_rows(Ks, k, b, h, j0, cols, s.E);
-    load_rows(Vs, v, b, h, j0, cols, s.Ev);
+    load_rows_rotated(Ks, k, b, hk, j0, cols, s.E, s, s.k_pos);
+    load_rows(Vs, v, b, hk, j0, cols, s.Ev);
     __syncthreads();
     recompute_tile<A>(Qs, dOs, Ks, Vs, L, Dl, i0, rows, j0, cols, tile, s, nullptr, dS);
     __syncthreads();
@@ -278,7 +317,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_backward_q(View<T> gra
     }
   }
   __syncthreads();
-  store_rows(dq, dQs, b, h, i0, rows, s.E);
+  store_rows_rotated(dq, dQs, b, h, i0, rows, s.E, s, s.q_pos);
 }
 
 // Shared bytes of a kernel for `tile`: linear * tile + quadratic * tile^2 + 2 * tile values.
@@ -300,11 +339,12 @@ int pick_tile(K kernel, int64_t linear, int64_t quadratic, size_t elem, size_t* 
   return tile;
 }
 
-dim3 attention_grid(const AttentionShape& s, int64_t t, int tile) {
+// heads: H, or Hkv for the kernel that owns key tiles.
+dim3 attention_grid(const AttentionShape& s, int64_t heads, int64_t t, int tile) {
   const int64_t tiles = (t + tile - 1) / tile;
-  if (s.B * s.H > INT32_MAX || tiles > 65535)
+  if (s.B * heads > INT32_MAX || tiles > 65535)
     WEFT_CUDA_FAIL("attention: batch*heads or sequence length too large for the CUDA kernel's grid");
-  return dim3(unsigned(s.B * s.H), unsigned(tiles));
+  return dim3(unsigned(s.B * heads), unsigned(tiles));
 }
 
 }  // namespace
@@ -317,7 +357,7 @@ void launch_attention(const HeadsView& q, const HeadsView& k, const HeadsView& v
     size_t bytes = 0;
     auto kernel = attention_forward<T>;
     const int tile = pick_tile(kernel, 2 * s.E + 2 * s.Ev, 1, sizeof(A), &bytes);
-    kernel<<<attention_grid(s, s.Tq, tile), kAttnThreads, bytes, stream>>>(
+    kernel<<<attention_grid(s, s.H, s.Tq, tile), kAttnThreads, bytes, stream>>>(
         view_of<T>(q), view_of<T>(k), view_of<T>(v), view_of<T>(out), static_cast<A*>(lse), s, tile);
     WEFT_CUDA_CHECK_LAUNCH();
   });
@@ -341,7 +381,7 @@ void launch_attention_backward(const HeadsView& grad, const HeadsView& q, const 
       size_t bytes = 0;
       auto kernel = attention_backward_kv<T>;
       const int tile = pick_tile(kernel, 3 * s.E + 3 * s.Ev, 2, sizeof(A), &bytes);
-      kernel<<<attention_grid(s, s.Tk, tile), kAttnThreads, bytes, stream>>>(
+      kernel<<<attention_grid(s, s.Hkv, s.Tk, tile), kAttnThreads, bytes, stream>>>(
           view_of<T>(grad), view_of<T>(q), view_of<T>(k), view_of<T>(v), L, D, view_of<T>(dk), view_of<T>(dv), s,
           tile);
       WEFT_CUDA_CHECK_LAUNCH();
@@ -350,7 +390,7 @@ void launch_attention_backward(const HeadsView& grad, const HeadsView& q, const 
       size_t bytes = 0;
       auto kernel = attention_backward_q<T>;
       const int tile = pick_tile(kernel, 3 * s.E + 2 * s.Ev, 1, sizeof(A), &bytes);
-      kernel<<<attention_grid(s, s.Tq, tile), kAttnThreads, bytes, stream>>>(
+      kernel<<<attention_grid(s, s.H, s.Tq, tile), kAttnThreads, bytes, stream>>>(
           view_of<T>(grad), view_of<T>(q), view_of<T>(k), view_of<T>(v), L, D, view_of<T>(dq), s, tile);
       WEFT_CUDA_CHECK_LAUNCH();
     }

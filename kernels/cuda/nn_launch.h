@@ -99,9 +99,14 @@ struct HeadsView {
   int64_t sb, sh, st;
 };
 struct AttentionShape {
-  int64_t B, H, Tq, Tk, E, Ev;
+  int64_t B, H, Hkv, Tq, Tk, E, Ev;  // Hkv divides H: query head h reads key/value head h / (H / Hkv)
   bool causal;
   double scale;
+  // Rotary tables [positions, E/2] of the arithmetic type (kernels/rope.h) and the positions of
+  // the first query and key rows; null: no rotation.
+  const void* rope_cos = nullptr;
+  const void* rope_sin = nullptr;
+  int64_t q_pos = 0, k_pos = 0;
 };
 void launch_attention(const HeadsView& q, const HeadsView& k, const HeadsView& v, const HeadsView& out, void* lse,
                       DType dtype, const AttentionShape& s, cudaStream_t stream);

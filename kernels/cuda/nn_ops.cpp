@@ -266,19 +266,29 @@ void sgd_step_(const Tensor& param, const Tensor& grad, const Tensor& momentum_b
 
 // ---------------------------------------------------------------- attention
 
-void attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale, const Tensor& out,
-               const Tensor& lse) {
+AttentionShape attention_shape(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
+                               const AttentionRope& rope) {
+  AttentionShape s{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), v.size(3), causal, scale};
+  if (rope.on()) {
+    s.rope_cos = rope.tables.cos.data_ptr(), s.rope_sin = rope.tables.sin.data_ptr();
+    s.q_pos = rope.q_pos, s.k_pos = rope.k_pos;
+  }
+  return s;
+}
+
+void attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale, const AttentionRope& rope,
+               const Tensor& out, const Tensor& lse) {
   DeviceGuard guard(q.device().index);
-  AttentionShape s{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), v.size(3), causal, scale};
+  const AttentionShape s = attention_shape(q, k, v, causal, scale, rope);
   if (s.B * s.H == 0 || s.Tq == 0) return;
   launch_attention(heads(q), heads(k), heads(v), heads(out), lse.data_ptr(), q.dtype(), s, stream_of(q));
 }
 
 void attention_backward(const Tensor& grad, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                        const Tensor& lse, bool causal, double scale, const Tensor& dq, const Tensor& dk,
-                        const Tensor& dv) {
+                        const Tensor& lse, bool causal, double scale, const AttentionRope& rope, const Tensor& dq,
+                        const Tensor& dk, const Tensor& dv) {
   DeviceGuard guard(q.device().index);
-  AttentionShape s{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), v.size(3), causal, scale};
+  const AttentionShape s = attention_shape(q, k, v, causal, scale, rope);
   if (s.B * s.H == 0) return;
   Tensor delta = empty({std::max<int64_t>(s.B * s.H * s.Tq, 1)}, {.dtype = lse.dtype(), .device = q.device()});
   auto view = [&](const Tensor& t) { return t.numel() ? heads(t) : HeadsView{nullptr, 0, 0, 0}; };

@@ -1,0 +1,288 @@
+#include "apps/transformer/hf_checkpoint.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "core/atomic_file.h"
+#include "core/safetensors.h"
+
+namespace weft::apps {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+// ---- the mapping, per model_type: everything in which Hugging Face's layout differs from
+// weft's parameters (whose names are the same).
+struct HfLayout {
+  const char* model_type;
+  const char* architecture;
+  std::vector<std::string> transposed;  // name suffixes stored [in, out] (GPT-2's Conv1D)
+  std::string optional_prefix;          // files may omit it (the original GPT-2 release does)
+  std::vector<std::string> ignored;     // suffixes of tensors weft does not keep (buffers)
+};
+
+const HfLayout kGpt2{"gpt2",
+                     "GPT2LMHeadModel",
+                     {"attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight"},
+                     "transformer.",
+                     {"attn.bias", "attn.masked_bias"}};
+const HfLayout kLlama{"llama", "LlamaForCausalLM", {}, "", {"rotary_emb.inv_freq"}};
+
+const HfLayout& layout_of(const ModelConfig& cfg) { return cfg.arch == "llama" ? kLlama : kGpt2; }
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// ---- config.json
+
+struct ConfigReader {
+  const json& j;
+  std::string where;
+
+  [[noreturn]] void fail(const std::string& key, const std::string& what) const {
+    throw Error(fmt::format("transformer: {}: \"{}\" {}", where, key, what));
+  }
+  const json* find(const std::string& key) const {
+    auto it = j.find(key);
+    return it == j.end() || it->is_null() ? nullptr : &*it;
+  }
+  int64_t integer(const std::string& key, std::optional<int64_t> fallback = std::nullopt) const {
+    const json* v = find(key);
+    if (!v) {
+      if (fallback) return *fallback;
+      fail(key, "is missing");
+    }
+    if (!v->is_number_integer()) fail(key, fmt::format("must be an integer, got {}", v->dump()));
+    return v->get<int64_t>();
+  }
+  double number(const std::string& key, double fallback) const {
+    const json* v = find(key);
+    if (!v) return fallback;
+    if (!v->is_number()) fail(key, fmt::format("must be a number, got {}", v->dump()));
+    return v->get<double>();
+  }
+  bool boolean(const std::string& key, bool fallback) const {
+    const json* v = find(key);
+    if (!v) return fallback;
+    if (!v->is_boolean()) fail(key, fmt::format("must be true or false, got {}", v->dump()));
+    return v->get<bool>();
+  }
+  std::string text(const std::string& key, const std::string& fallback) const {
+    const json* v = find(key);
+    if (!v) return fallback;
+    if (!v->is_string()) fail(key, fmt::format("must be a string, got {}", v->dump()));
+    return v->get<std::string>();
+  }
+  // A field weft cannot represent unless it has the value weft computes with.
+  template <class T> void require(const std::string& key, T got, T want, const std::string& why) const {
+    if (got != want) fail(key, fmt::format("is {}: weft supports only {} ({})", json(got).dump(), json(want).dump(), why));
+  }
+};
+
+ModelConfig gpt2_config(const ConfigReader& r) {
+  ModelConfig c;
+  c.arch = "gpt2";
+  c.vocab_size = r.integer("vocab_size");
+  c.ctx = r.integer("n_positions");
+  c.d_model = r.integer("n_embd");
+  c.n_layer = r.integer("n_layer");
+  c.n_head = r.integer("n_head");
+  c.ffn_dim = r.integer("n_inner", 0);
+  const std::string act = r.text("activation_function", "gelu_new");
+  if (act != "gelu_new" && act != "gelu_pytorch_tanh")
+    r.fail("activation_function", fmt::format("is \"{}\": weft's GPT-2 uses the tanh GELU (gelu_new)", act));
+  r.require("layer_norm_epsilon", r.number("layer_norm_epsilon", 1e-5), 1e-5, "weft's GPT-2 LayerNorm eps");
+  r.require("scale_attn_weights", r.boolean("scale_attn_weights", true), true, "scores scaled by 1/sqrt(head_dim)");
+  r.require("scale_attn_by_inverse_layer_idx", r.boolean("scale_attn_by_inverse_layer_idx", false), false,
+            "no per-layer score scaling");
+  r.require("add_cross_attention", r.boolean("add_cross_attention", false), false, "a decoder only");
+  c.tie_weights = r.boolean("tie_word_embeddings", true);
+  return c;
+}
+
+ModelConfig llama_config_of(const ConfigReader& r) {
+  ModelConfig c;
+  c.arch = "llama";
+  c.vocab_size = r.integer("vocab_size");
+  c.d_model = r.integer("hidden_size");
+  c.ffn_dim = r.integer("intermediate_size");
+  c.n_layer = r.integer("num_hidden_layers");
+  c.n_head = r.integer("num_attention_heads");
+  c.n_kv_head = r.integer("num_key_value_heads", c.n_head);
+  c.head_dim = r.integer("head_dim", 0);
+  if (c.head_dim > 0 && c.n_head > 0 && c.head_dim * c.n_head == c.d_model) c.head_dim = 0;  // the default
+  c.ctx = r.integer("max_position_embeddings", 2048);
+  c.norm_eps = r.number("rms_norm_eps", 1e-6);
+  c.rope_theta = r.number("rope_theta", 10000.0);
+  if (const json* s = r.find("rope_scaling"))
+    r.fail("rope_scaling", fmt::format("is {}: weft supports only unscaled rotary embeddings (null)", s->dump()));
+  // Newer files put theta in "rope_parameters" with the rope type.
+  if (const json* p = r.find("rope_parameters")) {
+    WEFT_CHECK(p->is_object(), "transformer: {}: \"rope_parameters\" must be an object, got {}", r.where, p->dump());
+    ConfigReader rp{*p, r.where + " rope_parameters"};
+    rp.require("rope_type", rp.text("rope_type", "default"), std::string("default"), "unscaled rotary embeddings");
+    c.rope_theta = rp.number("rope_theta", c.rope_theta);
+  }
+  r.require("hidden_act", r.text("hidden_act", "silu"), std::string("silu"), "SwiGLU with SiLU");
+  r.require("attention_bias", r.boolean("attention_bias", false), false, "bias-free projections");
+  r.require("mlp_bias", r.boolean("mlp_bias", false), false, "bias-free projections");
+  r.require("pretraining_tp", r.integer("pretraining_tp", 1), int64_t(1), "unsplit projections");
+  c.tie_weights = r.boolean("tie_word_embeddings", false);
+  return c;
+}
+
+// Hugging Face tensor name -> the file holding it.
+std::map<std::string, std::string> weight_files(const std::string& dir) {
+  std::map<std::string, std::string> out;
+  const fs::path index = fs::path(dir) / "model.safetensors.index.json";
+  if (fs::exists(index)) {
+    std::ifstream in(index);
+    json j = json::parse(in, nullptr, false);
+    WEFT_CHECK(!j.is_discarded() && j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(),
+               "transformer: {} is not a safetensors index (a JSON object with a \"weight_map\" object)",
+               index.string());
+    for (auto& [name, file] : j["weight_map"].items()) {
+      WEFT_CHECK(file.is_string() && file.get<std::string>().find('/') == std::string::npos,
+                 "transformer: {}: the file of \"{}\" must be a file name in the same directory, got {}",
+                 index.string(), name, file.dump());
+      out[name] = (fs::path(dir) / file.get<std::string>()).string();
+    }
+    return out;
+  }
+  const fs::path single = fs::path(dir) / "model.safetensors";
+  WEFT_CHECK(fs::exists(single), "transformer: {} has neither model.safetensors nor model.safetensors.index.json "
+             "(weft reads the safetensors format only, not pytorch_model.bin)", dir);
+  for (const SafetensorsEntry& e : read_safetensors_index(single.string())) out[e.name] = single.string();
+  return out;
+}
+
+}  // namespace
+
+bool is_hf_dir(const std::string& path) {
+  std::error_code ec;
+  return fs::is_directory(path, ec) && fs::exists(fs::path(path) / "config.json", ec);
+}
+
+ModelConfig read_hf_config(const std::string& dir) {
+  const std::string path = (fs::path(dir) / "config.json").string();
+  std::ifstream in(path);
+  WEFT_CHECK(in.good(), "transformer: cannot read {}", path);
+  json j = json::parse(in, nullptr, false);
+  WEFT_CHECK(!j.is_discarded() && j.is_object(), "transformer: {} is not a JSON object", path);
+  ConfigReader r{j, path};
+  const std::string type = r.text("model_type", "");
+  ModelConfig cfg;
+  if (type == "gpt2") cfg = gpt2_config(r);
+  else if (type == "llama") cfg = llama_config_of(r);
+  else r.fail("model_type", fmt::format("is \"{}\": weft reads gpt2 and llama", type));
+  try {
+    check_config(cfg);
+  } catch (const Error& e) {
+    throw Error(fmt::format("{} (from {})", e.what(), path));
+  }
+  return cfg;
+}
+
+void load_hf_checkpoint(const std::string& dir, const LanguageModel& model, const fsdp::FSDPModule* root) {
+  const HfLayout& layout = layout_of(model.cfg);
+  const std::map<std::string, std::string> files = weight_files(dir);
+  fsdp::ExternalNames names;
+  std::set<std::string> used;
+  std::set<TensorImpl*> seen;
+  for (auto& [name, p] : model.module->named_parameters()) {
+    if (!seen.insert(p.impl()).second) continue;
+    std::string hf = name;
+    if (!files.count(hf) && !layout.optional_prefix.empty() && name.rfind(layout.optional_prefix, 0) == 0)
+      hf = name.substr(layout.optional_prefix.size());
+    auto it = files.find(hf);
+    WEFT_CHECK(it != files.end(), "transformer: {} has no weights for \"{}\" (a {} model of this config needs them)",
+               dir, name, layout.model_type);
+    bool transposed = false;
+    for (const std::string& s : layout.transposed) transposed = transposed || ends_with(name, s);
+    names[name] = {it->second, hf, transposed};
+    used.insert(hf);
+  }
+  for (const auto& [hf, file] : files) {
+    if (used.count(hf)) continue;
+    bool ignored = model.cfg.tie_weights && hf == kHeadName;  // a tied head saved anyway
+    for (const std::string& s : layout.ignored) ignored = ignored || ends_with(hf, s);
+    WEFT_CHECK(ignored, "transformer: {} holds \"{}\" ({}), which a {} model of this config does not have", dir, hf,
+               file, layout.model_type);
+  }
+  fsdp::load_external_checkpoint(*model.module, root, names);
+}
+
+void export_hf_checkpoint(const LanguageModel& model, const std::string& out, int64_t max_shard_bytes) {
+  WEFT_CHECK(!fs::exists(out), "transformer: {} already exists: export-hf writes a new directory (choose another --out "
+             "or remove it)", out);
+  WEFT_CHECK(max_shard_bytes > 0, "transformer: the shard size must be positive, got {}", max_shard_bytes);
+  const ModelConfig& c = model.cfg;
+  const HfLayout& layout = layout_of(c);
+  // The tensors, in the model's order, each as Hugging Face stores it.
+  NamedTensors tensors;
+  std::set<TensorImpl*> seen;
+  for (auto& [name, p] : model.module->named_parameters()) {
+    if (!seen.insert(p.impl()).second) continue;
+    bool transposed = false;
+    for (const std::string& s : layout.transposed) transposed = transposed || ends_with(name, s);
+    Tensor t = p.detach().to(kCPU);
+    tensors.emplace_back(name, transposed ? t.transpose(0, 1).contiguous() : t.contiguous());
+  }
+  // Shards of at most max_shard_bytes (a larger tensor alone in its shard).
+  std::vector<NamedTensors> shards(1);
+  int64_t shard_bytes = 0, total = 0;
+  for (auto& nt : tensors) {
+    const int64_t bytes = nt.second.numel() * int64_t(dtype_size(nt.second.dtype()));
+    if (!shards.back().empty() && shard_bytes + bytes > max_shard_bytes) shards.emplace_back(), shard_bytes = 0;
+    shards.back().push_back(nt);
+    shard_bytes += bytes, total += bytes;
+  }
+  json cfg;
+  if (c.arch == "llama") {
+    const nn::LlamaConfig lc = llama_config(c);
+    cfg = {{"architectures", {layout.architecture}}, {"model_type", "llama"}, {"vocab_size", c.vocab_size},
+           {"hidden_size", c.d_model}, {"intermediate_size", lc.ffn()}, {"num_hidden_layers", c.n_layer},
+           {"num_attention_heads", c.n_head}, {"num_key_value_heads", lc.kv_heads()}, {"head_dim", lc.head_size()},
+           {"max_position_embeddings", c.ctx}, {"rms_norm_eps", c.norm_eps}, {"rope_theta", c.rope_theta},
+           {"rope_scaling", nullptr}, {"hidden_act", "silu"}, {"attention_bias", false}, {"mlp_bias", false},
+           {"attention_dropout", 0.0}, {"initializer_range", 0.02}, {"pretraining_tp", 1},
+           {"tie_word_embeddings", c.tie_weights}, {"torch_dtype", "float32"}, {"use_cache", true}};
+  } else {
+    cfg = {{"architectures", {layout.architecture}}, {"model_type", "gpt2"}, {"vocab_size", c.vocab_size},
+           {"n_positions", c.ctx}, {"n_ctx", c.ctx}, {"n_embd", c.d_model}, {"n_layer", c.n_layer},
+           {"n_head", c.n_head}, {"n_inner", c.ffn_dim > 0 ? json(c.ffn_dim) : json(nullptr)},
+           {"activation_function", "gelu_new"}, {"layer_norm_epsilon", 1e-5}, {"resid_pdrop", 0.0},
+           {"embd_pdrop", 0.0}, {"attn_pdrop", 0.0}, {"scale_attn_weights", true},
+           {"tie_word_embeddings", c.tie_weights}, {"torch_dtype", "float32"}, {"use_cache", true}};
+  }
+  // Written in a directory beside `out`, renamed into place when complete.
+  const fs::path tmp = fs::path(out).parent_path() / fmt::format(".{}.tmp-{}", fs::path(out).filename().string(),
+                                                                  ::getpid());
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  const Metadata meta{{"format", "pt"}};
+  if (shards.size() == 1) {
+    save_safetensors((tmp / "model.safetensors").string(), shards[0], meta);
+  } else {
+    json weight_map = json::object();
+    for (size_t i = 0; i < shards.size(); ++i) {
+      const std::string file = fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, shards.size());
+      save_safetensors((tmp / file).string(), shards[i], meta);
+      for (auto& nt : shards[i]) weight_map[nt.first] = file;
+    }
+    const std::string index = json{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}}.dump(2);
+    write_file_atomic((tmp / "model.safetensors.index.json").string(),
+                      [&](std::FILE* f) { std::fwrite(index.data(), 1, index.size(), f); });
+  }
+  const std::string text = cfg.dump(2);
+  write_file_atomic((tmp / "config.json").string(), [&](std::FILE* f) { std::fwrite(text.data(), 1, text.size(), f); });
+  fs::rename(tmp, out);
+}
+
+}  // namespace weft::apps

@@ -1,0 +1,35 @@
+// apps/transformer: Hugging Face checkpoints in and out, for model_type gpt2 (GPT2LMHeadModel)
+// and llama (LlamaForCausalLM). A directory holds config.json and model.safetensors, or the
+// shards model-0000i-of-0000n.safetensors with model.safetensors.index.json.
+//
+// weft's parameter names are Hugging Face's (nanoGPT's for GPT-2, LlamaForCausalLM's for
+// Llama), so the mapping is a table of differences per model_type (hf_checkpoint.cpp):
+// GPT-2's Conv1D weights stored transposed, the "transformer." prefix that the original GPT-2
+// files omit, buffers weft does not keep, and the head tied to the token embedding. RoPE follows
+// Hugging Face's rotate-half convention on both sides, so q_proj and k_proj need no permutation.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "apps/transformer/model.h"
+#include "fsdp/fsdp.h"
+
+namespace weft::apps {
+
+// Whether `path` is a directory with a config.json.
+bool is_hf_dir(const std::string& path);
+
+// The model config.json describes; a field weft cannot represent (another model_type or
+// activation, rope scaling, biases in Llama, ...) is an error naming the field and its value.
+ModelConfig read_hf_config(const std::string& dir);
+
+// Loads the weights of `dir` into `model` (built from read_hf_config(dir)), this rank's shards
+// only when `root` shards it (each rank reads only their byte ranges).
+void load_hf_checkpoint(const std::string& dir, const LanguageModel& model, const fsdp::FSDPModule* root);
+
+// Writes `model` (whole, on one process) as a Hugging Face directory: config.json and
+// model.safetensors, or shards of at most `max_shard_bytes` each with the index when the
+// weights are larger. The directory is written next to `out` and renamed into place.
+void export_hf_checkpoint(const LanguageModel& model, const std::string& out, int64_t max_shard_bytes);
+
+}  // namespace weft::apps

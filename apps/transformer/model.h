@@ -1,0 +1,62 @@
+// apps/transformer: the decoder families weft-transformer trains, behind one config and one
+// handle: GPT-2 (apps::GPT: learned positions, LayerNorm, GELU, tied head; nanoGPT's and
+// Hugging Face GPT2LMHeadModel's names) and Llama (nn::Llama: RoPE, RMSNorm, SwiGLU,
+// grouped-query attention, untied head; LlamaForCausalLM's names).
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "weft.h"
+
+namespace weft::apps {
+
+struct ModelConfig {
+  int64_t vocab_size = 256;  // bytes
+  int64_t ctx = 128;         // the longest sequence (GPT-2: the position table's size)
+  int64_t n_layer = 4;
+  int64_t n_head = 4;
+  int64_t d_model = 128;
+  bool tie_weights = true;   // the head shares the token embedding
+  double dropout = 0.0;
+  std::string arch = "gpt2";  // "gpt2" or "llama"
+  int64_t n_kv_head = 0;      // llama: key/value heads dividing n_head (0: n_head)
+  int64_t ffn_dim = 0;        // the MLP's hidden width (0: gpt2 4 d_model, llama 8/3 d_model rounded up to 32)
+  int64_t head_dim = 0;       // llama: channels per head (0: d_model / n_head)
+  double rope_theta = 10000;  // llama
+  double norm_eps = 1e-5;     // llama's RMSNorm (GPT-2's LayerNorm eps is 1e-5)
+};
+
+// Upper bounds of the config's fields (the flags' ranges, and what a checkpoint may declare).
+constexpr int64_t kMaxLayers = 1024, kMaxHeads = 1024, kMaxDModel = 65536, kMaxCtx = 1 << 20,
+                  kMaxVocab = 1 << 24, kMaxSampleTokens = 1 << 20;
+
+// The parameter count of a model with this config (as a double: no overflow for absurd configs).
+double param_count(const ModelConfig& cfg);
+
+// Checks a config and throws a weft::Error naming the flag at fault, including a model whose
+// float32 weights alone would not fit in this machine's memory (before anything is allocated).
+void check_config(const ModelConfig& cfg);
+
+nn::LlamaConfig llama_config(const ModelConfig& cfg);
+
+// A model of either family: the module, its blocks (one FSDP group and one activation
+// checkpoint each) and its config.
+struct LanguageModel {
+  ModelConfig cfg;
+  std::shared_ptr<nn::Module> module;
+  std::vector<nn::ModulePtr> blocks;
+};
+// Built on the default device (meta under a DefaultDeviceGuard for deferred init).
+LanguageModel make_model(const ModelConfig& cfg);
+// The family's initialisation (apps::init_gpt, nn::init_llama) from the default generator.
+void init_model(const LanguageModel& model);
+
+// The token embedding's parameter name, which a tied head shares, and the name a head has when
+// it is not tied (consolidated files and Hugging Face files list a tied head under it).
+std::string embedding_name(const ModelConfig& cfg);
+constexpr const char* kHeadName = "lm_head.weight";
+
+int64_t count_parameters(const nn::Module& model);
+
+}  // namespace weft::apps

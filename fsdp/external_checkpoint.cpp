@@ -1,0 +1,52 @@
+#include "fsdp/external_checkpoint.h"
+
+#include <memory>
+
+#include "core/grad_mode.h"
+#include "core/safetensors.h"
+#include "fsdp/sharded_state_dict.h"
+
+namespace weft::fsdp {
+
+void load_external_checkpoint(nn::Module& model, const FSDPModule* root, const ExternalNames& names) {
+  std::map<std::string, std::unique_ptr<SafetensorsReader>> readers;
+  auto reader = [&](const std::string& file) -> SafetensorsReader& {
+    auto& r = readers[file];
+    if (!r) r = std::make_unique<SafetensorsReader>(file);
+    return *r;
+  };
+  const ShardedStateDict local = sharded_state_dict(model, root);
+  // Check everything before anything is read into the model.
+  for (const auto& [name, t] : local) {
+    auto it = names.find(name);
+    WEFT_CHECK(it != names.end(), "load_external_checkpoint: parameter \"{}\" of the model has no source", name);
+    const ExternalTensor& src = it->second;
+    const SafetensorsEntry* e = reader(src.file).find(src.name);
+    WEFT_CHECK(e != nullptr, "load_external_checkpoint: {} has no tensor \"{}\" (for parameter \"{}\")", src.file,
+               src.name, name);
+    Shape want = t.placement.global_shape;
+    if (src.transposed) {
+      WEFT_CHECK(want.size() == 2, "load_external_checkpoint: \"{}\" is {}-D: only 2-D tensors are stored transposed",
+                 name, want.size());
+      std::swap(want[0], want[1]);
+    }
+    WEFT_CHECK(e->shape == want, "load_external_checkpoint: \"{}\" in {} is shaped {}, but parameter \"{}\" needs {}{}",
+               src.name, src.file, shape_str(e->shape), name, shape_str(want), src.transposed ? " (transposed)" : "");
+    WEFT_CHECK(is_floating(e->dtype), "load_external_checkpoint: \"{}\" in {} is {}, not a float dtype", src.name,
+               src.file, dtype_name(e->dtype));
+  }
+  NoGradGuard no_grad;
+  for (const auto& [name, t] : local) {
+    const ExternalTensor& src = names.at(name);
+    const Placement& p = t.placement;
+    Tensor piece;
+    if (p.whole()) piece = reader(src.file).read(src.name);
+    else if (!src.transposed) piece = reader(src.file).read_slice(src.name, p.dim, p.offset, p.length);
+    else piece = reader(src.file).read_slice(src.name, 1 - p.dim, p.offset, p.length);
+    if (src.transposed) piece = piece.transpose(0, 1);
+    Tensor dst = t.local;
+    dst.copy_(piece.to(dst.device()));
+  }
+}
+
+}  // namespace weft::fsdp

@@ -1,0 +1,30 @@
+// fsdp: loading a checkpoint another program wrote (a Hugging Face model's safetensors files)
+// into a model, sharded or not, through a name map. Each rank reads only the bytes of its own
+// shards: a dim-0 slice of a tensor stored as the parameter is one byte range; of a tensor
+// stored transposed (a Conv1D weight, [in, out]) one range per stored row. With the model
+// built on the meta device and sharded first (deferred init), the load's peak is this rank's
+// shards plus one tensor's piece.
+#pragma once
+#include <map>
+#include <string>
+
+#include "fsdp/fully_shard.h"
+#include "nn/module.h"
+
+namespace weft::fsdp {
+
+// Where one parameter is stored: a tensor of a safetensors file, as the parameter or (2-D)
+// as its transpose. Any float dtype; values are converted to the parameter's.
+struct ExternalTensor {
+  std::string file;
+  std::string name;
+  bool transposed = false;
+};
+using ExternalNames = std::map<std::string, ExternalTensor>;  // parameter name -> where it is
+
+// Loads every parameter of `model` (this rank's shard when `root` shards it) from `names`.
+// Throws naming the parameter and the file when one is missing from the map or the file, or
+// stored with another shape or a non-float dtype; nothing is loaded then.
+void load_external_checkpoint(nn::Module& model, const FSDPModule* root, const ExternalNames& names);
+
+}  // namespace weft::fsdp

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Hugging Face interop reference: runs scripts/hf_reference.py (PyTorch + transformers) in a venv.
+#   fixtures  writes the small committed fixtures under tests/data/hf/ (a tiny GPT-2 with tied
+#             embeddings as one model.safetensors, a tiny Llama with GQA sharded into several
+#             files + model.safetensors.index.json, and each one's expected.safetensors:
+#             logits, loss, the loss after one AdamW step, greedy ids), deterministically.
+#   check     trains tiny gpt2/llama models with weft-transformer, exports them with export-hf,
+#             loads the exports with transformers' AutoModelForCausalLM and compares prompt
+#             logits and 32 greedy tokens against weft's `sample`; prints a PASS/FAIL table and
+#             exits non-zero on any failure.
+# This is a developer tool: it is never part of meson test or CI (Python never enters the build
+# or the tests; the tests only read the committed fixtures).
+#   bash scripts/hf_reference.sh fixtures                 # [--out tests/data/hf]
+#   bash scripts/hf_reference.sh check --build build      # [--workdir DIR]
+# Environment: HF_VENV (default /tmp/hfenv): the venv, made on first use with
+#   pip install torch transformers tokenizers safetensors numpy   (from PyPI; several GB)
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+venv="${HF_VENV:-/tmp/hfenv}"
+pkgs=(torch transformers tokenizers safetensors numpy)
+
+if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import torch, transformers, safetensors, numpy' 2>/dev/null; then
+  echo "hf_reference.sh: setting up the venv $venv (pip install ${pkgs[*]}; a few GB, takes a while)" >&2
+  [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet --upgrade pip >&2 || true
+  "$venv/bin/python" -m pip install "${pkgs[@]}" >&2
+fi
+
+exec "$venv/bin/python" "$here/hf_reference.py" "$@"
