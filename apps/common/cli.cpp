@@ -120,6 +120,13 @@ int64_t parse_integer_field(const std::string& text, int64_t lo, int64_t hi, con
   return std::stoll(text);
 }
 
+double parse_positive_field(const std::string& text, const std::string& what) {
+  double v = 0;
+  std::string err = parse_number(text, v);
+  WEFT_CHECK(err.empty() && v > 0, "{}: {}", what, err.empty() ? fmt::format("expected a number above 0, got {}", text) : err);
+  return v;
+}
+
 uint64_t physical_memory_bytes() {
   long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
   return pages > 0 && page > 0 ? uint64_t(pages) * uint64_t(page) : 0;

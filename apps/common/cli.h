@@ -32,6 +32,8 @@ std::string check_integer(const std::string& text, int64_t lo, int64_t hi);
 // Parses a decimal integer stored in a file (a checkpoint's description, say) and checks it is
 // in [lo, hi]; throws weft::Error naming `what` (e.g. "checkpoint x: n_layer") and the text.
 int64_t parse_integer_field(const std::string& text, int64_t lo, int64_t hi, const std::string& what);
+// The same for a finite decimal number above 0.
+double parse_positive_field(const std::string& text, const std::string& what);
 
 // Bytes of physical memory (0 when unknown).
 uint64_t physical_memory_bytes();

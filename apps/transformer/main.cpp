@@ -169,34 +169,24 @@ apps::ModelConfig config_of(const std::map<std::string, std::string>& app, const
   WEFT_CHECK(get("format") == kFormat, "transformer: {} was written by \"{}\", not weft-transformer", where,
              get("format"));
   apps::ModelConfig cfg;
-  auto field = [&](const std::string& k, int64_t hi) {
-    return apps::cli::parse_integer_field(get(k), 1, hi, fmt::format("transformer: {}: model field \"{}\"", where, k));
+  auto what = [&](const std::string& k) { return fmt::format("transformer: {}: model field \"{}\"", where, k); };
+  auto field = [&](const std::string& k, int64_t lo, int64_t hi) {
+    return apps::cli::parse_integer_field(get(k), lo, hi, what(k));
   };
-  cfg.n_layer = field("n_layer", apps::kMaxLayers);
-  cfg.n_head = field("n_head", apps::kMaxHeads);
-  cfg.d_model = field("d_model", apps::kMaxDModel);
-  cfg.ctx = field("ctx", apps::kMaxCtx);
-  cfg.vocab_size = field("vocab_size", apps::kMaxVocab);
+  cfg.n_layer = field("n_layer", 1, apps::kMaxLayers);
+  cfg.n_head = field("n_head", 1, apps::kMaxHeads);
+  cfg.d_model = field("d_model", 1, apps::kMaxDModel);
+  cfg.ctx = field("ctx", 1, apps::kMaxCtx);
+  cfg.vocab_size = field("vocab_size", 1, apps::kMaxVocab);
   cfg.tie_weights = get("tied") == "1";
   // Written since the Llama family came; older checkpoints are GPT-2's.
   if (app.count("arch")) {
     cfg.arch = get("arch");
-    auto optional = [&](const std::string& k, int64_t hi) {
-      return apps::cli::parse_integer_field(get(k), 0, hi, fmt::format("transformer: {}: model field \"{}\"", where, k));
-    };
-    cfg.n_kv_head = optional("n_kv_head", apps::kMaxHeads);
-    cfg.ffn_dim = optional("ffn_dim", 16 * apps::kMaxDModel);
-    cfg.head_dim = optional("head_dim", apps::kMaxDModel);
-    auto real = [&](const std::string& k) {
-      const std::string v = get(k);
-      char* end = nullptr;
-      const double x = std::strtod(v.c_str(), &end);
-      WEFT_CHECK(!v.empty() && *end == '\0' && std::isfinite(x) && x > 0,
-                 "transformer: {}: model field \"{}\" must be a positive number, got \"{}\"", where, k, v);
-      return x;
-    };
-    cfg.rope_theta = real("rope_theta");
-    cfg.norm_eps = real("norm_eps");
+    cfg.n_kv_head = field("n_kv_head", 0, apps::kMaxHeads);
+    cfg.ffn_dim = field("ffn_dim", 0, 16 * apps::kMaxDModel);
+    cfg.head_dim = field("head_dim", 0, apps::kMaxDModel);
+    cfg.rope_theta = apps::cli::parse_positive_field(get("rope_theta"), what("rope_theta"));
+    cfg.norm_eps = apps::cli::parse_positive_field(get("norm_eps"), what("norm_eps"));
   }
   apps::check_config(cfg);
   return cfg;

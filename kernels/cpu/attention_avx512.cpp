@@ -146,33 +146,21 @@ void unpack_rows(const float* src, int64_t t, int64_t cols, float* x, int64_t st
   }
 }
 
-// pack_rows, rotating each row (kernels/rope.h) at positions pos0, pos0 + 1, ...; and
-// unpack_rows with the inverse rotation, for gradients of rotated operands.
-void pack_rows_rotated(const AttentionDims& d, const float* x, int64_t st, int64_t t, int64_t cols, int64_t pos0,
-                       float* dst) {
-  if (!d.rope_cos) return pack_rows(x, st, t, cols, dst);
+// Rows [0, t) of src (row stride ss) into dst (row stride ds), each row rotated (kernels/rope.h)
+// at positions pos0, pos0 + 1, ...: forward (sign 1) when packing q and k, inverse (sign -1)
+// when writing out the gradients of rotated operands. Without rotation a plain copy.
+void copy_rows_rotated(const AttentionDims& d, const float* src, int64_t ss, int64_t t, int64_t cols, int64_t pos0,
+                       float* dst, int64_t ds, float sign) {
+  if (!d.rope_cos) return ds == cols ? pack_rows(src, ss, t, cols, dst) : unpack_rows(src, t, cols, dst, ds);
   const int64_t half = cols / 2;
   for (int64_t j = 0; j < t; ++j) {
-    const float *xr = x + j * st, *c = d.rope_cos + (pos0 + j) * half, *s = d.rope_sin + (pos0 + j) * half;
-    float* dr = dst + j * cols;
+    const float *sr = src + j * ss, *c = d.rope_cos + (pos0 + j) * half, *s = d.rope_sin + (pos0 + j) * half;
+    float* dr = dst + j * ds;
 #pragma omp simd
     for (int64_t i = 0; i < half; ++i) {
-      dr[i] = xr[i] * c[i] - xr[i + half] * s[i];
-      dr[i + half] = xr[i + half] * c[i] + xr[i] * s[i];
-    }
-  }
-}
-void unpack_rows_rotated(const AttentionDims& d, const float* src, int64_t t, int64_t cols, int64_t pos0, float* x,
-                         int64_t st) {
-  if (!d.rope_cos) return unpack_rows(src, t, cols, x, st);
-  const int64_t half = cols / 2;
-  for (int64_t j = 0; j < t; ++j) {
-    const float *sr = src + j * cols, *c = d.rope_cos + (pos0 + j) * half, *s = d.rope_sin + (pos0 + j) * half;
-    float* xr = x + j * st;
-#pragma omp simd
-    for (int64_t i = 0; i < half; ++i) {
-      xr[i] = sr[i] * c[i] + sr[i + half] * s[i];
-      xr[i + half] = sr[i + half] * c[i] - sr[i] * s[i];
+      const float a = sr[i], b = sr[i + half], si = sign * s[i];
+      dr[i] = a * c[i] - b * si;
+      dr[i + half] = b * c[i] + a * si;
     }
   }
 }
@@ -239,8 +227,8 @@ void attention_forward_avx512(const AttentionDims& d, HeadsF32 Q, HeadsF32 K, He
     for (int64_t bh = 0; bh < bh_count; ++bh) {
       const int64_t b = bh / H, h = bh % H;
       float* lp = L + bh * Tq;
-      pack_rows_rotated(d, at(Q, b, h), Q.st, Tq, E, d.q_pos, Qc);
-      pack_rows_rotated(d, at(K, b, h / G), K.st, Tk, E, d.k_pos, Kc);
+      copy_rows_rotated(d, at(Q, b, h), Q.st, Tq, E, d.q_pos, Qc, E, 1.f);
+      copy_rows_rotated(d, at(K, b, h / G), K.st, Tk, E, d.k_pos, Kc, E, 1.f);
       pack_rows(at(V, b, h / G), V.st, Tk, Ev, Vc);
       transpose_panel(Kc, Tk, E, KT, ldk);
       for (int64_t i0 = 0; i0 < Tq; i0 += kRowBlock) {
@@ -273,7 +261,7 @@ void attention_backward_avx512(const AttentionDims& d, HeadsF32 G, HeadsF32 Q, H
 #pragma omp for schedule(static)
     for (int64_t task = 0; task < task_count; ++task) {
       const int64_t b = task / Hkv, hk = task % Hkv;
-      pack_rows_rotated(d, at(K, b, hk), K.st, Tk, E, d.k_pos, Kc);
+      copy_rows_rotated(d, at(K, b, hk), K.st, Tk, E, d.k_pos, Kc, E, 1.f);
       pack_rows(at(V, b, hk), V.st, Tk, Ev, Vc);
       transpose_panel(Kc, Tk, E, KT, ldk);
       transpose_panel(Vc, Tk, Ev, VT, ldk);
@@ -282,7 +270,7 @@ void attention_backward_avx512(const AttentionDims& d, HeadsF32 G, HeadsF32 Q, H
       for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
         const float *op = at(O, b, h), *gp = at(G, b, h);
         const float* lp = L + (b * H + h) * Tq;
-        pack_rows_rotated(d, at(Q, b, h), Q.st, Tq, E, d.q_pos, Qc);
+        copy_rows_rotated(d, at(Q, b, h), Q.st, Tq, E, d.q_pos, Qc, E, 1.f);
         pack_rows(gp, G.st, Tq, Ev, Gc);
         for (int64_t i = 0; i < Tq; ++i) {
           const float *g = Gc + i * Ev, *o = op + i * O.st;
@@ -322,9 +310,9 @@ void attention_backward_avx512(const AttentionDims& d, HeadsF32 G, HeadsF32 Q, H
             small_gemm(rows, E, kn, dP + r0 * n16, n16, 1, Kc, E, dQc + (i0 + r0) * E, E, 1.f, false);
           }
         }
-        unpack_rows_rotated(d, dQc, Tq, E, d.q_pos, at(DQ, b, h), DQ.st);
+        copy_rows_rotated(d, dQc, E, Tq, E, d.q_pos, at(DQ, b, h), DQ.st, -1.f);
       }
-      unpack_rows_rotated(d, dKc, Tk, E, d.k_pos, at(DK, b, hk), DK.st);
+      copy_rows_rotated(d, dKc, E, Tk, E, d.k_pos, at(DK, b, hk), DK.st, -1.f);
       unpack_rows(dVc, Tk, Ev, at(DV, b, hk), DV.st);
     }
   }
