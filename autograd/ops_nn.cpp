@@ -32,27 +32,52 @@ Tensor log_softmax(const Tensor& x, int64_t dim) {
   return y;
 }
 
-Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
-                  double eps) {
+namespace {
+
+// The number of trailing dims normalized_shape names, checked against x and the affine tensors.
+int64_t norm_dims(const char* op, const Tensor& x, const Shape& normalized_shape,
+                  std::initializer_list<const Tensor*> affine) {
   int64_t nd = int64_t(normalized_shape.size());
   bool ok = nd >= 1 && nd <= x.dim();
   for (int64_t i = 0; ok && i < nd; ++i) ok = x.size(x.dim() - nd + i) == normalized_shape[size_t(i)];
-  WEFT_CHECK(ok, "layer_norm: normalized_shape {} does not match the trailing dims of input {}",
+  WEFT_CHECK(ok, "{}: normalized_shape {} does not match the trailing dims of input {}", op,
              shape_str(normalized_shape), tensor_desc(x));
-  for (const Tensor* p : {&weight, &bias}) {
+  for (const Tensor* p : affine) {
     WEFT_CHECK(!p->defined() || p->shape() == normalized_shape,
-               "layer_norm: weight/bias {} must have shape normalized_shape {}", tensor_desc(*p),
+               "{}: weight/bias {} must have shape normalized_shape {}", op, tensor_desc(*p),
                shape_str(normalized_shape));
   }
-  auto [y, mu, rstd] = k::layer_norm(x, nd, weight.defined() ? weight.detach() : Tensor(),
-                                     bias.defined() ? bias.detach() : Tensor(), eps);
+  return nd;
+}
+
+Tensor detached(const Tensor& t) { return t.defined() ? t.detach() : Tensor(); }
+
+}  // namespace
+
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
+                  double eps) {
+  int64_t nd = norm_dims("layer_norm", x, normalized_shape, {&weight, &bias});
+  auto [y, mu, rstd] = k::layer_norm(x, nd, detached(weight), detached(bias), eps);
   if (needs_grad({&x, &weight, &bias})) {
     TensorList inputs{x, weight, bias};
     record("LayerNormBackward", inputs, {y},
-           [x = x.detach(), mu = mu, rstd = rstd, w = weight.defined() ? weight.detach() : Tensor(),
-            b = bias.defined() ? bias.detach() : Tensor(), nd](const TensorList& g) -> TensorList {
+           [x = x.detach(), mu = mu, rstd = rstd, w = detached(weight), b = detached(bias),
+            nd](const TensorList& g) -> TensorList {
              auto [dx, dw, db] = k::layer_norm_backward(g[0], x, mu, rstd, w, b, nd);
              return {dx, dw, db};
+           });
+  }
+  return y;
+}
+
+Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, double eps) {
+  int64_t nd = norm_dims("rms_norm", x, normalized_shape, {&weight});
+  auto [y, rstd] = k::rms_norm(x, nd, detached(weight), eps);
+  if (needs_grad({&x, &weight})) {
+    record("RmsNormBackward", {x, weight}, {y},
+           [x = x.detach(), rstd = rstd, w = detached(weight), nd](const TensorList& g) -> TensorList {
+             auto [dx, dw] = k::rms_norm_backward(g[0], x, rstd, w, nd);
+             return {dx, dw};
            });
   }
   return y;

@@ -61,7 +61,8 @@ struct KernelBackend {
   void (*softmax_backward)(const Tensor& grad, const Tensor& y, const Tensor& dx, int64_t outer, int64_t n,
                            int64_t inner, bool log);
   // x contiguous [rows, n]; weight/bias contiguous [n] or undefined; mean/rstd [rows] f32
-  // (f64 for f64); dweight/dbias undefined when not wanted.
+  // (f64 for f64); dweight/dbias undefined when not wanted. An undefined mean is RMS norm:
+  // nothing is subtracted (mu = 0) and bias is undefined.
   void (*layer_norm)(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& y,
                      const Tensor& mean, const Tensor& rstd);
   void (*layer_norm_backward)(const Tensor& grad, const Tensor& x, const Tensor& mean, const Tensor& rstd,

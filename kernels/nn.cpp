@@ -79,30 +79,32 @@ Tensor log_softmax_backward(const Tensor& grad, const Tensor& y, int64_t dim) {
 
 // ---------------------------------------------------------------- layer norm
 
-std::tuple<Tensor, Tensor, Tensor> layer_norm(const Tensor& x_, int64_t normalized_ndim,
-                                              const Tensor& weight_, const Tensor& bias_, double eps) {
+namespace {
+
+// Layer norm, or RMS norm when !center (no mean subtracted, no bias, no mean returned).
+std::tuple<Tensor, Tensor, Tensor> norm_forward(const char* op, bool center, const Tensor& x_,
+                                                int64_t normalized_ndim, const Tensor& weight_,
+                                                const Tensor& bias_, double eps) {
   Tensor x = plain(x_), weight = plain(weight_), bias = plain(bias_);
-  const char* op = "layer_norm";
   check_float(op, x, "input");
   Shape norm = norm_shape(op, x, normalized_ndim);
   check_affine(op, weight, "weight", x, norm);
   check_affine(op, bias, "bias", x, norm);
-  WEFT_CHECK(eps >= 0, "layer_norm: eps must be >= 0, got {}", eps);
+  WEFT_CHECK(eps >= 0, "{}: eps must be >= 0, got {}", op, eps);
   const KernelBackend& backend = kernel_backend(x.device(), op);
   TensorOptions stats{.dtype = x.dtype() == DType::f64 ? DType::f64 : DType::f32, .device = x.device()};
   Tensor y = empty(x.shape(), like(x));
-  Tensor mean = empty(stats_shape(x, normalized_ndim), stats), rstd = empty(mean.shape(), stats);
+  Tensor rstd = empty(stats_shape(x, normalized_ndim), stats), mean = center ? empty(rstd.shape(), stats) : Tensor();
   backend.layer_norm(x.contiguous(), contig(weight), contig(bias), eps, y, mean, rstd);
   return {y, mean, rstd};
 }
 
-std::tuple<Tensor, Tensor, Tensor> layer_norm_backward(const Tensor& grad_, const Tensor& x_,
-                                                       const Tensor& mean_, const Tensor& rstd_,
-                                                       const Tensor& weight_, const Tensor& bias_,
-                                                       int64_t normalized_ndim) {
+std::tuple<Tensor, Tensor, Tensor> norm_backward(const char* op, bool center, const Tensor& grad_,
+                                                 const Tensor& x_, const Tensor& mean_, const Tensor& rstd_,
+                                                 const Tensor& weight_, const Tensor& bias_,
+                                                 int64_t normalized_ndim) {
   Tensor grad = plain(grad_), x = plain(x_), mean = plain(mean_), rstd = plain(rstd_);
   Tensor weight = plain(weight_), bias = plain(bias_);
-  const char* op = "layer_norm_backward";
   check_float(op, x, "input");
   check_float(op, grad, "grad");
   check_same(op, grad, x);
@@ -111,19 +113,45 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm_backward(const Tensor& grad_, cons
   check_affine(op, bias, "bias", x, norm);
   DType stats = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
   for (const Tensor* s : {&mean, &rstd}) {
+    if (s == &mean && !center) continue;
     WEFT_CHECK(
         s->defined() && s->dtype() == stats && s->numel() == shape_numel(stats_shape(x, normalized_ndim)),
-        "layer_norm_backward: saved statistics {} do not fit input {} (want {}{})", tensor_desc(*s),
-        tensor_desc(x), dtype_name(stats), shape_str(stats_shape(x, normalized_ndim)));
+        "{}: saved statistics {} do not fit input {} (want {}{})", op, tensor_desc(*s), tensor_desc(x),
+        dtype_name(stats), shape_str(stats_shape(x, normalized_ndim)));
     check_device(op, *s, x);
   }
   const KernelBackend& backend = kernel_backend(x.device(), op);
   Tensor dx = empty(x.shape(), like(x));
   Tensor dweight = weight.defined() ? empty(weight.shape(), like(weight)) : Tensor();
   Tensor dbias = bias.defined() ? empty(bias.shape(), like(bias)) : Tensor();
-  backend.layer_norm_backward(grad.contiguous(), x.contiguous(), mean.contiguous(), rstd.contiguous(),
-                              contig(weight), dx, dweight, dbias);
+  backend.layer_norm_backward(grad.contiguous(), x.contiguous(), center ? mean.contiguous() : Tensor(),
+                              rstd.contiguous(), contig(weight), dx, dweight, dbias);
   return {dx, dweight, dbias};
+}
+
+}  // namespace
+
+std::tuple<Tensor, Tensor, Tensor> layer_norm(const Tensor& x, int64_t normalized_ndim, const Tensor& weight,
+                                              const Tensor& bias, double eps) {
+  return norm_forward("layer_norm", true, x, normalized_ndim, weight, bias, eps);
+}
+
+std::tuple<Tensor, Tensor, Tensor> layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& mean,
+                                                       const Tensor& rstd, const Tensor& weight,
+                                                       const Tensor& bias, int64_t normalized_ndim) {
+  return norm_backward("layer_norm_backward", true, grad, x, mean, rstd, weight, bias, normalized_ndim);
+}
+
+std::pair<Tensor, Tensor> rms_norm(const Tensor& x, int64_t normalized_ndim, const Tensor& weight, double eps) {
+  auto [y, mean, rstd] = norm_forward("rms_norm", false, x, normalized_ndim, weight, Tensor(), eps);
+  return {y, rstd};
+}
+
+std::pair<Tensor, Tensor> rms_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& rstd,
+                                            const Tensor& weight, int64_t normalized_ndim) {
+  auto [dx, dweight, dbias] =
+      norm_backward("rms_norm_backward", false, grad, x, Tensor(), rstd, weight, Tensor(), normalized_ndim);
+  return {dx, dweight};
 }
 
 // ---------------------------------------------------------------- cross-entropy

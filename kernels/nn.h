@@ -28,6 +28,13 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm_backward(const Tensor& grad, const
                                                        const Tensor& weight, const Tensor& bias,
                                                        int64_t normalized_ndim);
 
+// ---- RMS norm over the last `normalized_ndim` dims: y = x * rstd * weight with
+// rstd = 1/sqrt(mean(x^2) + eps) (no centring, no bias); weight optional. Returns (y, rstd),
+// rstd as layer_norm's; the backward returns (dx, dweight).
+std::pair<Tensor, Tensor> rms_norm(const Tensor& x, int64_t normalized_ndim, const Tensor& weight, double eps);
+std::pair<Tensor, Tensor> rms_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& rstd,
+                                            const Tensor& weight, int64_t normalized_ndim);
+
 // ---- indexing (index tensors are i64 or i32; out-of-range indices are errors)
 Tensor embedding(const Tensor& weight, const Tensor& indices);  // weight [V, D] -> indices.shape + [D]
 Tensor embedding_backward(const Tensor& grad, const Tensor& indices, int64_t num_weights);

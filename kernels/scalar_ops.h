@@ -215,15 +215,17 @@ struct GtOp { template <class A> WEFT_HOST_DEVICE static bool apply(A a, A b) { 
 struct GeOp { template <class A> WEFT_HOST_DEVICE static bool apply(A a, A b) { return a >= b; } };
 struct AndOp { template <class A> WEFT_HOST_DEVICE static bool apply(A a, A b) { return a != A(0) && b != A(0); } };
 struct OrOp { template <class A> WEFT_HOST_DEVICE static bool apply(A a, A b) { return a != A(0) || b != A(0); } };
-struct SiluMulOp { template <class A> WEFT_HOST_DEVICE static A apply(A a, A b) { return silu<LibMath>(a) * b; } };
-struct SiluGradMulOp {
-  template <class A> WEFT_HOST_DEVICE static A apply(A a, A b) { return silu_grad<LibMath>(a) * b; }
+// The two that call math take it as M (a backend's vectorising exp, or the C library's).
+template <class M> struct SiluMulOp { template <class A> WEFT_HOST_DEVICE static A apply(A a, A b) { return silu<M>(a) * b; } };
+template <class M> struct SiluGradMulOp {
+  template <class A> WEFT_HOST_DEVICE static A apply(A a, A b) { return silu_grad<M>(a) * b; }
 };
 
 // Calls fn.template operator()<Op, O>() for op on storage type T (O: the output type, T or
-// bool); kFloat says whether T computes in floating point. Ops the entry points never send
-// for T (sub/pow on bool, div on integers) are not instantiated: returns false for them.
-template <class T, bool kFloat, class F> bool with_binary_op(BinaryOp op, F&& fn) {
+// bool); kFloat says whether T computes in floating point; M is the math the silu ops call.
+// Ops the entry points never send for T (sub/pow on bool, div on integers) are not
+// instantiated: returns false for them.
+template <class T, bool kFloat, class M = LibMath, class F> bool with_binary_op(BinaryOp op, F&& fn) {
   constexpr bool is_bool = std::is_same_v<T, bool>;
   switch (op) {
 #define WEFT_CASE(name, Op, O) case BinaryOp::name: fn.template operator()<Op, O>(); return true;
@@ -234,9 +236,9 @@ template <class T, bool kFloat, class F> bool with_binary_op(BinaryOp op, F&& fn
 #undef WEFT_CASE
     case BinaryOp::sub: if constexpr (!is_bool) { fn.template operator()<SubOp, T>(); return true; } break;
     case BinaryOp::div: if constexpr (kFloat) { fn.template operator()<DivOp, T>(); return true; } break;
-    case BinaryOp::silu_mul: if constexpr (kFloat) { fn.template operator()<SiluMulOp, T>(); return true; } break;
+    case BinaryOp::silu_mul: if constexpr (kFloat) { fn.template operator()<SiluMulOp<M>, T>(); return true; } break;
     case BinaryOp::silu_grad_mul:
-      if constexpr (kFloat) { fn.template operator()<SiluGradMulOp, T>(); return true; }
+      if constexpr (kFloat) { fn.template operator()<SiluGradMulOp<M>, T>(); return true; }
       break;
     case BinaryOp::pow: if constexpr (!is_bool) { fn.template operator()<PowOp, T>(); return true; } break;
   }

@@ -63,7 +63,7 @@ RMSNorm::RMSNorm(int64_t d, double e)
       weight(register_parameter("weight", ones({d}))) {}
 Tensor RMSNorm::forward(const Tensor& x) {
   WEFT_CHECK(x.dim() >= 1 && x.size(-1) == dim, "RMSNorm: input {} does not end in dim {}", tensor_desc(x), dim);
-  return x * rsqrt(mean(square(x), {-1}, true) + eps) * weight;
+  return rms_norm(x, {dim}, weight, eps);
 }
 std::string RMSNorm::extra_repr() const { return fmt::format("({},), eps={}", dim, eps); }
 

@@ -111,7 +111,7 @@ TEST_CASE("gradcheck: matmul shapes and linear") {
   expect_ok([](const TensorList& x) { return linear(x[0], x[1]); }, {leaf({3, 4}), leaf({2, 4})});
 }
 
-TEST_CASE("gradcheck: softmax, log_softmax and layer_norm") {
+TEST_CASE("gradcheck: softmax, log_softmax, layer_norm and rms_norm") {
   Tensor a = leaf({3, 5});
   expect_ok([](const TensorList& x) { return softmax(x[0], -1); }, {a});
   expect_ok([](const TensorList& x) { return softmax(x[0], 0); }, {a});
@@ -119,6 +119,8 @@ TEST_CASE("gradcheck: softmax, log_softmax and layer_norm") {
   expect_ok([](const TensorList& x) { return log_softmax(x[0].t(), -1); }, {a});
   expect_ok([](const TensorList& x) { return layer_norm(x[0], {5}, x[1], x[2]); }, {leaf({2, 3, 5}), leaf({5}), leaf({5})});
   expect_ok([](const TensorList& x) { return layer_norm(x[0], {3, 5}); }, {leaf({2, 3, 5})});
+  expect_ok([](const TensorList& x) { return rms_norm(x[0], {5}, x[1]); }, {leaf({2, 3, 5}), leaf({5})});
+  expect_ok([](const TensorList& x) { return rms_norm(x[0], {3, 5}, {}, 0.1); }, {leaf({2, 3, 5})});
 }
 
 TEST_CASE("gradcheck: embedding, index_select, gather, scatter_add") {

@@ -391,6 +391,11 @@ std::vector<Case> cases() {
                     auto [dx, dw, db] = layer_norm_backward(x[1], x[0], mean, rstd, Tensor(), Tensor(), 2);
                     return std::vector<Tensor>{y, mean, rstd, dx};
                   }, 4.0});
+    cs.push_back({"rms_norm + backward", {{{4, 7, 96}, t}, {{96}, t}, {{4, 7, 96}, t}}, [](const auto& x) {
+                    auto [y, rstd] = rms_norm(x[0], 1, x[1], 1e-5);
+                    auto [dx, dw] = rms_norm_backward(x[2], x[0], rstd, x[1], 1);
+                    return std::vector<Tensor>{y, rstd, dx, dw};
+                  }, 4.0});
   }
 
   // ---- cross-entropy: reductions, ignore_index (class 2 here), label smoothing, i32 targets

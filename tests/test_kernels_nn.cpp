@@ -10,6 +10,7 @@
 #include "core/generator.h"
 #include "core/tensor.h"
 #include "kernels/cpu/fast_math.h"
+#include "kernels/elementwise.h"
 #include "kernels/nn.h"
 #include "kernels/threads.h"
 
@@ -98,6 +99,18 @@ Vec ref_layer_norm(const Vec& x, int64_t n, const Vec& w, const Vec& b, double e
     double rs = 1 / std::sqrt(var / double(n) + eps);
     for (int64_t i = 0; i < n; ++i)
       y[r * n + i] = (x[r * n + i] - mu) * rs * (w.empty() ? 1.0 : w[i]) + (b.empty() ? 0.0 : b[i]);
+  }
+  return y;
+}
+
+// y = x / sqrt(mean(x^2) + eps) * w over the trailing `n` elements of each row.
+Vec ref_rms_norm(const Vec& x, int64_t n, const Vec& w, double eps) {
+  Vec y(x.size());
+  for (size_t r = 0; r < x.size() / size_t(n); ++r) {
+    double sq = 0;
+    for (int64_t i = 0; i < n; ++i) sq += x[r * n + i] * x[r * n + i];
+    double rs = 1 / std::sqrt(sq / double(n) + eps);
+    for (int64_t i = 0; i < n; ++i) y[r * n + i] = x[r * n + i] * rs * (w.empty() ? 1.0 : w[i]);
   }
   return y;
 }
@@ -283,6 +296,42 @@ TEST_CASE("layer_norm backward matches finite differences") {
   check_close(dx32, to_vector(dx), 1e-4);
   check_close(dw32, to_vector(dw), 1e-4);
   check_close(db32, to_vector(db), 1e-4);
+}
+
+TEST_CASE("rms_norm matches a naive loop, centres nothing, and its backward matches finite differences") {
+  for (DType dt : {kFloat32, kFloat64}) {
+    double tol = dt == kFloat32 ? 1e-5 : 1e-12;
+    // Rows with a large mean: layer norm would remove it, RMS norm must not.
+    Tensor x = k::binary_scalar(k::BinaryOp::add, rnd({4, 3, 70}, dt), 3.0), w = rnd({70}, dt);
+    auto [y, rstd] = k::rms_norm(x, 1, w, 1e-5);
+    CHECK(rstd.dtype() == (dt == kFloat64 ? kFloat64 : kFloat32));
+    CHECK(rstd.shape() == Shape{4, 3});
+    check_close(y, ref_rms_norm(to_vector(x), 70, to_vector(w), 1e-5), tol);
+    Tensor x2 = rnd({5, 4, 2}, dt).transpose(0, 2);  // non-contiguous, two normalized dims, no weight
+    check_close(k::rms_norm(x2, 2, Tensor(), 0.1).first, ref_rms_norm(to_vector(x2), 20, {}, 0.1), tol);
+  }
+  for (bool affine : {true, false}) {
+    INFO("weight " << affine);
+    Tensor x = rnd({3, 2, 5}), w = affine ? rnd({2, 5}) : Tensor(), g = rnd({3, 2, 5});
+    Vec gv = to_vector(g);
+    auto loss = [&] { return dot(gv, to_vector(k::rms_norm(x, 2, w, 1e-5).first)); };
+    auto [y, rstd] = k::rms_norm(x, 2, w, 1e-5);
+    auto [dx, dw] = k::rms_norm_backward(g, x, rstd, w, 2);
+    check_close(dx, numeric_grad(loss, x), 1e-6);
+    CHECK(dw.defined() == affine);
+    if (affine) check_close(dw, numeric_grad(loss, w), 1e-6);
+  }
+  // Many rows (threaded): f32 agrees with f64.
+  Tensor x = rnd({300, 128}), w = rnd({128}), g = rnd({300, 128});
+  auto [y, r] = k::rms_norm(x, 1, w, 1e-5);
+  auto [dx, dw] = k::rms_norm_backward(g, x, r, w, 1);
+  auto [y32, r32] = k::rms_norm(x.to(kFloat32), 1, w.to(kFloat32), 1e-5);
+  auto [dx32, dw32] = k::rms_norm_backward(g.to(kFloat32), x.to(kFloat32), r32, w.to(kFloat32), 1);
+  check_close(y32, to_vector(y), 1e-5);
+  check_close(dx32, to_vector(dx), 1e-4);
+  check_close(dw32, to_vector(dw), 1e-4);
+  CHECK_THROWS_WITH(k::rms_norm(x, 1, rnd({3}), 1e-5), Contains("rms_norm"));
+  CHECK_THROWS_WITH(k::rms_norm_backward(g, x, rnd({7}), w, 1), Contains("rms_norm_backward: saved statistics"));
 }
 
 // ---------------------------------------------------------------- cross-entropy

@@ -281,7 +281,7 @@ void unary_backward(UnaryOp op, const Tensor& gx, const Tensor& grad, const Tens
 void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
   WEFT_DISPATCH(a.dtype(), binary_op_name(op), [&]<typename T>() {
     using A = acc_t<T>;
-    bool done = with_binary_op<T, is_float_v<T>>(op, [&]<class Op, class O>() {
+    bool done = with_binary_op<T, is_float_v<T>, CpuMath>(op, [&]<class Op, class O>() {
       map2<O, T, T, true>([](T x, T y) { return O(Op::apply(A(x), A(y))); }, out, a, b);
     });
     WEFT_CHECK(done, "{}: not implemented for {}", binary_op_name(op), dtype_name(a.dtype()));
@@ -301,7 +301,7 @@ void binary_scalar(BinaryOp op, const Tensor& out, const Tensor& a, double s, bo
   WEFT_DISPATCH(a.dtype(), binary_op_name(op), [&]<typename T>() {
     using A = acc_t<T>;
     A sv = scalar_as<A>(s);
-    bool done = with_binary_op<T, is_float_v<T>>(op, [&]<class Op, class O>() {
+    bool done = with_binary_op<T, is_float_v<T>, CpuMath>(op, [&]<class Op, class O>() {
       constexpr bool kReversible = std::is_same_v<Op, SubOp> || std::is_same_v<Op, DivOp> || std::is_same_v<Op, PowOp>;
       if constexpr (kReversible) {
         if (scalar_first) return map1<O, T>([sv](T x) { return O(Op::apply(sv, A(x))); }, out, a);

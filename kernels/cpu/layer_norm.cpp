@@ -1,6 +1,6 @@
-// kernels/cpu: layer norm over rows of [rows, n]. Statistics are two-pass (mean, then the
-// centred sum of squares) in the accumulation type, which is accurate and vectorises;
-// rows go to threads. The backward keeps one dweight/dbias partial per thread and adds
+// kernels/cpu: layer norm over rows of [rows, n], and RMS norm (no mean: nothing centred,
+// no bias). Statistics are two-pass (mean, then the centred sum of squares) in the
+// accumulation type, which is accurate and vectorises; rows go to threads. The backward keeps one dweight/dbias partial per thread and adds
 // them in thread order, so results do not depend on scheduling.
 #include <cmath>
 #include <vector>
@@ -15,25 +15,27 @@ template <typename T>
 void forward_typed(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& y,
                    const Tensor& mean, const Tensor& rstd) {
   using A = acc_t<T>;
-  int64_t rows = mean.numel(), n = rows ? x.numel() / rows : 0;
+  int64_t rows = rstd.numel(), n = rows ? x.numel() / rows : 0;
   const T* px = x.data<T>();
   T* py = y.data<T>();
   const T* w = weight.defined() ? weight.data<T>() : nullptr;
   const T* b = bias.defined() ? bias.data<T>() : nullptr;
-  A* pm = mean.data<A>();
+  A* pm = mean.defined() ? mean.data<A>() : nullptr;  // null: RMS norm
   A* pr = rstd.data<A>();
 #pragma omp parallel for schedule(static) if (rows * n > kParallelGrain)
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = px + r * n;
     T* yr = py + r * n;
     A sum = 0;
+    if (pm) {
 #pragma omp simd reduction(+ : sum)
-    for (int64_t i = 0; i < n; ++i) sum += A(xr[i]);
+      for (int64_t i = 0; i < n; ++i) sum += A(xr[i]);
+    }
     A mu = sum / A(n), sq = 0;
 #pragma omp simd reduction(+ : sq)
     for (int64_t i = 0; i < n; ++i) sq += (A(xr[i]) - mu) * (A(xr[i]) - mu);
     A rs = A(1) / std::sqrt(sq / A(n) + A(eps));
-    pm[r] = mu;
+    if (pm) pm[r] = mu;
     pr[r] = rs;
     if (w && b) {
 #pragma omp simd
@@ -52,15 +54,16 @@ void forward_typed(const Tensor& x, const Tensor& weight, const Tensor& bias, do
 }
 
 // dx = rstd * (g*w - mean(g*w) - xhat * mean(g*w*xhat)); dweight = sum g*xhat; dbias = sum g.
+// RMS norm (no mean): mu = 0 and no mean(g*w) term.
 template <typename T>
 void backward_typed(const Tensor& grad, const Tensor& x, const Tensor& mean, const Tensor& rstd,
                     const Tensor& weight, const Tensor& dx, const Tensor& dweight, const Tensor& dbias) {
   using A = acc_t<T>;
-  int64_t rows = mean.numel(), n = rows ? x.numel() / rows : 0;
+  int64_t rows = rstd.numel(), n = rows ? x.numel() / rows : 0;
   const T* pg = grad.data<T>();
   const T* px = x.data<T>();
   const T* w = weight.defined() ? weight.data<T>() : nullptr;
-  const A* pm = mean.data<A>();
+  const A* pm = mean.defined() ? mean.data<A>() : nullptr;
   const A* pr = rstd.data<A>();
   T* pdx = dx.data<T>();
   bool want_w = dweight.defined(), want_b = dbias.defined();
@@ -78,14 +81,14 @@ void backward_typed(const Tensor& grad, const Tensor& x, const Tensor& mean, con
       const T* gr = pg + r * n;
       const T* xr = px + r * n;
       T* dr = pdx + r * n;
-      A mu = pm[r], rs = pr[r], sg = 0, sgx = 0;
+      A mu = pm ? pm[r] : A(0), rs = pr[r], sg = 0, sgx = 0;
 #pragma omp simd reduction(+ : sg, sgx)
       for (int64_t i = 0; i < n; ++i) {
         A gw = A(gr[i]) * (w ? A(w[i]) : A(1));
         sg += gw;
         sgx += gw * (A(xr[i]) - mu) * rs;
       }
-      sg /= A(n);
+      sg = pm ? sg / A(n) : A(0);
       sgx /= A(n);
 #pragma omp simd
       for (int64_t i = 0; i < n; ++i) {

@@ -1,4 +1,5 @@
-// kernels/cuda: layer norm over rows of [rows, n], forward and backward. One block per row
+// kernels/cuda: layer norm over rows of [rows, n], forward and backward, and RMS norm (mean
+// null: nothing centred, no bias). One block per row
 // computes the statistics two-pass (mean, then the centred sum of squares) in the arithmetic
 // type, as the CPU does. The weight and bias gradients sum over rows: one block per 32
 // columns with 8 row lanes, each lane summing every 8th row and the lanes combined in a fixed
@@ -19,8 +20,9 @@ __global__ void layer_norm_forward(const T* __restrict__ x, const T* __restrict_
     const T* xr = x + r * n;
     T* yr = y + r * n;
     A s = 0;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += load(xr[i]);
-    const A mu = block_sum(s, scratch) / A(n);
+    if (mean)
+      for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += load(xr[i]);
+    const A mu = mean ? block_sum(s, scratch) / A(n) : A(0);
     A sq = 0;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
       const A d = load(xr[i]) - mu;
@@ -28,7 +30,7 @@ __global__ void layer_norm_forward(const T* __restrict__ x, const T* __restrict_
     }
     const A rs = A(1) / sqrt_acc(block_sum(sq, scratch) / A(n) + eps);
     if (threadIdx.x == 0) {
-      mean[r] = mu;
+      if (mean) mean[r] = mu;
       rstd[r] = rs;
     }
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
@@ -40,7 +42,7 @@ __global__ void layer_norm_forward(const T* __restrict__ x, const T* __restrict_
   }
 }
 
-// dx = rstd * (g*w - mean(g*w) - xhat * mean(g*w*xhat)).
+// dx = rstd * (g*w - mean(g*w) - xhat * mean(g*w*xhat)); RMS norm: mu = 0, no mean(g*w).
 template <class T>
 __global__ void layer_norm_backward_dx(const T* __restrict__ g, const T* __restrict__ x,
                                        const acc_t<T>* __restrict__ mean, const acc_t<T>* __restrict__ rstd,
@@ -50,14 +52,14 @@ __global__ void layer_norm_backward_dx(const T* __restrict__ g, const T* __restr
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T *gr = g + r * n, *xr = x + r * n;
     T* dr = dx + r * n;
-    const A mu = mean[r], rs = rstd[r];
+    const A mu = mean ? mean[r] : A(0), rs = rstd[r];
     A sg = 0, sgx = 0;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
       const A gw = load(gr[i]) * (w ? load(w[i]) : A(1));
       sg += gw;
       sgx += gw * (load(xr[i]) - mu) * rs;
     }
-    sg = block_sum(sg, scratch) / A(n);
+    sg = mean ? block_sum(sg, scratch) / A(n) : A(0);
     sgx = block_sum(sgx, scratch) / A(n);
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
       const A gw = load(gr[i]) * (w ? load(w[i]) : A(1));
@@ -81,7 +83,7 @@ __global__ void layer_norm_backward_params(const T* __restrict__ g, const T* __r
     for (int64_t r = threadIdx.y; r < rows; r += kRowLanes) {
       const A gv = load(g[r * n + j]);
       sb += gv;
-      sw += gv * (load(x[r * n + j]) - mean[r]) * rstd[r];
+      sw += gv * (load(x[r * n + j]) - (mean ? mean[r] : A(0))) * rstd[r];
     }
   }
   part_w[threadIdx.y][threadIdx.x] = sw;

@@ -21,7 +21,7 @@ void launch_softmax_backward(const void* grad, const void* y, void* dx, DType dt
                              int64_t inner, bool log, cudaStream_t stream);
 
 // ---- layer_norm.cu: x, y [rows, n]; weight, bias [n] or null; mean, rstd [rows] of the
-// statistics type (f64 for f64 inputs, else f32).
+// statistics type (f64 for f64 inputs, else f32); mean null: RMS norm (bias null too).
 void launch_layer_norm(const void* x, const void* weight, const void* bias, DType dtype, int64_t rows, int64_t n,
                        double eps, void* y, void* mean, void* rstd, cudaStream_t stream);
 // dweight / dbias null when not wanted; weight null when the forward had none.

@@ -81,22 +81,22 @@ void softmax_backward(const Tensor& grad, const Tensor& y, const Tensor& dx, int
 
 void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& y,
                 const Tensor& mean, const Tensor& rstd) {
-  const int64_t rows = mean.numel(), n = rows ? x.numel() / rows : 0;
+  const int64_t rows = rstd.numel(), n = rows ? x.numel() / rows : 0;
   if (rows == 0) return;
   DeviceGuard guard(x.device().index);
   launch_layer_norm(x.data_ptr(), ptr_or_null(weight), ptr_or_null(bias), x.dtype(), rows, n, eps, y.data_ptr(),
-                    mean.data_ptr(), rstd.data_ptr(), stream_of(x));
+                    mut_ptr_or_null(mean), rstd.data_ptr(), stream_of(x));
 }
 
 void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& mean, const Tensor& rstd,
                          const Tensor& weight, const Tensor& dx, const Tensor& dweight, const Tensor& dbias) {
-  const int64_t rows = mean.numel();
+  const int64_t rows = rstd.numel();
   // With no rows, n comes from the parameter gradients (which are then sums of nothing: 0).
   const int64_t n = rows ? x.numel() / rows
                          : dweight.defined() ? dweight.numel() : dbias.defined() ? dbias.numel() : 0;
   DeviceGuard guard(x.device().index);
   launch_layer_norm_backward(rows ? grad.data_ptr() : nullptr, rows ? x.data_ptr() : nullptr,
-                             rows ? mean.data_ptr() : nullptr, rows ? rstd.data_ptr() : nullptr, ptr_or_null(weight),
+                             rows ? ptr_or_null(mean) : nullptr, rows ? rstd.data_ptr() : nullptr, ptr_or_null(weight),
                              x.dtype(), rows, n, rows ? dx.data_ptr() : nullptr, mut_ptr_or_null(dweight),
                              mut_ptr_or_null(dbias), stream_of(x));
 }
