@@ -1,6 +1,7 @@
 // weft-bench: CPU kernel throughput against the machine's own measured peak. Prints one
-// table: peak fp32 FMA rate per vector width, GFLOP/s of each f32 GEMM kernel the CPU runs
-// (avx512, avx2, eigen) at 1024^3 and the GEMM shapes of GPT training, and GB/s of an
+// table: peak fp32 FMA rate per vector width (and the bf16 dot-product peak where the CPU has
+// AVX512_BF16), GFLOP/s of each f32 GEMM kernel the CPU runs (avx512, avx2, eigen) and of the
+// bf16 one at 1024^3 and the GEMM shapes of GPT training, and GB/s of an
 // element-wise op and of a row softmax, each at 1..N threads. Every figure is the median (and
 // the best) of several runs after a warm-up.
 #include <malloc.h>
@@ -85,6 +86,21 @@ __attribute__((target("avx2,fma"))) float chains_avx2(int64_t iters) {
   }
   return total;
 }
+// The bf16 dot product's peak: 12 chains of vdpbf16ps, each 16 lanes x 2 products, 64 flops.
+__attribute__((target("avx512f,avx512bf16"))) float chains_avx512bf16(int64_t iters) {
+  __m512 acc[12];
+  const __m512bh a = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-3f), _mm512_set1_ps(1e-3f));
+  for (auto& v : acc) v = _mm512_set1_ps(1.0f);
+  for (int64_t i = 0; i < iters; ++i)
+    for (auto& v : acc) v = _mm512_dpbf16_ps(v, a, a);
+  alignas(64) float lanes[16];
+  float total = 0;
+  for (auto& v : acc) {
+    _mm512_store_ps(lanes, v);
+    for (float l : lanes) total += l;
+  }
+  return total;
+}
 #endif
 
 // Vector width in floats of the FMA loop for `isa` ("avx512", "avx2"); 0 where the CPU lacks it.
@@ -92,6 +108,7 @@ int fma_width(const std::string& isa) {
 #ifdef __x86_64__
   if (isa == "avx512" && __builtin_cpu_supports("avx512f")) return 16;
   if (isa == "avx2" && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 8;
+  if (isa == "avx512bf16" && __builtin_cpu_supports("avx512bf16")) return 32;  // bf16 pairs: 32 products
 #endif
   return 0;
 }
@@ -107,7 +124,9 @@ double fma_gflops(const std::string& isa, int threads, int64_t iters) {
       ran = omp_get_num_threads();
 #endif
 #ifdef __x86_64__
-      float total = width == 16 ? chains_avx512(iters) : chains_avx2(iters);
+      float total = isa == "avx512bf16" ? chains_avx512bf16(iters)
+                    : width == 16         ? chains_avx512(iters)
+                                          : chains_avx2(iters);
 #pragma omp critical
       sink = sink + total;
 #endif
@@ -140,7 +159,7 @@ int print_table(const std::vector<Row>& rows, const std::vector<int>& counts, bo
   std::printf("\ncore clock ~%.2f GHz (1 thread, dependent adds): the first peak row is %.0f flops per cycle\n", ghz,
               rows[0].values[0] / ghz);
   std::printf("\nweft-bench (%s): median (and best) of %d+ runs after warm-up; GEMM %% = share of the measured\n"
-              "FMA peak of the kernel's instruction set (Eigen's: of the widest one)\n\n", quick ? "quick" : "full", reps);
+              "FMA peak of the kernel's instruction set (Eigen's: of the widest one; bf16: of the bf16 dot peak)\n\n", quick ? "quick" : "full", reps);
   std::string head = "| kernel | size |", rule = "|---|---|";
   for (int t : counts) {
     head += fmt::format(" {} thread{} |", t, t > 1 ? "s" : "");
@@ -172,7 +191,8 @@ int main(int argc, char** argv) {
   app.add_option("--threads", max_threads, "largest thread count to measure (1..N)")
       ->check(CLI::PositiveNumber);
   app.add_flag("--gemm-only", gemm_only, "only the FMA peak and the GEMM rows");
-  app.add_option("--kernel", kernel_filter, "only this f32 GEMM kernel")->check(CLI::IsMember({"avx512", "avx2", "eigen"}));
+  app.add_option("--kernel", kernel_filter, "only this GEMM kernel (avx512bf16: the bf16 one)")
+      ->check(CLI::IsMember({"avx512", "avx2", "eigen", "avx512bf16"}));
   CLI11_PARSE(app, argc, argv);
   kernels::cpu::SgemmKernel default_kernel;
   try {
@@ -213,6 +233,13 @@ int main(int argc, char** argv) {
     peaks[isa] = rows.back().values;
     if (!peaks.count("eigen")) peaks["eigen"] = peaks[isa];
   }
+  // bf16 GEMM rows where the kernel runs (the CPU has AVX512_BF16, WEFT_CPU_GEMM allows it).
+  const bool bf16 = kernels::cpu::bf16_gemm_native() && (kernel_filter.empty() || kernel_filter == "avx512bf16");
+  if (bf16) {
+    measure({"peak bf16 dot (avx512bf16)", "-", "GFLOP/s", {}},
+            [&](int t) { return fma_gflops("avx512bf16", t, quick ? 20'000'000 : 50'000'000); });
+    peaks["avx512bf16"] = rows.back().values;
+  }
 
   // C[m, n] = A[m, k] B[k, n]; a_t / b_t: the operand is a transposed view (as the backward
   // pass's X^T and Linear's weight are), through each f32 GEMM kernel the CPU runs.
@@ -220,35 +247,39 @@ int main(int argc, char** argv) {
   for (auto k : {kernels::cpu::SgemmKernel::avx512, kernels::cpu::SgemmKernel::avx2, kernels::cpu::SgemmKernel::eigen})
     if (kernels::cpu::sgemm_kernel_supported(k) && (kernel_filter.empty() || kernel_filter == sgemm_kernel_name(k)))
       gemm_kernels.push_back(k);
+  if (kernel_filter == "avx512bf16") gemm_kernels.clear();
   auto gemm_row = [&](const std::string& name, int64_t m, int64_t k, int64_t n, bool a_t, bool b_t, int64_t batch,
                       int r) {
     Shape lead = batch > 1 ? Shape{batch} : Shape{};
-    auto mat = [&](int64_t rows, int64_t cols, bool t) {
+    auto mat = [&](int64_t rows, int64_t cols, bool t, DType dt) {
       Shape s = lead;
       s.insert(s.end(), {t ? cols : rows, t ? rows : cols});
-      Tensor x = randn(s, {}, &gen);
+      Tensor x = randn(s, {}, &gen).to(dt);
       return t ? x.transpose(-1, -2) : x;
     };
-    Tensor a = mat(m, k, a_t), b = mat(k, n, b_t), out = empty({m, n});
     double flops = 2.0 * double(m) * double(n) * double(k) * double(batch);
     std::string size = (batch > 1 ? fmt::format("{}x[{}x{}x{}]", batch, m, k, n) : fmt::format("{}x{}x{}", m, k, n)) +
                        (a_t ? " A^T" : "") + (b_t ? " B^T" : "");
-    for (auto kernel : gemm_kernels) {
-      kernels::cpu::set_sgemm_kernel(kernel);
-      const char* kname = kernels::cpu::sgemm_kernel_name(kernel);
+    auto time = [&](const std::string& kname, DType dt) {
+      Tensor x = mat(m, k, a_t, dt), y = mat(k, n, b_t, dt), out = empty({m, n}, {.dtype = dt});
       measure({fmt::format("{} ({})", name, kname), size, "GFLOP/s", {}, &peaks[kname]}, [&](int) {
         double s = median_seconds(2, r, [&] {
-          if (batch > 1) kernels::matmul(a, b);
-          else kernels::gemm(a, false, b, false, out);
+          if (batch > 1) kernels::matmul(x, y);
+          else kernels::gemm(x, false, y, false, out);
         });
         return flops / s / 1e9;
       });
+    };
+    for (auto kernel : gemm_kernels) {
+      kernels::cpu::set_sgemm_kernel(kernel);
+      time(kernels::cpu::sgemm_kernel_name(kernel), kFloat32);
     }
     kernels::cpu::set_sgemm_kernel(default_kernel);
+    if (bf16) time("avx512bf16", kBFloat16);  // bf16 in and out, f32 sums
   };
   int gr = quick ? 5 : 15;  // repetitions of a GEMM
-  gemm_row("sgemm", 1024, 1024, 1024, false, false, 1, gr);
-  if (!quick) gemm_row("sgemm", 2048, 2048, 2048, false, false, 1, 5);
+  gemm_row("gemm", 1024, 1024, 1024, false, false, 1, gr);
+  if (!quick) gemm_row("gemm", 2048, 2048, 2048, false, false, 1, 5);
   // GPT medium (d_model C = 384, 8 x 256 tokens) and small (C = 128, 16 x 128): a Linear's
   // forward X W^T, and its backward dY W (dX) and dY^T X (dW), for qkv (C -> 3C) and the MLP.
   for (auto [tag, C, BT] : {std::tuple{"GPT medium", 384, 2048}, std::tuple{"GPT small", 128, 2048}}) {

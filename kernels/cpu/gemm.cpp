@@ -22,6 +22,7 @@
 #include "core/copy.h"
 #include "core/dispatch.h"
 #include "core/error.h"
+#include "kernels/cpu/bgemm.h"
 #include "kernels/cpu/sgemm.h"
 #include "kernels/threads.h"
 #ifdef _OPENMP
@@ -75,19 +76,26 @@ std::vector<int64_t> batch_offsets(const Tensor& t, const Shape& batch) {
 
 Tensor with_layout(const Tensor& t) { return mat_layout(t).ok ? t : t.contiguous(); }
 
-template <typename T>
+// One product (split over threads as gemm does): T inputs; bf16 ones take the bf16 kernel.
+template <typename T, typename TO>
+void product(int64_t m, int64_t n, int64_t k, const T* a, MatLayout la, const T* b, MatLayout lb, TO* c, int64_t ldc) {
+  if constexpr (std::is_same_v<T, BFloat16>) gemm_bf16<TO>(m, n, k, a, la, b, lb, c, ldc);
+  else gemm<T>(m, n, k, a, la, b, lb, c, ldc);
+}
+
+template <typename T, typename TO = T>
 void matmul_typed(const Tensor& a, const Tensor& b, const Tensor& out) {
   int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
-  T* c = out.data<T>();
+  TO* c = out.data<TO>();
   if (a.dim() == 2 && b.dim() == 2) {
     Tensor A = with_layout(a), B = with_layout(b);
-    gemm<T>(m, n, k, A.data<T>(), mat_layout(A), B.data<T>(), mat_layout(B), c, n);
+    product<T, TO>(m, n, k, A.data<T>(), mat_layout(A), B.data<T>(), mat_layout(B), c, n);
     return;
   }
   if (b.dim() == 2) {  // [..., m, k] @ [k, n]: one GEMM over all rows (a Linear layer)
     if (auto la = fold_rows(a)) {
       Tensor B = with_layout(b);
-      gemm<T>(a.numel() / std::max<int64_t>(k, 1), n, k, a.data<T>(), *la, B.data<T>(), mat_layout(B), c, n);
+      product<T, TO>(a.numel() / std::max<int64_t>(k, 1), n, k, a.data<T>(), *la, B.data<T>(), mat_layout(B), c, n);
       return;
     }
   }
@@ -101,7 +109,7 @@ void matmul_typed(const Tensor& a, const Tensor& b, const Tensor& out) {
   const T* pb = B.data<T>();
   double work = double(m) * double(n) * double(k);
   int threads = get_num_threads();
-  auto one = [&](int64_t i) { gemm<T>(m, n, k, pa + oa[i], la, pb + ob[i], lb, c + i * m * n, n); };
+  auto one = [&](int64_t i) { product<T, TO>(m, n, k, pa + oa[i], la, pb + ob[i], lb, c + i * m * n, n); };
   // Small GEMMs do not pay for threading inside one product; a batch split does, once every
   // thread gets a whole GEMM. Otherwise run in turn, outside any parallel region, so that
   // each GEMM is threaded.
@@ -246,9 +254,11 @@ void set_sgemm_kernel(SgemmKernel k) {
 // only its own columns of b (the larger share of the packing at 1024^3 with two threads: 87-89 %
 // of the AVX-512 peak by rows, 91-93 % by columns on a Zen 5; the same for AVX2). Measured on the 2-core machine: 5-20 % more tokens/s in
 // weft-transformer at 2 threads (docs/PERFORMANCE.md).
-template <typename T>
-void gemm(int64_t m, int64_t n, int64_t k, const T* a, MatLayout la, const T* b, MatLayout lb, T* c,
-          int64_t ldc, T alpha, T beta) {
+namespace {
+
+// Runs slice(r0, r1, c0, c1) over C: once over all of it, or per thread over slices.
+template <class F>
+void split_product(int64_t m, int64_t n, int64_t k, F&& slice) {
   if (m == 0 || n == 0) return;
   const bool by_rows = m > n;
   [[maybe_unused]] const int64_t len = by_rows ? m : n;
@@ -257,22 +267,80 @@ void gemm(int64_t m, int64_t n, int64_t k, const T* a, MatLayout la, const T* b,
   if (!omp_in_parallel() && double(m) * double(n) * double(k) >= kSplitWork)
     threads = int(std::min<int64_t>(get_num_threads(), len / 16));
 #endif
-  if (threads <= 1) return gemm_one<T>(m, n, k, a, la, b, lb, c, ldc, alpha, beta);
+  if (threads <= 1) return slice(0, m, 0, n);
 #ifdef _OPENMP
 #pragma omp parallel num_threads(threads)
   {
-    // Slices start on multiples of the f32 kernels' tile (12 rows, 32 columns) when large
+    // Slices start on multiples of the kernels' tile (12 rows, 32 columns) when large
     // enough, so that only the last one has a tail tile.
     const int t = omp_get_thread_num();
     const int64_t unit = len >= 256 * threads ? (by_rows ? 12 : 32) : 1;
     const int64_t p0 = len * t / threads / unit * unit, p1 = t + 1 == threads ? len : len * (t + 1) / threads / unit * unit;
-    if (by_rows)  // rows p0..p1 of a and c
-      gemm_one<T>(p1 - p0, n, k, la.row_major ? a + p0 * la.ld : a + p0, la, b, lb, c + p0 * ldc, ldc, alpha, beta);
-    else  // columns p0..p1 of b and c
-      gemm_one<T>(m, p1 - p0, k, a, la, lb.row_major ? b + p0 : b + p0 * lb.ld, lb, c + p0, ldc, alpha, beta);
+    if (by_rows) slice(p0, p1, 0, n);
+    else slice(0, m, p0, p1);
   }
 #endif
 }
+
+// Row r of a, column j of b, in their layouts.
+template <typename T> const T* row_at(const T* a, MatLayout l, int64_t r) { return l.row_major ? a + r * l.ld : a + r; }
+template <typename T> const T* col_at(const T* b, MatLayout l, int64_t j) { return l.row_major ? b + j : b + j * l.ld; }
+
+template <typename TO>
+void bgemm_one(int64_t m, int64_t n, int64_t k, const BFloat16* a, MatLayout la, const BFloat16* b, MatLayout lb,
+               TO* c, int64_t ldc, float alpha, float beta) {
+  if (k == 0) {
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0f ? TO(0.0f) : TO(beta * float(c[i * ldc + j]));
+    return;
+  }
+  bgemm_avx512bf16(m, n, k, &a->bits, la.row_major ? la.ld : 1, la.row_major ? 1 : la.ld, &b->bits,
+                   lb.row_major ? lb.ld : 1, lb.row_major ? 1 : lb.ld, c, std::is_same_v<TO, BFloat16>, ldc, alpha,
+                   beta);
+}
+
+}  // namespace
+
+// Large products give each thread a contiguous slice of C's rows (or columns, when C is at
+// least as wide as tall), each a serial product, instead of letting Eigen thread one product.
+// Eigen's threads synchronise once per packed block of the shared operand; on a machine
+// shared with other work, a descheduled thread stalls the other at every such point, while
+// the slices meet only once. Each thread packs the shared operand itself, which costs little
+// next to the slice's arithmetic; square products split by columns, so that each thread packs
+// only its own columns of b (the larger share of the packing at 1024^3 with two threads: 87-89 %
+// of the AVX-512 peak by rows, 91-93 % by columns on a Zen 5; the same for AVX2). Measured on the 2-core machine: 5-20 % more tokens/s in
+// weft-transformer at 2 threads (docs/PERFORMANCE.md).
+template <typename T>
+void gemm(int64_t m, int64_t n, int64_t k, const T* a, MatLayout la, const T* b, MatLayout lb, T* c,
+          int64_t ldc, T alpha, T beta) {
+  split_product(m, n, k, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    gemm_one<T>(r1 - r0, c1 - c0, k, row_at(a, la, r0), la, col_at(b, lb, c0), lb, c + r0 * ldc + c0, ldc, alpha,
+                beta);
+  });
+}
+
+bool bf16_gemm_native() {
+#ifdef __x86_64__
+  static const bool cpu = __builtin_cpu_supports("avx512bf16");
+  return cpu && sgemm_kernel() == SgemmKernel::avx512;
+#else
+  return false;
+#endif
+}
+
+template <typename TO>
+void gemm_bf16(int64_t m, int64_t n, int64_t k, const BFloat16* a, MatLayout la, const BFloat16* b, MatLayout lb,
+               TO* c, int64_t ldc, float alpha, float beta) {
+  WEFT_CHECK(bf16_gemm_native(), "gemm_bf16: this CPU has no AVX512_BF16 (or WEFT_CPU_GEMM chose another kernel)");
+  split_product(m, n, k, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    bgemm_one<TO>(r1 - r0, c1 - c0, k, row_at(a, la, r0), la, col_at(b, lb, c0), lb, c + r0 * ldc + c0, ldc, alpha,
+                  beta);
+  });
+}
+template void gemm_bf16<float>(int64_t, int64_t, int64_t, const BFloat16*, MatLayout, const BFloat16*, MatLayout,
+                               float*, int64_t, float, float);
+template void gemm_bf16<BFloat16>(int64_t, int64_t, int64_t, const BFloat16*, MatLayout, const BFloat16*,
+                                  MatLayout, BFloat16*, int64_t, float, float);
 template void gemm<float>(int64_t, int64_t, int64_t, const float*, MatLayout, const float*, MatLayout, float*,
                           int64_t, float, float);
 template void gemm<double>(int64_t, int64_t, int64_t, const double*, MatLayout, const double*, MatLayout,
@@ -280,6 +348,7 @@ template void gemm<double>(int64_t, int64_t, int64_t, const double*, MatLayout, 
 
 void matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
   if (out.numel() == 0) return;
+  if (out.dtype() == DType::bf16 && bf16_gemm_native()) return matmul_typed<BFloat16>(a, b, out);
   if (is_16bit(out.dtype())) {
     Tensor out32 = empty(out.shape());
     matmul(a.to(DType::f32), b.to(DType::f32), out32);
@@ -316,6 +385,12 @@ void dot(const Tensor& a, const Tensor& b, const Tensor& out) {
 }
 
 void gemm(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta) {
+  if (out.dtype() == DType::bf16 && bf16_gemm_native()) {
+    Tensor A = with_layout(a), B = with_layout(b);
+    return gemm_bf16<BFloat16>(A.size(0), B.size(1), A.size(1), A.data<BFloat16>(), mat_layout(A),
+                               B.data<BFloat16>(), mat_layout(B), out.data<BFloat16>(), out.size(1), float(alpha),
+                               float(beta));
+  }
   if (is_16bit(out.dtype())) {
     Tensor out32 = out.to(DType::f32);
     gemm(a.to(DType::f32), b.to(DType::f32), out32, alpha, beta);

@@ -32,6 +32,15 @@ template <typename T>
 void gemm(int64_t m, int64_t n, int64_t k, const T* a, MatLayout la, const T* b, MatLayout lb, T* c,
           int64_t ldc, T alpha = T(1), T beta = T(0));
 
+// bf16 a and b, products and sums in f32 (the AVX512_BF16 kernel, bgemm.h), c f32 or bf16
+// (rounded once, at the end). Only where bf16_gemm_native(): the CPU has AVX512_BF16 and the
+// f32 kernel in use is avx512 (WEFT_CPU_GEMM=avx2|eigen turns it off); elsewhere the tensor
+// kernels below convert bf16 to f32 and take the f32 GEMM (the same products, no faster).
+bool bf16_gemm_native();
+template <typename TO>
+void gemm_bf16(int64_t m, int64_t n, int64_t k, const BFloat16* a, MatLayout la, const BFloat16* b, MatLayout lb,
+               TO* c, int64_t ldc, float alpha = 1.0f, float beta = 0.0f);
+
 // The f32 GEMM kernel: weft's own packed kernels for AVX-512 or AVX2 + FMA (sgemm.h), chosen
 // at run time from what the CPU has, else Eigen (f64 always uses Eigen). WEFT_CPU_GEMM=avx512|
 // avx2|eigen picks one by hand; a bad value is an error at the first f32 GEMM.
@@ -43,7 +52,8 @@ void set_sgemm_kernel(SgemmKernel k);        // for tests and benchmarks; unsupp
 
 // Tensor-level kernels behind kernels::matmul / kernels::gemm (checked by the caller).
 // a [..., m, k] and b [..., k, n] with batch dims broadcastable to out's [batch..., m, n];
-// out is contiguous. Any float dtype (16-bit ones go through f32).
+// out is contiguous. Any float dtype (bf16 on the bf16 kernel where native, else 16-bit
+// ones go through f32).
 void matmul(const Tensor& a, const Tensor& b, const Tensor& out);
 void dot(const Tensor& a, const Tensor& b, const Tensor& out);                              // 1-D, out 0-dim
 void gemm(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta);  // 2-D

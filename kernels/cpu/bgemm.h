@@ -1,0 +1,19 @@
+// kernels/cpu: weft's bf16 GEMM kernel (bgemm_avx512bf16.cpp, compiled for AVX512_BF16 only):
+// bf16 inputs, products and sums in f32 (vdpbf16ps), the result stored as f32 or rounded to
+// bf16. gemm.cpp calls it when the CPU has AVX512_BF16; elsewhere bf16 products convert to
+// f32 and take the f32 kernels. Like sgemm.h: no inline code here.
+#pragma once
+#include <cstdint>
+
+namespace weft::kernels::cpu {
+
+// c[m, n] (row-major, leading dim ldc) = alpha * a b + beta * c, with a[i, p] at
+// a[i * a_rs + p * a_cs] and b[p, j] at b[p * b_rs + j * b_cs] (bf16 bits; any transpose or
+// leading dim). c is f32, or bf16 bits when c_bf16 (then beta reads, and the result rounds
+// to nearest even into, bf16). beta == 0 never reads c. As the instruction does, subnormal
+// inputs and products count as zero. Serial: the caller splits work over threads. k >= 1.
+void bgemm_avx512bf16(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, int64_t a_cs,
+                      const uint16_t* b, int64_t b_rs, int64_t b_cs, void* c, bool c_bf16, int64_t ldc,
+                      float alpha, float beta);
+
+}  // namespace weft::kernels::cpu
