@@ -41,8 +41,7 @@ void load_external_checkpoint(nn::Module& model, const FSDPModule* root, const E
     const Placement& p = t.placement;
     Tensor piece;
     if (p.whole()) piece = reader(src.file).read(src.name);
-    else if (!src.transposed) piece = reader(src.file).read_slice(src.name, p.dim, p.offset, p.length);
-    else piece = reader(src.file).read_slice(src.name, 1 - p.dim, p.offset, p.length);
+    else piece = reader(src.file).read_slice(src.name, src.transposed ? 1 - p.dim : p.dim, p.offset, p.length);
     if (src.transposed) piece = piece.transpose(0, 1);
     Tensor dst = t.local;
     dst.copy_(piece.to(dst.device()));

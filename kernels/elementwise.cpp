@@ -37,6 +37,11 @@ bool is_comparison(BinaryOp op) {
   }
 }
 
+// Ops computed in floating point whatever the inputs: true division and SwiGLU's two.
+bool float_only(BinaryOp op) {
+  return op == BinaryOp::div || op == BinaryOp::silu_mul || op == BinaryOp::silu_grad_mul;
+}
+
 // A scalar that fits an integer tensor's arithmetic without turning it into f32.
 bool is_integral_scalar(double s) { return std::trunc(s) == s && std::fabs(s) < 9.2e18; }
 // Whether the integral scalar s is a value of the integer dtype dt.
@@ -165,9 +170,7 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   Shape shape = broadcast_shapes(a.shape(), b.shape(), name);
   DType ct = promote_types(a.dtype(), b.dtype());
   DType out_dt = is_comparison(op) ? DType::bool_ : ct;
-  // true division; SwiGLU's ops are float only
-  if ((op == BinaryOp::div || op == BinaryOp::silu_mul || op == BinaryOp::silu_grad_mul) && !is_floating(ct))
-    ct = out_dt = DType::f32;
+  if (float_only(op) && !is_floating(ct)) ct = out_dt = DType::f32;
   WEFT_CHECK(!(ct == DType::bool_ && (op == BinaryOp::sub || op == BinaryOp::pow)),
              "{}: not supported for bool tensors ({} and {})", name, tensor_desc(a), tensor_desc(b));
   const KernelBackend& backend = kernel_backend(a.device(), name);
@@ -184,9 +187,7 @@ Tensor binary_scalar(BinaryOp op, const Tensor& a, double s, bool scalar_first) 
   if (op == BinaryOp::logical_and || op == BinaryOp::logical_or) {
     s = s != 0 ? 1 : 0;  // only truthiness matters, in any dtype
   } else if (!is_floating(ct)) {
-    if (!is_integral_scalar(s) || op == BinaryOp::div || op == BinaryOp::silu_mul ||
-        op == BinaryOp::silu_grad_mul)
-      ct = DType::f32;
+    if (!is_integral_scalar(s) || float_only(op)) ct = DType::f32;
     else if (ct == DType::bool_ && !is_comparison(op)) ct = DType::i64;  // as torch.add: True + 1 == 2
     else if (is_comparison(op) && !fits(ct, s)) ct = DType::i64;      // u8 < 300 is true
   }

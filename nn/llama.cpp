@@ -118,13 +118,10 @@ std::string Llama::extra_repr() const {
 void init_llama(Llama& m) {
   NoGradGuard no_grad;
   const double residual_std = 0.02 / std::sqrt(2.0 * double(m.cfg.n_layer));
-  auto ends_with = [](const std::string& s, const std::string& suffix) {
-    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-  };
   for (auto& [name, p] : m.named_parameters()) {
     Tensor t = p;
-    if (ends_with(name, "layernorm.weight") || ends_with(name, "norm.weight")) init::ones_(t);
-    else if (ends_with(name, "o_proj.weight") || ends_with(name, "down_proj.weight")) init::normal_(t, 0.0, residual_std);
+    if (name.ends_with("norm.weight")) init::ones_(t);  // the RMSNorms: input_layernorm, ..., model.norm
+    else if (name.ends_with("o_proj.weight") || name.ends_with("down_proj.weight")) init::normal_(t, 0.0, residual_std);
     else init::normal_(t, 0.0, 0.02);
   }
 }

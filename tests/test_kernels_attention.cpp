@@ -69,6 +69,14 @@ void check_close(const Tensor& got, const Tensor& want, double rtol, double atol
   CHECK(d.worst <= 1.0);
 }
 
+// The fused op's output and gradients (y, dq, dk, dv) against the reference's.
+void check_fused_against(const TensorList& got, const TensorList& want, const std::string& name) {
+  check_close(got[0], want[0], 1e-4, 1e-5, name + " output");
+  check_close(got[1], want[1], 1e-3, 1e-5, name + " dq");
+  check_close(got[2], want[2], 1e-3, 1e-5, name + " dk");
+  check_close(got[3], want[3], 1e-3, 1e-5, name + " dv");
+}
+
 // Forward and all three gradients of the fused op against the reference, for the same
 // upstream gradient.
 void check_against_reference(int64_t B, int64_t H, int64_t Tq, int64_t Tk, int64_t E, int64_t Ev, bool causal) {
@@ -83,11 +91,7 @@ void check_against_reference(int64_t B, int64_t H, int64_t Tq, int64_t Tk, int64
     sum(y * gout).backward();
     return TensorList{y.detach(), qq.grad(), kk.grad(), vv.grad()};
   };
-  TensorList got = run(true), want = run(false);
-  check_close(got[0], want[0], 1e-4, 1e-5, name.str() + " output");
-  check_close(got[1], want[1], 1e-3, 1e-5, name.str() + " dq");
-  check_close(got[2], want[2], 1e-3, 1e-5, name.str() + " dk");
-  check_close(got[3], want[3], 1e-3, 1e-5, name.str() + " dv");
+  check_fused_against(run(true), run(false), name.str());
 }
 
 // Rotary embedding of x [B, H, T, E] at positions pos0.. in the rotate-half convention, with
@@ -135,11 +139,7 @@ void check_gqa_rope(int64_t B, int64_t H, int64_t Hkv, int64_t T, int64_t E, boo
     sum(y * gout).backward();
     return TensorList{y.detach(), qq.grad(), kk.grad(), vv.grad()};
   };
-  TensorList got = run(true), want = run(false);
-  check_close(got[0], want[0], 1e-4, 1e-5, name.str() + " output");
-  check_close(got[1], want[1], 1e-3, 1e-5, name.str() + " dq");
-  check_close(got[2], want[2], 1e-3, 1e-5, name.str() + " dk");
-  check_close(got[3], want[3], 1e-3, 1e-5, name.str() + " dv");
+  check_fused_against(run(true), run(false), name.str());
 }
 
 }  // namespace

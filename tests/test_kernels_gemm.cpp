@@ -1,6 +1,8 @@
-// Tests for weft's own f32 GEMM kernels (kernels/cpu/sgemm.h) and their run-time choice: every
-// kernel this CPU runs, against a double-precision loop, over shapes with tails on every block
-// edge, all four transposes, strided leading dims, alpha/beta, threads and batched matmul.
+// Tests for weft's own GEMM kernels and their run-time choice: every f32 kernel this CPU runs
+// (kernels/cpu/sgemm.h) and the bf16 one (bgemm.h: bf16 inputs, f32 sums, f32 or bf16 results),
+// against a double-precision loop over the same input values, on shapes with tails on every
+// block edge, all four transposes, strided leading dims, alpha/beta, threads and batched
+// matmul; and bf16's portable path (converted to f32) on CPUs without AVX512_BF16.
 #include <fmt/format.h>
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -11,7 +13,9 @@
 #include <vector>
 
 #include "core/generator.h"
+#include "core/half.h"
 #include "core/tensor.h"
+#include "kernels/cpu/bgemm.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/sgemm.h"
 #include "kernels/linalg.h"
@@ -38,60 +42,95 @@ float next_value(uint64_t& s) {  // uniform in [-1, 1)
   return float(int64_t(s >> 40) - (1 << 23)) / float(1 << 23);
 }
 
-// c = alpha * op(a) op(b) + beta * c by `fn`, where op(x) is x or x stored transposed, every
-// matrix has `pad` unused columns past its width, and c's pad must stay untouched. The
-// tolerance is a float rounding bound for k products: 2^-23 (k + 2) sum |terms|.
-template <class Fn>
+// c = alpha * op(a) op(b) + beta * c by `fn`, a and b of TI (float, or BFloat16: the values
+// rounded to bf16), c of TO, where op(x) is x or x stored transposed, every matrix has `pad`
+// unused columns past its width, and c's pad must stay untouched. The reference is a double
+// loop over the same input values; the tolerance is the f32 summation bound for k products,
+// 2^-23 (k + 2) sum |terms|, plus one bf16 rounding (2^-8 |c|) for a bf16 c: a result that
+// passed through bf16 twice fails.
+template <class TI = float, class TO = float, class Fn>
 void check_gemm(Fn&& fn, int64_t m, int64_t n, int64_t k, bool ta, bool tb, int64_t pad, float alpha, float beta) {
   const int64_t lda = (ta ? m : k) + pad, ldb = (tb ? k : n) + pad, ldc = n + pad;
   uint64_t seed = uint64_t(m * 1000003 + n * 1009 + k);
-  std::vector<float> a((ta ? k : m) * lda), b((tb ? n : k) * ldb), c(m * ldc);
-  for (float& v : a) v = next_value(seed);
-  for (float& v : b) v = next_value(seed);
-  for (float& v : c) v = beta == 0.0f ? NAN : next_value(seed);  // beta == 0 must not read c
-  const std::vector<float> c0 = c;
+  std::vector<TI> a((ta ? k : m) * lda), b((tb ? n : k) * ldb);
+  std::vector<TO> c(m * ldc);
+  for (TI& v : a) v = TI(next_value(seed));
+  for (TI& v : b) v = TI(next_value(seed));
+  for (TO& v : c) v = TO(beta == 0.0f ? NAN : float(TI(next_value(seed))));  // beta == 0 must not read c
+  const std::vector<TO> c0 = c;
   fn(m, n, k, a.data(), ta ? col_major(lda) : row_major(lda), b.data(), tb ? col_major(ldb) : row_major(ldb), c.data(),
      ldc, alpha, beta);
+  constexpr bool c16 = std::is_same_v<TO, BFloat16>;
   int bad = 0;
   std::string report;
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < ldc; ++j) {
-      double got = c[i * ldc + j], want = 0, mag = 0;
+      double got = float(c[i * ldc + j]), want = 0, mag = 0, was = float(c0[i * ldc + j]);
       if (j >= n) {  // padding
-        if (std::isnan(got) && std::isnan(c0[i * ldc + j])) continue;
-        want = c0[i * ldc + j];
+        if (std::isnan(got) && std::isnan(was)) continue;
+        want = was;
       } else {
         for (int64_t p = 0; p < k; ++p) {
-          double t = double(ta ? a[p * lda + i] : a[i * lda + p]) * (tb ? b[j * ldb + p] : b[p * ldb + j]);
+          double t = double(float(ta ? a[p * lda + i] : a[i * lda + p])) * float(tb ? b[j * ldb + p] : b[p * ldb + j]);
           want += t;
           mag += std::abs(t);
         }
-        want = alpha * want + (beta == 0.0f ? 0.0 : beta * double(c0[i * ldc + j]));
-        mag = std::abs(alpha) * mag + (beta == 0.0f ? 0.0 : std::abs(beta * c0[i * ldc + j]));
+        want = alpha * want + (beta == 0.0f ? 0.0 : beta * was);
+        mag = std::abs(alpha) * mag + (beta == 0.0f ? 0.0 : std::abs(beta * was));
       }
-      if (std::abs(got - want) <= std::ldexp(double(k + 2), -23) * mag) continue;
+      double tol = std::ldexp(double(k + 2), -23) * mag;
+      if (c16) tol += std::ldexp(std::abs(want) + tol, -8);
+      if (std::abs(got - want) <= tol) continue;
       if (bad++ < 6) report += fmt::format("  c[{}, {}] = {} want {} (diff {:.3g})\n", i, j, got, want, got - want);
     }
-  INFO(fmt::format("m={} n={} k={} a{} b{} pad={} alpha={} beta={}: {} of {} elements differ\n{}", m, n, k,
-                   ta ? "^T" : "", tb ? "^T" : "", pad, alpha, beta, bad, m * ldc, report));
+  INFO(fmt::format("{} c: m={} n={} k={} a{} b{} pad={} alpha={} beta={}: {} of {} elements differ\n{}",
+                   c16 ? "bf16" : "f32", m, n, k, ta ? "^T" : "", tb ? "^T" : "", pad, alpha, beta, bad, m * ldc,
+                   report));
   CHECK(bad == 0);
 }
 
-// Every (m, n, k) from the tails and block edges below, all transposes, rotating pads and alpha/beta.
-template <class Fn>
-void check_shapes(Fn&& fn) {
-  const int64_t dims[] = {1, 7, 17, 63, 65, 129, 300}, depths[] = {1, 7, 17, 65, 257, 300};
+// each(m, n, k, ta, tb, pad, alpha, beta, i) for every (m, n, k) of dims x dims x depths, all
+// transposes (the shapes past `largest` multiply-adds in one transpose each), rotating pads and
+// alpha/beta; i counts the cases.
+template <class Each>
+void for_shapes(std::initializer_list<int64_t> dims, std::initializer_list<int64_t> depths, int64_t largest,
+                Each&& each) {
   const float alphas[] = {1.0f, -0.5f, 2.0f}, betas[] = {0.0f, 1.0f, 0.25f};
   int i = 0;
   for (int64_t m : dims)
     for (int64_t n : dims)
       for (int64_t k : depths)
         for (int t = 0; t < 4; ++t, ++i)
-          if (m * n * k <= 300 * 129 * 300 || t == i % 4)  // the largest shapes in one transpose each
-            check_gemm(fn, m, n, k, t & 1, t & 2, (i % 3) * 3, alphas[i % 3], betas[(i / 3) % 3]);
+          if (m * n * k <= largest || t == i % 4)
+            each(m, n, k, bool(t & 1), bool(t & 2), int64_t((i % 3) * 3), alphas[i % 3], betas[(i / 3) % 3], i);
+}
+
+// Every f32 shape: the tails and block edges below.
+template <class Fn>
+void check_shapes(Fn&& fn) {
+  for_shapes({1, 7, 17, 63, 65, 129, 300}, {1, 7, 17, 65, 257, 300}, 300 * 129 * 300,
+             [&](int64_t m, int64_t n, int64_t k, bool ta, bool tb, int64_t pad, float alpha, float beta, int) {
+               check_gemm(fn, m, n, k, ta, tb, pad, alpha, beta);
+             });
   check_gemm(fn, 13, 2100, 20, false, true, 1, 1.0f, 0.5f);  // past one NC block of columns
   check_gemm(fn, 2, 3, 600, true, false, 0, 1.0f, 1.0f);     // past one KC block of depth
   check_gemm(fn, 40, 70, 1100, false, true, 2, 0.5f, 0.25f);  // three KC blocks, a tail in each dim
+}
+
+bool bf16_native() {
+  if (bf16_gemm_native()) return true;
+  std::printf("skipping the AVX512_BF16 kernel: this CPU does not have AVX512_BF16 (or avx512 is not the GEMM kernel)\n");
+  return false;
+}
+
+// The bf16 kernel itself, c of TO.
+template <class TO>
+void bgemm_kernel(int64_t m, int64_t n, int64_t k, const BFloat16* a, MatLayout la, const BFloat16* b, MatLayout lb,
+                  TO* c, int64_t ldc, float alpha, float beta) {
+  auto rs = [](MatLayout l) { return l.row_major ? l.ld : 1; };
+  auto cs = [](MatLayout l) { return l.row_major ? 1 : l.ld; };
+  bgemm_avx512bf16(m, n, k, &a->bits, rs(la), cs(la), &b->bits, rs(lb), cs(lb), c, std::is_same_v<TO, BFloat16>, ldc,
+                   alpha, beta);
 }
 
 // Strides of a MatLayout for the ISA functions: (row stride, column stride).
@@ -180,4 +219,73 @@ TEST_CASE("WEFT_CPU_GEMM is honoured by a fresh process") {
     INFO(cmd);
     CHECK(std::system(cmd.c_str()) == 0);
   }
+}
+
+TEST_CASE("the bf16 GEMM kernel matches a double loop on every shape, transpose, stride and output type") {
+  if (!bf16_native()) return;
+  for_shapes({1, 7, 13, 33, 65, 145, 300}, {1, 2, 7, 64, 257, 300}, 145 * 65 * 300,
+             [&](int64_t m, int64_t n, int64_t k, bool ta, bool tb, int64_t pad, float alpha, float beta, int i) {
+               if (i % 2) check_gemm<BFloat16, float>(bgemm_kernel<float>, m, n, k, ta, tb, pad, alpha, beta);
+               else check_gemm<BFloat16, BFloat16>(bgemm_kernel<BFloat16>, m, n, k, ta, tb, pad, alpha, beta);
+             });
+  for (int t = 0; t < 4; ++t) {
+    check_gemm<BFloat16, float>(bgemm_kernel<float>, 13, 1100, 20, t & 1, t & 2, 1, 1.0f, 0.5f);    // past one NC block of columns
+    check_gemm<BFloat16, BFloat16>(bgemm_kernel<BFloat16>, 40, 70, 1101, t & 1, t & 2, 2, 0.5f, 0.25f);  // three KC blocks, odd k
+    check_gemm<BFloat16, float>(bgemm_kernel<float>, 300, 40, 1030, t & 1, t & 2, 0, 1.0f, 1.0f);
+  }
+}
+
+TEST_CASE("the bf16 GEMM entry point splits over threads and gives the kernel's answers") {
+  if (!bf16_native()) return;
+  int threads = get_num_threads();
+  for (int t : {1, 2}) {
+    set_num_threads(t);
+    INFO(t << " threads");
+    check_gemm<BFloat16, float>(gemm_bf16<float>, 300, 129, 300, false, true, 3, 1.0f, 0.0f);
+    check_gemm<BFloat16, BFloat16>(gemm_bf16<BFloat16>, 65, 700, 257, true, false, 0, -0.5f, 1.0f);
+    check_gemm<BFloat16, BFloat16>(gemm_bf16<BFloat16>, 530, 40, 64, false, true, 1, 1.0f, 0.0f);  // slices on 12-row edges
+    check_gemm<BFloat16, float>(gemm_bf16<float>, 40, 600, 64, true, false, 0, 1.0f, 0.5f);        // slices on 32-column edges
+    check_gemm<BFloat16, float>(gemm_bf16<float>, 1, 300, 65, false, false, 2, 2.0f, 0.25f);
+    check_gemm<BFloat16, BFloat16>(gemm_bf16<BFloat16>, 20, 30, 0, false, false, 0, 1.0f, 0.5f);  // k = 0: beta * c
+  }
+  set_num_threads(threads);
+}
+
+// bf16 matmul of tensors, native and portable: the answer is the bf16 inputs' product summed in
+// f32 (within f32 rounding of the double one, plus the result's bf16 rounding), not the f32
+// inputs' product, which differs (by 2^-8 where x = 1 + 2^-8, which bf16 rounds to 1).
+TEST_CASE("bf16 matmul computes the product of the bf16-rounded inputs, with the kernel or through f32") {
+  Generator gen(11);
+  auto check = [](const Tensor& a32, const Tensor& b32) {
+    Tensor a = a32.to(kBFloat16), b = b32.to(kBFloat16);
+    Tensor got = kernels::matmul(a, b);
+    REQUIRE(got.dtype() == kBFloat16);
+    std::vector<double> g = to_vector(got), want = to_vector(kernels::matmul(a.to(kFloat64), b.to(kFloat64)));
+    std::vector<double> f32 = to_vector(kernels::matmul(a32.to(kFloat64), b32.to(kFloat64)));
+    int bad = 0, apart = 0;
+    for (size_t i = 0; i < g.size(); ++i) {
+      if (std::abs(g[i] - want[i]) > 1e-5 * (1 + std::abs(want[i])) + std::ldexp(std::abs(want[i]), -8) && bad++ < 6)
+        FAIL_CHECK(fmt::format("[{}] got {} want {}", i, g[i], want[i]));
+      apart += std::abs(g[i] - f32[i]) > std::ldexp(std::abs(f32[i]), -10);
+    }
+    CHECK(apart > 0);  // the f32 inputs' answer is far from the bf16 inputs' one
+  };
+  auto run = [&] {
+    check(full({64, 96}, 1.0 + std::ldexp(1.0, -8)), randn({96, 40}, {}, &gen));  // x rounds to 1 in bf16
+    check(randn({4, 33, 70}, {}, &gen), randn({45, 70}, {}, &gen).t());               // folded rows, B^T view
+    check(randn({6, 17, 65}, {}, &gen), randn({6, 65, 129}, {}, &gen));               // batch split over threads
+    check(randn({2, 150, 130}, {}, &gen).transpose(-1, -2), randn({2, 150, 170}, {}, &gen));  // a^T views
+  };
+  if (bf16_gemm_native()) {
+    INFO("AVX512_BF16 kernel");
+    run();
+  }
+  SgemmKernel saved = sgemm_kernel();
+  set_sgemm_kernel(SgemmKernel::eigen);
+  CHECK_FALSE(bf16_gemm_native());
+  {
+    INFO("portable path (through f32)");
+    run();
+  }
+  set_sgemm_kernel(saved);
 }

@@ -60,11 +60,8 @@ double median_seconds(int warmup, int reps, const std::function<void()>& fn) {
 // run only where the CPU has it, whatever the build flags, so the peak is the CPU's, not the
 // build's. Counted per thread that actually ran: OpenMP may start fewer than asked.
 #ifdef __x86_64__
-__attribute__((target("avx512f"))) float chains_avx512(int64_t iters) {
-  __m512 acc[12], a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-6f);
-  for (auto& v : acc) v = _mm512_set1_ps(1.0f);
-  for (int64_t i = 0; i < iters; ++i)
-    for (auto& v : acc) v = _mm512_fmadd_ps(v, a, b);
+// The sum of every lane of the 12 chains (kept, so the loops are not optimised away).
+__attribute__((target("avx512f"))) float lane_total(const __m512 (&acc)[12]) {
   alignas(64) float lanes[16];
   float total = 0;
   for (auto& v : acc) {
@@ -72,6 +69,13 @@ __attribute__((target("avx512f"))) float chains_avx512(int64_t iters) {
     for (float l : lanes) total += l;
   }
   return total;
+}
+__attribute__((target("avx512f"))) float chains_avx512(int64_t iters) {
+  __m512 acc[12], a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-6f);
+  for (auto& v : acc) v = _mm512_set1_ps(1.0f);
+  for (int64_t i = 0; i < iters; ++i)
+    for (auto& v : acc) v = _mm512_fmadd_ps(v, a, b);
+  return lane_total(acc);
 }
 __attribute__((target("avx2,fma"))) float chains_avx2(int64_t iters) {
   __m256 acc[12], a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-6f);
@@ -93,13 +97,7 @@ __attribute__((target("avx512f,avx512bf16"))) float chains_avx512bf16(int64_t it
   for (auto& v : acc) v = _mm512_set1_ps(1.0f);
   for (int64_t i = 0; i < iters; ++i)
     for (auto& v : acc) v = _mm512_dpbf16_ps(v, a, a);
-  alignas(64) float lanes[16];
-  float total = 0;
-  for (auto& v : acc) {
-    _mm512_store_ps(lanes, v);
-    for (float l : lanes) total += l;
-  }
-  return total;
+  return lane_total(acc);
 }
 #endif
 

@@ -44,14 +44,11 @@ std::string GPT::extra_repr() const {
 void init_gpt(GPT& model) {
   NoGradGuard no_grad;
   const double residual_std = 0.02 / std::sqrt(2.0 * double(model.cfg.n_layer));
-  auto ends_with = [](const std::string& s, const std::string& suffix) {
-    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-  };
   for (auto& [name, p] : model.named_parameters()) {
     Tensor t = p;
     if (name.find(".ln_") != std::string::npos) continue;  // LayerNorm keeps (1, 0)
-    if (ends_with(name, ".bias")) nn::init::zeros_(t);
-    else if (ends_with(name, "c_proj.weight")) nn::init::normal_(t, 0.0, residual_std);
+    if (name.ends_with(".bias")) nn::init::zeros_(t);
+    else if (name.ends_with("c_proj.weight")) nn::init::normal_(t, 0.0, residual_std);
     else nn::init::normal_(t, 0.0, 0.02);
   }
 }

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -24,6 +25,12 @@ struct HfLayout {
   std::vector<std::string> transposed;  // name suffixes stored [in, out] (GPT-2's Conv1D)
   std::string optional_prefix;          // files may omit it (the original GPT-2 release does)
   std::vector<std::string> ignored;     // suffixes of tensors weft does not keep (buffers)
+
+  static bool any_suffix(const std::string& name, const std::vector<std::string>& suffixes) {
+    return std::any_of(suffixes.begin(), suffixes.end(), [&](const std::string& s) { return name.ends_with(s); });
+  }
+  bool is_transposed(const std::string& name) const { return any_suffix(name, transposed); }
+  bool is_ignored(const std::string& name) const { return any_suffix(name, ignored); }
 };
 
 const HfLayout kGpt2{"gpt2",
@@ -34,10 +41,6 @@ const HfLayout kGpt2{"gpt2",
 const HfLayout kLlama{"llama", "LlamaForCausalLM", {}, "", {"rotary_emb.inv_freq"}};
 
 const HfLayout& layout_of(const ModelConfig& cfg) { return cfg.arch == "llama" ? kLlama : kGpt2; }
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 // ---- config.json
 
@@ -194,24 +197,19 @@ void load_hf_checkpoint(const std::string& dir, const LanguageModel& model, cons
   const std::map<std::string, std::string> files = weight_files(dir);
   fsdp::ExternalNames names;
   std::set<std::string> used;
-  std::set<TensorImpl*> seen;
-  for (auto& [name, p] : model.module->named_parameters()) {
-    if (!seen.insert(p.impl()).second) continue;
+  for (auto& [name, p] : model.module->named_parameters()) {  // a tied tensor once, under its first name
     std::string hf = name;
     if (!files.count(hf) && !layout.optional_prefix.empty() && name.rfind(layout.optional_prefix, 0) == 0)
       hf = name.substr(layout.optional_prefix.size());
     auto it = files.find(hf);
     WEFT_CHECK(it != files.end(), "transformer: {} has no weights for \"{}\" (a {} model of this config needs them)",
                dir, name, layout.model_type);
-    bool transposed = false;
-    for (const std::string& s : layout.transposed) transposed = transposed || ends_with(name, s);
-    names[name] = {it->second, hf, transposed};
+    names[name] = {it->second, hf, layout.is_transposed(name)};
     used.insert(hf);
   }
   for (const auto& [hf, file] : files) {
     if (used.count(hf)) continue;
-    bool ignored = model.cfg.tie_weights && hf == kHeadName;  // a tied head saved anyway
-    for (const std::string& s : layout.ignored) ignored = ignored || ends_with(hf, s);
+    const bool ignored = (model.cfg.tie_weights && hf == kHeadName) || layout.is_ignored(hf);  // a tied head saved anyway
     WEFT_CHECK(ignored, "transformer: {} holds \"{}\" ({}), which a {} model of this config does not have", dir, hf,
                file, layout.model_type);
   }
@@ -226,13 +224,9 @@ void export_hf_checkpoint(const LanguageModel& model, const std::string& out, in
   const HfLayout& layout = layout_of(c);
   // The tensors, in the model's order, each as Hugging Face stores it.
   NamedTensors tensors;
-  std::set<TensorImpl*> seen;
   for (auto& [name, p] : model.module->named_parameters()) {
-    if (!seen.insert(p.impl()).second) continue;
-    bool transposed = false;
-    for (const std::string& s : layout.transposed) transposed = transposed || ends_with(name, s);
     Tensor t = p.detach().to(kCPU);
-    tensors.emplace_back(name, transposed ? t.transpose(0, 1).contiguous() : t.contiguous());
+    tensors.emplace_back(name, layout.is_transposed(name) ? t.transpose(0, 1).contiguous() : t.contiguous());
   }
   // Shards of at most max_shard_bytes (a larger tensor alone in its shard).
   std::vector<NamedTensors> shards(1);
