@@ -1,5 +1,6 @@
 // weft: the umbrella header — tensors, autograd, nn, dist and fsdp in one include.
 #pragma once
+#include "autograd/autocast.h"
 #include "autograd/engine.h"
 #include "autograd/function.h"
 #include "autograd/gradcheck.h"

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 
+#include "autograd/autocast.h"
 #include "autograd/ops.h"
 #include "kernels/attention.h"
 
@@ -60,10 +61,11 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
       q, k, v, AttentionOptions{.causal = causal, .dropout_p = dropout_p, .training = training, .gen = gen});
 }
 
-Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o) {
+Tensor scaled_dot_product_attention(const Tensor& q_, const Tensor& k_, const Tensor& v_, const AttentionOptions& o) {
   const char* op = "scaled_dot_product_attention";
   check_dropout(o.dropout_p, op);
-  WEFT_CHECK(q.defined() && k.defined() && v.defined(), "{}: query, key and value must be defined tensors", op);
+  WEFT_CHECK(q_.defined() && k_.defined() && v_.defined(), "{}: query, key and value must be defined tensors", op);
+  const Tensor q = autocast_input(q_), k = autocast_input(k_), v = autocast_input(v_);
   kernels::check_attention(op, q, k, v, o.causal, o.rope);
   if (o.training && o.dropout_p > 0) return composite_attention(q, k, v, o.causal, o.dropout_p, o.gen, o.rope);
   const double scale = default_scale(q);
@@ -93,12 +95,13 @@ Tensor rotary_embedding(const Tensor& x, double theta, int64_t pos0) {
   return cat({x1 * c - x2 * s, x2 * c + x1 * s}, -1);
 }
 
-Tensor scaled_dot_product_attention_qkv(const Tensor& qkv, int64_t n_head, bool causal, double dropout_p,
+Tensor scaled_dot_product_attention_qkv(const Tensor& qkv_, int64_t n_head, bool causal, double dropout_p,
                                         bool training, Generator* gen) {
   const char* op = "scaled_dot_product_attention_qkv";
   check_dropout(dropout_p, op);
-  WEFT_CHECK(qkv.defined() && qkv.dim() == 3, "{}: qkv must be [batch, seq, 3 * d_model], got {}", op,
-             qkv.defined() ? tensor_desc(qkv) : std::string("undefined"));
+  WEFT_CHECK(qkv_.defined() && qkv_.dim() == 3, "{}: qkv must be [batch, seq, 3 * d_model], got {}", op,
+             qkv_.defined() ? tensor_desc(qkv_) : std::string("undefined"));
+  const Tensor qkv = autocast_input(qkv_);
   WEFT_CHECK(n_head > 0 && qkv.size(2) % (3 * n_head) == 0,
              "{}: the last dim of qkv {} must split into 3 x n_head {} equal heads", op, tensor_desc(qkv), n_head);
   const int64_t B = qkv.size(0), T = qkv.size(1), d = qkv.size(2) / 3, hd = d / n_head;

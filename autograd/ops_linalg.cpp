@@ -1,6 +1,7 @@
 // autograd: matmul and linear with their gradients. Batched operands against a 2-D weight
 // fold the batch into rows, so the weight gradient is one GEMM rather than a batched GEMM
 // followed by a sum.
+#include "autograd/autocast.h"
 #include "autograd/ops.h"
 #include "kernels/elementwise.h"
 #include "kernels/linalg.h"
@@ -35,7 +36,8 @@ std::pair<Tensor, Tensor> matmul_grads(const Tensor& g, const Tensor& a, const T
 
 }  // namespace
 
-Tensor matmul(const Tensor& a, const Tensor& b) {
+Tensor matmul(const Tensor& a_, const Tensor& b_) {
+  const Tensor a = autocast_input(a_), b = autocast_input(b_);
   Tensor out = k::matmul(a, b);
   if (needs_grad({&a, &b})) {
     record("MatmulBackward", {a, b}, {out},
@@ -60,6 +62,9 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   return out;
 }
 
+// Under autocast the product runs on 16-bit copies of x and the weight (kept for the
+// backward, half the f32 activation), and the input gradients are computed from them straight
+// into x's and the weight's own dtypes (f32 sums, not rounded to 16 bits).
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   WEFT_CHECK(weight.dim() == 2, "linear: weight must be 2-D [out, in], got {}", tensor_desc(weight));
   WEFT_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1),
@@ -69,14 +74,15 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
              "linear: bias {} does not match weight {} (expected [{}])", tensor_desc(bias),
              tensor_desc(weight), weight.size(0));
   int64_t in = weight.size(1), out_f = weight.size(0);
-  Tensor x2 = x.detach().reshape({-1, in});
+  Tensor x2 = autocast_input(x.detach().reshape({-1, in})), w = autocast_input(weight.detach());
+  const DType dt = x2.dtype();
   Tensor y2;
   if (bias.defined()) {
-    y2 = empty({x2.size(0), out_f}, {.dtype = x.dtype(), .device = x.device()});
+    y2 = empty({x2.size(0), out_f}, {.dtype = dt, .device = x.device()});
     y2.copy_(bias.detach());
-    k::gemm(x2, false, weight.detach(), true, y2, 1.0, 1.0);
+    k::gemm(x2, false, w, true, y2, 1.0, 1.0);
   } else {
-    y2 = k::matmul(x2, weight.detach().t());
+    y2 = k::matmul(x2, w.t());
   }
   Shape out_shape = x.shape();
   out_shape.back() = out_f;
@@ -85,13 +91,19 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     TensorList inputs{x, weight};
     if (bias.defined()) inputs.push_back(bias);
     record("LinearBackward", inputs, {y},
-           [x2, w = weight.detach(), x_shape = x.shape(), rx = x.requires_grad(), rw = weight.requires_grad(),
+           [x2, w, x_shape = x.shape(), x_dtype = x.dtype(), w_dtype = weight.dtype(),
+            b_dtype = bias.defined() ? bias.dtype() : dt, rx = x.requires_grad(), rw = weight.requires_grad(),
             rb = bias.defined() && bias.requires_grad(), has_bias = bias.defined()](const TensorList& g) -> TensorList {
              Tensor g2 = g[0].reshape({-1, w.size(0)});
              TensorList r(has_bias ? 3 : 2);
-             if (rx) r[0] = k::matmul(g2, w).view(x_shape);
-             if (rw) r[1] = k::matmul(g2.t(), x2);
-             if (rb) r[2] = k::reduce(k::ReduceOp::sum, g2, {0}, false);
+             auto product = [](const Tensor& a, bool ta, const Tensor& b, DType out_dtype) {
+               Tensor out = empty({a.size(ta ? 1 : 0), b.size(1)}, {.dtype = out_dtype, .device = a.device()});
+               k::gemm(a, ta, b, false, out);
+               return out;
+             };
+             if (rx) r[0] = product(g2, false, w, x_dtype).view(x_shape);
+             if (rw) r[1] = product(g2, true, x2, w_dtype);
+             if (rb) r[2] = k::reduce(k::ReduceOp::sum, g2, {0}, false).to(b_dtype);
              return r;
            });
   }

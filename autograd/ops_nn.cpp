@@ -1,5 +1,6 @@
 // autograd: neural-network functions (softmax family, layer norm, indexing, losses,
 // concatenation, dropout, convolution, pooling) over the fused kernels in kernels/nn.h.
+#include "autograd/autocast.h"
 #include "autograd/ops.h"
 #include "kernels/elementwise.h"
 #include "kernels/nn.h"
@@ -134,7 +135,11 @@ static k::Reduction parse_reduction(std::string_view r, const char* op) {
   WEFT_ERROR("{}: reduction must be \"mean\", \"sum\" or \"none\", got \"{}\"", op, r);
 }
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntropyOptions& opts) {
+Tensor cross_entropy(const Tensor& logits_, const Tensor& target, const CrossEntropyOptions& opts) {
+  // Under autocast the loss is one of the ops computed in f32.
+  const bool widen = autocast_dtype() && logits_.defined() &&
+                     (logits_.dtype() == DType::bf16 || logits_.dtype() == DType::f16);
+  const Tensor logits = widen ? logits_.to(kFloat32) : logits_;
   k::Reduction red = parse_reduction(opts.reduction, "cross_entropy");
   auto [loss, log_probs] = k::cross_entropy(logits.detach(), target, opts.ignore_index, opts.label_smoothing, red);
   if (needs_grad({&logits})) {
@@ -186,7 +191,8 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
   return y;
 }
 
-Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t stride, int64_t padding) {
+Tensor conv2d(const Tensor& x_, const Tensor& weight_, const Tensor& bias_, int64_t stride, int64_t padding) {
+  const Tensor x = autocast_input(x_), weight = autocast_input(weight_), bias = autocast_input(bias_);
   WEFT_CHECK(stride >= 1 && padding >= 0, "conv2d: stride must be >= 1 and padding >= 0, got {} and {}",
              stride, padding);
   k::Conv2dParams p{stride, stride, padding, padding};

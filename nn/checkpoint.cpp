@@ -1,5 +1,6 @@
 #include "nn/checkpoint.h"
 
+#include "autograd/autocast.h"
 #include "autograd/engine.h"
 #include "autograd/function.h"
 #include "core/generator.h"
@@ -15,6 +16,7 @@ class CheckpointFunction : public autograd::Function {
 
   TensorList forward(autograd::FunctionCtx& ctx, const TensorList& inputs) override {
     rng_ = default_generator().state();
+    autocast_ = autocast_dtype();
     ctx.save_for_backward(inputs);
     return fn_(inputs);  // Function::run records nothing inside forward
   }
@@ -35,6 +37,9 @@ class CheckpointFunction : public autograd::Function {
         Generator::State state;
         ~Restore() { default_generator().set_state(state); }
       } restore{now};
+      // The recompute runs under the autocast state of the first forward (backward may run
+      // outside the user's AutocastGuard).
+      AutocastGuard autocast(autocast_.value_or(DType::bf16), autocast_.has_value());
       bool prev = GradMode::is_enabled();
       GradMode::set_enabled(true);
       try {
@@ -63,6 +68,7 @@ class CheckpointFunction : public autograd::Function {
  private:
   CheckpointFn fn_;
   Generator::State rng_;
+  std::optional<DType> autocast_;
 };
 
 }  // namespace

@@ -48,6 +48,7 @@ struct Options {
   std::string data = apps::kDefaultMnistDir;
   int64_t log_every = 50;
   bool fsdp = false;
+  std::string mixed_precision = "none";
   std::string device = "cpu";
   std::string on_nan = "error";
   int64_t max_skipped = 5;  // --on-nan skip: give up after this many skipped steps in a row
@@ -76,6 +77,7 @@ dist::ConfigSettings shared_settings(const Options& o) {
           {"--data", o.data},
           {"--log-every", fmt::format("{}", o.log_every)},
           {"--fsdp", o.fsdp ? "true" : "false"},
+          {"--mixed-precision", o.mixed_precision},
           {"--on-nan", o.on_nan},
           {"--max-skipped-steps", fmt::format("{}", o.max_skipped)},
           {"--plan", o.plan.wanted() ? "true" : "false"},
@@ -100,8 +102,13 @@ std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch) {
   return idx;
 }
 
+// --mixed-precision bf16 without --fsdp is autocast around each forward and loss (with
+// --fsdp it is the layers' MixedPrecisionPolicy, shard_model below).
+bool autocast_on(const Options& o) { return o.mixed_precision == "bf16" && !o.fsdp; }
+
 // The summed loss and the number of right answers of one evaluation batch.
-std::pair<Tensor, Tensor> eval_batch(nn::Module& model, const Tensor& x, const Tensor& y) {
+std::pair<Tensor, Tensor> eval_batch(nn::Module& model, const Tensor& x, const Tensor& y, bool autocast) {
+  AutocastGuard bf16(DType::bf16, autocast);
   Tensor logits = model(x);
   return {cross_entropy(logits, y, {.reduction = "sum"}), sum(eq(argmax(logits, 1), y))};
 }
@@ -110,7 +117,8 @@ std::pair<Tensor, Tensor> eval_batch(nn::Module& model, const Tensor& x, const T
 // forward gathers the parameters and, without gradients, frees them again) and the sums are
 // all-reduced; a batch smaller than the world is evaluated whole on every rank and counted
 // once, so every rank runs the same forwards.
-std::pair<double, double> evaluate(nn::Module& model, const apps::MnistSplit& split, const Ranks& ranks, Device device) {
+std::pair<double, double> evaluate(nn::Module& model, const apps::MnistSplit& split, const Ranks& ranks, Device device,
+                                   bool autocast) {
   NoGradGuard no_grad;
   model.eval();
   int64_t n = split.images.size(0);
@@ -124,7 +132,7 @@ std::pair<double, double> evaluate(nn::Module& model, const apps::MnistSplit& sp
     int64_t hi = split_batch ? m * (ranks.rank + 1) / ranks.world : m;
     auto [x_host, y_host] = apps::mnist_batch(split, all, b + lo, hi - lo);
     Tensor x = x_host.to(device), y = y_host.to(device);
-    auto [batch_loss, batch_correct] = eval_batch(model, x, y);
+    auto [batch_loss, batch_correct] = eval_batch(model, x, y, autocast);
     if (!split_batch && !ranks.lead()) continue;
     loss_sum += batch_loss.item();
     correct += double(int64_t(batch_correct.item()));
@@ -198,10 +206,13 @@ std::string checkpoint_to_load(const Options& o, const std::map<std::string, std
 // conv2, fc1, fc2 of the CNN), then on the root: one all-gather and one reduce-scatter per layer.
 // The model is on the meta device: its shards are allocated and initialised on `device`'s mesh.
 // A memory plan passes its fake `mesh` and each layer's reshard_after_forward (`per_layer`).
-fsdp::FSDPModule shard_model(const nn::ModulePtr& model, Device device,
+// --mixed-precision bf16 gathers bf16 parameters, computes in bf16 and reduces gradients in f32;
+// the root's output (the logits) comes back in f32 for the loss.
+fsdp::FSDPModule shard_model(const nn::ModulePtr& model, Device device, const Options& o,
                              const std::shared_ptr<dist::DeviceMesh>& mesh = nullptr,
                              const std::vector<bool>& per_layer = {}) {
-  const fsdp::FullyShardOptions opts{.mesh = mesh ? mesh : dist::default_mesh(device.type)};
+  fsdp::FullyShardOptions opts{.mesh = mesh ? mesh : dist::default_mesh(device.type)};
+  if (o.mixed_precision == "bf16") opts.mp_policy = {.param_dtype = DType::bf16, .reduce_dtype = kFloat32};
   size_t i = 0;
   for (auto& [name, child] : model->named_children())
     if (!child->parameters().empty()) {
@@ -209,14 +220,19 @@ fsdp::FSDPModule shard_model(const nn::ModulePtr& model, Device device,
       if (!per_layer.empty()) layer.reshard_after_forward = bool(per_layer[i++]);
       fsdp::fully_shard(child, layer);
     }
+  if (o.mixed_precision == "bf16") opts.mp_policy.output_dtype = kFloat32;
   return fsdp::fully_shard(model, opts);
 }
 
 // One training step on a batch: the loss, its gradients (the optimizer steps after the caller
 // has checked the loss).
-Tensor forward_backward(nn::Module& model, nn::Optimizer& opt, const Tensor& x, const Tensor& y) {
+Tensor forward_backward(nn::Module& model, nn::Optimizer& opt, const Tensor& x, const Tensor& y, bool autocast) {
   opt.zero_grad();
-  Tensor loss = cross_entropy(model(x), y);
+  Tensor loss;
+  {
+    AutocastGuard bf16(DType::bf16, autocast);
+    loss = cross_entropy(model(x), y);
+  }
   loss.backward();
   return loss;
 }
@@ -236,16 +252,16 @@ fsdp::MemoryPlanRequest plan_request(const Options& o, bool fsdp, int64_t rows, 
   r.setup = [o, rows, cols](const fsdp::PlanSettings& s, const std::shared_ptr<dist::DeviceMesh>& mesh) -> fsdp::TrainingStep {
     manual_seed(o.seed);
     nn::ModulePtr model = apps::make_mnist_model(o.model, rows, cols);
-    if (mesh) shard_model(model, Device::meta(), mesh, s.reshard_after_forward);
+    if (mesh) shard_model(model, Device::meta(), o, mesh, s.reshard_after_forward);
     std::shared_ptr<nn::Optimizer> opt = make_optimizer(o, model->parameters());
     const int64_t world = mesh ? mesh->size(0) : 1, batch = o.batch_size / world;
     const int64_t eval_rows = 1000 >= world ? 1000 / world + (1000 % world ? 1 : 0) : 1000;
-    return [model, opt, batch, eval_rows, pixels = rows * cols] {
-      forward_backward(*model, *opt, empty({batch, pixels}), empty({batch}, {.dtype = kInt64}));
+    return [model, opt, batch, eval_rows, pixels = rows * cols, autocast = autocast_on(o)] {
+      forward_backward(*model, *opt, empty({batch, pixels}), empty({batch}, {.dtype = kInt64}), autocast);
       opt->step();
       NoGradGuard no_grad;  // an evaluation batch, as after each epoch of run()
       model->eval();
-      eval_batch(*model, empty({eval_rows, pixels}), empty({eval_rows}, {.dtype = kInt64}));
+      eval_batch(*model, empty({eval_rows, pixels}), empty({eval_rows}, {.dtype = kInt64}), autocast);
       model->train();
     };
   };
@@ -311,7 +327,7 @@ int run(const Options& o, const Ranks& ranks) {
   };
   const int64_t n_params = count_params();
   std::optional<fsdp::FSDPModule> root;
-  if (ranks.fsdp) root = shard_model(model, device, nullptr, per_layer);
+  if (ranks.fsdp) root = shard_model(model, device, o, nullptr, per_layer);
   auto opt = make_optimizer(o, model->parameters());  // after sharding: steps this rank's shards
   int64_t step = 0;
   if (!resume_from.empty()) {
@@ -383,7 +399,7 @@ int run(const Options& o, const Ranks& ranks) {
       // FSDP averages the gradients over ranks, which is the gradient of the global batch.
       auto [x_host, y_host] = apps::mnist_batch(data.train, order, i * o.batch_size + ranks.rank * local_batch, local_batch);
       Tensor x = x_host.to(device), y = y_host.to(device);
-      Tensor loss = forward_backward(*model, *opt, x, y);
+      Tensor loss = forward_backward(*model, *opt, x, y, autocast_on(o));
       // The global batch's mean loss, and whether any rank was asked to stop: the same values on
       // every rank, so all decide alike.
       const apps::StepEnd end = apps::end_step(loss.item(), ranks);
@@ -420,7 +436,7 @@ int run(const Options& o, const Ranks& ranks) {
       }
     }
     if (progress) progress->finish(fmt::format("loss {:.4f}", loss_v));
-    auto [test_loss, acc] = evaluate(*model, data.test, ranks, device);
+    auto [test_loss, acc] = evaluate(*model, data.test, ranks, device, autocast_on(o));
     if (ranks.lead()) {
       std::fprintf(stderr, "epoch %lld: test loss %.4f, test accuracy %.2f%%\n", (long long)(epoch + 1), test_loss,
                    100 * acc);
@@ -480,6 +496,10 @@ int main(int argc, char** argv) {
                           ->capture_default_str();
   apps::add_plan_flags(app, o.plan);
   app.add_flag("--fsdp", o.fsdp, "shard the model over the ranks of mpirun with fsdp::fully_shard (see below)");
+  app.add_option("--mixed-precision", o.mixed_precision,
+                 "bf16: products (linear, conv) in bf16 with f32 master weights: autocast, or under --fsdp "
+                 "bf16 parameters gathered and gradients reduced in f32; none keeps f32")
+      ->check(CLI::IsMember({"bf16", "none"}))->capture_default_str();
   app.footer(
       "Sharded training (--fsdp): mpirun -np N --oversubscribe --bind-to none weft-mnist --fsdp ...\n"
       "  Each layer (fc1, fc2, fc3 / conv1, conv2, fc1, fc2) is one FSDP group, then the root; each rank\n"

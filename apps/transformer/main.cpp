@@ -59,6 +59,7 @@ struct TrainOptions {
   bool fsdp = false;
   bool activation_checkpointing = false;
   std::string reshard_after_forward = "true", mixed_precision = "none";
+  bool autocast() const { return mixed_precision == "bf16" && !fsdp; }  // else FSDP's policy, if any
   std::string sharding_strategy = "FULL_SHARD";
   std::string device = "cpu";
   std::string on_nan = "error";
@@ -252,9 +253,13 @@ std::vector<std::string> decayed_names(const nn::Module& model) {
 }
 
 // Forward and backward of one micro-batch (the gradient of the loss / grad_accum); the loss.
+// --mixed-precision bf16 without --fsdp runs the forward and the loss under autocast.
 Tensor forward_backward(nn::Module& model, const Tensor& x, const Tensor& y, const TrainOptions& o) {
-  Tensor logits = model(x);
-  Tensor loss = cross_entropy(logits.view({-1, o.model.vocab_size}), y.view({-1}));
+  Tensor loss;
+  {
+    AutocastGuard bf16(DType::bf16, o.autocast());
+    loss = cross_entropy(model(x).view({-1, o.model.vocab_size}), y.view({-1}));
+  }
   (o.grad_accum > 1 ? loss * (1.0 / double(o.grad_accum)) : loss).backward();
   return loss;
 }
@@ -288,6 +293,7 @@ fsdp::MemoryPlanRequest plan_request(const TrainOptions& o, bool fsdp) {
       if (o.clip > 0) nn::clip_grad_norm_(model->parameters(), o.clip);
       opt->step();
       NoGradGuard no_grad;  // an evaluation batch, as between the steps of train()
+      AutocastGuard bf16(DType::bf16, o.autocast());
       model->eval();
       Tensor x = tokens(), y = tokens();
       cross_entropy((*model)(x).view({-1, vocab}), y.view({-1}));
@@ -303,6 +309,7 @@ fsdp::MemoryPlanRequest plan_request(const TrainOptions& o, bool fsdp) {
 double evaluate(nn::Module& model, const apps::TextData& data, const TrainOptions& o, const Ranks& ranks,
                 Device device) {
   NoGradGuard no_grad;
+  AutocastGuard bf16(DType::bf16, o.autocast());
   model.eval();
   const int64_t lo = o.batch_size * ranks.rank / ranks.world, hi = o.batch_size * (ranks.rank + 1) / ranks.world;
   double total = 0;
@@ -351,10 +358,8 @@ int train(TrainOptions o, const Ranks& ranks) {
     WEFT_CHECK(o.batch_size % ranks.world == 0,
                "transformer: --batch-size {} does not split evenly over {} ranks: it is the global batch and each "
                "rank takes an equal slice, so use a multiple of {}", o.batch_size, ranks.world, ranks.world);
-    WEFT_CHECK(ranks.fsdp || (o.mixed_precision == "none" && o.reshard_after_forward == "true" &&
-                              o.sharding_strategy == "FULL_SHARD"),
-               "transformer: --mixed-precision, --reshard-after-forward and --sharding-strategy are FSDP options: "
-               "add --fsdp");
+    WEFT_CHECK(ranks.fsdp || (o.reshard_after_forward == "true" && o.sharding_strategy == "FULL_SHARD"),
+               "transformer: --reshard-after-forward and --sharding-strategy are FSDP options: add --fsdp");
     WEFT_CHECK(o.sharding_strategy == "FULL_SHARD" || o.reshard_after_forward == "true",
                "transformer: --reshard-after-forward applies to --sharding-strategy FULL_SHARD only ({} decides it)",
                o.sharding_strategy);
@@ -791,7 +796,8 @@ int main(int argc, char** argv) {
                  "model; gradients all-reduced, as DDP)")
       ->check(CLI::IsMember({"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"}))->capture_default_str();
   tr->add_option("--mixed-precision", t.mixed_precision,
-                 "under --fsdp: bf16 gathers and computes in bf16, reduces gradients in f32; none keeps f32")
+                 "bf16: linear layers and attention in bf16 with f32 master weights (autocast; under --fsdp: "
+                 "bf16 parameters gathered, gradients reduced in f32); none keeps f32")
       ->check(CLI::IsMember({"bf16", "none"}))->capture_default_str();
   tr->add_option("--on-nan", t.on_nan, "when the loss is NaN or infinite: error (stop), skip (drop that step's "
                  "update) or ignore (train on)")->check(CLI::IsMember({"error", "skip", "ignore"}))->capture_default_str();

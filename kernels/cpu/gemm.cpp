@@ -385,12 +385,15 @@ void dot(const Tensor& a, const Tensor& b, const Tensor& out) {
 }
 
 void gemm(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta) {
-  if (out.dtype() == DType::bf16 && bf16_gemm_native()) {
+  if (a.dtype() == DType::bf16 && bf16_gemm_native()) {
     Tensor A = with_layout(a), B = with_layout(b);
-    return gemm_bf16<BFloat16>(A.size(0), B.size(1), A.size(1), A.data<BFloat16>(), mat_layout(A),
-                               B.data<BFloat16>(), mat_layout(B), out.data<BFloat16>(), out.size(1), float(alpha),
-                               float(beta));
+    auto run = [&]<typename TO>(TO* c) {
+      gemm_bf16<TO>(A.size(0), B.size(1), A.size(1), A.data<BFloat16>(), mat_layout(A), B.data<BFloat16>(),
+                    mat_layout(B), c, out.size(1), float(alpha), float(beta));
+    };
+    return out.dtype() == DType::bf16 ? run(out.data<BFloat16>()) : run(out.data<float>());
   }
+  if (is_16bit(a.dtype()) && out.dtype() == DType::f32) return gemm(a.to(DType::f32), b.to(DType::f32), out, alpha, beta);
   if (is_16bit(out.dtype())) {
     Tensor out32 = out.to(DType::f32);
     gemm(a.to(DType::f32), b.to(DType::f32), out32, alpha, beta);

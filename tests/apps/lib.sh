@@ -9,3 +9,8 @@ within() {
   awk -v a="$1" -v b="$2" -v r="$3" -v t="$4" 'BEGIN { d = a - b; if (d < 0) d = -d; m = b < 0 ? -b : b
                                                        exit !(a != "" && d <= r * m + t) }' || fail "$5: got $1, expected $2"
 }
+# differs GOT WANT RTOL WHAT: |GOT - WANT| > RTOL |WANT| (a change the test must be able to see); else fail.
+differs() {
+  awk -v a="$1" -v b="$2" -v r="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; m = b < 0 ? -b : b
+                                             exit !(a != "" && d > r * m) }' || fail "$4: got $1, the same as $2"
+}

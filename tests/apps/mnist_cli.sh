@@ -37,6 +37,16 @@ a20=$(loss_at "$tmp/a.jsonl" 20); b20=$(loss_at "$tmp/b.jsonl" 20)
 a30=$(loss_at "$tmp/a.jsonl" 30); b30=$(loss_at "$tmp/b.jsonl" 30)
 [ -n "$a30" ] && [ "$a20" = "$b20" ] && [ "$a30" = "$b30" ] ||
   fail "resumed run differs: step 20 $a20 vs $b20, step 30 $a30 vs $b30"
+# --mixed-precision bf16 (autocast: the linear and conv layers in bf16), MLP and CNN: close to
+# f32, and measurably not f32.
+for model in mlp cnn; do
+  "$exe" "${common[@]}" --model $model --steps 10 --log-every 10 --metrics "$tmp/f_$model.jsonl" >/dev/null 2>&1
+  "$exe" "${common[@]}" --model $model --steps 10 --log-every 10 --metrics "$tmp/bf_$model.jsonl" \
+    --mixed-precision bf16 >/dev/null 2>"$tmp/err" || fail "--mixed-precision bf16 --model $model: $(cat "$tmp/err")"
+  f10=$(loss_at "$tmp/f_$model.jsonl" 10); bf10=$(loss_at "$tmp/bf_$model.jsonl" 10)
+  within "$bf10" "$f10" 0.02 0 "$model bf16 step-10 loss is not within 2% of f32's"
+  differs "$bf10" "$f10" 1e-6 "$model bf16 step-10 loss"
+done
 # A checkpoint of another model is refused with a clear message.
 if "$exe" --model cnn --load "$tmp/ck" --steps 1 2>"$tmp/err"; then fail "cnn loaded an mlp checkpoint"; fi
 grep -q "mlp model" "$tmp/err" || fail "model mismatch not explained: $(cat "$tmp/err")"

@@ -50,6 +50,13 @@ for f in np2 np4 resumed4 resumed1; do
   within "$(accuracy_of "$tmp/$f.jsonl")" "$acc1" 0 1.00001e-4 "test accuracy ($f)"
 done
 
+# --mixed-precision bf16 under --fsdp (bf16 parameters gathered, f32 gradients reduced): close
+# to f32, and measurably not f32.
+run "${launch[@]}" -np 2 "$mnist" --fsdp "${common[@]}" --mixed-precision bf16 --metrics "$tmp/bf.jsonl" >/dev/null \
+  2>"$tmp/err" || fail "--fsdp --mixed-precision bf16: $(cat "$tmp/err")"
+within "$(loss_at "$tmp/bf.jsonl" 20)" "$(loss_at "$tmp/np1.jsonl" 20)" 0.02 0 "--fsdp bf16 step-20 loss"
+differs "$(loss_at "$tmp/bf.jsonl" 20)" "$(loss_at "$tmp/np1.jsonl" 20)" 1e-6 "--fsdp bf16 step-20 loss"
+
 # A global batch that 2 ranks cannot split: every rank says why, and the job fails.
 if run "${launch[@]}" -np 2 "$mnist" --fsdp --batch-size 63 --steps 1 >/dev/null 2>"$tmp/err"; then
   fail "--batch-size 63 at 2 ranks accepted"

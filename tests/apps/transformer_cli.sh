@@ -56,6 +56,17 @@ awk -v l="$a30" 'BEGIN { exit !(l < 4.7) }' || fail "step-30 loss $a30 is not cl
 awk -v l="$v30" 'BEGIN { exit !(l < 4.2) }' || fail "step-30 validation loss $v30 is not clearly below 5.5"
 [ -n "$b30" ] && [ "$a30" = "$b30" ] || fail "resumed run's step-30 loss $b30 differs from $a30"
 
+# --mixed-precision bf16 in one process (autocast): close to f32, and not f32 (bf16 products
+# change the loss by more than f32 rounding does: 1e-6), also with the blocks recomputed in backward.
+for extra in "" --activation-checkpointing; do
+  "$exe" train "${cfg[@]}" --metrics "$tmp/bf.jsonl" --stop-after 10 --mixed-precision bf16 $extra >/dev/null \
+      2>"$tmp/bf.err" || fail "--mixed-precision bf16 $extra failed: $(cat "$tmp/bf.err")"
+  bf10=$(loss_at "$tmp/bf.jsonl" 10)
+  within "$bf10" "$a10" 0.02 0 "bf16 $extra step-10 loss is not within 2% of f32's"
+  differs "$bf10" "$a10" 1e-6 "bf16 $extra step-10 loss"
+  rm "$tmp/bf.jsonl"
+done
+
 # --activation-checkpointing: the same losses, less memory at the step's peak.
 "$exe" train "${cfg[@]}" --metrics "$tmp/ac.jsonl" --stop-after 10 --activation-checkpointing >/dev/null 2>"$tmp/ac.err" ||
   fail "--activation-checkpointing run failed: $(cat "$tmp/ac.err")"
@@ -102,6 +113,7 @@ if [ -n "$mpirun" ]; then
     fail "--mixed-precision bf16 run failed: $(cat "$tmp/mp.err")"
   mp10=$(loss_at "$tmp/mp.jsonl" 10)
   within "$mp10" "$a10" 0.02 0 "bf16 step-10 loss $mp10 is not within 2% of f32's $a10"
+  differs "$mp10" "$a10" 1e-6 "2-rank --fsdp bf16 step-10 loss"
   "$mpirun" -np 2 "${mpirun_args[@]}" "$exe" train --fsdp "${cfg[@]}" --metrics "$tmp/fac.jsonl" --stop-after 10 \
       --activation-checkpointing >/dev/null 2>"$tmp/fac.err" || fail "--fsdp --activation-checkpointing failed: $(cat "$tmp/fac.err")"
   fac10=$(loss_at "$tmp/fac.jsonl" 10)

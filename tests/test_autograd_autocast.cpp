@@ -1,0 +1,161 @@
+// autocast (autograd/autocast.h): products compute from bf16 operands and return bf16, their
+// gradients reach f32 inputs and master weights in f32 (computed from the bf16 operands), the
+// loss and norms stay f32, and a checkpointed recompute runs under its forward's policy. Each
+// check compares against a double loop over the bf16-rounded values, and confirms the f32
+// answer is measurably different, so a policy that silently computes in f32 fails.
+#include <cmath>
+
+#include "autograd/autocast.h"
+#include "autograd/ops.h"
+#include "core/generator.h"
+#include "nn/checkpoint.h"
+#include "test_util.h"
+
+using namespace weft;
+
+namespace {
+
+double bf16_round(double v) { return double(float(BFloat16(float(v)))); }
+
+// c[i, j] = sum_p a[i, p] b[j, p] in double (a [m, k], b [n, k], row-major values).
+std::vector<double> products_abt(const std::vector<double>& a, const std::vector<double>& b, int64_t m, int64_t n,
+                                 int64_t k, bool round_inputs) {
+  std::vector<double> c(size_t(m * n), 0.0);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0;
+      for (int64_t p = 0; p < k; ++p) {
+        double x = a[size_t(i * k + p)], y = b[size_t(j * k + p)];
+        s += round_inputs ? bf16_round(x) * bf16_round(y) : x * y;
+      }
+      c[size_t(i * n + j)] = s;
+    }
+  return c;
+}
+
+std::vector<double> transpose(const std::vector<double>& a, int64_t rows, int64_t cols) {
+  std::vector<double> t(a.size());
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) t[size_t(j * rows + i)] = a[size_t(i * cols + j)];
+  return t;
+}
+
+double max_rel_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]) / std::max(std::fabs(b[i]), 1e-3));
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("autocast: linear computes from bf16 operands; its gradients reach f32 weights in f32") {
+  const int64_t m = 24, k = 96, n = 40;
+  Generator gen(7);
+  Tensor x = randn({m, k}, {}, &gen), w = randn({n, k}, {}, &gen), b = randn({n}, {}, &gen),
+         r = randn({m, n}, {}, &gen);
+  x.set_requires_grad(true);
+  w.set_requires_grad(true);
+  b.set_requires_grad(true);
+  Tensor y;
+  {
+    AutocastGuard autocast;
+    y = linear(x, w, b);
+    CHECK(y.dtype() == DType::bf16);
+    sum(y * r).backward();  // y * r promotes to f32: the gradient of y is r rounded to bf16
+  }
+  CHECK(x.grad().dtype() == kFloat32);
+  CHECK(w.grad().dtype() == kFloat32);
+  CHECK(b.grad().dtype() == kFloat32);
+  const auto xv = to_vector(x), wv = to_vector(w), bv = to_vector(b), rv = to_vector(r);
+
+  // Forward: the bf16-input products plus the bias, rounded once to bf16.
+  std::vector<double> want = products_abt(xv, wv, m, n, k, true), f32_answer = products_abt(xv, wv, m, n, k, false);
+  for (size_t i = 0; i < want.size(); ++i) {
+    want[i] = bf16_round(want[i] + bf16_round(bv[i % size_t(n)]));
+    f32_answer[i] = bf16_round(f32_answer[i] + bv[i % size_t(n)]);
+  }
+  test::check_values(y, want, 1.0 / 256, 1e-2);
+
+  // Weight gradient: r(bf16)^T x(bf16), f32 sums stored unrounded (within f32 summation error).
+  std::vector<double> rb(rv.size());
+  for (size_t i = 0; i < rv.size(); ++i) rb[i] = bf16_round(rv[i]);
+  const auto rt = transpose(rb, m, n), xt = transpose(xv, m, k);
+  std::vector<double> gw = products_abt(rt, xt, n, k, m, true), gw_f32 = products_abt(transpose(rv, m, n), xt, n, k, m, false);
+  test::check_values(w.grad(), gw, 1e-5, 1e-5);
+  INFO("f32-input weight gradient vs the bf16 one: " << max_rel_diff(gw_f32, gw));
+  CHECK(max_rel_diff(gw_f32, gw) > 1e-3);  // an f32 computation could not pass the check above
+
+  // Input gradient: r(bf16) w(bf16), f32; bias gradient: column sums of r(bf16).
+  std::vector<double> gx = products_abt(rb, transpose(wv, n, k), m, k, n, true);
+  test::check_values(x.grad(), gx, 1e-5, 1e-5);
+  std::vector<double> gb(size_t(n), 0.0);
+  for (size_t i = 0; i < rb.size(); ++i) gb[i % size_t(n)] += rb[i];
+  test::check_values(b.grad(), gb, 1.0 / 128, 1e-2);  // summed, then rounded to bf16 once
+}
+
+TEST_CASE("autocast: matmul and attention return bf16; cross_entropy and layer_norm stay f32") {
+  Generator gen(3);
+  Tensor a = randn({2, 8, 16}, {}, &gen), c = randn({16, 12}, {}, &gen);
+  a.set_requires_grad(true);
+  c.set_requires_grad(true);
+  AutocastGuard autocast;
+  Tensor p = matmul(a, c);
+  CHECK(p.dtype() == DType::bf16);
+  std::vector<double> want(size_t(16 * 12)), av = to_vector(a), cv = to_vector(c), got = to_vector(p);
+  int bad = 0;
+  for (int64_t i = 0; i < 16; ++i)
+    for (int64_t j = 0; j < 12; ++j) {
+      double s = 0;
+      for (int64_t q = 0; q < 16; ++q) s += bf16_round(av[size_t(i * 16 + q)]) * bf16_round(cv[size_t(q * 12 + j)]);
+      bad += std::fabs(got[size_t(i * 12 + j)] - bf16_round(s)) > std::fabs(s) / 128 + 1e-2;
+    }
+  CHECK(bad == 0);
+  sum(p).backward();
+  CHECK(a.grad().dtype() == kFloat32);
+  CHECK(c.grad().dtype() == kFloat32);
+
+  Tensor q = randn({1, 2, 8, 16}, {}, &gen);
+  CHECK(scaled_dot_product_attention(q, q, q, true).dtype() == DType::bf16);
+  CHECK(scaled_dot_product_attention_qkv(randn({1, 8, 48}, {}, &gen), 2).dtype() == DType::bf16);
+
+  Tensor logits = randn({6, 10}, {.dtype = DType::bf16}, &gen);
+  Tensor target = from_vector({0, 3, 9, 1, 2, 5}, {6}, {.dtype = DType::i64});
+  Tensor loss = cross_entropy(logits, target);
+  CHECK(loss.dtype() == kFloat32);
+  Tensor loss_f32;
+  {
+    AutocastGuard off(DType::bf16, false);
+    CHECK(!autocast_dtype().has_value());
+    loss_f32 = cross_entropy(logits.to(kFloat32), target);
+  }
+  CHECK(autocast_dtype() == DType::bf16);
+  CHECK(loss.item() == loss_f32.item());
+  CHECK(layer_norm(randn({4, 16}, {}, &gen), {16}).dtype() == kFloat32);
+}
+
+TEST_CASE("autocast: a checkpointed recompute runs under its forward's policy") {
+  Generator gen(11);
+  Tensor x = randn({8, 32}, {}, &gen), w1 = randn({32, 32}, {}, &gen), w2 = randn({32, 32}, {}, &gen);
+  auto grads = [&](bool checkpointed) {
+    for (Tensor* t : {&w1, &w2}) {
+      t->set_requires_grad(true);
+      t->set_grad(Tensor());
+    }
+    auto fn = [&](const autograd::TensorList& in) { return autograd::TensorList{linear(gelu(linear(in[0], w1)), w2)}; };
+    Tensor y;
+    {
+      AutocastGuard autocast;
+      y = checkpointed ? nn::checkpoint(fn, {x})[0] : fn({x})[0];
+    }
+    sum(y * y).backward();  // outside the guard: the recompute must restore it
+    return std::pair{to_vector(w1.grad()), to_vector(w2.grad())};
+  };
+  auto plain = grads(false), ckpt = grads(true);
+  CHECK(plain.first == ckpt.first);
+  CHECK(plain.second == ckpt.second);
+}
+
+TEST_CASE("autocast: only 16-bit dtypes") {
+  CHECK_THROWS_WITH(AutocastGuard(kFloat32), Catch::Contains("bf16 or f16, not f32"));
+  CHECK(!autocast_dtype().has_value());
+}
