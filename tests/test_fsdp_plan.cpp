@@ -1,6 +1,6 @@
 // The memory planner (run at 1, 2 and 4 ranks): fsdp::plan_memory's predicted peak for the
 // app's GPT trained with FSDP is within 5 % of the CPU allocator's peak when this rank really
-// trains it; its shards part is exactly the shard bytes fully_shard allocates; and with a
+// trains it (in f32, and in bf16 both ways: FSDP's MixedPrecisionPolicy and autocast); its shards part is exactly the shard bytes fully_shard allocates; and with a
 // budget between the smallest and the largest plan, the settings it chooses fit and training
 // with them stays under the budget, while a budget below the smallest plan is refused.
 #include <algorithm>
@@ -23,8 +23,10 @@ constexpr int64_t kBatch = 8;  // global sequences per step
 // returns one AdamW training step on this rank's rows. On the meta device the token ids are
 // shapes only; on the CPU they are fixed random ids made here, before the step, so the step
 // allocates the same tensors in both.
+enum class Precision { f32, fsdp_bf16, autocast_bf16 };
+
 fsdp::TrainingStep setup(const fsdp::PlanSettings& s, const std::shared_ptr<dist::DeviceMesh>& mesh,
-                         int64_t* shard_bytes = nullptr) {
+                         int64_t* shard_bytes = nullptr, Precision precision = Precision::f32) {
   const bool meta = default_device().is_meta();
   const int world = mesh ? mesh->size(0) : dist::world_size();
   const int64_t rows = kBatch / world;
@@ -36,11 +38,15 @@ fsdp::TrainingStep setup(const fsdp::PlanSettings& s, const std::shared_ptr<dist
     apps::init_gpt(*model);
   }
   const int64_t before = memory_stats().live_bytes;
+  fsdp::MixedPrecisionPolicy mp;
+  if (precision == Precision::fsdp_bf16) mp = {.param_dtype = DType::bf16, .reduce_dtype = kFloat32};
   for (size_t i = 0; i < model->blocks.size(); ++i) {
     model->blocks[i]->set_activation_checkpointing(s.activation_checkpointing);
-    fsdp::fully_shard(model->blocks[i], {.mesh = mesh, .reshard_after_forward = bool(s.reshard_after_forward[i])});
+    fsdp::fully_shard(model->blocks[i],
+                      {.mesh = mesh, .reshard_after_forward = bool(s.reshard_after_forward[i]), .mp_policy = mp});
   }
-  fsdp::fully_shard(model, {.mesh = mesh});
+  if (precision == Precision::fsdp_bf16) mp.output_dtype = kFloat32;
+  fsdp::fully_shard(model, {.mesh = mesh, .mp_policy = mp});
   if (shard_bytes) *shard_bytes = memory_stats().live_bytes - before;
   auto opt = std::make_shared<nn::AdamW>(model->parameters(), nn::AdamWOptions{.lr = 1e-3});
   Tensor ids;
@@ -50,17 +56,22 @@ fsdp::TrainingStep setup(const fsdp::PlanSettings& s, const std::shared_ptr<dist
       return meta ? empty({rows, kConfig.ctx}, {.dtype = kInt64}) : ids.narrow(1, from, kConfig.ctx).contiguous();
     };
     opt->zero_grad();
-    Tensor x = take(0), y = take(1);
-    Tensor logits = (*model)(x);
-    cross_entropy(logits.view({-1, kConfig.vocab_size}), y.view({-1})).backward();
+    Tensor x = take(0), y = take(1), loss;
+    {
+      AutocastGuard autocast(DType::bf16, precision == Precision::autocast_bf16);
+      loss = cross_entropy((*model)(x).view({-1, kConfig.vocab_size}), y.view({-1}));
+    }
+    loss.backward();
     nn::clip_grad_norm_(model->parameters(), 1.0);
     opt->step();
   };
 }
 
-fsdp::MemoryPlanRequest request() {
+fsdp::MemoryPlanRequest request(Precision precision = Precision::f32) {
   fsdp::MemoryPlanRequest r;
-  r.setup = [](const fsdp::PlanSettings& s, const std::shared_ptr<dist::DeviceMesh>& mesh) { return setup(s, mesh); };
+  r.setup = [precision](const fsdp::PlanSettings& s, const std::shared_ptr<dist::DeviceMesh>& mesh) {
+    return setup(s, mesh, nullptr, precision);
+  };
   r.world_size = dist::world_size();
   r.tunable_groups = int(kConfig.n_layer);
   r.can_checkpoint = true;
@@ -72,12 +83,12 @@ struct Measured {
 };
 
 // This rank really trains two steps with `s`: the allocator's peak above the start.
-Measured measure(const fsdp::PlanSettings& s) {
+Measured measure(const fsdp::PlanSettings& s, Precision precision = Precision::f32) {
   Measured m;
   const int64_t start = memory_stats().live_bytes;
   reset_peak_memory_stats();
   {
-    fsdp::TrainingStep step = setup(s, nullptr, &m.shards);
+    fsdp::TrainingStep step = setup(s, nullptr, &m.shards, precision);
     for (int i = 0; i < 2; ++i) step();
   }
   m.peak = memory_stats().peak_bytes - start;
@@ -91,14 +102,21 @@ fsdp::PlanSettings settings(bool reshard, bool ac) {
 }  // namespace
 
 TEST_CASE("plan_memory predicts the peak of training within 5 % and its shards exactly") {
-  for (auto [reshard, ac] : {std::pair{true, false}, {false, false}, {true, true}}) {
-    fsdp::MemoryPlanRequest r = request();
+  struct Case {
+    bool reshard, ac;
+    Precision precision;
+  };
+  for (auto [reshard, ac, precision] : {Case{true, false, Precision::f32}, {false, false, Precision::f32},
+                                        {true, true, Precision::f32}, {true, false, Precision::fsdp_bf16},
+                                        {true, true, Precision::fsdp_bf16}, {true, false, Precision::autocast_bf16},
+                                        {false, true, Precision::autocast_bf16}}) {
+    fsdp::MemoryPlanRequest r = request(precision);
     r.settings = settings(reshard, ac);
     const fsdp::MemoryPlan plan = fsdp::plan_memory(r);
-    const Measured got = measure(r.settings);
+    const Measured got = measure(r.settings, precision);
     const double error = double(plan.peak_bytes - got.peak) / double(got.peak);
     INFO("rank " << dist::rank() << " of " << dist::world_size() << ", reshard_after_forward " << reshard
-                 << ", checkpointing " << ac << ": predicted " << plan.peak_bytes << " bytes, measured " << got.peak
+                 << ", checkpointing " << ac << ", precision " << int(precision) << ": predicted " << plan.peak_bytes << " bytes, measured " << got.peak
                  << " (" << 100 * error << " %); shards predicted " << plan.parts.shards << ", allocated "
                  << got.shards << "\n" << plan.table());
     CHECK(std::abs(error) <= 0.05);
