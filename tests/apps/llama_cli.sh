@@ -51,6 +51,11 @@ for key in '"model.model.embed_tokens.weight":{"dtype":"F32","shape":[256,32]' \
 done
 "$exe" train "${cfg[@]}" --metrics "$tmp/ac.jsonl" --stop-after 10 --activation-checkpointing >/dev/null 2>&1
 within "$(loss_at "$tmp/ac.jsonl" 10)" "$a10" 1e-6 0 "--activation-checkpointing step-10 loss"
+# bf16 autocast in one process (RoPE, GQA and SwiGLU on bf16 projections): close to f32, not f32.
+"$exe" train "${cfg[@]}" --metrics "$tmp/bf.jsonl" --stop-after 10 --mixed-precision bf16 >/dev/null 2>"$tmp/bf.err" ||
+  fail "--mixed-precision bf16 failed: $(cat "$tmp/bf.err")"
+within "$(loss_at "$tmp/bf.jsonl" 10)" "$a10" 0.02 0 "bf16 step-10 loss"
+differs "$(loss_at "$tmp/bf.jsonl" 10)" "$a10" 1e-6 "bf16 step-10 loss"
 
 # A Hugging Face Llama (the fixture: 4 heads, 2 key/value heads, untied) fine-tuned on bytes.
 hf=(--init-from "$data/llama" --ctx 32 --batch-size 8 --steps 5 --warmup 1 --lr 1e-3 --seed 0 --threads 1
