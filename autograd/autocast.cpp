@@ -8,7 +8,7 @@ thread_local std::optional<DType> t_autocast;
 }
 
 AutocastGuard::AutocastGuard(DType dtype, bool enabled) : prev_(t_autocast) {
-  WEFT_CHECK(!enabled || dtype == DType::bf16 || dtype == DType::f16,
+  WEFT_CHECK(!enabled || is_16bit(dtype),
              "AutocastGuard: products can compute in bf16 or f16, not {}", dtype_name(dtype));
   t_autocast = enabled ? std::optional<DType>(dtype) : std::nullopt;
 }

@@ -137,8 +137,7 @@ static k::Reduction parse_reduction(std::string_view r, const char* op) {
 
 Tensor cross_entropy(const Tensor& logits_, const Tensor& target, const CrossEntropyOptions& opts) {
   // Under autocast the loss is one of the ops computed in f32.
-  const bool widen = autocast_dtype() && logits_.defined() &&
-                     (logits_.dtype() == DType::bf16 || logits_.dtype() == DType::f16);
+  const bool widen = autocast_dtype() && logits_.defined() && is_16bit(logits_.dtype());
   const Tensor logits = widen ? logits_.to(kFloat32) : logits_;
   k::Reduction red = parse_reduction(opts.reduction, "cross_entropy");
   auto [loss, log_probs] = k::cross_entropy(logits.detach(), target, opts.ignore_index, opts.label_smoothing, red);

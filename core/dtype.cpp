@@ -29,6 +29,8 @@ std::string_view dtype_name(DType t) {
 bool is_floating(DType t) {
   return t == DType::f32 || t == DType::f64 || t == DType::bf16 || t == DType::f16;
 }
+bool is_16bit(DType t) { return t == DType::bf16 || t == DType::f16; }
+
 bool is_integral(DType t) { return !is_floating(t); }
 
 static int int_rank(DType t) {

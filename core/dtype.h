@@ -20,6 +20,7 @@ inline constexpr DType kBool = DType::bool_;
 size_t dtype_size(DType t);
 std::string_view dtype_name(DType t);  // "f32", "bf16", ...
 bool is_floating(DType t);             // f32, f64, bf16, f16
+bool is_16bit(DType t);                // bf16, f16: stored in 16 bits, computed in f32
 bool is_integral(DType t);             // i64, i32, u8, bool
 // Result type of a binary op on a and b: floating beats integral; among floats the wider
 // wins; bf16 with f16 gives f32; among integers the wider wins (bool < u8 < i32 < i64).

@@ -74,7 +74,6 @@ MPI_Op mpi_op(ReduceOp op) {
   return MPI_SUM;
 }
 
-bool is_half(DType t) { return t == DType::bf16 || t == DType::f16; }
 
 template <class T> void widen(const void* src, float* dst, int64_t n) {
   auto* s = static_cast<const T*>(src);
@@ -484,7 +483,7 @@ void MpiWork::post() {
   MPI_Datatype type = mpi_type(i.dtype);
   void* in = c_.in.defined() ? c_.in.data_ptr() : nullptr;
   void* out = c_.out.defined() ? c_.out.data_ptr() : nullptr;
-  bool staged = is_half(i.dtype) && (i.kind == CollectiveKind::reduce_scatter || i.kind == CollectiveKind::all_reduce);
+  bool staged = is_16bit(i.dtype) && (i.kind == CollectiveKind::reduce_scatter || i.kind == CollectiveKind::all_reduce);
   switch (i.kind) {
     case CollectiveKind::all_gather: {
       int n = count(i.in_numel);
@@ -530,7 +529,7 @@ void MpiWork::post() {
 void MpiWork::finish() try {
   const CollectiveInfo& i = info_;
   bool reduces = i.kind == CollectiveKind::reduce_scatter || i.kind == CollectiveKind::all_reduce;
-  if (reduces && is_half(i.dtype)) {
+  if (reduces && is_16bit(i.dtype)) {
     from_f32(i.dtype, stage_out_, c_.out.data_ptr(), i.op == ReduceOp::avg ? 1.0f / float(i.group_size) : 1.0f);
     stage_in_ = {};
     stage_out_ = {};

@@ -71,13 +71,10 @@ void gemm(const Tensor& a_, bool trans_a, const Tensor& b_, bool trans_b, const 
   check_operands("gemm", a, b);
   WEFT_CHECK(a.dim() == 2 && b.dim() == 2, "gemm: expects 2-D operands, got {} and {}", tensor_desc(a),
              tensor_desc(b));
-  const bool widen = (a.dtype() == DType::bf16 || a.dtype() == DType::f16) && out.defined() && out.dtype() == kFloat32;
+  const bool widen = is_16bit(a.dtype()) && out.defined() && out.dtype() == kFloat32;
   WEFT_CHECK(out.defined() && (out.dtype() == a.dtype() || widen) && out.device() == a.device(),
              "gemm: out {} must match the operands' dtype and device ({}), or be f32 for 16-bit operands",
              tensor_desc(out), tensor_desc(a));
-  // 16-bit operands into an f32 out: the CPU's bf16 kernel stores its f32 sums as they are;
-  // other backends take the operands widened to f32 (the same products).
-  if (widen && !a.device().is_cpu()) a = a.to(kFloat32), b = b.to(kFloat32);
   Tensor A = trans_a ? a.t() : a, B = trans_b ? b.t() : b;
   WEFT_CHECK(A.size(1) == B.size(0), "gemm: inner dims differ: op(a) is [{}, {}], op(b) is [{}, {}]",
              A.size(0), A.size(1), B.size(0), B.size(1));

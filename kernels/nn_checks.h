@@ -31,6 +31,5 @@ inline void check_same(const char* op, const Tensor& a, const Tensor& b) {
 inline Tensor plain(const Tensor& t) { return t.defined() ? t.detach() : t; }
 inline Tensor contig(const Tensor& t) { return t.defined() ? t.contiguous() : t; }
 inline TensorOptions like(const Tensor& t) { return {.dtype = t.dtype(), .device = t.device()}; }
-inline bool is_16bit(DType t) { return t == DType::bf16 || t == DType::f16; }
 
 }  // namespace weft::kernels::checks

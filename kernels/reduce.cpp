@@ -169,7 +169,7 @@ Tensor var(const Tensor& x, const Shape& dims, int64_t correction, bool keepdim)
   WEFT_CHECK(is_floating(x.dtype()), "var: needs a floating tensor (f32, f64, bf16, f16), got {}", tensor_desc(x));
   WEFT_CHECK(correction >= 0, "var: correction must be >= 0, got {}", correction);
   Shape nd = normalize_dims(dims, x.dim(), "var");
-  bool half = x.dtype() == DType::bf16 || x.dtype() == DType::f16;
+  bool half = is_16bit(x.dtype());
   Tensor xc = half ? x.detach().to(DType::f32) : x.detach();
   Tensor mean = reduce(ReduceOp::mean, xc, nd, true);
   Tensor sq = unary(UnaryOp::square, binary(BinaryOp::sub, xc, mean));

@@ -49,6 +49,7 @@ struct Options {
   int64_t log_every = 50;
   bool fsdp = false;
   std::string mixed_precision = "none";
+  bool autocast() const { return mixed_precision == "bf16" && !fsdp; }  // else FSDP's policy, if any
   std::string device = "cpu";
   std::string on_nan = "error";
   int64_t max_skipped = 5;  // --on-nan skip: give up after this many skipped steps in a row
@@ -101,10 +102,6 @@ std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch) {
   for (int64_t i = n - 1; i > 0; --i) std::swap(idx[size_t(i)], idx[size_t(g.next_u64() % uint64_t(i + 1))]);
   return idx;
 }
-
-// --mixed-precision bf16 without --fsdp is autocast around each forward and loss (with
-// --fsdp it is the layers' MixedPrecisionPolicy, shard_model below).
-bool autocast_on(const Options& o) { return o.mixed_precision == "bf16" && !o.fsdp; }
 
 // The summed loss and the number of right answers of one evaluation batch.
 std::pair<Tensor, Tensor> eval_batch(nn::Module& model, const Tensor& x, const Tensor& y, bool autocast) {
@@ -225,7 +222,8 @@ fsdp::FSDPModule shard_model(const nn::ModulePtr& model, Device device, const Op
 }
 
 // One training step on a batch: the loss, its gradients (the optimizer steps after the caller
-// has checked the loss).
+// has checked the loss). --mixed-precision bf16 without --fsdp runs the forward and the loss
+// under autocast (with --fsdp it is the layers' MixedPrecisionPolicy, shard_model above).
 Tensor forward_backward(nn::Module& model, nn::Optimizer& opt, const Tensor& x, const Tensor& y, bool autocast) {
   opt.zero_grad();
   Tensor loss;
@@ -256,7 +254,7 @@ fsdp::MemoryPlanRequest plan_request(const Options& o, bool fsdp, int64_t rows, 
     std::shared_ptr<nn::Optimizer> opt = make_optimizer(o, model->parameters());
     const int64_t world = mesh ? mesh->size(0) : 1, batch = o.batch_size / world;
     const int64_t eval_rows = 1000 >= world ? 1000 / world + (1000 % world ? 1 : 0) : 1000;
-    return [model, opt, batch, eval_rows, pixels = rows * cols, autocast = autocast_on(o)] {
+    return [model, opt, batch, eval_rows, pixels = rows * cols, autocast = o.autocast()] {
       forward_backward(*model, *opt, empty({batch, pixels}), empty({batch}, {.dtype = kInt64}), autocast);
       opt->step();
       NoGradGuard no_grad;  // an evaluation batch, as after each epoch of run()
@@ -399,7 +397,7 @@ int run(const Options& o, const Ranks& ranks) {
       // FSDP averages the gradients over ranks, which is the gradient of the global batch.
       auto [x_host, y_host] = apps::mnist_batch(data.train, order, i * o.batch_size + ranks.rank * local_batch, local_batch);
       Tensor x = x_host.to(device), y = y_host.to(device);
-      Tensor loss = forward_backward(*model, *opt, x, y, autocast_on(o));
+      Tensor loss = forward_backward(*model, *opt, x, y, o.autocast());
       // The global batch's mean loss, and whether any rank was asked to stop: the same values on
       // every rank, so all decide alike.
       const apps::StepEnd end = apps::end_step(loss.item(), ranks);
@@ -436,7 +434,7 @@ int run(const Options& o, const Ranks& ranks) {
       }
     }
     if (progress) progress->finish(fmt::format("loss {:.4f}", loss_v));
-    auto [test_loss, acc] = evaluate(*model, data.test, ranks, device, autocast_on(o));
+    auto [test_loss, acc] = evaluate(*model, data.test, ranks, device, o.autocast());
     if (ranks.lead()) {
       std::fprintf(stderr, "epoch %lld: test loss %.4f, test accuracy %.2f%%\n", (long long)(epoch + 1), test_loss,
                    100 * acc);

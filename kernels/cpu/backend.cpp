@@ -12,7 +12,6 @@
 namespace weft::kernels::cpu {
 namespace {
 
-bool is_16bit(const Tensor& t) { return t.dtype() == DType::bf16 || t.dtype() == DType::f16; }
 Tensor f32(const Tensor& t) { return t.to(DType::f32); }
 // An f32 [B, H, T, C] tensor stored as [B, T, H, C], the layout the entry points allocate.
 Tensor empty_bthc_f32(const Tensor& like) {
@@ -22,7 +21,7 @@ Tensor empty_bthc_f32(const Tensor& like) {
 // The attention loops take f32 and f64: 16-bit operands are computed in f32 copies.
 void attention_any(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
                    const AttentionRope& rope, const Tensor& out, const Tensor& lse) {
-  if (!is_16bit(q)) return attention(q, k, v, causal, scale, rope, out, lse);
+  if (!is_16bit(q.dtype())) return attention(q, k, v, causal, scale, rope, out, lse);
   Tensor out32 = empty_bthc_f32(out);
   attention(f32(q), f32(k), f32(v), causal, scale, rope, out32, lse);
   copy_elements(out, out32);
@@ -31,7 +30,7 @@ void attention_any(const Tensor& q, const Tensor& k, const Tensor& v, bool causa
 void attention_backward_any(const Tensor& grad, const Tensor& q, const Tensor& k, const Tensor& v,
                             const Tensor& out, const Tensor& lse, bool causal, double scale,
                             const AttentionRope& rope, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
-  if (!is_16bit(q)) return attention_backward(grad, q, k, v, out, lse, causal, scale, rope, dq, dk, dv);
+  if (!is_16bit(q.dtype())) return attention_backward(grad, q, k, v, out, lse, causal, scale, rope, dq, dk, dv);
   Tensor dq32 = empty_bthc_f32(dq), dk32 = empty_bthc_f32(dk), dv32 = empty_bthc_f32(dv);
   attention_backward(f32(grad), f32(q), f32(k), f32(v), f32(out), lse, causal, scale, rope, dq32, dk32, dv32);
   copy_elements(dq, dq32);

@@ -10,12 +10,11 @@
 // gcc 12 reports false "may be used uninitialized" warnings for the undefined pass-through
 // operand inside its own AVX-512 widening and shift intrinsics.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <cstdlib>
 #include <cstring>
-#include <new>
 #include <vector>
 
 #include "kernels/cpu/bgemm.h"
+#include "kernels/cpu/gemm_scratch.h"
 
 namespace weft::kernels::cpu {
 namespace {
@@ -26,20 +25,6 @@ constexpr int64_t MC = 144, KC = 512, NC = 512;  // KC even: whole pairs
 
 inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-// Grow-only 64-byte aligned scratch of bf16 bits, one per thread and operand.
-struct Scratch {
-  uint16_t* p = nullptr;
-  int64_t n = 0;
-  ~Scratch() { std::free(p); }
-  uint16_t* get(int64_t want) {
-    if (want <= n) return p;
-    std::free(p);
-    n = (want + 31) / 32 * 32;
-    p = static_cast<uint16_t*>(std::aligned_alloc(64, size_t(n) * sizeof(uint16_t)));
-    if (!p) throw std::bad_alloc();
-    return p;
-  }
-};
 
 // f32 to bf16 bits, round to nearest even, NaN kept a (quiet) NaN: as core/half.h.
 inline uint16_t to_bf16(float f) {
@@ -149,7 +134,7 @@ inline void register_tile(int64_t kc2, const uint16_t* a, int64_t a_row, int64_t
 // would accumulate through bf16).
 void blocked(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, int64_t a_cs, const uint16_t* b,
              int64_t b_rs, int64_t b_cs, void* c, bool c16, int64_t ldc, float alpha, float beta) {
-  static thread_local Scratch a_buf, b_buf;
+  static thread_local Scratch<uint16_t> a_buf, b_buf;
   const int64_t kc2_max = (min64(k, KC) + 1) / 2;
   uint16_t* pa = a_buf.get(MC * 2 * kc2_max);
   uint16_t* pb = b_buf.get(2 * kc2_max * ((min64(n, NC) + NR - 1) / NR * NR));

@@ -121,7 +121,6 @@ void matmul_typed(const Tensor& a, const Tensor& b, const Tensor& out) {
   }
 }
 
-bool is_16bit(DType t) { return t == DType::bf16 || t == DType::f16; }
 
 }  // namespace
 

@@ -7,9 +7,8 @@
 #include <immintrin.h>
 
 #include <cstdint>
-#include <cstdlib>
-#include <new>
 
+#include "kernels/cpu/gemm_scratch.h"
 #include "kernels/cpu/sgemm.h"
 
 namespace weft::kernels::cpu {
@@ -17,20 +16,6 @@ namespace {
 
 inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-// Grow-only 64-byte aligned scratch, one per thread and operand.
-struct Scratch {
-  float* p = nullptr;
-  int64_t n = 0;
-  ~Scratch() { std::free(p); }
-  float* get(int64_t want) {
-    if (want <= n) return p;
-    std::free(p);
-    n = (want + 15) / 16 * 16;
-    p = static_cast<float*>(std::aligned_alloc(64, size_t(n) * sizeof(float)));
-    if (!p) throw std::bad_alloc();
-    return p;
-  }
-};
 
 // One packed panel of W values per step: out[p * W + r] = x[r * r_st + p * p_st] for r < rows,
 // p < kc, and 0 for rows <= r < W. The two common layouts get vector copies: steps contiguous
@@ -96,7 +81,7 @@ template <class K>
 void sgemm_blocked(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const float* b,
                    int64_t b_rs, int64_t b_cs, float* c, int64_t ldc, float alpha, float beta) {
   constexpr int MR = K::MR, NR = 2 * K::V::W;
-  static thread_local Scratch a_buf, b_buf;
+  static thread_local Scratch<float> a_buf, b_buf;
   float* pa = a_buf.get(K::MC * K::KC);
   float* pb = b_buf.get(K::KC * ((min64(n, K::NC) + NR - 1) / NR * NR));
   alignas(64) float edge[MR * NR];

@@ -276,6 +276,8 @@ void gemm(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, dou
     else if (beta != 1) mul_scalar_(out, beta);
     return;
   }
+  // 16-bit operands into an f32 out (kernels/linalg.h): the same products from f32 copies.
+  if (out.dtype() != a.dtype()) return gemm(a.to(kFloat32), b.to(kFloat32), out, alpha, beta);
   Tensor A = with_layout(a), B = with_layout(b);
   gemm_raw(out.dtype(), A.size(0), B.size(1), A.size(1), {A.data_ptr(), cpu::mat_layout(A), 0},
            {B.data_ptr(), cpu::mat_layout(B), 0}, out.data_ptr(), out.size(1), 0, 1, alpha, beta,

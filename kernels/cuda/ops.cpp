@@ -187,7 +187,7 @@ Operand strided_operand(const Tensor& t, int ndim) {
 
 // 16-bit floats accumulate in an f32 temporary (atomics on 16-bit values would round at every
 // add); the others accumulate in place.
-bool accumulates_in_f32(const Tensor& out) { return out.dtype() == DType::bf16 || out.dtype() == DType::f16; }
+bool accumulates_in_f32(const Tensor& out) { return is_16bit(out.dtype()); }
 
 void embedding_backward(const Tensor& grad, const Tensor& indices, const Tensor& out) {
   // The caller passes grad already in out's (f32 or f64) dtype: a row-wise index_add.
