@@ -318,8 +318,140 @@ TEST_CASE("attention: gradcheck in f64") {
   CHECK(rq.ok);
 }
 
-TEST_CASE("attention: 16-bit inputs are computed in f32") {
-  Tensor q = random({2, 2, 33, 16}), k = random({2, 2, 33, 16}), v = random({2, 2, 33, 16});
+namespace {
+
+double bf16(double x) { return double(float(BFloat16(float(x)))); }
+
+// The arithmetic of the bf16 tiles (kernels/cpu/attention_avx512bf16.cpp) in f64, for bf16 q
+// [B, H, T, E], k and v [B, Hkv, T, E] and upstream gradient g: q and k rotated (with the
+// kernel's f32 tables) and rounded to bf16; scores, softmax and every sum exact; P and dS
+// rounded to bf16 where they enter a product; each output rounded once. Returns y, dq, dk, dv.
+TensorList bf16_model(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, bool causal,
+                      double theta) {
+  const int64_t B = q.size(0), H = q.size(1), Hkv = k.size(1), T = q.size(2), E = q.size(3), G = H / Hkv;
+  const double scale = 1.0 / std::sqrt(double(E));
+  const std::vector<double> Q = to_vector(q), K = to_vector(k), V = to_vector(v), Gr = to_vector(g);
+  std::vector<double> cs, sn;
+  if (theta > 0) {
+    kernels::RopeTables t = kernels::rope_tables(theta, E, T, kFloat32, Device::cpu());
+    cs = to_vector(t.cos), sn = to_vector(t.sin);
+  }
+  // Row t of x (E values at p) rotated by sign at position t, rounded to bf16.
+  auto rotate = [&](const double* p, int64_t t, double sign, double* out) {
+    for (int64_t i = 0; i < E; ++i) out[i] = p[i];
+    if (theta > 0)
+      for (int64_t i = 0; i < E / 2; ++i) {
+        const double c = cs[size_t(t * E / 2 + i)], s = sign * sn[size_t(t * E / 2 + i)];
+        out[i] = p[i] * c - p[i + E / 2] * s, out[i + E / 2] = p[i + E / 2] * c + p[i] * s;
+      }
+    for (int64_t i = 0; i < E; ++i) out[i] = bf16(out[i]);
+  };
+  std::vector<double> Y(Q.size()), DQ(Q.size()), DK(K.size(), 0.0), DV(V.size(), 0.0);
+  const auto TE = static_cast<size_t>(T * E);
+  std::vector<double> kr(TE), qr(TE), dkr(TE), row(static_cast<size_t>(E));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t hk = 0; hk < Hkv; ++hk) {
+      const size_t kv0 = size_t((b * Hkv + hk) * T * E);
+      for (int64_t j = 0; j < T; ++j) rotate(&K[kv0 + size_t(j * E)], j, 1, &kr[size_t(j * E)]);
+      std::fill(dkr.begin(), dkr.end(), 0.0);
+      for (int64_t h = hk * G; h < (hk + 1) * G; ++h) {
+        const size_t q0 = size_t((b * H + h) * T * E);
+        for (int64_t i = 0; i < T; ++i) rotate(&Q[q0 + size_t(i * E)], i, 1, &qr[size_t(i * E)]);
+        for (int64_t i = 0; i < T; ++i) {
+          const int64_t n = causal ? i + 1 : T;
+          std::vector<double> p(static_cast<size_t>(n));
+          double mx = -INFINITY, sum = 0, d = 0;
+          for (int64_t j = 0; j < n; ++j) {
+            double s = 0;
+            for (int64_t e = 0; e < E; ++e) s += qr[size_t(i * E + e)] * kr[size_t(j * E + e)];
+            p[size_t(j)] = s * scale, mx = std::max(mx, s * scale);
+          }
+          for (double& x : p) sum += (x = std::exp(x - mx));
+          for (double& x : p) x /= sum;
+          const double* gi = &Gr[q0 + size_t(i * E)];
+          for (int64_t c = 0; c < E; ++c) {
+            double o = 0;
+            for (int64_t j = 0; j < n; ++j) o += bf16(p[size_t(j)]) * V[kv0 + size_t(j * E + c)];
+            Y[q0 + size_t(i * E + c)] = bf16(o);
+            d += gi[c] * bf16(o);
+          }
+          std::fill(row.begin(), row.end(), 0.0);
+          for (int64_t j = 0; j < n; ++j) {
+            double dpj = 0;
+            for (int64_t c = 0; c < E; ++c) dpj += gi[c] * V[kv0 + size_t(j * E + c)];
+            const double pb = bf16(p[size_t(j)]), ds = bf16(p[size_t(j)] * (dpj - d) * scale);
+            for (int64_t c = 0; c < E; ++c) {
+              DV[kv0 + size_t(j * E + c)] += pb * gi[c];
+              dkr[size_t(j * E + c)] += ds * qr[size_t(i * E + c)];
+              row[size_t(c)] += ds * kr[size_t(j * E + c)];
+            }
+          }
+          rotate(row.data(), i, -1, &DQ[q0 + size_t(i * E)]);
+        }
+      }
+      for (int64_t j = 0; j < T; ++j) rotate(&dkr[size_t(j * E)], j, -1, &DK[kv0 + size_t(j * E)]);
+    }
+  for (double& x : DV) x = bf16(x);
+  auto tensor = [](const std::vector<double>& x, const Tensor& like) {
+    return from_vector(x, like.shape(), {.dtype = kFloat64}).to(kFloat32);
+  };
+  return {tensor(Y, q), tensor(DQ, q), tensor(DK, k), tensor(DV, v)};
+}
+
+// y, dq, dk, dv of the fused op on bf16 (or, with via_f32, on f32 copies rounded to bf16 at
+// the end), as f32.
+TensorList bf16_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, bool causal,
+                          double theta, bool via_f32) {
+  const DType dt = via_f32 ? kFloat32 : DType::bf16;
+  auto leaf = [&](const Tensor& x) { return x.to(dt).detach().set_requires_grad(); };
+  Tensor qq = leaf(q), kk = leaf(k), vv = leaf(v);
+  Tensor y = scaled_dot_product_attention(qq, kk, vv, AttentionOptions{.causal = causal, .rope = {.theta = theta}});
+  sum(y * g.to(dt)).backward();
+  auto out = [](const Tensor& t) { return t.detach().to(DType::bf16).to(kFloat32); };
+  return {out(y), out(qq.grad()), out(kk.grad()), out(vv.grad())};
+}
+
+}  // namespace
+
+TEST_CASE("attention: bf16 operands take the bf16 tiles, which round P and dS as the model does") {
+  if (!kernels::cpu::bf16_gemm_native()) {
+    std::printf("skipping the bf16 attention tiles: this CPU has no AVX512_BF16 (or avx512 is not the GEMM "
+                "kernel); bf16 attention runs in f32 copies (the 16-bit test below)\n");
+    return;
+  }
+  struct Case {
+    int64_t B, H, Hkv, T, E;
+    bool causal;
+    double theta;
+  };
+  // Odd and even lengths around the row block and the 8-row tiles; grouped heads; rope.
+  for (const Case& c : {Case{2, 4, 2, 37, 64, true, 10000.0}, Case{1, 2, 2, 33, 16, false, 0.0},
+                        Case{2, 3, 1, 64, 32, true, 0.0}, Case{1, 2, 1, 9, 16, true, 500000.0}}) {
+    std::ostringstream name;
+    name << "B" << c.B << " H" << c.H << " Hkv" << c.Hkv << " T" << c.T << " E" << c.E
+         << (c.causal ? " causal" : " full") << " theta " << c.theta;
+    INFO(name.str());
+    auto bf = [](const Shape& s) { return random(s).to(DType::bf16); };
+    Tensor q = bf({c.B, c.H, c.T, c.E}), k = bf({c.B, c.Hkv, c.T, c.E}), v = bf({c.B, c.Hkv, c.T, c.E});
+    Tensor g = bf({c.B, c.H, c.T, c.E});
+    const TensorList want = bf16_model(q, k, v, g, c.causal, c.theta);
+    const TensorList got = bf16_attention(q, k, v, g, c.causal, c.theta, false);
+    const TensorList f32 = bf16_attention(q, k, v, g, c.causal, c.theta, true);
+    // Within one bf16 step of the model (its f32 sums and exp may land a value across a
+    // rounding boundary); the f32 path misses the model's roundings by more.
+    const char* what[] = {"y", "dq", "dk", "dv"};
+    double f32_worst = 0;
+    for (int i = 0; i < 4; ++i) {
+      const double amax = to_vector(max(abs(want[size_t(i)])))[0];
+      check_close(got[size_t(i)], want[size_t(i)], 1.0 / 128, 1e-3 * amax, std::string("bf16 tiles ") + what[i]);
+      f32_worst = std::max(f32_worst, compare(f32[size_t(i)], want[size_t(i)], 1.0 / 128, 1e-3 * amax).worst);
+    }
+    CHECK(f32_worst > 1.0);
+  }
+}
+
+TEST_CASE("attention: 16-bit inputs are computed in f32 where the bf16 tiles do not run") {
+  Tensor q = random({2, 2, 33, 8}), k = random({2, 2, 33, 8}), v = random({2, 2, 33, 8});
   Tensor want = scaled_dot_product_attention(q, k, v, true);
   for (DType dt : {DType::bf16, DType::f16}) {
     Tensor qh = q.to(dt).set_requires_grad(), kh = k.to(dt), vh = v.to(dt);

@@ -16,11 +16,15 @@
 // are rotated into the task's buffers as they are read; dQ and dK are computed for the rotated
 // operands and rotated back (the inverse rotation is the transpose) when written out.
 //
-// Two implementations of the same steps: f32 with head dims that are multiples of 16 on CPUs
+// Three implementations of the same steps: f32 with head dims that are multiples of 16 on CPUs
 // with AVX-512 uses register tiles on packed copies of the operands (attention_avx512.cpp,
-// chosen at run time: 10-13 % faster than the other path at GPT shapes); everything else (f64
-// for gradcheck, odd head dims, other CPUs) calls the GEMMs of kernels/cpu/gemm.h.
+// chosen at run time: 10-13 % faster than the other path at GPT shapes); bf16 with such head
+// dims on CPUs with AVX512_BF16 the same tiles on bf16 pairs (attention_avx512bf16.cpp);
+// everything else (f64 for gradcheck, odd head dims, other CPUs) calls the GEMMs of
+// kernels/cpu/gemm.h. 16-bit operands the bf16 tiles do not take are computed in f32 copies.
 #include "kernels/cpu/attention.h"
+
+#include "core/copy.h"
 
 #include <algorithm>
 #include <cmath>
@@ -220,23 +224,34 @@ AttentionDims dims_of(const Tensor& q, const Tensor& k, const Tensor& v, bool ca
   return d;
 }
 
-// One workspace block per thread the tiled loops may use.
-std::vector<float> tiled_workspace(const AttentionDims& d, bool backward) {
+HeadsBF16 heads_bf16(const Tensor& t) {
+  return {reinterpret_cast<uint16_t*>(t.data<BFloat16>()), t.stride(0), t.stride(1), t.stride(2)};
+}
+
+// One workspace block per thread the tiled loops may use, of `per_thread` elements.
+template <typename T>
+std::vector<T> tiled_workspace(const AttentionDims& d, int64_t per_thread) {
 #ifdef _OPENMP
   const int64_t threads = d.parallel ? omp_get_max_threads() : 1;
 #else
   const int64_t threads = 1;
 #endif
-  return std::vector<float>(size_t(threads * attention_workspace_avx512(d, backward)));
+  return std::vector<T>(size_t(threads * per_thread));
 }
 
+// An f32 [B, H, T, C] tensor stored as [B, T, H, C], the layout the entry points allocate.
+Tensor empty_bthc_f32(const Tensor& like) {
+  return empty({like.size(0), like.size(2), like.size(1), like.size(3)}).transpose(1, 2);
+}
+Tensor f32(const Tensor& t) { return t.to(DType::f32); }
 
 }  // namespace
 
 bool attention_uses_tiles(const Tensor& q, const Tensor& v) {
 #ifdef __x86_64__
-  return q.dtype() == DType::f32 && q.size(3) % 16 == 0 && v.size(3) % 16 == 0 &&
-         sgemm_kernel() == SgemmKernel::avx512;
+  const bool dims = q.size(3) % 16 == 0 && v.size(3) % 16 == 0;
+  if (q.dtype() == DType::bf16) return dims && bf16_gemm_native();
+  return q.dtype() == DType::f32 && dims && sgemm_kernel() == SgemmKernel::avx512;
 #else
   (void)q, (void)v;
   return false;
@@ -247,9 +262,19 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, d
                const AttentionRope& rope, const Tensor& out, const Tensor& lse) {
   if (attention_uses_tiles(q, v)) {
     const AttentionDims d = dims_of(q, k, v, causal, scale, rope, false);
-    std::vector<float> ws = tiled_workspace(d, false);
+    if (q.dtype() == DType::bf16) {
+      std::vector<char> ws = tiled_workspace<char>(d, attention_workspace_avx512bf16(d, false));
+      return attention_forward_avx512bf16(d, heads_bf16(q), heads_bf16(k), heads_bf16(v), heads_bf16(out),
+                                          lse.data<float>(), ws.data());
+    }
+    std::vector<float> ws = tiled_workspace<float>(d, attention_workspace_avx512(d, false));
     return attention_forward_avx512(d, heads_f32(q), heads_f32(k), heads_f32(v), heads_f32(out),
                                     lse.data<float>(), ws.data());
+  }
+  if (is_16bit(q.dtype())) {
+    Tensor out32 = empty_bthc_f32(out);
+    attention(f32(q), f32(k), f32(v), causal, scale, rope, out32, lse);
+    return copy_elements(out, out32);
   }
   if (q.dtype() == DType::f64) forward_typed<double>(q, k, v, causal, scale, rope, out, lse);
   else forward_typed<float>(q, k, v, causal, float(scale), rope, out, lse);
@@ -260,9 +285,22 @@ void attention_backward(const Tensor& grad, const Tensor& q, const Tensor& k, co
                         const Tensor& dk, const Tensor& dv) {
   if (attention_uses_tiles(q, v)) {
     const AttentionDims d = dims_of(q, k, v, causal, scale, rope, true);
-    std::vector<float> ws = tiled_workspace(d, true);
+    if (q.dtype() == DType::bf16) {
+      std::vector<char> ws = tiled_workspace<char>(d, attention_workspace_avx512bf16(d, true));
+      return attention_backward_avx512bf16(d, heads_bf16(grad), heads_bf16(q), heads_bf16(k), heads_bf16(v),
+                                           heads_bf16(out), lse.data<float>(), heads_bf16(dq), heads_bf16(dk),
+                                           heads_bf16(dv), ws.data());
+    }
+    std::vector<float> ws = tiled_workspace<float>(d, attention_workspace_avx512(d, true));
     return attention_backward_avx512(d, heads_f32(grad), heads_f32(q), heads_f32(k), heads_f32(v), heads_f32(out),
                                      lse.data<float>(), heads_f32(dq), heads_f32(dk), heads_f32(dv), ws.data());
+  }
+  if (is_16bit(q.dtype())) {
+    Tensor dq32 = empty_bthc_f32(dq), dk32 = empty_bthc_f32(dk), dv32 = empty_bthc_f32(dv);
+    attention_backward(f32(grad), f32(q), f32(k), f32(v), f32(out), lse, causal, scale, rope, dq32, dk32, dv32);
+    copy_elements(dq, dq32);
+    copy_elements(dk, dk32);
+    return copy_elements(dv, dv32);
   }
   if (q.dtype() == DType::f64)
     backward_typed<double>(grad, q, k, v, out, lse, causal, scale, rope, dq, dk, dv);

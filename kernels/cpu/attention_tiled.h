@@ -1,6 +1,7 @@
-// kernels/cpu: the register-tiled f32 attention loops (attention_avx512.cpp), built for
-// AVX-512 only and called by attention.cpp when the CPU has it (the same run-time choice as
-// the f32 GEMM kernel, gemm.h). Plain pointers and strides: this header has no inline code,
+// kernels/cpu: the register-tiled attention loops, f32 (attention_avx512.cpp, built for
+// AVX-512) and bf16 (attention_avx512bf16.cpp, built for AVX512_BF16), called by
+// attention.cpp when the CPU has the instructions (the same run-time choice as the f32 and
+// bf16 GEMM kernels, gemm.h). Plain pointers and strides: this header has no inline code,
 // so nothing compiled for AVX-512 reaches code that runs on other CPUs.
 #pragma once
 #include <cstdint>
@@ -10,6 +11,12 @@ namespace weft::kernels::cpu {
 // One [B, H, T, C] operand: element (b, h, t, c) at p[b*sb + h*sh + t*st + c].
 struct HeadsF32 {
   float* p;
+  int64_t sb, sh, st;
+};
+
+// The same for bf16 operands (their bits).
+struct HeadsBF16 {
+  uint16_t* p;
   int64_t sb, sh, st;
 };
 
@@ -34,5 +41,14 @@ void attention_forward_avx512(const AttentionDims& d, HeadsF32 q, HeadsF32 k, He
 void attention_backward_avx512(const AttentionDims& d, HeadsF32 grad, HeadsF32 q, HeadsF32 k, HeadsF32 v,
                                HeadsF32 out, const float* lse, HeadsF32 dq, HeadsF32 dk, HeadsF32 dv,
                                float* workspace);
+
+// bf16 operands, products summed in f32 (attention_avx512bf16.cpp: which values round to
+// bf16); lse is f32. Workspace in bytes per thread, in the same per-thread blocks.
+int64_t attention_workspace_avx512bf16(const AttentionDims& d, bool backward);
+void attention_forward_avx512bf16(const AttentionDims& d, HeadsBF16 q, HeadsBF16 k, HeadsBF16 v, HeadsBF16 out,
+                                  float* lse, char* workspace);
+void attention_backward_avx512bf16(const AttentionDims& d, HeadsBF16 grad, HeadsBF16 q, HeadsBF16 k, HeadsBF16 v,
+                                   HeadsBF16 out, const float* lse, HeadsBF16 dq, HeadsBF16 dk, HeadsBF16 dv,
+                                   char* workspace);
 
 }  // namespace weft::kernels::cpu

@@ -1,8 +1,7 @@
 // kernels/cpu: the CPU's KernelBackend table (kernels/backend.h), filled with the loops of
-// kernels/cpu/*.cpp, plus the 16-bit round trip of attention that only the CPU needs.
+// kernels/cpu/*.cpp.
 #include "kernels/backend.h"
 
-#include "core/copy.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/gemm.h"
@@ -10,35 +9,6 @@
 #include "kernels/cpu/reduce.h"
 
 namespace weft::kernels::cpu {
-namespace {
-
-Tensor f32(const Tensor& t) { return t.to(DType::f32); }
-// An f32 [B, H, T, C] tensor stored as [B, T, H, C], the layout the entry points allocate.
-Tensor empty_bthc_f32(const Tensor& like) {
-  return empty({like.size(0), like.size(2), like.size(1), like.size(3)}).transpose(1, 2);
-}
-
-// The attention loops take f32 and f64: 16-bit operands are computed in f32 copies.
-void attention_any(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
-                   const AttentionRope& rope, const Tensor& out, const Tensor& lse) {
-  if (!is_16bit(q.dtype())) return attention(q, k, v, causal, scale, rope, out, lse);
-  Tensor out32 = empty_bthc_f32(out);
-  attention(f32(q), f32(k), f32(v), causal, scale, rope, out32, lse);
-  copy_elements(out, out32);
-}
-
-void attention_backward_any(const Tensor& grad, const Tensor& q, const Tensor& k, const Tensor& v,
-                            const Tensor& out, const Tensor& lse, bool causal, double scale,
-                            const AttentionRope& rope, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
-  if (!is_16bit(q.dtype())) return attention_backward(grad, q, k, v, out, lse, causal, scale, rope, dq, dk, dv);
-  Tensor dq32 = empty_bthc_f32(dq), dk32 = empty_bthc_f32(dk), dv32 = empty_bthc_f32(dv);
-  attention_backward(f32(grad), f32(q), f32(k), f32(v), f32(out), lse, causal, scale, rope, dq32, dk32, dv32);
-  copy_elements(dq, dq32);
-  copy_elements(dk, dk32);
-  copy_elements(dv, dv32);
-}
-
-}  // namespace
 
 const KernelBackend& kernel_table() {
   static const KernelBackend table{
@@ -76,8 +46,8 @@ const KernelBackend& kernel_table() {
       .index_add = &index_add,
       .gather = &gather,
       .scatter_add = &scatter_add,
-      .attention = &attention_any,
-      .attention_backward = &attention_backward_any,
+      .attention = &attention,
+      .attention_backward = &attention_backward,
       .adam_step_ = &adam_step_,
       .sgd_step_ = &sgd_step_,
   };
