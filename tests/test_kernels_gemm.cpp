@@ -230,8 +230,8 @@ TEST_CASE("the bf16 GEMM kernel matches a double loop on every shape, transpose,
              });
   for (int t = 0; t < 4; ++t) {
     check_gemm<BFloat16, float>(bgemm_kernel<float>, 13, 1100, 20, t & 1, t & 2, 1, 1.0f, 0.5f);    // past one NC block of columns
-    check_gemm<BFloat16, BFloat16>(bgemm_kernel<BFloat16>, 40, 70, 1101, t & 1, t & 2, 2, 0.5f, 0.25f);  // three KC blocks, odd k
-    check_gemm<BFloat16, float>(bgemm_kernel<float>, 300, 40, 1030, t & 1, t & 2, 0, 1.0f, 1.0f);
+    check_gemm<BFloat16, BFloat16>(bgemm_kernel<BFloat16>, 40, 70, 4301, t & 1, t & 2, 2, 0.5f, 0.25f);  // three KC blocks, odd k
+    check_gemm<BFloat16, float>(bgemm_kernel<float>, 300, 40, 2100, t & 1, t & 2, 0, 1.0f, 1.0f);  // two KC blocks
   }
 }
 

@@ -176,7 +176,7 @@ void panel(const uint16_t* x, int64_t t, int64_t cols, uint16_t* out, int64_t ld
 // Rows [0, t) of src (row stride ss, bf16 or f32) into bf16 dst (row stride ds), each row
 // rotated (kernels/rope.h) at positions pos0, pos0 + 1, ...: forward (sign 1) when packing q
 // and k, inverse (sign -1) when writing the gradients of rotated operands. Without rotation
-// a copy, rounded from f32.
+// a copy, rounded from f32 as the bf16 GEMM rounds (vcvtneps2bf16).
 template <typename S>
 void rows_to_bf16(const AttentionDims& d, const S* src, int64_t ss, int64_t t, int64_t cols, int64_t pos0,
                   uint16_t* dst, int64_t ds, float sign) {
@@ -188,9 +188,12 @@ void rows_to_bf16(const AttentionDims& d, const S* src, int64_t ss, int64_t t, i
   for (int64_t j = 0; j < t; ++j) {
     const S* sr = src + j * ss;
     uint16_t* dr = dst + j * ds;
-    if (!d.rope_cos) {
-#pragma omp simd
-      for (int64_t i = 0; i < cols; ++i) dr[i] = bf16_of(f32(sr[i]));
+    if (!d.rope_cos) {  // cols is a multiple of 16
+      if constexpr (sizeof(S) == 2) std::memcpy(dr, sr, size_t(cols) * 2);
+      else
+        for (int64_t i = 0; i < cols; i += kW)
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(dr + i),
+                              reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_loadu_ps(sr + i))));
       continue;
     }
     const float *c = d.rope_cos + (pos0 + j) * half, *s = d.rope_sin + (pos0 + j) * half;
