@@ -1,5 +1,5 @@
 // Tests for weft's own GEMM kernels and their run-time choice: every f32 kernel this CPU runs
-// (kernels/cpu/sgemm.h) and the bf16 one (bgemm.h: bf16 inputs, f32 sums, f32 or bf16 results),
+// (kernels/cpu/sgemm.h) and the bf16 ones (bgemm.h: bf16 inputs, f32 sums, f32 or bf16 results),
 // against a double-precision loop over the same input values, on shapes with tails on every
 // block edge, all four transposes, strided leading dims, alpha/beta, threads and batched
 // matmul; and bf16's portable path (converted to f32) on CPUs without AVX512_BF16.
@@ -117,20 +117,27 @@ void check_shapes(Fn&& fn) {
   check_gemm(fn, 40, 70, 1100, false, true, 2, 0.5f, 0.25f);  // three KC blocks, a tail in each dim
 }
 
-bool bf16_native() {
-  if (bf16_gemm_native()) return true;
-  std::printf("skipping the AVX512_BF16 kernel: this CPU does not have AVX512_BF16 (or avx512 is not the GEMM kernel)\n");
-  return false;
+// The bf16 kernels this CPU runs; the others are skipped, saying why.
+std::vector<BgemmKernel> bf16_kernels() {
+  std::vector<BgemmKernel> out;
+  for (BgemmKernel k : {BgemmKernel::amx, BgemmKernel::avx512bf16}) {
+    if (bgemm_kernel_supported(k)) out.push_back(k);
+    else std::printf("skipping the %s bf16 GEMM kernel: this CPU does not have it (AMX-BF16 with the tile state, "
+                     "or AVX512_BF16 with avx512 as the GEMM kernel)\n", bgemm_kernel_name(k));
+  }
+  return out;
 }
 
-// The bf16 kernel itself, c of TO.
+// One bf16 kernel itself, c of TO.
 template <class TO>
-void bgemm_kernel(int64_t m, int64_t n, int64_t k, const BFloat16* a, MatLayout la, const BFloat16* b, MatLayout lb,
+auto bgemm_fn(BgemmKernel kernel) {
+  return [kernel](int64_t m, int64_t n, int64_t k, const BFloat16* a, MatLayout la, const BFloat16* b, MatLayout lb,
                   TO* c, int64_t ldc, float alpha, float beta) {
-  auto rs = [](MatLayout l) { return l.row_major ? l.ld : 1; };
-  auto cs = [](MatLayout l) { return l.row_major ? 1 : l.ld; };
-  bgemm_avx512bf16(m, n, k, &a->bits, rs(la), cs(la), &b->bits, rs(lb), cs(lb), c, std::is_same_v<TO, BFloat16>, ldc,
-                   alpha, beta);
+    auto rs = [](MatLayout l) { return l.row_major ? l.ld : 1; };
+    auto cs = [](MatLayout l) { return l.row_major ? 1 : l.ld; };
+    (kernel == BgemmKernel::amx ? bgemm_amx : bgemm_avx512bf16)(m, n, k, &a->bits, rs(la), cs(la), &b->bits, rs(lb),
+                                                                 cs(lb), c, std::is_same_v<TO, BFloat16>, ldc, alpha, beta);
+  };
 }
 
 // Strides of a MatLayout for the ISA functions: (row stride, column stride).
@@ -221,34 +228,45 @@ TEST_CASE("WEFT_CPU_GEMM is honoured by a fresh process") {
   }
 }
 
-TEST_CASE("the bf16 GEMM kernel matches a double loop on every shape, transpose, stride and output type") {
-  if (!bf16_native()) return;
-  for_shapes({1, 7, 13, 33, 65, 145, 300}, {1, 2, 7, 64, 257, 300}, 145 * 65 * 300,
-             [&](int64_t m, int64_t n, int64_t k, bool ta, bool tb, int64_t pad, float alpha, float beta, int i) {
-               if (i % 2) check_gemm<BFloat16, float>(bgemm_kernel<float>, m, n, k, ta, tb, pad, alpha, beta);
-               else check_gemm<BFloat16, BFloat16>(bgemm_kernel<BFloat16>, m, n, k, ta, tb, pad, alpha, beta);
-             });
-  for (int t = 0; t < 4; ++t) {
-    check_gemm<BFloat16, float>(bgemm_kernel<float>, 13, 1100, 20, t & 1, t & 2, 1, 1.0f, 0.5f);    // past one NC block of columns
-    check_gemm<BFloat16, BFloat16>(bgemm_kernel<BFloat16>, 40, 70, 4301, t & 1, t & 2, 2, 0.5f, 0.25f);  // three KC blocks, odd k
-    check_gemm<BFloat16, float>(bgemm_kernel<float>, 300, 40, 2100, t & 1, t & 2, 0, 1.0f, 1.0f);  // two KC blocks
+TEST_CASE("each bf16 GEMM kernel matches a double loop on every shape, transpose, stride and output type") {
+  for (BgemmKernel kernel : bf16_kernels()) {
+    INFO("kernel " << bgemm_kernel_name(kernel));
+    auto f32 = bgemm_fn<float>(kernel);
+    auto b16 = bgemm_fn<BFloat16>(kernel);
+    for_shapes({1, 7, 13, 33, 65, 145, 300}, {1, 2, 7, 64, 257, 300}, 145 * 65 * 300,
+               [&](int64_t m, int64_t n, int64_t k, bool ta, bool tb, int64_t pad, float alpha, float beta, int i) {
+                 if (i % 2) check_gemm<BFloat16, float>(f32, m, n, k, ta, tb, pad, alpha, beta);
+                 else check_gemm<BFloat16, BFloat16>(b16, m, n, k, ta, tb, pad, alpha, beta);
+               });
+    for (int t = 0; t < 4; ++t) {
+      check_gemm<BFloat16, float>(f32, 13, 1100, 20, t & 1, t & 2, 1, 1.0f, 0.5f);      // past one NC block of columns
+      check_gemm<BFloat16, BFloat16>(b16, 40, 70, 4301, t & 1, t & 2, 2, 0.5f, 0.25f);  // three or more KC blocks, odd k
+      check_gemm<BFloat16, float>(f32, 300, 40, 2100, t & 1, t & 2, 0, 1.0f, 1.0f);     // two or more KC blocks
+      check_gemm<BFloat16, float>(f32, 96, 64, 1024, t & 1, t & 2, 0, 1.0f, 1.0f);      // whole tiles, c accumulated
+    }
   }
 }
 
 TEST_CASE("the bf16 GEMM entry point splits over threads and gives the kernel's answers") {
-  if (!bf16_native()) return;
+  if (bf16_kernels().empty()) return;
+  const BgemmKernel saved = bgemm_kernel();
   int threads = get_num_threads();
-  for (int t : {1, 2}) {
-    set_num_threads(t);
-    INFO(t << " threads");
-    check_gemm<BFloat16, float>(gemm_bf16<float>, 300, 129, 300, false, true, 3, 1.0f, 0.0f);
-    check_gemm<BFloat16, BFloat16>(gemm_bf16<BFloat16>, 65, 700, 257, true, false, 0, -0.5f, 1.0f);
-    check_gemm<BFloat16, BFloat16>(gemm_bf16<BFloat16>, 530, 40, 64, false, true, 1, 1.0f, 0.0f);  // slices on 12-row edges
-    check_gemm<BFloat16, float>(gemm_bf16<float>, 40, 600, 64, true, false, 0, 1.0f, 0.5f);        // slices on 32-column edges
-    check_gemm<BFloat16, float>(gemm_bf16<float>, 1, 300, 65, false, false, 2, 2.0f, 0.25f);
-    check_gemm<BFloat16, BFloat16>(gemm_bf16<BFloat16>, 20, 30, 0, false, false, 0, 1.0f, 0.5f);  // k = 0: beta * c
+  for (BgemmKernel kernel : bf16_kernels()) {
+    set_bgemm_kernel(kernel);
+    CHECK(bgemm_kernel() == kernel);
+    for (int t : {1, 2}) {
+      set_num_threads(t);
+      INFO("kernel " << bgemm_kernel_name(kernel) << ", " << t << " threads");
+      check_gemm<BFloat16, float>(gemm_bf16<float>, 300, 129, 300, false, true, 3, 1.0f, 0.0f);
+      check_gemm<BFloat16, BFloat16>(gemm_bf16<BFloat16>, 65, 700, 257, true, false, 0, -0.5f, 1.0f);
+      check_gemm<BFloat16, BFloat16>(gemm_bf16<BFloat16>, 530, 40, 64, false, true, 1, 1.0f, 0.0f);  // slices on row-tile edges
+      check_gemm<BFloat16, float>(gemm_bf16<float>, 40, 600, 64, true, false, 0, 1.0f, 0.5f);        // slices on 32-column edges
+      check_gemm<BFloat16, float>(gemm_bf16<float>, 1, 300, 65, false, false, 2, 2.0f, 0.25f);
+      check_gemm<BFloat16, BFloat16>(gemm_bf16<BFloat16>, 20, 30, 0, false, false, 0, 1.0f, 0.5f);  // k = 0: beta * c
+    }
   }
   set_num_threads(threads);
+  set_bgemm_kernel(saved);
 }
 
 // bf16 matmul of tensors, native and portable: the answer is the bf16 inputs' product summed in
@@ -277,8 +295,13 @@ TEST_CASE("bf16 matmul computes the product of the bf16-rounded inputs, with the
     check(randn({2, 150, 130}, {}, &gen).transpose(-1, -2), randn({2, 150, 170}, {}, &gen));  // a^T views
   };
   if (bf16_gemm_native()) {
-    INFO("AVX512_BF16 kernel");
-    run();
+    const BgemmKernel saved = bgemm_kernel();
+    for (BgemmKernel kernel : bf16_kernels()) {
+      set_bgemm_kernel(kernel);
+      INFO("bf16 kernel " << bgemm_kernel_name(kernel));
+      run();
+    }
+    set_bgemm_kernel(saved);
   }
   SgemmKernel saved = sgemm_kernel();
   set_sgemm_kernel(SgemmKernel::eigen);

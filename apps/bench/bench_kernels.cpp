@@ -1,7 +1,7 @@
 // weft-bench: CPU kernel throughput against the machine's own measured peak. Prints one
 // table: peak fp32 FMA rate per vector width (and the bf16 dot-product peak where the CPU has
-// AVX512_BF16), GFLOP/s of each f32 GEMM kernel the CPU runs (avx512, avx2, eigen) and of the
-// bf16 one at 1024^3 and the GEMM shapes of GPT training, and GB/s of an
+// AVX512_BF16, the AMX tile peak where it has AMX), GFLOP/s of each f32 GEMM kernel the CPU
+// runs (avx512, avx2, eigen) and of the bf16 ones at 1024^3 and the GEMM shapes of GPT training, and GB/s of an
 // element-wise op and of a row softmax, each at 1..N threads. Every figure is the median (and
 // the best) of several runs after a warm-up.
 #include <malloc.h>
@@ -99,6 +99,35 @@ __attribute__((target("avx512f,avx512bf16"))) float chains_avx512bf16(int64_t it
     for (auto& v : acc) v = _mm512_dpbf16_ps(v, a, a);
   return lane_total(acc);
 }
+// AMX's bf16 peak: 4 chains of tdpbf16ps (16 x 16 f32 sums of 32 products each: 16,384 flops)
+// on one pair of tiles; the kernel's own choice has asked Linux for the tile state.
+__attribute__((target("amx-tile,amx-bf16"))) float chains_amx(int64_t iters) {
+  struct alignas(64) {
+    uint8_t palette = 1, start = 0, reserved[14] = {};
+    uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+    uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+  } config;
+  alignas(64) uint16_t ones[16 * 32];
+  alignas(64) float out[16 * 16];
+  std::fill(std::begin(ones), std::end(ones), uint16_t(0x3a83));  // 1e-3 in bf16
+  _tile_loadconfig(&config);
+  _tile_loadd(4, ones, 64);
+  _tile_loadd(5, ones, 64);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t i = 0; i < iters; ++i) {
+    _tile_dpbf16ps(0, 4, 5);
+    _tile_dpbf16ps(1, 4, 5);
+    _tile_dpbf16ps(2, 4, 5);
+    _tile_dpbf16ps(3, 4, 5);
+  }
+  _tile_stored(0, out, 64);
+  asm volatile("" ::: "memory");
+  _tile_release();
+  return out[0];
+}
 #endif
 
 // Vector width in floats of the FMA loop for `isa` ("avx512", "avx2"); 0 where the CPU lacks it.
@@ -107,12 +136,15 @@ int fma_width(const std::string& isa) {
   if (isa == "avx512" && __builtin_cpu_supports("avx512f")) return 16;
   if (isa == "avx2" && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 8;
   if (isa == "avx512bf16" && __builtin_cpu_supports("avx512bf16")) return 32;  // bf16 pairs: 32 products
+  if (isa == "amx" && kernels::cpu::bgemm_kernel_supported(kernels::cpu::BgemmKernel::amx)) return 16 * 16 * 32;
 #endif
   return 0;
 }
 
 double fma_gflops(const std::string& isa, int threads, int64_t iters) {
   int ran = 1, width = fma_width(isa);
+  const bool amx = isa == "amx";
+  if (amx) iters /= 64;  // each step of its chains does 85 times vdpbf16ps's work
   volatile float sink = 0;
   double secs = median_seconds(1, 5, [&] {
 #pragma omp parallel num_threads(threads)
@@ -122,7 +154,8 @@ double fma_gflops(const std::string& isa, int threads, int64_t iters) {
       ran = omp_get_num_threads();
 #endif
 #ifdef __x86_64__
-      float total = isa == "avx512bf16" ? chains_avx512bf16(iters)
+      float total = amx                   ? chains_amx(iters)
+                    : isa == "avx512bf16" ? chains_avx512bf16(iters)
                     : width == 16         ? chains_avx512(iters)
                                           : chains_avx2(iters);
 #pragma omp critical
@@ -130,7 +163,7 @@ double fma_gflops(const std::string& isa, int threads, int64_t iters) {
 #endif
     }
   });
-  return double(iters) * 12 * width * 2 * ran / secs / 1e9;
+  return double(iters) * (amx ? 4 : 12) * width * 2 * ran / secs / 1e9;
 }
 
 struct Row {
@@ -189,8 +222,8 @@ int main(int argc, char** argv) {
   app.add_option("--threads", max_threads, "largest thread count to measure (1..N)")
       ->check(CLI::PositiveNumber);
   app.add_flag("--gemm-only", gemm_only, "only the FMA peak and the GEMM rows");
-  app.add_option("--kernel", kernel_filter, "only this GEMM kernel (avx512bf16: the bf16 one)")
-      ->check(CLI::IsMember({"avx512", "avx2", "eigen", "avx512bf16"}));
+  app.add_option("--kernel", kernel_filter, "only this GEMM kernel (avx512bf16, amx: the bf16 ones)")
+      ->check(CLI::IsMember({"avx512", "avx2", "eigen", "avx512bf16", "amx"}));
   CLI11_PARSE(app, argc, argv);
   kernels::cpu::SgemmKernel default_kernel;
   try {
@@ -232,11 +265,14 @@ int main(int argc, char** argv) {
     if (!peaks.count("eigen")) peaks["eigen"] = peaks[isa];
   }
   // bf16 GEMM rows where the kernel runs (the CPU has AVX512_BF16, WEFT_CPU_GEMM allows it).
-  const bool bf16 = kernels::cpu::bf16_gemm_native() && (kernel_filter.empty() || kernel_filter == "avx512bf16");
-  if (bf16) {
-    measure({"peak bf16 dot (avx512bf16)", "-", "GFLOP/s", {}},
-            [&](int t) { return fma_gflops("avx512bf16", t, quick ? 20'000'000 : 50'000'000); });
-    peaks["avx512bf16"] = rows.back().values;
+  std::vector<kernels::cpu::BgemmKernel> bf16_kernels;
+  for (auto k : {kernels::cpu::BgemmKernel::amx, kernels::cpu::BgemmKernel::avx512bf16}) {
+    const std::string name = kernels::cpu::bgemm_kernel_name(k);
+    if (!kernels::cpu::bgemm_kernel_supported(k) || !(kernel_filter.empty() || kernel_filter == name)) continue;
+    bf16_kernels.push_back(k);
+    measure({fmt::format("peak bf16 {} ({})", k == kernels::cpu::BgemmKernel::amx ? "tile" : "dot", name), "-", "GFLOP/s", {}},
+            [&](int t) { return fma_gflops(name, t, quick ? 20'000'000 : 50'000'000); });
+    peaks[name] = rows.back().values;
   }
 
   // C[m, n] = A[m, k] B[k, n]; a_t / b_t: the operand is a transposed view (as the backward
@@ -245,7 +281,7 @@ int main(int argc, char** argv) {
   for (auto k : {kernels::cpu::SgemmKernel::avx512, kernels::cpu::SgemmKernel::avx2, kernels::cpu::SgemmKernel::eigen})
     if (kernels::cpu::sgemm_kernel_supported(k) && (kernel_filter.empty() || kernel_filter == sgemm_kernel_name(k)))
       gemm_kernels.push_back(k);
-  if (kernel_filter == "avx512bf16") gemm_kernels.clear();
+  if (kernel_filter == "avx512bf16" || kernel_filter == "amx") gemm_kernels.clear();
   auto gemm_row = [&](const std::string& name, int64_t m, int64_t k, int64_t n, bool a_t, bool b_t, int64_t batch,
                       int r) {
     Shape lead = batch > 1 ? Shape{batch} : Shape{};
@@ -273,7 +309,12 @@ int main(int argc, char** argv) {
       time(kernels::cpu::sgemm_kernel_name(kernel), kFloat32);
     }
     kernels::cpu::set_sgemm_kernel(default_kernel);
-    if (bf16) time("avx512bf16", kBFloat16);  // bf16 in and out, f32 sums
+    const auto bf16_default = bf16_kernels.empty() ? kernels::cpu::BgemmKernel::avx512bf16 : kernels::cpu::bgemm_kernel();
+    for (auto kernel : bf16_kernels) {  // bf16 in and out, f32 sums
+      kernels::cpu::set_bgemm_kernel(kernel);
+      time(kernels::cpu::bgemm_kernel_name(kernel), kBFloat16);
+    }
+    if (!bf16_kernels.empty()) kernels::cpu::set_bgemm_kernel(bf16_default);
   };
   int gr = quick ? 5 : 15;  // repetitions of a GEMM
   gemm_row("gemm", 1024, 1024, 1024, false, false, 1, gr);

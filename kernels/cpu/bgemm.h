@@ -1,7 +1,8 @@
-// kernels/cpu: weft's bf16 GEMM kernel (bgemm_avx512bf16.cpp, compiled for AVX512_BF16 only):
-// bf16 inputs, products and sums in f32 (vdpbf16ps), the result stored as f32 or rounded to
-// bf16. gemm.cpp calls it when the CPU has AVX512_BF16; elsewhere bf16 products convert to
-// f32 and take the f32 kernels. Like sgemm.h: no inline code here.
+// kernels/cpu: weft's bf16 GEMM kernels: bf16 inputs, products and sums in f32, the result
+// stored as f32 or rounded to bf16. bgemm_avx512bf16.cpp (vdpbf16ps, compiled for AVX512_BF16)
+// and bgemm_amx.cpp (AMX tiles, tdpbf16ps; Intel since Sapphire Rapids). gemm.cpp picks AMX
+// where the CPU has it, else AVX512_BF16; elsewhere bf16 products convert to f32 and take the
+// f32 kernels. Like sgemm.h: no inline code here.
 #pragma once
 #include <cstdint>
 
@@ -15,5 +16,9 @@ namespace weft::kernels::cpu {
 void bgemm_avx512bf16(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, int64_t a_cs,
                       const uint16_t* b, int64_t b_rs, int64_t b_cs, void* c, bool c_bf16, int64_t ldc,
                       float alpha, float beta);
+// The same product on AMX tiles: only after Linux has granted the process the tile state
+// (gemm.cpp asks, arch_prctl ARCH_REQ_XCOMP_PERM).
+void bgemm_amx(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, int64_t a_cs, const uint16_t* b,
+               int64_t b_rs, int64_t b_cs, void* c, bool c_bf16, int64_t ldc, float alpha, float beta);
 
 }  // namespace weft::kernels::cpu

@@ -18,6 +18,10 @@
 #include <optional>
 #include <string>
 #include <vector>
+#if defined(__x86_64__) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include "core/copy.h"
 #include "core/dispatch.h"
@@ -155,23 +159,41 @@ MatLayout mat_layout(int64_t rows, int64_t cols, int64_t row_stride, int64_t col
 
 namespace {
 
-constexpr SgemmKernel kAllSgemm[] = {SgemmKernel::avx512, SgemmKernel::avx2, SgemmKernel::eigen};
-
-// The kernel WEFT_CPU_GEMM names, else the widest the CPU runs; a bad value leaves an error.
-std::pair<SgemmKernel, std::string> choose_sgemm() {
-  const char* env = std::getenv("WEFT_CPU_GEMM");
+// The kernel environment variable `var` names among `all` (those `supported` on this CPU, by
+// `name`), else the first this CPU runs; a bad value leaves an error for `in_use` to report.
+template <class K, size_t N, class Supported, class Name>
+std::pair<K, std::string> choose_kernel(const char* var, const K (&all)[N], Supported supported, Name name) {
+  const char* env = std::getenv(var);
   const bool set = env && *env;
-  std::string here;
-  for (SgemmKernel k : kAllSgemm) {
-    if (!sgemm_kernel_supported(k)) continue;
-    if (!set || std::strcmp(env, sgemm_kernel_name(k)) == 0) return {k, ""};
-    here += std::string(here.empty() ? "" : ", ") + sgemm_kernel_name(k);
+  std::string here, allowed;
+  for (K k : all) {
+    allowed += std::string(allowed.empty() ? "" : ", ") + name(k);
+    if (!supported(k)) continue;
+    if (!set || std::strcmp(env, name(k)) == 0) return {k, ""};
+    here += std::string(here.empty() ? "" : ", ") + name(k);
   }
-  return {SgemmKernel::eigen, fmt::format("WEFT_CPU_GEMM={}: not an f32 GEMM kernel this CPU runs; allowed values: "
-                                          "avx512, avx2, eigen (this CPU: {})", env, here)};
+  return {all[N - 1], fmt::format("{}={}: not a kernel this CPU runs; allowed values: {} (this CPU: {})", var,
+                                  set ? env : "", allowed, here)};
 }
 
-std::atomic<int> forced_sgemm{-1};  // set_sgemm_kernel
+// The chosen kernel, or the one a test forced. The error is thrown only outside a parallel
+// region (inside, an exception would end the program): the first product outside one, e.g.
+// every Linear layer's, reports it.
+template <class K>
+K in_use(const std::pair<K, std::string>& chosen, const std::atomic<int>& forced) {
+  if (int f = forced.load(std::memory_order_relaxed); f >= 0) return K(f);
+#ifdef _OPENMP
+  if (!chosen.second.empty() && !omp_in_parallel()) WEFT_ERROR("{}", chosen.second);
+#else
+  if (!chosen.second.empty()) WEFT_ERROR("{}", chosen.second);
+#endif
+  return chosen.first;
+}
+
+constexpr SgemmKernel kAllSgemm[] = {SgemmKernel::avx512, SgemmKernel::avx2, SgemmKernel::eigen};
+constexpr BgemmKernel kAllBgemm[] = {BgemmKernel::amx, BgemmKernel::avx512bf16};
+
+std::atomic<int> forced_sgemm{-1}, forced_bgemm{-1};  // set_sgemm_kernel, set_bgemm_kernel
 
 SgemmFn sgemm_fn(SgemmKernel k) {
 #ifdef __x86_64__
@@ -227,16 +249,8 @@ bool sgemm_kernel_supported(SgemmKernel k) {
 }
 
 SgemmKernel sgemm_kernel() {
-  static const auto [chosen, error] = choose_sgemm();
-  if (int forced = forced_sgemm.load(std::memory_order_relaxed); forced >= 0) return SgemmKernel(forced);
-  // Thrown only outside a parallel region (inside, an exception would end the program): the
-  // first GEMM outside one, e.g. every Linear layer's, reports it.
-#ifdef _OPENMP
-  if (!error.empty() && !omp_in_parallel()) WEFT_ERROR("{}", error);
-#else
-  if (!error.empty()) WEFT_ERROR("{}", error);
-#endif
-  return chosen;
+  static const auto chosen = choose_kernel("WEFT_CPU_GEMM", kAllSgemm, sgemm_kernel_supported, sgemm_kernel_name);
+  return in_use(chosen, forced_sgemm);
 }
 
 void set_sgemm_kernel(SgemmKernel k) {
@@ -244,15 +258,7 @@ void set_sgemm_kernel(SgemmKernel k) {
   forced_sgemm.store(int(k), std::memory_order_relaxed);
 }
 
-// Large products give each thread a contiguous slice of C's rows (or columns, when C is at
-// least as wide as tall), each a serial product, instead of letting Eigen thread one product.
-// Eigen's threads synchronise once per packed block of the shared operand; on a machine
-// shared with other work, a descheduled thread stalls the other at every such point, while
-// the slices meet only once. Each thread packs the shared operand itself, which costs little
-// next to the slice's arithmetic; square products split by columns, so that each thread packs
-// only its own columns of b (the larger share of the packing at 1024^3 with two threads: 87-89 %
-// of the AVX-512 peak by rows, 91-93 % by columns on a Zen 5; the same for AVX2). Measured on the 2-core machine: 5-20 % more tokens/s in
-// weft-transformer at 2 threads (docs/PERFORMANCE.md).
+// Through split_product: see there.
 namespace {
 
 // Runs slice(r0, r1, c0, c1) over C: once over all of it, or per thread over slices.
@@ -270,10 +276,10 @@ void split_product(int64_t m, int64_t n, int64_t k, F&& slice) {
 #ifdef _OPENMP
 #pragma omp parallel num_threads(threads)
   {
-    // Slices start on multiples of the kernels' tile (12 rows, 32 columns) when large
-    // enough, so that only the last one has a tail tile.
+    // Slices start on multiples of the kernels' tiles (rows: 12 and AMX's 32; columns: 32)
+    // when large enough, so that only the last one has a tail tile.
     const int t = omp_get_thread_num();
-    const int64_t unit = len >= 256 * threads ? (by_rows ? 12 : 32) : 1;
+    const int64_t unit = len >= 256 * threads ? (by_rows ? 96 : 32) : 1;
     const int64_t p0 = len * t / threads / unit * unit, p1 = t + 1 == threads ? len : len * (t + 1) / threads / unit * unit;
     if (by_rows) slice(p0, p1, 0, n);
     else slice(0, m, p0, p1);
@@ -285,30 +291,24 @@ void split_product(int64_t m, int64_t n, int64_t k, F&& slice) {
 template <typename T> const T* row_at(const T* a, MatLayout l, int64_t r) { return l.row_major ? a + r * l.ld : a + r; }
 template <typename T> const T* col_at(const T* b, MatLayout l, int64_t j) { return l.row_major ? b + j : b + j * l.ld; }
 
+using BgemmFn = void (*)(int64_t, int64_t, int64_t, const uint16_t*, int64_t, int64_t, const uint16_t*, int64_t,
+                        int64_t, void*, bool, int64_t, float, float);
+
 template <typename TO>
-void bgemm_one(int64_t m, int64_t n, int64_t k, const BFloat16* a, MatLayout la, const BFloat16* b, MatLayout lb,
-               TO* c, int64_t ldc, float alpha, float beta) {
+void bgemm_one(BgemmFn fn, int64_t m, int64_t n, int64_t k, const BFloat16* a, MatLayout la, const BFloat16* b,
+               MatLayout lb, TO* c, int64_t ldc, float alpha, float beta) {
   if (k == 0) {
     for (int64_t i = 0; i < m; ++i)
       for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0f ? TO(0.0f) : TO(beta * float(c[i * ldc + j]));
     return;
   }
-  bgemm_avx512bf16(m, n, k, &a->bits, la.row_major ? la.ld : 1, la.row_major ? 1 : la.ld, &b->bits,
-                   lb.row_major ? lb.ld : 1, lb.row_major ? 1 : lb.ld, c, std::is_same_v<TO, BFloat16>, ldc, alpha,
-                   beta);
+  fn(m, n, k, &a->bits, la.row_major ? la.ld : 1, la.row_major ? 1 : la.ld, &b->bits, lb.row_major ? lb.ld : 1,
+     lb.row_major ? 1 : lb.ld, c, std::is_same_v<TO, BFloat16>, ldc, alpha, beta);
 }
 
 }  // namespace
 
-// Large products give each thread a contiguous slice of C's rows (or columns, when C is at
-// least as wide as tall), each a serial product, instead of letting Eigen thread one product.
-// Eigen's threads synchronise once per packed block of the shared operand; on a machine
-// shared with other work, a descheduled thread stalls the other at every such point, while
-// the slices meet only once. Each thread packs the shared operand itself, which costs little
-// next to the slice's arithmetic; square products split by columns, so that each thread packs
-// only its own columns of b (the larger share of the packing at 1024^3 with two threads: 87-89 %
-// of the AVX-512 peak by rows, 91-93 % by columns on a Zen 5; the same for AVX2). Measured on the 2-core machine: 5-20 % more tokens/s in
-// weft-transformer at 2 threads (docs/PERFORMANCE.md).
+// Through split_product: see there.
 template <typename T>
 void gemm(int64_t m, int64_t n, int64_t k, const T* a, MatLayout la, const T* b, MatLayout lb, T* c,
           int64_t ldc, T alpha, T beta) {
@@ -327,12 +327,37 @@ bool bf16_gemm_native() {
 #endif
 }
 
+const char* bgemm_kernel_name(BgemmKernel k) { return k == BgemmKernel::amx ? "amx" : "avx512bf16"; }
+
+bool bgemm_kernel_supported(BgemmKernel k) {
+  if (k == BgemmKernel::avx512bf16 || !bf16_gemm_native()) return bf16_gemm_native();
+#if defined(__x86_64__) && defined(__linux__)
+  // Linux hands out AMX's 8 KB of tile state only to a process that asks for it.
+  static const bool granted = __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-bf16") &&
+                              syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+  return granted;
+#else
+  return false;
+#endif
+}
+
+BgemmKernel bgemm_kernel() {
+  static const auto chosen = choose_kernel("WEFT_CPU_BF16_GEMM", kAllBgemm, bgemm_kernel_supported, bgemm_kernel_name);
+  return in_use(chosen, forced_bgemm);
+}
+
+void set_bgemm_kernel(BgemmKernel k) {
+  WEFT_CHECK(bgemm_kernel_supported(k), "set_bgemm_kernel: this CPU cannot run the {} kernel", bgemm_kernel_name(k));
+  forced_bgemm.store(int(k), std::memory_order_relaxed);
+}
+
 template <typename TO>
 void gemm_bf16(int64_t m, int64_t n, int64_t k, const BFloat16* a, MatLayout la, const BFloat16* b, MatLayout lb,
                TO* c, int64_t ldc, float alpha, float beta) {
   WEFT_CHECK(bf16_gemm_native(), "gemm_bf16: this CPU has no AVX512_BF16 (or WEFT_CPU_GEMM chose another kernel)");
+  const BgemmFn fn = bgemm_kernel() == BgemmKernel::amx ? bgemm_amx : bgemm_avx512bf16;
   split_product(m, n, k, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
-    bgemm_one<TO>(r1 - r0, c1 - c0, k, row_at(a, la, r0), la, col_at(b, lb, c0), lb, c + r0 * ldc + c0, ldc, alpha,
+    bgemm_one<TO>(fn, r1 - r0, c1 - c0, k, row_at(a, la, r0), la, col_at(b, lb, c0), lb, c + r0 * ldc + c0, ldc, alpha,
                   beta);
   });
 }

@@ -50,6 +50,15 @@ bool sgemm_kernel_supported(SgemmKernel k);  // this CPU can run it
 SgemmKernel sgemm_kernel();                  // the one in use
 void set_sgemm_kernel(SgemmKernel k);        // for tests and benchmarks; unsupported: an error
 
+// The bf16 kernel gemm_bf16 takes (bgemm.h): AMX tiles where the CPU has AMX-BF16 and Linux
+// grants the process the tile state, else AVX512_BF16's vdpbf16ps. WEFT_CPU_BF16_GEMM=amx|
+// avx512bf16 picks one by hand; a bad value is an error at the first bf16 GEMM.
+enum class BgemmKernel { avx512bf16, amx };
+const char* bgemm_kernel_name(BgemmKernel k);
+bool bgemm_kernel_supported(BgemmKernel k);  // bf16_gemm_native(), and for amx the tiles
+BgemmKernel bgemm_kernel();
+void set_bgemm_kernel(BgemmKernel k);
+
 // Tensor-level kernels behind kernels::matmul / kernels::gemm (checked by the caller).
 // a [..., m, k] and b [..., k, n] with batch dims broadcastable to out's [batch..., m, n];
 // out is contiguous. Any float dtype (bf16 on the bf16 kernel where native, else 16-bit
