@@ -219,6 +219,35 @@ TEST_CASE(kEnvTest, "[.]") {
   }
 }
 
+// WEFT_CPU_BF16_GEMM likewise, in a child process: a bad value is an error at the first bf16 GEMM.
+const char* const kBf16EnvTest = "WEFT_CPU_BF16_GEMM picks the bf16 kernel and a bad value is a clear error";
+TEST_CASE(kBf16EnvTest, "[.]") {
+  const char* env = std::getenv("WEFT_CPU_BF16_GEMM");
+  REQUIRE(env != nullptr);
+  Tensor a = ones({8, 8}).to(kBFloat16), b = ones({8, 8}).to(kBFloat16);
+  if (std::string(env) == "avx512bf16") {
+    CHECK(bgemm_kernel() == BgemmKernel::avx512bf16);
+    CHECK(to_vector(kernels::matmul(a, b))[0] == 8.0);
+  } else {
+    using Catch::Contains;
+    CHECK_THROWS_WITH(kernels::matmul(a, b), Contains("WEFT_CPU_BF16_GEMM=" + std::string(env)) &&
+                                                 Contains("allowed values: amx, avx512bf16"));
+  }
+}
+
+TEST_CASE("WEFT_CPU_BF16_GEMM is honoured by a fresh process") {
+  if (!bgemm_kernel_supported(BgemmKernel::avx512bf16)) {
+    std::printf("skipping WEFT_CPU_BF16_GEMM: this CPU runs no bf16 GEMM kernel\n");
+    return;
+  }
+  for (const char* value : {"avx512bf16", "bogus"}) {
+    std::string cmd = fmt::format("WEFT_CPU_BF16_GEMM={} '{}' '{}' > /dev/null", value,
+                                  std::filesystem::read_symlink("/proc/self/exe").string(), kBf16EnvTest);
+    INFO(cmd);
+    CHECK(std::system(cmd.c_str()) == 0);
+  }
+}
+
 TEST_CASE("WEFT_CPU_GEMM is honoured by a fresh process") {
   for (const char* value : {"eigen", "bogus"}) {
     std::string cmd = fmt::format("WEFT_CPU_GEMM={} '{}' '{}' > /dev/null", value,
