@@ -128,21 +128,20 @@ std::vector<BgemmKernel> bf16_kernels() {
   return out;
 }
 
+// Strides of a MatLayout for the ISA functions: (row stride, column stride).
+int64_t rs(MatLayout l) { return l.row_major ? l.ld : 1; }
+int64_t cs(MatLayout l) { return l.row_major ? 1 : l.ld; }
+
+
 // One bf16 kernel itself, c of TO.
 template <class TO>
 auto bgemm_fn(BgemmKernel kernel) {
   return [kernel](int64_t m, int64_t n, int64_t k, const BFloat16* a, MatLayout la, const BFloat16* b, MatLayout lb,
                   TO* c, int64_t ldc, float alpha, float beta) {
-    auto rs = [](MatLayout l) { return l.row_major ? l.ld : 1; };
-    auto cs = [](MatLayout l) { return l.row_major ? 1 : l.ld; };
     (kernel == BgemmKernel::amx ? bgemm_amx : bgemm_avx512bf16)(m, n, k, &a->bits, rs(la), cs(la), &b->bits, rs(lb),
                                                                  cs(lb), c, std::is_same_v<TO, BFloat16>, ldc, alpha, beta);
   };
 }
-
-// Strides of a MatLayout for the ISA functions: (row stride, column stride).
-int64_t rs(MatLayout l) { return l.row_major ? l.ld : 1; }
-int64_t cs(MatLayout l) { return l.row_major ? 1 : l.ld; }
 
 }  // namespace
 
