@@ -268,6 +268,7 @@ TEST_CASE("each bf16 GEMM kernel matches a double loop on every shape, transpose
                });
     for (int t = 0; t < 4; ++t) {
       check_gemm<BFloat16, float>(f32, 13, 1100, 20, t & 1, t & 2, 1, 1.0f, 0.5f);      // past one NC block of columns
+      check_gemm<BFloat16, float>(f32, 13, 1100, 1024, t & 1, t & 2, 0, 1.0f, 0.5f);    // the same at a full KC depth
       check_gemm<BFloat16, BFloat16>(b16, 40, 70, 4301, t & 1, t & 2, 2, 0.5f, 0.25f);  // three or more KC blocks, odd k
       check_gemm<BFloat16, float>(f32, 300, 40, 2100, t & 1, t & 2, 0, 1.0f, 1.0f);     // two or more KC blocks
       check_gemm<BFloat16, float>(f32, 96, 64, 1024, t & 1, t & 2, 0, 1.0f, 1.0f);      // whole tiles, c accumulated

@@ -12,6 +12,7 @@
 // only where the CPU has AMX-BF16 and Linux has granted the process the tile state (gemm.cpp).
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 // gcc 12 reports false "may be used uninitialized" warnings for the undefined pass-through
 // operand inside its own AVX-512 widening and shift intrinsics.
@@ -26,8 +27,10 @@ namespace weft::kernels::cpu {
 namespace {
 
 constexpr int64_t T = 32;  // the register tile is T x T of c, and depth goes T at a time
-// a's MC x KC block (256 KB) and b's KC x NC panel (512 KB) stay in L2.
-constexpr int64_t MC = 128, KC = 1024, NC = 256;
+// a's MC x KC block (256 KB) and b's KC x nc panel (up to 1 MB, at least NC_MIN columns)
+// stay in L2; an A micro-panel (T rows, up to 64 KB) is reused from L1 across the whole panel
+// of b while b streams from L2, and c is written a whole row segment of nc at a time.
+constexpr int64_t MC = 128, KC = 1024, NC_MIN = 256, B_BYTES = 1 << 20;
 
 inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 inline int64_t round_up(int64_t x) { return (x + T - 1) / T * T; }
@@ -159,6 +162,7 @@ void blocked(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, i
   static thread_local Scratch<uint16_t> a_buf, b_buf;
   static const TileConfig config;
   const int64_t kcp_max = round_up(min64(k, KC));
+  const int64_t NC = round_up(std::max(NC_MIN, B_BYTES / (2 * kcp_max)));
   uint16_t* pa = a_buf.get(MC * kcp_max);
   uint16_t* pb = b_buf.get(kcp_max * round_up(min64(n, NC)));
   alignas(64) float edge[T * T];
@@ -184,8 +188,8 @@ void blocked(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, i
         const int64_t mc = min64(MC, m - ic);
         for (int64_t i = in_place ? mc / T * T : 0; i < mc; i += T)
           pack_a(min64(T, mc - i), kc, kcp, a + (ic + i) * a_rs + pc * a_cs, a_rs, a_cs, pa + i * kcp);
-        for (int64_t jr = 0; jr < nc; jr += T) {
-          for (int64_t ir = 0; ir < mc; ir += T) {
+        for (int64_t ir = 0; ir < mc; ir += T) {
+          for (int64_t jr = 0; jr < nc; jr += T) {
             const int64_t mr = min64(T, mc - ir), nr = min64(T, nc - jr);
             const bool direct = in_place && mr == T;
             const uint16_t* ap = direct ? a + (ic + ir) * a_rs + pc : pa + ir * kcp;
