@@ -1,20 +1,8 @@
-// kernels/cpu: bf16 attention with register tiles, for CPUs with AVX512_BF16 and head dims
-// that are multiples of 16. The steps, grouped-query heads and rotary embeddings are those of
-// attention_avx512.cpp, with every product on bf16 operands summed in f32 by vdpbf16ps (as
-// the bf16 GEMM, bgemm.h): S = Q K^T, O = P V, dP = dO V^T, dQ = dS K, dV += P^T dO and
-// dK += dS^T Q. The scores, softmax, lse, D and every sum (dK and dV over row blocks and query
-// heads) stay f32; P and dS round to bf16 to enter the next product, rotated q and k round
-// to bf16 once, and each output rounds once. Compiled with -mavx512bf16 in its own static
-// library and called only when the CPU has it (attention.cpp); it includes nothing with
-// out-of-line code built for another instruction set.
-//
-// vdpbf16ps multiplies the two bf16 halves of 32-bit words, so each operand is laid out with
-// pairs of the summed index in one word (a "pair" below):
-//   row-major [T, C] bf16 holds pairs along C (the A side of S = Q K^T, O = P V, dQ = dS K);
-//   a pair-row buffer [ceil(T/2), C] holds (x[2q, c], x[2q + 1, c]), pairs along T (the B
-//   side of O = P V and dQ = dS K, and the transposed A and the B of the dV, dK updates);
-//   a panel [C/2, ldk] holds (x[j, 2q], x[j, 2q + 1]) at word (q, j), keys along a row with
-//   pairs along C (the B side of S = Q K^T and dP = dO V^T).
+// kernels/cpu: bf16 attention with vdpbf16ps register tiles, for CPUs with AVX512_BF16 and
+// head dims that are multiples of 16: the loops of attention_bf16_loops.h (which values round
+// to bf16, the pair layouts), each product a register tile of f32 sums. Compiled with
+// -mavx512bf16 in its own static library and called only when the CPU has it (attention.cpp);
+// it includes nothing with out-of-line code built for another instruction set.
 #include <immintrin.h>
 
 #include <cstdint>
@@ -23,43 +11,12 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <cstring>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
-#include "kernels/cpu/attention_tiled.h"
-#include "kernels/cpu/softmax_row.h"
+#include "kernels/cpu/attention_bf16_loops.h"
 
 namespace weft::kernels::cpu {
 namespace {
 
-constexpr int64_t kRowBlock = 32;  // query rows per block, as attention.cpp
-constexpr int64_t kW = 16;         // f32 lanes per vector; bf16 pairs per vector
 constexpr int64_t kTileRows = 8;
-
-int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
-int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-int64_t thread_index() {
-#ifdef _OPENMP
-  return omp_get_thread_num();
-#else
-  return 0;
-#endif
-}
-template <typename T>
-void zero(T* begin, T* end) {
-  for (T* p = begin; p < end; ++p) *p = T(0);
-}
-uint16_t* at(const HeadsBF16& x, int64_t b, int64_t h) { return x.p + b * x.sb + h * x.sh; }
-
-inline float f32_of(uint16_t h) { return __builtin_bit_cast(float, uint32_t(h) << 16); }
-// Round to nearest even, NaN kept a (quiet) NaN: as core/half.h.
-inline uint16_t bf16_of(float f) {
-  uint32_t u = __builtin_bit_cast(uint32_t, f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return uint16_t(u >> 16);
-}
 
 // c[r, 0:NV*16] = alpha * sum_q a(r, q) . b(q, 0:NV*16) (+ c when accumulate), for r < R: the
 // pair a(r, q) is the word at a + 2 (r ars + q acs), b's row q of pairs starts at b + 2 q ldb.
@@ -121,151 +78,14 @@ void small_gemm(int64_t m, int64_t n, int64_t k2, const uint16_t* a, int64_t ars
   }
 }
 
-// The lanes of [x0[0..15], x1[0..15]] as (x0[0], x1[0], x0[1], x1[1], ...).
-inline __m512i interleave16(__m512i both) {
-  const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
-                                       21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-  return _mm512_permutexvar_epi16(idx, both);
-}
-
-// Pair rows of a row-major bf16 [t, cols] buffer (cols a multiple of 16): out word (q, c) =
-// (x[2q, c], x[2q + 1, c]), the partner of an odd t's last row 0.
-void pair_rows(const uint16_t* x, int64_t t, int64_t cols, uint16_t* out) {
-  const __m256i none = _mm256_setzero_si256();
-  for (int64_t q = 0; 2 * q < t; ++q) {
-    const uint16_t *r0 = x + 2 * q * cols, *r1 = r0 + cols;
-    for (int64_t c = 0; c < cols; c += kW) {
-      const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0 + c));
-      const __m256i hi = 2 * q + 1 < t ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r1 + c)) : none;
-      _mm512_storeu_si512(out + 2 * (q * cols + c), interleave16(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)));
-    }
+struct RegisterTiles {
+  static constexpr int64_t kTileRows = cpu::kTileRows;
+  static void gemm(int64_t m, int64_t n, int64_t k2, const uint16_t* a, int64_t ars, int64_t acs, const uint16_t* b,
+                   int64_t ldb, float* c, int64_t ldc, float alpha, bool accumulate) {
+    small_gemm(m, n, k2, a, ars, acs, b, ldb, c, ldc, alpha, accumulate);
   }
-}
-
-// Pair rows of f32 rows [0, m) of x (row stride ld, n16 columns, a multiple of 16) rounded to
-// bf16: out word (q, j) = (x[2q, j], x[2q + 1, j]) with ld words per pair row.
-void pair_rows_f32(const float* x, int64_t m, int64_t n16, int64_t ld, uint16_t* out) {
-  for (int64_t q = 0; 2 * q < m; ++q) {
-    const float *r0 = x + 2 * q * ld, *r1 = r0 + ld;
-    for (int64_t j = 0; j < n16; j += kW) {
-      const __m512 lo = _mm512_loadu_ps(r0 + j);
-      const __m512 hi = 2 * q + 1 < m ? _mm512_loadu_ps(r1 + j) : _mm512_setzero_ps();
-      _mm512_storeu_si512(out + 2 * (q * ld + j), interleave16(reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo))));
-    }
-  }
-}
-
-// f32 rows [0, m) of x (n16 columns) rounded into bf16 rows of the same stride ld.
-void round_rows(const float* x, int64_t m, int64_t n16, int64_t ld, uint16_t* out) {
-  for (int64_t r = 0; r < m; ++r)
-    for (int64_t j = 0; j < n16; j += kW)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * ld + j),
-                          reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_loadu_ps(x + r * ld + j))));
-}
-
-// The panel of a row-major bf16 [t, cols] buffer: word (q, j) = word (j, q) of x for j < t,
-// zero for t <= j < ld.
-void panel(const uint16_t* x, int64_t t, int64_t cols, uint16_t* out, int64_t ld) {
-  for (int64_t q = 0; q < cols / 2; ++q) {
-    uint16_t* o = out + 2 * q * ld;
-    for (int64_t j = 0; j < t; ++j) std::memcpy(o + 2 * j, x + j * cols + 2 * q, 4);
-    zero(o + 2 * t, o + 2 * ld);
-  }
-}
-
-// Rows [0, t) of src (row stride ss, bf16 or f32) into bf16 dst (row stride ds), each row
-// rotated (kernels/rope.h) at positions pos0, pos0 + 1, ...: forward (sign 1) when packing q
-// and k, inverse (sign -1) when writing the gradients of rotated operands. Without rotation
-// a copy, rounded from f32 as the bf16 GEMM rounds (vcvtneps2bf16).
-template <typename S>
-void rows_to_bf16(const AttentionDims& d, const S* src, int64_t ss, int64_t t, int64_t cols, int64_t pos0,
-                  uint16_t* dst, int64_t ds, float sign) {
-  auto f32 = [](S x) {
-    if constexpr (sizeof(S) == 2) return f32_of(x);
-    else return x;
-  };
-  const int64_t half = cols / 2;
-  for (int64_t j = 0; j < t; ++j) {
-    const S* sr = src + j * ss;
-    uint16_t* dr = dst + j * ds;
-    if (!d.rope_cos) {  // cols is a multiple of 16
-      if constexpr (sizeof(S) == 2) std::memcpy(dr, sr, size_t(cols) * 2);
-      else
-        for (int64_t i = 0; i < cols; i += kW)
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(dr + i),
-                              reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_loadu_ps(sr + i))));
-      continue;
-    }
-    const float *c = d.rope_cos + (pos0 + j) * half, *s = d.rope_sin + (pos0 + j) * half;
-#pragma omp simd
-    for (int64_t i = 0; i < half; ++i) {
-      const float a = f32(sr[i]), b = f32(sr[i + half]), si = sign * s[i];
-      dr[i] = bf16_of(a * c[i] - b * si);
-      dr[i + half] = bf16_of(b * c[i] + a * si);
-    }
-  }
-}
-
-// Scores of query rows [i0, i0 + m) against keys [0, n16): S = scale * Q K^T from the bf16
-// rows of Q (E columns) and the keys' panel, one row tile at a time so that causal tiles stop
-// near the diagonal; columns a tile does not reach are zeroed up to n16.
-void scores(const uint16_t* qc, int64_t E, const uint16_t* kt, int64_t ldk, int64_t i0, int64_t m, int64_t Tk,
-            bool causal, float scale, float* S, int64_t n16) {
-  for (int64_t r0 = 0; r0 < m; r0 += kTileRows) {
-    const int64_t rows = min64(kTileRows, m - r0);
-    const int64_t nt = causal ? round_up(min64(Tk, i0 + r0 + rows), kW) : n16;
-    small_gemm(rows, nt, E / 2, qc + (i0 + r0) * E, E / 2, 1, kt, ldk, S + r0 * ldk, ldk, scale, false);
-    for (int64_t r = r0; r < r0 + rows; ++r) zero(S + r * ldk + nt, S + r * ldk + n16);
-  }
-}
-
-// One thread's buffers, carved in order from its block of the workspace, each 64-byte
-// aligned. With base == nullptr only `size` (bytes) is computed: the workspace query and
-// the loops share this one layout.
-struct Carve {
-  char* base;
-  int64_t size = 0;
-  template <typename T>
-  T* take(int64_t n) {
-    T* p = base ? reinterpret_cast<T*>(base + size) : nullptr;
-    size += round_up(n * int64_t(sizeof(T)), 64);
-    return p;
-  }
+  struct Thread {};
 };
-struct ForwardBuffers {
-  float *S, *Oc;
-  uint16_t *Pb, *Qc, *Kc, *KT, *Vc, *V2;
-  int64_t size;
-};
-ForwardBuffers forward_buffers(const AttentionDims& d, char* base) {
-  const int64_t rb = min64(kRowBlock, d.Tq), ldk = round_up(d.Tk, kW), tk2 = round_up(d.Tk, 2);
-  Carve c{base};
-  ForwardBuffers f{};
-  f.S = c.take<float>(rb * ldk), f.Oc = c.take<float>(d.Tq * d.Ev), f.Pb = c.take<uint16_t>(rb * ldk);
-  f.Qc = c.take<uint16_t>(d.Tq * d.E), f.Kc = c.take<uint16_t>(d.Tk * d.E), f.KT = c.take<uint16_t>(d.E * ldk);
-  f.Vc = c.take<uint16_t>(d.Tk * d.Ev), f.V2 = c.take<uint16_t>(tk2 * d.Ev);
-  f.size = c.size;
-  return f;
-}
-struct BackwardBuffers {
-  float *P, *dP, *D, *dQc, *dKc, *dVc;
-  uint16_t *P2, *dS2, *dSb, *KT, *VT, *K2, *Kc, *Vc, *Qc, *Q2, *Gc, *G2;
-  int64_t size;
-};
-BackwardBuffers backward_buffers(const AttentionDims& d, char* base) {
-  const int64_t rb = min64(kRowBlock, d.Tq), ldk = round_up(d.Tk, kW), rb2 = round_up(rb, 2),
-                tk2 = round_up(d.Tk, 2), tq2 = round_up(d.Tq, 2);
-  Carve c{base};
-  BackwardBuffers g{};
-  g.P = c.take<float>(rb * ldk), g.dP = c.take<float>(rb * ldk), g.D = c.take<float>(d.Tq);
-  g.dQc = c.take<float>(d.Tq * d.E), g.dKc = c.take<float>(d.Tk * d.E), g.dVc = c.take<float>(d.Tk * d.Ev);
-  g.P2 = c.take<uint16_t>(rb2 * ldk), g.dS2 = c.take<uint16_t>(rb2 * ldk), g.dSb = c.take<uint16_t>(rb * ldk);
-  g.KT = c.take<uint16_t>(d.E * ldk), g.VT = c.take<uint16_t>(d.Ev * ldk), g.K2 = c.take<uint16_t>(tk2 * d.E);
-  g.Kc = c.take<uint16_t>(d.Tk * d.E), g.Vc = c.take<uint16_t>(d.Tk * d.Ev), g.Qc = c.take<uint16_t>(d.Tq * d.E);
-  g.Q2 = c.take<uint16_t>(tq2 * d.E), g.Gc = c.take<uint16_t>(d.Tq * d.Ev), g.G2 = c.take<uint16_t>(tq2 * d.Ev);
-  g.size = c.size;
-  return g;
-}
 
 }  // namespace
 
@@ -273,117 +93,15 @@ int64_t attention_workspace_avx512bf16(const AttentionDims& d, bool backward) {
   return backward ? backward_buffers(d, nullptr).size : forward_buffers(d, nullptr).size;
 }
 
-void attention_forward_avx512bf16(const AttentionDims& d, HeadsBF16 Q, HeadsBF16 K, HeadsBF16 V, HeadsBF16 O,
-                                  float* L, char* workspace) {
-  const int64_t H = d.H, Tq = d.Tq, E = d.E, Tk = d.Tk, Ev = d.Ev;
-  const int64_t bh_count = d.B * H, ldk = round_up(Tk, kW), G = H / d.Hkv;
-#pragma omp parallel if (d.parallel)
-  {
-    const int64_t size = forward_buffers(d, nullptr).size;
-    const auto [S, Oc, Pb, Qc, Kc, KT, Vc, V2, unused] = forward_buffers(d, workspace + thread_index() * size);
-#pragma omp for schedule(static)
-    for (int64_t bh = 0; bh < bh_count; ++bh) {
-      const int64_t b = bh / H, h = bh % H;
-      float* lp = L + bh * Tq;
-      rows_to_bf16(d, at(Q, b, h), Q.st, Tq, E, d.q_pos, Qc, E, 1.f);
-      rows_to_bf16(d, at(K, b, h / G), K.st, Tk, E, d.k_pos, Kc, E, 1.f);
-      panel(Kc, Tk, E, KT, ldk);
-      rows_to_bf16(AttentionDims{}, at(V, b, h / G), V.st, Tk, Ev, 0, Vc, Ev, 1.f);
-      pair_rows(Vc, Tk, Ev, V2);
-      for (int64_t i0 = 0; i0 < Tq; i0 += kRowBlock) {
-        const int64_t m = min64(kRowBlock, Tq - i0), n = d.causal ? i0 + m : Tk, n16 = round_up(n, kW);
-        scores(Qc, E, KT, ldk, i0, m, Tk, d.causal, d.scale, S, n16);
-        for (int64_t r = 0; r < m; ++r) lp[i0 + r] = softmax_row(S + r * ldk, d.causal ? i0 + r + 1 : n, n16);
-        round_rows(S, m, n16, ldk, Pb);
-        // O = P V, each row tile summing only over the key pairs it sees.
-        for (int64_t r0 = 0; r0 < m; r0 += kTileRows) {
-          const int64_t rows = min64(kTileRows, m - r0), kn = d.causal ? i0 + r0 + rows : n;
-          small_gemm(rows, Ev, (kn + 1) / 2, Pb + r0 * ldk, ldk / 2, 1, V2, Ev, Oc + (i0 + r0) * Ev, Ev, 1.f, false);
-        }
-      }
-      rows_to_bf16(AttentionDims{}, Oc, Ev, Tq, Ev, 0, at(O, b, h), O.st, 1.f);
-    }
-  }
+void attention_forward_avx512bf16(const AttentionDims& d, HeadsBF16 q, HeadsBF16 k, HeadsBF16 v, HeadsBF16 out,
+                                  float* lse, char* workspace) {
+  forward_loops<RegisterTiles>(d, q, k, v, out, lse, workspace);
 }
 
-void attention_backward_avx512bf16(const AttentionDims& d, HeadsBF16 G, HeadsBF16 Q, HeadsBF16 K, HeadsBF16 V,
-                                   HeadsBF16 O, const float* L, HeadsBF16 DQ, HeadsBF16 DK, HeadsBF16 DV,
+void attention_backward_avx512bf16(const AttentionDims& d, HeadsBF16 grad, HeadsBF16 q, HeadsBF16 k, HeadsBF16 v,
+                                   HeadsBF16 out, const float* lse, HeadsBF16 dq, HeadsBF16 dk, HeadsBF16 dv,
                                    char* workspace) {
-  const int64_t H = d.H, Hkv = d.Hkv, Tq = d.Tq, E = d.E, Tk = d.Tk, Ev = d.Ev;
-  const int64_t task_count = d.B * Hkv, ldk = round_up(Tk, kW), group = H / Hkv;
-  const AttentionDims plain{};  // copies without rotation
-#pragma omp parallel if (d.parallel)
-  {
-    const int64_t size = backward_buffers(d, nullptr).size;
-    const auto [P, dP, D, dQc, dKc, dVc, P2, dS2, dSb, KT, VT, K2, Kc, Vc, Qc, Q2, Gc, G2, unused] =
-        backward_buffers(d, workspace + thread_index() * size);
-    // One task per (batch, key/value head): its query heads run in turn and sum into dK, dV.
-#pragma omp for schedule(static)
-    for (int64_t task = 0; task < task_count; ++task) {
-      const int64_t b = task / Hkv, hk = task % Hkv;
-      rows_to_bf16(d, at(K, b, hk), K.st, Tk, E, d.k_pos, Kc, E, 1.f);
-      rows_to_bf16(plain, at(V, b, hk), V.st, Tk, Ev, 0, Vc, Ev, 1.f);
-      panel(Kc, Tk, E, KT, ldk);
-      panel(Vc, Tk, Ev, VT, ldk);
-      pair_rows(Kc, Tk, E, K2);
-      zero(dKc, dKc + Tk * E);
-      zero(dVc, dVc + Tk * Ev);
-      for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
-        const uint16_t* op = at(O, b, h);
-        const float* lp = L + (b * H + h) * Tq;
-        rows_to_bf16(d, at(Q, b, h), Q.st, Tq, E, d.q_pos, Qc, E, 1.f);
-        rows_to_bf16(plain, at(G, b, h), G.st, Tq, Ev, 0, Gc, Ev, 1.f);
-        pair_rows(Qc, Tq, E, Q2);
-        pair_rows(Gc, Tq, Ev, G2);
-        for (int64_t i = 0; i < Tq; ++i) {
-          const uint16_t *g = Gc + i * Ev, *o = op + i * O.st;
-          float s = 0;
-#pragma omp simd reduction(+ : s)
-          for (int64_t c = 0; c < Ev; ++c) s += f32_of(g[c]) * f32_of(o[c]);
-          D[i] = s;
-        }
-        for (int64_t i0 = 0; i0 < Tq; i0 += kRowBlock) {
-          const int64_t m = min64(kRowBlock, Tq - i0), n = d.causal ? i0 + m : Tk, n16 = round_up(n, kW);
-          scores(Qc, E, KT, ldk, i0, m, Tk, d.causal, d.scale, P, n16);
-          // dP = dO V^T over the same columns.
-          for (int64_t r0 = 0; r0 < m; r0 += kTileRows) {
-            const int64_t rows = min64(kTileRows, m - r0);
-            const int64_t nt = d.causal ? round_up(min64(Tk, i0 + r0 + rows), kW) : n16;
-            small_gemm(rows, nt, Ev / 2, Gc + (i0 + r0) * Ev, Ev / 2, 1, VT, ldk, dP + r0 * ldk, ldk, 1.f, false);
-          }
-          for (int64_t r = 0; r < m; ++r) {
-            float *pr = P + r * ldk, *dr = dP + r * ldk;
-            const int64_t valid = d.causal ? i0 + r + 1 : n;
-            const float l = lp[i0 + r], di = D[i0 + r];
-#pragma omp simd
-            for (int64_t j = 0; j < valid; ++j) {
-              const float p = fast_exp(pr[j] - l);
-              pr[j] = p;
-              dr[j] = p * (dr[j] - di) * d.scale;
-            }
-            zero(pr + valid, pr + n16);
-            zero(dr + valid, dr + n16);
-          }
-          pair_rows_f32(P, m, n16, ldk, P2);
-          pair_rows_f32(dP, m, n16, ldk, dS2);
-          round_rows(dP, m, n16, ldk, dSb);
-          // dV[0:n] += P^T dO and dK[0:n] += dS^T Q: the pair (P[2q, j], P[2q + 1, j]) is word
-          // (q, j) of P2, so A = P^T reads P2 with strides (1, ldk); dO and Q as pair rows.
-          const int64_t m2 = (m + 1) / 2;
-          small_gemm(n, Ev, m2, P2, 1, ldk, G2 + i0 * Ev, Ev, dVc, Ev, 1.f, true);
-          small_gemm(n, E, m2, dS2, 1, ldk, Q2 + i0 * E, E, dKc, E, 1.f, true);
-          // dQ = dS K, each row tile summing only over the key pairs it sees.
-          for (int64_t r0 = 0; r0 < m; r0 += kTileRows) {
-            const int64_t rows = min64(kTileRows, m - r0), kn = d.causal ? i0 + r0 + rows : n;
-            small_gemm(rows, E, (kn + 1) / 2, dSb + r0 * ldk, ldk / 2, 1, K2, E, dQc + (i0 + r0) * E, E, 1.f, false);
-          }
-        }
-        rows_to_bf16(d, dQc, E, Tq, E, d.q_pos, at(DQ, b, h), DQ.st, -1.f);
-      }
-      rows_to_bf16(d, dKc, E, Tk, E, d.k_pos, at(DK, b, hk), DK.st, -1.f);
-      rows_to_bf16(plain, dVc, Ev, Tk, Ev, 0, at(DV, b, hk), DV.st, 1.f);
-    }
-  }
+  backward_loops<RegisterTiles>(d, grad, q, k, v, out, lse, dq, dk, dv, workspace);
 }
 
 }  // namespace weft::kernels::cpu
