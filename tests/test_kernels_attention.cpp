@@ -414,6 +414,7 @@ TensorList bf16_attention(const Tensor& q, const Tensor& k, const Tensor& v, con
 }  // namespace
 
 TEST_CASE("attention: bf16 operands take the bf16 tiles, which round P and dS as the model does") {
+  using kernels::cpu::BgemmKernel;
   if (!kernels::cpu::bf16_gemm_native()) {
     std::printf("skipping the bf16 attention tiles: this CPU has no AVX512_BF16 (or avx512 is not the GEMM "
                 "kernel); bf16 attention runs in f32 copies (the 16-bit test below)\n");
@@ -424,30 +425,42 @@ TEST_CASE("attention: bf16 operands take the bf16 tiles, which round P and dS as
     bool causal;
     double theta;
   };
-  // Odd and even lengths around the row block and the 8-row tiles; grouped heads; rope.
-  for (const Case& c : {Case{2, 4, 2, 37, 64, true, 10000.0}, Case{1, 2, 2, 33, 16, false, 0.0},
-                        Case{2, 3, 1, 64, 32, true, 0.0}, Case{1, 2, 1, 9, 16, true, 500000.0}}) {
-    std::ostringstream name;
-    name << "B" << c.B << " H" << c.H << " Hkv" << c.Hkv << " T" << c.T << " E" << c.E
-         << (c.causal ? " causal" : " full") << " theta " << c.theta;
-    INFO(name.str());
-    auto bf = [](const Shape& s) { return random(s).to(DType::bf16); };
-    Tensor q = bf({c.B, c.H, c.T, c.E}), k = bf({c.B, c.Hkv, c.T, c.E}), v = bf({c.B, c.Hkv, c.T, c.E});
-    Tensor g = bf({c.B, c.H, c.T, c.E});
-    const TensorList want = bf16_model(q, k, v, g, c.causal, c.theta);
-    const TensorList got = bf16_attention(q, k, v, g, c.causal, c.theta, false);
-    const TensorList f32 = bf16_attention(q, k, v, g, c.causal, c.theta, true);
-    // Within one bf16 step of the model (its f32 sums and exp may land a value across a
-    // rounding boundary); the f32 path misses the model's roundings by more.
-    const char* what[] = {"y", "dq", "dk", "dv"};
-    double f32_worst = 0;
-    for (int i = 0; i < 4; ++i) {
-      const double amax = to_vector(max(abs(want[size_t(i)])))[0];
-      check_close(got[size_t(i)], want[size_t(i)], 1.0 / 128, 1e-3 * amax, std::string("bf16 tiles ") + what[i]);
-      f32_worst = std::max(f32_worst, compare(f32[size_t(i)], want[size_t(i)], 1.0 / 128, 1e-3 * amax).worst);
+  const BgemmKernel saved = kernels::cpu::bgemm_kernel();
+  // Every bf16 kernel this CPU runs: the vdpbf16ps register tiles and, with AMX, the tiles.
+  for (BgemmKernel kernel : {BgemmKernel::avx512bf16, BgemmKernel::amx}) {
+    if (!kernels::cpu::bgemm_kernel_supported(kernel)) {
+      std::printf("skipping the %s bf16 attention: this CPU does not run it\n", kernels::cpu::bgemm_kernel_name(kernel));
+      continue;
     }
-    CHECK(f32_worst > 1.0);
+    kernels::cpu::set_bgemm_kernel(kernel);
+    // Odd and even lengths around the row block, the 8-row tiles and the 16-pair steps; whole
+    // 32-row blocks of whole steps (read in place by the AMX tiles); grouped heads; rope.
+    for (const Case& c : {Case{2, 4, 2, 37, 64, true, 10000.0}, Case{1, 2, 2, 33, 16, false, 0.0},
+                          Case{2, 3, 1, 64, 32, true, 0.0}, Case{1, 2, 1, 9, 16, true, 500000.0},
+                          Case{1, 2, 1, 96, 64, false, 10000.0}, Case{1, 4, 2, 128, 48, true, 0.0}}) {
+      std::ostringstream name;
+      name << kernels::cpu::bgemm_kernel_name(kernel) << " B" << c.B << " H" << c.H << " Hkv" << c.Hkv << " T" << c.T
+           << " E" << c.E << (c.causal ? " causal" : " full") << " theta " << c.theta;
+      INFO(name.str());
+      auto bf = [](const Shape& s) { return random(s).to(DType::bf16); };
+      Tensor q = bf({c.B, c.H, c.T, c.E}), k = bf({c.B, c.Hkv, c.T, c.E}), v = bf({c.B, c.Hkv, c.T, c.E});
+      Tensor g = bf({c.B, c.H, c.T, c.E});
+      const TensorList want = bf16_model(q, k, v, g, c.causal, c.theta);
+      const TensorList got = bf16_attention(q, k, v, g, c.causal, c.theta, false);
+      const TensorList f32 = bf16_attention(q, k, v, g, c.causal, c.theta, true);
+      // Within one bf16 step of the model (its f32 sums and exp may land a value across a
+      // rounding boundary); the f32 path misses the model's roundings by more.
+      const char* what[] = {"y", "dq", "dk", "dv"};
+      double f32_worst = 0;
+      for (int i = 0; i < 4; ++i) {
+        const double amax = to_vector(max(abs(want[size_t(i)])))[0];
+        check_close(got[size_t(i)], want[size_t(i)], 1.0 / 128, 1e-3 * amax, std::string("bf16 tiles ") + what[i]);
+        f32_worst = std::max(f32_worst, compare(f32[size_t(i)], want[size_t(i)], 1.0 / 128, 1e-3 * amax).worst);
+      }
+      CHECK(f32_worst > 1.0);
+    }
   }
+  kernels::cpu::set_bgemm_kernel(saved);
 }
 
 TEST_CASE("attention: 16-bit inputs are computed in f32 where the bf16 tiles do not run") {

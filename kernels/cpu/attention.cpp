@@ -19,7 +19,8 @@
 // Three implementations of the same steps: f32 with head dims that are multiples of 16 on CPUs
 // with AVX-512 uses register tiles on packed copies of the operands (attention_avx512.cpp,
 // chosen at run time: 10-13 % faster than the other path at GPT shapes); bf16 with such head
-// dims on CPUs with AVX512_BF16 the same tiles on bf16 pairs (attention_avx512bf16.cpp);
+// dims on CPUs with AVX512_BF16 the same tiles on bf16 pairs (attention_avx512bf16.cpp), or
+// AMX tiles where the bf16 GEMM runs on them (attention_amx.cpp: WEFT_CPU_BF16_GEMM picks both);
 // everything else (f64 for gradcheck, odd head dims, other CPUs) calls the GEMMs of
 // kernels/cpu/gemm.h. 16-bit operands the bf16 tiles do not take are computed in f32 copies.
 #include "kernels/cpu/attention.h"
@@ -264,8 +265,8 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, d
     const AttentionDims d = dims_of(q, k, v, causal, scale, rope, false);
     if (q.dtype() == DType::bf16) {
       std::vector<char> ws = tiled_workspace<char>(d, attention_workspace_avx512bf16(d, false));
-      return attention_forward_avx512bf16(d, heads_bf16(q), heads_bf16(k), heads_bf16(v), heads_bf16(out),
-                                          lse.data<float>(), ws.data());
+      auto* forward = bgemm_kernel() == BgemmKernel::amx ? attention_forward_amx : attention_forward_avx512bf16;
+      return forward(d, heads_bf16(q), heads_bf16(k), heads_bf16(v), heads_bf16(out), lse.data<float>(), ws.data());
     }
     std::vector<float> ws = tiled_workspace<float>(d, attention_workspace_avx512(d, false));
     return attention_forward_avx512(d, heads_f32(q), heads_f32(k), heads_f32(v), heads_f32(out),
@@ -287,9 +288,9 @@ void attention_backward(const Tensor& grad, const Tensor& q, const Tensor& k, co
     const AttentionDims d = dims_of(q, k, v, causal, scale, rope, true);
     if (q.dtype() == DType::bf16) {
       std::vector<char> ws = tiled_workspace<char>(d, attention_workspace_avx512bf16(d, true));
-      return attention_backward_avx512bf16(d, heads_bf16(grad), heads_bf16(q), heads_bf16(k), heads_bf16(v),
-                                           heads_bf16(out), lse.data<float>(), heads_bf16(dq), heads_bf16(dk),
-                                           heads_bf16(dv), ws.data());
+      auto* backward = bgemm_kernel() == BgemmKernel::amx ? attention_backward_amx : attention_backward_avx512bf16;
+      return backward(d, heads_bf16(grad), heads_bf16(q), heads_bf16(k), heads_bf16(v), heads_bf16(out),
+                      lse.data<float>(), heads_bf16(dq), heads_bf16(dk), heads_bf16(dv), ws.data());
     }
     std::vector<float> ws = tiled_workspace<float>(d, attention_workspace_avx512(d, true));
     return attention_backward_avx512(d, heads_f32(grad), heads_f32(q), heads_f32(k), heads_f32(v), heads_f32(out),

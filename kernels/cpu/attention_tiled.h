@@ -1,5 +1,6 @@
 // kernels/cpu: the register-tiled attention loops, f32 (attention_avx512.cpp, built for
-// AVX-512) and bf16 (attention_avx512bf16.cpp, built for AVX512_BF16), called by
+// AVX-512) and bf16 (attention_avx512bf16.cpp, built for AVX512_BF16; attention_amx.cpp on
+// AMX tiles), called by
 // attention.cpp when the CPU has the instructions (the same run-time choice as the f32 and
 // bf16 GEMM kernels, gemm.h). Plain pointers and strides: this header has no inline code,
 // so nothing compiled for AVX-512 reaches code that runs on other CPUs.
@@ -50,5 +51,12 @@ void attention_forward_avx512bf16(const AttentionDims& d, HeadsBF16 q, HeadsBF16
 void attention_backward_avx512bf16(const AttentionDims& d, HeadsBF16 grad, HeadsBF16 q, HeadsBF16 k, HeadsBF16 v,
                                    HeadsBF16 out, const float* lse, HeadsBF16 dq, HeadsBF16 dk, HeadsBF16 dv,
                                    char* workspace);
+// The same on AMX tiles (attention_amx.cpp), with the same workspace: called only where the
+// bf16 GEMM runs on AMX (gemm.h's bgemm_kernel), whose choice has asked Linux for the tiles.
+void attention_forward_amx(const AttentionDims& d, HeadsBF16 q, HeadsBF16 k, HeadsBF16 v, HeadsBF16 out, float* lse,
+                           char* workspace);
+void attention_backward_amx(const AttentionDims& d, HeadsBF16 grad, HeadsBF16 q, HeadsBF16 k, HeadsBF16 v,
+                            HeadsBF16 out, const float* lse, HeadsBF16 dq, HeadsBF16 dk, HeadsBF16 dv,
+                            char* workspace);
 
 }  // namespace weft::kernels::cpu
