@@ -6,8 +6,8 @@
 # clang++ or its fuzzer runtime is missing (Debian: clang, libclang-rt-14-dev; scripts/deps.sh
 # installs both).
 # Usage: run_fuzz.sh TARGET SOURCE_ROOT BUILD_ROOT [RUNS]
-#   TARGET: safetensors (core/safetensors.cpp), checkpoint_index (fsdp/checkpoint_index.cpp)
-#           or idx (apps/mnist/idx.cpp)
+#   TARGET: safetensors (core/safetensors.cpp), checkpoint_index (fsdp/checkpoint_index.cpp),
+#           idx (apps/mnist/idx.cpp) or tokenizer (apps/transformer/bpe_tokenizer.cpp)
 # By hand, for longer: bash tests/fuzz/run_fuzz.sh idx . build 1000000, or run the built
 # build/tests/fuzz/fuzz_idx with libFuzzer's own flags on build/tests/fuzz/corpus_idx.
 set -euo pipefail
@@ -19,10 +19,11 @@ case "$target" in
   safetensors)      sources=(core/safetensors.cpp);      libs=(-lweft-core) ;;
   checkpoint_index) sources=(fsdp/checkpoint_index.cpp); libs=(-lweft-fsdp -lweft-dist -lweft-nn -lweft-core) ;;
   idx)              sources=(apps/mnist/idx.cpp);        libs=(-lweft-core -lz) ;;
-  *) echo "run_fuzz.sh: unknown target '$target' (safetensors, checkpoint_index or idx)" >&2; exit 2 ;;
+  tokenizer)        sources=(apps/transformer/bpe_tokenizer.cpp); libs=(-lweft-core -lpcre2-8) ;;
+  *) echo "run_fuzz.sh: unknown target '$target' (safetensors, checkpoint_index, idx or tokenizer)" >&2; exit 2 ;;
 esac
 for lib in "${libs[@]}"; do
-  [ "$lib" = -lz ] || [ -e "$build/lib${lib#-l}.so" ] || { echo "run_fuzz.sh: $build/lib${lib#-l}.so is not built" >&2; exit 2; }
+  [[ "$lib" != -lweft-* ]] || [ -e "$build/lib${lib#-l}.so" ] || { echo "run_fuzz.sh: $build/lib${lib#-l}.so is not built" >&2; exit 2; }
 done
 clang=$(command -v clang++ || command -v clang++-14 || true)
 [ -n "$clang" ] || { echo "SKIP: clang++ is not installed (Debian: clang, libclang-rt-14-dev; scripts/deps.sh)"; exit 77; }
@@ -105,6 +106,18 @@ JSON
     idx_seed images 0 2 3 3
     idx_seed images_gz 1 2 3 3
     idx_seed four_dims 0 1 2 1 2 ;;
+  tokenizer)
+    # The first byte picks the mode (fuzz_tokenizer.cpp): 0 a whole file, 1 a field's JSON
+    # (the second byte picks the field), 2 text to encode, 3 ids to decode.
+    export WEFT_FUZZ_TOKENIZER="$src/tests/data/tokenizers/gpt2/tokenizer.json"
+    printf '\x00{"model":{"type":"BPE","vocab":{},"merges":[]},"pre_tokenizer":{"type":"ByteLevel"}}' >"$corpus/file"
+    printf '\x01\x00{"type":"BPE","vocab":{"a":0},"merges":[["a","a"]],"ignore_merges":true}' >"$corpus/model"
+    printf '\x01\x01{"type":"Sequence","pretokenizers":[{"type":"Split","pattern":{"Regex":"\\\\s+|\\\\p{L}+"},"behavior":"Isolated","invert":false},{"type":"ByteLevel","use_regex":false}]}' >"$corpus/pre"
+    printf '\x01\x02[{"id":5,"content":"<x>","special":true},{"id":600,"content":"yy"}]' >"$corpus/added"
+    printf '\x01\x03[["a","b"],"c d",["\\u0120","t"]]' >"$corpus/merges"
+    printf '\x02Hello, world! <|endoftext|> 1234 caf\xc3\xa9 \xe4\xb8\xad  \n\n x' >"$corpus/text"
+    printf '\x02\xc3\x28 \xed\xa0\x80 \xf4\x90\x80\x80' >"$corpus/bad_text"
+    printf '\x03\x00\x00\x00\x00\xc3\x00\x00\x00\xa9\x00\x00\x00\xff\xff\xff\xff' >"$corpus/ids" ;;
 esac
 cd "$out"
 status=0
