@@ -6,6 +6,7 @@
 //   mpirun -np 2 --oversubscribe --bind-to none weft-transformer train --fsdp --threads 1
 //   weft-transformer sample --from ck --prompt "Q: " --tokens 200
 //   weft-transformer export-hf --from ck --out hf
+//   weft-transformer prepare --tokenizer tokenizer.json --data texts/ --out tokens/
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -32,6 +33,7 @@
 #include "apps/transformer/hf_checkpoint.h"
 #include "apps/transformer/model.h"
 #include "apps/transformer/text_data.h"
+#include "apps/transformer/token_data.h"
 #include "core/safetensors.h"
 #include "core/sha256.h"
 #include "dist/config_check.h"
@@ -81,6 +83,10 @@ struct SampleOptions {
 struct ExportOptions {
   std::string from, out;
   std::string max_shard_size = "5G";
+};
+
+struct PrepareOptions {
+  std::string tokenizer, data = apps::kDefaultTextDir, out, eos = "<|endoftext|>";
 };
 
 using apps::Ranks;
@@ -831,12 +837,22 @@ int main(int argc, char** argv) {
   ex->add_option("--out", x.out, "the directory to write (must not exist)")->required();
   ex->add_option("--max-shard-size", x.max_shard_size, "split the weights into files of at most this many bytes "
                  "(with model.safetensors.index.json) when they are larger")->check(apps::cli::bytes())->capture_default_str();
+  PrepareOptions p;
+  auto* pr = app.add_subcommand("prepare", "tokenize text files with a BPE tokenizer.json into a dataset directory "
+                                 "(train.tokens, val.tokens, tokenizer.json)");
+  pr->add_option("--tokenizer", p.tokenizer, "tokenizer.json (Hugging Face tokenizers format, byte-level BPE)")
+      ->required();
+  pr->add_option("--data", p.data, "text file or folder of text files")->capture_default_str();
+  pr->add_option("--out", p.out, "the dataset directory to write (created; its dataset files replaced)")->required();
+  pr->add_option("--eos", p.eos, "token put after each file (\"\" for none; an error if the tokenizer lacks it)")
+      ->capture_default_str();
   // A first word that is neither a flag nor a command is named (CLI11 would only say that a
   // subcommand is required).
   const std::string first = argc > 1 ? argv[1] : "";
-  if (argc > 1 && first[0] != '-' && first != "train" && first != "sample" && first != "export-hf") {
-    std::fprintf(stderr, "weft-transformer: unknown command \"%s\" (the commands are train, sample and export-hf; "
-                 "see --help)\n", argv[1]);
+  if (argc > 1 && first[0] != '-' && first != "train" && first != "sample" && first != "export-hf" &&
+      first != "prepare") {
+    std::fprintf(stderr, "weft-transformer: unknown command \"%s\" (the commands are train, sample, export-hf and "
+                 "prepare; see --help)\n", argv[1]);
     return 2;
   }
   CLI11_PARSE(app, argc, argv);
@@ -855,6 +871,14 @@ int main(int argc, char** argv) {
     if (ex->parsed()) {
       apps::start_ranks("weft-transformer", false, {{"command", "export-hf"}}, {});
       return export_hf(x);
+    }
+    if (pr->parsed()) {
+      apps::start_ranks("weft-transformer", false, {{"command", "prepare"}}, {});
+      const apps::PreparedData d = apps::prepare_tokens(p.tokenizer, p.data, p.out, p.eos);
+      std::printf("prepared %s: %lld train and %lld val tokens from %lld bytes in %lld file(s) of %s\n", p.out.c_str(),
+                  (long long)d.train_tokens, (long long)d.val_tokens, (long long)d.bytes, (long long)d.files,
+                  p.data.c_str());
+      return 0;
     }
     WEFT_CHECK(max_skipped->count() == 0 || t.on_nan == "skip", "transformer: --max-skipped-steps applies to --on-nan "
                "skip only (--on-nan is {})", t.on_nan);

@@ -28,32 +28,37 @@ void append_file(const fs::path& p, std::vector<uint8_t>& out) {
 
 }  // namespace
 
-TextData load_text(const std::string& path, double val_fraction) {
+namespace {
+
+// Said whenever no text is found: the usual cause is the default data not being installed.
+std::string hint() {
+  return " (the default text is Debian's `fortunes` package: apt-get install fortunes; or pass --data FILE|DIR)";
+}
+
+}  // namespace
+
+std::vector<std::string> text_files(const std::string& path) {
   std::error_code ec;
-  // Said whenever no text is found: the usual cause is the default data not being installed.
-  auto hint = [] {
-    return std::string(" (the default text is Debian's `fortunes` package: apt-get install fortunes; or pass "
-                       "--data FILE|DIR)");
-  };
   WEFT_CHECK(fs::exists(path, ec), "transformer: text data {} does not exist{}", path, hint());
+  if (!fs::is_directory(path, ec)) return {path};
+  std::vector<std::string> files;
+  for (auto& e : fs::directory_iterator(path, ec)) {
+    if (e.is_symlink() || !e.is_regular_file()) continue;
+    if (e.path().extension() == ".dat") continue;  // strfile's binary index, not text
+    files.push_back(e.path().string());
+  }
+  WEFT_CHECK(!ec, "transformer: cannot list {}: {}", path, ec.message());
+  WEFT_CHECK(!files.empty(), "transformer: no text found in {}{}", path, hint());
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+TextData load_text(const std::string& path, double val_fraction) {
   TextData d;
   std::vector<uint8_t> all;
-  if (fs::is_directory(path, ec)) {
-    std::vector<fs::path> files;
-    for (auto& e : fs::directory_iterator(path, ec)) {
-      if (e.is_symlink() || !e.is_regular_file()) continue;
-      if (e.path().extension() == ".dat") continue;  // strfile's binary index, not text
-      files.push_back(e.path());
-    }
-    WEFT_CHECK(!ec, "transformer: cannot list {}: {}", path, ec.message());
-    std::sort(files.begin(), files.end());
-    for (auto& f : files) {
-      append_file(f, all);
-      d.files.push_back(f.string());
-    }
-  } else {
-    append_file(path, all);
-    d.files.push_back(path);
+  for (const std::string& f : text_files(path)) {
+    append_file(f, all);
+    d.files.push_back(f);
   }
   WEFT_CHECK(!all.empty(), "transformer: no text found in {}{}", path, hint());
   WEFT_CHECK(val_fraction >= 0 && val_fraction < 1, "transformer: validation fraction {} not in [0, 1)", val_fraction);

@@ -20,8 +20,12 @@ struct TextData {
   std::vector<std::string> files;  // what was read, in order
 };
 
-// Reads a file, or every regular file of a folder in name order (skipping *.dat index files
-// and symbolic links, as the fortunes folder holds *.u8 links to its own texts). The last
+// The files of `path`: itself, or every regular file of a folder in name order (skipping *.dat
+// index files and symbolic links, as the fortunes folder holds *.u8 links to its own texts).
+// Missing data or a folder without files is an error naming `path`.
+std::vector<std::string> text_files(const std::string& path);
+
+// Reads the text_files of `path`, each whole, concatenated. The last
 // `val_fraction` of the concatenated bytes is the validation part, so the split depends on
 // the data only. Missing data is an error naming where it was looked for.
 TextData load_text(const std::string& path, double val_fraction = 0.1);

@@ -1,0 +1,195 @@
+#include "apps/transformer/token_data.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include "apps/common/progress.h"
+#include "apps/transformer/text_data.h"
+#include "core/atomic_file.h"
+#include "core/error.h"
+#include "core/sha256.h"
+
+namespace weft::apps {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr char kMagic[8] = {'W', 'E', 'F', 'T', 'T', 'O', 'K', '1'};
+constexpr uint32_t kVersion = 1;
+constexpr size_t kHeaderBytes = 128;
+
+void put_le(unsigned char* p, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i) p[i] = (unsigned char)(v >> (8 * i));
+}
+uint64_t get_le(const unsigned char* p, int bytes) {
+  uint64_t v = 0;
+  for (int i = 0; i < bytes; ++i) v |= uint64_t(p[i]) << (8 * i);
+  return v;
+}
+
+void check_write(std::FILE* f, const void* p, size_t n, const std::string& path) {
+  WEFT_CHECK(std::fwrite(p, 1, n, f) == n, "transformer: writing {}: {}", path, std::strerror(errno));
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  WEFT_CHECK(in.good(), "transformer: cannot open {}", path);
+  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  WEFT_CHECK(!in.bad(), "transformer: error while reading {}", path);
+  return s;
+}
+
+}  // namespace
+
+void write_token_file(const std::string& path, const std::vector<uint32_t>& tokens, int64_t vocab_size,
+                      const std::string& tokenizer_sha256) {
+  WEFT_CHECK(vocab_size > 0 && vocab_size <= (int64_t(1) << 32), "transformer: token file {}: vocabulary size {}",
+             path, vocab_size);
+  WEFT_CHECK(tokenizer_sha256.size() == 64, "transformer: token file {}: the tokenizer digest must be 64 hex "
+             "characters", path);
+  const int width = vocab_size <= 65536 ? 2 : 4;
+  unsigned char header[kHeaderBytes] = {};
+  std::memcpy(header, kMagic, 8);
+  put_le(header + 8, kVersion, 4);
+  put_le(header + 12, uint64_t(width), 4);
+  put_le(header + 16, tokens.size(), 8);
+  put_le(header + 24, uint64_t(vocab_size), 8);
+  std::memcpy(header + 32, tokenizer_sha256.data(), 64);
+  write_file_atomic(path, [&](std::FILE* f) {
+    check_write(f, header, kHeaderBytes, path);
+    std::vector<unsigned char> block;
+    for (size_t i = 0; i < tokens.size(); i += 65536) {
+      const size_t n = std::min(tokens.size() - i, size_t(65536));
+      block.resize(n * size_t(width));
+      for (size_t k = 0; k < n; ++k) {
+        WEFT_CHECK(int64_t(tokens[i + k]) < vocab_size, "transformer: token file {}: id {} at {} is outside the "
+                   "vocabulary of {}", path, tokens[i + k], i + k, vocab_size);
+        put_le(block.data() + k * size_t(width), tokens[i + k], width);
+      }
+      check_write(f, block.data(), block.size(), path);
+    }
+  });
+}
+
+TokenFile::TokenFile(const std::string& path) : path_(path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  WEFT_CHECK(fd >= 0, "transformer: cannot open token file {}: {}", path, std::strerror(errno));
+  struct stat st {};
+  const bool stat_ok = ::fstat(fd, &st) == 0;
+  const int stat_errno = errno;
+  if (!stat_ok || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    WEFT_CHECK(stat_ok, "transformer: cannot stat token file {}: {}", path, std::strerror(stat_errno));
+    WEFT_CHECK(false, "transformer: token file {} is not a regular file", path);
+  }
+  map_size_ = size_t(st.st_size);
+  if (map_size_ >= kHeaderBytes) {
+    map_ = ::mmap(nullptr, map_size_, PROT_READ, MAP_SHARED, fd, 0);
+    const int map_errno = errno;
+    ::close(fd);
+    if (map_ == MAP_FAILED) map_ = nullptr;
+    WEFT_CHECK(map_, "transformer: cannot map token file {}: {}", path, std::strerror(map_errno));
+  } else {
+    ::close(fd);
+    WEFT_CHECK(false, "transformer: token file {} is {} bytes, shorter than its {}-byte header", path, map_size_,
+               kHeaderBytes);
+  }
+  const auto* h = static_cast<const unsigned char*>(map_);
+  auto fail = [&](const std::string& what) {
+    ::munmap(map_, map_size_);
+    map_ = nullptr;
+    throw Error(fmt::format("transformer: token file {}: {}", path, what));
+  };
+  if (std::memcmp(h, kMagic, 8) != 0) fail("no WEFTTOK1 magic: not a token file of `weft-transformer prepare`");
+  if (get_le(h + 8, 4) != kVersion) fail(fmt::format("format version {}, this weft reads {}", get_le(h + 8, 4), kVersion));
+  header_.bytes_per_token = int64_t(get_le(h + 12, 4));
+  if (header_.bytes_per_token != 2 && header_.bytes_per_token != 4)
+    fail(fmt::format("{} bytes per token (2 or 4)", header_.bytes_per_token));
+  const uint64_t count = get_le(h + 16, 8), vocab = get_le(h + 24, 8);
+  if (vocab == 0 || vocab > (uint64_t(1) << 32) || (header_.bytes_per_token == 2 && vocab > 65536))
+    fail(fmt::format("vocabulary size {} with {} bytes per token", vocab, header_.bytes_per_token));
+  if (count > (map_size_ - kHeaderBytes) / uint64_t(header_.bytes_per_token) ||
+      kHeaderBytes + count * uint64_t(header_.bytes_per_token) != map_size_)
+    fail(fmt::format("the header counts {} tokens of {} bytes but the file holds {} bytes after the header", count,
+                     header_.bytes_per_token, map_size_ - kHeaderBytes));
+  header_.count = int64_t(count);
+  header_.vocab_size = int64_t(vocab);
+  header_.tokenizer_sha256.assign(reinterpret_cast<const char*>(h + 32), 64);
+  data_ = h + kHeaderBytes;
+}
+
+TokenFile::~TokenFile() {
+  if (map_) ::munmap(map_, map_size_);
+}
+TokenFile::TokenFile(TokenFile&& o) noexcept
+    : path_(std::move(o.path_)), header_(std::move(o.header_)), map_(o.map_), map_size_(o.map_size_), data_(o.data_) {
+  o.map_ = nullptr, o.data_ = nullptr, o.map_size_ = 0;
+}
+TokenFile& TokenFile::operator=(TokenFile&& o) noexcept {
+  if (this != &o) {
+    if (map_) ::munmap(map_, map_size_);
+    path_ = std::move(o.path_), header_ = std::move(o.header_), map_ = o.map_, map_size_ = o.map_size_, data_ = o.data_;
+    o.map_ = nullptr, o.data_ = nullptr, o.map_size_ = 0;
+  }
+  return *this;
+}
+
+PreparedData prepare_tokens(const std::string& tokenizer_path, const std::string& data, const std::string& out_dir,
+                            const std::string& eos, double val_fraction) {
+  WEFT_CHECK(val_fraction >= 0 && val_fraction < 1, "transformer: validation fraction {} not in [0, 1)", val_fraction);
+  const BpeTokenizer tok(tokenizer_path);
+  const std::string tokenizer_json = read_file(tokenizer_path);
+  const std::string digest = sha256_hex(tokenizer_json.data(), tokenizer_json.size());
+  int32_t eos_id = -1;
+  if (!eos.empty()) {
+    eos_id = tok.id_of(eos);
+    WEFT_CHECK(eos_id >= 0, "transformer: --eos \"{}\" is not a token of {} (pass --eos \"\" for none)", eos,
+               tokenizer_path);
+  }
+  const std::vector<std::string> files = text_files(data);
+  int64_t total_bytes = 0;
+  for (const std::string& f : files) total_bytes += int64_t(fs::file_size(f));
+  PreparedData out;
+  std::vector<uint32_t> tokens;
+  Progress progress("prepare", int64_t(files.size()), "bytes");
+  for (const std::string& f : files) {
+    WEFT_CHECK(fs::is_regular_file(f), "transformer: {} is not a regular file or a directory (a FIFO or device?)", f);
+    const std::string text = read_file(f);
+    std::vector<int32_t> ids;
+    try {
+      ids = tok.encode(text);
+    } catch (const Error& e) {
+      throw Error(fmt::format("transformer: {}: {}", f, e.what()));
+    }
+    tokens.insert(tokens.end(), ids.begin(), ids.end());
+    if (eos_id >= 0) tokens.push_back(uint32_t(eos_id));
+    out.files += 1, out.bytes += int64_t(text.size());
+    progress.update(out.files, int64_t(text.size()), fmt::format("{} tokens", tokens.size()));
+  }
+  progress.finish(fmt::format("{} tokens from {} bytes in {} files", tokens.size(), total_bytes, files.size()));
+  WEFT_CHECK(!tokens.empty(), "transformer: {} holds no text to tokenize", data);
+  const size_t n_val = size_t(double(tokens.size()) * val_fraction);
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  WEFT_CHECK(!ec && fs::is_directory(out_dir), "transformer: cannot create the dataset directory {}: {}", out_dir,
+             ec ? ec.message() : "not a directory");
+  const std::vector<uint32_t> train(tokens.begin(), tokens.end() - std::ptrdiff_t(n_val));
+  const std::vector<uint32_t> val(tokens.end() - std::ptrdiff_t(n_val), tokens.end());
+  write_token_file(out_dir + "/train.tokens", train, tok.vocab_size(), digest);
+  write_token_file(out_dir + "/val.tokens", val, tok.vocab_size(), digest);
+  write_file_atomic(out_dir + "/tokenizer.json",
+                    [&](std::FILE* f) { check_write(f, tokenizer_json.data(), tokenizer_json.size(), out_dir); });
+  out.train_tokens = int64_t(train.size()), out.val_tokens = int64_t(val.size());
+  return out;
+}
+
+}  // namespace weft::apps

@@ -1,0 +1,68 @@
+// apps/transformer: pre-tokenized datasets. `weft-transformer prepare` encodes a text file or
+// folder with a BPE tokenizer (bpe_tokenizer.h) into DIR/train.tokens and DIR/val.tokens, with
+// a copy of the tokenizer as DIR/tokenizer.json. A token file is a 128-byte header and then
+// the ids, little-endian, 2 bytes each when the vocabulary fits in 16 bits, else 4:
+//   0   magic "WEFTTOK1" (8 bytes)       8  format version (u32, 1)
+//   12  bytes per token (u32, 2 or 4)    16 token count (u64)
+//   24  vocabulary size (u64)            32 the tokenizer.json's sha256 (64 hex characters)
+//   96  zeros up to 128
+// Files are written atomically (core/atomic_file.h) and read memory-mapped (TokenFile), so a
+// dataset never has to fit in memory.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "apps/transformer/bpe_tokenizer.h"
+
+namespace weft::apps {
+
+struct TokenFileHeader {
+  int64_t bytes_per_token = 0, count = 0, vocab_size = 0;
+  std::string tokenizer_sha256;
+};
+
+// Writes `tokens` (each < vocab_size) as a token file at `path`, replacing it atomically.
+void write_token_file(const std::string& path, const std::vector<uint32_t>& tokens, int64_t vocab_size,
+                      const std::string& tokenizer_sha256);
+
+// A token file, memory-mapped read-only; a bad header or a size that disagrees with it is an
+// error naming the file and the field.
+class TokenFile {
+ public:
+  explicit TokenFile(const std::string& path);
+  ~TokenFile();
+  TokenFile(TokenFile&&) noexcept;
+  TokenFile& operator=(TokenFile&&) noexcept;
+  TokenFile(const TokenFile&) = delete;
+  TokenFile& operator=(const TokenFile&) = delete;
+
+  const TokenFileHeader& header() const { return header_; }
+  int64_t size() const { return header_.count; }
+  uint32_t operator[](int64_t i) const {
+    const unsigned char* p = data_ + i * header_.bytes_per_token;
+    return header_.bytes_per_token == 2 ? uint32_t(p[0] | p[1] << 8)
+                                        : uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24;
+  }
+
+ private:
+  std::string path_;
+  TokenFileHeader header_;
+  void* map_ = nullptr;
+  size_t map_size_ = 0;
+  const unsigned char* data_ = nullptr;
+};
+
+struct PreparedData {
+  int64_t files = 0, bytes = 0, train_tokens = 0, val_tokens = 0;
+};
+
+// Encodes the text files of `data` (text_files' order) with the tokenizer at `tokenizer_path`,
+// `eos` (a token of the tokenizer, or empty for none) after each file, and writes the last
+// `val_fraction` of the tokens as val.tokens, the rest as train.tokens, and the tokenizer as
+// tokenizer.json, into `out_dir` (created; existing dataset files there are replaced). Prints
+// a progress bar with rate and ETA to stderr.
+PreparedData prepare_tokens(const std::string& tokenizer_path, const std::string& data, const std::string& out_dir,
+                            const std::string& eos, double val_fraction = 0.1);
+
+}  // namespace weft::apps

@@ -1,0 +1,125 @@
+// Token datasets (apps/transformer/token_data.h): `prepare` writes what the tokenizer encodes,
+// file by file with the end-of-text token between, split into train and val; token files read
+// back memory-mapped at either width; bad files are named.
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
+
+#include "apps/transformer/bpe_tokenizer.h"
+#include "apps/transformer/token_data.h"
+#include "core/sha256.h"
+
+using namespace weft;
+using Catch::Matchers::Contains;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kTokenizer = WEFT_TEST_DATA "/tokenizers/gpt2/tokenizer.json";
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / ("weft_token_data_" + std::to_string(getpid())) / name;
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+void write(const fs::path& p, const std::string& text) { std::ofstream(p, std::ios::binary) << text; }
+
+std::vector<uint32_t> all_tokens(const apps::TokenFile& f) {
+  std::vector<uint32_t> v;
+  for (int64_t i = 0; i < f.size(); ++i) v.push_back(f[i]);
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("token data: prepare writes each file's encoding, the end-of-text token after each, split train/val") {
+  const fs::path texts = fresh_dir("texts"), out = fresh_dir("out") / "ds";
+  const std::string a = "The quick brown fox jumps over the lazy dog.\n", b = "caf\xc3\xa9 \xe4\xb8\xad 1234\n\n",
+                    c = "don't stop <|user|> now\n";
+  write(texts / "a.txt", a), write(texts / "b.txt", b), write(texts / "c.txt", c);
+  write(texts / "a.dat", "binary index, skipped");
+  const apps::PreparedData d = apps::prepare_tokens(kTokenizer, texts.string(), out.string(), "<|endoftext|>", 0.25);
+  const apps::BpeTokenizer tok(kTokenizer);
+  std::vector<uint32_t> want;
+  for (const std::string& t : {a, b, c}) {
+    for (int32_t id : tok.encode(t)) want.push_back(uint32_t(id));
+    want.push_back(uint32_t(tok.id_of("<|endoftext|>")));
+  }
+  const apps::TokenFile train((out / "train.tokens").string()), val((out / "val.tokens").string());
+  std::vector<uint32_t> got = all_tokens(train);
+  const std::vector<uint32_t> got_val = all_tokens(val);
+  CHECK(got_val.size() == want.size() / 4);
+  got.insert(got.end(), got_val.begin(), got_val.end());
+  CHECK(got == want);
+  CHECK(d.files == 3);
+  CHECK(d.bytes == int64_t(a.size() + b.size() + c.size()));
+  CHECK(d.train_tokens == train.size());
+  CHECK(d.val_tokens == val.size());
+  for (const apps::TokenFile* f : {&train, &val}) {
+    CHECK(f->header().bytes_per_token == 2);
+    CHECK(f->header().vocab_size == tok.vocab_size());
+    CHECK(f->header().tokenizer_sha256 == sha256_file(kTokenizer));
+  }
+  CHECK(sha256_file((out / "tokenizer.json").string()) == sha256_file(kTokenizer));
+  // No end-of-text token when --eos is empty; a token the tokenizer lacks is named.
+  apps::prepare_tokens(kTokenizer, (texts / "a.txt").string(), out.string(), "", 0.0);
+  std::vector<uint32_t> just_a;
+  for (int32_t id : tok.encode(a)) just_a.push_back(uint32_t(id));
+  CHECK(all_tokens(apps::TokenFile((out / "train.tokens").string())) == just_a);
+  CHECK_THROWS_WITH(apps::prepare_tokens(kTokenizer, texts.string(), out.string(), "<|eot|>"),
+                    Contains("--eos \"<|eot|>\" is not a token of"));
+  write(texts / "d.txt", "bad \xff byte");
+  CHECK_THROWS_WITH(apps::prepare_tokens(kTokenizer, texts.string(), out.string(), ""),
+                    Contains("d.txt") && Contains("not valid UTF-8 at byte 4"));
+}
+
+TEST_CASE("token data: token files hold 16-bit ids up to 65,536 tokens and 32-bit ones past it") {
+  const fs::path dir = fresh_dir("widths");
+  const std::string digest(64, 'a');
+  const std::vector<uint32_t> small = {0, 1, 65535, 7}, large = {0, 65536, 69999, 123456 % 70000};
+  apps::write_token_file((dir / "s").string(), small, 65536, digest);
+  apps::write_token_file((dir / "l").string(), large, 70000, digest);
+  const apps::TokenFile s((dir / "s").string()), l((dir / "l").string());
+  CHECK(s.header().bytes_per_token == 2);
+  CHECK(l.header().bytes_per_token == 4);
+  CHECK(all_tokens(s) == small);
+  CHECK(all_tokens(l) == large);
+  CHECK(fs::file_size(dir / "s") == 128 + 4 * 2);
+  CHECK(fs::file_size(dir / "l") == 128 + 4 * 4);
+  CHECK_THROWS_WITH(apps::write_token_file((dir / "x").string(), {3, 70000}, 70000, digest),
+                    Contains("id 70000 at 1 is outside the vocabulary of 70000"));
+  CHECK(!fs::exists(dir / "x"));  // nothing left behind
+}
+
+TEST_CASE("token data: bad token files are named") {
+  const fs::path dir = fresh_dir("bad");
+  apps::write_token_file((dir / "good").string(), {1, 2, 3}, 100, std::string(64, 'f'));
+  std::string bytes;
+  {
+    std::ifstream in(dir / "good", std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  auto variant = [&](const std::string& name, const std::function<void(std::string&)>& edit) {
+    std::string b = bytes;
+    edit(b);
+    write(dir / name, b);
+    return (dir / name).string();
+  };
+  CHECK_THROWS_WITH(apps::TokenFile(variant("magic", [](std::string& b) { b[0] = 'X'; })), Contains("no WEFTTOK1 magic"));
+  CHECK_THROWS_WITH(apps::TokenFile(variant("version", [](std::string& b) { b[8] = 9; })), Contains("format version 9"));
+  CHECK_THROWS_WITH(apps::TokenFile(variant("width", [](std::string& b) { b[12] = 3; })), Contains("3 bytes per token"));
+  CHECK_THROWS_WITH(apps::TokenFile(variant("short", [](std::string& b) { b.pop_back(); })),
+                    Contains("counts 3 tokens of 2 bytes but the file holds 5 bytes"));
+  CHECK_THROWS_WITH(apps::TokenFile(variant("count", [](std::string& b) { b[23] = char(0x80); })),
+                    Contains("but the file holds 6 bytes"));
+  CHECK_THROWS_WITH(apps::TokenFile(variant("tiny", [](std::string& b) { b.resize(50); })),
+                    Contains("shorter than its 128-byte header"));
+  CHECK_THROWS_WITH(apps::TokenFile((dir / "missing").string()), Contains("cannot open token file"));
+  CHECK_THROWS_WITH(apps::TokenFile(dir.string()), Contains("is not a regular file"));
+}
