@@ -389,12 +389,12 @@ std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {
   return out;
 }
 
-std::string BpeTokenizer::decode(const std::vector<int32_t>& ids, bool skip_special) const {
+std::string BpeTokenizer::bytes_of(const std::vector<int32_t>& ids, bool skip_special) const {
   const Impl& t = *impl_;
   std::string bytes;
   for (int32_t id : ids) {
     if (id < 0 || size_t(id) >= t.tokens.size() || t.tokens[size_t(id)].empty())
-      throw Error(fmt::format("tokenizer {}: decode: id {} is not in the vocabulary (size {})", t.path, id,
+      throw Error(fmt::format("tokenizer {}: decoding: id {} is not in the vocabulary (size {})", t.path, id,
                               t.tokens.size()));
     if (skip_special && t.is_special[size_t(id)]) continue;
     // Each character of the token stands for one byte; a token with a character outside the
@@ -409,6 +409,11 @@ std::string BpeTokenizer::decode(const std::vector<int32_t>& ids, bool skip_spec
     }
     bytes += mapped ? b : tok;
   }
+  return bytes;
+}
+
+std::string BpeTokenizer::decode(const std::vector<int32_t>& ids, bool skip_special) const {
+  const std::string bytes = bytes_of(ids, skip_special);
   std::string out;  // bytes that do not form UTF-8 become U+FFFD, one per maximal ill-formed part
   out.reserve(bytes.size());
   for (size_t i = 0; i < bytes.size();) {

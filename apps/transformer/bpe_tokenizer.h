@@ -30,6 +30,9 @@ class BpeTokenizer {
   // The text of `ids` (ids outside the vocabulary are an error), bytes that do not form UTF-8
   // replaced by U+FFFD as `tokenizers` does; special added tokens left out when skip_special.
   std::string decode(const std::vector<int32_t>& ids, bool skip_special = false) const;
+  // The bytes the ids stand for, before that replacement (a stream printed token by token
+  // forms its characters at the reader).
+  std::string bytes_of(const std::vector<int32_t>& ids, bool skip_special = false) const;
   // One more than the largest id (vocabulary and added tokens).
   int64_t vocab_size() const;
   // The id of a token (its vocabulary form, or an added token's content); -1 when none.

@@ -78,6 +78,7 @@ struct SampleOptions {
   std::string device = "cpu";
   bool ids = false;         // print the generated token ids, comma-separated, on one line
   std::string logits_out;   // write the prompt's logits [T, vocab] (f32) to this safetensors file
+  std::string tokenizer;    // a tokenizer.json: the prompt is encoded and the output decoded with it
 };
 
 struct ExportOptions {
@@ -143,9 +144,11 @@ constexpr const char* kFormat = "weft-transformer";
 
 // The training text's length and sha256 (computed once per run): a resumed run must draw its
 // batches from the same text.
-std::map<std::string, std::string> training_text(const apps::TextData& data) {
-  return {{"train_bytes", std::to_string(data.train.size())},
-          {"train_sha256", sha256_hex(data.train.data(), data.train.size())}};
+std::map<std::string, std::string> training_text(const apps::TrainingData& data) {
+  const std::string digest = sha256_hex(data.train.p, size_t(data.train.n * data.train.width));
+  if (data.tokenizer_sha256.empty()) return {{"train_bytes", std::to_string(data.train.size())}, {"train_sha256", digest}};
+  return {{"train_tokens", std::to_string(data.train.size())}, {"train_sha256", digest},
+          {"tokenizer_sha256", data.tokenizer_sha256}};
 }
 
 // The model config, what decides the batches (seed, batch size, accumulation, the training
@@ -312,7 +315,7 @@ fsdp::MemoryPlanRequest plan_request(const TrainOptions& o, bool fsdp) {
 
 // Mean validation loss over `iters` fixed batches (the same ones at every evaluation and any
 // world size); each rank evaluates its rows and the means are averaged over ranks.
-double evaluate(nn::Module& model, const apps::TextData& data, const TrainOptions& o, const Ranks& ranks,
+double evaluate(nn::Module& model, const apps::TrainingData& data, const TrainOptions& o, const Ranks& ranks,
                 Device device) {
   NoGradGuard no_grad;
   AutocastGuard bf16(DType::bf16, o.autocast());
@@ -330,7 +333,7 @@ double evaluate(nn::Module& model, const apps::TextData& data, const TrainOption
 }
 
 int train(TrainOptions o, const Ranks& ranks) {
-  apps::TextData data;
+  apps::TrainingData data;
   apps::LanguageModel lm;
   std::shared_ptr<nn::Module> model;
   std::string resume_from;  // the checkpoint directory --resume resolves to
@@ -374,10 +377,15 @@ int train(TrainOptions o, const Ranks& ranks) {
     o.warmup = std::min(o.warmup, o.steps - 1);
     apps::check_checkpoint_dir(o.checkpoint_dir, "--checkpoint-dir", "transformer");
     if (!o.checkpoint_dir.empty() && ranks.lead() && !o.plan.only()) dir_lock.emplace(o.checkpoint_dir);
-    data = apps::load_text(o.data);
+    apps::load_training_data(o.data, data);
+    if (!data.tokenizer_sha256.empty()) {  // token ids: the model's vocabulary must hold them
+      if (o.init_from.empty()) o.model.vocab_size = data.vocab_size;
+      WEFT_CHECK(o.model.vocab_size >= data.vocab_size, "transformer: {}'s vocabulary of {} is smaller than the "
+                 "dataset's {} ({})", o.init_from, o.model.vocab_size, data.vocab_size, o.data);
+    }
     if (!o.checkpoint_dir.empty() || !o.resume.empty()) train_text = training_text(data);
-    WEFT_CHECK(int64_t(data.val.size()) > o.model.ctx + 1,
-               "transformer: the validation part of {} ({} bytes) is shorter than the context {}", o.data,
+    WEFT_CHECK(data.val.size() > o.model.ctx + 1,
+               "transformer: the validation part of {} ({} tokens) is shorter than the context {}", o.data,
                data.val.size(), o.model.ctx);
     if (!o.resume.empty()) {
       resume_from = fsdp::latest_checkpoint(o.resume);
@@ -485,11 +493,12 @@ int train(TrainOptions o, const Ranks& ranks) {
   const int64_t tokens_per_step = o.batch_size * o.grad_accum * o.model.ctx;
   if (ranks.lead()) {
     std::fprintf(stderr, "weft-transformer: %s n_layer %lld, n_head %lld, d_model %lld, ctx %lld, %s head: %lld "
-                 "parameters; %zu train / %zu val bytes from %zu file(s) of %s; batch %lld x %lld accumulation, "
+                 "parameters; %zu train / %zu val %s from %zu file(s) of %s; batch %lld x %lld accumulation, "
                  "%d threads\n", o.model.arch == "llama" ? "Llama" : "GPT-2", (long long)o.model.n_layer,
                  (long long)o.model.n_head, (long long)o.model.d_model,
                  (long long)o.model.ctx, o.model.tie_weights ? "tied" : "untied", (long long)n_params,
-                 data.train.size(), data.val.size(), data.files.size(), o.data.c_str(), (long long)o.batch_size,
+                 (size_t)data.train.size(), (size_t)data.val.size(),
+                 data.tokenizer_sha256.empty() ? "bytes" : "tokens", data.files.size(), o.data.c_str(), (long long)o.batch_size,
                  (long long)o.grad_accum, get_num_threads());
     if (root)
       std::fprintf(stderr, "weft-transformer: FSDP over %d ranks: one group per block and the root; %lld parameters "
@@ -671,16 +680,27 @@ int sample(const SampleOptions& o) {
   apps::check_finite_parameters(model, fmt::format("transformer: refusing to sample from {}", o.checkpoint));
   model.to(device);
   const apps::ModelConfig& cfg = lm.cfg;
-  WEFT_CHECK(o.ids || cfg.vocab_size == 256, "transformer: {} has a vocabulary of {} tokens, not 256 bytes: print "
-             "token ids with --ids (weft-transformer reads and writes bytes)", o.checkpoint, cfg.vocab_size);
+  std::optional<apps::BpeTokenizer> tok;
+  if (!o.tokenizer.empty()) {
+    tok.emplace(o.tokenizer);
+    WEFT_CHECK(tok->vocab_size() <= cfg.vocab_size, "transformer: --tokenizer {} has {} tokens, more than {}'s "
+               "vocabulary of {}", o.tokenizer, tok->vocab_size(), o.checkpoint, cfg.vocab_size);
+  }
+  WEFT_CHECK(o.ids || tok || cfg.vocab_size == 256, "transformer: {} has a vocabulary of {} tokens, not 256 bytes: "
+             "give its --tokenizer (the tokenizer.json of the dataset it was trained on) or print token ids with --ids",
+             o.checkpoint, cfg.vocab_size);
   model.eval();
   NoGradGuard no_grad;
-  // The prompt's bytes are its token ids.
+  // The prompt's tokens: its bytes, or the tokenizer's encoding.
   std::vector<int64_t> ids;
-  for (unsigned char c : o.prompt) {
-    WEFT_CHECK(int64_t(c) < cfg.vocab_size, "transformer: the prompt's byte {} is not a token of {}'s vocabulary "
-               "of {}", int(c), o.checkpoint, cfg.vocab_size);
-    ids.push_back(c);
+  if (tok) {
+    for (int32_t id : tok->encode(o.prompt)) ids.push_back(id);
+  } else {
+    for (unsigned char c : o.prompt) {
+      WEFT_CHECK(int64_t(c) < cfg.vocab_size, "transformer: the prompt's byte {} is not a token of {}'s vocabulary "
+                 "of {}", int(c), o.checkpoint, cfg.vocab_size);
+      ids.push_back(c);
+    }
   }
   WEFT_CHECK(!ids.empty(), "transformer: --prompt must not be empty (it starts the text)");
   if (!o.ids) std::fwrite(o.prompt.data(), 1, o.prompt.size(), stdout);
@@ -698,8 +718,14 @@ int sample(const SampleOptions& o) {
     if (n >= o.tokens) break;
     int64_t next = draw(logits.select(0, 0).select(0, t - 1).to(kCPU), o, g);
     ids.push_back(next);
-    if (o.ids) printed += (printed.empty() ? "" : ",") + std::to_string(next);
-    else std::fputc(int(next), stdout);
+    if (o.ids) {
+      printed += (printed.empty() ? "" : ",") + std::to_string(next);
+    } else if (tok) {  // the token's bytes as they come (a character may span tokens)
+      const std::string b = next < tok->vocab_size() ? tok->bytes_of({int32_t(next)}) : std::string();
+      std::fwrite(b.data(), 1, b.size(), stdout);
+    } else {
+      std::fputc(int(next), stdout);
+    }
   }
   if (o.ids) std::fputs(printed.c_str(), stdout);
   std::fputc('\n', stdout);
@@ -824,6 +850,8 @@ int main(int argc, char** argv) {
   bool greedy = false;
   sa->add_flag("--greedy", greedy, "always take the most likely token (--temperature 0)")->excludes(temperature);
   sa->add_flag("--ids", s.ids, "print the generated token ids, comma-separated, on one line, instead of text");
+  sa->add_option("--tokenizer", s.tokenizer, "tokenizer.json to encode the prompt and decode the output with (a "
+                 "model trained on a prepared dataset: its DIR/tokenizer.json)");
   sa->add_option("--logits-out", s.logits_out, "write the prompt's logits [T, vocab] (f32) to FILE.safetensors");
   sa->add_option("--top-k", s.top_k, "draw from the K most likely bytes only (0: all)")
       ->check(apps::cli::integer(0, 1 << 20))->capture_default_str();

@@ -68,10 +68,10 @@ TextData load_text(const std::string& path, double val_fraction) {
   return d;
 }
 
-std::pair<Tensor, Tensor> text_batch(const std::vector<uint8_t>& split, uint64_t seed, int64_t index,
-                                     int64_t batch, int64_t ctx, int64_t row_begin, int64_t row_end) {
-  const int64_t n = int64_t(split.size());
-  WEFT_CHECK(n > ctx + 1, "transformer: {} bytes of text are too few for a context of {} (need at least {})", n, ctx,
+std::pair<Tensor, Tensor> text_batch(TokenView split, uint64_t seed, int64_t index, int64_t batch, int64_t ctx,
+                                     int64_t row_begin, int64_t row_end) {
+  const int64_t n = split.size();
+  WEFT_CHECK(n > ctx + 1, "transformer: {} tokens of data are too few for a context of {} (need at least {})", n, ctx,
              ctx + 2);
   WEFT_CHECK(0 <= row_begin && row_begin <= row_end && row_end <= batch, "text_batch: rows [{}, {}) outside [0, {})",
              row_begin, row_end, batch);
@@ -86,8 +86,8 @@ std::pair<Tensor, Tensor> text_batch(const std::vector<uint8_t>& split, uint64_t
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t s = starts[size_t(row_begin + r)];
     for (int64_t t = 0; t < ctx; ++t) {
-      xp[r * ctx + t] = split[size_t(s + t)];
-      yp[r * ctx + t] = split[size_t(s + t + 1)];
+      xp[r * ctx + t] = split[s + t];
+      yp[r * ctx + t] = split[s + t + 1];
     }
   }
   return {x, y};

@@ -143,6 +143,31 @@ TokenFile& TokenFile::operator=(TokenFile&& o) noexcept {
   return *this;
 }
 
+bool is_token_dataset(const std::string& path) {
+  std::error_code ec;
+  return fs::is_directory(path, ec) && fs::exists(fs::path(path) / "train.tokens", ec);
+}
+
+void load_training_data(const std::string& path, TrainingData& d) {
+  if (!is_token_dataset(path)) {
+    d.text = load_text(path);
+    d.train = TokenView::bytes(d.text.train), d.val = TokenView::bytes(d.text.val);
+    d.files = d.text.files;
+    return;
+  }
+  const std::string train = (fs::path(path) / "train.tokens").string(), val = (fs::path(path) / "val.tokens").string();
+  d.train_file.emplace(train);
+  d.val_file.emplace(val);
+  const TokenFileHeader &a = d.train_file->header(), &b = d.val_file->header();
+  WEFT_CHECK(a.tokenizer_sha256 == b.tokenizer_sha256 && a.vocab_size == b.vocab_size,
+             "transformer: {} and {} come from different tokenizers (sha256 {} and {}): prepare them together", train,
+             val, a.tokenizer_sha256, b.tokenizer_sha256);
+  d.train = d.train_file->view(), d.val = d.val_file->view();
+  d.vocab_size = a.vocab_size;
+  d.tokenizer_sha256 = a.tokenizer_sha256;
+  d.files = {train, val};
+}
+
 PreparedData prepare_tokens(const std::string& tokenizer_path, const std::string& data, const std::string& out_dir,
                             const std::string& eos, double val_fraction) {
   WEFT_CHECK(val_fraction >= 0 && val_fraction < 1, "transformer: validation fraction {} not in [0, 1)", val_fraction);

@@ -10,10 +10,12 @@
 // dataset never has to fit in memory.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "apps/transformer/bpe_tokenizer.h"
+#include "apps/transformer/text_data.h"
 
 namespace weft::apps {
 
@@ -38,6 +40,7 @@ class TokenFile {
   TokenFile& operator=(const TokenFile&) = delete;
 
   const TokenFileHeader& header() const { return header_; }
+  TokenView view() const { return {data_, header_.count, int(header_.bytes_per_token)}; }
   int64_t size() const { return header_.count; }
   uint32_t operator[](int64_t i) const {
     const unsigned char* p = data_ + i * header_.bytes_per_token;
@@ -52,6 +55,22 @@ class TokenFile {
   size_t map_size_ = 0;
   const unsigned char* data_ = nullptr;
 };
+
+// What `train --data PATH` reads: a dataset directory of `prepare` (it holds train.tokens),
+// memory-mapped, or else text as bytes (load_text). The views point into this object.
+struct TrainingData {
+  TextData text;                           // bytes, when PATH is text
+  std::optional<TokenFile> train_file, val_file;
+  TokenView train, val;
+  int64_t vocab_size = 256;                // of the ids: 256 for bytes
+  std::string tokenizer_sha256;            // empty for bytes
+  std::vector<std::string> files;          // what was read
+  TrainingData() = default;
+  TrainingData(TrainingData&&) = delete;   // the views point into it
+};
+bool is_token_dataset(const std::string& path);
+// Fills `d` from `path`; the two token files must come from one tokenizer.
+void load_training_data(const std::string& path, TrainingData& d);
 
 struct PreparedData {
   int64_t files = 0, bytes = 0, train_tokens = 0, val_tokens = 0;

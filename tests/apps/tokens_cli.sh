@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# weft-transformer on a token dataset end to end: `prepare` with the GPT-2-style fixture
+# tokenizer (tests/data/tokenizers) on a few fortunes files, then `train --data DIR`: the loss
+# falls from ln(2000), a run stopped at step 20 and resumed logs the uninterrupted step-30 loss
+# bit for bit, `sample --tokenizer` prints text (and without it the error names --tokenizer),
+# a training file larger than WEFT_MEMORY_LIMIT trains (it is memory-mapped, never read into
+# weft's memory) with a peak RSS far below the file's size, and (given mpirun) --fsdp at 2
+# ranks logs the single-process step-10 loss.
+# Usage: tokens_cli.sh EXE TOKENIZER_DIR [MPIRUN MPIRUN_ARGS...]
+set -euo pipefail
+exe=$1
+tokenizer=$2/gpt2/tokenizer.json
+mpirun=${3:-}
+shift $(( $# > 2 ? 3 : 2 ))
+mpirun_args=("$@")
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # $tmp (removed on exit), fail, loss_at, within
+
+mkdir "$tmp/texts"
+for f in computers linux science; do cp "/usr/share/games/fortunes/$f" "$tmp/texts/"; done
+"$exe" prepare --tokenizer "$tokenizer" --data "$tmp/texts" --out "$tmp/ds" >"$tmp/prep.out" 2>"$tmp/prep.err" ||
+  fail "prepare failed: $(cat "$tmp/prep.err")"
+grep -q "train and .* val tokens from .* bytes in 3 file(s)" "$tmp/prep.out" || fail "prepare's summary: $(cat "$tmp/prep.out")"
+grep -q "prepare 3/3" "$tmp/prep.err" || fail "no progress line from prepare: $(cat "$tmp/prep.err")"
+cmp -s "$tokenizer" "$tmp/ds/tokenizer.json" || fail "the dataset's tokenizer.json is not a copy of the tokenizer"
+
+model=(--n-layer 2 --n-head 2 --d-model 32 --ctx 32 --batch-size 8 --warmup 3 --lr 3e-3 --seed 0 --threads 1
+       --eval-every 0 --eval-iters 4)
+cfg=(--data "$tmp/ds" "${model[@]}" --steps 30)
+"$exe" train "${cfg[@]}" --metrics "$tmp/a.jsonl" >/dev/null 2>"$tmp/a.err" || fail "train failed: $(cat "$tmp/a.err")"
+grep -q "train / .* val tokens from 2 file(s)" "$tmp/a.err" || fail "train does not report tokens: $(head -1 "$tmp/a.err")"
+# A tied GPT-2 with a 2,000-token vocabulary: wte 64000 + wpe 1024 + 2 x 12704 + ln_f 64.
+grep -q " 90496 parameters" "$tmp/a.err" || fail "parameter count is not 90496: $(head -1 "$tmp/a.err")"
+"$exe" train "${cfg[@]}" --metrics "$tmp/b.jsonl" --stop-after 20 --checkpoint-dir "$tmp/ck" >/dev/null 2>&1
+"$exe" train "${cfg[@]}" --metrics "$tmp/b.jsonl" --resume "$tmp/ck" >/dev/null 2>&1
+a1=$(loss_at "$tmp/a.jsonl" 1); a30=$(loss_at "$tmp/a.jsonl" 30); b30=$(loss_at "$tmp/b.jsonl" 30)
+awk -v l="$a1" 'BEGIN { exit !(l > 7.3 && l < 7.9) }' || fail "step-1 loss $a1 is not near ln(2000) = 7.60"
+awk -v l="$a30" 'BEGIN { exit !(l < 6.8) }' || fail "step-30 loss $a30 is not clearly below 7.6"
+[ -n "$b30" ] && [ "$a30" = "$b30" ] || fail "resumed run's step-30 loss $b30 differs from $a30"
+
+"$exe" sample --from "$tmp/ck" --tokenizer "$tmp/ds/tokenizer.json" --prompt "The computer " --tokens 12 \
+  >"$tmp/s.out" 2>"$tmp/s.err" || fail "sample --tokenizer failed: $(cat "$tmp/s.err")"
+head -c 13 "$tmp/s.out" | grep -q "^The computer " || fail "sample does not start with the prompt: $(cat "$tmp/s.out")"
+[ "$(wc -c <"$tmp/s.out")" -gt 15 ] || fail "sample printed no text after the prompt: $(cat "$tmp/s.out")"
+if "$exe" sample --from "$tmp/ck" --prompt "x" --tokens 2 2>"$tmp/err"; then fail "sampling tokens as bytes accepted"; fi
+grep -q -- "--tokenizer" "$tmp/err" || fail "sampling without --tokenizer not explained: $(cat "$tmp/err")"
+"$exe" sample --from "$tmp/ck" --prompt "x" --tokens 3 --ids >"$tmp/ids.out" 2>/dev/null || fail "sample --ids failed"
+grep -Eq '^[0-9]+,[0-9]+,[0-9]+$' "$tmp/ids.out" || fail "sample --ids printed: $(cat "$tmp/ids.out")"
+
+# A 192 MB training file under a 64 MB WEFT_MEMORY_LIMIT: the header of prepare's file with a
+# count of 96M tokens, then zeros (token 0), and the peak RSS stays far below the file's size.
+mkdir "$tmp/big"
+cp "$tmp/ds/val.tokens" "$tmp/ds/tokenizer.json" "$tmp/big/"
+{ head -c 16 "$tmp/ds/train.tokens"; printf '\x00\x00\x00\x06\x00\x00\x00\x00'; head -c 128 "$tmp/ds/train.tokens" | tail -c 104
+  head -c 201326592 /dev/zero; } >"$tmp/big/train.tokens"
+WEFT_MEMORY_LIMIT=64M /usr/bin/time -f "%M" -o "$tmp/rss" "$exe" train --data "$tmp/big" "${model[@]}" --steps 3 \
+  >/dev/null 2>"$tmp/big.err" || fail "training on a file larger than WEFT_MEMORY_LIMIT failed: $(tail -3 "$tmp/big.err")"
+grep -q "100663296 train" "$tmp/big.err" || fail "the big file's tokens were not counted: $(head -1 "$tmp/big.err")"
+rss_kb=$(tail -1 "$tmp/rss")
+[ "$rss_kb" -lt 150000 ] || fail "peak RSS ${rss_kb} KB while training on a 192 MB file: it was read into memory"
+echo "a 192 MB token file trained under WEFT_MEMORY_LIMIT=64M with a peak RSS of ${rss_kb} KB"
+
+if [ -n "$mpirun" ]; then
+  "$mpirun" -np 2 "${mpirun_args[@]}" "$exe" train --fsdp "${cfg[@]}" --stop-after 10 --metrics "$tmp/f.jsonl" \
+    >/dev/null 2>"$tmp/f.err" || fail "--fsdp at 2 ranks failed: $(tail -5 "$tmp/f.err")"
+  within "$(loss_at "$tmp/f.jsonl" 10)" "$(loss_at "$tmp/a.jsonl" 10)" 1e-5 0 "--fsdp 2-rank step-10 loss"
+fi
+echo "tokens_cli: all checks passed"
