@@ -98,6 +98,8 @@ TEST_CASE("tokenizer: a tokenizer.json weft cannot reproduce is an error naming 
   expect_error([](json& j) { j["model"]["type"] = "Unigram"; }, "model type \"Unigram\" is not supported");
   expect_error([](json& j) { j["model"]["type"] = "WordPiece"; }, "\"WordPiece\"");
   expect_error([](json& j) { j["normalizer"] = {{"type", "NFC"}}; }, "normalizer \"NFC\"");
+  expect_error([](json& j) { j["normalizer"] = 5; }, "normalizer \"5\"");
+  expect_error([](json& j) { j["decoder"] = json::array({1}); }, "decoder");
   expect_error([](json& j) { j["decoder"] = {{"type", "WordPiece"}}; }, "decoder \"WordPiece\"");
   expect_error([](json& j) { j["model"]["byte_fallback"] = true; }, "byte_fallback");
   expect_error([](json& j) { j["model"]["continuing_subword_prefix"] = "##"; }, "continuing_subword_prefix");

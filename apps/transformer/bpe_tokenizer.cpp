@@ -81,6 +81,12 @@ int utf8_unit(std::string_view s, size_t i) {
   return len;
 }
 
+// What a component of the file is, for messages: its "type" when it has one, else its JSON.
+std::string kind_of(const json& j) {
+  if (j.is_object() && j.contains("type") && j["type"].is_string()) return j["type"].get<std::string>();
+  return j.dump();
+}
+
 struct AddedToken {
   std::string content;
   int32_t id;
@@ -246,13 +252,13 @@ BpeTokenizer::BpeTokenizer(const std::string& path) : impl_(std::make_unique<Imp
   if (!j.is_object()) root.fail("is not a JSON object");
   if (!root.is_null("normalizer"))
     root.fail(fmt::format("normalizer \"{}\" is not supported: weft supports none (null)",
-                          j["normalizer"].value("type", j["normalizer"].dump())));
+                          kind_of(j["normalizer"])));
   t.read_model(root.sub("model"));
   if (root.is_null("pre_tokenizer")) root.fail("\"pre_tokenizer\" is missing: byte-level BPE needs ByteLevel");
   t.read_pre_tokenizer(root.sub("pre_tokenizer"));
   if (root.is_null("decoder") || root.sub("decoder").text("type") != "ByteLevel")
     root.fail(fmt::format("decoder {} is not supported: weft decodes ByteLevel",
-                          root.is_null("decoder") ? "null" : json(j["decoder"].value("type", "?")).dump()));
+                          root.is_null("decoder") ? "null" : json(kind_of(j["decoder"])).dump()));
   if (!root.is_null("added_tokens")) {
     const json& list = j["added_tokens"];
     if (!list.is_array()) root.fail("\"added_tokens\" must be an array");
