@@ -39,19 +39,28 @@ LlamaAttention::LlamaAttention(const LlamaConfig& cfg)
   o_proj = register_module("o_proj", std::make_shared<Linear>(n_head * head_dim, cfg.d_model, false));
 }
 
-Tensor LlamaAttention::forward(const Tensor& x) {
+std::array<Tensor, 3> LlamaAttention::heads(const Tensor& x) {
   WEFT_CHECK(x.dim() == 3 && x.size(2) == q_proj->in_features, "LlamaAttention: expected input [B, T, {}], got {}",
              q_proj->in_features, tensor_desc(x));
   const int64_t B = x.size(0), T = x.size(1);
   // Head views of the projections, read in place by the fused kernel: [B, T, H*hd] as
   // [B, H, T, hd]; rotation and head grouping happen inside it.
-  auto heads = [&](const Tensor& y, int64_t h) { return y.view({B, T, h, head_dim}).transpose(1, 2); };
-  Tensor q = heads((*q_proj)(x), n_head), k = heads((*k_proj)(x), n_kv_head), v = heads((*v_proj)(x), n_kv_head);
+  auto view = [&](const Tensor& y, int64_t h) { return y.view({B, T, h, head_dim}).transpose(1, 2); };
+  return {view((*q_proj)(x), n_head), view((*k_proj)(x), n_kv_head), view((*v_proj)(x), n_kv_head)};
+}
+
+Tensor LlamaAttention::forward(const Tensor& x) {
+  auto [q, k, v] = heads(x);
   Tensor y = scaled_dot_product_attention(
       q, k, v, AttentionOptions{.causal = true, .dropout_p = dropout_p, .training = is_training(),
                                 .rope = {.theta = rope_theta}});
   // The output is stored [B, T, H, hd]: the transpose back is a view.
-  return (*o_proj)(y.transpose(1, 2).reshape({B, T, n_head * head_dim}));
+  return (*o_proj)(y.transpose(1, 2).reshape({x.size(0), x.size(1), n_head * head_dim}));
+}
+
+Tensor LlamaAttention::forward_cached(const Tensor& x, LayerCache& cache) {
+  auto [q, k, v] = heads(x);
+  return (*o_proj)(attend_cached(q, k, v, cache, rope_theta));
 }
 
 std::string LlamaAttention::extra_repr() const {
@@ -104,7 +113,17 @@ Tensor Llama::forward(const Tensor& idx) {
              cfg.ctx);
   Tensor x = (*embed_tokens)(idx);
   for (auto& block : blocks) x = (*block)(x);
-  x = (*norm)(x);
+  return logits(x);
+}
+
+Tensor Llama::decode(const Tensor& idx, KVCache& cache) {
+  Tensor x = (*embed_tokens)(idx);
+  for (size_t i = 0; i < blocks.size(); ++i) x = blocks[i]->forward_cached(x, cache.layer(int64_t(i)));
+  return logits(x);
+}
+
+Tensor Llama::logits(const Tensor& h) {
+  Tensor x = (*norm)(h);
   if (lm_head) return (*lm_head)(x);
   return matmul(x, embed_tokens->weight.transpose(0, 1));
 }

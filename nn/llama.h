@@ -5,6 +5,8 @@
 //   post_attention_layernorm, mlp.{gate,up,down}_proj}, model.norm, lm_head.
 // The blocks are nn/transformer.h's PreNormBlock, as GPT-2's are.
 #pragma once
+#include <array>
+
 #include "nn/containers.h"
 #include "nn/layers.h"
 #include "nn/transformer.h"
@@ -35,15 +37,19 @@ void check_llama_config(const LlamaConfig& cfg);
 
 // Causal self-attention with separate bias-free q, k, v, o projections, n_kv_head key/value
 // heads and rotary embeddings applied inside the fused attention (no rotated or repeated copies).
-class LlamaAttention : public Module {
+class LlamaAttention : public Module, public CachedAttention {
  public:
   explicit LlamaAttention(const LlamaConfig& cfg);
   Tensor forward(const Tensor& x) override;
+  Tensor forward_cached(const Tensor& x, LayerCache& cache) override;
   using Module::forward;
   std::string extra_repr() const override;
   int64_t n_head, n_kv_head, head_dim;
   double rope_theta, dropout_p;
   std::shared_ptr<Linear> q_proj, k_proj, v_proj, o_proj;
+
+ private:
+  std::array<Tensor, 3> heads(const Tensor& x);  // q, k, v as [B, H, T, hd] views
 };
 
 // down_proj(silu(gate_proj(x)) * up_proj(x)), the element-wise part fused (swiglu).
@@ -72,13 +78,16 @@ class LlamaBlock : public PreNormBlock {
   explicit LlamaBlock(Parts p);
 };
 
-// Token ids [B, T] (i64, T <= ctx) -> logits [B, T, vocab_size].
-class Llama : public Module {
+// Token ids [B, T] (i64, T <= ctx) -> logits [B, T, vocab_size]; forward_cached decodes with a
+// key/value cache (nn/kv_cache.h).
+class Llama : public Module, public CausalLM {
  public:
   explicit Llama(const LlamaConfig& cfg);
   Tensor forward(const Tensor& idx) override;
   using Module::forward;
   std::string extra_repr() const override;
+  KVCache make_cache() const override { return KVCache(cfg.n_layer, cfg.ctx); }
+  int64_t context_length() const override { return cfg.ctx; }
 
   LlamaConfig cfg;
   ModulePtr model;  // container of embed_tokens, layers, norm
@@ -87,6 +96,12 @@ class Llama : public Module {
   std::shared_ptr<RMSNorm> norm;
   std::shared_ptr<Linear> lm_head;  // null when tied
   std::vector<std::shared_ptr<LlamaBlock>> blocks;
+
+ protected:
+  Tensor decode(const Tensor& idx, KVCache& cache) override;
+
+ private:
+  Tensor logits(const Tensor& x);  // the final norm and the head
 };
 
 // Hugging Face's initialisation (initializer_range 0.02): N(0, 0.02) for every Linear and

@@ -1,10 +1,12 @@
 // nn: everything a model author needs — Module, layers, containers, transformer blocks,
-// losses, initialisers, optimizers and learning-rate schedules.
+// losses, initialisers, optimizers, learning-rate schedules and generation with a KV cache.
 #pragma once
 #include "nn/checkpoint.h"
 #include "nn/clip_grad.h"
 #include "nn/containers.h"
+#include "nn/generate.h"
 #include "nn/init.h"
+#include "nn/kv_cache.h"
 #include "nn/layers.h"
 #include "nn/loss.h"
 #include "nn/materialize.h"

@@ -36,6 +36,16 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   return dropout((*c_proj)(y), dropout_p, is_training());
 }
 
+Tensor CausalSelfAttention::forward_cached(const Tensor& x, LayerCache& cache) {
+  WEFT_CHECK(x.dim() == 3 && x.size(2) == d_model, "CausalSelfAttention: expected input [B, T, {}], got {}",
+             d_model, tensor_desc(x));
+  const int64_t B = x.size(0), T = x.size(1);
+  // q, k, v as head views [B, H, T, hd] of the fused projection [B, T, 3, H, hd].
+  Tensor qkv = (*c_attn)(x).view({B, T, 3, n_head, d_model / n_head});
+  auto heads = [&](int64_t i) { return qkv.select(2, i).transpose(1, 2); };
+  return (*c_proj)(attend_cached(heads(0), heads(1), heads(2), cache));
+}
+
 std::string CausalSelfAttention::extra_repr() const { return fmt::format("d_model={}, n_head={}", d_model, n_head); }
 
 MLP::MLP(const TransformerConfig& cfg, Generator* gen)
@@ -57,11 +67,22 @@ PreNormBlock::PreNormBlock(std::string type, std::pair<std::string, ModulePtr> n
   attn_ = register_module(attn.first, attn.second);
   norm_2_ = register_module(norm_2.first, norm_2.second);
   mlp_ = register_module(mlp.first, mlp.second);
+  cached_attn_ = dynamic_cast<CachedAttention*>(attn_.get());
 }
 
 Tensor PreNormBlock::forward(const Tensor& x) {
   Tensor h = x + (*attn_)((*norm_1_)(x));
   return h + (*mlp_)((*norm_2_)(h));
+}
+
+Tensor PreNormBlock::forward_cached(const Tensor& x, LayerCache& cache) {
+  WEFT_CHECK(cached_attn_, "{}: its attention ({}) cannot decode with a key/value cache", type_name(),
+             attn_->type_name());
+  return call([&](const TensorList& in) -> TensorList {
+    auto attend = [&](const TensorList& a) -> TensorList { return {cached_attn_->forward_cached(a[0], cache)}; };
+    Tensor h = in[0] + attn_->call(attend, {(*norm_1_)(in[0])})[0];
+    return {h + (*mlp_)((*norm_2_)(h))};
+  }, {x})[0];
 }
 
 Block::Parts Block::make_parts(const TransformerConfig& cfg, Generator* gen) {

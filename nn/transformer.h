@@ -2,6 +2,7 @@
 // map one to one: attn.c_attn (fused q, k, v: [3d, d]), attn.c_proj, mlp.c_fc, mlp.c_proj,
 // ln_1, ln_2.
 #pragma once
+#include "nn/kv_cache.h"
 #include "nn/layers.h"
 
 namespace weft::nn {
@@ -22,6 +23,9 @@ class PreNormBlock : public Module {
  public:
   Tensor forward(const Tensor& x) override;
   using Module::forward;
+  // The same on new positions only (nn/kv_cache.h), with this block's and the attention's
+  // forward hooks around it: the attention must be a CachedAttention.
+  Tensor forward_cached(const Tensor& x, LayerCache& cache);
 
  protected:
   PreNormBlock(std::string type, std::pair<std::string, ModulePtr> norm_1, std::pair<std::string, ModulePtr> attn,
@@ -29,13 +33,15 @@ class PreNormBlock : public Module {
 
  private:
   ModulePtr norm_1_, attn_, norm_2_, mlp_;
+  CachedAttention* cached_attn_;  // attn_ when it can decode with a cache, else null
 };
 
 // Causal multi-head self-attention on [B, T, d] with one fused qkv projection.
-class CausalSelfAttention : public Module {
+class CausalSelfAttention : public Module, public CachedAttention {
  public:
   explicit CausalSelfAttention(const TransformerConfig& cfg, Generator* gen = nullptr);
   Tensor forward(const Tensor& x) override;
+  Tensor forward_cached(const Tensor& x, LayerCache& cache) override;
   std::string extra_repr() const override;
   using Module::forward;
   int64_t d_model, n_head;

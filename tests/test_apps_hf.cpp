@@ -3,7 +3,7 @@
 // file, a LlamaForCausalLM with grouped-query attention and an untied head in three shards):
 // logits within 1e-5 relative of transformers', also loaded under FSDP (run at 1, 2 and 4
 // ranks) with each rank reading only its shards' bytes; the loss after one AdamW step; greedy
-// generation; export then re-import bitwise; configs weft cannot represent named.
+// generation (with and without the key/value cache); export then re-import bitwise; configs weft cannot represent named.
 #include <unistd.h>
 
 #include <cmath>
@@ -101,6 +101,15 @@ TEST_CASE("Hugging Face checkpoints: logits, one training step and greedy genera
         generated.push_back(next);
       }
       CHECK(generated == to_vector(e.greedy));
+      // The same 32 tokens from nn::generate, with the key/value cache and without it.
+      std::vector<int64_t> prompt;
+      for (double id : to_vector(e.prompt)) prompt.push_back(int64_t(id));
+      for (bool cache : {true, false}) {
+        INFO("generate with the cache: " << cache);
+        const auto out = nn::generate(*lm.module, prompt,
+                                      {.max_new_tokens = 32, .sampling = {.temperature = 0}, .use_cache = cache});
+        CHECK(std::vector<double>(out.begin(), out.end()) == to_vector(e.greedy));
+      }
     }
     const double after = loss_after_step(*lm.module, e);
     INFO("loss after one AdamW step: weft " << after << ", transformers " << e.loss_after_step);

@@ -23,15 +23,27 @@ GPT::GPT(const ModelConfig& c) : nn::Module("GPT"), cfg(c) {
 
 Tensor GPT::forward(const Tensor& idx) {
   WEFT_CHECK(idx.dim() == 2, "GPT: expected token ids [B, T], got {}", tensor_desc(idx));
-  const int64_t T = idx.size(1);
-  WEFT_CHECK(T <= cfg.ctx, "GPT: sequence of {} tokens is longer than the context {}", T, cfg.ctx);
+  WEFT_CHECK(idx.size(1) <= cfg.ctx, "GPT: sequence of {} tokens is longer than the context {}", idx.size(1), cfg.ctx);
+  Tensor x = embed(idx, 0);
+  for (auto& block : blocks) x = (*block)(x);
+  return logits(x);
+}
+
+Tensor GPT::decode(const Tensor& idx, nn::KVCache& cache) {
+  Tensor x = embed(idx, cache.length());
+  for (size_t i = 0; i < blocks.size(); ++i) x = blocks[i]->forward_cached(x, cache.layer(int64_t(i)));
+  return logits(x);
+}
+
+Tensor GPT::embed(const Tensor& idx, int64_t pos0) {
   // Positions on the device of the token ids (where the model computes): an embedding needs
   // its indices on its weight's device.
-  Tensor pos = arange(0, double(T), 1, {.dtype = kInt64, .device = idx.device()});
-  Tensor x = (*wte)(idx) + (*wpe)(pos);  // [B, T, d] + [T, d]
-  x = dropout(x, cfg.dropout, is_training());
-  for (auto& block : blocks) x = (*block)(x);
-  x = (*ln_f)(x);
+  Tensor pos = arange(double(pos0), double(pos0 + idx.size(1)), 1, {.dtype = kInt64, .device = idx.device()});
+  return dropout((*wte)(idx) + (*wpe)(pos), cfg.dropout, is_training());  // [B, T, d] + [T, d]
+}
+
+Tensor GPT::logits(const Tensor& h) {
+  Tensor x = (*ln_f)(h);
   if (lm_head) return (*lm_head)(x);
   return matmul(x, wte->weight.transpose(0, 1));  // tied head, no bias
 }

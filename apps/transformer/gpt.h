@@ -15,12 +15,14 @@ namespace weft::apps {
 // When the head is tied there is no lm_head module: the logits use transformer.wte.weight
 // directly, so the weight is one parameter (one FSDP shard, one optimizer state) and the
 // state dict has no separate lm_head.weight.
-class GPT : public nn::Module {
+class GPT : public nn::Module, public nn::CausalLM {
  public:
   explicit GPT(const ModelConfig& cfg);
   Tensor forward(const Tensor& idx) override;
   using nn::Module::forward;
   std::string extra_repr() const override;
+  nn::KVCache make_cache() const override { return nn::KVCache(cfg.n_layer, cfg.ctx); }
+  int64_t context_length() const override { return cfg.ctx; }
 
   ModelConfig cfg;
   nn::ModulePtr transformer;  // container of wte, wpe, h, ln_f (nanoGPT's ModuleDict)
@@ -29,6 +31,13 @@ class GPT : public nn::Module {
   std::shared_ptr<nn::LayerNorm> ln_f;
   std::shared_ptr<nn::Linear> lm_head;  // null when tied
   std::vector<std::shared_ptr<nn::Block>> blocks;
+
+ protected:
+  Tensor decode(const Tensor& idx, nn::KVCache& cache) override;
+
+ private:
+  Tensor embed(const Tensor& idx, int64_t pos0);  // tokens at positions pos0.. plus their positions
+  Tensor logits(const Tensor& x);                 // ln_f and the head
 };
 
 // nanoGPT's initialisation from the default generator: N(0, 0.02) for Linear and Embedding
