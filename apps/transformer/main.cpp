@@ -72,11 +72,14 @@ struct TrainOptions {
 struct SampleOptions {
   std::string checkpoint, prompt = "\n";
   int64_t tokens = 200, top_k = 0;
-  double temperature = 1.0;
+  double temperature = 1.0, top_p = 1.0;
   uint64_t seed = 0;
   int threads = 0;
   std::string device = "cpu";
   bool ids = false;         // print the generated token ids, comma-separated, on one line
+  bool no_cache = false;    // run the whole window again for every token
+  bool fsdp = false;        // shard the model over mpirun's ranks; rank 0 prints
+  std::string eos;          // stop after this token (an id, or a token of --tokenizer); empty: never
   std::string logits_out;   // write the prompt's logits [T, vocab] (f32) to this safetensors file
   std::string tokenizer;    // a tokenizer.json: the prompt is encoded and the output decoded with it
 };
@@ -617,80 +620,100 @@ int train(TrainOptions o, const Ranks& ranks) {
   return 0;
 }
 
-// Draws the next byte from logits [vocab] (f32): greedy at temperature 0, else softmax of
-// logits / temperature over the top_k largest (all when top_k is 0).
-int64_t draw(const Tensor& logits, const SampleOptions& o, Generator& g) {
-  Tensor l = logits.to(kFloat64).contiguous();
-  const double* p = l.data<double>();
-  const int64_t v = l.numel();
-  for (int64_t i = 0; i < v; ++i)
-    WEFT_CHECK(std::isfinite(p[i]), "transformer: the logit of byte {} is {}: the model's output is not finite, so "
-               "there is nothing to sample", i, apps::describe_value(p[i]));
-  std::vector<double> w(p, p + v);
-  if (o.temperature <= 0) return int64_t(std::max_element(w.begin(), w.end()) - w.begin());
-  double cut = -INFINITY;
-  if (o.top_k > 0 && o.top_k < v) {
-    std::vector<double> sorted = w;
-    std::nth_element(sorted.begin(), sorted.begin() + (o.top_k - 1), sorted.end(), std::greater<double>());
-    cut = sorted[size_t(o.top_k - 1)];
-  }
-  const double top = *std::max_element(w.begin(), w.end());
-  double total = 0;
-  for (auto& x : w) total += (x = x >= cut ? std::exp((x - top) / o.temperature) : 0.0);
-  double u = g.uniform() * total;
-  for (int64_t i = 0; i < v; ++i) {
-    u -= w[size_t(i)];
-    if (u < 0) return i;
-  }
-  for (int64_t i = v - 1; i >= 0; --i)
-    if (w[size_t(i)] > 0) return i;
-  return 0;
-}
-
 // The model a sample or an export reads: a Hugging Face directory, a checkpoint directory (the
 // latest in it) or one file (weft-checkpoint consolidate's, or any with the same description
-// and the family's names; a tied head's lm_head.weight must equal the embedding). Whole, on the CPU.
-apps::LanguageModel load_model(const std::string& from) {
+// and the family's names; a tied head's lm_head.weight must equal the embedding). Whole, on the
+// CPU; or, with `shard`, built on the meta device and fully_shard per block and at the root over
+// the world (default options), each rank reading its own shards.
+struct LoadedModel {
+  apps::LanguageModel lm;
+  std::optional<fsdp::FSDPModule> root;  // with `shard`
+  std::map<std::string, std::string> recorded;  // a checkpoint's training description (tokenizer_sha256, ...)
+};
+LoadedModel load_model(const std::string& from, bool shard = false, Device device = kCPU) {
+  LoadedModel m;
+  auto build = [&](const apps::ModelConfig& cfg) {
+    if (!shard) {
+      m.lm = apps::make_model(cfg);
+      return;
+    }
+    {
+      DefaultDeviceGuard meta(Device::meta());
+      m.lm = apps::make_model(cfg);
+      apps::init_model(m.lm);  // rules for the shards, replaced by the loaded values
+    }
+    const fsdp::FullyShardOptions opts{.mesh = dist::default_mesh(device.type)};
+    for (auto& block : m.lm.blocks) fsdp::fully_shard(block, opts);
+    m.root = fsdp::fully_shard(m.lm.module, opts);
+  };
+  const fsdp::FSDPModule* root = nullptr;
   if (apps::is_hf_dir(from)) {
-    apps::LanguageModel lm = apps::make_model(apps::read_hf_config(from));
-    apps::load_hf_checkpoint(from, lm, nullptr);
-    return lm;
+    build(apps::read_hf_config(from));
+    if (m.root) root = &*m.root;
+    apps::load_hf_checkpoint(from, m.lm, root);
+    return m;
   }
   if (std::filesystem::is_regular_file(from)) {
+    WEFT_CHECK(!shard, "transformer: {} is one consolidated file, read whole: sample it without --fsdp, or from the "
+               "checkpoint directory it was made from", from);
     auto contents = load_safetensors(from);
     auto cfg = config_of(contents.metadata, from);
-    apps::LanguageModel lm = apps::make_model(cfg);
-    fsdp::load_full_state_dict(*lm.module, contents.tensors, nullptr, head_alias(cfg));
-    return lm;
+    build(cfg);
+    fsdp::load_full_state_dict(*m.lm.module, contents.tensors, nullptr, head_alias(cfg));
+    m.recorded = contents.metadata;
+    return m;
   }
   std::string where = fsdp::latest_checkpoint(from);
   WEFT_CHECK(!where.empty(), "transformer: no checkpoint at {} (neither a Hugging Face directory, a checkpoint directory "
              "nor a safetensors file)", from);
-  apps::LanguageModel lm = apps::make_model(config_of(fsdp::read_checkpoint_index(where).training.app, where));
-  fsdp::load_checkpoint(where, *lm.module, nullptr, nullptr, {.restore_rng = false});
-  return lm;
+  m.recorded = fsdp::read_checkpoint_index(where).training.app;
+  build(config_of(m.recorded, where));
+  if (m.root) root = &*m.root;
+  fsdp::load_checkpoint(where, *m.lm.module, nullptr, root, {.restore_rng = false});
+  return m;
 }
 
-int sample(const SampleOptions& o) {
+// --eos: a token id, or a token of the tokenizer.
+int64_t eos_id(const std::string& eos, const apps::BpeTokenizer* tok, int64_t vocab) {
+  if (eos.empty()) return -1;
+  int64_t id = -1;
+  if (eos.find_first_not_of("0123456789") == std::string::npos && eos.size() < 10) id = std::stoll(eos);
+  else if (tok) id = tok->id_of(eos);
+  WEFT_CHECK(id >= 0 && id < vocab, "transformer: --eos \"{}\" is not a token id below the vocabulary of {}{}", eos,
+             vocab, tok ? " nor a token of --tokenizer" : " (a token's text needs --tokenizer)");
+  return id;
+}
+
+int sample(const SampleOptions& o, const Ranks& ranks) {
   const Device device = apps::parse_device(o.device, "transformer");
   if (o.threads > 0) set_num_threads(o.threads);
   WEFT_CHECK(o.tokens >= 0, "transformer: --tokens must be non-negative");
-  apps::LanguageModel lm = load_model(o.checkpoint);
-  nn::Module& model = *lm.module;
-  apps::check_finite_parameters(model, fmt::format("transformer: refusing to sample from {}", o.checkpoint));
-  model.to(device);
-  const apps::ModelConfig& cfg = lm.cfg;
+  LoadedModel loaded;
+  dist::agree(ranks.groups(), "transformer", [&] {
+    if (!ranks.fsdp) {
+      loaded = load_model(o.checkpoint);
+      loaded.lm.module->to(device);
+    } else {
+      loaded = load_model(o.checkpoint, true, device);
+    }
+    apps::check_finite_parameters(*loaded.lm.module, fmt::format("transformer: refusing to sample from {}",
+                                                                 o.checkpoint));
+  });
+  nn::Module& model = *loaded.lm.module;
+  const apps::ModelConfig& cfg = loaded.lm.cfg;
   std::optional<apps::BpeTokenizer> tok;
   if (!o.tokenizer.empty()) {
     tok.emplace(o.tokenizer);
     WEFT_CHECK(tok->vocab_size() <= cfg.vocab_size, "transformer: --tokenizer {} has {} tokens, more than {}'s "
                "vocabulary of {}", o.tokenizer, tok->vocab_size(), o.checkpoint, cfg.vocab_size);
+    auto recorded = loaded.recorded.find("tokenizer_sha256");
+    WEFT_CHECK(recorded == loaded.recorded.end() || recorded->second == apps::tokenizer_digest(o.tokenizer),
+               "transformer: --tokenizer {} is not the tokenizer {} was trained with (sha256 {}, the checkpoint "
+               "records {})", o.tokenizer, o.checkpoint, apps::tokenizer_digest(o.tokenizer), recorded->second);
   }
   WEFT_CHECK(o.ids || tok || cfg.vocab_size == 256, "transformer: {} has a vocabulary of {} tokens, not 256 bytes: "
              "give its --tokenizer (the tokenizer.json of the dataset it was trained on) or print token ids with --ids",
              o.checkpoint, cfg.vocab_size);
-  model.eval();
-  NoGradGuard no_grad;
   // The prompt's tokens: its bytes, or the tokenizer's encoding.
   std::vector<int64_t> ids;
   if (tok) {
@@ -703,21 +726,31 @@ int sample(const SampleOptions& o) {
     }
   }
   WEFT_CHECK(!ids.empty(), "transformer: --prompt must not be empty (it starts the text)");
-  if (!o.ids) std::fwrite(o.prompt.data(), 1, o.prompt.size(), stdout);
-  Generator g(o.seed);
-  std::string printed;
-  for (int64_t n = 0; n < o.tokens || (n == 0 && !o.logits_out.empty()); ++n) {
-    // The model sees at most its context: the last ctx tokens.
+  nn::GenerateOptions g{.max_new_tokens = o.tokens,
+                        .sampling = {.temperature = o.temperature, .top_k = o.top_k, .top_p = o.top_p},
+                        .seed = o.seed,
+                        .eos = eos_id(o.eos, tok ? &*tok : nullptr, cfg.vocab_size),
+                        .use_cache = !o.no_cache};
+  if (ranks.fsdp)  // every rank takes rank 0's token, so all run the same steps and stop together
+    g.agree = [](int64_t token) {
+      Tensor t = full({1}, double(token), {.dtype = kFloat64});
+      dist::world()->broadcast(t, 0)->wait();
+      return int64_t(t.item());
+    };
+  if (!o.logits_out.empty()) {  // the prompt's logits, as the model computes them in one forward
+    NoGradGuard no_grad;
+    model.eval();
     const int64_t t = std::min<int64_t>(int64_t(ids.size()), cfg.ctx);
     Tensor x = empty({1, t}, {.dtype = kInt64});
     std::copy(ids.end() - t, ids.end(), x.data<int64_t>());
-    Tensor logits = model(x.to(device));  // [1, t, vocab]
-    if (n == 0 && !o.logits_out.empty())
-      save_safetensors(o.logits_out, {{"logits", logits.select(0, 0).to(kCPU).to(kFloat32).contiguous()}},
-                       {{"prompt_tokens", std::to_string(t)}});
-    if (n >= o.tokens) break;
-    int64_t next = draw(logits.select(0, 0).select(0, t - 1).to(kCPU), o, g);
-    ids.push_back(next);
+    Tensor logits = model(x.to(device)).select(0, 0).to(kCPU).to(kFloat32).contiguous();  // [t, vocab]
+    if (ranks.lead()) save_safetensors(o.logits_out, {{"logits", logits}}, {{"prompt_tokens", std::to_string(t)}});
+  }
+  const bool print = ranks.lead();
+  if (print && !o.ids) std::fwrite(o.prompt.data(), 1, o.prompt.size(), stdout);
+  std::string printed;
+  auto on_token = [&](int64_t next) {
+    if (!print) return;
     if (o.ids) {
       printed += (printed.empty() ? "" : ",") + std::to_string(next);
     } else if (tok) {  // the token's bytes as they come (a character may span tokens)
@@ -726,17 +759,29 @@ int sample(const SampleOptions& o) {
     } else {
       std::fputc(int(next), stdout);
     }
-  }
+    std::fflush(stdout);
+  };
+  nn::GenerateStats st;
+  nn::generate(model, ids, g, on_token, &st);
+  if (!print) return 0;
   if (o.ids) std::fputs(printed.c_str(), stdout);
   std::fputc('\n', stdout);
   std::fflush(stdout);
+  const double total = st.prefill_seconds + st.decode_seconds;
+  if (st.new_tokens > 0)
+    std::fprintf(stderr, "weft-transformer: %lld tokens in %.3f s (%.1f tokens/s; prompt of %lld tokens %.1f ms, then "
+                 "%.1f tokens/s%s; %s)\n", (long long)st.new_tokens, total, double(st.new_tokens) / total,
+                 (long long)st.prompt_tokens, 1e3 * st.prefill_seconds,
+                 st.new_tokens > 1 ? double(st.new_tokens - 1) / st.decode_seconds : 0.0,
+                 st.prefills > 1 ? fmt::format(", {} restart{} at a full context", st.prefills - 1, st.prefills > 2 ? "s" : "").c_str() : "",
+                 o.no_cache ? "no cache" : "key/value cache");
   return 0;
 }
 
 int export_hf(const ExportOptions& o) {
   const int64_t shard = parse_bytes(o.max_shard_size, "transformer: --max-shard-size");
   WEFT_CHECK(shard > 0, "transformer: --max-shard-size must be positive");
-  apps::LanguageModel lm = load_model(o.from);
+  apps::LanguageModel lm = load_model(o.from).lm;
   apps::check_finite_parameters(*lm.module, fmt::format("transformer: refusing to export {}", o.from));
   apps::export_hf_checkpoint(lm, o.out, shard);
   std::fprintf(stderr, "weft-transformer: wrote %s (Hugging Face model_type %s, %lld parameters)\n", o.out.c_str(),
@@ -842,7 +887,7 @@ int main(int argc, char** argv) {
   auto* sa = app.add_subcommand("sample", "generate text from a checkpoint or a Hugging Face model");
   sa->add_option("--from,--checkpoint", s.checkpoint, "a Hugging Face model directory, a checkpoint directory (the "
                  "latest in it) or a consolidated .safetensors file")->required();
-  sa->add_option("--prompt", s.prompt, "text to continue (its bytes are the token ids)")->capture_default_str();
+  sa->add_option("--prompt", s.prompt, "text to continue (its bytes are the token ids, or --tokenizer's encoding)")->capture_default_str();
   sa->add_option("--tokens,--max-new-tokens", s.tokens, "tokens to generate")
       ->check(apps::cli::integer(0, apps::kMaxSampleTokens))->capture_default_str();
   auto* temperature = sa->add_option("--temperature", s.temperature, "softmax temperature (0: greedy)")
@@ -853,8 +898,15 @@ int main(int argc, char** argv) {
   sa->add_option("--tokenizer", s.tokenizer, "tokenizer.json to encode the prompt and decode the output with (a "
                  "model trained on a prepared dataset: its DIR/tokenizer.json)");
   sa->add_option("--logits-out", s.logits_out, "write the prompt's logits [T, vocab] (f32) to FILE.safetensors");
-  sa->add_option("--top-k", s.top_k, "draw from the K most likely bytes only (0: all)")
+  sa->add_option("--top-k", s.top_k, "draw from the K most likely tokens only (0: all)")
       ->check(apps::cli::integer(0, 1 << 20))->capture_default_str();
+  sa->add_option("--top-p", s.top_p, "then from the fewest most likely tokens whose probability reaches P (1: all)")
+      ->check(apps::cli::number_from(1e-9, 1))->capture_default_str();
+  sa->add_option("--eos", s.eos, "stop after generating this token: an id, or a token of --tokenizer (default: none)");
+  sa->add_flag("--no-cache", s.no_cache, "run the whole window again for every token instead of keeping each layer's "
+               "keys and values");
+  sa->add_flag("--fsdp", s.fsdp, "shard the model over the ranks of mpirun (fully_shard per block, then the root); "
+               "rank 0 prints");
   sa->add_option("--seed", s.seed, "seed for drawing")->check(apps::cli::seed())->capture_default_str();
   sa->add_option("--threads", s.threads, "CPU threads")->check(apps::cli::threads());
   sa->add_option("--device", s.device, "cpu, cuda or cuda:N: where the model runs")->capture_default_str();
@@ -893,8 +945,11 @@ int main(int argc, char** argv) {
 
   return dist::run_program("weft-transformer", [&] {
     if (sa->parsed()) {
-      apps::start_ranks("weft-transformer", false, {{"command", "sample"}}, {});
-      return sample(s);
+      const Ranks ranks = apps::start_ranks("weft-transformer", s.fsdp, {{"command", "sample"}},
+                                            {{"--from", s.checkpoint}, {"--prompt", s.prompt},
+                                             {"--tokens", std::to_string(s.tokens)}, {"--seed", std::to_string(s.seed)},
+                                             {"--eos", s.eos}, {"--tokenizer", s.tokenizer}});
+      return sample(s, ranks);
     }
     if (ex->parsed()) {
       apps::start_ranks("weft-transformer", false, {{"command", "export-hf"}}, {});

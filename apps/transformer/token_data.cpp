@@ -168,6 +168,11 @@ void load_training_data(const std::string& path, TrainingData& d) {
   d.files = {train, val};
 }
 
+std::string tokenizer_digest(const std::string& path) {
+  const std::string json = read_file(path);
+  return sha256_hex(json.data(), json.size());
+}
+
 PreparedData prepare_tokens(const std::string& tokenizer_path, const std::string& data, const std::string& out_dir,
                             const std::string& eos, double val_fraction) {
   WEFT_CHECK(val_fraction >= 0 && val_fraction < 1, "transformer: validation fraction {} not in [0, 1)", val_fraction);

@@ -72,6 +72,9 @@ bool is_token_dataset(const std::string& path);
 // Fills `d` from `path`; the two token files must come from one tokenizer.
 void load_training_data(const std::string& path, TrainingData& d);
 
+// The sha256 (hex) of the tokenizer.json at `path`, as a dataset and its checkpoints record it.
+std::string tokenizer_digest(const std::string& path);
+
 struct PreparedData {
   int64_t files = 0, bytes = 0, train_tokens = 0, val_tokens = 0;
 };

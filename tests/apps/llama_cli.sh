@@ -5,7 +5,8 @@
 # checkpointing keeps the losses; with mpirun, --fsdp at 2 and 4 ranks logs the single-process
 # losses (bf16 within 2 %, --memory-budget the same), --init-from a Hugging Face model under
 # --fsdp starts at the single-process loss, and export-hf of the 2-rank checkpoint samples the
-# same ids as the checkpoint itself; bad flags are named.
+# same greedy ids as the checkpoint itself; the Hugging Face fixtures sample the same ids with and
+# without the key/value cache and sharded at 2 ranks (sample --fsdp); bad flags are named.
 # Usage: llama_cli.sh EXE DATA_DIR [MPIRUN MPIRUN_ARGS...]
 set -euo pipefail
 exe=$1
@@ -90,6 +91,19 @@ if [ -n "$mpirun" ]; then
   s2=$("$exe" sample --from "$tmp/hfout" --prompt "The " --greedy --max-new-tokens 16 --ids)
   [ "$s1" = "$s2" ] && [ "$(echo "$s1" | tr ',' '\n' | wc -l)" -eq 16 ] ||
     fail "greedy ids from the checkpoint ($s1) and its export ($s2) differ"
+  # The Hugging Face fixtures (random weights: every position and head matters) sample the same
+  # ids with the key/value cache, without it, and sharded at 2 ranks, greedy and drawn, within
+  # their context (4 + 56 of 64 positions).
+  for m in gpt2 llama; do
+    for how in "--greedy" "--top-k 50 --top-p 0.95 --temperature 0.7 --seed 9"; do
+      c=$("$exe" sample --from "$data/$m" --prompt "The " --tokens 56 $how --ids 2>/dev/null)
+      n=$("$exe" sample --from "$data/$m" --prompt "The " --tokens 56 $how --ids --no-cache 2>/dev/null)
+      f=$("$mpirun" -np 2 "${mpirun_args[@]}" "$exe" sample --fsdp --from "$data/$m" --prompt "The " --tokens 56 $how \
+            --ids 2>"$tmp/sf.err") || fail "sample --fsdp from $m failed: $(cat "$tmp/sf.err")"
+      [ "$c" = "$n" ] && [ "$c" = "$f" ] && [ "$(echo "$c" | tr ',' '\n' | wc -l)" -eq 56 ] ||
+        fail "$m $how: the cache gave $c, --no-cache $n, --fsdp at 2 ranks $f"
+    done
+  done
   echo "fsdp: step-10 loss $a10 at 1, 2 and 4 ranks; --init-from step-1 loss $h1 at 1 and 2 ranks; export samples $s1"
 fi
 echo "llama cli ok: loss $a1 -> $a30 in 30 steps; resumed step-30 loss $b30"

@@ -2,9 +2,10 @@
 # End-to-end checks of weft-transformer on Debian's fortunes texts with a tiny model: the loss
 # falls from ln(256) within 30 steps, metrics carry their fields, a run stopped at step 20 and
 # resumed from its checkpoint logs the uninterrupted run's step-30 loss exactly, `sample`
-# prints the asked number of bytes, bad flags and data are clear errors, and (when an mpirun is
+# prints the asked number of bytes and the same tokens with its key/value cache as without, and
+# stops at --eos, bad flags and data are clear errors, and (when an mpirun is
 # given) --fsdp at 2 ranks logs the single-process losses and its checkpoint resumes and samples
-# in one process.
+# in one process, and samples sharded at 2 ranks as one process does.
 # Usage: transformer_cli.sh EXE [MPIRUN MPIRUN_ARGS...]
 set -euo pipefail
 exe=$1
@@ -97,6 +98,21 @@ if grep -F '"model.lm_head' "$tmp/index.min" >/dev/null; then fail "tied head sa
 n=$(wc -c <"$tmp/s.txt")
 [ "$n" -eq 44 ] || fail "sample printed $n bytes, expected 3 + 40 + 1"
 [ "$(head -c 3 "$tmp/s.txt")" = "Q: " ] || fail "sample output does not start with the prompt"
+# The key/value cache decodes what the whole-window path does, token for token, greedy and
+# sampled, within the context (3 + 29 = 32 positions); it reports tokens/s.
+for how in "--greedy" "--top-k 20 --top-p 0.9 --temperature 0.9 --seed 5"; do
+  c=$("$exe" sample --checkpoint "$tmp/ck" --prompt "Q: " --tokens 29 $how --ids 2>"$tmp/c.err")
+  n=$("$exe" sample --checkpoint "$tmp/ck" --prompt "Q: " --tokens 29 $how --ids --no-cache 2>/dev/null)
+  [ "$c" = "$n" ] && [ "$(echo "$c" | tr ',' '\n' | wc -l)" -eq 29 ] ||
+    fail "sample $how with the cache ($c) differs from --no-cache ($n)"
+done
+grep -q "tokens/s.*key/value cache" "$tmp/c.err" || fail "sample printed no tokens/s: $(cat "$tmp/c.err")"
+# --eos stops after that token: the greedy ids up to its first occurrence.
+eos=$(echo "$c" | cut -d, -f4)
+e=$("$exe" sample --checkpoint "$tmp/ck" --prompt "Q: " --tokens 29 --top-k 20 --top-p 0.9 --temperature 0.9 --seed 5 \
+      --ids --eos "$eos" 2>/dev/null)
+want=$(echo "$c" | tr ',' '\n' | awk -v t="$eos" '{ print; if ($1 == t) exit }' | paste -sd,)
+[ "$e" = "$want" ] || fail "--eos $eos printed $e, expected $want"
 
 if [ -n "$mpirun" ]; then
   "$mpirun" -np 2 "${mpirun_args[@]}" "$exe" train --fsdp "${cfg[@]}" --metrics "$tmp/f.jsonl" --stop-after 20 \
@@ -134,6 +150,11 @@ if [ -n "$mpirun" ]; then
   within "$f30" "$a30" 1e-5 0 "single-process resume of the 2-rank checkpoint: step-30 loss $f30, expected $a30"
   "$exe" sample --checkpoint "$tmp/ckf" --prompt "A" --tokens 10 >"$tmp/sf.txt"
   [ "$(wc -c <"$tmp/sf.txt")" -eq 12 ] || fail "sampling the 2-rank checkpoint printed the wrong length"
+  # Generation on the model sharded over 2 ranks: rank 0 prints what one process does.
+  one=$("$exe" sample --checkpoint "$tmp/ckf" --prompt "Q: " --tokens 40 --top-k 20 --seed 3 --ids 2>/dev/null)
+  two=$("$mpirun" -np 2 "${mpirun_args[@]}" "$exe" sample --fsdp --checkpoint "$tmp/ckf" --prompt "Q: " --tokens 40 \
+          --top-k 20 --seed 3 --ids 2>"$tmp/sf.err") || fail "sample --fsdp at 2 ranks failed: $(cat "$tmp/sf.err")"
+  [ "$one" = "$two" ] || fail "sample --fsdp at 2 ranks printed $two, one process $one"
   echo "fsdp: step-10 loss np2 $f10, np4 $f4, np2 bf16 $mp10, np2 checkpointed $fac10 (single $a10); resumed step-30 loss $f30 (single $a30)"
 fi
 echo "transformer cli ok: loss $a1 -> $a30 (val $v30) in 30 steps; resumed step-30 loss $b30; checkpointed step-10 loss $ac10, peak $pc vs $pa bytes"
