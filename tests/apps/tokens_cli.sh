@@ -2,7 +2,8 @@
 # weft-transformer on a token dataset end to end: `prepare` with the GPT-2-style fixture
 # tokenizer (tests/data/tokenizers) on a few fortunes files, then `train --data DIR`: the loss
 # falls from ln(2000), a run stopped at step 20 and resumed logs the uninterrupted step-30 loss
-# bit for bit, `sample --tokenizer` prints text (and without it the error names --tokenizer),
+# bit for bit, `sample --tokenizer` prints text (and without it, or with another tokenizer, the
+# error names --tokenizer),
 # a training file larger than WEFT_MEMORY_LIMIT trains (it is memory-mapped, never read into
 # weft's memory) with a peak RSS far below the file's size, and (given mpirun) --fsdp at 2
 # ranks logs the single-process step-10 loss.
@@ -42,6 +43,12 @@ awk -v l="$a30" 'BEGIN { exit !(l < 6.8) }' || fail "step-30 loss $a30 is not cl
 head -c 13 "$tmp/s.out" | grep -q "^The computer " || fail "sample does not start with the prompt: $(cat "$tmp/s.out")"
 [ "$(wc -c <"$tmp/s.out")" -gt 15 ] || fail "sample printed no text after the prompt: $(cat "$tmp/s.out")"
 if "$exe" sample --from "$tmp/ck" --prompt "x" --tokens 2 2>"$tmp/err"; then fail "sampling tokens as bytes accepted"; fi
+# Another tokenizer.json (here one byte longer) is not the one the checkpoint records.
+{ cat "$tmp/ds/tokenizer.json"; echo; } >"$tmp/other.json"
+if "$exe" sample --from "$tmp/ck" --tokenizer "$tmp/other.json" --prompt "x" --tokens 2 2>"$tmp/err"; then
+  fail "sampling with another tokenizer accepted"
+fi
+grep -q "is not the tokenizer $tmp/ck was trained with" "$tmp/err" || fail "another tokenizer not named: $(cat "$tmp/err")"
 grep -q -- "--tokenizer" "$tmp/err" || fail "sampling without --tokenizer not explained: $(cat "$tmp/err")"
 "$exe" sample --from "$tmp/ck" --prompt "x" --tokens 3 --ids >"$tmp/ids.out" 2>/dev/null || fail "sample --ids failed"
 grep -Eq '^[0-9]+,[0-9]+,[0-9]+$' "$tmp/ids.out" || fail "sample --ids printed: $(cat "$tmp/ids.out")"
