@@ -166,6 +166,39 @@ TEST_CASE("attention: grouped-query heads and rotary embeddings match the refere
   set_sgemm_kernel(saved);
 }
 
+TEST_CASE("attention: one query row (a decode step) over cached keys read in place matches the reference") {
+  // q [B, H, 1, E] at position Tk - 1 against the first Tk rows of [B, Hkv, 40, E] buffers (a
+  // key/value cache: head strides of 40 rows), rotated from position 0; forward against the
+  // reference, then the gradients (the general backward on the decode step's output and lse).
+  for (DType dt : {kFloat32, kFloat64}) {
+    for (auto [H, Hkv, Tk, E, theta] : {std::tuple{6, 2, 33, 64, 10000.0}, {4, 4, 1, 16, 500.0}, {3, 1, 40, 8, 0.0},
+                                        {4, 2, 17, 12, 0.0}}) {
+      INFO("dtype " << dtype_name(dt) << " H" << H << " Hkv" << Hkv << " Tk" << Tk << " E" << E << " theta " << theta);
+      const int64_t B = 2, G = H / Hkv;
+      Tensor q = random({B, H, 1, E}, dt), kbuf = random({B, Hkv, 40, E}, dt), vbuf = random({B, Hkv, 40, E}, dt);
+      Tensor k = kbuf.narrow(2, 0, Tk), v = vbuf.narrow(2, 0, Tk), gout = random({B, H, 1, E}, dt);
+      const AttentionOptions opts{.causal = false, .rope = {.theta = theta, .q_pos = Tk - 1, .k_pos = 0}};
+      auto ref = [&](const Tensor& qq, const Tensor& kk, const Tensor& vv) {
+        Tensor qr = theta > 0 ? rope_reference(qq, theta, Tk - 1) : qq, kr = theta > 0 ? rope_reference(kk, theta, 0) : kk;
+        return reference(qr, repeat_heads(kr, G), repeat_heads(vv, G), false);
+      };
+      const double rtol = dt == kFloat64 ? 1e-12 : 1e-4;
+      {
+        NoGradGuard no_grad;
+        check_close(scaled_dot_product_attention(q, k, v, opts), ref(q, k, v), rtol, rtol / 10, "decode step");
+      }
+      auto run = [&](bool fused) {
+        Tensor qq = q.clone().set_requires_grad(), kk = k.clone().set_requires_grad(), vv = v.clone().set_requires_grad();
+        Tensor y = fused ? scaled_dot_product_attention(qq, kk, vv, opts) : ref(qq, kk, vv);
+        sum(y * gout).backward();
+        return TensorList{y.detach(), qq.grad(), kk.grad(), vv.grad()};
+      };
+      const TensorList got = run(true), want = run(false);
+      for (size_t i = 0; i < 4; ++i) check_close(got[i], want[i], rtol * 10, rtol, "decode step output/gradient " + std::to_string(i));
+    }
+  }
+}
+
 TEST_CASE("attention: grouped-query heads and rotary embeddings pass gradcheck in f64") {
   auto leaf = [](const Shape& s) { return random(s, kFloat64).set_requires_grad(); };
   for (bool causal : {true, false}) {

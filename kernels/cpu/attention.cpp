@@ -16,6 +16,10 @@
 // are rotated into the task's buffers as they are read; dQ and dK are computed for the rotated
 // operands and rotated back (the inverse rotation is the transpose) when written out.
 //
+// A single query row per head (a decode step against a key/value cache) takes its own loop in
+// f32 and f64: one task per (batch, key/value head) reads the cached rows in place, once for the
+// whole group of query heads (decode_typed).
+//
 // Three implementations of the same steps: f32 with head dims that are multiples of 16 on CPUs
 // with AVX-512 uses register tiles on packed copies of the operands (attention_avx512.cpp,
 // chosen at run time: 10-13 % faster than the other path at GPT shapes); bf16 with such head
@@ -121,6 +125,59 @@ void forward_typed(const Tensor& q, const Tensor& k, const Tensor& v, bool causa
         for (int64_t r = 0; r < m; ++r) lp[i0 + r] = softmax_row(S + r * n, causal ? i0 + r + 1 : n, n);
         gemm<T>(m, Ev, n, S, row_major(n), vp, row_major(V.st), op + i0 * O.st, O.st);
       }
+    }
+  }
+}
+
+// One query row per head (a decode step against a key/value cache): one task per (batch,
+// key/value head) reads each cached key and value row once, in place (any row stride: a cache
+// is a view into a longer buffer), for all G query heads that share it; nothing is packed or
+// transposed, so a step costs one pass over the cache. Keys are rotated as they are read.
+template <typename T>
+void decode_typed(const Tensor& q, const Tensor& k, const Tensor& v, T scale, const AttentionRope& rope,
+                  const Tensor& out, const Tensor& lse) {
+  const int64_t B = q.size(0), H = q.size(1), E = q.size(3), Tk = k.size(2), Ev = v.size(3), Hkv = k.size(1);
+  const int64_t G = H / Hkv;
+  const Heads<T> Q(q), K(k), V(v), O(out);
+  const Rotation<T> rot(rope.tables);
+  T* L = lse.data<T>();
+  [[maybe_unused]] const bool par = double(B * H) * double(Tk) * double(E + Ev) > kParallelWork && B * Hkv > 1;
+#pragma omp parallel if (par)
+  {
+    std::vector<T> S(static_cast<size_t>(G * Tk)), Qr(static_cast<size_t>(G * E)), Kr(static_cast<size_t>(E)),
+        Acc(static_cast<size_t>(G * Ev));
+#pragma omp for schedule(static)
+    for (int64_t bk = 0; bk < B * Hkv; ++bk) {
+      const int64_t b = bk / Hkv, hk = bk % Hkv;
+      for (int64_t g = 0; g < G; ++g) {
+        T* qr = Qr.data() + g * E;
+        if (rot.on()) rot.rows(Q.at(b, hk * G + g), 0, 1, rope.q_pos, qr, E, false);
+        else std::copy_n(Q.at(b, hk * G + g), E, qr);
+        for (int64_t i = 0; i < E; ++i) qr[i] *= scale;
+      }
+      for (int64_t j = 0; j < Tk; ++j) {
+        const T* kj = K.at(b, hk) + j * K.st;
+        if (rot.on()) rot.rows(kj, 0, 1, rope.k_pos + j, Kr.data(), E, false), kj = Kr.data();
+        for (int64_t g = 0; g < G; ++g) {
+          const T* qr = Qr.data() + g * E;
+          T dot = 0;
+#pragma omp simd reduction(+ : dot)
+          for (int64_t i = 0; i < E; ++i) dot += qr[i] * kj[i];
+          S[size_t(g * Tk + j)] = dot;
+        }
+      }
+      for (int64_t g = 0; g < G; ++g) L[(b * H + hk * G + g)] = softmax_row(S.data() + g * Tk, Tk, Tk);
+      std::fill(Acc.begin(), Acc.end(), T(0));
+      for (int64_t j = 0; j < Tk; ++j) {
+        const T* vj = V.at(b, hk) + j * V.st;
+        for (int64_t g = 0; g < G; ++g) {
+          T* acc = Acc.data() + g * Ev;
+          const T p = S[size_t(g * Tk + j)];
+#pragma omp simd
+          for (int64_t i = 0; i < Ev; ++i) acc[i] += p * vj[i];
+        }
+      }
+      for (int64_t g = 0; g < G; ++g) std::copy_n(Acc.data() + g * Ev, Ev, O.at(b, hk * G + g));
     }
   }
 }
@@ -261,6 +318,10 @@ bool attention_uses_tiles(const Tensor& q, const Tensor& v) {
 
 void attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
                const AttentionRope& rope, const Tensor& out, const Tensor& lse) {
+  if (q.size(2) == 1 && (q.dtype() == DType::f32 || q.dtype() == DType::f64)) {  // a decode step
+    if (q.dtype() == DType::f64) return decode_typed<double>(q, k, v, scale, rope, out, lse);
+    return decode_typed<float>(q, k, v, float(scale), rope, out, lse);
+  }
   if (attention_uses_tiles(q, v)) {
     const AttentionDims d = dims_of(q, k, v, causal, scale, rope, false);
     if (q.dtype() == DType::bf16) {
