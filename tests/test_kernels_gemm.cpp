@@ -157,7 +157,7 @@ TEST_CASE("each f32 GEMM kernel matches a double loop on every shape, transpose 
 }
 
 // Through kernels::cpu::gemm, which splits large products over threads and sends matrix-vector
-// products to Eigen, with each kernel forced in turn (and Eigen's own, as a check of the test).
+// products to Eigen (a row vector times a transposed matrix to its own loop), with each kernel forced in turn (and Eigen's own, as a check of the test).
 TEST_CASE("the f32 GEMM entry point gives the same answers with every kernel and thread count") {
   SgemmKernel saved = sgemm_kernel();
   int threads = get_num_threads();
@@ -170,6 +170,8 @@ TEST_CASE("the f32 GEMM entry point gives the same answers with every kernel and
       check_gemm(gemm<float>, 300, 129, 300, false, true, 3, 1.0f, 0.0f);
       check_gemm(gemm<float>, 65, 700, 257, true, false, 0, -0.5f, 1.0f);
       check_gemm(gemm<float>, 1, 300, 65, false, false, 2, 2.0f, 0.25f);
+      check_gemm(gemm<float>, 1, 300, 65, false, true, 2, 2.0f, 0.25f);    // x W^T: one row at a time
+      check_gemm(gemm<float>, 1, 2100, 600, false, true, 0, -0.5f, 0.0f);  // the same, split over threads
       check_gemm(gemm<float>, 129, 1, 17, true, true, 1, 1.0f, 1.0f);
       check_gemm(gemm<float>, 530, 40, 64, false, true, 1, 1.0f, 0.0f);  // slices on 12-row edges
       check_gemm(gemm<float>, 40, 600, 64, true, false, 0, 1.0f, 0.5f);  // slices on 32-column edges

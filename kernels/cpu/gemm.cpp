@@ -203,6 +203,20 @@ SgemmFn sgemm_fn(SgemmKernel k) {
   return nullptr;
 }
 
+// c[j] = alpha * (x . w_j) + beta * c[j], w_j = w + j * ldw (j < n): x W^T, a Linear's one-token
+// step. Reading w front to back, a row at a time, streams it at ~1.6x the bandwidth of Eigen's
+// GEMV, which interleaves four rows (measured on Zen 4 at the GPT's decode shapes).
+template <typename T>
+void gemv_rows(int64_t n, int64_t k, const T* x, const T* w, int64_t ldw, T* c, T alpha, T beta) {
+  for (int64_t j = 0; j < n; ++j) {
+    const T* wj = w + j * ldw;
+    T dot = 0;
+#pragma omp simd reduction(+ : dot)
+    for (int64_t p = 0; p < k; ++p) dot += x[p] * wj[p];
+    c[j] = alpha * dot + (beta == T(0) ? T(0) : beta * c[j]);
+  }
+}
+
 // Products of at least this many multiply-adds are split across threads by gemm below.
 constexpr double kSplitWork = double(1 << 20);
 
@@ -216,14 +230,19 @@ void gemm_one(int64_t m, int64_t n, int64_t k, const T* a, MatLayout la, const T
     else C *= beta;
     return;
   }
-  // Every layout, transpose, alpha and beta goes to weft's kernel; only matrix-vector products
-  // (m or n of 1) stay on Eigen, whose GEMV does not pay for packing a panel it reads once.
+  // Every layout, transpose, alpha and beta goes to weft's kernel; matrix-vector products (m or
+  // n of 1), which should not pay for packing a panel they read once, go to gemv_rows (a row
+  // vector times a transposed matrix) or to Eigen's GEMV.
   if constexpr (std::is_same_v<T, float>) {
     if (SgemmFn fn = sgemm_fn(sgemm_kernel()); fn && m > 1 && n > 1) {
       fn(m, n, k, a, la.row_major ? la.ld : 1, la.row_major ? 1 : la.ld, b, lb.row_major ? lb.ld : 1,
          lb.row_major ? 1 : lb.ld, c, ldc, alpha, beta);
       return;
     }
+  }
+  if (m == 1 && la.row_major && !lb.row_major) {  // x W^T for a Linear's W [n, k]: see gemv_rows
+    gemv_rows(n, k, a, b, lb.ld, c, alpha, beta);
+    return;
   }
   if (la.row_major && lb.row_major)
     gemm_eigen<T, Eigen::RowMajor, Eigen::RowMajor>(m, n, k, a, la.ld, b, lb.ld, c, ldc, alpha, beta);
