@@ -488,6 +488,15 @@ std::vector<Case> cases() {
                       return std::vector<Tensor>{out, lse, dq, dk, dv};
                     }, 4.0});
     }
+    // A decode step: one query row per head, grouped-query heads, RoPE at position 32, over the
+    // first 33 rows of [B, Hkv, 40, E] key/value buffers (a cache: heads 40 rows apart).
+    cs.push_back({"attention (decode step over a cache view, GQA, RoPE)",
+                  {{{2, 6, 1, 16}, t}, {{2, 2, 40, 16}, t}, {{2, 2, 40, 16}, t}},
+                  [](const auto& x) {
+                    Tensor k = x[1].narrow(2, 0, 33), v = x[2].narrow(2, 0, 33);
+                    auto [out, lse] = attention(x[0], k, v, false, 0.25, {.theta = 500.0, .q_pos = 32, .k_pos = 0});
+                    return std::vector<Tensor>{out, lse};
+                  }, 4.0});
     cs.push_back({"attention + backward (Tq != Tk, Ev != E)",
                   {{{2, 2, 19, 24}, t}, {{2, 2, 77, 24}, t}, {{2, 2, 77, 40}, t}, {{2, 2, 19, 40}, t}},
                   [](const auto& x) {
