@@ -50,8 +50,9 @@ Tensor CausalLM::forward_cached(const Tensor& idx, KVCache& cache) {
   WEFT_CHECK(idx.defined() && idx.dim() == 2 && idx.dtype() == kInt64 && idx.size(1) >= 1,
              "forward_cached: expected token ids [B, T] (int64, T >= 1), got {}",
              idx.defined() ? tensor_desc(idx) : "undefined");
-  WEFT_CHECK(cache.n_layer() == make_cache().n_layer(), "forward_cached: a cache of {} layers for a model of {}",
-             cache.n_layer(), make_cache().n_layer());
+  const int64_t layers = make_cache().n_layer();
+  WEFT_CHECK(cache.n_layer() == layers, "forward_cached: a cache of {} layers for a model of {}", cache.n_layer(),
+             layers);
   WEFT_CHECK(cache.length() + idx.size(1) <= context_length(), "forward_cached: {} cached and {} new positions pass "
              "the model's context of {}", cache.length(), idx.size(1), context_length());
   auto run = [&](const TensorList& in) -> TensorList {
@@ -75,9 +76,7 @@ LayerCache& KVCache::layer(int64_t i) {
   return layers_[size_t(i)];
 }
 
-void KVCache::clear() {
-  for (auto& l : layers_) l.clear();
-}
+void KVCache::clear() { for (auto& l : layers_) l.clear(); }
 
 int64_t KVCache::bytes() const {
   int64_t n = 0;

@@ -706,10 +706,11 @@ int sample(const SampleOptions& o, const Ranks& ranks) {
     tok.emplace(o.tokenizer);
     WEFT_CHECK(tok->vocab_size() <= cfg.vocab_size, "transformer: --tokenizer {} has {} tokens, more than {}'s "
                "vocabulary of {}", o.tokenizer, tok->vocab_size(), o.checkpoint, cfg.vocab_size);
-    auto recorded = loaded.recorded.find("tokenizer_sha256");
-    WEFT_CHECK(recorded == loaded.recorded.end() || recorded->second == apps::tokenizer_digest(o.tokenizer),
-               "transformer: --tokenizer {} is not the tokenizer {} was trained with (sha256 {}, the checkpoint "
-               "records {})", o.tokenizer, o.checkpoint, apps::tokenizer_digest(o.tokenizer), recorded->second);
+    if (auto recorded = loaded.recorded.find("tokenizer_sha256"); recorded != loaded.recorded.end()) {
+      const std::string digest = apps::tokenizer_digest(o.tokenizer);
+      WEFT_CHECK(recorded->second == digest, "transformer: --tokenizer {} is not the tokenizer {} was trained with "
+                 "(sha256 {}, the checkpoint records {})", o.tokenizer, o.checkpoint, digest, recorded->second);
+    }
   }
   WEFT_CHECK(o.ids || tok || cfg.vocab_size == 256, "transformer: {} has a vocabulary of {} tokens, not 256 bytes: "
              "give its --tokenizer (the tokenizer.json of the dataset it was trained on) or print token ids with --ids",

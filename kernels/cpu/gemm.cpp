@@ -204,8 +204,8 @@ SgemmFn sgemm_fn(SgemmKernel k) {
 }
 
 // c[j] = alpha * (x . w_j) + beta * c[j], w_j = w + j * ldw (j < n): x W^T, a Linear's one-token
-// step. Reading w front to back, a row at a time, streams it at ~1.6x the bandwidth of Eigen's
-// GEMV, which interleaves four rows (measured on Zen 4 at the GPT's decode shapes).
+// step. Reading w front to back, a row at a time, instead of Eigen's GEMV, which interleaves four
+// rows: 1.6-1.7x the decode tokens/s of weft-bench-generate on Zen 4 (docs/PERFORMANCE.md).
 template <typename T>
 void gemv_rows(int64_t n, int64_t k, const T* x, const T* w, int64_t ldw, T* c, T alpha, T beta) {
   for (int64_t j = 0; j < n; ++j) {
