@@ -6,6 +6,7 @@
 #include "autograd/gradcheck.h"
 #include "autograd/ops.h"
 #include "core/allocator.h"
+#include "core/deterministic.h"
 #include "core/error.h"
 #include "core/fill_rule.h"
 #include "core/generator.h"

@@ -6,6 +6,7 @@
 // A tensor without one is held whole.
 #pragma once
 #include <memory>
+#include <vector>
 
 namespace weft {
 
@@ -19,6 +20,9 @@ class PartialReduction {
   // `partial` combined over every process holding a part of the tensor (a collective: each of
   // them calls it, in the same order as its other collectives).
   virtual double reduce(double partial, PartialOp op) const = 0;
+  // Every process's `local` values, concatenated in the processes' rank order (a collective;
+  // the lengths may differ).
+  virtual std::vector<double> gather(const std::vector<double>& local) const = 0;
   // Whether `other` combines over the same processes, so that one reduce() serves both.
   virtual bool same_processes(const PartialReduction& other) const = 0;
 };

@@ -7,6 +7,7 @@
 #include "core/stream.h"
 #include "core/trace.h"
 #include "kernels/elementwise.h"
+#include "nn/tree_sum.h"
 
 namespace weft::fsdp {
 
@@ -102,6 +103,21 @@ ReduceScatterResult reduce_scatter(CommContext& ctx, const FSDPParams& params, c
   return r;
 }
 
+ReduceScatterResult ordered_reduce_scatter(CommContext& ctx, Tensor send, const dist::ProcessGroupPtr& group,
+                                           Device device, std::string label) {
+  ctx.release_completed();
+  NoGradGuard no_grad;
+  ReduceScatterResult r;
+  r.label = std::move(label);
+  StreamGuard on_reduce_stream = after_current_stream(ctx.reduce_scatter_stream(device), device);
+  r.send = std::move(send);
+  r.recv = empty(r.send.shape(), {.dtype = r.send.dtype(), .device = device});
+  r.started_us = trace::enabled() ? trace::now_us() : 0;
+  dist::CollectiveLabel what("ordered reduce-scatter (all-to-all) of '" + r.label + "'");
+  r.work = group->all_to_all_single(r.recv.view({-1}), r.send.view({-1}));
+  return r;
+}
+
 int reduce_scatter_accumulate(CommContext& ctx, ReduceScatterResult&& r, const FSDPParams& params, Device device,
                               const PostReduce& post) {
   NoGradGuard no_grad;
@@ -115,6 +131,11 @@ int reduce_scatter_accumulate(CommContext& ctx, ReduceScatterResult&& r, const F
   }
   if (r.started_us)
     trace::record("reduce_scatter " + r.label, "comm", r.started_us, trace::now_us() - r.started_us, 1);
+  if (r.recv.defined()) {  // ordered: the ranks' partials of this shard, summed along the tree
+    nn::TreeSum tree;
+    for (int64_t i = 0; i < r.recv.size(0); ++i) tree.add({r.recv.select(0, i)});
+    r.out = tree.total()[0];
+  }
   std::vector<dist::WorkPtr> works{r.work};
   int all_reduces = 0;
   if (post.partial_reduce_output) {
@@ -161,6 +182,7 @@ int reduce_scatter_accumulate(CommContext& ctx, ReduceScatterResult&& r, const F
   std::vector<Tensor> keep = std::move(r.grads);
   keep.push_back(std::move(r.send));
   keep.push_back(std::move(r.out));
+  keep.push_back(std::move(r.recv));
   ctx.release_after(std::move(accumulated), std::move(keep), std::move(works));
   return all_reduces;
 }

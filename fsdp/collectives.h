@@ -63,6 +63,7 @@ void all_gather_copy_out(CommContext& ctx, AllGatherResult&& result, const FSDPP
 struct ReduceScatterResult {
   dist::WorkPtr work;
   Tensor send, out;  // send: [ranks, columns] packed gradients; out: [columns] this rank's sum
+  Tensor recv;       // ordered: [ranks, columns], every rank's partial of this rank's columns
   // The unsharded gradients packed, which the reduce-scatter stream may still read (devices
   // other than the CPU), kept until that use is known to be done.
   std::vector<Tensor> grads;
@@ -80,6 +81,14 @@ void pack_grads(const FSDPParams& params, const Tensor& send, std::vector<Tensor
 // the gradients).
 ReduceScatterResult reduce_scatter(CommContext& ctx, const FSDPParams& params, const dist::ProcessGroupPtr& group,
                                    int64_t columns, DType dtype, Device device, dist::ReduceOp op, std::string label);
+
+// Deterministic mode's reduce-scatter: `send` [ranks, columns] (a tree's sum of packed
+// gradients) goes out by an all-to-all, so that each rank receives every rank's partial of its
+// columns, which reduce_scatter_accumulate sums in rank order along the tree (nn/tree_sum.h)
+// instead of in the collective's order. Issued like reduce_scatter (no division: the caller's
+// PostReduce::divide_factor).
+ReduceScatterResult ordered_reduce_scatter(CommContext& ctx, Tensor send, const dist::ProcessGroupPtr& group,
+                                           Device device, std::string label);
 
 // What happens after the reduce-scatter.
 struct PostReduce {

@@ -161,10 +161,33 @@ bool FSDPParamGroup::has_unsharded_grads() const {
   return false;
 }
 
+void FSDPParamGroup::add_grad_leaf() {
+  const std::string owner = "fsdp gradient leaves (deterministic) of '" + label + "'";
+  MemoryOwner owning(owner);
+  NoGradGuard no_grad;
+  Tensor packed = zeros({int64_t(shard_group_->size()), group_numel_}, {.dtype = reduce_dtype_, .device = compute_device_});
+  std::vector<Tensor> unused;  // packed on the current stream, which is done with them in order
+  pack_grads(params_, packed, unused);
+  grad_leaves_.add({packed});
+}
+
 void FSDPParamGroup::start_reduce_scatter() {
   if (pending_rs_) finish_reduce_scatter();
   const std::string owner = "fsdp reduce-scatter of '" + label + "'";
   MemoryOwner owning(owner);
+  if (grad_leaves_.leaves() > 0) {
+    const int64_t n = grad_leaves_.leaves();
+    WEFT_CHECK(!replicate_group_ || replicate_group_->size() == 1,
+               "fsdp: deterministic mode reduces over a 1-D mesh only; '{}' is replicated over {} ranks (HSDP)", label,
+               replicate_group_->size());
+    WEFT_CHECK((n & (n - 1)) == 0, "fsdp: deterministic mode needs a power-of-two number of backwards per gradient "
+               "reduction on each rank (so that each rank's sum is one node of the tree at any world size); '{}' "
+               "reduces after {}", label, n);
+    pending_rs_ = std::make_unique<ReduceScatterResult>(
+        ordered_reduce_scatter(*comm_, grad_leaves_.total()[0], shard_group_, compute_device_, label));
+    ++stats.reduce_scatters;
+    return;
+  }
   bool average = reduce_scatter_divide_factor == 0;
   pending_rs_ = std::make_unique<ReduceScatterResult>(
       reduce_scatter(*comm_, params_, shard_group_, group_numel_, reduce_dtype_, compute_device_,
@@ -187,6 +210,8 @@ void FSDPParamGroup::finish_reduce_scatter() {
     post.replicate_op = reduce_scatter_divide_factor == 0 ? dist::ReduceOp::avg : dist::ReduceOp::sum;
   }
   post.divide_factor = reduce_scatter_divide_factor;
+  // The ordered reduction sums; an average divides afterwards, by the group's size.
+  if (pending->recv.defined() && post.divide_factor == 0) post.divide_factor = shard_group_->size();
   post.offload = offload_;
   post.pin_host = offload_ && is_pinned(flat_shard_.data_ptr(), compute_device_);
   stats.all_reduces += reduce_scatter_accumulate(*comm_, std::move(*pending), params_, compute_device_, post);

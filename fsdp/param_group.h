@@ -12,6 +12,7 @@
 #include "dist/process_group.h"
 #include "fsdp/fsdp_param.h"
 #include "fsdp/options.h"
+#include "nn/tree_sum.h"
 
 namespace weft::fsdp {
 
@@ -72,6 +73,12 @@ class FSDPParamGroup {
   // Waits for the reduce-scatter and accumulates into the sharded parameters' .grad.
   void finish_reduce_scatter();
   bool has_unsharded_grads() const;
+  // Deterministic mode (core/deterministic.h), at each post-backward: packs the unsharded
+  // gradients as the next leaf of this backward's tree and frees them. start_reduce_scatter then
+  // reduces the tree's sum with an all-to-all and sums the ranks' partials in rank order: the
+  // same bits at any world size when each rank runs the same power-of-two number of backwards
+  // per reduction (leaf i of rank r being leaf r * count + i of one tree).
+  void add_grad_leaf();
   // Moves the unsharded gradients into accumulators of the reduce dtype when it differs from
   // the param dtype (no-op otherwise); called at each post-backward.
   void accumulate_unsharded_grads();
@@ -100,6 +107,7 @@ class FSDPParamGroup {
   std::shared_ptr<CommContext> comm_;
   std::unique_ptr<AllGatherResult> gather_;       // while gathering
   std::unique_ptr<ReduceScatterResult> pending_rs_;  // between start and finish_reduce_scatter
+  nn::TreeSum grad_leaves_;  // deterministic mode: this rank's packed gradients since the last reduction
   Tensor partial_reduce_output_;  // HSDP: reduce-scatter outputs not yet all-reduced (requires_all_reduce off)
 };
 

@@ -5,6 +5,7 @@
 
 #include "autograd/engine.h"
 #include "autograd/function.h"
+#include "core/deterministic.h"
 #include "core/grad_mode.h"
 #include "core/trace.h"
 #include "dist/device_mesh.h"
@@ -394,6 +395,7 @@ void FSDPState::post_backward() {
   // Gradients accumulated across backwards without sync are kept in the reduce dtype, as
   // FSDP2 does (not in a lower param dtype).
   group->accumulate_unsharded_grads();
+  if (deterministic()) group->add_grad_leaf();
   if (requires_gradient_sync_) {
     // At most one reduce-scatter in flight besides this one: finishing the previous group's
     // frees its send buffer before this group's is filled (the backward memory bound).

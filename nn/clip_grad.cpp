@@ -3,6 +3,7 @@
 #include <cmath>
 #include <memory>
 
+#include "core/deterministic.h"
 #include "core/error.h"
 #include "core/grad_mode.h"
 #include "core/partial_reduction.h"
@@ -26,6 +27,75 @@ double local_part(const Tensor& g, double p) {
   return value(kernels::reduce(ReduceOp::sum, powered, {}, false));
 }
 
+// Deterministic mode: |g|^p (or |g|) per row of dim 0, in f64. A row is never split between
+// ranks (fully_shard splits dim 0), so the same rows come out at any world size.
+std::vector<double> row_parts(const Tensor& g, double p) {
+  using kernels::BinaryOp, kernels::ReduceOp, kernels::UnaryOp;
+  if (g.device().is_meta()) return {};
+  Tensor a = kernels::unary(UnaryOp::abs, g.to(DType::f64));
+  if (std::isinf(p)) return to_vector(g.dim() < 2 ? a : kernels::reduce(ReduceOp::max, a.reshape({g.size(0), -1}), {1}, false));
+  Tensor powered = p == 2.0 ? kernels::binary(BinaryOp::mul, a, a) : p == 1.0 ? a : kernels::binary_scalar(BinaryOp::pow, a, p);
+  return to_vector(g.dim() < 2 ? powered : kernels::reduce(ReduceOp::sum, powered.reshape({g.size(0), -1}), {1}, false));
+}
+
+// The deterministic total: parameter by parameter in order, each one's rows in order (a
+// sharded parameter's from every rank of its group, in rank order): one sequence of additions
+// at any world size. Each set of ranks gathers once: its parameters' row counts, then rows.
+double ordered_total(const std::vector<Tensor>& params, double p) {
+  const bool inf = std::isinf(p);
+  struct Part {
+    std::shared_ptr<const PartialReduction> reduction;
+    std::vector<size_t> members;  // indices into params
+    std::vector<double> local, gathered;
+  };
+  std::vector<Part> parts;
+  std::vector<std::pair<int, std::vector<double>>> whole;  // per parameter: its part (-1: whole) and rows
+  for (const Tensor& t : params) {
+    Tensor g = t.grad();
+    std::vector<double> rows = g.defined() ? row_parts(g, p) : std::vector<double>{};
+    auto reduction = partial_reduction(t);
+    if (!reduction) {
+      whole.push_back({-1, std::move(rows)});
+      continue;
+    }
+    size_t i = 0;
+    while (i < parts.size() && !parts[i].reduction->same_processes(*reduction)) ++i;
+    if (i == parts.size()) parts.push_back({reduction, {}, {}, {}});
+    parts[i].members.push_back(whole.size());
+    parts[i].local.push_back(double(rows.size()));
+    parts[i].local.insert(parts[i].local.end(), rows.begin(), rows.end());
+    whole.push_back({int(i), {}});
+  }
+  for (Part& part : parts) part.gathered = part.reduction->gather(part.local);
+  // Each rank's message is its members' rows, one count before each; cursors walk them.
+  for (Part& part : parts) {
+    std::vector<std::vector<double>> per_member(part.members.size());
+    for (size_t at = 0; at < part.gathered.size();)
+      for (size_t m = 0; m < part.members.size(); ++m) {
+        const size_t count = size_t(part.gathered[at]);
+        per_member[m].insert(per_member[m].end(), part.gathered.begin() + ptrdiff_t(at + 1),
+                             part.gathered.begin() + ptrdiff_t(at + 1 + count));
+        at += 1 + count;
+      }
+    for (size_t m = 0; m < part.members.size(); ++m) whole[part.members[m]].second = std::move(per_member[m]);
+  }
+  double total = 0;
+  for (auto& [part, rows] : whole)
+    for (double v : rows) total = inf ? std::max(total, v) : total + v;
+  return total;
+}
+
+// The norm from the combined total, and the gradients scaled when it is above max_norm.
+double scale_grads(const std::vector<Tensor>& params, double max_norm, double norm_type, double total) {
+  const bool inf = std::isinf(norm_type);
+  const double norm = inf ? total : norm_type == 2.0 ? std::sqrt(total) : std::pow(total, 1.0 / norm_type);
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef < 1.0)
+    for (const Tensor& p : params)
+      if (p.grad().defined() && p.grad().numel() > 0) kernels::mul_scalar_(p.grad(), coef);
+  return norm;
+}
+
 }  // namespace
 
 double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type) {
@@ -34,6 +104,7 @@ double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
   WEFT_CHECK(max_norm >= 0, "clip_grad_norm_: max_norm must be >= 0, got {}", max_norm);
   const bool inf = std::isinf(norm_type);
   NoGradGuard no_grad;
+  if (deterministic()) return scale_grads(params, max_norm, norm_type, ordered_total(params, norm_type));
   // Partial results per set of ranks, in the order the parameters first name them: the same on
   // every rank, so the reductions below line up. Index 0: whole parameters, combined locally.
   struct Part {
@@ -62,12 +133,7 @@ double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
                                     : part.value;
     total = inf ? std::max(total, v) : total + v;
   }
-  const double norm = inf ? total : norm_type == 2.0 ? std::sqrt(total) : std::pow(total, 1.0 / norm_type);
-  const double coef = max_norm / (norm + 1e-6);
-  if (coef < 1.0)
-    for (const Tensor& p : params)
-      if (p.grad().defined() && p.grad().numel() > 0) kernels::mul_scalar_(p.grad(), coef);
-  return norm;
+  return scale_grads(params, max_norm, norm_type, total);
 }
 
 }  // namespace weft::nn

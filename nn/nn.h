@@ -15,3 +15,4 @@
 #include "nn/scheduler.h"
 #include "nn/llama.h"
 #include "nn/transformer.h"
+#include "nn/tree_sum.h"

@@ -59,14 +59,14 @@ StopSignals::~StopSignals() {
 
 int received_stop_signal() { return g_signal.load(); }
 
-StepEnd end_step(double local_loss, const Ranks& ranks) {
+StepEnd end_step(double local_loss, const Ranks& ranks, bool agreed) {
   const int sig = received_stop_signal();
   if (!ranks.fsdp) return {local_loss, sig};
   Tensor t = from_vector({local_loss, sig == SIGTERM ? 1.0 : 0.0, sig == SIGINT ? 1.0 : 0.0}, {3}, {.dtype = kFloat64});
   dist::world()->all_reduce(t, dist::ReduceOp::sum)->wait();
   const double* v = t.data<double>();
   // sum / world: what ReduceOp::avg computes, so the logged loss is the same as before.
-  return {v[0] / double(ranks.world), v[1] > 0 ? SIGTERM : v[2] > 0 ? SIGINT : 0};
+  return {agreed ? local_loss : v[0] / double(ranks.world), v[1] > 0 ? SIGTERM : v[2] > 0 ? SIGINT : 0};
 }
 
 int report_stop(const std::string& program, int sig, int64_t step, const std::string& checkpoint, const Ranks& ranks,

@@ -13,6 +13,7 @@
 
 #include "apps/common/checkpoint_watch.h"
 #include "apps/common/cli.h"
+#include "apps/common/deterministic.h"
 #include "apps/common/device.h"
 #include "apps/common/metrics.h"
 #include "apps/common/nonfinite.h"
@@ -48,6 +49,8 @@ struct Options {
   std::string data = apps::kDefaultMnistDir;
   int64_t log_every = 50;
   bool fsdp = false;
+  bool deterministic = false;
+  int64_t virtual_batches = 8;  // --deterministic's V
   std::string mixed_precision = "none";
   bool autocast() const { return mixed_precision == "bf16" && !fsdp; }  // else FSDP's policy, if any
   std::string device = "cpu";
@@ -78,6 +81,7 @@ dist::ConfigSettings shared_settings(const Options& o) {
           {"--data", o.data},
           {"--log-every", fmt::format("{}", o.log_every)},
           {"--fsdp", o.fsdp ? "true" : "false"},
+          {"--deterministic", o.deterministic ? fmt::format("{}", o.virtual_batches) : "off"},
           {"--mixed-precision", o.mixed_precision},
           {"--on-nan", o.on_nan},
           {"--max-skipped-steps", fmt::format("{}", o.max_skipped)},
@@ -114,16 +118,32 @@ std::pair<Tensor, Tensor> eval_batch(nn::Module& model, const Tensor& x, const T
 // forward gathers the parameters and, without gradients, frees them again) and the sums are
 // all-reduced; a batch smaller than the world is evaluated whole on every rank and counted
 // once, so every rank runs the same forwards.
+// With --deterministic each batch goes as the rank's virtual micro-batches, their sums added
+// in one order at any world size.
 std::pair<double, double> evaluate(nn::Module& model, const apps::MnistSplit& split, const Ranks& ranks, Device device,
-                                   bool autocast) {
+                                   bool autocast, const std::optional<apps::LeafPlan>& leaves) {
   NoGradGuard no_grad;
   model.eval();
   int64_t n = split.images.size(0);
   double loss_sum = 0, correct = 0;
   std::vector<int64_t> all(static_cast<size_t>(n));
   std::iota(all.begin(), all.end(), 0);
+  std::vector<double> losses, rights;  // --deterministic: per micro-batch
   for (int64_t b = 0; b < n; b += 1000) {
     int64_t m = std::min<int64_t>(1000, n - b);
+    for (int64_t j = 0; leaves && j < leaves->per_rank; ++j) {
+      auto [lo, hi] = leaves->rows(leaves->micro(j), m);
+      if (hi == lo) {  // a batch shorter than --virtual-batches: this part is empty
+        losses.push_back(0);
+        rights.push_back(0);
+        continue;
+      }
+      auto [x_host, y_host] = apps::mnist_batch(split, all, b + lo, hi - lo);
+      auto [batch_loss, batch_correct] = eval_batch(model, x_host.to(device), y_host.to(device), autocast);
+      losses.push_back(batch_loss.item());
+      rights.push_back(batch_correct.item());
+    }
+    if (leaves) continue;
     bool split_batch = m >= ranks.world;
     int64_t lo = split_batch ? m * ranks.rank / ranks.world : 0;
     int64_t hi = split_batch ? m * (ranks.rank + 1) / ranks.world : m;
@@ -135,6 +155,10 @@ std::pair<double, double> evaluate(nn::Module& model, const apps::MnistSplit& sp
     correct += double(int64_t(batch_correct.item()));
   }
   model.train();
+  if (leaves) {
+    const int64_t batches = (n + 999) / 1000;
+    return {apps::ordered_sum(losses, batches, ranks) / double(n), apps::ordered_sum(rights, batches, ranks) / double(n)};
+  }
   if (ranks.fsdp) {
     Tensor sums = from_vector({loss_sum, correct}, {2}, {.dtype = kFloat64});
     dist::world()->all_reduce(sums, dist::ReduceOp::sum)->wait();
@@ -157,7 +181,8 @@ std::map<std::string, std::string> training_set(const apps::MnistSplit& train) {
 std::map<std::string, std::string> describe(const Options& o, const std::map<std::string, std::string>& train_set) {
   std::map<std::string, std::string> d = {{"format", "weft-mnist"}, {"model", o.model}, {"optimizer", o.optimizer},
                                           {"seed", std::to_string(o.seed)}, {"batch_size", std::to_string(o.batch_size)},
-                                          {"lr", fmt::format("{}", o.lr)}};
+                                          {"lr", fmt::format("{}", o.lr)},
+                                          {"virtual_batches", o.deterministic ? std::to_string(o.virtual_batches) : "0"}};
   d.insert(train_set.begin(), train_set.end());
   return d;
 }
@@ -186,6 +211,9 @@ std::string checkpoint_to_load(const Options& o, const std::map<std::string, std
   };
   same("seed", "--seed", std::to_string(o.seed), "the seed decides the order of the samples");
   same("batch_size", "--batch-size", std::to_string(o.batch_size), "the checkpoint's step counts batches of that size");
+  same("virtual_batches", o.deterministic ? "--virtual-batches" : "--deterministic",
+       o.deterministic ? std::to_string(o.virtual_batches) : "0",
+       "the summation order decides the bits of every later step (0: without --deterministic)");
   apps::check_resumed_data(ck.app, train_set, "training set", "--data " + o.data, where, "mnist");
   const int64_t total = o.epochs * steps_per_epoch;
   WEFT_CHECK(ck.step <= total, "mnist: {} is at step {}, beyond the {} steps of --epochs {} ({} steps per epoch): "
@@ -224,14 +252,17 @@ fsdp::FSDPModule shard_model(const nn::ModulePtr& model, Device device, const Op
 // One training step on a batch: the loss, its gradients (the optimizer steps after the caller
 // has checked the loss). --mixed-precision bf16 without --fsdp runs the forward and the loss
 // under autocast (with --fsdp it is the layers' MixedPrecisionPolicy, shard_model above).
-Tensor forward_backward(nn::Module& model, nn::Optimizer& opt, const Tensor& x, const Tensor& y, bool autocast) {
-  opt.zero_grad();
+// `parts` > 1 (--deterministic's backwards per step on this rank): the gradient of loss / parts,
+// added to the gradients already there.
+Tensor forward_backward(nn::Module& model, nn::Optimizer& opt, const Tensor& x, const Tensor& y, bool autocast,
+                        int64_t parts = 1) {
+  if (parts == 1) opt.zero_grad();
   Tensor loss;
   {
     AutocastGuard bf16(DType::bf16, autocast);
     loss = cross_entropy(model(x), y);
   }
-  loss.backward();
+  (parts > 1 ? loss * (1.0 / double(parts)) : loss).backward();
   return loss;
 }
 
@@ -283,6 +314,8 @@ int run(const Options& o, const Ranks& ranks) {
   dist::agree(ranks.groups(), "mnist", [&] {
     device = apps::parse_device(o.device, "mnist");  // first: a device that cannot work ends the run at once
     if (o.threads > 0) set_num_threads(o.threads);
+    set_deterministic(o.deterministic);
+    if (o.deterministic) apps::make_leaf_plan("mnist", o.virtual_batches, o.batch_size, 1, ranks);  // checked early
     WEFT_CHECK(o.batch_size > 0 && o.epochs > 0 && o.lr > 0, "mnist: --batch-size, --epochs and --lr must be positive");
     WEFT_CHECK(o.batch_size % ranks.world == 0,
                "mnist: --batch-size {} does not split evenly over {} ranks: --batch-size is the global batch and "
@@ -369,6 +402,10 @@ int run(const Options& o, const Ranks& ranks) {
   int64_t total_steps = o.epochs * steps_per_epoch;
   if (o.steps > 0) total_steps = std::min(total_steps, step + o.steps);
   const int64_t local_batch = o.batch_size / ranks.world;
+  std::optional<apps::LeafPlan> leaves;  // --deterministic
+  if (o.deterministic) leaves = apps::make_leaf_plan("mnist", o.virtual_batches, o.batch_size, 1, ranks);
+  nn::TreeSum grad_tree;                 // --deterministic without --fsdp: the leaves' gradients
+  const std::vector<Tensor> params = model->parameters();
   if (ranks.lead()) {
     std::fprintf(stderr, "weft-mnist: %s (%lld parameters), %lld train / %lld test samples from %s, batch %lld, "
                  "%lld steps/epoch, %d threads, on %s\n", o.model.c_str(), (long long)n_params,
@@ -395,12 +432,29 @@ int run(const Options& o, const Ranks& ranks) {
       int64_t i = step - epoch * steps_per_epoch;
       // Every rank walks the same global batches and takes rows [r*B/N, (r+1)*B/N) of each;
       // FSDP averages the gradients over ranks, which is the gradient of the global batch.
-      auto [x_host, y_host] = apps::mnist_batch(data.train, order, i * o.batch_size + ranks.rank * local_batch, local_batch);
-      Tensor x = x_host.to(device), y = y_host.to(device);
-      Tensor loss = forward_backward(*model, *opt, x, y, o.autocast());
+      double local_loss = 0;
+      if (!leaves) {
+        auto [x_host, y_host] = apps::mnist_batch(data.train, order, i * o.batch_size + ranks.rank * local_batch, local_batch);
+        local_loss = forward_backward(*model, *opt, x_host.to(device), y_host.to(device), o.autocast()).item();
+      }
+      // --deterministic: the rank's micro-batches in order, their gradients reduced (or summed)
+      // along the tree after the last; the loss their mean in one order.
+      std::vector<double> leaf_losses;
+      if (leaves) opt->zero_grad();
+      for (int64_t j = 0; leaves && j < leaves->leaves(); ++j) {
+        if (root) root->set_requires_gradient_sync(j + 1 == leaves->leaves());
+        auto [r0, r1] = leaves->rows(leaves->micro(j), o.batch_size);
+        auto [x_host, y_host] = apps::mnist_batch(data.train, order, i * o.batch_size + r0, r1 - r0);
+        apps::LeafRandom dropout(step, leaves->tree_index(j), leaves->leaves() * ranks.world);
+        leaf_losses.push_back(
+            forward_backward(*model, *opt, x_host.to(device), y_host.to(device), o.autocast(), leaves->leaves()).item());
+        if (!root) nn::add_grads_as_leaf(grad_tree, params);
+      }
+      if (leaves && !root) nn::set_grads_to_total(grad_tree, params);
       // The global batch's mean loss, and whether any rank was asked to stop: the same values on
       // every rank, so all decide alike.
-      const apps::StepEnd end = apps::end_step(loss.item(), ranks);
+      const apps::StepEnd end = leaves ? apps::end_step(apps::ordered_mean(leaf_losses, 1, ranks), ranks, true)
+                                       : apps::end_step(local_loss, ranks);
       loss_v = end.loss;
       watch.loss(step + 1, loss_v);
       const bool skip = !std::isfinite(loss_v) && on_nan != apps::OnNan::ignore;
@@ -434,7 +488,7 @@ int run(const Options& o, const Ranks& ranks) {
       }
     }
     if (progress) progress->finish(fmt::format("loss {:.4f}", loss_v));
-    auto [test_loss, acc] = evaluate(*model, data.test, ranks, device, o.autocast());
+    auto [test_loss, acc] = evaluate(*model, data.test, ranks, device, o.autocast(), leaves);
     if (ranks.lead()) {
       std::fprintf(stderr, "epoch %lld: test loss %.4f, test accuracy %.2f%%\n", (long long)(epoch + 1), test_loss,
                    100 * acc);
@@ -494,6 +548,11 @@ int main(int argc, char** argv) {
                           ->capture_default_str();
   apps::add_plan_flags(app, o.plan);
   app.add_flag("--fsdp", o.fsdp, "shard the model over the ranks of mpirun with fsdp::fully_shard (see below)");
+  auto* det = app.add_flag("--deterministic", o.deterministic, "the same bits at any number of ranks and threads: each "
+                           "batch split into --virtual-batches micro-batches, every sum over them in one fixed order");
+  app.add_option("--virtual-batches", o.virtual_batches, "with --deterministic: micro-batches per batch; the number "
+                 "of ranks must divide it into a power of two per rank")
+      ->check(apps::cli::integer(1, 1 << 20))->capture_default_str()->needs(det);
   app.add_option("--mixed-precision", o.mixed_precision,
                  "bf16: products (linear, conv) in bf16 with f32 master weights: autocast, or under --fsdp "
                  "bf16 parameters gathered and gradients reduced in f32; none keeps f32")

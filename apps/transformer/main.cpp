@@ -22,6 +22,7 @@
 
 #include "apps/common/checkpoint_watch.h"
 #include "apps/common/cli.h"
+#include "apps/common/deterministic.h"
 #include "apps/common/device.h"
 #include "apps/common/metrics.h"
 #include "apps/common/nonfinite.h"
@@ -60,6 +61,8 @@ struct TrainOptions {
   int keep_last = 0;
   bool fsdp = false;
   bool activation_checkpointing = false;
+  bool deterministic = false;
+  int64_t virtual_batches = 8;  // --deterministic's V
   std::string reshard_after_forward = "true", mixed_precision = "none";
   bool autocast() const { return mixed_precision == "bf16" && !fsdp; }  // else FSDP's policy, if any
   std::string sharding_strategy = "FULL_SHARD";
@@ -114,6 +117,7 @@ dist::ConfigSettings shared_settings(const TrainOptions& o) {
           {"--untie", o.untie ? "true" : "false"},
           {"--batch-size", num(o.batch_size)},
           {"--grad-accum", num(o.grad_accum)},
+          {"--deterministic", o.deterministic ? num(o.virtual_batches) : "off"},
           {"--steps", num(o.steps)},
           {"--lr", num(o.lr)},
           {"--warmup", num(o.warmup)},
@@ -166,7 +170,8 @@ std::map<std::string, std::string> describe(const apps::ModelConfig& cfg, const 
       {"d_model", std::to_string(cfg.d_model)}, {"ctx", std::to_string(cfg.ctx)},
       {"vocab_size", std::to_string(cfg.vocab_size)}, {"tied", cfg.tie_weights ? "1" : "0"},
       {"seed", std::to_string(o.seed)}, {"batch_size", std::to_string(o.batch_size)},
-      {"grad_accum", std::to_string(o.grad_accum)}, {"weight_decay", fmt::format("{}", o.weight_decay)}};
+      {"grad_accum", std::to_string(o.grad_accum)}, {"weight_decay", fmt::format("{}", o.weight_decay)},
+      {"virtual_batches", o.deterministic ? std::to_string(o.virtual_batches) : "0"}};
   d.insert(train_text.begin(), train_text.end());
   return d;
 }
@@ -264,15 +269,16 @@ std::vector<std::string> decayed_names(const nn::Module& model) {
   return out;
 }
 
-// Forward and backward of one micro-batch (the gradient of the loss / grad_accum); the loss.
+// Forward and backward of one micro-batch (the gradient of the loss / `parts`, the number of
+// backwards per step on this rank); the loss.
 // --mixed-precision bf16 without --fsdp runs the forward and the loss under autocast.
-Tensor forward_backward(nn::Module& model, const Tensor& x, const Tensor& y, const TrainOptions& o) {
+Tensor forward_backward(nn::Module& model, const Tensor& x, const Tensor& y, const TrainOptions& o, int64_t parts) {
   Tensor loss;
   {
     AutocastGuard bf16(DType::bf16, o.autocast());
     loss = cross_entropy(model(x).view({-1, o.model.vocab_size}), y.view({-1}));
   }
-  (o.grad_accum > 1 ? loss * (1.0 / double(o.grad_accum)) : loss).backward();
+  (parts > 1 ? loss * (1.0 / double(parts)) : loss).backward();
   return loss;
 }
 
@@ -300,7 +306,7 @@ fsdp::MemoryPlanRequest plan_request(const TrainOptions& o, bool fsdp) {
       opt->zero_grad();
       for (int64_t micro = 0; micro < o.grad_accum; ++micro) {
         Tensor x = tokens(), y = tokens();
-        forward_backward(*model, x, y, o);
+        forward_backward(*model, x, y, o, o.grad_accum);
       }
       if (o.clip > 0) nn::clip_grad_norm_(model->parameters(), o.clip);
       opt->step();
@@ -318,20 +324,32 @@ fsdp::MemoryPlanRequest plan_request(const TrainOptions& o, bool fsdp) {
 
 // Mean validation loss over `iters` fixed batches (the same ones at every evaluation and any
 // world size); each rank evaluates its rows and the means are averaged over ranks.
+// With --deterministic each batch goes as the rank's virtual micro-batches, their losses
+// averaged in one order at any world size.
 double evaluate(nn::Module& model, const apps::TrainingData& data, const TrainOptions& o, const Ranks& ranks,
-                Device device) {
+                Device device, const std::optional<apps::LeafPlan>& leaves) {
   NoGradGuard no_grad;
   AutocastGuard bf16(DType::bf16, o.autocast());
   model.eval();
-  const int64_t lo = o.batch_size * ranks.rank / ranks.world, hi = o.batch_size * (ranks.rank + 1) / ranks.world;
   double total = 0;
+  std::vector<double> ordered;
   for (int64_t i = 0; i < o.eval_iters; ++i) {
-    auto [x_host, y_host] = apps::text_batch(data.val, o.seed + kValSeedOffset, i, o.batch_size, o.model.ctx, lo, hi);
-    Tensor x = x_host.to(device), y = y_host.to(device);
-    Tensor logits = model(x);
-    total += cross_entropy(logits.view({-1, o.model.vocab_size}), y.view({-1})).item();
+    auto loss = [&](int64_t lo, int64_t hi) {
+      auto [x_host, y_host] = apps::text_batch(data.val, o.seed + kValSeedOffset, i, o.batch_size, o.model.ctx, lo, hi);
+      Tensor logits = model(x_host.to(device));
+      return cross_entropy(logits.view({-1, o.model.vocab_size}), y_host.to(device).view({-1})).item();
+    };
+    if (!leaves) {
+      total += loss(o.batch_size * ranks.rank / ranks.world, o.batch_size * (ranks.rank + 1) / ranks.world);
+      continue;
+    }
+    for (int64_t j = 0; j < leaves->per_rank; ++j) {
+      auto [lo, hi] = leaves->rows(leaves->micro(j * leaves->accum), o.batch_size);
+      ordered.push_back(loss(lo, hi));
+    }
   }
   model.train();
+  if (leaves) return apps::ordered_mean(ordered, o.eval_iters, ranks);
   return mean_over_ranks(total / double(o.eval_iters), ranks);
 }
 
@@ -351,6 +369,7 @@ int train(TrainOptions o, const Ranks& ranks) {
   dist::agree(ranks.groups(), "transformer", [&] {
     device = apps::parse_device(o.device, "transformer");  // first: a device that cannot work ends the run at once
     if (o.threads > 0) set_num_threads(o.threads);
+    set_deterministic(o.deterministic);
     if (!o.init_from.empty()) {  // the model is the checkpoint's; --ctx may shorten its context
       WEFT_CHECK(apps::is_hf_dir(o.init_from), "transformer: --init-from {} is not a Hugging Face model directory "
                  "(no config.json there)", o.init_from);
@@ -367,6 +386,11 @@ int train(TrainOptions o, const Ranks& ranks) {
     apps::check_config(o.model);
     WEFT_CHECK(o.lr > 0 && o.steps > 0 && o.batch_size > 0 && o.grad_accum > 0,
                "transformer: --lr, --steps, --batch-size and --grad-accum must be positive");
+    if (o.deterministic)  // checked here, before anything is built
+      apps::make_leaf_plan("transformer", o.virtual_batches, o.batch_size, o.grad_accum, ranks);
+    WEFT_CHECK(!o.deterministic || o.sharding_strategy != "NO_SHARD",
+               "transformer: --deterministic reduces gradients over one sharded dimension: use --sharding-strategy "
+               "FULL_SHARD or SHARD_GRAD_OP, not NO_SHARD");
     WEFT_CHECK(o.batch_size % ranks.world == 0,
                "transformer: --batch-size {} does not split evenly over {} ranks: it is the global batch and each "
                "rank takes an equal slice, so use a multiple of {}", o.batch_size, ranks.world, ranks.world);
@@ -415,6 +439,9 @@ int train(TrainOptions o, const Ranks& ranks) {
       same("seed", "--seed", std::to_string(o.seed), "the seed decides the batches");
       same("batch_size", "--batch-size", std::to_string(o.batch_size), "the data position counts batches of that size");
       same("grad_accum", "--grad-accum", std::to_string(o.grad_accum), "the data position counts micro-batches");
+      same("virtual_batches", o.deterministic ? "--virtual-batches" : "--deterministic",
+           o.deterministic ? std::to_string(o.virtual_batches) : "0",
+           "the summation order decides the bits of every later step (0: without --deterministic)");
       apps::check_resumed_data(ck.app, train_text, "training text", "--data " + o.data, resume_from, "transformer");
       same("weight_decay", "--weight-decay", fmt::format("{}", o.weight_decay),
            "the optimizer state restores the weight decay, so another value would be ignored");
@@ -493,6 +520,10 @@ int train(TrainOptions o, const Ranks& ranks) {
   const int64_t resumed_step = step;
 
   const int64_t lo = o.batch_size * ranks.rank / ranks.world, hi = o.batch_size * (ranks.rank + 1) / ranks.world;
+  std::optional<apps::LeafPlan> leaves;  // --deterministic
+  if (o.deterministic) leaves = apps::make_leaf_plan("transformer", o.virtual_batches, o.batch_size, o.grad_accum, ranks);
+  nn::TreeSum grad_tree;                 // --deterministic without --fsdp: the leaves' gradients
+  const std::vector<Tensor> params = model->parameters();
   const int64_t tokens_per_step = o.batch_size * o.grad_accum * o.model.ctx;
   if (ranks.lead()) {
     std::fprintf(stderr, "weft-transformer: %s n_layer %lld, n_head %lld, d_model %lld, ctx %lld, %s head: %lld "
@@ -551,29 +582,43 @@ int train(TrainOptions o, const Ranks& ranks) {
   while (step < end) {
     opt.zero_grad();
     double loss_sum = 0;
-    for (int64_t micro = 0; micro < o.grad_accum; ++micro) {
-      auto [x_host, y_host] = apps::text_batch(data.train, o.seed,
-                                               first_batch + (step - resumed_step) * o.grad_accum + micro,
-                                               o.batch_size, o.model.ctx, lo, hi);
-      Tensor x = x_host.to(device), y = y_host.to(device);
-      loss_sum += forward_backward(*model, x, y, o).item();
+    const int64_t batch0 = first_batch + (step - resumed_step) * o.grad_accum;
+    for (int64_t micro = 0; !leaves && micro < o.grad_accum; ++micro) {
+      auto [x_host, y_host] = apps::text_batch(data.train, o.seed, batch0 + micro, o.batch_size, o.model.ctx, lo, hi);
+      loss_sum += forward_backward(*model, x_host.to(device), y_host.to(device), o, o.grad_accum).item();
     }
+    // --deterministic: the rank's leaves in order, gradients reduced (or summed) along the tree
+    // after the last; the loss their mean in one order.
+    std::vector<double> leaf_losses;
+    for (int64_t j = 0; leaves && j < leaves->leaves(); ++j) {
+      if (root) root->set_requires_gradient_sync(j + 1 == leaves->leaves());
+      auto [r0, r1] = leaves->rows(leaves->micro(j), o.batch_size);
+      auto [x_host, y_host] = apps::text_batch(data.train, o.seed, batch0 + leaves->accumulated(j), o.batch_size,
+                                               o.model.ctx, r0, r1);
+      apps::LeafRandom dropout(step, leaves->tree_index(j), leaves->leaves() * ranks.world);
+      leaf_losses.push_back(forward_backward(*model, x_host.to(device), y_host.to(device), o, leaves->leaves()).item());
+      if (!root) nn::add_grads_as_leaf(grad_tree, params);
+    }
+    if (leaves && !root) nn::set_grads_to_total(grad_tree, params);
     // The global batch's mean loss, and whether any rank was asked to stop: the same values on
     // every rank, so all decide alike.
-    const apps::StepEnd step_end = apps::end_step(loss_sum / double(o.grad_accum), ranks);
+    const apps::StepEnd step_end =
+        leaves ? apps::end_step(apps::ordered_mean(leaf_losses, 1, ranks), ranks, true)
+               : apps::end_step(loss_sum / double(o.grad_accum), ranks);
     loss_v = step_end.loss;
     watch.loss(step + 1, loss_v);
     const bool finite = std::isfinite(loss_v);
     if (!finite && on_nan == apps::OnNan::error)
       apps::stop_on_nonfinite_loss("transformer", loss_v, step + 1, ranks, watch.advice());
     const double lr_used = opt.lr(0);
+    double grad_norm = 0;  // before clipping (0: --clip 0, or a skipped step)
     if (!finite && on_nan == apps::OnNan::skip) {
       opt.zero_grad();  // drop this step's update; the schedule and the data still move on
       if (ranks.lead())
         std::fprintf(stderr, "weft-transformer: the loss is %s at step %lld; skipped its update (%lld skipped)\n",
                      apps::describe_value(loss_v).c_str(), (long long)(step + 1), (long long)skips.total() + 1);
     } else {
-      if (o.clip > 0) nn::clip_grad_norm_(model->parameters(), o.clip);  // sharded or not
+      if (o.clip > 0) grad_norm = nn::clip_grad_norm_(model->parameters(), o.clip);  // sharded or not
       opt.step();
     }
     skips.step_done(step + 1, !finite && on_nan == apps::OnNan::skip, watch);
@@ -584,7 +629,7 @@ int train(TrainOptions o, const Ranks& ranks) {
     if (step % o.log_every == 0 || step == first + 1 || step == end) {
       auto now = std::chrono::steady_clock::now();
       double dt = std::chrono::duration<double>(now - window_start).count();
-      metrics->write({{"step", step}, {"loss", loss_v}, {"lr", lr_used}, {"skipped", skips.total()},
+      metrics->write({{"step", step}, {"loss", loss_v}, {"lr", lr_used}, {"grad_norm", grad_norm}, {"skipped", skips.total()},
                       {"tokens_per_s", dt > 0 ? double(window_tokens) / dt : 0.0},
                       {"peak_bytes", memory_stats().peak_bytes}});
       window_start = now;
@@ -598,7 +643,7 @@ int train(TrainOptions o, const Ranks& ranks) {
                                "no checkpoint written (no --checkpoint-dir)");
     }
     if ((o.eval_every > 0 && step % o.eval_every == 0) || step == end) {
-      double val = evaluate(*model, data, o, ranks, device);
+      double val = evaluate(*model, data, o, ranks, device, leaves);
       metrics->write({{"split", std::string("val")}, {"step", step}, {"loss", val}});
       if (!std::isfinite(val) && on_nan != apps::OnNan::ignore)  // the same mean on every rank
         throw dist::AgreedError(fmt::format("transformer: the validation loss is {} at step {}: the model has "
@@ -860,6 +905,11 @@ int main(int argc, char** argv) {
   tr->add_option("--resume", t.resume, "continue from the latest checkpoint in DIR (written at any number of ranks)");
   tr->add_option("--device", t.device, "cpu, cuda (this rank's GPU) or cuda:N: where the model and batches live")
       ->capture_default_str();
+  auto* det = tr->add_flag("--deterministic", t.deterministic, "the same bits at any number of ranks and threads: each step's batch "
+               "split into --virtual-batches micro-batches, every sum over them in one fixed order (docs/FSDP.md)");
+  tr->add_option("--virtual-batches", t.virtual_batches, "with --deterministic: micro-batches per step's batch; the "
+                 "number of ranks must divide it into a power of two per rank")
+      ->check(apps::cli::integer(1, 1 << 20))->capture_default_str()->needs(det);
   tr->add_flag("--activation-checkpointing", t.activation_checkpointing,
                "recompute each block's forward in backward instead of keeping its activations");
   apps::add_plan_flags(*tr, t.plan);

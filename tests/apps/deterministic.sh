@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# --deterministic: the same bits at any world size and thread count. weft-transformer (GPT with
+# dropout, 2 accumulated batches and a clip that always scales; Llama with grouped-query
+# attention; GPT under FSDP bf16 mixed precision) and weft-mnist (the MLP) train alone at 1 and
+# 2 threads and under --fsdp at 1, 2, 4 and 8 ranks (with activation checkpointing and
+# reshard-after-forward false on some): every logged training and validation loss and the
+# final parameters and optimizer state (consolidated checkpoints) must be equal byte for byte.
+# Without --deterministic the 1- and 2-rank runs must differ (so the test can see a difference).
+# Usage: deterministic.sh WEFT_TRANSFORMER WEFT_MNIST WEFT_CHECKPOINT MPIRUN [MPIRUN_ARGS...]
+set -euo pipefail
+transformer=$1
+mnist=$2
+checkpoint=$3
+shift 3
+launch=("$@")
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # $tmp (removed on exit), fail
+export OMP_NUM_THREADS=1
+run() { timeout 120 "$@"; }
+
+# train TAG PROGRAM-AND-FLAGS...: trains with metrics and a checkpoint directory, then
+# consolidates the final checkpoint with its optimizer state.
+train() {
+  local tag=$1 ckflag=--checkpoint-dir
+  shift
+  [[ "$*" == *weft-mnist* ]] && ckflag=--save
+  run "$@" --metrics "$tmp/$tag.jsonl" "$ckflag" "$tmp/$tag.ck" >"$tmp/$tag.out" 2>&1 ||
+    fail "$tag: $* ended with status $?: $(tail -5 "$tmp/$tag.out")"
+  run "$checkpoint" consolidate --with-optimizer "$tmp/$tag.ck" "$tmp/$tag.safetensors" >/dev/null 2>"$tmp/err" ||
+    fail "$tag: consolidate: $(cat "$tmp/err")"
+}
+# The logged losses and gradient norms, one per line.
+losses() { grep -oE '"(loss|grad_norm)":[^,}]*' "$1.jsonl" || true; }
+# same REFERENCE TAG...: every TAG logged REFERENCE's losses and holds its bytes.
+same() {
+  local ref=$1
+  shift
+  [ "$(losses "$tmp/$ref" | wc -l)" -ge 4 ] || fail "$ref logged fewer than 4 losses: $(cat "$tmp/$ref.jsonl")"
+  for tag in "$@"; do
+    [ "$(losses "$tmp/$tag")" = "$(losses "$tmp/$ref")" ] ||
+      fail "$tag and $ref logged different losses: $(paste <(losses "$tmp/$tag") <(losses "$tmp/$ref") | tr '\n' ' ')"
+    cmp -s "$tmp/$tag.safetensors" "$tmp/$ref.safetensors" ||
+      fail "$tag and $ref ended with different parameters or optimizer state: $(cmp "$tmp/$tag.safetensors" "$tmp/$ref.safetensors")"
+  done
+}
+
+gpt=(train --steps 4 --batch-size 8 --ctx 32 --n-layer 2 --d-model 32 --eval-every 2 --eval-iters 2 --log-every 1
+     --seed 3 --dropout 0.1 --grad-accum 2 --clip 0.05 --deterministic)
+train gpt_t1 "$transformer" "${gpt[@]}" --threads 1
+train gpt_t2 "$transformer" "${gpt[@]}" --threads 2
+[ ${#launch[@]} -gt 0 ] || { echo "SKIP multi-rank part: no mpirun given"; same gpt_t1 gpt_t2; exit 0; }
+train gpt_n1 "${launch[@]}" -np 1 "$transformer" "${gpt[@]}" --fsdp --threads 2
+train gpt_n2 "${launch[@]}" -np 2 "$transformer" "${gpt[@]}" --fsdp --threads 1 --activation-checkpointing
+train gpt_n4 "${launch[@]}" -np 4 "$transformer" "${gpt[@]}" --fsdp --threads 1 --reshard-after-forward false
+train gpt_n8 "${launch[@]}" -np 8 "$transformer" "${gpt[@]}" --fsdp --threads 1
+same gpt_t1 gpt_t2 gpt_n1 gpt_n2 gpt_n4 gpt_n8
+
+llama=(train --arch llama --n-head 4 --n-kv-head 2 --steps 4 --batch-size 8 --ctx 32 --n-layer 2 --d-model 32
+       --eval-every 2 --eval-iters 2 --log-every 1 --seed 5 --clip 0.05 --deterministic --virtual-batches 4)
+train llama_t2 "$transformer" "${llama[@]}" --threads 2
+train llama_n2 "${launch[@]}" -np 2 "$transformer" "${llama[@]}" --fsdp --threads 1
+train llama_n4 "${launch[@]}" -np 4 "$transformer" "${llama[@]}" --fsdp --threads 1 --activation-checkpointing
+same llama_t2 llama_n2 llama_n4
+
+bf16=(train --steps 4 --batch-size 8 --ctx 32 --n-layer 2 --d-model 32 --eval-every 2 --eval-iters 2 --log-every 1
+      --seed 3 --dropout 0.1 --clip 0.05 --deterministic --fsdp --mixed-precision bf16)
+train bf16_n1 "${launch[@]}" -np 1 "$transformer" "${bf16[@]}" --threads 2
+train bf16_n2 "${launch[@]}" -np 2 "$transformer" "${bf16[@]}" --threads 1
+train bf16_n4 "${launch[@]}" -np 4 "$transformer" "${bf16[@]}" --threads 1
+same bf16_n1 bf16_n2 bf16_n4
+
+mlp=(--steps 12 --log-every 3 --seed 3 --batch-size 64 --deterministic)
+train mlp_t1 "$mnist" "${mlp[@]}" --threads 1
+train mlp_t2 "$mnist" "${mlp[@]}" --threads 2
+train mlp_n2 "${launch[@]}" -np 2 "$mnist" "${mlp[@]}" --fsdp --threads 1
+train mlp_n4 "${launch[@]}" -np 4 "$mnist" "${mlp[@]}" --fsdp --threads 1
+train mlp_n8 "${launch[@]}" -np 8 "$mnist" "${mlp[@]}" --fsdp --threads 1
+same mlp_t1 mlp_t2 mlp_n2 mlp_n4 mlp_n8
+
+# Without --deterministic the world size shows in the bits (the test above could see it).
+plain=()
+for a in "${gpt[@]}"; do [ "$a" = --deterministic ] || plain+=("$a"); done
+train plain_n1 "${launch[@]}" -np 1 "$transformer" "${plain[@]}" --fsdp --threads 1
+train plain_n2 "${launch[@]}" -np 2 "$transformer" "${plain[@]}" --fsdp --threads 1
+[ "$(losses "$tmp/plain_n1")" != "$(losses "$tmp/plain_n2")" ] ||
+  fail "without --deterministic 1 and 2 ranks logged the same losses: the comparison above could not fail"
+
+# What does not fit is named.
+expect() {  # expect WHAT-THE-ERROR-NAMES COMMAND...
+  local want=$1
+  shift
+  if run "$@" >"$tmp/bad.out" 2>&1; then fail "$* succeeded"; fi
+  grep -q -- "$want" "$tmp/bad.out" || fail "$*: no \"$want\" in: $(cat "$tmp/bad.out")"
+}
+small=(train --steps 1 --ctx 32 --n-layer 1 --d-model 32 --deterministic)
+expect "2 ranks must divide --virtual-batches 6 into a power of two per rank" \
+  "${launch[@]}" -np 2 "$transformer" "${small[@]}" --fsdp --threads 1 --batch-size 12 --virtual-batches 6
+expect "--virtual-batches 3 must divide --batch-size 16" "$transformer" "${small[@]}" --virtual-batches 3
+expect "--grad-accum 3 must be a power of two" "$transformer" "${small[@]}" --grad-accum 3
+expect "NO_SHARD" "${launch[@]}" -np 2 "$transformer" "${small[@]}" --fsdp --sharding-strategy NO_SHARD
+expect "requires --deterministic" "$mnist" --virtual-batches 4
+echo "deterministic: GPT, Llama, bf16 and the MLP bitwise equal at 1/2 threads and 1/2/4/8 ranks"
