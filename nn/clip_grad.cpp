@@ -31,7 +31,7 @@ double local_part(const Tensor& g, double p) {
 // ranks (fully_shard splits dim 0), so the same rows come out at any world size.
 std::vector<double> row_parts(const Tensor& g, double p) {
   using kernels::BinaryOp, kernels::ReduceOp, kernels::UnaryOp;
-  if (g.device().is_meta()) return {};
+  if (g.device().is_meta() || g.numel() == 0) return {};  // a rank past a short parameter's end: no rows
   Tensor a = kernels::unary(UnaryOp::abs, g.to(DType::f64));
   if (std::isinf(p)) return to_vector(g.dim() < 2 ? a : kernels::reduce(ReduceOp::max, a.reshape({g.size(0), -1}), {1}, false));
   Tensor powered = p == 2.0 ? kernels::binary(BinaryOp::mul, a, a) : p == 1.0 ? a : kernels::binary_scalar(BinaryOp::pow, a, p);

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <map>
 
 #include "dist/dist.h"
 #include "fsdp/fsdp.h"
@@ -111,6 +112,72 @@ TEST_CASE("clip_grad_norm_: one function for sharded and unsharded models, the s
     run_parity<UnevenMLP>([](int s) { return mlp_batch(s); }, [](auto m) { return shard_mlp(m); }, cb);
     run_parity<TinyGPT>([](int s) { return gpt_batch(s); }, [](auto m) { return shard_gpt(m); }, cb);
   }
+}
+
+// Deterministic mode: a global batch of 8 micro-batches (V = 8); one process sums their
+// gradients with nn::TreeSum, FSDP at W ranks runs its 8 / W with set_requires_gradient_sync
+// on the last only. The same bits: every micro-batch's loss, the clipped norm, the reduced
+// gradients and the parameters after AdamW. The MLP's uneven shapes give the ranks shards of
+// different lengths (the last may hold none of a row), as the norm's gather must handle.
+template <class Model, class MakeBatch, class Shard>
+void run_deterministic(MakeBatch make_batch, Shard shard) {
+  constexpr int64_t V = 8;
+  set_deterministic(true);
+  manual_seed(7);
+  auto ref = std::make_shared<Model>();
+  manual_seed(7);
+  auto model = std::make_shared<Model>();
+  fsdp::FSDPModule root = shard(model);
+  nn::AdamW ref_opt(ref->parameters(), {.lr = 1e-2});
+  nn::AdamW opt(model->parameters(), {.lr = 1e-2});
+  const int64_t W = dist::world_size(), per_rank = V / W;
+  nn::TreeSum tree;
+  for (int step = 0; step < 3; ++step) {
+    ref_opt.zero_grad();
+    opt.zero_grad();
+    Batch global = make_batch(step);
+    const int64_t rows = global.x.size(0) / V;
+    auto micro = [&](int64_t m) { return Batch{global.x.narrow(0, m * rows, rows), global.y.narrow(0, m * rows, rows)}; };
+    std::vector<double> ref_losses;
+    for (int64_t m = 0; m < V; ++m) {
+      Tensor l = loss_of(*ref, micro(m));
+      ref_losses.push_back(l.item());
+      (l * (1.0 / double(V))).backward();
+      nn::add_grads_as_leaf(tree, ref->parameters());
+    }
+    nn::set_grads_to_total(tree, ref->parameters());
+    for (int64_t j = 0; j < per_rank; ++j) {
+      root.set_requires_gradient_sync(j + 1 == per_rank);
+      Tensor l = loss_of(*model, micro(dist::rank() * per_rank + j));
+      CHECK(l.item() == ref_losses[size_t(dist::rank() * per_rank + j)]);
+      (l * (1.0 / double(per_rank))).backward();
+    }
+    std::map<std::string, Tensor> shards;
+    for (auto& [name, p] : model->named_parameters()) shards[name] = p;
+    for (auto& [name, p] : ref->named_parameters()) {
+      const std::vector<double> got = to_vector(root.gather_shard(name, shards.at(name).grad()));
+      const std::vector<double> want = to_vector(p.grad());
+      INFO(fmt::format("step {}: gradient of {} (first element {:.17g} vs {:.17g})", step, name,
+                       got.empty() ? 0.0 : got[0], want.empty() ? 0.0 : want[0]));
+      CHECK(got == want);
+    }
+    const double want = nn::clip_grad_norm_(ref->parameters(), 0.05);
+    const double got = nn::clip_grad_norm_(model->parameters(), 0.05);
+    INFO(fmt::format("step {}: norm {:.17g} vs {:.17g}", step, got, want));
+    CHECK(got == want);
+    ref_opt.step();
+    opt.step();
+  }
+  for (auto& [name, p] : ref->named_parameters()) {
+    INFO("parameter " + name + " after training");
+    CHECK(to_vector(root.full_tensor(name)) == to_vector(p));
+  }
+  set_deterministic(false);
+}
+
+TEST_CASE("deterministic mode: the same bits at 1, 2 and 4 ranks as one process's tree of micro-batches") {
+  run_deterministic<UnevenMLP>([](int s) { return mlp_batch(s, 16); }, [](auto m) { return shard_mlp(m); });
+  run_deterministic<TinyGPT>([](int s) { return gpt_batch(s, 8); }, [](auto m) { return shard_gpt(m); });
 }
 
 TEST_CASE("clip_grad_norm_: sharded and whole parameters in one call") {
