@@ -1,7 +1,5 @@
 #include "kernels/threads.h"
 
-#include <Eigen/Core>
-
 #include "core/error.h"
 #ifdef _OPENMP
 #include <omp.h>
@@ -14,7 +12,6 @@ void set_num_threads(int n) {
 #ifdef _OPENMP
   omp_set_num_threads(n);
 #endif
-  Eigen::setNbThreads(n);
 }
 
 int get_num_threads() {

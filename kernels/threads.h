@@ -1,4 +1,5 @@
-// kernels: the number of threads CPU kernels use (OpenMP and Eigen).
+// kernels: the number of threads CPU kernels use (OpenMP; kernels/cpu/gemm.cpp splits Eigen's
+// products over them, Eigen never threads by itself).
 #pragma once
 
 namespace weft {

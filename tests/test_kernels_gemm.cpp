@@ -1,8 +1,9 @@
 // Tests for weft's own GEMM kernels and their run-time choice: every f32 kernel this CPU runs
 // (kernels/cpu/sgemm.h) and the bf16 ones (bgemm.h: bf16 inputs, f32 sums, f32 or bf16 results),
 // against a double-precision loop over the same input values, on shapes with tails on every
-// block edge, all four transposes, strided leading dims, alpha/beta, threads and batched
-// matmul; and bf16's portable path (converted to f32) on CPUs without AVX512_BF16.
+// block edge, all four transposes, strided leading dims, alpha/beta, threads (the same bits on
+// any thread count, Eigen's f64 too) and batched matmul; and bf16's portable path (converted to
+// f32) on CPUs without AVX512_BF16.
 #include <fmt/format.h>
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -20,6 +21,7 @@
 #include "kernels/cpu/sgemm.h"
 #include "kernels/linalg.h"
 #include "kernels/threads.h"
+#include "test_util.h"
 
 using namespace weft;
 using namespace weft::kernels::cpu;
@@ -179,6 +181,49 @@ TEST_CASE("the f32 GEMM entry point gives the same answers with every kernel and
   }
   set_num_threads(threads);
   set_sgemm_kernel(saved);
+}
+
+// Every route (weft's f32 and bf16 kernels, Eigen for f64, matrix-vector products and the eigen
+// kernel) gives the same bits on 1 to 4 threads, tail tiles and general alpha and beta included.
+TEST_CASE("GEMMs give the same bits on any number of threads") {
+  Generator gen(21);
+  struct Case {
+    int64_t m, n, k;
+    double alpha, beta;
+  };
+  std::vector<Case> cases = {
+      {300, 129, 300, 1, 0},   {65, 700, 257, -0.5, 1}, {530, 40, 64, 1, 0},   {40, 600, 64, 1, 0.5},
+      {3000, 1, 300, 1, 0.5},  {1, 2100, 600, 1, 0},    {150, 150, 150, 1, 0}, {700, 70, 1100, 1, 1},
+      {1000, 300, 77, 2, 0.25},
+  };
+  auto run_cases = [&](DType dt) {
+    for (const Case& c : cases) {
+      INFO(dtype_name(dt) << " " << c.m << " x " << c.n << " x " << c.k << ", beta " << c.beta);
+      Tensor a = randn({c.m, c.k}, {.dtype = dt}, &gen), b = randn({c.k, c.n}, {.dtype = dt}, &gen);
+      Tensor c0 = randn({c.m, c.n}, {.dtype = dt}, &gen);
+      test::check_same_bits_on_any_thread_count([&] {
+        Tensor out = c0.clone();
+        kernels::cpu::gemm(a, b, out, c.alpha, c.beta);
+        return std::vector<Tensor>{out};
+      });
+    }
+    Tensor a = randn({16, 64, 96}, {.dtype = dt}, &gen), b = randn({16, 96, 80}, {.dtype = dt}, &gen);
+    INFO("batched " << dtype_name(dt));
+    test::check_same_bits_on_any_thread_count([&] {
+      Tensor out = empty({16, 64, 80}, {.dtype = dt});
+      matmul(a, b, out);
+      return std::vector<Tensor>{out};
+    });
+  };
+  SgemmKernel saved = sgemm_kernel();
+  for (SgemmKernel kernel : runnable(false)) {
+    INFO("kernel " << sgemm_kernel_name(kernel));
+    set_sgemm_kernel(kernel);
+    run_cases(kFloat32);
+  }
+  set_sgemm_kernel(saved);
+  run_cases(kFloat64);
+  if (bf16_gemm_native()) run_cases(kBFloat16);
 }
 
 TEST_CASE("batched f32 matmul matches f64 with every kernel") {

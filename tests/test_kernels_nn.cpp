@@ -1,6 +1,7 @@
 // Tests for kernels/nn: forwards against naive double-precision loops, backwards against
 // central finite differences of the forward in f64, index ops on hand-computed values,
-// dropout's determinism and keep rate, and bad input that must raise weft::Error.
+// dropout's determinism and keep rate, layer norm and convolution backwards with the same bits
+// on any thread count, and bad input that must raise weft::Error.
 #include <fmt/format.h>
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -13,6 +14,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/nn.h"
 #include "kernels/threads.h"
+#include "test_util.h"
 
 using namespace weft;
 namespace k = weft::kernels;
@@ -586,6 +588,42 @@ TEST_CASE("conv2d backward matches finite differences") {
     check_close(dw, numeric_grad(loss, w), 1e-6);
     CHECK(db.defined() == c.bias);
     if (c.bias) check_close(db, numeric_grad(loss, b), 1e-6);
+  }
+}
+
+// dweight and dbias sum over rows (layer norm) or images (conv) in partials fixed by the shape,
+// so 1 to 4 threads give the same bits.
+TEST_CASE("layer_norm and conv2d backwards give the same bits on any number of threads") {
+  for (DType dt : {kFloat32, kFloat64}) {
+    INFO(dtype_name(dt));
+    for (Shape shape : {Shape{3000, 96}, Shape{37, 4000}, Shape{5, 20000}}) {
+      INFO("layer_norm of " << shape_str(shape));
+      int64_t n = shape[1];
+      Tensor x = rnd(shape, dt), w = rnd({n}, dt), b = rnd({n}, dt), g = rnd(shape, dt);
+      auto [y, mean, rstd] = k::layer_norm(x, 1, w, b, 1e-5);
+      test::check_same_bits_on_any_thread_count([&] {
+        auto [dx, dw, db] = k::layer_norm_backward(g, x, mean, rstd, w, b, 1);
+        return std::vector<Tensor>{dx, dw, db};
+      });
+    }
+    struct Case {
+      Shape x, w;
+      k::Conv2dParams p;
+    };
+    std::vector<Case> cases = {
+        {{13, 3, 16, 16}, {8, 3, 3, 3}, {1, 1, 1, 1}},   // images split across threads
+        {{2, 16, 32, 32}, {32, 16, 3, 3}, {1, 1, 1, 1}},  // few images: each GEMM threaded
+        {{9, 16, 12, 12}, {24, 16, 1, 1}, {1, 1, 0, 0}},  // 1x1: no im2col
+    };
+    for (const Case& c : cases) {
+      INFO("conv2d of x " << shape_str(c.x) << " w " << shape_str(c.w));
+      Tensor x = rnd(c.x, dt), w = rnd(c.w, dt);
+      Tensor g = rnd(k::conv2d(x, w, Tensor(), c.p).shape(), dt);
+      test::check_same_bits_on_any_thread_count([&] {
+        auto [dx, dw, db] = k::conv2d_backward(g, x, w, true, c.p);
+        return std::vector<Tensor>{dx, dw, db};
+      });
+    }
   }
 }
 

@@ -1,6 +1,7 @@
 // Tests for kernels/reduce: sum/mean/max/min/prod over any dims vs a double loop, strided
 // inputs, result dtypes, f32 accuracy on long sums, max_dim/min_dim ties and NaN, var,
-// sum_to, empty reductions, the parallel paths and bad input.
+// sum_to, empty reductions, the parallel paths (the same bits on any thread count) and bad
+// input.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <limits>
@@ -182,6 +183,36 @@ TEST_CASE("parallel splits give the same results with more threads than outputs"
   v[88888] = 5;
   check_values(argmax(vec(v), 0, false), {77777});
   set_num_threads(before);
+}
+
+// Partial results combine in an order fixed by the shape, so 1 to 4 threads give the same bits.
+// The shapes take each parallel path: many rows, a few long rows (split within a row), column
+// tiles, few output columns over many rows (row slices), and runs of an [N, C, H, W] reduction.
+TEST_CASE("reductions give the same bits on any number of threads") {
+  Generator gen(12);
+  struct Case {
+    Shape shape, dims;
+    DType dtype = kFloat32;
+  };
+  std::vector<Case> cases = {
+      {{2000, 300}, {1}},        {{3, 200000}, {1}},         {{1000003}, {}},
+      {{100000, 3}, {0}},        {{1, 50000, 40}, {1}},      {{4096, 512}, {0}},
+      {{6, 3000, 200}, {1}},     {{64, 2, 64, 64}, {0, 2, 3}}, {{16, 8, 32, 32}, {0, 2, 3}},
+      {{3, 200000}, {1}, kFloat64}, {{100000, 5}, {0}, kFloat64}, {{64, 2, 64, 64}, {0, 2, 3}, kFloat64},
+      {{60000, 7}, {0}, kBFloat16},
+  };
+  for (const Case& c : cases) {
+    Tensor x = randn(c.shape, {.dtype = c.dtype}, &gen);
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::mean, ReduceOp::max}) {
+      INFO(op_name(op) << " of " << tensor_desc(x) << " over " << shape_str(c.dims));
+      test::check_same_bits_on_any_thread_count([&] { return std::vector<Tensor>{reduce(op, x, c.dims, false)}; });
+    }
+  }
+  Tensor x = randn({3, 200000}, {}, &gen);
+  test::check_same_bits_on_any_thread_count([&] {
+    auto [values, indices] = max_dim(x, 1, false);
+    return std::vector<Tensor>{values, indices};
+  });
 }
 
 TEST_CASE("result dtypes: integers sum to i64, mean to f32; 16-bit floats accumulate in f32") {

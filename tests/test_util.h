@@ -2,11 +2,15 @@
 #pragma once
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstring>
+#include <functional>
+#include <iomanip>
 #include <sstream>
 #include <vector>
 
 #include "core/device_runtime.h"
 #include "core/tensor.h"
+#include "kernels/threads.h"
 
 namespace weft::test {
 
@@ -29,6 +33,38 @@ inline void check_values(const Tensor& t, const std::vector<double>& want, doubl
 // Whether CUDA kernels can run here (built with CUDA and a device visible). Tests that label
 // host memory as cuda:0 to provoke errors may only run ops on it when they cannot.
 inline bool cuda_usable() { return device_count(DeviceType::cuda) > 0; }
+
+// Requires run() to give the same bits at 1, 2, 3 and 4 threads as at 1, reporting the first
+// element of each result that differs. Restores the thread count.
+inline void check_same_bits_on_any_thread_count(const std::function<std::vector<Tensor>()>& run) {
+  struct Restore {
+    int n = get_num_threads();
+    ~Restore() { set_num_threads(n); }
+  } restore;
+  set_num_threads(1);
+  std::vector<Tensor> want = run();
+  for (int threads : {2, 3, 4}) {
+    set_num_threads(threads);
+    std::vector<Tensor> got = run();
+    REQUIRE(got.size() == want.size());
+    for (size_t r = 0; r < want.size(); ++r) {
+      Tensor a = want[r].contiguous(), b = got[r].contiguous();
+      REQUIRE(a.shape() == b.shape());
+      size_t size = a.element_size();
+      const char* pa = static_cast<const char*>(a.data_ptr());
+      const char* pb = static_cast<const char*>(b.data_ptr());
+      int64_t first = -1;
+      for (int64_t i = 0; i < a.numel() && first < 0; ++i)
+        if (std::memcmp(pa + i * size, pb + i * size, size) != 0) first = i;
+      std::ostringstream msg;
+      if (first >= 0)
+        msg << std::setprecision(17) << ": element " << first << " is " << to_vector(b)[size_t(first)]
+            << ", on 1 thread " << to_vector(a)[size_t(first)];
+      INFO(threads << " threads, result " << r << " (" << tensor_desc(a) << ")" << msg.str());
+      CHECK(first < 0);
+    }
+  }
+}
 
 // A 1-D tensor of the given values.
 inline Tensor vec(const std::vector<double>& v, DType dt = DType::f32) {

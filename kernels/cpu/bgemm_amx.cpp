@@ -162,8 +162,17 @@ void blocked(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, i
             const uint16_t* bp = pb + jr * kcp;
             char* cp = static_cast<char*>(c) + ((ic + ir) * ldc + jc + jr) * es;
             const bool full = mr == T && nr == T;
+            float* cf = reinterpret_cast<float*>(cp);
             if (full && !c16 && alpha == 1.0f && (beta_pc == 0.0f || beta_pc == 1.0f)) {
-              tile_product(kcp, ap, a_ld, bp, reinterpret_cast<float*>(cp), ldc, beta_pc == 1.0f);
+              tile_product(kcp, ap, a_ld, bp, cf, ldc, beta_pc == 1.0f);
+              continue;
+            }
+            // A tail tile adding onto c starts from c as a full one does, so that where a tile
+            // falls in C (which depends on the split over threads) cannot change its sums.
+            if (!c16 && alpha == 1.0f && beta_pc == 1.0f) {
+              for (int64_t i = 0; i < T * T; ++i) edge[i] = i / T < mr && i % T < nr ? cf[i / T * ldc + i % T] : 0.0f;
+              tile_product(kcp, ap, a_ld, bp, edge, T, true);
+              for (int64_t i = 0; i < mr; ++i) std::copy_n(edge + i * T, nr, cf + i * ldc);
               continue;
             }
             tile_product(kcp, ap, a_ld, bp, edge, T, false);

@@ -96,10 +96,10 @@ inline void store_tail(const float* edge, int64_t edge_ld, int64_t mr, int64_t n
       const float v = alpha * edge[i * edge_ld + j];
       if (c16) {
         uint16_t* o = reinterpret_cast<uint16_t*>(cp) + i * ldc + j;
-        *o = to_bf16(beta == 0.0f ? v : v + beta * from_bf16(*o));
+        *o = to_bf16(beta == 0.0f ? v : __builtin_fmaf(beta, from_bf16(*o), v));
       } else {
         float* o = reinterpret_cast<float*>(cp) + i * ldc + j;
-        *o = beta == 0.0f ? v : v + beta * *o;
+        *o = beta == 0.0f ? v : __builtin_fmaf(beta, *o, v);
       }
     }
 }

@@ -1,6 +1,6 @@
 // kernels/cpu: 2-D convolution as im2col + GEMM, per image. With at least as many images as
-// threads, images go to threads (each with its own column buffer; Eigen runs serially inside
-// a parallel region); otherwise images run in turn and Eigen threads each GEMM. A 1x1,
+// threads, images go to threads (each with its own column buffer; gemm runs serially inside
+// a parallel region); otherwise images run in turn and gemm threads each product. A 1x1,
 // stride-1, unpadded convolution is a GEMM on the image itself, without im2col.
 #include <cstring>
 #include <vector>
@@ -89,16 +89,20 @@ bool split_images(const ConvGeom& g) {
   return nt > 1 && g.n >= nt && double(g.n) * g.o * g.k() * g.hw_out() > 1e5;
 }
 
-// body(n, thread) for every image: spread over `threads` threads, or in turn (threads == 1)
-// outside any parallel region so that Eigen may thread each GEMM itself.
+// body(n, thread, group) for every image, in order within each of `groups` runs of images:
+// the runs spread over `threads` threads, or all in turn (threads == 1) outside any parallel
+// region so that gemm may thread each product itself.
 template <class F>
-void for_images(int64_t count, int threads, F&& body) {
+void for_images(int64_t count, int64_t groups, int threads, F&& body) {
+  auto run = [&](int64_t c, int tid) {
+    for (int64_t n = count * c / groups; n < count * (c + 1) / groups; ++n) body(n, tid, c);
+  };
   if (threads == 1) {
-    for (int64_t n = 0; n < count; ++n) body(n, 0);
+    for (int64_t c = 0; c < groups; ++c) run(c, 0);
     return;
   }
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t n = 0; n < count; ++n) body(n, thread_index());
+#pragma omp parallel for schedule(static, 1) num_threads(threads)
+  for (int64_t c = 0; c < groups; ++c) run(c, thread_index());
 }
 
 template <typename T>
@@ -112,7 +116,7 @@ void forward_typed(const Tensor& x, const Tensor& weight, const Tensor& bias, co
   int64_t k = g.k(), hw = g.hw_out();
   int threads = split_images(g) ? thread_count() : 1;
   std::vector<std::vector<T>> cols(size_t(threads), std::vector<T>(g.direct() ? 0 : size_t(k * hw)));
-  for_images(g.n, threads, [&](int64_t n, int tid) {
+  for_images(g.n, threads, threads, [&](int64_t n, int tid, int64_t) {
     const T* cn = px + n * g.image();
     if (!g.direct()) {
       im2col(g, cn, cols[tid].data());
@@ -138,25 +142,27 @@ void backward_typed(const Tensor& grad, const Tensor& x, const Tensor& weight, c
   T* pdw = dweight.data<T>();
   int64_t k = g.k(), hw = g.hw_out(), wsize = g.o * k;
   int threads = split_images(g) ? thread_count() : 1;
-  // One dweight partial per thread, summed in thread order afterwards (deterministic).
-  std::vector<T> partial(size_t(threads * wsize), T(0));
+  // One dweight partial per group of images, the groups fixed by the image count and added in
+  // order afterwards: the same bits on any thread count.
+  int64_t groups = reduction_chunks(g.n, 1);
+  std::vector<T> partial(size_t(groups * wsize), T(0));
   size_t buf = g.direct() ? 0 : size_t(k * hw);
   auto cols = std::vector<std::vector<T>>(size_t(threads), std::vector<T>(buf)), dcols = cols;
-  for_images(g.n, threads, [&](int64_t n, int tid) {
+  for_images(g.n, groups, threads, [&](int64_t n, int tid, int64_t group) {
     const T* cn = px + n * g.image();
     if (!g.direct()) {
       im2col(g, cn, cols[tid].data());
       cn = cols[tid].data();
     }
     const T* gn = pg + n * g.o * hw;
-    gemm<T>(g.o, k, hw, gn, row_major(hw), cn, col_major(hw), partial.data() + tid * wsize, k, T(1), T(1));
+    gemm<T>(g.o, k, hw, gn, row_major(hw), cn, col_major(hw), partial.data() + group * wsize, k, T(1), T(1));
     T* dcn = g.direct() ? pdx + n * g.image() : dcols[tid].data();
     gemm<T>(k, hw, g.o, pw, col_major(k), gn, row_major(hw), dcn, hw);
     if (!g.direct()) col2im(g, dcn, pdx + n * g.image());
   });
   std::copy(partial.begin(), partial.begin() + wsize, pdw);
-  for (int t = 1; t < threads; ++t)
-    for (int64_t i = 0; i < wsize; ++i) pdw[i] += partial[t * wsize + i];
+  for (int64_t c = 1; c < groups; ++c)
+    for (int64_t i = 0; i < wsize; ++i) pdw[i] += partial[c * wsize + i];
   if (dbias.defined()) {
     T* pdb = dbias.data<T>();
     for (int64_t o = 0; o < g.o; ++o) {

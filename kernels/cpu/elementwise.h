@@ -36,9 +36,18 @@ inline int64_t num_chunks(int64_t n, int64_t min_per) {
 #endif
 }
 
-// Runs fn(chunk, begin, end) for `chunks` contiguous pieces of [0, n), one per thread.
-// Piece sizes are multiples of `align` items (64 elements keeps threads off each other's
-// cache lines).
+// How many pieces to split n items into, each of at least min_per, where the pieces' partial
+// results are combined: a function of n and min_per alone (not of the thread count, nor of
+// being inside a parallel region), so that the rounding is the same on any number of threads.
+// At most 16: a split reduction keeps up to 16 cores busy, for one partial result per piece
+// to combine; only reductions with too few outputs to go to threads whole are split.
+inline int64_t reduction_chunks(int64_t n, int64_t min_per) {
+  return std::clamp<int64_t>(n / std::max<int64_t>(min_per, 1), 1, 16);
+}
+
+// Runs fn(chunk, begin, end) for `chunks` contiguous pieces of [0, n), dealt in turn to at
+// most omp_get_max_threads() threads (one inside a parallel region). Piece sizes are
+// multiples of `align` items (64 elements keeps threads off each other's cache lines).
 template <class F>
 void parallel_chunks(int64_t n, int64_t chunks, int64_t align, F&& fn) {
   if (chunks <= 1) {
@@ -47,7 +56,7 @@ void parallel_chunks(int64_t n, int64_t chunks, int64_t align, F&& fn) {
   }
   int64_t step = (n + chunks - 1) / chunks;
   step = (step + align - 1) / align * align;
-#pragma omp parallel for num_threads(int(chunks)) schedule(static, 1)
+#pragma omp parallel for num_threads(int(num_chunks(chunks, 1))) schedule(static, 1)
   for (int64_t c = 0; c < chunks; ++c) {
     int64_t b = std::min(n, c * step), e = std::min(n, b + step);
     if (b < e) fn(c, b, e);

@@ -1,9 +1,12 @@
 // kernels/cpu: matrix products, f32 through weft's own kernels (sgemm.h) where the CPU has
-// AVX2 + FMA or AVX-512, f64 (and f32 elsewhere) through Eigen. A large GEMM is split into one
-// slice of the output per OpenMP thread (see gemm below); called from inside a parallel region
-// it runs serially, which is what lets batched matmul split small GEMMs across the batch instead.
+// AVX2 + FMA or AVX-512, f64 (and f32 elsewhere) through Eigen. A large GEMM is split into
+// slices of the output over the OpenMP threads (see gemm below); inside a parallel region they
+// run on the calling thread, which is what lets batched matmul split small GEMMs across the batch.
 #include "kernels/cpu/gemm.h"
 
+// Eigen never threads a product itself: split_product below does, in slices whose bits do not
+// depend on the thread count (Eigen's own split, and its blocking for it, do).
+#define EIGEN_DONT_PARALLELIZE
 // gcc 12 reports false "may be used uninitialized" warnings inside its own AVX-512
 // intrinsics once Eigen's packet code is inlined; silence them for Eigen only.
 #pragma GCC diagnostic push
@@ -27,6 +30,7 @@
 #include "core/dispatch.h"
 #include "core/error.h"
 #include "kernels/cpu/bgemm.h"
+#include "kernels/cpu/elementwise.h"  // reduction_chunks
 #include "kernels/cpu/sgemm.h"
 #include "kernels/threads.h"
 #ifdef _OPENMP
@@ -288,30 +292,30 @@ void set_sgemm_kernel(SgemmKernel k) {
 // weft-transformer at 2 threads (docs/PERFORMANCE.md).
 namespace {
 
-// Runs slice(r0, r1, c0, c1) over C: once over all of it, or per thread over slices.
+// Runs slice(r0, r1, c0, c1) over C: once over all of it, or per thread over slices. With
+// `fixed` (kernels whose bits for an element depend on where its slice starts), the slices
+// are a function of the shape alone, dealt to the threads there are (in turn on one thread or
+// inside a parallel region), so that the product has the same bits on any thread count.
 template <class F>
-void split_product(int64_t m, int64_t n, int64_t k, F&& slice) {
+void split_product(int64_t m, int64_t n, int64_t k, bool fixed, F&& slice) {
   if (m == 0 || n == 0) return;
-  const bool by_rows = m > n;
-  [[maybe_unused]] const int64_t len = by_rows ? m : n;
-  int threads = 1;
+  const bool by_rows = m > n, big = double(m) * double(n) * double(k) >= kSplitWork;
+  const int64_t len = by_rows ? m : n;
+  int64_t threads = 1;
 #ifdef _OPENMP
-  if (!omp_in_parallel() && double(m) * double(n) * double(k) >= kSplitWork)
-    threads = int(std::min<int64_t>(get_num_threads(), len / 16));
+  if (!omp_in_parallel() && big) threads = std::min<int64_t>(get_num_threads(), len / 16);
 #endif
-  if (threads <= 1) return slice(0, m, 0, n);
-#ifdef _OPENMP
-#pragma omp parallel num_threads(threads)
-  {
-    // Slices start on multiples of the kernels' tiles (rows: 12 and AMX's 32; columns: 32)
-    // when large enough, so that only the last one has a tail tile.
-    const int t = omp_get_thread_num();
-    const int64_t unit = len >= 256 * threads ? (by_rows ? 96 : 32) : 1;
-    const int64_t p0 = len * t / threads / unit * unit, p1 = t + 1 == threads ? len : len * (t + 1) / threads / unit * unit;
+  const int64_t slices = !fixed ? threads : big ? reduction_chunks(len, 64) : 1;
+  if (slices <= 1) return slice(0, m, 0, n);
+  // Slices start on multiples of the kernels' tiles (rows: 12 and AMX's 32; columns: 32)
+  // when large enough, so that only the last one has a tail tile.
+  const int64_t unit = len >= 256 * slices ? (by_rows ? 96 : 32) : 1;
+#pragma omp parallel for num_threads(int(std::clamp<int64_t>(threads, 1, slices))) schedule(static, 1) if (threads > 1)
+  for (int64_t t = 0; t < slices; ++t) {
+    const int64_t p0 = len * t / slices / unit * unit, p1 = t + 1 == slices ? len : len * (t + 1) / slices / unit * unit;
     if (by_rows) slice(p0, p1, 0, n);
     else slice(0, m, p0, p1);
   }
-#endif
 }
 
 // Row r of a, column j of b, in their layouts.
@@ -335,11 +339,15 @@ void bgemm_one(BgemmFn fn, int64_t m, int64_t n, int64_t k, const BFloat16* a, M
 
 }  // namespace
 
-// Split over threads by split_product (above).
+// Split over threads by split_product (above). weft's f32 kernels and gemv_rows give an
+// element of C the same bits wherever its slice starts; Eigen does not (a row's products are
+// summed in an order that depends on the row's place in its block), so its slices are fixed.
 template <typename T>
 void gemm(int64_t m, int64_t n, int64_t k, const T* a, MatLayout la, const T* b, MatLayout lb, T* c,
           int64_t ldc, T alpha, T beta) {
-  split_product(m, n, k, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+  const bool own = (std::is_same_v<T, float> && m > 1 && n > 1 && sgemm_fn(sgemm_kernel())) ||
+                   (m == 1 && la.row_major && !lb.row_major);
+  split_product(m, n, k, !own, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
     gemm_one<T>(r1 - r0, c1 - c0, k, row_at(a, la, r0), la, col_at(b, lb, c0), lb, c + r0 * ldc + c0, ldc, alpha,
                 beta);
   });
@@ -384,7 +392,7 @@ void gemm_bf16(int64_t m, int64_t n, int64_t k, const BFloat16* a, MatLayout la,
                TO* c, int64_t ldc, float alpha, float beta) {
   WEFT_CHECK(bf16_gemm_native(), "gemm_bf16: this CPU has no AVX512_BF16 (or WEFT_CPU_GEMM chose another kernel)");
   const BgemmFn fn = bgemm_kernel() == BgemmKernel::amx ? bgemm_amx : bgemm_avx512bf16;
-  split_product(m, n, k, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+  split_product(m, n, k, false, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
     bgemm_one<TO>(fn, r1 - r0, c1 - c0, k, row_at(a, la, r0), la, col_at(b, lb, c0), lb, c + r0 * ldc + c0, ldc, alpha,
                   beta);
   });

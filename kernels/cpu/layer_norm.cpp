@@ -1,7 +1,8 @@
 // kernels/cpu: layer norm over rows of [rows, n], and RMS norm (no mean: nothing centred,
 // no bias). Statistics are two-pass (mean, then the centred sum of squares) in the
-// accumulation type, which is accurate and vectorises; rows go to threads. The backward keeps one dweight/dbias partial per thread and adds
-// them in thread order, so results do not depend on scheduling.
+// accumulation type, which is accurate and vectorises; rows go to threads. The backward keeps
+// one dweight/dbias partial per chunk of rows and adds them in chunk order, so results do not
+// depend on scheduling or on the thread count.
 #include <cmath>
 #include <vector>
 
@@ -67,17 +68,16 @@ void backward_typed(const Tensor& grad, const Tensor& x, const Tensor& mean, con
   const A* pr = rstd.data<A>();
   T* pdx = dx.data<T>();
   bool want_w = dweight.defined(), want_b = dbias.defined();
-  bool par = rows * n > kParallelGrain;
-  int nt = par ? thread_count() : 1;
-  // Per-thread partial sums: [nt][n] for dweight, then [nt][n] for dbias.
-  std::vector<A> partial((want_w || want_b) ? size_t(2 * nt * n) : 0, A(0));
-#pragma omp parallel num_threads(nt) if (par)
-  {
-    int tid = thread_index();
-    A* pw = want_w ? partial.data() + tid * n : nullptr;
-    A* pb = want_b ? partial.data() + (nt + tid) * n : nullptr;
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
+  // dweight/dbias partial sums per chunk of rows ([chunks][n] each, then added in chunk order);
+  // the chunks depend on the shape alone, so the sums have the same bits on any thread count.
+  int64_t chunks = rows * n > kParallelGrain ? reduction_chunks(rows, 1) : 1;
+  int64_t step = (rows + chunks - 1) / chunks;
+  std::vector<A> partial((want_w || want_b) ? size_t(2 * chunks * n) : 0, A(0));
+#pragma omp parallel for schedule(static, 1) num_threads(int(num_chunks(chunks, 1))) if (chunks > 1)
+  for (int64_t c = 0; c < chunks; ++c) {
+    A* pw = want_w ? partial.data() + c * n : nullptr;
+    A* pb = want_b ? partial.data() + (chunks + c) * n : nullptr;
+    for (int64_t r = c * step; r < std::min(rows, (c + 1) * step); ++r) {
       const T* gr = pg + r * n;
       const T* xr = px + r * n;
       T* dr = pdx + r * n;
@@ -106,15 +106,14 @@ void backward_typed(const Tensor& grad, const Tensor& x, const Tensor& mean, con
     }
   }
   auto finish = [&](const Tensor& out, int64_t first) {
+    A* s = partial.data() + first * n;  // the first chunk's sums collect the others'
+    for (int64_t c = 1; c < chunks; ++c)
+      for (int64_t i = 0; i < n; ++i) s[i] += s[c * n + i];
     T* po = out.data<T>();
-    for (int64_t i = 0; i < n; ++i) {
-      A s = 0;
-      for (int t = 0; t < nt; ++t) s += partial[(first + t) * n + i];
-      po[i] = T(s);
-    }
+    for (int64_t i = 0; i < n; ++i) po[i] = T(s[i]);
   };
   if (want_w) finish(dweight, 0);
-  if (want_b) finish(dbias, nt);
+  if (want_b) finish(dbias, chunks);
 }
 
 }  // namespace

@@ -3,7 +3,9 @@
 // reorder a single running sum) over blocks of 64 elements per lane; each block's lanes are
 // added pairwise and the block result goes into a double total. The rounding error of an
 // f32 sum is then that of ~70 additions, whatever the length. Column sums (inner > 1) fold
-// every 64 rows into double totals the same way.
+// every 64 rows into double totals the same way. Which path a reduction takes and how many
+// partial results it combines depend on the shape alone (reduction_chunks), so the result has
+// the same bits on any number of threads.
 #include "kernels/cpu/reduce.h"
 
 #include <limits>
@@ -131,12 +133,31 @@ void reduce_cols(const T* x, int64_t rows, int64_t row_stride, int64_t w, typena
   }
 }
 
+// Few outputs over long ranges [0, len): each output's range splits into kr pieces (multiples
+// of align items), all outputs' pieces in one parallel loop, and an output's partial results
+// piece(o, begin, end) merge in order.
+template <class R, class O, class Piece, class Fin>
+void split_outputs(O* out, int64_t n_out, int64_t len, int64_t kr, int64_t align, const Piece& piece, const Fin& fin) {
+  using Total = typename R::Total;
+  int64_t step = ((len + kr - 1) / kr + align - 1) / align * align;
+  Buffer<Total> part(n_out * kr, R::total_init());
+  parallel_chunks(n_out * kr, n_out * kr, 1, [&](int64_t p, int64_t, int64_t) {
+    int64_t b = std::min(len, p % kr * step), e = std::min(len, b + step);
+    if (b < e) part[p] = piece(p / kr, b, e);
+  });
+  for (int64_t o = 0; o < n_out; ++o) {
+    Total t = part[o * kr];
+    for (int64_t c = 1; c < kr; ++c) t = R::merge(t, part[o * kr + c]);
+    out[o] = fin(t);
+  }
+}
+
 // out[a * B + b] = reduction over r, s of x[((a * Rn + r) * B + b) * S + s]: contiguous runs of
 // S elements, Rn of them (B * S apart) per output.
 template <class R, class T, class O, class Fin>
 void reduce_runs(const T* x, O* out, int64_t A, int64_t Rn, int64_t B, int64_t S, const Fin& fin) {
   using Total = typename R::Total;
-  int64_t n_out = A * B, k = num_chunks(n_out * Rn * S, kParallelGrain);
+  int64_t n_out = A * B, k = reduction_chunks(n_out * Rn * S, kParallelGrain);
   auto output = [&](int64_t o, int64_t r0, int64_t r1) {
     const T* base = x + ((o / B) * Rn * B + o % B) * S;
     Total t = R::total_init();
@@ -149,14 +170,8 @@ void reduce_runs(const T* x, O* out, int64_t A, int64_t Rn, int64_t B, int64_t S
     });
     return;
   }
-  for (int64_t o = 0; o < n_out; ++o) {  // few outputs: threads split the runs
-    int64_t kr = num_chunks(Rn * S, kParallelGrain);
-    Buffer<Total> part(kr, R::total_init());
-    parallel_chunks(Rn, kr, 1, [&](int64_t c, int64_t r0, int64_t r1) { part[c] = output(o, r0, r1); });
-    Total t = part[0];
-    for (int64_t c = 1; c < kr; ++c) t = R::merge(t, part[c]);
-    out[o] = fin(t);
-  }
+  // Few outputs: threads split each output's runs.
+  split_outputs<R>(out, n_out, Rn, reduction_chunks(Rn * S, kParallelGrain), 1, output, fin);
 }
 
 template <class R, class T, class O, class Fin>
@@ -164,30 +179,26 @@ void reduce_typed(const T* x, O* out, int64_t A, int64_t Rn, int64_t B, int64_t 
   using Total = typename R::Total;
   if (S > 1 && B > 1) return reduce_runs<R>(x, out, A, Rn, B, S, fin);
   if (S > 1) Rn *= S;  // [A, Rn, 1, S] is [A, Rn * S, 1]
-  int64_t k = num_chunks(A * Rn * B, kParallelGrain);
+  int64_t k = reduction_chunks(A * Rn * B, kParallelGrain);
   if (B == 1) {
-    if (A >= k) {  // enough rows for every thread
+    if (A >= k) {  // enough rows to go to threads whole
       parallel_chunks(A, k, 1, [&](int64_t, int64_t b, int64_t e) {
         for (int64_t a = b; a < e; ++a) out[a] = fin(reduce_contig<R>(x + a * Rn, Rn));
       });
       return;
     }
-    // Few long rows: threads split each row and their partial results merge in order.
-    for (int64_t a = 0; a < A; ++a) {
-      int64_t kr = num_chunks(Rn, kParallelGrain);
-      Buffer<Total> part(kr, R::total_init());
-      parallel_chunks(Rn, kr, 64, [&](int64_t c, int64_t b, int64_t e) {
-        part[c] = reduce_contig<R>(x + a * Rn + b, e - b);
-      });
-      Total t = part[0];
-      for (int64_t c = 1; c < kr; ++c) t = R::merge(t, part[c]);
-      out[a] = fin(t);
-    }
-    return;
+    // Few long rows: threads split each row.
+    auto piece = [&](int64_t a, int64_t b, int64_t e) { return reduce_contig<R>(x + a * Rn + b, e - b); };
+    return split_outputs<R>(out, A, Rn, reduction_chunks(Rn, kParallelGrain), 64, piece, fin);
   }
-  // Column tiles small enough that there is a task per thread when outer is small.
-  int64_t per_a = (k + A - 1) / A;
-  int64_t tile = std::min(kMaxTile, std::max<int64_t>(16, ((B + per_a - 1) / per_a + 15) / 16 * 16));
+  // Column tiles small enough for `chunks` tasks when outer is small. Whether a column is one
+  // task's follows k; tile widths change no sum, so they follow the threads (narrow is slow).
+  auto tiling = [&](int64_t chunks) {
+    int64_t per_a = (chunks + A - 1) / A;
+    return std::min(kMaxTile, std::max<int64_t>(16, ((B + per_a - 1) / per_a + 15) / 16 * 16));
+  };
+  const bool whole_columns = A * ((B + tiling(k) - 1) / tiling(k)) >= k;
+  int64_t kt = num_chunks(A * Rn * B, kParallelGrain), tile = tiling(kt);
   int64_t tiles = (B + tile - 1) / tile, tasks = A * tiles;
   // Task t reduces rows [r0, r1) of one column tile into tot (the totals for that tile).
   auto run_task = [&](int64_t t, int64_t r0, int64_t r1, Total* tot) {
@@ -195,8 +206,8 @@ void reduce_typed(const T* x, O* out, int64_t A, int64_t Rn, int64_t B, int64_t 
     reduce_cols<R>(x + (a * Rn + r0) * B + b0, r1 - r0, B, w, tot);
   };
   auto tile_pos = [&](int64_t t) { return (t / tiles) * B + (t % tiles) * tile; };
-  if (tasks >= k) {
-    parallel_chunks(tasks, k, 1, [&](int64_t, int64_t b, int64_t e) {
+  if (whole_columns) {
+    parallel_chunks(tasks, std::min(tasks, kt), 1, [&](int64_t, int64_t b, int64_t e) {
       Total tot[kMaxTile];
       for (int64_t t = b; t < e; ++t) {
         int64_t w = std::min(tile, B - (t % tiles) * tile);
@@ -209,7 +220,7 @@ void reduce_typed(const T* x, O* out, int64_t A, int64_t Rn, int64_t B, int64_t 
     return;
   }
   // Few output columns but many rows: threads take slices of the rows.
-  int64_t n_out = A * B, kr = num_chunks(Rn, std::max<int64_t>(1, kParallelGrain / n_out));
+  int64_t n_out = A * B, kr = reduction_chunks(Rn, std::max<int64_t>(1, kParallelGrain / n_out));
   Buffer<Total> part(kr * n_out, R::total_init());
   parallel_chunks(Rn, kr, 1, [&](int64_t c, int64_t r0, int64_t r1) {
     for (int64_t t = 0; t < tasks; ++t) run_task(t, r0, r1, part.data() + c * n_out + tile_pos(t));
@@ -267,6 +278,7 @@ void arg_contig(const T* p, int64_t n, acc_t<T>& bv, int64_t& bi) {
 template <bool Max, class T>
 void arg_typed(const T* x, T* vals, int64_t* idx, int64_t A, int64_t Rn, int64_t B) {
   using Acc = acc_t<T>;
+  // Partial results combine exactly (first index wins ties): the split may follow the threads.
   int64_t k = num_chunks(A * Rn * B, kParallelGrain);
   if (B == 1) {
     if (A >= k) {

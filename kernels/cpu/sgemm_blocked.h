@@ -113,12 +113,13 @@ void sgemm_blocked(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs
               register_tile<typename K::V, MR>(kc, ap, a_row, a_step, bp, cp, ldc, alpha, beta_pc);
               continue;
             }
-            // A tail tile: the full tile into `edge`, then only its valid part into c.
+            // A tail tile: the full tile into `edge`, then only its valid part into c, rounded
+            // as a full tile is (one fused multiply-add), so that its place in C cannot matter.
             register_tile<typename K::V, MR>(kc, ap, a_row, a_step, bp, edge, NR, 1.0f, 0.0f);
             for (int64_t i = 0; i < mr; ++i)
               for (int64_t j = 0; j < nr; ++j) {
                 float v = alpha * edge[i * NR + j];
-                cp[i * ldc + j] = beta_pc == 0.0f ? v : v + beta_pc * cp[i * ldc + j];
+                cp[i * ldc + j] = beta_pc == 0.0f ? v : __builtin_fmaf(beta_pc, cp[i * ldc + j], v);
               }
           }
         }
