@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# weft-elastic under mpirun: a 4-rank --deterministic weft-transformer run with a checkpoint
+# every 10 steps loses a rank to SIGKILL after its step-20 checkpoint; weft-elastic relaunches it
+# at 2 ranks (--sizes 4,2,1: 3 does not divide --virtual-batches 8) from the latest complete
+# checkpoint. Every loss it logs after the restart, and its final parameters and optimizer state
+# (consolidated), are bitwise those of an uninterrupted 4-rank run and of a 1-rank run; the
+# restart is logged with both world sizes and the step. A job that fails without losing a rank
+# is not restarted; a job that keeps losing ranks stops after --max-restarts; bad options named.
+# Usage: elastic.sh WEFT_ELASTIC WEFT_TRANSFORMER WEFT_CHECKPOINT MPIRUN [MPIRUN_ARGS...]
+set -euo pipefail
+elastic=$1
+transformer=$2
+checkpoint=$3
+shift 3
+launch="$*"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # $tmp (removed on exit), fail
+export OMP_NUM_THREADS=1
+run() { timeout 180 "$@"; }
+
+gpt=(train --steps 100 --batch-size 8 --ctx 32 --n-layer 2 --d-model 32 --eval-every 25 --eval-iters 2 --log-every 1
+     --seed 3 --dropout 0.1 --deterministic --checkpoint-every 10 --threads 1)
+consolidate() { run "$checkpoint" consolidate --with-optimizer "$1" "$2" >/dev/null 2>"$tmp/err" || fail "consolidate $1: $(cat "$tmp/err")"; }
+run $launch -np 4 "$transformer" "${gpt[@]}" --fsdp --checkpoint-dir "$tmp/ref4" --metrics "$tmp/ref4.jsonl" \
+  >/dev/null 2>"$tmp/err" || fail "the uninterrupted 4-rank run: $(tail -3 "$tmp/err")"
+run "$transformer" "${gpt[@]}" --checkpoint-dir "$tmp/ref1" --metrics "$tmp/ref1.jsonl" >/dev/null 2>"$tmp/err" ||
+  fail "the 1-rank run: $(tail -3 "$tmp/err")"
+consolidate "$tmp/ref4" "$tmp/ref4.safetensors"
+consolidate "$tmp/ref1" "$tmp/ref1.safetensors"
+cmp -s "$tmp/ref4.safetensors" "$tmp/ref1.safetensors" || fail "the 4-rank and 1-rank runs ended apart"
+
+# The elastic run; a rank of it is killed once the step-20 checkpoint is complete.
+ck=$tmp/elastic
+( for _ in $(seq 3000); do [ -e "$ck/step_00000020/index.json" ] && break; sleep 0.01; done
+  pkill -9 -n -f -- "--checkpoint-dir $ck" ) &
+killer=$!
+run "$elastic" --np 4 --sizes 4,2,1 --max-restarts 2 --launch "$launch -np {n}" --checkpoint-dir "$ck" \
+  --resume-args "--resume $ck" -- "$transformer" "${gpt[@]}" --fsdp --checkpoint-dir "$ck" \
+  --metrics "$tmp/elastic.jsonl" >"$tmp/elastic.out" 2>"$tmp/elastic.err" ||
+  fail "weft-elastic ended with status $?: $(grep weft-elastic "$tmp/elastic.err"; tail -3 "$tmp/elastic.err")"
+wait "$killer" || true
+restart=$(grep "weft-elastic: restart" "$tmp/elastic.err" || true)
+[ "$(grep -c "weft-elastic: restart" "$tmp/elastic.err")" = 1 ] || fail "not exactly one restart: $restart"
+[[ "$restart" =~ "at 4 ranks lost 1 rank(s)".*"relaunching at 2 ranks from $ck/step_"[0-9]+" (step "([0-9]+)")" ]] ||
+  fail "the restart is not logged with 4 -> 2 ranks and a checkpoint step: $restart"
+resumed=${BASH_REMATCH[1]}
+[ "$resumed" -ge 20 ] && [ "$resumed" -lt 100 ] || fail "resumed from step $resumed, not mid-run: $restart"
+grep -q "resumed from $ck/step_.* at step $resumed" "$tmp/elastic.err" || fail "the relaunched job did not resume at step $resumed"
+consolidate "$ck" "$tmp/elastic.safetensors"
+cmp -s "$tmp/elastic.safetensors" "$tmp/ref4.safetensors" ||
+  fail "the restarted run ended with other parameters or optimizer state than the uninterrupted one"
+# Every logged line (training and validation) at the steps after the restart, as the reference logged it.
+lines() { grep -oE '"loss":[^,}]*|"split":"val"|"step":[0-9]+' "$1" | paste -sd' ' | sed 's/"loss"/\n"loss"/g'; }
+after() { lines "$1" | awk -v s="$resumed" '{ match($0, /"step":[0-9]+/); if (substr($0, RSTART + 7, RLENGTH - 7) + 0 > s) print }'; }
+[ "$(after "$tmp/elastic.jsonl" | wc -l)" -ge 80 ] || fail "too few lines after the restart: $(after "$tmp/elastic.jsonl" | head -3)"
+[ "$(after "$tmp/elastic.jsonl")" = "$(after "$tmp/ref4.jsonl")" ] ||
+  fail "losses after the restart differ from the uninterrupted run: $(diff <(after "$tmp/elastic.jsonl") <(after "$tmp/ref4.jsonl") | head -4)"
+
+# No restart for a job whose ranks are all alive; the restart limit; options.
+if run "$elastic" --np 2 --launch "$launch -np {n}" -- "$transformer" train --steps 0 >/dev/null 2>"$tmp/bad"; then
+  fail "a failing job succeeded"; fi
+grep -q "failed with status 1[0-9]* without losing a rank: not restarting" "$tmp/bad" || fail "bad flags: $(tail -2 "$tmp/bad")"
+if run "$elastic" --np 2 --max-restarts 1 --launch "$launch -np {n}" -- sh -c 'kill -9 $$' >/dev/null 2>"$tmp/limit"; then
+  fail "a job that always loses a rank succeeded"; fi
+grep -q "restart 1 of 1: the job at 2 ranks lost" "$tmp/limit" && grep -q "giving up after 1 restart(s)" "$tmp/limit" ||
+  fail "the restart limit: $(grep weft-elastic "$tmp/limit")"
+for bad in "--np 0" "--np 2 --launch mpirun" "--np 4 --sizes 2,1 --launch x{n}" "--np 2 --launch x{n} --resume-args y"; do
+  # shellcheck disable=SC2086
+  if "$elastic" $bad -- true >/dev/null 2>"$tmp/opt"; then fail "weft-elastic $bad succeeded"; fi
+  grep -q "weft-elastic: " "$tmp/opt" || fail "weft-elastic $bad: no message: $(cat "$tmp/opt")"
+done
+echo "elastic: killed at 4 ranks, resumed at 2 from step $resumed, every later loss and the final bytes as uninterrupted"
