@@ -48,9 +48,11 @@ grep -q "resumed from $ck/step_.* at step $resumed" "$tmp/elastic.err" || fail "
 consolidate "$ck" "$tmp/elastic.safetensors"
 cmp -s "$tmp/elastic.safetensors" "$tmp/ref4.safetensors" ||
   fail "the restarted run ended with other parameters or optimizer state than the uninterrupted one"
-# Every logged line (training and validation) at the steps after the restart, as the reference logged it.
-lines() { grep -oE '"loss":[^,}]*|"split":"val"|"step":[0-9]+' "$1" | paste -sd' ' | sed 's/"loss"/\n"loss"/g'; }
-after() { lines "$1" | awk -v s="$resumed" '{ match($0, /"step":[0-9]+/); if (substr($0, RSTART + 7, RLENGTH - 7) + 0 > s) print }'; }
+# Every logged line (training and validation) at the steps after the restart, as the reference
+# logged it; lines the killed job had logged past the checkpoint come again from the resumed
+# one, and must be the same lines (kept once).
+lines() { while IFS= read -r l; do grep -oE '"(loss|split|step)":[^,}]*' <<<"$l" | sort | paste -sd' '; done <"$1"; }
+after() { lines "$1" | awk -v s="$resumed" '!seen[$0]++ { match($0, /"step":[0-9]+/); if (substr($0, RSTART + 7, RLENGTH - 7) + 0 > s) print }'; }
 [ "$(after "$tmp/elastic.jsonl" | wc -l)" -ge 80 ] || fail "too few lines after the restart: $(after "$tmp/elastic.jsonl" | head -3)"
 [ "$(after "$tmp/elastic.jsonl")" = "$(after "$tmp/ref4.jsonl")" ] ||
   fail "losses after the restart differ from the uninterrupted run: $(diff <(after "$tmp/elastic.jsonl") <(after "$tmp/ref4.jsonl") | head -4)"

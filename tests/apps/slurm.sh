@@ -4,12 +4,18 @@
 #  1. `srun -n 4 --mpi=pmix` (OpenMPI started by Slurm's PMIx, no mpirun), and
 #  2. `sbatch` of a batch script that calls the same srun (docs/LAUNCH.md's example),
 # and each must log the same losses and accuracy, digit for digit, and write byte-identical
-# checkpoint shards as `mpirun -np 4` of the same training.
+# checkpoint shards as `mpirun -np 4` of the same training;
+#  3. weft-elastic over `srun -n {n}`: a --deterministic weft-transformer run at 4 ranks loses a
+# rank to SIGKILL after its step-40 checkpoint, restarts by itself at 2 ranks from the latest checkpoint, and
+# ends with the final parameters, optimizer state and later losses of an uninterrupted run.
 # SKIP (77) without root (slurmd runs jobs as root here), Slurm's commands or its PMIx plugin.
-# Usage: slurm.sh WEFT_MNIST MPIRUN [MPIRUN_ARGS...]
+# Usage: slurm.sh WEFT_MNIST WEFT_ELASTIC WEFT_TRANSFORMER WEFT_CHECKPOINT MPIRUN [MPIRUN_ARGS...]
 set -euo pipefail
 mnist=$1
-shift
+elastic=$2
+transformer=$3
+checkpoint=$4
+shift 4
 launch=("$@")
 here=$(dirname "${BASH_SOURCE[0]}")
 source "$here/lib.sh"         # $tmp, fail
@@ -63,6 +69,9 @@ JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 MpiDefault=none
 ReturnToService=2
+# A step whose task died ends its other tasks with SIGTERM, then SIGKILL this many seconds later
+# (weft's ranks, blocked in a collective with the dead one, wait for the second).
+KillWait=3
 # 4 CPUs on a 2-core machine: the ranks share the cores, as mpirun --oversubscribe does.
 SlurmdParameters=config_overrides
 NodeName=$node NodeHostname=$host NodeAddr=127.0.0.1 CPUs=4 State=UNKNOWN
@@ -137,4 +146,34 @@ done
 $(cat "$tmp/sbatch/job.out" "$tmp"/sbatch/rank*.out 2>/dev/null)"
 same_training "sbatch + srun" "$tmp/one" "$tmp/sbatch"
 echo "sbatch (srun --mpi=pmix inside): the same losses and checkpoints ($(($(date +%s) - t)) s)"
+# 3. weft-elastic: srun's step relaunched inside the allocation on the ranks left.
+t=$(date +%s)
+el=(train --steps 150 --batch-size 8 --ctx 32 --n-layer 2 --d-model 32 --eval-every 50 --eval-iters 2 --log-every 1
+    --seed 3 --threads 1 --fsdp --deterministic --checkpoint-every 20)
+timeout 120 "${launch[@]}" -np 4 "$transformer" "${el[@]}" --checkpoint-dir "$tmp/el_ref" --metrics "$tmp/el_ref.jsonl" >/dev/null \
+  2>"$tmp/err" || fail "the uninterrupted --deterministic run: $(tail -3 "$tmp/err")"
+ck=$tmp/el
+( for _ in $(seq 3000); do [ -e "$ck/step_00000040/index.json" ] && break; sleep 0.01; done
+  pkill -9 -n -f -- "--checkpoint-dir $ck" ) &
+killer=$!
+timeout 180 "$elastic" --np 4 --sizes 4,2,1 --launch "srun -n {n} --mpi=pmix --kill-on-bad-exit=1" \
+  --checkpoint-dir "$ck" --resume-args "--resume $ck" -- "$transformer" "${el[@]}" --checkpoint-dir "$ck" \
+  --metrics "$tmp/el.jsonl" \
+  >/dev/null 2>"$tmp/el.err" || fail "weft-elastic over srun: $(grep -a weft-elastic "$tmp/el.err"; tail -3 "$tmp/el.err")"
+wait "$killer" || true
+restart=$(grep -a "weft-elastic: restart" "$tmp/el.err" || true)
+[[ "$restart" =~ "at 4 ranks lost 1 rank(s)".*"relaunching at 2 ranks from $ck/step_"[0-9]+" (step "([0-9]+)")" ]] ||
+  fail "weft-elastic over srun: not one restart from 4 to 2 ranks with its step: $restart"
+resumed=${BASH_REMATCH[1]}
+for d in el_ref el; do
+  timeout 60 "$checkpoint" consolidate --with-optimizer "$tmp/$d" "$tmp/$d.safetensors" >/dev/null 2>"$tmp/err" ||
+    fail "consolidate $d: $(cat "$tmp/err")"
+done
+cmp -s "$tmp/el.safetensors" "$tmp/el_ref.safetensors" || fail "weft-elastic over srun ended apart from the uninterrupted run"
+# The lines after the checkpoint's step; those the killed job had logged past it come again from
+# the resumed one, and must be the same lines (kept once).
+later() { training_of "$1" | awk -v s="$resumed" '!seen[$0]++ { if (match($0, /"step":[0-9]+/) && substr($0, RSTART + 7, RLENGTH - 7) + 0 > s) print }'; }
+[ "$(later "$tmp/el.jsonl" | wc -l)" -ge 100 ] && [ "$(later "$tmp/el.jsonl")" = "$(later "$tmp/el_ref.jsonl")" ] ||
+  fail "weft-elastic over srun: the losses after step $resumed differ from the uninterrupted run's"
+echo "weft-elastic over srun: killed at 4 ranks, resumed at 2 from step $resumed, the uninterrupted run's bytes ($(($(date +%s) - t)) s)"
 echo "slurm ok ($(($(date +%s) - start)) s)"
