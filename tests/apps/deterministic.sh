@@ -2,8 +2,8 @@
 # --deterministic: the same bits at any world size and thread count. weft-transformer (GPT with
 # dropout, 2 accumulated batches and a clip that always scales; Llama with grouped-query
 # attention; GPT under FSDP bf16 mixed precision) and weft-mnist (the MLP) train alone at 1 and
-# 2 threads and under --fsdp at 1, 2, 4 and 8 ranks (with activation checkpointing and
-# reshard-after-forward false on some): every logged training and validation loss and the
+# 2 threads and under --fsdp at 1, 2, 4 and 8 ranks (2 ranks also at 2 threads each; with
+# activation checkpointing and reshard-after-forward false on some; the MLP in bf16 too): every logged training and validation loss and the
 # final parameters and optimizer state (consolidated checkpoints) must be equal byte for byte.
 # Without --deterministic the 1- and 2-rank runs must differ (so the test can see a difference).
 # Usage: deterministic.sh WEFT_TRANSFORMER WEFT_MNIST WEFT_CHECKPOINT MPIRUN [MPIRUN_ARGS...]
@@ -52,7 +52,8 @@ train gpt_n1 "${launch[@]}" -np 1 "$transformer" "${gpt[@]}" --fsdp --threads 2
 train gpt_n2 "${launch[@]}" -np 2 "$transformer" "${gpt[@]}" --fsdp --threads 1 --activation-checkpointing
 train gpt_n4 "${launch[@]}" -np 4 "$transformer" "${gpt[@]}" --fsdp --threads 1 --reshard-after-forward false
 train gpt_n8 "${launch[@]}" -np 8 "$transformer" "${gpt[@]}" --fsdp --threads 1
-same gpt_t1 gpt_t2 gpt_n1 gpt_n2 gpt_n4 gpt_n8
+train gpt_n2t2 "${launch[@]}" -np 2 "$transformer" "${gpt[@]}" --fsdp --threads 2
+same gpt_t1 gpt_t2 gpt_n1 gpt_n2 gpt_n4 gpt_n8 gpt_n2t2
 
 llama=(train --arch llama --n-head 4 --n-kv-head 2 --steps 4 --batch-size 8 --ctx 32 --n-layer 2 --d-model 32
        --eval-every 2 --eval-iters 2 --log-every 1 --seed 5 --clip 0.05 --deterministic --virtual-batches 4)
@@ -74,7 +75,11 @@ train mlp_t2 "$mnist" "${mlp[@]}" --threads 2
 train mlp_n2 "${launch[@]}" -np 2 "$mnist" "${mlp[@]}" --fsdp --threads 1
 train mlp_n4 "${launch[@]}" -np 4 "$mnist" "${mlp[@]}" --fsdp --threads 1
 train mlp_n8 "${launch[@]}" -np 8 "$mnist" "${mlp[@]}" --fsdp --threads 1
-same mlp_t1 mlp_t2 mlp_n2 mlp_n4 mlp_n8
+train mlp_n2t2 "${launch[@]}" -np 2 "$mnist" "${mlp[@]}" --fsdp --threads 2
+same mlp_t1 mlp_t2 mlp_n2 mlp_n4 mlp_n8 mlp_n2t2
+train mlp_bf16_n1 "${launch[@]}" -np 1 "$mnist" "${mlp[@]}" --fsdp --threads 2 --mixed-precision bf16
+train mlp_bf16_n4 "${launch[@]}" -np 4 "$mnist" "${mlp[@]}" --fsdp --threads 1 --mixed-precision bf16
+same mlp_bf16_n1 mlp_bf16_n4
 
 # Without --deterministic the world size shows in the bits (the test above could see it).
 plain=()
