@@ -49,38 +49,34 @@ double ordered_total(const std::vector<Tensor>& params, double p) {
     std::vector<double> local, gathered;
   };
   std::vector<Part> parts;
-  std::vector<std::pair<int, std::vector<double>>> whole;  // per parameter: its part (-1: whole) and rows
-  for (const Tensor& t : params) {
-    Tensor g = t.grad();
+  std::vector<std::vector<double>> rows_of(params.size());  // per parameter, every rank's rows in order
+  for (size_t k = 0; k < params.size(); ++k) {
+    Tensor g = params[k].grad();
     std::vector<double> rows = g.defined() ? row_parts(g, p) : std::vector<double>{};
-    auto reduction = partial_reduction(t);
+    auto reduction = partial_reduction(params[k]);
     if (!reduction) {
-      whole.push_back({-1, std::move(rows)});
+      rows_of[k] = std::move(rows);
       continue;
     }
     size_t i = 0;
     while (i < parts.size() && !parts[i].reduction->same_processes(*reduction)) ++i;
     if (i == parts.size()) parts.push_back({reduction, {}, {}, {}});
-    parts[i].members.push_back(whole.size());
+    parts[i].members.push_back(k);
     parts[i].local.push_back(double(rows.size()));
     parts[i].local.insert(parts[i].local.end(), rows.begin(), rows.end());
-    whole.push_back({int(i), {}});
   }
   for (Part& part : parts) part.gathered = part.reduction->gather(part.local);
-  // Each rank's message is its members' rows, one count before each; cursors walk them.
-  for (Part& part : parts) {
-    std::vector<std::vector<double>> per_member(part.members.size());
+  // Each rank's message is its members' rows, one count before each, ranks in order.
+  for (Part& part : parts)
     for (size_t at = 0; at < part.gathered.size();)
-      for (size_t m = 0; m < part.members.size(); ++m) {
+      for (size_t member : part.members) {
         const size_t count = size_t(part.gathered[at]);
-        per_member[m].insert(per_member[m].end(), part.gathered.begin() + ptrdiff_t(at + 1),
-                             part.gathered.begin() + ptrdiff_t(at + 1 + count));
+        std::vector<double>& rows = rows_of[member];
+        rows.insert(rows.end(), part.gathered.begin() + ptrdiff_t(at + 1), part.gathered.begin() + ptrdiff_t(at + 1 + count));
         at += 1 + count;
       }
-    for (size_t m = 0; m < part.members.size(); ++m) whole[part.members[m]].second = std::move(per_member[m]);
-  }
   double total = 0;
-  for (auto& [part, rows] : whole)
+  for (const std::vector<double>& rows : rows_of)
     for (double v : rows) total = inf ? std::max(total, v) : total + v;
   return total;
 }

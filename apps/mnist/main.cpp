@@ -310,12 +310,13 @@ int run(const Options& o, const Ranks& ranks) {
   Device device = kCPU;
   std::optional<fsdp::MemoryPlan> plan;
   std::vector<bool> per_layer;  // reshard_after_forward per layer, when a memory budget chose it
+  std::optional<apps::LeafPlan> leaves;  // --deterministic
   int64_t start_bytes = 0;      // live before the model (the data): the baseline of the peak reported
   dist::agree(ranks.groups(), "mnist", [&] {
     device = apps::parse_device(o.device, "mnist");  // first: a device that cannot work ends the run at once
     if (o.threads > 0) set_num_threads(o.threads);
     set_deterministic(o.deterministic);
-    if (o.deterministic) apps::make_leaf_plan("mnist", o.virtual_batches, o.batch_size, 1, ranks);  // checked early
+    if (o.deterministic) leaves = apps::make_leaf_plan("mnist", o.virtual_batches, o.batch_size, 1, ranks);
     WEFT_CHECK(o.batch_size > 0 && o.epochs > 0 && o.lr > 0, "mnist: --batch-size, --epochs and --lr must be positive");
     WEFT_CHECK(o.batch_size % ranks.world == 0,
                "mnist: --batch-size {} does not split evenly over {} ranks: --batch-size is the global batch and "
@@ -402,8 +403,6 @@ int run(const Options& o, const Ranks& ranks) {
   int64_t total_steps = o.epochs * steps_per_epoch;
   if (o.steps > 0) total_steps = std::min(total_steps, step + o.steps);
   const int64_t local_batch = o.batch_size / ranks.world;
-  std::optional<apps::LeafPlan> leaves;  // --deterministic
-  if (o.deterministic) leaves = apps::make_leaf_plan("mnist", o.virtual_batches, o.batch_size, 1, ranks);
   nn::TreeSum grad_tree;                 // --deterministic without --fsdp: the leaves' gradients
   const std::vector<Tensor> params = model->parameters();
   if (ranks.lead()) {

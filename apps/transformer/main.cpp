@@ -359,6 +359,7 @@ int train(TrainOptions o, const Ranks& ranks) {
   std::shared_ptr<nn::Module> model;
   std::string resume_from;  // the checkpoint directory --resume resolves to
   std::optional<apps::MetricsWriter> metrics;
+  std::optional<apps::LeafPlan> leaves;  // --deterministic
   o.model.tie_weights = !o.untie;
   Device device = kCPU;
   std::optional<fsdp::MemoryPlan> plan;
@@ -387,7 +388,7 @@ int train(TrainOptions o, const Ranks& ranks) {
     WEFT_CHECK(o.lr > 0 && o.steps > 0 && o.batch_size > 0 && o.grad_accum > 0,
                "transformer: --lr, --steps, --batch-size and --grad-accum must be positive");
     if (o.deterministic)  // checked here, before anything is built
-      apps::make_leaf_plan("transformer", o.virtual_batches, o.batch_size, o.grad_accum, ranks);
+      leaves = apps::make_leaf_plan("transformer", o.virtual_batches, o.batch_size, o.grad_accum, ranks);
     WEFT_CHECK(!o.deterministic || o.sharding_strategy != "NO_SHARD",
                "transformer: --deterministic reduces gradients over one sharded dimension: use --sharding-strategy "
                "FULL_SHARD or SHARD_GRAD_OP, not NO_SHARD");
@@ -520,8 +521,6 @@ int train(TrainOptions o, const Ranks& ranks) {
   const int64_t resumed_step = step;
 
   const int64_t lo = o.batch_size * ranks.rank / ranks.world, hi = o.batch_size * (ranks.rank + 1) / ranks.world;
-  std::optional<apps::LeafPlan> leaves;  // --deterministic
-  if (o.deterministic) leaves = apps::make_leaf_plan("transformer", o.virtual_batches, o.batch_size, o.grad_accum, ranks);
   nn::TreeSum grad_tree;                 // --deterministic without --fsdp: the leaves' gradients
   const std::vector<Tensor> params = model->parameters();
   const int64_t tokens_per_step = o.batch_size * o.grad_accum * o.model.ctx;
