@@ -319,9 +319,11 @@ int main(int argc, char** argv) {
   int gr = quick ? 5 : 15;  // repetitions of a GEMM
   gemm_row("gemm", 1024, 1024, 1024, false, false, 1, gr);
   if (!quick) gemm_row("gemm", 2048, 2048, 2048, false, false, 1, 5);
-  // GPT medium (d_model C = 384, 8 x 256 tokens) and small (C = 128, 16 x 128): a Linear's
-  // forward X W^T, and its backward dY W (dX) and dY^T X (dW), for qkv (C -> 3C) and the MLP.
-  for (auto [tag, C, BT] : {std::tuple{"GPT medium", 384, 2048}, std::tuple{"GPT small", 128, 2048}}) {
+  // GPT large (d_model C = 512, 8 x 256 tokens), medium (C = 384) and small (C = 128, 16 x 128):
+  // a Linear's forward X W^T, and its backward dY W (dX) and dY^T X (dW), for qkv (C -> 3C) and
+  // the MLP.
+  for (auto [tag, C, BT] : {std::tuple{"GPT large", 512, 2048}, std::tuple{"GPT medium", 384, 2048},
+                            std::tuple{"GPT small", 128, 2048}}) {
     gemm_row(fmt::format("{} qkv fwd", tag), BT, C, 3 * C, false, true, 1, gr);
     gemm_row(fmt::format("{} mlp fc fwd", tag), BT, C, 4 * C, false, true, 1, gr);
     gemm_row(fmt::format("{} mlp proj fwd", tag), BT, 4 * C, C, false, true, 1, gr);

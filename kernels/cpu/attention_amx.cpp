@@ -18,6 +18,7 @@
 
 #include "kernels/cpu/amx_tiles.h"
 #include "kernels/cpu/attention_bf16_loops.h"
+#include "kernels/cpu/bgemm_pack.h"
 #include "kernels/cpu/gemm_scratch.h"
 
 namespace weft::kernels::cpu {

@@ -71,23 +71,6 @@ void pack_a(int64_t rows, int64_t kc, int64_t kcp, const uint16_t* a, int64_t a_
   }
 }
 
-// Columns [0, lanes) (<= T) and depth [0, kc) of a b whose depth is contiguous (b[p, j] at
-// b[p + j * b_cs], as Linear's W^T) into a packed panel (pack_pairs's layout: pair row q holds
-// (b[2q, j], b[2q + 1, j]) for the T columns), zeros past lanes and kc up to kcp: 16 columns
-// of 16 pairs at a time, each column's pairs being adjacent 32-bit words, by one transpose.
-void pack_b_depth_contiguous(int64_t kc, int64_t kcp, int64_t lanes, const uint16_t* b, int64_t b_cs, uint16_t* out) {
-  for (int64_t l0 = 0; l0 < T; l0 += 16)
-    for (int64_t q0 = 0; q0 < kcp / 2; q0 += 16) {
-      const int64_t valid = kc - 2 * q0 >= 32 ? 32 : kc > 2 * q0 ? kc - 2 * q0 : 0;
-      const __mmask32 m = valid == 32 ? ~__mmask32(0) : (__mmask32(1) << valid) - 1;
-      __m512i v[16];
-      for (int64_t l = 0; l < 16; ++l)
-        v[l] = _mm512_maskz_loadu_epi16(l0 + l < lanes ? m : 0, b + (l0 + l) * b_cs + 2 * q0);
-      transpose16x16(v);
-      for (int64_t q = 0; q < 16; ++q) _mm512_storeu_si512(out + (q0 + q) * 2 * T + 2 * l0, v[q]);
-    }
-}
-
 // c's T x T tile (f32, leading dim ldc) = a b, plus c's own values when `add`, over depth kcp
 // (a multiple of T): a is T rows of bf16 a_ld apart, b a packed panel of kcp / 2 pair rows.
 void tile_product(int64_t kcp, const uint16_t* a, int64_t a_ld, const uint16_t* b, float* c, int64_t ldc, bool add) {
@@ -140,12 +123,7 @@ void blocked(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, i
       const float beta_pc = pc == 0 ? beta : 1.0f;  // later k blocks accumulate onto the first
       for (int64_t j = 0; j < nc; j += T) {
         uint16_t* panel = pb + j * kcp;
-        const uint16_t* bj = b + pc * b_rs + (jc + j) * b_cs;
-        if (b_rs == 1 && b_cs != 1) {
-          pack_b_depth_contiguous(kc, kcp, min64(T, nc - j), bj, b_cs, panel);
-          continue;
-        }
-        pack_pairs<T>(kc, min64(T, nc - j), bj, b_cs, b_rs, panel);
+        pack_pairs<T>(kc, min64(T, nc - j), b + pc * b_rs + (jc + j) * b_cs, b_cs, b_rs, panel);
         std::memset(panel + kc2 * 2 * T, 0, size_t(kcp / 2 - kc2) * 2 * T * 2);
       }
       const bool in_place = a_cs == 1 && kc % T == 0;  // whole T-row panels read from a itself
