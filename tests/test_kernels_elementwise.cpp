@@ -115,6 +115,44 @@ TEST_CASE("vectorised exp, tanh, sigmoid and gelu stay accurate over their whole
   check_values(unary(UnaryOp::sign, vec({kNaN, 0, -0.0, -2, 3})), {kNaN, 0, 0, -1, 1});
 }
 
+TEST_CASE("bf16 gelu_tanh and its gradient over the whole range, unit-stride and strided") {
+  // Unit-stride bf16 runs take their own vector loop (elementwise.cpp); a strided view takes
+  // the generic one. Both must be the double reference within one bf16 rounding.
+  std::vector<double> xs;
+  for (double v = -110; v < 95; v += 0.0137) xs.push_back(v);
+  for (double v : {-kInf, kInf, kNaN, 0.0, -0.0}) xs.push_back(v);
+  const int64_t n = int64_t(xs.size());  // not a multiple of 16: the run's scalar tail too
+  Generator gen(11);
+  Tensor x = vec(xs, kBFloat16), g = randn({n}, {.dtype = kBFloat16}, &gen);
+  std::vector<double> xb = to_vector(x), gb = to_vector(g);
+  // 0.5 v (1 + tanh u) = v sigmoid(2u), the form that keeps the far negative tail (e^2u).
+  auto sig2u = [](double v) { return 1 / (1 + std::exp(-2 * std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v))); };
+  auto gelu = [&](double v) { return v * sig2u(v); };
+  auto gelu_grad = [&](double v) {
+    const double s = sig2u(v);
+    return s + 2 * v * s * (1 - s) * std::sqrt(2 / M_PI) * (1 + 3 * 0.044715 * v * v);
+  };
+  std::vector<double> want(xs.size()), want_grad(xs.size());
+  for (size_t i = 0; i < xs.size(); ++i) {  // at +-inf as PyTorch: gelu inf, NaN; gradients NaN
+    want[i] = std::isinf(xb[i]) ? (xb[i] > 0 ? kInf : kNaN) : gelu(xb[i]);
+    want_grad[i] = std::isinf(xb[i]) ? kNaN : gb[i] * gelu_grad(xb[i]);
+  }
+  // Strided copies (every other element of a [n, 2] buffer) of the same values.
+  Tensor x2 = zeros({n, 2}, {.dtype = kBFloat16}), g2 = zeros({n, 2}, {.dtype = kBFloat16});
+  x2.select(1, 0).copy_(x);
+  g2.select(1, 0).copy_(g);
+  for (bool strided : {false, true}) {
+    INFO((strided ? "strided" : "unit stride"));
+    Tensor xi = strided ? x2.select(1, 0) : x, gi = strided ? g2.select(1, 0) : g;
+    REQUIRE(xi.is_contiguous() == !strided);
+    Tensor y = unary(UnaryOp::gelu_tanh, xi), gx = unary_backward(UnaryOp::gelu_tanh, gi, xi, Tensor());
+    CHECK(y.dtype() == kBFloat16);
+    CHECK(gx.dtype() == kBFloat16);
+    check_values(y, want, 4e-3, 1e-37);
+    check_values(gx, want_grad, 8e-3, 1e-37);
+  }
+}
+
 TEST_CASE("integer unary ops and logical_not") {
   Tensor i = vec({-3, 0, 2, 5}, kInt64);
   check_values(unary(UnaryOp::neg, i), {3, 0, -2, -5});

@@ -228,6 +228,80 @@ void sqrt_map(bool reciprocal, const Tensor& out, const Tensor& x) {
   });
 }
 
+// ---- gelu_tanh on bf16 (the MLP activation of mixed-precision GPT training) in 16-lane
+// AVX-512 on unit-stride operands, forward and backward: scalar_ops.h's formulas with
+// fast_math.h's exp in f32, rounded once to bf16 (within f32 rounding of the generic loop).
+// The generic loop compiles exp's and sigmoid's range checks into masked code; this one takes
+// the exponent by vscalefps (0 below the range): 2,048 x 2,048 on a Zen 4 in 2.7 ms instead of
+// 3.8 forward, 3.4 instead of 4.4 backward, bound by the 512-bit FP pipes.
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // gcc 12's false ones in its intrinsics
+inline __m512 load_bf16x16(const BFloat16* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline void store_bf16x16(BFloat16* p, __m512 v) {  // nearest even, NaN kept: as core/half.h
+  const __m512i u = _mm512_castps_si512(v), hi = _mm512_srli_epi32(u, 16);
+  const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
+  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+}
+// sigmoid_f32: e = exp(-|z|) (exp_f32's reduction and polynomial), then 1/(1+e) or e/(1+e).
+inline __m512 sigmoid_x16(__m512 z) {
+  const __m512 t = _mm512_max_ps(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(z)), _mm512_set1_ps(-110.f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(t, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), t);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  for (float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f})
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+  const __m512 e = _mm512_scalef_ps(_mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.f)), n);
+  const __m512 rcp = _mm512_div_ps(_mm512_set1_ps(1.f), _mm512_add_ps(_mm512_set1_ps(1.f), e));
+  return _mm512_mask_mul_ps(rcp, _mm512_cmp_ps_mask(z, _mm512_setzero_ps(), _CMP_LT_OQ), e, rcp);
+}
+// o = gelu_tanh(x), or with Backward g * gelu_tanh'(x), over n elements.
+template <bool Backward>
+void gelu_bf16_run(const BFloat16* x, const BFloat16* g, BFloat16* o, int64_t n) {
+  const __m512 c0 = _mm512_set1_ps(float(kSqrt2OverPi)), one = _mm512_set1_ps(1.f);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = load_bf16x16(x + i), vv = _mm512_mul_ps(v, v);
+    const __m512 u = _mm512_mul_ps(c0, _mm512_fmadd_ps(_mm512_set1_ps(float(kGeluC)), _mm512_mul_ps(vv, v), v));
+    const __m512 sg = sigmoid_x16(_mm512_add_ps(u, u));
+    if constexpr (!Backward) {
+      store_bf16x16(o + i, _mm512_mul_ps(v, sg));
+      continue;
+    }
+    const __m512 du = _mm512_mul_ps(c0, _mm512_fmadd_ps(_mm512_set1_ps(float(3 * kGeluC)), vv, one));
+    const __m512 two_x_s = _mm512_mul_ps(_mm512_add_ps(v, v), sg);
+    const __m512 d = _mm512_fmadd_ps(_mm512_mul_ps(two_x_s, _mm512_sub_ps(one, sg)), du, sg);
+    store_bf16x16(o + i, _mm512_mul_ps(load_bf16x16(g + i), d));
+  }
+  for (; i < n; ++i)
+    o[i] = Backward ? BFloat16(float(g[i]) * gelu_tanh_grad<CpuMath>(float(x[i]))) : BFloat16(gelu_tanh<CpuMath>(float(x[i])));
+}
+#endif
+
+// gelu_tanh on bf16 by gelu_bf16_run; false where that path does not apply.
+template <bool Backward>
+bool gelu_bf16(const Tensor& out, const Tensor& x, const Tensor& g) {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+  if (!out.is_contiguous() || !x.is_contiguous() || (Backward && !g.is_contiguous()) || x.shape() != out.shape() ||
+      (Backward && g.shape() != out.shape()))
+    return false;
+  const BFloat16 *px = ptr<const BFloat16>(x), *pg = Backward ? ptr<const BFloat16>(g) : nullptr;
+  BFloat16* po = ptr<BFloat16>(out);
+  parallel_range(out.numel(), kParallelGrain / 2, 64, [&](int64_t b, int64_t e) {
+    gelu_bf16_run<Backward>(px + b, Backward ? pg + b : nullptr, po + b, e - b);
+  });
+  return true;
+#else
+  return false;
+#endif
+}
+
 // ---- unary
 
 template <class T>
@@ -240,6 +314,8 @@ void unary_typed(UnaryOp op, const Tensor& out, const Tensor& x) {
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
     if (op == UnaryOp::sqrt || op == UnaryOp::rsqrt) return sqrt_map<T>(op == UnaryOp::rsqrt, out, x);
   }
+  if constexpr (std::is_same_v<T, BFloat16>)
+    if (op == UnaryOp::gelu_tanh && gelu_bf16<false>(out, x, Tensor())) return;
   bool done = false;
   with_unary_op(op, [&]<UnaryOp OP>() {
     if constexpr (unary_supported<is_float_v<T>, std::is_same_v<T, bool>>(OP)) {
@@ -259,6 +335,8 @@ void unary_backward_typed(UnaryOp op, const Tensor& gx, const Tensor& grad, cons
     case UnaryOp::logical_not: return map1<T, T>([](T) { return T(0.f); }, gx, grad);
     default: break;
   }
+  if constexpr (std::is_same_v<T, BFloat16>)
+    if (op == UnaryOp::gelu_tanh && x.defined() && x.dtype() == DType::bf16 && gelu_bf16<true>(gx, x, grad)) return;
   // gx = g * D(v) where v is x or y, whichever the derivative is cheaper from.
   const Tensor& v = y.defined() ? y : x;
   with_unary_op(op, [&]<UnaryOp OP>() {
