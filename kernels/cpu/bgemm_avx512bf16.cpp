@@ -80,8 +80,11 @@ void blocked(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, i
       const bool in_place = a_cs == 1 && kc % 2 == 0;
       for (int64_t ic = 0; ic < m; ic += MC) {
         const int64_t mc = min64(MC, m - ic);
-        for (int64_t i = in_place ? mc / MR * MR : 0; i < mc; i += MR)
-          pack_pairs<MR>(kc, min64(MR, mc - i), a + (ic + i) * a_rs + pc * a_cs, a_rs, a_cs, pa + i * 2 * kc2);
+        if (a_rs == 1 && a_cs != 1)
+          pack_pairs_lanes<MR>(kc, mc, a + ic + pc * a_cs, a_cs, pa);
+        else
+          for (int64_t i = in_place ? mc / MR * MR : 0; i < mc; i += MR)
+            pack_pairs<MR>(kc, min64(MR, mc - i), a + (ic + i) * a_rs + pc * a_cs, a_rs, a_cs, pa + i * 2 * kc2);
         for (int64_t jr = 0; jr < nc; jr += NR) {
           for (int64_t ir = 0; ir < mc; ir += MR) {
             const int64_t mr = min64(MR, mc - ir), nr = min64(NR, nc - jr);

@@ -120,6 +120,28 @@ void pack_pairs(int64_t kc, int64_t lanes, const uint16_t* x, int64_t l_st, int6
   }
 }
 
+// Lanes [0, mc) (mc <= 160) of an operand with contiguous lanes (a column-major A: the weight
+// gradient's dY^T) as the panels pack_pairs makes of W lanes each, panel p at
+// out + p * W * 2 * kc2, the last one zero past mc: each pair of depth rows is read once, whole,
+// and split among the panels, rather than read again for every panel (the same lines, W lanes
+// at a time: 4.6 % of the GEMM's samples in GPT training's weight gradients).
+template <int W>
+void pack_pairs_lanes(int64_t kc, int64_t mc, const uint16_t* x, int64_t k_st, uint16_t* out) {
+  const int64_t kc2 = (kc + 1) / 2;
+  alignas(64) uint16_t row[2 * 160];
+  if (mc % W) std::memset(out + mc / W * W * 2 * kc2, 0, size_t(kc2) * 2 * W * sizeof(uint16_t));
+  for (int64_t q = 0; q < kc2; ++q) {
+    const uint16_t* x0 = x + 2 * q * k_st;
+    for (int64_t l0 = 0; l0 < mc; l0 += 32)
+      interleave_pairs(x0 + l0, 2 * q + 1 < kc ? x0 + k_st + l0 : nullptr, int(mc - l0 < 32 ? mc - l0 : 32), row + 2 * l0);
+    for (int64_t l0 = 0; l0 < mc; l0 += W) {
+      uint16_t* o = out + l0 * 2 * kc2 + q * 2 * W;
+      if (mc - l0 >= W) std::memcpy(o, row + 2 * l0, 2 * W * sizeof(uint16_t));
+      else std::memcpy(o, row + 2 * l0, size_t(mc - l0) * 2 * sizeof(uint16_t));
+    }
+  }
+}
+
 inline __m512 load_c(const void* c, bool c16) {
   if (!c16) return _mm512_loadu_ps(static_cast<const float*>(c));
   const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(static_cast<const __m256i*>(c)));
