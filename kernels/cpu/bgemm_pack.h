@@ -133,7 +133,8 @@ void pack_pairs_lanes(int64_t kc, int64_t mc, const uint16_t* x, int64_t k_st, u
   for (int64_t q = 0; q < kc2; ++q) {
     const uint16_t* x0 = x + 2 * q * k_st;
     for (int64_t l0 = 0; l0 < mc; l0 += 32)
-      interleave_pairs(x0 + l0, 2 * q + 1 < kc ? x0 + k_st + l0 : nullptr, int(mc - l0 < 32 ? mc - l0 : 32), row + 2 * l0);
+      interleave_pairs(x0 + l0, 2 * q + 1 < kc ? x0 + k_st + l0 : nullptr, int(mc - l0 < 32 ? mc - l0 : 32),
+                       row + 2 * l0);
     for (int64_t l0 = 0; l0 < mc; l0 += W) {
       uint16_t* o = out + l0 * 2 * kc2 + q * 2 * W;
       if (mc - l0 >= W) std::memcpy(o, row + 2 * l0, 2 * W * sizeof(uint16_t));

@@ -270,17 +270,15 @@ void gelu_bf16_run(const BFloat16* x, const BFloat16* g, BFloat16* o, int64_t n)
     const __m512 v = load_bf16x16(x + i), vv = _mm512_mul_ps(v, v);
     const __m512 u = _mm512_mul_ps(c0, _mm512_fmadd_ps(_mm512_set1_ps(float(kGeluC)), _mm512_mul_ps(vv, v), v));
     const __m512 sg = sigmoid_x16(_mm512_add_ps(u, u));
-    if constexpr (!Backward) {
-      store_bf16x16(o + i, _mm512_mul_ps(v, sg));
-      continue;
-    }
+    if constexpr (!Backward) { store_bf16x16(o + i, _mm512_mul_ps(v, sg)); continue; }
     const __m512 du = _mm512_mul_ps(c0, _mm512_fmadd_ps(_mm512_set1_ps(float(3 * kGeluC)), vv, one));
     const __m512 two_x_s = _mm512_mul_ps(_mm512_add_ps(v, v), sg);
     const __m512 d = _mm512_fmadd_ps(_mm512_mul_ps(two_x_s, _mm512_sub_ps(one, sg)), du, sg);
     store_bf16x16(o + i, _mm512_mul_ps(load_bf16x16(g + i), d));
   }
   for (; i < n; ++i)
-    o[i] = Backward ? BFloat16(float(g[i]) * gelu_tanh_grad<CpuMath>(float(x[i]))) : BFloat16(gelu_tanh<CpuMath>(float(x[i])));
+    o[i] = Backward ? BFloat16(float(g[i]) * gelu_tanh_grad<CpuMath>(float(x[i])))
+                    : BFloat16(gelu_tanh<CpuMath>(float(x[i])));
 }
 #endif
 
