@@ -85,8 +85,8 @@ void pack_pairs(int64_t kc, int64_t lanes, const uint16_t* x, int64_t l_st, int6
     return;
   }
   // Pairs contiguous (a row-major operand read across its rows, as Linear's W^T): whole
-  // blocks of 16 pairs of 16 lanes as a transpose of 32-bit words (five times faster than
-  // word by word), the rest one pair at a time.
+  // blocks of 16 pairs of 16 lanes as a transpose of 32-bit words, the rest one pair at a
+  // time.
   int64_t q_done = 0;
   if (k_st == 1) {
     q_done = kc / 2 / 16 * 16;
