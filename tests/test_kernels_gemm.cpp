@@ -320,6 +320,8 @@ TEST_CASE("each bf16 GEMM kernel matches a double loop on every shape, transpose
       check_gemm<BFloat16, float>(f32, 300, 40, 2100, t & 1, t & 2, 0, 1.0f, 1.0f);     // two or more KC blocks
       check_gemm<BFloat16, float>(f32, 96, 64, 1024, t & 1, t & 2, 0, 1.0f, 1.0f);      // whole tiles, c accumulated
     }
+    // a^T packed once for two column blocks, over two row blocks and two KC blocks
+    check_gemm<BFloat16, float>(f32, 150, 600, 2100, true, false, 1, 1.0f, 0.5f);
   }
 }
 
@@ -335,7 +337,8 @@ TEST_CASE("the bf16 GEMM entry point splits over threads and gives the kernel's 
       INFO("kernel " << bgemm_kernel_name(kernel) << ", " << t << " threads");
       check_gemm<BFloat16, float>(gemm_bf16<float>, 300, 129, 300, false, true, 3, 1.0f, 0.0f);
       check_gemm<BFloat16, BFloat16>(gemm_bf16<BFloat16>, 65, 700, 257, true, false, 0, -0.5f, 1.0f);
-      check_gemm<BFloat16, BFloat16>(gemm_bf16<BFloat16>, 530, 40, 64, false, true, 1, 1.0f, 0.0f);  // slices on row-tile edges
+      check_gemm<BFloat16, BFloat16>(gemm_bf16<BFloat16>, 530, 40, 64, true, true, 1, 1.0f, 0.0f);  // slices on row-tile edges
+      check_gemm<BFloat16, BFloat16>(gemm_bf16<BFloat16>, 530, 40, 64, false, true, 1, 1.0f, 0.0f);  // a read in place: by columns
       check_gemm<BFloat16, float>(gemm_bf16<float>, 40, 600, 64, true, false, 0, 1.0f, 0.5f);        // slices on 32-column edges
       check_gemm<BFloat16, float>(gemm_bf16<float>, 1, 300, 65, false, false, 2, 2.0f, 0.25f);
       check_gemm<BFloat16, BFloat16>(gemm_bf16<BFloat16>, 20, 30, 0, false, false, 0, 1.0f, 0.5f);  // k = 0: beta * c

@@ -25,6 +25,7 @@ constexpr int MR = 12, NR = 32;
 // Against KC 512 (both in L1/L2 at half the size) it measured 86-94 % of the bf16 dot peak
 // instead of 80-91 % on a Zen 4 (1 MB L2), at 1024^3 and the GPT medium shapes.
 constexpr int64_t MC = 144, KC = 2048, NC = 512;  // KC even: whole pairs
+constexpr int64_t kKeepA = int64_t(8) << 20;        // elements (16 MiB)
 
 inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
@@ -65,7 +66,12 @@ void blocked(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, i
              int64_t b_rs, int64_t b_cs, void* c, bool c16, int64_t ldc, float alpha, float beta) {
   static thread_local Scratch<uint16_t> a_buf, b_buf;
   const int64_t kc2_max = (min64(k, KC) + 1) / 2;
-  uint16_t* pa = a_buf.get(MC * 2 * kc2_max);
+  // A column-major a (the weight gradient's dY^T) is packed once for all column blocks when
+  // there are several and it fits kKeepA (instead of again for each block of NC columns).
+  const bool lanes_a = a_rs == 1 && a_cs != 1;
+  const int64_t m_up = (m + MR - 1) / MR * MR, k_blocks = (k + KC - 1) / KC;
+  const bool keep_a = lanes_a && n > NC && m_up * k_blocks * 2 * kc2_max <= kKeepA;
+  uint16_t* pa = a_buf.get(keep_a ? m_up * k_blocks * 2 * kc2_max : MC * 2 * kc2_max);
   uint16_t* pb = b_buf.get(2 * kc2_max * ((min64(n, NC) + NR - 1) / NR * NR));
   alignas(64) float edge[MR * NR];
   const int64_t es = c16 ? 2 : 4;
@@ -80,16 +86,17 @@ void blocked(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, i
       const bool in_place = a_cs == 1 && kc % 2 == 0;
       for (int64_t ic = 0; ic < m; ic += MC) {
         const int64_t mc = min64(MC, m - ic);
-        if (a_rs == 1 && a_cs != 1)
-          pack_pairs_lanes<MR>(kc, mc, a + ic + pc * a_cs, a_cs, pa);
-        else
+        uint16_t* pa_ic = keep_a ? pa + (pc / KC * m_up * kc2_max + ic * kc2) * 2 : pa;
+        if (lanes_a) {
+          if (!keep_a || jc == 0) pack_pairs_lanes<MR>(kc, mc, a + ic + pc * a_cs, a_cs, pa_ic);
+        } else
           for (int64_t i = in_place ? mc / MR * MR : 0; i < mc; i += MR)
             pack_pairs<MR>(kc, min64(MR, mc - i), a + (ic + i) * a_rs + pc * a_cs, a_rs, a_cs, pa + i * 2 * kc2);
         for (int64_t jr = 0; jr < nc; jr += NR) {
           for (int64_t ir = 0; ir < mc; ir += MR) {
             const int64_t mr = min64(MR, mc - ir), nr = min64(NR, nc - jr);
             const bool direct = in_place && mr == MR;
-            const uint16_t* ap = direct ? a + (ic + ir) * a_rs + pc : pa + ir * 2 * kc2;
+            const uint16_t* ap = direct ? a + (ic + ir) * a_rs + pc : pa_ic + ir * 2 * kc2;
             const int64_t a_row = direct ? a_rs : 2, a_step = direct ? 2 : 2 * MR;
             const uint16_t* bp = pb + jr * 2 * kc2;
             char* cp = static_cast<char*>(c) + ((ic + ir) * ldc + jc + jr) * es;

@@ -288,19 +288,22 @@ void set_sgemm_kernel(SgemmKernel k) {
 // the slices meet only once. Each thread packs the shared operand itself, which costs little
 // next to the slice's arithmetic; square products split by columns, so that each thread packs
 // only its own columns of b (the larger share of the packing at 1024^3 with two threads: 87-89 %
-// of the AVX-512 peak by rows, 91-93 % by columns on a Zen 5; the same for AVX2). Measured on the 2-core machine: 5-20 % more tokens/s in
-// weft-transformer at 2 threads (docs/PERFORMANCE.md).
+// of the AVX-512 peak by rows, 91-93 % by columns on a Zen 5; the same for AVX2). Measured on
+// the 2-core machine: 5-20 % more tokens/s in weft-transformer at 2 threads
+// (docs/PERFORMANCE.md). The bf16 kernels read a row-major a in place (AMX: a depth of whole
+// tiles), packing only b, so products with such an a split by columns at any shape: by rows
+// every thread packed all of b (GPT large's forward products 2-5 % faster on two threads).
 namespace {
 
 // Runs slice(r0, r1, c0, c1) over C: once over all of it, or per thread over slices. With
 // `fixed` (kernels whose bits for an element depend on where its slice starts), the slices
 // are a function of the shape alone, dealt to the threads there are (in turn on one thread or
 // inside a parallel region), so that the product has the same bits on any thread count.
-// Slices of rows start on multiples of `row_unit`, the kernel's register tile rows.
+// Slices of rows (`by_rows`) start on multiples of `row_unit`, the kernel's register tile rows.
 template <class F>
-void split_product(int64_t m, int64_t n, int64_t k, bool fixed, int64_t row_unit, F&& slice) {
+void split_product(int64_t m, int64_t n, int64_t k, bool fixed, int64_t row_unit, bool by_rows, F&& slice) {
   if (m == 0 || n == 0) return;
-  const bool by_rows = m > n, big = double(m) * double(n) * double(k) >= kSplitWork;
+  const bool big = double(m) * double(n) * double(k) >= kSplitWork;
   const int64_t len = by_rows ? m : n;
   int64_t threads = 1;
 #ifdef _OPENMP
@@ -352,7 +355,7 @@ void gemm(int64_t m, int64_t n, int64_t k, const T* a, MatLayout la, const T* b,
   const bool own = (std::is_same_v<T, float> && m > 1 && n > 1 && sgemm_fn(sgemm_kernel())) ||
                    (m == 1 && la.row_major && !lb.row_major);
   const int64_t row_unit = sgemm_kernel() == SgemmKernel::avx2 ? 6 : 12;
-  split_product(m, n, k, !own, row_unit, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+  split_product(m, n, k, !own, row_unit, m > n, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
     gemm_one<T>(r1 - r0, c1 - c0, k, row_at(a, la, r0), la, col_at(b, lb, c0), lb, c + r0 * ldc + c0, ldc, alpha,
                 beta);
   });
@@ -398,7 +401,7 @@ void gemm_bf16(int64_t m, int64_t n, int64_t k, const BFloat16* a, MatLayout la,
   WEFT_CHECK(bf16_gemm_native(), "gemm_bf16: this CPU has no AVX512_BF16 (or WEFT_CPU_GEMM chose another kernel)");
   const bool amx = bgemm_kernel() == BgemmKernel::amx;
   const BgemmFn fn = amx ? bgemm_amx : bgemm_avx512bf16;
-  split_product(m, n, k, false, amx ? 32 : 12, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+  split_product(m, n, k, false, amx ? 32 : 12, m > n && !(la.row_major && k % 2 == 0), [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
     bgemm_one<TO>(fn, r1 - r0, c1 - c0, k, row_at(a, la, r0), la, col_at(b, lb, c0), lb, c + r0 * ldc + c0, ldc, alpha,
                   beta);
   });
