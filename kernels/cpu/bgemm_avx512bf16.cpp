@@ -31,23 +31,31 @@ inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 
 // One full MR x NR tile of c from kc2 pair steps: per step two vectors of the packed b panel
-// and MR broadcast pairs of a feed 2 MR vdpbf16ps into register accumulators; the pair
-// a[i, 2q..2q+1] is at a + i * a_row + q * a_step (a packed panel: a_row 2, a_step 2 MR).
-inline void register_tile(int64_t kc2, const uint16_t* a, int64_t a_row, int64_t a_step, const uint16_t* b,
-                          void* c, bool c16, int64_t ldc, float alpha, float beta) {
+// and MR broadcast pairs of a feed 2 MR vdpbf16ps into register accumulators. The pair
+// a[i, 2q..2q+1] is at a + 2 (MR q + i) in a packed panel (Packed), else at a + i a_row + 2 q
+// in a row-major a read in place, addressed from four row pointers (rows 3g, 3g + 1, 3g + 2 at
+// p_g, p_g + a_row, p_g + 2 a_row): with one offset per row the loop ran out of registers
+// and reloaded its bound and a stride from memory on every step.
+template <bool Packed>
+inline void register_tile(int64_t kc2, const uint16_t* a, int64_t a_row, const uint16_t* b, void* c, bool c16,
+                          int64_t ldc, float alpha, float beta) {
   __m512 acc[MR][2];
   for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
-  for (int64_t q = 0; q < kc2; ++q, a += a_step, b += 2 * NR) {
+  const uint16_t* p[MR / 3];
+  for (int g = 0; g < MR / 3; ++g) p[g] = a + 3 * g * a_row;
+  for (int64_t q = 0; q < kc2; ++q, b += 2 * NR) {
     const __m512bh b0 = reinterpret_cast<__m512bh>(_mm512_load_si512(b));
     const __m512bh b1 = reinterpret_cast<__m512bh>(_mm512_load_si512(b + NR));
 #pragma GCC unroll 12
     for (int i = 0; i < MR; ++i) {
       int32_t pair;
-      std::memcpy(&pair, a + i * a_row, 4);
+      std::memcpy(&pair, Packed ? a + 2 * (MR * q + i) : p[i / 3] + (i % 3) * a_row, 4);
       const __m512bh ai = reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair));
       acc[i][0] = _mm512_dpbf16_ps(acc[i][0], ai, b0);
       acc[i][1] = _mm512_dpbf16_ps(acc[i][1], ai, b1);
     }
+    if constexpr (!Packed)
+      for (int g = 0; g < MR / 3; ++g) p[g] += 2;
   }
   const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
   const int64_t es = c16 ? 2 : 4;
@@ -96,16 +104,20 @@ void blocked(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, i
           for (int64_t ir = 0; ir < mc; ir += MR) {
             const int64_t mr = min64(MR, mc - ir), nr = min64(NR, nc - jr);
             const bool direct = in_place && mr == MR;
-            const uint16_t* ap = direct ? a + (ic + ir) * a_rs + pc : pa_ic + ir * 2 * kc2;
-            const int64_t a_row = direct ? a_rs : 2, a_step = direct ? 2 : 2 * MR;
             const uint16_t* bp = pb + jr * 2 * kc2;
             char* cp = static_cast<char*>(c) + ((ic + ir) * ldc + jc + jr) * es;
-            if (mr == MR && nr == NR) {
-              register_tile(kc2, ap, a_row, a_step, bp, cp, c16, ldc, alpha, beta_pc);
+            if (direct && nr == NR) {
+              register_tile<false>(kc2, a + (ic + ir) * a_rs + pc, a_rs, bp, cp, c16, ldc, alpha, beta_pc);
+              continue;
+            }
+            const uint16_t* ap = pa_ic + ir * 2 * kc2;
+            if (!direct && mr == MR && nr == NR) {
+              register_tile<true>(kc2, ap, 2, bp, cp, c16, ldc, alpha, beta_pc);
               continue;
             }
             // A tail tile: the full tile into `edge`, then only its valid part into c.
-            register_tile(kc2, ap, a_row, a_step, bp, edge, false, NR, 1.0f, 0.0f);
+            if (direct) register_tile<false>(kc2, a + (ic + ir) * a_rs + pc, a_rs, bp, edge, false, NR, 1.0f, 0.0f);
+            else register_tile<true>(kc2, ap, 2, bp, edge, false, NR, 1.0f, 0.0f);
             store_tail(edge, NR, mr, nr, cp, c16, ldc, alpha, beta_pc);
           }
         }
