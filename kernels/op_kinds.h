@@ -19,6 +19,8 @@ enum class BinaryOp {
   silu_mul, silu_grad_mul
 };
 
-enum class ReduceOp { sum, mean, max, min, prod };
+// sum_squares: the sum of x^2 accumulated and returned in f64 (floats only): a gradient's
+// squared 2-norm without an f64 copy of it.
+enum class ReduceOp { sum, mean, max, min, prod, sum_squares };
 
 }  // namespace weft::kernels

@@ -23,6 +23,7 @@ const char* reduce_op_name(ReduceOp op) {
     case ReduceOp::max: return "max";
     case ReduceOp::min: return "min";
     case ReduceOp::prod: return "prod";
+    case ReduceOp::sum_squares: return "sum_squares";
   }
   return "reduce(?)";
 }
@@ -137,7 +138,10 @@ Tensor reduce(ReduceOp op, const Tensor& x, const Shape& dims, bool keepdim) {
   WEFT_CHECK(x.defined(), "{}: input is an undefined tensor", name);
   Shape nd = normalize_dims(dims, x.dim(), name);
   DType dt = x.dtype();
-  if (!is_floating(dt)) {
+  if (op == ReduceOp::sum_squares) {
+    WEFT_CHECK(is_floating(dt), "sum_squares: {} is not a floating-point tensor", tensor_desc(x));
+    dt = DType::f64;
+  } else if (!is_floating(dt)) {
     if (op == ReduceOp::sum || op == ReduceOp::prod) dt = DType::i64;
     else if (op == ReduceOp::mean) dt = DType::f32;
   }

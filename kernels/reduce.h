@@ -10,6 +10,7 @@
 namespace weft::kernels {
 
 // Sum/mean of bool or integer inputs give i64 (sum) or f32 (mean); float inputs keep their dtype.
+// sum_squares takes floats and gives f64: on the CPU the same bits as sum of x.to(f64)^2.
 // prod of integers gives i64; max/min keep the dtype and propagate NaN. Reducing over no
 // elements gives 0 (sum), 1 (prod), NaN (mean) and is an error for max/min. A 0-dim tensor
 // reduces to itself.

@@ -20,10 +20,10 @@ double local_part(const Tensor& g, double p) {
   using kernels::BinaryOp, kernels::ReduceOp, kernels::UnaryOp;
   auto value = [](const Tensor& t) { return t.device().is_meta() ? 0.0 : t.item(); };
   if (std::isinf(p)) return value(kernels::reduce(ReduceOp::max, kernels::unary(UnaryOp::abs, g), {}, false));
+  if (p == 2.0) return value(kernels::reduce(ReduceOp::sum_squares, g, {}, false));  // no f64 copy of g
   Tensor g64 = g.to(DType::f64);
-  Tensor powered = p == 2.0   ? kernels::binary(BinaryOp::mul, g64, g64)
-                   : p == 1.0 ? kernels::unary(UnaryOp::abs, g64)
-                              : kernels::binary_scalar(BinaryOp::pow, kernels::unary(UnaryOp::abs, g64), p);
+  Tensor powered = p == 1.0 ? kernels::unary(UnaryOp::abs, g64)
+                            : kernels::binary_scalar(BinaryOp::pow, kernels::unary(UnaryOp::abs, g64), p);
   return value(kernels::reduce(ReduceOp::sum, powered, {}, false));
 }
 

@@ -9,6 +9,7 @@
 
 #include "core/generator.h"
 #include "core/tensor.h"
+#include "kernels/elementwise.h"
 #include "kernels/reduce.h"
 #include "kernels/threads.h"
 #include "test_util.h"
@@ -31,6 +32,7 @@ const char* op_name(ReduceOp op) {
     case ReduceOp::max: return "max";
     case ReduceOp::min: return "min";
     case ReduceOp::prod: return "prod";
+    case ReduceOp::sum_squares: return "sum_squares";
   }
   return "?";
 }
@@ -58,6 +60,7 @@ std::vector<double> ref_reduce(ReduceOp op, const Tensor& x, const Shape& dims_i
     ++count[size_t(o)];
     switch (op) {
       case ReduceOp::sum: case ReduceOp::mean: a += e; break;
+      case ReduceOp::sum_squares: a += e * e; break;
       case ReduceOp::prod: a *= e; break;
       case ReduceOp::max: if (!std::isnan(a) && (std::isnan(e) || e > a)) a = e; break;
       case ReduceOp::min: if (!std::isnan(a) && (std::isnan(e) || e < a)) a = e; break;
@@ -203,7 +206,7 @@ TEST_CASE("reductions give the same bits on any number of threads") {
   };
   for (const Case& c : cases) {
     Tensor x = randn(c.shape, {.dtype = c.dtype}, &gen);
-    for (ReduceOp op : {ReduceOp::sum, ReduceOp::mean, ReduceOp::max}) {
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::mean, ReduceOp::max, ReduceOp::sum_squares}) {
       INFO(op_name(op) << " of " << tensor_desc(x) << " over " << shape_str(c.dims));
       test::check_same_bits_on_any_thread_count([&] { return std::vector<Tensor>{reduce(op, x, c.dims, false)}; });
     }
@@ -213,6 +216,29 @@ TEST_CASE("reductions give the same bits on any number of threads") {
     auto [values, indices] = max_dim(x, 1, false);
     return std::vector<Tensor>{values, indices};
   });
+}
+
+// Gradient clipping's squared norms: x^2 summed in f64 straight from x, the same bits as the sum
+// of an f64 copy's squares (what clipping computed before), never an f32 sum.
+TEST_CASE("sum_squares sums squares in f64: the bits of summing an f64 copy's squares") {
+  Generator gen(31);
+  for (DType dt : {kFloat32, kBFloat16, kFloat64}) {
+    for (const Shape& shape : std::vector<Shape>{{1000003}, {300, 70}, {5, 7, 3}}) {
+      // Values of very different sizes: an f32 sum of their squares loses the small ones.
+      Tensor spread = unary(UnaryOp::exp, binary_scalar(BinaryOp::mul, randn(shape, {}, &gen), 4.0));
+      Tensor x = binary(BinaryOp::mul, randn(shape, {}, &gen), spread).to(dt);
+      Tensor x64 = x.to(kFloat64), sq = binary(BinaryOp::mul, x64, x64);
+      for (const Shape& dims : std::vector<Shape>{{}, {0}, {-1}}) {
+        INFO("sum_squares of " << tensor_desc(x) << " over " << shape_str(dims));
+        Tensor r = reduce(ReduceOp::sum_squares, x, dims, false);
+        CHECK(r.dtype() == kFloat64);
+        check_values(r, to_vector(reduce(ReduceOp::sum, sq, dims, false)), 0, 0);  // equal, bit for bit
+        check_values(r, ref_reduce(ReduceOp::sum_squares, x64, dims), 1e-10, 0);  // a serial sum of 10^6 terms
+      }
+    }
+  }
+  CHECK_THROWS_WITH(reduce(ReduceOp::sum_squares, ones({3}, {.dtype = kInt64}), {}, false),
+                    Contains("sum_squares") && Contains("floating"));
 }
 
 TEST_CASE("result dtypes: integers sum to i64, mean to f32; 16-bit floats accumulate in f32") {

@@ -35,6 +35,7 @@ template <class T> struct Buffer {
 template <class T> struct SumR {
   using Lane = std::conditional_t<is_float_v<T>, acc_t<T>, int64_t>;
   using Total = std::conditional_t<is_float_v<T>, double, int64_t>;
+  static Lane in(T x) { return Lane(x); }
   static Lane init() { return Lane(0); }
   static Total total_init() { return Total(0); }
   static Lane step(Lane a, Lane x) {
@@ -48,9 +49,23 @@ template <class T> struct SumR {
   }
 };
 
+// x^2 summed in f64: each square of an f32 (or 16-bit) value is exact in f64, so the lanes add
+// what SumR<double> adds over x.to(f64) squared, in the same order (the same bits).
+template <class T> struct SumSqR {
+  using Lane = double;
+  using Total = double;
+  static Lane in(T x) { return double(x) * double(x); }
+  static Lane init() { return 0.0; }
+  static Total total_init() { return 0.0; }
+  static Lane step(Lane a, Lane x) { return a + x; }
+  static Total fold(Total t, Lane l) { return t + l; }
+  static Total merge(Total a, Total b) { return a + b; }
+};
+
 template <class T> struct ProdR {
   using Lane = std::conditional_t<is_float_v<T>, acc_t<T>, int64_t>;
   using Total = std::conditional_t<is_float_v<T>, double, int64_t>;
+  static Lane in(T x) { return Lane(x); }
   static Lane init() { return Lane(1); }
   static Total total_init() { return Total(1); }
   static Lane step(Lane a, Lane x) {
@@ -68,6 +83,7 @@ template <class T> struct ProdR {
 template <class T, bool Max> struct ExtR {
   using Lane = acc_t<T>;
   using Total = Lane;
+  static Lane in(T x) { return Lane(x); }
   static Lane init() {
     if constexpr (std::is_floating_point_v<Lane>)
       return Max ? -std::numeric_limits<Lane>::infinity() : std::numeric_limits<Lane>::infinity();
@@ -95,8 +111,8 @@ typename R::Total reduce_lanes(const T* p, int64_t n) {
     Lane acc[L];
     for (int j = 0; j < L; ++j) acc[j] = R::init();
     for (; i + L <= b1; i += L)
-      for (int j = 0; j < L; ++j) acc[j] = R::step(acc[j], Lane(p[i + j]));
-    for (; i < b1; ++i) acc[0] = R::step(acc[0], Lane(p[i]));
+      for (int j = 0; j < L; ++j) acc[j] = R::step(acc[j], R::in(p[i + j]));
+    for (; i < b1; ++i) acc[0] = R::step(acc[0], R::in(p[i]));
     for (int w = L / 2; w > 0; w /= 2)
       for (int j = 0; j < w; ++j) acc[j] = R::step(acc[j], acc[j + w]);
     total = R::fold(total, acc[0]);
@@ -112,7 +128,7 @@ typename R::Total reduce_contig(const T* p, int64_t n) {
   if (n >= 1024) return reduce_lanes<R, std::max<int>(16, std::min<int>(64, 256 / sizeof(Lane)))>(p, n);
   if (n >= 32) return reduce_lanes<R, 16>(p, n);
   Lane acc = R::init();
-  for (int64_t i = 0; i < n; ++i) acc = R::step(acc, Lane(p[i]));
+  for (int64_t i = 0; i < n; ++i) acc = R::step(acc, R::in(p[i]));
   return R::fold(R::total_init(), acc);
 }
 
@@ -127,7 +143,7 @@ void reduce_cols(const T* x, int64_t rows, int64_t row_stride, int64_t w, typena
     for (int64_t j = 0; j < w; ++j) acc[j] = R::init();
     for (int64_t r = r0; r < r1; ++r) {
       const T* row = x + r * row_stride;
-      for (int64_t j = 0; j < w; ++j) acc[j] = R::step(acc[j], Lane(row[j]));
+      for (int64_t j = 0; j < w; ++j) acc[j] = R::step(acc[j], R::in(row[j]));
     }
     for (int64_t j = 0; j < w; ++j) tot[j] = R::fold(tot[j], acc[j]);
   }
@@ -363,6 +379,9 @@ void reduce(ReduceOp op, const Tensor& out, const Tensor& x, int64_t outer, int6
         run.template operator()<ProdR<T>, O>([](Total t) { return convert_scalar<O>(t); });
         return;
       }
+      case ReduceOp::sum_squares:
+        if constexpr (is_float_v<T>) run.template operator()<SumSqR<T>, double>([](double t) { return t; });
+        return;
       case ReduceOp::max:
         run.template operator()<ExtR<T, true>, T>([](acc_t<T> t) { return convert_scalar<T>(t); });
         return;

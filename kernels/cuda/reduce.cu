@@ -27,6 +27,16 @@ template <class T, class O> struct SumR {
   }
 };
 
+// Squares summed in double, returned in double (sum_squares).
+template <class T> struct SumSqR {
+  using Acc = double;
+  double scale;
+  Acc init;
+  __device__ Acc step(Acc a, T v) const { return a + double(load(v)) * double(load(v)); }
+  __device__ Acc merge(Acc a, Acc b) const { return a + b; }
+  __device__ double finish(Acc a) const { return a; }
+};
+
 template <class T, class O> struct ProdR {
   using Acc = std::conditional_t<is_float_v<T>, double, int64_t>;
   double scale;
@@ -168,6 +178,11 @@ void launch_reduce(ReduceOp op, const void* x, DType x_dtype, void* out, DType o
         }
         return;
       }
+      case ReduceOp::sum_squares:
+        if constexpr (kFloat)
+          run_reduce<T, double>(x, out, outer, reduced, inner, inner_reduced, SumSqR<T>{1.0, 0}, stream);
+        else WEFT_CUDA_FAIL("cuda sum_squares: needs a floating-point input");
+        return;
       case ReduceOp::prod: {
         using O = std::conditional_t<kFloat, T, int64_t>;
         run_reduce<T, O>(x, out, outer, reduced, inner, inner_reduced, ProdR<T, O>{1.0, 1}, stream);
