@@ -232,8 +232,9 @@ void sqrt_map(bool reciprocal, const Tensor& out, const Tensor& x) {
 // AVX-512 on unit-stride operands, forward and backward: scalar_ops.h's formulas with
 // fast_math.h's exp in f32, rounded once to bf16 (within f32 rounding of the generic loop).
 // The generic loop compiles exp's and sigmoid's range checks into masked code; this one takes
-// the exponent by vscalefps (0 below the range): 2,048 x 2,048 on a Zen 4 in 2.7 ms instead of
-// 3.8 forward, 3.4 instead of 4.4 backward, bound by the 512-bit FP pipes.
+// the exponent by vscalefps (0 below the range), and rounds by vcvtneps2bf16 where the CPU
+// has AVX512_BF16: 2,048 x 2,048 on a Zen 4 in 2.2 ms instead of 3.8 forward, 2.8 instead of
+// 4.4 backward, bound by the 512-bit FP pipes.
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // gcc 12's false ones in its intrinsics
 inline __m512 load_bf16x16(const BFloat16* p) {
@@ -241,6 +242,9 @@ inline __m512 load_bf16x16(const BFloat16* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 inline void store_bf16x16(BFloat16* p, __m512 v) {  // nearest even, NaN kept: as core/half.h
+#ifdef __AVX512BF16__  // one instruction; it flushes results below f32's normal range to 0
+  return _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
+#endif
   const __m512i u = _mm512_castps_si512(v), hi = _mm512_srli_epi32(u, 16);
   const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
   __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
