@@ -106,19 +106,14 @@ void blocked(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, i
             const bool direct = in_place && mr == MR;
             const uint16_t* bp = pb + jr * 2 * kc2;
             char* cp = static_cast<char*>(c) + ((ic + ir) * ldc + jc + jr) * es;
-            if (direct && nr == NR) {
-              register_tile<false>(kc2, a + (ic + ir) * a_rs + pc, a_rs, bp, cp, c16, ldc, alpha, beta_pc);
-              continue;
-            }
-            const uint16_t* ap = pa_ic + ir * 2 * kc2;
-            if (!direct && mr == MR && nr == NR) {
-              register_tile<true>(kc2, ap, 2, bp, cp, c16, ldc, alpha, beta_pc);
-              continue;
-            }
             // A tail tile: the full tile into `edge`, then only its valid part into c.
-            if (direct) register_tile<false>(kc2, a + (ic + ir) * a_rs + pc, a_rs, bp, edge, false, NR, 1.0f, 0.0f);
-            else register_tile<true>(kc2, ap, 2, bp, edge, false, NR, 1.0f, 0.0f);
-            store_tail(edge, NR, mr, nr, cp, c16, ldc, alpha, beta_pc);
+            const bool full = mr == MR && nr == NR;
+            void* out = full ? static_cast<void*>(cp) : edge;
+            const int64_t ld = full ? ldc : NR;
+            const float al = full ? alpha : 1.0f, be = full ? beta_pc : 0.0f;
+            if (direct) register_tile<false>(kc2, a + (ic + ir) * a_rs + pc, a_rs, bp, out, full && c16, ld, al, be);
+            else register_tile<true>(kc2, pa_ic + ir * 2 * kc2, 2, bp, out, full && c16, ld, al, be);
+            if (!full) store_tail(edge, NR, mr, nr, cp, c16, ldc, alpha, beta_pc);
           }
         }
       }

@@ -243,13 +243,14 @@ inline __m512 load_bf16x16(const BFloat16* p) {
 }
 inline void store_bf16x16(BFloat16* p, __m512 v) {  // nearest even, NaN kept: as core/half.h
 #ifdef __AVX512BF16__  // one instruction; it flushes results below f32's normal range to 0
-  return _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
-#endif
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
+#else
   const __m512i u = _mm512_castps_si512(v), hi = _mm512_srli_epi32(u, 16);
   const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
   __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
   r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+#endif
 }
 // sigmoid_f32: e = exp(-|z|) (exp_f32's reduction and polynomial), then 1/(1+e) or e/(1+e).
 inline __m512 sigmoid_x16(__m512 z) {

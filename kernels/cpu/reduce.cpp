@@ -49,17 +49,10 @@ template <class T> struct SumR {
   }
 };
 
-// x^2 summed in f64: each square of an f32 (or 16-bit) value is exact in f64, so the lanes add
-// what SumR<double> adds over x.to(f64) squared, in the same order (the same bits).
-template <class T> struct SumSqR {
-  using Lane = double;
-  using Total = double;
+// x^2 summed in f64: SumR<double> over the squares, each square of an f32 (or 16-bit) value
+// exact in f64, so the bits of summing x.to(f64) squared.
+template <class T> struct SumSqR : SumR<double> {
   static Lane in(T x) { return double(x) * double(x); }
-  static Lane init() { return 0.0; }
-  static Total total_init() { return 0.0; }
-  static Lane step(Lane a, Lane x) { return a + x; }
-  static Total fold(Total t, Lane l) { return t + l; }
-  static Total merge(Total a, Total b) { return a + b; }
 };
 
 template <class T> struct ProdR {

@@ -32,7 +32,10 @@ template <class T> struct SumSqR {
   using Acc = double;
   double scale;
   Acc init;
-  __device__ Acc step(Acc a, T v) const { return a + double(load(v)) * double(load(v)); }
+  __device__ Acc step(Acc a, T v) const {
+    const double x = load(v);
+    return a + x * x;
+  }
   __device__ Acc merge(Acc a, Acc b) const { return a + b; }
   __device__ double finish(Acc a) const { return a; }
 };
