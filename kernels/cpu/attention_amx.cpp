@@ -11,9 +11,6 @@
 #include <immintrin.h>
 
 #include <cstdint>
-// gcc 12 reports false "may be used uninitialized" warnings for the undefined pass-through
-// operand inside its own AVX-512 widening and shift intrinsics.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <cstring>
 
 #include "kernels/cpu/amx_tiles.h"

@@ -26,6 +26,7 @@
 #pragma once
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -34,8 +35,7 @@
 #endif
 
 #include "kernels/cpu/attention_tiled.h"
-#include "kernels/cpu/fast_math.h"
-#include "kernels/cpu/softmax_row.h"
+#include "kernels/cpu/avx512_math.h"
 
 namespace weft::kernels::cpu {
 namespace {
@@ -88,34 +88,50 @@ void pair_rows(const uint16_t* x, int64_t t, int64_t cols, uint16_t* out) {
   }
 }
 
-// Pair rows of f32 rows [0, m) of x (row stride ld, n16 columns, a multiple of 16) rounded to
-// bf16: out word (q, j) = (x[2q, j], x[2q + 1, j]) with ld words per pair row.
-void pair_rows_f32(const float* x, int64_t m, int64_t n16, int64_t ld, uint16_t* out) {
-  for (int64_t q = 0; 2 * q < m; ++q) {
-    const float *r0 = x + 2 * q * ld, *r1 = r0 + ld;
-    for (int64_t j = 0; j < n16; j += kW) {
-      const __m512 lo = _mm512_loadu_ps(r0 + j);
-      const __m512 hi = 2 * q + 1 < m ? _mm512_loadu_ps(r1 + j) : _mm512_setzero_ps();
-      _mm512_storeu_si512(out + 2 * (q * ld + j), interleave16(reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo))));
-    }
-  }
+// Lanes j, j + 1, ..., j + 15 below `valid`.
+inline __mmask16 lanes_below(int64_t valid, int64_t j) {
+  const int64_t c = valid - j;
+  return c >= kW ? __mmask16(0xffff) : c <= 0 ? __mmask16(0) : __mmask16((1u << c) - 1);
+}
+// Words (lo[c], hi[c]) for c < 16, each rounded to bf16, at p: one vector of a pair row.
+inline void store_pairs(uint16_t* p, __m512 lo, __m512 hi) {
+  _mm512_storeu_si512(p, interleave16(reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo))));
 }
 
-// f32 rows [0, m) of x (n16 columns) rounded into bf16 rows of the same stride ld.
-void round_rows(const float* x, int64_t m, int64_t n16, int64_t ld, uint16_t* out) {
-  for (int64_t r = 0; r < m; ++r)
-    for (int64_t j = 0; j < n16; j += kW)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * ld + j),
-                          reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_loadu_ps(x + r * ld + j))));
+// One query row's softmax (softmax_row.h's steps, 16 lanes at a time) over the scaled scores
+// s[0, valid), rounded into the bf16 row p[0, n16) that enters O = P V, zero from `valid` on;
+// s keeps e^(s - max). Returns the row's log-sum-exp.
+inline float softmax_row_bf16(float* s, int64_t valid, int64_t n16, uint16_t* p) {
+  __m512 mx = _mm512_set1_ps(-__builtin_inff());
+  for (int64_t j = 0; j < valid; j += kW)
+    mx = _mm512_mask_max_ps(mx, lanes_below(valid, j), mx, _mm512_loadu_ps(s + j));
+  const float top = _mm512_reduce_max_ps(mx);
+  const __m512 vt = _mm512_set1_ps(top);
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t j = 0; j < valid; j += kW) {
+    const __m512 e = _mm512_maskz_mov_ps(lanes_below(valid, j), exp_x16(_mm512_sub_ps(_mm512_loadu_ps(s + j), vt)));
+    _mm512_storeu_ps(s + j, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  const float total = _mm512_reduce_add_ps(sum);
+  const __m512 inv = _mm512_set1_ps(1.f / total);
+  int64_t j = 0;
+  for (; j < valid; j += kW) store_bf16x16(p + j, _mm512_mul_ps(_mm512_loadu_ps(s + j), inv));
+  for (; j < n16; j += kW) _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + j), _mm256_setzero_si256());
+  return top + std::log(total);
 }
 
 // The panel of a row-major bf16 [t, cols] buffer: word (q, j) = word (j, q) of x for j < t,
 // zero for t <= j < ld.
 void panel(const uint16_t* x, int64_t t, int64_t cols, uint16_t* out, int64_t ld) {
+  const __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                          _mm512_set1_epi32(int32_t(cols / 2)));
   for (int64_t q = 0; q < cols / 2; ++q) {
     uint16_t* o = out + 2 * q * ld;
-    for (int64_t j = 0; j < t; ++j) std::memcpy(o + 2 * j, x + j * cols + 2 * q, 4);
-    zero(o + 2 * t, o + 2 * ld);
+    for (int64_t j = 0; j < ld; j += kW) {  // words (j .. j + 15, q) of x, zero from t on
+      const __m512i at = _mm512_add_epi32(rows, _mm512_set1_epi32(int32_t(j * cols / 2)));
+      _mm512_storeu_si512(o + 2 * j, _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), lanes_below(t, j), at, x + 2 * q, 4));
+    }
   }
 }
 
@@ -236,8 +252,8 @@ void forward_loops(const AttentionDims& d, HeadsBF16 Q, HeadsBF16 K, HeadsBF16 V
       for (int64_t i0 = 0; i0 < Tq; i0 += kRowBlock) {
         const int64_t m = min64(kRowBlock, Tq - i0), n = d.causal ? i0 + m : Tk, n16 = round_up(n, kW);
         scores<Products>(Qc, E, KT, ldk, i0, m, Tk, d.causal, d.scale, S, n16);
-        for (int64_t r = 0; r < m; ++r) lp[i0 + r] = softmax_row(S + r * ldk, d.causal ? i0 + r + 1 : n, n16);
-        round_rows(S, m, n16, ldk, Pb);
+        for (int64_t r = 0; r < m; ++r)
+          lp[i0 + r] = softmax_row_bf16(S + r * ldk, d.causal ? i0 + r + 1 : n, n16, Pb + r * ldk);
         // O = P V, each row tile summing only over the key pairs it sees.
         for (int64_t r0 = 0; r0 < m; r0 += Products::kTileRows) {
           const int64_t rows = min64(Products::kTileRows, m - r0), kn = d.causal ? i0 + r0 + rows : n;
@@ -295,22 +311,34 @@ void backward_loops(const AttentionDims& d, HeadsBF16 G, HeadsBF16 Q, HeadsBF16 
             const int64_t nt = d.causal ? round_up(min64(Tk, i0 + r0 + rows), kW) : n16;
             Products::gemm(rows, nt, Ev / 2, Gc + (i0 + r0) * Ev, Ev / 2, 1, VT, ldk, dP + r0 * ldk, ldk, 1.f, false);
           }
-          for (int64_t r = 0; r < m; ++r) {
-            float *pr = P + r * ldk, *dr = dP + r * ldk;
-            const int64_t valid = d.causal ? i0 + r + 1 : n;
-            const float l = lp[i0 + r], di = D[i0 + r];
-#pragma omp simd
-            for (int64_t j = 0; j < valid; ++j) {
-              const float p = fast_exp(pr[j] - l);
-              pr[j] = p;
-              dr[j] = p * (dr[j] - di) * d.scale;
+          // P = exp(S - lse) and dS = P (dP - D) scale, by pairs of rows: rounded to bf16 as pair
+          // rows (P2, dS2: the A side of dV, dK) and as rows (dSb: the A side of dQ). An odd m's
+          // last row pairs with zeros; lanes from a row's `valid` on are zero.
+          for (int64_t r = 0; r < m; r += 2) {
+            __m512 l[2], di[2];
+            int64_t valid[2];
+            for (int h = 0; h < 2; ++h) {
+              const int64_t i = min64(i0 + r + h, Tq - 1);
+              valid[h] = r + h >= m ? 0 : d.causal ? i0 + r + h + 1 : n;
+              l[h] = _mm512_set1_ps(lp[i]), di[h] = _mm512_set1_ps(D[i]);
             }
-            zero(pr + valid, pr + n16);
-            zero(dr + valid, dr + n16);
+            const __m512 sc = _mm512_set1_ps(d.scale);
+            for (int64_t j = 0; j < n16; j += kW) {
+              __m512 pv[2], ds[2];
+              for (int h = 0; h < 2; ++h) {
+                const __mmask16 live = lanes_below(valid[h], j);
+                const int64_t at = (r + h) * ldk + j;
+                pv[h] = ds[h] = _mm512_setzero_ps();
+                if (live) {
+                  pv[h] = _mm512_maskz_mov_ps(live, exp_x16(_mm512_sub_ps(_mm512_loadu_ps(P + at), l[h])));
+                  ds[h] = _mm512_maskz_mul_ps(live, _mm512_mul_ps(pv[h], _mm512_sub_ps(_mm512_loadu_ps(dP + at), di[h])), sc);
+                }
+                if (r + h < m) store_bf16x16(dSb + at, ds[h]);
+              }
+              store_pairs(P2 + 2 * (r / 2 * ldk + j), pv[0], pv[1]);
+              store_pairs(dS2 + 2 * (r / 2 * ldk + j), ds[0], ds[1]);
+            }
           }
-          pair_rows_f32(P, m, n16, ldk, P2);
-          pair_rows_f32(dP, m, n16, ldk, dS2);
-          round_rows(dP, m, n16, ldk, dSb);
           // dV[0:n] += P^T dO and dK[0:n] += dS^T Q: the pair (P[2q, j], P[2q + 1, j]) is word
           // (q, j) of P2, so A = P^T reads P2 with strides (1, ldk); dO and Q as pair rows.
           const int64_t m2 = (m + 1) / 2;
