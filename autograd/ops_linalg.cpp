@@ -77,10 +77,9 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   Tensor x2 = autocast_input(x.detach().reshape({-1, in})), w = autocast_input(weight.detach());
   const DType dt = x2.dtype();
   Tensor y2;
-  if (bias.defined()) {
+  if (bias.defined()) {  // the bias in y's dtype, added as the product is stored
     y2 = empty({x2.size(0), out_f}, {.dtype = dt, .device = x.device()});
-    y2.copy_(bias.detach());
-    k::gemm(x2, false, w, true, y2, 1.0, 1.0);
+    k::gemm(x2, false, w, true, y2, 1.0, 0.0, bias.detach().to(dt));
   } else {
     y2 = k::matmul(x2, w.t());
   }

@@ -53,7 +53,8 @@ struct KernelBackend {
   // a [..., m, k] @ b [..., k, n], batch dims broadcast to out's [batch..., m, n].
   void (*matmul)(const Tensor& a, const Tensor& b, const Tensor& out);
   void (*dot)(const Tensor& a, const Tensor& b, const Tensor& out);                              // 1-D, out 0-dim
-  void (*gemm)(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta);  // 2-D
+  // 2-D; bias (beta 0 then) a contiguous [n] of out's dtype, or undefined.
+  void (*gemm)(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta, const Tensor& bias);
 
   // ---- nn (kernels/nn.h); tensors named "contiguous" are.
   // x, y, grad contiguous [outer, n, inner], reducing over n.

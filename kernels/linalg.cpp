@@ -66,7 +66,7 @@ Tensor matmul(const Tensor& a_, const Tensor& b_) {
 }
 
 void gemm(const Tensor& a_, bool trans_a, const Tensor& b_, bool trans_b, const Tensor& out, double alpha,
-          double beta) {
+          double beta, const Tensor& bias) {
   Tensor a = a_.defined() ? a_.detach() : a_, b = b_.defined() ? b_.detach() : b_;
   check_operands("gemm", a, b);
   WEFT_CHECK(a.dim() == 2 && b.dim() == 2, "gemm: expects 2-D operands, got {} and {}", tensor_desc(a),
@@ -80,7 +80,11 @@ void gemm(const Tensor& a_, bool trans_a, const Tensor& b_, bool trans_b, const 
              A.size(0), A.size(1), B.size(0), B.size(1));
   WEFT_CHECK(out.dim() == 2 && out.size(0) == A.size(0) && out.size(1) == B.size(1) && out.is_contiguous(),
              "gemm: out {} must be a contiguous [{}, {}] matrix", tensor_desc(out), A.size(0), B.size(1));
-  kernel_backend(a.device(), "gemm").gemm(A, B, out, alpha, beta);
+  WEFT_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == out.size(1) && bias.dtype() == out.dtype() &&
+                                 bias.device() == out.device() && beta == 0.0),
+             "gemm: bias {} must be a 1-D [{}] of out's dtype and device ({}), with beta 0 (got {})",
+             tensor_desc(bias), out.size(1), tensor_desc(out), beta);
+  kernel_backend(a.device(), "gemm").gemm(A, B, out, alpha, beta, bias.defined() ? bias.detach().contiguous() : bias);
 }
 
 }  // namespace weft::kernels

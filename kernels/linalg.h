@@ -10,10 +10,13 @@ namespace weft::kernels {
 // torch.matmul semantics: 1-D x 1-D dot, 2-D x 2-D, 1-D promoted to a matrix and squeezed
 // back, N-D batched with broadcast batch dims. f32, f64 (bf16/f16 computed in f32).
 Tensor matmul(const Tensor& a, const Tensor& b);
-// out[m,n] = alpha * op(a)[m,k] op(b)[k,n] + beta * out, 2-D only; out must be contiguous and
-// of the operands' dtype, or f32 for bf16/f16 operands (f32 sums stored unrounded).
+// out[m,n] = alpha * op(a)[m,k] op(b)[k,n] + beta * out (+ bias[n] on every row), 2-D only; out
+// must be contiguous and of the operands' dtype, or f32 for bf16/f16 operands (f32 sums stored
+// unrounded); a bias is a 1-D [n] of out's dtype, with beta 0. The bf16 kernels add the bias as
+// they store each tile (one rounding, as filling out with it and adding the product would
+// give); elsewhere out is filled with it first.
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& out,
-          double alpha = 1.0, double beta = 0.0);
+          double alpha = 1.0, double beta = 0.0, const Tensor& bias = {});
 
 // Whether f32 products on CUDA (matmul, gemm, and the GEMMs inside conv2d) may run on TF32
 // tensor cores: inputs rounded to a 10-bit mantissa, f32 accumulation, about 1e-3 relative

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -141,8 +142,15 @@ auto bgemm_fn(BgemmKernel kernel) {
   return [kernel](int64_t m, int64_t n, int64_t k, const BFloat16* a, MatLayout la, const BFloat16* b, MatLayout lb,
                   TO* c, int64_t ldc, float alpha, float beta) {
     (kernel == BgemmKernel::amx ? bgemm_amx : bgemm_avx512bf16)(m, n, k, &a->bits, rs(la), cs(la), &b->bits, rs(lb),
-                                                                 cs(lb), c, std::is_same_v<TO, BFloat16>, ldc, alpha, beta);
+                                                                 cs(lb), c, std::is_same_v<TO, BFloat16>, ldc, alpha, beta,
+                                                                 nullptr);
   };
+}
+// The bf16 entry point without a bias, as check_gemm calls it.
+template <class TO>
+void entry_bf16(int64_t m, int64_t n, int64_t k, const BFloat16* a, MatLayout la, const BFloat16* b, MatLayout lb,
+                TO* c, int64_t ldc, float alpha, float beta) {
+  gemm_bf16<TO>(m, n, k, a, la, b, lb, c, ldc, alpha, beta);
 }
 
 }  // namespace
@@ -203,7 +211,7 @@ TEST_CASE("GEMMs give the same bits on any number of threads") {
       Tensor c0 = randn({c.m, c.n}, {.dtype = dt}, &gen);
       test::check_same_bits_on_any_thread_count([&] {
         Tensor out = c0.clone();
-        kernels::cpu::gemm(a, b, out, c.alpha, c.beta);
+        kernels::cpu::gemm(a, b, out, c.alpha, c.beta, Tensor());
         return std::vector<Tensor>{out};
       });
     }
@@ -335,17 +343,80 @@ TEST_CASE("the bf16 GEMM entry point splits over threads and gives the kernel's 
     for (int t : {1, 2}) {
       set_num_threads(t);
       INFO("kernel " << bgemm_kernel_name(kernel) << ", " << t << " threads");
-      check_gemm<BFloat16, float>(gemm_bf16<float>, 300, 129, 300, false, true, 3, 1.0f, 0.0f);
-      check_gemm<BFloat16, BFloat16>(gemm_bf16<BFloat16>, 65, 700, 257, true, false, 0, -0.5f, 1.0f);
-      check_gemm<BFloat16, BFloat16>(gemm_bf16<BFloat16>, 530, 40, 64, true, true, 1, 1.0f, 0.0f);  // slices on row-tile edges
-      check_gemm<BFloat16, BFloat16>(gemm_bf16<BFloat16>, 530, 40, 64, false, true, 1, 1.0f, 0.0f);  // a read in place: by columns
-      check_gemm<BFloat16, float>(gemm_bf16<float>, 40, 600, 64, true, false, 0, 1.0f, 0.5f);        // slices on 32-column edges
-      check_gemm<BFloat16, float>(gemm_bf16<float>, 1, 300, 65, false, false, 2, 2.0f, 0.25f);
-      check_gemm<BFloat16, BFloat16>(gemm_bf16<BFloat16>, 20, 30, 0, false, false, 0, 1.0f, 0.5f);  // k = 0: beta * c
+      check_gemm<BFloat16, float>(entry_bf16<float>, 300, 129, 300, false, true, 3, 1.0f, 0.0f);
+      check_gemm<BFloat16, BFloat16>(entry_bf16<BFloat16>, 65, 700, 257, true, false, 0, -0.5f, 1.0f);
+      check_gemm<BFloat16, BFloat16>(entry_bf16<BFloat16>, 530, 40, 64, true, true, 1, 1.0f, 0.0f);  // slices on row-tile edges
+      check_gemm<BFloat16, BFloat16>(entry_bf16<BFloat16>, 530, 40, 64, false, true, 1, 1.0f, 0.0f);  // a read in place: by columns
+      check_gemm<BFloat16, float>(entry_bf16<float>, 40, 600, 64, true, false, 0, 1.0f, 0.5f);        // slices on 32-column edges
+      check_gemm<BFloat16, float>(entry_bf16<float>, 1, 300, 65, false, false, 2, 2.0f, 0.25f);
+      check_gemm<BFloat16, BFloat16>(entry_bf16<BFloat16>, 20, 30, 0, false, false, 0, 1.0f, 0.5f);  // k = 0: beta * c
     }
   }
   set_num_threads(threads);
   set_bgemm_kernel(saved);
+}
+
+// kernels::gemm's bias row: every kernel adds it as it stores a tile (or the portable path
+// fills out with it first), with the same bits as filling out with the bias and adding the
+// product with beta 1, and within f32 rounding of a double loop that adds it; the split
+// over threads (by rows and by columns), tail tiles, f32 and bf16 results, several depth
+// blocks (bf16 summed in f32 and rounded once) included. Bad biases are refused.
+TEST_CASE("gemm adds a bias row as filling out with it and adding the product would") {
+  Generator gen(5);
+  struct Case {
+    int64_t m, n, k;
+    bool ta, tb;
+  };
+  const std::vector<Case> cases = {{300, 129, 300, false, true}, {65, 700, 257, true, false}, {530, 40, 64, false, true},
+                                   {40, 600, 64, true, false},   {37, 45, 2100, false, true}, {1, 300, 65, false, false}};
+  auto run = [&](const char* route) {
+    for (auto [dt, out_dt] : {std::pair{kFloat32, kFloat32}, std::pair{kBFloat16, kBFloat16}, std::pair{kBFloat16, kFloat32}})
+        for (const Case& c : cases) {
+          INFO(route << ": " << dtype_name(dt) << " -> " << dtype_name(out_dt) << " " << c.m << " x " << c.n << " x "
+                     << c.k);
+          Tensor a = randn(c.ta ? Shape{c.k, c.m} : Shape{c.m, c.k}, {.dtype = dt}, &gen);
+          Tensor b = randn(c.tb ? Shape{c.n, c.k} : Shape{c.k, c.n}, {.dtype = dt}, &gen);
+          Tensor bias = randn({c.n}, {.dtype = out_dt}, &gen);
+          for (int t : {1, 2}) {
+            set_num_threads(t);
+            Tensor got = empty({c.m, c.n}, {.dtype = out_dt}), filled = empty({c.m, c.n}, {.dtype = out_dt});
+            kernels::gemm(a, c.ta, b, c.tb, got, 0.5, 0.0, bias);
+            filled.copy_(bias);
+            kernels::gemm(a, c.ta, b, c.tb, filled, 0.5, 1.0);
+            CHECK(std::memcmp(got.data_ptr(), filled.data_ptr(), size_t(got.nbytes())) == 0);  // the same bits
+            Tensor a64 = c.ta ? a.to(kFloat64).t() : a.to(kFloat64), b64 = c.tb ? b.to(kFloat64).t() : b.to(kFloat64);
+            Tensor want = kernels::matmul(a64, b64).to(kFloat64);
+            std::vector<double> g = to_vector(got), w = to_vector(want), bv = to_vector(bias);
+            int bad = 0;
+            for (size_t i = 0; i < g.size(); ++i) {
+              const double x = 0.5 * w[i] + bv[i % size_t(c.n)];
+              const double tol = 1e-4 * (1 + std::abs(x)) + (out_dt == kBFloat16 ? std::ldexp(std::abs(x), -8) : 0.0);
+              if (std::abs(g[i] - x) > tol && bad++ < 4) FAIL_CHECK(fmt::format("[{}] got {} want {}", i, g[i], x));
+            }
+          }
+        }
+  };
+  const int threads = get_num_threads();
+  if (bf16_gemm_native()) {
+    const BgemmKernel saved = bgemm_kernel();
+    for (BgemmKernel kernel : bf16_kernels()) {
+      set_bgemm_kernel(kernel);
+      run(bgemm_kernel_name(kernel));
+    }
+    set_bgemm_kernel(saved);
+  }
+  const SgemmKernel saved = sgemm_kernel();
+  set_sgemm_kernel(SgemmKernel::eigen);
+  run("portable (bias filled first)");
+  set_sgemm_kernel(saved);
+  set_num_threads(threads);
+  Tensor a = randn({8, 16}, {}, &gen), b = randn({16, 24}, {}, &gen), out = empty({8, 24});
+  CHECK_THROWS_WITH(kernels::gemm(a, false, b, false, out, 1.0, 0.0, randn({23}, {}, &gen)),
+                    Catch::Matchers::Contains("bias") && Catch::Matchers::Contains("[24]"));
+  CHECK_THROWS_WITH(kernels::gemm(a, false, b, false, out, 1.0, 0.0, randn({24}, {.dtype = kFloat64}, &gen)),
+                    Catch::Matchers::Contains("out's dtype"));
+  CHECK_THROWS_WITH(kernels::gemm(a, false, b, false, out, 1.0, 1.0, randn({24}, {}, &gen)),
+                    Catch::Matchers::Contains("beta 0"));
 }
 
 // bf16 matmul of tensors, native and portable: the answer is the bf16 inputs' product summed in

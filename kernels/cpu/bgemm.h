@@ -11,14 +11,18 @@ namespace weft::kernels::cpu {
 // c[m, n] (row-major, leading dim ldc) = alpha * a b + beta * c, with a[i, p] at
 // a[i * a_rs + p * a_cs] and b[p, j] at b[p * b_rs + j * b_cs] (bf16 bits; any transpose or
 // leading dim). c is f32, or bf16 bits when c_bf16 (then beta reads, and the result rounds
-// to nearest even into, bf16). beta == 0 never reads c. As the instruction does, subnormal
-// inputs and products count as zero. Serial: the caller splits work over threads. k >= 1.
+// to nearest even into, bf16). beta == 0 never reads c. bias (n values of c's type, or null)
+// is added to every row: alpha a b + beta c + bias, rounded once. As the instruction does,
+// subnormal inputs and products count as zero. Serial: the caller splits work over threads.
+// k >= 1.
 void bgemm_avx512bf16(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, int64_t a_cs,
                       const uint16_t* b, int64_t b_rs, int64_t b_cs, void* c, bool c_bf16, int64_t ldc,
-                      float alpha, float beta);
+                      float alpha, float beta, const void* bias);
 // The same product on AMX tiles: only after Linux has granted the process the tile state
-// (gemm.cpp asks, arch_prctl ARCH_REQ_XCOMP_PERM).
+// (gemm.cpp asks, arch_prctl ARCH_REQ_XCOMP_PERM). A bias needs beta == 0: it is written into c
+// first, and the product added onto it.
 void bgemm_amx(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, int64_t a_cs, const uint16_t* b,
-               int64_t b_rs, int64_t b_cs, void* c, bool c_bf16, int64_t ldc, float alpha, float beta);
+               int64_t b_rs, int64_t b_cs, void* c, bool c_bf16, int64_t ldc, float alpha, float beta,
+               const void* bias);
 
 }  // namespace weft::kernels::cpu

@@ -38,7 +38,7 @@ inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 // and reloaded its bound and a stride from memory on every step.
 template <bool Packed>
 inline void register_tile(int64_t kc2, const uint16_t* a, int64_t a_row, const uint16_t* b, void* c, bool c16,
-                          int64_t ldc, float alpha, float beta) {
+                          int64_t ldc, float alpha, float beta, const void* bias) {
   __m512 acc[MR][2];
   for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
   const uint16_t* p[MR / 3];
@@ -64,14 +64,15 @@ inline void register_tile(int64_t kc2, const uint16_t* a, int64_t a_row, const u
       char* cv = static_cast<char*>(c) + (i * ldc + 16 * v) * es;
       __m512 r = _mm512_mul_ps(va, acc[i][v]);
       if (beta != 0.0f) r = _mm512_fmadd_ps(vb, load_c(cv, c16), r);
+      if (bias) r = _mm512_add_ps(r, load_c(static_cast<const char*>(bias) + 16 * v * es, c16));
       store_c(cv, c16, r);
     }
 }
 
 // The blocked product into f32 or bf16 c; with bf16 c, k must fit one KC block (later blocks
-// would accumulate through bf16).
+// would accumulate through bf16). The bias joins the first depth block, as beta does.
 void blocked(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, int64_t a_cs, const uint16_t* b,
-             int64_t b_rs, int64_t b_cs, void* c, bool c16, int64_t ldc, float alpha, float beta) {
+             int64_t b_rs, int64_t b_cs, void* c, bool c16, int64_t ldc, float alpha, float beta, const void* bias) {
   static thread_local Scratch<uint16_t> a_buf, b_buf;
   const int64_t kc2_max = (min64(k, KC) + 1) / 2;
   // A column-major a (the weight gradient's dY^T) is packed once for all column blocks when
@@ -88,6 +89,7 @@ void blocked(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, i
     for (int64_t pc = 0; pc < k; pc += KC) {
       const int64_t kc = min64(KC, k - pc), kc2 = (kc + 1) / 2;
       const float beta_pc = pc == 0 ? beta : 1.0f;  // later k blocks accumulate onto the first
+      const char* bias_pc = pc == 0 ? static_cast<const char*>(bias) : nullptr;
       for (int64_t j = 0; j < nc; j += NR)
         pack_pairs<NR>(kc, min64(NR, nc - j), b + pc * b_rs + (jc + j) * b_cs, b_cs, b_rs, pb + j * 2 * kc2);
       // Full panels of a row-major a are read in place (pairs are adjacent); the rest is packed.
@@ -111,9 +113,11 @@ void blocked(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, i
             void* out = full ? static_cast<void*>(cp) : edge;
             const int64_t ld = full ? ldc : NR;
             const float al = full ? alpha : 1.0f, be = full ? beta_pc : 0.0f;
-            if (direct) register_tile<false>(kc2, a + (ic + ir) * a_rs + pc, a_rs, bp, out, full && c16, ld, al, be);
-            else register_tile<true>(kc2, pa_ic + ir * 2 * kc2, 2, bp, out, full && c16, ld, al, be);
-            if (!full) store_tail(edge, NR, mr, nr, cp, c16, ldc, alpha, beta_pc);
+            const char* bias_j = bias_pc ? bias_pc + (jc + jr) * es : nullptr;
+            const void* bi = full ? bias_j : nullptr;
+            if (direct) register_tile<false>(kc2, a + (ic + ir) * a_rs + pc, a_rs, bp, out, full && c16, ld, al, be, bi);
+            else register_tile<true>(kc2, pa_ic + ir * 2 * kc2, 2, bp, out, full && c16, ld, al, be, bi);
+            if (!full) store_tail(edge, NR, mr, nr, cp, c16, ldc, alpha, beta_pc, bias_j);
           }
         }
       }
@@ -125,8 +129,8 @@ void blocked(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, i
 
 void bgemm_avx512bf16(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, int64_t a_cs,
                       const uint16_t* b, int64_t b_rs, int64_t b_cs, void* c, bool c_bf16, int64_t ldc,
-                      float alpha, float beta) {
-  bgemm_by_depth_blocks(blocked, KC, m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, c, c_bf16, ldc, alpha, beta);
+                      float alpha, float beta, const void* bias) {
+  bgemm_by_depth_blocks(blocked, KC, m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, c, c_bf16, ldc, alpha, beta, bias);
 }
 
 }  // namespace weft::kernels::cpu

@@ -148,43 +148,49 @@ inline __m512 load_c(const void* c, bool c16) {
   const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(static_cast<const __m256i*>(c)));
   return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
 }
+// Element j of a bias row of c's type (bgemm.h), as f32.
+inline float bias_at(const void* bias, bool c16, int64_t j) {
+  return c16 ? from_bf16(static_cast<const uint16_t*>(bias)[j]) : static_cast<const float*>(bias)[j];
+}
 inline void store_c(void* c, bool c16, __m512 v) {
   if (!c16) return _mm512_storeu_ps(static_cast<float*>(c), v);
   _mm256_storeu_si256(static_cast<__m256i*>(c), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
 }
 
 // The valid mr x nr corner of a tail tile's sums (f32, leading dim edge_ld) into c at cp:
-// alpha * sum + beta * c, rounded once for a bf16 c.
+// alpha * sum + beta * c (+ bias[j], the tile's part of the bias row), rounded once for a
+// bf16 c.
 inline void store_tail(const float* edge, int64_t edge_ld, int64_t mr, int64_t nr, char* cp, bool c16, int64_t ldc,
-                       float alpha, float beta) {
+                       float alpha, float beta, const void* bias) {
   for (int64_t i = 0; i < mr; ++i)
     for (int64_t j = 0; j < nr; ++j) {
-      const float v = alpha * edge[i * edge_ld + j];
+      const float v = alpha * edge[i * edge_ld + j], add = bias ? bias_at(bias, c16, j) : 0.0f;
       if (c16) {
         uint16_t* o = reinterpret_cast<uint16_t*>(cp) + i * ldc + j;
-        *o = to_bf16(beta == 0.0f ? v : __builtin_fmaf(beta, from_bf16(*o), v));
+        *o = to_bf16((beta == 0.0f ? v : __builtin_fmaf(beta, from_bf16(*o), v)) + add);
       } else {
         float* o = reinterpret_cast<float*>(cp) + i * ldc + j;
-        *o = beta == 0.0f ? v : __builtin_fmaf(beta, *o, v);
+        *o = (beta == 0.0f ? v : __builtin_fmaf(beta, *o, v)) + add;
       }
     }
 }
 
-// c = alpha a b + beta c (the arguments of bgemm.h) by `blocked`, a kernel's blocked product
+// c = alpha a b + beta c + bias (the arguments of bgemm.h) by `blocked`, a kernel's blocked product
 // into an f32 or bf16 c that takes a bf16 c only within one depth block of `kc` (later blocks
 // would add through bf16): a bf16 result over several blocks is summed in f32, rounded once.
 template <class Blocked>
 void bgemm_by_depth_blocks(Blocked blocked, int64_t kc, int64_t m, int64_t n, int64_t k, const uint16_t* a,
                            int64_t a_rs, int64_t a_cs, const uint16_t* b, int64_t b_rs, int64_t b_cs, void* c,
-                           bool c_bf16, int64_t ldc, float alpha, float beta) {
-  if (!c_bf16 || k <= kc) return blocked(m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, c, c_bf16, ldc, alpha, beta);
+                           bool c_bf16, int64_t ldc, float alpha, float beta, const void* bias) {
+  if (!c_bf16 || k <= kc) return blocked(m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, c, c_bf16, ldc, alpha, beta, bias);
   std::vector<float> sum(size_t(m * n));
   uint16_t* c16 = static_cast<uint16_t*>(c);
-  blocked(m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, sum.data(), false, n, alpha, 0.0f);
+  blocked(m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, sum.data(), false, n, alpha, 0.0f, nullptr);
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < n; ++j) {
-      const float v = sum[size_t(i * n + j)];
-      c16[i * ldc + j] = to_bf16(beta == 0.0f ? v : v + beta * from_bf16(c16[i * ldc + j]));
+      float v = sum[size_t(i * n + j)];
+      if (beta != 0.0f) v += beta * from_bf16(c16[i * ldc + j]);
+      c16[i * ldc + j] = to_bf16(bias ? v + bias_at(bias, true, j) : v);
     }
 }
 

@@ -330,18 +330,19 @@ template <typename T> const T* row_at(const T* a, MatLayout l, int64_t r) { retu
 template <typename T> const T* col_at(const T* b, MatLayout l, int64_t j) { return l.row_major ? b + j : b + j * l.ld; }
 
 using BgemmFn = void (*)(int64_t, int64_t, int64_t, const uint16_t*, int64_t, int64_t, const uint16_t*, int64_t,
-                        int64_t, void*, bool, int64_t, float, float);
+                        int64_t, void*, bool, int64_t, float, float, const void*);
 
 template <typename TO>
 void bgemm_one(BgemmFn fn, int64_t m, int64_t n, int64_t k, const BFloat16* a, MatLayout la, const BFloat16* b,
-               MatLayout lb, TO* c, int64_t ldc, float alpha, float beta) {
+               MatLayout lb, TO* c, int64_t ldc, float alpha, float beta, const TO* bias) {
   if (k == 0) {
     for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0f ? TO(0.0f) : TO(beta * float(c[i * ldc + j]));
+      for (int64_t j = 0; j < n; ++j)
+        c[i * ldc + j] = TO((beta == 0.0f ? 0.0f : beta * float(c[i * ldc + j])) + (bias ? float(bias[j]) : 0.0f));
     return;
   }
   fn(m, n, k, &a->bits, la.row_major ? la.ld : 1, la.row_major ? 1 : la.ld, &b->bits, lb.row_major ? lb.ld : 1,
-     lb.row_major ? 1 : lb.ld, c, std::is_same_v<TO, BFloat16>, ldc, alpha, beta);
+     lb.row_major ? 1 : lb.ld, c, std::is_same_v<TO, BFloat16>, ldc, alpha, beta, bias);
 }
 
 }  // namespace
@@ -397,7 +398,7 @@ void set_bgemm_kernel(BgemmKernel k) {
 
 template <typename TO>
 void gemm_bf16(int64_t m, int64_t n, int64_t k, const BFloat16* a, MatLayout la, const BFloat16* b, MatLayout lb,
-               TO* c, int64_t ldc, float alpha, float beta) {
+               TO* c, int64_t ldc, float alpha, float beta, const TO* bias) {
   WEFT_CHECK(bf16_gemm_native(), "gemm_bf16: this CPU has no AVX512_BF16 (or WEFT_CPU_GEMM chose another kernel)");
   const bool amx = bgemm_kernel() == BgemmKernel::amx;
   const BgemmFn fn = amx ? bgemm_amx : bgemm_avx512bf16;
@@ -405,13 +406,13 @@ void gemm_bf16(int64_t m, int64_t n, int64_t k, const BFloat16* a, MatLayout la,
   const bool by_rows = m > n && !a_in_place;
   split_product(m, n, k, false, amx ? 32 : 12, by_rows, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
     bgemm_one<TO>(fn, r1 - r0, c1 - c0, k, row_at(a, la, r0), la, col_at(b, lb, c0), lb, c + r0 * ldc + c0, ldc, alpha,
-                  beta);
+                  beta, bias ? bias + c0 : nullptr);
   });
 }
 template void gemm_bf16<float>(int64_t, int64_t, int64_t, const BFloat16*, MatLayout, const BFloat16*, MatLayout,
-                               float*, int64_t, float, float);
+                               float*, int64_t, float, float, const float*);
 template void gemm_bf16<BFloat16>(int64_t, int64_t, int64_t, const BFloat16*, MatLayout, const BFloat16*,
-                                  MatLayout, BFloat16*, int64_t, float, float);
+                                  MatLayout, BFloat16*, int64_t, float, float, const BFloat16*);
 template void gemm<float>(int64_t, int64_t, int64_t, const float*, MatLayout, const float*, MatLayout, float*,
                           int64_t, float, float);
 template void gemm<double>(int64_t, int64_t, int64_t, const double*, MatLayout, const double*, MatLayout,
@@ -455,19 +456,25 @@ void dot(const Tensor& a, const Tensor& b, const Tensor& out) {
   });
 }
 
-void gemm(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta) {
-  if (a.dtype() == DType::bf16 && bf16_gemm_native()) {
+void gemm(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta, const Tensor& bias) {
+  if (a.dtype() == DType::bf16 && bf16_gemm_native()) {  // the bias added in the kernel's epilogue
     Tensor A = with_layout(a), B = with_layout(b);
     auto run = [&]<typename TO>(TO* c) {
       gemm_bf16<TO>(A.size(0), B.size(1), A.size(1), A.data<BFloat16>(), mat_layout(A), B.data<BFloat16>(),
-                    mat_layout(B), c, out.size(1), float(alpha), float(beta));
+                    mat_layout(B), c, out.size(1), float(alpha), float(beta),
+                    bias.defined() ? bias.data<TO>() : nullptr);
     };
     return out.dtype() == DType::bf16 ? run(out.data<BFloat16>()) : run(out.data<float>());
   }
-  if (is_16bit(a.dtype()) && out.dtype() == DType::f32) return gemm(a.to(DType::f32), b.to(DType::f32), out, alpha, beta);
+  if (bias.defined()) {  // elsewhere out starts as the bias rows and the product adds onto them
+    Tensor(out).copy_(bias);
+    return gemm(a, b, out, alpha, 1.0, Tensor());
+  }
+  if (is_16bit(a.dtype()) && out.dtype() == DType::f32)
+    return gemm(a.to(DType::f32), b.to(DType::f32), out, alpha, beta, Tensor());
   if (is_16bit(out.dtype())) {
     Tensor out32 = out.to(DType::f32);
-    gemm(a.to(DType::f32), b.to(DType::f32), out32, alpha, beta);
+    gemm(a.to(DType::f32), b.to(DType::f32), out32, alpha, beta, Tensor());
     copy_elements(out, out32);
     return;
   }

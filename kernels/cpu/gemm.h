@@ -39,7 +39,7 @@ void gemm(int64_t m, int64_t n, int64_t k, const T* a, MatLayout la, const T* b,
 bool bf16_gemm_native();
 template <typename TO>
 void gemm_bf16(int64_t m, int64_t n, int64_t k, const BFloat16* a, MatLayout la, const BFloat16* b, MatLayout lb,
-               TO* c, int64_t ldc, float alpha = 1.0f, float beta = 0.0f);
+               TO* c, int64_t ldc, float alpha = 1.0f, float beta = 0.0f, const TO* bias = nullptr);
 
 // The f32 GEMM kernel: weft's own packed kernels for AVX-512 or AVX2 + FMA (sgemm.h), chosen
 // at run time from what the CPU has, else Eigen (f64 always uses Eigen). WEFT_CPU_GEMM=avx512|
@@ -65,6 +65,7 @@ void set_bgemm_kernel(BgemmKernel k);
 // ones go through f32).
 void matmul(const Tensor& a, const Tensor& b, const Tensor& out);
 void dot(const Tensor& a, const Tensor& b, const Tensor& out);                              // 1-D, out 0-dim
-void gemm(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta);  // 2-D
+void gemm(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta,  // 2-D
+          const Tensor& bias);
 
 }  // namespace weft::kernels::cpu

@@ -269,15 +269,19 @@ void dot(const Tensor& a, const Tensor& b, const Tensor& out) {
            0.0, out.device().index);
 }
 
-void gemm(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta) {
+void gemm(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta, const Tensor& bias) {
   if (out.numel() == 0) return;
+  if (bias.defined()) {  // out starts as the bias rows and the product adds onto them
+    Tensor(out).copy_(bias);
+    return gemm(a, b, out, alpha, 1.0, Tensor());
+  }
   if (a.size(1) == 0) {
     if (beta == 0) Tensor(out).zero_();
     else if (beta != 1) mul_scalar_(out, beta);
     return;
   }
   // 16-bit operands into an f32 out (kernels/linalg.h): the same products from f32 copies.
-  if (out.dtype() != a.dtype()) return gemm(a.to(kFloat32), b.to(kFloat32), out, alpha, beta);
+  if (out.dtype() != a.dtype()) return gemm(a.to(kFloat32), b.to(kFloat32), out, alpha, beta, Tensor());
   Tensor A = with_layout(a), B = with_layout(b);
   gemm_raw(out.dtype(), A.size(0), B.size(1), A.size(1), {A.data_ptr(), cpu::mat_layout(A), 0},
            {B.data_ptr(), cpu::mat_layout(B), 0}, out.data_ptr(), out.size(1), 0, 1, alpha, beta,
