@@ -59,12 +59,16 @@ inline void register_tile(int64_t kc2, const uint16_t* a, int64_t a_row, const u
   }
   const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
   const int64_t es = c16 ? 2 : 4;
+  const char* bias_row = static_cast<const char*>(bias);
+  const __m512 bv[2] = {bias ? load_c(bias_row, c16) : va, bias ? load_c(bias_row + 16 * es, c16) : va};
+#pragma GCC unroll 12
   for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 2
     for (int v = 0; v < 2; ++v) {
       char* cv = static_cast<char*>(c) + (i * ldc + 16 * v) * es;
       __m512 r = _mm512_mul_ps(va, acc[i][v]);
       if (beta != 0.0f) r = _mm512_fmadd_ps(vb, load_c(cv, c16), r);
-      if (bias) r = _mm512_add_ps(r, load_c(static_cast<const char*>(bias) + 16 * v * es, c16));
+      if (bias) r = _mm512_add_ps(r, bv[v]);
       store_c(cv, c16, r);
     }
 }
