@@ -104,8 +104,7 @@ void tile_product(int64_t kcp, const uint16_t* a, int64_t a_ld, const uint16_t* 
   memory_barrier();
 }
 
-// The blocked product into f32 or bf16 c; with bf16 c, k must fit one KC block. A bias has
-// been written into c (bgemm_amx), so it is never passed here.
+// The blocked product into f32 or bf16 c; with bf16 c, k must fit one KC block (no bias: see bgemm_amx).
 void blocked(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, int64_t a_cs, const uint16_t* b,
              int64_t b_rs, int64_t b_cs, void* c, bool c16, int64_t ldc, float alpha, float beta, const void*) {
   static thread_local Scratch<uint16_t> a_buf, b_buf;

@@ -59,8 +59,7 @@ inline void register_tile(int64_t kc2, const uint16_t* a, int64_t a_row, const u
   }
   const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
   const int64_t es = c16 ? 2 : 4;
-  const char* bias_row = static_cast<const char*>(bias);
-  const __m512 bv[2] = {bias ? load_c(bias_row, c16) : va, bias ? load_c(bias_row + 16 * es, c16) : va};
+  const __m512 bv[2] = {bias ? load_c(bias, c16) : va, bias ? load_c(static_cast<const char*>(bias) + 16 * es, c16) : va};
 #pragma GCC unroll 12
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 2

@@ -164,14 +164,13 @@ inline void store_tail(const float* edge, int64_t edge_ld, int64_t mr, int64_t n
                        float alpha, float beta, const void* bias) {
   for (int64_t i = 0; i < mr; ++i)
     for (int64_t j = 0; j < nr; ++j) {
-      const float v = alpha * edge[i * edge_ld + j], add = bias ? bias_at(bias, c16, j) : 0.0f;
-      if (c16) {
-        uint16_t* o = reinterpret_cast<uint16_t*>(cp) + i * ldc + j;
-        *o = to_bf16((beta == 0.0f ? v : __builtin_fmaf(beta, from_bf16(*o), v)) + add);
-      } else {
-        float* o = reinterpret_cast<float*>(cp) + i * ldc + j;
-        *o = (beta == 0.0f ? v : __builtin_fmaf(beta, *o, v)) + add;
-      }
+      uint16_t* o16 = reinterpret_cast<uint16_t*>(cp) + i * ldc + j;
+      float* o = reinterpret_cast<float*>(cp) + i * ldc + j;
+      float v = alpha * edge[i * edge_ld + j];
+      if (beta != 0.0f) v = __builtin_fmaf(beta, c16 ? from_bf16(*o16) : *o, v);
+      if (bias) v += bias_at(bias, c16, j);
+      if (c16) *o16 = to_bf16(v);
+      else *o = v;
     }
 }
 
