@@ -402,7 +402,8 @@ void gemm_bf16(int64_t m, int64_t n, int64_t k, const BFloat16* a, MatLayout la,
   WEFT_CHECK(bf16_gemm_native(), "gemm_bf16: this CPU has no AVX512_BF16 (or WEFT_CPU_GEMM chose another kernel)");
   const bool amx = bgemm_kernel() == BgemmKernel::amx;
   const BgemmFn fn = amx ? bgemm_amx : bgemm_avx512bf16;
-  const bool a_in_place = la.row_major && k % (amx ? 32 : 2) == 0;  // whole pairs (AMX: tiles) of depth
+  // whole pairs (AMX: tiles) of depth; the vdpbf16ps kernel packs rows a multiple of 4 KiB apart
+  const bool a_in_place = la.row_major && k % (amx ? 32 : 2) == 0 && (amx || la.ld % 2048 != 0);
   const bool by_rows = m > n && !a_in_place;
   split_product(m, n, k, false, amx ? 32 : 12, by_rows, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
     bgemm_one<TO>(fn, r1 - r0, c1 - c0, k, row_at(a, la, r0), la, col_at(b, lb, c0), lb, c + r0 * ldc + c0, ldc, alpha,
