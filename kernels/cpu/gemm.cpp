@@ -337,8 +337,10 @@ void bgemm_one(BgemmFn fn, int64_t m, int64_t n, int64_t k, const BFloat16* a, M
                MatLayout lb, TO* c, int64_t ldc, float alpha, float beta, const TO* bias) {
   if (k == 0) {
     for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n; ++j)
-        c[i * ldc + j] = TO((beta == 0.0f ? 0.0f : beta * float(c[i * ldc + j])) + (bias ? float(bias[j]) : 0.0f));
+      for (int64_t j = 0; j < n; ++j) {
+        const float v = beta == 0.0f ? 0.0f : beta * float(c[i * ldc + j]);
+        c[i * ldc + j] = TO(bias ? v + float(bias[j]) : v);
+      }
     return;
   }
   fn(m, n, k, &a->bits, la.row_major ? la.ld : 1, la.row_major ? 1 : la.ld, &b->bits, lb.row_major ? lb.ld : 1,
@@ -468,7 +470,7 @@ void gemm(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, dou
     return out.dtype() == DType::bf16 ? run(out.data<BFloat16>()) : run(out.data<float>());
   }
   if (bias.defined()) {  // elsewhere out starts as the bias rows and the product adds onto them
-    Tensor(out).copy_(bias);
+    copy_elements(out, bias.expand(out.shape()));
     return gemm(a, b, out, alpha, 1.0, Tensor());
   }
   if (is_16bit(a.dtype()) && out.dtype() == DType::f32)

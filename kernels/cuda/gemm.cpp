@@ -11,6 +11,7 @@
 #include <mutex>
 #include <optional>
 
+#include "core/copy.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/runtime.h"
@@ -272,7 +273,7 @@ void dot(const Tensor& a, const Tensor& b, const Tensor& out) {
 void gemm(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta, const Tensor& bias) {
   if (out.numel() == 0) return;
   if (bias.defined()) {  // out starts as the bias rows and the product adds onto them
-    Tensor(out).copy_(bias);
+    copy_elements(out, bias.expand(out.shape()));
     return gemm(a, b, out, alpha, 1.0, Tensor());
   }
   if (a.size(1) == 0) {
