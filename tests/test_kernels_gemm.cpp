@@ -371,7 +371,8 @@ TEST_CASE("gemm adds a bias row as filling out with it and adding the product wo
     bool ta, tb;
   };
   const std::vector<Case> cases = {{300, 129, 300, false, true}, {65, 700, 257, true, false}, {530, 40, 64, false, true},
-                                   {40, 600, 64, true, false},   {37, 45, 2100, false, true}, {1, 300, 65, false, false}};
+                                   {40, 600, 64, true, false},   {37, 45, 2100, false, true}, {1, 300, 65, false, false},
+                                   {20, 30, 0, false, false}};  // no depth: the bias alone
   auto run = [&](const char* route) {
     for (auto [dt, out_dt] : {std::pair{kFloat32, kFloat32}, std::pair{kBFloat16, kBFloat16}, std::pair{kBFloat16, kFloat32}})
         for (const Case& c : cases) {
