@@ -12,9 +12,9 @@ namespace weft::kernels {
 Tensor matmul(const Tensor& a, const Tensor& b);
 // out[m,n] = alpha * op(a)[m,k] op(b)[k,n] + beta * out (+ bias[n] on every row), 2-D only; out
 // must be contiguous and of the operands' dtype, or f32 for bf16/f16 operands (f32 sums stored
-// unrounded); a bias is a 1-D [n] of out's dtype, with beta 0. The bf16 kernels add the bias as
-// they store each tile (one rounding, as filling out with it and adding the product would
-// give); elsewhere out is filled with it first.
+// unrounded); a bias is a 1-D [n] of out's dtype, with beta 0. The CPU's vdpbf16ps kernel adds
+// the bias as it stores each tile (one rounding, as filling out with it and adding the product
+// would give); elsewhere (AMX, the f32 kernels, CUDA) out is filled with it first.
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& out,
           double alpha = 1.0, double beta = 0.0, const Tensor& bias = {});
 

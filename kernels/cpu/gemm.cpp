@@ -460,7 +460,7 @@ void dot(const Tensor& a, const Tensor& b, const Tensor& out) {
 }
 
 void gemm(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta, const Tensor& bias) {
-  if (a.dtype() == DType::bf16 && bf16_gemm_native()) {  // the bias added in the kernel's epilogue
+  if (a.dtype() == DType::bf16 && bf16_gemm_native()) {  // the bias goes to the kernel (bgemm.h)
     Tensor A = with_layout(a), B = with_layout(b);
     auto run = [&]<typename TO>(TO* c) {
       gemm_bf16<TO>(A.size(0), B.size(1), A.size(1), A.data<BFloat16>(), mat_layout(A), B.data<BFloat16>(),
