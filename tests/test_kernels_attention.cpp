@@ -431,15 +431,29 @@ TensorList bf16_model(const Tensor& q, const Tensor& k, const Tensor& v, const T
   return {tensor(Y, q), tensor(DQ, q), tensor(DK, k), tensor(DV, v)};
 }
 
+// How the operands of bf16_attention lie in memory: contiguous [B, H, T, E]; as the heads of
+// a [B, T, H, E] tensor (rows H E apart, as a fused qkv projection's); or rows E + 1 apart
+// (an odd stride: the kernel copies such rows instead of reading them in place).
+enum class Layout { contiguous, heads_of_rows, odd_stride };
+
+Tensor laid_out(const Tensor& x, Layout layout) {
+  switch (layout) {
+    case Layout::contiguous: return x.contiguous();
+    case Layout::heads_of_rows: return x.transpose(1, 2).contiguous().transpose(1, 2);
+    case Layout::odd_stride: return cat({x, zeros({x.size(0), x.size(1), x.size(2), 1}, {.dtype = x.dtype()})}, 3).narrow(3, 0, x.size(3));
+  }
+  return x;
+}
+
 // y, dq, dk, dv of the fused op on bf16 (or, with via_f32, on f32 copies rounded to bf16 at
 // the end), as f32.
 TensorList bf16_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, bool causal,
-                          double theta, bool via_f32) {
+                          double theta, bool via_f32, Layout layout = Layout::contiguous) {
   const DType dt = via_f32 ? kFloat32 : DType::bf16;
-  auto leaf = [&](const Tensor& x) { return x.to(dt).detach().set_requires_grad(); };
+  auto leaf = [&](const Tensor& x) { return laid_out(x.to(dt), layout).detach().set_requires_grad(); };
   Tensor qq = leaf(q), kk = leaf(k), vv = leaf(v);
   Tensor y = scaled_dot_product_attention(qq, kk, vv, AttentionOptions{.causal = causal, .rope = {.theta = theta}});
-  sum(y * g.to(dt)).backward();
+  sum(y * laid_out(g.to(dt), layout)).backward();
   auto out = [](const Tensor& t) { return t.detach().to(DType::bf16).to(kFloat32); };
   return {out(y), out(qq.grad()), out(kk.grad()), out(vv.grad())};
 }
@@ -491,6 +505,16 @@ TEST_CASE("attention: bf16 operands take the bf16 tiles, which round P and dS as
         f32_worst = std::max(f32_worst, compare(f32[size_t(i)], want[size_t(i)], 1.0 / 128, 1e-3 * amax).worst);
       }
       CHECK(f32_worst > 1.0);
+      // Rows that are not contiguous: read in place (heads of [B, T, H, E] rows) or copied (an
+      // odd row stride), with or without rotation; the same answer.
+      for (Layout layout : {Layout::heads_of_rows, Layout::odd_stride}) {
+        INFO((layout == Layout::heads_of_rows ? "heads of [B, T, H, E] rows" : "rows E + 1 apart"));
+        const TensorList strided = bf16_attention(q, k, v, g, c.causal, c.theta, false, layout);
+        for (int i = 0; i < 4; ++i) {
+          const double amax = to_vector(max(abs(want[size_t(i)])))[0];
+          check_close(strided[size_t(i)], want[size_t(i)], 1.0 / 128, 1e-3 * amax, std::string("strided ") + what[i]);
+        }
+      }
     }
   }
   kernels::cpu::set_bgemm_kernel(saved);
