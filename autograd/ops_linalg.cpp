@@ -95,14 +95,16 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
             rb = bias.defined() && bias.requires_grad(), has_bias = bias.defined()](const TensorList& g) -> TensorList {
              Tensor g2 = g[0].reshape({-1, w.size(0)});
              TensorList r(has_bias ? 3 : 2);
-             auto product = [](const Tensor& a, bool ta, const Tensor& b, DType out_dtype) {
+             auto product = [](const Tensor& a, bool ta, const Tensor& b, DType out_dtype, const Tensor& a_sums = {}) {
                Tensor out = empty({a.size(ta ? 1 : 0), b.size(1)}, {.dtype = out_dtype, .device = a.device()});
-               k::gemm(a, ta, b, false, out);
+               k::gemm(a, ta, b, false, out, 1.0, 0.0, {}, a_sums);
                return out;
              };
              if (rx) r[0] = product(g2, false, w, x_dtype).view(x_shape);
-             if (rw) r[1] = product(g2, true, x2, w_dtype);
-             if (rb) r[2] = k::reduce(k::ReduceOp::sum, g2, {0}, false).to(b_dtype);
+             // The bias gradient, dY's column sums, taken as dY^T is packed for the weight's.
+             Tensor gb = rb ? empty({w.size(0)}, {.dtype = g2.dtype(), .device = g2.device()}) : Tensor();
+             if (rw) r[1] = product(g2, true, x2, w_dtype, gb);
+             if (rb) r[2] = (rw ? gb : k::reduce(k::ReduceOp::sum, g2, {0}, false)).to(b_dtype);
              return r;
            });
   }

@@ -53,8 +53,10 @@ struct KernelBackend {
   // a [..., m, k] @ b [..., k, n], batch dims broadcast to out's [batch..., m, n].
   void (*matmul)(const Tensor& a, const Tensor& b, const Tensor& out);
   void (*dot)(const Tensor& a, const Tensor& b, const Tensor& out);                              // 1-D, out 0-dim
-  // 2-D; bias (beta 0 then) a contiguous [n] of out's dtype, or undefined.
-  void (*gemm)(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta, const Tensor& bias);
+  // 2-D; bias (beta 0 then) a contiguous [n] of out's dtype, or undefined. a_sums, a contiguous
+  // [m] of a's dtype or undefined, may receive the sums of a's rows: returns whether it did.
+  bool (*gemm)(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta, const Tensor& bias,
+               const Tensor& a_sums);
 
   // ---- nn (kernels/nn.h); tensors named "contiguous" are.
   // x, y, grad contiguous [outer, n, inner], reducing over n.

@@ -6,7 +6,9 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/copy.h"
 #include "kernels/backend.h"
+#include "kernels/reduce.h"
 
 namespace weft::kernels {
 namespace {
@@ -66,7 +68,7 @@ Tensor matmul(const Tensor& a_, const Tensor& b_) {
 }
 
 void gemm(const Tensor& a_, bool trans_a, const Tensor& b_, bool trans_b, const Tensor& out, double alpha,
-          double beta, const Tensor& bias) {
+          double beta, const Tensor& bias, const Tensor& a_sums) {
   Tensor a = a_.defined() ? a_.detach() : a_, b = b_.defined() ? b_.detach() : b_;
   check_operands("gemm", a, b);
   WEFT_CHECK(a.dim() == 2 && b.dim() == 2, "gemm: expects 2-D operands, got {} and {}", tensor_desc(a),
@@ -84,7 +86,13 @@ void gemm(const Tensor& a_, bool trans_a, const Tensor& b_, bool trans_b, const 
                                  bias.device() == out.device() && beta == 0.0),
              "gemm: bias {} must be a 1-D [{}] of out's dtype and device ({}), with beta 0 (got {})",
              tensor_desc(bias), out.size(1), tensor_desc(out), beta);
-  kernel_backend(a.device(), "gemm").gemm(A, B, out, alpha, beta, bias.defined() ? bias.detach().contiguous() : bias);
+  WEFT_CHECK(!a_sums.defined() || (a_sums.dim() == 1 && a_sums.size(0) == A.size(0) && a_sums.dtype() == a.dtype() &&
+                                   a_sums.device() == a.device() && a_sums.is_contiguous()),
+             "gemm: a_sums {} must be a contiguous 1-D [{}] of a's dtype and device ({})", tensor_desc(a_sums),
+             A.size(0), tensor_desc(a));
+  const Tensor bias_c = bias.defined() ? bias.detach().contiguous() : bias;
+  if (!kernel_backend(a.device(), "gemm").gemm(A, B, out, alpha, beta, bias_c, a_sums) && a_sums.defined())
+    copy_elements(a_sums, reduce(ReduceOp::sum, a, {trans_a ? 0 : 1}, false));  // the backend left them
 }
 
 }  // namespace weft::kernels

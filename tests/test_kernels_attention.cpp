@@ -433,7 +433,7 @@ TensorList bf16_model(const Tensor& q, const Tensor& k, const Tensor& v, const T
 
 // How the operands of bf16_attention lie in memory: contiguous [B, H, T, E]; as the heads of
 // a [B, T, H, E] tensor (rows H E apart, as a fused qkv projection's); or rows E + 1 apart
-// (an odd stride: the kernel copies such rows instead of reading them in place).
+// (an odd stride, rows that do not start on 32-bit words).
 enum class Layout { contiguous, heads_of_rows, odd_stride };
 
 Tensor laid_out(const Tensor& x, Layout layout) {
@@ -505,8 +505,8 @@ TEST_CASE("attention: bf16 operands take the bf16 tiles, which round P and dS as
         f32_worst = std::max(f32_worst, compare(f32[size_t(i)], want[size_t(i)], 1.0 / 128, 1e-3 * amax).worst);
       }
       CHECK(f32_worst > 1.0);
-      // Rows that are not contiguous: read in place (heads of [B, T, H, E] rows) or copied (an
-      // odd row stride), with or without rotation; the same answer.
+      // Rows that are not contiguous (heads of [B, T, H, E] rows, an odd row stride), with or
+      // without rotation: the same answer.
       for (Layout layout : {Layout::heads_of_rows, Layout::odd_stride}) {
         INFO((layout == Layout::heads_of_rows ? "heads of [B, T, H, E] rows" : "rows E + 1 apart"));
         const TensorList strided = bf16_attention(q, k, v, g, c.causal, c.theta, false, layout);

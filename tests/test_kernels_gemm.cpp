@@ -143,7 +143,7 @@ auto bgemm_fn(BgemmKernel kernel) {
                   TO* c, int64_t ldc, float alpha, float beta) {
     (kernel == BgemmKernel::amx ? bgemm_amx : bgemm_avx512bf16)(m, n, k, &a->bits, rs(la), cs(la), &b->bits, rs(lb),
                                                                  cs(lb), c, std::is_same_v<TO, BFloat16>, ldc, alpha, beta,
-                                                                 nullptr);
+                                                                 nullptr, nullptr);
   };
 }
 // The bf16 entry point without a bias, as check_gemm calls it.
@@ -211,7 +211,7 @@ TEST_CASE("GEMMs give the same bits on any number of threads") {
       Tensor c0 = randn({c.m, c.n}, {.dtype = dt}, &gen);
       test::check_same_bits_on_any_thread_count([&] {
         Tensor out = c0.clone();
-        kernels::cpu::gemm(a, b, out, c.alpha, c.beta, Tensor());
+        kernels::cpu::gemm(a, b, out, c.alpha, c.beta, Tensor(), Tensor());
         return std::vector<Tensor>{out};
       });
     }
@@ -421,6 +421,70 @@ TEST_CASE("gemm adds a bias row as filling out with it and adding the product wo
                     Catch::Matchers::Contains("out's dtype"));
   CHECK_THROWS_WITH(kernels::gemm(a, false, b, false, out, 1.0, 1.0, randn({24}, {}, &gen)),
                     Catch::Matchers::Contains("beta 0"));
+}
+
+// a_sums: the sums of op(a)'s rows beside the product (a linear layer's bias gradient beside its
+// weight gradient). Where the vdpbf16ps kernel packs a transposed a it sums as it packs: over
+// several row blocks, column blocks (a packed once, and again per column block when too large to
+// keep), depth blocks, and both splits over two threads. Elsewhere reduce(sum) of a.
+TEST_CASE("gemm sums op(a)'s rows beside the product, as reduce(sum) would") {
+  Generator gen(6);
+  struct Case {
+    int64_t m, n, k;
+    bool ta;
+  };
+  const std::vector<Case> cases = {{300, 129, 300, true}, {65, 700, 257, true}, {37, 45, 2100, true},
+                                   {4100, 600, 2048, true}, {40, 600, 64, true}, {530, 40, 64, false},
+                                   {20, 30, 0, true},       {20, 0, 30, true}};  // no depth; no columns
+  auto run = [&](const char* route, bool native) {
+    for (DType dt : {kFloat32, kBFloat16})
+      for (const Case& c : cases) {
+        if (c.m * c.k > (int64_t(8) << 20) && !(native && dt == kBFloat16)) continue;  // only the kernel's repacking
+        INFO(route << ": " << dtype_name(dt) << " " << c.m << " x " << c.n << " x " << c.k << (c.ta ? " a^T" : ""));
+        Tensor a = randn(c.ta ? Shape{c.k, c.m} : Shape{c.m, c.k}, {.dtype = dt}, &gen);
+        Tensor b = randn({c.k, c.n}, {.dtype = dt}, &gen);
+        std::vector<double> av = to_vector(a), w(size_t(c.m)), s(size_t(c.m));  // op(a)'s row sums, |.| sums
+        for (int64_t i = 0; i < c.m; ++i)
+          for (int64_t p = 0; p < c.k; ++p) {
+            const double x = av[size_t(c.ta ? p * c.m + i : i * c.k + p)];
+            w[size_t(i)] += x, s[size_t(i)] += std::abs(x);
+          }
+        for (int t : {1, 2}) {
+          set_num_threads(t);
+          Tensor sums = full({c.m}, 7.0, {.dtype = dt}), out = empty({c.m, c.n}), plain = empty({c.m, c.n});
+          kernels::gemm(a, c.ta, b, false, out, 1.0, 0.0, {}, sums);
+          kernels::gemm(a, c.ta, b, false, plain);
+          CHECK(std::memcmp(out.data_ptr(), plain.data_ptr(), size_t(out.nbytes())) == 0);  // the product as without
+          std::vector<double> g = to_vector(sums);
+          int bad = 0;
+          for (size_t i = 0; i < g.size(); ++i) {
+            const double tol = 1e-5 * s[i] + (dt == kBFloat16 ? std::ldexp(std::abs(w[i]), -8) : 0.0);
+            if (std::abs(g[i] - w[i]) > tol && bad++ < 4)
+              FAIL_CHECK(fmt::format("threads {} row {}: got {} want {}", t, i, g[i], w[i]));
+          }
+          CHECK(bad == 0);
+        }
+      }
+  };
+  const int threads = get_num_threads();
+  if (bf16_gemm_native()) {
+    const BgemmKernel saved = bgemm_kernel();
+    for (BgemmKernel kernel : bf16_kernels()) {
+      set_bgemm_kernel(kernel);
+      run(bgemm_kernel_name(kernel), true);
+    }
+    set_bgemm_kernel(saved);
+  }
+  const SgemmKernel saved = sgemm_kernel();
+  set_sgemm_kernel(SgemmKernel::eigen);
+  run("portable (reduce)", false);
+  set_sgemm_kernel(saved);
+  set_num_threads(threads);
+  Tensor a = randn({8, 16}, {}, &gen), b = randn({16, 24}, {}, &gen), out = empty({8, 24});
+  CHECK_THROWS_WITH(kernels::gemm(a, false, b, false, out, 1.0, 0.0, {}, empty({16})),
+                    Catch::Matchers::Contains("a_sums") && Catch::Matchers::Contains("[8]"));
+  CHECK_THROWS_WITH(kernels::gemm(a, false, b, false, out, 1.0, 0.0, {}, empty({8}, {.dtype = kBFloat16})),
+                    Catch::Matchers::Contains("a's dtype"));
 }
 
 // bf16 matmul of tensors, native and portable: the answer is the bf16 inputs' product summed in

@@ -74,12 +74,12 @@ inline __m512i interleave16(__m512i both) {
   return _mm512_permutexvar_epi16(idx, both);
 }
 
-// Pair rows of bf16 rows [t, cols] (row stride ld, cols a multiple of 16): out word (q, c) =
+// Pair rows of a row-major bf16 [t, cols] buffer (cols a multiple of 16): out word (q, c) =
 // (x[2q, c], x[2q + 1, c]), the partner of an odd t's last row 0.
-void pair_rows(const uint16_t* x, int64_t ld, int64_t t, int64_t cols, uint16_t* out) {
+void pair_rows(const uint16_t* x, int64_t t, int64_t cols, uint16_t* out) {
   const __m256i none = _mm256_setzero_si256();
   for (int64_t q = 0; 2 * q < t; ++q) {
-    const uint16_t *r0 = x + 2 * q * ld, *r1 = r0 + ld;
+    const uint16_t *r0 = x + 2 * q * cols, *r1 = r0 + cols;
     for (int64_t c = 0; c < cols; c += kW) {
       const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0 + c));
       const __m256i hi = 2 * q + 1 < t ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r1 + c)) : none;
@@ -121,15 +121,15 @@ inline float softmax_row_bf16(float* s, int64_t valid, int64_t n16, uint16_t* p)
   return top + std::log(total);
 }
 
-// The panel of bf16 rows [t, cols] (row stride x_ld, even): word (q, j) = word (j, q) of x for
-// j < t, zero for t <= j < ld.
-void panel(const uint16_t* x, int64_t x_ld, int64_t t, int64_t cols, uint16_t* out, int64_t ld) {
+// The panel of a row-major bf16 [t, cols] buffer: word (q, j) = word (j, q) of x for j < t,
+// zero for t <= j < ld.
+void panel(const uint16_t* x, int64_t t, int64_t cols, uint16_t* out, int64_t ld) {
   const __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                          _mm512_set1_epi32(int32_t(x_ld / 2)));
+                                          _mm512_set1_epi32(int32_t(cols / 2)));
   for (int64_t q = 0; q < cols / 2; ++q) {
     uint16_t* o = out + 2 * q * ld;
     for (int64_t j = 0; j < ld; j += kW) {  // words (j .. j + 15, q) of x, zero from t on
-      const __m512i at = _mm512_add_epi32(rows, _mm512_set1_epi32(int32_t(j * x_ld / 2)));
+      const __m512i at = _mm512_add_epi32(rows, _mm512_set1_epi32(int32_t(j * cols / 2)));
       _mm512_storeu_si512(o + 2 * j, _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), lanes_below(t, j), at, x + 2 * q, 4));
     }
   }
@@ -168,31 +168,16 @@ void rows_to_bf16(const AttentionDims& d, const S* src, int64_t ss, int64_t t, i
   }
 }
 
-// Rows [0, t) of the bf16 operand x (row stride x_st) as the products read them: x itself
-// where it needs no rotation, its rows start on 32-bit words and panel()'s 32-bit gather
-// offsets reach them all, else rotated (or copied) into buf. Returns the rows; ld becomes
-// their stride.
-const uint16_t* product_rows(const AttentionDims& d, const uint16_t* x, int64_t x_st, int64_t t, int64_t cols,
-                             int64_t pos0, uint16_t* buf, int64_t& ld) {
-  if (!d.rope_cos && x_st % 2 == 0 && reinterpret_cast<uintptr_t>(x) % 4 == 0 && t * x_st / 2 < (int64_t(1) << 31)) {
-    ld = x_st;
-    return x;
-  }
-  rows_to_bf16(d, x, x_st, t, cols, pos0, buf, cols, 1.f);
-  ld = cols;
-  return buf;
-}
-
 // Scores of query rows [i0, i0 + m) against keys [0, n16): S = scale * Q K^T from the bf16
-// rows of Q (E columns, row stride q_ld) and the keys' panel, one row tile at a time so that
-// causal tiles stop near the diagonal; columns a tile does not reach are zeroed up to n16.
+// rows of Q (E columns) and the keys' panel, one row tile at a time so that causal tiles stop
+// near the diagonal; columns a tile does not reach are zeroed up to n16.
 template <class Products>
-void scores(const uint16_t* qc, int64_t q_ld, int64_t E, const uint16_t* kt, int64_t ldk, int64_t i0, int64_t m, int64_t Tk,
+void scores(const uint16_t* qc, int64_t E, const uint16_t* kt, int64_t ldk, int64_t i0, int64_t m, int64_t Tk,
             bool causal, float scale, float* S, int64_t n16) {
   for (int64_t r0 = 0; r0 < m; r0 += Products::kTileRows) {
     const int64_t rows = min64(Products::kTileRows, m - r0);
     const int64_t nt = causal ? round_up(min64(Tk, i0 + r0 + rows), kW) : n16;
-    Products::gemm(rows, nt, E / 2, qc + (i0 + r0) * q_ld, q_ld / 2, 1, kt, ldk, S + r0 * ldk, ldk, scale, false);
+    Products::gemm(rows, nt, E / 2, qc + (i0 + r0) * E, E / 2, 1, kt, ldk, S + r0 * ldk, ldk, scale, false);
     for (int64_t r = r0; r < r0 + rows; ++r) zero(S + r * ldk + nt, S + r * ldk + n16);
   }
 }
@@ -259,15 +244,14 @@ void forward_loops(const AttentionDims& d, HeadsBF16 Q, HeadsBF16 K, HeadsBF16 V
     for (int64_t bh = 0; bh < bh_count; ++bh) {
       const int64_t b = bh / H, h = bh % H;
       float* lp = L + bh * Tq;
-      int64_t q_ld, k_ld, v_ld;
-      const uint16_t* q = product_rows(d, at(Q, b, h), Q.st, Tq, E, d.q_pos, Qc, q_ld);
-      const uint16_t* k = product_rows(d, at(K, b, h / G), K.st, Tk, E, d.k_pos, Kc, k_ld);
-      panel(k, k_ld, Tk, E, KT, ldk);
-      const uint16_t* v = product_rows(AttentionDims{}, at(V, b, h / G), V.st, Tk, Ev, 0, Vc, v_ld);
-      pair_rows(v, v_ld, Tk, Ev, V2);
+      rows_to_bf16(d, at(Q, b, h), Q.st, Tq, E, d.q_pos, Qc, E, 1.f);
+      rows_to_bf16(d, at(K, b, h / G), K.st, Tk, E, d.k_pos, Kc, E, 1.f);
+      panel(Kc, Tk, E, KT, ldk);
+      rows_to_bf16(AttentionDims{}, at(V, b, h / G), V.st, Tk, Ev, 0, Vc, Ev, 1.f);
+      pair_rows(Vc, Tk, Ev, V2);
       for (int64_t i0 = 0; i0 < Tq; i0 += kRowBlock) {
         const int64_t m = min64(kRowBlock, Tq - i0), n = d.causal ? i0 + m : Tk, n16 = round_up(n, kW);
-        scores<Products>(q, q_ld, E, KT, ldk, i0, m, Tk, d.causal, d.scale, S, n16);
+        scores<Products>(Qc, E, KT, ldk, i0, m, Tk, d.causal, d.scale, S, n16);
         for (int64_t r = 0; r < m; ++r)
           lp[i0 + r] = softmax_row_bf16(S + r * ldk, d.causal ? i0 + r + 1 : n, n16, Pb + r * ldk);
         // O = P V, each row tile summing only over the key pairs it sees.
@@ -297,24 +281,22 @@ void backward_loops(const AttentionDims& d, HeadsBF16 G, HeadsBF16 Q, HeadsBF16 
 #pragma omp for schedule(static)
     for (int64_t task = 0; task < task_count; ++task) {
       const int64_t b = task / Hkv, hk = task % Hkv;
-      int64_t k_ld, v_ld;
-      const uint16_t* k = product_rows(d, at(K, b, hk), K.st, Tk, E, d.k_pos, Kc, k_ld);
-      const uint16_t* v = product_rows(plain, at(V, b, hk), V.st, Tk, Ev, 0, Vc, v_ld);
-      panel(k, k_ld, Tk, E, KT, ldk);
-      panel(v, v_ld, Tk, Ev, VT, ldk);
-      pair_rows(k, k_ld, Tk, E, K2);
+      rows_to_bf16(d, at(K, b, hk), K.st, Tk, E, d.k_pos, Kc, E, 1.f);
+      rows_to_bf16(plain, at(V, b, hk), V.st, Tk, Ev, 0, Vc, Ev, 1.f);
+      panel(Kc, Tk, E, KT, ldk);
+      panel(Vc, Tk, Ev, VT, ldk);
+      pair_rows(Kc, Tk, E, K2);
       zero(dKc, dKc + Tk * E);
       zero(dVc, dVc + Tk * Ev);
       for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
         const uint16_t* op = at(O, b, h);
         const float* lp = L + (b * H + h) * Tq;
-        int64_t q_ld, g_ld;
-        const uint16_t* q = product_rows(d, at(Q, b, h), Q.st, Tq, E, d.q_pos, Qc, q_ld);
-        const uint16_t* gr = product_rows(plain, at(G, b, h), G.st, Tq, Ev, 0, Gc, g_ld);
-        pair_rows(q, q_ld, Tq, E, Q2);
-        pair_rows(gr, g_ld, Tq, Ev, G2);
+        rows_to_bf16(d, at(Q, b, h), Q.st, Tq, E, d.q_pos, Qc, E, 1.f);
+        rows_to_bf16(plain, at(G, b, h), G.st, Tq, Ev, 0, Gc, Ev, 1.f);
+        pair_rows(Qc, Tq, E, Q2);
+        pair_rows(Gc, Tq, Ev, G2);
         for (int64_t i = 0; i < Tq; ++i) {
-          const uint16_t *g = gr + i * g_ld, *o = op + i * O.st;
+          const uint16_t *g = Gc + i * Ev, *o = op + i * O.st;
           float s = 0;
 #pragma omp simd reduction(+ : s)
           for (int64_t c = 0; c < Ev; ++c) s += f32_of(g[c]) * f32_of(o[c]);
@@ -322,12 +304,12 @@ void backward_loops(const AttentionDims& d, HeadsBF16 G, HeadsBF16 Q, HeadsBF16 
         }
         for (int64_t i0 = 0; i0 < Tq; i0 += kRowBlock) {
           const int64_t m = min64(kRowBlock, Tq - i0), n = d.causal ? i0 + m : Tk, n16 = round_up(n, kW);
-          scores<Products>(q, q_ld, E, KT, ldk, i0, m, Tk, d.causal, d.scale, P, n16);
+          scores<Products>(Qc, E, KT, ldk, i0, m, Tk, d.causal, d.scale, P, n16);
           // dP = dO V^T over the same columns.
           for (int64_t r0 = 0; r0 < m; r0 += Products::kTileRows) {
             const int64_t rows = min64(Products::kTileRows, m - r0);
             const int64_t nt = d.causal ? round_up(min64(Tk, i0 + r0 + rows), kW) : n16;
-            Products::gemm(rows, nt, Ev / 2, gr + (i0 + r0) * g_ld, g_ld / 2, 1, VT, ldk, dP + r0 * ldk, ldk, 1.f, false);
+            Products::gemm(rows, nt, Ev / 2, Gc + (i0 + r0) * Ev, Ev / 2, 1, VT, ldk, dP + r0 * ldk, ldk, 1.f, false);
           }
           // P = exp(S - lse) and dS = P (dP - D) scale, by pairs of rows: rounded to bf16 as pair
           // rows (P2, dS2: the A side of dV, dK) and as rows (dSb: the A side of dQ). An odd m's

@@ -14,15 +14,18 @@ namespace weft::kernels::cpu {
 // to nearest even into, bf16). beta == 0 never reads c. bias (n values of c's type, or null)
 // is added to every row: alpha a b + beta c + bias, rounded once. As the instruction does,
 // subnormal inputs and products count as zero. Serial: the caller splits work over threads.
-// k >= 1.
+// k >= 1. a_sums (m values, or null; only for a column-major a: a_rs == 1, a_cs != 1):
+// a_sums[i] += the sum of a[i, 0..k), in f32 over each 64 values of p from 0, each 64 values'
+// total added in f64 (a linear layer's bias gradient, the sums of dY's columns, taken as dY^T is
+// packed for the weight gradient instead of read again).
 void bgemm_avx512bf16(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, int64_t a_cs,
                       const uint16_t* b, int64_t b_rs, int64_t b_cs, void* c, bool c_bf16, int64_t ldc,
-                      float alpha, float beta, const void* bias);
+                      float alpha, float beta, const void* bias, double* a_sums);
 // The same product on AMX tiles: only after Linux has granted the process the tile state
 // (gemm.cpp asks, arch_prctl ARCH_REQ_XCOMP_PERM). A bias needs beta == 0: it is written into c
-// first, and the product added onto it.
+// first, and the product added onto it. a_sums must be null (not taken here).
 void bgemm_amx(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, int64_t a_cs, const uint16_t* b,
                int64_t b_rs, int64_t b_cs, void* c, bool c_bf16, int64_t ldc, float alpha, float beta,
-               const void* bias);
+               const void* bias, double* a_sums);
 
 }  // namespace weft::kernels::cpu

@@ -106,7 +106,8 @@ void tile_product(int64_t kcp, const uint16_t* a, int64_t a_ld, const uint16_t* 
 
 // The blocked product into f32 or bf16 c; with bf16 c, k must fit one KC block (no bias: see bgemm_amx).
 void blocked(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, int64_t a_cs, const uint16_t* b,
-             int64_t b_rs, int64_t b_cs, void* c, bool c16, int64_t ldc, float alpha, float beta, const void*) {
+             int64_t b_rs, int64_t b_cs, void* c, bool c16, int64_t ldc, float alpha, float beta, const void*,
+             double*) {
   static thread_local Scratch<uint16_t> a_buf, b_buf;
   static const TileConfig config;
   const int64_t kcp_max = round_up(min64(k, KC));
@@ -178,11 +179,11 @@ void blocked(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, i
 
 void bgemm_amx(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, int64_t a_cs, const uint16_t* b,
                int64_t b_rs, int64_t b_cs, void* c, bool c_bf16, int64_t ldc, float alpha, float beta,
-               const void* bias) {
+               const void* bias, double*) {
   const int64_t es = c_bf16 ? 2 : 4;
   for (int64_t i = 0; bias && i < m; ++i) std::memcpy(static_cast<char*>(c) + i * ldc * es, bias, size_t(n * es));
   bgemm_by_depth_blocks(blocked, KC, m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, c, c_bf16, ldc, alpha,
-                        bias ? 1.0f : beta, nullptr);
+                        bias ? 1.0f : beta, nullptr, nullptr);
 }
 
 }  // namespace weft::kernels::cpu

@@ -73,9 +73,11 @@ inline void register_tile(int64_t kc2, const uint16_t* a, int64_t a_row, const u
 }
 
 // The blocked product into f32 or bf16 c; with bf16 c, k must fit one KC block (later blocks
-// would accumulate through bf16). The bias joins the first depth block, as beta does.
+// would accumulate through bf16). The bias joins the first depth block, as beta does; a's row
+// sums (bgemm.h) come from packing a column-major a for the first column block.
 void blocked(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, int64_t a_cs, const uint16_t* b,
-             int64_t b_rs, int64_t b_cs, void* c, bool c16, int64_t ldc, float alpha, float beta, const void* bias) {
+             int64_t b_rs, int64_t b_cs, void* c, bool c16, int64_t ldc, float alpha, float beta, const void* bias,
+             double* a_sums) {
   static thread_local Scratch<uint16_t> a_buf, b_buf;
   const int64_t kc2_max = (min64(k, KC) + 1) / 2;
   // A column-major a (the weight gradient's dY^T) is packed once for all column blocks when
@@ -103,7 +105,8 @@ void blocked(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, i
         const int64_t mc = min64(MC, m - ic);
         uint16_t* pa_ic = keep_a ? pa + (pc / KC * m_up * kc2_max + ic * kc2) * 2 : pa;
         if (lanes_a) {
-          if (!keep_a || jc == 0) pack_pairs_lanes<MR>(kc, mc, a + ic + pc * a_cs, a_cs, pa_ic);
+          if (!keep_a || jc == 0)
+            pack_pairs_lanes<MR>(kc, mc, a + ic + pc * a_cs, a_cs, pa_ic, a_sums && jc == 0 ? a_sums + ic : nullptr);
         } else
           for (int64_t i = in_place ? mc / MR * MR : 0; i < mc; i += MR)
             pack_pairs<MR>(kc, min64(MR, mc - i), a + (ic + i) * a_rs + pc * a_cs, a_rs, a_cs, pa + i * 2 * kc2);
@@ -134,8 +137,8 @@ void blocked(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, i
 
 void bgemm_avx512bf16(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, int64_t a_cs,
                       const uint16_t* b, int64_t b_rs, int64_t b_cs, void* c, bool c_bf16, int64_t ldc,
-                      float alpha, float beta, const void* bias) {
-  bgemm_by_depth_blocks(blocked, KC, m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, c, c_bf16, ldc, alpha, beta, bias);
+                      float alpha, float beta, const void* bias, double* a_sums) {
+  bgemm_by_depth_blocks(blocked, KC, m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, c, c_bf16, ldc, alpha, beta, bias, a_sums);
 }
 
 }  // namespace weft::kernels::cpu

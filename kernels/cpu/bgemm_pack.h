@@ -125,13 +125,26 @@ void pack_pairs(int64_t kc, int64_t lanes, const uint16_t* x, int64_t l_st, int6
 // out + p * W * 2 * kc2, the last one zero past mc: each pair of depth rows is read once, whole,
 // and split among the panels, rather than read again for every panel (the same lines, W lanes
 // at a time: 4.6 % of the GEMM's samples in GPT training's weight gradients).
+// With sums (mc values), also sums[l] += lane l summed over the kc depth rows: in f32 over each
+// 64 rows from x on (row 2q, then 2q + 1), each 64 rows' total added in f64.
 template <int W>
-void pack_pairs_lanes(int64_t kc, int64_t mc, const uint16_t* x, int64_t k_st, uint16_t* out) {
+void pack_pairs_lanes(int64_t kc, int64_t mc, const uint16_t* x, int64_t k_st, uint16_t* out, double* sums = nullptr) {
   const int64_t kc2 = (kc + 1) / 2;
   alignas(64) uint16_t row[2 * 160];
+  alignas(64) float block[160];
   if (mc % W) std::memset(out + mc / W * W * 2 * kc2, 0, size_t(kc2) * 2 * W * sizeof(uint16_t));
   for (int64_t q = 0; q < kc2; ++q) {
     const uint16_t* x0 = x + 2 * q * k_st;
+    for (int64_t l0 = 0; sums && l0 < mc; l0 += 16) {  // bf16 to f32: the bits moved up 16
+      const __mmask16 m = mc - l0 >= 16 ? __mmask16(0xffff) : __mmask16((1u << (mc - l0)) - 1);
+      auto lanes = [&](const uint16_t* r) {
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, r)), 16));
+      };
+      const __m512 s = _mm512_add_ps(q % 32 ? _mm512_load_ps(block + l0) : _mm512_setzero_ps(), lanes(x0 + l0));
+      _mm512_store_ps(block + l0, 2 * q + 1 < kc ? _mm512_add_ps(s, lanes(x0 + k_st + l0)) : s);
+    }
+    if (sums && (q % 32 == 31 || q == kc2 - 1))
+      for (int64_t l = 0; l < mc; ++l) sums[l] += double(block[l]);
     for (int64_t l0 = 0; l0 < mc; l0 += 32)
       interleave_pairs(x0 + l0, 2 * q + 1 < kc ? x0 + k_st + l0 : nullptr, int(mc - l0 < 32 ? mc - l0 : 32),
                        row + 2 * l0);
@@ -180,11 +193,12 @@ inline void store_tail(const float* edge, int64_t edge_ld, int64_t mr, int64_t n
 template <class Blocked>
 void bgemm_by_depth_blocks(Blocked blocked, int64_t kc, int64_t m, int64_t n, int64_t k, const uint16_t* a,
                            int64_t a_rs, int64_t a_cs, const uint16_t* b, int64_t b_rs, int64_t b_cs, void* c,
-                           bool c_bf16, int64_t ldc, float alpha, float beta, const void* bias) {
-  if (!c_bf16 || k <= kc) return blocked(m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, c, c_bf16, ldc, alpha, beta, bias);
+                           bool c_bf16, int64_t ldc, float alpha, float beta, const void* bias, double* a_sums) {
+  if (!c_bf16 || k <= kc)
+    return blocked(m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, c, c_bf16, ldc, alpha, beta, bias, a_sums);
   std::vector<float> sum(size_t(m * n));
   uint16_t* c16 = static_cast<uint16_t*>(c);
-  blocked(m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, sum.data(), false, n, alpha, 0.0f, nullptr);
+  blocked(m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, sum.data(), false, n, alpha, 0.0f, nullptr, a_sums);
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < n; ++j) {
       float v = sum[size_t(i * n + j)];

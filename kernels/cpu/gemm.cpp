@@ -330,11 +330,11 @@ template <typename T> const T* row_at(const T* a, MatLayout l, int64_t r) { retu
 template <typename T> const T* col_at(const T* b, MatLayout l, int64_t j) { return l.row_major ? b + j : b + j * l.ld; }
 
 using BgemmFn = void (*)(int64_t, int64_t, int64_t, const uint16_t*, int64_t, int64_t, const uint16_t*, int64_t,
-                        int64_t, void*, bool, int64_t, float, float, const void*);
+                        int64_t, void*, bool, int64_t, float, float, const void*, double*);
 
 template <typename TO>
 void bgemm_one(BgemmFn fn, int64_t m, int64_t n, int64_t k, const BFloat16* a, MatLayout la, const BFloat16* b,
-               MatLayout lb, TO* c, int64_t ldc, float alpha, float beta, const TO* bias) {
+               MatLayout lb, TO* c, int64_t ldc, float alpha, float beta, const TO* bias, double* a_sums) {
   if (k == 0) {
     for (int64_t i = 0; i < m; ++i)
       for (int64_t j = 0; j < n; ++j) {
@@ -344,7 +344,7 @@ void bgemm_one(BgemmFn fn, int64_t m, int64_t n, int64_t k, const BFloat16* a, M
     return;
   }
   fn(m, n, k, &a->bits, la.row_major ? la.ld : 1, la.row_major ? 1 : la.ld, &b->bits, lb.row_major ? lb.ld : 1,
-     lb.row_major ? 1 : lb.ld, c, std::is_same_v<TO, BFloat16>, ldc, alpha, beta, bias);
+     lb.row_major ? 1 : lb.ld, c, std::is_same_v<TO, BFloat16>, ldc, alpha, beta, bias, a_sums);
 }
 
 }  // namespace
@@ -398,10 +398,13 @@ void set_bgemm_kernel(BgemmKernel k) {
   forced_bgemm.store(int(k), std::memory_order_relaxed);
 }
 
+bool gemm_bf16_sums_a(MatLayout la) { return bgemm_kernel() == BgemmKernel::avx512bf16 && !la.row_major && la.ld != 1; }
+
 template <typename TO>
 void gemm_bf16(int64_t m, int64_t n, int64_t k, const BFloat16* a, MatLayout la, const BFloat16* b, MatLayout lb,
-               TO* c, int64_t ldc, float alpha, float beta, const TO* bias) {
+               TO* c, int64_t ldc, float alpha, float beta, const TO* bias, double* a_sums) {
   WEFT_CHECK(bf16_gemm_native(), "gemm_bf16: this CPU has no AVX512_BF16 (or WEFT_CPU_GEMM chose another kernel)");
+  WEFT_CHECK(!a_sums || gemm_bf16_sums_a(la), "gemm_bf16: a's row sums need the avx512bf16 kernel and a column-major a");
   const bool amx = bgemm_kernel() == BgemmKernel::amx;
   const BgemmFn fn = amx ? bgemm_amx : bgemm_avx512bf16;
   // whole pairs (AMX: tiles) of depth; the vdpbf16ps kernel packs rows a multiple of 4 KiB apart
@@ -409,13 +412,13 @@ void gemm_bf16(int64_t m, int64_t n, int64_t k, const BFloat16* a, MatLayout la,
   const bool by_rows = m > n && !a_in_place;
   split_product(m, n, k, false, amx ? 32 : 12, by_rows, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
     bgemm_one<TO>(fn, r1 - r0, c1 - c0, k, row_at(a, la, r0), la, col_at(b, lb, c0), lb, c + r0 * ldc + c0, ldc, alpha,
-                  beta, bias ? bias + c0 : nullptr);
+                  beta, bias ? bias + c0 : nullptr, a_sums && c0 == 0 ? a_sums + r0 : nullptr);  // one slice per row
   });
 }
 template void gemm_bf16<float>(int64_t, int64_t, int64_t, const BFloat16*, MatLayout, const BFloat16*, MatLayout,
-                               float*, int64_t, float, float, const float*);
+                               float*, int64_t, float, float, const float*, double*);
 template void gemm_bf16<BFloat16>(int64_t, int64_t, int64_t, const BFloat16*, MatLayout, const BFloat16*,
-                                  MatLayout, BFloat16*, int64_t, float, float, const BFloat16*);
+                                  MatLayout, BFloat16*, int64_t, float, float, const BFloat16*, double*);
 template void gemm<float>(int64_t, int64_t, int64_t, const float*, MatLayout, const float*, MatLayout, float*,
                           int64_t, float, float);
 template void gemm<double>(int64_t, int64_t, int64_t, const double*, MatLayout, const double*, MatLayout,
@@ -459,27 +462,32 @@ void dot(const Tensor& a, const Tensor& b, const Tensor& out) {
   });
 }
 
-void gemm(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta, const Tensor& bias) {
+bool gemm(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta, const Tensor& bias,
+          const Tensor& a_sums) {
   if (a.dtype() == DType::bf16 && bf16_gemm_native()) {  // the bias goes to the kernel (bgemm.h)
     Tensor A = with_layout(a), B = with_layout(b);
+    const bool sums = a_sums.defined() && gemm_bf16_sums_a(mat_layout(A)) && B.size(1) > 0;  // n 0: no kernel runs
+    std::vector<double> total(sums ? size_t(A.size(0)) : 0);
     auto run = [&]<typename TO>(TO* c) {
       gemm_bf16<TO>(A.size(0), B.size(1), A.size(1), A.data<BFloat16>(), mat_layout(A), B.data<BFloat16>(),
                     mat_layout(B), c, out.size(1), float(alpha), float(beta),
-                    bias.defined() ? bias.data<TO>() : nullptr);
+                    bias.defined() ? bias.data<TO>() : nullptr, sums ? total.data() : nullptr);
     };
-    return out.dtype() == DType::bf16 ? run(out.data<BFloat16>()) : run(out.data<float>());
+    out.dtype() == DType::bf16 ? run(out.data<BFloat16>()) : run(out.data<float>());
+    for (size_t i = 0; i < total.size(); ++i) a_sums.data<BFloat16>()[i] = BFloat16(float(total[i]));
+    return sums;
   }
   if (bias.defined()) {  // elsewhere out starts as the bias rows and the product adds onto them
     copy_elements(out, bias.expand(out.shape()));
-    return gemm(a, b, out, alpha, 1.0, Tensor());
+    return gemm(a, b, out, alpha, 1.0, Tensor(), Tensor());
   }
   if (is_16bit(a.dtype()) && out.dtype() == DType::f32)
-    return gemm(a.to(DType::f32), b.to(DType::f32), out, alpha, beta, Tensor());
+    return gemm(a.to(DType::f32), b.to(DType::f32), out, alpha, beta, Tensor(), Tensor());
   if (is_16bit(out.dtype())) {
     Tensor out32 = out.to(DType::f32);
-    gemm(a.to(DType::f32), b.to(DType::f32), out32, alpha, beta, Tensor());
+    gemm(a.to(DType::f32), b.to(DType::f32), out32, alpha, beta, Tensor(), Tensor());
     copy_elements(out, out32);
-    return;
+    return false;
   }
   dispatch_float(out.dtype(), "gemm", [&]<typename T>() {
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
@@ -488,6 +496,7 @@ void gemm(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, dou
               out.data<T>(), out.size(1), T(alpha), T(beta));
     }
   });
+  return false;
 }
 
 }  // namespace weft::kernels::cpu

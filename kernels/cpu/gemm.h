@@ -37,9 +37,13 @@ void gemm(int64_t m, int64_t n, int64_t k, const T* a, MatLayout la, const T* b,
 // f32 kernel in use is avx512 (WEFT_CPU_GEMM=avx2|eigen turns it off); elsewhere the tensor
 // kernels below convert bf16 to f32 and take the f32 GEMM (the same products, no faster).
 bool bf16_gemm_native();
+// a_sums (m values, or null): a_sums[i] += the sum of a's row i (bgemm.h), only where
+// gemm_bf16_sums_a(la): the avx512bf16 kernel and a column-major a, which it packs whole.
 template <typename TO>
 void gemm_bf16(int64_t m, int64_t n, int64_t k, const BFloat16* a, MatLayout la, const BFloat16* b, MatLayout lb,
-               TO* c, int64_t ldc, float alpha = 1.0f, float beta = 0.0f, const TO* bias = nullptr);
+               TO* c, int64_t ldc, float alpha = 1.0f, float beta = 0.0f, const TO* bias = nullptr,
+               double* a_sums = nullptr);
+bool gemm_bf16_sums_a(MatLayout la);
 
 // The f32 GEMM kernel: weft's own packed kernels for AVX-512 or AVX2 + FMA (sgemm.h), chosen
 // at run time from what the CPU has, else Eigen (f64 always uses Eigen). WEFT_CPU_GEMM=avx512|
@@ -65,7 +69,8 @@ void set_bgemm_kernel(BgemmKernel k);
 // ones go through f32).
 void matmul(const Tensor& a, const Tensor& b, const Tensor& out);
 void dot(const Tensor& a, const Tensor& b, const Tensor& out);                              // 1-D, out 0-dim
-void gemm(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta,  // 2-D
-          const Tensor& bias);
+// 2-D; returns whether it wrote a_sums (kernels/backend.h).
+bool gemm(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta, const Tensor& bias,
+          const Tensor& a_sums);
 
 }  // namespace weft::kernels::cpu

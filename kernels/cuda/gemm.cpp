@@ -294,7 +294,11 @@ void gemm(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, dou
 void fill_gemm_ops(KernelBackend& t) {
   t.matmul = &matmul;
   t.dot = &dot;
-  t.gemm = &gemm;
+  t.gemm = [](const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta, const Tensor& bias,
+              const Tensor&) {
+    gemm(a, b, out, alpha, beta, bias);
+    return false;  // a's row sums: kernels::gemm reduces a
+  };
 }
 
 }  // namespace weft::kernels::cuda
