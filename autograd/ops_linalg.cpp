@@ -102,7 +102,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
              };
              if (rx) r[0] = product(g2, false, w, x_dtype).view(x_shape);
              // The bias gradient, dY's column sums, taken as dY^T is packed for the weight's.
-             Tensor gb = rb ? empty({w.size(0)}, {.dtype = g2.dtype(), .device = g2.device()}) : Tensor();
+             Tensor gb = rb && rw ? empty({w.size(0)}, {.dtype = g2.dtype(), .device = g2.device()}) : Tensor();
              if (rw) r[1] = product(g2, true, x2, w_dtype, gb);
              if (rb) r[2] = (rw ? gb : k::reduce(k::ReduceOp::sum, g2, {0}, false)).to(b_dtype);
              return r;

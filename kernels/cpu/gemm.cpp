@@ -474,7 +474,7 @@ bool gemm(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, dou
                     bias.defined() ? bias.data<TO>() : nullptr, sums ? total.data() : nullptr);
     };
     out.dtype() == DType::bf16 ? run(out.data<BFloat16>()) : run(out.data<float>());
-    for (size_t i = 0; i < total.size(); ++i) a_sums.data<BFloat16>()[i] = BFloat16(float(total[i]));
+    for (size_t i = 0; i < total.size(); ++i) a_sums.data<BFloat16>()[i] = convert_scalar<BFloat16>(total[i]);
     return sums;
   }
   if (bias.defined()) {  // elsewhere out starts as the bias rows and the product adds onto them
