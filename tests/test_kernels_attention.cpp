@@ -6,6 +6,7 @@
 // grouped-query heads and rotary embeddings against a reference that repeats the key/value
 // heads and rotates q and k with tables computed here, at every f32 kernel the CPU runs.
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 #include <cmath>
 #include <limits>
 #include <sstream>
@@ -520,20 +521,59 @@ TEST_CASE("attention: bf16 operands take the bf16 tiles, which round P and dS as
   kernels::cpu::set_bgemm_kernel(saved);
 }
 
+// Where the bf16 tiles do not run (head dims not multiples of 16, f16, CPUs without
+// AVX512_BF16), each task widens its own heads to f32 as it reads them: out, lse and the
+// gradients have the bits of f32 attention on the 16-bit values (the backward's out is the
+// rounded one), rounded once: with grouped key/value heads, whose dk and dv sum over the
+// group before rounding, rotary embeddings and a strided, fused-qkv-like q. No f32 copy of a
+// whole operand is made (test_fsdp_plan's bf16 runs on such CPUs count what a step allocates).
 TEST_CASE("attention: 16-bit inputs are computed in f32 where the bf16 tiles do not run") {
-  Tensor q = random({2, 2, 33, 8}), k = random({2, 2, 33, 8}), v = random({2, 2, 33, 8});
-  Tensor want = scaled_dot_product_attention(q, k, v, true);
-  for (DType dt : {DType::bf16, DType::f16}) {
-    Tensor qh = q.to(dt).set_requires_grad(), kh = k.to(dt), vh = v.to(dt);
-    Tensor y = scaled_dot_product_attention(qh, kh, vh, true);
-    CHECK(y.dtype() == dt);
-    // Against f32 attention on the rounded inputs: only the output rounding differs.
-    Tensor want_h = scaled_dot_product_attention(qh.detach().to(kFloat32), kh.to(kFloat32), vh.to(kFloat32), true);
-    check_close(y.to(kFloat32), want_h, dt == DType::bf16 ? 8e-3 : 1e-3, 1e-3, std::string(dtype_name(dt)));
-    sum(y).backward();
-    CHECK(qh.grad().dtype() == dt);
-    CHECK(qh.grad().shape() == qh.shape());
-  }
+  struct Case {
+    int64_t B, H, Hkv, T, E;
+    bool causal;
+    double theta;
+  };
+  for (DType dt : {DType::bf16, DType::f16})
+    for (const Case& c : {Case{2, 2, 2, 33, 8, true, 0.0}, Case{2, 6, 2, 37, 8, true, 10000.0},
+                          Case{1, 4, 1, 20, 24, false, 10000.0}}) {
+      const std::string name = fmt::format("{} B{} H{} Hkv{} T{} E{}{} theta {}", dtype_name(dt), c.B, c.H, c.Hkv,
+                                           c.T, c.E, c.causal ? " causal" : "", c.theta);
+      // q as every third head of a [B, T, 3H, E] buffer: strides no contiguous tensor has
+      Tensor q = random({c.B, c.T, 3 * c.H, c.E}, dt).narrow(2, 0, c.H).transpose(1, 2);
+      Tensor k = random({c.B, c.Hkv, c.T, c.E}, dt), v = random({c.B, c.Hkv, c.T, c.E}, dt);
+      Tensor g = random({c.B, c.H, c.T, c.E}, dt);
+      const double scale = 1.0 / std::sqrt(double(c.E));
+      const kernels::Rope rope{.theta = c.theta};
+      auto f32 = [](const Tensor& t) { return t.to(kFloat32); };
+      // Allocated by the 16-bit calls: their results only (the peak above what was live; the
+      // rope tables, cached by the first call, are made beforehand).
+      kernels::attention(q, k, v, c.causal, scale, rope);
+      auto allocated = [](const std::function<int64_t()>& call) {
+        const int64_t live = memory_stats().live_bytes;
+        reset_peak_memory_stats();
+        const int64_t results = call();
+        return std::pair{memory_stats().peak_bytes - live, results};
+      };
+      Tensor y, lse, dq, dk, dv;
+      auto [fwd_peak, fwd_results] = allocated([&] {
+        std::tie(y, lse) = kernels::attention(q, k, v, c.causal, scale, rope);
+        return y.nbytes() + lse.nbytes();
+      });
+      CHECK(fwd_peak == fwd_results);
+      auto [y32, lse32] = kernels::attention(f32(q), f32(k), f32(v), c.causal, scale, rope);
+      test::check_same_bits(y32.to(dt), y, name + " y");
+      test::check_same_bits(lse32, lse, name + " lse");
+      auto [bwd_peak, bwd_results] = allocated([&] {
+        std::tie(dq, dk, dv) = kernels::attention_backward(g, q, k, v, y, lse, c.causal, scale, rope);
+        return dq.nbytes() + dk.nbytes() + dv.nbytes();
+      });
+      CHECK(bwd_peak == bwd_results);
+      auto [dq32, dk32, dv32] =
+          kernels::attention_backward(f32(g), f32(q), f32(k), f32(v), f32(y), lse, c.causal, scale, rope);
+      test::check_same_bits(dq32.to(dt), dq, name + " dq");
+      test::check_same_bits(dk32.to(dt), dk, name + " dk");
+      test::check_same_bits(dv32.to(dt), dv, name + " dv");
+    }
 }
 
 TEST_CASE("attention: dropout falls back to the composite ops with the same draws") {

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "core/allocator.h"
 #include "core/generator.h"
 #include "core/half.h"
 #include "core/tensor.h"
@@ -528,6 +529,60 @@ TEST_CASE("bf16 matmul computes the product of the bf16-rounded inputs, with the
   {
     INFO("portable path (through f32)");
     run();
+  }
+  set_sgemm_kernel(saved);
+}
+
+// Without a bf16 kernel (f16 always; bf16 where the f32 kernel is not AVX-512's), a 16-bit
+// product runs on f32 copies of blocks of a's rows and b's columns of at most 2^20 elements:
+// the answer has the bits of the f32 product of whole f32 copies, rounded once, over several
+// row and column blocks (k = 8400: 124 rows and columns a block), every transpose, a 16-bit out
+// with alpha and beta, an f32 out with a bias, and op(a)'s row sums (taken once, not once per
+// column block); and the call allocates no tensor (the copies live in the thread's buffers).
+// Eigen (CPUs without AVX2 + FMA) sums in an order that depends on where a block starts, as it
+// does for its thread slices: there the answer is within f32 rounding instead.
+TEST_CASE("the portable 16-bit GEMM works on blocks of f32 copies and gives whole copies' bits") {
+  Generator gen(13);
+  const int64_t m = 131, n = 135, k = 8400;
+  const SgemmKernel saved = sgemm_kernel();
+  for (SgemmKernel kernel : runnable(false)) {
+    if (kernel == SgemmKernel::avx512) continue;  // where the bf16 kernels take bf16
+    set_sgemm_kernel(kernel);
+    auto check = [&](const Tensor& want, const Tensor& got, const std::string& what) {
+      if (kernel != SgemmKernel::eigen) return test::check_same_bits(want, got, what);
+      const double ulp = is_16bit(want.dtype()) ? std::ldexp(1.0, -7) : 1e-5;  // sums of 8400 terms ~ 1
+      const std::vector<double> w = to_vector(want), g = to_vector(got);
+      int bad = 0;
+      for (size_t i = 0; i < w.size(); ++i)
+        if (std::abs(g[i] - w[i]) > ulp * std::abs(w[i]) + 1e-3 && bad++ < 4)
+          FAIL_CHECK(fmt::format("{}: [{}] got {} want {}", what, i, g[i], w[i]));
+    };
+    for (DType dt : {kBFloat16, kFloat16})
+      for (bool ta : {false, true})
+        for (bool tb : {false, true}) {
+          const std::string name = fmt::format("{} kernel, {}{}{}", sgemm_kernel_name(kernel), dtype_name(dt),
+                                               ta ? " a^T" : "", tb ? " b^T" : "");
+          Tensor a = randn(ta ? Shape{k, m} : Shape{m, k}, {.dtype = dt}, &gen);
+          Tensor b = randn(tb ? Shape{n, k} : Shape{k, n}, {.dtype = dt}, &gen);
+          Tensor c0 = randn({m, n}, {.dtype = dt}, &gen), bias = randn({n}, {}, &gen);
+          const Tensor a32 = a.to(kFloat32), b32 = b.to(kFloat32);
+          Tensor want = c0.to(kFloat32), got = c0.clone();
+          kernels::gemm(a32, ta, b32, tb, want, 0.5, 0.25);
+          const int64_t live = memory_stats().live_bytes;
+          reset_peak_memory_stats();
+          kernels::gemm(a, ta, b, tb, got, 0.5, 0.25);
+          CHECK(memory_stats().peak_bytes == live);
+          check(want.to(dt), got, name + ", 16-bit out");
+          Tensor want32 = empty({m, n}), got32 = empty({m, n}), sums = empty({m}, {.dtype = dt});
+          kernels::gemm(a32, ta, b32, tb, want32, 1.0, 0.0, bias);
+          kernels::gemm(a, ta, b, tb, got32, 1.0, 0.0, bias, sums);
+          check(want32, got32, name + ", f32 out with a bias");
+          const std::vector<double> av = to_vector(a);
+          std::vector<double> row_sums(static_cast<size_t>(m), 0.0);  // exact in f64, rounded through f32
+          for (int64_t i = 0; i < m; ++i)
+            for (int64_t p = 0; p < k; ++p) row_sums[size_t(i)] += av[size_t(ta ? p * m + i : i * k + p)];
+          test::check_same_bits(from_vector(row_sums, {m}).to(dt), sums, name + ", op(a)'s row sums");
+        }
   }
   set_sgemm_kernel(saved);
 }

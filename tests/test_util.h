@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <string>
 #include <iomanip>
 #include <sstream>
 #include <vector>
@@ -34,6 +35,25 @@ inline void check_values(const Tensor& t, const std::vector<double>& want, doubl
 // host memory as cuda:0 to provoke errors may only run ops on it when they cannot.
 inline bool cuda_usable() { return device_count(DeviceType::cuda) > 0; }
 
+// Requires got to hold want's bits, reporting the first element that differs.
+inline void check_same_bits(const Tensor& want, const Tensor& got, const std::string& what) {
+  Tensor a = want.contiguous(), b = got.contiguous();
+  REQUIRE(a.shape() == b.shape());
+  REQUIRE(a.dtype() == b.dtype());
+  size_t size = a.element_size();
+  const char* pa = static_cast<const char*>(a.data_ptr());
+  const char* pb = static_cast<const char*>(b.data_ptr());
+  int64_t first = -1;
+  for (int64_t i = 0; i < a.numel() && first < 0; ++i)
+    if (std::memcmp(pa + i * size, pb + i * size, size) != 0) first = i;
+  std::ostringstream msg;
+  if (first >= 0)
+    msg << std::setprecision(17) << ": element " << first << " is " << to_vector(b)[size_t(first)] << ", want "
+        << to_vector(a)[size_t(first)];
+  INFO(what << " (" << tensor_desc(a) << ")" << msg.str());
+  CHECK(first < 0);
+}
+
 // Requires run() to give the same bits at 1, 2, 3 and 4 threads as at 1, reporting the first
 // element of each result that differs. Restores the thread count.
 inline void check_same_bits_on_any_thread_count(const std::function<std::vector<Tensor>()>& run) {
@@ -47,22 +67,8 @@ inline void check_same_bits_on_any_thread_count(const std::function<std::vector<
     set_num_threads(threads);
     std::vector<Tensor> got = run();
     REQUIRE(got.size() == want.size());
-    for (size_t r = 0; r < want.size(); ++r) {
-      Tensor a = want[r].contiguous(), b = got[r].contiguous();
-      REQUIRE(a.shape() == b.shape());
-      size_t size = a.element_size();
-      const char* pa = static_cast<const char*>(a.data_ptr());
-      const char* pb = static_cast<const char*>(b.data_ptr());
-      int64_t first = -1;
-      for (int64_t i = 0; i < a.numel() && first < 0; ++i)
-        if (std::memcmp(pa + i * size, pb + i * size, size) != 0) first = i;
-      std::ostringstream msg;
-      if (first >= 0)
-        msg << std::setprecision(17) << ": element " << first << " is " << to_vector(b)[size_t(first)]
-            << ", on 1 thread " << to_vector(a)[size_t(first)];
-      INFO(threads << " threads, result " << r << " (" << tensor_desc(a) << ")" << msg.str());
-      CHECK(first < 0);
-    }
+    for (size_t r = 0; r < want.size(); ++r)
+      check_same_bits(want[r], got[r], std::to_string(threads) + " threads (1 thread wanted), result " + std::to_string(r));
   }
 }
 

@@ -26,7 +26,9 @@
 // dims on CPUs with AVX512_BF16 the same tiles on bf16 pairs (attention_avx512bf16.cpp), or
 // AMX tiles where the bf16 GEMM runs on them (attention_amx.cpp: WEFT_CPU_BF16_GEMM picks both);
 // everything else (f64 for gradcheck, odd head dims, other CPUs) calls the GEMMs of
-// kernels/cpu/gemm.h. 16-bit operands the bf16 tiles do not take are computed in f32 copies.
+// kernels/cpu/gemm.h. 16-bit operands the bf16 tiles do not take are computed in f32: each
+// task widens its own heads into its buffers as it reads them (as it rotates them) and rounds
+// what it writes, so no f32 copy of a whole operand is made.
 #include "kernels/cpu/attention.h"
 
 #include "core/copy.h"
@@ -91,40 +93,71 @@ struct Rotation {
   }
 };
 
-template <typename T>
+// A head's rows as T: in place when stored as T; 16-bit ones widened into `buf` (`cols` apart,
+// which *st becomes), so that a task holds f32 copies of its own heads only.
+template <typename T, typename S>
+T* rows_as(S* p, int64_t* st, int64_t rows, int64_t cols, T* buf) {
+  if constexpr (std::is_same_v<S, T>) {
+    return p;
+  } else {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) buf[r * cols + c] = T(p[r * *st + c]);
+    *st = cols;
+    return buf;
+  }
+}
+
+// dst's rows (row stride dst_st) = src's (cols apart), rounded to S; nothing when S is T.
+template <typename T, typename S>
+void rows_to(const T* src, int64_t rows, int64_t cols, S* dst, int64_t dst_st) {
+  if constexpr (!std::is_same_v<S, T>)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) dst[r * dst_st + c] = convert_scalar<S>(src[r * cols + c]);
+}
+
+// S: how q, k, v and out are stored (T, or a 16-bit type computed in T = f32).
+template <typename T, typename S = T>
 void forward_typed(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, T scale,
                    const AttentionRope& rope, const Tensor& out, const Tensor& lse) {
   const int64_t B = q.size(0), H = q.size(1), Tq = q.size(2), E = q.size(3), Tk = k.size(2), Ev = v.size(3);
   const int64_t G = H / k.size(1);
-  const Heads<T> Q(q), K(k), V(v), O(out);
+  const Heads<S> Q(q), K(k), V(v), O(out);
   const Rotation<T> rot(rope.tables);
   T* L = lse.data<T>();
   const int64_t bh_count = B * H;
   [[maybe_unused]] const bool par = double(bh_count) * double(Tq) * double(Tk) * double(E + Ev) > kParallelWork && bh_count > 1;
+  constexpr bool wide = !std::is_same_v<S, T>;
 #pragma omp parallel if (par)
   {
     std::vector<T> buf(size_t(std::min(kRowBlock, Tq) * Tk)), rotated(rot.on() ? size_t((Tq + Tk) * E) : 0);
-    T* S = buf.data();
+    std::vector<T> widened(wide ? size_t((Tq + Tk) * (E + Ev)) : 0);  // q, k, v, out
+    T* Sc = buf.data();
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < bh_count; ++bh) {
       const int64_t b = bh / H, h = bh % H;
-      const T *qp = Q.at(b, h), *kp = K.at(b, h / G), *vp = V.at(b, h / G);
-      int64_t qst = Q.st, kst = K.st;
+      int64_t qst = Q.st, kst = K.st, vst = V.st, ost = O.st;
+      T* w = widened.data();
+      const T* qp = rows_as<T>(Q.at(b, h), &qst, Tq, E, w);
+      const T* kp = rows_as<T>(K.at(b, h / G), &kst, Tk, E, w + Tq * E);
+      const T* vp = rows_as<T>(V.at(b, h / G), &vst, Tk, Ev, w + (Tq + Tk) * E);
+      T* op;
+      if constexpr (wide) op = w + (Tq + Tk) * E + Tk * Ev, ost = Ev;
+      else op = O.at(b, h);
       if (rot.on()) {
         T *qr = rotated.data(), *kr = qr + Tq * E;
         rot.rows(qp, qst, Tq, rope.q_pos, qr, E, false);
         rot.rows(kp, kst, Tk, rope.k_pos, kr, E, false);
         qp = qr, kp = kr, qst = kst = E;
       }
-      T* op = O.at(b, h);
       T* lp = L + bh * Tq;
       for (int64_t i0 = 0; i0 < Tq; i0 += kRowBlock) {
         const int64_t m = std::min(kRowBlock, Tq - i0), n = causal ? i0 + m : Tk;
         // S[m, n] = scale * Q[i0:i0+m] K[0:n]^T; K^T is K read column-major.
-        gemm<T>(m, n, E, qp + i0 * qst, row_major(qst), kp, col_major(kst), S, n, scale, T(0));
-        for (int64_t r = 0; r < m; ++r) lp[i0 + r] = softmax_row(S + r * n, causal ? i0 + r + 1 : n, n);
-        gemm<T>(m, Ev, n, S, row_major(n), vp, row_major(V.st), op + i0 * O.st, O.st);
+        gemm<T>(m, n, E, qp + i0 * qst, row_major(qst), kp, col_major(kst), Sc, n, scale, T(0));
+        for (int64_t r = 0; r < m; ++r) lp[i0 + r] = softmax_row(Sc + r * n, causal ? i0 + r + 1 : n, n);
+        gemm<T>(m, Ev, n, Sc, row_major(n), vp, row_major(vst), op + i0 * ost, ost);
       }
+      rows_to(op, Tq, Ev, O.at(b, h), O.st);
     }
   }
 }
@@ -182,13 +215,14 @@ void decode_typed(const Tensor& q, const Tensor& k, const Tensor& v, T scale, co
   }
 }
 
-template <typename T>
+template <typename T, typename S = T>
 void backward_typed(const Tensor& grad, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                     const Tensor& lse, bool causal, T scale, const AttentionRope& rope, const Tensor& dq,
                     const Tensor& dk, const Tensor& dv) {
   const int64_t B = q.size(0), H = q.size(1), Tq = q.size(2), E = q.size(3), Tk = k.size(2), Ev = v.size(3);
   const int64_t Hkv = k.size(1), G = H / Hkv;
-  const Heads<T> Q(q), K(k), V(v), O(out), Gr(grad), DQ(dq), DK(dk), DV(dv);
+  const Heads<S> Q(q), K(k), V(v), O(out), Gr(grad), DQ(dq), DK(dk), DV(dv);
+  constexpr bool wide = !std::is_same_v<S, T>;
   const Rotation<T> rot(rope.tables);
   const T* L = lse.data<T>();
   const int64_t task_count = B * Hkv;
@@ -198,37 +232,48 @@ void backward_typed(const Tensor& grad, const Tensor& q, const Tensor& k, const 
   {
     const int64_t rb = std::min(kRowBlock, Tq);
     std::vector<T> buf(size_t(2 * rb * Tk + Tq)), rotated(rot.on() ? size_t((Tq + Tk) * E) : 0);
+    // 16-bit heads: k, v, dk, dv, then q, out, grad, dq
+    std::vector<T> widened(wide ? size_t(2 * Tk * (E + Ev) + Tq * (2 * E + 2 * Ev)) : 0);
     T* P = buf.data();
     T* dP = P + rb * Tk;
     T* D = dP + rb * Tk;
 #pragma omp for schedule(static)
     for (int64_t task = 0; task < task_count; ++task) {
       const int64_t b = task / Hkv, hk = task % Hkv;
-      const T *kp = K.at(b, hk), *vp = V.at(b, hk);
-      T *dkp = DK.at(b, hk), *dvp = DV.at(b, hk);
-      int64_t kst = K.st, qst = Q.st;
+      int64_t kst = K.st, vst = V.st, dkst = DK.st, dvst = DV.st;
+      T* w = widened.data();
+      const T* kp = rows_as<T>(K.at(b, hk), &kst, Tk, E, w);
+      const T* vp = rows_as<T>(V.at(b, hk), &vst, Tk, Ev, w + Tk * E);
+      T *dkp, *dvp, *wq = w + 2 * Tk * (E + Ev);
+      if constexpr (wide) dkp = w + Tk * (E + Ev), dvp = dkp + Tk * E, dkst = E, dvst = Ev;
+      else dkp = DK.at(b, hk), dvp = DV.at(b, hk);
       T* qr = rotated.data();
       if (rot.on()) {
         T* kr = qr + Tq * E;
         rot.rows(kp, kst, Tk, rope.k_pos, kr, E, false);
-        kp = kr, kst = E, qst = E;
+        kp = kr, kst = E;
       }
       // dK and dV accumulate over the group's query heads and their row blocks.
       for (int64_t j = 0; j < Tk; ++j) {
-        std::fill_n(dkp + j * DK.st, E, T(0));
-        std::fill_n(dvp + j * DV.st, Ev, T(0));
+        std::fill_n(dkp + j * dkst, E, T(0));
+        std::fill_n(dvp + j * dvst, Ev, T(0));
       }
       for (int64_t h = hk * G; h < (hk + 1) * G; ++h) {
-        const T *qp = Q.at(b, h), *op = O.at(b, h), *gp = Gr.at(b, h);
-        T* dqp = DQ.at(b, h);
+        int64_t qst = Q.st, ost = O.st, gst = Gr.st, dqst = DQ.st;
+        const T* qp = rows_as<T>(Q.at(b, h), &qst, Tq, E, wq);
+        const T* op = rows_as<T>(O.at(b, h), &ost, Tq, Ev, wq + Tq * E);
+        const T* gp = rows_as<T>(Gr.at(b, h), &gst, Tq, Ev, wq + Tq * (E + Ev));
+        T* dqp;
+        if constexpr (wide) dqp = wq + Tq * (E + 2 * Ev), dqst = E;
+        else dqp = DQ.at(b, h);
         const T* lp = L + (b * H + h) * Tq;
         if (rot.on()) {
-          rot.rows(qp, Q.st, Tq, rope.q_pos, qr, E, false);
-          qp = qr;
+          rot.rows(qp, qst, Tq, rope.q_pos, qr, E, false);
+          qp = qr, qst = E;
         }
         // D_i = dO_i . O_i: the row sums of dP * P that the softmax backward subtracts.
         for (int64_t i = 0; i < Tq; ++i) {
-          const T *g = gp + i * Gr.st, *o = op + i * O.st;
+          const T *g = gp + i * gst, *o = op + i * ost;
           T s = 0;
 #pragma omp simd reduction(+ : s)
           for (int64_t c = 0; c < Ev; ++c) s += g[c] * o[c];
@@ -236,7 +281,7 @@ void backward_typed(const Tensor& grad, const Tensor& q, const Tensor& k, const 
         }
         for (int64_t i0 = 0; i0 < Tq; i0 += kRowBlock) {
           const int64_t m = std::min(kRowBlock, Tq - i0), n = causal ? i0 + m : Tk;
-          const T *qb = qp + i0 * qst, *gb = gp + i0 * Gr.st;
+          const T *qb = qp + i0 * qst, *gb = gp + i0 * gst;
           gemm<T>(m, n, E, qb, row_major(qst), kp, col_major(kst), P, n, scale, T(0));
           for (int64_t r = 0; r < m; ++r) {
             T* pr = P + r * n;
@@ -247,21 +292,24 @@ void backward_typed(const Tensor& grad, const Tensor& q, const Tensor& k, const 
             for (int64_t j = valid; j < n; ++j) pr[j] = T(0);
           }
           // dV[0:n] += P^T dO; P^T is P read column-major.
-          gemm<T>(n, Ev, m, P, col_major(n), gb, row_major(Gr.st), dvp, DV.st, T(1), T(1));
+          gemm<T>(n, Ev, m, P, col_major(n), gb, row_major(gst), dvp, dvst, T(1), T(1));
           // dP = dO V[0:n]^T
-          gemm<T>(m, n, Ev, gb, row_major(Gr.st), vp, col_major(V.st), dP, n, T(1), T(0));
+          gemm<T>(m, n, Ev, gb, row_major(gst), vp, col_major(vst), dP, n, T(1), T(0));
           for (int64_t r = 0; r < m; ++r) {
             T *pr = P + r * n, *dr = dP + r * n;
             const T di = D[i0 + r];
 #pragma omp simd
             for (int64_t j = 0; j < n; ++j) dr[j] = pr[j] * (dr[j] - di) * scale;
           }
-          gemm<T>(m, E, n, dP, row_major(n), kp, row_major(kst), dqp + i0 * DQ.st, DQ.st, T(1), T(0));
-          gemm<T>(n, E, m, dP, col_major(n), qb, row_major(qst), dkp, DK.st, T(1), T(1));
+          gemm<T>(m, E, n, dP, row_major(n), kp, row_major(kst), dqp + i0 * dqst, dqst, T(1), T(0));
+          gemm<T>(n, E, m, dP, col_major(n), qb, row_major(qst), dkp, dkst, T(1), T(1));
         }
-        if (rot.on()) rot.rows(dqp, DQ.st, Tq, rope.q_pos, dqp, DQ.st, true);
+        if (rot.on()) rot.rows(dqp, dqst, Tq, rope.q_pos, dqp, dqst, true);
+        rows_to(dqp, Tq, E, DQ.at(b, h), DQ.st);
       }
-      if (rot.on()) rot.rows(dkp, DK.st, Tk, rope.k_pos, dkp, DK.st, true);
+      if (rot.on()) rot.rows(dkp, dkst, Tk, rope.k_pos, dkp, dkst, true);
+      rows_to(dkp, Tk, E, DK.at(b, hk), DK.st);
+      rows_to(dvp, Tk, Ev, DV.at(b, hk), DV.st);
     }
   }
 }
@@ -297,11 +345,6 @@ std::vector<T> tiled_workspace(const AttentionDims& d, int64_t per_thread) {
   return std::vector<T>(size_t(threads * per_thread));
 }
 
-// An f32 [B, H, T, C] tensor stored as [B, T, H, C], the layout the entry points allocate.
-Tensor empty_bthc_f32(const Tensor& like) {
-  return empty({like.size(0), like.size(2), like.size(1), like.size(3)}).transpose(1, 2);
-}
-Tensor f32(const Tensor& t) { return t.to(DType::f32); }
 
 }  // namespace
 
@@ -333,12 +376,9 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, d
     return attention_forward_avx512(d, heads_f32(q), heads_f32(k), heads_f32(v), heads_f32(out),
                                     lse.data<float>(), ws.data());
   }
-  if (is_16bit(q.dtype())) {
-    Tensor out32 = empty_bthc_f32(out);
-    attention(f32(q), f32(k), f32(v), causal, scale, rope, out32, lse);
-    return copy_elements(out, out32);
-  }
   if (q.dtype() == DType::f64) forward_typed<double>(q, k, v, causal, scale, rope, out, lse);
+  else if (q.dtype() == DType::bf16) forward_typed<float, BFloat16>(q, k, v, causal, float(scale), rope, out, lse);
+  else if (q.dtype() == DType::f16) forward_typed<float, Half>(q, k, v, causal, float(scale), rope, out, lse);
   else forward_typed<float>(q, k, v, causal, float(scale), rope, out, lse);
 }
 
@@ -357,15 +397,12 @@ void attention_backward(const Tensor& grad, const Tensor& q, const Tensor& k, co
     return attention_backward_avx512(d, heads_f32(grad), heads_f32(q), heads_f32(k), heads_f32(v), heads_f32(out),
                                      lse.data<float>(), heads_f32(dq), heads_f32(dk), heads_f32(dv), ws.data());
   }
-  if (is_16bit(q.dtype())) {
-    Tensor dq32 = empty_bthc_f32(dq), dk32 = empty_bthc_f32(dk), dv32 = empty_bthc_f32(dv);
-    attention_backward(f32(grad), f32(q), f32(k), f32(v), f32(out), lse, causal, scale, rope, dq32, dk32, dv32);
-    copy_elements(dq, dq32);
-    copy_elements(dk, dk32);
-    return copy_elements(dv, dv32);
-  }
   if (q.dtype() == DType::f64)
     backward_typed<double>(grad, q, k, v, out, lse, causal, scale, rope, dq, dk, dv);
+  else if (q.dtype() == DType::bf16)
+    backward_typed<float, BFloat16>(grad, q, k, v, out, lse, causal, float(scale), rope, dq, dk, dv);
+  else if (q.dtype() == DType::f16)
+    backward_typed<float, Half>(grad, q, k, v, out, lse, causal, float(scale), rope, dq, dk, dv);
   else backward_typed<float>(grad, q, k, v, out, lse, causal, float(scale), rope, dq, dk, dv);
 }
 

@@ -28,6 +28,7 @@
 
 #include "core/copy.h"
 #include "core/dispatch.h"
+#include "kernels/cpu/gemm_scratch.h"
 #include "core/error.h"
 #include "kernels/cpu/bgemm.h"
 #include "kernels/cpu/elementwise.h"  // reduction_chunks
@@ -84,11 +85,83 @@ std::vector<int64_t> batch_offsets(const Tensor& t, const Shape& batch) {
 
 Tensor with_layout(const Tensor& t) { return mat_layout(t).ok ? t : t.contiguous(); }
 
-// One product (split over threads as gemm does): T inputs; bf16 ones take the bf16 kernel.
+// Row r of a, column j of b, in their layouts.
+template <typename T> const T* row_at(const T* a, MatLayout l, int64_t r) { return l.row_major ? a + r * l.ld : a + r; }
+template <typename T> const T* col_at(const T* b, MatLayout l, int64_t j) { return l.row_major ? b + j : b + j * l.ld; }
+
+// dst[l * len + e] = x[l * ld + e] in f32, for `lines` lines of `len`; with `sums`, each
+// line's sum (lines_are_rows) or each position's sum over the lines is added to it, in f64.
+template <typename T>
+void widen_lines(const T* x, int64_t ld, int64_t lines, int64_t len, float* dst, double* sums, bool lines_are_rows) {
+#pragma omp parallel for schedule(static) if (!omp_in_parallel() && lines * len >= (1 << 16) && !(sums && !lines_are_rows))
+  for (int64_t l = 0; l < lines; ++l) {
+    double s = 0;
+    for (int64_t e = 0; e < len; ++e) {
+      dst[l * len + e] = float(x[l * ld + e]);
+      if (sums) lines_are_rows ? void(s += dst[l * len + e]) : void(sums[e] += dst[l * len + e]);
+    }
+    if (sums && lines_are_rows) sums[l] += s;
+  }
+}
+
+// 16-bit operands where no bf16 kernel takes them (CPUs without AVX512_BF16, f16): the f32
+// kernels on f32 copies of blocks of a (whole rows) and b (whole columns) of at most
+// kWidenedBlock elements, and of c's block when c is 16-bit, in buffers of the thread that
+// stay that size however large the operands (as the kernels' packing buffers do): a step then
+// allocates no more than with the bf16 kernels, which is what fsdp::plan_memory predicts.
+// Each element of c gets the bits that f32 copies of the whole operands would give (the f32
+// kernels' bits do not depend on where a block starts); c is rounded once. bias (of TO; beta
+// 0 then) starts c's rows; a_sums (m of them), when given, receive a's row sums.
+constexpr int64_t kWidenedBlock = int64_t(1) << 20;
+
+template <typename T, typename TO>
+void gemm_widened(int64_t m, int64_t n, int64_t k, const T* a, MatLayout la, const T* b, MatLayout lb, TO* c,
+                  int64_t ldc, float alpha, float beta, const TO* bias = nullptr, double* a_sums = nullptr) {
+  static thread_local Scratch<float> a_buf, b_buf, c_buf;
+  const int64_t nb = std::clamp<int64_t>(kWidenedBlock / std::max<int64_t>(k, 1), 1, std::max<int64_t>(n, 1));
+  const int64_t mb = std::clamp<int64_t>(kWidenedBlock / std::max(k, nb), 1, std::max<int64_t>(m, 1));
+  if (a_sums) std::fill_n(a_sums, m, 0.0);
+  for (int64_t j0 = 0; j0 < n; j0 += nb) {
+    const int64_t nc = std::min(nb, n - j0);
+    float* pb = b_buf.get(nc * k);
+    widen_lines(col_at(b, lb, j0), lb.ld, lb.row_major ? k : nc, lb.row_major ? nc : k, pb, nullptr, false);
+    const MatLayout wb{true, lb.row_major, lb.row_major ? nc : k};
+    for (int64_t i0 = 0; i0 < m; i0 += mb) {
+      const int64_t mc = std::min(mb, m - i0);
+      float* pa = a_buf.get(mc * k);
+      double* sums = a_sums && j0 == 0 ? a_sums + i0 : nullptr;
+      widen_lines(row_at(a, la, i0), la.ld, la.row_major ? mc : k, la.row_major ? k : mc, pa, sums, la.row_major);
+      const MatLayout wa{true, la.row_major, la.row_major ? k : mc};
+      TO* cb = c + i0 * ldc + j0;
+      const float b_c = bias ? 1.0f : beta;
+      auto start = [&](float* dst, int64_t ld) {  // c's block as the product adds onto it
+        if (!bias && beta == 0.0f) return;
+        for (int64_t i = 0; i < mc; ++i)
+          for (int64_t j = 0; j < nc; ++j) dst[i * ld + j] = float(bias ? bias[j0 + j] : cb[i * ldc + j]);
+      };
+      if constexpr (std::is_same_v<TO, float>) {
+        if (bias) start(cb, ldc);
+        gemm<float>(mc, nc, k, pa, wa, pb, wb, cb, ldc, alpha, b_c);
+      } else {
+        float* pc = c_buf.get(mc * nc);
+        start(pc, nc);
+        gemm<float>(mc, nc, k, pa, wa, pb, wb, pc, nc, alpha, b_c);
+        for (int64_t i = 0; i < mc; ++i)
+          for (int64_t j = 0; j < nc; ++j) cb[i * ldc + j] = convert_scalar<TO>(pc[i * nc + j]);
+      }
+    }
+  }
+}
+
+// One product (split over threads as gemm does): T inputs; bf16 ones take the bf16 kernel
+// where the CPU has it, other 16-bit ones the f32 kernels on widened blocks.
 template <typename T, typename TO>
 void product(int64_t m, int64_t n, int64_t k, const T* a, MatLayout la, const T* b, MatLayout lb, TO* c, int64_t ldc) {
-  if constexpr (std::is_same_v<T, BFloat16>) gemm_bf16<TO>(m, n, k, a, la, b, lb, c, ldc);
-  else gemm<T>(m, n, k, a, la, b, lb, c, ldc);
+  if constexpr (std::is_same_v<T, BFloat16>) {
+    if (bf16_gemm_native()) return gemm_bf16<TO>(m, n, k, a, la, b, lb, c, ldc);
+  }
+  if constexpr (std::is_same_v<T, acc_t<T>>) gemm<T>(m, n, k, a, la, b, lb, c, ldc);
+  else gemm_widened<T, TO>(m, n, k, a, la, b, lb, c, ldc, 1.0f, 0.0f);
 }
 
 template <typename T, typename TO = T>
@@ -325,9 +398,6 @@ void split_product(int64_t m, int64_t n, int64_t k, bool fixed, int64_t row_unit
   }
 }
 
-// Row r of a, column j of b, in their layouts.
-template <typename T> const T* row_at(const T* a, MatLayout l, int64_t r) { return l.row_major ? a + r * l.ld : a + r; }
-template <typename T> const T* col_at(const T* b, MatLayout l, int64_t j) { return l.row_major ? b + j : b + j * l.ld; }
 
 using BgemmFn = void (*)(int64_t, int64_t, int64_t, const uint16_t*, int64_t, int64_t, const uint16_t*, int64_t,
                         int64_t, void*, bool, int64_t, float, float, const void*, double*);
@@ -426,16 +496,7 @@ template void gemm<double>(int64_t, int64_t, int64_t, const double*, MatLayout, 
 
 void matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
   if (out.numel() == 0) return;
-  if (out.dtype() == DType::bf16 && bf16_gemm_native()) return matmul_typed<BFloat16>(a, b, out);
-  if (is_16bit(out.dtype())) {
-    Tensor out32 = empty(out.shape());
-    matmul(a.to(DType::f32), b.to(DType::f32), out32);
-    copy_elements(out, out32);
-    return;
-  }
-  dispatch_float(out.dtype(), "matmul", [&]<typename T>() {
-    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) matmul_typed<T>(a, b, out);
-  });
+  dispatch_float(out.dtype(), "matmul", [&]<typename T>() { matmul_typed<T>(a, b, out); });
 }
 
 void dot(const Tensor& a, const Tensor& b, const Tensor& out) {
@@ -477,17 +538,25 @@ bool gemm(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, dou
     for (size_t i = 0; i < total.size(); ++i) a_sums.data<BFloat16>()[i] = convert_scalar<BFloat16>(total[i]);
     return sums;
   }
+  if (is_16bit(a.dtype())) {
+    Tensor A = with_layout(a), B = with_layout(b);
+    std::vector<double> total(a_sums.defined() && B.size(1) > 0 ? size_t(A.size(0)) : 0);  // n 0: no product
+    dispatch_float(a.dtype(), "gemm", [&]<typename T>() {
+      if constexpr (!std::is_same_v<T, acc_t<T>>) {
+        auto run = [&]<typename TO>(TO* c) {
+          gemm_widened<T, TO>(A.size(0), B.size(1), A.size(1), A.data<T>(), mat_layout(A), B.data<T>(), mat_layout(B),
+                              c, out.size(1), float(alpha), float(beta), bias.defined() ? bias.data<TO>() : nullptr,
+                              total.empty() ? nullptr : total.data());
+        };
+        out.dtype() == DType::f32 ? run(out.data<float>()) : run(out.data<T>());
+        for (size_t i = 0; i < total.size(); ++i) a_sums.data<T>()[i] = convert_scalar<T>(total[i]);
+      }
+    });
+    return !total.empty();
+  }
   if (bias.defined()) {  // elsewhere out starts as the bias rows and the product adds onto them
     copy_elements(out, bias.expand(out.shape()));
     return gemm(a, b, out, alpha, 1.0, Tensor(), Tensor());
-  }
-  if (is_16bit(a.dtype()) && out.dtype() == DType::f32)
-    return gemm(a.to(DType::f32), b.to(DType::f32), out, alpha, beta, Tensor(), Tensor());
-  if (is_16bit(out.dtype())) {
-    Tensor out32 = out.to(DType::f32);
-    gemm(a.to(DType::f32), b.to(DType::f32), out32, alpha, beta, Tensor(), Tensor());
-    copy_elements(out, out32);
-    return false;
   }
   dispatch_float(out.dtype(), "gemm", [&]<typename T>() {
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
