@@ -2,8 +2,8 @@
 // (kernels/cpu/sgemm.h) and the bf16 ones (bgemm.h: bf16 inputs, f32 sums, f32 or bf16 results),
 // against a double-precision loop over the same input values, on shapes with tails on every
 // block edge, all four transposes, strided leading dims, alpha/beta, threads (the same bits on
-// any thread count, Eigen's f64 too) and batched matmul; and bf16's portable path (converted to
-// f32) on CPUs without AVX512_BF16.
+// any thread count, Eigen's f64 too) and batched matmul; and the portable path of 16-bit
+// products (the f32 kernels on widened blocks) on CPUs without AVX512_BF16.
 #include <fmt/format.h>
 #include <catch2/catch.hpp>
 #include <cmath>
