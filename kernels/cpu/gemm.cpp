@@ -28,10 +28,10 @@
 
 #include "core/copy.h"
 #include "core/dispatch.h"
-#include "kernels/cpu/gemm_scratch.h"
 #include "core/error.h"
 #include "kernels/cpu/bgemm.h"
 #include "kernels/cpu/elementwise.h"  // reduction_chunks
+#include "kernels/cpu/gemm_scratch.h"
 #include "kernels/cpu/sgemm.h"
 #include "kernels/threads.h"
 #ifdef _OPENMP

@@ -1,6 +1,6 @@
 // kernels/cpu: the packed-panel buffers of weft's GEMM kernels (sgemm_blocked.h, the bf16
-// kernel): grow-only, 64-byte aligned, one per thread and operand. TU-local (an anonymous
-// namespace) like the kernels that include it, which are compiled for different ISAs.
+// kernel; gemm.cpp's widened 16-bit blocks): grow-only, 64-byte aligned, one per thread and
+// operand. TU-local (an anonymous namespace), as the ISA files that include it need.
 #pragma once
 #include <cstdint>
 #include <cstdlib>
