@@ -4,7 +4,7 @@
 # read. Raise the budget only with a reason in the commit. Usage: line_budget.sh [SOURCE_ROOT]
 set -euo pipefail
 cd "${1:-$(dirname "$0")/..}"
-budget=27650
+budget=27643
 lines=$(find core kernels autograd nn dist fsdp weft.h -type f \( -name '*.h' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' \) \
           -print0 | xargs -0 cat | wc -l)
 echo "line budget: ${lines} of ${budget} lines of library code (core kernels autograd nn dist fsdp)"

@@ -4,9 +4,9 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
-#include <string>
 #include <iomanip>
 #include <sstream>
+#include <string>
 #include <vector>
 
 #include "core/device_runtime.h"

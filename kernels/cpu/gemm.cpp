@@ -110,13 +110,13 @@ void widen_lines(const T* x, int64_t ld, int64_t lines, int64_t len, float* dst,
 // stay that size however large the operands (as the kernels' packing buffers do): a step then
 // allocates no more than with the bf16 kernels, which is what fsdp::plan_memory predicts.
 // Each element of c gets the bits that f32 copies of the whole operands would give (the f32
-// kernels' bits do not depend on where a block starts); c is rounded once. bias (of TO; beta
-// 0 then) starts c's rows; a_sums (m of them), when given, receive a's row sums.
+// kernels' bits do not depend on where a block starts); c is rounded once. a_sums (m of
+// them), when given, receive a's row sums.
 constexpr int64_t kWidenedBlock = int64_t(1) << 20;
 
 template <typename T, typename TO>
 void gemm_widened(int64_t m, int64_t n, int64_t k, const T* a, MatLayout la, const T* b, MatLayout lb, TO* c,
-                  int64_t ldc, float alpha, float beta, const TO* bias = nullptr, double* a_sums = nullptr) {
+                  int64_t ldc, float alpha, float beta, double* a_sums = nullptr) {
   static thread_local Scratch<float> a_buf, b_buf, c_buf;
   const int64_t nb = std::clamp<int64_t>(kWidenedBlock / std::max<int64_t>(k, 1), 1, std::max<int64_t>(n, 1));
   const int64_t mb = std::clamp<int64_t>(kWidenedBlock / std::max(k, nb), 1, std::max<int64_t>(m, 1));
@@ -133,19 +133,13 @@ void gemm_widened(int64_t m, int64_t n, int64_t k, const T* a, MatLayout la, con
       widen_lines(row_at(a, la, i0), la.ld, la.row_major ? mc : k, la.row_major ? k : mc, pa, sums, la.row_major);
       const MatLayout wa{true, la.row_major, la.row_major ? k : mc};
       TO* cb = c + i0 * ldc + j0;
-      const float b_c = bias ? 1.0f : beta;
-      auto start = [&](float* dst, int64_t ld) {  // c's block as the product adds onto it
-        if (!bias && beta == 0.0f) return;
-        for (int64_t i = 0; i < mc; ++i)
-          for (int64_t j = 0; j < nc; ++j) dst[i * ld + j] = float(bias ? bias[j0 + j] : cb[i * ldc + j]);
-      };
       if constexpr (std::is_same_v<TO, float>) {
-        if (bias) start(cb, ldc);
-        gemm<float>(mc, nc, k, pa, wa, pb, wb, cb, ldc, alpha, b_c);
+        gemm<float>(mc, nc, k, pa, wa, pb, wb, cb, ldc, alpha, beta);
       } else {
         float* pc = c_buf.get(mc * nc);
-        start(pc, nc);
-        gemm<float>(mc, nc, k, pa, wa, pb, wb, pc, nc, alpha, b_c);
+        for (int64_t i = 0; i < mc && beta != 0.0f; ++i)  // c's block, which the product adds onto
+          for (int64_t j = 0; j < nc; ++j) pc[i * nc + j] = float(cb[i * ldc + j]);
+        gemm<float>(mc, nc, k, pa, wa, pb, wb, pc, nc, alpha, beta);
         for (int64_t i = 0; i < mc; ++i)
           for (int64_t j = 0; j < nc; ++j) cb[i * ldc + j] = convert_scalar<TO>(pc[i * nc + j]);
       }
@@ -538,6 +532,10 @@ bool gemm(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, dou
     for (size_t i = 0; i < total.size(); ++i) a_sums.data<BFloat16>()[i] = convert_scalar<BFloat16>(total[i]);
     return sums;
   }
+  if (bias.defined()) {  // elsewhere out starts as the bias rows and the product adds onto them
+    copy_elements(out, bias.expand(out.shape()));
+    return gemm(a, b, out, alpha, 1.0, Tensor(), a_sums);
+  }
   if (is_16bit(a.dtype())) {
     Tensor A = with_layout(a), B = with_layout(b);
     std::vector<double> total(a_sums.defined() && B.size(1) > 0 ? size_t(A.size(0)) : 0);  // n 0: no product
@@ -545,18 +543,13 @@ bool gemm(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, dou
       if constexpr (!std::is_same_v<T, acc_t<T>>) {
         auto run = [&]<typename TO>(TO* c) {
           gemm_widened<T, TO>(A.size(0), B.size(1), A.size(1), A.data<T>(), mat_layout(A), B.data<T>(), mat_layout(B),
-                              c, out.size(1), float(alpha), float(beta), bias.defined() ? bias.data<TO>() : nullptr,
-                              total.empty() ? nullptr : total.data());
+                              c, out.size(1), float(alpha), float(beta), total.empty() ? nullptr : total.data());
         };
         out.dtype() == DType::f32 ? run(out.data<float>()) : run(out.data<T>());
         for (size_t i = 0; i < total.size(); ++i) a_sums.data<T>()[i] = convert_scalar<T>(total[i]);
       }
     });
     return !total.empty();
-  }
-  if (bias.defined()) {  // elsewhere out starts as the bias rows and the product adds onto them
-    copy_elements(out, bias.expand(out.shape()));
-    return gemm(a, b, out, alpha, 1.0, Tensor(), Tensor());
   }
   dispatch_float(out.dtype(), "gemm", [&]<typename T>() {
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
