@@ -1,9 +1,10 @@
 #!/bin/bash
 # Bad input, table-driven: every row of bad_input.tsv runs one program with bad flags or files
-# and must end (within `timeout 30`: no hang) with the expected non-zero exit code (no crash:
-# not a signal, not 124) and print the expected message fragment. Every failing row is printed
-# with what it got. Rows "api CASE" run bad_api (tests/apps/bad_api.cpp); rows "mpirun ARGS" run
-# mpirun with the given arguments (@MNIST@ and @TRANSFORMER@ name the apps; skipped without mpirun).
+# and must end (within `timeout 30`, 60 for mpirun: no hang) with the expected non-zero exit
+# code (no crash: not a signal, not 124) and print the expected message fragment. Every failing
+# row is printed with what it got. Rows "api CASE" run bad_api (tests/apps/bad_api.cpp); rows
+# "mpirun ARGS" run mpirun with the given arguments (@MNIST@ and @TRANSFORMER@ name the apps;
+# skipped without mpirun).
 # Leading NAME=VALUE words of a row's arguments are set in the program's environment.
 # Usage: bad_input.sh TABLE weft-mnist weft-transformer weft-checkpoint bad_api weft-plan weft-simple
 #        [MPIRUN ARGS...]
@@ -107,37 +108,53 @@ for _ in $(seq 50); do flock -n "$tmp/locked/.lock" true || break; sleep 0.1; do
 mkdir -p "$tmp/ck_bigstep/step_99999999999999999999"
 echo '{}' > "$tmp/ck_bigstep/step_99999999999999999999/index.json"
 
-rows=0 failed=0 skipped=0
+# The rows, read first, then run in two lanes at once (each row's output in its own file; no row
+# writes what another reads), and judged in table order.
+names=() argss=() rcs=() msgs=()
 while IFS=$'\t' read -r name args want_rc want_msg; do
   [[ -z "$name" || "$name" == \#* ]] && continue
-  rows=$((rows + 1))
+  names+=("$name") argss+=("$args") rcs+=("$want_rc") msgs+=("$want_msg")
+done < "$table"
+rows=${#names[@]}
+run_row() {  # run_row I: runs row I, writing its output to $tmp/out.I and its exit code to $tmp/rc.I
+  local i=$1 name=${names[$1]} args=${argss[$1]} envs=()
   args=${args//@TMP@/$tmp}
-  want_msg=${want_msg//@TMP@/$tmp}
   args=${args//@MNIST@/${prog[mnist]}}
   args=${args//@TRANSFORMER@/${prog[transformer]}}
   eval "set -- $args"
-  envs=()
   while [[ $# -gt 0 && "$1" =~ ^[A-Z_]+= ]]; do envs+=("$1"); shift; done
   [ "$name" = api ] && envs+=("TMPDIR=$tmp")  # the cases' scratch directories go with $tmp
   if [ "$name" = mpirun ]; then
-    if [ ${#mpirun[@]} = 0 ]; then skipped=$((skipped + 1)); continue; fi
-    timeout -k 5 60 env "${envs[@]}" "${mpirun[@]}" "$@" </dev/null >"$tmp/out" 2>&1
+    if [ ${#mpirun[@]} = 0 ]; then echo skip >"$tmp/rc.$i"; return; fi
+    timeout -k 5 60 env "${envs[@]}" "${mpirun[@]}" "$@" </dev/null >"$tmp/out.$i" 2>&1
   else
-    timeout -k 5 30 env "${envs[@]}" "${prog[$name]}" "$@" </dev/null >"$tmp/out" 2>&1
+    timeout -k 5 30 env "${envs[@]}" "${prog[$name]}" "$@" </dev/null >"$tmp/out.$i" 2>&1
   fi
-  rc=$?
-  got=$(head -c 600 "$tmp/out")
+  echo $? >"$tmp/rc.$i"
+}
+lane() { local i; for ((i = $1; i < rows; i += 2)); do run_row "$i"; done; }
+lane 0 & l0=$!
+lane 1 & l1=$!
+wait $l0 $l1  # not the lock holder
+
+failed=0 skipped=0
+for ((i = 0; i < rows; i++)); do
+  rc=$(cat "$tmp/rc.$i" 2>/dev/null || echo none)
+  [ "$rc" = skip ] && { skipped=$((skipped + 1)); continue; }
+  want_rc=${rcs[$i]} want_msg=${msgs[$i]//@TMP@/$tmp}
+  got=$(head -c 600 "$tmp/out.$i" 2>/dev/null)
   why=""
-  if [ "$rc" = 124 ]; then why="hung (killed by timeout 30)"
+  if [ "$rc" = none ]; then why="did not run"
+  elif [ "$rc" = 124 ]; then why="hung (killed by timeout)"
   elif [ "$rc" -ge 128 ]; then why="crashed (signal $((rc - 128)))"
   elif [ "$rc" != "$want_rc" ]; then why="exit $rc, want $want_rc"
-  elif ! grep -qF -- "$want_msg" "$tmp/out"; then why="message lacks '$want_msg'"
+  elif ! grep -qF -- "$want_msg" "$tmp/out.$i"; then why="message lacks '$want_msg'"
   fi
   if [ -n "$why" ]; then
     failed=$((failed + 1))
-    printf 'FAIL row %d: %s %s: %s; got exit %s:\n%s\n\n' "$rows" "$name" "$args" "$why" "$rc" "$got"
+    printf 'FAIL row %d: %s %s: %s; got exit %s:\n%s\n\n' "$((i + 1))" "${names[$i]}" "${argss[$i]}" "$why" "$rc" "$got"
   fi
-done < "$table"
+done
 echo "bad_input: $((rows - failed - skipped)) of $rows rows passed ($skipped mpirun rows skipped: no mpirun given)"
 [ "$rows" -ge 100 ] || fail "only $rows rows"
 [ "$failed" = 0 ]

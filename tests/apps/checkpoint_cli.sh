@@ -56,7 +56,7 @@ within "$(loss_at "$tmp/x14.jsonl" 10)" "$a10" 1e-5 0 "step-10 loss resumed 1 ->
 within "$(loss_at "$tmp/x41.jsonl" 10)" "$a10" 1e-5 0 "step-10 loss resumed 4 -> 1"
 
 # mnist: 2 -> 1 -> 4 ranks through --save/--load directories.
-m=(--seed 3 --batch-size 64 --threads 1 --log-every 10)
+m=(--seed 3 --batch-size 64 --threads 1 --log-every 10 --data "$(mnist_small 1000)")
 run "$mnist" "${m[@]}" --steps 30 --metrics "$tmp/m.jsonl" >/dev/null 2>&1
 mp 2 "$mnist" --fsdp "${m[@]}" --steps 10 --save "$tmp/mck" >/dev/null 2>"$tmp/err" || fail "mnist save: $(cat "$tmp/err")"
 run "$mnist" "${m[@]}" --steps 10 --load "$tmp/mck" --save "$tmp/mck" --metrics "$tmp/m1.jsonl" >/dev/null 2>&1

@@ -42,7 +42,7 @@ expect_mismatch() {
   [ "$lines" -ge "$np" ] || fail "$name: $lines of $np ranks name $flag: $(cat "$tmp/$name.out")"
 }
 
-m=(--fsdp --steps 2 --log-every 1 --seed 1 --threads 1)
+m=(--fsdp --steps 2 --log-every 1 --seed 1 --threads 1 --data "$(mnist_small 1000)")
 expect_mismatch mnist_lr --lr 2 1 1 -- "$mnist" "${m[@]}" --batch-size 16 --lr 0.1 -- "$mnist" "${m[@]}" --batch-size 16 --lr 0.2
 grep -q -- "--lr is 0.1 on rank 0, 0.2 on rank 1 (every rank must get the same flags)" "$tmp/mnist_lr.out" ||
   fail "mnist --lr: the message lists the values wrongly: $(cat "$tmp/mnist_lr.out")"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # weft-mnist --fsdp and weft-simple under mpirun. The same 20 steps of the MLP (seed 3, global
 # batch 64) single-process and sharded over 2 and 4 ranks must log the same losses (rel 1e-5)
-# and test accuracy; a checkpoint saved at 2 ranks resumes at 4 ranks and single-process
+# and test accuracy (on the first 1000 test images); a checkpoint saved at 2 ranks resumes at 4 ranks and single-process
 # exactly where the uninterrupted run goes; a global batch the ranks cannot split fails on
 # every rank with a clear message; weft-simple at 2 ranks trains (its loss decreases).
 # Usage: mnist_fsdp.sh WEFT_MNIST WEFT_SIMPLE MPIRUN [MPIRUN_ARGS...]
@@ -19,7 +19,8 @@ run "${launch[@]}" -np 2 "$simple" >"$tmp/simple.out" 2>&1 || fail "weft-simple 
 grep -q "loss decreased" "$tmp/simple.out" || fail "weft-simple loss did not decrease: $(cat "$tmp/simple.out")"
 grep -q "rank 1 holds" "$tmp/simple.out" || fail "weft-simple does not report rank 1's shard: $(cat "$tmp/simple.out")"
 
-common=(--steps 20 --log-every 10 --seed 3 --batch-size 64 --threads 1)
+small=$(mnist_small 1000)
+common=(--steps 20 --log-every 10 --seed 3 --batch-size 64 --threads 1 --data "$small")
 run "$mnist" "${common[@]}" --metrics "$tmp/np1.jsonl" >/dev/null 2>"$tmp/err" || fail "single process: $(cat "$tmp/err")"
 for np in 2 4; do
   run "${launch[@]}" -np "$np" "$mnist" --fsdp "${common[@]}" --metrics "$tmp/np$np.jsonl" >"$tmp/out" 2>"$tmp/err" ||
@@ -28,7 +29,7 @@ for np in 2 4; do
 done
 
 # Resume: 10 steps at 2 ranks with --save, then 10 more from the checkpoint at 4 ranks and alone.
-half=(--log-every 10 --seed 3 --batch-size 64 --threads 1 --steps 10)
+half=(--log-every 10 --seed 3 --batch-size 64 --threads 1 --steps 10 --data "$small")
 run "${launch[@]}" -np 2 "$mnist" --fsdp "${half[@]}" --save "$tmp/ck" >/dev/null 2>"$tmp/err" ||
   fail "--save at 2 ranks: $(cat "$tmp/err")"
 run "${launch[@]}" -np 4 "$mnist" --fsdp "${half[@]}" --load "$tmp/ck" --metrics "$tmp/resumed4.jsonl" \
@@ -46,8 +47,8 @@ for step in 10 20; do
 done
 acc1=$(accuracy_of "$tmp/np1.jsonl")
 for f in np2 np4 resumed4 resumed1; do
-  # Float rounding may flip a near-tie: allow one test sample in 10000.
-  within "$(accuracy_of "$tmp/$f.jsonl")" "$acc1" 0 1.00001e-4 "test accuracy ($f)"
+  # Float rounding may flip a near-tie: allow one of the 1000 test samples.
+  within "$(accuracy_of "$tmp/$f.jsonl")" "$acc1" 0 1.00001e-3 "test accuracy ($f)"
 done
 
 # --mixed-precision bf16 under --fsdp (bf16 parameters gathered, f32 gradients reduced): close
