@@ -36,7 +36,7 @@ consolidated() { "$tool" consolidate "$1" "$2" >/dev/null 2>"$tmp/err" || fail "
 
 # Steps of the runs that stop and resume; a sanitizer's run is several times slower per step, so
 # fewer steps still outlast the signal (scripts/sanitize.sh sets WEFT_SANITIZER).
-S=3000
+S=1000
 [ -n "${WEFT_SANITIZER:-}" ] && S=400
 cfg=(train --fsdp --n-layer 1 --n-head 2 --d-model 16 --ctx 16 --batch-size 4 --warmup 5 --lr 3e-3 --seed 0 --threads 1
      --eval-every 0 --eval-iters 1 --log-every 1 --dropout 0.1 --steps $S)

@@ -31,9 +31,11 @@ out="$build/tests/fuzz"
 corpus="$out/corpus_$target"
 rm -rf "$corpus" && mkdir -p "$corpus"  # the seeds only: each run starts from the same inputs
 # Does this clang link a fuzzer at all (the runtime ships in libclang-rt-<v>-dev)?
-printf 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }\n' >"$out/probe.cpp"
-if ! "$clang" -fsanitize=fuzzer "$out/probe.cpp" -o "$out/probe" 2>"$out/probe.err"; then
-  echo "SKIP: $clang cannot link -fsanitize=fuzzer (Debian: libclang-rt-14-dev): $(head -c 300 "$out/probe.err")"
+# (Every file this script writes is named for its target: the four fuzz tests run two at a time.)
+probe="$out/probe_$target"
+printf 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }\n' >"$probe.cpp"
+if ! "$clang" -fsanitize=fuzzer "$probe.cpp" -o "$probe" 2>"$probe.err"; then
+  echo "SKIP: $clang cannot link -fsanitize=fuzzer (Debian: libclang-rt-14-dev): $(head -c 300 "$probe.err")"
   exit 77
 fi
 mpi_flags=$(pkg-config --cflags ompi 2>/dev/null || echo "-I/usr/lib/x86_64-linux-gnu/openmpi/include")
@@ -119,15 +121,17 @@ JSON
     printf '\x02\xc3\x28 \xed\xa0\x80 \xf4\x90\x80\x80' >"$corpus/bad_text"
     printf '\x03\x00\x00\x00\x00\xc3\x00\x00\x00\xa9\x00\x00\x00\xff\xff\xff\xff' >"$corpus/ids" ;;
 esac
-cd "$out"
+# The target's scratch files and libFuzzer's crash-* files go to a directory of its own.
+work="$out/run_$target"
+rm -rf "$work" && mkdir -p "$work" && cd "$work"
 status=0
-"./fuzz_$target" -runs="$runs" -max_len=4096 -rss_limit_mb=2048 -timeout=10 -seed=1 "${fuzz_flags[@]}" "$corpus" \
-  >"fuzz_$target.log" 2>&1 || status=$?
+"$out/fuzz_$target" -runs="$runs" -max_len=4096 -rss_limit_mb=2048 -timeout=10 -seed=1 "${fuzz_flags[@]}" "$corpus" \
+  >"$out/fuzz_$target.log" 2>&1 || status=$?
 rm -rf fuzz_input.* fuzz_checkpoint.*
 if [ "$status" -ne 0 ]; then
-  tail -n 60 "fuzz_$target.log"
-  echo "fuzz_$target: failed (exit $status); the input is $out/crash-* (or oom-*, timeout-*), the log $out/fuzz_$target.log"
+  tail -n 60 "$out/fuzz_$target.log"
+  echo "fuzz_$target: failed (exit $status); the input is $work/crash-* (or oom-*, timeout-*), the log $out/fuzz_$target.log"
   exit 1
 fi
-grep -E '^(INFO: Seed|Done )' "fuzz_$target.log" || true
+grep -E '^(INFO: Seed|Done )' "$out/fuzz_$target.log" || true
 echo "fuzz_$target: $runs inputs without a crash"
