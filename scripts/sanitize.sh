@@ -56,12 +56,15 @@ run_asan() {
   # -Dnative=false: with -march=native on an AVX-512 host GCC zeroes stack structs with aligned
   # 64-byte stores, and ASan's detect_stack_use_after_return frames are not 64-byte aligned
   # (a SIGSEGV in the compiler's store, not in weft's code).
-  configure "$dir" -Db_sanitize=address,undefined -Dnative=false \
+  # -Dbenchmarks=false: the benchmark programs (an eighth of this build's compile time) are left
+  # out; the normal suite runs the two tests of them (bench_memory, bench_gpt2).
+  configure "$dir" -Db_sanitize=address,undefined -Dnative=false -Dbenchmarks=false \
     -Dcpp_args='-g1 -fno-omit-frame-pointer -fno-sanitize-recover=all' || return 1
   rm -f "$dir/meson-logs/testlog.json"  # .ci/run counts this run's results only
   echo "sanitize.sh: building $dir (ASan + UBSan)"
   ninja -C "$dir" -j "$jobs" >"$dir/build.log" 2>&1 || { tail -n 50 "$dir/build.log"; echo "sanitize.sh: $dir failed to build"; return 1; }
   rm -rf "$dir/sanitizer-reports" && mkdir -p "$dir/sanitizer-reports"
+  echo "sanitize.sh: not run under ASan: bench_memory and bench_gpt2 (the benchmark programs are not built; the normal suite runs them)"
   echo "sanitize.sh: not run under ASan: the fuzz suite (clang-built ASan+UBSan programs of their own; the normal suite runs them)"
   echo "sanitize.sh: not run under ASan: the launch suite (multihost, slurm): their ranks are started by orted over network"
   echo "  namespaces or by srun, which do not pass ASan's settings on as mpirun does here (mca_base_env_list cannot be mixed"
