@@ -100,7 +100,7 @@ done
 # 3. weft-mnist alone, SIGINT (Ctrl-C): exit 130, then resume to the uninterrupted result (M
 # steps in all: --steps counts the steps a run adds).
 M=200
-[ -n "${WEFT_SANITIZER:-}" ] && M=40
+[ -n "${WEFT_SANITIZER:-}" ] && M=20
 m=(--batch-size 256 --threads 1 --seed 1 --log-every 1 --data "$(mnist_small 1000)")
 "$mnist" "${m[@]}" --steps $M --save "$tmp/mu" >"$tmp/mu.out" 2>"$tmp/err" || fail "mnist: $(cat "$tmp/err")"
 rc=0
