@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # weft-mnist --fsdp and weft-simple under mpirun. The same 20 steps of the MLP (seed 3, global
 # batch 64) single-process and sharded over 2 and 4 ranks must log the same losses (rel 1e-5)
-# and test accuracy (on the first 1000 test images); a checkpoint saved at 2 ranks resumes at 4 ranks and single-process
-# exactly where the uninterrupted run goes; a global batch the ranks cannot split fails on
-# every rank with a clear message; weft-simple at 2 ranks trains (its loss decreases).
+# and test accuracy (on the first 1000 test images); a checkpoint saved at 2 ranks resumes at 4
+# ranks and single-process exactly where the uninterrupted run goes; a global batch the ranks
+# cannot split fails on every rank with a clear message; weft-simple at 2 ranks trains (its loss
+# decreases).
 # Usage: mnist_fsdp.sh WEFT_MNIST WEFT_SIMPLE MPIRUN [MPIRUN_ARGS...]
 set -euo pipefail
 mnist=$1
