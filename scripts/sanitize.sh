@@ -14,16 +14,20 @@
 # so a report from a process whose exit status a test script does not look at still fails the
 # run; they are printed at the end. UBSan's go to the process's stderr (gcc's UBSan runtime has
 # no log_path), and halt it with exit status 1.
-# Usage: scripts/sanitize.sh [asan] [tsan]   (both when none is named)
+# Usage: scripts/sanitize.sh [--build-only] [asan] [tsan]   (both when none is named)
+# --build-only configures and builds the named builds and runs nothing (.ci/run builds them
+# this way, at low priority, while the normal suite runs).
 # Extra meson test arguments can be given after "--", e.g. sanitize.sh asan -- core_tensor.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 root=$(pwd)
 kinds=()
+build_only=0
 while [ $# -gt 0 ] && [ "$1" != -- ]; do
   case "$1" in
     asan|tsan) kinds+=("$1") ;;
-    *) echo "sanitize.sh: unknown argument '$1' (asan, tsan, -- meson test arguments)" >&2; exit 2 ;;
+    --build-only) build_only=1 ;;
+    *) echo "sanitize.sh: unknown argument '$1' (--build-only, asan, tsan, -- meson test arguments)" >&2; exit 2 ;;
   esac
   shift
 done
@@ -63,6 +67,7 @@ run_asan() {
   rm -f "$dir/meson-logs/testlog.json"  # .ci/run counts this run's results only
   echo "sanitize.sh: building $dir (ASan + UBSan)"
   ninja -C "$dir" -j "$jobs" >"$dir/build.log" 2>&1 || { tail -n 50 "$dir/build.log"; echo "sanitize.sh: $dir failed to build"; return 1; }
+  [ "$build_only" = 1 ] && return 0
   rm -rf "$dir/sanitizer-reports" && mkdir -p "$dir/sanitizer-reports"
   echo "sanitize.sh: not run under ASan: bench_memory and bench_gpt2 (the benchmark programs are not built; the normal suite runs them)"
   echo "sanitize.sh: not run under ASan: the fuzz suite (clang-built ASan+UBSan programs of their own; the normal suite runs them)"
@@ -99,6 +104,7 @@ run_tsan() {
   echo "sanitize.sh: building $dir (TSan):" $targets
   # shellcheck disable=SC2086
   ninja -C "$dir" -j "$jobs" $targets >"$dir/build.log" 2>&1 || { tail -n 50 "$dir/build.log"; echo "sanitize.sh: $dir failed to build"; return 1; }
+  [ "$build_only" = 1 ] && return 0
   rm -rf "$dir/sanitizer-reports" && mkdir -p "$dir/sanitizer-reports"
   local tests=("$@")
   if [ ${#tests[@]} -eq 0 ]; then
