@@ -21,17 +21,25 @@ mnist_small() {
   local src=/usr/share/datasets/fashion-mnist d=$tmp/mnist_small
   mkdir -p "$d"
   ln -sf "$src"/train-images-idx3-ubyte* "$src"/train-labels-idx1-ubyte* "$d"/
-  idx_head "$src"/t10k-images-idx3-ubyte* "$d/t10k-images-idx3-ubyte" "$1" 16 $((28 * 28))
-  idx_head "$src"/t10k-labels-idx1-ubyte* "$d/t10k-labels-idx1-ubyte" "$1" 8 1
+  idx_head "$src"/t10k-images-idx3-ubyte* "$d/t10k-images-idx3-ubyte" "$1"
+  idx_head "$src"/t10k-labels-idx1-ubyte* "$d/t10k-labels-idx1-ubyte" "$1"
   echo "$d"
 }
-# idx_head IN OUT N HEADER_BYTES RECORD_BYTES: the first N records of the IDX file IN (gzip'd or
-# not) written to OUT, the count in its header (bytes 4-7, big-endian) made N.
+# idx_head IN OUT N: the first N records of the IDX file of bytes IN (gzip'd or not) written to
+# OUT, the count in its header (its first dimension, bytes 4-7, big-endian) made N. A record is
+# the product of the other dimensions, read from the header.
 idx_head() {
-  local count
+  local h count bytes rec=1 i
+  h=($(head -c 40 < <(zcat -f "$1") | od -An -v -tu1))
+  [ "${#h[@]}" -ge 8 ] && [ "${h[2]}" = 8 ] && [ $((4 + 4 * h[3])) -le "${#h[@]}" ] ||
+    fail "idx_head: $1 is not an IDX file of unsigned bytes"
+  for ((i = 2; i <= h[3]; ++i)); do
+    rec=$((rec * (h[4 * i] << 24 | h[4 * i + 1] << 16 | h[4 * i + 2] << 8 | h[4 * i + 3])))
+  done
+  bytes=$((4 + 4 * h[3] + $3 * rec))
   count=$(printf '\\x%02x' $(($3 >> 24 & 255)) $(($3 >> 16 & 255)) $(($3 >> 8 & 255)) $(($3 & 255)))
-  head -c $(($4 + $3 * $5)) < <(zcat -f "$1") >"$2.part"
-  [ "$(stat -c %s "$2.part")" = $(($4 + $3 * $5)) ] || fail "idx_head: $1 holds fewer than $3 records" >&2
+  head -c "$bytes" < <(zcat -f "$1") >"$2.part"
+  [ "$(stat -c %s "$2.part")" = "$bytes" ] || fail "idx_head: $1 holds fewer than $3 records"
   { head -c 4 "$2.part"; printf "$count"; tail -c +9 "$2.part"; } >"$2"
   rm -f "$2.part"
 }
