@@ -124,6 +124,6 @@ status=0
 for k in "${kinds[@]}"; do
   start=$SECONDS
   "run_$k" "$@" || status=1
-  echo "sanitize.sh: $k took $((SECONDS - start)) s"
+  echo "sanitize.sh: $k$([ "$build_only" = 1 ] && echo " build") took $((SECONDS - start)) s"
 done
 exit $status
