@@ -32,14 +32,14 @@ idx_head() {
   local h count bytes rec=1 i
   h=($(head -c 40 < <(zcat -f "$1") | od -An -v -tu1))
   [ "${#h[@]}" -ge 8 ] && [ "${h[2]}" = 8 ] && [ $((4 + 4 * h[3])) -le "${#h[@]}" ] ||
-    fail "idx_head: $1 is not an IDX file of unsigned bytes"
+    fail "idx_head: $1 is not an IDX file of unsigned bytes" >&2
   for ((i = 2; i <= h[3]; ++i)); do
     rec=$((rec * (h[4 * i] << 24 | h[4 * i + 1] << 16 | h[4 * i + 2] << 8 | h[4 * i + 3])))
   done
   bytes=$((4 + 4 * h[3] + $3 * rec))
   count=$(printf '\\x%02x' $(($3 >> 24 & 255)) $(($3 >> 16 & 255)) $(($3 >> 8 & 255)) $(($3 & 255)))
   head -c "$bytes" < <(zcat -f "$1") >"$2.part"
-  [ "$(stat -c %s "$2.part")" = "$bytes" ] || fail "idx_head: $1 holds fewer than $3 records"
+  [ "$(stat -c %s "$2.part")" = "$bytes" ] || fail "idx_head: $1 holds fewer than $3 records" >&2
   { head -c 4 "$2.part"; printf "$count"; tail -c +9 "$2.part"; } >"$2"
   rm -f "$2.part"
 }
