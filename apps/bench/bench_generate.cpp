@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "apps/common/trainer.h"
 #include "apps/transformer/model.h"
 #include "weft.h"
 

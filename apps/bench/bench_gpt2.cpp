@@ -48,6 +48,7 @@
 #include <vector>
 
 #include "apps/common/device.h"
+#include "apps/common/trainer.h"
 #include "apps/transformer/gpt.h"
 #include "core/allocator.h"
 #include "core/device_runtime.h"

@@ -1,6 +1,7 @@
 #include "apps/common/nonfinite.h"
 
 #include <cmath>
+#include <cstdio>
 #include <fmt/format.h>
 
 #include "core/element_search.h"
@@ -34,23 +35,35 @@ OnNan parse_on_nan(const std::string& s) {
   throw Error(fmt::format("--on-nan must be error, skip or ignore, not \"{}\"", s));
 }
 
-void stop_on_nonfinite_loss(const std::string& program, double loss, int64_t step, const Ranks& ranks,
-                            const std::string& checkpoint_advice) {
-  std::string msg = fmt::format(
-      "{}: the loss is {} at step {}{}; training stopped; {} — lower --lr or use --on-nan skip", program,
-      describe_value(loss), step,
-      ranks.fsdp ? fmt::format(" (the mean over {} ranks)", ranks.world) : std::string(), checkpoint_advice);
-  throw dist::AgreedError(msg, 0);
-}
+NanPolicy::NanPolicy(std::string program, OnNan mode, int64_t max_in_a_row)
+    : program_(std::move(program)), mode_(mode), max_(max_in_a_row) {}
 
-void SkipLimit::step_done(int64_t step, bool skipped, const CheckpointWatch& watch) {
+bool NanPolicy::skip(double loss, int64_t step, const Ranks& ranks, const CheckpointWatch& watch) {
+  const std::string name = program_.substr(program_.rfind('-') + 1);  // "weft-mnist": "mnist"
+  const bool skipped = !std::isfinite(loss) && mode_ != OnNan::ignore;
+  if (skipped && mode_ == OnNan::error)
+    throw dist::AgreedError(fmt::format("{}: the loss is {} at step {}{}; training stopped; {} — lower --lr or use "
+                                        "--on-nan skip", name, describe_value(loss), step,
+                                        ranks.fsdp ? fmt::format(" (the mean over {} ranks)", ranks.world) : "",
+                                        watch.advice()), 0);
   in_a_row_ = skipped ? in_a_row_ + 1 : 0;
   total_ += skipped ? 1 : 0;
-  if (in_a_row_ < max_) return;
+  if (!skipped) return false;
+  if (ranks.lead())
+    std::fprintf(stderr, "%s: the loss is %s at step %lld; skipped its update (%lld skipped)\n", program_.c_str(),
+                 describe_value(loss).c_str(), (long long)step, (long long)total_);
+  if (in_a_row_ < max_) return true;
   throw dist::AgreedError(fmt::format("{}: the loss was not finite for {} steps in a row (steps {} to {}; "
                                       "--max-skipped-steps {}): skipping updates does not bring a diverged model "
-                                      "back; training stopped; {} — lower --lr", program_, in_a_row_,
+                                      "back; training stopped; {} — lower --lr", name, in_a_row_,
                                       step - in_a_row_ + 1, step, max_, watch.advice()), 0);
+}
+
+void NanPolicy::check_evaluation(double loss, const std::string& what, const CheckpointWatch& watch) const {
+  if (std::isfinite(loss) || mode_ == OnNan::ignore) return;
+  const std::string name = program_.substr(program_.rfind('-') + 1);
+  throw dist::AgreedError(fmt::format("{}: {}: the model has diverged; training stopped; {}", name, what,
+                                      watch.advice()), 0);
 }
 
 }  // namespace weft::apps

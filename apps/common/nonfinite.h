@@ -25,24 +25,26 @@ void check_finite_parameters(const nn::Module& model, const std::string& context
 enum class OnNan { error, skip, ignore };
 OnNan parse_on_nan(const std::string& s);
 
-// For --on-nan error: throws dist::AgreedError on every rank with the same message (the loss is
-// already averaged over ranks, so every rank decides the same and none is left waiting).
-// `checkpoint_advice` names the checkpoint to resume from (CheckpointWatch::advice).
-[[noreturn]] void stop_on_nonfinite_loss(const std::string& program, double loss, int64_t step, const Ranks& ranks,
-                                         const std::string& checkpoint_advice);
-
-// For --on-nan skip: counts the steps skipped in a row and, after `max_in_a_row` of them, gives
-// up as stop_on_nonfinite_loss does (a diverged model does not recover by skipping updates).
-class SkipLimit {
+// The --on-nan policy of a run, asked once per step with the step's loss (the mean over the
+// global batch, the same on every rank, so every rank decides alike).
+class NanPolicy {
  public:
-  SkipLimit(const std::string& program, int64_t max_in_a_row) : program_(program), max_(max_in_a_row) {}
-  // After each step: whether its update was skipped. Throws dist::AgreedError at the limit,
-  // naming the checkpoint `watch` advises.
-  void step_done(int64_t step, bool skipped, const CheckpointWatch& watch);
-  int64_t total() const { return total_; }
+  // `program` names the process in messages ("weft-mnist"); `max_in_a_row`: --max-skipped-steps.
+  NanPolicy(std::string program, OnNan mode, int64_t max_in_a_row);
+  // Whether the update of the step that logged `loss` at `step` is to be dropped. A finite loss,
+  // or --on-nan ignore: false. --on-nan error: throws dist::AgreedError on every rank, naming the
+  // checkpoint `watch` advises. --on-nan skip: says so and returns true, until the
+  // --max-skipped-steps'th skip in a row, which gives up as error does (a diverged model does not
+  // recover by skipping updates).
+  bool skip(double loss, int64_t step, const Ranks& ranks, const CheckpointWatch& watch);
+  // An evaluation's loss: throws dist::AgreedError naming `what` ("the validation loss is nan at
+  // step 7") when it is not finite, unless --on-nan ignore.
+  void check_evaluation(double loss, const std::string& what, const CheckpointWatch& watch) const;
+  int64_t skipped() const { return total_; }
 
  private:
   std::string program_;
+  OnNan mode_;
   int64_t max_, in_a_row_ = 0, total_ = 0;
 };
 

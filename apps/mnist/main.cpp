@@ -11,17 +11,15 @@
 #include <optional>
 #include <thread>
 
-#include "apps/common/checkpoint_watch.h"
 #include "apps/common/cli.h"
 #include "apps/common/deterministic.h"
 #include "apps/common/device.h"
 #include "apps/common/metrics.h"
 #include "apps/common/nonfinite.h"
 #include "apps/common/plan.h"
-#include "apps/common/progress.h"
 #include "apps/common/ranks.h"
 #include "apps/common/resume.h"
-#include "apps/common/stop.h"
+#include "apps/common/trainer.h"
 #include "apps/mnist/idx.h"
 #include "apps/mnist/models.h"
 #include "core/safetensors.h"
@@ -249,23 +247,6 @@ fsdp::FSDPModule shard_model(const nn::ModulePtr& model, Device device, const Op
   return fsdp::fully_shard(model, opts);
 }
 
-// One training step on a batch: the loss, its gradients (the optimizer steps after the caller
-// has checked the loss). --mixed-precision bf16 without --fsdp runs the forward and the loss
-// under autocast (with --fsdp it is the layers' MixedPrecisionPolicy, shard_model above).
-// `parts` > 1 (--deterministic's backwards per step on this rank): the gradient of loss / parts,
-// added to the gradients already there.
-Tensor forward_backward(nn::Module& model, nn::Optimizer& opt, const Tensor& x, const Tensor& y, bool autocast,
-                        int64_t parts = 1) {
-  if (parts == 1) opt.zero_grad();
-  Tensor loss;
-  {
-    AutocastGuard bf16(DType::bf16, autocast);
-    loss = cross_entropy(model(x), y);
-  }
-  (parts > 1 ? loss * (1.0 / double(parts)) : loss).backward();
-  return loss;
-}
-
 // The memory planner's training step: run()'s model, sharding, optimizer, step and an
 // evaluation batch, on meta tensors (fsdp::plan_memory runs it on the meta device).
 fsdp::MemoryPlanRequest plan_request(const Options& o, bool fsdp, int64_t rows, int64_t cols) {
@@ -286,7 +267,8 @@ fsdp::MemoryPlanRequest plan_request(const Options& o, bool fsdp, int64_t rows, 
     const int64_t world = mesh ? mesh->size(0) : 1, batch = o.batch_size / world;
     const int64_t eval_rows = 1000 >= world ? 1000 / world + (1000 % world ? 1 : 0) : 1000;
     return [model, opt, batch, eval_rows, pixels = rows * cols, autocast = o.autocast()] {
-      forward_backward(*model, *opt, empty({batch, pixels}), empty({batch}, {.dtype = kInt64}), autocast);
+      opt->zero_grad();
+      apps::forward_backward(*model, empty({batch, pixels}), empty({batch}, {.dtype = kInt64}), autocast, 1);
       opt->step();
       NoGradGuard no_grad;  // an evaluation batch, as after each epoch of run()
       model->eval();
@@ -297,215 +279,143 @@ fsdp::MemoryPlanRequest plan_request(const Options& o, bool fsdp, int64_t rows, 
   return r;
 }
 
-int run(const Options& o, const Ranks& ranks) {
-  // Everything up to sharding is rank-local; dist::agree makes a failure on any rank
-  // (bad flags, missing files, a checkpoint that does not fit) stop every rank.
-  apps::MnistData data;
-  nn::ModulePtr model;
-  std::string resume_from;
-  std::optional<apps::MetricsWriter> metrics;
-  int64_t n_train = 0, steps_per_epoch = 0;
-  std::map<std::string, std::string> train_set;  // its size and sha256, recorded in checkpoints
-  std::optional<fsdp::CheckpointDirLock> dir_lock;  // rank 0's claim on --save
+// What run() sets up before the first step (prepare_run, rank-local: inside dist::agree).
+struct Run {
   Device device = kCPU;
+  std::optional<apps::LeafPlan> leaves;             // --deterministic
+  std::optional<fsdp::CheckpointDirLock> dir_lock;  // rank 0's claim on --save
+  apps::MnistData data;
+  int64_t steps_per_epoch = 0;                      // the last partial batch is dropped
+  std::map<std::string, std::string> train_set;     // its size and sha256, recorded in checkpoints
+  std::string resume_from;
+  int64_t start_bytes = 0;  // live before the model (the data): the baseline of the peak reported
   std::optional<fsdp::MemoryPlan> plan;
   std::vector<bool> per_layer;  // reshard_after_forward per layer, when a memory budget chose it
-  std::optional<apps::LeafPlan> leaves;  // --deterministic
-  int64_t start_bytes = 0;      // live before the model (the data): the baseline of the peak reported
-  dist::agree(ranks.groups(), "mnist", [&] {
-    device = apps::parse_device(o.device, "mnist");  // first: a device that cannot work ends the run at once
-    if (o.threads > 0) set_num_threads(o.threads);
-    set_deterministic(o.deterministic);
-    if (o.deterministic) leaves = apps::make_leaf_plan("mnist", o.virtual_batches, o.batch_size, 1, ranks);
-    WEFT_CHECK(o.batch_size > 0 && o.epochs > 0 && o.lr > 0, "mnist: --batch-size, --epochs and --lr must be positive");
-    WEFT_CHECK(o.batch_size % ranks.world == 0,
-               "mnist: --batch-size {} does not split evenly over {} ranks: --batch-size is the global batch and "
-               "each rank takes an equal slice of it, so use a multiple of {}",
-               o.batch_size, ranks.world, ranks.world);
-    apps::check_checkpoint_dir(o.save, "--save", "mnist");
-    if (!o.save.empty() && ranks.lead() && !o.plan.only()) dir_lock.emplace(o.save);
-    data = apps::load_mnist(o.data);
-    n_train = data.train.images.size(0);
-    steps_per_epoch = n_train / o.batch_size;  // the last partial batch is dropped
-    WEFT_CHECK(steps_per_epoch > 0, "mnist: batch size {} exceeds the {} training samples", o.batch_size, n_train);
-    reset_peak_memory_stats(device);
-    start_bytes = memory_stats(device).live_bytes;
-    WEFT_CHECK(o.plan.ranks == 0 || o.batch_size % o.plan.ranks == 0,
-               "mnist: --batch-size {} does not split evenly over --plan-ranks {}", o.batch_size, o.plan.ranks);
-    plan = apps::plan_from_flags(o.plan, plan_request(o, ranks.fsdp, data.rows, data.cols), ranks, device,
-                                 "weft-mnist");
-    if (o.plan.only()) return;  // printed; nothing to build or train
-    if (plan && plan->budget) per_layer = plan->settings.reshard_after_forward;
-    manual_seed(o.seed);  // the same full model on every rank
-    if (ranks.fsdp) {
-      // Deferred: built on the meta device, each rank later initialises only its shards (the
-      // values of the eager build, bit for bit).
-      DefaultDeviceGuard meta(Device::meta());
-      model = apps::make_mnist_model(o.model, data.rows, data.cols);
-    } else {
-      model = apps::make_mnist_model(o.model, data.rows, data.cols);
-      model->to(device);  // initialised on the host (the same values on every device), then moved
-    }
-    if (!o.save.empty() || !o.load.empty()) train_set = training_set(data.train);
-    if (!o.load.empty()) resume_from = checkpoint_to_load(o, train_set, steps_per_epoch);
-    metrics.emplace(ranks.lead() ? o.metrics : std::string());  // one file, written by rank 0
-  });
-  if (o.plan.only()) return 0;
+  nn::ModulePtr model;
+  std::optional<apps::MetricsWriter> metrics;
+};
 
-  auto count_params = [&] {
-    int64_t n = 0;
-    for (auto& p : model->parameters()) n += p.numel();
-    return n;
-  };
-  const int64_t n_params = count_params();
-  std::optional<fsdp::FSDPModule> root;
-  if (ranks.fsdp) root = shard_model(model, device, o, nullptr, per_layer);
-  auto opt = make_optimizer(o, model->parameters());  // after sharding: steps this rank's shards
-  int64_t step = 0;
-  if (!resume_from.empty()) {
-    // Each rank reads the pieces of its own shards, whatever world size wrote them.
-    dist::agree(ranks.groups(), "mnist", [&] {
-      step = fsdp::load_checkpoint(resume_from, *model, opt.get(), root ? &*root : nullptr).step;
-      // The optimizer state brought the checkpoint's learning rate back; an explicit --lr wins (as
-      // setting param_groups' lr after load_state_dict does in PyTorch).
-      if (opt->lr() != o.lr && ranks.lead())
-        std::fprintf(stderr, "weft-mnist: --lr %g replaces the checkpoint's learning rate %g\n", o.lr, opt->lr());
-      opt->set_lr(o.lr);
-      apps::check_finite_parameters(*model, fmt::format("mnist: refusing to resume from {}", resume_from));
-    });
-    if (ranks.lead()) std::fprintf(stderr, "resumed from %s at step %lld\n", resume_from.c_str(), (long long)step);
+// Everything before sharding, rank-local: run inside dist::agree, so that a failure on any rank
+// (bad flags, missing files, a checkpoint that does not fit) stops every rank.
+void prepare_run(const Options& o, const Ranks& ranks, Run& run) {
+  run.device = apps::parse_device(o.device, "mnist");  // first: a device that cannot work ends the run at once
+  if (o.threads > 0) set_num_threads(o.threads);
+  set_deterministic(o.deterministic);
+  if (o.deterministic) run.leaves = apps::make_leaf_plan("mnist", o.virtual_batches, o.batch_size, 1, ranks);
+  WEFT_CHECK(o.batch_size > 0 && o.epochs > 0 && o.lr > 0, "mnist: --batch-size, --epochs and --lr must be positive");
+  WEFT_CHECK(o.batch_size % ranks.world == 0,
+             "mnist: --batch-size {} does not split evenly over {} ranks: --batch-size is the global batch and "
+             "each rank takes an equal slice of it, so use a multiple of {}", o.batch_size, ranks.world, ranks.world);
+  apps::check_checkpoint_dir(o.save, "--save", "mnist");
+  if (!o.save.empty() && ranks.lead() && !o.plan.only()) run.dir_lock.emplace(o.save);
+  run.data = apps::load_mnist(o.data);
+  const int64_t n_train = run.data.train.images.size(0);
+  run.steps_per_epoch = n_train / o.batch_size;
+  WEFT_CHECK(run.steps_per_epoch > 0, "mnist: batch size {} exceeds the {} training samples", o.batch_size, n_train);
+  reset_peak_memory_stats(run.device);
+  run.start_bytes = memory_stats(run.device).live_bytes;
+  WEFT_CHECK(o.plan.ranks == 0 || o.batch_size % o.plan.ranks == 0,
+             "mnist: --batch-size {} does not split evenly over --plan-ranks {}", o.batch_size, o.plan.ranks);
+  run.plan = apps::plan_from_flags(o.plan, plan_request(o, ranks.fsdp, run.data.rows, run.data.cols), ranks,
+                                   run.device, "weft-mnist");
+  if (o.plan.only()) return;  // printed; nothing to build or train
+  if (run.plan && run.plan->budget) run.per_layer = run.plan->settings.reshard_after_forward;
+  manual_seed(o.seed);  // the same full model on every rank
+  if (ranks.fsdp) {
+    // Deferred: built on the meta device, each rank later initialises only its shards (the
+    // values of the eager build, bit for bit).
+    DefaultDeviceGuard meta(Device::meta());
+    run.model = apps::make_mnist_model(o.model, run.data.rows, run.data.cols);
+  } else {
+    run.model = apps::make_mnist_model(o.model, run.data.rows, run.data.cols);
+    run.model->to(run.device);  // initialised on the host (the same values on every device), then moved
   }
-  const apps::OnNan on_nan = apps::parse_on_nan(o.on_nan);
-  std::string last_checkpoint = resume_from;  // the newest checkpoint written or resumed from
-  apps::CheckpointWatch watch(resume_from, step);  // which of them are known to resume
-  apps::SkipLimit skips("mnist", o.max_skipped);  // steps whose update --on-nan skip dropped
-  int64_t saved_step = -1;                     // the step of the last checkpoint this run wrote
-  double loss_v = 0;                           // the last step's loss, recorded with its checkpoint
-  auto save = [&] {
-    fsdp::CheckpointProgress ts{.step = step,
-                           .data = {{"epoch", step / steps_per_epoch}, {"batch", step % steps_per_epoch}},
-                           .app = describe(o, train_set),
-                           .loss = loss_v};
-    std::string where;
-    dist::agree(ranks.groups(), "mnist", [&] {
-      // Never from non-finite state: the checkpoints already written stay as they are.
-      apps::check_finite_parameters(*model, fmt::format("mnist: refusing to write a checkpoint at step {}", step),
-                                    "; the existing checkpoints are untouched");
-      where = fsdp::save_checkpoint(o.save, *model, opt.get(), root ? &*root : nullptr, ts, {.keep_last = o.keep_last, .keep_also = watch.good()});
-    });
-    last_checkpoint = where;
-    saved_step = step;
-    watch.saved(step, where);
-    if (!ranks.lead()) return;
-    std::fprintf(stderr, "saved model and optimizer at step %lld to %s\n", (long long)step, where.c_str());
-    watch.announce_kept("weft-mnist", o.save, o.keep_last);
-  };
-  int64_t total_steps = o.epochs * steps_per_epoch;
-  if (o.steps > 0) total_steps = std::min(total_steps, step + o.steps);
-  const int64_t local_batch = o.batch_size / ranks.world;
-  nn::TreeSum grad_tree;                 // --deterministic without --fsdp: the leaves' gradients
-  const std::vector<Tensor> params = model->parameters();
-  if (ranks.lead()) {
-    std::fprintf(stderr, "weft-mnist: %s (%lld parameters), %lld train / %lld test samples from %s, batch %lld, "
-                 "%lld steps/epoch, %d threads, on %s\n", o.model.c_str(), (long long)n_params,
-                 (long long)n_train, (long long)data.test.images.size(0), o.data.c_str(), (long long)o.batch_size,
-                 (long long)steps_per_epoch, get_num_threads(), device.str().c_str());
-    if (root)
-      std::fprintf(stderr, "weft-mnist: FSDP over %d ranks: one group per layer, %lld parameters on rank 0, "
-                   "%lld samples per rank per step\n", ranks.world, (long long)count_params(), (long long)local_batch);
-  }
+  if (!o.save.empty() || !o.load.empty()) run.train_set = training_set(run.data.train);
+  if (!o.load.empty()) run.resume_from = checkpoint_to_load(o, run.train_set, run.steps_per_epoch);
+  run.metrics.emplace(ranks.lead() ? o.metrics : std::string());  // one file, written by rank 0
+}
 
-  // From here a signal stops the run after its step (apps/common/stop.h); before, the default
-  // action ends it at once (a process blocked while starting up could not reach a step's end).
-  apps::StopSignals stop_signals("weft-mnist");
-  while (step < total_steps) {
-    int64_t epoch = step / steps_per_epoch;
-    auto order = epoch_order(n_train, o.seed, epoch);
-    int64_t epoch_end = std::min((epoch + 1) * steps_per_epoch, total_steps);
-    std::optional<apps::Progress> progress;
-    if (ranks.lead())
-      progress.emplace(fmt::format("epoch {}", epoch + 1), epoch_end - epoch * steps_per_epoch, "samples");
-    auto window_start = std::chrono::steady_clock::now();
-    int64_t window_samples = 0;
-    while (step < epoch_end) {
-      int64_t i = step - epoch * steps_per_epoch;
-      // Every rank walks the same global batches and takes rows [r*B/N, (r+1)*B/N) of each;
-      // FSDP averages the gradients over ranks, which is the gradient of the global batch.
-      double local_loss = 0;
-      if (!leaves) {
-        auto [x_host, y_host] = apps::mnist_batch(data.train, order, i * o.batch_size + ranks.rank * local_batch, local_batch);
-        local_loss = forward_backward(*model, *opt, x_host.to(device), y_host.to(device), o.autocast()).item();
-      }
-      // --deterministic: the rank's micro-batches in order, their gradients reduced (or summed)
-      // along the tree after the last; the loss their mean in one order.
-      std::vector<double> leaf_losses;
-      if (leaves) opt->zero_grad();
-      for (int64_t j = 0; leaves && j < leaves->leaves(); ++j) {
-        if (root) root->set_requires_gradient_sync(j + 1 == leaves->leaves());
-        auto [r0, r1] = leaves->rows(leaves->micro(j), o.batch_size);
-        auto [x_host, y_host] = apps::mnist_batch(data.train, order, i * o.batch_size + r0, r1 - r0);
-        apps::LeafRandom dropout(step, leaves->tree_index(j), leaves->leaves() * ranks.world);
-        leaf_losses.push_back(
-            forward_backward(*model, *opt, x_host.to(device), y_host.to(device), o.autocast(), leaves->leaves()).item());
-        if (!root) nn::add_grads_as_leaf(grad_tree, params);
-      }
-      if (leaves && !root) nn::set_grads_to_total(grad_tree, params);
-      // The global batch's mean loss, and whether any rank was asked to stop: the same values on
-      // every rank, so all decide alike.
-      const apps::StepEnd end = leaves ? apps::end_step(apps::ordered_mean(leaf_losses, 1, ranks), ranks, true)
-                                       : apps::end_step(local_loss, ranks);
-      loss_v = end.loss;
-      watch.loss(step + 1, loss_v);
-      const bool skip = !std::isfinite(loss_v) && on_nan != apps::OnNan::ignore;
-      if (skip) {
-        if (on_nan == apps::OnNan::error) apps::stop_on_nonfinite_loss("mnist", loss_v, step + 1, ranks, watch.advice());
-        opt->zero_grad();  // --on-nan skip: drop this step's update and go on
-        if (ranks.lead())
-          std::fprintf(stderr, "weft-mnist: the loss is %s at step %lld; skipped its update (%lld skipped)\n",
-                       apps::describe_value(loss_v).c_str(), (long long)(step + 1), (long long)skips.total() + 1);
-      } else {
-        opt->step();
-      }
-      skips.step_done(step + 1, skip, watch);
-      ++step;
-      if (!o.save.empty() && o.checkpoint_every > 0 && step % o.checkpoint_every == 0 && step < total_steps) save();
-      window_samples += o.batch_size;
-      if (progress) progress->update(i + 1, o.batch_size, fmt::format("loss {:.4f}", loss_v));
-      if (step % o.log_every == 0 || step == epoch_end) {
-        auto now = std::chrono::steady_clock::now();
-        double dt = std::chrono::duration<double>(now - window_start).count();
-        metrics->write({{"step", step}, {"epoch", epoch + 1}, {"loss", loss_v}, {"lr", opt->lr()}, {"skipped", skips.total()},
-                        {"samples_per_s", dt > 0 ? double(window_samples) / dt : 0.0}});
-        window_start = now;
-        window_samples = 0;
-      }
-      if (end.stop_signal != 0) {  // SIGTERM or SIGINT: this step is done; save and stop
-        if (progress) progress->finish(fmt::format("loss {:.4f}", loss_v));
-        if (!o.save.empty() && saved_step != step) save();
-        return apps::report_stop("weft-mnist", end.stop_signal, step, o.save.empty() ? "" : last_checkpoint, ranks,
-                                 "no checkpoint written (no --save)");
-      }
-    }
-    if (progress) progress->finish(fmt::format("loss {:.4f}", loss_v));
-    auto [test_loss, acc] = evaluate(*model, data.test, ranks, device, o.autocast(), leaves);
-    if (ranks.lead()) {
-      std::fprintf(stderr, "epoch %lld: test loss %.4f, test accuracy %.2f%%\n", (long long)(epoch + 1), test_loss,
-                   100 * acc);
-      std::printf("epoch %lld test_accuracy %.4f test_loss %.4f\n", (long long)(epoch + 1), acc, test_loss);
+// The loop's batches (each epoch's shuffled order, batch after batch), the test set's
+// evaluation after each epoch, and what the checkpoints record.
+class MnistTask : public apps::TrainingTask {
+ public:
+  MnistTask(const Options& o, const Run& run, const Ranks& ranks) : o_(o), run_(run), ranks_(ranks) {}
+  std::pair<Tensor, Tensor> batch(int64_t step, int64_t, int64_t lo, int64_t hi) override {
+    const int64_t epoch = step / run_.steps_per_epoch;
+    if (epoch != order_epoch_) order_ = epoch_order(run_.data.train.images.size(0), o_.seed, epoch);
+    order_epoch_ = epoch;
+    const int64_t i = step - epoch * run_.steps_per_epoch;
+    return apps::mnist_batch(run_.data.train, order_, i * o_.batch_size + lo, hi - lo);
+  }
+  void evaluate(const Evaluation& at) override {
+    auto [test_loss, acc] = ::evaluate(*run_.model, run_.data.test, ranks_, run_.device, o_.autocast(), run_.leaves);
+    const int64_t epoch = (at.step - 1) / run_.steps_per_epoch + 1;
+    if (ranks_.lead()) {
+      std::fprintf(stderr, "epoch %lld: test loss %.4f, test accuracy %.2f%%\n", (long long)epoch, test_loss, 100 * acc);
+      std::printf("epoch %lld test_accuracy %.4f test_loss %.4f\n", (long long)epoch, acc, test_loss);
       std::fflush(stdout);
     }
-    metrics->write({{"split", std::string("test")}, {"epoch", epoch + 1}, {"step", step}, {"loss", test_loss},
-                    {"accuracy", acc}});
-    if (!std::isfinite(test_loss) && on_nan != apps::OnNan::ignore)  // the same sum on every rank
-      throw dist::AgreedError(fmt::format("mnist: the test loss is {} after epoch {}: the model has diverged; "
-                                          "training stopped; {}", apps::describe_value(test_loss), epoch + 1,
-                                          watch.advice()), 0);
+    at.metrics.write({{"split", std::string("test")}, {"epoch", epoch}, {"step", at.step}, {"loss", test_loss},
+                      {"accuracy", acc}});
+    at.nan.check_evaluation(test_loss, fmt::format("the test loss is {} after epoch {}",
+                                                   apps::describe_value(test_loss), epoch), at.watch);
   }
-  if (skips.total() > 0 && ranks.lead())
-    std::fprintf(stderr, "weft-mnist: skipped %lld steps: their loss was not finite (--on-nan skip)\n",
-                 (long long)skips.total());
-  if (!o.save.empty()) save();
-  apps::report_peak_memory("weft-mnist", device, start_bytes, ranks, plan);
+  fsdp::CheckpointProgress checkpoint(int64_t step) override {
+    return {.data = {{"epoch", step / run_.steps_per_epoch}, {"batch", step % run_.steps_per_epoch}},
+            .app = describe(o_, run_.train_set)};
+  }
+
+ private:
+  const Options& o_;
+  const Run& run_;
+  const Ranks& ranks_;
+  std::vector<int64_t> order_;
+  int64_t order_epoch_ = -1;
+};
+
+apps::LoopOptions loop_options(const Options& o, const Run& run) {
+  return {.program = "weft-mnist", .device = run.device, .batch_size = o.batch_size, .items_per_step = o.batch_size,
+          .unit = "samples", .epoch_steps = run.steps_per_epoch, .log_every = o.log_every, .autocast = o.autocast(),
+          .on_nan = apps::parse_on_nan(o.on_nan), .max_skipped = o.max_skipped,
+          .checkpoints = {o.save, "--save", o.checkpoint_every, o.keep_last}};
+}
+
+void print_run(const Options& o, const Run& run, const Ranks& ranks, int64_t n_params, bool sharded) {
+  if (!ranks.lead()) return;
+  std::fprintf(stderr, "weft-mnist: %s (%lld parameters), %lld train / %lld test samples from %s, batch %lld, "
+               "%lld steps/epoch, %d threads, on %s\n", o.model.c_str(), (long long)n_params,
+               (long long)run.data.train.images.size(0), (long long)run.data.test.images.size(0), o.data.c_str(),
+               (long long)o.batch_size, (long long)run.steps_per_epoch, get_num_threads(), run.device.str().c_str());
+  if (sharded)
+    std::fprintf(stderr, "weft-mnist: FSDP over %d ranks: one group per layer, %lld parameters on rank 0, "
+                 "%lld samples per rank per step\n", ranks.world, (long long)apps::count_parameters(*run.model),
+                 (long long)(o.batch_size / ranks.world));
+}
+
+int run(const Options& o, const Ranks& ranks) {
+  Run run;
+  dist::agree(ranks.groups(), "mnist", [&] { prepare_run(o, ranks, run); });
+  if (o.plan.only()) return 0;
+  const int64_t n_params = apps::count_parameters(*run.model);
+  std::optional<fsdp::FSDPModule> root;
+  if (ranks.fsdp) root = shard_model(run.model, run.device, o, nullptr, run.per_layer);
+  auto opt = make_optimizer(o, run.model->parameters());  // after sharding: steps this rank's shards
+  MnistTask task(o, run, ranks);
+  apps::Trainer trainer(loop_options(o, run), {run.model.get(), opt.get(), nullptr, root ? &*root : nullptr}, ranks,
+                        run.leaves, task, *run.metrics);
+  if (!run.resume_from.empty()) {
+    trainer.resume(run.resume_from);
+    // The optimizer state brought the checkpoint's learning rate back; an explicit --lr wins (as
+    // setting param_groups' lr after load_state_dict does in PyTorch).
+    if (opt->lr() != o.lr && ranks.lead())
+      std::fprintf(stderr, "weft-mnist: --lr %g replaces the checkpoint's learning rate %g\n", o.lr, opt->lr());
+    opt->set_lr(o.lr);
+  }
+  print_run(o, run, ranks, n_params, root.has_value());
+  int64_t end = o.epochs * run.steps_per_epoch;
+  if (o.steps > 0) end = std::min(end, trainer.step() + o.steps);
+  if (const int status = trainer.run(end); status != 0) return status;
+  apps::report_peak_memory("weft-mnist", run.device, run.start_bytes, ranks, run.plan);
   return 0;
 }
 

@@ -9,7 +9,6 @@
 //   weft-transformer prepare --tokenizer tokenizer.json --data texts/ --out tokens/
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -20,17 +19,15 @@
 #include <memory>
 #include <optional>
 
-#include "apps/common/checkpoint_watch.h"
 #include "apps/common/cli.h"
 #include "apps/common/deterministic.h"
 #include "apps/common/device.h"
 #include "apps/common/metrics.h"
 #include "apps/common/nonfinite.h"
 #include "apps/common/plan.h"
-#include "apps/common/progress.h"
 #include "apps/common/ranks.h"
 #include "apps/common/resume.h"
-#include "apps/common/stop.h"
+#include "apps/common/trainer.h"
 #include "apps/transformer/hf_checkpoint.h"
 #include "apps/transformer/model.h"
 #include "apps/transformer/text_data.h"
@@ -50,6 +47,7 @@ constexpr uint64_t kValSeedOffset = 0x5eed0000ull;  // val batches: a stream apa
 struct TrainOptions {
   apps::ModelConfig model;
   bool untie = false;
+  bool tie = false;  // --tie (llama)
   std::string init_from;  // a Hugging Face directory whose config and weights start the run
   int64_t batch_size = 16, steps = 200, grad_accum = 1, warmup = 10;
   double lr = 3e-4, weight_decay = 0.1, min_lr_ratio = 0.1, clip = 1.0;
@@ -79,6 +77,7 @@ struct SampleOptions {
   uint64_t seed = 0;
   int threads = 0;
   std::string device = "cpu";
+  bool greedy = false;     // --temperature 0
   bool ids = false;         // print the generated token ids, comma-separated, on one line
   bool no_cache = false;    // run the whole window again for every token
   bool fsdp = false;        // shard the model over mpirun's ranks; rank 0 prints
@@ -269,21 +268,6 @@ std::vector<std::string> decayed_names(const nn::Module& model) {
   return out;
 }
 
-// Forward and backward of one micro-batch (the gradient of the loss / `parts`, the number of
-// backwards per step on this rank); the loss.
-// --mixed-precision bf16 without --fsdp runs the forward and the loss under autocast.
-Tensor forward_backward(nn::Module& model, const Tensor& x, const Tensor& y, const TrainOptions& o, int64_t parts) {
-  Tensor loss;
-  {
-    AutocastGuard bf16(DType::bf16, o.autocast());
-    loss = cross_entropy(model(x).view({-1, o.model.vocab_size}), y.view({-1}));
-  }
-  (parts > 1 ? loss * (1.0 / double(parts)) : loss).backward();
-  return loss;
-}
-
-// The memory planner's training step: the model, sharding, optimizer, micro-batches, clipping
-// and evaluation of train() below, on meta tensors (fsdp::plan_memory runs it on the meta device).
 fsdp::MemoryPlanRequest plan_request(const TrainOptions& o, bool fsdp) {
   fsdp::MemoryPlanRequest r;
   r.sharded = fsdp;
@@ -306,7 +290,7 @@ fsdp::MemoryPlanRequest plan_request(const TrainOptions& o, bool fsdp) {
       opt->zero_grad();
       for (int64_t micro = 0; micro < o.grad_accum; ++micro) {
         Tensor x = tokens(), y = tokens();
-        forward_backward(*model, x, y, o, o.grad_accum);
+        apps::forward_backward(*model, x, y, o.autocast(), o.grad_accum);
       }
       if (o.clip > 0) nn::clip_grad_norm_(model->parameters(), o.clip);
       opt->step();
@@ -353,314 +337,248 @@ double evaluate(nn::Module& model, const apps::TrainingData& data, const TrainOp
   return mean_over_ranks(total / double(o.eval_iters), ranks);
 }
 
-int train(TrainOptions o, const Ranks& ranks) {
-  apps::TrainingData data;
-  apps::LanguageModel lm;
-  std::shared_ptr<nn::Module> model;
-  std::string resume_from;  // the checkpoint directory --resume resolves to
-  std::optional<apps::MetricsWriter> metrics;
-  std::optional<apps::LeafPlan> leaves;  // --deterministic
-  o.model.tie_weights = !o.untie;
+// What train() sets up before the first step (prepare_run, rank-local: inside dist::agree).
+struct Run {
   Device device = kCPU;
+  std::optional<apps::LeafPlan> leaves;             // --deterministic
+  std::optional<fsdp::CheckpointDirLock> dir_lock;  // rank 0's claim on --checkpoint-dir
+  apps::TrainingData data;
+  std::map<std::string, std::string> train_text;    // its length and sha256, recorded in checkpoints
+  std::string resume_from;                          // the checkpoint directory --resume resolves to
+  int64_t start_bytes = 0;  // live before the model: the baseline of the peak reported at the end
   std::optional<fsdp::MemoryPlan> plan;
   std::vector<bool> per_block;  // reshard_after_forward per block, when a memory budget chose it
-  int64_t start_bytes = 0;      // live before the model: the baseline of the peak reported at the end
-  std::optional<fsdp::CheckpointDirLock> dir_lock;  // rank 0's claim on --checkpoint-dir
-  std::map<std::string, std::string> train_text;  // its length and sha256, recorded in checkpoints
-  dist::agree(ranks.groups(), "transformer", [&] {
-    device = apps::parse_device(o.device, "transformer");  // first: a device that cannot work ends the run at once
-    if (o.threads > 0) set_num_threads(o.threads);
-    set_deterministic(o.deterministic);
-    if (!o.init_from.empty()) {  // the model is the checkpoint's; --ctx may shorten its context
-      WEFT_CHECK(apps::is_hf_dir(o.init_from), "transformer: --init-from {} is not a Hugging Face model directory "
-                 "(no config.json there)", o.init_from);
-      apps::ModelConfig hf = apps::read_hf_config(o.init_from);
-      WEFT_CHECK(o.model.ctx <= hf.ctx, "transformer: --ctx {} is longer than {}'s context {}", o.model.ctx,
-                 o.init_from, hf.ctx);
-      if (hf.arch == "llama") hf.ctx = o.model.ctx;  // no position table: any shorter context works
-      WEFT_CHECK(hf.arch == "llama" || o.model.ctx == hf.ctx, "transformer: --ctx {} differs from {}'s n_positions "
-                 "{} (GPT-2's position table is that long: pass --ctx {})", o.model.ctx, o.init_from, hf.ctx, hf.ctx);
-      hf.dropout = o.model.dropout;
-      o.model = hf;
-      o.untie = !hf.tie_weights;
-    }
-    apps::check_config(o.model);
-    WEFT_CHECK(o.lr > 0 && o.steps > 0 && o.batch_size > 0 && o.grad_accum > 0,
-               "transformer: --lr, --steps, --batch-size and --grad-accum must be positive");
-    if (o.deterministic)  // checked here, before anything is built
-      leaves = apps::make_leaf_plan("transformer", o.virtual_batches, o.batch_size, o.grad_accum, ranks);
-    WEFT_CHECK(!o.deterministic || o.sharding_strategy != "NO_SHARD",
-               "transformer: --deterministic reduces gradients over one sharded dimension: use --sharding-strategy "
-               "FULL_SHARD or SHARD_GRAD_OP, not NO_SHARD");
-    WEFT_CHECK(o.batch_size % ranks.world == 0,
-               "transformer: --batch-size {} does not split evenly over {} ranks: it is the global batch and each "
-               "rank takes an equal slice, so use a multiple of {}", o.batch_size, ranks.world, ranks.world);
-    WEFT_CHECK(ranks.fsdp || (o.reshard_after_forward == "true" && o.sharding_strategy == "FULL_SHARD"),
-               "transformer: --reshard-after-forward and --sharding-strategy are FSDP options: add --fsdp");
-    WEFT_CHECK(o.sharding_strategy == "FULL_SHARD" || o.reshard_after_forward == "true",
-               "transformer: --reshard-after-forward applies to --sharding-strategy FULL_SHARD only ({} decides it)",
-               o.sharding_strategy);
-    WEFT_CHECK(o.warmup >= 0, "transformer: --warmup must be non-negative, got {}", o.warmup);
-    // The schedule needs a step after the warmup; a short run keeps the default warmup usable.
-    o.warmup = std::min(o.warmup, o.steps - 1);
-    apps::check_checkpoint_dir(o.checkpoint_dir, "--checkpoint-dir", "transformer");
-    if (!o.checkpoint_dir.empty() && ranks.lead() && !o.plan.only()) dir_lock.emplace(o.checkpoint_dir);
-    apps::load_training_data(o.data, data);
-    if (!data.tokenizer_sha256.empty()) {  // token ids: the model's vocabulary must hold them
-      if (o.init_from.empty()) o.model.vocab_size = data.vocab_size;
-      WEFT_CHECK(o.model.vocab_size >= data.vocab_size, "transformer: {}'s vocabulary of {} is smaller than the "
-                 "dataset's {} ({})", o.init_from, o.model.vocab_size, data.vocab_size, o.data);
-    }
-    if (!o.checkpoint_dir.empty() || !o.resume.empty()) train_text = training_text(data);
-    WEFT_CHECK(data.val.size() > o.model.ctx + 1,
-               "transformer: the validation part of {} ({} tokens) is shorter than the context {}", o.data,
-               data.val.size(), o.model.ctx);
-    if (!o.resume.empty()) {
-      resume_from = fsdp::latest_checkpoint(o.resume);
-      WEFT_CHECK(!resume_from.empty(), "transformer: no checkpoint to resume in {} (no index.json there and no "
-                 "complete step_* directory)", o.resume);
-      const fsdp::CheckpointProgress ck = fsdp::read_checkpoint_index(resume_from).training;
-      auto c = config_of(ck.app, resume_from);
-      const nn::LlamaConfig want = apps::llama_config(o.model), have = apps::llama_config(c);
-      WEFT_CHECK(c.arch == o.model.arch && c.n_layer == o.model.n_layer && c.n_head == o.model.n_head &&
-                     c.d_model == o.model.d_model && c.ctx == o.model.ctx && c.tie_weights == o.model.tie_weights &&
-                     have.kv_heads() == want.kv_heads() && have.ffn() == want.ffn() &&
-                     have.head_size() == want.head_size() && c.rope_theta == o.model.rope_theta,
-                 "transformer: checkpoint {} holds a {} model with n_layer {}, n_head {}, n_kv_head {}, d_model {}, "
-                 "ffn_dim {}, ctx {}, tied {}, rope_theta {}; the flags ask for {}, {}, {}, {}, {}, {}, {}, {}, {}",
-                 resume_from, c.arch, c.n_layer, c.n_head, have.kv_heads(), c.d_model, have.ffn(), c.ctx,
-                 c.tie_weights, c.rope_theta, o.model.arch, o.model.n_layer, o.model.n_head, want.kv_heads(),
-                 o.model.d_model, want.ffn(), o.model.ctx, o.model.tie_weights, o.model.rope_theta);
-      // The batches: another seed, batch size, accumulation or text would continue on another data
-      // stream than the checkpoint's position means. (--lr, --warmup and --steps take effect:
-      // the schedule is recomputed from them at the checkpoint's step; docs/CHECKPOINTS.md.)
-      auto same = [&](const char* key, const char* flag, const std::string& value, const char* why) {
-        apps::check_resumed_setting(ck.app, key, flag, value, why, resume_from, "transformer");
-      };
-      same("seed", "--seed", std::to_string(o.seed), "the seed decides the batches");
-      same("batch_size", "--batch-size", std::to_string(o.batch_size), "the data position counts batches of that size");
-      same("grad_accum", "--grad-accum", std::to_string(o.grad_accum), "the data position counts micro-batches");
-      same("virtual_batches", o.deterministic ? "--virtual-batches" : "--deterministic",
-           o.deterministic ? std::to_string(o.virtual_batches) : "0",
-           "the summation order decides the bits of every later step (0: without --deterministic)");
-      apps::check_resumed_data(ck.app, train_text, "training text", "--data " + o.data, resume_from, "transformer");
-      same("weight_decay", "--weight-decay", fmt::format("{}", o.weight_decay),
-           "the optimizer state restores the weight decay, so another value would be ignored");
-      WEFT_CHECK(ck.step <= o.steps, "transformer: {} is at step {}, beyond --steps {}: raise --steps to go on",
-                 resume_from, ck.step, o.steps);
-      if (ck.data.count("batch"))
-        apps::data_position(ck.data, "batch", ck.step * o.grad_accum, ck.step * o.grad_accum, resume_from,
-                            "transformer");
-    }
-    if (o.plan.wanted())
-      WEFT_CHECK(o.sharding_strategy == "FULL_SHARD" &&
-                     (o.reshard_after_forward == "true" || o.reshard_after_forward == "false"),
-                 "transformer: --plan, --plan-ranks and --memory-budget plan FULL_SHARD with --reshard-after-forward "
-                 "true or false, not --sharding-strategy {} with --reshard-after-forward {}", o.sharding_strategy,
-                 o.reshard_after_forward);
-    WEFT_CHECK(o.plan.ranks == 0 || o.batch_size % o.plan.ranks == 0,
-               "transformer: --batch-size {} does not split evenly over --plan-ranks {}", o.batch_size, o.plan.ranks);
-    reset_peak_memory_stats(device);
-    start_bytes = memory_stats(device).live_bytes;
-    plan = apps::plan_from_flags(o.plan, plan_request(o, ranks.fsdp), ranks, device, "weft-transformer");
-    if (o.plan.only()) return;  // printed; nothing to build or train
-    if (plan && plan->budget) {  // train with the plan's choices
-      o.activation_checkpointing = plan->settings.activation_checkpointing;
-      per_block = plan->settings.reshard_after_forward;
-    }
-    manual_seed(o.seed);  // the same full model on every rank
-    if (ranks.fsdp) {
-      // Deferred: built on the meta device (init_model records its rules there too); fully_shard
-      // then initialises only this rank's shards, bitwise the eager build's values.
-      DefaultDeviceGuard meta(Device::meta());
-      lm = apps::make_model(o.model);
-      apps::init_model(lm);
-    } else {
-      lm = apps::make_model(o.model);
-      lm.module->to(device);  // initialised on the host (the same values on every device), then moved
-      apps::init_model(lm);
-    }
-    model = lm.module;
-    metrics.emplace(ranks.lead() ? o.metrics : std::string());
-  });
-  if (o.plan.only()) return 0;  // the plan is printed; nothing to train
-  const int64_t n_params = apps::count_parameters(*model);
+  apps::LanguageModel lm;
+  std::optional<apps::MetricsWriter> metrics;
+};
 
-  // Weight decay on the 2-D weights only, decided from the full shapes before sharding.
-  const std::vector<std::string> decay_names = decayed_names(*model);
-  // Each block keeps only its input for backward and runs again there (nn/checkpoint.h).
-  for (auto& block : lm.blocks) block->set_activation_checkpointing(o.activation_checkpointing);
-  std::optional<fsdp::FSDPModule> root;
-  if (ranks.fsdp) root = shard_model(lm, o, device, nullptr, per_block);
-  if (!o.init_from.empty() && resume_from.empty()) {
-    // The Hugging Face weights replace the initial ones (each rank reads its shards' bytes only).
-    dist::agree(ranks.groups(), "transformer", [&] {
-      apps::load_hf_checkpoint(o.init_from, lm, root ? &*root : nullptr);
-      apps::check_finite_parameters(*model, fmt::format("transformer: refusing to train from {}", o.init_from));
-    });
-    if (ranks.lead()) std::fprintf(stderr, "weft-transformer: initialised from %s\n", o.init_from.c_str());
-  }
-  const std::unique_ptr<nn::AdamW> opt_ptr = make_optimizer(*model, decay_names, o);  // this rank's shards
-  nn::AdamW& opt = *opt_ptr;
-  nn::WarmupCosineLR sched(opt, o.warmup, o.steps, o.min_lr_ratio);
-  int64_t step = 0;
-  int64_t first_batch = 0;  // the data position: global micro-batches drawn before `step`
-  if (!resume_from.empty()) {
-    // Model, optimizer and RNG from the shards of any world size; the schedule and the data
-    // continue from the step and position saved with them.
-    fsdp::CheckpointProgress ts;
-    dist::agree(ranks.groups(), "transformer", [&] {
-      ts = fsdp::load_checkpoint(resume_from, *model, &opt, root ? &*root : nullptr);
-      apps::check_finite_parameters(*model, fmt::format("transformer: refusing to resume from {}", resume_from));
-    });
-    step = ts.step;
-    first_batch = ts.data.count("batch") ? ts.data.at("batch") : step * o.grad_accum;
-    sched.set_last_step(step);
-    if (ranks.lead()) std::fprintf(stderr, "resumed from %s at step %lld\n", resume_from.c_str(), (long long)step);
-  }
-  const int64_t resumed_step = step;
+// --init-from: the model is the checkpoint's; --ctx may shorten its context.
+void take_init_config(TrainOptions& o) {
+  WEFT_CHECK(apps::is_hf_dir(o.init_from), "transformer: --init-from {} is not a Hugging Face model directory "
+             "(no config.json there)", o.init_from);
+  apps::ModelConfig hf = apps::read_hf_config(o.init_from);
+  WEFT_CHECK(o.model.ctx <= hf.ctx, "transformer: --ctx {} is longer than {}'s context {}", o.model.ctx, o.init_from,
+             hf.ctx);
+  if (hf.arch == "llama") hf.ctx = o.model.ctx;  // no position table: any shorter context works
+  WEFT_CHECK(hf.arch == "llama" || o.model.ctx == hf.ctx, "transformer: --ctx {} differs from {}'s n_positions "
+             "{} (GPT-2's position table is that long: pass --ctx {})", o.model.ctx, o.init_from, hf.ctx, hf.ctx);
+  hf.dropout = o.model.dropout;
+  o.model = hf;
+  o.untie = !hf.tie_weights;
+}
 
-  const int64_t lo = o.batch_size * ranks.rank / ranks.world, hi = o.batch_size * (ranks.rank + 1) / ranks.world;
-  nn::TreeSum grad_tree;                 // --deterministic without --fsdp: the leaves' gradients
-  const std::vector<Tensor> params = model->parameters();
-  const int64_t tokens_per_step = o.batch_size * o.grad_accum * o.model.ctx;
-  if (ranks.lead()) {
-    std::fprintf(stderr, "weft-transformer: %s n_layer %lld, n_head %lld, d_model %lld, ctx %lld, %s head: %lld "
-                 "parameters; %zu train / %zu val %s from %zu file(s) of %s; batch %lld x %lld accumulation, "
-                 "%d threads\n", o.model.arch == "llama" ? "Llama" : "GPT-2", (long long)o.model.n_layer,
-                 (long long)o.model.n_head, (long long)o.model.d_model,
-                 (long long)o.model.ctx, o.model.tie_weights ? "tied" : "untied", (long long)n_params,
-                 (size_t)data.train.size(), (size_t)data.val.size(),
-                 data.tokenizer_sha256.empty() ? "bytes" : "tokens", data.files.size(), o.data.c_str(), (long long)o.batch_size,
-                 (long long)o.grad_accum, get_num_threads());
-    if (root)
-      std::fprintf(stderr, "weft-transformer: FSDP over %d ranks: one group per block and the root; %lld parameters "
-                   "on rank 0, %lld sequences per rank per micro-step\n", ranks.world,
-                   (long long)apps::count_parameters(*model), (long long)(hi - lo));
-  }
+// The flags, checked against each other and the world before anything is built.
+void validate(TrainOptions& o, const Ranks& ranks, Run& run) {
+  if (!o.init_from.empty()) take_init_config(o);
+  apps::check_config(o.model);
+  WEFT_CHECK(o.lr > 0 && o.steps > 0 && o.batch_size > 0 && o.grad_accum > 0,
+             "transformer: --lr, --steps, --batch-size and --grad-accum must be positive");
+  if (o.deterministic) run.leaves = apps::make_leaf_plan("transformer", o.virtual_batches, o.batch_size, o.grad_accum, ranks);
+  WEFT_CHECK(!o.deterministic || o.sharding_strategy != "NO_SHARD",
+             "transformer: --deterministic reduces gradients over one sharded dimension: use --sharding-strategy "
+             "FULL_SHARD or SHARD_GRAD_OP, not NO_SHARD");
+  WEFT_CHECK(o.batch_size % ranks.world == 0,
+             "transformer: --batch-size {} does not split evenly over {} ranks: it is the global batch and each "
+             "rank takes an equal slice, so use a multiple of {}", o.batch_size, ranks.world, ranks.world);
+  WEFT_CHECK(ranks.fsdp || (o.reshard_after_forward == "true" && o.sharding_strategy == "FULL_SHARD"),
+             "transformer: --reshard-after-forward and --sharding-strategy are FSDP options: add --fsdp");
+  WEFT_CHECK(o.sharding_strategy == "FULL_SHARD" || o.reshard_after_forward == "true",
+             "transformer: --reshard-after-forward applies to --sharding-strategy FULL_SHARD only ({} decides it)",
+             o.sharding_strategy);
+  WEFT_CHECK(o.warmup >= 0, "transformer: --warmup must be non-negative, got {}", o.warmup);
+  // The schedule needs a step after the warmup; a short run keeps the default warmup usable.
+  o.warmup = std::min(o.warmup, o.steps - 1);
+  apps::check_checkpoint_dir(o.checkpoint_dir, "--checkpoint-dir", "transformer");
+  if (o.plan.wanted())
+    WEFT_CHECK(o.sharding_strategy == "FULL_SHARD" &&
+                   (o.reshard_after_forward == "true" || o.reshard_after_forward == "false"),
+               "transformer: --plan, --plan-ranks and --memory-budget plan FULL_SHARD with --reshard-after-forward "
+               "true or false, not --sharding-strategy {} with --reshard-after-forward {}", o.sharding_strategy,
+               o.reshard_after_forward);
+  WEFT_CHECK(o.plan.ranks == 0 || o.batch_size % o.plan.ranks == 0,
+             "transformer: --batch-size {} does not split evenly over --plan-ranks {}", o.batch_size, o.plan.ranks);
+}
 
-  const apps::OnNan on_nan = apps::parse_on_nan(o.on_nan);
-  std::string last_checkpoint = resume_from;  // the newest checkpoint written or resumed from
-  apps::CheckpointWatch watch(resume_from, step);  // which of them are known to resume
-  apps::SkipLimit skips("transformer", o.max_skipped);  // steps whose update --on-nan skip dropped
-  int64_t saved_step = -1;                     // the step of the last checkpoint this run wrote
-  double loss_v = 0;                           // the last step's loss, recorded with its checkpoint
-  auto write_checkpoint = [&] {
-    fsdp::CheckpointProgress ts{.step = step,
-                           .data = {{"batch", first_batch + (step - resumed_step) * o.grad_accum}},
-                           .app = describe(o.model, o, train_text),
-                           .aliases = head_alias(o.model),
-                           .loss = loss_v};
-    std::string where;
-    dist::agree(ranks.groups(), "transformer", [&] {
-      // Never from non-finite state: the checkpoints already written stay as they are.
-      apps::check_finite_parameters(*model, fmt::format("transformer: refusing to write a checkpoint at step {}", step),
-                                    "; the existing checkpoints are untouched");
-      where = fsdp::save_checkpoint(o.checkpoint_dir, *model, &opt, root ? &*root : nullptr, ts,
-                                    {.keep_last = o.keep_last, .keep_also = watch.good()});
-    });
-    last_checkpoint = where;
-    saved_step = step;
-    watch.saved(step, where);
-    if (!ranks.lead()) return;
-    std::fprintf(stderr, "saved model and optimizer at step %lld to %s\n", (long long)step, where.c_str());
-    watch.announce_kept("weft-transformer", o.checkpoint_dir, o.keep_last);
+// The text or token files; a token dataset sets the vocabulary.
+void load_data(TrainOptions& o, Run& run) {
+  apps::load_training_data(o.data, run.data);
+  if (!run.data.tokenizer_sha256.empty()) {  // token ids: the model's vocabulary must hold them
+    if (o.init_from.empty()) o.model.vocab_size = run.data.vocab_size;
+    WEFT_CHECK(o.model.vocab_size >= run.data.vocab_size, "transformer: {}'s vocabulary of {} is smaller than the "
+               "dataset's {} ({})", o.init_from, o.model.vocab_size, run.data.vocab_size, o.data);
+  }
+  if (!o.checkpoint_dir.empty() || !o.resume.empty()) run.train_text = training_text(run.data);
+  WEFT_CHECK(run.data.val.size() > o.model.ctx + 1,
+             "transformer: the validation part of {} ({} tokens) is shorter than the context {}", o.data,
+             run.data.val.size(), o.model.ctx);
+}
+
+// The model of the checkpoint --resume names must be the flags' model.
+void check_resumed_model(const apps::ModelConfig& c, const apps::ModelConfig& m, const std::string& where) {
+  const nn::LlamaConfig want = apps::llama_config(m), have = apps::llama_config(c);
+  WEFT_CHECK(c.arch == m.arch && c.n_layer == m.n_layer && c.n_head == m.n_head && c.d_model == m.d_model &&
+                 c.ctx == m.ctx && c.tie_weights == m.tie_weights && have.kv_heads() == want.kv_heads() &&
+                 have.ffn() == want.ffn() && have.head_size() == want.head_size() && c.rope_theta == m.rope_theta,
+             "transformer: checkpoint {} holds a {} model with n_layer {}, n_head {}, n_kv_head {}, d_model {}, "
+             "ffn_dim {}, ctx {}, tied {}, rope_theta {}; the flags ask for {}, {}, {}, {}, {}, {}, {}, {}, {}",
+             where, c.arch, c.n_layer, c.n_head, have.kv_heads(), c.d_model, have.ffn(), c.ctx, c.tie_weights,
+             c.rope_theta, m.arch, m.n_layer, m.n_head, want.kv_heads(), m.d_model, want.ffn(), m.ctx, m.tie_weights,
+             m.rope_theta);
+}
+
+// --resume: the latest checkpoint in the directory, checked against the flags. The batches:
+// another seed, batch size, accumulation or text would continue on another data stream than the
+// checkpoint's position means. (--lr, --warmup and --steps take effect: the schedule is
+// recomputed from them at the checkpoint's step; docs/CHECKPOINTS.md.)
+void find_resume(const TrainOptions& o, Run& run) {
+  const std::string& where = run.resume_from = fsdp::latest_checkpoint(o.resume);
+  WEFT_CHECK(!where.empty(), "transformer: no checkpoint to resume in {} (no index.json there and no complete "
+             "step_* directory)", o.resume);
+  const fsdp::CheckpointProgress ck = fsdp::read_checkpoint_index(where).training;
+  check_resumed_model(config_of(ck.app, where), o.model, where);
+  auto same = [&](const char* key, const char* flag, const std::string& value, const char* why) {
+    apps::check_resumed_setting(ck.app, key, flag, value, why, where, "transformer");
   };
+  same("seed", "--seed", std::to_string(o.seed), "the seed decides the batches");
+  same("batch_size", "--batch-size", std::to_string(o.batch_size), "the data position counts batches of that size");
+  same("grad_accum", "--grad-accum", std::to_string(o.grad_accum), "the data position counts micro-batches");
+  same("virtual_batches", o.deterministic ? "--virtual-batches" : "--deterministic",
+       o.deterministic ? std::to_string(o.virtual_batches) : "0",
+       "the summation order decides the bits of every later step (0: without --deterministic)");
+  apps::check_resumed_data(ck.app, run.train_text, "training text", "--data " + o.data, where, "transformer");
+  same("weight_decay", "--weight-decay", fmt::format("{}", o.weight_decay),
+       "the optimizer state restores the weight decay, so another value would be ignored");
+  WEFT_CHECK(ck.step <= o.steps, "transformer: {} is at step {}, beyond --steps {}: raise --steps to go on", where,
+             ck.step, o.steps);
+  if (ck.data.count("batch"))  // the run draws batch step * --grad-accum next
+    apps::data_position(ck.data, "batch", ck.step * o.grad_accum, ck.step * o.grad_accum, where, "transformer");
+}
 
+// The memory plan (when asked), then the same full model on every rank: under --fsdp deferred,
+// on the meta device (init_model records its rules there too; fully_shard then initialises only
+// this rank's shards, bitwise the eager build's values).
+void build_model(TrainOptions& o, const Ranks& ranks, Run& run) {
+  reset_peak_memory_stats(run.device);
+  run.start_bytes = memory_stats(run.device).live_bytes;
+  run.plan = apps::plan_from_flags(o.plan, plan_request(o, ranks.fsdp), ranks, run.device, "weft-transformer");
+  if (o.plan.only()) return;  // printed; nothing to build or train
+  if (run.plan && run.plan->budget) {  // train with the plan's choices
+    o.activation_checkpointing = run.plan->settings.activation_checkpointing;
+    run.per_block = run.plan->settings.reshard_after_forward;
+  }
+  manual_seed(o.seed);
+  if (ranks.fsdp) {
+    DefaultDeviceGuard meta(Device::meta());
+    run.lm = apps::make_model(o.model);
+    apps::init_model(run.lm);
+  } else {
+    run.lm = apps::make_model(o.model);
+    run.lm.module->to(run.device);  // initialised on the host (the same values on every device), then moved
+    apps::init_model(run.lm);
+  }
+}
+
+// Everything before sharding, rank-local: run inside dist::agree, so that a failure on any rank
+// (bad flags, missing files, a checkpoint that does not fit) stops every rank.
+void prepare_run(TrainOptions& o, const Ranks& ranks, Run& run) {
+  run.device = apps::parse_device(o.device, "transformer");  // first: a device that cannot work ends the run at once
+  if (o.threads > 0) set_num_threads(o.threads);
+  set_deterministic(o.deterministic);
+  o.model.tie_weights = !o.untie;
+  validate(o, ranks, run);
+  if (!o.checkpoint_dir.empty() && ranks.lead() && !o.plan.only()) run.dir_lock.emplace(o.checkpoint_dir);
+  load_data(o, run);
+  if (!o.resume.empty()) find_resume(o, run);
+  build_model(o, ranks, run);
+  run.metrics.emplace(ranks.lead() && !o.plan.only() ? o.metrics : std::string());
+}
+
+// The loop's batches (global micro-batch step * --grad-accum + micro of the training text),
+// its evaluation and what its checkpoints record.
+class TextTask : public apps::TrainingTask {
+ public:
+  TextTask(const TrainOptions& o, const Run& run, const Ranks& ranks) : o_(o), run_(run), ranks_(ranks) {}
+  std::pair<Tensor, Tensor> batch(int64_t step, int64_t micro, int64_t lo, int64_t hi) override {
+    return apps::text_batch(run_.data.train, o_.seed, step * o_.grad_accum + micro, o_.batch_size, o_.model.ctx, lo, hi);
+  }
+  void evaluate(const Evaluation& at) override {
+    const double val = ::evaluate(*run_.lm.module, run_.data, o_, ranks_, run_.device, run_.leaves);
+    at.metrics.write({{"split", std::string("val")}, {"step", at.step}, {"loss", val}});
+    at.nan.check_evaluation(val, fmt::format("the validation loss is {} at step {}", apps::describe_value(val),
+                                             at.step), at.watch);
+    if (!ranks_.lead()) return;
+    std::printf("step %lld train_loss %.4f val_loss %.4f\n", (long long)at.step, at.train_loss, val);
+    std::fflush(stdout);
+  }
+  fsdp::CheckpointProgress checkpoint(int64_t step) override {
+    return {.data = {{"batch", step * o_.grad_accum}}, .app = describe(o_.model, o_, run_.train_text),
+            .aliases = head_alias(o_.model)};
+  }
+
+ private:
+  const TrainOptions& o_;
+  const Run& run_;
+  const Ranks& ranks_;
+};
+
+apps::LoopOptions loop_options(const TrainOptions& o, Device device) {
+  return {.program = "weft-transformer", .device = device, .batch_size = o.batch_size, .accumulation = o.grad_accum,
+          .items_per_step = o.batch_size * o.grad_accum * o.model.ctx, .unit = "tokens", .eval_every = o.eval_every,
+          .log_every = o.log_every, .log_first = true, .log_grad_norm = true, .log_peak_bytes = true, .clip = o.clip,
+          .autocast = o.autocast(), .on_nan = apps::parse_on_nan(o.on_nan), .max_skipped = o.max_skipped,
+          .checkpoints = {o.checkpoint_dir, "--checkpoint-dir", o.checkpoint_every, o.keep_last}};
+}
+
+void print_run(const TrainOptions& o, const Run& run, const Ranks& ranks, int64_t n_params, bool sharded) {
+  if (!ranks.lead()) return;
+  std::fprintf(stderr, "weft-transformer: %s n_layer %lld, n_head %lld, d_model %lld, ctx %lld, %s head: %lld "
+               "parameters; %zu train / %zu val %s from %zu file(s) of %s; batch %lld x %lld accumulation, "
+               "%d threads\n", o.model.arch == "llama" ? "Llama" : "GPT-2", (long long)o.model.n_layer,
+               (long long)o.model.n_head, (long long)o.model.d_model, (long long)o.model.ctx,
+               o.model.tie_weights ? "tied" : "untied", (long long)n_params, (size_t)run.data.train.size(),
+               (size_t)run.data.val.size(), run.data.tokenizer_sha256.empty() ? "bytes" : "tokens",
+               run.data.files.size(), o.data.c_str(), (long long)o.batch_size, (long long)o.grad_accum,
+               get_num_threads());
+  if (sharded)
+    std::fprintf(stderr, "weft-transformer: FSDP over %d ranks: one group per block and the root; %lld parameters "
+                 "on rank 0, %lld sequences per rank per micro-step\n", ranks.world,
+                 (long long)apps::count_parameters(*run.lm.module), (long long)(o.batch_size / ranks.world));
+}
+
+// --init-from without --resume: the Hugging Face weights replace the initial ones (each rank
+// reads its shards' bytes only).
+void load_init_weights(const TrainOptions& o, const Run& run, const Ranks& ranks, const fsdp::FSDPModule* root) {
+  dist::agree(ranks.groups(), "transformer", [&] {
+    apps::load_hf_checkpoint(o.init_from, run.lm, root);
+    apps::check_finite_parameters(*run.lm.module, fmt::format("transformer: refusing to train from {}", o.init_from));
+  });
+  if (ranks.lead()) std::fprintf(stderr, "weft-transformer: initialised from %s\n", o.init_from.c_str());
+}
+
+int train(TrainOptions o, const Ranks& ranks) {
+  Run run;
+  dist::agree(ranks.groups(), "transformer", [&] { prepare_run(o, ranks, run); });
+  if (o.plan.only()) return 0;  // the plan is printed; nothing to train
+  nn::Module& model = *run.lm.module;
+  const int64_t n_params = apps::count_parameters(model);
+  const std::vector<std::string> decay = decayed_names(model);  // from the full shapes, before sharding
+  // Each block keeps only its input for backward and runs again there (nn/checkpoint.h).
+  for (auto& block : run.lm.blocks) block->set_activation_checkpointing(o.activation_checkpointing);
+  std::optional<fsdp::FSDPModule> root;
+  if (ranks.fsdp) root = shard_model(run.lm, o, run.device, nullptr, run.per_block);
+  if (!o.init_from.empty() && run.resume_from.empty()) load_init_weights(o, run, ranks, root ? &*root : nullptr);
+  const std::unique_ptr<nn::AdamW> opt = make_optimizer(model, decay, o);  // this rank's shards
+  nn::WarmupCosineLR sched(*opt, o.warmup, o.steps, o.min_lr_ratio);
+  TextTask task(o, run, ranks);
+  apps::Trainer trainer(loop_options(o, run.device), {&model, opt.get(), &sched, root ? &*root : nullptr}, ranks,
+                        run.leaves, task, *run.metrics);
+  if (!run.resume_from.empty()) trainer.resume(run.resume_from);
+  print_run(o, run, ranks, n_params, root.has_value());
   // --stop-after ends this run early but keeps the schedule of --steps, so a later --resume
   // continues exactly as an uninterrupted run would.
-  const int64_t end = o.stop_after > 0 ? std::min(o.steps, step + o.stop_after) : o.steps;
-  std::optional<apps::Progress> progress;
-  if (ranks.lead()) progress.emplace("train", end - step, "tokens");
-  const int64_t first = step;
-  auto window_start = std::chrono::steady_clock::now();
-  int64_t window_tokens = 0;
-  // From here a signal stops the run after its step (apps/common/stop.h); before, the default
-  // action ends it at once (a process blocked while starting up could not reach a step's end).
-  apps::StopSignals stop_signals("weft-transformer");
-  while (step < end) {
-    opt.zero_grad();
-    double loss_sum = 0;
-    const int64_t batch0 = first_batch + (step - resumed_step) * o.grad_accum;
-    for (int64_t micro = 0; !leaves && micro < o.grad_accum; ++micro) {
-      auto [x_host, y_host] = apps::text_batch(data.train, o.seed, batch0 + micro, o.batch_size, o.model.ctx, lo, hi);
-      loss_sum += forward_backward(*model, x_host.to(device), y_host.to(device), o, o.grad_accum).item();
-    }
-    // --deterministic: the rank's leaves in order, gradients reduced (or summed) along the tree
-    // after the last; the loss their mean in one order.
-    std::vector<double> leaf_losses;
-    for (int64_t j = 0; leaves && j < leaves->leaves(); ++j) {
-      if (root) root->set_requires_gradient_sync(j + 1 == leaves->leaves());
-      auto [r0, r1] = leaves->rows(leaves->micro(j), o.batch_size);
-      auto [x_host, y_host] = apps::text_batch(data.train, o.seed, batch0 + leaves->accumulated(j), o.batch_size,
-                                               o.model.ctx, r0, r1);
-      apps::LeafRandom dropout(step, leaves->tree_index(j), leaves->leaves() * ranks.world);
-      leaf_losses.push_back(forward_backward(*model, x_host.to(device), y_host.to(device), o, leaves->leaves()).item());
-      if (!root) nn::add_grads_as_leaf(grad_tree, params);
-    }
-    if (leaves && !root) nn::set_grads_to_total(grad_tree, params);
-    // The global batch's mean loss, and whether any rank was asked to stop: the same values on
-    // every rank, so all decide alike.
-    const apps::StepEnd step_end =
-        leaves ? apps::end_step(apps::ordered_mean(leaf_losses, 1, ranks), ranks, true)
-               : apps::end_step(loss_sum / double(o.grad_accum), ranks);
-    loss_v = step_end.loss;
-    watch.loss(step + 1, loss_v);
-    const bool finite = std::isfinite(loss_v);
-    if (!finite && on_nan == apps::OnNan::error)
-      apps::stop_on_nonfinite_loss("transformer", loss_v, step + 1, ranks, watch.advice());
-    const double lr_used = opt.lr(0);
-    double grad_norm = 0;  // before clipping (0: --clip 0, or a skipped step)
-    if (!finite && on_nan == apps::OnNan::skip) {
-      opt.zero_grad();  // drop this step's update; the schedule and the data still move on
-      if (ranks.lead())
-        std::fprintf(stderr, "weft-transformer: the loss is %s at step %lld; skipped its update (%lld skipped)\n",
-                     apps::describe_value(loss_v).c_str(), (long long)(step + 1), (long long)skips.total() + 1);
-    } else {
-      if (o.clip > 0) grad_norm = nn::clip_grad_norm_(model->parameters(), o.clip);  // sharded or not
-      opt.step();
-    }
-    skips.step_done(step + 1, !finite && on_nan == apps::OnNan::skip, watch);
-    sched.step();
-    ++step;
-    window_tokens += tokens_per_step;
-    if (progress) progress->update(step - first, tokens_per_step, fmt::format("loss {:.4f}", loss_v));
-    if (step % o.log_every == 0 || step == first + 1 || step == end) {
-      auto now = std::chrono::steady_clock::now();
-      double dt = std::chrono::duration<double>(now - window_start).count();
-      metrics->write({{"step", step}, {"loss", loss_v}, {"lr", lr_used}, {"grad_norm", grad_norm}, {"skipped", skips.total()},
-                      {"tokens_per_s", dt > 0 ? double(window_tokens) / dt : 0.0},
-                      {"peak_bytes", memory_stats().peak_bytes}});
-      window_start = now;
-      window_tokens = 0;
-    }
-    if (step_end.stop_signal != 0) {  // SIGTERM or SIGINT: this step is done; save and stop (no evaluation)
-      if (progress) progress->finish(fmt::format("loss {:.4f}", loss_v));
-      if (!o.checkpoint_dir.empty() && saved_step != step) write_checkpoint();
-      return apps::report_stop("weft-transformer", step_end.stop_signal, step,
-                               o.checkpoint_dir.empty() ? "" : last_checkpoint, ranks,
-                               "no checkpoint written (no --checkpoint-dir)");
-    }
-    if ((o.eval_every > 0 && step % o.eval_every == 0) || step == end) {
-      double val = evaluate(*model, data, o, ranks, device, leaves);
-      metrics->write({{"split", std::string("val")}, {"step", step}, {"loss", val}});
-      if (!std::isfinite(val) && on_nan != apps::OnNan::ignore)  // the same mean on every rank
-        throw dist::AgreedError(fmt::format("transformer: the validation loss is {} at step {}: the model has "
-                                            "diverged; training stopped; {}", apps::describe_value(val), step,
-                                            watch.advice()), 0);
-      if (ranks.lead()) {
-        std::printf("step %lld train_loss %.4f val_loss %.4f\n", (long long)step, loss_v, val);
-        std::fflush(stdout);
-      }
-    }
-    if (!o.checkpoint_dir.empty() && ((o.checkpoint_every > 0 && step % o.checkpoint_every == 0) || step == end))
-      write_checkpoint();
-  }
-  if (progress) progress->finish(fmt::format("loss {:.4f}", loss_v));
-  if (skips.total() > 0 && ranks.lead())
-    std::fprintf(stderr, "weft-transformer: skipped %lld of %lld steps: their loss was not finite (--on-nan skip)\n",
-                 (long long)skips.total(), (long long)(end - first));
-  apps::report_peak_memory("weft-transformer", device, start_bytes, ranks, plan);
+  const int64_t end = o.stop_after > 0 ? std::min(o.steps, trainer.step() + o.stop_after) : o.steps;
+  if (const int status = trainer.run(end); status != 0) return status;
+  apps::report_peak_memory("weft-transformer", run.device, run.start_bytes, ranks, run.plan);
   return 0;
 }
 
@@ -728,6 +646,54 @@ int64_t eos_id(const std::string& eos, const apps::BpeTokenizer* tok, int64_t vo
   return id;
 }
 
+// --tokenizer, checked against the model's vocabulary and the tokenizer its checkpoint records.
+std::optional<apps::BpeTokenizer> sample_tokenizer(const SampleOptions& o, const LoadedModel& loaded) {
+  const int64_t vocab = loaded.lm.cfg.vocab_size;
+  std::optional<apps::BpeTokenizer> tok;
+  if (!o.tokenizer.empty()) {
+    tok.emplace(o.tokenizer);
+    WEFT_CHECK(tok->vocab_size() <= vocab, "transformer: --tokenizer {} has {} tokens, more than {}'s "
+               "vocabulary of {}", o.tokenizer, tok->vocab_size(), o.checkpoint, vocab);
+    if (auto recorded = loaded.recorded.find("tokenizer_sha256"); recorded != loaded.recorded.end()) {
+      const std::string digest = apps::tokenizer_digest(o.tokenizer);
+      WEFT_CHECK(recorded->second == digest, "transformer: --tokenizer {} is not the tokenizer {} was trained with "
+                 "(sha256 {}, the checkpoint records {})", o.tokenizer, o.checkpoint, digest, recorded->second);
+    }
+  }
+  WEFT_CHECK(o.ids || tok || vocab == 256, "transformer: {} has a vocabulary of {} tokens, not 256 bytes: "
+             "give its --tokenizer (the tokenizer.json of the dataset it was trained on) or print token ids with --ids",
+             o.checkpoint, vocab);
+  return tok;
+}
+
+// The prompt's tokens: its bytes, or the tokenizer's encoding.
+std::vector<int64_t> prompt_ids(const SampleOptions& o, const apps::BpeTokenizer* tok, int64_t vocab) {
+  std::vector<int64_t> ids;
+  if (tok) {
+    for (int32_t id : tok->encode(o.prompt)) ids.push_back(id);
+  } else {
+    for (unsigned char c : o.prompt) {
+      WEFT_CHECK(int64_t(c) < vocab, "transformer: the prompt's byte {} is not a token of {}'s vocabulary "
+                 "of {}", int(c), o.checkpoint, vocab);
+      ids.push_back(c);
+    }
+  }
+  WEFT_CHECK(!ids.empty(), "transformer: --prompt must not be empty (it starts the text)");
+  return ids;
+}
+
+// --logits-out: the prompt's logits [T, vocab] (f32), as the model computes them in one forward.
+void write_prompt_logits(nn::Module& model, const std::vector<int64_t>& ids, int64_t ctx, Device device,
+                         const std::string& path, const Ranks& ranks) {
+  NoGradGuard no_grad;
+  model.eval();
+  const int64_t t = std::min<int64_t>(int64_t(ids.size()), ctx);
+  Tensor x = empty({1, t}, {.dtype = kInt64});
+  std::copy(ids.end() - t, ids.end(), x.data<int64_t>());
+  Tensor logits = model(x.to(device)).select(0, 0).to(kCPU).to(kFloat32).contiguous();  // [t, vocab]
+  if (ranks.lead()) save_safetensors(path, {{"logits", logits}}, {{"prompt_tokens", std::to_string(t)}});
+}
+
 int sample(const SampleOptions& o, const Ranks& ranks) {
   const Device device = apps::parse_device(o.device, "transformer");
   if (o.threads > 0) set_num_threads(o.threads);
@@ -745,32 +711,8 @@ int sample(const SampleOptions& o, const Ranks& ranks) {
   });
   nn::Module& model = *loaded.lm.module;
   const apps::ModelConfig& cfg = loaded.lm.cfg;
-  std::optional<apps::BpeTokenizer> tok;
-  if (!o.tokenizer.empty()) {
-    tok.emplace(o.tokenizer);
-    WEFT_CHECK(tok->vocab_size() <= cfg.vocab_size, "transformer: --tokenizer {} has {} tokens, more than {}'s "
-               "vocabulary of {}", o.tokenizer, tok->vocab_size(), o.checkpoint, cfg.vocab_size);
-    if (auto recorded = loaded.recorded.find("tokenizer_sha256"); recorded != loaded.recorded.end()) {
-      const std::string digest = apps::tokenizer_digest(o.tokenizer);
-      WEFT_CHECK(recorded->second == digest, "transformer: --tokenizer {} is not the tokenizer {} was trained with "
-                 "(sha256 {}, the checkpoint records {})", o.tokenizer, o.checkpoint, digest, recorded->second);
-    }
-  }
-  WEFT_CHECK(o.ids || tok || cfg.vocab_size == 256, "transformer: {} has a vocabulary of {} tokens, not 256 bytes: "
-             "give its --tokenizer (the tokenizer.json of the dataset it was trained on) or print token ids with --ids",
-             o.checkpoint, cfg.vocab_size);
-  // The prompt's tokens: its bytes, or the tokenizer's encoding.
-  std::vector<int64_t> ids;
-  if (tok) {
-    for (int32_t id : tok->encode(o.prompt)) ids.push_back(id);
-  } else {
-    for (unsigned char c : o.prompt) {
-      WEFT_CHECK(int64_t(c) < cfg.vocab_size, "transformer: the prompt's byte {} is not a token of {}'s vocabulary "
-                 "of {}", int(c), o.checkpoint, cfg.vocab_size);
-      ids.push_back(c);
-    }
-  }
-  WEFT_CHECK(!ids.empty(), "transformer: --prompt must not be empty (it starts the text)");
+  const std::optional<apps::BpeTokenizer> tok = sample_tokenizer(o, loaded);
+  const std::vector<int64_t> ids = prompt_ids(o, tok ? &*tok : nullptr, cfg.vocab_size);
   nn::GenerateOptions g{.max_new_tokens = o.tokens,
                         .sampling = {.temperature = o.temperature, .top_k = o.top_k, .top_p = o.top_p},
                         .seed = o.seed,
@@ -782,15 +724,7 @@ int sample(const SampleOptions& o, const Ranks& ranks) {
       dist::world()->broadcast(t, 0)->wait();
       return int64_t(t.item());
     };
-  if (!o.logits_out.empty()) {  // the prompt's logits, as the model computes them in one forward
-    NoGradGuard no_grad;
-    model.eval();
-    const int64_t t = std::min<int64_t>(int64_t(ids.size()), cfg.ctx);
-    Tensor x = empty({1, t}, {.dtype = kInt64});
-    std::copy(ids.end() - t, ids.end(), x.data<int64_t>());
-    Tensor logits = model(x.to(device)).select(0, 0).to(kCPU).to(kFloat32).contiguous();  // [t, vocab]
-    if (ranks.lead()) save_safetensors(o.logits_out, {{"logits", logits}}, {{"prompt_tokens", std::to_string(t)}});
-  }
+  if (!o.logits_out.empty()) write_prompt_logits(model, ids, cfg.ctx, device, o.logits_out, ranks);
   const bool print = ranks.lead();
   if (print && !o.ids) std::fwrite(o.prompt.data(), 1, o.prompt.size(), stdout);
   std::string printed;
@@ -834,15 +768,44 @@ int export_hf(const ExportOptions& o) {
   return 0;
 }
 
-}  // namespace
+// train's flags for how a step runs: device, sharding, precision, determinism, NaN policy.
+void add_step_flags(CLI::App* tr, TrainOptions& t) {
+  tr->add_option("--device", t.device, "cpu, cuda (this rank's GPU) or cuda:N: where the model and batches live")
+      ->capture_default_str();
+  auto* det = tr->add_flag("--deterministic", t.deterministic, "the same bits at any number of ranks and threads: each step's batch "
+               "split into --virtual-batches micro-batches, every sum over them in one fixed order (docs/FSDP.md)");
+  tr->add_option("--virtual-batches", t.virtual_batches, "with --deterministic: micro-batches per step's batch; the "
+                 "number of ranks must divide it into a power of two per rank")
+      ->check(apps::cli::integer(1, 1 << 20))->capture_default_str()->needs(det);
+  tr->add_flag("--activation-checkpointing", t.activation_checkpointing,
+               "recompute each block's forward in backward instead of keeping its activations");
+  apps::add_plan_flags(*tr, t.plan);
+  tr->add_flag("--fsdp", t.fsdp, "shard over the ranks of mpirun: fully_shard per block, then the root");
+  tr->add_option("--reshard-after-forward", t.reshard_after_forward,
+                 "under --fsdp: free each block's gathered parameters after forward (true), keep them for "
+                 "backward (false), or keep 1/N per rank and gather within groups of N ranks (N)")
+      ->check(CLI::IsMember({"true", "false"}) | apps::cli::integer(1, 1 << 20))->capture_default_str();
+  tr->add_option("--sharding-strategy", t.sharding_strategy,
+                 "under --fsdp: FULL_SHARD (parameters, gradients and optimizer state sharded), SHARD_GRAD_OP "
+                 "(parameters kept gathered from forward to backward) or NO_SHARD (every rank holds the whole "
+                 "model; gradients all-reduced, as DDP)")
+      ->check(CLI::IsMember({"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"}))->capture_default_str();
+  tr->add_option("--mixed-precision", t.mixed_precision,
+                 "bf16: linear layers and attention in bf16 with f32 master weights (autocast; under --fsdp: "
+                 "bf16 parameters gathered, gradients reduced in f32); none keeps f32")
+      ->check(CLI::IsMember({"bf16", "none"}))->capture_default_str();
+  tr->add_option("--on-nan", t.on_nan, "when the loss is NaN or infinite: error (stop), skip (drop that step's "
+                 "update) or ignore (train on)")->check(CLI::IsMember({"error", "skip", "ignore"}))->capture_default_str();
+  tr->add_option("--max-skipped-steps", t.max_skipped, "with --on-nan skip: give up (exit 1) after "
+                 "N skipped steps in a row")->check(apps::cli::integer(1, 1000000))->capture_default_str();
+  tr->footer(
+      "Sharded training: mpirun -np N --oversubscribe --bind-to none weft-transformer train --fsdp ...\n"
+      "  --batch-size stays the global batch (a multiple of N): rank r trains on rows [r*B/N, (r+1)*B/N)\n"
+      "  of the same batch, so the losses match a single-process run up to float rounding.");
+}
 
-int main(int argc, char** argv) {
-  CLI::App app{"weft-transformer: train a byte-level decoder (GPT-2 or Llama) on text, sample from it, export it"};
-  app.require_subcommand(1);
-  TrainOptions t;
-  SampleOptions s;
-  ExportOptions x;
-  auto* tr = app.add_subcommand("train", "train a decoder on the bytes of a text file or folder");
+// train's model flags: the family and its shape, or --init-from's.
+void add_model_flags(CLI::App* tr, TrainOptions& t) {
   auto* arch = tr->add_option("--arch", t.model.arch, "model family: gpt2 (learned positions, LayerNorm, GELU, tied "
                               "head) or llama (RoPE, RMSNorm, SwiGLU, grouped-query attention, untied head)")
                    ->check(CLI::IsMember({"gpt2", "llama"}))->capture_default_str();
@@ -864,11 +827,16 @@ int main(int argc, char** argv) {
   auto* untie = tr->add_flag("--untie", t.untie, "give the LM head its own weight instead of sharing the token "
                              "embedding (llama is untied unless --tie)");
   shape_flags.push_back(untie);
-  bool tie = false;
-  auto* tie_flag = tr->add_flag("--tie", tie, "llama: share the token embedding with the LM head")->excludes(untie);
+  auto* tie_flag = tr->add_flag("--tie", t.tie, "llama: share the token embedding with the LM head")->excludes(untie);
   shape_flags.push_back(tie_flag);
   shape_flags.push_back(arch);
   for (CLI::Option* f : shape_flags) f->excludes(init_from);
+}
+
+// train's flags: the model, the batches and schedule, checkpoints, and how the step runs.
+CLI::App* add_train_flags(CLI::App& app, TrainOptions& t) {
+  auto* tr = app.add_subcommand("train", "train a decoder on the bytes of a text file or folder");
+  add_model_flags(tr, t);
   tr->add_option("--batch-size", t.batch_size, "sequences per micro-step (the global batch under --fsdp)")
       ->check(apps::cli::integer(1, 1 << 20))->capture_default_str();
   tr->add_option("--grad-accum", t.grad_accum, "micro-steps accumulated per optimizer step")->check(apps::cli::integer(1, 1 << 20))
@@ -902,38 +870,10 @@ int main(int argc, char** argv) {
                  "besides them the one with the lowest training loss")
       ->check(apps::cli::integer(0, 1000000))->capture_default_str()->needs(ck_dir);
   tr->add_option("--resume", t.resume, "continue from the latest checkpoint in DIR (written at any number of ranks)");
-  tr->add_option("--device", t.device, "cpu, cuda (this rank's GPU) or cuda:N: where the model and batches live")
-      ->capture_default_str();
-  auto* det = tr->add_flag("--deterministic", t.deterministic, "the same bits at any number of ranks and threads: each step's batch "
-               "split into --virtual-batches micro-batches, every sum over them in one fixed order (docs/FSDP.md)");
-  tr->add_option("--virtual-batches", t.virtual_batches, "with --deterministic: micro-batches per step's batch; the "
-                 "number of ranks must divide it into a power of two per rank")
-      ->check(apps::cli::integer(1, 1 << 20))->capture_default_str()->needs(det);
-  tr->add_flag("--activation-checkpointing", t.activation_checkpointing,
-               "recompute each block's forward in backward instead of keeping its activations");
-  apps::add_plan_flags(*tr, t.plan);
-  tr->add_flag("--fsdp", t.fsdp, "shard over the ranks of mpirun: fully_shard per block, then the root");
-  tr->add_option("--reshard-after-forward", t.reshard_after_forward,
-                 "under --fsdp: free each block's gathered parameters after forward (true), keep them for "
-                 "backward (false), or keep 1/N per rank and gather within groups of N ranks (N)")
-      ->check(CLI::IsMember({"true", "false"}) | apps::cli::integer(1, 1 << 20))->capture_default_str();
-  tr->add_option("--sharding-strategy", t.sharding_strategy,
-                 "under --fsdp: FULL_SHARD (parameters, gradients and optimizer state sharded), SHARD_GRAD_OP "
-                 "(parameters kept gathered from forward to backward) or NO_SHARD (every rank holds the whole "
-                 "model; gradients all-reduced, as DDP)")
-      ->check(CLI::IsMember({"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"}))->capture_default_str();
-  tr->add_option("--mixed-precision", t.mixed_precision,
-                 "bf16: linear layers and attention in bf16 with f32 master weights (autocast; under --fsdp: "
-                 "bf16 parameters gathered, gradients reduced in f32); none keeps f32")
-      ->check(CLI::IsMember({"bf16", "none"}))->capture_default_str();
-  tr->add_option("--on-nan", t.on_nan, "when the loss is NaN or infinite: error (stop), skip (drop that step's "
-                 "update) or ignore (train on)")->check(CLI::IsMember({"error", "skip", "ignore"}))->capture_default_str();
-  auto* max_skipped = tr->add_option("--max-skipped-steps", t.max_skipped, "with --on-nan skip: give up (exit 1) after "
-                                     "N skipped steps in a row")->check(apps::cli::integer(1, 1000000))->capture_default_str();
-  tr->footer(
-      "Sharded training: mpirun -np N --oversubscribe --bind-to none weft-transformer train --fsdp ...\n"
-      "  --batch-size stays the global batch (a multiple of N): rank r trains on rows [r*B/N, (r+1)*B/N)\n"
-      "  of the same batch, so the losses match a single-process run up to float rounding.");
+  add_step_flags(tr, t);
+  return tr;
+}
+CLI::App* add_sample_flags(CLI::App& app, SampleOptions& s) {
   auto* sa = app.add_subcommand("sample", "generate text from a checkpoint or a Hugging Face model");
   sa->add_option("--from,--checkpoint", s.checkpoint, "a Hugging Face model directory, a checkpoint directory (the "
                  "latest in it) or a consolidated .safetensors file")->required();
@@ -942,8 +882,7 @@ int main(int argc, char** argv) {
       ->check(apps::cli::integer(0, apps::kMaxSampleTokens))->capture_default_str();
   auto* temperature = sa->add_option("--temperature", s.temperature, "softmax temperature (0: greedy)")
                           ->check(apps::cli::number_from(0, 1e6))->capture_default_str();
-  bool greedy = false;
-  sa->add_flag("--greedy", greedy, "always take the most likely token (--temperature 0)")->excludes(temperature);
+  sa->add_flag("--greedy", s.greedy, "always take the most likely token (--temperature 0)")->excludes(temperature);
   sa->add_flag("--ids", s.ids, "print the generated token ids, comma-separated, on one line, instead of text");
   sa->add_option("--tokenizer", s.tokenizer, "tokenizer.json to encode the prompt and decode the output with (a "
                  "model trained on a prepared dataset: its DIR/tokenizer.json)");
@@ -960,6 +899,10 @@ int main(int argc, char** argv) {
   sa->add_option("--seed", s.seed, "seed for drawing")->check(apps::cli::seed())->capture_default_str();
   sa->add_option("--threads", s.threads, "CPU threads")->check(apps::cli::threads());
   sa->add_option("--device", s.device, "cpu, cuda or cuda:N: where the model runs")->capture_default_str();
+  return sa;
+}
+
+CLI::App* add_export_flags(CLI::App& app, ExportOptions& x) {
   auto* ex = app.add_subcommand("export-hf", "write a checkpoint as a Hugging Face model directory (config.json + "
                                  "safetensors) that transformers' from_pretrained loads");
   ex->add_option("--from", x.from, "checkpoint directory (the latest in it, written at any number of ranks) or a "
@@ -967,7 +910,10 @@ int main(int argc, char** argv) {
   ex->add_option("--out", x.out, "the directory to write (must not exist)")->required();
   ex->add_option("--max-shard-size", x.max_shard_size, "split the weights into files of at most this many bytes "
                  "(with model.safetensors.index.json) when they are larger")->check(apps::cli::bytes())->capture_default_str();
-  PrepareOptions p;
+  return ex;
+}
+
+CLI::App* add_prepare_flags(CLI::App& app, PrepareOptions& p) {
   auto* pr = app.add_subcommand("prepare", "tokenize text files with a BPE tokenizer.json into a dataset directory "
                                  "(train.tokens, val.tokens, tokenizer.json)");
   pr->add_option("--tokenizer", p.tokenizer, "tokenizer.json (Hugging Face tokenizers format, byte-level BPE)")
@@ -977,6 +923,22 @@ int main(int argc, char** argv) {
   pr->add_option("--eos", p.eos, "token put after each file (\"\" for none; an error if the tokenizer lacks it)")
       ->capture_default_str();
   // A first word that is neither a flag nor a command is named (CLI11 would only say that a
+  return pr;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"weft-transformer: train a byte-level decoder (GPT-2 or Llama) on text, sample from it, export it"};
+  app.require_subcommand(1);
+  TrainOptions t;
+  SampleOptions s;
+  ExportOptions x;
+  PrepareOptions p;
+  CLI::App* tr = add_train_flags(app, t);
+  CLI::App* sa = add_sample_flags(app, s);
+  CLI::App* ex = add_export_flags(app, x);
+  CLI::App* pr = add_prepare_flags(app, p);
   // subcommand is required).
   const std::string first = argc > 1 ? argv[1] : "";
   if (argc > 1 && first[0] != '-' && first != "train" && first != "sample" && first != "export-hf" &&
@@ -986,9 +948,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   CLI11_PARSE(app, argc, argv);
-  if (greedy) s.temperature = 0;
-  if (t.model.arch == "llama") t.untie = t.untie || !tie;  // Llama's head is untied by default
-  else if (tie) {
+  if (s.greedy) s.temperature = 0;
+  if (t.model.arch == "llama") t.untie = t.untie || !t.tie;  // Llama's head is untied by default
+  else if (t.tie) {
     std::fprintf(stderr, "weft-transformer: --tie is for --arch llama (GPT-2's head is tied unless --untie)\n");
     return 2;
   }
@@ -1013,7 +975,7 @@ int main(int argc, char** argv) {
                   p.data.c_str());
       return 0;
     }
-    WEFT_CHECK(max_skipped->count() == 0 || t.on_nan == "skip", "transformer: --max-skipped-steps applies to --on-nan "
+    WEFT_CHECK(tr->get_option("--max-skipped-steps")->count() == 0 || t.on_nan == "skip", "transformer: --max-skipped-steps applies to --on-nan "
                "skip only (--on-nan is {})", t.on_nan);
     const Ranks ranks = apps::start_ranks("weft-transformer", t.fsdp, {{"command", "train"}}, shared_settings(t));
     return train(t, ranks);

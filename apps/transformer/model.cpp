@@ -92,10 +92,4 @@ std::string embedding_name(const ModelConfig& cfg) {
   return cfg.arch == "llama" ? "model.embed_tokens.weight" : "transformer.wte.weight";
 }
 
-int64_t count_parameters(const nn::Module& model) {
-  int64_t n = 0;
-  for (auto& p : model.parameters()) n += p.numel();
-  return n;
-}
-
 }  // namespace weft::apps

@@ -57,6 +57,4 @@ void init_model(const LanguageModel& model);
 std::string embedding_name(const ModelConfig& cfg);
 constexpr const char* kHeadName = "lm_head.weight";
 
-int64_t count_parameters(const nn::Module& model);
-
 }  // namespace weft::apps

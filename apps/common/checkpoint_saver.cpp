@@ -1,0 +1,41 @@
+#include "apps/common/checkpoint_saver.h"
+
+#include <cstdio>
+#include <fmt/format.h>
+
+#include "apps/common/nonfinite.h"
+
+namespace weft::apps {
+
+CheckpointSaver::CheckpointSaver(std::string program, CheckpointFlags flags, nn::Module& model, nn::Optimizer& opt,
+                                 const fsdp::FSDPModule* root, const Ranks& ranks)
+    : program_(std::move(program)), flags_(std::move(flags)), model_(model), opt_(opt), root_(root), ranks_(ranks) {}
+
+void CheckpointSaver::resumed(const std::string& checkpoint, int64_t step) {
+  watch_ = CheckpointWatch(checkpoint, step);
+  last_ = checkpoint;
+}
+
+bool CheckpointSaver::due(int64_t step, int64_t end) const {
+  return enabled() && ((flags_.every > 0 && step % flags_.every == 0) || step == end);
+}
+
+void CheckpointSaver::save(const fsdp::CheckpointProgress& progress) {
+  const std::string name = program_.substr(program_.rfind('-') + 1);  // "weft-mnist": "mnist"
+  std::string where;
+  dist::agree(ranks_.groups(), name, [&] {
+    // Never from non-finite state: the checkpoints already written stay as they are.
+    check_finite_parameters(model_, fmt::format("{}: refusing to write a checkpoint at step {}", name, progress.step),
+                            "; the existing checkpoints are untouched");
+    where = fsdp::save_checkpoint(flags_.dir, model_, &opt_, root_, progress,
+                                  {.keep_last = flags_.keep_last, .keep_also = watch_.good()});
+  });
+  last_ = where;
+  saved_step_ = progress.step;
+  watch_.saved(progress.step, where);
+  if (!ranks_.lead()) return;
+  std::fprintf(stderr, "saved model and optimizer at step %lld to %s\n", (long long)progress.step, where.c_str());
+  watch_.announce_kept(program_, flags_.dir, flags_.keep_last);
+}
+
+}  // namespace weft::apps

@@ -1,0 +1,179 @@
+#include "apps/common/trainer.h"
+
+#include <cstdio>
+#include <fmt/format.h>
+
+#include "autograd/autocast.h"
+#include "core/allocator.h"
+#include "nn/clip_grad.h"
+#include "nn/loss.h"
+
+namespace weft::apps {
+
+Tensor forward_backward(nn::Module& model, const Tensor& x, const Tensor& y, bool autocast, int64_t parts) {
+  Tensor loss;
+  {
+    AutocastGuard bf16(DType::bf16, autocast);
+    Tensor logits = model(x);
+    loss = cross_entropy(logits.view({-1, logits.size(-1)}), y.view({-1}));
+  }
+  (parts > 1 ? loss * (1.0 / double(parts)) : loss).backward();
+  return loss;
+}
+
+int64_t count_parameters(const nn::Module& model) {
+  int64_t n = 0;
+  for (auto& p : model.parameters()) n += p.numel();
+  return n;
+}
+
+Trainer::Trainer(LoopOptions o, TrainingParts parts, const Ranks& ranks, std::optional<LeafPlan> leaves,
+                 TrainingTask& task, MetricsWriter& metrics)
+    : o_(std::move(o)),
+      p_(parts),
+      ranks_(ranks),
+      leaves_(std::move(leaves)),
+      task_(task),
+      metrics_(metrics),
+      nan_(o_.program, o_.on_nan, o_.max_skipped),
+      saver_(o_.program, o_.checkpoints, *p_.model, *p_.opt, p_.root, ranks),
+      params_(p_.model->parameters()) {}
+
+int64_t Trainer::resume(const std::string& checkpoint) {
+  const std::string name = o_.program.substr(o_.program.rfind('-') + 1);
+  dist::agree(ranks_.groups(), name, [&] {
+    step_ = fsdp::load_checkpoint(checkpoint, *p_.model, p_.opt, p_.root).step;
+    check_finite_parameters(*p_.model, fmt::format("{}: refusing to resume from {}", name, checkpoint));
+  });
+  if (p_.sched) p_.sched->set_last_step(step_);
+  saver_.resumed(checkpoint, step_);
+  if (ranks_.lead()) std::fprintf(stderr, "resumed from %s at step %lld\n", checkpoint.c_str(), (long long)step_);
+  return step_;
+}
+
+int Trainer::run(int64_t end) {
+  const int64_t first = step_;
+  // From here a signal stops the run after its step (stop.h); before, the default action ends
+  // it at once (a process blocked while starting up could not reach a step's end).
+  StopSignals stop_signals(o_.program);
+  while (step_ < end) {
+    const int64_t stretch_end = open_stretch(first, end);  // an epoch, or the whole run
+    while (step_ < stretch_end) {
+      const int sig = train_step();
+      log_step(first, stretch_end);
+      if (sig != 0) return stop(sig);
+      if (step_ == stretch_end) close_stretch();
+      if (step_ == stretch_end || (o_.eval_every > 0 && step_ % o_.eval_every == 0))
+        task_.evaluate({step_, loss_, metrics_, nan_, saver_.watch()});
+      if (saver_.due(step_, end)) save();
+    }
+  }
+  if (nan_.skipped() > 0 && ranks_.lead())
+    std::fprintf(stderr, "%s: skipped %lld of %lld steps: their loss was not finite (--on-nan skip)\n",
+                 o_.program.c_str(), (long long)nan_.skipped(), (long long)(end - first));
+  return 0;
+}
+
+// One optimizer step; returns the stop signal the ranks agreed on with its loss (0: none).
+int Trainer::train_step() {
+  p_.opt->zero_grad();
+  const StepEnd end = accumulate_gradients();  // the loss: the global batch's mean, on every rank
+  loss_ = end.loss;
+  saver_.watch().loss(step_ + 1, loss_);
+  lr_ = p_.opt->lr();
+  grad_norm_ = 0;  // 0: no clipping, or a skipped update
+  if (nan_.skip(loss_, step_ + 1, ranks_, saver_.watch())) {
+    p_.opt->zero_grad();  // drop this step's update; the schedule and the data still move on
+  } else {
+    if (o_.clip > 0) grad_norm_ = nn::clip_grad_norm_(p_.model->parameters(), o_.clip);  // sharded or not
+    p_.opt->step();
+  }
+  if (p_.sched) p_.sched->step();
+  ++step_;
+  return end.stop_signal;
+}
+
+// The step's gradients, and its loss and stop signal agreed over the ranks. Plain: the rank's
+// rows of each accumulated batch, their backwards adding into .grad (FSDP reduces each).
+// --deterministic: the rank's leaves in order, each with its own dropout stream, gradients
+// reduced (or summed) along the fixed tree after the last; the loss their mean in one order.
+StepEnd Trainer::accumulate_gradients() {
+  if (!leaves_) {
+    const int64_t lo = o_.batch_size * ranks_.rank / ranks_.world, hi = o_.batch_size * (ranks_.rank + 1) / ranks_.world;
+    double loss_sum = 0;
+    for (int64_t micro = 0; micro < o_.accumulation; ++micro) loss_sum += backward_on(micro, lo, hi, o_.accumulation);
+    return end_step(loss_sum / double(o_.accumulation), ranks_);
+  }
+  const int64_t n = leaves_->leaves();
+  std::vector<double> losses;
+  for (int64_t j = 0; j < n; ++j) {
+    if (p_.root) p_.root->set_requires_gradient_sync(j + 1 == n);
+    auto [lo, hi] = leaves_->rows(leaves_->micro(j), o_.batch_size);
+    LeafRandom dropout(step_, leaves_->tree_index(j), n * ranks_.world);
+    losses.push_back(backward_on(leaves_->accumulated(j), lo, hi, n));
+    if (!p_.root) nn::add_grads_as_leaf(grad_tree_, params_);
+  }
+  if (!p_.root) nn::set_grads_to_total(grad_tree_, params_);
+  return end_step(ordered_mean(losses, 1, ranks_), ranks_, true);
+}
+
+double Trainer::backward_on(int64_t micro, int64_t lo, int64_t hi, int64_t parts) {
+  auto [x, y] = task_.batch(step_, micro, lo, hi);
+  return forward_backward(*p_.model, x.to(o_.device), y.to(o_.device), o_.autocast, parts).item();
+}
+
+// A stretch of steps with one progress bar and its own rate window: an epoch (ending at the
+// epoch's end or at `end`), or the rest of the run. Returns its end.
+int64_t Trainer::open_stretch(int64_t first, int64_t end) {
+  int64_t stretch_end = end;
+  stretch_start_ = first;
+  std::string label = "train";
+  if (o_.epoch_steps > 0) {
+    const int64_t epoch = step_ / o_.epoch_steps;
+    stretch_start_ = epoch * o_.epoch_steps;
+    stretch_end = std::min(stretch_start_ + o_.epoch_steps, end);
+    label = fmt::format("epoch {}", epoch + 1);
+  }
+  if (ranks_.lead()) progress_.emplace(label, stretch_end - (o_.epoch_steps > 0 ? stretch_start_ : step_), o_.unit);
+  window_start_ = std::chrono::steady_clock::now();
+  window_items_ = 0;
+  return stretch_end;
+}
+
+void Trainer::close_stretch() {
+  if (progress_) progress_->finish(fmt::format("loss {:.4f}", loss_));
+  progress_.reset();
+}
+
+void Trainer::log_step(int64_t first, int64_t stretch_end) {
+  window_items_ += o_.items_per_step;
+  if (progress_) progress_->update(step_ - stretch_start_, o_.items_per_step, fmt::format("loss {:.4f}", loss_));
+  if (step_ % o_.log_every != 0 && step_ != stretch_end && !(o_.log_first && step_ == first + 1)) return;
+  const auto now = std::chrono::steady_clock::now();
+  const double dt = std::chrono::duration<double>(now - window_start_).count();
+  std::map<std::string, MetricValue> line = {{"step", step_}, {"loss", loss_}, {"lr", lr_}, {"skipped", nan_.skipped()},
+                                             {o_.unit + "_per_s", dt > 0 ? double(window_items_) / dt : 0.0}};
+  if (o_.epoch_steps > 0) line["epoch"] = (step_ - 1) / o_.epoch_steps + 1;
+  if (o_.log_grad_norm) line["grad_norm"] = grad_norm_;
+  if (o_.log_peak_bytes) line["peak_bytes"] = memory_stats().peak_bytes;
+  metrics_.write(line);
+  window_start_ = now;
+  window_items_ = 0;
+}
+
+void Trainer::save() {
+  fsdp::CheckpointProgress progress = task_.checkpoint(step_);
+  progress.step = step_;
+  progress.loss = loss_;
+  saver_.save(progress);
+}
+
+// SIGTERM or SIGINT: the step is done; save it (no evaluation) and stop.
+int Trainer::stop(int sig) {
+  close_stretch();
+  if (saver_.enabled() && !saver_.saved(step_)) save();
+  return report_stop(o_.program, sig, step_, saver_.enabled() ? saver_.last() : "", ranks_,
+                     fmt::format("no checkpoint written (no {})", saver_.flags().flag));
+}
+
+}  // namespace weft::apps
