@@ -198,7 +198,6 @@ std::atomic<bool> g_any_limit{false};
 std::atomic<int> g_accountings{0};  // owner accountings running
 thread_local const std::string* t_owner = nullptr;
 
-std::string mib(int64_t bytes) { return fmt::format("{:.1f} MiB", double(bytes) / double(1 << 20)); }
 AllocatorLookup g_lookups[kNumDeviceTypes] = {nullptr, nullptr};
 
 }  // namespace
@@ -233,6 +232,8 @@ void Allocator::record_slow(int64_t live_bytes) {
 }
 
 // ---------------------------------------------------------------- memory limit
+
+std::string format_mib(int64_t bytes) { return fmt::format("{:.1f} MiB", double(bytes) / double(1 << 20)); }
 
 int64_t parse_bytes(const std::string& text, const std::string& what) {
   size_t i = 0;
@@ -346,13 +347,13 @@ void Allocator::check_limit(size_t nbytes, int64_t live_bytes, const std::string
   std::sort(largest.rbegin(), largest.rend());
   std::string owners;
   for (size_t i = 0; i < std::min<size_t>(largest.size(), 6); ++i)
-    owners += fmt::format("{}{} {}", i ? ", " : "", mib(largest[i].first), largest[i].second);
-  if (live_bytes > named) owners += fmt::format("{}{} not named", owners.empty() ? "" : ", ", mib(live_bytes - named));
+    owners += fmt::format("{}{} {}", i ? ", " : "", format_mib(largest[i].first), largest[i].second);
+  if (live_bytes > named) owners += fmt::format("{}{} not named", owners.empty() ? "" : ", ", format_mib(live_bytes - named));
   const std::string* owner = MemoryOwner::current();
   throw OutOfMemoryError(fmt::format(
       "out of memory on {}: allocating {} ({} bytes){} with {} live would pass the memory limit of {} ({} bytes; "
       "WEFT_MEMORY_LIMIT or weft::set_memory_limit). Largest live allocations: {}",
-      name, mib(int64_t(nbytes)), nbytes, owner ? " for " + *owner : "", mib(live_bytes), mib(lim), lim,
+      name, format_mib(int64_t(nbytes)), nbytes, owner ? " for " + *owner : "", format_mib(live_bytes), format_mib(lim), lim,
       owners.empty() ? "none" : owners));
 }
 

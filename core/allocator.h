@@ -149,6 +149,8 @@ void set_memory_limit(Device device, int64_t bytes);
 int64_t memory_limit(Device device = Device::cpu());
 // Parses a byte count as WEFT_MEMORY_LIMIT takes it; throws weft::Error naming `what` if bad.
 int64_t parse_bytes(const std::string& text, const std::string& what);
+// A byte count for messages and tables: "12.3 MiB" (MiB = 2^20 bytes).
+std::string format_mib(int64_t bytes);
 
 // Names what the memory allocated on this thread during its scope is for, in out-of-memory
 // reports ("fsdp 'blocks.0' FORWARD", "forward of Block"). Scopes nest: the innermost names.

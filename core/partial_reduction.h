@@ -1,5 +1,9 @@
 // core: how a reduction over a parameter's elements is completed when this process holds only
-// part of them. A layer that shards parameters (fsdp) attaches a PartialReduction to each shard
+// part of them.
+// [Note: partial reductions] The dependency points down although the knowledge sits above:
+// nn (clip_grad_norm_) must total a norm over every rank's shard, but nn may not know fsdp or
+// dist. So the layer that shards (fsdp/fully_shard.cpp) attaches to each shard an object that
+// knows its process group, and nn calls it through this core interface. A layer that shards parameters (fsdp) attaches a PartialReduction to each shard
 // it registers, the way a DTensor carries its placement in PyTorch; code below the
 // communication layer (nn::clip_grad_norm_) reduces its local part, then lets the parameter's
 // PartialReduction combine the parts of every process that holds one, without knowing how.

@@ -5,12 +5,16 @@
 // recorded on a CPU stream is complete at once. Code above core (dist, fsdp) orders its
 // collectives with these and never names a device library.
 //
-// Rules (as in PyTorch):
+// [Note: stream and event lifetimes] (as in PyTorch; cited where a rule is relied on)
 // - Work weft issues for a device runs on that device's current stream. Unless a
 //   StreamGuard says otherwise that is the device's default stream.
 // - The current stream is per thread and per device.
+// - Work on one stream that reads what another stream wrote waits on an Event recorded after
+//   the write (stream_wait), never on the host, except where a timeout must be able to fire.
 // - A tensor used on a stream other than the one it was allocated on must be kept alive until
-//   that stream's work is done (record an Event, and free after it completes).
+//   that stream's work is done: record an Event after its last use there, and free it only
+//   after that Event completes (fsdp/comm_context.h's release_after; the NCCL group keeps a
+//   collective's tensors with its Work until its event completes).
 #pragma once
 #include <memory>
 

@@ -17,6 +17,7 @@ ProcessGroupPtr new_mpi_group(MPI_Comm comm, std::string name);
 // Device backends (NCCL, in libweft-cuda) register the group type for their device when their
 // library is loaded; new_group loads it on first use (core/device_runtime.h).
 using DeviceGroupFactory = ProcessGroupPtr (*)(MPI_Comm comm, std::string name);
+// [Note: backend registration] in core/device_runtime.h.
 void register_device_group(DeviceType device, DeviceGroupFactory factory);
 // Picks the backend for the device and registers the group so finalize() can close it.
 ProcessGroupPtr new_group(DeviceType device, MPI_Comm comm, std::string name);

@@ -50,6 +50,73 @@ struct IndexReader {
   }
 };
 
+// The index file's JSON object. A FIFO would block fopen for ever, a device (/dev/zero) never
+// ends: only a regular file is read, and only up to a bound.
+Json read_index_json(const std::string& path) {
+  constexpr uintmax_t kMaxIndexBytes = uintmax_t(256) << 20;
+  std::error_code ec;
+  WEFT_CHECK(fs::is_regular_file(path, ec), "checkpoint: {} is not a regular file (a FIFO or device?)", path);
+  const uintmax_t size = fs::file_size(path, ec);
+  WEFT_CHECK(!ec && size <= kMaxIndexBytes, "checkpoint: {} is {} bytes, more than the limit of {} bytes", path, size,
+             kMaxIndexBytes);
+  std::string text;
+  {
+    std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
+    WEFT_CHECK(f, "checkpoint: cannot open {}: {}", path, std::strerror(errno));
+    char buf[65536];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, f.get())) > 0) text.append(buf, n);
+  }
+  Json j;
+  try {
+    j = Json::parse(text);
+  } catch (const Json::exception& e) {
+    WEFT_ERROR("checkpoint: {} is not valid JSON: {}", path, e.what());
+  }
+  WEFT_CHECK(j.is_object(), "checkpoint: {} holds a JSON {}, not an object", path, j.type_name());
+  return j;
+}
+
+// The entry of tensor `key` in "tensors"; its shards may only name files in `file_names`.
+CheckpointIndex::Entry read_entry(const IndexReader& r, const std::string& key, const Json& t,
+                                  const std::set<std::string>& file_names) {
+  CheckpointIndex::Entry e;
+  e.key = key;
+  auto dtype = parse_safetensors_dtype(r.string(t, "dtype", key));
+  if (!dtype) r.fail(key, "has dtype " + t["dtype"].dump() + ", which weft does not have");
+  e.dtype = *dtype;
+  const Json& shape = r.at(t, "shape", key);
+  if (!shape.is_array()) r.fail(key, "has shape " + shape.dump() + ", not a list");
+  for (const Json& d : shape) {
+    if (!d.is_number_integer() || d.get<int64_t>() < 0) r.fail(key, "has shape " + shape.dump());
+    e.shape.push_back(d.get<int64_t>());
+  }
+  std::string placement = r.string(t, "placement", key);
+  if (placement != "Replicate()") {
+    if (placement.rfind("Shard(", 0) != 0 || placement.back() != ')') r.fail(key, "has placement " + placement);
+    try {
+      e.shard_dim = std::stoll(placement.substr(6, placement.size() - 7));
+    } catch (const std::exception&) {
+      r.fail(key, "has placement " + placement);
+    }
+    if (e.shard_dim < 0 || e.shard_dim >= std::max<int64_t>(1, int64_t(e.shape.size())))
+      r.fail(key, "has placement " + placement + " for shape " + shape_str(e.shape));
+  }
+  const int64_t extent = e.shard_dim < 0 ? 0 : e.shape.empty() ? 1 : e.shape[size_t(e.shard_dim)];
+  for (const Json& s : r.at(t, "shards", key)) {
+    CheckpointIndex::Shard sh{r.string(s, "file", key + ".shards"), 0, 0};
+    if (!file_names.count(sh.file)) r.fail(key, "names file " + sh.file + ", which \"files\" does not list");
+    if (e.shard_dim >= 0) {
+      sh.offset = r.integer(s, "offset", key + ".shards");
+      sh.length = r.integer(s, "length", key + ".shards");
+      if (sh.offset < 0 || sh.length < 0 || sh.offset > extent || sh.length > extent - sh.offset)
+        r.fail(key, fmt::format("has a piece of length {} at {} outside its extent {}", sh.length, sh.offset, extent));
+    }
+    e.shards.push_back(sh);
+  }
+  return e;
+}
+
 }  // namespace
 
 std::string checkpoint_shard_file(int shard) { return fmt::format("rank_{:05d}.safetensors", shard); }
@@ -109,28 +176,7 @@ CheckpointIndex read_checkpoint_index(const std::string& path) {
   WEFT_CHECK(!where.empty(), "checkpoint: no complete checkpoint at '{}' (no {} there and no step_* directory holding "
              "one)", path, kCheckpointIndexFile);
   IndexReader r{(fs::path(where) / kCheckpointIndexFile).string()};
-  std::string text;
-  {
-    // A FIFO would block fopen for ever, a device (/dev/zero) never ends: a regular file, bounded.
-    constexpr uintmax_t kMaxIndexBytes = uintmax_t(256) << 20;
-    std::error_code ec;
-    WEFT_CHECK(fs::is_regular_file(r.path, ec), "checkpoint: {} is not a regular file (a FIFO or device?)", r.path);
-    const uintmax_t size = fs::file_size(r.path, ec);
-    WEFT_CHECK(!ec && size <= kMaxIndexBytes, "checkpoint: {} is {} bytes, more than the limit of {} bytes", r.path,
-               size, kMaxIndexBytes);
-    std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(r.path.c_str(), "rb"), &std::fclose);
-    WEFT_CHECK(f, "checkpoint: cannot open {}: {}", r.path, std::strerror(errno));
-    char buf[65536];
-    size_t n;
-    while ((n = std::fread(buf, 1, sizeof buf, f.get())) > 0) text.append(buf, n);
-  }
-  Json j;
-  try {
-    j = Json::parse(text);
-  } catch (const Json::exception& e) {
-    WEFT_ERROR("checkpoint: {} is not valid JSON: {}", r.path, e.what());
-  }
-  WEFT_CHECK(j.is_object(), "checkpoint: {} holds a JSON {}, not an object", r.path, j.type_name());
+  const Json j = read_index_json(r.path);
   WEFT_CHECK(r.string(j, "format") == "weft-checkpoint", "checkpoint: {} is a \"{}\" index, not a weft checkpoint",
              r.path, r.string(j, "format"));
   CheckpointIndex ix;
@@ -178,43 +224,7 @@ CheckpointIndex read_checkpoint_index(const std::string& path) {
   }
   const Json& tensors = r.at(j, "tensors");
   WEFT_CHECK(tensors.is_object(), "checkpoint: {}: \"tensors\" is not an object", r.path);
-  for (auto& [key, t] : tensors.items()) {
-    CheckpointIndex::Entry e;
-    e.key = key;
-    auto dtype = parse_safetensors_dtype(r.string(t, "dtype", key));
-    if (!dtype) r.fail(key, "has dtype " + t["dtype"].dump() + ", which weft does not have");
-    e.dtype = *dtype;
-    const Json& shape = r.at(t, "shape", key);
-    if (!shape.is_array()) r.fail(key, "has shape " + shape.dump() + ", not a list");
-    for (const Json& d : shape) {
-      if (!d.is_number_integer() || d.get<int64_t>() < 0) r.fail(key, "has shape " + shape.dump());
-      e.shape.push_back(d.get<int64_t>());
-    }
-    std::string placement = r.string(t, "placement", key);
-    if (placement != "Replicate()") {
-      if (placement.rfind("Shard(", 0) != 0 || placement.back() != ')') r.fail(key, "has placement " + placement);
-      try {
-        e.shard_dim = std::stoll(placement.substr(6, placement.size() - 7));
-      } catch (const std::exception&) {
-        r.fail(key, "has placement " + placement);
-      }
-      if (e.shard_dim < 0 || e.shard_dim >= std::max<int64_t>(1, int64_t(e.shape.size())))
-        r.fail(key, "has placement " + placement + " for shape " + shape_str(e.shape));
-    }
-    const int64_t extent = e.shard_dim < 0 ? 0 : e.shape.empty() ? 1 : e.shape[size_t(e.shard_dim)];
-    for (const Json& s : r.at(t, "shards", key)) {
-      CheckpointIndex::Shard sh{r.string(s, "file", key + ".shards"), 0, 0};
-      if (!file_names.count(sh.file)) r.fail(key, "names file " + sh.file + ", which \"files\" does not list");
-      if (e.shard_dim >= 0) {
-        sh.offset = r.integer(s, "offset", key + ".shards");
-        sh.length = r.integer(s, "length", key + ".shards");
-        if (sh.offset < 0 || sh.length < 0 || sh.offset > extent || sh.length > extent - sh.offset)
-          r.fail(key, fmt::format("has a piece of length {} at {} outside its extent {}", sh.length, sh.offset, extent));
-      }
-      e.shards.push_back(sh);
-    }
-    ix.tensors.push_back(std::move(e));
-  }
+  for (auto& [key, t] : tensors.items()) ix.tensors.push_back(read_entry(r, key, t, file_names));
   return ix;
 }
 

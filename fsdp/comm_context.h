@@ -10,9 +10,9 @@
 // waits for the issuing stream (dist's NCCL backend).
 //
 // A buffer allocated on one stream and used on another may only be freed once the other
-// stream's use is known to be done: release_after() holds tensors (and the collectives' Work,
-// which hold theirs) until an event recorded after their last use has completed. Nothing is
-// guessed from stream order.
+// stream's use is known to be done ([Note: stream and event lifetimes], core/stream.h):
+// release_after() holds tensors (and the collectives' Work, which hold theirs) until an event
+// recorded after their last use has completed. Nothing is guessed from stream order.
 //
 // Each parameter group starts with a context of its own; the root's lazy init hands its
 // context to every group under it (as FSDP2's FSDPCommContext).

@@ -145,6 +145,7 @@ std::unique_ptr<FSDPParamGroup> make_group(std::vector<FSDPParamGroup::Entry> en
   // A shard's reductions (nn::clip_grad_norm_) complete over the ranks holding the others.
   for (auto& p : group->params()) {
     p->sharded().autograd_meta().attach(shard_of, fmt::format("a {}, as '{}'", what, p->name()));
+    // nn totals norms over the shards through this ([Note: partial reductions], core/partial_reduction.h).
     if (shard_group->size() > 1) set_partial_reduction(p->sharded(), dist::reduction_over(shard_group));
   }
   return group;

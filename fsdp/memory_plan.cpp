@@ -12,8 +12,6 @@
 namespace weft::fsdp {
 namespace {
 
-std::string mib(int64_t bytes) { return fmt::format("{:.1f} MiB", double(bytes) / double(1 << 20)); }
-
 // Which part of the peak an owner's bytes are (the owner names of core, autograd, nn and fsdp).
 void classify(PeakParts& parts, std::set<std::string>& groups, const std::string& owner, int64_t bytes) {
   auto starts = [&](std::string_view p) { return owner.starts_with(p); };
@@ -89,7 +87,7 @@ MemoryPlan plan_memory(const MemoryPlanRequest& r) {
   auto run = [&](const PlanSettings& s) {
     MemoryPlan p = run_plan(r, s);
     gen.set_state(rng);
-    tried.push_back(fmt::format("{}: peak {}{}", describe(s), mib(p.peak_bytes),
+    tried.push_back(fmt::format("{}: peak {}{}", describe(s), format_mib(p.peak_bytes),
                                 r.budget ? (p.fits ? " (fits)" : " (over the budget)") : ""));
     return p;
   };
@@ -145,7 +143,7 @@ std::string MemoryPlan::table() const {
   std::string t = fmt::format("memory plan per rank at {} rank{}: {}\n", world_size, world_size == 1 ? "" : "s",
                               describe(settings));
   auto row = [&](const char* what, int64_t bytes, const std::string& note = "") {
-    t += fmt::format("  {:<34} {:>12} {:>14}{}\n", what, mib(bytes), bytes, note);
+    t += fmt::format("  {:<34} {:>12} {:>14}{}\n", what, format_mib(bytes), bytes, note);
   };
   row("parameters (this rank's shards)", parts.shards);
   row("gradients", parts.gradients);
@@ -155,10 +153,10 @@ std::string MemoryPlan::table() const {
   row("temporary buffers", parts.temporary);
   row("predicted peak", peak_bytes, peak_at.empty() ? "" : "  (reached in " + peak_at + ")");
   if (budget)
-    t += fmt::format("  budget {} ({} bytes): {}\n", mib(*budget), *budget,
-                     fits ? fmt::format("fits, {} to spare", mib(*budget - peak_bytes))
+    t += fmt::format("  budget {} ({} bytes): {}\n", format_mib(*budget), *budget,
+                     fits ? fmt::format("fits, {} to spare", format_mib(*budget - peak_bytes))
                           : fmt::format("does NOT fit: over by {} ({} bytes) even with the settings above",
-                                        mib(peak_bytes - *budget), peak_bytes - *budget));
+                                        format_mib(peak_bytes - *budget), peak_bytes - *budget));
   if (tried.size() > 1) {
     t += "  plans tried:\n";
     for (auto& line : tried) t += "    " + line + "\n";

@@ -127,6 +127,7 @@ struct KernelBackend {
 
 // Installs `table` (which must outlive the program) for a device type; a later call replaces
 // an earlier one. Called by backends at start-up.
+// [Note: backend registration] in core/device_runtime.h.
 void register_kernel_backend(DeviceType type, const KernelBackend* table);
 
 // The table for `device`, loading its backend library on first use. Throws weft::Error

@@ -53,7 +53,7 @@ double ordered_total(const std::vector<Tensor>& params, double p) {
   for (size_t k = 0; k < params.size(); ++k) {
     Tensor g = params[k].grad();
     std::vector<double> rows = g.defined() ? row_parts(g, p) : std::vector<double>{};
-    auto reduction = partial_reduction(params[k]);
+    auto reduction = partial_reduction(params[k]);  // [Note: partial reductions] in core/partial_reduction.h
     if (!reduction) {
       rows_of[k] = std::move(rows);
       continue;

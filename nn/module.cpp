@@ -1,6 +1,6 @@
 #include "nn/module.h"
 
-#include "nn/checkpoint.h"
+#include "nn/activation_checkpoint.h"
 
 #include <ostream>
 #include <sstream>

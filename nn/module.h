@@ -111,7 +111,7 @@ class Module : public std::enable_shared_from_this<Module> {
   Module& apply(const std::function<void(Module&)>& fn);
   void zero_grad(bool set_to_none = true);
 
-  // ---- activation checkpointing (nn/checkpoint.h): each call with gradients keeps only its
+  // ---- activation checkpointing (nn/activation_checkpoint.h): each call with gradients keeps only its
   // inputs for backward and runs forward again when the backward reaches it. Hooks run once.
   void set_activation_checkpointing(bool on) { checkpointing_ = on; }
   bool activation_checkpointing() const { return checkpointing_; }

@@ -1,7 +1,7 @@
 // nn: everything a model author needs — Module, layers, containers, transformer blocks,
 // losses, initialisers, optimizers, learning-rate schedules and generation with a KV cache.
 #pragma once
-#include "nn/checkpoint.h"
+#include "nn/activation_checkpoint.h"
 #include "nn/clip_grad.h"
 #include "nn/containers.h"
 #include "nn/generate.h"

@@ -12,12 +12,12 @@ for layer in core kernels autograd nn dist fsdp; do
   while IFS=: read -r file line text; do
     target=$(sed -E 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"([a-z_]+)\/.*/\1/' <<<"$text")
     [[ "$text" =~ \"[a-z_]+/ ]] || continue
-    # The CUDA backend library holds kernels/cuda and dist/nccl_backend.cpp: only it includes
-    # kernels/cuda, and it may use every layer it links (core, kernels, dist).
-    if [[ "$file" == kernels/cuda/* || "$file" == dist/nccl_backend.cpp ]]; then
+    # The CUDA backend library is kernels/cuda: only it includes kernels/cuda, and it may use
+    # every layer it links (core, kernels, dist).
+    if [[ "$file" == kernels/cuda/* ]]; then
       [[ " ${below[cuda]} " == *" $target "* ]] && continue
     elif [[ "$text" == *'"kernels/cuda/'* ]]; then
-      echo "$file:$line: includes the CUDA backend (${text}); only libweft-cuda (kernels/cuda, dist/nccl_backend.cpp) may"
+      echo "$file:$line: includes the CUDA backend (${text}); only libweft-cuda (kernels/cuda) may"
       bad=1
       continue
     fi

@@ -8,7 +8,7 @@
 #include "autograd/autocast.h"
 #include "autograd/ops.h"
 #include "core/generator.h"
-#include "nn/checkpoint.h"
+#include "nn/activation_checkpoint.h"
 #include "test_util.h"
 
 using namespace weft;

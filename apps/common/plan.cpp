@@ -58,8 +58,8 @@ void report_peak_memory(const std::string& program, Device device, int64_t start
     peak = int64_t(t.item());
   }
   if (!ranks.lead()) return;
-  std::fprintf(stderr, "%s: peak memory per rank %.1f MiB (%lld bytes) above the start", program.c_str(),
-               double(peak) / double(1 << 20), (long long)peak);
+  std::fprintf(stderr, "%s: peak memory per rank %s (%lld bytes) above the start", program.c_str(),
+               format_mib(peak).c_str(), (long long)peak);
   if (plan)
     std::fprintf(stderr, "; the plan predicted %lld bytes (%+.2f %%)", (long long)plan->peak_bytes,
                  100.0 * double(plan->peak_bytes - peak) / double(std::max<int64_t>(peak, 1)));

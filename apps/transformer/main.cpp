@@ -562,7 +562,7 @@ int train(TrainOptions o, const Ranks& ranks) {
   nn::Module& model = *run.lm.module;
   const int64_t n_params = apps::count_parameters(model);
   const std::vector<std::string> decay = decayed_names(model);  // from the full shapes, before sharding
-  // Each block keeps only its input for backward and runs again there (nn/checkpoint.h).
+  // Each block keeps only its input for backward and runs again there (nn/activation_checkpoint.h).
   for (auto& block : run.lm.blocks) block->set_activation_checkpointing(o.activation_checkpointing);
   std::optional<fsdp::FSDPModule> root;
   if (ranks.fsdp) root = shard_model(run.lm, o, run.device, nullptr, run.per_block);

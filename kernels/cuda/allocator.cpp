@@ -13,8 +13,6 @@
 namespace weft::kernels::cuda {
 namespace {
 
-std::string mib(int64_t bytes) { return fmt::format("{:.1f} MiB", double(bytes) / double(1 << 20)); }
-
 // Segments straight from cudaMalloc on one device.
 class DeviceMemory final : public MemorySource {
  public:
@@ -42,7 +40,7 @@ class DeviceMemory final : public MemorySource {
       cudaGetLastError();
       return "";
     }
-    return fmt::format("; the device has {} free of {}", mib(int64_t(free_b)), mib(int64_t(total)));
+    return fmt::format("; the device has {} free of {}", format_mib(int64_t(free_b)), format_mib(int64_t(total)));
   }
 
  private:
@@ -114,8 +112,8 @@ void* CachingAllocator::allocate(size_t nbytes, uintptr_t stream) {
     }
     if (!p)
       throw OutOfMemoryError(fmt::format("CUDA out of memory on {}: tried to allocate {} ({} bytes); weft holds {} live and {} reserved "
-                 "(of which {} cached){}", name_, mib(int64_t(nbytes)), nbytes, mib(stats_.live_bytes),
-                 mib(stats_.reserved_bytes), mib(stats_.reserved_bytes - cache_.block_bytes), source_->describe()));
+                 "(of which {} cached){}", name_, format_mib(int64_t(nbytes)), nbytes, format_mib(stats_.live_bytes),
+                 format_mib(stats_.reserved_bytes), format_mib(stats_.reserved_bytes - cache_.block_bytes), source_->describe()));
     b = new Block;
     b->ptr = static_cast<char*>(p);
     b->size = seg;

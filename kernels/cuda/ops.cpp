@@ -2,7 +2,7 @@
 // element-wise, reduction, cat and index ops (kernels/backend.h has their contracts).
 #include "kernels/cuda/ops.h"
 
-#include "kernels/cpu/nn.h"
+#include "kernels/backend.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/runtime.h"
 
@@ -146,9 +146,11 @@ void cat(const std::vector<Tensor>& xs, int64_t dim, const Tensor& out) {
   }
 }
 
-// Throws as the CPU check does; copies the indices to the host, so it waits for the stream.
+// The CPU backend's check on a host copy of the indices (so it waits for the stream). Through the
+// CPU table, not kernels/cpu/nn.h: that header's inline OpenMP loops would be compiled here
+// without OpenMP, a serial copy of the same inline function (see kernels/cuda/meson.build).
 void check_index_range(const Tensor& index, int64_t size, const char* op, const std::string& what) {
-  cpu::check_index_range(index.to(Device::cpu()), size, op, what);
+  cpu::kernel_table().check_index_range(index.to(Device::cpu()), size, op, what);
 }
 
 void embedding(const Tensor& weight, const Tensor& indices, const Tensor& out) {

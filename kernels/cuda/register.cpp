@@ -28,6 +28,8 @@ const KernelBackend& kernel_table() {
   return table;
 }
 
+// [Note: backend registration] in core/device_runtime.h; the NCCL group registers itself in
+// nccl_group.cpp.
 const bool g_registered = [] {
   register_device_runtime(DeviceType::cuda, &device_runtime());
   register_allocator_lookup(DeviceType::cuda, &lookup_allocator);

@@ -1,4 +1,4 @@
-#include "nn/checkpoint.h"
+#include "nn/activation_checkpoint.h"
 
 #include "autograd/autocast.h"
 #include "autograd/engine.h"

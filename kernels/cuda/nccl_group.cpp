@@ -1,10 +1,11 @@
-// dist: the NCCL backend (CUDA tensors), part of the CUDA backend library (libweft-cuda), which
-// registers it with dist when loaded. One NCCL communicator per group, its unique id made on
-// the group's rank 0 and sent over the group's MPI communicator. Collectives run on the
-// group's own stream after the work already queued on the caller's current stream
-// (core/stream.h: where weft's kernels run); a CUDA event per
-// collective backs is_completed() and wait(), and wait() polls it so that it can time out.
-// NCCL reduces bf16/f16 natively.
+// kernels/cuda: dist's NCCL process group (CUDA tensors), in the CUDA backend library
+// (libweft-cuda), which registers it with dist when loaded ([Note: backend registration],
+// core/device_runtime.h). One NCCL communicator per group, its unique id made on the group's
+// rank 0 and sent over the group's MPI communicator. Collectives run on the group's own stream
+// after the work already queued on the caller's current stream; a CUDA event per collective
+// backs is_completed() and wait(), and wait() polls it so that it can time out; a collective's
+// tensors stay with its Work until that event completes ([Note: stream and event lifetimes],
+// core/stream.h). NCCL reduces bf16/f16 natively.
 #include <cuda_runtime.h>
 #include <nccl.h>
 
