@@ -101,6 +101,57 @@ Tensor random_tokens(int64_t rows, int64_t cols, int64_t range, Generator& gen) 
   return t;
 }
 
+// bf16: fully_shard each block, then the root, with bf16 compute and f32 master weights and
+// gradients (see the header comment).
+fsdp::FSDPModule shard_bf16(const std::shared_ptr<apps::GPT>& model) {
+  fsdp::FullyShardOptions opts;
+  opts.reshard_after_forward = false;  // one rank: keep the bf16 copies for backward
+  opts.mp_policy = {.param_dtype = DType::bf16, .reduce_dtype = kFloat32};
+  for (auto& block : model->blocks) fsdp::fully_shard(block, opts);
+  opts.mp_policy.output_dtype = kFloat32;  // logits in f32 for the loss
+  return fsdp::fully_shard(model, opts);
+}
+
+// AdamW with weight decay on the parameters named in `decay_names` only.
+nn::AdamW make_adamw(const Options& o, apps::GPT& model, const std::vector<std::string>& decay_names) {
+  std::vector<Tensor> decay, no_decay;
+  for (auto& [name, p] : model.named_parameters())
+    (std::find(decay_names.begin(), decay_names.end(), name) != decay_names.end() ? decay : no_decay).push_back(p);
+  const nn::AdamWOptions opts{.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = o.weight_decay};
+  return nn::AdamW({nn::ParamGroup{decay, {}}, nn::ParamGroup{no_decay, {{"weight_decay", 0.0}}}}, opts);
+}
+
+// The model, the run and the FLOPs lines, then the head of the per-step table.
+void print_header(const Options& o, Device device, int64_t n_params, int64_t n_flop_params, double flops_per_token,
+                  int64_t token_range) {
+  const int64_t B = o.batch, T = o.model.ctx;
+  std::printf("# weft-bench-gpt2: GPT n_layer %lld, n_head %lld, d_model %lld, ctx %lld, vocab %lld (tied head): "
+              "%lld parameters\n", (long long)o.model.n_layer, (long long)o.model.n_head, (long long)o.model.d_model,
+              (long long)T, (long long)o.model.vocab_size, (long long)n_params);
+  std::printf("# %s; %s; batch %lld x %lld = %lld tokens/step; AdamW lr %g, clip %g; random tokens in [0, %lld)\n",
+              describe(device).c_str(),
+              o.precision == "bf16" ? "bf16 compute, f32 master weights (FSDP MixedPrecisionPolicy, one rank)" : "f32",
+              (long long)B, (long long)T, (long long)(B * T), o.lr, o.clip, (long long)token_range);
+  std::printf("# model FLOPs/token 6N + 12*L*H*hd*T = %.4g (N = %lld without wpe); MFU against %g TFLOP/s\n",
+              flops_per_token, (long long)n_flop_params, o.peak_tflops);
+  std::printf("| step | loss | ms | tokens/s | MFU %% | peak MiB |\n");
+  std::printf("|---:|---:|---:|---:|---:|---:|\n");
+  std::fflush(stdout);
+}
+
+// One line in a fixed key=value form: scripts/bench_gpt2.sh reads it (as it reads the
+// PyTorch script's).
+void print_summary(const Options& o, Device device, int64_t warmup, double flops_per_token,
+                   const std::vector<double>& ms_measured) {
+  const double ms = median(ms_measured), tok_s = double(o.batch * o.model.ctx) / (ms * 1e-3);
+  const MemoryStats mem = memory_stats(device);
+  std::printf("summary impl=weft precision=%s steps=%lld-%lld ms=%.2f tokens_per_s=%.0f mfu=%.4f peak_mib=%.1f "
+              "reserved_mib=%.1f\n", o.precision.c_str(), (long long)(warmup + 1), (long long)o.steps, ms, tok_s,
+              flops_per_token * tok_s / (o.peak_tflops * 1e12), double(mem.peak_bytes) / kMiB,
+              double(mem.reserved_bytes) / kMiB);
+  std::fflush(stdout);
+}
+
 int run(const Options& o) {
   const bool bf16 = o.precision == "bf16";
   // fully_shard needs dist; a world of one process (MPI singleton start) is all this uses.
@@ -130,35 +181,12 @@ int run(const Options& o) {
   for (auto& [name, p] : model->named_parameters())
     if (p.dim() >= 2) decay_names.push_back(name);
   std::optional<fsdp::FSDPModule> root;
-  if (bf16) {
-    fsdp::FullyShardOptions opts;
-    opts.reshard_after_forward = false;  // one rank: keep the bf16 copies for backward
-    opts.mp_policy = {.param_dtype = DType::bf16, .reduce_dtype = kFloat32};
-    for (auto& block : model->blocks) fsdp::fully_shard(block, opts);
-    opts.mp_policy.output_dtype = kFloat32;  // logits in f32 for the loss
-    root = fsdp::fully_shard(model, opts);
-  }
-  std::vector<Tensor> decay, no_decay;
-  for (auto& [name, p] : model->named_parameters())
-    (std::find(decay_names.begin(), decay_names.end(), name) != decay_names.end() ? decay : no_decay).push_back(p);
-  nn::AdamW opt({nn::ParamGroup{decay, {}}, nn::ParamGroup{no_decay, {{"weight_decay", 0.0}}}},
-                nn::AdamWOptions{.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = o.weight_decay});
+  if (bf16) root = shard_bf16(model);
+  nn::AdamW opt = make_adamw(o, *model, decay_names);
 
   const int64_t token_range = std::min(V, kGpt2Tokens);
   Generator gen(o.seed + 1);
-  std::printf("# weft-bench-gpt2: GPT n_layer %lld, n_head %lld, d_model %lld, ctx %lld, vocab %lld (tied head): "
-              "%lld parameters\n", (long long)o.model.n_layer, (long long)o.model.n_head, (long long)o.model.d_model,
-              (long long)T, (long long)V, (long long)n_params);
-  std::printf("# %s; %s; batch %lld x %lld = %lld tokens/step; AdamW lr %g, clip %g; random tokens in [0, %lld)\n",
-              describe(device).c_str(),
-              bf16 ? "bf16 compute, f32 master weights (FSDP MixedPrecisionPolicy, one rank)" : "f32",
-              (long long)B, (long long)T, (long long)(B * T), o.lr, o.clip, (long long)token_range);
-  std::printf("# model FLOPs/token 6N + 12*L*H*hd*T = %.4g (N = %lld without wpe); MFU against %g TFLOP/s\n",
-              flops_per_token, (long long)n_flop_params, o.peak_tflops);
-  std::printf("| step | loss | ms | tokens/s | MFU %% | peak MiB |\n");
-  std::printf("|---:|---:|---:|---:|---:|---:|\n");
-  std::fflush(stdout);
-
+  print_header(o, device, n_params, n_flop_params, flops_per_token, token_range);
   std::vector<double> ms_measured;
   for (int64_t step = 1; step <= o.steps; ++step) {
     Tensor tokens = random_tokens(B, T + 1, token_range, gen);
@@ -184,16 +212,7 @@ int run(const Options& o) {
     std::fflush(stdout);
     WEFT_CHECK(std::isfinite(loss_v), "weft-bench-gpt2: loss is {} at step {}", loss_v, step);
   }
-
-  const double ms = median(ms_measured), tok_s = double(B * T) / (ms * 1e-3);
-  const MemoryStats mem = memory_stats(device);
-  // One line in a fixed key=value form: scripts/bench_gpt2.sh reads it (as it reads the
-  // PyTorch script's).
-  std::printf("summary impl=weft precision=%s steps=%lld-%lld ms=%.2f tokens_per_s=%.0f mfu=%.4f peak_mib=%.1f "
-              "reserved_mib=%.1f\n", o.precision.c_str(), (long long)(warmup + 1), (long long)o.steps, ms, tok_s,
-              flops_per_token * tok_s / (o.peak_tflops * 1e12), double(mem.peak_bytes) / kMiB,
-              double(mem.reserved_bytes) / kMiB);
-  std::fflush(stdout);
+  print_summary(o, device, warmup, flops_per_token, ms_measured);
   root.reset();
   opt.zero_grad();
   if (dist::is_initialized()) dist::finalize();

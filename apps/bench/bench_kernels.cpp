@@ -210,13 +210,154 @@ int print_table(const std::vector<Row>& rows, const std::vector<int>& counts, bo
   return 0;
 }
 
+// What the rows share: the thread counts, the rows so far and the FMA peaks the GEMM rows are read against.
+struct Bench {
+  bool quick = false;
+  int reps = 9;  // runs of a bandwidth row (3 with --quick)
+  std::vector<int> counts;
+  Generator gen{0};
+  std::vector<Row> rows;
+  std::map<std::string, std::vector<double>> peaks;  // by kernel name; rows point into it
+  kernels::cpu::SgemmKernel default_kernel;
+  std::vector<kernels::cpu::SgemmKernel> gemm_kernels;
+  std::vector<kernels::cpu::BgemmKernel> bf16_kernels;
+
+  // Adds `row` with the rate `at_threads` gives at each thread count.
+  void measure(Row row, const std::function<double(int)>& at_threads) {
+    for (int t : counts) {
+      set_num_threads(t);
+      row.values.push_back(at_threads(t));
+      row.best.push_back(row.values.back() * median_over_best);
+    }
+    rows.push_back(row);
+    std::fprintf(stderr, "  measured %s %s\n", row.name.c_str(), row.size.c_str());
+  }
+  // Adds a row of the FMA peak of `isa` (fma_width's names).
+  void measure_peak(const std::string& name, const std::string& isa) {
+    measure({name, "-", "GFLOP/s", {}}, [&](int t) { return fma_gflops(isa, t, quick ? 20'000'000 : 50'000'000); });
+  }
+};
+
+// 1, 2, 4, ... up to max_threads, and max_threads itself.
+std::vector<int> thread_counts(int max_threads) {
+  std::vector<int> counts;
+  for (int t = 1; t <= max_threads; t *= 2) counts.push_back(t);
+  if (counts.back() != max_threads) counts.push_back(max_threads);
+  return counts;
+}
+
+// The FMA peak of each vector width the CPU has; a GEMM kernel is given as a share of the
+// peak of its own instruction set (Eigen's: of the widest). Then the bf16 peaks where the bf16
+// GEMM kernel runs (the CPU has AVX512_BF16, WEFT_CPU_GEMM allows it), choosing the bf16 rows.
+void measure_peaks(Bench& b, const std::string& kernel_filter) {
+  for (std::string isa : {"avx512", "avx2"}) {
+    if (fma_width(isa) == 0) continue;
+    b.measure_peak(fmt::format("peak fp32 FMA ({})", isa), isa);
+    b.peaks[isa] = b.rows.back().values;
+    if (!b.peaks.count("eigen")) b.peaks["eigen"] = b.peaks[isa];
+  }
+  for (auto k : {kernels::cpu::BgemmKernel::amx, kernels::cpu::BgemmKernel::avx512bf16}) {
+    const std::string name = kernels::cpu::bgemm_kernel_name(k);
+    if (!kernels::cpu::bgemm_kernel_supported(k) || !(kernel_filter.empty() || kernel_filter == name)) continue;
+    b.bf16_kernels.push_back(k);
+    b.measure_peak(fmt::format("peak bf16 {} ({})", k == kernels::cpu::BgemmKernel::amx ? "tile" : "dot", name), name);
+    b.peaks[name] = b.rows.back().values;
+  }
+}
+
+// Each f32 GEMM kernel the CPU runs that --kernel selects (none when it names a bf16 one).
+std::vector<kernels::cpu::SgemmKernel> f32_gemm_kernels(const std::string& kernel_filter) {
+  std::vector<kernels::cpu::SgemmKernel> gemm_kernels;
+  for (auto k : {kernels::cpu::SgemmKernel::avx512, kernels::cpu::SgemmKernel::avx2, kernels::cpu::SgemmKernel::eigen})
+    if (kernels::cpu::sgemm_kernel_supported(k) && (kernel_filter.empty() || kernel_filter == sgemm_kernel_name(k)))
+      gemm_kernels.push_back(k);
+  if (kernel_filter == "avx512bf16" || kernel_filter == "amx") gemm_kernels.clear();
+  return gemm_kernels;
+}
+
+// C[m, n] = A[m, k] B[k, n]; a_t / b_t: the operand is a transposed view (as the backward
+// pass's X^T and Linear's weight are), through each f32 GEMM kernel and each bf16 one: one row each.
+void gemm_row(Bench& b, const std::string& name, int64_t m, int64_t k, int64_t n, bool a_t, bool b_t, int64_t batch,
+              int r) {
+  Shape lead = batch > 1 ? Shape{batch} : Shape{};
+  auto mat = [&](int64_t rows, int64_t cols, bool t, DType dt) {
+    Shape s = lead;
+    s.insert(s.end(), {t ? cols : rows, t ? rows : cols});
+    Tensor x = randn(s, {}, &b.gen).to(dt);
+    return t ? x.transpose(-1, -2) : x;
+  };
+  double flops = 2.0 * double(m) * double(n) * double(k) * double(batch);
+  std::string size = (batch > 1 ? fmt::format("{}x[{}x{}x{}]", batch, m, k, n) : fmt::format("{}x{}x{}", m, k, n)) +
+                     (a_t ? " A^T" : "") + (b_t ? " B^T" : "");
+  auto time = [&](const std::string& kname, DType dt) {
+    Tensor x = mat(m, k, a_t, dt), y = mat(k, n, b_t, dt), out = empty({m, n}, {.dtype = dt});
+    b.measure({fmt::format("{} ({})", name, kname), size, "GFLOP/s", {}, &b.peaks[kname]}, [&](int) {
+      double s = median_seconds(2, r, [&] {
+        if (batch > 1) kernels::matmul(x, y);
+        else kernels::gemm(x, false, y, false, out);
+      });
+      return flops / s / 1e9;
+    });
+  };
+  for (auto kernel : b.gemm_kernels) {
+    kernels::cpu::set_sgemm_kernel(kernel);
+    time(kernels::cpu::sgemm_kernel_name(kernel), kFloat32);
+  }
+  kernels::cpu::set_sgemm_kernel(b.default_kernel);
+  const auto bf16_default =
+      b.bf16_kernels.empty() ? kernels::cpu::BgemmKernel::avx512bf16 : kernels::cpu::bgemm_kernel();
+  for (auto kernel : b.bf16_kernels) {  // bf16 in and out, f32 sums
+    kernels::cpu::set_bgemm_kernel(kernel);
+    time(kernels::cpu::bgemm_kernel_name(kernel), kBFloat16);
+  }
+  if (!b.bf16_kernels.empty()) kernels::cpu::set_bgemm_kernel(bf16_default);
+}
+
+void measure_gemms(Bench& b) {
+  int gr = b.quick ? 5 : 15;  // repetitions of a GEMM
+  gemm_row(b, "gemm", 1024, 1024, 1024, false, false, 1, gr);
+  if (!b.quick) gemm_row(b, "gemm", 2048, 2048, 2048, false, false, 1, 5);
+  // GPT large (d_model C = 512, 8 x 256 tokens), medium (C = 384) and small (C = 128, 16 x 128):
+  // a Linear's forward X W^T, and its backward dY W (dX) and dY^T X (dW), for qkv (C -> 3C) and
+  // the MLP.
+  for (auto [tag, C, BT] : {std::tuple{"GPT large", 512, 2048}, std::tuple{"GPT medium", 384, 2048},
+                            std::tuple{"GPT small", 128, 2048}}) {
+    gemm_row(b, fmt::format("{} qkv fwd", tag), BT, C, 3 * C, false, true, 1, gr);
+    gemm_row(b, fmt::format("{} mlp fc fwd", tag), BT, C, 4 * C, false, true, 1, gr);
+    gemm_row(b, fmt::format("{} mlp proj fwd", tag), BT, 4 * C, C, false, true, 1, gr);
+    gemm_row(b, fmt::format("{} mlp proj dX", tag), BT, C, 4 * C, false, false, 1, gr);
+    gemm_row(b, fmt::format("{} mlp fc dW", tag), 4 * C, BT, C, true, false, 1, gr);
+  }
+  gemm_row(b, "batched attention scores", 128, 64, 128, false, true, 48, b.quick ? 20 : 50);
+}
+
+// Bandwidth rows: bytes read + written per call.
+void measure_bandwidth(Bench& b) {
+  int64_t n = 4096 * 4096;
+  Tensor x = randn({n}, {}, &b.gen), y = randn({n}, {}, &b.gen);
+  b.measure({"add_ (a += b)", "16M f32", "GB/s", {}}, [&](int) {
+    double s = median_seconds(2, b.reps, [&] { kernels::add_(x, y); });
+    return 3.0 * double(n) * 4 / s / 1e9;
+  });
+  Tensor rows = randn({4096, 4096}, {}, &b.gen);
+  b.measure({"softmax over rows", "4096x4096 f32", "GB/s", {}}, [&](int) {
+    double s = median_seconds(2, b.reps, [&] { kernels::softmax(rows, -1); });
+    return 2.0 * double(n) * 4 / s / 1e9;
+  });
+  Tensor probs = randn({64 * 4 * 128, 128}, {}, &b.gen);  // attention probabilities: B*H*T rows of T
+  b.measure({"softmax over rows", "32768x128 f32", "GB/s", {}}, [&](int) {
+    double s = median_seconds(2, b.reps * 3, [&] { kernels::softmax(probs, -1); });
+    return 2.0 * double(probs.numel()) * 4 / s / 1e9;
+  });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"weft-bench: CPU kernel throughput (GEMM, element-wise, softmax) vs the measured peak"};
-  bool quick = false;
+  Bench b;
   int max_threads = get_num_threads();
-  app.add_flag("--quick", quick, "fewer repetitions and no 2048^3 GEMM");
+  app.add_flag("--quick", b.quick, "fewer repetitions and no 2048^3 GEMM");
   bool gemm_only = false;
   std::string kernel_filter;
   app.add_option("--threads", max_threads, "largest thread count to measure (1..N)")
@@ -225,9 +366,8 @@ int main(int argc, char** argv) {
   app.add_option("--kernel", kernel_filter, "only this GEMM kernel (avx512bf16, amx: the bf16 ones)")
       ->check(CLI::IsMember({"avx512", "avx2", "eigen", "avx512bf16", "amx"}));
   CLI11_PARSE(app, argc, argv);
-  kernels::cpu::SgemmKernel default_kernel;
   try {
-    default_kernel = kernels::cpu::sgemm_kernel();  // WEFT_CPU_GEMM's, or the CPU's widest
+    b.default_kernel = kernels::cpu::sgemm_kernel();  // WEFT_CPU_GEMM's, or the CPU's widest
   } catch (const Error& e) {
     std::fprintf(stderr, "weft-bench: %s\n", e.what());
     return 1;
@@ -238,123 +378,14 @@ int main(int argc, char** argv) {
   mallopt(M_MMAP_MAX, 0);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
 
-  std::vector<int> counts;
-  for (int t = 1; t <= max_threads; t *= 2) counts.push_back(t);
-  if (counts.back() != max_threads) counts.push_back(max_threads);
-  int reps = quick ? 3 : 9;
-  Generator gen(0);
-  std::vector<Row> rows;
-  auto measure = [&](Row row, const std::function<double(int)>& at_threads) {
-    for (int t : counts) {
-      set_num_threads(t);
-      row.values.push_back(at_threads(t));
-      row.best.push_back(row.values.back() * median_over_best);
-    }
-    rows.push_back(row);
-    std::fprintf(stderr, "  measured %s %s\n", row.name.c_str(), row.size.c_str());
-  };
-
-  // The FMA peak of each vector width the CPU has; a GEMM kernel is given as a share of the
-  // peak of its own instruction set (Eigen's: of the widest).
-  std::map<std::string, std::vector<double>> peaks;
-  for (std::string isa : {"avx512", "avx2"}) {
-    if (fma_width(isa) == 0) continue;
-    measure({fmt::format("peak fp32 FMA ({})", isa), "-", "GFLOP/s", {}},
-            [&](int t) { return fma_gflops(isa, t, quick ? 20'000'000 : 50'000'000); });
-    peaks[isa] = rows.back().values;
-    if (!peaks.count("eigen")) peaks["eigen"] = peaks[isa];
-  }
-  // bf16 GEMM rows where the kernel runs (the CPU has AVX512_BF16, WEFT_CPU_GEMM allows it).
-  std::vector<kernels::cpu::BgemmKernel> bf16_kernels;
-  for (auto k : {kernels::cpu::BgemmKernel::amx, kernels::cpu::BgemmKernel::avx512bf16}) {
-    const std::string name = kernels::cpu::bgemm_kernel_name(k);
-    if (!kernels::cpu::bgemm_kernel_supported(k) || !(kernel_filter.empty() || kernel_filter == name)) continue;
-    bf16_kernels.push_back(k);
-    measure({fmt::format("peak bf16 {} ({})", k == kernels::cpu::BgemmKernel::amx ? "tile" : "dot", name), "-", "GFLOP/s", {}},
-            [&](int t) { return fma_gflops(name, t, quick ? 20'000'000 : 50'000'000); });
-    peaks[name] = rows.back().values;
-  }
-
-  // C[m, n] = A[m, k] B[k, n]; a_t / b_t: the operand is a transposed view (as the backward
-  // pass's X^T and Linear's weight are), through each f32 GEMM kernel the CPU runs.
-  std::vector<kernels::cpu::SgemmKernel> gemm_kernels;
-  for (auto k : {kernels::cpu::SgemmKernel::avx512, kernels::cpu::SgemmKernel::avx2, kernels::cpu::SgemmKernel::eigen})
-    if (kernels::cpu::sgemm_kernel_supported(k) && (kernel_filter.empty() || kernel_filter == sgemm_kernel_name(k)))
-      gemm_kernels.push_back(k);
-  if (kernel_filter == "avx512bf16" || kernel_filter == "amx") gemm_kernels.clear();
-  auto gemm_row = [&](const std::string& name, int64_t m, int64_t k, int64_t n, bool a_t, bool b_t, int64_t batch,
-                      int r) {
-    Shape lead = batch > 1 ? Shape{batch} : Shape{};
-    auto mat = [&](int64_t rows, int64_t cols, bool t, DType dt) {
-      Shape s = lead;
-      s.insert(s.end(), {t ? cols : rows, t ? rows : cols});
-      Tensor x = randn(s, {}, &gen).to(dt);
-      return t ? x.transpose(-1, -2) : x;
-    };
-    double flops = 2.0 * double(m) * double(n) * double(k) * double(batch);
-    std::string size = (batch > 1 ? fmt::format("{}x[{}x{}x{}]", batch, m, k, n) : fmt::format("{}x{}x{}", m, k, n)) +
-                       (a_t ? " A^T" : "") + (b_t ? " B^T" : "");
-    auto time = [&](const std::string& kname, DType dt) {
-      Tensor x = mat(m, k, a_t, dt), y = mat(k, n, b_t, dt), out = empty({m, n}, {.dtype = dt});
-      measure({fmt::format("{} ({})", name, kname), size, "GFLOP/s", {}, &peaks[kname]}, [&](int) {
-        double s = median_seconds(2, r, [&] {
-          if (batch > 1) kernels::matmul(x, y);
-          else kernels::gemm(x, false, y, false, out);
-        });
-        return flops / s / 1e9;
-      });
-    };
-    for (auto kernel : gemm_kernels) {
-      kernels::cpu::set_sgemm_kernel(kernel);
-      time(kernels::cpu::sgemm_kernel_name(kernel), kFloat32);
-    }
-    kernels::cpu::set_sgemm_kernel(default_kernel);
-    const auto bf16_default = bf16_kernels.empty() ? kernels::cpu::BgemmKernel::avx512bf16 : kernels::cpu::bgemm_kernel();
-    for (auto kernel : bf16_kernels) {  // bf16 in and out, f32 sums
-      kernels::cpu::set_bgemm_kernel(kernel);
-      time(kernels::cpu::bgemm_kernel_name(kernel), kBFloat16);
-    }
-    if (!bf16_kernels.empty()) kernels::cpu::set_bgemm_kernel(bf16_default);
-  };
-  int gr = quick ? 5 : 15;  // repetitions of a GEMM
-  gemm_row("gemm", 1024, 1024, 1024, false, false, 1, gr);
-  if (!quick) gemm_row("gemm", 2048, 2048, 2048, false, false, 1, 5);
-  // GPT large (d_model C = 512, 8 x 256 tokens), medium (C = 384) and small (C = 128, 16 x 128):
-  // a Linear's forward X W^T, and its backward dY W (dX) and dY^T X (dW), for qkv (C -> 3C) and
-  // the MLP.
-  for (auto [tag, C, BT] : {std::tuple{"GPT large", 512, 2048}, std::tuple{"GPT medium", 384, 2048},
-                            std::tuple{"GPT small", 128, 2048}}) {
-    gemm_row(fmt::format("{} qkv fwd", tag), BT, C, 3 * C, false, true, 1, gr);
-    gemm_row(fmt::format("{} mlp fc fwd", tag), BT, C, 4 * C, false, true, 1, gr);
-    gemm_row(fmt::format("{} mlp proj fwd", tag), BT, 4 * C, C, false, true, 1, gr);
-    gemm_row(fmt::format("{} mlp proj dX", tag), BT, C, 4 * C, false, false, 1, gr);
-    gemm_row(fmt::format("{} mlp fc dW", tag), 4 * C, BT, C, true, false, 1, gr);
-  }
-  gemm_row("batched attention scores", 128, 64, 128, false, true, 48, quick ? 20 : 50);
+  b.counts = thread_counts(max_threads);
+  b.reps = b.quick ? 3 : 9;
+  measure_peaks(b, kernel_filter);
+  b.gemm_kernels = f32_gemm_kernels(kernel_filter);
+  measure_gemms(b);
   // The clock moves with load and temperature: the peak again after the GEMMs shows by how much.
   const std::string widest = fma_width("avx512") ? "avx512" : "avx2";
-  if (fma_width(widest))
-    measure({fmt::format("peak fp32 FMA ({}), again", widest), "-", "GFLOP/s", {}},
-            [&](int t) { return fma_gflops(widest, t, quick ? 20'000'000 : 50'000'000); });
-  if (gemm_only) return print_table(rows, counts, quick, reps);
-
-  // Bandwidth rows: bytes read + written per call.
-  int64_t n = 4096 * 4096;
-  Tensor a = randn({n}, {}, &gen), b = randn({n}, {}, &gen);
-  measure({"add_ (a += b)", "16M f32", "GB/s", {}}, [&](int) {
-    double s = median_seconds(2, reps, [&] { kernels::add_(a, b); });
-    return 3.0 * double(n) * 4 / s / 1e9;
-  });
-  Tensor x = randn({4096, 4096}, {}, &gen);
-  measure({"softmax over rows", "4096x4096 f32", "GB/s", {}}, [&](int) {
-    double s = median_seconds(2, reps, [&] { kernels::softmax(x, -1); });
-    return 2.0 * double(n) * 4 / s / 1e9;
-  });
-  Tensor xs = randn({64 * 4 * 128, 128}, {}, &gen);  // attention probabilities: B*H*T rows of T
-  measure({"softmax over rows", "32768x128 f32", "GB/s", {}}, [&](int) {
-    double s = median_seconds(2, reps * 3, [&] { kernels::softmax(xs, -1); });
-    return 2.0 * double(xs.numel()) * 4 / s / 1e9;
-  });
-
-  return print_table(rows, counts, quick, reps);
+  if (fma_width(widest)) b.measure_peak(fmt::format("peak fp32 FMA ({}), again", widest), widest);
+  if (!gemm_only) measure_bandwidth(b);
+  return print_table(b.rows, b.counts, b.quick, b.reps);
 }

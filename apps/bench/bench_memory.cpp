@@ -113,14 +113,208 @@ std::vector<json> gather_to_lead(const json& mine) {
   return out;
 }
 
+// The timeline's phase marks, in s from the start of the recording.
+struct Events {
+  int64_t t0 = now_ns();
+  json marks = json::array();
+  void mark(int64_t step, const char* phase) {
+    marks.push_back({{"step", step}, {"phase", phase}, {"t_s", double(now_ns() - t0) * 1e-9}});
+  }
+};
+
+// The parameter bytes the bound is made of (see the header comment).
+struct Sizes {
+  int64_t P = 0, B = 0, E = 0;
+  int64_t Ps = 0;  // this rank's shards, padding included
+};
+
+// Init: the full model on every rank (same seed, same weights), then sharded block by block
+// and the root; or, with --deferred-init (as weft-transformer --fsdp does), the model built
+// on the meta device and only this rank's shards allocated and initialised by fully_shard.
+std::shared_ptr<apps::GPT> sharded_gpt(const Options& o, Sizes& s) {
+  manual_seed(o.seed);
+  std::shared_ptr<apps::GPT> model;
+  {
+    std::optional<DefaultDeviceGuard> meta;
+    if (o.deferred_init) meta.emplace(Device::meta());
+    model = std::make_shared<apps::GPT>(o.model);
+    apps::init_gpt(*model);
+  }
+  s.P = bytes_of(model->parameters());
+  s.B = bytes_of(model->blocks.front()->parameters());
+  s.E = s.P - s.B * o.model.n_layer;
+  for (auto& block : model->blocks) {
+    block->set_activation_checkpointing(o.activation_checkpointing);
+    fsdp::fully_shard(block);
+  }
+  fsdp::fully_shard(model);
+  s.Ps = bytes_of(model->parameters());
+  return model;
+}
+
 struct Phase {
   const char* name;
   int64_t peak = 0;  // bytes above the baseline
 };
 
+// Each phase's largest peak over the steps, the largest of them all, and every step's figures.
+struct Training {
+  std::vector<Phase> worst = {{"forward"}, {"backward"}, {"step"}};
+  json steps = json::array();
+  int64_t act_max = 0, peak = 0;
+  const char* peak_phase = "";
+};
+
+Training train(const Options& o, apps::GPT& model, nn::AdamW& opt, int64_t E, int64_t base, Events& events) {
+  Generator gen(o.seed + 1000003ull * uint64_t(dist::rank() + 1));  // each rank its own rows
+  Training tr;
+  for (int64_t step = 0; step < o.steps; ++step) {
+    events.mark(step, "forward");
+    opt.zero_grad();
+    Tensor x = (rand({o.batch, o.model.ctx}, {}, &gen) * double(o.model.vocab_size)).to(kInt64);
+    Tensor y = (rand({o.batch, o.model.ctx}, {}, &gen) * double(o.model.vocab_size)).to(kInt64);
+    reset_peak_memory_stats();
+    const int64_t before = live();
+    Tensor loss = cross_entropy(model(x).view({-1, o.model.vocab_size}), y.view({-1}));
+    const int64_t act = live() - before - E;  // the root's E stays gathered into backward
+    const int64_t fwd = peak() - base;
+    events.mark(step, "backward");
+    reset_peak_memory_stats();
+    loss.backward();
+    loss = Tensor();
+    const int64_t bwd = peak() - base;
+    events.mark(step, "step");
+    reset_peak_memory_stats();
+    opt.step();
+    const int64_t stp = peak() - base;
+    const int64_t after = live() - base;
+    x = y = Tensor();
+    tr.act_max = std::max(tr.act_max, act);
+    int64_t phase_peaks[3] = {fwd, bwd, stp};
+    for (int i = 0; i < 3; ++i) {
+      tr.worst[size_t(i)].peak = std::max(tr.worst[size_t(i)].peak, phase_peaks[i]);
+      if (phase_peaks[i] > tr.peak) tr.peak = phase_peaks[i], tr.peak_phase = tr.worst[size_t(i)].name;
+    }
+    tr.steps.push_back({{"step", step}, {"activations", act}, {"forward_peak", fwd}, {"backward_peak", bwd},
+                        {"step_peak", stp}, {"after_step", after}});
+  }
+  return tr;
+}
+
+// This rank's figures, its bounds and its timeline reduced to --series-points bins.
+json rank_record(const Options& o, const Sizes& s, const Training& tr, int64_t init_peak, int64_t base,
+                 const Events& events, int64_t t_end, const MemoryTimeline& tl) {
+  int64_t timeline_max = 0;
+  for (auto& sample : tl.samples) timeline_max = std::max(timeline_max, sample.live_bytes - base);
+  // FSDP2's bounds (see the header comment); Adam's 2Ps from the second step on.
+  const int64_t params_bound = 4 * s.B + s.E + 4 * s.Ps;
+  const int64_t bound = params_bound + tr.act_max + tr.act_max / o.model.n_layer;
+  const int64_t init_bound = s.Ps + s.B + (1 << 20);  // the init bound Ps + B, 1 MiB of slack
+  return {{"rank", dist::rank()},
+          {"deferred_init", o.deferred_init},
+          {"init_bound", init_bound},
+          {"Ps", s.Ps},
+          {"init_peak", init_peak},
+          {"train_peak", tr.peak},
+          {"train_peak_phase", tr.peak_phase},
+          {"forward_peak", tr.worst[0].peak},
+          {"backward_peak", tr.worst[1].peak},
+          {"step_peak", tr.worst[2].peak},
+          {"activations", tr.act_max},
+          {"params_bound", params_bound},
+          {"bound", bound},
+          {"timeline_max", timeline_max},
+          {"timeline_samples", tl.samples.size()},
+          {"timeline_dropped", tl.dropped},
+          {"steps", tr.steps},
+          {"events", events.marks},
+          {"series", reduce_timeline(tl, events.t0, t_end, o.series_points)}};
+}
+
+double mib(const json& v) { return v.get<double>() / kMiB; }
+
+// The rank with the largest training peak (the first of equals).
+json worst_rank(const json& ranks) {
+  json w = ranks.front();
+  for (auto& r : ranks)
+    if (r["train_peak"].get<int64_t>() > w["train_peak"].get<int64_t>()) w = r;
+  return w;
+}
+
+void print_header(const Options& o, const Sizes& s) {
+  std::printf("# weft-bench-memory: GPT n_layer %lld, d_model %lld, n_head %lld, ctx %lld, vocab %lld; fp32, "
+              "AdamW, fully_shard per block + root%s; %lld steps, batch %lld x %lld tokens per rank; %d rank(s)\n",
+              (long long)o.model.n_layer, (long long)o.model.d_model, (long long)o.model.n_head,
+              (long long)o.model.ctx, (long long)o.model.vocab_size,
+              (std::string(o.activation_checkpointing ? ", activation checkpointing per block" : "") +
+               (o.deferred_init ? ", deferred init" : "")).c_str(), (long long)o.steps, (long long)o.batch,
+              (long long)o.model.ctx, dist::world_size());
+  std::printf("# P %.2f MiB (%lld parameters), B %.2f MiB per block, E %.2f MiB outside the blocks (MiB = 2^20 "
+              "bytes)\n", s.P / kMiB, (long long)(s.P / 4), s.B / kMiB, s.E / kMiB);
+  std::printf("| rank | Ps | init peak | forward peak | backward peak | step peak | activations A | 4B+E+4Ps "
+              "| bound 4B+E+4Ps+A+A/L | train peak / bound | timeline max |\n");
+  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+}
+
+// Prints rank r's row and its checks; returns how many of them failed.
+int print_rank(const Options& o, const json& r) {
+  int failed = 0;
+  std::printf("| %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.3f | %.2f |\n",
+              r["rank"].get<int>(), mib(r["Ps"]), mib(r["init_peak"]), mib(r["forward_peak"]),
+              mib(r["backward_peak"]), mib(r["step_peak"]), mib(r["activations"]), mib(r["params_bound"]),
+              mib(r["bound"]), r["train_peak"].get<double>() / r["bound"].get<double>(), mib(r["timeline_max"]));
+  // The timeline holds every change, so its largest sample is the allocator's own peak.
+  int64_t over_all = std::max({r["init_peak"].get<int64_t>(), r["train_peak"].get<int64_t>()});
+  if (r["timeline_dropped"].get<int64_t>() == 0 && r["timeline_max"].get<int64_t>() != over_all) {
+    std::printf("CHECK FAILED: rank %d: timeline max %lld bytes != allocator peak %lld bytes\n",
+                r["rank"].get<int>(), (long long)r["timeline_max"].get<int64_t>(), (long long)over_all);
+    ++failed;
+  }
+  if (r.value("deferred_init", false) && r["init_peak"].get<int64_t>() > r.value("init_bound", int64_t(0))) {
+    std::printf("%s: rank %d: deferred init peak %.2f MiB exceeds the bound Ps+B (+1 MiB) = %.2f MiB\n",
+                o.check ? "CHECK FAILED" : "note", r["rank"].get<int>(), mib(r["init_peak"]), mib(r["init_bound"]));
+    if (o.check) ++failed;
+  }
+  if (r["train_peak"].get<int64_t>() > r["bound"].get<int64_t>()) {
+    std::printf("%s: rank %d: training peak %.2f MiB exceeds the bound 4B+E+4Ps+A+A/L = %.2f MiB\n",
+                o.check ? "CHECK FAILED" : "note", r["rank"].get<int>(), mib(r["train_peak"]), mib(r["bound"]));
+    if (o.check) ++failed;
+  }
+  return failed;
+}
+
+// Rank 0: the table of every rank, its checks and the --json file; returns how many checks failed.
+int report(const Options& o, const Sizes& s, const std::vector<json>& ranks) {
+  json summary = {{"world", dist::world_size()},
+                  {"n_layer", o.model.n_layer},
+                  {"d_model", o.model.d_model},
+                  {"n_head", o.model.n_head},
+                  {"ctx", o.model.ctx},
+                  {"vocab", o.model.vocab_size},
+                  {"batch_per_rank", o.batch},
+                  {"steps", o.steps},
+                  {"P", s.P},
+                  {"B", s.B},
+                  {"E", s.E},
+                  {"ranks", ranks}};
+  print_header(o, s);
+  int failed = 0;
+  for (auto& r : ranks) failed += print_rank(o, r);
+  const json w = worst_rank(summary["ranks"]);
+  std::printf("peak per rank (max over ranks): %.2f MiB in %s on rank %d; bound 4B+E+4Ps %.2f + A(1+1/L) %.2f = "
+              "%.2f MiB\n", mib(w["train_peak"]), w["train_peak_phase"].get<std::string>().c_str(),
+              w["rank"].get<int>(), mib(w["params_bound"]), mib(w["bound"]) - mib(w["params_bound"]), mib(w["bound"]));
+  std::fflush(stdout);
+  if (!o.json_path.empty()) {
+    std::ofstream f(o.json_path);
+    f << summary.dump() << "\n";
+    WEFT_CHECK(f.good(), "weft-bench-memory: could not write {}", o.json_path);
+  }
+  return failed;
+}
+
 int run(const Options& o) {
   dist::init();
-  const int n = dist::world_size(), me = dist::rank();
   if (o.threads > 0) set_num_threads(o.threads);
   apps::check_config(o.model);
   WEFT_CHECK(o.batch > 0 && o.steps >= 2, "weft-bench-memory: --batch-size must be positive and --steps at least 2 "
@@ -131,167 +325,19 @@ int run(const Options& o) {
   const int64_t base = live();
   reset_peak_memory_stats();
   start_memory_recording();
-  const int64_t t0 = now_ns();
-  json events = json::array();
-  auto mark = [&](int64_t step, const char* phase) {
-    events.push_back({{"step", step}, {"phase", phase}, {"t_s", double(now_ns() - t0) * 1e-9}});
-  };
-
-  // Init: the full model on every rank (same seed, same weights), then sharded block by block
-  // and the root; or, with --deferred-init (as weft-transformer --fsdp does), the model built
-  // on the meta device and only this rank's shards allocated and initialised by fully_shard.
-  mark(-1, "init");
-  manual_seed(o.seed);
-  std::shared_ptr<apps::GPT> model;
-  {
-    std::optional<DefaultDeviceGuard> meta;
-    if (o.deferred_init) meta.emplace(Device::meta());
-    model = std::make_shared<apps::GPT>(o.model);
-    apps::init_gpt(*model);
-  }
-  const int64_t P = bytes_of(model->parameters());
-  const int64_t B = bytes_of(model->blocks.front()->parameters());
-  const int64_t E = P - B * o.model.n_layer;
-  for (auto& block : model->blocks) {
-    block->set_activation_checkpointing(o.activation_checkpointing);
-    fsdp::fully_shard(block);
-  }
-  fsdp::fully_shard(model);
-  const int64_t Ps = bytes_of(model->parameters());  // this rank's shards, padding included
+  Events events;
+  events.mark(-1, "init");
+  Sizes sizes;
+  std::shared_ptr<apps::GPT> model = sharded_gpt(o, sizes);
   nn::AdamW opt(model->parameters(), nn::AdamWOptions{.lr = 3e-4, .weight_decay = 0.1});
   const int64_t init_peak = peak() - base;
-
-  Generator gen(o.seed + 1000003ull * uint64_t(me + 1));  // each rank its own rows
-  std::vector<Phase> worst = {{"forward"}, {"backward"}, {"step"}};
-  json steps = json::array();
-  int64_t act_max = 0, train_peak = 0;
-  const char* train_peak_phase = "";
-  for (int64_t step = 0; step < o.steps; ++step) {
-    mark(step, "forward");
-    opt.zero_grad();
-    Tensor x = (rand({o.batch, o.model.ctx}, {}, &gen) * double(o.model.vocab_size)).to(kInt64);
-    Tensor y = (rand({o.batch, o.model.ctx}, {}, &gen) * double(o.model.vocab_size)).to(kInt64);
-    reset_peak_memory_stats();
-    const int64_t before = live();
-    Tensor loss = cross_entropy((*model)(x).view({-1, o.model.vocab_size}), y.view({-1}));
-    const int64_t act = live() - before - E;  // the root's E stays gathered into backward
-    const int64_t fwd = peak() - base;
-    mark(step, "backward");
-    reset_peak_memory_stats();
-    loss.backward();
-    loss = Tensor();
-    const int64_t bwd = peak() - base;
-    mark(step, "step");
-    reset_peak_memory_stats();
-    opt.step();
-    const int64_t stp = peak() - base;
-    const int64_t after = live() - base;
-    x = y = Tensor();
-    act_max = std::max(act_max, act);
-    int64_t phase_peaks[3] = {fwd, bwd, stp};
-    for (int i = 0; i < 3; ++i) {
-      worst[size_t(i)].peak = std::max(worst[size_t(i)].peak, phase_peaks[i]);
-      if (phase_peaks[i] > train_peak) train_peak = phase_peaks[i], train_peak_phase = worst[size_t(i)].name;
-    }
-    steps.push_back({{"step", step}, {"activations", act}, {"forward_peak", fwd}, {"backward_peak", bwd},
-                     {"step_peak", stp}, {"after_step", after}});
-  }
-  mark(o.steps, "end");
+  const Training tr = train(o, *model, opt, sizes.E, base, events);
+  events.mark(o.steps, "end");
   const int64_t t_end = now_ns();
-  MemoryTimeline tl = stop_memory_recording();
-  int64_t timeline_max = 0;
-  for (auto& s : tl.samples) timeline_max = std::max(timeline_max, s.live_bytes - base);
-
-  // FSDP2's bounds (see the header comment); Adam's 2Ps from the second step on.
-  const int64_t params_bound = 4 * B + E + 4 * Ps;
-  const int64_t bound = params_bound + act_max + act_max / o.model.n_layer;
-  const int64_t init_bound = Ps + B + (1 << 20);  // the init bound Ps + B, 1 MiB of slack
-  json mine = {{"rank", me},
-               {"deferred_init", o.deferred_init},
-               {"init_bound", init_bound},
-               {"Ps", Ps},
-               {"init_peak", init_peak},
-               {"train_peak", train_peak},
-               {"train_peak_phase", train_peak_phase},
-               {"forward_peak", worst[0].peak},
-               {"backward_peak", worst[1].peak},
-               {"step_peak", worst[2].peak},
-               {"activations", act_max},
-               {"params_bound", params_bound},
-               {"bound", bound},
-               {"timeline_max", timeline_max},
-               {"timeline_samples", tl.samples.size()},
-               {"timeline_dropped", tl.dropped},
-               {"steps", steps},
-               {"events", events},
-               {"series", reduce_timeline(tl, t0, t_end, o.series_points)}};
-  tl = MemoryTimeline{};
+  // The timeline is freed as soon as it is reduced, before the gather.
+  const json mine = rank_record(o, sizes, tr, init_peak, base, events, t_end, stop_memory_recording());
   std::vector<json> ranks = gather_to_lead(mine);
-  int failed = 0;
-  if (me == 0) {
-    json worst_rank = ranks.front();
-    for (auto& r : ranks)
-      if (r["train_peak"].get<int64_t>() > worst_rank["train_peak"].get<int64_t>()) worst_rank = r;
-    json summary = {{"world", n},
-                    {"n_layer", o.model.n_layer},
-                    {"d_model", o.model.d_model},
-                    {"n_head", o.model.n_head},
-                    {"ctx", o.model.ctx},
-                    {"vocab", o.model.vocab_size},
-                    {"batch_per_rank", o.batch},
-                    {"steps", o.steps},
-                    {"P", P},
-                    {"B", B},
-                    {"E", E},
-                    {"ranks", ranks}};
-    auto mib = [](const json& v) { return v.get<double>() / kMiB; };
-    std::printf("# weft-bench-memory: GPT n_layer %lld, d_model %lld, n_head %lld, ctx %lld, vocab %lld; fp32, "
-                "AdamW, fully_shard per block + root%s; %lld steps, batch %lld x %lld tokens per rank; %d rank(s)\n",
-                (long long)o.model.n_layer, (long long)o.model.d_model, (long long)o.model.n_head,
-                (long long)o.model.ctx, (long long)o.model.vocab_size,
-                (std::string(o.activation_checkpointing ? ", activation checkpointing per block" : "") +
-                 (o.deferred_init ? ", deferred init" : "")).c_str(), (long long)o.steps, (long long)o.batch,
-                (long long)o.model.ctx, n);
-    std::printf("# P %.2f MiB (%lld parameters), B %.2f MiB per block, E %.2f MiB outside the blocks (MiB = 2^20 "
-                "bytes)\n", P / kMiB, (long long)(P / 4), B / kMiB, E / kMiB);
-    std::printf("| rank | Ps | init peak | forward peak | backward peak | step peak | activations A | 4B+E+4Ps "
-                "| bound 4B+E+4Ps+A+A/L | train peak / bound | timeline max |\n");
-    std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-    for (auto& r : ranks) {
-      std::printf("| %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.3f | %.2f |\n",
-                  r["rank"].get<int>(), mib(r["Ps"]), mib(r["init_peak"]), mib(r["forward_peak"]),
-                  mib(r["backward_peak"]), mib(r["step_peak"]), mib(r["activations"]), mib(r["params_bound"]),
-                  mib(r["bound"]), r["train_peak"].get<double>() / r["bound"].get<double>(), mib(r["timeline_max"]));
-      // The timeline holds every change, so its largest sample is the allocator's own peak.
-      int64_t over_all = std::max({r["init_peak"].get<int64_t>(), r["train_peak"].get<int64_t>()});
-      if (r["timeline_dropped"].get<int64_t>() == 0 && r["timeline_max"].get<int64_t>() != over_all) {
-        std::printf("CHECK FAILED: rank %d: timeline max %lld bytes != allocator peak %lld bytes\n",
-                    r["rank"].get<int>(), (long long)r["timeline_max"].get<int64_t>(), (long long)over_all);
-        ++failed;
-      }
-      if (r.value("deferred_init", false) && r["init_peak"].get<int64_t>() > r.value("init_bound", int64_t(0))) {
-        std::printf("%s: rank %d: deferred init peak %.2f MiB exceeds the bound Ps+B (+1 MiB) = %.2f MiB\n",
-                    o.check ? "CHECK FAILED" : "note", r["rank"].get<int>(), mib(r["init_peak"]),
-                    mib(r["init_bound"]));
-        if (o.check) ++failed;
-      }
-      if (r["train_peak"].get<int64_t>() > r["bound"].get<int64_t>()) {
-        std::printf("%s: rank %d: training peak %.2f MiB exceeds the bound 4B+E+4Ps+A+A/L = %.2f MiB\n",
-                    o.check ? "CHECK FAILED" : "note", r["rank"].get<int>(), mib(r["train_peak"]), mib(r["bound"]));
-        if (o.check) ++failed;
-      }
-    }
-    std::printf("peak per rank (max over ranks): %.2f MiB in %s on rank %d; bound 4B+E+4Ps %.2f + A(1+1/L) %.2f = "
-                "%.2f MiB\n", mib(worst_rank["train_peak"]), worst_rank["train_peak_phase"].get<std::string>().c_str(),
-                worst_rank["rank"].get<int>(), mib(worst_rank["params_bound"]),
-                mib(worst_rank["bound"]) - mib(worst_rank["params_bound"]), mib(worst_rank["bound"]));
-    std::fflush(stdout);
-    if (!o.json_path.empty()) {
-      std::ofstream f(o.json_path);
-      f << summary.dump() << "\n";
-      WEFT_CHECK(f.good(), "weft-bench-memory: could not write {}", o.json_path);
-    }
-  }
+  int failed = dist::rank() == 0 ? report(o, sizes, ranks) : 0;
   MPI_Bcast(&failed, 1, MPI_INT, 0, MPI_COMM_WORLD);
   dist::finalize();
   return failed ? 1 : 0;
@@ -314,24 +360,18 @@ int summarize(const std::vector<std::string>& paths) {
     runs.push_back(std::move(j));
   }
   std::sort(runs.begin(), runs.end(), [](const json& a, const json& b) { return a["world"] < b["world"]; });
-  auto peak_of = [](const json& run) {
-    json w = run["ranks"][0];
-    for (auto& r : run["ranks"])
-      if (r["train_peak"].get<int64_t>() > w["train_peak"].get<int64_t>()) w = r;
-    return w;
-  };
   const json& first = runs.front();
   for (auto& r : runs)
     WEFT_CHECK(r["n_layer"] == first["n_layer"] && r["d_model"] == first["d_model"] && r["ctx"] == first["ctx"] &&
                    r["batch_per_rank"] == first["batch_per_rank"],
                "weft-bench-memory: the files describe different models or batches; compare like with like");
-  const double base = runs.front()["world"] == 1 ? peak_of(runs.front())["train_peak"].get<double>() : 0;
+  const double base = runs.front()["world"] == 1 ? worst_rank(runs.front()["ranks"])["train_peak"].get<double>() : 0;
   std::printf("| ranks | Ps | activations A | peak per rank (max over ranks) | phase | 4B+E+4Ps | bound 4B+E+4Ps+A+A/L "
               "| peak / bound | peak / 1 rank | bound / 1 rank |\n");
   std::printf("|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|\n");
-  const double base_bound = runs.front()["world"] == 1 ? peak_of(runs.front())["bound"].get<double>() : 0;
+  const double base_bound = runs.front()["world"] == 1 ? worst_rank(runs.front()["ranks"])["bound"].get<double>() : 0;
   for (auto& run : runs) {
-    json w = peak_of(run);
+    json w = worst_rank(run["ranks"]);
     double pk = w["train_peak"].get<double>(), bd = w["bound"].get<double>();
     std::string ratio = base > 0 ? fmt::format("{:.2f}", pk / base) : "-";
     std::string bratio = base_bound > 0 ? fmt::format("{:.2f}", bd / base_bound) : "-";
