@@ -9,8 +9,6 @@ cd "$(dirname "$0")/.."
 command -v ctags >/dev/null || { echo "longest_functions.sh: ctags is missing (apt-get install universal-ctags)"; exit 1; }
 all=0
 [ "${1:-}" = --all ] && all=1
-# A few kernels are one algorithm each and stay whole; each names why.
-exempt='^(kernels/cpu/attention\.cpp:flash_forward|kernels/cpu/attention\.cpp:flash_backward)$'
 list() {  # DIR...: "LINES FILE:FUNCTION LINE" for every function in DIR
   find "$@" -type f \( -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' \) -print0 |
     xargs -0 ctags --languages=C++ --map-C++=+.cu --map-C++=+.cuh --kinds-C++=f --fields=+ne -o - 2>/dev/null |
@@ -25,7 +23,6 @@ check() {  # LIMIT DIR...
   while read -r n where line; do
     [ "$all" = 1 ] && { [ "$n" -gt 40 ] && echo "$n $where:$line"; continue; }
     [ "$n" -le "$limit" ] && continue
-    if [[ "$where" =~ $exempt ]]; then continue; fi
     echo "longest_functions: $where (line $line) is $n lines, over the limit of $limit"
     over=$((over + 1))
   done < <(list "$@" | sort -rn)
