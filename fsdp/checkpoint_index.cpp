@@ -139,8 +139,10 @@ std::string checkpoint_index_json(const CheckpointIndex& ix) {
   j["format_version"] = ix.format_version;
   j["weft_version"] = ix.weft_version;
   j["step"] = ix.training.step;
-  // JSON has no NaN or infinity: a non-finite loss is written as the string "nan", "inf" or "-inf".
-  if (const auto& l = ix.training.loss) j["loss"] = std::isfinite(*l) ? Json(*l) : Json(fmt::format("{}", *l));
+  // JSON has no NaN or infinity: a non-finite loss is written as the string "nan", "inf" or "-inf"
+  // (a NaN of either sign as "nan", which the reader takes).
+  if (const auto& l = ix.training.loss)
+    j["loss"] = std::isfinite(*l) ? Json(*l) : Json(std::isnan(*l) ? "nan" : *l > 0 ? "inf" : "-inf");
   j["world_size"] = ix.world_size;
   j["num_shards"] = ix.num_shards;
   j["mesh"] = {{"shape", ix.mesh_shape}, {"dim_names", ix.mesh_dim_names}};

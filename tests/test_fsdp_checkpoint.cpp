@@ -612,6 +612,11 @@ TEST_CASE("keep_last keeps, besides the newest, the best recorded loss and keep_
   fsdp::save_checkpoint((dir / "nan").string(), *m, nullptr, &root, {.step = 1, .loss = NAN});
   fsdp::save_checkpoint((dir / "none").string(), *m, nullptr, &root, {.step = 1});
   CHECK(std::isnan(*fsdp::read_checkpoint_index((dir / "nan").string()).training.loss));
+  // A negative NaN (what --on-nan skip's loss can be) and an infinity read back as written.
+  fsdp::save_checkpoint((dir / "neg_nan").string(), *m, nullptr, &root, {.step = 1, .loss = -NAN});
+  fsdp::save_checkpoint((dir / "neg_inf").string(), *m, nullptr, &root, {.step = 1, .loss = -INFINITY});
+  CHECK(std::isnan(*fsdp::read_checkpoint_index((dir / "neg_nan").string()).training.loss));
+  CHECK(*fsdp::read_checkpoint_index((dir / "neg_inf").string()).training.loss == -INFINITY);
   CHECK(!fsdp::read_checkpoint_index((dir / "none").string()).training.loss);
   barrier();
   if (dist::rank() == 0) fs::remove_all(dir);
