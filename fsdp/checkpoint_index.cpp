@@ -134,13 +134,9 @@ const CheckpointIndex::Entry* CheckpointIndex::find(const std::string& key) cons
 std::string CheckpointIndex::file_path(const std::string& file) const { return (fs::path(dir) / file).string(); }
 
 std::string checkpoint_index_json(const CheckpointIndex& ix) {
-  Json j = Json::object();
-  j["format"] = "weft-checkpoint";
-  j["format_version"] = ix.format_version;
-  j["weft_version"] = ix.weft_version;
-  j["step"] = ix.training.step;
-  // JSON has no NaN or infinity: a non-finite loss is written as the string "nan", "inf" or "-inf"
-  // (a NaN of either sign as "nan", which the reader takes).
+  Json j = {{"format", "weft-checkpoint"}, {"format_version", ix.format_version}, {"weft_version", ix.weft_version},
+            {"step", ix.training.step}};
+  // JSON has no NaN or infinity: a non-finite loss is the string "nan" (either sign), "inf" or "-inf".
   if (const auto& l = ix.training.loss)
     j["loss"] = std::isfinite(*l) ? Json(*l) : Json(std::isnan(*l) ? "nan" : *l > 0 ? "inf" : "-inf");
   j["world_size"] = ix.world_size;
