@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Sanitizer builds of weft's tests, each in its own build directory (docs/TESTING.md):
 #   asan  build-asan: AddressSanitizer + UndefinedBehaviorSanitizer, UBSan fatal
-#         (-fno-sanitize-recover=all); the whole test suite but the libFuzzer runs (suite
-#         "fuzz"): those are ASan+UBSan builds of their own, made by clang, whose runtime cannot
-#         share a process with this build's (gcc's) ASan runtime; the normal suite runs them.
+#         (-fno-sanitize-recover=all); the libraries and the test programs that exercise them
+#         (every suite but "programs", the apps end to end, and "fuzz": the libFuzzer runs are
+#         ASan+UBSan builds of their own, made by clang, whose runtime cannot share a process
+#         with this build's (gcc's) ASan runtime; the normal suite runs both).
 #   tsan  build-tsan: ThreadSanitizer; the dist and fsdp suites (MPI's communication thread,
 #         async collectives, FSDP's hooks and prefetching) at 1 and 2 ranks, with one
 #         OpenMP thread (OMP_NUM_THREADS=1, as always for them): libgomp is not built with TSan,
@@ -56,20 +57,25 @@ report() {
 }
 
 run_asan() {
-  local dir=build-asan status=0
+  local dir=build-asan status=0 targets
   # -Dnative=false: with -march=native on an AVX-512 host GCC zeroes stack structs with aligned
   # 64-byte stores, and ASan's detect_stack_use_after_return frames are not 64-byte aligned
   # (a SIGSEGV in the compiler's store, not in weft's code).
-  # -Dbenchmarks=false: the benchmark programs (an eighth of this build's compile time) are left
-  # out; the normal suite runs the two tests of them (bench_memory, bench_gpt2).
+  # -Dbenchmarks=false: the benchmark programs are left out. Only the test programs are built
+  # (and with them the libraries and the apps' libraries they link): the apps themselves run
+  # end to end in the normal suite (suite "programs"), and their code is the libraries' code.
   configure "$dir" -Db_sanitize=address,undefined -Dnative=false -Dbenchmarks=false \
     -Dcpp_args='-g1 -fno-omit-frame-pointer -fno-sanitize-recover=all' || return 1
   rm -f "$dir/meson-logs/testlog.json"  # .ci/run counts this run's results only
-  echo "sanitize.sh: building $dir (ASan + UBSan)"
-  ninja -C "$dir" -j "$jobs" >"$dir/build.log" 2>&1 || { tail -n 50 "$dir/build.log"; echo "sanitize.sh: $dir failed to build"; return 1; }
+  targets=$(ninja -C "$dir" -t targets all | grep -oE '^tests/[a-z0-9_]+:' | tr -d : | grep -v '^tests/bad_api$')
+  [ -n "$targets" ] || { echo "sanitize.sh: no test programs in $dir"; return 1; }
+  echo "sanitize.sh: building $dir (ASan + UBSan): the test programs"
+  # shellcheck disable=SC2086
+  ninja -C "$dir" -j "$jobs" $targets >"$dir/build.log" 2>&1 || { tail -n 50 "$dir/build.log"; echo "sanitize.sh: $dir failed to build"; return 1; }
   [ "$build_only" = 1 ] && return 0
   rm -rf "$dir/sanitizer-reports" && mkdir -p "$dir/sanitizer-reports"
-  echo "sanitize.sh: not run under ASan: bench_memory and bench_gpt2 (the benchmark programs are not built; the normal suite runs them)"
+  echo "sanitize.sh: not run under ASan: the programs suite (weft-mnist, weft-transformer and the other apps end to end,"
+  echo "  install, bad_input): the normal suite runs them; the libraries they call run under ASan in the other suites"
   echo "sanitize.sh: not run under ASan: the fuzz suite (clang-built ASan+UBSan programs of their own; the normal suite runs them)"
   echo "sanitize.sh: not run under ASan: the launch suite (multihost, slurm): their ranks are started by orted over network"
   echo "  namespaces or by srun, which do not pass ASan's settings on as mpirun does here (mca_base_env_list cannot be mixed"
@@ -89,7 +95,8 @@ run_asan() {
   WEFT_SANITIZER="ASan+UBSan" ASAN_OPTIONS="$asan:detect_leaks=1" OMPI_MCA_mca_base_env_list="ASAN_OPTIONS=$asan:detect_leaks=0" \
   LSAN_OPTIONS="suppressions=$root/scripts/sanitizers/lsan.supp:print_suppressions=0" \
   UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" \
-    meson test -C "$dir" --no-rebuild --print-errorlogs --no-suite fuzz --no-suite launch "$@" || status=1
+    meson test -C "$dir" --no-rebuild --print-errorlogs --no-suite fuzz --no-suite launch --no-suite programs "$@" ||
+    status=1
   report "$dir" || status=1
   return $status
 }
