@@ -1,7 +1,9 @@
 // Byte-level BPE tokenizers (apps/transformer/bpe_tokenizer.h) against the fixtures that
 // scripts/hf_reference.py made with the `tokenizers` library (tests/data/tokenizers: a GPT-2
-// pre-tokenizer and a Llama-3-style one, each trained on the fortunes texts): every encoding
-// and decoding equal to the library's, and tokenizer.json files weft cannot reproduce named.
+// pre-tokenizer and a Llama-3-style one, each trained on the fortunes texts) and GPT-2's own
+// tokenizer.json with the library's encodings (tests/data/gpt2, scripts/gpt2_tokenizer.py):
+// every encoding and decoding equal to the library's, every form the library writes read, and
+// tokenizer.json files weft cannot reproduce named.
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -15,6 +17,7 @@
 
 using namespace weft;
 using Catch::Matchers::Contains;
+using Catch::Matchers::StartsWith;
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
@@ -101,7 +104,6 @@ TEST_CASE("tokenizer: a tokenizer.json weft cannot reproduce is an error naming 
   expect_error([](json& j) { j["normalizer"] = 5; }, "normalizer \"5\"");
   expect_error([](json& j) { j["decoder"] = json::array({1}); }, "decoder");
   expect_error([](json& j) { j["decoder"] = {{"type", "WordPiece"}}; }, "decoder \"WordPiece\"");
-  expect_error([](json& j) { j["model"]["byte_fallback"] = true; }, "byte_fallback");
   expect_error([](json& j) { j["model"]["continuing_subword_prefix"] = "##"; }, "continuing_subword_prefix");
   expect_error([](json& j) { j["model"]["merges"][3] = json::array({"zz-not", "a-token"}); },
                "merge 3 (\"zz-not\" + \"a-token\") names a token the vocabulary lacks");
@@ -140,4 +142,147 @@ TEST_CASE("tokenizer: with ignore_merges a pre-token in the vocabulary is one to
   j["model"]["ignore_merges"] = false;
   const apps::BpeTokenizer without(write_tokenizer(j, "merges.json"));
   CHECK(without.encode(" zqxj zqxj") == std::vector<int32_t>{222, 91, 82, 89, 75, 222, 91, 82, 89, 75});
+}
+
+TEST_CASE("tokenizer: GPT-2's tokenizer.json encodes and decodes as the tokenizers library does, id for id") {
+  const apps::BpeTokenizer tok(WEFT_TEST_DATA "/gpt2/tokenizer.json");
+  const json want = read_json(WEFT_TEST_DATA "/gpt2/expected.json");
+  CHECK(tok.vocab_size() == 50257);
+  CHECK(tok.id_of("<|endoftext|>") == 50256);
+  size_t n = 0;
+  for (const json& c : want["cases"]) {  // Unicode, whitespace runs, digits, <|endoftext|>, a random mix
+    const std::string text = c["text"].get<std::string>();
+    const auto ids = c["ids"].get<std::vector<int32_t>>();
+    INFO(c["name"].get<std::string>() << ": " << json(text).dump().substr(0, 200));
+    const std::vector<int32_t> got = tok.encode(text);
+    INFO("got  " << show(got).substr(0, 400) << "\nwant " << show(ids).substr(0, 400));
+    CHECK(got == ids);
+    CHECK(tok.decode(ids) == c["decoded"].get<std::string>());
+    CHECK(tok.decode(ids, true) == c["decoded_skip_special"].get<std::string>());
+    CHECK(tok.decode(got) == text);
+    n += ids.size();
+  }
+  CHECK(n > 8000);
+  // Bytes that are not UTF-8: encode names the first bad byte where Python's UTF-8 decoder stops;
+  // the text Python reads with errors="replace" encodes as the library's; the raw bytes' byte
+  // tokens decode to that text (U+FFFD per bad part) and give back the bytes themselves.
+  for (const json& c : want["invalid_utf8"]) {
+    INFO(c["name"].get<std::string>());
+    const std::string hex = c["bytes_hex"].get<std::string>();
+    std::string raw;
+    for (size_t i = 0; i + 1 < hex.size(); i += 2) raw += char(std::stoi(hex.substr(i, 2), nullptr, 16));
+    const std::string replaced = c["replaced"].get<std::string>();
+    const auto ids = c["ids"].get<std::vector<int32_t>>(), byte_ids = c["byte_ids"].get<std::vector<int32_t>>();
+    CHECK_THROWS_WITH(tok.encode(raw), Contains("not valid UTF-8 at byte " + std::to_string(c["first_bad_byte"].get<int>())));
+    CHECK(tok.encode(replaced) == ids);
+    CHECK(tok.decode(tok.encode(replaced)) == replaced);
+    CHECK(tok.decode(byte_ids) == c["byte_ids_decoded"].get<std::string>());
+    CHECK(tok.bytes_of(byte_ids) == raw);
+  }
+}
+
+namespace {
+
+// A small byte-level BPE tokenizer.json as `tokenizers` 0.23 writes GPT-2's: byte b is id b,
+// ten merges (ids 256-265), <|endoftext|> 266. ordered_json keeps the keys in the order given.
+nlohmann::ordered_json small_tokenizer() {
+  nlohmann::ordered_json vocab = nlohmann::ordered_json::object(), merges = nlohmann::ordered_json::array();
+  for (uint32_t b = 0, next = 256; b < 256; ++b) {
+    const bool printable = (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || b >= 0xae;
+    const uint32_t cp = printable ? b : next++;  // GPT-2's bytes_to_unicode
+    vocab[cp < 0x80 ? std::string(1, char(cp)) : std::string{char(0xc0 | cp >> 6), char(0x80 | (cp & 0x3f))}] = b;
+  }
+  for (auto [a, b] : std::vector<std::pair<std::string, std::string>>{{"Ġ", "t"}, {"h", "e"}, {"Ġt", "he"}, {"Ġ", "w"},
+         {"o", "r"}, {"Ġw", "or"}, {"l", "d"}, {"Ġwor", "ld"}, {"1", "2"}, {"'", "s"}}) {
+    merges.push_back({a, b});
+    const size_t id = vocab.size();
+    vocab[a + b] = id;
+  }
+  using oj = nlohmann::ordered_json;
+  const oj byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
+  return oj{{"version", "1.0"}, {"truncation", nullptr}, {"padding", nullptr},
+            {"added_tokens", oj::array({{{"id", 266}, {"content", "<|endoftext|>"}, {"single_word", false},
+                                         {"lstrip", false}, {"rstrip", false}, {"normalized", false}, {"special", true}}})},
+            {"normalizer", nullptr}, {"pre_tokenizer", byte_level}, {"post_processor", byte_level}, {"decoder", byte_level},
+            {"model", {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", ""},
+                       {"end_of_word_suffix", ""}, {"fuse_unk", false}, {"byte_fallback", false}, {"ignore_merges", false},
+                       {"vocab", vocab}, {"merges", merges}}}};
+}
+
+std::string write_ordered(const nlohmann::ordered_json& j, const std::string& name) {
+  const std::string path = write_tokenizer(json::object(), name);
+  std::ofstream(path) << j.dump();
+  return path;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  REQUIRE(in);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+}  // namespace
+
+TEST_CASE("tokenizer: every form the tokenizers library writes for what weft supports is read alike") {
+  using oj = nlohmann::ordered_json;
+  const std::string text = "the world's 123 <|endoftext|> th\xc3\xa9world";
+  // What `tokenizers` 0.23.3 gives for the small tokenizer (each form below, too).
+  const std::vector<int32_t> want{116, 257, 263, 265, 32, 264, 51, 32, 266, 256, 104, 195, 169, 119, 260, 262};
+  auto model_edit = [](const std::function<void(oj&)>& f) { return [f](oj& j) { f(j["model"]); }; };
+  const std::vector<std::pair<std::string, std::function<void(oj&)>>> forms{
+      {"as written for GPT-2 (\"\" prefix and suffix)", [](oj&) {}},
+      {"null prefix and suffix", model_edit([](oj& m) { m["continuing_subword_prefix"] = m["end_of_word_suffix"] = nullptr; })},
+      {"no prefix or suffix", model_edit([](oj& m) { m.erase("continuing_subword_prefix"), m.erase("end_of_word_suffix"); })},
+      {"dropout 0", model_edit([](oj& m) { m["dropout"] = 0; })},
+      {"dropout 0.0", model_edit([](oj& m) { m["dropout"] = 0.0; })},
+      {"no dropout", model_edit([](oj& m) { m.erase("dropout"); })},
+      {"no ignore_merges", model_edit([](oj& m) { m.erase("ignore_merges"); })},
+      {"byte_fallback true", model_edit([](oj& m) { m["byte_fallback"] = true; })},
+      {"merges before vocab", model_edit([](oj& m) {
+         const oj v = m["vocab"];
+         m.erase("vocab"), m["vocab"] = v;
+       })},
+      {"merges as \"a b\"", model_edit([](oj& m) {
+         for (oj& e : m["merges"]) e = e[0].get<std::string>() + " " + e[1].get<std::string>();
+       })},
+      {"before tokenizers 0.9 (no model type, no use_regex, normalized added tokens, \"a b\" merges)", [](oj& j) {
+         j["model"].erase("type"), j["model"].erase("ignore_merges"), j["model"].erase("byte_fallback");
+         for (oj& e : j["model"]["merges"]) e = e[0].get<std::string>() + " " + e[1].get<std::string>();
+         j["pre_tokenizer"].erase("use_regex"), j["decoder"].erase("use_regex");
+         j["added_tokens"][0]["normalized"] = true;
+       }}};
+  int k = 0;
+  for (const auto& [name, edit] : forms) {
+    INFO(name);
+    oj j = small_tokenizer();
+    edit(j);
+    const std::string path = write_ordered(j, "form" + std::to_string(k++) + ".json"), file = read_text(path);
+    if (name == "merges before vocab") CHECK(file.find("\"merges\"") < file.find("\"vocab\""));
+    else CHECK(file.find("\"vocab\"") < file.find("\"merges\""));
+    const apps::BpeTokenizer tok(path);
+    CHECK(tok.encode(text) == want);
+    CHECK(tok.decode(want) == text);
+  }
+}
+
+TEST_CASE("tokenizer: a BPE setting that changes the encoding is refused, naming the file and the field") {
+  using oj = nlohmann::ordered_json;
+  auto refused = [](const std::function<void(oj&)>& edit, const std::string& text) {
+    oj j = small_tokenizer();
+    edit(j["model"]);
+    const std::string path = write_ordered(j, "refused.json");
+    INFO("expecting an error containing: " << text);
+    CHECK_THROWS_WITH(apps::BpeTokenizer(path), StartsWith("tokenizer " + path + ": model: ") && Contains(text));
+  };
+  refused([](oj& m) { m["continuing_subword_prefix"] = "##"; }, "\"continuing_subword_prefix\" is \"##\": weft supports none (null or \"\")");
+  refused([](oj& m) { m["end_of_word_suffix"] = "</w>"; }, "\"end_of_word_suffix\" is \"</w>\"");
+  refused([](oj& m) { m["continuing_subword_prefix"] = 5; }, "\"continuing_subword_prefix\" is 5");
+  refused([](oj& m) { m["dropout"] = 0.1; }, "\"dropout\" is 0.1: dropout skips merges at random; weft supports null or 0");
+  refused([](oj& m) { m["dropout"] = 1; }, "\"dropout\" is 1");
+  refused([](oj& m) { m["dropout"] = "0"; }, "\"dropout\" is \"0\"");
+  refused([](oj& m) { m["ignore_merges"] = "no"; }, "\"ignore_merges\" must be true or false");
+  refused([](oj& m) { m.erase("type"), m.erase("merges"); }, "\"type\" is missing");
+  refused([](oj& m) { m["type"] = "WordPiece"; }, "model type \"WordPiece\" is not supported");
 }

@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -18,26 +17,17 @@
 #include "apps/transformer/text_data.h"
 #include "weft.h"
 
-namespace fs = std::filesystem;
-
 namespace {
 
-// The files load_text reads (regular files in name order, no *.dat, no links), each whole.
+// The files `prepare` and load_text read (text_files), each whole.
 std::vector<std::string> read_texts(const std::string& path) {
-  std::vector<std::string> names;
-  if (fs::is_directory(path)) {
-    for (const auto& e : fs::directory_iterator(path))
-      if (e.is_regular_file() && !e.is_symlink() && e.path().extension() != ".dat") names.push_back(e.path());
-    std::sort(names.begin(), names.end());
-  } else {
-    names.push_back(path);
-  }
   std::vector<std::string> texts;
-  for (const std::string& n : names) {
+  for (const std::string& n : weft::apps::text_files(path)) {
     std::ifstream in(n, std::ios::binary);
     if (!in) throw weft::Error("weft-bench-tokenizer: cannot read " + n);
     std::ostringstream s;
     s << in.rdbuf();
+    if (in.bad()) throw weft::Error("weft-bench-tokenizer: error while reading " + n);
     texts.push_back(s.str());
   }
   return texts;

@@ -93,10 +93,14 @@ struct AddedToken {
   bool special;
 };
 
+// A part of the file: its JSON, the file's path and where the part is in it ("" for the whole).
 struct Field {
   const json& j;
+  const std::string& file;
   std::string where;
-  [[noreturn]] void fail(const std::string& what) const { throw Error(fmt::format("{}: {}", where, what)); }
+  [[noreturn]] void fail(const std::string& what) const {
+    throw Error(fmt::format("tokenizer {}: {}{}", file, where.empty() ? "" : where + ": ", what));
+  }
   const json& at(const std::string& key) const {
     if (!j.is_object() || !j.contains(key)) fail(fmt::format("\"{}\" is missing", key));
     return j[key];
@@ -112,7 +116,7 @@ struct Field {
     if (!j[key].is_boolean()) fail(fmt::format("\"{}\" must be true or false, got {}", key, j[key].dump()));
     return j[key].get<bool>();
   }
-  Field sub(const std::string& key) const { return Field{at(key), where + "." + key}; }
+  Field sub(const std::string& key) const { return Field{at(key), file, where.empty() ? key : where + "." + key}; }
 };
 
 }  // namespace
@@ -141,12 +145,17 @@ struct BpeTokenizer::Impl {
 };
 
 void BpeTokenizer::Impl::read_model(const Field& m) {
-  const std::string type = m.text("type");
+  // `tokenizers` before 0.9 wrote no "type"; it reads a model with merges as BPE.
+  const std::string type = m.is_null("type") && m.j.contains("merges") ? "BPE" : m.text("type");
   if (type != "BPE")
     m.fail(fmt::format("model type \"{}\" is not supported: weft reads byte-level BPE tokenizers only", type));
-  for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix", "dropout"})
-    if (!m.is_null(key)) m.fail(fmt::format("\"{}\" is {}: weft supports only null", key, m.j[key].dump()));
-  if (m.flag("byte_fallback", false)) m.fail("\"byte_fallback\" is true: weft supports only byte-level BPE without it");
+  for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})  // "" is none, as null
+    if (!m.is_null(key) && m.j[key] != "")
+      m.fail(fmt::format("\"{}\" is {}: weft supports none (null or \"\")", key, m.j[key].dump()));
+  if (!m.is_null("dropout") && m.j["dropout"] != 0)  // 0 merges as null does
+    m.fail(fmt::format("\"dropout\" is {}: dropout skips merges at random; weft supports null or 0",
+                       m.j["dropout"].dump()));
+  // unk_token, fuse_unk and byte_fallback never act: every byte's character is in the vocabulary.
   ignore_merges = m.flag("ignore_merges", false);
   const json& v = m.at("vocab");
   if (!v.is_object()) m.fail("\"vocab\" must be an object of token: id");
@@ -224,7 +233,8 @@ void BpeTokenizer::Impl::read_pre_tokenizer(const Field& p) {
   const json& list = p.at("pretokenizers");
   if (!list.is_array() || list.size() != 2)
     p.fail("\"pretokenizers\": weft supports a Sequence of exactly a regex Split and a ByteLevel");
-  const Field split{list[0], p.where + ".pretokenizers[0]"}, level{list[1], p.where + ".pretokenizers[1]"};
+  const Field split{list[0], p.file, p.where + ".pretokenizers[0]"};
+  const Field level{list[1], p.file, p.where + ".pretokenizers[1]"};
   if (split.text("type") != "Split" || level.text("type") != "ByteLevel")
     p.fail(fmt::format("a Sequence of \"{}\" and \"{}\": weft supports Split then ByteLevel", split.text("type"),
                        level.text("type")));
@@ -248,7 +258,7 @@ BpeTokenizer::BpeTokenizer(const std::string& path) : impl_(std::make_unique<Imp
   } catch (const json::exception& e) {
     t.fail(fmt::format("is not valid JSON: {}", e.what()));
   }
-  const Field root{j, "tokenizer " + path};
+  const Field root{j, path, ""};
   if (!j.is_object()) root.fail("is not a JSON object");
   if (!root.is_null("normalizer"))
     root.fail(fmt::format("normalizer \"{}\" is not supported: weft supports none (null)",
@@ -263,7 +273,7 @@ BpeTokenizer::BpeTokenizer(const std::string& path) : impl_(std::make_unique<Imp
     const json& list = j["added_tokens"];
     if (!list.is_array()) root.fail("\"added_tokens\" must be an array");
     for (size_t k = 0; k < list.size(); ++k) {
-      const Field a{list[k], fmt::format("{}.added_tokens[{}]", root.where, k)};
+      const Field a{list[k], path, fmt::format("added_tokens[{}]", k)};
       for (const char* key : {"single_word", "lstrip", "rstrip"})
         if (a.flag(key, false)) a.fail(fmt::format("\"{}\" is true: weft supports only false", key));
       const json& id = a.at("id");
@@ -332,26 +342,23 @@ void BpeTokenizer::Impl::encode_part(std::string_view part, std::vector<int32_t>
     part = prefixed;
   }
   if (!regex) return bpe(part, out);
-  pcre2_match_data* md = pcre2_match_data_create_from_pattern(regex, nullptr);
+  const std::unique_ptr<pcre2_match_data, void (*)(pcre2_match_data*)> md(
+      pcre2_match_data_create_from_pattern(regex, nullptr), pcre2_match_data_free);
   if (!md) throw std::bad_alloc();
   const auto* s = reinterpret_cast<PCRE2_SPTR>(part.data());
   size_t pos = 0;
-  uint32_t options = 0;  // the whole part was checked as UTF-8 by the first match
-  while (pos < part.size()) {
-    const int rc = pcre2_match(regex, s, part.size(), pos, options, md, nullptr);
-    options = PCRE2_NO_UTF_CHECK;
+  while (pos < part.size()) {  // encode checked the text as UTF-8
+    const int rc = pcre2_match(regex, s, part.size(), pos, PCRE2_NO_UTF_CHECK, md.get(), nullptr);
     if (rc == PCRE2_ERROR_NOMATCH) {
       bpe(part.substr(pos), out);
       break;
     }
-    if (rc < 0) {
-      pcre2_match_data_free(md);
+    if (rc < 0) {  // a PCRE2 limit (matching or JIT stack)
       std::array<PCRE2_UCHAR, 256> msg{};
       pcre2_get_error_message(rc, msg.data(), msg.size());
-      throw Error(fmt::format("tokenizer {}: encode: the text is not valid UTF-8 ({}, at byte {})", path,
-                              reinterpret_cast<const char*>(msg.data()), pcre2_get_startchar(md)));
+      fail(fmt::format("encode: the pre-tokenizer regex fails: {}", reinterpret_cast<const char*>(msg.data())));
     }
-    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
+    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.get());
     if (ov[0] > pos) bpe(part.substr(pos, ov[0] - pos), out);
     if (ov[1] > ov[0]) {
       bpe(part.substr(ov[0], ov[1] - ov[0]), out);
@@ -363,7 +370,6 @@ void BpeTokenizer::Impl::encode_part(std::string_view part, std::vector<int32_t>
       pos = next;
     }
   }
-  pcre2_match_data_free(md);
 }
 
 std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {

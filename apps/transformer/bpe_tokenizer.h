@@ -3,11 +3,12 @@
 // exactly what `tokenizers` gives for encode(text, add_special_tokens=False) and decode(ids,
 // skip_special_tokens): added tokens split the text first (leftmost, longest), each remaining
 // part is pre-tokenized (GPT-2's ByteLevel regex, or a Split regex followed by ByteLevel),
-// mapped byte by byte to the byte-level alphabet and merged by rank. A tokenizer.json weft
-// cannot reproduce exactly (another model type such as Unigram, WordPiece or WordLevel, a
-// normalizer, a decoder other than ByteLevel, byte fallback, subword prefixes) is an error
-// that names the field; post-processors (adding BOS/EOS) are not applied: encode adds no
-// special tokens.
+// mapped byte by byte to the byte-level alphabet and merged by rank. Every form `tokenizers`
+// writes is read (no prefix as "" or null, dropout null or 0, merges as "a b" or pairs, a model
+// without "type"); a tokenizer.json weft cannot reproduce exactly (another model type such as
+// Unigram, WordPiece or WordLevel, a normalizer, a decoder other than ByteLevel, a subword
+// prefix or suffix, dropout) is an error that names the file and the field. Post-processors
+// (adding BOS/EOS) are not applied: encode adds no special tokens.
 #pragma once
 #include <cstdint>
 #include <memory>
