@@ -60,6 +60,30 @@ after() { lines "$1" | awk -v s="$resumed" '!seen[$0]++ { match($0, /"step":[0-9
 [ "$(after "$tmp/elastic.jsonl")" = "$(after "$tmp/ref4.jsonl")" ] ||
   fail "losses after the restart differ from the uninterrupted run: $(diff <(after "$tmp/elastic.jsonl") <(after "$tmp/ref4.jsonl") | head -4)"
 
+# SIGTERM to weft-elastic reaches every rank through the launcher: each stops after its step
+# with a checkpoint, weft-elastic ends with the job's status 143 without restarting it, and no
+# process of the job is left.
+ck2=$tmp/stopped
+"$elastic" --np 2 --launch "$launch --mca odls_base_sigkill_timeout 30 -np {n}" --checkpoint-dir "$ck2" --resume-args "--resume $ck2" -- \
+  "$transformer" train --steps 100000 --batch-size 8 --ctx 32 --n-layer 2 --d-model 32 --eval-every 0 --threads 1 \
+  --fsdp --checkpoint-dir "$ck2" --metrics "$tmp/stopped.jsonl" >/dev/null 2>"$tmp/stopped.err" &
+pid=$!
+# A failure below first ends what is left of the job (what a broken weft-elastic leaves running).
+stop_fail() { pkill -KILL -f -- "--checkpoint-dir $ck2" || true; fail "$@"; }
+for _ in $(seq 600); do [ "$(cat "$tmp/stopped.jsonl" 2>/dev/null | wc -l)" -ge 2 ] && break; sleep 0.1; done
+kill -TERM "$pid"
+status=0
+timeout 60 tail --pid="$pid" -f /dev/null || stop_fail "weft-elastic did not end within 60 s of SIGTERM"
+wait "$pid" || status=$?
+[ "$status" = 143 ] || stop_fail "weft-elastic ended with status $status after SIGTERM, not 143: $(tail -3 "$tmp/stopped.err")"
+for r in 0 1; do
+  grep -q "rank $r: stopping after step [0-9]* on SIGTERM; checkpoint written to $ck2/step_" "$tmp/stopped.err" ||
+    stop_fail "rank $r did not stop with a checkpoint: $(tail -4 "$tmp/stopped.err")"
+done
+grep -q "weft-elastic: SIGTERM passed on to the job at 2 ranks, which ended with status [0-9]*: not restarting" \
+  "$tmp/stopped.err" || stop_fail "no message from weft-elastic: $(grep weft-elastic "$tmp/stopped.err")"
+if pgrep -f -- "--checkpoint-dir $ck2" >/dev/null; then stop_fail "processes of the stopped job are left: $(pgrep -af -- "--checkpoint-dir $ck2")"; fi
+
 # No restart for a job whose ranks are all alive; the restart limit; options.
 if run "$elastic" --np 2 --launch "$launch -np {n}" -- "$transformer" train --steps 0 >/dev/null 2>"$tmp/bad"; then
   fail "a failing job succeeded"; fi
