@@ -125,9 +125,9 @@ class Allocator {
 
 // The allocator for a device; throws if that device's backend is not built or registered.
 Allocator& allocator_for(Device device);
-// Backends (e.g. kernels/cuda) install their allocator here at start-up.
+// Backends (e.g. cuda/) install their allocator here at start-up.
 void register_allocator(DeviceType type, Allocator* allocator);
-// Backends with one allocator per device index install a lookup instead (kernels/cuda does).
+// Backends with one allocator per device index install a lookup instead (cuda/ does).
 // It runs on every allocator_for(device) of that type and throws for a device that does not
 // exist; registering it must not touch the device (it runs at static initialisation).
 using AllocatorLookup = Allocator& (*)(int index);

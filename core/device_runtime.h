@@ -1,7 +1,7 @@
 // core: the interface a device backend implements so that core can run it: device discovery,
 // streams, events and pinned host memory.
 // [Note: backend registration] A device backend is one shared library (libweft-cuda, built
-// from kernels/cuda/) that fills one registry per concern, each owned by the layer that uses
+// from cuda/) that fills one registry per concern, each owned by the layer that uses
 // it: this DeviceRuntime (register_device_runtime), its allocator and copies
 // (core/allocator.h, core/copy.h), its kernel table (kernels/backend.h) and its process group
 // (dist/backend.h). It registers all of them from static initialisers when it is loaded, and

@@ -8,7 +8,7 @@
 // check them), that stays inside its own backend function.
 //
 // The CPU table (kernels/cpu/backend.cpp) is always there. Other device types register theirs
-// from the static initialisers of their backend library (kernels/cuda/register.cpp), which
+// from the static initialisers of their backend library (cuda/register.cpp), which
 // kernel_backend() loads on first use.
 #pragma once
 #include <cstdint>

@@ -1,6 +1,6 @@
 // kernels: element-wise math with broadcasting and type promotion. Functions take tensors
 // of any strides on one device, check them, allocate the result and dispatch on
-// (device, dtype) to the backend loop (kernels/cpu now; kernels/cuda when built). 16-bit
+// (device, dtype) to the backend loop (kernels/cpu now; cuda/ when built). 16-bit
 // floats compute in f32. No autograd here: autograd/ops builds on these.
 #pragma once
 #include <optional>

@@ -1,5 +1,5 @@
 // kernels: matrix products. CPU GEMMs go through Eigen (OpenMP-parallel, compiled with
-// -march=native -mtune=generic), CUDA GEMMs through cuBLASLt (kernels/cuda/gemm.h); on both,
+// -march=native -mtune=generic), CUDA GEMMs through cuBLASLt (cuda/gemm.h); on both,
 // strided inputs that are row- or column-major are used in place, others are made
 // contiguous first.
 #pragma once

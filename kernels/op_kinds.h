@@ -1,6 +1,6 @@
 // kernels: the op enums shared by the public entry points (kernels/elementwise.h,
 // kernels/reduce.h) and the backends. Kept free of includes so that nvcc-compiled CUDA files
-// (kernels/cuda/*.cu), which cannot include core/tensor.h (fmt), see the same definitions.
+// (cuda/*.cu), which cannot include core/tensor.h (fmt), see the same definitions.
 #pragma once
 
 namespace weft::kernels {

@@ -7,17 +7,15 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/layers.sh"  # below: what each layer may use
 cd "${1:-$(dirname "$0")/..}"
 bad=0
-for layer in core kernels autograd nn dist fsdp; do
+for layer in core kernels autograd nn dist fsdp cuda; do
   ok=" $layer ${below[$layer]} "
   while IFS=: read -r file line text; do
     target=$(sed -E 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"([a-z_]+)\/.*/\1/' <<<"$text")
     [[ "$text" =~ \"[a-z_]+/ ]] || continue
-    # The CUDA backend library is kernels/cuda: only it includes kernels/cuda, and it may use
-    # every layer it links (core, kernels, dist).
-    if [[ "$file" == kernels/cuda/* ]]; then
-      [[ " ${below[cuda]} " == *" $target "* ]] && continue
-    elif [[ "$text" == *'"kernels/cuda/'* ]]; then
-      echo "$file:$line: includes the CUDA backend (${text}); only libweft-cuda (kernels/cuda) may"
+    # cuda/ is the CUDA backend library: no other layer includes it (they reach it through
+    # core's registries), and it may use the layers it links (layers.sh).
+    if [[ "$layer" != cuda && "$text" == *'"cuda/'* ]]; then
+      echo "$file:$line: includes the CUDA backend (${text}); only libweft-cuda (cuda/) may"
       bad=1
       continue
     fi
@@ -29,7 +27,7 @@ for layer in core kernels autograd nn dist fsdp; do
              --include='*.cu' --include='*.cuh' || true)
 done
 # Programs reach CUDA through core/stream.h and core/device_runtime.h, never its internals.
-if grep -rnE '#[[:space:]]*include[[:space:]]*"kernels/cuda/' apps; then
+if grep -rnE '#[[:space:]]*include[[:space:]]*"cuda/' apps; then
   echo "apps: the lines above include the CUDA backend's internal headers"
   bad=1
 fi
@@ -37,4 +35,4 @@ if [ "$bad" -ne 0 ]; then
   echo "layering: upward includes found (see docs/ARCHITECTURE.md)"
   exit 1
 fi
-echo "layering: every include points down (core < kernels < autograd < nn; core < dist; fsdp on top)"
+echo "layering: every include points down (core < kernels < autograd < nn; core < dist; fsdp on top; cuda on core, kernels, dist)"

@@ -11,7 +11,7 @@ budgets=(
   "core           4001  core weft.h"
   "kernels        2337  kernels/*.h kernels/*.cpp kernels/meta"
   "kernels/cpu    5354  kernels/cpu"
-  "kernels/cuda   4636  kernels/cuda"
+  "cuda           4636  cuda"
   "autograd       1765  autograd"
   "nn             2614  nn"
   "dist           2544  dist"

@@ -24,8 +24,8 @@
 #include "kernels/optim.h"
 #include "kernels/reduce.h"
 #if WEFT_WITH_CUDA
-#include "kernels/cuda/allocator.h"
-#include "kernels/cuda/runtime.h"
+#include "cuda/allocator.h"
+#include "cuda/runtime.h"
 #endif
 
 using namespace weft;

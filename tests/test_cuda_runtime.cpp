@@ -14,9 +14,9 @@
 #include "core/tensor.h"
 #include "kernels/elementwise.h"
 #if WEFT_WITH_CUDA
-#include "kernels/cuda/allocator.h"
-#include "kernels/cuda/ops.h"
-#include "kernels/cuda/runtime.h"
+#include "cuda/allocator.h"
+#include "cuda/ops.h"
+#include "cuda/runtime.h"
 #endif
 
 using namespace weft;
