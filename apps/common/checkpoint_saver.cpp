@@ -21,7 +21,7 @@ bool CheckpointSaver::due(int64_t step, int64_t end) const {
 }
 
 void CheckpointSaver::save(const fsdp::CheckpointProgress& progress) {
-  const std::string name = program_.substr(program_.rfind('-') + 1);  // "weft-mnist": "mnist"
+  const std::string name = error_prefix(program_);
   std::string where;
   dist::agree(ranks_.groups(), name, [&] {
     // Never from non-finite state: the checkpoints already written stay as they are.

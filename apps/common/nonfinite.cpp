@@ -39,7 +39,7 @@ NanPolicy::NanPolicy(std::string program, OnNan mode, int64_t max_in_a_row)
     : program_(std::move(program)), mode_(mode), max_(max_in_a_row) {}
 
 bool NanPolicy::skip(double loss, int64_t step, const Ranks& ranks, const CheckpointWatch& watch) {
-  const std::string name = program_.substr(program_.rfind('-') + 1);  // "weft-mnist": "mnist"
+  const std::string name = error_prefix(program_);
   const bool skipped = !std::isfinite(loss) && mode_ != OnNan::ignore;
   if (skipped && mode_ == OnNan::error)
     throw dist::AgreedError(fmt::format("{}: the loss is {} at step {}{}; training stopped; {} — lower --lr or use "
@@ -61,7 +61,7 @@ bool NanPolicy::skip(double loss, int64_t step, const Ranks& ranks, const Checkp
 
 void NanPolicy::check_evaluation(double loss, const std::string& what, const CheckpointWatch& watch) const {
   if (std::isfinite(loss) || mode_ == OnNan::ignore) return;
-  const std::string name = program_.substr(program_.rfind('-') + 1);
+  const std::string name = error_prefix(program_);
   throw dist::AgreedError(fmt::format("{}: {}: the model has diverged; training stopped; {}", name, what,
                                       watch.advice()), 0);
 }

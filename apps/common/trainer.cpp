@@ -40,7 +40,7 @@ Trainer::Trainer(LoopOptions o, TrainingParts parts, const Ranks& ranks, std::op
       params_(p_.model->parameters()) {}
 
 int64_t Trainer::resume(const std::string& checkpoint) {
-  const std::string name = o_.program.substr(o_.program.rfind('-') + 1);
+  const std::string name = error_prefix(o_.program);
   dist::agree(ranks_.groups(), name, [&] {
     step_ = fsdp::load_checkpoint(checkpoint, *p_.model, p_.opt, p_.root).step;
     check_finite_parameters(*p_.model, fmt::format("{}: refusing to resume from {}", name, checkpoint));
@@ -134,7 +134,7 @@ int64_t Trainer::open_stretch(int64_t first, int64_t end) {
     stretch_end = std::min(stretch_start_ + o_.epoch_steps, end);
     label = fmt::format("epoch {}", epoch + 1);
   }
-  if (ranks_.lead()) progress_.emplace(label, stretch_end - (o_.epoch_steps > 0 ? stretch_start_ : step_), o_.unit);
+  if (ranks_.lead()) progress_.emplace(label, stretch_end - stretch_start_, o_.unit);
   window_start_ = std::chrono::steady_clock::now();
   window_items_ = 0;
   return stretch_end;

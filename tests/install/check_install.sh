@@ -45,14 +45,33 @@ for src in "$dest"/readme_*.cpp; do
     echo "$exe (a CPU program) links a CUDA library (above)"; exit 1
   fi
   # Run it with the dynamic loader's log: it must load weft from the prefix and no CUDA library.
-  (cd "$dest" && env -u LD_LIBRARY_PATH LD_DEBUG=files "$exe" 2>"$exe.loads") ||
+  (cd "$dest" && env -u LD_LIBRARY_PATH LD_DEBUG=files "$exe" >"$exe.out" 2>"$exe.loads") ||
     { echo "$exe failed; its stderr without the loader's log:"; grep -Ev '^ *[0-9]+:' "$exe.loads" | tail -n 30; exit 1; }
   grep -q "calling init: $root/$libdir/libweft-core.so.0" "$exe.loads" ||
     { echo "$exe did not load libweft-core from the prefix: $(grep -o "calling init: [^ ]*weft-core[^ ]*" "$exe.loads" | head -1)"; exit 1; }
   if grep -E 'file=[^ ]*(libweft-cuda|libcudart|libcublas|libnccl)' "$exe.loads"; then
     echo "$exe (a CPU program) loaded a CUDA library (above)"; exit 1
   fi
+  cat "$exe.out"
   count=$((count + 1))
 done
+# The README's sharded first model prints the losses of the first model (the same model and
+# batch unsharded): alone, and under mpirun at 2 and 4 ranks where mpirun is installed.
+sharded=$(grep -l 'fsdp::fully_shard' "$dest"/readme_*.cpp | head -1)
+[ -n "$sharded" ] || { echo "no README example shards a model with fsdp::fully_shard"; exit 1; }
+plain="$dest/readme_1.out"
+cmp -s "$plain" "${sharded%.cpp}.out" ||
+  { echo "the sharded example's losses differ from the first model's:"; diff "$plain" "${sharded%.cpp}.out"; exit 1; }
+if command -v mpirun >/dev/null && [ "$sanitize" = none ]; then
+  for np in 2 4; do
+    (cd "$dest" && env -u LD_LIBRARY_PATH OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+       timeout 120 mpirun -np $np --oversubscribe --bind-to none "${sharded%.cpp}" >"$dest/sharded_np$np.out" \
+       2>"$dest/np$np.err") || { echo "the sharded example under mpirun -np $np failed:"; tail -20 "$dest/np$np.err"; exit 1; }
+    cmp -s "$plain" "$dest/sharded_np$np.out" || { echo "the sharded example's losses at $np ranks differ from the first"\
+      "model's:"; diff "$plain" "$dest/sharded_np$np.out"; exit 1; }
+  done
+else
+  echo "the sharded example is not run under mpirun here ($(command -v mpirun >/dev/null && echo "a $sanitize build" || echo "no mpirun"))"
+fi
 [ "$count" -ge 2 ] || { echo "expected at least 2 README examples, found $count"; exit 1; }
-echo "installed headers, weft.pc and $count README examples work"
+echo "installed headers, weft.pc and $count README examples work; the sharded one logs the first model's losses"
