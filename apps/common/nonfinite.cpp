@@ -61,9 +61,8 @@ bool NanPolicy::skip(double loss, int64_t step, const Ranks& ranks, const Checkp
 
 void NanPolicy::check_evaluation(double loss, const std::string& what, const CheckpointWatch& watch) const {
   if (std::isfinite(loss) || mode_ == OnNan::ignore) return;
-  const std::string name = error_prefix(program_);
-  throw dist::AgreedError(fmt::format("{}: {}: the model has diverged; training stopped; {}", name, what,
-                                      watch.advice()), 0);
+  throw dist::AgreedError(fmt::format("{}: {}: the model has diverged; training stopped; {}", error_prefix(program_),
+                                      what, watch.advice()), 0);
 }
 
 }  // namespace weft::apps

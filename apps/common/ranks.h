@@ -28,7 +28,6 @@ struct Ranks {
 Ranks start_ranks(const std::string& program, bool fsdp, dist::ConfigSettings launch, const dist::ConfigSettings& shared);
 
 double mean_over_ranks(double local, const Ranks& ranks);
-
 // The name an app's error messages begin with: "weft-mnist" -> "mnist".
 inline std::string error_prefix(const std::string& program) { return program.substr(program.rfind('-') + 1); }
 

@@ -305,7 +305,6 @@ fsdp::MemoryPlanRequest plan_request(const TrainOptions& o, bool fsdp) {
   return r;
 }
 
-
 // Mean validation loss over `iters` fixed batches (the same ones at every evaluation and any
 // world size); each rank evaluates its rows and the means are averaged over ranks.
 // With --deterministic each batch goes as the rank's virtual micro-batches, their losses
