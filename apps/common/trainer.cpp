@@ -85,7 +85,7 @@ int Trainer::train_step() {
   if (nan_.skip(loss_, step_ + 1, ranks_, saver_.watch())) {
     p_.opt->zero_grad();  // drop this step's update; the schedule and the data still move on
   } else {
-    if (o_.clip > 0) grad_norm_ = nn::clip_grad_norm_(p_.model->parameters(), o_.clip);  // sharded or not
+    if (o_.clip > 0) grad_norm_ = nn::clip_grad_norm_(params_, o_.clip);  // sharded or not
     p_.opt->step();
   }
   if (p_.sched) p_.sched->step();

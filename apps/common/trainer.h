@@ -118,7 +118,7 @@ class Trainer {
   MetricsWriter& metrics_;
   NanPolicy nan_;
   CheckpointSaver saver_;
-  const std::vector<Tensor> params_;
+  const std::vector<Tensor> params_;  // the model's (this rank's shards once sharded): clipping, --deterministic
   nn::TreeSum grad_tree_;  // --deterministic without --fsdp: the leaves' gradients
   int64_t step_ = 0;       // steps done
   double loss_ = 0, lr_ = 0, grad_norm_ = 0;  // of the last step (grad_norm_ before clipping)
