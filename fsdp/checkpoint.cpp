@@ -197,7 +197,7 @@ std::string save_checkpoint(const std::string& dir, nn::Module& model, const nn:
       WEFT_CHECK(std::fwrite(text.data(), 1, text.size(), f) == text.size(), "save_checkpoint: writing {} failed",
                  index_path);
     });
-    publish_checkpoint(tmp, final_dir, options.keep_last, options.keep_also);
+    publish_checkpoint(tmp, final_dir, options, state.run);
   });
   return final_dir.string();
 }

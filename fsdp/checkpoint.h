@@ -34,6 +34,7 @@ struct CheckpointProgress {
   std::map<std::string, std::string> aliases;  // extra names a consolidated file repeats: name -> parameter
                                                // (e.g. nanoGPT's lm_head.weight for a tied head)
   std::optional<double> loss;  // the training loss logged at `step` (NaN and infinity kept as such)
+  std::string run;  // the training run that wrote it (an app's run identity, kept on resume); "": none recorded
 };
 
 struct SaveOptions {
@@ -43,6 +44,10 @@ struct SaveOptions {
   int keep_last = 0;
   // A checkpoint keep_last must not remove either (a trainer's newest checkpoint known to resume).
   std::string keep_also;
+  // keep_last counts and removes only the checkpoints of this save's run (CheckpointProgress::run):
+  // it never touches another run's. With replace_other_runs, the complete checkpoints of every
+  // other run (and those whose index cannot be read) are removed once this one is published.
+  bool replace_other_runs = false;
 };
 
 // Writes `dir`/step_<step>/ (replacing a checkpoint of the same step) and returns its path. A
@@ -52,9 +57,17 @@ struct SaveOptions {
 std::string save_checkpoint(const std::string& dir, nn::Module& model, const nn::Optimizer* opt,
                             const FSDPModule* root, const CheckpointProgress& state, const SaveOptions& options = {});
 
-// `path` itself when it is a checkpoint (holds index.json), else the complete step_* under it
-// with the highest step; empty when there is none.
-std::string latest_checkpoint(const std::string& path);
+// `path` itself when it is a checkpoint (holds index.json), else the complete step_* under it with
+// the highest step whose index reads; empty when there is none. Newer ones whose index cannot be
+// read are passed over, each adding its error (which names it) to `unreadable` when given.
+std::string latest_checkpoint(const std::string& path, std::vector<std::string>* unreadable = nullptr);
+
+// Each complete checkpoint under `dir` by step: its path and the run its index records ("" for
+// none); checkpoints whose index cannot be read are left out.
+struct CheckpointOfRun {
+  std::string path, run;
+};
+std::map<int64_t, CheckpointOfRun> checkpoint_runs(const std::string& dir);
 
 // The complete checkpoints under `dir` older than its `keep_last` newest (none when keep_last is
 // 0): after a save with keep_last, those it kept for their loss or as keep_also.

@@ -48,23 +48,59 @@ void remove_stale_temporaries(const fs::path& dir, int64_t up_to) {
   for (const fs::path& p : stale) fs::remove_all(p, ec);  // best effort: the checkpoint is already safe
 }
 
-// The complete checkpoint with the lowest finite recorded loss (the newest of equals); none when
-// no checkpoint records one. An index that cannot be read counts as recording none.
-std::optional<fs::path> best_checkpoint(const std::map<int64_t, fs::path>& all) {
-  std::optional<fs::path> best;
-  double best_loss = 0;
-  for (auto& [step, path] : all) {
-    std::optional<double> loss;
+// What a complete checkpoint's index records for rotation; `run` is empty when the index
+// cannot be read (such a checkpoint belongs to no run and records no loss).
+struct Recorded {
+  fs::path path;
+  std::optional<std::string> run;
+  std::optional<double> loss;
+};
+
+std::map<int64_t, Recorded> recorded_checkpoints(const fs::path& dir) {
+  std::map<int64_t, Recorded> out;
+  for (auto& [step, path] : complete_checkpoints(dir)) {
+    Recorded r{path, {}, {}};
     try {
-      loss = read_checkpoint_index(path.string()).training.loss;
+      const CheckpointProgress p = read_checkpoint_index(path.string()).training;
+      r.run = p.run;
+      r.loss = p.loss;
     } catch (const Error&) {
     }
-    if (loss && std::isfinite(*loss) && (!best || *loss <= best_loss)) {
-      best = path;
-      best_loss = *loss;
+    out[step] = r;
+  }
+  return out;
+}
+
+// Of `own`'s checkpoints, the one with the lowest finite recorded loss (the newest of equals);
+// none when none records one.
+std::optional<fs::path> best_checkpoint(const std::map<int64_t, Recorded>& own) {
+  std::optional<fs::path> best;
+  double best_loss = 0;
+  for (auto& [step, r] : own)
+    if (r.loss && std::isfinite(*r.loss) && (!best || *r.loss <= best_loss)) {
+      best = r.path;
+      best_loss = *r.loss;
+    }
+  return best;
+}
+
+// keep_last over run `run`'s checkpoints (SaveOptions), then replace_other_runs.
+void rotate(const fs::path& final_dir, const SaveOptions& options, const std::string& run) {
+  std::map<int64_t, Recorded> own, others;
+  for (auto& [step, r] : recorded_checkpoints(final_dir.parent_path())) (r.run == run ? own : others)[step] = r;
+  std::error_code ec;
+  if (options.keep_last > 0) {
+    const std::optional<fs::path> best = best_checkpoint(own);
+    int excess = int(own.size()) - options.keep_last;
+    for (auto& [step, r] : own) {
+      if (excess-- <= 0) break;
+      if (r.path != final_dir && r.path != best &&
+          !(!options.keep_also.empty() && fs::equivalent(r.path, options.keep_also, ec)))
+        fs::remove_all(r.path);
     }
   }
-  return best;
+  if (options.replace_other_runs)
+    for (auto& [step, r] : others) fs::remove_all(r.path);
 }
 
 }  // namespace
@@ -81,7 +117,8 @@ std::map<int64_t, fs::path> complete_checkpoints(const fs::path& dir) {
   return out;
 }
 
-void publish_checkpoint(const fs::path& tmp, const fs::path& final_dir, int keep_last, const std::string& keep_also) {
+void publish_checkpoint(const fs::path& tmp, const fs::path& final_dir, const SaveOptions& options,
+                        const std::string& run) {
   fsync_directory(tmp.string());
   fs::path old = final_dir.parent_path() / (".old-" + final_dir.filename().string());
   if (fs::exists(final_dir)) {
@@ -92,16 +129,14 @@ void publish_checkpoint(const fs::path& tmp, const fs::path& final_dir, int keep
   fsync_directory(final_dir.parent_path().string());
   fs::remove_all(old);
   remove_stale_temporaries(final_dir.parent_path(), step_of(final_dir.filename().string(), ""));
-  if (keep_last <= 0) return;
-  auto all = complete_checkpoints(final_dir.parent_path());
-  const std::optional<fs::path> best = best_checkpoint(all);
-  int excess = int(all.size()) - keep_last;
-  for (auto& [step, path] : all) {
-    if (excess-- <= 0) break;
-    std::error_code ec;
-    if (path != final_dir && path != best && !(!keep_also.empty() && fs::equivalent(path, keep_also, ec)))
-      fs::remove_all(path);
-  }
+  rotate(final_dir, options, run);
+}
+
+std::map<int64_t, CheckpointOfRun> checkpoint_runs(const std::string& dir) {
+  std::map<int64_t, CheckpointOfRun> out;
+  for (auto& [step, r] : recorded_checkpoints(dir))
+    if (r.run) out[step] = {r.path.string(), *r.run};
+  return out;
 }
 
 std::vector<std::string> older_kept_checkpoints(const std::string& dir, int keep_last) {
@@ -146,10 +181,18 @@ CheckpointDirLock::~CheckpointDirLock() {
   if (fd_ >= 0) ::close(fd_);  // releases the lock; the file stays (removing it would race a new holder)
 }
 
-std::string latest_checkpoint(const std::string& path) {
+std::string latest_checkpoint(const std::string& path, std::vector<std::string>* unreadable) {
   if (fs::exists(fs::path(path) / kCheckpointIndexFile)) return path;
   auto all = complete_checkpoints(path);
-  return all.empty() ? std::string() : all.rbegin()->second.string();
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    try {
+      read_checkpoint_index(it->second.string());
+      return it->second.string();
+    } catch (const Error& e) {
+      if (unreadable) unreadable->push_back(e.what());
+    }
+  }
+  return {};
 }
 
 }  // namespace weft::fsdp

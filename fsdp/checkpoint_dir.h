@@ -8,6 +8,8 @@
 #include <map>
 #include <string>
 
+#include "fsdp/checkpoint.h"
+
 namespace weft::fsdp {
 
 // step_<step, 8 digits>: where step `step`'s checkpoint is published under DIR.
@@ -20,10 +22,10 @@ std::map<int64_t, std::filesystem::path> complete_checkpoints(const std::filesys
 
 // Moves the finished `tmp` to `final_dir` (replacing a checkpoint of the same step, which is
 // removed only after), fsync'ing both directories; removes the leftovers of saves that stopped
-// before publishing (.tmp-/.old-step_N) for steps up to this one; then keeps only the
-// `keep_last` newest complete checkpoints beside it (0: all) and the one with the best recorded
-// loss (SaveOptions), never removing `final_dir` itself nor `keep_also`.
-void publish_checkpoint(const std::filesystem::path& tmp, const std::filesystem::path& final_dir, int keep_last,
-                        const std::string& keep_also);
+// before publishing (.tmp-/.old-step_N) for steps up to this one; then rotates the checkpoints
+// of run `run` beside it as SaveOptions says (keep_last, the best recorded loss, keep_also,
+// replace_other_runs), never removing `final_dir` itself.
+void publish_checkpoint(const std::filesystem::path& tmp, const std::filesystem::path& final_dir,
+                        const SaveOptions& options, const std::string& run);
 
 }  // namespace weft::fsdp

@@ -139,6 +139,7 @@ std::string checkpoint_index_json(const CheckpointIndex& ix) {
   // JSON has no NaN or infinity: a non-finite loss is the string "nan" (either sign), "inf" or "-inf".
   if (const auto& l = ix.training.loss)
     j["loss"] = std::isfinite(*l) ? Json(*l) : Json(std::isnan(*l) ? "nan" : *l > 0 ? "inf" : "-inf");
+  if (!ix.training.run.empty()) j["run"] = ix.training.run;
   j["world_size"] = ix.world_size;
   j["num_shards"] = ix.num_shards;
   j["mesh"] = {{"shape", ix.mesh_shape}, {"dim_names", ix.mesh_dim_names}};
@@ -170,7 +171,9 @@ std::string checkpoint_index_json(const CheckpointIndex& ix) {
 }
 
 CheckpointIndex read_checkpoint_index(const std::string& path) {
-  std::string where = latest_checkpoint(path);
+  std::vector<std::string> unreadable;
+  std::string where = latest_checkpoint(path, &unreadable);
+  WEFT_CHECK(!where.empty() || unreadable.empty(), "{}", unreadable.front());  // none reads: the newest's error
   WEFT_CHECK(!where.empty(), "checkpoint: no complete checkpoint at '{}' (no {} there and no step_* directory holding "
              "one)", path, kCheckpointIndexFile);
   IndexReader r{(fs::path(where) / kCheckpointIndexFile).string()};
@@ -190,6 +193,7 @@ CheckpointIndex read_checkpoint_index(const std::string& path) {
     else if (*it == "nan" || *it == "inf" || *it == "-inf") ix.training.loss = std::stod(it->get<std::string>());
     else r.fail("loss", "is " + it->dump() + ", not a number, \"nan\", \"inf\" or \"-inf\"");
   }
+  if (j.contains("run")) ix.training.run = r.string(j, "run");  // absent: written without a run identity
   ix.world_size = int(r.integer(j, "world_size"));
   ix.num_shards = int(r.integer(j, "num_shards"));
   WEFT_CHECK(ix.num_shards >= 1 && ix.world_size >= ix.num_shards, "checkpoint: {}: num_shards {} and world_size {} "

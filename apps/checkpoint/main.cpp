@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <exception>
 
+#include "apps/common/output_paths.h"
+#include "apps/common/resume.h"
 #include "core/safetensors.h"
 #include "fsdp/checkpoint.h"
 
@@ -90,8 +92,10 @@ int main(int argc, char** argv) {
              "lm_head.weight repeated for a tied head) and the app's config in their metadata.");
   CLI11_PARSE(app, argc, argv);
   try {
+    if (const std::string readable = apps::readable_checkpoint(dir, "checkpoint", true); !readable.empty()) dir = readable;
     if (ins->parsed()) return inspect(dir);
     if (ver->parsed()) return verify(dir);
+    apps::check_outputs_apart({{"OUT", out}}, {{"DIR", dir}}, "checkpoint");
     fsdp::consolidate_checkpoint(dir, out, with_optimizer, allow_nonfinite);
     auto entries = read_safetensors_index(out);
     std::fprintf(stderr, "wrote %s: %zu tensors from %s\n", out.c_str(), entries.size(),

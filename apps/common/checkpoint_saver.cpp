@@ -27,8 +27,11 @@ void CheckpointSaver::save(const fsdp::CheckpointProgress& progress) {
     // Never from non-finite state: the checkpoints already written stay as they are.
     check_finite_parameters(model_, fmt::format("{}: refusing to write a checkpoint at step {}", name, progress.step),
                             "; the existing checkpoints are untouched");
-    where = fsdp::save_checkpoint(flags_.dir, model_, &opt_, root_, progress,
-                                  {.keep_last = flags_.keep_last, .keep_also = watch_.good()});
+    fsdp::CheckpointProgress mine = progress;
+    mine.run = flags_.run;
+    where = fsdp::save_checkpoint(flags_.dir, model_, &opt_, root_, mine,
+                                  {.keep_last = flags_.keep_last, .keep_also = watch_.good(),
+                                   .replace_other_runs = flags_.overwrite});
   });
   last_ = where;
   saved_step_ = progress.step;

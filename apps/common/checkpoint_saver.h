@@ -20,6 +20,8 @@ struct CheckpointFlags {
   std::string flag;  // the flag that named it ("--checkpoint-dir", "--save"), for messages
   int64_t every = 0;  // 0: only at the run's last step
   int keep_last = 0;  // 0: keep all
+  std::string run;    // the run identity its checkpoints record (checkpoint_owner.h)
+  bool overwrite = false;  // --overwrite-checkpoints: the first save removes other runs' checkpoints
 };
 
 class CheckpointSaver {

@@ -1,8 +1,11 @@
 #include "apps/common/resume.h"
 
+#include <cstdio>
 #include <filesystem>
+#include <vector>
 
 #include "core/error.h"
+#include "fsdp/checkpoint.h"
 
 namespace weft::apps {
 
@@ -39,6 +42,18 @@ int64_t data_position(const std::map<std::string, int64_t>& data, const std::str
   WEFT_CHECK(it->second >= lo && it->second <= hi, "{}: {}: data position \"{}\" is {}, outside [{}, {}] for these "
              "flags: the checkpoint is damaged or was written with other data", program, where, key, it->second, lo, hi);
   return it->second;
+}
+
+std::string readable_checkpoint(const std::string& path, const std::string& program, bool say) {
+  std::vector<std::string> unreadable;
+  const std::string where = fsdp::latest_checkpoint(path, &unreadable);
+  WEFT_CHECK(!where.empty() || unreadable.empty(), "{}", unreadable.front());  // none reads: the newest's error
+  for (const std::string& why : unreadable)
+    if (say) std::fprintf(stderr, "weft-%s: passing over a checkpoint that cannot be read: %s\n", program.c_str(), why.c_str());
+  if (say && !unreadable.empty())
+    std::fprintf(stderr, "weft-%s: using %s, the newest checkpoint in %s that reads\n", program.c_str(), where.c_str(),
+                 path.c_str());
+  return where;
 }
 
 void check_checkpoint_dir(const std::string& dir, const std::string& flag, const std::string& program) {

@@ -30,6 +30,12 @@ void check_resumed_data(const std::map<std::string, std::string>& app, const std
 int64_t data_position(const std::map<std::string, int64_t>& data, const std::string& key, int64_t lo, int64_t hi,
                       const std::string& where, const std::string& program);
 
+// The checkpoint `path` names (fsdp::latest_checkpoint: itself, or the newest readable step under
+// it); "" when there is none. Newer steps whose index cannot be read are passed over, and when
+// `say` the program says on stderr which it passes over (and why) and which it uses; when none
+// can be read, the newest's error is thrown.
+std::string readable_checkpoint(const std::string& path, const std::string& program, bool say);
+
 // A checkpoint directory given by `flag` must be a directory or not exist yet (it is made on the
 // first save): a file, FIFO or device there is an error at start-up, not after training.
 void check_checkpoint_dir(const std::string& dir, const std::string& flag, const std::string& program);

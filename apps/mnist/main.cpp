@@ -11,11 +11,13 @@
 #include <optional>
 #include <thread>
 
+#include "apps/common/checkpoint_owner.h"
 #include "apps/common/cli.h"
 #include "apps/common/deterministic.h"
 #include "apps/common/device.h"
 #include "apps/common/metrics.h"
 #include "apps/common/nonfinite.h"
+#include "apps/common/output_paths.h"
 #include "apps/common/plan.h"
 #include "apps/common/ranks.h"
 #include "apps/common/resume.h"
@@ -43,6 +45,7 @@ struct Options {
   std::string metrics, save, load;
   int64_t checkpoint_every = 0;
   int keep_last = 0;
+  bool overwrite_checkpoints = false;
   int64_t steps = 0;  // 0: no limit
   std::string data = apps::kDefaultMnistDir;
   int64_t log_every = 50;
@@ -190,8 +193,8 @@ std::map<std::string, std::string> describe(const Options& o, const std::map<std
 // with. --epochs and --steps may change (they say how far to go on), and so may --lr: it
 // replaces the learning rate the optimizer state restores (run() says so).
 std::string checkpoint_to_load(const Options& o, const std::map<std::string, std::string>& train_set,
-                               int64_t steps_per_epoch) {
-  std::string where = fsdp::latest_checkpoint(o.load);
+                               int64_t steps_per_epoch, bool say) {
+  std::string where = apps::readable_checkpoint(o.load, "mnist", say);
   WEFT_CHECK(!where.empty(), "mnist: no checkpoint in {} (no index.json there and no complete step_* directory)",
              o.load);
   const fsdp::CheckpointProgress ck = fsdp::read_checkpoint_index(where).training;
@@ -288,6 +291,7 @@ struct Run {
   int64_t steps_per_epoch = 0;                      // the last partial batch is dropped
   std::map<std::string, std::string> train_set;     // its size and sha256, recorded in checkpoints
   std::string resume_from;
+  std::string identity;  // the run identity its checkpoints record
   int64_t start_bytes = 0;  // live before the model (the data): the baseline of the peak reported
   std::optional<fsdp::MemoryPlan> plan;
   std::vector<bool> per_layer;  // reshard_after_forward per layer, when a memory budget chose it
@@ -331,7 +335,11 @@ void prepare_run(const Options& o, const Ranks& ranks, Run& run) {
     run.model->to(run.device);  // initialised on the host (the same values on every device), then moved
   }
   if (!o.save.empty() || !o.load.empty()) run.train_set = training_set(run.data.train);
-  if (!o.load.empty()) run.resume_from = checkpoint_to_load(o, run.train_set, run.steps_per_epoch);
+  if (!o.load.empty()) run.resume_from = checkpoint_to_load(o, run.train_set, run.steps_per_epoch, ranks.lead());
+  apps::check_outputs_apart({{"--metrics", o.metrics}, {"--save", o.save}}, {{"--data", o.data}, {"--load", run.resume_from}},
+                            "mnist");
+  run.identity = apps::run_identity(run.resume_from);
+  if (run.dir_lock) apps::check_checkpoint_owner(o.save, "--save", run.identity, o.overwrite_checkpoints, "--load", "mnist");
   run.metrics.emplace(ranks.lead() ? o.metrics : std::string());  // one file, written by rank 0
 }
 
@@ -377,7 +385,7 @@ apps::LoopOptions loop_options(const Options& o, const Run& run) {
   return {.program = "weft-mnist", .device = run.device, .batch_size = o.batch_size, .items_per_step = o.batch_size,
           .unit = "samples", .epoch_steps = run.steps_per_epoch, .log_every = o.log_every, .autocast = o.autocast(),
           .on_nan = apps::parse_on_nan(o.on_nan), .max_skipped = o.max_skipped,
-          .checkpoints = {o.save, "--save", o.checkpoint_every, o.keep_last}};
+          .checkpoints = {o.save, "--save", o.checkpoint_every, o.keep_last, run.identity, o.overwrite_checkpoints}};
 }
 
 void print_run(const Options& o, const Run& run, const Ranks& ranks, int64_t n_params, bool sharded) {
@@ -443,6 +451,8 @@ int main(int argc, char** argv) {
   app.add_option("--keep-last", o.keep_last, "with --save: keep only the K newest checkpoints (0: all), and besides "
                  "them the one with the lowest training loss")
       ->check(apps::cli::integer(0, 1000000))->needs(save);
+  app.add_flag(apps::kOverwriteCheckpointsFlag, o.overwrite_checkpoints, "let this run replace the checkpoints "
+               "another run wrote to --save (removed at its first save)")->needs(save);
   app.add_option("--load,--resume", o.load, "resume from the latest checkpoint in DIR (written at any number of ranks)")
       ->check(CLI::ExistingDirectory);
   app.add_option("--steps", o.steps, "stop after N more optimizer steps")->check(apps::cli::integer(0, int64_t(1) << 40));

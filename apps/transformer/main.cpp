@@ -19,11 +19,13 @@
 #include <memory>
 #include <optional>
 
+#include "apps/common/checkpoint_owner.h"
 #include "apps/common/cli.h"
 #include "apps/common/deterministic.h"
 #include "apps/common/device.h"
 #include "apps/common/metrics.h"
 #include "apps/common/nonfinite.h"
+#include "apps/common/output_paths.h"
 #include "apps/common/plan.h"
 #include "apps/common/ranks.h"
 #include "apps/common/resume.h"
@@ -57,6 +59,7 @@ struct TrainOptions {
   int64_t checkpoint_every = 0, eval_every = 100, eval_iters = 10, log_every = 10;
   int64_t stop_after = 0;  // 0: run to --steps
   int keep_last = 0;
+  bool overwrite_checkpoints = false;
   bool fsdp = false;
   bool activation_checkpointing = false;
   bool deterministic = false;
@@ -344,6 +347,7 @@ struct Run {
   apps::TrainingData data;
   std::map<std::string, std::string> train_text;    // its length and sha256, recorded in checkpoints
   std::string resume_from;                          // the checkpoint directory --resume resolves to
+  std::string identity;                             // the run identity its checkpoints record
   int64_t start_bytes = 0;  // live before the model: the baseline of the peak reported at the end
   std::optional<fsdp::MemoryPlan> plan;
   std::vector<bool> per_block;  // reshard_after_forward per block, when a memory budget chose it
@@ -429,8 +433,8 @@ void check_resumed_model(const apps::ModelConfig& c, const apps::ModelConfig& m,
 // another seed, batch size, accumulation or text would continue on another data stream than the
 // checkpoint's position means. (--lr, --warmup and --steps take effect: the schedule is
 // recomputed from them at the checkpoint's step; docs/CHECKPOINTS.md.)
-void find_resume(const TrainOptions& o, Run& run) {
-  const std::string& where = run.resume_from = fsdp::latest_checkpoint(o.resume);
+void find_resume(const TrainOptions& o, Run& run, bool say) {
+  const std::string& where = run.resume_from = apps::readable_checkpoint(o.resume, "transformer", say);
   WEFT_CHECK(!where.empty(), "transformer: no checkpoint to resume in {} (no index.json there and no complete "
              "step_* directory)", o.resume);
   const fsdp::CheckpointProgress ck = fsdp::read_checkpoint_index(where).training;
@@ -487,7 +491,14 @@ void prepare_run(TrainOptions& o, const Ranks& ranks, Run& run) {
   validate(o, ranks, run);
   if (!o.checkpoint_dir.empty() && ranks.lead() && !o.plan.only()) run.dir_lock.emplace(o.checkpoint_dir);
   load_data(o, run);
-  if (!o.resume.empty()) find_resume(o, run);
+  if (!o.resume.empty()) find_resume(o, run, ranks.lead());
+  std::vector<apps::PathFlag> inputs = {{"--resume", run.resume_from}, {"--init-from", o.init_from}};
+  for (const std::string& file : run.data.files) inputs.push_back({"--data", file});
+  apps::check_outputs_apart({{"--metrics", o.metrics}, {"--checkpoint-dir", o.checkpoint_dir}}, inputs, "transformer");
+  run.identity = apps::run_identity(run.resume_from);
+  if (run.dir_lock)
+    apps::check_checkpoint_owner(o.checkpoint_dir, "--checkpoint-dir", run.identity, o.overwrite_checkpoints,
+                                 "--resume", "transformer");
   build_model(o, ranks, run);
   run.metrics.emplace(ranks.lead() && !o.plan.only() ? o.metrics : std::string());
 }
@@ -520,12 +531,13 @@ class TextTask : public apps::TrainingTask {
   const Ranks& ranks_;
 };
 
-apps::LoopOptions loop_options(const TrainOptions& o, Device device) {
-  return {.program = "weft-transformer", .device = device, .batch_size = o.batch_size, .accumulation = o.grad_accum,
+apps::LoopOptions loop_options(const TrainOptions& o, const Run& run) {
+  return {.program = "weft-transformer", .device = run.device, .batch_size = o.batch_size, .accumulation = o.grad_accum,
           .items_per_step = o.batch_size * o.grad_accum * o.model.ctx, .unit = "tokens", .eval_every = o.eval_every,
           .log_every = o.log_every, .log_first = true, .log_grad_norm = true, .log_peak_bytes = true, .clip = o.clip,
           .autocast = o.autocast(), .on_nan = apps::parse_on_nan(o.on_nan), .max_skipped = o.max_skipped,
-          .checkpoints = {o.checkpoint_dir, "--checkpoint-dir", o.checkpoint_every, o.keep_last}};
+          .checkpoints = {o.checkpoint_dir, "--checkpoint-dir", o.checkpoint_every, o.keep_last, run.identity,
+                          o.overwrite_checkpoints}};
 }
 
 void print_run(const TrainOptions& o, const Run& run, const Ranks& ranks, int64_t n_params, bool sharded) {
@@ -569,7 +581,7 @@ int train(TrainOptions o, const Ranks& ranks) {
   const std::unique_ptr<nn::AdamW> opt = make_optimizer(model, decay, o);  // this rank's shards
   nn::WarmupCosineLR sched(*opt, o.warmup, o.steps, o.min_lr_ratio);
   TextTask task(o, run, ranks);
-  apps::Trainer trainer(loop_options(o, run.device), {&model, opt.get(), &sched, root ? &*root : nullptr}, ranks,
+  apps::Trainer trainer(loop_options(o, run), {&model, opt.get(), &sched, root ? &*root : nullptr}, ranks,
                         run.leaves, task, *run.metrics);
   if (!run.resume_from.empty()) trainer.resume(run.resume_from);
   print_run(o, run, ranks, n_params, root.has_value());
@@ -591,7 +603,7 @@ struct LoadedModel {
   std::optional<fsdp::FSDPModule> root;  // with `shard`
   std::map<std::string, std::string> recorded;  // a checkpoint's training description (tokenizer_sha256, ...)
 };
-LoadedModel load_model(const std::string& from, bool shard = false, Device device = kCPU) {
+LoadedModel load_model(const std::string& from, bool say, bool shard = false, Device device = kCPU) {
   LoadedModel m;
   auto build = [&](const apps::ModelConfig& cfg) {
     if (!shard) {
@@ -624,7 +636,7 @@ LoadedModel load_model(const std::string& from, bool shard = false, Device devic
     m.recorded = contents.metadata;
     return m;
   }
-  std::string where = fsdp::latest_checkpoint(from);
+  std::string where = apps::readable_checkpoint(from, "transformer", say);
   WEFT_CHECK(!where.empty(), "transformer: no checkpoint at {} (neither a Hugging Face directory, a checkpoint directory "
              "nor a safetensors file)", from);
   m.recorded = fsdp::read_checkpoint_index(where).training.app;
@@ -697,13 +709,15 @@ int sample(const SampleOptions& o, const Ranks& ranks) {
   const Device device = apps::parse_device(o.device, "transformer");
   if (o.threads > 0) set_num_threads(o.threads);
   WEFT_CHECK(o.tokens >= 0, "transformer: --tokens must be non-negative");
+  apps::check_outputs_apart({{"--logits-out", o.logits_out}}, {{"--from", o.checkpoint}, {"--tokenizer", o.tokenizer}},
+                            "transformer");
   LoadedModel loaded;
   dist::agree(ranks.groups(), "transformer", [&] {
     if (!ranks.fsdp) {
-      loaded = load_model(o.checkpoint);
+      loaded = load_model(o.checkpoint, ranks.lead());
       loaded.lm.module->to(device);
     } else {
-      loaded = load_model(o.checkpoint, true, device);
+      loaded = load_model(o.checkpoint, ranks.lead(), true, device);
     }
     apps::check_finite_parameters(*loaded.lm.module, fmt::format("transformer: refusing to sample from {}",
                                                                  o.checkpoint));
@@ -759,7 +773,8 @@ int sample(const SampleOptions& o, const Ranks& ranks) {
 int export_hf(const ExportOptions& o) {
   const int64_t shard = parse_bytes(o.max_shard_size, "transformer: --max-shard-size");
   WEFT_CHECK(shard > 0, "transformer: --max-shard-size must be positive");
-  apps::LanguageModel lm = load_model(o.from).lm;
+  apps::check_outputs_apart({{"--out", o.out}}, {{"--from", o.from}}, "transformer");
+  apps::LanguageModel lm = load_model(o.from, true).lm;
   apps::check_finite_parameters(*lm.module, fmt::format("transformer: refusing to export {}", o.from));
   apps::export_hf_checkpoint(lm, o.out, shard);
   std::fprintf(stderr, "weft-transformer: wrote %s (Hugging Face model_type %s, %lld parameters)\n", o.out.c_str(),
@@ -869,6 +884,8 @@ CLI::App* add_train_flags(CLI::App& app, TrainOptions& t) {
                  "besides them the one with the lowest training loss")
       ->check(apps::cli::integer(0, 1000000))->capture_default_str()->needs(ck_dir);
   tr->add_option("--resume", t.resume, "continue from the latest checkpoint in DIR (written at any number of ranks)");
+  tr->add_flag(apps::kOverwriteCheckpointsFlag, t.overwrite_checkpoints, "let this run replace the checkpoints "
+               "another run wrote to --checkpoint-dir (removed at its first save)")->needs(ck_dir);
   add_step_flags(tr, t);
   return tr;
 }
@@ -968,6 +985,7 @@ int main(int argc, char** argv) {
     }
     if (pr->parsed()) {
       apps::start_ranks("weft-transformer", false, {{"command", "prepare"}}, {});
+      apps::check_outputs_apart({{"--out", p.out}}, {{"--tokenizer", p.tokenizer}, {"--data", p.data}}, "transformer");
       const apps::PreparedData d = apps::prepare_tokens(p.tokenizer, p.data, p.out, p.eos);
       std::printf("prepared %s: %lld train and %lld val tokens from %lld bytes in %lld file(s) of %s\n", p.out.c_str(),
                   (long long)d.train_tokens, (long long)d.val_tokens, (long long)d.bytes, (long long)d.files,

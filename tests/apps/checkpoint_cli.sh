@@ -134,9 +134,35 @@ kill $first; wait $first 2>/dev/null || true  # it stops on SIGTERM (status 143)
 grep -q "$tmp/shared is in use by another run (host .*, pid $holder, since" "$tmp/err" ||
   fail "the second run does not name the first: $(cat "$tmp/err")"
 mkdir -p "$tmp/shared/.tmp-step_00000099/x" "$tmp/shared/.old-step_00000042"
-run "$gpt" train "${cfg[@]}" --stop-after 1 --checkpoint-dir "$tmp/shared" >/dev/null 2>"$tmp/err" ||
-  fail "a run after the first ended: $(cat "$tmp/err")"
+run "$gpt" train "${cfg[@]}" --stop-after 1 --checkpoint-dir "$tmp/shared" --overwrite-checkpoints >/dev/null \
+  2>"$tmp/err" || fail "a run after the first ended: $(cat "$tmp/err")"
 [ ! -e "$tmp/shared/.tmp-step_00000099" ] && [ ! -e "$tmp/shared/.old-step_00000042" ] ||
   fail "leftovers of killed saves were kept: $(ls -a "$tmp/shared")"
+# Run ownership: a new run into a directory that holds another run's checkpoints is refused and
+# changes nothing there; --resume keeps the run's identity (its next step joins the directory);
+# --overwrite-checkpoints replaces the other run's checkpoints at its first save.
+run_of() { grep -o '"run": "[^"]*"' "$1/index.json"; }
+run "$gpt" train "${cfg[@]}" --stop-after 2 --checkpoint-dir "$tmp/own" >/dev/null 2>"$tmp/err" ||
+  fail "ownership: the first run: $(cat "$tmp/err")"
+[ -n "$(run_of "$tmp/own/step_00000002")" ] || fail "the checkpoint records no run: $(cat "$tmp/own/step_00000002/index.json")"
+before=$(cd "$tmp/own" && find . -type f ! -name .lock | sort | xargs sha256sum)
+other=("${cfg[@]}")
+other[17]=7  # --seed
+if run "$gpt" train "${other[@]}" --stop-after 2 --checkpoint-dir "$tmp/own" >/dev/null 2>"$tmp/err"; then
+  fail "a new run wrote over another run's checkpoints"; fi
+grep -q "checkpoint-dir $tmp/own holds checkpoints of another run (run .*, step 2, .*seed 0): use --resume $tmp/own" \
+  "$tmp/err" || fail "the refusal does not name the other run: $(cat "$tmp/err")"
+[ "$(cd "$tmp/own" && find . -type f ! -name .lock | sort | xargs sha256sum)" = "$before" ] ||
+  fail "a refused run changed the directory"
+run "$gpt" train "${cfg[@]}" --stop-after 1 --resume "$tmp/own" --checkpoint-dir "$tmp/own" --keep-last 1 >/dev/null \
+  2>"$tmp/err" || fail "ownership: resuming: $(cat "$tmp/err")"
+[ "$(run_of "$tmp/own/step_00000003")" = "$(run_of "$tmp/own/step_00000002")" ] ||
+  fail "a resumed run records another identity: $(run_of "$tmp/own/step_00000003") vs $(run_of "$tmp/own/step_00000002")"
+run "$gpt" train "${other[@]}" --stop-after 1 --checkpoint-dir "$tmp/own" --overwrite-checkpoints >/dev/null \
+  2>"$tmp/err" || fail "--overwrite-checkpoints: $(cat "$tmp/err")"
+grep -q "holds 2 checkpoint(s) of another run .*--overwrite-checkpoints replaces them" "$tmp/err" ||
+  fail "--overwrite-checkpoints does not say what it replaces: $(cat "$tmp/err")"
+[ "$(ls "$tmp/own")" = step_00000001 ] || fail "--overwrite-checkpoints left: $(ls "$tmp/own")"
 echo "checkpoint cli ok: exact resume (dropout) alone and at 2 ranks; step-10 loss $a10 after 1->4 and 4->1;" \
-     "mnist 2->1->4; inspect, verify, consolidate; corrupt shards refused on every rank; one writer per directory"
+     "mnist 2->1->4; inspect, verify, consolidate; corrupt shards refused on every rank; one writer per directory;" \
+     "run ownership"

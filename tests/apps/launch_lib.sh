@@ -27,6 +27,18 @@ training_of() {
   done <"$1"
 }
 
+# checkpoint_sums DIR: the sha256 of every file of the checkpoints under DIR, each index.json's
+# without its "run" line (every run records its own identity).
+checkpoint_sums() {
+  local f
+  (cd "$1" && find . -type f ! -name .lock | sort | while read -r f; do
+    case $f in
+      */index.json) echo "$(grep -v '^ *"run":' "$f" | sha256sum | cut -c1-64)  $f" ;;
+      *) sha256sum "$f" ;;
+    esac
+  done)
+}
+
 # same_training WHAT REF_DIR DIR: DIR/metrics.jsonl logs the losses and accuracy of
 # REF_DIR/metrics.jsonl exactly (the same digits), and DIR/ck holds the same checkpoint files
 # byte for byte (every rank's shard of parameters and Adam state after the last step).
@@ -38,8 +50,8 @@ same_training() {
     fail "$what: training differs from the single-host mpirun run (< single host, > $what):
 $(cat "$tmp/diff")"
   fi
-  (cd "$ref/ck" && find . -type f ! -name .lock | sort | xargs sha256sum) >"$tmp/ref.sums"
-  (cd "$dir/ck" && find . -type f ! -name .lock | sort | xargs sha256sum) >"$tmp/sums"
+  checkpoint_sums "$ref/ck" >"$tmp/ref.sums"
+  checkpoint_sums "$dir/ck" >"$tmp/sums"
   [ "$(wc -l <"$tmp/ref.sums")" -gt 1 ] || fail "no checkpoint from the reference run"
   diff "$tmp/ref.sums" "$tmp/sums" >"$tmp/diff" ||
     fail "$what: checkpoint files differ from the single-host run's (< single host, > $what):

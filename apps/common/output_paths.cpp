@@ -1,0 +1,49 @@
+#include "apps/common/output_paths.h"
+
+#include <filesystem>
+
+#include "core/error.h"
+
+namespace weft::apps {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// The absolute path with links resolved as far as it exists (an output may not exist yet).
+fs::path resolved(const std::string& path) {
+  std::error_code ec;
+  fs::path p = fs::weakly_canonical(fs::absolute(path, ec), ec);
+  return ec ? fs::absolute(path).lexically_normal() : p;
+}
+
+bool inside(const fs::path& child, const fs::path& dir) {
+  auto [d, c] = std::mismatch(dir.begin(), dir.end(), child.begin(), child.end());
+  return d == dir.end() || (std::next(d) == dir.end() && d->empty());  // a trailing "/" of dir
+}
+
+// How `out` meets `in` ("" when apart): the same file or directory, or inside it.
+std::string clash(const fs::path& out, const fs::path& in) {
+  std::error_code ec;
+  if (fs::equivalent(out, in, ec) || out == in) return "the same path as";
+  if (fs::is_directory(in, ec) && inside(out, in)) return "inside";
+  return "";
+}
+
+}  // namespace
+
+void check_outputs_apart(const std::vector<PathFlag>& outputs, const std::vector<PathFlag>& inputs,
+                         const std::string& program) {
+  for (const PathFlag& out : outputs) {
+    if (out.path.empty()) continue;
+    const fs::path o = resolved(out.path);
+    for (const PathFlag& in : inputs) {
+      if (in.path.empty()) continue;
+      const std::string how = clash(o, resolved(in.path));
+      WEFT_CHECK(how.empty(), "{}: {} {} is {} {} {}: writing it would destroy what this command reads; give {} "
+                 "another path", program, out.flag, out.path, how, in.flag, in.path, out.flag);
+    }
+  }
+}
+
+}  // namespace weft::apps

@@ -1,0 +1,22 @@
+// apps: no output a command writes may destroy an input it reads. Before anything is written,
+// every output path (--metrics, --logits-out, --save, --checkpoint-dir, --out) is checked
+// against the inputs (--data's files, --from, --resume's checkpoint, --init-from, --tokenizer):
+// an output that is an input (the same file or directory, under any name or link) or lies inside
+// an input directory is an error naming both flags.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace weft::apps {
+
+struct PathFlag {
+  std::string flag;  // "--metrics"
+  std::string path;  // empty: not given (skipped)
+};
+
+// Throws "<program>: <output flag> <path> is <where> <input flag> <path>: ... give it another path"
+// for the first output that would write over or into an input.
+void check_outputs_apart(const std::vector<PathFlag>& outputs, const std::vector<PathFlag>& inputs,
+                         const std::string& program);
+
+}  // namespace weft::apps
