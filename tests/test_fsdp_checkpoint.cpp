@@ -622,6 +622,29 @@ TEST_CASE("keep_last keeps, besides the newest, the best recorded loss and keep_
   if (dist::rank() == 0) fs::remove_all(dir);
 }
 
+TEST_CASE("keep_last rotates only its own run's checkpoints; replace_other_runs removes the others; runs round-trip") {
+  fs::path dir = shared_dir("runs");
+  auto [m, root] = make_sharded<UnevenMLP>(2);
+  auto steps = [&] {
+    std::vector<std::string> left;
+    for (auto& [step, ck] : fsdp::checkpoint_runs(dir.string())) left.push_back(fmt::format("{} {}", step, ck.run));
+    return left;
+  };
+  for (int step = 1; step <= 2; ++step) fsdp::save_checkpoint(dir.string(), *m, nullptr, &root, {.step = step, .run = "a"});
+  fsdp::save_checkpoint(dir.string(), *m, nullptr, &root, {.step = 5});  // a checkpoint recording no run
+  for (int step = 3; step <= 4; ++step)
+    fsdp::save_checkpoint(dir.string(), *m, nullptr, &root, {.step = step, .run = "b"}, {.keep_last = 1});
+  barrier();
+  // b's step 3 rotated away; a's steps and the unrecorded step 5 are not b's to remove.
+  CHECK(steps() == std::vector<std::string>{"1 a", "2 a", "4 b", "5 "});
+  barrier();
+  fsdp::save_checkpoint(dir.string(), *m, nullptr, &root, {.step = 6, .run = "b"}, {.replace_other_runs = true});
+  barrier();
+  CHECK(steps() == std::vector<std::string>{"4 b", "6 b"});
+  barrier();
+  if (dist::rank() == 0) fs::remove_all(dir);
+}
+
 TEST_CASE("a checkpoint directory has one writer: a second claim names the holder; leftovers go at claim") {
   // One process's own directory: flock locks conflict between open files, even in one process.
   const fs::path dir = fs::temp_directory_path() / fmt::format("weft_test_lock_{}", ::getpid());

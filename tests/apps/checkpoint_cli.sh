@@ -163,6 +163,17 @@ run "$gpt" train "${other[@]}" --stop-after 1 --checkpoint-dir "$tmp/own" --over
 grep -q "holds 2 checkpoint(s) of another run .*--overwrite-checkpoints replaces them" "$tmp/err" ||
   fail "--overwrite-checkpoints does not say what it replaces: $(cat "$tmp/err")"
 [ "$(ls "$tmp/own")" = step_00000001 ] || fail "--overwrite-checkpoints left: $(ls "$tmp/own")"
+# A directory whose newest step cannot be read: verify and --resume fall back to the newest step
+# that reads, naming both.
+cp -r "$tmp/own" "$tmp/fb"
+mkdir "$tmp/fb/step_00000009" && echo '{"format": ' >"$tmp/fb/step_00000009/index.json"
+"$tool" verify "$tmp/fb" >"$tmp/out" 2>&1 || fail "verify did not fall back: $(cat "$tmp/out")"
+grep -q "passing over a checkpoint that cannot be read: checkpoint: $tmp/fb/step_00000009/index.json" "$tmp/out" &&
+  grep -q "ok: $tmp/fb/step_00000001" "$tmp/out" || fail "verify's fallback is not said: $(cat "$tmp/out")"
+run "$gpt" train "${other[@]}" --stop-after 1 --resume "$tmp/fb" --checkpoint-dir "$tmp/fb" >/dev/null 2>"$tmp/err" ||
+  fail "--resume did not fall back: $(cat "$tmp/err")"
+grep -q "using $tmp/fb/step_00000001, the newest checkpoint in $tmp/fb that reads" "$tmp/err" &&
+  [ -e "$tmp/fb/step_00000002/index.json" ] || fail "--resume's fallback: $(cat "$tmp/err"; ls "$tmp/fb")"
 echo "checkpoint cli ok: exact resume (dropout) alone and at 2 ranks; step-10 loss $a10 after 1->4 and 4->1;" \
      "mnist 2->1->4; inspect, verify, consolidate; corrupt shards refused on every rank; one writer per directory;" \
-     "run ownership"
+     "run ownership; fallback past an unreadable step"
