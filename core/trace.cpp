@@ -65,10 +65,15 @@ uint64_t now_us() {
 
 void set_rank(int rank) { rec().rank = rank; }
 
+std::string file() {
+  const Recorder& r = rec();
+  return r.on ? fmt::format("{}.rank{}.json", r.path, r.rank) : std::string();
+}
+
 void check_writable() {
   Recorder& r = rec();
   if (!r.on) return;
-  const std::string file = fmt::format("{}.rank{}.json", r.path, r.rank);
+  const std::string file = trace::file();
   std::FILE* f = std::fopen(file.c_str(), "a");
   WEFT_CHECK(f, "WEFT_TRACE={}: cannot write the trace file {}: {}", r.path, file, std::strerror(errno));
   std::fclose(f);
@@ -85,7 +90,7 @@ void flush() {
   Recorder& r = rec();
   if (!r.on) return;
   std::lock_guard lock(r.mu);
-  std::string file = fmt::format("{}.rank{}.json", r.path, r.rank);
+  const std::string file = trace::file();
   std::FILE* f = std::fopen(file.c_str(), "w");
   if (!f) {
     std::fprintf(stderr, "weft: cannot write trace %s\n", file.c_str());

@@ -11,6 +11,8 @@ namespace weft::trace {
 bool enabled();
 uint64_t now_us();
 void set_rank(int rank);
+// The file this process writes (path.rank<R>.json); "" when tracing is off.
+std::string file();
 // Throws weft::Error naming WEFT_TRACE when this process's trace file cannot be written, so a run
 // fails at its start instead of losing its trace at the end (a no-op when tracing is off).
 void check_writable();

@@ -1,6 +1,6 @@
 // apps: no output a command writes may destroy an input it reads. Before anything is written,
-// every output path (--metrics, --logits-out, --save, --checkpoint-dir, --out) is checked
-// against the inputs (--data's files, --from, --resume's checkpoint, --init-from, --tokenizer):
+// every output path (--metrics, --logits-out, --save, --checkpoint-dir, --out, WEFT_TRACE's
+// file) is checked against the inputs (--data's files, --from, --resume's checkpoint, --init-from, --tokenizer):
 // an output that is an input (the same file or directory, under any name or link) or lies inside
 // an input directory is an error naming both flags.
 #pragma once

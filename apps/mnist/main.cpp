@@ -28,6 +28,7 @@
 #include "core/sha256.h"
 #include "dist/config_check.h"
 #include "fsdp/fsdp.h"
+#include "core/trace.h"
 #include "weft.h"
 
 using namespace weft;
@@ -336,8 +337,8 @@ void prepare_run(const Options& o, const Ranks& ranks, Run& run) {
   }
   if (!o.save.empty() || !o.load.empty()) run.train_set = training_set(run.data.train);
   if (!o.load.empty()) run.resume_from = checkpoint_to_load(o, run.train_set, run.steps_per_epoch, ranks.lead());
-  apps::check_outputs_apart({{"--metrics", o.metrics}, {"--save", o.save}}, {{"--data", o.data}, {"--load", run.resume_from}},
-                            "mnist");
+  apps::check_outputs_apart({{"--metrics", o.metrics}, {"--save", o.save}, {"WEFT_TRACE", trace::file()}},
+                            {{"--data", o.data}, {"--load", run.resume_from}}, "mnist");
   run.identity = apps::run_identity(run.resume_from);
   if (run.dir_lock) apps::check_checkpoint_owner(o.save, "--save", run.identity, o.overwrite_checkpoints, "--load", "mnist");
   run.metrics.emplace(ranks.lead() ? o.metrics : std::string());  // one file, written by rank 0

@@ -38,6 +38,7 @@
 #include "core/sha256.h"
 #include "dist/config_check.h"
 #include "fsdp/fsdp.h"
+#include "core/trace.h"
 #include "weft.h"
 
 using namespace weft;
@@ -494,7 +495,8 @@ void prepare_run(TrainOptions& o, const Ranks& ranks, Run& run) {
   if (!o.resume.empty()) find_resume(o, run, ranks.lead());
   std::vector<apps::PathFlag> inputs = {{"--resume", run.resume_from}, {"--init-from", o.init_from}};
   for (const std::string& file : run.data.files) inputs.push_back({"--data", file});
-  apps::check_outputs_apart({{"--metrics", o.metrics}, {"--checkpoint-dir", o.checkpoint_dir}}, inputs, "transformer");
+  apps::check_outputs_apart({{"--metrics", o.metrics}, {"--checkpoint-dir", o.checkpoint_dir},
+                             {"WEFT_TRACE", trace::file()}}, inputs, "transformer");
   run.identity = apps::run_identity(run.resume_from);
   if (run.dir_lock)
     apps::check_checkpoint_owner(o.checkpoint_dir, "--checkpoint-dir", run.identity, o.overwrite_checkpoints,
@@ -709,7 +711,7 @@ int sample(const SampleOptions& o, const Ranks& ranks) {
   const Device device = apps::parse_device(o.device, "transformer");
   if (o.threads > 0) set_num_threads(o.threads);
   WEFT_CHECK(o.tokens >= 0, "transformer: --tokens must be non-negative");
-  apps::check_outputs_apart({{"--logits-out", o.logits_out}}, {{"--from", o.checkpoint}, {"--tokenizer", o.tokenizer}},
+  apps::check_outputs_apart({{"--logits-out", o.logits_out}, {"WEFT_TRACE", trace::file()}}, {{"--from", o.checkpoint}, {"--tokenizer", o.tokenizer}},
                             "transformer");
   LoadedModel loaded;
   dist::agree(ranks.groups(), "transformer", [&] {
