@@ -8,7 +8,7 @@ set -euo pipefail
 cd "${1:-$(dirname "$0")/..}"
 # layer | budget | the files and folders counted (kernels: the entry points and the meta device)
 budgets=(
-  "core           4001  core weft.h"
+  "core           4008  core weft.h"
   "kernels        2337  kernels/*.h kernels/*.cpp kernels/meta"
   "kernels/cpu    5354  kernels/cpu"
   "cuda           4636  cuda"
@@ -16,7 +16,7 @@ budgets=(
   "nn             2614  nn"
   "dist           2544  dist"
   "fsdp           4484  fsdp"
-  "apps           6725  apps"
+  "apps           6728  apps"
 )
 count() {  # PATH...: the lines of the code files among them
   find "$@" -type f \( -name '*.h' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' \) -print0 | xargs -0 cat | wc -l
