@@ -193,11 +193,50 @@ TEST_CASE("Hugging Face configs weft cannot represent are errors naming the fiel
   expect_error("hidden_act", "gelu", "\"hidden_act\"");
   expect_error("attention_bias", true, "\"attention_bias\"");
   expect_error("num_key_value_heads", 3, "--n-kv-head 3 must divide --n-head 4");
-  expect_error("hidden_size", "big", "\"hidden_size\" must be an integer");
+  expect_error("hidden_size", "big", "\"hidden_size\" must be a positive integer, got \"big\"");
+  // 0 is not "unset": a size of 0 is named as the invalid value it is.
+  expect_error("num_key_value_heads", 0, "\"num_key_value_heads\" must be a positive integer, got 0");
+  expect_error("intermediate_size", 0, "\"intermediate_size\" must be a positive integer, got 0");
   expect_error("vocab_size", nullptr, "\"vocab_size\" is missing");
   // Weights that do not fit the config: a layer more than the files hold.
   const std::string dir = with_config("num_hidden_layers", 3);
   apps::LanguageModel lm = apps::make_model(apps::read_hf_config(dir));
   CHECK_THROWS_WITH(apps::load_hf_checkpoint(dir, lm, nullptr), Contains("model.layers.2."));
   fs::remove_all(dir);
+}
+
+TEST_CASE("as transformers reads them: a stored head wins over tie_word_embeddings, the single file over an index") {
+  const std::string src = kData + "/llama", dir = temp_dir("agree");
+  fs::create_directories(dir);
+  for (auto& f : fs::directory_iterator(src))
+    if (f.path().filename() != "config.json") fs::create_symlink(fs::absolute(f.path()), fs::path(dir) / f.path().filename());
+  std::ifstream in(src + "/config.json");
+  nlohmann::json j = nlohmann::json::parse(in);
+  j["tie_word_embeddings"] = true;  // but the files store lm_head.weight
+  std::ofstream(dir + "/config.json") << j.dump();
+  {
+    NoGradGuard no_grad;
+    apps::LanguageModel lm = load_whole(dir);
+    CHECK(!lm.cfg.tie_weights);
+    check_logits((*lm.module)(inputs(expected("llama"))), expected("llama").logits, "tied config, stored head");
+  }
+  // Beside the index and its shards, a model.safetensors holding other values: it is the one read.
+  apps::LanguageModel other = load_whole(src);
+  {
+    NoGradGuard no_grad;
+    Tensor head = other.module->named_parameters().back().second;
+    head.copy_(head * 2.0);
+  }
+  const std::string single = temp_dir("single");
+  apps::export_hf_checkpoint(other, single, int64_t(1) << 30);
+  fs::create_symlink(fs::path(single) / "model.safetensors", fs::path(dir) / "model.safetensors");
+  apps::LanguageModel read = load_whole(dir);
+  auto want = other.module->named_parameters(), got = read.module->named_parameters();
+  REQUIRE(want.size() == got.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    INFO(want[i].first);
+    CHECK(to_vector(want[i].second) == to_vector(got[i].second));
+  }
+  fs::remove_all(dir);
+  fs::remove_all(single);
 }

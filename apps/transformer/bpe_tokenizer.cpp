@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -247,9 +248,18 @@ void BpeTokenizer::Impl::read_pre_tokenizer(const Field& p) {
   byte_level(level, false);
 }
 
-BpeTokenizer::BpeTokenizer(const std::string& path) : impl_(std::make_unique<Impl>()) {
+std::string tokenizer_json_path(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(path, ec)) return path;
+  const std::string file = (std::filesystem::path(path) / "tokenizer.json").string();
+  WEFT_CHECK(std::filesystem::exists(file, ec), "transformer: the tokenizer {} is a directory without a tokenizer.json "
+             "(give the tokenizer.json file, or a model or dataset directory holding one)", path);
+  return file;
+}
+
+BpeTokenizer::BpeTokenizer(const std::string& given) : impl_(std::make_unique<Impl>()) {
   Impl& t = *impl_;
-  t.path = path;
+  const std::string path = t.path = tokenizer_json_path(given);
   std::ifstream in(path, std::ios::binary);
   if (!in) t.fail("cannot be opened (a tokenizer.json of the Hugging Face `tokenizers` format is expected)");
   json j;

@@ -18,6 +18,10 @@
 
 namespace weft::apps {
 
+// The tokenizer.json `path` names: itself, or DIR/tokenizer.json when it is a directory (a Hugging
+// Face model directory or a prepared dataset). A directory without one is an error naming it.
+std::string tokenizer_json_path(const std::string& path);
+
 class BpeTokenizer {
  public:
   // Reads and checks `path`; errors name the file and what is wrong.

@@ -2,6 +2,9 @@
 
 #include <unistd.h>
 
+#include <cerrno>
+#include <csignal>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -61,7 +64,9 @@ struct ConfigReader {
       if (fallback) return *fallback;
       fail(key, "is missing");
     }
-    if (!v->is_number_integer()) fail(key, fmt::format("must be an integer, got {}", v->dump()));
+    // Every integer of a config is a size or a count: 0 is not "unset" (that is null or absent).
+    if (!v->is_number_integer() || v->get<int64_t>() <= 0)
+      fail(key, fmt::format("must be a positive integer, got {}", v->dump()));
     return v->get<int64_t>();
   }
   double number(const std::string& key, double fallback) const {
@@ -143,8 +148,8 @@ ModelConfig llama_config_of(const ConfigReader& r) {
 // Hugging Face tensor name -> the file holding it.
 std::map<std::string, std::string> weight_files(const std::string& dir) {
   std::map<std::string, std::string> out;
-  const fs::path index = fs::path(dir) / "model.safetensors.index.json";
-  if (fs::exists(index)) {
+  const fs::path index = fs::path(dir) / "model.safetensors.index.json", single = fs::path(dir) / "model.safetensors";
+  if (fs::exists(index) && !fs::exists(single)) {  // both: the single file, as transformers reads it
     std::ifstream in(index);
     json j = json::parse(in, nullptr, false);
     WEFT_CHECK(!j.is_discarded() && j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(),
@@ -158,7 +163,6 @@ std::map<std::string, std::string> weight_files(const std::string& dir) {
     }
     return out;
   }
-  const fs::path single = fs::path(dir) / "model.safetensors";
   WEFT_CHECK(fs::exists(single), "transformer: {} has neither model.safetensors nor model.safetensors.index.json "
              "(weft reads the safetensors format only, not pytorch_model.bin)", dir);
   for (const SafetensorsEntry& e : read_safetensors_index(single.string())) out[e.name] = single.string();
@@ -189,6 +193,12 @@ ModelConfig read_hf_config(const std::string& dir) {
   } catch (const Error& e) {
     throw Error(fmt::format("{} (from {})", e.what(), path));
   }
+  // A stored head wins over the tie flag, as transformers loads it: the model's head is its own.
+  if (const auto files = weight_files(dir); cfg.tie_weights && files.count(kHeadName)) {
+    cfg.tie_weights = false;
+    std::fprintf(stderr, "weft-transformer: %s sets tie_word_embeddings but %s stores %s: the stored head is used "
+                 "(untied)\n", path.c_str(), files.at(kHeadName).c_str(), kHeadName);
+  }
   return cfg;
 }
 
@@ -209,14 +219,57 @@ void load_hf_checkpoint(const std::string& dir, const LanguageModel& model, cons
   }
   for (const auto& [hf, file] : files) {
     if (used.count(hf)) continue;
-    const bool ignored = (model.cfg.tie_weights && hf == kHeadName) || layout.is_ignored(hf);  // a tied head saved anyway
-    WEFT_CHECK(ignored, "transformer: {} holds \"{}\" ({}), which a {} model of this config does not have", dir, hf,
+    WEFT_CHECK(layout.is_ignored(hf), "transformer: {} holds \"{}\" ({}), which a {} model of this config does not have", dir, hf,
                file, layout.model_type);
   }
   fsdp::load_external_checkpoint(*model.module, root, names);
 }
 
+namespace {
+
+// The directory an export to `out` is written in, beside it: .<name>.tmp-<pid>, renamed to `out`
+// when complete. Leftovers of earlier exports to `out` whose process is gone are removed first.
+fs::path export_temp_dir(const std::string& out) {
+  const fs::path parent = fs::path(out).parent_path().empty() ? fs::path(".") : fs::path(out).parent_path();
+  const std::string prefix = fmt::format(".{}.tmp-", fs::path(out).filename().string());
+  std::error_code ec;
+  for (auto& e : fs::directory_iterator(parent, ec)) {
+    const std::string name = e.path().filename().string(), pid = name.substr(std::min(name.size(), prefix.size()));
+    if (name.rfind(prefix, 0) != 0 || pid.empty() || pid.size() > 9 || pid.find_first_not_of("0123456789") != std::string::npos)
+      continue;
+    if (::kill(pid_t(std::stoi(pid)), 0) != 0 && errno == ESRCH) fs::remove_all(e.path(), ec);  // its export died
+  }
+  const fs::path tmp = parent / (prefix + std::to_string(::getpid()));
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  return tmp;
+}
+
+// config.json and the safetensors shards (with their index when there are several) into `tmp`.
+void write_hf_files(const fs::path& tmp, const std::vector<NamedTensors>& shards, int64_t total, const json& cfg) {
+  const Metadata meta{{"format", "pt"}};
+  if (shards.size() == 1) {
+    save_safetensors((tmp / "model.safetensors").string(), shards[0], meta);
+  } else {
+    json weight_map = json::object();
+    for (size_t i = 0; i < shards.size(); ++i) {
+      const std::string file = fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, shards.size());
+      save_safetensors((tmp / file).string(), shards[i], meta);
+      for (auto& nt : shards[i]) weight_map[nt.first] = file;
+    }
+    const std::string index = json{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}}.dump(2);
+    write_file_atomic((tmp / "model.safetensors.index.json").string(),
+                      [&](std::FILE* f) { std::fwrite(index.data(), 1, index.size(), f); });
+  }
+  const std::string text = cfg.dump(2);
+  write_file_atomic((tmp / "config.json").string(), [&](std::FILE* f) { std::fwrite(text.data(), 1, text.size(), f); });
+}
+
+}  // namespace
+
 void export_hf_checkpoint(const LanguageModel& model, const std::string& out, int64_t max_shard_bytes) {
+  WEFT_CHECK(!out.empty() && fs::path(out).has_filename(), "transformer: --out \"{}\" does not name a directory to "
+             "write", out);
   WEFT_CHECK(!fs::exists(out), "transformer: {} already exists: export-hf writes a new directory (choose another --out "
              "or remove it)", out);
   WEFT_CHECK(max_shard_bytes > 0, "transformer: the shard size must be positive, got {}", max_shard_bytes);
@@ -255,28 +308,17 @@ void export_hf_checkpoint(const LanguageModel& model, const std::string& out, in
            {"embd_pdrop", 0.0}, {"attn_pdrop", 0.0}, {"scale_attn_weights", true},
            {"tie_word_embeddings", c.tie_weights}, {"torch_dtype", "float32"}, {"use_cache", true}};
   }
-  // Written in a directory beside `out`, renamed into place when complete.
-  const fs::path tmp = fs::path(out).parent_path() / fmt::format(".{}.tmp-{}", fs::path(out).filename().string(),
-                                                                  ::getpid());
-  fs::remove_all(tmp);
-  fs::create_directories(tmp);
-  const Metadata meta{{"format", "pt"}};
-  if (shards.size() == 1) {
-    save_safetensors((tmp / "model.safetensors").string(), shards[0], meta);
-  } else {
-    json weight_map = json::object();
-    for (size_t i = 0; i < shards.size(); ++i) {
-      const std::string file = fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, shards.size());
-      save_safetensors((tmp / file).string(), shards[i], meta);
-      for (auto& nt : shards[i]) weight_map[nt.first] = file;
-    }
-    const std::string index = json{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}}.dump(2);
-    write_file_atomic((tmp / "model.safetensors.index.json").string(),
-                      [&](std::FILE* f) { std::fwrite(index.data(), 1, index.size(), f); });
+  fs::path tmp;
+  try {
+    tmp = export_temp_dir(out);
+    write_hf_files(tmp, shards, total, cfg);
+    fs::rename(tmp, out);
+  } catch (const std::exception& e) {
+    std::error_code ec;
+    if (!tmp.empty()) fs::remove_all(tmp, ec);
+    throw Error(fmt::format("transformer: exporting to {} failed (nothing was written there): {}", out, e.what()));
   }
-  const std::string text = cfg.dump(2);
-  write_file_atomic((tmp / "config.json").string(), [&](std::FILE* f) { std::fwrite(text.data(), 1, text.size(), f); });
-  fs::rename(tmp, out);
 }
 
 }  // namespace weft::apps
+

@@ -968,8 +968,9 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (s.greedy) s.temperature = 0;
   if (t.model.arch == "llama") t.untie = t.untie || !t.tie;  // Llama's head is untied by default
-  else if (t.tie) {
-    std::fprintf(stderr, "weft-transformer: --tie is for --arch llama (GPT-2's head is tied unless --untie)\n");
+  else if (t.tie || tr->get_option("--rope-theta")->count() > 0) {  // flags GPT-2 would ignore
+    std::fprintf(stderr, "weft-transformer: %s is for --arch llama (%s)\n", t.tie ? "--tie" : "--rope-theta",
+                 t.tie ? "GPT-2's head is tied unless --untie" : "GPT-2 learns its positions: no rotary embeddings");
     return 2;
   }
 

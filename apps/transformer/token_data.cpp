@@ -48,6 +48,21 @@ std::string read_file(const std::string& path) {
   return s;
 }
 
+// The index of the first id of `ids` (mapped at `map`) that is not below `vocab`, or -1: every
+// id is checked once, at load, rather than when (if ever) a batch draws it. One pass, in chunks
+// whose pages are dropped once read, so that the check adds nothing to the resident memory.
+int64_t first_out_of_vocabulary(void* map, const TokenView& ids, int64_t vocab) {
+  const int64_t chunk = int64_t(1) << 22, page = ::sysconf(_SC_PAGESIZE);
+  for (int64_t lo = 0; lo < ids.size(); lo += chunk) {
+    const int64_t hi = std::min(ids.size(), lo + chunk);
+    for (int64_t i = lo; i < hi; ++i)
+      if (int64_t(ids[i]) >= vocab) return i;
+    const int64_t read = (ids.p + hi * ids.width - static_cast<const unsigned char*>(map)) / page * page;
+    ::madvise(map, size_t(read), MADV_DONTNEED);  // advice only: a failure costs memory, not correctness
+  }
+  return -1;
+}
+
 }  // namespace
 
 void write_token_file(const std::string& path, const std::vector<uint32_t>& tokens, int64_t vocab_size,
@@ -125,6 +140,9 @@ TokenFile::TokenFile(const std::string& path) : path_(path) {
   header_.vocab_size = int64_t(vocab);
   header_.tokenizer_sha256.assign(reinterpret_cast<const char*>(h + 32), 64);
   data_ = h + kHeaderBytes;
+  if (const int64_t i = first_out_of_vocabulary(map_, view(), header_.vocab_size); i >= 0)
+    fail(fmt::format("token {} (of {}) is id {}, outside its vocabulary of {}: the file is damaged", i, count,
+                     (*this)[i], vocab));
 }
 
 TokenFile::~TokenFile() {
@@ -159,9 +177,12 @@ void load_training_data(const std::string& path, TrainingData& d) {
   d.train_file.emplace(train);
   d.val_file.emplace(val);
   const TokenFileHeader &a = d.train_file->header(), &b = d.val_file->header();
-  WEFT_CHECK(a.tokenizer_sha256 == b.tokenizer_sha256 && a.vocab_size == b.vocab_size,
+  WEFT_CHECK(a.tokenizer_sha256 == b.tokenizer_sha256,
              "transformer: {} and {} come from different tokenizers (sha256 {} and {}): prepare them together", train,
              val, a.tokenizer_sha256, b.tokenizer_sha256);
+  WEFT_CHECK(a.vocab_size == b.vocab_size, "transformer: {} has a vocabulary of {} tokens but {} of {}, though both "
+             "record tokenizer sha256 {}: one of them is damaged; prepare them again", train, a.vocab_size, val,
+             b.vocab_size, a.tokenizer_sha256);
   d.train = d.train_file->view(), d.val = d.val_file->view();
   d.vocab_size = a.vocab_size;
   d.tokenizer_sha256 = a.tokenizer_sha256;
@@ -169,7 +190,7 @@ void load_training_data(const std::string& path, TrainingData& d) {
 }
 
 std::string tokenizer_digest(const std::string& path) {
-  const std::string json = read_file(path);
+  const std::string json = read_file(tokenizer_json_path(path));
   return sha256_hex(json.data(), json.size());
 }
 
@@ -177,7 +198,7 @@ PreparedData prepare_tokens(const std::string& tokenizer_path, const std::string
                             const std::string& eos, double val_fraction) {
   WEFT_CHECK(val_fraction >= 0 && val_fraction < 1, "transformer: validation fraction {} not in [0, 1)", val_fraction);
   const BpeTokenizer tok(tokenizer_path);
-  const std::string tokenizer_json = read_file(tokenizer_path);
+  const std::string tokenizer_json = read_file(tokenizer_json_path(tokenizer_path));
   const std::string digest = sha256_hex(tokenizer_json.data(), tokenizer_json.size());
   int32_t eos_id = -1;
   if (!eos.empty()) {

@@ -174,6 +174,12 @@ run "$gpt" train "${other[@]}" --stop-after 1 --resume "$tmp/fb" --checkpoint-di
   fail "--resume did not fall back: $(cat "$tmp/err")"
 grep -q "using $tmp/fb/step_00000001, the newest checkpoint in $tmp/fb that reads" "$tmp/err" &&
   [ -e "$tmp/fb/step_00000002/index.json" ] || fail "--resume's fallback: $(cat "$tmp/err"; ls "$tmp/fb")"
+# export-hf: the leftovers of an export to the same --out whose process is gone are removed when
+# the next one starts (a live process's are kept).
+mkdir -p "$tmp/.hf.tmp-999999999/x" "$tmp/.hf.tmp-$$"
+run "$gpt" export-hf --from "$tmp/fb" --out "$tmp/hf" >/dev/null 2>"$tmp/err" || fail "export-hf: $(cat "$tmp/err")"
+[ ! -e "$tmp/.hf.tmp-999999999" ] && [ -d "$tmp/.hf.tmp-$$" ] && [ -e "$tmp/hf/config.json" ] ||
+  fail "export-hf's leftovers: $(ls -a "$tmp")"
 echo "checkpoint cli ok: exact resume (dropout) alone and at 2 ranks; step-10 loss $a10 after 1->4 and 4->1;" \
      "mnist 2->1->4; inspect, verify, consolidate; corrupt shards refused on every rank; one writer per directory;" \
-     "run ownership; fallback past an unreadable step"
+     "run ownership; fallback past an unreadable step; export leftovers"

@@ -53,6 +53,27 @@ grep -q -- "--tokenizer" "$tmp/err" || fail "sampling without --tokenizer not ex
 "$exe" sample --from "$tmp/ck" --prompt "x" --tokens 3 --ids >"$tmp/ids.out" 2>/dev/null || fail "sample --ids failed"
 grep -Eq '^[0-9]+,[0-9]+,[0-9]+$' "$tmp/ids.out" || fail "sample --ids printed: $(cat "$tmp/ids.out")"
 
+# Damaged token files are refused at load, naming the file and what is wrong: an id past the
+# vocabulary (token 5 set to 65535), and train and val files whose vocabularies differ.
+cp -r "$tmp/ds" "$tmp/bad_id" && printf '\xff\xff' | dd of="$tmp/bad_id/train.tokens" bs=1 seek=138 conv=notrunc status=none
+if "$exe" train --data "$tmp/bad_id" "${model[@]}" --steps 1 >/dev/null 2>"$tmp/err"; then
+  fail "trained on an id past the vocabulary"; fi
+grep -q "token file $tmp/bad_id/train.tokens: token 5 (of [0-9]*) is id 65535, outside its vocabulary of 2000" \
+  "$tmp/err" || fail "an id past the vocabulary is not named: $(cat "$tmp/err")"
+cp -r "$tmp/ds" "$tmp/bad_vocab" && printf '\xd1\x07' | dd of="$tmp/bad_vocab/val.tokens" bs=1 seek=24 conv=notrunc status=none
+if "$exe" train --data "$tmp/bad_vocab" "${model[@]}" --steps 1 >/dev/null 2>"$tmp/err"; then
+  fail "trained on files with different vocabularies"; fi
+grep -q "train.tokens has a vocabulary of 2000 tokens but $tmp/bad_vocab/val.tokens of 2001" "$tmp/err" ||
+  fail "the vocabulary mismatch is not named as such: $(cat "$tmp/err")"
+# --tokenizer may name a directory holding tokenizer.json (a dataset or a model directory).
+"$exe" prepare --tokenizer "$tmp/ds" --data "$tmp/texts" --out "$tmp/ds2" >/dev/null 2>"$tmp/err" ||
+  fail "prepare --tokenizer DIR: $(cat "$tmp/err")"
+cmp -s "$tmp/ds/train.tokens" "$tmp/ds2/train.tokens" || fail "prepare --tokenizer DIR made other tokens"
+if "$exe" prepare --tokenizer "$tmp/texts" --data "$tmp/texts" --out "$tmp/ds3" >/dev/null 2>"$tmp/err"; then
+  fail "prepare took a directory without tokenizer.json"; fi
+grep -q "the tokenizer $tmp/texts is a directory without a tokenizer.json" "$tmp/err" ||
+  fail "a tokenizer directory without tokenizer.json: $(cat "$tmp/err")"
+
 # A 192 MB training file under a 64 MB WEFT_MEMORY_LIMIT: the header of prepare's file with a
 # count of 96M tokens, then zeros (token 0), and the peak RSS stays far below the file's size.
 mkdir "$tmp/big"
