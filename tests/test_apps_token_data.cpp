@@ -92,14 +92,14 @@ TEST_CASE("token data: token files hold 16-bit ids up to 65,536 tokens and 32-bi
   CHECK(all_tokens(l) == large);
   CHECK(fs::file_size(dir / "s") == 128 + 4 * 2);
   CHECK(fs::file_size(dir / "l") == 128 + 4 * 4);
-  CHECK_THROWS_WITH(apps::write_token_file((dir / "x").string(), {3, 70000}, 70000, digest),
+  CHECK_THROWS_WITH(apps::write_token_file((dir / "x").string(), std::vector<uint32_t>{3, 70000}, 70000, digest),
                     Contains("id 70000 at 1 is outside the vocabulary of 70000"));
   CHECK(!fs::exists(dir / "x"));  // nothing left behind
 }
 
 TEST_CASE("token data: bad token files are named") {
   const fs::path dir = fresh_dir("bad");
-  apps::write_token_file((dir / "good").string(), {1, 2, 3}, 100, std::string(64, 'f'));
+  apps::write_token_file((dir / "good").string(), std::vector<uint32_t>{1, 2, 3}, 100, std::string(64, 'f'));
   std::string bytes;
   {
     std::ifstream in(dir / "good", std::ios::binary);

@@ -286,3 +286,38 @@ TEST_CASE("tokenizer: a BPE setting that changes the encoding is refused, naming
   refused([](oj& m) { m.erase("type"), m.erase("merges"); }, "\"type\" is missing");
   refused([](oj& m) { m["type"] = "WordPiece"; }, "model type \"WordPiece\" is not supported");
 }
+
+TEST_CASE("tokenizer: a text cut at split_point encodes as the whole (prepare reads long lines in blocks)") {
+  // The fixture texts, natural text, and long unbroken runs of letters, digits and signs.
+  std::string base64, words;
+  uint64_t state = 1;
+  auto next = [&] { return (state = state * 6364136223846793005ull + 1442695040888963407ull) >> 33; };
+  const std::string alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  for (int i = 0; i < 4000; ++i) base64 += alphabet[next() % alphabet.size()];
+  const char* vocabulary[] = {"the", " ", "  ", "don't", "x2", "42", "\n", "Über", "日本", ".", "a\tb", "'s", "<|user|>"};
+  for (int i = 0; i < 3000; ++i) words += std::string(vocabulary[next() % std::size(vocabulary)]) + (next() % 3 ? " " : "");
+  for (const char* family : {"gpt2", "llama3"}) {
+    INFO(family);
+    const apps::BpeTokenizer tok(kData + "/" + family + "/tokenizer.json");
+    std::vector<std::string> texts = {base64, words};
+    for (const json& c : read_json(kData + "/" + family + "/expected.json")["cases"]) texts.push_back(c["text"]);
+    size_t cuts = 0;
+    for (const std::string& text : texts) {
+      INFO("text " << json(text.substr(0, 80)).dump());
+      std::vector<int32_t> got;
+      for (std::string_view rest = text; !rest.empty();) {
+        size_t cut = 0;
+        for (size_t limit = 16; cut == 0 && limit < rest.size(); limit *= 2) cut = tok.split_point(rest, limit);
+        if (cut == 0) cut = rest.size();
+        cuts += cut < rest.size();
+        const std::vector<int32_t> part = tok.encode(rest.substr(0, cut));
+        got.insert(got.end(), part.begin(), part.end());
+        rest.remove_prefix(cut);
+      }
+      const std::vector<int32_t> want = tok.encode(text);
+      INFO("got  " << show(got) << "\nwant " << show(want));
+      CHECK(got == want);
+    }
+    CHECK(cuts > 500);
+  }
+}

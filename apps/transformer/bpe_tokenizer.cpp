@@ -22,6 +22,9 @@ namespace {
 // GPT-2's pre-tokenizer pattern (ByteLevel with use_regex).
 constexpr const char* kGpt2Pattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+// Llama 3's (a Split before ByteLevel).
+constexpr const char* kLlama3Pattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
 void append_utf8(std::string& out, uint32_t cp) {
   if (cp < 0x80) {
@@ -134,6 +137,7 @@ struct BpeTokenizer::Impl {
   bool add_prefix_space = false;
   std::vector<AddedToken> added;  // longest first
   pcre2_code* regex = nullptr;
+  std::string pattern;  // regex's
 
   ~Impl() { pcre2_code_free(regex); }
   [[noreturn]] void fail(const std::string& what) const { throw Error(fmt::format("tokenizer {}: {}", path, what)); }
@@ -204,7 +208,8 @@ void BpeTokenizer::Impl::read_model(const Field& m) {
   }
 }
 
-void BpeTokenizer::Impl::compile(const std::string& pattern) {
+void BpeTokenizer::Impl::compile(const std::string& p) {
+  pattern = p;
   int code = 0;
   PCRE2_SIZE offset = 0;
   regex = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), PCRE2_UTF | PCRE2_UCP, &code,
@@ -380,6 +385,24 @@ void BpeTokenizer::Impl::encode_part(std::string_view part, std::vector<int32_t>
       pos = next;
     }
   }
+}
+
+size_t BpeTokenizer::split_point(std::string_view text, size_t limit) const {
+  const Impl& t = *impl_;
+  // Both patterns end a piece, and start one whatever came before, at a space that follows a
+  // non-space when a letter follows (" word") and at a digit that follows a letter ("ab|12"); an
+  // added token holding a space, a letter or a digit could span such a place.
+  if (t.pattern != kGpt2Pattern && t.pattern != kLlama3Pattern) return 0;
+  auto letter = [](char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); };
+  auto digit = [](char c) { return c >= '0' && c <= '9'; };
+  auto space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; };
+  for (const AddedToken& a : t.added)
+    for (size_t i = 1; i < a.content.size(); ++i)
+      if (a.content[i] == ' ' || (letter(a.content[i - 1]) && digit(a.content[i]))) return 0;
+  for (size_t i = std::min(limit, text.size() < 2 ? 0 : text.size() - 2); i > 0; --i)
+    if ((text[i] == ' ' && !space(text[i - 1]) && letter(text[i + 1])) || (letter(text[i - 1]) && digit(text[i])))
+      return i;
+  return 0;
 }
 
 std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {

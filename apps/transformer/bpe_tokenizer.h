@@ -32,6 +32,11 @@ class BpeTokenizer {
 
   // The ids of `text` (UTF-8; invalid UTF-8 is an error naming the byte offset).
   std::vector<int32_t> encode(std::string_view text) const;
+  // A place at or before `limit` where `text` may be cut so that encoding the two parts one after
+  // the other gives encode(text)'s ids (for reading a long text in blocks): a space between a
+  // non-space and an ASCII letter, or an ASCII digit after an ASCII letter, under GPT-2's or
+  // Llama 3's pre-tokenizer pattern when no added token could span it. 0 when there is none.
+  size_t split_point(std::string_view text, size_t limit) const;
   // The text of `ids` (ids outside the vocabulary are an error), bytes that do not form UTF-8
   // replaced by U+FFFD as `tokenizers` does; special added tokens left out when skip_special.
   std::string decode(const std::vector<int32_t>& ids, bool skip_special = false) const;

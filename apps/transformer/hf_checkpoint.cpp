@@ -219,8 +219,8 @@ void load_hf_checkpoint(const std::string& dir, const LanguageModel& model, cons
   }
   for (const auto& [hf, file] : files) {
     if (used.count(hf)) continue;
-    WEFT_CHECK(layout.is_ignored(hf), "transformer: {} holds \"{}\" ({}), which a {} model of this config does not have", dir, hf,
-               file, layout.model_type);
+    WEFT_CHECK(layout.is_ignored(hf), "transformer: {} holds \"{}\" ({}), which a {} model of this config does not "
+               "have", dir, hf, file, layout.model_type);
   }
   fsdp::load_external_checkpoint(*model.module, root, names);
 }
@@ -235,7 +235,8 @@ fs::path export_temp_dir(const std::string& out) {
   std::error_code ec;
   for (auto& e : fs::directory_iterator(parent, ec)) {
     const std::string name = e.path().filename().string(), pid = name.substr(std::min(name.size(), prefix.size()));
-    if (name.rfind(prefix, 0) != 0 || pid.empty() || pid.size() > 9 || pid.find_first_not_of("0123456789") != std::string::npos)
+    if (name.rfind(prefix, 0) != 0 || pid.empty() || pid.size() > 9 ||
+        pid.find_first_not_of("0123456789") != std::string::npos)
       continue;
     if (::kill(pid_t(std::stoi(pid)), 0) != 0 && errno == ESRCH) fs::remove_all(e.path(), ec);  // its export died
   }

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <span>
 
 #include "apps/common/progress.h"
 #include "apps/transformer/text_data.h"
@@ -63,9 +64,38 @@ int64_t first_out_of_vocabulary(void* map, const TokenView& ids, int64_t vocab) 
   return -1;
 }
 
+// Appends the ids of text file `path` to `tokens`; returns its size. Read in blocks of 16 MiB, each
+// encoded up to the last place the tokenizer may cut it (BpeTokenizer::split_point), so that a
+// long line is never held whole with its ids (a tokenizer that cannot be cut reads the file whole).
+int64_t encode_file(const BpeTokenizer& tok, const std::string& path, std::vector<uint32_t>& tokens) {
+  constexpr size_t kBlock = size_t(16) << 20;
+  std::ifstream in(path, std::ios::binary);
+  WEFT_CHECK(in.good(), "transformer: cannot open {}: {}", path, std::strerror(errno));
+  std::string text;
+  int64_t offset = 0;  // of text[0] in the file
+  for (bool end = false; !end;) {
+    const size_t had = text.size();
+    text.resize(had + kBlock);
+    in.read(text.data() + had, std::streamsize(kBlock));
+    text.resize(had + size_t(in.gcount()));
+    WEFT_CHECK(!in.bad(), "transformer: error while reading {}", path);
+    end = in.eof();
+    const size_t cut = end ? text.size() : tok.split_point(text, text.size());
+    if (cut == 0 && !end) continue;  // no place to cut yet: read on
+    try {
+      for (int32_t id : tok.encode(std::string_view(text).substr(0, cut))) tokens.push_back(uint32_t(id));
+    } catch (const Error& e) {
+      throw Error(fmt::format("transformer: {} (the part from byte {}): {}", path, offset, e.what()));
+    }
+    text.erase(0, cut);
+    offset += int64_t(cut);
+  }
+  return offset;
+}
+
 }  // namespace
 
-void write_token_file(const std::string& path, const std::vector<uint32_t>& tokens, int64_t vocab_size,
+void write_token_file(const std::string& path, std::span<const uint32_t> tokens, int64_t vocab_size,
                       const std::string& tokenizer_sha256) {
   WEFT_CHECK(vocab_size > 0 && vocab_size <= (int64_t(1) << 32), "transformer: token file {}: vocabulary size {}",
              path, vocab_size);
@@ -211,20 +241,17 @@ PreparedData prepare_tokens(const std::string& tokenizer_path, const std::string
   for (const std::string& f : files) total_bytes += int64_t(fs::file_size(f));
   PreparedData out;
   std::vector<uint32_t> tokens;
+  try {  // no token is shorter than a byte: one allocation, its untouched tail never resident
+    tokens.reserve(size_t(total_bytes) + files.size());
+  } catch (const std::bad_alloc&) {  // grown as needed
+  }
   Progress progress("prepare", int64_t(files.size()), "bytes");
   for (const std::string& f : files) {
     WEFT_CHECK(fs::is_regular_file(f), "transformer: {} is not a regular file or a directory (a FIFO or device?)", f);
-    const std::string text = read_file(f);
-    std::vector<int32_t> ids;
-    try {
-      ids = tok.encode(text);
-    } catch (const Error& e) {
-      throw Error(fmt::format("transformer: {}: {}", f, e.what()));
-    }
-    tokens.insert(tokens.end(), ids.begin(), ids.end());
+    const int64_t bytes = encode_file(tok, f, tokens);
     if (eos_id >= 0) tokens.push_back(uint32_t(eos_id));
-    out.files += 1, out.bytes += int64_t(text.size());
-    progress.update(out.files, int64_t(text.size()), fmt::format("{} tokens", tokens.size()));
+    out.files += 1, out.bytes += bytes;
+    progress.update(out.files, bytes, fmt::format("{} tokens", tokens.size()));
   }
   progress.finish(fmt::format("{} tokens from {} bytes in {} files", tokens.size(), total_bytes, files.size()));
   WEFT_CHECK(!tokens.empty(), "transformer: {} holds no text to tokenize", data);
@@ -233,8 +260,7 @@ PreparedData prepare_tokens(const std::string& tokenizer_path, const std::string
   fs::create_directories(out_dir, ec);
   WEFT_CHECK(!ec && fs::is_directory(out_dir), "transformer: cannot create the dataset directory {}: {}", out_dir,
              ec ? ec.message() : "not a directory");
-  const std::vector<uint32_t> train(tokens.begin(), tokens.end() - std::ptrdiff_t(n_val));
-  const std::vector<uint32_t> val(tokens.end() - std::ptrdiff_t(n_val), tokens.end());
+  const std::span<const uint32_t> train(tokens.data(), tokens.size() - n_val), val(tokens.data() + train.size(), n_val);
   write_token_file(out_dir + "/train.tokens", train, tok.vocab_size(), digest);
   write_token_file(out_dir + "/val.tokens", val, tok.vocab_size(), digest);
   write_file_atomic(out_dir + "/tokenizer.json",

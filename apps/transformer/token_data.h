@@ -11,6 +11,7 @@
 #pragma once
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -25,7 +26,7 @@ struct TokenFileHeader {
 };
 
 // Writes `tokens` (each < vocab_size) as a token file at `path`, replacing it atomically.
-void write_token_file(const std::string& path, const std::vector<uint32_t>& tokens, int64_t vocab_size,
+void write_token_file(const std::string& path, std::span<const uint32_t> tokens, int64_t vocab_size,
                       const std::string& tokenizer_sha256);
 
 // A token file, memory-mapped read-only; a bad header or a size that disagrees with it is an
