@@ -300,7 +300,8 @@ TEST_CASE("tokenizer: a text cut at split_point encodes as the whole (prepare re
     INFO(family);
     const apps::BpeTokenizer tok(kData + "/" + family + "/tokenizer.json");
     std::vector<std::string> texts = {base64, words};
-    for (const json& c : read_json(kData + "/" + family + "/expected.json")["cases"]) texts.push_back(c["text"]);
+    const json expected = read_json(kData + "/" + family + "/expected.json");
+    for (const json& c : expected["cases"]) texts.push_back(c["text"]);
     size_t cuts = 0;
     for (const std::string& text : texts) {
       INFO("text " << json(text.substr(0, 80)).dump());
