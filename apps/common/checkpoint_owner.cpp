@@ -30,9 +30,8 @@ std::string describe_run(const std::string& newest, const std::string& run, int6
       if (auto it = app.find(key); it != app.end()) model += fmt::format(", {} {}", key, it->second);
   } catch (const Error&) {
   }
-  return fmt::format("{}, step{} {}{}", run.empty() ? "a run that recorded no identity" : "run " + run,
-                     first == last ? "" : "s", first == last ? std::to_string(first) : fmt::format("{} to {}", first, last),
-                     model);
+  const std::string steps = first == last ? fmt::format("step {}", first) : fmt::format("steps {} to {}", first, last);
+  return fmt::format("{}, {}{}", run.empty() ? "a run that recorded no identity" : "run " + run, steps, model);
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 #include "apps/common/output_paths.h"
 
+#include <algorithm>
 #include <filesystem>
+#include <iterator>
 
 #include "core/error.h"
 

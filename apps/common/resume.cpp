@@ -49,10 +49,9 @@ std::string readable_checkpoint(const std::string& path, const std::string& prog
   const std::string where = fsdp::latest_checkpoint(path, &unreadable);
   WEFT_CHECK(!where.empty() || unreadable.empty(), "{}", unreadable.front());  // none reads: the newest's error
   for (const std::string& why : unreadable)
-    if (say) std::fprintf(stderr, "weft-%s: passing over a checkpoint that cannot be read: %s\n", program.c_str(), why.c_str());
+    if (say) fmt::print(stderr, "weft-{}: passing over a checkpoint that cannot be read: {}\n", program, why);
   if (say && !unreadable.empty())
-    std::fprintf(stderr, "weft-%s: using %s, the newest checkpoint in %s that reads\n", program.c_str(), where.c_str(),
-                 path.c_str());
+    fmt::print(stderr, "weft-{}: using {}, the newest checkpoint in {} that reads\n", program, where, path);
   return where;
 }
 
