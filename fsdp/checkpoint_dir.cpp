@@ -62,8 +62,7 @@ std::map<int64_t, Recorded> recorded_checkpoints(const fs::path& dir) {
     Recorded r{path, {}, {}};
     try {
       const CheckpointProgress p = read_checkpoint_index(path.string()).training;
-      r.run = p.run;
-      r.loss = p.loss;
+      r.run = p.run, r.loss = p.loss;
     } catch (const Error&) {
     }
     out[step] = r;
@@ -86,6 +85,7 @@ std::optional<fs::path> best_checkpoint(const std::map<int64_t, Recorded>& own) 
 
 // keep_last over run `run`'s checkpoints (SaveOptions), then replace_other_runs.
 void rotate(const fs::path& final_dir, const SaveOptions& options, const std::string& run) {
+  if (options.keep_last <= 0 && !options.replace_other_runs) return;  // nothing to rotate: no index read
   std::map<int64_t, Recorded> own, others;
   for (auto& [step, r] : recorded_checkpoints(final_dir.parent_path())) (r.run == run ? own : others)[step] = r;
   std::error_code ec;

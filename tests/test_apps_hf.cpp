@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "apps/transformer/hf_checkpoint.h"
@@ -77,6 +78,19 @@ std::string temp_dir(const std::string& tag) {
   fs::path p = fs::temp_directory_path() / fmt::format("weft-hf-{}-{}-{}", tag, ::getpid(), dist::rank());
   fs::remove_all(p);
   return p.string();
+}
+
+// A copy of the llama fixture whose config.json `edit` changed (the weight files linked).
+std::string llama_with_config(const std::string& tag, const std::function<void(nlohmann::json&)>& edit) {
+  const std::string src = kData + "/llama", dst = temp_dir(tag);
+  fs::create_directories(dst);
+  for (auto& f : fs::directory_iterator(src))
+    if (f.path().filename() != "config.json") fs::create_symlink(fs::absolute(f.path()), fs::path(dst) / f.path().filename());
+  std::ifstream in(src + "/config.json");
+  nlohmann::json j = nlohmann::json::parse(in);
+  edit(j);
+  std::ofstream(dst + "/config.json") << j.dump();
+  return dst;
 }
 
 }  // namespace
@@ -168,18 +182,12 @@ TEST_CASE("export-hf then import gives the same parameters bitwise, single file 
 }
 
 TEST_CASE("Hugging Face configs weft cannot represent are errors naming the field") {
-  // A copy of the llama fixture with one config field changed (the weights linked).
+  // The llama fixture with one config field changed (null: removed, except rope_scaling).
   auto with_config = [](const std::string& key, const nlohmann::json& value) {
-    const std::string src = kData + "/llama", dst = temp_dir("cfg");
-    fs::create_directories(dst);
-    for (auto& f : fs::directory_iterator(src))
-      if (f.path().filename() != "config.json") fs::create_symlink(fs::absolute(f.path()), fs::path(dst) / f.path().filename());
-    std::ifstream in(src + "/config.json");
-    nlohmann::json j = nlohmann::json::parse(in);
-    if (value.is_null() && key != "rope_scaling") j.erase(key);
-    else j[key] = value;
-    std::ofstream(dst + "/config.json") << j.dump();
-    return dst;
+    return llama_with_config("cfg", [&](nlohmann::json& j) {
+      if (value.is_null() && key != "rope_scaling") j.erase(key);
+      else j[key] = value;
+    });
   };
   auto expect_error = [&](const std::string& key, const nlohmann::json& value, const std::string& text) {
     const std::string dir = with_config(key, value);
@@ -206,14 +214,9 @@ TEST_CASE("Hugging Face configs weft cannot represent are errors naming the fiel
 }
 
 TEST_CASE("as transformers reads them: a stored head wins over tie_word_embeddings, the single file over an index") {
-  const std::string src = kData + "/llama", dir = temp_dir("agree");
-  fs::create_directories(dir);
-  for (auto& f : fs::directory_iterator(src))
-    if (f.path().filename() != "config.json") fs::create_symlink(fs::absolute(f.path()), fs::path(dir) / f.path().filename());
-  std::ifstream in(src + "/config.json");
-  nlohmann::json j = nlohmann::json::parse(in);
-  j["tie_word_embeddings"] = true;  // but the files store lm_head.weight
-  std::ofstream(dir + "/config.json") << j.dump();
+  const std::string src = kData + "/llama";
+  // The config ties the head, but the files store lm_head.weight.
+  const std::string dir = llama_with_config("agree", [](nlohmann::json& j) { j["tie_word_embeddings"] = true; });
   {
     NoGradGuard no_grad;
     apps::LanguageModel lm = load_whole(dir);
