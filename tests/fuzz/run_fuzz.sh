@@ -41,7 +41,7 @@ fi
 mpi_flags=$(pkg-config --cflags ompi 2>/dev/null || echo "-I/usr/lib/x86_64-linux-gnu/openmpi/include")
 # UBSan's checks are fatal (-fno-sanitize-recover), so undefined behaviour is a crash the run reports.
 # shellcheck disable=SC2086
-"$clang" -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -DOMPI_SKIP_MPICXX=1 \
+"$clang" -std=c++20 -O1 -gline-tables-only -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -DOMPI_SKIP_MPICXX=1 \
   -I"$src" -I"$build" $mpi_flags "$src/tests/fuzz/fuzz_$target.cpp" "${sources[@]/#/$src/}" \
   -L"$build" "${libs[@]}" -Wl,-rpath,"$build" -lfmt -o "$out/fuzz_$target"
 
