@@ -1,7 +1,6 @@
 #include "apps/common/cli.h"
 
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <charconv>
@@ -125,11 +124,6 @@ double parse_positive_field(const std::string& text, const std::string& what) {
   std::string err = parse_number(text, v);
   WEFT_CHECK(err.empty() && v > 0, "{}: {}", what, err.empty() ? fmt::format("expected a number above 0, got {}", text) : err);
   return v;
-}
-
-uint64_t physical_memory_bytes() {
-  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-  return pages > 0 && page > 0 ? uint64_t(pages) * uint64_t(page) : 0;
 }
 
 }  // namespace weft::apps::cli

@@ -35,7 +35,4 @@ int64_t parse_integer_field(const std::string& text, int64_t lo, int64_t hi, con
 // The same for a finite decimal number above 0.
 double parse_positive_field(const std::string& text, const std::string& what);
 
-// Bytes of physical memory (0 when unknown).
-uint64_t physical_memory_bytes();
-
 }  // namespace weft::apps::cli

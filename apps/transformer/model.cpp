@@ -1,6 +1,7 @@
 #include "apps/transformer/model.h"
 
-#include "apps/common/cli.h"
+#include <unistd.h>
+
 #include "apps/transformer/gpt.h"
 
 namespace weft::apps {
@@ -43,7 +44,8 @@ void check_config(const ModelConfig& cfg) {
     nn::check_llama_config(llama_config(cfg));
   }
   const double params = param_count(cfg), bytes = 4 * params;
-  const double mem = double(cli::physical_memory_bytes());
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);  // this machine's memory, 0 if unknown
+  const double mem = pages > 0 && page > 0 ? double(pages) * double(page) : 0;
   WEFT_CHECK(mem == 0 || bytes <= mem,
              "transformer: a model of --n-layer {} --n-head {} --d-model {} --ctx {} has {:.3g} parameters: its "
              "float32 weights alone need {:.1f} GiB, more than this machine's {:.1f} GiB of memory",
