@@ -10,6 +10,7 @@
 // GEMM runs on AMX (attention.cpp), which has asked Linux for the tile state.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -69,13 +70,13 @@ struct AmxTiles {
     uint32_t* packed = a_buf.get(kR * (kq > 0 ? kq : 1));
     const __m512 va = _mm512_set1_ps(alpha);
     for (int64_t i0 = 0; i0 < m; i0 += kR) {
-      const int64_t rows = min64(kR, m - i0);
+      const int64_t rows = std::min<int64_t>(kR, m - i0);
       const bool in_place = acs == 1 && rows == kR && k2 % kQ == 0;
       if (!in_place) pack_a(rows, k2, kq, a + i0 * ars, ars, acs, packed);
       const uint32_t* ai = in_place ? a + i0 * ars : packed;
       const int64_t a_bytes = (in_place ? ars : kq) * 4;
       for (int64_t j0 = 0; j0 < n; j0 += kR) {
-        const int64_t cols = min64(kR, n - j0);  // 16 or 32: n is a multiple of 16
+        const int64_t cols = std::min<int64_t>(kR, n - j0);  // 16 or 32: n is a multiple of 16
         memory_barrier();
         _tile_zero(0);
         _tile_zero(1);

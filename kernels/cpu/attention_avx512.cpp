@@ -10,6 +10,7 @@
 // closely than 32-row blocks: a tile's scores stop at the first multiple of 16 past its
 // last row. The steps, grouped-query heads and rotary embeddings are those of attention.cpp's
 // generic loops; the rotation happens in the copies into the packed buffers.
+#include <algorithm>
 #include <cstring>
 
 #ifdef _OPENMP
@@ -24,7 +25,6 @@ namespace {
 
 constexpr int64_t kRowBlock = 32;  // query rows per block, as attention.cpp
 
-int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 void zero(float* begin, float* end) {
   for (float* p = begin; p < end; ++p) *p = 0.f;
 }
@@ -121,8 +121,8 @@ void transpose_panel(const float* x, int64_t t, int64_t cols, float* panel, int6
 void scores(const float* qp, int64_t qst, int64_t E, const float* kt, int64_t ldk, int64_t i0, int64_t m,
             int64_t Tk, bool causal, float scale, float* S, int64_t n16) {
   for (int64_t r0 = 0; r0 < m; r0 += kTileRows) {
-    const int64_t rows = min64(kTileRows, m - r0);
-    const int64_t nt = causal ? round_up(min64(Tk, i0 + r0 + rows), kW) : n16;
+    const int64_t rows = std::min<int64_t>(kTileRows, m - r0);
+    const int64_t nt = causal ? round_up(std::min<int64_t>(Tk, i0 + r0 + rows), kW) : n16;
     small_gemm(rows, nt, E, qp + (i0 + r0) * qst, qst, 1, kt, ldk, S + r0 * n16, n16, scale, false);
     for (int64_t r = r0; r < r0 + rows; ++r) zero(S + r * n16 + nt, S + (r + 1) * n16);
   }
@@ -181,7 +181,7 @@ struct ForwardBuffers {
   int64_t size;
 };
 ForwardBuffers forward_buffers(const AttentionDims& d, float* base) {
-  const int64_t rb = min64(kRowBlock, d.Tq), ldk = round_up(d.Tk, kW);
+  const int64_t rb = std::min<int64_t>(kRowBlock, d.Tq), ldk = round_up(d.Tk, kW);
   Carve c{base};
   ForwardBuffers f{};
   f.S = c.take(rb * ldk), f.KT = c.take(d.E * ldk), f.Qc = c.take(d.Tq * d.E), f.Kc = c.take(d.Tk * d.E);
@@ -194,7 +194,7 @@ struct BackwardBuffers {
   int64_t size;
 };
 BackwardBuffers backward_buffers(const AttentionDims& d, float* base) {
-  const int64_t rb = min64(kRowBlock, d.Tq), ldk = round_up(d.Tk, kW);
+  const int64_t rb = std::min<int64_t>(kRowBlock, d.Tq), ldk = round_up(d.Tk, kW);
   Carve c{base};
   BackwardBuffers g{};
   g.P = c.take(rb * ldk), g.dP = c.take(rb * ldk), g.KT = c.take(d.E * ldk), g.VT = c.take(d.Ev * ldk);
@@ -232,12 +232,12 @@ void attention_forward_avx512(const AttentionDims& d, HeadsF32 Q, HeadsF32 K, He
       pack_rows(at(V, b, h / G), V.st, Tk, Ev, Vc);
       transpose_panel(Kc, Tk, E, KT, ldk);
       for (int64_t i0 = 0; i0 < Tq; i0 += kRowBlock) {
-        const int64_t m = min64(kRowBlock, Tq - i0), n = causal ? i0 + m : Tk, n16 = round_up(n, kW);
+        const int64_t m = std::min<int64_t>(kRowBlock, Tq - i0), n = causal ? i0 + m : Tk, n16 = round_up(n, kW);
         scores(Qc, E, E, KT, ldk, i0, m, Tk, causal, scale, S, n16);
         for (int64_t r = 0; r < m; ++r) lp[i0 + r] = softmax_row(S + r * n16, causal ? i0 + r + 1 : n, n16);
         // O = P V, each row tile summing only over the keys it sees.
         for (int64_t r0 = 0; r0 < m; r0 += kTileRows) {
-          const int64_t rows = min64(kTileRows, m - r0), kn = causal ? i0 + r0 + rows : n;
+          const int64_t rows = std::min<int64_t>(kTileRows, m - r0), kn = causal ? i0 + r0 + rows : n;
           small_gemm(rows, Ev, kn, S + r0 * n16, n16, 1, Vc, Ev, Oc + (i0 + r0) * Ev, Ev, 1.f, false);
         }
       }
@@ -280,12 +280,12 @@ void attention_backward_avx512(const AttentionDims& d, HeadsF32 G, HeadsF32 Q, H
           D[i] = s;
         }
         for (int64_t i0 = 0; i0 < Tq; i0 += kRowBlock) {
-          const int64_t m = min64(kRowBlock, Tq - i0), n = causal ? i0 + m : Tk, n16 = round_up(n, kW);
+          const int64_t m = std::min<int64_t>(kRowBlock, Tq - i0), n = causal ? i0 + m : Tk, n16 = round_up(n, kW);
           scores(Qc, E, E, KT, ldk, i0, m, Tk, causal, scale, P, n16);
           // dP = dO V^T over the same columns.
           for (int64_t r0 = 0; r0 < m; r0 += kTileRows) {
-            const int64_t rows = min64(kTileRows, m - r0);
-            const int64_t nt = causal ? round_up(min64(Tk, i0 + r0 + rows), kW) : n16;
+            const int64_t rows = std::min<int64_t>(kTileRows, m - r0);
+            const int64_t nt = causal ? round_up(std::min<int64_t>(Tk, i0 + r0 + rows), kW) : n16;
             small_gemm(rows, nt, Ev, Gc + (i0 + r0) * Ev, Ev, 1, VT, ldk, dP + r0 * n16, n16, 1.f, false);
           }
           for (int64_t r = 0; r < m; ++r) {
@@ -306,7 +306,7 @@ void attention_backward_avx512(const AttentionDims& d, HeadsF32 G, HeadsF32 Q, H
           small_gemm(n, E, m, dP, 1, n16, Qc + i0 * E, E, dKc, E, 1.f, true);
           // dQ = dS K, each row tile summing only over the keys it sees.
           for (int64_t r0 = 0; r0 < m; r0 += kTileRows) {
-            const int64_t rows = min64(kTileRows, m - r0), kn = causal ? i0 + r0 + rows : n;
+            const int64_t rows = std::min<int64_t>(kTileRows, m - r0), kn = causal ? i0 + r0 + rows : n;
             small_gemm(rows, E, kn, dP + r0 * n16, n16, 1, Kc, E, dQc + (i0 + r0) * E, E, 1.f, false);
           }
         }

@@ -27,6 +27,7 @@
 #include <immintrin.h>
 
 #include <cmath>
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -43,7 +44,6 @@ namespace {
 constexpr int64_t kRowBlock = 32;  // query rows per block, as attention.cpp
 constexpr int64_t kW = 16;         // f32 lanes per vector; bf16 pairs per vector
 
-int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 int64_t thread_index() {
 #ifdef _OPENMP
@@ -175,8 +175,8 @@ template <class Products>
 void scores(const uint16_t* qc, int64_t E, const uint16_t* kt, int64_t ldk, int64_t i0, int64_t m, int64_t Tk,
             bool causal, float scale, float* S, int64_t n16) {
   for (int64_t r0 = 0; r0 < m; r0 += Products::kTileRows) {
-    const int64_t rows = min64(Products::kTileRows, m - r0);
-    const int64_t nt = causal ? round_up(min64(Tk, i0 + r0 + rows), kW) : n16;
+    const int64_t rows = std::min<int64_t>(Products::kTileRows, m - r0);
+    const int64_t nt = causal ? round_up(std::min<int64_t>(Tk, i0 + r0 + rows), kW) : n16;
     Products::gemm(rows, nt, E / 2, qc + (i0 + r0) * E, E / 2, 1, kt, ldk, S + r0 * ldk, ldk, scale, false);
     for (int64_t r = r0; r < r0 + rows; ++r) zero(S + r * ldk + nt, S + r * ldk + n16);
   }
@@ -201,7 +201,7 @@ struct ForwardBuffers {
   int64_t size;
 };
 ForwardBuffers forward_buffers(const AttentionDims& d, char* base) {
-  const int64_t rb = min64(kRowBlock, d.Tq), ldk = round_up(d.Tk, kW), tk2 = round_up(d.Tk, 2);
+  const int64_t rb = std::min<int64_t>(kRowBlock, d.Tq), ldk = round_up(d.Tk, kW), tk2 = round_up(d.Tk, 2);
   Carve c{base};
   ForwardBuffers f{};
   f.S = c.take<float>(rb * ldk), f.Oc = c.take<float>(d.Tq * d.Ev), f.Pb = c.take<uint16_t>(rb * ldk);
@@ -216,7 +216,7 @@ struct BackwardBuffers {
   int64_t size;
 };
 BackwardBuffers backward_buffers(const AttentionDims& d, char* base) {
-  const int64_t rb = min64(kRowBlock, d.Tq), ldk = round_up(d.Tk, kW), rb2 = round_up(rb, 2),
+  const int64_t rb = std::min<int64_t>(kRowBlock, d.Tq), ldk = round_up(d.Tk, kW), rb2 = round_up(rb, 2),
                 tk2 = round_up(d.Tk, 2), tq2 = round_up(d.Tq, 2);
   Carve c{base};
   BackwardBuffers g{};
@@ -250,13 +250,13 @@ void forward_loops(const AttentionDims& d, HeadsBF16 Q, HeadsBF16 K, HeadsBF16 V
       rows_to_bf16(AttentionDims{}, at(V, b, h / G), V.st, Tk, Ev, 0, Vc, Ev, 1.f);
       pair_rows(Vc, Tk, Ev, V2);
       for (int64_t i0 = 0; i0 < Tq; i0 += kRowBlock) {
-        const int64_t m = min64(kRowBlock, Tq - i0), n = d.causal ? i0 + m : Tk, n16 = round_up(n, kW);
+        const int64_t m = std::min<int64_t>(kRowBlock, Tq - i0), n = d.causal ? i0 + m : Tk, n16 = round_up(n, kW);
         scores<Products>(Qc, E, KT, ldk, i0, m, Tk, d.causal, d.scale, S, n16);
         for (int64_t r = 0; r < m; ++r)
           lp[i0 + r] = softmax_row_bf16(S + r * ldk, d.causal ? i0 + r + 1 : n, n16, Pb + r * ldk);
         // O = P V, each row tile summing only over the key pairs it sees.
         for (int64_t r0 = 0; r0 < m; r0 += Products::kTileRows) {
-          const int64_t rows = min64(Products::kTileRows, m - r0), kn = d.causal ? i0 + r0 + rows : n;
+          const int64_t rows = std::min<int64_t>(Products::kTileRows, m - r0), kn = d.causal ? i0 + r0 + rows : n;
           Products::gemm(rows, Ev, (kn + 1) / 2, Pb + r0 * ldk, ldk / 2, 1, V2, Ev, Oc + (i0 + r0) * Ev, Ev, 1.f, false);
         }
       }
@@ -303,12 +303,12 @@ void backward_loops(const AttentionDims& d, HeadsBF16 G, HeadsBF16 Q, HeadsBF16 
           D[i] = s;
         }
         for (int64_t i0 = 0; i0 < Tq; i0 += kRowBlock) {
-          const int64_t m = min64(kRowBlock, Tq - i0), n = d.causal ? i0 + m : Tk, n16 = round_up(n, kW);
+          const int64_t m = std::min<int64_t>(kRowBlock, Tq - i0), n = d.causal ? i0 + m : Tk, n16 = round_up(n, kW);
           scores<Products>(Qc, E, KT, ldk, i0, m, Tk, d.causal, d.scale, P, n16);
           // dP = dO V^T over the same columns.
           for (int64_t r0 = 0; r0 < m; r0 += Products::kTileRows) {
-            const int64_t rows = min64(Products::kTileRows, m - r0);
-            const int64_t nt = d.causal ? round_up(min64(Tk, i0 + r0 + rows), kW) : n16;
+            const int64_t rows = std::min<int64_t>(Products::kTileRows, m - r0);
+            const int64_t nt = d.causal ? round_up(std::min<int64_t>(Tk, i0 + r0 + rows), kW) : n16;
             Products::gemm(rows, nt, Ev / 2, Gc + (i0 + r0) * Ev, Ev / 2, 1, VT, ldk, dP + r0 * ldk, ldk, 1.f, false);
           }
           // P = exp(S - lse) and dS = P (dP - D) scale, by pairs of rows: rounded to bf16 as pair
@@ -318,7 +318,7 @@ void backward_loops(const AttentionDims& d, HeadsBF16 G, HeadsBF16 Q, HeadsBF16 
             __m512 l[2], di[2];
             int64_t valid[2];
             for (int h = 0; h < 2; ++h) {
-              const int64_t i = min64(i0 + r + h, Tq - 1);
+              const int64_t i = std::min<int64_t>(i0 + r + h, Tq - 1);
               valid[h] = r + h >= m ? 0 : d.causal ? i0 + r + h + 1 : n;
               l[h] = _mm512_set1_ps(lp[i]), di[h] = _mm512_set1_ps(D[i]);
             }
@@ -346,7 +346,7 @@ void backward_loops(const AttentionDims& d, HeadsBF16 G, HeadsBF16 Q, HeadsBF16 
           Products::gemm(n, E, m2, dS2, 1, ldk, Q2 + i0 * E, E, dKc, E, 1.f, true);
           // dQ = dS K, each row tile summing only over the key pairs it sees.
           for (int64_t r0 = 0; r0 < m; r0 += Products::kTileRows) {
-            const int64_t rows = min64(Products::kTileRows, m - r0), kn = d.causal ? i0 + r0 + rows : n;
+            const int64_t rows = std::min<int64_t>(Products::kTileRows, m - r0), kn = d.causal ? i0 + r0 + rows : n;
             Products::gemm(rows, E, (kn + 1) / 2, dSb + r0 * ldk, ldk / 2, 1, K2, E, dQc + (i0 + r0) * E, E, 1.f, false);
           }
         }

@@ -33,7 +33,6 @@ constexpr int64_t T = 32;  // the register tile is T x T of c, and depth goes T 
 // of b while b streams from L2, and c is written a whole row segment of nc at a time.
 constexpr int64_t MC = 128, KC = 1024, NC_MIN = 256, B_BYTES = 1 << 20;
 
-inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 inline int64_t round_up(int64_t x) { return (x + T - 1) / T * T; }
 
 // Rows [0, rows) (<= T) and depth [0, kc) of a, a[i, p] at a[i * a_rs + p * a_cs], into out:
@@ -110,31 +109,31 @@ void blocked(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, i
              double*) {
   static thread_local Scratch<uint16_t> a_buf, b_buf;
   static const TileConfig config;
-  const int64_t kcp_max = round_up(min64(k, KC));
+  const int64_t kcp_max = round_up(std::min<int64_t>(k, KC));
   const int64_t NC = round_up(std::max(NC_MIN, B_BYTES / (2 * kcp_max)));
   uint16_t* pa = a_buf.get(MC * kcp_max);
-  uint16_t* pb = b_buf.get(kcp_max * round_up(min64(n, NC)));
+  uint16_t* pb = b_buf.get(kcp_max * round_up(std::min<int64_t>(n, NC)));
   alignas(64) float edge[T * T];
   const int64_t es = c16 ? 2 : 4;
   _tile_loadconfig(&config);
   for (int64_t jc = 0; jc < n; jc += NC) {
-    const int64_t nc = min64(NC, n - jc);
+    const int64_t nc = std::min<int64_t>(NC, n - jc);
     for (int64_t pc = 0; pc < k; pc += KC) {
-      const int64_t kc = min64(KC, k - pc), kcp = round_up(kc), kc2 = (kc + 1) / 2;
+      const int64_t kc = std::min<int64_t>(KC, k - pc), kcp = round_up(kc), kc2 = (kc + 1) / 2;
       const float beta_pc = pc == 0 ? beta : 1.0f;  // later k blocks accumulate onto the first
       for (int64_t j = 0; j < nc; j += T) {
         uint16_t* panel = pb + j * kcp;
-        pack_pairs<T>(kc, min64(T, nc - j), b + pc * b_rs + (jc + j) * b_cs, b_cs, b_rs, panel);
+        pack_pairs<T>(kc, std::min<int64_t>(T, nc - j), b + pc * b_rs + (jc + j) * b_cs, b_cs, b_rs, panel);
         std::memset(panel + kc2 * 2 * T, 0, size_t(kcp / 2 - kc2) * 2 * T * 2);
       }
       const bool in_place = a_cs == 1 && kc % T == 0;  // whole T-row panels read from a itself
       for (int64_t ic = 0; ic < m; ic += MC) {
-        const int64_t mc = min64(MC, m - ic);
+        const int64_t mc = std::min<int64_t>(MC, m - ic);
         for (int64_t i = in_place ? mc / T * T : 0; i < mc; i += T)
-          pack_a(min64(T, mc - i), kc, kcp, a + (ic + i) * a_rs + pc * a_cs, a_rs, a_cs, pa + i * kcp);
+          pack_a(std::min<int64_t>(T, mc - i), kc, kcp, a + (ic + i) * a_rs + pc * a_cs, a_rs, a_cs, pa + i * kcp);
         for (int64_t ir = 0; ir < mc; ir += T) {
           for (int64_t jr = 0; jr < nc; jr += T) {
-            const int64_t mr = min64(T, mc - ir), nr = min64(T, nc - jr);
+            const int64_t mr = std::min<int64_t>(T, mc - ir), nr = std::min<int64_t>(T, nc - jr);
             const bool direct = in_place && mr == T;
             const uint16_t* ap = direct ? a + (ic + ir) * a_rs + pc : pa + ir * kcp;
             const int64_t a_ld = direct ? a_rs : kcp;

@@ -6,6 +6,7 @@
 // when the CPU has it (gemm.cpp); it includes nothing built for another instruction set.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 // gcc 12 reports false "may be used uninitialized" warnings for the undefined pass-through
 // operand inside its own AVX-512 widening and shift intrinsics.
@@ -27,7 +28,6 @@ constexpr int MR = 12, NR = 32;
 constexpr int64_t MC = 144, KC = 2048, NC = 512;  // KC even: whole pairs
 constexpr int64_t kKeepA = int64_t(8) << 20;        // elements (16 MiB)
 
-inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 
 // One full MR x NR tile of c from kc2 pair steps: per step two vectors of the packed b panel
@@ -79,40 +79,40 @@ void blocked(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, i
              int64_t b_rs, int64_t b_cs, void* c, bool c16, int64_t ldc, float alpha, float beta, const void* bias,
              double* a_sums) {
   static thread_local Scratch<uint16_t> a_buf, b_buf;
-  const int64_t kc2_max = (min64(k, KC) + 1) / 2;
+  const int64_t kc2_max = (std::min<int64_t>(k, KC) + 1) / 2;
   // A column-major a (the weight gradient's dY^T) is packed once for all column blocks when
   // there are several and it fits kKeepA (instead of again for each block of NC columns).
   const bool lanes_a = a_rs == 1 && a_cs != 1;
   const int64_t m_up = (m + MR - 1) / MR * MR, k_blocks = (k + KC - 1) / KC;
   const bool keep_a = lanes_a && n > NC && m_up * k_blocks * 2 * kc2_max <= kKeepA;
   uint16_t* pa = a_buf.get(keep_a ? m_up * k_blocks * 2 * kc2_max : MC * 2 * kc2_max);
-  uint16_t* pb = b_buf.get(2 * kc2_max * ((min64(n, NC) + NR - 1) / NR * NR));
+  uint16_t* pb = b_buf.get(2 * kc2_max * ((std::min<int64_t>(n, NC) + NR - 1) / NR * NR));
   alignas(64) float edge[MR * NR];
   const int64_t es = c16 ? 2 : 4;
   for (int64_t jc = 0; jc < n; jc += NC) {
-    const int64_t nc = min64(NC, n - jc);
+    const int64_t nc = std::min<int64_t>(NC, n - jc);
     for (int64_t pc = 0; pc < k; pc += KC) {
-      const int64_t kc = min64(KC, k - pc), kc2 = (kc + 1) / 2;
+      const int64_t kc = std::min<int64_t>(KC, k - pc), kc2 = (kc + 1) / 2;
       const float beta_pc = pc == 0 ? beta : 1.0f;  // later k blocks accumulate onto the first
       const char* bias_pc = pc == 0 ? static_cast<const char*>(bias) : nullptr;
       for (int64_t j = 0; j < nc; j += NR)
-        pack_pairs<NR>(kc, min64(NR, nc - j), b + pc * b_rs + (jc + j) * b_cs, b_cs, b_rs, pb + j * 2 * kc2);
+        pack_pairs<NR>(kc, std::min<int64_t>(NR, nc - j), b + pc * b_rs + (jc + j) * b_cs, b_cs, b_rs, pb + j * 2 * kc2);
       // Full panels of a row-major a are read in place (pairs are adjacent); the rest is packed,
       // and so is all of an a whose rows lie a multiple of 4 KiB apart: a tile's 12 rows would
       // share one set of the 8-way L1 and evict each other (2048 x 2048 x 512: +4 %).
       const bool in_place = a_cs == 1 && kc % 2 == 0 && a_rs % 2048 != 0;
       for (int64_t ic = 0; ic < m; ic += MC) {
-        const int64_t mc = min64(MC, m - ic);
+        const int64_t mc = std::min<int64_t>(MC, m - ic);
         uint16_t* pa_ic = keep_a ? pa + (pc / KC * m_up * kc2_max + ic * kc2) * 2 : pa;
         if (lanes_a) {
           if (!keep_a || jc == 0)
             pack_pairs_lanes<MR>(kc, mc, a + ic + pc * a_cs, a_cs, pa_ic, a_sums && jc == 0 ? a_sums + ic : nullptr);
         } else
           for (int64_t i = in_place ? mc / MR * MR : 0; i < mc; i += MR)
-            pack_pairs<MR>(kc, min64(MR, mc - i), a + (ic + i) * a_rs + pc * a_cs, a_rs, a_cs, pa + i * 2 * kc2);
+            pack_pairs<MR>(kc, std::min<int64_t>(MR, mc - i), a + (ic + i) * a_rs + pc * a_cs, a_rs, a_cs, pa + i * 2 * kc2);
         for (int64_t jr = 0; jr < nc; jr += NR) {
           for (int64_t ir = 0; ir < mc; ir += MR) {
-            const int64_t mr = min64(MR, mc - ir), nr = min64(NR, nc - jr);
+            const int64_t mr = std::min<int64_t>(MR, mc - ir), nr = std::min<int64_t>(NR, nc - jr);
             const bool direct = in_place && mr == MR;
             const uint16_t* bp = pb + jr * 2 * kc2;
             char* cp = static_cast<char*>(c) + ((ic + ir) * ldc + jc + jr) * es;

@@ -70,9 +70,6 @@ template void for_each_run<4>(const Shape&, const std::array<const Shape*, 4>&, 
 namespace {
 using namespace scalar;
 
-template <class T> T* ptr(const Tensor& t) { return static_cast<T*>(t.data_ptr()); }
-template <class T> constexpr bool is_float_v = std::is_floating_point_v<acc_t<T>>;
-
 // ---- loops; a stride template argument >= 0 replaces the runtime stride
 
 template <int S0, int S1, class O, class A, class F>

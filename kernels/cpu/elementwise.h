@@ -13,6 +13,7 @@
 #include <optional>
 #include <type_traits>
 
+#include "core/dispatch.h"
 #include "core/tensor.h"
 #include "kernels/elementwise.h"
 #include "kernels/cpu/fast_math.h"
@@ -24,6 +25,10 @@ namespace weft::kernels::cpu {
 
 // Below this many elements a loop stays on one thread: an OpenMP fork costs microseconds.
 inline constexpr int64_t kParallelGrain = 32768;
+
+// A tensor's elements as T (the caller has checked the dtype), and whether T computes in floats.
+template <class T> T* ptr(const Tensor& t) { return static_cast<T*>(t.data_ptr()); }
+template <class T> constexpr bool is_float_v = std::is_floating_point_v<acc_t<T>>;
 
 // How many pieces to split n items into so each gets at least min_per items.
 inline int64_t num_chunks(int64_t n, int64_t min_per) {

@@ -19,9 +19,6 @@
 namespace weft::kernels::cpu {
 namespace {
 
-template <class T> T* ptr(const Tensor& t) { return static_cast<T*>(t.data_ptr()); }
-template <class T> constexpr bool is_float_v = std::is_floating_point_v<acc_t<T>>;
-
 // Per-thread partial results (std::vector<bool> has no per-element storage to write into).
 template <class T> struct Buffer {
   std::unique_ptr<T[]> p;

@@ -6,6 +6,7 @@
 #pragma once
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "kernels/cpu/gemm_scratch.h"
@@ -14,7 +15,6 @@
 namespace weft::kernels::cpu {
 namespace {
 
-inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 
 // One packed panel of W values per step: out[p * W + r] = x[r * r_st + p * p_st] for r < rows,
@@ -83,7 +83,7 @@ void sgemm_blocked(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs
   constexpr int MR = K::MR, NR = 2 * K::V::W;
   static thread_local Scratch<float> a_buf, b_buf;
   float* pa = a_buf.get(K::MC * K::KC);
-  float* pb = b_buf.get(K::KC * ((min64(n, K::NC) + NR - 1) / NR * NR));
+  float* pb = b_buf.get(K::KC * ((std::min<int64_t>(n, K::NC) + NR - 1) / NR * NR));
   alignas(64) float edge[MR * NR];
   // Full panels of a are read in place when a has a unit stride (as every MatLayout does): the
   // kernel's broadcasts take any stride, and packing a costs more than it saves (a panel is
@@ -91,19 +91,19 @@ void sgemm_blocked(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs
   // panel, whose missing rows must read as 0, is packed.
   const bool in_place = a_rs == 1 || a_cs == 1;
   for (int64_t jc = 0; jc < n; jc += K::NC) {
-    const int64_t nc = min64(K::NC, n - jc);
+    const int64_t nc = std::min<int64_t>(K::NC, n - jc);
     for (int64_t pc = 0; pc < k; pc += K::KC) {
-      const int64_t kc = min64(K::KC, k - pc);
+      const int64_t kc = std::min<int64_t>(K::KC, k - pc);
       const float beta_pc = pc == 0 ? beta : 1.0f;  // later k blocks accumulate onto the first
       for (int64_t j = 0; j < nc; j += NR)  // b[p, j] as panels of NR columns
-        pack_panel<NR>(kc, min64(NR, nc - j), b + pc * b_rs + (jc + j) * b_cs, b_cs, b_rs, pb + j * kc);
+        pack_panel<NR>(kc, std::min<int64_t>(NR, nc - j), b + pc * b_rs + (jc + j) * b_cs, b_cs, b_rs, pb + j * kc);
       for (int64_t ic = 0; ic < m; ic += K::MC) {
-        const int64_t mc = min64(K::MC, m - ic);
+        const int64_t mc = std::min<int64_t>(K::MC, m - ic);
         for (int64_t i = in_place ? mc / MR * MR : 0; i < mc; i += MR)  // a[i, p] as panels of MR rows
-          pack_panel<MR>(kc, min64(MR, mc - i), a + (ic + i) * a_rs + pc * a_cs, a_rs, a_cs, pa + i * kc);
+          pack_panel<MR>(kc, std::min<int64_t>(MR, mc - i), a + (ic + i) * a_rs + pc * a_cs, a_rs, a_cs, pa + i * kc);
         for (int64_t jr = 0; jr < nc; jr += NR) {
           for (int64_t ir = 0; ir < mc; ir += MR) {
-            const int64_t mr = min64(MR, mc - ir), nr = min64(NR, nc - jr);
+            const int64_t mr = std::min<int64_t>(MR, mc - ir), nr = std::min<int64_t>(NR, nc - jr);
             const bool direct = in_place && mr == MR;
             const float* ap = direct ? a + (ic + ir) * a_rs + pc * a_cs : pa + ir * kc;
             const int64_t a_row = direct ? a_rs : 1, a_step = direct ? a_cs : MR;
