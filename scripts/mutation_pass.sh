@@ -19,35 +19,35 @@ jobs=${JOBS:-2}
 
 # name | file | sed script making the control a no-op | suites (meson test names) | ninja targets
 mutations=(
-  "set_requires_all_reduce|fsdp/fully_shard.cpp|s/if (s->group) s->group->requires_all_reduce = a;/(void)a;/|fsdp_controls_np2 fsdp_controls_np4|tests/test_fsdp_controls"
-  "partial_reduce_output|fsdp/param_group.cpp|s/post.partial_only = !requires_all_reduce;/post.partial_only = false;/|fsdp_controls_np2 fsdp_controls_np4|tests/test_fsdp_controls"
-  "set_reshard_after_forward|fsdp/fully_shard.cpp|s/s->reshard_after_forward_ = r;/(void)r;/|fsdp_controls_np1 fsdp_controls_np2 fsdp_controls_np4|tests/test_fsdp_controls"
-  "set_reshard_after_backward|fsdp/fully_shard.cpp|s/s->reshard_after_backward_ = r;/(void)r;/|fsdp_controls_np1 fsdp_controls_np2 fsdp_controls_np4|tests/test_fsdp_controls"
-  "set_requires_gradient_sync|fsdp/fully_shard.cpp|s/s->requires_gradient_sync_ = sync;/(void)sync;/|fsdp_controls_np1 fsdp_controls_np2 fsdp_controls_np4|tests/test_fsdp_controls"
-  "set_unshard_in_backward|fsdp/fully_shard.cpp|s/{ state_->unshard_in_backward_ = u; }/{ (void)u; }/|fsdp_controls_np1 fsdp_controls_np2 fsdp_controls_np4|tests/test_fsdp_controls"
-  "output_dtype|fsdp/state.cpp|s/^  if (mp_.output_dtype)$/  if (false)/|fsdp_controls_np1 fsdp_controls_np2 fsdp_controls_np4|tests/test_fsdp_controls"
-  "fingerprint_accepts_all|dist/mpi_backend.cpp|s/if (fingerprint_\[0\] != mine .*{$/if (false) {/|fsdp_controls_np2 fsdp_controls_np4|tests/test_fsdp_controls"
-  "compare_calls_accepts_all|dist/collective_check.cpp|s/^  if (first_bad < 0) return;/  return;/|fsdp_controls_np2 fsdp_controls_np4|tests/test_fsdp_controls"
-  "summon_offload_to_cpu|fsdp/summon_full_params.cpp|s/opts_.offload_to_cpu \&\& /false \&\& /|fsdp_controls_np1 fsdp_controls_np2 fsdp_controls_np4 fsdp_cuda_np1|tests/test_fsdp_controls tests/test_fsdp_cuda"
-  "forward_prefetch|fsdp/state.cpp|s/      next->group->start_unshard();/      (void)next;/|trace fsdp_controls_np2|apps/simple/weft-simple tests/test_fsdp_controls"
-  "backward_prefetch|fsdp/state.cpp|s/if (\*prev->reshard_after_forward_ \&\& prev->unshard_in_backward_) prev->group->start_unshard();/(void)prev;/|trace fsdp_controls_np2|apps/simple/weft-simple tests/test_fsdp_controls"
-  "replaced_parameter_note|fsdp/fully_shard.cpp|s/e.slots\[0\]->autograd_meta().attach(nn::replaced_parameter,/(void)(nn::replaced_parameter,/|fsdp_controls_np1 fsdp_controls_np2|tests/test_fsdp_controls"
-  "checkpoint_keep_best|fsdp/checkpoint_dir.cpp|s/path != final_dir \&\& path != best \&\& /path != final_dir \&\& /|fsdp_checkpoint_np1 fsdp_checkpoint_np2|tests/test_fsdp_checkpoint"
-  "checkpoint_keep_also|fsdp/checkpoint_dir.cpp|s/!(!keep_also.empty() \&\& fs::equivalent(path, keep_also, ec))/true/|fsdp_checkpoint_np1 fsdp_checkpoint_np2|tests/test_fsdp_checkpoint"
-  "checkpoint_load_finite|fsdp/checkpoint.cpp|s/if (auto bad = find_nonfinite(value))/if (auto bad = std::optional<FoundElement>())/|fsdp_checkpoint_np1 fsdp_checkpoint_np2|tests/test_fsdp_checkpoint"
-  "optimizer_check_state|nn/optimizer.cpp|s/if (auto bad = find_element(value, \[\](double v) { return v < 0; }))/if (auto bad = std::optional<FoundElement>())/|fsdp_checkpoint_np1 nn_optim|tests/test_fsdp_checkpoint tests/test_nn_optim"
-  "checkpoint_unlisted|fsdp/checkpoint_pieces.cpp|s/WEFT_CHECK(listed.count(e.name)/WEFT_CHECK(true or listed.count(e.name)/|fsdp_checkpoint_np1 fsdp_checkpoint_np2|tests/test_fsdp_checkpoint"
-  "checkpoint_dir_lock|fsdp/checkpoint_dir.cpp|s/if (::flock(fd_, LOCK_EX . LOCK_NB) != 0) {/if (false) {/|fsdp_checkpoint_np1|tests/test_fsdp_checkpoint"
-  "checkpoint_leftovers_at_claim|fsdp/checkpoint_dir.cpp|s/^  remove_stale_temporaries(dir, std::numeric_limits<int64_t>::max());//|fsdp_checkpoint_np1|tests/test_fsdp_checkpoint"
-  "checkpoint_verify_finite|fsdp/checkpoint_verify.cpp|s/if (auto bad = find_nonfinite(source.read(s.file, e)))/if (auto bad = std::optional<FoundElement>())/|fsdp_checkpoint_np1|tests/test_fsdp_checkpoint"
-  "checkpoint_loss_recorded|fsdp/checkpoint_index.cpp|s/if (const auto. l = ix.training.loss) j/if (const auto\& l = std::optional<double>()) j/|fsdp_checkpoint_np1|tests/test_fsdp_checkpoint"
+  "set_requires_all_reduce|fsdp/fully_shard.cpp|s/if (s->group) s->group->requires_all_reduce = a;/(void)a;/|fsdp_controls_np2 fsdp_controls_np4|tests/dist_tests"
+  "partial_reduce_output|fsdp/param_group.cpp|s/post.partial_only = !requires_all_reduce;/post.partial_only = false;/|fsdp_controls_np2 fsdp_controls_np4|tests/dist_tests"
+  "set_reshard_after_forward|fsdp/fully_shard.cpp|s/s->reshard_after_forward_ = r;/(void)r;/|fsdp_controls_np1 fsdp_controls_np2 fsdp_controls_np4|tests/dist_tests"
+  "set_reshard_after_backward|fsdp/fully_shard.cpp|s/s->reshard_after_backward_ = r;/(void)r;/|fsdp_controls_np1 fsdp_controls_np2 fsdp_controls_np4|tests/dist_tests"
+  "set_requires_gradient_sync|fsdp/fully_shard.cpp|s/s->requires_gradient_sync_ = sync;/(void)sync;/|fsdp_controls_np1 fsdp_controls_np2 fsdp_controls_np4|tests/dist_tests"
+  "set_unshard_in_backward|fsdp/fully_shard.cpp|s/{ state_->unshard_in_backward_ = u; }/{ (void)u; }/|fsdp_controls_np1 fsdp_controls_np2 fsdp_controls_np4|tests/dist_tests"
+  "output_dtype|fsdp/state.cpp|s/^  if (mp_.output_dtype)$/  if (false)/|fsdp_controls_np1 fsdp_controls_np2 fsdp_controls_np4|tests/dist_tests"
+  "fingerprint_accepts_all|dist/mpi_backend.cpp|s/if (fingerprint_\[0\] != mine .*{$/if (false) {/|fsdp_controls_np2 fsdp_controls_np4|tests/dist_tests"
+  "compare_calls_accepts_all|dist/collective_check.cpp|s/^  if (first_bad < 0) return;/  return;/|fsdp_controls_np2 fsdp_controls_np4|tests/dist_tests"
+  "summon_offload_to_cpu|fsdp/summon_full_params.cpp|s/opts_.offload_to_cpu \&\& /false \&\& /|fsdp_controls_np1 fsdp_controls_np2 fsdp_controls_np4 fsdp_cuda_np1|tests/dist_tests tests/test_fsdp_cuda"
+  "forward_prefetch|fsdp/state.cpp|s/      next->group->start_unshard();/      (void)next;/|trace fsdp_controls_np2|apps/simple/weft-simple tests/dist_tests"
+  "backward_prefetch|fsdp/state.cpp|s/if (\*prev->reshard_after_forward_ \&\& prev->unshard_in_backward_) prev->group->start_unshard();/(void)prev;/|trace fsdp_controls_np2|apps/simple/weft-simple tests/dist_tests"
+  "replaced_parameter_note|fsdp/fully_shard.cpp|s/e.slots\[0\]->autograd_meta().attach(nn::replaced_parameter,/(void)(nn::replaced_parameter,/|fsdp_controls_np1 fsdp_controls_np2|tests/dist_tests"
+  "checkpoint_keep_best|fsdp/checkpoint_dir.cpp|s/path != final_dir \&\& path != best \&\& /path != final_dir \&\& /|fsdp_checkpoint_np1 fsdp_checkpoint_np2|tests/dist_tests"
+  "checkpoint_keep_also|fsdp/checkpoint_dir.cpp|s/!(!keep_also.empty() \&\& fs::equivalent(path, keep_also, ec))/true/|fsdp_checkpoint_np1 fsdp_checkpoint_np2|tests/dist_tests"
+  "checkpoint_load_finite|fsdp/checkpoint.cpp|s/if (auto bad = find_nonfinite(value))/if (auto bad = std::optional<FoundElement>())/|fsdp_checkpoint_np1 fsdp_checkpoint_np2|tests/dist_tests"
+  "optimizer_check_state|nn/optimizer.cpp|s/if (auto bad = find_element(value, \[\](double v) { return v < 0; }))/if (auto bad = std::optional<FoundElement>())/|fsdp_checkpoint_np1 nn_optim|tests/dist_tests tests/unit_tests"
+  "checkpoint_unlisted|fsdp/checkpoint_pieces.cpp|s/WEFT_CHECK(listed.count(e.name)/WEFT_CHECK(true or listed.count(e.name)/|fsdp_checkpoint_np1 fsdp_checkpoint_np2|tests/dist_tests"
+  "checkpoint_dir_lock|fsdp/checkpoint_dir.cpp|s/if (::flock(fd_, LOCK_EX . LOCK_NB) != 0) {/if (false) {/|fsdp_checkpoint_np1|tests/dist_tests"
+  "checkpoint_leftovers_at_claim|fsdp/checkpoint_dir.cpp|s/^  remove_stale_temporaries(dir, std::numeric_limits<int64_t>::max());//|fsdp_checkpoint_np1|tests/dist_tests"
+  "checkpoint_verify_finite|fsdp/checkpoint_verify.cpp|s/if (auto bad = find_nonfinite(source.read(s.file, e)))/if (auto bad = std::optional<FoundElement>())/|fsdp_checkpoint_np1|tests/dist_tests"
+  "checkpoint_loss_recorded|fsdp/checkpoint_index.cpp|s/if (const auto. l = ix.training.loss) j/if (const auto\& l = std::optional<double>()) j/|fsdp_checkpoint_np1|tests/dist_tests"
 )
 
 # ALL_FSDP: every mutation also runs every fsdp suite (the CUDA one skips without a GPU).
 extra_suites="" extra_targets=""
 if [ -n "${ALL_FSDP:-}" ]; then
   extra_suites=$(meson test -C "$build" --list 2>/dev/null | grep -o 'fsdp_[a-z_]*_np[0-9]' | sort -u | tr '\n' ' ')
-  extra_targets=$(for s in $extra_suites; do echo "tests/test_${s%_np*}"; done | sort -u | tr '\n' ' ')
+  extra_targets="tests/dist_tests tests/apps_dist_tests tests/test_fsdp_cuda"
 fi
 logs="$build/mutation-logs"
 mkdir -p "$logs"

@@ -1,6 +1,7 @@
-// Models, batches and comparisons shared by the multi-rank FSDP suites. Each suite trains a
-// seeded reference model in one process on the global batch and the FSDP model on this rank's
-// slice of it, then compares losses and full parameters.
+// Models, batches and comparisons shared by the multi-rank FSDP suites (inline: the suites are
+// linked into one program). Each suite trains a seeded reference model in one process on the
+// global batch and the FSDP model on this rank's slice of it, then compares losses and full
+// parameters.
 #pragma once
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -56,35 +57,35 @@ struct TinyGPT : nn::Module {
 struct Batch {
   Tensor x, y;
 };
-Batch mlp_batch(int step, int64_t rows = 8) {
+inline Batch mlp_batch(int step, int64_t rows = 8) {
   Generator g(100 + uint64_t(step));
   Tensor x = randn({rows, 7}, {}, &g);
   Tensor y = (rand({rows}, {}, &g) * 3.0).to(kInt64);
   return {x, y};
 }
-Batch gpt_batch(int step, int64_t rows = 4) {
+inline Batch gpt_batch(int step, int64_t rows = 4) {
   Generator g(200 + uint64_t(step));
   Tensor x = (rand({rows, 5}, {}, &g) * 11.0).to(kInt64);
   Tensor y = (rand({rows, 5}, {}, &g) * 11.0).to(kInt64);
   return {x, y};
 }
 // Data parallel over every rank, whatever the mesh: each takes its slice of the global batch.
-Batch slice(const Batch& b) {
+inline Batch slice(const Batch& b) {
   int64_t n = b.x.size(0) / dist::world_size();
   return {b.x.narrow(0, n * dist::rank(), n), b.y.narrow(0, n * dist::rank(), n)};
 }
-Tensor loss_of(nn::Module& m, const Batch& b) {
+inline Tensor loss_of(nn::Module& m, const Batch& b) {
   Tensor logits = m(b.x);
   return cross_entropy(logits.reshape({-1, logits.size(-1)}), b.y.reshape({-1}));
 }
-double global_mean(double local) {
+inline double global_mean(double local) {
   Tensor t = from_vector({local}, {1}, {.dtype = kFloat64});
   dist::world()->all_reduce(t, dist::ReduceOp::avg)->wait();
   return t.item();
 }
 
 // Elementwise |got - want| <= atol + rtol * |want|, reporting the worst element.
-void check_close(const std::vector<double>& got, const std::vector<double>& want, double rtol,
+inline void check_close(const std::vector<double>& got, const std::vector<double>& want, double rtol,
                  const std::string& what, double atol = 1e-6) {
   REQUIRE(got.size() == want.size());
   double worst = -1;
