@@ -13,8 +13,6 @@
 namespace weft {
 namespace {
 
-std::string errno_str() { return std::strerror(errno); }
-
 // Creates `<path>.tmp.<pid>.<n>` exclusively. open() with mode 0666 lets the umask decide the
 // permissions, as for any ordinary new file (mkstemp would force 0600).
 int create_temp(const std::string& path, std::string& tmp) {
@@ -40,10 +38,10 @@ void write_file_atomic(const std::string& path, const std::function<void(std::FI
   std::string tmp;
   int fd = create_temp(path, tmp);
   WEFT_CHECK(fd >= 0, "write_file_atomic: cannot create temporary file '{}' for '{}': {}", tmp,
-             path, errno_str());
+             path, std::strerror(errno));
   std::FILE* f = ::fdopen(fd, "wb");
   if (!f) {
-    std::string err = errno_str();
+    std::string err = std::strerror(errno);
     ::close(fd);
     ::unlink(tmp.c_str());
     WEFT_ERROR("write_file_atomic: fdopen of temporary file '{}' for '{}' failed: {}", tmp, path,
@@ -52,23 +50,23 @@ void write_file_atomic(const std::string& path, const std::function<void(std::FI
   // Everything up to the rename may fail; `path` must then stay as it was.
   try {
     write(f);
-    WEFT_CHECK(!std::ferror(f), "write_file_atomic: writing '{}' failed: {}", path, errno_str());
+    WEFT_CHECK(!std::ferror(f), "write_file_atomic: writing '{}' failed: {}", path, std::strerror(errno));
     WEFT_CHECK(std::fflush(f) == 0, "write_file_atomic: flushing '{}' failed: {}", path,
-               errno_str());
+               std::strerror(errno));
     WEFT_CHECK(::fsync(::fileno(f)) == 0, "write_file_atomic: fsync of '{}' failed: {}", path,
-               errno_str());
+               std::strerror(errno));
   } catch (...) {
     std::fclose(f);
     ::unlink(tmp.c_str());
     throw;
   }
   if (std::fclose(f) != 0) {
-    std::string err = errno_str();
+    std::string err = std::strerror(errno);
     ::unlink(tmp.c_str());
     WEFT_ERROR("write_file_atomic: closing '{}' failed: {}", path, err);
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::string err = errno_str();
+    std::string err = std::strerror(errno);
     ::unlink(tmp.c_str());
     WEFT_ERROR("write_file_atomic: renaming '{}' to '{}' failed: {}", tmp, path, err);
   }
@@ -77,7 +75,7 @@ void write_file_atomic(const std::string& path, const std::function<void(std::FI
 
 void fsync_directory(const std::string& dir) {
   int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  WEFT_CHECK(fd >= 0, "fsync_directory: cannot open directory '{}' to sync it: {}", dir, errno_str());
+  WEFT_CHECK(fd >= 0, "fsync_directory: cannot open directory '{}' to sync it: {}", dir, std::strerror(errno));
   int rc = ::fsync(fd);
   int err = errno;
   ::close(fd);

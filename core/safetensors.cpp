@@ -30,9 +30,6 @@ constexpr std::pair<DType, const char*> kDTypeNames[] = {
     {DType::f32, "F32"}, {DType::f64, "F64"}, {DType::bf16, "BF16"}, {DType::f16, "F16"},
     {DType::i64, "I64"}, {DType::i32, "I32"}, {DType::u8, "U8"},     {DType::bool_, "BOOL"}};
 
-
-std::string errno_str() { return std::strerror(errno); }
-
 // ---- reading
 
 struct Entry {
@@ -65,10 +62,10 @@ class InFile {
 
  public:
   explicit InFile(const std::string& path) : path_(path), f_(open_regular(path)) {
-    WEFT_CHECK(f_, "safetensors: cannot open '{}': {}", path, errno_str());
+    WEFT_CHECK(f_, "safetensors: cannot open '{}': {}", path, std::strerror(errno));
     struct stat st;
     WEFT_CHECK(::fstat(::fileno(f_.get()), &st) == 0, "safetensors: cannot stat '{}': {}", path,
-               errno_str());
+               std::strerror(errno));
     WEFT_CHECK(!S_ISDIR(st.st_mode), "safetensors: '{}' is a directory, not a file", path);
     size_ = uint64_t(st.st_size);
   }
@@ -77,12 +74,12 @@ class InFile {
 
   void seek(uint64_t pos) {
     WEFT_CHECK(::fseeko(f_.get(), off_t(pos), SEEK_SET) == 0, "safetensors: seeking in '{}' failed: {}", path_,
-               errno_str());
+               std::strerror(errno));
   }
   void read(void* dst, size_t n, const std::string& what) {
     if (std::fread(dst, 1, n, f_.get()) == n) return;
     WEFT_CHECK(!std::ferror(f_.get()), "safetensors: reading {} from '{}' failed: {}", what, path_,
-               errno_str());
+               std::strerror(errno));
     WEFT_ERROR("safetensors: '{}' ended while reading {} (did it change while being read?)", path_,
                what);
   }
@@ -214,7 +211,7 @@ Header read_header(InFile& in) {
 
 void write_bytes(std::FILE* f, const void* data, size_t n, const std::string& path) {
   WEFT_CHECK(std::fwrite(data, 1, n, f) == n, "save_safetensors: writing '{}' failed: {}", path,
-             errno_str());
+             std::strerror(errno));
 }
 
 }  // namespace

@@ -62,7 +62,8 @@ std::map<int64_t, Recorded> recorded_checkpoints(const fs::path& dir) {
     Recorded r{path, {}, {}};
     try {
       const CheckpointProgress p = read_checkpoint_index(path.string()).training;
-      r.run = p.run, r.loss = p.loss;
+      r.run = p.run;
+      r.loss = p.loss;
     } catch (const Error&) {
     }
     out[step] = r;
