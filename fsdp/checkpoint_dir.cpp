@@ -62,8 +62,7 @@ std::map<int64_t, Recorded> recorded_checkpoints(const fs::path& dir) {
     Recorded r{path, {}, {}};
     try {
       const CheckpointProgress p = read_checkpoint_index(path.string()).training;
-      r.run = p.run;
-      r.loss = p.loss;
+      r = Recorded{path, p.run, p.loss};
     } catch (const Error&) {
     }
     out[step] = r;
