@@ -62,9 +62,11 @@ after() { lines "$1" | awk -v s="$resumed" '!seen[$0]++ { match($0, /"step":[0-9
 
 # SIGTERM to weft-elastic reaches every rank through the launcher: each stops after its step
 # with a checkpoint, weft-elastic ends with the job's status 143 without restarting it, and no
-# process of the job is left.
+# process of the job is left. mpirun passes SIGTERM on odls_base_sigkill_timeout (T) seconds after
+# it gets it and ends T seconds after that (docs/CHECKPOINTS.md, "Stopping"): T = 10 gives the
+# ranks 10 s for a step and a checkpoint and the whole stop 20 s, well inside the 60 s allowed.
 ck2=$tmp/stopped
-"$elastic" --np 2 --launch "$launch --mca odls_base_sigkill_timeout 30 -np {n}" --checkpoint-dir "$ck2" --resume-args "--resume $ck2" -- \
+"$elastic" --np 2 --launch "$launch --mca odls_base_sigkill_timeout 10 -np {n}" --checkpoint-dir "$ck2" --resume-args "--resume $ck2" -- \
   "$transformer" train --steps 100000 --batch-size 8 --ctx 32 --n-layer 2 --d-model 32 --eval-every 0 --threads 1 \
   --fsdp --checkpoint-dir "$ck2" --metrics "$tmp/stopped.jsonl" >/dev/null 2>"$tmp/stopped.err" &
 pid=$!
