@@ -9,14 +9,14 @@ cd "${1:-$(dirname "$0")/..}"
 # layer | budget | the files and folders counted (kernels: the entry points and the meta device)
 budgets=(
   "core           4008  core weft.h"
-  "kernels        2337  kernels/*.h kernels/*.cpp kernels/meta"
+  "kernels        2406  kernels/*.h kernels/*.cpp kernels/meta"
   "kernels/cpu    5354  kernels/cpu"
   "cuda           4636  cuda"
   "autograd       1765  autograd"
-  "nn             2614  nn"
+  "nn             2627  nn"
   "dist           2544  dist"
   "fsdp           4484  fsdp"
-  "apps           6862  apps"
+  "apps           6942  apps"
 )
 count() {  # PATH...: the lines of the code files among them
   find "$@" -type f \( -name '*.h' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' \) -print0 | xargs -0 cat | wc -l
