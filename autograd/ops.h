@@ -139,7 +139,7 @@ struct AttentionOptions {
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts);
 // Rotary position embedding of x [..., T, E] (kernels/rope.h) with rows at positions pos0,
 // pos0 + 1, ...: the differentiable op for code outside the fused attention.
-Tensor rotary_embedding(const Tensor& x, double theta, int64_t pos0 = 0);
+Tensor rotary_embedding(const Tensor& x, double theta, int64_t pos0 = 0, const kernels::RopeScaling& scaling = {});
 // The same on a fused projection qkv [B, T, 3d] (q | k | v along the last dim, each split
 // into n_head heads, as nanoGPT's c_attn) -> [B, T, d] with the heads concatenated. Reads the
 // heads in place and writes the gradient of qkv as one tensor.

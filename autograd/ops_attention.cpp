@@ -40,8 +40,8 @@ Tensor repeat_heads(const Tensor& x, int64_t G) {
 Tensor composite_attention(const Tensor& q_, const Tensor& k_, const Tensor& v_, bool causal, double dropout_p,
                            Generator* gen, const kernels::Rope& rope) {
   const int64_t G = q_.size(1) / k_.size(1);
-  Tensor q = rope.on() ? rotary_embedding(q_, rope.theta, rope.q_pos) : q_;
-  Tensor k = repeat_heads(rope.on() ? rotary_embedding(k_, rope.theta, rope.k_pos) : k_, G);
+  Tensor q = rope.on() ? rotary_embedding(q_, rope.theta, rope.q_pos, rope.scaling) : q_;
+  Tensor k = repeat_heads(rope.on() ? rotary_embedding(k_, rope.theta, rope.k_pos, rope.scaling) : k_, G);
   Tensor v = repeat_heads(v_, G);
   Tensor att = matmul(q, k.transpose(-2, -1)) * default_scale(q);
   if (causal) {
@@ -81,15 +81,15 @@ Tensor scaled_dot_product_attention(const Tensor& q_, const Tensor& k_, const Te
   return out;
 }
 
-Tensor rotary_embedding(const Tensor& x, double theta, int64_t pos0) {
+Tensor rotary_embedding(const Tensor& x, double theta, int64_t pos0, const kernels::RopeScaling& scaling) {
   const char* op = "rotary_embedding";
   WEFT_CHECK(x.defined() && x.dim() >= 2, "{}: expected [..., T, E], got {}", op,
              x.defined() ? tensor_desc(x) : std::string("undefined"));
   WEFT_CHECK(is_floating(x.dtype()), "{}: expected a float tensor, got {}", op, tensor_desc(x));
   const int64_t T = x.size(-2), E = x.size(-1), half = E / 2;
-  kernels::check_rope(op, {.theta = theta, .q_pos = pos0, .k_pos = pos0}, E);
+  kernels::check_rope(op, {.theta = theta, .scaling = scaling, .q_pos = pos0, .k_pos = pos0}, E, pos0 + T);
   const DType table_dtype = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
-  auto tables = kernels::rope_tables(theta, E, pos0 + T, table_dtype, x.device());
+  auto tables = kernels::rope_tables(theta, E, pos0 + T, table_dtype, x.device(), scaling);
   Tensor c = tables.cos.narrow(0, pos0, T).to(x.dtype()), s = tables.sin.narrow(0, pos0, T).to(x.dtype());
   Tensor x1 = x.narrow(-1, 0, half), x2 = x.narrow(-1, half, half);
   return cat({x1 * c - x2 * s, x2 * c + x1 * s}, -1);

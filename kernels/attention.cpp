@@ -45,7 +45,7 @@ Dims check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v
              tensor_desc(k));
   WEFT_CHECK(d.Tk > 0 || d.Tq == 0 || d.B * d.H == 0,
              "{}: key {} has no positions to attend to", op, tensor_desc(k));
-  if (rope.on()) check_rope(op, rope, d.E);
+  if (rope.on()) check_rope(op, rope, d.E, std::max(rope.q_pos + d.Tq, rope.k_pos + d.Tk));
   return d;
 }
 
@@ -57,7 +57,8 @@ DType stats_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
 AttentionRope tables_for(const Rope& rope, const Dims& d, const Tensor& q) {
   if (!rope.on()) return {};
   const int64_t n_pos = std::max(rope.q_pos + d.Tq, rope.k_pos + d.Tk);
-  return {rope_tables(rope.theta, d.E, n_pos, stats_dtype(q.dtype()), q.device()), rope.q_pos, rope.k_pos};
+  return {rope_tables(rope.theta, d.E, n_pos, stats_dtype(q.dtype()), q.device(), rope.scaling), rope.q_pos,
+          rope.k_pos};
 }
 
 // A [B, H, T, C] tensor stored as [B, T, H, C].

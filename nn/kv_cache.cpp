@@ -33,7 +33,7 @@ std::pair<Tensor, Tensor> LayerCache::append(const Tensor& k, const Tensor& v) {
 
 int64_t LayerCache::bytes() const { return k_.defined() ? int64_t(k_.nbytes() + v_.nbytes()) : 0; }
 
-Tensor attend_cached(const Tensor& q, const Tensor& k, const Tensor& v, LayerCache& cache, double rope_theta) {
+Tensor attend_cached(const Tensor& q, const Tensor& k, const Tensor& v, LayerCache& cache, const kernels::Rope& rope) {
   WEFT_CHECK(q.defined() && q.dim() == 4, "attend_cached: expected queries [B, H, T, E], got {}",
              q.defined() ? tensor_desc(q) : "undefined");
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), pos = cache.length();
@@ -42,7 +42,7 @@ Tensor attend_cached(const Tensor& q, const Tensor& k, const Tensor& v, LayerCac
   auto [keys, values] = cache.append(k, v);
   Tensor y = scaled_dot_product_attention(
       q, keys, values, AttentionOptions{.causal = T > 1, .dropout_p = 0, .training = false,
-                                        .rope = {.theta = rope_theta, .q_pos = pos, .k_pos = 0}});
+                                        .rope = {.theta = rope.theta, .scaling = rope.scaling, .q_pos = pos}});
   return y.transpose(1, 2).reshape({B, T, H * values.size(3)});  // stored [B, T, H, Ev]: a view
 }
 

@@ -58,10 +58,12 @@ class CachedAttention {
 };
 
 // Appends k, v [B, Hkv, T, E] to `cache` and attends q [B, H, T, E] to every cached position
-// (causal among the T new ones, which must then start an empty cache, when T > 1); rope_theta
-// non-zero rotates q and the keys by their positions. Returns [B, T, H * Ev], the heads
-// concatenated as an output projection reads them. No dropout; no gradient reaches the cache.
-Tensor attend_cached(const Tensor& q, const Tensor& k, const Tensor& v, LayerCache& cache, double rope_theta = 0);
+// (causal among the T new ones, which must then start an empty cache, when T > 1); a rope that
+// is on (its theta and scaling; the positions are the cache's) rotates q and the keys by their
+// positions. Returns [B, T, H * Ev], the heads concatenated as an output projection reads them.
+// No dropout; no gradient reaches the cache.
+Tensor attend_cached(const Tensor& q, const Tensor& k, const Tensor& v, LayerCache& cache,
+                     const kernels::Rope& rope = {});
 
 // A decoder over token ids that decodes incrementally (nn::Llama, the GPT of weft-transformer).
 class CausalLM {

@@ -25,13 +25,18 @@ void check_llama_config(const LlamaConfig& c) {
   WEFT_CHECK(c.ffn_dim >= 0, "Llama: ffn_dim must be non-negative (0: the default), got {}", c.ffn_dim);
   WEFT_CHECK(std::isfinite(c.rope_theta) && c.rope_theta > 0, "Llama: rope_theta must be positive, got {}",
              c.rope_theta);
+  kernels::check_rope_scaling("Llama", c.rope_scaling);
+  WEFT_CHECK(c.rope_scaling.kind != kernels::RopeScaling::Kind::dynamic || c.ctx <= c.rope_scaling.original_context,
+             "Llama: ctx {} is past max_position_embeddings {}, where dynamic rope scaling changes every frequency "
+             "with the sequence's length (weft supports it up to max_position_embeddings)", c.ctx,
+             c.rope_scaling.original_context);
   WEFT_CHECK(std::isfinite(c.norm_eps) && c.norm_eps > 0, "Llama: norm_eps must be positive, got {}", c.norm_eps);
   WEFT_CHECK(c.dropout >= 0 && c.dropout < 1, "Llama: dropout must be in [0, 1), got {}", c.dropout);
 }
 
 LlamaAttention::LlamaAttention(const LlamaConfig& cfg)
     : Module("LlamaAttention"), n_head(cfg.n_head), n_kv_head(cfg.kv_heads()), head_dim(cfg.head_size()),
-      rope_theta(cfg.rope_theta), dropout_p(cfg.dropout) {
+      rope_theta(cfg.rope_theta), dropout_p(cfg.dropout), rope_scaling(cfg.rope_scaling) {
   check_llama_config(cfg);
   q_proj = register_module("q_proj", std::make_shared<Linear>(cfg.d_model, n_head * head_dim, false));
   k_proj = register_module("k_proj", std::make_shared<Linear>(cfg.d_model, n_kv_head * head_dim, false));
@@ -53,18 +58,22 @@ Tensor LlamaAttention::forward(const Tensor& x) {
   auto [q, k, v] = heads(x);
   Tensor y = scaled_dot_product_attention(
       q, k, v, AttentionOptions{.causal = true, .dropout_p = dropout_p, .training = is_training(),
-                                .rope = {.theta = rope_theta}});
+                                .rope = {.theta = rope_theta, .scaling = rope_scaling}});
   // The output is stored [B, T, H, hd]: the transpose back is a view.
   return (*o_proj)(y.transpose(1, 2).reshape({x.size(0), x.size(1), n_head * head_dim}));
 }
 
 Tensor LlamaAttention::forward_cached(const Tensor& x, LayerCache& cache) {
   auto [q, k, v] = heads(x);
-  return (*o_proj)(attend_cached(q, k, v, cache, rope_theta));
+  return (*o_proj)(attend_cached(q, k, v, cache, {.theta = rope_theta, .scaling = rope_scaling}));
 }
 
 std::string LlamaAttention::extra_repr() const {
-  return fmt::format("n_head={}, n_kv_head={}, head_dim={}, rope_theta={}", n_head, n_kv_head, head_dim, rope_theta);
+  std::string scaling;
+  if (rope_scaling.kind != kernels::RopeScaling::Kind::none)
+    scaling = fmt::format(", rope_scaling={} x{}", kernels::rope_scaling_name(rope_scaling.kind), rope_scaling.factor);
+  return fmt::format("n_head={}, n_kv_head={}, head_dim={}, rope_theta={}{}", n_head, n_kv_head, head_dim, rope_theta,
+                     scaling);
 }
 
 SwiGLU::SwiGLU(int64_t d_model, int64_t ffn_dim) : Module("SwiGLU") {

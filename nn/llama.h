@@ -23,6 +23,7 @@ struct LlamaConfig {
   int64_t head_dim = 0;     // 0: d_model / n_head
   int64_t ffn_dim = 0;      // SwiGLU's hidden width; 0: 8/3 d_model rounded up to a multiple of 32
   double rope_theta = 10000.0;
+  kernels::RopeScaling rope_scaling;  // Hugging Face's rope_scaling (kernels/rope.h): none by default
   double norm_eps = 1e-5;
   double dropout = 0.0;     // on the attention probabilities while training
   bool tie_weights = false; // lm_head shares model.embed_tokens.weight
@@ -46,6 +47,7 @@ class LlamaAttention : public Module, public CachedAttention {
   std::string extra_repr() const override;
   int64_t n_head, n_kv_head, head_dim;
   double rope_theta, dropout_p;
+  kernels::RopeScaling rope_scaling;
   std::shared_ptr<Linear> q_proj, k_proj, v_proj, o_proj;
 
  private:

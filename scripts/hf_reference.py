@@ -4,20 +4,27 @@
 Run it through scripts/hf_reference.sh, which makes the venv (torch, transformers, tokenizers,
 safetensors, numpy from PyPI). A developer tool: never part of meson test or CI.
 
-  fixtures [--out tests/data/hf]
-      Writes two tiny float32 checkpoints, deterministically (seeded; CPU):
+  fixtures [--out tests/data/hf] [--only NAME...]
+      Writes three tiny checkpoints, deterministically (seeded; CPU):
         gpt2/   GPT2LMHeadModel, 2 layers, n_embd 32, 2 heads, ctx 64, vocab 256, gelu_new,
                 tied embeddings; one model.safetensors.
         llama/  LlamaForCausalLM, 2 layers, hidden 64, 4 heads, 2 KV heads (GQA), ffn 64,
                 RMSNorm eps 1e-5, RoPE theta 1e4, untied head, no biases; sharded into
                 model-0000i-of-0000N.safetensors + model.safetensors.index.json.
+        llama3/ LlamaForCausalLM as Llama 3.x is made (make_llama3): rope_theta 5e5, rope_scaling
+                llama3 with an original context of 64, head_dim 32 != 64 / 4 heads, 2 KV heads,
+                eps 1e-6, a tied head; stored in bf16; one sequence of 81 and a prompt of 40
+                bytes, so that logits and generation reach past the original context; also
+                logits_linear, logits_dynamic, logits_unscaled [1,16,256]: the last 16
+                positions' logits with rope_scaling linear (factor 4), dynamic (factor 4) and
+                none.
       Default init, plus small noise on every LayerNorm/RMSNorm weight and every bias, so that a
       weight mapped to the wrong place shows. Beside each, expected.safetensors holds
-        ids [2,17] int64, logits [2,16,256] f32 = model(ids[:, :16]).logits,
+        ids [2,S] int64 (S = 17; 81 for llama3), logits [2,S-1,256] f32 = model(ids[:, :-1]).logits,
         loss [1] f32 = mean cross-entropy of logits against ids[:, 1:],
         loss_after_step [1] f32 = that loss after one AdamW step (lr 1e-2, betas (0.9, 0.999),
                 eps 1e-8, weight decay 0) on it, from the saved weights,
-        prompt_ids [8] int64 = the bytes of "Hello, w",
+        prompt_ids [8] int64 = the bytes of "Hello, w" (llama3: 40 bytes),
         greedy_ids [32] int64 = the 32 new ids of greedy generate() from the saved weights,
       and metadata (lr, made_by, transformers and torch versions).
 
@@ -70,6 +77,7 @@ VOCAB = 256
 ATTN = "eager"          # the attention implementation used everywhere here
 LR = 1e-2               # the one AdamW step of loss_after_step
 FIXTURE_PROMPT = "Hello, w"
+LONG_PROMPT = "Hello, world! A longer prompt, forty byt"
 CHECK_PROMPT = "The quick brown fox"
 NEW_TOKENS = 32
 
@@ -163,14 +171,80 @@ def make_llama():
     return model
 
 
+def make_llama3():
+    """Llama 3.x's features, each away from weft's defaults so that ignoring one fails a test:
+    rope_theta 5e5 with rope_scaling llama3 (factor 8, low/high frequency factors 1 and 8, an
+    original context of 64 that the fixture's sequences pass: the 16 channel pairs fall in all
+    three bands), head_dim 32 != hidden / heads, GQA, rms_norm_eps 1e-6, the head tied to the
+    embedding, and the weights stored in bf16 (the expected values come from those bf16 weights
+    in f32). Weights drawn with std 0.1 and the embedding scaled by 0.1, so that the context
+    rather than the last token decides the greedy ids (a tied random model repeats its input)."""
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                      max_position_embeddings=128, rms_norm_eps=1e-6, rope_theta=THETA3,
+                      rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                    "high_freq_factor": 8.0, "original_max_position_embeddings": 64},
+                      tie_word_embeddings=True, attention_bias=False, mlp_bias=False,
+                      hidden_act="silu", initializer_range=0.1,
+                      bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    cfg._attn_implementation = ATTN
+    model = LlamaForCausalLM(cfg).float()
+    with torch.no_grad():
+        model.model.embed_tokens.weight.mul_(0.1)
+        for name, p in model.named_parameters():
+            if name.endswith("layernorm.weight") or name == "model.norm.weight":
+                p.add_(torch.randn_like(p) * 0.1)
+            p.copy_(p.bfloat16().float())   # what the bf16 file holds
+    return model
+
+
+# The llama3 fixture's weights under other rope types (rope_scaling as config.json holds it):
+# expected.safetensors gets logits_<name> of the same ids for each, at the last 16 positions
+# (past the original context; all of them would double the fixture's size).
+VARIANT_POSITIONS = 16
+THETA3 = 500000.0
+ROPE_VARIANTS = {
+    "linear": {"rope_type": "linear", "factor": 4.0},
+    "dynamic": {"rope_type": "dynamic", "factor": 4.0},   # within max_position_embeddings: unchanged
+    "unscaled": None,
+}
+
+
+def rope_variant_logits(model, ids):
+    out = {}
+    for name, scaling in ROPE_VARIANTS.items():
+        cfg = copy.deepcopy(model.config)
+        if hasattr(cfg, "rope_parameters"):   # transformers 5 keeps theta and the type together
+            cfg.rope_parameters = dict(scaling or {"rope_type": "default"}, rope_theta=THETA3)
+        else:
+            cfg.rope_scaling = copy.deepcopy(scaling)
+        other = LlamaForCausalLM(cfg).float().eval()
+        other.load_state_dict(model.state_dict())
+        with torch.no_grad():
+            logits = other(input_ids=ids[:, :-1], use_cache=False).logits.float()
+        out["logits_" + name] = logits[:, -VARIANT_POSITIONS:].contiguous()
+    with torch.no_grad():
+        scaled = model(input_ids=ids[:, :-1], use_cache=False).logits[:, -VARIANT_POSITIONS:]
+    # Each rope type must show in the logits (or the test comparing them proves nothing), but
+    # dynamic, which changes nothing within max_position_embeddings.
+    for name in ("linear", "unscaled"):
+        if torch.allclose(out["logits_" + name], scaled, rtol=1e-3, atol=1e-3):
+            raise RuntimeError(f"llama3: rope type {name} gives the llama3 logits")
+    if not torch.equal(out["logits_dynamic"], out["logits_unscaled"]):
+        raise RuntimeError("llama3: dynamic scaling changed the logits within max_position_embeddings")
+    return out
+
+
 def lm_loss(model, ids):
     logits = model(input_ids=ids[:, :-1], use_cache=False).logits
     return logits, F.cross_entropy(logits.reshape(-1, VOCAB).float(), ids[:, 1:].reshape(-1))
 
 
-def save_model(model, out_dir, max_shard_size=None):
+def save_model(model, out_dir, max_shard_size=None, dtype=None):
     if os.path.isdir(out_dir):
         shutil.rmtree(out_dir)
+    if dtype is not None:
+        model = copy.deepcopy(model).to(dtype)
     kw = {}
     if max_shard_size is not None:
         kw["max_shard_size"] = max_shard_size
@@ -180,11 +254,11 @@ def save_model(model, out_dir, max_shard_size=None):
     model.save_pretrained(out_dir, **kw)
 
 
-def expected_for(model, name, seed):
+def expected_for(model, name, seed, shape=(2, 17), prompt_text=FIXTURE_PROMPT):
     """Tensors of expected.safetensors, computed from model (left untouched)."""
     model.eval()
     gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, VOCAB, (2, 17), generator=gen, dtype=torch.int64)
+    ids = torch.randint(0, VOCAB, shape, generator=gen, dtype=torch.int64)
     with torch.no_grad():
         logits, loss = lm_loss(model, ids)
 
@@ -204,13 +278,15 @@ def expected_for(model, name, seed):
     with torch.no_grad():
         _, loss_after = lm_loss(trained, ids)
 
-    prompt = text_ids(FIXTURE_PROMPT)
+    prompt = text_ids(prompt_text)
     greedy = hf_greedy(model, prompt, NEW_TOKENS)
     by_hand = argmax_greedy(model, prompt, NEW_TOKENS)
     if not torch.equal(greedy, by_hand):
         log(f"WARNING {name}: generate() (KV cache) and argmax decoding without a cache differ:\n"
             f"  generate: {greedy.tolist()}\n  by hand:  {by_hand.tolist()}")
+    variants = rope_variant_logits(model, ids) if name == "llama3" else {}
     return {
+        **variants,
         "ids": ids.contiguous(),
         "logits": logits.detach().float().contiguous(),
         "loss": loss.detach().float().reshape(1).contiguous(),
@@ -270,17 +346,23 @@ def cmd_fixtures(args):
             "transformers": transformers.__version__, "torch": torch.__version__}
     log(f"torch {torch.__version__}, transformers {transformers.__version__}; writing {out}")
 
-    specs = [("gpt2", make_gpt2, None, 1001), ("llama", make_llama, "150KB", 1002)]
-    for name, make, shard, ids_seed in specs:
+    # name, maker, shard size, ids seed, sequence length, prompt, stored dtype
+    specs = [("gpt2", make_gpt2, None, 1001, (2, 17), FIXTURE_PROMPT, None),
+             ("llama", make_llama, "150KB", 1002, (2, 17), FIXTURE_PROMPT, None),
+             # a sequence of 80 and a prompt of 40 + 32 new tokens: past the original context of 64
+             ("llama3", make_llama3, None, 1003, (1, 81), LONG_PROMPT, torch.bfloat16)]
+    for name, make, shard, ids_seed, shape, prompt_text, dtype in specs:
+        if args.only and name not in args.only:
+            continue
         seed_everything(0)
         model = make()
         model.eval()
         d = os.path.join(out, name)
-        save_model(model, d, shard)
-        exp = expected_for(model, name, ids_seed)
+        save_model(model, d, shard, dtype)
+        exp = expected_for(model, name, ids_seed, shape, prompt_text)
         write_safetensors(os.path.join(d, "expected.safetensors"), exp, meta)
         log(f"{name}: loss {exp['loss'].item():.6f}, after one AdamW step "
-            f"{exp['loss_after_step'].item():.6f}; greedy after {FIXTURE_PROMPT!r}: "
+            f"{exp['loss_after_step'].item():.6f}; greedy after {prompt_text!r}: "
             f"{exp['greedy_ids'].tolist()}")
         # reload what was written and make sure it reproduces the logits
         back = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32,
@@ -596,6 +678,7 @@ def main():
     fx = sub.add_parser("fixtures", help="write the HF fixtures (default tests/data/hf)")
     fx.add_argument("--out", default=os.path.join(REPO, "tests", "data", "hf"))
     fx.add_argument("--list", action="store_true", help="also list every tensor written")
+    fx.add_argument("--only", nargs="+", choices=["gpt2", "llama", "llama3"], help="write only these fixtures")
     tk = sub.add_parser("tokenizers", help="write the BPE tokenizer fixtures (default tests/data/tokenizers)")
     tk.add_argument("--out", default=os.path.join(REPO, "tests", "data", "tokenizers"))
     ck = sub.add_parser("check", help="check weft-transformer's export-hf against transformers")

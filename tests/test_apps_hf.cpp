@@ -1,6 +1,8 @@
 // Hugging Face checkpoints (apps/transformer/hf_checkpoint.h) against the fixtures that
 // scripts/hf_reference.py made with transformers (tests/data/hf: a GPT2LMHeadModel in one
-// file, a LlamaForCausalLM with grouped-query attention and an untied head in three shards):
+// file, a LlamaForCausalLM with grouped-query attention and an untied head in three shards, and
+// one made as Llama 3.x is: rope_scaling llama3 past its original context, rope_theta 5e5,
+// head_dim != hidden / heads, eps 1e-6, a tied head, bf16 weights):
 // logits within 1e-5 relative of transformers', also loaded under FSDP (run at 1, 2 and 4
 // ranks) with each rank reading only its shards' bytes; the loss after one AdamW step; greedy
 // generation (with and without the key/value cache); export then re-import bitwise; configs weft cannot represent named.
@@ -80,9 +82,14 @@ std::string temp_dir(const std::string& tag) {
   return p.string();
 }
 
-// A copy of the llama fixture whose config.json `edit` changed (the weight files linked).
-std::string llama_with_config(const std::string& tag, const std::function<void(nlohmann::json&)>& edit) {
-  const std::string src = kData + "/llama", dst = temp_dir(tag);
+// The fixtures, and the architecture weft reads each as.
+const std::vector<std::string> kFixtures = {"gpt2", "llama", "llama3"};
+std::string arch_of(const std::string& fixture) { return fixture == "gpt2" ? "gpt2" : "llama"; }
+
+// A copy of a llama fixture whose config.json `edit` changed (the weight files linked).
+std::string llama_with_config(const std::string& tag, const std::function<void(nlohmann::json&)>& edit,
+                              const std::string& fixture = "llama") {
+  const std::string src = kData + "/" + fixture, dst = temp_dir(tag);
   fs::create_directories(dst);
   for (auto& f : fs::directory_iterator(src))
     if (f.path().filename() != "config.json") fs::create_symlink(fs::absolute(f.path()), fs::path(dst) / f.path().filename());
@@ -96,11 +103,11 @@ std::string llama_with_config(const std::string& tag, const std::function<void(n
 }  // namespace
 
 TEST_CASE("Hugging Face checkpoints: logits, one training step and greedy generation match transformers") {
-  for (std::string family : {"gpt2", "llama"}) {
+  for (const std::string& family : kFixtures) {
     INFO(family);
     const Expected e = expected(family);
     apps::LanguageModel lm = load_whole(kData + "/" + family);
-    CHECK(lm.cfg.arch == family);
+    CHECK(lm.cfg.arch == arch_of(family));
     {
       NoGradGuard no_grad;
       check_logits((*lm.module)(inputs(e)), e.logits, family + " logits");
@@ -132,7 +139,7 @@ TEST_CASE("Hugging Face checkpoints: logits, one training step and greedy genera
 }
 
 TEST_CASE("Hugging Face checkpoints load sharded, each rank reading only its own shards") {
-  for (std::string family : {"gpt2", "llama"}) {
+  for (const std::string& family : kFixtures) {
     INFO(family << " at " << dist::world_size() << " ranks");
     const std::string dir = kData + "/" + family;
     const Expected e = expected(family);
@@ -160,7 +167,7 @@ TEST_CASE("Hugging Face checkpoints load sharded, each rank reading only its own
 }
 
 TEST_CASE("export-hf then import gives the same parameters bitwise, single file or sharded") {
-  for (std::string family : {"gpt2", "llama"}) {
+  for (const std::string& family : kFixtures) {
     for (int64_t shard : {int64_t(1) << 30, int64_t(60000)}) {
       INFO(family << ", shards of at most " << shard << " bytes");
       apps::LanguageModel lm = load_whole(kData + "/" + family);
@@ -168,6 +175,10 @@ TEST_CASE("export-hf then import gives the same parameters bitwise, single file 
       apps::export_hf_checkpoint(lm, out, shard);
       CHECK(fs::exists(fs::path(out) / "model.safetensors.index.json") == (shard < (1 << 20)));
       apps::LanguageModel back = load_whole(out);
+      CHECK(back.cfg.rope_theta == lm.cfg.rope_theta);
+      CHECK(back.cfg.rope_scaling == lm.cfg.rope_scaling);
+      CHECK(back.cfg.norm_eps == lm.cfg.norm_eps);
+      CHECK(back.cfg.tie_weights == lm.cfg.tie_weights);
       auto a = lm.module->named_parameters(), b = back.module->named_parameters();
       REQUIRE(a.size() == b.size());
       for (size_t i = 0; i < a.size(); ++i) {
@@ -179,6 +190,65 @@ TEST_CASE("export-hf then import gives the same parameters bitwise, single file 
       fs::remove_all(out);
     }
   }
+}
+
+TEST_CASE("Hugging Face rope scaling: llama3, linear and dynamic as transformers computes them, either config form") {
+  using Kind = kernels::RopeScaling::Kind;
+  const apps::ModelConfig cfg = apps::read_hf_config(kData + "/llama3");
+  CHECK(cfg.rope_theta == 500000.0);
+  CHECK(cfg.norm_eps == 1e-6);
+  CHECK(cfg.tie_weights);
+  CHECK(cfg.rope_scaling == kernels::RopeScaling{.kind = Kind::llama3, .factor = 8, .low_freq_factor = 1,
+                                                 .high_freq_factor = 8, .original_context = 64});
+  const Tensor ids = inputs(expected("llama3"));
+  REQUIRE(ids.size(1) > 64);  // past the original context
+  auto c = load_safetensors(kData + "/llama3/expected.safetensors");
+  std::map<std::string, Tensor> want(c.tensors.begin(), c.tensors.end());
+  // Theta and the scaling in rope_scaling (Llama 3.x's files) or in rope_parameters (newer
+  // transformers'), and the same weights under the other rope types.
+  struct Case {
+    std::string name;
+    nlohmann::json scaling;
+    std::string logits;
+  };
+  const nlohmann::json llama3 = nlohmann::json::parse(apps::rope_scaling_text(cfg.rope_scaling));
+  for (const Case& k : {Case{"llama3", llama3, "logits"},
+                        Case{"linear", {{"rope_type", "linear"}, {"factor", 4.0}}, "logits_linear"},
+                        Case{"dynamic", {{"type", "dynamic"}, {"factor", 4.0}}, "logits_dynamic"},
+                        Case{"none", nullptr, "logits_unscaled"}}) {
+    for (bool parameters : {false, true}) {
+      INFO(k.name << (parameters ? " in rope_parameters" : " in rope_scaling"));
+      const std::string dir = llama_with_config("rope", [&](nlohmann::json& j) {
+        for (const char* key : {"rope_scaling", "rope_parameters", "rope_theta"}) j.erase(key);
+        nlohmann::json p = k.scaling.is_null() ? nlohmann::json{{"rope_type", "default"}} : k.scaling;
+        p["rope_theta"] = 500000.0;
+        if (parameters) {
+          j["rope_parameters"] = p;
+        } else {
+          j["rope_scaling"] = k.scaling;
+          j["rope_theta"] = 500000.0;
+        }
+      }, "llama3");
+      apps::LanguageModel lm = load_whole(dir);
+      CHECK(kernels::rope_scaling_name(lm.cfg.rope_scaling.kind) == k.name);
+      NoGradGuard no_grad;
+      // The last 16 positions, which the fixture holds for every rope type.
+      auto last = [](const Tensor& t) { return t.narrow(1, t.size(1) - 16, 16); };
+      check_logits(last((*lm.module)(ids)), last(want.at(k.logits)), k.name + " logits");
+      fs::remove_all(dir);
+    }
+  }
+  // Dynamic scaling changes every frequency with the sequence's length past max_position_embeddings.
+  const std::string dir = llama_with_config("dynamic", [](nlohmann::json& j) {
+    j.erase("rope_parameters");
+    j["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 4.0}};
+    j["max_position_embeddings"] = 32;
+  }, "llama3");
+  apps::ModelConfig dyn = apps::read_hf_config(dir);
+  CHECK(dyn.rope_scaling.original_context == 32);
+  dyn.ctx = 48;
+  CHECK_THROWS_WITH(apps::make_model(dyn), Contains("ctx 48 is past max_position_embeddings 32"));
+  fs::remove_all(dir);
 }
 
 TEST_CASE("Hugging Face configs weft cannot represent are errors naming the field") {
@@ -196,8 +266,20 @@ TEST_CASE("Hugging Face configs weft cannot represent are errors naming the fiel
     fs::remove_all(dir);
   };
   expect_error("model_type", "bert", "\"model_type\" is \"bert\": weft reads gpt2 and llama");
-  expect_error("rope_scaling", nlohmann::json{{"rope_type", "linear"}, {"factor", 2.0}}, "\"rope_scaling\"");
+  expect_error("rope_scaling", nlohmann::json{{"rope_type", "yarn"}, {"factor", 2.0}},
+               "\"rope_type\" is \"yarn\": weft computes the rope types default, linear, dynamic and llama3");
+  expect_error("rope_scaling", nlohmann::json{{"type", "longrope"}, {"factor", 2.0}}, "\"type\" is \"longrope\"");
   expect_error("rope_parameters", nlohmann::json{{"rope_type", "yarn"}, {"rope_theta", 1e4}}, "\"rope_type\"");
+  expect_error("rope_scaling", nlohmann::json{{"rope_type", "linear"}}, "rope_scaling: \"factor\" is missing");
+  expect_error("rope_scaling", nlohmann::json{{"rope_type", "linear"}, {"factor", 2.0}, {"attention_factor", 0.5}},
+               "\"attention_factor\" is 0.5: weft does not use it with rope type linear (only factor)");
+  expect_error("rope_scaling", nlohmann::json{{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 4.0},
+                                              {"high_freq_factor", 1.0}, {"original_max_position_embeddings", 16}},
+               "low_freq_factor (4) must be positive and below high_freq_factor (1)");
+  expect_error("rope_scaling", nlohmann::json{{"rope_type", "linear"}, {"factor", -2.0}},
+               "factor must be finite and positive, got -2");
+  expect_error("rope_scaling", "linear", "\"rope_scaling\" must be an object or null, got \"linear\"");
+  expect_error("partial_rotary_factor", 0.5, "\"partial_rotary_factor\" is 0.5");
   expect_error("hidden_act", "gelu", "\"hidden_act\"");
   expect_error("attention_bias", true, "\"attention_bias\"");
   expect_error("num_key_value_heads", 3, "--n-kv-head 3 must divide --n-head 4");

@@ -226,8 +226,23 @@ TEST_CASE("attention: rotary_embedding and the dropout path rotate as the fused 
   AttentionOptions fused{.causal = true, .rope = {.theta = 10000.0}};
   AttentionOptions composite = fused;
   composite.dropout_p = 1e-12;
-  check_close(scaled_dot_product_attention(q, k, v, composite), scaled_dot_product_attention(q, k, v, fused), 1e-4,
-              1e-5, "dropout path with GQA and rope");
+  const Tensor unscaled = scaled_dot_product_attention(q, k, v, fused);
+  check_close(scaled_dot_product_attention(q, k, v, composite), unscaled, 1e-4, 1e-5, "dropout path with GQA and rope");
+  // A rope scaling reaches both paths and changes the rotation (kernels/rope.h: every wavelength
+  // here is past 4 / low_freq_factor, so every frequency is divided by the factor).
+  fused.rope.scaling = composite.rope.scaling = {.kind = kernels::RopeScaling::Kind::llama3, .factor = 8,
+                                                 .original_context = 4};
+  const Tensor scaled = scaled_dot_product_attention(q, k, v, fused);
+  check_close(scaled_dot_product_attention(q, k, v, composite), scaled, 1e-4, 1e-5, "dropout path with llama3 scaling");
+  std::vector<double> a = to_vector(scaled), b = to_vector(unscaled);
+  double diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff = std::max(diff, std::fabs(a[i] - b[i]));
+  INFO("max |scaled - unscaled| " << diff);
+  CHECK(diff > 1e-3);
+  // ... and is the same as a linear scaling by 8, which divides every frequency.
+  AttentionOptions linear{.causal = true, .rope = {.theta = 10000.0, .scaling = {.kind = kernels::RopeScaling::Kind::linear,
+                                                                               .factor = 8}}};
+  check_close(scaled_dot_product_attention(q, k, v, linear), scaled, 1e-6, 1e-7, "llama3 with every frequency low = linear");
 }
 
 TEST_CASE("attention: fused forward and backward match the composite reference") {

@@ -16,11 +16,17 @@
 
 namespace weft::apps {
 
+// A rope scaling as config.json's rope_scaling holds it, as JSON text ("null" for none), and back
+// (an error naming `where` and the field for anything else).
+std::string rope_scaling_text(const kernels::RopeScaling& s);
+kernels::RopeScaling parse_rope_scaling(const std::string& text, const std::string& where);
+
 // Whether `path` is a directory with a config.json.
 bool is_hf_dir(const std::string& path);
 
 // The model config.json describes; a field weft cannot represent (another model_type or
-// activation, rope scaling, biases in Llama, ...) is an error naming the field and its value.
+// activation, a rope type other than default, linear, dynamic and llama3, biases in Llama, ...) is
+// an error naming the field and its value.
 ModelConfig read_hf_config(const std::string& dir);
 
 // Loads the weights of `dir` into `model` (built from read_hf_config(dir)), this rank's shards

@@ -169,6 +169,7 @@ std::map<std::string, std::string> describe(const apps::ModelConfig& cfg, const 
       {"format", kFormat}, {"arch", cfg.arch}, {"n_kv_head", std::to_string(cfg.n_kv_head)},
       {"ffn_dim", std::to_string(cfg.ffn_dim)}, {"head_dim", std::to_string(cfg.head_dim)},
       {"rope_theta", fmt::format("{}", cfg.rope_theta)}, {"norm_eps", fmt::format("{}", cfg.norm_eps)},
+      {"rope_scaling", apps::rope_scaling_text(cfg.rope_scaling)},
       {"n_layer", std::to_string(cfg.n_layer)}, {"n_head", std::to_string(cfg.n_head)},
       {"d_model", std::to_string(cfg.d_model)}, {"ctx", std::to_string(cfg.ctx)},
       {"vocab_size", std::to_string(cfg.vocab_size)}, {"tied", cfg.tie_weights ? "1" : "0"},
@@ -209,6 +210,7 @@ apps::ModelConfig config_of(const std::map<std::string, std::string>& app, const
     cfg.rope_theta = apps::cli::parse_positive_field(get("rope_theta"), what("rope_theta"));
     cfg.norm_eps = apps::cli::parse_positive_field(get("norm_eps"), what("norm_eps"));
   }
+  if (app.count("rope_scaling")) cfg.rope_scaling = apps::parse_rope_scaling(get("rope_scaling"), what("rope_scaling"));
   apps::check_config(cfg);
   return cfg;
 }
@@ -422,12 +424,14 @@ void check_resumed_model(const apps::ModelConfig& c, const apps::ModelConfig& m,
   const nn::LlamaConfig want = apps::llama_config(m), have = apps::llama_config(c);
   WEFT_CHECK(c.arch == m.arch && c.n_layer == m.n_layer && c.n_head == m.n_head && c.d_model == m.d_model &&
                  c.ctx == m.ctx && c.tie_weights == m.tie_weights && have.kv_heads() == want.kv_heads() &&
-                 have.ffn() == want.ffn() && have.head_size() == want.head_size() && c.rope_theta == m.rope_theta,
+                 have.ffn() == want.ffn() && have.head_size() == want.head_size() && c.rope_theta == m.rope_theta &&
+                 c.rope_scaling == m.rope_scaling,
              "transformer: checkpoint {} holds a {} model with n_layer {}, n_head {}, n_kv_head {}, d_model {}, "
-             "ffn_dim {}, ctx {}, tied {}, rope_theta {}; the flags ask for {}, {}, {}, {}, {}, {}, {}, {}, {}",
-             where, c.arch, c.n_layer, c.n_head, have.kv_heads(), c.d_model, have.ffn(), c.ctx, c.tie_weights,
-             c.rope_theta, m.arch, m.n_layer, m.n_head, want.kv_heads(), m.d_model, want.ffn(), m.ctx, m.tie_weights,
-             m.rope_theta);
+             "ffn_dim {}, ctx {}, tied {}, rope_theta {}, rope_scaling {}; the flags ask for {}, {}, {}, {}, {}, {}, "
+             "{}, {}, {}, {}", where, c.arch, c.n_layer, c.n_head, have.kv_heads(), c.d_model, have.ffn(), c.ctx,
+             c.tie_weights, c.rope_theta, apps::rope_scaling_text(c.rope_scaling), m.arch, m.n_layer, m.n_head,
+             want.kv_heads(), m.d_model, want.ffn(), m.ctx, m.tie_weights, m.rope_theta,
+             apps::rope_scaling_text(m.rope_scaling));
 }
 
 // --resume: the latest checkpoint in the directory, checked against the flags. The batches:

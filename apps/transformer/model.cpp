@@ -9,7 +9,8 @@ namespace weft::apps {
 nn::LlamaConfig llama_config(const ModelConfig& c) {
   return {.vocab_size = c.vocab_size, .ctx = c.ctx, .n_layer = c.n_layer, .n_head = c.n_head,
           .n_kv_head = c.n_kv_head, .d_model = c.d_model, .head_dim = c.head_dim, .ffn_dim = c.ffn_dim,
-          .rope_theta = c.rope_theta, .norm_eps = c.norm_eps, .dropout = c.dropout, .tie_weights = c.tie_weights};
+          .rope_theta = c.rope_theta, .rope_scaling = c.rope_scaling, .norm_eps = c.norm_eps, .dropout = c.dropout,
+          .tie_weights = c.tie_weights};
 }
 
 void check_config(const ModelConfig& cfg) {
@@ -37,6 +38,8 @@ void check_config(const ModelConfig& cfg) {
                "transformer: --n-kv-head is for --arch llama (GPT-2 has one key/value head per query head)");
     WEFT_CHECK(cfg.head_dim == 0 || cfg.head_dim * cfg.n_head == cfg.d_model,
                "transformer: GPT-2 heads have d_model / n_head channels, not {}", cfg.head_dim);
+    WEFT_CHECK(cfg.rope_scaling.kind == kernels::RopeScaling::Kind::none,
+               "transformer: rope scaling is for --arch llama (GPT-2 has learned positions)");
   } else {
     WEFT_CHECK(cfg.n_kv_head >= 0 && cfg.n_kv_head <= cfg.n_head && (cfg.n_kv_head == 0 || cfg.n_head % cfg.n_kv_head == 0),
                "transformer: --n-kv-head {} must divide --n-head {} (each key/value head serves n_head / n_kv_head "

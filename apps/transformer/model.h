@@ -25,6 +25,7 @@ struct ModelConfig {
   int64_t head_dim = 0;       // llama: channels per head (0: d_model / n_head)
   double rope_theta = 10000;  // llama
   double norm_eps = 1e-5;     // llama's RMSNorm (GPT-2's LayerNorm eps is 1e-5)
+  kernels::RopeScaling rope_scaling;  // llama: Hugging Face's rope_scaling (none unless a config.json sets it)
 };
 
 // Upper bounds of the config's fields (the flags' ranges, and what a checkpoint may declare).

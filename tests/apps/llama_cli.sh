@@ -64,6 +64,26 @@ hf=(--init-from "$data/llama" --ctx 32 --batch-size 8 --steps 5 --warmup 1 --lr 
 "$exe" train "${hf[@]}" --metrics "$tmp/h.jsonl" >/dev/null 2>"$tmp/h.err" || fail "--init-from failed: $(cat "$tmp/h.err")"
 grep -q "initialised from" "$tmp/h.err" || fail "--init-from did not say so: $(cat "$tmp/h.err")"
 h1=$(loss_at "$tmp/h.jsonl" 1)
+# The Llama 3.x-made fixture (rope_scaling llama3 past its original context of 64, a tied head,
+# bf16 weights): fine-tuned at ctx 80 with a checkpoint, resumed, exported with its rope scaling
+# and tied head, and sampled the same from the checkpoint and the export.
+l3=(--init-from "$data/llama3" --ctx 80 --batch-size 4 --steps 4 --warmup 1 --lr 1e-3 --seed 0 --threads 1
+    --eval-every 0 --eval-iters 2 --checkpoint-dir "$tmp/ck3" --checkpoint-every 2)
+"$exe" train "${l3[@]}" --stop-after 2 >/dev/null 2>"$tmp/l3.err" || fail "--init-from llama3 failed: $(cat "$tmp/l3.err")"
+"$exe" train "${l3[@]}" --resume "$tmp/ck3" --metrics "$tmp/l3.jsonl" >/dev/null 2>"$tmp/l3.err" ||
+  fail "resuming the llama3 fine-tune failed: $(cat "$tmp/l3.err")"
+# The same model with another rope scaling is not the checkpoint's model.
+mkdir "$tmp/l3lin" && cp "$data/llama3/model.safetensors" "$tmp/l3lin/"
+sed -e '/high_freq_factor\|low_freq_factor\|original_max_position_embeddings/d' -e 's/"llama3"/"linear"/' \
+  "$data/llama3/config.json" >"$tmp/l3lin/config.json"
+expect_error 'rope_scaling {"factor":8.0,"high_freq_factor":8.0' train --init-from "$tmp/l3lin" --ctx 80 --batch-size 4 \
+  --steps 4 --seed 0 --resume "$tmp/ck3"
+"$exe" export-hf --from "$tmp/ck3" --out "$tmp/l3out" 2>"$tmp/x.err" || fail "export-hf of llama3 failed: $(cat "$tmp/x.err")"
+grep -q '"rope_type": "llama3"' "$tmp/l3out/config.json" && grep -q '"tie_word_embeddings": true' "$tmp/l3out/config.json" ||
+  fail "the llama3 export lost its rope scaling or tied head: $(cat "$tmp/l3out/config.json")"
+s3=$("$exe" sample --from "$tmp/ck3" --prompt "The " --greedy --max-new-tokens 70 --ids)
+[ "$s3" = "$("$exe" sample --from "$tmp/l3out" --prompt "The " --greedy --max-new-tokens 70 --ids)" ] ||
+  fail "greedy ids from the llama3 checkpoint and its export differ"
 
 if [ -n "$mpirun" ]; then
   run() { "$mpirun" -np "$1" "${mpirun_args[@]}" "$exe" train --fsdp "${@:2}"; }
@@ -94,13 +114,15 @@ if [ -n "$mpirun" ]; then
   # The Hugging Face fixtures (random weights: every position and head matters) sample the same
   # ids with the key/value cache, without it, and sharded at 2 ranks, greedy and drawn, within
   # their context (4 + 56 of 64 positions).
-  for m in gpt2 llama; do
+  # llama3's (context 128): 4 + 76, past its rope scaling's original context of 64.
+  for m in gpt2 llama llama3; do
+    t=56 && [ $m = llama3 ] && t=76
     for how in "--greedy" "--top-k 50 --top-p 0.95 --temperature 0.7 --seed 9"; do
-      c=$("$exe" sample --from "$data/$m" --prompt "The " --tokens 56 $how --ids 2>/dev/null)
-      n=$("$exe" sample --from "$data/$m" --prompt "The " --tokens 56 $how --ids --no-cache 2>/dev/null)
-      f=$("$mpirun" -np 2 "${mpirun_args[@]}" "$exe" sample --fsdp --from "$data/$m" --prompt "The " --tokens 56 $how \
+      c=$("$exe" sample --from "$data/$m" --prompt "The " --tokens $t $how --ids 2>/dev/null)
+      n=$("$exe" sample --from "$data/$m" --prompt "The " --tokens $t $how --ids --no-cache 2>/dev/null)
+      f=$("$mpirun" -np 2 "${mpirun_args[@]}" "$exe" sample --fsdp --from "$data/$m" --prompt "The " --tokens $t $how \
             --ids 2>"$tmp/sf.err") || fail "sample --fsdp from $m failed: $(cat "$tmp/sf.err")"
-      [ "$c" = "$n" ] && [ "$c" = "$f" ] && [ "$(echo "$c" | tr ',' '\n' | wc -l)" -eq 56 ] ||
+      [ "$c" = "$n" ] && [ "$c" = "$f" ] && [ "$(echo "$c" | tr ',' '\n' | wc -l)" -eq $t ] ||
         fail "$m $how: the cache gave $c, --no-cache $n, --fsdp at 2 ranks $f"
     done
   done
