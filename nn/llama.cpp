@@ -38,9 +38,9 @@ LlamaAttention::LlamaAttention(const LlamaConfig& cfg)
     : Module("LlamaAttention"), n_head(cfg.n_head), n_kv_head(cfg.kv_heads()), head_dim(cfg.head_size()),
       rope_theta(cfg.rope_theta), dropout_p(cfg.dropout), rope_scaling(cfg.rope_scaling) {
   check_llama_config(cfg);
-  q_proj = register_module("q_proj", std::make_shared<Linear>(cfg.d_model, n_head * head_dim, false));
-  k_proj = register_module("k_proj", std::make_shared<Linear>(cfg.d_model, n_kv_head * head_dim, false));
-  v_proj = register_module("v_proj", std::make_shared<Linear>(cfg.d_model, n_kv_head * head_dim, false));
+  q_proj = register_module("q_proj", std::make_shared<Linear>(cfg.d_model, n_head * head_dim, cfg.qkv_bias));
+  k_proj = register_module("k_proj", std::make_shared<Linear>(cfg.d_model, n_kv_head * head_dim, cfg.qkv_bias));
+  v_proj = register_module("v_proj", std::make_shared<Linear>(cfg.d_model, n_kv_head * head_dim, cfg.qkv_bias));
   o_proj = register_module("o_proj", std::make_shared<Linear>(n_head * head_dim, cfg.d_model, false));
 }
 
@@ -149,6 +149,7 @@ void init_llama(Llama& m) {
   for (auto& [name, p] : m.named_parameters()) {
     Tensor t = p;
     if (name.ends_with("norm.weight")) init::ones_(t);  // the RMSNorms: input_layernorm, ..., model.norm
+    else if (name.ends_with(".bias")) init::zeros_(t);
     else if (name.ends_with("o_proj.weight") || name.ends_with("down_proj.weight")) init::normal_(t, 0.0, residual_std);
     else init::normal_(t, 0.0, 0.02);
   }

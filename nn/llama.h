@@ -27,6 +27,7 @@ struct LlamaConfig {
   double norm_eps = 1e-5;
   double dropout = 0.0;     // on the attention probabilities while training
   bool tie_weights = false; // lm_head shares model.embed_tokens.weight
+  bool qkv_bias = false;    // q_proj, k_proj and v_proj with biases (Qwen2)
 
   int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int64_t head_size() const { return head_dim > 0 ? head_dim : d_model / n_head; }
@@ -108,7 +109,7 @@ class Llama : public Module, public CausalLM {
 
 // Hugging Face's initialisation (initializer_range 0.02): N(0, 0.02) for every Linear and
 // Embedding weight, except o_proj and down_proj, the residual projections, at
-// N(0, 0.02 / sqrt(2 n_layer)) as GPT-2's; RMSNorm weights 1. From the default generator, in
+// N(0, 0.02 / sqrt(2 n_layer)) as GPT-2's; RMSNorm weights 1, biases 0. From the default generator, in
 // parameter order.
 void init_llama(Llama& model);
 

@@ -2,7 +2,8 @@
 // scripts/hf_reference.py made with transformers (tests/data/hf: a GPT2LMHeadModel in one
 // file, a LlamaForCausalLM with grouped-query attention and an untied head in three shards, and
 // one made as Llama 3.x is: rope_scaling llama3 past its original context, rope_theta 5e5,
-// head_dim != hidden / heads, eps 1e-6, a tied head, bf16 weights):
+// head_dim != hidden / heads, eps 1e-6, a tied head, bf16 weights; a MistralForCausalLM with a
+// sliding window of 48, bf16; a Qwen2ForCausalLM with q/k/v biases and a tied head):
 // logits within 1e-5 relative of transformers', also loaded under FSDP (run at 1, 2 and 4
 // ranks) with each rank reading only its shards' bytes; the loss after one AdamW step; greedy
 // generation (with and without the key/value cache); export then re-import bitwise; configs weft cannot represent named.
@@ -83,7 +84,7 @@ std::string temp_dir(const std::string& tag) {
 }
 
 // The fixtures, and the architecture weft reads each as.
-const std::vector<std::string> kFixtures = {"gpt2", "llama", "llama3"};
+const std::vector<std::string> kFixtures = {"gpt2", "llama", "llama3", "mistral", "qwen2"};
 std::string arch_of(const std::string& fixture) { return fixture == "gpt2" ? "gpt2" : "llama"; }
 
 // A copy of a llama fixture whose config.json `edit` changed (the weight files linked).
@@ -179,6 +180,10 @@ TEST_CASE("export-hf then import gives the same parameters bitwise, single file 
       CHECK(back.cfg.rope_scaling == lm.cfg.rope_scaling);
       CHECK(back.cfg.norm_eps == lm.cfg.norm_eps);
       CHECK(back.cfg.tie_weights == lm.cfg.tie_weights);
+      CHECK(back.cfg.family == lm.cfg.family);
+      CHECK(back.cfg.qkv_bias == lm.cfg.qkv_bias);
+      CHECK(back.cfg.sliding_window == lm.cfg.sliding_window);
+      CHECK(back.cfg.ctx == lm.cfg.ctx);
       auto a = lm.module->named_parameters(), b = back.module->named_parameters();
       REQUIRE(a.size() == b.size());
       for (size_t i = 0; i < a.size(); ++i) {
@@ -251,6 +256,34 @@ TEST_CASE("Hugging Face rope scaling: llama3, linear and dynamic as transformers
   fs::remove_all(dir);
 }
 
+TEST_CASE("Mistral and Qwen2: the sliding window caps the context, q/k/v biases, their fields refused by name") {
+  const apps::ModelConfig mistral = apps::read_hf_config(kData + "/mistral");
+  CHECK(mistral.family == "mistral");
+  CHECK(mistral.sliding_window == 48);
+  CHECK(mistral.ctx == 48);  // max_position_embeddings 128, capped at the window
+  CHECK(!mistral.qkv_bias);
+  apps::ModelConfig longer = mistral;
+  longer.ctx = 64;
+  CHECK_THROWS_WITH(apps::make_model(longer), Contains("--ctx 64 is past the model's sliding_window 48"));
+  const apps::ModelConfig qwen2 = apps::read_hf_config(kData + "/qwen2");
+  CHECK(qwen2.family == "qwen2");
+  CHECK(qwen2.qkv_bias);
+  CHECK(qwen2.tie_weights);
+  apps::LanguageModel lm = apps::make_model(qwen2);
+  int biases = 0;
+  for (auto& [name, p] : lm.module->named_parameters()) biases += name.ends_with(".bias");
+  CHECK(biases == 3 * qwen2.n_layer);  // q, k, v; not o_proj
+  auto expect_error = [](const std::string& key, const nlohmann::json& value, const std::string& text) {
+    const std::string dir = llama_with_config("qwen2", [&](nlohmann::json& j) { j[key] = value; }, "qwen2");
+    INFO(key << " = " << value.dump());
+    CHECK_THROWS_WITH(apps::read_hf_config(dir), Contains(text));
+    fs::remove_all(dir);
+  };
+  expect_error("use_sliding_window", true, "\"use_sliding_window\" is true");
+  expect_error("layer_types", nlohmann::json{"full_attention", "sliding_attention"},
+               "\"layer_types\" holds \"sliding_attention\"");
+}
+
 TEST_CASE("Hugging Face configs weft cannot represent are errors naming the field") {
   // The llama fixture with one config field changed (null: removed, except rope_scaling).
   auto with_config = [](const std::string& key, const nlohmann::json& value) {
@@ -265,7 +298,7 @@ TEST_CASE("Hugging Face configs weft cannot represent are errors naming the fiel
     CHECK_THROWS_WITH(apps::read_hf_config(dir), Contains(text));
     fs::remove_all(dir);
   };
-  expect_error("model_type", "bert", "\"model_type\" is \"bert\": weft reads gpt2 and llama");
+  expect_error("model_type", "bert", "\"model_type\" is \"bert\": weft reads gpt2, llama, mistral and qwen2");
   expect_error("rope_scaling", nlohmann::json{{"rope_type", "yarn"}, {"factor", 2.0}},
                "\"rope_type\" is \"yarn\": weft computes the rope types default, linear, dynamic and llama3");
   expect_error("rope_scaling", nlohmann::json{{"type", "longrope"}, {"factor", 2.0}}, "\"type\" is \"longrope\"");

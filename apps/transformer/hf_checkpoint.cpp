@@ -8,11 +8,11 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
-#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "apps/transformer/hf_family.h"
 #include "core/atomic_file.h"
 #include "core/safetensors.h"
 
@@ -21,190 +21,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
-
-// ---- the mapping, per model_type: everything in which Hugging Face's layout differs from
-// weft's parameters (whose names are the same).
-struct HfLayout {
-  const char* model_type;
-  const char* architecture;
-  std::vector<std::string> transposed;  // name suffixes stored [in, out] (GPT-2's Conv1D)
-  std::string optional_prefix;          // files may omit it (the original GPT-2 release does)
-  std::vector<std::string> ignored;     // suffixes of tensors weft does not keep (buffers)
-
-  static bool any_suffix(const std::string& name, const std::vector<std::string>& suffixes) {
-    return std::any_of(suffixes.begin(), suffixes.end(), [&](const std::string& s) { return name.ends_with(s); });
-  }
-  bool is_transposed(const std::string& name) const { return any_suffix(name, transposed); }
-  bool is_ignored(const std::string& name) const { return any_suffix(name, ignored); }
-};
-
-const HfLayout kGpt2{"gpt2",
-                     "GPT2LMHeadModel",
-                     {"attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight"},
-                     "transformer.",
-                     {"attn.bias", "attn.masked_bias"}};
-const HfLayout kLlama{"llama", "LlamaForCausalLM", {}, "", {"rotary_emb.inv_freq"}};
-
-const HfLayout& layout_of(const ModelConfig& cfg) { return cfg.arch == "llama" ? kLlama : kGpt2; }
-
-// ---- config.json
-
-struct ConfigReader {
-  const json& j;
-  std::string where;
-
-  [[noreturn]] void fail(const std::string& key, const std::string& what) const {
-    throw Error(fmt::format("transformer: {}: \"{}\" {}", where, key, what));
-  }
-  const json* find(const std::string& key) const {
-    auto it = j.find(key);
-    return it == j.end() || it->is_null() ? nullptr : &*it;
-  }
-  int64_t integer(const std::string& key, std::optional<int64_t> fallback = std::nullopt) const {
-    const json* v = find(key);
-    if (!v) {
-      if (fallback) return *fallback;
-      fail(key, "is missing");
-    }
-    // Every integer of a config is a size or a count: 0 is not "unset" (that is null or absent).
-    if (!v->is_number_integer() || v->get<int64_t>() <= 0)
-      fail(key, fmt::format("must be a positive integer, got {}", v->dump()));
-    return v->get<int64_t>();
-  }
-  double number(const std::string& key, std::optional<double> fallback = std::nullopt) const {
-    const json* v = find(key);
-    if (!v) {
-      if (fallback) return *fallback;
-      fail(key, "is missing");
-    }
-    if (!v->is_number()) fail(key, fmt::format("must be a number, got {}", v->dump()));
-    return v->get<double>();
-  }
-  bool boolean(const std::string& key, bool fallback) const {
-    const json* v = find(key);
-    if (!v) return fallback;
-    if (!v->is_boolean()) fail(key, fmt::format("must be true or false, got {}", v->dump()));
-    return v->get<bool>();
-  }
-  std::string text(const std::string& key, const std::string& fallback) const {
-    const json* v = find(key);
-    if (!v) return fallback;
-    if (!v->is_string()) fail(key, fmt::format("must be a string, got {}", v->dump()));
-    return v->get<std::string>();
-  }
-  // A field weft cannot represent unless it has the value weft computes with.
-  template <class T> void require(const std::string& key, T got, T want, const std::string& why) const {
-    if (got != want) fail(key, fmt::format("is {}: weft supports only {} ({})", json(got).dump(), json(want).dump(), why));
-  }
-};
-
-ModelConfig gpt2_config(const ConfigReader& r) {
-  ModelConfig c;
-  c.arch = "gpt2";
-  c.vocab_size = r.integer("vocab_size");
-  c.ctx = r.integer("n_positions");
-  c.d_model = r.integer("n_embd");
-  c.n_layer = r.integer("n_layer");
-  c.n_head = r.integer("n_head");
-  c.ffn_dim = r.integer("n_inner", 0);
-  const std::string act = r.text("activation_function", "gelu_new");
-  if (act != "gelu_new" && act != "gelu_pytorch_tanh")
-    r.fail("activation_function", fmt::format("is \"{}\": weft's GPT-2 uses the tanh GELU (gelu_new)", act));
-  r.require("layer_norm_epsilon", r.number("layer_norm_epsilon", 1e-5), 1e-5, "weft's GPT-2 LayerNorm eps");
-  r.require("scale_attn_weights", r.boolean("scale_attn_weights", true), true, "scores scaled by 1/sqrt(head_dim)");
-  r.require("scale_attn_by_inverse_layer_idx", r.boolean("scale_attn_by_inverse_layer_idx", false), false,
-            "no per-layer score scaling");
-  r.require("add_cross_attention", r.boolean("add_cross_attention", false), false, "a decoder only");
-  c.tie_weights = r.boolean("tie_word_embeddings", true);
-  return c;
-}
-
-// rope_scaling, or the rope_parameters of newer files (which also hold rope_theta): the rope type
-// and its numbers (kernels/rope.h); a type weft does not compute, or a field it would ignore, is
-// an error naming it. `max_positions`: max_position_embeddings, where dynamic scaling starts.
-kernels::RopeScaling rope_scaling_of(const ConfigReader& r, int64_t max_positions) {
-  using Kind = kernels::RopeScaling::Kind;
-  const std::string type = r.find("rope_type") ? r.text("rope_type", "") : r.text("type", "default");
-  static const std::map<std::string, std::pair<Kind, std::set<std::string>>> kTypes = {
-      {"default", {Kind::none, {}}},
-      {"linear", {Kind::linear, {"factor"}}},
-      {"dynamic", {Kind::dynamic, {"factor", "original_max_position_embeddings"}}},
-      {"llama3", {Kind::llama3, {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}}}};
-  auto it = kTypes.find(type);
-  if (it == kTypes.end())
-    r.fail(r.find("rope_type") ? "rope_type" : "type",
-           fmt::format("is \"{}\": weft computes the rope types default, linear, dynamic and llama3", type));
-  for (auto& [key, value] : r.j.items()) {
-    if (key == "rope_type" || key == "type" || key == "rope_theta" || key == "partial_rotary_factor" ||
-        it->second.second.count(key) || value.is_null())
-      continue;
-    r.fail(key, fmt::format("is {}: weft does not use it with rope type {} (only {})", value.dump(), type,
-                            it->second.second.empty() ? "rope_theta" : fmt::format("{}", fmt::join(it->second.second, ", "))));
-  }
-  r.require("partial_rotary_factor", r.number("partial_rotary_factor", 1.0), 1.0, "every channel rotated");
-  kernels::RopeScaling s{.kind = it->second.first};
-  if (s.kind == Kind::none) return s;
-  s.factor = r.number("factor");
-  // Dynamic scaling leaves the frequencies as they are up to max_position_embeddings (or an
-  // original_max_position_embeddings in rope_scaling, the smaller of the two taken).
-  if (s.kind == Kind::dynamic)
-    s.original_context = std::min(max_positions, r.integer("original_max_position_embeddings", max_positions));
-  if (s.kind == Kind::llama3) {
-    s.low_freq_factor = r.number("low_freq_factor");
-    s.high_freq_factor = r.number("high_freq_factor");
-    s.original_context = r.integer("original_max_position_embeddings", max_positions);
-  }
-  try {
-    kernels::check_rope_scaling("transformer", s);
-  } catch (const Error& e) {
-    throw Error(fmt::format("{} (from {})", e.what(), r.where));
-  }
-  return s;
-}
-
-json rope_scaling_config(const kernels::RopeScaling& s) {
-  using Kind = kernels::RopeScaling::Kind;
-  if (s.kind == Kind::none) return nullptr;
-  json j = {{"rope_type", kernels::rope_scaling_name(s.kind)}, {"factor", s.factor}};
-  if (s.kind != Kind::linear) j["original_max_position_embeddings"] = s.original_context;
-  if (s.kind == Kind::llama3) j["low_freq_factor"] = s.low_freq_factor, j["high_freq_factor"] = s.high_freq_factor;
-  return j;
-}
-
-ModelConfig llama_config_of(const ConfigReader& r) {
-  ModelConfig c;
-  c.arch = "llama";
-  c.vocab_size = r.integer("vocab_size");
-  c.d_model = r.integer("hidden_size");
-  c.ffn_dim = r.integer("intermediate_size");
-  c.n_layer = r.integer("num_hidden_layers");
-  c.n_head = r.integer("num_attention_heads");
-  c.n_kv_head = r.integer("num_key_value_heads", c.n_head);
-  c.head_dim = r.integer("head_dim", 0);
-  if (c.head_dim > 0 && c.n_head > 0 && c.head_dim * c.n_head == c.d_model) c.head_dim = 0;  // the default
-  c.ctx = r.integer("max_position_embeddings", 2048);
-  c.norm_eps = r.number("rms_norm_eps", 1e-6);
-  c.rope_theta = r.number("rope_theta", 10000.0);
-  r.require("partial_rotary_factor", r.number("partial_rotary_factor", 1.0), 1.0, "every channel rotated");
-  // Newer files put theta and the scaling in "rope_parameters".
-  for (const char* key : {"rope_scaling", "rope_parameters"}) {
-    const json* p = r.find(key);
-    if (!p) continue;
-    if (!p->is_object()) r.fail(key, fmt::format("must be an object or null, got {}", p->dump()));
-    ConfigReader rp{*p, fmt::format("{} {}", r.where, key)};
-    c.rope_theta = rp.number("rope_theta", c.rope_theta);
-    c.rope_scaling = rope_scaling_of(rp, c.ctx);
-  }
-  // As transformers: a top-level original_max_position_embeddings wins over llama3's own.
-  if (c.rope_scaling.kind == kernels::RopeScaling::Kind::llama3)
-    c.rope_scaling.original_context = r.integer("original_max_position_embeddings", c.rope_scaling.original_context);
-  r.require("hidden_act", r.text("hidden_act", "silu"), std::string("silu"), "SwiGLU with SiLU");
-  r.require("attention_bias", r.boolean("attention_bias", false), false, "bias-free projections");
-  r.require("mlp_bias", r.boolean("mlp_bias", false), false, "bias-free projections");
-  r.require("pretraining_tp", r.integer("pretraining_tp", 1), int64_t(1), "unsplit projections");
-  c.tie_weights = r.boolean("tie_word_embeddings", false);
-  return c;
-}
 
 // Hugging Face tensor name -> the file holding it.
 std::map<std::string, std::string> weight_files(const std::string& dir) {
@@ -232,15 +48,6 @@ std::map<std::string, std::string> weight_files(const std::string& dir) {
 
 }  // namespace
 
-std::string rope_scaling_text(const kernels::RopeScaling& s) { return rope_scaling_config(s).dump(); }
-
-kernels::RopeScaling parse_rope_scaling(const std::string& text, const std::string& where) {
-  const json j = json::parse(text, nullptr, false);
-  if (j.is_null()) return {};
-  WEFT_CHECK(j.is_object(), "transformer: {}: rope scaling must be a JSON object or null, got {}", where, text);
-  return rope_scaling_of(ConfigReader{j, where}, std::numeric_limits<int64_t>::max());
-}
-
 bool is_hf_dir(const std::string& path) {
   std::error_code ec;
   return fs::is_directory(path, ec) && fs::exists(fs::path(path) / "config.json", ec);
@@ -253,11 +60,7 @@ ModelConfig read_hf_config(const std::string& dir) {
   json j = json::parse(in, nullptr, false);
   WEFT_CHECK(!j.is_discarded() && j.is_object(), "transformer: {} is not a JSON object", path);
   ConfigReader r{j, path};
-  const std::string type = r.text("model_type", "");
-  ModelConfig cfg;
-  if (type == "gpt2") cfg = gpt2_config(r);
-  else if (type == "llama") cfg = llama_config_of(r);
-  else r.fail("model_type", fmt::format("is \"{}\": weft reads gpt2 and llama", type));
+  ModelConfig cfg = hf_family(r).read(r);
   try {
     check_config(cfg);
   } catch (const Error& e) {
@@ -273,7 +76,7 @@ ModelConfig read_hf_config(const std::string& dir) {
 }
 
 void load_hf_checkpoint(const std::string& dir, const LanguageModel& model, const fsdp::FSDPModule* root) {
-  const HfLayout& layout = layout_of(model.cfg);
+  const HfFamily& layout = hf_family_of(model.cfg);
   const std::map<std::string, std::string> files = weight_files(dir);
   fsdp::ExternalNames names;
   std::set<std::string> used;
@@ -345,7 +148,7 @@ void export_hf_checkpoint(const LanguageModel& model, const std::string& out, in
              "or remove it)", out);
   WEFT_CHECK(max_shard_bytes > 0, "transformer: the shard size must be positive, got {}", max_shard_bytes);
   const ModelConfig& c = model.cfg;
-  const HfLayout& layout = layout_of(c);
+  const HfFamily& layout = hf_family_of(c);
   // The tensors, in the model's order, each as Hugging Face stores it.
   NamedTensors tensors;
   for (auto& [name, p] : model.module->named_parameters()) {
@@ -361,27 +164,7 @@ void export_hf_checkpoint(const LanguageModel& model, const std::string& out, in
     shards.back().push_back(nt);
     shard_bytes += bytes, total += bytes;
   }
-  json cfg;
-  if (c.arch == "llama") {
-    const nn::LlamaConfig lc = llama_config(c);
-    // Dynamic scaling starts at max_position_embeddings: where the model's starts, past a shorter --ctx.
-    const int64_t max_positions = c.rope_scaling.kind == kernels::RopeScaling::Kind::dynamic
-                                      ? std::max(c.ctx, c.rope_scaling.original_context) : c.ctx;
-    cfg = {{"architectures", {layout.architecture}}, {"model_type", "llama"}, {"vocab_size", c.vocab_size},
-           {"hidden_size", c.d_model}, {"intermediate_size", lc.ffn()}, {"num_hidden_layers", c.n_layer},
-           {"num_attention_heads", c.n_head}, {"num_key_value_heads", lc.kv_heads()}, {"head_dim", lc.head_size()},
-           {"max_position_embeddings", max_positions}, {"rms_norm_eps", c.norm_eps}, {"rope_theta", c.rope_theta},
-           {"rope_scaling", rope_scaling_config(c.rope_scaling)}, {"hidden_act", "silu"}, {"attention_bias", false}, {"mlp_bias", false},
-           {"attention_dropout", 0.0}, {"initializer_range", 0.02}, {"pretraining_tp", 1},
-           {"tie_word_embeddings", c.tie_weights}, {"torch_dtype", "float32"}, {"use_cache", true}};
-  } else {
-    cfg = {{"architectures", {layout.architecture}}, {"model_type", "gpt2"}, {"vocab_size", c.vocab_size},
-           {"n_positions", c.ctx}, {"n_ctx", c.ctx}, {"n_embd", c.d_model}, {"n_layer", c.n_layer},
-           {"n_head", c.n_head}, {"n_inner", c.ffn_dim > 0 ? json(c.ffn_dim) : json(nullptr)},
-           {"activation_function", "gelu_new"}, {"layer_norm_epsilon", 1e-5}, {"resid_pdrop", 0.0},
-           {"embd_pdrop", 0.0}, {"attn_pdrop", 0.0}, {"scale_attn_weights", true},
-           {"tie_word_embeddings", c.tie_weights}, {"torch_dtype", "float32"}, {"use_cache", true}};
-  }
+  const json cfg = layout.write(c);
   fs::path tmp;
   try {
     tmp = export_temp_dir(out);

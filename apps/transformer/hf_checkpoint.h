@@ -1,9 +1,10 @@
-// apps/transformer: Hugging Face checkpoints in and out, for model_type gpt2 (GPT2LMHeadModel)
-// and llama (LlamaForCausalLM). A directory holds config.json and model.safetensors, or the
-// shards model-0000i-of-0000n.safetensors with model.safetensors.index.json.
+// apps/transformer: Hugging Face checkpoints in and out, for the model_types of
+// apps/transformer/hf_family.h (gpt2, llama, mistral, qwen2). A directory holds config.json and
+// model.safetensors, or the shards model-0000i-of-0000n.safetensors with
+// model.safetensors.index.json.
 //
 // weft's parameter names are Hugging Face's (nanoGPT's for GPT-2, LlamaForCausalLM's for
-// Llama), so the mapping is a table of differences per model_type (hf_checkpoint.cpp):
+// Llama), so the mapping is a table of differences per model_type (hf_family.cpp):
 // GPT-2's Conv1D weights stored transposed, the "transformer." prefix that the original GPT-2
 // files omit, buffers weft does not keep, and the head tied to the token embedding. RoPE follows
 // Hugging Face's rotate-half convention on both sides, so q_proj and k_proj need no permutation.

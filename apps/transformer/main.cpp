@@ -161,21 +161,28 @@ std::map<std::string, std::string> training_text(const apps::TrainingData& data)
           {"tokenizer_sha256", data.tokenizer_sha256}};
 }
 
+// The model's fields, normalised (0: the default, resolved), as a checkpoint's description holds
+// them and as resuming compares them.
+std::map<std::string, std::string> model_fields(const apps::ModelConfig& cfg) {
+  const nn::LlamaConfig lc = apps::llama_config(cfg);
+  return {{"arch", cfg.arch}, {"n_layer", std::to_string(cfg.n_layer)}, {"n_head", std::to_string(cfg.n_head)},
+          {"n_kv_head", std::to_string(lc.kv_heads())}, {"d_model", std::to_string(cfg.d_model)},
+          {"ffn_dim", std::to_string(cfg.arch == "llama" ? lc.ffn() : cfg.ffn_dim)},
+          {"head_dim", std::to_string(lc.head_size())}, {"ctx", std::to_string(cfg.ctx)},
+          {"vocab_size", std::to_string(cfg.vocab_size)}, {"tied", cfg.tie_weights ? "1" : "0"},
+          {"rope_theta", fmt::format("{}", cfg.rope_theta)}, {"norm_eps", fmt::format("{}", cfg.norm_eps)},
+          {"rope_scaling", apps::rope_scaling_text(cfg.rope_scaling)}, {"qkv_bias", cfg.qkv_bias ? "1" : "0"},
+          {"sliding_window", std::to_string(cfg.sliding_window)}, {"family", cfg.family}};
+}
+
 // The model config, what decides the batches (seed, batch size, accumulation, the training
 // text) and the weight decay (restored with the optimizer state): resuming checks these.
 std::map<std::string, std::string> describe(const apps::ModelConfig& cfg, const TrainOptions& o,
                                             const std::map<std::string, std::string>& train_text) {
-  std::map<std::string, std::string> d = {
-      {"format", kFormat}, {"arch", cfg.arch}, {"n_kv_head", std::to_string(cfg.n_kv_head)},
-      {"ffn_dim", std::to_string(cfg.ffn_dim)}, {"head_dim", std::to_string(cfg.head_dim)},
-      {"rope_theta", fmt::format("{}", cfg.rope_theta)}, {"norm_eps", fmt::format("{}", cfg.norm_eps)},
-      {"rope_scaling", apps::rope_scaling_text(cfg.rope_scaling)},
-      {"n_layer", std::to_string(cfg.n_layer)}, {"n_head", std::to_string(cfg.n_head)},
-      {"d_model", std::to_string(cfg.d_model)}, {"ctx", std::to_string(cfg.ctx)},
-      {"vocab_size", std::to_string(cfg.vocab_size)}, {"tied", cfg.tie_weights ? "1" : "0"},
-      {"seed", std::to_string(o.seed)}, {"batch_size", std::to_string(o.batch_size)},
-      {"grad_accum", std::to_string(o.grad_accum)}, {"weight_decay", fmt::format("{}", o.weight_decay)},
-      {"virtual_batches", o.deterministic ? std::to_string(o.virtual_batches) : "0"}};
+  std::map<std::string, std::string> d = model_fields(cfg);
+  d.insert({{"format", kFormat}, {"seed", std::to_string(o.seed)}, {"batch_size", std::to_string(o.batch_size)},
+            {"grad_accum", std::to_string(o.grad_accum)}, {"weight_decay", fmt::format("{}", o.weight_decay)},
+            {"virtual_batches", o.deterministic ? std::to_string(o.virtual_batches) : "0"}});
   d.insert(train_text.begin(), train_text.end());
   return d;
 }
@@ -211,6 +218,11 @@ apps::ModelConfig config_of(const std::map<std::string, std::string>& app, const
     cfg.norm_eps = apps::cli::parse_positive_field(get("norm_eps"), what("norm_eps"));
   }
   if (app.count("rope_scaling")) cfg.rope_scaling = apps::parse_rope_scaling(get("rope_scaling"), what("rope_scaling"));
+  if (app.count("family")) {  // written since the Mistral and Qwen2 families came
+    cfg.family = get("family");
+    cfg.qkv_bias = get("qkv_bias") == "1";
+    cfg.sliding_window = field("sliding_window", 0, apps::kMaxCtx);
+  }
   apps::check_config(cfg);
   return cfg;
 }
@@ -419,19 +431,12 @@ void load_data(TrainOptions& o, Run& run) {
              run.data.val.size(), o.model.ctx);
 }
 
-// The model of the checkpoint --resume names must be the flags' model.
+// The model of the checkpoint --resume names must be the flags' (or --init-from's) model.
 void check_resumed_model(const apps::ModelConfig& c, const apps::ModelConfig& m, const std::string& where) {
-  const nn::LlamaConfig want = apps::llama_config(m), have = apps::llama_config(c);
-  WEFT_CHECK(c.arch == m.arch && c.n_layer == m.n_layer && c.n_head == m.n_head && c.d_model == m.d_model &&
-                 c.ctx == m.ctx && c.tie_weights == m.tie_weights && have.kv_heads() == want.kv_heads() &&
-                 have.ffn() == want.ffn() && have.head_size() == want.head_size() && c.rope_theta == m.rope_theta &&
-                 c.rope_scaling == m.rope_scaling,
-             "transformer: checkpoint {} holds a {} model with n_layer {}, n_head {}, n_kv_head {}, d_model {}, "
-             "ffn_dim {}, ctx {}, tied {}, rope_theta {}, rope_scaling {}; the flags ask for {}, {}, {}, {}, {}, {}, "
-             "{}, {}, {}, {}", where, c.arch, c.n_layer, c.n_head, have.kv_heads(), c.d_model, have.ffn(), c.ctx,
-             c.tie_weights, c.rope_theta, apps::rope_scaling_text(c.rope_scaling), m.arch, m.n_layer, m.n_head,
-             want.kv_heads(), m.d_model, want.ffn(), m.ctx, m.tie_weights, m.rope_theta,
-             apps::rope_scaling_text(m.rope_scaling));
+  const auto have = model_fields(c), want = model_fields(m);
+  for (const auto& [key, value] : have)
+    WEFT_CHECK(want.at(key) == value, "transformer: checkpoint {} holds a model with {} {}; the flags (and "
+               "--init-from) ask for {} {}", where, key, value, key, want.at(key));
 }
 
 // --resume: the latest checkpoint in the directory, checked against the flags. The batches:

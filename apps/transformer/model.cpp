@@ -10,7 +10,7 @@ nn::LlamaConfig llama_config(const ModelConfig& c) {
   return {.vocab_size = c.vocab_size, .ctx = c.ctx, .n_layer = c.n_layer, .n_head = c.n_head,
           .n_kv_head = c.n_kv_head, .d_model = c.d_model, .head_dim = c.head_dim, .ffn_dim = c.ffn_dim,
           .rope_theta = c.rope_theta, .rope_scaling = c.rope_scaling, .norm_eps = c.norm_eps, .dropout = c.dropout,
-          .tie_weights = c.tie_weights};
+          .tie_weights = c.tie_weights, .qkv_bias = c.qkv_bias};
 }
 
 void check_config(const ModelConfig& cfg) {
@@ -38,13 +38,16 @@ void check_config(const ModelConfig& cfg) {
                "transformer: --n-kv-head is for --arch llama (GPT-2 has one key/value head per query head)");
     WEFT_CHECK(cfg.head_dim == 0 || cfg.head_dim * cfg.n_head == cfg.d_model,
                "transformer: GPT-2 heads have d_model / n_head channels, not {}", cfg.head_dim);
-    WEFT_CHECK(cfg.rope_scaling.kind == kernels::RopeScaling::Kind::none,
-               "transformer: rope scaling is for --arch llama (GPT-2 has learned positions)");
+    WEFT_CHECK(cfg.rope_scaling.kind == kernels::RopeScaling::Kind::none && !cfg.qkv_bias && cfg.sliding_window == 0,
+               "transformer: rope scaling, q/k/v biases and a sliding window are for --arch llama");
   } else {
     WEFT_CHECK(cfg.n_kv_head >= 0 && cfg.n_kv_head <= cfg.n_head && (cfg.n_kv_head == 0 || cfg.n_head % cfg.n_kv_head == 0),
                "transformer: --n-kv-head {} must divide --n-head {} (each key/value head serves n_head / n_kv_head "
                "query heads)", cfg.n_kv_head, cfg.n_head);
     nn::check_llama_config(llama_config(cfg));
+    WEFT_CHECK(cfg.sliding_window == 0 || cfg.ctx <= cfg.sliding_window,
+               "transformer: --ctx {} is past the model's sliding_window {}: weft computes full attention, which is "
+               "that model's only within the window", cfg.ctx, cfg.sliding_window);
   }
   const double params = param_count(cfg), bytes = 4 * params;
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);  // this machine's memory, 0 if unknown
@@ -61,7 +64,7 @@ double param_count(const ModelConfig& cfg) {
   if (cfg.arch == "llama") {
     const nn::LlamaConfig lc = llama_config(cfg);
     const double q = double(cfg.n_head * lc.head_size()), kv = double(lc.kv_heads() * lc.head_size());
-    const double block = d * q + 2 * d * kv + q * d + 3 * d * double(lc.ffn()) + 2 * d;
+    const double block = d * q + 2 * d * kv + q * d + 3 * d * double(lc.ffn()) + 2 * d + (cfg.qkv_bias ? q + 2 * kv : 0);
     total = L * block + V * d + d;
   } else {
     const double ffn = double(cfg.ffn_dim > 0 ? cfg.ffn_dim : 4 * cfg.d_model);
