@@ -40,7 +40,8 @@ safetensors, numpy from PyPI). A developer tool: never part of meson test or CI.
 
   check --build BUILD_DIR [--workdir DIR]
       For gpt2 and llama: trains a tiny model with BUILD_DIR/apps/transformer/weft-transformer
-      (5 steps on the default text, Debian's fortunes), exports it with `export-hf`, loads the
+      (5 steps on the default text, Debian's fortunes); for llama3, mistral and qwen2 fine-tunes
+      the committed fixture (--init-from) as long; exports it with `export-hf`, loads the
       export with AutoModelForCausalLM and compares against weft's `sample`: the prompt's logits
       (max |diff| <= 1e-5 * max(1, max |logit|)), 32 greedy ids from the export, and the same 32
       ids from weft's own checkpoint. Prints a PASS/FAIL table; exits 1 on any failure.
@@ -522,6 +523,12 @@ def first_diff(a, b, na, nb):
     return f"{na} has {len(a)} ids, {nb} {len(b)}\n    {na}: {a}\n    {nb}: {b}"
 
 
+# The families `check` fine-tunes from their fixture (tests/data/hf/NAME): the model_type the
+# export must have, the context, and the new tokens (prompt + new within the context; llama3's
+# past its original context of 64, mistral's within its window of 48).
+FROM_FIXTURE = {"llama3": ("llama", 80, 32), "mistral": ("mistral", 48, 24), "qwen2": ("qwen2", 64, 32)}
+
+
 def check_arch(arch, exe, work, results):
     def rec(what, ok, detail):
         results.append((arch, what, "PASS" if ok else "FAIL", detail))
@@ -532,12 +539,16 @@ def check_arch(arch, exe, work, results):
     for p in (ckpt, hf):          # only what this script made on an earlier run
         if os.path.isdir(p):
             shutil.rmtree(p)
-    extra = ["--n-kv-head", "2", "--ffn-dim", "96", "--untie"] if arch == "llama" else []
+    model_type, ctx, new_tokens = FROM_FIXTURE.get(arch, (arch, 64, NEW_TOKENS))
+    if arch in FROM_FIXTURE:    # fine-tuned from the committed fixture of that family
+        shape = ["--init-from", os.path.join(REPO, "tests", "data", "hf", arch)]
+    else:
+        shape = ["--arch", arch, "--n-layer", "2", "--n-head", "4", "--d-model", "64"]
+        shape += ["--n-kv-head", "2", "--ffn-dim", "96", "--untie"] if arch == "llama" else []
     log(f"\n=== {arch} ===")
     try:
-        run_cmd([exe, "train", "--arch", arch, "--n-layer", "2", "--n-head", "4", "--d-model", "64",
-                 "--ctx", "64", "--steps", "5", "--batch-size", "4", "--checkpoint-dir", ckpt,
-                 "--seed", "1", *extra], f"{arch} train")
+        run_cmd([exe, "train", *shape, "--ctx", str(ctx), "--steps", "5", "--batch-size", "4",
+                 "--checkpoint-dir", ckpt, "--seed", "1"], f"{arch} train")
         rec("train", True, ckpt)
     except Failed as e:
         rec("train", False, str(e))
@@ -556,8 +567,8 @@ def check_arch(arch, exe, work, results):
     try:
         with open(os.path.join(hf, "config.json")) as f:
             cfg = json.load(f)
-        if cfg.get("model_type") != arch:
-            raise Failed(f"{hf}/config.json has model_type {cfg.get('model_type')!r}, wanted {arch!r}")
+        if cfg.get("model_type") != model_type:
+            raise Failed(f"{hf}/config.json has model_type {cfg.get('model_type')!r}, wanted {model_type!r}")
         model, info = AutoModelForCausalLM.from_pretrained(
             hf, dtype=torch.float32, attn_implementation=ATTN, output_loading_info=True)
         model = model.float().eval()
@@ -579,7 +590,7 @@ def check_arch(arch, exe, work, results):
     prompt = text_ids(CHECK_PROMPT)
     with torch.no_grad():
         hf_logits = model(input_ids=prompt[None], use_cache=False).logits[0].float()
-    hf_ids = hf_greedy(model, prompt, NEW_TOKENS).tolist()
+    hf_ids = hf_greedy(model, prompt, new_tokens).tolist()
     log(f"  transformers greedy ids: {','.join(map(str, hf_ids))}")
 
     weft_ids, weft_logits = {}, {}
@@ -588,7 +599,7 @@ def check_arch(arch, exe, work, results):
         if os.path.exists(lout):
             os.remove(lout)
         argv = [exe, "sample", "--from", src, "--prompt", CHECK_PROMPT, "--greedy",
-                "--max-new-tokens", str(NEW_TOKENS), "--ids", "--logits-out", lout]
+                "--max-new-tokens", str(new_tokens), "--ids", "--logits-out", lout]
         try:
             p = run_cmd(argv, f"{arch} sample --from {src_name}")
             weft_ids[src_name] = parse_ids(p.stdout, argv)
@@ -605,11 +616,11 @@ def check_arch(arch, exe, work, results):
         rec("prompt logits (checkpoint vs HF)", ok, msg)
     if "export" in weft_ids:
         ok = weft_ids["export"] == hf_ids
-        rec("greedy ids (export vs HF)", ok, f"{NEW_TOKENS} ids equal" if ok else
+        rec("greedy ids (export vs HF)", ok, f"{new_tokens} ids equal" if ok else
             first_diff(weft_ids["export"], hf_ids, "weft", "HF"))
     if "checkpoint" in weft_ids and "export" in weft_ids:
         ok = weft_ids["checkpoint"] == weft_ids["export"]
-        rec("greedy ids (checkpoint vs export)", ok, f"{NEW_TOKENS} ids equal" if ok else
+        rec("greedy ids (checkpoint vs export)", ok, f"{new_tokens} ids equal" if ok else
             first_diff(weft_ids["checkpoint"], weft_ids["export"], "checkpoint", "export"))
 
 
@@ -728,7 +739,8 @@ def main():
     ck = sub.add_parser("check", help="check weft-transformer's export-hf against transformers")
     ck.add_argument("--build", required=True, help="meson build directory")
     ck.add_argument("--workdir", default=None, help="default: BUILD/hf-check")
-    ck.add_argument("--arch", nargs="+", default=["gpt2", "llama"], choices=["gpt2", "llama"])
+    ck.add_argument("--arch", nargs="+", default=["gpt2", "llama", "llama3", "mistral", "qwen2"],
+                    choices=["gpt2", "llama", "llama3", "mistral", "qwen2"])
     args = ap.parse_args()
     return {"fixtures": cmd_fixtures, "tokenizers": cmd_tokenizers, "check": cmd_check}[args.cmd](args)
 
