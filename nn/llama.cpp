@@ -84,17 +84,18 @@ SwiGLU::SwiGLU(int64_t d_model, int64_t ffn_dim) : Module("SwiGLU") {
 
 Tensor SwiGLU::forward(const Tensor& x) { return (*down_proj)(swiglu((*gate_proj)(x), (*up_proj)(x))); }
 
-LlamaBlock::Parts LlamaBlock::make_parts(const LlamaConfig& cfg) {
+LlamaBlock::Parts LlamaBlock::make_parts(const LlamaConfig& cfg, std::shared_ptr<LlamaAttention> attention) {
   check_llama_config(cfg);
   Parts p;
   p.input_layernorm = std::make_shared<RMSNorm>(cfg.d_model, cfg.norm_eps);
-  p.self_attn = std::make_shared<LlamaAttention>(cfg);
+  p.self_attn = attention ? attention : std::make_shared<LlamaAttention>(cfg);
   p.post_attention_layernorm = std::make_shared<RMSNorm>(cfg.d_model, cfg.norm_eps);
   p.mlp = std::make_shared<SwiGLU>(cfg.d_model, cfg.ffn());
   return p;
 }
 
-LlamaBlock::LlamaBlock(const LlamaConfig& cfg) : LlamaBlock(make_parts(cfg)) {}
+LlamaBlock::LlamaBlock(const LlamaConfig& cfg, std::shared_ptr<LlamaAttention> attention)
+    : LlamaBlock(make_parts(cfg, std::move(attention))) {}
 
 LlamaBlock::LlamaBlock(Parts p)
     : PreNormBlock("LlamaBlock", {"input_layernorm", p.input_layernorm}, {"self_attn", p.self_attn},
@@ -102,13 +103,13 @@ LlamaBlock::LlamaBlock(Parts p)
       input_layernorm(p.input_layernorm), post_attention_layernorm(p.post_attention_layernorm),
       self_attn(p.self_attn), mlp(p.mlp) {}
 
-Llama::Llama(const LlamaConfig& c) : Module("Llama"), cfg(c) {
+Llama::Llama(const LlamaConfig& c, const BlockMaker& make_block) : Module("Llama"), cfg(c) {
   check_llama_config(cfg);
   model = register_module("model", std::make_shared<Module>("LlamaModel"));
   embed_tokens = model->register_module("embed_tokens", std::make_shared<Embedding>(cfg.vocab_size, cfg.d_model));
   layers = model->register_module("layers", std::make_shared<ModuleList>());
   for (int64_t i = 0; i < cfg.n_layer; ++i) {
-    blocks.push_back(std::make_shared<LlamaBlock>(cfg));
+    blocks.push_back(make_block ? make_block(cfg) : std::make_shared<LlamaBlock>(cfg));
     layers->push_back(blocks.back());
   }
   norm = model->register_module("norm", std::make_shared<RMSNorm>(cfg.d_model, cfg.norm_eps));

@@ -6,6 +6,7 @@
 // The blocks are nn/transformer.h's PreNormBlock, as GPT-2's are.
 #pragma once
 #include <array>
+#include <functional>
 
 #include "nn/containers.h"
 #include "nn/layers.h"
@@ -51,8 +52,8 @@ class LlamaAttention : public Module, public CachedAttention {
   kernels::RopeScaling rope_scaling;
   std::shared_ptr<Linear> q_proj, k_proj, v_proj, o_proj;
 
- private:
-  std::array<Tensor, 3> heads(const Tensor& x);  // q, k, v as [B, H, T, hd] views
+ protected:
+  virtual std::array<Tensor, 3> heads(const Tensor& x);  // q, k, v as [B, H, T, hd] views
 };
 
 // down_proj(silu(gate_proj(x)) * up_proj(x)), the element-wise part fused (swiglu).
@@ -66,7 +67,8 @@ class SwiGLU : public Module {
 
 class LlamaBlock : public PreNormBlock {
  public:
-  explicit LlamaBlock(const LlamaConfig& cfg);
+  // `attention` in place of a LlamaAttention of cfg (a family's own, as nn/qwen3.h's).
+  explicit LlamaBlock(const LlamaConfig& cfg, std::shared_ptr<LlamaAttention> attention = nullptr);
   std::shared_ptr<RMSNorm> input_layernorm, post_attention_layernorm;
   std::shared_ptr<LlamaAttention> self_attn;
   std::shared_ptr<SwiGLU> mlp;
@@ -77,7 +79,7 @@ class LlamaBlock : public PreNormBlock {
     std::shared_ptr<LlamaAttention> self_attn;
     std::shared_ptr<SwiGLU> mlp;
   };
-  static Parts make_parts(const LlamaConfig& cfg);
+  static Parts make_parts(const LlamaConfig& cfg, std::shared_ptr<LlamaAttention> attention);
   explicit LlamaBlock(Parts p);
 };
 
@@ -85,7 +87,10 @@ class LlamaBlock : public PreNormBlock {
 // key/value cache (nn/kv_cache.h).
 class Llama : public Module, public CausalLM {
  public:
-  explicit Llama(const LlamaConfig& cfg);
+  // `make_block` builds each block (a family with its own attention passes its own; default
+  // LlamaBlock(cfg)).
+  using BlockMaker = std::function<std::shared_ptr<LlamaBlock>(const LlamaConfig&)>;
+  explicit Llama(const LlamaConfig& cfg, const BlockMaker& make_block = nullptr);
   Tensor forward(const Tensor& idx) override;
   using Module::forward;
   std::string extra_repr() const override;

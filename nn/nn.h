@@ -14,5 +14,6 @@
 #include "nn/optimizer.h"
 #include "nn/scheduler.h"
 #include "nn/llama.h"
+#include "nn/qwen3.h"
 #include "nn/transformer.h"
 #include "nn/tree_sum.h"

@@ -5,7 +5,7 @@ Run it through scripts/hf_reference.sh, which makes the venv (torch, transformer
 safetensors, numpy from PyPI). A developer tool: never part of meson test or CI.
 
   fixtures [--out tests/data/hf] [--only NAME...]
-      Writes three tiny checkpoints, deterministically (seeded; CPU):
+      Writes six tiny checkpoints, deterministically (seeded; CPU):
         gpt2/   GPT2LMHeadModel, 2 layers, n_embd 32, 2 heads, ctx 64, vocab 256, gelu_new,
                 tied embeddings; one model.safetensors.
         llama/  LlamaForCausalLM, 2 layers, hidden 64, 4 heads, 2 KV heads (GQA), ffn 64,
@@ -18,6 +18,9 @@ safetensors, numpy from PyPI). A developer tool: never part of meson test or CI.
                 logits_linear, logits_dynamic, logits_unscaled [1,16,256]: the last 16
                 positions' logits with rope_scaling linear (factor 4), dynamic (factor 4) and
                 none.
+        mistral/ MistralForCausalLM, sliding_window 48 over 128 positions, rope_theta 1e6; bf16.
+        qwen2/  Qwen2ForCausalLM, perturbed q/k/v biases, rope_theta 1e6, eps 1e-6, tied head.
+        qwen3/  Qwen3ForCausalLM, perturbed q_norm/k_norm, head_dim 16 != 32 / 4, tied head.
       Default init, plus small noise on every LayerNorm/RMSNorm weight and every bias, so that a
       weight mapped to the wrong place shows. Beside each, expected.safetensors holds
         ids [2,S] int64 (S = 17; 81 for llama3), logits [2,S-1,256] f32 = model(ids[:, :-1]).logits,
@@ -65,7 +68,7 @@ try:
     import transformers
     from transformers import (AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig,
                               LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
-                              Qwen2ForCausalLM)
+                              Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
     from safetensors import safe_open
     from safetensors.torch import load_file
 except ImportError as e:  # pragma: no cover
@@ -231,10 +234,24 @@ def make_qwen2():
     return model
 
 
+def make_qwen3():
+    """Qwen3's config (model_type qwen3): an RMSNorm over each head of q and k (perturbed, as every
+    norm here), head_dim 16 != 32 / 4 heads, no biases, rope_theta 1e6, eps 1e-6, a tied head."""
+    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
+                      rms_norm_eps=1e-6, rope_theta=1e6, tie_word_embeddings=True, use_sliding_window=False,
+                      attention_bias=False, hidden_act="silu", bos_token_id=None, eos_token_id=None,
+                      pad_token_id=None)
+    cfg._attn_implementation = ATTN
+    model = Qwen3ForCausalLM(cfg).float()
+    perturb_norms(model)
+    return model
+
+
 def perturb_norms(model, bf16=False):
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("layernorm.weight") or name == "model.norm.weight":
+            if name.endswith("norm.weight"):   # every RMSNorm, Qwen3's q_norm and k_norm too
                 p.add_(torch.randn_like(p) * 0.1)
             if bf16:
                 p.copy_(p.bfloat16().float())   # what the bf16 file holds
@@ -394,7 +411,8 @@ def cmd_fixtures(args):
              # a sequence of 80 and a prompt of 40 + 32 new tokens: past the original context of 64
              ("llama3", make_llama3, None, 1003, (1, 81), LONG_PROMPT, torch.bfloat16),
              ("mistral", make_mistral, None, 1004, (2, 17), FIXTURE_PROMPT, torch.bfloat16),
-             ("qwen2", make_qwen2, None, 1005, (2, 17), FIXTURE_PROMPT, None)]
+             ("qwen2", make_qwen2, None, 1005, (2, 17), FIXTURE_PROMPT, None),
+             ("qwen3", make_qwen3, None, 1006, (2, 17), FIXTURE_PROMPT, None)]
     for name, make, shard, ids_seed, shape, prompt_text, dtype in specs:
         if args.only and name not in args.only:
             continue
@@ -526,7 +544,8 @@ def first_diff(a, b, na, nb):
 # The families `check` fine-tunes from their fixture (tests/data/hf/NAME): the model_type the
 # export must have, the context, and the new tokens (prompt + new within the context; llama3's
 # past its original context of 64, mistral's within its window of 48).
-FROM_FIXTURE = {"llama3": ("llama", 80, 32), "mistral": ("mistral", 48, 24), "qwen2": ("qwen2", 64, 32)}
+FROM_FIXTURE = {"llama3": ("llama", 80, 32), "mistral": ("mistral", 48, 24), "qwen2": ("qwen2", 64, 32),
+                "qwen3": ("qwen3", 64, 32)}
 
 
 def check_arch(arch, exe, work, results):
@@ -732,15 +751,15 @@ def main():
     fx = sub.add_parser("fixtures", help="write the HF fixtures (default tests/data/hf)")
     fx.add_argument("--out", default=os.path.join(REPO, "tests", "data", "hf"))
     fx.add_argument("--list", action="store_true", help="also list every tensor written")
-    fx.add_argument("--only", nargs="+", choices=["gpt2", "llama", "llama3", "mistral", "qwen2"],
+    fx.add_argument("--only", nargs="+", choices=["gpt2", "llama", "llama3", "mistral", "qwen2", "qwen3"],
                     help="write only these fixtures")
     tk = sub.add_parser("tokenizers", help="write the BPE tokenizer fixtures (default tests/data/tokenizers)")
     tk.add_argument("--out", default=os.path.join(REPO, "tests", "data", "tokenizers"))
     ck = sub.add_parser("check", help="check weft-transformer's export-hf against transformers")
     ck.add_argument("--build", required=True, help="meson build directory")
     ck.add_argument("--workdir", default=None, help="default: BUILD/hf-check")
-    ck.add_argument("--arch", nargs="+", default=["gpt2", "llama", "llama3", "mistral", "qwen2"],
-                    choices=["gpt2", "llama", "llama3", "mistral", "qwen2"])
+    ck.add_argument("--arch", nargs="+", default=["gpt2", "llama", "llama3", "mistral", "qwen2", "qwen3"],
+                    choices=["gpt2", "llama", "llama3", "mistral", "qwen2", "qwen3"])
     args = ap.parse_args()
     return {"fixtures": cmd_fixtures, "tokenizers": cmd_tokenizers, "check": cmd_check}[args.cmd](args)
 

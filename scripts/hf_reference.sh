@@ -7,8 +7,8 @@
 #   tokenizers  trains two small byte-level BPE tokenizers (GPT-2 and Llama-3 pre-tokenizers) on
 #             the fortunes texts and writes them with their expected encodings under
 #             tests/data/tokenizers/.
-#   check     trains tiny gpt2/llama models with weft-transformer (and fine-tunes the llama3, mistral
-#             and qwen2 fixtures with --init-from), exports them with export-hf,
+#   check     trains tiny gpt2/llama models with weft-transformer (and fine-tunes the llama3, mistral,
+#             qwen2 and qwen3 fixtures with --init-from), exports them with export-hf,
 #             loads the exports with transformers' AutoModelForCausalLM and compares prompt
 #             logits and 32 greedy tokens against weft's `sample`; prints a PASS/FAIL table and
 #             exits non-zero on any failure.

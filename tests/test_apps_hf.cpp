@@ -3,7 +3,8 @@
 // file, a LlamaForCausalLM with grouped-query attention and an untied head in three shards, and
 // one made as Llama 3.x is: rope_scaling llama3 past its original context, rope_theta 5e5,
 // head_dim != hidden / heads, eps 1e-6, a tied head, bf16 weights; a MistralForCausalLM with a
-// sliding window of 48, bf16; a Qwen2ForCausalLM with q/k/v biases and a tied head):
+// sliding window of 48, bf16; a Qwen2ForCausalLM with q/k/v biases and a tied head; a
+// Qwen3ForCausalLM with q/k head norms and head_dim != hidden / heads):
 // logits within 1e-5 relative of transformers', also loaded under FSDP (run at 1, 2 and 4
 // ranks) with each rank reading only its shards' bytes; the loss after one AdamW step; greedy
 // generation (with and without the key/value cache); export then re-import bitwise; configs weft cannot represent named.
@@ -84,7 +85,7 @@ std::string temp_dir(const std::string& tag) {
 }
 
 // The fixtures, and the architecture weft reads each as.
-const std::vector<std::string> kFixtures = {"gpt2", "llama", "llama3", "mistral", "qwen2"};
+const std::vector<std::string> kFixtures = {"gpt2", "llama", "llama3", "mistral", "qwen2", "qwen3"};
 std::string arch_of(const std::string& fixture) { return fixture == "gpt2" ? "gpt2" : "llama"; }
 
 // A copy of a llama fixture whose config.json `edit` changed (the weight files linked).
@@ -182,6 +183,7 @@ TEST_CASE("export-hf then import gives the same parameters bitwise, single file 
       CHECK(back.cfg.tie_weights == lm.cfg.tie_weights);
       CHECK(back.cfg.family == lm.cfg.family);
       CHECK(back.cfg.qkv_bias == lm.cfg.qkv_bias);
+      CHECK(back.cfg.qk_norm == lm.cfg.qk_norm);
       CHECK(back.cfg.sliding_window == lm.cfg.sliding_window);
       CHECK(back.cfg.ctx == lm.cfg.ctx);
       auto a = lm.module->named_parameters(), b = back.module->named_parameters();
@@ -256,7 +258,7 @@ TEST_CASE("Hugging Face rope scaling: llama3, linear and dynamic as transformers
   fs::remove_all(dir);
 }
 
-TEST_CASE("Mistral and Qwen2: the sliding window caps the context, q/k/v biases, their fields refused by name") {
+TEST_CASE("Mistral, Qwen2 and Qwen3: the sliding window caps the context, q/k/v biases, q/k norms, fields refused") {
   const apps::ModelConfig mistral = apps::read_hf_config(kData + "/mistral");
   CHECK(mistral.family == "mistral");
   CHECK(mistral.sliding_window == 48);
@@ -280,6 +282,15 @@ TEST_CASE("Mistral and Qwen2: the sliding window caps the context, q/k/v biases,
     fs::remove_all(dir);
   };
   expect_error("use_sliding_window", true, "\"use_sliding_window\" is true");
+  const apps::ModelConfig qwen3 = apps::read_hf_config(kData + "/qwen3");
+  CHECK(qwen3.family == "qwen3");
+  CHECK((qwen3.qk_norm && !qwen3.qkv_bias && qwen3.head_dim == 16));
+  apps::LanguageModel q3 = apps::make_model(qwen3);
+  REQUIRE(dynamic_cast<nn::Qwen3*>(q3.module.get()) != nullptr);
+  int head_norms = 0;
+  for (auto& [name, p] : q3.module->named_parameters())
+    head_norms += (name.ends_with("self_attn.q_norm.weight") || name.ends_with("self_attn.k_norm.weight")) && p.numel() == 16;
+  CHECK(head_norms == 2 * qwen3.n_layer);
   expect_error("layer_types", nlohmann::json{"full_attention", "sliding_attention"},
                "\"layer_types\" holds \"sliding_attention\"");
 }
@@ -298,7 +309,7 @@ TEST_CASE("Hugging Face configs weft cannot represent are errors naming the fiel
     CHECK_THROWS_WITH(apps::read_hf_config(dir), Contains(text));
     fs::remove_all(dir);
   };
-  expect_error("model_type", "bert", "\"model_type\" is \"bert\": weft reads gpt2, llama, mistral and qwen2");
+  expect_error("model_type", "bert", "\"model_type\" is \"bert\": weft reads gpt2, llama, mistral, qwen2 and qwen3");
   expect_error("rope_scaling", nlohmann::json{{"rope_type", "yarn"}, {"factor", 2.0}},
                "\"rope_type\" is \"yarn\": weft computes the rope types default, linear, dynamic and llama3");
   expect_error("rope_scaling", nlohmann::json{{"type", "longrope"}, {"factor", 2.0}}, "\"type\" is \"longrope\"");

@@ -1,5 +1,5 @@
 // apps/transformer: Hugging Face checkpoints in and out, for the model_types of
-// apps/transformer/hf_family.h (gpt2, llama, mistral, qwen2). A directory holds config.json and
+// apps/transformer/hf_family.h (gpt2, llama, mistral, qwen2, qwen3). A directory holds config.json and
 // model.safetensors, or the shards model-0000i-of-0000n.safetensors with
 // model.safetensors.index.json.
 //

@@ -11,6 +11,7 @@ const HfFamily kFamilies[] = {
     {"llama", "LlamaForCausalLM", {}, "", {"rotary_emb.inv_freq"}, read_llama_config, write_llama_config},
     {"mistral", "MistralForCausalLM", {}, "", {"rotary_emb.inv_freq"}, read_mistral_config, write_mistral_config},
     {"qwen2", "Qwen2ForCausalLM", {}, "", {"rotary_emb.inv_freq"}, read_qwen2_config, write_qwen2_config},
+    {"qwen3", "Qwen3ForCausalLM", {}, "", {"rotary_emb.inv_freq"}, read_qwen3_config, write_qwen3_config},
 };
 
 }  // namespace
@@ -23,7 +24,7 @@ const HfFamily& hf_family(const ConfigReader& r) {
   const std::string type = r.text("model_type", "");
   for (const HfFamily& f : kFamilies)
     if (type == f.model_type) return f;
-  r.fail("model_type", fmt::format("is \"{}\": weft reads gpt2, llama, mistral and qwen2", type));
+  r.fail("model_type", fmt::format("is \"{}\": weft reads gpt2, llama, mistral, qwen2 and qwen3", type));
 }
 
 const HfFamily& hf_family_of(const ModelConfig& cfg) {

@@ -1,5 +1,5 @@
 // apps/transformer: what each Hugging Face model_type is to weft, one file per family
-// (hf_gpt2.cpp, hf_llama.cpp, hf_mistral.cpp, hf_qwen2.cpp): how its files' tensors differ from
+// (hf_gpt2.cpp, hf_llama.cpp, hf_mistral.cpp, hf_qwen2.cpp, hf_qwen3.cpp): how its files' tensors differ from
 // weft's parameters (whose names are Hugging Face's), and its config.json read into a ModelConfig
 // (every field that changes the computation read, or refused naming it) and written back.
 #pragma once
@@ -92,5 +92,7 @@ ModelConfig read_mistral_config(const ConfigReader& r);
 nlohmann::json write_mistral_config(const ModelConfig& c);
 ModelConfig read_qwen2_config(const ConfigReader& r);
 nlohmann::json write_qwen2_config(const ModelConfig& c);
+ModelConfig read_qwen3_config(const ConfigReader& r);
+nlohmann::json write_qwen3_config(const ModelConfig& c);
 
 }  // namespace weft::apps

@@ -172,6 +172,7 @@ std::map<std::string, std::string> model_fields(const apps::ModelConfig& cfg) {
           {"vocab_size", std::to_string(cfg.vocab_size)}, {"tied", cfg.tie_weights ? "1" : "0"},
           {"rope_theta", fmt::format("{}", cfg.rope_theta)}, {"norm_eps", fmt::format("{}", cfg.norm_eps)},
           {"rope_scaling", apps::rope_scaling_text(cfg.rope_scaling)}, {"qkv_bias", cfg.qkv_bias ? "1" : "0"},
+          {"qk_norm", cfg.qk_norm ? "1" : "0"},
           {"sliding_window", std::to_string(cfg.sliding_window)}, {"family", cfg.family}};
 }
 
@@ -221,6 +222,7 @@ apps::ModelConfig config_of(const std::map<std::string, std::string>& app, const
   if (app.count("family")) {  // written since the Mistral and Qwen2 families came
     cfg.family = get("family");
     cfg.qkv_bias = get("qkv_bias") == "1";
+    cfg.qk_norm = get("qk_norm") == "1";
     cfg.sliding_window = field("sliding_window", 0, apps::kMaxCtx);
   }
   apps::check_config(cfg);

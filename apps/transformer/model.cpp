@@ -38,7 +38,8 @@ void check_config(const ModelConfig& cfg) {
                "transformer: --n-kv-head is for --arch llama (GPT-2 has one key/value head per query head)");
     WEFT_CHECK(cfg.head_dim == 0 || cfg.head_dim * cfg.n_head == cfg.d_model,
                "transformer: GPT-2 heads have d_model / n_head channels, not {}", cfg.head_dim);
-    WEFT_CHECK(cfg.rope_scaling.kind == kernels::RopeScaling::Kind::none && !cfg.qkv_bias && cfg.sliding_window == 0,
+    WEFT_CHECK(cfg.rope_scaling.kind == kernels::RopeScaling::Kind::none && !cfg.qkv_bias && !cfg.qk_norm &&
+                   cfg.sliding_window == 0,
                "transformer: rope scaling, q/k/v biases and a sliding window are for --arch llama");
   } else {
     WEFT_CHECK(cfg.n_kv_head >= 0 && cfg.n_kv_head <= cfg.n_head && (cfg.n_kv_head == 0 || cfg.n_head % cfg.n_kv_head == 0),
@@ -64,7 +65,8 @@ double param_count(const ModelConfig& cfg) {
   if (cfg.arch == "llama") {
     const nn::LlamaConfig lc = llama_config(cfg);
     const double q = double(cfg.n_head * lc.head_size()), kv = double(lc.kv_heads() * lc.head_size());
-    const double block = d * q + 2 * d * kv + q * d + 3 * d * double(lc.ffn()) + 2 * d + (cfg.qkv_bias ? q + 2 * kv : 0);
+    const double block = d * q + 2 * d * kv + q * d + 3 * d * double(lc.ffn()) + 2 * d + (cfg.qkv_bias ? q + 2 * kv : 0) +
+                         (cfg.qk_norm ? 2 * double(lc.head_size()) : 0);
     total = L * block + V * d + d;
   } else {
     const double ffn = double(cfg.ffn_dim > 0 ? cfg.ffn_dim : 4 * cfg.d_model);
@@ -80,7 +82,8 @@ LanguageModel make_model(const ModelConfig& cfg) {
   check_config(cfg);
   LanguageModel m{cfg, nullptr, {}};
   if (cfg.arch == "llama") {
-    auto llama = std::make_shared<nn::Llama>(llama_config(cfg));
+    auto llama = cfg.qk_norm ? std::make_shared<nn::Qwen3>(llama_config(cfg))
+                             : std::make_shared<nn::Llama>(llama_config(cfg));
     m.blocks.assign(llama->blocks.begin(), llama->blocks.end());
     m.module = llama;
   } else {

@@ -27,6 +27,7 @@ struct ModelConfig {
   double norm_eps = 1e-5;     // llama's RMSNorm (GPT-2's LayerNorm eps is 1e-5)
   kernels::RopeScaling rope_scaling;  // llama: Hugging Face's rope_scaling (none unless a config.json sets it)
   bool qkv_bias = false;       // llama: biases on q, k and v (Qwen2)
+  bool qk_norm = false;        // llama: an RMSNorm over each head of q and k (Qwen3: nn/qwen3.h)
   int64_t sliding_window = 0;  // llama: a config.json's attention window (Mistral; 0: none); ctx must be within it
   std::string family;          // the Hugging Face model_type read ("": the arch's own), which export-hf writes
 };
