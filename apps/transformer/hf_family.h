@@ -1,6 +1,6 @@
-// apps/transformer: what each Hugging Face model_type is to weft, one file per family
-// (hf_gpt2.cpp, hf_llama.cpp, hf_mistral.cpp, hf_qwen2.cpp, hf_qwen3.cpp): how its files' tensors differ from
-// weft's parameters (whose names are Hugging Face's), and its config.json read into a ModelConfig
+// apps/transformer: what each Hugging Face model_type is to weft, one file per family (hf_gpt2,
+// hf_llama, hf_mistral, hf_qwen2, hf_qwen3 .cpp): how its files' tensors differ from weft's
+// parameters (whose names are Hugging Face's), and its config.json read into a ModelConfig
 // (every field that changes the computation read, or refused naming it) and written back.
 #pragma once
 #include <nlohmann/json.hpp>
