@@ -339,6 +339,32 @@ TEST_CASE("Hugging Face configs weft cannot represent are errors naming the fiel
   fs::remove_all(dir);
 }
 
+TEST_CASE("export-hf --dtype bf16 writes bf16 files and copies the source's tokenizer and generation files") {
+  // llama3's weights are bf16 values: written as bf16 and read back, they are bitwise the same.
+  const std::string src = kData + "/llama3", out = temp_dir("bf16");
+  apps::LanguageModel lm = load_whole(src);
+  apps::export_hf_checkpoint(lm, out, int64_t(1) << 30, kBFloat16, src);
+  for (const SafetensorsEntry& e : read_safetensors_index(out + "/model.safetensors")) {
+    INFO(e.name);
+    CHECK(e.dtype == kBFloat16);
+  }
+  std::ifstream in(out + "/config.json");
+  CHECK(nlohmann::json::parse(in)["torch_dtype"] == "bfloat16");
+  auto slurp = [](const std::string& path) {
+    std::ifstream f(path);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  };
+  REQUIRE(fs::exists(src + "/generation_config.json"));
+  CHECK(slurp(out + "/generation_config.json") == slurp(src + "/generation_config.json"));
+  CHECK(!fs::exists(out + "/tokenizer.json"));  // the fixture has none
+  apps::LanguageModel back = load_whole(out);
+  auto a = lm.module->named_parameters(), b = back.module->named_parameters();
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) CHECK(to_vector(a[i].second) == to_vector(b[i].second));
+  fs::remove_all(out);
+  CHECK_THROWS_WITH(apps::export_hf_checkpoint(lm, out, 1 << 30, kFloat16), Contains("f32 or bf16, not f16"));
+}
+
 TEST_CASE("as transformers reads them: a stored head wins over tie_word_embeddings, the single file over an index") {
   const std::string src = kData + "/llama";
   // The config ties the head, but the files store lm_head.weight.

@@ -141,18 +141,21 @@ void write_hf_files(const fs::path& tmp, const std::vector<NamedTensors>& shards
 
 }  // namespace
 
-void export_hf_checkpoint(const LanguageModel& model, const std::string& out, int64_t max_shard_bytes) {
+void export_hf_checkpoint(const LanguageModel& model, const std::string& out, int64_t max_shard_bytes, DType dtype,
+                          const std::string& source) {
   WEFT_CHECK(!out.empty() && fs::path(out).has_filename(), "transformer: --out \"{}\" does not name a directory to "
              "write", out);
   WEFT_CHECK(!fs::exists(out), "transformer: {} already exists: export-hf writes a new directory (choose another --out "
              "or remove it)", out);
   WEFT_CHECK(max_shard_bytes > 0, "transformer: the shard size must be positive, got {}", max_shard_bytes);
+  WEFT_CHECK(dtype == kFloat32 || dtype == kBFloat16, "transformer: export-hf writes f32 or bf16, not {}",
+             dtype_name(dtype));
   const ModelConfig& c = model.cfg;
   const HfFamily& layout = hf_family_of(c);
   // The tensors, in the model's order, each as Hugging Face stores it.
   NamedTensors tensors;
   for (auto& [name, p] : model.module->named_parameters()) {
-    Tensor t = p.detach().to(kCPU);
+    Tensor t = p.detach().to(kCPU).to(dtype);
     tensors.emplace_back(name, layout.is_transposed(name) ? t.transpose(0, 1).contiguous() : t.contiguous());
   }
   // Shards of at most max_shard_bytes (a larger tensor alone in its shard).
@@ -164,11 +167,14 @@ void export_hf_checkpoint(const LanguageModel& model, const std::string& out, in
     shards.back().push_back(nt);
     shard_bytes += bytes, total += bytes;
   }
-  const json cfg = layout.write(c);
+  json cfg = layout.write(c);
+  cfg["torch_dtype"] = cfg["dtype"] = dtype == kBFloat16 ? "bfloat16" : "float32";  // transformers 4's key, 5's
   fs::path tmp;
   try {
     tmp = export_temp_dir(out);
     write_hf_files(tmp, shards, total, cfg);
+    for (const char* name : kHfSideFiles)  // the tokenizer's and generation's files, as downloaded
+      if (!source.empty() && fs::exists(fs::path(source) / name)) fs::copy_file(fs::path(source) / name, tmp / name);
     fs::rename(tmp, out);
   } catch (const std::exception& e) {
     std::error_code ec;

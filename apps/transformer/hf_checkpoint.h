@@ -36,7 +36,12 @@ void load_hf_checkpoint(const std::string& dir, const LanguageModel& model, cons
 
 // Writes `model` (whole, on one process) as a Hugging Face directory: config.json and
 // model.safetensors, or shards of at most `max_shard_bytes` each with the index when the
-// weights are larger. The directory is written next to `out` and renamed into place.
-void export_hf_checkpoint(const LanguageModel& model, const std::string& out, int64_t max_shard_bytes);
+// weights are larger, in `dtype` (f32 or bf16, config.json's torch_dtype). The files of
+// kHfSideFiles in `source` (the Hugging Face directory the model came from; none: "") are
+// copied beside them. The directory is written next to `out` and renamed into place.
+void export_hf_checkpoint(const LanguageModel& model, const std::string& out, int64_t max_shard_bytes,
+                          DType dtype = kFloat32, const std::string& source = "");
+inline constexpr const char* kHfSideFiles[] = {"tokenizer.json", "tokenizer_config.json", "generation_config.json",
+                                                "special_tokens_map.json"};
 
 }  // namespace weft::apps

@@ -93,6 +93,7 @@ struct SampleOptions {
 struct ExportOptions {
   std::string from, out;
   std::string max_shard_size = "5G";
+  std::string dtype = "f32";
 };
 
 struct PrepareOptions {
@@ -185,6 +186,7 @@ std::map<std::string, std::string> describe(const apps::ModelConfig& cfg, const 
             {"grad_accum", std::to_string(o.grad_accum)}, {"weight_decay", fmt::format("{}", o.weight_decay)},
             {"virtual_batches", o.deterministic ? std::to_string(o.virtual_batches) : "0"}});
   d.insert(train_text.begin(), train_text.end());
+  if (!o.init_from.empty()) d["hf_source"] = std::filesystem::absolute(o.init_from).string();  // export-hf's side files
   return d;
 }
 
@@ -787,11 +789,21 @@ int export_hf(const ExportOptions& o) {
   const int64_t shard = parse_bytes(o.max_shard_size, "transformer: --max-shard-size");
   WEFT_CHECK(shard > 0, "transformer: --max-shard-size must be positive");
   apps::check_outputs_apart({{"--out", o.out}}, {{"--from", o.from}}, "transformer");
-  apps::LanguageModel lm = load_model(o.from, true).lm;
+  const LoadedModel loaded = load_model(o.from, true);
+  const apps::LanguageModel& lm = loaded.lm;
   apps::check_finite_parameters(*lm.module, fmt::format("transformer: refusing to export {}", o.from));
-  apps::export_hf_checkpoint(lm, o.out, shard);
-  std::fprintf(stderr, "weft-transformer: wrote %s (Hugging Face model_type %s, %lld parameters)\n", o.out.c_str(),
-               lm.cfg.arch.c_str(), (long long)apps::count_parameters(*lm.module));
+  // The Hugging Face directory the model came from, whose tokenizer and generation files go along.
+  std::string source = apps::is_hf_dir(o.from) ? o.from : "";
+  if (auto it = loaded.recorded.find("hf_source"); it != loaded.recorded.end()) source = it->second;
+  if (!source.empty() && !apps::is_hf_dir(source)) {
+    std::fprintf(stderr, "weft-transformer: %s, the run's --init-from, is gone: its tokenizer and generation files "
+                 "are not copied\n", source.c_str());
+    source.clear();
+  }
+  apps::export_hf_checkpoint(lm, o.out, shard, o.dtype == "bf16" ? kBFloat16 : kFloat32, source);
+  std::fprintf(stderr, "weft-transformer: wrote %s (Hugging Face model_type %s, %lld parameters, %s)\n", o.out.c_str(),
+               (lm.cfg.family.empty() ? lm.cfg.arch : lm.cfg.family).c_str(),
+               (long long)apps::count_parameters(*lm.module), o.dtype.c_str());
   return 0;
 }
 
@@ -939,6 +951,8 @@ CLI::App* add_export_flags(CLI::App& app, ExportOptions& x) {
   ex->add_option("--out", x.out, "the directory to write (must not exist)")->required();
   ex->add_option("--max-shard-size", x.max_shard_size, "split the weights into files of at most this many bytes "
                  "(with model.safetensors.index.json) when they are larger")->check(apps::cli::bytes())->capture_default_str();
+  ex->add_option("--dtype", x.dtype, "the weights' dtype in the files: f32 or bf16")
+      ->check(CLI::IsMember({"f32", "bf16"}))->capture_default_str();
   return ex;
 }
 

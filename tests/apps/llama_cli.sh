@@ -81,6 +81,12 @@ expect_error 'rope_scaling {"factor":8.0,"high_freq_factor":8.0' train --init-fr
 "$exe" export-hf --from "$tmp/ck3" --out "$tmp/l3out" 2>"$tmp/x.err" || fail "export-hf of llama3 failed: $(cat "$tmp/x.err")"
 grep -q '"rope_type": "llama3"' "$tmp/l3out/config.json" && grep -q '"tie_word_embeddings": true' "$tmp/l3out/config.json" ||
   fail "the llama3 export lost its rope scaling or tied head: $(cat "$tmp/l3out/config.json")"
+cmp -s "$data/llama3/generation_config.json" "$tmp/l3out/generation_config.json" ||
+  fail "export-hf of a run from --init-from did not copy its generation_config.json"
+"$exe" export-hf --from "$data/qwen2" --out "$tmp/q2bf" --dtype bf16 2>"$tmp/x.err" || fail "export-hf --dtype bf16: $(cat "$tmp/x.err")"
+grep -q '"torch_dtype": "bfloat16"' "$tmp/q2bf/config.json" && grep -q '"model_type": "qwen2"' "$tmp/q2bf/config.json" ||
+  fail "export-hf --dtype bf16 of qwen2: $(cat "$tmp/q2bf/config.json")"
+expect_error "--dtype: f16 not in {f32,bf16}" export-hf --from "$data/qwen2" --out "$tmp/q2f16" --dtype f16
 s3=$("$exe" sample --from "$tmp/ck3" --prompt "The " --greedy --max-new-tokens 70 --ids)
 [ "$s3" = "$("$exe" sample --from "$tmp/l3out" --prompt "The " --greedy --max-new-tokens 70 --ids)" ] ||
   fail "greedy ids from the llama3 checkpoint and its export differ"
