@@ -1,4 +1,4 @@
-// llama: LlamaForCausalLM (nn/llama.h), with its rope scaling (kernels/rope.h) and biases.
+// llama: LlamaForCausalLM (nn/llama.h), its rope scaling (kernels/rope.h); Mistral's and Qwen's build on it.
 #include <limits>
 #include <map>
 #include <set>
