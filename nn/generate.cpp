@@ -88,7 +88,7 @@ std::vector<int64_t> generate(Module& model, const std::vector<int64_t>& prompt,
       ids.push_back(next);
       out.push_back(next);
       if (on_token) on_token(next);
-      if (next == o.eos || n + 1 == o.max_new_tokens) break;
+      if (std::find(o.eos.begin(), o.eos.end(), next) != o.eos.end() || n + 1 == o.max_new_tokens) break;
       if (!cache) {
         last = run_window(ctx);
       } else if (cache->length() == ctx) {  // full: restart from the last half of the context

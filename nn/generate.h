@@ -26,7 +26,7 @@ struct GenerateOptions {
   int64_t max_new_tokens = 200;
   SamplingOptions sampling;
   uint64_t seed = 0;        // of the draws (unused when greedy)
-  int64_t eos = -1;         // stop after generating this token (-1: never)
+  std::vector<int64_t> eos;  // stop after generating any of these tokens (none: never)
   bool use_cache = true;    // false: run the last context_length tokens again for every token
   // Under several processes, maps this process's choice to the one all take (rank 0's, say), so
   // that they stop together; empty: the choice as drawn.

@@ -97,7 +97,7 @@ TEST_CASE("greedy generation with the cache equals generation without it, token 
   // on_token sees each token as it is chosen; eos stops after generating it.
   std::vector<int64_t> seen;
   o.sampling = {.temperature = 0};
-  o.eos = with[3];
+  o.eos = {-5, with[3]};  // any of them stops it
   model->train();
   const auto stopped = nn::generate(*model, prompt, o, [&](int64_t t) { seen.push_back(t); });
   CHECK(stopped == std::vector<int64_t>(with.begin(), with.begin() + 4));

@@ -48,6 +48,23 @@ std::map<std::string, std::string> weight_files(const std::string& dir) {
 
 }  // namespace
 
+std::vector<int64_t> read_hf_eos_ids(const std::string& dir) {
+  const fs::path path = fs::path(dir) / "generation_config.json";
+  if (!fs::exists(path)) return {};
+  std::ifstream in(path);
+  const json j = json::parse(in, nullptr, false);
+  WEFT_CHECK(!j.is_discarded() && j.is_object(), "transformer: {} is not a JSON object", path.string());
+  const json eos = j.value("eos_token_id", json(nullptr));
+  std::vector<int64_t> ids;
+  for (const json& id : eos.is_array() ? eos : json::array({eos})) {
+    if (id.is_null()) continue;
+    WEFT_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0, "transformer: {}: \"eos_token_id\" must be token "
+               "ids, got {}", path.string(), eos.dump());
+    ids.push_back(id.get<int64_t>());
+  }
+  return ids;
+}
+
 bool is_hf_dir(const std::string& path) {
   std::error_code ec;
   return fs::is_directory(path, ec) && fs::exists(fs::path(path) / "config.json", ec);

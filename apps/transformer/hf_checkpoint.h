@@ -22,6 +22,10 @@ namespace weft::apps {
 std::string rope_scaling_text(const kernels::RopeScaling& s);
 kernels::RopeScaling parse_rope_scaling(const std::string& text, const std::string& where);
 
+// generation_config.json's eos_token_id (one id or a list) in `dir`; none when the file or the
+// field is absent; an error naming the file for anything but non-negative integer ids.
+std::vector<int64_t> read_hf_eos_ids(const std::string& dir);
+
 // Whether `path` is a directory with a config.json.
 bool is_hf_dir(const std::string& path);
 

@@ -661,15 +661,31 @@ LoadedModel load_model(const std::string& from, bool say, bool shard = false, De
   return m;
 }
 
-// --eos: a token id, or a token of the tokenizer.
-int64_t eos_id(const std::string& eos, const apps::BpeTokenizer* tok, int64_t vocab) {
-  if (eos.empty()) return -1;
+// --eos: a token id, or a token of the tokenizer; "none": never stop; not given: the eos ids of
+// the generation_config.json of the Hugging Face directory the model came from (--from, or the
+// run's --init-from), if any.
+std::vector<int64_t> eos_ids(const std::string& eos, const apps::BpeTokenizer* tok, int64_t vocab,
+                             const std::string& from, const std::map<std::string, std::string>& recorded) {
+  if (eos == "none") return {};
+  if (eos.empty()) {
+    auto it = recorded.find("hf_source");
+    const std::string source = apps::is_hf_dir(from) ? from : it != recorded.end() ? it->second : "";
+    std::vector<int64_t> ids = source.empty() || !apps::is_hf_dir(source) ? std::vector<int64_t>{}
+                                                                           : apps::read_hf_eos_ids(source);
+    for (int64_t id : ids)
+      WEFT_CHECK(id < vocab, "transformer: {}/generation_config.json's eos id {} is past the vocabulary of {}", source,
+                 id, vocab);
+    if (!ids.empty())
+      std::fprintf(stderr, "weft-transformer: stopping after eos id(s) %s (%s/generation_config.json; --eos none: "
+                   "never)\n", fmt::format("{}", fmt::join(ids, ",")).c_str(), source.c_str());
+    return ids;
+  }
   int64_t id = -1;
   if (eos.find_first_not_of("0123456789") == std::string::npos && eos.size() < 10) id = std::stoll(eos);
   else if (tok) id = tok->id_of(eos);
   WEFT_CHECK(id >= 0 && id < vocab, "transformer: --eos \"{}\" is not a token id below the vocabulary of {}{}", eos,
              vocab, tok ? " nor a token of --tokenizer" : " (a token's text needs --tokenizer)");
-  return id;
+  return {id};
 }
 
 // --tokenizer, checked against the model's vocabulary and the tokenizer its checkpoint records.
@@ -744,7 +760,7 @@ int sample(const SampleOptions& o, const Ranks& ranks) {
   nn::GenerateOptions g{.max_new_tokens = o.tokens,
                         .sampling = {.temperature = o.temperature, .top_k = o.top_k, .top_p = o.top_p},
                         .seed = o.seed,
-                        .eos = eos_id(o.eos, tok ? &*tok : nullptr, cfg.vocab_size),
+                        .eos = eos_ids(o.eos, tok ? &*tok : nullptr, cfg.vocab_size, o.checkpoint, loaded.recorded),
                         .use_cache = !o.no_cache};
   if (ranks.fsdp)  // every rank takes rank 0's token, so all run the same steps and stop together
     g.agree = [](int64_t token) {
@@ -932,7 +948,8 @@ CLI::App* add_sample_flags(CLI::App& app, SampleOptions& s) {
       ->check(apps::cli::integer(0, 1 << 20))->capture_default_str();
   sa->add_option("--top-p", s.top_p, "then from the fewest most likely tokens whose probability reaches P (1: all)")
       ->check(apps::cli::number_from(1e-9, 1))->capture_default_str();
-  sa->add_option("--eos", s.eos, "stop after generating this token: an id, or a token of --tokenizer (default: none)");
+  sa->add_option("--eos", s.eos, "stop after generating this token: an id, a token of --tokenizer, or none (default: "
+                 "the eos ids of the model's Hugging Face generation_config.json, if any)");
   sa->add_flag("--no-cache", s.no_cache, "run the whole window again for every token instead of keeping each layer's "
                "keys and values");
   sa->add_flag("--fsdp", s.fsdp, "shard the model over the ranks of mpirun (fully_shard per block, then the root); "

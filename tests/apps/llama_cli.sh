@@ -72,6 +72,19 @@ l3=(--init-from "$data/llama3" --ctx 80 --batch-size 4 --steps 4 --warmup 1 --lr
 "$exe" train "${l3[@]}" --stop-after 2 >/dev/null 2>"$tmp/l3.err" || fail "--init-from llama3 failed: $(cat "$tmp/l3.err")"
 "$exe" train "${l3[@]}" --resume "$tmp/ck3" --metrics "$tmp/l3.jsonl" >/dev/null 2>"$tmp/l3.err" ||
   fail "resuming the llama3 fine-tune failed: $(cat "$tmp/l3.err")"
+# generation_config.json's eos ids stop sampling (any of them; --eos none: never), from the
+# directory and from a checkpoint of a run that started from it.
+all=$("$exe" sample --from "$data/llama3" --prompt "The " --greedy --tokens 20 --ids 2>/dev/null)
+e=$(echo "$all" | cut -d, -f5)
+mkdir "$tmp/l3eos" && cp "$data/llama3/config.json" "$data/llama3/model.safetensors" "$tmp/l3eos/"
+echo "{\"eos_token_id\": [255, $e]}" >"$tmp/l3eos/generation_config.json"
+[ "$e" != 255 ] || fail "the fixture's greedy ids hold 255, the other eos id of this test"
+want=$(echo "$all" | tr ',' '\n' | awk -v e="$e" '{print} $1 == e {exit}' | paste -sd,)
+got=$("$exe" sample --from "$tmp/l3eos" --prompt "The " --greedy --tokens 20 --ids 2>"$tmp/eos.err")
+[ "$got" = "$want" ] || fail "generation_config.json's eos ids [255, $e]: got $got, want $want"
+grep -q "stopping after eos id(s) 255,$e" "$tmp/eos.err" || fail "no eos message: $(cat "$tmp/eos.err")"
+[ "$("$exe" sample --from "$tmp/l3eos" --prompt "The " --greedy --tokens 20 --ids --eos none 2>/dev/null)" = "$all" ] ||
+  fail "--eos none still stopped"
 # The same model with another rope scaling is not the checkpoint's model.
 mkdir "$tmp/l3lin" && cp "$data/llama3/model.safetensors" "$tmp/l3lin/"
 sed -e '/high_freq_factor\|low_freq_factor\|original_max_position_embeddings/d' -e 's/"llama3"/"linear"/' \
