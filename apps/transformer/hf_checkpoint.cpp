@@ -185,6 +185,8 @@ void export_hf_checkpoint(const LanguageModel& model, const std::string& out, in
     shard_bytes += bytes, total += bytes;
   }
   json cfg = layout.write(c);
+  cfg["model_type"] = layout.model_type;
+  cfg["architectures"] = {layout.architecture};
   cfg["torch_dtype"] = cfg["dtype"] = dtype == kBFloat16 ? "bfloat16" : "float32";  // transformers 4's key, 5's
   fs::path tmp;
   try {

@@ -70,7 +70,7 @@ struct HfFamily {
   std::string optional_prefix;          // files may omit it (the original GPT-2 release does)
   std::vector<std::string> ignored;     // suffixes of tensors weft does not keep (buffers)
   ModelConfig (*read)(const ConfigReader& r);      // config.json -> the model's config
-  nlohmann::json (*write)(const ModelConfig& c);  // and back, with model_type and architectures
+  nlohmann::json (*write)(const ModelConfig& c);  // and back (model_type and architectures: the export's)
 
   bool is_transposed(const std::string& name) const { return any_suffix(name, transposed); }
   bool is_ignored(const std::string& name) const { return any_suffix(name, ignored); }

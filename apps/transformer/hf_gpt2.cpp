@@ -26,7 +26,7 @@ ModelConfig read_gpt2_config(const ConfigReader& r) {
 
 nlohmann::json write_gpt2_config(const ModelConfig& c) {
   using nlohmann::json;
-  return {{"architectures", {"GPT2LMHeadModel"}}, {"model_type", "gpt2"}, {"vocab_size", c.vocab_size},
+  return {{"vocab_size", c.vocab_size},
           {"n_positions", c.ctx}, {"n_ctx", c.ctx}, {"n_embd", c.d_model}, {"n_layer", c.n_layer},
           {"n_head", c.n_head}, {"n_inner", c.ffn_dim > 0 ? json(c.ffn_dim) : json(nullptr)},
           {"activation_function", "gelu_new"}, {"layer_norm_epsilon", 1e-5}, {"resid_pdrop", 0.0},

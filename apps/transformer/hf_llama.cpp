@@ -58,7 +58,7 @@ json rope_scaling_config(const kernels::RopeScaling& s) {
   if (s.kind == Kind::none) return nullptr;
   json j = {{"rope_type", kernels::rope_scaling_name(s.kind)}, {"factor", s.factor}};
   if (s.kind != Kind::linear) j["original_max_position_embeddings"] = s.original_context;
-  if (s.kind == Kind::llama3) j["low_freq_factor"] = s.low_freq_factor, j["high_freq_factor"] = s.high_freq_factor;
+  if (s.kind == Kind::llama3) j.update({{"low_freq_factor", s.low_freq_factor}, {"high_freq_factor", s.high_freq_factor}});
   return j;
 }
 
@@ -104,7 +104,7 @@ json write_llama_config(const ModelConfig& c) {
   // Dynamic scaling starts at max_position_embeddings: where the model's starts, past a shorter --ctx.
   const int64_t max_positions = c.rope_scaling.kind == kernels::RopeScaling::Kind::dynamic
                                     ? std::max(c.ctx, c.rope_scaling.original_context) : c.ctx;
-  return {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"vocab_size", c.vocab_size},
+  return {{"vocab_size", c.vocab_size},
           {"hidden_size", c.d_model}, {"intermediate_size", lc.ffn()}, {"num_hidden_layers", c.n_layer},
           {"num_attention_heads", c.n_head}, {"num_key_value_heads", lc.kv_heads()}, {"head_dim", lc.head_size()},
           {"max_position_embeddings", max_positions}, {"rms_norm_eps", c.norm_eps}, {"rope_theta", c.rope_theta},

@@ -16,8 +16,6 @@ ModelConfig read_mistral_config(const ConfigReader& r) {
 nlohmann::json write_mistral_config(const ModelConfig& c) {
   nlohmann::json j = write_llama_config(c);
   for (const char* llama_only : {"attention_bias", "mlp_bias", "pretraining_tp"}) j.erase(llama_only);
-  j["model_type"] = "mistral";
-  j["architectures"] = {"MistralForCausalLM"};
   j["sliding_window"] = c.sliding_window > 0 ? nlohmann::json(c.sliding_window) : nlohmann::json(nullptr);
   return j;
 }

@@ -19,8 +19,6 @@ ModelConfig read_qwen2_config(const ConfigReader& r) {
 nlohmann::json write_qwen2_config(const ModelConfig& c) {
   nlohmann::json j = write_llama_config(c);
   for (const char* llama_only : {"attention_bias", "mlp_bias", "pretraining_tp"}) j.erase(llama_only);
-  j["model_type"] = "qwen2";
-  j["architectures"] = {"Qwen2ForCausalLM"};
   j["use_sliding_window"] = false;
   return j;
 }

@@ -14,8 +14,6 @@ ModelConfig read_qwen3_config(const ConfigReader& r) {
 
 nlohmann::json write_qwen3_config(const ModelConfig& c) {
   nlohmann::json j = write_qwen2_config(c);
-  j["model_type"] = "qwen3";
-  j["architectures"] = {"Qwen3ForCausalLM"};
   j["attention_bias"] = false;
   return j;
 }
