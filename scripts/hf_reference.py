@@ -31,15 +31,7 @@ safetensors, numpy from PyPI). A developer tool: never part of meson test or CI.
         greedy_ids [32] int64 = the 32 new ids of greedy generate() from the saved weights,
       and metadata (lr, made_by, transformers and torch versions).
 
-  tokenizers [--out tests/data/tokenizers]
-      Trains two small byte-level BPE tokenizers with `tokenizers` on Debian's fortunes texts
-      (vocabulary 2,000, special tokens <|endoftext|> and <|user|>): gpt2/ with GPT-2's
-      pre-tokenizer (ByteLevel, its regex, no prefix space) and llama3/ with a Llama-3-style one
-      (Split by Llama 3's regex, isolated, then ByteLevel without its regex; BPE with
-      ignore_merges). Each tokenizer.json has beside it expected.json: test texts (Unicode,
-      whitespace runs, digits, contractions, special tokens, CRLF, fortunes paragraphs) with the
-      ids of encode(text, add_special_tokens=False) and decode(ids) with and without
-      skip_special_tokens.
+  (The tokenizer fixtures, tests/data/tokenizers, are scripts/tokenizer_fixtures.py's.)
 
   check --build BUILD_DIR [--workdir DIR]
       For gpt2 and llama: trains a tiny model with BUILD_DIR/apps/transformer/weft-transformer
@@ -677,72 +669,6 @@ def cmd_check(args):
     return 1 if failed or archs_with_rows != set(args.arch) else 0
 
 
-LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-TOKENIZER_TEXTS = [
-    "Hello, world! The quick brown fox jumps over the lazy dog.",
-    "don't I'll we've they're she'd HE'S O'NEIL'S it's",
-    "digits 0 7 42 1234567 3.14159 1,000,000 2026-11-26 x86_64",
-    "   leading spaces, two  inner,   three,\ttab\t\tand trailing   ",
-    "lines\n\nblank line above\r\nCRLF line\n   \n  indented\n",
-    "Unicode: caf\u00e9 na\u00efve \u00fcber \u00c5ngstr\u00f6m, \u4e2d\u6587\u5b57, \u0440\u0443\u0441\u0441\u043a\u0438\u0439, "
-    "\u03b1\u03b2\u03b3, emoji \U0001f642\U0001f680, \u2014 dashes \u2013, \u00bd \u2153 \u0660\u0661\u0662",
-    "<|endoftext|>special tokens<|user|> between words <|endoftext|><|endoftext|> and <|user",
-    "",
-    " ",
-    "\n",
-    "symbols: @#$%^&*()[]{}<>~`|\\/;:'\"?!.,-_=+",
-]
-
-
-def fortune_files():
-    root = "/usr/share/games/fortunes"
-    return [os.path.join(root, f) for f in sorted(os.listdir(root))
-            if "." not in f and os.path.isfile(os.path.join(root, f))
-            and not os.path.islink(os.path.join(root, f))]
-
-
-def cmd_tokenizers(args):
-    import json
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-    files = fortune_files()
-    if not files:
-        sys.exit("hf_reference.py tokenizers: no texts in /usr/share/games/fortunes "
-                 "(apt-get install fortunes)")
-    specials = ["<|endoftext|>", "<|user|>"]
-    paragraphs = []
-    with open(files[0], encoding="utf-8", errors="replace") as f:
-        paragraphs = [p.strip("\n") for p in f.read().split("\n%\n")[:6]]
-    texts = TOKENIZER_TEXTS + paragraphs
-    for name in ("gpt2", "llama3"):
-        if name == "gpt2":
-            tok = Tokenizer(models.BPE())
-            tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-        else:
-            tok = Tokenizer(models.BPE(ignore_merges=True))
-            tok.pre_tokenizer = pre_tokenizers.Sequence([
-                pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated", invert=False),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-        tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(vocab_size=2000, special_tokens=specials, show_progress=False,
-                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-        tok.train(files, trainer)
-        out = os.path.join(args.out, name)
-        os.makedirs(out, exist_ok=True)
-        tok.save(os.path.join(out, "tokenizer.json"))
-        cases = []
-        for t in texts:
-            ids = tok.encode(t, add_special_tokens=False).ids
-            cases.append({"text": t, "ids": ids, "decoded": tok.decode(ids, skip_special_tokens=False),
-                          "decoded_skip_special": tok.decode(ids, skip_special_tokens=True)})
-        import tokenizers
-        with open(os.path.join(out, "expected.json"), "w", encoding="utf-8") as f:
-            json.dump({"made_by": "scripts/hf_reference.py tokenizers", "tokenizers": tokenizers.__version__,
-                       "vocab_size": tok.get_vocab_size(), "cases": cases}, f, ensure_ascii=False, indent=1)
-        log(f"{out}: vocabulary {tok.get_vocab_size()}, {len(cases)} cases")
-    return 0
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -753,15 +679,13 @@ def main():
     fx.add_argument("--list", action="store_true", help="also list every tensor written")
     fx.add_argument("--only", nargs="+", choices=["gpt2", "llama", "llama3", "mistral", "qwen2", "qwen3"],
                     help="write only these fixtures")
-    tk = sub.add_parser("tokenizers", help="write the BPE tokenizer fixtures (default tests/data/tokenizers)")
-    tk.add_argument("--out", default=os.path.join(REPO, "tests", "data", "tokenizers"))
     ck = sub.add_parser("check", help="check weft-transformer's export-hf against transformers")
     ck.add_argument("--build", required=True, help="meson build directory")
     ck.add_argument("--workdir", default=None, help="default: BUILD/hf-check")
     ck.add_argument("--arch", nargs="+", default=["gpt2", "llama", "llama3", "mistral", "qwen2", "qwen3"],
                     choices=["gpt2", "llama", "llama3", "mistral", "qwen2", "qwen3"])
     args = ap.parse_args()
-    return {"fixtures": cmd_fixtures, "tokenizers": cmd_tokenizers, "check": cmd_check}[args.cmd](args)
+    return {"fixtures": cmd_fixtures, "check": cmd_check}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -4,9 +4,6 @@
 #             embeddings as one model.safetensors, a tiny Llama with GQA sharded into several
 #             files + model.safetensors.index.json, and each one's expected.safetensors:
 #             logits, loss, the loss after one AdamW step, greedy ids), deterministically.
-#   tokenizers  trains two small byte-level BPE tokenizers (GPT-2 and Llama-3 pre-tokenizers) on
-#             the fortunes texts and writes them with their expected encodings under
-#             tests/data/tokenizers/.
 #   check     trains tiny gpt2/llama models with weft-transformer (and fine-tunes the llama3, mistral,
 #             qwen2 and qwen3 fixtures with --init-from), exports them with export-hf,
 #             loads the exports with transformers' AutoModelForCausalLM and compares prompt
@@ -15,7 +12,6 @@
 # This is a developer tool: it is never part of meson test or CI (Python never enters the build
 # or the tests; the tests only read the committed fixtures).
 #   bash scripts/hf_reference.sh fixtures                 # [--out tests/data/hf]
-#   bash scripts/hf_reference.sh tokenizers               # [--out tests/data/tokenizers]
 #   bash scripts/hf_reference.sh check --build build      # [--workdir DIR]
 # Environment: HF_VENV (default /tmp/hfenv): the venv, made on first use with
 #   pip install torch transformers tokenizers safetensors numpy   (from PyPI; several GB)

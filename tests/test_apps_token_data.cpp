@@ -79,6 +79,27 @@ TEST_CASE("token data: prepare writes each file's encoding, the end-of-text toke
                     Contains("d.txt") && Contains("not valid UTF-8 at byte 4"));
 }
 
+TEST_CASE("token data: prepare puts the tokenizer's template tokens (Llama's BOS) around each file unless told not to") {
+  const std::string sp = WEFT_TEST_DATA "/tokenizers/llama2/tokenizer.json";
+  const fs::path texts = fresh_dir("sp_texts"), out = fresh_dir("sp_out") / "ds";
+  const std::string a = "The quick brown fox.\n", b = "  two  spaces \xe4\xb8\xad\n";
+  write(texts / "a.txt", a), write(texts / "b.txt", b);
+  const apps::BpeTokenizer tok(sp);
+  REQUIRE(tok.special_prefix() == std::vector<int32_t>{1});
+  for (bool special : {true, false}) {
+    INFO("special " << special);
+    apps::prepare_tokens(sp, texts.string(), out.string(), "</s>", 0.0, special);
+    std::vector<uint32_t> want;
+    for (const std::string& t : {a, b}) {
+      for (int32_t id : tok.encode(t, special)) want.push_back(uint32_t(id));
+      want.push_back(2);
+    }
+    const std::vector<uint32_t> got = all_tokens(apps::TokenFile((out / "train.tokens").string()));
+    CHECK(got == want);
+    CHECK((got.front() == 1) == special);
+  }
+}
+
 TEST_CASE("token data: token files hold 16-bit ids up to 65,536 tokens and 32-bit ones past it") {
   const fs::path dir = fresh_dir("widths");
   const std::string digest(64, 'a');

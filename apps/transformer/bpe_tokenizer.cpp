@@ -7,10 +7,16 @@
 #include <array>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
-#include <sstream>
+#include <optional>
+#include <queue>
 #include <unordered_map>
 
+#include "apps/transformer/tokenizer_decoder.h"
+#include "apps/transformer/tokenizer_json.h"
+#include "apps/transformer/tokenizer_normalizer.h"
+#include "apps/transformer/utf8.h"
 #include "core/error.h"
 
 namespace weft::apps {
@@ -22,106 +28,24 @@ namespace {
 // GPT-2's pre-tokenizer pattern (ByteLevel with use_regex).
 constexpr const char* kGpt2Pattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
-// Llama 3's (a Split before ByteLevel).
+// Llama 3's and Qwen2's (a Split before ByteLevel): they differ in how many digits go together.
 constexpr const char* kLlama3Pattern =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += char(cp);
-  } else if (cp < 0x800) {
-    out += char(0xc0 | (cp >> 6)), out += char(0x80 | (cp & 0x3f));
-  } else if (cp < 0x10000) {
-    out += char(0xe0 | (cp >> 12)), out += char(0x80 | ((cp >> 6) & 0x3f)), out += char(0x80 | (cp & 0x3f));
-  } else {
-    out += char(0xf0 | (cp >> 18)), out += char(0x80 | ((cp >> 12) & 0x3f));
-    out += char(0x80 | ((cp >> 6) & 0x3f)), out += char(0x80 | (cp & 0x3f));
-  }
-}
-
-// The byte-level alphabet: printable Latin-1 bytes stand for themselves, the other 68 bytes for
-// the code points 256, 257, ... in byte order (GPT-2's bytes_to_unicode).
-std::array<uint32_t, 256> byte_code_points() {
-  std::array<uint32_t, 256> cp{};
-  uint32_t next = 256;
-  for (uint32_t b = 0; b < 256; ++b) {
-    const bool printable = (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae);
-    cp[b] = printable ? b : next++;
-  }
-  return cp;
-}
-
-// Decodes one UTF-8 sequence at s[i] (valid input), advancing i.
-uint32_t next_code_point(std::string_view s, size_t& i) {
-  const auto b = uint8_t(s[i]);
-  const int len = b < 0x80 ? 1 : b < 0xe0 ? 2 : b < 0xf0 ? 3 : 4;
-  uint32_t cp = len == 1 ? b : len == 2 ? b & 0x1f : len == 3 ? b & 0x0f : b & 0x07;
-  for (int k = 1; k < len; ++k) cp = (cp << 6) | (uint8_t(s[i + size_t(k)]) & 0x3f);
-  i += size_t(len);
-  return cp;
-}
-
-// Length of the well-formed UTF-8 sequence at s[i], or of its maximal ill-formed prefix
-// negated (at least one byte): the unit that is replaced by one U+FFFD.
-int utf8_unit(std::string_view s, size_t i) {
-  const auto b = uint8_t(s[i]);
-  if (b < 0x80) return 1;
-  int len;
-  uint8_t lo = 0x80, hi = 0xbf;
-  if (b >= 0xc2 && b <= 0xdf) len = 2;
-  else if (b == 0xe0) len = 3, lo = 0xa0;
-  else if (b >= 0xe1 && b <= 0xec) len = 3;
-  else if (b == 0xed) len = 3, hi = 0x9f;
-  else if (b >= 0xee && b <= 0xef) len = 3;
-  else if (b == 0xf0) len = 4, lo = 0x90;
-  else if (b >= 0xf1 && b <= 0xf3) len = 4;
-  else if (b == 0xf4) len = 4, hi = 0x8f;
-  else return -1;
-  for (int k = 1; k < len; ++k) {
-    if (i + size_t(k) >= s.size()) return -k;
-    const auto c = uint8_t(s[i + size_t(k)]);
-    if (c < (k == 1 ? lo : 0x80) || c > (k == 1 ? hi : 0xbf)) return -k;
-  }
-  return len;
-}
-
-// What a component of the file is, for messages: its "type" when it has one, else its JSON.
-std::string kind_of(const json& j) {
-  if (j.is_object() && j.contains("type") && j["type"].is_string()) return j["type"].get<std::string>();
-  return j.dump();
-}
+constexpr const char* kQwen2Pattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
 struct AddedToken {
-  std::string content;
+  std::string content;  // as matched: normalized when the token is
   int32_t id;
-  bool special;
+  bool special, lstrip, rstrip;
 };
 
-// A part of the file: its JSON, the file's path and where the part is in it ("" for the whole).
-struct Field {
-  const json& j;
-  const std::string& file;
-  std::string where;
-  [[noreturn]] void fail(const std::string& what) const {
-    throw Error(fmt::format("tokenizer {}: {}{}", file, where.empty() ? "" : where + ": ", what));
-  }
-  const json& at(const std::string& key) const {
-    if (!j.is_object() || !j.contains(key)) fail(fmt::format("\"{}\" is missing", key));
-    return j[key];
-  }
-  bool is_null(const std::string& key) const { return !j.is_object() || !j.contains(key) || j[key].is_null(); }
-  std::string text(const std::string& key) const {
-    const json& v = at(key);
-    if (!v.is_string()) fail(fmt::format("\"{}\" must be a string, got {}", key, v.dump()));
-    return v.get<std::string>();
-  }
-  bool flag(const std::string& key, bool fallback) const {
-    if (is_null(key)) return fallback;
-    if (!j[key].is_boolean()) fail(fmt::format("\"{}\" must be true or false, got {}", key, j[key].dump()));
-    return j[key].get<bool>();
-  }
-  Field sub(const std::string& key) const { return Field{at(key), file, where.empty() ? key : where + "." + key}; }
+struct StringHash {  // lets the vocabulary be searched with a string_view
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
 };
+
+uint64_t pair_key(int32_t a, int32_t b) { return uint64_t(uint32_t(a)) << 32 | uint32_t(b); }
 
 }  // namespace
 
@@ -129,60 +53,79 @@ struct BpeTokenizer::Impl {
   std::string path;
   std::vector<std::string> tokens;  // by id: the vocabulary form, or an added token's content
   std::vector<char> is_special;     // by id
-  std::unordered_map<std::string, int32_t> vocab;
-  std::array<int32_t, 256> byte_id{};       // the id of each byte's one-character token
-  std::unordered_map<uint32_t, uint8_t> code_point_byte;
+  std::unordered_map<int32_t, std::string> decoded_as;  // a normalized added token's normalized form
+  std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> vocab;
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges;  // (a, b) -> (rank, merged id)
-  bool ignore_merges = false;
-  bool add_prefix_space = false;
-  std::vector<AddedToken> added;  // longest first
+  bool ignore_merges = false, byte_fallback = false, fuse_unk = false;
+  std::string unk_token;                 // "" when none
+  std::array<int32_t, 256> fallback_id{};  // "<0xAB>" tokens' ids (-1: none)
+  // The pre-tokenizer: ByteLevel (regex or none), Metaspace, or none (the part is one word).
+  enum class Pre { None, ByteLevel, Metaspace } pre = Pre::None;
+  bool add_prefix_space = false;     // ByteLevel
+  std::array<int32_t, 256> byte_id{};  // ByteLevel: each byte's one-character token
+  std::string replacement;           // Metaspace
+  enum class Prepend { Always, First, Never } prepend = Prepend::Always;
+  bool split = true;                 // Metaspace: each replacement starts a word
   pcre2_code* regex = nullptr;
   std::string pattern;  // regex's
+  TokenizerNormalizer normalizer;
+  std::optional<TokenizerDecoder> decoder;
+  std::vector<AddedToken> raw_added, normalized_added;  // matched before and after normalizing; longest first
+  std::vector<int32_t> prefix, suffix;  // the post-processor's tokens around a text
 
   ~Impl() { pcre2_code_free(regex); }
   [[noreturn]] void fail(const std::string& what) const { throw Error(fmt::format("tokenizer {}: {}", path, what)); }
 
-  void read_model(const Field& m);
-  void read_pre_tokenizer(const Field& p);
+  void read_model(const TokenizerField& m);
+  void read_merges(const TokenizerField& m);
+  void read_pre_tokenizer(const TokenizerField& p);
+  void read_metaspace(const TokenizerField& p);
+  void read_added_tokens(const TokenizerField& root);
+  void read_post_processor(const TokenizerField& p);
   void compile(const std::string& pattern);
-  void bpe(std::string_view piece, std::vector<int32_t>& out) const;
-  void encode_part(std::string_view part, std::vector<int32_t>& out) const;
+  void merge(std::vector<int32_t>& sym) const;
+  void bpe(std::string_view word, bool bytes, std::vector<int32_t>& out) const;
+  void byte_level(std::string_view part, std::vector<int32_t>& out) const;
+  void encode_part(std::string_view part, bool first, std::vector<int32_t>& out) const;
+  void split_added(std::string_view text, const std::vector<AddedToken>& list, std::vector<int32_t>& out,
+                   const std::function<void(std::string_view, bool)>& part) const;
+  std::string text_of(const std::vector<int32_t>& ids, bool skip_special, bool lossy, bool at_start) const;
 };
 
-void BpeTokenizer::Impl::read_model(const Field& m) {
+void BpeTokenizer::Impl::read_model(const TokenizerField& m) {
   // `tokenizers` before 0.9 wrote no "type"; it reads a model with merges as BPE.
   const std::string type = m.is_null("type") && m.j.contains("merges") ? "BPE" : m.text("type");
-  if (type != "BPE")
-    m.fail(fmt::format("model type \"{}\" is not supported: weft reads byte-level BPE tokenizers only", type));
+  if (type != "BPE") m.fail(fmt::format("model type \"{}\" is not supported: weft reads BPE tokenizers only", type));
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})  // "" is none, as null
     if (!m.is_null(key) && m.j[key] != "")
       m.fail(fmt::format("\"{}\" is {}: weft supports none (null or \"\")", key, m.j[key].dump()));
   if (!m.is_null("dropout") && m.j["dropout"] != 0)  // 0 merges as null does
     m.fail(fmt::format("\"dropout\" is {}: dropout skips merges at random; weft supports null or 0",
                        m.j["dropout"].dump()));
-  // unk_token, fuse_unk and byte_fallback never act: every byte's character is in the vocabulary.
   ignore_merges = m.flag("ignore_merges", false);
+  byte_fallback = m.flag("byte_fallback", false);
+  fuse_unk = m.flag("fuse_unk", false);
+  unk_token = m.is_null("unk_token") ? "" : m.text("unk_token");
   const json& v = m.at("vocab");
   if (!v.is_object()) m.fail("\"vocab\" must be an object of token: id");
   for (const auto& [token, id] : v.items()) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= (int64_t(1) << 31))
       m.fail(fmt::format("vocab entry \"{}\" has id {}, not a non-negative 32-bit integer", token, id.dump()));
     const auto i = id.get<int32_t>();
+    if (token.empty()) m.fail(fmt::format("vocab entry {} is the empty string", i));
     if (size_t(i) >= tokens.size()) tokens.resize(size_t(i) + 1), is_special.resize(size_t(i) + 1);
     if (!tokens[size_t(i)].empty()) m.fail(fmt::format("vocab ids repeat: {} is \"{}\" and \"{}\"", i, tokens[size_t(i)], token));
     tokens[size_t(i)] = token;
     vocab[token] = i;
   }
-  const std::array<uint32_t, 256> cps = byte_code_points();
   for (int b = 0; b < 256; ++b) {
-    std::string ch;
-    append_utf8(ch, cps[size_t(b)]);
-    auto it = vocab.find(ch);
-    if (it == vocab.end())
-      m.fail(fmt::format("the vocabulary lacks byte 0x{:02x} (\"{}\"): not a byte-level BPE vocabulary", b, ch));
-    byte_id[size_t(b)] = it->second;
-    code_point_byte[cps[size_t(b)]] = uint8_t(b);
+    auto it = vocab.find(fmt::format("<0x{:02X}>", b));
+    fallback_id[size_t(b)] = it == vocab.end() ? -1 : it->second;
   }
+  read_merges(m);
+}
+
+void BpeTokenizer::Impl::read_merges(const TokenizerField& m) {
   const json& ms = m.at("merges");
   if (!ms.is_array()) m.fail("\"merges\" must be an array");
   int32_t rank = 0;
@@ -202,8 +145,7 @@ void BpeTokenizer::Impl::read_model(const Field& m) {
     auto ia = vocab.find(a), ib = vocab.find(b), iab = vocab.find(a + b);
     if (ia == vocab.end() || ib == vocab.end() || iab == vocab.end())
       m.fail(fmt::format("merge {} (\"{}\" + \"{}\") names a token the vocabulary lacks", rank, a, b));
-    const uint64_t key = uint64_t(uint32_t(ia->second)) << 32 | uint32_t(ib->second);
-    merges.emplace(key, std::make_pair(rank, iab->second));  // the first rank of a repeated merge
+    merges.emplace(pair_key(ia->second, ib->second), std::make_pair(rank, iab->second));  // a repeat keeps its first rank
     ++rank;
   }
 }
@@ -223,34 +165,112 @@ void BpeTokenizer::Impl::compile(const std::string& p) {
   pcre2_jit_compile(regex, PCRE2_JIT_COMPLETE);  // where JIT is unavailable the interpreter runs
 }
 
-void BpeTokenizer::Impl::read_pre_tokenizer(const Field& p) {
-  auto byte_level = [&](const Field& f, bool regex_allowed) {
+void BpeTokenizer::Impl::read_metaspace(const TokenizerField& p) {
+  pre = Pre::Metaspace;
+  replacement = p.text("replacement");
+  if (replacement.empty() || utf8::length(replacement[0]) != replacement.size())
+    p.fail("\"replacement\" must be one character");
+  const std::string scheme = p.is_null("prepend_scheme") ? "always" : p.text("prepend_scheme");
+  if (scheme != "always" && scheme != "first" && scheme != "never")
+    p.fail(fmt::format("\"prepend_scheme\" \"{}\" is none of always, first, never", scheme));
+  prepend = scheme == "first" ? Prepend::First : scheme == "never" ? Prepend::Never : Prepend::Always;
+  if (!p.flag("add_prefix_space", true)) prepend = Prepend::Never;  // the older form of never
+  split = p.flag("split", true);
+}
+
+void BpeTokenizer::Impl::read_pre_tokenizer(const TokenizerField& p) {
+  auto byte_level = [&](const TokenizerField& f, bool regex_allowed) {
+    pre = Pre::ByteLevel;
     add_prefix_space = f.flag("add_prefix_space", true);
     const bool use_regex = f.flag("use_regex", true);
     if (use_regex && !regex_allowed) f.fail("\"use_regex\" is true after a Split: weft supports one pattern");
     if (use_regex) compile(kGpt2Pattern);
   };
+  if (p.j.is_null()) return;  // the part is one word
   const std::string type = p.text("type");
   if (type == "ByteLevel") return byte_level(p, true);
+  if (type == "Metaspace") return read_metaspace(p);
   if (type != "Sequence")
-    p.fail(fmt::format("pre-tokenizer \"{}\" is not supported: weft reads ByteLevel, or a Sequence of a regex "
-                       "Split and ByteLevel",
+    p.fail(fmt::format("pre-tokenizer \"{}\" is not supported: weft reads ByteLevel, Metaspace, or a Sequence of a "
+                       "regex Split and ByteLevel",
                        type));
-  const json& list = p.at("pretokenizers");
-  if (!list.is_array() || list.size() != 2)
+  if (p.items("pretokenizers") != 2)
     p.fail("\"pretokenizers\": weft supports a Sequence of exactly a regex Split and a ByteLevel");
-  const Field split{list[0], p.file, p.where + ".pretokenizers[0]"};
-  const Field level{list[1], p.file, p.where + ".pretokenizers[1]"};
+  const TokenizerField split = p.item("pretokenizers", 0), level = p.item("pretokenizers", 1);
   if (split.text("type") != "Split" || level.text("type") != "ByteLevel")
     p.fail(fmt::format("a Sequence of \"{}\" and \"{}\": weft supports Split then ByteLevel", split.text("type"),
                        level.text("type")));
   if (split.text("behavior") != "Isolated")
     split.fail(fmt::format("behavior \"{}\" is not supported: weft supports Isolated", split.text("behavior")));
   if (split.flag("invert", false)) split.fail("\"invert\" is true: weft supports only false");
-  const Field pattern = split.sub("pattern");
+  const TokenizerField pattern = split.sub("pattern");
   if (pattern.is_null("Regex")) pattern.fail("weft supports a Regex pattern only (not a String)");
   compile(pattern.text("Regex"));
   byte_level(level, false);
+}
+
+void BpeTokenizer::Impl::read_added_tokens(const TokenizerField& root) {
+  if (root.is_null("added_tokens")) return;
+  for (size_t k = 0, n = root.items("added_tokens"); k < n; ++k) {
+    const TokenizerField a = root.item("added_tokens", k);
+    if (a.flag("single_word", false)) a.fail("\"single_word\" is true: weft supports only false");
+    const json& id = a.at("id");
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= (int64_t(1) << 31))
+      a.fail(fmt::format("\"id\" is {}, not a non-negative 32-bit integer", id.dump()));
+    AddedToken tok{a.text("content"), id.get<int32_t>(), a.flag("special", false), a.flag("lstrip", false),
+                   a.flag("rstrip", false)};
+    if (tok.content.empty()) a.fail("\"content\" is empty");
+    if (!utf8::valid(tok.content)) a.fail("\"content\" is not valid UTF-8");
+    const size_t i = size_t(tok.id);
+    if (i >= tokens.size()) tokens.resize(i + 1), is_special.resize(i + 1);
+    if (!tokens[i].empty() && tokens[i] != tok.content) a.fail(fmt::format("id {} is \"{}\" in the vocabulary", i, tokens[i]));
+    tokens[i] = tok.content;
+    is_special[i] = tok.special;
+    vocab[tok.content] = tok.id;
+    // `tokenizers` reads "normalized" as true for a token that is not special when it is absent.
+    const bool normalized = a.flag("normalized", !tok.special);
+    if (normalized) tok.content = normalizer(tok.content);  // matched and decoded in normalized form
+    if (tok.content != tokens[i]) decoded_as[tok.id] = tok.content;
+    if (!tok.content.empty()) (normalized ? normalized_added : raw_added).push_back(std::move(tok));
+  }
+  for (auto* list : {&raw_added, &normalized_added})
+    std::stable_sort(list->begin(), list->end(),
+                     [](const AddedToken& x, const AddedToken& y) { return x.content.size() > y.content.size(); });
+}
+
+void BpeTokenizer::Impl::read_post_processor(const TokenizerField& p) {
+  if (p.j.is_null()) return;
+  const std::string type = p.text("type");
+  if (type == "ByteLevel") return;  // it changes only offsets
+  if (type == "Sequence") {
+    for (size_t k = 0, n = p.items("processors"); k < n; ++k) read_post_processor(p.item("processors", k));
+    return;
+  }
+  if (type != "TemplateProcessing")
+    p.fail(fmt::format("post-processor \"{}\" is not supported: weft supports TemplateProcessing, ByteLevel and a "
+                       "Sequence of these", type));
+  if (!prefix.empty() || !suffix.empty()) p.fail("a second TemplateProcessing: weft supports one");
+  const TokenizerField specials = p.sub("special_tokens");
+  bool seen_a = false;
+  for (size_t k = 0, n = p.items("single"); k < n; ++k) {
+    const TokenizerField piece = p.item("single", k);
+    if (!piece.is_null("Sequence")) {
+      if (seen_a || piece.sub("Sequence").text("id") != "A")
+        piece.fail("the single template must hold the sequence A once, and no other");
+      seen_a = true;
+      continue;
+    }
+    const TokenizerField special = specials.sub(piece.sub("SpecialToken").text("id"));
+    const json& ids = special.at("ids");
+    if (!ids.is_array()) special.fail("\"ids\" must be an array");
+    for (const json& id : ids) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= int64_t(tokens.size()) ||
+          tokens[size_t(id.get<int64_t>())].empty())
+        special.fail(fmt::format("id {} is not a token of the vocabulary", id.dump()));
+      (seen_a ? suffix : prefix).push_back(id.get<int32_t>());
+    }
+  }
+  if (!seen_a) p.fail("the single template lacks the sequence A");
 }
 
 std::string tokenizer_json_path(const std::string& path) {
@@ -273,41 +293,27 @@ BpeTokenizer::BpeTokenizer(const std::string& given) : impl_(std::make_unique<Im
   } catch (const json::exception& e) {
     t.fail(fmt::format("is not valid JSON: {}", e.what()));
   }
-  const Field root{j, path, ""};
+  const TokenizerField root{j, path, ""};
   if (!j.is_object()) root.fail("is not a JSON object");
-  if (!root.is_null("normalizer"))
-    root.fail(fmt::format("normalizer \"{}\" is not supported: weft supports none (null)",
-                          kind_of(j["normalizer"])));
+  static const json null_part = nullptr;
+  auto part = [&](const char* key) { return root.is_null(key) ? TokenizerField{null_part, path, key} : root.sub(key); };
+  t.normalizer = TokenizerNormalizer(part("normalizer"));
   t.read_model(root.sub("model"));
-  if (root.is_null("pre_tokenizer")) root.fail("\"pre_tokenizer\" is missing: byte-level BPE needs ByteLevel");
-  t.read_pre_tokenizer(root.sub("pre_tokenizer"));
-  if (root.is_null("decoder") || root.sub("decoder").text("type") != "ByteLevel")
-    root.fail(fmt::format("decoder {} is not supported: weft decodes ByteLevel",
-                          root.is_null("decoder") ? "null" : json(kind_of(j["decoder"])).dump()));
-  if (!root.is_null("added_tokens")) {
-    const json& list = j["added_tokens"];
-    if (!list.is_array()) root.fail("\"added_tokens\" must be an array");
-    for (size_t k = 0; k < list.size(); ++k) {
-      const Field a{list[k], path, fmt::format("added_tokens[{}]", k)};
-      for (const char* key : {"single_word", "lstrip", "rstrip"})
-        if (a.flag(key, false)) a.fail(fmt::format("\"{}\" is true: weft supports only false", key));
-      const json& id = a.at("id");
-      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= (int64_t(1) << 31))
-        a.fail(fmt::format("\"id\" is {}, not a non-negative 32-bit integer", id.dump()));
-      AddedToken tok{a.text("content"), id.get<int32_t>(), a.flag("special", false)};
-      if (tok.content.empty()) a.fail("\"content\" is empty");
-      const size_t i = size_t(tok.id);
-      if (i >= t.tokens.size()) t.tokens.resize(i + 1), t.is_special.resize(i + 1);
-      if (!t.tokens[i].empty() && t.tokens[i] != tok.content)
-        a.fail(fmt::format("id {} is \"{}\" in the vocabulary", i, t.tokens[i]));
-      t.tokens[i] = tok.content;
-      t.is_special[i] = tok.special;
-      t.vocab[tok.content] = tok.id;
-      t.added.push_back(std::move(tok));
+  t.read_pre_tokenizer(part("pre_tokenizer"));
+  if (t.pre == Impl::Pre::ByteLevel) {  // every byte's character must be a token
+    const std::array<uint32_t, 256> cps = byte_level_alphabet();
+    for (size_t b = 0; b < 256; ++b) {
+      std::string ch;
+      utf8::append(ch, cps[b]);
+      auto it = t.vocab.find(ch);
+      if (it == t.vocab.end())
+        root.fail(fmt::format("model: the vocabulary lacks byte 0x{:02x} (\"{}\"): not a byte-level BPE vocabulary", b, ch));
+      t.byte_id[b] = it->second;
     }
-    std::stable_sort(t.added.begin(), t.added.end(),
-                     [](const AddedToken& x, const AddedToken& y) { return x.content.size() > y.content.size(); });
   }
+  t.decoder.emplace(part("decoder"));
+  t.read_added_tokens(root);
+  t.read_post_processor(part("post_processor"));
 }
 
 BpeTokenizer::~BpeTokenizer() = default;
@@ -317,46 +323,96 @@ BpeTokenizer& BpeTokenizer::operator=(BpeTokenizer&&) noexcept = default;
 int64_t BpeTokenizer::vocab_size() const { return int64_t(impl_->tokens.size()); }
 
 int32_t BpeTokenizer::id_of(std::string_view token) const {
-  auto it = impl_->vocab.find(std::string(token));
+  auto it = impl_->vocab.find(token);
   return it == impl_->vocab.end() ? -1 : it->second;
 }
 
-// The ids of one pre-token (raw bytes): its bytes' tokens merged pair by pair, the lowest rank
-// first and the leftmost of equal ranks, until no adjacent pair has a merge.
-void BpeTokenizer::Impl::bpe(std::string_view piece, std::vector<int32_t>& out) const {
-  if (ignore_merges) {  // a pre-token that is itself in the vocabulary is taken whole
-    std::string mapped;
-    for (char c : piece) mapped += tokens[size_t(byte_id[uint8_t(c)])];
-    auto it = vocab.find(mapped);
+const std::vector<int32_t>& BpeTokenizer::special_prefix() const { return impl_->prefix; }
+const std::vector<int32_t>& BpeTokenizer::special_suffix() const { return impl_->suffix; }
+
+// Merges adjacent symbols pair by pair, the lowest rank first and the leftmost of equal ranks,
+// until no adjacent pair has a merge (a heap of candidate pairs over a linked list, as
+// `tokenizers` does: a long word costs n log n).
+void BpeTokenizer::Impl::merge(std::vector<int32_t>& sym) const {
+  const int n = int(sym.size());
+  if (n < 2) return;
+  std::vector<int> next(static_cast<size_t>(n)), prev(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) next[size_t(i)] = i + 1 < n ? i + 1 : -1, prev[size_t(i)] = i - 1;
+  struct Candidate {
+    int32_t rank, pos, id;
+    bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+  };
+  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> heap;
+  auto push = [&](int i) {
+    if (i < 0 || next[size_t(i)] < 0) return;
+    auto it = merges.find(pair_key(sym[size_t(i)], sym[size_t(next[size_t(i)])]));
+    if (it != merges.end()) heap.push({it->second.first, i, it->second.second});
+  };
+  for (int i = 0; i + 1 < n; ++i) push(i);
+  while (!heap.empty()) {
+    const Candidate c = heap.top();
+    heap.pop();
+    const int j = next[size_t(c.pos)];
+    if (sym[size_t(c.pos)] < 0 || j < 0) continue;  // merged away, or now last
+    auto it = merges.find(pair_key(sym[size_t(c.pos)], sym[size_t(j)]));
+    if (it == merges.end() || it->second.first != c.rank) continue;  // the pair has changed
+    sym[size_t(c.pos)] = c.id, sym[size_t(j)] = -1;
+    next[size_t(c.pos)] = next[size_t(j)];
+    if (next[size_t(j)] >= 0) prev[size_t(next[size_t(j)])] = c.pos;
+    push(prev[size_t(c.pos)]);
+    push(c.pos);
+  }
+  sym.erase(std::remove(sym.begin(), sym.end(), -1), sym.end());
+}
+
+// The ids of one word: its symbols (bytes: each byte's byte-level token; else each character's
+// token, or its "<0xAB>" byte tokens under byte_fallback, or the unknown token) merged.
+void BpeTokenizer::Impl::bpe(std::string_view word, bool bytes, std::vector<int32_t>& out) const {
+  std::string mapped;
+  if (bytes)
+    for (char c : word) mapped += tokens[size_t(byte_id[uint8_t(c)])];
+  if (ignore_merges) {  // a word that is itself in the vocabulary is taken whole
+    auto it = vocab.find(bytes ? std::string_view(mapped) : word);
     if (it != vocab.end()) return out.push_back(it->second);
   }
   std::vector<int32_t> sym;
-  sym.reserve(piece.size());
-  for (char c : piece) sym.push_back(byte_id[uint8_t(c)]);
-  while (sym.size() > 1) {
-    int32_t best_rank = INT32_MAX, best_id = 0;
-    size_t best = 0;
-    for (size_t i = 0; i + 1 < sym.size(); ++i) {
-      auto it = merges.find(uint64_t(uint32_t(sym[i])) << 32 | uint32_t(sym[i + 1]));
-      if (it != merges.end() && it->second.first < best_rank) best_rank = it->second.first, best_id = it->second.second, best = i;
+  sym.reserve(word.size());
+  if (bytes) {
+    for (char c : word) sym.push_back(byte_id[uint8_t(c)]);
+  } else {
+    bool unk_last = false;  // the last symbol is an unknown token (fused with the next under fuse_unk)
+    for (size_t i = 0; i < word.size();) {
+      const std::string_view ch = word.substr(i, utf8::length(word[i]));
+      i += ch.size();
+      if (auto it = vocab.find(ch); it != vocab.end()) {
+        sym.push_back(it->second), unk_last = false;
+        continue;
+      }
+      if (byte_fallback && std::all_of(ch.begin(), ch.end(), [&](char c) { return fallback_id[uint8_t(c)] >= 0; })) {
+        for (char c : ch) sym.push_back(fallback_id[uint8_t(c)]);
+        continue;  // as `tokenizers`: an unknown token before stays fusable
+      }
+      if (unk_token.empty()) continue;  // `tokenizers` drops the character
+      auto unk = vocab.find(unk_token);
+      if (unk == vocab.end()) fail(fmt::format("encode: the unknown token \"{}\" is not in the vocabulary", unk_token));
+      if (!(fuse_unk && unk_last)) sym.push_back(unk->second);
+      unk_last = true;
     }
-    if (best_rank == INT32_MAX) break;
-    sym[best] = best_id;
-    sym.erase(sym.begin() + std::ptrdiff_t(best) + 1);
   }
+  merge(sym);
   out.insert(out.end(), sym.begin(), sym.end());
 }
 
-// A part of the text between added tokens: the prefix space, the pre-tokenizer's pieces (its
-// matches and the text between them), each piece's BPE.
-void BpeTokenizer::Impl::encode_part(std::string_view part, std::vector<int32_t>& out) const {
+// A part under the ByteLevel pre-tokenizer: the prefix space, the regex's pieces (its matches
+// and the text between them), each piece's BPE.
+void BpeTokenizer::Impl::byte_level(std::string_view part, std::vector<int32_t>& out) const {
   std::string prefixed;
   if (add_prefix_space && !part.empty() && part[0] != ' ') {
     prefixed.reserve(part.size() + 1);
     prefixed.append(1, ' ').append(part);
     part = prefixed;
   }
-  if (!regex) return bpe(part, out);
+  if (!regex) return bpe(part, true, out);
   const std::unique_ptr<pcre2_match_data, void (*)(pcre2_match_data*)> md(
       pcre2_match_data_create_from_pattern(regex, nullptr), pcre2_match_data_free);
   if (!md) throw std::bad_alloc();
@@ -365,7 +421,7 @@ void BpeTokenizer::Impl::encode_part(std::string_view part, std::vector<int32_t>
   while (pos < part.size()) {  // encode checked the text as UTF-8
     const int rc = pcre2_match(regex, s, part.size(), pos, PCRE2_NO_UTF_CHECK, md.get(), nullptr);
     if (rc == PCRE2_ERROR_NOMATCH) {
-      bpe(part.substr(pos), out);
+      bpe(part.substr(pos), true, out);
       break;
     }
     if (rc < 0) {  // a PCRE2 limit (matching or JIT stack)
@@ -374,49 +430,47 @@ void BpeTokenizer::Impl::encode_part(std::string_view part, std::vector<int32_t>
       fail(fmt::format("encode: the pre-tokenizer regex fails: {}", reinterpret_cast<const char*>(msg.data())));
     }
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.get());
-    if (ov[0] > pos) bpe(part.substr(pos, ov[0] - pos), out);
+    if (ov[0] > pos) bpe(part.substr(pos, ov[0] - pos), true, out);
     if (ov[1] > ov[0]) {
-      bpe(part.substr(ov[0], ov[1] - ov[0]), out);
+      bpe(part.substr(ov[0], ov[1] - ov[0]), true, out);
       pos = ov[1];
     } else {  // an empty match: step over one character
       size_t next = ov[0];
-      if (next < part.size()) next_code_point(part, next);
-      if (next > pos) bpe(part.substr(pos, next - pos), out);
+      if (next < part.size()) next += utf8::length(part[next]);
+      if (next > pos) bpe(part.substr(pos, next - pos), true, out);
       pos = next;
     }
   }
 }
 
-size_t BpeTokenizer::split_point(std::string_view text, size_t limit) const {
-  const Impl& t = *impl_;
-  // Both patterns end a piece, and start one whatever came before, at a space that follows a
-  // non-space when a letter follows (" word") and at a digit that follows a letter ("ab|12"); an
-  // added token holding a space, a letter or a digit could span such a place.
-  if (t.pattern != kGpt2Pattern && t.pattern != kLlama3Pattern) return 0;
-  auto letter = [](char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); };
-  auto digit = [](char c) { return c >= '0' && c <= '9'; };
-  auto space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; };
-  for (const AddedToken& a : t.added)
-    for (size_t i = 1; i < a.content.size(); ++i)
-      if (a.content[i] == ' ' || (letter(a.content[i - 1]) && digit(a.content[i]))) return 0;
-  for (size_t i = std::min(limit, text.size() < 2 ? 0 : text.size() - 2); i > 0; --i)
-    if ((text[i] == ' ' && !space(text[i - 1]) && letter(text[i + 1])) || (letter(text[i - 1]) && digit(text[i])))
-      return i;
-  return 0;
+// A normalized part between added tokens; `first`: it starts the text.
+void BpeTokenizer::Impl::encode_part(std::string_view part, bool first, std::vector<int32_t>& out) const {
+  if (pre == Pre::ByteLevel) return byte_level(part, out);
+  if (pre == Pre::None) return bpe(part, false, out);
+  std::string s;  // Metaspace: spaces become the replacement, which may start the part and each word
+  for (char c : part) c == ' ' ? s += replacement : s += c;
+  const bool starts = s.compare(0, replacement.size(), replacement) == 0;
+  if (!s.empty() && !starts && (prepend == Prepend::Always || (prepend == Prepend::First && first)))
+    s.insert(0, replacement);
+  if (!split) return bpe(s, false, out);
+  for (size_t begin = 0; begin < s.size();) {
+    size_t end = s.find(replacement, begin + 1);
+    if (end == std::string::npos) end = s.size();
+    bpe(std::string_view(s).substr(begin, end - begin), false, out);
+    begin = end;
+  }
 }
 
-std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {
-  const Impl& t = *impl_;
-  for (size_t i = 0; i < text.size();) {  // invalid UTF-8 is named before any work
-    const int n = utf8_unit(text, i);
-    if (n < 0) throw Error(fmt::format("tokenizer {}: encode: the text is not valid UTF-8 at byte {}", t.path, i));
-    i += size_t(n);
-  }
-  std::vector<int32_t> out;
+// Splits `text` at the added tokens of `list` (the leftmost, then the longest), appending their
+// ids and calling part() for the text between them with whether it starts `text`. A token with
+// lstrip or rstrip takes the whitespace before or after it along.
+void BpeTokenizer::Impl::split_added(std::string_view text, const std::vector<AddedToken>& list,
+                                     std::vector<int32_t>& out,
+                                     const std::function<void(std::string_view, bool)>& part) const {
   size_t start = 0;
-  for (size_t i = 0; i < text.size();) {
+  for (size_t i = 0; i < text.size() && !list.empty();) {
     const AddedToken* hit = nullptr;
-    for (const AddedToken& a : t.added)  // longest first: the longest match at the leftmost position
+    for (const AddedToken& a : list)
       if (text.compare(i, a.content.size(), a.content) == 0) {
         hit = &a;
         break;
@@ -425,48 +479,95 @@ std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {
       ++i;
       continue;
     }
-    if (i > start) t.encode_part(text.substr(start, i - start), out);
+    size_t begin = i, end = i + hit->content.size();
+    while (hit->lstrip && begin > start) {  // the whitespace before it, back to the last split
+      size_t b = begin - 1;
+      while (b > start && (uint8_t(text[b]) & 0xc0) == 0x80) --b;
+      size_t k = b;
+      if (!utf8::is_space(utf8::next(text, k))) break;
+      begin = b;
+    }
+    while (hit->rstrip && end < text.size()) {
+      size_t k = end;
+      if (!utf8::is_space(utf8::next(text, k))) break;
+      end = k;
+    }
+    if (begin > start) part(text.substr(start, begin - start), start == 0);
     out.push_back(hit->id);
-    i += hit->content.size();
-    start = i;
+    i = start = end;
   }
-  if (start < text.size()) t.encode_part(text.substr(start), out);
+  if (start < text.size()) part(text.substr(start), start == 0);
+}
+
+size_t BpeTokenizer::split_point(std::string_view text, size_t limit) const {
+  const Impl& t = *impl_;
+  // The three patterns end a piece, and start one whatever came before, at a space that follows
+  // a non-space when a letter follows (" word") and at a digit that follows a letter ("ab|12");
+  // an added token holding a space, a letter or a digit could span such a place, one with rstrip
+  // that ends there would take the space, a normalizer other than a Unicode form could change
+  // it, and a prefix space would be put before a digit.
+  if (t.pattern != kGpt2Pattern && t.pattern != kLlama3Pattern && t.pattern != kQwen2Pattern) return 0;
+  if (!t.normalizer.local()) return 0;
+  auto letter = [](char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); };
+  auto digit = [](char c) { return c >= '0' && c <= '9'; };
+  auto space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; };
+  for (const auto* list : {&t.raw_added, &t.normalized_added})
+    for (const AddedToken& a : *list)
+      for (size_t i = 0; i < a.content.size(); ++i)
+        if (a.content[i] == ' ' || (i > 0 && letter(a.content[i - 1]) && digit(a.content[i]))) return 0;
+  auto rstrip_ends = [&](size_t i) {
+    for (const auto* list : {&t.raw_added, &t.normalized_added})
+      for (const AddedToken& a : *list)
+        if (a.rstrip && i >= a.content.size() && text.compare(i - a.content.size(), a.content.size(), a.content) == 0)
+          return true;
+    return false;
+  };
+  for (size_t i = std::min(limit, text.size() < 2 ? 0 : text.size() - 2); i > 0; --i)
+    if ((text[i] == ' ' && !space(text[i - 1]) && letter(text[i + 1]) && !rstrip_ends(i)) ||
+        (!t.add_prefix_space && letter(text[i - 1]) && digit(text[i])))
+      return i;
+  return 0;
+}
+
+std::vector<int32_t> BpeTokenizer::encode(std::string_view text, bool add_special) const {
+  const Impl& t = *impl_;
+  for (size_t i = 0; i < text.size();) {  // invalid UTF-8 is named before any work
+    const int n = utf8::unit(text, i);
+    if (n < 0) throw Error(fmt::format("tokenizer {}: encode: the text is not valid UTF-8 at byte {}", t.path, i));
+    i += size_t(n);
+  }
+  std::vector<int32_t> out;
+  if (add_special) out = t.prefix;
+  // Added tokens matched in the text as it is, then normalized ones in each normalized part.
+  t.split_added(text, t.raw_added, out, [&](std::string_view part, bool first) {
+    const std::string normalized = t.normalizer(part);
+    t.split_added(normalized, t.normalized_added, out,
+                  [&](std::string_view piece, bool starts) { t.encode_part(piece, first && starts, out); });
+  });
+  if (add_special) out.insert(out.end(), t.suffix.begin(), t.suffix.end());
   return out;
 }
 
-std::string BpeTokenizer::bytes_of(const std::vector<int32_t>& ids, bool skip_special) const {
-  const Impl& t = *impl_;
-  std::string bytes;
+std::string BpeTokenizer::Impl::text_of(const std::vector<int32_t>& ids, bool skip_special, bool lossy,
+                                        bool at_start) const {
+  std::vector<std::string> pieces;
+  pieces.reserve(ids.size());
   for (int32_t id : ids) {
-    if (id < 0 || size_t(id) >= t.tokens.size() || t.tokens[size_t(id)].empty())
-      throw Error(fmt::format("tokenizer {}: decoding: id {} is not in the vocabulary (size {})", t.path, id,
-                              t.tokens.size()));
-    if (skip_special && t.is_special[size_t(id)]) continue;
-    // Each character of the token stands for one byte; a token with a character outside the
-    // byte-level alphabet (an added token's text) is taken as its own UTF-8 bytes.
-    const std::string& tok = t.tokens[size_t(id)];
-    std::string b;
-    bool mapped = true;
-    for (size_t i = 0; i < tok.size() && mapped;) {
-      auto it = t.code_point_byte.find(next_code_point(tok, i));
-      if (it == t.code_point_byte.end()) mapped = false;
-      else b += char(it->second);
-    }
-    bytes += mapped ? b : tok;
+    if (id < 0 || size_t(id) >= tokens.size() || tokens[size_t(id)].empty())
+      throw Error(fmt::format("tokenizer {}: decoding: id {} is not in the vocabulary (size {})", path, id,
+                              tokens.size()));
+    auto form = decoded_as.find(id);
+    if (!(skip_special && is_special[size_t(id)])) pieces.push_back(form == decoded_as.end() ? tokens[size_t(id)] : form->second);
   }
-  return bytes;
+  return (*decoder)(std::move(pieces), lossy, at_start);
+}
+
+std::string BpeTokenizer::bytes_of(const std::vector<int32_t>& ids, bool skip_special, bool at_start) const {
+  return impl_->text_of(ids, skip_special, false, at_start);
 }
 
 std::string BpeTokenizer::decode(const std::vector<int32_t>& ids, bool skip_special) const {
-  const std::string bytes = bytes_of(ids, skip_special);
-  std::string out;  // bytes that do not form UTF-8 become U+FFFD, one per maximal ill-formed part
-  out.reserve(bytes.size());
-  for (size_t i = 0; i < bytes.size();) {
-    const int n = utf8_unit(bytes, i);
-    if (n > 0) out.append(bytes, i, size_t(n)), i += size_t(n);
-    else append_utf8(out, 0xfffd), i += size_t(-n);
-  }
-  return out;
+  return impl_->text_of(ids, skip_special, true, true);
 }
 
 }  // namespace weft::apps

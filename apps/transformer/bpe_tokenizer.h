@@ -1,14 +1,17 @@
-// apps/transformer: byte-level BPE tokenizers from Hugging Face's tokenizer.json (the format of
-// the `tokenizers` library, used by GPT-2 and Llama 3 style models). encode and decode give
-// exactly what `tokenizers` gives for encode(text, add_special_tokens=False) and decode(ids,
-// skip_special_tokens): added tokens split the text first (leftmost, longest), each remaining
-// part is pre-tokenized (GPT-2's ByteLevel regex, or a Split regex followed by ByteLevel),
-// mapped byte by byte to the byte-level alphabet and merged by rank. Every form `tokenizers`
-// writes is read (no prefix as "" or null, dropout null or 0, merges as "a b" or pairs, a model
-// without "type"); a tokenizer.json weft cannot reproduce exactly (another model type such as
-// Unigram, WordPiece or WordLevel, a normalizer, a decoder other than ByteLevel, a subword
-// prefix or suffix, dropout) is an error that names the file and the field. Post-processors
-// (adding BOS/EOS) are not applied: encode adds no special tokens.
+// apps/transformer: BPE tokenizers from Hugging Face's tokenizer.json (the format of the
+// `tokenizers` library): byte-level ones (GPT-2, Llama 3, Qwen2) and SentencePiece-style ones
+// (Llama 2, Mistral, TinyLlama: characters, byte_fallback to "<0xAB>" tokens, "▁" for spaces).
+// encode and decode give exactly what `tokenizers` gives for encode(text, add_special_tokens)
+// and decode(ids, skip_special_tokens): added tokens split the text first (leftmost, longest;
+// lstrip/rstrip take the whitespace beside them; "normalized" ones are matched after the
+// normalizer), the normalizer (tokenizer_normalizer.h) changes each remaining part, the
+// pre-tokenizer cuts it into words (GPT-2's ByteLevel regex, a Split regex then ByteLevel,
+// Metaspace, or none) and each word's symbols are merged by rank; the post-processor's template
+// puts its special tokens (BOS, EOS) around the text; the decoder (tokenizer_decoder.h) turns
+// tokens back into text. Every form `tokenizers` writes is read; a tokenizer.json weft cannot
+// reproduce exactly (another model type such as Unigram, WordPiece or WordLevel, a subword
+// prefix or suffix, dropout, single_word tokens, a component not listed) is an error that names
+// the file and the field.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -30,19 +33,25 @@ class BpeTokenizer {
   BpeTokenizer(BpeTokenizer&&) noexcept;
   BpeTokenizer& operator=(BpeTokenizer&&) noexcept;
 
-  // The ids of `text` (UTF-8; invalid UTF-8 is an error naming the byte offset).
-  std::vector<int32_t> encode(std::string_view text) const;
+  // The ids of `text` (UTF-8; invalid UTF-8 is an error naming the byte offset), with the
+  // post-processor's special tokens around them when add_special (as `transformers` encodes).
+  std::vector<int32_t> encode(std::string_view text, bool add_special = false) const;
+  // The post-processor's special tokens before and after a text (Llama's BOS; none for GPT-2).
+  const std::vector<int32_t>& special_prefix() const;
+  const std::vector<int32_t>& special_suffix() const;
   // A place at or before `limit` where `text` may be cut so that encoding the two parts one after
   // the other gives encode(text)'s ids (for reading a long text in blocks): a space between a
   // non-space and an ASCII letter, or an ASCII digit after an ASCII letter, under GPT-2's or
-  // Llama 3's pre-tokenizer pattern when no added token could span it. 0 when there is none.
+  // Llama 3's or Qwen2's pre-tokenizer pattern when no added token could span it and the
+  // normalizer is none or Unicode forms only. 0 when there is none.
   size_t split_point(std::string_view text, size_t limit) const;
   // The text of `ids` (ids outside the vocabulary are an error), bytes that do not form UTF-8
   // replaced by U+FFFD as `tokenizers` does; special added tokens left out when skip_special.
   std::string decode(const std::vector<int32_t>& ids, bool skip_special = false) const;
   // The bytes the ids stand for, before that replacement (a stream printed token by token
-  // forms its characters at the reader).
-  std::string bytes_of(const std::vector<int32_t>& ids, bool skip_special = false) const;
+  // forms its characters at the reader). at_start false: the ids continue a text, so the space
+  // the encoder put before its first word is not removed ("▁world" is " world").
+  std::string bytes_of(const std::vector<int32_t>& ids, bool skip_special = false, bool at_start = true) const;
   // One more than the largest id (vocabulary and added tokens).
   int64_t vocab_size() const;
   // The id of a token (its vocabulary form, or an added token's content); -1 when none.

@@ -85,6 +85,7 @@ struct SampleOptions {
   bool ids = false;         // print the generated token ids, comma-separated, on one line
   bool no_cache = false;    // run the whole window again for every token
   bool fsdp = false;        // shard the model over mpirun's ranks; rank 0 prints
+  bool no_special = false;  // encode the prompt without the tokenizer's special tokens (BOS)
   std::string eos;          // stop after this token (an id, or a token of --tokenizer); empty: never
   std::string logits_out;   // write the prompt's logits [T, vocab] (f32) to this safetensors file
   std::string tokenizer;    // a tokenizer.json: the prompt is encoded and the output decoded with it
@@ -98,6 +99,7 @@ struct ExportOptions {
 
 struct PrepareOptions {
   std::string tokenizer, data = apps::kDefaultTextDir, out, eos = "<|endoftext|>";
+  bool no_special = false;  // no post-processor tokens (BOS) around each file
 };
 
 using apps::Ranks;
@@ -661,6 +663,13 @@ LoadedModel load_model(const std::string& from, bool say, bool shard = false, De
   return m;
 }
 
+// The Hugging Face directory a model came from: --from itself, or the run's --init-from ("" if neither).
+std::string hf_source(const std::string& from, const std::map<std::string, std::string>& recorded) {
+  auto it = recorded.find("hf_source");
+  const std::string source = apps::is_hf_dir(from) ? from : it != recorded.end() ? it->second : "";
+  return !source.empty() && apps::is_hf_dir(source) ? source : "";
+}
+
 // --eos: a token id, or a token of the tokenizer; "none": never stop; not given: the eos ids of
 // the generation_config.json of the Hugging Face directory the model came from (--from, or the
 // run's --init-from), if any.
@@ -668,10 +677,8 @@ std::vector<int64_t> eos_ids(const std::string& eos, const apps::BpeTokenizer* t
                              const std::string& from, const std::map<std::string, std::string>& recorded) {
   if (eos == "none") return {};
   if (eos.empty()) {
-    auto it = recorded.find("hf_source");
-    const std::string source = apps::is_hf_dir(from) ? from : it != recorded.end() ? it->second : "";
-    std::vector<int64_t> ids = source.empty() || !apps::is_hf_dir(source) ? std::vector<int64_t>{}
-                                                                           : apps::read_hf_eos_ids(source);
+    const std::string source = hf_source(from, recorded);
+    std::vector<int64_t> ids = source.empty() ? std::vector<int64_t>{} : apps::read_hf_eos_ids(source);
     for (int64_t id : ids)
       WEFT_CHECK(id < vocab, "transformer: {}/generation_config.json's eos id {} is past the vocabulary of {}", source,
                  id, vocab);
@@ -688,18 +695,25 @@ std::vector<int64_t> eos_ids(const std::string& eos, const apps::BpeTokenizer* t
   return {id};
 }
 
-// --tokenizer, checked against the model's vocabulary and the tokenizer its checkpoint records.
+// --tokenizer (by default the tokenizer.json of the Hugging Face directory the model came from),
+// checked against the model's vocabulary and the tokenizer its checkpoint records.
 std::optional<apps::BpeTokenizer> sample_tokenizer(const SampleOptions& o, const LoadedModel& loaded) {
   const int64_t vocab = loaded.lm.cfg.vocab_size;
   std::optional<apps::BpeTokenizer> tok;
-  if (!o.tokenizer.empty()) {
-    tok.emplace(o.tokenizer);
+  std::string path = o.tokenizer;
+  if (const std::string source = hf_source(o.checkpoint, loaded.recorded);
+      path.empty() && !source.empty() && std::filesystem::exists(source + "/tokenizer.json")) {
+    path = source + "/tokenizer.json";
+    std::fprintf(stderr, "weft-transformer: tokenizer %s (the model's; --tokenizer to give another)\n", path.c_str());
+  }
+  if (!path.empty()) {
+    tok.emplace(path);
     WEFT_CHECK(tok->vocab_size() <= vocab, "transformer: --tokenizer {} has {} tokens, more than {}'s "
-               "vocabulary of {}", o.tokenizer, tok->vocab_size(), o.checkpoint, vocab);
+               "vocabulary of {}", path, tok->vocab_size(), o.checkpoint, vocab);
     if (auto recorded = loaded.recorded.find("tokenizer_sha256"); recorded != loaded.recorded.end()) {
-      const std::string digest = apps::tokenizer_digest(o.tokenizer);
+      const std::string digest = apps::tokenizer_digest(path);
       WEFT_CHECK(recorded->second == digest, "transformer: --tokenizer {} is not the tokenizer {} was trained with "
-                 "(sha256 {}, the checkpoint records {})", o.tokenizer, o.checkpoint, digest, recorded->second);
+                 "(sha256 {}, the checkpoint records {})", path, o.checkpoint, digest, recorded->second);
     }
   }
   WEFT_CHECK(o.ids || tok || vocab == 256, "transformer: {} has a vocabulary of {} tokens, not 256 bytes: "
@@ -708,11 +722,12 @@ std::optional<apps::BpeTokenizer> sample_tokenizer(const SampleOptions& o, const
   return tok;
 }
 
-// The prompt's tokens: its bytes, or the tokenizer's encoding.
+// The prompt's tokens: its bytes, or the tokenizer's encoding (with its special tokens, as
+// `transformers` encodes a prompt, unless --no-special).
 std::vector<int64_t> prompt_ids(const SampleOptions& o, const apps::BpeTokenizer* tok, int64_t vocab) {
   std::vector<int64_t> ids;
   if (tok) {
-    for (int32_t id : tok->encode(o.prompt)) ids.push_back(id);
+    for (int32_t id : tok->encode(o.prompt, !o.no_special)) ids.push_back(id);
   } else {
     for (unsigned char c : o.prompt) {
       WEFT_CHECK(int64_t(c) < vocab, "transformer: the prompt's byte {} is not a token of {}'s vocabulary "
@@ -777,7 +792,7 @@ int sample(const SampleOptions& o, const Ranks& ranks) {
     if (o.ids) {
       printed += (printed.empty() ? "" : ",") + std::to_string(next);
     } else if (tok) {  // the token's bytes as they come (a character may span tokens)
-      const std::string b = next < tok->vocab_size() ? tok->bytes_of({int32_t(next)}) : std::string();
+      const std::string b = next < tok->vocab_size() ? tok->bytes_of({int32_t(next)}, false, false) : std::string();
       std::fwrite(b.data(), 1, b.size(), stdout);
     } else {
       std::fputc(int(next), stdout);
@@ -942,7 +957,10 @@ CLI::App* add_sample_flags(CLI::App& app, SampleOptions& s) {
   sa->add_flag("--greedy", s.greedy, "always take the most likely token (--temperature 0)")->excludes(temperature);
   sa->add_flag("--ids", s.ids, "print the generated token ids, comma-separated, on one line, instead of text");
   sa->add_option("--tokenizer", s.tokenizer, "tokenizer.json to encode the prompt and decode the output with (a "
-                 "model trained on a prepared dataset: its DIR/tokenizer.json)");
+                 "model trained on a prepared dataset: its DIR/tokenizer.json; default: the tokenizer.json of the "
+                 "Hugging Face directory the model came from, if any)");
+  sa->add_flag("--no-special", s.no_special, "encode the prompt without the tokenizer's special tokens (the BOS its "
+               "post-processor puts first)");
   sa->add_option("--logits-out", s.logits_out, "write the prompt's logits [T, vocab] (f32) to FILE.safetensors");
   sa->add_option("--top-k", s.top_k, "draw from the K most likely tokens only (0: all)")
       ->check(apps::cli::integer(0, 1 << 20))->capture_default_str();
@@ -982,6 +1000,8 @@ CLI::App* add_prepare_flags(CLI::App& app, PrepareOptions& p) {
   pr->add_option("--out", p.out, "the dataset directory to write (created; its dataset files replaced)")->required();
   pr->add_option("--eos", p.eos, "token put after each file (\"\" for none; an error if the tokenizer lacks it)")
       ->capture_default_str();
+  pr->add_flag("--no-special", p.no_special, "leave out the special tokens the tokenizer's post-processor puts "
+               "around each file (Llama's BOS)");
   // A first word that is neither a flag nor a command is named (CLI11 would only say that a
   return pr;
 }
@@ -1021,7 +1041,8 @@ int main(int argc, char** argv) {
       const Ranks ranks = apps::start_ranks("weft-transformer", s.fsdp, {{"command", "sample"}},
                                             {{"--from", s.checkpoint}, {"--prompt", s.prompt},
                                              {"--tokens", std::to_string(s.tokens)}, {"--seed", std::to_string(s.seed)},
-                                             {"--eos", s.eos}, {"--tokenizer", s.tokenizer}});
+                                             {"--eos", s.eos}, {"--tokenizer", s.tokenizer},
+                                             {"--no-special", s.no_special ? "1" : "0"}});
       return sample(s, ranks);
     }
     if (ex->parsed()) {
@@ -1031,7 +1052,7 @@ int main(int argc, char** argv) {
     if (pr->parsed()) {
       apps::start_ranks("weft-transformer", false, {{"command", "prepare"}}, {});
       apps::check_outputs_apart({{"--out", p.out}}, {{"--tokenizer", p.tokenizer}, {"--data", p.data}}, "transformer");
-      const apps::PreparedData d = apps::prepare_tokens(p.tokenizer, p.data, p.out, p.eos);
+      const apps::PreparedData d = apps::prepare_tokens(p.tokenizer, p.data, p.out, p.eos, 0.1, !p.no_special);
       std::printf("prepared %s: %lld train and %lld val tokens from %lld bytes in %lld file(s) of %s\n", p.out.c_str(),
                   (long long)d.train_tokens, (long long)d.val_tokens, (long long)d.bytes, (long long)d.files,
                   p.data.c_str());

@@ -67,12 +67,13 @@ int64_t first_out_of_vocabulary(void* map, const TokenView& ids, int64_t vocab) 
 // Appends the ids of text file `path` to `tokens`; returns its size. Read in blocks of 16 MiB, each
 // encoded up to the last place the tokenizer may cut it (BpeTokenizer::split_point), so that a
 // long line is never held whole with its ids (a tokenizer that cannot be cut reads the file whole).
-int64_t encode_file(const BpeTokenizer& tok, const std::string& path, std::vector<uint32_t>& tokens) {
+int64_t encode_file(const BpeTokenizer& tok, const std::string& path, bool special, std::vector<uint32_t>& tokens) {
   constexpr size_t kBlock = size_t(16) << 20;
   std::ifstream in(path, std::ios::binary);
   WEFT_CHECK(in.good(), "transformer: cannot open {}: {}", path, std::strerror(errno));
   std::string text;
   int64_t offset = 0;  // of text[0] in the file
+  if (special) tokens.insert(tokens.end(), tok.special_prefix().begin(), tok.special_prefix().end());
   for (bool end = false; !end;) {
     const size_t had = text.size();
     text.resize(had + kBlock);
@@ -90,6 +91,7 @@ int64_t encode_file(const BpeTokenizer& tok, const std::string& path, std::vecto
     text.erase(0, cut);
     offset += int64_t(cut);
   }
+  if (special) tokens.insert(tokens.end(), tok.special_suffix().begin(), tok.special_suffix().end());
   return offset;
 }
 
@@ -225,7 +227,7 @@ std::string tokenizer_digest(const std::string& path) {
 }
 
 PreparedData prepare_tokens(const std::string& tokenizer_path, const std::string& data, const std::string& out_dir,
-                            const std::string& eos, double val_fraction) {
+                            const std::string& eos, double val_fraction, bool special) {
   WEFT_CHECK(val_fraction >= 0 && val_fraction < 1, "transformer: validation fraction {} not in [0, 1)", val_fraction);
   const BpeTokenizer tok(tokenizer_path);
   const std::string tokenizer_json = read_file(tokenizer_json_path(tokenizer_path));
@@ -248,7 +250,7 @@ PreparedData prepare_tokens(const std::string& tokenizer_path, const std::string
   Progress progress("prepare", int64_t(files.size()), "bytes");
   for (const std::string& f : files) {
     WEFT_CHECK(fs::is_regular_file(f), "transformer: {} is not a regular file or a directory (a FIFO or device?)", f);
-    const int64_t bytes = encode_file(tok, f, tokens);
+    const int64_t bytes = encode_file(tok, f, special, tokens);
     if (eos_id >= 0) tokens.push_back(uint32_t(eos_id));
     out.files += 1, out.bytes += bytes;
     progress.update(out.files, bytes, fmt::format("{} tokens", tokens.size()));

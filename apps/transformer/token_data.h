@@ -81,11 +81,12 @@ struct PreparedData {
 };
 
 // Encodes the text files of `data` (text_files' order) with the tokenizer at `tokenizer_path`,
-// `eos` (a token of the tokenizer, or empty for none) after each file, and writes the last
-// `val_fraction` of the tokens as val.tokens, the rest as train.tokens, and the tokenizer as
-// tokenizer.json, into `out_dir` (created; existing dataset files there are replaced). Prints
-// a progress bar with rate and ETA to stderr.
+// each between its post-processor's special tokens when `special` (Llama's BOS before it, as
+// `transformers` encodes a text), then `eos` (a token of the tokenizer, or empty for none) after
+// each file, and writes the last `val_fraction` of the tokens as val.tokens, the rest as
+// train.tokens, and the tokenizer as tokenizer.json, into `out_dir` (created; existing dataset
+// files there are replaced). Prints a progress bar with rate and ETA to stderr.
 PreparedData prepare_tokens(const std::string& tokenizer_path, const std::string& data, const std::string& out_dir,
-                            const std::string& eos, double val_fraction = 0.1);
+                            const std::string& eos, double val_fraction = 0.1, bool special = true);
 
 }  // namespace weft::apps

@@ -10,6 +10,7 @@
 # Usage: tokens_cli.sh EXE TOKENIZER_DIR [MPIRUN MPIRUN_ARGS...]
 set -euo pipefail
 exe=$1
+tokenizer_dir=$2
 tokenizer=$2/gpt2/tokenizer.json
 mpirun=${3:-}
 shift $(( $# > 2 ? 3 : 2 ))
@@ -52,6 +53,21 @@ grep -q "is not the tokenizer $tmp/ck was trained with" "$tmp/err" || fail "anot
 grep -q -- "--tokenizer" "$tmp/err" || fail "sampling without --tokenizer not explained: $(cat "$tmp/err")"
 "$exe" sample --from "$tmp/ck" --prompt "x" --tokens 3 --ids >"$tmp/ids.out" 2>/dev/null || fail "sample --ids failed"
 grep -Eq '^[0-9]+,[0-9]+,[0-9]+$' "$tmp/ids.out" || fail "sample --ids printed: $(cat "$tmp/ids.out")"
+
+# A SentencePiece-style tokenizer (Llama 2's published form, tests/data/tokenizers/llama2):
+# prepare puts its template's <s> (id 1) before each file, and sample prints the text as it
+# comes: "▁" back to spaces (a continuation keeps its first space), byte tokens to bytes.
+sp=$tokenizer_dir/llama2/tokenizer.json
+"$exe" prepare --tokenizer "$sp" --data "$tmp/texts" --out "$tmp/sp" --eos "</s>" >/dev/null 2>"$tmp/err" ||
+  fail "prepare with a SentencePiece-style tokenizer: $(cat "$tmp/err")"
+[ "$(od -An -tu2 -j128 -N2 "$tmp/sp/train.tokens" | tr -d ' ')" = 1 ] || fail "prepare did not put <s> first"
+"$exe" train --data "$tmp/sp" "${model[@]}" --steps 30 --checkpoint-dir "$tmp/ck_sp" >/dev/null 2>"$tmp/err" ||
+  fail "train on the SentencePiece-style dataset: $(cat "$tmp/err")"
+"$exe" sample --from "$tmp/ck_sp" --tokenizer "$tmp/sp/tokenizer.json" --prompt "The computer" --tokens 40 \
+  --temperature 1 --seed 1 >"$tmp/sp.out" 2>"$tmp/err" || fail "sample with a SentencePiece-style tokenizer: $(cat "$tmp/err")"
+head -c 12 "$tmp/sp.out" | grep -q "^The computer" || fail "sample does not start with the prompt: $(cat "$tmp/sp.out")"
+! grep -q $'\xe2\x96\x81' "$tmp/sp.out" || fail "sample printed the tokens' \"▁\": $(cat "$tmp/sp.out")"
+tail -c +13 "$tmp/sp.out" | grep -q " " || fail "sample's continuation lost its spaces: $(cat "$tmp/sp.out")"
 
 # Damaged token files are refused at load, naming the file and what is wrong: an id past the
 # vocabulary (token 5 set to 65535), and train and val files whose vocabularies differ.

@@ -6,8 +6,12 @@
 //   1  JSON put into one field (selected by the next byte) of a small valid tokenizer.json
 //      (the GPT-2 fixture cut to its first ids), which is then read;
 //   2  text for the fixture tokenizer: if it encodes, it must decode back to itself;
-//   3  ids (32-bit) for the fixture tokenizer's decoder: the text must be valid UTF-8.
-// tests/fuzz/run_fuzz.sh builds and runs it with WEFT_FUZZ_TOKENIZER naming the fixture.
+//   3  ids (32-bit) for the fixture tokenizer's decoder: the text must be valid UTF-8;
+//   4  text for the SentencePiece-style fixture (normalizer, byte_fallback, template): if it
+//      encodes, its ids must decode to valid UTF-8;
+//   5  ids for the SentencePiece-style fixture's decoder: the text must be valid UTF-8.
+// tests/fuzz/run_fuzz.sh builds and runs it with WEFT_FUZZ_TOKENIZER and WEFT_FUZZ_TOKENIZER_SP
+// naming the fixtures.
 #include <unistd.h>
 
 #include <cstdint>
@@ -26,10 +30,10 @@ using json = nlohmann::json;
 
 namespace {
 
-const char* fixture() {
-  const char* path = std::getenv("WEFT_FUZZ_TOKENIZER");
+const char* fixture(const char* var = "WEFT_FUZZ_TOKENIZER") {
+  const char* path = std::getenv(var);
   if (!path) {
-    std::fprintf(stderr, "fuzz_tokenizer: set WEFT_FUZZ_TOKENIZER to a tokenizer.json\n");
+    std::fprintf(stderr, "fuzz_tokenizer: set %s to a tokenizer.json\n", var);
     std::abort();
   }
   return path;
@@ -37,6 +41,11 @@ const char* fixture() {
 
 const weft::apps::BpeTokenizer& full() {
   static const weft::apps::BpeTokenizer tok(fixture());
+  return tok;
+}
+
+const weft::apps::BpeTokenizer& sentencepiece() {
+  static const weft::apps::BpeTokenizer tok(fixture("WEFT_FUZZ_TOKENIZER_SP"));
   return tok;
 }
 
@@ -90,7 +99,7 @@ bool valid_utf8(const std::string& s) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   const std::string rest(reinterpret_cast<const char*>(data) + 1, size - 1);
-  switch (data[0] % 4) {
+  switch (data[0] % 6) {
     case 0:
       read_file(rest);
       break;
@@ -99,12 +108,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       json value = json::parse(rest.substr(1), nullptr, false);
       if (value.is_discarded()) return 0;
       json t = small();
-      switch (uint8_t(rest[0]) % 6) {
+      switch (uint8_t(rest[0]) % 8) {
         case 0: t["model"] = value; break;
         case 1: t["pre_tokenizer"] = value; break;
         case 2: t["added_tokens"] = value; break;
         case 3: t["model"]["merges"] = value; break;
         case 4: t["model"]["vocab"] = value; break;
+        case 5: t["normalizer"] = value; break;
+        case 6: t["post_processor"] = value; break;
         default: t["decoder"] = value; break;
       }
       read_file(t.dump());
@@ -120,13 +131,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       } catch (const weft::Error&) {
       }
       break;
+    case 4:
+      try {
+        if (!valid_utf8(sentencepiece().decode(sentencepiece().encode(rest, true)))) {
+          std::fprintf(stderr, "fuzz_tokenizer: the SentencePiece-style decode returned bytes that are not UTF-8\n");
+          std::abort();
+        }
+      } catch (const weft::Error&) {
+      }
+      break;
     default: {
+      const weft::apps::BpeTokenizer& tok = data[0] % 6 == 3 ? full() : sentencepiece();
       std::vector<int32_t> ids(rest.size() / 4);
       if (!ids.empty()) std::memcpy(ids.data(), rest.data(), ids.size() * 4);
-      const int64_t n = full().vocab_size();
+      const int64_t n = tok.vocab_size();
       for (int32_t& id : ids) id = int32_t(int64_t(uint32_t(id)) % (n + 2)) - 1;  // a few ids outside
       try {
-        if (!valid_utf8(full().decode(ids, ids.size() % 2 == 1))) {
+        if (!valid_utf8(tok.decode(ids, ids.size() % 2 == 1))) {
           std::fprintf(stderr, "fuzz_tokenizer: decode returned bytes that are not UTF-8\n");
           std::abort();
         }

@@ -19,7 +19,7 @@ case "$target" in
   safetensors)      sources=(core/safetensors.cpp);      libs=(-lweft-core) ;;
   checkpoint_index) sources=(fsdp/checkpoint_index.cpp); libs=(-lweft-fsdp -lweft-dist -lweft-nn -lweft-core) ;;
   idx)              sources=(apps/mnist/idx.cpp);        libs=(-lweft-core -lz) ;;
-  tokenizer)        sources=(apps/transformer/bpe_tokenizer.cpp); libs=(-lweft-core -lpcre2-8) ;;
+  tokenizer)        sources=(apps/transformer/bpe_tokenizer.cpp apps/transformer/tokenizer_decoder.cpp apps/transformer/tokenizer_normalizer.cpp); libs=(-lweft-core -lpcre2-8 -licuuc) ;;
   *) echo "run_fuzz.sh: unknown target '$target' (safetensors, checkpoint_index, idx or tokenizer)" >&2; exit 2 ;;
 esac
 for lib in "${libs[@]}"; do
@@ -110,8 +110,10 @@ JSON
     idx_seed four_dims 0 1 2 1 2 ;;
   tokenizer)
     # The first byte picks the mode (fuzz_tokenizer.cpp): 0 a whole file, 1 a field's JSON
-    # (the second byte picks the field), 2 text to encode, 3 ids to decode.
+    # (the second byte picks the field), 2 text to encode, 3 ids to decode, 4 and 5 the same
+    # with the SentencePiece-style fixture.
     export WEFT_FUZZ_TOKENIZER="$src/tests/data/tokenizers/gpt2/tokenizer.json"
+    export WEFT_FUZZ_TOKENIZER_SP="$src/tests/data/tokenizers/llama2/tokenizer.json"
     printf '\x00{"model":{"type":"BPE","vocab":{},"merges":[]},"pre_tokenizer":{"type":"ByteLevel"}}' >"$corpus/file"
     printf '\x01\x00{"type":"BPE","vocab":{"a":0},"merges":[["a","a"]],"ignore_merges":true}' >"$corpus/model"
     printf '\x01\x01{"type":"Sequence","pretokenizers":[{"type":"Split","pattern":{"Regex":"\\\\s+|\\\\p{L}+"},"behavior":"Isolated","invert":false},{"type":"ByteLevel","use_regex":false}]}' >"$corpus/pre"
@@ -119,7 +121,11 @@ JSON
     printf '\x01\x03[["a","b"],"c d",["\\u0120","t"]]' >"$corpus/merges"
     printf '\x02Hello, world! <|endoftext|> 1234 caf\xc3\xa9 \xe4\xb8\xad  \n\n x' >"$corpus/text"
     printf '\x02\xc3\x28 \xed\xa0\x80 \xf4\x90\x80\x80' >"$corpus/bad_text"
-    printf '\x03\x00\x00\x00\x00\xc3\x00\x00\x00\xa9\x00\x00\x00\xff\xff\xff\xff' >"$corpus/ids" ;;
+    printf '\x03\x00\x00\x00\x00\xc3\x00\x00\x00\xa9\x00\x00\x00\xff\xff\xff\xff' >"$corpus/ids"
+    printf '\x01\x05{"type":"Sequence","normalizers":[{"type":"NFKC"},{"type":"Prepend","prepend":"_"},{"type":"Replace","pattern":{"String":" "},"content":"_"}]}' >"$corpus/normalizer"
+    printf '\x01\x06{"type":"TemplateProcessing","single":[{"SpecialToken":{"id":"<x>"}},{"Sequence":{"id":"A"}}],"special_tokens":{"<x>":{"ids":[3]}}}' >"$corpus/template"
+    printf '\x04<s>Hello  world</s> \xe4\xb8\xad\xf0\x9f\x99\x82 <mask> [END] x' >"$corpus/sp_text"
+    printf '\x05\x01\x00\x00\x00\xe7\x00\x00\x00\xbb\x00\x00\x00\x22\x01\x00\x00' >"$corpus/sp_ids" ;;
 esac
 # The target's scratch files and libFuzzer's crash-* files go to a directory of its own.
 work="$out/run_$target"
