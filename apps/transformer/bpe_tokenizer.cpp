@@ -10,7 +10,6 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <queue>
 #include <unordered_map>
 
 #include "apps/transformer/tokenizer_decoder.h"
@@ -331,31 +330,47 @@ const std::vector<int32_t>& BpeTokenizer::special_prefix() const { return impl_-
 const std::vector<int32_t>& BpeTokenizer::special_suffix() const { return impl_->suffix; }
 
 // Merges adjacent symbols pair by pair, the lowest rank first and the leftmost of equal ranks,
-// until no adjacent pair has a merge (a heap of candidate pairs over a linked list, as
-// `tokenizers` does: a long word costs n log n).
+// until no adjacent pair has a merge: a short word by scanning its pairs for each merge, a long
+// one through a heap of candidate pairs over a linked list (as `tokenizers` does: n log n).
 void BpeTokenizer::Impl::merge(std::vector<int32_t>& sym) const {
   const int n = int(sym.size());
   if (n < 2) return;
-  std::vector<int> next(static_cast<size_t>(n)), prev(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i) next[size_t(i)] = i + 1 < n ? i + 1 : -1, prev[size_t(i)] = i - 1;
+  if (n <= 32) {
+    while (sym.size() > 1) {
+      int32_t best_rank = INT32_MAX, best_id = 0;
+      size_t best = 0;
+      for (size_t i = 0; i + 1 < sym.size(); ++i) {
+        auto it = merges.find(pair_key(sym[i], sym[i + 1]));
+        if (it != merges.end() && it->second.first < best_rank) best_rank = it->second.first, best_id = it->second.second, best = i;
+      }
+      if (best_rank == INT32_MAX) return;
+      sym[best] = best_id;
+      sym.erase(sym.begin() + std::ptrdiff_t(best) + 1);
+    }
+    return;
+  }
   struct Candidate {
-    int32_t rank, pos, id;
+    int32_t rank, pos, id, left, right;  // merging (left, right) at pos into id
     bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
   };
-  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> heap;
+  thread_local std::vector<int> next, prev;  // reused: most words are a few bytes
+  thread_local std::vector<Candidate> heap;
+  next.resize(size_t(n)), prev.resize(size_t(n)), heap.clear();
+  for (int i = 0; i < n; ++i) next[size_t(i)] = i + 1 < n ? i + 1 : -1, prev[size_t(i)] = i - 1;
   auto push = [&](int i) {
     if (i < 0 || next[size_t(i)] < 0) return;
     auto it = merges.find(pair_key(sym[size_t(i)], sym[size_t(next[size_t(i)])]));
-    if (it != merges.end()) heap.push({it->second.first, i, it->second.second});
+    if (it == merges.end()) return;
+    heap.push_back({it->second.first, i, it->second.second, sym[size_t(i)], sym[size_t(next[size_t(i)])]});
+    std::push_heap(heap.begin(), heap.end(), std::greater<>());
   };
   for (int i = 0; i + 1 < n; ++i) push(i);
   while (!heap.empty()) {
-    const Candidate c = heap.top();
-    heap.pop();
+    std::pop_heap(heap.begin(), heap.end(), std::greater<>());
+    const Candidate c = heap.back();
+    heap.pop_back();
     const int j = next[size_t(c.pos)];
-    if (sym[size_t(c.pos)] < 0 || j < 0) continue;  // merged away, or now last
-    auto it = merges.find(pair_key(sym[size_t(c.pos)], sym[size_t(j)]));
-    if (it == merges.end() || it->second.first != c.rank) continue;  // the pair has changed
+    if (j < 0 || sym[size_t(c.pos)] != c.left || sym[size_t(j)] != c.right) continue;  // the pair has changed
     sym[size_t(c.pos)] = c.id, sym[size_t(j)] = -1;
     next[size_t(c.pos)] = next[size_t(j)];
     if (next[size_t(j)] >= 0) prev[size_t(next[size_t(j)])] = c.pos;
@@ -368,15 +383,15 @@ void BpeTokenizer::Impl::merge(std::vector<int32_t>& sym) const {
 // The ids of one word: its symbols (bytes: each byte's byte-level token; else each character's
 // token, or its "<0xAB>" byte tokens under byte_fallback, or the unknown token) merged.
 void BpeTokenizer::Impl::bpe(std::string_view word, bool bytes, std::vector<int32_t>& out) const {
-  std::string mapped;
-  if (bytes)
-    for (char c : word) mapped += tokens[size_t(byte_id[uint8_t(c)])];
   if (ignore_merges) {  // a word that is itself in the vocabulary is taken whole
+    std::string mapped;
+    if (bytes)
+      for (char c : word) mapped += tokens[size_t(byte_id[uint8_t(c)])];
     auto it = vocab.find(bytes ? std::string_view(mapped) : word);
     if (it != vocab.end()) return out.push_back(it->second);
   }
-  std::vector<int32_t> sym;
-  sym.reserve(word.size());
+  thread_local std::vector<int32_t> sym;
+  sym.clear();
   if (bytes) {
     for (char c : word) sym.push_back(byte_id[uint8_t(c)]);
   } else {
