@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <csignal>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <type_traits>
 
 #include "apps/transformer/hf_family.h"
 #include "core/atomic_file.h"
@@ -48,21 +50,34 @@ std::map<std::string, std::string> weight_files(const std::string& dir) {
 
 }  // namespace
 
-std::vector<int64_t> read_hf_eos_ids(const std::string& dir) {
+HfGenerationConfig read_hf_generation_config(const std::string& dir) {
   const fs::path path = fs::path(dir) / "generation_config.json";
-  if (!fs::exists(path)) return {};
+  HfGenerationConfig g;
+  if (!fs::exists(path)) return g;
+  g.found = true;
   std::ifstream in(path);
   const json j = json::parse(in, nullptr, false);
   WEFT_CHECK(!j.is_discarded() && j.is_object(), "transformer: {} is not a JSON object", path.string());
   const json eos = j.value("eos_token_id", json(nullptr));
-  std::vector<int64_t> ids;
   for (const json& id : eos.is_array() ? eos : json::array({eos})) {
     if (id.is_null()) continue;
     WEFT_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0, "transformer: {}: \"eos_token_id\" must be token "
                "ids, got {}", path.string(), eos.dump());
-    ids.push_back(id.get<int64_t>());
+    g.eos.push_back(id.get<int64_t>());
   }
-  return ids;
+  auto field = [&](const char* key, auto& value, bool ok(double)) {
+    if (!j.contains(key) || j[key].is_null()) return;
+    const json& v = j[key];
+    const bool flag = std::is_same_v<std::decay_t<decltype(value)>, bool>;
+    WEFT_CHECK(flag ? v.is_boolean() : v.is_number() && ok(v.get<double>()),
+               "transformer: {}: \"{}\" is {}, which weft cannot sample with", path.string(), key, v.dump());
+    value = v.get<std::decay_t<decltype(value)>>();
+  };
+  field("do_sample", g.do_sample, nullptr);
+  field("temperature", g.temperature, [](double x) { return x >= 0 && std::isfinite(x); });
+  field("top_k", g.top_k, [](double x) { return x >= 0 && x == std::floor(x) && x < 1e9; });
+  field("top_p", g.top_p, [](double x) { return x > 0 && x <= 1; });
+  return g;
 }
 
 bool is_hf_dir(const std::string& path) {

@@ -22,9 +22,20 @@ namespace weft::apps {
 std::string rope_scaling_text(const kernels::RopeScaling& s);
 kernels::RopeScaling parse_rope_scaling(const std::string& text, const std::string& where);
 
-// generation_config.json's eos_token_id (one id or a list) in `dir`; none when the file or the
-// field is absent; an error naming the file for anything but non-negative integer ids.
-std::vector<int64_t> read_hf_eos_ids(const std::string& dir);
+// What the generation_config.json in a Hugging Face directory says about generating: its
+// eos_token_id (one id or a list) and its sampling defaults, transformers' own where a field is
+// absent (do_sample false: greedy).
+struct HfGenerationConfig {
+  bool found = false;  // the file exists
+  std::vector<int64_t> eos;
+  bool do_sample = false;
+  double temperature = 1.0, top_p = 1.0;
+  int64_t top_k = 50;
+};
+// Reads `dir`/generation_config.json (found false when there is none); an error naming the file
+// and the field for a value of the wrong kind (eos ids that are not non-negative integers, a
+// negative temperature or top_k, top_p outside (0, 1]).
+HfGenerationConfig read_hf_generation_config(const std::string& dir);
 
 // Whether `path` is a directory with a config.json.
 bool is_hf_dir(const std::string& path);

@@ -82,6 +82,7 @@ struct SampleOptions {
   int threads = 0;
   std::string device = "cpu";
   bool greedy = false;     // --temperature 0
+  bool temperature_set = false, top_k_set = false, top_p_set = false;  // given as flags
   bool ids = false;         // print the generated token ids, comma-separated, on one line
   bool no_cache = false;    // run the whole window again for every token
   bool fsdp = false;        // shard the model over mpirun's ranks; rank 0 prints
@@ -671,14 +672,12 @@ std::string hf_source(const std::string& from, const std::map<std::string, std::
 }
 
 // --eos: a token id, or a token of the tokenizer; "none": never stop; not given: the eos ids of
-// the generation_config.json of the Hugging Face directory the model came from (--from, or the
-// run's --init-from), if any.
+// the generation_config.json of the Hugging Face directory the model came from (`source`), if any.
 std::vector<int64_t> eos_ids(const std::string& eos, const apps::BpeTokenizer* tok, int64_t vocab,
-                             const std::string& from, const std::map<std::string, std::string>& recorded) {
+                             const apps::HfGenerationConfig& gen, const std::string& source) {
   if (eos == "none") return {};
   if (eos.empty()) {
-    const std::string source = hf_source(from, recorded);
-    std::vector<int64_t> ids = source.empty() ? std::vector<int64_t>{} : apps::read_hf_eos_ids(source);
+    const std::vector<int64_t>& ids = gen.eos;
     for (int64_t id : ids)
       WEFT_CHECK(id < vocab, "transformer: {}/generation_config.json's eos id {} is past the vocabulary of {}", source,
                  id, vocab);
@@ -693,6 +692,25 @@ std::vector<int64_t> eos_ids(const std::string& eos, const apps::BpeTokenizer* t
   WEFT_CHECK(id >= 0 && id < vocab, "transformer: --eos \"{}\" is not a token id below the vocabulary of {}{}", eos,
              vocab, tok ? " nor a token of --tokenizer" : " (a token's text needs --tokenizer)");
   return {id};
+}
+
+// --temperature, --top-k and --top-p where given; the others from the generation_config.json of
+// the Hugging Face directory the model came from (do_sample false or absent: greedy), stderr
+// naming what it took; without one, weft's defaults.
+nn::SamplingOptions sampling_of(const SampleOptions& o, const apps::HfGenerationConfig& gen, const std::string& source) {
+  nn::SamplingOptions s{.temperature = o.temperature, .top_k = o.top_k, .top_p = o.top_p};
+  if (!gen.found) return s;
+  std::vector<std::string> taken;
+  if (!o.temperature_set) {
+    s.temperature = gen.do_sample ? gen.temperature : 0;
+    taken.push_back(gen.do_sample ? fmt::format("temperature {}", s.temperature) : "greedy (do_sample false)");
+  }
+  if (!o.top_k_set && gen.do_sample && s.temperature > 0) s.top_k = gen.top_k, taken.push_back(fmt::format("top_k {}", s.top_k));
+  if (!o.top_p_set && gen.do_sample && s.temperature > 0) s.top_p = gen.top_p, taken.push_back(fmt::format("top_p {}", s.top_p));
+  if (!taken.empty())
+    std::fprintf(stderr, "weft-transformer: sampling %s, as %s/generation_config.json says (flags override)\n",
+                 fmt::format("{}", fmt::join(taken, ", ")).c_str(), source.c_str());
+  return s;
 }
 
 // --tokenizer (by default the tokenizer.json of the Hugging Face directory the model came from),
@@ -772,10 +790,12 @@ int sample(const SampleOptions& o, const Ranks& ranks) {
   const apps::ModelConfig& cfg = loaded.lm.cfg;
   const std::optional<apps::BpeTokenizer> tok = sample_tokenizer(o, loaded);
   const std::vector<int64_t> ids = prompt_ids(o, tok ? &*tok : nullptr, cfg.vocab_size);
+  const std::string source = hf_source(o.checkpoint, loaded.recorded);
+  const apps::HfGenerationConfig gen = source.empty() ? apps::HfGenerationConfig{} : apps::read_hf_generation_config(source);
   nn::GenerateOptions g{.max_new_tokens = o.tokens,
-                        .sampling = {.temperature = o.temperature, .top_k = o.top_k, .top_p = o.top_p},
+                        .sampling = sampling_of(o, gen, source),
                         .seed = o.seed,
-                        .eos = eos_ids(o.eos, tok ? &*tok : nullptr, cfg.vocab_size, o.checkpoint, loaded.recorded),
+                        .eos = eos_ids(o.eos, tok ? &*tok : nullptr, cfg.vocab_size, gen, source),
                         .use_cache = !o.no_cache};
   if (ranks.fsdp)  // every rank takes rank 0's token, so all run the same steps and stop together
     g.agree = [](int64_t token) {
@@ -1029,6 +1049,8 @@ int main(int argc, char** argv) {
   }
   CLI11_PARSE(app, argc, argv);
   if (s.greedy) s.temperature = 0;
+  s.temperature_set = s.greedy || sa->get_option("--temperature")->count() > 0;
+  s.top_k_set = sa->get_option("--top-k")->count() > 0, s.top_p_set = sa->get_option("--top-p")->count() > 0;
   if (t.model.arch == "llama") t.untie = t.untie || !t.tie;  // Llama's head is untied by default
   else if (t.tie || tr->get_option("--rope-theta")->count() > 0) {  // flags GPT-2 would ignore
     std::fprintf(stderr, "weft-transformer: %s is for --arch llama (%s)\n", t.tie ? "--tie" : "--rope-theta",

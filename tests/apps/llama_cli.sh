@@ -85,6 +85,22 @@ got=$("$exe" sample --from "$tmp/l3eos" --prompt "The " --greedy --tokens 20 --i
 grep -q "stopping after eos id(s) 255,$e" "$tmp/eos.err" || fail "no eos message: $(cat "$tmp/eos.err")"
 [ "$("$exe" sample --from "$tmp/l3eos" --prompt "The " --greedy --tokens 20 --ids --eos none 2>/dev/null)" = "$all" ] ||
   fail "--eos none still stopped"
+# Its sampling defaults apply where no flag is given: do_sample with temperature/top_k/top_p
+# draws as those flags do; do_sample false or absent is greedy; a flag overrides its field.
+echo '{"do_sample": true, "temperature": 0.7, "top_k": 5, "top_p": 0.9}' >"$tmp/l3eos/generation_config.json"
+drawn=$("$exe" sample --from "$tmp/l3eos" --prompt "The " --tokens 20 --seed 9 --ids 2>"$tmp/gen.err")
+grep -q "sampling temperature 0.7, top_k 5, top_p 0.9, as $tmp/l3eos/generation_config.json says" "$tmp/gen.err" ||
+  fail "no message naming generation_config.json's sampling: $(cat "$tmp/gen.err")"
+[ "$drawn" = "$("$exe" sample --from "$data/llama3" --prompt "The " --tokens 20 --seed 9 --ids --temperature 0.7 \
+  --top-k 5 --top-p 0.9 2>/dev/null)" ] || fail "generation_config.json's sampling is not its flags' ($drawn)"
+[ "$drawn" != "$("$exe" sample --from "$tmp/l3eos" --prompt "The " --tokens 20 --seed 9 --ids --top-k 0 --top-p 1 \
+  2>/dev/null)" ] || fail "--top-k 0 --top-p 1 did not override generation_config.json's"
+[ "$("$exe" sample --from "$tmp/l3eos" --prompt "The " --tokens 20 --seed 9 --ids --temperature 0 2>/dev/null)" = "$all" ] ||
+  fail "--temperature 0 did not override generation_config.json's do_sample"
+[ "$("$exe" sample --from "$data/llama3" --prompt "The " --tokens 20 --seed 9 --ids 2>/dev/null)" = "$all" ] ||
+  fail "a generation_config.json without do_sample does not sample greedily"
+echo '{"do_sample": true, "top_p": 1.5}' >"$tmp/l3eos/generation_config.json"
+expect_error '"top_p" is 1.5, which weft cannot sample with' sample --from "$tmp/l3eos" --prompt "The " --tokens 2
 # The same model with another rope scaling is not the checkpoint's model.
 mkdir "$tmp/l3lin" && cp "$data/llama3/model.safetensors" "$tmp/l3lin/"
 sed -e '/high_freq_factor\|low_freq_factor\|original_max_position_embeddings/d' -e 's/"llama3"/"linear"/' \
