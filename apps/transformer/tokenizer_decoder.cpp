@@ -68,17 +68,6 @@ int fallback_byte(const std::string& t) {
   return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
 }
 
-std::string replace_all(const std::string& s, const std::string& from, const std::string& to) {
-  std::string out;
-  for (size_t i = 0;;) {
-    const size_t hit = s.find(from, i);
-    out.append(s, i, (hit == std::string::npos ? s.size() : hit) - i);
-    if (hit == std::string::npos) return out;
-    out += to;
-    i = hit + from.size();
-  }
-}
-
 }  // namespace
 
 void TokenizerDecoder::apply(const Step& step, std::vector<std::string>& tokens, bool lossy, bool at_start) const {
@@ -144,7 +133,7 @@ void TokenizerDecoder::apply(const Step& step, std::vector<std::string>& tokens,
     case Kind::Replace:
     case Kind::Metaspace:
       for (size_t i = 0; i < tokens.size(); ++i)
-        out.push_back(replace_all(tokens[i], step.from, step.drop_first && at_start && i == 0 ? "" : step.to));
+        out.push_back(utf8::replace_all(tokens[i], step.from, step.drop_first && at_start && i == 0 ? "" : step.to));
       break;
   }
   tokens = std::move(out);

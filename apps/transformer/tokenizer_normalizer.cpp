@@ -6,6 +6,8 @@
 
 #include <algorithm>
 
+#include "apps/transformer/utf8.h"
+
 namespace weft::apps {
 
 namespace {
@@ -61,18 +63,7 @@ std::string TokenizerNormalizer::operator()(std::string_view text) const {
       case Kind::Prepend:
         if (!s.empty()) s.insert(0, step.to);
         break;
-      case Kind::Replace: {
-        std::string out;
-        for (size_t i = 0; i < s.size();) {
-          const size_t hit = s.find(step.from, i);
-          out.append(s, i, (hit == std::string::npos ? s.size() : hit) - i);
-          if (hit == std::string::npos) break;
-          out += step.to;
-          i = hit + step.from.size();
-        }
-        s = std::move(out);
-        break;
-      }
+      case Kind::Replace: s = utf8::replace_all(s, step.from, step.to); break;
       case Kind::Nfc: s = unicode_form(s, "nfc", UNORM2_COMPOSE); break;
       case Kind::Nfd: s = unicode_form(s, "nfc", UNORM2_DECOMPOSE); break;
       case Kind::Nfkc: s = unicode_form(s, "nfkc", UNORM2_COMPOSE); break;

@@ -82,6 +82,18 @@ inline std::string lossy(std::string_view bytes) {
   return out;
 }
 
+// `s` with each occurrence of `from` (not empty), left to right, replaced by `to`.
+inline std::string replace_all(std::string_view s, std::string_view from, std::string_view to) {
+  std::string out;
+  for (size_t i = 0;;) {
+    const size_t hit = s.find(from, i);
+    out.append(s, i, (hit == std::string::npos ? s.size() : hit) - i);
+    if (hit == std::string::npos) return out;
+    out += to;
+    i = hit + from.size();
+  }
+}
+
 // Unicode White_Space (what `tokenizers` strips around an added token with lstrip or rstrip).
 inline bool is_space(uint32_t c) {
   return (c >= 0x09 && c <= 0x0d) || c == 0x20 || c == 0x85 || c == 0xa0 || c == 0x1680 ||
