@@ -365,6 +365,30 @@ TEST_CASE("export-hf --dtype bf16 writes bf16 files and copies the source's toke
   CHECK_THROWS_WITH(apps::export_hf_checkpoint(lm, out, 1 << 30, kFloat16), Contains("f32 or bf16, not f16"));
 }
 
+TEST_CASE("source weights in f16 load as their f32 values, as those in bf16 and f32 do") {
+  // qwen2's f32 weights written in f16 (its config, one file): the loaded model holds exactly
+  // each weight rounded to f16, and its logits are those of the f32 model with rounded weights.
+  const std::string src = kData + "/qwen2", dst = temp_dir("f16");
+  fs::create_directories(dst);
+  fs::copy_file(src + "/config.json", dst + "/config.json");
+  NamedTensors half;
+  for (auto& [name, t] : load_safetensors(src + "/model.safetensors").tensors) half.emplace_back(name, t.to(kFloat16));
+  save_safetensors(dst + "/model.safetensors", half);
+  REQUIRE(read_safetensors_index(dst + "/model.safetensors").front().dtype == kFloat16);
+  apps::LanguageModel f16 = load_whole(dst), f32 = load_whole(src);
+  size_t changed = 0;
+  auto p16 = f16.module->named_parameters(), p32 = f32.module->named_parameters();
+  REQUIRE(p16.size() == p32.size());
+  for (size_t i = 0; i < p16.size(); ++i) {
+    INFO(p16[i].first);
+    CHECK(p16[i].second.dtype() == kFloat32);
+    const Tensor rounded = p32[i].second.to(kFloat16).to(kFloat32);
+    CHECK(to_vector(p16[i].second) == to_vector(rounded));
+    changed += to_vector(p32[i].second) != to_vector(rounded);
+  }
+  CHECK(changed > 0);  // the rounding is visible: the file was not read as f32
+}
+
 TEST_CASE("as transformers reads them: a stored head wins over tie_word_embeddings, the single file over an index") {
   const std::string src = kData + "/llama";
   // The config ties the head, but the files store lm_head.weight.
