@@ -137,6 +137,21 @@ if [ -n "$mpirun" ]; then
   run 2 "${hf[@]}" --metrics "$tmp/hf.jsonl" >/dev/null 2>"$tmp/hf.err" || fail "--init-from --fsdp failed: $(cat "$tmp/hf.err")"
   within "$(loss_at "$tmp/hf.jsonl" 1)" "$h1" 1e-5 0 "--init-from at 2 ranks: step-1 loss"
   within "$(loss_at "$tmp/hf.jsonl" 5)" "$(loss_at "$tmp/h.jsonl" 5)" 1e-5 0 "--init-from at 2 ranks: step-5 loss"
+  # Every family through the whole training stack: FSDP at 2 ranks with activation
+  # checkpointing, bf16 mixed precision and the memory planner's budget from --init-from, stopped
+  # and resumed (the step-4 loss bitwise that of the run without a stop), then exported.
+  for m in mistral qwen2 qwen3; do
+    fam=(--init-from "$data/$m" --ctx 32 --batch-size 2 --steps 4 --warmup 1 --lr 1e-3 --seed 0 --threads 1
+         --eval-every 0 --eval-iters 2 --activation-checkpointing --mixed-precision bf16 --memory-budget 64M)
+    run 2 "${fam[@]}" --metrics "$tmp/$m.a.jsonl" >/dev/null 2>"$tmp/$m.err" || fail "$m at 2 ranks: $(cat "$tmp/$m.err")"
+    run 2 "${fam[@]}" --metrics "$tmp/$m.b.jsonl" --stop-after 2 --checkpoint-dir "$tmp/ck_$m" >/dev/null 2>&1 &&
+      run 2 "${fam[@]}" --metrics "$tmp/$m.b.jsonl" --resume "$tmp/ck_$m" >/dev/null 2>"$tmp/$m.err" ||
+      fail "$m stopped and resumed at 2 ranks: $(cat "$tmp/$m.err")"
+    l4=$(loss_at "$tmp/$m.a.jsonl" 4)
+    [ -n "$l4" ] && [ "$l4" = "$(loss_at "$tmp/$m.b.jsonl" 4)" ] || fail "$m: resumed step-4 loss differs from $l4"
+    "$exe" export-hf --from "$tmp/ck_$m" --out "$tmp/x_$m" 2>"$tmp/$m.err" || fail "$m export: $(cat "$tmp/$m.err")"
+    grep -q "\"model_type\": \"$m\"" "$tmp/x_$m/config.json" || fail "$m export's model_type: $(cat "$tmp/x_$m/config.json")"
+  done
   # The 2-rank checkpoint as a Hugging Face model: the same greedy ids from either.
   "$exe" export-hf --from "$tmp/ckf" --out "$tmp/hfout" --max-shard-size 40K 2>"$tmp/x.err" ||
     fail "export-hf failed: $(cat "$tmp/x.err")"
