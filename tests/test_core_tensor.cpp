@@ -7,6 +7,7 @@
 #include "core/allocator.h"
 #include "core/generator.h"
 #include "core/device_runtime.h"
+#include "core/element_search.h"
 #include "core/fill_rule.h"
 #include "core/stream.h"
 #include "core/tensor.h"
@@ -372,4 +373,18 @@ TEST_CASE("streams and events: no-ops on the CPU, timing needs recorded device e
   CHECK_THROWS_WITH(untimed.elapsed_ms(f), Contains("enable_timing"));
   CHECK(device_count(DeviceType::cpu) == 1);
   CHECK(device_description(kCPU) == "cpu");
+}
+
+TEST_CASE("find_nonfinite names the first NaN or infinity, in contiguous f32 and any other layout") {
+  Tensor t = zeros({3, 1000});
+  CHECK_FALSE(find_nonfinite(t).has_value());
+  t.data<float>()[2500] = std::numeric_limits<float>::infinity();
+  t.data<float>()[2999] = std::nanf("");
+  REQUIRE(find_nonfinite(t).has_value());
+  CHECK(find_nonfinite(t)->index == 2500);
+  CHECK(find_nonfinite(t.transpose(0, 1))->index == 1502);  // element (500, 2) of the transpose
+  CHECK(find_nonfinite(t.to(kFloat64))->index == 2500);
+  t.data<float>()[2500] = 3.4e38f;  // the largest floats are finite
+  CHECK(find_nonfinite(t)->index == 2999);
+  CHECK(find_nonfinite(t.narrow(1, 0, 999).contiguous()) == std::nullopt);
 }

@@ -624,15 +624,13 @@ struct LoadedModel {
 LoadedModel load_model(const std::string& from, bool say, bool shard = false, Device device = kCPU) {
   LoadedModel m;
   auto build = [&](const apps::ModelConfig& cfg) {
-    if (!shard) {
-      m.lm = apps::make_model(cfg);
-      return;
-    }
-    {
+    {  // on the meta device without its initialisation: every parameter is loaded next, so the
+       // storage (whole, or this rank's shards) starts as zeros, not random draws
       DefaultDeviceGuard meta(Device::meta());
       m.lm = apps::make_model(cfg);
-      apps::init_model(m.lm);  // rules for the shards, replaced by the loaded values
+      for (auto& [name, p] : m.lm.module->named_parameters()) p.storage()->set_deferred_fill(nullptr);
     }
+    if (!shard) return nn::materialize(*m.lm.module, kCPU);
     const fsdp::FullyShardOptions opts{.mesh = dist::default_mesh(device.type)};
     for (auto& block : m.lm.blocks) fsdp::fully_shard(block, opts);
     m.root = fsdp::fully_shard(m.lm.module, opts);
