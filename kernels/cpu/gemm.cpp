@@ -279,11 +279,16 @@ SgemmFn sgemm_fn(SgemmKernel k) {
 // rows: 1.6-1.7x the decode tokens/s of weft-bench-generate on Zen 4 (docs/PERFORMANCE.md).
 template <typename T>
 void gemv_rows(int64_t n, int64_t k, const T* x, const T* w, int64_t ldw, T* c, T alpha, T beta) {
+  constexpr int64_t kLanes = 32;  // four vectors of partial sums: four FMA chains, not one
   for (int64_t j = 0; j < n; ++j) {
     const T* wj = w + j * ldw;
-    T dot = 0;
-#pragma omp simd reduction(+ : dot)
-    for (int64_t p = 0; p < k; ++p) dot += x[p] * wj[p];
+    T part[kLanes] = {}, dot = 0;
+    int64_t p = 0;
+    for (; p + kLanes <= k; p += kLanes)
+#pragma omp simd
+      for (int64_t q = 0; q < kLanes; ++q) part[q] += x[p + q] * wj[p + q];
+    for (; p < k; ++p) dot += x[p] * wj[p];
+    for (int64_t q = 0; q < kLanes; ++q) dot += part[q];
     c[j] = alpha * dot + (beta == T(0) ? T(0) : beta * c[j]);
   }
 }
