@@ -96,6 +96,13 @@ TEST_CASE("tokenizer: the post-processor's template adds what transformers adds,
   CHECK(llama2.encode("", true) == std::vector<int32_t>{1});
 }
 
+TEST_CASE("tokenizer: without a decoder the tokens are joined with spaces, as tokenizers does") {
+  json j = read_json(kData + "/llama2/tokenizer.json");
+  j["decoder"] = nullptr;
+  const apps::BpeTokenizer tok(write_tokenizer(j, "no_decoder.json"));
+  CHECK(tok.decode({tok.id_of("\xe2\x96\x81the"), tok.id_of("\xe2\x96\x81of")}) == "\xe2\x96\x81the \xe2\x96\x81of");
+}
+
 TEST_CASE("tokenizer: a continuation decodes with the space its first word had; the text's start without") {
   const apps::BpeTokenizer sp(kData + "/llama2/tokenizer.json"), meta(kData + "/metaspace/tokenizer.json");
   for (const apps::BpeTokenizer* tok : {&sp, &meta}) {

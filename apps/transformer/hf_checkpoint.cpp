@@ -200,6 +200,12 @@ void export_hf_checkpoint(const LanguageModel& model, const std::string& out, in
     shard_bytes += bytes, total += bytes;
   }
   json cfg = layout.write(c);
+  if (!source.empty() && c.arch == "llama") {  // fine-tuned at a shorter --ctx, a rotary model keeps its source's
+    std::ifstream in(fs::path(source) / "config.json");
+    const json src = json::parse(in, nullptr, false);
+    if (const json m = src.is_object() ? src.value("max_position_embeddings", json()) : json(); m.is_number_integer())
+      cfg["max_position_embeddings"] = std::max(cfg.value("max_position_embeddings", int64_t(0)), m.get<int64_t>());
+  }
   cfg["model_type"] = layout.model_type;
   cfg["architectures"] = {layout.architecture};
   cfg["torch_dtype"] = cfg["dtype"] = dtype == kBFloat16 ? "bfloat16" : "float32";  // transformers 4's key, 5's

@@ -104,15 +104,10 @@ void TokenizerDecoder::apply(const Step& step, std::vector<std::string>& tokens,
       flush();
       break;
     }
-    case Kind::Fuse: {
-      std::string all;
-      for (const std::string& t : tokens) all += t;
-      out.push_back(std::move(all));
-      break;
-    }
+    case Kind::Fuse:
     case Kind::JoinWithSpaces: {
       std::string all;
-      for (size_t i = 0; i < tokens.size(); ++i) all += (i ? " " : "") + tokens[i];
+      for (size_t i = 0; i < tokens.size(); ++i) all += (i && step.kind == Kind::JoinWithSpaces ? " " : "") + tokens[i];
       out.push_back(std::move(all));
       break;
     }

@@ -110,6 +110,8 @@ expect_error 'rope_scaling {"factor":8.0,"high_freq_factor":8.0' train --init-fr
 "$exe" export-hf --from "$tmp/ck3" --out "$tmp/l3out" 2>"$tmp/x.err" || fail "export-hf of llama3 failed: $(cat "$tmp/x.err")"
 grep -q '"rope_type": "llama3"' "$tmp/l3out/config.json" && grep -q '"tie_word_embeddings": true' "$tmp/l3out/config.json" ||
   fail "the llama3 export lost its rope scaling or tied head: $(cat "$tmp/l3out/config.json")"
+grep -q '"max_position_embeddings": 128' "$tmp/l3out/config.json" ||  # trained at --ctx 80
+  fail "the llama3 export lost its source's max_position_embeddings (128): $(cat "$tmp/l3out/config.json")"
 cmp -s "$data/llama3/generation_config.json" "$tmp/l3out/generation_config.json" ||
   fail "export-hf of a run from --init-from did not copy its generation_config.json"
 "$exe" export-hf --from "$data/qwen2" --out "$tmp/q2bf" --dtype bf16 2>"$tmp/x.err" || fail "export-hf --dtype bf16: $(cat "$tmp/x.err")"
