@@ -713,12 +713,12 @@ nn::SamplingOptions sampling_of(const SampleOptions& o, const apps::HfGeneration
 
 // --tokenizer (by default the tokenizer.json of the Hugging Face directory the model came from),
 // checked against the model's vocabulary and the tokenizer its checkpoint records.
-std::optional<apps::BpeTokenizer> sample_tokenizer(const SampleOptions& o, const LoadedModel& loaded) {
+std::optional<apps::BpeTokenizer> sample_tokenizer(const SampleOptions& o, const LoadedModel& loaded,
+                                                   const std::string& source) {
   const int64_t vocab = loaded.lm.cfg.vocab_size;
   std::optional<apps::BpeTokenizer> tok;
   std::string path = o.tokenizer;
-  if (const std::string source = hf_source(o.checkpoint, loaded.recorded);
-      path.empty() && !source.empty() && std::filesystem::exists(source + "/tokenizer.json")) {
+  if (path.empty() && !source.empty() && std::filesystem::exists(source + "/tokenizer.json")) {
     path = source + "/tokenizer.json";
     std::fprintf(stderr, "weft-transformer: tokenizer %s (the model's; --tokenizer to give another)\n", path.c_str());
   }
@@ -786,9 +786,9 @@ int sample(const SampleOptions& o, const Ranks& ranks) {
   });
   nn::Module& model = *loaded.lm.module;
   const apps::ModelConfig& cfg = loaded.lm.cfg;
-  const std::optional<apps::BpeTokenizer> tok = sample_tokenizer(o, loaded);
-  const std::vector<int64_t> ids = prompt_ids(o, tok ? &*tok : nullptr, cfg.vocab_size);
   const std::string source = hf_source(o.checkpoint, loaded.recorded);
+  const std::optional<apps::BpeTokenizer> tok = sample_tokenizer(o, loaded, source);
+  const std::vector<int64_t> ids = prompt_ids(o, tok ? &*tok : nullptr, cfg.vocab_size);
   const apps::HfGenerationConfig gen = source.empty() ? apps::HfGenerationConfig{} : apps::read_hf_generation_config(source);
   nn::GenerateOptions g{.max_new_tokens = o.tokens,
                         .sampling = sampling_of(o, gen, source),
