@@ -8,13 +8,13 @@ set -euo pipefail
 cd "${1:-$(dirname "$0")/..}"
 # layer | budget | the files and folders counted (kernels: the entry points and the meta device)
 budgets=(
-  "core           4008  core weft.h"
+  "core           4017  core weft.h"
   "kernels        2406  kernels/*.h kernels/*.cpp kernels/meta"
-  "kernels/cpu    5358  kernels/cpu"
+  "kernels/cpu    5375  kernels/cpu"
   "cuda           4636  cuda"
   "autograd       1765  autograd"
   "nn             2681  nn"
-  "dist           2544  dist"
+  "dist           2545  dist"
   "fsdp           4484  fsdp"
   "apps           7837  apps"
 )
