@@ -12,18 +12,13 @@
 
 #include "core/device_runtime.h"
 #include "core/error.h"
+#include "core/sanitizers.h"
 
 namespace weft {
 namespace {
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#if defined(WEFT_ASAN) || defined(WEFT_TSAN)
 constexpr bool kSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
 #else
 constexpr bool kSanitized = false;
 #endif

@@ -13,13 +13,14 @@
 #include <thread>
 
 #include "core/device_runtime.h"
+#include "core/sanitizers.h"
 #include "core/trace.h"
 #include "dist/agree.h"
 #include "dist/backend.h"
 #include "dist/check.h"
 #include "dist/device_mesh.h"
 #include "dist/flight_recorder.h"
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(WEFT_ASAN)
 #include <sanitizer/lsan_interface.h>
 #endif
 
@@ -28,7 +29,7 @@ namespace {
 
 // OpenMPI keeps what MPI_Init_thread and MPI_Finalize allocate until exit, from plugins it has
 // unloaded by then, which no suppression file can name: LeakSanitizer ignores those two calls.
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(WEFT_ASAN)
 using MpiLeaksIgnored = __lsan::ScopedDisabler;
 #else
 struct MpiLeaksIgnored {};

@@ -5,7 +5,7 @@ packages=(meson ninja-build pkg-config g++ libeigen3-dev catch2 libopenmpi-dev o
           libcli11-dev libfmt-dev nlohmann-json3-dev zlib1g-dev libssl-dev libpcre2-dev dataset-fashion-mnist fortunes
           iproute2 jq time  # jq: tests/apps/trace.sh reads the Chrome traces; time: tokens_cli's peak RSS
           universal-ctags  # scripts/longest_functions.sh
-          clang libclang-rt-14-dev  # clang + its runtimes: the libFuzzer targets (tests/fuzz)
+          clang libclang-rt-14-dev libomp-dev  # clang, its runtimes and OpenMP: the fuzz targets, the sanitizer builds
           libicu-dev)  # ICU: the tokenizers' Unicode normalization forms (NFC, NFKC, ...)
 # The launcher tests' one-node Slurm cluster (tests/apps/slurm.sh), without the recommended
 # plugins (databases, IPMI, GPUs): 6 packages, about 13 s.

@@ -3,18 +3,18 @@
 #   asan  build-asan: AddressSanitizer + UndefinedBehaviorSanitizer, UBSan fatal
 #         (-fno-sanitize-recover=all); the libraries and the test programs that exercise them
 #         (every suite but "programs", the apps end to end, and "fuzz": the libFuzzer runs are
-#         ASan+UBSan builds of their own, made by clang, whose runtime cannot share a process
-#         with this build's (gcc's) ASan runtime; the normal suite runs both).
+#         ASan+UBSan programs of their own, which tests/fuzz/run_fuzz.sh builds; the normal suite
+#         runs both).
 #   tsan  build-tsan: ThreadSanitizer; the dist and fsdp suites (MPI's communication thread,
 #         async collectives, FSDP's hooks and prefetching) at 1 and 2 ranks, with one
-#         OpenMP thread (OMP_NUM_THREADS=1, as always for them): libgomp is not built with TSan,
+#         OpenMP thread (OMP_NUM_THREADS=1, as always for them): the OpenMP runtime is not built with TSan,
 #         so with more threads its barriers would be invisible to it and every parallel region
 #         would be reported as a race.
 # Every report fails the run, except the named suppressions of OpenMPI's own reports in
 # scripts/sanitizers/ (lsan.supp, tsan.supp). ASan's and TSan's reports go to files (log_path),
 # so a report from a process whose exit status a test script does not look at still fails the
-# run; they are printed at the end. UBSan's go to the process's stderr (gcc's UBSan runtime has
-# no log_path), and halt it with exit status 1.
+# run; they are printed at the end. UBSan's halt the process with exit status 1 (and go to the
+# same files in a clang build, to its stderr in a g++ one).
 # Usage: scripts/sanitize.sh [--build-only] [asan] [tsan]   (both when none is named)
 # --build-only configures and builds the named builds and runs nothing (.ci/run builds them
 # this way, at low priority, while the normal suite runs).
@@ -36,6 +36,12 @@ done
 [ ${#kinds[@]} -gt 0 ] || kinds=(asan tsan)
 jobs=$(nproc)
 
+# The sanitizer builds are compiled by clang (scripts/deps.sh installs it for the fuzz targets),
+# which compiled their instrumented files in two thirds of g++'s time (docs/TESTING.md); g++ when
+# there is no clang++. Clang links the sanitizer runtimes into the programs only, so the shared
+# libraries are linked with undefined symbols allowed (-Db_lundef=false; README command 2's build
+# still links each layer with --no-undefined).
+cxx=$(command -v clang++ || echo g++)
 # configure DIR MESON_OPTIONS...: once, like scripts/build.sh. Unoptimised (-O0: the instrumented
 # -O1 compile took 1.6 times as long) but for core, the CPU kernels and fsdp, which keep -O1 so
 # that the suites run in minutes (root meson.build, hot_opt); with line tables (-g1) so reports
@@ -48,7 +54,8 @@ configure() {
   local dir=$1; shift
   [ -f "$dir/build.ninja" ] && return 0
   mkdir -p "$dir"
-  meson setup "$dir" -Dcuda=disabled -Doptimization=0 -Ddebug=false -Dunity=on -Dunity_size=4 "$@" >"$dir/setup.log" 2>&1 ||
+  CXX=$cxx meson setup "$dir" -Dcuda=disabled -Doptimization=0 -Ddebug=false -Dunity=on -Dunity_size=4 -Db_lundef=false \
+    "$@" >"$dir/setup.log" 2>&1 ||
     { cat "$dir/setup.log"; echo "sanitize.sh: meson setup $dir failed"; return 1; }
 }
 

@@ -179,7 +179,7 @@ TEST_CASE("attention: one query row (a decode step) over cached keys read in pla
       Tensor q = random({B, H, 1, E}, dt), kbuf = random({B, Hkv, 40, E}, dt), vbuf = random({B, Hkv, 40, E}, dt);
       Tensor k = kbuf.narrow(2, 0, Tk), v = vbuf.narrow(2, 0, Tk), gout = random({B, H, 1, E}, dt);
       const AttentionOptions opts{.causal = false, .rope = {.theta = theta, .q_pos = Tk - 1, .k_pos = 0}};
-      auto ref = [&](const Tensor& qq, const Tensor& kk, const Tensor& vv) {
+      auto ref = [&, theta = theta, Tk = Tk](const Tensor& qq, const Tensor& kk, const Tensor& vv) {
         Tensor qr = theta > 0 ? rope_reference(qq, theta, Tk - 1) : qq, kr = theta > 0 ? rope_reference(kk, theta, 0) : kk;
         return reference(qr, repeat_heads(kr, G), repeat_heads(vv, G), false);
       };

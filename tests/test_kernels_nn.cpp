@@ -80,7 +80,7 @@ Vec ref_softmax(const Tensor& x, int64_t dim, bool log) {
   auto [outer, n, inner] = split(x.shape(), dim);
   for (int64_t o = 0; o < outer; ++o)
     for (int64_t j = 0; j < inner; ++j) {
-      auto at = [&](int64_t i) { return size_t((o * n + i) * inner + j); };
+      auto at = [&, n = n, inner = inner](int64_t i) { return size_t((o * n + i) * inner + j); };
       double mx = -kInf, sum = 0;
       for (int64_t i = 0; i < n; ++i) mx = std::max(mx, v[at(i)]);
       for (int64_t i = 0; i < n; ++i) sum += std::exp(v[at(i)] - mx);
@@ -224,7 +224,7 @@ TEST_CASE("softmax backward matches finite differences") {
     for (bool log : {false, true}) {
       INFO("shape " << shape_str(shape) << " dim " << dim << (log ? " log_softmax" : " softmax"));
       Tensor x = rnd(shape), w = rnd(shape);
-      auto fwd = [&] { return log ? k::log_softmax(x, dim) : k::softmax(x, dim); };
+      auto fwd = [&, dim = dim] { return log ? k::log_softmax(x, dim) : k::softmax(x, dim); };
       Vec wv = to_vector(w);
       Vec num = numeric_grad([&] { return dot(wv, to_vector(fwd())); }, x);
       Tensor y = fwd();
@@ -601,7 +601,7 @@ TEST_CASE("layer_norm and conv2d backwards give the same bits on any number of t
       int64_t n = shape[1];
       Tensor x = rnd(shape, dt), w = rnd({n}, dt), b = rnd({n}, dt), g = rnd(shape, dt);
       auto [y, mean, rstd] = k::layer_norm(x, 1, w, b, 1e-5);
-      test::check_same_bits_on_any_thread_count([&] {
+      test::check_same_bits_on_any_thread_count([&, mean = mean, rstd = rstd] {
         auto [dx, dw, db] = k::layer_norm_backward(g, x, mean, rstd, w, b, 1);
         return std::vector<Tensor>{dx, dw, db};
       });

@@ -222,7 +222,10 @@ void attention_forward_avx512(const AttentionDims& d, HeadsF32 Q, HeadsF32 K, He
 #pragma omp parallel if (d.parallel)
   {
     const int64_t size = forward_buffers(d, nullptr).size;
-    const auto [S, KT, Qc, Kc, Vc, Oc, unused] = forward_buffers(d, workspace + thread_index() * size);
+    // Named pointers, not a structured binding, which clang 14 cannot capture into an OpenMP region.
+    const ForwardBuffers buf = forward_buffers(d, workspace + thread_index() * size);
+    float *const S = buf.S, *const KT = buf.KT, *const Qc = buf.Qc, *const Kc = buf.Kc, *const Vc = buf.Vc;
+    float* const Oc = buf.Oc;
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < bh_count; ++bh) {
       const int64_t b = bh / H, h = bh % H;
@@ -255,8 +258,10 @@ void attention_backward_avx512(const AttentionDims& d, HeadsF32 G, HeadsF32 Q, H
 #pragma omp parallel if (d.parallel)
   {
     const int64_t size = backward_buffers(d, nullptr).size;
-    const auto [P, dP, KT, VT, D, Qc, dQc, Gc, Kc, dKc, dVc, Vc, unused] =
-        backward_buffers(d, workspace + thread_index() * size);
+    const BackwardBuffers buf = backward_buffers(d, workspace + thread_index() * size);
+    float *const P = buf.P, *const dP = buf.dP, *const KT = buf.KT, *const VT = buf.VT, *const D = buf.D;
+    float *const Qc = buf.Qc, *const dQc = buf.dQc, *const Gc = buf.Gc, *const Kc = buf.Kc, *const dKc = buf.dKc;
+    float *const dVc = buf.dVc, *const Vc = buf.Vc;
     // One task per (batch, key/value head): its query heads run in turn and sum into dK, dV.
 #pragma omp for schedule(static)
     for (int64_t task = 0; task < task_count; ++task) {

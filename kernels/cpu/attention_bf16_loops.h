@@ -238,7 +238,11 @@ void forward_loops(const AttentionDims& d, HeadsBF16 Q, HeadsBF16 K, HeadsBF16 V
 #pragma omp parallel if (d.parallel)
   {
     const int64_t size = forward_buffers(d, nullptr).size;
-    const auto [S, Oc, Pb, Qc, Kc, KT, Vc, V2, unused] = forward_buffers(d, workspace + thread_index() * size);
+    // Named pointers, not a structured binding, which clang 14 cannot capture into an OpenMP region.
+    const ForwardBuffers buf = forward_buffers(d, workspace + thread_index() * size);
+    float *const S = buf.S, *const Oc = buf.Oc;
+    uint16_t *const Pb = buf.Pb, *const Qc = buf.Qc, *const Kc = buf.Kc, *const KT = buf.KT, *const Vc = buf.Vc;
+    uint16_t* const V2 = buf.V2;
     [[maybe_unused]] const typename Products::Thread products;  // per-thread state (AMX: tile configuration)
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < bh_count; ++bh) {
@@ -274,8 +278,12 @@ void backward_loops(const AttentionDims& d, HeadsBF16 G, HeadsBF16 Q, HeadsBF16 
 #pragma omp parallel if (d.parallel)
   {
     const int64_t size = backward_buffers(d, nullptr).size;
-    const auto [P, dP, D, dQc, dKc, dVc, P2, dS2, dSb, KT, VT, K2, Kc, Vc, Qc, Q2, Gc, G2, unused] =
-        backward_buffers(d, workspace + thread_index() * size);
+    const BackwardBuffers buf = backward_buffers(d, workspace + thread_index() * size);
+    float *const P = buf.P, *const dP = buf.dP, *const D = buf.D, *const dQc = buf.dQc, *const dKc = buf.dKc;
+    float* const dVc = buf.dVc;
+    uint16_t *const P2 = buf.P2, *const dS2 = buf.dS2, *const dSb = buf.dSb, *const KT = buf.KT, *const VT = buf.VT;
+    uint16_t *const K2 = buf.K2, *const Kc = buf.Kc, *const Vc = buf.Vc, *const Qc = buf.Qc, *const Q2 = buf.Q2;
+    uint16_t *const Gc = buf.Gc, *const G2 = buf.G2;
     [[maybe_unused]] const typename Products::Thread products;
     // One task per (batch, key/value head): its query heads run in turn and sum into dK, dV.
 #pragma omp for schedule(static)

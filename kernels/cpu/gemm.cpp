@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 #if defined(__x86_64__) && defined(__linux__)
+#include <cpuid.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
@@ -449,8 +450,11 @@ bool bgemm_kernel_supported(BgemmKernel k) {
   if (k == BgemmKernel::avx512bf16) return true;
 #if defined(__x86_64__) && defined(__linux__)
   // Linux hands out AMX's 8 KB of tile state only to a process that asks for it.
-  static const bool granted = __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-bf16") &&
-                              syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+  // CPUID leaf 7, EDX bits 22 (AMX-BF16) and 24 (AMX-TILE): clang 14's __builtin_cpu_supports has no names for them.
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  static const bool cpu = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 22 & 1) && (d >> 24 & 1);
+  static const bool granted =
+      cpu && syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
   return granted;
 #else
   return false;
