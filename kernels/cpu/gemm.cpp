@@ -116,8 +116,13 @@ void widen_lines(const T* x, int64_t ld, int64_t lines, int64_t len, float* dst,
 constexpr int64_t kWidenedBlock = int64_t(1) << 20;
 
 template <typename T, typename TO>
+void gemv_widened(int64_t n, int64_t k, const T* x, const T* w, MatLayout lw, TO* c, float alpha, float beta,
+                  double* x_sum);
+
+template <typename T, typename TO>
 void gemm_widened(int64_t m, int64_t n, int64_t k, const T* a, MatLayout la, const T* b, MatLayout lb, TO* c,
                   int64_t ldc, float alpha, float beta, double* a_sums = nullptr) {
+  if (m == 1 && la.row_major && !lb.row_major) return gemv_widened(n, k, a, b, lb, c, alpha, beta, a_sums);
   static thread_local Scratch<float> a_buf, b_buf, c_buf;
   const int64_t nb = std::clamp<int64_t>(kWidenedBlock / std::max<int64_t>(k, 1), 1, std::max<int64_t>(n, 1));
   const int64_t mb = std::clamp<int64_t>(kWidenedBlock / std::max(k, nb), 1, std::max<int64_t>(m, 1));
@@ -278,19 +283,21 @@ SgemmFn sgemm_fn(SgemmKernel k) {
 // c[j] = alpha * (x . w_j) + beta * c[j], w_j = w + j * ldw (j < n): x W^T, a Linear's one-token
 // step. Reading w front to back, a row at a time, instead of Eigen's GEMV, which interleaves four
 // rows: 1.6-1.7x the decode tokens/s of weft-bench-generate on Zen 4 (docs/PERFORMANCE.md).
-template <typename T>
-void gemv_rows(int64_t n, int64_t k, const T* x, const T* w, int64_t ldw, T* c, T alpha, T beta) {
+// 16-bit w and c (TW, TC) are widened element by element as they are read and c rounded once:
+// the bits of T copies of w and c, at the bytes of the 16-bit weights (a bf16 decode step).
+template <typename T, typename TW = T, typename TC = T>
+void gemv_rows(int64_t n, int64_t k, const T* x, const TW* w, int64_t ldw, TC* c, T alpha, T beta) {
   constexpr int64_t kLanes = 32;  // four vectors of partial sums: four FMA chains, not one
   for (int64_t j = 0; j < n; ++j) {
-    const T* wj = w + j * ldw;
+    const TW* wj = w + j * ldw;
     T part[kLanes] = {}, dot = 0;
     int64_t p = 0;
     for (; p + kLanes <= k; p += kLanes)
 #pragma omp simd
-      for (int64_t q = 0; q < kLanes; ++q) part[q] += x[p + q] * wj[p + q];
-    for (; p < k; ++p) dot += x[p] * wj[p];
+      for (int64_t q = 0; q < kLanes; ++q) part[q] += x[p + q] * T(wj[p + q]);
+    for (; p < k; ++p) dot += x[p] * T(wj[p]);
     for (int64_t q = 0; q < kLanes; ++q) dot += part[q];
-    c[j] = alpha * dot + (beta == T(0) ? T(0) : beta * c[j]);
+    c[j] = convert_scalar<TC>(alpha * dot + (beta == T(0) ? T(0) : beta * T(c[j])));
   }
 }
 
@@ -398,6 +405,21 @@ void split_product(int64_t m, int64_t n, int64_t k, bool fixed, int64_t row_unit
   }
 }
 
+
+// x W^T (one row x, W [n, k] row-major) with 16-bit operands: x widened once, W read in its own
+// bytes by gemv_rows, columns split over threads as gemm splits them. Bitwise the widened
+// blocks' product (gemm_widened), which also goes to gemv_rows, at half the bytes read.
+template <typename T, typename TO>
+void gemv_widened(int64_t n, int64_t k, const T* x, const T* w, MatLayout lw, TO* c, float alpha, float beta,
+                  double* x_sum) {
+  static thread_local Scratch<float> x_buf;
+  float* xf = x_buf.get(k);
+  if (x_sum) *x_sum = 0;
+  widen_lines(x, k, 1, k, xf, x_sum, true);
+  split_product(1, n, k, false, 1, false, [&](int64_t, int64_t, int64_t c0, int64_t c1) {
+    gemv_rows<float, T, TO>(c1 - c0, k, xf, col_at(w, lw, c0), lw.ld, c + c0, alpha, beta);
+  });
+}
 
 using BgemmFn = void (*)(int64_t, int64_t, int64_t, const uint16_t*, int64_t, int64_t, const uint16_t*, int64_t,
                         int64_t, void*, bool, int64_t, float, float, const void*, double*);
