@@ -476,7 +476,8 @@ void find_resume(const TrainOptions& o, Run& run, bool say) {
 
 // The memory plan (when asked), then the same full model on every rank: under --fsdp deferred,
 // on the meta device (init_model records its rules there too; fully_shard then initialises only
-// this rank's shards, bitwise the eager build's values).
+// this rank's shards, bitwise the eager build's values). --init-from draws nothing: its weights
+// replace every parameter (load_init_weights).
 void build_model(TrainOptions& o, const Ranks& ranks, Run& run) {
   reset_peak_memory_stats(run.device);
   run.start_bytes = memory_stats(run.device).live_bytes;
@@ -487,7 +488,10 @@ void build_model(TrainOptions& o, const Ranks& ranks, Run& run) {
     run.per_block = run.plan->settings.reshard_after_forward;
   }
   manual_seed(o.seed);
-  if (ranks.fsdp) {
+  if (!o.init_from.empty() && run.resume_from.empty()) {  // load_init_weights reads every parameter
+    run.lm = apps::make_model_to_load(o.model);
+    if (!ranks.fsdp) nn::materialize(*run.lm.module, run.device);
+  } else if (ranks.fsdp) {
     DefaultDeviceGuard meta(Device::meta());
     run.lm = apps::make_model(o.model);
     apps::init_model(run.lm);
@@ -624,12 +628,7 @@ struct LoadedModel {
 LoadedModel load_model(const std::string& from, bool say, bool shard = false, Device device = kCPU) {
   LoadedModel m;
   auto build = [&](const apps::ModelConfig& cfg) {
-    {  // on the meta device without its initialisation: every parameter is loaded next, so the
-       // storage (whole, or this rank's shards) starts as zeros, not random draws
-      DefaultDeviceGuard meta(Device::meta());
-      m.lm = apps::make_model(cfg);
-      for (auto& [name, p] : m.lm.module->named_parameters()) p.storage()->set_deferred_fill(nullptr);
-    }
+    m.lm = apps::make_model_to_load(cfg);
     if (!shard) return nn::materialize(*m.lm.module, kCPU);
     const fsdp::FullyShardOptions opts{.mesh = dist::default_mesh(device.type)};
     for (auto& block : m.lm.blocks) fsdp::fully_shard(block, opts);

@@ -99,6 +99,13 @@ void init_model(const LanguageModel& m) {
   init_gpt(dynamic_cast<GPT&>(*m.module));
 }
 
+LanguageModel make_model_to_load(const ModelConfig& cfg) {
+  DefaultDeviceGuard meta(Device::meta());
+  LanguageModel m = make_model(cfg);
+  for (auto& [name, p] : m.module->named_parameters()) p.storage()->set_deferred_fill(nullptr);
+  return m;
+}
+
 std::string embedding_name(const ModelConfig& cfg) {
   return cfg.arch == "llama" ? "model.embed_tokens.weight" : "transformer.wte.weight";
 }
