@@ -8,15 +8,15 @@ set -euo pipefail
 cd "${1:-$(dirname "$0")/..}"
 # layer | budget | the files and folders counted (kernels: the entry points and the meta device)
 budgets=(
-  "core           4017  core weft.h"
+  "core           4100  core weft.h"
   "kernels        2406  kernels/*.h kernels/*.cpp kernels/meta"
   "kernels/cpu    5397  kernels/cpu"
   "cuda           4636  cuda"
   "autograd       1765  autograd"
   "nn             2681  nn"
   "dist           2545  dist"
-  "fsdp           4484  fsdp"
-  "apps           7846  apps"
+  "fsdp           4489  fsdp"
+  "apps           7859  apps"
 )
 count() {  # PATH...: the lines of the code files among them
   find "$@" -type f \( -name '*.h' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' \) -print0 | xargs -0 cat | wc -l
