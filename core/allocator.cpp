@@ -10,6 +10,8 @@
 #include <map>
 #include <new>
 
+#include <sys/mman.h>
+
 #include "core/device_runtime.h"
 #include "core/error.h"
 #include "core/sanitizers.h"
@@ -65,10 +67,10 @@ class CpuAllocator final : public Allocator {
     const size_t cls = size_class(nbytes);
     void* p = take_cached(cls);
     if (p == nullptr) {
-      p = std::aligned_alloc(64, cls);
+      p = system_alloc(cls);
       if (p == nullptr) {  // give the cache back to the system and try once more
         empty_cache();
-        p = std::aligned_alloc(64, cls);
+        p = system_alloc(cls);
       }
       if (p == nullptr) {
         live_.fetch_sub(n);
@@ -121,6 +123,18 @@ class CpuAllocator final : public Allocator {
   bool caching() const { return cache_limit_ > 0; }
 
  private:
+  // Blocks of 2 MiB and more start on a 2 MiB boundary, and their whole 2 MiB pieces are
+  // advised as transparent huge pages (Linux with THP "madvise" or "always"): one page fault
+  // per 2 MiB instead of 512, and fewer TLB misses where a weight is read once per token.
+  // The tail past the last whole piece keeps 4 KiB pages, so no more memory is touched than
+  // asked for. A kernel without THP refuses the advice (EINVAL): the block is used as it is.
+  static constexpr size_t kHugePage = size_t(2) << 20;
+  static void* system_alloc(size_t cls) {
+    if (cls < kHugePage) return std::aligned_alloc(64, cls);
+    void* p = std::aligned_alloc(kHugePage, cls);
+    if (p != nullptr) (void)::madvise(p, cls / kHugePage * kHugePage, MADV_HUGEPAGE);
+    return p;
+  }
   void* take_cached(size_t cls) {
     if (cache_limit_ == 0) return nullptr;
     std::lock_guard<std::mutex> lock(cache_mu_);

@@ -6,6 +6,7 @@
 #include "core/autograd_meta.h"
 #include "core/device_runtime.h"
 #include "core/dispatch.h"
+#include "core/fill_rule.h"
 #include "core/grad_mode.h"
 #include "core/strided_iter.h"
 
@@ -80,7 +81,14 @@ Tensor Tensor::to(Device device, DType dtype) const {
   check_defined("to");
   if (device == this->device() && dtype == this->dtype()) return *this;
   Tensor out = empty(shape(), {.dtype = dtype, .device = device});
-  copy_elements(out, detach());
+  if (device.is_meta() && this->device().is_meta()) {  // a model built on meta, converted before it is loaded
+    const auto rule = MetaComputeGuard::enabled() ? nullptr : recorded_fill(*this);
+    WEFT_CHECK(!rule, "to: {} on the meta device records {}: convert it to {} after materialising it (its values "
+               "would be rounded from the rule, not from {})", tensor_desc(*this), rule->str(), dtype_name(dtype),
+               dtype_name(this->dtype()));
+  } else {
+    copy_elements(out, detach());
+  }
   if (requires_grad()) {
     if (auto fn = detail::autograd_hooks().record_copy) fn(*this, out);
   }

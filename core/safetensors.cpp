@@ -369,6 +369,34 @@ Tensor SafetensorsReader::read_slice(const std::string& name, int64_t dim, int64
   return t;
 }
 
+void SafetensorsReader::read_rows_into(const std::string& name, int64_t offset, int64_t length, Tensor& dst,
+                                       int64_t buffer_bytes) {
+  auto it = impl_->by_name.find(name);
+  WEFT_CHECK(it != impl_->by_name.end(), "safetensors: '{}' has no tensor '{}'", path(), name);
+  const Entry& e = impl_->header.entries[it->second];
+  const int64_t rows = e.shape.empty() ? 1 : e.shape[0];
+  WEFT_CHECK(offset >= 0 && length >= 0 && offset + length <= rows, "safetensors: '{}': cannot read rows [{}, {}) of "
+             "tensor '{}' shaped {}", path(), offset, offset + length, name, shape_str(e.shape));
+  const int64_t row_numel = rows == 0 ? 0 : shape_numel(e.shape) / rows;
+  WEFT_CHECK(is_floating(e.dtype) && dst.device() == kCPU && dst.is_contiguous() && is_floating(dst.dtype()) &&
+             dst.numel() == length * row_numel, "safetensors: '{}': rows of tensor '{}' ({}, {} x {} elements) go only "
+             "into a contiguous CPU float tensor of as many elements, not {} {} on {}", path(), name,
+             dtype_name(e.dtype), length, row_numel, dtype_name(dst.dtype()), shape_str(dst.shape()), dst.device().str());
+  if (dst.numel() == 0) return;
+  const uint64_t row_bytes = uint64_t(row_numel) * dtype_size(e.dtype);
+  impl_->in.seek(impl_->in.size() - impl_->header.data_size + e.begin + uint64_t(offset) * row_bytes);
+  const std::string what = fmt::format("tensor '{}'", e.name);
+  if (dst.dtype() == e.dtype) return impl_->in.read(dst.data_ptr(), uint64_t(length) * row_bytes, what);
+  const int64_t chunk = std::max<int64_t>(1, buffer_bytes / int64_t(row_bytes));  // rows per piece
+  Tensor buf = empty({std::min(chunk, length) * row_numel}, {.dtype = e.dtype});
+  Tensor flat = dst.view({-1});
+  for (int64_t r = 0; r < length; r += chunk) {
+    const int64_t n = std::min(chunk, length - r);
+    impl_->in.read(buf.data_ptr(), uint64_t(n) * row_bytes, what);
+    flat.narrow(0, r * row_numel, n * row_numel).copy_(buf.narrow(0, 0, n * row_numel));
+  }
+}
+
 SafetensorsContents load_safetensors(const std::string& path) {
   SafetensorsReader reader(path);
   SafetensorsContents out;

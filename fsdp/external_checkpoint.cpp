@@ -39,11 +39,16 @@ void load_external_checkpoint(nn::Module& model, const FSDPModule* root, const E
   for (const auto& [name, t] : local) {
     const ExternalTensor& src = names.at(name);
     const Placement& p = t.placement;
+    Tensor dst = t.local;
+    if (!src.transposed && dst.device() == kCPU && dst.is_contiguous() && (p.whole() || p.dim == 0)) {
+      const int64_t rows = p.global_shape.empty() ? 1 : p.global_shape[0];
+      reader(src.file).read_rows_into(src.name, p.whole() ? 0 : p.offset, p.whole() ? rows : p.length, dst);
+      continue;
+    }
     Tensor piece;
     if (p.whole()) piece = reader(src.file).read(src.name);
     else piece = reader(src.file).read_slice(src.name, src.transposed ? 1 - p.dim : p.dim, p.offset, p.length);
     if (src.transposed) piece = piece.transpose(0, 1);
-    Tensor dst = t.local;
     dst.copy_(piece.to(dst.device()));
   }
 }

@@ -217,6 +217,35 @@ TEST_CASE("safetensors: metadata and the index round-trip without reading data")
   CHECK(read_safetensors_metadata(path).empty());
 }
 
+TEST_CASE("safetensors: rows read into a tensor, converted piece by piece or straight") {
+  TempDir tmp;
+  const std::string path = tmp.file("rows.safetensors");
+  Tensor w = randn({7, 10}).to(kBFloat16);
+  auto same = [](const Tensor& a, const Tensor& b) {  // dtype, shape and every byte
+    const Tensor ca = a.contiguous(), cb = b.contiguous();
+    return a.dtype() == b.dtype() && a.shape() == b.shape() &&
+           std::memcmp(ca.data_ptr(), cb.data_ptr(), size_t(ca.numel()) * dtype_size(a.dtype())) == 0;
+  };
+  save_safetensors(path, {{"w", w}, {"s", full({}, 2.5, {.dtype = kBFloat16})}});
+  SafetensorsReader r(path);
+  for (int64_t buffer : {int64_t(20), int64_t(40), int64_t(1) << 20}) {  // 1 row, 2 rows, all in one piece
+    Tensor f = full({4, 10}, -1.0);
+    r.read_rows_into("w", 2, 4, f, buffer);
+    CHECK(same(f, w.narrow(0, 2, 4).to(kFloat32)));
+  }
+  Tensor straight = empty({3, 10}, {.dtype = kBFloat16});  // the file's dtype: read straight into it
+  r.read_rows_into("w", 4, 3, straight);
+  CHECK(same(straight, w.narrow(0, 4, 3)));
+  Tensor scalar = empty({}, {.dtype = kFloat64});
+  r.read_rows_into("s", 0, 1, scalar);
+  CHECK(scalar.item() == 2.5);
+  Tensor wrong = empty({3, 9});
+  CHECK_THROWS_WITH(r.read_rows_into("w", 0, 3, wrong), Contains("rows of tensor 'w' (bf16, 3 x 10 elements)"));
+  Tensor strided = empty({10, 3}).transpose(0, 1);
+  CHECK_THROWS_WITH(r.read_rows_into("w", 0, 3, strided), Contains("contiguous CPU float tensor"));
+  CHECK_THROWS_WITH(r.read_rows_into("w", 5, 3, straight), Contains("cannot read rows [5, 8) of tensor 'w' shaped [7, 10]"));
+}
+
 TEST_CASE("safetensors: exact bytes of a tiny file") {
   TempDir tmp;
   std::string path = tmp.file("tiny.safetensors");

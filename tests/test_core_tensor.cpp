@@ -2,6 +2,9 @@
 // factories, the generator, memory counters and in-place storage free/re-allocate.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 
 #include "core/allocator.h"
@@ -208,6 +211,13 @@ TEST_CASE("the meta device: shapes and dtypes, no memory, fills recorded") {
   CHECK(recorded_fill(never) == nullptr);
   materialize_in_place(never, kCPU);
   CHECK(to_vector(never) == std::vector<double>{0, 0});
+  // A meta tensor converts to a meta tensor of the other dtype (a model converted before it is
+  // loaded), unless a fill is recorded on it: rounded from the rule, its values would differ.
+  Tensor unfilled = empty({2, 3}, {.device = Device::meta()}).to(kBFloat16);
+  CHECK(unfilled.device().is_meta());
+  CHECK(unfilled.dtype() == kBFloat16);
+  CHECK(unfilled.shape() == Shape{2, 3});
+  CHECK_THROWS_WITH(w.to(kBFloat16), Catch::Contains("records normal(") && Catch::Contains("after materialising it"));
 }
 
 TEST_CASE("memory counters count exact bytes and track the peak") {
@@ -328,6 +338,28 @@ TEST_CASE("the CPU allocator reuses freed blocks of a size class and gives them 
   CHECK(memory_stats().reserved_bytes == before.reserved_bytes);
 }
 
+TEST_CASE("CPU blocks of 2 MiB and more start on a 2 MiB boundary, advised as transparent huge pages") {
+  Tensor small = empty({1000});
+  Tensor big = empty({1 << 20});  // 4 MiB
+  CHECK(reinterpret_cast<uintptr_t>(big.data_ptr()) % (2 << 20) == 0);
+  CHECK(reinterpret_cast<uintptr_t>(small.data_ptr()) % 64 == 0);
+  if (!std::filesystem::exists("/sys/kernel/mm/transparent_hugepage/enabled")) {
+    WARN("skipped the advice's check: this kernel has no transparent huge pages");
+    return;
+  }
+  // The mapping that holds the block carries the advice: "hg" in its VmFlags (proc(5)).
+  std::ifstream smaps("/proc/self/smaps");
+  const auto at = reinterpret_cast<uintptr_t>(big.data_ptr());
+  bool inside = false, advised = false, found = false;
+  for (std::string line; std::getline(smaps, line);) {
+    uintptr_t lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2) inside = lo <= at && at < hi;
+    else if (inside && line.rfind("VmFlags:", 0) == 0) found = true, advised = line.find(" hg") != std::string::npos;
+  }
+  REQUIRE(found);
+  CHECK(advised);
+}
+
 TEST_CASE("storage can be freed and re-allocated in place") {
   Tensor t = ones({256});
   Tensor v = t.narrow(0, 10, 5);
@@ -387,4 +419,16 @@ TEST_CASE("find_nonfinite names the first NaN or infinity, in contiguous f32 and
   t.data<float>()[2500] = 3.4e38f;  // the largest floats are finite
   CHECK(find_nonfinite(t)->index == 2999);
   CHECK(find_nonfinite(t.narrow(1, 0, 999).contiguous()) == std::nullopt);
+  // 16-bit floats, past the blocks the bit scan splits a large tensor into (the last element
+  // of one and of the whole tensor); the largest finite values are finite there too.
+  for (DType d : {kBFloat16, kFloat16}) {
+    Tensor h = full({300001}, d == kFloat16 ? 65504.0 : 3.0e38, {.dtype = d});
+    CHECK_FALSE(find_nonfinite(h).has_value());
+    for (int64_t at : {int64_t(16383), int64_t(300000)}) {
+      Tensor bad = h.clone();
+      bad.narrow(0, at, 1).fill_(at == 16383 ? std::numeric_limits<double>::quiet_NaN() : -INFINITY);
+      REQUIRE(find_nonfinite(bad).has_value());
+      CHECK(find_nonfinite(bad)->index == at);
+    }
+  }
 }

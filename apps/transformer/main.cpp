@@ -9,6 +9,7 @@
 //   weft-transformer prepare --tokenizer tokenizer.json --data texts/ --out tokens/
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -90,6 +91,7 @@ struct SampleOptions {
   std::string eos;          // stop after this token (an id, or a token of --tokenizer); empty: never
   std::string logits_out;   // write the prompt's logits [T, vocab] (f32) to this safetensors file
   std::string tokenizer;    // a tokenizer.json: the prompt is encoded and the output decoded with it
+  std::string dtype = "f32";  // the weights' (and so the computation's) dtype: f32 or bf16
 };
 
 struct ExportOptions {
@@ -619,16 +621,19 @@ int train(TrainOptions o, const Ranks& ranks) {
 // latest in it) or one file (weft-checkpoint consolidate's, or any with the same description
 // and the family's names; a tied head's lm_head.weight must equal the embedding). Whole, on the
 // CPU; or, with `shard`, built on the meta device and fully_shard per block and at the root over
-// the world (default options), each rank reading its own shards.
+// the world (default options), each rank reading its own shards. In `dtype`: built on the meta
+// device in it, so that bf16 weights are read straight into bf16 parameters (others converted).
 struct LoadedModel {
   apps::LanguageModel lm;
   std::optional<fsdp::FSDPModule> root;  // with `shard`
   std::map<std::string, std::string> recorded;  // a checkpoint's training description (tokenizer_sha256, ...)
 };
-LoadedModel load_model(const std::string& from, bool say, bool shard = false, Device device = kCPU) {
+LoadedModel load_model(const std::string& from, bool say, bool shard = false, Device device = kCPU,
+                       DType dtype = kFloat32) {
   LoadedModel m;
   auto build = [&](const apps::ModelConfig& cfg) {
     m.lm = apps::make_model_to_load(cfg);
+    m.lm.module->to(dtype);
     if (!shard) return nn::materialize(*m.lm.module, kCPU);
     const fsdp::FullyShardOptions opts{.mesh = dist::default_mesh(device.type)};
     for (auto& block : m.lm.blocks) fsdp::fully_shard(block, opts);
@@ -773,16 +778,21 @@ int sample(const SampleOptions& o, const Ranks& ranks) {
   apps::check_outputs_apart({{"--logits-out", o.logits_out}, {"WEFT_TRACE", trace::file()}}, {{"--from", o.checkpoint}, {"--tokenizer", o.tokenizer}},
                             "transformer");
   LoadedModel loaded;
+  const auto load_start = std::chrono::steady_clock::now();
   dist::agree(ranks.groups(), "transformer", [&] {
+    const DType dtype = o.dtype == "bf16" ? kBFloat16 : kFloat32;
     if (!ranks.fsdp) {
-      loaded = load_model(o.checkpoint, ranks.lead());
+      loaded = load_model(o.checkpoint, ranks.lead(), false, kCPU, dtype);
       loaded.lm.module->to(device);
     } else {
-      loaded = load_model(o.checkpoint, ranks.lead(), true, device);
+      loaded = load_model(o.checkpoint, ranks.lead(), true, device, dtype);
     }
     apps::check_finite_parameters(*loaded.lm.module, fmt::format("transformer: refusing to sample from {}",
                                                                  o.checkpoint));
   });
+  if (ranks.lead())
+    std::fprintf(stderr, "weft-transformer: loaded %s in %.2f s\n", o.checkpoint.c_str(),
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count());
   nn::Module& model = *loaded.lm.module;
   const apps::ModelConfig& cfg = loaded.lm.cfg;
   const std::string source = hf_source(o.checkpoint, loaded.recorded);
@@ -992,6 +1002,9 @@ CLI::App* add_sample_flags(CLI::App& app, SampleOptions& s) {
   sa->add_option("--seed", s.seed, "seed for drawing")->check(apps::cli::seed())->capture_default_str();
   sa->add_option("--threads", s.threads, "CPU threads")->check(apps::cli::threads());
   sa->add_option("--device", s.device, "cpu, cuda or cuda:N: where the model runs")->capture_default_str();
+  sa->add_option("--dtype", s.dtype, "the weights' dtype, and so the computation's: f32, or bf16 (half the bytes "
+                 "read per token)")
+      ->check(CLI::IsMember({"f32", "bf16"}))->capture_default_str();
   return sa;
 }
 

@@ -178,6 +178,19 @@ if [ -n "$mpirun" ]; then
         fail "$m $how: the cache gave $c, --no-cache $n, --fsdp at 2 ranks $f"
     done
   done
+  # --dtype bf16 builds the model in bf16 and reads the weights straight into it (the C++ test
+  # apps_hf holds its logits within 2 % of transformers' f32 ones, for every family): its prompt
+  # logits are not the f32 ones, and it samples alike with the cache, without it and sharded.
+  "$exe" sample --from "$data/llama3" --prompt "The " --tokens 0 --logits-out "$tmp/f32.st" 2>/dev/null
+  "$exe" sample --from "$data/llama3" --prompt "The " --tokens 0 --dtype bf16 --logits-out "$tmp/bf16.st" 2>/dev/null
+  [ -s "$tmp/bf16.st" ] && ! cmp -s "$tmp/f32.st" "$tmp/bf16.st" || fail "sample --dtype bf16 wrote the f32 logits"
+  c=$("$exe" sample --from "$data/llama3" --prompt "The " --tokens 40 --greedy --ids --dtype bf16 2>/dev/null)
+  n=$("$exe" sample --from "$data/llama3" --prompt "The " --tokens 40 --greedy --ids --dtype bf16 --no-cache 2>/dev/null)
+  f=$("$mpirun" -np 2 "${mpirun_args[@]}" "$exe" sample --fsdp --from "$data/llama3" --prompt "The " --tokens 40 \
+        --greedy --ids --dtype bf16 2>"$tmp/sf.err") || fail "sample --fsdp --dtype bf16 failed: $(cat "$tmp/sf.err")"
+  [ "$c" = "$n" ] && [ "$c" = "$f" ] && [ "$(echo "$c" | tr ',' '\n' | wc -l)" -eq 40 ] ||
+    fail "--dtype bf16: the cache gave $c, --no-cache $n, --fsdp at 2 ranks $f"
+  expect_error "--dtype: f16 not in {f32,bf16}" sample --from "$data/llama3" --dtype f16
   echo "fsdp: step-10 loss $a10 at 1, 2 and 4 ranks; --init-from step-1 loss $h1 at 1 and 2 ranks; export samples $s1"
 fi
 echo "llama cli ok: loss $a1 -> $a30 in 30 steps; resumed step-30 loss $b30"
