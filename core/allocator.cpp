@@ -131,8 +131,9 @@ class CpuAllocator final : public Allocator {
   static constexpr size_t kHugePage = size_t(2) << 20;
   static void* system_alloc(size_t cls) {
     if (cls < kHugePage) return std::aligned_alloc(64, cls);
-    void* p = std::aligned_alloc(kHugePage, cls);
-    if (p != nullptr) (void)::madvise(p, cls / kHugePage * kHugePage, MADV_HUGEPAGE);
+    void* p = nullptr;  // (aligned_alloc wants the size a multiple of the alignment)
+    if (::posix_memalign(&p, kHugePage, cls) != 0) return nullptr;
+    (void)::madvise(p, cls / kHugePage * kHugePage, MADV_HUGEPAGE);
     return p;
   }
   void* take_cached(size_t cls) {
