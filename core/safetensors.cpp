@@ -326,19 +326,13 @@ const SafetensorsEntry* SafetensorsReader::find(const std::string& name) const {
 }
 
 Tensor SafetensorsReader::read(const std::string& name) {
-  auto it = impl_->by_name.find(name);
-  WEFT_CHECK(it != impl_->by_name.end(), "safetensors: '{}' has no tensor '{}'", path(), name);
-  const Entry& e = impl_->header.entries[it->second];
-  Tensor t = empty(e.shape, {.dtype = e.dtype, .device = kCPU});
-  if (e.end > e.begin) {
-    // The data section starts after the 8-byte length and the header; its extent was validated.
-    impl_->in.seek(impl_->in.size() - impl_->header.data_size + e.begin);
-    impl_->in.read(t.data_ptr(), e.end - e.begin, fmt::format("tensor '{}'", e.name));
-    // Any byte other than 0 or 1 in a C++ bool is undefined behaviour; make it 1.
-    if (e.dtype == DType::bool_) {
-      auto* p = static_cast<uint8_t*>(t.data_ptr());
-      for (uint64_t i = 0; i < e.end - e.begin; ++i) p[i] = p[i] != 0;
-    }
+  const SafetensorsEntry* e = find(name);
+  WEFT_CHECK(e != nullptr, "safetensors: '{}' has no tensor '{}'", path(), name);
+  Tensor t = empty(e->shape, {.dtype = e->dtype, .device = kCPU});
+  read_rows_into(name, 0, e->shape.empty() ? 1 : e->shape[0], t);
+  if (e->dtype == DType::bool_) {  // any byte other than 0 or 1 in a C++ bool is undefined behaviour: make it 1
+    auto* p = static_cast<uint8_t*>(t.data_ptr());
+    for (int64_t i = 0; i < t.numel(); ++i) p[i] = p[i] != 0;
   }
   return t;
 }
@@ -378,9 +372,10 @@ void SafetensorsReader::read_rows_into(const std::string& name, int64_t offset, 
   WEFT_CHECK(offset >= 0 && length >= 0 && offset + length <= rows, "safetensors: '{}': cannot read rows [{}, {}) of "
              "tensor '{}' shaped {}", path(), offset, offset + length, name, shape_str(e.shape));
   const int64_t row_numel = rows == 0 ? 0 : shape_numel(e.shape) / rows;
-  WEFT_CHECK(is_floating(e.dtype) && dst.device() == kCPU && dst.is_contiguous() && is_floating(dst.dtype()) &&
-             dst.numel() == length * row_numel, "safetensors: '{}': rows of tensor '{}' ({}, {} x {} elements) go only "
-             "into a contiguous CPU float tensor of as many elements, not {} {} on {}", path(), name,
+  WEFT_CHECK((dst.dtype() == e.dtype || (is_floating(e.dtype) && is_floating(dst.dtype()))) && dst.device() == kCPU &&
+             dst.is_contiguous() && dst.numel() == length * row_numel, "safetensors: '{}': rows of tensor '{}' ({}, {} x {} "
+             "elements) go only into a contiguous CPU tensor of as many elements, of its dtype or (a float) any float "
+             "dtype, not {} {} on {}", path(), name,
              dtype_name(e.dtype), length, row_numel, dtype_name(dst.dtype()), shape_str(dst.shape()), dst.device().str());
   if (dst.numel() == 0) return;
   const uint64_t row_bytes = uint64_t(row_numel) * dtype_size(e.dtype);

@@ -67,9 +67,9 @@ class SafetensorsReader {
   // dim 0, one per index of the dims before `dim` otherwise.
   Tensor read_slice(const std::string& name, int64_t dim, int64_t offset, int64_t length);
   // Rows [offset, offset + length) of dim 0 (all of a 0-d tensor) into `dst`, a contiguous CPU
-  // tensor of as many elements, of any floating dtype: the bytes go straight into it when the
-  // dtypes match, else through a buffer of at most `buffer_bytes` (a row at least) that is converted into it piece by
-  // piece. A model is loaded without a copy of it, or of its largest tensor, on the side.
+  // tensor of as many elements: the bytes go straight into it when it has the tensor's dtype; a
+  // float tensor goes into any float dtype through a buffer of at most `buffer_bytes` (a row at
+  // least) converted piece by piece. A model loads without a copy of a tensor on the side.
   void read_rows_into(const std::string& name, int64_t offset, int64_t length, Tensor& dst,
                       int64_t buffer_bytes = int64_t(16) << 20);
 

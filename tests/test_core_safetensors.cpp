@@ -242,7 +242,9 @@ TEST_CASE("safetensors: rows read into a tensor, converted piece by piece or str
   Tensor wrong = empty({3, 9});
   CHECK_THROWS_WITH(r.read_rows_into("w", 0, 3, wrong), Contains("rows of tensor 'w' (bf16, 3 x 10 elements)"));
   Tensor strided = empty({10, 3}).transpose(0, 1);
-  CHECK_THROWS_WITH(r.read_rows_into("w", 0, 3, strided), Contains("contiguous CPU float tensor"));
+  CHECK_THROWS_WITH(r.read_rows_into("w", 0, 3, strided), Contains("into a contiguous CPU tensor"));
+  Tensor ints = empty({3, 10}, {.dtype = kInt64});
+  CHECK_THROWS_WITH(r.read_rows_into("w", 0, 3, ints), Contains("of its dtype or (a float) any float dtype, not i64"));
   CHECK_THROWS_WITH(r.read_rows_into("w", 5, 3, straight), Contains("cannot read rows [5, 8) of tensor 'w' shaped [7, 10]"));
 }
 
