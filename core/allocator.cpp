@@ -125,7 +125,7 @@ class CpuAllocator final : public Allocator {
  private:
   // Blocks of 2 MiB and more start on a 2 MiB boundary, and their whole 2 MiB pieces are
   // advised as transparent huge pages (Linux with THP "madvise" or "always"): one page fault
-  // per 2 MiB instead of 512, and fewer TLB misses where a weight is read once per token.
+  // per 2 MiB instead of 512 (a 1B model's load: docs/PERFORMANCE.md).
   // The tail past the last whole piece keeps 4 KiB pages, so no more memory is touched than
   // asked for. A kernel without THP refuses the advice (EINVAL): the block is used as it is.
   static constexpr size_t kHugePage = size_t(2) << 20;

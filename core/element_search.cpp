@@ -1,7 +1,6 @@
 #include "core/element_search.h"
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <fmt/format.h>
 

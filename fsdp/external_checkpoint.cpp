@@ -41,8 +41,8 @@ void load_external_checkpoint(nn::Module& model, const FSDPModule* root, const E
     const Placement& p = t.placement;
     Tensor dst = t.local;
     if (!src.transposed && dst.device() == kCPU && dst.is_contiguous() && (p.whole() || p.dim == 0)) {
-      const int64_t rows = p.global_shape.empty() ? 1 : p.global_shape[0];
-      reader(src.file).read_rows_into(src.name, p.whole() ? 0 : p.offset, p.whole() ? rows : p.length, dst);
+      const Shape rows = p.local_shape();  // the piece's rows of dim 0 (one for a 0-d tensor)
+      reader(src.file).read_rows_into(src.name, p.whole() ? 0 : p.offset, rows.empty() ? 1 : rows[0], dst);
       continue;
     }
     Tensor piece;
