@@ -15,7 +15,7 @@ namespace weft::kernels::cuda::detail {
   if (code == cudaErrorInsufficientDriver || code == cudaErrorNoDevice)
     hint = "; no usable CUDA device or driver on this machine";
   else if (code == cudaErrorNoKernelImageForDevice)
-    hint = "; weft's kernels are built for sm_90 (+ compute_90 PTX): this GPU needs other -gencode flags";
+    hint = "; weft's kernels are built as compute_90 PTX (+ sm_90 code where a GPU was visible at build time): this GPU needs other -gencode flags";
   ::weft::detail::throw_error(file, line, fmt::format("{} failed: {} ({}, CUDA error {}){}", expr,
                                                       cudaGetErrorString(code), cudaGetErrorName(code),
                                                       int(code), hint));
