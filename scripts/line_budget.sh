@@ -13,7 +13,7 @@ budgets=(
   "kernels/cpu    5400  kernels/cpu"
   "cuda           4636  cuda"
   "autograd       1765  autograd"
-  "nn             2681  nn"
+  "nn             2852  nn"
   "dist           2545  dist"
   "fsdp           4489  fsdp"
   "apps           7859  apps"
