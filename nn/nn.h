@@ -8,6 +8,7 @@
 #include "nn/init.h"
 #include "nn/kv_cache.h"
 #include "nn/layers.h"
+#include "nn/lora.h"
 #include "nn/loss.h"
 #include "nn/materialize.h"
 #include "nn/module.h"
