@@ -100,20 +100,20 @@ void FSDPParam::assemble_into(const Tensor& gathered, int64_t column_offset, con
 
 void FSDPParam::copy_in_grad(const Tensor& send) const {
   Tensor g = unsharded_grad();
-  if (!g.defined()) return;  // no gradient reached it: contributes zeros
+  if (!g.defined() || !requires_grad_) return;  // no gradient reached it: contributes zeros
   if (global_shape_.empty()) g = g.view({1});
   int64_t extent = g.size(shard_dim_);
   for (int r = 0; r < world_; ++r) {
     int64_t start = int64_t(r) * chunk_, rows = std::clamp<int64_t>(extent - start, 0, chunk_);
     if (rows == 0) break;
-    Tensor dst = chunk_view(send.select(0, r).narrow(0, offset_, padded_numel_)).narrow(shard_dim_, 0, rows);
+    Tensor dst = chunk_view(send.select(0, r).narrow(0, grad_offset_, padded_numel_)).narrow(shard_dim_, 0, rows);
     copy_elements(dst, g.detach().narrow(shard_dim_, start, rows));
   }
 }
 
 void FSDPParam::accumulate_sharded_grad(const Tensor& reduced_flat) {
   if (!requires_grad_) return;
-  Tensor part = chunk_view(reduced_flat.narrow(0, offset_, padded_numel_)).narrow(shard_dim_, 0, local_rows_);
+  Tensor part = chunk_view(reduced_flat.narrow(0, grad_offset_, padded_numel_)).narrow(shard_dim_, 0, local_rows_);
   if (global_shape_.empty() && local_rows_ == 1) part = part.view({});
   Tensor current = sharded_.grad();
   if (!current.defined()) {

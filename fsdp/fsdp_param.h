@@ -25,6 +25,10 @@ class FSDPParam {
   bool requires_grad() const { return requires_grad_; }
   int64_t padded_numel() const { return padded_numel_; }  // per rank, incl. padding
   int64_t storage_offset() const { return offset_; }      // in the group's flat shard buffer
+  // Where its padded chunk sits in the group's gradient buffers (the reduce-scatter's columns),
+  // which hold only the parameters that require gradients; -1 for a frozen one.
+  int64_t grad_offset() const { return grad_offset_; }
+  void set_grad_offset(int64_t offset) { grad_offset_ = offset; }
   // The sharded parameter (registered in the module between steps, stepped by the optimizer).
   const Tensor& sharded() const { return sharded_; }
   // This rank's padded chunk as a flat view [padded_numel] of the group's shard buffer.
@@ -47,8 +51,8 @@ class FSDPParam {
   // Copies chunk `index` (of `ranks`) of the unsharded parameter into `flat` [padded_numel_for(ranks)],
   // zero padding included.
   void copy_chunk_of_unsharded(int index, int ranks, const Tensor& flat) const;
-  // Packs the unsharded gradient into `send` [world, group_numel] at this param's columns,
-  // zero padding included, converted to send's dtype.
+  // Packs the unsharded gradient into `send` [world, grad_numel] at this param's gradient
+  // columns, zero padding included, converted to send's dtype (nothing for a frozen one).
   void copy_in_grad(const Tensor& send) const;
   // Adds this rank's reduced chunk (flat [padded] slice of the reduce-scatter output) into the
   // sharded parameter's .grad.
@@ -78,7 +82,7 @@ class FSDPParam {
   int rank_, world_;
   int64_t chunk_ = 0;       // extent of one rank's chunk along shard_dim (padded)
   int64_t local_rows_ = 0;  // real extent of this rank's chunk (<= chunk_)
-  int64_t padded_numel_ = 0, offset_ = 0;
+  int64_t padded_numel_ = 0, offset_ = 0, grad_offset_ = -1;
   bool requires_grad_ = false;
   bool pin_grads_ = false;
   Device pin_device_ = kCPU;

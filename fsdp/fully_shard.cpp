@@ -312,6 +312,7 @@ CommStats FSDPModule::comm_stats(bool recurse) const {
       total.all_gathers += s->group->stats.all_gathers;
       total.reduce_scatters += s->group->stats.reduce_scatters;
       total.all_reduces += s->group->stats.all_reduces;
+      total.reduce_scatter_elements += s->group->stats.reduce_scatter_elements;
     }
   return total;
 }

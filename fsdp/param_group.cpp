@@ -60,6 +60,10 @@ FSDPParamGroup::FSDPParamGroup(std::vector<Entry> entries, const FullyShardOptio
   for (size_t i = 0; i < entries.size(); ++i) {
     params_.push_back(std::make_unique<FSDPParam>(entries[i].name, entries[i].slots, entries[i].shard_dim, rank,
                                                   world, flat_shard_, offset));
+    if (params_.back()->requires_grad()) {
+      params_.back()->set_grad_offset(grad_numel_);
+      grad_numel_ += padded[i];
+    }
     offset += padded[i];
     if (offload_) params_.back()->set_pin_grads(opts.offload_policy->pin_memory, device);
   }
@@ -162,10 +166,11 @@ bool FSDPParamGroup::has_unsharded_grads() const {
 }
 
 void FSDPParamGroup::add_grad_leaf() {
+  if (grad_numel_ == 0) return;
   const std::string owner = "fsdp gradient leaves (deterministic) of '" + label + "'";
   MemoryOwner owning(owner);
   NoGradGuard no_grad;
-  Tensor packed = zeros({int64_t(shard_group_->size()), group_numel_}, {.dtype = reduce_dtype_, .device = compute_device_});
+  Tensor packed = zeros({int64_t(shard_group_->size()), grad_numel_}, {.dtype = reduce_dtype_, .device = compute_device_});
   std::vector<Tensor> unused;  // packed on the current stream, which is done with them in order
   pack_grads(params_, packed, unused);
   grad_leaves_.add({packed});
@@ -173,6 +178,8 @@ void FSDPParamGroup::add_grad_leaf() {
 
 void FSDPParamGroup::start_reduce_scatter() {
   if (pending_rs_) finish_reduce_scatter();
+  if (grad_numel_ == 0) return;  // every parameter frozen: nothing to reduce
+  stats.reduce_scatter_elements += shard_group_->size() * grad_numel_;
   const std::string owner = "fsdp reduce-scatter of '" + label + "'";
   MemoryOwner owning(owner);
   if (grad_leaves_.leaves() > 0) {
@@ -190,7 +197,7 @@ void FSDPParamGroup::start_reduce_scatter() {
   }
   bool average = reduce_scatter_divide_factor == 0;
   pending_rs_ = std::make_unique<ReduceScatterResult>(
-      reduce_scatter(*comm_, params_, shard_group_, group_numel_, reduce_dtype_, compute_device_,
+      reduce_scatter(*comm_, params_, shard_group_, grad_numel_, reduce_dtype_, compute_device_,
                      average ? dist::ReduceOp::avg : dist::ReduceOp::sum, label));
   ++stats.reduce_scatters;
 }

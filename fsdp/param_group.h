@@ -24,6 +24,7 @@ struct CommStats {
   int64_t all_gathers = 0;
   int64_t reduce_scatters = 0;
   int64_t all_reduces = 0;
+  int64_t reduce_scatter_elements = 0;  // sent by this rank: the ranks times the gradient columns
 };
 
 class FSDPParamGroup {
@@ -95,6 +96,7 @@ class FSDPParamGroup {
   dist::ProcessGroupPtr shard_group_, replicate_group_;
   Tensor flat_shard_;
   int64_t group_numel_ = 0;
+  int64_t grad_numel_ = 0;  // the reduce-scatter's columns: the parameters that require gradients
   DType param_dtype_, reduce_dtype_;
   State state_ = State::sharded;
   // reshard_after_forward = k: the subgroup, this rank's chunks of it, and their offsets.
