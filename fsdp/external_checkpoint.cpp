@@ -8,14 +8,16 @@
 
 namespace weft::fsdp {
 
-void load_external_checkpoint(nn::Module& model, const FSDPModule* root, const ExternalNames& names) {
+void load_external_checkpoint(nn::Module& model, const FSDPModule* root, const ExternalNames& names,
+                              const std::function<bool(const std::string&)>& keep) {
   std::map<std::string, std::unique_ptr<SafetensorsReader>> readers;
   auto reader = [&](const std::string& file) -> SafetensorsReader& {
     auto& r = readers[file];
     if (!r) r = std::make_unique<SafetensorsReader>(file);
     return *r;
   };
-  const ShardedStateDict local = sharded_state_dict(model, root);
+  ShardedStateDict local = sharded_state_dict(model, root);
+  if (keep) std::erase_if(local, [&](const auto& entry) { return keep(entry.first); });
   // Check everything before anything is read into the model.
   for (const auto& [name, t] : local) {
     auto it = names.find(name);

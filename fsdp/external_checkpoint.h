@@ -5,6 +5,7 @@
 // built on the meta device and sharded first (deferred init), the load's peak is this rank's
 // shards plus one tensor's piece.
 #pragma once
+#include <functional>
 #include <map>
 #include <string>
 
@@ -22,9 +23,11 @@ struct ExternalTensor {
 };
 using ExternalNames = std::map<std::string, ExternalTensor>;  // parameter name -> where it is
 
-// Loads every parameter of `model` (this rank's shard when `root` shards it) from `names`.
+// Loads every parameter of `model` (this rank's shard when `root` shards it) from `names`, but
+// those `keep` names, which keep their values (e.g. LoRA adapters a base model's files lack).
 // Throws naming the parameter and the file when one is missing from the map or the file, or
 // stored with another shape or a non-float dtype; nothing is loaded then.
-void load_external_checkpoint(nn::Module& model, const FSDPModule* root, const ExternalNames& names);
+void load_external_checkpoint(nn::Module& model, const FSDPModule* root, const ExternalNames& names,
+                              const std::function<bool(const std::string&)>& keep = nullptr);
 
 }  // namespace weft::fsdp

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/transformer/hf_checkpoint.h"
+#include "apps/transformer/lora_settings.h"
 #include "core/allocator.h"
 #include "fsdp/fsdp.h"
 #include "fsdp_test_models.h"
@@ -457,4 +458,47 @@ TEST_CASE("as transformers reads them: a stored head wins over tie_word_embeddin
   }
   fs::remove_all(dir);
   fs::remove_all(single);
+}
+
+TEST_CASE("LoRA on a Hugging Face model, sharded: the base loads, adapters start at zero, only they train") {
+  for (const std::string& family : {std::string("llama"), std::string("qwen2")}) {
+    INFO(family << " at " << dist::world_size() << " ranks");
+    const std::string dir = kData + "/" + family;
+    const Expected e = expected(family);
+    manual_seed(3);
+    apps::LanguageModel lm = apps::make_model_to_load(apps::read_hf_config(dir));
+    apps::add_lora(lm, {.rank = 2, .alpha = 4, .targets = {"q_proj", "v_proj", "down_proj"}}, false);
+    for (auto& block : lm.blocks) fsdp::fully_shard(block);
+    fsdp::FSDPModule root = fsdp::fully_shard(lm.module);
+    apps::load_hf_checkpoint(dir, lm, &root);  // the file has no adapters: they keep their initial values
+    {
+      NoGradGuard no_grad;
+      check_logits((*lm.module)(inputs(e)), e.logits, family + " logits with lora_B zero");
+    }
+    std::vector<Tensor> trainable;
+    for (auto& [name, p] : lm.module->named_parameters())
+      if (p.requires_grad()) trainable.push_back(p);
+    CHECK(trainable.size() == 6 * size_t(lm.cfg.n_layer));  // A and B of three modules per layer
+    nn::AdamW opt(trainable, {.lr = 1e-2});
+    for (int step = 0; step < 2; ++step) {
+      opt.zero_grad();
+      Tensor logits = (*lm.module)(inputs(e));
+      cross_entropy(logits.view({-1, logits.size(-1)}), targets(e).view({-1})).backward();
+      opt.step();
+    }
+    std::map<std::string, Tensor> hf;
+    for (auto& entry : fs::directory_iterator(dir))
+      if (entry.path().extension() == ".safetensors" && entry.path().filename() != "expected.safetensors")
+        for (auto& [name, t] : load_safetensors(entry.path().string()).tensors) hf[name] = t;
+    for (auto& [name, p] : lm.module->named_parameters()) {
+      const Tensor full = root.full_tensor(name);
+      INFO(name);
+      if (nn::is_lora_parameter(name)) {
+        if (name.ends_with("lora_B.weight")) CHECK(to_vector(full) != std::vector<double>(size_t(full.numel()), 0.0));
+        continue;
+      }
+      REQUIRE(hf.count(name));
+      CHECK(to_vector(full) == to_vector(hf.at(name).to(kFloat32)));  // frozen: the file's values, bit for bit
+    }
+  }
 }

@@ -113,6 +113,7 @@ void load_hf_checkpoint(const std::string& dir, const LanguageModel& model, cons
   fsdp::ExternalNames names;
   std::set<std::string> used;
   for (auto& [name, p] : model.module->named_parameters()) {  // a tied tensor once, under its first name
+    if (nn::is_lora_parameter(name)) continue;  // adapters a run added: they keep their initial values
     std::string hf = name;
     if (!files.count(hf) && !layout.optional_prefix.empty() && name.rfind(layout.optional_prefix, 0) == 0)
       hf = name.substr(layout.optional_prefix.size());
@@ -127,7 +128,7 @@ void load_hf_checkpoint(const std::string& dir, const LanguageModel& model, cons
     WEFT_CHECK(layout.is_ignored(hf), "transformer: {} holds \"{}\" ({}), which a {} model of this config does not "
                "have", dir, hf, file, layout.model_type);
   }
-  fsdp::load_external_checkpoint(*model.module, root, names);
+  fsdp::load_external_checkpoint(*model.module, root, names, [](const std::string& n) { return nn::is_lora_parameter(n); });
 }
 
 namespace {

@@ -32,6 +32,7 @@
 #include "apps/common/resume.h"
 #include "apps/common/trainer.h"
 #include "apps/transformer/hf_checkpoint.h"
+#include "apps/transformer/lora_settings.h"
 #include "apps/transformer/model.h"
 #include "apps/transformer/text_data.h"
 #include "apps/transformer/token_data.h"
@@ -73,6 +74,8 @@ struct TrainOptions {
   std::string on_nan = "error";
   int64_t max_skipped = 5;  // --on-nan skip: give up after this many skipped steps in a row
   apps::PlanFlags plan;
+  nn::LoRAOptions lora{.rank = 0, .alpha = 0};  // rank 0: no adapters; alpha 0: the rank
+  std::string lora_targets;                     // "": every Linear of the blocks
 };
 
 struct SampleOptions {
@@ -95,6 +98,7 @@ struct SampleOptions {
 };
 
 struct ExportOptions {
+  bool merge = false;  // fold LoRA adapters into their weights
   std::string from, out;
   std::string max_shard_size = "5G";
   std::string dtype = "f32";
@@ -149,7 +153,11 @@ dist::ConfigSettings shared_settings(const TrainOptions& o) {
           {"--on-nan", o.on_nan},
           {"--max-skipped-steps", num(o.max_skipped)},
           {"--plan", o.plan.wanted() ? "true" : "false"},
-          {"--memory-budget", o.plan.budget}};
+          {"--memory-budget", o.plan.budget},
+          {"--lora-rank", num(o.lora.rank)},
+          {"--lora-alpha", num(o.lora.alpha)},
+          {"--lora-dropout", num(o.lora.dropout)},
+          {"--lora-targets", o.lora_targets}};
 }
 
 // ---- checkpoints: fsdp::save_checkpoint directories (every rank writes its own shards; see
@@ -191,6 +199,7 @@ std::map<std::string, std::string> describe(const apps::ModelConfig& cfg, const 
             {"grad_accum", std::to_string(o.grad_accum)}, {"weight_decay", fmt::format("{}", o.weight_decay)},
             {"virtual_batches", o.deterministic ? std::to_string(o.virtual_batches) : "0"}});
   d.insert(train_text.begin(), train_text.end());
+  for (auto& [k, v] : apps::lora_fields(o.lora)) d[k] = v;
   if (!o.init_from.empty()) d["hf_source"] = std::filesystem::absolute(o.init_from).string();  // export-hf's side files
   return d;
 }
@@ -282,7 +291,8 @@ std::unique_ptr<nn::AdamW> make_optimizer(nn::Module& model, const std::vector<s
                                           const TrainOptions& o) {
   std::vector<Tensor> with, without;
   for (auto& [name, p] : model.named_parameters())
-    (std::find(decay.begin(), decay.end(), name) != decay.end() ? with : without).push_back(p);
+    if (p.requires_grad())  // not a base weight frozen under LoRA
+      (std::find(decay.begin(), decay.end(), name) != decay.end() ? with : without).push_back(p);
   return std::make_unique<nn::AdamW>(
       std::vector<nn::ParamGroup>{nn::ParamGroup{with, {}}, nn::ParamGroup{without, {{"weight_decay", 0.0}}}},
       nn::AdamWOptions{.lr = o.lr, .weight_decay = o.weight_decay});
@@ -306,6 +316,7 @@ fsdp::MemoryPlanRequest plan_request(const TrainOptions& o, bool fsdp) {
     manual_seed(o.seed);
     const apps::LanguageModel lm = apps::make_model(o.model);
     apps::init_model(lm);
+    apps::add_lora(lm, o.lora, false);
     const std::shared_ptr<nn::Module> model = lm.module;
     const auto decay = decayed_names(*model);
     for (auto& block : lm.blocks) block->set_activation_checkpointing(s.activation_checkpointing);
@@ -398,6 +409,12 @@ void take_init_config(TrainOptions& o) {
 void validate(TrainOptions& o, const Ranks& ranks, Run& run) {
   if (!o.init_from.empty()) take_init_config(o);
   apps::check_config(o.model);
+  WEFT_CHECK(o.lora.rank > 0 || (o.lora.alpha == 0 && o.lora.dropout == 0 && o.lora_targets.empty()),
+             "transformer: --lora-alpha, --lora-dropout and --lora-targets need a --lora-rank above 0");
+  if (o.lora.rank > 0) {
+    o.lora.targets = apps::lora_targets(o.lora_targets, o.model);
+    if (o.lora.alpha == 0) o.lora.alpha = double(o.lora.rank);
+  }
   WEFT_CHECK(o.lr > 0 && o.steps > 0 && o.batch_size > 0 && o.grad_accum > 0,
              "transformer: --lr, --steps, --batch-size and --grad-accum must be positive");
   if (o.deterministic) run.leaves = apps::make_leaf_plan("transformer", o.virtual_batches, o.batch_size, o.grad_accum, ranks);
@@ -470,6 +487,14 @@ void find_resume(const TrainOptions& o, Run& run, bool say) {
   apps::check_resumed_data(ck.app, run.train_text, "training text", "--data " + o.data, where, "transformer");
   same("weight_decay", "--weight-decay", fmt::format("{}", o.weight_decay),
        "the optimizer state restores the weight decay, so another value would be ignored");
+  auto text = [](const std::map<std::string, std::string>& f) {
+    std::string t;
+    for (auto& [k, v] : f) t += fmt::format("{}{} {}", t.empty() ? "" : ", ", k, v);
+    return t.empty() ? std::string("no LoRA adapters") : t;
+  };
+  const auto recorded = apps::lora_fields(apps::lora_of(ck.app, where)), wanted = apps::lora_fields(o.lora);
+  WEFT_CHECK(recorded == wanted, "transformer: checkpoint {} holds {}; the --lora-* flags ask for {}", where,
+             text(recorded), text(wanted));
   WEFT_CHECK(ck.step <= o.steps, "transformer: {} is at step {}, beyond --steps {}: raise --steps to go on", where,
              ck.step, o.steps);
   if (ck.data.count("batch"))  // the run draws batch step * --grad-accum next
@@ -492,15 +517,18 @@ void build_model(TrainOptions& o, const Ranks& ranks, Run& run) {
   manual_seed(o.seed);
   if (!o.init_from.empty() && run.resume_from.empty()) {  // load_init_weights reads every parameter
     run.lm = apps::make_model_to_load(o.model);
+    apps::add_lora(run.lm, o.lora, false);  // drawn after nothing: the same adapters at any world size
     if (!ranks.fsdp) nn::materialize(*run.lm.module, run.device);
   } else if (ranks.fsdp) {
     DefaultDeviceGuard meta(Device::meta());
     run.lm = apps::make_model(o.model);
     apps::init_model(run.lm);
+    apps::add_lora(run.lm, o.lora, false);
   } else {
     run.lm = apps::make_model(o.model);
     run.lm.module->to(run.device);  // initialised on the host (the same values on every device), then moved
     apps::init_model(run.lm);
+    apps::add_lora(run.lm, o.lora, false);
   }
 }
 
@@ -596,6 +624,8 @@ int train(TrainOptions o, const Ranks& ranks) {
   if (o.plan.only()) return 0;  // the plan is printed; nothing to train
   nn::Module& model = *run.lm.module;
   const int64_t n_params = apps::count_parameters(model);
+  int64_t n_trainable = 0;  // the adapters under LoRA (never tied)
+  for (auto& [name, p] : model.named_parameters()) n_trainable += p.requires_grad() ? p.numel() : 0;
   const std::vector<std::string> decay = decayed_names(model);  // from the full shapes, before sharding
   // Each block keeps only its input for backward and runs again there (nn/activation_checkpoint.h).
   for (auto& block : run.lm.blocks) block->set_activation_checkpointing(o.activation_checkpointing);
@@ -609,6 +639,10 @@ int train(TrainOptions o, const Ranks& ranks) {
                         run.leaves, task, *run.metrics);
   if (!run.resume_from.empty()) trainer.resume(run.resume_from);
   print_run(o, run, ranks, n_params, root.has_value());
+  if (o.lora.rank > 0 && ranks.lead())
+    std::fprintf(stderr, "weft-transformer: LoRA rank %lld, alpha %g on %s: %lld trainable parameters, the other %lld "
+                 "frozen\n", (long long)o.lora.rank, o.lora.alpha, apps::lora_fields(o.lora).at("lora_targets").c_str(),
+                 (long long)n_trainable, (long long)(n_params - n_trainable));
   // --stop-after ends this run early but keeps the schedule of --steps, so a later --resume
   // continues exactly as an uninterrupted run would.
   const int64_t end = o.stop_after > 0 ? std::min(o.steps, trainer.step() + o.stop_after) : o.steps;
@@ -627,12 +661,15 @@ struct LoadedModel {
   apps::LanguageModel lm;
   std::optional<fsdp::FSDPModule> root;  // with `shard`
   std::map<std::string, std::string> recorded;  // a checkpoint's training description (tokenizer_sha256, ...)
+  nn::LoRAOptions lora{.rank = 0};              // a LoRA run's adapters (rank 0: none)
 };
 LoadedModel load_model(const std::string& from, bool say, bool shard = false, Device device = kCPU,
                        DType dtype = kFloat32) {
   LoadedModel m;
-  auto build = [&](const apps::ModelConfig& cfg) {
+  auto build = [&](const apps::ModelConfig& cfg, const nn::LoRAOptions& lora) {
     m.lm = apps::make_model_to_load(cfg);
+    apps::add_lora(m.lm, lora, true);  // a LoRA run's checkpoint holds its adapters too
+    m.lora = lora;
     m.lm.module->to(dtype);
     if (!shard) return nn::materialize(*m.lm.module, kCPU);
     const fsdp::FullyShardOptions opts{.mesh = dist::default_mesh(device.type)};
@@ -641,7 +678,7 @@ LoadedModel load_model(const std::string& from, bool say, bool shard = false, De
   };
   const fsdp::FSDPModule* root = nullptr;
   if (apps::is_hf_dir(from)) {
-    build(apps::read_hf_config(from));
+    build(apps::read_hf_config(from), {.rank = 0});
     if (m.root) root = &*m.root;
     apps::load_hf_checkpoint(from, m.lm, root);
     return m;
@@ -651,7 +688,7 @@ LoadedModel load_model(const std::string& from, bool say, bool shard = false, De
                "checkpoint directory it was made from", from);
     auto contents = load_safetensors(from);
     auto cfg = config_of(contents.metadata, from);
-    build(cfg);
+    build(cfg, apps::lora_of(contents.metadata, from));
     fsdp::load_full_state_dict(*m.lm.module, contents.tensors, nullptr, head_alias(cfg));
     m.recorded = contents.metadata;
     return m;
@@ -660,7 +697,7 @@ LoadedModel load_model(const std::string& from, bool say, bool shard = false, De
   WEFT_CHECK(!where.empty(), "transformer: no checkpoint at {} (neither a Hugging Face directory, a checkpoint directory "
              "nor a safetensors file)", from);
   m.recorded = fsdp::read_checkpoint_index(where).training.app;
-  build(config_of(m.recorded, where));
+  build(config_of(m.recorded, where), apps::lora_of(m.recorded, where));
   if (m.root) root = &*m.root;
   fsdp::load_checkpoint(where, *m.lm.module, nullptr, root, {.restore_rng = false});
   return m;
@@ -848,8 +885,17 @@ int export_hf(const ExportOptions& o) {
   WEFT_CHECK(shard > 0, "transformer: --max-shard-size must be positive");
   apps::check_outputs_apart({{"--out", o.out}}, {{"--from", o.from}}, "transformer");
   const LoadedModel loaded = load_model(o.from, true);
-  const apps::LanguageModel& lm = loaded.lm;
-  apps::check_finite_parameters(*lm.module, fmt::format("transformer: refusing to export {}", o.from));
+  WEFT_CHECK(loaded.lora.rank > 0 || !o.merge, "transformer: {} has no LoRA adapters to --merge", o.from);
+  WEFT_CHECK(loaded.lora.rank == 0 || o.merge, "transformer: {} holds LoRA adapters (rank {}): export-hf --merge folds "
+             "them into the weights of a plain model", o.from, loaded.lora.rank);
+  apps::check_finite_parameters(*loaded.lm.module, fmt::format("transformer: refusing to export {}", o.from));
+  apps::LanguageModel merged;
+  if (o.merge) {  // the plain model with W + (alpha / r) B A in each adapted weight
+    merged = apps::make_model_to_load(loaded.lm.cfg);
+    nn::materialize(*merged.module, kCPU);
+    merged.module->load_state_dict(nn::merge_lora(loaded.lm.module->state_dict(), loaded.lora));
+  }
+  const apps::LanguageModel& lm = o.merge ? merged : loaded.lm;
   // The Hugging Face directory the model came from, whose tokenizer and generation files go along.
   std::string source = apps::is_hf_dir(o.from) ? o.from : "";
   if (auto it = loaded.recorded.find("hf_source"); it != loaded.recorded.end()) source = it->second;
@@ -930,10 +976,25 @@ void add_model_flags(CLI::App* tr, TrainOptions& t) {
   for (CLI::Option* f : shape_flags) f->excludes(init_from);
 }
 
+// train's LoRA flags (nn/lora.h): adapters on the blocks' linear layers, the rest frozen.
+void add_lora_flags(CLI::App* tr, TrainOptions& t) {
+  auto* rank = tr->add_option("--lora-rank", t.lora.rank, "train LoRA adapters of this rank on the blocks' linear "
+                              "layers, every other parameter frozen (0: train every parameter)")
+                   ->check(apps::cli::integer(0, 1 << 16))->capture_default_str();
+  tr->add_option("--lora-alpha", t.lora.alpha, "the adapters' term is scaled by alpha / rank (default: the rank)")
+      ->check(apps::cli::number_above(0))->needs(rank);
+  tr->add_option("--lora-dropout", t.lora.dropout, "dropout on the adapters' input, in training")
+      ->check(apps::cli::number_in_half_open(0, 1))->needs(rank);
+  tr->add_option("--lora-targets", t.lora_targets, "comma-separated names of the modules to adapt (default: every "
+                 "linear layer of the blocks: llama q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj; gpt2 "
+                 "c_attn,c_proj,c_fc)")->needs(rank);
+}
+
 // train's flags: the model, the batches and schedule, checkpoints, and how the step runs.
 CLI::App* add_train_flags(CLI::App& app, TrainOptions& t) {
   auto* tr = app.add_subcommand("train", "train a decoder on the bytes of a text file or folder");
   add_model_flags(tr, t);
+  add_lora_flags(tr, t);
   tr->add_option("--batch-size", t.batch_size, "sequences per micro-step (the global batch under --fsdp)")
       ->check(apps::cli::integer(1, 1 << 20))->capture_default_str();
   tr->add_option("--grad-accum", t.grad_accum, "micro-steps accumulated per optimizer step")->check(apps::cli::integer(1, 1 << 20))
@@ -1018,6 +1079,8 @@ CLI::App* add_export_flags(CLI::App& app, ExportOptions& x) {
                  "(with model.safetensors.index.json) when they are larger")->check(apps::cli::bytes())->capture_default_str();
   ex->add_option("--dtype", x.dtype, "the weights' dtype in the files: f32 or bf16")
       ->check(CLI::IsMember({"f32", "bf16"}))->capture_default_str();
+  ex->add_flag("--merge", x.merge, "a LoRA run's checkpoint: fold each adapter into its weight, W + (alpha / r) B A, "
+               "and write the plain model");
   return ex;
 }
 

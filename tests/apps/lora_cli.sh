@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# weft-transformer train --lora-rank on the Hugging Face Llama fixture (tests/data/hf/llama):
+# only the adapters train (their count printed), the loss falls, a stopped run resumes exactly,
+# a checkpoint samples as its export-hf --merge does and not as the base does; with mpirun,
+# --fsdp at 2 ranks logs the single-process losses and --deterministic gives the same bits;
+# GPT-2's defaults adapt c_attn, c_proj and c_fc; bad flags and mismatched resumes are named.
+# Usage: lora_cli.sh EXE DATA_DIR [MPIRUN MPIRUN_ARGS...]
+set -euo pipefail
+exe=$1
+data=$2
+mpirun=${3:-}
+shift $(( $# > 2 ? 3 : 2 ))
+mpirun_args=("$@")
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # $tmp (removed on exit), fail, loss_at, within
+
+expect_error() {  # expect_error TEXT ARGS...: the command fails and stderr contains TEXT
+  local text=$1; shift
+  if "$exe" "$@" >/dev/null 2>"$tmp/err"; then fail "accepted: $*"; fi
+  grep -qF -- "$text" "$tmp/err" || fail "\"$*\" failed without \"$text\": $(cat "$tmp/err")"
+}
+base=(--init-from "$data/llama" --ctx 32 --batch-size 8 --warmup 1 --lr 1e-2 --seed 0 --threads 1 --eval-every 0
+      --eval-iters 2 --log-every 1)
+run=("${base[@]}" --steps 6)
+lora=(--lora-rank 4 --lora-alpha 8)
+expect_error "--lora-alpha requires --lora-rank" train "${run[@]}" --lora-alpha 8
+expect_error "need a --lora-rank above 0" train "${run[@]}" --lora-rank 0 --lora-targets q_proj
+expect_error "target 'w_proj' names no module" train "${run[@]}" "${lora[@]}" --lora-targets q_proj,w_proj
+expect_error "is a RMSNorm; only Linear modules" train "${run[@]}" "${lora[@]}" --lora-targets input_layernorm
+
+"$exe" train "${run[@]}" "${lora[@]}" --metrics "$tmp/a.jsonl" >/dev/null 2>"$tmp/a.err" ||
+  fail "train --lora-rank failed: $(cat "$tmp/a.err")"
+# 2 layers x (q 4 x (64 + 64) + k and v 4 x (64 + 32) + o 4 x 128 + gate, up, down 3 x 4 x (64 + 64)).
+grep -q "LoRA rank 4, alpha 8 on q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj: 6656 trainable parameters, the other 82240 frozen" \
+  "$tmp/a.err" || fail "the trainable count is not 6656 of 88896: $(grep LoRA "$tmp/a.err")"
+a1=$(loss_at "$tmp/a.jsonl" 1); a6=$(loss_at "$tmp/a.jsonl" 6)
+awk -v a="$a1" -v b="$a6" 'BEGIN { exit !(b < a - 0.1) }' || fail "the loss did not fall: step 1 $a1, step 6 $a6"
+
+"$exe" train "${run[@]}" "${lora[@]}" --metrics "$tmp/b.jsonl" --stop-after 3 --checkpoint-dir "$tmp/ck" >/dev/null 2>&1
+"$exe" train "${run[@]}" "${lora[@]}" --metrics "$tmp/b.jsonl" --resume "$tmp/ck" --checkpoint-dir "$tmp/ck" >/dev/null 2>&1
+[ "$(loss_at "$tmp/b.jsonl" 6)" = "$a6" ] || fail "the resumed run's step-6 loss $(loss_at "$tmp/b.jsonl" 6) differs from $a6"
+expect_error "holds lora_alpha 8, lora_dropout 0, lora_rank 4" train "${run[@]}" --lora-rank 8 --resume "$tmp/ck"
+expect_error "holds lora_alpha 8" train "${run[@]}" --resume "$tmp/ck"
+
+# The checkpoint samples through its adapters: as the merged export does, not as the base does.
+ids() { "$exe" sample --from "$1" --prompt "Hello" --tokens 12 --greedy --ids 2>/dev/null; }
+expect_error "export-hf --merge folds them" export-hf --from "$tmp/ck" --out "$tmp/plain"
+"$exe" export-hf --from "$tmp/ck" --out "$tmp/merged" --merge >/dev/null 2>"$tmp/m.err" || fail "export-hf --merge: $(cat "$tmp/m.err")"
+grep -q "82240 parameters" "$tmp/m.err" || fail "the merged export is not the plain model: $(cat "$tmp/m.err")"
+expect_error "has no LoRA adapters to --merge" export-hf --from "$tmp/merged" --out "$tmp/again" --merge
+tuned=$(ids "$tmp/ck"); merged=$(ids "$tmp/merged"); untuned=$(ids "$data/llama")
+[ -n "$tuned" ] && [ "$tuned" = "$merged" ] || fail "the checkpoint samples $tuned, its merged export $merged"
+[ "$tuned" != "$untuned" ] || fail "the fine-tuned checkpoint samples as the base does ($untuned)"
+
+# GPT-2 from scratch: the default targets. 2 layers x 4 x ((32 + 96) + (32 + 32) + (32 + 128) + (128 + 32)).
+"$exe" train --n-layer 2 --n-head 2 --d-model 32 --ctx 16 --batch-size 4 --steps 2 --threads 1 --eval-every 0 \
+  --eval-iters 1 --lora-rank 4 >/dev/null 2>"$tmp/g.err" || fail "gpt2 --lora-rank failed: $(cat "$tmp/g.err")"
+grep -q "LoRA rank 4, alpha 4 on c_attn,c_proj,c_fc: 4096 trainable" "$tmp/g.err" ||
+  fail "gpt2's LoRA defaults: $(grep LoRA "$tmp/g.err")"
+
+[ -n "$mpirun" ] || { echo "lora_cli: no mpirun given: the 2-rank runs are not run"; exit 0; }
+"$mpirun" "${mpirun_args[@]}" -np 2 "$exe" train "${run[@]}" "${lora[@]}" --fsdp --metrics "$tmp/f.jsonl" >/dev/null 2>"$tmp/f.err" ||
+  fail "--fsdp --lora-rank at 2 ranks failed: $(cat "$tmp/f.err")"
+for s in 1 3 6; do within "$(loss_at "$tmp/f.jsonl" $s)" "$(loss_at "$tmp/a.jsonl" $s)" 1e-5 0 "2-rank step-$s loss"; done
+det=("${base[@]}" "${lora[@]}" --deterministic --virtual-batches 4 --steps 3)
+"$exe" train "${det[@]}" --metrics "$tmp/d1.jsonl" >/dev/null 2>"$tmp/d1.err" || fail "--deterministic at 1 rank failed: $(cat "$tmp/d1.err")"
+"$mpirun" "${mpirun_args[@]}" -np 2 "$exe" train "${det[@]}" --fsdp --metrics "$tmp/d2.jsonl" \
+  >/dev/null 2>"$tmp/d2.err" || fail "--deterministic --fsdp at 2 ranks failed: $(cat "$tmp/d2.err")"
+[ "$(loss_at "$tmp/d1.jsonl" 3)" = "$(loss_at "$tmp/d2.jsonl" 3)" ] && [ -n "$(loss_at "$tmp/d1.jsonl" 3)" ] ||
+  fail "--deterministic step-3 loss: $(loss_at "$tmp/d1.jsonl" 3) at 1 rank, $(loss_at "$tmp/d2.jsonl" 3) at 2"
+echo "lora_cli: ok"
