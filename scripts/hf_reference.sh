@@ -13,18 +13,23 @@
 # or the tests; the tests only read the committed fixtures).
 #   bash scripts/hf_reference.sh fixtures                 # [--out tests/data/hf]
 #   bash scripts/hf_reference.sh check --build build      # [--workdir DIR]
+#   bash scripts/hf_reference.sh peft-fixture             # tests/data/peft/llama (scripts/peft_reference.py)
+#   bash scripts/hf_reference.sh peft-check --build build # export-peft loaded by peft's PeftModel
 # Environment: HF_VENV (default /tmp/hfenv): the venv, made on first use with
-#   pip install torch transformers tokenizers safetensors numpy   (from PyPI; several GB)
+#   pip install torch transformers tokenizers safetensors numpy peft   (from PyPI; several GB)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 venv="${HF_VENV:-/tmp/hfenv}"
-pkgs=(torch transformers tokenizers safetensors numpy)
+pkgs=(torch transformers tokenizers safetensors numpy peft)
 
-if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import torch, transformers, safetensors, numpy' 2>/dev/null; then
+if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import torch, transformers, safetensors, numpy, peft' 2>/dev/null; then
   echo "hf_reference.sh: setting up the venv $venv (pip install ${pkgs[*]}; a few GB, takes a while)" >&2
   [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
   "$venv/bin/python" -m pip install --quiet --upgrade pip >&2 || true
   "$venv/bin/python" -m pip install "${pkgs[@]}" >&2
 fi
 
+case "${1:-}" in
+  peft-*) cmd=${1#peft-}; shift; exec "$venv/bin/python" "$here/peft_reference.py" "$cmd" "$@" ;;
+esac
 exec "$venv/bin/python" "$here/hf_reference.py" "$@"

@@ -19,6 +19,7 @@
 
 #include "apps/transformer/hf_checkpoint.h"
 #include "apps/transformer/lora_settings.h"
+#include "apps/transformer/peft_adapter.h"
 #include "core/allocator.h"
 #include "fsdp/fsdp.h"
 #include "fsdp_test_models.h"
@@ -501,4 +502,73 @@ TEST_CASE("LoRA on a Hugging Face model, sharded: the base loads, adapters start
       CHECK(to_vector(full) == to_vector(hf.at(name).to(kFloat32)));  // frozen: the file's values, bit for bit
     }
   }
+}
+
+TEST_CASE("a peft LoRA adapter loads onto its base as peft computes it, sharded; export-peft writes it back") {
+  const std::string dir = WEFT_TEST_DATA "/peft/llama";
+  const apps::PeftAdapter adapter = apps::read_peft_adapter(dir);
+  CHECK(adapter.lora.rank == 4);
+  CHECK(adapter.lora.alpha == 8);
+  CHECK(fs::equivalent(adapter.base, kData + "/llama"));  // "../../hf/llama", from the adapter's directory
+  auto c = load_safetensors(dir + "/expected.safetensors");
+  std::map<std::string, Tensor> e(c.tensors.begin(), c.tensors.end());
+  const Tensor ids = e.at("ids").narrow(1, 0, e.at("ids").size(1) - 1).contiguous();
+  auto build = [&](bool shard) {
+    apps::LanguageModel lm = apps::make_model_to_load(apps::read_hf_config(adapter.base));
+    apps::add_lora(lm, adapter.lora, true);
+    std::optional<fsdp::FSDPModule> root;
+    if (shard) {
+      for (auto& block : lm.blocks) fsdp::fully_shard(block);
+      root = fsdp::fully_shard(lm.module);
+    } else {
+      nn::materialize(*lm.module);
+    }
+    apps::load_hf_checkpoint(adapter.base, lm, root ? &*root : nullptr);
+    apps::load_peft_weights(adapter, lm, root ? &*root : nullptr);
+    return std::make_pair(lm, std::move(root));
+  };
+  {
+    auto [lm, root] = build(true);
+    NoGradGuard no_grad;
+    check_logits((*lm.module)(ids), e.at("logits"), "peft adapter logits, sharded");
+  }
+  if (dist::rank() != 0) return;
+  auto [lm, root] = build(false);
+  const std::string out = fs::temp_directory_path() / ("weft_peft_" + std::to_string(::getpid()));
+  fs::remove_all(out);
+  apps::export_peft_adapter(lm, adapter.lora, out, adapter.base);
+  auto wrote = load_safetensors(out + "/adapter_model.safetensors"), fixture = load_safetensors(dir + "/adapter_model.safetensors");
+  std::map<std::string, Tensor> theirs(fixture.tensors.begin(), fixture.tensors.end());
+  CHECK(wrote.tensors.size() == theirs.size());
+  for (auto& [name, t] : wrote.tensors) {
+    INFO(name);
+    REQUIRE(theirs.count(name));
+    CHECK(to_vector(t) == to_vector(theirs.at(name)));
+  }
+  const apps::PeftAdapter back = apps::read_peft_adapter(out);
+  CHECK(back.lora.rank == 4);
+  CHECK(back.lora.alpha == 8);
+  CHECK(back.lora.targets == adapter.lora.targets);
+  fs::remove_all(out);
+}
+
+TEST_CASE("peft adapters weft cannot reproduce are errors naming the field") {
+  const std::string dir = fs::temp_directory_path() / ("weft_peft_bad_" + std::to_string(::getpid()));
+  auto write = [&](const std::string& edit_key, const nlohmann::json& value) {
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    std::ifstream in(WEFT_TEST_DATA "/peft/llama/adapter_config.json");
+    nlohmann::json c = nlohmann::json::parse(in);
+    c[edit_key] = value;
+    std::ofstream(dir + "/adapter_config.json") << c.dump();
+  };
+  write("use_dora", true);
+  CHECK_THROWS_WITH(apps::read_peft_adapter(dir), Contains("\"use_dora\" is true: DoRA"));
+  write("target_modules", ".*proj");
+  CHECK_THROWS_WITH(apps::read_peft_adapter(dir), Contains("a regular expression is not supported"));
+  write("peft_type", "IA3");
+  CHECK_THROWS_WITH(apps::read_peft_adapter(dir), Contains("only LORA adapters"));
+  write("modules_to_save", nlohmann::json::array({"lm_head"}));
+  CHECK_THROWS_WITH(apps::read_peft_adapter(dir), Contains("\"modules_to_save\" is [\"lm_head\"]"));
+  fs::remove_all(dir);
 }

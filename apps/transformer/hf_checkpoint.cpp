@@ -176,10 +176,6 @@ void write_hf_files(const fs::path& tmp, const std::vector<NamedTensors>& shards
 
 void export_hf_checkpoint(const LanguageModel& model, const std::string& out, int64_t max_shard_bytes, DType dtype,
                           const std::string& source) {
-  WEFT_CHECK(!out.empty() && fs::path(out).has_filename(), "transformer: --out \"{}\" does not name a directory to "
-             "write", out);
-  WEFT_CHECK(!fs::exists(out), "transformer: {} already exists: export-hf writes a new directory (choose another --out "
-             "or remove it)", out);
   WEFT_CHECK(max_shard_bytes > 0, "transformer: the shard size must be positive, got {}", max_shard_bytes);
   WEFT_CHECK(dtype == kFloat32 || dtype == kBFloat16, "transformer: export-hf writes f32 or bf16, not {}",
              dtype_name(dtype));
@@ -210,12 +206,23 @@ void export_hf_checkpoint(const LanguageModel& model, const std::string& out, in
   cfg["model_type"] = layout.model_type;
   cfg["architectures"] = {layout.architecture};
   cfg["torch_dtype"] = cfg["dtype"] = dtype == kBFloat16 ? "bfloat16" : "float32";  // transformers 4's key, 5's
-  fs::path tmp;
-  try {
-    tmp = export_temp_dir(out);
+  write_new_directory(out, "export-hf", [&](const fs::path& tmp) {
     write_hf_files(tmp, shards, total, cfg);
     for (const char* name : kHfSideFiles)  // the tokenizer's and generation's files, as downloaded
       if (!source.empty() && fs::exists(fs::path(source) / name)) fs::copy_file(fs::path(source) / name, tmp / name);
+  });
+}
+
+void write_new_directory(const std::string& out, const char* command,
+                         const std::function<void(const std::filesystem::path&)>& write) {
+  WEFT_CHECK(!out.empty() && fs::path(out).has_filename(), "transformer: --out \"{}\" does not name a directory to "
+             "write", out);
+  WEFT_CHECK(!fs::exists(out), "transformer: {} already exists: {} writes a new directory (choose another --out or "
+             "remove it)", out, command);
+  fs::path tmp;
+  try {
+    tmp = export_temp_dir(out);
+    write(tmp);
     fs::rename(tmp, out);
   } catch (const std::exception& e) {
     std::error_code ec;

@@ -10,6 +10,8 @@
 // Hugging Face's rotate-half convention on both sides, so q_proj and k_proj need no permutation.
 #pragma once
 #include <cstdint>
+#include <filesystem>
+#include <functional>
 #include <string>
 
 #include "apps/transformer/model.h"
@@ -56,6 +58,11 @@ void load_hf_checkpoint(const std::string& dir, const LanguageModel& model, cons
 // copied beside them. The directory is written next to `out` and renamed into place.
 void export_hf_checkpoint(const LanguageModel& model, const std::string& out, int64_t max_shard_bytes,
                           DType dtype = kFloat32, const std::string& source = "");
+// Writes a new directory `out` (an existing one is an error naming `command`): `write` fills a
+// directory beside it (.NAME.tmp-PID; leftovers of dead processes are removed), which is then
+// renamed into place; on any failure it is removed and the error says nothing was written.
+void write_new_directory(const std::string& out, const char* command,
+                         const std::function<void(const std::filesystem::path&)>& write);
 inline constexpr const char* kHfSideFiles[] = {"tokenizer.json", "tokenizer_config.json", "generation_config.json",
                                                 "special_tokens_map.json"};
 

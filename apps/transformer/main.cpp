@@ -33,6 +33,7 @@
 #include "apps/common/trainer.h"
 #include "apps/transformer/hf_checkpoint.h"
 #include "apps/transformer/lora_settings.h"
+#include "apps/transformer/peft_adapter.h"
 #include "apps/transformer/model.h"
 #include "apps/transformer/text_data.h"
 #include "apps/transformer/token_data.h"
@@ -388,6 +389,7 @@ struct Run {
   std::vector<bool> per_block;  // reshard_after_forward per block, when a memory budget chose it
   apps::LanguageModel lm;
   std::optional<apps::MetricsWriter> metrics;
+  std::optional<apps::PeftAdapter> adapter;  // --init-from a peft adapter directory
 };
 
 // --init-from: the model is the checkpoint's; --ctx may shorten its context.
@@ -407,11 +409,20 @@ void take_init_config(TrainOptions& o) {
 
 // The flags, checked against each other and the world before anything is built.
 void validate(TrainOptions& o, const Ranks& ranks, Run& run) {
+  if (!o.init_from.empty() && apps::is_peft_dir(o.init_from)) {  // its base model, then its adapters
+    WEFT_CHECK(o.lora.rank == 0, "transformer: --init-from {} is a peft adapter, whose adapter_config.json sets the "
+               "adapters: leave out --lora-rank", o.init_from);
+    run.adapter = apps::read_peft_adapter(o.init_from);
+    WEFT_CHECK(apps::is_hf_dir(run.adapter->base), "transformer: --init-from {}: its base_model_name_or_path \"{}\" "
+               "is not a Hugging Face model directory here", o.init_from, run.adapter->base);
+    o.lora = run.adapter->lora;
+    o.init_from = run.adapter->base;
+  }
   if (!o.init_from.empty()) take_init_config(o);
   apps::check_config(o.model);
   WEFT_CHECK(o.lora.rank > 0 || (o.lora.alpha == 0 && o.lora.dropout == 0 && o.lora_targets.empty()),
              "transformer: --lora-alpha, --lora-dropout and --lora-targets need a --lora-rank above 0");
-  if (o.lora.rank > 0) {
+  if (o.lora.rank > 0 && o.lora.targets.empty()) {  // flags, or a peft adapter's "all-linear"
     o.lora.targets = apps::lora_targets(o.lora_targets, o.model);
     if (o.lora.alpha == 0) o.lora.alpha = double(o.lora.rank);
   }
@@ -613,9 +624,12 @@ void print_run(const TrainOptions& o, const Run& run, const Ranks& ranks, int64_
 void load_init_weights(const TrainOptions& o, const Run& run, const Ranks& ranks, const fsdp::FSDPModule* root) {
   dist::agree(ranks.groups(), "transformer", [&] {
     apps::load_hf_checkpoint(o.init_from, run.lm, root);
+    if (run.adapter) apps::load_peft_weights(*run.adapter, run.lm, root);
     apps::check_finite_parameters(*run.lm.module, fmt::format("transformer: refusing to train from {}", o.init_from));
   });
-  if (ranks.lead()) std::fprintf(stderr, "weft-transformer: initialised from %s\n", o.init_from.c_str());
+  if (ranks.lead())
+    std::fprintf(stderr, "weft-transformer: initialised from %s%s%s\n", o.init_from.c_str(),
+                 run.adapter ? " and the adapters of " : "", run.adapter ? run.adapter->dir.c_str() : "");
 }
 
 int train(TrainOptions o, const Ranks& ranks) {
@@ -911,6 +925,21 @@ int export_hf(const ExportOptions& o) {
   return 0;
 }
 
+// A LoRA run's adapters for peft: PeftModel.from_pretrained(base, OUT) on the run's --init-from.
+int export_peft(const ExportOptions& o) {
+  apps::check_outputs_apart({{"--out", o.out}}, {{"--from", o.from}}, "transformer");
+  const LoadedModel loaded = load_model(o.from, true);
+  WEFT_CHECK(loaded.lora.rank > 0, "transformer: {} holds no LoRA adapters (a train --lora-rank run's checkpoint has "
+             "them)", o.from);
+  apps::check_finite_parameters(*loaded.lm.module, fmt::format("transformer: refusing to export {}", o.from));
+  const std::string base = hf_source(o.from, loaded.recorded);
+  apps::export_peft_adapter(loaded.lm, loaded.lora, o.out, base.empty() ? "" : std::filesystem::absolute(base).string());
+  std::fprintf(stderr, "weft-transformer: wrote %s (LoRA rank %lld on %s%s%s)\n", o.out.c_str(),
+               (long long)loaded.lora.rank, apps::lora_fields(loaded.lora).at("lora_targets").c_str(),
+               base.empty() ? ", no base directory recorded" : ", base ", base.c_str());
+  return 0;
+}
+
 // train's flags for how a step runs: device, sharding, precision, determinism, NaN policy.
 void add_step_flags(CLI::App* tr, TrainOptions& t) {
   tr->add_option("--device", t.device, "cpu, cuda (this rank's GPU) or cuda:N: where the model and batches live")
@@ -1111,13 +1140,19 @@ int main(int argc, char** argv) {
   CLI::App* tr = add_train_flags(app, t);
   CLI::App* sa = add_sample_flags(app, s);
   CLI::App* ex = add_export_flags(app, x);
+  ExportOptions px;
+  CLI::App* pe = app.add_subcommand("export-peft", "write a LoRA run's adapters as a Hugging Face peft adapter "
+                                    "directory (adapter_config.json + adapter_model.safetensors)");
+  pe->add_option("--from", px.from, "a checkpoint directory of a train --lora-rank run (the latest in it) or its "
+                 "consolidated .safetensors file")->required();
+  pe->add_option("--out", px.out, "the directory to write (must not exist)")->required();
   CLI::App* pr = add_prepare_flags(app, p);
   // subcommand is required).
   const std::string first = argc > 1 ? argv[1] : "";
   if (argc > 1 && first[0] != '-' && first != "train" && first != "sample" && first != "export-hf" &&
-      first != "prepare") {
-    std::fprintf(stderr, "weft-transformer: unknown command \"%s\" (the commands are train, sample, export-hf and "
-                 "prepare; see --help)\n", argv[1]);
+      first != "export-peft" && first != "prepare") {
+    std::fprintf(stderr, "weft-transformer: unknown command \"%s\" (the commands are train, sample, export-hf, "
+                 "export-peft and prepare; see --help)\n", argv[1]);
     return 2;
   }
   CLI11_PARSE(app, argc, argv);
@@ -1143,6 +1178,10 @@ int main(int argc, char** argv) {
     if (ex->parsed()) {
       apps::start_ranks("weft-transformer", false, {{"command", "export-hf"}}, {});
       return export_hf(x);
+    }
+    if (pe->parsed()) {
+      apps::start_ranks("weft-transformer", false, {{"command", "export-peft"}}, {});
+      return export_peft(px);
     }
     if (pr->parsed()) {
       apps::start_ranks("weft-transformer", false, {{"command", "prepare"}}, {});

@@ -3,7 +3,9 @@
 # only the adapters train (their count printed), the loss falls, a stopped run resumes exactly,
 # a checkpoint samples as its export-hf --merge does and not as the base does; with mpirun,
 # --fsdp at 2 ranks logs the single-process losses and --deterministic gives the same bits;
-# GPT-2's defaults adapt c_attn, c_proj and c_fc; bad flags and mismatched resumes are named.
+# export-peft writes a peft adapter and --init-from a peft adapter directory (the export, the
+# committed fixture) trains it; GPT-2's defaults adapt c_attn, c_proj and c_fc; bad flags and
+# mismatched resumes are named.
 # Usage: lora_cli.sh EXE DATA_DIR [MPIRUN MPIRUN_ARGS...]
 set -euo pipefail
 exe=$1
@@ -18,8 +20,8 @@ expect_error() {  # expect_error TEXT ARGS...: the command fails and stderr cont
   if "$exe" "$@" >/dev/null 2>"$tmp/err"; then fail "accepted: $*"; fi
   grep -qF -- "$text" "$tmp/err" || fail "\"$*\" failed without \"$text\": $(cat "$tmp/err")"
 }
-base=(--init-from "$data/llama" --ctx 32 --batch-size 8 --warmup 1 --lr 1e-2 --seed 0 --threads 1 --eval-every 0
-      --eval-iters 2 --log-every 1)
+common=(--ctx 32 --batch-size 8 --warmup 1 --lr 1e-2 --seed 0 --threads 1 --eval-every 0 --eval-iters 2 --log-every 1)
+base=(--init-from "$data/llama" "${common[@]}")
 run=("${base[@]}" --steps 6)
 lora=(--lora-rank 4 --lora-alpha 8)
 expect_error "--lora-alpha requires --lora-rank" train "${run[@]}" --lora-alpha 8
@@ -50,6 +52,20 @@ expect_error "has no LoRA adapters to --merge" export-hf --from "$tmp/merged" --
 tuned=$(ids "$tmp/ck"); merged=$(ids "$tmp/merged"); untuned=$(ids "$data/llama")
 [ -n "$tuned" ] && [ "$tuned" = "$merged" ] || fail "the checkpoint samples $tuned, its merged export $merged"
 [ "$tuned" != "$untuned" ] || fail "the fine-tuned checkpoint samples as the base does ($untuned)"
+
+# peft: the checkpoint's adapters out (export-peft), a peft adapter directory in (--init-from: its
+# base, then its adapters; the committed fixture's base is "../../hf/llama").
+"$exe" export-peft --from "$tmp/ck" --out "$tmp/adapter" >/dev/null 2>"$tmp/p.err" || fail "export-peft: $(cat "$tmp/p.err")"
+[ -f "$tmp/adapter/adapter_config.json" ] && [ -f "$tmp/adapter/adapter_model.safetensors" ] || fail "export-peft wrote $(ls "$tmp/adapter")"
+expect_error "holds no LoRA adapters" export-peft --from "$tmp/merged" --out "$tmp/adapter2"
+for from in "$tmp/adapter" "$data/../peft/llama"; do
+  "$exe" train "${common[@]}" --init-from "$from" --steps 2 --stop-after 1 >/dev/null 2>"$tmp/i.err" ||
+    fail "--init-from the peft adapter $from: $(cat "$tmp/i.err")"
+  grep -q "and the adapters of $from" "$tmp/i.err" || fail "--init-from $from did not load its adapters: $(cat "$tmp/i.err")"
+done
+grep -q "LoRA rank 4, alpha 8 on v_proj,q_proj,down_proj" "$tmp/i.err" || fail "the fixture's settings: $(grep LoRA "$tmp/i.err")"
+expect_error "is a peft adapter, whose adapter_config.json sets the adapters" train "${common[@]}" --init-from "$tmp/adapter" \
+  --steps 1 --lora-rank 2
 
 # GPT-2 from scratch: the default targets. 2 layers x 4 x ((32 + 96) + (32 + 32) + (32 + 128) + (128 + 32)).
 "$exe" train --n-layer 2 --n-head 2 --d-model 32 --ctx 16 --batch-size 4 --steps 2 --threads 1 --eval-every 0 \
