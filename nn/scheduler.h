@@ -55,14 +55,25 @@ class StepLR : public LRScheduler {
   double gamma;
 };
 
-// Linear warmup from 0 to the base lr over `warmup` steps, then cosine decay to
-// min_lr_ratio * base at `total` steps (the usual GPT schedule).
-class WarmupCosineLR : public LRScheduler {
+// Linear warmup to the base lr over `warmup` steps ((step + 1) / warmup), then a decay to
+// min_lr_ratio * base at `total` steps, flat after it: cosine, linear, constant (no decay), or
+// wsd (warmup-stable-decay: the base lr until the last `decay_steps`, then linear to the minimum).
+class WarmupDecayLR : public LRScheduler {
  public:
-  WarmupCosineLR(Optimizer& opt, int64_t warmup, int64_t total, double min_lr_ratio = 0.1);
+  enum class Decay { constant, linear, cosine, wsd };
+  WarmupDecayLR(Optimizer& opt, int64_t warmup, int64_t total, double min_lr_ratio, Decay decay,
+                int64_t decay_steps = 0);
   double factor(int64_t step) const override;
-  int64_t warmup, total;
+  int64_t warmup, total, decay_steps;
   double min_lr_ratio;
+  Decay decay;
+};
+
+// The usual GPT schedule: warmup, then cosine to min_lr_ratio * base.
+class WarmupCosineLR : public WarmupDecayLR {
+ public:
+  WarmupCosineLR(Optimizer& opt, int64_t warmup, int64_t total, double min_lr_ratio = 0.1)
+      : WarmupDecayLR(opt, warmup, total, min_lr_ratio, Decay::cosine) {}
 };
 
 }  // namespace weft::nn

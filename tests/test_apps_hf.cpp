@@ -17,6 +17,7 @@
 #include <optional>
 #include <nlohmann/json.hpp>
 
+#include "apps/transformer/block_eval.h"
 #include "apps/transformer/hf_checkpoint.h"
 #include "apps/transformer/lora_settings.h"
 #include "apps/transformer/peft_adapter.h"
@@ -571,4 +572,25 @@ TEST_CASE("peft adapters weft cannot reproduce are errors naming the field") {
   write("modules_to_save", nlohmann::json::array({"lm_head"}));
   CHECK_THROWS_WITH(apps::read_peft_adapter(dir), Contains("\"modules_to_save\" is [\"lm_head\"]"));
   fs::remove_all(dir);
+}
+
+TEST_CASE("eval's blocks of ctx + 1 tokens give the loss transformers computes on the fixtures' sequences") {
+  for (const std::string& family : {std::string("gpt2"), std::string("llama"), std::string("qwen3")}) {
+    INFO(family);
+    const Expected e = expected(family);
+    apps::LanguageModel lm = load_whole(kData + "/" + family);
+    // The fixture's rows [2, 17] one after the other: blocks of 17 bytes are exactly the rows.
+    std::vector<uint8_t> bytes;
+    for (double id : to_vector(e.ids)) bytes.push_back(uint8_t(id));
+    bytes.push_back(7);  // a tail shorter than a block, left out
+    const apps::TokenView stream = apps::TokenView::bytes(bytes);
+    REQUIRE(apps::block_count(stream, 16) == 2);
+    for (int64_t batch : {1, 2}) {
+      const apps::BlockLoss r = apps::block_loss(*lm.module, stream, 16, 0, 2, batch);
+      CHECK(r.tokens == 32);
+      CHECK(r.loss() == Approx(e.loss).epsilon(1e-5));
+    }
+    CHECK(lm.module->is_training());  // restored
+    CHECK_THROWS_WITH(apps::block_loss(*lm.module, stream, 16, 1, 2, 1), Contains("are not within the 2 whole blocks"));
+  }
 }

@@ -192,6 +192,25 @@ TEST_CASE("learning-rate schedules") {
   CHECK(opt4.lr() == Approx(1.0));
   wc.set_last_step(10);
   CHECK(opt4.lr() == Approx(0.1));
+  // The other decays from the same warmup: lr at steps 0, 2 (the peak), 6 (half way), 8, 10, 12.
+  using D = WarmupDecayLR::Decay;
+  auto at = [&](D d, int64_t decay_steps, std::vector<double> want) {
+    SGD o({p}, {.lr = 1.0});
+    WarmupDecayLR s(o, 2, 10, 0.1, d, decay_steps);
+    const std::vector<int64_t> steps{0, 2, 6, 8, 10, 12};
+    for (size_t i = 0; i < steps.size(); ++i) {
+      s.set_last_step(steps[i]);
+      INFO("decay " << int(d) << " at step " << steps[i]);
+      CHECK(o.lr() == Approx(want[i]));
+    }
+  };
+  at(D::constant, 0, {0.5, 1, 1, 1, 1, 1});
+  at(D::linear, 0, {0.5, 1, 0.55, 0.325, 0.1, 0.1});
+  at(D::cosine, 0, {0.5, 1, 0.55, 0.1 + 0.9 * 0.5 * (1 + std::cos(M_PI * 0.75)), 0.1, 0.1});
+  at(D::wsd, 4, {0.5, 1, 1, 0.55, 0.1, 0.1});  // stable to step 6, then linear over the last 4
+  SGD o5({p}, {.lr = 1.0});
+  CHECK_THROWS_WITH(WarmupDecayLR(o5, 2, 10, 0.1, D::wsd, 9), Catch::Contains("wsd needs 1 <= decay_steps <= total - warmup"));
+  CHECK_THROWS_WITH(WarmupDecayLR(o5, 2, 10, 0.1, D::wsd, 0), Catch::Contains("wsd needs"));
 }
 
 TEST_CASE("clip_grad_norm_ returns the total norm and scales gradients") {

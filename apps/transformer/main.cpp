@@ -31,6 +31,7 @@
 #include "apps/common/ranks.h"
 #include "apps/common/resume.h"
 #include "apps/common/trainer.h"
+#include "apps/transformer/block_eval.h"
 #include "apps/transformer/hf_checkpoint.h"
 #include "apps/transformer/lora_settings.h"
 #include "apps/transformer/peft_adapter.h"
@@ -56,7 +57,11 @@ struct TrainOptions {
   bool tie = false;  // --tie (llama)
   std::string init_from;  // a Hugging Face directory whose config and weights start the run
   int64_t batch_size = 16, steps = 200, grad_accum = 1, warmup = 10;
-  double lr = 3e-4, weight_decay = 0.1, min_lr_ratio = 0.1, clip = 1.0;
+  double lr = 3e-4, weight_decay = 0.1, clip = 1.0;
+  std::string lr_schedule = "cosine";  // after the warmup: cosine, linear, constant or wsd
+  double min_lr = -1;                  // where the decay ends (-1: 0.1 x lr)
+  int64_t decay_steps = 0;             // wsd: the final decay's steps (0: a fifth of --steps)
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   uint64_t seed = 0;
   int threads = 0;
   std::string metrics, data = apps::kDefaultTextDir, checkpoint_dir, resume;
@@ -105,6 +110,12 @@ struct ExportOptions {
   std::string dtype = "f32";
 };
 
+struct EvalOptions {
+  std::string from, data = apps::kDefaultTextDir, split = "val";
+  int64_t ctx = 0, batch_size = 8;  // ctx 0: the model's context
+  int threads = 0;
+};
+
 struct PrepareOptions {
   std::string tokenizer, data = apps::kDefaultTextDir, out, eos = "<|endoftext|>";
   bool no_special = false;  // no post-processor tokens (BOS) around each file
@@ -136,6 +147,12 @@ dist::ConfigSettings shared_settings(const TrainOptions& o) {
           {"--lr", num(o.lr)},
           {"--warmup", num(o.warmup)},
           {"--weight-decay", num(o.weight_decay)},
+          {"--lr-schedule", o.lr_schedule},
+          {"--min-lr", num(o.min_lr)},
+          {"--decay-steps", num(o.decay_steps)},
+          {"--beta1", num(o.beta1)},
+          {"--beta2", num(o.beta2)},
+          {"--eps", num(o.eps)},
           {"--clip", num(o.clip)},
           {"--seed", num(o.seed)},
           {"--data", o.data},
@@ -198,6 +215,7 @@ std::map<std::string, std::string> describe(const apps::ModelConfig& cfg, const 
   std::map<std::string, std::string> d = model_fields(cfg);
   d.insert({{"format", kFormat}, {"seed", std::to_string(o.seed)}, {"batch_size", std::to_string(o.batch_size)},
             {"grad_accum", std::to_string(o.grad_accum)}, {"weight_decay", fmt::format("{}", o.weight_decay)},
+            {"beta1", fmt::format("{}", o.beta1)}, {"beta2", fmt::format("{}", o.beta2)}, {"eps", fmt::format("{}", o.eps)},
             {"virtual_batches", o.deterministic ? std::to_string(o.virtual_batches) : "0"}});
   d.insert(train_text.begin(), train_text.end());
   for (auto& [k, v] : apps::lora_fields(o.lora)) d[k] = v;
@@ -296,7 +314,7 @@ std::unique_ptr<nn::AdamW> make_optimizer(nn::Module& model, const std::vector<s
       (std::find(decay.begin(), decay.end(), name) != decay.end() ? with : without).push_back(p);
   return std::make_unique<nn::AdamW>(
       std::vector<nn::ParamGroup>{nn::ParamGroup{with, {}}, nn::ParamGroup{without, {{"weight_decay", 0.0}}}},
-      nn::AdamWOptions{.lr = o.lr, .weight_decay = o.weight_decay});
+      nn::AdamWOptions{.lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps, .weight_decay = o.weight_decay});
 }
 
 std::vector<std::string> decayed_names(const nn::Module& model) {
@@ -407,6 +425,23 @@ void take_init_config(TrainOptions& o) {
   o.untie = !hf.tie_weights;
 }
 
+nn::WarmupDecayLR::Decay decay_of(const std::string& schedule) {
+  using D = nn::WarmupDecayLR::Decay;
+  return schedule == "constant" ? D::constant : schedule == "linear" ? D::linear : schedule == "wsd" ? D::wsd : D::cosine;
+}
+
+// --lr-schedule, --min-lr and --decay-steps, their defaults resolved (after the warmup's).
+void check_schedule(TrainOptions& o) {
+  WEFT_CHECK(o.lr_schedule != "constant" || o.min_lr < 0, "transformer: --min-lr is where a decay ends: "
+             "--lr-schedule constant has none");
+  WEFT_CHECK(o.lr_schedule == "wsd" || o.decay_steps == 0, "transformer: --decay-steps is for --lr-schedule wsd");
+  if (o.min_lr < 0) o.min_lr = o.lr_schedule == "constant" ? o.lr : 0.1 * o.lr;
+  WEFT_CHECK(o.min_lr <= o.lr, "transformer: --min-lr {} is above --lr {}", o.min_lr, o.lr);
+  if (o.lr_schedule == "wsd" && o.decay_steps == 0) o.decay_steps = std::max<int64_t>(1, o.steps / 5);
+  WEFT_CHECK(o.lr_schedule != "wsd" || o.decay_steps <= o.steps - o.warmup, "transformer: --decay-steps {} is more "
+             "than the {} steps after the warmup", o.decay_steps, o.steps - o.warmup);
+}
+
 // The flags, checked against each other and the world before anything is built.
 void validate(TrainOptions& o, const Ranks& ranks, Run& run) {
   if (!o.init_from.empty() && apps::is_peft_dir(o.init_from)) {  // its base model, then its adapters
@@ -443,6 +478,7 @@ void validate(TrainOptions& o, const Ranks& ranks, Run& run) {
   WEFT_CHECK(o.warmup >= 0, "transformer: --warmup must be non-negative, got {}", o.warmup);
   // The schedule needs a step after the warmup; a short run keeps the default warmup usable.
   o.warmup = std::min(o.warmup, o.steps - 1);
+  check_schedule(o);
   apps::check_checkpoint_dir(o.checkpoint_dir, "--checkpoint-dir", "transformer");
   if (o.plan.wanted())
     WEFT_CHECK(o.sharding_strategy == "FULL_SHARD" &&
@@ -498,6 +534,9 @@ void find_resume(const TrainOptions& o, Run& run, bool say) {
   apps::check_resumed_data(ck.app, run.train_text, "training text", "--data " + o.data, where, "transformer");
   same("weight_decay", "--weight-decay", fmt::format("{}", o.weight_decay),
        "the optimizer state restores the weight decay, so another value would be ignored");
+  for (auto [key, value] : {std::pair{"beta1", o.beta1}, {"beta2", o.beta2}, {"eps", o.eps}})
+    same(key, fmt::format("--{}", key).c_str(), fmt::format("{}", value),
+         "the optimizer state restores AdamW's betas and eps, so another value would be ignored");
   auto text = [](const std::map<std::string, std::string>& f) {
     std::string t;
     for (auto& [k, v] : f) t += fmt::format("{}{} {}", t.empty() ? "" : ", ", k, v);
@@ -576,11 +615,12 @@ class TextTask : public apps::TrainingTask {
   }
   void evaluate(const Evaluation& at) override {
     const double val = ::evaluate(*run_.lm.module, run_.data, o_, ranks_, run_.device, run_.leaves);
-    at.metrics.write({{"split", std::string("val")}, {"step", at.step}, {"loss", val}});
+    at.metrics.write({{"split", std::string("val")}, {"step", at.step}, {"loss", val}, {"perplexity", std::exp(val)}});
     at.nan.check_evaluation(val, fmt::format("the validation loss is {} at step {}", apps::describe_value(val),
                                              at.step), at.watch);
     if (!ranks_.lead()) return;
-    std::printf("step %lld train_loss %.4f val_loss %.4f\n", (long long)at.step, at.train_loss, val);
+    std::printf("step %lld train_loss %.4f val_loss %.4f val_ppl %.3f\n", (long long)at.step, at.train_loss, val,
+                std::exp(val));
     std::fflush(stdout);
   }
   fsdp::CheckpointProgress checkpoint(int64_t step) override {
@@ -647,7 +687,7 @@ int train(TrainOptions o, const Ranks& ranks) {
   if (ranks.fsdp) root = shard_model(run.lm, o, run.device, nullptr, run.per_block);
   if (!o.init_from.empty() && run.resume_from.empty()) load_init_weights(o, run, ranks, root ? &*root : nullptr);
   const std::unique_ptr<nn::AdamW> opt = make_optimizer(model, decay, o);  // this rank's shards
-  nn::WarmupCosineLR sched(*opt, o.warmup, o.steps, o.min_lr_ratio);
+  nn::WarmupDecayLR sched(*opt, o.warmup, o.steps, o.min_lr / o.lr, decay_of(o.lr_schedule), o.decay_steps);
   TextTask task(o, run, ranks);
   apps::Trainer trainer(loop_options(o, run), {&model, opt.get(), &sched, root ? &*root : nullptr}, ranks,
                         run.leaves, task, *run.metrics);
@@ -925,6 +965,32 @@ int export_hf(const ExportOptions& o) {
   return 0;
 }
 
+// Loss, perplexity and token count of a model over a split of a dataset, in blocks of ctx + 1
+// tokens (apps/transformer/block_eval.h).
+int eval(const EvalOptions& o) {
+  if (o.threads > 0) set_num_threads(o.threads);
+  const LoadedModel loaded = load_model(o.from, true);
+  nn::Module& model = *loaded.lm.module;
+  apps::TrainingData data;
+  apps::load_training_data(o.data, data);
+  const int64_t ctx = o.ctx > 0 ? o.ctx : loaded.lm.cfg.ctx, vocab = loaded.lm.cfg.vocab_size;
+  WEFT_CHECK(ctx <= loaded.lm.cfg.ctx, "transformer: --ctx {} is longer than {}'s context {}", ctx, o.from,
+             loaded.lm.cfg.ctx);
+  WEFT_CHECK(vocab >= data.vocab_size, "transformer: {}'s vocabulary of {} is smaller than {}'s {}", o.from, vocab,
+             o.data, data.vocab_size);
+  const apps::TokenView stream = o.split == "train" ? data.train : data.val;
+  const int64_t blocks = apps::block_count(stream, ctx);
+  WEFT_CHECK(blocks > 0, "transformer: the {} part of {} ({} tokens) is shorter than one block of --ctx + 1 = {}",
+             o.split, o.data, stream.size(), ctx + 1);
+  const apps::BlockLoss r = apps::block_loss(model, stream, ctx, 0, blocks, o.batch_size);
+  WEFT_CHECK(std::isfinite(r.loss()), "transformer: the loss of {} on {} is {}", o.from, o.data,
+             apps::describe_value(r.loss()));
+  std::printf("loss %.6f perplexity %.4f tokens %lld\n", r.loss(), std::exp(r.loss()), (long long)r.tokens);
+  std::fprintf(stderr, "weft-transformer: %s on the %s part of %s: %lld blocks of %lld + 1 tokens\n", o.from.c_str(),
+               o.split.c_str(), o.data.c_str(), (long long)r.blocks, (long long)ctx);
+  return 0;
+}
+
 // A LoRA run's adapters for peft: PeftModel.from_pretrained(base, OUT) on the run's --init-from.
 int export_peft(const ExportOptions& o) {
   apps::check_outputs_apart({{"--out", o.out}}, {{"--from", o.from}}, "transformer");
@@ -1033,7 +1099,18 @@ CLI::App* add_train_flags(CLI::App& app, TrainOptions& t) {
   tr->add_option("--lr", t.lr, "peak learning rate")->check(apps::cli::number_above(0))->capture_default_str();
   tr->add_option("--warmup", t.warmup, "linear warmup steps before the cosine decay")
       ->check(apps::cli::integer(0, int64_t(1) << 40))->capture_default_str();
-  tr->add_option("--weight-decay", t.weight_decay, "AdamW decay on 2-D weights")->check(apps::cli::number_from(0, 1e6))->capture_default_str();
+  tr->add_option("--weight-decay", t.weight_decay, "AdamW decay on 2-D weights (matmuls and embeddings; never biases "
+                 "or norm weights)")->check(apps::cli::number_from(0, 1e6))->capture_default_str();
+  tr->add_option("--lr-schedule", t.lr_schedule, "after the linear warmup: cosine or linear decay to --min-lr at "
+                 "--steps, constant, or wsd (warmup-stable-decay: constant, then linear to --min-lr over the last "
+                 "--decay-steps)")->check(CLI::IsMember({"cosine", "linear", "constant", "wsd"}))->capture_default_str();
+  tr->add_option("--min-lr", t.min_lr, "the learning rate the decay ends at (default: 0.1 x --lr)")
+      ->check(apps::cli::number_from(0, 1e6));
+  tr->add_option("--decay-steps", t.decay_steps, "--lr-schedule wsd: the final decay's steps (default: a fifth of "
+                 "--steps)")->check(apps::cli::integer(1, int64_t(1) << 40));
+  tr->add_option("--beta1", t.beta1, "AdamW's beta1")->check(apps::cli::number_in_half_open(0, 1))->capture_default_str();
+  tr->add_option("--beta2", t.beta2, "AdamW's beta2")->check(apps::cli::number_in_half_open(0, 1))->capture_default_str();
+  tr->add_option("--eps", t.eps, "AdamW's epsilon")->check(apps::cli::number_above(0))->capture_default_str();
   tr->add_option("--clip", t.clip, "gradient norm clip (0: none)")->check(apps::cli::number_from(0, 1e30))->capture_default_str();
   tr->add_option("--seed", t.seed, "seed for initialisation and batches")->check(apps::cli::seed())->capture_default_str();
   tr->add_option("--threads", t.threads, "CPU threads per rank (default: OMP_NUM_THREADS or all cores)")
@@ -1113,6 +1190,31 @@ CLI::App* add_export_flags(CLI::App& app, ExportOptions& x) {
   return ex;
 }
 
+CLI::App* add_eval_flags(CLI::App& app, EvalOptions& ev) {
+  CLI::App* evc = app.add_subcommand("eval", "a model's loss, perplexity and token count on a dataset's validation "
+                                     "(or training) part");
+  evc->add_option("--from", ev.from, "a Hugging Face model directory, a checkpoint directory (the latest in it) or a "
+                  "consolidated .safetensors file")->required();
+  evc->add_option("--data", ev.data, "text file or folder of text files, or a prepared token dataset")->capture_default_str();
+  evc->add_option("--split", ev.split, "val: the part training validates on (the last tenth of a text, a dataset's "
+                  "val.tokens); train: the rest")->check(CLI::IsMember({"val", "train"}))->capture_default_str();
+  evc->add_option("--ctx", ev.ctx, "tokens each block predicts (blocks of ctx + 1 tokens; default: the model's "
+                  "context)")->check(apps::cli::integer(1, apps::kMaxCtx));
+  evc->add_option("--batch-size", ev.batch_size, "blocks per forward")->check(apps::cli::integer(1, 1 << 20))
+      ->capture_default_str();
+  evc->add_option("--threads", ev.threads, "CPU threads (default: OMP_NUM_THREADS or all cores)")->check(apps::cli::threads());
+  return evc;
+}
+
+CLI::App* add_peft_flags(CLI::App& app, ExportOptions& px) {
+  CLI::App* pe = app.add_subcommand("export-peft", "write a LoRA run's adapters as a Hugging Face peft adapter "
+                                    "directory (adapter_config.json + adapter_model.safetensors)");
+  pe->add_option("--from", px.from, "a checkpoint directory of a train --lora-rank run (the latest in it) or its "
+                 "consolidated .safetensors file")->required();
+  pe->add_option("--out", px.out, "the directory to write (must not exist)")->required();
+  return pe;
+}
+
 CLI::App* add_prepare_flags(CLI::App& app, PrepareOptions& p) {
   auto* pr = app.add_subcommand("prepare", "tokenize text files with a BPE tokenizer.json into a dataset directory "
                                  "(train.tokens, val.tokens, tokenizer.json)");
@@ -1141,17 +1243,15 @@ int main(int argc, char** argv) {
   CLI::App* sa = add_sample_flags(app, s);
   CLI::App* ex = add_export_flags(app, x);
   ExportOptions px;
-  CLI::App* pe = app.add_subcommand("export-peft", "write a LoRA run's adapters as a Hugging Face peft adapter "
-                                    "directory (adapter_config.json + adapter_model.safetensors)");
-  pe->add_option("--from", px.from, "a checkpoint directory of a train --lora-rank run (the latest in it) or its "
-                 "consolidated .safetensors file")->required();
-  pe->add_option("--out", px.out, "the directory to write (must not exist)")->required();
+  EvalOptions ev;
+  CLI::App* evc = add_eval_flags(app, ev);
+  CLI::App* pe = add_peft_flags(app, px);
   CLI::App* pr = add_prepare_flags(app, p);
   // subcommand is required).
   const std::string first = argc > 1 ? argv[1] : "";
   if (argc > 1 && first[0] != '-' && first != "train" && first != "sample" && first != "export-hf" &&
-      first != "export-peft" && first != "prepare") {
-    std::fprintf(stderr, "weft-transformer: unknown command \"%s\" (the commands are train, sample, export-hf, "
+      first != "export-peft" && first != "eval" && first != "prepare") {
+    std::fprintf(stderr, "weft-transformer: unknown command \"%s\" (the commands are train, sample, eval, export-hf, "
                  "export-peft and prepare; see --help)\n", argv[1]);
     return 2;
   }
@@ -1178,6 +1278,10 @@ int main(int argc, char** argv) {
     if (ex->parsed()) {
       apps::start_ranks("weft-transformer", false, {{"command", "export-hf"}}, {});
       return export_hf(x);
+    }
+    if (evc->parsed()) {
+      apps::start_ranks("weft-transformer", false, {{"command", "eval"}}, {});
+      return eval(ev);
     }
     if (pe->parsed()) {
       apps::start_ranks("weft-transformer", false, {{"command", "export-peft"}}, {});
