@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # weft-transformer train --lora-rank on the Hugging Face Llama fixture (tests/data/hf/llama):
-# only the adapters train (their count printed), the loss falls, a stopped run resumes exactly,
+# only the adapters train (their count printed; --plan counts their optimizer state), the loss falls, a stopped run resumes exactly,
 # a checkpoint samples as its export-hf --merge does and not as the base does; with mpirun,
 # --fsdp at 2 ranks logs the single-process losses and --deterministic gives the same bits;
 # export-peft writes a peft adapter and --init-from a peft adapter directory (the export, the
@@ -37,6 +37,9 @@ grep -q "LoRA rank 4, alpha 8 on q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,d
 a1=$(loss_at "$tmp/a.jsonl" 1); a6=$(loss_at "$tmp/a.jsonl" 6)
 awk -v a="$a1" -v b="$a6" 'BEGIN { exit !(b < a - 0.1) }' || fail "the loss did not fall: step 1 $a1, step 6 $a6"
 
+# The memory plan knows: AdamW's two f32 moments for the 6,656 adapter parameters only (53,248 bytes).
+"$exe" train "${run[@]}" "${lora[@]}" --plan >"$tmp/plan.out" 2>&1 || fail "--plan with --lora-rank: $(cat "$tmp/plan.out")"
+grep -Eq "optimizer state +0.1 MiB +53248$" "$tmp/plan.out" || fail "the plan's optimizer state: $(grep optimizer "$tmp/plan.out")"
 "$exe" train "${run[@]}" "${lora[@]}" --metrics "$tmp/b.jsonl" --stop-after 3 --checkpoint-dir "$tmp/ck" >/dev/null 2>&1
 "$exe" train "${run[@]}" "${lora[@]}" --metrics "$tmp/b.jsonl" --resume "$tmp/ck" --checkpoint-dir "$tmp/ck" >/dev/null 2>&1
 [ "$(loss_at "$tmp/b.jsonl" 6)" = "$a6" ] || fail "the resumed run's step-6 loss $(loss_at "$tmp/b.jsonl" 6) differs from $a6"
