@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # weft-transformer train --lora-rank on the Hugging Face Llama fixture (tests/data/hf/llama):
-# only the adapters train (their count printed; --plan counts their optimizer state), the loss falls, a stopped run resumes exactly,
-# a checkpoint samples as its export-hf --merge does and not as the base does; with mpirun,
-# --fsdp at 2 ranks logs the single-process losses and --deterministic gives the same bits;
-# export-peft writes a peft adapter and --init-from a peft adapter directory (the export, the
-# committed fixture) trains it; GPT-2's defaults adapt c_attn, c_proj and c_fc; bad flags and
-# mismatched resumes are named.
+# only the adapters train (their count printed; --plan counts their optimizer state), the loss
+# falls, activation checkpointing keeps the losses, a stopped run resumes exactly, a checkpoint
+# samples as its export-hf --merge does and not as the base does; export-peft writes a peft
+# adapter and --init-from a peft adapter directory (the export, the committed fixture) trains
+# it; GPT-2's defaults adapt c_attn, c_proj and c_fc; bad flags and mismatched resumes are
+# named; with mpirun, --fsdp at 2 ranks logs the single-process losses (bf16 within 2 %) and
+# --deterministic gives the same bits at 1 and 2 ranks.
 # Usage: lora_cli.sh EXE DATA_DIR [MPIRUN MPIRUN_ARGS...]
 set -euo pipefail
 exe=$1
@@ -37,6 +38,10 @@ grep -q "LoRA rank 4, alpha 8 on q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,d
 a1=$(loss_at "$tmp/a.jsonl" 1); a6=$(loss_at "$tmp/a.jsonl" 6)
 awk -v a="$a1" -v b="$a6" 'BEGIN { exit !(b < a - 0.1) }' || fail "the loss did not fall: step 1 $a1, step 6 $a6"
 
+# Activation checkpointing recomputes the adapters' hooks with their blocks: the same losses.
+"$exe" train "${run[@]}" "${lora[@]}" --activation-checkpointing --metrics "$tmp/ac.jsonl" >/dev/null 2>&1 ||
+  fail "--activation-checkpointing with --lora-rank failed"
+for s in 1 6; do within "$(loss_at "$tmp/ac.jsonl" $s)" "$(loss_at "$tmp/a.jsonl" $s)" 1e-6 0 "--activation-checkpointing step-$s loss"; done
 # The memory plan knows: AdamW's two f32 moments for the 6,656 adapter parameters only (53,248 bytes).
 "$exe" train "${run[@]}" "${lora[@]}" --plan >"$tmp/plan.out" 2>&1 || fail "--plan with --lora-rank: $(cat "$tmp/plan.out")"
 grep -Eq "optimizer state +0.1 MiB +53248$" "$tmp/plan.out" || fail "the plan's optimizer state: $(grep optimizer "$tmp/plan.out")"
@@ -80,6 +85,11 @@ grep -q "LoRA rank 4, alpha 4 on c_attn,c_proj,c_fc: 4096 trainable" "$tmp/g.err
 "$mpirun" "${mpirun_args[@]}" -np 2 "$exe" train "${run[@]}" "${lora[@]}" --fsdp --metrics "$tmp/f.jsonl" >/dev/null 2>"$tmp/f.err" ||
   fail "--fsdp --lora-rank at 2 ranks failed: $(cat "$tmp/f.err")"
 for s in 1 3 6; do within "$(loss_at "$tmp/f.jsonl" $s)" "$(loss_at "$tmp/a.jsonl" $s)" 1e-5 0 "2-rank step-$s loss"; done
+# bf16 mixed precision under FSDP: bf16 base and adapters gathered, f32 adapter gradients and steps.
+"$mpirun" "${mpirun_args[@]}" -np 2 "$exe" train "${run[@]}" "${lora[@]}" --fsdp --mixed-precision bf16 \
+  --metrics "$tmp/bf.jsonl" >/dev/null 2>"$tmp/bf.err" || fail "--fsdp --mixed-precision bf16 --lora-rank: $(cat "$tmp/bf.err")"
+within "$(loss_at "$tmp/bf.jsonl" 6)" "$a6" 0.02 0 "bf16 step-6 loss"
+differs "$(loss_at "$tmp/bf.jsonl" 6)" "$a6" 1e-6 "bf16 step-6 loss"
 det=("${base[@]}" "${lora[@]}" --deterministic --virtual-batches 4 --steps 3)
 "$exe" train "${det[@]}" --metrics "$tmp/d1.jsonl" >/dev/null 2>"$tmp/d1.err" || fail "--deterministic at 1 rank failed: $(cat "$tmp/d1.err")"
 "$mpirun" "${mpirun_args[@]}" -np 2 "$exe" train "${det[@]}" --fsdp --metrics "$tmp/d2.jsonl" \
