@@ -569,6 +569,8 @@ TEST_CASE("peft adapters weft cannot reproduce are errors naming the field") {
   CHECK_THROWS_WITH(apps::read_peft_adapter(dir), Contains("a regular expression is not supported"));
   write("peft_type", "IA3");
   CHECK_THROWS_WITH(apps::read_peft_adapter(dir), Contains("only LORA adapters"));
+  write("base_model_name_or_path", "/nowhere/llama");
+  CHECK_THROWS_WITH(apps::read_peft_adapter(dir), Contains("is \"/nowhere/llama\", which is not a Hugging Face model"));
   write("modules_to_save", nlohmann::json::array({"lm_head"}));
   CHECK_THROWS_WITH(apps::read_peft_adapter(dir), Contains("\"modules_to_save\" is [\"lm_head\"]"));
   fs::remove_all(dir);

@@ -448,8 +448,6 @@ void validate(TrainOptions& o, const Ranks& ranks, Run& run) {
     WEFT_CHECK(o.lora.rank == 0, "transformer: --init-from {} is a peft adapter, whose adapter_config.json sets the "
                "adapters: leave out --lora-rank", o.init_from);
     run.adapter = apps::read_peft_adapter(o.init_from);
-    WEFT_CHECK(apps::is_hf_dir(run.adapter->base), "transformer: --init-from {}: its base_model_name_or_path \"{}\" "
-               "is not a Hugging Face model directory here", o.init_from, run.adapter->base);
     o.lora = run.adapter->lora;
     o.init_from = run.adapter->base;
   }
@@ -735,6 +733,17 @@ LoadedModel load_model(const std::string& from, bool say, bool shard = false, De
     build(apps::read_hf_config(from), {.rank = 0});
     if (m.root) root = &*m.root;
     apps::load_hf_checkpoint(from, m.lm, root);
+    return m;
+  }
+  if (apps::is_peft_dir(from)) {  // a peft adapter: its base model, then its adapters
+    const apps::PeftAdapter a = apps::read_peft_adapter(from);
+    const apps::ModelConfig cfg = apps::read_hf_config(a.base);
+    build(cfg, {.rank = a.lora.rank, .alpha = a.lora.alpha, .dropout = a.lora.dropout,
+                .targets = a.lora.targets.empty() ? apps::lora_targets("", cfg) : a.lora.targets});
+    if (m.root) root = &*m.root;
+    apps::load_hf_checkpoint(a.base, m.lm, root);
+    apps::load_peft_weights(a, m.lm, root);
+    m.recorded["hf_source"] = a.base;  // its tokenizer and generation files
     return m;
   }
   if (std::filesystem::is_regular_file(from)) {

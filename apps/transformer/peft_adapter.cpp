@@ -78,6 +78,8 @@ PeftAdapter read_peft_adapter(const std::string& dir) {
     const fs::path b = base.get<std::string>();
     a.base = (b.is_absolute() ? b : fs::path(dir) / b).lexically_normal().string();
   }
+  WEFT_CHECK(is_hf_dir(a.base), "transformer: {}: \"base_model_name_or_path\" is {}, which is not a Hugging Face model "
+             "directory here", file, base.dump());
   return a;
 }
 

@@ -23,7 +23,8 @@ bool is_peft_dir(const std::string& dir);
 // list; "all-linear", every linear layer of the blocks, leaves the targets empty for
 // lora_targets("", config) to fill). What weft cannot reproduce is an error naming the file and
 // the field: DoRA, rsLoRA, trained biases, modules_to_save, per-module ranks or alphas,
-// layers_to_transform, a regular expression as target_modules.
+// layers_to_transform, a regular expression as target_modules; so is a base_model_name_or_path
+// that is not a Hugging Face model directory here.
 PeftAdapter read_peft_adapter(const std::string& dir);
 
 // Loads the adapter's tensors into `model`'s adapters (added with read_peft_adapter's settings),

@@ -71,6 +71,10 @@ for from in "$tmp/adapter" "$data/../peft/llama"; do
     fail "--init-from the peft adapter $from: $(cat "$tmp/i.err")"
   grep -q "and the adapters of $from" "$tmp/i.err" || fail "--init-from $from did not load its adapters: $(cat "$tmp/i.err")"
 done
+# sample and export-hf --merge read an adapter directory as its base plus its adapters.
+[ "$(ids "$tmp/adapter")" = "$tuned" ] || fail "the peft export samples $(ids "$tmp/adapter"), its checkpoint $tuned"
+"$exe" export-hf --from "$tmp/adapter" --out "$tmp/merged2" --merge >/dev/null 2>&1 || fail "export-hf --merge of the adapter"
+[ "$(ids "$tmp/merged2")" = "$tuned" ] || fail "the adapter's merged export samples $(ids "$tmp/merged2"), not $tuned"
 grep -q "LoRA rank 4, alpha 8 on v_proj,q_proj,down_proj" "$tmp/i.err" || fail "the fixture's settings: $(grep LoRA "$tmp/i.err")"
 expect_error "is a peft adapter, whose adapter_config.json sets the adapters" train "${common[@]}" --init-from "$tmp/adapter" \
   --steps 1 --lora-rank 2
