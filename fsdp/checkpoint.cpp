@@ -138,6 +138,14 @@ CheckpointIndex index_of(const ShardedStateDict& sd, const Scope& sc, const Chec
   return ix;
 }
 
+// The names of the model's parameters that require no gradient.
+std::set<std::string> frozen_parameters(nn::Module& model) {
+  std::set<std::string> out;
+  for (auto& [name, p] : model.named_parameters())
+    if (!p.requires_grad()) out.insert(name);
+  return out;
+}
+
 }  // namespace
 
 std::string save_checkpoint(const std::string& dir, nn::Module& model, const nn::Optimizer* opt,
@@ -150,7 +158,9 @@ std::string save_checkpoint(const std::string& dir, nn::Module& model, const nn:
   dist::agree(sc.groups(), "checkpoint: saving a checkpoint", [&] {
     WEFT_CHECK(!dir.empty(), "save_checkpoint: the directory is empty");
     WEFT_CHECK(state.step >= 0, "save_checkpoint: step {} is negative", state.step);
-    for (auto& [k, t] : sharded_state_dict(model, root)) sd.emplace_back("model." + k, t);
+    const std::set<std::string> frozen = options.frozen_elsewhere ? frozen_parameters(model) : std::set<std::string>{};
+    for (auto& [k, t] : sharded_state_dict(model, root))
+      if (!frozen.count(k)) sd.emplace_back("model." + k, t);
     if (opt)
       for (auto& [k, t] : sharded_optimizer_state_dict(*opt, model, root)) sd.emplace_back("optim." + k, t);
     aliases = tied_parameter_names(model);
@@ -214,10 +224,12 @@ CheckpointProgress load_checkpoint(const std::string& path, nn::Module& model, n
     const std::string index_path = index.file_path(kCheckpointIndexFile);
     PieceSource source(index, options.verify);
     std::set<std::string> used;
+    const std::set<std::string> frozen = options.frozen_elsewhere ? frozen_parameters(model) : std::set<std::string>{};
     for (auto& [name, t] : sharded_state_dict(model, root)) {
       const std::string key = "model." + name;
       used.insert(key);
       const CheckpointIndex::Entry* e = index.find(key);
+      if (!e && frozen.count(name)) continue;  // kept elsewhere (a LoRA run's base)
       WEFT_CHECK(e, "checkpoint: {} has no tensor \"{}\" ({} {}): it was saved from another model", index_path, key,
                  dtype_name(t.local.dtype()), shape_str(t.placement.global_shape));
       WEFT_CHECK(e->shape == t.placement.global_shape, "checkpoint: {}: \"{}\" is {} there but {} in this model",

@@ -48,6 +48,9 @@ struct SaveOptions {
   // it never touches another run's. With replace_other_runs, the complete checkpoints of every
   // other run (and those whose index cannot be read) are removed once this one is published.
   bool replace_other_runs = false;
+  // Frozen parameters (requires_grad false: a LoRA run's base, kept in files of its own) are not
+  // written; loading such a checkpoint needs LoadOptions::frozen_elsewhere.
+  bool frozen_elsewhere = false;
 };
 
 // Writes `dir`/step_<step>/ (replacing a checkpoint of the same step) and returns its path. A
@@ -93,6 +96,9 @@ struct LoadOptions {
   bool verify = true;       // check each file's size and sha256 before reading it
   bool restore_rng = true;  // the default generator's state: this rank's as saved (rank 0's at ranks
                             // the saving run did not have)
+  // Frozen parameters the checkpoint does not hold keep their values (loaded before, from the
+  // files they came from); any other missing tensor is still an error.
+  bool frozen_elsewhere = false;
 };
 
 // Loads the checkpoint at `path` (or the latest under it) into the model and, unless null, the

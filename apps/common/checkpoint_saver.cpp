@@ -31,7 +31,7 @@ void CheckpointSaver::save(const fsdp::CheckpointProgress& progress) {
     mine.run = flags_.run;
     where = fsdp::save_checkpoint(flags_.dir, model_, &opt_, root_, mine,
                                   {.keep_last = flags_.keep_last, .keep_also = watch_.good(),
-                                   .replace_other_runs = flags_.overwrite});
+                                   .replace_other_runs = flags_.overwrite, .frozen_elsewhere = flags_.frozen_elsewhere});
   });
   last_ = where;
   saved_step_ = progress.step;

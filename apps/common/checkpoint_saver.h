@@ -22,6 +22,7 @@ struct CheckpointFlags {
   int keep_last = 0;  // 0: keep all
   std::string run;    // the run identity its checkpoints record (checkpoint_owner.h)
   bool overwrite = false;  // --overwrite-checkpoints: the first save removes other runs' checkpoints
+  bool frozen_elsewhere = false;  // frozen parameters are not written (a LoRA run's base: its own files)
 };
 
 class CheckpointSaver {

@@ -42,7 +42,8 @@ Trainer::Trainer(LoopOptions o, TrainingParts parts, const Ranks& ranks, std::op
 int64_t Trainer::resume(const std::string& checkpoint) {
   const std::string name = error_prefix(o_.program);
   dist::agree(ranks_.groups(), name, [&] {
-    step_ = fsdp::load_checkpoint(checkpoint, *p_.model, p_.opt, p_.root).step;
+    step_ = fsdp::load_checkpoint(checkpoint, *p_.model, p_.opt, p_.root,
+                                  {.frozen_elsewhere = o_.checkpoints.frozen_elsewhere}).step;
     check_finite_parameters(*p_.model, fmt::format("{}: refusing to resume from {}", name, checkpoint));
   });
   if (p_.sched) p_.sched->set_last_step(step_);

@@ -17,6 +17,7 @@
 #include "apps/transformer/hf_family.h"
 #include "core/atomic_file.h"
 #include "core/safetensors.h"
+#include "core/sha256.h"
 
 namespace weft::apps {
 namespace fs = std::filesystem;
@@ -105,6 +106,14 @@ ModelConfig read_hf_config(const std::string& dir) {
                  "(untied)\n", path.c_str(), files.at(kHeadName).c_str(), kHeadName);
   }
   return cfg;
+}
+
+std::string hf_weights_digest(const std::string& dir) {
+  std::set<std::string> files;
+  for (auto& [name, file] : weight_files(dir)) files.insert(file);
+  std::string text;
+  for (const std::string& file : files) text += fs::path(file).filename().string() + " " + sha256_file(file) + "\n";
+  return sha256_hex(text.data(), text.size());
 }
 
 void load_hf_checkpoint(const std::string& dir, const LanguageModel& model, const fsdp::FSDPModule* root) {

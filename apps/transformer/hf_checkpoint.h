@@ -47,6 +47,10 @@ bool is_hf_dir(const std::string& path);
 // an error naming the field and its value.
 ModelConfig read_hf_config(const std::string& dir);
 
+// The identity of `dir`'s weights: the sha256 of each weight file's name and sha256, in name
+// order (a LoRA run's checkpoints record its base's, and loading them checks it).
+std::string hf_weights_digest(const std::string& dir);
+
 // Loads the weights of `dir` into `model` (built from read_hf_config(dir)), this rank's shards
 // only when `root` shards it (each rank reads only their byte ranges).
 void load_hf_checkpoint(const std::string& dir, const LanguageModel& model, const fsdp::FSDPModule* root);

@@ -82,6 +82,8 @@ struct TrainOptions {
   apps::PlanFlags plan;
   nn::LoRAOptions lora{.rank = 0, .alpha = 0};  // rank 0: no adapters; alpha 0: the rank
   std::string lora_targets;                     // "": every Linear of the blocks
+  std::string base_digest;  // LoRA from --init-from: its weights' digest; checkpoints hold the adapters only
+  bool base_elsewhere() const { return !base_digest.empty(); }
 };
 
 struct SampleOptions {
@@ -219,6 +221,7 @@ std::map<std::string, std::string> describe(const apps::ModelConfig& cfg, const 
             {"virtual_batches", o.deterministic ? std::to_string(o.virtual_batches) : "0"}});
   d.insert(train_text.begin(), train_text.end());
   for (auto& [k, v] : apps::lora_fields(o.lora)) d[k] = v;
+  if (o.base_elsewhere()) d["lora_base_sha256"] = o.base_digest;
   if (!o.init_from.empty()) d["hf_source"] = std::filesystem::absolute(o.init_from).string();  // export-hf's side files
   return d;
 }
@@ -455,6 +458,7 @@ void validate(TrainOptions& o, const Ranks& ranks, Run& run) {
   apps::check_config(o.model);
   WEFT_CHECK(o.lora.rank > 0 || (o.lora.alpha == 0 && o.lora.dropout == 0 && o.lora_targets.empty()),
              "transformer: --lora-alpha, --lora-dropout and --lora-targets need a --lora-rank above 0");
+  if (o.lora.rank > 0 && !o.init_from.empty()) o.base_digest = apps::hf_weights_digest(o.init_from);
   if (o.lora.rank > 0 && o.lora.targets.empty()) {  // flags, or a peft adapter's "all-linear"
     o.lora.targets = apps::lora_targets(o.lora_targets, o.model);
     if (o.lora.alpha == 0) o.lora.alpha = double(o.lora.rank);
@@ -510,6 +514,26 @@ void check_resumed_model(const apps::ModelConfig& c, const apps::ModelConfig& m,
                "--init-from) ask for {} {}", where, key, value, key, want.at(key));
 }
 
+// A LoRA checkpoint that holds only its adapters names its base (hf_source) and the base's weights'
+// digest: `base`, if given, must be that directory's weights unchanged; empty: the recorded one.
+std::string lora_base(const std::map<std::string, std::string>& app, const std::string& where, std::string base = "") {
+  auto digest = app.find("lora_base_sha256"), source = app.find("hf_source");
+  if (digest == app.end()) return "";
+  WEFT_CHECK(source != app.end(), "transformer: {} records lora_base_sha256 but no hf_source", where);
+  if (base.empty()) base = source->second;
+  WEFT_CHECK(apps::is_hf_dir(base), "transformer: {} holds the LoRA adapters of {} but not that base model, which is "
+             "not a Hugging Face directory here", where, base);
+  WEFT_CHECK(apps::hf_weights_digest(base) == digest->second, "transformer: {} holds LoRA adapters trained on the "
+             "weights of {} (sha256 {}), but that directory's weights have changed since", where, base, digest->second);
+  return base;
+}
+void check_lora_base(const std::map<std::string, std::string>& app, const TrainOptions& o, const std::string& where) {
+  if (!app.count("lora_base_sha256")) return;
+  WEFT_CHECK(!o.init_from.empty(), "transformer: {} holds only LoRA adapters: resume it with --init-from {}, its base",
+             where, app.at("hf_source"));
+  lora_base(app, where, o.init_from);
+}
+
 // --resume: the latest checkpoint in the directory, checked against the flags. The batches:
 // another seed, batch size, accumulation or text would continue on another data stream than the
 // checkpoint's position means. (--lr, --warmup and --steps take effect: the schedule is
@@ -519,6 +543,7 @@ void find_resume(const TrainOptions& o, Run& run, bool say) {
   WEFT_CHECK(!where.empty(), "transformer: no checkpoint to resume in {} (no index.json there and no complete "
              "step_* directory)", o.resume);
   const fsdp::CheckpointProgress ck = fsdp::read_checkpoint_index(where).training;
+  check_lora_base(ck.app, o, where);  // first: without its base, the model flags cannot match either
   check_resumed_model(config_of(ck.app, where), o.model, where);
   auto same = [&](const char* key, const char* flag, const std::string& value, const char* why) {
     apps::check_resumed_setting(ck.app, key, flag, value, why, where, "transformer");
@@ -563,7 +588,7 @@ void build_model(TrainOptions& o, const Ranks& ranks, Run& run) {
     run.per_block = run.plan->settings.reshard_after_forward;
   }
   manual_seed(o.seed);
-  if (!o.init_from.empty() && run.resume_from.empty()) {  // load_init_weights reads every parameter
+  if (!o.init_from.empty() && (run.resume_from.empty() || o.base_elsewhere())) {  // load_init_weights reads them
     run.lm = apps::make_model_to_load(o.model);
     apps::add_lora(run.lm, o.lora, false);  // drawn after nothing: the same adapters at any world size
     if (!ranks.fsdp) nn::materialize(*run.lm.module, run.device);
@@ -638,7 +663,7 @@ apps::LoopOptions loop_options(const TrainOptions& o, const Run& run) {
           .log_every = o.log_every, .log_first = true, .log_grad_norm = true, .log_peak_bytes = true, .clip = o.clip,
           .autocast = o.autocast(), .on_nan = apps::parse_on_nan(o.on_nan), .max_skipped = o.max_skipped,
           .checkpoints = {o.checkpoint_dir, "--checkpoint-dir", o.checkpoint_every, o.keep_last, run.identity,
-                          o.overwrite_checkpoints}};
+                          o.overwrite_checkpoints, o.base_elsewhere()}};
 }
 
 void print_run(const TrainOptions& o, const Run& run, const Ranks& ranks, int64_t n_params, bool sharded) {
@@ -683,7 +708,9 @@ int train(TrainOptions o, const Ranks& ranks) {
   for (auto& block : run.lm.blocks) block->set_activation_checkpointing(o.activation_checkpointing);
   std::optional<fsdp::FSDPModule> root;
   if (ranks.fsdp) root = shard_model(run.lm, o, run.device, nullptr, run.per_block);
-  if (!o.init_from.empty() && run.resume_from.empty()) load_init_weights(o, run, ranks, root ? &*root : nullptr);
+  // A LoRA checkpoint holds the adapters only: its base is read first, then the checkpoint.
+  if (!o.init_from.empty() && (run.resume_from.empty() || o.base_elsewhere()))
+    load_init_weights(o, run, ranks, root ? &*root : nullptr);
   const std::unique_ptr<nn::AdamW> opt = make_optimizer(model, decay, o);  // this rank's shards
   nn::WarmupDecayLR sched(*opt, o.warmup, o.steps, o.min_lr / o.lr, decay_of(o.lr_schedule), o.decay_steps);
   TextTask task(o, run, ranks);
@@ -750,6 +777,8 @@ LoadedModel load_model(const std::string& from, bool say, bool shard = false, De
     WEFT_CHECK(!shard, "transformer: {} is one consolidated file, read whole: sample it without --fsdp, or from the "
                "checkpoint directory it was made from", from);
     auto contents = load_safetensors(from);
+    WEFT_CHECK(!contents.metadata.count("lora_base_sha256"), "transformer: {} holds only LoRA adapters (the base is "
+               "{}): read the checkpoint directory it was made from instead", from, contents.metadata["hf_source"]);
     auto cfg = config_of(contents.metadata, from);
     build(cfg, apps::lora_of(contents.metadata, from));
     fsdp::load_full_state_dict(*m.lm.module, contents.tensors, nullptr, head_alias(cfg));
@@ -762,7 +791,9 @@ LoadedModel load_model(const std::string& from, bool say, bool shard = false, De
   m.recorded = fsdp::read_checkpoint_index(where).training.app;
   build(config_of(m.recorded, where), apps::lora_of(m.recorded, where));
   if (m.root) root = &*m.root;
-  fsdp::load_checkpoint(where, *m.lm.module, nullptr, root, {.restore_rng = false});
+  const std::string base = lora_base(m.recorded, where);  // a LoRA checkpoint of adapters only: its base first
+  if (!base.empty()) apps::load_hf_checkpoint(base, m.lm, root);
+  fsdp::load_checkpoint(where, *m.lm.module, nullptr, root, {.restore_rng = false, .frozen_elsewhere = !base.empty()});
   return m;
 }
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # weft-transformer train --lora-rank on the Hugging Face Llama fixture (tests/data/hf/llama):
 # only the adapters train (their count printed; --plan counts their optimizer state), the loss
-# falls, activation checkpointing keeps the losses, a stopped run resumes exactly, a checkpoint
+# falls, activation checkpointing keeps the losses, checkpoints hold the adapters and the base's
+# digest (checked: a changed base is refused), a stopped run resumes exactly, a checkpoint
 # samples as its export-hf --merge does and not as the base does; export-peft writes a peft
 # adapter and --init-from a peft adapter directory (the export, the committed fixture) trains
 # it; GPT-2's defaults adapt c_attn, c_proj and c_fc; bad flags and mismatched resumes are
@@ -48,6 +49,23 @@ grep -Eq "optimizer state +0.1 MiB +53248$" "$tmp/plan.out" || fail "the plan's 
 "$exe" train "${run[@]}" "${lora[@]}" --metrics "$tmp/b.jsonl" --stop-after 3 --checkpoint-dir "$tmp/ck" >/dev/null 2>&1
 "$exe" train "${run[@]}" "${lora[@]}" --metrics "$tmp/b.jsonl" --resume "$tmp/ck" --checkpoint-dir "$tmp/ck" >/dev/null 2>&1
 [ "$(loss_at "$tmp/b.jsonl" 6)" = "$a6" ] || fail "the resumed run's step-6 loss $(loss_at "$tmp/b.jsonl" 6) differs from $a6"
+# The checkpoint holds the adapters and their optimizer state, not the base: the base's weights'
+# digest instead, checked whenever the checkpoint is read.
+ck6=$(ls -d "$tmp"/ck/step_* | tail -1)
+tr -d ' \n' <"$ck6/index.json" >"$tmp/index.min"
+grep -qF '"model.model.layers.0.self_attn.q_proj.lora_A.weight"' "$tmp/index.min" || fail "the checkpoint lacks the adapters"
+grep -qF '"optim.state.model.layers.0.mlp.down_proj.lora_B.weight.exp_avg"' "$tmp/index.min" || fail "the checkpoint lacks their optimizer state"
+if grep -qF '"model.model.embed_tokens.weight"' "$tmp/index.min"; then fail "the checkpoint holds the frozen base"; fi
+grep -qF '"lora_base_sha256"' "$tmp/index.min" || fail "the checkpoint does not record its base's digest"
+[ "$(stat -c %s "$ck6/rank_00000.safetensors")" -lt 100000 ] || fail "the checkpoint file is $(stat -c %s "$ck6/rank_00000.safetensors") bytes"
+expect_error "holds only LoRA adapters: resume it with --init-from $data/llama" train "${common[@]}" --steps 6 "${lora[@]}" --resume "$tmp/ck"
+cp -r "$data/llama" "$tmp/base"
+"$exe" train "${common[@]}" --init-from "$tmp/base" --steps 2 "${lora[@]}" --checkpoint-dir "$tmp/ckb" >/dev/null 2>&1 || fail "LoRA on a copy"
+last=$(ls "$tmp/base"/model-*.safetensors | tail -1)
+printf '\x11' | dd of="$last" bs=1 seek=$(( $(stat -c %s "$last") - 1 )) conv=notrunc status=none  # its last weight byte
+expect_error "but that directory's weights have changed since" sample --from "$tmp/ckb" --tokens 1
+expect_error "but that directory's weights have changed since" train "${common[@]}" --init-from "$tmp/base" --steps 3 \
+  "${lora[@]}" --resume "$tmp/ckb"
 expect_error "holds lora_alpha 8, lora_dropout 0, lora_rank 4" train "${run[@]}" --lora-rank 8 --resume "$tmp/ck"
 expect_error "holds lora_alpha 8" train "${run[@]}" --resume "$tmp/ck"
 
@@ -89,6 +107,12 @@ grep -q "LoRA rank 4, alpha 4 on c_attn,c_proj,c_fc: 4096 trainable" "$tmp/g.err
 "$mpirun" "${mpirun_args[@]}" -np 2 "$exe" train "${run[@]}" "${lora[@]}" --fsdp --metrics "$tmp/f.jsonl" >/dev/null 2>"$tmp/f.err" ||
   fail "--fsdp --lora-rank at 2 ranks failed: $(cat "$tmp/f.err")"
 for s in 1 3 6; do within "$(loss_at "$tmp/f.jsonl" $s)" "$(loss_at "$tmp/a.jsonl" $s)" 1e-5 0 "2-rank step-$s loss"; done
+# A 2-rank checkpoint of adapters only (each rank its shards), resumed in one process.
+"$mpirun" "${mpirun_args[@]}" -np 2 "$exe" train "${run[@]}" "${lora[@]}" --fsdp --stop-after 3 --checkpoint-dir "$tmp/ckf" \
+  >/dev/null 2>"$tmp/ckf.err" || fail "--fsdp --checkpoint-dir at 2 ranks: $(cat "$tmp/ckf.err")"
+"$exe" train "${run[@]}" "${lora[@]}" --resume "$tmp/ckf" --metrics "$tmp/r.jsonl" >/dev/null 2>"$tmp/r.err" ||
+  fail "resuming the 2-rank LoRA checkpoint in one process: $(cat "$tmp/r.err")"
+within "$(loss_at "$tmp/r.jsonl" 6)" "$a6" 1e-5 0 "step-6 loss resumed at 1 rank from 2"
 # bf16 mixed precision under FSDP: bf16 base and adapters gathered, f32 adapter gradients and steps.
 "$mpirun" "${mpirun_args[@]}" -np 2 "$exe" train "${run[@]}" "${lora[@]}" --fsdp --mixed-precision bf16 \
   --metrics "$tmp/bf.jsonl" >/dev/null 2>"$tmp/bf.err" || fail "--fsdp --mixed-precision bf16 --lora-rank: $(cat "$tmp/bf.err")"
