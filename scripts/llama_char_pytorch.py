@@ -8,7 +8,7 @@ gpt_char.py and the helpers from _common.py in shared/peer (found beside this ch
 through PEER_DIR). For side-by-side benchmarks only: nothing in weft's build or tests uses it.
 
   OMP_NUM_THREADS=T python3 scripts/llama_char_pytorch.py --config small|medium --threads T \\
-      [--compile --warmup 10] [--autocast bf16]
+      [--compile --warmup 10] [--autocast bf16] [--lora-rank R]
   (FSDP2 over gloo: scripts/fsdp2_llama_pytorch.py)
 
 Model: token embedding (256; no position table); n_layer x [x += Attn(RMSNorm(x));
@@ -21,6 +21,9 @@ n_head where torch lacks enable_gqa (printed). MLP: down(silu(gate(x)) * up(x)) 
 w3 x). Parameter names follow Hugging Face's Llama (q_proj ... down_proj), so a state dict maps
 onto LlamaForCausalLM one to one. Init: N(0, 0.02) for Linear/Embedding weights,
 N(0, 0.02/sqrt(2*n_layer)) for o_proj and down_proj, RMSNorm weight 1.
+--lora-rank R: peft's LoRA (inject_adapter_in_model; r R, lora_alpha 2R, dropout 0) on all seven
+projections (q, k, v, o, gate, up, down), every other parameter frozen, AdamW over the adapters
+only (needs `pip install peft`); as weft-transformer train --lora-rank R --lora-alpha 2R.
 Optimiser: AdamW(lr=3e-4, betas=(0.9,0.999), eps=1e-8, weight_decay=0.1 on ALL parameters),
 grad-norm clip 1.0, no LR schedule. Batches: uniformly random windows from the whole corpus
 (torch.Generator seeded), targets = inputs shifted by one byte.
@@ -199,11 +202,18 @@ def build(cfg):
                  cfg["ctx"])
 
 
-def make(cfg, seed):
+def make(cfg, seed, lora_rank=0):
     torch.manual_seed(seed)
     model = build(cfg)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.999), eps=1e-8,
-                            weight_decay=0.1)
+    if lora_rank > 0:
+        from peft import LoraConfig, inject_adapter_in_model
+        targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+        model = inject_adapter_in_model(LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, lora_dropout=0.0,
+                                                   target_modules=targets), model)
+        for name, p in model.named_parameters():
+            p.requires_grad_("lora_" in name)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=3e-4, betas=(0.9, 0.999),
+                            eps=1e-8, weight_decay=0.1)
     return model, opt
 
 
@@ -224,7 +234,7 @@ def train_step(model, opt, x, y):
         loss = model(x, y)
     opt.zero_grad(set_to_none=True)
     loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
     opt.step()
     return loss.item()
 
@@ -238,6 +248,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=5,
                     help="first N training steps are excluded from the timing median")
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--lora-rank", type=int, default=0, help="peft LoRA adapters of this rank, the base frozen")
     ap.add_argument("--autocast", choices=["bf16", "none"], default="none",
                     help="bf16: PyTorch's CPU mixed precision (oneDNN bf16 GEMMs where the CPU has AVX512_BF16/AMX)")
     args = ap.parse_args()
@@ -256,9 +267,12 @@ def main():
         print("note: F.scaled_dot_product_attention has no enable_gqa here; "
               "repeating k/v with repeat_interleave instead")
     rss0 = peak_rss_mib()
-    model, opt = make(cfg, args.seed)
+    model, opt = make(cfg, args.seed, args.lora_rank)
     step_model = torch.compile(model) if args.compile else model
     nparams = sum(p.numel() for p in model.parameters())
+    if args.lora_rank:
+        print(f"LoRA rank {args.lora_rank}: {sum(p.numel() for p in model.parameters() if p.requires_grad):,} "
+              f"trainable of {nparams:,}")
     gen = torch.Generator().manual_seed(args.seed + 1)
 
     times, losses = [], []
