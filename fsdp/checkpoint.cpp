@@ -163,8 +163,10 @@ std::string save_checkpoint(const std::string& dir, nn::Module& model, const nn:
       if (!frozen.count(k)) sd.emplace_back("model." + k, t);
     if (opt)
       for (auto& [k, t] : sharded_optimizer_state_dict(*opt, model, root)) sd.emplace_back("optim." + k, t);
-    aliases = tied_parameter_names(model);
+    for (auto& [name, target] : tied_parameter_names(model))
+      if (!frozen.count(target)) aliases[name] = target;
     for (auto& [name, target] : state.aliases) {
+      if (frozen.count(target)) continue;  // its target is kept elsewhere, and so is it
       bool known = false;
       for (auto& [k, t] : sd) known |= k == "model." + target;
       WEFT_CHECK(known, "save_checkpoint: alias \"{}\" names \"{}\", which is not a parameter or buffer of the model",

@@ -15,6 +15,7 @@
 #   bash scripts/hf_reference.sh check --build build      # [--workdir DIR]
 #   bash scripts/hf_reference.sh peft-fixture             # tests/data/peft/llama (scripts/peft_reference.py)
 #   bash scripts/hf_reference.sh peft-check --build build # export-peft loaded by peft's PeftModel
+#   bash scripts/hf_reference.sh chat-fixture             # tests/data/chat (scripts/chat_reference.py)
 # Environment: HF_VENV (default /tmp/hfenv): the venv, made on first use with
 #   pip install torch transformers tokenizers safetensors numpy peft   (from PyPI; several GB)
 set -euo pipefail
@@ -30,6 +31,7 @@ if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import torch, transfo
 fi
 
 case "${1:-}" in
+  chat-*) cmd=${1#chat-}; shift; exec "$venv/bin/python" "$here/chat_reference.py" "$cmd" "$@" ;;
   peft-*) cmd=${1#peft-}; shift; exec "$venv/bin/python" "$here/peft_reference.py" "$cmd" "$@" ;;
 esac
 exec "$venv/bin/python" "$here/hf_reference.py" "$@"

@@ -10,12 +10,16 @@
 
 namespace weft::apps {
 
-Tensor forward_backward(nn::Module& model, const Tensor& x, const Tensor& y, bool autocast, int64_t parts) {
+Tensor forward_backward(nn::Module& model, const Tensor& x, const Tensor& y, bool autocast, int64_t parts,
+                        double target_scale) {
   Tensor loss;
   {
     AutocastGuard bf16(DType::bf16, autocast);
     Tensor logits = model(x);
-    loss = cross_entropy(logits.view({-1, logits.size(-1)}), y.view({-1}));
+    if (target_scale > 0)
+      loss = cross_entropy(logits.view({-1, logits.size(-1)}), y.view({-1}), {.reduction = "sum"}) * target_scale;
+    else
+      loss = cross_entropy(logits.view({-1, logits.size(-1)}), y.view({-1}));
   }
   (parts > 1 ? loss * (1.0 / double(parts)) : loss).backward();
   return loss;
@@ -99,10 +103,12 @@ int Trainer::train_step() {
 // --deterministic: the rank's leaves in order, each with its own dropout stream, gradients
 // reduced (or summed) along the fixed tree after the last; the loss their mean in one order.
 StepEnd Trainer::accumulate_gradients() {
+  const int64_t targets = task_.step_targets(step_);
   if (!leaves_) {
     const int64_t lo = o_.batch_size * ranks_.rank / ranks_.world, hi = o_.batch_size * (ranks_.rank + 1) / ranks_.world;
     double loss_sum = 0;
-    for (int64_t micro = 0; micro < o_.accumulation; ++micro) loss_sum += backward_on(micro, lo, hi, o_.accumulation);
+    for (int64_t micro = 0; micro < o_.accumulation; ++micro)
+      loss_sum += backward_on(micro, lo, hi, o_.accumulation, targets);
     return end_step(loss_sum / double(o_.accumulation), ranks_);
   }
   const int64_t n = leaves_->leaves();
@@ -111,16 +117,19 @@ StepEnd Trainer::accumulate_gradients() {
     if (p_.root) p_.root->set_requires_gradient_sync(j + 1 == n);
     auto [lo, hi] = leaves_->rows(leaves_->micro(j), o_.batch_size);
     LeafRandom dropout(step_, leaves_->tree_index(j), n * ranks_.world);
-    losses.push_back(backward_on(leaves_->accumulated(j), lo, hi, n));
+    losses.push_back(backward_on(leaves_->accumulated(j), lo, hi, n, targets));
     if (!p_.root) nn::add_grads_as_leaf(grad_tree_, params_);
   }
   if (!p_.root) nn::set_grads_to_total(grad_tree_, params_);
   return end_step(ordered_mean(losses, 1, ranks_), ranks_, true);
 }
 
-double Trainer::backward_on(int64_t micro, int64_t lo, int64_t hi, int64_t parts) {
+// One part's forward and backward. With the step's `targets` counted, the part's loss is its share
+// of their mean, scaled by the `parts` x world parts the loop averages (so the average is the mean).
+double Trainer::backward_on(int64_t micro, int64_t lo, int64_t hi, int64_t parts, int64_t targets) {
   auto [x, y] = task_.batch(step_, micro, lo, hi);
-  return forward_backward(*p_.model, x.to(o_.device), y.to(o_.device), o_.autocast, parts).item();
+  const double scale = targets > 0 ? double(parts) * double(ranks_.world) / double(targets) : 0;
+  return forward_backward(*p_.model, x.to(o_.device), y.to(o_.device), o_.autocast, parts, scale).item();
 }
 
 // A stretch of steps with one progress bar and its own rate window: an epoch (ending at the

@@ -32,4 +32,23 @@ BlockLoss block_loss(nn::Module& model, TokenView stream, int64_t ctx, int64_t f
   return r;
 }
 
+BlockLoss example_loss(nn::Module& model, const ExampleSet& set, int64_t batch, Device device) {
+  WEFT_CHECK(batch >= 1, "example_loss: batch {} must be positive", batch);
+  NoGradGuard no_grad;
+  const bool was_training = model.is_training();
+  model.eval();
+  BlockLoss r;
+  for (int64_t b = 0; b < set.size(); b += batch) {
+    std::vector<int64_t> picked(size_t(std::min(batch, set.size() - b)));
+    for (size_t i = 0; i < picked.size(); ++i) picked[i] = b + int64_t(i);
+    auto [x, y] = set.rows(picked, 0, int64_t(picked.size()));
+    Tensor logits = model(x.to(device));
+    r.loss_sum += cross_entropy(logits.reshape({y.numel(), logits.size(-1)}), y.to(device).view({-1}),
+                                {.reduction = "sum"}).to(kFloat64).item();
+    r.tokens += set.targets(picked), r.blocks += int64_t(picked.size());
+  }
+  model.train(was_training);
+  return r;
+}
+
 }  // namespace weft::apps

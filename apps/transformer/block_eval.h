@@ -1,10 +1,11 @@
 // apps/transformer: a model's loss over a whole token stream (weft-transformer eval), cut as
 // transformers' language-modelling examples group text: consecutive blocks of ctx + 1 tokens,
 // each block predicting its last ctx tokens from the ones before them; the tail shorter than a
-// block is left out. The loss is the mean over every predicted token, the perplexity exp(loss).
+// block is left out (or, for a dataset of examples, example by example). The loss is the mean over every predicted token, the perplexity exp(loss).
 #pragma once
 #include <cstdint>
 
+#include "apps/transformer/example_data.h"
 #include "apps/transformer/text_data.h"
 #include "weft.h"
 
@@ -21,6 +22,11 @@ struct BlockLoss {
 // `batch` blocks per forward, on `device`; `model` in evaluation mode, without gradients.
 BlockLoss block_loss(nn::Module& model, TokenView stream, int64_t ctx, int64_t first, int64_t count, int64_t batch,
                      Device device = kCPU);
+
+// Over a dataset of examples instead (example_data.h): every example of `set` in order, `batch`
+// per forward, the loss the mean over the targets that carry loss (`tokens` counts them, `blocks`
+// the examples).
+BlockLoss example_loss(nn::Module& model, const ExampleSet& set, int64_t batch, Device device = kCPU);
 
 // How many whole blocks of ctx + 1 tokens `stream` holds.
 inline int64_t block_count(TokenView stream, int64_t ctx) { return stream.size() / (ctx + 1); }

@@ -119,7 +119,7 @@ struct EvalOptions {
 };
 
 struct PrepareOptions {
-  std::string tokenizer, data = apps::kDefaultTextDir, out, eos = "<|endoftext|>";
+  std::string tokenizer, data = apps::kDefaultTextDir, out, eos = "<|endoftext|>", chat_format;
   bool no_special = false;  // no post-processor tokens (BOS) around each file
 };
 
@@ -191,8 +191,11 @@ constexpr const char* kFormat = "weft-transformer";
 std::map<std::string, std::string> training_text(const apps::TrainingData& data) {
   const std::string digest = sha256_hex(data.train.p, size_t(data.train.n * data.train.width));
   if (data.tokenizer_sha256.empty()) return {{"train_bytes", std::to_string(data.train.size())}, {"train_sha256", digest}};
-  return {{"train_tokens", std::to_string(data.train.size())}, {"train_sha256", digest},
-          {"tokenizer_sha256", data.tokenizer_sha256}};
+  std::map<std::string, std::string> d = {{"train_tokens", std::to_string(data.train.size())},
+                                          {"train_sha256", digest}, {"tokenizer_sha256", data.tokenizer_sha256}};
+  const apps::TokenView& l = data.train_labels;
+  if (data.examples()) d["train_labels_sha256"] = sha256_hex(l.p, size_t(l.n * l.width));
+  return d;
 }
 
 // The model's fields, normalised (0: the default, resolved), as a checkpoint's description holds
@@ -365,22 +368,50 @@ fsdp::MemoryPlanRequest plan_request(const TrainOptions& o, bool fsdp) {
   return r;
 }
 
+// What train() sets up before the first step (prepare_run, rank-local: inside dist::agree).
+struct Run {
+  Device device = kCPU;
+  std::optional<apps::LeafPlan> leaves;             // --deterministic
+  std::optional<fsdp::CheckpointDirLock> dir_lock;  // rank 0's claim on --checkpoint-dir
+  apps::TrainingData data;
+  std::optional<apps::ExampleSet> train_examples, val_examples;  // a dataset of examples (example_data.h)
+  std::map<std::string, std::string> train_text;    // its length and sha256, recorded in checkpoints
+  std::string resume_from;                          // the checkpoint directory --resume resolves to
+  std::string identity;                             // the run identity its checkpoints record
+  int64_t start_bytes = 0;  // live before the model: the baseline of the peak reported at the end
+  std::optional<fsdp::MemoryPlan> plan;
+  std::vector<bool> per_block;  // reshard_after_forward per block, when a memory budget chose it
+  apps::LanguageModel lm;
+  std::optional<apps::MetricsWriter> metrics;
+  std::optional<apps::PeftAdapter> adapter;  // --init-from a peft adapter directory
+};
+
 // Mean validation loss over `iters` fixed batches (the same ones at every evaluation and any
 // world size); each rank evaluates its rows and the means are averaged over ranks.
 // With --deterministic each batch goes as the rank's virtual micro-batches, their losses
-// averaged in one order at any world size.
-double evaluate(nn::Module& model, const apps::TrainingData& data, const TrainOptions& o, const Ranks& ranks,
-                Device device, const std::optional<apps::LeafPlan>& leaves) {
+// averaged in one order at any world size. A dataset of examples: the mean over the targets
+// that carry loss of all those batches.
+double evaluate(nn::Module& model, const Run& run, const TrainOptions& o, const Ranks& ranks,
+                const std::optional<apps::LeafPlan>& leaves) {
   NoGradGuard no_grad;
   AutocastGuard bf16(DType::bf16, o.autocast());
   model.eval();
   double total = 0;
   std::vector<double> ordered;
+  const apps::ExampleSet* examples = run.val_examples ? &*run.val_examples : nullptr;
+  double share = 0;  // examples: a part's loss sum times share is its part of the mean over all targets
+  for (int64_t i = 0; examples && i < o.eval_iters; ++i)
+    share += double(examples->targets(examples->draw(o.seed + kValSeedOffset, i, o.batch_size)));
+  if (examples) share = double(o.eval_iters * (leaves ? leaves->per_rank : 1) * ranks.world) / share;
   for (int64_t i = 0; i < o.eval_iters; ++i) {
     auto loss = [&](int64_t lo, int64_t hi) {
-      auto [x_host, y_host] = apps::text_batch(data.val, o.seed + kValSeedOffset, i, o.batch_size, o.model.ctx, lo, hi);
-      Tensor logits = model(x_host.to(device));
-      return cross_entropy(logits.view({-1, o.model.vocab_size}), y_host.to(device).view({-1})).item();
+      auto [x_host, y_host] = examples ? examples->rows(examples->draw(o.seed + kValSeedOffset, i, o.batch_size), lo, hi)
+                                       : apps::text_batch(run.data.val, o.seed + kValSeedOffset, i, o.batch_size,
+                                                          o.model.ctx, lo, hi);
+      Tensor logits = model(x_host.to(run.device));
+      Tensor flat = logits.view({-1, o.model.vocab_size}), y = y_host.to(run.device).view({-1});
+      if (examples) return cross_entropy(flat, y, {.reduction = "sum"}).item() * share;
+      return cross_entropy(flat, y).item();
     };
     if (!leaves) {
       total += loss(o.batch_size * ranks.rank / ranks.world, o.batch_size * (ranks.rank + 1) / ranks.world);
@@ -395,23 +426,6 @@ double evaluate(nn::Module& model, const apps::TrainingData& data, const TrainOp
   if (leaves) return apps::ordered_mean(ordered, o.eval_iters, ranks);
   return mean_over_ranks(total / double(o.eval_iters), ranks);
 }
-
-// What train() sets up before the first step (prepare_run, rank-local: inside dist::agree).
-struct Run {
-  Device device = kCPU;
-  std::optional<apps::LeafPlan> leaves;             // --deterministic
-  std::optional<fsdp::CheckpointDirLock> dir_lock;  // rank 0's claim on --checkpoint-dir
-  apps::TrainingData data;
-  std::map<std::string, std::string> train_text;    // its length and sha256, recorded in checkpoints
-  std::string resume_from;                          // the checkpoint directory --resume resolves to
-  std::string identity;                             // the run identity its checkpoints record
-  int64_t start_bytes = 0;  // live before the model: the baseline of the peak reported at the end
-  std::optional<fsdp::MemoryPlan> plan;
-  std::vector<bool> per_block;  // reshard_after_forward per block, when a memory budget chose it
-  apps::LanguageModel lm;
-  std::optional<apps::MetricsWriter> metrics;
-  std::optional<apps::PeftAdapter> adapter;  // --init-from a peft adapter directory
-};
 
 // --init-from: the model is the checkpoint's; --ctx may shorten its context.
 void take_init_config(TrainOptions& o) {
@@ -501,6 +515,14 @@ void load_data(TrainOptions& o, Run& run) {
                "dataset's {} ({})", o.init_from, o.model.vocab_size, run.data.vocab_size, o.data);
   }
   if (!o.checkpoint_dir.empty() || !o.resume.empty()) run.train_text = training_text(run.data);
+  if (run.data.examples()) {  // whole examples, cut at the context
+    run.train_examples.emplace(run.data.train, run.data.train_labels, o.model.ctx, run.data.files[0]);
+    run.val_examples.emplace(run.data.val, run.data.val_labels, o.model.ctx, run.data.files[1]);
+    for (const auto& [set, file] : {std::pair{&*run.train_examples, run.data.files[0]}, {&*run.val_examples, run.data.files[1]}})
+      WEFT_CHECK(set->size() > 0, "transformer: no example of {} has a target that carries loss within the context "
+                 "{} ({} skipped): use a longer --ctx", file, o.model.ctx, set->skipped());
+    return;
+  }
   WEFT_CHECK(run.data.val.size() > o.model.ctx + 1,
              "transformer: the validation part of {} ({} tokens) is shorter than the context {}", o.data,
              run.data.val.size(), o.model.ctx);
@@ -634,10 +656,19 @@ class TextTask : public apps::TrainingTask {
  public:
   TextTask(const TrainOptions& o, const Run& run, const Ranks& ranks) : o_(o), run_(run), ranks_(ranks) {}
   std::pair<Tensor, Tensor> batch(int64_t step, int64_t micro, int64_t lo, int64_t hi) override {
-    return apps::text_batch(run_.data.train, o_.seed, step * o_.grad_accum + micro, o_.batch_size, o_.model.ctx, lo, hi);
+    const int64_t index = step * o_.grad_accum + micro;
+    if (run_.train_examples)
+      return run_.train_examples->rows(run_.train_examples->draw(o_.seed, index, o_.batch_size), lo, hi);
+    return apps::text_batch(run_.data.train, o_.seed, index, o_.batch_size, o_.model.ctx, lo, hi);
+  }
+  int64_t step_targets(int64_t step) override {
+    int64_t n = 0;
+    for (int64_t micro = 0; run_.train_examples && micro < o_.grad_accum; ++micro)
+      n += run_.train_examples->targets(run_.train_examples->draw(o_.seed, step * o_.grad_accum + micro, o_.batch_size));
+    return n;
   }
   void evaluate(const Evaluation& at) override {
-    const double val = ::evaluate(*run_.lm.module, run_.data, o_, ranks_, run_.device, run_.leaves);
+    const double val = ::evaluate(*run_.lm.module, run_, o_, ranks_, run_.leaves);
     at.metrics.write({{"split", std::string("val")}, {"step", at.step}, {"loss", val}, {"perplexity", std::exp(val)}});
     at.nan.check_evaluation(val, fmt::format("the validation loss is {} at step {}", apps::describe_value(val),
                                              at.step), at.watch);
@@ -680,6 +711,13 @@ void print_run(const TrainOptions& o, const Run& run, const Ranks& ranks, int64_
     std::fprintf(stderr, "weft-transformer: FSDP over %d ranks: one group per block and the root; %lld parameters "
                  "on rank 0, %lld sequences per rank per micro-step\n", ranks.world,
                  (long long)apps::count_parameters(*run.lm.module), (long long)(o.batch_size / ranks.world));
+  if (run.train_examples)
+    std::fprintf(stderr, "weft-transformer: examples: %lld train / %lld val, each one row padded to the longest of "
+                 "its batch; %lld / %lld skipped (no target within ctx %lld), %lld / %lld cut at ctx + 1 tokens\n",
+                 (long long)run.train_examples->size(), (long long)run.val_examples->size(),
+                 (long long)run.train_examples->skipped(), (long long)run.val_examples->skipped(),
+                 (long long)o.model.ctx, (long long)run.train_examples->truncated(),
+                 (long long)run.val_examples->truncated());
 }
 
 // --init-from without --resume: the Hugging Face weights replace the initial ones (each rank
@@ -1005,6 +1043,35 @@ int export_hf(const ExportOptions& o) {
   return 0;
 }
 
+// prepare with JSONL records: a dataset of examples (apps/transformer/example_data.h).
+int prepare_examples(const PrepareOptions& p) {
+  const apps::PreparedExamples d =
+      apps::prepare_examples(p.tokenizer, p.data, p.out, p.eos, 0.1, !p.no_special, p.chat_format);
+  std::printf("prepared %s: %lld train and %lld val examples (%lld and %lld tokens, %lld of them trained) from %lld "
+              "record(s) in %lld file(s) of %s\n", p.out.c_str(), (long long)d.train_examples,
+              (long long)d.val_examples, (long long)d.train_tokens, (long long)d.val_tokens,
+              (long long)d.trained_tokens, (long long)d.records, (long long)d.files, p.data.c_str());
+  return 0;
+}
+
+// eval over a dataset of examples: every example of the split, the mean over its trained targets.
+int eval_examples(const EvalOptions& o, nn::Module& model, const apps::TrainingData& data, int64_t ctx) {
+  const bool train = o.split == "train";
+  const apps::ExampleSet set(train ? data.train : data.val, train ? data.train_labels : data.val_labels, ctx,
+                             data.files[train ? 0 : 1]);
+  WEFT_CHECK(set.size() > 0, "transformer: no example of the {} part of {} has a target within --ctx {}", o.split,
+             o.data, ctx);
+  const apps::BlockLoss r = apps::example_loss(model, set, o.batch_size);
+  WEFT_CHECK(std::isfinite(r.loss()), "transformer: the loss of {} on {} is {}", o.from, o.data,
+             apps::describe_value(r.loss()));
+  std::printf("loss %.6f perplexity %.4f tokens %lld\n", r.loss(), std::exp(r.loss()), (long long)r.tokens);
+  std::fprintf(stderr, "weft-transformer: %s on the %s part of %s: %lld examples (%lld skipped: no target within "
+               "--ctx %lld; %lld cut at it), %lld trained targets\n", o.from.c_str(), o.split.c_str(), o.data.c_str(),
+               (long long)r.blocks, (long long)set.skipped(), (long long)ctx, (long long)set.truncated(),
+               (long long)r.tokens);
+  return 0;
+}
+
 // Loss, perplexity and token count of a model over a split of a dataset, in blocks of ctx + 1
 // tokens (apps/transformer/block_eval.h).
 int eval(const EvalOptions& o) {
@@ -1018,6 +1085,7 @@ int eval(const EvalOptions& o) {
              loaded.lm.cfg.ctx);
   WEFT_CHECK(vocab >= data.vocab_size, "transformer: {}'s vocabulary of {} is smaller than {}'s {}", o.from, vocab,
              o.data, data.vocab_size);
+  if (data.examples()) return eval_examples(o, model, data, ctx);
   const apps::TokenView stream = o.split == "train" ? data.train : data.val;
   const int64_t blocks = apps::block_count(stream, ctx);
   WEFT_CHECK(blocks > 0, "transformer: the {} part of {} ({} tokens) is shorter than one block of --ctx + 1 = {}",
@@ -1260,13 +1328,16 @@ CLI::App* add_prepare_flags(CLI::App& app, PrepareOptions& p) {
                                  "(train.tokens, val.tokens, tokenizer.json)");
   pr->add_option("--tokenizer", p.tokenizer, "tokenizer.json (Hugging Face tokenizers format, byte-level BPE)")
       ->required();
-  pr->add_option("--data", p.data, "text file or folder of text files")->capture_default_str();
+  pr->add_option("--data", p.data, "text file or folder of text files; or a .jsonl file or folder of them, one "
+                 "example per line: {\"text\"}, {\"prompt\", \"completion\"} or {\"messages\": [{\"role\", "
+                 "\"content\"}, ...]} (only completions and assistant messages carry loss)")->capture_default_str();
   pr->add_option("--out", p.out, "the dataset directory to write (created; its dataset files replaced)")->required();
-  pr->add_option("--eos", p.eos, "token put after each file (\"\" for none; an error if the tokenizer lacks it)")
-      ->capture_default_str();
+  pr->add_option("--eos", p.eos, "token put after each file, or each text or completion record (\"\" for none; an "
+                 "error if the tokenizer lacks it)")->capture_default_str();
+  pr->add_option("--chat-format", p.chat_format, "how \"messages\" are rendered: llama3, chatml or mistral (default: "
+                 "recognised from the tokenizer's chat_template)");
   pr->add_flag("--no-special", p.no_special, "leave out the special tokens the tokenizer's post-processor puts "
                "around each file (Llama's BOS)");
-  // A first word that is neither a flag nor a command is named (CLI11 would only say that a
   return pr;
 }
 
@@ -1287,6 +1358,7 @@ int main(int argc, char** argv) {
   CLI::App* evc = add_eval_flags(app, ev);
   CLI::App* pe = add_peft_flags(app, px);
   CLI::App* pr = add_prepare_flags(app, p);
+  // A first word that is neither a flag nor a command is named (CLI11 would only say that a
   // subcommand is required).
   const std::string first = argc > 1 ? argv[1] : "";
   if (argc > 1 && first[0] != '-' && first != "train" && first != "sample" && first != "export-hf" &&
@@ -1330,6 +1402,9 @@ int main(int argc, char** argv) {
     if (pr->parsed()) {
       apps::start_ranks("weft-transformer", false, {{"command", "prepare"}}, {});
       apps::check_outputs_apart({{"--out", p.out}}, {{"--tokenizer", p.tokenizer}, {"--data", p.data}}, "transformer");
+      if (apps::is_jsonl_data(p.data)) return prepare_examples(p);
+      WEFT_CHECK(p.chat_format.empty(), "transformer: --chat-format renders the \"messages\" of JSONL records, and {} "
+                 "is text", p.data);
       const apps::PreparedData d = apps::prepare_tokens(p.tokenizer, p.data, p.out, p.eos, 0.1, !p.no_special);
       std::printf("prepared %s: %lld train and %lld val tokens from %lld bytes in %lld file(s) of %s\n", p.out.c_str(),
                   (long long)d.train_tokens, (long long)d.val_tokens, (long long)d.bytes, (long long)d.files,

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <iterator>
 #include <span>
+#include <tuple>
 
 #include "apps/common/progress.h"
 #include "apps/transformer/text_data.h"
@@ -219,6 +220,17 @@ void load_training_data(const std::string& path, TrainingData& d) {
   d.vocab_size = a.vocab_size;
   d.tokenizer_sha256 = a.tokenizer_sha256;
   d.files = {train, val};
+  if (!fs::exists(fs::path(path) / "train.labels")) return;
+  for (const auto& [file, tokens, labels] : {std::tuple{train, &*d.train_file, &d.train_labels_file},
+                                            std::tuple{val, &*d.val_file, &d.val_labels_file}}) {
+    const std::string name = file.substr(0, file.size() - 7) + ".labels";
+    const TokenFile& l = labels->emplace(name);
+    WEFT_CHECK(l.header().tokenizer_sha256 == a.tokenizer_sha256 && l.size() == tokens->size(),
+               "transformer: {} does not belong to {} ({} labels for {} tokens, tokenizer sha256 {} and {}): prepare "
+               "the dataset again", name, file, l.size(), tokens->size(), l.header().tokenizer_sha256,
+               a.tokenizer_sha256);
+  }
+  d.train_labels = d.train_labels_file->view(), d.val_labels = d.val_labels_file->view();
 }
 
 std::string tokenizer_digest(const std::string& path) {
@@ -226,12 +238,16 @@ std::string tokenizer_digest(const std::string& path) {
   return sha256_hex(json.data(), json.size());
 }
 
+void copy_tokenizer(const std::string& tokenizer_path, const std::string& dir) {
+  const std::string json = read_file(tokenizer_json_path(tokenizer_path));
+  write_file_atomic(dir + "/tokenizer.json", [&](std::FILE* f) { check_write(f, json.data(), json.size(), dir); });
+}
+
 PreparedData prepare_tokens(const std::string& tokenizer_path, const std::string& data, const std::string& out_dir,
                             const std::string& eos, double val_fraction, bool special) {
   WEFT_CHECK(val_fraction >= 0 && val_fraction < 1, "transformer: validation fraction {} not in [0, 1)", val_fraction);
   const BpeTokenizer tok(tokenizer_path);
-  const std::string tokenizer_json = read_file(tokenizer_json_path(tokenizer_path));
-  const std::string digest = sha256_hex(tokenizer_json.data(), tokenizer_json.size());
+  const std::string digest = tokenizer_digest(tokenizer_path);
   int32_t eos_id = -1;
   if (!eos.empty()) {
     eos_id = tok.id_of(eos);
@@ -265,8 +281,8 @@ PreparedData prepare_tokens(const std::string& tokenizer_path, const std::string
   const std::span<const uint32_t> train(tokens.data(), tokens.size() - n_val), val(tokens.data() + train.size(), n_val);
   write_token_file(out_dir + "/train.tokens", train, tok.vocab_size(), digest);
   write_token_file(out_dir + "/val.tokens", val, tok.vocab_size(), digest);
-  write_file_atomic(out_dir + "/tokenizer.json",
-                    [&](std::FILE* f) { check_write(f, tokenizer_json.data(), tokenizer_json.size(), out_dir); });
+  copy_tokenizer(tokenizer_path, out_dir);
+  for (const char* stale : {"/train.labels", "/val.labels"}) fs::remove(out_dir + stale, ec);  // now a text dataset
   out.train_tokens = int64_t(train.size()), out.val_tokens = int64_t(val.size());
   return out;
 }

@@ -61,20 +61,25 @@ class TokenFile {
 // memory-mapped, or else text as bytes (load_text). The views point into this object.
 struct TrainingData {
   TextData text;                           // bytes, when PATH is text
-  std::optional<TokenFile> train_file, val_file;
+  std::optional<TokenFile> train_file, val_file, train_labels_file, val_labels_file;
   TokenView train, val;
+  TokenView train_labels, val_labels;      // a dataset of examples (example_data.h): their labels
   int64_t vocab_size = 256;                // of the ids: 256 for bytes
   std::string tokenizer_sha256;            // empty for bytes
   std::vector<std::string> files;          // what was read
   TrainingData() = default;
   TrainingData(TrainingData&&) = delete;   // the views point into it
+  bool examples() const { return train_labels_file.has_value(); }
 };
 bool is_token_dataset(const std::string& path);
-// Fills `d` from `path`; the two token files must come from one tokenizer.
+// Fills `d` from `path`; the token files (and .labels files, when there are) must come from one
+// tokenizer.
 void load_training_data(const std::string& path, TrainingData& d);
 
 // The sha256 (hex) of the tokenizer.json at `path`, as a dataset and its checkpoints record it.
 std::string tokenizer_digest(const std::string& path);
+// Writes the tokenizer.json of `tokenizer_path` into the dataset directory `dir`, atomically.
+void copy_tokenizer(const std::string& tokenizer_path, const std::string& dir);
 
 struct PreparedData {
   int64_t files = 0, bytes = 0, train_tokens = 0, val_tokens = 0;
@@ -85,7 +90,7 @@ struct PreparedData {
 // `transformers` encodes a text), then `eos` (a token of the tokenizer, or empty for none) after
 // each file, and writes the last `val_fraction` of the tokens as val.tokens, the rest as
 // train.tokens, and the tokenizer as tokenizer.json, into `out_dir` (created; existing dataset
-// files there are replaced). Prints a progress bar with rate and ETA to stderr.
+// files there are replaced, .labels files of an earlier dataset of examples removed). Prints a progress bar with rate and ETA to stderr.
 PreparedData prepare_tokens(const std::string& tokenizer_path, const std::string& data, const std::string& out_dir,
                             const std::string& eos, double val_fraction = 0.1, bool special = true);
 

@@ -2,6 +2,12 @@
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
+# expect_error TEXT ARGS...: "$exe" ARGS fails and its stderr contains TEXT; else fail.
+expect_error() {
+  local text=$1; shift
+  if "$exe" "$@" >/dev/null 2>"$tmp/err"; then fail "accepted: $*"; fi
+  grep -qF -- "$text" "$tmp/err" || fail "\"$*\" failed without \"$text\": $(cat "$tmp/err")"
+}
 # The training loss logged at step $2 in the JSONL metrics file $1 (empty if there is none).
 loss_at() { grep "\"step\":$2[,}]" "$1" | grep -v '"split"' | grep -o '"loss":[^,}]*' | cut -d: -f2 || true; }
 # within GOT WANT RTOL ATOL WHAT: |GOT - WANT| <= RTOL |WANT| + ATOL, GOT not empty; else fail.

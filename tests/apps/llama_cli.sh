@@ -14,13 +14,8 @@ data=$2
 mpirun=${3:-}
 shift $(( $# > 2 ? 3 : 2 ))
 mpirun_args=("$@")
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # $tmp (removed on exit), fail, loss_at, within
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # $tmp (removed on exit), fail, expect_error, loss_at, within
 
-expect_error() {  # expect_error TEXT ARGS...: the command fails and stderr contains TEXT
-  local text=$1; shift
-  if "$exe" "$@" >/dev/null 2>"$tmp/err"; then fail "accepted: $*"; fi
-  grep -qF -- "$text" "$tmp/err" || fail "\"$*\" failed without \"$text\": $(cat "$tmp/err")"
-}
 expect_error "--n-kv-head is for --arch llama" train --n-kv-head 2 --steps 1
 expect_error "--n-kv-head 3 must divide --n-head 4" train --arch llama --n-head 4 --n-kv-head 3 --d-model 32 --steps 1
 expect_error "--init-from excludes --n-layer" train --init-from "$data/llama" --n-layer 3 --steps 1

@@ -15,13 +15,8 @@ data=$2
 mpirun=${3:-}
 shift $(( $# > 2 ? 3 : 2 ))
 mpirun_args=("$@")
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # $tmp (removed on exit), fail, loss_at, within
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # $tmp (removed on exit), fail, expect_error, loss_at, within
 
-expect_error() {  # expect_error TEXT ARGS...: the command fails and stderr contains TEXT
-  local text=$1; shift
-  if "$exe" "$@" >/dev/null 2>"$tmp/err"; then fail "accepted: $*"; fi
-  grep -qF -- "$text" "$tmp/err" || fail "\"$*\" failed without \"$text\": $(cat "$tmp/err")"
-}
 common=(--ctx 32 --batch-size 8 --warmup 1 --lr 1e-2 --seed 0 --threads 1 --eval-every 0 --eval-iters 2 --log-every 1)
 base=(--init-from "$data/llama" "${common[@]}")
 run=("${base[@]}" --steps 6)

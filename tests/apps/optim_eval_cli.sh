@@ -7,13 +7,8 @@
 # Usage: optim_eval_cli.sh EXE
 set -euo pipefail
 exe=$1
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # $tmp (removed on exit), fail, loss_at, within
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # $tmp (removed on exit), fail, expect_error, loss_at, within
 
-expect_error() {  # expect_error TEXT ARGS...: the command fails and stderr contains TEXT
-  local text=$1; shift
-  if "$exe" "$@" >/dev/null 2>"$tmp/err"; then fail "accepted: $*"; fi
-  grep -qF -- "$text" "$tmp/err" || fail "\"$*\" failed without \"$text\": $(cat "$tmp/err")"
-}
 cfg=(--n-layer 1 --n-head 2 --d-model 16 --ctx 16 --batch-size 4 --steps 6 --warmup 2 --lr 1e-2 --seed 0 --threads 1
      --eval-every 3 --eval-iters 1 --log-every 1)
 lrs() { grep -v '"split"' "$1" | grep -o '"lr":[^,}]*' | cut -d: -f2 | tr '\n' ' '; }

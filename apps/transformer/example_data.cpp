@@ -1,0 +1,282 @@
+#include "apps/transformer/example_data.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "apps/common/progress.h"
+#include "apps/transformer/bpe_tokenizer.h"
+#include "apps/transformer/chat_template.h"
+#include "apps/transformer/token_data.h"
+#include "core/error.h"
+
+namespace weft::apps {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+bool ends_with_jsonl(const std::string& path) {
+  return path.size() > 6 && path.compare(path.size() - 6, 6, ".jsonl") == 0;
+}
+
+// The tokens of `pieces` encoded as one text, each flagged as its piece is (see the header).
+void encode_pieces(const BpeTokenizer& tok, const std::vector<TextPiece>& pieces, Example& ex) {
+  std::string whole;
+  for (const TextPiece& p : pieces) whole += p.text;
+  const std::vector<int32_t> ids = tok.encode(whole);
+  std::vector<std::pair<size_t, bool>> runs;  // where each run of equally flagged pieces starts, its flag
+  size_t start = 0, text_end = 0;
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    if (k == 0 || pieces[k].trained != pieces[k - 1].trained) {
+      if (k > 0) {
+        const std::vector<int32_t> before = tok.encode(std::string_view(whole).substr(0, text_end));
+        size_t same = 0;
+        while (same < before.size() && same < ids.size() && before[same] == ids[same]) ++same;
+        start = std::max(start, same);
+      }
+      runs.push_back({start, pieces[k].trained});
+    }
+    text_end += pieces[k].text.size();
+  }
+  for (size_t r = 0; r < runs.size(); ++r) {
+    const size_t end = r + 1 < runs.size() ? runs[r + 1].first : ids.size();
+    for (size_t i = runs[r].first; i < end; ++i) {
+      ex.ids.push_back(uint32_t(ids[i]));
+      ex.trained.push_back(runs[r].second);
+    }
+  }
+}
+
+// A record's string field ("" when absent); a present field of another type is an error.
+std::optional<std::string> string_field(const json& record, const char* key) {
+  if (!record.contains(key)) return std::nullopt;
+  WEFT_CHECK(record[key].is_string(), "\"{}\" must be a string, got {}", key, record[key].type_name());
+  return record[key].get<std::string>();
+}
+
+std::vector<ChatMessage> messages_of(const json& record) {
+  const json& m = record["messages"];
+  WEFT_CHECK(m.is_array(), "\"messages\" must be a list, got {}", m.type_name());
+  std::vector<ChatMessage> out;
+  for (size_t i = 0; i < m.size(); ++i) {
+    WEFT_CHECK(m[i].is_object() && m[i].contains("role") && m[i]["role"].is_string() && m[i].contains("content") &&
+               m[i]["content"].is_string(), "message {} must be an object with string \"role\" and \"content\", got {}",
+               i, m[i].dump().substr(0, 80));
+    out.push_back({m[i]["role"].get<std::string>(), m[i]["content"].get<std::string>()});
+  }
+  return out;
+}
+
+// Encodes records: the tokenizer, the EOS id and the chat template (read when first needed).
+class RecordEncoder {
+ public:
+  RecordEncoder(const std::string& tokenizer_path, const std::string& eos, bool special, std::string chat_format)
+      : path_(tokenizer_path), tok_(tokenizer_path), special_(special), chat_format_(std::move(chat_format)) {
+    if (!eos.empty()) {
+      eos_ = tok_.id_of(eos);
+      WEFT_CHECK(eos_ >= 0, "transformer: --eos \"{}\" is not a token of {} (pass --eos \"\" for none)", eos,
+                 tokenizer_path);
+    }
+  }
+  const BpeTokenizer& tokenizer() const { return tok_; }
+
+  Example encode(const json& record) {
+    WEFT_CHECK(record.is_object(), "a record must be a JSON object, got {}", record.type_name());
+    const bool chat = record.contains("messages");
+    const std::optional<std::string> text = string_field(record, "text"), prompt = string_field(record, "prompt"),
+                                     completion = string_field(record, "completion");
+    const int kinds = int(chat) + int(text.has_value()) + int(prompt.has_value() || completion.has_value());
+    WEFT_CHECK(kinds == 1, "a record needs exactly one of \"text\", \"prompt\" + \"completion\" or \"messages\"; "
+               "this one has {}", kinds == 0 ? "none of them" : "several");
+    WEFT_CHECK(chat || text || (prompt && completion), "a record with \"{}\" needs \"{}\" too",
+               prompt ? "prompt" : "completion", prompt ? "completion" : "prompt");
+    Example ex;
+    if (chat) {
+      encode_pieces(tok_, render_chat(chat_template(), messages_of(record)), ex);
+      return ex;
+    }
+    if (special_) add(ex, tok_.special_prefix(), false);
+    if (text) encode_pieces(tok_, {{*text, true}}, ex);
+    else encode_pieces(tok_, {{*prompt, false}, {*completion, true}}, ex);
+    if (special_) add(ex, tok_.special_suffix(), true);
+    if (eos_ >= 0) add(ex, {eos_}, true);
+    return ex;
+  }
+
+ private:
+  static void add(Example& ex, const std::vector<int32_t>& ids, bool trained) {
+    for (int32_t id : ids) ex.ids.push_back(uint32_t(id)), ex.trained.push_back(trained);
+  }
+  const ChatTemplate& chat_template() {
+    if (!template_) {
+      template_ = load_chat_template(path_, chat_format_);
+      std::vector<std::string> markers = {"<|im_start|>", "<|im_end|>"};
+      if (template_->format == ChatFormat::llama3)
+        markers = {template_->bos, "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"};
+      if (template_->format == ChatFormat::mistral) markers = {template_->bos, template_->eos};
+      for (const std::string& m : markers)
+        WEFT_CHECK(tok_.id_of(m) >= 0, "the {} chat template writes \"{}\", which is not a token of {} (another "
+                   "tokenizer, or the wrong --chat-format?)", chat_format_name(template_->format), m, path_);
+    }
+    return *template_;
+  }
+  std::string path_;
+  BpeTokenizer tok_;
+  bool special_;
+  std::string chat_format_;
+  int32_t eos_ = -1;
+  std::optional<ChatTemplate> template_;
+};
+
+std::vector<Example> read_jsonl(const std::string& file, RecordEncoder& enc) {
+  std::ifstream in(file, std::ios::binary);
+  WEFT_CHECK(in.good(), "transformer: cannot open {}: {}", file, std::strerror(errno));
+  std::vector<Example> out;
+  std::string line;
+  for (int64_t n = 1; std::getline(in, line); ++n) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    try {
+      const json record = json::parse(line, nullptr, false);
+      WEFT_CHECK(!record.is_discarded(), "not JSON");
+      out.push_back(enc.encode(record));
+      WEFT_CHECK(!out.back().ids.empty(), "the record encodes to no tokens");
+    } catch (const Error& e) {
+      throw Error(fmt::format("transformer: {}:{}: {}", file, n, e.what()));
+    }
+  }
+  WEFT_CHECK(!in.bad(), "transformer: error while reading {}", file);
+  return out;
+}
+
+void write_split(const std::string& out_dir, const std::string& name, const std::vector<Example>& examples,
+                 size_t begin, size_t end, int64_t vocab, const std::string& digest, int64_t& tokens) {
+  std::vector<uint32_t> ids, labels;
+  for (size_t e = begin; e < end; ++e) {
+    ids.insert(ids.end(), examples[e].ids.begin(), examples[e].ids.end());
+    for (size_t i = 0; i < examples[e].ids.size(); ++i)
+      labels.push_back(i == 0 ? kLabelStart : examples[e].trained[i] ? kLabelTrained : kLabelContext);
+  }
+  write_token_file(out_dir + "/" + name + ".tokens", ids, vocab, digest);
+  write_token_file(out_dir + "/" + name + ".labels", labels, 3, digest);
+  tokens = int64_t(ids.size());
+}
+
+}  // namespace
+
+bool is_jsonl_data(const std::string& data) {
+  std::error_code ec;
+  if (!fs::is_directory(data, ec)) return ends_with_jsonl(data);
+  const std::vector<std::string> files = text_files(data);
+  const auto jsonl = std::count_if(files.begin(), files.end(), ends_with_jsonl);
+  if (jsonl == 0) return false;
+  for (const std::string& f : files)
+    WEFT_CHECK(ends_with_jsonl(f), "transformer: {} mixes .jsonl files ({}) with others ({}): a dataset is either "
+               "JSONL records or text", data, *std::find_if(files.begin(), files.end(), ends_with_jsonl), f);
+  return true;
+}
+
+PreparedExamples prepare_examples(const std::string& tokenizer_path, const std::string& data,
+                                  const std::string& out_dir, const std::string& eos, double val_fraction,
+                                  bool special, const std::string& chat_format) {
+  WEFT_CHECK(val_fraction >= 0 && val_fraction < 1, "transformer: validation fraction {} not in [0, 1)", val_fraction);
+  RecordEncoder enc(tokenizer_path, eos, special, chat_format);
+  const std::vector<std::string> files = text_files(data);
+  PreparedExamples out;
+  std::vector<Example> examples;
+  Progress progress("prepare", int64_t(files.size()), "records");
+  for (const std::string& f : files) {
+    std::vector<Example> part = read_jsonl(f, enc);
+    out.files += 1;
+    progress.update(out.files, int64_t(part.size()), fmt::format("{} records", examples.size() + part.size()));
+    std::move(part.begin(), part.end(), std::back_inserter(examples));
+  }
+  progress.finish(fmt::format("{} records from {} files", examples.size(), files.size()));
+  out.records = int64_t(examples.size());
+  WEFT_CHECK(!examples.empty(), "transformer: {} holds no records", data);
+  size_t n_val = size_t(double(examples.size()) * val_fraction);
+  if (val_fraction > 0 && n_val == 0) n_val = 1;
+  WEFT_CHECK(n_val < examples.size(), "transformer: {} holds {} record(s): too few for a training and a validation "
+             "split", data, examples.size());
+  for (const Example& ex : examples) out.trained_tokens += std::count(ex.trained.begin() + 1, ex.trained.end(), uint8_t(1));
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  WEFT_CHECK(!ec && fs::is_directory(out_dir), "transformer: cannot create the dataset directory {}: {}", out_dir,
+             ec ? ec.message() : "not a directory");
+  const std::string digest = tokenizer_digest(tokenizer_path);
+  const int64_t vocab = enc.tokenizer().vocab_size();
+  const size_t n_train = examples.size() - n_val;
+  write_split(out_dir, "train", examples, 0, n_train, vocab, digest, out.train_tokens);
+  write_split(out_dir, "val", examples, n_train, examples.size(), vocab, digest, out.val_tokens);
+  copy_tokenizer(tokenizer_path, out_dir);
+  out.train_examples = int64_t(n_train), out.val_examples = int64_t(n_val);
+  return out;
+}
+
+ExampleSet::ExampleSet(TokenView ids, TokenView labels, int64_t ctx, const std::string& what)
+    : ids_(ids), labels_(labels) {
+  WEFT_CHECK(ids.size() == labels.size() && (labels.size() == 0 || labels[0] == kLabelStart),
+             "transformer: the labels of {} do not match its tokens: the dataset is damaged; prepare it again", what);
+  for (int64_t i = 0; i < labels.size();) {
+    int64_t end = i + 1;
+    while (end < labels.size() && labels[end] != kLabelStart) ++end;
+    int64_t len = end - i;
+    if (len > ctx + 1) len = ctx + 1, ++truncated_;
+    int64_t targets = 0;
+    for (int64_t t = i + 1; t < i + len; ++t) targets += labels[t] == kLabelTrained;
+    if (targets == 0) {
+      ++skipped_;
+    } else {
+      starts_.push_back(i), lengths_.push_back(len), targets_.push_back(targets);
+    }
+    i = end;
+  }
+}
+
+std::vector<int64_t> ExampleSet::draw(uint64_t seed, int64_t index, int64_t batch) const {
+  const int64_t n = size();
+  WEFT_CHECK(n > 0, "transformer: no example to draw a batch from");
+  std::vector<int64_t> picked(static_cast<size_t>(batch));
+  for (int64_t k = 0; k < batch; ++k) {
+    const int64_t slot = index * batch + k, epoch = slot / n;
+    if (epoch != epoch_) {
+      order_.resize(size_t(n));
+      for (int64_t i = 0; i < n; ++i) order_[size_t(i)] = i;
+      Generator g(seed * 1000003ull + uint64_t(epoch) + 1);
+      for (int64_t i = n - 1; i > 0; --i) std::swap(order_[size_t(i)], order_[g.next_u64() % uint64_t(i + 1)]);
+      epoch_ = epoch;
+    }
+    picked[size_t(k)] = order_[size_t(slot % n)];
+  }
+  return picked;
+}
+
+std::pair<Tensor, Tensor> ExampleSet::rows(const std::vector<int64_t>& picked, int64_t lo, int64_t hi) const {
+  WEFT_CHECK(0 <= lo && lo <= hi && hi <= int64_t(picked.size()), "ExampleSet: rows [{}, {}) outside [0, {})", lo, hi,
+             picked.size());
+  int64_t T = 1;
+  for (int64_t e : picked) T = std::max(T, length(e) - 1);
+  Tensor x = zeros({hi - lo, T}, {.dtype = kInt64}), y = full({hi - lo, T}, double(kIgnoreLabel), {.dtype = kInt64});
+  int64_t* xp = x.data<int64_t>();
+  int64_t* yp = y.data<int64_t>();
+  for (int64_t r = 0; r < hi - lo; ++r) {
+    const int64_t e = picked[size_t(lo + r)], s = starts_[size_t(e)];
+    for (int64_t t = 0; t + 1 < length(e); ++t) {
+      xp[r * T + t] = ids_[s + t];
+      if (labels_[s + t + 1] == kLabelTrained) yp[r * T + t] = ids_[s + t + 1];
+    }
+  }
+  return {x, y};
+}
+
+int64_t ExampleSet::targets(const std::vector<int64_t>& picked) const {
+  int64_t n = 0;
+  for (int64_t e : picked) n += targets_[size_t(e)];
+  return n;
+}
+
+}  // namespace weft::apps

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# weft-transformer on a dataset of examples (JSONL records, apps/transformer/example_data.h):
+# prepare writes .labels beside the token files (and a text dataset prepared into the same
+# directory drops them); train --init-from the chat fixture's model learns (the loss falls) and
+# resumes, with LoRA too (on its tied embedding); eval reports the mean over the trained targets only; bad records and flags are named;
+# with mpirun, --fsdp at 2 ranks logs the single-process losses (the loss is the mean over the
+# global batch's targets, however the ranks split its rows) and --deterministic the same bits.
+# Usage: examples_cli.sh EXE CHAT_DATA_DIR [MPIRUN MPIRUN_ARGS...]
+set -euo pipefail
+exe=$1
+chat=$2
+mpirun=${3:-}
+shift $(( $# > 2 ? 3 : 2 ))
+mpirun_args=("$@")
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # $tmp (removed on exit), fail, expect_error, loss_at, within
+
+# Every record the chatml template renders, eight times over (120 examples; 12 for validation).
+for _ in 1 2 3 4 5 6 7 8; do cat "$chat/records.jsonl"; done >"$tmp/data.jsonl"
+"$exe" prepare --tokenizer "$chat/chatml" --data "$tmp/data.jsonl" --out "$tmp/ds" >"$tmp/prep.out" 2>"$tmp/err" ||
+  fail "prepare failed: $(cat "$tmp/err")"
+grep -q "108 train and 12 val examples" "$tmp/prep.out" || fail "prepare: $(cat "$tmp/prep.out")"
+[ -f "$tmp/ds/train.labels" ] && [ -f "$tmp/ds/val.labels" ] || fail "prepare wrote no .labels files"
+
+base=(--init-from "$chat/model" --data "$tmp/ds" --batch-size 4 --grad-accum 2 --lr 3e-3 --warmup 1 --seed 0 --threads 1
+      --eval-every 0 --eval-iters 3 --log-every 1)
+cfg=("${base[@]}" --ctx 64)
+"$exe" train "${cfg[@]}" --steps 8 --metrics "$tmp/a.jsonl" >"$tmp/a.out" 2>"$tmp/a.err" || fail "train on examples failed: $(cat "$tmp/a.err")"
+grep -q "examples: 108 train / 12 val" "$tmp/a.err" || fail "no examples line: $(cat "$tmp/a.err")"
+a1=$(loss_at "$tmp/a.jsonl" 1); a8=$(loss_at "$tmp/a.jsonl" 8)
+awk -v a="$a1" -v b="$a8" 'BEGIN { exit !(b < a - 0.3) }' || fail "the loss did not fall: step 1 $a1, step 8 $a8"
+
+# Stopped after step 4 and resumed, a run ends as the whole run did.
+"$exe" train "${cfg[@]}" --steps 8 --stop-after 4 --checkpoint-dir "$tmp/ck" >/dev/null 2>"$tmp/err" ||
+  fail "the stopped run failed: $(cat "$tmp/err")"
+"$exe" train "${cfg[@]}" --steps 8 --metrics "$tmp/r.jsonl" --resume "$tmp/ck" --checkpoint-dir "$tmp/ck" \
+  >/dev/null 2>"$tmp/err" || fail "resume failed: $(cat "$tmp/err")"
+[ "$(loss_at "$tmp/r.jsonl" 8)" = "$a8" ] || fail "resumed step 8 loss $(loss_at "$tmp/r.jsonl" 8), not $a8"
+
+# LoRA on the fixture's tied model: checkpoints hold the adapters (not the tied embedding, nor its
+# alias lm_head.weight); a stopped run resumes to the uninterrupted run's loss.
+lora=("${cfg[@]}" --steps 4 --lora-rank 4)
+"$exe" train "${lora[@]}" --metrics "$tmp/l.jsonl" >/dev/null 2>"$tmp/err" || fail "LoRA: $(cat "$tmp/err")"
+"$exe" train "${lora[@]}" --stop-after 2 --checkpoint-dir "$tmp/ckl" >/dev/null 2>"$tmp/err" ||
+  fail "LoRA with checkpoints on a tied model: $(cat "$tmp/err")"
+"$exe" train "${lora[@]}" --resume "$tmp/ckl" --checkpoint-dir "$tmp/ckl" --metrics "$tmp/l2.jsonl" >/dev/null 2>"$tmp/err" ||
+  fail "LoRA resume: $(cat "$tmp/err")"
+[ "$(loss_at "$tmp/l2.jsonl" 4)" = "$(loss_at "$tmp/l.jsonl" 4)" ] ||
+  fail "the resumed LoRA run's step-4 loss $(loss_at "$tmp/l2.jsonl" 4) differs from $(loss_at "$tmp/l.jsonl" 4)"
+
+# eval: the val split's trained targets only (fewer than its tokens).
+"$exe" eval --from "$chat/model" --data "$tmp/ds" --threads 1 >"$tmp/eval.out" 2>"$tmp/eval.err" ||
+  fail "eval failed: $(cat "$tmp/eval.err")"
+read -r _ eloss _ eppl _ etokens <"$tmp/eval.out"
+grep -q "12 examples" "$tmp/eval.err" || fail "eval: $(cat "$tmp/eval.err")"
+[ "$etokens" -gt 0 ] && [ "$etokens" -lt "$(grep -o 'and [0-9]* tokens' "$tmp/prep.out" | grep -o '[0-9]*')" ] ||
+  fail "eval counted $etokens targets: $(cat "$tmp/eval.out")"
+within "$eppl" "$(awk -v l="$eloss" 'BEGIN { printf "%.12g", exp(l) }')" 1e-5 0 "eval perplexity"
+
+# A text dataset prepared into the directory is text again.
+printf 'plain text, no records\n%.0s' $(seq 200) >"$tmp/plain.txt"
+"$exe" prepare --tokenizer "$chat/chatml" --data "$tmp/plain.txt" --out "$tmp/ds2" >/dev/null 2>&1 || fail "prepare text"
+cp "$tmp/ds/train.labels" "$tmp/ds/val.labels" "$tmp/ds2/"
+"$exe" prepare --tokenizer "$chat/chatml" --data "$tmp/plain.txt" --out "$tmp/ds2" >/dev/null 2>&1 || fail "prepare text"
+[ ! -e "$tmp/ds2/train.labels" ] || fail "prepare of text left the .labels files of examples"
+
+echo '{"prompt": "x"}' >"$tmp/bad.jsonl"
+expect_error "bad.jsonl:1: a record with \"prompt\" needs \"completion\" too" prepare --tokenizer "$chat/chatml" \
+  --data "$tmp/bad.jsonl" --out "$tmp/bad"
+expect_error "--chat-format renders the \"messages\" of JSONL records" prepare --tokenizer "$chat/chatml" \
+  --data "$tmp/plain.txt" --out "$tmp/bad" --chat-format chatml
+expect_error "--chat-format vicuna: not a chat format" prepare --tokenizer "$chat/chatml" --data "$tmp/data.jsonl" \
+  --out "$tmp/bad" --chat-format vicuna
+# Chats whose first 5 tokens hold no assistant token: a context of 4 skips them all.
+grep '"messages"' "$tmp/data.jsonl" >"$tmp/chats.jsonl"
+"$exe" prepare --tokenizer "$chat/chatml" --data "$tmp/chats.jsonl" --out "$tmp/dsc" >/dev/null 2>&1 || fail "prepare chats"
+expect_error "no example of $tmp/dsc/train.tokens has a target that carries loss within the context 4 (36 skipped)" \
+  train --init-from "$chat/model" --data "$tmp/dsc" --ctx 4 --steps 1 --threads 1
+
+if [ -n "$mpirun" ]; then
+  # 4 rows over 2 ranks: the ranks' rows hold different numbers of targets, so averaging the
+  # ranks' means would not give the single-process loss.
+  "$mpirun" -np 2 "${mpirun_args[@]}" "$exe" train --fsdp "${cfg[@]}" --steps 8 --metrics "$tmp/f.jsonl" \
+    >/dev/null 2>"$tmp/err" || fail "--fsdp at 2 ranks failed: $(cat "$tmp/err")"
+  for s in 1 4 8; do within "$(loss_at "$tmp/f.jsonl" $s)" "$(loss_at "$tmp/a.jsonl" $s)" 1e-5 0 "--fsdp step $s loss"; done
+  det=("${cfg[@]}" --steps 3 --deterministic --virtual-batches 4)
+  "$exe" train "${det[@]}" --metrics "$tmp/d1.jsonl" >/dev/null 2>"$tmp/err" || fail "--deterministic: $(cat "$tmp/err")"
+  "$mpirun" -np 2 "${mpirun_args[@]}" "$exe" train --fsdp "${det[@]}" --metrics "$tmp/d2.jsonl" >/dev/null 2>"$tmp/err" ||
+    fail "--deterministic at 2 ranks failed: $(cat "$tmp/err")"
+  [ "$(loss_at "$tmp/d2.jsonl" 3)" = "$(loss_at "$tmp/d1.jsonl" 3)" ] ||
+    fail "--deterministic step 3: $(loss_at "$tmp/d2.jsonl" 3) at 2 ranks, $(loss_at "$tmp/d1.jsonl" 3) at 1"
+else
+  echo "SKIP: the --fsdp part needs mpirun (meson test's dist environment)"
+fi
+echo "PASS"

@@ -1,0 +1,201 @@
+// Datasets of examples (apps/transformer/example_data.h, chat_template.h): `prepare` of JSONL
+// records gives the ids and masked labels that transformers gives (apply_chat_template with its
+// assistant mask, for three chat formats) and the loss of a model over them equals
+// transformers' (tests/data/chat, made by scripts/chat_reference.py); batches, cuts and skips;
+// bad records named by file and line.
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "apps/transformer/block_eval.h"
+#include "apps/transformer/bpe_tokenizer.h"
+#include "apps/transformer/chat_template.h"
+#include "apps/transformer/example_data.h"
+#include "apps/transformer/hf_checkpoint.h"
+#include "apps/transformer/token_data.h"
+
+using namespace weft;
+using Catch::Matchers::Contains;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kChat = WEFT_TEST_DATA "/chat";
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / ("weft_examples_" + std::to_string(getpid())) / name;
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+nlohmann::json expected() {
+  std::ifstream in(kChat + "/expected.json");
+  return nlohmann::json::parse(in);
+}
+
+std::vector<std::string> record_lines() {
+  std::ifstream in(kChat + "/records.jsonl");
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  return lines;
+}
+
+// The records `style` accepts, as a JSONL file.
+fs::path accepted_records(const std::string& style, const fs::path& dir) {
+  const nlohmann::json rows = expected()[style]["records"];
+  const std::vector<std::string> lines = record_lines();
+  const fs::path file = dir / "records.jsonl";
+  std::ofstream out(file);
+  for (size_t i = 0; i < lines.size(); ++i)
+    if (rows[i].contains("ids")) out << lines[i] << "\n";
+  return file;
+}
+
+std::vector<int64_t> concat(const apps::TokenView& a, const apps::TokenView& b) {
+  std::vector<int64_t> v;
+  for (const apps::TokenView* s : {&a, &b})
+    for (int64_t i = 0; i < s->size(); ++i) v.push_back((*s)[i]);
+  return v;
+}
+
+void write(const fs::path& p, const std::string& text) { std::ofstream(p, std::ios::binary) << text; }
+
+}  // namespace
+
+TEST_CASE("prepare of JSONL records gives transformers' ids and masked labels, and the loss over them equals its",
+          "[apps][examples]") {
+  const nlohmann::json e = expected();
+  apps::LanguageModel lm = apps::make_model(apps::read_hf_config(kChat + "/model"));
+  apps::load_hf_checkpoint(kChat + "/model", lm, nullptr);
+  for (const std::string style : {"llama3", "chatml", "mistral"}) {
+    SECTION(style) {
+      const fs::path dir = fresh_dir(style);
+      const fs::path data = accepted_records(style, dir);
+      apps::prepare_examples(kChat + "/" + style, data.string(), (dir / "ds").string(), e[style]["eos"], 0.1, true, "");
+      apps::TrainingData d;
+      apps::load_training_data((dir / "ds").string(), d);
+      REQUIRE(d.examples());
+      const std::vector<int64_t> ids = concat(d.train, d.val), labels = concat(d.train_labels, d.val_labels);
+      std::vector<int64_t> want_ids, want_labels;
+      for (const auto& r : e[style]["records"]) {
+        if (!r.contains("ids")) continue;
+        for (int64_t id : r["ids"]) want_ids.push_back(id);
+        for (int64_t l : r["labels"]) want_labels.push_back(l);
+      }
+      std::vector<int64_t> got_labels;  // as transformers writes them: the id, or -100
+      for (size_t i = 0; i < ids.size(); ++i) got_labels.push_back(labels[i] == apps::kLabelTrained ? ids[i] : -100);
+      CHECK(ids == want_ids);
+      CHECK(got_labels == want_labels);
+      // The loss over all examples: the train and val splits' sums over their targets.
+      const apps::ExampleSet train(d.train, d.train_labels, lm.cfg.ctx, "train"), val(d.val, d.val_labels, lm.cfg.ctx, "val");
+      const apps::BlockLoss a = apps::example_loss(*lm.module, train, 4), b = apps::example_loss(*lm.module, val, 4);
+      const double loss = (a.loss_sum + b.loss_sum) / double(a.tokens + b.tokens), want = e[style]["loss"];
+      INFO(style << ": weft " << loss << ", transformers " << want << " over " << a.tokens + b.tokens << " targets");
+      CHECK(std::abs(loss - want) <= 1e-5 * std::abs(want));
+    }
+  }
+}
+
+TEST_CASE("a chat template renders as its family's, and roles it has no place for are named", "[apps][examples]") {
+  using apps::ChatFormat;
+  const std::vector<apps::ChatMessage> chat = {{"user", " hi "}, {"assistant", " yes "}};
+  auto text = [](const std::vector<apps::TextPiece>& pieces, bool trained) {
+    std::string s;
+    for (const auto& p : pieces)
+      if (p.trained == trained) s += p.text;
+    return s;
+  };
+  const apps::ChatTemplate llama = apps::load_chat_template(kChat + "/llama3", "");
+  CHECK(llama.format == ChatFormat::llama3);
+  const auto l = apps::render_chat(llama, chat);
+  CHECK(text(l, false) == "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"
+                          "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  CHECK(text(l, true) == "yes<|eot_id|>");
+  const apps::ChatTemplate chatml = apps::load_chat_template(kChat + "/chatml", "");
+  CHECK(chatml.format == ChatFormat::chatml);
+  CHECK(chatml.default_system == "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.");
+  CHECK(text(apps::render_chat(chatml, chat), true) == " yes <|im_end|>");
+  const apps::ChatTemplate mistral = apps::load_chat_template(kChat + "/mistral", "");
+  CHECK(mistral.format == ChatFormat::mistral);
+  CHECK_THROWS_WITH(apps::render_chat(mistral, {{"system", "x"}, {"user", "y"}}),
+                    Contains("message 0: role \"system\"") && Contains("mistral chat template has no place"));
+  CHECK_THROWS_WITH(apps::render_chat(mistral, {{"user", "x"}, {"user", "y"}}), Contains("alternate"));
+  CHECK_THROWS_WITH(apps::render_chat(chatml, {{"tool", "x"}}), Contains("role \"tool\""));
+  CHECK_THROWS_WITH(apps::parse_chat_format("vicuna"), Contains("--chat-format vicuna"));
+  // --chat-format wins over the recognised template; a template weft does not know is named.
+  CHECK(apps::load_chat_template(kChat + "/chatml", "mistral").format == ChatFormat::mistral);
+  const fs::path dir = fresh_dir("template");
+  fs::copy_file(kChat + "/chatml/tokenizer.json", dir / "tokenizer.json");
+  write(dir / "tokenizer_config.json", R"({"chat_template": "{% for m in messages %}### {{ m.content }}{% endfor %}"})");
+  CHECK_THROWS_WITH(apps::load_chat_template(dir.string(), ""), Contains("does not recognise") && Contains("### "));
+  fs::remove(dir / "tokenizer_config.json");
+  CHECK_THROWS_WITH(apps::load_chat_template(dir.string(), ""), Contains("has none"));
+}
+
+TEST_CASE("bad JSONL records are named by file and line", "[apps][examples]") {
+  const fs::path dir = fresh_dir("bad");
+  auto fails = [&](const std::string& lines, const std::string& what, const std::string& format = "") {
+    write(dir / "d.jsonl", lines);
+    CHECK_THROWS_WITH(apps::prepare_examples(kChat + "/chatml", (dir / "d.jsonl").string(), (dir / "out").string(),
+                                             "<|endoftext|>", 0.1, true, format),
+                      Contains((dir / "d.jsonl").string() + ":2: ") && Contains(what));
+  };
+  const std::string ok = R"({"text": "fine"})" "\n";
+  fails(ok + "[1, 2]\n", "must be a JSON object, got array");
+  fails(ok + "{\"text\": \n", "not JSON");
+  fails(ok + R"({"id": 3})" "\n", "none of them");
+  fails(ok + R"({"text": "a", "messages": []})" "\n", "several");
+  fails(ok + R"({"prompt": "a"})" "\n", "needs \"completion\" too");
+  fails(ok + R"({"text": 5})" "\n", "\"text\" must be a string");
+  fails(ok + R"({"messages": [{"role": "user"}]})" "\n", "message 0 must be an object");
+  fails(ok + R"({"messages": [{"role": "tool", "content": "x"}]})" "\n", "role \"tool\"");
+  fails(ok + R"({"messages": [{"role": "user", "content": "x"}]})" "\n", "which is not a token", "llama3");
+  // The fixture's system message in Mistral's format: the record's line is named.
+  CHECK_THROWS_WITH(apps::prepare_examples(kChat + "/mistral", kChat + "/records.jsonl", (dir / "m").string(), "</s>",
+                                           0.1, true, ""),
+                    Contains("records.jsonl:15: message 0: role \"system\""));
+  write(dir / "one.jsonl", ok);
+  CHECK_THROWS_WITH(apps::prepare_examples(kChat + "/chatml", (dir / "one.jsonl").string(), (dir / "o").string(),
+                                           "<|endoftext|>", 0.1, true, ""), Contains("too few"));
+  fs::create_directories(dir / "mixed");
+  write(dir / "mixed" / "a.jsonl", ok);
+  write(dir / "mixed" / "b.txt", "text");
+  CHECK_THROWS_WITH(apps::is_jsonl_data((dir / "mixed").string()), Contains("mixes .jsonl files"));
+}
+
+TEST_CASE("examples are drawn whole, padded with ignored targets, cut at the context or skipped", "[apps][examples]") {
+  const fs::path dir = fresh_dir("batches");
+  write(dir / "d.jsonl", R"({"prompt": "a b c d e f g h i j k l m n o p", "completion": " q"})" "\n"
+                         R"({"text": "one two"})" "\n" R"({"prompt": "x", "completion": " y z"})" "\n"
+                         R"({"text": "val"})" "\n");
+  apps::prepare_examples(kChat + "/chatml", (dir / "d.jsonl").string(), (dir / "ds").string(), "<|endoftext|>", 0.1,
+                         true, "");
+  apps::TrainingData d;
+  apps::load_training_data((dir / "ds").string(), d);
+  const apps::ExampleSet all(d.train, d.train_labels, 64, "train");
+  REQUIRE(all.size() == 3);
+  // Each row one example from its start; its targets where labels say; -100 past its end.
+  auto [x, y] = all.rows({1, 2}, 0, 2);
+  const int64_t T = x.size(1);
+  int64_t targets = 0;
+  for (int64_t r = 0; r < 2; ++r)
+    for (int64_t t = 0; t < T; ++t) targets += y.data<int64_t>()[r * T + t] != apps::kIgnoreLabel;
+  CHECK(targets == all.targets({1, 2}));
+  // The completion's tokens and the end-of-text token; the prompt "x" is context.
+  CHECK(all.targets({2}) == int64_t(apps::BpeTokenizer(kChat + "/chatml").encode(" y z").size()) + 1);
+  // A context that cuts the long prompt before its completion skips it; a longer one cuts it.
+  const apps::ExampleSet short_ctx(d.train, d.train_labels, 6, "train");
+  CHECK(short_ctx.size() == 2);
+  CHECK(short_ctx.skipped() == 1);
+  CHECK(short_ctx.truncated() == 1);
+  // Every example once per epoch, in an order the seed decides.
+  std::vector<int64_t> seen = all.draw(7, 0, 3);
+  std::sort(seen.begin(), seen.end());
+  CHECK(seen == std::vector<int64_t>{0, 1, 2});
+  CHECK(all.draw(7, 5, 2) == all.draw(7, 5, 2));
+}
