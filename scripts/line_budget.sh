@@ -16,7 +16,7 @@ budgets=(
   "nn             2873  nn"
   "dist           2545  dist"
   "fsdp           4526  fsdp"
-  "apps           8452  apps"
+  "apps           9191  apps"
 )
 count() {  # PATH...: the lines of the code files among them
   find "$@" -type f \( -name '*.h' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' \) -print0 | xargs -0 cat | wc -l
