@@ -141,8 +141,7 @@ CheckpointIndex index_of(const ShardedStateDict& sd, const Scope& sc, const Chec
 // The names of the model's parameters that require no gradient.
 std::set<std::string> frozen_parameters(nn::Module& model) {
   std::set<std::string> out;
-  for (auto& [name, p] : model.named_parameters())
-    if (!p.requires_grad()) out.insert(name);
+  for (auto& [name, p] : model.named_parameters()) if (!p.requires_grad()) out.insert(name);
   return out;
 }
 
@@ -163,16 +162,15 @@ std::string save_checkpoint(const std::string& dir, nn::Module& model, const nn:
       if (!frozen.count(k)) sd.emplace_back("model." + k, t);
     if (opt)
       for (auto& [k, t] : sharded_optimizer_state_dict(*opt, model, root)) sd.emplace_back("optim." + k, t);
-    for (auto& [name, target] : tied_parameter_names(model))
-      if (!frozen.count(target)) aliases[name] = target;
+    aliases = tied_parameter_names(model);
     for (auto& [name, target] : state.aliases) {
-      if (frozen.count(target)) continue;  // its target is kept elsewhere, and so is it
-      bool known = false;
+      bool known = frozen.count(target) > 0;  // kept elsewhere, with its aliases (erased below)
       for (auto& [k, t] : sd) known |= k == "model." + target;
       WEFT_CHECK(known, "save_checkpoint: alias \"{}\" names \"{}\", which is not a parameter or buffer of the model",
                  name, target);
       aliases[name] = target;
     }
+    std::erase_if(aliases, [&](const auto& alias) { return frozen.count(alias.second) > 0; });
     if (sc.lead()) {
       fs::create_directories(dir);
       fs::remove_all(tmp);  // left by a save that crashed
