@@ -79,6 +79,11 @@ std::string default_system(const std::string& text) {
   return "";
 }
 
+[[noreturn]] void no_place(const ChatTemplate& t, size_t i, const std::string& role, const char* roles) {
+  throw Error(fmt::format("message {}: role \"{}\": the {} chat template has no place for it (it has {})", i, role,
+                          chat_format_name(t.format), roles));
+}
+
 ChatFormat recognise(const std::string& text, const std::string& where) {
   auto has = [&](const char* s) { return text.find(s) != std::string::npos; };
   if (has("<|start_header_id|>") && has("<|eot_id|>")) {
@@ -137,15 +142,6 @@ ChatTemplate load_chat_template(const std::string& tokenizer_path, const std::st
   if (t.format == ChatFormat::chatml) t.default_system = default_system(text);
   return t;
 }
-
-namespace {
-
-[[noreturn]] void no_place(const ChatTemplate& t, size_t i, const std::string& role, const char* roles) {
-  throw Error(fmt::format("message {}: role \"{}\": the {} chat template has no place for it (it has {})", i, role,
-                          chat_format_name(t.format), roles));
-}
-
-}  // namespace
 
 std::vector<TextPiece> render_chat(const ChatTemplate& t, const std::vector<ChatMessage>& messages) {
   WEFT_CHECK(!messages.empty(), "\"messages\" is empty");

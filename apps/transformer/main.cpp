@@ -537,23 +537,26 @@ void check_resumed_model(const apps::ModelConfig& c, const apps::ModelConfig& m,
 }
 
 // A LoRA checkpoint that holds only its adapters names its base (hf_source) and the base's weights'
-// digest: `base`, if given, must be that directory's weights unchanged; empty: the recorded one.
-std::string lora_base(const std::map<std::string, std::string>& app, const std::string& where, std::string base = "") {
+// digest: `base`, if given, must be that directory's weights unchanged (`digest`: theirs, if known);
+// empty: the recorded one.
+std::string lora_base(const std::map<std::string, std::string>& app, const std::string& where, std::string base = "",
+                      const std::string& known = "") {
   auto digest = app.find("lora_base_sha256"), source = app.find("hf_source");
   if (digest == app.end()) return "";
   WEFT_CHECK(source != app.end(), "transformer: {} records lora_base_sha256 but no hf_source", where);
   if (base.empty()) base = source->second;
   WEFT_CHECK(apps::is_hf_dir(base), "transformer: {} holds the LoRA adapters of {} but not that base model, which is "
              "not a Hugging Face directory here", where, base);
-  WEFT_CHECK(apps::hf_weights_digest(base) == digest->second, "transformer: {} holds LoRA adapters trained on the "
-             "weights of {} (sha256 {}), but that directory's weights have changed since", where, base, digest->second);
+  WEFT_CHECK((known.empty() ? apps::hf_weights_digest(base) : known) == digest->second, "transformer: {} holds LoRA "
+             "adapters trained on the weights of {} (sha256 {}), but that directory's weights have changed since",
+             where, base, digest->second);
   return base;
 }
 void check_lora_base(const std::map<std::string, std::string>& app, const TrainOptions& o, const std::string& where) {
   if (!app.count("lora_base_sha256")) return;
   WEFT_CHECK(!o.init_from.empty(), "transformer: {} holds only LoRA adapters: resume it with --init-from {}, its base",
              where, app.at("hf_source"));
-  lora_base(app, where, o.init_from);
+  lora_base(app, where, o.init_from, o.base_digest);  // hashed once, by validate(), when the flags ask for LoRA
 }
 
 // --resume: the latest checkpoint in the directory, checked against the flags. The batches:
