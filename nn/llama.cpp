@@ -56,9 +56,12 @@ std::array<Tensor, 3> LlamaAttention::heads(const Tensor& x) {
 
 Tensor LlamaAttention::forward(const Tensor& x) {
   auto [q, k, v] = heads(x);
-  Tensor y = scaled_dot_product_attention(
-      q, k, v, AttentionOptions{.causal = true, .dropout_p = dropout_p, .training = is_training(),
-                                .rope = {.theta = rope_theta, .scaling = rope_scaling}});
+  const AttentionOptions o{.causal = true, .dropout_p = dropout_p, .training = is_training(),
+                           .rope = {.theta = rope_theta, .scaling = rope_scaling}};
+  Tensor y = documents_ ? attend_per_document(*documents_, 2, [&](int64_t b, int64_t begin, int64_t n) {
+    auto part = [&](const Tensor& t) { return t.narrow(0, b, 1).narrow(2, begin, n); };
+    return scaled_dot_product_attention(part(q), part(k), part(v), o);  // rotated from position 0
+  }) : scaled_dot_product_attention(q, k, v, o);
   // The output is stored [B, T, H, hd]: the transpose back is a view.
   return (*o_proj)(y.transpose(1, 2).reshape({x.size(0), x.size(1), n_head * head_dim}));
 }
@@ -118,12 +121,26 @@ Llama::Llama(const LlamaConfig& c, const BlockMaker& make_block) : Module("Llama
 }
 
 Tensor Llama::forward(const Tensor& idx) {
+  for (auto& block : blocks) block->self_attn->set_documents(nullptr);
   WEFT_CHECK(idx.dim() == 2, "Llama: expected token ids [B, T], got {}", tensor_desc(idx));
   WEFT_CHECK(idx.size(1) <= cfg.ctx, "Llama: sequence of {} tokens is longer than the context {}", idx.size(1),
              cfg.ctx);
   Tensor x = (*embed_tokens)(idx);
   for (auto& block : blocks) x = (*block)(x);
   return logits(x);
+}
+
+TensorList Llama::forward(const TensorList& in) {
+  if (in.size() == 1) return {forward(in[0])};  // a call with the ids alone
+  WEFT_CHECK(in.size() == 2 && in[1].shape() == in[0].shape(), "Llama: expected token ids and their positions, two "
+             "[B, T] tensors, got {} tensor(s){}", in.size(), in.size() == 2 ? ": " + tensor_desc(in[1]) : "");
+  auto documents = Documents::from_positions(in[1]);
+  Tensor x = (*embed_tokens)(in[0]);
+  WEFT_CHECK(in[0].size(1) <= cfg.ctx, "Llama: sequence of {} tokens is longer than the context {}", in[0].size(1),
+             cfg.ctx);
+  for (auto& block : blocks) block->self_attn->set_documents(documents);
+  for (auto& block : blocks) x = (*block)(x);
+  return {logits(x)};
 }
 
 Tensor Llama::decode(const Tensor& idx, KVCache& cache) {

@@ -9,6 +9,7 @@
 #include <functional>
 
 #include "nn/containers.h"
+#include "nn/documents.h"
 #include "nn/layers.h"
 #include "nn/transformer.h"
 
@@ -40,7 +41,7 @@ void check_llama_config(const LlamaConfig& cfg);
 
 // Causal self-attention with separate bias-free q, k, v, o projections, n_kv_head key/value
 // heads and rotary embeddings applied inside the fused attention (no rotated or repeated copies).
-class LlamaAttention : public Module, public CachedAttention {
+class LlamaAttention : public Module, public CachedAttention, public DocumentAttention {
  public:
   explicit LlamaAttention(const LlamaConfig& cfg);
   Tensor forward(const Tensor& x) override;
@@ -84,7 +85,8 @@ class LlamaBlock : public PreNormBlock {
 };
 
 // Token ids [B, T] (i64, T <= ctx) -> logits [B, T, vocab_size]; forward_cached decodes with a
-// key/value cache (nn/kv_cache.h).
+// key/value cache (nn/kv_cache.h). forward({ids, positions}) runs packed rows (nn/documents.h):
+// each document rotated from position 0 and attending within itself.
 class Llama : public Module, public CausalLM {
  public:
   // `make_block` builds each block (a family with its own attention passes its own; default
@@ -92,7 +94,7 @@ class Llama : public Module, public CausalLM {
   using BlockMaker = std::function<std::shared_ptr<LlamaBlock>(const LlamaConfig&)>;
   explicit Llama(const LlamaConfig& cfg, const BlockMaker& make_block = nullptr);
   Tensor forward(const Tensor& idx) override;
-  using Module::forward;
+  TensorList forward(const TensorList& ids_positions) override;
   std::string extra_repr() const override;
   KVCache make_cache() const override { return KVCache(cfg.n_layer, cfg.ctx); }
   int64_t context_length() const override { return cfg.ctx; }

@@ -4,6 +4,7 @@
 #include "nn/activation_checkpoint.h"
 #include "nn/clip_grad.h"
 #include "nn/containers.h"
+#include "nn/documents.h"
 #include "nn/generate.h"
 #include "nn/init.h"
 #include "nn/kv_cache.h"

@@ -32,7 +32,13 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
              d_model, tensor_desc(x));
   // One fused node reads the q, k, v heads straight out of the [B, T, 3d] projection and
   // returns the heads concatenated as [B, T, d]; the [B, H, T, T] scores are never stored.
-  Tensor y = scaled_dot_product_attention_qkv((*c_attn)(x), n_head, /*causal=*/true, dropout_p, is_training());
+  const Tensor qkv = (*c_attn)(x);
+  auto attend = [&](const Tensor& part) {
+    return scaled_dot_product_attention_qkv(part, n_head, /*causal=*/true, dropout_p, is_training());
+  };
+  Tensor y = documents_ ? attend_per_document(*documents_, 1, [&](int64_t b, int64_t begin, int64_t n) {
+    return attend(qkv.narrow(0, b, 1).narrow(1, begin, n));
+  }) : attend(qkv);
   return dropout((*c_proj)(y), dropout_p, is_training());
 }
 

@@ -2,6 +2,7 @@
 // map one to one: attn.c_attn (fused q, k, v: [3d, d]), attn.c_proj, mlp.c_fc, mlp.c_proj,
 // ln_1, ln_2.
 #pragma once
+#include "nn/documents.h"
 #include "nn/kv_cache.h"
 #include "nn/layers.h"
 
@@ -37,7 +38,7 @@ class PreNormBlock : public Module {
 };
 
 // Causal multi-head self-attention on [B, T, d] with one fused qkv projection.
-class CausalSelfAttention : public Module, public CachedAttention {
+class CausalSelfAttention : public Module, public CachedAttention, public DocumentAttention {
  public:
   explicit CausalSelfAttention(const TransformerConfig& cfg, Generator* gen = nullptr);
   Tensor forward(const Tensor& x) override;

@@ -180,7 +180,8 @@ TEST_CASE("examples are drawn whole, padded with ignored targets, cut at the con
   const apps::ExampleSet all(d.train, d.train_labels, 64, "train");
   REQUIRE(all.size() == 3);
   // Each row one example from its start; its targets where labels say; -100 past its end.
-  auto [x, y] = all.rows({1, 2}, 0, 2);
+  auto [x, y, positions] = all.rows({1, 2}, 0, 2);
+  CHECK_FALSE(positions.defined());
   const int64_t T = x.size(1);
   int64_t targets = 0;
   for (int64_t r = 0; r < 2; ++r)
@@ -198,4 +199,67 @@ TEST_CASE("examples are drawn whole, padded with ignored targets, cut at the con
   std::sort(seen.begin(), seen.end());
   CHECK(seen == std::vector<int64_t>{0, 1, 2});
   CHECK(all.draw(7, 5, 2) == all.draw(7, 5, 2));
+}
+
+namespace {
+
+// Each example's summed loss in a packed row, over the whole batch of `packed`'s units at once,
+// against its loss alone in a row of its own (`alone`).
+void check_packed_losses(nn::Module& model, const apps::ExampleSet& alone, const apps::ExampleSet& packed) {
+  NoGradGuard no_grad;
+  auto losses = [&](const apps::ExampleRows& r) {
+    Tensor logits = r.positions.defined() ? model({r.x, r.positions})[0] : model(r.x);
+    return cross_entropy(logits.reshape({r.y.numel(), logits.size(-1)}), r.y.view({-1}), {.reduction = "none"})
+        .to(kFloat64).contiguous();
+  };
+  std::vector<int64_t> units(size_t(packed.size()));
+  for (size_t u = 0; u < units.size(); ++u) units[u] = int64_t(u);
+  const apps::ExampleRows rows = packed.rows(units, 0, packed.size());
+  const Tensor all = losses(rows);
+  const int64_t T = rows.x.size(1);
+  int64_t compared = 0;
+  for (int64_t u = 0; u < packed.size(); ++u) {
+    int64_t at = u * T;
+    for (int64_t e : packed.unit(u)) {
+      const apps::ExampleRows own = alone.rows({e}, 0, 1);
+      const int64_t n = own.x.size(1);
+      const double want = sum(losses(own)).item();
+      double got = 0;
+      for (int64_t t = 0; t < n; ++t) got += all.data<double>()[at + t];
+      INFO("unit " << u << " example " << e << " (" << n << " tokens): packed " << got << ", alone " << want);
+      CHECK(std::abs(got - want) <= 1e-5 * std::abs(want) + 1e-6);
+      at += n, ++compared;
+    }
+  }
+  CHECK(compared == alone.size());
+}
+
+}  // namespace
+
+TEST_CASE("packed rows give every example the loss it has alone (Llama and GPT-2)", "[apps][examples]") {
+  const fs::path dir = fresh_dir("packed");
+  apps::prepare_examples(kChat + "/chatml", accepted_records("chatml", dir).string(), (dir / "ds").string(),
+                         "<|endoftext|>", 0.1, true, "");
+  apps::TrainingData d;
+  apps::load_training_data((dir / "ds").string(), d);
+  const apps::ExampleSet alone(d.train, d.train_labels, 128, "train"), packed(d.train, d.train_labels, 128, "train",
+                                                                                true, 5);
+  REQUIRE(packed.examples() == alone.size());
+  CHECK(packed.size() < alone.size() / 2);  // several examples per row
+  CHECK(packed.targets({0}) > 0);
+  SECTION("llama") {
+    apps::LanguageModel lm = apps::make_model(apps::read_hf_config(kChat + "/model"));
+    apps::load_hf_checkpoint(kChat + "/model", lm, nullptr);
+    check_packed_losses(*lm.module, alone, packed);
+  }
+  SECTION("gpt2") {  // learned positions, the fused q, k, v attention
+    manual_seed(4);
+    apps::LanguageModel lm = apps::make_model({.vocab_size = 2100, .ctx = 128, .n_layer = 2, .n_head = 2, .d_model = 32});
+    apps::init_model(lm);
+    check_packed_losses(*lm.module, alone, packed);
+  }
+  SECTION("positions that do not count from 0 are named") {
+    Tensor pos = from_vector({0, 1, 2, 4}, {1, 4}, {.dtype = kInt64});
+    CHECK_THROWS_WITH(nn::Documents::from_positions(pos), Contains("row 0 position 3 is 4"));
+  }
 }

@@ -11,11 +11,11 @@
 namespace weft::apps {
 
 Tensor forward_backward(nn::Module& model, const Tensor& x, const Tensor& y, bool autocast, int64_t parts,
-                        double target_scale) {
+                        double target_scale, const Tensor& positions) {
   Tensor loss;
   {
     AutocastGuard bf16(DType::bf16, autocast);
-    Tensor logits = model(x);
+    Tensor logits = positions.defined() ? model({x, positions})[0] : model(x);
     if (target_scale > 0)
       loss = cross_entropy(logits.view({-1, logits.size(-1)}), y.view({-1}), {.reduction = "sum"}) * target_scale;
     else
@@ -127,9 +127,10 @@ StepEnd Trainer::accumulate_gradients() {
 // One part's forward and backward. With the step's `targets` counted, the part's loss is its share
 // of their mean, scaled by the `parts` x world parts the loop averages (so the average is the mean).
 double Trainer::backward_on(int64_t micro, int64_t lo, int64_t hi, int64_t parts, int64_t targets) {
-  auto [x, y] = task_.batch(step_, micro, lo, hi);
+  const Batch b = task_.batch(step_, micro, lo, hi);
   const double scale = targets > 0 ? double(parts) * double(ranks_.world) / double(targets) : 0;
-  return forward_backward(*p_.model, x.to(o_.device), y.to(o_.device), o_.autocast, parts, scale).item();
+  const Tensor positions = b.positions.defined() ? b.positions.to(o_.device) : Tensor();
+  return forward_backward(*p_.model, b.x.to(o_.device), b.y.to(o_.device), o_.autocast, parts, scale, positions).item();
 }
 
 // A stretch of steps with one progress bar and its own rate window: an epoch (ending at the

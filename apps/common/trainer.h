@@ -30,13 +30,20 @@
 
 namespace weft::apps {
 
+// A micro-batch on the host: inputs, targets and, for packed rows, the inputs' positions
+// (nn/documents.h; undefined otherwise).
+struct Batch {
+  Tensor x, y, positions;
+};
+
 // One forward and backward of (x, y): the cross-entropy of the logits (flattened to [rows,
 // classes]) against y; the gradient of loss / `parts` is added to the gradients already there.
+// With `positions` defined the model is called with (x, positions).
 // Under `autocast` the forward and the loss run in bf16 autocast. With `target_scale` > 0 the loss
 // is instead the sum of the cross-entropies of the targets that are not -100, times target_scale
 // (a share of a mean over a larger batch). Returns the loss.
 Tensor forward_backward(nn::Module& model, const Tensor& x, const Tensor& y, bool autocast, int64_t parts,
-                        double target_scale = 0);
+                        double target_scale = 0, const Tensor& positions = {});
 
 // The number of parameter elements (this rank's shards, once sharded).
 int64_t count_parameters(const nn::Module& model);
@@ -47,7 +54,7 @@ class TrainingTask {
   virtual ~TrainingTask() = default;
   // Inputs and targets, on the host: rows [lo, hi) of accumulated batch `micro` of step `step`
   // (0-based: the step about to run). Every rank walks the same global batches.
-  virtual std::pair<Tensor, Tensor> batch(int64_t step, int64_t micro, int64_t lo, int64_t hi) = 0;
+  virtual Batch batch(int64_t step, int64_t micro, int64_t lo, int64_t hi) = 0;
   // The targets that carry loss (not -100) in step `step`'s global batch, all micro-batches and
   // ranks: the loss is then their mean, whichever rows hold them. 0 (the default): the mean of
   // each micro-batch's mean, all weighing the same.

@@ -349,12 +349,13 @@ void prepare_run(const Options& o, const Ranks& ranks, Run& run) {
 class MnistTask : public apps::TrainingTask {
  public:
   MnistTask(const Options& o, const Run& run, const Ranks& ranks) : o_(o), run_(run), ranks_(ranks) {}
-  std::pair<Tensor, Tensor> batch(int64_t step, int64_t, int64_t lo, int64_t hi) override {
+  apps::Batch batch(int64_t step, int64_t, int64_t lo, int64_t hi) override {
     const int64_t epoch = step / run_.steps_per_epoch;
     if (epoch != order_epoch_) order_ = epoch_order(run_.data.train.images.size(0), o_.seed, epoch);
     order_epoch_ = epoch;
     const int64_t i = step - epoch * run_.steps_per_epoch;
-    return apps::mnist_batch(run_.data.train, order_, i * o_.batch_size + lo, hi - lo);
+    auto [x, y] = apps::mnist_batch(run_.data.train, order_, i * o_.batch_size + lo, hi - lo);
+    return {x, y};
   }
   void evaluate(const Evaluation& at) override {
     auto [test_loss, acc] = ::evaluate(*run_.model, run_.data.test, ranks_, run_.device, o_.autocast(), run_.leaves);

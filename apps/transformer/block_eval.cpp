@@ -41,8 +41,8 @@ BlockLoss example_loss(nn::Module& model, const ExampleSet& set, int64_t batch, 
   for (int64_t b = 0; b < set.size(); b += batch) {
     std::vector<int64_t> picked(size_t(std::min(batch, set.size() - b)));
     for (size_t i = 0; i < picked.size(); ++i) picked[i] = b + int64_t(i);
-    auto [x, y] = set.rows(picked, 0, int64_t(picked.size()));
-    Tensor logits = model(x.to(device));
+    auto [x, y, positions] = set.rows(picked, 0, int64_t(picked.size()));
+    Tensor logits = positions.defined() ? model({x.to(device), positions.to(device)})[0] : model(x.to(device));
     r.loss_sum += cross_entropy(logits.reshape({y.numel(), logits.size(-1)}), y.to(device).view({-1}),
                                 {.reduction = "sum"}).to(kFloat64).item();
     r.tokens += set.targets(picked), r.blocks += int64_t(picked.size());

@@ -217,7 +217,8 @@ PreparedExamples prepare_examples(const std::string& tokenizer_path, const std::
   return out;
 }
 
-ExampleSet::ExampleSet(TokenView ids, TokenView labels, int64_t ctx, const std::string& what)
+ExampleSet::ExampleSet(TokenView ids, TokenView labels, int64_t ctx, const std::string& what, bool pack,
+                       uint64_t seed)
     : ids_(ids), labels_(labels) {
   WEFT_CHECK(ids.size() == labels.size() && (labels.size() == 0 || labels[0] == kLabelStart),
              "transformer: the labels of {} do not match its tokens: the dataset is damaged; prepare it again", what);
@@ -235,6 +236,21 @@ ExampleSet::ExampleSet(TokenView ids, TokenView labels, int64_t ctx, const std::
     }
     i = end;
   }
+  if (!pack || starts_.empty()) return;
+  std::vector<int64_t> order = draw(seed ^ 0x9ac4ed5eedull, 0, examples());  // the first epoch's order
+  epoch_ = -1;
+  int64_t used = ctx;  // the current pack's inputs (none open yet)
+  for (int64_t e : order) {
+    if (used + length(e) - 1 > ctx) packs_.emplace_back(), used = 0;
+    packs_.back().push_back(e);
+    used += length(e) - 1;
+  }
+}
+
+int64_t ExampleSet::inputs(int64_t u) const {
+  int64_t n = 0;
+  for (int64_t e : unit(u)) n += length(e) - 1;
+  return n;
 }
 
 std::vector<int64_t> ExampleSet::draw(uint64_t seed, int64_t index, int64_t batch) const {
@@ -255,27 +271,35 @@ std::vector<int64_t> ExampleSet::draw(uint64_t seed, int64_t index, int64_t batc
   return picked;
 }
 
-std::pair<Tensor, Tensor> ExampleSet::rows(const std::vector<int64_t>& picked, int64_t lo, int64_t hi) const {
+ExampleRows ExampleSet::rows(const std::vector<int64_t>& picked, int64_t lo, int64_t hi) const {
   WEFT_CHECK(0 <= lo && lo <= hi && hi <= int64_t(picked.size()), "ExampleSet: rows [{}, {}) outside [0, {})", lo, hi,
              picked.size());
   int64_t T = 1;
-  for (int64_t e : picked) T = std::max(T, length(e) - 1);
-  Tensor x = zeros({hi - lo, T}, {.dtype = kInt64}), y = full({hi - lo, T}, double(kIgnoreLabel), {.dtype = kInt64});
-  int64_t* xp = x.data<int64_t>();
-  int64_t* yp = y.data<int64_t>();
+  for (int64_t u : picked) T = std::max(T, inputs(u));
+  ExampleRows out{zeros({hi - lo, T}, {.dtype = kInt64}), full({hi - lo, T}, double(kIgnoreLabel), {.dtype = kInt64})};
+  if (packed()) out.positions = zeros({hi - lo, T}, {.dtype = kInt64});
+  int64_t* xp = out.x.data<int64_t>();
+  int64_t* yp = out.y.data<int64_t>();
+  int64_t* pp = packed() ? out.positions.data<int64_t>() : nullptr;
   for (int64_t r = 0; r < hi - lo; ++r) {
-    const int64_t e = picked[size_t(lo + r)], s = starts_[size_t(e)];
-    for (int64_t t = 0; t + 1 < length(e); ++t) {
-      xp[r * T + t] = ids_[s + t];
-      if (labels_[s + t + 1] == kLabelTrained) yp[r * T + t] = ids_[s + t + 1];
+    int64_t at = r * T;
+    for (int64_t e : unit(picked[size_t(lo + r)])) {
+      const int64_t s = starts_[size_t(e)];
+      for (int64_t t = 0; t + 1 < length(e); ++t, ++at) {
+        xp[at] = ids_[s + t];
+        if (labels_[s + t + 1] == kLabelTrained) yp[at] = ids_[s + t + 1];
+        if (pp) pp[at] = t;
+      }
     }
+    for (int64_t t = 0; pp && at < (r + 1) * T; ++t, ++at) pp[at] = t;  // the padding: a document of its own
   }
-  return {x, y};
+  return out;
 }
 
 int64_t ExampleSet::targets(const std::vector<int64_t>& picked) const {
   int64_t n = 0;
-  for (int64_t e : picked) n += targets_[size_t(e)];
+  for (int64_t u : picked)
+    for (int64_t e : unit(u)) n += targets_[size_t(e)];
   return n;
 }
 

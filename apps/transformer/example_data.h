@@ -14,7 +14,9 @@
 // Training draws whole examples (ExampleSet): each row of a batch is one example from its start,
 // right-padded to the longest row of the global batch, with target -100 (kIgnoreLabel, as
 // transformers' labels) wherever a token carries no loss; the loss is the mean over the targets
-// that do, over the whole global batch.
+// that do, over the whole global batch. Packed (--pack), a row holds several examples, each
+// exactly as its own row would (inputs, targets), with positions counting from 0 in each: the
+// model attends within each example only (nn/documents.h).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -55,29 +57,45 @@ PreparedExamples prepare_examples(const std::string& tokenizer_path, const std::
                                   const std::string& out_dir, const std::string& eos, double val_fraction,
                                   bool special, const std::string& chat_format);
 
+// Rows of a batch: ids [rows, T], targets [rows, T] and, packed, positions [rows, T].
+struct ExampleRows {
+  Tensor x, y, positions;
+};
+
 // The examples of one split (ids and labels of a dataset directory) as a run with context `ctx`
 // sees them: an example longer than ctx + 1 tokens is cut there; one with no target that
-// carries loss in its first ctx + 1 tokens is skipped (counted).
+// carries loss in its first ctx + 1 tokens is skipped (counted). With `pack` the units a batch
+// draws are packs: the examples in an order drawn from `seed`, each added to the current pack
+// while its inputs (its length - 1) fit in ctx, else starting the next.
 class ExampleSet {
  public:
-  ExampleSet(TokenView ids, TokenView labels, int64_t ctx, const std::string& what);
-  int64_t size() const { return int64_t(starts_.size()); }
+  ExampleSet(TokenView ids, TokenView labels, int64_t ctx, const std::string& what, bool pack = false,
+             uint64_t seed = 0);
+  // Units: examples, or packs.
+  int64_t size() const { return packed() ? int64_t(packs_.size()) : int64_t(starts_.size()); }
+  int64_t examples() const { return int64_t(starts_.size()); }
+  bool packed() const { return !packs_.empty(); }
   int64_t skipped() const { return skipped_; }
   int64_t truncated() const { return truncated_; }
 
-  // The example indices of global batch `index` of `batch` rows: consecutive slots of a
-  // permutation of the examples that changes every epoch (from Generator(seed, epoch)).
+  // The unit indices of global batch `index` of `batch` rows: consecutive slots of a
+  // permutation of the units that changes every epoch (from Generator(seed, epoch)).
   std::vector<int64_t> draw(uint64_t seed, int64_t index, int64_t batch) const;
-  // Rows [lo, hi) of the batch of examples `picked` (ids [rows, T], targets [rows, T] with
-  // kIgnoreLabel), T the longest of all `picked` (so the same at every rank).
-  std::pair<Tensor, Tensor> rows(const std::vector<int64_t>& picked, int64_t lo, int64_t hi) const;
-  // The targets that carry loss in the examples `picked`.
+  // Rows [lo, hi) of the batch of units `picked` (targets kIgnoreLabel where no loss and past a
+  // row's end), T the longest of all `picked` (so the same at every rank); packed, the positions
+  // too (the padding after the last example counts as one more document).
+  ExampleRows rows(const std::vector<int64_t>& picked, int64_t lo, int64_t hi) const;
+  // The targets that carry loss in the units `picked`.
   int64_t targets(const std::vector<int64_t>& picked) const;
+  // The examples of unit `u`, in their order in its row.
+  std::vector<int64_t> unit(int64_t u) const { return packed() ? packs_[size_t(u)] : std::vector<int64_t>{u}; }
 
  private:
   int64_t length(int64_t e) const { return lengths_[size_t(e)]; }
+  int64_t inputs(int64_t u) const;  // a unit's row length: its examples' lengths - 1, summed
   TokenView ids_, labels_;
   std::vector<int64_t> starts_, lengths_, targets_;
+  std::vector<std::vector<int64_t>> packs_;
   int64_t skipped_ = 0, truncated_ = 0;
   mutable int64_t epoch_ = -1;
   mutable std::vector<int64_t> order_;

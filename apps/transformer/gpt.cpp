@@ -24,9 +24,22 @@ GPT::GPT(const ModelConfig& c) : nn::Module("GPT"), cfg(c) {
 Tensor GPT::forward(const Tensor& idx) {
   WEFT_CHECK(idx.dim() == 2, "GPT: expected token ids [B, T], got {}", tensor_desc(idx));
   WEFT_CHECK(idx.size(1) <= cfg.ctx, "GPT: sequence of {} tokens is longer than the context {}", idx.size(1), cfg.ctx);
+  for (auto& block : blocks) block->attn->set_documents(nullptr);
   Tensor x = embed(idx, 0);
   for (auto& block : blocks) x = (*block)(x);
   return logits(x);
+}
+
+nn::TensorList GPT::forward(const nn::TensorList& in) {
+  if (in.size() == 1) return {forward(in[0])};  // a call with the ids alone
+  WEFT_CHECK(in.size() == 2 && in[0].dim() == 2 && in[1].shape() == in[0].shape(), "GPT: expected token ids and their "
+             "positions, two [B, T] tensors, got {} tensor(s)", in.size());
+  WEFT_CHECK(in[0].size(1) <= cfg.ctx, "GPT: sequence of {} tokens is longer than the context {}", in[0].size(1), cfg.ctx);
+  auto documents = nn::Documents::from_positions(in[1]);
+  for (auto& block : blocks) block->attn->set_documents(documents);
+  Tensor x = embed(in[0], in[1]);
+  for (auto& block : blocks) x = (*block)(x);
+  return {logits(x)};
 }
 
 Tensor GPT::decode(const Tensor& idx, nn::KVCache& cache) {
@@ -38,8 +51,11 @@ Tensor GPT::decode(const Tensor& idx, nn::KVCache& cache) {
 Tensor GPT::embed(const Tensor& idx, int64_t pos0) {
   // Positions on the device of the token ids (where the model computes): an embedding needs
   // its indices on its weight's device.
-  Tensor pos = arange(double(pos0), double(pos0 + idx.size(1)), 1, {.dtype = kInt64, .device = idx.device()});
-  return dropout((*wte)(idx) + (*wpe)(pos), cfg.dropout, is_training());  // [B, T, d] + [T, d]
+  return embed(idx, arange(double(pos0), double(pos0 + idx.size(1)), 1, {.dtype = kInt64, .device = idx.device()}));
+}
+
+Tensor GPT::embed(const Tensor& idx, const Tensor& pos) {
+  return dropout((*wte)(idx) + (*wpe)(pos), cfg.dropout, is_training());  // [B, T, d] + [T, d] or [B, T, d]
 }
 
 Tensor GPT::logits(const Tensor& h) {

@@ -19,7 +19,8 @@ class GPT : public nn::Module, public nn::CausalLM {
  public:
   explicit GPT(const ModelConfig& cfg);
   Tensor forward(const Tensor& idx) override;
-  using nn::Module::forward;
+  // Packed rows (nn/documents.h): ids and their positions, each document from position 0.
+  nn::TensorList forward(const nn::TensorList& ids_positions) override;
   std::string extra_repr() const override;
   nn::KVCache make_cache() const override { return nn::KVCache(cfg.n_layer, cfg.ctx); }
   int64_t context_length() const override { return cfg.ctx; }
@@ -37,6 +38,7 @@ class GPT : public nn::Module, public nn::CausalLM {
 
  private:
   Tensor embed(const Tensor& idx, int64_t pos0);  // tokens at positions pos0.. plus their positions
+  Tensor embed(const Tensor& idx, const Tensor& pos);
   Tensor logits(const Tensor& x);                 // ln_f and the head
 };
 

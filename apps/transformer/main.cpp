@@ -72,6 +72,7 @@ struct TrainOptions {
   bool fsdp = false;
   bool activation_checkpointing = false;
   bool deterministic = false;
+  bool pack = false;  // a dataset of examples: several per row (example_data.h)
   int64_t virtual_batches = 8;  // --deterministic's V
   std::string reshard_after_forward = "true", mixed_precision = "none";
   bool autocast() const { return mixed_precision == "bf16" && !fsdp; }  // else FSDP's policy, if any
@@ -145,6 +146,7 @@ dist::ConfigSettings shared_settings(const TrainOptions& o) {
           {"--batch-size", num(o.batch_size)},
           {"--grad-accum", num(o.grad_accum)},
           {"--deterministic", o.deterministic ? num(o.virtual_batches) : "off"},
+          {"--pack", o.pack ? "true" : "false"},
           {"--steps", num(o.steps)},
           {"--lr", num(o.lr)},
           {"--warmup", num(o.warmup)},
@@ -225,6 +227,7 @@ std::map<std::string, std::string> describe(const apps::ModelConfig& cfg, const 
   d.insert(train_text.begin(), train_text.end());
   for (auto& [k, v] : apps::lora_fields(o.lora)) d[k] = v;
   if (o.base_elsewhere()) d["lora_base_sha256"] = o.base_digest;
+  if (o.pack) d["pack"] = "1";
   if (!o.init_from.empty()) d["hf_source"] = std::filesystem::absolute(o.init_from).string();  // export-hf's side files
   return d;
 }
@@ -405,11 +408,11 @@ double evaluate(nn::Module& model, const Run& run, const TrainOptions& o, const 
   if (examples) share = double(o.eval_iters * (leaves ? leaves->per_rank : 1) * ranks.world) / share;
   for (int64_t i = 0; i < o.eval_iters; ++i) {
     auto loss = [&](int64_t lo, int64_t hi) {
-      auto [x_host, y_host] = examples ? examples->rows(examples->draw(o.seed + kValSeedOffset, i, o.batch_size), lo, hi)
-                                       : apps::text_batch(run.data.val, o.seed + kValSeedOffset, i, o.batch_size,
-                                                          o.model.ctx, lo, hi);
-      Tensor logits = model(x_host.to(run.device));
-      Tensor flat = logits.view({-1, o.model.vocab_size}), y = y_host.to(run.device).view({-1});
+      apps::ExampleRows r;  // validation examples are not packed
+      if (examples) r = examples->rows(examples->draw(o.seed + kValSeedOffset, i, o.batch_size), lo, hi);
+      else std::tie(r.x, r.y) = apps::text_batch(run.data.val, o.seed + kValSeedOffset, i, o.batch_size, o.model.ctx, lo, hi);
+      Tensor logits = model(r.x.to(run.device));
+      Tensor flat = logits.view({-1, o.model.vocab_size}), y = r.y.to(run.device).view({-1});
       if (examples) return cross_entropy(flat, y, {.reduction = "sum"}).item() * share;
       return cross_entropy(flat, y).item();
     };
@@ -516,13 +519,14 @@ void load_data(TrainOptions& o, Run& run) {
   }
   if (!o.checkpoint_dir.empty() || !o.resume.empty()) run.train_text = training_text(run.data);
   if (run.data.examples()) {  // whole examples, cut at the context
-    run.train_examples.emplace(run.data.train, run.data.train_labels, o.model.ctx, run.data.files[0]);
+    run.train_examples.emplace(run.data.train, run.data.train_labels, o.model.ctx, run.data.files[0], o.pack, o.seed);
     run.val_examples.emplace(run.data.val, run.data.val_labels, o.model.ctx, run.data.files[1]);
     for (const auto& [set, file] : {std::pair{&*run.train_examples, run.data.files[0]}, {&*run.val_examples, run.data.files[1]}})
       WEFT_CHECK(set->size() > 0, "transformer: no example of {} has a target that carries loss within the context "
                  "{} ({} skipped): use a longer --ctx", file, o.model.ctx, set->skipped());
     return;
   }
+  WEFT_CHECK(!o.pack, "transformer: --pack packs the examples of a dataset of JSONL records, and {} is text", o.data);
   WEFT_CHECK(run.data.val.size() > o.model.ctx + 1,
              "transformer: the validation part of {} ({} tokens) is shorter than the context {}", o.data,
              run.data.val.size(), o.model.ctx);
@@ -580,6 +584,8 @@ void find_resume(const TrainOptions& o, Run& run, bool say) {
        o.deterministic ? std::to_string(o.virtual_batches) : "0",
        "the summation order decides the bits of every later step (0: without --deterministic)");
   apps::check_resumed_data(ck.app, run.train_text, "training text", "--data " + o.data, where, "transformer");
+  WEFT_CHECK(ck.app.count("pack") == size_t(o.pack), "transformer: checkpoint {} was written {} --pack, and this run is "
+             "{} it: the rows of its batches differ", where, o.pack ? "without" : "with", o.pack ? "with" : "without");
   same("weight_decay", "--weight-decay", fmt::format("{}", o.weight_decay),
        "the optimizer state restores the weight decay, so another value would be ignored");
   for (auto [key, value] : {std::pair{"beta1", o.beta1}, {"beta2", o.beta2}, {"eps", o.eps}})
@@ -658,11 +664,14 @@ void prepare_run(TrainOptions& o, const Ranks& ranks, Run& run) {
 class TextTask : public apps::TrainingTask {
  public:
   TextTask(const TrainOptions& o, const Run& run, const Ranks& ranks) : o_(o), run_(run), ranks_(ranks) {}
-  std::pair<Tensor, Tensor> batch(int64_t step, int64_t micro, int64_t lo, int64_t hi) override {
+  apps::Batch batch(int64_t step, int64_t micro, int64_t lo, int64_t hi) override {
     const int64_t index = step * o_.grad_accum + micro;
-    if (run_.train_examples)
-      return run_.train_examples->rows(run_.train_examples->draw(o_.seed, index, o_.batch_size), lo, hi);
-    return apps::text_batch(run_.data.train, o_.seed, index, o_.batch_size, o_.model.ctx, lo, hi);
+    if (run_.train_examples) {
+      auto [x, y, positions] = run_.train_examples->rows(run_.train_examples->draw(o_.seed, index, o_.batch_size), lo, hi);
+      return {x, y, positions};
+    }
+    auto [x, y] = apps::text_batch(run_.data.train, o_.seed, index, o_.batch_size, o_.model.ctx, lo, hi);
+    return {x, y};
   }
   int64_t step_targets(int64_t step) override {
     int64_t n = 0;
@@ -715,9 +724,11 @@ void print_run(const TrainOptions& o, const Run& run, const Ranks& ranks, int64_
                  "on rank 0, %lld sequences per rank per micro-step\n", ranks.world,
                  (long long)apps::count_parameters(*run.lm.module), (long long)(o.batch_size / ranks.world));
   if (run.train_examples)
-    std::fprintf(stderr, "weft-transformer: examples: %lld train / %lld val, each one row padded to the longest of "
-                 "its batch; %lld / %lld skipped (no target within ctx %lld), %lld / %lld cut at ctx + 1 tokens\n",
-                 (long long)run.train_examples->size(), (long long)run.val_examples->size(),
+    std::fprintf(stderr, "weft-transformer: examples: %lld train / %lld val, %s; %lld / %lld skipped (no target "
+                 "within ctx %lld), %lld / %lld cut at ctx + 1 tokens\n", (long long)run.train_examples->examples(),
+                 (long long)run.val_examples->size(), run.train_examples->packed() ? fmt::format("the train ones "
+                 "packed into {} rows", run.train_examples->size()).c_str() : "each one row padded to the longest of "
+                 "its batch",
                  (long long)run.train_examples->skipped(), (long long)run.val_examples->skipped(),
                  (long long)o.model.ctx, (long long)run.train_examples->truncated(),
                  (long long)run.val_examples->truncated());
@@ -1126,6 +1137,8 @@ void add_step_flags(CLI::App* tr, TrainOptions& t) {
   tr->add_option("--virtual-batches", t.virtual_batches, "with --deterministic: micro-batches per step's batch; the "
                  "number of ranks must divide it into a power of two per rank")
       ->check(apps::cli::integer(1, 1 << 20))->capture_default_str()->needs(det);
+  tr->add_flag("--pack", t.pack, "a dataset of examples (prepare of JSONL): several examples per row, each attending "
+               "to itself only, its positions from 0 (without: one example per row, padded)");
   tr->add_flag("--activation-checkpointing", t.activation_checkpointing,
                "recompute each block's forward in backward instead of keeping its activations");
   apps::add_plan_flags(*tr, t.plan);

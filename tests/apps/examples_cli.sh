@@ -2,7 +2,7 @@
 # weft-transformer on a dataset of examples (JSONL records, apps/transformer/example_data.h):
 # prepare writes .labels beside the token files (and a text dataset prepared into the same
 # directory drops them); train --init-from the chat fixture's model learns (the loss falls) and
-# resumes, with LoRA too (on its tied embedding); eval reports the mean over the trained targets only; bad records and flags are named;
+# resumes, with LoRA too (on its tied embedding), and --pack (with activation checkpointing alike); eval reports the mean over the trained targets only; bad records and flags are named;
 # with mpirun, --fsdp at 2 ranks logs the single-process losses (the loss is the mean over the
 # global batch's targets, however the ranks split its rows) and --deterministic the same bits.
 # Usage: examples_cli.sh EXE CHAT_DATA_DIR [MPIRUN MPIRUN_ARGS...]
@@ -36,6 +36,18 @@ awk -v a="$a1" -v b="$a8" 'BEGIN { exit !(b < a - 0.3) }' || fail "the loss did 
   >/dev/null 2>"$tmp/err" || fail "resume failed: $(cat "$tmp/err")"
 [ "$(loss_at "$tmp/r.jsonl" 8)" = "$a8" ] || fail "resumed step 8 loss $(loss_at "$tmp/r.jsonl" 8), not $a8"
 
+# --pack: several examples per row; the loss falls; activation checkpointing recomputes the
+# blocks with the same documents (the same losses); a resume without --pack is refused.
+"$exe" train "${cfg[@]}" --steps 8 --pack --metrics "$tmp/p.jsonl" --checkpoint-dir "$tmp/ckp" >/dev/null 2>"$tmp/p.err" ||
+  fail "--pack failed: $(cat "$tmp/p.err")"
+grep -q "the train ones packed into [0-9]* rows" "$tmp/p.err" || fail "no packing line: $(cat "$tmp/p.err")"
+p1=$(loss_at "$tmp/p.jsonl" 1); p8=$(loss_at "$tmp/p.jsonl" 8)
+awk -v a="$p1" -v b="$p8" 'BEGIN { exit !(b < a - 0.3) }' || fail "--pack: the loss did not fall: step 1 $p1, step 8 $p8"
+"$exe" train "${cfg[@]}" --steps 8 --pack --activation-checkpointing --metrics "$tmp/pa.jsonl" >/dev/null 2>"$tmp/err" ||
+  fail "--pack --activation-checkpointing: $(cat "$tmp/err")"
+for s in 1 8; do within "$(loss_at "$tmp/pa.jsonl" $s)" "$(loss_at "$tmp/p.jsonl" $s)" 1e-6 0 "--pack with AC, step $s"; done
+expect_error "was written with --pack, and this run is without it" train "${cfg[@]}" --steps 9 --resume "$tmp/ckp"
+
 # LoRA on the fixture's tied model: checkpoints hold the adapters (not the tied embedding, nor its
 # alias lm_head.weight); a stopped run resumes to the uninterrupted run's loss.
 lora=("${cfg[@]}" --steps 4 --lora-rank 4)
@@ -58,6 +70,7 @@ within "$eppl" "$(awk -v l="$eloss" 'BEGIN { printf "%.12g", exp(l) }')" 1e-5 0 
 
 # A text dataset prepared into the directory is text again.
 printf 'plain text, no records\n%.0s' $(seq 200) >"$tmp/plain.txt"
+expect_error "--pack packs the examples of a dataset of JSONL records" train --data "$tmp/plain.txt" --pack --steps 1
 "$exe" prepare --tokenizer "$chat/chatml" --data "$tmp/plain.txt" --out "$tmp/ds2" >/dev/null 2>&1 || fail "prepare text"
 cp "$tmp/ds/train.labels" "$tmp/ds/val.labels" "$tmp/ds2/"
 "$exe" prepare --tokenizer "$chat/chatml" --data "$tmp/plain.txt" --out "$tmp/ds2" >/dev/null 2>&1 || fail "prepare text"
@@ -82,6 +95,9 @@ if [ -n "$mpirun" ]; then
   "$mpirun" -np 2 "${mpirun_args[@]}" "$exe" train --fsdp "${cfg[@]}" --steps 8 --metrics "$tmp/f.jsonl" \
     >/dev/null 2>"$tmp/err" || fail "--fsdp at 2 ranks failed: $(cat "$tmp/err")"
   for s in 1 4 8; do within "$(loss_at "$tmp/f.jsonl" $s)" "$(loss_at "$tmp/a.jsonl" $s)" 1e-5 0 "--fsdp step $s loss"; done
+  "$mpirun" -np 2 "${mpirun_args[@]}" "$exe" train --fsdp "${cfg[@]}" --steps 8 --pack --metrics "$tmp/fp.jsonl" \
+    >/dev/null 2>"$tmp/err" || fail "--fsdp --pack at 2 ranks failed: $(cat "$tmp/err")"
+  for s in 1 8; do within "$(loss_at "$tmp/fp.jsonl" $s)" "$(loss_at "$tmp/p.jsonl" $s)" 1e-5 0 "--fsdp --pack step $s"; done
   det=("${cfg[@]}" --steps 3 --deterministic --virtual-batches 4)
   "$exe" train "${det[@]}" --metrics "$tmp/d1.jsonl" >/dev/null 2>"$tmp/err" || fail "--deterministic: $(cat "$tmp/err")"
   "$mpirun" -np 2 "${mpirun_args[@]}" "$exe" train --fsdp "${det[@]}" --metrics "$tmp/d2.jsonl" >/dev/null 2>"$tmp/err" ||
