@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "autograd/ops.h"
+#include "core/allocator.h"
 #include "core/grad_mode.h"
 #include "nn/init.h"
 #include "nn/layers.h"
@@ -122,6 +123,21 @@ NamedTensorList merge_lora(const NamedTensorList& state, const LoRAOptions& opts
     out.emplace_back(name, add(t.to(DType::f32), delta, opts.scale()).to(t.dtype()));
   }
   return out;
+}
+
+void cast_frozen(Module& model, DType dtype) {
+  NoGradGuard no_grad;
+  std::map<TensorImpl*, Tensor> cast;
+  for (auto& [name, m] : model.named_modules())
+    for (auto& [pname, t] : m->named_parameters(false)) {
+      if (t.requires_grad() || t.dtype() == dtype) continue;
+      auto [it, fresh] = cast.try_emplace(t.impl());
+      if (fresh) it->second = t.to(dtype);
+      m->set_parameter(pname, it->second);
+      if (fresh && MemoryOwner::wanted() && it->second.storage() && it->second.storage()->data_or_null())
+        allocator_for(it->second.device()).label(it->second.storage()->data_or_null(),  // as register_parameter does
+                                                 fmt::format("parameter '{}' of {}", pname, m->type_name()));
+    }
 }
 
 }  // namespace weft::nn

@@ -36,6 +36,11 @@ std::vector<std::string> apply_lora(Module& model, const LoRAOptions& opts, Gene
 // Whether a dotted parameter name is an adapter's ("...lora_A.weight" or "...lora_B.weight").
 bool is_lora_parameter(std::string_view name);
 
+// Casts every parameter that requires no gradient (the base apply_lora froze) to `dtype`, each
+// tensor once (tied slots keep sharing it): the base kept in bf16 while the adapters train in
+// f32. On a meta model the casts are meta.
+void cast_frozen(Module& model, DType dtype);
+
 // A full state dict with each adapter merged into the weight it adapts (W + scale * B A, in W's
 // dtype) and the adapters' entries left out: the plain model's state, for export.
 NamedTensorList merge_lora(const NamedTensorList& state, const LoRAOptions& opts);

@@ -83,6 +83,7 @@ struct TrainOptions {
   apps::PlanFlags plan;
   nn::LoRAOptions lora{.rank = 0, .alpha = 0};  // rank 0: no adapters; alpha 0: the rank
   std::string lora_targets;                     // "": every Linear of the blocks
+  std::string base_dtype = "f32";               // LoRA: the frozen base's dtype
   std::string base_digest;  // LoRA from --init-from: its weights' digest; checkpoints hold the adapters only
   bool base_elsewhere() const { return !base_digest.empty(); }
 };
@@ -147,6 +148,7 @@ dist::ConfigSettings shared_settings(const TrainOptions& o) {
           {"--grad-accum", num(o.grad_accum)},
           {"--deterministic", o.deterministic ? num(o.virtual_batches) : "off"},
           {"--pack", o.pack ? "true" : "false"},
+          {"--base-dtype", o.base_dtype},
           {"--steps", num(o.steps)},
           {"--lr", num(o.lr)},
           {"--warmup", num(o.warmup)},
@@ -228,6 +230,7 @@ std::map<std::string, std::string> describe(const apps::ModelConfig& cfg, const 
   for (auto& [k, v] : apps::lora_fields(o.lora)) d[k] = v;
   if (o.base_elsewhere()) d["lora_base_sha256"] = o.base_digest;
   if (o.pack) d["pack"] = "1";
+  if (o.base_dtype != "f32") d["base_dtype"] = o.base_dtype;
   if (!o.init_from.empty()) d["hf_source"] = std::filesystem::absolute(o.init_from).string();  // export-hf's side files
   return d;
 }
@@ -282,6 +285,14 @@ std::map<std::string, std::string> head_alias(const apps::ModelConfig& cfg) {
 
 // ---- FSDP: one group per block, then the root (embeddings, ln_f, head).
 
+// A block's LoRA adapters (lora_A and lora_B of each adapted layer).
+std::vector<nn::ModulePtr> lora_modules(nn::Module& block) {
+  std::vector<nn::ModulePtr> out;
+  for (auto& [name, m] : block.named_modules())
+    if (name.ends_with("lora_A") || name.ends_with("lora_B")) out.push_back(m);
+  return out;
+}
+
 // --reshard-after-forward applies to the blocks; the root keeps FSDP2's default (its
 // parameters are needed again at once by backward). Under bf16 mixed precision parameters are
 // gathered and used in bf16, gradients reduced in f32, and the logits come out in f32 for the loss.
@@ -308,6 +319,7 @@ fsdp::FSDPModule shard_model(const apps::LanguageModel& model, const TrainOption
   for (size_t i = 0; i < model.blocks.size(); ++i) {
     fsdp::FullyShardOptions opts = block_opts;
     if (!per_block.empty()) opts.reshard_after_forward = bool(per_block[i]);
+    if (o.base_dtype == "bf16") fsdp::fully_shard(lora_modules(*model.blocks[i]), opts);  // f32, apart from the base
     fsdp::fully_shard(model.blocks[i], opts);
   }
   return fsdp::fully_shard(model.module, root_opts);
@@ -345,6 +357,7 @@ fsdp::MemoryPlanRequest plan_request(const TrainOptions& o, bool fsdp) {
     const apps::LanguageModel lm = apps::make_model(o.model);
     apps::init_model(lm);
     apps::add_lora(lm, o.lora, false);
+    if (o.base_dtype == "bf16") nn::cast_frozen(*lm.module, kBFloat16);
     const std::shared_ptr<nn::Module> model = lm.module;
     const auto decay = decayed_names(*model);
     for (auto& block : lm.blocks) block->set_activation_checkpointing(s.activation_checkpointing);
@@ -462,6 +475,19 @@ void check_schedule(TrainOptions& o) {
              "than the {} steps after the warmup", o.decay_steps, o.steps - o.warmup);
 }
 
+// --base-dtype bf16: a LoRA run's frozen base, read from --init-from, kept in bf16; the model then
+// computes in bf16 (--mixed-precision bf16), and under --fsdp each block's adapters are a group of
+// their own (f32), apart from the block's base.
+void check_base_dtype(const TrainOptions& o) {
+  if (o.base_dtype == "f32") return;
+  WEFT_CHECK(o.lora.rank > 0 && !o.init_from.empty(), "transformer: --base-dtype bf16 keeps the frozen base of a LoRA "
+             "run in bf16: it needs --lora-rank and --init-from");
+  WEFT_CHECK(o.mixed_precision == "bf16", "transformer: --base-dtype bf16 needs --mixed-precision bf16 (the bf16 base "
+             "computes in bf16)");
+  WEFT_CHECK(std::find(o.lora.targets.begin(), o.lora.targets.end(), "lm_head") == o.lora.targets.end(),
+             "transformer: --base-dtype bf16 adapts the blocks' layers only, not lm_head");
+}
+
 // The flags, checked against each other and the world before anything is built.
 void validate(TrainOptions& o, const Ranks& ranks, Run& run) {
   if (!o.init_from.empty() && apps::is_peft_dir(o.init_from)) {  // its base model, then its adapters
@@ -480,6 +506,7 @@ void validate(TrainOptions& o, const Ranks& ranks, Run& run) {
     o.lora.targets = apps::lora_targets(o.lora_targets, o.model);
     if (o.lora.alpha == 0) o.lora.alpha = double(o.lora.rank);
   }
+  check_base_dtype(o);
   WEFT_CHECK(o.lr > 0 && o.steps > 0 && o.batch_size > 0 && o.grad_accum > 0,
              "transformer: --lr, --steps, --batch-size and --grad-accum must be positive");
   if (o.deterministic) run.leaves = apps::make_leaf_plan("transformer", o.virtual_batches, o.batch_size, o.grad_accum, ranks);
@@ -584,6 +611,9 @@ void find_resume(const TrainOptions& o, Run& run, bool say) {
        o.deterministic ? std::to_string(o.virtual_batches) : "0",
        "the summation order decides the bits of every later step (0: without --deterministic)");
   apps::check_resumed_data(ck.app, run.train_text, "training text", "--data " + o.data, where, "transformer");
+  const std::string base_dtype = ck.app.count("base_dtype") ? ck.app.at("base_dtype") : "f32";
+  WEFT_CHECK(base_dtype == o.base_dtype, "transformer: checkpoint {} was written with --base-dtype {}, and this run "
+             "asks for {}", where, base_dtype, o.base_dtype);
   WEFT_CHECK(ck.app.count("pack") == size_t(o.pack), "transformer: checkpoint {} was written {} --pack, and this run is "
              "{} it: the rows of its batches differ", where, o.pack ? "without" : "with", o.pack ? "with" : "without");
   same("weight_decay", "--weight-decay", fmt::format("{}", o.weight_decay),
@@ -622,6 +652,7 @@ void build_model(TrainOptions& o, const Ranks& ranks, Run& run) {
   if (!o.init_from.empty() && (run.resume_from.empty() || o.base_elsewhere())) {  // load_init_weights reads them
     run.lm = apps::make_model_to_load(o.model);
     apps::add_lora(run.lm, o.lora, false);  // drawn after nothing: the same adapters at any world size
+    if (o.base_dtype == "bf16") nn::cast_frozen(*run.lm.module, kBFloat16);
     if (!ranks.fsdp) nn::materialize(*run.lm.module, run.device);
   } else if (ranks.fsdp) {
     DefaultDeviceGuard meta(Device::meta());
@@ -1207,6 +1238,9 @@ void add_lora_flags(CLI::App* tr, TrainOptions& t) {
   tr->add_option("--lora-targets", t.lora_targets, "comma-separated names of the modules to adapt (default: every "
                  "linear layer of the blocks: llama q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj; gpt2 "
                  "c_attn,c_proj,c_fc)")->needs(rank);
+  tr->add_option("--base-dtype", t.base_dtype, "with --lora-rank and --init-from: the frozen base's dtype (bf16 halves "
+                 "its memory; the adapters and their optimizer state stay f32; needs --mixed-precision bf16)")
+      ->check(CLI::IsMember({"f32", "bf16"}))->capture_default_str();
 }
 
 // train's flags: the model, the batches and schedule, checkpoints, and how the step runs.

@@ -6,7 +6,8 @@
 # samples as its export-hf --merge does and not as the base does; export-peft writes a peft
 # adapter and --init-from a peft adapter directory (the export, the committed fixture) trains
 # it; GPT-2's defaults adapt c_attn, c_proj and c_fc; bad flags and mismatched resumes are
-# named; with mpirun, --fsdp at 2 ranks logs the single-process losses (bf16 within 2 %) and
+# named; --base-dtype bf16 keeps the base in bf16 (a smaller peak; with --fsdp too); with mpirun,
+# --fsdp at 2 ranks logs the single-process losses (bf16 within 2 %) and
 # --deterministic gives the same bits at 1 and 2 ranks.
 # Usage: lora_cli.sh EXE DATA_DIR [MPIRUN MPIRUN_ARGS...]
 set -euo pipefail
@@ -92,6 +93,29 @@ grep -q "LoRA rank 4, alpha 8 on v_proj,q_proj,down_proj" "$tmp/i.err" || fail "
 expect_error "is a peft adapter, whose adapter_config.json sets the adapters" train "${common[@]}" --init-from "$tmp/adapter" \
   --steps 1 --lora-rank 2
 
+# --base-dtype bf16: the frozen base held in bf16 (a smaller peak than the f32 base's, both under
+# --mixed-precision bf16), the loss as the f32 base's within bf16's rounding; a stopped run resumes
+# exactly; a resume with the other base dtype and the flag without LoRA or bf16 compute are refused.
+bf=("${run[@]}" "${lora[@]}" --mixed-precision bf16)
+peak() { grep -o "peak memory per rank [0-9.]* MiB ([0-9]* bytes)" "$1" | grep -o "([0-9]*" | tr -d '('; }
+"$exe" train "${bf[@]}" --metrics "$tmp/b32.jsonl" >/dev/null 2>"$tmp/b32.err" || fail "bf16 compute: $(cat "$tmp/b32.err")"
+"$exe" train "${bf[@]}" --base-dtype bf16 --metrics "$tmp/b16.jsonl" >/dev/null 2>"$tmp/b16.err" ||
+  fail "--base-dtype bf16: $(cat "$tmp/b16.err")"
+[ "$(peak "$tmp/b16.err")" -lt $(( $(peak "$tmp/b32.err") * 3 / 4 )) ] ||
+  fail "--base-dtype bf16 peaked at $(peak "$tmp/b16.err") bytes, the f32 base at $(peak "$tmp/b32.err")"
+within "$(loss_at "$tmp/b16.jsonl" 6)" "$(loss_at "$tmp/b32.jsonl" 6)" 0.01 0 "--base-dtype bf16 step-6 loss"
+# The plan counts the base at 2 bytes: 6,656 adapter parameters x 4 + 82,240 base parameters x 2.
+"$exe" train "${bf[@]}" --base-dtype bf16 --plan >"$tmp/plan.out" 2>&1 || fail "--base-dtype bf16 --plan: $(cat "$tmp/plan.out")"
+grep -qE "parameters \(this rank's shards\) +[0-9.]+ MiB +191104$" "$tmp/plan.out" ||
+  fail "the plan's parameters are not 191104 bytes: $(grep parameters "$tmp/plan.out")"
+"$exe" train "${bf[@]}" --base-dtype bf16 --stop-after 3 --checkpoint-dir "$tmp/ck16" >/dev/null 2>&1 || fail "bf16 base, stopped"
+"$exe" train "${bf[@]}" --base-dtype bf16 --resume "$tmp/ck16" --metrics "$tmp/b16r.jsonl" >/dev/null 2>"$tmp/err" ||
+  fail "bf16 base, resumed: $(cat "$tmp/err")"
+[ "$(loss_at "$tmp/b16r.jsonl" 6)" = "$(loss_at "$tmp/b16.jsonl" 6)" ] || fail "bf16 base: the resumed step-6 loss differs"
+expect_error "was written with --base-dtype bf16, and this run asks for f32" train "${bf[@]}" --resume "$tmp/ck16"
+expect_error "--base-dtype bf16 needs --mixed-precision bf16" train "${run[@]}" "${lora[@]}" --base-dtype bf16
+expect_error "it needs --lora-rank and --init-from" train "${run[@]}" --mixed-precision bf16 --base-dtype bf16
+
 # GPT-2 from scratch: the default targets. 2 layers x 4 x ((32 + 96) + (32 + 32) + (32 + 128) + (128 + 32)).
 "$exe" train --n-layer 2 --n-head 2 --d-model 32 --ctx 16 --batch-size 4 --steps 2 --threads 1 --eval-every 0 \
   --eval-iters 1 --lora-rank 4 >/dev/null 2>"$tmp/g.err" || fail "gpt2 --lora-rank failed: $(cat "$tmp/g.err")"
@@ -113,6 +137,10 @@ within "$(loss_at "$tmp/r.jsonl" 6)" "$a6" 1e-5 0 "step-6 loss resumed at 1 rank
   --metrics "$tmp/bf.jsonl" >/dev/null 2>"$tmp/bf.err" || fail "--fsdp --mixed-precision bf16 --lora-rank: $(cat "$tmp/bf.err")"
 within "$(loss_at "$tmp/bf.jsonl" 6)" "$a6" 0.02 0 "bf16 step-6 loss"
 differs "$(loss_at "$tmp/bf.jsonl" 6)" "$a6" 1e-6 "bf16 step-6 loss"
+# The bf16 base under FSDP: each block's adapters a group of their own (f32), apart from its base.
+"$mpirun" "${mpirun_args[@]}" -np 2 "$exe" train "${bf[@]}" --base-dtype bf16 --fsdp --metrics "$tmp/bf16f.jsonl" \
+  >/dev/null 2>"$tmp/err" || fail "--fsdp --base-dtype bf16 at 2 ranks failed: $(cat "$tmp/err")"
+within "$(loss_at "$tmp/bf16f.jsonl" 6)" "$(loss_at "$tmp/b16.jsonl" 6)" 0.01 0 "--fsdp --base-dtype bf16 step-6 loss"
 det=("${base[@]}" "${lora[@]}" --deterministic --virtual-batches 4 --steps 3)
 "$exe" train "${det[@]}" --metrics "$tmp/d1.jsonl" >/dev/null 2>"$tmp/d1.err" || fail "--deterministic at 1 rank failed: $(cat "$tmp/d1.err")"
 "$mpirun" "${mpirun_args[@]}" -np 2 "$exe" train "${det[@]}" --fsdp --metrics "$tmp/d2.jsonl" \
