@@ -55,7 +55,8 @@ std::array<Tensor, 3> LlamaAttention::heads(const Tensor& x) {
 }
 
 Tensor LlamaAttention::forward(const Tensor& x) {
-  auto [q, k, v] = heads(x);
+  const std::array<Tensor, 3> qkv = heads(x);
+  const Tensor &q = qkv[0], &k = qkv[1], &v = qkv[2];  // not a structured binding: a lambda reads them
   const AttentionOptions o{.causal = true, .dropout_p = dropout_p, .training = is_training(),
                            .rope = {.theta = rope_theta, .scaling = rope_scaling}};
   Tensor y = documents_ ? attend_per_document(*documents_, 2, [&](int64_t b, int64_t begin, int64_t n) {
