@@ -135,10 +135,9 @@ TensorList Llama::forward(const TensorList& in) {
   if (in.size() == 1) return {forward(in[0])};  // a call with the ids alone
   WEFT_CHECK(in.size() == 2 && in[1].shape() == in[0].shape(), "Llama: expected token ids and their positions, two "
              "[B, T] tensors, got {} tensor(s){}", in.size(), in.size() == 2 ? ": " + tensor_desc(in[1]) : "");
+  WEFT_CHECK(in[0].size(1) <= cfg.ctx, "Llama: {} tokens are longer than the context {}", in[0].size(1), cfg.ctx);
   auto documents = Documents::from_positions(in[1]);
   Tensor x = (*embed_tokens)(in[0]);
-  WEFT_CHECK(in[0].size(1) <= cfg.ctx, "Llama: sequence of {} tokens is longer than the context {}", in[0].size(1),
-             cfg.ctx);
   for (auto& block : blocks) block->self_attn->set_documents(documents);
   for (auto& block : blocks) x = (*block)(x);
   return {logits(x)};
