@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <tuple>
@@ -61,11 +62,11 @@ double median_seconds(int warmup, int reps, const std::function<void()>& fn) {
 // build's. Counted per thread that actually ran: OpenMP may start fewer than asked.
 #ifdef __x86_64__
 // The sum of every lane of the 12 chains (kept, so the loops are not optimised away).
-__attribute__((target("avx512f"))) float lane_total(const __m512 (&acc)[12]) {
-  alignas(64) float lanes[16];
-  float total = 0;
-  for (auto& v : acc) {
-    _mm512_store_ps(lanes, v);
+template <class V>
+float lane_total(const V (&acc)[12]) {
+  float total = 0, lanes[sizeof(V) / sizeof(float)];
+  for (const V& v : acc) {
+    std::memcpy(lanes, &v, sizeof(V));
     for (float l : lanes) total += l;
   }
   return total;
@@ -82,13 +83,7 @@ __attribute__((target("avx2,fma"))) float chains_avx2(int64_t iters) {
   for (auto& v : acc) v = _mm256_set1_ps(1.0f);
   for (int64_t i = 0; i < iters; ++i)
     for (auto& v : acc) v = _mm256_fmadd_ps(v, a, b);
-  alignas(32) float lanes[8];
-  float total = 0;
-  for (auto& v : acc) {
-    _mm256_store_ps(lanes, v);
-    for (float l : lanes) total += l;
-  }
-  return total;
+  return lane_total(acc);
 }
 // The bf16 dot product's peak: 12 chains of vdpbf16ps, each 16 lanes x 2 products, 64 flops.
 __attribute__((target("avx512f,avx512bf16"))) float chains_avx512bf16(int64_t iters) {
@@ -221,6 +216,7 @@ struct Bench {
   kernels::cpu::SgemmKernel default_kernel;
   std::vector<kernels::cpu::SgemmKernel> gemm_kernels;
   std::vector<kernels::cpu::BgemmKernel> bf16_kernels;
+  std::string row_filter;  // --rows: only GEMM rows whose name holds it
 
   // Adds `row` with the rate `at_threads` gives at each thread count.
   void measure(Row row, const std::function<double(int)>& at_threads) {
@@ -279,6 +275,7 @@ std::vector<kernels::cpu::SgemmKernel> f32_gemm_kernels(const std::string& kerne
 // pass's X^T and Linear's weight are), through each f32 GEMM kernel and each bf16 one: one row each.
 void gemm_row(Bench& b, const std::string& name, int64_t m, int64_t k, int64_t n, bool a_t, bool b_t, int64_t batch,
               int r) {
+  if (name.find(b.row_filter) == std::string::npos) return;
   Shape lead = batch > 1 ? Shape{batch} : Shape{};
   auto mat = [&](int64_t rows, int64_t cols, bool t, DType dt) {
     Shape s = lead;
@@ -317,17 +314,18 @@ void measure_gemms(Bench& b) {
   int gr = b.quick ? 5 : 15;  // repetitions of a GEMM
   gemm_row(b, "gemm", 1024, 1024, 1024, false, false, 1, gr);
   if (!b.quick) gemm_row(b, "gemm", 2048, 2048, 2048, false, false, 1, 5);
-  // GPT large (d_model C = 512, 8 x 256 tokens), medium (C = 384) and small (C = 128, 16 x 128):
-  // a Linear's forward X W^T, and its backward dY W (dX) and dY^T X (dW), for qkv (C -> 3C) and
-  // the MLP.
-  for (auto [tag, C, BT] : {std::tuple{"GPT large", 512, 2048}, std::tuple{"GPT medium", 384, 2048},
-                            std::tuple{"GPT small", 128, 2048}}) {
-    gemm_row(b, fmt::format("{} qkv fwd", tag), BT, C, 3 * C, false, true, 1, gr);
-    gemm_row(b, fmt::format("{} mlp fc fwd", tag), BT, C, 4 * C, false, true, 1, gr);
-    gemm_row(b, fmt::format("{} mlp proj fwd", tag), BT, 4 * C, C, false, true, 1, gr);
-    gemm_row(b, fmt::format("{} mlp proj dX", tag), BT, C, 4 * C, false, false, 1, gr);
-    gemm_row(b, fmt::format("{} mlp fc dW", tag), 4 * C, BT, C, true, false, 1, gr);
+  // The models of scripts/bench_vs_pytorch.sh at 2,048 tokens (d_model C, the MLP's width F, q/k/v's
+  // outputs QKV): a Linear's forward X W^T, and its backward dY W (dX) and dY^T X (dW).
+  for (auto [tag, C, F, QKV] : {std::tuple{"GPT large", 512, 2048, 1536}, std::tuple{"GPT medium", 384, 1536, 1152},
+                                std::tuple{"GPT small", 128, 512, 384}, std::tuple{"GPT-2 124M", 768, 3072, 2304},
+                                std::tuple{"Llama 350M", 1024, 2816, 2048}}) {
+    gemm_row(b, fmt::format("{} qkv fwd", tag), 2048, C, QKV, false, true, 1, gr);
+    gemm_row(b, fmt::format("{} mlp fc fwd", tag), 2048, C, F, false, true, 1, gr);
+    gemm_row(b, fmt::format("{} mlp proj fwd", tag), 2048, F, C, false, true, 1, gr);
+    gemm_row(b, fmt::format("{} mlp proj dX", tag), 2048, C, F, false, false, 1, gr);
+    gemm_row(b, fmt::format("{} mlp fc dW", tag), F, 2048, C, true, false, 1, gr);
   }
+  gemm_row(b, "GPT-2 124M head fwd (8,192 of its columns)", 2048, 768, 8192, false, true, 1, b.quick ? 3 : 7);
   gemm_row(b, "batched attention scores", 128, 64, 128, false, true, 48, b.quick ? 20 : 50);
 }
 
@@ -365,6 +363,7 @@ int main(int argc, char** argv) {
   app.add_flag("--gemm-only", gemm_only, "only the FMA peak and the GEMM rows");
   app.add_option("--kernel", kernel_filter, "only this GEMM kernel (avx512bf16, amx: the bf16 ones)")
       ->check(CLI::IsMember({"avx512", "avx2", "eigen", "avx512bf16", "amx"}));
+  app.add_option("--rows", b.row_filter, "only the GEMM rows whose name holds this text (e.g. 'GPT-2 124M')");
   CLI11_PARSE(app, argc, argv);
   try {
     b.default_kernel = kernels::cpu::sgemm_kernel();  // WEFT_CPU_GEMM's, or the CPU's widest

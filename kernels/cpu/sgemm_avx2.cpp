@@ -1,9 +1,7 @@
 // kernels/cpu: the AVX2 + FMA f32 GEMM kernel: a 6 x 16 register tile (12 ymm accumulators,
 // two B vectors and one broadcast fill the 16 registers). Compiled with -mavx2 -mfma and
 // called only when the CPU has both (gemm.cpp); it includes nothing built for another set.
-#include <immintrin.h>
-
-#include "kernels/cpu/sgemm_blocked.h"
+#include "kernels/cpu/sgemm_blocked.h"  // and <immintrin.h>
 
 namespace weft::kernels::cpu {
 namespace {
@@ -24,6 +22,7 @@ struct Kernel {
   using V = Vec;
   static constexpr int MR = 6;
   static constexpr int64_t MC = 96, KC = 256, NC = 2048;
+  static constexpr bool kStreamB = false, kPackTransposedA = false;  // b's 16 KB micro-panel fits L1
 };
 
 }  // namespace

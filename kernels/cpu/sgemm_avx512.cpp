@@ -1,9 +1,7 @@
 // kernels/cpu: the AVX-512 f32 GEMM kernel: a 12 x 32 register tile (24 zmm accumulators),
 // one broadcast of A and two vectors of B per step. Compiled with -mavx512f and called only
 // when the CPU has it (gemm.cpp); it includes nothing built for another instruction set.
-#include <immintrin.h>
-
-#include "kernels/cpu/sgemm_blocked.h"
+#include "kernels/cpu/sgemm_blocked.h"  // and <immintrin.h>
 
 namespace weft::kernels::cpu {
 namespace {
@@ -23,11 +21,12 @@ struct Vec {
 struct Kernel {
   using V = Vec;
   static constexpr int MR = 12;
-  // a's MC x KC block (288 KB) stays in L2; KC = 512 rather than 256 (b's 64 KB micro-panel
-  // then streams from L2) halves the passes over c: 2-4 % faster on a Zen 5 core. NC = 512
-  // rather than 2048 keeps b's packed panel at 1 MB: 3-5 % faster with both cores busy (one
-  // process per core; threaded, the same).
+  // a's block (288 KB) stays in L2; KC 512, not 256, halves the passes over c (Zen 5: 2-4 %);
+  // NC 512, not 2048, keeps b's packed panel at 1 MB (3-5 % with both cores busy). b's 64 KB
+  // micro-panel outgrows L1, so it streams past a's (Intel, 2 MB L2: 10-20 % faster, weight
+  // gradients twice as fast with a^T packed; docs/PERFORMANCE.md).
   static constexpr int64_t MC = 144, KC = 512, NC = 512;
+  static constexpr bool kStreamB = true, kPackTransposedA = true;
 };
 
 }  // namespace

@@ -1,8 +1,8 @@
 // kernels/cpu: the cache-blocked driver behind the f32 GEMM kernels: B copied into packed
-// KC x NR micro-panels, each reused for a whole MC x KC block of A (which stays in L2 and is
-// read in place), and an MR x NR register tile per step. Included only by the ISA files
-// (sgemm_*.cpp): everything here has internal linkage, so each gets its own copy built with
-// its own flags.
+// KC x NR micro-panels, each reused for a whole MC x KC block of A (which stays in L2), and an
+// MR x NR register tile per step. Which micro-panel stays in L1 while the other streams from
+// L2 is the kernel's choice (K::kStreamB). Included only by the ISA files (sgemm_*.cpp):
+// everything here has internal linkage, so each gets its own copy built with its own flags.
 #pragma once
 #include <immintrin.h>
 
@@ -46,8 +46,8 @@ void pack_panel(int64_t kc, int64_t rows, const float* x, int64_t r_st, int64_t 
 // One full MR x NR tile of c (NR = 2 vectors of V::W floats) from kc steps: per step two
 // vectors of the packed b panel and MR broadcasts of a feed 2 MR FMAs into register
 // accumulators; a[i, p] is at a[i * a_row + p * a_step] (a packed panel: a_row 1, a_step MR).
-// V names the instruction set's vector type and operations (the ISA files define it).
-template <class V, int MR>
+// V: the instruction set's vector type and operations; b is prefetched PF steps ahead.
+template <class V, int MR, int PF>
 inline void register_tile(int64_t kc, const float* a, int64_t a_row, int64_t a_step, const float* b, float* c,
                           int64_t ldc, float alpha, float beta) {
   constexpr int W = V::W;
@@ -59,6 +59,8 @@ inline void register_tile(int64_t kc, const float* a, int64_t a_row, int64_t a_s
   }
   for (int64_t p = 0; p < kc; ++p, a += a_step, b += 2 * W) {
     const typename V::T b0 = V::load(b), b1 = V::load(b + W);
+    if constexpr (PF > 0) _mm_prefetch(reinterpret_cast<const char*>(b + PF * 2 * W), _MM_HINT_T0);
+    if constexpr (PF > 0) _mm_prefetch(reinterpret_cast<const char*>(b + PF * 2 * W + W), _MM_HINT_T0);
 #pragma GCC unroll 12
     for (int i = 0; i < MR; ++i) {
       const typename V::T ai = V::set1(a[i * a_row]);
@@ -76,7 +78,8 @@ inline void register_tile(int64_t kc, const float* a, int64_t a_row, int64_t a_s
     }
 }
 
-// K supplies the vector operations V, MR, the block sizes MC (a multiple of MR), KC and NC.
+// K supplies V, MR, the block sizes MC (a multiple of MR), KC and NC, kStreamB (true: a's micro-
+// panel stays in L1 while b's stream past it, prefetched; false: the reverse) and kPackTransposedA.
 template <class K>
 void sgemm_blocked(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const float* b,
                    int64_t b_rs, int64_t b_cs, float* c, int64_t ldc, float alpha, float beta) {
@@ -85,11 +88,10 @@ void sgemm_blocked(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs
   float* pa = a_buf.get(K::MC * K::KC);
   float* pb = b_buf.get(K::KC * ((std::min<int64_t>(n, K::NC) + NR - 1) / NR * NR));
   alignas(64) float edge[MR * NR];
-  // Full panels of a are read in place when a has a unit stride (as every MatLayout does): the
-  // kernel's broadcasts take any stride, and packing a costs more than it saves (a panel is
-  // used only n / NR times; measured 4-10 % slower when n is a few hundred). Only a tail
-  // panel, whose missing rows must read as 0, is packed.
-  const bool in_place = a_rs == 1 || a_cs == 1;
+  // A row-major a is read in place (packing it measured 4-10 % slower where n is a few hundred);
+  // a transposed one (X^T of a weight gradient: a line and a TLB entry per step) is packed where
+  // K::kPackTransposedA says, and so is a tail panel, whose missing rows must read as 0.
+  const bool in_place = a_cs == 1 || (a_rs == 1 && !K::kPackTransposedA);
   for (int64_t jc = 0; jc < n; jc += K::NC) {
     const int64_t nc = std::min<int64_t>(K::NC, n - jc);
     for (int64_t pc = 0; pc < k; pc += K::KC) {
@@ -101,28 +103,27 @@ void sgemm_blocked(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs
         const int64_t mc = std::min<int64_t>(K::MC, m - ic);
         for (int64_t i = in_place ? mc / MR * MR : 0; i < mc; i += MR)  // a[i, p] as panels of MR rows
           pack_panel<MR>(kc, std::min<int64_t>(MR, mc - i), a + (ic + i) * a_rs + pc * a_cs, a_rs, a_cs, pa + i * kc);
-        for (int64_t jr = 0; jr < nc; jr += NR) {
-          for (int64_t ir = 0; ir < mc; ir += MR) {
-            const int64_t mr = std::min<int64_t>(MR, mc - ir), nr = std::min<int64_t>(NR, nc - jr);
-            const bool direct = in_place && mr == MR;
-            const float* ap = direct ? a + (ic + ir) * a_rs + pc * a_cs : pa + ir * kc;
-            const int64_t a_row = direct ? a_rs : 1, a_step = direct ? a_cs : MR;
-            const float* bp = pb + jr * kc;
-            float* cp = c + (ic + ir) * ldc + jc + jr;
-            if (mr == MR && nr == NR) {
-              register_tile<typename K::V, MR>(kc, ap, a_row, a_step, bp, cp, ldc, alpha, beta_pc);
-              continue;
+        auto tile = [&](int64_t ir, int64_t jr) {
+          const int64_t mr = std::min<int64_t>(MR, mc - ir), nr = std::min<int64_t>(NR, nc - jr);
+          const bool direct = in_place && mr == MR;
+          const float* ap = direct ? a + (ic + ir) * a_rs + pc * a_cs : pa + ir * kc;
+          const int64_t a_row = direct ? a_rs : 1, a_step = direct ? a_cs : MR;
+          const float* bp = pb + jr * kc;
+          float* cp = c + (ic + ir) * ldc + jc + jr;
+          if (mr == MR && nr == NR)
+            return register_tile<typename K::V, MR, K::kStreamB * 8>(kc, ap, a_row, a_step, bp, cp, ldc, alpha, beta_pc);
+          // A tail tile: the full tile into `edge`, then only its valid part into c, rounded
+          // as a full tile is (one fused multiply-add), so that its place in C cannot matter.
+          register_tile<typename K::V, MR, 0>(kc, ap, a_row, a_step, bp, edge, NR, 1.0f, 0.0f);
+          for (int64_t i = 0; i < mr; ++i)
+            for (int64_t j = 0; j < nr; ++j) {
+              float v = alpha * edge[i * NR + j];
+              cp[i * ldc + j] = beta_pc == 0.0f ? v : __builtin_fmaf(beta_pc, cp[i * ldc + j], v);
             }
-            // A tail tile: the full tile into `edge`, then only its valid part into c, rounded
-            // as a full tile is (one fused multiply-add), so that its place in C cannot matter.
-            register_tile<typename K::V, MR>(kc, ap, a_row, a_step, bp, edge, NR, 1.0f, 0.0f);
-            for (int64_t i = 0; i < mr; ++i)
-              for (int64_t j = 0; j < nr; ++j) {
-                float v = alpha * edge[i * NR + j];
-                cp[i * ldc + j] = beta_pc == 0.0f ? v : __builtin_fmaf(beta_pc, cp[i * ldc + j], v);
-              }
-          }
-        }
+        };
+        for (int64_t outer = 0; outer < (K::kStreamB ? mc : nc); outer += (K::kStreamB ? MR : NR))
+          for (int64_t inner = 0; inner < (K::kStreamB ? nc : mc); inner += (K::kStreamB ? NR : MR))
+            K::kStreamB ? tile(outer, inner) : tile(inner, outer);
       }
     }
   }
