@@ -85,6 +85,7 @@ run_one() {  # MODEL RUN THREADS(or "fsdp") ROUND: prints the run's tokens/s, or
   data=$corpus; [ "$kind" = tokens ] && data=$tokens
   read -r steps warmup <<< "$(steps_of "$model")"
   log="$out/$model.$t.$run.r$round"
+  rm -f "$log.jsonl"  # --metrics appends
   local nthreads=$t launch_weft=() launch_torch=("$python") fsdp_flag=()
   if [ "$t" = fsdp ]; then
     nthreads=1 fsdp_flag=(--fsdp)
