@@ -11,6 +11,7 @@
 #include <new>
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "core/device_runtime.h"
 #include "core/error.h"
@@ -30,8 +31,8 @@ constexpr bool kSanitized = false;
 // at most 1/8 is wasted) and handed out again for the next request of their class: a training
 // step allocates the same sizes every time, and reusing them spares the page faults of memory
 // that malloc returned to the system (large blocks are mmap'd and unmapped on every free).
-// The cache holds at most WEFT_CPU_CACHE bytes (default 1 GiB; 0 turns it off; off in sanitizer
-// builds, so that use after free is caught); empty_cache() returns it to the system.
+// The cache holds at most WEFT_CPU_CACHE bytes (default: an eighth of physical memory, >= 1 GiB;
+// 0: off, as in sanitizer builds, so use after free is caught); empty_cache() empties it.
 // Counters: live and peak count the bytes asked for, as before; reserved counts what the
 // allocator holds from the system (the classes of the live blocks plus the cache).
 // OpenMP threads and the communication thread may allocate concurrently.
@@ -39,7 +40,7 @@ class CpuAllocator final : public Allocator {
  public:
   CpuAllocator() {
     apply_env_limit();
-    cache_limit_ = kSanitized ? 0 : int64_t(1) << 30;
+    cache_limit_ = kSanitized ? 0 : std::max<int64_t>(1 << 30, ::sysconf(_SC_PHYS_PAGES) * ::sysconf(_SC_PAGE_SIZE) / 8);
     if (const char* v = std::getenv("WEFT_CPU_CACHE"); v && *v && !kSanitized)
       cache_limit_ = parse_bytes(v, "WEFT_CPU_CACHE");
   }

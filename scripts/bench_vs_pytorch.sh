@@ -139,7 +139,9 @@ done
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "-" || b == "-" || b == 0) print "-"; else printf "%.2f", a / b }'; }
 per_round() {  # CELL RUN: "r1 / r2 / ..." of tokens/s
   local s="" r
-  for ((r = 1; r <= rounds; r++)); do s+="${s:+ / }$(printf '%.0f' "${rate["$1 $2 $r"]:-0}" 2>/dev/null || echo -)"; done
+  for ((r = 1; r <= rounds; r++)); do
+    s+="${s:+ / }$(awk -v v="${rate["$1 $2 $r"]:--}" 'BEGIN { if (v == "-") print "-"; else printf "%.0f", v }')"
+  done
   echo "$s"
 }
 ratios() {  # CELL RUN_A RUN_B: A / B per round
