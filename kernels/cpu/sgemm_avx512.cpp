@@ -26,7 +26,7 @@ struct Kernel {
   // micro-panel outgrows L1, so it streams past a's (Intel, 2 MB L2: 10-20 % faster, weight
   // gradients twice as fast with a^T packed; docs/PERFORMANCE.md).
   static constexpr int64_t MC = 144, KC = 512, NC = 512;
-  static constexpr bool kStreamB = true, kPackTransposedA = true;
+  static constexpr bool kStreamB = true;
 };
 
 }  // namespace

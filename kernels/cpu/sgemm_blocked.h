@@ -78,8 +78,8 @@ inline void register_tile(int64_t kc, const float* a, int64_t a_row, int64_t a_s
     }
 }
 
-// K supplies V, MR, the block sizes MC (a multiple of MR), KC and NC, kStreamB (true: a's micro-
-// panel stays in L1 while b's stream past it, prefetched; false: the reverse) and kPackTransposedA.
+// K supplies V, MR, the block sizes MC (a multiple of MR), KC and NC, and kStreamB (true: a's
+// micro-panel, packed when a is transposed, stays in L1 while b's stream past it, prefetched).
 template <class K>
 void sgemm_blocked(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const float* b,
                    int64_t b_rs, int64_t b_cs, float* c, int64_t ldc, float alpha, float beta) {
@@ -89,9 +89,9 @@ void sgemm_blocked(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs
   float* pb = b_buf.get(K::KC * ((std::min<int64_t>(n, K::NC) + NR - 1) / NR * NR));
   alignas(64) float edge[MR * NR];
   // A row-major a is read in place (packing it measured 4-10 % slower where n is a few hundred);
-  // a transposed one (X^T of a weight gradient: a line and a TLB entry per step) is packed where
-  // K::kPackTransposedA says, and so is a tail panel, whose missing rows must read as 0.
-  const bool in_place = a_cs == 1 || (a_rs == 1 && !K::kPackTransposedA);
+  // a transposed one (X^T of a weight gradient: a line and a TLB entry per step) is packed when
+  // it stays in L1 (K::kStreamB), and so is a tail panel, whose missing rows must read as 0.
+  const bool in_place = a_cs == 1 || (a_rs == 1 && !K::kStreamB);
   for (int64_t jc = 0; jc < n; jc += K::NC) {
     const int64_t nc = std::min<int64_t>(K::NC, n - jc);
     for (int64_t pc = 0; pc < k; pc += K::KC) {
