@@ -150,7 +150,8 @@ class Decoder(nn.Module):
         self.head = None if tied else nn.Linear(d, vocab, bias=False)
         for name, p in self.named_parameters():
             if p.dim() == 2:
-                std = 0.02 / math.sqrt(2 * a.n_layer) if name.endswith(("proj.weight",)) else 0.02
+                scaled = ("o_proj.weight", "down_proj.weight") if llama else ("attn_proj.weight", "mlp_proj.weight")
+                std = 0.02 / math.sqrt(2 * a.n_layer) if name.endswith(scaled) else 0.02
                 nn.init.normal_(p, 0.0, std)
 
     def forward(self, idx, targets):
