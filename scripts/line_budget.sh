@@ -8,15 +8,15 @@ set -euo pipefail
 cd "${1:-$(dirname "$0")/..}"
 # layer | budget | the files and folders counted (kernels: the entry points and the meta device)
 budgets=(
-  "core           4096  core weft.h"
-  "kernels        2406  kernels/*.h kernels/*.cpp kernels/meta"
+  "core           4200  core weft.h"
+  "kernels        2522  kernels/*.h kernels/*.cpp kernels/meta"
   "kernels/cpu    5400  kernels/cpu"
   "cuda           4636  cuda"
-  "autograd       1765  autograd"
+  "autograd       1797  autograd"
   "nn             2997  nn"
   "dist           2545  dist"
   "fsdp           4526  fsdp"
-  "apps           9306  apps"
+  "apps           9424  apps"
 )
 count() {  # PATH...: the lines of the code files among them
   find "$@" -type f \( -name '*.h' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' \) -print0 | xargs -0 cat | wc -l
