@@ -18,15 +18,23 @@ namespace {
 
 Tensor mT(const Tensor& t) { return t.transpose(-2, -1); }
 
+// a^T @ g for a 2-D b, laid out as b is: when b is a transposed view (a weight read as W^T,
+// as a tied head reads the embedding), (g^T @ a)^T, so that W's gradient arrives contiguous
+// rather than as a transpose that a later copy or sum would read column by column.
+Tensor weight_grad(const Tensor& a, const Tensor& g, const Tensor& b) {
+  if (b.stride(0) == 1 && b.stride(1) != 1) return mT(k::matmul(mT(g), a));
+  return k::matmul(mT(a), g);
+}
+
 // Gradients of c = a @ b for a, b with at least 2 dims (batch dims broadcast).
 std::pair<Tensor, Tensor> matmul_grads(const Tensor& g, const Tensor& a, const Tensor& b, bool need_a,
                                        bool need_b) {
   Tensor ga, gb;
-  if (a.dim() > 2 && b.dim() == 2) {
+  if (a.dim() >= 2 && b.dim() == 2) {
     int64_t k_dim = a.size(-1), n = b.size(-1);
     Tensor g2 = g.reshape({-1, n});
     if (need_a) ga = k::matmul(g2, b.t()).reshape(a.shape());
-    if (need_b) gb = k::matmul(a.reshape({-1, k_dim}).t(), g2);
+    if (need_b) gb = weight_grad(a.reshape({-1, k_dim}), g2, b);
     return {ga, gb};
   }
   if (need_a) ga = k::sum_to(k::matmul(g, mT(b)), a.shape());
@@ -54,8 +62,8 @@ Tensor matmul(const Tensor& a_, const Tensor& b_) {
              if (a.dim() == 1) g2 = g2.unsqueeze(-2);
              if (b.dim() == 1) g2 = g2.unsqueeze(-1);
              auto [ga, gb] = matmul_grads(g2, a2, b2, ra, rb);
-             if (ga.defined()) ga = ga.reshape(a.shape());
-             if (gb.defined()) gb = gb.reshape(b.shape());
+             if (ga.defined() && ga.shape() != a.shape()) ga = ga.reshape(a.shape());
+             if (gb.defined() && gb.shape() != b.shape()) gb = gb.reshape(b.shape());
              return {ga, gb};
            });
   }

@@ -26,8 +26,28 @@ void write_through(const Tensor& window, const Tensor& grad) {
   copy_elements(target, summed);
 }
 
+// For a view that only reorders its base's dims (transpose, permute): for each base dim, the
+// view dim it became. Empty for any other view.
+Shape permuted_dims(const Tensor& base, const Tensor& out) {
+  if (out.offset() != base.offset() || out.dim() != base.dim() || out.dim() < 2) return {};
+  Shape from(base.dim(), -1);
+  for (int64_t i = 0; i < out.dim(); ++i) {
+    int64_t j = 0;
+    while (j < base.dim() && (from[j] >= 0 || base.stride(j) != out.stride(i) || base.size(j) != out.size(i))) ++j;
+    if (j == base.dim()) return {};
+    from[j] = i;
+  }
+  return from;
+}
+
 void record_view(const Tensor& base, Tensor& out, const weft::detail::ViewReplay& replay) {
   if (!needs_grad({&base})) return;
+  if (Shape from = permuted_dims(base, out); !from.empty()) {
+    // The gradient with its dims put back: a view, not a copy into zeros (and no strided copy
+    // when it arrives laid out as the base, as a tied head's weight gradient does).
+    record("PermuteBackward", {base}, {out}, [from](const TensorList& g) -> TensorList { return {g[0].permute(from)}; });
+    return;
+  }
   Shape base_shape = base.shape();
   DType dtype = base.dtype();
   bool reshape_only = base.is_contiguous() && out.is_contiguous() && out.offset() == base.offset() &&

@@ -2,12 +2,14 @@
 #include "core/copy.h"
 
 #include <cstring>
+#include <optional>
 
 #include "core/autograd_meta.h"
 #include "core/device_runtime.h"
 #include "core/dispatch.h"
 #include "core/fill_rule.h"
 #include "core/grad_mode.h"
+#include "core/op_profiler.h"
 #include "core/strided_iter.h"
 
 namespace weft {
@@ -53,6 +55,11 @@ void copy_elements(const Tensor& dst, const Tensor& src) {
              "copy: {} to {}: a tensor on the meta device has no data (deferred initialisation: materialise it with "
              "nn::materialize or fsdp::fully_shard its module first)", tensor_desc(src), tensor_desc(dst));
   if (dst.device().is_cpu() && src.device().is_cpu()) {
+    std::optional<op_profiler::Span> span;
+    if (op_profiler::active())
+      span.emplace(fmt::format("{} {}{}", dst.dtype() == src.dtype() ? "copy" : "cast " + std::string(dtype_name(src.dtype())) + " ->",
+                               dtype_name(dst.dtype()), dst.is_contiguous() && src.is_contiguous() ? "" : " strided"),
+                   0.0, double(dst.numel()) * double(dtype_size(dst.dtype()) + dtype_size(src.dtype())));
     WEFT_DISPATCH(dst.dtype(), "copy", [&]<typename D>() {
       WEFT_DISPATCH(src.dtype(), "copy", [&]<typename S>() { copy_cpu_typed<D, S>(dst, src); });
     });

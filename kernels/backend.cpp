@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "core/device_runtime.h"
+#include "core/op_profiler.h"
 
 namespace weft::kernels {
 namespace {
@@ -36,7 +37,7 @@ void register_kernel_backend(DeviceType type, const KernelBackend* table) {
 
 const KernelBackend& kernel_backend(Device device, const char* op) {
   // The CPU table is returned directly: it must not depend on static initialisation order.
-  if (device.is_cpu()) return cpu::kernel_table();
+  if (device.is_cpu()) return op_profiler::active() ? cpu::timed_kernel_table(op) : cpu::kernel_table();
   if (device.is_meta()) {
     WEFT_CHECK(MetaComputeGuard::enabled(),
                "{}: an operand is on the meta device and has no data (deferred initialisation: materialise the "

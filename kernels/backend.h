@@ -138,6 +138,8 @@ const KernelBackend& kernel_backend(Device device, const char* op);
 namespace cpu {
 // The CPU's table (kernels/cpu/backend.cpp), usable before any static initialiser has run.
 const KernelBackend& kernel_table();
+// The same entries, each timed by the op profiler as a call of `op` (kernels/timed_backend.cpp).
+const KernelBackend& timed_kernel_table(const char* op);
 }  // namespace cpu
 
 namespace meta {

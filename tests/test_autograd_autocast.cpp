@@ -7,6 +7,7 @@
 
 #include "autograd/autocast.h"
 #include "autograd/ops.h"
+#include "core/op_profiler.h"
 #include "core/generator.h"
 #include "nn/activation_checkpoint.h"
 #include "test_util.h"
@@ -158,4 +159,32 @@ TEST_CASE("autocast: a checkpointed recompute runs under its forward's policy") 
 TEST_CASE("autocast: only 16-bit dtypes") {
   CHECK_THROWS_WITH(AutocastGuard(kFloat32), Catch::Contains("bf16 or f16, not f32"));
   CHECK(!autocast_dtype().has_value());
+}
+
+TEST_CASE("autocast and f32: a tied head's weight gradient arrives in the weight's layout, with no strided copy") {
+  for (bool autocast : {false, true}) {
+    Generator gen(5);
+    Tensor w = randn({40, 16}, {}, &gen), x = randn({2, 8, 16}, {}, &gen), r = randn({2, 8, 40}, {}, &gen);
+    w.set_requires_grad(true);
+    op_profiler::start();
+    {
+      AutocastGuard policy(DType::bf16, autocast);
+      sum(matmul(x, w.transpose(0, 1)) * r).backward();
+    }
+    op_profiler::stop();
+    for (const auto& row : op_profiler::rows()) {
+      INFO("autocast " << autocast << ": " << row.name);
+      CHECK(row.name.find("strided") == std::string::npos);
+    }
+    // dL/dW[v, c] = sum over rows of r[row, v] x[row, c] (from bf16-rounded operands under autocast).
+    std::vector<double> xv = to_vector(x), rv = to_vector(r), want(40 * 16, 0.0);
+    for (int64_t row = 0; row < 16; ++row)
+      for (int64_t v = 0; v < 40; ++v)
+        for (int64_t c = 0; c < 16; ++c) {
+          const double xr = xv[size_t(row * 16 + c)], rr = rv[size_t(row * 40 + v)];
+          want[size_t(v * 16 + c)] += autocast ? bf16_round(rr) * bf16_round(xr) : rr * xr;
+        }
+    REQUIRE(w.grad().dtype() == kFloat32);
+    test::check_values(w.grad(), want, autocast ? 8e-3 : 1e-5, autocast ? 1e-3 : 1e-5);
+  }
 }

@@ -21,7 +21,9 @@
 // keep their bf16 copies from forward to backward (reshard_after_forward = false), so each
 // parameter is cast once per step, as autocast does. Casting the whole model to bf16 instead
 // would leave AdamW without f32 master weights (and weft's fused Adam takes f32/f64 only).
-// --precision f32 trains the plain f32 model without FSDP.
+// --precision autocast trains the plain model under weft's autocast instead (the linear layers
+// and attention read bf16 copies of the f32 weights, made in each forward), as weft-transformer
+// trains bf16 without --fsdp; --precision f32 trains the plain f32 model without FSDP.
 //
 // Model FLOPs per token (PaLM's estimate, as nanoGPT's estimate_mfu and llm.c use):
 //   6 N + 12 L H hd T
@@ -36,6 +38,12 @@
 // medians over the steps after --warmup (default 5: cuBLASLt's heuristics, the caching
 // allocator's first segments and NCCL's set-up happen in the first steps).
 //
+// --profile (CPU) times every op of the measured steps (core/op_profiler.h) and prints, after
+// the summary, one row per op: calls and milliseconds per step, its share of the step, its rate
+// and the op's own limit, measured here before the table: the GEMM peak of its dtype for the
+// GEMMs and attention (the AMX tile or bf16 dot peak for bf16, the FMA peak for f32), the
+// streaming bandwidth for every other op. "framework" is the step's time outside every op.
+//
 // Without a CUDA build or a visible GPU, --device cuda prints why and exits 77 (SKIP).
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -43,15 +51,18 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "apps/bench/machine_peaks.h"
 #include "apps/common/device.h"
 #include "apps/common/trainer.h"
 #include "apps/transformer/gpt.h"
 #include "core/allocator.h"
 #include "core/device_runtime.h"
+#include "core/op_profiler.h"
 #include "dist/dist.h"
 #include "fsdp/fsdp.h"
 #include "weft.h"
@@ -72,6 +83,7 @@ struct Options {
   double lr = 3e-4, weight_decay = 0.1, clip = 1.0, peak_tflops = 989.0;
   uint64_t seed = 0;
   int threads = 0;
+  bool profile = false;
 };
 
 // Why --device cannot be used ("" when it can). Only a missing CUDA build or device is a
@@ -130,7 +142,8 @@ void print_header(const Options& o, Device device, int64_t n_params, int64_t n_f
               (long long)T, (long long)o.model.vocab_size, (long long)n_params);
   std::printf("# %s; %s; batch %lld x %lld = %lld tokens/step; AdamW lr %g, clip %g; random tokens in [0, %lld)\n",
               describe(device).c_str(),
-              o.precision == "bf16" ? "bf16 compute, f32 master weights (FSDP MixedPrecisionPolicy, one rank)" : "f32",
+              o.precision == "bf16"       ? "bf16 compute, f32 master weights (FSDP MixedPrecisionPolicy, one rank)"
+              : o.precision == "autocast" ? "bf16 compute, f32 weights (autocast)" : "f32",
               (long long)B, (long long)T, (long long)(B * T), o.lr, o.clip, (long long)token_range);
   std::printf("# model FLOPs/token 6N + 12*L*H*hd*T = %.4g (N = %lld without wpe); MFU against %g TFLOP/s\n",
               flops_per_token, (long long)n_flop_params, o.peak_tflops);
@@ -152,6 +165,35 @@ void print_summary(const Options& o, Device device, int64_t warmup, double flops
   std::fflush(stdout);
 }
 
+// The op profiler's rows over `steps` steps of `step_ms` (median) each, against this machine's
+// limits (see the header comment).
+void print_profile(int64_t steps, double step_ms) {
+  const int threads = get_num_threads();
+  std::fprintf(stderr, "weft-bench-gpt2: measuring the machine's peaks for the profile\n");
+  const double peak_f32 = bench::gemm_peak_gflops("f32", threads), peak_bf16 = bench::gemm_peak_gflops("bf16", threads);
+  const double stream = bench::stream_gbs(threads);
+  std::printf("# per-op profile of %lld steps, %d thread%s; limits: GEMM peak f32 %.0f GFLOP/s, bf16 %.0f GFLOP/s, "
+              "streaming bandwidth %.1f GB/s\n", (long long)steps, threads, threads > 1 ? "s" : "", peak_f32, peak_bf16,
+              stream);
+  std::printf("| op | calls/step | ms/step | %% of step | GFLOP/s | GB/s | %% of limit |\n|---|---:|---:|---:|---:|---:|---:|\n");
+  double op_ms = 0, rest_ms = 0;
+  for (const op_profiler::Row& r : op_profiler::rows()) {
+    const double ms = 1e3 * r.seconds / double(steps);
+    op_ms += ms;
+    if (ms < 0.001 * step_ms) {
+      rest_ms += ms;
+      continue;
+    }
+    const bool bf16 = r.name.ends_with("bf16");
+    const double gflops = r.flops / r.seconds / 1e9, gbs = r.bytes / r.seconds / 1e9;
+    const double limit = r.flops > 0 ? 100 * gflops / (bf16 ? peak_bf16 : peak_f32) : 100 * gbs / stream;
+    std::printf("| %s | %.0f | %.2f | %.1f | %s | %.1f | %.0f |\n", r.name.c_str(), double(r.calls) / double(steps), ms,
+                100 * ms / step_ms, r.flops > 0 ? fmt::format("{:.1f}", gflops).c_str() : "-", gbs, limit);
+  }
+  std::printf("| ops under 0.1%% each | | %.2f | %.1f | | | |\n", rest_ms, 100 * rest_ms / step_ms);
+  std::printf("| framework (outside every op) | | %.2f | %.1f | | | |\n", step_ms - op_ms, 100 * (step_ms - op_ms) / step_ms);
+}
+
 int run(const Options& o) {
   const bool bf16 = o.precision == "bf16";
   // fully_shard needs dist; a world of one process (MPI singleton start) is all this uses.
@@ -161,6 +203,8 @@ int run(const Options& o) {
                "(this is rank {} of {})", dist::rank(), dist::world_size());
   }
   const Device device = apps::parse_device(o.device, "weft-bench-gpt2");
+  WEFT_CHECK(!o.profile || device.is_cpu(), "weft-bench-gpt2: --profile times the CPU's ops; {} has its own "
+             "profilers (nsys, ncu)", device.str());
   if (o.threads > 0) set_num_threads(o.threads);
   apps::check_config(o.model);
   const int64_t B = o.batch, T = o.model.ctx, V = o.model.vocab_size;
@@ -192,13 +236,11 @@ int run(const Options& o) {
     Tensor tokens = random_tokens(B, T + 1, token_range, gen);
     Tensor x_host = tokens.narrow(1, 0, T).contiguous(), y_host = tokens.narrow(1, 1, T).contiguous();
     synchronize(device);
+    if (o.profile && step == warmup + 1) op_profiler::start();
     const auto t0 = std::chrono::steady_clock::now();
     Tensor x = x_host.to(device), y = y_host.to(device);
     opt.zero_grad();
-    Tensor logits = (*model)(x);
-    Tensor loss = cross_entropy(logits.view({-1, V}), y.view({-1}));
-    logits = Tensor();
-    loss.backward();
+    Tensor loss = apps::forward_backward(*model, x, y, o.precision == "autocast", 1);
     if (o.clip > 0) nn::clip_grad_norm_(model->parameters(), o.clip);  // sharded or not
     opt.step();
     const double loss_v = loss.item();
@@ -213,6 +255,11 @@ int run(const Options& o) {
     WEFT_CHECK(std::isfinite(loss_v), "weft-bench-gpt2: loss is {} at step {}", loss_v, step);
   }
   print_summary(o, device, warmup, flops_per_token, ms_measured);
+  if (o.profile) {
+    op_profiler::stop();
+    print_profile(int64_t(ms_measured.size()), std::accumulate(ms_measured.begin(), ms_measured.end(), 0.0) /
+                                                   double(ms_measured.size()));
+  }
   root.reset();
   opt.zero_grad();
   if (dist::is_initialized()) dist::finalize();
@@ -227,7 +274,8 @@ int main(int argc, char** argv) {
   Options o;
   app.add_option("--device", o.device, "cuda, cuda:N or cpu")->capture_default_str();
   app.add_option("--precision", o.precision, "bf16: bf16 compute with f32 master weights (FSDP mixed precision on "
-                 "one rank); f32: plain f32")->check(CLI::IsMember({"bf16", "f32"}))->capture_default_str();
+                 "one rank); autocast: the same under autocast, without FSDP; f32: plain f32")
+      ->check(CLI::IsMember({"bf16", "autocast", "f32"}))->capture_default_str();
   app.add_option("--batch-size", o.batch, "sequences per step")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--steps", o.steps, "training steps")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--warmup", o.warmup, "first steps left out of the summary's medians")
@@ -249,6 +297,7 @@ int main(int argc, char** argv) {
   app.add_option("--seed", o.seed, "seed for the weights and the tokens")->capture_default_str();
   app.add_option("--threads", o.threads, "CPU threads (default: OMP_NUM_THREADS or all cores)")
       ->check(CLI::NonNegativeNumber);
+  app.add_flag("--profile", o.profile, "(cpu) print the time, rate and limit of every op of the measured steps");
   CLI11_PARSE(app, argc, argv);
   try {
     if (std::string why = unavailable(o.device); !why.empty()) {
