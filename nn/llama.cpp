@@ -152,7 +152,7 @@ Tensor Llama::decode(const Tensor& idx, KVCache& cache) {
 Tensor Llama::logits(const Tensor& h) {
   Tensor x = (*norm)(h);
   if (lm_head) return (*lm_head)(x);
-  return matmul(x, embed_tokens->weight.transpose(0, 1));
+  return linear(x, embed_tokens->weight);  // tied head: the weight gradient straight into its dtype
 }
 
 std::string Llama::extra_repr() const {

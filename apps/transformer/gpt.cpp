@@ -61,7 +61,7 @@ Tensor GPT::embed(const Tensor& idx, const Tensor& pos) {
 Tensor GPT::logits(const Tensor& h) {
   Tensor x = (*ln_f)(h);
   if (lm_head) return (*lm_head)(x);
-  return matmul(x, wte->weight.transpose(0, 1));  // tied head, no bias
+  return linear(x, wte->weight);  // tied head, no bias: the weight gradient straight into its dtype
 }
 
 std::string GPT::extra_repr() const {

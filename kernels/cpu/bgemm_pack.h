@@ -6,9 +6,11 @@
 #pragma once
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <vector>
+
+#include "kernels/cpu/gemm_scratch.h"
 
 namespace weft::kernels::cpu {
 namespace {
@@ -187,24 +189,44 @@ inline void store_tail(const float* edge, int64_t edge_ld, int64_t mr, int64_t n
     }
 }
 
+// Rows [0, rows) of f32 sums (leading dim n) into a bf16 c: sum + beta * c + bias, rounded once.
+inline void round_rows_into(const float* sum, int64_t rows, int64_t n, uint16_t* c16, int64_t ldc, float beta,
+                            const void* bias) {
+  const int64_t n16 = n / 16 * 16;
+  const uint16_t* b16 = static_cast<const uint16_t*>(bias);
+#pragma omp parallel for if (rows * n > 65536)
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t j = 0; j < n16; j += 16) {
+      __m512 v = _mm512_loadu_ps(sum + i * n + j);
+      if (beta != 0.0f) v = _mm512_fmadd_ps(_mm512_set1_ps(beta), load_c(c16 + i * ldc + j, true), v);
+      store_c(c16 + i * ldc + j, true, bias ? _mm512_add_ps(v, load_c(b16 + j, true)) : v);
+    }
+    if (n16 < n)
+      store_tail(sum + i * n + n16, n, 1, n - n16, reinterpret_cast<char*>(c16 + i * ldc + n16), true, ldc, 1.0f,
+                 beta, bias ? b16 + n16 : nullptr);
+  }
+}
+
 // c = alpha a b + beta c + bias (the arguments of bgemm.h) by `blocked`, a kernel's blocked product
 // into an f32 or bf16 c that takes a bf16 c only within one depth block of `kc` (later blocks
-// would add through bf16): a bf16 result over several blocks is summed in f32, rounded once.
+// would add through bf16): a bf16 result over several blocks is summed in f32, rounded once,
+// in blocks of rows whose f32 sums fit 16 MB (one buffer per thread, kept; b is packed again
+// for each block).
 template <class Blocked>
 void bgemm_by_depth_blocks(Blocked blocked, int64_t kc, int64_t m, int64_t n, int64_t k, const uint16_t* a,
                            int64_t a_rs, int64_t a_cs, const uint16_t* b, int64_t b_rs, int64_t b_cs, void* c,
                            bool c_bf16, int64_t ldc, float alpha, float beta, const void* bias, double* a_sums) {
   if (!c_bf16 || k <= kc)
     return blocked(m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, c, c_bf16, ldc, alpha, beta, bias, a_sums);
-  std::vector<float> sum(size_t(m * n));
-  uint16_t* c16 = static_cast<uint16_t*>(c);
-  blocked(m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, sum.data(), false, n, alpha, 0.0f, nullptr, a_sums);
-  for (int64_t i = 0; i < m; ++i)
-    for (int64_t j = 0; j < n; ++j) {
-      float v = sum[size_t(i * n + j)];
-      if (beta != 0.0f) v += beta * from_bf16(c16[i * ldc + j]);
-      c16[i * ldc + j] = to_bf16(bias ? v + bias_at(bias, true, j) : v);
-    }
+  static thread_local Scratch<float> scratch;
+  const int64_t rows = std::min(m, std::max<int64_t>(32, (int64_t(4) << 20) / n / 32 * 32));
+  float* sum = scratch.get(rows * n);
+  for (int64_t i0 = 0; i0 < m; i0 += rows) {
+    const int64_t mr = std::min(rows, m - i0);
+    blocked(mr, n, k, a + i0 * a_rs, a_rs, a_cs, b, b_rs, b_cs, sum, false, n, alpha, 0.0f, nullptr,
+            a_sums ? a_sums + i0 : nullptr);
+    round_rows_into(sum, mr, n, static_cast<uint16_t*>(c) + i0 * ldc, ldc, beta, bias);
+  }
 }
 
 }  // namespace

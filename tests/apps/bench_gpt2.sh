@@ -4,7 +4,8 @@
 # agree with each other (tokens/s = batch x ctx / ms, MFU from the printed FLOPs per token),
 # a first loss near ln(vocab) that is the same in both precisions up to bf16 rounding (same
 # weights, same tokens), and the
-# summary line scripts/bench_gpt2.sh reads; --device cuda without a GPU skips with its reason
+# summary line scripts/bench_gpt2.sh reads; autocast with --profile prints the per-op table;
+# --device cuda without a GPU skips with its reason
 # (exit 77); a bad config is a clear error.
 # Usage: bench_gpt2.sh EXE
 set -euo pipefail
@@ -57,6 +58,25 @@ l16=$(awk -F'|' '/^\| 1 \| / { print $3 + 0 }' "$tmp/bf16.txt")
 l32=$(awk -F'|' '/^\| 1 \| / { print $3 + 0 }' "$tmp/f32.txt")
 awk -v a="$l16" -v b="$l32" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d < 0.05) }' \
   || fail "step-1 loss bf16 $l16 vs f32 $l32: expected equal within 0.05"
+
+# autocast (bf16 without FSDP) with --profile: the same table, the same first loss as f32 up to
+# bf16 rounding, then one row per op of the measured step: the tied head's forward product (a
+# matmul, 128 tokens x 256 classes x 64: the MLP's GEMMs of that shape are rows of their own)
+# once, in bf16, at a positive rate, and the time outside the ops between 0 and 100 % of the
+# step (negative would count an op twice).
+"$exe" "${tiny[@]}" --precision autocast --profile > "$tmp/autocast.txt" 2>&1 || rc=$?
+cat "$tmp/autocast.txt"
+[ $rc = 0 ] || fail "autocast run exited $rc"
+check_table "$tmp/autocast.txt" autocast
+la=$(awk -F'|' '/^\| 1 \| / { print $3 + 0 }' "$tmp/autocast.txt")
+awk -v a="$la" -v b="$l32" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d < 0.05) }' \
+  || fail "step-1 loss autocast $la vs f32 $l32: expected equal within 0.05"
+grep -qE '^# per-op profile of 1 steps, 1 thread; limits: GEMM peak f32 [0-9]+ GFLOP/s' "$tmp/autocast.txt" \
+  || fail "no profile header"
+awk -F'|' '$2 ~ /^ matmul 128x256x64 NT bf16 $/ { found = 1; if ($3 + 0 != 1 || !($6 + 0 > 0)) bad = 1 }
+  END { exit !(found && !bad) }' "$tmp/autocast.txt" || fail "no well-formed row for the head's forward GEMM"
+awk -F'|' '$2 ~ /framework/ { found = 1; if (!($5 + 0 >= 0 && $5 + 0 <= 100)) bad = 1 } END { exit !(found && !bad) }' \
+  "$tmp/autocast.txt" || fail "the time outside the ops is not a share of the step"
 
 # The default device: without a CUDA build or a visible GPU, skip with the reason; where a GPU
 # is visible, the tiny model runs there and prints the same table.
