@@ -135,19 +135,19 @@ static k::Reduction parse_reduction(std::string_view r, const char* op) {
   WEFT_ERROR("{}: reduction must be \"mean\", \"sum\" or \"none\", got \"{}\"", op, r);
 }
 
-Tensor cross_entropy(const Tensor& logits_, const Tensor& target, const CrossEntropyOptions& opts) {
-  // Under autocast the loss is one of the ops computed in f32.
-  const bool widen = autocast_dtype() && logits_.defined() && is_16bit(logits_.dtype());
-  const Tensor logits = widen ? logits_.to(kFloat32) : logits_;
+// 16-bit logits are computed in f32 where they are read (no widened copy), and their gradient
+// written in their dtype. The loss is f32 then: under autocast it stays f32 (one of the ops
+// autocast computes in f32); otherwise it is rounded to the logits' dtype, as torch returns it.
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntropyOptions& opts) {
   k::Reduction red = parse_reduction(opts.reduction, "cross_entropy");
   auto [loss, log_probs] = k::cross_entropy(logits.detach(), target, opts.ignore_index, opts.label_smoothing, red);
   if (needs_grad({&logits})) {
     record("CrossEntropyBackward", {logits}, {loss},
-           [log_probs = log_probs, t = target.detach(), opts, red](const TensorList& g) -> TensorList {
-             return {k::cross_entropy_backward(g[0], log_probs, t, opts.ignore_index, opts.label_smoothing, red)};
+           [log_probs = log_probs, t = target.detach(), opts, red, dt = logits.dtype()](const TensorList& g) -> TensorList {
+             return {k::cross_entropy_backward(g[0], log_probs, t, opts.ignore_index, opts.label_smoothing, red, dt)};
            });
   }
-  return loss;
+  return autocast_dtype() || loss.dtype() == logits.dtype() ? loss : loss.to(logits.dtype());
 }
 
 Tensor cat(const std::vector<Tensor>& xs, int64_t dim) {

@@ -4,6 +4,7 @@
 // files named in nn_launch.h; docs/CUDA.md describes them.
 #include <algorithm>
 
+#include "core/copy.h"
 #include "cuda/gemm.h"
 #include "cuda/nn_launch.h"
 #include "cuda/ops.h"
@@ -104,9 +105,12 @@ void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& mean
 // ---------------------------------------------------------------- cross-entropy
 
 // The targets are copied to the host to be checked (as on the CPU, an out-of-range target is
-// an error) and counted, so these wait for the stream.
+// an error) and counted, so these wait for the stream. The kernels take one dtype: 16-bit
+// logits (f32 log_probs) are widened first, and their dlogits computed in f32 and narrowed.
 void cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing,
                    Reduction reduction, const Tensor& loss, const Tensor& log_probs) {
+  if (logits.dtype() != log_probs.dtype())
+    return cross_entropy(logits.to(log_probs.dtype()), target, ignore_index, label_smoothing, reduction, loss, log_probs);
   const int64_t n = logits.size(0), c = logits.size(1);
   const int64_t count = check_and_count_targets(target, c, ignore_index);
   DeviceGuard guard(logits.device().index);
@@ -120,6 +124,12 @@ void cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_in
 void cross_entropy_backward(const Tensor& grad_loss, const Tensor& log_probs, const Tensor& target,
                             int64_t ignore_index, double label_smoothing, Reduction reduction,
                             const Tensor& dlogits) {
+  if (dlogits.dtype() != log_probs.dtype()) {
+    Tensor wide = empty(dlogits.shape(), {.dtype = log_probs.dtype(), .device = dlogits.device()});
+    cross_entropy_backward(grad_loss, log_probs, target, ignore_index, label_smoothing, reduction, wide);
+    copy_elements(dlogits, wide);
+    return;
+  }
   const int64_t n = log_probs.size(0), c = log_probs.size(1);
   const int64_t count = check_and_count_targets(target, c, ignore_index);
   if (n * c == 0) return;

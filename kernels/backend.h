@@ -71,7 +71,8 @@ struct KernelBackend {
   void (*layer_norm_backward)(const Tensor& grad, const Tensor& x, const Tensor& mean, const Tensor& rstd,
                               const Tensor& weight, const Tensor& dx, const Tensor& dweight, const Tensor& dbias);
   // logits contiguous [N, C]; target contiguous [N] (range-checked by the backend); loss [N]
-  // (Reduction::none) or 0-dim; log_probs [N, C].
+  // (Reduction::none) or 0-dim; log_probs [N, C]. loss, log_probs and grad_loss are f32 for
+  // 16-bit logits (and dlogits), else of the logits' dtype.
   void (*cross_entropy)(const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing,
                         Reduction reduction, const Tensor& loss, const Tensor& log_probs);
   void (*cross_entropy_backward)(const Tensor& grad_loss, const Tensor& log_probs, const Tensor& target,

@@ -175,8 +175,9 @@ std::pair<Tensor, Tensor> cross_entropy(const Tensor& logits_, const Tensor& tar
              "cross_entropy: label_smoothing must be in [0, 1], got {}", label_smoothing);
   WEFT_CHECK(c > 0, "cross_entropy: logits {} have no classes", tensor_desc(logits));
   const KernelBackend& backend = kernel_backend(logits.device(), op);
-  Tensor log_probs = empty({n, c}, like(logits));
-  Tensor loss = empty(reduction == Reduction::none ? Shape{n} : Shape{}, like(logits));
+  const TensorOptions stats{.dtype = is_16bit(logits.dtype()) ? kFloat32 : logits.dtype(), .device = logits.device()};
+  Tensor log_probs = empty({n, c}, stats);
+  Tensor loss = empty(reduction == Reduction::none ? Shape{n} : Shape{}, stats);
   backend.cross_entropy(logits.reshape({n, c}).contiguous(), target.reshape({n}).contiguous(), ignore_index,
                         label_smoothing, reduction, loss, log_probs);
   if (logits.dim() == 1) {
@@ -187,7 +188,8 @@ std::pair<Tensor, Tensor> cross_entropy(const Tensor& logits_, const Tensor& tar
 }
 
 Tensor cross_entropy_backward(const Tensor& grad_loss_, const Tensor& log_probs_, const Tensor& target_,
-                              int64_t ignore_index, double label_smoothing, Reduction reduction) {
+                              int64_t ignore_index, double label_smoothing, Reduction reduction,
+                              std::optional<DType> logits_dtype) {
   Tensor grad_loss = plain(grad_loss_), log_probs = plain(log_probs_), target = plain(target_);
   const char* op = "cross_entropy_backward";
   check_float(op, log_probs, "log_probs");
@@ -204,8 +206,12 @@ Tensor cross_entropy_backward(const Tensor& grad_loss_, const Tensor& log_probs_
       grad_loss.dtype() == log_probs.dtype() && grad_loss.numel() == (reduction == Reduction::none ? n : 1),
       "{}: grad {} does not fit the loss of log_probs {}", op, tensor_desc(grad_loss),
       tensor_desc(log_probs));
+  const DType out_dtype = logits_dtype.value_or(log_probs.dtype());
+  WEFT_CHECK(is_floating(out_dtype) && (out_dtype == log_probs.dtype() || (is_16bit(out_dtype) && log_probs.dtype() == kFloat32)),
+             "{}: logits of {} cannot have log_probs {} (f32 for 16-bit logits, else the logits' own dtype)", op,
+             dtype_name(out_dtype), tensor_desc(log_probs));
   const KernelBackend& backend = kernel_backend(log_probs.device(), op);
-  Tensor dlogits = empty(log_probs.shape(), like(log_probs));
+  Tensor dlogits = empty(log_probs.shape(), {.dtype = out_dtype, .device = log_probs.device()});
   backend.cross_entropy_backward(grad_loss.reshape({grad_loss.numel()}).contiguous(),
                                  log_probs.reshape({n, c}).contiguous(), target.reshape({n}).contiguous(),
                                  ignore_index, label_smoothing, reduction, dlogits.view({n, c}));

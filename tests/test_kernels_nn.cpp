@@ -380,7 +380,33 @@ TEST_CASE("cross_entropy matches a naive loop for every reduction, ignore_index 
               ref_cross_entropy(xv, t, c, -100, 0.1).first, 1e-5);
   Tensor lb = logits.to(kBFloat16);
   check_close(k::cross_entropy(lb, idx(t, {n}), -100, 0.0, k::Reduction::none).first,
-              ref_cross_entropy(to_vector(lb), t, c, -100, 0.0).first, 1e-2);
+              ref_cross_entropy(to_vector(lb), t, c, -100, 0.0).first, 1e-5);
+}
+
+TEST_CASE("cross_entropy reads 16-bit logits as they are: f32 results as if widened first, dlogits in their dtype") {
+  const int64_t n = 9, c = 300;
+  Vec t = {0, 299, -100, 2, 2, 1, 3, 150, 7};
+  for (DType dt : {kBFloat16, DType::f16})
+    for (k::Reduction r : {k::Reduction::none, k::Reduction::mean, k::Reduction::sum})
+      for (double eps : {0.0, 0.1}) {
+        INFO(dtype_name(dt) << " reduction " << int(r) << " label_smoothing " << eps);
+        Tensor x = rnd({n, c}).to(dt), wide = x.to(kFloat32), target = idx(t, {n});
+        auto [loss, lp] = k::cross_entropy(x, target, -100, eps, r);
+        auto [loss32, lp32] = k::cross_entropy(wide, target, -100, eps, r);
+        REQUIRE(loss.dtype() == kFloat32);
+        REQUIRE(lp.dtype() == kFloat32);
+        test::check_values(loss, to_vector(loss32), 1e-6, 0);  // the sums' order may differ in the last bit
+        test::check_values(lp, to_vector(lp32), 1e-6, 1e-6);
+        Tensor g = r == k::Reduction::none ? rnd({n}).to(kFloat32) : full({}, 0.75);
+        Tensor d = k::cross_entropy_backward(g, lp, target, -100, eps, r, dt);
+        REQUIRE(d.dtype() == dt);
+        test::check_values(d, to_vector(k::cross_entropy_backward(g, lp32, target, -100, eps, r).to(dt)),
+                           dt == kBFloat16 ? 1.0 / 128 : 1.0 / 1024, 1e-6);
+      }
+  Tensor lp = k::cross_entropy(rnd({2, 3}).to(kBFloat16), idx({0, 1}, {2}), -100, 0.0, k::Reduction::mean).second;
+  CHECK_THROWS_WITH(k::cross_entropy_backward(full({}, 1.0), lp, idx({0, 1}, {2}), -100, 0.0, k::Reduction::mean,
+                                              kFloat64),
+                    Contains("logits of f64 cannot have log_probs"));
 }
 
 TEST_CASE("cross_entropy backward matches finite differences") {

@@ -1,7 +1,8 @@
 // kernels/cpu: cross-entropy fused with its log_softmax, one row per task. With label
 // smoothing eps over C classes a row's loss is (1-eps)*(-lp[t]) + eps/C * sum_c(-lp[c]), and
 // sum_c(-lp[c]) = C*log(sum_c e^(x[c]-max)) - sum_c (x[c]-max) falls out of the same pass.
-// Row losses are summed in row order in double so the reduction is deterministic.
+// Row losses are summed in row order in double so the reduction is deterministic. 16-bit logits
+// are read as they are; log_probs, loss and grad_loss are then f32 (acc_t), dlogits 16-bit.
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -38,12 +39,12 @@ void forward_typed(const Tensor& logits, const Tensor& target, int64_t ignore_in
   int64_t n = logits.size(0), c = logits.size(1);
   const T* px = logits.data<T>();
   const I* pt = target.data<I>();
-  T* plp = log_probs.data<T>();
+  A* plp = log_probs.data<A>();
   std::vector<double> row_loss(n);
 #pragma omp parallel for schedule(static) if (n * c > kParallelGrain)
   for (int64_t i = 0; i < n; ++i) {
     const T* x = px + i * c;
-    T* lp = plp + i * c;
+    A* lp = plp + i * c;
     A mx = -std::numeric_limits<A>::infinity(), sum = 0, xsum = 0;
 #pragma omp simd reduction(max : mx)
     for (int64_t j = 0; j < c; ++j) mx = std::max(mx, A(x[j]));
@@ -54,7 +55,7 @@ void forward_typed(const Tensor& logits, const Tensor& target, int64_t ignore_in
     }
     A ls = std::log(sum);
 #pragma omp simd
-    for (int64_t j = 0; j < c; ++j) lp[j] = T((A(x[j]) - mx) - ls);
+    for (int64_t j = 0; j < c; ++j) lp[j] = (A(x[j]) - mx) - ls;
     int64_t t = pt[i];
     if (t == ignore_index) {
       row_loss[i] = 0;
@@ -65,8 +66,8 @@ void forward_typed(const Tensor& logits, const Tensor& target, int64_t ignore_in
     row_loss[i] = (1 - eps) * nll + eps / double(c) * smooth;
   }
   if (reduction == Reduction::none) {
-    T* pl = loss.data<T>();
-    for (int64_t i = 0; i < n; ++i) pl[i] = T(A(row_loss[i]));
+    A* pl = loss.data<A>();
+    for (int64_t i = 0; i < n; ++i) pl[i] = A(row_loss[i]);
     return;
   }
   double total = 0;
@@ -77,7 +78,7 @@ void forward_typed(const Tensor& logits, const Tensor& target, int64_t ignore_in
   }
   // All targets ignored under "mean" gives 0/0 = NaN, as in PyTorch.
   if (reduction == Reduction::mean) total = count ? total / double(count) : std::nan("");
-  *loss.data<T>() = T(A(total));
+  *loss.data<A>() = A(total);
 }
 
 // d loss_i / d x_ic = g_i * (p_ic - eps/C - (1-eps) [c == t_i]); ignored rows get 0.
@@ -86,9 +87,9 @@ void backward_typed(const Tensor& grad_loss, const Tensor& log_probs, const Tens
                     int64_t ignore_index, double eps, Reduction reduction, const Tensor& dlogits) {
   using A = acc_t<T>;
   int64_t n = log_probs.size(0), c = log_probs.size(1);
-  const T* plp = log_probs.data<T>();
+  const A* plp = log_probs.data<A>();
   const I* pt = target.data<I>();
-  const T* pg = grad_loss.data<T>();
+  const A* pg = grad_loss.data<A>();
   T* pd = dlogits.data<T>();
   double scale = reduction == Reduction::none ? 1.0 : double(A(pg[0]));
   if (reduction == Reduction::mean) {
@@ -100,16 +101,22 @@ void backward_typed(const Tensor& grad_loss, const Tensor& log_probs, const Tens
 #pragma omp parallel for schedule(static) if (n * c > kParallelGrain)
   for (int64_t i = 0; i < n; ++i) {
     T* d = pd + i * c;
-    const T* lp = plp + i * c;
+    const A* lp = plp + i * c;
     int64_t t = pt[i];
     if (t == ignore_index) {
       for (int64_t j = 0; j < c; ++j) d[j] = T(A(0));
       continue;
     }
     A g = reduction == Reduction::none ? A(pg[i]) : A(scale);
+    // 16-bit logits: the row in f32 first, then rounded once in a loop of its own (vectorised).
+    static thread_local std::vector<A> wide;
+    if constexpr (!std::is_same_v<T, A>) wide.resize(size_t(c));
+    A* row = std::is_same_v<T, A> ? reinterpret_cast<A*>(d) : wide.data();
 #pragma omp simd
-    for (int64_t j = 0; j < c; ++j) d[j] = T(g * (fast_exp(A(lp[j])) - off));
-    d[t] = T(A(d[t]) - g * hit);
+    for (int64_t j = 0; j < c; ++j) row[j] = g * (fast_exp(lp[j]) - off);
+    row[t] -= g * hit;
+    if constexpr (!std::is_same_v<T, A>)
+      for (int64_t j = 0; j < c; ++j) d[j] = T(row[j]);
   }
 }
 
@@ -130,7 +137,7 @@ void cross_entropy_backward(const Tensor& grad_loss, const Tensor& log_probs, co
                             const Tensor& dlogits) {
   dispatch_target(target.dtype(), [&]<typename I>() {
     check_targets<I>(target, log_probs.size(1), ignore_index);
-    dispatch_float(log_probs.dtype(), "cross_entropy_backward", [&]<typename T>() {
+    dispatch_float(dlogits.dtype(), "cross_entropy_backward", [&]<typename T>() {
       backward_typed<T, I>(grad_loss, log_probs, target, ignore_index, label_smoothing, reduction, dlogits);
     });
   });
