@@ -5,7 +5,8 @@
 // tiles' layouts: a row-major A (pairs along the depth) is read in place when a block is 32
 // whole rows of whole steps, else copied with zeros to that shape (a transposed A, P^T or
 // dS^T, by 16 x 16 transposes of pairs); B's pair rows are read in place, a last partial step
-// copied with zero rows. c goes through a 32 x 32 f32 block for alpha and accumulation.
+// copied with zero rows. A whole block of c with alpha 1 is summed in the tiles (from c's own
+// values when the product adds onto c) and stored back; the rest go through a 32 x 32 f32 block.
 // Compiled with -mamx-tile -mamx-bf16 in weft-kernels-amx and called only where the bf16
 // GEMM runs on AMX (attention.cpp), which has asked Linux for the tile state.
 #include <immintrin.h>
@@ -77,11 +78,22 @@ struct AmxTiles {
       const int64_t a_bytes = (in_place ? ars : kq) * 4;
       for (int64_t j0 = 0; j0 < n; j0 += kR) {
         const int64_t cols = std::min<int64_t>(kR, n - j0);  // 16 or 32: n is a multiple of 16
+        // A whole block with alpha 1 sums in the tiles from c itself (or zero) and is stored
+        // straight back; the others go through `block` for alpha and the edges.
+        float* cb = c + i0 * ldc + j0;
+        const bool direct = alpha == 1.f && rows == kR && cols == kR;
         memory_barrier();
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
+        if (direct && accumulate) {
+          _tile_loadd(0, cb, ldc * 4);
+          _tile_loadd(1, cb + 16, ldc * 4);
+          _tile_loadd(2, cb + 16 * ldc, ldc * 4);
+          _tile_loadd(3, cb + 16 * ldc + 16, ldc * 4);
+        } else {
+          _tile_zero(0);
+          _tile_zero(1);
+          _tile_zero(2);
+          _tile_zero(3);
+        }
         for (int64_t q0 = 0; q0 < kq; q0 += kQ) {
           const uint32_t* bq = b + q0 * ldb + j0;
           int64_t b_bytes = ldb * 4;
@@ -104,11 +116,14 @@ struct AmxTiles {
             _tile_dpbf16ps(3, 5, 7);
           }
         }
-        _tile_stored(0, block, kR * 4);
-        _tile_stored(1, block + 16, kR * 4);
-        _tile_stored(2, block + 16 * kR, kR * 4);
-        _tile_stored(3, block + 16 * kR + 16, kR * 4);
+        float* out = direct ? cb : block;
+        const int64_t ld = direct ? ldc : kR;
+        _tile_stored(0, out, ld * 4);
+        _tile_stored(1, out + 16, ld * 4);
+        _tile_stored(2, out + 16 * ld, ld * 4);
+        _tile_stored(3, out + 16 * ld + 16, ld * 4);
         memory_barrier();
+        if (direct) continue;
         for (int64_t r = 0; r < rows; ++r)
           for (int64_t j = 0; j < cols; j += 16) {
             float* cp = c + (i0 + r) * ldc + j0 + j;
