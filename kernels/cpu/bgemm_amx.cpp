@@ -28,10 +28,10 @@ namespace weft::kernels::cpu {
 namespace {
 
 constexpr int64_t T = 32;  // the register tile is T x T of c, and depth goes T at a time
-// a's MC x KC block (256 KB) and b's KC x nc panel (up to 1 MB, at least NC_MIN columns)
-// stay in L2; an A micro-panel (T rows, up to 64 KB) is reused from L1 across the whole panel
-// of b while b streams from L2, and c is written a whole row segment of nc at a time.
-constexpr int64_t MC = 128, KC = 1024, NC_MIN = 256, B_BYTES = 1 << 20;
+// a's MC x KC block (512 KB) and b's KC x nc panel (up to 768 KB, at least NC_MIN columns)
+// stay in L2 (2 MB a core where AMX is; docs/PERFORMANCE.md); an A micro-panel (T rows, up to
+// 64 KB) is reused across b's panel while b streams from L2, c written a row segment at a time.
+constexpr int64_t MC = 256, KC = 1024, NC_MIN = 256, B_BYTES = 768 << 10;
 
 inline int64_t round_up(int64_t x) { return (x + T - 1) / T * T; }
 
