@@ -42,6 +42,7 @@ namespace weft::kernels::cpu {
 namespace {
 
 constexpr int64_t kRowBlock = 32;  // query rows per block, as attention.cpp
+constexpr int64_t kBackwardRowBlock = 64;  // dK and dV sum more depth per load and store of c
 constexpr int64_t kW = 16;         // f32 lanes per vector; bf16 pairs per vector
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
@@ -216,7 +217,7 @@ struct BackwardBuffers {
   int64_t size;
 };
 BackwardBuffers backward_buffers(const AttentionDims& d, char* base) {
-  const int64_t rb = std::min<int64_t>(kRowBlock, d.Tq), ldk = round_up(d.Tk, kW), rb2 = round_up(rb, 2),
+  const int64_t rb = std::min<int64_t>(kBackwardRowBlock, d.Tq), ldk = round_up(d.Tk, kW), rb2 = round_up(rb, 2),
                 tk2 = round_up(d.Tk, 2), tq2 = round_up(d.Tq, 2);
   Carve c{base};
   BackwardBuffers g{};
@@ -310,8 +311,9 @@ void backward_loops(const AttentionDims& d, HeadsBF16 G, HeadsBF16 Q, HeadsBF16 
           for (int64_t c = 0; c < Ev; ++c) s += f32_of(g[c]) * f32_of(o[c]);
           D[i] = s;
         }
-        for (int64_t i0 = 0; i0 < Tq; i0 += kRowBlock) {
-          const int64_t m = std::min<int64_t>(kRowBlock, Tq - i0), n = d.causal ? i0 + m : Tk, n16 = round_up(n, kW);
+        for (int64_t i0 = 0; i0 < Tq; i0 += kBackwardRowBlock) {
+          const int64_t m = std::min<int64_t>(kBackwardRowBlock, Tq - i0), n = d.causal ? i0 + m : Tk;
+          const int64_t n16 = round_up(n, kW);
           scores<Products>(Qc, E, KT, ldk, i0, m, Tk, d.causal, d.scale, P, n16);
           // dP = dO V^T over the same columns.
           for (int64_t r0 = 0; r0 < m; r0 += Products::kTileRows) {
