@@ -55,7 +55,7 @@ TEST_CASE("op profiler: each kernel and cast is a row with its calls, FLOPs and 
 
 TEST_CASE("op profiler: a row's time excludes the ops nested in it") {
   Generator gen(2);
-  Tensor a = randn({256, 256}, {}, &gen);
+  Tensor a = randn({512, 512}, {}, &gen);
   op_profiler::start();
   {
     op_profiler::Span outer("outer", 0, 0);
@@ -64,9 +64,11 @@ TEST_CASE("op profiler: a row's time excludes the ops nested in it") {
   op_profiler::stop();
   const auto rows = op_profiler::rows();
   const auto* outer = find_row(rows, "outer");
-  const auto* mm = find_row(rows, "matmul 256x256x256 NN f32");
+  const auto* mm = find_row(rows, "matmul 512x512x512 NN f32");
   REQUIRE(outer);
   REQUIRE(mm);
   INFO("outer " << outer->seconds << " s, its matmuls " << mm->seconds << " s");
-  CHECK(outer->seconds < 0.1 * mm->seconds);
+  // Counted with its matmuls, outer would take longer than they do; alone it is the loop and
+  // the entry points' own work (slow in a sanitizer build, but far below four 512^3 products).
+  CHECK(outer->seconds < 0.5 * mm->seconds);
 }
