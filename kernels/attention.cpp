@@ -52,8 +52,6 @@ Dims check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v
 // Strided views are read in place when their rows are unit-stride; others are copied.
 Tensor rows(const Tensor& t) { return t.stride(-1) == 1 || t.size(-1) <= 1 ? t : t.contiguous(); }
 
-DType stats_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
-
 AttentionRope tables_for(const Rope& rope, const Dims& d, const Tensor& q) {
   if (!rope.on()) return {};
   const int64_t n_pos = std::max(rope.q_pos + d.Tq, rope.k_pos + d.Tk);

@@ -92,7 +92,7 @@ std::tuple<Tensor, Tensor, Tensor> norm_forward(const char* op, bool center, con
   check_affine(op, bias, "bias", x, norm);
   WEFT_CHECK(eps >= 0, "{}: eps must be >= 0, got {}", op, eps);
   const KernelBackend& backend = kernel_backend(x.device(), op);
-  TensorOptions stats{.dtype = x.dtype() == DType::f64 ? DType::f64 : DType::f32, .device = x.device()};
+  TensorOptions stats{.dtype = stats_dtype(x.dtype()), .device = x.device()};
   Tensor y = empty(x.shape(), like(x));
   Tensor rstd = empty(stats_shape(x, normalized_ndim), stats), mean = center ? empty(rstd.shape(), stats) : Tensor();
   backend.layer_norm(x.contiguous(), contig(weight), contig(bias), eps, y, mean, rstd);
@@ -111,7 +111,7 @@ std::tuple<Tensor, Tensor, Tensor> norm_backward(const char* op, bool center, co
   Shape norm = norm_shape(op, x, normalized_ndim);
   check_affine(op, weight, "weight", x, norm);
   check_affine(op, bias, "bias", x, norm);
-  DType stats = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  DType stats = stats_dtype(x.dtype());
   for (const Tensor* s : {&mean, &rstd}) {
     if (s == &mean && !center) continue;
     WEFT_CHECK(
@@ -175,7 +175,7 @@ std::pair<Tensor, Tensor> cross_entropy(const Tensor& logits_, const Tensor& tar
              "cross_entropy: label_smoothing must be in [0, 1], got {}", label_smoothing);
   WEFT_CHECK(c > 0, "cross_entropy: logits {} have no classes", tensor_desc(logits));
   const KernelBackend& backend = kernel_backend(logits.device(), op);
-  const TensorOptions stats{.dtype = is_16bit(logits.dtype()) ? kFloat32 : logits.dtype(), .device = logits.device()};
+  const TensorOptions stats{.dtype = stats_dtype(logits.dtype()), .device = logits.device()};
   Tensor log_probs = empty({n, c}, stats);
   Tensor loss = empty(reduction == Reduction::none ? Shape{n} : Shape{}, stats);
   backend.cross_entropy(logits.reshape({n, c}).contiguous(), target.reshape({n}).contiguous(), ignore_index,
@@ -207,7 +207,7 @@ Tensor cross_entropy_backward(const Tensor& grad_loss_, const Tensor& log_probs_
       "{}: grad {} does not fit the loss of log_probs {}", op, tensor_desc(grad_loss),
       tensor_desc(log_probs));
   const DType out_dtype = logits_dtype.value_or(log_probs.dtype());
-  WEFT_CHECK(is_floating(out_dtype) && (out_dtype == log_probs.dtype() || (is_16bit(out_dtype) && log_probs.dtype() == kFloat32)),
+  WEFT_CHECK(is_floating(out_dtype) && stats_dtype(out_dtype) == log_probs.dtype(),
              "{}: logits of {} cannot have log_probs {} (f32 for 16-bit logits, else the logits' own dtype)", op,
              dtype_name(out_dtype), tensor_desc(log_probs));
   const KernelBackend& backend = kernel_backend(log_probs.device(), op);

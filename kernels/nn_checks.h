@@ -31,5 +31,8 @@ inline void check_same(const char* op, const Tensor& a, const Tensor& b) {
 inline Tensor plain(const Tensor& t) { return t.defined() ? t.detach() : t; }
 inline Tensor contig(const Tensor& t) { return t.defined() ? t.contiguous() : t; }
 inline TensorOptions like(const Tensor& t) { return {.dtype = t.dtype(), .device = t.device()}; }
+// The dtype a float op computes in and keeps its statistics in: f64 for f64, else f32 (16-bit
+// values are read and widened in registers).
+inline DType stats_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
 
 }  // namespace weft::kernels::checks

@@ -39,8 +39,6 @@ Shape conv_shape(const char* op, const Tensor& x, const Tensor& weight, const Co
   return {x.size(0), weight.size(0), ho, wo};
 }
 
-DType compute_dtype(DType t) { return is_16bit(t) ? DType::f32 : t; }
-
 }  // namespace
 
 Tensor conv2d(const Tensor& x_, const Tensor& weight_, const Tensor& bias_, const Conv2dParams& p) {
@@ -54,7 +52,7 @@ Tensor conv2d(const Tensor& x_, const Tensor& weight_, const Tensor& bias_, cons
                dtype_name(x.dtype()));
   }
   const KernelBackend& backend = kernel_backend(x.device(), "conv2d");
-  DType ct = compute_dtype(x.dtype());
+  DType ct = stats_dtype(x.dtype());
   Tensor out = empty(shape, {.dtype = ct, .device = x.device()});
   backend.conv2d(x.to(ct).contiguous(), weight.to(ct).contiguous(),
                  bias.defined() ? bias.to(ct).contiguous() : bias, p, out);
@@ -77,7 +75,7 @@ std::tuple<Tensor, Tensor, Tensor> conv2d_backward(const Tensor& grad_, const Te
              "{}: grad {} must be {}{}, the output of input {}", op, tensor_desc(grad), dtype_name(x.dtype()),
              shape_str(shape), tensor_desc(x));
   const KernelBackend& backend = kernel_backend(x.device(), op);
-  DType ct = compute_dtype(x.dtype());
+  DType ct = stats_dtype(x.dtype());
   TensorOptions opts{.dtype = ct, .device = x.device()};
   Tensor dx = zeros(x.shape(), opts), dweight = empty(weight.shape(), opts);
   Tensor dbias = has_bias ? empty({weight.size(0)}, opts) : Tensor();

@@ -165,7 +165,7 @@ void print_summary(const Options& o, Device device, int64_t warmup, double flops
   std::fflush(stdout);
 }
 
-// The op profiler's rows over `steps` steps of `step_ms` (median) each, against this machine's
+// The op profiler's rows over `steps` steps of `step_ms` (their mean) each, against this machine's
 // limits (see the header comment).
 void print_profile(int64_t steps, double step_ms) {
   const int threads = get_num_threads();
