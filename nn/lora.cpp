@@ -65,7 +65,8 @@ void adapt(Linear& m, const LoRAOptions& o, Generator* gen) {
   m.register_module("lora_B", ad.b);
   m.register_module("lora_dropout", ad.dropout);
   m.register_forward_hook([ad, scale = o.scale()](Module&, const TensorList& in, const TensorList& out) {
-    return std::optional<TensorList>(TensorList{add(out[0], (*ad.b)((*ad.a)((*ad.dropout)(in[0]))), scale)});
+    // The scale multiplies the rank-r activation, not the [.., out] product: r / out of the work.
+    return std::optional<TensorList>(TensorList{add(out[0], (*ad.b)((*ad.a)((*ad.dropout)(in[0])) * scale))});
   });
 }
 

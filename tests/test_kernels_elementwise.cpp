@@ -153,6 +153,65 @@ TEST_CASE("bf16 gelu_tanh and its gradient over the whole range, unit-stride and
   }
 }
 
+TEST_CASE("bf16 silu_mul and silu_grad_mul over the whole range, unit-stride and strided") {
+  // SwiGLU's element-wise ops on bf16: unit-stride operands take their own vector loop
+  // (elementwise.cpp), strided ones the generic loop; both within one bf16 rounding of double.
+  std::vector<double> xs;
+  for (double v = -110; v < 95; v += 0.0137) xs.push_back(v);
+  for (double v : {-kInf, kInf, kNaN, 0.0, -0.0}) xs.push_back(v);
+  const int64_t n = int64_t(xs.size());  // not a multiple of 16: the scalar tail too
+  Generator gen(12);
+  Tensor a = vec(xs, kBFloat16), b = randn({n}, {.dtype = kBFloat16}, &gen);
+  std::vector<double> av = to_vector(a), bv = to_vector(b), want(xs.size()), want_grad(xs.size());
+  for (size_t i = 0; i < xs.size(); ++i) {  // at +-inf as PyTorch: silu(-inf) and both gradients NaN
+    const double v = av[i], s = 1 / (1 + std::exp(-v));
+    want[i] = std::isinf(v) ? (v > 0 ? kInf * bv[i] : kNaN) : v * s * bv[i];
+    want_grad[i] = std::isinf(v) ? kNaN : (s + v * s * (1 - s)) * bv[i];
+  }
+  Tensor a2 = zeros({n, 2}, {.dtype = kBFloat16}), b2 = zeros({n, 2}, {.dtype = kBFloat16});
+  a2.select(1, 0).copy_(a);
+  b2.select(1, 0).copy_(b);
+  for (bool strided : {false, true}) {
+    INFO((strided ? "strided" : "unit stride"));
+    Tensor ai = strided ? a2.select(1, 0) : a, bi = strided ? b2.select(1, 0) : b;
+    check_values(binary(BinaryOp::silu_mul, ai, bi), want, 8e-3, 1e-37);
+    check_values(binary(BinaryOp::silu_grad_mul, ai, bi), want_grad, 8e-3, 1e-37);
+  }
+}
+
+TEST_CASE("bf16 arithmetic: unit-stride runs give the bits of f32 arithmetic rounded once") {
+  // Unit-stride bf16 runs are computed through f32 blocks with a branch-free rounding
+  // (elementwise.cpp); each result must be BFloat16(f32 result) exactly: nearest even, NaN
+  // kept, overflow to inf, subnormals kept.
+  std::vector<double> xs = {0.0, -0.0, kNaN, kInf, -kInf, 1e-40, -3e-39, 3.3e38, -3.3e38, 1.0, 1.00390625, 1.01171875};
+  Generator gen(13);
+  std::vector<double> r = to_vector(randn({1000}, {}, &gen));
+  for (size_t i = 0; i < r.size(); ++i) xs.push_back(r[i] * std::pow(10.0, double(int(i % 9)) - 4));
+  const int64_t n = int64_t(xs.size());
+  std::vector<double> ys(xs.rbegin(), xs.rend());
+  Tensor a = vec(xs, kBFloat16), b = vec(ys, kBFloat16);
+  std::vector<double> av = to_vector(a), bv = to_vector(b);
+  auto bits = [&](const std::function<float(float, float)>& f) {
+    std::vector<double> out(size_t(n), 0.0);
+    for (size_t i = 0; i < out.size(); ++i) out[i] = float(BFloat16(f(float(av[i]), float(bv[i]))));
+    return vec(out, kBFloat16);
+  };
+  test::check_same_bits(bits([](float x, float y) { return x + y; }), binary(BinaryOp::add, a, b), "add");
+  test::check_same_bits(bits([](float x, float y) { return x - y; }), binary(BinaryOp::sub, a, b), "sub");
+  test::check_same_bits(bits([](float x, float y) { return x * y; }), binary(BinaryOp::mul, a, b), "mul");
+  test::check_same_bits(bits([](float x, float y) { return x / y; }), binary(BinaryOp::div, a, b), "div");
+  test::check_same_bits(bits([](float x, float) { return x * 0.3f; }), binary_scalar(BinaryOp::mul, a, 0.3), "mul 0.3");
+  test::check_same_bits(bits([](float x, float) { return 2.5f - x; }), binary_scalar(BinaryOp::sub, a, 2.5, true),
+                        "2.5 - a");
+  Tensor d = a.clone();
+  add_(d, b, 0.7);
+  test::check_same_bits(bits([](float x, float y) { return x + 0.7f * y; }), d, "add_ alpha 0.7");
+  mul_scalar_(d, 3.0);
+  std::vector<double> dv = to_vector(bits([](float x, float y) { return x + 0.7f * y; }));
+  for (double& v : dv) v = float(BFloat16(float(v) * 3.f));
+  test::check_same_bits(vec(dv, kBFloat16), d, "mul_scalar_ 3");
+}
+
 TEST_CASE("integer unary ops and logical_not") {
   Tensor i = vec({-3, 0, 2, 5}, kInt64);
   check_values(unary(UnaryOp::neg, i), {3, 0, -2, -5});

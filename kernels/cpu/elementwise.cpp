@@ -176,6 +176,83 @@ void inplace2(const F& f, const Tensor& dst, const Tensor& b) {
   });
 }
 
+// ---- bf16 in vector loops. The per-element loops above round each bf16 result through
+// BFloat16's NaN branch, which keeps them from vectorising: bf16 add ran at 3.2 G elements/s
+// where f32 ran at memory speed. The _acc maps below take g on the accumulation type (float
+// for bf16) and, on unit-stride bf16 runs, widen by a shift, apply g and round by a branch-free
+// select in one loop that vectorises: the same bits as the per-element loop (2,048 x 1,024 add
+// on one Xeon core: 0.65 -> 0.45 ms). In-place operands (out == a) are read before written.
+
+// BFloat16::from_float without the branch: nearest even, NaN kept quiet.
+WEFT_MATH_INLINE uint16_t bf16_bits(float f) {
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  return uint16_t((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : rounded);
+}
+
+WEFT_MATH_INLINE float bf16_float(BFloat16 v) { return std::bit_cast<float>(uint32_t(v.bits) << 16); }
+
+// o = g(a) or g(a, b) on one unit-stride run.
+template <class G>
+void wide_run(const G& g, BFloat16* o, const BFloat16* a, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) o[j].bits = bf16_bits(g(bf16_float(a[j])));
+}
+template <class G>
+void wide_run(const G& g, BFloat16* o, const BFloat16* a, const BFloat16* b, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) o[j].bits = bf16_bits(g(bf16_float(a[j]), bf16_float(b[j])));
+}
+
+template <class O, class T>
+constexpr bool kWide = std::is_same_v<T, BFloat16> && std::is_same_v<O, BFloat16>;
+
+// out = O(g(A(a)))
+template <class O, class T, class G>
+void map1_acc(const G& g, const Tensor& out, const Tensor& a) {
+  using A = acc_t<T>;
+  if constexpr (kWide<O, T>) {
+    O* po = ptr<O>(out);
+    const T* pa = ptr<const T>(a);
+    for_each_run<2>(out.shape(), {&out.strides(), &a.strides()}, [&](const auto& off, const auto& st, int64_t n) {
+      if (st[0] == 1 && st[1] == 1) return wide_run(g, po + off[0], pa + off[1], n);
+      for (int64_t i = 0; i < n; ++i) po[off[0] + i * st[0]] = O(g(A(pa[off[1] + i * st[1]])));
+    });
+  } else {
+    map1<O, T>([&g](T x) { return O(g(A(x))); }, out, a);
+  }
+}
+
+// out = O(g(A(a), A(b)))
+template <class O, class T, bool kBroadcast = false, class G>
+void map2_acc(const G& g, const Tensor& out, const Tensor& a, const Tensor& b) {
+  using A = acc_t<T>;
+  if constexpr (kWide<O, T>) {
+    O* po = ptr<O>(out);
+    const T *pa = ptr<const T>(a), *pb = ptr<const T>(b);
+    for_each_run<3>(out.shape(), {&out.strides(), &a.strides(), &b.strides()},
+                    [&](const auto& off, const auto& st, int64_t n) {
+      if (st[0] == 1 && st[1] == 1 && st[2] == 1) return wide_run(g, po + off[0], pa + off[1], pb + off[2], n);
+      for (int64_t i = 0; i < n; ++i)
+        po[off[0] + i * st[0]] = O(g(A(pa[off[1] + i * st[1]]), A(pb[off[2] + i * st[2]])));
+    });
+  } else {
+    map2<O, T, T, kBroadcast>([&g](T x, T y) { return O(g(A(x), A(y))); }, out, a, b);
+  }
+}
+
+// d = T(g(A(d))), d = T(g(A(d), A(b)))
+template <class T, class G>
+void inplace1_acc(const G& g, const Tensor& dst) {
+  using A = acc_t<T>;
+  if constexpr (kWide<T, T>) map1_acc<T, T>(g, dst, dst);
+  else inplace1<T>([&g](T d) { return T(g(A(d))); }, dst);
+}
+template <class T, class G>
+void inplace2_acc(const G& g, const Tensor& dst, const Tensor& b) {
+  using A = acc_t<T>;
+  if constexpr (kWide<T, T>) map2_acc<T, T>(g, dst, dst, b);
+  else inplace2<T, T>([&g](T d, T y) { return T(g(A(d), A(y))); }, dst, b);
+}
+
 // ---- math: the shared formulas (kernels/scalar_ops.h) with float exp, tanh, sigmoid and
 // the normal distribution written so that loops calling them vectorise (fast_math.h).
 
@@ -259,24 +336,43 @@ void gelu_bf16_run(const BFloat16* x, const BFloat16* g, BFloat16* o, int64_t n)
     o[i] = Backward ? BFloat16(float(g[i]) * gelu_tanh_grad<CpuMath>(float(x[i])))
                     : BFloat16(gelu_tanh<CpuMath>(float(x[i])));
 }
+
+// ---- silu(a) * b and silu'(a) * b on bf16 (SwiGLU's gate in mixed-precision Llama training) in
+// 16-lane AVX-512 on unit-stride operands of one shape, as the GELU loop above: sigmoid from
+// one exponential of -|a| and an approximate reciprocal, rounded once to bf16 (within 2^-14 of
+// the generic loop before that rounding). 2,048 x 1,024 on one Xeon core: 1.7 ms by the generic
+// loop, division-bound; 0.8 ms by this one.
+template <bool Grad>
+void silu_mul_bf16_run(const BFloat16* a, const BFloat16* b, BFloat16* o, int64_t n) {
+  const __m512 one = _mm512_set1_ps(1.f);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = load_bf16x16(a + i);
+    const __m512 e = exp_x16(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(v)));
+    const __m512 r = _mm512_rcp14_ps(_mm512_add_ps(one, e));
+    const __m512 s = _mm512_mask_mul_ps(r, _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_LT_OQ), e, r);
+    // silu = v s; silu' = s + v s (1 - s) = s (1 + v (1 - s))
+    const __m512 d = Grad ? _mm512_mul_ps(s, _mm512_fmadd_ps(v, _mm512_sub_ps(one, s), one)) : _mm512_mul_ps(v, s);
+    store_bf16x16(o + i, _mm512_mul_ps(d, load_bf16x16(b + i)));
+  }
+  for (; i < n; ++i)
+    o[i] = Grad ? BFloat16(SiluGradMulOp<CpuMath>::apply(float(a[i]), float(b[i])))
+                : BFloat16(SiluMulOp<CpuMath>::apply(float(a[i]), float(b[i])));
+}
+#define WEFT_BF16_VECTOR_LOOPS 1
 #endif
 
-// gelu_tanh on bf16 by gelu_bf16_run; false where that path does not apply.
-template <bool Backward>
-bool gelu_bf16(const Tensor& out, const Tensor& x, const Tensor& g) {
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-  if (!out.is_contiguous() || !x.is_contiguous() || (Backward && !g.is_contiguous()) || x.shape() != out.shape() ||
-      (Backward && g.shape() != out.shape()))
-    return false;
-  const BFloat16 *px = ptr<const BFloat16>(x), *pg = Backward ? ptr<const BFloat16>(g) : nullptr;
+// Runs run(a, b, out, n) on each thread's piece of bf16 operands of out's shape, all unit-stride
+// (b may be undefined); false where they are not.
+template <class Run>
+bool bf16_unit_runs(const Tensor& out, const Tensor& a, const Tensor& b, Run run) {
+  auto fits = [&](const Tensor& t) { return t.dtype() == DType::bf16 && t.is_contiguous() && t.shape() == out.shape(); };
+  if (!fits(out) || !a.defined() || !fits(a) || (b.defined() && !fits(b))) return false;
+  const BFloat16 *pa = ptr<const BFloat16>(a), *pb = b.defined() ? ptr<const BFloat16>(b) : nullptr;
   BFloat16* po = ptr<BFloat16>(out);
-  parallel_range(out.numel(), kParallelGrain / 2, 64, [&](int64_t b, int64_t e) {
-    gelu_bf16_run<Backward>(px + b, Backward ? pg + b : nullptr, po + b, e - b);
-  });
+  parallel_range(out.numel(), kParallelGrain / 2, 64,
+                 [&](int64_t lo, int64_t hi) { run(pa + lo, pb ? pb + lo : nullptr, po + lo, hi - lo); });
   return true;
-#else
-  return false;
-#endif
 }
 
 // ---- unary
@@ -291,12 +387,13 @@ void unary_typed(UnaryOp op, const Tensor& out, const Tensor& x) {
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
     if (op == UnaryOp::sqrt || op == UnaryOp::rsqrt) return sqrt_map<T>(op == UnaryOp::rsqrt, out, x);
   }
-  if constexpr (std::is_same_v<T, BFloat16>)
-    if (op == UnaryOp::gelu_tanh && gelu_bf16<false>(out, x, Tensor())) return;
+#ifdef WEFT_BF16_VECTOR_LOOPS
+  if (op == UnaryOp::gelu_tanh && bf16_unit_runs(out, x, Tensor(), gelu_bf16_run<false>)) return;
+#endif
   bool done = false;
   with_unary_op(op, [&]<UnaryOp OP>() {
     if constexpr (unary_supported<is_float_v<T>, std::is_same_v<T, bool>>(OP)) {
-      map1<T, T>([](T v) { return T(UnaryFn<OP, CpuMath>{}(A(v))); }, out, x);
+      map1_acc<T, T>([](A v) { return UnaryFn<OP, CpuMath>{}(v); }, out, x);
       done = true;
     }
   });
@@ -312,13 +409,14 @@ void unary_backward_typed(UnaryOp op, const Tensor& gx, const Tensor& grad, cons
     case UnaryOp::logical_not: return map1<T, T>([](T) { return T(0.f); }, gx, grad);
     default: break;
   }
-  if constexpr (std::is_same_v<T, BFloat16>)
-    if (op == UnaryOp::gelu_tanh && x.defined() && x.dtype() == DType::bf16 && gelu_bf16<true>(gx, x, grad)) return;
+#ifdef WEFT_BF16_VECTOR_LOOPS
+  if (op == UnaryOp::gelu_tanh && x.defined() && bf16_unit_runs(gx, x, grad, gelu_bf16_run<true>)) return;
+#endif
   // gx = g * D(v) where v is x or y, whichever the derivative is cheaper from.
   const Tensor& v = y.defined() ? y : x;
   with_unary_op(op, [&]<UnaryOp OP>() {
     if constexpr (OP != UnaryOp::neg && OP != UnaryOp::sign && OP != UnaryOp::logical_not)
-      map2<T, T, T>([](T g, T v) { return T(A(g) * GradFn<OP, CpuMath>{}(A(v))); }, gx, grad, v);
+      map2_acc<T, T>([](A g, A v) { return g * GradFn<OP, CpuMath>{}(v); }, gx, grad, v);
   });
 }
 
@@ -334,10 +432,14 @@ void unary_backward(UnaryOp op, const Tensor& gx, const Tensor& grad, const Tens
 }
 
 void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
+#ifdef WEFT_BF16_VECTOR_LOOPS
+  if (op == BinaryOp::silu_mul && bf16_unit_runs(out, a, b, silu_mul_bf16_run<false>)) return;
+  if (op == BinaryOp::silu_grad_mul && bf16_unit_runs(out, a, b, silu_mul_bf16_run<true>)) return;
+#endif
   WEFT_DISPATCH(a.dtype(), binary_op_name(op), [&]<typename T>() {
     using A = acc_t<T>;
     bool done = with_binary_op<T, is_float_v<T>, CpuMath>(op, [&]<class Op, class O>() {
-      map2<O, T, T, true>([](T x, T y) { return O(Op::apply(A(x), A(y))); }, out, a, b);
+      map2_acc<O, T, true>([](A x, A y) { return Op::apply(x, y); }, out, a, b);
     });
     WEFT_CHECK(done, "{}: not implemented for {}", binary_op_name(op), dtype_name(a.dtype()));
   });
@@ -359,9 +461,9 @@ void binary_scalar(BinaryOp op, const Tensor& out, const Tensor& a, double s, bo
     bool done = with_binary_op<T, is_float_v<T>, CpuMath>(op, [&]<class Op, class O>() {
       constexpr bool kReversible = std::is_same_v<Op, SubOp> || std::is_same_v<Op, DivOp> || std::is_same_v<Op, PowOp>;
       if constexpr (kReversible) {
-        if (scalar_first) return map1<O, T>([sv](T x) { return O(Op::apply(sv, A(x))); }, out, a);
+        if (scalar_first) return map1_acc<O, T>([sv](A x) { return Op::apply(sv, x); }, out, a);
       }
-      map1<O, T>([sv](T x) { return O(Op::apply(A(x), sv)); }, out, a);
+      map1_acc<O, T>([sv](A x) { return Op::apply(x, sv); }, out, a);
     });
     WEFT_CHECK(done, "{}: not implemented for {}", binary_op_name(op), dtype_name(a.dtype()));
   });
@@ -371,8 +473,8 @@ void add_(const Tensor& dst, const Tensor& src, double alpha) {
   WEFT_DISPATCH(dst.dtype(), "add_", [&]<typename T>() {
     using A = acc_t<T>;
     A al = scalar_as<A>(alpha);
-    if (alpha == 1.0) inplace2<T, T>([](T d, T s) { return T(AddOp::apply(A(d), A(s))); }, dst, src);
-    else inplace2<T, T>([al](T d, T s) { return T(AddOp::apply(A(d), MulOp::apply(al, A(s)))); }, dst, src);
+    if (alpha == 1.0) inplace2_acc<T>([](A d, A s) { return AddOp::apply(d, s); }, dst, src);
+    else inplace2_acc<T>([al](A d, A s) { return AddOp::apply(d, MulOp::apply(al, s)); }, dst, src);
   });
 }
 
@@ -380,7 +482,7 @@ void mul_scalar_(const Tensor& dst, double s) {
   WEFT_DISPATCH(dst.dtype(), "mul_scalar_", [&]<typename T>() {
     using A = acc_t<T>;
     A sv = scalar_as<A>(s);
-    inplace1<T>([sv](T d) { return T(MulOp::apply(A(d), sv)); }, dst);
+    inplace1_acc<T>([sv](A d) { return MulOp::apply(d, sv); }, dst);
   });
 }
 
