@@ -29,6 +29,24 @@ TEST_CASE("a diamond graph runs each node once with summed gradients") {
   CHECK(x.grad().item() == Approx((2 * e2 + 1) * e2));
 }
 
+TEST_CASE("gradients are summed in place only where no other node holds the same tensor") {
+  // t = u + v hands one gradient tensor to both u's and v's nodes; a later gradient for u must
+  // not be added into that shared tensor, or v's gradient changes too. Both creation orders:
+  // the shared tensor arrives at u first, or second.
+  for (bool shared_first : {true, false}) {
+    INFO((shared_first ? "u * 3 recorded before u + v" : "u + v recorded before u * 3"));
+    Tensor x = from_vector({0.5, 1}, {2}).set_requires_grad(), y = from_vector({2, -1}, {2}).set_requires_grad();
+    Tensor u = exp(x), v = exp(y), w, t;
+    if (shared_first) w = u * 3.0, t = u + v;
+    else t = u + v, w = u * 3.0;
+    (sum(t * 2.0) + sum(w)).backward();  // t's gradient a contiguous tensor of its own, 2
+    for (int i = 0; i < 2; ++i) {
+      CHECK(vec(x.grad())[i] == Approx(5 * vec(u)[i]));
+      CHECK(vec(y.grad())[i] == Approx(2 * vec(v)[i]));
+    }
+  }
+}
+
 TEST_CASE("backward needs a gradient for non-scalar roots") {
   Tensor x = ones({2, 2}).set_requires_grad();
   Tensor y = x * 2.0;
