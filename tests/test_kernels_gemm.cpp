@@ -329,6 +329,13 @@ TEST_CASE("each bf16 GEMM kernel matches a double loop on every shape, transpose
       check_gemm<BFloat16, float>(f32, 300, 40, 2100, t & 1, t & 2, 0, 1.0f, 1.0f);     // two or more KC blocks
       check_gemm<BFloat16, float>(f32, 96, 64, 1024, t & 1, t & 2, 0, 1.0f, 1.0f);      // whole tiles, c accumulated
     }
+    // A bf16 result deeper than one depth block summed in f32 blocks of 2,048 sums instead of
+    // 4 Mi: of columns (c wider than tall; a's row sums taken once), then of rows.
+    const int64_t sum_block = bgemm_sum_block.exchange(2048);
+    check_gemm<BFloat16, BFloat16>(b16, 40, 300, 2100, false, true, 0, 1.0f, 0.5f);
+    check_gemm<BFloat16, BFloat16>(b16, 40, 300, 2100, true, false, 1, 0.5f, 0.0f);
+    check_gemm<BFloat16, BFloat16>(b16, 300, 40, 2100, true, true, 0, 1.0f, 1.0f);
+    bgemm_sum_block = sum_block;
     // a^T packed once for two column blocks, over two row blocks and two KC blocks
     check_gemm<BFloat16, float>(f32, 300, 600, 2100, true, false, 1, 1.0f, 0.5f);
     // a's rows 4 KiB apart (2,048 bf16: packed rather than read in place), one and two KC blocks
@@ -432,11 +439,13 @@ TEST_CASE("gemm sums op(a)'s rows beside the product, as reduce(sum) would") {
   Generator gen(6);
   struct Case {
     int64_t m, n, k;
-    bool ta;
+    bool ta, out16 = false;  // out16: c in a's dtype
   };
   const std::vector<Case> cases = {{300, 129, 300, true}, {65, 700, 257, true}, {37, 45, 2100, true},
                                    {4100, 600, 2048, true}, {40, 600, 64, true}, {530, 40, 64, false},
-                                   {20, 30, 0, true},       {20, 0, 30, true}};  // no depth; no columns
+                                   {20, 30, 0, true},       {20, 0, 30, true},  // no depth; no columns
+                                   {37, 45, 2100, true, true}};  // bf16 c summed in f32 column blocks
+  const int64_t sum_block = bgemm_sum_block.exchange(512);  // of 32 columns at 37 rows
   auto run = [&](const char* route, bool native) {
     for (DType dt : {kFloat32, kBFloat16})
       for (const Case& c : cases) {
@@ -452,7 +461,9 @@ TEST_CASE("gemm sums op(a)'s rows beside the product, as reduce(sum) would") {
           }
         for (int t : {1, 2}) {
           set_num_threads(t);
-          Tensor sums = full({c.m}, 7.0, {.dtype = dt}), out = empty({c.m, c.n}), plain = empty({c.m, c.n});
+          const DType out_dt = c.out16 ? dt : kFloat32;
+          Tensor sums = full({c.m}, 7.0, {.dtype = dt}), out = empty({c.m, c.n}, {.dtype = out_dt}),
+                 plain = empty({c.m, c.n}, {.dtype = out_dt});
           kernels::gemm(a, c.ta, b, false, out, 1.0, 0.0, {}, sums);
           kernels::gemm(a, c.ta, b, false, plain);
           // The product as without the sums (an empty one has no data to compare).
@@ -482,6 +493,7 @@ TEST_CASE("gemm sums op(a)'s rows beside the product, as reduce(sum) would") {
   run("portable (reduce)", false);
   set_sgemm_kernel(saved);
   set_num_threads(threads);
+  bgemm_sum_block = sum_block;
   Tensor a = randn({8, 16}, {}, &gen), b = randn({16, 24}, {}, &gen), out = empty({8, 24});
   CHECK_THROWS_WITH(kernels::gemm(a, false, b, false, out, 1.0, 0.0, {}, empty({16})),
                     Catch::Matchers::Contains("a_sums") && Catch::Matchers::Contains("[8]"));

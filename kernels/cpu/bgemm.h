@@ -4,6 +4,7 @@
 // where the CPU has it, else AVX512_BF16; elsewhere bf16 products convert to f32 and take the
 // f32 kernels. Like sgemm.h: no inline code here.
 #pragma once
+#include <atomic>
 #include <cstdint>
 
 namespace weft::kernels::cpu {
@@ -27,5 +28,9 @@ void bgemm_avx512bf16(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_
 void bgemm_amx(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, int64_t a_cs, const uint16_t* b,
                int64_t b_rs, int64_t b_cs, void* c, bool c_bf16, int64_t ldc, float alpha, float beta,
                const void* bias, double* a_sums);
+
+// How many f32 sums a bf16 result deeper than one depth block is summed in at a time (4 Mi, 16 MB;
+// bgemm_pack.h); defined in gemm.cpp. Tests set it small to reach several blocks on small shapes.
+extern std::atomic<int64_t> bgemm_sum_block;
 
 }  // namespace weft::kernels::cpu

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/cpu/bgemm.h"
 #include "kernels/cpu/gemm_scratch.h"
 
 namespace weft::kernels::cpu {
@@ -209,9 +210,10 @@ inline void round_rows_into(const float* sum, int64_t rows, int64_t n, uint16_t*
 
 // c = alpha a b + beta c + bias (the arguments of bgemm.h) by `blocked`, a kernel's blocked product
 // into an f32 or bf16 c that takes a bf16 c only within one depth block of `kc` (later blocks
-// would add through bf16): a bf16 result over several blocks is summed in f32, rounded once,
-// in blocks of rows whose f32 sums fit 16 MB (one buffer per thread, kept; b is packed again
-// for each block).
+// would add through bf16): a bf16 result over several blocks is summed in f32, rounded once, in
+// blocks whose f32 sums fit bgemm_sum_block (one buffer per thread, kept): blocks of columns when
+// c is wider than tall (a, the smaller operand, packed again for each), else of rows (b packed
+// again). By rows, a 128,256-token head at 512 rows packed its 525 MB weight 16 times.
 template <class Blocked>
 void bgemm_by_depth_blocks(Blocked blocked, int64_t kc, int64_t m, int64_t n, int64_t k, const uint16_t* a,
                            int64_t a_rs, int64_t a_cs, const uint16_t* b, int64_t b_rs, int64_t b_cs, void* c,
@@ -219,13 +221,17 @@ void bgemm_by_depth_blocks(Blocked blocked, int64_t kc, int64_t m, int64_t n, in
   if (!c_bf16 || k <= kc)
     return blocked(m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, c, c_bf16, ldc, alpha, beta, bias, a_sums);
   static thread_local Scratch<float> scratch;
-  const int64_t rows = std::min(m, std::max<int64_t>(32, (int64_t(4) << 20) / n / 32 * 32));
-  float* sum = scratch.get(rows * n);
-  for (int64_t i0 = 0; i0 < m; i0 += rows) {
-    const int64_t mr = std::min(rows, m - i0);
-    blocked(mr, n, k, a + i0 * a_rs, a_rs, a_cs, b, b_rs, b_cs, sum, false, n, alpha, 0.0f, nullptr,
-            a_sums ? a_sums + i0 : nullptr);
-    round_rows_into(sum, mr, n, static_cast<uint16_t*>(c) + i0 * ldc, ldc, beta, bias);
+  const bool by_cols = n > m;
+  const int64_t len = by_cols ? n : m, across = by_cols ? m : n;
+  const int64_t step = std::min(len, std::max<int64_t>(32, bgemm_sum_block.load() / across / 32 * 32));
+  float* sum = scratch.get(step * across);
+  for (int64_t p0 = 0; p0 < len; p0 += step) {
+    const int64_t i0 = by_cols ? 0 : p0, j0 = by_cols ? p0 : 0;
+    const int64_t mr = by_cols ? m : std::min(step, m - p0), nc = by_cols ? std::min(step, n - p0) : n;
+    blocked(mr, nc, k, a + i0 * a_rs, a_rs, a_cs, b + j0 * b_cs, b_rs, b_cs, sum, false, nc, alpha, 0.0f, nullptr,
+            a_sums && j0 == 0 ? a_sums + i0 : nullptr);  // a_sums are added to: taken in the first column block
+    round_rows_into(sum, mr, nc, static_cast<uint16_t*>(c) + i0 * ldc + j0, ldc, beta,
+                    bias ? static_cast<const uint16_t*>(bias) + j0 : nullptr);
   }
 }
 

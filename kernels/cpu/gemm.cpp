@@ -342,6 +342,8 @@ void gemm_one(int64_t m, int64_t n, int64_t k, const T* a, MatLayout la, const T
 
 }  // namespace
 
+std::atomic<int64_t> bgemm_sum_block{int64_t(4) << 20};
+
 const char* sgemm_kernel_name(SgemmKernel k) {
   return k == SgemmKernel::avx512 ? "avx512" : k == SgemmKernel::avx2 ? "avx2" : "eigen";
 }
