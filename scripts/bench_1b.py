@@ -9,6 +9,12 @@ scripts/hf_reference.sh: torch, transformers).
   decode --from DIR   greedy generation with the key/value cache in transformers (generate,
                       batch 1): --prompt's bytes as ids continued by --new tokens; prints the
                       prompt's forward and the decode tokens/s (best of --rounds), in --dtype.
+  lora --from DIR     LoRA fine-tuning steps with peft (r --rank, alpha 2r, dropout 0, the seven
+                      projections; AdamW lr 3e-4, weight decay 0.1 over the adapters, clip 1.0),
+                      as weft-transformer train --init-from DIR --lora-rank R --lora-alpha 2R:
+                      --batch rows of --ctx + 1 random byte ids (0..255), the base in --base-dtype
+                      (the adapters f32), the forward under autocast bf16 with --autocast, compiled
+                      with --compile; prints the median step after --warmup and tokens/s.
 Not part of the build or the tests.
 """
 import argparse
@@ -70,6 +76,45 @@ def cmd_decode(args):
     return 0
 
 
+def cmd_lora(args):
+    from peft import LoraConfig, inject_adapter_in_model
+    from transformers import AutoModelForCausalLM
+    torch.set_num_threads(args.threads)
+    dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[args.base_dtype]
+    model = AutoModelForCausalLM.from_pretrained(args.from_dir, dtype=dtype)
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    model = inject_adapter_in_model(LoraConfig(r=args.rank, lora_alpha=2 * args.rank, lora_dropout=0.0,
+                                               target_modules=targets), model)
+    trainable = []
+    for name, p in model.named_parameters():
+        p.requires_grad_("lora_" in name)
+        if p.requires_grad:
+            p.data = p.data.float()
+            trainable.append(p)
+    opt = torch.optim.AdamW(trainable, lr=3e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1)
+    fwd = torch.compile(model) if args.compile else model
+    gen = torch.Generator().manual_seed(1)
+    times = []
+    for _ in range(args.steps):
+        ids = torch.randint(0, 256, (args.batch, args.ctx + 1), generator=gen)
+        t0 = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast):
+            logits = fwd(input_ids=ids[:, :-1]).logits
+        loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+        opt.step()
+        times.append(time.perf_counter() - t0)
+        print(f"step {len(times)} loss {loss.item():.4f} s {times[-1]:.2f}", file=sys.stderr, flush=True)
+    timed = sorted(times[args.warmup:])
+    s = timed[len(timed) // 2]
+    print(json.dumps({"step_s": round(s, 3), "tokens_per_s": round(args.batch * args.ctx / s, 1),
+                      "trainable": sum(p.numel() for p in trainable), "base_dtype": args.base_dtype,
+                      "autocast": args.autocast, "compile": args.compile, "threads": args.threads}))
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -82,8 +127,19 @@ def main():
     de.add_argument("--rounds", type=int, default=2)
     de.add_argument("--threads", type=int, default=2)
     de.add_argument("--dtype", choices=["f32", "bf16"], default="f32")
+    lo = sub.add_parser("lora")
+    lo.add_argument("--from", dest="from_dir", required=True)
+    lo.add_argument("--rank", type=int, default=16)
+    lo.add_argument("--ctx", type=int, default=256)
+    lo.add_argument("--batch", type=int, default=2)
+    lo.add_argument("--steps", type=int, default=5)
+    lo.add_argument("--warmup", type=int, default=2)
+    lo.add_argument("--threads", type=int, default=2)
+    lo.add_argument("--base-dtype", choices=["f32", "bf16"], default="f32")
+    lo.add_argument("--autocast", action="store_true")
+    lo.add_argument("--compile", action="store_true")
     args = ap.parse_args()
-    return {"make": cmd_make, "decode": cmd_decode}[args.cmd](args)
+    return {"make": cmd_make, "decode": cmd_decode, "lora": cmd_lora}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # weft beside PyTorch on this CPU: one ratio table over models x threads x precisions.
 #   bash scripts/bench_vs_pytorch.sh [--build DIR] [--models LIST] [--threads LIST] [--fsdp]
-#        [--rounds N] [--runs LIST]
+#        [--rounds N] [--runs LIST] [--lora-rank R]
 # Models (weft-transformer train's flags; scripts/transformer_pytorch.py takes the same):
 #   gpt-medium    gpt2 L6 H6 d384, ctx 256, batch 8, bytes of the corpus
 #   llama-medium  llama L6 H6 (2 kv heads) d384 ffn 1024, ctx 256, batch 8, bytes
@@ -16,13 +16,14 @@
 # of the runs. Each run's figure: the global tokens per second of its median step after the
 # warm-up steps (weft: the per-step rates of --metrics; PyTorch: its summary line). The table
 # gives each run's figure per round and weft / PyTorch per round: f32 against eager f32, bf16
-# against autocast and against compile + autocast.
+# against autocast and against compile + autocast. --lora-rank R: LoRA fine-tuning instead of full
+# training (weft --lora-rank R --lora-alpha 2R; PyTorch + peft with the same rank, alpha and targets).
 # Environment: PYTHON (default /tmp/torchenv/bin/python: a venv with torch and numpy), OUT (logs,
 #   default BUILD/bench-vs-pytorch), STEPS_<MODEL>/WARMUP_<MODEL> (e.g. STEPS_gpt2_124m=8).
 # A developer tool for docs/PERFORMANCE.md: never part of meson test or CI.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-build=build models="gpt-medium llama-medium gpt2-124m llama-350m" threads="1 2" fsdp=0 rounds=2
+build=build models="gpt-medium llama-medium gpt2-124m llama-350m" threads="1 2" fsdp=0 rounds=2 lora=0
 runs="weft-f32 weft-bf16 torch-f32 torch-bf16 torch-compile-bf16"
 while [ $# -gt 0 ]; do
   case $1 in
@@ -32,6 +33,7 @@ while [ $# -gt 0 ]; do
     --fsdp) fsdp=1; shift ;;
     --rounds) rounds=$2; shift 2 ;;
     --runs) runs=${2//,/ }; shift 2 ;;
+    --lora-rank) lora=$2; shift 2 ;;
     *) echo "bench_vs_pytorch.sh: unknown argument '$1' (see the header of $0)" >&2; exit 2 ;;
   esac
 done
@@ -86,7 +88,8 @@ run_one() {  # MODEL RUN THREADS(or "fsdp") ROUND: prints the run's tokens/s, or
   read -r steps warmup <<< "$(steps_of "$model")"
   log="$out/$model.$t.$run.r$round"
   rm -f "$log.jsonl"  # --metrics appends
-  local nthreads=$t launch_weft=() launch_torch=("$python") fsdp_flag=()
+  local nthreads=$t launch_weft=() launch_torch=("$python") fsdp_flag=() lora_weft=() lora_torch=()
+  [ "$lora" -gt 0 ] && lora_weft=(--lora-rank "$lora" --lora-alpha $((2 * lora))) lora_torch=(--lora-rank "$lora")
   if [ "$t" = fsdp ]; then
     nthreads=1 fsdp_flag=(--fsdp)
     launch_weft=(mpirun -np 2 --bind-to none -x OMP_NUM_THREADS=1)
@@ -97,7 +100,7 @@ run_one() {  # MODEL RUN THREADS(or "fsdp") ROUND: prints the run's tokens/s, or
       local mp=none; [ "$run" = weft-bf16 ] && mp=bf16
       # shellcheck disable=SC2086
       OMP_NUM_THREADS=$nthreads "${launch_weft[@]}" "$weft" train $flags "${fsdp_flag[@]}" --data "$data" --steps "$steps" \
-        --warmup 0 --eval-every 0 --log-every 1 --threads "$nthreads" --mixed-precision $mp --metrics "$log.jsonl" \
+        --warmup 0 --eval-every 0 --log-every 1 --threads "$nthreads" --mixed-precision $mp "${lora_weft[@]}" --metrics "$log.jsonl" \
         > "$log.txt" 2>&1 && median_rate "$log.jsonl" "$warmup" || echo -
       ;;
     torch-*)
@@ -105,7 +108,7 @@ run_one() {  # MODEL RUN THREADS(or "fsdp") ROUND: prints the run's tokens/s, or
       case $run in torch-bf16) extra=(--precision bf16) ;; torch-compile-bf16) extra=(--precision bf16 --compile) ;; esac
       # shellcheck disable=SC2086
       OMP_NUM_THREADS=$nthreads "${launch_torch[@]}" scripts/transformer_pytorch.py $flags "${fsdp_flag[@]}" --data "$data" \
-        --steps "$steps" --warmup "$warmup" --threads "$nthreads" "${extra[@]}" > "$log.txt" 2>&1 &&
+        --steps "$steps" --warmup "$warmup" --threads "$nthreads" "${extra[@]}" "${lora_torch[@]}" > "$log.txt" 2>&1 &&
         sed -n 's/^summary .*tokens_per_s=\([0-9.]*\).*/\1/p' "$log.txt" | tail -1 | grep . || echo -
       ;;
   esac
@@ -114,6 +117,7 @@ run_one() {  # MODEL RUN THREADS(or "fsdp") ROUND: prints the run's tokens/s, or
 echo "# $(date -u '+%Y-%m-%d %H:%M UTC'); $(lscpu | sed -n 's/^Model name: *//p'), family $(lscpu | sed -n 's/^CPU family: *//p') model $(lscpu | sed -n 's/^Model: *//p'), $(nproc) cores"
 echo "# flags: $(grep -o -w -E 'avx2|fma|avx512f|avx512_bf16|amx_bf16|amx_tile' /proc/cpuinfo | sort -u | tr '\n' ' ')"
 echo "# $("$python" -c 'import torch; print("torch", torch.__version__, "cpu capability", torch.backends.cpu.get_cpu_capability())')"
+[ "$lora" -gt 0 ] && echo "# LoRA rank $lora, alpha $((2 * lora)): weft --lora-rank, PyTorch + peft $("$python" -c 'import peft; print(peft.__version__)' 2>&1 | tail -1)"
 echo "# weft $(git rev-parse --short HEAD 2>/dev/null); load $(cut -d' ' -f1-3 /proc/loadavg); logs in $out"
 cells=()
 for m in $models; do

@@ -21,6 +21,10 @@ precision: oneDNN's AVX512_BF16 / AMX kernels); --compile adds torch.compile (it
 compiles, so give --warmup at least 1). Under torchrun with --fsdp, every block and then the root
 are fully_shard'ed over gloo (with --precision bf16: MixedPrecisionPolicy(param_dtype=bf16,
 reduce_dtype=f32)) and --batch-size is the global batch, split over the ranks.
+--lora-rank R: peft's LoRA (inject_adapter_in_model; r R, alpha 2R, dropout 0) on the linear
+layers weft-transformer train --lora-rank adapts by default (llama: q, k, v, o, gate, up and down
+projections; gpt2: fused q/k/v, both output projections and the MLP input), applied before fully_shard; every
+other parameter frozen and AdamW over the adapters only (needs `pip install peft`).
 
 Prints one line per step and then
   summary mode=M precision=P threads=T world=W ms=... tokens_per_s=... loss=... peak_rss_mib=...
@@ -61,6 +65,7 @@ def parse_args():
     p.add_argument("--compile", action="store_true")
     p.add_argument("--fsdp", action="store_true")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lora-rank", type=int, default=0)
     a = p.parse_args()
     if a.warmup >= a.steps:
         p.error(f"--warmup {a.warmup} leaves no timed step of --steps {a.steps}")
@@ -165,9 +170,20 @@ class Decoder(nn.Module):
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
 
 
+def add_lora(model, arch, rank):
+    from peft import LoraConfig, inject_adapter_in_model
+    targets = (["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"] if arch == "llama"
+               else ["c_attn", "attn_proj", "c_fc", "mlp_proj"])
+    model = inject_adapter_in_model(LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=targets),
+                                    model)
+    for name, p in model.named_parameters():
+        p.requires_grad_("lora_" in name)
+    return model
+
+
 def make_optimizer(model):
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    rest = [p for p in model.parameters() if p.dim() < 2]
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     groups = [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}]
     try:
         return torch.optim.AdamW(groups, lr=3e-4, betas=(0.9, 0.999), eps=1e-8, fused=True), "fused"
@@ -199,6 +215,8 @@ def main():
     torch.manual_seed(a.seed)
     model = Decoder(a, vocab)
     params = sum(p.numel() for p in model.parameters())
+    if a.lora_rank > 0:
+        model = add_lora(model, a.arch, a.lora_rank)
     if a.fsdp:
         shard(model, world, a.precision == "bf16")
     opt, opt_kind = make_optimizer(model)
@@ -215,7 +233,7 @@ def main():
             loss = fwd(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
         opt.step()
         return loss.item()
 
@@ -223,7 +241,8 @@ def main():
         print(f"# torch {torch.__version__}, {a.arch} L{a.n_layer} d{a.d_model} ctx {T} vocab {vocab}: "
               f"{params:,} parameters; batch {a.batch_size} over {world} rank(s), {a.threads} thread(s); "
               f"{'compile + ' if a.compile else ''}{'autocast bf16' if bf16 else a.precision}"
-              f"{' (FSDP2 policy)' if a.fsdp else ''}; AdamW {opt_kind}", flush=True)
+              f"{' (FSDP2 policy)' if a.fsdp else ''}; AdamW {opt_kind}"
+              f"{f'; peft LoRA rank {a.lora_rank}' if a.lora_rank else ''}", flush=True)
     times = []
     for s in range(1, a.steps + 1):
         t0 = time.perf_counter()
