@@ -14,11 +14,10 @@ struct BFloat16 {
   BFloat16() = default;
   BFloat16(float f) : bits(from_float(f)) {}  // NOLINT: implicit like a float type
   operator float() const { return bits_float(uint32_t(bits) << 16); }
+  // A select rather than a branch for NaN, so that loops converting to bf16 vectorise.
   static uint16_t from_float(float f) {
-    uint32_t u = float_bits(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);  // quiet NaN
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return uint16_t(u >> 16);
+    const uint32_t u = float_bits(f), rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return uint16_t((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : rounded);  // NaN: quiet
   }
 };
 

@@ -30,6 +30,13 @@ inline constexpr int64_t kParallelGrain = 32768;
 template <class T> T* ptr(const Tensor& t) { return static_cast<T*>(t.data_ptr()); }
 template <class T> constexpr bool is_float_v = std::is_floating_point_v<acc_t<T>>;
 
+// out = T(v); a bf16 through its bits, which a `#pragma omp simd` loop vectorises (a BFloat16
+// temporary there becomes a per-lane array, and the loop stays scalar).
+template <class T, class A> inline void store_as(T& out, A v) {
+  if constexpr (std::is_same_v<T, BFloat16>) out.bits = BFloat16::from_float(v);
+  else out = T(v);
+}
+
 // How many pieces to split n items into so each gets at least min_per items.
 inline int64_t num_chunks(int64_t n, int64_t min_per) {
 #ifdef _OPENMP

@@ -40,16 +40,16 @@ void forward_typed(const Tensor& x, const Tensor& weight, const Tensor& bias, do
     pr[r] = rs;
     if (w && b) {
 #pragma omp simd
-      for (int64_t i = 0; i < n; ++i) yr[i] = T((A(xr[i]) - mu) * rs * A(w[i]) + A(b[i]));
+      for (int64_t i = 0; i < n; ++i) store_as(yr[i], (A(xr[i]) - mu) * rs * A(w[i]) + A(b[i]));
     } else if (w) {
 #pragma omp simd
-      for (int64_t i = 0; i < n; ++i) yr[i] = T((A(xr[i]) - mu) * rs * A(w[i]));
+      for (int64_t i = 0; i < n; ++i) store_as(yr[i], (A(xr[i]) - mu) * rs * A(w[i]));
     } else if (b) {
 #pragma omp simd
-      for (int64_t i = 0; i < n; ++i) yr[i] = T((A(xr[i]) - mu) * rs + A(b[i]));
+      for (int64_t i = 0; i < n; ++i) store_as(yr[i], (A(xr[i]) - mu) * rs + A(b[i]));
     } else {
 #pragma omp simd
-      for (int64_t i = 0; i < n; ++i) yr[i] = T((A(xr[i]) - mu) * rs);
+      for (int64_t i = 0; i < n; ++i) store_as(yr[i], (A(xr[i]) - mu) * rs);
     }
   }
 }
@@ -93,7 +93,7 @@ void backward_typed(const Tensor& grad, const Tensor& x, const Tensor& mean, con
 #pragma omp simd
       for (int64_t i = 0; i < n; ++i) {
         A gw = A(gr[i]) * (w ? A(w[i]) : A(1));
-        dr[i] = T(rs * (gw - sg - (A(xr[i]) - mu) * rs * sgx));
+        store_as(dr[i], rs * (gw - sg - (A(xr[i]) - mu) * rs * sgx));
       }
       if (pw) {
 #pragma omp simd

@@ -27,7 +27,7 @@ void softmax_row(const T* x, T* y, int64_t n, acc_t<T>* buf) {
     for (int64_t i = 0; i < n; ++i) sum += fast_exp(A(x[i]) - mx);
     A ls = std::log(sum);  // (x - max) - log(sum) keeps the low bits that x - lse would lose
 #pragma omp simd
-    for (int64_t i = 0; i < n; ++i) y[i] = T((A(x[i]) - mx) - ls);
+    for (int64_t i = 0; i < n; ++i) store_as(y[i], (A(x[i]) - mx) - ls);
   } else {
     // Exponentials go to y directly when it holds A, else to a float buffer (16-bit types).
     A* e = buf ? buf : reinterpret_cast<A*>(y);
@@ -38,7 +38,7 @@ void softmax_row(const T* x, T* y, int64_t n, acc_t<T>* buf) {
     }
     A inv = A(1) / sum;
 #pragma omp simd
-    for (int64_t i = 0; i < n; ++i) y[i] = T(e[i] * inv);
+    for (int64_t i = 0; i < n; ++i) store_as(y[i], e[i] * inv);
   }
 }
 
@@ -100,12 +100,12 @@ void backward_row(const T* g, const T* y, T* dx, int64_t n) {
 #pragma omp simd reduction(+ : s)
     for (int64_t i = 0; i < n; ++i) s += A(g[i]);
 #pragma omp simd
-    for (int64_t i = 0; i < n; ++i) dx[i] = T(A(g[i]) - fast_exp(A(y[i])) * s);
+    for (int64_t i = 0; i < n; ++i) store_as(dx[i], A(g[i]) - fast_exp(A(y[i])) * s);
   } else {
 #pragma omp simd reduction(+ : s)
     for (int64_t i = 0; i < n; ++i) s += A(g[i]) * A(y[i]);
 #pragma omp simd
-    for (int64_t i = 0; i < n; ++i) dx[i] = T(A(y[i]) * (A(g[i]) - s));
+    for (int64_t i = 0; i < n; ++i) store_as(dx[i], A(y[i]) * (A(g[i]) - s));
   }
 }
 
