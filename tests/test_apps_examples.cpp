@@ -18,6 +18,7 @@
 #include "apps/transformer/example_data.h"
 #include "apps/transformer/hf_checkpoint.h"
 #include "apps/transformer/token_data.h"
+#include "scratch_dir.h"
 
 using namespace weft;
 using Catch::Matchers::Contains;
@@ -27,8 +28,9 @@ namespace {
 
 const std::string kChat = WEFT_TEST_DATA "/chat";
 
+const test::ScratchDir kScratch("weft_examples");
 fs::path fresh_dir(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / ("weft_examples_" + std::to_string(getpid())) / name;
+  const fs::path d = kScratch.path() / name;
   fs::remove_all(d);
   fs::create_directories(d);
   return d;

@@ -429,6 +429,7 @@ TEST_CASE("source weights in f16 load as their f32 values, as those in bf16 and 
     changed += to_vector(p32[i].second) != to_vector(rounded);
   }
   CHECK(changed > 0);  // the rounding is visible: the file was not read as f32
+  fs::remove_all(dst);
 }
 
 TEST_CASE("as transformers reads them: a stored head wins over tie_word_embeddings, the single file over an index") {

@@ -12,6 +12,7 @@
 #include "apps/transformer/bpe_tokenizer.h"
 #include "apps/transformer/token_data.h"
 #include "core/sha256.h"
+#include "scratch_dir.h"
 
 using namespace weft;
 using Catch::Matchers::Contains;
@@ -21,8 +22,9 @@ namespace {
 
 const std::string kTokenizer = WEFT_TEST_DATA "/tokenizers/gpt2/tokenizer.json";
 
+const test::ScratchDir kScratch("weft_token_data");
 fs::path fresh_dir(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / ("weft_token_data_" + std::to_string(getpid())) / name;
+  const fs::path d = kScratch.path() / name;
   fs::remove_all(d);
   fs::create_directories(d);
   return d;

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "apps/transformer/bpe_tokenizer.h"
+#include "scratch_dir.h"
 
 using namespace weft;
 using Catch::Matchers::Contains;
@@ -39,10 +40,10 @@ std::string show(const std::vector<int32_t>& ids) {
 }
 
 // A tokenizer.json written from `j` into a fresh file; returns its path.
+const test::ScratchDir kScratch("weft_tokenizer");
 std::string write_tokenizer(const json& j, const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("weft_tokenizer_" + std::to_string(getpid()));
-  fs::create_directories(dir);
-  const std::string path = (dir / name).string();
+  fs::create_directories(kScratch.path());
+  const std::string path = (kScratch.path() / name).string();
   std::ofstream(path) << j.dump();
   return path;
 }
