@@ -1,5 +1,5 @@
 // nn: LoRA, low-rank adapters on Linear layers as Hugging Face peft makes them:
-//   y = x W^T + b + (alpha / r) * lora_B(lora_A(lora_dropout(x)))
+//   y = x W^T + b + lora_B((alpha / r) * lora_A(lora_dropout(x)))  (the scale on the rank-r side)
 // lora_A (r x in) is Kaiming-uniform like any Linear's weight, lora_B (out x r) zero, so an
 // adapted model computes what its base does until B moves. The adapters are children of the
 // Linear they adapt ("...q_proj.lora_A.weight", the names peft saves) and a forward hook on it
