@@ -8,7 +8,7 @@ set -euo pipefail
 cd "${1:-$(dirname "$0")/..}"
 # layer | budget | the files and folders counted (kernels: the entry points and the meta device)
 budgets=(
-  "core           4200  core weft.h"
+  "core           4201  core weft.h"
   "kernels        2532  kernels/*.h kernels/*.cpp kernels/meta"
   "kernels/cpu    5557  kernels/cpu"
   "cuda           4646  cuda"
@@ -16,7 +16,7 @@ budgets=(
   "nn             2998  nn"
   "dist           2545  dist"
   "fsdp           4526  fsdp"
-  "apps           9424  apps"
+  "apps           9520  apps"
 )
 count() {  # PATH...: the lines of the code files among them
   find "$@" -type f \( -name '*.h' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' \) -print0 | xargs -0 cat | wc -l
