@@ -16,8 +16,8 @@ thread_local Span* t_innermost = nullptr;
 
 }  // namespace
 
-void start() {
-  g_rows.clear();
+void start(bool keep_rows) {
+  if (!keep_rows) g_rows.clear();
   g_thread = std::this_thread::get_id();
   g_on.store(true, std::memory_order_release);
 }

@@ -20,7 +20,7 @@ struct Row {
   double seconds = 0, flops = 0, bytes = 0;
 };
 
-void start();  // clears the rows; times the calling thread from now on
+void start(bool keep_rows = false);  // times the calling thread from now on; clears the rows unless keep_rows
 void stop();
 bool active();  // on this thread
 std::vector<Row> rows();  // by time, longest first

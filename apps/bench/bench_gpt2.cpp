@@ -58,6 +58,7 @@
 
 #include "apps/bench/machine_peaks.h"
 #include "apps/common/device.h"
+#include "apps/common/op_table.h"
 #include "apps/common/trainer.h"
 #include "apps/transformer/gpt.h"
 #include "core/allocator.h"
@@ -175,23 +176,10 @@ void print_profile(int64_t steps, double step_ms) {
   std::printf("# per-op profile of %lld steps, %d thread%s; limits: GEMM peak f32 %.0f GFLOP/s, bf16 %.0f GFLOP/s, "
               "streaming bandwidth %.1f GB/s\n", (long long)steps, threads, threads > 1 ? "s" : "", peak_f32, peak_bf16,
               stream);
-  std::printf("| op | calls/step | ms/step | %% of step | GFLOP/s | GB/s | %% of limit |\n|---|---:|---:|---:|---:|---:|---:|\n");
-  double op_ms = 0, rest_ms = 0;
-  for (const op_profiler::Row& r : op_profiler::rows()) {
-    const double ms = 1e3 * r.seconds / double(steps);
-    op_ms += ms;
-    if (ms < 0.001 * step_ms) {
-      rest_ms += ms;
-      continue;
-    }
-    const bool bf16 = r.name.ends_with("bf16");
+  apps::print_op_table(steps, step_ms, [&](const op_profiler::Row& r) {
     const double gflops = r.flops / r.seconds / 1e9, gbs = r.bytes / r.seconds / 1e9;
-    const double limit = r.flops > 0 ? 100 * gflops / (bf16 ? peak_bf16 : peak_f32) : 100 * gbs / stream;
-    std::printf("| %s | %.0f | %.2f | %.1f | %s | %.1f | %.0f |\n", r.name.c_str(), double(r.calls) / double(steps), ms,
-                100 * ms / step_ms, r.flops > 0 ? fmt::format("{:.1f}", gflops).c_str() : "-", gbs, limit);
-  }
-  std::printf("| ops under 0.1%% each | | %.2f | %.1f | | | |\n", rest_ms, 100 * rest_ms / step_ms);
-  std::printf("| framework (outside every op) | | %.2f | %.1f | | | |\n", step_ms - op_ms, 100 * (step_ms - op_ms) / step_ms);
+    return r.flops > 0 ? 100 * gflops / (r.name.ends_with("bf16") ? peak_bf16 : peak_f32) : 100 * gbs / stream;
+  });
 }
 
 int run(const Options& o) {

@@ -41,7 +41,8 @@ Trainer::Trainer(LoopOptions o, TrainingParts parts, const Ranks& ranks, std::op
       metrics_(metrics),
       nan_(o_.program, o_.on_nan, o_.max_skipped),
       saver_(o_.program, o_.checkpoints, *p_.model, *p_.opt, p_.root, ranks),
-      params_(p_.model->parameters()) {}
+      params_(p_.model->parameters()),
+      profile_(o_.profile_from) {}
 
 int64_t Trainer::resume(const std::string& checkpoint) {
   const std::string name = error_prefix(o_.program);
@@ -64,7 +65,9 @@ int Trainer::run(int64_t end) {
   while (step_ < end) {
     const int64_t stretch_end = open_stretch(first, end);  // an epoch, or the whole run
     while (step_ < stretch_end) {
+      profile_.start_step(step_ + 1);
       const int sig = train_step();
+      profile_.end_step();
       log_step(first, stretch_end);
       if (sig != 0) return stop(sig);
       if (step_ == stretch_end) close_stretch();
@@ -73,6 +76,7 @@ int Trainer::run(int64_t end) {
       if (saver_.due(step_, end)) save();
     }
   }
+  if (ranks_.lead()) profile_.print();
   if (nan_.skipped() > 0 && ranks_.lead())
     std::fprintf(stderr, "%s: skipped %lld of %lld steps: their loss was not finite (--on-nan skip)\n",
                  o_.program.c_str(), (long long)nan_.skipped(), (long long)(end - first));

@@ -19,6 +19,7 @@
 #include "apps/common/deterministic.h"
 #include "apps/common/metrics.h"
 #include "apps/common/nonfinite.h"
+#include "apps/common/op_table.h"
 #include "apps/common/progress.h"
 #include "apps/common/ranks.h"
 #include "apps/common/stop.h"
@@ -92,6 +93,8 @@ struct LoopOptions {
   OnNan on_nan = OnNan::error;
   int64_t max_skipped = 5;
   CheckpointFlags checkpoints;
+  int64_t profile_from = 0;     // > 0: time every op of the steps from this one (1-based) to the end and
+                                // print their table after the run (the lead rank's; apps/common/op_table.h)
 };
 
 // The model and what steps it. `root` is the FSDP root under --fsdp (else null); `sched` may be null.
@@ -137,6 +140,7 @@ class Trainer {
   int64_t step_ = 0;       // steps done
   double loss_ = 0, lr_ = 0, grad_norm_ = 0;  // of the last step (grad_norm_ before clipping)
   std::optional<Progress> progress_;
+  StepProfile profile_;
   int64_t stretch_start_ = 0, window_items_ = 0;
   std::chrono::steady_clock::time_point window_start_;
 };

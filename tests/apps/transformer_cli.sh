@@ -68,6 +68,18 @@ for extra in "" --activation-checkpointing; do
   rm "$tmp/bf.jsonl"
 done
 
+# --profile 9: one row per op of steps 9 and 10 (the evaluation after step 10 left out): the tied
+# head's forward product (256 tokens x 256 classes x 32) once a step at a positive rate, and the
+# time outside the ops a share of the step.
+"$exe" train "${cfg[@]}" --stop-after 10 --profile 9 >"$tmp/prof.txt" 2>"$tmp/prof.err" ||
+  fail "--profile 9 failed: $(cat "$tmp/prof.err")"
+grep -qE '^# per-op profile of steps 9-10 \(.* a step [0-9.]+ ms on average\)$' "$tmp/prof.txt" ||
+  fail "no profile header: $(cat "$tmp/prof.txt")"
+awk -F'|' '$2 ~ /^ matmul 256x256x32 NT f32 $/ { found = 1; if ($3 + 0 != 1 || !($6 + 0 > 0)) bad = 1 }
+  END { exit !(found && !bad) }' "$tmp/prof.txt" || fail "no well-formed row for the head's product: $(cat "$tmp/prof.txt")"
+awk -F'|' '$2 ~ /framework/ { found = 1; if (!($5 + 0 >= 0 && $5 + 0 <= 100)) bad = 1 } END { exit !(found && !bad) }' \
+  "$tmp/prof.txt" || fail "the time outside the ops is not a share of the step: $(cat "$tmp/prof.txt")"
+
 # --activation-checkpointing: the same losses, less memory at the step's peak.
 "$exe" train "${cfg[@]}" --metrics "$tmp/ac.jsonl" --stop-after 10 --activation-checkpointing >/dev/null 2>"$tmp/ac.err" ||
   fail "--activation-checkpointing run failed: $(cat "$tmp/ac.err")"
