@@ -35,28 +35,9 @@ constexpr int64_t MC = 256, KC = 1024, NC_MIN = 256, B_BYTES = 768 << 10;
 
 inline int64_t round_up(int64_t x) { return (x + T - 1) / T * T; }
 
-// Rows [0, rows) (<= T) and depth [0, kc) of a, a[i, p] at a[i * a_rs + p * a_cs], into out:
-// T rows of kcp (kc rounded up to T) values, zeros past `rows` and past kc.
+// Rows [0, rows) (<= T) and depth [0, kc) of a row-wise a, a[i, p] at a[i * a_rs + p * a_cs],
+// into out: T rows of kcp (kc rounded up to T) values, zeros past `rows` and past kc.
 void pack_a(int64_t rows, int64_t kc, int64_t kcp, const uint16_t* a, int64_t a_rs, int64_t a_cs, uint16_t* out) {
-  if (a_rs == 1 && a_cs != 1) {  // column-major: pairs of rows of a^T, transposed 16 rows at a time
-    for (int64_t r0 = 0; r0 < T; r0 += 16) {
-      const int64_t lanes = rows - r0 >= 16 ? 16 : rows > r0 ? rows - r0 : 0;
-      const __mmask16 m = __mmask16((1u << lanes) - 1);
-      for (int64_t p0 = 0; p0 < kcp; p0 += T) {
-        __m512i v[16];
-        for (int64_t q = 0; q < 16; ++q) {
-          const int64_t p = p0 + 2 * q;
-          const __mmask16 m0 = p < kc ? m : 0, m1 = p + 1 < kc ? m : 0;
-          const __m512i lo = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m0, a + r0 + p * a_cs));
-          const __m512i hi = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m1, a + r0 + (p + 1) * a_cs));
-          v[q] = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
-        }
-        transpose16x16(v);
-        for (int64_t l = 0; l < 16; ++l) _mm512_storeu_si512(out + (r0 + l) * kcp + p0, v[l]);
-      }
-    }
-    return;
-  }
   for (int64_t i = 0; i < T; ++i) {
     uint16_t* o = out + i * kcp;
     int64_t p = 0;
@@ -68,6 +49,30 @@ void pack_a(int64_t rows, int64_t kc, int64_t kcp, const uint16_t* a, int64_t a_
     }
     std::memset(o + p, 0, size_t(kcp - p) * 2);
   }
+}
+
+// Rows [0, mc) of a column-major a (a[i, p] at a[i + p * a_cs]: the weight gradient's dY^T) as
+// pack_a packs them, for all of the block's row panels at once (rows rounded up to T, the extra
+// ones zero): pairs of depth rows, 16 rows of a at a time, transposed as 16 x 16 words. Depth
+// goes outer, so each depth row of the block is read once, whole; panel by panel, every panel
+// walked all kc depth rows, a row (a page, in a LoRA gradient's dY) apart per load.
+void pack_a_columns(int64_t mc, int64_t kc, int64_t kcp, const uint16_t* a, int64_t a_cs, uint16_t* out) {
+  const int64_t rows = round_up(mc);
+  for (int64_t p0 = 0; p0 < kcp; p0 += T)
+    for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+      const int64_t lanes = mc - r0 >= 16 ? 16 : mc > r0 ? mc - r0 : 0;
+      const __mmask16 m = __mmask16((1u << lanes) - 1);
+      __m512i v[16];
+      for (int64_t q = 0; q < 16; ++q) {
+        const int64_t p = p0 + 2 * q;
+        const __mmask16 m0 = p < kc ? m : 0, m1 = p + 1 < kc ? m : 0;
+        const __m512i lo = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m0, a + r0 + p * a_cs));
+        const __m512i hi = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m1, a + r0 + (p + 1) * a_cs));
+        v[q] = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+      }
+      transpose16x16(v);
+      for (int64_t l = 0; l < 16; ++l) _mm512_storeu_si512(out + (r0 + l) * kcp + p0, v[l]);
+    }
 }
 
 // c's T x T tile (f32, leading dim ldc) = a b, plus c's own values when `add`, over depth kcp
@@ -121,16 +126,16 @@ void blocked(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, i
     for (int64_t pc = 0; pc < k; pc += KC) {
       const int64_t kc = std::min<int64_t>(KC, k - pc), kcp = round_up(kc), kc2 = (kc + 1) / 2;
       const float beta_pc = pc == 0 ? beta : 1.0f;  // later k blocks accumulate onto the first
-      for (int64_t j = 0; j < nc; j += T) {
-        uint16_t* panel = pb + j * kcp;
-        pack_pairs<T>(kc, std::min<int64_t>(T, nc - j), b + pc * b_rs + (jc + j) * b_cs, b_cs, b_rs, panel);
-        std::memset(panel + kc2 * 2 * T, 0, size_t(kcp / 2 - kc2) * 2 * T * 2);
-      }
+      pack_panels<T>(kc, nc, b + pc * b_rs + jc * b_cs, b_cs, b_rs, pb, T * kcp);
+      for (int64_t j = 0; j < nc; j += T) std::memset(pb + j * kcp + kc2 * 2 * T, 0, size_t(kcp / 2 - kc2) * 2 * T * 2);
       const bool in_place = a_cs == 1 && kc % T == 0;  // whole T-row panels read from a itself
       for (int64_t ic = 0; ic < m; ic += MC) {
         const int64_t mc = std::min<int64_t>(MC, m - ic);
-        for (int64_t i = in_place ? mc / T * T : 0; i < mc; i += T)
-          pack_a(std::min<int64_t>(T, mc - i), kc, kcp, a + (ic + i) * a_rs + pc * a_cs, a_rs, a_cs, pa + i * kcp);
+        if (a_rs == 1 && a_cs != 1)
+          pack_a_columns(mc, kc, kcp, a + ic + pc * a_cs, a_cs, pa);
+        else
+          for (int64_t i = in_place ? mc / T * T : 0; i < mc; i += T)
+            pack_a(std::min<int64_t>(T, mc - i), kc, kcp, a + (ic + i) * a_rs + pc * a_cs, a_rs, a_cs, pa + i * kcp);
         for (int64_t ir = 0; ir < mc; ir += T) {
           for (int64_t jr = 0; jr < nc; jr += T) {
             const int64_t mr = std::min<int64_t>(T, mc - ir), nr = std::min<int64_t>(T, nc - jr);

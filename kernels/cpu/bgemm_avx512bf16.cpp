@@ -95,8 +95,7 @@ void blocked(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, i
       const int64_t kc = std::min<int64_t>(KC, k - pc), kc2 = (kc + 1) / 2;
       const float beta_pc = pc == 0 ? beta : 1.0f;  // later k blocks accumulate onto the first
       const char* bias_pc = pc == 0 ? static_cast<const char*>(bias) : nullptr;
-      for (int64_t j = 0; j < nc; j += NR)
-        pack_pairs<NR>(kc, std::min<int64_t>(NR, nc - j), b + pc * b_rs + (jc + j) * b_cs, b_cs, b_rs, pb + j * 2 * kc2);
+      pack_panels<NR>(kc, nc, b + pc * b_rs + jc * b_cs, b_cs, b_rs, pb, NR * 2 * kc2);
       // Full panels of a row-major a are read in place (pairs are adjacent); the rest is packed,
       // and so is all of an a whose rows lie a multiple of 4 KiB apart: a tile's 12 rows would
       // share one set of the 8-way L1 and evict each other (2048 x 2048 x 512: +4 %).
