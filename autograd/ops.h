@@ -91,6 +91,11 @@ Tensor var(const Tensor& x, const Shape& dims = {}, int64_t correction = 1, bool
 Tensor matmul(const Tensor& a, const Tensor& b);
 // y = x @ weight^T + bias, weight [out, in] (bias may be undefined)
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
+// linear(x, weight, bias) + linear(linear(xa, a) * scale, b), a [r, in], b [out, r]: a Linear with
+// a low-rank adapter (nn/lora.h), xa the adapter's input (x itself, or x after dropout), in one
+// node that casts and keeps x once and sums its products in place (autograd/ops_low_rank.cpp).
+Tensor low_rank_linear(const Tensor& x, const Tensor& xa, const Tensor& weight, const Tensor& bias, const Tensor& a,
+                       const Tensor& b, double scale);
 
 // ---- neural-network functions
 Tensor softmax(const Tensor& x, int64_t dim);

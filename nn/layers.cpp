@@ -39,7 +39,15 @@ Linear::Linear(int64_t in, int64_t out, bool with_bias, Generator* gen)
       weight(register_parameter("weight", default_weight({out, in}, gen))),
       bias(register_parameter("bias", with_bias ? default_bias(out, in, gen) : Tensor())) {}
 
-Tensor Linear::forward(const Tensor& x) { return linear(x, weight, bias); }
+Tensor Linear::forward(const Tensor& x) {
+  if (!low_rank) return linear(x, weight, bias);
+  const LowRank& l = *low_rank;
+  // Adapters with hooks of their own (fsdp gathering them as a group apart from the base, which
+  // learns from their inputs' gradients when backward is done with them) are called as modules.
+  if (l.a->has_forward_hooks() || l.b->has_forward_hooks())
+    return linear(x, weight, bias) + (*l.b)((*l.a)((*l.dropout)(x)) * l.scale);
+  return low_rank_linear(x, (*l.dropout)(x), weight, bias, l.a->weight, l.b->weight, l.scale);
+}
 std::string Linear::extra_repr() const {
   return fmt::format("in_features={}, out_features={}, bias={}", in_features, out_features, bias.defined());
 }

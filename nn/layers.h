@@ -15,6 +15,14 @@ class Linear : public Module {
   int64_t in_features, out_features;
   Tensor& weight;
   Tensor& bias;  // undefined when bias = false
+  // A low-rank adapter that forward adds, y += scale * B(A(dropout(x))), in one node with the
+  // product (low_rank_linear): set by apply_lora (nn/lora.h); the adapters are this one's children.
+  struct LowRank {
+    std::shared_ptr<Linear> a, b;
+    std::shared_ptr<Module> dropout;
+    double scale;
+  };
+  std::optional<LowRank> low_rank;
 };
 
 // Lookup table [num_embeddings, dim], init N(0, 1).

@@ -64,10 +64,7 @@ void adapt(Linear& m, const LoRAOptions& o, Generator* gen) {
   m.register_module("lora_A", ad.a);
   m.register_module("lora_B", ad.b);
   m.register_module("lora_dropout", ad.dropout);
-  m.register_forward_hook([ad, scale = o.scale()](Module&, const TensorList& in, const TensorList& out) {
-    // The scale multiplies the rank-r activation, not the [.., out] product: r / out of the work.
-    return std::optional<TensorList>(TensorList{add(out[0], (*ad.b)((*ad.a)((*ad.dropout)(in[0])) * scale))});
-  });
+  m.low_rank = Linear::LowRank{ad.a, ad.b, ad.dropout, o.scale()};  // forward adds the adapter's term
 }
 
 }  // namespace

@@ -2,9 +2,10 @@
 //   y = x W^T + b + lora_B((alpha / r) * lora_A(lora_dropout(x)))  (the scale on the rank-r side)
 // lora_A (r x in) is Kaiming-uniform like any Linear's weight, lora_B (out x r) zero, so an
 // adapted model computes what its base does until B moves. The adapters are children of the
-// Linear they adapt ("...q_proj.lora_A.weight", the names peft saves) and a forward hook on it
-// adds their term. apply_lora freezes every other parameter (requires_grad false): autograd
-// computes no gradient for it, and fsdp neither packs nor reduce-scatters one.
+// Linear they adapt ("...q_proj.lora_A.weight", the names peft saves), and its forward adds their
+// term in one node with its own product (Linear::low_rank, autograd low_rank_linear). apply_lora
+// freezes every other parameter (requires_grad false): autograd computes no gradient for it, and
+// fsdp neither packs nor reduce-scatters one.
 #pragma once
 #include <string>
 #include <string_view>

@@ -119,6 +119,7 @@ class Module : public std::enable_shared_from_this<Module> {
   // ---- hooks, run on every call in registration order
   HookHandle register_forward_pre_hook(ForwardPreHook hook);
   HookHandle register_forward_hook(ForwardHook hook);
+  bool has_forward_hooks() const { return !hooks_->pre.empty() || !hooks_->post.empty(); }
 
   // ---- attached extension: one slot, set by fsdp's fully_shard. A typed read returns null
   // when the slot is empty or holds another type.

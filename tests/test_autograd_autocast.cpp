@@ -156,6 +156,39 @@ TEST_CASE("autocast: a checkpointed recompute runs under its forward's policy") 
   CHECK(plain.second == ckpt.second);
 }
 
+TEST_CASE("autocast: low_rank_linear casts x once for both products, and computes the composition's values") {
+  Generator gen(9);
+  Tensor x = randn({2, 8, 16}, {}, &gen), w = randn({24, 16}, {}, &gen), bias = randn({24}, {}, &gen);
+  Tensor a = randn({4, 16}, {}, &gen), b = randn({24, 4}, {}, &gen), r = randn({2, 8, 24}, {}, &gen);
+  for (Tensor* t : {&x, &a, &b}) t->set_requires_grad(true);
+  op_profiler::start();
+  Tensor y;
+  {
+    AutocastGuard autocast;
+    y = low_rank_linear(x, x, w, bias, a, b, 2.0);
+  }
+  sum(y * r).backward();
+  op_profiler::stop();
+  int64_t casts = 0;
+  for (const auto& row : op_profiler::rows())
+    if (row.name == "cast f32 -> bf16") casts = row.calls;
+  CHECK(casts == 6);  // x, W, the bias, A and B, each once, and y's f32 gradient (r) to y's bf16
+  REQUIRE(y.dtype() == DType::bf16);
+  REQUIRE(x.grad().dtype() == kFloat32);
+  // The composition from the same bf16-rounded operands in f64: the base's product rounded to
+  // bf16, the adapter's added to it and rounded again (within a bf16 step of the sum).
+  auto round16 = [](const Tensor& t) { return t.detach().to(DType::bf16).to(kFloat64); };
+  Tensor x64 = round16(x), w64 = round16(w), a64 = round16(a), b64 = round16(b);
+  Tensor h = (linear(x64, a64) * 2.0).to(DType::bf16).to(kFloat64);  // the rank-r activation, rounded
+  Tensor want = linear(x64, w64, round16(bias)).to(DType::bf16).to(kFloat64) + linear(h, b64);
+  test::check_values(y, to_vector(want), 1.0 / 256, 1e-6);
+  // x's gradient: r W + (2 r B rounded) A, from the rounded operands, summed in f32.
+  Tensor r64 = round16(r), dh = (matmul(r64, b64) * 2.0).to(DType::bf16).to(kFloat64);
+  Tensor dx = matmul(r64, w64) + matmul(dh, a64);
+  test::check_values(x.grad(), to_vector(dx), 1e-5, 1e-5);
+  test::check_values(b.grad(), to_vector(matmul(r64.reshape({16, 24}).t(), h.reshape({16, 4}))), 1e-5, 1e-5);
+}
+
 TEST_CASE("autocast: only 16-bit dtypes") {
   CHECK_THROWS_WITH(AutocastGuard(kFloat32), Catch::Contains("bf16 or f16, not f32"));
   CHECK(!autocast_dtype().has_value());

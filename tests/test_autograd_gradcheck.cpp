@@ -111,6 +111,15 @@ TEST_CASE("gradcheck: matmul shapes and linear") {
   expect_ok([](const TensorList& x) { return linear(x[0], x[1]); }, {leaf({3, 4}), leaf({2, 4})});
 }
 
+TEST_CASE("gradcheck: low_rank_linear with the adapter reading x itself or an input of its own") {
+  // x [2, 3, 4], W [5, 4], bias [5], A [2, 4], B [5, 2]. Reading x itself, x's gradient sums
+  // the base's and the adapter's products in one buffer.
+  expect_ok([](const TensorList& x) { return low_rank_linear(x[0], x[0], x[1], x[2], x[3], x[4], 1.5); },
+            {leaf({2, 3, 4}), leaf({5, 4}), leaf({5}), leaf({2, 4}), leaf({5, 2})});
+  expect_ok([](const TensorList& x) { return low_rank_linear(x[0], x[5], x[1], {}, x[3], x[4], 0.5); },
+            {leaf({3, 4}), leaf({5, 4}), leaf({5}), leaf({2, 4}), leaf({5, 2}), leaf({3, 4})});
+}
+
 TEST_CASE("gradcheck: softmax, log_softmax, layer_norm and rms_norm") {
   Tensor a = leaf({3, 5});
   expect_ok([](const TensorList& x) { return softmax(x[0], -1); }, {a});

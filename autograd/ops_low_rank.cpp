@@ -1,0 +1,90 @@
+// autograd: the low-rank adapted linear (LoRA's layer, nn/lora.h) as one node:
+//   y = x W^T + bias + (scale * xa A^T) B^T,   xa: the adapter's input (x, or x after dropout)
+// What the node saves over linear(x, W, bias) + linear(linear(xa, A) * scale, B): under
+// autocast x is cast to 16 bits once for both products when xa is x (and kept once for
+// backward); scale multiplies the rank-r activation as its product is stored; B's product is
+// added into y's storage (beta 1: no rounded [.., out] term of its own and no add); in backward
+// x's two gradient products are summed in one buffer, and the scaled dY B is rounded once.
+// Operands whose dtypes differ after autocast take that composition instead.
+#include <array>
+
+#include "autograd/autocast.h"
+#include "autograd/ops.h"
+#include "kernels/linalg.h"
+#include "kernels/reduce.h"
+
+namespace weft {
+
+using autograd::needs_grad;
+using autograd::record;
+using autograd::TensorList;
+namespace k = kernels;
+
+namespace {
+
+// alpha op(a) op(b) as a new tensor of `dtype`.
+Tensor product(const Tensor& a, bool ta, const Tensor& b, bool tb, DType dtype, double alpha = 1.0) {
+  Tensor out = empty({a.size(ta ? 1 : 0), b.size(tb ? 0 : 1)}, {.dtype = dtype, .device = a.device()});
+  k::gemm(a, ta, b, tb, out, alpha);
+  return out;
+}
+
+void check_low_rank(const Tensor& x, const Tensor& xa, const Tensor& weight, const Tensor& a, const Tensor& b) {
+  WEFT_CHECK(weight.dim() == 2 && a.dim() == 2 && b.dim() == 2,
+             "low_rank_linear: weight, A and B must be 2-D, got {}, {} and {}", tensor_desc(weight), tensor_desc(a),
+             tensor_desc(b));
+  WEFT_CHECK(a.size(1) == weight.size(1) && b.size(0) == weight.size(0) && b.size(1) == a.size(0),
+             "low_rank_linear: A {} and B {} do not fit weight {} (expected A [r, {}] and B [{}, r])", tensor_desc(a),
+             tensor_desc(b), tensor_desc(weight), weight.size(1), weight.size(0));
+  WEFT_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1) && xa.shape() == x.shape(),
+             "low_rank_linear: input {} (adapter input {}) does not match weight {} (last dim must be {})",
+             tensor_desc(x), tensor_desc(xa), tensor_desc(weight), weight.size(1));
+}
+
+}  // namespace
+
+Tensor low_rank_linear(const Tensor& x, const Tensor& xa, const Tensor& weight, const Tensor& bias, const Tensor& a,
+                       const Tensor& b, double scale) {
+  check_low_rank(x, xa, weight, a, b);
+  const int64_t in = weight.size(1), out_f = weight.size(0);
+  const bool one_input = xa.impl() == x.impl();
+  Tensor x2 = autocast_input(x.detach().reshape({-1, in}));
+  Tensor xa2 = one_input ? x2 : autocast_input(xa.detach().reshape({-1, in}));
+  Tensor w = autocast_input(weight.detach()), a2 = autocast_input(a.detach()), b2 = autocast_input(b.detach());
+  const DType dt = x2.dtype();
+  if (xa2.dtype() != dt || w.dtype() != dt || a2.dtype() != dt || b2.dtype() != dt)
+    return linear(x, weight, bias) + linear(linear(xa, a) * scale, b);
+  Tensor h = product(xa2, false, a2, true, dt, scale);  // [rows, r]
+  Tensor y2 = empty({x2.size(0), out_f}, {.dtype = dt, .device = x.device()});
+  k::gemm(x2, false, w, true, y2, 1.0, 0.0, bias.defined() ? bias.detach().to(dt) : Tensor());
+  k::gemm(h, false, b2, true, y2, 1.0, 1.0);
+  Shape out_shape = x.shape();
+  out_shape.back() = out_f;
+  Tensor y = y2.view(out_shape);
+  TensorList inputs{x, weight, a, b, bias.defined() ? bias : Tensor(), one_input ? Tensor() : xa};
+  if (!needs_grad({&x, &xa, &weight, &bias, &a, &b})) return y;
+  auto wants = [](const Tensor& t) { return t.defined() && t.requires_grad(); };
+  record("LowRankLinearBackward", inputs, {y},
+         [x2, xa2, w, a2, b2, h, scale, one_input, x_shape = x.shape(), x_dtype = x.dtype(), xa_dtype = xa.dtype(),
+          w_dtype = weight.dtype(), a_dtype = a.dtype(), b_dtype = b.dtype(), bias_dtype = bias.defined() ? bias.dtype() : dt,
+          want = std::array<bool, 6>{wants(x), wants(weight), wants(a), wants(b), wants(bias), !one_input && wants(xa)}](
+             const TensorList& g) -> TensorList {
+           Tensor g2 = g[0].reshape({-1, w.size(0)});
+           TensorList r(6);
+           Tensor dh = product(g2, false, b2, false, h.dtype(), scale);  // d(y)/d(xa A^T): scale dY B
+           if (want[3]) r[3] = product(g2, true, h, false, b_dtype);
+           if (want[2]) r[2] = product(dh, true, xa2, false, a_dtype);
+           if (want[1]) r[1] = product(g2, true, x2, false, w_dtype);
+           if (want[4]) r[4] = k::reduce(k::ReduceOp::sum, g2, {0}, false).to(bias_dtype);
+           if (want[0]) {
+             Tensor dx = product(g2, false, w, false, x_dtype);
+             if (one_input) k::gemm(dh, false, a2, false, dx, 1.0, 1.0);
+             r[0] = dx.view(x_shape);
+           }
+           if (want[5]) r[5] = product(dh, false, a2, false, xa_dtype).view(x_shape);
+           return r;
+         });
+  return y;
+}
+
+}  // namespace weft
