@@ -8,11 +8,11 @@ set -euo pipefail
 cd "${1:-$(dirname "$0")/..}"
 # layer | budget | the files and folders counted (kernels: the entry points and the meta device)
 budgets=(
-  "core           4201  core weft.h"
+  "core           4202  core weft.h"
   "kernels        2532  kernels/*.h kernels/*.cpp kernels/meta"
   "kernels/cpu    5588  kernels/cpu"
   "cuda           4646  cuda"
-  "autograd       1895  autograd"
+  "autograd       1931  autograd"
   "nn             3013  nn"
   "dist           2545  dist"
   "fsdp           4526  fsdp"
