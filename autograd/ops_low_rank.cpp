@@ -7,6 +7,7 @@
 // x's two gradient products are summed in one buffer, and the scaled dY B is rounded once.
 // Operands whose dtypes differ after autocast take that composition instead.
 #include <array>
+#include <optional>
 
 #include "autograd/autocast.h"
 #include "autograd/ops.h"
@@ -41,6 +42,33 @@ void check_low_rank(const Tensor& x, const Tensor& xa, const Tensor& weight, con
              tensor_desc(x), tensor_desc(xa), tensor_desc(weight), weight.size(1));
 }
 
+// y2 = [x | h | 0] [W | B | 0]^T + bias, one product of depth in + r rounded up to a multiple of
+// 32 (whole AMX tiles, read in place), h = scale * xa A^T: x and W are cast into the joined
+// operands, so y is written once rather than written and read back to add h B^T. Sets the
+// views of the joined operands that backward reads (x2 and h of [x | h], w and b2 of [W | B]);
+// xa2 is x2 when xa is x.
+void joined_product(const Tensor& x, const Tensor& xa, const Tensor& weight, const Tensor& bias2, const Tensor& a2,
+                    const Tensor& b, double scale, const Tensor& y2, Tensor& x2, Tensor& xa2, Tensor& w, Tensor& b2,
+                    Tensor& h) {
+  const int64_t in = weight.size(1), r = b.size(1), depth = (in + r + 31) / 32 * 32, rows = y2.size(0);
+  const TensorOptions opts{.dtype = y2.dtype(), .device = y2.device()};
+  Tensor xh = empty({rows, depth}, opts), wb = empty({weight.size(0), depth}, opts);
+  x2 = xh.narrow(1, 0, in);
+  x2.copy_(x.detach().reshape({-1, in}));
+  xa2 = xa.impl() == x.impl() ? x2 : autocast_input(xa.detach().reshape({-1, in}));
+  h = xh.narrow(1, in, r);
+  h.copy_(product(xa2, false, a2, true, y2.dtype(), scale));
+  w = wb.narrow(1, 0, in);
+  w.copy_(weight.detach());
+  b2 = wb.narrow(1, in, r);
+  b2.copy_(b.detach());
+  if (depth > in + r) {
+    xh.narrow(1, in + r, depth - in - r).zero_();
+    wb.narrow(1, in + r, depth - in - r).zero_();
+  }
+  k::gemm(xh, false, wb, true, y2, 1.0, 0.0, bias2);
+}
+
 }  // namespace
 
 Tensor low_rank_linear(const Tensor& x, const Tensor& xa, const Tensor& weight, const Tensor& bias, const Tensor& a,
@@ -48,16 +76,24 @@ Tensor low_rank_linear(const Tensor& x, const Tensor& xa, const Tensor& weight, 
   check_low_rank(x, xa, weight, a, b);
   const int64_t in = weight.size(1), out_f = weight.size(0);
   const bool one_input = xa.impl() == x.impl();
-  Tensor x2 = autocast_input(x.detach().reshape({-1, in}));
-  Tensor xa2 = one_input ? x2 : autocast_input(xa.detach().reshape({-1, in}));
-  Tensor w = autocast_input(weight.detach()), a2 = autocast_input(a.detach()), b2 = autocast_input(b.detach());
-  const DType dt = x2.dtype();
-  if (xa2.dtype() != dt || w.dtype() != dt || a2.dtype() != dt || b2.dtype() != dt)
+  const std::optional<DType> cast = autocast_dtype();
+  const auto in_dtype = [&](const Tensor& t) { return cast && is_floating(t.dtype()) ? *cast : t.dtype(); };
+  const DType dt = in_dtype(x);
+  if (in_dtype(xa) != dt || in_dtype(weight) != dt || in_dtype(a) != dt || in_dtype(b) != dt)
     return linear(x, weight, bias) + linear(linear(xa, a) * scale, b);
-  Tensor h = product(xa2, false, a2, true, dt, scale);  // [rows, r]
-  Tensor y2 = empty({x2.size(0), out_f}, {.dtype = dt, .device = x.device()});
-  k::gemm(x2, false, w, true, y2, 1.0, 0.0, bias.defined() ? bias.detach().to(dt) : Tensor());
-  k::gemm(h, false, b2, true, y2, 1.0, 1.0);
+  Tensor x2, xa2, w, b2, h, y2 = empty({x.numel() / in, out_f}, {.dtype = dt, .device = x.device()});
+  const Tensor a2 = autocast_input(a.detach()), bias2 = bias.defined() ? bias.detach().to(dt) : Tensor();
+  if (x.dtype() != dt && weight.dtype() != dt) {  // x and W are cast anyway: into [x | h] and [W | B]
+    joined_product(x, one_input ? x : xa, weight, bias2, a2, b, scale, y2, x2, xa2, w, b2, h);
+  } else {
+    x2 = autocast_input(x.detach().reshape({-1, in}));
+    xa2 = one_input ? x2 : autocast_input(xa.detach().reshape({-1, in}));
+    w = autocast_input(weight.detach());
+    b2 = autocast_input(b.detach());
+    h = product(xa2, false, a2, true, dt, scale);  // [rows, r]
+    k::gemm(x2, false, w, true, y2, 1.0, 0.0, bias2);
+    k::gemm(h, false, b2, true, y2, 1.0, 1.0);
+  }
   Shape out_shape = x.shape();
   out_shape.back() = out_f;
   Tensor y = y2.view(out_shape);

@@ -38,7 +38,10 @@ void copy_cpu_typed(const Tensor& dst, const Tensor& src) {
     auto [sd, ss] = it.inner_strides();
     D* dp = d + off[0];
     const S* sp = s + off[1];
-    for (int64_t i = 0; i < it.inner_size(); ++i) dp[i * sd] = convert_scalar<D>(sp[i * ss]);
+    if (sd == 1 && ss == 1)  // rows of a wider tensor: the loop vectorises
+      for (int64_t i = 0; i < it.inner_size(); ++i) dp[i] = convert_scalar<D>(sp[i]);
+    else
+      for (int64_t i = 0; i < it.inner_size(); ++i) dp[i * sd] = convert_scalar<D>(sp[i * ss]);
   }
 }
 
