@@ -14,7 +14,10 @@ scripts/hf_reference.sh: torch, transformers).
                       as weft-transformer train --init-from DIR --lora-rank R --lora-alpha 2R:
                       --batch rows of --ctx + 1 random byte ids (0..255), the base in --base-dtype
                       (the adapters f32), the forward under autocast bf16 with --autocast, compiled
-                      with --compile; prints the median step after --warmup and tokens/s.
+                      with --compile; prints the median step after --warmup and tokens/s. Under
+                      torchrun with --fsdp: FSDP2 over gloo, fully_shard on every decoder layer and
+                      then the model with MixedPrecisionPolicy(bf16, f32), each rank --batch / world
+                      of the rows (tokens/s counts the whole batch; rank 0 prints).
 Not part of the build or the tests.
 """
 import argparse
@@ -91,12 +94,26 @@ def cmd_lora(args):
         if p.requires_grad:
             p.data = p.data.float()
             trainable.append(p)
+    rank, world = 0, 1
+    if args.fsdp:
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        dist.init_process_group("gloo")
+        rank, world = dist.get_rank(), dist.get_world_size()
+        mesh = init_device_mesh("cpu", (world,))
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=mesh, mp_policy=mp)
+        fully_shard(model, mesh=mesh, mp_policy=mp)
+        trainable = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(trainable, lr=3e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1)
     fwd = torch.compile(model) if args.compile else model
     gen = torch.Generator().manual_seed(1)
+    rows = args.batch // world
     times = []
     for _ in range(args.steps):
-        ids = torch.randint(0, 256, (args.batch, args.ctx + 1), generator=gen)
+        ids = torch.randint(0, 256, (args.batch, args.ctx + 1), generator=gen)[rank * rows:(rank + 1) * rows]
         t0 = time.perf_counter()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast):
             logits = fwd(input_ids=ids[:, :-1]).logits
@@ -106,12 +123,17 @@ def cmd_lora(args):
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         opt.step()
         times.append(time.perf_counter() - t0)
-        print(f"step {len(times)} loss {loss.item():.4f} s {times[-1]:.2f}", file=sys.stderr, flush=True)
+        if rank == 0:
+            print(f"step {len(times)} loss {loss.item():.4f} s {times[-1]:.2f}", file=sys.stderr, flush=True)
     timed = sorted(times[args.warmup:])
     s = timed[len(timed) // 2]
-    print(json.dumps({"step_s": round(s, 3), "tokens_per_s": round(args.batch * args.ctx / s, 1),
-                      "trainable": sum(p.numel() for p in trainable), "base_dtype": args.base_dtype,
-                      "autocast": args.autocast, "compile": args.compile, "threads": args.threads}))
+    if args.fsdp:
+        torch.distributed.destroy_process_group()
+    if rank == 0:
+        print(json.dumps({"step_s": round(s, 3), "tokens_per_s": round(args.batch * args.ctx / s, 1),
+                          "trainable": sum(p.numel() for p in trainable), "base_dtype": args.base_dtype,
+                          "autocast": args.autocast, "compile": args.compile, "threads": args.threads,
+                          "world": world}))
     return 0
 
 
@@ -138,6 +160,7 @@ def main():
     lo.add_argument("--base-dtype", choices=["f32", "bf16"], default="f32")
     lo.add_argument("--autocast", action="store_true")
     lo.add_argument("--compile", action="store_true")
+    lo.add_argument("--fsdp", action="store_true")
     args = ap.parse_args()
     return {"make": cmd_make, "decode": cmd_decode, "lora": cmd_lora}[args.cmd](args)
 
