@@ -75,8 +75,7 @@ void run_backward(const TensorList& roots, const TensorList& root_grads, bool re
       Tensor& slot = buf[e.input_nr];
       if (!slot.defined()) {
         slot = std::move(g);
-      } else if (slot.impl_ptr().use_count() == 1 && slot.storage().use_count() == 1 && slot.is_contiguous() &&
-                 slot.dtype() == g.dtype() && slot.shape() == g.shape()) {
+      } else if (exclusive(slot) && slot.dtype() == g.dtype() && slot.shape() == g.shape()) {
         kernels::add_(slot, g);  // nothing else can see the sum so far: add in place, no new buffer
       } else {
         slot = kernels::binary(kernels::BinaryOp::add, slot, g);

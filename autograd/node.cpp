@@ -34,8 +34,7 @@ TensorList AccumulateGrad::apply(TensorList&& grad_outputs) {
   }
   if (!meta.grad.defined()) {
     // Take the incoming buffer when nothing else can see it, else copy it.
-    bool exclusive = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 && g.is_contiguous();
-    meta.grad = exclusive ? g.detach() : g.detach().clone();
+    meta.grad = exclusive(g) ? g.detach() : g.detach().clone();
     if (MemoryOwner::wanted() && meta.grad.numel() > 0)  // named for memory reports and plans
       allocator_for(meta.grad.device()).label(meta.grad.storage()->data_or_null(), "gradients");
   } else {

@@ -84,6 +84,10 @@ class AccumulateGrad : public Node {
   Tensor leaf_;
 };
 
+// Nothing else holds t or its storage and it is contiguous: backward may take it or add into it.
+inline bool exclusive(const Tensor& t) {
+  return t.impl_ptr().use_count() == 1 && t.storage().use_count() == 1 && t.is_contiguous();
+}
 // The edge a gradient for `t` should travel along (invalid if t needs no grad).
 Edge gradient_edge(const Tensor& t);
 // True when grad mode is on and any of `inputs` requires grad.

@@ -62,10 +62,8 @@ void joined_product(const Tensor& x, const Tensor& xa, const Tensor& weight, con
   w.copy_(weight.detach());
   b2 = wb.narrow(1, in, r);
   b2.copy_(b.detach());
-  if (depth > in + r) {
-    xh.narrow(1, in + r, depth - in - r).zero_();
-    wb.narrow(1, in + r, depth - in - r).zero_();
-  }
+  xh.narrow(1, in + r, depth - in - r).zero_();  // (no columns when in + r is whole tiles)
+  wb.narrow(1, in + r, depth - in - r).zero_();
   k::gemm(xh, false, wb, true, y2, 1.0, 0.0, bias2);
 }
 
