@@ -2,9 +2,9 @@
 //   y = x W^T + bias + (scale * xa A^T) B^T,   xa: the adapter's input (x, or x after dropout)
 // What the node saves over linear(x, W, bias) + linear(linear(xa, A) * scale, B): under
 // autocast x is cast to 16 bits once for both products when xa is x (and kept once for
-// backward); scale multiplies the rank-r activation as its product is stored; B's product is
-// added into y's storage (beta 1: no rounded [.., out] term of its own and no add); in backward
-// x's two gradient products are summed in one buffer, and the scaled dY B is rounded once.
+// backward); scale multiplies the rank-r activation as its product is stored; B's product joins
+// the base's (one product of [x | h] and [W | B] where both are cast anyway, else beta 1 into y);
+// in backward x's two gradient products are summed in one buffer, the scaled dY B rounded once.
 // Operands whose dtypes differ after autocast take that composition instead.
 #include <array>
 #include <optional>
