@@ -3,6 +3,7 @@
 // followed by a sum.
 #include "autograd/autocast.h"
 #include "autograd/ops.h"
+#include "autograd/linear_parts.h"
 #include "kernels/elementwise.h"
 #include "kernels/linalg.h"
 #include "kernels/reduce.h"
@@ -91,9 +92,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   } else {
     y2 = k::matmul(x2, w.t());
   }
-  Shape out_shape = x.shape();
-  out_shape.back() = out_f;
-  Tensor y = y2.view(out_shape);
+  Tensor y = y2.view(autograd::with_last(x.shape(), out_f));
   if (needs_grad({&x, &weight, &bias})) {
     TensorList inputs{x, weight};
     if (bias.defined()) inputs.push_back(bias);
@@ -103,15 +102,10 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
             rb = bias.defined() && bias.requires_grad(), has_bias = bias.defined()](const TensorList& g) -> TensorList {
              Tensor g2 = g[0].reshape({-1, w.size(0)});
              TensorList r(has_bias ? 3 : 2);
-             auto product = [](const Tensor& a, bool ta, const Tensor& b, DType out_dtype, const Tensor& a_sums = {}) {
-               Tensor out = empty({a.size(ta ? 1 : 0), b.size(1)}, {.dtype = out_dtype, .device = a.device()});
-               k::gemm(a, ta, b, false, out, 1.0, 0.0, {}, a_sums);
-               return out;
-             };
-             if (rx) r[0] = product(g2, false, w, x_dtype).view(x_shape);
+             if (rx) r[0] = autograd::product(g2, false, w, false, x_dtype).view(x_shape);
              // The bias gradient, dY's column sums, taken as dY^T is packed for the weight's.
              Tensor gb = rb && rw ? empty({w.size(0)}, {.dtype = g2.dtype(), .device = g2.device()}) : Tensor();
-             if (rw) r[1] = product(g2, true, x2, w_dtype, gb);
+             if (rw) r[1] = autograd::product(g2, true, x2, false, w_dtype, 1.0, gb);
              if (rb) r[2] = (rw ? gb : k::reduce(k::ReduceOp::sum, g2, {0}, false)).to(b_dtype);
              return r;
            });

@@ -11,24 +11,19 @@
 
 #include "autograd/autocast.h"
 #include "autograd/ops.h"
+#include "autograd/linear_parts.h"
 #include "kernels/linalg.h"
 #include "kernels/reduce.h"
 
 namespace weft {
 
 using autograd::needs_grad;
+using autograd::product;
 using autograd::record;
 using autograd::TensorList;
 namespace k = kernels;
 
 namespace {
-
-// alpha op(a) op(b) as a new tensor of `dtype`.
-Tensor product(const Tensor& a, bool ta, const Tensor& b, bool tb, DType dtype, double alpha = 1.0) {
-  Tensor out = empty({a.size(ta ? 1 : 0), b.size(tb ? 0 : 1)}, {.dtype = dtype, .device = a.device()});
-  k::gemm(a, ta, b, tb, out, alpha);
-  return out;
-}
 
 void check_low_rank(const Tensor& x, const Tensor& xa, const Tensor& weight, const Tensor& a, const Tensor& b) {
   WEFT_CHECK(weight.dim() == 2 && a.dim() == 2 && b.dim() == 2,
@@ -92,9 +87,7 @@ Tensor low_rank_linear(const Tensor& x, const Tensor& xa, const Tensor& weight, 
     k::gemm(x2, false, w, true, y2, 1.0, 0.0, bias2);
     k::gemm(h, false, b2, true, y2, 1.0, 1.0);
   }
-  Shape out_shape = x.shape();
-  out_shape.back() = out_f;
-  Tensor y = y2.view(out_shape);
+  Tensor y = y2.view(autograd::with_last(x.shape(), out_f));
   TensorList inputs{x, weight, a, b, bias.defined() ? bias : Tensor(), one_input ? Tensor() : xa};
   if (!needs_grad({&x, &xa, &weight, &bias, &a, &b})) return y;
   auto wants = [](const Tensor& t) { return t.defined() && t.requires_grad(); };

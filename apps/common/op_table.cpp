@@ -33,15 +33,14 @@ void print_op_table(int64_t steps, double step_ms, const std::function<double(co
 
 void StepProfile::start_step(int64_t step) {
   if (first_ <= 0 || step < first_) return;
+  if (steps_ == 0) first_profiled_ = step;  // after --resume past `first`, the resumed step
   op_profiler::start(/*keep_rows=*/steps_ > 0);
-  on_ = true;
   t0_ = std::chrono::steady_clock::now();
 }
 
 void StepProfile::end_step() {
-  if (!on_) return;
+  if (!op_profiler::active()) return;
   op_profiler::stop();
-  on_ = false;
   seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
   ++steps_;
 }
@@ -49,7 +48,7 @@ void StepProfile::end_step() {
 void StepProfile::print() const {
   if (steps_ == 0) return;
   std::printf("# per-op profile of steps %lld-%lld (the calling thread's ops; a step %.1f ms on average)\n",
-              (long long)first_, (long long)(first_ + steps_ - 1), 1e3 * seconds_ / double(steps_));
+              (long long)first_profiled_, (long long)(first_profiled_ + steps_ - 1), 1e3 * seconds_ / double(steps_));
   print_op_table(steps_, 1e3 * seconds_ / double(steps_));
 }
 

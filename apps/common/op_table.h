@@ -28,8 +28,7 @@ class StepProfile {
   void print() const;  // nothing if no step was profiled
 
  private:
-  int64_t first_, steps_ = 0;
-  bool on_ = false;
+  int64_t first_, first_profiled_ = 0, steps_ = 0;
   double seconds_ = 0;
   std::chrono::steady_clock::time_point t0_;
 };

@@ -125,9 +125,9 @@ void pack_pairs(int64_t kc, int64_t lanes, const uint16_t* x, int64_t l_st, int6
 
 // Lanes [0, lanes) of x as consecutive panels of W lanes, panel p at out + p * panel_stride, each
 // as pack_pairs makes it. With contiguous lanes (l_st 1: a row-major B) each pair of depth rows is
-// read once, whole, across all the panels: packed panel by panel, the rows were walked a row apart
-// once per W lanes, each load on another page (a LoRA weight gradient's 2,048 x 1,024 operand was
-// packed at 5 GB/s).
+// read once, whole, across all the panels (panel by panel, each load was on another page). The
+// last panel's lanes past `lanes` are zeroed so that no uninitialised bits are read (they reach
+// only outputs that are never stored).
 template <int W>
 void pack_panels(int64_t kc, int64_t lanes, const uint16_t* x, int64_t l_st, int64_t k_st, uint16_t* out,
                  int64_t panel_stride) {

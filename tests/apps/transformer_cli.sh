@@ -42,7 +42,9 @@ cfg=(--n-layer 2 --n-head 2 --d-model 32 --ctx 32 --batch-size 8 --steps 30 --wa
 # nanoGPT's count for L2 d32 ctx32 with a tied head: wte 8192 + wpe 1024 + 2 x 12704 + ln_f 64.
 grep -q " 34688 parameters" "$tmp/a.err" || fail "parameter count is not 34688: $(head -1 "$tmp/a.err")"
 "$exe" train "${cfg[@]}" --metrics "$tmp/b.jsonl" --stop-after 20 --checkpoint-dir "$tmp/ck" >/dev/null 2>&1
-"$exe" train "${cfg[@]}" --metrics "$tmp/b.jsonl" --resume "$tmp/ck" >/dev/null 2>&1
+# The resumed run profiles from step 5: its first profiled step is the resumed one, 21.
+"$exe" train "${cfg[@]}" --metrics "$tmp/b.jsonl" --resume "$tmp/ck" --profile 5 >"$tmp/b.txt" 2>&1
+grep -qE '^# per-op profile of steps 21-30 ' "$tmp/b.txt" || fail "resumed profile not of steps 21-30: $(grep profile "$tmp/b.txt")"
 
 for key in '"step":' '"loss":' '"lr":' '"tokens_per_s":' '"peak_bytes":'; do
   head -1 "$tmp/a.jsonl" | grep "$key" >/dev/null || fail "metrics line lacks $key: $(head -1 "$tmp/a.jsonl")"
