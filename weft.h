@@ -1,4 +1,4 @@
-// weft: the umbrella header — tensors, autograd, nn, dist and fsdp in one include.
+// weft: the umbrella header — tensors, autograd, nn, dist, tp and fsdp in one include.
 #pragma once
 #include "autograd/autocast.h"
 #include "autograd/engine.h"
@@ -17,5 +17,5 @@
 #include "nn/nn.h"
 #include "dist/device_mesh.h"
 #include "dist/dist.h"
-#include "dist/process_group.h"
 #include "fsdp/fsdp.h"
+#include "tp/tp.h"

@@ -7,7 +7,7 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/layers.sh"  # below: what each layer may use
 cd "${1:-$(dirname "$0")/..}"
 bad=0
-for layer in core kernels autograd nn dist fsdp cuda; do
+for layer in core kernels autograd nn dist tp fsdp cuda; do
   ok=" $layer ${below[$layer]} "
   while IFS=: read -r file line text; do
     target=$(sed -E 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"([a-z_]+)\/.*/\1/' <<<"$text")
@@ -35,4 +35,4 @@ if [ "$bad" -ne 0 ]; then
   echo "layering: upward includes found (see docs/ARCHITECTURE.md)"
   exit 1
 fi
-echo "layering: every include points down (core < kernels < autograd < nn; core < dist; fsdp on top; cuda on core, kernels, dist)"
+echo "layering: every include points down (core < kernels < autograd < nn; core < dist; tp on nn and dist; fsdp on top; cuda on core, kernels, dist)"

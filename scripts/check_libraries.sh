@@ -10,7 +10,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 defined() { nm -D --defined-only "$build/libweft-$1.so" | awk '{print $NF}' | grep '^_ZN4weft' || true; }
 bad=0
-for layer in core kernels autograd nn dist fsdp cuda; do
+for layer in core kernels autograd nn dist tp fsdp cuda; do
   lib="$build/libweft-$layer.so"
   if [ ! -f "$lib" ]; then
     [ "$layer" = cuda ] && continue  # built only with CUDA

@@ -6,6 +6,7 @@ declare -A below=(
   [autograd]="core kernels"
   [nn]="core kernels autograd"
   [dist]="core"
-  [fsdp]="core kernels autograd nn dist"
+  [tp]="core kernels autograd nn dist"
+  [fsdp]="core kernels autograd nn dist tp"
   [cuda]="core kernels dist"
 )

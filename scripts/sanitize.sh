@@ -94,7 +94,7 @@ run_asan() {
   # (fsdp_features), the 2-D mesh's groups (dist_mesh) and resharding between 4 and 2 ranks
   # (fsdp_checkpoint); the others' 4-rank runs repeat their 2-rank runs' code with other numbers,
   # at twice the cost (the normal suite runs them all).
-  local skip4='dist_collectives|dist_agree|fsdp_parity|fsdp_semantics|fsdp_memory|fsdp_controls|fsdp_deferred|fsdp_plan|apps_hf'
+  local skip4='dist_collectives|dist_agree|fsdp_parity|fsdp_semantics|fsdp_memory|fsdp_controls|fsdp_deferred|fsdp_plan|apps_hf|tp_parallel'
   local names=()
   [ $# -gt 0 ] || mapfile -t names < <(meson test -C "$dir" --list --no-rebuild --no-suite fuzz --no-suite launch \
     --no-suite programs 2>/dev/null | sed 's|^.* / ||' | grep -vE "^($skip4)_np4\$")

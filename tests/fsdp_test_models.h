@@ -94,7 +94,7 @@ inline void check_close(const std::vector<double>& got, const std::vector<double
     double excess = std::abs(got[i] - want[i]) - rtol * std::abs(want[i]);
     if (excess > worst) worst = excess, at = i;
   }
-  INFO(what << ": worst element " << at << " (fsdp " << got[at] << ", reference " << want[at] << ", difference "
+  INFO(what << ": worst element " << at << " (got " << got[at] << ", reference " << want[at] << ", difference "
             << std::abs(got[at] - want[at]) << ")");
   CHECK(worst <= atol);
 }

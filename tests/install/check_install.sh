@@ -28,7 +28,7 @@ export PKG_CONFIG_PATH="$dest/pc"
 flags=$(pkg-config --cflags --libs weft)
 # Consumers get weft's own include path and libraries only: no Eigen, MPI or CUDA paths.
 if grep -Eq 'eigen|openmpi|cuda' <<<"$flags"; then echo "weft.pc leaks private paths: $flags"; exit 1; fi
-for lib in core kernels autograd nn dist fsdp; do
+for lib in core kernels autograd nn dist tp fsdp; do
   ls "$root/$libdir/libweft-$lib.so.0" >/dev/null || { echo "libweft-$lib.so.0 (versioned soname) not installed"; exit 1; }
 done
 awk -v dir="$dest" '

@@ -1,0 +1,222 @@
+// Tensor parallelism (tp/): the differentiable collectives against their definitions, a
+// colwise + rowwise pair against the unsplit layers, and Llama-family decoders split over every
+// rank (the world as one tensor-parallel group) against the same model in one process: losses
+// and parameters over AdamW steps, the gradients of Qwen2's q/k/v biases and Qwen3's head
+// norms; plans and models that cannot be split raise the same error on every rank.
+#include <catch2/catch.hpp>
+
+#include "dist/dist.h"
+#include "fsdp_test_models.h"
+#include "tp/tp.h"
+#include "weft.h"
+
+using namespace weft;
+using fsdp_test::check_close;
+using Catch::Contains;
+
+namespace {
+
+dist::ProcessGroupPtr group() { return dist::world(); }
+int P() { return dist::world_size(); }
+int R() { return dist::rank(); }
+
+std::vector<double> values(const Tensor& t) { return to_vector(t.contiguous()); }
+
+// This rank's `n / P` slice along `dim` of the unsplit tensor.
+Tensor my_slice(const Tensor& t, int64_t dim) { return t.narrow(dim, R() * (t.size(dim) / P()), t.size(dim) / P()); }
+
+nn::LlamaConfig small_llama() {
+  // Heads and key/value heads divide over 1, 2 and 4 ranks; grouped (2 query heads a key/value head).
+  return {.vocab_size = 32, .ctx = 12, .n_layer = 2, .n_head = 8, .n_kv_head = 4, .d_model = 32, .ffn_dim = 48};
+}
+
+template <class Model>
+std::shared_ptr<Model> seeded_llama(const nn::LlamaConfig& cfg, uint64_t seed) {
+  manual_seed(seed);
+  auto m = std::make_shared<Model>(cfg);
+  nn::init_llama(*m);
+  return m;
+}
+
+fsdp_test::Batch token_batch(int step) {
+  Generator g(300 + uint64_t(step));
+  return {(rand({3, 12}, {}, &g) * 32.0).to(kInt64), (rand({3, 12}, {}, &g) * 32.0).to(kInt64)};
+}
+
+// The split model's parameters against the unsplit one's: each split parameter against this
+// rank's slice (rows of colwise weights and biases, columns of rowwise weights).
+void check_split_params(nn::Module& split, nn::Module& whole, double rtol, bool grads, const std::string& what) {
+  auto s = split.named_parameters(), w = whole.named_parameters();
+  REQUIRE(s.size() == w.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    REQUIRE(s[i].first == w[i].first);
+    Tensor a = grads ? s[i].second.grad() : s[i].second, b = grads ? w[i].second.grad() : w[i].second;
+    if (a.shape() != b.shape()) {
+      const int64_t dim = a.size(0) != b.size(0) ? 0 : 1;
+      b = my_slice(b, dim);
+    }
+    check_close(values(a), values(b), rtol, what + " " + s[i].first);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("copy_to / reduce_from / gather_from: forward and backward as defined") {
+  // x on rank r is r + 1 + its index; the gradient fed back is 10 (r + 1) + its index.
+  auto rank_tensor = [](double base, Shape shape) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return arange(0, double(n)).reshape(shape) + base;
+  };
+  const double sum_r1 = P() * (P() + 1) / 2.0;  // sum over ranks of (r + 1)
+  SECTION("copy_to_parallel: identity forward, gradients summed over the ranks") {
+    Tensor x = rank_tensor(R() + 1, {2, 3}).set_requires_grad();
+    Tensor y = tp::copy_to_parallel(x, group());
+    check_close(values(y), values(x), 0, "forward");
+    y.backward(rank_tensor(10 * (R() + 1), {2, 3}));
+    check_close(values(x.grad()), values(rank_tensor(10 * sum_r1, {2, 3}) + (P() - 1) * arange(0, 6).reshape({2, 3})), 0,
+                "backward");
+  }
+  SECTION("reduce_from_parallel: summed forward, identity backward") {
+    Tensor x = rank_tensor(R() + 1, {2, 3}).set_requires_grad();
+    Tensor y = tp::reduce_from_parallel(x, group());
+    check_close(values(y), values(rank_tensor(sum_r1, {2, 3}) + (P() - 1) * arange(0, 6).reshape({2, 3})), 0, "forward");
+    Tensor g = rank_tensor(10 * (R() + 1), {2, 3});
+    y.backward(g);
+    check_close(values(x.grad()), values(g), 0, "backward");
+  }
+  SECTION("gather_from_parallel: ranks joined along a middle dim, this rank's slice of the gradient back") {
+    Tensor x = rank_tensor(100 * R(), {2, 3, 2}).set_requires_grad();
+    Tensor y = tp::gather_from_parallel(x, group(), 1);
+    REQUIRE(y.shape() == Shape{2, 3 * P(), 2});
+    for (int r = 0; r < P(); ++r)
+      check_close(values(y.narrow(1, 3 * r, 3)), values(rank_tensor(100 * r, {2, 3, 2})), 0, "block " + std::to_string(r));
+    Tensor g = arange(0, double(y.numel())).reshape(y.shape());
+    y.backward(g);
+    check_close(values(x.grad()), values(g.narrow(1, 3 * R(), 3)), 0, "backward");
+  }
+}
+
+TEST_CASE("colwise then rowwise: the unsplit pair's output and gradients") {
+  auto make = [] {
+    manual_seed(5);
+    auto m = std::make_shared<nn::Sequential>();
+    m->push_back(std::make_shared<nn::Linear>(6, 4 * 4, true));
+    m->push_back(std::make_shared<nn::GELU>());
+    m->push_back(std::make_shared<nn::Linear>(4 * 4, 5, false));
+    return m;
+  };
+  auto whole = make(), split = make();
+  tp::parallelize_module(*split, group(), {{"0", tp::colwise_parallel()}, {"2", tp::rowwise_parallel()}});
+  Generator g(9);
+  Tensor x = randn({3, 6}, {}, &g), xs = x.clone().set_requires_grad();
+  x.set_requires_grad();
+  Tensor y = (*whole)(x), ys = (*split)(xs);
+  check_close(values(ys), values(y), 1e-5, "output");
+  Tensor dy = randn({3, 5}, {}, &g);
+  y.backward(dy);
+  ys.backward(dy);
+  check_close(values(xs.grad()), values(x.grad()), 1e-5, "input gradient");
+  check_split_params(*split, *whole, 1e-5, true, "gradient");
+}
+
+namespace {
+
+// `steps` AdamW steps of the unsplit model and of the split one on the same batches; the
+// losses compared at every step, the parameters after the last.
+template <class Model>
+void train_against_unsplit(const nn::LlamaConfig& cfg, int steps) {
+  auto whole = seeded_llama<Model>(cfg, 11), split = seeded_llama<Model>(cfg, 11);
+  tp::parallelize_llama(*split, group());
+  nn::AdamW whole_opt(whole->parameters(), {.lr = 1e-2}), split_opt(split->parameters(), {.lr = 1e-2});
+  for (int step = 0; step < steps; ++step) {
+    const fsdp_test::Batch b = token_batch(step);
+    whole_opt.zero_grad();
+    split_opt.zero_grad();
+    Tensor lw = fsdp_test::loss_of(*whole, b), ls = fsdp_test::loss_of(*split, b);
+    lw.backward();
+    ls.backward();
+    whole_opt.step();
+    split_opt.step();
+    check_close({ls.item()}, {lw.item()}, 1e-5, "loss at step " + std::to_string(step));
+  }
+  check_split_params(*split, *whole, 1e-5, false, "after " + std::to_string(steps) + " steps:");
+}
+
+// One forward and backward: the split model's gradients against the unsplit one's.
+template <class Model>
+void gradients_against_unsplit(const nn::LlamaConfig& cfg) {
+  auto whole = seeded_llama<Model>(cfg, 12), split = seeded_llama<Model>(cfg, 12);
+  tp::parallelize_llama(*split, group());
+  const fsdp_test::Batch b = token_batch(0);
+  fsdp_test::loss_of(*whole, b).backward();
+  fsdp_test::loss_of(*split, b).backward();
+  check_split_params(*split, *whole, 1e-5, true, "gradient of");
+}
+
+}  // namespace
+
+TEST_CASE("Llama split over the ranks trains as the unsplit model") {
+  auto split = seeded_llama<nn::Llama>(small_llama(), 1);
+  tp::parallelize_llama(*split, group());
+  const auto& attn = *split->blocks[0]->self_attn;
+  CHECK(attn.n_head == 8 / P());
+  CHECK(attn.n_kv_head == 4 / P());
+  CHECK(attn.q_proj->weight.shape() == Shape{8 / P() * 4, 32});
+  CHECK(attn.o_proj->weight.shape() == Shape{32, 8 / P() * 4});
+  CHECK(split->blocks[1]->mlp->down_proj->weight.shape() == Shape{32, 48 / P()});
+  train_against_unsplit<nn::Llama>(small_llama(), 5);
+}
+
+TEST_CASE("Llama families split: Qwen2's q/k/v biases, Qwen3's head norms, a tied head") {
+  SECTION("q/k/v biases are split with their rows") {
+    nn::LlamaConfig cfg = small_llama();
+    cfg.qkv_bias = true;
+    gradients_against_unsplit<nn::Llama>(cfg);
+  }
+  SECTION("head norms, applied to each rank's heads, have the whole gradient") {
+    nn::LlamaConfig cfg = small_llama();
+    cfg.head_dim = 8;  // not d_model / n_head
+    gradients_against_unsplit<nn::Qwen3>(cfg);
+  }
+  SECTION("tied head") {
+    nn::LlamaConfig cfg = small_llama();
+    cfg.tie_weights = true;
+    train_against_unsplit<nn::Llama>(cfg, 3);
+  }
+}
+
+TEST_CASE("what cannot be split is refused on every rank, before anything changes") {
+  auto error_of = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  auto model = seeded_llama<nn::Llama>(small_llama(), 2);
+  const Shape q_shape = model->blocks[0]->self_attn->q_proj->weight.shape();
+  CHECK_THAT(error_of([&] { tp::parallelize_module(*model, group(), {{"model.layers.*.nothing", tp::colwise_parallel()}}); }),
+             Contains("'model.layers.*.nothing' matches no module"));
+  CHECK_THAT(error_of([&] { tp::parallelize_module(*model, group(), {{"model.layers.*.self_attn.q_proj", tp::colwise_parallel()},
+                                                                     {"model.layers.0.mlp", tp::rowwise_parallel()}}); }),
+             Contains("matches model.layers.0.mlp, a SwiGLU, not a Linear"));
+  CHECK_THAT(error_of([&] { tp::parallelize_module(*model, group(), {{"model.layers.*.self_attn.q_proj", tp::colwise_parallel()},
+                                                                     {"model.layers.0.self_attn.q_proj", tp::colwise_parallel()}}); }),
+             Contains("model.layers.0.self_attn.q_proj is matched by two plan entries"));
+  nn::Linear biased(8, 4);
+  CHECK_THAT(error_of([&] { tp::parallelize_linear(biased, tp::rowwise_parallel(), group(), "proj"); }),
+             Contains("rowwise proj: a rowwise layer with a bias is not supported"));
+  CHECK(model->blocks[0]->self_attn->q_proj->weight.shape() == q_shape);  // nothing split by the refusals
+  if (P() > 1) {
+    nn::LlamaConfig cfg = small_llama();
+    cfg.n_kv_head = 1;
+    auto mqa = seeded_llama<nn::Llama>(cfg, 3);
+    CHECK_THAT(error_of([&] { tp::parallelize_llama(*mqa, group()); }),
+               Contains("the 1 key/value heads (n_kv_head) do not divide over " + std::to_string(P()) + " ranks"));
+    nn::Linear odd(8, 3 * P() + 1);
+    CHECK_THAT(error_of([&] { tp::parallelize_linear(odd, tp::colwise_parallel(), group(), "odd"); }),
+               Contains("colwise odd: its out_features " + std::to_string(3 * P() + 1) + " do not divide over"));
+  }
+}

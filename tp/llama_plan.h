@@ -1,0 +1,24 @@
+// tp: Megatron's split of the Llama decoder (nn/llama.h) and of the families built on it
+// (Qwen2's q/k/v biases, Qwen3's per-head norms, Mistral) over a tensor-parallel group of P
+// ranks. In every block q_proj, k_proj, v_proj, gate_proj and up_proj are colwise and o_proj and
+// down_proj rowwise (tp/parallel_style.h): each rank computes n_head / P query heads, n_kv_head / P
+// key/value heads (grouping kept: rank r's query heads read rank r's key/value heads) and
+// ffn / P of SwiGLU's width, with one all-reduce after the attention and one after the MLP in
+// forward, and one each before them in backward.
+//
+// The embedding, the norms and the head stay whole on every rank: their inputs and the gradients
+// reaching them are equal on every rank, so are their gradients. Qwen3's head norms are the
+// exception: each rank applies them to its own heads, so their gradients are partial sums,
+// all-reduced before they are accumulated. Attention dropout draws each rank's heads' masks
+// from that rank's generator: a run with dropout is not the 1-rank run's.
+#pragma once
+#include "dist/process_group.h"
+#include "nn/llama.h"
+
+namespace weft::tp {
+
+// Throws, before anything is split, when n_head, the key/value heads or the SwiGLU width do
+// not divide over the group, or a block is not the plan's (a Linear with an adapter, say).
+void parallelize_llama(nn::Llama& model, const dist::ProcessGroupPtr& group);
+
+}  // namespace weft::tp

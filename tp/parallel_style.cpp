@@ -1,0 +1,101 @@
+#include "tp/parallel_style.h"
+
+#include <sstream>
+#include <tuple>
+
+#include "core/error.h"
+#include "tp/collectives.h"
+
+namespace weft::tp {
+
+using nn::TensorList;
+
+namespace {
+
+// This rank's `n / size` slice of `t` along `dim`, a new parameter with t's requires_grad.
+Tensor slice_of(const Tensor& t, int64_t dim, const dist::ProcessGroup& group) {
+  const int64_t n = t.size(dim) / group.size();
+  Tensor part = t.detach().narrow(dim, group.rank() * n, n).clone();
+  part.set_requires_grad(t.requires_grad());
+  return part;
+}
+
+void check_splittable(const nn::Linear& l, const ParallelStyle& style, const dist::ProcessGroupPtr& group,
+                      const std::string& path) {
+  WEFT_CHECK(group != nullptr, "tp: parallelize {}: no process group", path);
+  const char* name = style.split == Split::colwise ? "colwise" : "rowwise";
+  const int64_t features = style.split == Split::colwise ? l.out_features : l.in_features;
+  WEFT_CHECK(features % group->size() == 0, "tp: {} {}: its {} {} do not divide over {} ranks", name, path,
+             style.split == Split::colwise ? "out_features" : "in_features", features, group->size());
+  WEFT_CHECK(l.weight.device().type != DeviceType::meta,
+             "tp: {} {}: its weight is on the meta device; materialise the model before splitting it", name, path);
+  WEFT_CHECK(!l.low_rank, "tp: {} {}: a layer with a low-rank adapter cannot be split (apply LoRA after tp)", name,
+             path);
+  WEFT_CHECK(style.split == Split::colwise || !l.bias.defined(),
+             "tp: rowwise {}: a rowwise layer with a bias is not supported (its bias would be added on every rank)",
+             path);
+  WEFT_CHECK(style.split == Split::colwise || !style.gather_output, "tp: rowwise {}: gather_output is colwise only",
+             path);
+}
+
+}  // namespace
+
+void parallelize_linear(nn::Linear& l, const ParallelStyle& style, const dist::ProcessGroupPtr& group,
+                        const std::string& path) {
+  check_splittable(l, style, group, path);
+  if (style.split == Split::colwise) {
+    l.weight = slice_of(l.weight, 0, *group);
+    if (l.bias.defined()) l.bias = slice_of(l.bias, 0, *group);
+    l.out_features /= group->size();
+    l.register_forward_pre_hook([group](nn::Module&, const TensorList& in) -> std::optional<TensorList> {
+      return TensorList{copy_to_parallel(in[0], group)};
+    });
+    if (style.gather_output)
+      l.register_forward_hook([group](nn::Module&, const TensorList&, const TensorList& out) -> std::optional<TensorList> {
+        return TensorList{gather_from_parallel(out[0], group, -1)};
+      });
+    return;
+  }
+  l.weight = slice_of(l.weight, 1, *group);
+  l.in_features /= group->size();
+  l.register_forward_hook([group](nn::Module&, const TensorList&, const TensorList& out) -> std::optional<TensorList> {
+    return TensorList{reduce_from_parallel(out[0], group)};
+  });
+}
+
+namespace {
+
+bool matches(const std::string& pattern, const std::string& path) {
+  std::istringstream p(pattern), q(path);
+  std::string a, b;
+  while (true) {
+    const bool more_p = bool(std::getline(p, a, '.')), more_q = bool(std::getline(q, b, '.'));
+    if (!more_p || !more_q) return more_p == more_q;
+    if (a != "*" && a != b) return false;
+  }
+}
+
+}  // namespace
+
+void parallelize_module(nn::Module& root, const dist::ProcessGroupPtr& group, const ParallelPlan& plan) {
+  // Every entry is checked against every match before any layer is split.
+  std::vector<std::tuple<nn::Linear*, ParallelStyle, std::string>> todo;
+  const auto modules = root.named_modules();
+  for (const auto& [pattern, style] : plan) {
+    size_t found = 0;
+    for (const auto& [path, m] : modules) {
+      if (path.empty() || !matches(pattern, path)) continue;
+      auto* linear = dynamic_cast<nn::Linear*>(m.get());
+      WEFT_CHECK(linear != nullptr, "tp: plan entry '{}' matches {}, a {}, not a Linear", pattern, path, m->type_name());
+      check_splittable(*linear, style, group, path);
+      for (const auto& done : todo)
+        WEFT_CHECK(std::get<0>(done) != linear, "tp: {} is matched by two plan entries (the second: '{}')", path, pattern);
+      todo.emplace_back(linear, style, path);
+      ++found;
+    }
+    WEFT_CHECK(found > 0, "tp: plan entry '{}' matches no module of {}", pattern, root.type_name());
+  }
+  for (auto& [linear, style, path] : todo) parallelize_linear(*linear, style, group, path);
+}
+
+}  // namespace weft::tp
