@@ -2,8 +2,10 @@
 // colwise + rowwise pair against the unsplit layers, and Llama-family decoders split over every
 // rank (the world as one tensor-parallel group) against the same model in one process: losses
 // and parameters over AdamW steps, the gradients of Qwen2's q/k/v biases and Qwen3's head
-// norms; plans and models that cannot be split raise the same error on every rank.
+// norms; (dp, tp) meshes with fully_shard over dp; plans and models that cannot be split raise
+// the same error on every rank.
 #include <catch2/catch.hpp>
+#include <cmath>
 
 #include "dist/dist.h"
 #include "fsdp_test_models.h"
@@ -22,8 +24,17 @@ int R() { return dist::rank(); }
 
 std::vector<double> values(const Tensor& t) { return to_vector(t.contiguous()); }
 
-// This rank's `n / P` slice along `dim` of the unsplit tensor.
-Tensor my_slice(const Tensor& t, int64_t dim) { return t.narrow(dim, R() * (t.size(dim) / P()), t.size(dim) / P()); }
+// This rank's `n / P` slice along `dim` of the unsplit tensor (P the group's size).
+Tensor my_slice(const Tensor& t, int64_t dim, const dist::ProcessGroup& g) {
+  return t.narrow(dim, g.rank() * (t.size(dim) / g.size()), t.size(dim) / g.size());
+}
+
+// The split parameter's slice of the unsplit one: rows of colwise weights and biases, columns
+// of rowwise weights, all of a whole one.
+Tensor slice_like(const Tensor& whole, const Tensor& split, const dist::ProcessGroup& g) {
+  if (whole.shape() == split.shape()) return whole;
+  return my_slice(whole, whole.size(0) != split.size(0) ? 0 : 1, g);
+}
 
 nn::LlamaConfig small_llama() {
   // Heads and key/value heads divide over 1, 2 and 4 ranks; grouped (2 query heads a key/value head).
@@ -40,23 +51,31 @@ std::shared_ptr<Model> seeded_llama(const nn::LlamaConfig& cfg, uint64_t seed) {
 
 fsdp_test::Batch token_batch(int step) {
   Generator g(300 + uint64_t(step));
-  return {(rand({3, 12}, {}, &g) * 32.0).to(kInt64), (rand({3, 12}, {}, &g) * 32.0).to(kInt64)};
+  return {(rand({4, 12}, {}, &g) * 32.0).to(kInt64), (rand({4, 12}, {}, &g) * 32.0).to(kInt64)};
 }
 
-// The split model's parameters against the unsplit one's: each split parameter against this
-// rank's slice (rows of colwise weights and biases, columns of rowwise weights).
-void check_split_params(nn::Module& split, nn::Module& whole, double rtol, bool grads, const std::string& what) {
+// The split model's gradients against the unsplit one's, element by element: each split
+// parameter's against this rank's slice.
+void check_split_grads(nn::Module& split, nn::Module& whole, double rtol, const std::string& what) {
   auto s = split.named_parameters(), w = whole.named_parameters();
   REQUIRE(s.size() == w.size());
   for (size_t i = 0; i < s.size(); ++i) {
     REQUIRE(s[i].first == w[i].first);
-    Tensor a = grads ? s[i].second.grad() : s[i].second, b = grads ? w[i].second.grad() : w[i].second;
-    if (a.shape() != b.shape()) {
-      const int64_t dim = a.size(0) != b.size(0) ? 0 : 1;
-      b = my_slice(b, dim);
-    }
-    check_close(values(a), values(b), rtol, what + " " + s[i].first);
+    Tensor a = s[i].second.grad(), b = w[i].second.grad();
+    check_close(values(a), values(slice_like(b, a, *group())), rtol, what + " " + s[i].first);
   }
+}
+
+// ||got - want|| <= rtol ||want|| (2-norms): parameters after AdamW steps, where an element whose
+// gradient is near zero turns a rounding difference into a visible step (Adam divides by |g|).
+void check_norm_close(const Tensor& got, const Tensor& want, double rtol, const std::string& what) {
+  const std::vector<double> a = values(got), b = values(want);
+  REQUIRE(a.size() == b.size());
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff += (a[i] - b[i]) * (a[i] - b[i]), norm += b[i] * b[i];
+  INFO(what << ": |difference| " << std::sqrt(diff) << ", |reference| " << std::sqrt(norm) << ", relative "
+            << std::sqrt(diff / norm));
+  CHECK(std::sqrt(diff) <= rtol * std::sqrt(norm));
 }
 
 }  // namespace
@@ -107,7 +126,7 @@ TEST_CASE("colwise then rowwise: the unsplit pair's output and gradients") {
     return m;
   };
   auto whole = make(), split = make();
-  tp::parallelize_module(*split, group(), {{"0", tp::colwise_parallel()}, {"2", tp::rowwise_parallel()}});
+  tp::parallelize_module(*split, group(), {{"0", tp::Split::colwise}, {"2", tp::Split::rowwise}});
   Generator g(9);
   Tensor x = randn({3, 6}, {}, &g), xs = x.clone().set_requires_grad();
   x.set_requires_grad();
@@ -117,7 +136,7 @@ TEST_CASE("colwise then rowwise: the unsplit pair's output and gradients") {
   y.backward(dy);
   ys.backward(dy);
   check_close(values(xs.grad()), values(x.grad()), 1e-5, "input gradient");
-  check_split_params(*split, *whole, 1e-5, true, "gradient");
+  check_split_grads(*split, *whole, 1e-5, "gradient");
 }
 
 namespace {
@@ -128,7 +147,7 @@ template <class Model>
 void train_against_unsplit(const nn::LlamaConfig& cfg, int steps) {
   auto whole = seeded_llama<Model>(cfg, 11), split = seeded_llama<Model>(cfg, 11);
   tp::parallelize_llama(*split, group());
-  nn::AdamW whole_opt(whole->parameters(), {.lr = 1e-2}), split_opt(split->parameters(), {.lr = 1e-2});
+  nn::AdamW whole_opt(whole->parameters(), {.lr = 1e-3}), split_opt(split->parameters(), {.lr = 1e-3});
   for (int step = 0; step < steps; ++step) {
     const fsdp_test::Batch b = token_batch(step);
     whole_opt.zero_grad();
@@ -140,7 +159,10 @@ void train_against_unsplit(const nn::LlamaConfig& cfg, int steps) {
     split_opt.step();
     check_close({ls.item()}, {lw.item()}, 1e-5, "loss at step " + std::to_string(step));
   }
-  check_split_params(*split, *whole, 1e-5, false, "after " + std::to_string(steps) + " steps:");
+  auto s = split->named_parameters(), w = whole->named_parameters();
+  for (size_t i = 0; i < s.size(); ++i)
+    check_norm_close(s[i].second, slice_like(w[i].second, s[i].second, *group()), 1e-5,
+                     "after " + std::to_string(steps) + " steps: " + s[i].first);
 }
 
 // One forward and backward: the split model's gradients against the unsplit one's.
@@ -151,7 +173,7 @@ void gradients_against_unsplit(const nn::LlamaConfig& cfg) {
   const fsdp_test::Batch b = token_batch(0);
   fsdp_test::loss_of(*whole, b).backward();
   fsdp_test::loss_of(*split, b).backward();
-  check_split_params(*split, *whole, 1e-5, true, "gradient of");
+  check_split_grads(*split, *whole, 1e-5, "gradient of");
 }
 
 }  // namespace
@@ -165,7 +187,7 @@ TEST_CASE("Llama split over the ranks trains as the unsplit model") {
   CHECK(attn.q_proj->weight.shape() == Shape{8 / P() * 4, 32});
   CHECK(attn.o_proj->weight.shape() == Shape{32, 8 / P() * 4});
   CHECK(split->blocks[1]->mlp->down_proj->weight.shape() == Shape{32, 48 / P()});
-  train_against_unsplit<nn::Llama>(small_llama(), 5);
+  train_against_unsplit<nn::Llama>(small_llama(), 20);
 }
 
 TEST_CASE("Llama families split: Qwen2's q/k/v biases, Qwen3's head norms, a tied head") {
@@ -197,16 +219,16 @@ TEST_CASE("what cannot be split is refused on every rank, before anything change
   };
   auto model = seeded_llama<nn::Llama>(small_llama(), 2);
   const Shape q_shape = model->blocks[0]->self_attn->q_proj->weight.shape();
-  CHECK_THAT(error_of([&] { tp::parallelize_module(*model, group(), {{"model.layers.*.nothing", tp::colwise_parallel()}}); }),
+  CHECK_THAT(error_of([&] { tp::parallelize_module(*model, group(), {{"model.layers.*.nothing", tp::Split::colwise}}); }),
              Contains("'model.layers.*.nothing' matches no module"));
-  CHECK_THAT(error_of([&] { tp::parallelize_module(*model, group(), {{"model.layers.*.self_attn.q_proj", tp::colwise_parallel()},
-                                                                     {"model.layers.0.mlp", tp::rowwise_parallel()}}); }),
+  CHECK_THAT(error_of([&] { tp::parallelize_module(*model, group(), {{"model.layers.*.self_attn.q_proj", tp::Split::colwise},
+                                                                     {"model.layers.0.mlp", tp::Split::rowwise}}); }),
              Contains("matches model.layers.0.mlp, a SwiGLU, not a Linear"));
-  CHECK_THAT(error_of([&] { tp::parallelize_module(*model, group(), {{"model.layers.*.self_attn.q_proj", tp::colwise_parallel()},
-                                                                     {"model.layers.0.self_attn.q_proj", tp::colwise_parallel()}}); }),
+  CHECK_THAT(error_of([&] { tp::parallelize_module(*model, group(), {{"model.layers.*.self_attn.q_proj", tp::Split::colwise},
+                                                                     {"model.layers.0.self_attn.q_proj", tp::Split::colwise}}); }),
              Contains("model.layers.0.self_attn.q_proj is matched by two plan entries"));
   nn::Linear biased(8, 4);
-  CHECK_THAT(error_of([&] { tp::parallelize_linear(biased, tp::rowwise_parallel(), group(), "proj"); }),
+  CHECK_THAT(error_of([&] { tp::parallelize_linear(biased, tp::Split::rowwise, group(), "proj"); }),
              Contains("rowwise proj: a rowwise layer with a bias is not supported"));
   CHECK(model->blocks[0]->self_attn->q_proj->weight.shape() == q_shape);  // nothing split by the refusals
   if (P() > 1) {
@@ -216,7 +238,52 @@ TEST_CASE("what cannot be split is refused on every rank, before anything change
     CHECK_THAT(error_of([&] { tp::parallelize_llama(*mqa, group()); }),
                Contains("the 1 key/value heads (n_kv_head) do not divide over " + std::to_string(P()) + " ranks"));
     nn::Linear odd(8, 3 * P() + 1);
-    CHECK_THAT(error_of([&] { tp::parallelize_linear(odd, tp::colwise_parallel(), group(), "odd"); }),
+    CHECK_THAT(error_of([&] { tp::parallelize_linear(odd, tp::Split::colwise, group(), "odd"); }),
                Contains("colwise odd: its out_features " + std::to_string(3 * P() + 1) + " do not divide over"));
+  }
+}
+
+// Qwen3 (its head norms' gradients summed over the tp group inside fsdp's unsharded parameters),
+// with activation checkpointing (the recompute runs the split layers' collectives again).
+TEST_CASE("dp x tp: fully_shard over the data-parallel dim of a 2-D mesh, on the split model") {
+  // (dp, tp) = (1, 1) at 1 rank, (1, 2) at 2, (2, 2) and (1, 4) at 4.
+  std::vector<std::pair<int, int>> layouts = {{P() / std::min(P(), 2), std::min(P(), 2)}};
+  if (P() == 4) layouts.emplace_back(1, 4);
+  for (const auto& [dp, tp_size] : layouts) {
+    DYNAMIC_SECTION("dp " << dp << " x tp " << tp_size) {
+      dist::DeviceMesh mesh(DeviceType::cpu, {dp, tp_size}, {"dp", "tp"});
+      const dist::ProcessGroupPtr& tp_group = mesh.group("tp");
+      auto dp_mesh = std::make_shared<dist::DeviceMesh>(DeviceType::cpu, std::vector<int>{dp},
+                                                        std::vector<std::string>{"dp"},
+                                                        std::vector<int>{mesh.coordinate(0)},
+                                                        std::vector<dist::ProcessGroupPtr>{mesh.group("dp")});
+      nn::LlamaConfig cfg = small_llama();
+      cfg.head_dim = 8;
+      auto whole = seeded_llama<nn::Qwen3>(cfg, 13), model = seeded_llama<nn::Qwen3>(cfg, 13);
+      tp::parallelize_llama(*model, tp_group);
+      for (auto& b : model->blocks) b->set_activation_checkpointing(true);
+      for (auto& b : model->blocks) fsdp::fully_shard(b, {.mesh = dp_mesh});
+      fsdp::FSDPModule root = fsdp::fully_shard(model, {.mesh = dp_mesh});
+      nn::AdamW whole_opt(whole->parameters(), {.lr = 1e-3}), opt(model->parameters(), {.lr = 1e-3});
+      for (int step = 0; step < 20; ++step) {
+        const fsdp_test::Batch global = token_batch(step);  // 4 rows: 4 / dp a data-parallel rank
+        const int64_t rows = global.x.size(0) / dp, first = rows * mesh.coordinate(0);
+        const fsdp_test::Batch mine{global.x.narrow(0, first, rows), global.y.narrow(0, first, rows)};
+        whole_opt.zero_grad();
+        opt.zero_grad();
+        Tensor lw = fsdp_test::loss_of(*whole, global), l = fsdp_test::loss_of(*model, mine);
+        lw.backward();
+        l.backward();
+        whole_opt.step();
+        opt.step();
+        Tensor mean = from_vector({l.item()}, {1}, {.dtype = kFloat64});
+        mesh.group("dp")->all_reduce(mean, dist::ReduceOp::avg)->wait();
+        check_close({mean.item()}, {lw.item()}, 1e-5, "loss at step " + std::to_string(step));
+      }
+      for (auto& [name, p] : whole->named_parameters()) {
+        Tensor full = root.full_tensor(name);
+        check_norm_close(full, slice_like(p, full, *tp_group), 1e-5, "after 20 steps: " + name);
+      }
+    }
   }
 }

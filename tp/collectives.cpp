@@ -1,8 +1,11 @@
 #include "tp/collectives.h"
 
+#include <functional>
+#include <string>
+#include <utility>
+
 #include "autograd/function.h"
 #include "core/shape.h"
-#include "dist/process_group.h"
 
 namespace weft::tp {
 namespace {
@@ -37,64 +40,48 @@ Tensor all_gathered(const Tensor& x, const dist::ProcessGroupPtr& group, int64_t
   return out.permute(order).reshape(joined);
 }
 
-class CopyToParallel : public autograd::Function {
+// One differentiable collective: `forward` on the input, `backward` on the output's gradient.
+class ParallelOp : public autograd::Function {
  public:
-  explicit CopyToParallel(dist::ProcessGroupPtr g) : group_(std::move(g)) {}
-  std::string name() const override { return "CopyToParallel"; }
-  TensorList forward(FunctionCtx&, const TensorList& in) override { return in; }
-  TensorList backward(FunctionCtx&, const TensorList& grads) override { return {all_reduced(grads[0], group_)}; }
-
- private:
-  dist::ProcessGroupPtr group_;
-};
-
-class ReduceFromParallel : public autograd::Function {
- public:
-  explicit ReduceFromParallel(dist::ProcessGroupPtr g) : group_(std::move(g)) {}
-  std::string name() const override { return "ReduceFromParallel"; }
-  TensorList forward(FunctionCtx&, const TensorList& in) override { return {all_reduced(in[0], group_)}; }
-  TensorList backward(FunctionCtx&, const TensorList& grads) override { return grads; }
-
- private:
-  dist::ProcessGroupPtr group_;
-};
-
-class GatherFromParallel : public autograd::Function {
- public:
-  GatherFromParallel(dist::ProcessGroupPtr g, int64_t dim) : group_(std::move(g)), dim_(dim) {}
-  std::string name() const override { return "GatherFromParallel"; }
-  TensorList forward(FunctionCtx&, const TensorList& in) override { return {all_gathered(in[0], group_, dim_)}; }
+  using Map = std::function<Tensor(const Tensor&)>;
+  ParallelOp(std::string name, Map forward, Map backward)
+      : name_(std::move(name)), forward_(std::move(forward)), backward_(std::move(backward)) {}
+  std::string name() const override { return name_; }
+  TensorList forward(FunctionCtx&, const TensorList& in) override { return {forward_(in[0])}; }
   TensorList backward(FunctionCtx&, const TensorList& grads) override {
-    if (!grads[0].defined()) return grads;
-    const int64_t n = grads[0].size(dim_) / group_->size();
-    return {grads[0].narrow(dim_, group_->rank() * n, n).contiguous()};
+    return {grads[0].defined() ? backward_(grads[0]) : grads[0]};
   }
 
  private:
-  dist::ProcessGroupPtr group_;
-  int64_t dim_;
+  std::string name_;
+  Map forward_, backward_;
 };
 
-void check_group(const dist::ProcessGroupPtr& group, const char* op) {
+Tensor apply(const Tensor& x, const dist::ProcessGroupPtr& group, const char* op, ParallelOp::Map forward,
+             ParallelOp::Map backward) {
   WEFT_CHECK(group != nullptr, "tp::{}: no process group", op);
+  return autograd::Function::apply<ParallelOp>({x}, op, std::move(forward), std::move(backward))[0];
 }
 
 }  // namespace
 
 Tensor copy_to_parallel(const Tensor& x, const dist::ProcessGroupPtr& group) {
-  check_group(group, "copy_to_parallel");
-  return autograd::Function::apply<CopyToParallel>({x}, group)[0];
+  return apply(x, group, "copy_to_parallel", [](const Tensor& t) { return t; },
+               [group](const Tensor& g) { return all_reduced(g, group); });
 }
 
 Tensor reduce_from_parallel(const Tensor& x, const dist::ProcessGroupPtr& group) {
-  check_group(group, "reduce_from_parallel");
-  return autograd::Function::apply<ReduceFromParallel>({x}, group)[0];
+  return apply(x, group, "reduce_from_parallel", [group](const Tensor& t) { return all_reduced(t, group); },
+               [](const Tensor& g) { return g; });
 }
 
 Tensor gather_from_parallel(const Tensor& x, const dist::ProcessGroupPtr& group, int64_t dim) {
-  check_group(group, "gather_from_parallel");
   const int64_t d = wrap_dim(dim, x.dim(), "tp::gather_from_parallel");
-  return autograd::Function::apply<GatherFromParallel>({x}, group, d)[0];
+  return apply(x, group, "gather_from_parallel", [group, d](const Tensor& t) { return all_gathered(t, group, d); },
+               [group, d](const Tensor& g) {
+                 const int64_t n = g.size(d) / group->size();
+                 return g.narrow(d, group->rank() * n, n).contiguous();
+               });
 }
 
 }  // namespace weft::tp

@@ -1,17 +1,43 @@
 #include "tp/llama_plan.h"
 
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "core/error.h"
 #include "nn/qwen3.h"
 #include "tp/collectives.h"
 #include "tp/parallel_style.h"
 
 namespace weft::tp {
+
+using nn::TensorList;
 namespace {
 
-// A parameter every rank holds whole but applies to its own part of a split activation: its
-// gradient on each rank is a partial sum, all-reduced before it is accumulated.
-void sum_gradient_over(const Tensor& param, const dist::ProcessGroupPtr& group) {
-  param.register_hook([group](const Tensor& grad) { return reduce_from_parallel(grad, group); });
+// A module every rank holds whole but applies to its own part of a split activation (Qwen3's
+// head norms): while it runs, its parameters pass copy_to_parallel, so their gradients, partial
+// sums on each rank, are all-reduced on their way into whatever tensors the slots hold (fsdp's
+// unsharded parameters under fully_shard; the recompute under activation checkpointing runs
+// these hooks again).
+void sum_gradients_over(nn::Module& m, const dist::ProcessGroupPtr& group) {
+  auto held = std::make_shared<std::vector<std::pair<std::string, Tensor>>>();
+  auto restore = [held](nn::Module& mod) {
+    for (auto& [name, p] : *held) mod.parameter_slot(name) = p;
+    held->clear();
+  };
+  m.register_forward_pre_hook([group, held, restore](nn::Module& mod, const TensorList&) -> std::optional<TensorList> {
+    restore(mod);  // after a forward that threw
+    for (auto& [name, p] : mod.named_parameters(false)) {
+      held->emplace_back(name, p);
+      mod.parameter_slot(name) = copy_to_parallel(p, group);
+    }
+    return std::nullopt;
+  });
+  m.register_forward_hook([restore](nn::Module& mod, const TensorList&, const TensorList&) -> std::optional<TensorList> {
+    restore(mod);
+    return std::nullopt;
+  });
 }
 
 }  // namespace
@@ -23,19 +49,19 @@ void parallelize_llama(nn::Llama& model, const dist::ProcessGroupPtr& group) {
   WEFT_CHECK(c.n_head % P == 0, "tp: parallelize_llama: n_head {} does not divide over {} ranks", c.n_head, P);
   WEFT_CHECK(c.kv_heads() % P == 0, "tp: parallelize_llama: the {} key/value heads (n_kv_head) do not divide over {} ranks",
              c.kv_heads(), P);
-  parallelize_module(model, group, {{"model.layers.*.self_attn.q_proj", colwise_parallel()},
-                                    {"model.layers.*.self_attn.k_proj", colwise_parallel()},
-                                    {"model.layers.*.self_attn.v_proj", colwise_parallel()},
-                                    {"model.layers.*.self_attn.o_proj", rowwise_parallel()},
-                                    {"model.layers.*.mlp.gate_proj", colwise_parallel()},
-                                    {"model.layers.*.mlp.up_proj", colwise_parallel()},
-                                    {"model.layers.*.mlp.down_proj", rowwise_parallel()}});
+  parallelize_module(model, group, {{"model.layers.*.self_attn.q_proj", Split::colwise},
+                                    {"model.layers.*.self_attn.k_proj", Split::colwise},
+                                    {"model.layers.*.self_attn.v_proj", Split::colwise},
+                                    {"model.layers.*.self_attn.o_proj", Split::rowwise},
+                                    {"model.layers.*.mlp.gate_proj", Split::colwise},
+                                    {"model.layers.*.mlp.up_proj", Split::colwise},
+                                    {"model.layers.*.mlp.down_proj", Split::rowwise}});
   for (const auto& block : model.blocks) {
     nn::LlamaAttention& a = *block->self_attn;
     a.n_head /= P;
     a.n_kv_head /= P;
     if (auto* q3 = dynamic_cast<nn::Qwen3Attention*>(&a))
-      for (const auto& norm : {q3->q_norm, q3->k_norm}) sum_gradient_over(norm->weight, group);
+      for (const auto& norm : {q3->q_norm, q3->k_norm}) sum_gradients_over(*norm, group);
   }
 }
 

@@ -20,40 +20,32 @@ Tensor slice_of(const Tensor& t, int64_t dim, const dist::ProcessGroup& group) {
   return part;
 }
 
-void check_splittable(const nn::Linear& l, const ParallelStyle& style, const dist::ProcessGroupPtr& group,
-                      const std::string& path) {
+void check_splittable(const nn::Linear& l, Split split, const dist::ProcessGroupPtr& group, const std::string& path) {
   WEFT_CHECK(group != nullptr, "tp: parallelize {}: no process group", path);
-  const char* name = style.split == Split::colwise ? "colwise" : "rowwise";
-  const int64_t features = style.split == Split::colwise ? l.out_features : l.in_features;
-  WEFT_CHECK(features % group->size() == 0, "tp: {} {}: its {} {} do not divide over {} ranks", name, path,
-             style.split == Split::colwise ? "out_features" : "in_features", features, group->size());
+  const bool col = split == Split::colwise;
+  const char* name = col ? "colwise" : "rowwise";
+  WEFT_CHECK((col ? l.out_features : l.in_features) % group->size() == 0, "tp: {} {}: its {} {} do not divide over {} ranks",
+             name, path, col ? "out_features" : "in_features", col ? l.out_features : l.in_features, group->size());
   WEFT_CHECK(l.weight.device().type != DeviceType::meta,
              "tp: {} {}: its weight is on the meta device; materialise the model before splitting it", name, path);
   WEFT_CHECK(!l.low_rank, "tp: {} {}: a layer with a low-rank adapter cannot be split (apply LoRA after tp)", name,
              path);
-  WEFT_CHECK(style.split == Split::colwise || !l.bias.defined(),
+  WEFT_CHECK(col || !l.bias.defined(),
              "tp: rowwise {}: a rowwise layer with a bias is not supported (its bias would be added on every rank)",
-             path);
-  WEFT_CHECK(style.split == Split::colwise || !style.gather_output, "tp: rowwise {}: gather_output is colwise only",
              path);
 }
 
 }  // namespace
 
-void parallelize_linear(nn::Linear& l, const ParallelStyle& style, const dist::ProcessGroupPtr& group,
-                        const std::string& path) {
-  check_splittable(l, style, group, path);
-  if (style.split == Split::colwise) {
+void parallelize_linear(nn::Linear& l, Split split, const dist::ProcessGroupPtr& group, const std::string& path) {
+  check_splittable(l, split, group, path);
+  if (split == Split::colwise) {
     l.weight = slice_of(l.weight, 0, *group);
     if (l.bias.defined()) l.bias = slice_of(l.bias, 0, *group);
     l.out_features /= group->size();
     l.register_forward_pre_hook([group](nn::Module&, const TensorList& in) -> std::optional<TensorList> {
       return TensorList{copy_to_parallel(in[0], group)};
     });
-    if (style.gather_output)
-      l.register_forward_hook([group](nn::Module&, const TensorList&, const TensorList& out) -> std::optional<TensorList> {
-        return TensorList{gather_from_parallel(out[0], group, -1)};
-      });
     return;
   }
   l.weight = slice_of(l.weight, 1, *group);
@@ -79,23 +71,22 @@ bool matches(const std::string& pattern, const std::string& path) {
 
 void parallelize_module(nn::Module& root, const dist::ProcessGroupPtr& group, const ParallelPlan& plan) {
   // Every entry is checked against every match before any layer is split.
-  std::vector<std::tuple<nn::Linear*, ParallelStyle, std::string>> todo;
+  std::vector<std::tuple<nn::Linear*, Split, std::string>> todo;
   const auto modules = root.named_modules();
-  for (const auto& [pattern, style] : plan) {
-    size_t found = 0;
+  for (const auto& [pattern, split] : plan) {
+    const size_t before = todo.size();
     for (const auto& [path, m] : modules) {
       if (path.empty() || !matches(pattern, path)) continue;
       auto* linear = dynamic_cast<nn::Linear*>(m.get());
       WEFT_CHECK(linear != nullptr, "tp: plan entry '{}' matches {}, a {}, not a Linear", pattern, path, m->type_name());
-      check_splittable(*linear, style, group, path);
+      check_splittable(*linear, split, group, path);
       for (const auto& done : todo)
         WEFT_CHECK(std::get<0>(done) != linear, "tp: {} is matched by two plan entries (the second: '{}')", path, pattern);
-      todo.emplace_back(linear, style, path);
-      ++found;
+      todo.emplace_back(linear, split, path);
     }
-    WEFT_CHECK(found > 0, "tp: plan entry '{}' matches no module of {}", pattern, root.type_name());
+    WEFT_CHECK(todo.size() > before, "tp: plan entry '{}' matches no module of {}", pattern, root.type_name());
   }
-  for (auto& [linear, style, path] : todo) parallelize_linear(*linear, style, group, path);
+  for (auto& [linear, split, path] : todo) parallelize_linear(*linear, split, group, path);
 }
 
 }  // namespace weft::tp

@@ -3,8 +3,7 @@
 // layer keeps this rank's part of its parameters, in place, and its calls pass the collectives
 // of tp/collectives.h through forward hooks:
 //   colwise  W [out, in] keeps rows (and the bias's entries) rank * out/P ... ; the input passes
-//            copy_to_parallel; the output is this rank's columns of y, or with gather_output
-//            the whole y (gather_from_parallel on its last dim).
+//            copy_to_parallel; the output is this rank's columns of y.
 //   rowwise  W keeps columns rank * in/P ... ; the input is this rank's columns of x (a colwise
 //            layer's output); the output, a partial sum, passes reduce_from_parallel.
 // Megatron's pairing: colwise then rowwise, one all-reduce per pair in forward and one in
@@ -22,22 +21,15 @@ namespace weft::tp {
 
 enum class Split { colwise, rowwise };
 
-struct ParallelStyle {
-  Split split = Split::colwise;
-  bool gather_output = false;  // colwise only: every rank gets the whole output
-};
-inline ParallelStyle colwise_parallel(bool gather_output = false) { return {Split::colwise, gather_output}; }
-inline ParallelStyle rowwise_parallel() { return {Split::rowwise, false}; }
-
 // Splits `linear` over `group` (`path` names it in errors). Throws, before changing anything,
 // when the split dimension does not divide by the group's size, the layer is on the meta
 // device, carries a low-rank adapter, or is rowwise with a bias.
-void parallelize_linear(nn::Linear& linear, const ParallelStyle& style, const dist::ProcessGroupPtr& group,
+void parallelize_linear(nn::Linear& linear, Split split, const dist::ProcessGroupPtr& group,
                         const std::string& path = "Linear");
 
 // Module paths (dotted; a "*" segment matches any one name) to styles. Every entry must match
 // at least one module, and each match must be an nn::Linear.
-using ParallelPlan = std::vector<std::pair<std::string, ParallelStyle>>;
+using ParallelPlan = std::vector<std::pair<std::string, Split>>;
 void parallelize_module(nn::Module& root, const dist::ProcessGroupPtr& group, const ParallelPlan& plan);
 
 }  // namespace weft::tp
