@@ -187,6 +187,11 @@ TEST_CASE("Llama split over the ranks trains as the unsplit model") {
   CHECK(attn.q_proj->weight.shape() == Shape{8 / P() * 4, 32});
   CHECK(attn.o_proj->weight.shape() == Shape{32, 8 / P() * 4});
   CHECK(split->blocks[1]->mlp->down_proj->weight.shape() == Shape{32, 48 / P()});
+  // Megatron's count: an all-reduce after the attention and after the MLP in forward, one at
+  // each one's input in backward (q, k and v share theirs, as gate and up do).
+  const uint64_t before = group()->num_collectives();
+  fsdp_test::loss_of(*split, token_batch(0)).backward();
+  CHECK(group()->num_collectives() - before == 4 * 2);
   train_against_unsplit<nn::Llama>(small_llama(), 20);
 }
 

@@ -49,12 +49,14 @@ void parallelize_llama(nn::Llama& model, const dist::ProcessGroupPtr& group) {
   WEFT_CHECK(c.n_head % P == 0, "tp: parallelize_llama: n_head {} does not divide over {} ranks", c.n_head, P);
   WEFT_CHECK(c.kv_heads() % P == 0, "tp: parallelize_llama: the {} key/value heads (n_kv_head) do not divide over {} ranks",
              c.kv_heads(), P);
-  parallelize_module(model, group, {{"model.layers.*.self_attn.q_proj", Split::colwise},
-                                    {"model.layers.*.self_attn.k_proj", Split::colwise},
-                                    {"model.layers.*.self_attn.v_proj", Split::colwise},
+  parallelize_module(model, group, {{"model.layers.*.self_attn", Split::shared_input},
+                                    {"model.layers.*.self_attn.q_proj", Split::colwise_shared},
+                                    {"model.layers.*.self_attn.k_proj", Split::colwise_shared},
+                                    {"model.layers.*.self_attn.v_proj", Split::colwise_shared},
                                     {"model.layers.*.self_attn.o_proj", Split::rowwise},
-                                    {"model.layers.*.mlp.gate_proj", Split::colwise},
-                                    {"model.layers.*.mlp.up_proj", Split::colwise},
+                                    {"model.layers.*.mlp", Split::shared_input},
+                                    {"model.layers.*.mlp.gate_proj", Split::colwise_shared},
+                                    {"model.layers.*.mlp.up_proj", Split::colwise_shared},
                                     {"model.layers.*.mlp.down_proj", Split::rowwise}});
   for (const auto& block : model.blocks) {
     nn::LlamaAttention& a = *block->self_attn;

@@ -22,7 +22,8 @@ Tensor slice_of(const Tensor& t, int64_t dim, const dist::ProcessGroup& group) {
 
 void check_splittable(const nn::Linear& l, Split split, const dist::ProcessGroupPtr& group, const std::string& path) {
   WEFT_CHECK(group != nullptr, "tp: parallelize {}: no process group", path);
-  const bool col = split == Split::colwise;
+  WEFT_CHECK(split != Split::shared_input, "tp: {}: shared_input marks a module of a plan (parallelize_module)", path);
+  const bool col = split != Split::rowwise;
   const char* name = col ? "colwise" : "rowwise";
   WEFT_CHECK((col ? l.out_features : l.in_features) % group->size() == 0, "tp: {} {}: its {} {} do not divide over {} ranks",
              name, path, col ? "out_features" : "in_features", col ? l.out_features : l.in_features, group->size());
@@ -35,17 +36,23 @@ void check_splittable(const nn::Linear& l, Split split, const dist::ProcessGroup
              path);
 }
 
+void share_input(nn::Module& m, const dist::ProcessGroupPtr& group) {
+  m.register_forward_pre_hook([group](nn::Module&, const TensorList& in) -> std::optional<TensorList> {
+    TensorList out = in;
+    out[0] = copy_to_parallel(in[0], group);
+    return out;
+  });
+}
+
 }  // namespace
 
 void parallelize_linear(nn::Linear& l, Split split, const dist::ProcessGroupPtr& group, const std::string& path) {
   check_splittable(l, split, group, path);
-  if (split == Split::colwise) {
+  if (split != Split::rowwise) {
     l.weight = slice_of(l.weight, 0, *group);
     if (l.bias.defined()) l.bias = slice_of(l.bias, 0, *group);
     l.out_features /= group->size();
-    l.register_forward_pre_hook([group](nn::Module&, const TensorList& in) -> std::optional<TensorList> {
-      return TensorList{copy_to_parallel(in[0], group)};
-    });
+    if (split == Split::colwise) share_input(l, group);
     return;
   }
   l.weight = slice_of(l.weight, 1, *group);
@@ -71,22 +78,28 @@ bool matches(const std::string& pattern, const std::string& path) {
 
 void parallelize_module(nn::Module& root, const dist::ProcessGroupPtr& group, const ParallelPlan& plan) {
   // Every entry is checked against every match before any layer is split.
-  std::vector<std::tuple<nn::Linear*, Split, std::string>> todo;
+  std::vector<std::tuple<nn::Module*, Split, std::string>> todo;
   const auto modules = root.named_modules();
   for (const auto& [pattern, split] : plan) {
     const size_t before = todo.size();
     for (const auto& [path, m] : modules) {
       if (path.empty() || !matches(pattern, path)) continue;
       auto* linear = dynamic_cast<nn::Linear*>(m.get());
-      WEFT_CHECK(linear != nullptr, "tp: plan entry '{}' matches {}, a {}, not a Linear", pattern, path, m->type_name());
-      check_splittable(*linear, split, group, path);
+      WEFT_CHECK(linear != nullptr || split == Split::shared_input, "tp: plan entry '{}' matches {}, a {}, not a Linear",
+                 pattern, path, m->type_name());
+      if (split != Split::shared_input) check_splittable(*linear, split, group, path);
       for (const auto& done : todo)
-        WEFT_CHECK(std::get<0>(done) != linear, "tp: {} is matched by two plan entries (the second: '{}')", path, pattern);
-      todo.emplace_back(linear, split, path);
+        WEFT_CHECK(std::get<0>(done) != m.get(), "tp: {} is matched by two plan entries (the second: '{}')", path, pattern);
+      todo.emplace_back(m.get(), split, path);
     }
     WEFT_CHECK(todo.size() > before, "tp: plan entry '{}' matches no module of {}", pattern, root.type_name());
   }
-  for (auto& [linear, split, path] : todo) parallelize_linear(*linear, split, group, path);
+  for (auto& [m, split, path] : todo) {
+    if (split == Split::shared_input)
+      share_input(*m, group);
+    else
+      parallelize_linear(static_cast<nn::Linear&>(*m), split, group, path);
+  }
 }
 
 }  // namespace weft::tp

@@ -1,11 +1,15 @@
 // tp: how a Linear is split over a tensor-parallel group, and a plan of such splits applied by
-// module path (PyTorch's ColwiseParallel / RowwiseParallel and parallelize_module). A split
-// layer keeps this rank's part of its parameters, in place, and its calls pass the collectives
-// of tp/collectives.h through forward hooks:
-//   colwise  W [out, in] keeps rows (and the bias's entries) rank * out/P ... ; the input passes
-//            copy_to_parallel; the output is this rank's columns of y.
-//   rowwise  W keeps columns rank * in/P ... ; the input is this rank's columns of x (a colwise
-//            layer's output); the output, a partial sum, passes reduce_from_parallel.
+// module path (PyTorch's ColwiseParallel / RowwiseParallel / PrepareModuleInput and
+// parallelize_module). A split layer keeps this rank's part of its parameters, in place, and its
+// calls pass the collectives of tp/collectives.h through forward hooks:
+//   colwise         W [out, in] keeps rows (and the bias's entries) rank * out/P ... ; the input
+//                   passes copy_to_parallel; the output is this rank's columns of y.
+//   colwise_shared  the same rows, the input taken as it comes: a shared_input module around
+//                   the layer passed it through copy_to_parallel once for every such layer
+//                   (q, k and v: one all-reduce of the input's gradient, not three).
+//   rowwise         W keeps columns rank * in/P ... ; the input is this rank's columns of x (a
+//                   colwise layer's output); the output, a partial sum, passes reduce_from_parallel.
+//   shared_input    any module: its first input passes copy_to_parallel.
 // Megatron's pairing: colwise then rowwise, one all-reduce per pair in forward and one in
 // backward. Parameters must be materialised and equal on every rank of the group (the same
 // seed or the same checkpoint) when a layer is split: each rank keeps its slice of them.
@@ -19,16 +23,17 @@
 
 namespace weft::tp {
 
-enum class Split { colwise, rowwise };
+enum class Split { colwise, colwise_shared, rowwise, shared_input };
 
 // Splits `linear` over `group` (`path` names it in errors). Throws, before changing anything,
 // when the split dimension does not divide by the group's size, the layer is on the meta
-// device, carries a low-rank adapter, or is rowwise with a bias.
+// device, carries a low-rank adapter, or is rowwise with a bias; `shared_input` is for
+// parallelize_module.
 void parallelize_linear(nn::Linear& linear, Split split, const dist::ProcessGroupPtr& group,
                         const std::string& path = "Linear");
 
-// Module paths (dotted; a "*" segment matches any one name) to styles. Every entry must match
-// at least one module, and each match must be an nn::Linear.
+// Module paths (dotted; a "*" segment matches any one name) to splits. Every entry must match
+// at least one module; each match must be an nn::Linear, but for shared_input.
 using ParallelPlan = std::vector<std::pair<std::string, Split>>;
 void parallelize_module(nn::Module& root, const dist::ProcessGroupPtr& group, const ParallelPlan& plan);
 
