@@ -141,18 +141,24 @@ TEST_CASE("colwise then rowwise: the unsplit pair's output and gradients") {
 
 namespace {
 
+// The loss of a model whose logits are this rank's vocabulary columns.
+Tensor parallel_loss_of(nn::Module& m, const fsdp_test::Batch& b) {
+  Tensor logits = m(b.x);
+  return tp::vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}), b.y.reshape({-1}), group());
+}
+
 // `steps` AdamW steps of the unsplit model and of the split one on the same batches; the
 // losses compared at every step, the parameters after the last.
 template <class Model>
-void train_against_unsplit(const nn::LlamaConfig& cfg, int steps) {
+void train_against_unsplit(const nn::LlamaConfig& cfg, int steps, const tp::LlamaPlan& plan = {}) {
   auto whole = seeded_llama<Model>(cfg, 11), split = seeded_llama<Model>(cfg, 11);
-  tp::parallelize_llama(*split, group());
+  tp::parallelize_llama(*split, group(), plan);
   nn::AdamW whole_opt(whole->parameters(), {.lr = 1e-3}), split_opt(split->parameters(), {.lr = 1e-3});
   for (int step = 0; step < steps; ++step) {
     const fsdp_test::Batch b = token_batch(step);
     whole_opt.zero_grad();
     split_opt.zero_grad();
-    Tensor lw = fsdp_test::loss_of(*whole, b), ls = fsdp_test::loss_of(*split, b);
+    Tensor lw = fsdp_test::loss_of(*whole, b), ls = plan.loss_parallel ? parallel_loss_of(*split, b) : fsdp_test::loss_of(*split, b);
     lw.backward();
     ls.backward();
     whole_opt.step();
@@ -290,5 +296,54 @@ TEST_CASE("dp x tp: fully_shard over the data-parallel dim of a 2-D mesh, on the
         check_norm_close(full, slice_like(p, full, *tp_group), 1e-5, "after 20 steps: " + name);
       }
     }
+  }
+}
+
+TEST_CASE("vocab_parallel_cross_entropy: cross_entropy of the whole logits, and its gradient's columns") {
+  Generator g(21);
+  const int64_t V = 6 * P();
+  Tensor whole = (randn({5, V}, {}, &g) * 3.0).set_requires_grad();
+  // Targets on every rank's columns, one ignored row.
+  Tensor target = from_vector({0.0, double(V - 1), -100.0, double(V / 2), 5.0}, {5}, {.dtype = kInt64});
+  for (std::string_view reduction : {"mean", "sum", "none"}) {
+    INFO("reduction " << reduction);
+    whole.set_grad(Tensor());
+    Tensor mine = my_slice(whole.detach(), 1, *group()).clone().set_requires_grad();
+    Tensor want = cross_entropy(whole, target, {.reduction = reduction});
+    Tensor got = tp::vocab_parallel_cross_entropy(mine, target, group(), {.reduction = reduction});
+    check_close(values(got), values(want), 1e-6, "loss");
+    Generator gg(22);
+    Tensor dy = reduction == "none" ? randn({5}, {}, &gg) : Tensor();
+    want.backward(dy);
+    got.backward(dy);
+    check_close(values(mine.grad()), values(my_slice(whole.grad(), 1, *group())), 1e-6, "gradient of this rank's columns");
+  }
+  auto error_of = [&](const CrossEntropyOptions& o) {
+    try {
+      tp::vocab_parallel_cross_entropy(my_slice(whole.detach(), 1, *group()), target, group(), o);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  CHECK_THAT(error_of({.label_smoothing = 0.1}), Contains("label_smoothing 0.1 is not supported"));
+  CHECK_THAT(error_of({.reduction = "max"}), Contains("unknown reduction 'max'"));
+  target = from_vector({0.0, double(V), -100.0, 1.0, 2.0}, {5}, {.dtype = kInt64});
+  CHECK_THAT(error_of({}), Contains("target " + std::to_string(V) + " (row 1) is out of range for " + std::to_string(V) + " classes"));
+}
+
+TEST_CASE("loss parallel: the embedding and the head split by vocabulary train as the unsplit model") {
+  SECTION("untied head") {
+    auto split = seeded_llama<nn::Llama>(small_llama(), 1);
+    tp::parallelize_llama(*split, group(), {.loss_parallel = true});
+    CHECK(split->embed_tokens->weight.shape() == Shape{32 / P(), 32});
+    CHECK(split->lm_head->weight.shape() == Shape{32 / P(), 32});
+    CHECK(split->forward(token_batch(0).x).shape() == Shape{4, 12, 32 / P()});
+    train_against_unsplit<nn::Llama>(small_llama(), 20, {.loss_parallel = true});
+  }
+  SECTION("tied head") {
+    nn::LlamaConfig cfg = small_llama();
+    cfg.tie_weights = true;
+    train_against_unsplit<nn::Llama>(cfg, 20, {.loss_parallel = true});
   }
 }

@@ -42,22 +42,27 @@ void sum_gradients_over(nn::Module& m, const dist::ProcessGroupPtr& group) {
 
 }  // namespace
 
-void parallelize_llama(nn::Llama& model, const dist::ProcessGroupPtr& group) {
+void parallelize_llama(nn::Llama& model, const dist::ProcessGroupPtr& group, const LlamaPlan& plan) {
   WEFT_CHECK(group != nullptr, "tp: parallelize_llama: no process group");
   const int P = group->size();
   const nn::LlamaConfig& c = model.cfg;
   WEFT_CHECK(c.n_head % P == 0, "tp: parallelize_llama: n_head {} does not divide over {} ranks", c.n_head, P);
   WEFT_CHECK(c.kv_heads() % P == 0, "tp: parallelize_llama: the {} key/value heads (n_kv_head) do not divide over {} ranks",
              c.kv_heads(), P);
-  parallelize_module(model, group, {{"model.layers.*.self_attn", Split::shared_input},
-                                    {"model.layers.*.self_attn.q_proj", Split::colwise_shared},
-                                    {"model.layers.*.self_attn.k_proj", Split::colwise_shared},
-                                    {"model.layers.*.self_attn.v_proj", Split::colwise_shared},
-                                    {"model.layers.*.self_attn.o_proj", Split::rowwise},
-                                    {"model.layers.*.mlp", Split::shared_input},
-                                    {"model.layers.*.mlp.gate_proj", Split::colwise_shared},
-                                    {"model.layers.*.mlp.up_proj", Split::colwise_shared},
-                                    {"model.layers.*.mlp.down_proj", Split::rowwise}});
+  ParallelPlan splits = {{"model.layers.*.self_attn", Split::shared_input},
+                         {"model.layers.*.self_attn.q_proj", Split::colwise_shared},
+                         {"model.layers.*.self_attn.k_proj", Split::colwise_shared},
+                         {"model.layers.*.self_attn.v_proj", Split::colwise_shared},
+                         {"model.layers.*.self_attn.o_proj", Split::rowwise},
+                         {"model.layers.*.mlp", Split::shared_input},
+                         {"model.layers.*.mlp.gate_proj", Split::colwise_shared},
+                         {"model.layers.*.mlp.up_proj", Split::colwise_shared},
+                         {"model.layers.*.mlp.down_proj", Split::rowwise}};
+  if (plan.loss_parallel) {
+    splits.insert(splits.end(), {{"model.embed_tokens", Split::vocab_rows}, {"model.norm", Split::shared_output}});
+    if (model.lm_head) splits.emplace_back("lm_head", Split::colwise_shared);
+  }
+  parallelize_module(model, group, splits);
   for (const auto& block : model.blocks) {
     nn::LlamaAttention& a = *block->self_attn;
     a.n_head /= P;

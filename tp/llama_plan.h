@@ -6,8 +6,8 @@
 // ffn / P of SwiGLU's width, with one all-reduce after the attention and one after the MLP in
 // forward, and one each before them in backward.
 //
-// The embedding, the norms and the head stay whole on every rank: their inputs and the gradients
-// reaching them are equal on every rank, so are their gradients. Qwen3's head norms are the
+// The embedding, the norms and the head stay whole on every rank (unless loss_parallel): their
+// inputs and the gradients reaching them are equal on every rank, so are their gradients. Qwen3's head norms are the
 // exception: each rank applies them to its own heads, so their gradients are partial sums,
 // all-reduced before they are accumulated. Attention dropout draws each rank's heads' masks
 // from that rank's generator: a run with dropout is not the 1-rank run's.
@@ -17,8 +17,16 @@
 
 namespace weft::tp {
 
-// Throws, before anything is split, when n_head, the key/value heads or the SwiGLU width do
-// not divide over the group, or a block is not the plan's (a Linear with an adapter, say).
-void parallelize_llama(nn::Llama& model, const dist::ProcessGroupPtr& group);
+struct LlamaPlan {
+  // Loss parallel: the embedding split by vocabulary rows (vocab_rows), the head too (colwise by
+  // vocabulary, or tied to the split embedding), the final norm's output shared; the model's
+  // logits are then this rank's vocabulary columns, for tp::vocab_parallel_cross_entropy.
+  bool loss_parallel = false;
+};
+
+// Throws, before anything is split, when n_head, the key/value heads, the SwiGLU width (or the
+// vocabulary, loss parallel) do not divide over the group, or a layer is not the plan's (a Linear
+// with an adapter, say).
+void parallelize_llama(nn::Llama& model, const dist::ProcessGroupPtr& group, const LlamaPlan& plan = {});
 
 }  // namespace weft::tp

@@ -5,3 +5,4 @@
 #include "tp/collectives.h"
 #include "tp/llama_plan.h"
 #include "tp/parallel_style.h"
+#include "tp/vocab_parallel_loss.h"
