@@ -104,6 +104,33 @@ TEST_CASE("copy_to / reduce_from / gather_from: forward and backward as defined"
     y.backward(g);
     check_close(values(x.grad()), values(g), 0, "backward");
   }
+  SECTION("the sequence forms: scatter, gather with a reduce-scattered gradient, reduce-scatter") {
+    // Rank r's tensor [2, 2P, 3] holds 100 r + its index; each op against its definition.
+    Tensor whole = rank_tensor(100 * R(), {2, 2 * P(), 3}).set_requires_grad();
+    auto sum_over_ranks = [&](Shape shape) {  // sum over r of (100 r + index)
+      return rank_tensor(0, shape) * double(P()) + 100.0 * (P() * (P() - 1) / 2.0);
+    };
+    Tensor mine = tp::scatter_to_parallel(whole, group(), 1);
+    check_close(values(mine), values(whole.narrow(1, 2 * R(), 2)), 0, "scatter forward");
+    Tensor g = rank_tensor(1000 * R(), {2, 2, 3});
+    mine.backward(g);
+    for (int r = 0; r < P(); ++r)
+      check_close(values(whole.grad().narrow(1, 2 * r, 2)), values(rank_tensor(1000 * r, {2, 2, 3})), 0, "scatter backward");
+    Tensor part = rank_tensor(100 * R(), {2, 2, 3}).set_requires_grad();
+    Tensor gathered = tp::gather_sequence_parallel(part, group(), 1);
+    for (int r = 0; r < P(); ++r)
+      check_close(values(gathered.narrow(1, 2 * r, 2)), values(rank_tensor(100 * r, {2, 2, 3})), 0, "gather forward");
+    gathered.backward(rank_tensor(100 * R(), {2, 2 * P(), 3}));
+    check_close(values(part.grad()), values(sum_over_ranks({2, 2 * P(), 3}).narrow(1, 2 * R(), 2)), 0, "gather backward");
+    Tensor x = rank_tensor(100 * R(), {2, 2 * P(), 3}).set_requires_grad();
+    Tensor reduced = tp::reduce_scatter_parallel(x, group(), 1);
+    check_close(values(reduced), values(sum_over_ranks({2, 2 * P(), 3}).narrow(1, 2 * R(), 2)), 0, "reduce-scatter forward");
+    reduced.backward(rank_tensor(1000 * R(), {2, 2, 3}));
+    for (int r = 0; r < P(); ++r)
+      check_close(values(x.grad().narrow(1, 2 * r, 2)), values(rank_tensor(1000 * r, {2, 2, 3})), 0, "reduce-scatter backward");
+    if (P() > 1) CHECK_THROWS_WITH(tp::scatter_to_parallel(rank_tensor(0, {2, 2 * P() + 1}), group(), 1),
+                                   Contains("does not divide over " + std::to_string(P()) + " ranks"));
+  }
   SECTION("gather_from_parallel: ranks joined along a middle dim, this rank's slice of the gradient back") {
     Tensor x = rank_tensor(100 * R(), {2, 3, 2}).set_requires_grad();
     Tensor y = tp::gather_from_parallel(x, group(), 1);
@@ -126,7 +153,7 @@ TEST_CASE("colwise then rowwise: the unsplit pair's output and gradients") {
     return m;
   };
   auto whole = make(), split = make();
-  tp::parallelize_module(*split, group(), {{"0", tp::Split::colwise}, {"2", tp::Split::rowwise}});
+  tp::parallelize_module(*split, group(), {{"0", tp::colwise()}, {"2", tp::rowwise()}});
   Generator g(9);
   Tensor x = randn({3, 6}, {}, &g), xs = x.clone().set_requires_grad();
   x.set_requires_grad();
@@ -142,9 +169,9 @@ TEST_CASE("colwise then rowwise: the unsplit pair's output and gradients") {
 namespace {
 
 // The loss of a model whose logits are this rank's vocabulary columns.
-Tensor parallel_loss_of(nn::Module& m, const fsdp_test::Batch& b) {
+Tensor parallel_loss_of(nn::Module& m, const fsdp_test::Batch& b, const dist::ProcessGroupPtr& g = group()) {
   Tensor logits = m(b.x);
-  return tp::vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}), b.y.reshape({-1}), group());
+  return tp::vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}), b.y.reshape({-1}), g);
 }
 
 // `steps` AdamW steps of the unsplit model and of the split one on the same batches; the
@@ -230,16 +257,16 @@ TEST_CASE("what cannot be split is refused on every rank, before anything change
   };
   auto model = seeded_llama<nn::Llama>(small_llama(), 2);
   const Shape q_shape = model->blocks[0]->self_attn->q_proj->weight.shape();
-  CHECK_THAT(error_of([&] { tp::parallelize_module(*model, group(), {{"model.layers.*.nothing", tp::Split::colwise}}); }),
+  CHECK_THAT(error_of([&] { tp::parallelize_module(*model, group(), {{"model.layers.*.nothing", tp::colwise()}}); }),
              Contains("'model.layers.*.nothing' matches no module"));
-  CHECK_THAT(error_of([&] { tp::parallelize_module(*model, group(), {{"model.layers.*.self_attn.q_proj", tp::Split::colwise},
-                                                                     {"model.layers.0.mlp", tp::Split::rowwise}}); }),
+  CHECK_THAT(error_of([&] { tp::parallelize_module(*model, group(), {{"model.layers.*.self_attn.q_proj", tp::colwise()},
+                                                                     {"model.layers.0.mlp", tp::rowwise()}}); }),
              Contains("matches model.layers.0.mlp, a SwiGLU, not a Linear"));
-  CHECK_THAT(error_of([&] { tp::parallelize_module(*model, group(), {{"model.layers.*.self_attn.q_proj", tp::Split::colwise},
-                                                                     {"model.layers.0.self_attn.q_proj", tp::Split::colwise}}); }),
+  CHECK_THAT(error_of([&] { tp::parallelize_module(*model, group(), {{"model.layers.*.self_attn.q_proj", tp::colwise()},
+                                                                     {"model.layers.0.self_attn.q_proj", tp::colwise()}}); }),
              Contains("model.layers.0.self_attn.q_proj is matched by two plan entries"));
   nn::Linear biased(8, 4);
-  CHECK_THAT(error_of([&] { tp::parallelize_linear(biased, tp::Split::rowwise, group(), "proj"); }),
+  CHECK_THAT(error_of([&] { tp::parallelize(biased, tp::rowwise(), group(), "proj"); }),
              Contains("rowwise proj: a rowwise layer with a bias is not supported"));
   CHECK(model->blocks[0]->self_attn->q_proj->weight.shape() == q_shape);  // nothing split by the refusals
   if (P() > 1) {
@@ -249,13 +276,14 @@ TEST_CASE("what cannot be split is refused on every rank, before anything change
     CHECK_THAT(error_of([&] { tp::parallelize_llama(*mqa, group()); }),
                Contains("the 1 key/value heads (n_kv_head) do not divide over " + std::to_string(P()) + " ranks"));
     nn::Linear odd(8, 3 * P() + 1);
-    CHECK_THAT(error_of([&] { tp::parallelize_linear(odd, tp::Split::colwise, group(), "odd"); }),
+    CHECK_THAT(error_of([&] { tp::parallelize(odd, tp::colwise(), group(), "odd"); }),
                Contains("colwise odd: its out_features " + std::to_string(3 * P() + 1) + " do not divide over"));
   }
 }
 
 // Qwen3 (its head norms' gradients summed over the tp group inside fsdp's unsharded parameters),
-// with activation checkpointing (the recompute runs the split layers' collectives again).
+// sequence and loss parallel, with activation checkpointing (the recompute runs the split
+// layers' collectives again).
 TEST_CASE("dp x tp: fully_shard over the data-parallel dim of a 2-D mesh, on the split model") {
   // (dp, tp) = (1, 1) at 1 rank, (1, 2) at 2, (2, 2) and (1, 4) at 4.
   std::vector<std::pair<int, int>> layouts = {{P() / std::min(P(), 2), std::min(P(), 2)}};
@@ -271,7 +299,7 @@ TEST_CASE("dp x tp: fully_shard over the data-parallel dim of a 2-D mesh, on the
       nn::LlamaConfig cfg = small_llama();
       cfg.head_dim = 8;
       auto whole = seeded_llama<nn::Qwen3>(cfg, 13), model = seeded_llama<nn::Qwen3>(cfg, 13);
-      tp::parallelize_llama(*model, tp_group);
+      tp::parallelize_llama(*model, tp_group, {.loss_parallel = true, .sequence_parallel = true});
       for (auto& b : model->blocks) b->set_activation_checkpointing(true);
       for (auto& b : model->blocks) fsdp::fully_shard(b, {.mesh = dp_mesh});
       fsdp::FSDPModule root = fsdp::fully_shard(model, {.mesh = dp_mesh});
@@ -282,7 +310,7 @@ TEST_CASE("dp x tp: fully_shard over the data-parallel dim of a 2-D mesh, on the
         const fsdp_test::Batch mine{global.x.narrow(0, first, rows), global.y.narrow(0, first, rows)};
         whole_opt.zero_grad();
         opt.zero_grad();
-        Tensor lw = fsdp_test::loss_of(*whole, global), l = fsdp_test::loss_of(*model, mine);
+        Tensor lw = fsdp_test::loss_of(*whole, global), l = parallel_loss_of(*model, mine, tp_group);
         lw.backward();
         l.backward();
         whole_opt.step();
@@ -330,6 +358,26 @@ TEST_CASE("vocab_parallel_cross_entropy: cross_entropy of the whole logits, and 
   CHECK_THAT(error_of({.reduction = "max"}), Contains("unknown reduction 'max'"));
   target = from_vector({0.0, double(V), -100.0, 1.0, 2.0}, {5}, {.dtype = kInt64});
   CHECK_THAT(error_of({}), Contains("target " + std::to_string(V) + " (row 1) is out of range for " + std::to_string(V) + " classes"));
+}
+
+TEST_CASE("sequence parallel: norms and the residual stream on sequence blocks train as the unsplit model") {
+  SECTION("whole head") { train_against_unsplit<nn::Llama>(small_llama(), 20, {.sequence_parallel = true}); }
+  SECTION("with loss parallel, tied") {
+    nn::LlamaConfig cfg = small_llama();
+    cfg.tie_weights = true;
+    train_against_unsplit<nn::Llama>(cfg, 20, {.loss_parallel = true, .sequence_parallel = true});
+  }
+  SECTION("a block's residual stream holds this rank's block of the sequence") {
+    auto split = seeded_llama<nn::Llama>(small_llama(), 1);
+    tp::parallelize_llama(*split, group(), {.sequence_parallel = true});
+    Shape seen;
+    split->blocks[1]->register_forward_pre_hook([&](nn::Module&, const nn::TensorList& in) -> std::optional<nn::TensorList> {
+      seen = in[0].shape();
+      return std::nullopt;
+    });
+    (*split)(token_batch(0).x);
+    CHECK(seen == Shape{4, 12 / P(), 32});
+  }
 }
 
 TEST_CASE("loss parallel: the embedding and the head split by vocabulary train as the unsplit model") {

@@ -41,6 +41,32 @@ Tensor all_gathered(const Tensor& x, const dist::ProcessGroupPtr& group, int64_t
 }
 
 // One differentiable collective: `forward` on the input, `backward` on the output's gradient.
+// This rank's block of `x` along `dim` (which must divide by the ranks).
+Tensor my_block(const Tensor& x, const dist::ProcessGroupPtr& group, int64_t dim) {
+  WEFT_CHECK(x.size(dim) % group->size() == 0, "tp: dim {} of {} does not divide over {} ranks (a sequence-parallel "
+             "sequence must be a multiple of the tensor-parallel size)", dim, tensor_desc(x), group->size());
+  const int64_t n = x.size(dim) / group->size();
+  return x.narrow(dim, group->rank() * n, n).contiguous();
+}
+
+// Summed over the ranks, this rank's block along `dim` kept.
+Tensor reduce_scattered(const Tensor& x, const dist::ProcessGroupPtr& group, int64_t dim) {
+  (void)my_block(x, group, dim);  // the check
+  // [*before, P * n, *after] -> [P, *before, n, *after]: rank r's block contiguous at r.
+  Shape split = x.shape();
+  split[dim] /= group->size();
+  split.insert(split.begin() + dim, group->size());
+  Shape order = {dim};
+  for (int64_t d = 0; d < int64_t(split.size()); ++d)
+    if (d != dim) order.push_back(d);
+  const Tensor blocks = x.reshape(split).permute(order).contiguous();
+  Shape out_shape = x.shape();
+  out_shape[dim] /= group->size();
+  Tensor out = empty(out_shape, {.dtype = x.dtype(), .device = x.device()});
+  finish(group->reduce_scatter_tensor(out, blocks));
+  return out;
+}
+
 class ParallelOp : public autograd::Function {
  public:
   using Map = std::function<Tensor(const Tensor&)>;
@@ -78,10 +104,25 @@ Tensor reduce_from_parallel(const Tensor& x, const dist::ProcessGroupPtr& group)
 Tensor gather_from_parallel(const Tensor& x, const dist::ProcessGroupPtr& group, int64_t dim) {
   const int64_t d = wrap_dim(dim, x.dim(), "tp::gather_from_parallel");
   return apply(x, group, "gather_from_parallel", [group, d](const Tensor& t) { return all_gathered(t, group, d); },
-               [group, d](const Tensor& g) {
-                 const int64_t n = g.size(d) / group->size();
-                 return g.narrow(d, group->rank() * n, n).contiguous();
-               });
+               [group, d](const Tensor& g) { return my_block(g, group, d); });
+}
+
+Tensor scatter_to_parallel(const Tensor& x, const dist::ProcessGroupPtr& group, int64_t dim) {
+  const int64_t d = wrap_dim(dim, x.dim(), "tp::scatter_to_parallel");
+  return apply(x, group, "scatter_to_parallel", [group, d](const Tensor& t) { return my_block(t, group, d); },
+               [group, d](const Tensor& g) { return all_gathered(g, group, d); });
+}
+
+Tensor gather_sequence_parallel(const Tensor& x, const dist::ProcessGroupPtr& group, int64_t dim) {
+  const int64_t d = wrap_dim(dim, x.dim(), "tp::gather_sequence_parallel");
+  return apply(x, group, "gather_sequence_parallel", [group, d](const Tensor& t) { return all_gathered(t, group, d); },
+               [group, d](const Tensor& g) { return reduce_scattered(g, group, d); });
+}
+
+Tensor reduce_scatter_parallel(const Tensor& x, const dist::ProcessGroupPtr& group, int64_t dim) {
+  const int64_t d = wrap_dim(dim, x.dim(), "tp::reduce_scatter_parallel");
+  return apply(x, group, "reduce_scatter_parallel", [group, d](const Tensor& t) { return reduce_scattered(t, group, d); },
+               [group, d](const Tensor& g) { return all_gathered(g, group, d); });
 }
 
 }  // namespace weft::tp

@@ -1,43 +1,45 @@
 #include "tp/llama_plan.h"
 
-#include <memory>
-#include <string>
-#include <utility>
-#include <vector>
-
 #include "core/error.h"
 #include "nn/qwen3.h"
-#include "tp/collectives.h"
 #include "tp/parallel_style.h"
 
 namespace weft::tp {
 
-using nn::TensorList;
 namespace {
 
-// A module every rank holds whole but applies to its own part of a split activation (Qwen3's
-// head norms): while it runs, its parameters pass copy_to_parallel, so their gradients, partial
-// sums on each rank, are all-reduced on their way into whatever tensors the slots hold (fsdp's
-// unsharded parameters under fully_shard; the recompute under activation checkpointing runs
-// these hooks again).
-void sum_gradients_over(nn::Module& m, const dist::ProcessGroupPtr& group) {
-  auto held = std::make_shared<std::vector<std::pair<std::string, Tensor>>>();
-  auto restore = [held](nn::Module& mod) {
-    for (auto& [name, p] : *held) mod.parameter_slot(name) = p;
-    held->clear();
-  };
-  m.register_forward_pre_hook([group, held, restore](nn::Module& mod, const TensorList&) -> std::optional<TensorList> {
-    restore(mod);  // after a forward that threw
-    for (auto& [name, p] : mod.named_parameters(false)) {
-      held->emplace_back(name, p);
-      mod.parameter_slot(name) = copy_to_parallel(p, group);
-    }
-    return std::nullopt;
-  });
-  m.register_forward_hook([restore](nn::Module& mod, const TensorList&, const TensorList&) -> std::optional<TensorList> {
-    restore(mod);
-    return std::nullopt;
-  });
+ParallelPlan block_plan(const LlamaPlan& plan) {
+  const bool sp = plan.sequence_parallel;
+  // The attention's and the MLP's input is gathered (or its gradient summed) once for all the
+  // colwise layers inside.
+  const Style inputs{.input = sp ? Comm::gather_sequence : Comm::copy};
+  const Style outputs{Weights::rowwise, Comm::none, sp ? Comm::reduce_scatter : Comm::reduce};
+  const Style cols{Weights::colwise};
+  ParallelPlan p = {{"model.layers.*.self_attn", inputs}, {"model.layers.*.self_attn.q_proj", cols},
+                    {"model.layers.*.self_attn.k_proj", cols}, {"model.layers.*.self_attn.v_proj", cols},
+                    {"model.layers.*.self_attn.o_proj", outputs}, {"model.layers.*.mlp", inputs},
+                    {"model.layers.*.mlp.gate_proj", cols},      {"model.layers.*.mlp.up_proj", cols},
+                    {"model.layers.*.mlp.down_proj", outputs}};
+  if (sp)  // the norms run on this rank's block of the sequence
+    p.insert(p.end(), {{"model.layers.*.input_layernorm", {.sum_gradients = true}},
+                       {"model.layers.*.post_attention_layernorm", {.sum_gradients = true}}});
+  return p;
+}
+
+// The embedding, the final norm and the head.
+ParallelPlan ends_plan(const nn::Llama& model, const LlamaPlan& plan) {
+  const bool sp = plan.sequence_parallel, lp = plan.loss_parallel;
+  ParallelPlan p;
+  if (lp || sp)
+    p.emplace_back("model.embed_tokens", Style{lp ? Weights::vocab_rows : Weights::whole, Comm::none,
+                                               lp ? (sp ? Comm::reduce_scatter : Comm::reduce) : Comm::scatter});
+  // The head's input: whole on every rank; its gradient summed over the vocabulary's columns
+  // (loss parallel) or equal everywhere (a whole head).
+  const Comm head_input = lp ? (sp ? Comm::gather_sequence : Comm::copy) : (sp ? Comm::gather : Comm::none);
+  if (head_input != Comm::none || sp)
+    p.emplace_back("model.norm", Style{.output = head_input, .sum_gradients = sp});
+  if (lp && model.lm_head) p.emplace_back("lm_head", Style{Weights::colwise});
+  return p;
 }
 
 }  // namespace
@@ -49,26 +51,15 @@ void parallelize_llama(nn::Llama& model, const dist::ProcessGroupPtr& group, con
   WEFT_CHECK(c.n_head % P == 0, "tp: parallelize_llama: n_head {} does not divide over {} ranks", c.n_head, P);
   WEFT_CHECK(c.kv_heads() % P == 0, "tp: parallelize_llama: the {} key/value heads (n_kv_head) do not divide over {} ranks",
              c.kv_heads(), P);
-  ParallelPlan splits = {{"model.layers.*.self_attn", Split::shared_input},
-                         {"model.layers.*.self_attn.q_proj", Split::colwise_shared},
-                         {"model.layers.*.self_attn.k_proj", Split::colwise_shared},
-                         {"model.layers.*.self_attn.v_proj", Split::colwise_shared},
-                         {"model.layers.*.self_attn.o_proj", Split::rowwise},
-                         {"model.layers.*.mlp", Split::shared_input},
-                         {"model.layers.*.mlp.gate_proj", Split::colwise_shared},
-                         {"model.layers.*.mlp.up_proj", Split::colwise_shared},
-                         {"model.layers.*.mlp.down_proj", Split::rowwise}};
-  if (plan.loss_parallel) {
-    splits.insert(splits.end(), {{"model.embed_tokens", Split::vocab_rows}, {"model.norm", Split::shared_output}});
-    if (model.lm_head) splits.emplace_back("lm_head", Split::colwise_shared);
-  }
+  ParallelPlan splits = block_plan(plan), ends = ends_plan(model, plan);
+  splits.insert(splits.end(), ends.begin(), ends.end());
+  if (dynamic_cast<nn::Qwen3Attention*>(model.blocks.front()->self_attn.get()))  // norms of this rank's heads
+    splits.insert(splits.end(), {{"model.layers.*.self_attn.q_norm", {.sum_gradients = true}},
+                                 {"model.layers.*.self_attn.k_norm", {.sum_gradients = true}}});
   parallelize_module(model, group, splits);
   for (const auto& block : model.blocks) {
-    nn::LlamaAttention& a = *block->self_attn;
-    a.n_head /= P;
-    a.n_kv_head /= P;
-    if (auto* q3 = dynamic_cast<nn::Qwen3Attention*>(&a))
-      for (const auto& norm : {q3->q_norm, q3->k_norm}) sum_gradients_over(*norm, group);
+    block->self_attn->n_head /= P;
+    block->self_attn->n_kv_head /= P;
   }
 }
 

@@ -7,10 +7,10 @@
 // forward, and one each before them in backward.
 //
 // The embedding, the norms and the head stay whole on every rank (unless loss_parallel): their
-// inputs and the gradients reaching them are equal on every rank, so are their gradients. Qwen3's head norms are the
-// exception: each rank applies them to its own heads, so their gradients are partial sums,
-// all-reduced before they are accumulated. Attention dropout draws each rank's heads' masks
-// from that rank's generator: a run with dropout is not the 1-rank run's.
+// inputs and the gradients reaching them are equal on every rank, so are their gradients.
+// Qwen3's head norms apply to this rank's heads: their gradients are summed over the group
+// (sum_gradients). Attention dropout draws each rank's heads' masks from that rank's
+// generator: a run with dropout is not the 1-rank run's.
 #pragma once
 #include "dist/process_group.h"
 #include "nn/llama.h"
@@ -18,10 +18,15 @@
 namespace weft::tp {
 
 struct LlamaPlan {
-  // Loss parallel: the embedding split by vocabulary rows (vocab_rows), the head too (colwise by
-  // vocabulary, or tied to the split embedding), the final norm's output shared; the model's
-  // logits are then this rank's vocabulary columns, for tp::vocab_parallel_cross_entropy.
+  // Loss parallel: the embedding split by vocabulary rows, the head too (colwise by vocabulary,
+  // or tied to the split embedding); the model's logits are then this rank's vocabulary
+  // columns, for tp::vocab_parallel_cross_entropy.
   bool loss_parallel = false;
+  // Sequence parallel: between the blocks' attention and MLP, the residual stream and the norms
+  // hold this rank's block of the sequence (1/P of the activations there): the attention's and
+  // the MLP's input is all-gathered, their output reduce-scattered, in place of one all-reduce;
+  // the norms' gradients are summed over the group. The sequence must divide by P.
+  bool sequence_parallel = false;
 };
 
 // Throws, before anything is split, when n_head, the key/value heads, the SwiGLU width (or the

@@ -6,6 +6,7 @@
 
 #include "autograd/ops.h"
 #include "core/error.h"
+#include "nn/layers.h"
 #include "tp/collectives.h"
 #include "tp/vocab_parallel_loss.h"
 
@@ -23,35 +24,40 @@ Tensor slice_of(const Tensor& t, int64_t dim, const dist::ProcessGroup& group) {
   return part;
 }
 
-void check_splittable(const nn::Linear& l, Split split, const dist::ProcessGroupPtr& group, const std::string& path) {
-  WEFT_CHECK(group != nullptr, "tp: parallelize {}: no process group", path);
-  WEFT_CHECK(split == Split::colwise || split == Split::colwise_shared || split == Split::rowwise,
-             "tp: {}: a Linear is split colwise, colwise_shared or rowwise", path);
-  const bool col = split != Split::rowwise;
-  const char* name = col ? "colwise" : "rowwise";
-  WEFT_CHECK((col ? l.out_features : l.in_features) % group->size() == 0, "tp: {} {}: its {} {} do not divide over {} ranks",
-             name, path, col ? "out_features" : "in_features", col ? l.out_features : l.in_features, group->size());
-  WEFT_CHECK(l.weight.device().type != DeviceType::meta,
-             "tp: {} {}: its weight is on the meta device; materialise the model before splitting it", name, path);
-  WEFT_CHECK(!l.low_rank, "tp: {} {}: a layer with a low-rank adapter cannot be split (apply LoRA after tp)", name,
-             path);
+const char* weights_name(Weights w) {
+  return w == Weights::colwise ? "colwise" : w == Weights::rowwise ? "rowwise" : "vocab_rows";
+}
+
+void check_linear(const nn::Linear& l, Weights w, const dist::ProcessGroup& group, const std::string& path) {
+  const bool col = w == Weights::colwise;
+  WEFT_CHECK((col ? l.out_features : l.in_features) % group.size() == 0, "tp: {} {}: its {} {} do not divide over {} ranks",
+             weights_name(w), path, col ? "out_features" : "in_features", col ? l.out_features : l.in_features,
+             group.size());
+  WEFT_CHECK(!l.low_rank, "tp: {} {}: a layer with a low-rank adapter cannot be split (apply LoRA after tp)",
+             weights_name(w), path);
   WEFT_CHECK(col || !l.bias.defined(),
-             "tp: rowwise {}: a rowwise layer with a bias is not supported (its bias would be added on every rank)",
-             path);
+             "tp: rowwise {}: a rowwise layer with a bias is not supported (its bias would be added on every rank)", path);
 }
 
-void share_input(nn::Module& m, const dist::ProcessGroupPtr& group) {
-  m.register_forward_pre_hook([group](nn::Module&, const TensorList& in) -> std::optional<TensorList> {
-    TensorList out = in;
-    out[0] = copy_to_parallel(in[0], group);
-    return out;
-  });
-}
-
-void share_output(nn::Module& m, const dist::ProcessGroupPtr& group) {
-  m.register_forward_hook([group](nn::Module&, const TensorList&, const TensorList& out) -> std::optional<TensorList> {
-    return TensorList{copy_to_parallel(out[0], group)};
-  });
+// Throws naming what about `m` stands in the way of `style` (`what` names the caller's entry).
+void check(nn::Module& m, const Style& style, const dist::ProcessGroupPtr& group, const std::string& path,
+           const std::string& what) {
+  WEFT_CHECK(group != nullptr, "tp: parallelize {}: no process group", path);
+  if (style.weights == Weights::whole) return;
+  auto* linear = dynamic_cast<nn::Linear*>(&m);
+  auto* embedding = dynamic_cast<nn::Embedding*>(&m);
+  if (style.weights == Weights::vocab_rows) {
+    WEFT_CHECK(embedding != nullptr, "tp: {} matches {}, a {}, not an Embedding", what, path, m.type_name());
+    WEFT_CHECK(embedding->num_embeddings % group->size() == 0, "tp: vocab_rows {}: its {} rows do not divide over {} ranks",
+               path, embedding->num_embeddings, group->size());
+  } else {
+    WEFT_CHECK(linear != nullptr, "tp: {} matches {}, a {}, not a Linear", what, path, m.type_name());
+    check_linear(*linear, style.weights, *group, path);
+  }
+  for (const auto& [name, p] : m.named_parameters(false))
+    WEFT_CHECK(p.device().type != DeviceType::meta,
+               "tp: {} {}: its {} is on the meta device; materialise the model before splitting it",
+               weights_name(style.weights), path, name);
 }
 
 // Ids outside this rank's rows look up row 0, then are zeroed (`hit` carries the mask from the
@@ -66,49 +72,75 @@ void split_vocab(nn::Embedding& e, const dist::ProcessGroupPtr& group) {
     *hit = rows.hit;
     return TensorList{rows.local};
   });
-  e.register_forward_hook([hit, group](nn::Module&, const TensorList&, const TensorList& out) -> std::optional<TensorList> {
+  e.register_forward_hook([hit](nn::Module&, const TensorList&, const TensorList& out) -> std::optional<TensorList> {
     const Tensor rows = out[0] * hit->to(out[0].dtype()).unsqueeze(-1);
     *hit = Tensor();
-    return TensorList{reduce_from_parallel(rows, group)};
+    return TensorList{rows};
   });
 }
 
-void check_module(nn::Module& m, Split split, const dist::ProcessGroupPtr& group, const std::string& path,
-                  const std::string& pattern) {
-  if (split == Split::shared_input || split == Split::shared_output) return;
-  if (split == Split::vocab_rows) {
-    auto* e = dynamic_cast<nn::Embedding*>(&m);
-    WEFT_CHECK(e != nullptr, "tp: plan entry '{}' matches {}, a {}, not an Embedding", pattern, path, m.type_name());
-    WEFT_CHECK(e->num_embeddings % group->size() == 0, "tp: vocab_rows {}: its {} rows do not divide over {} ranks",
-               path, e->num_embeddings, group->size());
-    WEFT_CHECK(e->weight.device().type != DeviceType::meta,
-               "tp: vocab_rows {}: its weight is on the meta device; materialise the model before splitting it", path);
-    return;
-  }
-  auto* linear = dynamic_cast<nn::Linear*>(&m);
-  WEFT_CHECK(linear != nullptr, "tp: plan entry '{}' matches {}, a {}, not a Linear", pattern, path, m.type_name());
-  check_splittable(*linear, split, group, path);
-}
-
-}  // namespace
-
-void parallelize_linear(nn::Linear& l, Split split, const dist::ProcessGroupPtr& group, const std::string& path) {
-  check_splittable(l, split, group, path);
-  if (split != Split::rowwise) {
+void split_weights(nn::Module& m, Weights w, const dist::ProcessGroupPtr& group) {
+  if (w == Weights::vocab_rows) return split_vocab(static_cast<nn::Embedding&>(m), group);
+  auto& l = static_cast<nn::Linear&>(m);
+  if (w == Weights::colwise) {
     l.weight = slice_of(l.weight, 0, *group);
     if (l.bias.defined()) l.bias = slice_of(l.bias, 0, *group);
     l.out_features /= group->size();
-    if (split == Split::colwise) share_input(l, group);
-    return;
+  } else {
+    l.weight = slice_of(l.weight, 1, *group);
+    l.in_features /= group->size();
   }
-  l.weight = slice_of(l.weight, 1, *group);
-  l.in_features /= group->size();
-  l.register_forward_hook([group](nn::Module&, const TensorList&, const TensorList& out) -> std::optional<TensorList> {
-    return TensorList{reduce_from_parallel(out[0], group)};
+}
+
+Tensor communicate(const Tensor& x, Comm c, const dist::ProcessGroupPtr& g) {
+  switch (c) {
+    case Comm::none: return x;
+    case Comm::copy: return copy_to_parallel(x, g);
+    case Comm::reduce: return reduce_from_parallel(x, g);
+    case Comm::gather: return gather_from_parallel(x, g, 1);
+    case Comm::scatter: return scatter_to_parallel(x, g, 1);
+    case Comm::gather_sequence: return gather_sequence_parallel(x, g, 1);
+    case Comm::reduce_scatter: return reduce_scatter_parallel(x, g, 1);
+  }
+  return x;
+}
+
+// While `m` runs its slots hold copy_to_parallel of its parameters (parallel_style.h).
+void sum_gradients_over(nn::Module& m, const dist::ProcessGroupPtr& group) {
+  auto held = std::make_shared<std::vector<std::pair<std::string, Tensor>>>();
+  auto restore = [held](nn::Module& mod) {
+    for (auto& [name, p] : *held) mod.parameter_slot(name) = p;
+    held->clear();
+  };
+  m.register_forward_pre_hook([group, held, restore](nn::Module& mod, const TensorList&) -> std::optional<TensorList> {
+    restore(mod);  // after a forward that threw
+    for (auto& [name, p] : mod.named_parameters(false)) {
+      held->emplace_back(name, p);
+      mod.parameter_slot(name) = copy_to_parallel(p, group);
+    }
+    return std::nullopt;
+  });
+  m.register_forward_hook([restore](nn::Module& mod, const TensorList&, const TensorList&) -> std::optional<TensorList> {
+    restore(mod);
+    return std::nullopt;
   });
 }
 
-namespace {
+void apply(nn::Module& m, const Style& style, const dist::ProcessGroupPtr& group) {
+  if (style.weights != Weights::whole) split_weights(m, style.weights, group);
+  if (style.input != Comm::none)
+    m.register_forward_pre_hook([group, c = style.input](nn::Module&, const TensorList& in) -> std::optional<TensorList> {
+      TensorList out = in;
+      out[0] = communicate(in[0], c, group);
+      return out;
+    });
+  if (style.output != Comm::none)
+    m.register_forward_hook(
+        [group, c = style.output](nn::Module&, const TensorList&, const TensorList& out) -> std::optional<TensorList> {
+          return TensorList{communicate(out[0], c, group)};
+        });
+  if (style.sum_gradients) sum_gradients_over(m, group);
+}
 
 bool matches(const std::string& pattern, const std::string& path) {
   std::istringstream p(pattern), q(path);
@@ -122,31 +154,27 @@ bool matches(const std::string& pattern, const std::string& path) {
 
 }  // namespace
 
+void parallelize(nn::Module& m, const Style& style, const dist::ProcessGroupPtr& group, const std::string& path) {
+  check(m, style, group, path, path);
+  apply(m, style, group);
+}
+
 void parallelize_module(nn::Module& root, const dist::ProcessGroupPtr& group, const ParallelPlan& plan) {
-  // Every entry is checked against every match before any layer is split.
-  std::vector<std::tuple<nn::Module*, Split, std::string>> todo;
+  // Every entry is checked against every match before any module changes.
+  std::vector<std::tuple<nn::Module*, Style>> todo;
   const auto modules = root.named_modules();
-  for (const auto& [pattern, split] : plan) {
+  for (const auto& [pattern, style] : plan) {
     const size_t before = todo.size();
     for (const auto& [path, m] : modules) {
       if (path.empty() || !matches(pattern, path)) continue;
-      check_module(*m, split, group, path, pattern);
+      check(*m, style, group, path, "plan entry '" + pattern + "'");
       for (const auto& done : todo)
         WEFT_CHECK(std::get<0>(done) != m.get(), "tp: {} is matched by two plan entries (the second: '{}')", path, pattern);
-      todo.emplace_back(m.get(), split, path);
+      todo.emplace_back(m.get(), style);
     }
     WEFT_CHECK(todo.size() > before, "tp: plan entry '{}' matches no module of {}", pattern, root.type_name());
   }
-  for (auto& [m, split, path] : todo) {
-    if (split == Split::shared_input)
-      share_input(*m, group);
-    else if (split == Split::shared_output)
-      share_output(*m, group);
-    else if (split == Split::vocab_rows)
-      split_vocab(static_cast<nn::Embedding&>(*m), group);
-    else
-      parallelize_linear(static_cast<nn::Linear&>(*m), split, group, path);
-  }
+  for (auto& [m, style] : todo) apply(*m, style, group);
 }
 
 }  // namespace weft::tp

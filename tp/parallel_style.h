@@ -1,46 +1,64 @@
-// tp: how a Linear is split over a tensor-parallel group, and a plan of such splits applied by
-// module path (PyTorch's ColwiseParallel / RowwiseParallel / PrepareModuleInput and
-// parallelize_module). A split layer keeps this rank's part of its parameters, in place, and its
-// calls pass the collectives of tp/collectives.h through forward hooks:
-//   colwise         W [out, in] keeps rows (and the bias's entries) rank * out/P ... ; the input
-//                   passes copy_to_parallel; the output is this rank's columns of y.
-//   colwise_shared  the same rows, the input taken as it comes: a shared_input module around
-//                   the layer passed it through copy_to_parallel once for every such layer
-//                   (q, k and v: one all-reduce of the input's gradient, not three).
-//   rowwise         W keeps columns rank * in/P ... ; the input is this rank's columns of x (a
-//                   colwise layer's output); the output, a partial sum, passes reduce_from_parallel.
-//   shared_input    any module: its first input passes copy_to_parallel.
-//   shared_output   any module: its output passes copy_to_parallel (the input of a head whose
-//                   weight is split by vocabulary rows, tied or colwise_shared).
-//   vocab_rows      an nn::Embedding: keeps rows rank * V/P ...; ids outside them look up zeros,
-//                   and the output passes reduce_from_parallel (Megatron's vocab-parallel
-//                   embedding).
-// Megatron's pairing: colwise then rowwise, one all-reduce per pair in forward and one in
-// backward. Parameters must be materialised and equal on every rank of the group (the same
-// seed or the same checkpoint) when a layer is split: each rank keeps its slice of them.
+// tp: how a module takes part in tensor parallelism over a group of P ranks, and a plan of such
+// styles applied by module path (PyTorch's ColwiseParallel / RowwiseParallel /
+// PrepareModuleInput / SequenceParallel and parallelize_module). A style says
+//   weights: which part of its parameters this rank keeps, in place —
+//     colwise     a Linear's rows rank * out/P ... (and its bias's entries): its output is this
+//                 rank's columns of y;
+//     rowwise     a Linear's columns rank * in/P ...: its input is this rank's columns of x, its
+//                 output a partial sum;
+//     vocab_rows  an Embedding's rows rank * V/P ...: ids outside them look up zeros, so the
+//                 output is a partial sum (Megatron's vocab-parallel embedding);
+//   input, output: the collective of tp/collectives.h its first input or its output passes
+//     (the sequence ones on dim 1, [batch, sequence, ...]);
+//   sum_gradients: its parameters are whole on every rank but applied to this rank's part of a
+//     split activation (a norm on a sequence block, Qwen3's head norms), so their gradients are
+//     partial sums: while it runs they pass copy_to_parallel, and are all-reduced on their way
+//     into whatever tensors the slots hold (fsdp's unsharded parameters under fully_shard; the
+//     recompute of activation checkpointing runs the hooks again).
+// The collectives run from forward hooks. Megatron's pairing: colwise then rowwise, with one
+// all-reduce (or with the sequence split between pairs, an all-gather and a reduce-scatter) per
+// pair in each direction. Parameters must be materialised and equal on every rank of the group
+// (the same seed or the same checkpoint) when a module is split: each rank keeps its slice.
 #pragma once
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "dist/process_group.h"
-#include "nn/layers.h"
+#include "nn/module.h"
 
 namespace weft::tp {
 
-enum class Split { colwise, colwise_shared, rowwise, shared_input, shared_output, vocab_rows };
+enum class Weights { whole, colwise, rowwise, vocab_rows };
+enum class Comm {
+  none,
+  copy,             // copy_to_parallel
+  reduce,           // reduce_from_parallel
+  gather,           // gather_from_parallel on the sequence dim (a whole consumer: its gradient equal everywhere)
+  scatter,          // scatter_to_parallel on the sequence dim
+  gather_sequence,  // gather_sequence_parallel (split consumers: their gradients partial)
+  reduce_scatter,   // reduce_scatter_parallel on the sequence dim
+};
 
-// Splits `linear` over `group` (`path` names it in errors). Throws, before changing anything,
-// when the split dimension does not divide by the group's size, the layer is on the meta
-// device, carries a low-rank adapter, or is rowwise with a bias; the other splits are for
-// parallelize_module.
-void parallelize_linear(nn::Linear& linear, Split split, const dist::ProcessGroupPtr& group,
-                        const std::string& path = "Linear");
+struct Style {
+  Weights weights = Weights::whole;
+  Comm input = Comm::none, output = Comm::none;
+  bool sum_gradients = false;
+};
+// A Linear standing alone: colwise takes a whole input, rowwise gives a whole output.
+inline Style colwise() { return {Weights::colwise, Comm::copy}; }
+inline Style rowwise() { return {Weights::rowwise, Comm::none, Comm::reduce}; }
 
-// Module paths (dotted; a "*" segment matches any one name) to splits. Every entry must match
-// at least one module; each match must be an nn::Linear (an nn::Embedding for vocab_rows, any
-// module for shared_input and shared_output).
-using ParallelPlan = std::vector<std::pair<std::string, Split>>;
+// Gives `module` its style over `group` (`path` names it in errors). Throws, before changing
+// anything, when the split dimension does not divide by the group's size, the module is not
+// the split's kind (a Linear, an Embedding) or is on the meta device, carries a low-rank
+// adapter, or is rowwise with a bias.
+void parallelize(nn::Module& module, const Style& style, const dist::ProcessGroupPtr& group,
+                 const std::string& path = "module");
+
+// Module paths (dotted; a "*" segment matches any one name) to styles. Every entry must match
+// at least one module, and no module two entries; all are checked before any module changes.
+using ParallelPlan = std::vector<std::pair<std::string, Style>>;
 void parallelize_module(nn::Module& root, const dist::ProcessGroupPtr& group, const ParallelPlan& plan);
 
 }  // namespace weft::tp
