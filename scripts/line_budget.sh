@@ -15,7 +15,7 @@ budgets=(
   "autograd       1931  autograd"
   "nn             3013  nn"
   "dist           2545  dist"
-  "tp              500  tp"
+  "tp              600  tp"
   "fsdp           4526  fsdp"
   "apps           9520  apps"
 )
