@@ -9,16 +9,32 @@ namespace {
 
 class GroupReduction final : public PartialReduction {
  public:
-  explicit GroupReduction(ProcessGroupPtr group) : group_(std::move(group)) {}
+  GroupReduction(ProcessGroupPtr group, std::shared_ptr<const PartialReduction> then)
+      : group_(std::move(group)), then_(std::move(then)) {}
 
   double reduce(double partial, PartialOp op) const override {
+    const double here = reduce_here(partial, op);
+    return then_ ? then_->reduce(here, op) : here;
+  }
+
+  std::vector<double> gather(const std::vector<double>& local) const override {
+    return then_ ? then_->gather(gather_here(local)) : gather_here(local);
+  }
+
+  bool same_processes(const PartialReduction& other) const override {
+    auto* o = dynamic_cast<const GroupReduction*>(&other);
+    return o && o->group_ == group_ && (o->then_ && then_ ? then_->same_processes(*o->then_) : !o->then_ && !then_);
+  }
+
+ private:
+  double reduce_here(double partial, PartialOp op) const {
     if (group_->device().is_meta()) return partial;  // a fake group (a memory plan): no values
     Tensor t = from_vector({partial}, {1}, {.dtype = kFloat64}).to(group_->device());
     group_->all_reduce(t, op == PartialOp::max ? ReduceOp::max : ReduceOp::sum)->wait();
     return t.to(kCPU).item();
   }
 
-  std::vector<double> gather(const std::vector<double>& local) const override {
+  std::vector<double> gather_here(const std::vector<double>& local) const {
     if (group_->device().is_meta()) return local;
     const int n = group_->size();
     // The lengths first, then every process's values padded to the longest.
@@ -39,19 +55,14 @@ class GroupReduction final : public PartialReduction {
     return out;
   }
 
-  bool same_processes(const PartialReduction& other) const override {
-    auto* o = dynamic_cast<const GroupReduction*>(&other);
-    return o && o->group_ == group_;
-  }
-
- private:
   ProcessGroupPtr group_;
+  std::shared_ptr<const PartialReduction> then_;
 };
 
 }  // namespace
 
-std::shared_ptr<const PartialReduction> reduction_over(ProcessGroupPtr group) {
-  return std::make_shared<GroupReduction>(std::move(group));
+std::shared_ptr<const PartialReduction> reduction_over(ProcessGroupPtr group, std::shared_ptr<const PartialReduction> then) {
+  return std::make_shared<GroupReduction>(std::move(group), std::move(then));
 }
 
 }  // namespace weft::dist

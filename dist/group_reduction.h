@@ -9,7 +9,10 @@
 
 namespace weft::dist {
 
-// Sums or maxes a partial value over `group` (one f64 all-reduce on the group's device).
-std::shared_ptr<const PartialReduction> reduction_over(ProcessGroupPtr group);
+// Sums or maxes a partial value over `group` (one f64 all-reduce on the group's device), then
+// over `then`'s processes when given: a part of a part, e.g. fsdp's shard of a parameter that
+// tensor parallelism split first (then: the tensor-parallel group's reduction).
+std::shared_ptr<const PartialReduction> reduction_over(ProcessGroupPtr group,
+                                                       std::shared_ptr<const PartialReduction> then = nullptr);
 
 }  // namespace weft::dist

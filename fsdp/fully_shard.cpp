@@ -130,8 +130,10 @@ std::unique_ptr<FSDPParamGroup> make_group(std::vector<FSDPParamGroup::Entry> en
                                            const FullyShardOptions& opts, const dist::DeviceMesh& mesh, const std::string& what) {
   auto shard_group = mesh.group(mesh.ndim() - 1);
   std::vector<std::weak_ptr<TensorImpl>> originals;
+  std::vector<std::shared_ptr<const PartialReduction>> held_in_part;  // e.g. split by tensor parallelism
   for (auto& e : entries) {
     originals.push_back(e.slots[0]->impl_ptr());
+    held_in_part.push_back(partial_reduction(*e.slots[0]));
     e.slots[0]->autograd_meta().attach(nn::replaced_parameter,
                                        fmt::format("its shard when fsdp::fully_shard ran on the {} holding '{}'", what, e.name));
   }
@@ -143,10 +145,13 @@ std::unique_ptr<FSDPParamGroup> make_group(std::vector<FSDPParamGroup::Entry> en
                                                 mesh.ndim() == 2 ? mesh.group(0) : nullptr);
   group->originals = std::move(originals);
   // A shard's reductions (nn::clip_grad_norm_) complete over the ranks holding the others.
-  for (auto& p : group->params()) {
-    p->sharded().autograd_meta().attach(shard_of, fmt::format("a {}, as '{}'", what, p->name()));
+  for (size_t i = 0; i < group->params().size(); ++i) {
+    FSDPParam& p = *group->params()[i];
+    p.sharded().autograd_meta().attach(shard_of, fmt::format("a {}, as '{}'", what, p.name()));
     // nn totals norms over the shards through this ([Note: partial reductions], core/partial_reduction.h).
-    if (shard_group->size() > 1) set_partial_reduction(p->sharded(), dist::reduction_over(shard_group));
+    if (shard_group->size() > 1 || held_in_part[i])
+      set_partial_reduction(p.sharded(), shard_group->size() > 1 ? dist::reduction_over(shard_group, held_in_part[i])
+                                                                 : held_in_part[i]);
   }
   return group;
 }

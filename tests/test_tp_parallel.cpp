@@ -188,9 +188,11 @@ void train_against_unsplit(const nn::LlamaConfig& cfg, int steps, const tp::Llam
     Tensor lw = fsdp_test::loss_of(*whole, b), ls = plan.loss_parallel ? parallel_loss_of(*split, b) : fsdp_test::loss_of(*split, b);
     lw.backward();
     ls.backward();
+    // Clipped below the gradients' norm, so the norm over every rank's slices scales the step.
+    const double nw = nn::clip_grad_norm_(whole->parameters(), 0.5), ns = nn::clip_grad_norm_(split->parameters(), 0.5);
     whole_opt.step();
     split_opt.step();
-    check_close({ls.item()}, {lw.item()}, 1e-5, "loss at step " + std::to_string(step));
+    check_close({ls.item(), ns}, {lw.item(), nw}, 1e-5, "loss and gradient norm at step " + std::to_string(step));
   }
   auto s = split->named_parameters(), w = whole->named_parameters();
   for (size_t i = 0; i < s.size(); ++i)
@@ -313,11 +315,12 @@ TEST_CASE("dp x tp: fully_shard over the data-parallel dim of a 2-D mesh, on the
         Tensor lw = fsdp_test::loss_of(*whole, global), l = parallel_loss_of(*model, mine, tp_group);
         lw.backward();
         l.backward();
+        const double nw = nn::clip_grad_norm_(whole->parameters(), 0.5), n = nn::clip_grad_norm_(model->parameters(), 0.5);
         whole_opt.step();
         opt.step();
         Tensor mean = from_vector({l.item()}, {1}, {.dtype = kFloat64});
         mesh.group("dp")->all_reduce(mean, dist::ReduceOp::avg)->wait();
-        check_close({mean.item()}, {lw.item()}, 1e-5, "loss at step " + std::to_string(step));
+        check_close({mean.item(), n}, {lw.item(), nw}, 1e-5, "loss and gradient norm at step " + std::to_string(step));
       }
       for (auto& [name, p] : whole->named_parameters()) {
         Tensor full = root.full_tensor(name);

@@ -6,6 +6,8 @@
 
 #include "autograd/ops.h"
 #include "core/error.h"
+#include "core/partial_reduction.h"
+#include "dist/group_reduction.h"
 #include "nn/layers.h"
 #include "tp/collectives.h"
 #include "tp/vocab_parallel_loss.h"
@@ -16,11 +18,13 @@ using nn::TensorList;
 
 namespace {
 
-// This rank's `n / size` slice of `t` along `dim`, a new parameter with t's requires_grad.
-Tensor slice_of(const Tensor& t, int64_t dim, const dist::ProcessGroup& group) {
-  const int64_t n = t.size(dim) / group.size();
-  Tensor part = t.detach().narrow(dim, group.rank() * n, n).clone();
+// This rank's `n / size` slice of `t` along `dim`, a new parameter with t's requires_grad whose
+// norms (nn::clip_grad_norm_) total over the group ([Note: partial reductions]).
+Tensor slice_of(const Tensor& t, int64_t dim, const dist::ProcessGroupPtr& group) {
+  const int64_t n = t.size(dim) / group->size();
+  Tensor part = t.detach().narrow(dim, group->rank() * n, n).clone();
   part.set_requires_grad(t.requires_grad());
+  if (group->size() > 1) set_partial_reduction(part, dist::reduction_over(group));
   return part;
 }
 
@@ -64,7 +68,7 @@ void check(nn::Module& m, const Style& style, const dist::ProcessGroupPtr& group
 // pre-hook to the hook).
 void split_vocab(nn::Embedding& e, const dist::ProcessGroupPtr& group) {
   const int64_t n = e.num_embeddings / group->size(), first = group->rank() * n;
-  e.weight = slice_of(e.weight, 0, *group);
+  e.weight = slice_of(e.weight, 0, group);
   e.num_embeddings = n;
   auto hit = std::make_shared<Tensor>();
   e.register_forward_pre_hook([hit, n, first](nn::Module&, const TensorList& in) -> std::optional<TensorList> {
@@ -83,11 +87,11 @@ void split_weights(nn::Module& m, Weights w, const dist::ProcessGroupPtr& group)
   if (w == Weights::vocab_rows) return split_vocab(static_cast<nn::Embedding&>(m), group);
   auto& l = static_cast<nn::Linear&>(m);
   if (w == Weights::colwise) {
-    l.weight = slice_of(l.weight, 0, *group);
-    if (l.bias.defined()) l.bias = slice_of(l.bias, 0, *group);
+    l.weight = slice_of(l.weight, 0, group);
+    if (l.bias.defined()) l.bias = slice_of(l.bias, 0, group);
     l.out_features /= group->size();
   } else {
-    l.weight = slice_of(l.weight, 1, *group);
+    l.weight = slice_of(l.weight, 1, group);
     l.in_features /= group->size();
   }
 }
