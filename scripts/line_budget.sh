@@ -14,9 +14,9 @@ budgets=(
   "cuda           4646  cuda"
   "autograd       1931  autograd"
   "nn             3013  nn"
-  "dist           2545  dist"
+  "dist           2559  dist"
   "tp              600  tp"
-  "fsdp           4526  fsdp"
+  "fsdp           4531  fsdp"
   "apps           9520  apps"
 )
 count() {  # PATH...: the lines of the code files among them
