@@ -1,5 +1,5 @@
 // Tensor parallelism (tp/): the differentiable collectives against their definitions, a
-// colwise + rowwise pair against the unsplit layers, and Llama-family decoders split over every
+// colwise + rowwise pair against the unsplit layers, GPT-2's blocks, and Llama-family decoders split over every
 // rank (the world as one tensor-parallel group) against the same model in one process: losses
 // and parameters over AdamW steps, the gradients of Qwen2's q/k/v biases and Qwen3's head
 // norms; (dp, tp) meshes with fully_shard over dp; plans and models that cannot be split raise
@@ -267,9 +267,8 @@ TEST_CASE("what cannot be split is refused on every rank, before anything change
   CHECK_THAT(error_of([&] { tp::parallelize_module(*model, group(), {{"model.layers.*.self_attn.q_proj", tp::colwise()},
                                                                      {"model.layers.0.self_attn.q_proj", tp::colwise()}}); }),
              Contains("model.layers.0.self_attn.q_proj is matched by two plan entries"));
-  nn::Linear biased(8, 4);
-  CHECK_THAT(error_of([&] { tp::parallelize(biased, tp::rowwise(), group(), "proj"); }),
-             Contains("rowwise proj: a rowwise layer with a bias is not supported"));
+  CHECK_THAT(error_of([&] { tp::parallelize_gpt2_blocks(*model, group()); }),
+             Contains("Llama holds no GPT-2 block (nn::Block)"));
   CHECK(model->blocks[0]->self_attn->q_proj->weight.shape() == q_shape);  // nothing split by the refusals
   if (P() > 1) {
     nn::LlamaConfig cfg = small_llama();
@@ -397,4 +396,74 @@ TEST_CASE("loss parallel: the embedding and the head split by vocabulary train a
     cfg.tie_weights = true;
     train_against_unsplit<nn::Llama>(cfg, 20, {.loss_parallel = true});
   }
+}
+
+namespace {
+
+// GPT-2's blocks with biases everywhere (a fused c_attn, biased rowwise projections) between a
+// whole embedding and head.
+struct BiasedGPT : nn::Module {
+  std::shared_ptr<nn::Embedding> wte;
+  std::shared_ptr<nn::ModuleList> h;
+  std::shared_ptr<nn::LayerNorm> ln_f;
+  std::shared_ptr<nn::Linear> head;
+  BiasedGPT() : nn::Module("BiasedGPT") {
+    nn::TransformerConfig cfg{.d_model = 16, .n_head = 4, .bias = true};
+    wte = register_module("wte", std::make_shared<nn::Embedding>(32, 16));
+    h = register_module("h", std::make_shared<nn::ModuleList>());
+    for (int i = 0; i < 2; ++i) h->push_back(std::make_shared<nn::Block>(cfg));
+    ln_f = register_module("ln_f", std::make_shared<nn::LayerNorm>(16));
+    head = register_module("head", std::make_shared<nn::Linear>(16, 32));
+  }
+  Tensor forward(const Tensor& idx) override {
+    Tensor x = (*wte)(idx);
+    for (auto& b : *h) x = (*b)(x);
+    return (*head)((*ln_f)(x));
+  }
+  using nn::Module::forward;
+};
+
+}  // namespace
+
+TEST_CASE("GPT-2's blocks split: the fused q|k|v in three blocks, biased rowwise projections") {
+  auto whole = fsdp_test::seeded<BiasedGPT>(4), split = fsdp_test::seeded<BiasedGPT>(4);
+  tp::parallelize_gpt2_blocks(*split, group());
+  auto& attn = *split->h->at<nn::Block>(0)->attn;
+  CHECK(attn.n_head == 4 / P());
+  CHECK(attn.c_attn->weight.shape() == Shape{3 * 16 / P(), 16});
+  // Rank r's rows of c_attn: its heads' rows of q, of k and of v.
+  auto& whole_attn = *whole->h->at<nn::Block>(0)->attn;
+  for (int64_t part = 0; part < 3; ++part)
+    check_close(values(attn.c_attn->weight.narrow(0, part * 16 / P(), 16 / P())),
+                values(whole_attn.c_attn->weight.narrow(0, part * 16 + R() * 16 / P(), 16 / P())), 0,
+                "c_attn rows of block " + std::to_string(part));
+  // One step's gradients element by element (the key bias's is zero in exact arithmetic: Adam
+  // would make its rounding a step), then SGD steps.
+  const fsdp_test::Batch b = token_batch(0);
+  fsdp_test::loss_of(*whole, b).backward();
+  fsdp_test::loss_of(*split, b).backward();
+  auto s = split->named_parameters(), w = whole->named_parameters();
+  for (size_t i = 0; i < s.size(); ++i) {
+    Tensor got = s[i].second.grad(), want = w[i].second.grad();
+    if (s[i].first.ends_with("c_attn.weight") || s[i].first.ends_with("c_attn.bias")) {
+      std::vector<Tensor> mine;
+      for (int64_t part = 0; part < 3; ++part) mine.push_back(my_slice(want.narrow(0, part * 16, 16), 0, *group()));
+      want = cat(mine, 0);
+    }
+    check_close(values(got), values(slice_like(want, got, *group())), 1e-5, "gradient of " + s[i].first);
+  }
+  nn::SGD whole_opt(whole->parameters(), {.lr = 0.1}), split_opt(split->parameters(), {.lr = 0.1});
+  for (int step = 0; step < 20; ++step) {
+    const fsdp_test::Batch batch = token_batch(step);
+    whole_opt.zero_grad();
+    split_opt.zero_grad();
+    Tensor lw = fsdp_test::loss_of(*whole, batch), ls = fsdp_test::loss_of(*split, batch);
+    lw.backward();
+    ls.backward();
+    whole_opt.step();
+    split_opt.step();
+    check_close({ls.item()}, {lw.item()}, 1e-5, "loss at step " + std::to_string(step));
+  }
+  check_norm_close(split->h->at<nn::Block>(1)->mlp->c_proj->bias, whole->h->at<nn::Block>(1)->mlp->c_proj->bias, 1e-5,
+                   "a rowwise bias after 20 steps");
 }

@@ -1,6 +1,8 @@
 #include "tp/parallel_style.h"
 
+#include <functional>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <tuple>
 
@@ -18,11 +20,14 @@ using nn::TensorList;
 
 namespace {
 
-// This rank's `n / size` slice of `t` along `dim`, a new parameter with t's requires_grad whose
-// norms (nn::clip_grad_norm_) total over the group ([Note: partial reductions]).
-Tensor slice_of(const Tensor& t, int64_t dim, const dist::ProcessGroupPtr& group) {
-  const int64_t n = t.size(dim) / group->size();
-  Tensor part = t.detach().narrow(dim, group->rank() * n, n).clone();
+// This rank's `n / size` slice of `t` along `dim` (of each of `chunks` equal blocks along it,
+// joined), a new parameter with t's requires_grad whose norms (nn::clip_grad_norm_) total over
+// the group ([Note: partial reductions]).
+Tensor slice_of(const Tensor& t, int64_t dim, const dist::ProcessGroupPtr& group, int64_t chunks = 1) {
+  const int64_t block = t.size(dim) / chunks, n = block / group->size();
+  std::vector<Tensor> parts;
+  for (int64_t c = 0; c < chunks; ++c) parts.push_back(t.detach().narrow(dim, c * block + group->rank() * n, n));
+  Tensor part = chunks == 1 ? parts[0].clone() : cat(parts, dim);
   part.set_requires_grad(t.requires_grad());
   if (group->size() > 1) set_partial_reduction(part, dist::reduction_over(group));
   return part;
@@ -32,15 +37,15 @@ const char* weights_name(Weights w) {
   return w == Weights::colwise ? "colwise" : w == Weights::rowwise ? "rowwise" : "vocab_rows";
 }
 
-void check_linear(const nn::Linear& l, Weights w, const dist::ProcessGroup& group, const std::string& path) {
+void check_linear(const nn::Linear& l, Weights w, int64_t chunks, const dist::ProcessGroup& group,
+                  const std::string& path) {
   const bool col = w == Weights::colwise;
-  WEFT_CHECK((col ? l.out_features : l.in_features) % group.size() == 0, "tp: {} {}: its {} {} do not divide over {} ranks",
+  const int64_t parts = group.size() * (col ? chunks : 1);
+  WEFT_CHECK((col ? l.out_features : l.in_features) % parts == 0, "tp: {} {}: its {} {} do not divide over {} ranks{}",
              weights_name(w), path, col ? "out_features" : "in_features", col ? l.out_features : l.in_features,
-             group.size());
+             group.size(), chunks > 1 ? fmt::format(" in each of {} blocks", chunks) : "");
   WEFT_CHECK(!l.low_rank, "tp: {} {}: a layer with a low-rank adapter cannot be split (apply LoRA after tp)",
              weights_name(w), path);
-  WEFT_CHECK(col || !l.bias.defined(),
-             "tp: rowwise {}: a rowwise layer with a bias is not supported (its bias would be added on every rank)", path);
 }
 
 // Throws naming what about `m` stands in the way of `style` (`what` names the caller's entry).
@@ -56,7 +61,7 @@ void check(nn::Module& m, const Style& style, const dist::ProcessGroupPtr& group
                path, embedding->num_embeddings, group->size());
   } else {
     WEFT_CHECK(linear != nullptr, "tp: {} matches {}, a {}, not a Linear", what, path, m.type_name());
-    check_linear(*linear, style.weights, *group, path);
+    check_linear(*linear, style.weights, style.chunks, *group, path);
   }
   for (const auto& [name, p] : m.named_parameters(false))
     WEFT_CHECK(p.device().type != DeviceType::meta,
@@ -83,12 +88,12 @@ void split_vocab(nn::Embedding& e, const dist::ProcessGroupPtr& group) {
   });
 }
 
-void split_weights(nn::Module& m, Weights w, const dist::ProcessGroupPtr& group) {
-  if (w == Weights::vocab_rows) return split_vocab(static_cast<nn::Embedding&>(m), group);
+void split_weights(nn::Module& m, const Style& style, const dist::ProcessGroupPtr& group) {
+  if (style.weights == Weights::vocab_rows) return split_vocab(static_cast<nn::Embedding&>(m), group);
   auto& l = static_cast<nn::Linear&>(m);
-  if (w == Weights::colwise) {
-    l.weight = slice_of(l.weight, 0, group);
-    if (l.bias.defined()) l.bias = slice_of(l.bias, 0, group);
+  if (style.weights == Weights::colwise) {
+    l.weight = slice_of(l.weight, 0, group, style.chunks);
+    if (l.bias.defined()) l.bias = slice_of(l.bias, 0, group, style.chunks);
     l.out_features /= group->size();
   } else {
     l.weight = slice_of(l.weight, 1, group);
@@ -109,19 +114,21 @@ Tensor communicate(const Tensor& x, Comm c, const dist::ProcessGroupPtr& g) {
   return x;
 }
 
-// While `m` runs its slots hold copy_to_parallel of its parameters (parallel_style.h).
-void sum_gradients_over(nn::Module& m, const dist::ProcessGroupPtr& group) {
+// While `m` runs, the slot of each parameter `view` names holds view(p) (parallel_style.h).
+using View = std::function<std::optional<Tensor>(const std::string& name, const Tensor& p)>;
+void while_running(nn::Module& m, View view) {
   auto held = std::make_shared<std::vector<std::pair<std::string, Tensor>>>();
   auto restore = [held](nn::Module& mod) {
     for (auto& [name, p] : *held) mod.parameter_slot(name) = p;
     held->clear();
   };
-  m.register_forward_pre_hook([group, held, restore](nn::Module& mod, const TensorList&) -> std::optional<TensorList> {
+  m.register_forward_pre_hook([view, held, restore](nn::Module& mod, const TensorList&) -> std::optional<TensorList> {
     restore(mod);  // after a forward that threw
-    for (auto& [name, p] : mod.named_parameters(false)) {
-      held->emplace_back(name, p);
-      mod.parameter_slot(name) = copy_to_parallel(p, group);
-    }
+    for (auto& [name, p] : mod.named_parameters(false))
+      if (std::optional<Tensor> v = view(name, p)) {
+        held->emplace_back(name, p);
+        mod.parameter_slot(name) = *v;
+      }
     return std::nullopt;
   });
   m.register_forward_hook([restore](nn::Module& mod, const TensorList&, const TensorList&) -> std::optional<TensorList> {
@@ -131,7 +138,7 @@ void sum_gradients_over(nn::Module& m, const dist::ProcessGroupPtr& group) {
 }
 
 void apply(nn::Module& m, const Style& style, const dist::ProcessGroupPtr& group) {
-  if (style.weights != Weights::whole) split_weights(m, style.weights, group);
+  if (style.weights != Weights::whole) split_weights(m, style, group);
   if (style.input != Comm::none)
     m.register_forward_pre_hook([group, c = style.input](nn::Module&, const TensorList& in) -> std::optional<TensorList> {
       TensorList out = in;
@@ -143,7 +150,15 @@ void apply(nn::Module& m, const Style& style, const dist::ProcessGroupPtr& group
         [group, c = style.output](nn::Module&, const TensorList&, const TensorList& out) -> std::optional<TensorList> {
           return TensorList{communicate(out[0], c, group)};
         });
-  if (style.sum_gradients) sum_gradients_over(m, group);
+  if (style.sum_gradients)
+    while_running(m, [group](const std::string&, const Tensor& p) { return copy_to_parallel(p, group); });
+  // A rowwise bias counts once: rank 0's partial output adds it, and its gradient (rank 0's,
+  // zeros elsewhere) is summed into every rank's.
+  if (style.weights == Weights::rowwise && static_cast<nn::Linear&>(m).bias.defined())
+    while_running(m, [group](const std::string& name, const Tensor& p) -> std::optional<Tensor> {
+      if (name != "bias") return std::nullopt;
+      return copy_to_parallel(p, group) * (group->rank() == 0 ? 1.0 : 0.0);
+    });
 }
 
 bool matches(const std::string& pattern, const std::string& path) {

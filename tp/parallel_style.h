@@ -5,7 +5,7 @@
 //     colwise     a Linear's rows rank * out/P ... (and its bias's entries): its output is this
 //                 rank's columns of y;
 //     rowwise     a Linear's columns rank * in/P ...: its input is this rank's columns of x, its
-//                 output a partial sum;
+//                 output a partial sum (a bias is added by rank 0's, its gradient summed);
 //     vocab_rows  an Embedding's rows rank * V/P ...: ids outside them look up zeros, so the
 //                 output is a partial sum (Megatron's vocab-parallel embedding);
 //   input, output: the collective of tp/collectives.h its first input or its output passes
@@ -44,6 +44,7 @@ struct Style {
   Weights weights = Weights::whole;
   Comm input = Comm::none, output = Comm::none;
   bool sum_gradients = false;
+  int64_t chunks = 1;  // colwise: W's rows are this many equal blocks, each split (GPT-2's fused q | k | v)
 };
 // A Linear standing alone: colwise takes a whole input, rowwise gives a whole output.
 inline Style colwise() { return {Weights::colwise, Comm::copy}; }
@@ -51,8 +52,8 @@ inline Style rowwise() { return {Weights::rowwise, Comm::none, Comm::reduce}; }
 
 // Gives `module` its style over `group` (`path` names it in errors). Throws, before changing
 // anything, when the split dimension does not divide by the group's size, the module is not
-// the split's kind (a Linear, an Embedding) or is on the meta device, carries a low-rank
-// adapter, or is rowwise with a bias.
+// the split's kind (a Linear, an Embedding) or is on the meta device, or carries a low-rank
+// adapter.
 void parallelize(nn::Module& module, const Style& style, const dist::ProcessGroupPtr& group,
                  const std::string& path = "module");
 

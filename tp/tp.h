@@ -3,6 +3,7 @@
 // Sits beside fsdp on nn and dist (fsdp may use it).
 #pragma once
 #include "tp/collectives.h"
+#include "tp/gpt2_plan.h"
 #include "tp/llama_plan.h"
 #include "tp/parallel_style.h"
 #include "tp/vocab_parallel_loss.h"
