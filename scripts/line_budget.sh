@@ -15,7 +15,7 @@ budgets=(
   "autograd       1931  autograd"
   "nn             3013  nn"
   "dist           2559  dist"
-  "tp              600  tp"
+  "tp              660  tp"
   "fsdp           4531  fsdp"
   "apps           9520  apps"
 )
