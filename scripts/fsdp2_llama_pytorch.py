@@ -5,9 +5,12 @@ The Llama twin of shared/peer/fsdp2_gpt.py, for side-by-side benchmarks only.
 Launch (torch >= 2.6 from PyPI; one process per rank, one thread each):
     OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node N scripts/fsdp2_llama_pytorch.py --config small
 Modes: --mode fsdp (fully_shard each block, then the root; default), --mode replicate
-(every rank holds the whole model and all-reduces gradients: DDP), --mode single (no
-process group; run it without torchrun). The global batch is the config's batch, split
-evenly over the ranks, so the loss sequence matches one process on the whole batch.
+(every rank holds the whole model and all-reduces gradients: DDP), --mode tp (DTensor tensor
+parallelism: ColwiseParallel q/k/v/gate/up, RowwiseParallel o/down in every block, heads per
+rank divided as torchtitan does; every rank trains on the whole batch; the twin of
+weft-bench-tp), --mode single (no process group; run it without torchrun). Except under tp the
+global batch is the config's batch, split evenly over the ranks, so the loss sequence matches
+one process on the whole batch.
 --mp bf16: MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=f32) under --mode fsdp.
 Prints rank 0's median step time, tokens/s (global), the loss trace and the peak RSS of
 every rank (ru_maxrss).
@@ -27,6 +30,24 @@ from llama_char_pytorch import (CONFIGS, load_corpus, build, get_batch, median, 
                                 attention_line)
 
 
+def clip_tp(model, max_norm):
+    """clip_grad_norm_ for a model whose split parameters are DTensors and the rest plain
+    tensors (torch's refuses the mix): the split ones' squares summed over the ranks, the
+    others' once, as weft's PartialReduction does."""
+    from torch.distributed.tensor import DTensor
+    split, whole = torch.zeros((), dtype=torch.float64), torch.zeros((), dtype=torch.float64)
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    for g in grads:
+        if isinstance(g, DTensor):
+            split += g.to_local().double().pow(2).sum()
+        else:
+            whole += g.double().pow(2).sum()
+    dist.all_reduce(split)
+    coef = min(1.0, max_norm / (float((split + whole).sqrt()) + 1e-6))
+    for g in grads:
+        g.mul_(coef)
+
+
 def peak_rss_mib():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
@@ -34,7 +55,7 @@ def peak_rss_mib():
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", choices=list(CONFIGS), default="small")
-    ap.add_argument("--mode", choices=["fsdp", "replicate", "single"], default="fsdp")
+    ap.add_argument("--mode", choices=["fsdp", "replicate", "tp", "single"], default="fsdp")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
@@ -52,8 +73,9 @@ def main():
         rank, world = dist.get_rank(), dist.get_world_size()
     cfg = dict(CONFIGS[args.config])
     B, T = cfg["batch"], cfg["ctx"]
-    assert B % world == 0, f"batch {B} must divide by {world} ranks"
-    rows = B // world
+    shards = 1 if args.mode == "tp" else world   # tp: every rank the whole batch
+    assert B % shards == 0, f"batch {B} must divide by {world} ranks"
+    rows = B // shards
 
     torch.manual_seed(args.seed)
     model = build(cfg)
@@ -71,6 +93,19 @@ def main():
         fully_shard(model, mesh=mesh, **kw)
     elif args.mode == "replicate":
         model = torch.nn.parallel.DistributedDataParallel(model)
+    elif args.mode == "tp":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.parallel import (parallelize_module, ColwiseParallel,
+                                                       RowwiseParallel)
+        mesh = init_device_mesh("cpu", (world,))
+        for blk in model.layers:
+            parallelize_module(blk, mesh, {
+                "self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
+                "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(),
+                "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
+                "mlp.down_proj": RowwiseParallel()})
+            blk.self_attn.h //= world
+            blk.self_attn.kv //= world
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.999), eps=1e-8,
                             weight_decay=0.1)
 
@@ -79,17 +114,21 @@ def main():
     times, losses = [], []
     for s in range(args.steps):
         x, y = get_batch(data, B, T, gen)            # the same global batch on every rank
-        x, y = x[rank * rows:(rank + 1) * rows], y[rank * rows:(rank + 1) * rows]
+        if shards > 1:
+            x, y = x[rank * rows:(rank + 1) * rows], y[rank * rows:(rank + 1) * rows]
         if world > 1:
             dist.barrier()
         t0 = time.perf_counter()
         loss = model(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if args.mode == "tp":
+            clip_tp(model, 1.0)
+        else:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         lv = loss.detach().float().clone()
-        if world > 1:
+        if shards > 1:
             dist.all_reduce(lv)
             lv /= world
         losses.append(lv.item())

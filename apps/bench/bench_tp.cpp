@@ -1,0 +1,107 @@
+// weft-bench-tp: training-step throughput of a Llama split by tensor parallelism over the ranks
+// of mpirun (tp/llama_plan.h), the twin of scripts/fsdp2_llama_pytorch.py --mode tp (PyTorch's
+// DTensor ColwiseParallel / RowwiseParallel on the same blocks). Every rank trains on the whole
+// batch (tensor parallelism splits the model, not the data).
+//
+//   mpirun -np 2 weft-bench-tp                  # the Llama medium config, 20 steps, 1 thread a rank
+//   mpirun -np 2 weft-bench-tp --sequence-parallel --loss-parallel
+//
+// The step: random token ids (drawn before the timer), forward, cross-entropy over all B x T
+// positions (tp::vocab_parallel_cross_entropy under --loss-parallel), backward, gradient-norm
+// clip 1.0, AdamW (lr 3e-4, weight decay 0.1 on every parameter, as the twin). Ranks meet at a
+// barrier before each step; rank 0 prints the median step time after --warmup and tokens/s.
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <vector>
+
+#include "tp/tp.h"
+#include "weft.h"
+
+using namespace weft;
+
+namespace {
+
+struct Options {
+  nn::LlamaConfig model{.vocab_size = 256, .ctx = 256, .n_layer = 6, .n_head = 6, .n_kv_head = 2, .d_model = 384,
+                        .ffn_dim = 1024};
+  int64_t batch = 8, steps = 20, warmup = 5, threads = 1;
+  tp::LlamaPlan plan;
+};
+
+int run(const Options& o) {
+  set_num_threads(int(o.threads));
+  const auto group = dist::world();
+  manual_seed(0);
+  auto model = std::make_shared<nn::Llama>(o.model);
+  nn::init_llama(*model);
+  const int64_t n_params = [&] {
+    int64_t n = 0;
+    for (auto& p : model->parameters()) n += p.numel();
+    return n;
+  }();
+  tp::parallelize_llama(*model, group, o.plan);
+  nn::AdamW opt(model->parameters(), {.lr = 3e-4, .weight_decay = 0.1});
+  Generator gen(1);
+  std::vector<double> times, losses;
+  for (int64_t step = 0; step < o.steps; ++step) {
+    const Tensor ids = (rand({o.batch, o.model.ctx + 1}, {}, &gen) * double(o.model.vocab_size)).to(kInt64);
+    const Tensor x = ids.narrow(1, 0, o.model.ctx), y = ids.narrow(1, 1, o.model.ctx).contiguous();
+    group->barrier()->wait();
+    const auto t0 = std::chrono::steady_clock::now();
+    Tensor logits = (*model)(x);
+    logits = logits.reshape({-1, logits.size(-1)});
+    Tensor loss = o.plan.loss_parallel ? tp::vocab_parallel_cross_entropy(logits, y.reshape({-1}), group)
+                                       : cross_entropy(logits, y.reshape({-1}));
+    opt.zero_grad();
+    loss.backward();
+    nn::clip_grad_norm_(model->parameters(), 1.0);
+    opt.step();
+    losses.push_back(loss.item());
+    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  if (dist::rank() != 0) return 0;
+  std::vector<double> timed(times.begin() + std::min<int64_t>(o.warmup, o.steps - 1), times.end());
+  std::sort(timed.begin(), timed.end());
+  const double median = timed[timed.size() / 2];
+  std::printf("weft tp=%d threads/rank=%lld sequence_parallel=%d loss_parallel=%d params=%lld n_layer=%lld "
+              "d_model=%lld ctx=%lld batch=%lld\n", group->size(), (long long)o.threads, int(o.plan.sequence_parallel),
+              int(o.plan.loss_parallel), (long long)n_params, (long long)o.model.n_layer, (long long)o.model.d_model,
+              (long long)o.model.ctx, (long long)o.batch);
+  std::printf("summary ms_per_step=%.1f tokens_per_s=%.0f min_ms=%.1f max_ms=%.1f\nlosses:", 1e3 * median,
+              double(o.batch * o.model.ctx) / median, 1e3 * timed.front(), 1e3 * timed.back());
+  for (size_t i = 0; i < losses.size(); ++i) std::printf(" %zu:%.6f", i + 1, losses[i]);
+  std::printf("\n");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  CLI::App app{"weft-bench-tp: Llama training steps split by tensor parallelism over the ranks of mpirun"};
+  app.add_option("--n-layer", o.model.n_layer, "blocks")->capture_default_str();
+  app.add_option("--n-head", o.model.n_head, "query heads")->capture_default_str();
+  app.add_option("--n-kv-head", o.model.n_kv_head, "key/value heads")->capture_default_str();
+  app.add_option("--d-model", o.model.d_model, "width")->capture_default_str();
+  app.add_option("--ffn", o.model.ffn_dim, "SwiGLU's width")->capture_default_str();
+  app.add_option("--ctx", o.model.ctx, "tokens per sequence")->capture_default_str();
+  app.add_option("--vocab", o.model.vocab_size, "vocabulary")->capture_default_str();
+  app.add_option("--batch-size", o.batch, "sequences per step (every rank)")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--steps", o.steps, "steps")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--warmup", o.warmup, "first steps left out of the median")->capture_default_str();
+  app.add_option("--threads", o.threads, "threads per rank")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_flag("--sequence-parallel", o.plan.sequence_parallel, "norms and the residual stream on sequence blocks");
+  app.add_flag("--loss-parallel", o.plan.loss_parallel, "the vocabulary split (embedding, head, loss)");
+  CLI11_PARSE(app, argc, argv);
+  dist::init();
+  int status = 1;
+  try {
+    status = run(o);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "weft-bench-tp: %s\n", e.what());
+  }
+  dist::finalize();
+  return status;
+}
