@@ -276,6 +276,10 @@ TEST_CASE("what cannot be split is refused on every rank, before anything change
     auto mqa = seeded_llama<nn::Llama>(cfg, 3);
     CHECK_THAT(error_of([&] { tp::parallelize_llama(*mqa, group()); }),
                Contains("the 1 key/value heads (n_kv_head) do not divide over " + std::to_string(P()) + " ranks"));
+    auto twice = seeded_llama<nn::Llama>(small_llama(), 3);
+    tp::parallelize_llama(*twice, group());
+    CHECK_THAT(error_of([&] { tp::parallelize_llama(*twice, group()); }),
+               Contains("colwise model.layers.0.self_attn.q_proj: its weight is held in part already"));
     nn::Linear odd(8, 3 * P() + 1);
     CHECK_THAT(error_of([&] { tp::parallelize(odd, tp::colwise(), group(), "odd"); }),
                Contains("colwise odd: its out_features " + std::to_string(3 * P() + 1) + " do not divide over"));

@@ -63,10 +63,13 @@ void check(nn::Module& m, const Style& style, const dist::ProcessGroupPtr& group
     WEFT_CHECK(linear != nullptr, "tp: {} matches {}, a {}, not a Linear", what, path, m.type_name());
     check_linear(*linear, style.weights, style.chunks, *group, path);
   }
-  for (const auto& [name, p] : m.named_parameters(false))
+  for (const auto& [name, p] : m.named_parameters(false)) {
     WEFT_CHECK(p.device().type != DeviceType::meta,
                "tp: {} {}: its {} is on the meta device; materialise the model before splitting it",
                weights_name(style.weights), path, name);
+    WEFT_CHECK(partial_reduction(p) == nullptr, "tp: {} {}: its {} is held in part already (split, or sharded by "
+               "fully_shard): split a model once, before fully_shard", weights_name(style.weights), path, name);
+  }
 }
 
 // Ids outside this rank's rows look up row 0, then are zeroed (`hit` carries the mask from the

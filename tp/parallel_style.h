@@ -15,10 +15,8 @@
 //     partial sums: while it runs they pass copy_to_parallel, and are all-reduced on their way
 //     into whatever tensors the slots hold (fsdp's unsharded parameters under fully_shard; the
 //     recompute of activation checkpointing runs the hooks again).
-// The collectives run from forward hooks. Megatron's pairing: colwise then rowwise, with one
-// all-reduce (or with the sequence split between pairs, an all-gather and a reduce-scatter) per
-// pair in each direction. Parameters must be materialised and equal on every rank of the group
-// (the same seed or the same checkpoint) when a module is split: each rank keeps its slice.
+// The collectives run from forward hooks. Parameters must be materialised and equal on every
+// rank of the group (the same seed or checkpoint) when a module is split, once, before fully_shard.
 #pragma once
 #include <string>
 #include <utility>
