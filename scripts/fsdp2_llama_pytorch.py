@@ -8,7 +8,7 @@ Modes: --mode fsdp (fully_shard each block, then the root; default), --mode repl
 (every rank holds the whole model and all-reduces gradients: DDP), --mode tp (DTensor tensor
 parallelism: ColwiseParallel q/k/v/gate/up, RowwiseParallel o/down in every block, heads per
 rank divided as torchtitan does; every rank trains on the whole batch; the twin of
-weft-bench-tp), --mode single (no process group; run it without torchrun). Except under tp the
+weft-bench-tp; --tp N of the ranks a group, fully_shard over the other mesh dim), --mode single (no process group; run it without torchrun). Except under tp the
 global batch is the config's batch, split evenly over the ranks, so the loss sequence matches
 one process on the whole batch.
 --mp bf16: MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=f32) under --mode fsdp.
@@ -31,19 +31,24 @@ from llama_char_pytorch import (CONFIGS, load_corpus, build, get_batch, median, 
 
 
 def clip_tp(model, max_norm):
-    """clip_grad_norm_ for a model whose split parameters are DTensors and the rest plain
-    tensors (torch's refuses the mix): the split ones' squares summed over the ranks, the
-    others' once, as weft's PartialReduction does."""
+    """clip_grad_norm_ for a model whose parameters are DTensors on different meshes (split over
+    tp, sharded over dp, both) or plain tensors (torch's refuses the mix): each rank's local
+    squares divided by the number of ranks holding the same values, summed over the world, as
+    weft's PartialReduction totals them."""
     from torch.distributed.tensor import DTensor
-    split, whole = torch.zeros((), dtype=torch.float64), torch.zeros((), dtype=torch.float64)
+    world = dist.get_world_size()
+    total = torch.zeros((), dtype=torch.float64)
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     for g in grads:
         if isinstance(g, DTensor):
-            split += g.to_local().double().pow(2).sum()
+            copies = world // g.device_mesh.size()
+            for dim, placement in enumerate(g.placements):
+                copies *= g.device_mesh.size(dim) if placement.is_replicate() else 1
+            total += g.to_local().double().pow(2).sum() / copies
         else:
-            whole += g.double().pow(2).sum()
-    dist.all_reduce(split)
-    coef = min(1.0, max_norm / (float((split + whole).sqrt()) + 1e-6))
+            total += g.double().pow(2).sum() / world
+    dist.all_reduce(total)
+    coef = min(1.0, max_norm / (float(total.sqrt()) + 1e-6))
     for g in grads:
         g.mul_(coef)
 
@@ -61,6 +66,9 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--reshard-after-forward", type=int, default=1)
+    ap.add_argument("--tp", type=int, default=0,
+                    help="--mode tp: ranks a tensor-parallel group (default: all; the rest "
+                         "data-parallel under fully_shard, a (dp, tp) mesh)")
     ap.add_argument("--mp", choices=["bf16", "none"], default="none",
                     help="bf16: MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=f32) under --mode fsdp")
     args = ap.parse_args()
@@ -73,9 +81,11 @@ def main():
         rank, world = dist.get_rank(), dist.get_world_size()
     cfg = dict(CONFIGS[args.config])
     B, T = cfg["batch"], cfg["ctx"]
-    shards = 1 if args.mode == "tp" else world   # tp: every rank the whole batch
-    assert B % shards == 0, f"batch {B} must divide by {world} ranks"
+    tp = (args.tp or world) if args.mode == "tp" else 1
+    shards = world // tp                         # data-parallel groups: each its rows of the batch
+    assert B % shards == 0 and shards * tp == world, f"batch {B}, {world} ranks, tp {tp}"
     rows = B // shards
+    row0 = rows * (rank // tp)
 
     torch.manual_seed(args.seed)
     model = build(cfg)
@@ -97,15 +107,20 @@ def main():
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor.parallel import (parallelize_module, ColwiseParallel,
                                                        RowwiseParallel)
-        mesh = init_device_mesh("cpu", (world,))
+        mesh = init_device_mesh("cpu", (shards, tp), mesh_dim_names=("dp", "tp"))
         for blk in model.layers:
-            parallelize_module(blk, mesh, {
+            parallelize_module(blk, mesh["tp"], {
                 "self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
                 "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(),
                 "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
                 "mlp.down_proj": RowwiseParallel()})
-            blk.self_attn.h //= world
-            blk.self_attn.kv //= world
+            blk.self_attn.h //= tp
+            blk.self_attn.kv //= tp
+        if shards > 1:
+            from torch.distributed.fsdp import fully_shard
+            for blk in model.layers:
+                fully_shard(blk, mesh=mesh["dp"])
+            fully_shard(model, mesh=mesh["dp"])
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.999), eps=1e-8,
                             weight_decay=0.1)
 
@@ -115,7 +130,7 @@ def main():
     for s in range(args.steps):
         x, y = get_batch(data, B, T, gen)            # the same global batch on every rank
         if shards > 1:
-            x, y = x[rank * rows:(rank + 1) * rows], y[rank * rows:(rank + 1) * rows]
+            x, y = x[row0:row0 + rows], y[row0:row0 + rows]
         if world > 1:
             dist.barrier()
         t0 = time.perf_counter()
@@ -130,7 +145,7 @@ def main():
         lv = loss.detach().float().clone()
         if shards > 1:
             dist.all_reduce(lv)
-            lv /= world
+            lv /= world                              # tp copies of each dp group's loss
         losses.append(lv.item())
         times.append(time.perf_counter() - t0)
     timed = times[args.warmup:] if len(times) > args.warmup else times

@@ -1,18 +1,22 @@
 // weft-bench-tp: training-step throughput of a Llama split by tensor parallelism over the ranks
 // of mpirun (tp/llama_plan.h), the twin of scripts/fsdp2_llama_pytorch.py --mode tp (PyTorch's
-// DTensor ColwiseParallel / RowwiseParallel on the same blocks). Every rank trains on the whole
-// batch (tensor parallelism splits the model, not the data).
+// DTensor ColwiseParallel / RowwiseParallel on the same blocks). The ranks form a (dp, tp)
+// mesh, tp = --tp (default: all of them): the ranks of a tp group train on the same rows of the
+// batch, the dp groups on different rows, with fully_shard over dp when dp > 1.
 //
 //   mpirun -np 2 weft-bench-tp                  # the Llama medium config, 20 steps, 1 thread a rank
 //   mpirun -np 2 weft-bench-tp --sequence-parallel --loss-parallel
+//   mpirun -np 4 weft-bench-tp --tp 2           # (dp 2, tp 2): fully_shard over dp on top
 //
 // The step: random token ids (drawn before the timer), forward, cross-entropy over all B x T
 // positions (tp::vocab_parallel_cross_entropy under --loss-parallel), backward, gradient-norm
 // clip 1.0, AdamW (lr 3e-4, weight decay 0.1 on every parameter, as the twin). Ranks meet at a
-// barrier before each step; rank 0 prints the median step time after --warmup and tokens/s.
+// barrier before each step; rank 0 prints the median step time after --warmup and tokens/s of
+// the whole batch (its loss is its dp group's).
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <cstdio>
 #include <vector>
 
@@ -26,13 +30,18 @@ namespace {
 struct Options {
   nn::LlamaConfig model{.vocab_size = 256, .ctx = 256, .n_layer = 6, .n_head = 6, .n_kv_head = 2, .d_model = 384,
                         .ffn_dim = 1024};
-  int64_t batch = 8, steps = 20, warmup = 5, threads = 1;
+  int64_t batch = 8, steps = 20, warmup = 5, threads = 1, tp = 0;
   tp::LlamaPlan plan;
 };
 
 int run(const Options& o) {
   set_num_threads(int(o.threads));
-  const auto group = dist::world();
+  const int tp = o.tp > 0 ? int(o.tp) : dist::world_size(), dp = dist::world_size() / tp;
+  WEFT_CHECK(dp * tp == dist::world_size() && o.batch % dp == 0,
+             "--tp {} must divide the {} ranks, and the data-parallel groups ({}) the batch {}", tp,
+             dist::world_size(), dp, o.batch);
+  dist::DeviceMesh mesh(DeviceType::cpu, {dp, tp}, {"dp", "tp"});
+  const auto group = mesh.group("tp");
   manual_seed(0);
   auto model = std::make_shared<nn::Llama>(o.model);
   nn::init_llama(*model);
@@ -42,13 +51,23 @@ int run(const Options& o) {
     return n;
   }();
   tp::parallelize_llama(*model, group, o.plan);
+  std::optional<fsdp::FSDPModule> root;
+  if (dp > 1) {
+    auto over_dp = std::make_shared<dist::DeviceMesh>(DeviceType::cpu, std::vector<int>{dp},
+                                                      std::vector<std::string>{"dp"}, std::vector<int>{mesh.coordinate(0)},
+                                                      std::vector<dist::ProcessGroupPtr>{mesh.group("dp")});
+    for (auto& block : model->blocks) fsdp::fully_shard(block, {.mesh = over_dp});
+    root = fsdp::fully_shard(model, {.mesh = over_dp});
+  }
   nn::AdamW opt(model->parameters(), {.lr = 3e-4, .weight_decay = 0.1});
   Generator gen(1);
   std::vector<double> times, losses;
   for (int64_t step = 0; step < o.steps; ++step) {
     const Tensor ids = (rand({o.batch, o.model.ctx + 1}, {}, &gen) * double(o.model.vocab_size)).to(kInt64);
-    const Tensor x = ids.narrow(1, 0, o.model.ctx), y = ids.narrow(1, 1, o.model.ctx).contiguous();
-    group->barrier()->wait();
+    const int64_t rows = o.batch / dp, first = rows * mesh.coordinate(0);  // this dp group's rows
+    const Tensor x = ids.narrow(0, first, rows).narrow(1, 0, o.model.ctx);
+    const Tensor y = ids.narrow(0, first, rows).narrow(1, 1, o.model.ctx).contiguous();
+    dist::world()->barrier()->wait();
     const auto t0 = std::chrono::steady_clock::now();
     Tensor logits = (*model)(x);
     logits = logits.reshape({-1, logits.size(-1)});
@@ -65,8 +84,8 @@ int run(const Options& o) {
   std::vector<double> timed(times.begin() + std::min<int64_t>(o.warmup, o.steps - 1), times.end());
   std::sort(timed.begin(), timed.end());
   const double median = timed[timed.size() / 2];
-  std::printf("weft tp=%d threads/rank=%lld sequence_parallel=%d loss_parallel=%d params=%lld n_layer=%lld "
-              "d_model=%lld ctx=%lld batch=%lld\n", group->size(), (long long)o.threads, int(o.plan.sequence_parallel),
+  std::printf("weft dp=%d tp=%d threads/rank=%lld sequence_parallel=%d loss_parallel=%d params=%lld n_layer=%lld "
+              "d_model=%lld ctx=%lld batch=%lld\n", dp, tp, (long long)o.threads, int(o.plan.sequence_parallel),
               int(o.plan.loss_parallel), (long long)n_params, (long long)o.model.n_layer, (long long)o.model.d_model,
               (long long)o.model.ctx, (long long)o.batch);
   std::printf("summary ms_per_step=%.1f tokens_per_s=%.0f min_ms=%.1f max_ms=%.1f\nlosses:", 1e3 * median,
@@ -92,6 +111,8 @@ int main(int argc, char** argv) {
   app.add_option("--steps", o.steps, "steps")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--warmup", o.warmup, "first steps left out of the median")->capture_default_str();
   app.add_option("--threads", o.threads, "threads per rank")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--tp", o.tp, "ranks a tensor-parallel group (default: all; the rest data-parallel under fully_shard)")
+      ->check(CLI::PositiveNumber);
   app.add_flag("--sequence-parallel", o.plan.sequence_parallel, "norms and the residual stream on sequence blocks");
   app.add_flag("--loss-parallel", o.plan.loss_parallel, "the vocabulary split (embedding, head, loss)");
   CLI11_PARSE(app, argc, argv);
