@@ -38,13 +38,14 @@ struct TinyGPT : nn::Module {
   std::shared_ptr<nn::ModuleList> blocks;
   std::shared_ptr<nn::LayerNorm> ln_f;
   std::shared_ptr<nn::Linear> head;
-  TinyGPT() : nn::Module("TinyGPT") {
-    nn::TransformerConfig cfg{.d_model = 12, .n_head = 3, .bias = false};
-    wte = register_module("wte", std::make_shared<nn::Embedding>(11, 12));
+  // Other widths, heads and biases for the tensor-parallel suite (its blocks biased everywhere).
+  explicit TinyGPT(nn::TransformerConfig cfg = {.d_model = 12, .n_head = 3, .bias = false}, int64_t vocab = 11)
+      : nn::Module("TinyGPT") {
+    wte = register_module("wte", std::make_shared<nn::Embedding>(vocab, cfg.d_model));
     blocks = register_module("blocks", std::make_shared<nn::ModuleList>());
     for (int i = 0; i < 2; ++i) blocks->push_back(std::make_shared<nn::Block>(cfg));
-    ln_f = register_module("ln_f", std::make_shared<nn::LayerNorm>(12));
-    head = register_module("head", std::make_shared<nn::Linear>(12, 11));
+    ln_f = register_module("ln_f", std::make_shared<nn::LayerNorm>(cfg.d_model));
+    head = register_module("head", std::make_shared<nn::Linear>(cfg.d_model, vocab));
   }
   Tensor forward(const Tensor& idx) override {
     Tensor h = (*wte)(idx);

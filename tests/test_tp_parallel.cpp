@@ -404,39 +404,23 @@ TEST_CASE("loss parallel: the embedding and the head split by vocabulary train a
 
 namespace {
 
-// GPT-2's blocks with biases everywhere (a fused c_attn, biased rowwise projections) between a
-// whole embedding and head.
-struct BiasedGPT : nn::Module {
-  std::shared_ptr<nn::Embedding> wte;
-  std::shared_ptr<nn::ModuleList> h;
-  std::shared_ptr<nn::LayerNorm> ln_f;
-  std::shared_ptr<nn::Linear> head;
-  BiasedGPT() : nn::Module("BiasedGPT") {
-    nn::TransformerConfig cfg{.d_model = 16, .n_head = 4, .bias = true};
-    wte = register_module("wte", std::make_shared<nn::Embedding>(32, 16));
-    h = register_module("h", std::make_shared<nn::ModuleList>());
-    for (int i = 0; i < 2; ++i) h->push_back(std::make_shared<nn::Block>(cfg));
-    ln_f = register_module("ln_f", std::make_shared<nn::LayerNorm>(16));
-    head = register_module("head", std::make_shared<nn::Linear>(16, 32));
-  }
-  Tensor forward(const Tensor& idx) override {
-    Tensor x = (*wte)(idx);
-    for (auto& b : *h) x = (*b)(x);
-    return (*head)((*ln_f)(x));
-  }
-  using nn::Module::forward;
-};
+// TinyGPT's two GPT-2 blocks with biases everywhere (a fused c_attn, biased rowwise projections)
+// between a whole embedding and head.
+std::shared_ptr<fsdp_test::TinyGPT> biased_gpt() {
+  manual_seed(4);
+  return std::make_shared<fsdp_test::TinyGPT>(nn::TransformerConfig{.d_model = 16, .n_head = 4, .bias = true}, 32);
+}
 
 }  // namespace
 
 TEST_CASE("GPT-2's blocks split: the fused q|k|v in three blocks, biased rowwise projections") {
-  auto whole = fsdp_test::seeded<BiasedGPT>(4), split = fsdp_test::seeded<BiasedGPT>(4);
+  auto whole = biased_gpt(), split = biased_gpt();
   tp::parallelize_gpt2_blocks(*split, group());
-  auto& attn = *split->h->at<nn::Block>(0)->attn;
+  auto& attn = *split->blocks->at<nn::Block>(0)->attn;
   CHECK(attn.n_head == 4 / P());
   CHECK(attn.c_attn->weight.shape() == Shape{3 * 16 / P(), 16});
   // Rank r's rows of c_attn: its heads' rows of q, of k and of v.
-  auto& whole_attn = *whole->h->at<nn::Block>(0)->attn;
+  auto& whole_attn = *whole->blocks->at<nn::Block>(0)->attn;
   for (int64_t part = 0; part < 3; ++part)
     check_close(values(attn.c_attn->weight.narrow(0, part * 16 / P(), 16 / P())),
                 values(whole_attn.c_attn->weight.narrow(0, part * 16 + R() * 16 / P(), 16 / P())), 0,
@@ -468,6 +452,6 @@ TEST_CASE("GPT-2's blocks split: the fused q|k|v in three blocks, biased rowwise
     split_opt.step();
     check_close({ls.item()}, {lw.item()}, 1e-5, "loss at step " + std::to_string(step));
   }
-  check_norm_close(split->h->at<nn::Block>(1)->mlp->c_proj->bias, whole->h->at<nn::Block>(1)->mlp->c_proj->bias, 1e-5,
+  check_norm_close(split->blocks->at<nn::Block>(1)->mlp->c_proj->bias, whole->blocks->at<nn::Block>(1)->mlp->c_proj->bias, 1e-5,
                    "a rowwise bias after 20 steps");
 }

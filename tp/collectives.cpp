@@ -18,7 +18,6 @@ void finish(const dist::WorkPtr& work) {
 }
 
 Tensor all_reduced(const Tensor& x, const dist::ProcessGroupPtr& group) {
-  if (!x.defined()) return x;
   Tensor y = x.clone();
   finish(group->all_reduce(y));
   return y;
@@ -40,18 +39,20 @@ Tensor all_gathered(const Tensor& x, const dist::ProcessGroupPtr& group, int64_t
   return out.permute(order).reshape(joined);
 }
 
-// One differentiable collective: `forward` on the input, `backward` on the output's gradient.
-// This rank's block of `x` along `dim` (which must divide by the ranks).
-Tensor my_block(const Tensor& x, const dist::ProcessGroupPtr& group, int64_t dim) {
+void check_divides(const Tensor& x, const dist::ProcessGroupPtr& group, int64_t dim) {
   WEFT_CHECK(x.size(dim) % group->size() == 0, "tp: dim {} of {} does not divide over {} ranks (a sequence-parallel "
              "sequence must be a multiple of the tensor-parallel size)", dim, tensor_desc(x), group->size());
+}
+
+Tensor my_block(const Tensor& x, const dist::ProcessGroupPtr& group, int64_t dim) {
+  check_divides(x, group, dim);
   const int64_t n = x.size(dim) / group->size();
   return x.narrow(dim, group->rank() * n, n).contiguous();
 }
 
 // Summed over the ranks, this rank's block along `dim` kept.
 Tensor reduce_scattered(const Tensor& x, const dist::ProcessGroupPtr& group, int64_t dim) {
-  (void)my_block(x, group, dim);  // the check
+  check_divides(x, group, dim);
   // [*before, P * n, *after] -> [P, *before, n, *after]: rank r's block contiguous at r.
   Shape split = x.shape();
   split[dim] /= group->size();
@@ -67,6 +68,7 @@ Tensor reduce_scattered(const Tensor& x, const dist::ProcessGroupPtr& group, int
   return out;
 }
 
+// One differentiable collective: `forward` on the input, `backward` on the output's gradient.
 class ParallelOp : public autograd::Function {
  public:
   using Map = std::function<Tensor(const Tensor&)>;
@@ -89,6 +91,15 @@ Tensor apply(const Tensor& x, const dist::ProcessGroupPtr& group, const char* op
   return autograd::Function::apply<ParallelOp>({x}, op, std::move(forward), std::move(backward))[0];
 }
 
+// The same for a pair of collectives along a dim of x.
+using Along = Tensor (*)(const Tensor&, const dist::ProcessGroupPtr&, int64_t);
+Tensor apply_along(const Tensor& x, const dist::ProcessGroupPtr& group, int64_t dim, const char* op, Along forward,
+                   Along backward) {
+  const int64_t d = wrap_dim(dim, x.dim(), op);
+  return apply(x, group, op, [=](const Tensor& t) { return forward(t, group, d); },
+               [=](const Tensor& g) { return backward(g, group, d); });
+}
+
 }  // namespace
 
 Tensor copy_to_parallel(const Tensor& x, const dist::ProcessGroupPtr& group) {
@@ -102,27 +113,19 @@ Tensor reduce_from_parallel(const Tensor& x, const dist::ProcessGroupPtr& group)
 }
 
 Tensor gather_from_parallel(const Tensor& x, const dist::ProcessGroupPtr& group, int64_t dim) {
-  const int64_t d = wrap_dim(dim, x.dim(), "tp::gather_from_parallel");
-  return apply(x, group, "gather_from_parallel", [group, d](const Tensor& t) { return all_gathered(t, group, d); },
-               [group, d](const Tensor& g) { return my_block(g, group, d); });
+  return apply_along(x, group, dim, "gather_from_parallel", all_gathered, my_block);
 }
 
 Tensor scatter_to_parallel(const Tensor& x, const dist::ProcessGroupPtr& group, int64_t dim) {
-  const int64_t d = wrap_dim(dim, x.dim(), "tp::scatter_to_parallel");
-  return apply(x, group, "scatter_to_parallel", [group, d](const Tensor& t) { return my_block(t, group, d); },
-               [group, d](const Tensor& g) { return all_gathered(g, group, d); });
+  return apply_along(x, group, dim, "scatter_to_parallel", my_block, all_gathered);
 }
 
 Tensor gather_sequence_parallel(const Tensor& x, const dist::ProcessGroupPtr& group, int64_t dim) {
-  const int64_t d = wrap_dim(dim, x.dim(), "tp::gather_sequence_parallel");
-  return apply(x, group, "gather_sequence_parallel", [group, d](const Tensor& t) { return all_gathered(t, group, d); },
-               [group, d](const Tensor& g) { return reduce_scattered(g, group, d); });
+  return apply_along(x, group, dim, "gather_sequence_parallel", all_gathered, reduce_scattered);
 }
 
 Tensor reduce_scatter_parallel(const Tensor& x, const dist::ProcessGroupPtr& group, int64_t dim) {
-  const int64_t d = wrap_dim(dim, x.dim(), "tp::reduce_scatter_parallel");
-  return apply(x, group, "reduce_scatter_parallel", [group, d](const Tensor& t) { return reduce_scattered(t, group, d); },
-               [group, d](const Tensor& g) { return all_gathered(g, group, d); });
+  return apply_along(x, group, dim, "reduce_scatter_parallel", reduce_scattered, all_gathered);
 }
 
 }  // namespace weft::tp

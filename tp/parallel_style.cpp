@@ -1,5 +1,6 @@
 #include "tp/parallel_style.h"
 
+#include <array>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -27,15 +28,13 @@ Tensor slice_of(const Tensor& t, int64_t dim, const dist::ProcessGroupPtr& group
   const int64_t block = t.size(dim) / chunks, n = block / group->size();
   std::vector<Tensor> parts;
   for (int64_t c = 0; c < chunks; ++c) parts.push_back(t.detach().narrow(dim, c * block + group->rank() * n, n));
-  Tensor part = chunks == 1 ? parts[0].clone() : cat(parts, dim);
+  Tensor part = cat(parts, dim);  // a new tensor, even of one part
   part.set_requires_grad(t.requires_grad());
   if (group->size() > 1) set_partial_reduction(part, dist::reduction_over(group));
   return part;
 }
 
-const char* weights_name(Weights w) {
-  return w == Weights::colwise ? "colwise" : w == Weights::rowwise ? "rowwise" : "vocab_rows";
-}
+const char* weights_name(Weights w) { return std::array{"whole", "colwise", "rowwise", "vocab_rows"}[size_t(w)]; }
 
 void check_linear(const nn::Linear& l, Weights w, int64_t chunks, const dist::ProcessGroup& group,
                   const std::string& path) {

@@ -22,24 +22,22 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& target, 
   WEFT_CHECK(opts.reduction == "mean" || opts.reduction == "sum" || opts.reduction == "none",
              "tp::vocab_parallel_cross_entropy: unknown reduction '{}'", opts.reduction);
   const int64_t n = logits.size(1), first = int64_t(group->rank()) * n;
-  const Tensor z = logits.dtype() == kFloat32 ? logits : logits.to(kFloat32);
-  // The shift by the row's maximum only keeps exp() in range: no gradient flows through it.
-  Tensor top = max(z.detach(), 1, true).first.contiguous();
-  dist::WorkPtr work = group->all_reduce(top, dist::ReduceOp::max);
-  if (!work->wait_on_current_stream()) work->wait();
-  const Tensor shifted = z - top;
-  const Tensor total = reduce_from_parallel(sum(exp(shifted), {1}), group);
-  // The target's logit, from the rank whose columns hold it (0 from the others).
-  const Tensor t = target.to(kFloat32);
-  const auto [mine, column] = vocab_rows_of(target, first, n);
-  const Tensor picked = reduce_from_parallel(gather(shifted, 1, column.unsqueeze(1)).reshape({-1}) * mine, group);
-  const Tensor kept = (1.0 - (t == double(opts.ignore_index)).to(kFloat32));
-  const Tensor outside = kept * ((t < -0.5).to(kFloat32) + (t > double(n * group->size()) - 0.5).to(kFloat32));
-  if (const auto [count, row] = max(outside, 0); count.item() > 0) {
+  const Tensor kept = 1.0 - (target.to(kFloat32) == double(opts.ignore_index)).to(kFloat32);
+  if (const auto [outside, row] = max(kept * (1.0 - vocab_rows_of(target, 0, n * group->size()).hit), 0);
+      outside.item() > 0) {
     const int64_t r = int64_t(row.item());
     WEFT_CHECK(false, "tp::vocab_parallel_cross_entropy: target {} (row {}) is out of range for {} classes (ignore_index {})",
                int64_t(target[r].item()), r, n * group->size(), opts.ignore_index);
   }
+  const Tensor z = logits.dtype() == kFloat32 ? logits : logits.to(kFloat32);
+  // The shift by the row's maximum only keeps exp() in range: no gradient flows through it.
+  Tensor top = max(z.detach(), 1, true).first.contiguous();
+  if (dist::WorkPtr w = group->all_reduce(top, dist::ReduceOp::max); !w->wait_on_current_stream()) w->wait();
+  const Tensor shifted = z - top;
+  const Tensor total = reduce_from_parallel(sum(exp(shifted), {1}), group);
+  // The target's logit, from the rank whose columns hold it (0 from the others).
+  const auto [mine, column] = vocab_rows_of(target, first, n);
+  const Tensor picked = reduce_from_parallel(gather(shifted, 1, column.unsqueeze(1)).reshape({-1}) * mine, group);
   const Tensor per_row = (log(total) - picked) * kept;
   if (opts.reduction == "none") return per_row;
   if (opts.reduction == "sum") return sum(per_row);
