@@ -17,7 +17,7 @@ budgets=(
   "dist           2559  dist"
   "tp              660  tp"
   "fsdp           4531  fsdp"
-  "apps           9646  apps"
+  "apps           9787  apps"
 )
 count() {  # PATH...: the lines of the code files among them
   find "$@" -type f \( -name '*.h' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' \) -print0 | xargs -0 cat | wc -l
