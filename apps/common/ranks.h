@@ -14,7 +14,11 @@ namespace weft::apps {
 struct Ranks {
   bool fsdp = false;
   int rank = 0, world = 1;
+  int tp = 1;  // ranks per tensor-parallel group (consecutive ranks): they train on the same rows
   bool lead() const { return rank == 0; }  // prints, writes metrics and checkpoints
+  // Where the rank's rows of a batch are: its data-parallel group among world / tp.
+  int data_rank() const { return rank / tp; }
+  int data_world() const { return world / tp; }
   // The groups an agreement spans: the world under --fsdp, none (this process alone) otherwise.
   std::vector<dist::ProcessGroupPtr> groups() const;
 };

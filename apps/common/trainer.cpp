@@ -11,15 +11,15 @@
 namespace weft::apps {
 
 Tensor forward_backward(nn::Module& model, const Tensor& x, const Tensor& y, bool autocast, int64_t parts,
-                        double target_scale, const Tensor& positions) {
+                        double target_scale, const Tensor& positions, const LossFn& loss_fn) {
   Tensor loss;
   {
     AutocastGuard bf16(DType::bf16, autocast);
     Tensor logits = positions.defined() ? model({x, positions})[0] : model(x);
-    if (target_scale > 0)
-      loss = cross_entropy(logits.view({-1, logits.size(-1)}), y.view({-1}), {.reduction = "sum"}) * target_scale;
-    else
-      loss = cross_entropy(logits.view({-1, logits.size(-1)}), y.view({-1}));
+    const CrossEntropyOptions opts{.reduction = target_scale > 0 ? "sum" : "mean"};
+    Tensor flat = logits.view({-1, logits.size(-1)}), targets = y.view({-1});
+    loss = loss_of(loss_fn, flat, targets, opts);
+    if (target_scale > 0) loss = loss * target_scale;
   }
   (parts > 1 ? loss * (1.0 / double(parts)) : loss).backward();
   return loss;
@@ -109,7 +109,8 @@ int Trainer::train_step() {
 StepEnd Trainer::accumulate_gradients() {
   const int64_t targets = task_.step_targets(step_);
   if (!leaves_) {
-    const int64_t lo = o_.batch_size * ranks_.rank / ranks_.world, hi = o_.batch_size * (ranks_.rank + 1) / ranks_.world;
+    const int64_t lo = o_.batch_size * ranks_.data_rank() / ranks_.data_world(),
+                  hi = o_.batch_size * (ranks_.data_rank() + 1) / ranks_.data_world();
     double loss_sum = 0;
     for (int64_t micro = 0; micro < o_.accumulation; ++micro)
       loss_sum += backward_on(micro, lo, hi, o_.accumulation, targets);
@@ -132,9 +133,10 @@ StepEnd Trainer::accumulate_gradients() {
 // of their mean, scaled by the `parts` x world parts the loop averages (so the average is the mean).
 double Trainer::backward_on(int64_t micro, int64_t lo, int64_t hi, int64_t parts, int64_t targets) {
   const Batch b = task_.batch(step_, micro, lo, hi);
-  const double scale = targets > 0 ? double(parts) * double(ranks_.world) / double(targets) : 0;
+  const double scale = targets > 0 ? double(parts) * double(ranks_.data_world()) / double(targets) : 0;
   const Tensor positions = b.positions.defined() ? b.positions.to(o_.device) : Tensor();
-  return forward_backward(*p_.model, b.x.to(o_.device), b.y.to(o_.device), o_.autocast, parts, scale, positions).item();
+  return forward_backward(*p_.model, b.x.to(o_.device), b.y.to(o_.device), o_.autocast, parts, scale, positions,
+                          o_.loss).item();
 }
 
 // A stretch of steps with one progress bar and its own rate window: an epoch (ending at the

@@ -11,6 +11,7 @@
 #pragma once
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -23,6 +24,7 @@
 #include "apps/common/progress.h"
 #include "apps/common/ranks.h"
 #include "apps/common/stop.h"
+#include "autograd/ops.h"
 #include "fsdp/fsdp.h"
 #include "nn/module.h"
 #include "nn/optimizer.h"
@@ -37,14 +39,22 @@ struct Batch {
   Tensor x, y, positions;
 };
 
-// One forward and backward of (x, y): the cross-entropy of the logits (flattened to [rows,
-// classes]) against y; the gradient of loss / `parts` is added to the gradients already there.
+// The loss of logits [rows, classes] against targets [rows]: weft::cross_entropy, or one over
+// logits split by class among ranks (tp::vocab_parallel_cross_entropy).
+using LossFn = std::function<Tensor(const Tensor& logits, const Tensor& targets, const CrossEntropyOptions& opts)>;
+inline Tensor loss_of(const LossFn& fn, const Tensor& logits, const Tensor& targets, const CrossEntropyOptions& opts = {}) {
+  return fn ? fn(logits, targets, opts) : cross_entropy(logits, targets, opts);
+}
+
+// One forward and backward of (x, y): the cross-entropy (`loss`, when given) of the logits
+// (flattened to [rows, classes]) against y; the gradient of loss / `parts` is added to the
+// gradients already there.
 // With `positions` defined the model is called with (x, positions).
 // Under `autocast` the forward and the loss run in bf16 autocast. With `target_scale` > 0 the loss
 // is instead the sum of the cross-entropies of the targets that are not -100, times target_scale
 // (a share of a mean over a larger batch). Returns the loss.
 Tensor forward_backward(nn::Module& model, const Tensor& x, const Tensor& y, bool autocast, int64_t parts,
-                        double target_scale = 0, const Tensor& positions = {});
+                        double target_scale = 0, const Tensor& positions = {}, const LossFn& loss = {});
 
 // The number of parameter elements (this rank's shards, once sharded).
 int64_t count_parameters(const nn::Module& model);
@@ -90,6 +100,7 @@ struct LoopOptions {
   bool log_grad_norm = false, log_peak_bytes = false;
   double clip = 0;              // gradient norm clip (0: none)
   bool autocast = false;        // bf16 autocast (unsharded --mixed-precision bf16)
+  LossFn loss;                  // null: weft::cross_entropy
   OnNan on_nan = OnNan::error;
   int64_t max_skipped = 5;
   CheckpointFlags checkpoints;

@@ -35,6 +35,7 @@
 #include "apps/transformer/hf_checkpoint.h"
 #include "apps/transformer/lora_settings.h"
 #include "apps/transformer/peft_adapter.h"
+#include "apps/transformer/tensor_parallel.h"
 #include "apps/transformer/model.h"
 #include "apps/transformer/text_data.h"
 #include "apps/transformer/token_data.h"
@@ -71,6 +72,7 @@ struct TrainOptions {
   int keep_last = 0;
   bool overwrite_checkpoints = false;
   bool fsdp = false;
+  int tp = 1;  // ranks per tensor-parallel group (tensor_parallel.h)
   bool activation_checkpointing = false;
   bool deterministic = false;
   bool pack = false;  // a dataset of examples: several per row (example_data.h)
@@ -172,6 +174,7 @@ dist::ConfigSettings shared_settings(const TrainOptions& o) {
           {"--keep-last", num(o.keep_last)},
           {"--resume", o.resume},
           {"--fsdp", o.fsdp ? "true" : "false"},
+          {"--tp", num(o.tp)},
           {"--activation-checkpointing", o.activation_checkpointing ? "true" : "false"},
           {"--reshard-after-forward", o.reshard_after_forward},
           {"--mixed-precision", o.mixed_precision},
@@ -401,6 +404,7 @@ struct Run {
   apps::LanguageModel lm;
   std::optional<apps::MetricsWriter> metrics;
   std::optional<apps::PeftAdapter> adapter;  // --init-from a peft adapter directory
+  apps::TensorParallel tp;                   // --tp (size 1: none)
 };
 
 // Mean validation loss over `iters` fixed batches (the same ones at every evaluation and any
@@ -419,19 +423,21 @@ double evaluate(nn::Module& model, const Run& run, const TrainOptions& o, const 
   double share = 0;  // examples: a part's loss sum times share is its part of the mean over all targets
   for (int64_t i = 0; examples && i < o.eval_iters; ++i)
     share += double(examples->targets(examples->draw(o.seed + kValSeedOffset, i, o.batch_size)));
-  if (examples) share = double(o.eval_iters * (leaves ? leaves->per_rank : 1) * ranks.world) / share;
+  if (examples) share = double(o.eval_iters * (leaves ? leaves->per_rank : 1) * ranks.data_world()) / share;
+  const apps::LossFn loss_fn = apps::tensor_parallel_loss(run.tp);
   for (int64_t i = 0; i < o.eval_iters; ++i) {
     auto loss = [&](int64_t lo, int64_t hi) {
       apps::ExampleRows r;  // validation examples are not packed
       if (examples) r = examples->rows(examples->draw(o.seed + kValSeedOffset, i, o.batch_size), lo, hi);
       else std::tie(r.x, r.y) = apps::text_batch(run.data.val, o.seed + kValSeedOffset, i, o.batch_size, o.model.ctx, lo, hi);
       Tensor logits = model(r.x.to(run.device));
-      Tensor flat = logits.view({-1, o.model.vocab_size}), y = r.y.to(run.device).view({-1});
-      if (examples) return cross_entropy(flat, y, {.reduction = "sum"}).item() * share;
-      return cross_entropy(flat, y).item();
+      Tensor flat = logits.view({-1, logits.size(-1)}), y = r.y.to(run.device).view({-1});
+      if (examples) return apps::loss_of(loss_fn, flat, y, {.reduction = "sum"}).item() * share;
+      return apps::loss_of(loss_fn, flat, y).item();
     };
     if (!leaves) {
-      total += loss(o.batch_size * ranks.rank / ranks.world, o.batch_size * (ranks.rank + 1) / ranks.world);
+      const int64_t w = ranks.data_world(), r = ranks.data_rank();
+      total += loss(o.batch_size * r / w, o.batch_size * (r + 1) / w);
       continue;
     }
     for (int64_t j = 0; j < leaves->per_rank; ++j) {
@@ -489,6 +495,23 @@ void check_base_dtype(const TrainOptions& o) {
              "transformer: --base-dtype bf16 adapts the blocks' layers only, not lm_head");
 }
 
+// --tp: what runs split so far (docs/PARALLEL.md), checked first: the world must divide by it.
+void check_tensor_parallel(const TrainOptions& o, const Ranks& ranks, const Run& run) {
+  if (o.tp == 1) return;
+  WEFT_CHECK(o.fsdp, "transformer: --tp {} splits the model among the ranks of an FSDP run: add --fsdp (fully_shard "
+             "then shards it over the data-parallel groups, one included)", o.tp);
+  WEFT_CHECK(ranks.world % o.tp == 0, "transformer: --tp {} does not divide the {} ranks of mpirun", o.tp, ranks.world);
+  WEFT_CHECK(run.device.is_cpu(), "transformer: --tp runs on the CPU for now, not {}", run.device.str());
+  WEFT_CHECK(!o.deterministic, "transformer: --tp cannot run --deterministic: a row-parallel layer adds its ranks' "
+             "partial products in another order than one rank's matmul, so the bits differ at any --tp above 1");
+  auto refuse = [&](bool used, const char* what) { WEFT_CHECK(!used, "transformer: --tp does not run with {} yet", what); };
+  refuse(o.lora.rank > 0, "LoRA (--lora-rank)");
+  refuse(o.plan.wanted(), "a memory plan (--plan, --plan-ranks, --memory-budget)");
+  refuse(o.sharding_strategy != "FULL_SHARD", "--sharding-strategy other than FULL_SHARD");
+  refuse(o.reshard_after_forward != "true" && o.reshard_after_forward != "false", "--reshard-after-forward N");
+  refuse(!o.checkpoint_dir.empty() || !o.resume.empty(), "checkpoints (--checkpoint-dir, --resume)");
+}
+
 // The flags, checked against each other and the world before anything is built.
 void validate(TrainOptions& o, const Ranks& ranks, Run& run) {
   if (!o.init_from.empty() && apps::is_peft_dir(o.init_from)) {  // its base model, then its adapters
@@ -508,6 +531,7 @@ void validate(TrainOptions& o, const Ranks& ranks, Run& run) {
     if (o.lora.alpha == 0) o.lora.alpha = double(o.lora.rank);
   }
   check_base_dtype(o);
+  check_tensor_parallel(o, ranks, run);
   WEFT_CHECK(o.profile == 0 || run.device.is_cpu(), "transformer: --profile times the CPU's ops; {} has its own "
              "profilers (nsys, ncu)", run.device.str());
   WEFT_CHECK(o.lr > 0 && o.steps > 0 && o.batch_size > 0 && o.grad_accum > 0,
@@ -516,9 +540,10 @@ void validate(TrainOptions& o, const Ranks& ranks, Run& run) {
   WEFT_CHECK(!o.deterministic || o.sharding_strategy != "NO_SHARD",
              "transformer: --deterministic reduces gradients over one sharded dimension: use --sharding-strategy "
              "FULL_SHARD or SHARD_GRAD_OP, not NO_SHARD");
-  WEFT_CHECK(o.batch_size % ranks.world == 0,
-             "transformer: --batch-size {} does not split evenly over {} ranks: it is the global batch and each "
-             "rank takes an equal slice, so use a multiple of {}", o.batch_size, ranks.world, ranks.world);
+  WEFT_CHECK(o.batch_size % ranks.data_world() == 0,
+             "transformer: --batch-size {} does not split evenly over {} {}: it is the global batch and each "
+             "takes an equal slice, so use a multiple of {}", o.batch_size, ranks.data_world(),
+             o.tp > 1 ? "data-parallel groups" : "ranks", ranks.data_world());
   WEFT_CHECK(ranks.fsdp || (o.reshard_after_forward == "true" && o.sharding_strategy == "FULL_SHARD"),
              "transformer: --reshard-after-forward and --sharding-strategy are FSDP options: add --fsdp");
   WEFT_CHECK(o.sharding_strategy == "FULL_SHARD" || o.reshard_after_forward == "true",
@@ -642,6 +667,7 @@ void find_resume(const TrainOptions& o, Run& run, bool say) {
 // on the meta device (init_model records its rules there too; fully_shard then initialises only
 // this rank's shards, bitwise the eager build's values). --init-from draws nothing: its weights
 // replace every parameter (load_init_weights).
+// --tp builds it whole (materialised), to be split over its group before sharding.
 void build_model(TrainOptions& o, const Ranks& ranks, Run& run) {
   reset_peak_memory_stats(run.device);
   run.start_bytes = memory_stats(run.device).live_bytes;
@@ -656,8 +682,8 @@ void build_model(TrainOptions& o, const Ranks& ranks, Run& run) {
     run.lm = apps::make_model_to_load(o.model);
     apps::add_lora(run.lm, o.lora, false);  // drawn after nothing: the same adapters at any world size
     if (o.base_dtype == "bf16") nn::cast_frozen(*run.lm.module, kBFloat16);
-    if (!ranks.fsdp) nn::materialize(*run.lm.module, run.device);
-  } else if (ranks.fsdp) {
+    if (!ranks.fsdp || o.tp > 1) nn::materialize(*run.lm.module, run.device);  // --tp: whole, then split
+  } else if (ranks.fsdp && o.tp == 1) {
     DefaultDeviceGuard meta(Device::meta());
     run.lm = apps::make_model(o.model);
     apps::init_model(run.lm);
@@ -738,7 +764,7 @@ apps::LoopOptions loop_options(const TrainOptions& o, const Run& run) {
   return {.program = "weft-transformer", .device = run.device, .batch_size = o.batch_size, .accumulation = o.grad_accum,
           .items_per_step = o.batch_size * o.grad_accum * o.model.ctx, .unit = "tokens", .eval_every = o.eval_every,
           .log_every = o.log_every, .log_first = true, .log_grad_norm = true, .log_peak_bytes = true, .clip = o.clip,
-          .autocast = o.autocast(), .on_nan = apps::parse_on_nan(o.on_nan), .max_skipped = o.max_skipped,
+          .autocast = o.autocast(), .loss = apps::tensor_parallel_loss(run.tp), .on_nan = apps::parse_on_nan(o.on_nan), .max_skipped = o.max_skipped,
           .checkpoints = {o.checkpoint_dir, "--checkpoint-dir", o.checkpoint_every, o.keep_last, run.identity,
                           o.overwrite_checkpoints, o.base_elsewhere()},
           .profile_from = o.profile};
@@ -756,8 +782,10 @@ void print_run(const TrainOptions& o, const Run& run, const Ranks& ranks, int64_
                get_num_threads());
   if (sharded)
     std::fprintf(stderr, "weft-transformer: FSDP over %d ranks: one group per block and the root; %lld parameters "
-                 "on rank 0, %lld sequences per rank per micro-step\n", ranks.world,
-                 (long long)apps::count_parameters(*run.lm.module), (long long)(o.batch_size / ranks.world));
+                 "on rank 0, %lld sequences per %s per micro-step\n", ranks.world,
+                 (long long)apps::count_parameters(*run.lm.module), (long long)(o.batch_size / ranks.data_world()),
+                 run.tp.size > 1 ? "tensor-parallel group" : "rank");
+  if (run.tp.size > 1) std::fprintf(stderr, "weft-transformer: %s\n", apps::describe(run.tp).c_str());
   if (run.train_examples)
     std::fprintf(stderr, "weft-transformer: examples: %lld train / %lld val, %s; %lld / %lld skipped (no target "
                  "within ctx %lld), %lld / %lld cut at ctx + 1 tokens\n", (long long)run.train_examples->examples(),
@@ -794,10 +822,17 @@ int train(TrainOptions o, const Ranks& ranks) {
   // Each block keeps only its input for backward and runs again there (nn/activation_checkpoint.h).
   for (auto& block : run.lm.blocks) block->set_activation_checkpointing(o.activation_checkpointing);
   std::optional<fsdp::FSDPModule> root;
-  if (ranks.fsdp) root = shard_model(run.lm, o, run.device, nullptr, run.per_block);
   // A LoRA checkpoint holds the adapters only: its base is read first, then the checkpoint.
-  if (!o.init_from.empty() && (run.resume_from.empty() || o.base_elsewhere()))
-    load_init_weights(o, run, ranks, root ? &*root : nullptr);
+  const bool init_weights = !o.init_from.empty() && (run.resume_from.empty() || o.base_elsewhere());
+  if (o.tp > 1) {  // whole, then split over the tp group, then sharded over the dp groups
+    run.tp = apps::make_tensor_parallel(o.model, o.tp, !run.data.examples());
+    if (init_weights) load_init_weights(o, run, ranks, nullptr);
+    dist::agree(ranks.groups(), "transformer", [&] { apps::parallelize(run.lm, run.tp); });
+    root = shard_model(run.lm, o, run.device, run.tp.over_dp, run.per_block);
+  } else {
+    if (ranks.fsdp) root = shard_model(run.lm, o, run.device, nullptr, run.per_block);
+    if (init_weights) load_init_weights(o, run, ranks, root ? &*root : nullptr);
+  }
   const std::unique_ptr<nn::AdamW> opt = make_optimizer(model, decay, o);  // this rank's shards
   nn::WarmupDecayLR sched(*opt, o.warmup, o.steps, o.min_lr / o.lr, decay_of(o.lr_schedule), o.decay_steps);
   TextTask task(o, run, ranks);
@@ -1178,6 +1213,9 @@ void add_step_flags(CLI::App* tr, TrainOptions& t) {
                "recompute each block's forward in backward instead of keeping its activations");
   apps::add_plan_flags(*tr, t.plan);
   tr->add_flag("--fsdp", t.fsdp, "shard over the ranks of mpirun: fully_shard per block, then the root");
+  tr->add_option("--tp", t.tp, "under --fsdp: split each layer over N consecutive ranks (tensor parallel), "
+                 "fully_shard over the world / N data-parallel groups")->check(apps::cli::integer(1, 1024))
+      ->capture_default_str();
   tr->add_option("--reshard-after-forward", t.reshard_after_forward,
                  "under --fsdp: free each block's gathered parameters after forward (true), keep them for "
                  "backward (false), or keep 1/N per rank and gather within groups of N ranks (N)")
@@ -1470,7 +1508,8 @@ int main(int argc, char** argv) {
     }
     WEFT_CHECK(tr->get_option("--max-skipped-steps")->count() == 0 || t.on_nan == "skip", "transformer: --max-skipped-steps applies to --on-nan "
                "skip only (--on-nan is {})", t.on_nan);
-    const Ranks ranks = apps::start_ranks("weft-transformer", t.fsdp, {{"command", "train"}}, shared_settings(t));
+    Ranks ranks = apps::start_ranks("weft-transformer", t.fsdp, {{"command", "train"}}, shared_settings(t));
+    if (ranks.fsdp) ranks.tp = t.tp;
     return train(t, ranks);
   });
 }

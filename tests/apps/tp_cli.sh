@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# weft-transformer train --fsdp --tp N (docs/PARALLEL.md) on Debian's fortunes texts: Llama at
+# (dp, tp) = (1, 2), (2, 2) and (1, 4) logs the single-process training and validation losses
+# (1e-5 relative, every step), with sequence and loss parallel; a tied head, activation
+# checkpointing, GPT-2's blocks, and the Hugging Face fixtures of every family (--init-from)
+# likewise; bf16 mixed precision within 2 %; what --tp cannot run is named.
+# Usage: tp_cli.sh EXE DATA_DIR MPIRUN MPIRUN_ARGS...
+set -euo pipefail
+exe=$1
+data=$2
+mpirun=$3
+shift 3
+mpirun_args=("$@")
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # $tmp (removed on exit), fail, expect_error, loss_at, within
+
+run() { "$mpirun" -np "$1" "${mpirun_args[@]}" "$exe" train "${@:2}"; }
+# same_losses A B WHAT: every training and validation loss of metrics file B within 1e-5 of A's.
+same_losses() {
+  local a b n=0
+  a=$(grep -o '"loss":[^,}]*' "$1" | cut -d: -f2); b=$(grep -o '"loss":[^,}]*' "$2" | cut -d: -f2)
+  [ "$(echo "$a" | wc -l)" = "$(echo "$b" | wc -l)" ] || fail "$3: $(echo "$b" | wc -l) losses, not $(echo "$a" | wc -l)"
+  while read -r x y; do
+    n=$((n + 1))
+    within "$y" "$x" 1e-5 0 "$3: loss $n of $(echo "$a" | wc -l)"
+  done < <(paste -d' ' <(echo "$a") <(echo "$b"))
+}
+# train_same NP TP NAME FLAGS...: one process running FLAGS, and NP ranks running --fsdp --tp TP FLAGS, log the
+# same losses.
+train_same() {
+  local np=$1 tp=$2 name=$3
+  shift 3
+  [ -f "$tmp/$name.one.jsonl" ] || "$exe" train "$@" --metrics "$tmp/$name.one.jsonl" >/dev/null 2>"$tmp/err" ||
+    fail "$name, one process: $(cat "$tmp/err")"
+  run "$np" --fsdp --tp "$tp" "$@" --metrics "$tmp/$name.$np.jsonl" >/dev/null 2>"$tmp/$name.err" ||
+    fail "$name at $np ranks: $(cat "$tmp/$name.err")"
+  same_losses "$tmp/$name.one.jsonl" "$tmp/$name.$np.jsonl" "$name at $np ranks"
+}
+
+cfg=(--arch llama --n-layer 2 --n-head 4 --n-kv-head 2 --d-model 32 --ctx 32 --batch-size 8 --steps 20 --warmup 3
+     --lr 3e-3 --seed 0 --threads 1 --eval-every 10 --eval-iters 4 --log-every 1)
+train_same 2 2 llama "${cfg[@]}"
+# 41,120 parameters: each rank holds half of all but the norms' 160.
+grep -q "20640 parameters on rank 0" "$tmp/llama.err" && grep -q "tensor parallel: 2 ranks per group x 1 data-parallel \
+group(s), sequence parallel, loss parallel" "$tmp/llama.err" || fail "the layout is not reported: $(cat "$tmp/llama.err")"
+train_same 4 2 llama "${cfg[@]}"
+grep -q "2 ranks per group x 2 data-parallel" "$tmp/llama.err" || fail "(dp 2, tp 2) not reported: $(cat "$tmp/llama.err")"
+train_same 2 2 llama_ac "${cfg[@]}" --activation-checkpointing --tie
+mha=("${cfg[@]}")
+mha[7]=4  # --n-kv-head 4: four key/value heads for four ranks
+train_same 4 4 mha "${mha[@]}"
+train_same 2 2 gpt2 --n-layer 2 --n-head 4 --d-model 32 --ctx 32 --batch-size 8 --steps 12 --lr 3e-3 --seed 0 \
+  --threads 1 --eval-every 6 --eval-iters 2 --log-every 1
+# 34,688 parameters: the blocks' matmuls (and c_attn's and c_fc's biases) split, the rest whole.
+grep -q "22176 parameters on rank 0" "$tmp/gpt2.err" &&
+  grep -q "tensor parallel: 2 ranks per group x 1 data-parallel group(s)$" "$tmp/gpt2.err" ||
+  fail "GPT-2's layout: $(cat "$tmp/gpt2.err")"
+for m in llama3 mistral qwen2 qwen3; do
+  train_same 2 2 "$m" --init-from "$data/$m" --ctx 32 --batch-size 4 --steps 4 --warmup 1 --lr 1e-3 --seed 0 \
+    --threads 1 --eval-every 2 --eval-iters 2 --log-every 1
+done
+
+# bf16 mixed precision: fully_shard's bf16 parameters within the tp group's collectives.
+run 2 --fsdp "${cfg[@]}" --tp 2 --mixed-precision bf16 --metrics "$tmp/bf16.jsonl" >/dev/null 2>"$tmp/err" ||
+  fail "--tp 2 --mixed-precision bf16: $(cat "$tmp/err")"
+within "$(loss_at "$tmp/bf16.jsonl" 20)" "$(loss_at "$tmp/llama.one.jsonl" 20)" 0.02 0 "bf16 step-20 loss"
+
+exe_np2() { if run 2 "$@" >/dev/null 2>"$tmp/err"; then fail "accepted: $*"; fi; }
+expect_np2() {
+  local text=$1; shift
+  exe_np2 "$@"
+  grep -qF -- "$text" "$tmp/err" || fail "\"$*\" failed without \"$text\": $(cat "$tmp/err")"
+}
+expect_np2 "add --fsdp" "${cfg[@]}" --tp 2
+expect_np2 "--tp 4 does not divide the 2 ranks" --fsdp "${cfg[@]}" --tp 4
+expect_np2 "does not run with LoRA" --fsdp "${cfg[@]}" --tp 2 --lora-rank 2
+expect_np2 "cannot run --deterministic" --fsdp "${cfg[@]}" --tp 2 --deterministic
+expect_np2 "does not run with checkpoints" --fsdp "${cfg[@]}" --tp 2 --checkpoint-dir "$tmp/ck"
+three=("${cfg[@]}")
+three[5]=6 three[7]=3 three[9]=48  # 6 heads, 3 key/value heads
+expect_np2 "the 3 key/value heads (n_kv_head) do not divide over 2 ranks" --fsdp "${three[@]}" --tp 2
+echo "tp_cli: OK"
