@@ -31,23 +31,47 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// ---- the ranks a checkpoint call spans: root's mesh as (replicas x shards), or this process.
+// ---- the ranks a checkpoint call spans: root's mesh as (replicas x shards), or this process,
+// times the tensor-parallel parts of the model's split parameters (tp/split.h), if any.
 
 struct Scope {
-  dist::ProcessGroupPtr shard_group, replicate_group;  // null when absent
-  int shard = 0, num_shards = 1, replica = 0, num_replicas = 1;
+  dist::ProcessGroupPtr shard_group, replicate_group, part_group;  // null when absent
+  int shard = 0, num_shards = 1, replica = 0, num_replicas = 1, part = 0, num_parts = 1;
   std::vector<int> mesh_shape{1};
   std::vector<std::string> dim_names{"shard"};
-  int world() const { return num_shards * num_replicas; }
-  int linear() const { return replica * num_shards + shard; }  // the mesh's row-major rank
-  bool writer() const { return replica == 0; }                 // replicas hold equal shards
-  bool lead() const { return writer() && shard == 0; }         // writes the index
-  // What a dist::agree over the whole mesh reduces over (none: this process alone).
-  std::vector<dist::ProcessGroupPtr> groups() const { return {shard_group, replicate_group}; }
+  int files() const { return num_shards * num_parts; }
+  int file_of(int s, int p) const { return s * num_parts + p; }  // the file shard s of part p writes
+  int world() const { return files() * num_replicas; }
+  int linear() const { return replica * files() + file_of(shard, part); }  // row-major rank
+  bool writer() const { return replica == 0; }                             // replicas hold equal shards
+  bool lead() const { return writer() && shard == 0 && part == 0; }        // writes the index
+  // What a dist::agree over every rank reduces over (none: this process alone).
+  std::vector<dist::ProcessGroupPtr> groups() const { return {shard_group, replicate_group, part_group}; }
+  // Whether this rank writes its piece `p`: split pieces by every part, the others by part 0.
+  bool writes(const Placement& p) const {
+    return writer() && (p.split.split() || part == 0) && (p.dim < 0 ? shard == 0 : p.length > 0);
+  }
 };
 
-Scope scope_of(const FSDPModule* root) {
+// The group holding the other tensor-parallel parts of the model's split parameters (one for all).
+dist::ProcessGroupPtr part_group_of(nn::Module& model, const FSDPModule* root) {
+  dist::ProcessGroupPtr group;
+  for (auto& [name, p] : model.named_parameters()) {
+    dist::ProcessGroupPtr g = root && root->shards(name) ? root->shard_info(name).split_group
+                                                         : tp::split_group(partial_reduction(p));
+    WEFT_CHECK(!g || !group || g == group, "checkpoint: parameter \"{}\" is split over another tensor-parallel group "
+               "than the parameters before it", name);
+    if (g) group = g;
+  }
+  return group;
+}
+
+Scope scope_of(const FSDPModule* root, nn::Module& model) {
   Scope s;
+  if (dist::ProcessGroupPtr g = part_group_of(model, root)) {
+    s.part_group = g, s.part = g->rank(), s.num_parts = g->size();
+    s.mesh_shape = {1, s.num_parts}, s.dim_names = {"shard", "tp"};
+  }
   if (!root) return s;
   auto& mesh = root->state()->mesh;
   s.shard_group = mesh->group(mesh->ndim() - 1);
@@ -60,21 +84,21 @@ Scope scope_of(const FSDPModule* root) {
   }
   s.mesh_shape = mesh->shape();
   s.dim_names = mesh->dim_names();
+  if (s.part_group) s.mesh_shape.push_back(s.num_parts), s.dim_names.push_back("tp");
   return s;
 }
 
-// Every rank's `mine` (i64 [n]) as [world, n] in the mesh's rank order.
+// Every rank's `mine` (i64 [n]) as [world, n] in the row-major rank order (parts innermost).
 Tensor all_gather(const Scope& s, const Tensor& mine) {
-  const int64_t n = mine.numel();
-  if (!s.shard_group) return mine.view({1, n}).clone();
-  // On the groups' device (NCCL groups take CUDA tensors only), back on the CPU at the end.
-  const Device dev = s.shard_group->device();
-  Tensor rows = empty({s.num_shards, n}, {.dtype = kInt64, .device = dev});
-  s.shard_group->all_gather_into_tensor(rows.view({-1}), mine.to(dev))->wait();
-  if (!s.replicate_group) return rows.to(kCPU);
-  Tensor all = empty({s.world(), n}, {.dtype = kInt64, .device = dev});
-  s.replicate_group->all_gather_into_tensor(all.view({-1}), rows.view({-1}))->wait();
-  return all.to(kCPU);
+  Tensor rows = mine.view({1, mine.numel()}).clone();
+  for (const dist::ProcessGroupPtr& g : {s.part_group, s.shard_group, s.replicate_group}) {
+    if (!g) continue;
+    // On the group's device (NCCL groups take CUDA tensors only), back on the CPU at the end.
+    Tensor all = empty({g->size() * rows.size(0), rows.size(1)}, {.dtype = kInt64, .device = g->device()});
+    g->all_gather_into_tensor(all.view({-1}), rows.to(g->device()).contiguous().view({-1}))->wait();
+    rows = all.to(kCPU);
+  }
+  return rows;
 }
 
 // ---- what each rank tells the index writer: file size, sha256, key fingerprint, RNG state.
@@ -110,28 +134,29 @@ std::pair<int64_t, int64_t> chunk_of(const Shape& shape, int64_t dim, int s, int
 CheckpointIndex index_of(const ShardedStateDict& sd, const Scope& sc, const CheckpointProgress& state,
                          const std::map<std::string, std::string>& aliases, const Tensor& records) {
   CheckpointIndex ix;
-  ix.format_version = kCheckpointFormatVersion;
+  ix.format_version = sc.part_group ? kCheckpointFormatVersion : 2;  // 2: no tensor-parallel parts
   ix.weft_version = WEFT_VERSION;
   ix.world_size = sc.world();
-  ix.num_shards = sc.num_shards;
+  ix.num_shards = sc.files();
   ix.mesh_shape = sc.mesh_shape;
   ix.mesh_dim_names = sc.dim_names;
   ix.training = state;
   ix.training.aliases = aliases;
   for (int i = 0; i < sc.world(); ++i) ix.rng.push_back(record_rng(records.data<int64_t>() + i * kRecord));
-  for (int s = 0; s < sc.num_shards; ++s) {
-    const int64_t* p = records.data<int64_t>() + s * kRecord;  // replica 0's row s
-    ix.files.push_back({checkpoint_shard_file(s), s, uint64_t(p[0]), std::string(reinterpret_cast<const char*>(p + 2), 64)});
+  for (int f = 0; f < sc.files(); ++f) {
+    const int64_t* p = records.data<int64_t>() + f * kRecord;  // replica 0's row f
+    ix.files.push_back({checkpoint_shard_file(f), f, uint64_t(p[0]), std::string(reinterpret_cast<const char*>(p + 2), 64)});
   }
   for (auto& [key, t] : sd) {
     const Placement& pl = t.placement;
-    CheckpointIndex::Entry e{key, pl.global_shape, t.local.dtype(), pl.dim, {}};
-    if (pl.whole()) {
-      e.shards.push_back({checkpoint_shard_file(0), 0, 0});
-    } else {
-      for (int s = 0; s < sc.num_shards; ++s)
-        if (auto [offset, length] = chunk_of(pl.global_shape, pl.dim, s, sc.num_shards); length > 0)
-          e.shards.push_back({checkpoint_shard_file(s), offset, length});
+    CheckpointIndex::Entry e{key, pl.global_shape, t.local.dtype(), pl.dim, pl.split, {}};
+    e.split.index = 0;
+    const Shape part_shape = Placement{pl.global_shape, -1, 0, 0, pl.split}.local_shape();  // FSDP shards a part
+    for (int64_t part = 0; part < pl.split.parts; ++part) {
+      if (pl.dim < 0) e.shards.push_back({checkpoint_shard_file(sc.file_of(0, int(part))), 0, 0, part});
+      for (int s = 0; pl.dim >= 0 && s < sc.num_shards; ++s)
+        if (auto [offset, length] = chunk_of(part_shape, pl.dim, s, sc.num_shards); length > 0)
+          e.shards.push_back({checkpoint_shard_file(sc.file_of(s, int(part))), offset, length, part});
     }
     ix.tensors.push_back(std::move(e));
   }
@@ -149,7 +174,7 @@ std::set<std::string> frozen_parameters(nn::Module& model) {
 
 std::string save_checkpoint(const std::string& dir, nn::Module& model, const nn::Optimizer* opt,
                             const FSDPModule* root, const CheckpointProgress& state, const SaveOptions& options) {
-  const Scope sc = scope_of(root);
+  const Scope sc = scope_of(root, model);
   const fs::path final_dir = fs::path(dir) / checkpoint_step_dir(state.step);
   const fs::path tmp = fs::path(dir) / checkpoint_temp_dir(state.step);
   ShardedStateDict sd;
@@ -182,12 +207,13 @@ std::string save_checkpoint(const std::string& dir, nn::Module& model, const nn:
   std::string sha(64, '0');
   dist::agree(sc.groups(), fmt::format("checkpoint: writing checkpoint {}", final_dir.string()), [&] {
     if (!sc.writer()) return;
-    const std::string file = (tmp / checkpoint_shard_file(sc.shard)).string();
+    const int index = sc.file_of(sc.shard, sc.part);
+    const std::string file = (tmp / checkpoint_shard_file(index)).string();
     NamedTensors pieces;
     for (auto& [k, t] : sd)
-      if (t.placement.whole() ? sc.shard == 0 : t.placement.length > 0) pieces.emplace_back(k, t.local);
-    save_safetensors(file, pieces, {{"format", "weft-checkpoint-shard"}, {"shard", std::to_string(sc.shard)},
-                                    {"num_shards", std::to_string(sc.num_shards)},
+      if (sc.writes(t.placement)) pieces.emplace_back(k, t.local);
+    save_safetensors(file, pieces, {{"format", "weft-checkpoint-shard"}, {"shard", std::to_string(index)},
+                                    {"num_shards", std::to_string(sc.files())},
                                     {"step", std::to_string(state.step)}});
     sha = sha256_file(file);
     bytes = fs::file_size(file);
@@ -214,7 +240,7 @@ std::string save_checkpoint(const std::string& dir, nn::Module& model, const nn:
 
 CheckpointProgress load_checkpoint(const std::string& path, nn::Module& model, nn::Optimizer* opt, const FSDPModule* root,
                               const LoadOptions& options) {
-  const Scope sc = scope_of(root);
+  const Scope sc = scope_of(root, model);
   CheckpointIndex index;
   std::vector<std::pair<Tensor, Tensor>> model_values;  // (the model's tensor, its new value)
   nn::NamedTensorList optim_state;                      // by position, for opt->load_state_dict

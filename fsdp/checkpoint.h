@@ -122,14 +122,17 @@ struct CheckpointIndex {
   };
   struct Shard {
     std::string file;
-    int64_t offset = 0, length = 0;  // along the tensor's shard dim
+    int64_t offset = 0, length = 0;  // along the tensor's shard dim (of its part, when split)
+    int64_t part = 0;                // the tensor-parallel part (Entry::split) it is of
   };
   struct Entry {
     std::string key;  // "model.<name>" or "optim.<key>"
     Shape shape;
     DType dtype = kFloat32;
-    int64_t shard_dim = -1;  // -1: whole ("Replicate()"), one piece in the first file
+    int64_t shard_dim = -1;  // -1: whole ("Replicate()"), one piece in the first file (of each part)
+    tp::Split split;         // split in parts by tensor parallelism (index: 0), or not
     std::vector<Shard> shards;
+    Placement placement(const Shard& s) const;  // where shard `s` sits
   };
   std::string dir;  // the checkpoint directory
   int format_version = 0;

@@ -77,6 +77,16 @@ Json read_index_json(const std::string& path) {
   return j;
 }
 
+// An entry's "split": {"dim", "chunks", "parts"}, checked against its shape.
+tp::Split read_split(const IndexReader& r, const std::string& key, const Json& s, const Shape& shape) {
+  tp::Split split{r.integer(s, "dim", key + ".split"), r.integer(s, "chunks", key + ".split"),
+                  r.integer(s, "parts", key + ".split"), 0};
+  if (split.dim < 0 || split.dim >= int64_t(shape.size()) || split.chunks < 1 || split.parts < 1 ||
+      shape[size_t(split.dim)] % (split.chunks * split.parts) != 0)
+    r.fail(key, "has split " + s.dump() + " for shape " + shape_str(shape));
+  return split;
+}
+
 // The entry of tensor `key` in "tensors"; its shards may only name files in `file_names`.
 CheckpointIndex::Entry read_entry(const IndexReader& r, const std::string& key, const Json& t,
                                   const std::set<std::string>& file_names) {
@@ -102,10 +112,15 @@ CheckpointIndex::Entry read_entry(const IndexReader& r, const std::string& key, 
     if (e.shard_dim < 0 || e.shard_dim >= std::max<int64_t>(1, int64_t(e.shape.size())))
       r.fail(key, "has placement " + placement + " for shape " + shape_str(e.shape));
   }
-  const int64_t extent = e.shard_dim < 0 ? 0 : e.shape.empty() ? 1 : e.shape[size_t(e.shard_dim)];
+  if (t.contains("split")) e.split = read_split(r, key, r.at(t, "split", key), e.shape);
+  const int64_t extent = e.shard_dim < 0 ? 0 : e.shape.empty() ? 1  // along the shard dim of one part
+                         : Placement{e.shape, -1, 0, 0, e.split}.local_shape()[size_t(e.shard_dim)];
   for (const Json& s : r.at(t, "shards", key)) {
     CheckpointIndex::Shard sh{r.string(s, "file", key + ".shards"), 0, 0};
     if (!file_names.count(sh.file)) r.fail(key, "names file " + sh.file + ", which \"files\" does not list");
+    if (e.split.split()) sh.part = r.integer(s, "part", key + ".shards");
+    if (sh.part < 0 || sh.part >= e.split.parts) r.fail(key, fmt::format("has a piece of part {} of {}", sh.part,
+                                                                         e.split.parts));
     if (e.shard_dim >= 0) {
       sh.offset = r.integer(s, "offset", key + ".shards");
       sh.length = r.integer(s, "length", key + ".shards");
@@ -129,6 +144,13 @@ const CheckpointIndex::Entry* CheckpointIndex::find(const std::string& key) cons
   for (auto& e : tensors)
     if (e.key == key) return &e;
   return nullptr;
+}
+
+Placement CheckpointIndex::Entry::placement(const Shard& s) const {
+  tp::Split part = split;
+  part.index = s.part;
+  if (shard_dim < 0) return {shape, -1, 0, 0, part};
+  return {shape, shard_dim, s.offset, s.length, part};
 }
 
 std::string CheckpointIndex::file_path(const std::string& file) const { return (fs::path(dir) / file).string(); }
@@ -160,11 +182,15 @@ std::string checkpoint_index_json(const CheckpointIndex& ix) {
   for (auto& e : ix.tensors) {
     Json shards = Json::array();
     for (auto& s : e.shards) {
-      if (e.shard_dim < 0) shards.push_back({{"file", s.file}});
-      else shards.push_back({{"file", s.file}, {"offset", s.offset}, {"length", s.length}});
+      Json piece = {{"file", s.file}};
+      if (e.shard_dim >= 0) piece.update({{"offset", s.offset}, {"length", s.length}});
+      if (e.split.split()) piece["part"] = s.part;
+      shards.push_back(piece);
     }
     tensors[e.key] = {{"dtype", safetensors_dtype_name(e.dtype)}, {"shape", e.shape},
                       {"placement", placement_name(e.shard_dim)}, {"shards", shards}};
+    if (e.split.split())
+      tensors[e.key]["split"] = {{"dim", e.split.dim}, {"chunks", e.split.chunks}, {"parts", e.split.parts}};
   }
   j["tensors"] = tensors;
   return j.dump(1) + "\n";
@@ -183,8 +209,8 @@ CheckpointIndex read_checkpoint_index(const std::string& path) {
   CheckpointIndex ix;
   ix.dir = where;
   ix.format_version = int(r.integer(j, "format_version"));
-  WEFT_CHECK(ix.format_version == kCheckpointFormatVersion, "checkpoint: {} has format_version {}; this weft reads {}", r.path,
-             ix.format_version, kCheckpointFormatVersion);
+  WEFT_CHECK(ix.format_version == 2 || ix.format_version == kCheckpointFormatVersion, "checkpoint: {} has "
+             "format_version {}; this weft reads 2 and {}", r.path, ix.format_version, kCheckpointFormatVersion);
   ix.weft_version = r.string(j, "weft_version");
   ix.training.step = r.integer(j, "step");
   WEFT_CHECK(ix.training.step >= 0, "checkpoint: {}: step {} is negative", r.path, ix.training.step);

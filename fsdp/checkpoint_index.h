@@ -9,7 +9,9 @@
 
 namespace weft::fsdp {
 
-inline constexpr int kCheckpointFormatVersion = 2;  // 2: RNG state as {seed, offset}
+// 2: RNG state as {seed, offset}; 3: tensors split by tensor parallelism ("split", each piece's
+// "part"). A checkpoint without such tensors is written as 2; both are read.
+inline constexpr int kCheckpointFormatVersion = 3;
 inline constexpr const char* kCheckpointIndexFile = "index.json";
 
 // The file holding shard `shard`'s pieces: rank_<shard, 5 digits>.safetensors.

@@ -58,8 +58,7 @@ Tensor PieceSource::read(const std::string& file, const CheckpointIndex::Entry& 
 std::vector<Piece> PieceSource::pieces(const CheckpointIndex::Entry& e) {
   std::vector<Piece> out;
   for (auto& s : e.shards) {
-    Placement pl = e.shard_dim < 0 ? Placement::of_whole(e.shape) : Placement{e.shape, e.shard_dim, s.offset, s.length};
-    out.push_back({pl, [this, file = s.file, &e] { return read(file, e); }, index_.file_path(s.file)});
+    out.push_back({e.placement(s), [this, file = s.file, &e] { return read(file, e); }, index_.file_path(s.file)});
   }
   return out;
 }

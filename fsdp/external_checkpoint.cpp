@@ -42,6 +42,12 @@ void load_external_checkpoint(nn::Module& model, const FSDPModule* root, const E
     const ExternalTensor& src = names.at(name);
     const Placement& p = t.placement;
     Tensor dst = t.local;
+    if (p.split.split()) {  // a tensor-parallel part: the whole tensor, cut by its placement
+      Tensor whole = reader(src.file).read(src.name);
+      if (src.transposed) whole = whole.transpose(0, 1);
+      assemble_from_pieces(name, dst, p, {Piece{Placement::of_whole(whole.shape()), [&] { return whole; }, src.file}});
+      continue;
+    }
     if (!src.transposed && dst.device() == kCPU && dst.is_contiguous() && (p.whole() || p.dim == 0)) {
       const Shape rows = p.local_shape();  // the piece's rows of dim 0 (one for a 0-d tensor)
       reader(src.file).read_rows_into(src.name, p.whole() ? 0 : p.offset, rows.empty() ? 1 : rows[0], dst);

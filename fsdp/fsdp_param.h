@@ -4,9 +4,11 @@
 // leaf the optimizer steps; `unsharded` is the full parameter used in forward and backward,
 // whose storage exists only between unshard and reshard.
 #pragma once
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "core/partial_reduction.h"
 #include "nn/module.h"
 
 namespace weft::fsdp {
@@ -34,6 +36,10 @@ class FSDPParam {
   // This rank's padded chunk as a flat view [padded_numel] of the group's shard buffer.
   const Tensor& padded_flat() const { return padded_flat_; }
   const Tensor& unsharded() const { return unsharded_; }
+  // The PartialReduction of the parameter fully_shard was given (a tensor-parallel part's:
+  // tp/split.h), which the shard's continues; null when it was held whole.
+  const std::shared_ptr<const PartialReduction>& held_in_part() const { return held_in_part_; }
+  void set_held_in_part(std::shared_ptr<const PartialReduction> r) { held_in_part_ = std::move(r); }
 
   // Copies the global values of `full` (shape global_shape) into this rank's chunk.
   void load_full(const Tensor& full);
@@ -88,6 +94,7 @@ class FSDPParam {
   Device pin_device_ = kCPU;
   Tensor padded_flat_, sharded_, unsharded_;
   Tensor accumulated_grad_;  // see accumulate_unsharded_grad
+  std::shared_ptr<const PartialReduction> held_in_part_;
 };
 
 }  // namespace weft::fsdp

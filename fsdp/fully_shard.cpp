@@ -148,6 +148,7 @@ std::unique_ptr<FSDPParamGroup> make_group(std::vector<FSDPParamGroup::Entry> en
   for (size_t i = 0; i < group->params().size(); ++i) {
     FSDPParam& p = *group->params()[i];
     p.sharded().autograd_meta().attach(shard_of, fmt::format("a {}, as '{}'", what, p.name()));
+    p.set_held_in_part(held_in_part[i]);
     // nn totals norms over the shards through this ([Note: partial reductions], core/partial_reduction.h).
     if (shard_group->size() > 1 || held_in_part[i])
       set_partial_reduction(p.sharded(), shard_group->size() > 1 ? dist::reduction_over(shard_group, held_in_part[i])
@@ -307,7 +308,7 @@ ShardInfo FSDPModule::shard_info(const std::string& name) const {
   const int64_t extent = p.global_shape().empty() ? 1 : p.global_shape()[size_t(p.shard_dim())];
   const int64_t chunk = (extent + pg->size() - 1) / pg->size(), start = int64_t(pg->rank()) * chunk;
   return {p.global_shape(), p.shard_dim(), std::min(extent, start), std::clamp<int64_t>(extent - start, 0, chunk),
-          pg->size(), pg->rank()};
+          pg->size(), pg->rank(), tp::split_of(p.held_in_part()), tp::split_group(p.held_in_part())};
 }
 
 CommStats FSDPModule::comm_stats(bool recurse) const {

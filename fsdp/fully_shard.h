@@ -18,6 +18,7 @@
 #include "fsdp/options.h"
 #include "fsdp/param_group.h"
 #include "nn/module.h"
+#include "tp/split.h"
 
 namespace weft::fsdp {
 
@@ -25,13 +26,17 @@ using nn::TensorList;
 
 class FSDPState;
 
-// Where one parameter's shard sits in the global tensor.
+// Where one parameter's shard sits in the global tensor: the parameter fully_shard was given,
+// itself a tensor-parallel part when `split` says so (tp/split.h; `split_group` holds the
+// other parts).
 struct ShardInfo {
-  Shape global_shape;
+  Shape global_shape;  // of the parameter fully_shard was given
   int64_t shard_dim = 0;
   int64_t offset = 0;  // first index along shard_dim held by this rank
   int64_t length = 0;  // indices held (0 for ranks past the end)
   int world_size = 1, rank = 0;
+  tp::Split split;
+  dist::ProcessGroupPtr split_group;
 };
 
 // The handle fully_shard returns: FSDP2's FSDPModule methods.

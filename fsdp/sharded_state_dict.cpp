@@ -5,34 +5,79 @@
 
 #include "core/copy.h"
 #include "core/grad_mode.h"
+#include "core/partial_reduction.h"
 
 namespace weft::fsdp {
 namespace {
 
-using Box = std::vector<std::pair<int64_t, int64_t>>;  // [begin, end) per dim
-
 Shape as_nd(const Shape& s) { return s.empty() ? Shape{1} : s; }
 
-Box box_of(const Placement& p) {
-  Shape g = as_nd(p.global_shape);
-  Box b;
-  for (int64_t e : g) b.emplace_back(0, e);
-  if (!p.whole()) b[size_t(p.dim)] = {p.offset, p.offset + p.length};
-  return b;
+// Along one dim, a piece holds runs of the global indices: `length` of them from `global`, at
+// `local` in the piece (one run unless a tensor-parallel split cut the dim in blocks).
+struct Run {
+  int64_t local, global, length;
+};
+using Runs = std::vector<std::vector<Run>>;  // per dim, in local order
+
+Runs runs_of(const Placement& p) {
+  const Shape g = as_nd(p.global_shape);
+  Runs r;
+  for (int64_t e : g) r.push_back({{0, 0, e}});
+  if (p.split.split()) {  // `chunks` blocks, part `index` of each
+    const int64_t block = g[size_t(p.split.dim)] / p.split.chunks, n = block / p.split.parts;
+    auto& d = r[size_t(p.split.dim)];
+    d.clear();
+    for (int64_t c = 0; c < p.split.chunks; ++c) d.push_back({c * n, c * block + p.split.index * n, n});
+  }
+  if (p.dim >= 0) {  // FSDP's shard: the part's local indices [offset, offset + length)
+    std::vector<Run> kept;
+    for (const Run& run : r[size_t(p.dim)]) {
+      const int64_t lo = std::max(run.local, p.offset), hi = std::min(run.local + run.length, p.offset + p.length);
+      if (hi > lo) kept.push_back({lo - p.offset, run.global + lo - run.local, hi - lo});
+    }
+    r[size_t(p.dim)] = kept;
+  }
+  return r;
 }
 
-int64_t volume(const Box& b) {
+int64_t volume(const std::vector<std::vector<Run>>& runs) {
   int64_t v = 1;
-  for (auto& [lo, hi] : b) v *= std::max<int64_t>(0, hi - lo);
+  for (auto& d : runs) {
+    int64_t n = 0;
+    for (const Run& run : d) n += run.length;
+    v *= n;
+  }
   return v;
 }
 
-// The part of `t` (holding box `of`) that holds box `part`.
-Tensor narrow_to(Tensor t, const Box& of, const Box& part) {
-  if (t.dim() == 0) t = t.view({1});
-  for (size_t d = 0; d < of.size(); ++d)
-    t = t.narrow(int64_t(d), part[d].first - of[d].first, part[d].second - part[d].first);
-  return t;
+// Where `want` and `have` hold the same global indices, per dim: runs whose `local` is the
+// index in want's piece and `global` the index in have's.
+Runs overlaps(const Runs& want, const Runs& have) {
+  Runs out(want.size());
+  for (size_t d = 0; d < want.size(); ++d)
+    for (const Run& a : want[d])
+      for (const Run& b : have[d]) {
+        const int64_t lo = std::max(a.global, b.global), hi = std::min(a.global + a.length, b.global + b.length);
+        if (hi > lo) out[d].push_back({a.local + lo - a.global, b.local + lo - b.global, hi - lo});
+      }
+  return out;
+}
+
+// Copies every block of `runs` (each dim's runs crossed with the others') from src into dst.
+void copy_runs(const Tensor& dst, const Tensor& src, const Runs& runs) {
+  std::vector<size_t> at(runs.size(), 0);
+  while (true) {
+    Tensor d = dst.dim() == 0 ? dst.view({1}) : dst, s = src.dim() == 0 ? src.view({1}) : src;
+    for (size_t i = 0; i < runs.size(); ++i) {
+      const Run& r = runs[i][at[i]];
+      d = d.narrow(int64_t(i), r.local, r.length);
+      s = s.narrow(int64_t(i), r.global, r.length);
+    }
+    copy_elements(d, s);
+    size_t i = 0;
+    while (i < runs.size() && ++at[i] == runs[i].size()) at[i++] = 0;
+    if (i == runs.size()) return;
+  }
 }
 
 void check_placement(const std::string& key, const Placement& got, const Placement& want, const char* what) {
@@ -69,27 +114,32 @@ void copy_into(const ShardedStateDict& expected, const ShardedStateDict& given, 
 }  // namespace
 
 Shape Placement::local_shape() const {
-  if (whole()) return global_shape;
-  if (global_shape.empty()) return length == 1 ? Shape{} : Shape{0};
+  if (dim >= 0 && global_shape.empty()) return length == 1 ? Shape{} : Shape{0};
   Shape s = global_shape;
-  s[size_t(dim)] = length;
+  if (split.split()) s[size_t(split.dim)] /= split.parts;
+  if (dim >= 0) s[size_t(dim)] = length;
   return s;
 }
 
 std::string Placement::str() const {
   if (whole()) return "whole " + shape_str(global_shape);
-  return fmt::format("[{}, {}) of dim {} of {}", offset, offset + length, dim, shape_str(global_shape));
+  const std::string part = split.split() ? fmt::format("part {} of {} along dim {}{} of ", split.index, split.parts,
+                                                       split.dim, split.chunks > 1 ? fmt::format(" ({} blocks)",
+                                                       split.chunks) : "") : "";
+  if (dim < 0) return part + shape_str(global_shape);
+  return fmt::format("[{}, {}) of dim {} of {}{}", offset, offset + length, dim, part, shape_str(global_shape));
 }
 
 Placement Placement::of_whole(const Shape& shape) { return {shape, -1, 0, 0}; }
 
 Placement Placement::of(const ShardInfo& info) {
-  return {info.global_shape, info.shard_dim, info.offset, info.length};
+  return {info.split.whole_shape(info.global_shape), info.shard_dim, info.offset, info.length, info.split};
 }
 
 Placement param_placement(const FSDPModule* root, const std::string& name, const Tensor& param) {
   if (root && root->shards(name)) return Placement::of(root->shard_info(name));
-  return Placement::of_whole(param.shape());
+  const tp::Split split = tp::split_of(partial_reduction(param));  // a tensor-parallel part, not sharded
+  return {split.whole_shape(param.shape()), -1, 0, 0, split};
 }
 
 std::map<std::string, std::string> tied_parameter_names(nn::Module& model) {
@@ -222,7 +272,7 @@ void assemble_from_pieces(const std::string& name, const Tensor& dst, const Plac
                           const std::vector<Piece>& pieces) {
   WEFT_CHECK(dst.shape() == want.local_shape(), "fsdp: assembling \"{}\": destination {} is not shaped like {}", name,
              tensor_desc(dst), want.str());
-  const Box target = box_of(want);
+  const Runs target = runs_of(want);
   const int64_t needed = volume(target);
   int64_t covered = 0;
   NoGradGuard no_grad;
@@ -231,16 +281,13 @@ void assemble_from_pieces(const std::string& name, const Tensor& dst, const Plac
     WEFT_CHECK(as_nd(piece.placement.global_shape) == as_nd(want.global_shape),
                "fsdp: \"{}\" has global shape {} in {} but {} here", name, shape_str(piece.placement.global_shape),
                piece.where, shape_str(want.global_shape));
-    const Box have = box_of(piece.placement);
-    Box part(target.size());
-    for (size_t d = 0; d < target.size(); ++d)
-      part[d] = {std::max(target[d].first, have[d].first), std::min(target[d].second, have[d].second)};
+    const Runs part = overlaps(target, runs_of(piece.placement));
     if (volume(part) == 0) continue;
     Tensor src = piece.read();
     WEFT_CHECK(src.shape() == piece.placement.local_shape(), "fsdp: \"{}\" in {} is {}, but its placement {} needs "
                "shape {}", name, piece.where, tensor_desc(src), piece.placement.str(),
                shape_str(piece.placement.local_shape()));
-    copy_elements(narrow_to(dst, target, part), narrow_to(src, have, part));
+    copy_runs(dst, src, part);
     covered += volume(part);
   }
   WEFT_CHECK(covered == needed, "fsdp: the pieces of \"{}\" cover {} of the {} elements of {}{}", name, covered,

@@ -17,21 +17,24 @@
 
 #include "fsdp/fully_shard.h"
 #include "nn/optimizer.h"
+#include "tp/split.h"
 
 namespace weft::fsdp {
 
 // Where a piece sits in its global tensor: indices [offset, offset + length) of `dim` and all
-// of the other dims; `dim` -1 means the whole tensor (held by every rank: buffers, step
+// of the other dims of the part `split` names (tp/split.h: a tensor-parallel part; not split:
+// the global tensor itself); `dim` -1 means the whole part (held by every rank: buffers, step
 // counts, options, parameters FSDP does not shard). A 0-dim tensor counts as shape [1].
 struct Placement {
   Shape global_shape;
   int64_t dim = -1;
   int64_t offset = 0, length = 0;
+  tp::Split split;
 
-  bool whole() const { return dim < 0; }
+  bool whole() const { return dim < 0 && !split.split(); }
   Shape local_shape() const;  // the piece's own shape
   bool operator==(const Placement&) const = default;
-  std::string str() const;  // "[0, 4) of dim 0 of [7, 3]" or "whole [7, 3]"
+  std::string str() const;  // "[0, 4) of dim 0 of [7, 3]", "whole [7, 3]", "[0, 2) of dim 0 of part 1 of 2 along dim 1 of [7, 4]"
   static Placement of_whole(const Shape& shape);
   static Placement of(const ShardInfo& info);
 };

@@ -18,6 +18,8 @@ nn::NamedTensorList gather(const ShardedStateDict& sd, const FSDPModule* root, c
   const bool keep = !o.rank0_only || !root || dist::rank() == 0;
   nn::NamedTensorList out;
   for (auto& [key, t] : sd) {
+    WEFT_CHECK(!t.placement.split.split(), "fsdp: full_state_dict: \"{}\" is {}: tensor-parallel parts are not "
+               "gathered here; save a checkpoint and consolidate it", key, t.placement.str());
     Tensor full = t.placement.whole() ? t.local : root->gather_shard(param_of(key), t.local);
     if (!keep) continue;
     if (o.cpu_offload && !full.device().is_cpu()) full = full.to(Device::cpu());

@@ -14,6 +14,7 @@
 #include "fsdp/checkpoint_index.h"
 #include "fsdp/fsdp.h"
 #include "fsdp_test_models.h"
+#include "shared_dir.h"
 
 using namespace weft;
 using namespace weft::fsdp_test;
@@ -22,18 +23,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A directory every rank sees under the same name (rank 0's pid), emptied first.
-fs::path shared_dir(const std::string& name) {
-  Tensor pid = from_vector({dist::rank() == 0 ? double(::getpid()) : 0.0}, {1}, {.dtype = kFloat64});
-  dist::world()->all_reduce(pid, dist::ReduceOp::max)->wait();
-  fs::path dir = fs::temp_directory_path() / fmt::format("weft_test_ckpt_{}_{}", int64_t(pid.item()), name);
-  if (dist::rank() == 0) {
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-  }
-  dist::world()->barrier()->wait();
-  return dir;
-}
+using weft::test::shared_dir;
 
 void barrier() { dist::world()->barrier()->wait(); }
 

@@ -6,9 +6,12 @@
 // the same error on every rank.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <filesystem>
+#include <optional>
 
 #include "dist/dist.h"
 #include "fsdp_test_models.h"
+#include "shared_dir.h"
 #include "tp/tp.h"
 #include "weft.h"
 
@@ -454,4 +457,101 @@ TEST_CASE("GPT-2's blocks split: the fused q|k|v in three blocks, biased rowwise
   }
   check_norm_close(split->blocks->at<nn::Block>(1)->mlp->c_proj->bias, whole->blocks->at<nn::Block>(1)->mlp->c_proj->bias, 1e-5,
                    "a rowwise bias after 20 steps");
+}
+
+namespace {
+
+// A Llama split by `layout` (dp, tp) with sequence and loss parallel, fully_shard over dp.
+struct SplitLlama {
+  std::shared_ptr<dist::DeviceMesh> mesh;
+  std::shared_ptr<nn::Llama> model;
+  std::optional<fsdp::FSDPModule> root;
+  std::unique_ptr<nn::AdamW> opt;
+  SplitLlama(int dp, int tp_size, uint64_t seed) {
+    mesh = std::make_shared<dist::DeviceMesh>(DeviceType::cpu, std::vector<int>{dp, tp_size},
+                                              std::vector<std::string>{"dp", "tp"});
+    auto dp_mesh = std::make_shared<dist::DeviceMesh>(DeviceType::cpu, std::vector<int>{dp},
+                                                      std::vector<std::string>{"dp"},
+                                                      std::vector<int>{mesh->coordinate(0)},
+                                                      std::vector<dist::ProcessGroupPtr>{mesh->group("dp")});
+    model = seeded_llama<nn::Llama>(small_llama(), seed);
+    tp::parallelize_llama(*model, mesh->group("tp"), {.loss_parallel = true, .sequence_parallel = true});
+    for (auto& b : model->blocks) fsdp::fully_shard(b, {.mesh = dp_mesh});
+    root = fsdp::fully_shard(model, {.mesh = dp_mesh});
+    opt = std::make_unique<nn::AdamW>(model->parameters(), nn::AdamWOptions{.lr = 1e-2});
+  }
+  double step(int i) {  // one AdamW step on batch i; the loss averaged over dp
+    const fsdp_test::Batch global = token_batch(i);
+    const int64_t rows = global.x.size(0) / mesh->size(0), first = rows * mesh->coordinate(0);
+    opt->zero_grad();
+    Tensor l = parallel_loss_of(*model, {global.x.narrow(0, first, rows), global.y.narrow(0, first, rows)},
+                                mesh->group("tp"));
+    l.backward();
+    opt->step();
+    Tensor mean = from_vector({l.item()}, {1}, {.dtype = kFloat64});
+    mesh->group("dp")->all_reduce(mean, dist::ReduceOp::avg)->wait();
+    return mean.item();
+  }
+  // Each parameter this rank's tp group holds, whole along dp, against its slice of `whole`'s.
+  void check_against(nn::Module& whole, const std::string& what) {
+    for (auto& [name, p] : whole.named_parameters()) {
+      Tensor full = root->full_tensor(name);
+      check_close(values(full), values(slice_like(p, full, *mesh->group("tp"))), 0, what + ": " + name, 0);
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("checkpoints across (dp, tp) layouts: saved split and sharded, loaded whole and at another layout") {
+  const auto dir = test::shared_dir("tp_layouts");
+  const int tp_size = std::min(P(), 2);
+  SplitLlama saved(P() / tp_size, tp_size, 21);
+  for (int i = 0; i < 3; ++i) saved.step(i);
+  const std::string ck = fsdp::save_checkpoint(dir.string(), *saved.model, saved.opt.get(), &*saved.root, {.step = 3});
+  const fsdp::CheckpointIndex index = fsdp::read_checkpoint_index(ck);
+  CHECK(index.files.size() == size_t(P()));  // every rank writes its own pieces
+  CHECK(fsdp::verify_checkpoint(ck).tensors == index.tensors.size());
+  // Whole, on every rank: each split parameter's slice is what the split model holds.
+  auto whole = seeded_llama<nn::Llama>(small_llama(), 99);
+  nn::AdamW whole_opt(whole->parameters(), {.lr = 1e-2});
+  CHECK(fsdp::load_checkpoint(ck, *whole, &whole_opt, nullptr).step == 3);
+  saved.check_against(*whole, "the checkpoint loaded whole");
+  // At the other layout ((1, P) for (P/2, 2)), then one more step in each: the same loss.
+  SplitLlama other(P() == 4 ? 1 : P(), P() == 4 ? 4 : 1, 99);
+  fsdp::load_checkpoint(ck, *other.model, other.opt.get(), &*other.root);
+  other.check_against(*whole, "the checkpoint loaded at another layout");
+  const double next = saved.step(3), there = other.step(3);
+  Tensor lw = fsdp_test::loss_of(*whole, token_batch(3));
+  whole_opt.zero_grad();
+  lw.backward();
+  whole_opt.step();
+  check_close({next, there}, {lw.item(), lw.item()}, 1e-5, "the step after loading (optimizer state restored)");
+  group()->barrier()->wait();  // every rank has read it
+  if (R() == 0) std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a checkpoint of GPT-2's split blocks holds q, k and v whole (three blocks of each part), unsharded") {
+  const auto dir = test::shared_dir("tp_gpt2");
+  auto whole = biased_gpt(), split = biased_gpt();
+  tp::parallelize_gpt2_blocks(*split, group());
+  nn::SGD opt(split->parameters(), {.lr = 0.1});
+  fsdp_test::loss_of(*split, token_batch(0)).backward();
+  opt.step();
+  const std::string ck = fsdp::save_checkpoint(dir.string(), *split, &opt, nullptr, {.step = 1});
+  auto loaded = biased_gpt();
+  for (auto& p : loaded->parameters()) p.detach().zero_();
+  fsdp::load_checkpoint(ck, *loaded, nullptr, nullptr);
+  // The loaded c_attn's rows of q, k and v hold the split ones' rows of this rank's heads.
+  for (int64_t b = 0; b < 2; ++b) {
+    auto& got = *loaded->blocks->at<nn::Block>(b)->attn->c_attn;
+    auto& mine = *split->blocks->at<nn::Block>(b)->attn->c_attn;
+    for (int64_t part = 0; part < 3; ++part)
+      check_close(values(mine.weight.narrow(0, part * 16 / P(), 16 / P())),
+                  values(got.weight.narrow(0, part * 16 + R() * 16 / P(), 16 / P())), 0,
+                  "c_attn rows of q, k or v (" + std::to_string(part) + ") in block " + std::to_string(b), 0);
+    CHECK(values(got.weight) != values(whole->blocks->at<nn::Block>(b)->attn->c_attn->weight));  // the step's
+  }
+  group()->barrier()->wait();  // every rank has read it
+  if (R() == 0) std::filesystem::remove_all(dir);
 }

@@ -10,9 +10,9 @@
 #include "autograd/ops.h"
 #include "core/error.h"
 #include "core/partial_reduction.h"
-#include "dist/group_reduction.h"
 #include "nn/layers.h"
 #include "tp/collectives.h"
+#include "tp/split.h"
 #include "tp/vocab_parallel_loss.h"
 
 namespace weft::tp {
@@ -30,7 +30,7 @@ Tensor slice_of(const Tensor& t, int64_t dim, const dist::ProcessGroupPtr& group
   for (int64_t c = 0; c < chunks; ++c) parts.push_back(t.detach().narrow(dim, c * block + group->rank() * n, n));
   Tensor part = cat(parts, dim);  // a new tensor, even of one part
   part.set_requires_grad(t.requires_grad());
-  if (group->size() > 1) set_partial_reduction(part, dist::reduction_over(group));
+  if (group->size() > 1) set_partial_reduction(part, split_reduction(group, dim, chunks));
   return part;
 }
 

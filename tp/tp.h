@@ -6,4 +6,5 @@
 #include "tp/gpt2_plan.h"
 #include "tp/llama_plan.h"
 #include "tp/parallel_style.h"
+#include "tp/split.h"
 #include "tp/vocab_parallel_loss.h"
