@@ -509,7 +509,6 @@ void check_tensor_parallel(const TrainOptions& o, const Ranks& ranks, const Run&
   refuse(o.plan.wanted(), "a memory plan (--plan, --plan-ranks, --memory-budget)");
   refuse(o.sharding_strategy != "FULL_SHARD", "--sharding-strategy other than FULL_SHARD");
   refuse(o.reshard_after_forward != "true" && o.reshard_after_forward != "false", "--reshard-after-forward N");
-  refuse(!o.checkpoint_dir.empty() || !o.resume.empty(), "checkpoints (--checkpoint-dir, --resume)");
 }
 
 // The flags, checked against each other and the world before anything is built.

@@ -3,13 +3,16 @@
 # (dp, tp) = (1, 2), (2, 2) and (1, 4) logs the single-process training and validation losses
 # (1e-5 relative, every step), with sequence and loss parallel; a tied head, activation
 # checkpointing, GPT-2's blocks, and the Hugging Face fixtures of every family (--init-from)
-# likewise; bf16 mixed precision within 2 %; what --tp cannot run is named.
-# Usage: tp_cli.sh EXE DATA_DIR MPIRUN MPIRUN_ARGS...
+# likewise; bf16 mixed precision within 2 %; a run stopped at (2, 2) resumes at (4, 1), (1, 2) and
+# in one process, each ending at the uninterrupted run's losses and evaluation, and its checkpoint
+# verifies, consolidates and exports; what --tp cannot run is named.
+# Usage: tp_cli.sh EXE CHECKPOINT_EXE DATA_DIR MPIRUN MPIRUN_ARGS...
 set -euo pipefail
 exe=$1
-data=$2
-mpirun=$3
-shift 3
+ck_exe=$2
+data=$3
+mpirun=$4
+shift 4
 mpirun_args=("$@")
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # $tmp (removed on exit), fail, expect_error, loss_at, within
 
@@ -59,6 +62,39 @@ for m in llama3 mistral qwen2 qwen3; do
     --threads 1 --eval-every 2 --eval-iters 2 --log-every 1
 done
 
+# Checkpoints across layouts: (dp 2, tp 2) stopped after step 10 resumes at (4, 1), (1, 2) and in one
+# process; each logs the uninterrupted run's losses from step 11 on, and its final checkpoint's
+# evaluation is that of the uninterrupted run's.
+after_10() { grep -v '"step":\([1-9]\|10\)[,}]' "$1" >"$2"; }
+head -c 40000 /usr/share/games/fortunes/fortunes >"$tmp/small.txt"
+eval_of() { "$exe" eval --from "$1" --data "$tmp/small.txt" --threads 1 2>/dev/null | grep -o 'loss [0-9.]*' | cut -d' ' -f2; }
+"$exe" train "${cfg[@]}" --checkpoint-dir "$tmp/ck_one" >/dev/null 2>&1 || fail "the 1-process run with checkpoints"
+want=$(eval_of "$tmp/ck_one")
+after_10 "$tmp/llama.one.jsonl" "$tmp/tail.one.jsonl"
+run 4 --fsdp --tp 2 "${cfg[@]}" --stop-after 10 --checkpoint-dir "$tmp/ck22" >/dev/null 2>"$tmp/err" ||
+  fail "(2, 2) with --checkpoint-dir: $(cat "$tmp/err")"
+grep -q '"tp"' "$tmp"/ck22/step_00000010/index.json && [ "$(ls "$tmp"/ck22/step_00000010/rank_*.safetensors | wc -l)" = 4 ] ||
+  fail "the (2, 2) checkpoint has no tp dim or not 4 files: $(ls "$tmp"/ck22/step_00000010)"
+"$ck_exe" verify "$tmp/ck22" >/dev/null 2>"$tmp/err" || fail "verify of the (2, 2) checkpoint: $(cat "$tmp/err")"
+"$ck_exe" consolidate "$tmp/ck22" "$tmp/c22.safetensors" >/dev/null 2>"$tmp/err" ||
+  fail "consolidate of the (2, 2) checkpoint: $(cat "$tmp/err")"
+for layout in "4 1" "2 2" "1 1"; do
+  set -- $layout
+  flags=("${cfg[@]}" --resume "$tmp/ck22" --checkpoint-dir "$tmp/ck_$1_$2" --metrics "$tmp/r_$1_$2.jsonl")
+  if [ "$1" = 1 ]; then "$exe" train "${flags[@]}" >/dev/null 2>"$tmp/err"; else run "$1" --fsdp --tp "$2" "${flags[@]}" \
+    >/dev/null 2>"$tmp/err"; fi || fail "resuming the (2, 2) checkpoint at $1 ranks, --tp $2: $(cat "$tmp/err")"
+  same_losses "$tmp/tail.one.jsonl" "$tmp/r_$1_$2.jsonl" "resumed at $1 ranks, --tp $2"
+  within "$(eval_of "$tmp/ck_$1_$2")" "$want" 1e-5 0 "eval of the checkpoint resumed at $1 ranks, --tp $2"
+done
+# The (2, 2) checkpoint consolidated and as a Hugging Face model: the same logits of a prompt as the
+# checkpoint itself, bit for bit.
+"$exe" export-hf --from "$tmp/ck22" --out "$tmp/hf22" 2>"$tmp/err" || fail "export-hf of (2, 2): $(cat "$tmp/err")"
+for from in ck22 hf22 c22.safetensors; do
+  "$exe" sample --from "$tmp/$from" --prompt "The fortune" --tokens 1 --logits-out "$tmp/$from.logits" >/dev/null 2>&1 ||
+    fail "sample --from $from failed"
+  cmp -s "$tmp/ck22.logits" "$tmp/$from.logits" || fail "the prompt's logits of the (2, 2) checkpoint and of $from differ"
+done
+
 # bf16 mixed precision: fully_shard's bf16 parameters within the tp group's collectives.
 run 2 --fsdp "${cfg[@]}" --tp 2 --mixed-precision bf16 --metrics "$tmp/bf16.jsonl" >/dev/null 2>"$tmp/err" ||
   fail "--tp 2 --mixed-precision bf16: $(cat "$tmp/err")"
@@ -74,7 +110,6 @@ expect_np2 "add --fsdp" "${cfg[@]}" --tp 2
 expect_np2 "--tp 4 does not divide the 2 ranks" --fsdp "${cfg[@]}" --tp 4
 expect_np2 "does not run with LoRA" --fsdp "${cfg[@]}" --tp 2 --lora-rank 2
 expect_np2 "cannot run --deterministic" --fsdp "${cfg[@]}" --tp 2 --deterministic
-expect_np2 "does not run with checkpoints" --fsdp "${cfg[@]}" --tp 2 --checkpoint-dir "$tmp/ck"
 three=("${cfg[@]}")
 three[5]=6 three[7]=3 three[9]=48  # 6 heads, 3 key/value heads
 expect_np2 "the 3 key/value heads (n_kv_head) do not divide over 2 ranks" --fsdp "${three[@]}" --tp 2
