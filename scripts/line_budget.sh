@@ -12,12 +12,12 @@ budgets=(
   "kernels        2532  kernels/*.h kernels/*.cpp kernels/meta"
   "kernels/cpu    5588  kernels/cpu"
   "cuda           4646  cuda"
-  "autograd       1931  autograd"
-  "nn             3013  nn"
+  "autograd       2036  autograd"
+  "nn             3047  nn"
   "dist           2559  dist"
   "tp              749  tp"
-  "fsdp           4668  fsdp"
-  "apps           9787  apps"
+  "fsdp           4672  fsdp"
+  "apps           9792  apps"
 )
 count() {  # PATH...: the lines of the code files among them
   find "$@" -type f \( -name '*.h' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' \) -print0 | xargs -0 cat | wc -l
