@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "autograd/autocast.h"
+#include "autograd/kept_outputs.h"
 #include "autograd/ops.h"
 #include "kernels/attention.h"
 
@@ -69,7 +70,11 @@ Tensor scaled_dot_product_attention(const Tensor& q_, const Tensor& k_, const Te
   kernels::check_attention(op, q, k, v, o.causal, o.rope);
   if (o.training && o.dropout_p > 0) return composite_attention(q, k, v, o.causal, o.dropout_p, o.gen, o.rope);
   const double scale = default_scale(q);
-  auto [out, lse] = kernels::attention(q, k, v, o.causal, scale, o.rope);
+  const TensorList kept = autograd::kept_op("attention", [&] {
+    auto [out, lse] = kernels::attention(q, k, v, o.causal, scale, o.rope);
+    return TensorList{out, lse};
+  });
+  const Tensor &out = kept[0], &lse = kept[1];
   if (needs_grad({&q, &k, &v})) {
     record("ScaledDotProductAttentionBackward", {q, k, v}, {out},
            [q = q.detach(), k = k.detach(), v = v.detach(), out = out.detach(), lse = lse, causal = o.causal,
@@ -113,7 +118,11 @@ Tensor scaled_dot_product_attention_qkv(const Tensor& qkv_, int64_t n_head, bool
   }
   Tensor x = qkv.detach().reshape({B, T, 3, n_head, hd});  // a view of a Linear's output
   const double scale = 1.0 / std::sqrt(double(std::max<int64_t>(hd, 1)));
-  auto [out, lse] = kernels::attention(qkv_heads(x, 0), qkv_heads(x, 1), qkv_heads(x, 2), causal, scale);
+  const TensorList kept = autograd::kept_op("attention", [&] {
+    auto [out, lse] = kernels::attention(qkv_heads(x, 0), qkv_heads(x, 1), qkv_heads(x, 2), causal, scale);
+    return TensorList{out, lse};
+  });
+  const Tensor &out = kept[0], &lse = kept[1];
   Tensor y = out.transpose(1, 2).view({B, T, d});  // out is stored [B, T, H, hd]
   if (needs_grad({&qkv})) {
     record("ScaledDotProductAttentionQkvBackward", {qkv}, {y},

@@ -2,6 +2,7 @@
 // fold the batch into rows, so the weight gradient is one GEMM rather than a batched GEMM
 // followed by a sum.
 #include "autograd/autocast.h"
+#include "autograd/kept_outputs.h"
 #include "autograd/ops.h"
 #include "autograd/linear_parts.h"
 #include "kernels/elementwise.h"
@@ -47,7 +48,7 @@ std::pair<Tensor, Tensor> matmul_grads(const Tensor& g, const Tensor& a, const T
 
 Tensor matmul(const Tensor& a_, const Tensor& b_) {
   const Tensor a = autocast_input(a_), b = autocast_input(b_);
-  Tensor out = k::matmul(a, b);
+  Tensor out = autograd::kept_op("matmul", [&] { return TensorList{k::matmul(a, b)}; })[0];
   if (needs_grad({&a, &b})) {
     record("MatmulBackward", {a, b}, {out},
            [a = a.detach(), b = b.detach(), ra = a.requires_grad(), rb = b.requires_grad()](
@@ -85,13 +86,12 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   int64_t in = weight.size(1), out_f = weight.size(0);
   Tensor x2 = autocast_input(x.detach().reshape({-1, in})), w = autocast_input(weight.detach());
   const DType dt = x2.dtype();
-  Tensor y2;
-  if (bias.defined()) {  // the bias in y's dtype, added as the product is stored
-    y2 = empty({x2.size(0), out_f}, {.dtype = dt, .device = x.device()});
-    k::gemm(x2, false, w, true, y2, 1.0, 0.0, bias.detach().to(dt));
-  } else {
-    y2 = k::matmul(x2, w.t());
-  }
+  Tensor y2 = autograd::kept_op("linear", [&] {
+    if (!bias.defined()) return TensorList{k::matmul(x2, w.t())};
+    Tensor y = empty({x2.size(0), out_f}, {.dtype = dt, .device = x.device()});
+    k::gemm(x2, false, w, true, y, 1.0, 0.0, bias.detach().to(dt));  // the bias in y's dtype, added as y is stored
+    return TensorList{y};
+  })[0];
   Tensor y = y2.view(autograd::with_last(x.shape(), out_f));
   if (needs_grad({&x, &weight, &bias})) {
     TensorList inputs{x, weight};

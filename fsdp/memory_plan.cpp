@@ -35,7 +35,7 @@ std::string describe(const PlanSettings& s) {
   int kept = 0;
   for (bool r : s.reshard_after_forward) kept += r ? 0 : 1;
   return fmt::format("reshard_after_forward false for {} of {} groups, activation checkpointing {}", kept,
-                     s.reshard_after_forward.size(), s.activation_checkpointing ? "on" : "off");
+                     s.reshard_after_forward.size(), nn::checkpointing_name(s.activation_checkpointing));
 }
 
 // Sets up and runs the training step on the meta device; the peak and its parts.
@@ -102,8 +102,8 @@ MemoryPlan plan_memory(const MemoryPlanRequest& r) {
     // from forward to backward (no second all-gather). Keeping the last k groups (those
     // backward reaches first) costs more memory as k grows, so k is found by bisection.
     std::optional<MemoryPlan> smallest;
-    for (bool ac : {false, true}) {
-      if (ac && !r.can_checkpoint) break;
+    for (nn::Checkpointing ac : {nn::Checkpointing::none, nn::Checkpointing::selective, nn::Checkpointing::full}) {
+      if (ac != nn::Checkpointing::none && !r.can_checkpoint) break;
       auto settings_for = [&](int k) {
         PlanSettings s;
         s.activation_checkpointing = ac;

@@ -5,7 +5,8 @@
 // activations from the real graph, gradients, optimizer state, communication buffers) is
 // counted by the meta allocator without holding memory. The peak is split by owner
 // (core/allocator.h's owner accounting). Given a budget, it searches the settings FSDP offers
-// (reshard_after_forward per group, activation checkpointing) for the fastest that fits.
+// (reshard_after_forward per group, activation checkpointing: none, then selective, then full)
+// for the fastest that fits.
 // See docs/FSDP.md ("Memory planner") and docs/MEMORY_SCALING.md (predicted beside measured).
 #pragma once
 #include <cstdint>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "dist/device_mesh.h"
+#include "nn/activation_checkpoint.h"
 
 namespace weft::fsdp {
 
@@ -24,7 +26,9 @@ struct PlanSettings {
   // reshard_after_forward of each tunable group, in the caller's order (e.g. the blocks): true
   // frees the group's gathered parameters after its forward, false keeps them for backward.
   std::vector<bool> reshard_after_forward;
-  bool activation_checkpointing = false;
+  // Of the tunable modules (the blocks): none, selective (kept GEMM and attention outputs,
+  // element-wise ops recomputed) or full.
+  nn::Checkpointing activation_checkpointing = nn::Checkpointing::none;
 };
 
 // One training step of the caller's own code, set up with given settings: `setup` builds the
@@ -40,7 +44,7 @@ struct MemoryPlanRequest {
   int world_size = 1;      // ranks the model is sharded over
   bool sharded = true;     // false: one process, no fully_shard (mesh is null)
   int tunable_groups = 0;  // the size of PlanSettings::reshard_after_forward
-  bool can_checkpoint = false;  // whether the search may turn activation checkpointing on
+  bool can_checkpoint = false;  // whether the search may turn activation checkpointing on (selective, then full)
   PlanSettings settings;   // what is planned without a budget
   std::optional<int64_t> budget;  // bytes per rank (above what is live before training)
   int steps = 2;           // optimizer state appears in the first step; the second is the steady state

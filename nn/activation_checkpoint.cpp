@@ -3,6 +3,7 @@
 #include "autograd/autocast.h"
 #include "autograd/engine.h"
 #include "autograd/function.h"
+#include "autograd/kept_outputs.h"
 #include "core/generator.h"
 #include "core/grad_mode.h"
 
@@ -11,14 +12,16 @@ namespace {
 
 class CheckpointFunction : public autograd::Function {
  public:
-  explicit CheckpointFunction(CheckpointFn fn) : fn_(std::move(fn)) {}
+  CheckpointFunction(CheckpointFn fn, bool selective) : fn_(std::move(fn)), selective_(selective) {}
   std::string name() const override { return "CheckpointBackward"; }
 
   TensorList forward(autograd::FunctionCtx& ctx, const TensorList& inputs) override {
     rng_ = default_generator().state();
     autocast_ = autocast_dtype();
     ctx.save_for_backward(inputs);
-    return fn_(inputs);  // Function::run records nothing inside forward
+    if (!selective_) return fn_(inputs);  // Function::run records nothing inside forward
+    autograd::KeptOutputsGuard keep(kept_, autograd::KeptOutputs::Mode::record);
+    return fn_(inputs);
   }
 
   TensorList backward(autograd::FunctionCtx& ctx, const TensorList& grad_outputs) override {
@@ -43,7 +46,10 @@ class CheckpointFunction : public autograd::Function {
       bool prev = GradMode::is_enabled();
       GradMode::set_enabled(true);
       try {
+        std::optional<autograd::KeptOutputsGuard> replay;
+        if (selective_) replay.emplace(kept_, autograd::KeptOutputs::Mode::replay);
         out = fn_(x);
+        if (selective_) kept_.finish_replay();
       } catch (...) {
         GradMode::set_enabled(prev);
         throw;
@@ -67,17 +73,29 @@ class CheckpointFunction : public autograd::Function {
 
  private:
   CheckpointFn fn_;
+  bool selective_;
+  autograd::KeptOutputs kept_;  // selective: the first forward's GEMM and attention outputs
   Generator::State rng_;
   std::optional<DType> autocast_;
 };
 
 }  // namespace
 
-TensorList checkpoint(const CheckpointFn& fn, const TensorList& inputs) {
+Checkpointing parse_checkpointing(const std::string& name, const std::string& what) {
+  for (Checkpointing c : {Checkpointing::none, Checkpointing::selective, Checkpointing::full})
+    if (name == checkpointing_name(c)) return c;
+  WEFT_ERROR("{}: \"{}\" is not an activation checkpointing policy (none, selective or full)", what, name);
+}
+
+const char* checkpointing_name(Checkpointing c) {
+  return c == Checkpointing::none ? "none" : c == Checkpointing::selective ? "selective" : "full";
+}
+
+TensorList checkpoint(const CheckpointFn& fn, const TensorList& inputs, bool selective) {
   if (!GradMode::is_enabled()) return fn(inputs);
   bool any = false;
   for (const Tensor& t : inputs) any |= t.defined() && t.requires_grad();
-  if (any) return autograd::Function::apply<CheckpointFunction>(inputs, fn);
+  if (any) return autograd::Function::apply<CheckpointFunction>(inputs, fn, selective);
   // No input needs a gradient, but fn's parameters may: an empty anchor that does makes the
   // call part of the graph, so the backward reaches the recompute.
   Tensor anchor = empty({0});
@@ -86,7 +104,7 @@ TensorList checkpoint(const CheckpointFn& fn, const TensorList& inputs) {
   in.push_back(anchor);
   const size_t n = inputs.size();
   return autograd::Function::apply<CheckpointFunction>(
-      in, [fn, n](const TensorList& x) { return fn(TensorList(x.begin(), x.begin() + int64_t(n))); });
+      in, [fn, n](const TensorList& x) { return fn(TensorList(x.begin(), x.begin() + int64_t(n))); }, selective);
 }
 
 }  // namespace weft::nn

@@ -37,7 +37,8 @@ TensorList Module::call(const std::function<TensorList(const TensorList&)>& meth
   TensorList out;
   {
     MemoryOwner owner(memory_owner_);
-    out = checkpointing_ ? checkpoint(method, in) : method(in);
+    out = checkpointing_ != Checkpointing::none ? checkpoint(method, in, checkpointing_ == Checkpointing::selective)
+                                                : method(in);
   }
   auto post = hooks_->post;
   for (auto& [id, hook] : post)

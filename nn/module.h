@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "autograd/node.h"
+#include "nn/activation_checkpoint.h"
 #include "core/tensor.h"
 
 namespace weft::nn {
@@ -113,8 +114,11 @@ class Module : public std::enable_shared_from_this<Module> {
 
   // ---- activation checkpointing (nn/activation_checkpoint.h): each call with gradients keeps only its
   // inputs for backward and runs forward again when the backward reaches it. Hooks run once.
-  void set_activation_checkpointing(bool on) { checkpointing_ = on; }
-  bool activation_checkpointing() const { return checkpointing_; }
+  // Selective: the GEMMs' and attention's outputs are kept too, and not run again.
+  void set_activation_checkpointing(bool on) { checkpointing_ = on ? Checkpointing::full : Checkpointing::none; }
+  void set_checkpointing(Checkpointing c) { checkpointing_ = c; }
+  bool activation_checkpointing() const { return checkpointing_ != Checkpointing::none; }
+  Checkpointing checkpointing() const { return checkpointing_; }
 
   // ---- hooks, run on every call in registration order
   HookHandle register_forward_pre_hook(ForwardPreHook hook);
@@ -138,7 +142,7 @@ class Module : public std::enable_shared_from_this<Module> {
  protected:
   void add_child(const std::string& name, ModulePtr m);
   bool training_ = true;
-  bool checkpointing_ = false;
+  Checkpointing checkpointing_ = Checkpointing::none;
 
  private:
   void check_new_name(const std::string& name, const char* what) const;

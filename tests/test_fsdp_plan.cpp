@@ -41,7 +41,7 @@ fsdp::TrainingStep setup(const fsdp::PlanSettings& s, const std::shared_ptr<dist
   fsdp::MixedPrecisionPolicy mp;
   if (precision == Precision::fsdp_bf16) mp = {.param_dtype = DType::bf16, .reduce_dtype = kFloat32};
   for (size_t i = 0; i < model->blocks.size(); ++i) {
-    model->blocks[i]->set_activation_checkpointing(s.activation_checkpointing);
+    model->blocks[i]->set_checkpointing(s.activation_checkpointing);
     fsdp::fully_shard(model->blocks[i],
                       {.mesh = mesh, .reshard_after_forward = bool(s.reshard_after_forward[i]), .mp_policy = mp});
   }
@@ -95,28 +95,32 @@ Measured measure(const fsdp::PlanSettings& s, Precision precision = Precision::f
   return m;
 }
 
-fsdp::PlanSettings settings(bool reshard, bool ac) {
+fsdp::PlanSettings settings(bool reshard, nn::Checkpointing ac) {
   return {.reshard_after_forward = std::vector<bool>(size_t(kConfig.n_layer), reshard), .activation_checkpointing = ac};
 }
 
 }  // namespace
 
 TEST_CASE("plan_memory predicts the peak of training within 5 % and its shards exactly") {
+  using enum nn::Checkpointing;
   struct Case {
-    bool reshard, ac;
+    bool reshard;
+    nn::Checkpointing ac;
     Precision precision;
   };
-  for (auto [reshard, ac, precision] : {Case{true, false, Precision::f32}, {false, false, Precision::f32},
-                                        {true, true, Precision::f32}, {true, false, Precision::fsdp_bf16},
-                                        {true, true, Precision::fsdp_bf16}, {true, false, Precision::autocast_bf16},
-                                        {false, true, Precision::autocast_bf16}}) {
+  for (auto [reshard, ac, precision] : {Case{true, none, Precision::f32}, {false, none, Precision::f32},
+                                        {true, full, Precision::f32}, {true, selective, Precision::f32},
+                                        {false, selective, Precision::f32}, {true, none, Precision::fsdp_bf16},
+                                        {true, full, Precision::fsdp_bf16}, {true, selective, Precision::fsdp_bf16},
+                                        {true, none, Precision::autocast_bf16}, {false, full, Precision::autocast_bf16},
+                                        {false, selective, Precision::autocast_bf16}}) {
     fsdp::MemoryPlanRequest r = request(precision);
     r.settings = settings(reshard, ac);
     const fsdp::MemoryPlan plan = fsdp::plan_memory(r);
     const Measured got = measure(r.settings, precision);
     const double error = double(plan.peak_bytes - got.peak) / double(got.peak);
     INFO("rank " << dist::rank() << " of " << dist::world_size() << ", reshard_after_forward " << reshard
-                 << ", checkpointing " << ac << ", precision " << int(precision) << ": predicted " << plan.peak_bytes << " bytes, measured " << got.peak
+                 << ", checkpointing " << nn::checkpointing_name(ac) << ", precision " << int(precision) << ": predicted " << plan.peak_bytes << " bytes, measured " << got.peak
                  << " (" << 100 * error << " %); shards predicted " << plan.parts.shards << ", allocated "
                  << got.shards << "\n" << plan.table());
     CHECK(std::abs(error) <= 0.05);
@@ -130,9 +134,9 @@ TEST_CASE("plan_memory predicts the peak of training within 5 % and its shards e
 
 TEST_CASE("with a budget, plan_memory chooses settings that fit, and training with them stays under it") {
   fsdp::MemoryPlanRequest r = request();
-  r.settings = settings(true, true);
+  r.settings = settings(true, nn::Checkpointing::full);
   const int64_t smallest = fsdp::plan_memory(r).peak_bytes;
-  r.settings = settings(false, false);
+  r.settings = settings(false, nn::Checkpointing::none);
   const int64_t largest = fsdp::plan_memory(r).peak_bytes;
   INFO("smallest plan " << smallest << " bytes, largest " << largest);
   REQUIRE(smallest < largest);
@@ -153,7 +157,7 @@ TEST_CASE("with a budget, plan_memory chooses settings that fit, and training wi
   INFO(refused.table());
   CHECK_FALSE(refused.fits);
   CHECK(refused.peak_bytes == smallest);
-  CHECK(refused.settings.activation_checkpointing);
+  CHECK(refused.settings.activation_checkpointing == nn::Checkpointing::full);
   CHECK(refused.table().find("does NOT fit: over by") != std::string::npos);
 }
 
@@ -162,7 +166,7 @@ TEST_CASE("plan_memory leaves the random state and the memory counters of the re
   const Generator::State before = default_generator().state();
   const MemoryStats cpu_before = memory_stats();
   fsdp::MemoryPlanRequest r = request();
-  r.settings = settings(true, false);
+  r.settings = settings(true, nn::Checkpointing::none);
   fsdp::plan_memory(r);
   CHECK(default_generator().state().offset == before.offset);
   CHECK(memory_stats().live_bytes == cpu_before.live_bytes);

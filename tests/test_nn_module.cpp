@@ -2,6 +2,7 @@
 // with clear errors), train/eval, to(dtype), apply, zero_grad, hooks and printing.
 #include <catch2/catch.hpp>
 
+#include "core/op_profiler.h"
 #include "weft.h"
 
 using namespace weft;
@@ -167,6 +168,71 @@ TEST_CASE("activation checkpointing: the same outputs and gradients, dropout inc
   ckpt->zero_grad();
   sum((*ckpt)(x)).backward();
   CHECK(ckpt->mlp->c_fc->weight.grad().defined());
+}
+
+TEST_CASE("selective activation checkpointing: GEMMs and attention kept and not run again, the rest recomputed") {
+  const nn::TransformerConfig cfg{.d_model = 32, .n_head = 4};
+  const Tensor x = randn({2, 16, 32});
+  struct Result {
+    std::vector<double> y, dx;
+    std::vector<std::vector<double>> grads;
+    int64_t held = 0;               // bytes live between forward and backward
+    int64_t products = 0, attention = 0;  // GEMM and attention kernel calls in forward and backward
+  };
+  auto run = [&](nn::Checkpointing c) {
+    manual_seed(21);
+    auto block = std::make_shared<nn::Block>(cfg);
+    block->set_checkpointing(c);
+    Tensor xg = x.clone();
+    xg.set_requires_grad(true);
+    Result r;
+    const int64_t base = memory_stats().live_bytes;
+    op_profiler::start();
+    Tensor y = (*block)(xg);
+    r.held = memory_stats().live_bytes - base;
+    sum(y * y).backward();
+    op_profiler::stop();
+    for (const auto& row : op_profiler::rows()) {
+      if (row.name.starts_with("gemm ") || row.name.starts_with("matmul ")) r.products += row.calls;
+      if (row.name.starts_with("attention ")) r.attention += row.calls;
+    }
+    r.y = to_vector(y), r.dx = to_vector(xg.grad());
+    for (auto& [name, p] : block->named_parameters()) r.grads.push_back(to_vector(p.grad()));
+    return r;
+  };
+  const Result none = run(nn::Checkpointing::none), selective = run(nn::Checkpointing::selective),
+               full = run(nn::Checkpointing::full);
+  // The kept outputs are the first forward's own: the same bits as without checkpointing.
+  CHECK(selective.y == none.y);
+  CHECK(selective.dx == none.dx);
+  CHECK(selective.grads == none.grads);
+  CHECK(full.grads == none.grads);
+  // The recompute runs no GEMM and no attention again (full checkpointing runs them all twice).
+  INFO("GEMM calls: none " << none.products << ", selective " << selective.products << ", full " << full.products
+       << "; attention: " << none.attention << ", " << selective.attention << ", " << full.attention);
+  CHECK(selective.products == none.products);
+  CHECK(selective.attention == none.attention);
+  CHECK(full.products > none.products);
+  CHECK(full.attention == 2 * none.attention);
+  // What stays live between forward and backward lies between the two.
+  INFO("held after forward: none " << none.held << ", selective " << selective.held << ", full " << full.held);
+  CHECK(selective.held < none.held);
+  CHECK(selective.held > full.held);
+}
+
+TEST_CASE("selective activation checkpointing: a recompute that runs other ops is a clear error") {
+  Tensor w = randn({8, 8}), x = randn({4, 8});
+  w.set_requires_grad(true);
+  int calls = 0;
+  auto fn = [&](const TensorList& in) {  // a second linear on the recompute only
+    Tensor h = linear(in[0], w);
+    if (++calls > 1) h = linear(h, w);
+    return TensorList{h};
+  };
+  Tensor y = nn::checkpoint(fn, {x}, true)[0];
+  CHECK_THROWS_WITH(sum(y).backward(), Contains("the recompute ran linear after the 1 ops the first forward kept"));
+  CHECK_THROWS_WITH(nn::parse_checkpointing("some", "--ac"), Contains("--ac: \"some\" is not an activation "
+                                                                          "checkpointing policy"));
 }
 
 namespace {

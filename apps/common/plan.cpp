@@ -44,7 +44,7 @@ std::optional<fsdp::MemoryPlan> plan_from_flags(const PlanFlags& f, fsdp::Memory
              "checkpointing {}, every group resharded after forward) needs {} bytes per rank, {} more than the "
              "budget leaves after the {} bytes held before the model; use more ranks or a smaller model or batch",
              f.budget, plan.world_size, plan.world_size == 1 ? "" : "s",
-             plan.settings.activation_checkpointing ? "on" : "off", plan.peak_bytes, plan.peak_bytes - budget + held,
+             nn::checkpointing_name(plan.settings.activation_checkpointing), plan.peak_bytes, plan.peak_bytes - budget + held,
              held);
   return plan;
 }

@@ -73,7 +73,9 @@ struct TrainOptions {
   bool overwrite_checkpoints = false;
   bool fsdp = false;
   int tp = 1;  // ranks per tensor-parallel group (tensor_parallel.h)
-  bool activation_checkpointing = false;
+  nn::Checkpointing checkpointing = nn::Checkpointing::none;  // --ac (--activation-checkpointing: full)
+  std::string ac = "none";
+  bool ac_full = false;
   bool deterministic = false;
   bool pack = false;  // a dataset of examples: several per row (example_data.h)
   int64_t virtual_batches = 8;  // --deterministic's V
@@ -175,7 +177,7 @@ dist::ConfigSettings shared_settings(const TrainOptions& o) {
           {"--resume", o.resume},
           {"--fsdp", o.fsdp ? "true" : "false"},
           {"--tp", num(o.tp)},
-          {"--activation-checkpointing", o.activation_checkpointing ? "true" : "false"},
+          {"--ac", nn::checkpointing_name(o.checkpointing)},
           {"--reshard-after-forward", o.reshard_after_forward},
           {"--mixed-precision", o.mixed_precision},
           {"--on-nan", o.on_nan},
@@ -354,7 +356,7 @@ fsdp::MemoryPlanRequest plan_request(const TrainOptions& o, bool fsdp) {
   r.sharded = fsdp;
   r.tunable_groups = fsdp ? int(o.model.n_layer) : 0;
   r.can_checkpoint = true;
-  r.settings.activation_checkpointing = o.activation_checkpointing;
+  r.settings.activation_checkpointing = o.checkpointing;
   r.settings.reshard_after_forward.assign(size_t(r.tunable_groups), o.reshard_after_forward == "true");
   r.setup = [o](const fsdp::PlanSettings& s, const std::shared_ptr<dist::DeviceMesh>& mesh) -> fsdp::TrainingStep {
     manual_seed(o.seed);
@@ -364,7 +366,7 @@ fsdp::MemoryPlanRequest plan_request(const TrainOptions& o, bool fsdp) {
     if (o.base_dtype == "bf16") nn::cast_frozen(*lm.module, kBFloat16);
     const std::shared_ptr<nn::Module> model = lm.module;
     const auto decay = decayed_names(*model);
-    for (auto& block : lm.blocks) block->set_activation_checkpointing(s.activation_checkpointing);
+    for (auto& block : lm.blocks) block->set_checkpointing(s.activation_checkpointing);
     if (mesh) shard_model(lm, o, Device::meta(), mesh, s.reshard_after_forward);
     std::shared_ptr<nn::AdamW> opt = make_optimizer(*model, decay, o);
     const int64_t rows = o.batch_size / (mesh ? mesh->size(0) : 1), ctx = o.model.ctx, vocab = o.model.vocab_size;
@@ -673,7 +675,7 @@ void build_model(TrainOptions& o, const Ranks& ranks, Run& run) {
   run.plan = apps::plan_from_flags(o.plan, plan_request(o, ranks.fsdp), ranks, run.device, "weft-transformer");
   if (o.plan.only()) return;  // printed; nothing to build or train
   if (run.plan && run.plan->budget) {  // train with the plan's choices
-    o.activation_checkpointing = run.plan->settings.activation_checkpointing;
+    o.checkpointing = run.plan->settings.activation_checkpointing;
     run.per_block = run.plan->settings.reshard_after_forward;
   }
   manual_seed(o.seed);
@@ -819,7 +821,7 @@ int train(TrainOptions o, const Ranks& ranks) {
   for (auto& [name, p] : model.named_parameters()) n_trainable += p.requires_grad() ? p.numel() : 0;
   const std::vector<std::string> decay = decayed_names(model);  // from the full shapes, before sharding
   // Each block keeps only its input for backward and runs again there (nn/activation_checkpoint.h).
-  for (auto& block : run.lm.blocks) block->set_activation_checkpointing(o.activation_checkpointing);
+  for (auto& block : run.lm.blocks) block->set_checkpointing(o.checkpointing);
   std::optional<fsdp::FSDPModule> root;
   // A LoRA checkpoint holds the adapters only: its base is read first, then the checkpoint.
   const bool init_weights = !o.init_from.empty() && (run.resume_from.empty() || o.base_elsewhere());
@@ -1208,8 +1210,11 @@ void add_step_flags(CLI::App* tr, TrainOptions& t) {
       ->check(apps::cli::integer(1, 1 << 20))->capture_default_str()->needs(det);
   tr->add_flag("--pack", t.pack, "a dataset of examples (prepare of JSONL): several examples per row, each attending "
                "to itself only, its positions from 0 (without: one example per row, padded)");
-  tr->add_flag("--activation-checkpointing", t.activation_checkpointing,
-               "recompute each block's forward in backward instead of keeping its activations");
+  auto* ac_full = tr->add_flag("--activation-checkpointing", t.ac_full, "--ac full");
+  tr->add_option("--ac", t.ac, "activation checkpointing of each block: none, selective (keep the outputs of its "
+                 "GEMMs and attention, recompute the element-wise ops and norms in backward) or full (keep its input "
+                 "only, recompute its whole forward)")->check(CLI::IsMember({"none", "selective", "full"}))
+      ->capture_default_str()->excludes(ac_full);
   apps::add_plan_flags(*tr, t.plan);
   tr->add_flag("--fsdp", t.fsdp, "shard over the ranks of mpirun: fully_shard per block, then the root");
   tr->add_option("--tp", t.tp, "under --fsdp: split each layer over N consecutive ranks (tensor parallel), "
@@ -1465,6 +1470,7 @@ int main(int argc, char** argv) {
   if (s.greedy) s.temperature = 0;
   s.temperature_set = s.greedy || sa->get_option("--temperature")->count() > 0;
   s.top_k_set = sa->get_option("--top-k")->count() > 0, s.top_p_set = sa->get_option("--top-p")->count() > 0;
+  t.checkpointing = t.ac_full ? nn::Checkpointing::full : nn::parse_checkpointing(t.ac, "--ac");
   if (t.model.arch == "llama") t.untie = t.untie || !t.tie;  // Llama's head is untied by default
   else if (t.tie || tr->get_option("--rope-theta")->count() > 0) {  // flags GPT-2 would ignore
     std::fprintf(stderr, "weft-transformer: %s is for --arch llama (%s)\n", t.tie ? "--tie" : "--rope-theta",

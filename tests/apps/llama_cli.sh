@@ -47,6 +47,11 @@ for key in '"model.model.embed_tokens.weight":{"dtype":"F32","shape":[256,32]' \
 done
 "$exe" train "${cfg[@]}" --metrics "$tmp/ac.jsonl" --stop-after 10 --activation-checkpointing >/dev/null 2>&1
 within "$(loss_at "$tmp/ac.jsonl" 10)" "$a10" 1e-6 0 "--activation-checkpointing step-10 loss"
+# Selective: the kept GEMM and attention outputs are the first forward's, so the losses are the same bits.
+"$exe" train "${cfg[@]}" --metrics "$tmp/sac.jsonl" --stop-after 10 --ac selective >/dev/null 2>&1 || fail "--ac selective"
+[ "$(loss_at "$tmp/sac.jsonl" 10)" = "$a10" ] || fail "--ac selective step-10 loss $(loss_at "$tmp/sac.jsonl" 10), not $a10"
+expect_error "--ac: some not in {none,selective,full}" train "${cfg[@]}" --ac some
+expect_error "--activation-checkpointing excludes --ac" train "${cfg[@]}" --ac selective --activation-checkpointing
 # bf16 autocast in one process (RoPE, GQA and SwiGLU on bf16 projections): close to f32, not f32.
 "$exe" train "${cfg[@]}" --metrics "$tmp/bf.jsonl" --stop-after 10 --mixed-precision bf16 >/dev/null 2>"$tmp/bf.err" ||
   fail "--mixed-precision bf16 failed: $(cat "$tmp/bf.err")"

@@ -2,8 +2,8 @@
 # weft-transformer train --fsdp --tp N (docs/PARALLEL.md) on Debian's fortunes texts: Llama at
 # (dp, tp) = (1, 2), (2, 2) and (1, 4) logs the single-process training and validation losses
 # (1e-5 relative, every step), with sequence and loss parallel; a tied head, activation
-# checkpointing, GPT-2's blocks, and the Hugging Face fixtures of every family (--init-from)
-# likewise; bf16 mixed precision within 2 %; a run stopped at (2, 2) resumes at (4, 1), (1, 2) and
+# checkpointing (full, and selective at (2, 2)), GPT-2's blocks, and the Hugging Face fixtures
+# of every family (--init-from) likewise; bf16 mixed precision within 2 %; a run stopped at (2, 2) resumes at (4, 1), (1, 2) and
 # in one process, each ending at the uninterrupted run's losses and evaluation, and its checkpoint
 # verifies, consolidates and exports; what --tp cannot run is named.
 # Usage: tp_cli.sh EXE CHECKPOINT_EXE DATA_DIR MPIRUN MPIRUN_ARGS...
@@ -48,6 +48,7 @@ group(s), sequence parallel, loss parallel" "$tmp/llama.err" || fail "the layout
 train_same 4 2 llama "${cfg[@]}"
 grep -q "2 ranks per group x 2 data-parallel" "$tmp/llama.err" || fail "(dp 2, tp 2) not reported: $(cat "$tmp/llama.err")"
 train_same 2 2 llama_ac "${cfg[@]}" --activation-checkpointing --tie
+train_same 4 2 llama_sac "${cfg[@]}" --ac selective
 mha=("${cfg[@]}")
 mha[7]=4  # --n-kv-head 4: four key/value heads for four ranks
 train_same 4 4 mha "${mha[@]}"
