@@ -63,8 +63,9 @@ void check(nn::Module& m, const Style& style, const dist::ProcessGroupPtr& group
     check_linear(*linear, style.weights, style.chunks, *group, path);
   }
   for (const auto& [name, p] : m.named_parameters(false)) {
-    WEFT_CHECK(p.device().type != DeviceType::meta,
-               "tp: {} {}: its {} is on the meta device; materialise the model before splitting it",
+    WEFT_CHECK(p.device().type != DeviceType::meta || MetaComputeGuard::enabled(),
+               "tp: {} {}: its {} is on the meta device; materialise the model before splitting it (a meta model "
+               "splits only for shapes, under a MetaComputeGuard: a memory plan)",
                weights_name(style.weights), path, name);
     WEFT_CHECK(partial_reduction(p) == nullptr, "tp: {} {}: its {} is held in part already (split, or sharded by "
                "fully_shard): split a model once, before fully_shard", weights_name(style.weights), path, name);

@@ -1,5 +1,6 @@
-// weft-bench-tp: training-step throughput of a Llama split by tensor parallelism over the ranks
-// of mpirun (tp/llama_plan.h), the twin of scripts/fsdp2_llama_pytorch.py --mode tp (PyTorch's
+// weft-bench-tp: training-step throughput of a Llama or a GPT-2 split by tensor parallelism over
+// the ranks of mpirun as weft-transformer --tp splits it (apps/transformer/tensor_parallel.h), the
+// twin of scripts/fsdp2_llama_pytorch.py --mode tp and scripts/tp_gpt_pytorch.py (PyTorch's
 // DTensor ColwiseParallel / RowwiseParallel on the same blocks). The ranks form a (dp, tp)
 // mesh, tp = --tp (default: all of them): the ranks of a tp group train on the same rows of the
 // batch, the dp groups on different rows, with fully_shard over dp when dp > 1.
@@ -7,6 +8,7 @@
 //   mpirun -np 2 weft-bench-tp                  # the Llama medium config, 20 steps, 1 thread a rank
 //   mpirun -np 2 weft-bench-tp --sequence-parallel --loss-parallel
 //   mpirun -np 4 weft-bench-tp --tp 2           # (dp 2, tp 2): fully_shard over dp on top
+//   mpirun -np 2 weft-bench-tp --arch gpt2      # GPT medium (6 layers, 6 heads, d_model 384)
 //
 // The step: random token ids (drawn before the timer), forward, cross-entropy over all B x T
 // positions (tp::vocab_parallel_cross_entropy under --loss-parallel), backward, gradient-norm
@@ -20,7 +22,9 @@
 #include <cstdio>
 #include <vector>
 
-#include "tp/tp.h"
+#include "apps/common/trainer.h"
+#include "apps/transformer/model.h"
+#include "apps/transformer/tensor_parallel.h"
 #include "weft.h"
 
 using namespace weft;
@@ -28,10 +32,10 @@ using namespace weft;
 namespace {
 
 struct Options {
-  nn::LlamaConfig model{.vocab_size = 256, .ctx = 256, .n_layer = 6, .n_head = 6, .n_kv_head = 2, .d_model = 384,
-                        .ffn_dim = 1024};
+  apps::ModelConfig model{.vocab_size = 256, .ctx = 256, .n_layer = 6, .n_head = 6, .d_model = 384,
+                          .tie_weights = false, .arch = "llama", .n_kv_head = 2, .ffn_dim = 1024};
   int64_t batch = 8, steps = 20, warmup = 5, threads = 1, tp = 0;
-  tp::LlamaPlan plan;
+  bool sequence_parallel = false, loss_parallel = false;
 };
 
 int run(const Options& o) {
@@ -40,25 +44,23 @@ int run(const Options& o) {
   WEFT_CHECK(dp * tp == dist::world_size() && o.batch % dp == 0,
              "--tp {} must divide the {} ranks, and the data-parallel groups ({}) the batch {}", tp,
              dist::world_size(), dp, o.batch);
-  dist::DeviceMesh mesh(DeviceType::cpu, {dp, tp}, {"dp", "tp"});
-  const auto group = mesh.group("tp");
+  apps::check_config(o.model);
   manual_seed(0);
-  auto model = std::make_shared<nn::Llama>(o.model);
-  nn::init_llama(*model);
-  const int64_t n_params = [&] {
-    int64_t n = 0;
-    for (auto& p : model->parameters()) n += p.numel();
-    return n;
-  }();
-  tp::parallelize_llama(*model, group, o.plan);
+  const apps::LanguageModel lm = apps::make_model(o.model);
+  apps::init_model(lm);
+  const auto& model = lm.module;
+  const int64_t n_params = apps::count_parameters(*model);
+  // weft-transformer --tp's layout and plan, with sequence and loss parallel as the flags say.
+  apps::TensorParallel layout = apps::make_tensor_parallel(o.model, tp, true);
+  layout.sequence_parallel = o.sequence_parallel, layout.loss_parallel = o.loss_parallel;
+  apps::parallelize(lm, layout);
+  const dist::DeviceMesh& mesh = *layout.mesh;
   std::optional<fsdp::FSDPModule> root;
   if (dp > 1) {
-    auto over_dp = std::make_shared<dist::DeviceMesh>(DeviceType::cpu, std::vector<int>{dp},
-                                                      std::vector<std::string>{"dp"}, std::vector<int>{mesh.coordinate(0)},
-                                                      std::vector<dist::ProcessGroupPtr>{mesh.group("dp")});
-    for (auto& block : model->blocks) fsdp::fully_shard(block, {.mesh = over_dp});
-    root = fsdp::fully_shard(model, {.mesh = over_dp});
+    for (auto& block : lm.blocks) fsdp::fully_shard(block, {.mesh = layout.over_dp});
+    root = fsdp::fully_shard(model, {.mesh = layout.over_dp});
   }
+  const apps::LossFn loss_fn = apps::tensor_parallel_loss(layout);
   nn::AdamW opt(model->parameters(), {.lr = 3e-4, .weight_decay = 0.1});
   Generator gen(1);
   std::vector<double> times, losses;
@@ -71,8 +73,7 @@ int run(const Options& o) {
     const auto t0 = std::chrono::steady_clock::now();
     Tensor logits = (*model)(x);
     logits = logits.reshape({-1, logits.size(-1)});
-    Tensor loss = o.plan.loss_parallel ? tp::vocab_parallel_cross_entropy(logits, y.reshape({-1}), group)
-                                       : cross_entropy(logits, y.reshape({-1}));
+    Tensor loss = apps::loss_of(loss_fn, logits, y.reshape({-1}));
     opt.zero_grad();
     loss.backward();
     nn::clip_grad_norm_(model->parameters(), 1.0);
@@ -84,9 +85,9 @@ int run(const Options& o) {
   std::vector<double> timed(times.begin() + std::min<int64_t>(o.warmup, o.steps - 1), times.end());
   std::sort(timed.begin(), timed.end());
   const double median = timed[timed.size() / 2];
-  std::printf("weft dp=%d tp=%d threads/rank=%lld sequence_parallel=%d loss_parallel=%d params=%lld n_layer=%lld "
-              "d_model=%lld ctx=%lld batch=%lld\n", dp, tp, (long long)o.threads, int(o.plan.sequence_parallel),
-              int(o.plan.loss_parallel), (long long)n_params, (long long)o.model.n_layer, (long long)o.model.d_model,
+  std::printf("weft %s dp=%d tp=%d threads/rank=%lld sequence_parallel=%d loss_parallel=%d params=%lld n_layer=%lld "
+              "d_model=%lld ctx=%lld batch=%lld\n", o.model.arch.c_str(), dp, tp, (long long)o.threads,
+              int(o.sequence_parallel), int(o.loss_parallel), (long long)n_params, (long long)o.model.n_layer, (long long)o.model.d_model,
               (long long)o.model.ctx, (long long)o.batch);
   std::printf("summary ms_per_step=%.1f tokens_per_s=%.0f min_ms=%.1f max_ms=%.1f\nlosses:", 1e3 * median,
               double(o.batch * o.model.ctx) / median, 1e3 * timed.front(), 1e3 * timed.back());
@@ -99,7 +100,9 @@ int run(const Options& o) {
 
 int main(int argc, char** argv) {
   Options o;
-  CLI::App app{"weft-bench-tp: Llama training steps split by tensor parallelism over the ranks of mpirun"};
+  CLI::App app{"weft-bench-tp: Llama or GPT-2 training steps split by tensor parallelism over the ranks of mpirun"};
+  app.add_option("--arch", o.model.arch, "llama, or gpt2 (biases, GELU, 4 d_model MLP, tied head: --n-kv-head and "
+                 "--ffn are ignored)")->check(CLI::IsMember({"llama", "gpt2"}))->capture_default_str();
   app.add_option("--n-layer", o.model.n_layer, "blocks")->capture_default_str();
   app.add_option("--n-head", o.model.n_head, "query heads")->capture_default_str();
   app.add_option("--n-kv-head", o.model.n_kv_head, "key/value heads")->capture_default_str();
@@ -113,9 +116,10 @@ int main(int argc, char** argv) {
   app.add_option("--threads", o.threads, "threads per rank")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--tp", o.tp, "ranks a tensor-parallel group (default: all; the rest data-parallel under fully_shard)")
       ->check(CLI::PositiveNumber);
-  app.add_flag("--sequence-parallel", o.plan.sequence_parallel, "norms and the residual stream on sequence blocks");
-  app.add_flag("--loss-parallel", o.plan.loss_parallel, "the vocabulary split (embedding, head, loss)");
+  app.add_flag("--sequence-parallel", o.sequence_parallel, "llama: norms and the residual stream on sequence blocks");
+  app.add_flag("--loss-parallel", o.loss_parallel, "llama: the vocabulary split (embedding, head, loss)");
   CLI11_PARSE(app, argc, argv);
+  if (o.model.arch == "gpt2") o.model.n_kv_head = 0, o.model.ffn_dim = 0, o.model.tie_weights = true;
   dist::init();
   int status = 1;
   try {

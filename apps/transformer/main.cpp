@@ -351,39 +351,41 @@ std::vector<std::string> decayed_names(const nn::Module& model) {
   return out;
 }
 
-fsdp::MemoryPlanRequest plan_request(const TrainOptions& o, bool fsdp) {
+fsdp::MemoryPlanRequest plan_request(const TrainOptions& o, bool fsdp, bool full_rows) {
   fsdp::MemoryPlanRequest r;
   r.sharded = fsdp;
   r.tunable_groups = fsdp ? int(o.model.n_layer) : 0;
   r.can_checkpoint = true;
   r.settings.activation_checkpointing = o.checkpointing;
   r.settings.reshard_after_forward.assign(size_t(r.tunable_groups), o.reshard_after_forward == "true");
-  r.setup = [o](const fsdp::PlanSettings& s, const std::shared_ptr<dist::DeviceMesh>& mesh) -> fsdp::TrainingStep {
+  r.setup = [o, full_rows](const fsdp::PlanSettings& s, const std::shared_ptr<dist::DeviceMesh>& mesh) -> fsdp::TrainingStep {
     manual_seed(o.seed);
     const apps::LanguageModel lm = apps::make_model(o.model);
     apps::init_model(lm);
     apps::add_lora(lm, o.lora, false);
+    const apps::TensorParallel tp = o.tp > 1 ? apps::planned_tensor_parallel(o.model, o.tp, full_rows) : apps::TensorParallel{};
+    if (o.tp > 1) apps::parallelize(lm, tp);  // the shapes of this rank's parts (mesh: the data-parallel ranks)
     if (o.base_dtype == "bf16") nn::cast_frozen(*lm.module, kBFloat16);
     const std::shared_ptr<nn::Module> model = lm.module;
     const auto decay = decayed_names(*model);
     for (auto& block : lm.blocks) block->set_checkpointing(s.activation_checkpointing);
     if (mesh) shard_model(lm, o, Device::meta(), mesh, s.reshard_after_forward);
     std::shared_ptr<nn::AdamW> opt = make_optimizer(*model, decay, o);
-    const int64_t rows = o.batch_size / (mesh ? mesh->size(0) : 1), ctx = o.model.ctx, vocab = o.model.vocab_size;
-    return [model, opt, o, rows, ctx, vocab] {
+    const int64_t rows = o.batch_size / (mesh ? mesh->size(0) : 1), ctx = o.model.ctx;
+    return [model, opt, o, rows, ctx, loss = apps::tensor_parallel_loss(tp)] {
       auto tokens = [&] { return empty({rows, ctx}, {.dtype = kInt64}); };
       opt->zero_grad();
       for (int64_t micro = 0; micro < o.grad_accum; ++micro) {
         Tensor x = tokens(), y = tokens();
-        apps::forward_backward(*model, x, y, o.autocast(), o.grad_accum);
+        apps::forward_backward(*model, x, y, o.autocast(), o.grad_accum, 0, {}, loss);
       }
       if (o.clip > 0) nn::clip_grad_norm_(model->parameters(), o.clip);
       opt->step();
       NoGradGuard no_grad;  // an evaluation batch, as between the steps of train()
       AutocastGuard bf16(DType::bf16, o.autocast());
       model->eval();
-      Tensor x = tokens(), y = tokens();
-      cross_entropy((*model)(x).view({-1, vocab}), y.view({-1}));
+      Tensor x = tokens(), y = tokens(), logits = (*model)(x);
+      apps::loss_of(loss, logits.view({-1, logits.size(-1)}), y.view({-1}));
       model->train();
     };
   };
@@ -508,7 +510,7 @@ void check_tensor_parallel(const TrainOptions& o, const Ranks& ranks, const Run&
              "partial products in another order than one rank's matmul, so the bits differ at any --tp above 1");
   auto refuse = [&](bool used, const char* what) { WEFT_CHECK(!used, "transformer: --tp does not run with {} yet", what); };
   refuse(o.lora.rank > 0, "LoRA (--lora-rank)");
-  refuse(o.plan.wanted(), "a memory plan (--plan, --plan-ranks, --memory-budget)");
+  refuse(o.plan.ranks > 0, "--plan-ranks (plan a split run under mpirun, with --plan)");
   refuse(o.sharding_strategy != "FULL_SHARD", "--sharding-strategy other than FULL_SHARD");
   refuse(o.reshard_after_forward != "true" && o.reshard_after_forward != "false", "--reshard-after-forward N");
 }
@@ -672,7 +674,8 @@ void find_resume(const TrainOptions& o, Run& run, bool say) {
 void build_model(TrainOptions& o, const Ranks& ranks, Run& run) {
   reset_peak_memory_stats(run.device);
   run.start_bytes = memory_stats(run.device).live_bytes;
-  run.plan = apps::plan_from_flags(o.plan, plan_request(o, ranks.fsdp), ranks, run.device, "weft-transformer");
+  run.plan = apps::plan_from_flags(o.plan, plan_request(o, ranks.fsdp, !run.data.examples()), ranks, run.device,
+                                   "weft-transformer");
   if (o.plan.only()) return;  // printed; nothing to build or train
   if (run.plan && run.plan->budget) {  // train with the plan's choices
     o.checkpointing = run.plan->settings.activation_checkpointing;

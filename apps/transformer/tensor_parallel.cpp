@@ -2,7 +2,25 @@
 
 #include <fmt/format.h>
 
+#include "dist/fake_group.h"
+
 namespace weft::apps {
+
+namespace {
+
+void choose_plan(TensorParallel& t, const ModelConfig& cfg, bool full_rows) {
+  const bool llama = cfg.arch == "llama";
+  t.sequence_parallel = llama && full_rows && cfg.ctx % t.size == 0;
+  t.loss_parallel = llama && cfg.vocab_size % t.size == 0;
+}
+
+}  // namespace
+
+TensorParallel planned_tensor_parallel(const ModelConfig& cfg, int tp, bool full_rows) {
+  TensorParallel t{.size = tp, .group = dist::fake_group(0, tp, "tp")};
+  choose_plan(t, cfg, full_rows);
+  return t;
+}
 
 TensorParallel make_tensor_parallel(const ModelConfig& cfg, int tp, bool full_rows) {
   const int dp = dist::world_size() / tp;
@@ -14,9 +32,7 @@ TensorParallel make_tensor_parallel(const ModelConfig& cfg, int tp, bool full_ro
                                                  std::vector<int>{t.mesh->coordinate(0)},
                                                  std::vector<dist::ProcessGroupPtr>{t.mesh->group("dp")});
   t.group = t.mesh->group("tp");
-  const bool llama = cfg.arch == "llama";
-  t.sequence_parallel = llama && full_rows && cfg.ctx % tp == 0;
-  t.loss_parallel = llama && cfg.vocab_size % tp == 0;
+  choose_plan(t, cfg, full_rows);
   return t;
 }
 

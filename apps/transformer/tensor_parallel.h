@@ -32,6 +32,10 @@ TensorParallel make_tensor_parallel(const ModelConfig& cfg, int tp, bool full_ro
 // before changing anything when its heads or widths do not divide by the group's size.
 void parallelize(const LanguageModel& lm, const TensorParallel& tp);
 
+// The layout a memory plan splits a meta model by: rank 0 of a fake tp group (dist/fake_group.h),
+// sequence and loss parallel chosen as make_tensor_parallel chooses them; no mesh.
+TensorParallel planned_tensor_parallel(const ModelConfig& cfg, int tp, bool full_rows);
+
 // The loss of the model's logits: over the vocabulary's split under loss parallel, else null
 // (weft::cross_entropy of whole logits).
 LossFn tensor_parallel_loss(const TensorParallel& tp);

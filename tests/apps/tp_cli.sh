@@ -5,7 +5,8 @@
 # checkpointing (full, and selective at (2, 2)), GPT-2's blocks, and the Hugging Face fixtures
 # of every family (--init-from) likewise; bf16 mixed precision within 2 %; a run stopped at (2, 2) resumes at (4, 1), (1, 2) and
 # in one process, each ending at the uninterrupted run's losses and evaluation, and its checkpoint
-# verifies, consolidates and exports; what --tp cannot run is named.
+# verifies, consolidates and exports; the memory plan of a split run is within 5 % of its peak;
+# what --tp cannot run is named.
 # Usage: tp_cli.sh EXE CHECKPOINT_EXE DATA_DIR MPIRUN MPIRUN_ARGS...
 set -euo pipefail
 exe=$1
@@ -96,6 +97,22 @@ for from in ck22 hf22 c22.safetensors; do
   cmp -s "$tmp/ck22.logits" "$tmp/$from.logits" || fail "the prompt's logits of the (2, 2) checkpoint and of $from differ"
 done
 
+# The memory plan of a split run (the model split for shapes on the meta device, over a fake tp
+# group): with budgets that leave none, selective or full checkpointing the fastest that fits
+# (6.9, 5.9 and 3.6 MiB planned at (1, 2)), training's peak within 5 % of the plan's.
+big=(--arch llama --n-layer 4 --n-head 4 --n-kv-head 2 --d-model 64 --ctx 64 --batch-size 8 --steps 20 --stop-after 3
+     --threads 1 --eval-every 0 --eval-iters 2)
+for layout in "4 1G none" "2 6500K selective" "2 5M full"; do
+  set -- $layout
+  run "$1" --fsdp --tp 2 "${big[@]}" --memory-budget "$2" >/dev/null 2>"$tmp/plan.err" ||
+    fail "--tp 2 --memory-budget $2 at $1 ranks: $(cat "$tmp/plan.err")"
+  grep -q "memory plan per rank.*activation checkpointing $3$" "$tmp/plan.err" ||
+    fail "--memory-budget $2 at $1 ranks did not choose --ac $3: $(grep -A12 'memory plan' "$tmp/plan.err")"
+  pct=$(grep -o 'the plan predicted [0-9]* bytes ([-+0-9.]* %)' "$tmp/plan.err" | grep -o '([-+0-9.]*' | tr -d '(')
+  awk -v p="$pct" 'BEGIN { exit !(p != "" && p <= 5 && p >= -5) }' ||
+    fail "--tp 2 at $1 ranks, --ac $3: the plan is off by $pct % of the peak: $(grep peak "$tmp/plan.err")"
+done
+
 # bf16 mixed precision: fully_shard's bf16 parameters within the tp group's collectives.
 run 2 --fsdp "${cfg[@]}" --tp 2 --mixed-precision bf16 --metrics "$tmp/bf16.jsonl" >/dev/null 2>"$tmp/err" ||
   fail "--tp 2 --mixed-precision bf16: $(cat "$tmp/err")"
@@ -110,6 +127,7 @@ expect_np2() {
 expect_np2 "add --fsdp" "${cfg[@]}" --tp 2
 expect_np2 "--tp 4 does not divide the 2 ranks" --fsdp "${cfg[@]}" --tp 4
 expect_np2 "does not run with LoRA" --fsdp "${cfg[@]}" --tp 2 --lora-rank 2
+expect_np2 "does not run with --plan-ranks" --fsdp "${cfg[@]}" --tp 2 --plan-ranks 8
 expect_np2 "cannot run --deterministic" --fsdp "${cfg[@]}" --tp 2 --deterministic
 three=("${cfg[@]}")
 three[5]=6 three[7]=3 three[9]=48  # 6 heads, 3 key/value heads
