@@ -15,7 +15,7 @@ budgets=(
   "autograd       2036  autograd"
   "nn             3047  nn"
   "dist           2559  dist"
-  "tp              750  tp"
+  "tp              767  tp"
   "fsdp           4672  fsdp"
   "apps           9820  apps"
 )
