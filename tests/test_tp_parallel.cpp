@@ -555,3 +555,41 @@ TEST_CASE("a checkpoint of GPT-2's split blocks holds q, k and v whole (three bl
   group()->barrier()->wait();  // every rank has read it
   if (R() == 0) std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("LoRA adapters split with their layers: the unsplit adapted model's gradients and losses") {
+  auto make = [] {
+    auto m = seeded_llama<nn::Llama>(small_llama(), 31);
+    manual_seed(5);
+    nn::apply_lora(*m, {.rank = 4, .alpha = 8, .targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                            "up_proj", "down_proj"}});
+    NoGradGuard no_grad;  // B moved off zero, so that A's gradient is not zero
+    for (auto& [name, p] : m->named_parameters())
+      if (name.ends_with("lora_B.weight")) nn::init::normal_(p, 0, 0.1);
+    return m;
+  };
+  auto whole = make(), split = make();
+  tp::parallelize_llama(*split, group(), {.loss_parallel = true, .sequence_parallel = true});
+  const auto& q = *split->blocks[0]->self_attn->q_proj;
+  CHECK(q.low_rank->b->weight.shape() == Shape{32 / P(), 4});  // colwise: B's rows, A whole
+  CHECK(q.low_rank->a->weight.shape() == Shape{4, 32});
+  const auto& down = *split->blocks[0]->mlp->down_proj;
+  CHECK(down.low_rank->a->weight.shape() == Shape{4, 48 / P()});  // rowwise: A's columns, B whole
+  nn::AdamW whole_opt(whole->parameters(), {.lr = 1e-2}), split_opt(split->parameters(), {.lr = 1e-2});
+  for (int step = 0; step < 10; ++step) {
+    const fsdp_test::Batch b = token_batch(step);
+    whole_opt.zero_grad();
+    split_opt.zero_grad();
+    Tensor lw = fsdp_test::loss_of(*whole, b), ls = parallel_loss_of(*split, b);
+    lw.backward();
+    ls.backward();
+    auto s = split->named_parameters(), w = whole->named_parameters();
+    for (size_t i = 0; step == 0 && i < s.size(); ++i)
+      if (nn::is_lora_parameter(s[i].first)) {  // the base is frozen: no gradient
+        Tensor got = s[i].second.grad(), want = w[i].second.grad();
+        check_close(values(got), values(slice_like(want, got, *group())), 1e-5, "gradient of " + s[i].first);
+      }
+    whole_opt.step();
+    split_opt.step();
+    check_close({ls.item()}, {lw.item()}, 1e-5, "loss at step " + std::to_string(step));
+  }
+}

@@ -30,8 +30,7 @@ struct LlamaPlan {
 };
 
 // Throws, before anything is split, when n_head, the key/value heads, the SwiGLU width (or the
-// vocabulary, loss parallel) do not divide over the group, or a layer is not the plan's (a Linear
-// with an adapter, say).
+// vocabulary, loss parallel) do not divide over the group, or a layer is not the plan's kind.
 void parallelize_llama(nn::Llama& model, const dist::ProcessGroupPtr& group, const LlamaPlan& plan = {});
 
 }  // namespace weft::tp

@@ -43,8 +43,6 @@ void check_linear(const nn::Linear& l, Weights w, int64_t chunks, const dist::Pr
   WEFT_CHECK((col ? l.out_features : l.in_features) % parts == 0, "tp: {} {}: its {} {} do not divide over {} ranks{}",
              weights_name(w), path, col ? "out_features" : "in_features", col ? l.out_features : l.in_features,
              group.size(), chunks > 1 ? fmt::format(" in each of {} blocks", chunks) : "");
-  WEFT_CHECK(!l.low_rank, "tp: {} {}: a layer with a low-rank adapter cannot be split (apply LoRA after tp)",
-             weights_name(w), path);
 }
 
 // Throws naming what about `m` stands in the way of `style` (`what` names the caller's entry).
@@ -91,16 +89,32 @@ void split_vocab(nn::Embedding& e, const dist::ProcessGroupPtr& group) {
   });
 }
 
+void sum_gradients(nn::Module& m, const dist::ProcessGroupPtr& group);
+
+// A LoRA adapter (nn/lora.h) splits with its layer: colwise, B's rows (A whole, its gradient
+// summed: each rank's B rows add to it); rowwise, A's columns (B whole, applied to a partial sum:
+// its gradient summed). The adapter's term is then the same part of y as the layer's own.
 void split_weights(nn::Module& m, const Style& style, const dist::ProcessGroupPtr& group) {
   if (style.weights == Weights::vocab_rows) return split_vocab(static_cast<nn::Embedding&>(m), group);
   auto& l = static_cast<nn::Linear&>(m);
+  const int P = group->size();
   if (style.weights == Weights::colwise) {
     l.weight = slice_of(l.weight, 0, group, style.chunks);
     if (l.bias.defined()) l.bias = slice_of(l.bias, 0, group, style.chunks);
-    l.out_features /= group->size();
+    l.out_features /= P;
+    if (!l.low_rank) return;
+    nn::Linear& b = *l.low_rank->b;
+    b.weight = slice_of(b.weight, 0, group, style.chunks);
+    b.out_features /= P;
+    sum_gradients(*l.low_rank->a, group);
   } else {
     l.weight = slice_of(l.weight, 1, group);
-    l.in_features /= group->size();
+    l.in_features /= P;
+    if (!l.low_rank) return;
+    nn::Linear& a = *l.low_rank->a;
+    a.weight = slice_of(a.weight, 1, group);
+    a.in_features /= P;
+    sum_gradients(*l.low_rank->b, group);
   }
 }
 
@@ -153,8 +167,7 @@ void apply(nn::Module& m, const Style& style, const dist::ProcessGroupPtr& group
         [group, c = style.output](nn::Module&, const TensorList&, const TensorList& out) -> std::optional<TensorList> {
           return TensorList{communicate(out[0], c, group)};
         });
-  if (style.sum_gradients)
-    while_running(m, [group](const std::string&, const Tensor& p) { return copy_to_parallel(p, group); });
+  if (style.sum_gradients) sum_gradients(m, group);
   // A rowwise bias counts once: rank 0's partial output adds it, and its gradient (rank 0's,
   // zeros elsewhere) is summed into every rank's.
   if (style.weights == Weights::rowwise && static_cast<nn::Linear&>(m).bias.defined())
@@ -162,6 +175,10 @@ void apply(nn::Module& m, const Style& style, const dist::ProcessGroupPtr& group
       if (name != "bias") return std::nullopt;
       return copy_to_parallel(p, group) * (group->rank() == 0 ? 1.0 : 0.0);
     });
+}
+
+void sum_gradients(nn::Module& m, const dist::ProcessGroupPtr& group) {
+  while_running(m, [group](const std::string&, const Tensor& p) { return copy_to_parallel(p, group); });
 }
 
 bool matches(const std::string& pattern, const std::string& path) {

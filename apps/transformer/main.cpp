@@ -509,7 +509,6 @@ void check_tensor_parallel(const TrainOptions& o, const Ranks& ranks, const Run&
   WEFT_CHECK(!o.deterministic, "transformer: --tp cannot run --deterministic: a row-parallel layer adds its ranks' "
              "partial products in another order than one rank's matmul, so the bits differ at any --tp above 1");
   auto refuse = [&](bool used, const char* what) { WEFT_CHECK(!used, "transformer: --tp does not run with {} yet", what); };
-  refuse(o.lora.rank > 0, "LoRA (--lora-rank)");
   refuse(o.plan.ranks > 0, "--plan-ranks (plan a split run under mpirun, with --plan)");
   refuse(o.sharding_strategy != "FULL_SHARD", "--sharding-strategy other than FULL_SHARD");
   refuse(o.reshard_after_forward != "true" && o.reshard_after_forward != "false", "--reshard-after-forward N");
