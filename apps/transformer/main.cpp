@@ -504,12 +504,13 @@ void check_tensor_parallel(const TrainOptions& o, const Ranks& ranks, const Run&
   if (o.tp == 1) return;
   WEFT_CHECK(o.fsdp, "transformer: --tp {} splits the model among the ranks of an FSDP run: add --fsdp (fully_shard "
              "then shards it over the data-parallel groups, one included)", o.tp);
-  WEFT_CHECK(ranks.world % o.tp == 0, "transformer: --tp {} does not divide the {} ranks of mpirun", o.tp, ranks.world);
+  const int world = o.plan.ranks > 0 ? o.plan.ranks : ranks.world;  // --plan-ranks: the run planned
+  WEFT_CHECK(world % o.tp == 0, "transformer: --tp {} does not divide the {} ranks of {}", o.tp, world,
+             o.plan.ranks > 0 ? "--plan-ranks" : "mpirun");
   WEFT_CHECK(run.device.is_cpu(), "transformer: --tp runs on the CPU for now, not {}", run.device.str());
   WEFT_CHECK(!o.deterministic, "transformer: --tp cannot run --deterministic: a row-parallel layer adds its ranks' "
              "partial products in another order than one rank's matmul, so the bits differ at any --tp above 1");
   auto refuse = [&](bool used, const char* what) { WEFT_CHECK(!used, "transformer: --tp does not run with {} yet", what); };
-  refuse(o.plan.ranks > 0, "--plan-ranks (plan a split run under mpirun, with --plan)");
   refuse(o.sharding_strategy != "FULL_SHARD", "--sharding-strategy other than FULL_SHARD");
   refuse(o.reshard_after_forward != "true" && o.reshard_after_forward != "false", "--reshard-after-forward N");
 }
@@ -542,10 +543,10 @@ void validate(TrainOptions& o, const Ranks& ranks, Run& run) {
   WEFT_CHECK(!o.deterministic || o.sharding_strategy != "NO_SHARD",
              "transformer: --deterministic reduces gradients over one sharded dimension: use --sharding-strategy "
              "FULL_SHARD or SHARD_GRAD_OP, not NO_SHARD");
-  WEFT_CHECK(o.batch_size % ranks.data_world() == 0,
-             "transformer: --batch-size {} does not split evenly over {} {}: it is the global batch and each "
-             "takes an equal slice, so use a multiple of {}", o.batch_size, ranks.data_world(),
-             o.tp > 1 ? "data-parallel groups" : "ranks", ranks.data_world());
+  const int dp = (o.plan.ranks > 0 ? o.plan.ranks : ranks.world) / o.tp;  // the batch's slices
+  WEFT_CHECK(o.batch_size % dp == 0, "transformer: --batch-size {} does not split evenly over {} {}{}: it is the global "
+             "batch and each takes an equal slice, so use a multiple of {}", o.batch_size, dp,
+             o.tp > 1 ? "data-parallel groups" : "ranks", o.plan.ranks > 0 ? " of --plan-ranks" : "", dp);
   WEFT_CHECK(ranks.fsdp || (o.reshard_after_forward == "true" && o.sharding_strategy == "FULL_SHARD"),
              "transformer: --reshard-after-forward and --sharding-strategy are FSDP options: add --fsdp");
   WEFT_CHECK(o.sharding_strategy == "FULL_SHARD" || o.reshard_after_forward == "true",
@@ -562,8 +563,6 @@ void validate(TrainOptions& o, const Ranks& ranks, Run& run) {
                "transformer: --plan, --plan-ranks and --memory-budget plan FULL_SHARD with --reshard-after-forward "
                "true or false, not --sharding-strategy {} with --reshard-after-forward {}", o.sharding_strategy,
                o.reshard_after_forward);
-  WEFT_CHECK(o.plan.ranks == 0 || o.batch_size % o.plan.ranks == 0,
-             "transformer: --batch-size {} does not split evenly over --plan-ranks {}", o.batch_size, o.plan.ranks);
 }
 
 // The text or token files; a token dataset sets the vocabulary.

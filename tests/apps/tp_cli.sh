@@ -123,6 +123,13 @@ for layout in "4 1G none" "2 6500K selective" "2 5M full"; do
     fail "--tp 2 at $1 ranks, --ac $3: the plan is off by $pct % of the peak: $(grep peak "$tmp/plan.err")"
 done
 
+# --plan-ranks 4 --tp 2 from one process plans what 4 ranks of --tp 2 plan for themselves.
+"$exe" train --fsdp --tp 2 "${big[@]}" --plan-ranks 4 >"$tmp/p1.txt" 2>"$tmp/err" || fail "--plan-ranks 4 --tp 2: $(cat "$tmp/err")"
+run 4 --fsdp --tp 2 "${big[@]}" --plan >"$tmp/p4.txt" 2>"$tmp/err" || fail "--plan at 4 ranks, --tp 2: $(cat "$tmp/err")"
+grep -q "predicted peak" "$tmp/p1.txt" && cmp -s "$tmp/p1.txt" "$tmp/p4.txt" ||
+  fail "--plan-ranks 4 --tp 2 ($(grep 'predicted peak' "$tmp/p1.txt")) is not 4 ranks' plan ($(grep 'predicted peak' "$tmp/p4.txt"))"
+expect_error "--tp 2 does not divide the 3 ranks of --plan-ranks" train --fsdp --tp 2 "${big[@]}" --plan-ranks 3
+
 # bf16 mixed precision: fully_shard's bf16 parameters within the tp group's collectives.
 run 2 --fsdp "${cfg[@]}" --tp 2 --mixed-precision bf16 --metrics "$tmp/bf16.jsonl" >/dev/null 2>"$tmp/err" ||
   fail "--tp 2 --mixed-precision bf16: $(cat "$tmp/err")"
@@ -136,7 +143,6 @@ expect_np2() {
 }
 expect_np2 "add --fsdp" "${cfg[@]}" --tp 2
 expect_np2 "--tp 4 does not divide the 2 ranks" --fsdp "${cfg[@]}" --tp 4
-expect_np2 "does not run with --plan-ranks" --fsdp "${cfg[@]}" --tp 2 --plan-ranks 8
 expect_np2 "cannot run --deterministic" --fsdp "${cfg[@]}" --tp 2 --deterministic
 three=("${cfg[@]}")
 three[5]=6 three[7]=3 three[9]=48  # 6 heads, 3 key/value heads
