@@ -8,16 +8,16 @@ set -euo pipefail
 cd "${1:-$(dirname "$0")/..}"
 # layer | budget | the files and folders counted (kernels: the entry points and the meta device)
 budgets=(
-  "core           4202  core weft.h"
-  "kernels        2532  kernels/*.h kernels/*.cpp kernels/meta"
+  "core           4319  core weft.h"
+  "kernels        2537  kernels/*.h kernels/*.cpp kernels/meta"
   "kernels/cpu    5588  kernels/cpu"
   "cuda           4646  cuda"
   "autograd       2036  autograd"
   "nn             3047  nn"
-  "dist           2559  dist"
+  "dist           2570  dist"
   "tp              767  tp"
-  "fsdp           4672  fsdp"
-  "apps           9820  apps"
+  "fsdp           4809  fsdp"
+  "apps          10109  apps"
 )
 count() {  # PATH...: the lines of the code files among them
   find "$@" -type f \( -name '*.h' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' \) -print0 | xargs -0 cat | wc -l
