@@ -45,6 +45,15 @@ void copy_cpu_typed(const Tensor& dst, const Tensor& src) {
   }
 }
 
+// The op profiler's row of a copy: "copy f32", "cast bf16 -> f32", " strided" if either is.
+std::string copy_name(const Tensor& dst, const Tensor& src) {
+  return fmt::format("{} {}{}", dst.dtype() == src.dtype() ? "copy" : "cast " + std::string(dtype_name(src.dtype())) + " ->",
+                     dtype_name(dst.dtype()), dst.is_contiguous() && src.is_contiguous() ? "" : " strided");
+}
+double copy_bytes(const Tensor& dst, const Tensor& src) {
+  return double(dst.numel()) * double(dtype_size(dst.dtype()) + dtype_size(src.dtype()));
+}
+
 }  // namespace
 
 void register_device_copy(DeviceType type, DeviceCopyFn fn) { g_device_copy[int(type)] = fn; }
@@ -53,16 +62,16 @@ void copy_elements(const Tensor& dst, const Tensor& src) {
   WEFT_CHECK(dst.shape() == src.shape(), "copy: shapes differ, dst {} vs src {}", tensor_desc(dst),
              tensor_desc(src));
   if (dst.numel() == 0) return;
-  if (dst.device().is_meta() && src.device().is_meta() && MetaComputeGuard::enabled()) return;  // no values to copy
+  if (dst.device().is_meta() && src.device().is_meta() && MetaComputeGuard::enabled()) {  // no values to copy
+    if (op_profiler::wanted()) op_profiler::Span span(copy_name(dst, src), 0.0, copy_bytes(dst, src));
+    return;
+  }
   WEFT_CHECK(!dst.device().is_meta() && !src.device().is_meta(),
              "copy: {} to {}: a tensor on the meta device has no data (deferred initialisation: materialise it with "
              "nn::materialize or fsdp::fully_shard its module first)", tensor_desc(src), tensor_desc(dst));
   if (dst.device().is_cpu() && src.device().is_cpu()) {
     std::optional<op_profiler::Span> span;
-    if (op_profiler::active())
-      span.emplace(fmt::format("{} {}{}", dst.dtype() == src.dtype() ? "copy" : "cast " + std::string(dtype_name(src.dtype())) + " ->",
-                               dtype_name(dst.dtype()), dst.is_contiguous() && src.is_contiguous() ? "" : " strided"),
-                   0.0, double(dst.numel()) * double(dtype_size(dst.dtype()) + dtype_size(src.dtype())));
+    if (op_profiler::wanted()) span.emplace(copy_name(dst, src), 0.0, copy_bytes(dst, src));
     WEFT_DISPATCH(dst.dtype(), "copy", [&]<typename D>() {
       WEFT_DISPATCH(src.dtype(), "copy", [&]<typename S>() { copy_cpu_typed<D, S>(dst, src); });
     });

@@ -6,6 +6,8 @@
 #include <map>
 #include <thread>
 
+#include "core/step_trace.h"
+
 namespace weft::op_profiler {
 namespace {
 
@@ -26,6 +28,8 @@ void stop() { g_on.store(false, std::memory_order_release); }
 
 bool active() { return g_on.load(std::memory_order_acquire) && std::this_thread::get_id() == g_thread; }
 
+bool wanted() { return step_trace::recording() || active(); }
+
 std::vector<Row> rows() {
   std::vector<Row> out;
   for (auto& [name, row] : g_rows) out.push_back(row);
@@ -43,6 +47,8 @@ Span::~Span() {
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   t_innermost = outer_;
   if (outer_) outer_->inner_seconds_ += total;
+  step_trace::op(name_, flops_, bytes_);
+  if (!active()) return;
   Row& row = g_rows[name_];
   row.name = name_;
   row.calls += 1;

@@ -23,6 +23,9 @@ struct Row {
 void start(bool keep_rows = false);  // times the calling thread from now on; clears the rows unless keep_rows
 void stop();
 bool active();  // on this thread
+// Whether an op should construct a Span: active(), or a step trace recording on this thread
+// (core/step_trace.h), to which a Span appends its op when it ends.
+bool wanted();
 std::vector<Row> rows();  // by time, longest first
 
 // Times one op from construction to destruction; construct it only when active().

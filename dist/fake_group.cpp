@@ -1,16 +1,24 @@
 #include "dist/fake_group.h"
 
+#include <utility>
+
 #include "core/error.h"
+#include "core/step_trace.h"
 #include "dist/flight_recorder.h"
 
 namespace weft::dist {
 namespace {
 
+// A step trace (core/step_trace.h) sees each collective start at its launch and end where
+// the step waits for it.
 class FakeWork final : public Work {
  public:
-  explicit FakeWork(CollectiveInfo info) : Work(std::move(info)) {}
+  FakeWork(CollectiveInfo info, uint64_t trace_id) : Work(std::move(info)), trace_id_(trace_id) {}
   bool is_completed() override { return true; }
-  void wait(double) override {}
+  void wait(double) override { step_trace::collective_wait(std::exchange(trace_id_, 0)); }
+
+ private:
+  uint64_t trace_id_;
 };
 
 class FakeProcessGroup final : public ProcessGroup {
@@ -24,7 +32,9 @@ class FakeProcessGroup final : public ProcessGroup {
   WorkPtr launch(Collective c) override {
     WEFT_CHECK(!closed_, "{}: the group is closed", c.info.str());
     detail::flight_stage(c.info, CollectiveStage::completed);
-    return std::make_shared<FakeWork>(std::move(c.info));
+    const double bytes = double(std::max(c.info.in_numel, c.info.out_numel)) * double(dtype_size(c.info.dtype));
+    const uint64_t id = step_trace::collective_start(collective_name(c.info.kind), bytes, size(), name());
+    return std::make_shared<FakeWork>(std::move(c.info), id);
   }
 
  private:

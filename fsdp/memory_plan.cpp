@@ -45,17 +45,23 @@ MemoryPlan run_plan(const MemoryPlanRequest& r, const PlanSettings& settings) {
   DefaultDeviceGuard on_meta(meta);
   start_owner_accounting(meta);
   OwnerPeak peak;
+  std::vector<step_trace::Event> trace;
   try {
     TrainingStep step = r.setup(settings, r.sharded ? dist::fake_mesh(0, r.world_size) : nullptr);
     // Building the model on meta is not part of training: count from its shards on.
     reset_owner_accounting_peak(meta);
-    for (int i = 0; i < r.steps; ++i) step();
+    for (int i = 0; i + 1 < r.steps; ++i) step();
+    step_trace::start();  // the steady state's step, for the step-time model
+    step();
+    trace = step_trace::stop();
     peak = stop_owner_accounting(meta);
   } catch (...) {
+    step_trace::stop();
     stop_owner_accounting(meta);
     throw;
   }
   MemoryPlan plan;
+  plan.step = std::move(trace);
   plan.world_size = r.sharded ? r.world_size : 1;
   plan.settings = settings;
   plan.peak_bytes = peak.peak_bytes;

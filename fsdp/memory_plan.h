@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "core/step_trace.h"
 #include "dist/device_mesh.h"
 #include "nn/activation_checkpoint.h"
 
@@ -70,6 +71,7 @@ struct MemoryPlan {
   std::optional<int64_t> budget;
   bool fits = true;                // peak <= budget (true without one)
   std::vector<std::string> tried;  // the search, one line per plan run
+  std::vector<step_trace::Event> step;  // what the last planned step ran, in order (fsdp/step_time.h)
   // A table of the peak's parts, the settings and, with a budget, whether it fits.
   std::string table() const;
 };

@@ -139,9 +139,10 @@ const KernelBackend& kernel_backend(Device device, const char* op);
 namespace cpu {
 // The CPU's table (kernels/cpu/backend.cpp), usable before any static initialiser has run.
 const KernelBackend& kernel_table();
-// The same entries, each timed by the op profiler as a call of `op` (kernels/timed_backend.cpp).
-const KernelBackend& timed_kernel_table(const char* op);
 }  // namespace cpu
+// `base`'s entries (the CPU's or the meta device's), each a span of the op profiler named for
+// a call of `op` (kernels/timed_backend.cpp), for its rows or a step trace.
+const KernelBackend& timed_kernel_table(const char* op, const KernelBackend& base);
 
 namespace meta {
 // The meta device's (kernels/meta/backend.cpp): every entry does nothing (shape propagation).

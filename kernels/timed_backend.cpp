@@ -1,5 +1,6 @@
-// kernels: the CPU's KernelBackend table with every entry wrapped in an op-profiler span
-// (core/op_profiler.h), which kernel_backend() hands out while the profiler runs. A row is
+// kernels: the CPU's and the meta device's KernelBackend tables with every entry wrapped in an
+// op-profiler span (core/op_profiler.h), which kernel_backend() hands out while the profiler
+// runs or a step trace records (core/step_trace.h). A row is
 // named for the public op that dispatched (kernel_backend's `op`) and its dtype; a GEMM's
 // row also names m x n x k and which operands are read transposed (T). Bytes are the sizes of
 // every tensor operand (a broadcast view counts its full shape); FLOPs are counted for the
@@ -14,6 +15,7 @@ namespace weft::kernels {
 namespace {
 
 thread_local const char* t_op = "?";  // the op whose entry runs next on this thread
+thread_local const KernelBackend* t_base = nullptr;  // the table whose entry it runs (CPU or meta)
 
 double bytes_of(const Tensor& t) { return t.defined() ? double(t.nbytes()) : 0.0; }
 double bytes_of(const std::vector<Tensor>& ts) {
@@ -56,10 +58,13 @@ Call gemm_call(const Tensor& a, const Tensor& b, const Tensor& out) {
   return {fmt::format("{} {}x{}x{} {} {}", t_op, m, n, k, transposes(a, b), dtype_name(a.dtype())),
           2.0 * double(out.numel()) * double(k)};
 }
+// Named "attention BxHxHkvxTqxTkxE[ causal] dtype": the shape a calibration can replay.
 Call attention_call(const Tensor& q, const Tensor& k, bool causal, double per_product) {
   const double scores = double(q.numel()) * double(k.size(2));  // B H Tq C x Tk
   const bool square = causal && q.size(2) == k.size(2);
-  return {fmt::format("{} {}", t_op, dtype_name(q.dtype())), per_product * scores * (square ? 0.5 : 1.0)};
+  return {fmt::format("{} {}x{}x{}x{}x{}x{}{} {}", t_op, q.size(0), q.size(1), k.size(1), q.size(2), k.size(2),
+                      q.size(3), causal ? " causal" : "", dtype_name(q.dtype())),
+          per_product * scores * (square ? 0.5 : 1.0)};
 }
 
 template <class F, F KernelBackend::*M>
@@ -78,14 +83,15 @@ struct Timed<R (*)(A...), M> {
   }
   static R call(A... a) {
     Call c = describe(a...);
+    const KernelBackend& base = *t_base;
     op_profiler::Span span(std::move(c.name), c.flops, (0.0 + ... + bytes_of(a)));
-    return (cpu::kernel_table().*M)(a...);
+    return (base.*M)(a...);
   }
 };
 #define WEFT_TIMED(entry) t.entry = &Timed<decltype(KernelBackend::entry), &KernelBackend::entry>::call
 
-KernelBackend make_table() {
-  KernelBackend t = cpu::kernel_table();  // an entry left out here runs untimed, never null
+KernelBackend make_table(const KernelBackend& base) {
+  KernelBackend t = base;  // an entry left out here runs base's untimed, never null
   WEFT_TIMED(unary); WEFT_TIMED(unary_backward); WEFT_TIMED(binary); WEFT_TIMED(binary_scalar);
   WEFT_TIMED(add_); WEFT_TIMED(mul_scalar_); WEFT_TIMED(where); WEFT_TIMED(masked_fill); WEFT_TIMED(clamp);
   WEFT_TIMED(reduce); WEFT_TIMED(arg_reduce); WEFT_TIMED(matmul); WEFT_TIMED(dot); WEFT_TIMED(gemm);
@@ -102,12 +108,11 @@ KernelBackend make_table() {
 
 }  // namespace
 
-namespace cpu {
-const KernelBackend& timed_kernel_table(const char* op) {
-  static const KernelBackend table = make_table();
+const KernelBackend& timed_kernel_table(const char* op, const KernelBackend& base) {
+  static const KernelBackend cpu_table = make_table(cpu::kernel_table()), meta_table = make_table(meta::kernel_table());
   t_op = op;
-  return table;
+  t_base = &base;
+  return &base == &meta::kernel_table() ? meta_table : cpu_table;
 }
-}  // namespace cpu
 
 }  // namespace weft::kernels

@@ -18,10 +18,14 @@ void add_plan_flags(CLI::App& cmd, PlanFlags& f) {
                  "bytes per rank training may use (e.g. 900M): the planner picks reshard-after-forward per block and "
                  "activation checkpointing to fit, or stops saying by how much it cannot")
       ->check(cli::bytes());
+  add_step_time_flags(cmd, f.step_time);
 }
 
 std::optional<fsdp::MemoryPlan> plan_from_flags(const PlanFlags& f, fsdp::MemoryPlanRequest request,
-                                                const Ranks& ranks, Device device, const std::string& program) {
+                                                const Ranks& ranks, Device device, const StepItems& per_step,
+                                                const std::string& program) {
+  WEFT_CHECK(!f.step_time.wanted || f.wanted(), "--step-time predicts the planned step: add --plan, --plan-ranks or --memory-budget");
+  WEFT_CHECK(f.step_time.network.empty() || f.step_time.wanted, "--network is the network --step-time assumes: add --step-time");
   if (!f.wanted()) return std::nullopt;
   WEFT_CHECK(f.ranks == 0 || request.sharded, "memory plan: --plan-ranks plans sharded training: add --fsdp");
   // The ranks fully_shard shards over: the data-parallel ones (--tp splits each group's model).
@@ -47,6 +51,8 @@ std::optional<fsdp::MemoryPlan> plan_from_flags(const PlanFlags& f, fsdp::Memory
              f.budget, plan.world_size, plan.world_size == 1 ? "" : "s",
              nn::checkpointing_name(plan.settings.activation_checkpointing), plan.peak_bytes, plan.peak_bytes - budget + held,
              held);
+  report_step_time(f.step_time, plan, ranks, f.ranks > 0 ? f.ranks : ranks.world, per_step, f.only() ? stdout : stderr,
+                   program);
   return plan;
 }
 

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "apps/common/ranks.h"
+#include "apps/common/step_time.h"
 #include "fsdp/memory_plan.h"
 
 namespace weft::apps {
@@ -18,6 +19,7 @@ struct PlanFlags {
   bool plan = false;
   int ranks = 0;       // 0: the ranks of this run
   std::string budget;  // a byte count as WEFT_MEMORY_LIMIT takes it; empty: none
+  StepTimeFlags step_time;
   bool wanted() const { return plan || ranks > 0 || !budget.empty(); }
   bool only() const { return plan || ranks > 0; }  // print the plan and stop
 };
@@ -25,10 +27,12 @@ struct PlanFlags {
 void add_plan_flags(CLI::App& cmd, PlanFlags& flags);
 
 // When the flags ask for a plan: fills in the world size and the budget (less what `device`
-// holds already) and plans; rank 0 prints the table (to stdout under --plan). A budget that no
-// setting meets is an error naming the shortfall. Without plan flags: nothing (nullopt).
+// holds already) and plans; rank 0 prints the table (to stdout under --plan), and with
+// --step-time the predicted step (apps/common/step_time.h) training on `per_step`. A budget
+// that no setting meets is an error naming the shortfall. Without plan flags: nothing (nullopt).
 std::optional<fsdp::MemoryPlan> plan_from_flags(const PlanFlags& flags, fsdp::MemoryPlanRequest request,
-                                                const Ranks& ranks, Device device, const std::string& program);
+                                                const Ranks& ranks, Device device, const StepItems& per_step,
+                                                const std::string& program);
 
 // Rank 0 prints the largest peak over the ranks of device memory above `start` (the live bytes
 // before the model was built), beside the plan's prediction if there was one.

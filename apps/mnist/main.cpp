@@ -26,6 +26,7 @@
 #include "apps/mnist/models.h"
 #include "core/safetensors.h"
 #include "core/sha256.h"
+#include "core/step_trace.h"
 #include "dist/config_check.h"
 #include "fsdp/fsdp.h"
 #include "core/trace.h"
@@ -275,6 +276,7 @@ fsdp::MemoryPlanRequest plan_request(const Options& o, bool fsdp, int64_t rows, 
       apps::forward_backward(*model, empty({batch, pixels}), empty({batch}, {.dtype = kInt64}), autocast, 1);
       opt->step();
       NoGradGuard no_grad;  // an evaluation batch, as after each epoch of run()
+      step_trace::Pause not_timed;  // memory only: the step-time model times the training step
       model->eval();
       eval_batch(*model, empty({eval_rows, pixels}), empty({eval_rows}, {.dtype = kInt64}), autocast);
       model->train();
@@ -322,7 +324,7 @@ void prepare_run(const Options& o, const Ranks& ranks, Run& run) {
   WEFT_CHECK(o.plan.ranks == 0 || o.batch_size % o.plan.ranks == 0,
              "mnist: --batch-size {} does not split evenly over --plan-ranks {}", o.batch_size, o.plan.ranks);
   run.plan = apps::plan_from_flags(o.plan, plan_request(o, ranks.fsdp, run.data.rows, run.data.cols), ranks,
-                                   run.device, "weft-mnist");
+                                   run.device, {double(o.batch_size), "images"}, "weft-mnist");
   if (o.plan.only()) return;  // printed; nothing to build or train
   if (run.plan && run.plan->budget) run.per_layer = run.plan->settings.reshard_after_forward;
   manual_seed(o.seed);  // the same full model on every rank

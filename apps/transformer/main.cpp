@@ -43,6 +43,7 @@
 #include "core/sha256.h"
 #include "dist/config_check.h"
 #include "fsdp/fsdp.h"
+#include "core/step_trace.h"
 #include "core/trace.h"
 #include "weft.h"
 
@@ -382,6 +383,7 @@ fsdp::MemoryPlanRequest plan_request(const TrainOptions& o, bool fsdp, bool full
       if (o.clip > 0) nn::clip_grad_norm_(model->parameters(), o.clip);
       opt->step();
       NoGradGuard no_grad;  // an evaluation batch, as between the steps of train()
+      step_trace::Pause not_timed;  // memory only: the step-time model times the training step
       AutocastGuard bf16(DType::bf16, o.autocast());
       model->eval();
       Tensor x = tokens(), y = tokens(), logits = (*model)(x);
@@ -672,7 +674,8 @@ void find_resume(const TrainOptions& o, Run& run, bool say) {
 void build_model(TrainOptions& o, const Ranks& ranks, Run& run) {
   reset_peak_memory_stats(run.device);
   run.start_bytes = memory_stats(run.device).live_bytes;
-  run.plan = apps::plan_from_flags(o.plan, plan_request(o, ranks.fsdp, !run.data.examples()), ranks, run.device,
+  const apps::StepItems tokens{double(o.batch_size * o.grad_accum * o.model.ctx), "tokens"};
+  run.plan = apps::plan_from_flags(o.plan, plan_request(o, ranks.fsdp, !run.data.examples()), ranks, run.device, tokens,
                                    "weft-transformer");
   if (o.plan.only()) return;  // printed; nothing to build or train
   if (run.plan && run.plan->budget) {  // train with the plan's choices

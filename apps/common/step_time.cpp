@@ -1,0 +1,225 @@
+#include "apps/common/step_time.h"
+
+#include <algorithm>
+#include <tuple>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <limits>
+#include <regex>
+
+#include "apps/common/cli.h"
+#include "autograd/ops.h"
+#include "core/error.h"
+#include "core/op_profiler.h"
+#include "core/tensor.h"
+#include "dist/dist.h"
+#include "kernels/attention.h"
+#include "kernels/linalg.h"
+
+namespace weft::apps {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// Times calls for the calibration. In one process: the best of three rounds of at least 2 ms
+// each (after one untimed call). Under mpirun, where every rank calibrates the same trace: all
+// ranks start together (a barrier) and make the same number of calls (about 20 ms' worth), and
+// each takes its mean, so that the machine is shared as in training (ranks beyond its cores
+// slow each other's compute as they do in the step).
+struct Timer {
+  dist::ProcessGroupPtr world;  // null: one process
+  double seconds(const std::function<void()>& f) const {
+    f();
+    if (world) {
+      const auto t0 = Clock::now();
+      f();
+      Tensor calls = from_vector({std::ceil(0.02 / std::max(since(t0), 1e-7))}, {1}, {.dtype = kFloat64});
+      world->all_reduce(calls, dist::ReduceOp::max)->wait();
+      const int n = int(std::min(calls.item(), 1e4));
+      world->barrier()->wait();
+      const auto t1 = Clock::now();
+      for (int i = 0; i < n; ++i) f();
+      return since(t1) / n;
+    }
+    double best = std::numeric_limits<double>::infinity();
+    for (int round = 0; round < 3; ++round) {
+      const auto t0 = Clock::now();
+      int calls = 0;
+      do f(), ++calls;
+      while (since(t0) < 2e-3);
+      best = std::min(best, since(t0) / calls);
+    }
+    return best;
+  }
+};
+
+DType dtype_named(const std::string& name) {
+  for (DType t : {DType::f32, DType::bf16, DType::f16, DType::f64})
+    if (dtype_name(t) == name) return t;
+  WEFT_ERROR("step-time calibration: no dtype named \"{}\"", name);
+}
+
+Tensor random(const Shape& shape, DType dtype) { return randn(shape).to(dtype); }
+
+// Seconds of one call of the op the trace names, replayed on the CPU; nullopt for names that
+// carry no shape. "OP MxNxK TT dtype" (GEMMs), "attention[_backward] BxHxHkvxTqxTkxE[ causal] dtype".
+std::optional<double> replay_seconds(const std::string& name, const Timer& timer) {
+  static const std::regex gemm(R"(^\S+ (\d+)x(\d+)x(\d+) ([NT])([NT]) (\S+)$)");
+  static const std::regex attention(R"(^(attention|attention_backward) (\d+)x(\d+)x(\d+)x(\d+)x(\d+)x(\d+)( causal)? (\S+)$)");
+  std::smatch m;
+  auto num = [&m](int i) { return int64_t(std::stoll(m[i].str())); };
+  if (std::regex_match(name, m, gemm)) {
+    const int64_t rows = num(1), cols = num(2), inner = num(3);
+    const bool ta = m[4] == "T", tb = m[5] == "T";
+    const DType dt = dtype_named(m[6]);
+    Tensor a = ta ? random({inner, rows}, dt) : random({rows, inner}, dt);
+    Tensor b = tb ? random({cols, inner}, dt) : random({inner, cols}, dt);
+    Tensor out = empty({rows, cols}, {.dtype = is_16bit(dt) ? kFloat32 : dt});
+    return timer.seconds([&] { kernels::gemm(a, ta, b, tb, out); });
+  }
+  if (!std::regex_match(name, m, attention)) return std::nullopt;
+  const bool causal = m[8].matched;
+  const DType dt = dtype_named(m[9]);
+  Tensor q = random({num(2), num(3), num(5), num(7)}, dt), k = random({num(2), num(4), num(6), num(7)}, dt),
+         v = random({num(2), num(4), num(6), num(7)}, dt);
+  const double scale = 1.0 / std::sqrt(double(num(7)));
+  auto [out, lse] = kernels::attention(q, k, v, causal, scale);
+  if (m[1] == "attention") return timer.seconds([&] { kernels::attention(q, k, v, causal, scale); });
+  Tensor grad = random(out.shape(), dt);
+  return timer.seconds([&] { kernels::attention_backward(grad, q, k, v, out, lse, causal, scale); });
+}
+
+// The element-wise rate and the framework's time per op, from a chain of autograd ops on
+// distinct tensors of the byte-weighted median size of the trace's ops without FLOPs (the element-wise
+// share of a step runs at about their size), forward and backward under the op profiler: the
+// ops' own time over their operand bytes, and the rest of the chain's time (autograd,
+// allocation, dispatch) over its ops. The best of three.
+std::pair<double, double> elementwise_and_framework(const std::vector<step_trace::Event>& trace, const Timer& timer) {
+  std::vector<double> sizes;
+  double total = 0;
+  for (const auto& e : trace)
+    if (e.kind == step_trace::Event::Kind::op && e.flops == 0) sizes.push_back(e.bytes), total += e.bytes;
+  std::sort(sizes.begin(), sizes.end());
+  double median = 1 << 20, seen = 0;
+  for (double s : sizes)
+    if ((seen += s) >= total / 2) {
+      median = s;
+      break;
+    }
+  const int64_t n = std::clamp<int64_t>(int64_t(median / 12), 1 << 10, int64_t(1) << 26);
+  // Distinct operands, 256 MiB together (more than a CPU's caches, as a step's activations are).
+  std::vector<Tensor> xs(size_t(std::clamp<int64_t>((int64_t(1) << 26) / n, 4, 128)));
+  for (Tensor& x : xs) x = randn({n}, {.requires_grad = true});
+  double rate = 0, per_op = std::numeric_limits<double>::infinity();
+  for (int round = 0; round < 3; ++round) {
+    if (timer.world) timer.world->barrier()->wait();
+    op_profiler::start();
+    const auto t0 = Clock::now();
+    Tensor y = xs[0];
+    for (const Tensor& x : xs) y = y * x + x;
+    sum(y).backward();
+    const double wall = since(t0);
+    op_profiler::stop();
+    double seconds = 0, bytes = 0, ops = 0;
+    for (const auto& row : op_profiler::rows()) seconds += row.seconds, bytes += row.bytes, ops += double(row.calls);
+    if ((wall - seconds) / ops < per_op) rate = bytes / seconds, per_op = (wall - seconds) / ops;
+  }
+  return {rate, per_op};
+}
+
+}  // namespace
+
+void add_step_time_flags(CLI::App& cmd, StepTimeFlags& f) {
+  cmd.add_flag("--step-time", f.wanted,
+               "with --plan, --plan-ranks or --memory-budget: predict the step's time from this machine's measured compute "
+               "and the network (docs/PARALLEL.md, \"Step-time model\")");
+  cmd.add_option("--network", f.network,
+                 "the network --step-time assumes, GBPS[,LATENCY_US] (e.g. 100,5); default: measured on this run's ranks");
+}
+
+fsdp::Link parse_network(const std::string& text) {
+  static const std::regex form(R"(^([0-9]+(?:\.[0-9]+)?)(?:,([0-9]+(?:\.[0-9]+)?))?$)");
+  std::smatch m;
+  WEFT_CHECK(std::regex_match(text, m, form) && std::stod(m[1].str()) > 0,
+             "--network: expected GBPS[,LATENCY_US] with a positive bandwidth in Gb/s (e.g. 100 or 100,5), got \"{}\"", text);
+  return {.latency_seconds = (m[2].matched ? std::stod(m[2].str()) : 5.0) * 1e-6,
+          .bytes_per_second = std::stod(m[1].str()) * 1e9 / 8};
+}
+
+fsdp::Link measure_link() {
+  auto world = dist::world();
+  const int n = world->size();
+  if (n == 1) return {};
+  auto seconds = [&](int64_t bytes) {
+    Tensor in = zeros({bytes / 4 / n}), out = zeros({n * (bytes / 4 / n)});
+    world->barrier()->wait();
+    Tensor t = from_vector({Timer{world}.seconds([&] { world->all_gather_into_tensor(out, in)->wait(); })}, {1},
+                           {.dtype = kFloat64});
+    world->all_reduce(t, dist::ReduceOp::max)->wait();  // every rank fits the same link
+    return std::pair{double((bytes / 4 / n) * 4 * n), t.item()};
+  };
+  const auto [s1, t1] = seconds(int64_t(64) << 10);
+  const auto [s2, t2] = seconds(int64_t(8) << 20);
+  const double share = double(n - 1) / n;
+  const double bandwidth = share * (s2 - s1) / std::max(t2 - t1, 1e-9);
+  return {.latency_seconds = std::max(0.0, (t1 - share * s1 / bandwidth) / (n - 1)), .bytes_per_second = bandwidth};
+}
+
+fsdp::ComputeRates calibrate_compute(const std::vector<step_trace::Event>& trace, const dist::ProcessGroupPtr& world) {
+  const Timer timer{world};
+  fsdp::ComputeRates r;
+  double best = 0;
+  for (const auto& e : trace) {
+    if (e.kind != step_trace::Event::Kind::op || e.flops == 0 || r.flops_per_second.count(e.name)) continue;
+    if (auto s = replay_seconds(e.name, timer)) {
+      // A batched GEMM's FLOPs count every batch; its replay times one.
+      static const std::regex shape(R"(^\S+ (\d+)x(\d+)x(\d+) )");
+      std::smatch m;
+      const double flops = std::regex_search(e.name, m, shape)
+                               ? 2.0 * std::stod(m[1].str()) * std::stod(m[2].str()) * std::stod(m[3].str())
+                               : e.flops;
+      r.flops_per_second[e.name] = flops / *s;
+      best = std::max(best, flops / *s);
+    }
+  }
+  if (best > 0) r.default_flops_per_second = best;
+  std::tie(r.bytes_per_second, r.op_seconds) = elementwise_and_framework(trace, timer);
+  return r;
+}
+
+void report_step_time(const StepTimeFlags& f, const fsdp::MemoryPlan& plan, const Ranks& ranks, int planned_ranks,
+                      const StepItems& per_step, std::FILE* out, const std::string& program) {
+  if (!f.wanted) return;
+  const bool measured = f.network.empty();
+  WEFT_CHECK(!measured || planned_ranks == ranks.world,
+             "--step-time: planning {} ranks from {} process{} needs the network stated: add --network GBPS[,LATENCY_US]",
+             planned_ranks, ranks.world, ranks.world == 1 ? "" : "es");
+  fsdp::StepTimeModel model;
+  model.link = !measured ? parse_network(f.network) : ranks.world > 1 ? measure_link() : fsdp::Link{};
+  model.compute = calibrate_compute(plan.step, ranks.world > 1 ? dist::world() : nullptr);
+  const fsdp::StepTime t = fsdp::predict_step_time(plan.step, model);
+  if (!ranks.lead()) return;
+  double lo = std::numeric_limits<double>::infinity(), hi = 0;
+  for (const auto& [name, rate] : model.compute.flops_per_second) lo = std::min(lo, rate), hi = std::max(hi, rate);
+  std::string kinds;
+  for (const auto& [kind, s] : t.by_collective) kinds += fmt::format("{}{} {:.1f}", kinds.empty() ? "" : ", ", kind, s * 1e3);
+  std::fprintf(out,
+               "%s: step time predicted at %d rank%s: %.1f ms, %.0f %s/s\n"
+               "  compute %.1f ms: FLOP-counted ops %.1f, element-wise %.1f, per op %.1f over %lld ops\n"
+               "  communication %.1f ms in %lld collectives (%s), %.1f ms not hidden by compute\n"
+               "  machine: GEMM and attention %.1f-%.1f GFLOP/s over %zu shapes, element-wise %.2f GB/s, %.2f us per op; "
+               "network %.2f GB/s per rank, %.2f us per hop (%s)\n",
+               program.c_str(), planned_ranks, planned_ranks == 1 ? "" : "s", t.seconds * 1e3,
+               per_step.count / t.seconds, per_step.what.c_str(), t.compute * 1e3, t.flops_ops * 1e3, t.bytes_ops * 1e3,
+               t.per_op * 1e3, (long long)t.ops, t.communication * 1e3, (long long)t.collectives,
+               kinds.empty() ? "none" : kinds.c_str(), t.exposed * 1e3, hi > 0 ? lo / 1e9 : 0.0, hi / 1e9,
+               model.compute.flops_per_second.size(), model.compute.bytes_per_second / 1e9, model.compute.op_seconds * 1e6,
+               model.link.bytes_per_second / 1e9, model.link.latency_seconds * 1e6,
+               measured ? fmt::format("measured on {} rank{}", ranks.world, ranks.world == 1 ? "" : "s").c_str()
+                        : ("stated: --network " + f.network).c_str());
+  std::fflush(out);
+}
+
+}  // namespace weft::apps

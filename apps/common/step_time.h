@@ -1,0 +1,51 @@
+// apps: the step-time model's flags and its calibration on this machine (fsdp/step_time.h).
+// With --step-time, the memory plan's meta step is timed as well: the app measures this
+// machine's rate for each GEMM and attention shape the step runs (each replayed on the CPU),
+// its element-wise rate (an add of the size the step's element-wise ops have) and the time the
+// framework adds to each op (a chain of small autograd ops); the network is measured on the
+// run's own ranks under mpirun (all-gathers of two sizes, a latency and a bandwidth fitted to
+// the ring's cost), or stated with --network GBPS[,LATENCY_US] (e.g. 100,5: 100 Gb/s and
+// 5 us per hop; planning N ranks from one process needs it). Rank 0 prints the predicted step,
+// its parts and tokens per second.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "apps/common/ranks.h"
+#include "dist/process_group.h"
+#include "fsdp/memory_plan.h"
+#include "fsdp/step_time.h"
+
+namespace weft::apps {
+
+struct StepTimeFlags {
+  bool wanted = false;
+  std::string network;  // "GBPS[,LATENCY_US]"; empty: measured on this run's ranks
+};
+
+void add_step_time_flags(CLI::App& cmd, StepTimeFlags& flags);
+
+// "100" or "100,5": Gb/s and microseconds per hop (5 when left out).
+fsdp::Link parse_network(const std::string& text);
+// All-gathers over every rank of this run (a collective: call it on each).
+fsdp::Link measure_link();
+// Rates of the trace's ops on this machine; with `world` (every rank calling it on the same
+// trace), timed with all ranks computing at once.
+fsdp::ComputeRates calibrate_compute(const std::vector<step_trace::Event>& trace,
+                                     const dist::ProcessGroupPtr& world = nullptr);
+
+// What one step trains on, for the rate: e.g. {16384, "tokens"}.
+struct StepItems {
+  double count = 0;
+  std::string what = "samples";
+};
+
+// When --step-time was given: calibrates (a collective under mpirun: every rank calls it),
+// predicts the plan's step, and rank 0 prints it to `out` with the items per second.
+void report_step_time(const StepTimeFlags& flags, const fsdp::MemoryPlan& plan, const Ranks& ranks, int planned_ranks,
+                      const StepItems& per_step, std::FILE* out, const std::string& program);
+
+}  // namespace weft::apps

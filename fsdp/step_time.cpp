@@ -1,0 +1,61 @@
+#include "fsdp/step_time.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+
+namespace weft::fsdp {
+
+double collective_seconds(const std::string& kind, double bytes, int ranks, const Link& link) {
+  if (ranks <= 1) return 0;
+  const double n = ranks, a = link.latency_seconds, wire = bytes / link.bytes_per_second;
+  const double hops = std::ceil(std::log2(n));
+  if (kind == "all_gather_into_tensor" || kind == "reduce_scatter_tensor" || kind == "all_to_all_single")
+    return (n - 1) * a + (n - 1) / n * wire;
+  if (kind == "all_reduce") return std::min(2 * (n - 1) * a + 2 * (n - 1) / n * wire, hops * (a + wire));
+  if (kind == "broadcast") return hops * (a + wire);
+  if (kind == "barrier") return hops * a;
+  WEFT_ERROR("step-time model: no cost for collective \"{}\"", kind);
+}
+
+double op_seconds(const step_trace::Event& op, const ComputeRates& rates) {
+  if (op.flops > 0) {
+    auto it = rates.flops_per_second.find(op.name);
+    return op.flops / (it != rates.flops_per_second.end() ? it->second : rates.default_flops_per_second);
+  }
+  return op.bytes / rates.bytes_per_second;
+}
+
+StepTime predict_step_time(const std::vector<step_trace::Event>& trace, const StepTimeModel& model) {
+  using Kind = step_trace::Event::Kind;
+  StepTime t;
+  double now = 0, link_free = 0;  // the compute timeline; when the link finishes its last collective
+  std::map<uint64_t, double> done;  // collective id -> when it completes
+  for (const step_trace::Event& e : trace) {
+    if (e.kind == Kind::op) {
+      const double s = op_seconds(e, model.compute);
+      (e.flops > 0 ? t.flops_ops : t.bytes_ops) += s;
+      t.per_op += model.compute.op_seconds;
+      now += s + model.compute.op_seconds;
+      t.ops += 1;
+    } else if (e.kind == Kind::collective_start) {
+      const double cost = collective_seconds(e.name, e.bytes, e.group_size, model.link);
+      link_free = std::max(link_free, now) + cost;
+      done[e.id] = link_free;
+      t.communication += cost;
+      t.by_collective[e.name] += cost;
+      t.collectives += 1;
+    } else {
+      auto it = done.find(e.id);
+      WEFT_CHECK(it != done.end(), "step-time model: the trace waits for collective {}, which never started", e.id);
+      now = std::max(now, it->second);
+    }
+  }
+  t.compute = t.flops_ops + t.bytes_ops + t.per_op;
+  t.seconds = std::max(now, link_free);
+  t.exposed = t.seconds - t.compute;
+  return t;
+}
+
+}  // namespace weft::fsdp

@@ -1,0 +1,60 @@
+// fsdp: the step-time model. Predicts how long one training step takes from the step trace of
+// the memory planner's meta step (core/step_trace.h: every op in order with its FLOPs and
+// bytes, every collective where it starts and where the step waits for it), a machine's
+// compute rates and a network:
+//   - an op takes `op_seconds` (dispatch, autograd, allocation: the framework's share) plus its
+//     FLOPs at the rate measured for its shape (GEMMs and attention), or else its operand bytes
+//     at the element-wise rate;
+//   - a collective of S bytes (the larger buffer) over n ranks costs, on a link of latency a and
+//     bandwidth B: all-gather, reduce-scatter and all-to-all (n-1) a + (n-1)/n S/B (a ring);
+//     all-reduce the lesser of a ring's 2 (n-1) a + 2 (n-1)/n S/B and recursive doubling's
+//     ceil(log2 n) (a + S/B); broadcast ceil(log2 n) (a + S/B); barrier ceil(log2 n) a;
+//   - as weft schedules them: ops run one after another on the compute timeline; a collective
+//     starts when it is issued and the collective before it is done (one communication thread,
+//     one link), and the step waits for it where the trace says (a prefetched all-gather
+//     overlaps the compute issued between its start and its wait; a tensor-parallel all-reduce
+//     is waited for at once). The step ends when both timelines are done.
+// See docs/PARALLEL.md ("Step-time model") for its validation against measured steps.
+#pragma once
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/step_trace.h"
+
+namespace weft::fsdp {
+
+struct ComputeRates {
+  std::map<std::string, double> flops_per_second;  // by op name (the trace's: a GEMM's names its shape)
+  double default_flops_per_second = 1e10;          // an op with FLOPs whose name has no measured rate
+  double bytes_per_second = 1e10;                  // ops without FLOPs: operand bytes per second
+  double op_seconds = 0;                           // added to every op
+};
+
+struct Link {
+  double latency_seconds = 5e-6;
+  double bytes_per_second = 12.5e9;  // one rank's link, each direction (100 Gb/s)
+};
+
+struct StepTimeModel {
+  ComputeRates compute;
+  Link link;
+};
+
+struct StepTime {
+  double seconds = 0;        // the step
+  double compute = 0;        // the compute timeline's busy time
+  double flops_ops = 0;      // of it: ops with FLOPs (GEMMs, attention) at their rates
+  double bytes_ops = 0;      // ops without FLOPs at the element-wise rate
+  double per_op = 0;         // op_seconds times the ops
+  double communication = 0;  // every collective's cost
+  double exposed = 0;        // seconds - compute: communication the compute did not hide
+  int64_t ops = 0, collectives = 0;
+  std::map<std::string, double> by_collective;  // cost by collective kind
+};
+
+double collective_seconds(const std::string& kind, double bytes, int ranks, const Link& link);
+double op_seconds(const step_trace::Event& op, const ComputeRates& rates);
+StepTime predict_step_time(const std::vector<step_trace::Event>& trace, const StepTimeModel& model);
+
+}  // namespace weft::fsdp
