@@ -40,7 +40,9 @@ StepTime predict_step_time(const std::vector<step_trace::Event>& trace, const St
       now += s + model.compute.op_seconds;
       t.ops += 1;
     } else if (e.kind == Kind::collective_start) {
-      const double cost = collective_seconds(e.name, e.bytes, e.group_size, model.link);
+      // One rank's collective moves nothing over the link but still copies its buffer.
+      const double cost = e.group_size > 1 ? collective_seconds(e.name, e.bytes, e.group_size, model.link)
+                                           : e.bytes / model.compute.bytes_per_second;
       link_free = std::max(link_free, now) + cost;
       done[e.id] = link_free;
       t.communication += cost;

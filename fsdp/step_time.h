@@ -8,7 +8,8 @@
 //   - a collective of S bytes (the larger buffer) over n ranks costs, on a link of latency a and
 //     bandwidth B: all-gather, reduce-scatter and all-to-all (n-1) a + (n-1)/n S/B (a ring);
 //     all-reduce the lesser of a ring's 2 (n-1) a + 2 (n-1)/n S/B and recursive doubling's
-//     ceil(log2 n) (a + S/B); broadcast ceil(log2 n) (a + S/B); barrier ceil(log2 n) a;
+//     ceil(log2 n) (a + S/B); broadcast ceil(log2 n) (a + S/B); barrier ceil(log2 n) a; over
+//     one rank, a copy of S bytes at the element-wise rate (MPI copies the buffer even there);
 //   - as weft schedules them: ops run one after another on the compute timeline; a collective
 //     starts when it is issued and the collective before it is done (one communication thread,
 //     one link), and the step waits for it where the trace says (a prefetched all-gather

@@ -1,14 +1,13 @@
 #include "apps/common/step_time.h"
 
 #include <algorithm>
-#include <tuple>
 #include <chrono>
 #include <cstdio>
 #include <functional>
 #include <limits>
 #include <regex>
+#include <tuple>
 
-#include "apps/common/cli.h"
 #include "autograd/ops.h"
 #include "core/error.h"
 #include "core/op_profiler.h"
@@ -23,19 +22,19 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// Times calls for the calibration. In one process: the best of three rounds of at least 2 ms
-// each (after one untimed call). Under mpirun, where every rank calibrates the same trace: all
-// ranks start together (a barrier) and make the same number of calls (about 20 ms' worth), and
-// each takes its mean, so that the machine is shared as in training (ranks beyond its cores
-// slow each other's compute as they do in the step).
+// Times calls for the calibration (after one untimed call). In one process: the best of three
+// rounds of 5 ms or more. Under mpirun (every rank calibrating the same trace): all ranks start
+// together and make the same number of calls (`target` seconds' worth), each taking its mean,
+// so ranks beyond the machine's cores slow each other as they do in the step.
 struct Timer {
   dist::ProcessGroupPtr world;  // null: one process
+  double target = 0.05;         // under mpirun: seconds of calls to time
   double seconds(const std::function<void()>& f) const {
     f();
     if (world) {
       const auto t0 = Clock::now();
       f();
-      Tensor calls = from_vector({std::ceil(0.02 / std::max(since(t0), 1e-7))}, {1}, {.dtype = kFloat64});
+      Tensor calls = from_vector({std::ceil(target / std::max(since(t0), 1e-7))}, {1}, {.dtype = kFloat64});
       world->all_reduce(calls, dist::ReduceOp::max)->wait();
       const int n = int(std::min(calls.item(), 1e4));
       world->barrier()->wait();
@@ -48,7 +47,7 @@ struct Timer {
       const auto t0 = Clock::now();
       int calls = 0;
       do f(), ++calls;
-      while (since(t0) < 2e-3);
+      while (since(t0) < 5e-3);
       best = std::min(best, since(t0) / calls);
     }
     return best;
@@ -74,10 +73,17 @@ std::optional<double> replay_seconds(const std::string& name, const Timer& timer
     const int64_t rows = num(1), cols = num(2), inner = num(3);
     const bool ta = m[4] == "T", tb = m[5] == "T";
     const DType dt = dtype_named(m[6]);
-    Tensor a = ta ? random({inner, rows}, dt) : random({rows, inner}, dt);
-    Tensor b = tb ? random({cols, inner}, dt) : random({inner, cols}, dt);
-    Tensor out = empty({rows, cols}, {.dtype = is_16bit(dt) ? kFloat32 : dt});
-    return timer.seconds([&] { kernels::gemm(a, ta, b, tb, out); });
+    // As in the step: operands read from memory (copies, 64 MiB together, taken in turn: more
+    // than the caches hold) and a fresh output each call (allocation, first touches, free).
+    const int64_t pair_bytes = (rows + cols) * inner * int64_t(dtype_size(dt));
+    std::vector<std::pair<Tensor, Tensor>> operands(size_t(std::clamp<int64_t>((int64_t(64) << 20) / pair_bytes, 1, 64)));
+    for (auto& [a, b] : operands)
+      a = ta ? random({inner, rows}, dt) : random({rows, inner}, dt), b = tb ? random({cols, inner}, dt) : random({inner, cols}, dt);
+    size_t next = 0;
+    return timer.seconds([&] {
+      const auto& [a, b] = operands[next++ % operands.size()];
+      kernels::gemm(a, ta, b, tb, empty({rows, cols}, {.dtype = is_16bit(dt) ? kFloat32 : dt}));
+    });
   }
   if (!std::regex_match(name, m, attention)) return std::nullopt;
   const bool causal = m[8].matched;
@@ -95,24 +101,20 @@ std::optional<double> replay_seconds(const std::string& name, const Timer& timer
 // distinct tensors of the byte-weighted median size of the trace's ops without FLOPs (the element-wise
 // share of a step runs at about their size), forward and backward under the op profiler: the
 // ops' own time over their operand bytes, and the rest of the chain's time (autograd,
-// allocation, dispatch) over its ops. The best of three.
+// allocation, dispatch) over its ops. The round of the median rate of three (a later round may
+// find the allocator's pages already touched, an earlier one pays for them).
 std::pair<double, double> elementwise_and_framework(const std::vector<step_trace::Event>& trace, const Timer& timer) {
   std::vector<double> sizes;
-  double total = 0;
+  double total = 0, median = 1 << 20, seen = 0;
   for (const auto& e : trace)
     if (e.kind == step_trace::Event::Kind::op && e.flops == 0) sizes.push_back(e.bytes), total += e.bytes;
   std::sort(sizes.begin(), sizes.end());
-  double median = 1 << 20, seen = 0;
-  for (double s : sizes)
-    if ((seen += s) >= total / 2) {
-      median = s;
-      break;
-    }
+  for (size_t i = 0; i < sizes.size() && seen < total / 2; ++i) median = sizes[i], seen += sizes[i];
   const int64_t n = std::clamp<int64_t>(int64_t(median / 12), 1 << 10, int64_t(1) << 26);
   // Distinct operands, 256 MiB together (more than a CPU's caches, as a step's activations are).
   std::vector<Tensor> xs(size_t(std::clamp<int64_t>((int64_t(1) << 26) / n, 4, 128)));
   for (Tensor& x : xs) x = randn({n}, {.requires_grad = true});
-  double rate = 0, per_op = std::numeric_limits<double>::infinity();
+  std::vector<std::pair<double, double>> rounds;  // (rate, seconds per op)
   for (int round = 0; round < 3; ++round) {
     if (timer.world) timer.world->barrier()->wait();
     op_profiler::start();
@@ -124,9 +126,10 @@ std::pair<double, double> elementwise_and_framework(const std::vector<step_trace
     op_profiler::stop();
     double seconds = 0, bytes = 0, ops = 0;
     for (const auto& row : op_profiler::rows()) seconds += row.seconds, bytes += row.bytes, ops += double(row.calls);
-    if ((wall - seconds) / ops < per_op) rate = bytes / seconds, per_op = (wall - seconds) / ops;
+    rounds.push_back({bytes / seconds, (wall - seconds) / ops});
   }
-  return {rate, per_op};
+  std::sort(rounds.begin(), rounds.end());
+  return rounds[1];
 }
 
 }  // namespace
@@ -154,13 +157,12 @@ fsdp::Link measure_link() {
   if (n == 1) return {};
   auto seconds = [&](int64_t bytes) {
     Tensor in = zeros({bytes / 4 / n}), out = zeros({n * (bytes / 4 / n)});
-    world->barrier()->wait();
-    Tensor t = from_vector({Timer{world}.seconds([&] { world->all_gather_into_tensor(out, in)->wait(); })}, {1},
+    Tensor t = from_vector({Timer{world, 0.1}.seconds([&] { world->all_gather_into_tensor(out, in)->wait(); })}, {1},
                            {.dtype = kFloat64});
     world->all_reduce(t, dist::ReduceOp::max)->wait();  // every rank fits the same link
     return std::pair{double((bytes / 4 / n) * 4 * n), t.item()};
   };
-  const auto [s1, t1] = seconds(int64_t(64) << 10);
+  const auto [s1, t1] = seconds(int64_t(4) << 10);
   const auto [s2, t2] = seconds(int64_t(8) << 20);
   const double share = double(n - 1) / n;
   const double bandwidth = share * (s2 - s1) / std::max(t2 - t1, 1e-9);

@@ -1,12 +1,10 @@
 // apps: the step-time model's flags and its calibration on this machine (fsdp/step_time.h).
-// With --step-time, the memory plan's meta step is timed as well: the app measures this
-// machine's rate for each GEMM and attention shape the step runs (each replayed on the CPU),
-// its element-wise rate (an add of the size the step's element-wise ops have) and the time the
-// framework adds to each op (a chain of small autograd ops); the network is measured on the
-// run's own ranks under mpirun (all-gathers of two sizes, a latency and a bandwidth fitted to
-// the ring's cost), or stated with --network GBPS[,LATENCY_US] (e.g. 100,5: 100 Gb/s and
-// 5 us per hop; planning N ranks from one process needs it). Rank 0 prints the predicted step,
-// its parts and tokens per second.
+// With --step-time the memory plan's meta step is timed too: this machine's rate for each GEMM
+// and attention shape the step runs (replayed on the CPU), the element-wise rate and the time
+// the framework adds per op (a chain of autograd ops of the step's median size); the network is
+// measured on the run's ranks under mpirun (all-gathers of two sizes fitted to the ring's cost),
+// or stated with --network GBPS[,LATENCY_US] (e.g. 100,5; planning N ranks from one process
+// needs it). Rank 0 prints the predicted step, its parts and tokens per second.
 #pragma once
 #include <CLI/CLI.hpp>
 #include <cstdio>
