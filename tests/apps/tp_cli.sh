@@ -129,6 +129,20 @@ run 4 --fsdp --tp 2 "${big[@]}" --plan >"$tmp/p4.txt" 2>"$tmp/err" || fail "--pl
 grep -q "predicted peak" "$tmp/p1.txt" && cmp -s "$tmp/p1.txt" "$tmp/p4.txt" ||
   fail "--plan-ranks 4 --tp 2 ($(grep 'predicted peak' "$tmp/p1.txt")) is not 4 ranks' plan ($(grep 'predicted peak' "$tmp/p4.txt"))"
 expect_error "--tp 2 does not divide the 3 ranks of --plan-ranks" train --fsdp --tp 2 "${big[@]}" --plan-ranks 3
+# The step-time model (--step-time) of that plan on a stated network: a slower network leaves
+# more communication unhidden and a longer step, and tokens/s is the step's tokens over its time.
+for net in 0.01 400; do
+  "$exe" train --fsdp --tp 2 "${big[@]}" --plan-ranks 4 --step-time --network "$net" >"$tmp/st$net.txt" 2>"$tmp/err" ||
+    fail "--step-time --network $net: $(cat "$tmp/err")"
+done
+step_ms() { grep -o 'predicted at 4 ranks: [0-9.]* ms' "$1" | grep -o '[0-9.]* ms' | cut -d' ' -f1; }
+hidden() { grep -o '[0-9.]* ms not hidden' "$1" | cut -d' ' -f1; }
+awk -v slow="$(step_ms "$tmp/st0.01.txt")" -v fast="$(step_ms "$tmp/st400.txt")" -v open_="$(hidden "$tmp/st0.01.txt")" \
+    'BEGIN { exit !(slow > fast && open_ > 0) }' ||
+  fail "--step-time: 0.01 Gb/s predicts $(step_ms "$tmp/st0.01.txt") ms ($(hidden "$tmp/st0.01.txt") ms not hidden), 400 Gb/s $(step_ms "$tmp/st400.txt") ms"
+tokens=$(grep -o 'ms, [0-9]* tokens/s' "$tmp/st400.txt" | grep -o '[0-9]*')
+awk -v ms="$(step_ms "$tmp/st400.txt")" -v t="$tokens" 'BEGIN { x = t * ms / 1000 / (8 * 64); exit !(x > 0.99 && x < 1.01) }' ||
+  fail "--step-time: $tokens tokens/s at $(step_ms "$tmp/st400.txt") ms is not 8 x 64 tokens per step"
 
 # bf16 mixed precision: fully_shard's bf16 parameters within the tp group's collectives.
 run 2 --fsdp "${cfg[@]}" --tp 2 --mixed-precision bf16 --metrics "$tmp/bf16.jsonl" >/dev/null 2>"$tmp/err" ||
