@@ -28,7 +28,7 @@ bool active();  // on this thread
 bool wanted();
 std::vector<Row> rows();  // by time, longest first
 
-// Times one op from construction to destruction; construct it only when active().
+// Times one op from construction to destruction; construct it only when wanted().
 class Span {
  public:
   Span(std::string name, double flops, double bytes);

@@ -51,9 +51,9 @@ MemoryPlan run_plan(const MemoryPlanRequest& r, const PlanSettings& settings) {
     // Building the model on meta is not part of training: count from its shards on.
     reset_owner_accounting_peak(meta);
     for (int i = 0; i + 1 < r.steps; ++i) step();
-    step_trace::start();  // the steady state's step, for the step-time model
+    if (r.record_step) step_trace::start();  // the steady state's step, for the step-time model
     step();
-    trace = step_trace::stop();
+    if (r.record_step) trace = step_trace::stop();
     peak = stop_owner_accounting(meta);
   } catch (...) {
     step_trace::stop();

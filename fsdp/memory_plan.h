@@ -49,6 +49,7 @@ struct MemoryPlanRequest {
   PlanSettings settings;   // what is planned without a budget
   std::optional<int64_t> budget;  // bytes per rank (above what is live before training)
   int steps = 2;           // optimizer state appears in the first step; the second is the steady state
+  bool record_step = false;  // keep the last step's trace in MemoryPlan::step (for the step-time model)
 };
 
 // The bytes live on a rank at its peak, by what holds them.
@@ -71,7 +72,7 @@ struct MemoryPlan {
   std::optional<int64_t> budget;
   bool fits = true;                // peak <= budget (true without one)
   std::vector<std::string> tried;  // the search, one line per plan run
-  std::vector<step_trace::Event> step;  // what the last planned step ran, in order (fsdp/step_time.h)
+  std::vector<step_trace::Event> step;  // with record_step: what the last step ran, in order (fsdp/step_time.h)
   // A table of the peak's parts, the settings and, with a budget, whether it fits.
   std::string table() const;
 };

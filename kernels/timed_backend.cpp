@@ -108,11 +108,12 @@ KernelBackend make_table(const KernelBackend& base) {
 
 }  // namespace
 
-const KernelBackend& timed_kernel_table(const char* op, const KernelBackend& base) {
+const KernelBackend& timed_kernel_table(const char* op, DeviceType type) {
   static const KernelBackend cpu_table = make_table(cpu::kernel_table()), meta_table = make_table(meta::kernel_table());
+  const bool meta = type == DeviceType::meta;
   t_op = op;
-  t_base = &base;
-  return &base == &meta::kernel_table() ? meta_table : cpu_table;
+  t_base = meta ? &meta::kernel_table() : &cpu::kernel_table();
+  return meta ? meta_table : cpu_table;
 }
 
 }  // namespace weft::kernels

@@ -62,9 +62,10 @@ DType dtype_named(const std::string& name) {
 
 Tensor random(const Shape& shape, DType dtype) { return randn(shape).to(dtype); }
 
-// Seconds of one call of the op the trace names, replayed on the CPU; nullopt for names that
-// carry no shape. "OP MxNxK TT dtype" (GEMMs), "attention[_backward] BxHxHkvxTqxTkxE[ causal] dtype".
-std::optional<double> replay_seconds(const std::string& name, const Timer& timer) {
+// FLOPs per second of the op the trace names, replayed on the CPU; nullopt for names that carry
+// no shape. "OP MxNxK TT dtype" (GEMMs: a batched one's replay is one 2 m n k product of the
+// batch), "attention[_backward] BxHxHkvxTqxTkxE[ causal] dtype" (the trace's FLOPs, `flops`).
+std::optional<double> replay_rate(const std::string& name, double flops, const Timer& timer) {
   static const std::regex gemm(R"(^\S+ (\d+)x(\d+)x(\d+) ([NT])([NT]) (\S+)$)");
   static const std::regex attention(R"(^(attention|attention_backward) (\d+)x(\d+)x(\d+)x(\d+)x(\d+)x(\d+)( causal)? (\S+)$)");
   std::smatch m;
@@ -80,7 +81,7 @@ std::optional<double> replay_seconds(const std::string& name, const Timer& timer
     for (auto& [a, b] : operands)
       a = ta ? random({inner, rows}, dt) : random({rows, inner}, dt), b = tb ? random({cols, inner}, dt) : random({inner, cols}, dt);
     size_t next = 0;
-    return timer.seconds([&] {
+    return 2.0 * double(rows * cols * inner) / timer.seconds([&] {
       const auto& [a, b] = operands[next++ % operands.size()];
       kernels::gemm(a, ta, b, tb, empty({rows, cols}, {.dtype = is_16bit(dt) ? kFloat32 : dt}));
     });
@@ -92,9 +93,9 @@ std::optional<double> replay_seconds(const std::string& name, const Timer& timer
          v = random({num(2), num(4), num(6), num(7)}, dt);
   const double scale = 1.0 / std::sqrt(double(num(7)));
   auto [out, lse] = kernels::attention(q, k, v, causal, scale);
-  if (m[1] == "attention") return timer.seconds([&] { kernels::attention(q, k, v, causal, scale); });
+  if (m[1] == "attention") return flops / timer.seconds([&] { kernels::attention(q, k, v, causal, scale); });
   Tensor grad = random(out.shape(), dt);
-  return timer.seconds([&] { kernels::attention_backward(grad, q, k, v, out, lse, causal, scale); });
+  return flops / timer.seconds([&] { kernels::attention_backward(grad, q, k, v, out, lse, causal, scale); });
 }
 
 // The element-wise rate and the framework's time per op, from a chain of autograd ops on
@@ -175,15 +176,9 @@ fsdp::ComputeRates calibrate_compute(const std::vector<step_trace::Event>& trace
   double best = 0;
   for (const auto& e : trace) {
     if (e.kind != step_trace::Event::Kind::op || e.flops == 0 || r.flops_per_second.count(e.name)) continue;
-    if (auto s = replay_seconds(e.name, timer)) {
-      // A batched GEMM's FLOPs count every batch; its replay times one.
-      static const std::regex shape(R"(^\S+ (\d+)x(\d+)x(\d+) )");
-      std::smatch m;
-      const double flops = std::regex_search(e.name, m, shape)
-                               ? 2.0 * std::stod(m[1].str()) * std::stod(m[2].str()) * std::stod(m[3].str())
-                               : e.flops;
-      r.flops_per_second[e.name] = flops / *s;
-      best = std::max(best, flops / *s);
+    if (auto rate = replay_rate(e.name, e.flops, timer)) {
+      r.flops_per_second[e.name] = *rate;
+      best = std::max(best, *rate);
     }
   }
   if (best > 0) r.default_flops_per_second = best;
@@ -219,8 +214,8 @@ void report_step_time(const StepTimeFlags& f, const fsdp::MemoryPlan& plan, cons
                kinds.empty() ? "none" : kinds.c_str(), t.exposed * 1e3, hi > 0 ? lo / 1e9 : 0.0, hi / 1e9,
                model.compute.flops_per_second.size(), model.compute.bytes_per_second / 1e9, model.compute.op_seconds * 1e6,
                model.link.bytes_per_second / 1e9, model.link.latency_seconds * 1e6,
-               measured ? fmt::format("measured on {} rank{}", ranks.world, ranks.world == 1 ? "" : "s").c_str()
-                        : ("stated: --network " + f.network).c_str());
+               !measured ? ("stated: --network " + f.network).c_str()
+               : ranks.world > 1 ? fmt::format("measured on {} ranks", ranks.world).c_str() : "unused at one rank");
   std::fflush(out);
 }
 
