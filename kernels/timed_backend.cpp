@@ -1,11 +1,11 @@
 // kernels: the CPU's and the meta device's KernelBackend tables with every entry wrapped in an
-// op-profiler span (core/op_profiler.h), which kernel_backend() hands out while the profiler
-// runs or a step trace records (core/step_trace.h). A row is
-// named for the public op that dispatched (kernel_backend's `op`) and its dtype; a GEMM's
-// row also names m x n x k and which operands are read transposed (T). Bytes are the sizes of
-// every tensor operand (a broadcast view counts its full shape); FLOPs are counted for the
-// GEMMs (2 m n k) and attention (forward 4 B H Tq Tk C, backward 10 B H Tq Tk C: the scores
-// recomputed and four products; halved for a causal square), the ops a compute peak limits.
+// op-profiler span (core/op_profiler.h), handed out while the profiler runs or a step trace
+// records (core/step_trace.h). A row is named for the public op that dispatched (`op`) and its
+// dtype; a GEMM's also names m x n x k and which operands are read transposed (T), attention's
+// its shape (BxHxHkvxTqxTkxE[ causal], which a calibration replays). Bytes are the sizes of
+// every tensor operand (a broadcast view counts its full shape); FLOPs are counted for the GEMMs
+// (2 m n k) and attention (forward 4 B H Tq Tk C, backward 10 B H Tq Tk C: the scores recomputed
+// and four products; halved for a causal square), the ops a compute peak limits.
 #include <optional>
 
 #include "core/op_profiler.h"
@@ -58,7 +58,6 @@ Call gemm_call(const Tensor& a, const Tensor& b, const Tensor& out) {
   return {fmt::format("{} {}x{}x{} {} {}", t_op, m, n, k, transposes(a, b), dtype_name(a.dtype())),
           2.0 * double(out.numel()) * double(k)};
 }
-// Named "attention BxHxHkvxTqxTkxE[ causal] dtype": the shape a calibration can replay.
 Call attention_call(const Tensor& q, const Tensor& k, bool causal, double per_product) {
   const double scores = double(q.numel()) * double(k.size(2));  // B H Tq C x Tk
   const bool square = causal && q.size(2) == k.size(2);
