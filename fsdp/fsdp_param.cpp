@@ -86,29 +86,38 @@ void FSDPParam::copy_out(const Tensor& gathered, DType unsharded_dtype, int64_t 
   assemble_into(gathered, column_offset, unsharded_.detach(), ranks);
 }
 
-void FSDPParam::assemble_into(const Tensor& gathered, int64_t column_offset, const Tensor& full, int ranks) const {
-  if (ranks == 0) ranks = world_;
+// The pairs (part of `full`, where it lies in `buffer`) of a parameter cut into `ranks` chunks
+// of `chunk` rows on shard_dim: rank r's padded chunk is row r of `buffer` [ranks, cols] from
+// column `offset`. Sharded on dim 0, the chunks of every full rank are one block of `buffer`
+// ([whole, chunk * rest] at its row stride) and of `full`: one copy, not one per rank.
+std::vector<std::pair<Tensor, Tensor>> FSDPParam::rank_blocks(const Tensor& full, const Tensor& buffer, int64_t offset,
+                                                              int ranks) const {
   const int64_t chunk = (extent() + ranks - 1) / ranks, padded = padded_numel_for(ranks);
-  Tensor dst = global_shape_.empty() ? full.view({1}) : full;
-  for (int r = 0; r < ranks; ++r) {
-    int64_t start = int64_t(r) * chunk, rows = std::clamp<int64_t>(extent() - start, 0, chunk);
-    if (rows == 0) break;
-    Tensor src = chunk_view(gathered.select(0, r).narrow(0, column_offset, padded), chunk).narrow(shard_dim_, 0, rows);
-    copy_elements(dst.narrow(shard_dim_, start, rows), src);
+  Tensor whole = global_shape_.empty() ? full.view({1}) : full;
+  std::vector<std::pair<Tensor, Tensor>> blocks;
+  int r = 0;
+  if (shard_dim_ == 0 && whole.is_contiguous() && chunk > 0) {
+    r = int(std::min<int64_t>(ranks, extent() / chunk));
+    if (r > 0) blocks.push_back({whole.narrow(0, 0, r * chunk).view({r, padded}), buffer.narrow(0, 0, r).narrow(1, offset, padded)});
   }
+  for (; r < ranks; ++r) {
+    const int64_t start = int64_t(r) * chunk, rows = std::clamp<int64_t>(extent() - start, 0, chunk);
+    if (rows == 0) break;
+    blocks.push_back({whole.narrow(shard_dim_, start, rows),
+                      chunk_view(buffer.select(0, r).narrow(0, offset, padded), chunk).narrow(shard_dim_, 0, rows)});
+  }
+  return blocks;
+}
+
+void FSDPParam::assemble_into(const Tensor& gathered, int64_t column_offset, const Tensor& full, int ranks) const {
+  for (const auto& [part, chunks] : rank_blocks(full, gathered, column_offset, ranks == 0 ? world_ : ranks))
+    copy_elements(part, chunks);
 }
 
 void FSDPParam::copy_in_grad(const Tensor& send) const {
   Tensor g = unsharded_grad();
   if (!g.defined() || !requires_grad_) return;  // no gradient reached it: contributes zeros
-  if (global_shape_.empty()) g = g.view({1});
-  int64_t extent = g.size(shard_dim_);
-  for (int r = 0; r < world_; ++r) {
-    int64_t start = int64_t(r) * chunk_, rows = std::clamp<int64_t>(extent - start, 0, chunk_);
-    if (rows == 0) break;
-    Tensor dst = chunk_view(send.select(0, r).narrow(0, grad_offset_, padded_numel_)).narrow(shard_dim_, 0, rows);
-    copy_elements(dst, g.detach().narrow(shard_dim_, start, rows));
-  }
+  for (const auto& [part, chunks] : rank_blocks(g.detach(), send, grad_offset_, world_)) copy_elements(chunks, part);
 }
 
 void FSDPParam::accumulate_sharded_grad(const Tensor& reduced_flat) {

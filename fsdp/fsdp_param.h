@@ -6,6 +6,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/partial_reduction.h"
@@ -80,6 +81,8 @@ class FSDPParam {
  private:
   // View of a flat chunk as the chunk's own shape (padded extent `chunk` on shard_dim).
   Tensor chunk_view(const Tensor& flat, int64_t chunk = -1) const;
+  std::vector<std::pair<Tensor, Tensor>> rank_blocks(const Tensor& full, const Tensor& buffer, int64_t offset,
+                                                     int ranks) const;
   int64_t extent() const { return global_shape_.empty() ? 1 : global_shape_[size_t(shard_dim_)]; }
   std::string name_;
   std::vector<Tensor*> slots_;

@@ -43,10 +43,13 @@ StepTime predict_step_time(const std::vector<step_trace::Event>& trace, const St
       // One rank's collective moves nothing over the link but still copies its buffer.
       const double cost = e.group_size > 1 ? collective_seconds(e.name, e.bytes, e.group_size, model.link)
                                            : e.bytes / model.compute.bytes_per_second;
+      // Ranks meeting late delay the collective's end, not the link's next collective.
+      const auto meet = model.link.rendezvous_seconds.find(e.group_size);
+      const double late = meet == model.link.rendezvous_seconds.end() ? 0 : meet->second;
       link_free = std::max(link_free, now) + cost;
-      done[e.id] = link_free;
-      t.communication += cost;
-      t.by_collective[e.name] += cost;
+      done[e.id] = link_free + late;
+      t.communication += cost + late;
+      t.by_collective[e.name] += cost + late;
       t.collectives += 1;
     } else {
       auto it = done.find(e.id);
@@ -55,7 +58,8 @@ StepTime predict_step_time(const std::vector<step_trace::Event>& trace, const St
     }
   }
   t.compute = t.flops_ops + t.bytes_ops + t.per_op;
-  t.seconds = std::max(now, link_free);
+  t.seconds = now;  // the step ends when its compute and every collective are done
+  for (const auto& [id, end] : done) t.seconds = std::max(t.seconds, end);
   t.exposed = t.seconds - t.compute;
   return t;
 }

@@ -10,6 +10,8 @@
 //     all-reduce the lesser of a ring's 2 (n-1) a + 2 (n-1)/n S/B and recursive doubling's
 //     ceil(log2 n) (a + S/B); broadcast ceil(log2 n) (a + S/B); barrier ceil(log2 n) a; over
 //     one rank, a copy of S bytes at the element-wise rate (MPI copies the buffer even there);
+//     a collective ends later by the time the group's ranks take to meet while they compute
+//     (measured under mpirun, where ranks may share cores), which does not hold the link;
 //   - as weft schedules them: ops run one after another on the compute timeline; a collective
 //     starts when it is issued and the collective before it is done (one communication thread,
 //     one link), and the step waits for it where the trace says (a prefetched all-gather
@@ -35,6 +37,9 @@ struct ComputeRates {
 struct Link {
   double latency_seconds = 5e-6;
   double bytes_per_second = 12.5e9;  // one rank's link, each direction (100 Gb/s)
+  // By group size: how much later a collective over that many ranks ends, the time ranks that
+  // compute take to meet (measured under mpirun; none for a stated network).
+  std::map<int, double> rendezvous_seconds;
 };
 
 struct StepTimeModel {

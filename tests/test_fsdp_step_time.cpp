@@ -114,3 +114,17 @@ TEST_CASE("step-time model: ring costs, a prefetched collective hidden by comput
   CHECK(fsdp::predict_step_time({op(1e9, 0)}, m).seconds == Approx(0.75));
   CHECK_THROWS_WITH(fsdp::predict_step_time({wait(9)}, m), Catch::Matchers::Contains("never started"));
 }
+
+TEST_CASE("step-time model: ranks meeting late delay a collective's end, not the link's next collective") {
+  fsdp::StepTimeModel m{.compute = {.default_flops_per_second = 1e9, .bytes_per_second = 1e9, .op_seconds = 0},
+                        .link = {.latency_seconds = 0, .bytes_per_second = 1e6, .rendezvous_seconds = {{4, 0.5}}}};
+  const double ring = 0.75 * 2.0;  // 2e6 bytes over 4 ranks
+  // Waited for at once: the step pays the meeting.
+  CHECK(fsdp::predict_step_time({start(1, 2e6, 4), wait(1)}, m).seconds == Approx(ring + 0.5));
+  // Only groups of the size it was measured for: a group of 2 meets at once.
+  CHECK(fsdp::predict_step_time({start(1, 2e6, 2), wait(1)}, m).seconds == Approx(0.5 * 2.0));
+  // Two collectives in a row: the second starts on the link when the first's bytes are through.
+  CHECK(fsdp::predict_step_time({start(1, 2e6, 4), start(2, 2e6, 4), wait(1), wait(2)}, m).seconds == Approx(2 * ring + 0.5));
+  // Prefetched under enough compute, the meeting is hidden too.
+  CHECK(fsdp::predict_step_time({start(1, 2e6, 4), op(3e9, 0), wait(1)}, m).seconds == Approx(3.0));
+}

@@ -1,10 +1,13 @@
 #include "apps/common/step_time.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <functional>
 #include <limits>
+#include <map>
+#include <memory>
 #include <regex>
 #include <tuple>
 
@@ -12,6 +15,7 @@
 #include "core/error.h"
 #include "core/op_profiler.h"
 #include "core/tensor.h"
+#include "dist/device_mesh.h"
 #include "dist/dist.h"
 #include "kernels/attention.h"
 #include "kernels/linalg.h"
@@ -28,7 +32,7 @@ double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock:
 // so ranks beyond the machine's cores slow each other as they do in the step.
 struct Timer {
   dist::ProcessGroupPtr world;  // null: one process
-  double target = 0.05;         // under mpirun: seconds of calls to time
+  double target = 0.25;         // under mpirun: seconds of calls to time
   double seconds(const std::function<void()>& f) const {
     f();
     if (world) {
@@ -54,6 +58,13 @@ struct Timer {
   }
 };
 
+// The median of three measurements (a loaded machine's outliers left out).
+double median_of_3(const std::function<double()>& measure) {
+  std::array<double, 3> m{measure(), measure(), measure()};
+  std::sort(m.begin(), m.end());
+  return m[1];
+}
+
 DType dtype_named(const std::string& name) {
   for (DType t : {DType::f32, DType::bf16, DType::f16, DType::f64})
     if (dtype_name(t) == name) return t;
@@ -62,10 +73,14 @@ DType dtype_named(const std::string& name) {
 
 Tensor random(const Shape& shape, DType dtype) { return randn(shape).to(dtype); }
 
-// FLOPs per second of the op the trace names, replayed on the CPU; nullopt for names that carry
-// no shape. "OP MxNxK TT dtype" (GEMMs: a batched one's replay is one 2 m n k product of the
-// batch), "attention[_backward] BxHxHkvxTqxTkxE[ causal] dtype" (the trace's FLOPs, `flops`).
-std::optional<double> replay_rate(const std::string& name, double flops, const Timer& timer) {
+// A call of the op the trace names, replayed on the CPU, and the FLOPs it does; nullopt for names
+// that carry no shape. "OP MxNxK TT dtype" (GEMMs: a batched one's replay is one 2 m n k product
+// of the batch), "attention[_backward] BxHxHkvxTqxTkxE[ causal] dtype" (the trace's FLOPs, `flops`).
+struct Replay {
+  std::function<void()> call;
+  double flops = 0;
+};
+std::optional<Replay> replay(const std::string& name, double flops) {
   static const std::regex gemm(R"(^\S+ (\d+)x(\d+)x(\d+) ([NT])([NT]) (\S+)$)");
   static const std::regex attention(R"(^(attention|attention_backward) (\d+)x(\d+)x(\d+)x(\d+)x(\d+)x(\d+)( causal)? (\S+)$)");
   std::smatch m;
@@ -77,14 +92,16 @@ std::optional<double> replay_rate(const std::string& name, double flops, const T
     // As in the step: operands read from memory (copies, 64 MiB together, taken in turn: more
     // than the caches hold) and a fresh output each call (allocation, first touches, free).
     const int64_t pair_bytes = (rows + cols) * inner * int64_t(dtype_size(dt));
-    std::vector<std::pair<Tensor, Tensor>> operands(size_t(std::clamp<int64_t>((int64_t(64) << 20) / pair_bytes, 1, 64)));
-    for (auto& [a, b] : operands)
+    auto operands = std::make_shared<std::vector<std::pair<Tensor, Tensor>>>(
+        size_t(std::clamp<int64_t>((int64_t(64) << 20) / pair_bytes, 1, 64)));
+    for (auto& [a, b] : *operands)
       a = ta ? random({inner, rows}, dt) : random({rows, inner}, dt), b = tb ? random({cols, inner}, dt) : random({inner, cols}, dt);
-    size_t next = 0;
-    return 2.0 * double(rows * cols * inner) / timer.seconds([&] {
-      const auto& [a, b] = operands[next++ % operands.size()];
-      kernels::gemm(a, ta, b, tb, empty({rows, cols}, {.dtype = is_16bit(dt) ? kFloat32 : dt}));
-    });
+    auto next = std::make_shared<size_t>(0);
+    return Replay{[=] {
+                    const auto& [a, b] = (*operands)[(*next)++ % operands->size()];
+                    kernels::gemm(a, ta, b, tb, empty({rows, cols}, {.dtype = is_16bit(dt) ? kFloat32 : dt}));
+                  },
+                  2.0 * double(rows * cols * inner)};
   }
   if (!std::regex_match(name, m, attention)) return std::nullopt;
   const bool causal = m[8].matched;
@@ -93,9 +110,9 @@ std::optional<double> replay_rate(const std::string& name, double flops, const T
          v = random({num(2), num(4), num(6), num(7)}, dt);
   const double scale = 1.0 / std::sqrt(double(num(7)));
   auto [out, lse] = kernels::attention(q, k, v, causal, scale);
-  if (m[1] == "attention") return flops / timer.seconds([&] { kernels::attention(q, k, v, causal, scale); });
+  if (m[1] == "attention") return Replay{[=] { kernels::attention(q, k, v, causal, scale); }, flops};
   Tensor grad = random(out.shape(), dt);
-  return flops / timer.seconds([&] { kernels::attention_backward(grad, q, k, v, out, lse, causal, scale); });
+  return Replay{[=] { kernels::attention_backward(grad, q, k, v, out, lse, causal, scale); }, flops};
 }
 
 // The element-wise rate and the framework's time per op, from a chain of autograd ops on
@@ -104,7 +121,8 @@ std::optional<double> replay_rate(const std::string& name, double flops, const T
 // ops' own time over their operand bytes, and the rest of the chain's time (autograd,
 // allocation, dispatch) over its ops. The round of the median rate of three (a later round may
 // find the allocator's pages already touched, an earlier one pays for them).
-std::pair<double, double> elementwise_and_framework(const std::vector<step_trace::Event>& trace, const Timer& timer) {
+std::pair<double, double> elementwise_and_framework(const std::vector<step_trace::Event>& trace, const Timer& timer,
+                                                    int64_t working_bytes) {
   std::vector<double> sizes;
   double total = 0, median = 1 << 20, seen = 0;
   for (const auto& e : trace)
@@ -112,8 +130,9 @@ std::pair<double, double> elementwise_and_framework(const std::vector<step_trace
   std::sort(sizes.begin(), sizes.end());
   for (size_t i = 0; i < sizes.size() && seen < total / 2; ++i) median = sizes[i], seen += sizes[i];
   const int64_t n = std::clamp<int64_t>(int64_t(median / 12), 1 << 10, int64_t(1) << 26);
-  // Distinct operands, 256 MiB together (more than a CPU's caches, as a step's activations are).
-  std::vector<Tensor> xs(size_t(std::clamp<int64_t>((int64_t(1) << 26) / n, 4, 128)));
+  // Distinct operands, as many bytes together as the step works in (its predicted peak, at most
+  // 256 MiB): the caches hold as much of them as of the step's activations.
+  std::vector<Tensor> xs(size_t(std::clamp<int64_t>(std::min(working_bytes, int64_t(256) << 20) / 4 / n, 4, 128)));
   for (Tensor& x : xs) x = randn({n}, {.requires_grad = true});
   std::vector<std::pair<double, double>> rounds;  // (rate, seconds per op)
   for (int round = 0; round < 3; ++round) {
@@ -155,11 +174,11 @@ fsdp::Link parse_network(const std::string& text) {
 fsdp::Link measure_link() {
   auto world = dist::world();
   const int n = world->size();
-  if (n == 1) return {};
   auto seconds = [&](int64_t bytes) {
     Tensor in = zeros({bytes / 4 / n}), out = zeros({n * (bytes / 4 / n)});
-    Tensor t = from_vector({Timer{world, 0.1}.seconds([&] { world->all_gather_into_tensor(out, in)->wait(); })}, {1},
-                           {.dtype = kFloat64});
+    const Timer timer{world, 0.1};
+    Tensor t = from_vector({median_of_3([&] { return timer.seconds([&] { world->all_gather_into_tensor(out, in)->wait(); }); })},
+                           {1}, {.dtype = kFloat64});
     world->all_reduce(t, dist::ReduceOp::max)->wait();  // every rank fits the same link
     return std::pair{double((bytes / 4 / n) * 4 * n), t.item()};
   };
@@ -170,19 +189,69 @@ fsdp::Link measure_link() {
   return {.latency_seconds = std::max(0.0, (t1 - share * s1 / bandwidth) / (n - 1)), .bytes_per_second = bandwidth};
 }
 
-fsdp::ComputeRates calibrate_compute(const std::vector<step_trace::Event>& trace, const dist::ProcessGroupPtr& world) {
+// The time ranks take to meet at a collective while they compute (where ranks share cores, a
+// rank waits for the others' time slices), for each size of group the trace's collectives run
+// on: every rank runs the trace's heaviest GEMM for the step's mean compute between two
+// collectives, then all-reduces the median size of that group's collectives over a group of
+// that size and waits, over and over; what a round takes beyond the same GEMMs without the
+// all-reduce and the link's cost of it.
+std::map<int, double> measure_rendezvous(const std::vector<step_trace::Event>& trace, const fsdp::ComputeRates& rates,
+                                         const fsdp::Link& link, const dist::ProcessGroupPtr& world) {
+  std::map<std::string, std::pair<double, double>> gemms;  // name -> (FLOPs in the step, of one call)
+  std::map<int, std::vector<double>> sizes;                // group size -> its collectives' bytes
+  double compute = 0, collectives = 0;
+  for (const auto& e : trace) {
+    if (e.kind == step_trace::Event::Kind::collective_start && e.group_size > 1)
+      sizes[e.group_size].push_back(e.bytes), collectives += 1;
+    if (e.kind != step_trace::Event::Kind::op) continue;
+    compute += fsdp::op_seconds(e, rates) + rates.op_seconds;
+    if (rates.flops_per_second.count(e.name)) gemms[e.name].first += e.flops, gemms[e.name].second = e.flops;
+  }
+  std::map<int, double> meet;
+  if (gemms.empty()) return meet;
+  const auto heaviest = std::max_element(gemms.begin(), gemms.end(), [](auto& x, auto& y) { return x.second.first < y.second.first; });
+  const std::optional<Replay> gemm = replay(heaviest->first, heaviest->second.second);
+  const double gemm_seconds = gemm->flops / rates.flops_per_second.at(heaviest->first);
+  Tensor agreed = from_vector({std::clamp(std::round(compute / std::max(collectives, 1.0) / gemm_seconds), 1.0, 1e3)}, {1},
+                              {.dtype = kFloat64});
+  world->all_reduce(agreed, dist::ReduceOp::max)->wait();  // every rank the same GEMMs per round
+  const int calls = int(agreed.item());
+  const Timer timer{world, 0.25};
+  for (auto& [size, bytes] : sizes) {
+    WEFT_CHECK(world->size() % size == 0, "step-time calibration: a group of {} ranks in a world of {}", size, world->size());
+    const dist::ProcessGroupPtr group = size == world->size() ? world : dist::DeviceMesh(DeviceType::cpu, {world->size() / size, size}).group(1);
+    std::nth_element(bytes.begin(), bytes.begin() + bytes.size() / 2, bytes.end());
+    Tensor buffer = zeros({std::max<int64_t>(1, int64_t(bytes[bytes.size() / 2] / 4))});
+    const double extra = median_of_3([&] {
+      const double alone = timer.seconds([&] { for (int i = 0; i < calls; ++i) gemm->call(); });
+      return timer.seconds([&] {
+        for (int i = 0; i < calls; ++i) gemm->call();
+        group->all_reduce(buffer, dist::ReduceOp::sum)->wait();
+      }) - alone;
+    });
+    Tensor t = from_vector({extra - fsdp::collective_seconds("all_reduce", 4.0 * double(buffer.numel()), size, link)}, {1},
+                           {.dtype = kFloat64});
+    world->all_reduce(t, dist::ReduceOp::sum)->wait();  // every rank predicts with the ranks' mean
+    meet[size] = std::max(0.0, t.item() / world->size());
+  }
+  return meet;
+}
+
+fsdp::ComputeRates calibrate_compute(const std::vector<step_trace::Event>& trace, const dist::ProcessGroupPtr& world,
+                                     int64_t working_bytes) {
   const Timer timer{world};
   fsdp::ComputeRates r;
   double best = 0;
   for (const auto& e : trace) {
     if (e.kind != step_trace::Event::Kind::op || e.flops == 0 || r.flops_per_second.count(e.name)) continue;
-    if (auto rate = replay_rate(e.name, e.flops, timer)) {
-      r.flops_per_second[e.name] = *rate;
-      best = std::max(best, *rate);
+    if (auto r1 = replay(e.name, e.flops)) {
+      const double rate = r1->flops / timer.seconds(r1->call);
+      r.flops_per_second[e.name] = rate;
+      best = std::max(best, rate);
     }
   }
   if (best > 0) r.default_flops_per_second = best;
-  std::tie(r.bytes_per_second, r.op_seconds) = elementwise_and_framework(trace, timer);
+  std::tie(r.bytes_per_second, r.op_seconds) = elementwise_and_framework(trace, timer, working_bytes);
   return r;
 }
 
@@ -195,25 +264,29 @@ void report_step_time(const StepTimeFlags& f, const fsdp::MemoryPlan& plan, cons
              planned_ranks, ranks.world, ranks.world == 1 ? "" : "es");
   fsdp::StepTimeModel model;
   model.link = !measured ? parse_network(f.network) : ranks.world > 1 ? measure_link() : fsdp::Link{};
-  model.compute = calibrate_compute(plan.step, ranks.world > 1 ? dist::world() : nullptr);
+  model.compute = calibrate_compute(plan.step, ranks.world > 1 ? dist::world() : nullptr, plan.peak_bytes);
+  if (measured && ranks.world > 1)
+    model.link.rendezvous_seconds = measure_rendezvous(plan.step, model.compute, model.link, dist::world());
   const fsdp::StepTime t = fsdp::predict_step_time(plan.step, model);
   if (!ranks.lead()) return;
   double lo = std::numeric_limits<double>::infinity(), hi = 0;
   for (const auto& [name, rate] : model.compute.flops_per_second) lo = std::min(lo, rate), hi = std::max(hi, rate);
   std::string kinds;
   for (const auto& [kind, s] : t.by_collective) kinds += fmt::format("{}{} {:.1f}", kinds.empty() ? "" : ", ", kind, s * 1e3);
+  std::string meets;  // measured under mpirun: ranks computing meet at a collective this late
+  for (const auto& [size, s] : model.link.rendezvous_seconds) meets += fmt::format(", {:.0f} us to meet in {} ranks", s * 1e6, size);
   std::fprintf(out,
                "%s: step time predicted at %d rank%s: %.1f ms, %.0f %s/s\n"
                "  compute %.1f ms: FLOP-counted ops %.1f, element-wise %.1f, per op %.1f over %lld ops\n"
                "  communication %.1f ms in %lld collectives (%s), %.1f ms not hidden by compute\n"
                "  machine: GEMM and attention %.1f-%.1f GFLOP/s over %zu shapes, element-wise %.2f GB/s, %.2f us per op; "
-               "network %.2f GB/s per rank, %.2f us per hop (%s)\n",
+               "network %.2f GB/s per rank, %.2f us per hop%s (%s)\n",
                program.c_str(), planned_ranks, planned_ranks == 1 ? "" : "s", t.seconds * 1e3,
                per_step.count / t.seconds, per_step.what.c_str(), t.compute * 1e3, t.flops_ops * 1e3, t.bytes_ops * 1e3,
                t.per_op * 1e3, (long long)t.ops, t.communication * 1e3, (long long)t.collectives,
                kinds.empty() ? "none" : kinds.c_str(), t.exposed * 1e3, hi > 0 ? lo / 1e9 : 0.0, hi / 1e9,
                model.compute.flops_per_second.size(), model.compute.bytes_per_second / 1e9, model.compute.op_seconds * 1e6,
-               model.link.bytes_per_second / 1e9, model.link.latency_seconds * 1e6,
+               model.link.bytes_per_second / 1e9, model.link.latency_seconds * 1e6, meets.c_str(),
                !measured ? ("stated: --network " + f.network).c_str()
                : ranks.world > 1 ? fmt::format("measured on {} ranks", ranks.world).c_str() : "unused at one rank");
   std::fflush(out);

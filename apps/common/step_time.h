@@ -31,9 +31,10 @@ fsdp::Link parse_network(const std::string& text);
 // All-gathers over every rank of this run (a collective: call it on each).
 fsdp::Link measure_link();
 // Rates of the trace's ops on this machine; with `world` (every rank calling it on the same
-// trace), timed with all ranks computing at once.
-fsdp::ComputeRates calibrate_compute(const std::vector<step_trace::Event>& trace,
-                                     const dist::ProcessGroupPtr& world = nullptr);
+// trace), timed with all ranks computing at once; element-wise ops on `working_bytes` of
+// operands (the step's peak memory: as much of them fits the caches).
+fsdp::ComputeRates calibrate_compute(const std::vector<step_trace::Event>& trace, const dist::ProcessGroupPtr& world,
+                                     int64_t working_bytes);
 
 // What one step trains on, for the rate: e.g. {16384, "tokens"}.
 struct StepItems {
