@@ -30,7 +30,8 @@ double op_seconds(const step_trace::Event& op, const ComputeRates& rates) {
 StepTime predict_step_time(const std::vector<step_trace::Event>& trace, const StepTimeModel& model) {
   using Kind = step_trace::Event::Kind;
   StepTime t;
-  double now = 0, link_free = 0;  // the compute timeline; when the link finishes its last collective
+  double now = 0;                         // the compute timeline
+  std::map<std::string, double> link_free;  // by link ("": the default one): when it finishes its last collective
   std::map<uint64_t, double> done;  // collective id -> when it completes
   for (const step_trace::Event& e : trace) {
     if (e.kind == Kind::op) {
@@ -41,13 +42,16 @@ StepTime predict_step_time(const std::vector<step_trace::Event>& trace, const St
       t.ops += 1;
     } else if (e.kind == Kind::collective_start) {
       // One rank's collective moves nothing over the link but still copies its buffer.
-      const double cost = e.group_size > 1 ? collective_seconds(e.name, e.bytes, e.group_size, model.link)
+      const auto own = model.group_links.find(e.group);
+      const bool apart = own != model.group_links.end();
+      const double cost = e.group_size > 1 ? collective_seconds(e.name, e.bytes, e.group_size, apart ? own->second : model.link)
                                            : e.bytes / model.compute.bytes_per_second;
       // Ranks meeting late delay the collective's end, not the link's next collective.
       const auto meet = model.link.rendezvous_seconds.find(e.group_size);
       const double late = meet == model.link.rendezvous_seconds.end() ? 0 : meet->second;
-      link_free = std::max(link_free, now) + cost;
-      done[e.id] = link_free + late;
+      double& free = link_free[apart ? e.group : ""];
+      free = std::max(free, now) + cost;
+      done[e.id] = free + late;
       t.communication += cost + late;
       t.by_collective[e.name] += cost + late;
       t.collectives += 1;

@@ -13,8 +13,8 @@
 //     a collective ends later by the time the group's ranks take to meet while they compute
 //     (measured under mpirun, where ranks may share cores), which does not hold the link;
 //   - as weft schedules them: ops run one after another on the compute timeline; a collective
-//     starts when it is issued and the collective before it is done (one communication thread,
-//     one link), and the step waits for it where the trace says (a prefetched all-gather
+//     starts when it is issued and the collective before it on its link is done (one link per
+//     rank, or one more for groups given their own: `group_links`), and the step waits for it where the trace says (a prefetched all-gather
 //     overlaps the compute issued between its start and its wait; a tensor-parallel all-reduce
 //     is waited for at once). The step ends when both timelines are done.
 // See docs/PARALLEL.md ("Step-time model") for its validation against measured steps.
@@ -44,7 +44,10 @@ struct Link {
 
 struct StepTimeModel {
   ComputeRates compute;
-  Link link;
+  Link link;  // every collective's, except over groups named in `group_links`
+  // Links of their own, by the trace's group name (e.g. "tp": tensor parallelism inside a node):
+  // each its own timeline, beside the default link's.
+  std::map<std::string, Link> group_links;
 };
 
 struct StepTime {

@@ -3,7 +3,8 @@
 # Markdown table: for each rank count, network and tensor-parallel size, the step time, memory
 # per rank and tokens/s at a global batch of ROWS sequences per rank; then, per rank count and
 # network, the fastest layout that fits the memory budget (the planner picks activation
-# checkpointing to fit; "no" where nothing does).
+# checkpointing to fit; "no" where nothing does). TP_NETWORK=400,1 gives the tensor-parallel
+# groups a link of their own (inside a node).
 #   bash scripts/step_time_scan.sh [build] [budget, e.g. 2G] [-- model flags]
 set -euo pipefail
 build=${1:-build}
@@ -13,6 +14,8 @@ shift $(( $# < 2 ? $# : 2 ))
 model=("$@")
 [ ${#model[@]} -gt 0 ] || model=(--arch llama --n-layer 8 --n-head 8 --n-kv-head 4 --d-model 512 --ctx 256)
 rows=${ROWS:-4} ranks_list=${RANKS:-"8 64 1024"} nets=${NETWORKS:-"25 100 400"} tps=${TPS:-"1 2 4"}
+tp_link=()  # TP_NETWORK=GBPS[,LATENCY_US]: the tensor-parallel groups' own link (inside a node)
+[ -n "${TP_NETWORK:-}" ] && tp_link=(--tp-network "$TP_NETWORK")
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 echo "| ranks | network Gb/s | tp | step ms | not hidden comm ms | peak per rank MiB | activation checkpointing | tokens/s |"
@@ -21,7 +24,7 @@ for n in $ranks_list; do for net in $nets; do
   best=""
   for tp in $tps; do
     if "$build/apps/plan/weft-plan" transformer --fsdp --ranks "$n" --tp "$tp" --batch-size $((rows * n)) --threads 1 \
-        "${model[@]}" --memory-budget "$budget" --step-time --network "$net" >"$tmp/out" 2>&1; then
+        "${model[@]}" --memory-budget "$budget" --step-time --network "$net" "${tp_link[@]}" >"$tmp/out" 2>&1; then
       ms=$(grep -o 'predicted at [0-9]* ranks\?: [0-9.]* ms' "$tmp/out" | grep -o '[0-9.]* ms' | cut -d' ' -f1)
       hid=$(grep -o '[0-9.]* ms not hidden' "$tmp/out" | cut -d' ' -f1)
       tps_=$(grep -o '[0-9]* tokens/s' "$tmp/out" | cut -d' ' -f1)

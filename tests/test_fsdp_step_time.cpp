@@ -27,8 +27,9 @@ void mlp_step(Device device) {
 }
 
 step_trace::Event op(double flops, double bytes) { return {.kind = Kind::op, .name = "op", .flops = flops, .bytes = bytes}; }
-step_trace::Event start(uint64_t id, double bytes, int ranks) {
-  return {.kind = Kind::collective_start, .name = "all_gather_into_tensor", .bytes = bytes, .id = id, .group_size = ranks};
+step_trace::Event start(uint64_t id, double bytes, int ranks, std::string group = "dp") {
+  return {.kind = Kind::collective_start, .name = "all_gather_into_tensor", .bytes = bytes, .id = id, .group_size = ranks,
+          .group = std::move(group)};
 }
 step_trace::Event wait(uint64_t id) { return {.kind = Kind::collective_wait, .id = id}; }
 
@@ -127,4 +128,15 @@ TEST_CASE("step-time model: ranks meeting late delay a collective's end, not the
   CHECK(fsdp::predict_step_time({start(1, 2e6, 4), start(2, 2e6, 4), wait(1), wait(2)}, m).seconds == Approx(2 * ring + 0.5));
   // Prefetched under enough compute, the meeting is hidden too.
   CHECK(fsdp::predict_step_time({start(1, 2e6, 4), op(3e9, 0), wait(1)}, m).seconds == Approx(3.0));
+}
+
+TEST_CASE("step-time model: a group with a link of its own (tensor parallelism inside a node)") {
+  fsdp::StepTimeModel m{.compute = {.default_flops_per_second = 1e9, .bytes_per_second = 1e9, .op_seconds = 0},
+                        .link = {.latency_seconds = 0, .bytes_per_second = 1e6}};
+  const double slow = 0.75 * 2.0;  // 2e6 bytes over 4 ranks at 1e6 B/s
+  const std::vector<step_trace::Event> both{start(1, 2e6, 4), start(2, 2e6, 4, "tp"), wait(1), wait(2)};
+  CHECK(fsdp::predict_step_time(both, m).seconds == Approx(2 * slow));  // one link: one after the other
+  m.group_links["tp"] = {.latency_seconds = 0, .bytes_per_second = 1e8};
+  CHECK(fsdp::predict_step_time({start(2, 2e6, 4, "tp"), wait(2)}, m).seconds == Approx(slow / 100));  // its own rate
+  CHECK(fsdp::predict_step_time(both, m).seconds == Approx(slow));  // and its own timeline: beside the other
 }

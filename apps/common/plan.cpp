@@ -25,7 +25,8 @@ std::optional<fsdp::MemoryPlan> plan_from_flags(const PlanFlags& f, fsdp::Memory
                                                 const Ranks& ranks, Device device, const StepItems& per_step,
                                                 const std::string& program) {
   WEFT_CHECK(!f.step_time.wanted || f.wanted(), "--step-time predicts the planned step: add --plan, --plan-ranks or --memory-budget");
-  WEFT_CHECK(f.step_time.network.empty() || f.step_time.wanted, "--network is the network --step-time assumes: add --step-time");
+  for (const auto& [flag, value] : {std::pair{"--network", &f.step_time.network}, {"--tp-network", &f.step_time.tp_network}})
+    WEFT_CHECK(value->empty() || f.step_time.wanted, "{} is a network --step-time assumes: add --step-time", flag);
   if (!f.wanted()) return std::nullopt;
   WEFT_CHECK(f.ranks == 0 || request.sharded, "memory plan: --plan-ranks plans sharded training: add --fsdp");
   // The ranks fully_shard shards over: the data-parallel ones (--tp splits each group's model).

@@ -160,13 +160,16 @@ void add_step_time_flags(CLI::App& cmd, StepTimeFlags& f) {
                "and the network (docs/PARALLEL.md, \"Step-time model\")");
   cmd.add_option("--network", f.network,
                  "the network --step-time assumes, GBPS[,LATENCY_US] (e.g. 100,5); default: measured on this run's ranks");
+  cmd.add_option("--tp-network", f.tp_network,
+                 "a link of their own for the tensor-parallel groups' collectives (inside a node), GBPS[,LATENCY_US] "
+                 "(e.g. 400,1); default: --network's");
 }
 
-fsdp::Link parse_network(const std::string& text) {
+fsdp::Link parse_network(const std::string& text, const std::string& flag) {
   static const std::regex form(R"(^([0-9]+(?:\.[0-9]+)?)(?:,([0-9]+(?:\.[0-9]+)?))?$)");
   std::smatch m;
   WEFT_CHECK(std::regex_match(text, m, form) && std::stod(m[1].str()) > 0,
-             "--network: expected GBPS[,LATENCY_US] with a positive bandwidth in Gb/s (e.g. 100 or 100,5), got \"{}\"", text);
+             "{}: expected GBPS[,LATENCY_US] with a positive bandwidth in Gb/s (e.g. 100 or 100,5), got \"{}\"", flag, text);
   return {.latency_seconds = (m[2].matched ? std::stod(m[2].str()) : 5.0) * 1e-6,
           .bytes_per_second = std::stod(m[1].str()) * 1e9 / 8};
 }
@@ -267,12 +270,17 @@ void report_step_time(const StepTimeFlags& f, const fsdp::MemoryPlan& plan, cons
   model.compute = calibrate_compute(plan.step, ranks.world > 1 ? dist::world() : nullptr, plan.peak_bytes);
   if (measured && ranks.world > 1)
     model.link.rendezvous_seconds = measure_rendezvous(plan.step, model.compute, model.link, dist::world());
+  if (!f.tp_network.empty()) model.group_links["tp"] = parse_network(f.tp_network, "--tp-network");  // the planner's tp groups
   const fsdp::StepTime t = fsdp::predict_step_time(plan.step, model);
   if (!ranks.lead()) return;
   double lo = std::numeric_limits<double>::infinity(), hi = 0;
   for (const auto& [name, rate] : model.compute.flops_per_second) lo = std::min(lo, rate), hi = std::max(hi, rate);
   std::string kinds;
   for (const auto& [kind, s] : t.by_collective) kinds += fmt::format("{}{} {:.1f}", kinds.empty() ? "" : ", ", kind, s * 1e3);
+  std::string tp_link;
+  if (auto it = model.group_links.find("tp"); it != model.group_links.end())
+    tp_link = fmt::format("; tensor-parallel link {:.2f} GB/s, {:.2f} us per hop (stated: --tp-network {})",
+                          it->second.bytes_per_second / 1e9, it->second.latency_seconds * 1e6, f.tp_network);
   std::string meets;  // measured under mpirun: ranks computing meet at a collective this late
   for (const auto& [size, s] : model.link.rendezvous_seconds) meets += fmt::format(", {:.0f} us to meet in {} ranks", s * 1e6, size);
   std::fprintf(out,
@@ -280,7 +288,7 @@ void report_step_time(const StepTimeFlags& f, const fsdp::MemoryPlan& plan, cons
                "  compute %.1f ms: FLOP-counted ops %.1f, element-wise %.1f, per op %.1f over %lld ops\n"
                "  communication %.1f ms in %lld collectives (%s), %.1f ms not hidden by compute\n"
                "  machine: GEMM and attention %.1f-%.1f GFLOP/s over %zu shapes, element-wise %.2f GB/s, %.2f us per op; "
-               "network %.2f GB/s per rank, %.2f us per hop%s (%s)\n",
+               "network %.2f GB/s per rank, %.2f us per hop%s (%s)%s\n",
                program.c_str(), planned_ranks, planned_ranks == 1 ? "" : "s", t.seconds * 1e3,
                per_step.count / t.seconds, per_step.what.c_str(), t.compute * 1e3, t.flops_ops * 1e3, t.bytes_ops * 1e3,
                t.per_op * 1e3, (long long)t.ops, t.communication * 1e3, (long long)t.collectives,
@@ -288,7 +296,8 @@ void report_step_time(const StepTimeFlags& f, const fsdp::MemoryPlan& plan, cons
                model.compute.flops_per_second.size(), model.compute.bytes_per_second / 1e9, model.compute.op_seconds * 1e6,
                model.link.bytes_per_second / 1e9, model.link.latency_seconds * 1e6, meets.c_str(),
                !measured ? ("stated: --network " + f.network).c_str()
-               : ranks.world > 1 ? fmt::format("measured on {} ranks", ranks.world).c_str() : "unused at one rank");
+               : ranks.world > 1 ? fmt::format("measured on {} ranks", ranks.world).c_str() : "unused at one rank",
+               tp_link.c_str());
   std::fflush(out);
 }
 

@@ -4,7 +4,8 @@
 // the framework adds per op (a chain of autograd ops of the step's median size); the network is
 // measured on the run's ranks under mpirun (all-gathers of two sizes fitted to the ring's cost),
 // or stated with --network GBPS[,LATENCY_US] (e.g. 100,5; planning N ranks from one process
-// needs it). Rank 0 prints the predicted step, its parts and tokens per second.
+// needs it); --tp-network gives the tensor-parallel groups a link of their own (inside a node).
+// Rank 0 prints the predicted step, its parts and tokens per second.
 #pragma once
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -21,13 +22,14 @@ namespace weft::apps {
 
 struct StepTimeFlags {
   bool wanted = false;
-  std::string network;  // "GBPS[,LATENCY_US]"; empty: measured on this run's ranks
+  std::string network;     // "GBPS[,LATENCY_US]"; empty: measured on this run's ranks
+  std::string tp_network;  // the tensor-parallel groups' own link; empty: `network`
 };
 
 void add_step_time_flags(CLI::App& cmd, StepTimeFlags& flags);
 
-// "100" or "100,5": Gb/s and microseconds per hop (5 when left out).
-fsdp::Link parse_network(const std::string& text);
+// "100" or "100,5": Gb/s and microseconds per hop (5 when left out); errors name `flag`.
+fsdp::Link parse_network(const std::string& text, const std::string& flag = "--network");
 // All-gathers over every rank of this run (a collective: call it on each).
 fsdp::Link measure_link();
 // Rates of the trace's ops on this machine; with `world` (every rank calling it on the same

@@ -140,6 +140,13 @@ hidden() { grep -o '[0-9.]* ms not hidden' "$1" | cut -d' ' -f1; }
 awk -v slow="$(step_ms "$tmp/st0.01.txt")" -v fast="$(step_ms "$tmp/st400.txt")" -v open_="$(hidden "$tmp/st0.01.txt")" \
     'BEGIN { exit !(slow > fast && open_ > 0) }' ||
   fail "--step-time: 0.01 Gb/s predicts $(step_ms "$tmp/st0.01.txt") ms ($(hidden "$tmp/st0.01.txt") ms not hidden), 400 Gb/s $(step_ms "$tmp/st400.txt") ms"
+# The tensor-parallel groups on a link of their own (inside a node): their collectives leave the
+# slow network, so the step is shorter (it fails when --tp-network is ignored).
+"$exe" train --fsdp --tp 2 "${big[@]}" --plan-ranks 4 --step-time --network 0.01 --tp-network 400,1 >"$tmp/sttp.txt" 2>"$tmp/err" ||
+  fail "--step-time --tp-network 400,1: $(cat "$tmp/err")"
+grep -q "tensor-parallel link 50.00 GB/s, 1.00 us per hop" "$tmp/sttp.txt" || fail "--tp-network: $(cat "$tmp/sttp.txt")"
+awk -v one="$(step_ms "$tmp/st0.01.txt")" -v two="$(step_ms "$tmp/sttp.txt")" 'BEGIN { exit !(two < 0.9 * one) }' ||
+  fail "--tp-network 400 on --network 0.01 predicts $(step_ms "$tmp/sttp.txt") ms, --network 0.01 alone $(step_ms "$tmp/st0.01.txt") ms"
 tokens=$(grep -o 'ms, [0-9]* tokens/s' "$tmp/st400.txt" | grep -o '[0-9]*')
 awk -v ms="$(step_ms "$tmp/st400.txt")" -v t="$tokens" 'BEGIN { x = t * ms / 1000 / (8 * 64); exit !(x > 0.99 && x < 1.01) }' ||
   fail "--step-time: $tokens tokens/s at $(step_ms "$tmp/st400.txt") ms is not 8 x 64 tokens per step"
