@@ -47,8 +47,8 @@ StepTime predict_step_time(const std::vector<step_trace::Event>& trace, const St
       const double cost = e.group_size > 1 ? collective_seconds(e.name, e.bytes, e.group_size, apart ? own->second : model.link)
                                            : e.bytes / model.compute.bytes_per_second;
       // Ranks meeting late delay the collective's end, not the link's next collective.
-      const auto meet = model.link.rendezvous_seconds.find(e.group_size);
-      const double late = meet == model.link.rendezvous_seconds.end() ? 0 : meet->second;
+      const auto meet = model.rendezvous_seconds.find(e.group_size);
+      const double late = meet == model.rendezvous_seconds.end() ? 0 : meet->second;
       double& free = link_free[apart ? e.group : ""];
       free = std::max(free, now) + cost;
       done[e.id] = free + late;

@@ -14,7 +14,8 @@
 //     (measured under mpirun, where ranks may share cores), which does not hold the link;
 //   - as weft schedules them: ops run one after another on the compute timeline; a collective
 //     starts when it is issued and the collective before it on its link is done (one link per
-//     rank, or one more for groups given their own: `group_links`), and the step waits for it where the trace says (a prefetched all-gather
+//     rank, or one more for groups given their own: `group_links`), and the step waits for it
+//     where the trace says (a prefetched all-gather
 //     overlaps the compute issued between its start and its wait; a tensor-parallel all-reduce
 //     is waited for at once). The step ends when both timelines are done.
 // See docs/PARALLEL.md ("Step-time model") for its validation against measured steps.
@@ -37,9 +38,6 @@ struct ComputeRates {
 struct Link {
   double latency_seconds = 5e-6;
   double bytes_per_second = 12.5e9;  // one rank's link, each direction (100 Gb/s)
-  // By group size: how much later a collective over that many ranks ends, the time ranks that
-  // compute take to meet (measured under mpirun; none for a stated network).
-  std::map<int, double> rendezvous_seconds;
 };
 
 struct StepTimeModel {
@@ -48,6 +46,8 @@ struct StepTimeModel {
   // Links of their own, by the trace's group name (e.g. "tp": tensor parallelism inside a node):
   // each its own timeline, beside the default link's.
   std::map<std::string, Link> group_links;
+  // By group size: how late computing ranks meet at a collective (measured under mpirun).
+  std::map<int, double> rendezvous_seconds;
 };
 
 struct StepTime {

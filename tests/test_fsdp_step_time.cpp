@@ -118,7 +118,8 @@ TEST_CASE("step-time model: ring costs, a prefetched collective hidden by comput
 
 TEST_CASE("step-time model: ranks meeting late delay a collective's end, not the link's next collective") {
   fsdp::StepTimeModel m{.compute = {.default_flops_per_second = 1e9, .bytes_per_second = 1e9, .op_seconds = 0},
-                        .link = {.latency_seconds = 0, .bytes_per_second = 1e6, .rendezvous_seconds = {{4, 0.5}}}};
+                        .link = {.latency_seconds = 0, .bytes_per_second = 1e6},
+                        .rendezvous_seconds = {{4, 0.5}}};
   const double ring = 0.75 * 2.0;  // 2e6 bytes over 4 ranks
   // Waited for at once: the step pays the meeting.
   CHECK(fsdp::predict_step_time({start(1, 2e6, 4), wait(1)}, m).seconds == Approx(ring + 0.5));

@@ -7,7 +7,6 @@
 #include <functional>
 #include <limits>
 #include <map>
-#include <memory>
 #include <regex>
 #include <tuple>
 
@@ -92,13 +91,11 @@ std::optional<Replay> replay(const std::string& name, double flops) {
     // As in the step: operands read from memory (copies, 64 MiB together, taken in turn: more
     // than the caches hold) and a fresh output each call (allocation, first touches, free).
     const int64_t pair_bytes = (rows + cols) * inner * int64_t(dtype_size(dt));
-    auto operands = std::make_shared<std::vector<std::pair<Tensor, Tensor>>>(
-        size_t(std::clamp<int64_t>((int64_t(64) << 20) / pair_bytes, 1, 64)));
-    for (auto& [a, b] : *operands)
+    std::vector<std::pair<Tensor, Tensor>> operands(size_t(std::clamp<int64_t>((int64_t(64) << 20) / pair_bytes, 1, 64)));
+    for (auto& [a, b] : operands)
       a = ta ? random({inner, rows}, dt) : random({rows, inner}, dt), b = tb ? random({cols, inner}, dt) : random({inner, cols}, dt);
-    auto next = std::make_shared<size_t>(0);
-    return Replay{[=] {
-                    const auto& [a, b] = (*operands)[(*next)++ % operands->size()];
+    return Replay{[=, next = size_t(0)]() mutable {
+                    const auto& [a, b] = operands[next++ % operands.size()];
                     kernels::gemm(a, ta, b, tb, empty({rows, cols}, {.dtype = is_16bit(dt) ? kFloat32 : dt}));
                   },
                   2.0 * double(rows * cols * inner)};
@@ -202,14 +199,14 @@ std::map<int, double> measure_rendezvous(const std::vector<step_trace::Event>& t
                                          const fsdp::Link& link, const dist::ProcessGroupPtr& world) {
   std::map<std::string, std::pair<double, double>> gemms;  // name -> (FLOPs in the step, of one call)
   std::map<int, std::vector<double>> sizes;                // group size -> its collectives' bytes
-  double compute = 0, collectives = 0;
+  double collectives = 0;
   for (const auto& e : trace) {
     if (e.kind == step_trace::Event::Kind::collective_start && e.group_size > 1)
       sizes[e.group_size].push_back(e.bytes), collectives += 1;
-    if (e.kind != step_trace::Event::Kind::op) continue;
-    compute += fsdp::op_seconds(e, rates) + rates.op_seconds;
-    if (rates.flops_per_second.count(e.name)) gemms[e.name].first += e.flops, gemms[e.name].second = e.flops;
+    if (e.kind == step_trace::Event::Kind::op && rates.flops_per_second.count(e.name))
+      gemms[e.name].first += e.flops, gemms[e.name].second = e.flops;
   }
+  const double compute = fsdp::predict_step_time(trace, {.compute = rates, .link = link}).compute;
   std::map<int, double> meet;
   if (gemms.empty()) return meet;
   const auto heaviest = std::max_element(gemms.begin(), gemms.end(), [](auto& x, auto& y) { return x.second.first < y.second.first; });
@@ -269,7 +266,7 @@ void report_step_time(const StepTimeFlags& f, const fsdp::MemoryPlan& plan, cons
   model.link = !measured ? parse_network(f.network) : ranks.world > 1 ? measure_link() : fsdp::Link{};
   model.compute = calibrate_compute(plan.step, ranks.world > 1 ? dist::world() : nullptr, plan.peak_bytes);
   if (measured && ranks.world > 1)
-    model.link.rendezvous_seconds = measure_rendezvous(plan.step, model.compute, model.link, dist::world());
+    model.rendezvous_seconds = measure_rendezvous(plan.step, model.compute, model.link, dist::world());
   if (!f.tp_network.empty()) model.group_links["tp"] = parse_network(f.tp_network, "--tp-network");  // the planner's tp groups
   const fsdp::StepTime t = fsdp::predict_step_time(plan.step, model);
   if (!ranks.lead()) return;
@@ -282,7 +279,7 @@ void report_step_time(const StepTimeFlags& f, const fsdp::MemoryPlan& plan, cons
     tp_link = fmt::format("; tensor-parallel link {:.2f} GB/s, {:.2f} us per hop (stated: --tp-network {})",
                           it->second.bytes_per_second / 1e9, it->second.latency_seconds * 1e6, f.tp_network);
   std::string meets;  // measured under mpirun: ranks computing meet at a collective this late
-  for (const auto& [size, s] : model.link.rendezvous_seconds) meets += fmt::format(", {:.0f} us to meet in {} ranks", s * 1e6, size);
+  for (const auto& [size, s] : model.rendezvous_seconds) meets += fmt::format(", {:.0f} us to meet in {} ranks", s * 1e6, size);
   std::fprintf(out,
                "%s: step time predicted at %d rank%s: %.1f ms, %.0f %s/s\n"
                "  compute %.1f ms: FLOP-counted ops %.1f, element-wise %.1f, per op %.1f over %lld ops\n"
