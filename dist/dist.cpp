@@ -39,7 +39,7 @@ struct State {
   std::recursive_mutex mu;
   bool initialized = false;
   bool started_mpi = false;  // weft called MPI_Init_thread, so weft calls MPI_Finalize
-  int rank = 0, size = 1, local_rank = 0;
+  int rank = 0, size = 1, local_rank = 0, local_size = 1;
   std::atomic<double> timeout{300.0};
   std::atomic<bool> debug{false};
   std::atomic<bool> check{true};
@@ -97,9 +97,8 @@ void init() {
   MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &s.size));
   MPI_Comm node;
   MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, s.rank, MPI_INFO_NULL, &node));
-  int local_size = 1;
   MPI_CHECK(MPI_Comm_rank(node, &s.local_rank));
-  MPI_CHECK(MPI_Comm_size(node, &local_size));
+  MPI_CHECK(MPI_Comm_size(node, &s.local_size));
   MPI_CHECK(MPI_Comm_free(&node));
   if (const char* t = std::getenv("WEFT_COLLECTIVE_TIMEOUT")) s.timeout = parse_timeout(t);
   if (const char* d = std::getenv("WEFT_DIST_DEBUG")) s.debug = parse_flag("WEFT_DIST_DEBUG", d);
@@ -119,7 +118,7 @@ void init() {
                         s.rank);
     }
   detail::flight_start();
-  detail::start_comm_thread(local_size);
+  detail::start_comm_thread(s.local_size);
   s.initialized = true;
 }
 
@@ -147,6 +146,7 @@ bool is_initialized() { return state().initialized; }
 int rank() { detail::check_initialized("dist::rank"); return state().rank; }
 int world_size() { detail::check_initialized("dist::world_size"); return state().size; }
 int local_rank() { detail::check_initialized("dist::local_rank"); return state().local_rank; }
+int local_size() { detail::check_initialized("dist::local_size"); return state().local_size; }
 
 Device local_device(DeviceType type) {
   if (type == DeviceType::cpu) return Device::cpu();

@@ -29,6 +29,7 @@ bool is_initialized();
 int rank();        // in the world
 int world_size();
 int local_rank();  // among the processes on this host: picks this rank's GPU
+int local_size();  // the processes on this host
 
 // This rank's device of `type`: the CPU, or for a GPU type local_rank() modulo the visible
 // devices (one rank per GPU on each host; the GPU its NCCL groups use). Device 0 before init()

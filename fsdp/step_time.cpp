@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 
 #include "core/error.h"
 
@@ -27,13 +28,54 @@ double op_seconds(const step_trace::Event& op, const ComputeRates& rates) {
   return op.bytes / rates.bytes_per_second;
 }
 
+double Meeting::late(double compute) const {
+  for (size_t i = 0; i < points.size(); ++i) {
+    const auto [x, y] = points[i];
+    if (compute > x) continue;
+    if (i == 0) return y;
+    const auto [x0, y0] = points[i - 1];
+    return y0 + (y - y0) * (compute - x0) / (x - x0);
+  }
+  return points.empty() ? 0 : points.back().second;
+}
+
+std::vector<double> compute_before_collectives(const std::vector<step_trace::Event>& trace, const ComputeRates& rates) {
+  std::vector<double> before(trace.size(), 0.0);
+  std::map<std::string, double> last;  // by group: the compute done when its previous collective started
+  double busy = 0;
+  for (size_t i = 0; i < trace.size(); ++i) {
+    const step_trace::Event& e = trace[i];
+    if (e.kind == step_trace::Event::Kind::op) busy += op_seconds(e, rates) + rates.op_seconds;
+    if (e.kind != step_trace::Event::Kind::collective_start) continue;
+    before[i] = busy - last[e.group];
+    last[e.group] = busy;
+  }
+  return before;
+}
+
 StepTime predict_step_time(const std::vector<step_trace::Event>& trace, const StepTimeModel& model) {
   using Kind = step_trace::Event::Kind;
   StepTime t;
   double now = 0;                         // the compute timeline
   std::map<std::string, double> link_free;  // by link ("": the default one): when it finishes its last collective
   std::map<uint64_t, double> done;  // collective id -> when it completes
-  for (const step_trace::Event& e : trace) {
+  struct Issued { uint64_t id; std::string link; double cost, late; };
+  std::deque<Issued> issued;  // not yet on their link (without overlap: until the step waits)
+  // Puts the issued collectives on their links in issue order, up to `id` (all: `everything`).
+  constexpr uint64_t everything = ~uint64_t(0);
+  auto move = [&](uint64_t id) {
+    while (!issued.empty()) {
+      const Issued c = issued.front();
+      issued.pop_front();
+      double& free = link_free[c.link];
+      free = std::max(free, now) + c.cost;
+      done[c.id] = free + c.late;  // ranks meeting late delay its end, not the link's next collective
+      if (c.id == id) return;
+    }
+  };
+  const std::vector<double> computed = compute_before_collectives(trace, model.compute);
+  for (size_t i = 0; i < trace.size(); ++i) {
+    const step_trace::Event& e = trace[i];
     if (e.kind == Kind::op) {
       const double s = op_seconds(e, model.compute);
       (e.flops > 0 ? t.flops_ops : t.bytes_ops) += s;
@@ -46,21 +88,23 @@ StepTime predict_step_time(const std::vector<step_trace::Event>& trace, const St
       const bool apart = own != model.group_links.end();
       const double cost = e.group_size > 1 ? collective_seconds(e.name, e.bytes, e.group_size, apart ? own->second : model.link)
                                            : e.bytes / model.compute.bytes_per_second;
-      // Ranks meeting late delay the collective's end, not the link's next collective.
-      const auto meet = model.rendezvous_seconds.find(e.group_size);
-      const double late = meet == model.rendezvous_seconds.end() ? 0 : meet->second;
-      double& free = link_free[apart ? e.group : ""];
-      free = std::max(free, now) + cost;
-      done[e.id] = free + late;
+      const auto meet = model.meetings.find(e.group_size);
+      const double late = meet == model.meetings.end() ? 0 : meet->second.late(computed[i]);
+      issued.push_back({e.id, apart ? e.group : "", cost, late});
+      if (model.overlap) move(e.id);
       t.communication += cost + late;
       t.by_collective[e.name] += cost + late;
       t.collectives += 1;
     } else {
-      auto it = done.find(e.id);
-      WEFT_CHECK(it != done.end(), "step-time model: the trace waits for collective {}, which never started", e.id);
-      now = std::max(now, it->second);
+      if (!done.count(e.id)) {
+        WEFT_CHECK(std::any_of(issued.begin(), issued.end(), [&](const Issued& c) { return c.id == e.id; }),
+                   "step-time model: the trace waits for collective {}, which never started", e.id);
+        move(e.id);
+      }
+      now = std::max(now, done.at(e.id));
     }
   }
+  move(everything);
   t.compute = t.flops_ops + t.bytes_ops + t.per_op;
   t.seconds = now;  // the step ends when its compute and every collective are done
   for (const auto& [id, end] : done) t.seconds = std::max(t.seconds, end);

@@ -10,8 +10,9 @@
 //     all-reduce the lesser of a ring's 2 (n-1) a + 2 (n-1)/n S/B and recursive doubling's
 //     ceil(log2 n) (a + S/B); broadcast ceil(log2 n) (a + S/B); barrier ceil(log2 n) a; over
 //     one rank, a copy of S bytes at the element-wise rate (MPI copies the buffer even there);
-//     a collective ends later by the time the group's ranks take to meet while they compute
-//     (measured under mpirun, where ranks may share cores), which does not hold the link;
+//     a collective ends later by the time the group's ranks take to meet, which grows with the
+//     compute each did since the group's previous collective (`Meeting`: measured under mpirun,
+//     where ranks may share cores) and does not hold the link;
 //   - as weft schedules them: ops run one after another on the compute timeline; a collective
 //     starts when it is issued and the collective before it on its link is done (one link per
 //     rank, or one more for groups given their own: `group_links`), and the step waits for it
@@ -40,14 +41,26 @@ struct Link {
   double bytes_per_second = 12.5e9;  // one rank's link, each direction (100 Gb/s)
 };
 
+// How late the ranks of a group meet at a collective (a rank a time slice behind, slower GEMMs)
+// by the compute each did since the group's previous collective: measured points (seconds of
+// compute, seconds late), joined by straight lines, the first point's value below it (ranks
+// that share cores drift apart as soon as they compute at all) and the last's beyond it.
+struct Meeting {
+  std::vector<std::pair<double, double>> points;  // by compute, ascending
+  double late(double compute) const;
+};
+
 struct StepTimeModel {
   ComputeRates compute;
   Link link;  // every collective's, except over groups named in `group_links`
   // Links of their own, by the trace's group name (e.g. "tp": tensor parallelism inside a node):
   // each its own timeline, beside the default link's.
   std::map<std::string, Link> group_links;
-  // By group size: how late computing ranks meet at a collective (measured under mpirun).
-  std::map<int, double> rendezvous_seconds;
+  std::map<int, Meeting> meetings;  // by group size (measured under mpirun; none: ranks meet at once)
+  // false: a collective moves only while the step waits for it (a host running more ranks than
+  // cores: the ranks' communication threads find no free core while they compute), so it goes
+  // on its link at its wait, after every collective issued before it.
+  bool overlap = true;
 };
 
 struct StepTime {
@@ -64,6 +77,9 @@ struct StepTime {
 
 double collective_seconds(const std::string& kind, double bytes, int ranks, const Link& link);
 double op_seconds(const step_trace::Event& op, const ComputeRates& rates);
+// For each event of the trace: a collective's compute since its group's previous collective
+// started (since the step began, for the group's first), at `rates`; 0 for other events.
+std::vector<double> compute_before_collectives(const std::vector<step_trace::Event>& trace, const ComputeRates& rates);
 StepTime predict_step_time(const std::vector<step_trace::Event>& trace, const StepTimeModel& model);
 
 }  // namespace weft::fsdp

@@ -118,17 +118,53 @@ TEST_CASE("step-time model: ring costs, a prefetched collective hidden by comput
 
 TEST_CASE("step-time model: ranks meeting late delay a collective's end, not the link's next collective") {
   fsdp::StepTimeModel m{.compute = {.default_flops_per_second = 1e9, .bytes_per_second = 1e9, .op_seconds = 0},
-                        .link = {.latency_seconds = 0, .bytes_per_second = 1e6},
-                        .rendezvous_seconds = {{4, 0.5}}};
+                        .link = {.latency_seconds = 0, .bytes_per_second = 1e6}};
+  m.meetings[4].points = {{1.0, 0.5}};
   const double ring = 0.75 * 2.0;  // 2e6 bytes over 4 ranks
-  // Waited for at once: the step pays the meeting.
-  CHECK(fsdp::predict_step_time({start(1, 2e6, 4), wait(1)}, m).seconds == Approx(ring + 0.5));
+  // Waited for at once after 1 s of compute: the step pays the meeting.
+  CHECK(fsdp::predict_step_time({op(1e9, 0), start(1, 2e6, 4), wait(1)}, m).seconds == Approx(1 + ring + 0.5));
   // Only groups of the size it was measured for: a group of 2 meets at once.
-  CHECK(fsdp::predict_step_time({start(1, 2e6, 2), wait(1)}, m).seconds == Approx(0.5 * 2.0));
+  CHECK(fsdp::predict_step_time({op(1e9, 0), start(1, 2e6, 2), wait(1)}, m).seconds == Approx(1 + 0.5 * 2.0));
   // Two collectives in a row: the second starts on the link when the first's bytes are through.
-  CHECK(fsdp::predict_step_time({start(1, 2e6, 4), start(2, 2e6, 4), wait(1), wait(2)}, m).seconds == Approx(2 * ring + 0.5));
+  CHECK(fsdp::predict_step_time({op(1e9, 0), start(1, 2e6, 4), start(2, 2e6, 4), wait(1), wait(2)}, m).seconds ==
+        Approx(1 + 2 * ring + 0.5));
   // Prefetched under enough compute, the meeting is hidden too.
-  CHECK(fsdp::predict_step_time({start(1, 2e6, 4), op(3e9, 0), wait(1)}, m).seconds == Approx(3.0));
+  CHECK(fsdp::predict_step_time({op(1e9, 0), start(1, 2e6, 4), op(3e9, 0), wait(1)}, m).seconds == Approx(4.0));
+}
+
+TEST_CASE("step-time model: how late ranks meet grows with the compute since their group's last collective") {
+  const fsdp::Meeting meeting{.points = {{1.0, 0.5}, {3.0, 0.9}}};
+  CHECK(meeting.late(0.5) == Approx(0.5));   // the first point's below it
+  CHECK(meeting.late(2.0) == Approx(0.7));   // between the points
+  CHECK(meeting.late(10.0) == Approx(0.9));  // the last point's beyond it
+  fsdp::StepTimeModel m{.compute = {.default_flops_per_second = 1e9, .bytes_per_second = 1e9, .op_seconds = 0},
+                        .link = {.latency_seconds = 0, .bytes_per_second = 1e12}};
+  m.meetings[2] = meeting;
+  // The tp collective after 3 s meets 0.9 s late, the one 0.5 s after it 0.5 s late; the dp
+  // collective in between is another group's: it does not shorten the tp group's compute.
+  const std::vector<step_trace::Event> trace{op(3e9, 0),      start(1, 8, 2, "tp"), wait(1), op(0.25e9, 0), start(2, 8, 2, "dp"),
+                                             wait(2),         op(0.25e9, 0),        start(3, 8, 2, "tp"), wait(3)};
+  const std::vector<double> before = fsdp::compute_before_collectives(trace, m.compute);
+  CHECK(before[1] == Approx(3.0));
+  CHECK(before[4] == Approx(3.25));
+  CHECK(before[7] == Approx(0.5));
+  CHECK(fsdp::predict_step_time(trace, m).seconds == Approx(3.5 + 0.9 + 0.9 + 0.5).epsilon(1e-6));
+}
+
+TEST_CASE("step-time model: without overlap a collective moves only while the step waits for it") {
+  fsdp::StepTimeModel m{.compute = {.default_flops_per_second = 1e9, .bytes_per_second = 1e9, .op_seconds = 0},
+                        .link = {.latency_seconds = 0, .bytes_per_second = 1e6}};
+  const double ring = 0.75 * 2.0;  // 2e6 bytes over 4 ranks
+  const std::vector<step_trace::Event> prefetched{start(1, 2e6, 4), op(1e9, 0), wait(1)};
+  CHECK(fsdp::predict_step_time(prefetched, m).seconds == Approx(ring));  // hidden under 1 s of compute
+  m.overlap = false;
+  CHECK(fsdp::predict_step_time(prefetched, m).seconds == Approx(1 + ring));  // after the compute, at its wait
+  // Waiting for the second drives the first too, in issue order; the first's wait is then free.
+  const auto two = fsdp::predict_step_time({start(1, 2e6, 4), start(2, 2e6, 4), op(1e9, 0), wait(2), op(1e9, 0), wait(1)}, m);
+  CHECK(two.seconds == Approx(1 + 2 * ring + 1));
+  // Never waited for: it moves after the step's compute.
+  CHECK(fsdp::predict_step_time({start(1, 2e6, 4), op(1e9, 0)}, m).seconds == Approx(1 + ring));
+  CHECK_THROWS_WITH(fsdp::predict_step_time({wait(9)}, m), Catch::Matchers::Contains("never started"));
 }
 
 TEST_CASE("step-time model: a group with a link of its own (tensor parallelism inside a node)") {

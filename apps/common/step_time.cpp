@@ -8,6 +8,7 @@
 #include <limits>
 #include <map>
 #include <regex>
+#include <thread>
 #include <tuple>
 
 #include "autograd/ops.h"
@@ -18,6 +19,7 @@
 #include "dist/dist.h"
 #include "kernels/attention.h"
 #include "kernels/linalg.h"
+#include "kernels/threads.h"
 
 namespace weft::apps {
 namespace {
@@ -189,69 +191,90 @@ fsdp::Link measure_link() {
   return {.latency_seconds = std::max(0.0, (t1 - share * s1 / bandwidth) / (n - 1)), .bytes_per_second = bandwidth};
 }
 
-// The time ranks take to meet at a collective while they compute (where ranks share cores, a
-// rank waits for the others' time slices), for each size of group the trace's collectives run
-// on: every rank runs the trace's heaviest GEMM for the step's mean compute between two
-// collectives, then all-reduces the median size of that group's collectives over a group of
-// that size and waits, over and over; what a round takes beyond the same GEMMs without the
-// all-reduce and the link's cost of it.
-std::map<int, double> measure_rendezvous(const std::vector<step_trace::Event>& trace, const fsdp::ComputeRates& rates,
-                                         const fsdp::Link& link, const dist::ProcessGroupPtr& world) {
+// How late the ranks of each group size the trace's collectives run on meet (fsdp::Meeting; where
+// ranks share cores, a rank waits for the others' time slices): every rank runs the trace's
+// heaviest GEMM, once or for the longest compute between two of that size's collectives, then
+// all-gathers the median size of those collectives over groups of that size and waits, over
+// and over (the same rounds on every rank; per point the median of three measurements); what a
+// round takes beyond its GEMMs alone and the link's cost of the all-gather, the ranks' mean.
+std::map<int, fsdp::Meeting> measure_meetings(const std::vector<step_trace::Event>& trace, const fsdp::ComputeRates& rates,
+                                              const fsdp::Link& link, const dist::ProcessGroupPtr& world) {
   std::map<std::string, std::pair<double, double>> gemms;  // name -> (FLOPs in the step, of one call)
-  std::map<int, std::vector<double>> sizes;                // group size -> its collectives' bytes
-  double collectives = 0;
-  for (const auto& e : trace) {
-    if (e.kind == step_trace::Event::Kind::collective_start && e.group_size > 1)
-      sizes[e.group_size].push_back(e.bytes), collectives += 1;
+  std::map<int, std::pair<std::vector<double>, double>> sizes;  // group size -> (its collectives' bytes, longest compute before one)
+  const std::vector<double> before = fsdp::compute_before_collectives(trace, rates);
+  for (size_t i = 0; i < trace.size(); ++i) {
+    const step_trace::Event& e = trace[i];
+    if (e.kind == step_trace::Event::Kind::collective_start && e.group_size > 1) {
+      auto& [bytes, longest] = sizes[e.group_size];
+      bytes.push_back(e.bytes), longest = std::max(longest, before[i]);
+    }
     if (e.kind == step_trace::Event::Kind::op && rates.flops_per_second.count(e.name))
       gemms[e.name].first += e.flops, gemms[e.name].second = e.flops;
   }
-  const double compute = fsdp::predict_step_time(trace, {.compute = rates, .link = link}).compute;
-  std::map<int, double> meet;
-  if (gemms.empty()) return meet;
+  std::map<int, fsdp::Meeting> meetings;
+  if (gemms.empty()) return meetings;
   const auto heaviest = std::max_element(gemms.begin(), gemms.end(), [](auto& x, auto& y) { return x.second.first < y.second.first; });
   const std::optional<Replay> gemm = replay(heaviest->first, heaviest->second.second);
   const double gemm_seconds = gemm->flops / rates.flops_per_second.at(heaviest->first);
-  Tensor agreed = from_vector({std::clamp(std::round(compute / std::max(collectives, 1.0) / gemm_seconds), 1.0, 1e3)}, {1},
-                              {.dtype = kFloat64});
-  world->all_reduce(agreed, dist::ReduceOp::max)->wait();  // every rank the same GEMMs per round
-  const int calls = int(agreed.item());
   const Timer timer{world, 0.25};
-  for (auto& [size, bytes] : sizes) {
+  for (auto& [size, collectives] : sizes) {
+    auto& [bytes, longest] = collectives;
     WEFT_CHECK(world->size() % size == 0, "step-time calibration: a group of {} ranks in a world of {}", size, world->size());
     const dist::ProcessGroupPtr group = size == world->size() ? world : dist::DeviceMesh(DeviceType::cpu, {world->size() / size, size}).group(1);
     std::nth_element(bytes.begin(), bytes.begin() + bytes.size() / 2, bytes.end());
-    Tensor buffer = zeros({std::max<int64_t>(1, int64_t(bytes[bytes.size() / 2] / 4))});
-    const double extra = median_of_3([&] {
-      const double alone = timer.seconds([&] { for (int i = 0; i < calls; ++i) gemm->call(); });
-      return timer.seconds([&] {
-        for (int i = 0; i < calls; ++i) gemm->call();
-        group->all_reduce(buffer, dist::ReduceOp::sum)->wait();
-      }) - alone;
-    });
-    Tensor t = from_vector({extra - fsdp::collective_seconds("all_reduce", 4.0 * double(buffer.numel()), size, link)}, {1},
-                           {.dtype = kFloat64});
-    world->all_reduce(t, dist::ReduceOp::sum)->wait();  // every rank predicts with the ranks' mean
-    meet[size] = std::max(0.0, t.item() / world->size());
+    Tensor in = zeros({std::max<int64_t>(1, int64_t(bytes[bytes.size() / 2] / 4 / size))}), out = zeros({in.numel() * size});
+    Tensor most = from_vector({std::clamp(std::round(longest / gemm_seconds), 1.0, 1e3)}, {1}, {.dtype = kFloat64});
+    world->all_reduce(most, dist::ReduceOp::max)->wait();  // every rank the same GEMMs per round
+    std::vector<int> calls{1};
+    if (most.item() > 1) calls.push_back(int(most.item()));
+    const double moving = fsdp::collective_seconds("all_gather_into_tensor", 4.0 * double(out.numel()), size, link);
+    std::vector<std::array<double, 3>> late(calls.size());
+    for (int m = 0; m < 3; ++m) {
+      const double alone = timer.seconds([&] { gemm->call(); });
+      for (size_t c = 0; c < calls.size(); ++c)
+        late[c][m] = timer.seconds([&] {
+          for (int i = 0; i < calls[c]; ++i) gemm->call();
+          group->all_gather_into_tensor(out, in)->wait();
+        }) - calls[c] * alone - moving;
+    }
+    for (size_t c = 0; c < calls.size(); ++c) {
+      std::sort(late[c].begin(), late[c].end());
+      Tensor t = from_vector({late[c][1]}, {1}, {.dtype = kFloat64});
+      world->all_reduce(t, dist::ReduceOp::sum)->wait();  // every rank predicts with the ranks' mean
+      meetings[size].points.push_back({calls[c] * gemm_seconds, std::max(0.0, t.item() / world->size())});
+    }
   }
-  return meet;
+  return meetings;
 }
 
 fsdp::ComputeRates calibrate_compute(const std::vector<step_trace::Event>& trace, const dist::ProcessGroupPtr& world,
                                      int64_t working_bytes) {
-  const Timer timer{world};
+  const Timer timer{world}, shape_timer{world, 0.1};
   fsdp::ComputeRates r;
   double best = 0;
   for (const auto& e : trace) {
     if (e.kind != step_trace::Event::Kind::op || e.flops == 0 || r.flops_per_second.count(e.name)) continue;
     if (auto r1 = replay(e.name, e.flops)) {
-      const double rate = r1->flops / timer.seconds(r1->call);
+      // The median of three (a time the machine was busy elsewhere left out).
+      const double rate = r1->flops / median_of_3([&] { return shape_timer.seconds(r1->call); });
       r.flops_per_second[e.name] = rate;
       best = std::max(best, rate);
     }
   }
   if (best > 0) r.default_flops_per_second = best;
   std::tie(r.bytes_per_second, r.op_seconds) = elementwise_and_framework(trace, timer, working_bytes);
+  if (!world) return r;
+  // Every rank predicts with the ranks' mean time per FLOP, per byte and per op (each rank's own
+  // scatters with how the machine's cores were shared while it measured).
+  std::vector<double> times{1 / r.default_flops_per_second, 1 / r.bytes_per_second, r.op_seconds};
+  for (const auto& [name, rate] : r.flops_per_second) times.push_back(1 / rate);
+  Tensor t = from_vector(times, {int64_t(times.size())}, {.dtype = kFloat64});
+  world->all_reduce(t, dist::ReduceOp::sum)->wait();
+  const std::vector<double> mean = to_vector(t);
+  auto at = [&](size_t i) { return mean[i] / world->size(); };
+  r.default_flops_per_second = 1 / at(0), r.bytes_per_second = 1 / at(1), r.op_seconds = at(2);
+  size_t i = 3;
+  for (auto& [name, rate] : r.flops_per_second) rate = 1 / at(i++);
   return r;
 }
 
@@ -265,8 +288,11 @@ void report_step_time(const StepTimeFlags& f, const fsdp::MemoryPlan& plan, cons
   fsdp::StepTimeModel model;
   model.link = !measured ? parse_network(f.network) : ranks.world > 1 ? measure_link() : fsdp::Link{};
   model.compute = calibrate_compute(plan.step, ranks.world > 1 ? dist::world() : nullptr, plan.peak_bytes);
-  if (measured && ranks.world > 1)
-    model.rendezvous_seconds = measure_rendezvous(plan.step, model.compute, model.link, dist::world());
+  if (measured && ranks.world > 1) model.meetings = measure_meetings(plan.step, model.compute, model.link, dist::world());
+  // More ranks' threads than this host has cores: communication moves only while a rank waits.
+  const int threads = ranks.world > 1 ? dist::local_size() * get_num_threads() : 0;
+  const int cores = int(std::thread::hardware_concurrency());
+  model.overlap = threads <= cores;
   if (!f.tp_network.empty()) model.group_links["tp"] = parse_network(f.tp_network, "--tp-network");  // the planner's tp groups
   const fsdp::StepTime t = fsdp::predict_step_time(plan.step, model);
   if (!ranks.lead()) return;
@@ -278,8 +304,11 @@ void report_step_time(const StepTimeFlags& f, const fsdp::MemoryPlan& plan, cons
   if (auto it = model.group_links.find("tp"); it != model.group_links.end())
     tp_link = fmt::format("; tensor-parallel link {:.2f} GB/s, {:.2f} us per hop (stated: --tp-network {})",
                           it->second.bytes_per_second / 1e9, it->second.latency_seconds * 1e6, f.tp_network);
-  std::string meets;  // measured under mpirun: ranks computing meet at a collective this late
-  for (const auto& [size, s] : model.rendezvous_seconds) meets += fmt::format(", {:.0f} us to meet in {} ranks", s * 1e6, size);
+  std::string meets = model.overlap ? "" : fmt::format("; collectives move only while waited for ({} threads on {} cores)", threads, cores);
+  for (const auto& [size, meeting] : model.meetings)
+    for (size_t i = 0; i < meeting.points.size(); ++i)
+      meets += fmt::format("{} {:.0f} us {}after {:.1f} ms of compute", i ? "," : fmt::format("; {} ranks meet", size),
+                           meeting.points[i].second * 1e6, i ? "" : "late ", meeting.points[i].first * 1e3);
   std::fprintf(out,
                "%s: step time predicted at %d rank%s: %.1f ms, %.0f %s/s\n"
                "  compute %.1f ms: FLOP-counted ops %.1f, element-wise %.1f, per op %.1f over %lld ops\n"
