@@ -8,7 +8,7 @@
 # bandwidth for the bytes/token x tokens/s comparison. Prints a table; a developer tool, never
 # part of the tests.
 #   bash scripts/bench_1b.sh BUILD_DIR [WORK_DIR]     (default WORK_DIR /tmp/weft-1b)
-# Environment: HF_VENV (default /tmp/hfenv, made by scripts/hf_reference.sh), THREADS (2).
+# Environment: HF_VENV (default /tmp/hfenv, made by scripts/hf_reference.sh), THREADS (2), ROUNDS (3).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 build=$(cd "$1" && pwd)
@@ -26,37 +26,55 @@ bytes=$(stat -c %s "$model/model.safetensors")
 cat "$model/model.safetensors" >/dev/null  # a warm page cache
 prompt="0123456789abcdef"  # 16 ids (its bytes)
 
-echo "| what | ranks | process wall s | load s | peak RSS per rank (MiB) | file GB/s per rank (load) |"
+# Each load runs twice, back to back: on a guest whose host takes back memory left idle, the
+# first large allocation after a pause faults in slower pages (the second is the machine's own rate).
+load_once() {  # dtype ranks: rank 0's "loaded ... in S s"; the wall time and peak RSS of every rank in $work/time.*
+  if [ "$2" = 1 ]; then
+    /usr/bin/time -f "%e %M" -o "$work/time.1" "$exe" sample --from "$model" --prompt "$prompt" --tokens 0 --ids \
+      --threads "$threads" --dtype "$1" >/dev/null 2>"$work/load.err"
+  else
+    OMP_NUM_THREADS=1 mpirun -np "$2" --oversubscribe --bind-to none bash -c \
+      '/usr/bin/time -f "%e %M" -o "$0.$OMPI_COMM_WORLD_RANK" "$@"' "$work/time" "$exe" sample --fsdp --from "$model" \
+      --prompt "$prompt" --tokens 0 --ids --threads 1 --dtype "$1" >/dev/null 2>"$work/load.err"
+  fi
+  sed -n 's/.*loaded .* in \([0-9.]*\) s$/\1/p' "$work/load.err"
+}
+rate() { awk -v b="$bytes" -v n="$1" -v s="$2" 'BEGIN { printf "%.2f", b / n / s / 1e9 }'; }
+echo "| what | ranks | process wall s (again) | load s, first / again | peak RSS per rank (MiB) | file GB/s per rank, first / again |"
 echo "|---|---:|---:|---:|---:|---:|"
 for dtype in f32 bf16; do
-  for np in 1 2 4; do  # load, no token generated (--tokens 0); "loaded ... in S s" is rank 0's, after all ranks
-    if [ "$np" = 1 ]; then
-      /usr/bin/time -f "%e %M" -o "$work/time.1" "$exe" sample --from "$model" --prompt "$prompt" --tokens 0 --ids \
-        --threads "$threads" --dtype "$dtype" >/dev/null 2>"$work/load.err"
-    else
-      OMP_NUM_THREADS=1 mpirun -np "$np" --oversubscribe --bind-to none bash -c \
-        '/usr/bin/time -f "%e %M" -o "$0.$OMPI_COMM_WORLD_RANK" "$@"' "$work/time" "$exe" sample --fsdp --from "$model" \
-        --prompt "$prompt" --tokens 0 --ids --threads 1 --dtype "$dtype" >/dev/null 2>"$work/load.err"
-    fi
+  for np in 1 2 4; do  # load, no token generated (--tokens 0); the time is rank 0's, after all ranks
+    first=$(load_once "$dtype" "$np"); rm -f "$work"/time.*
+    again=$(load_once "$dtype" "$np")
     wall=$(cat "$work"/time.* | awk '{ if ($1 > w) w = $1 } END { print w }')
     rss=$(cat "$work"/time.* | awk '{ printf "%s%d", (NR > 1 ? " / " : ""), $2 / 1024 }')
-    load=$(sed -n 's/.*loaded .* in \([0-9.]*\) s$/\1/p' "$work/load.err")
-    rate=$(awk -v b="$bytes" -v n="$np" -v s="$load" 'BEGIN { printf "%.2f", b / n / s / 1e9 }')
-    echo "| load $dtype | $np | $wall | $load | $rss | $rate |"
+    echo "| load $dtype | $np | $wall | $first / $again | $rss | $(rate "$np" "$first") / $(rate "$np" "$again") |"
     rm -f "$work"/time.*
   done
 done
 
+# Decode, weft and transformers alternated for $ROUNDS rounds (the guest's memory bandwidth moves
+# from minute to minute): each round's tokens/s (transformers' the best of its two generations),
+# then the medians and their ratio.
+reads=""
+median() { tr ' ' '\n' | grep . | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
+echo "| decode, batch 1, $threads threads | rounds (tokens/s) | median | weft / transformers |"
+echo "|---|---|---:|---:|"
 for dtype in f32 bf16; do
-  weft=$("$exe" sample --from "$model" --prompt "$prompt" --tokens 32 --greedy --ids --threads "$threads" \
-         --dtype "$dtype" 2>&1 >"$work/weft.$dtype.ids")
-  tps=$(echo "$weft" | sed -n 's/.*then \([0-9.]*\) tokens\/s.*/\1/p')
-  echo "| weft decode $dtype | 1 | | | | $tps tokens/s |"
-done
-for dtype in f32 bf16; do
-  OMP_NUM_THREADS=$threads "$py" "$here/bench_1b.py" decode --from "$model" --threads "$threads" --dtype $dtype \
-    --new 32 >"$work/hf.$dtype.json"
-  echo "| transformers decode $dtype | 1 | | | | $(jq -r .decode_tokens_per_s "$work/hf.$dtype.json") tokens/s |"
+  w=""; h=""
+  for r in $(seq "${ROUNDS:-3}"); do
+    weft=$("$exe" sample --from "$model" --prompt "$prompt" --tokens 32 --greedy --ids --threads "$threads" \
+           --dtype "$dtype" 2>&1 >"$work/weft.$dtype.ids")
+    w="$w $(echo "$weft" | sed -n 's/.*then \([0-9.]*\) tokens\/s.*/\1/p')"
+    OMP_NUM_THREADS=$threads "$py" "$here/bench_1b.py" decode --from "$model" --threads "$threads" --dtype $dtype \
+      --new 32 >"$work/hf.$dtype.json" 2>/dev/null
+    h="$h $(jq -r .decode_tokens_per_s "$work/hf.$dtype.json")"
+  done
+  wm=$(echo "$w" | median); hm=$(echo "$h" | median)
+  echo "| weft $dtype |$w | $wm | $(awk -v a="$wm" -v b="$hm" 'BEGIN { printf "%.2fx", a / b }') |"
+  echo "| transformers $dtype |$h | $hm | |"
+  per=$bytes; [ "$dtype" = f32 ] && per=$(( 2 * bytes ))
+  reads="$reads weft $dtype reads its weights at $(awk -v t="$wm" -v b="$per" 'BEGIN { printf "%.1f", t * b / 1e9 }') GB/s;"
 done
 for dtype in f32 bf16; do  # how many of the 32 greedy ids agree with transformers' in the same dtype, from the first
   same=$(paste -d' ' <(jq -r '.ids[]' "$work/hf.$dtype.json") <(tr ',' '\n' <"$work/weft.$dtype.ids") |
@@ -65,4 +83,5 @@ for dtype in f32 bf16; do  # how many of the 32 greedy ids agree with transforme
 done
 bw=$("$build/apps/bench/weft-bench" --quick --threads "$threads" 2>/dev/null | grep "add_" | tail -1)
 echo "weft-bench add_ row: $bw"
+echo "at the medians:$reads"
 echo "bytes per token (tied head read once): f32 $(( bytes * 2 )), bf16 $bytes (the file)"

@@ -338,6 +338,13 @@ TEST_CASE("each bf16 GEMM kernel matches a double loop on every shape, transpose
     bgemm_sum_block = sum_block;
     // a^T packed once for two column blocks, over two row blocks and two KC blocks
     check_gemm<BFloat16, float>(f32, 300, 600, 2100, true, false, 1, 1.0f, 0.5f);
+    // up to 4 rows of a times a Linear's W^T: read in place, one column at a time (depth tails of
+    // the 32-value vectors and the 128-value steps, past a KC block)
+    for (int64_t m : {1, 2, 3, 4})
+      for (int64_t k : {1, 31, 129, 4301}) {
+        check_gemm<BFloat16, float>(f32, m, 37, k, false, true, m - 1, 1.0f, 0.5f);
+        check_gemm<BFloat16, BFloat16>(b16, m, 37, k, false, true, 2, -0.5f, 1.0f);
+      }
     // a's rows 4 KiB apart (2,048 bf16: packed rather than read in place), one and two KC blocks
     check_gemm<BFloat16, BFloat16>(b16, 50, 40, 2000, false, true, 48, 1.0f, 0.0f);
     check_gemm<BFloat16, float>(f32, 40, 70, 2100, false, false, 1996, 1.0f, 1.0f);
@@ -360,6 +367,7 @@ TEST_CASE("the bf16 GEMM entry point splits over threads and gives the kernel's 
       check_gemm<BFloat16, BFloat16>(entry_bf16<BFloat16>, 530, 40, 64, false, true, 1, 1.0f, 0.0f);  // a read in place: by columns
       check_gemm<BFloat16, float>(entry_bf16<float>, 40, 600, 64, true, false, 0, 1.0f, 0.5f);        // slices on 32-column edges
       check_gemm<BFloat16, float>(entry_bf16<float>, 1, 300, 65, false, false, 2, 2.0f, 0.25f);
+      check_gemm<BFloat16, BFloat16>(entry_bf16<BFloat16>, 3, 700, 257, false, true, 1, 1.0f, 0.5f);  // a few rows, W^T
       check_gemm<BFloat16, BFloat16>(entry_bf16<BFloat16>, 20, 30, 0, false, false, 0, 1.0f, 0.5f);  // k = 0: beta * c
     }
   }
@@ -380,6 +388,7 @@ TEST_CASE("gemm adds a bias row as filling out with it and adding the product wo
   };
   const std::vector<Case> cases = {{300, 129, 300, false, true}, {65, 700, 257, true, false}, {530, 40, 64, false, true},
                                    {40, 600, 64, true, false},   {37, 45, 2100, false, true}, {1, 300, 65, false, false},
+                                   {3, 300, 65, false, true},
                                    {20, 30, 0, false, false}};  // no depth: the bias alone
   auto run = [&](const char* route) {
     for (auto [dt, out_dt] : {std::pair{kFloat32, kFloat32}, std::pair{kBFloat16, kBFloat16}, std::pair{kBFloat16, kFloat32}})

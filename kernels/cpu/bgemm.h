@@ -18,7 +18,9 @@ namespace weft::kernels::cpu {
 // k >= 1. a_sums (m values, or null; only for a column-major a: a_rs == 1, a_cs != 1):
 // a_sums[i] += the sum of a[i, 0..k), in f32 over each 64 values of p from 0, each 64 values'
 // total added in f64 (a linear layer's bias gradient, the sums of dY's columns, taken as dY^T is
-// packed for the weight gradient instead of read again).
+// packed for the weight gradient instead of read again). Up to 4 rows of a row-major a times a b
+// with contiguous columns (b_rs == 1: a Linear's W^T, decode's one-token products) read b in
+// place, each column's sum one vector chain across its depth (no packing, no depth blocks).
 void bgemm_avx512bf16(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, int64_t a_cs,
                       const uint16_t* b, int64_t b_rs, int64_t b_cs, void* c, bool c_bf16, int64_t ldc,
                       float alpha, float beta, const void* bias, double* a_sums);

@@ -9,8 +9,9 @@
 #include <algorithm>
 #include <cstdint>
 // gcc 12 reports false "may be used uninitialized" warnings for the undefined pass-through
-// operand inside its own AVX-512 widening and shift intrinsics.
+// operand inside its own AVX-512 widening, shift and reduction intrinsics.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <cstring>
 
 #include "kernels/cpu/bgemm.h"
@@ -132,11 +133,44 @@ void blocked(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, i
   }
 }
 
+// A few rows of a (a_cs == 1) times a b with contiguous columns (b_rs == 1: x W^T, a Linear's
+// W [n, k]), b read in place: decode's one-token products, for which the blocked product packs
+// all of b on every call (Llama 3.2 1B's shape, bf16, Zen 4, 2 threads: 5.2 tokens/s so, 13.4
+// so). Column after column (one stream; four columns side by side read 25 % fewer bytes a
+// second), 128 values a step in four vector chains against the rows' same values (in L1). A
+// sum is one column's: its bits do not depend on the columns beside it or the threads' split.
+template <int M>
+void few_rows(int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, const uint16_t* b, int64_t b_cs, void* c,
+              bool c16, int64_t ldc, float alpha, float beta, const void* bias) {
+  const int64_t es = c16 ? 2 : 4;
+  for (int64_t j = 0; j < n; ++j, b += b_cs) {
+    __m512 acc[M][4] = {};
+    for (int64_t p = 0; p < k; p += 128)
+#pragma GCC unroll 4
+      for (int u = 0; u < 4; ++u) {
+        const int64_t q = p + 32 * u, left = k - q;
+        const __mmask32 valid = left >= 32 ? ~__mmask32(0) : left <= 0 ? 0 : (__mmask32(1) << left) - 1;
+        const __m512bh w = reinterpret_cast<__m512bh>(_mm512_maskz_loadu_epi16(valid, b + q));
+        for (int i = 0; i < M; ++i)
+          acc[i][u] = _mm512_dpbf16_ps(acc[i][u], reinterpret_cast<__m512bh>(_mm512_maskz_loadu_epi16(valid, a + i * a_rs + q)), w);
+      }
+    float sum[M];
+    for (int i = 0; i < M; ++i)
+      sum[i] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[i][0], acc[i][1]), _mm512_add_ps(acc[i][2], acc[i][3])));
+    store_tail(sum, 1, M, 1, static_cast<char*>(c) + j * es, c16, ldc, alpha, beta,
+               bias ? static_cast<const char*>(bias) + j * es : nullptr);
+  }
+}
+
 }  // namespace
 
 void bgemm_avx512bf16(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, int64_t a_cs,
                       const uint16_t* b, int64_t b_rs, int64_t b_cs, void* c, bool c_bf16, int64_t ldc,
                       float alpha, float beta, const void* bias, double* a_sums) {
+  if (m <= 4 && a_cs == 1 && b_rs == 1 && !a_sums) {
+    constexpr decltype(&few_rows<1>) by_rows[] = {few_rows<1>, few_rows<2>, few_rows<3>, few_rows<4>};
+    return by_rows[m - 1](n, k, a, a_rs, b, b_cs, c, c_bf16, ldc, alpha, beta, bias);
+  }
   bgemm_by_depth_blocks(blocked, KC, m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, c, c_bf16, ldc, alpha, beta, bias, a_sums);
 }
 
