@@ -57,6 +57,7 @@ done
 # from minute to minute): each round's tokens/s (transformers' the best of its two generations),
 # then the medians and their ratio.
 reads=""
+bw_before=$("$build/apps/bench/weft-bench" --quick --threads "$threads" 2>/dev/null | grep "add_" | tail -1)
 median() { tr ' ' '\n' | grep . | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
 echo "| decode, batch 1, $threads threads | rounds (tokens/s) | median | weft / transformers |"
 echo "|---|---|---:|---:|"
@@ -81,7 +82,7 @@ for dtype in f32 bf16; do  # how many of the 32 greedy ids agree with transforme
          awk '$1 != $2 { exit } { n++ } END { print n + 0 }')
   echo "weft's greedy ids in $dtype: the first $same of 32 equal transformers' $dtype ids"
 done
-bw=$("$build/apps/bench/weft-bench" --quick --threads "$threads" 2>/dev/null | grep "add_" | tail -1)
-echo "weft-bench add_ row: $bw"
+echo "weft-bench add_ row, before the decode rounds: $bw_before"
+echo "weft-bench add_ row, after them: $("$build/apps/bench/weft-bench" --quick --threads "$threads" 2>/dev/null | grep "add_" | tail -1)"
 echo "at the medians:$reads"
 echo "bytes per token (tied head read once): f32 $(( bytes * 2 )), bf16 $bytes (the file)"
