@@ -61,8 +61,7 @@ StepTime predict_step_time(const std::vector<step_trace::Event>& trace, const St
   std::map<uint64_t, double> done;  // collective id -> when it completes
   struct Issued { uint64_t id; std::string link; double cost, late; };
   std::deque<Issued> issued;  // not yet on their link (without overlap: until the step waits)
-  // Puts the issued collectives on their links in issue order, up to `id` (all: `everything`).
-  constexpr uint64_t everything = ~uint64_t(0);
+  // Puts the issued collectives on their links in issue order, up to `id` (all: ~0).
   auto move = [&](uint64_t id) {
     while (!issued.empty()) {
       const Issued c = issued.front();
@@ -104,7 +103,7 @@ StepTime predict_step_time(const std::vector<step_trace::Event>& trace, const St
       now = std::max(now, done.at(e.id));
     }
   }
-  move(everything);
+  move(~uint64_t(0));
   t.compute = t.flops_ops + t.bytes_ops + t.per_op;
   t.seconds = now;  // the step ends when its compute and every collective are done
   for (const auto& [id, end] : done) t.seconds = std::max(t.seconds, end);

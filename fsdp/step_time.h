@@ -16,9 +16,10 @@
 //   - as weft schedules them: ops run one after another on the compute timeline; a collective
 //     starts when it is issued and the collective before it on its link is done (one link per
 //     rank, or one more for groups given their own: `group_links`), and the step waits for it
-//     where the trace says (a prefetched all-gather
-//     overlaps the compute issued between its start and its wait; a tensor-parallel all-reduce
-//     is waited for at once). The step ends when both timelines are done.
+//     where the trace says (a prefetched all-gather overlaps the compute issued between its
+//     start and its wait; a tensor-parallel all-reduce is waited for at once); with no core to
+//     spare (`StepTimeModel::overlap` false) it moves only at the step's wait for it, with those
+//     issued before it. The step ends when both timelines are done.
 // See docs/PARALLEL.md ("Step-time model") for its validation against measured steps.
 #pragma once
 #include <map>

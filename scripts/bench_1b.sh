@@ -4,8 +4,8 @@
 # weft-transformer in f32 and bf16 (sample --dtype) at 1, 2 and 4 ranks (FSDP: each rank reads
 # only its byte ranges) with the load time, wall time and peak RSS of every rank, then greedy
 # decode tokens/s in weft beside transformers' generate with its cache (f32 and bf16, same
-# threads; how many greedy ids agree), and weft-bench's add_
-# bandwidth for the bytes/token x tokens/s comparison. Prints a table; a developer tool, never
+# threads; how many greedy ids agree), and weft-bench's add_ and one-read-stream
+# bandwidths for the bytes/token x tokens/s comparison. Prints a table; a developer tool, never
 # part of the tests.
 #   bash scripts/bench_1b.sh BUILD_DIR [WORK_DIR]     (default WORK_DIR /tmp/weft-1b)
 # Environment: HF_VENV (default /tmp/hfenv, made by scripts/hf_reference.sh), THREADS (2), ROUNDS (3).
@@ -57,7 +57,8 @@ done
 # from minute to minute): each round's tokens/s (transformers' the best of its two generations),
 # then the medians and their ratio.
 reads=""
-bw_before=$("$build/apps/bench/weft-bench" --quick --threads "$threads" 2>/dev/null | grep "add_" | tail -1)
+bandwidth() { "$build/apps/bench/weft-bench" --quick --threads "$threads" 2>/dev/null | grep -E "add_|read stream" | tr '\n' ' '; }
+bw_before=$(bandwidth)
 median() { tr ' ' '\n' | grep . | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
 echo "| decode, batch 1, $threads threads | rounds (tokens/s) | median | weft / transformers |"
 echo "|---|---|---:|---:|"
@@ -82,7 +83,7 @@ for dtype in f32 bf16; do  # how many of the 32 greedy ids agree with transforme
          awk '$1 != $2 { exit } { n++ } END { print n + 0 }')
   echo "weft's greedy ids in $dtype: the first $same of 32 equal transformers' $dtype ids"
 done
-echo "weft-bench add_ row, before the decode rounds: $bw_before"
-echo "weft-bench add_ row, after them: $("$build/apps/bench/weft-bench" --quick --threads "$threads" 2>/dev/null | grep "add_" | tail -1)"
+echo "weft-bench's add_ and read-stream rows, before the decode rounds: $bw_before"
+echo "and after them: $(bandwidth)"
 echo "at the medians:$reads"
 echo "bytes per token (tied head read once): f32 $(( bytes * 2 )), bf16 $bytes (the file)"

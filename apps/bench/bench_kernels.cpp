@@ -214,6 +214,8 @@ void measure_bandwidth(Bench& b) {
     double s = median_seconds(2, b.reps, [&] { kernels::add_(x, y); });
     return 3.0 * double(n) * 4 / s / 1e9;
   });
+  // One stream read once, as a decode step reads its weights (add_ moves two reads and a write).
+  b.measure({"one read stream (machine_peaks.h)", "64M f32", "GB/s", {}}, [&](int t) { return read_gbs(t); });
   Tensor rows = randn({4096, 4096}, {}, &b.gen);
   b.measure({"softmax over rows", "4096x4096 f32", "GB/s", {}}, [&](int) {
     double s = median_seconds(2, b.reps, [&] { kernels::softmax(rows, -1); });

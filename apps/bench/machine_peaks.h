@@ -1,6 +1,6 @@
 // apps/bench: this machine's own limits, measured, for benchmarks to read their rates against:
 // the FMA peak of each vector instruction set, the bf16 dot-product and AMX tile peaks, and
-// the memory bandwidth of a streaming loop. Each is a median of runs after a warm-up.
+// the memory bandwidth of a streaming loop and of one read stream. Each is a median of runs after a warm-up.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -24,5 +24,7 @@ double fma_gflops(const std::string& isa, int threads, int64_t iters);
 double gemm_peak_gflops(const std::string& dtype_name, int threads);
 // GB/s (read + written) of a[i] = b[i] + s * c[i] over arrays far larger than the caches.
 double stream_gbs(int threads);
+// GB/s read by summing one array far larger than the caches (a decode step reads its weights so).
+double read_gbs(int threads);
 
 }  // namespace weft::bench
