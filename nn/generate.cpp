@@ -63,8 +63,8 @@ std::vector<int64_t> generate(Module& model, const std::vector<int64_t>& prompt,
   GenerateStats st{.prompt_tokens = int64_t(prompt.size())};
   using Clock = std::chrono::steady_clock;
   std::vector<int64_t> ids = prompt, out;
-  std::optional<KVCache> cache;
-  if (o.use_cache) cache.emplace(lm->make_cache());
+  std::optional<KVCache> cache;  // the positions this call reaches, not all the context (Llama 3's: 131,072)
+  if (o.use_cache) cache.emplace(lm->make_cache().n_layer(), std::min<int64_t>(ctx, int64_t(prompt.size()) + o.max_new_tokens));
   const Device device = model.parameters().empty() ? kCPU : model.parameters().front().device();
   // The logits of the last token after running the last n tokens of ids (a prefill with the cache).
   auto run_window = [&](int64_t n) {
@@ -105,7 +105,7 @@ std::vector<int64_t> generate(Module& model, const std::vector<int64_t>& prompt,
     throw;
   }
   model.train(was_training);
-  st.new_tokens = int64_t(out.size());
+  st.new_tokens = int64_t(out.size()), st.cache_bytes = cache ? cache->bytes() : 0;
   if (stats) *stats = st;
   return out;
 }

@@ -34,7 +34,7 @@ struct GenerateOptions {
 };
 
 struct GenerateStats {
-  int64_t prompt_tokens = 0, new_tokens = 0, prefills = 0;
+  int64_t prompt_tokens = 0, new_tokens = 0, prefills = 0, cache_bytes = 0;  // of the key/value cache's storage
   double prefill_seconds = 0, decode_seconds = 0;  // the prompt's forward; every later one
 };
 

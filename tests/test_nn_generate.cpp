@@ -122,6 +122,20 @@ TEST_CASE("a full cache restarts from the last half of the context") {
   CHECK(restart[0] == out[21]);
 }
 
+TEST_CASE("generate sizes its key/value cache for the prompt and the new tokens (at most the context)") {
+  auto model = make_llama(false);
+  const std::vector<int64_t> prompt = {3, 17, 42};
+  auto cache_bytes = [&](int64_t new_tokens) {
+    nn::GenerateStats st;
+    nn::generate(*model, prompt, {.max_new_tokens = new_tokens, .sampling = {.temperature = 0}}, {}, &st);
+    return st.cache_bytes;
+  };
+  const int64_t per_position = 2 * 2 * (1 * 2 * 8) * 4;  // layers x (k, v) x [1, 2, ., 8] f32
+  CHECK(cache_bytes(5) == (3 + 5) * per_position);
+  CHECK(cache_bytes(1) == (3 + 1) * per_position);
+  CHECK(cache_bytes(40) == 24 * per_position);  // past the context: the context, restarting when full
+}
+
 TEST_CASE("key/value cache errors name what is wrong") {
   auto model = make_llama(false);
   NoGradGuard no_grad;

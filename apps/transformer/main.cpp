@@ -1097,7 +1097,7 @@ int sample(const SampleOptions& o, const Ranks& ranks) {
                  (long long)st.prompt_tokens, 1e3 * st.prefill_seconds,
                  st.new_tokens > 1 ? double(st.new_tokens - 1) / st.decode_seconds : 0.0,
                  st.prefills > 1 ? fmt::format(", {} restart{} at a full context", st.prefills - 1, st.prefills > 2 ? "s" : "").c_str() : "",
-                 o.no_cache ? "no cache" : "key/value cache");
+                 o.no_cache ? "no cache" : fmt::format("key/value cache of {:.1f} MiB", double(st.cache_bytes) / (1 << 20)).c_str());
   return 0;
 }
 
