@@ -338,8 +338,9 @@ TEST_CASE("each bf16 GEMM kernel matches a double loop on every shape, transpose
     bgemm_sum_block = sum_block;
     // a^T packed once for two column blocks, over two row blocks and two KC blocks
     check_gemm<BFloat16, float>(f32, 300, 600, 2100, true, false, 1, 1.0f, 0.5f);
-    // up to 4 rows of a times a Linear's W^T: read in place, one column at a time (depth tails of
-    // the 32-value vectors and the 128-value steps, past a KC block)
+    // up to 4 rows of a times a Linear's W^T, the path that reads W in place (its answers: depth
+    // tails of the 32-value vectors and 128-value steps, past a KC block; its speed is
+    // scripts/bench_1b.sh's decode rows)
     for (int64_t m : {1, 2, 3, 4})
       for (int64_t k : {1, 31, 129, 4301}) {
         check_gemm<BFloat16, float>(f32, m, 37, k, false, true, m - 1, 1.0f, 0.5f);
