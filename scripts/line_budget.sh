@@ -13,7 +13,7 @@ budgets=(
   "kernels/cpu    5626  kernels/cpu"
   "cuda           4646  cuda"
   "autograd       2036  autograd"
-  "nn             3047  nn"
+  "nn             3050  nn"
   "dist           2571  dist"
   "tp              767  tp"
   "fsdp           4893  fsdp"
