@@ -72,8 +72,8 @@ std::vector<int64_t> generate(Module& model, const std::vector<int64_t>& prompt,
     Tensor x = empty({1, n}, {.dtype = kInt64});
     std::copy(ids.end() - n, ids.end(), x.data<int64_t>());
     if (cache) cache->clear();
-    Tensor logits = cache ? lm->forward_cached(x.to(device), *cache) : model(x.to(device));
-    return logits.select(0, 0).select(0, n - 1);
+    Tensor logits = cache ? lm->forward_cached(x.to(device), *cache, 1) : model(x.to(device));
+    return logits.select(0, 0).select(0, logits.size(1) - 1);
   };
   Generator gen(o.seed);
   try {
@@ -96,7 +96,7 @@ std::vector<int64_t> generate(Module& model, const std::vector<int64_t>& prompt,
         ++st.prefills;
       } else {
         Tensor x = full({1, 1}, double(next), {.dtype = kInt64, .device = device});
-        last = lm->forward_cached(x, *cache).select(0, 0).select(0, 0);
+        last = lm->forward_cached(x, *cache, 1).select(0, 0).select(0, 0);
       }
     }
     st.decode_seconds = std::chrono::duration<double>(Clock::now() - t0).count();

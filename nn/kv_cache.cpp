@@ -46,20 +46,22 @@ Tensor attend_cached(const Tensor& q, const Tensor& k, const Tensor& v, LayerCac
   return y.transpose(1, 2).reshape({B, T, H * values.size(3)});  // stored [B, T, H, Ev]: a view
 }
 
-Tensor CausalLM::forward_cached(const Tensor& idx, KVCache& cache) {
+Tensor CausalLM::forward_cached(const Tensor& idx, KVCache& cache, int64_t logits_to_keep) {
   WEFT_CHECK(idx.defined() && idx.dim() == 2 && idx.dtype() == kInt64 && idx.size(1) >= 1,
              "forward_cached: expected token ids [B, T] (int64, T >= 1), got {}",
              idx.defined() ? tensor_desc(idx) : "undefined");
-  const int64_t layers = make_cache().n_layer();
-  WEFT_CHECK(cache.n_layer() == layers, "forward_cached: a cache of {} layers for a model of {}", cache.n_layer(),
-             layers);
+  const int64_t layers = make_cache().n_layer(), n = cache.n_layer();
+  WEFT_CHECK(n == layers, "forward_cached: a cache of {} layers for a model of {}", n, layers);
   WEFT_CHECK(cache.length() + idx.size(1) <= context_length(), "forward_cached: {} cached and {} new positions pass "
              "the model's context of {}", cache.length(), idx.size(1), context_length());
+  WEFT_CHECK(logits_to_keep >= 0, "forward_cached: logits_to_keep must be >= 0, got {}", logits_to_keep);
   auto run = [&](const TensorList& in) -> TensorList {
-    if (in[0].size(1) == 1 || cache.length() == 0) return {decode(in[0], cache)};
-    TensorList steps;  // after a prefill: one position at a time
-    for (int64_t t = 0; t < in[0].size(1); ++t) steps.push_back(decode(in[0].narrow(1, t, 1), cache));
-    return {cat(steps, 1)};
+    const int64_t t = in[0].size(1), keep = logits_to_keep > 0 ? std::min(logits_to_keep, t) : t;
+    const int64_t step = cache.length() == 0 ? t : 1;  // after a prefill, T > 1 runs one position at a time
+    TensorList steps;
+    for (int64_t i = 0; i < t; i += step) steps.push_back(decode(step == t ? in[0] : in[0].narrow(1, i, 1), cache));
+    Tensor h = steps.size() == 1 ? steps[0] : cat(steps, 1);
+    return {logits(keep == t ? h : h.narrow(1, t - keep, keep).contiguous())};
   };
   auto* module = dynamic_cast<Module*>(this);
   return module ? module->call(run, {idx})[0] : run({idx})[0];

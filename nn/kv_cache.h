@@ -70,16 +70,19 @@ class CausalLM {
  public:
   virtual ~CausalLM() = default;
   // The logits [B, T, vocab] of tokens idx [B, T] (i64) at positions cache.length() .. + T - 1,
-  // extending the cache. T > 1 after cached positions runs one position at a time. The model's
-  // forward hooks run around it (Module::call), so under FSDP its parameters are gathered.
-  Tensor forward_cached(const Tensor& idx, KVCache& cache);
+  // extending the cache; logits_to_keep > 0: of the last ones only (a prefill's head for one row,
+  // not T). T > 1 after cached positions runs one position at a time. The model's forward hooks
+  // run around it (Module::call), so under FSDP its parameters are gathered.
+  Tensor forward_cached(const Tensor& idx, KVCache& cache, int64_t logits_to_keep = 0);
   // An empty cache for this model: one layer per block, its context long.
   virtual KVCache make_cache() const = 0;
   virtual int64_t context_length() const = 0;
 
  protected:
-  // forward_cached for T == 1 or an empty cache, hooks already running.
+  // forward_cached's hidden states [B, T, d] for T == 1 or an empty cache, hooks already
+  // running; then the final norm and the head of the kept positions.
   virtual Tensor decode(const Tensor& idx, KVCache& cache) = 0;
+  virtual Tensor logits(const Tensor& h) = 0;
 };
 
 }  // namespace weft::nn

@@ -146,7 +146,7 @@ TensorList Llama::forward(const TensorList& in) {
 Tensor Llama::decode(const Tensor& idx, KVCache& cache) {
   Tensor x = (*embed_tokens)(idx);
   for (size_t i = 0; i < blocks.size(); ++i) x = blocks[i]->forward_cached(x, cache.layer(int64_t(i)));
-  return logits(x);
+  return x;
 }
 
 Tensor Llama::logits(const Tensor& h) {

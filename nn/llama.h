@@ -109,9 +109,7 @@ class Llama : public Module, public CausalLM {
 
  protected:
   Tensor decode(const Tensor& idx, KVCache& cache) override;
-
- private:
-  Tensor logits(const Tensor& x);  // the final norm and the head
+  Tensor logits(const Tensor& x) override;  // the final norm and the head
 };
 
 // Hugging Face's initialisation (initializer_range 0.02): N(0, 0.02) for every Linear and

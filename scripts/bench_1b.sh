@@ -4,11 +4,12 @@
 # weft-transformer in f32 and bf16 (sample --dtype) at 1, 2 and 4 ranks (FSDP: each rank reads
 # only its byte ranges) with the load time, wall time and peak RSS of every rank, then greedy
 # decode tokens/s in weft beside transformers' generate with its cache (f32 and bf16, same
-# threads; how many greedy ids agree), and weft-bench's add_ and one-read-stream
-# bandwidths for the bytes/token x tokens/s comparison. Prints a table; a developer tool, never
-# part of the tests.
+# threads; how many greedy ids agree), weft-bench's add_ and one-read-stream bandwidths for
+# the bytes/token x tokens/s comparison, and the prefill of a 512-token prompt in both. Prints
+# tables; a developer tool, never part of the tests.
 #   bash scripts/bench_1b.sh BUILD_DIR [WORK_DIR]     (default WORK_DIR /tmp/weft-1b)
-# Environment: HF_VENV (default /tmp/hfenv, made by scripts/hf_reference.sh), THREADS (2), ROUNDS (3).
+# Environment: HF_VENV (default /tmp/hfenv, made by scripts/hf_reference.sh), THREADS (2), ROUNDS (3),
+# PREFILL (the long prompt's tokens, 512).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 build=$(cd "$1" && pwd)
@@ -82,6 +83,22 @@ for dtype in f32 bf16; do  # how many of the 32 greedy ids agree with transforme
   same=$(paste -d' ' <(jq -r '.ids[]' "$work/hf.$dtype.json") <(tr ',' '\n' <"$work/weft.$dtype.ids") |
          awk '$1 != $2 { exit } { n++ } END { print n + 0 }')
   echo "weft's greedy ids in $dtype: the first $same of 32 equal transformers' $dtype ids"
+done
+# The prefill of a long prompt (its bytes as ids): compute-bound, the head for its last position only.
+long=$(printf 'The quick brown fox jumps over the lazy dog. %.0s' $(seq 12) | head -c "${PREFILL:-512}")
+echo "| prefill of ${#long} tokens, $threads threads | rounds (ms) | median | transformers / weft |"
+echo "|---|---|---:|---:|"
+for dtype in f32 bf16; do
+  w=""; h=""
+  for r in $(seq "${ROUNDS:-3}"); do
+    weft=$("$exe" sample --from "$model" --prompt "$long" --tokens 1 --ids --threads "$threads" --dtype "$dtype" 2>&1 >/dev/null)
+    w="$w $(echo "$weft" | sed -n 's/.*prompt of [0-9]* tokens \([0-9.]*\) ms.*/\1/p')"
+    h="$h $(OMP_NUM_THREADS=$threads "$py" "$here/bench_1b.py" decode --from "$model" --threads "$threads" --dtype $dtype \
+            --prompt "$long" --new 2 2>/dev/null | jq -r .prefill_ms)"
+  done
+  wm=$(echo "$w" | median); hm=$(echo "$h" | median)
+  echo "| weft $dtype |$w | $wm | $(awk -v a="$wm" -v b="$hm" 'BEGIN { printf "%.2fx", b / a }') |"
+  echo "| transformers $dtype |$h | $hm | |"
 done
 echo "weft-bench's add_ and read-stream rows, before the decode rounds: $bw_before"
 echo "and after them: $(bandwidth)"

@@ -72,6 +72,17 @@ TEST_CASE("Llama decoding with a key/value cache gives the full forward's logits
     cache.clear();
     Tensor again = model->forward_cached(ids_tensor(ids), cache).select(0, 0);
     CHECK(rel_diff(again, full) < 1e-5);
+    // logits_to_keep: the head of the last positions only, the prefill's and the one-at-a-time path's.
+    cache.clear();
+    Tensor last = model->forward_cached(ids_tensor({ids.begin(), ids.begin() + 9}), cache, 1);
+    REQUIRE(last.shape() == Shape{1, 1, full.size(1)});
+    CHECK(rel_diff(last.select(0, 0), full.narrow(0, 8, 1)) < 1e-5);
+    Tensor tail = model->forward_cached(ids_tensor({ids.begin() + 9, ids.end()}), cache, 3);
+    REQUIRE(tail.shape() == Shape{1, 3, full.size(1)});
+    CHECK(rel_diff(tail.select(0, 0), full.narrow(0, 10, 3)) < 1e-5);
+    cache.clear();
+    CHECK(model->forward_cached(ids_tensor({ids.begin(), ids.begin() + 2}), cache, 5).size(1) == 2);
+    CHECK_THROWS_WITH(model->forward_cached(ids_tensor({1}), cache, -1), Contains("logits_to_keep must be >= 0"));
   }
 }
 

@@ -45,7 +45,7 @@ nn::TensorList GPT::forward(const nn::TensorList& in) {
 Tensor GPT::decode(const Tensor& idx, nn::KVCache& cache) {
   Tensor x = embed(idx, cache.length());
   for (size_t i = 0; i < blocks.size(); ++i) x = blocks[i]->forward_cached(x, cache.layer(int64_t(i)));
-  return logits(x);
+  return x;
 }
 
 Tensor GPT::embed(const Tensor& idx, int64_t pos0) {

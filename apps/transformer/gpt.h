@@ -35,11 +35,11 @@ class GPT : public nn::Module, public nn::CausalLM {
 
  protected:
   Tensor decode(const Tensor& idx, nn::KVCache& cache) override;
+  Tensor logits(const Tensor& x) override;  // ln_f and the head
 
  private:
   Tensor embed(const Tensor& idx, int64_t pos0);  // tokens at positions pos0.. plus their positions
   Tensor embed(const Tensor& idx, const Tensor& pos);
-  Tensor logits(const Tensor& x);                 // ln_f and the head
 };
 
 // nanoGPT's initialisation from the default generator: N(0, 0.02) for Linear and Embedding
