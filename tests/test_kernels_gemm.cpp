@@ -139,14 +139,15 @@ int64_t cs(MatLayout l) { return l.row_major ? 1 : l.ld; }
 
 // One bf16 kernel itself, c of TO.
 template <class TO>
-auto bgemm_fn(BgemmKernel kernel) {
-  return [kernel](int64_t m, int64_t n, int64_t k, const BFloat16* a, MatLayout la, const BFloat16* b, MatLayout lb,
-                  TO* c, int64_t ldc, float alpha, float beta) {
-    (kernel == BgemmKernel::amx ? bgemm_amx : bgemm_avx512bf16)(m, n, k, &a->bits, rs(la), cs(la), &b->bits, rs(lb),
-                                                                 cs(lb), c, std::is_same_v<TO, BFloat16>, ldc, alpha, beta,
-                                                                 nullptr, nullptr);
+auto bgemm_fn(decltype(&bgemm_amx) fn) {
+  return [fn](int64_t m, int64_t n, int64_t k, const BFloat16* a, MatLayout la, const BFloat16* b, MatLayout lb, TO* c,
+              int64_t ldc, float alpha, float beta) {
+    fn(m, n, k, &a->bits, rs(la), cs(la), &b->bits, rs(lb), cs(lb), c, std::is_same_v<TO, BFloat16>, ldc, alpha, beta,
+       nullptr, nullptr);
   };
 }
+template <class TO>
+auto bgemm_fn(BgemmKernel kernel) { return bgemm_fn<TO>(kernel == BgemmKernel::amx ? bgemm_amx : bgemm_avx512bf16); }
 // The bf16 entry point without a bias, as check_gemm calls it.
 template <class TO>
 void entry_bf16(int64_t m, int64_t n, int64_t k, const BFloat16* a, MatLayout la, const BFloat16* b, MatLayout lb,
@@ -338,18 +339,21 @@ TEST_CASE("each bf16 GEMM kernel matches a double loop on every shape, transpose
     bgemm_sum_block = sum_block;
     // a^T packed once for two column blocks, over two row blocks and two KC blocks
     check_gemm<BFloat16, float>(f32, 300, 600, 2100, true, false, 1, 1.0f, 0.5f);
-    // up to 4 rows of a times a Linear's W^T, the path that reads W in place (its answers: depth
-    // tails of the 32-value vectors and 128-value steps, past a KC block; its speed is
-    // scripts/bench_1b.sh's decode rows)
-    for (int64_t m : {1, 2, 3, 4})
-      for (int64_t k : {1, 31, 129, 4301}) {
-        check_gemm<BFloat16, float>(f32, m, 37, k, false, true, m - 1, 1.0f, 0.5f);
-        check_gemm<BFloat16, BFloat16>(b16, m, 37, k, false, true, 2, -0.5f, 1.0f);
-      }
     // a's rows 4 KiB apart (2,048 bf16: packed rather than read in place), one and two KC blocks
     check_gemm<BFloat16, BFloat16>(b16, 50, 40, 2000, false, true, 48, 1.0f, 0.0f);
     check_gemm<BFloat16, float>(f32, 40, 70, 2100, false, false, 1996, 1.0f, 1.0f);
   }
+  if (!bgemm_kernel_supported(BgemmKernel::avx512bf16)) return;
+  // up to 4 rows of a times a Linear's W^T, read in place (bgemm_few_rows_avx512bf16; its answers:
+  // depth tails of the 32-value vectors and 128-value steps, past a KC block; its speed is
+  // scripts/bench_1b.sh's decode rows)
+  auto f32 = bgemm_fn<float>(bgemm_few_rows_avx512bf16);
+  auto b16 = bgemm_fn<BFloat16>(bgemm_few_rows_avx512bf16);
+  for (int64_t m : {1, 2, 3, 4})
+    for (int64_t k : {1, 31, 129, 4301}) {
+      check_gemm<BFloat16, float>(f32, m, 37, k, false, true, m - 1, 1.0f, 0.5f);
+      check_gemm<BFloat16, BFloat16>(b16, m, 37, k, false, true, 2, -0.5f, 1.0f);
+    }
 }
 
 TEST_CASE("the bf16 GEMM entry point splits over threads and gives the kernel's answers") {

@@ -18,12 +18,15 @@ namespace weft::kernels::cpu {
 // k >= 1. a_sums (m values, or null; only for a column-major a: a_rs == 1, a_cs != 1):
 // a_sums[i] += the sum of a[i, 0..k), in f32 over each 64 values of p from 0, each 64 values'
 // total added in f64 (a linear layer's bias gradient, the sums of dY's columns, taken as dY^T is
-// packed for the weight gradient instead of read again). Up to 4 rows of a row-major a times a b
-// with contiguous columns (b_rs == 1: a Linear's W^T, decode's one-token products) read b in
-// place, each column's sum one vector chain across its depth (no packing, no depth blocks).
+// packed for the weight gradient instead of read again).
 void bgemm_avx512bf16(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, int64_t a_cs,
                       const uint16_t* b, int64_t b_rs, int64_t b_cs, void* c, bool c_bf16, int64_t ldc,
                       float alpha, float beta, const void* bias, double* a_sums);
+// The same product for 1-4 rows of a row-major a times a b of contiguous columns (b_rs == 1: a
+// Linear's W^T), a_sums null: b read in place (decode's products; gemm.cpp's choice, AMX or not).
+void bgemm_few_rows_avx512bf16(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, int64_t a_cs,
+                               const uint16_t* b, int64_t b_rs, int64_t b_cs, void* c, bool c_bf16, int64_t ldc,
+                               float alpha, float beta, const void* bias, double* a_sums);
 // The same product on AMX tiles: only after Linux has granted the process the tile state
 // (gemm.cpp asks, arch_prctl ARCH_REQ_XCOMP_PERM). A bias needs beta == 0: it is written into c
 // first, and the product added onto it. a_sums must be null (not taken here).

@@ -133,12 +133,11 @@ void blocked(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, i
   }
 }
 
-// A few rows of a (a_cs == 1) times a b with contiguous columns (b_rs == 1: x W^T, a Linear's
-// W [n, k]), b read in place: decode's one-token products, for which the blocked product packs
-// all of b on every call (Llama 3.2 1B's shape, bf16, Zen 4, 2 threads: 5.2 tokens/s so, 13.4
-// so). Column after column (one stream; four columns side by side read 25 % fewer bytes a
-// second), 128 values a step in four vector chains against the rows' same values (in L1). A
-// sum is one column's: its bits do not depend on the columns beside it or the threads' split.
+// bgemm_few_rows_avx512bf16's M rows (the blocked product would pack all of b on every call: a
+// bf16 decode of Llama 3.2 1B's shape, Zen 4, 2 threads, 5.2 tokens/s so, 13.4 so). Column after
+// column (one stream; four side by side read 25 % fewer bytes a second), 128 values a step in
+// four vector chains against the rows' same values (in L1). A sum is one column's: its bits do
+// not depend on the columns beside it or the threads' split.
 template <int M>
 void few_rows(int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, const uint16_t* b, int64_t b_cs, void* c,
               bool c16, int64_t ldc, float alpha, float beta, const void* bias) {
@@ -164,13 +163,16 @@ void few_rows(int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, const uint1
 
 }  // namespace
 
+void bgemm_few_rows_avx512bf16(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, int64_t,
+                               const uint16_t* b, int64_t, int64_t b_cs, void* c, bool c_bf16, int64_t ldc,
+                               float alpha, float beta, const void* bias, double*) {
+  constexpr decltype(&few_rows<1>) by_rows[] = {few_rows<1>, few_rows<2>, few_rows<3>, few_rows<4>};
+  by_rows[m - 1](n, k, a, a_rs, b, b_cs, c, c_bf16, ldc, alpha, beta, bias);
+}
+
 void bgemm_avx512bf16(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, int64_t a_cs,
                       const uint16_t* b, int64_t b_rs, int64_t b_cs, void* c, bool c_bf16, int64_t ldc,
                       float alpha, float beta, const void* bias, double* a_sums) {
-  if (m <= 4 && a_cs == 1 && b_rs == 1 && !a_sums) {
-    constexpr decltype(&few_rows<1>) by_rows[] = {few_rows<1>, few_rows<2>, few_rows<3>, few_rows<4>};
-    return by_rows[m - 1](n, k, a, a_rs, b, b_cs, c, c_bf16, ldc, alpha, beta, bias);
-  }
   bgemm_by_depth_blocks(blocked, KC, m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, c, c_bf16, ldc, alpha, beta, bias, a_sums);
 }
 

@@ -426,8 +426,7 @@ void gemv_widened(int64_t n, int64_t k, const T* x, const T* w, MatLayout lw, TO
   });
 }
 
-using BgemmFn = void (*)(int64_t, int64_t, int64_t, const uint16_t*, int64_t, int64_t, const uint16_t*, int64_t,
-                        int64_t, void*, bool, int64_t, float, float, const void*, double*);
+using BgemmFn = decltype(&bgemm_amx);  // every bf16 kernel's signature (bgemm.h)
 
 template <typename TO>
 void bgemm_one(BgemmFn fn, int64_t m, int64_t n, int64_t k, const BFloat16* a, MatLayout la, const BFloat16* b,
@@ -505,10 +504,10 @@ void gemm_bf16(int64_t m, int64_t n, int64_t k, const BFloat16* a, MatLayout la,
                TO* c, int64_t ldc, float alpha, float beta, const TO* bias, double* a_sums) {
   WEFT_CHECK(bf16_gemm_native(), "gemm_bf16: this CPU has no AVX512_BF16 (or WEFT_CPU_GEMM chose another kernel)");
   WEFT_CHECK(!a_sums || gemm_bf16_sums_a(la), "gemm_bf16: a's row sums need the avx512bf16 kernel and a column-major a");
-  // a few rows of a times a Linear's W^T go to the vdpbf16ps kernel's unpacked loop (bgemm.h), also on AMX CPUs
+  // a few rows of a times a Linear's W^T read W in place (bgemm.h), also on AMX CPUs
   const bool few_rows = m <= 4 && la.row_major && !lb.row_major && !a_sums;
   const bool amx = bgemm_kernel() == BgemmKernel::amx && !few_rows;
-  const BgemmFn fn = amx ? bgemm_amx : bgemm_avx512bf16;
+  const BgemmFn fn = few_rows ? bgemm_few_rows_avx512bf16 : amx ? bgemm_amx : bgemm_avx512bf16;
   // whole pairs (AMX: tiles) of depth; the vdpbf16ps kernel packs rows a multiple of 4 KiB apart
   const bool a_in_place = la.row_major && k % (amx ? 32 : 2) == 0 && (amx || la.ld % 2048 != 0);
   const bool by_rows = m > n && !a_in_place;
