@@ -165,6 +165,13 @@ TEST_CASE("each f32 GEMM kernel matches a double loop on every shape, transpose 
                      float* c, int64_t ldc, float alpha, float beta) {
       fn(m, n, k, a, rs(la), cs(la), b, rs(lb), cs(lb), c, ldc, alpha, beta);
     });
+    // a's rows 4 KiB apart (1,024 floats): packed rather than read in place, past a KC block
+    auto direct = [&](int64_t m, int64_t n, int64_t k, const float* a, MatLayout la, const float* b, MatLayout lb,
+                      float* c, int64_t ldc, float alpha, float beta) {
+      fn(m, n, k, a, rs(la), cs(la), b, rs(lb), cs(lb), c, ldc, alpha, beta);
+    };
+    check_gemm<float, float>(direct, 30, 40, 1000, false, true, 24, 1.0f, 0.5f);
+    check_gemm<float, float>(direct, 25, 70, 1024, false, false, 0, 1.0f, 0.0f);
   }
 }
 
