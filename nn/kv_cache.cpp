@@ -59,7 +59,7 @@ Tensor CausalLM::forward_cached(const Tensor& idx, KVCache& cache, int64_t logit
     const int64_t t = in[0].size(1), keep = logits_to_keep > 0 ? std::min(logits_to_keep, t) : t;
     const int64_t step = cache.length() == 0 ? t : 1;  // after a prefill, T > 1 runs one position at a time
     TensorList steps;
-    for (int64_t i = 0; i < t; i += step) steps.push_back(decode(step == t ? in[0] : in[0].narrow(1, i, 1), cache));
+    for (int64_t i = 0; i < t; i += step) steps.push_back(hidden_cached(step == t ? in[0] : in[0].narrow(1, i, 1), cache));
     Tensor h = steps.size() == 1 ? steps[0] : cat(steps, 1);
     return {logits(keep == t ? h : h.narrow(1, t - keep, keep).contiguous())};
   };

@@ -81,7 +81,7 @@ class CausalLM {
  protected:
   // forward_cached's hidden states [B, T, d] for T == 1 or an empty cache, hooks already
   // running; then the final norm and the head of the kept positions.
-  virtual Tensor decode(const Tensor& idx, KVCache& cache) = 0;
+  virtual Tensor hidden_cached(const Tensor& idx, KVCache& cache) = 0;
   virtual Tensor logits(const Tensor& h) = 0;
 };
 

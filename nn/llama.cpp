@@ -143,7 +143,7 @@ TensorList Llama::forward(const TensorList& in) {
   return {logits(x)};
 }
 
-Tensor Llama::decode(const Tensor& idx, KVCache& cache) {
+Tensor Llama::hidden_cached(const Tensor& idx, KVCache& cache) {
   Tensor x = (*embed_tokens)(idx);
   for (size_t i = 0; i < blocks.size(); ++i) x = blocks[i]->forward_cached(x, cache.layer(int64_t(i)));
   return x;

@@ -108,7 +108,7 @@ class Llama : public Module, public CausalLM {
   std::vector<std::shared_ptr<LlamaBlock>> blocks;
 
  protected:
-  Tensor decode(const Tensor& idx, KVCache& cache) override;
+  Tensor hidden_cached(const Tensor& idx, KVCache& cache) override;
   Tensor logits(const Tensor& x) override;  // the final norm and the head
 };
 

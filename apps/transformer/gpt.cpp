@@ -42,7 +42,7 @@ nn::TensorList GPT::forward(const nn::TensorList& in) {
   return {logits(x)};
 }
 
-Tensor GPT::decode(const Tensor& idx, nn::KVCache& cache) {
+Tensor GPT::hidden_cached(const Tensor& idx, nn::KVCache& cache) {
   Tensor x = embed(idx, cache.length());
   for (size_t i = 0; i < blocks.size(); ++i) x = blocks[i]->forward_cached(x, cache.layer(int64_t(i)));
   return x;

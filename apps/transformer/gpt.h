@@ -34,7 +34,7 @@ class GPT : public nn::Module, public nn::CausalLM {
   std::vector<std::shared_ptr<nn::Block>> blocks;
 
  protected:
-  Tensor decode(const Tensor& idx, nn::KVCache& cache) override;
+  Tensor hidden_cached(const Tensor& idx, nn::KVCache& cache) override;
   Tensor logits(const Tensor& x) override;  // ln_f and the head
 
  private:
