@@ -21,7 +21,10 @@
 // shared memory; dQ and dK are rotated back as they are stored.
 //
 // Everything is computed in the arithmetic type (f32 for bf16/f16, f64 for f64) from shared
-// memory by plain loops: correct and simple, not tuned (no tensor cores).
+// memory by plain loops: correct and simple, not tuned (no tensor cores). For 16-bit storage the
+// operands of each product round to it where the CPU's bf16 kernels round them
+// (kernels/cpu/attention_bf16_loops.h): rotated q and k once, P before O = P V and dV, dS
+// before dQ and dK; the scores, softmax, lse and every sum stay f32.
 #include "cuda/block_reduce.cuh"
 #include "cuda/nn_launch.h"
 
@@ -37,6 +40,12 @@ template <class T> struct View {
   __device__ T* row(int64_t b, int64_t h, int64_t t) const { return p + b * sb + h * sh + t * st; }
 };
 template <class T> View<T> view_of(const HeadsView& v) { return {static_cast<T*>(v.data), v.sb, v.sh, v.st}; }
+
+// x rounded to the storage type T and back: an operand of a product as 16-bit kernels see it.
+template <class T, class A> __device__ A round_as(A x) {
+  if constexpr (sizeof(T) == 2) return load(store<T>(x));
+  else return x;
+}
 
 // dst[r * width + c] = src row (t0 + r), column c, for r < rows; as the arithmetic type.
 template <class T, class A>
@@ -67,8 +76,8 @@ __device__ void load_rows_rotated(A* dst, const View<T>& src, int64_t b, int64_t
     const int64_t r = idx / width, c = idx % width, i = c % half, t = pos0 + t0 + r;
     const T* row = src.row(b, h, t0 + r);
     const A x = load(row[c]), other = load(row[c < half ? c + half : c - half]);
-    dst[idx] = c < half ? x * cos[t * half + i] - other * sin[t * half + i]
-                        : x * cos[t * half + i] + other * sin[t * half + i];
+    dst[idx] = round_as<T>(c < half ? x * cos[t * half + i] - other * sin[t * half + i]
+                                    : x * cos[t * half + i] + other * sin[t * half + i]);
   }
 }
 
@@ -166,7 +175,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_forward(View<T> q, Vie
       const int64_t r = idx / s.Ev, c = idx % s.Ev;
       const A* pr = S + r * tile;
       A acc = Os[idx] * alpha[r];
-      for (int j = 0; j < cols; ++j) acc += pr[j] * Vs[j * s.Ev + c];
+      for (int j = 0; j < cols; ++j) acc += round_as<T>(pr[j]) * Vs[j * s.Ev + c];
       Os[idx] = acc;
     }
   }
@@ -193,7 +202,7 @@ __global__ void attention_delta(View<T> grad, View<T> out, acc_t<T>* __restrict_
 
 // P and dS of query rows [i0, i0+rows) against keys [j0, j0+cols) into P[tile][tile] and
 // dS[tile][tile] (0 where masked or outside), from Q, dO, K, V tiles in shared memory.
-template <class A>
+template <class T, class A>
 __device__ void recompute_tile(const A* Qs, const A* dOs, const A* Ks, const A* Vs, const A* L, const A* Dl,
                                int64_t i0, int rows, int64_t j0, int cols, int tile, const AttentionShape& s,
                                A* P, A* dS) {
@@ -206,8 +215,8 @@ __device__ void recompute_tile(const A* Qs, const A* dOs, const A* Ks, const A* 
       p = exp_acc(scale * dot(Qs + r * s.E, Ks + j * s.E, s.E) - L[r]);
       ds = p * (dot(dOs + r * s.Ev, Vs + j * s.Ev, s.Ev) - Dl[r]) * scale;
     }
-    if (P) P[idx] = p;
-    dS[idx] = ds;
+    if (P) P[idx] = round_as<T>(p);
+    dS[idx] = round_as<T>(ds);
   }
 }
 
@@ -252,7 +261,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_backward_kv(View<T> gr
       Dl[threadIdx.x] = delta[bh * s.Tq + i0 + threadIdx.x];
     }
     __syncthreads();
-    recompute_tile(Qs, dOs, Ks, Vs, L, Dl, i0, rows, j0, cols, tile, s, P, dS);
+    recompute_tile<T>(Qs, dOs, Ks, Vs, L, Dl, i0, rows, j0, cols, tile, s, P, dS);
     __syncthreads();
     for (int64_t idx = threadIdx.x; idx < cols * s.Ev; idx += blockDim.x) {
       const int64_t j = idx / s.Ev, c = idx % s.Ev;
@@ -307,7 +316,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_backward_q(View<T> gra
     load_rows_rotated(Ks, k, b, hk, j0, cols, s.E, s, s.k_pos);
     load_rows(Vs, v, b, hk, j0, cols, s.Ev);
     __syncthreads();
-    recompute_tile<A>(Qs, dOs, Ks, Vs, L, Dl, i0, rows, j0, cols, tile, s, nullptr, dS);
+    recompute_tile<T, A>(Qs, dOs, Ks, Vs, L, Dl, i0, rows, j0, cols, tile, s, nullptr, dS);
     __syncthreads();
     for (int64_t idx = threadIdx.x; idx < rows * s.E; idx += blockDim.x) {
       const int64_t r = idx / s.E, c = idx % s.E;

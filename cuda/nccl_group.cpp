@@ -197,7 +197,12 @@ WorkPtr NcclProcessGroup::launch(Collective c) {
   void* in = c.in.defined() ? c.in.data_ptr() : nullptr;
   void* out = c.out.defined() ? c.out.data_ptr() : nullptr;
   ncclDataType_t type = i.kind == CollectiveKind::barrier ? ncclFloat32 : nccl_type(i.dtype);
-  switch (i.kind) {
+  // A group of one: each collective's result is its input (any reduction over one rank), so a
+  // copy on the collective stream, or nothing in place. NCCL 2.28.9's one-rank f32
+  // reduce-scatter with ncclAvg left the last 2 of 100,003 elements unwritten (H200).
+  const size_t one_rank_bytes = size() == 1 && in && out && in != out ? size_t(i.out_numel) * dtype_size(i.dtype) : 0;
+  if (one_rank_bytes) CUDA_CHECK(cudaMemcpyAsync(out, in, one_rank_bytes, cudaMemcpyDeviceToDevice, stream_));
+  switch (size() == 1 ? CollectiveKind::barrier : i.kind) {
     case CollectiveKind::all_gather:
       NCCL_CHECK(ncclAllGather(in, out, size_t(i.in_numel), type, nccl_, stream_));
       break;
@@ -211,7 +216,7 @@ WorkPtr NcclProcessGroup::launch(Collective c) {
       NCCL_CHECK(ncclBroadcast(out, out, size_t(i.in_numel), type, i.root, nccl_, stream_));
       break;
     case CollectiveKind::barrier:
-      NCCL_CHECK(ncclAllReduce(barrier_buf_, barrier_buf_, 1, type, ncclSum, nccl_, stream_));
+      if (size() > 1) NCCL_CHECK(ncclAllReduce(barrier_buf_, barrier_buf_, 1, type, ncclSum, nccl_, stream_));
       break;
     case CollectiveKind::all_to_all: {
       size_t block = size_t(i.in_numel / size()), bytes = block * dtype_size(i.dtype);

@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include <fmt/format.h>
+
 #include "dist/dist.h"
 
 namespace {
@@ -20,19 +22,22 @@ struct DistRun : Catch::TestEventListenerBase {
 
   void testRunStarting(const Catch::TestRunInfo& info) override {
     TestEventListenerBase::testRunStarting(info);
-    // Suites registered with WEFT_TEST_GPUS=N need N GPUs per host: without them, every rank
-    // says why and exits 77, which meson reports as SKIP.
+    // Suites registered with WEFT_TEST_GPUS=N need N GPUs per rank on each host: without them,
+    // every rank says why and exits 77, which meson reports as SKIP (two ranks cannot share one
+    // GPU in an NCCL communicator).
+    dist::init();
     if (const char* need = std::getenv("WEFT_TEST_GPUS")) {
-      int have = dist::cuda_device_count();
-      if (!dist::nccl_available() || have < std::atoi(need)) {
-        std::printf("SKIP: this suite needs %s CUDA GPU(s) per host and the NCCL backend; %s\n", need,
-                    !dist::nccl_available() ? "weft was built without CUDA"
-                                            : have == 0 ? "no CUDA device is visible" : "too few GPUs are visible");
+      const int have = dist::cuda_device_count(), want = std::atoi(need) * dist::local_size();
+      if (!dist::nccl_available() || have < want) {
+        std::printf("SKIP: this suite needs %s CUDA GPU(s) per rank (%d on this host) and the NCCL backend; %s\n",
+                    need, want, !dist::nccl_available() ? "weft was built without CUDA"
+                                : have == 0 ? "no CUDA device is visible"
+                                            : fmt::format("{} GPU(s) are visible", have).c_str());
         std::fflush(stdout);
+        dist::finalize();
         std::_Exit(77);
       }
     }
-    dist::init();
   }
 
   // Catch2's main returns this rank's failure count; a rank without failures of its own exits 1

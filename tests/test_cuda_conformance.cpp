@@ -480,6 +480,9 @@ std::vector<Case> cases() {
     for (bool causal : {true, false}) {
       std::string c = causal ? " causal" : "";
       // q, k, v as head views of one fused [B, T, 3, H, E] projection: strided, unit last stride.
+      // In bf16 a few of dQ's 6,720 values (2 to 5 on an H200 against AMX tiles) carry the
+      // cancellation in dP - D at up to 0.05 on 0.2: 4x more room there; f32 holds the kernel to 4e-5.
+      const double qkv_tol = t == DType::bf16 ? 16.0 : 4.0;
       cs.push_back({"attention + backward (qkv views)" + c, {{{2, 70, 3, 3, 16}, t}, {{2, 3, 70, 16}, t}},
                     [causal](const auto& x) {
                       Tensor qkv = x[0].permute({2, 0, 3, 1, 4});  // [3, B, H, T, E]
@@ -487,7 +490,7 @@ std::vector<Case> cases() {
                       auto [out, lse] = attention(q, k, v, causal, 0.25);
                       auto [dq, dk, dv] = attention_backward(x[1], q, k, v, out, lse, causal, 0.25);
                       return std::vector<Tensor>{out, lse, dq, dk, dv};
-                    }, 4.0});
+                    }, qkv_tol});
     }
     // A decode step: one query row per head, grouped-query heads, RoPE at position 32, over the
     // first 33 rows of [B, Hkv, 40, E] key/value buffers (a cache: heads 40 rows apart).
@@ -523,7 +526,11 @@ struct Diff {
   std::string what;
 };
 
-Diff compare(const Tensor& cpu, const Tensor& dev, Device expected, double tol_scale) {
+// `inputs_tol`: the loosest tolerance of the case's inputs. An f32 output computed from 16-bit
+// inputs (attention's lse from bf16 q and k) carries their rounding: where the CPU and CUDA
+// kernels round an intermediate differently (the CPU's bf16 attention tiles round rotated q and k,
+// P and dS to bf16 before their products, CUDA's loops keep them f32), it differs by that much.
+Diff compare(const Tensor& cpu, const Tensor& dev, Device expected, double tol_scale, double inputs_tol) {
   if (cpu.shape() != dev.shape() || cpu.dtype() != dev.dtype())
     return {false, "result " + tensor_desc(dev) + " differs from the CPU's " + tensor_desc(cpu)};
   if (dev.device() != expected) return {false, "result is on " + dev.device().str() + ", not on " + expected.str()};
@@ -533,7 +540,7 @@ Diff compare(const Tensor& cpu, const Tensor& dev, Device expected, double tol_s
   double max_abs = 1;
   for (double v : a)
     if (std::isfinite(v)) max_abs = std::max(max_abs, std::fabs(v));
-  double rtol = tolerance(cpu.dtype()) * tol_scale, atol = rtol * 0.1 * max_abs;
+  double rtol = std::max(tolerance(cpu.dtype()), inputs_tol) * tol_scale, atol = rtol * 0.1 * max_abs;
   double worst = 0;
   size_t at = 0;
   int64_t bad = 0;
@@ -572,11 +579,14 @@ int run_cases(const std::string& filter, Device dev) {
         d.copy_(t);
         dev_in.push_back(d);
       }
+      double inputs_tol = 0;
+      for (const Tensor& t : cpu_in)
+        if (is_floating(t.dtype())) inputs_tol = std::max(inputs_tol, tolerance(t.dtype()));
       std::vector<Tensor> want = c.run(cpu_in);
       std::vector<Tensor> got = c.run(dev_in);
       if (want.size() != got.size()) error = "different number of outputs";
       for (size_t k = 0; k < want.size() && error.empty(); ++k) {
-        Diff d = compare(want[k], got[k], dev, c.tol_scale);
+        Diff d = compare(want[k], got[k], dev, c.tol_scale, inputs_tol);
         if (!d.ok) error = (want.size() > 1 ? "output " + std::to_string(k) + ": " : "") + d.what;
       }
 #if WEFT_WITH_CUDA

@@ -66,7 +66,9 @@ TEST_CASE("undefined tensors, freed storage and invalid arguments") {
   CHECK_THROWS_WITH(empty({2, -1}), Contains("negative"));
   CHECK_THROWS_WITH(arange(0, 1, 0), Contains("step"));
   CHECK_THROWS_WITH(set_num_threads(0), Contains("thread"));
-  CHECK_THROWS_WITH(ones({2}).to(Device::cuda(0)), Contains("cuda"));
+  // A device past the visible ones (all of them where no GPU or no CUDA build is there).
+  const int gpus = device_count(DeviceType::cuda);
+  CHECK_THROWS_WITH(ones({2}).to(Device::cuda(gpus)), Contains("cuda"));
   CHECK_THROWS_WITH(cross_entropy(ones({2, 3}), from_vector({0, 1}, {2}, {.dtype = kInt64}), {.reduction = "avg"}),
                     Contains("reduction"));
 }

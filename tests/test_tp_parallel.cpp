@@ -330,7 +330,9 @@ TEST_CASE("dp x tp: fully_shard over the data-parallel dim of a 2-D mesh, on the
       }
       for (auto& [name, p] : whole->named_parameters()) {
         Tensor full = root.full_tensor(name);
-        check_norm_close(full, slice_like(p, full, *tp_group), 1e-5, "after 20 steps: " + name);
+        // 2e-5: twenty Adam steps carry the rounding of differently ordered sums (1.07e-5 in a
+        // -Dnative=false build at 4 ranks); a wrong split is off by whole units.
+        check_norm_close(full, slice_like(p, full, *tp_group), 2e-5, "after 20 steps: " + name);
       }
     }
   }
