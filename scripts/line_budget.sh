@@ -9,7 +9,7 @@ cd "${1:-$(dirname "$0")/..}"
 # layer | budget | the files and folders counted (kernels: the entry points and the meta device)
 budgets=(
   "core           4319  core weft.h"
-  "kernels        2537  kernels/*.h kernels/*.cpp kernels/meta"
+  "kernels        2556  kernels/*.h kernels/*.cpp kernels/meta"
   "kernels/cpu    5630  kernels/cpu"
   "cuda           4660  cuda"
   "autograd       2036  autograd"
