@@ -37,13 +37,13 @@ void register_kernel_backend(DeviceType type, const KernelBackend* table) {
 
 const KernelBackend& kernel_backend(Device device, const char* op) {
   // The CPU table is returned directly: it must not depend on static initialisation order.
-  if (device.is_cpu()) return op_profiler::wanted() ? timed_kernel_table(op, DeviceType::cpu) : cpu::kernel_table();
+  if (device.is_cpu()) return op_profiler::wanted() ? timed_kernel_table(op, device, cpu::kernel_table()) : cpu::kernel_table();
   if (device.is_meta()) {
     WEFT_CHECK(MetaComputeGuard::enabled(),
                "{}: an operand is on the meta device and has no data (deferred initialisation: materialise the "
                "module with nn::materialize or fsdp::fully_shard it before computing with it; shape propagation "
                "runs under a MetaComputeGuard)", op);
-    return op_profiler::wanted() ? timed_kernel_table(op, DeviceType::meta) : meta::kernel_table();
+    return op_profiler::wanted() ? timed_kernel_table(op, device, meta::kernel_table()) : meta::kernel_table();
   }
   auto& slot = tables()[size_t(device.type)];
   const KernelBackend* table = slot.load(std::memory_order_acquire);
@@ -57,7 +57,7 @@ const KernelBackend& kernel_backend(Device device, const char* op) {
     WEFT_ERROR("{}: no kernels for device {}: {}", op, device.str(), reason);
   }
   check_device(device, op);
-  return *table;
+  return op_profiler::wanted() ? timed_kernel_table(op, device, *table) : *table;
 }
 
 }  // namespace weft::kernels

@@ -140,9 +140,9 @@ namespace cpu {
 // The CPU's table (kernels/cpu/backend.cpp), usable before any static initialiser has run.
 const KernelBackend& kernel_table();
 }  // namespace cpu
-// The CPU's or the meta device's entries (`type`), each a span of the op profiler named for a
-// call of `op` (kernels/timed_backend.cpp), for its rows or a step trace.
-const KernelBackend& timed_kernel_table(const char* op, DeviceType type);
+// `base`'s entries for `device`, each a span of the op profiler named for a call of `op`
+// (kernels/timed_backend.cpp), for its rows or a step trace (on cuda: the op's device time).
+const KernelBackend& timed_kernel_table(const char* op, Device device, const KernelBackend& base);
 
 namespace meta {
 // The meta device's (kernels/meta/backend.cpp): every entry does nothing (shape propagation).

@@ -1,6 +1,7 @@
-// kernels: the CPU's and the meta device's KernelBackend tables with every entry wrapped in an
-// op-profiler span (core/op_profiler.h), handed out while the profiler runs or a step trace
-// records (core/step_trace.h). A row is named for the public op that dispatched (`op`) and its
+// kernels: each device type's KernelBackend table with every entry wrapped in an op-profiler
+// span (core/op_profiler.h), handed out while the profiler runs or a step trace records
+// (core/step_trace.h); on a device with streams (cuda) the device is waited for before and
+// after, so the span is the op's device time. A row is named for the public op (`op`) and its
 // dtype; a GEMM's also names m x n x k and which operands are read transposed (T), attention's
 // its shape (BxHxHkvxTqxTkxE[ causal], which a calibration replays). Bytes are the sizes of
 // every tensor operand (a broadcast view counts its full shape); FLOPs are counted for the GEMMs
@@ -8,14 +9,26 @@
 // and four products; halved for a causal square), the ops a compute peak limits.
 #include <optional>
 
+#include <array>
+#include <mutex>
 #include "core/op_profiler.h"
+#include "core/stream.h"
 #include "kernels/backend.h"
 
 namespace weft::kernels {
 namespace {
 
 thread_local const char* t_op = "?";  // the op whose entry runs next on this thread
-thread_local const KernelBackend* t_base = nullptr;  // the table whose entry it runs (CPU or meta)
+thread_local const KernelBackend* t_base = nullptr;  // the table whose entry it runs
+thread_local Device t_device = kCPU;                  // the device it runs on
+
+void wait_for(Device d) {
+  if (!d.is_cpu() && !d.is_meta()) synchronize(d);
+}
+struct WaitAtEnd {  // a failed kernel reports itself at the next synchronising call
+  Device d;
+  ~WaitAtEnd() { try { wait_for(d); } catch (...) {} }
+};
 
 double bytes_of(const Tensor& t) { return t.defined() ? double(t.nbytes()) : 0.0; }
 double bytes_of(const std::vector<Tensor>& ts) {
@@ -83,7 +96,10 @@ struct Timed<R (*)(A...), M> {
   static R call(A... a) {
     Call c = describe(a...);
     const KernelBackend& base = *t_base;
+    const Device device = t_device;
+    wait_for(device);  // the work queued before this op is not its time
     op_profiler::Span span(std::move(c.name), c.flops, (0.0 + ... + bytes_of(a)));
+    WaitAtEnd after{device};  // destroyed first: the span ends once the device has finished
     return (base.*M)(a...);
   }
 };
@@ -107,12 +123,15 @@ KernelBackend make_table(const KernelBackend& base) {
 
 }  // namespace
 
-const KernelBackend& timed_kernel_table(const char* op, DeviceType type) {
-  static const KernelBackend cpu_table = make_table(cpu::kernel_table()), meta_table = make_table(meta::kernel_table());
-  const bool meta = type == DeviceType::meta;
+const KernelBackend& timed_kernel_table(const char* op, Device device, const KernelBackend& base) {
+  static std::array<std::once_flag, kNumDeviceTypes> made;
+  static std::array<KernelBackend, kNumDeviceTypes> tables;
+  const size_t type = size_t(device.type);
+  std::call_once(made[type], [&] { tables[type] = make_table(base); });
   t_op = op;
-  t_base = meta ? &meta::kernel_table() : &cpu::kernel_table();
-  return meta ? meta_table : cpu_table;
+  t_base = &base;
+  t_device = device;
+  return tables[type];
 }
 
 }  // namespace weft::kernels

@@ -5,7 +5,8 @@
 #      cuda and on cpu from the same seed (each step's loss side by side), then sample from the cpu
 #      run's checkpoint, greedy and drawn (one seed), with and without the KV cache, on both
 #      devices (the ids);
-#   3. scripts/bench_gpt2.sh (GPT-2 124M bf16: weft, PyTorch eager, torch.compile), unless BENCH=0;
+#   3. scripts/bench_gpt2.sh (GPT-2 124M bf16: weft, PyTorch eager, torch.compile) and weft's
+#      step op by op (weft-bench-gpt2 --profile), unless BENCH=0;
 #   4. the rest of the suite (meson test), if there is time, unless SUITE=0.
 #   scripts/gpu_check.sh [BUILD_DIR] [OUT_DIR]     (build with -Dcuda=enabled first)
 # Each part runs under a time limit (PART_SECONDS, default 120; the benchmark gets BENCH_SECONDS,
@@ -93,7 +94,11 @@ for name in gpt-f32 llama-f32; do
 done
 
 # 3. GPT-2 124M bf16 beside PyTorch on this GPU (BENCH=0 leaves it out).
-[ "${BENCH:-1}" = 0 ] || part_s=${BENCH_SECONDS:-200} part bench_gpt2 env OUT="$out/bench-gpt2" bash scripts/bench_gpt2.sh "$build" --steps 30
+# Then weft's step op by op (each op timed alone on the device).
+if [ "${BENCH:-1}" != 0 ]; then
+  part_s=${BENCH_SECONDS:-200} part bench_gpt2 env OUT="$out/bench-gpt2" bash scripts/bench_gpt2.sh "$build" --steps 30
+  part profile_gpt2 "$build/apps/bench/weft-bench-gpt2" --profile --steps 6 --warmup 2
+fi
 
 # 4. The rest of the suite (SUITE=0 leaves it out).
 [ "${SUITE:-1}" = 0 ] || part_s=100000 part suite ${MESON:-meson} test -C "$build" --no-rebuild --print-errorlogs \

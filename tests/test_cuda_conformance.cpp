@@ -7,6 +7,7 @@
 // Adding an op: append a Case to the table in cases() (name, dtype, input makers, and a run
 // function calling the public entry point on whatever device its inputs are on). Run one
 // group with `test_cuda_conformance <substring>`, e.g. `test_cuda_conformance "binary add"`.
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -15,6 +16,7 @@
 
 #include "core/copy.h"
 #include "core/generator.h"
+#include "core/op_profiler.h"
 #include "core/stream.h"
 #include "core/tensor.h"
 #include "kernels/attention.h"
@@ -717,6 +719,24 @@ void run_runtime_checks() {
   EXPECT(throws_range([&] { (void)index_add({4, 2}, 0, bad_index.view({6}), ones({6, 2}, {.device = dev})); }));
   EXPECT(throws_range([&] { (void)gather(ones({4, 3}, {.device = dev}), 0, bad_index); }));
   EXPECT(throws_range([&] { (void)scatter_add(ones({4, 3}, {.device = dev}), 0, bad_index, ones({2, 3}, {.device = dev})); }));
+
+  // The op profiler on a GPU: a row is the op's device time (each entry waits for the device),
+  // not the microseconds of queueing its kernel.
+  Tensor ma = ones({4096, 4096}, {.device = dev}), mb = ones({4096, 4096}, {.device = dev});
+  (void)matmul(ma, mb);
+  synchronize(dev);
+  const auto t0 = std::chrono::steady_clock::now();
+  (void)matmul(ma, mb);
+  synchronize(dev);
+  const double alone = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  op_profiler::start();
+  (void)matmul(ma, mb);
+  op_profiler::stop();
+  double timed = 0;
+  for (const op_profiler::Row& r : op_profiler::rows())
+    if (r.name.starts_with("matmul 4096x4096x4096")) timed = r.seconds;
+  std::printf("op profiler: a 4096^3 f32 matmul %.3f ms alone, its row %.3f ms\n", 1e3 * alone, 1e3 * timed);
+  EXPECT(timed > 0.5 * alone);
   std::printf("runtime checks: %d failed\n", g_runtime_failures);
 }
 

@@ -69,7 +69,7 @@ struct TrainOptions {
   std::string metrics, data = apps::kDefaultTextDir, checkpoint_dir, resume;
   int64_t checkpoint_every = 0, eval_every = 100, eval_iters = 10, log_every = 10;
   int64_t stop_after = 0;  // 0: run to --steps
-  int64_t profile = 0;     // > 0: the op profile from this step on (CPU)
+  int64_t profile = 0;     // > 0: the op profile from this step on
   int keep_last = 0;
   bool overwrite_checkpoints = false;
   bool fsdp = false;
@@ -537,8 +537,6 @@ void validate(TrainOptions& o, const Ranks& ranks, Run& run) {
   }
   check_base_dtype(o);
   check_tensor_parallel(o, ranks, run);
-  WEFT_CHECK(o.profile == 0 || run.device.is_cpu(), "transformer: --profile times the CPU's ops; {} has its own "
-             "profilers (nsys, ncu)", run.device.str());
   WEFT_CHECK(o.lr > 0 && o.steps > 0 && o.batch_size > 0 && o.grad_accum > 0,
              "transformer: --lr, --steps, --batch-size and --grad-accum must be positive");
   if (o.deterministic) run.leaves = apps::make_leaf_plan("transformer", o.virtual_batches, o.batch_size, o.grad_accum, ranks);
@@ -1331,8 +1329,8 @@ CLI::App* add_train_flags(CLI::App& app, TrainOptions& t) {
       ->capture_default_str();
   tr->add_option("--log-every", t.log_every, "steps between metrics lines")->check(apps::cli::integer(1, int64_t(1) << 40))
       ->capture_default_str();
-  tr->add_option("--profile", t.profile, "time every op of the steps from step N to the end (CPU; the lead rank's "
-                 "thread) and print a table of them after the run: calls, milliseconds and share of a step, rates")
+  tr->add_option("--profile", t.profile, "time every op of the steps from step N on (the lead rank's thread; on a GPU "
+                 "each op alone) and print a table of them after the run: calls, milliseconds, share of a step, rates")
       ->check(apps::cli::integer(1, int64_t(1) << 40));
   tr->add_option("--stop-after", t.stop_after, "end this run after N steps, keeping the --steps schedule (for --resume)")
       ->check(apps::cli::integer(1, int64_t(1) << 40));
