@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Everything weft checks on a machine with an NVIDIA GPU, in one run (docs/CUDA.md, "On a GPU"):
 #   1. the GPU suites (cuda_runtime, cuda_conformance, dist_nccl and fsdp_cuda at one rank);
-#   2. weft-transformer train, GPT and --arch llama, 20 steps, f32 and --mixed-precision bf16, on
-#      cuda and on cpu from the same seed (each step's loss side by side), then sample from the cpu
-#      run's checkpoint, greedy and drawn (one seed), with and without the KV cache, on both
-#      devices (the ids);
+#   2. weft-transformer train (on docs/PERFORMANCE.md as text), GPT and --arch llama, 20 steps,
+#      f32 and --mixed-precision bf16, on cuda and on cpu from the same seed (each step's loss
+#      side by side), then sample from the cpu run's checkpoint, greedy and drawn (one seed),
+#      with and without the KV cache, on both devices (the ids);
 #   3. scripts/bench_gpt2.sh (GPT-2 124M bf16: weft, PyTorch eager, torch.compile) and weft's
 #      step op by op (weft-bench-gpt2 --profile), unless BENCH=0;
 #   4. the rest of the suite (meson test), if there is time, unless SUITE=0.
@@ -63,7 +63,7 @@ train_pair() {  # NAME FLAGS...: train on cpu (with a checkpoint) and on cuda, t
   local name=$1
   shift
   local cfg=(--n-layer 2 --n-head 4 --d-model 64 --ctx 64 --batch-size 8 --steps 20 --warmup 3 --lr 3e-3 --seed 0
-             --eval-every 0 --eval-iters 2 --log-every 1 --threads 8 "$@")
+             --eval-every 0 --eval-iters 2 --log-every 1 --threads 8 --data docs/PERFORMANCE.md "$@")
   rm -rf "$out/$name-ck" "$out/$name-cpu.jsonl" "$out/$name-cuda.jsonl"
   part "train-$name-cpu" "$exe" train "${cfg[@]}" --device cpu --metrics "$out/$name-cpu.jsonl" --checkpoint-dir "$out/$name-ck"
   part "train-$name-cuda" "$exe" train "${cfg[@]}" --device cuda --metrics "$out/$name-cuda.jsonl"
