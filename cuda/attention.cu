@@ -42,10 +42,7 @@ template <class T> struct View {
 template <class T> View<T> view_of(const HeadsView& v) { return {static_cast<T*>(v.data), v.sb, v.sh, v.st}; }
 
 // x rounded to the storage type T and back: an operand of a product as 16-bit kernels see it.
-template <class T, class A> __device__ A round_as(A x) {
-  if constexpr (sizeof(T) == 2) return load(store<T>(x));
-  else return x;
-}
+template <class T, class A> __device__ A round_as(A x) { return load(store<T>(x)); }  // f32, f64: x
 
 // dst[r * width + c] = src row (t0 + r), column c, for r < rows; as the arithmetic type.
 template <class T, class A>
@@ -161,7 +158,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_forward(View<T> q, Vie
         A sum = 0;
         for (int j = 0; j < tile; ++j) {
           const A p = exp_acc(sr[j] - m_new);  // masked entries: exp(-inf) = 0
-          sr[j] = p;
+          sr[j] = round_as<T>(p);  // as O = P V reads it; l sums p unrounded
           sum += p;
         }
         const A a = exp_acc(m_old - m_new);  // 0 on the first visible tile
@@ -175,7 +172,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_forward(View<T> q, Vie
       const int64_t r = idx / s.Ev, c = idx % s.Ev;
       const A* pr = S + r * tile;
       A acc = Os[idx] * alpha[r];
-      for (int j = 0; j < cols; ++j) acc += round_as<T>(pr[j]) * Vs[j * s.Ev + c];
+      for (int j = 0; j < cols; ++j) acc += pr[j] * Vs[j * s.Ev + c];
       Os[idx] = acc;
     }
   }

@@ -200,33 +200,36 @@ WorkPtr NcclProcessGroup::launch(Collective c) {
   // A group of one: each collective's result is its input (any reduction over one rank), so a
   // copy on the collective stream, or nothing in place. NCCL 2.28.9's one-rank f32
   // reduce-scatter with ncclAvg left the last 2 of 100,003 elements unwritten (H200).
-  const size_t one_rank_bytes = size() == 1 && in && out && in != out ? size_t(i.out_numel) * dtype_size(i.dtype) : 0;
-  if (one_rank_bytes) CUDA_CHECK(cudaMemcpyAsync(out, in, one_rank_bytes, cudaMemcpyDeviceToDevice, stream_));
-  switch (size() == 1 ? CollectiveKind::barrier : i.kind) {
-    case CollectiveKind::all_gather:
-      NCCL_CHECK(ncclAllGather(in, out, size_t(i.in_numel), type, nccl_, stream_));
-      break;
-    case CollectiveKind::reduce_scatter:
-      NCCL_CHECK(ncclReduceScatter(in, out, size_t(i.out_numel), type, nccl_op(i.op), nccl_, stream_));
-      break;
-    case CollectiveKind::all_reduce:
-      NCCL_CHECK(ncclAllReduce(out, out, size_t(i.in_numel), type, nccl_op(i.op), nccl_, stream_));
-      break;
-    case CollectiveKind::broadcast:
-      NCCL_CHECK(ncclBroadcast(out, out, size_t(i.in_numel), type, i.root, nccl_, stream_));
-      break;
-    case CollectiveKind::barrier:
-      if (size() > 1) NCCL_CHECK(ncclAllReduce(barrier_buf_, barrier_buf_, 1, type, ncclSum, nccl_, stream_));
-      break;
-    case CollectiveKind::all_to_all: {
-      size_t block = size_t(i.in_numel / size()), bytes = block * dtype_size(i.dtype);
-      NCCL_CHECK(ncclGroupStart());
-      for (int j = 0; j < size(); ++j) {
-        NCCL_CHECK(ncclSend(static_cast<char*>(in) + size_t(j) * bytes, block, type, j, nccl_, stream_));
-        NCCL_CHECK(ncclRecv(static_cast<char*>(out) + size_t(j) * bytes, block, type, j, nccl_, stream_));
+  if (size() == 1) {
+    const size_t bytes = size_t(i.out_numel) * dtype_size(i.dtype);
+    if (in && out && in != out) CUDA_CHECK(cudaMemcpyAsync(out, in, bytes, cudaMemcpyDeviceToDevice, stream_));
+  } else {
+    switch (i.kind) {
+      case CollectiveKind::all_gather:
+        NCCL_CHECK(ncclAllGather(in, out, size_t(i.in_numel), type, nccl_, stream_));
+        break;
+      case CollectiveKind::reduce_scatter:
+        NCCL_CHECK(ncclReduceScatter(in, out, size_t(i.out_numel), type, nccl_op(i.op), nccl_, stream_));
+        break;
+      case CollectiveKind::all_reduce:
+        NCCL_CHECK(ncclAllReduce(out, out, size_t(i.in_numel), type, nccl_op(i.op), nccl_, stream_));
+        break;
+      case CollectiveKind::broadcast:
+        NCCL_CHECK(ncclBroadcast(out, out, size_t(i.in_numel), type, i.root, nccl_, stream_));
+        break;
+      case CollectiveKind::barrier:
+        NCCL_CHECK(ncclAllReduce(barrier_buf_, barrier_buf_, 1, type, ncclSum, nccl_, stream_));
+        break;
+      case CollectiveKind::all_to_all: {
+        size_t block = size_t(i.in_numel / size()), bytes = block * dtype_size(i.dtype);
+        NCCL_CHECK(ncclGroupStart());
+        for (int j = 0; j < size(); ++j) {
+          NCCL_CHECK(ncclSend(static_cast<char*>(in) + size_t(j) * bytes, block, type, j, nccl_, stream_));
+          NCCL_CHECK(ncclRecv(static_cast<char*>(out) + size_t(j) * bytes, block, type, j, nccl_, stream_));
+        }
+        NCCL_CHECK(ncclGroupEnd());
+        break;
       }
-      NCCL_CHECK(ncclGroupEnd());
-      break;
     }
   }
   cudaEvent_t done;

@@ -19,6 +19,23 @@ std::array<std::atomic<const KernelBackend*>, kNumDeviceTypes>& tables() {
   return t;
 }
 
+// The table registered for `device`'s type (its backend library loaded on first use).
+const KernelBackend& registered_table(Device device, const char* op) {
+  auto& slot = tables()[size_t(device.type)];
+  const KernelBackend* table = slot.load(std::memory_order_acquire);
+  if (table == nullptr) {
+    load_backend(device.type);  // its static initialisers register its table
+    table = slot.load(std::memory_order_acquire);
+  }
+  if (table == nullptr) {
+    std::string reason = backend_unavailable_reason(device.type);
+    if (reason.empty()) reason = fmt::format("the {} backend registered no kernels", device_type_name(device.type));
+    WEFT_ERROR("{}: no kernels for device {}: {}", op, device.str(), reason);
+  }
+  check_device(device, op);
+  return *table;
+}
+
 }  // namespace
 
 void register_kernel_backend(DeviceType type, const KernelBackend* table) {
@@ -36,28 +53,15 @@ void register_kernel_backend(DeviceType type, const KernelBackend* table) {
 }
 
 const KernelBackend& kernel_backend(Device device, const char* op) {
-  // The CPU table is returned directly: it must not depend on static initialisation order.
-  if (device.is_cpu()) return op_profiler::wanted() ? timed_kernel_table(op, device, cpu::kernel_table()) : cpu::kernel_table();
-  if (device.is_meta()) {
-    WEFT_CHECK(MetaComputeGuard::enabled(),
-               "{}: an operand is on the meta device and has no data (deferred initialisation: materialise the "
-               "module with nn::materialize or fsdp::fully_shard it before computing with it; shape propagation "
-               "runs under a MetaComputeGuard)", op);
-    return op_profiler::wanted() ? timed_kernel_table(op, device, meta::kernel_table()) : meta::kernel_table();
-  }
-  auto& slot = tables()[size_t(device.type)];
-  const KernelBackend* table = slot.load(std::memory_order_acquire);
-  if (table == nullptr) {
-    load_backend(device.type);  // its static initialisers register its table
-    table = slot.load(std::memory_order_acquire);
-  }
-  if (table == nullptr) {
-    std::string reason = backend_unavailable_reason(device.type);
-    if (reason.empty()) reason = fmt::format("the {} backend registered no kernels", device_type_name(device.type));
-    WEFT_ERROR("{}: no kernels for device {}: {}", op, device.str(), reason);
-  }
-  check_device(device, op);
-  return op_profiler::wanted() ? timed_kernel_table(op, device, *table) : *table;
+  WEFT_CHECK(!device.is_meta() || MetaComputeGuard::enabled(),
+             "{}: an operand is on the meta device and has no data (deferred initialisation: materialise the "
+             "module with nn::materialize or fsdp::fully_shard it before computing with it; shape propagation "
+             "runs under a MetaComputeGuard)", op);
+  // The CPU table is taken directly: it must not depend on static initialisation order.
+  const KernelBackend& table = device.is_cpu()    ? cpu::kernel_table()
+                               : device.is_meta() ? meta::kernel_table()
+                                                  : registered_table(device, op);
+  return op_profiler::wanted() ? timed_kernel_table(op, device, table) : table;
 }
 
 }  // namespace weft::kernels

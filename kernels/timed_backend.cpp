@@ -7,10 +7,10 @@
 // every tensor operand (a broadcast view counts its full shape); FLOPs are counted for the GEMMs
 // (2 m n k) and attention (forward 4 B H Tq Tk C, backward 10 B H Tq Tk C: the scores recomputed
 // and four products; halved for a causal square), the ops a compute peak limits.
-#include <optional>
-
 #include <array>
 #include <mutex>
+#include <optional>
+
 #include "core/op_profiler.h"
 #include "core/stream.h"
 #include "kernels/backend.h"
@@ -22,13 +22,9 @@ thread_local const char* t_op = "?";  // the op whose entry runs next on this th
 thread_local const KernelBackend* t_base = nullptr;  // the table whose entry it runs
 thread_local Device t_device = kCPU;                  // the device it runs on
 
-void wait_for(Device d) {
-  if (!d.is_cpu() && !d.is_meta()) synchronize(d);
-}
-struct WaitAtEnd {  // a failed kernel reports itself at the next synchronising call
-  Device d;
-  ~WaitAtEnd() { try { wait_for(d); } catch (...) {} }
-};
+void wait_for(Device d) { if (!d.is_cpu() && !d.is_meta()) synchronize(d); }
+// wait_for at the end of a scope (a failed kernel reports itself at the next synchronising call).
+struct WaitAtEnd { Device d; ~WaitAtEnd() { try { wait_for(d); } catch (...) {} } };
 
 double bytes_of(const Tensor& t) { return t.defined() ? double(t.nbytes()) : 0.0; }
 double bytes_of(const std::vector<Tensor>& ts) {
