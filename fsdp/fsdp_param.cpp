@@ -34,11 +34,10 @@ FSDPParam::FSDPParam(std::string name, std::vector<Tensor*> slots, int64_t shard
 void FSDPParam::init_from_rule(const Tensor& meta) {
   NoGradGuard no_grad;
   Tensor chunk = chunk_view(padded_flat_);
-  chunk.zero_();  // the padding, and a parameter never filled
   auto rule = recorded_fill(meta);
-  // Shards on the meta device (a memory plan) have no values to compute.
-  if (local_rows_ == 0 || !rule || chunk.device().is_meta()) return;
-  // Only this rank's elements are computed: the slice [rank * chunk, + local_rows) on shard_dim.
+  // A parameter never filled is zeros; shards on the meta device (a memory plan) have no values.
+  if (local_rows_ == 0 || !rule || chunk.device().is_meta()) return (void)chunk.zero_();
+  zero_padding();  // then only this rank's elements: the slice [rank * chunk, + local_rows) on shard_dim
   fill_slice(chunk.narrow(shard_dim_, 0, local_rows_), *rule, global_shape_, shard_dim_, int64_t(rank_) * chunk_);
 }
 
@@ -69,7 +68,7 @@ void FSDPParam::load_full(const Tensor& full) {
              shape_str(global_shape_), tensor_desc(full));
   NoGradGuard no_grad;
   Tensor chunk = chunk_view(padded_flat_);
-  chunk.zero_();
+  zero_padding();
   if (local_rows_ == 0) return;
   Tensor src = global_shape_.empty() ? full.view({1}) : full;
   copy_elements(chunk.narrow(shard_dim_, 0, local_rows_),

@@ -17,7 +17,8 @@ namespace weft::fsdp {
 class FSDPParam {
  public:
   // `slots`: every module slot that holds this parameter (tied parameters have several).
-  // `name`: its first dotted name under the module fully_shard was called on.
+  // `name`: its first dotted name under the module fully_shard was called on. It writes all
+  // of its padded chunk of `shard_storage` (which may be uninitialised) once.
   FSDPParam(std::string name, std::vector<Tensor*> slots, int64_t shard_dim, int rank, int world,
             const Tensor& shard_storage, int64_t storage_offset);
 
@@ -79,6 +80,9 @@ class FSDPParam {
   void use_unsharded();
 
  private:
+  void zero_padding() const {  // the padded chunk's rows past local_rows_
+    if (local_rows_ < chunk_) chunk_view(padded_flat_).narrow(shard_dim_, local_rows_, chunk_ - local_rows_).zero_();
+  }
   // View of a flat chunk as the chunk's own shape (padded extent `chunk` on shard_dim).
   Tensor chunk_view(const Tensor& flat, int64_t chunk = -1) const;
   std::vector<std::pair<Tensor, Tensor>> rank_blocks(const Tensor& full, const Tensor& buffer, int64_t offset,

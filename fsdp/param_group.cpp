@@ -48,14 +48,11 @@ FSDPParamGroup::FSDPParamGroup(std::vector<Entry> entries, const FullyShardOptio
   compute_device_ = device;
   // CPU offload only means something for device parameters: CPU ones are already on the host.
   offload_ = opts.offload_policy.has_value() && !runs_on_host(device);
-  if (offload_) {
-    // Pinned, so that the all-gather's upload and the gradients' download are asynchronous.
-    flat_shard_ = opts.offload_policy->pin_memory ? empty_pinned({group_numel_}, dtype, device)
+  // Uninitialised: each FSDPParam writes its own padded chunk, which together cover it. Offloaded
+  // shards are pinned, so that the all-gather's upload and the gradients' download are asynchronous.
+  flat_shard_ = !offload_                          ? empty({group_numel_}, {.dtype = dtype, .device = device})
+                : opts.offload_policy->pin_memory ? empty_pinned({group_numel_}, dtype, device)
                                                   : empty({group_numel_}, {.dtype = dtype});
-    flat_shard_.zero_();
-  } else {
-    flat_shard_ = zeros({group_numel_}, {.dtype = dtype, .device = device});
-  }
   int64_t offset = 0;
   for (size_t i = 0; i < entries.size(); ++i) {
     params_.push_back(std::make_unique<FSDPParam>(entries[i].name, entries[i].slots, entries[i].shard_dim, rank,

@@ -3,12 +3,15 @@
 // built eagerly in one process with the same seed (each rank computed only its own elements,
 // on dim 0 or through shard_placement_fn on dim 1), and its build peak per rank stays within
 // the init bound Ps + one group (docs/MEMORY_SCALING.md), which building the whole model first exceeds.
+#include <algorithm>
 #include <cstdio>
 #include <optional>
 
 #include "apps/transformer/gpt.h"
 #include "core/allocator.h"
 #include "fsdp/fsdp.h"
+#include "fsdp/param_group.h"
+#include "fsdp/state.h"
 #include "fsdp_test_models.h"
 
 using namespace weft;
@@ -24,6 +27,14 @@ nn::NamedTensorList eager_state(const Make& make) {
   manual_seed(42);
   return make()->state_dict();
 }
+// Frees NaN-filled blocks of every small size class into the CPU allocator's cache, so that the
+// next allocations (a group's shard buffer, which starts uninitialised) reuse dirty memory.
+void dirty_cpu_cache() {
+  std::vector<Tensor> blocks;
+  for (int64_t n = 16; n <= 4096; n += 16)
+    for (int i = 0; i < 3; ++i) blocks.push_back(full({n}, std::nanf("")));
+}
+
 nn::NamedTensorList deferred_sharded_state(const Make& make, const fsdp::FullyShardOptions& opts) {
   manual_seed(42);
   nn::ModulePtr model;
@@ -32,9 +43,21 @@ nn::NamedTensorList deferred_sharded_state(const Make& make, const fsdp::FullySh
     model = make();
   }
   for (auto& p : model->parameters()) REQUIRE(p.device().is_meta());
+  dirty_cpu_cache();
   auto root = fsdp::apply_auto_wrap(model, fsdp::module_type_policy({"Block"}), opts);
   for (auto& p : model->parameters()) REQUIRE(p.device().is_cpu());
   CHECK(nn::meta_tensor_names(*model).empty());
+  // The padding of every chunk is zero: a padded chunk has as many nonzero values as its shard.
+  auto nonzero = [](const Tensor& t) {
+    const std::vector<double> v = to_vector(t);
+    return std::count_if(v.begin(), v.end(), [](double x) { return x != 0; });  // NaN counts
+  };
+  for (auto& [name, mod] : model->named_modules())
+    if (auto s = fsdp::state_of(*mod); s && s->group)
+      for (auto& p : s->group->params()) {
+        INFO(p->name() << ": a padded chunk of " << p->padded_numel() << " values");
+        CHECK(nonzero(p->padded_flat()) == nonzero(p->sharded()));
+      }
   return fsdp::full_state_dict(*model, &root);
 }
 
