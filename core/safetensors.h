@@ -69,8 +69,7 @@ class SafetensorsReader {
   // Rows [offset, offset + length) of dim 0 (all of a 0-d tensor) into `dst`, a contiguous CPU
   // tensor of as many elements: the bytes go straight into it when it has the tensor's dtype; a
   // float tensor goes into any float dtype through a buffer of at most `buffer_bytes` (a row at
-  // least) converted piece by piece, each while it is still in the core's L2 cache (a 1B model's
-  // f32 load from bf16: docs/TRANSFORMER.md). A model loads without a copy of a tensor on the side.
+  // least), each piece converted while in L2. A model loads without a copy of a tensor on the side.
   void read_rows_into(const std::string& name, int64_t offset, int64_t length, Tensor& dst,
                       int64_t buffer_bytes = int64_t(1) << 20);
 
