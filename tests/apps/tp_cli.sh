@@ -153,7 +153,9 @@ run 2 --fsdp --tp 2 "${big[@]}" --plan --step-time >"$tmp/stm.txt" 2>"$tmp/err" 
 grep -Eq 'us per hop(; collectives move only while waited for \([^)]*\))?; 2 ranks meet [0-9]+ us late after [0-9.]+ ms of compute(, [0-9]+ us after [0-9.]+ ms of compute)? \(measured on 2 ranks\)' "$tmp/stm.txt" ||
   fail "--step-time under mpirun: no measured link and meeting time in: $(grep -A3 'step time' "$tmp/stm.txt")"
 tokens=$(grep -o 'ms, [0-9]* tokens/s' "$tmp/st400.txt" | grep -o '[0-9]*')
-awk -v ms="$(step_ms "$tmp/st400.txt")" -v t="$tokens" 'BEGIN { x = t * ms / 1000 / (8 * 64); exit !(x > 0.99 && x < 1.01) }' ||
+# (the step is printed to 0.1 ms: at a few ms its rounding alone moves the product by over 1 %)
+awk -v ms="$(step_ms "$tmp/st400.txt")" -v t="$tokens" \
+    'BEGIN { x = t * ms / 1000 / (8 * 64); tol = 0.01 + 0.05 / ms; exit !(x > 1 - tol && x < 1 + tol) }' ||
   fail "--step-time: $tokens tokens/s at $(step_ms "$tmp/st400.txt") ms is not 8 x 64 tokens per step"
 
 # bf16 mixed precision: fully_shard's bf16 parameters within the tp group's collectives.
