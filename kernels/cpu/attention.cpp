@@ -345,7 +345,6 @@ std::vector<T> tiled_workspace(const AttentionDims& d, int64_t per_thread) {
   return std::vector<T>(size_t(threads * per_thread));
 }
 
-
 }  // namespace
 
 bool attention_uses_tiles(const Tensor& q, const Tensor& v) {

@@ -65,7 +65,6 @@ void gemm_eigen(int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const 
   }
 }
 
-
 // Per-matrix element offsets of `t` ([..., r, c]) for each index of `batch` (broadcasting).
 std::vector<int64_t> batch_offsets(const Tensor& t, const Shape& batch) {
   int64_t nb = shape_numel(batch), nd = int64_t(batch.size()), lead = nd - (t.dim() - 2);
@@ -201,7 +200,6 @@ void matmul_typed(const Tensor& a, const Tensor& b, const Tensor& out) {
     for (int64_t i = 0; i < nb; ++i) one(i);
   }
 }
-
 
 }  // namespace
 
@@ -409,7 +407,6 @@ void split_product(int64_t m, int64_t n, int64_t k, bool fixed, int64_t row_unit
     else slice(0, m, p0, p1);
   }
 }
-
 
 // x W^T (one row x, W [n, k] row-major) with 16-bit operands: x widened once, W read in its own
 // bytes by gemv_rows, columns split over threads as gemm splits them. Bitwise the widened

@@ -15,8 +15,6 @@
 namespace weft::kernels::cpu {
 namespace {
 
-
-
 // One packed panel of W values per step: out[p * W + r] = x[r * r_st + p * p_st] for r < rows,
 // p < kc, and 0 for rows <= r < W. The two common layouts get vector copies: steps contiguous
 // (a row-major a, a transposed b) in 4 x 4 transposed blocks, or rows contiguous as whole steps.
