@@ -1,27 +1,16 @@
-// weft-bench: CPU kernel throughput against the machine's own measured peak. Prints one
-// table: peak fp32 FMA rate per vector width (and the bf16 dot-product peak where the CPU has
-// AVX512_BF16, the AMX tile peak where it has AMX), GFLOP/s of each f32 GEMM kernel the CPU
-// runs (avx512, avx2, eigen) and of the bf16 ones at 1024^3 and the GEMM shapes of GPT training, and GB/s of an
-// element-wise op and of a row softmax, each at 1..N threads. Every figure is the median (and
-// the best) of several runs after a warm-up.
+// weft-bench: CPU kernel throughput against the machine's own measured peak. Prints one table: peak fp32 FMA
+// rate per vector width (and the bf16 dot-product peak where the CPU has AVX512_BF16, the AMX tile peak where it
+// has AMX), GFLOP/s of each f32 GEMM kernel the CPU runs (avx512, avx2, eigen) and of the bf16 ones at 1024^3 and
+// the GEMM shapes of GPT training, and GB/s of an element-wise op, one read stream, a decode step's products and
+// a row softmax, each at 1..N threads. Every figure is the median (and the best) of several runs after a warm-up.
 #include <malloc.h>
 #include <CLI/CLI.hpp>
-#include <algorithm>
-#include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <functional>
 #include <map>
 #include <tuple>
 #include <string>
 #include <vector>
-
-#ifdef __x86_64__
-#include <immintrin.h>
-#endif
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #include "apps/bench/machine_peaks.h"
 #include "core/error.h"
@@ -216,6 +205,16 @@ void measure_bandwidth(Bench& b) {
   });
   // One stream read once, as a decode step reads its weights (add_ moves two reads and a write).
   b.measure({"one read stream (machine_peaks.h)", "64M f32", "GB/s", {}}, [&](int t) { return read_gbs(t); });
+  // A decode step's products: one row times W^T, each W read once (16 of 8192 x 2048: past the last-level cache).
+  for (DType dt : {kFloat32, kBFloat16}) {
+    std::vector<Tensor> ws(16);
+    for (Tensor& w : ws) w = randn({8192, 2048}, {}, &b.gen).to(dt);
+    Tensor x = randn({1, 2048}, {}, &b.gen).to(dt), out = empty({1, 8192}, {.dtype = dt});
+    b.measure({fmt::format("decode product x W^T, W read ({})", dtype_name(dt)), "16 x 1x2048x8192", "GB/s", {}}, [&](int) {
+      double s = median_seconds(1, b.reps, [&] { for (const Tensor& w : ws) kernels::gemm(x, false, w, true, out); });
+      return 16.0 * double(ws[0].nbytes()) / s / 1e9;
+    });
+  }
   Tensor rows = randn({4096, 4096}, {}, &b.gen);
   b.measure({"softmax over rows", "4096x4096 f32", "GB/s", {}}, [&](int) {
     double s = median_seconds(2, b.reps, [&] { kernels::softmax(rows, -1); });

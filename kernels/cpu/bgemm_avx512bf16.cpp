@@ -135,8 +135,8 @@ void blocked(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, i
 // of Llama 3.2 1B's shape, Zen 4, 2 threads, 5.2 tokens/s so, 13.4 so). Column after column (one stream;
 // four side by side read 25 % fewer bytes a second), 128 values a step in four vector chains against the
 // rows' same values (in L1); b prefetched into L2 2 KiB ahead, past the page ends where the hardware's
-// prefetch stops (Zen 4: +15 % bytes/s at 1 thread, +4 % at 2; into L1: -15 %). A sum is one column's: its
-// bits do not depend on the columns beside it or the threads' split.
+// prefetch stops (Zen 4, 1 thread: a 1B bf16 decode +7 %, docs/PERFORMANCE.md).
+// A sum is one column's: its bits do not depend on the columns beside it or the threads' split.
 template <int M>
 void few_rows(int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, const uint16_t* b, int64_t b_cs, void* c,
               bool c16, int64_t ldc, float alpha, float beta, const void* bias) {
