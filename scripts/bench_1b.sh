@@ -4,7 +4,7 @@
 # weft-transformer in f32 and bf16 (sample --dtype) at 1, 2 and 4 ranks (FSDP: each rank reads
 # only its byte ranges) with the load time, wall time and peak RSS of every rank, then greedy
 # decode tokens/s in weft beside transformers' generate with its cache (f32 and bf16, same
-# threads; how many greedy ids agree), weft-bench's add_ and one-read-stream bandwidths for
+# threads; how many greedy ids agree), weft-bench's add_, one-read-stream and decode-product bandwidths for
 # the bytes/token x tokens/s comparison, and the prefill of a 512-token prompt in both. Prints
 # tables; a developer tool, never part of the tests.
 #   bash scripts/bench_1b.sh BUILD_DIR [WORK_DIR]     (default WORK_DIR /tmp/weft-1b)
@@ -59,7 +59,9 @@ done
 # from minute to minute): each round's tokens/s (transformers' the best of its two generations),
 # then the medians and their ratio.
 reads=""
-bandwidth() { "$build/apps/bench/weft-bench" --quick --threads "$threads" 2>/dev/null | grep -E "add_|read stream" | tr '\n' ' '; }
+bandwidth() {  # no GEMM rows (--rows none): the peaks, add_, the read stream and the decode products
+  "$build/apps/bench/weft-bench" --quick --rows none --threads "$threads" 2>/dev/null | grep -E "add_|read stream|decode product" | tr '\n' ' '
+}
 bw_before=$(bandwidth)
 median() { tr ' ' '\n' | grep . | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
 echo "| decode, batch 1, $threads threads | rounds (tokens/s) | median | weft / transformers |"
@@ -101,7 +103,7 @@ for dtype in f32 bf16; do
   echo "| weft $dtype |$w | $wm | $(awk -v a="$wm" -v b="$hm" 'BEGIN { printf "%.2fx", b / a }') |"
   echo "| transformers $dtype |$h | $hm | |"
 done
-echo "weft-bench's add_ and read-stream rows, before the decode rounds: $bw_before"
+echo "weft-bench's add_, read-stream and decode-product rows, before the decode rounds: $bw_before"
 echo "and after them: $(bandwidth)"
 echo "at the medians:$reads"
 echo "bytes per token (tied head read once): f32 $(( bytes * 2 )), bf16 $bytes (the file)"
