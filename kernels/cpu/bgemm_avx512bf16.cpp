@@ -96,9 +96,8 @@ void blocked(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, i
       const char* bias_pc = pc == 0 ? static_cast<const char*>(bias) : nullptr;
       pack_panels<NR>(kc, nc, b + pc * b_rs + jc * b_cs, b_cs, b_rs, pb, NR * 2 * kc2);
       // Full panels of a row-major a are read in place (pairs are adjacent); the rest is packed,
-      // and so is all of an a whose rows lie a multiple of 4 KiB apart: a tile's 12 rows would
-      // share one set of the 8-way L1 and evict each other (2048 x 2048 x 512: +4 %).
-      const bool in_place = a_cs == 1 && kc % 2 == 0 && a_rs % 2048 != 0;
+      // and so is all of an a whose rows share one L1 set (rows_share_l1_set: 2048 x 2048 x 512 +4 %).
+      const bool in_place = a_cs == 1 && kc % 2 == 0 && !rows_share_l1_set<uint16_t>(a_rs);
       for (int64_t ic = 0; ic < m; ic += MC) {
         const int64_t mc = std::min<int64_t>(MC, m - ic);
         uint16_t* pa_ic = keep_a ? pa + (pc / KC * m_up * kc2_max + ic * kc2) * 2 : pa;

@@ -505,8 +505,8 @@ void gemm_bf16(int64_t m, int64_t n, int64_t k, const BFloat16* a, MatLayout la,
   const bool few_rows = m <= 4 && la.row_major && !lb.row_major && !a_sums;
   const bool amx = bgemm_kernel() == BgemmKernel::amx && !few_rows;
   const BgemmFn fn = few_rows ? bgemm_few_rows_avx512bf16 : amx ? bgemm_amx : bgemm_avx512bf16;
-  // whole pairs (AMX: tiles) of depth; the vdpbf16ps kernel packs rows a multiple of 4 KiB apart
-  const bool a_in_place = la.row_major && k % (amx ? 32 : 2) == 0 && (amx || la.ld % 2048 != 0);
+  // whole pairs (AMX: tiles) of depth; the vdpbf16ps kernel packs rows in one L1 set (gemm_scratch.h)
+  const bool a_in_place = la.row_major && k % (amx ? 32 : 2) == 0 && (amx || !rows_share_l1_set<BFloat16>(la.ld));
   const bool by_rows = m > n && !a_in_place;
   split_product(m, n, k, false, amx ? 32 : 12, by_rows, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
     bgemm_one<TO>(fn, r1 - r0, c1 - c0, k, row_at(a, la, r0), la, col_at(b, lb, c0), lb, c + r0 * ldc + c0, ldc, alpha,

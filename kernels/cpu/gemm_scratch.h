@@ -1,6 +1,7 @@
 // kernels/cpu: the packed-panel buffers of weft's GEMM kernels (sgemm_blocked.h, the bf16
 // kernel; gemm.cpp's widened 16-bit blocks): grow-only, 64-byte aligned, one per thread and
-// operand. TU-local (an anonymous namespace), as the ISA files that include it need.
+// operand; and the rule for when an operand must be packed. TU-local (an anonymous namespace),
+// as the ISA files that include it need.
 #pragma once
 #include <cstdint>
 #include <cstdlib>
@@ -24,6 +25,12 @@ struct Scratch {
     return p;
   }
 };
+
+// Whether rows `row_stride` elements of T apart fall in one set of the L1 (a multiple of 4 KiB:
+// 64 sets of 64-byte lines). A register tile reading such rows in place would have its rows evict
+// each other, so the GEMM kernels pack that operand instead (sgemm_blocked.h, the bf16 kernel).
+template <typename T>
+constexpr bool rows_share_l1_set(int64_t row_stride) { return row_stride * int64_t(sizeof(T)) % 4096 == 0; }
 
 }  // namespace
 }  // namespace weft::kernels::cpu

@@ -87,9 +87,9 @@ void sgemm_blocked(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs
   float* pb = b_buf.get(K::KC * ((std::min<int64_t>(n, K::NC) + NR - 1) / NR * NR));
   alignas(64) float edge[MR * NR];
   // A row-major a is read in place (packing: 4-10 % slower at n of a few hundred) unless it stays in
-  // L1 (K::kStreamB) with rows 4 KiB apart, in one L1 set (packed: 10-45 % faster, Zen 4); so is a
-  // transposed one (X^T of a weight gradient) staying in L1, and a tail panel (missing rows 0).
-  const bool in_place = (a_cs == 1 && (a_rs % 1024 != 0 || !K::kStreamB)) || (a_rs == 1 && !K::kStreamB);
+  // L1 (K::kStreamB) with rows in one L1 set (rows_share_l1_set; packed: 10-45 % faster, Zen 4); so is
+  // a transposed one (X^T of a weight gradient) staying in L1, and a tail panel (missing rows 0).
+  const bool in_place = (a_cs == 1 && (!rows_share_l1_set<float>(a_rs) || !K::kStreamB)) || (a_rs == 1 && !K::kStreamB);
   for (int64_t jc = 0; jc < n; jc += K::NC) {
     const int64_t nc = std::min<int64_t>(K::NC, n - jc);
     for (int64_t pc = 0; pc < k; pc += K::KC) {
