@@ -44,17 +44,14 @@ void write_file_atomic(const std::string& path, const std::function<void(std::FI
     std::string err = std::strerror(errno);
     ::close(fd);
     ::unlink(tmp.c_str());
-    WEFT_ERROR("write_file_atomic: fdopen of temporary file '{}' for '{}' failed: {}", tmp, path,
-               err);
+    WEFT_ERROR("write_file_atomic: fdopen of temporary file '{}' for '{}' failed: {}", tmp, path, err);
   }
   // Everything up to the rename may fail; `path` must then stay as it was.
   try {
     write(f);
     WEFT_CHECK(!std::ferror(f), "write_file_atomic: writing '{}' failed: {}", path, std::strerror(errno));
-    WEFT_CHECK(std::fflush(f) == 0, "write_file_atomic: flushing '{}' failed: {}", path,
-               std::strerror(errno));
-    WEFT_CHECK(::fsync(::fileno(f)) == 0, "write_file_atomic: fsync of '{}' failed: {}", path,
-               std::strerror(errno));
+    WEFT_CHECK(std::fflush(f) == 0, "write_file_atomic: flushing '{}' failed: {}", path, std::strerror(errno));
+    WEFT_CHECK(::fsync(::fileno(f)) == 0, "write_file_atomic: fsync of '{}' failed: {}", path, std::strerror(errno));
   } catch (...) {
     std::fclose(f);
     ::unlink(tmp.c_str());

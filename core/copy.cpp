@@ -59,8 +59,7 @@ double copy_bytes(const Tensor& dst, const Tensor& src) {
 void register_device_copy(DeviceType type, DeviceCopyFn fn) { g_device_copy[int(type)] = fn; }
 
 void copy_elements(const Tensor& dst, const Tensor& src) {
-  WEFT_CHECK(dst.shape() == src.shape(), "copy: shapes differ, dst {} vs src {}", tensor_desc(dst),
-             tensor_desc(src));
+  WEFT_CHECK(dst.shape() == src.shape(), "copy: shapes differ, dst {} vs src {}", tensor_desc(dst), tensor_desc(src));
   if (dst.numel() == 0) return;
   if (dst.device().is_meta() && src.device().is_meta() && MetaComputeGuard::enabled()) {  // no values to copy
     if (op_profiler::wanted()) op_profiler::Span span(copy_name(dst, src), 0.0, copy_bytes(dst, src));

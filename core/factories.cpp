@@ -117,8 +117,7 @@ std::vector<double> to_vector(const Tensor& t) {
 
 double Tensor::item() const {
   check_defined("item");
-  WEFT_CHECK(numel() == 1, "item: tensor {} has {} elements, expected exactly one", tensor_desc(*this),
-             numel());
+  WEFT_CHECK(numel() == 1, "item: tensor {} has {} elements, expected exactly one", tensor_desc(*this), numel());
   return to_vector(*this)[0];
 }
 

@@ -13,6 +13,7 @@
 #include <set>
 
 #include "core/atomic_file.h"
+#include "core/element_search.h"
 
 namespace weft {
 namespace {
@@ -64,8 +65,7 @@ class InFile {
   explicit InFile(const std::string& path) : path_(path), f_(open_regular(path)) {
     WEFT_CHECK(f_, "safetensors: cannot open '{}': {}", path, std::strerror(errno));
     struct stat st;
-    WEFT_CHECK(::fstat(::fileno(f_.get()), &st) == 0, "safetensors: cannot stat '{}': {}", path,
-               std::strerror(errno));
+    WEFT_CHECK(::fstat(::fileno(f_.get()), &st) == 0, "safetensors: cannot stat '{}': {}", path, std::strerror(errno));
     WEFT_CHECK(!S_ISDIR(st.st_mode), "safetensors: '{}' is a directory, not a file", path);
     size_ = uint64_t(st.st_size);
   }
@@ -80,8 +80,7 @@ class InFile {
     if (std::fread(dst, 1, n, f_.get()) == n) return;
     WEFT_CHECK(!std::ferror(f_.get()), "safetensors: reading {} from '{}' failed: {}", what, path_,
                std::strerror(errno));
-    WEFT_ERROR("safetensors: '{}' ended while reading {} (did it change while being read?)", path_,
-               what);
+    WEFT_ERROR("safetensors: '{}' ended while reading {} (did it change while being read?)", path_, what);
   }
 
  private:
@@ -124,19 +123,16 @@ Entry parse_entry(const std::string& path, const std::string& name, const Json& 
     shape.push_back(d.get<int64_t>());
     overflow |= __builtin_mul_overflow(nbytes, uint64_t(shape.back()), &nbytes);
   }
-  WEFT_CHECK(!overflow, "safetensors: '{}': tensor '{}' has shape {}, too large to address", path,
-             name, jshape.dump());
+  WEFT_CHECK(!overflow, "safetensors: '{}': tensor '{}' has shape {}, too large to address", path, name, jshape.dump());
 
-  bool offsets_ok = joffsets.is_array() && joffsets.size() == 2 && is_count(joffsets[0]) &&
-                    is_count(joffsets[1]);
+  bool offsets_ok = joffsets.is_array() && joffsets.size() == 2 && is_count(joffsets[0]) && is_count(joffsets[1]);
   WEFT_CHECK(offsets_ok, "safetensors: '{}': tensor '{}' has data_offsets {}; they must be "
              "[begin, end], two non-negative integers", path, name, joffsets.dump());
   uint64_t begin = joffsets[0].get<uint64_t>(), end = joffsets[1].get<uint64_t>();
   WEFT_CHECK(begin <= end, "safetensors: '{}': tensor '{}' has data_offsets [{}, {}], which end "
              "before they begin", path, name, begin, end);
   WEFT_CHECK(end <= data_size, "safetensors: '{}': tensor '{}' has data_offsets [{}, {}], past the "
-             "end of the data section ({} bytes; is the file truncated?)", path, name, begin, end,
-             data_size);
+             "end of the data section ({} bytes; is the file truncated?)", path, name, begin, end, data_size);
   WEFT_CHECK(end - begin == nbytes, "safetensors: '{}': tensor '{}' ({} {}) needs {} bytes but "
              "its data_offsets [{}, {}] hold {}", path, name, jdtype.get<std::string>(),
              shape_str(shape), nbytes, begin, end, end - begin);
@@ -165,8 +161,7 @@ Header read_header(InFile& in) {
   } catch (const Json::exception& e) {
     WEFT_ERROR("safetensors: '{}': header is not valid JSON: {}", path, e.what());
   }
-  WEFT_CHECK(j.is_object(), "safetensors: '{}': header is a JSON {}, not an object", path,
-             j.type_name());
+  WEFT_CHECK(j.is_object(), "safetensors: '{}': header is a JSON {}, not an object", path, j.type_name());
 
   Header h;
   uint64_t data_size = h.data_size = in.size() - 8 - n;
@@ -194,11 +189,9 @@ Header read_header(InFile& in) {
   const Entry* prev = nullptr;
   for (const Entry& e : h.entries) {
     WEFT_CHECK(e.begin >= pos, "safetensors: '{}': tensor '{}' (bytes [{}, {})) overlaps tensor "
-               "'{}' (bytes [{}, {}))", path, e.name, e.begin, e.end, prev->name, prev->begin,
-               prev->end);
+               "'{}' (bytes [{}, {}))", path, e.name, e.begin, e.end, prev->name, prev->begin, prev->end);
     WEFT_CHECK(e.begin == pos, "safetensors: '{}': {} unused bytes before tensor '{}' (bytes "
-               "[{}, {})); tensor data must be contiguous", path, e.begin - pos, e.name, e.begin,
-               e.end);
+               "[{}, {})); tensor data must be contiguous", path, e.begin - pos, e.name, e.begin, e.end);
     pos = e.end;
     prev = &e;
   }
@@ -210,8 +203,7 @@ Header read_header(InFile& in) {
 // ---- writing
 
 void write_bytes(std::FILE* f, const void* data, size_t n, const std::string& path) {
-  WEFT_CHECK(std::fwrite(data, 1, n, f) == n, "save_safetensors: writing '{}' failed: {}", path,
-             std::strerror(errno));
+  WEFT_CHECK(std::fwrite(data, 1, n, f) == n, "save_safetensors: writing '{}' failed: {}", path, std::strerror(errno));
 }
 
 }  // namespace
@@ -254,8 +246,7 @@ void save_safetensors(const std::string& path, const std::vector<SafetensorsEntr
   try {
     text = header.dump();
   } catch (const Json::exception& e) {
-    WEFT_ERROR("save_safetensors: '{}': a tensor name or metadata string is not valid UTF-8 ({})",
-               path, e.what());
+    WEFT_ERROR("save_safetensors: '{}': a tensor name or metadata string is not valid UTF-8 ({})", path, e.what());
   }
   // Trailing spaces are valid JSON and make the data start 8-byte aligned, so a reader that
   // maps the file can use the tensors in place.
@@ -300,7 +291,7 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
 }
 
 struct SafetensorsReader::Impl {
-  explicit Impl(const std::string& path) : in(path) {
+  Impl(const std::string& path, bool refuse) : in(path), refuse_nonfinite(refuse) {
     header = read_header(in);
     for (const Entry& e : header.entries) {
       by_name[e.name] = public_entries.size();
@@ -311,9 +302,19 @@ struct SafetensorsReader::Impl {
   Header header;
   std::vector<SafetensorsEntry> public_entries;
   std::map<std::string, size_t> by_name;
+  bool refuse_nonfinite;
+
+  // `piece` holds elements [first, first + numel) (flat) of tensor `name`, as just read.
+  void check_finite(const Tensor& piece, const std::string& name, int64_t first) const {
+    if (!refuse_nonfinite) return;
+    if (auto bad = find_nonfinite(piece))
+      WEFT_ERROR("safetensors: '{}': tensor '{}' holds {} (not finite: refused)", in.path(), name,
+                 FoundElement{first + bad->index, bad->value}.str());
+  }
 };
 
-SafetensorsReader::SafetensorsReader(const std::string& path) : impl_(std::make_unique<Impl>(path)) {}
+SafetensorsReader::SafetensorsReader(const std::string& path, bool refuse_nonfinite)
+    : impl_(std::make_unique<Impl>(path, refuse_nonfinite)) {}
 SafetensorsReader::~SafetensorsReader() = default;
 SafetensorsReader::SafetensorsReader(SafetensorsReader&&) noexcept = default;
 const std::string& SafetensorsReader::path() const { return impl_->in.path(); }
@@ -356,9 +357,11 @@ Tensor SafetensorsReader::read_slice(const std::string& name, int64_t dim, int64
   const int64_t row = e.shape[size_t(dim)] * inner, piece = length * inner;
   const uint64_t data_start = impl_->in.size() - impl_->header.data_size + e.begin;
   auto* dst = static_cast<char*>(t.data_ptr());
+  const int64_t elt = int64_t(dtype_size(e.dtype)), piece_numel = piece / elt;
   for (int64_t o = 0; o < outer; ++o) {
     impl_->in.seek(data_start + uint64_t(o * row + offset * inner));
     impl_->in.read(dst + o * piece, uint64_t(piece), fmt::format("tensor '{}'", e.name));
+    impl_->check_finite(t.view({-1}).narrow(0, o * piece_numel, piece_numel), e.name, (o * row + offset * inner) / elt);
   }
   return t;
 }
@@ -381,14 +384,19 @@ void SafetensorsReader::read_rows_into(const std::string& name, int64_t offset, 
   const uint64_t row_bytes = uint64_t(row_numel) * dtype_size(e.dtype);
   impl_->in.seek(impl_->in.size() - impl_->header.data_size + e.begin + uint64_t(offset) * row_bytes);
   const std::string what = fmt::format("tensor '{}'", e.name);
-  if (dst.dtype() == e.dtype) return impl_->in.read(dst.data_ptr(), uint64_t(length) * row_bytes, what);
+  const bool convert = dst.dtype() != e.dtype;
+  if (!convert && !impl_->refuse_nonfinite) return impl_->in.read(dst.data_ptr(), uint64_t(length) * row_bytes, what);
+  // In pieces: each one checked (and converted) while in cache.
   const int64_t chunk = std::max<int64_t>(1, buffer_bytes / int64_t(row_bytes));  // rows per piece
-  Tensor buf = empty({std::min(chunk, length) * row_numel}, {.dtype = e.dtype});
+  Tensor buf = convert ? empty({std::min(chunk, length) * row_numel}, {.dtype = e.dtype}) : Tensor();
   Tensor flat = dst.view({-1});
   for (int64_t r = 0; r < length; r += chunk) {
     const int64_t n = std::min(chunk, length - r);
-    impl_->in.read(buf.data_ptr(), uint64_t(n) * row_bytes, what);
-    flat.narrow(0, r * row_numel, n * row_numel).copy_(buf.narrow(0, 0, n * row_numel));
+    Tensor piece = flat.narrow(0, r * row_numel, n * row_numel);
+    Tensor raw = convert ? buf.narrow(0, 0, n * row_numel) : piece;
+    impl_->in.read(raw.data_ptr(), uint64_t(n) * row_bytes, what);
+    impl_->check_finite(raw, e.name, (offset + r) * row_numel);
+    if (convert) piece.copy_(raw);
   }
 }
 

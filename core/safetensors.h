@@ -54,7 +54,9 @@ void save_safetensors(const std::string& path, const std::vector<SafetensorsEntr
 // a reader that needs a few tensors of a large file holds only those in memory.
 class SafetensorsReader {
  public:
-  explicit SafetensorsReader(const std::string& path);
+  // With `refuse_nonfinite`, every value read is scanned as it is read (a piece at a time, while
+  // in cache): a NaN or infinity throws naming the file, the tensor and the element.
+  explicit SafetensorsReader(const std::string& path, bool refuse_nonfinite = false);
   ~SafetensorsReader();
   SafetensorsReader(SafetensorsReader&&) noexcept;
   const std::string& path() const;

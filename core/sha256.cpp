@@ -25,8 +25,7 @@ class Sha256 {
  public:
   explicit Sha256(const std::string& what) : what_(what), ctx_(EVP_MD_CTX_new()) {
     WEFT_CHECK(ctx_, "sha256: cannot allocate a digest context for {}", what_);
-    WEFT_CHECK(EVP_DigestInit_ex(ctx_.get(), EVP_sha256(), nullptr) == 1, "sha256: cannot start a digest of {}",
-               what_);
+    WEFT_CHECK(EVP_DigestInit_ex(ctx_.get(), EVP_sha256(), nullptr) == 1, "sha256: cannot start a digest of {}", what_);
   }
   void update(const void* data, size_t n) {
     WEFT_CHECK(EVP_DigestUpdate(ctx_.get(), data, n) == 1, "sha256: digest of {} failed", what_);

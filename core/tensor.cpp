@@ -69,8 +69,7 @@ namespace {
 // gradient through it); it is only built when base takes part in autograd.
 template <class Replay>
 Tensor make_view(const Tensor& base, Shape shape, Shape strides, int64_t offset, Replay&& replay) {
-  auto impl = std::make_shared<TensorImpl>(base.storage(), std::move(shape), std::move(strides),
-                                           offset, base.dtype());
+  auto impl = std::make_shared<TensorImpl>(base.storage(), std::move(shape), std::move(strides), offset, base.dtype());
   Tensor out(std::move(impl));
   if (base.requires_grad()) {
     if (auto fn = detail::autograd_hooks().record_view) fn(base, out, detail::ViewReplay(replay));
@@ -209,8 +208,7 @@ Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
   Shape s = shape(), st = strides();
   std::swap(s[d0], s[d1]);
   std::swap(st[d0], st[d1]);
-  return make_view(*this, std::move(s), std::move(st), offset(),
-                   [=](const Tensor& t) { return t.transpose(d0, d1); });
+  return make_view(*this, std::move(s), std::move(st), offset(), [=](const Tensor& t) { return t.transpose(d0, d1); });
 }
 
 Tensor Tensor::t() const {
@@ -230,8 +228,7 @@ Tensor Tensor::permute(const Shape& dims) const {
     s[i] = shape()[d];
     st[i] = strides()[d];
   }
-  return make_view(*this, std::move(s), std::move(st), offset(),
-                   [dims](const Tensor& t) { return t.permute(dims); });
+  return make_view(*this, std::move(s), std::move(st), offset(), [dims](const Tensor& t) { return t.permute(dims); });
 }
 
 Tensor Tensor::expand(Shape target) const {
@@ -241,8 +238,7 @@ Tensor Tensor::expand(Shape target) const {
   Shape st(target.size(), 0);
   for (size_t i = 0; i < target.size(); ++i) {
     if (i < lead) {
-      WEFT_CHECK(target[i] >= 0, "expand: size -1 not allowed in new leading dim {} of {}", i,
-                 shape_str(target));
+      WEFT_CHECK(target[i] >= 0, "expand: size -1 not allowed in new leading dim {} of {}", i, shape_str(target));
       continue;
     }
     int64_t cur = shape()[i - lead];
@@ -323,8 +319,7 @@ Tensor Tensor::as_strided(Shape s, Shape st, int64_t off) const {
              shape_str(s), shape_str(st));
   int64_t max_index = off;
   for (size_t i = 0; i < s.size(); ++i) {
-    WEFT_CHECK(s[i] >= 0 && st[i] >= 0, "as_strided: negative size or stride in {} / {}",
-               shape_str(s), shape_str(st));
+    WEFT_CHECK(s[i] >= 0 && st[i] >= 0, "as_strided: negative size or stride in {} / {}", shape_str(s), shape_str(st));
     if (s[i] == 0) max_index = -1;
     if (max_index >= 0) max_index += (s[i] - 1) * st[i];
   }
@@ -402,8 +397,7 @@ void Tensor::register_hook(GradHook hook) const {
 void Tensor::register_post_accumulate_grad_hook(PostAccumulateGradHook hook) const {
   check_defined("register_post_accumulate_grad_hook");
   WEFT_CHECK(is_leaf() && requires_grad(),
-             "register_post_accumulate_grad_hook: only leaf tensors that require grad, got {}",
-             tensor_desc(*this));
+             "register_post_accumulate_grad_hook: only leaf tensors that require grad, got {}", tensor_desc(*this));
   autograd_meta().post_accumulate_grad_hooks.push_back(std::move(hook));
 }
 

@@ -213,8 +213,7 @@ std::string save_checkpoint(const std::string& dir, nn::Module& model, const nn:
     for (auto& [k, t] : sd)
       if (sc.writes(t.placement)) pieces.emplace_back(k, t.local);
     save_safetensors(file, pieces, {{"format", "weft-checkpoint-shard"}, {"shard", std::to_string(index)},
-                                    {"num_shards", std::to_string(sc.files())},
-                                    {"step", std::to_string(state.step)}});
+                                    {"num_shards", std::to_string(sc.files())}, {"step", std::to_string(state.step)}});
     sha = sha256_file(file);
     bytes = fs::file_size(file);
   });

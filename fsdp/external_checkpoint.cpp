@@ -13,7 +13,7 @@ void load_external_checkpoint(nn::Module& model, const FSDPModule* root, const E
   std::map<std::string, std::unique_ptr<SafetensorsReader>> readers;
   auto reader = [&](const std::string& file) -> SafetensorsReader& {
     auto& r = readers[file];
-    if (!r) r = std::make_unique<SafetensorsReader>(file);
+    if (!r) r = std::make_unique<SafetensorsReader>(file, true);  // NaN and infinity refused as read
     return *r;
   };
   ShardedStateDict local = sharded_state_dict(model, root);

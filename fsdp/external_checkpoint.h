@@ -26,7 +26,9 @@ using ExternalNames = std::map<std::string, ExternalTensor>;  // parameter name 
 // Loads every parameter of `model` (this rank's shard when `root` shards it) from `names`, but
 // those `keep` names, which keep their values (e.g. LoRA adapters a base model's files lack).
 // Throws naming the parameter and the file when one is missing from the map or the file, or
-// stored with another shape or a non-float dtype; nothing is loaded then.
+// stored with another shape or a non-float dtype; nothing is loaded then. Every value is
+// checked as it is read, while in cache: a NaN or infinity throws naming the file, tensor and
+// element (what was read before it stays loaded), so the loaded parameters need no second scan.
 void load_external_checkpoint(nn::Module& model, const FSDPModule* root, const ExternalNames& names,
                               const std::function<bool(const std::string&)>& keep = nullptr);
 

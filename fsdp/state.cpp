@@ -236,8 +236,7 @@ void warn_if_parent_unsharded() {
     std::fprintf(stderr,
                  "fsdp: warning: one backward ran through %zu separately sharded modules (%s) that are each a root: the "
                  "module that calls them is not sharded, so its own parameters, if any, get different gradients on "
-                 "each rank and drift apart. Call fully_shard on the whole model last.\n",
-                 roots.size(), names.c_str());
+                 "each rank and drift apart. Call fully_shard on the whole model last.\n", roots.size(), names.c_str());
   }
   roots.clear();
 }

@@ -432,6 +432,41 @@ TEST_CASE("source weights in f16 load as their f32 values, as those in bf16 and 
   fs::remove_all(dst);
 }
 
+TEST_CASE("a NaN or infinity in a Hugging Face file is refused as it is read, naming the tensor and element") {
+  // qwen2's gate_proj [64, 32] in bf16 (read by rows, converted) with a NaN in column 3 of every
+  // row; gpt2's c_attn, stored [32, 96] as the transpose of the parameter (read a column at a
+  // time), with -inf in all of stored row 5: every rank's shard holds one, the first is named.
+  struct Case { std::string family, tensor, value; int64_t first; };
+  for (const Case& c : {Case{"qwen2", "model.layers.0.mlp.gate_proj.weight", "nan", 3},
+                        Case{"gpt2", "transformer.h.0.attn.c_attn.weight", "-inf", 5 * 96}}) {
+    INFO(c.family << " at " << dist::world_size() << " ranks");
+    const std::string dst = temp_dir("nonfinite-" + c.family);
+    fs::create_directories(dst);
+    fs::copy_file(kData + "/" + c.family + "/config.json", dst + "/config.json");
+    NamedTensors edited;
+    for (auto& [name, t] : load_safetensors(kData + "/" + c.family + "/model.safetensors").tensors) {
+      Tensor e = t.clone();
+      const float bad = c.value == "nan" ? NAN : -INFINITY;
+      if (name == c.tensor)
+        for (int64_t i = 0; i < e.numel(); ++i)
+          if (c.family == "qwen2" ? i % e.size(1) == 3 : i / e.size(1) == 5) e.data<float>()[i] = bad;
+      edited.emplace_back(name, c.family == "qwen2" ? e.to(kBFloat16) : e);
+    }
+    save_safetensors(dst + "/model.safetensors", edited);
+    const std::string named = fmt::format("tensor '{}' holds {} at element", c.tensor, c.value);
+    CHECK_THROWS_WITH(load_whole(dst), Contains(fmt::format("{} {} (not finite: refused)", named, c.first)));
+    apps::LanguageModel lm;
+    {
+      DefaultDeviceGuard meta(Device::meta());
+      lm = apps::make_model(apps::read_hf_config(dst));
+    }
+    for (auto& block : lm.blocks) fsdp::fully_shard(block);
+    fsdp::FSDPModule root = fsdp::fully_shard(lm.module);
+    CHECK_THROWS_WITH(apps::load_hf_checkpoint(dst, lm, &root), Contains(named));
+    fs::remove_all(dst);
+  }
+}
+
 TEST_CASE("as transformers reads them: a stored head wins over tie_word_embeddings, the single file over an index") {
   const std::string src = kData + "/llama";
   // The config ties the head, but the files store lm_head.weight.

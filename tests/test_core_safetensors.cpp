@@ -248,6 +248,34 @@ TEST_CASE("safetensors: rows read into a tensor, converted piece by piece or str
   CHECK_THROWS_WITH(r.read_rows_into("w", 5, 3, straight), Contains("cannot read rows [5, 8) of tensor 'w' shaped [7, 10]"));
 }
 
+TEST_CASE("safetensors: a reader that refuses NaN and infinity names the element, however it reads") {
+  TempDir tmp;
+  const std::string path = tmp.file("nonfinite.safetensors");
+  Tensor w = randn({7, 10});
+  w.data<float>()[53] = std::numeric_limits<float>::quiet_NaN();  // [5, 3]
+  Tensor b = randn({3, 4});
+  b.data<float>()[6] = -std::numeric_limits<float>::infinity();  // [1, 2]
+  save_safetensors(path, {{"w", w}, {"b", b.to(kBFloat16)}});
+  CHECK(std::isnan(SafetensorsReader(path).read("w").data<float>()[53]));  // by default values are as stored
+  SafetensorsReader r(path, true);
+  const auto refused = [](const std::string& what) { return Contains(what + " (not finite: refused)"); };
+  CHECK_THROWS_WITH(r.read("w"), refused("tensor 'w' holds nan at element 53"));
+  CHECK_THROWS_WITH(r.read("b"), refused("tensor 'b' holds -inf at element 6"));
+  for (int64_t buffer : {int64_t(40), int64_t(1) << 20}) {  // one row a piece, all in one
+    for (DType d : {kFloat32, kBFloat16}) {  // straight, converted
+      Tensor clean = empty({5, 10}, {.dtype = d});
+      r.read_rows_into("w", 0, 5, clean, buffer);  // rows 0-4: all finite, read whole
+      const Tensor want = w.narrow(0, 0, 5).to(d).contiguous();
+      CHECK(std::memcmp(clean.data_ptr(), want.data_ptr(), size_t(want.nbytes())) == 0);
+      Tensor bad = empty({3, 10}, {.dtype = d});
+      CHECK_THROWS_WITH(r.read_rows_into("w", 4, 3, bad, buffer), refused("tensor 'w' holds nan at element 53"));
+    }
+  }
+  CHECK_THROWS_WITH(r.read_slice("w", 1, 2, 3), refused("tensor 'w' holds nan at element 53"));  // columns 2-4
+  CHECK(r.read_slice("w", 1, 4, 3).shape() == Shape{7, 3});  // columns 4-6: finite
+  CHECK_THROWS_WITH(r.read_slice("b", 0, 1, 1), refused("tensor 'b' holds -inf at element 6"));
+}
+
 TEST_CASE("safetensors: exact bytes of a tiny file") {
   TempDir tmp;
   std::string path = tmp.file("tiny.safetensors");

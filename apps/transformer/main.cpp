@@ -801,12 +801,11 @@ void print_run(const TrainOptions& o, const Run& run, const Ranks& ranks, int64_
 }
 
 // --init-from without --resume: the Hugging Face weights replace the initial ones (each rank
-// reads its shards' bytes only).
+// reads its shards' bytes only; a NaN or infinity in them throws as it is read).
 void load_init_weights(const TrainOptions& o, const Run& run, const Ranks& ranks, const fsdp::FSDPModule* root) {
   dist::agree(ranks.groups(), "transformer", [&] {
     apps::load_hf_checkpoint(o.init_from, run.lm, root);
     if (run.adapter) apps::load_peft_weights(*run.adapter, run.lm, root);
-    apps::check_finite_parameters(*run.lm.module, fmt::format("transformer: refusing to train from {}", o.init_from));
   });
   if (ranks.lead())
     std::fprintf(stderr, "weft-transformer: initialised from %s%s%s\n", o.init_from.c_str(),
@@ -861,6 +860,8 @@ int train(TrainOptions o, const Ranks& ranks) {
 // CPU; or, with `shard`, built on the meta device and fully_shard per block and at the root over
 // the world (default options), each rank reading its own shards. In `dtype`: built on the meta
 // device in it, so that bf16 weights are read straight into bf16 parameters (others converted).
+// A NaN or infinity in any parameter throws, naming it: Hugging Face and peft files are checked
+// as they are read (fsdp/external_checkpoint.h), a weft checkpoint after its load.
 struct LoadedModel {
   apps::LanguageModel lm;
   std::optional<fsdp::FSDPModule> root;  // with `shard`
@@ -908,6 +909,7 @@ LoadedModel load_model(const std::string& from, bool say, bool shard = false, De
     build(cfg, apps::lora_of(contents.metadata, from));
     fsdp::load_full_state_dict(*m.lm.module, contents.tensors, nullptr, head_alias(cfg));
     m.recorded = contents.metadata;
+    apps::check_finite_parameters(*m.lm.module, fmt::format("transformer: refusing to load {}", from));
     return m;
   }
   std::string where = apps::readable_checkpoint(from, "transformer", say);
@@ -919,6 +921,7 @@ LoadedModel load_model(const std::string& from, bool say, bool shard = false, De
   const std::string base = lora_base(m.recorded, where);  // a LoRA checkpoint of adapters only: its base first
   if (!base.empty()) apps::load_hf_checkpoint(base, m.lm, root);
   fsdp::load_checkpoint(where, *m.lm.module, nullptr, root, {.restore_rng = false, .frozen_elsewhere = !base.empty()});
+  apps::check_finite_parameters(*m.lm.module, fmt::format("transformer: refusing to load {}", from));
   return m;
 }
 
@@ -1043,8 +1046,6 @@ int sample(const SampleOptions& o, const Ranks& ranks) {
     } else {
       loaded = load_model(o.checkpoint, ranks.lead(), true, device, dtype);
     }
-    apps::check_finite_parameters(*loaded.lm.module, fmt::format("transformer: refusing to sample from {}",
-                                                                 o.checkpoint));
   });
   if (ranks.lead())
     std::fprintf(stderr, "weft-transformer: loaded %s in %.2f s\n", o.checkpoint.c_str(),
@@ -1107,7 +1108,6 @@ int export_hf(const ExportOptions& o) {
   WEFT_CHECK(loaded.lora.rank > 0 || !o.merge, "transformer: {} has no LoRA adapters to --merge", o.from);
   WEFT_CHECK(loaded.lora.rank == 0 || o.merge, "transformer: {} holds LoRA adapters (rank {}): export-hf --merge folds "
              "them into the weights of a plain model", o.from, loaded.lora.rank);
-  apps::check_finite_parameters(*loaded.lm.module, fmt::format("transformer: refusing to export {}", o.from));
   apps::LanguageModel merged;
   if (o.merge) {  // the plain model with W + (alpha / r) B A in each adapted weight
     merged = apps::make_model_to_load(loaded.lm.cfg);
@@ -1192,7 +1192,6 @@ int export_peft(const ExportOptions& o) {
   const LoadedModel loaded = load_model(o.from, true);
   WEFT_CHECK(loaded.lora.rank > 0, "transformer: {} holds no LoRA adapters (a train --lora-rank run's checkpoint has "
              "them)", o.from);
-  apps::check_finite_parameters(*loaded.lm.module, fmt::format("transformer: refusing to export {}", o.from));
   const std::string base = hf_source(o.from, loaded.recorded);
   apps::export_peft_adapter(loaded.lm, loaded.lora, o.out, base.empty() ? "" : std::filesystem::absolute(base).string());
   std::fprintf(stderr, "weft-transformer: wrote %s (LoRA rank %lld on %s%s%s)\n", o.out.c_str(),
