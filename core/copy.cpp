@@ -101,9 +101,10 @@ Tensor Tensor::to(Device device, DType dtype) const {
   Tensor out = empty(shape(), {.dtype = dtype, .device = device});
   if (device.is_meta() && this->device().is_meta()) {  // a model built on meta, converted before it is loaded
     const auto rule = MetaComputeGuard::enabled() ? nullptr : recorded_fill(*this);
-    WEFT_CHECK(!rule, "to: {} on the meta device records {}: convert it to {} after materialising it (its values "
-               "would be rounded from the rule, not from {})", tensor_desc(*this), rule->str(), dtype_name(dtype),
-               dtype_name(this->dtype()));
+    WEFT_CHECK(!rule || rule->kind == FillRule::Kind::none, "to: {} on the meta device records {}: convert it to {} "
+               "after materialising it (its values would be rounded from the rule, not from {})", tensor_desc(*this),
+               rule->str(), dtype_name(dtype), dtype_name(this->dtype()));
+    out.storage()->set_deferred_fill(rule);  // none (values a load writes) holds in any dtype
   } else {
     copy_elements(out, detach());
   }

@@ -13,6 +13,7 @@ double FillRule::value(int64_t index) const {
     case Kind::constant: return a;
     case Kind::uniform: return a + (b - a) * counter_uniform(seed, offset + uint64_t(index));
     case Kind::normal: return a + b * counter_normal(seed, offset + uint64_t(index));
+    case Kind::none: break;
   }
   return 0;
 }
@@ -22,6 +23,7 @@ std::string FillRule::str() const {
     case Kind::constant: return fmt::format("constant({})", a);
     case Kind::uniform: return fmt::format("uniform({}, {}; seed {}, counter {})", a, b, seed, offset);
     case Kind::normal: return fmt::format("normal(mean {}, std {}; seed {}, counter {})", a, b, seed, offset);
+    case Kind::none: return "none (written by a load)";
   }
   return "?";
 }
@@ -62,7 +64,7 @@ void fill_slice(const Tensor& dst, const FillRule& rule, const Shape& full_shape
     WEFT_CHECK(int64_t(d) == dim ? start >= 0 && start + local[d] <= full[d] : local[d] == full[d],
                "fill_slice: destination {} at {} on dim {} does not fit in shape {}", tensor_desc(dst), start, dim,
                shape_str(full_shape));
-  if (dst.numel() == 0) return;
+  if (dst.numel() == 0 || rule.kind == FillRule::Kind::none) return;
   if (!dst.device().is_cpu() || !dst.is_contiguous()) {
     // Computed on the host in a contiguous slice-sized buffer, then copied in.
     Tensor host = empty(dst.shape(), {.dtype = dst.dtype(), .device = kCPU});

@@ -14,7 +14,8 @@
 namespace weft {
 
 struct FillRule {
-  enum class Kind : uint8_t { constant, uniform, normal };
+  // none: no values, for a tensor a load writes whole next: materialised as allocated (a shard's padding zeroed).
+  enum class Kind : uint8_t { constant, uniform, normal, none };
   Kind kind = Kind::constant;
   double a = 0, b = 0;  // constant: value a; uniform: [a, b); normal: mean a, std b
   uint64_t seed = 0, offset = 0;  // random kinds: element i draws from counter offset + i
@@ -27,8 +28,7 @@ struct FillRule {
 // Writes the rule's values into `dst`, a slice of a tensor of `full_shape`: the elements whose
 // index on `dim` lies in [start, start + dst.size(dim)) (all of them on the other dims). Only
 // those elements are computed. `full_shape` may be empty (a 0-dim tensor: dst is [1] or []).
-void fill_slice(const Tensor& dst, const FillRule& rule, const Shape& full_shape, int64_t dim = 0,
-                int64_t start = 0);
+void fill_slice(const Tensor& dst, const FillRule& rule, const Shape& full_shape, int64_t dim = 0, int64_t start = 0);
 
 // A meta tensor's recorded rule (null when it has none: a tensor never filled, which
 // materialises as zeros). Throws unless `t` is on the meta device.

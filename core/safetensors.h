@@ -21,8 +21,7 @@ using Metadata = std::map<std::string, std::string>;              // the file's 
 // Writes `tensors` (any dtype, strides and device; copied to CPU one at a time, so a model on
 // a GPU needs host memory for its largest tensor only) in the given order, atomically: a
 // failure midway leaves any old file at `path` intact. Names must be non-empty and unique.
-void save_safetensors(const std::string& path, const NamedTensors& tensors,
-                      const Metadata& metadata = {});
+void save_safetensors(const std::string& path, const NamedTensors& tensors, const Metadata& metadata = {});
 
 struct SafetensorsContents {
   NamedTensors tensors;  // CPU, contiguous, in the order of their data in the file
@@ -70,10 +69,10 @@ class SafetensorsReader {
   Tensor read_slice(const std::string& name, int64_t dim, int64_t offset, int64_t length);
   // Rows [offset, offset + length) of dim 0 (all of a 0-d tensor) into `dst`, a contiguous CPU
   // tensor of as many elements: the bytes go straight into it when it has the tensor's dtype; a
-  // float tensor goes into any float dtype through a buffer of at most `buffer_bytes` (a row at
-  // least), each piece converted while in L2. A model loads without a copy of a tensor on the side.
+  // float tensor goes into any float dtype through a buffer of at most `buffer_bytes` (a row at least), each piece
+  // converted in cache, each thread into whole 2 MiB pages (threads sharing a fresh page wait on its fault).
   void read_rows_into(const std::string& name, int64_t offset, int64_t length, Tensor& dst,
-                      int64_t buffer_bytes = int64_t(1) << 20);
+                      int64_t buffer_bytes = int64_t(4) << 20);
 
  private:
   struct Impl;

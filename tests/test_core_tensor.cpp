@@ -218,6 +218,14 @@ TEST_CASE("the meta device: shapes and dtypes, no memory, fills recorded") {
   CHECK(unfilled.dtype() == kBFloat16);
   CHECK(unfilled.shape() == Shape{2, 3});
   CHECK_THROWS_WITH(w.to(kBFloat16), Catch::Contains("records normal(") && Catch::Contains("after materialising it"));
+  // Kind::none (values a load writes next) converts, still none, and materialises unwritten.
+  Tensor to_load = empty({2, 3}, {.device = Device::meta()});
+  to_load.storage()->set_deferred_fill(std::make_shared<const FillRule>(FillRule{.kind = FillRule::Kind::none}));
+  REQUIRE(recorded_fill(to_load.to(kBFloat16)) != nullptr);
+  CHECK(recorded_fill(to_load.to(kBFloat16))->kind == FillRule::Kind::none);
+  Tensor written = full({2, 3}, 7.0);
+  fill_slice(written, *recorded_fill(to_load), {2, 3});
+  CHECK(to_vector(written) == std::vector<double>(6, 7.0));
 }
 
 TEST_CASE("memory counters count exact bytes and track the peak") {

@@ -8,7 +8,9 @@
 #include <optional>
 
 #include "apps/transformer/gpt.h"
+#include "apps/transformer/model.h"
 #include "core/allocator.h"
+#include "core/fill_rule.h"
 #include "fsdp/fsdp.h"
 #include "fsdp/param_group.h"
 #include "fsdp/state.h"
@@ -97,6 +99,27 @@ TEST_CASE("deferred + sharded init equals the eager single-process model bitwise
   INFO("TinyGPT, 2-D weights sharded on dim 1 through shard_placement_fn");
   auto place = [](const std::string&, const Tensor& t) -> int64_t { return t.dim() == 2 && t.size(1) % 12 == 0 ? 1 : 0; };
   check_bitwise(deferred_sharded_state(models[1].second, {.shard_placement_fn = place}), eager_state(models[1].second));
+}
+
+TEST_CASE("a model to load (FillRule none) shards without writing its values, padding zeroed, then loads bitwise") {
+  const nn::NamedTensorList want = eager_state(gpt);
+  apps::LanguageModel lm = apps::make_model_to_load({.vocab_size = 37, .ctx = 9, .n_layer = 3, .n_head = 2, .d_model = 8});
+  for (auto& p : lm.module->parameters()) REQUIRE(recorded_fill(p)->kind == FillRule::Kind::none);
+  dirty_cpu_cache();
+  for (auto& block : lm.blocks) fsdp::fully_shard(block);
+  fsdp::FSDPModule root = fsdp::fully_shard(lm.module);
+  int64_t nan = 0;  // the freed blocks' NaNs, left where nothing was written
+  for (auto& [name, mod] : lm.module->named_modules())
+    if (auto st = fsdp::state_of(*mod); st && st->group)
+      for (auto& p : st->group->params()) {
+        const std::vector<double> padded = to_vector(p->padded_flat()), local = to_vector(p->sharded());
+        INFO(p->name() << ": a padded chunk of " << padded.size() << " values, " << local.size() << " of them held");
+        CHECK(std::all_of(padded.begin() + int64_t(local.size()), padded.end(), [](double x) { return x == 0; }));
+        nan += std::count_if(local.begin(), local.end(), [](double x) { return std::isnan(x); });
+      }
+  CHECK(nan > 0);
+  fsdp::load_full_state_dict(*lm.module, want, &root);
+  check_bitwise(fsdp::full_state_dict(*lm.module, &root), want);
 }
 
 // TinyGPT with its blocks built on the meta device and the rest eager.

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include "apps/transformer/gpt.h"
+#include "core/fill_rule.h"
 
 namespace weft::apps {
 
@@ -102,7 +103,8 @@ void init_model(const LanguageModel& m) {
 LanguageModel make_model_to_load(const ModelConfig& cfg) {
   DefaultDeviceGuard meta(Device::meta());
   LanguageModel m = make_model(cfg);
-  for (auto& [name, p] : m.module->named_parameters()) p.storage()->set_deferred_fill(nullptr);
+  const auto none = std::make_shared<const FillRule>(FillRule{.kind = FillRule::Kind::none});
+  for (auto& [name, p] : m.module->named_parameters()) p.storage()->set_deferred_fill(none);
   return m;
 }
 

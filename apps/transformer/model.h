@@ -56,9 +56,9 @@ struct LanguageModel {
 LanguageModel make_model(const ModelConfig& cfg);
 // The family's initialisation (apps::init_gpt, nn::init_llama) from the default generator.
 void init_model(const LanguageModel& model);
-// A model whose every parameter is loaded next (a Hugging Face directory, a checkpoint): built
-// on the meta device with no initialisation rule, so that materialising or sharding it
-// allocates zeros and draws no random numbers.
+// A model whose every parameter is loaded next, whole (a Hugging Face directory, a checkpoint):
+// built on the meta device with FillRule::Kind::none, so that materialising or sharding it
+// only allocates (no values written before the load writes them) and draws no random numbers.
 LanguageModel make_model_to_load(const ModelConfig& cfg);
 
 // The token embedding's parameter name, which a tied head shares, and the name a head has when
