@@ -105,7 +105,9 @@ TEST_CASE("a model to load (FillRule none) shards without writing its values, pa
   const nn::NamedTensorList want = eager_state(gpt);
   apps::LanguageModel lm = apps::make_model_to_load({.vocab_size = 37, .ctx = 9, .n_layer = 3, .n_head = 2, .d_model = 8});
   for (auto& p : lm.module->parameters()) REQUIRE(recorded_fill(p)->kind == FillRule::Kind::none);
+  const int64_t reserved = memory_stats().reserved_bytes;
   dirty_cpu_cache();
+  const bool cached = memory_stats().reserved_bytes > reserved + (1 << 20);  // the cache is off in sanitizer builds
   for (auto& block : lm.blocks) fsdp::fully_shard(block);
   fsdp::FSDPModule root = fsdp::fully_shard(lm.module);
   int64_t nan = 0;  // the freed blocks' NaNs, left where nothing was written
@@ -117,7 +119,8 @@ TEST_CASE("a model to load (FillRule none) shards without writing its values, pa
         CHECK(std::all_of(padded.begin() + int64_t(local.size()), padded.end(), [](double x) { return x == 0; }));
         nan += std::count_if(local.begin(), local.end(), [](double x) { return std::isnan(x); });
       }
-  CHECK(nan > 0);
+  if (cached) CHECK(nan > 0);
+  else WARN("the CPU allocator caches no blocks in this build: that the shards were left unwritten is not checked");
   fsdp::load_full_state_dict(*lm.module, want, &root);
   check_bitwise(fsdp::full_state_dict(*lm.module, &root), want);
 }
