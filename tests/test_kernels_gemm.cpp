@@ -148,6 +148,17 @@ auto bgemm_fn(decltype(&bgemm_amx) fn) {
 }
 template <class TO>
 auto bgemm_fn(BgemmKernel kernel) { return bgemm_fn<TO>(kernel == BgemmKernel::amx ? bgemm_amx : bgemm_avx512bf16); }
+// bgemm_skinny_avx512bf16 as check_gemm calls it: b row-major read in place, or (transposed) a column-major, c
+// written as the transpose of B^T A^T.
+template <class TO>
+auto skinny_fn(bool transposed) {
+  return [transposed](int64_t m, int64_t n, int64_t k, const BFloat16* a, MatLayout la, const BFloat16* b, MatLayout lb,
+                      TO* c, int64_t ldc, float alpha, float beta) {
+    constexpr bool c16 = std::is_same_v<TO, BFloat16>;
+    if (!transposed) bgemm_skinny_avx512bf16(m, n, k, &a->bits, rs(la), cs(la), &b->bits, rs(lb), c, c16, ldc, false, alpha, beta, nullptr);
+    else bgemm_skinny_avx512bf16(n, m, k, &b->bits, cs(lb), rs(lb), &a->bits, cs(la), c, c16, ldc, true, alpha, beta, nullptr);
+  };
+}
 // The bf16 entry point without a bias, as check_gemm calls it.
 template <class TO>
 void entry_bf16(int64_t m, int64_t n, int64_t k, const BFloat16* a, MatLayout la, const BFloat16* b, MatLayout lb,
@@ -344,11 +355,27 @@ TEST_CASE("each bf16 GEMM kernel matches a double loop on every shape, transpose
     bgemm_sum_block = sum_block;
     // a^T packed once for two column blocks, over two row blocks and two KC blocks
     check_gemm<BFloat16, float>(f32, 300, 600, 2100, true, false, 1, 1.0f, 0.5f);
+    // 16 columns: one vector per tile row (a LoRA adapter's x A^T, dY B), full tiles and a row tail
+    for (int t = 0; t < 4; ++t) {
+      check_gemm<BFloat16, float>(f32, 300, 16, 300, t & 1, t & 2, 1, 1.0f, 0.5f);
+      check_gemm<BFloat16, BFloat16>(b16, 145, 16, 2100, t & 1, t & 2, 0, -0.5f, 1.0f);
+    }
     // a's rows 4 KiB apart (2,048 bf16: packed rather than read in place), one and two KC blocks
     check_gemm<BFloat16, BFloat16>(b16, 50, 40, 2000, false, true, 48, 1.0f, 0.0f);
     check_gemm<BFloat16, float>(f32, 40, 70, 2100, false, false, 1996, 1.0f, 1.0f);
   }
   if (!bgemm_kernel_supported(BgemmKernel::avx512bf16)) return;  // bf16_kernels() said why, above
+  // a LoRA adapter's weight gradients (bgemm_skinny_avx512bf16): up to 32 rows times a row-major b, and its
+  // transpose (few columns from a column-major a); row passes of 8 and 16, column and depth tails, beyond a KC block
+  for (bool tr : {false, true})
+    for (int64_t few : {1, 8, 9, 16, 17, 32})
+      for (int64_t k : {1, 2, 7, 300, 4301}) {
+        const int64_t m = tr ? 77 : few, n = tr ? few : 77, pad = k % 3;
+        check_gemm<BFloat16, float>(skinny_fn<float>(tr), m, n, k, tr, false, pad, 1.0f, k % 2 ? 0.0f : 0.5f);
+        check_gemm<BFloat16, BFloat16>(skinny_fn<BFloat16>(tr), m, n, k, tr, false, pad, -0.5f, 1.0f);
+      }
+  check_gemm<BFloat16, float>(skinny_fn<float>(false), 16, 384, 2048, true, false, 0, 1.0f, 0.0f);
+  check_gemm<BFloat16, float>(skinny_fn<float>(true), 1024, 16, 2048, true, false, 0, 1.0f, 1.0f);
   // up to 4 rows of a times a Linear's W^T, read in place (bgemm_few_rows_avx512bf16; its answers:
   // depth tails of the 32-value vectors and 128-value steps, past a KC block; its speed is
   // scripts/bench_1b.sh's decode rows)
@@ -379,6 +406,8 @@ TEST_CASE("the bf16 GEMM entry point splits over threads and gives the kernel's 
       check_gemm<BFloat16, float>(entry_bf16<float>, 1, 300, 65, false, false, 2, 2.0f, 0.25f);
       check_gemm<BFloat16, BFloat16>(entry_bf16<BFloat16>, 3, 700, 257, false, true, 1, 1.0f, 0.5f);  // a few rows, W^T
       check_gemm<BFloat16, BFloat16>(entry_bf16<BFloat16>, 20, 30, 0, false, false, 0, 1.0f, 0.5f);  // k = 0: beta * c
+      check_gemm<BFloat16, float>(entry_bf16<float>, 16, 700, 2048, true, false, 1, 1.0f, 0.0f);  // a LoRA dA: skinny
+      check_gemm<BFloat16, float>(entry_bf16<float>, 700, 16, 2048, true, false, 0, 1.0f, 1.0f);  // its dB, transposed
     }
   }
   set_num_threads(threads);
@@ -398,7 +427,8 @@ TEST_CASE("gemm adds a bias row as filling out with it and adding the product wo
   };
   const std::vector<Case> cases = {{300, 129, 300, false, true}, {65, 700, 257, true, false}, {530, 40, 64, false, true},
                                    {40, 600, 64, true, false},   {37, 45, 2100, false, true}, {1, 300, 65, false, false},
-                                   {3, 300, 65, false, true},
+                                   {3, 300, 65, false, true},    {16, 300, 65, true, false},  {300, 16, 64, true, false},
+                                   {300, 16, 64, false, true},
                                    {20, 30, 0, false, false}};  // no depth: the bias alone
   auto run = [&](const char* route) {
     for (auto [dt, out_dt] : {std::pair{kFloat32, kFloat32}, std::pair{kBFloat16, kBFloat16}, std::pair{kBFloat16, kFloat32}})

@@ -1,8 +1,7 @@
-// kernels/cpu: fused scaled-dot-product attention. Each (batch, head) pair is one task for a
-// thread; within it, query rows go in blocks of kRowBlock. A block's scores against the keys
-// it may see (under the causal mask: keys up to the block's last row, so the upper triangle
-// beyond the block is never computed) form one [rows, keys] buffer that stays in the
-// thread's cache, and the products around it run serially inside the task.
+// kernels/cpu: fused scaled-dot-product attention. Each (batch, head) pair is one task for a thread; within it, query
+// rows go in blocks of kRowBlock. A block's scores against the keys it may see (under the causal mask: keys up to the
+// block's last row, so the upper triangle beyond the block is never computed) form one [rows, keys] buffer that stays
+// in the thread's cache, and the products around it run serially inside the task.
 //
 // Forward, per row block:  S = scale * Q K^T;  P = softmax(S) (masked entries 0);  O = P V,
 // keeping lse = log(sum(exp(S))) per row. Backward, per row block, with D_i = dO_i . O_i:
@@ -10,25 +9,21 @@
 //   dQ = dS K;  dK += dS^T Q.
 // The backward thus recomputes S instead of storing [B, H, T, T] probabilities.
 //
-// Grouped-query attention: query head h reads key/value head h / G (G = H / Hkv). The forward
-// runs one task per (batch, query head); the backward one per (batch, key/value head), whose
-// query heads run in turn and sum into that head's dK and dV. Rotary embeddings: q and k rows
-// are rotated into the task's buffers as they are read; dQ and dK are computed for the rotated
-// operands and rotated back (the inverse rotation is the transpose) when written out.
+// Grouped-query attention: query head h reads key/value head h / G (G = H / Hkv). The forward runs one task per (batch,
+// query head); the backward one per (batch, key/value head), whose query heads run in turn and sum into that head's dK
+// and dV. Rotary embeddings: q and k rows are rotated into the task's buffers as they are read; dQ and dK are computed
+// for the rotated operands and rotated back (the inverse rotation is the transpose) when written out.
 //
-// A single query row per head (a decode step against a key/value cache) takes its own loop in
-// f32 and f64: one task per (batch, key/value head) reads the cached rows in place, once for the
-// whole group of query heads (decode_typed).
+// A single query row per head (a decode step against a key/value cache) takes its own loop in f32 and f64: one task per
+// (batch, key/value head) reads the cached rows in place, once for the whole group of query heads (decode_typed).
 //
-// Three implementations of the same steps: f32 with head dims that are multiples of 16 on CPUs
-// with AVX-512 uses register tiles on packed copies of the operands (attention_avx512.cpp,
-// chosen at run time: 10-13 % faster than the other path at GPT shapes); bf16 with such head
-// dims on CPUs with AVX512_BF16 the same tiles on bf16 pairs (attention_avx512bf16.cpp), or
-// AMX tiles where the bf16 GEMM runs on them (attention_amx.cpp: WEFT_CPU_BF16_GEMM picks both);
-// everything else (f64 for gradcheck, odd head dims, other CPUs) calls the GEMMs of
-// kernels/cpu/gemm.h. 16-bit operands the bf16 tiles do not take are computed in f32: each
-// task widens its own heads into its buffers as it reads them (as it rotates them) and rounds
-// what it writes, so no f32 copy of a whole operand is made.
+// Three implementations of the same steps: f32 with head dims that are multiples of 16 on CPUs with AVX-512 uses
+// register tiles on packed copies of the operands (attention_avx512.cpp, chosen at run time: 10-13 % faster than the
+// other path at GPT shapes); bf16 with such head dims on CPUs with AVX512_BF16 the same tiles on bf16 pairs
+// (attention_avx512bf16.cpp), or AMX tiles where the bf16 GEMM runs on them (attention_amx.cpp: WEFT_CPU_BF16_GEMM
+// picks both); everything else (f64 for gradcheck, odd head dims, other CPUs) calls the GEMMs of kernels/cpu/gemm.h.
+// 16-bit operands the bf16 tiles do not take are computed in f32: each task widens its own heads into its buffers as it
+// reads them (as it rotates them) and rounds what it writes, so no f32 copy of a whole operand is made.
 #include "kernels/cpu/attention.h"
 
 #include "core/copy.h"

@@ -1,14 +1,12 @@
-// kernels/cpu: bf16 attention on AMX tiles, for CPUs with AMX-BF16 and head dims that are
-// multiples of 16: the loops of attention_bf16_loops.h (which values round to bf16, the pair
-// layouts) with each product on tdpbf16ps. A product block is 32 rows x 32 columns of c in
-// four 16 x 16 tiles of f32 sums, 16 pairs of depth per step. The operands are already in the
-// tiles' layouts: a row-major A (pairs along the depth) is read in place when a block is 32
-// whole rows of whole steps, else copied with zeros to that shape (a transposed A, P^T or
-// dS^T, by 16 x 16 transposes of pairs); B's pair rows are read in place, a last partial step
-// copied with zero rows. A whole block of c with alpha 1 is summed in the tiles (from c's own
-// values when the product adds onto c) and stored back; the rest go through a 32 x 32 f32 block.
-// Compiled with -mamx-tile -mamx-bf16 in weft-kernels-amx and called only where the bf16
-// GEMM runs on AMX (attention.cpp), which has asked Linux for the tile state.
+// kernels/cpu: bf16 attention on AMX tiles, for CPUs with AMX-BF16 and head dims that are multiples of 16: the loops of
+// attention_bf16_loops.h (which values round to bf16, the pair layouts) with each product on tdpbf16ps. A product block
+// is 32 rows x 32 columns of c in four 16 x 16 tiles of f32 sums, 16 pairs of depth per step. The operands are already
+// in the tiles' layouts: a row-major A (pairs along the depth) is read in place when a block is 32 whole rows of whole
+// steps, else copied with zeros to that shape (a transposed A, P^T or dS^T, by 16 x 16 transposes of pairs); B's pair
+// rows are read in place, a last partial step copied with zero rows. A whole block of c with alpha 1 is summed in the
+// tiles (from c's own values when the product adds onto c) and stored back; the rest go through a 32 x 32 f32 block.
+// Compiled with -mamx-tile -mamx-bf16 in weft-kernels-amx and called only where the bf16 GEMM runs on AMX
+// (attention.cpp), which has asked Linux for the tile state.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -135,8 +133,7 @@ struct AmxTiles {
     }
   }
 
-  // Each thread loads the tile configuration once for its products and releases the tile
-  // state after them.
+  // Each thread loads the tile configuration once for its products and releases the tile state after them.
   struct Thread {
     Thread() {
       static const TileConfig config;

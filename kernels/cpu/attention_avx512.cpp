@@ -1,15 +1,13 @@
-// kernels/cpu: f32 attention with register tiles, for head dims that are multiples of 16.
-// Compiled with -mavx512f in its own static library and called only when the CPU has
-// AVX-512 (attention.cpp); like the GEMM kernels it includes nothing with out-of-line code
-// built for another instruction set (no std:: containers or algorithms).
+// kernels/cpu: f32 attention with register tiles, for head dims that are multiples of 16. Compiled with -mavx512f in
+// its own static library and called only when the CPU has AVX-512 (attention.cpp); like the GEMM kernels it includes
+// nothing with out-of-line code built for another instruction set (no std:: containers or algorithms).
 //
-// Eigen's GEMM packs both operands on every call, which costs as much as the arithmetic at
-// these sizes (tens of rows by tens of columns). Here keys and values are transposed into
-// [C, Tk] panels once per (batch, head), and every product is a sweep of 8 x 32 output
-// tiles held in 16 vector registers. Row tiles of 8 also follow the causal diagonal more
-// closely than 32-row blocks: a tile's scores stop at the first multiple of 16 past its
-// last row. The steps, grouped-query heads and rotary embeddings are those of attention.cpp's
-// generic loops; the rotation happens in the copies into the packed buffers.
+// Eigen's GEMM packs both operands on every call, which costs as much as the arithmetic at these sizes (tens of rows by
+// tens of columns). Here keys and values are transposed into [C, Tk] panels once per (batch, head), and every product
+// is a sweep of 8 x 32 output tiles held in 16 vector registers. Row tiles of 8 also follow the causal diagonal more
+// closely than 32-row blocks: a tile's scores stop at the first multiple of 16 past its last row. The steps,
+// grouped-query heads and rotary embeddings are those of attention.cpp's generic loops; the rotation happens in the
+// copies into the packed buffers.
 #include <algorithm>
 #include <cstring>
 
@@ -49,8 +47,7 @@ inline vf load(const float* p) {
 inline void store(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-// c[r, 0:NV*16] = alpha * sum_p a[r*ars + p*acs] * b[p*ldb + 0:NV*16] (+ c when accumulate),
-// for r < R.
+// c[r, 0:NV*16] = alpha * sum_p a[r*ars + p*acs] * b[p*ldb + 0:NV*16] (+ c when accumulate), for r < R.
 template <int R, int NV>
 inline __attribute__((always_inline)) void tile(int64_t k, const float* a, int64_t ars, int64_t acs,
                                                 const float* b, int64_t ldb, float* c, int64_t ldc, float alpha,
@@ -115,9 +112,8 @@ void transpose_panel(const float* x, int64_t t, int64_t cols, float* panel, int6
   }
 }
 
-// Scores of query rows [i0, i0 + m) against keys [0, n16): S = scale * Q K^T, one row tile
-// at a time so that causal tiles stop near the diagonal; columns a tile does not reach are
-// zeroed up to n16.
+// Scores of query rows [i0, i0 + m) against keys [0, n16): S = scale * Q K^T, one row tile at a time so that causal
+// tiles stop near the diagonal; columns a tile does not reach are zeroed up to n16.
 void scores(const float* qp, int64_t qst, int64_t E, const float* kt, int64_t ldk, int64_t i0, int64_t m,
             int64_t Tk, bool causal, float scale, float* S, int64_t n16) {
   for (int64_t r0 = 0; r0 < m; r0 += kTileRows) {
@@ -210,9 +206,8 @@ int64_t attention_workspace_avx512(const AttentionDims& d, bool backward) {
   return backward ? backward_buffers(d, nullptr).size : forward_buffers(d, nullptr).size;
 }
 
-// Each (batch, head) first copies its operands out of their strided views (rows 3d apart in
-// a fused projection, so a [T, hd] head spans T pages) into contiguous buffers that stay in
-// the core's L2 for all the products that follow.
+// Each (batch, head) first copies its operands out of their strided views (rows 3d apart in a fused projection, so a
+// [T, hd] head spans T pages) into contiguous buffers that stay in the core's L2 for all the products that follow.
 void attention_forward_avx512(const AttentionDims& d, HeadsF32 Q, HeadsF32 K, HeadsF32 V, HeadsF32 O, float* L,
                               float* workspace) {
   const int64_t B = d.B, H = d.H, Tq = d.Tq, E = d.E, Tk = d.Tk, Ev = d.Ev;

@@ -1,8 +1,7 @@
-// kernels/cpu: bf16 attention with vdpbf16ps register tiles, for CPUs with AVX512_BF16 and
-// head dims that are multiples of 16: the loops of attention_bf16_loops.h (which values round
-// to bf16, the pair layouts), each product a register tile of f32 sums. Compiled with
-// -mavx512bf16 in its own static library and called only when the CPU has it (attention.cpp);
-// it includes nothing with out-of-line code built for another instruction set.
+// kernels/cpu: bf16 attention with vdpbf16ps register tiles, for CPUs with AVX512_BF16 and head dims that are multiples
+// of 16: the loops of attention_bf16_loops.h (which values round to bf16, the pair layouts), each product a register
+// tile of f32 sums. Compiled with -mavx512bf16 in its own static library and called only when the CPU has it
+// (attention.cpp); it includes nothing with out-of-line code built for another instruction set.
 #include <immintrin.h>
 
 #include <cstdint>
@@ -53,9 +52,8 @@ void tile_row(int64_t n, int64_t k2, const uint16_t* a, int64_t ars, int64_t acs
   if (j < n) tile<R, 1>(k2, a, ars, acs, b + 2 * j, ldb, c + j, ldc, alpha, accumulate);
 }
 
-// C[m, n] (f32) = alpha * sum over k2 pairs of A(m) B(n) (+ C), n a multiple of 16: A's pairs
-// read through word strides (ars, acs), so a transposed operand needs no copy; B pair rows
-// of ldb words.
+// C[m, n] (f32) = alpha * sum over k2 pairs of A(m) B(n) (+ C), n a multiple of 16: A's pairs read through word strides
+// (ars, acs), so a transposed operand needs no copy; B pair rows of ldb words.
 void small_gemm(int64_t m, int64_t n, int64_t k2, const uint16_t* a, int64_t ars, int64_t acs, const uint16_t* b,
                 int64_t ldb, float* c, int64_t ldc, float alpha, bool accumulate) {
   int64_t i = 0;

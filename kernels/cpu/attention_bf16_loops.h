@@ -1,12 +1,10 @@
-// kernels/cpu: the loops of bf16 attention with f32 sums (attention_tiled.h), shared by the
-// kernels that differ only in how they multiply: attention_avx512bf16.cpp (vdpbf16ps register
-// tiles) and attention_amx.cpp (AMX tiles). The steps, grouped-query heads and rotary
-// embeddings are those of attention_avx512.cpp, with every product on bf16 operands summed in
-// f32: S = Q K^T, O = P V, dP = dO V^T, dQ = dS K, dV += P^T dO and dK += dS^T Q. The scores,
-// softmax, lse, D and every sum (dK and dV over row blocks and query heads) stay f32; P and dS
-// round to bf16 to enter the next product, rotated q and k round to bf16 once, and each output
-// rounds once. TU-local (an anonymous namespace): each includer is built for its own
-// instruction set.
+// kernels/cpu: the loops of bf16 attention with f32 sums (attention_tiled.h), shared by the kernels that differ only in
+// how they multiply: attention_avx512bf16.cpp (vdpbf16ps register tiles) and attention_amx.cpp (AMX tiles). The steps,
+// grouped-query heads and rotary embeddings are those of attention_avx512.cpp, with every product on bf16 operands
+// summed in f32: S = Q K^T, O = P V, dP = dO V^T, dQ = dS K, dV += P^T dO and dK += dS^T Q. The scores, softmax, lse, D
+// and every sum (dK and dV over row blocks and query heads) stay f32; P and dS round to bf16 to enter the next product,
+// rotated q and k round to bf16 once, and each output rounds once. TU-local (an anonymous namespace): each includer is
+// built for its own instruction set.
 //
 // The products take bf16 operands with pairs of the summed index in one 32-bit word (a
 // "pair" below), the layout both vdpbf16ps and the AMX tiles multiply:
@@ -99,9 +97,8 @@ inline void store_pairs(uint16_t* p, __m512 lo, __m512 hi) {
   _mm512_storeu_si512(p, interleave16(reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo))));
 }
 
-// One query row's softmax (softmax_row.h's steps, 16 lanes at a time) over the scaled scores
-// s[0, valid), rounded into the bf16 row p[0, n16) that enters O = P V, zero from `valid` on;
-// s keeps e^(s - max). Returns the row's log-sum-exp.
+// One query row's softmax (softmax_row.h's steps, 16 lanes at a time) over the scaled scores s[0, valid), rounded into
+// the bf16 row p[0, n16) that enters O = P V, zero from `valid` on; s keeps e^(s - max). Returns the row's log-sum-exp.
 inline float softmax_row_bf16(float* s, int64_t valid, int64_t n16, uint16_t* p) {
   __m512 mx = _mm512_set1_ps(-__builtin_inff());
   for (int64_t j = 0; j < valid; j += kW)
@@ -122,8 +119,7 @@ inline float softmax_row_bf16(float* s, int64_t valid, int64_t n16, uint16_t* p)
   return top + std::log(total);
 }
 
-// The panel of a row-major bf16 [t, cols] buffer: word (q, j) = word (j, q) of x for j < t,
-// zero for t <= j < ld.
+// The panel of a row-major bf16 [t, cols] buffer: word (q, j) = word (j, q) of x for j < t, zero for t <= j < ld.
 void panel(const uint16_t* x, int64_t t, int64_t cols, uint16_t* out, int64_t ld) {
   const __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                           _mm512_set1_epi32(int32_t(cols / 2)));
@@ -136,10 +132,9 @@ void panel(const uint16_t* x, int64_t t, int64_t cols, uint16_t* out, int64_t ld
   }
 }
 
-// Rows [0, t) of src (row stride ss, bf16 or f32) into bf16 dst (row stride ds), each row
-// rotated (kernels/rope.h) at positions pos0, pos0 + 1, ...: forward (sign 1) when packing q
-// and k, inverse (sign -1) when writing the gradients of rotated operands. Without rotation
-// a copy, rounded from f32 as the bf16 GEMM rounds (vcvtneps2bf16).
+// Rows [0, t) of src (row stride ss, bf16 or f32) into bf16 dst (row stride ds), each row rotated (kernels/rope.h) at
+// positions pos0, pos0 + 1, ...: forward (sign 1) when packing q and k, inverse (sign -1) when writing the gradients of
+// rotated operands. Without rotation a copy, rounded from f32 as the bf16 GEMM rounds (vcvtneps2bf16).
 template <typename S>
 void rows_to_bf16(const AttentionDims& d, const S* src, int64_t ss, int64_t t, int64_t cols, int64_t pos0,
                   uint16_t* dst, int64_t ds, float sign) {
@@ -183,9 +178,8 @@ void scores(const uint16_t* qc, int64_t E, const uint16_t* kt, int64_t ldk, int6
   }
 }
 
-// One thread's buffers, carved in order from its block of the workspace, each 64-byte
-// aligned. With base == nullptr only `size` (bytes) is computed: the workspace query and
-// the loops share this one layout.
+// One thread's buffers, carved in order from its block of the workspace, each 64-byte aligned. With base == nullptr
+// only `size` (bytes) is computed: the workspace query and the loops share this one layout.
 struct Carve {
   char* base;
   int64_t size = 0;

@@ -1,9 +1,7 @@
-// kernels/cpu: the register-tiled attention loops, f32 (attention_avx512.cpp, built for
-// AVX-512) and bf16 (attention_avx512bf16.cpp, built for AVX512_BF16; attention_amx.cpp on
-// AMX tiles), called by
-// attention.cpp when the CPU has the instructions (the same run-time choice as the f32 and
-// bf16 GEMM kernels, gemm.h). Plain pointers and strides: this header has no inline code,
-// so nothing compiled for AVX-512 reaches code that runs on other CPUs.
+// kernels/cpu: the register-tiled attention loops, f32 (attention_avx512.cpp, built for AVX-512) and bf16
+// (attention_avx512bf16.cpp, built for AVX512_BF16; attention_amx.cpp on AMX tiles), called by attention.cpp when the
+// CPU has the instructions (the same run-time choice as the f32 and bf16 GEMM kernels, gemm.h). Plain pointers and
+// strides: this header has no inline code, so nothing compiled for AVX-512 reaches code that runs on other CPUs.
 #pragma once
 #include <cstdint>
 
@@ -26,8 +24,7 @@ struct AttentionDims {
   bool causal;
   float scale;
   bool parallel;  // split the (batch, head) pairs over OpenMP threads
-  // Rotary tables [positions, E/2] (kernels/rope.h) and the first query and key positions;
-  // null: no rotation.
+  // Rotary tables [positions, E/2] (kernels/rope.h) and the first query and key positions; null: no rotation.
   const float* rope_cos = nullptr;
   const float* rope_sin = nullptr;
   int64_t q_pos = 0, k_pos = 0;
@@ -40,8 +37,7 @@ int64_t attention_workspace_avx512(const AttentionDims& d, bool backward);
 void attention_forward_avx512(const AttentionDims& d, HeadsF32 q, HeadsF32 k, HeadsF32 v, HeadsF32 out, float* lse,
                               float* workspace);
 void attention_backward_avx512(const AttentionDims& d, HeadsF32 grad, HeadsF32 q, HeadsF32 k, HeadsF32 v,
-                               HeadsF32 out, const float* lse, HeadsF32 dq, HeadsF32 dk, HeadsF32 dv,
-                               float* workspace);
+                               HeadsF32 out, const float* lse, HeadsF32 dq, HeadsF32 dk, HeadsF32 dv, float* workspace);
 
 // bf16 operands, products summed in f32 (attention_avx512bf16.cpp: which values round to
 // bf16); lse is f32. Workspace in bytes per thread, in the same per-thread blocks.
@@ -56,7 +52,6 @@ void attention_backward_avx512bf16(const AttentionDims& d, HeadsBF16 grad, Heads
 void attention_forward_amx(const AttentionDims& d, HeadsBF16 q, HeadsBF16 k, HeadsBF16 v, HeadsBF16 out, float* lse,
                            char* workspace);
 void attention_backward_amx(const AttentionDims& d, HeadsBF16 grad, HeadsBF16 q, HeadsBF16 k, HeadsBF16 v,
-                            HeadsBF16 out, const float* lse, HeadsBF16 dq, HeadsBF16 dk, HeadsBF16 dv,
-                            char* workspace);
+                            HeadsBF16 out, const float* lse, HeadsBF16 dq, HeadsBF16 dk, HeadsBF16 dv, char* workspace);
 
 }  // namespace weft::kernels::cpu

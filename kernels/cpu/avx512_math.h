@@ -12,11 +12,10 @@
 
 namespace weft::kernels::cpu {
 
-// e^x in each lane: exp_f32's reduction x = n ln2 + r and polynomial, 2^n applied by vscalefps
-// (which also gives 0 far below the range and inf above it, so exp_f32's range selects become
-// one clamp). Within a few ulp of exp_f32; results below 2^-149 round to 0 or the smallest
-// subnormal, where exp_f32 flushes below -103.97. NaN stays NaN: vmaxps returns its second
-// operand when either is NaN.
+// e^x in each lane: exp_f32's reduction x = n ln2 + r and polynomial, 2^n applied by vscalefps (which also gives 0 far
+// below the range and inf above it, so exp_f32's range selects become one clamp). Within a few ulp of exp_f32; results
+// below 2^-149 round to 0 or the smallest subnormal, where exp_f32 flushes below -103.97. NaN stays NaN: vmaxps returns
+// its second operand when either is NaN.
 WEFT_MATH_INLINE __m512 exp_x16(__m512 x) {
   const __m512 t = _mm512_max_ps(_mm512_set1_ps(-110.f), x);
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(t, _mm512_set1_ps(1.44269504088896341f)),

@@ -1,5 +1,4 @@
-// kernels/cpu: the CPU's KernelBackend table (kernels/backend.h), filled with the loops of
-// kernels/cpu/*.cpp.
+// kernels/cpu: the CPU's KernelBackend table (kernels/backend.h), filled with the loops of kernels/cpu/*.cpp.
 #include "kernels/backend.h"
 
 #include "kernels/cpu/attention.h"
@@ -47,10 +46,7 @@ const KernelBackend& kernel_table() {
       .gather = &gather,
       .scatter_add = &scatter_add,
       .attention = &attention,
-      .attention_backward = &attention_backward,
-      .adam_step_ = &adam_step_,
-      .sgd_step_ = &sgd_step_,
-  };
+      .attention_backward = &attention_backward, .adam_step_ = &adam_step_, .sgd_step_ = &sgd_step_, };
   return table;
 }
 

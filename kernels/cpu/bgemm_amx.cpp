@@ -1,15 +1,13 @@
-// kernels/cpu: the bf16 GEMM kernel for CPUs with AMX (bgemm.h), the tile unit of Intel's
-// Sapphire Rapids and later. One tdpbf16ps multiplies a 16 x 32 tile of A (16 rows of 32 bf16
-// along k) by a 32 x 16 tile of B (16 rows of 16 bf16 pairs: the layout the AVX512_BF16 kernel
-// packs, bgemm_pack.h) into a 16 x 16 tile of f32 sums: 8,192 products per instruction, eight
-// times vdpbf16ps's per cycle. The register tile is 2 x 2 such tiles (32 x 32 of c) in four
-// of the eight tile registers; the other four hold two tiles of A and two of B. A is read in
-// place when it is row-major and a depth block is whole tiles, else packed row-major (a
-// column-major A, as in the weight gradient's dY^T, by 16 x 16 transposes of bf16 pairs) with
-// zeros to a multiple of 32 rows and depth; B is packed as the AVX512_BF16 kernel packs it
-// (a B with contiguous depth, as W^T, by the same transposes), with zero pairs to a depth
-// multiple of 32. Compiled with -mamx-tile -mamx-bf16 and called
-// only where the CPU has AMX-BF16 and Linux has granted the process the tile state (gemm.cpp).
+// kernels/cpu: the bf16 GEMM kernel for CPUs with AMX (bgemm.h), the tile unit of Intel's Sapphire Rapids and later.
+// One tdpbf16ps multiplies a 16 x 32 tile of A (16 rows of 32 bf16 along k) by a 32 x 16 tile of B (16 rows of 16 bf16
+// pairs: the layout the AVX512_BF16 kernel packs, bgemm_pack.h) into a 16 x 16 tile of f32 sums: 8,192 products per
+// instruction, eight times vdpbf16ps's per cycle. The register tile is 2 x 2 such tiles (32 x 32 of c) in four of the
+// eight tile registers; the other four hold two tiles of A and two of B. A is read in place when it is row-major and a
+// depth block is whole tiles, else packed row-major (a column-major A, as in the weight gradient's dY^T, by 16 x 16
+// transposes of bf16 pairs) with zeros to a multiple of 32 rows and depth; B is packed as the AVX512_BF16 kernel packs
+// it (a B with contiguous depth, as W^T, by the same transposes), with zero pairs to a depth multiple of 32. Compiled
+// with -mamx-tile -mamx-bf16 and called only where the CPU has AMX-BF16 and Linux has granted the process the tile
+// state (gemm.cpp).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -51,11 +49,10 @@ void pack_a(int64_t rows, int64_t kc, int64_t kcp, const uint16_t* a, int64_t a_
   }
 }
 
-// Rows [0, mc) of a column-major a (a[i, p] at a[i + p * a_cs]: the weight gradient's dY^T) as
-// pack_a packs them, for all of the block's row panels at once (rows rounded up to T, the extra
-// ones zero): pairs of depth rows, 16 rows of a at a time, transposed as 16 x 16 words. Depth
-// goes outer, so each depth row of the block is read once, whole; panel by panel, every panel
-// walked all kc depth rows, a row (a page, in a LoRA gradient's dY) apart per load.
+// Rows [0, mc) of a column-major a (a[i, p] at a[i + p * a_cs]: the weight gradient's dY^T) as pack_a packs them, for
+// all of the block's row panels at once (rows rounded up to T, the extra ones zero): pairs of depth rows, 16 rows of a
+// at a time, transposed as 16 x 16 words. Depth goes outer, so each depth row of the block is read once, whole; panel
+// by panel, every panel walked all kc depth rows, a row (a page, in a LoRA gradient's dY) apart per load.
 void pack_a_columns(int64_t mc, int64_t kc, int64_t kcp, const uint16_t* a, int64_t a_cs, uint16_t* out) {
   const int64_t rows = round_up(mc);
   for (int64_t p0 = 0; p0 < kcp; p0 += T)

@@ -1,8 +1,7 @@
-// kernels/cpu: what weft's bf16 GEMM kernels share (bgemm_avx512bf16.cpp, bgemm_amx.cpp): bf16
-// rounding, the packing of B into panels of bf16 pairs (the layout both vdpbf16ps and AMX's
-// tdpbf16ps read), and loads and stores of an f32 or bf16 c. TU-local (an anonymous
-// namespace), as gemm_scratch.h, since its includers are compiled for different ISAs; needs
-// AVX512_BF16 (and BW, VL).
+// kernels/cpu: what weft's bf16 GEMM kernels share (bgemm_avx512bf16.cpp, bgemm_amx.cpp): bf16 rounding, the packing of
+// B into panels of bf16 pairs (the layout both vdpbf16ps and AMX's tdpbf16ps read), and loads and stores of an f32 or
+// bf16 c. TU-local (an anonymous namespace), as gemm_scratch.h, since its includers are compiled for different ISAs;
+// needs AVX512_BF16 (and BW, VL).
 #pragma once
 #include <immintrin.h>
 
@@ -73,10 +72,9 @@ inline void transpose16x16(__m512i r[16]) {
   for (int i = 0; i < 16; ++i) r[i] = t[i];
 }
 
-// One packed panel of W lanes (rows of A, or columns of B) for kc steps of k, in pairs:
-// out[q * 2W + 2 l + h] = x[l * l_st + (2q + h) * k_st] for l < lanes, 2q + h < kc, else 0.
-// Lanes contiguous (l_st 1) interleave two k rows at a time; pairs contiguous (k_st 1)
-// transpose 32-bit words; any other layout goes element by element.
+// One packed panel of W lanes (rows of A, or columns of B) for kc steps of k, in pairs: out[q * 2W + 2 l + h] = x[l *
+// l_st + (2q + h) * k_st] for l < lanes, 2q + h < kc, else 0. Lanes contiguous (l_st 1) interleave two k rows at a
+// time; pairs contiguous (k_st 1) transpose 32-bit words; any other layout goes element by element.
 template <int W>
 void pack_pairs(int64_t kc, int64_t lanes, const uint16_t* x, int64_t l_st, int64_t k_st, uint16_t* out) {
   const int64_t kc2 = (kc + 1) / 2;
@@ -87,9 +85,8 @@ void pack_pairs(int64_t kc, int64_t lanes, const uint16_t* x, int64_t l_st, int6
                        out + q * 2 * W);
     return;
   }
-  // Pairs contiguous (a row-major operand read across its rows, as Linear's W^T): whole
-  // blocks of 16 pairs of 16 lanes as a transpose of 32-bit words, the rest one pair at a
-  // time.
+  // Pairs contiguous (a row-major operand read across its rows, as Linear's W^T): whole blocks of 16 pairs of 16 lanes
+  // as a transpose of 32-bit words, the rest one pair at a time.
   int64_t q_done = 0;
   if (k_st == 1) {
     q_done = kc / 2 / 16 * 16;
@@ -123,11 +120,10 @@ void pack_pairs(int64_t kc, int64_t lanes, const uint16_t* x, int64_t l_st, int6
   }
 }
 
-// Lanes [0, lanes) of x as consecutive panels of W lanes, panel p at out + p * panel_stride, each
-// as pack_pairs makes it. With contiguous lanes (l_st 1: a row-major B) each pair of depth rows is
-// read once, whole, across all the panels (panel by panel, each load was on another page). The
-// last panel's lanes past `lanes` are zeroed so that no uninitialised bits are read (they reach
-// only outputs that are never stored).
+// Lanes [0, lanes) of x as consecutive panels of W lanes, panel p at out + p * panel_stride, each as pack_pairs makes
+// it. With contiguous lanes (l_st 1: a row-major B) each pair of depth rows is read once, whole, across all the panels
+// (panel by panel, each load was on another page). The last panel's lanes past `lanes` are zeroed so that no
+// uninitialised bits are read (they reach only outputs that are never stored).
 template <int W>
 void pack_panels(int64_t kc, int64_t lanes, const uint16_t* x, int64_t l_st, int64_t k_st, uint16_t* out,
                  int64_t panel_stride) {
@@ -153,13 +149,12 @@ void pack_panels(int64_t kc, int64_t lanes, const uint16_t* x, int64_t l_st, int
   }
 }
 
-// Lanes [0, mc) (mc <= 160) of an operand with contiguous lanes (a column-major A: the weight
-// gradient's dY^T) as the panels pack_pairs makes of W lanes each, panel p at
-// out + p * W * 2 * kc2, the last one zero past mc: each pair of depth rows is read once, whole,
-// and split among the panels, rather than read again for every panel (the same lines, W lanes
-// at a time: 4.6 % of the GEMM's samples in GPT training's weight gradients).
-// With sums (mc values), also sums[l] += lane l summed over the kc depth rows: in f32 over each
-// 64 rows from x on (row 2q, then 2q + 1), each 64 rows' total added in f64.
+// Lanes [0, mc) (mc <= 160) of an operand with contiguous lanes (a column-major A: the weight gradient's dY^T) as the
+// panels pack_pairs makes of W lanes each, panel p at out + p * W * 2 * kc2, the last one zero past mc: each pair of
+// depth rows is read once, whole, and split among the panels, rather than read again for every panel (the same lines, W
+// lanes at a time: 4.6 % of the GEMM's samples in GPT training's weight gradients). With sums (mc values), also sums[l]
+// += lane l summed over the kc depth rows: in f32 over each 64 rows from x on (row 2q, then 2q + 1), each 64 rows'
+// total added in f64.
 template <int W>
 void pack_pairs_lanes(int64_t kc, int64_t mc, const uint16_t* x, int64_t k_st, uint16_t* out, double* sums = nullptr) {
   const int64_t kc2 = (kc + 1) / 2;
@@ -203,9 +198,8 @@ inline void store_c(void* c, bool c16, __m512 v) {
   _mm256_storeu_si256(static_cast<__m256i*>(c), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
 }
 
-// The valid mr x nr corner of a tail tile's sums (f32, leading dim edge_ld) into c at cp:
-// alpha * sum + beta * c (+ bias[j], the tile's part of the bias row), rounded once for a
-// bf16 c.
+// The valid mr x nr corner of a tail tile's sums (f32, leading dim edge_ld) into c at cp: alpha * sum + beta * c (+
+// bias[j], the tile's part of the bias row), rounded once for a bf16 c.
 inline void store_tail(const float* edge, int64_t edge_ld, int64_t mr, int64_t nr, char* cp, bool c16, int64_t ldc,
                        float alpha, float beta, const void* bias) {
   for (int64_t i = 0; i < mr; ++i)
@@ -238,12 +232,11 @@ inline void round_rows_into(const float* sum, int64_t rows, int64_t n, uint16_t*
   }
 }
 
-// c = alpha a b + beta c + bias (the arguments of bgemm.h) by `blocked`, a kernel's blocked product
-// into an f32 or bf16 c that takes a bf16 c only within one depth block of `kc` (later blocks
-// would add through bf16): a bf16 result over several blocks is summed in f32, rounded once, in
-// blocks whose f32 sums fit bgemm_sum_block (one buffer per thread, kept): blocks of columns when
-// c is wider than tall (a, the smaller operand, packed again for each), else of rows (b packed
-// again). By rows, a 128,256-token head at 512 rows packed its 525 MB weight 16 times.
+// c = alpha a b + beta c + bias (the arguments of bgemm.h) by `blocked`, a kernel's blocked product into an f32 or bf16
+// c that takes a bf16 c only within one depth block of `kc` (later blocks would add through bf16): a bf16 result over
+// several blocks is summed in f32, rounded once, in blocks whose f32 sums fit bgemm_sum_block (one buffer per thread,
+// kept): blocks of columns when c is wider than tall (a, the smaller operand, packed again for each), else of rows (b
+// packed again). By rows, a 128,256-token head at 512 rows packed its 525 MB weight 16 times.
 template <class Blocked>
 void bgemm_by_depth_blocks(Blocked blocked, int64_t kc, int64_t m, int64_t n, int64_t k, const uint16_t* a,
                            int64_t a_rs, int64_t a_cs, const uint16_t* b, int64_t b_rs, int64_t b_cs, void* c,

@@ -1,7 +1,6 @@
-// kernels/cpu: 2-D convolution as im2col + GEMM, per image. With at least as many images as
-// threads, images go to threads (each with its own column buffer; gemm runs serially inside
-// a parallel region); otherwise images run in turn and gemm threads each product. A 1x1,
-// stride-1, unpadded convolution is a GEMM on the image itself, without im2col.
+// kernels/cpu: 2-D convolution as im2col + GEMM, per image. With at least as many images as threads, images go to
+// threads (each with its own column buffer; gemm runs serially inside a parallel region); otherwise images run in turn
+// and gemm threads each product. A 1x1, stride-1, unpadded convolution is a GEMM on the image itself, without im2col.
 #include <cstring>
 #include <vector>
 

@@ -1,7 +1,6 @@
-// kernels/cpu: the element-wise loops. Each op is a small functor on the accumulation type
-// (float for 16-bit floats) from kernels/scalar_ops.h, shared with the CUDA kernels; the op
-// switch runs once per call and the loops are templated on the functor, with unit/zero
-// inner strides fixed at compile time so they vectorise.
+// kernels/cpu: the element-wise loops. Each op is a small functor on the accumulation type (float for 16-bit floats)
+// from kernels/scalar_ops.h, shared with the CUDA kernels; the op switch runs once per call and the loops are templated
+// on the functor, with unit/zero inner strides fixed at compile time so they vectorise.
 #include "kernels/cpu/elementwise.h"
 
 #include <type_traits>
@@ -132,8 +131,7 @@ void map2(const F& f, const Tensor& out, const Tensor& a, const Tensor& b) {
   });
 }
 
-// out = f(a, b, c); used by where, whose operands are rarely all unit-stride except the
-// plain case.
+// out = f(a, b, c); used by where, whose operands are rarely all unit-stride except the plain case.
 template <class O, class A, class B, class C, class F>
 void map3(const F& f, const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& c) {
   O* po = ptr<O>(out);
@@ -176,11 +174,10 @@ void inplace2(const F& f, const Tensor& dst, const Tensor& b) {
   });
 }
 
-// ---- bf16 in vector loops. The per-element loops above call the op on BFloat16 values, and
-// did not vectorise: bf16 add ran at 3.2 G elements/s where f32 ran at memory speed. The _acc
-// maps below take g on the accumulation type (float for bf16) and, on unit-stride bf16 runs,
-// widen, apply g and round in one loop that vectorises: the same bits (2,048 x 1,024 add on
-// one Xeon core: 0.65 -> 0.45 ms). In-place operands (out == a) are read before written.
+// ---- bf16 in vector loops. The per-element loops above call the op on BFloat16 values, and did not vectorise: bf16
+// add ran at 3.2 G elements/s where f32 ran at memory speed. The _acc maps below take g on the accumulation type (float
+// for bf16) and, on unit-stride bf16 runs, widen, apply g and round in one loop that vectorises: the same bits (2,048 x
+// 1,024 add on one Xeon core: 0.65 -> 0.45 ms). In-place operands (out == a) are read before written.
 
 // o = g(a) or g(a, b) on one unit-stride run.
 template <class G>
@@ -295,14 +292,12 @@ void sqrt_map(bool reciprocal, const Tensor& out, const Tensor& x) {
   });
 }
 
-// ---- gelu_tanh on bf16 (the MLP activation of mixed-precision GPT training) in 16-lane
-// AVX-512 on unit-stride operands, forward and backward: scalar_ops.h's formulas with
-// fast_math.h's exp in f32, rounded once to bf16 (within 2^-14 of the generic loop).
-// The generic loop compiles exp's and sigmoid's range checks into masked code; this one takes
-// the exponent by vscalefps (0 below the range), the forward as x sigmoid(2u), and rounds
-// by vcvtneps2bf16 where the CPU has AVX512_BF16: 2,048 x 2,048 on a Zen 4 in 1.8 ms instead
-// of 3.8 forward, 2.8 instead of 4.4 backward, bound by the 512-bit FP pipes. One exponential
-// and one approximate reciprocal per element, forward and backward.
+// ---- gelu_tanh on bf16 (the MLP activation of mixed-precision GPT training) in 16-lane AVX-512 on unit-stride
+// operands, forward and backward: scalar_ops.h's formulas with fast_math.h's exp in f32, rounded once to bf16 (within
+// 2^-14 of the generic loop). The generic loop compiles exp's and sigmoid's range checks into masked code; this one
+// takes the exponent by vscalefps (0 below the range), the forward as x sigmoid(2u), and rounds by vcvtneps2bf16 where
+// the CPU has AVX512_BF16: 2,048 x 2,048 on a Zen 4 in 1.8 ms instead of 3.8 forward, 2.8 instead of 4.4 backward,
+// bound by the 512-bit FP pipes. One exponential and one approximate reciprocal per element, forward and backward.
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 template <bool Backward>
 void gelu_bf16_run(const BFloat16* x, const BFloat16* g, BFloat16* o, int64_t n) {

@@ -1,8 +1,7 @@
-// kernels/cpu: element-wise loops, plus the helpers CPU kernels share for splitting work
-// over OpenMP threads, walking strided operands, and float math that vectorises.
-// Callers (kernels/elementwise.cpp) have checked the arguments: every tensor is on the CPU,
-// inputs are already broadcast to the output's shape (stride-0 views) and converted to
-// the dtype the op computes in.
+// kernels/cpu: element-wise loops, plus the helpers CPU kernels share for splitting work over OpenMP threads, walking
+// strided operands, and float math that vectorises. Callers (kernels/elementwise.cpp) have checked the arguments: every
+// tensor is on the CPU, inputs are already broadcast to the output's shape (stride-0 views) and converted to the dtype
+// the op computes in.
 #pragma once
 #include <algorithm>
 #include <array>
@@ -48,11 +47,10 @@ inline int64_t num_chunks(int64_t n, int64_t min_per) {
 #endif
 }
 
-// How many pieces to split n items into, each of at least min_per, where the pieces' partial
-// results are combined: a function of n and min_per alone (not of the thread count, nor of
-// being inside a parallel region), so that the rounding is the same on any number of threads.
-// At most 16: a split reduction keeps up to 16 cores busy, for one partial result per piece
-// to combine; only reductions with too few outputs to go to threads whole are split.
+// How many pieces to split n items into, each of at least min_per, where the pieces' partial results are combined: a
+// function of n and min_per alone (not of the thread count, nor of being inside a parallel region), so that the
+// rounding is the same on any number of threads. At most 16: a split reduction keeps up to 16 cores busy, for one
+// partial result per piece to combine; only reductions with too few outputs to go to threads whole are split.
 inline int64_t reduction_chunks(int64_t n, int64_t min_per) {
   return std::clamp<int64_t>(n / std::max<int64_t>(min_per, 1), 1, 16);
 }
@@ -81,10 +79,9 @@ void parallel_range(int64_t n, int64_t min_per, int64_t align, F&& fn) {
   parallel_chunks(n, num_chunks(n, min_per), align, [&](int64_t, int64_t b, int64_t e) { fn(b, e); });
 }
 
-// A non-owning reference to a callback on one run of elements: fn(offsets, inner_strides,
-// len), offsets and strides per operand in elements. Type-erased so that the walking code
-// below exists once per operand count instead of once per op and dtype; the indirect call
-// happens per run, not per element.
+// A non-owning reference to a callback on one run of elements: fn(offsets, inner_strides, len), offsets and strides per
+// operand in elements. Type-erased so that the walking code below exists once per operand count instead of once per op
+// and dtype; the indirect call happens per run, not per element.
 template <size_t N>
 class RunFn {
  public:
@@ -104,10 +101,9 @@ class RunFn {
   void (*call_)(void*, const Offsets&, const Offsets&, int64_t);
 };
 
-// Walks N operands of one shape (strides in elements), calling fn on runs of elements.
-// Operands that are all contiguous or all-broadcast (stride 0) form one flat run, split
-// across threads when large; other layouts walk StridedIter runs, split by element ranges
-// so that even a single long run uses every thread. Instantiated for N = 1..4.
+// Walks N operands of one shape (strides in elements), calling fn on runs of elements. Operands that are all contiguous
+// or all-broadcast (stride 0) form one flat run, split across threads when large; other layouts walk StridedIter runs,
+// split by element ranges so that even a single long run uses every thread. Instantiated for N = 1..4.
 template <size_t N>
 void for_each_run(const Shape& shape, const std::array<const Shape*, N>& strides, RunFn<N> fn);
 

@@ -9,10 +9,9 @@
 
 namespace weft::kernels::cpu {
 
-// Relative errors are a few ulp, at most 4e-7 (measured against double over the whole f32
-// range).
-// Forced inline: a call left in a loop body (GCC's size heuristics balk at these) stops
-// vectorisation, and the selects then become unpredictable branches.
+// Relative errors are a few ulp, at most 4e-7 (measured against double over the whole f32 range). Forced inline: a call
+// left in a loop body (GCC's size heuristics balk at these) stops vectorisation, and the selects then become
+// unpredictable branches.
 #define WEFT_MATH_INLINE inline __attribute__((always_inline))
 
 // exp: x = n*ln2 + r with |r| <= ln2/2 and a polynomial for e^r; 2^n is applied in
@@ -72,9 +71,8 @@ WEFT_MATH_INLINE float exp_neg_half_sq_f32(float x) {
 
 // The standard normal CDF, 0.5 * erfc(-x / sqrt2), with relative accuracy in the lower
 // tail. With z = |x| / sqrt2: z < 0.5: 0.5 + 0.5 erf(x / sqrt2), erf(z)/z a polynomial in
-// z^2; beyond, erfc(z) = exp(-z^2) * G(z), G a polynomial in z - 1.25 on [0.5, 2] and in
-// 1/z^2 (over z) on [2, inf). Coefficients: least-squares fits on Chebyshev nodes, each
-// within 3e-8 relative.
+// z^2; beyond, erfc(z) = exp(-z^2) * G(z), G a polynomial in z - 1.25 on [0.5, 2] and in 1/z^2 (over z) on [2, inf).
+// Coefficients: least-squares fits on Chebyshev nodes, each within 3e-8 relative.
 WEFT_MATH_INLINE float normal_cdf_f32(float x) {
   float ax = std::fabs(x);
   float z = ax * 0.70710678118654752f;

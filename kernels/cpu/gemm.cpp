@@ -104,14 +104,12 @@ void widen_lines(const T* x, int64_t ld, int64_t lines, int64_t len, float* dst,
   }
 }
 
-// 16-bit operands where no bf16 kernel takes them (CPUs without AVX512_BF16, f16): the f32
-// kernels on f32 copies of blocks of a (whole rows) and b (whole columns) of at most
-// kWidenedBlock elements, and of c's block when c is 16-bit, in buffers of the thread that
-// stay that size however large the operands (as the kernels' packing buffers do): a step then
-// allocates no more than with the bf16 kernels, which is what fsdp::plan_memory predicts.
-// Each element of c gets the bits that f32 copies of the whole operands would give (the f32
-// kernels' bits do not depend on where a block starts); c is rounded once. a_sums (m of
-// them), when given, receive a's row sums.
+// 16-bit operands where no bf16 kernel takes them (CPUs without AVX512_BF16, f16): the f32 kernels on f32 copies of
+// blocks of a (whole rows) and b (whole columns) of at most kWidenedBlock elements, and of c's block when c is 16-bit,
+// in buffers of the thread that stay that size however large the operands (as the kernels' packing buffers do): a step
+// then allocates no more than with the bf16 kernels, which is what fsdp::plan_memory predicts. Each element of c gets
+// the bits that f32 copies of the whole operands would give (the f32 kernels' bits do not depend on where a block
+// starts); c is rounded once. a_sums (m of them), when given, receive a's row sums.
 constexpr int64_t kWidenedBlock = int64_t(1) << 20;
 
 template <typename T, typename TO>
@@ -190,9 +188,8 @@ void matmul_typed(const Tensor& a, const Tensor& b, const Tensor& out) {
   double work = double(m) * double(n) * double(k);
   int threads = get_num_threads();
   auto one = [&](int64_t i) { product<T, TO>(m, n, k, pa + oa[i], la, pb + ob[i], lb, c + i * m * n, n); };
-  // Small GEMMs do not pay for threading inside one product; a batch split does, once every
-  // thread gets a whole GEMM. Otherwise run in turn, outside any parallel region, so that
-  // each GEMM is threaded.
+  // Small GEMMs do not pay for threading inside one product; a batch split does, once every thread gets a whole GEMM.
+  // Otherwise run in turn, outside any parallel region, so that each GEMM is threaded.
   if (threads > 1 && nb >= threads && work * nb > 1e5 && (work < double(1 << 22) || nb >= 4 * threads)) {
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < nb; ++i) one(i);
@@ -251,9 +248,8 @@ std::pair<K, std::string> choose_kernel(const char* var, const K (&all)[N], Supp
                                   set ? env : "", allowed, here)};
 }
 
-// The chosen kernel, or the one a test forced. The error is thrown only outside a parallel
-// region (inside, an exception would end the program): the first product outside one, e.g.
-// every Linear layer's, reports it.
+// The chosen kernel, or the one a test forced. The error is thrown only outside a parallel region (inside, an exception
+// would end the program): the first product outside one, e.g. every Linear layer's, reports it.
 template <class K>
 K in_use(const std::pair<K, std::string>& chosen, const std::atomic<int>& forced) {
   if (int f = forced.load(std::memory_order_relaxed); f >= 0) return K(f);
@@ -364,25 +360,22 @@ void set_sgemm_kernel(SgemmKernel k) {
   forced_sgemm.store(int(k), std::memory_order_relaxed);
 }
 
-// Large products give each thread a contiguous slice of C's rows (or columns, when C is at
-// least as wide as tall), each a serial product, instead of letting Eigen thread one product.
-// Eigen's threads synchronise once per packed block of the shared operand; on a machine
-// shared with other work, a descheduled thread stalls the other at every such point, while
-// the slices meet only once. Each thread packs the shared operand itself, which costs little
-// next to the slice's arithmetic; square products split by columns, so that each thread packs
-// only its own columns of b (the larger share of the packing at 1024^3 with two threads: 87-89 %
-// of the AVX-512 peak by rows, 91-93 % by columns on a Zen 5; the same for AVX2). Measured on
-// the 2-core machine: 5-20 % more tokens/s in weft-transformer at 2 threads
-// (docs/PERFORMANCE.md). The bf16 kernels read a row-major a in place (AMX: a depth of whole
-// tiles), packing only b, so products with such an a split by columns at any shape: by rows
-// every thread packed all of b (GPT large's forward products 2-5 % faster on two threads).
+// Large products give each thread a contiguous slice of C's rows (or columns, when C is at least as wide as tall), each
+// a serial product, instead of letting Eigen thread one product. Eigen's threads synchronise once per packed block of
+// the shared operand; on a machine shared with other work, a descheduled thread stalls the other at every such point,
+// while the slices meet only once. Each thread packs the shared operand itself, which costs little next to the slice's
+// arithmetic; square products split by columns, so that each thread packs only its own columns of b (the larger share
+// of the packing at 1024^3 with two threads: 87-89 % of the AVX-512 peak by rows, 91-93 % by columns on a Zen 5; the
+// same for AVX2). Measured on the 2-core machine: 5-20 % more tokens/s in weft-transformer at 2 threads
+// (docs/PERFORMANCE.md). The bf16 kernels read a row-major a in place (AMX: a depth of whole tiles), packing only b, so
+// products with such an a split by columns at any shape: by rows every thread packed all of b (GPT large's forward
+// products 2-5 % faster on two threads).
 namespace {
 
-// Runs slice(r0, r1, c0, c1) over C: once over all of it, or per thread over slices. With
-// `fixed` (kernels whose bits for an element depend on where its slice starts), the slices
-// are a function of the shape alone, dealt to the threads there are (in turn on one thread or
-// inside a parallel region), so that the product has the same bits on any thread count.
-// Slices of rows (`by_rows`) start on multiples of `row_unit`, the kernel's register tile rows.
+// Runs slice(r0, r1, c0, c1) over C: once over all of it, or per thread over slices. With `fixed` (kernels whose bits
+// for an element depend on where its slice starts), the slices are a function of the shape alone, dealt to the threads
+// there are (in turn on one thread or inside a parallel region), so that the product has the same bits on any thread
+// count. Slices of rows (`by_rows`) start on multiples of `row_unit`, the kernel's register tile rows.
 template <class F>
 void split_product(int64_t m, int64_t n, int64_t k, bool fixed, int64_t row_unit, bool by_rows, F&& slice) {
   if (m == 0 || n == 0) return;
@@ -394,10 +387,9 @@ void split_product(int64_t m, int64_t n, int64_t k, bool fixed, int64_t row_unit
 #endif
   const int64_t slices = !fixed ? threads : big ? reduction_chunks(len, 64) : 1;
   if (slices <= 1) return slice(0, m, 0, n);
-  // Slices start on multiples of the kernel's tile (rows: row_unit; columns: 32) when large
-  // enough, so that only the last one has a tail tile, each at the multiple nearest its even
-  // share: slices differ by at most one tile (2,048 rows on two threads in multiples of 96
-  // instead of 12 gave one thread 13 % more work than the other).
+  // Slices start on multiples of the kernel's tile (rows: row_unit; columns: 32) when large enough, so that only the
+  // last one has a tail tile, each at the multiple nearest its even share: slices differ by at most one tile (2,048
+  // rows on two threads in multiples of 96 instead of 12 gave one thread 13 % more work than the other).
   const int64_t unit = len >= 256 * slices ? (by_rows ? row_unit : 32) : 1;
   auto start = [&](int64_t t) { return t == slices ? len : (2 * len * t / slices + unit) / (2 * unit) * unit; };
 #pragma omp parallel for num_threads(int(std::clamp<int64_t>(threads, 1, slices))) schedule(static, 1) if (threads > 1)
@@ -452,8 +444,7 @@ void gemm(int64_t m, int64_t n, int64_t k, const T* a, MatLayout la, const T* b,
                    (m == 1 && la.row_major && !lb.row_major);
   const int64_t row_unit = sgemm_kernel() == SgemmKernel::avx2 ? 6 : 12;
   split_product(m, n, k, !own, row_unit, m > n, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
-    gemm_one<T>(r1 - r0, c1 - c0, k, row_at(a, la, r0), la, col_at(b, lb, c0), lb, c + r0 * ldc + c0, ldc, alpha,
-                beta);
+    gemm_one<T>(r1 - r0, c1 - c0, k, row_at(a, la, r0), la, col_at(b, lb, c0), lb, c + r0 * ldc + c0, ldc, alpha, beta);
   });
 }
 
@@ -508,8 +499,22 @@ void gemm_bf16(int64_t m, int64_t n, int64_t k, const BFloat16* a, MatLayout la,
   // whole pairs (AMX: tiles) of depth; the vdpbf16ps kernel packs rows in one L1 set (gemm_scratch.h)
   const bool a_in_place = la.row_major && k % (amx ? 32 : 2) == 0 && (amx || !rows_share_l1_set<BFloat16>(la.ld));
   const bool by_rows = m > n && !a_in_place;
+  // A LoRA adapter's weight gradients: few rows of c times a row-major b (dA), or few columns from a column-major a
+  // (dB, as its transpose), the large operand read in place (bgemm.h)
+  const bool plain = !amx && !few_rows && !a_sums && k > 0;
+  const bool skinny = plain && m <= 32 && n > m && lb.row_major, skinny_t = plain && n <= 16 && m > n && !la.row_major;
+  const int64_t sa = la.row_major ? la.ld : 1, sb = lb.row_major ? lb.ld : 1;  // a's row, b's depth strides
   split_product(m, n, k, false, amx ? 32 : 12, by_rows, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
-    bgemm_one<TO>(fn, r1 - r0, c1 - c0, k, row_at(a, la, r0), la, col_at(b, lb, c0), lb, c + r0 * ldc + c0, ldc, alpha,
+    const BFloat16 *ar = row_at(a, la, r0), *bc = col_at(b, lb, c0);
+    TO* cp = c + r0 * ldc + c0;
+    constexpr bool c16 = std::is_same_v<TO, BFloat16>;
+    if (skinny)
+      return bgemm_skinny_avx512bf16(r1 - r0, c1 - c0, k, &ar->bits, sa, la.row_major ? 1 : la.ld, &bc->bits, sb, cp,
+                                     c16, ldc, false, alpha, beta, bias ? bias + c0 : nullptr);
+    if (skinny_t)
+      return bgemm_skinny_avx512bf16(c1 - c0, r1 - r0, k, &bc->bits, lb.row_major ? 1 : lb.ld, sb, &ar->bits, la.ld, cp,
+                                     c16, ldc, true, alpha, beta, bias ? bias + c0 : nullptr);
+    bgemm_one<TO>(fn, r1 - r0, c1 - c0, k, ar, la, bc, lb, cp, ldc, alpha,
                   beta, bias ? bias + c0 : nullptr, a_sums && c0 == 0 ? a_sums + r0 : nullptr);  // one slice per row
   });
 }

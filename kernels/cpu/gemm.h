@@ -25,9 +25,8 @@ inline MatLayout col_major(int64_t ld) { return {true, false, ld}; }
 // nullopt for broadcast or overlapping rows. Device-independent: the CUDA GEMM uses it too.
 std::optional<MatLayout> fold_rows(const Tensor& a);
 
-// c[m, n] (row-major, leading dim ldc) = alpha * a[m, k] b[k, n] + beta * c; T is float or
-// double. beta == 0 never reads c. Large products are split over the OpenMP threads unless
-// called from a parallel region.
+// c[m, n] (row-major, leading dim ldc) = alpha * a[m, k] b[k, n] + beta * c; T is float or double. beta == 0 never
+// reads c. Large products are split over the OpenMP threads unless called from a parallel region.
 template <typename T>
 void gemm(int64_t m, int64_t n, int64_t k, const T* a, MatLayout la, const T* b, MatLayout lb, T* c,
           int64_t ldc, T alpha = T(1), T beta = T(0));
@@ -63,10 +62,9 @@ bool bgemm_kernel_supported(BgemmKernel k);  // bf16_gemm_native(), and for amx 
 BgemmKernel bgemm_kernel();
 void set_bgemm_kernel(BgemmKernel k);
 
-// Tensor-level kernels behind kernels::matmul / kernels::gemm (checked by the caller).
-// a [..., m, k] and b [..., k, n] with batch dims broadcastable to out's [batch..., m, n];
-// out is contiguous. Any float dtype (bf16 on the bf16 kernel where native, else 16-bit
-// ones go through f32).
+// Tensor-level kernels behind kernels::matmul / kernels::gemm (checked by the caller). a [..., m, k] and b [..., k, n]
+// with batch dims broadcastable to out's [batch..., m, n]; out is contiguous. Any float dtype (bf16 on the bf16 kernel
+// where native, else 16-bit ones go through f32).
 void matmul(const Tensor& a, const Tensor& b, const Tensor& out);
 void dot(const Tensor& a, const Tensor& b, const Tensor& out);                              // 1-D, out 0-dim
 // 2-D; returns whether it wrote a_sums (kernels/backend.h).

@@ -1,7 +1,6 @@
-// kernels/cpu: the packed-panel buffers of weft's GEMM kernels (sgemm_blocked.h, the bf16
-// kernel; gemm.cpp's widened 16-bit blocks): grow-only, 64-byte aligned, one per thread and
-// operand; and the rule for when an operand must be packed. TU-local (an anonymous namespace),
-// as the ISA files that include it need.
+// kernels/cpu: the packed-panel buffers of weft's GEMM kernels (sgemm_blocked.h, the bf16 kernel; gemm.cpp's widened
+// 16-bit blocks): grow-only, 64-byte aligned, one per thread and operand; and the rule for when an operand must be
+// packed. TU-local (an anonymous namespace), as the ISA files that include it need.
 #pragma once
 #include <cstdint>
 #include <cstdlib>

@@ -1,7 +1,6 @@
-// kernels/cpu: embedding, index_select/index_add and gather/scatter_add. Pure copies move
-// elements as same-sized words (no per-dtype code); accumulations dispatch on the dtype.
-// Writes that could collide (repeated indices) are split so that each thread owns a
-// disjoint part of the output, which keeps results deterministic.
+// kernels/cpu: embedding, index_select/index_add and gather/scatter_add. Pure copies move elements as same-sized words
+// (no per-dtype code); accumulations dispatch on the dtype. Writes that could collide (repeated indices) are split so
+// that each thread owns a disjoint part of the output, which keeps results deterministic.
 #include <cstring>
 
 #include "core/dispatch.h"

@@ -1,8 +1,7 @@
-// kernels/cpu: layer norm over rows of [rows, n], and RMS norm (no mean: nothing centred,
-// no bias). Statistics are two-pass (mean, then the centred sum of squares) in the
-// accumulation type, which is accurate and vectorises; rows go to threads. The backward keeps
-// one dweight/dbias partial per chunk of rows and adds them in chunk order, so results do not
-// depend on scheduling or on the thread count.
+// kernels/cpu: layer norm over rows of [rows, n], and RMS norm (no mean: nothing centred, no bias). Statistics are
+// two-pass (mean, then the centred sum of squares) in the accumulation type, which is accurate and vectorises; rows go
+// to threads. The backward keeps one dweight/dbias partial per chunk of rows and adds them in chunk order, so results
+// do not depend on scheduling or on the thread count.
 #include <cmath>
 #include <vector>
 
@@ -120,8 +119,7 @@ void backward_typed(const Tensor& grad, const Tensor& x, const Tensor& mean, con
 
 void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& y,
                 const Tensor& mean, const Tensor& rstd) {
-  dispatch_float(x.dtype(), "layer_norm",
-                 [&]<typename T>() { forward_typed<T>(x, weight, bias, eps, y, mean, rstd); });
+  dispatch_float(x.dtype(), "layer_norm", [&]<typename T>() { forward_typed<T>(x, weight, bias, eps, y, mean, rstd); });
 }
 
 void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& mean, const Tensor& rstd,

@@ -1,7 +1,6 @@
-// kernels/cpu: the CPU loops behind kernels/nn.h. Callers (kernels/nn.cpp) have checked
-// shapes, dtypes and devices and allocated the outputs; inputs named "contiguous" here are.
-// Index bounds are checked in these functions (before any parallel loop) because only
-// they read the index values.
+// kernels/cpu: the CPU loops behind kernels/nn.h. Callers (kernels/nn.cpp) have checked shapes, dtypes and devices and
+// allocated the outputs; inputs named "contiguous" here are. Index bounds are checked in these functions (before any
+// parallel loop) because only they read the index values.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -66,8 +65,7 @@ void scatter_add(const Tensor& out, int64_t dim, const Tensor& index, const Tens
 void cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing,
                    Reduction reduction, const Tensor& loss, const Tensor& log_probs);
 void cross_entropy_backward(const Tensor& grad_loss, const Tensor& log_probs, const Tensor& target,
-                            int64_t ignore_index, double label_smoothing, Reduction reduction,
-                            const Tensor& dlogits);
+                            int64_t ignore_index, double label_smoothing, Reduction reduction, const Tensor& dlogits);
 
 // Inputs already checked to fit `out` (contiguous) along dim; any dtypes and strides.
 void cat(const std::vector<Tensor>& xs, int64_t dim, const Tensor& out);
@@ -76,10 +74,8 @@ void cat(const std::vector<Tensor>& xs, int64_t dim, const Tensor& out);
 void dropout(const Tensor& x, double p, uint64_t seed, const Tensor& y, const Tensor& mask);
 void dropout_backward(const Tensor& grad, const Tensor& mask, double p, const Tensor& dx);
 
-// NCHW, everything contiguous; bias may be undefined. 16-bit types are computed in f32 by
-// the caller.
-void conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dParams& p,
-            const Tensor& out);
+// NCHW, everything contiguous; bias may be undefined. 16-bit types are computed in f32 by the caller.
+void conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dParams& p, const Tensor& out);
 void conv2d_backward(const Tensor& grad, const Tensor& x, const Tensor& weight, const Conv2dParams& p,
                      const Tensor& dx, const Tensor& dweight, const Tensor& dbias);
 // x contiguous [planes, H, W]; out/indices [planes, Ho, Wo].
@@ -87,8 +83,7 @@ void max_pool2d(const Tensor& x, const Pool2dParams& p, const Tensor& out, const
 // grad/indices contiguous [planes, Ho, Wo]; dx zeroed [planes, H, W]. Range-checks indices.
 void max_pool2d_backward(const Tensor& grad, const Tensor& indices, const Tensor& dx);
 
-// Fused optimizer updates (kernels/cpu/optim.cpp): in place, contiguous, f32 or f64 (others
-// throw).
+// Fused optimizer updates (kernels/cpu/optim.cpp): in place, contiguous, f32 or f64 (others throw).
 void adam_step_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
                 const AdamStep& s);
 void sgd_step_(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf, const SgdStep& s);

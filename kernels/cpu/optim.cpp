@@ -1,10 +1,8 @@
-// kernels/cpu: the fused Adam/AdamW and SGD update loops behind kernels/optim.h. The scalar
-// factors are rounded to the parameter type before use, as PyTorch does when it passes
-// Python floats to its kernels.
-// Rounding follows PyTorch's vectorized CPU kernels: `add(x, alpha=a)` and
-// `addcmul(t1, t2, value=v)` end in one fused multiply-add (std::fma here); every other
-// multiply, add and divide rounds on its own, so the compiler must not contract anything
-// else in this file.
+// kernels/cpu: the fused Adam/AdamW and SGD update loops behind kernels/optim.h. The scalar factors are rounded to the
+// parameter type before use, as PyTorch does when it passes Python floats to its kernels. Rounding follows PyTorch's
+// vectorized CPU kernels: `add(x, alpha=a)` and `addcmul(t1, t2, value=v)` end in one fused multiply-add (std::fma
+// here); every other multiply, add and divide rounds on its own, so the compiler must not contract anything else in
+// this file.
 #pragma GCC optimize("fp-contract=off")
 
 #include <cmath>

@@ -1,11 +1,9 @@
-// kernels/cpu: reduction loops over [outer, reduced, inner, inner_reduced] layouts.
-// Float sums run in many independent lanes (which the compiler vectorises: it may not
-// reorder a single running sum) over blocks of 64 elements per lane; each block's lanes are
-// added pairwise and the block result goes into a double total. The rounding error of an
-// f32 sum is then that of ~70 additions, whatever the length. Column sums (inner > 1) fold
-// every 64 rows into double totals the same way. Which path a reduction takes and how many
-// partial results it combines depend on the shape alone (reduction_chunks), so the result has
-// the same bits on any number of threads.
+// kernels/cpu: reduction loops over [outer, reduced, inner, inner_reduced] layouts. Float sums run in many independent
+// lanes (which the compiler vectorises: it may not reorder a single running sum) over blocks of 64 elements per lane;
+// each block's lanes are added pairwise and the block result goes into a double total. The rounding error of an f32 sum
+// is then that of ~70 additions, whatever the length. Column sums (inner > 1) fold every 64 rows into double totals the
+// same way. Which path a reduction takes and how many partial results it combines depend on the shape alone
+// (reduction_chunks), so the result has the same bits on any number of threads.
 #include "kernels/cpu/reduce.h"
 
 #include <limits>
@@ -139,9 +137,8 @@ void reduce_cols(const T* x, int64_t rows, int64_t row_stride, int64_t w, typena
   }
 }
 
-// Few outputs over long ranges [0, len): each output's range splits into kr pieces (multiples
-// of align items), all outputs' pieces in one parallel loop, and an output's partial results
-// piece(o, begin, end) merge in order.
+// Few outputs over long ranges [0, len): each output's range splits into kr pieces (multiples of align items), all
+// outputs' pieces in one parallel loop, and an output's partial results piece(o, begin, end) merge in order.
 template <class R, class O, class Piece, class Fin>
 void split_outputs(O* out, int64_t n_out, int64_t len, int64_t kr, int64_t align, const Piece& piece, const Fin& fin) {
   using Total = typename R::Total;

@@ -1,9 +1,8 @@
-// kernels/cpu: reduction loops. The public layer (kernels/reduce.cpp) lays the input out so
-// that its memory is contiguous and reads as [outer, reduced, inner, inner_reduced] from
-// x.data_ptr(), reducing dims 1 and 3; the output is contiguous [outer, inner].
-// inner == 1 reduces contiguous rows; inner > 1 with inner_reduced == 1 accumulates whole
-// rows (e.g. a bias gradient, the sum over dim 0 of [N, D]); inner_reduced > 1 is e.g. the
-// sum over dims (0, 2, 3) of [N, C, H, W].
+// kernels/cpu: reduction loops. The public layer (kernels/reduce.cpp) lays the input out so that its memory is
+// contiguous and reads as [outer, reduced, inner, inner_reduced] from x.data_ptr(), reducing dims 1 and 3; the output
+// is contiguous [outer, inner]. inner == 1 reduces contiguous rows; inner > 1 with inner_reduced == 1 accumulates whole
+// rows (e.g. a bias gradient, the sum over dim 0 of [N, D]); inner_reduced > 1 is e.g. the sum over dims (0, 2, 3) of
+// [N, C, H, W].
 #pragma once
 #include "core/tensor.h"
 #include "kernels/reduce.h"

@@ -1,7 +1,6 @@
-// kernels/cpu: weft's own f32 GEMM kernels, one per instruction set, each in its own
-// translation unit compiled for that set only (sgemm_avx2.cpp, sgemm_avx512.cpp). gemm.cpp
-// picks one at run time from what the CPU has. Keep this header free of Eigen and of inline
-// code: whatever an ISA file inlines is compiled with that file's flags.
+// kernels/cpu: weft's own f32 GEMM kernels, one per instruction set, each in its own translation unit compiled for that
+// set only (sgemm_avx2.cpp, sgemm_avx512.cpp). gemm.cpp picks one at run time from what the CPU has. Keep this header
+// free of Eigen and of inline code: whatever an ISA file inlines is compiled with that file's flags.
 #pragma once
 #include <cstdint>
 
@@ -11,8 +10,7 @@ namespace weft::kernels::cpu {
 // a[i * a_rs + p * a_cs] and b[p, j] at b[p * b_rs + j * b_cs] (any transpose or leading dim).
 // beta == 0 never reads c. Serial: the caller splits work over threads. k >= 1.
 using SgemmFn = void (*)(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
-                         const float* b, int64_t b_rs, int64_t b_cs, float* c, int64_t ldc, float alpha,
-                         float beta);
+                         const float* b, int64_t b_rs, int64_t b_cs, float* c, int64_t ldc, float alpha, float beta);
 void sgemm_avx2(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const float* b,
                 int64_t b_rs, int64_t b_cs, float* c, int64_t ldc, float alpha, float beta);
 void sgemm_avx512(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const float* b,

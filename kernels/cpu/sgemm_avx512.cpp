@@ -21,10 +21,9 @@ struct Vec {
 struct Kernel {
   using V = Vec;
   static constexpr int MR = 12;
-  // a's block (288 KB) stays in L2; KC 512, not 256, halves the passes over c (Zen 5: 2-4 %);
-  // NC 512, not 2048, keeps b's packed panel at 1 MB (3-5 % with both cores busy). b's 64 KB
-  // micro-panel outgrows L1, so it streams past a's (Intel, 2 MB L2: 10-20 % faster, weight
-  // gradients twice as fast with a^T packed; docs/PERFORMANCE.md).
+  // a's block (288 KB) stays in L2; KC 512, not 256, halves the passes over c (Zen 5: 2-4 %); NC 512, not 2048, keeps
+  // b's packed panel at 1 MB (3-5 % with both cores busy). b's 64 KB micro-panel outgrows L1, so it streams past a's
+  // (Intel, 2 MB L2: 10-20 % faster, weight gradients twice as fast with a^T packed; docs/PERFORMANCE.md).
   static constexpr int64_t MC = 144, KC = 512, NC = 512;
   static constexpr bool kStreamB = true;
 };

@@ -1,8 +1,7 @@
-// kernels/cpu: the cache-blocked driver behind the f32 GEMM kernels: B copied into packed
-// KC x NR micro-panels, each reused for a whole MC x KC block of A (which stays in L2), and an
-// MR x NR register tile per step. Which micro-panel stays in L1 while the other streams from
-// L2 is the kernel's choice (K::kStreamB). Included only by the ISA files (sgemm_*.cpp):
-// everything here has internal linkage, so each gets its own copy built with its own flags.
+// kernels/cpu: the cache-blocked driver behind the f32 GEMM kernels: B copied into packed KC x NR micro-panels, each
+// reused for a whole MC x KC block of A (which stays in L2), and an MR x NR register tile per step. Which micro-panel
+// stays in L1 while the other streams from L2 is the kernel's choice (K::kStreamB). Included only by the ISA files
+// (sgemm_*.cpp): everything here has internal linkage, so each gets its own copy built with its own flags.
 #pragma once
 #include <immintrin.h>
 
@@ -41,10 +40,9 @@ void pack_panel(int64_t kc, int64_t rows, const float* x, int64_t r_st, int64_t 
     for (int64_t r = q < p ? r0 : 0; r < W; ++r) out[q * W + r] = r < rows ? x[r * r_st + q * p_st] : 0.0f;
 }
 
-// One full MR x NR tile of c (NR = 2 vectors of V::W floats) from kc steps: per step two
-// vectors of the packed b panel and MR broadcasts of a feed 2 MR FMAs into register
-// accumulators; a[i, p] is at a[i * a_row + p * a_step] (a packed panel: a_row 1, a_step MR).
-// V: the instruction set's vector type and operations; b is prefetched PF steps ahead.
+// One full MR x NR tile of c (NR = 2 vectors of V::W floats) from kc steps: per step two vectors of the packed b panel
+// and MR broadcasts of a feed 2 MR FMAs into register accumulators; a[i, p] is at a[i * a_row + p * a_step] (a packed
+// panel: a_row 1, a_step MR). V: the instruction set's vector type and operations; b is prefetched PF steps ahead.
 template <class V, int MR, int PF>
 inline void register_tile(int64_t kc, const float* a, int64_t a_row, int64_t a_step, const float* b, float* c,
                           int64_t ldc, float alpha, float beta) {

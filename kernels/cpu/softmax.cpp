@@ -1,7 +1,6 @@
-// kernels/cpu: softmax and log_softmax, forward and backward, over the middle dim of
-// [outer, n, inner]. inner == 1 (the last dim) is the fast path: one row per task, three
-// vectorised passes over a row that stays in cache. Other dims walk whole inner rows at a
-// time so they need no transpose.
+// kernels/cpu: softmax and log_softmax, forward and backward, over the middle dim of [outer, n, inner]. inner == 1 (the
+// last dim) is the fast path: one row per task, three vectorised passes over a row that stays in cache. Other dims walk
+// whole inner rows at a time so they need no transpose.
 #include <limits>
 #include <vector>
 

@@ -1,7 +1,6 @@
-// kernels/cpu: one attention row's softmax, shared by the generic attention loops
-// (attention.cpp) and the AVX-512 register-tiled ones (attention_avx512.cpp). Forced inline,
-// like fast_math.h: a file built for one instruction set must not leave an out-of-line copy
-// that the linker could hand to code built for another.
+// kernels/cpu: one attention row's softmax, shared by the generic attention loops (attention.cpp) and the AVX-512
+// register-tiled ones (attention_avx512.cpp). Forced inline, like fast_math.h: a file built for one instruction set
+// must not leave an out-of-line copy that the linker could hand to code built for another.
 #pragma once
 #include <cmath>
 #include <cstdint>
