@@ -401,7 +401,8 @@ TEST_CASE("the bf16 GEMM entry point splits over threads and gives the kernel's 
       check_gemm<BFloat16, float>(entry_bf16<float>, 300, 129, 300, false, true, 3, 1.0f, 0.0f);
       check_gemm<BFloat16, BFloat16>(entry_bf16<BFloat16>, 65, 700, 257, true, false, 0, -0.5f, 1.0f);
       check_gemm<BFloat16, BFloat16>(entry_bf16<BFloat16>, 530, 40, 64, true, true, 1, 1.0f, 0.0f);  // slices on row-tile edges
-      check_gemm<BFloat16, BFloat16>(entry_bf16<BFloat16>, 530, 40, 64, false, true, 1, 1.0f, 0.0f);  // a read in place: by columns
+      check_gemm<BFloat16, BFloat16>(entry_bf16<BFloat16>, 530, 40, 64, false, true, 1, 1.0f, 0.0f);  // a in place, few columns: by rows
+      check_gemm<BFloat16, BFloat16>(entry_bf16<BFloat16>, 530, 100, 64, false, true, 1, 1.0f, 0.0f);  // a read in place: by columns
       check_gemm<BFloat16, float>(entry_bf16<float>, 40, 600, 64, true, false, 0, 1.0f, 0.5f);        // slices on 32-column edges
       check_gemm<BFloat16, float>(entry_bf16<float>, 1, 300, 65, false, false, 2, 2.0f, 0.25f);
       check_gemm<BFloat16, BFloat16>(entry_bf16<BFloat16>, 3, 700, 257, false, true, 1, 1.0f, 0.5f);  // a few rows, W^T

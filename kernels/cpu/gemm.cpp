@@ -498,7 +498,7 @@ void gemm_bf16(int64_t m, int64_t n, int64_t k, const BFloat16* a, MatLayout la,
   const BgemmFn fn = few_rows ? bgemm_few_rows_avx512bf16 : amx ? bgemm_amx : bgemm_avx512bf16;
   // whole pairs (AMX: tiles) of depth; the vdpbf16ps kernel packs rows in one L1 set (gemm_scratch.h)
   const bool a_in_place = la.row_major && k % (amx ? 32 : 2) == 0 && (amx || !rows_share_l1_set<BFloat16>(la.ld));
-  const bool by_rows = m > n && !a_in_place;
+  const bool by_rows = m > n && (!a_in_place || n < 64);  // a read in place: by columns, if enough for two
   // A LoRA adapter's weight gradients: few rows of c times a row-major b (dA), or few columns from a column-major a
   // (dB, as its transpose), the large operand read in place (bgemm.h)
   const bool plain = !amx && !few_rows && !a_sums && k > 0;
