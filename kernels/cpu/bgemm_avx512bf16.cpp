@@ -179,8 +179,10 @@ void skinny_pass(int64_t m, int64_t n, int64_t k, const uint16_t* pairs, const u
     for (__m512& v : acc) v = _mm512_setzero_ps();
     const uint16_t* row = b + j0;
     for (int64_t q = 0; q < (k + 1) / 2; ++q, row += 2 * b_rs) {
-      _mm_prefetch(reinterpret_cast<const char*>(row + 32 * b_rs), _MM_HINT_T0);  // 16 steps ahead: rows a page
-      _mm_prefetch(reinterpret_cast<const char*>(row + 33 * b_rs), _MM_HINT_T0);  // apart are not prefetched
+      // rows a page apart are not prefetched by the hardware: into L1 16 steps ahead, into L2 64 (b in memory, not
+      // cache: a LoRA dA's x saved by the forward, 1.6 MB at Llama medium, 134 -> 183-190 GFLOP/s on a Zen 4)
+      for (int64_t ahead : {32, 33}) _mm_prefetch(reinterpret_cast<const char*>(row + ahead * b_rs), _MM_HINT_T0);
+      for (int64_t ahead : {128, 129}) _mm_prefetch(reinterpret_cast<const char*>(row + ahead * b_rs), _MM_HINT_T1);
       const __m256i r0 = _mm256_maskz_loadu_epi16(live, row);
       const __m256i r1 = 2 * q + 1 < k ? _mm256_maskz_loadu_epi16(live, row + b_rs) : _mm256_setzero_si256();
       const __m512bh v = reinterpret_cast<__m512bh>(
