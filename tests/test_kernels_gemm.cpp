@@ -132,9 +132,6 @@ std::vector<BgemmKernel> bf16_kernels() {
   return out;
 }
 
-// Strides of a MatLayout for the ISA functions: (row stride, column stride).
-int64_t rs(MatLayout l) { return l.row_major ? l.ld : 1; }
-int64_t cs(MatLayout l) { return l.row_major ? 1 : l.ld; }
 
 
 // One bf16 kernel itself, c of TO.
@@ -142,8 +139,8 @@ template <class TO>
 auto bgemm_fn(decltype(&bgemm_amx) fn) {
   return [fn](int64_t m, int64_t n, int64_t k, const BFloat16* a, MatLayout la, const BFloat16* b, MatLayout lb, TO* c,
               int64_t ldc, float alpha, float beta) {
-    fn(m, n, k, &a->bits, rs(la), cs(la), &b->bits, rs(lb), cs(lb), c, std::is_same_v<TO, BFloat16>, ldc, alpha, beta,
-       nullptr, nullptr);
+    fn(m, n, k, &a->bits, la.rs(), la.cs(), &b->bits, lb.rs(), lb.cs(), c, std::is_same_v<TO, BFloat16>, ldc, alpha,
+       beta, nullptr, nullptr);
   };
 }
 template <class TO>
@@ -155,8 +152,12 @@ auto skinny_fn(bool transposed) {
   return [transposed](int64_t m, int64_t n, int64_t k, const BFloat16* a, MatLayout la, const BFloat16* b, MatLayout lb,
                       TO* c, int64_t ldc, float alpha, float beta) {
     constexpr bool c16 = std::is_same_v<TO, BFloat16>;
-    if (!transposed) bgemm_skinny_avx512bf16(m, n, k, &a->bits, rs(la), cs(la), &b->bits, rs(lb), c, c16, ldc, false, alpha, beta, nullptr);
-    else bgemm_skinny_avx512bf16(n, m, k, &b->bits, cs(lb), rs(lb), &a->bits, cs(la), c, c16, ldc, true, alpha, beta, nullptr);
+    if (!transposed)
+      bgemm_skinny_avx512bf16(m, n, k, &a->bits, la.rs(), la.cs(), &b->bits, lb.rs(), c, c16, ldc, false, alpha, beta,
+                              nullptr);
+    else
+      bgemm_skinny_avx512bf16(n, m, k, &b->bits, lb.cs(), lb.rs(), &a->bits, la.cs(), c, c16, ldc, true, alpha, beta,
+                              nullptr);
   };
 }
 // The bf16 entry point without a bias, as check_gemm calls it.
@@ -174,7 +175,7 @@ TEST_CASE("each f32 GEMM kernel matches a double loop on every shape, transpose 
     INFO("kernel " << sgemm_kernel_name(kernel));
     auto direct = [&](int64_t m, int64_t n, int64_t k, const float* a, MatLayout la, const float* b, MatLayout lb,
                       float* c, int64_t ldc, float alpha, float beta) {
-      fn(m, n, k, a, rs(la), cs(la), b, rs(lb), cs(lb), c, ldc, alpha, beta);
+      fn(m, n, k, a, la.rs(), la.cs(), b, lb.rs(), lb.cs(), c, ldc, alpha, beta);
     };
     check_shapes(direct);
     // a's rows 4 KiB apart (1,024 floats): the AVX-512 kernel packs them rather than reading in

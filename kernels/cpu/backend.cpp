@@ -46,7 +46,10 @@ const KernelBackend& kernel_table() {
       .gather = &gather,
       .scatter_add = &scatter_add,
       .attention = &attention,
-      .attention_backward = &attention_backward, .adam_step_ = &adam_step_, .sgd_step_ = &sgd_step_, };
+      .attention_backward = &attention_backward,
+      .adam_step_ = &adam_step_,
+      .sgd_step_ = &sgd_step_,
+  };
   return table;
 }
 

@@ -71,6 +71,10 @@ void register_tile(int64_t kc2, const uint16_t* a, int64_t a_row, const uint16_t
     }
 }
 
+// register_tile by [read in place][vectors - 1]
+constexpr decltype(&register_tile<true, 2>) kTiles[2][2] = {{register_tile<true, 1>, register_tile<true, 2>},
+                                                            {register_tile<false, 1>, register_tile<false, 2>}};
+
 // The blocked product into f32 or bf16 c; with bf16 c, k must fit one KC block (later blocks
 // would accumulate through bf16). The bias joins the first depth block, as beta does; a's row
 // sums (bgemm.h) come from packing a column-major a for the first column block.
@@ -121,11 +125,8 @@ void blocked(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, i
             const float al = full ? alpha : 1.0f, be = full ? beta_pc : 0.0f;
             const char* bias_j = bias_pc ? bias_pc + (jc + jr) * es : nullptr;
             const void* bi = full ? bias_j : nullptr;
-            using Tile = decltype(&register_tile<true, 2>);
-            constexpr Tile tiles[2][2] = {{register_tile<true, 1>, register_tile<true, 2>},
-                                          {register_tile<false, 1>, register_tile<false, 2>}};
-            if (direct) tiles[1][nv - 1](kc2, a + (ic + ir) * a_rs + pc, a_rs, bp, out, full && c16, ld, al, be, bi);
-            else tiles[0][nv - 1](kc2, pa_ic + ir * 2 * kc2, 2, bp, out, full && c16, ld, al, be, bi);
+            if (direct) kTiles[1][nv - 1](kc2, a + (ic + ir) * a_rs + pc, a_rs, bp, out, full && c16, ld, al, be, bi);
+            else kTiles[0][nv - 1](kc2, pa_ic + ir * 2 * kc2, 2, bp, out, full && c16, ld, al, be, bi);
             if (!full) store_tail(edge, NR, mr, nr, cp, c16, ldc, alpha, beta_pc, bias_j);
           }
         }
@@ -169,8 +170,7 @@ void few_rows(int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, const uint1
 template <int M>
 void skinny_pass(int64_t m, int64_t n, int64_t k, const uint16_t* pairs, const uint16_t* b, int64_t b_rs, char* c,
                  bool c16, int64_t ldc, bool c_transposed, float alpha, float beta, const void* bias) {
-  const __m512i idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
-                                       37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const __m512i idx = pair_lanes_index();
   const int64_t es = c16 ? 2 : 4;
   for (int64_t j0 = 0; j0 < n; j0 += 16) {
     const int64_t nl = std::min<int64_t>(16, n - j0);

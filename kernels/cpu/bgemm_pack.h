@@ -30,11 +30,17 @@ inline float from_bf16(uint16_t h) {
   return f;
 }
 
+// _mm512_permutex2var_epi16's index that pairs lane l of its first operand with lane l of its second: words
+// (x0[0], x1[0], x0[1], x1[1], ...) of the first 16 lanes of each.
+inline __m512i pair_lanes_index() {
+  return _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37, 5, 36, 4, 35,
+                          3, 34, 2, 33, 1, 32, 0);
+}
+
 // Interleaves the first `lanes` (<= 32) values of rows x0 and x1 into out[2 l] = x0[l],
 // out[2 l + 1] = x1[l]; x1 null reads as zeros. Masked loads never touch beyond the lanes.
 inline void interleave_pairs(const uint16_t* x0, const uint16_t* x1, int lanes, uint16_t* out) {
-  const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38,
-                                             6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const __m512i lo = pair_lanes_index();
   const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
   const __mmask32 m = lanes >= 32 ? ~__mmask32(0) : (__mmask32(1) << lanes) - 1;
   const __m512i r0 = _mm512_maskz_loadu_epi16(m, x0);

@@ -316,8 +316,7 @@ void gemm_one(int64_t m, int64_t n, int64_t k, const T* a, MatLayout la, const T
   // vector times a transposed matrix) or to Eigen's GEMV.
   if constexpr (std::is_same_v<T, float>) {
     if (SgemmFn fn = sgemm_fn(sgemm_kernel()); fn && m > 1 && n > 1) {
-      fn(m, n, k, a, la.row_major ? la.ld : 1, la.row_major ? 1 : la.ld, b, lb.row_major ? lb.ld : 1,
-         lb.row_major ? 1 : lb.ld, c, ldc, alpha, beta);
+      fn(m, n, k, a, la.rs(), la.cs(), b, lb.rs(), lb.cs(), c, ldc, alpha, beta);
       return;
     }
   }
@@ -368,8 +367,8 @@ void set_sgemm_kernel(SgemmKernel k) {
 // of the packing at 1024^3 with two threads: 87-89 % of the AVX-512 peak by rows, 91-93 % by columns on a Zen 5; the
 // same for AVX2). Measured on the 2-core machine: 5-20 % more tokens/s in weft-transformer at 2 threads
 // (docs/PERFORMANCE.md). The bf16 kernels read a row-major a in place (AMX: a depth of whole tiles), packing only b, so
-// products with such an a split by columns at any shape: by rows every thread packed all of b (GPT large's forward
-// products 2-5 % faster on two threads).
+// products with such an a split by columns (by rows every thread packed all of b: GPT large's forward products 2-5 %
+// faster on two threads), unless c has too few columns for two slices (a LoRA adapter's 16).
 namespace {
 
 // Runs slice(r0, r1, c0, c1) over C: once over all of it, or per thread over slices. With `fixed` (kernels whose bits
@@ -428,8 +427,8 @@ void bgemm_one(BgemmFn fn, int64_t m, int64_t n, int64_t k, const BFloat16* a, M
       }
     return;
   }
-  fn(m, n, k, &a->bits, la.row_major ? la.ld : 1, la.row_major ? 1 : la.ld, &b->bits, lb.row_major ? lb.ld : 1,
-     lb.row_major ? 1 : lb.ld, c, std::is_same_v<TO, BFloat16>, ldc, alpha, beta, bias, a_sums);
+  fn(m, n, k, &a->bits, la.rs(), la.cs(), &b->bits, lb.rs(), lb.cs(), c, std::is_same_v<TO, BFloat16>, ldc, alpha, beta,
+     bias, a_sums);
 }
 
 }  // namespace
@@ -503,19 +502,18 @@ void gemm_bf16(int64_t m, int64_t n, int64_t k, const BFloat16* a, MatLayout la,
   // (dB, as its transpose), the large operand read in place (bgemm.h)
   const bool plain = !amx && !few_rows && !a_sums && k > 0;
   const bool skinny = plain && m <= 32 && n > m && lb.row_major, skinny_t = plain && n <= 16 && m > n && !la.row_major;
-  const int64_t sa = la.row_major ? la.ld : 1, sb = lb.row_major ? lb.ld : 1;  // a's row, b's depth strides
   split_product(m, n, k, false, amx ? 32 : 12, by_rows, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
     const BFloat16 *ar = row_at(a, la, r0), *bc = col_at(b, lb, c0);
     TO* cp = c + r0 * ldc + c0;
     constexpr bool c16 = std::is_same_v<TO, BFloat16>;
     if (skinny)
-      return bgemm_skinny_avx512bf16(r1 - r0, c1 - c0, k, &ar->bits, sa, la.row_major ? 1 : la.ld, &bc->bits, sb, cp,
-                                     c16, ldc, false, alpha, beta, bias ? bias + c0 : nullptr);
+      return bgemm_skinny_avx512bf16(r1 - r0, c1 - c0, k, &ar->bits, la.rs(), la.cs(), &bc->bits, lb.rs(), cp, c16, ldc,
+                                     false, alpha, beta, bias ? bias + c0 : nullptr);
     if (skinny_t)
-      return bgemm_skinny_avx512bf16(c1 - c0, r1 - r0, k, &bc->bits, lb.row_major ? 1 : lb.ld, sb, &ar->bits, la.ld, cp,
-                                     c16, ldc, true, alpha, beta, bias ? bias + c0 : nullptr);
-    bgemm_one<TO>(fn, r1 - r0, c1 - c0, k, ar, la, bc, lb, cp, ldc, alpha,
-                  beta, bias ? bias + c0 : nullptr, a_sums && c0 == 0 ? a_sums + r0 : nullptr);  // one slice per row
+      return bgemm_skinny_avx512bf16(c1 - c0, r1 - r0, k, &bc->bits, lb.cs(), lb.rs(), &ar->bits, la.cs(), cp, c16, ldc,
+                                     true, alpha, beta, bias ? bias + c0 : nullptr);
+    bgemm_one<TO>(fn, r1 - r0, c1 - c0, k, ar, la, bc, lb, cp, ldc, alpha, beta, bias ? bias + c0 : nullptr,
+                  a_sums && c0 == 0 ? a_sums + r0 : nullptr);  // one slice per row
   });
 }
 template void gemm_bf16<float>(int64_t, int64_t, int64_t, const BFloat16*, MatLayout, const BFloat16*, MatLayout,

@@ -13,6 +13,8 @@ struct MatLayout {
   bool ok = false;  // false: the strides fit neither, make the operand contiguous first
   bool row_major = true;
   int64_t ld = 0;
+  int64_t rs() const { return row_major ? ld : 1; }  // the strides of a row and of a column
+  int64_t cs() const { return row_major ? 1 : ld; }
 };
 MatLayout mat_layout(int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride);
 inline MatLayout mat_layout(const Tensor& m) {
