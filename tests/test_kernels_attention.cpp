@@ -500,7 +500,8 @@ TEST_CASE("attention: bf16 operands take the bf16 tiles, which round P and dS as
     // 32-row blocks of whole steps (read in place by the AMX tiles); grouped heads; rope.
     for (const Case& c : {Case{2, 4, 2, 37, 64, true, 10000.0}, Case{1, 2, 2, 33, 16, false, 0.0},
                           Case{2, 3, 1, 64, 32, true, 0.0}, Case{1, 2, 1, 9, 16, true, 500000.0},
-                          Case{1, 2, 1, 96, 64, false, 10000.0}, Case{1, 4, 2, 128, 48, true, 0.0}}) {
+                          Case{1, 2, 1, 96, 64, false, 10000.0}, Case{1, 4, 2, 128, 48, true, 0.0},
+                          Case{2, 4, 2, 40, 48, true, 10000.0}}) {
       std::ostringstream name;
       name << kernels::cpu::bgemm_kernel_name(kernel) << " B" << c.B << " H" << c.H << " Hkv" << c.Hkv << " T" << c.T
            << " E" << c.E << (c.causal ? " causal" : " full") << " theta " << c.theta;

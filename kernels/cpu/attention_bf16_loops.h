@@ -58,14 +58,6 @@ void zero(T* begin, T* end) {
 uint16_t* at(const HeadsBF16& x, int64_t b, int64_t h) { return x.p + b * x.sb + h * x.sh; }
 
 inline float f32_of(uint16_t h) { return __builtin_bit_cast(float, uint32_t(h) << 16); }
-// Round to nearest even, NaN kept a (quiet) NaN: as core/half.h.
-inline uint16_t bf16_of(float f) {
-  uint32_t u = __builtin_bit_cast(uint32_t, f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return uint16_t(u >> 16);
-}
-
 // The lanes of [x0[0..15], x1[0..15]] as (x0[0], x1[0], x0[1], x1[1], ...).
 inline __m512i interleave16(__m512i both) {
   const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
@@ -132,34 +124,49 @@ void panel(const uint16_t* x, int64_t t, int64_t cols, uint16_t* out, int64_t ld
   }
 }
 
+// A row's `bytes` into L1 ahead of its use: rows of another head's operand lie H rows apart, a stride the hardware
+// prefetchers do not follow across pages.
+inline void prefetch_row(const void* p, int64_t bytes) {
+  for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(static_cast<const char*>(p) + b, _MM_HINT_T0);
+}
+constexpr int64_t kPrefetchRows = 8;
+
+// The 16 values at p (bf16 bits or f32) as f32, lanes outside `live` zero.
+template <typename S>
+inline __m512 load_x16(const S* p, __mmask16 live) {
+  if constexpr (sizeof(S) == 2)
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(live, p)), 16));
+  else return _mm512_maskz_loadu_ps(live, p);
+}
+inline void store_bf16_lanes(uint16_t* p, __m512 v, __mmask16 live) {
+  _mm256_mask_storeu_epi16(p, live, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
+}
+
 // Rows [0, t) of src (row stride ss, bf16 or f32) into bf16 dst (row stride ds), each row rotated (kernels/rope.h) at
 // positions pos0, pos0 + 1, ...: forward (sign 1) when packing q and k, inverse (sign -1) when writing the gradients of
-// rotated operands. Without rotation a copy, rounded from f32 as the bf16 GEMM rounds (vcvtneps2bf16).
+// rotated operands. Without rotation a copy. Values round from f32 as the bf16 GEMM rounds them (vcvtneps2bf16).
 template <typename S>
 void rows_to_bf16(const AttentionDims& d, const S* src, int64_t ss, int64_t t, int64_t cols, int64_t pos0,
                   uint16_t* dst, int64_t ds, float sign) {
-  auto f32 = [](S x) {
-    if constexpr (sizeof(S) == 2) return f32_of(x);
-    else return x;
-  };
   const int64_t half = cols / 2;
+  const __m512 vsign = _mm512_set1_ps(sign);
   for (int64_t j = 0; j < t; ++j) {
     const S* sr = src + j * ss;
     uint16_t* dr = dst + j * ds;
+    if (j + kPrefetchRows < t) prefetch_row(sr + kPrefetchRows * ss, cols * int64_t(sizeof(S)));
     if (!d.rope_cos) {  // cols is a multiple of 16
       if constexpr (sizeof(S) == 2) std::memcpy(dr, sr, size_t(cols) * 2);
       else
-        for (int64_t i = 0; i < cols; i += kW)
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(dr + i),
-                              reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_loadu_ps(sr + i))));
+        for (int64_t i = 0; i < cols; i += kW) store_bf16_lanes(dr + i, _mm512_loadu_ps(sr + i), 0xffff);
       continue;
     }
     const float *c = d.rope_cos + (pos0 + j) * half, *s = d.rope_sin + (pos0 + j) * half;
-#pragma omp simd
-    for (int64_t i = 0; i < half; ++i) {
-      const float a = f32(sr[i]), b = f32(sr[i + half]), si = sign * s[i];
-      dr[i] = bf16_of(a * c[i] - b * si);
-      dr[i + half] = bf16_of(b * c[i] + a * si);
+    for (int64_t i = 0; i < half; i += kW) {  // half is a multiple of 8
+      const __mmask16 live = lanes_below(half, i);
+      const __m512 a = load_x16(sr + i, live), b = load_x16(sr + half + i, live), ci = _mm512_maskz_loadu_ps(live, c + i);
+      const __m512 si = _mm512_mul_ps(vsign, _mm512_maskz_loadu_ps(live, s + i));
+      store_bf16_lanes(dr + i, _mm512_fmsub_ps(a, ci, _mm512_mul_ps(b, si)), live);
+      store_bf16_lanes(dr + half + i, _mm512_fmadd_ps(b, ci, _mm512_mul_ps(a, si)), live);
     }
   }
 }
@@ -239,15 +246,20 @@ void forward_loops(const AttentionDims& d, HeadsBF16 Q, HeadsBF16 K, HeadsBF16 V
     uint16_t *const Pb = buf.Pb, *const Qc = buf.Qc, *const Kc = buf.Kc, *const KT = buf.KT, *const Vc = buf.Vc;
     uint16_t* const V2 = buf.V2;
     [[maybe_unused]] const typename Products::Thread products;  // per-thread state (AMX: tile configuration)
+    int64_t packed = -1;  // the (batch, key/value head) whose keys and values KT and V2 hold
+    // A thread's tasks are consecutive (static schedule), so the G query heads of a key/value head reuse its packing.
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < bh_count; ++bh) {
       const int64_t b = bh / H, h = bh % H;
       float* lp = L + bh * Tq;
       rows_to_bf16(d, at(Q, b, h), Q.st, Tq, E, d.q_pos, Qc, E, 1.f);
-      rows_to_bf16(d, at(K, b, h / G), K.st, Tk, E, d.k_pos, Kc, E, 1.f);
-      panel(Kc, Tk, E, KT, ldk);
-      rows_to_bf16(AttentionDims{}, at(V, b, h / G), V.st, Tk, Ev, 0, Vc, Ev, 1.f);
-      pair_rows(Vc, Tk, Ev, V2);
+      if (b * d.Hkv + h / G != packed) {
+        packed = b * d.Hkv + h / G;
+        rows_to_bf16(d, at(K, b, h / G), K.st, Tk, E, d.k_pos, Kc, E, 1.f);
+        panel(Kc, Tk, E, KT, ldk);
+        rows_to_bf16(AttentionDims{}, at(V, b, h / G), V.st, Tk, Ev, 0, Vc, Ev, 1.f);
+        pair_rows(Vc, Tk, Ev, V2);
+      }
       for (int64_t i0 = 0; i0 < Tq; i0 += kRowBlock) {
         const int64_t m = std::min<int64_t>(kRowBlock, Tq - i0), n = d.causal ? i0 + m : Tk, n16 = round_up(n, kW);
         scores<Products>(Qc, E, KT, ldk, i0, m, Tk, d.causal, d.scale, S, n16);
@@ -300,6 +312,7 @@ void backward_loops(const AttentionDims& d, HeadsBF16 G, HeadsBF16 Q, HeadsBF16 
         pair_rows(Gc, Tq, Ev, G2);
         for (int64_t i = 0; i < Tq; ++i) {
           const uint16_t *g = Gc + i * Ev, *o = op + i * O.st;
+          if (i + kPrefetchRows < Tq) prefetch_row(o + kPrefetchRows * O.st, 2 * Ev);
           float s = 0;
 #pragma omp simd reduction(+ : s)
           for (int64_t c = 0; c < Ev; ++c) s += f32_of(g[c]) * f32_of(o[c]);
