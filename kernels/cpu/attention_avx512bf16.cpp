@@ -59,18 +59,10 @@ void small_gemm(int64_t m, int64_t n, int64_t k2, const uint16_t* a, int64_t ars
   int64_t i = 0;
   for (; i + kTileRows <= m; i += kTileRows)
     tile_row<kTileRows>(n, k2, a + 2 * i * ars, ars, acs, b, ldb, c + i * ldc, ldc, alpha, accumulate);
-  const uint16_t* ai = a + 2 * i * ars;
-  float* ci = c + i * ldc;
-  switch (m - i) {
-    case 7: tile_row<7>(n, k2, ai, ars, acs, b, ldb, ci, ldc, alpha, accumulate); break;
-    case 6: tile_row<6>(n, k2, ai, ars, acs, b, ldb, ci, ldc, alpha, accumulate); break;
-    case 5: tile_row<5>(n, k2, ai, ars, acs, b, ldb, ci, ldc, alpha, accumulate); break;
-    case 4: tile_row<4>(n, k2, ai, ars, acs, b, ldb, ci, ldc, alpha, accumulate); break;
-    case 3: tile_row<3>(n, k2, ai, ars, acs, b, ldb, ci, ldc, alpha, accumulate); break;
-    case 2: tile_row<2>(n, k2, ai, ars, acs, b, ldb, ci, ldc, alpha, accumulate); break;
-    case 1: tile_row<1>(n, k2, ai, ars, acs, b, ldb, ci, ldc, alpha, accumulate); break;
-    default: break;
-  }
+  // The last m - i < kTileRows rows: one instantiation per count.
+  static constexpr decltype(&tile_row<1>) kRest[] = {tile_row<1>, tile_row<2>, tile_row<3>, tile_row<4>,
+                                                      tile_row<5>, tile_row<6>, tile_row<7>};
+  if (i < m) kRest[m - i - 1](n, k2, a + 2 * i * ars, ars, acs, b, ldb, c + i * ldc, ldc, alpha, accumulate);
 }
 
 struct RegisterTiles {
