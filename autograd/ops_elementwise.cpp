@@ -192,7 +192,12 @@ Tensor swiglu(const Tensor& gate, const Tensor& up) {
     record("SwigluBackward", {gate, up}, {out},
            [a = gate.detach(), b = up.detach(), ia = InputInfo(gate), ib = InputInfo(up)](const TensorList& g)
                -> TensorList {
-             // d gate = g * up * silu'(gate), d up = g * silu(gate).
+             // d gate = g * up * silu'(gate), d up = g * silu(gate): one pass where no input was broadcast.
+             const bool same_shape = a.shape() == g[0].shape() && b.shape() == a.shape();
+             if (same_shape && a.dtype() == g[0].dtype() && b.dtype() == a.dtype()) {
+               auto [ga, gb] = k::swiglu_backward(g[0], a, b);
+               return {ia.requires_grad ? ga : Tensor(), ib.requires_grad ? gb : Tensor()};
+             }
              Tensor ga = ia.requires_grad ? ia.reduce(k::binary(BinaryOp::silu_grad_mul, a, mul_t(g[0], b))) : Tensor();
              Tensor gb = ib.requires_grad ? ib.reduce(k::binary(BinaryOp::silu_mul, a, g[0])) : Tensor();
              return {ga, gb};

@@ -84,6 +84,14 @@ void binary_scalar(BinaryOp op, const Tensor& out, const Tensor& a, double s, bo
   launch_binary_scalar(op, g, o[0], o[1], s, scalar_first, stream_of(out));
 }
 
+// SwiGLU's backward as the three binary kernels the composite launches (the same bits), on one stream.
+void swiglu_backward(const Tensor& grad, const Tensor& gate, const Tensor& up, const Tensor& dgate, const Tensor& dup) {
+  Tensor t = empty(grad.shape(), {.dtype = grad.dtype(), .device = grad.device()});
+  binary(BinaryOp::mul, t, grad, up);
+  binary(BinaryOp::silu_grad_mul, dgate, gate, t);
+  binary(BinaryOp::silu_mul, dup, gate, grad);
+}
+
 void add_(const Tensor& dst, const Tensor& src, double alpha) {
   DeviceGuard guard(dst.device().index);
   std::vector<Operand> o;
@@ -247,6 +255,7 @@ void fill_elementwise_ops(KernelBackend& t) {
   t.unary_backward = &unary_backward;
   t.binary = &binary;
   t.binary_scalar = &binary_scalar;
+  t.swiglu_backward = &swiglu_backward;
   t.add_ = &add_;
   t.mul_scalar_ = &mul_scalar_;
   t.where = &where;

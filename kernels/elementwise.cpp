@@ -202,6 +202,21 @@ Tensor binary_scalar(BinaryOp op, const Tensor& a, double s, bool scalar_first) 
   return out;
 }
 
+std::pair<Tensor, Tensor> swiglu_backward(const Tensor& grad, const Tensor& gate, const Tensor& up) {
+  check_defined(grad, "swiglu_backward", "grad"), check_defined(gate, "swiglu_backward", "gate");
+  check_defined(up, "swiglu_backward", "up");
+  check_same_device("swiglu_backward", grad, gate), check_same_device("swiglu_backward", grad, up);
+  WEFT_CHECK(grad.shape() == gate.shape() && gate.shape() == up.shape() && grad.dtype() == gate.dtype() &&
+                 gate.dtype() == up.dtype() && is_floating(grad.dtype()),
+             "swiglu_backward: grad {}, gate {} and up {} must share one shape and one floating dtype",
+             tensor_desc(grad), tensor_desc(gate), tensor_desc(up));
+  const KernelBackend& backend = kernel_backend(grad.device(), "swiglu_backward");
+  const TensorOptions opts{.dtype = grad.dtype(), .device = grad.device()};
+  Tensor dgate = empty(grad.shape(), opts), dup = empty(grad.shape(), opts);
+  backend.swiglu_backward(grad.contiguous(), gate.contiguous(), up.contiguous(), dgate, dup);
+  return {dgate, dup};
+}
+
 void add_(const Tensor& dst, const Tensor& src, double alpha) {
   check_defined(dst, "add_", "destination");
   check_defined(src, "add_", "source");

@@ -4,6 +4,7 @@
 // floats compute in f32. No autograd here: autograd/ops builds on these.
 #pragma once
 #include <optional>
+#include <utility>
 
 #include "core/tensor.h"
 #include "kernels/op_kinds.h"  // UnaryOp, BinaryOp
@@ -29,6 +30,11 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b);
 // integer tensor with a non-integral scalar in arithmetic gives f32 (so does div), a bool
 // tensor in arithmetic gives i64, and comparisons give bool. 16-bit floats apply s in f32.
 Tensor binary_scalar(BinaryOp op, const Tensor& a, double s, bool scalar_first = false);
+
+// SwiGLU's backward for out = silu(gate) * up, in one pass where the backend has one: returns (d gate, d up) =
+// (silu'(gate) * (grad * up), silu(gate) * grad), with the bits of those three binary ops (grad * up rounded to the
+// dtype first). grad, gate and up: one shape and one floating dtype.
+std::pair<Tensor, Tensor> swiglu_backward(const Tensor& grad, const Tensor& gate, const Tensor& up);
 
 // dst += alpha * src, src broadcast to dst's shape, converted to dst's dtype; dst may be
 // any strided view, but must not overlap itself (no expanded dims).

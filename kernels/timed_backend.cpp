@@ -104,6 +104,7 @@ struct Timed<R (*)(A...), M> {
 KernelBackend make_table(const KernelBackend& base) {
   KernelBackend t = base;  // an entry left out here runs base's untimed, never null
   WEFT_TIMED(unary); WEFT_TIMED(unary_backward); WEFT_TIMED(binary); WEFT_TIMED(binary_scalar);
+  WEFT_TIMED(swiglu_backward);
   WEFT_TIMED(add_); WEFT_TIMED(mul_scalar_); WEFT_TIMED(where); WEFT_TIMED(masked_fill); WEFT_TIMED(clamp);
   WEFT_TIMED(reduce); WEFT_TIMED(arg_reduce); WEFT_TIMED(matmul); WEFT_TIMED(dot); WEFT_TIMED(gemm);
   WEFT_TIMED(softmax); WEFT_TIMED(softmax_backward); WEFT_TIMED(layer_norm); WEFT_TIMED(layer_norm_backward);

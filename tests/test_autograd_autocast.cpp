@@ -9,6 +9,7 @@
 #include "autograd/ops.h"
 #include "core/op_profiler.h"
 #include "core/generator.h"
+#include "kernels/elementwise.h"
 #include "nn/activation_checkpoint.h"
 #include "test_util.h"
 
@@ -250,4 +251,33 @@ TEST_CASE("autocast: cross_entropy reads bf16 logits with no widened copy; the l
   REQUIRE(logits.grad().dtype() == DType::bf16);
   test::check_values(logits.grad(), to_vector(wide.grad().to(DType::bf16)), 1.0 / 128, 1e-7);
   CHECK(cross_entropy(logits, target).dtype() == DType::bf16);  // as torch outside autocast
+}
+
+TEST_CASE("autocast: SwiGLU's backward on bf16 is one pass, with the bits of its three-op composite") {
+  Generator gen(6);
+  Tensor gate = randn({8, 40}, {}, &gen), up = randn({8, 40}, {}, &gen), r = randn({8, 40}, {}, &gen);
+  Tensor x = randn({8, 16}, {}, &gen), wg = randn({40, 16}, {}, &gen), wu = randn({40, 16}, {}, &gen);
+  wg.set_requires_grad(true), wu.set_requires_grad(true);
+  op_profiler::start();
+  Tensor g, u;
+  {
+    AutocastGuard autocast;
+    g = matmul(x, wg.transpose(0, 1)), u = matmul(x, wu.transpose(0, 1));  // bf16, as a Llama MLP's gate and up
+    g.retain_grad(), u.retain_grad();
+    sum(swiglu(g, u) * r).backward();
+  }
+  op_profiler::stop();
+  int64_t fused = 0, composite = 0;
+  for (const auto& row : op_profiler::rows()) {
+    if (row.name.starts_with("swiglu_backward bf16")) fused += row.calls;
+    if (row.name.starts_with("silu_grad_mul") || row.name.starts_with("mul bf16")) composite += row.calls;
+  }
+  CHECK(fused == 1);
+  CHECK(composite == 0);
+  REQUIRE(g.dtype() == DType::bf16);
+  const Tensor dy = r.to(DType::bf16);  // the gradient swiglu's output receives
+  const Tensor gd = g.detach(), ud = u.detach();
+  test::check_same_bits(kernels::binary(kernels::BinaryOp::silu_grad_mul, gd, kernels::binary(kernels::BinaryOp::mul, dy, ud)), g.grad(),
+                        "d gate");
+  test::check_same_bits(kernels::binary(kernels::BinaryOp::silu_mul, gd, dy), u.grad(), "d up");
 }

@@ -221,6 +221,13 @@ std::vector<Case> cases() {
                   one([op](const auto& x) { return binary(op, x[0], x[1]); })});
   }
 
+  for (DType t : kFloats)  // SwiGLU's backward: the fused entry, strided (transposed) operands made contiguous
+    cs.push_back({"swiglu_backward", {{{17, 33}, t}, {{17, 33}, t}, {{17, 33}, t, Values::normal, true}},
+                  [](const auto& x) {
+                    auto [dgate, dup] = swiglu_backward(x[0], x[1], x[2]);
+                    return std::vector<Tensor>{dgate, dup};
+                  }});
+
   // ---- in place, selection
   for (DType t : kAll) {
     if (t == DType::bool_) continue;

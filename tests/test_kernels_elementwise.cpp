@@ -179,6 +179,33 @@ TEST_CASE("bf16 silu_mul and silu_grad_mul over the whole range, unit-stride and
   }
 }
 
+TEST_CASE("swiglu_backward: one pass with the bits of the composite's three ops, in every float dtype") {
+  // d gate = silu_grad_mul(gate, grad * up), d up = silu_mul(gate, grad): the fused loop (bf16: its own vector loop)
+  // must give exactly what those three ops give, tails, the whole exp range, inf and NaN included.
+  std::vector<double> xs;
+  for (double v = -110; v < 95; v += 0.0371) xs.push_back(v);
+  for (double v : {-kInf, kInf, kNaN, 0.0, -0.0}) xs.push_back(v);
+  const int64_t n = int64_t(xs.size());  // not a multiple of 16
+  Generator gen(14);
+  for (DType dt : {kFloat32, kFloat64, kBFloat16, DType::f16}) {
+    INFO(dtype_name(dt));
+    Tensor gate = vec(xs, dt), up = randn({n}, {.dtype = dt}, &gen), grad = randn({n}, {.dtype = dt}, &gen);
+    const auto [dgate, dup] = swiglu_backward(grad, gate, up);
+    test::check_same_bits(binary(BinaryOp::silu_grad_mul, gate, binary(BinaryOp::mul, grad, up)), dgate, "d gate");
+    test::check_same_bits(binary(BinaryOp::silu_mul, gate, grad), dup, "d up");
+    // Strided operands are read as the contiguous ones.
+    Tensor g2 = zeros({n, 2}, {.dtype = dt}).select(1, 1), a2 = zeros({n, 2}, {.dtype = dt}).select(1, 0);
+    g2.copy_(grad), a2.copy_(gate);
+    const auto [dgate2, dup2] = swiglu_backward(g2, a2, up);
+    test::check_same_bits(dgate, dgate2, "d gate, strided");
+    test::check_same_bits(dup, dup2, "d up, strided");
+  }
+  Tensor x = randn({4, 8}, {}, &gen);
+  CHECK_THROWS_WITH(swiglu_backward(x, x, x.narrow(1, 0, 4)), Contains("swiglu_backward: grad") && Contains("one shape"));
+  CHECK_THROWS_WITH(swiglu_backward(x, x.to(kBFloat16), x), Contains("one floating dtype"));
+  CHECK_THROWS_WITH(swiglu_backward(Tensor(), x, x), Contains("swiglu_backward"));
+}
+
 TEST_CASE("bf16 arithmetic: unit-stride runs give the bits of f32 arithmetic rounded once") {
   // Unit-stride bf16 runs are computed through f32 blocks with a branch-free rounding
   // (elementwise.cpp); each result must be BFloat16(f32 result) exactly: nearest even, NaN

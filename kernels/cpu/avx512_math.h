@@ -33,16 +33,20 @@ WEFT_MATH_INLINE __m512 load_bf16x16(const void* p) {
   const __m256i h = _mm256_loadu_si256(static_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
+// Each lane rounded to bf16 and widened back, as BFloat16(float) rounds: nearest even, NaN kept (quiet), subnormals kept.
+WEFT_MATH_INLINE __m512 round_bf16_x16(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v), lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb);
+  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_or_si512(u, _mm512_set1_epi32(0x400000)));
+  return _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32(int(0xffff0000u))));
+}
 // 16 f32 values rounded to bf16 at p: nearest even, NaN kept (as core/half.h).
 WEFT_MATH_INLINE void store_bf16x16(void* p, __m512 v) {
 #ifdef __AVX512BF16__  // one instruction; it flushes results below f32's normal range to 0
   _mm256_storeu_si256(static_cast<__m256i*>(p), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
 #else
-  const __m512i u = _mm512_castps_si512(v), hi = _mm512_srli_epi32(u, 16);
-  const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
-  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
-  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
-  _mm256_storeu_si256(static_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+  const __m512i bits = _mm512_srli_epi32(_mm512_castps_si512(round_bf16_x16(v)), 16);
+  _mm256_storeu_si256(static_cast<__m256i*>(p), _mm512_cvtepi32_epi16(bits));
 #endif
 }
 

@@ -15,6 +15,7 @@ const KernelBackend& kernel_table() {
       .unary_backward = &unary_backward,
       .binary = &binary,
       .binary_scalar = &binary_scalar,
+      .swiglu_backward = &swiglu_backward,
       .add_ = &add_,
       .mul_scalar_ = &mul_scalar_,
       .where = &where,

@@ -112,6 +112,7 @@ void unary(UnaryOp op, const Tensor& out, const Tensor& x);
 void unary_backward(UnaryOp op, const Tensor& gx, const Tensor& grad, const Tensor& x, const Tensor& y);
 void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b);
 void binary_scalar(BinaryOp op, const Tensor& out, const Tensor& a, double s, bool scalar_first);
+void swiglu_backward(const Tensor& grad, const Tensor& gate, const Tensor& up, const Tensor& dgate, const Tensor& dup);
 void add_(const Tensor& dst, const Tensor& src, double alpha);
 void mul_scalar_(const Tensor& dst, double s);
 void where(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor& b);

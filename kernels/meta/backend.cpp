@@ -24,6 +24,7 @@ KernelBackend make_table() {
   t.unary_backward = none;
   t.binary = none;
   t.binary_scalar = none;
+  t.swiglu_backward = none;
   t.add_ = none;
   t.mul_scalar_ = none;
   t.where = none;
