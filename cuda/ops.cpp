@@ -84,7 +84,7 @@ void binary_scalar(BinaryOp op, const Tensor& out, const Tensor& a, double s, bo
   launch_binary_scalar(op, g, o[0], o[1], s, scalar_first, stream_of(out));
 }
 
-// SwiGLU's backward as the three binary kernels the composite launches (the same bits), on one stream.
+// SwiGLU's backward as the three binary kernels the composite launches (the same values), on one stream.
 void swiglu_backward(const Tensor& grad, const Tensor& gate, const Tensor& up, const Tensor& dgate, const Tensor& dup) {
   Tensor t = empty(grad.shape(), {.dtype = grad.dtype(), .device = grad.device()});
   binary(BinaryOp::mul, t, grad, up);

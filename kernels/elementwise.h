@@ -32,8 +32,8 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b);
 Tensor binary_scalar(BinaryOp op, const Tensor& a, double s, bool scalar_first = false);
 
 // SwiGLU's backward for out = silu(gate) * up, in one pass where the backend has one: returns (d gate, d up) =
-// (silu'(gate) * (grad * up), silu(gate) * grad), with the bits of those three binary ops (grad * up rounded to the
-// dtype first). grad, gate and up: one shape and one floating dtype.
+// (silu'(gate) * (grad * up), silu(gate) * grad), the values of those three binary ops (grad * up rounded to the
+// dtype first; a NaN's sign may differ). grad, gate and up: one shape and one floating dtype.
 std::pair<Tensor, Tensor> swiglu_backward(const Tensor& grad, const Tensor& gate, const Tensor& up);
 
 // dst += alpha * src, src broadcast to dst's shape, converted to dst's dtype; dst may be
