@@ -2,12 +2,11 @@
 // its own static library and called only when the CPU has AVX-512 (attention.cpp); like the GEMM kernels it includes
 // nothing with out-of-line code built for another instruction set (no std:: containers or algorithms).
 //
-// Eigen's GEMM packs both operands on every call, which costs as much as the arithmetic at these sizes (tens of rows by
-// tens of columns). Here keys and values are transposed into [C, Tk] panels once per (batch, head), and every product
-// is a sweep of 8 x 32 output tiles held in 16 vector registers. Row tiles of 8 also follow the causal diagonal more
-// closely than 32-row blocks: a tile's scores stop at the first multiple of 16 past its last row. The steps,
-// grouped-query heads and rotary embeddings are those of attention.cpp's generic loops; the rotation happens in the
-// copies into the packed buffers.
+// Eigen's GEMM packs both operands on every call, which costs as much as the arithmetic at these sizes. Here keys and
+// values are transposed into [C, Tk] panels once per (batch, key/value head), and every product is a sweep of 8 x 32
+// output tiles held in 16 vector registers. Row tiles of 8 also follow the causal diagonal more closely than 32-row
+// blocks: a tile's scores stop at the first multiple of 16 past its last row. The steps, grouped-query heads and rotary
+// embeddings are those of attention.cpp's generic loops; the rotation happens in the copies into the packed buffers.
 #include <algorithm>
 #include <cstring>
 
@@ -203,8 +202,6 @@ int64_t attention_workspace_avx512(const AttentionDims& d, bool backward) {
 void attention_forward_avx512(const AttentionDims& d, HeadsF32 Q, HeadsF32 K, HeadsF32 V, HeadsF32 O, float* L,
                               float* workspace) {
   const int64_t B = d.B, H = d.H, Tq = d.Tq, E = d.E, Tk = d.Tk, Ev = d.Ev;
-  const bool causal = d.causal;
-  const float scale = d.scale;
   const int64_t bh_count = B * H, ldk = round_up(Tk, kW), G = H / d.Hkv;
 #pragma omp parallel if (d.parallel)
   {
@@ -213,21 +210,25 @@ void attention_forward_avx512(const AttentionDims& d, HeadsF32 Q, HeadsF32 K, He
     const ForwardBuffers buf = forward_buffers(d, workspace + thread_index() * size);
     float *const S = buf.S, *const KT = buf.KT, *const Qc = buf.Qc, *const Kc = buf.Kc, *const Vc = buf.Vc;
     float* const Oc = buf.Oc;
+    int64_t packed = -1;  // the (batch, key/value head) in KT and Vc: a thread's heads are consecutive
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < bh_count; ++bh) {
       const int64_t b = bh / H, h = bh % H;
       float* lp = L + bh * Tq;
       copy_rows_rotated(d, at(Q, b, h), Q.st, Tq, E, d.q_pos, Qc, E, 1.f);
-      copy_rows_rotated(d, at(K, b, h / G), K.st, Tk, E, d.k_pos, Kc, E, 1.f);
-      pack_rows(at(V, b, h / G), V.st, Tk, Ev, Vc);
-      transpose_panel(Kc, Tk, E, KT, ldk);
+      if (b * d.Hkv + h / G != packed) {
+        packed = b * d.Hkv + h / G;
+        copy_rows_rotated(d, at(K, b, h / G), K.st, Tk, E, d.k_pos, Kc, E, 1.f);
+        pack_rows(at(V, b, h / G), V.st, Tk, Ev, Vc);
+        transpose_panel(Kc, Tk, E, KT, ldk);
+      }
       for (int64_t i0 = 0; i0 < Tq; i0 += kRowBlock) {
-        const int64_t m = std::min<int64_t>(kRowBlock, Tq - i0), n = causal ? i0 + m : Tk, n16 = round_up(n, kW);
-        scores(Qc, E, E, KT, ldk, i0, m, Tk, causal, scale, S, n16);
-        for (int64_t r = 0; r < m; ++r) lp[i0 + r] = softmax_row(S + r * n16, causal ? i0 + r + 1 : n, n16);
+        const int64_t m = std::min<int64_t>(kRowBlock, Tq - i0), n = d.causal ? i0 + m : Tk, n16 = round_up(n, kW);
+        scores(Qc, E, E, KT, ldk, i0, m, Tk, d.causal, d.scale, S, n16);
+        for (int64_t r = 0; r < m; ++r) lp[i0 + r] = softmax_row(S + r * n16, d.causal ? i0 + r + 1 : n, n16);
         // O = P V, each row tile summing only over the keys it sees.
         for (int64_t r0 = 0; r0 < m; r0 += kTileRows) {
-          const int64_t rows = std::min<int64_t>(kTileRows, m - r0), kn = causal ? i0 + r0 + rows : n;
+          const int64_t rows = std::min<int64_t>(kTileRows, m - r0), kn = d.causal ? i0 + r0 + rows : n;
           small_gemm(rows, Ev, kn, S + r0 * n16, n16, 1, Vc, Ev, Oc + (i0 + r0) * Ev, Ev, 1.f, false);
         }
       }
@@ -239,8 +240,7 @@ void attention_forward_avx512(const AttentionDims& d, HeadsF32 Q, HeadsF32 K, He
 void attention_backward_avx512(const AttentionDims& d, HeadsF32 G, HeadsF32 Q, HeadsF32 K, HeadsF32 V, HeadsF32 O,
                                const float* L, HeadsF32 DQ, HeadsF32 DK, HeadsF32 DV, float* workspace) {
   const int64_t B = d.B, H = d.H, Hkv = d.Hkv, Tq = d.Tq, E = d.E, Tk = d.Tk, Ev = d.Ev;
-  const bool causal = d.causal;
-  const float scale = d.scale;
+  const float scale = d.scale;  // in a register through the loops that store floats
   const int64_t task_count = B * Hkv, ldk = round_up(Tk, kW), group = H / Hkv;
 #pragma omp parallel if (d.parallel)
   {
@@ -272,17 +272,17 @@ void attention_backward_avx512(const AttentionDims& d, HeadsF32 G, HeadsF32 Q, H
           D[i] = s;
         }
         for (int64_t i0 = 0; i0 < Tq; i0 += kRowBlock) {
-          const int64_t m = std::min<int64_t>(kRowBlock, Tq - i0), n = causal ? i0 + m : Tk, n16 = round_up(n, kW);
-          scores(Qc, E, E, KT, ldk, i0, m, Tk, causal, scale, P, n16);
+          const int64_t m = std::min<int64_t>(kRowBlock, Tq - i0), n = d.causal ? i0 + m : Tk, n16 = round_up(n, kW);
+          scores(Qc, E, E, KT, ldk, i0, m, Tk, d.causal, d.scale, P, n16);
           // dP = dO V^T over the same columns.
           for (int64_t r0 = 0; r0 < m; r0 += kTileRows) {
             const int64_t rows = std::min<int64_t>(kTileRows, m - r0);
-            const int64_t nt = causal ? round_up(std::min<int64_t>(Tk, i0 + r0 + rows), kW) : n16;
+            const int64_t nt = d.causal ? round_up(std::min<int64_t>(Tk, i0 + r0 + rows), kW) : n16;
             small_gemm(rows, nt, Ev, Gc + (i0 + r0) * Ev, Ev, 1, VT, ldk, dP + r0 * n16, n16, 1.f, false);
           }
           for (int64_t r = 0; r < m; ++r) {
             float *pr = P + r * n16, *dr = dP + r * n16;
-            const int64_t valid = causal ? i0 + r + 1 : n;
+            const int64_t valid = d.causal ? i0 + r + 1 : n;
             const float l = lp[i0 + r], di = D[i0 + r];
 #pragma omp simd
             for (int64_t j = 0; j < valid; ++j) {
@@ -298,7 +298,7 @@ void attention_backward_avx512(const AttentionDims& d, HeadsF32 G, HeadsF32 Q, H
           small_gemm(n, E, m, dP, 1, n16, Qc + i0 * E, E, dKc, E, 1.f, true);
           // dQ = dS K, each row tile summing only over the keys it sees.
           for (int64_t r0 = 0; r0 < m; r0 += kTileRows) {
-            const int64_t rows = std::min<int64_t>(kTileRows, m - r0), kn = causal ? i0 + r0 + rows : n;
+            const int64_t rows = std::min<int64_t>(kTileRows, m - r0), kn = d.causal ? i0 + r0 + rows : n;
             small_gemm(rows, E, kn, dP + r0 * n16, n16, 1, Kc, E, dQc + (i0 + r0) * E, E, 1.f, false);
           }
         }
