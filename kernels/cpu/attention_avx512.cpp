@@ -260,12 +260,12 @@ void attention_backward_avx512(const AttentionDims& d, HeadsF32 G, HeadsF32 Q, H
       zero(dKc, dKc + Tk * E);
       zero(dVc, dVc + Tk * Ev);
       for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
-        const float *op = at(O, b, h), *gp = at(G, b, h);
-        const float* lp = L + (b * H + h) * Tq;
+        const float *op = at(O, b, h), *gp = at(G, b, h), *lp = L + (b * H + h) * Tq;
         copy_rows_rotated(d, at(Q, b, h), Q.st, Tq, E, d.q_pos, Qc, E, 1.f);
         pack_rows(gp, G.st, Tq, Ev, Gc);
         for (int64_t i = 0; i < Tq; ++i) {
           const float *g = Gc + i * Ev, *o = op + i * O.st;
+          for (int64_t c = 0; c < Ev && i + 8 < Tq; c += kW) __builtin_prefetch(o + 8 * O.st + c);  // rows H apart
           float s = 0;
 #pragma omp simd reduction(+ : s)
           for (int64_t c = 0; c < Ev; ++c) s += g[c] * o[c];
