@@ -114,7 +114,7 @@ run_one() {  # MODEL RUN THREADS(or "fsdp") ROUND: prints the run's tokens/s, or
   esac
 }
 
-echo "# $(date -u '+%Y-%m-%d %H:%M UTC'); $(lscpu | sed -n 's/^Model name: *//p'), family $(lscpu | sed -n 's/^CPU family: *//p') model $(lscpu | sed -n 's/^Model: *//p'), $(nproc) cores"
+echo "# $(date -u '+%Y-%m-%d %H:%M UTC'); $(lscpu | sed -n 's/^Model name: *//p'), family $(lscpu | sed -n 's/^CPU family: *//p') model $(lscpu | sed -n 's/^Model: *//p'), $(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) cores"
 echo "# flags: $(grep -o -w -E 'avx2|fma|avx512f|avx512_bf16|amx_bf16|amx_tile' /proc/cpuinfo | sort -u | tr '\n' ' ')"
 echo "# $("$python" -c 'import torch; print("torch", torch.__version__, "cpu capability", torch.backends.cpu.get_cpu_capability())')"
 [ "$lora" -gt 0 ] && echo "# LoRA rank $lora, alpha $((2 * lora)): weft --lora-rank, PyTorch + peft $("$python" -c 'import peft; print(peft.__version__)' 2>&1 | tail -1)"

@@ -38,7 +38,7 @@ part() {
   return $rc
 }
 
-echo "# $(date -u '+%Y-%m-%d %H:%M UTC'); $(nproc) cores, $(lscpu | sed -n 's/^Model name: *//p')"
+echo "# $(date -u '+%Y-%m-%d %H:%M UTC'); $(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) cores, $(lscpu | sed -n 's/^Model name: *//p')"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || echo "nvidia-smi failed"
 
 # 1. The GPU suites, as meson registers them (tests/meson.build).
