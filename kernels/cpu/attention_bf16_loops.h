@@ -157,7 +157,7 @@ void rows_to_bf16(const AttentionDims& d, const S* src, int64_t ss, int64_t t, i
     if (!d.rope_cos) {  // cols is a multiple of 16
       if constexpr (sizeof(S) == 2) std::memcpy(dr, sr, size_t(cols) * 2);
       else
-        for (int64_t i = 0; i < cols; i += kW) store_bf16_lanes(dr + i, _mm512_loadu_ps(sr + i), 0xffff);
+        for (int64_t i = 0; i < cols; i += kW) store_bf16x16(dr + i, _mm512_loadu_ps(sr + i));
       continue;
     }
     const float *c = d.rope_cos + (pos0 + j) * half, *s = d.rope_sin + (pos0 + j) * half;
