@@ -1,11 +1,14 @@
 // Token datasets (apps/transformer/token_data.h): `prepare` writes what the tokenizer encodes,
 // file by file with the end-of-text token between, split into train and val; token files read
 // back memory-mapped at either width; bad files are named.
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <fmt/format.h>
 #include <functional>
 #include <iterator>
 
@@ -145,4 +148,33 @@ TEST_CASE("token data: bad token files are named") {
                     Contains("shorter than its 128-byte header"));
   CHECK_THROWS_WITH(apps::TokenFile((dir / "missing").string()), Contains("cannot open token file"));
   CHECK_THROWS_WITH(apps::TokenFile(dir.string()), Contains("is not a regular file"));
+}
+
+// Run by the next case in a process of its own: it maps a token file, truncates it in place and reads on.
+const char* const kTruncatedChild = "token data: reading a token file truncated while mapped (a child process)";
+TEST_CASE(kTruncatedChild, "[.]") {
+  const char* path = std::getenv("WEFT_TEST_TOKEN_FILE");
+  REQUIRE(path != nullptr);
+  const apps::TokenFile f(path);
+  REQUIRE(::truncate(path, 4096) == 0);
+  uint64_t sum = 0;
+  for (int64_t i = 0; i < f.size(); ++i) sum += f[i];  // faults at the first page past the new end
+  FAIL("read all " << f.size() << " tokens of a truncated file (sum " << sum << ") without a fault");
+}
+
+TEST_CASE("token data: a token file truncated in place while it is mapped is an error naming it, not a signal") {
+  const fs::path dir = fresh_dir("truncated"), file = dir / "train.tokens";
+  apps::write_token_file(file.string(), std::vector<uint32_t>(100000, 7), 100, std::string(64, 'e'));
+  const std::string cmd = fmt::format("WEFT_TEST_TOKEN_FILE='{}' '{}' '{}' 2>&1", file.string(),
+                                      fs::read_symlink("/proc/self/exe").string(), kTruncatedChild);
+  std::FILE* child = ::popen(cmd.c_str(), "r");
+  REQUIRE(child != nullptr);
+  std::string out;
+  for (char buf[4096]; size_t n = std::fread(buf, 1, sizeof buf, child);) out.append(buf, n);
+  const int status = ::pclose(child);
+  INFO(cmd << "\n" << out);
+  REQUIRE(WIFEXITED(status));  // not ended by SIGBUS
+  CHECK(WEXITSTATUS(status) == 1);
+  CHECK_THAT(out, Contains("token file " + file.string() + " became shorter while it was read"));
+  CHECK(fs::file_size(file) == 4096);
 }

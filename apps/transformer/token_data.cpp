@@ -2,14 +2,18 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <mutex>
 #include <span>
 #include <tuple>
 
@@ -48,6 +52,60 @@ std::string read_file(const std::string& path) {
   std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   WEFT_CHECK(!in.bad(), "transformer: error while reading {}", path);
   return s;
+}
+
+// A read-only mapping of a file truncated in place while it is mapped (`cp` over train.tokens, say) faults with
+// SIGBUS at the first page past the new end. A token file's mapping is guarded: such a fault in it ends the process
+// with status 1 and an error naming the file, formatted when the file was opened (the handler only writes it);
+// a SIGBUS elsewhere goes to the handler that was there before. A truncation within the last page reads zeros
+// there, and a file rewritten at its size reads the new bytes: neither faults. `prepare` replaces files by rename.
+struct Guarded {
+  std::atomic<bool> live{false};
+  const char *begin = nullptr, *end = nullptr;
+  char message[1024] = {};
+  size_t length = 0;
+};
+Guarded guarded[16];
+std::mutex guarded_mutex;  // taken to guard a mapping, never in the handler
+struct sigaction previous_sigbus {};
+
+void on_sigbus(int sig, siginfo_t* info, void*) {
+  const char* at = static_cast<const char*>(info->si_addr);
+  for (const Guarded& g : guarded)
+    if (g.live.load(std::memory_order_acquire) && at >= g.begin && at < g.end) {
+      [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, g.message, g.length);
+      ::_exit(1);
+    }
+  ::sigaction(SIGBUS, &previous_sigbus, nullptr);  // not a token file: as if this handler had never been there
+  if (info->si_code <= 0) ::raise(sig);            // sent rather than a fault, which repeats on return
+}
+
+// The slot guarding [begin, begin + bytes), or -1 when all are taken (the mapping then goes unguarded).
+int guard_mapping(const void* begin, size_t bytes, const std::string& message) {
+  static const bool installed = [] {
+    struct sigaction action {};
+    action.sa_sigaction = on_sigbus;
+    action.sa_flags = SA_SIGINFO;
+    sigemptyset(&action.sa_mask);
+    WEFT_CHECK(::sigaction(SIGBUS, &action, &previous_sigbus) == 0, "transformer: sigaction: {}", std::strerror(errno));
+    return true;
+  }();
+  std::lock_guard lock(guarded_mutex);
+  for (int i = 0; installed && i < int(std::size(guarded)); ++i) {
+    Guarded& g = guarded[i];
+    if (g.live.load(std::memory_order_relaxed)) continue;
+    g.begin = static_cast<const char*>(begin), g.end = g.begin + bytes;
+    g.length = std::min(message.size(), sizeof(g.message) - 1) + 1;
+    std::memcpy(g.message, message.data(), g.length - 1);
+    g.message[g.length - 1] = '\n';
+    g.live.store(true, std::memory_order_release);
+    return i;
+  }
+  return -1;
+}
+void release_guard(int& slot) {
+  if (slot >= 0) guarded[slot].live.store(false, std::memory_order_release);
+  slot = -1;
 }
 
 // The index of the first id of `ids` (mapped at `map`) that is not below `vocab`, or -1: every
@@ -153,6 +211,7 @@ TokenFile::TokenFile(const std::string& path) : path_(path) {
   }
   const auto* h = static_cast<const unsigned char*>(map_);
   auto fail = [&](const std::string& what) {
+    release_guard(guard_);
     ::munmap(map_, map_size_);
     map_ = nullptr;
     throw Error(fmt::format("transformer: token file {}: {}", path, what));
@@ -173,25 +232,17 @@ TokenFile::TokenFile(const std::string& path) : path_(path) {
   header_.vocab_size = int64_t(vocab);
   header_.tokenizer_sha256.assign(reinterpret_cast<const char*>(h + 32), 64);
   data_ = h + kHeaderBytes;
+  guard_ = guard_mapping(map_, map_size_, fmt::format("{}: error: transformer: token file {} became shorter while "
+                           "it was read (truncated or rewritten in place); stopped: replace a dataset's files by "
+                           "rename, as `prepare` does", program_invocation_short_name, path));
   if (const int64_t i = first_out_of_vocabulary(map_, view(), header_.vocab_size); i >= 0)
     fail(fmt::format("token {} (of {}) is id {}, outside its vocabulary of {}: the file is damaged", i, count,
                      (*this)[i], vocab));
 }
 
 TokenFile::~TokenFile() {
+  release_guard(guard_);  // before the range can be mapped again
   if (map_) ::munmap(map_, map_size_);
-}
-TokenFile::TokenFile(TokenFile&& o) noexcept
-    : path_(std::move(o.path_)), header_(std::move(o.header_)), map_(o.map_), map_size_(o.map_size_), data_(o.data_) {
-  o.map_ = nullptr, o.data_ = nullptr, o.map_size_ = 0;
-}
-TokenFile& TokenFile::operator=(TokenFile&& o) noexcept {
-  if (this != &o) {
-    if (map_) ::munmap(map_, map_size_);
-    path_ = std::move(o.path_), header_ = std::move(o.header_), map_ = o.map_, map_size_ = o.map_size_, data_ = o.data_;
-    o.map_ = nullptr, o.data_ = nullptr, o.map_size_ = 0;
-  }
-  return *this;
 }
 
 bool is_token_dataset(const std::string& path) {

@@ -30,13 +30,11 @@ void write_token_file(const std::string& path, std::span<const uint32_t> tokens,
                       const std::string& tokenizer_sha256);
 
 // A token file, memory-mapped read-only; a bad header or a size that disagrees with it is an
-// error naming the file and the field.
+// error naming the file and the field, and so is the file's truncation while it is mapped.
 class TokenFile {
  public:
   explicit TokenFile(const std::string& path);
   ~TokenFile();
-  TokenFile(TokenFile&&) noexcept;
-  TokenFile& operator=(TokenFile&&) noexcept;
   TokenFile(const TokenFile&) = delete;
   TokenFile& operator=(const TokenFile&) = delete;
 
@@ -55,6 +53,7 @@ class TokenFile {
   void* map_ = nullptr;
   size_t map_size_ = 0;
   const unsigned char* data_ = nullptr;
+  int guard_ = -1;  // the slot of its SIGBUS guard (token_data.cpp): truncated while mapped, an error naming it
 };
 
 // What `train --data PATH` reads: a dataset directory of `prepare` (it holds train.tokens),
