@@ -1,0 +1,373 @@
+// apps/transformer: the commands that read a trained model: sample (text from it, with a key/value cache), eval
+// (its loss and perplexity on a dataset), export-hf (a Hugging Face model directory) and export-peft (a LoRA run's
+// adapters for peft).
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <optional>
+
+#include "apps/common/device.h"
+#include "apps/common/nonfinite.h"
+#include "apps/common/output_paths.h"
+#include "apps/common/resume.h"
+#include "apps/common/trainer.h"
+#include "apps/transformer/block_eval.h"
+#include "apps/transformer/checkpoint_description.h"
+#include "apps/transformer/commands.h"
+#include "apps/transformer/example_data.h"
+#include "apps/transformer/hf_checkpoint.h"
+#include "apps/transformer/lora_settings.h"
+#include "apps/transformer/peft_adapter.h"
+#include "apps/transformer/token_data.h"
+#include "core/trace.h"
+#include "weft.h"
+
+namespace weft::apps::transformer {
+
+namespace {
+
+// The model a sample or an export reads: a Hugging Face directory, a checkpoint directory (the
+// latest in it) or one file (weft-checkpoint consolidate's, or any with the same description
+// and the family's names; a tied head's lm_head.weight must equal the embedding). Whole, on the
+// CPU; or, with `shard`, built on the meta device and fully_shard per block and at the root over
+// the world (default options), each rank reading its own shards. In `dtype`: built on the meta
+// device in it, so that bf16 weights are read straight into bf16 parameters (others converted).
+// A NaN or infinity in any parameter throws, naming it: Hugging Face and peft files are checked
+// as they are read (fsdp/external_checkpoint.h), a weft checkpoint after its load.
+struct LoadedModel {
+  apps::LanguageModel lm;
+  std::optional<fsdp::FSDPModule> root;  // with `shard`
+  std::map<std::string, std::string> recorded;  // a checkpoint's training description (tokenizer_sha256, ...)
+  nn::LoRAOptions lora{.rank = 0};              // a LoRA run's adapters (rank 0: none)
+};
+LoadedModel load_model(const std::string& from, bool say, bool shard = false, Device device = kCPU,
+                       DType dtype = kFloat32) {
+  LoadedModel m;
+  auto build = [&](const apps::ModelConfig& cfg, const nn::LoRAOptions& lora) {
+    m.lm = apps::make_model_to_load(cfg);
+    apps::add_lora(m.lm, lora, true);  // a LoRA run's checkpoint holds its adapters too
+    m.lora = lora;
+    m.lm.module->to(dtype);
+    if (!shard) return nn::materialize(*m.lm.module, kCPU);
+    const fsdp::FullyShardOptions opts{.mesh = dist::default_mesh(device.type)};
+    for (auto& block : m.lm.blocks) fsdp::fully_shard(block, opts);
+    m.root = fsdp::fully_shard(m.lm.module, opts);
+  };
+  const fsdp::FSDPModule* root = nullptr;
+  if (apps::is_hf_dir(from)) {
+    build(apps::read_hf_config(from), {.rank = 0});
+    if (m.root) root = &*m.root;
+    apps::load_hf_checkpoint(from, m.lm, root);
+    return m;
+  }
+  if (apps::is_peft_dir(from)) {  // a peft adapter: its base model, then its adapters
+    const apps::PeftAdapter a = apps::read_peft_adapter(from);
+    const apps::ModelConfig cfg = apps::read_hf_config(a.base);
+    build(cfg, {.rank = a.lora.rank, .alpha = a.lora.alpha, .dropout = a.lora.dropout,
+                .targets = a.lora.targets.empty() ? apps::lora_targets("", cfg) : a.lora.targets});
+    if (m.root) root = &*m.root;
+    apps::load_hf_checkpoint(a.base, m.lm, root);
+    apps::load_peft_weights(a, m.lm, root);
+    m.recorded["hf_source"] = a.base;  // its tokenizer and generation files
+    return m;
+  }
+  if (std::filesystem::is_regular_file(from)) {
+    WEFT_CHECK(!shard, "transformer: {} is one consolidated file, read whole: sample it without --fsdp, or from the "
+               "checkpoint directory it was made from", from);
+    auto contents = load_safetensors(from);
+    WEFT_CHECK(!contents.metadata.count("lora_base_sha256"), "transformer: {} holds only LoRA adapters (the base is "
+               "{}): read the checkpoint directory it was made from instead", from, contents.metadata["hf_source"]);
+    auto cfg = config_of(contents.metadata, from);
+    build(cfg, apps::lora_of(contents.metadata, from));
+    fsdp::load_full_state_dict(*m.lm.module, contents.tensors, nullptr, head_alias(cfg));
+    m.recorded = contents.metadata;
+    apps::check_finite_parameters(*m.lm.module, fmt::format("transformer: refusing to load {}", from));
+    return m;
+  }
+  std::string where = apps::readable_checkpoint(from, "transformer", say);
+  WEFT_CHECK(!where.empty(), "transformer: no checkpoint at {} (neither a Hugging Face directory, a checkpoint directory "
+             "nor a safetensors file)", from);
+  m.recorded = fsdp::read_checkpoint_index(where).training.app;
+  build(config_of(m.recorded, where), apps::lora_of(m.recorded, where));
+  if (m.root) root = &*m.root;
+  const std::string base = lora_base(m.recorded, where);  // a LoRA checkpoint of adapters only: its base first
+  if (!base.empty()) apps::load_hf_checkpoint(base, m.lm, root);
+  fsdp::load_checkpoint(where, *m.lm.module, nullptr, root, {.restore_rng = false, .frozen_elsewhere = !base.empty()});
+  apps::check_finite_parameters(*m.lm.module, fmt::format("transformer: refusing to load {}", from));
+  return m;
+}
+
+// The Hugging Face directory a model came from: --from itself, or the run's --init-from ("" if neither).
+std::string hf_source(const std::string& from, const std::map<std::string, std::string>& recorded) {
+  auto it = recorded.find("hf_source");
+  const std::string source = apps::is_hf_dir(from) ? from : it != recorded.end() ? it->second : "";
+  return !source.empty() && apps::is_hf_dir(source) ? source : "";
+}
+
+// --eos: a token id, or a token of the tokenizer; "none": never stop; not given: the eos ids of
+// the generation_config.json of the Hugging Face directory the model came from (`source`), if any.
+std::vector<int64_t> eos_ids(const std::string& eos, const apps::BpeTokenizer* tok, int64_t vocab,
+                             const apps::HfGenerationConfig& gen, const std::string& source) {
+  if (eos == "none") return {};
+  if (eos.empty()) {
+    const std::vector<int64_t>& ids = gen.eos;
+    for (int64_t id : ids)
+      WEFT_CHECK(id < vocab, "transformer: {}/generation_config.json's eos id {} is past the vocabulary of {}", source,
+                 id, vocab);
+    if (!ids.empty())
+      std::fprintf(stderr, "weft-transformer: stopping after eos id(s) %s (%s/generation_config.json; --eos none: "
+                   "never)\n", fmt::format("{}", fmt::join(ids, ",")).c_str(), source.c_str());
+    return ids;
+  }
+  int64_t id = -1;
+  if (eos.find_first_not_of("0123456789") == std::string::npos && eos.size() < 10) id = std::stoll(eos);
+  else if (tok) id = tok->id_of(eos);
+  WEFT_CHECK(id >= 0 && id < vocab, "transformer: --eos \"{}\" is not a token id below the vocabulary of {}{}", eos,
+             vocab, tok ? " nor a token of --tokenizer" : " (a token's text needs --tokenizer)");
+  return {id};
+}
+
+// --temperature, --top-k and --top-p where given; the others from the generation_config.json of
+// the Hugging Face directory the model came from (do_sample false or absent: greedy), stderr
+// naming what it took; without one, weft's defaults.
+nn::SamplingOptions sampling_of(const SampleOptions& o, const apps::HfGenerationConfig& gen, const std::string& source) {
+  nn::SamplingOptions s{.temperature = o.temperature, .top_k = o.top_k, .top_p = o.top_p};
+  if (!gen.found) return s;
+  std::vector<std::string> taken;
+  if (!o.temperature_set) {
+    s.temperature = gen.do_sample ? gen.temperature : 0;
+    taken.push_back(gen.do_sample ? fmt::format("temperature {}", s.temperature) : "greedy (do_sample false)");
+  }
+  if (!o.top_k_set && gen.do_sample && s.temperature > 0) s.top_k = gen.top_k, taken.push_back(fmt::format("top_k {}", s.top_k));
+  if (!o.top_p_set && gen.do_sample && s.temperature > 0) s.top_p = gen.top_p, taken.push_back(fmt::format("top_p {}", s.top_p));
+  if (!taken.empty())
+    std::fprintf(stderr, "weft-transformer: sampling %s, as %s/generation_config.json says (flags override)\n",
+                 fmt::format("{}", fmt::join(taken, ", ")).c_str(), source.c_str());
+  return s;
+}
+
+// --tokenizer (by default the tokenizer.json of the Hugging Face directory the model came from),
+// checked against the model's vocabulary and the tokenizer its checkpoint records.
+std::optional<apps::BpeTokenizer> sample_tokenizer(const SampleOptions& o, const LoadedModel& loaded,
+                                                   const std::string& source) {
+  const int64_t vocab = loaded.lm.cfg.vocab_size;
+  std::optional<apps::BpeTokenizer> tok;
+  std::string path = o.tokenizer;
+  if (path.empty() && !source.empty() && std::filesystem::exists(source + "/tokenizer.json")) {
+    path = source + "/tokenizer.json";
+    std::fprintf(stderr, "weft-transformer: tokenizer %s (the model's; --tokenizer to give another)\n", path.c_str());
+  }
+  if (!path.empty()) {
+    tok.emplace(path);
+    WEFT_CHECK(tok->vocab_size() <= vocab, "transformer: --tokenizer {} has {} tokens, more than {}'s "
+               "vocabulary of {}", path, tok->vocab_size(), o.checkpoint, vocab);
+    if (auto recorded = loaded.recorded.find("tokenizer_sha256"); recorded != loaded.recorded.end()) {
+      const std::string digest = apps::tokenizer_digest(path);
+      WEFT_CHECK(recorded->second == digest, "transformer: --tokenizer {} is not the tokenizer {} was trained with "
+                 "(sha256 {}, the checkpoint records {})", path, o.checkpoint, digest, recorded->second);
+    }
+  }
+  WEFT_CHECK(o.ids || tok || vocab == 256, "transformer: {} has a vocabulary of {} tokens, not 256 bytes: "
+             "give its --tokenizer (the tokenizer.json of the dataset it was trained on) or print token ids with --ids",
+             o.checkpoint, vocab);
+  return tok;
+}
+
+// The prompt's tokens: its bytes, or the tokenizer's encoding (with its special tokens, as
+// `transformers` encodes a prompt, unless --no-special).
+std::vector<int64_t> prompt_ids(const SampleOptions& o, const apps::BpeTokenizer* tok, int64_t vocab) {
+  std::vector<int64_t> ids;
+  if (tok) {
+    for (int32_t id : tok->encode(o.prompt, !o.no_special)) ids.push_back(id);
+  } else {
+    for (unsigned char c : o.prompt) {
+      WEFT_CHECK(int64_t(c) < vocab, "transformer: the prompt's byte {} is not a token of {}'s vocabulary "
+                 "of {}", int(c), o.checkpoint, vocab);
+      ids.push_back(c);
+    }
+  }
+  WEFT_CHECK(!ids.empty(), "transformer: --prompt must not be empty (it starts the text)");
+  return ids;
+}
+
+// --logits-out: the prompt's logits [T, vocab] (f32), as the model computes them in one forward.
+void write_prompt_logits(nn::Module& model, const std::vector<int64_t>& ids, int64_t ctx, Device device,
+                         const std::string& path, const Ranks& ranks) {
+  NoGradGuard no_grad;
+  model.eval();
+  const int64_t t = std::min<int64_t>(int64_t(ids.size()), ctx);
+  Tensor x = empty({1, t}, {.dtype = kInt64});
+  std::copy(ids.end() - t, ids.end(), x.data<int64_t>());
+  Tensor logits = model(x.to(device)).select(0, 0).to(kCPU).to(kFloat32).contiguous();  // [t, vocab]
+  if (ranks.lead()) save_safetensors(path, {{"logits", logits}}, {{"prompt_tokens", std::to_string(t)}});
+}
+
+}  // namespace
+
+int sample(const SampleOptions& o, const Ranks& ranks) {
+  const Device device = apps::parse_device(o.device, "transformer");
+  if (o.threads > 0) set_num_threads(o.threads);
+  WEFT_CHECK(o.tokens >= 0, "transformer: --tokens must be non-negative");
+  apps::check_outputs_apart({{"--logits-out", o.logits_out}, {"WEFT_TRACE", trace::file()}}, {{"--from", o.checkpoint}, {"--tokenizer", o.tokenizer}},
+                            "transformer");
+  LoadedModel loaded;
+  const auto load_start = std::chrono::steady_clock::now();
+  dist::agree(ranks.groups(), "transformer", [&] {
+    const DType dtype = o.dtype == "bf16" ? kBFloat16 : kFloat32;
+    if (!ranks.fsdp) {
+      loaded = load_model(o.checkpoint, ranks.lead(), false, kCPU, dtype);
+      loaded.lm.module->to(device);
+    } else {
+      loaded = load_model(o.checkpoint, ranks.lead(), true, device, dtype);
+    }
+  });
+  if (ranks.lead())
+    std::fprintf(stderr, "weft-transformer: loaded %s in %.2f s\n", o.checkpoint.c_str(),
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count());
+  nn::Module& model = *loaded.lm.module;
+  const apps::ModelConfig& cfg = loaded.lm.cfg;
+  const std::string source = hf_source(o.checkpoint, loaded.recorded);
+  const std::optional<apps::BpeTokenizer> tok = sample_tokenizer(o, loaded, source);
+  const std::vector<int64_t> ids = prompt_ids(o, tok ? &*tok : nullptr, cfg.vocab_size);
+  const apps::HfGenerationConfig gen = source.empty() ? apps::HfGenerationConfig{} : apps::read_hf_generation_config(source);
+  nn::GenerateOptions g{.max_new_tokens = o.tokens,
+                        .sampling = sampling_of(o, gen, source),
+                        .seed = o.seed,
+                        .eos = eos_ids(o.eos, tok ? &*tok : nullptr, cfg.vocab_size, gen, source),
+                        .use_cache = !o.no_cache};
+  if (ranks.fsdp)  // every rank takes rank 0's token, so all run the same steps and stop together
+    g.agree = [](int64_t token) {
+      Tensor t = full({1}, double(token), {.dtype = kFloat64});
+      dist::world()->broadcast(t, 0)->wait();
+      return int64_t(t.item());
+    };
+  if (!o.logits_out.empty()) write_prompt_logits(model, ids, cfg.ctx, device, o.logits_out, ranks);
+  const bool print = ranks.lead();
+  if (print && !o.ids) std::fwrite(o.prompt.data(), 1, o.prompt.size(), stdout);
+  std::string printed;
+  auto on_token = [&](int64_t next) {
+    if (!print) return;
+    if (o.ids) {
+      printed += (printed.empty() ? "" : ",") + std::to_string(next);
+    } else if (tok) {  // the token's bytes as they come (a character may span tokens)
+      const std::string b = next < tok->vocab_size() ? tok->bytes_of({int32_t(next)}, false, false) : std::string();
+      std::fwrite(b.data(), 1, b.size(), stdout);
+    } else {
+      std::fputc(int(next), stdout);
+    }
+    std::fflush(stdout);
+  };
+  nn::GenerateStats st;
+  nn::generate(model, ids, g, on_token, &st);
+  if (!print) return 0;
+  if (o.ids) std::fputs(printed.c_str(), stdout);
+  std::fputc('\n', stdout);
+  std::fflush(stdout);
+  const double total = st.prefill_seconds + st.decode_seconds;
+  if (st.new_tokens > 0)
+    std::fprintf(stderr, "weft-transformer: %lld tokens in %.3f s (%.1f tokens/s; prompt of %lld tokens %.1f ms, then "
+                 "%.1f tokens/s%s; %s)\n", (long long)st.new_tokens, total, double(st.new_tokens) / total,
+                 (long long)st.prompt_tokens, 1e3 * st.prefill_seconds,
+                 st.new_tokens > 1 ? double(st.new_tokens - 1) / st.decode_seconds : 0.0,
+                 st.prefills > 1 ? fmt::format(", {} restart{} at a full context", st.prefills - 1, st.prefills > 2 ? "s" : "").c_str() : "",
+                 o.no_cache ? "no cache" : fmt::format("key/value cache of {:.1f} MiB", double(st.cache_bytes) / (1 << 20)).c_str());
+  return 0;
+}
+
+int export_hf(const ExportOptions& o) {
+  const int64_t shard = parse_bytes(o.max_shard_size, "transformer: --max-shard-size");
+  WEFT_CHECK(shard > 0, "transformer: --max-shard-size must be positive");
+  apps::check_outputs_apart({{"--out", o.out}}, {{"--from", o.from}}, "transformer");
+  const LoadedModel loaded = load_model(o.from, true);
+  WEFT_CHECK(loaded.lora.rank > 0 || !o.merge, "transformer: {} has no LoRA adapters to --merge", o.from);
+  WEFT_CHECK(loaded.lora.rank == 0 || o.merge, "transformer: {} holds LoRA adapters (rank {}): export-hf --merge folds "
+             "them into the weights of a plain model", o.from, loaded.lora.rank);
+  apps::LanguageModel merged;
+  if (o.merge) {  // the plain model with W + (alpha / r) B A in each adapted weight
+    merged = apps::make_model_to_load(loaded.lm.cfg);
+    nn::materialize(*merged.module, kCPU);
+    merged.module->load_state_dict(nn::merge_lora(loaded.lm.module->state_dict(), loaded.lora));
+  }
+  const apps::LanguageModel& lm = o.merge ? merged : loaded.lm;
+  // The Hugging Face directory the model came from, whose tokenizer and generation files go along.
+  std::string source = apps::is_hf_dir(o.from) ? o.from : "";
+  if (auto it = loaded.recorded.find("hf_source"); it != loaded.recorded.end()) source = it->second;
+  if (!source.empty() && !apps::is_hf_dir(source)) {
+    std::fprintf(stderr, "weft-transformer: %s, the run's --init-from, is gone: its tokenizer and generation files "
+                 "are not copied\n", source.c_str());
+    source.clear();
+  }
+  apps::export_hf_checkpoint(lm, o.out, shard, o.dtype == "bf16" ? kBFloat16 : kFloat32, source);
+  std::fprintf(stderr, "weft-transformer: wrote %s (Hugging Face model_type %s, %lld parameters, %s)\n", o.out.c_str(),
+               (lm.cfg.family.empty() ? lm.cfg.arch : lm.cfg.family).c_str(),
+               (long long)apps::count_parameters(*lm.module), o.dtype.c_str());
+  return 0;
+}
+
+namespace {
+
+// eval over a dataset of examples: every example of the split, the mean over its trained targets.
+int eval_examples(const EvalOptions& o, nn::Module& model, const apps::TrainingData& data, int64_t ctx) {
+  const bool train = o.split == "train";
+  const apps::ExampleSet set(train ? data.train : data.val, train ? data.train_labels : data.val_labels, ctx,
+                             data.files[train ? 0 : 1]);
+  WEFT_CHECK(set.size() > 0, "transformer: no example of the {} part of {} has a target within --ctx {}", o.split,
+             o.data, ctx);
+  const apps::BlockLoss r = apps::example_loss(model, set, o.batch_size);
+  WEFT_CHECK(std::isfinite(r.loss()), "transformer: the loss of {} on {} is {}", o.from, o.data,
+             apps::describe_value(r.loss()));
+  std::printf("loss %.6f perplexity %.4f tokens %lld\n", r.loss(), std::exp(r.loss()), (long long)r.tokens);
+  std::fprintf(stderr, "weft-transformer: %s on the %s part of %s: %lld examples (%lld skipped: no target within "
+               "--ctx %lld; %lld cut at it), %lld trained targets\n", o.from.c_str(), o.split.c_str(), o.data.c_str(),
+               (long long)r.blocks, (long long)set.skipped(), (long long)ctx, (long long)set.truncated(),
+               (long long)r.tokens);
+  return 0;
+}
+
+}  // namespace
+
+// Loss, perplexity and token count of a model over a split of a dataset, in blocks of ctx + 1
+// tokens (apps/transformer/block_eval.h).
+int eval(const EvalOptions& o) {
+  if (o.threads > 0) set_num_threads(o.threads);
+  const LoadedModel loaded = load_model(o.from, true);
+  nn::Module& model = *loaded.lm.module;
+  apps::TrainingData data;
+  apps::load_training_data(o.data, data);
+  const int64_t ctx = o.ctx > 0 ? o.ctx : loaded.lm.cfg.ctx, vocab = loaded.lm.cfg.vocab_size;
+  WEFT_CHECK(ctx <= loaded.lm.cfg.ctx, "transformer: --ctx {} is longer than {}'s context {}", ctx, o.from,
+             loaded.lm.cfg.ctx);
+  WEFT_CHECK(vocab >= data.vocab_size, "transformer: {}'s vocabulary of {} is smaller than {}'s {}", o.from, vocab,
+             o.data, data.vocab_size);
+  if (data.examples()) return eval_examples(o, model, data, ctx);
+  const apps::TokenView stream = o.split == "train" ? data.train : data.val;
+  const int64_t blocks = apps::block_count(stream, ctx);
+  WEFT_CHECK(blocks > 0, "transformer: the {} part of {} ({} tokens) is shorter than one block of --ctx + 1 = {}",
+             o.split, o.data, stream.size(), ctx + 1);
+  const apps::BlockLoss r = apps::block_loss(model, stream, ctx, 0, blocks, o.batch_size);
+  WEFT_CHECK(std::isfinite(r.loss()), "transformer: the loss of {} on {} is {}", o.from, o.data,
+             apps::describe_value(r.loss()));
+  std::printf("loss %.6f perplexity %.4f tokens %lld\n", r.loss(), std::exp(r.loss()), (long long)r.tokens);
+  std::fprintf(stderr, "weft-transformer: %s on the %s part of %s: %lld blocks of %lld + 1 tokens\n", o.from.c_str(),
+               o.split.c_str(), o.data.c_str(), (long long)r.blocks, (long long)ctx);
+  return 0;
+}
+
+// A LoRA run's adapters for peft: PeftModel.from_pretrained(base, OUT) on the run's --init-from.
+int export_peft(const ExportOptions& o) {
+  apps::check_outputs_apart({{"--out", o.out}}, {{"--from", o.from}}, "transformer");
+  const LoadedModel loaded = load_model(o.from, true);
+  WEFT_CHECK(loaded.lora.rank > 0, "transformer: {} holds no LoRA adapters (a train --lora-rank run's checkpoint has "
+             "them)", o.from);
+  const std::string base = hf_source(o.from, loaded.recorded);
+  apps::export_peft_adapter(loaded.lm, loaded.lora, o.out, base.empty() ? "" : std::filesystem::absolute(base).string());
+  std::fprintf(stderr, "weft-transformer: wrote %s (LoRA rank %lld on %s%s%s)\n", o.out.c_str(),
+               (long long)loaded.lora.rank, apps::lora_fields(loaded.lora).at("lora_targets").c_str(),
+               base.empty() ? ", no base directory recorded" : ", base ", base.c_str());
+  return 0;
+}
+
+}  // namespace weft::apps::transformer
