@@ -21,6 +21,13 @@ class ScratchDir {
   ScratchDir(const ScratchDir&) = delete;
   ScratchDir& operator=(const ScratchDir&) = delete;
   const std::filesystem::path& path() const { return path_; }
+  // path() / name, made anew: empty.
+  std::filesystem::path fresh(const std::string& name) const {
+    const std::filesystem::path d = path_ / name;
+    std::filesystem::remove_all(d);
+    std::filesystem::create_directories(d);
+    return d;
+  }
 
  private:
   std::filesystem::path path_;

@@ -29,12 +29,6 @@ namespace {
 const std::string kChat = WEFT_TEST_DATA "/chat";
 
 const test::ScratchDir kScratch("weft_examples");
-fs::path fresh_dir(const std::string& name) {
-  const fs::path d = kScratch.path() / name;
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
 
 nlohmann::json expected() {
   std::ifstream in(kChat + "/expected.json");
@@ -77,7 +71,7 @@ TEST_CASE("prepare of JSONL records gives transformers' ids and masked labels, a
   apps::load_hf_checkpoint(kChat + "/model", lm, nullptr);
   for (const std::string style : {"llama3", "chatml", "mistral"}) {
     SECTION(style) {
-      const fs::path dir = fresh_dir(style);
+      const fs::path dir = kScratch.fresh(style);
       const fs::path data = accepted_records(style, dir);
       apps::prepare_examples(kChat + "/" + style, data.string(), (dir / "ds").string(), e[style]["eos"], 0.1, true, "");
       apps::TrainingData d;
@@ -132,7 +126,7 @@ TEST_CASE("a chat template renders as its family's, and roles it has no place fo
   CHECK_THROWS_WITH(apps::parse_chat_format("vicuna"), Contains("--chat-format vicuna"));
   // --chat-format wins over the recognised template; a template weft does not know is named.
   CHECK(apps::load_chat_template(kChat + "/chatml", "mistral").format == ChatFormat::mistral);
-  const fs::path dir = fresh_dir("template");
+  const fs::path dir = kScratch.fresh("template");
   fs::copy_file(kChat + "/chatml/tokenizer.json", dir / "tokenizer.json");
   write(dir / "tokenizer_config.json", R"({"chat_template": "{% for m in messages %}### {{ m.content }}{% endfor %}"})");
   CHECK_THROWS_WITH(apps::load_chat_template(dir.string(), ""), Contains("does not recognise") && Contains("### "));
@@ -141,7 +135,7 @@ TEST_CASE("a chat template renders as its family's, and roles it has no place fo
 }
 
 TEST_CASE("bad JSONL records are named by file and line", "[apps][examples]") {
-  const fs::path dir = fresh_dir("bad");
+  const fs::path dir = kScratch.fresh("bad");
   auto fails = [&](const std::string& lines, const std::string& what, const std::string& format = "") {
     write(dir / "d.jsonl", lines);
     CHECK_THROWS_WITH(apps::prepare_examples(kChat + "/chatml", (dir / "d.jsonl").string(), (dir / "out").string(),
@@ -172,7 +166,7 @@ TEST_CASE("bad JSONL records are named by file and line", "[apps][examples]") {
 }
 
 TEST_CASE("examples are drawn whole, padded with ignored targets, cut at the context or skipped", "[apps][examples]") {
-  const fs::path dir = fresh_dir("batches");
+  const fs::path dir = kScratch.fresh("batches");
   write(dir / "d.jsonl", R"({"prompt": "a b c d e f g h i j k l m n o p", "completion": " q"})" "\n"
                          R"({"text": "one two"})" "\n" R"({"prompt": "x", "completion": " y z"})" "\n"
                          R"({"text": "val"})" "\n");
@@ -244,7 +238,7 @@ void check_packed_losses(nn::Module& model, const apps::ExampleSet& alone, const
 }  // namespace
 
 TEST_CASE("packed rows give every example the loss it has alone (Llama and GPT-2)", "[apps][examples]") {
-  const fs::path dir = fresh_dir("packed");
+  const fs::path dir = kScratch.fresh("packed");
   apps::prepare_examples(kChat + "/chatml", accepted_records("chatml", dir).string(), (dir / "ds").string(),
                          "<|endoftext|>", 0.1, true, "");
   apps::TrainingData d;

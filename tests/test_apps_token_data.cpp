@@ -26,12 +26,6 @@ namespace {
 const std::string kTokenizer = WEFT_TEST_DATA "/tokenizers/gpt2/tokenizer.json";
 
 const test::ScratchDir kScratch("weft_token_data");
-fs::path fresh_dir(const std::string& name) {
-  const fs::path d = kScratch.path() / name;
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
 
 void write(const fs::path& p, const std::string& text) { std::ofstream(p, std::ios::binary) << text; }
 
@@ -44,7 +38,7 @@ std::vector<uint32_t> all_tokens(const apps::TokenFile& f) {
 }  // namespace
 
 TEST_CASE("token data: prepare writes each file's encoding, the end-of-text token after each, split train/val") {
-  const fs::path texts = fresh_dir("texts"), out = fresh_dir("out") / "ds";
+  const fs::path texts = kScratch.fresh("texts"), out = kScratch.fresh("out") / "ds";
   const std::string a = "The quick brown fox jumps over the lazy dog.\n", b = "caf\xc3\xa9 \xe4\xb8\xad 1234\n\n",
                     c = "don't stop <|user|> now\n";
   write(texts / "a.txt", a), write(texts / "b.txt", b), write(texts / "c.txt", c);
@@ -86,7 +80,7 @@ TEST_CASE("token data: prepare writes each file's encoding, the end-of-text toke
 
 TEST_CASE("token data: prepare puts the tokenizer's template tokens (Llama's BOS) around each file unless told not to") {
   const std::string sp = WEFT_TEST_DATA "/tokenizers/llama2/tokenizer.json";
-  const fs::path texts = fresh_dir("sp_texts"), out = fresh_dir("sp_out") / "ds";
+  const fs::path texts = kScratch.fresh("sp_texts"), out = kScratch.fresh("sp_out") / "ds";
   const std::string a = "The quick brown fox.\n", b = "  two  spaces \xe4\xb8\xad\n";
   write(texts / "a.txt", a), write(texts / "b.txt", b);
   const apps::BpeTokenizer tok(sp);
@@ -106,7 +100,7 @@ TEST_CASE("token data: prepare puts the tokenizer's template tokens (Llama's BOS
 }
 
 TEST_CASE("token data: token files hold 16-bit ids up to 65,536 tokens and 32-bit ones past it") {
-  const fs::path dir = fresh_dir("widths");
+  const fs::path dir = kScratch.fresh("widths");
   const std::string digest(64, 'a');
   const std::vector<uint32_t> small = {0, 1, 65535, 7}, large = {0, 65536, 69999, 123456 % 70000};
   apps::write_token_file((dir / "s").string(), small, 65536, digest);
@@ -124,7 +118,7 @@ TEST_CASE("token data: token files hold 16-bit ids up to 65,536 tokens and 32-bi
 }
 
 TEST_CASE("token data: bad token files are named") {
-  const fs::path dir = fresh_dir("bad");
+  const fs::path dir = kScratch.fresh("bad");
   apps::write_token_file((dir / "good").string(), std::vector<uint32_t>{1, 2, 3}, 100, std::string(64, 'f'));
   std::string bytes;
   {
@@ -163,7 +157,7 @@ TEST_CASE(kTruncatedChild, "[.]") {
 }
 
 TEST_CASE("token data: a token file truncated in place while it is mapped is an error naming it, not a signal") {
-  const fs::path dir = fresh_dir("truncated"), file = dir / "train.tokens";
+  const fs::path dir = kScratch.fresh("truncated"), file = dir / "train.tokens";
   apps::write_token_file(file.string(), std::vector<uint32_t>(100000, 7), 100, std::string(64, 'e'));
   const std::string cmd = fmt::format("WEFT_TEST_TOKEN_FILE='{}' '{}' '{}' 2>&1", file.string(),
                                       fs::read_symlink("/proc/self/exe").string(), kTruncatedChild);
