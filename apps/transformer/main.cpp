@@ -21,7 +21,6 @@
 
 using namespace weft;
 using namespace weft::apps::transformer;
-using weft::apps::Ranks;
 
 namespace {
 
@@ -284,12 +283,11 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   TrainOptions t;
   SampleOptions s;
-  ExportOptions x;
+  ExportOptions x, px;  // export-hf's, export-peft's
   PrepareOptions p;
   CLI::App* tr = add_train_flags(app, t);
   CLI::App* sa = add_sample_flags(app, s);
   CLI::App* ex = add_export_flags(app, x);
-  ExportOptions px;
   EvalOptions ev;
   CLI::App* evc = add_eval_flags(app, ev);
   CLI::App* pe = add_peft_flags(app, px);
@@ -317,7 +315,7 @@ int main(int argc, char** argv) {
 
   return dist::run_program("weft-transformer", [&] {
     if (sa->parsed()) {
-      const Ranks ranks = apps::start_ranks("weft-transformer", s.fsdp, {{"command", "sample"}},
+      const apps::Ranks ranks = apps::start_ranks("weft-transformer", s.fsdp, {{"command", "sample"}},
                                             {{"--from", s.checkpoint}, {"--prompt", s.prompt},
                                              {"--tokens", std::to_string(s.tokens)}, {"--seed", std::to_string(s.seed)},
                                              {"--eos", s.eos}, {"--tokenizer", s.tokenizer},
@@ -350,7 +348,7 @@ int main(int argc, char** argv) {
     }
     WEFT_CHECK(tr->get_option("--max-skipped-steps")->count() == 0 || t.on_nan == "skip", "transformer: --max-skipped-steps applies to --on-nan "
                "skip only (--on-nan is {})", t.on_nan);
-    Ranks ranks = apps::start_ranks("weft-transformer", t.fsdp, {{"command", "train"}}, shared_settings(t));
+    apps::Ranks ranks = apps::start_ranks("weft-transformer", t.fsdp, {{"command", "train"}}, shared_settings(t));
     if (ranks.fsdp) ranks.tp = t.tp;
     return train(t, ranks);
   });

@@ -6,6 +6,7 @@
 #   uninterrupted run's losses (rel 1e-5: the ranks' sums round differently);
 # - weft-checkpoint inspect / verify / consolidate (nanoGPT names, lm_head.weight for the tied
 #   head; `sample` from the file prints what it prints from the directory);
+# - a run resumed at its last step says that nothing is left to train;
 # - a flipped byte, a truncated or deleted shard and another model's flags are clear errors on
 #   every rank and write nothing; keep_last keeps the newest.
 # Usage: checkpoint_cli.sh WEFT_TRANSFORMER WEFT_MNIST WEFT_CHECKPOINT [MPIRUN MPIRUN_ARGS...]
@@ -33,6 +34,10 @@ run "$gpt" train "${cfg[@]}" --dropout 0.1 --metrics "$tmp/dr.jsonl" --resume "$
   fail "resume: $(cat "$tmp/err")"
 grep -q "resumed from .*step_00000005 at step 5" "$tmp/err" || fail "did not resume from the latest: $(cat "$tmp/err")"
 for s in 6 8 10; do same "$(loss_at "$tmp/d.jsonl" $s)" "$(loss_at "$tmp/dr.jsonl" $s)" "resumed step-$s loss (dropout)"; done
+# A run resumed at its last step says that nothing is left to train.
+run "$gpt" train "${cfg[@]}" --checkpoint-dir "$tmp/ckend" >/dev/null 2>&1
+run "$gpt" train "${cfg[@]}" --resume "$tmp/ckend" >/dev/null 2>"$tmp/err" || fail "resume at the end: $(cat "$tmp/err")"
+grep -q "nothing to train: step 10 is the run's last" "$tmp/err" || fail "resumed at its end silently: $(cat "$tmp/err")"
 
 # The same at 2 ranks, in new processes.
 mp 2 "$gpt" train --fsdp "${cfg[@]}" --dropout 0.1 --metrics "$tmp/d2.jsonl" >/dev/null 2>"$tmp/err" ||
