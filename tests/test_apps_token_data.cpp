@@ -159,7 +159,8 @@ TEST_CASE(kTruncatedChild, "[.]") {
 TEST_CASE("token data: a token file truncated in place while it is mapped is an error naming it, not a signal") {
   const fs::path dir = kScratch.fresh("truncated"), file = dir / "train.tokens";
   apps::write_token_file(file.string(), std::vector<uint32_t>(100000, 7), 100, std::string(64, 'e'));
-  const std::string cmd = fmt::format("WEFT_TEST_TOKEN_FILE='{}' '{}' '{}' 2>&1", file.string(),
+  // exec: the status is the child's own, so that a death by SIGBUS shows as one (not as the shell's exit 135).
+  const std::string cmd = fmt::format("WEFT_TEST_TOKEN_FILE='{}' exec '{}' '{}' 2>&1", file.string(),
                                       fs::read_symlink("/proc/self/exe").string(), kTruncatedChild);
   std::FILE* child = ::popen(cmd.c_str(), "r");
   REQUIRE(child != nullptr);

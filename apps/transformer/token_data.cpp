@@ -82,7 +82,7 @@ void on_sigbus(int sig, siginfo_t* info, void*) {
 
 // The slot guarding [begin, begin + bytes), or -1 when all are taken (the mapping then goes unguarded).
 int guard_mapping(const void* begin, size_t bytes, const std::string& message) {
-  static const bool installed = [] {
+  [[maybe_unused]] static const bool installed = [] {
     struct sigaction action {};
     action.sa_sigaction = on_sigbus;
     action.sa_flags = SA_SIGINFO;
@@ -91,7 +91,7 @@ int guard_mapping(const void* begin, size_t bytes, const std::string& message) {
     return true;
   }();
   std::lock_guard lock(guarded_mutex);
-  for (int i = 0; installed && i < int(std::size(guarded)); ++i) {
+  for (int i = 0; i < int(std::size(guarded)); ++i) {
     Guarded& g = guarded[i];
     if (g.live.load(std::memory_order_relaxed)) continue;
     g.begin = static_cast<const char*>(begin), g.end = g.begin + bytes;
