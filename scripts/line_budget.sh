@@ -8,7 +8,7 @@ set -euo pipefail
 cd "${1:-$(dirname "$0")/..}"
 # layer | budget | the files and folders counted (kernels: the entry points and the meta device)
 budgets=(
-  "core           4319  core weft.h"
+  "core           4330  core weft.h"
   "kernels        2582  kernels/*.h kernels/*.cpp kernels/meta"
   "kernels/cpu    5666  kernels/cpu"
   "cuda           4669  cuda"
