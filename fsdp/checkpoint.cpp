@@ -197,9 +197,9 @@ std::string save_checkpoint(const std::string& dir, nn::Module& model, const nn:
     }
     std::erase_if(aliases, [&](const auto& alias) { return frozen.count(alias.second) > 0; });
     if (sc.lead()) {
-      fs::create_directories(dir);
-      fs::remove_all(tmp);  // left by a save that crashed
-      fs::create_directory(tmp);
+      WEFT_FS(fs::create_directories(dir));
+      WEFT_FS(fs::remove_all(tmp));  // left by a save that crashed
+      WEFT_FS(fs::create_directory(tmp));
     }
   });
 
@@ -215,7 +215,7 @@ std::string save_checkpoint(const std::string& dir, nn::Module& model, const nn:
     save_safetensors(file, pieces, {{"format", "weft-checkpoint-shard"}, {"shard", std::to_string(index)},
                                     {"num_shards", std::to_string(sc.files())}, {"step", std::to_string(state.step)}});
     sha = sha256_file(file);
-    bytes = fs::file_size(file);
+    bytes = WEFT_FS(fs::file_size(file));
   });
 
   Tensor records = all_gather(sc, make_record(bytes, keys_fingerprint(sd), sha, default_generator().state()));

@@ -96,11 +96,11 @@ void rotate(const fs::path& final_dir, const SaveOptions& options, const std::st
       if (excess-- <= 0) break;
       if (r.path != final_dir && r.path != best &&
           !(!options.keep_also.empty() && fs::equivalent(r.path, options.keep_also, ec)))
-        fs::remove_all(r.path);
+        WEFT_FS(fs::remove_all(r.path));
     }
   }
   if (options.replace_other_runs)
-    for (auto& [step, r] : others) fs::remove_all(r.path);
+    for (auto& [step, r] : others) WEFT_FS(fs::remove_all(r.path));
 }
 
 }  // namespace
@@ -112,7 +112,7 @@ std::map<int64_t, fs::path> complete_checkpoints(const fs::path& dir) {
     std::string name = e.path().filename().string();
     // step_<digits>, at most 18 of them (so the number fits an int64; longer names are not ours).
     const int64_t step = step_of(name, "");
-    if (step >= 0 && fs::exists(e.path() / kCheckpointIndexFile)) out[step] = e.path();
+    if (step >= 0 && WEFT_FS(fs::exists(e.path() / kCheckpointIndexFile))) out[step] = e.path();
   }
   return out;
 }
@@ -121,13 +121,13 @@ void publish_checkpoint(const fs::path& tmp, const fs::path& final_dir, const Sa
                         const std::string& run) {
   fsync_directory(tmp.string());
   fs::path old = final_dir.parent_path() / (".old-" + final_dir.filename().string());
-  if (fs::exists(final_dir)) {
-    fs::remove_all(old);
-    fs::rename(final_dir, old);
+  if (WEFT_FS(fs::exists(final_dir))) {
+    WEFT_FS(fs::remove_all(old));
+    WEFT_FS(fs::rename(final_dir, old));
   }
-  fs::rename(tmp, final_dir);
+  WEFT_FS(fs::rename(tmp, final_dir));
   fsync_directory(final_dir.parent_path().string());
-  fs::remove_all(old);
+  WEFT_FS(fs::remove_all(old));
   remove_stale_temporaries(final_dir.parent_path(), step_of(final_dir.filename().string(), ""));
   rotate(final_dir, options, run);
 }
@@ -149,7 +149,7 @@ std::vector<std::string> older_kept_checkpoints(const std::string& dir, int keep
 }
 
 CheckpointDirLock::CheckpointDirLock(const std::string& dir) {
-  fs::create_directories(dir);
+  WEFT_FS(fs::create_directories(dir));
   const std::string path = (fs::path(dir) / ".lock").string();
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   WEFT_CHECK(fd_ >= 0, "checkpoint: cannot open the lock file {}: {}", path, std::strerror(errno));
@@ -182,7 +182,7 @@ CheckpointDirLock::~CheckpointDirLock() {
 }
 
 std::string latest_checkpoint(const std::string& path, std::vector<std::string>* unreadable) {
-  if (fs::exists(fs::path(path) / kCheckpointIndexFile)) return path;
+  if (WEFT_FS(fs::exists(fs::path(path) / kCheckpointIndexFile))) return path;
   auto all = complete_checkpoints(path);
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     try {

@@ -12,9 +12,9 @@ namespace fs = std::filesystem;
 
 void PieceSource::check_file(const CheckpointIndex::File& f) {
   std::string path = index_.file_path(f.name);
-  WEFT_CHECK(fs::is_regular_file(path), "checkpoint: {} is missing (listed in {}/{})", path, index_.dir,
+  WEFT_CHECK(WEFT_FS(fs::is_regular_file(path)), "checkpoint: {} is missing (listed in {}/{})", path, index_.dir,
              kCheckpointIndexFile);
-  uint64_t size = fs::file_size(path);
+  uint64_t size = WEFT_FS(fs::file_size(path));
   WEFT_CHECK(size == f.bytes, "checkpoint: {} is {} bytes but the index records {}: the file is truncated or was "
              "changed", path, size, f.bytes);
   std::string sha = sha256_file(path);

@@ -1,6 +1,8 @@
 // Bad input must throw weft::Error with a message that says what is wrong — never crash.
 #include <catch2/catch.hpp>
 
+#include <filesystem>
+
 #include "weft.h"
 
 using namespace weft;
@@ -85,4 +87,14 @@ TEST_CASE("element and byte counts that overflow are refused, naming the shape")
   CHECK(shape_numel({big, big, 0}) == 0);
   CHECK(empty({big, 0, big}).numel() == 0);
   CHECK(shape_numel({int64_t(1) << 31, int64_t(1) << 31}) == int64_t(1) << 62);
+}
+
+TEST_CASE("a failed std::filesystem call in WEFT_FS is weft::Error with the library's text and weft's file:line") {
+  const std::string missing = "/nonexistent-weft-dir/file";
+  std::string message;  // a std::filesystem_error passing through fails the test
+  try { WEFT_FS(std::filesystem::file_size(missing)); } catch (const Error& e) { message = e.what(); }
+  const int line = __LINE__ - 1;
+  CHECK_THAT(message, Contains("No such file or directory") && Contains(missing) &&
+                          Contains(fmt::format("test_errors.cpp:{})", line)));
+  CHECK(WEFT_FS(std::filesystem::exists(missing)) == false);  // a call that succeeds returns its value
 }

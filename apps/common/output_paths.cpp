@@ -16,7 +16,7 @@ namespace {
 fs::path resolved(const std::string& path) {
   std::error_code ec;
   fs::path p = fs::weakly_canonical(fs::absolute(path, ec), ec);
-  return ec ? fs::absolute(path).lexically_normal() : p;
+  return ec ? WEFT_FS(fs::absolute(path)).lexically_normal() : p;
 }
 
 bool inside(const fs::path& child, const fs::path& dir) {

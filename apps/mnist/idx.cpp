@@ -77,7 +77,7 @@ Tensor read_idx(const std::string& path) {
 
 static std::string find_file(const std::string& dir, const std::string& name) {
   for (const std::string& cand : {dir + "/" + name, dir + "/" + name + ".gz"})
-    if (std::filesystem::exists(cand)) return cand;
+    if (WEFT_FS(std::filesystem::exists(cand))) return cand;
   WEFT_ERROR("mnist: {}/{}[.gz] not found. For the default Fashion-MNIST data install the Debian package: "
              "apt-get install dataset-fashion-mnist (or pass --data DIR with IDX files)", dir, name);
 }

@@ -53,7 +53,7 @@ std::string token_text(const json& config, const char* key) {
 // The template text: chat_template.jinja, else tokenizer_config.json's chat_template (a string,
 // or a list of named templates of which "default" is used); "" when there is none.
 std::string template_text(const fs::path& dir, const json& config, const std::string& config_file) {
-  if (fs::exists(dir / "chat_template.jinja")) return read_text(dir / "chat_template.jinja");
+  if (WEFT_FS(fs::exists(dir / "chat_template.jinja"))) return read_text(dir / "chat_template.jinja");
   if (!config.contains("chat_template") || config["chat_template"].is_null()) return "";
   const json& t = config["chat_template"];
   if (t.is_string()) return t.get<std::string>();
@@ -119,7 +119,7 @@ ChatTemplate load_chat_template(const std::string& tokenizer_path, const std::st
   const fs::path dir = fs::path(tokenizer_json_path(tokenizer_path)).parent_path();
   const std::string config_file = (dir / "tokenizer_config.json").string();
   json config = json::object();
-  if (fs::exists(config_file)) {
+  if (WEFT_FS(fs::exists(config_file))) {
     std::ifstream in(config_file);
     config = json::parse(in, nullptr, false);
     WEFT_CHECK(config.is_object(), "transformer: {} is not a JSON object", config_file);

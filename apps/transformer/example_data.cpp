@@ -205,7 +205,7 @@ PreparedExamples prepare_examples(const std::string& tokenizer_path, const std::
   for (const Example& ex : examples) out.trained_tokens += std::count(ex.trained.begin() + 1, ex.trained.end(), uint8_t(1));
   std::error_code ec;
   fs::create_directories(out_dir, ec);
-  WEFT_CHECK(!ec && fs::is_directory(out_dir), "transformer: cannot create the dataset directory {}: {}", out_dir,
+  WEFT_CHECK(!ec && WEFT_FS(fs::is_directory(out_dir)), "transformer: cannot create the dataset directory {}: {}", out_dir,
              ec ? ec.message() : "not a directory");
   const std::string digest = tokenizer_digest(tokenizer_path);
   const int64_t vocab = enc.tokenizer().vocab_size();

@@ -29,7 +29,7 @@ namespace {
 std::map<std::string, std::string> weight_files(const std::string& dir) {
   std::map<std::string, std::string> out;
   const fs::path index = fs::path(dir) / "model.safetensors.index.json", single = fs::path(dir) / "model.safetensors";
-  if (fs::exists(index) && !fs::exists(single)) {  // both: the single file, as transformers reads it
+  if (WEFT_FS(fs::exists(index)) && !WEFT_FS(fs::exists(single))) {  // both: the single file, as transformers reads it
     std::ifstream in(index);
     json j = json::parse(in, nullptr, false);
     WEFT_CHECK(!j.is_discarded() && j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(),
@@ -43,7 +43,7 @@ std::map<std::string, std::string> weight_files(const std::string& dir) {
     }
     return out;
   }
-  WEFT_CHECK(fs::exists(single), "transformer: {} has neither model.safetensors nor model.safetensors.index.json "
+  WEFT_CHECK(WEFT_FS(fs::exists(single)), "transformer: {} has neither model.safetensors nor model.safetensors.index.json "
              "(weft reads the safetensors format only, not pytorch_model.bin)", dir);
   for (const SafetensorsEntry& e : read_safetensors_index(single.string())) out[e.name] = single.string();
   return out;
@@ -54,7 +54,7 @@ std::map<std::string, std::string> weight_files(const std::string& dir) {
 HfGenerationConfig read_hf_generation_config(const std::string& dir) {
   const fs::path path = fs::path(dir) / "generation_config.json";
   HfGenerationConfig g;
-  if (!fs::exists(path)) return g;
+  if (!WEFT_FS(fs::exists(path))) return g;
   g.found = true;
   std::ifstream in(path);
   const json j = json::parse(in, nullptr, false);
@@ -156,8 +156,8 @@ fs::path export_temp_dir(const std::string& out) {
     if (::kill(pid_t(std::stoi(pid)), 0) != 0 && errno == ESRCH) fs::remove_all(e.path(), ec);  // its export died
   }
   const fs::path tmp = parent / (prefix + std::to_string(::getpid()));
-  fs::remove_all(tmp);
-  fs::create_directories(tmp);
+  WEFT_FS(fs::remove_all(tmp));
+  WEFT_FS(fs::create_directories(tmp));
   return tmp;
 }
 
@@ -218,7 +218,7 @@ void export_hf_checkpoint(const LanguageModel& model, const std::string& out, in
   write_new_directory(out, "export-hf", [&](const fs::path& tmp) {
     write_hf_files(tmp, shards, total, cfg);
     for (const char* name : kHfSideFiles)  // the tokenizer's and generation's files, as downloaded
-      if (!source.empty() && fs::exists(fs::path(source) / name)) fs::copy_file(fs::path(source) / name, tmp / name);
+      if (const fs::path f = fs::path(source) / name; !source.empty() && WEFT_FS(fs::exists(f))) WEFT_FS(fs::copy_file(f, tmp / name));
   });
 }
 
@@ -226,13 +226,13 @@ void write_new_directory(const std::string& out, const char* command,
                          const std::function<void(const std::filesystem::path&)>& write) {
   WEFT_CHECK(!out.empty() && fs::path(out).has_filename(), "transformer: --out \"{}\" does not name a directory to "
              "write", out);
-  WEFT_CHECK(!fs::exists(out), "transformer: {} already exists: {} writes a new directory (choose another --out or "
+  WEFT_CHECK(!WEFT_FS(fs::exists(out)), "transformer: {} already exists: {} writes a new directory (choose another --out or "
              "remove it)", out, command);
   fs::path tmp;
   try {
     tmp = export_temp_dir(out);
     write(tmp);
-    fs::rename(tmp, out);
+    WEFT_FS(fs::rename(tmp, out));
   } catch (const std::exception& e) {
     std::error_code ec;
     if (!tmp.empty()) fs::remove_all(tmp, ec);

@@ -74,7 +74,7 @@ LoadedModel load_model(const std::string& from, bool say, bool shard = false, De
     m.recorded["hf_source"] = a.base;  // its tokenizer and generation files
     return m;
   }
-  if (std::filesystem::is_regular_file(from)) {
+  if (WEFT_FS(std::filesystem::is_regular_file(from))) {
     WEFT_CHECK(!shard, "transformer: {} is one consolidated file, read whole: sample it without --fsdp, or from the "
                "checkpoint directory it was made from", from);
     auto contents = load_safetensors(from);
@@ -156,7 +156,7 @@ std::optional<apps::BpeTokenizer> sample_tokenizer(const SampleOptions& o, const
   const int64_t vocab = loaded.lm.cfg.vocab_size;
   std::optional<apps::BpeTokenizer> tok;
   std::string path = o.tokenizer;
-  if (path.empty() && !source.empty() && std::filesystem::exists(source + "/tokenizer.json")) {
+  if (path.empty() && !source.empty() && WEFT_FS(std::filesystem::exists(source + "/tokenizer.json"))) {
     path = source + "/tokenizer.json";
     std::fprintf(stderr, "weft-transformer: tokenizer %s (the model's; --tokenizer to give another)\n", path.c_str());
   }
@@ -363,7 +363,7 @@ int export_peft(const ExportOptions& o) {
   WEFT_CHECK(loaded.lora.rank > 0, "transformer: {} holds no LoRA adapters (a train --lora-rank run's checkpoint has "
              "them)", o.from);
   const std::string base = hf_source(o.from, loaded.recorded);
-  apps::export_peft_adapter(loaded.lm, loaded.lora, o.out, base.empty() ? "" : std::filesystem::absolute(base).string());
+  apps::export_peft_adapter(loaded.lm, loaded.lora, o.out, base.empty() ? "" : WEFT_FS(std::filesystem::absolute(base)).string());
   std::fprintf(stderr, "weft-transformer: wrote %s (LoRA rank %lld on %s%s%s)\n", o.out.c_str(),
                (long long)loaded.lora.rank, apps::lora_fields(loaded.lora).at("lora_targets").c_str(),
                base.empty() ? ", no base directory recorded" : ", base ", base.c_str());

@@ -49,7 +49,7 @@ void refuse_unsupported(const json& c, const std::string& file) {
 }
 }  // namespace
 
-bool is_peft_dir(const std::string& dir) { return fs::is_regular_file(fs::path(dir) / kConfig); }
+bool is_peft_dir(const std::string& dir) { return WEFT_FS(fs::is_regular_file(fs::path(dir) / kConfig)); }
 
 PeftAdapter read_peft_adapter(const std::string& dir) {
   const std::string file = (fs::path(dir) / kConfig).string();

@@ -271,7 +271,7 @@ void load_training_data(const std::string& path, TrainingData& d) {
   d.vocab_size = a.vocab_size;
   d.tokenizer_sha256 = a.tokenizer_sha256;
   d.files = {train, val};
-  if (!fs::exists(fs::path(path) / "train.labels")) return;
+  if (!WEFT_FS(fs::exists(fs::path(path) / "train.labels"))) return;
   for (const auto& [file, tokens, labels] : {std::tuple{train, &*d.train_file, &d.train_labels_file},
                                             std::tuple{val, &*d.val_file, &d.val_labels_file}}) {
     const std::string name = file.substr(0, file.size() - 7) + ".labels";
@@ -307,7 +307,7 @@ PreparedData prepare_tokens(const std::string& tokenizer_path, const std::string
   }
   const std::vector<std::string> files = text_files(data);
   int64_t total_bytes = 0;
-  for (const std::string& f : files) total_bytes += int64_t(fs::file_size(f));
+  for (const std::string& f : files) total_bytes += int64_t(WEFT_FS(fs::file_size(f)));
   PreparedData out;
   std::vector<uint32_t> tokens;
   try {  // no token is shorter than a byte: one allocation, its untouched tail never resident
@@ -316,7 +316,7 @@ PreparedData prepare_tokens(const std::string& tokenizer_path, const std::string
   }
   Progress progress("prepare", int64_t(files.size()), "bytes");
   for (const std::string& f : files) {
-    WEFT_CHECK(fs::is_regular_file(f), "transformer: {} is not a regular file or a directory (a FIFO or device?)", f);
+    WEFT_CHECK(WEFT_FS(fs::is_regular_file(f)), "transformer: {} is not a regular file or a directory (a FIFO or device?)", f);
     const int64_t bytes = encode_file(tok, f, special, tokens);
     if (eos_id >= 0) tokens.push_back(uint32_t(eos_id));
     out.files += 1, out.bytes += bytes;
@@ -327,7 +327,7 @@ PreparedData prepare_tokens(const std::string& tokenizer_path, const std::string
   const size_t n_val = size_t(double(tokens.size()) * val_fraction);
   std::error_code ec;
   fs::create_directories(out_dir, ec);
-  WEFT_CHECK(!ec && fs::is_directory(out_dir), "transformer: cannot create the dataset directory {}: {}", out_dir,
+  WEFT_CHECK(!ec && WEFT_FS(fs::is_directory(out_dir)), "transformer: cannot create the dataset directory {}: {}", out_dir,
              ec ? ec.message() : "not a directory");
   const std::span<const uint32_t> train(tokens.data(), tokens.size() - n_val), val(tokens.data() + train.size(), n_val);
   write_token_file(out_dir + "/train.tokens", train, tok.vocab_size(), digest);

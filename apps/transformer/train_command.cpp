@@ -63,7 +63,7 @@ std::map<std::string, std::string> describe(const apps::ModelConfig& cfg, const 
   if (o.base_elsewhere()) d["lora_base_sha256"] = o.base_digest;
   if (o.pack) d["pack"] = "1";
   if (o.base_dtype != "f32") d["base_dtype"] = o.base_dtype;
-  if (!o.init_from.empty()) d["hf_source"] = std::filesystem::absolute(o.init_from).string();  // export-hf's side files
+  if (!o.init_from.empty()) d["hf_source"] = WEFT_FS(std::filesystem::absolute(o.init_from)).string();  // export-hf's side files
   return d;
 }
 
