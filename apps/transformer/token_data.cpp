@@ -22,6 +22,7 @@
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/sha256.h"
+#include "dist/dist.h"
 
 namespace weft::apps {
 
@@ -232,9 +233,11 @@ TokenFile::TokenFile(const std::string& path) : path_(path) {
   header_.vocab_size = int64_t(vocab);
   header_.tokenizer_sha256.assign(reinterpret_cast<const char*>(h + 32), 64);
   data_ = h + kHeaderBytes;
-  guard_ = guard_mapping(map_, map_size_, fmt::format("{}: error: transformer: token file {} became shorter while "
+  const bool ranks = dist::is_initialized() && dist::world_size() > 1;  // named as run_program names a rank's error
+  guard_ = guard_mapping(map_, map_size_, fmt::format("{}: error{}: transformer: token file {} became shorter while "
                            "it was read (truncated or rewritten in place); stopped: replace a dataset's files by "
-                           "rename, as `prepare` does", program_invocation_short_name, path));
+                           "rename, as `prepare` does", program_invocation_short_name,
+                           ranks ? fmt::format(" on rank {}", dist::rank()) : "", path));
   if (const int64_t i = first_out_of_vocabulary(map_, view(), header_.vocab_size); i >= 0)
     fail(fmt::format("token {} (of {}) is id {}, outside its vocabulary of {}: the file is damaged", i, count,
                      (*this)[i], vocab));

@@ -6,7 +6,8 @@
 # error names --tokenizer),
 # a training file larger than WEFT_MEMORY_LIMIT trains (it is memory-mapped, never read into
 # weft's memory) with a peak RSS far below the file's size, and (given mpirun) --fsdp at 2
-# ranks logs the single-process step-10 loss.
+# ranks logs the single-process step-10 loss and, its token file truncated under it, stops naming
+# the file and the rank.
 # Usage: tokens_cli.sh EXE TOKENIZER_DIR [MPIRUN MPIRUN_ARGS...]
 set -euo pipefail
 exe=$1
@@ -111,5 +112,16 @@ if [ -n "$mpirun" ]; then
   "$mpirun" -np 2 "${mpirun_args[@]}" "$exe" train --fsdp "${cfg[@]}" --stop-after 10 --metrics "$tmp/f.jsonl" \
     >/dev/null 2>"$tmp/f.err" || fail "--fsdp at 2 ranks failed: $(tail -5 "$tmp/f.err")"
   within "$(loss_at "$tmp/f.jsonl" 10)" "$(loss_at "$tmp/a.jsonl" 10)" 1e-5 0 "--fsdp 2-rank step-10 loss"
+  # The training file truncated in place while both ranks read it: the job ends (not a bus error, not
+  # a hang), and a rank that reads past the new end names the file and itself.
+  cp -r "$tmp/ds" "$tmp/cut"
+  "$mpirun" -np 2 "${mpirun_args[@]}" "$exe" train --fsdp --data "$tmp/cut" "${model[@]}" --steps 1000000 \
+    --metrics "$tmp/cut.jsonl" >/dev/null 2>"$tmp/cut.err" &
+  job=$!
+  for _ in $(seq 600); do [ -s "$tmp/cut.jsonl" ] && break; sleep 0.1; done
+  truncate -s 4096 "$tmp/cut/train.tokens"
+  if wait "$job"; then fail "a 2-rank run whose token file was truncated under it ended well"; fi
+  grep -qE "error on rank [01]: transformer: token file $tmp/cut/train.tokens became shorter while it was read" \
+    "$tmp/cut.err" || fail "the truncated token file at 2 ranks: $(head -5 "$tmp/cut.err")"
 fi
 echo "tokens_cli: all checks passed"
