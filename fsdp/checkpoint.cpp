@@ -197,6 +197,9 @@ std::string save_checkpoint(const std::string& dir, nn::Module& model, const nn:
     }
     std::erase_if(aliases, [&](const auto& alias) { return frozen.count(alias.second) > 0; });
     if (sc.lead()) {
+      WEFT_CHECK(!WEFT_FS(fs::exists(final_dir)) || WEFT_FS(fs::exists(final_dir / kCheckpointIndexFile)),
+                 "save_checkpoint: {} exists and is not a checkpoint (it has no {}): it is left as it is (move it "
+                 "away, or save elsewhere)", final_dir.string(), kCheckpointIndexFile);
       WEFT_FS(fs::create_directories(dir));
       WEFT_FS(fs::remove_all(tmp));  // left by a save that crashed
       WEFT_FS(fs::create_directory(tmp));

@@ -83,6 +83,14 @@ std::optional<fs::path> best_checkpoint(const std::map<int64_t, Recorded>& own) 
   return best;
 }
 
+// Removes a published checkpoint: renamed to .old-step_N first, so that a removal cut short
+// leaves a leftover the next save clears, never a step_N directory without its index.
+void discard(const fs::path& checkpoint) {
+  const fs::path old = checkpoint.parent_path() / (".old-" + checkpoint.filename().string());
+  WEFT_FS(fs::rename(checkpoint, old));
+  WEFT_FS(fs::remove_all(old));
+}
+
 // keep_last over run `run`'s checkpoints (SaveOptions), then replace_other_runs.
 void rotate(const fs::path& final_dir, const SaveOptions& options, const std::string& run) {
   if (options.keep_last <= 0 && !options.replace_other_runs) return;  // nothing to rotate: no index read
@@ -96,11 +104,11 @@ void rotate(const fs::path& final_dir, const SaveOptions& options, const std::st
       if (excess-- <= 0) break;
       if (r.path != final_dir && r.path != best &&
           !(!options.keep_also.empty() && fs::equivalent(r.path, options.keep_also, ec)))
-        WEFT_FS(fs::remove_all(r.path));
+        discard(r.path);
     }
   }
   if (options.replace_other_runs)
-    for (auto& [step, r] : others) WEFT_FS(fs::remove_all(r.path));
+    for (auto& [step, r] : others) discard(r.path);
 }
 
 }  // namespace

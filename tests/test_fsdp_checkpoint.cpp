@@ -347,6 +347,13 @@ TEST_CASE("retention and latest: keep_last, incomplete checkpoints ignored, same
   CHECK(fs::path(fsdp::latest_checkpoint(dir.string())).filename() == "step_00000004");
   CHECK(fsdp::latest_checkpoint((dir / "none").string()).empty());
   barrier();
+  // A step_N directory that is not a checkpoint (no index.json) is never replaced by a save.
+  if (dist::rank() == 0) std::ofstream(dir / "step_00000009" / "mine.txt") << "precious";
+  barrier();
+  CHECK_THROWS_WITH(fsdp::save_checkpoint(dir.string(), *m, nullptr, &root, {.step = 9}, {.keep_last = 2}),
+                    Catch::Contains("step_00000009 exists and is not a checkpoint (it has no index.json)"));
+  barrier();
+  CHECK(fs::exists(dir / "step_00000009" / "mine.txt"));
   // Leftovers of saves that stopped midway (a crash, kill -9) are removed when a later step is
   // published; those of later steps are kept.
   if (dist::rank() == 0) {
