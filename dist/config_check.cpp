@@ -67,13 +67,14 @@ std::string rank_list(const std::vector<int>& ranks) {
 
 }  // namespace
 
-void check_same_config(const ConfigSettings& settings, std::string_view program, ProcessGroupPtr group) {
+void check_same_config(const ConfigSettings& settings, std::string_view program, ProcessGroupPtr group,
+                       std::string_view rule) {
   if (!group) {
     if (!is_initialized()) return;
     group = world();
   }
   if (group->size() <= 1) return;
-  const std::string tail = " (every rank must get the same flags)";
+  const std::string tail = fmt::format(" ({})", rule);
   const std::string head = fmt::format("{}: ranks were started with different settings: ", program);
 
   // The number of entries first: the hashes below need the same length on every rank.

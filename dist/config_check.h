@@ -28,7 +28,9 @@ using ConfigSettings = std::vector<std::pair<std::string, std::string>>;
 //    (every rank must get the same flags)"
 // (ranks with equal values are listed together, "on ranks 0-1,3"). Ranks are group ranks, and
 // failed_rank is the world rank of the lowest group rank whose value differs from rank 0's.
-// A group of one (or no dist at all) is a no-op.
-void check_same_config(const ConfigSettings& settings, std::string_view program, ProcessGroupPtr group = nullptr);
+// A group of one (or no dist at all) is a no-op. `rule` replaces the parenthesis for settings
+// that are not flags (the contents of the files read, say).
+void check_same_config(const ConfigSettings& settings, std::string_view program, ProcessGroupPtr group = nullptr,
+                       std::string_view rule = "every rank must get the same flags");
 
 }  // namespace weft::dist

@@ -20,6 +20,7 @@
 #include "core/sha256.h"
 #include "core/version.h"
 #include "dist/agree.h"
+#include "dist/config_check.h"
 #include "dist/dist.h"
 #include "fsdp/checkpoint_dir.h"
 #include "fsdp/checkpoint_index.h"
@@ -247,9 +248,14 @@ CheckpointProgress load_checkpoint(const std::string& path, nn::Module& model, n
   std::vector<std::pair<Tensor, Tensor>> model_values;  // (the model's tensor, its new value)
   nn::NamedTensorList optim_state;                      // by position, for opt->load_state_dict
   bool have_optim = false;
+  std::string read;  // which checkpoint this rank read: every rank must read the same one
   dist::agree(sc.groups(), "checkpoint: loading a checkpoint", [&] {
     index = read_checkpoint_index(path);
     const std::string index_path = index.file_path(kCheckpointIndexFile);
+    read = fmt::format("step {}, index.json sha256 {}", index.training.step, sha256_file(index_path).substr(0, 16));
+    WEFT_CHECK(!options.restore_rng || index.rng.size() == size_t(index.world_size), "checkpoint: {}: \"rng\" holds "
+               "{} generator states for world_size {} (one a rank): a run resumed from it would draw other random "
+               "numbers than the run that wrote it", index_path, index.rng.size(), index.world_size);
     PieceSource source(index, options.verify);
     std::set<std::string> used;
     const std::set<std::string> frozen = options.frozen_elsewhere ? frozen_parameters(model) : std::set<std::string>{};
@@ -306,6 +312,10 @@ CheckpointProgress load_checkpoint(const std::string& path, nn::Module& model, n
     optim_state = position_optimizer_state(named, optimizer_param_names(*opt, model));
   });
 
+  // A path that holds other checkpoints on other hosts (node-local disks) would load a mix of them.
+  for (const dist::ProcessGroupPtr& g : sc.groups())
+    if (g) dist::check_same_config({{"the checkpoint read", read}}, "checkpoint", g, "every rank must read the same "
+                                   "checkpoint: the path holds another one on some rank's host");
   // The optimizer first: its own checks (groups, options) may still fail on some rank, and
   // then every rank puts back what it had.
   if (opt && have_optim) {
@@ -326,7 +336,7 @@ CheckpointProgress load_checkpoint(const std::string& path, nn::Module& model, n
   }
   NoGradGuard no_grad;
   for (auto& [live, value] : model_values) copy_elements(live, value);
-  if (options.restore_rng && !index.rng.empty())
+  if (options.restore_rng)
     default_generator().set_state(index.rng[size_t(sc.linear()) < index.rng.size() ? size_t(sc.linear()) : 0]);
   return index.training;
 }

@@ -416,6 +416,24 @@ TEST_CASE("bad checkpoints fail on every rank with the file and key, and change 
   expect_failure("deleted", [&](const fs::path& d) { fs::remove(d / last); }, last + " is missing", *m, root, &opt);
   expect_failure("no_index", [&](const fs::path& d) { fs::remove(d / "index.json"); }, "no complete checkpoint", *m,
                  root, &opt);
+  auto drop_rng = [](const fs::path& d) {  // a resumed run would draw other numbers than the one that saved
+    fsdp::CheckpointIndex ix = fsdp::read_checkpoint_index(d.string());
+    ix.rng.clear();
+    std::ofstream(d / "index.json") << fsdp::checkpoint_index_json(ix);
+  };
+  expect_failure("no_rng", drop_rng, "\"rng\" holds 0 generator states for world_size", *m, root, &opt);
+  // Ranks whose path holds different checkpoints (node-local disks) load none of them.
+  const std::string later = fsdp::save_checkpoint((dir / "later").string(), *m, &opt, &root, {.step = 2});
+  if (dist::world_size() > 1) {
+    std::string message;
+    try {
+      fsdp::load_checkpoint(dist::rank() == 0 ? good : later, *m, &opt, &root);
+    } catch (const Error& e) {
+      message = e.what();
+    }
+    check_failed_on_every_rank(message, "the checkpoint read is step 1, index.json sha256", "other checkpoints");
+    CHECK_THAT(message, Contains("step 2, index.json sha256") && Contains("every rank must read the same checkpoint"));
+  }
   // Without hash checks a truncated tensor is still caught, naming the file and the tensor.
   {
     fs::path bad = dir / "truncated_noverify";

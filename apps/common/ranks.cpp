@@ -37,6 +37,13 @@ Ranks start_ranks(const std::string& program, bool fsdp, dist::ConfigSettings la
   return ranks;
 }
 
+void check_same_data(const std::map<std::string, std::string>& read, const Ranks& ranks, const std::string& program) {
+  dist::ConfigSettings named;
+  for (const auto& [part, value] : read) named.emplace_back("the data's " + part, value);
+  if (ranks.fsdp) dist::check_same_config(named, program, nullptr, "every rank must read the same data: the path "
+                                          "holds other files on some rank's host");
+}
+
 double mean_over_ranks(double local, const Ranks& ranks) {
   if (!ranks.fsdp) return local;
   Tensor t = from_vector({local}, {1}, {.dtype = kFloat64});

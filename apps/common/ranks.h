@@ -1,6 +1,7 @@
 // apps: where an app's process sits among the ranks. Keeping ranks in step when one fails is
 // dist's (dist/agree.h): an app runs rank-local work through dist::agree(ranks.groups(), ...).
 #pragma once
+#include <map>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,10 @@ struct Ranks {
 // to some ranks only fails on every rank naming --fsdp instead of hanging in MPI_Init; then each
 // trains alone (rank 0 says so).
 Ranks start_ranks(const std::string& program, bool fsdp, dist::ConfigSettings launch, const dist::ConfigSettings& shared);
+
+// Under --fsdp, that every rank read the same data (names its parts' sizes and sha256s): one path
+// can hold other files on another host (node-local disks). Each rank's error names the part.
+void check_same_data(const std::map<std::string, std::string>& read, const Ranks& ranks, const std::string& program);
 
 double mean_over_ranks(double local, const Ranks& ranks);
 // The name an app's error messages begin with: "weft-mnist" -> "mnist".

@@ -337,7 +337,7 @@ void prepare_run(const Options& o, const Ranks& ranks, Run& run) {
     run.model = apps::make_mnist_model(o.model, run.data.rows, run.data.cols);
     run.model->to(run.device);  // initialised on the host (the same values on every device), then moved
   }
-  if (!o.save.empty() || !o.load.empty()) run.train_set = training_set(run.data.train);
+  if (!o.save.empty() || !o.load.empty() || ranks.fsdp) run.train_set = training_set(run.data.train);
   if (!o.load.empty()) run.resume_from = checkpoint_to_load(o, run.train_set, run.steps_per_epoch, ranks.lead());
   apps::check_outputs_apart({{"--metrics", o.metrics}, {"--save", o.save}, {"WEFT_TRACE", trace::file()}},
                             {{"--data", o.data}, {"--load", run.resume_from}}, "mnist");
@@ -408,6 +408,9 @@ int run(const Options& o, const Ranks& ranks) {
   Run run;
   dist::agree(ranks.groups(), "mnist", [&] { prepare_run(o, ranks, run); });
   if (o.plan.only()) return 0;
+  auto read = run.train_set;
+  if (ranks.fsdp) read["test_sha256"] = training_set(run.data.test).at("train_sha256");  // its images and labels
+  apps::check_same_data(read, ranks, "weft-mnist");
   const int64_t n_params = apps::count_parameters(*run.model);
   std::optional<fsdp::FSDPModule> root;
   if (ranks.fsdp) root = shard_model(run.model, run.device, o, nullptr, run.per_layer);

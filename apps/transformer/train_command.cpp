@@ -343,14 +343,14 @@ void validate(TrainOptions& o, const Ranks& ranks, Run& run) {
 }
 
 // The text or token files; a token dataset sets the vocabulary.
-void load_data(TrainOptions& o, Run& run) {
+void load_data(TrainOptions& o, Run& run, bool fsdp) {
   apps::load_training_data(o.data, run.data);
   if (!run.data.tokenizer_sha256.empty()) {  // token ids: the model's vocabulary must hold them
     if (o.init_from.empty()) o.model.vocab_size = run.data.vocab_size;
     WEFT_CHECK(o.model.vocab_size >= run.data.vocab_size, "transformer: {}'s vocabulary of {} is smaller than the "
                "dataset's {} ({})", o.init_from, o.model.vocab_size, run.data.vocab_size, o.data);
   }
-  if (!o.checkpoint_dir.empty() || !o.resume.empty()) run.train_text = training_text(run.data);
+  if (!o.checkpoint_dir.empty() || !o.resume.empty() || fsdp) run.train_text = training_text(run.data);
   if (run.data.examples()) {  // whole examples, cut at the context
     run.train_examples.emplace(run.data.train, run.data.train_labels, o.model.ctx, run.data.files[0], o.pack, o.seed);
     run.val_examples.emplace(run.data.val, run.data.val_labels, o.model.ctx, run.data.files[1]);
@@ -469,7 +469,7 @@ void prepare_run(TrainOptions& o, const Ranks& ranks, Run& run) {
   o.model.tie_weights = !o.untie;
   validate(o, ranks, run);
   if (!o.checkpoint_dir.empty() && ranks.lead() && !o.plan.only()) run.dir_lock.emplace(o.checkpoint_dir);
-  load_data(o, run);
+  load_data(o, run, ranks.fsdp);
   if (!o.resume.empty()) find_resume(o, run, ranks.lead());
   std::vector<apps::PathFlag> inputs = {{"--resume", run.resume_from}, {"--init-from", o.init_from}};
   for (const std::string& file : run.data.files) inputs.push_back({"--data", file});
@@ -633,6 +633,9 @@ int train(TrainOptions o, const Ranks& ranks) {
   Run run;
   dist::agree(ranks.groups(), "transformer", [&] { prepare_run(o, ranks, run); });
   if (o.plan.only()) return 0;  // the plan is printed; nothing to train
+  auto read = run.train_text;
+  if (ranks.fsdp) read["val_sha256"] = sha256_hex(run.data.val.p, size_t(run.data.val.n * run.data.val.width));
+  apps::check_same_data(read, ranks, "weft-transformer");
   nn::Module& model = *run.lm.module;
   const int64_t n_params = apps::count_parameters(model);
   int64_t n_trainable = 0;  // the adapters under LoRA (never tied)

@@ -11,6 +11,7 @@
 set -u
 table=$1
 declare -A prog=([mnist]=$2 [transformer]=$3 [checkpoint]=$4 [api]=$5 [plan]=$6 [simple]=$7)
+for p in "${!prog[@]}"; do prog[$p]=$(readlink -f "${prog[$p]}"); done  # rows may start in other directories
 shift 7
 mpirun=("$@")
 export OMP_NUM_THREADS=1
@@ -107,6 +108,17 @@ for _ in $(seq 50); do flock -n "$tmp/locked/.lock" true || break; sleep 0.1; do
 
 mkdir -p "$tmp/ck_bigstep/step_99999999999999999999"
 echo '{}' > "$tmp/ck_bigstep/step_99999999999999999999/index.json"
+
+# Per-rank working directories (mpirun -wdir) whose same relative paths hold other files, as
+# node-local disks can: a text of the same length, an IDX set with one pixel changed, and a
+# checkpoint of a later step.
+mkdir -p "$tmp/r0" "$tmp/r1"
+cp "$tmp/text.txt" "$tmp/r0/text.txt" && cp "$tmp/same_len.txt" "$tmp/r1/text.txt"
+idx_set "$tmp/r0/mi" && idx_set "$tmp/r1/mi"
+printf '\x01' | dd of="$tmp/r1/mi/train-images-idx3-ubyte" bs=1 seek=20 conv=notrunc status=none
+cp -r "$tmp/ck" "$tmp/r0/ck"
+"${prog[transformer]}" train --data "$tmp/text.txt" --n-layer 1 --n-head 2 --d-model 16 --ctx 16 --batch-size 2 \
+  --steps 2 --eval-iters 1 --checkpoint-dir "$tmp/r1/ck" >"$tmp/setup.log" 2>&1 || fail "the step-2 checkpoint: $(cat "$tmp/setup.log")"
 
 # The rows, read first, then run in two lanes at once (each row's output in its own file; no row
 # writes what another reads), and judged in table order.
