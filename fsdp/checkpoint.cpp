@@ -266,8 +266,9 @@ CheckpointProgress load_checkpoint(const std::string& path, nn::Module& model, n
       if (!e && frozen.count(name)) continue;  // kept elsewhere (a LoRA run's base)
       WEFT_CHECK(e, "checkpoint: {} has no tensor \"{}\" ({} {}): it was saved from another model", index_path, key,
                  dtype_name(t.local.dtype()), shape_str(t.placement.global_shape));
-      WEFT_CHECK(e->shape == t.placement.global_shape, "checkpoint: {}: \"{}\" is {} there but {} in this model",
-                 index_path, key, describe(*e), shape_str(t.placement.global_shape));
+      WEFT_CHECK(e->shape == t.placement.global_shape && is_floating(e->dtype) == is_floating(t.local.dtype()),
+                 "checkpoint: {}: \"{}\" is {} there but {} {} in this model", index_path, key, describe(*e),
+                 dtype_name(t.local.dtype()), shape_str(t.placement.global_shape));
       Tensor value = empty(t.local.shape(), {.dtype = t.local.dtype()});
       assemble_from_pieces(key, value, t.placement, source.pieces(*e));
       if (auto bad = find_nonfinite(value))

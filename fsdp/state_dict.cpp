@@ -42,6 +42,9 @@ std::map<std::string, Tensor> slices(const ShardedStateDict& expected, const std
     WEFT_CHECK(it != full.end(), "fsdp: {}: the full state dict lacks \"{}\"", what, key);
     WEFT_CHECK(it->second.shape() == t.placement.global_shape, "fsdp: {}: \"{}\" is {} in the full state dict but {} "
                "here", what, key, tensor_desc(it->second), shape_str(t.placement.global_shape));
+    WEFT_CHECK(is_floating(it->second.dtype()) == is_floating(t.local.dtype()), "fsdp: {}: \"{}\" is {} in the full "
+               "state dict but {} here: integers and floating point do not convert", what, key,
+               tensor_desc(it->second), dtype_name(t.local.dtype()));
     Tensor local = empty(t.local.shape(), {.dtype = t.local.dtype(), .device = t.local.device()});
     assemble_from_pieces(key, local, t.placement, whole_piece(it->second));
     out.emplace(key, local);

@@ -209,6 +209,10 @@ TEST_CASE("full state dicts: gathered like the single-process model, to every ra
   auto wrong = clone_all(full);
   wrong[0].second = zeros({5, 12});
   CHECK_THROWS_WITH(fsdp::load_full_state_dict(*m2, wrong, &root2), Contains("wte.weight") && Contains("[5, 12]"));
+  auto integers = clone_all(full);  // a float weight stored as integers (an edited header) converts to nothing
+  integers[0].second = zeros(full[0].second.shape(), {.dtype = kInt32});
+  CHECK_THROWS_WITH(fsdp::load_full_state_dict(*m2, integers, &root2),
+                    Contains("\"wte.weight\" is") && Contains("i32") && Contains("integers and floating point"));
   auto missing = nn::NamedTensorList(full.begin() + 1, full.end());
   CHECK_THROWS_WITH(fsdp::load_full_state_dict(*m2, missing, &root2), Contains("lacks \"wte.weight\""));
   auto extra = full;
@@ -421,6 +425,13 @@ TEST_CASE("bad checkpoints fail on every rank with the file and key, and change 
     ix.rng.clear();
     std::ofstream(d / "index.json") << fsdp::checkpoint_index_json(ix);
   };
+  auto int_dtype = [](const fs::path& d) {  // the index says a float weight is integers
+    fsdp::CheckpointIndex ix = fsdp::read_checkpoint_index(d.string());
+    for (auto& e : ix.tensors)
+      if (e.key == "model.wte.weight") e.dtype = kInt32;
+    std::ofstream(d / "index.json") << fsdp::checkpoint_index_json(ix);
+  };
+  expect_failure("int_dtype", int_dtype, "\"model.wte.weight\" is I32 [", *m, root, &opt);
   expect_failure("no_rng", drop_rng, "\"rng\" holds 0 generator states for world_size", *m, root, &opt);
   // Ranks whose path holds different checkpoints (node-local disks) load none of them.
   const std::string later = fsdp::save_checkpoint((dir / "later").string(), *m, &opt, &root, {.step = 2});
