@@ -327,6 +327,20 @@ int eval_examples(const EvalOptions& o, nn::Module& model, const apps::TrainingD
   return 0;
 }
 
+// --data must be in the model's tokens: prepared with the tokenizer its checkpoint records (or its
+// Hugging Face directory's tokenizer.json), and text (bytes) only for a model trained on bytes.
+void check_data_tokenizer(const EvalOptions& o, const LoadedModel& loaded, const apps::TrainingData& data) {
+  auto it = loaded.recorded.find("tokenizer_sha256");
+  std::string model = it != loaded.recorded.end() ? it->second : "", source = hf_source(o.from, loaded.recorded);
+  if (model.empty() && !source.empty() && WEFT_FS(std::filesystem::exists(source + "/tokenizer.json")))
+    model = apps::tokenizer_digest(source + "/tokenizer.json");
+  const std::string& have = data.tokenizer_sha256;
+  auto tokens = [](const std::string& sha) { return sha.empty() ? "text (bytes)" : "tokens of tokenizer sha256 " + sha; };
+  WEFT_CHECK(model.empty() ? have.empty() || !loaded.recorded.count("train_bytes") : have == model, "transformer: {} "
+             "holds {}, and {} reads {}: prepare it with the model's tokenizer", o.data, tokens(have), o.from,
+             model.empty() ? "text (bytes)" : tokens(model));
+}
+
 }  // namespace
 
 // Loss, perplexity and token count of a model over a split of a dataset, in blocks of ctx + 1
@@ -337,6 +351,7 @@ int eval(const EvalOptions& o) {
   nn::Module& model = *loaded.lm.module;
   apps::TrainingData data;
   apps::load_training_data(o.data, data);
+  check_data_tokenizer(o, loaded, data);
   const int64_t ctx = o.ctx > 0 ? o.ctx : loaded.lm.cfg.ctx, vocab = loaded.lm.cfg.vocab_size;
   WEFT_CHECK(ctx <= loaded.lm.cfg.ctx, "transformer: --ctx {} is longer than {}'s context {}", ctx, o.from,
              loaded.lm.cfg.ctx);

@@ -20,6 +20,9 @@ for _ in 1 2 3 4 5 6 7 8; do cat "$chat/records.jsonl"; done >"$tmp/data.jsonl"
   fail "prepare failed: $(cat "$tmp/err")"
 grep -q "108 train and 12 val examples" "$tmp/prep.out" || fail "prepare: $(cat "$tmp/prep.out")"
 [ -f "$tmp/ds/train.labels" ] && [ -f "$tmp/ds/val.labels" ] || fail "prepare wrote no .labels files"
+# Missing one of its .labels files, a dataset of examples is refused (not trained as text).
+cp -r "$tmp/ds" "$tmp/ds_half" && rm "$tmp/ds_half/train.labels"
+expect_error "ds_half has val.labels but not train.labels" train --data "$tmp/ds_half" --init-from "$chat/model" --steps 1
 
 base=(--init-from "$chat/model" --data "$tmp/ds" --batch-size 4 --grad-accum 2 --lr 3e-3 --warmup 1 --seed 0 --threads 1
       --eval-every 0 --eval-iters 3 --log-every 1)

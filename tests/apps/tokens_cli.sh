@@ -53,6 +53,14 @@ fi
 grep -q "is not the tokenizer $tmp/ck was trained with" "$tmp/err" || fail "another tokenizer not named: $(cat "$tmp/err")"
 grep -q -- "--tokenizer" "$tmp/err" || fail "sampling without --tokenizer not explained: $(cat "$tmp/err")"
 "$exe" sample --from "$tmp/ck" --prompt "x" --tokens 3 --ids >"$tmp/ids.out" 2>/dev/null || fail "sample --ids failed"
+# eval reads data in the model's tokens only: the dataset it trained on, not text as bytes, nor
+# (for a model trained on bytes) a token dataset.
+"$exe" eval --from "$tmp/ck" --data "$tmp/ds" --threads 1 >/dev/null 2>"$tmp/err" || fail "eval failed: $(cat "$tmp/err")"
+expect_error "texts/linux holds text (bytes), and $tmp/ck reads tokens of tokenizer sha256" eval --from "$tmp/ck" \
+  --data "$tmp/texts/linux"
+"$exe" train --data "$tmp/texts/linux" "${model[@]}" --steps 1 --checkpoint-dir "$tmp/ck_bytes" >/dev/null 2>&1 ||
+  fail "training on bytes failed"
+expect_error "ds holds tokens of tokenizer sha256" eval --from "$tmp/ck_bytes" --data "$tmp/ds"
 grep -Eq '^[0-9]+,[0-9]+,[0-9]+$' "$tmp/ids.out" || fail "sample --ids printed: $(cat "$tmp/ids.out")"
 
 # A SentencePiece-style tokenizer (Llama 2's published form, tests/data/tokenizers/llama2):
