@@ -6,7 +6,8 @@
 #   uninterrupted run's losses (rel 1e-5: the ranks' sums round differently);
 # - weft-checkpoint inspect / verify / consolidate (nanoGPT names, lm_head.weight for the tied
 #   head; `sample` from the file prints what it prints from the directory);
-# - a run resumed at its last step says that nothing is left to train;
+# - a run resumed at its last step says that nothing is left to train (also with GPT-2's default
+#   --ffn-dim spelled out);
 # - a flipped byte, a truncated or deleted shard and another model's flags are clear errors on
 #   every rank and write nothing; keep_last keeps the newest.
 # Usage: checkpoint_cli.sh WEFT_TRANSFORMER WEFT_MNIST WEFT_CHECKPOINT [MPIRUN MPIRUN_ARGS...]
@@ -38,6 +39,9 @@ for s in 6 8 10; do same "$(loss_at "$tmp/d.jsonl" $s)" "$(loss_at "$tmp/dr.json
 run "$gpt" train "${cfg[@]}" --checkpoint-dir "$tmp/ckend" >/dev/null 2>&1
 run "$gpt" train "${cfg[@]}" --resume "$tmp/ckend" >/dev/null 2>"$tmp/err" || fail "resume at the end: $(cat "$tmp/err")"
 grep -q "nothing to train: step 10 is the run's last" "$tmp/err" || fail "resumed at its end silently: $(cat "$tmp/err")"
+# GPT-2's default MLP width spelled out (4 x --d-model) is the model the checkpoint holds.
+run "$gpt" train "${cfg[@]}" --resume "$tmp/ckend" --ffn-dim 128 >/dev/null 2>"$tmp/err" ||
+  fail "resume with --ffn-dim 128 (the default) refused: $(cat "$tmp/err")"
 
 # The same at 2 ranks, in new processes.
 mp 2 "$gpt" train --fsdp "${cfg[@]}" --dropout 0.1 --metrics "$tmp/d2.jsonl" >/dev/null 2>"$tmp/err" ||
