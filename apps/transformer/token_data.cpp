@@ -275,9 +275,8 @@ void load_training_data(const std::string& path, TrainingData& d) {
   d.tokenizer_sha256 = a.tokenizer_sha256;
   d.files = {train, val};
   const bool train_labels = WEFT_FS(fs::exists(fs::path(path) / "train.labels"));
-  WEFT_CHECK(train_labels == WEFT_FS(fs::exists(fs::path(path) / "val.labels")), "transformer: {} has {} but not {}: "
-             "a dataset of examples has both (prepare it again)", path, train_labels ? "train.labels" : "val.labels",
-             train_labels ? "val.labels" : "train.labels");
+  WEFT_CHECK(train_labels == WEFT_FS(fs::exists(fs::path(path) / "val.labels")), "transformer: {} has {}.labels but not "
+             "{}.labels: a dataset of examples has both (prepare it again)", path, train_labels ? "train" : "val", train_labels ? "val" : "train");
   if (!train_labels) return;
   for (const auto& [file, tokens, labels] : {std::tuple{train, &*d.train_file, &d.train_labels_file},
                                             std::tuple{val, &*d.val_file, &d.val_labels_file}}) {

@@ -367,8 +367,7 @@ void load_data(TrainOptions& o, Run& run, bool fsdp) {
 
 // The model of the checkpoint --resume names must be the flags' (or --init-from's) model.
 void check_resumed_model(apps::ModelConfig c, apps::ModelConfig m, const std::string& where) {
-  for (apps::ModelConfig* x : {&c, &m})  // GPT-2's MLP width: 0 is 4 d_model, given or not
-    if (x->arch != "llama" && x->ffn_dim == 0) x->ffn_dim = 4 * x->d_model;
+  for (apps::ModelConfig* x : {&c, &m}) x->ffn_dim = x->arch != "llama" && !x->ffn_dim ? 4 * x->d_model : x->ffn_dim;  // GPT-2's
   const auto have = model_fields(c), want = model_fields(m);
   for (const auto& [key, value] : have)
     WEFT_CHECK(want.at(key) == value, "transformer: checkpoint {} holds a model with {} {}; the flags (and "
