@@ -10,6 +10,40 @@
 
 namespace weft::apps {
 
+namespace {
+
+// The bytes this rank can allocate without the kernel's OOM killer ending it: /proc/meminfo's
+// MemAvailable shared by the ranks on this host (0: unknown).
+int64_t available_bytes() {
+  std::FILE* f = std::fopen("/proc/meminfo", "r");
+  if (!f) return 0;
+  char line[256];
+  long long kb = 0;
+  while (std::fgets(line, sizeof line, f) && std::sscanf(line, "MemAvailable: %lld kB", &kb) != 1) kb = 0;
+  std::fclose(f);
+  return kb * 1024 / (dist::is_initialized() ? dist::local_size() : 1);
+}
+
+// Without plan flags, a run whose planned peak is past the memory it can have would be killed
+// mid-step (a batch too large): refused first. With WEFT_MEMORY_LIMIT set, the allocator's own
+// limit stops it cleanly instead; on a GPU, the device's allocation errors do.
+void check_fits_this_machine(fsdp::MemoryPlanRequest request, const Ranks& ranks, Device device,
+                             const std::string& program) {
+  const int64_t available = available_bytes(), held = memory_stats(device).live_bytes;
+  if (!device.is_cpu() || memory_limit(device) > 0 || available <= 0) return;
+  request.world_size = request.sharded ? ranks.data_world() : 1;
+  const fsdp::MemoryPlan plan = fsdp::plan_memory(request);
+  const int local = dist::is_initialized() ? dist::local_size() : 1;
+  WEFT_CHECK(plan.peak_bytes + held <= available, "{}: training would need about {} per rank (the memory plan's peak; "
+             "activations {}), more than the {} this machine has available{} (MemAvailable): use a smaller "
+             "--batch-size (with --grad-accum to keep the batch), activation checkpointing (--ac), more ranks, or "
+             "--memory-budget to let the planner choose; WEFT_MEMORY_LIMIT=BYTES runs it under that limit instead",
+             error_prefix(program), format_mib(plan.peak_bytes + held), format_mib(plan.parts.activations),
+             format_mib(available), local > 1 ? fmt::format(" to each of its {} ranks", local) : "");
+}
+
+}  // namespace
+
 void add_plan_flags(CLI::App& cmd, PlanFlags& f) {
   cmd.add_flag("--plan", f.plan, "print the memory plan (predicted peak per rank and its parts) and stop");
   cmd.add_option("--plan-ranks", f.ranks, "plan for N ranks from this one process (implies --plan; use with --fsdp)")
@@ -27,7 +61,10 @@ std::optional<fsdp::MemoryPlan> plan_from_flags(const PlanFlags& f, fsdp::Memory
   WEFT_CHECK(!f.step_time.wanted || f.wanted(), "--step-time predicts the planned step: add --plan, --plan-ranks or --memory-budget");
   for (const auto& [flag, value] : {std::pair{"--network", &f.step_time.network}, {"--tp-network", &f.step_time.tp_network}})
     WEFT_CHECK(value->empty() || f.step_time.wanted, "{} is a network --step-time assumes: add --step-time", flag);
-  if (!f.wanted()) return std::nullopt;
+  if (!f.wanted()) {
+    check_fits_this_machine(request, ranks, device, program);
+    return std::nullopt;
+  }
   WEFT_CHECK(f.ranks == 0 || request.sharded, "memory plan: --plan-ranks plans sharded training: add --fsdp");
   // The ranks fully_shard shards over: the data-parallel ones (--tp splits each group's model).
   request.world_size = request.sharded ? (f.ranks > 0 ? f.ranks / ranks.tp : ranks.data_world()) : 1;
