@@ -27,10 +27,11 @@ int64_t available_bytes() {
 // Without plan flags, a run whose planned peak is past the memory it can have would be killed
 // mid-step (a batch too large): refused first. With WEFT_MEMORY_LIMIT set, the allocator's own
 // limit stops it cleanly instead; on a GPU, the device's allocation errors do.
-void check_fits_this_machine(fsdp::MemoryPlanRequest request, const Ranks& ranks, Device device,
-                             const std::string& program) {
+// Returns no plan: the run goes on as unplanned.
+std::optional<fsdp::MemoryPlan> check_fits_this_machine(const PlanFlags& f, fsdp::MemoryPlanRequest request,
+                                                        const Ranks& ranks, Device device, const std::string& program) {
   const int64_t available = available_bytes(), held = memory_stats(device).live_bytes;
-  if (!device.is_cpu() || memory_limit(device) > 0 || available <= 0) return;
+  if (!f.modelled || !device.is_cpu() || memory_limit(device) > 0 || available <= 0) return std::nullopt;
   request.world_size = request.sharded ? ranks.data_world() : 1;
   const fsdp::MemoryPlan plan = fsdp::plan_memory(request);
   const int local = dist::is_initialized() ? dist::local_size() : 1;
@@ -40,6 +41,7 @@ void check_fits_this_machine(fsdp::MemoryPlanRequest request, const Ranks& ranks
              "--memory-budget to let the planner choose; WEFT_MEMORY_LIMIT=BYTES runs it under that limit instead",
              error_prefix(program), format_mib(plan.peak_bytes + held), format_mib(plan.parts.activations),
              format_mib(available), local > 1 ? fmt::format(" to each of its {} ranks", local) : "");
+  return std::nullopt;
 }
 
 }  // namespace
@@ -61,10 +63,7 @@ std::optional<fsdp::MemoryPlan> plan_from_flags(const PlanFlags& f, fsdp::Memory
   WEFT_CHECK(!f.step_time.wanted || f.wanted(), "--step-time predicts the planned step: add --plan, --plan-ranks or --memory-budget");
   for (const auto& [flag, value] : {std::pair{"--network", &f.step_time.network}, {"--tp-network", &f.step_time.tp_network}})
     WEFT_CHECK(value->empty() || f.step_time.wanted, "{} is a network --step-time assumes: add --step-time", flag);
-  if (!f.wanted()) {
-    check_fits_this_machine(request, ranks, device, program);
-    return std::nullopt;
-  }
+  if (!f.wanted()) return check_fits_this_machine(f, request, ranks, device, program);
   WEFT_CHECK(f.ranks == 0 || request.sharded, "memory plan: --plan-ranks plans sharded training: add --fsdp");
   // The ranks fully_shard shards over: the data-parallel ones (--tp splits each group's model).
   request.world_size = request.sharded ? (f.ranks > 0 ? f.ranks / ranks.tp : ranks.data_world()) : 1;

@@ -20,6 +20,7 @@ struct PlanFlags {
   int ranks = 0;       // 0: the ranks of this run
   std::string budget;  // a byte count as WEFT_MEMORY_LIMIT takes it; empty: none
   StepTimeFlags step_time;
+  bool modelled = true;  // the app's settings are ones its plan models (else no plan is made unasked)
   bool wanted() const { return plan || ranks > 0 || !budget.empty(); }
   bool only() const { return plan || ranks > 0; }  // print the plan and stop
 };

@@ -334,9 +334,9 @@ void validate(TrainOptions& o, const Ranks& ranks, Run& run) {
   o.warmup = std::min(o.warmup, o.steps - 1);
   check_schedule(o);
   apps::check_checkpoint_dir(o.checkpoint_dir, "--checkpoint-dir", "transformer");
+  o.plan.modelled = o.sharding_strategy == "FULL_SHARD" && (o.reshard_after_forward == "true" || o.reshard_after_forward == "false");
   if (o.plan.wanted())
-    WEFT_CHECK(o.sharding_strategy == "FULL_SHARD" &&
-                   (o.reshard_after_forward == "true" || o.reshard_after_forward == "false"),
+    WEFT_CHECK(o.plan.modelled,
                "transformer: --plan, --plan-ranks and --memory-budget plan FULL_SHARD with --reshard-after-forward "
                "true or false, not --sharding-strategy {} with --reshard-after-forward {}", o.sharding_strategy,
                o.reshard_after_forward);
