@@ -89,6 +89,8 @@ static MnistSplit load_split(const std::string& dir, const std::string& prefix, 
   WEFT_CHECK(labels.dim() == 1, "mnist: {} should be [N], got {}", lp, shape_str(labels.shape()));
   WEFT_CHECK(images.size(0) == labels.size(0), "mnist: {} has {} images but {} has {} labels", ip, images.size(0),
              lp, labels.size(0));
+  WEFT_CHECK(images.numel() > 0, "mnist: {} holds no pixels ({} images of {}x{})", ip, images.size(0), images.size(1),
+             images.size(2));
   rows = images.size(1);
   cols = images.size(2);
   const uint8_t* l = labels.data<uint8_t>();

@@ -1,4 +1,5 @@
 #include "apps/transformer/bpe_tokenizer.h"
+#include "apps/transformer/file_contents.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -6,7 +7,6 @@
 #include <algorithm>
 #include <array>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -284,11 +284,12 @@ std::string tokenizer_json_path(const std::string& path) {
 BpeTokenizer::BpeTokenizer(const std::string& given) : impl_(std::make_unique<Impl>()) {
   Impl& t = *impl_;
   const std::string path = t.path = tokenizer_json_path(given);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) t.fail("cannot be opened (a tokenizer.json of the Hugging Face `tokenizers` format is expected)");
+  std::error_code ec;  // a directory or FIFO would fail inside the parser with the stream's own words
+  if (!std::filesystem::is_regular_file(path, ec))
+    t.fail("cannot be opened (a tokenizer.json of the Hugging Face `tokenizers` format is expected)");
   json j;
   try {
-    j = json::parse(in);
+    j = json::parse(read_file(path));
   } catch (const json::exception& e) {
     t.fail(fmt::format("is not valid JSON: {}", e.what()));
   }

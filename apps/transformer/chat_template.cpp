@@ -1,7 +1,7 @@
 #include "apps/transformer/chat_template.h"
+#include "apps/transformer/file_contents.h"
 
 #include <filesystem>
-#include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
 
@@ -36,12 +36,6 @@ std::string trim(const std::string& s) {
   return seen ? s.substr(begin, end - begin) : std::string();
 }
 
-std::string read_text(const fs::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  WEFT_CHECK(in, "transformer: cannot read {}", file.string());
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
 // A special token as tokenizer_config.json writes it: a string or {"content": ...}.
 std::string token_text(const json& config, const char* key) {
   if (!config.contains(key) || config[key].is_null()) return "";
@@ -53,7 +47,7 @@ std::string token_text(const json& config, const char* key) {
 // The template text: chat_template.jinja, else tokenizer_config.json's chat_template (a string,
 // or a list of named templates of which "default" is used); "" when there is none.
 std::string template_text(const fs::path& dir, const json& config, const std::string& config_file) {
-  if (WEFT_FS(fs::exists(dir / "chat_template.jinja"))) return read_text(dir / "chat_template.jinja");
+  if (WEFT_FS(fs::exists(dir / "chat_template.jinja"))) return read_file((dir / "chat_template.jinja").string());
   if (!config.contains("chat_template") || config["chat_template"].is_null()) return "";
   const json& t = config["chat_template"];
   if (t.is_string()) return t.get<std::string>();
@@ -119,11 +113,7 @@ ChatTemplate load_chat_template(const std::string& tokenizer_path, const std::st
   const fs::path dir = fs::path(tokenizer_json_path(tokenizer_path)).parent_path();
   const std::string config_file = (dir / "tokenizer_config.json").string();
   json config = json::object();
-  if (WEFT_FS(fs::exists(config_file))) {
-    std::ifstream in(config_file);
-    config = json::parse(in, nullptr, false);
-    WEFT_CHECK(config.is_object(), "transformer: {} is not a JSON object", config_file);
-  }
+  if (WEFT_FS(fs::exists(config_file))) config = read_json_object(config_file);
   ChatTemplate t;
   const std::string text = template_text(dir, config, config_file);
   if (!forced.empty()) {

@@ -1,4 +1,5 @@
 #include "apps/transformer/hf_checkpoint.h"
+#include "apps/transformer/file_contents.h"
 
 #include <unistd.h>
 
@@ -8,7 +9,6 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -30,9 +30,8 @@ std::map<std::string, std::string> weight_files(const std::string& dir) {
   std::map<std::string, std::string> out;
   const fs::path index = fs::path(dir) / "model.safetensors.index.json", single = fs::path(dir) / "model.safetensors";
   if (WEFT_FS(fs::exists(index)) && !WEFT_FS(fs::exists(single))) {  // both: the single file, as transformers reads it
-    std::ifstream in(index);
-    json j = json::parse(in, nullptr, false);
-    WEFT_CHECK(!j.is_discarded() && j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(),
+    json j = read_json_object(index.string());
+    WEFT_CHECK(j.contains("weight_map") && j["weight_map"].is_object(),
                "transformer: {} is not a safetensors index (a JSON object with a \"weight_map\" object)",
                index.string());
     for (auto& [name, file] : j["weight_map"].items()) {
@@ -56,9 +55,7 @@ HfGenerationConfig read_hf_generation_config(const std::string& dir) {
   HfGenerationConfig g;
   if (!WEFT_FS(fs::exists(path))) return g;
   g.found = true;
-  std::ifstream in(path);
-  const json j = json::parse(in, nullptr, false);
-  WEFT_CHECK(!j.is_discarded() && j.is_object(), "transformer: {} is not a JSON object", path.string());
+  const json j = read_json_object(path.string());
   const json eos = j.value("eos_token_id", json(nullptr));
   for (const json& id : eos.is_array() ? eos : json::array({eos})) {
     if (id.is_null()) continue;
@@ -88,10 +85,7 @@ bool is_hf_dir(const std::string& path) {
 
 ModelConfig read_hf_config(const std::string& dir) {
   const std::string path = (fs::path(dir) / "config.json").string();
-  std::ifstream in(path);
-  WEFT_CHECK(in.good(), "transformer: cannot read {}", path);
-  json j = json::parse(in, nullptr, false);
-  WEFT_CHECK(!j.is_discarded() && j.is_object(), "transformer: {} is not a JSON object", path);
+  json j = read_json_object(path);
   ConfigReader r{j, path};
   ModelConfig cfg = hf_family(r).read(r);
   try {
@@ -207,8 +201,7 @@ void export_hf_checkpoint(const LanguageModel& model, const std::string& out, in
   }
   json cfg = layout.write(c);
   if (!source.empty() && c.arch == "llama") {  // fine-tuned at a shorter --ctx, a rotary model keeps its source's
-    std::ifstream in(fs::path(source) / "config.json");
-    const json src = json::parse(in, nullptr, false);
+    const json src = json::parse(read_file((fs::path(source) / "config.json").string()), nullptr, false);
     if (const json m = src.is_object() ? src.value("max_position_embeddings", json()) : json(); m.is_number_integer())
       cfg["max_position_embeddings"] = std::max(cfg.value("max_position_embeddings", int64_t(0)), m.get<int64_t>());
   }

@@ -1,7 +1,7 @@
 #include "apps/transformer/peft_adapter.h"
+#include "apps/transformer/file_contents.h"
 
 #include <filesystem>
-#include <fstream>
 #include <set>
 #include <nlohmann/json.hpp>
 
@@ -18,14 +18,6 @@ namespace {
 constexpr const char* kConfig = "adapter_config.json";
 constexpr const char* kWeights = "adapter_model.safetensors";
 const std::string kPrefix = "base_model.model.";
-
-json read_json(const fs::path& file) {
-  std::ifstream in(file);
-  WEFT_CHECK(in, "transformer: cannot read {}", file.string());
-  json j = json::parse(in, nullptr, false);
-  WEFT_CHECK(j.is_object(), "transformer: {} is not a JSON object", file.string());
-  return j;
-}
 
 // The fields weft cannot reproduce must hold their "off" values (absent counts as off).
 void refuse_unsupported(const json& c, const std::string& file) {
@@ -53,7 +45,7 @@ bool is_peft_dir(const std::string& dir) { return WEFT_FS(fs::is_regular_file(fs
 
 PeftAdapter read_peft_adapter(const std::string& dir) {
   const std::string file = (fs::path(dir) / kConfig).string();
-  const json c = read_json(file);
+  const json c = read_json_object(file);
   auto field = [&](const char* key) {
     WEFT_CHECK(c.contains(key), "transformer: {} has no \"{}\"", file, key);
     return c[key];

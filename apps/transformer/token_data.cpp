@@ -18,6 +18,7 @@
 #include <tuple>
 
 #include "apps/common/progress.h"
+#include "apps/transformer/file_contents.h"
 #include "apps/transformer/text_data.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
@@ -45,14 +46,6 @@ uint64_t get_le(const unsigned char* p, int bytes) {
 
 void check_write(std::FILE* f, const void* p, size_t n, const std::string& path) {
   WEFT_CHECK(std::fwrite(p, 1, n, f) == n, "transformer: writing {}: {}", path, std::strerror(errno));
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  WEFT_CHECK(in.good(), "transformer: cannot open {}", path);
-  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  WEFT_CHECK(!in.bad(), "transformer: error while reading {}", path);
-  return s;
 }
 
 // A read-only mapping of a file truncated in place while it is mapped (`cp` over train.tokens, say) faults with

@@ -79,6 +79,11 @@ idx_set "$tmp/idx_label" && printf '\x0c' | dd of="$tmp/idx_label/train-labels-i
 idx_set "$tmp/idx_count" && printf '\x27' | dd of="$tmp/idx_count/train-labels-idx1-ubyte" bs=1 seek=7 conv=notrunc status=none
 idx_set "$tmp/idx_gz" && rm "$tmp/idx_gz/train-images-idx3-ubyte" &&
   head -c 100 /dev/urandom | { printf '\x1f\x8b\x08\x00'; cat; } >"$tmp/idx_gz/train-images-idx3-ubyte.gz"
+# No test images, and images of no pixels.
+idx_set "$tmp/idx_notest" && printf '\x00\x00\x08\x03\x00\x00\x00\x00\x00\x00\x00\x02\x00\x00\x00\x02' \
+  >"$tmp/idx_notest/t10k-images-idx3-ubyte" && printf '\x00\x00\x08\x01\x00\x00\x00\x00' >"$tmp/idx_notest/t10k-labels-idx1-ubyte"
+idx_set "$tmp/idx_nopx"
+for s in train t10k; do printf '\x00\x00\x08\x03\x00\x00\x00\x28\x00\x00\x00\x00\x00\x00\x00\x00' >"$tmp/idx_nopx/$s-images-idx3-ubyte"; done
 # An IDX header claiming 3 GiB (over 2 GiB, under the 4 GiB limit) with no data behind it.
 idx_set "$tmp/idx_3g" && printf '\x00\x00\x08\x03\x00\x00\xc0\x00\x00\x00\x01\x00\x00\x00\x01\x00' \
   >"$tmp/idx_3g/train-images-idx3-ubyte"
@@ -108,6 +113,10 @@ for _ in $(seq 50); do flock -n "$tmp/locked/.lock" true || break; sleep 0.1; do
 
 mkdir -p "$tmp/ck_bigstep/step_99999999999999999999"
 echo '{}' > "$tmp/ck_bigstep/step_99999999999999999999/index.json"
+
+# A Hugging Face directory whose config.json is a directory.
+cp -r "$(dirname "${BASH_SOURCE[0]}")/../data/hf/gpt2" "$tmp/hf_cfgdir" && rm "$tmp/hf_cfgdir/config.json" &&
+  mkdir "$tmp/hf_cfgdir/config.json"
 
 # Per-rank working directories (mpirun -wdir) whose same relative paths hold other files, as
 # node-local disks can: a text of the same length, an IDX set with one pixel changed, and a

@@ -1,0 +1,13 @@
+// apps: the whole contents of the small files beside a model, tokenizer or dataset (config.json,
+// tokenizer.json, generation_config.json, ...): read as text or as a JSON object. Errors name the
+// file and what is wrong with it (missing, a directory, a FIFO, unreadable, not a JSON object).
+#pragma once
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace weft::apps {
+
+std::string read_file(const std::string& path);
+nlohmann::json read_json_object(const std::string& path);
+
+}  // namespace weft::apps
