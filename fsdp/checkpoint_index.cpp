@@ -233,8 +233,9 @@ CheckpointIndex read_checkpoint_index(const std::string& path) {
     ix.training.aliases = r.at(j, "aliases").get<std::map<std::string, std::string>>();
     for (const Json& g : r.at(j, "rng")) {
       Generator::State st{};
-      st.seed = r.integral(r.at(g, "seed", "rng"), "rng.seed").get<uint64_t>();
-      st.offset = r.integral(r.at(g, "offset", "rng"), "rng.offset").get<uint64_t>();
+      for (auto [key, field] : {std::pair{"seed", &st.seed}, {"offset", &st.offset}})  // get<uint64_t> wraps -5
+        if (const Json& v = r.integral(r.at(g, key, "rng"), std::string("rng.") + key); v.is_number_unsigned()) *field = v;
+        else r.fail(std::string("rng.") + key, "is " + v.dump() + ", not an integer from 0 to 2^64 - 1");
       ix.rng.push_back(st);
     }
   } catch (const Json::exception& e) {

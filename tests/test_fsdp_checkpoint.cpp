@@ -518,6 +518,8 @@ TEST_CASE("index.json: numbers out of their type's range are errors, not undefin
   CHECK_THROWS_WITH(read(ok_mesh + R"j("data":{"epoch":-1e300},"rng":[],"tensors":{}})j"), Contains("\"data\" holds"));
   CHECK_THROWS_WITH(read(ok_mesh + R"j("data":{},"rng":[{"seed":0,"offset":4.5e40}],"tensors":{}})j"),
                     Contains("\"rng.offset\" holds"));
+  CHECK_THROWS_WITH(read(ok_mesh + R"j("data":{},"rng":[{"seed":0,"offset":-5}],"tensors":{}})j"),
+                    Contains("\"rng.offset\" is -5, not an integer from 0"));
   CHECK_THROWS_WITH(read(ok_mesh + ok_rest + tensor +
                          R"j([{"file":"f","offset":3,"length":9223372036854775807}]}}})j"),
                     Contains("outside its extent 4"));
