@@ -41,7 +41,11 @@ apps::ModelConfig config_of(const std::map<std::string, std::string>& app, const
   cfg.d_model = field("d_model", 1, apps::kMaxDModel);
   cfg.ctx = field("ctx", 1, apps::kMaxCtx);
   cfg.vocab_size = field("vocab_size", 1, apps::kMaxVocab);
-  cfg.tie_weights = get("tied") == "1";
+  auto flag = [&](const std::string& k) {
+    WEFT_CHECK(get(k) == "0" || get(k) == "1", "{} is \"{}\", not 0 or 1", what(k), get(k));
+    return get(k) == "1";
+  };
+  cfg.tie_weights = flag("tied");
   // Written since the Llama family came; older checkpoints are GPT-2's.
   if (app.count("arch")) {
     cfg.arch = get("arch");
@@ -51,14 +55,18 @@ apps::ModelConfig config_of(const std::map<std::string, std::string>& app, const
     cfg.rope_theta = apps::cli::parse_positive_field(get("rope_theta"), what("rope_theta"));
     cfg.norm_eps = apps::cli::parse_positive_field(get("norm_eps"), what("norm_eps"));
   }
-  if (app.count("rope_scaling")) cfg.rope_scaling = apps::parse_rope_scaling(get("rope_scaling"), what("rope_scaling"));
+  if (app.count("rope_scaling")) cfg.rope_scaling = apps::parse_rope_scaling(get("rope_scaling"), fmt::format("{}: model field \"rope_scaling\"", where));
   if (app.count("family")) {  // written since the Mistral and Qwen2 families came
     cfg.family = get("family");
-    cfg.qkv_bias = get("qkv_bias") == "1";
-    cfg.qk_norm = get("qk_norm") == "1";
+    cfg.qkv_bias = flag("qkv_bias");
+    cfg.qk_norm = flag("qk_norm");
     cfg.sliding_window = field("sliding_window", 0, apps::kMaxCtx);
   }
-  apps::check_config(cfg);
+  try {
+    apps::check_config(cfg);
+  } catch (const Error& e) {  // in terms of the flags that would make such a model
+    throw Error(fmt::format("{} (the model {} describes)", e.what(), where));
+  }
   return cfg;
 }
 
