@@ -95,6 +95,7 @@ int main(int argc, char** argv) {
     if (const std::string readable = apps::readable_checkpoint(dir, "checkpoint", true); !readable.empty()) dir = readable;
     if (ins->parsed()) return inspect(dir);
     if (ver->parsed()) return verify(dir);
+    WEFT_CHECK(!out.empty(), "checkpoint: OUT is empty: name the .safetensors file to write");
     apps::check_outputs_apart({{"OUT", out}}, {{"DIR", dir}}, "checkpoint");
     fsdp::consolidate_checkpoint(dir, out, with_optimizer, allow_nonfinite);
     auto entries = read_safetensors_index(out);

@@ -34,6 +34,23 @@ std::string clash(const fs::path& out, const fs::path& in) {
 
 }  // namespace
 
+// Before any work: a file output at an existing directory, or in a directory that does not
+// exist, would fail only when the result is written.
+void check_output_place(const PathFlag& out, const std::string& program) {
+  std::error_code ec;
+  fs::path at = fs::absolute(out.path, ec).lexically_normal();
+  const fs::file_status st = fs::status(at, ec);
+  if (fs::exists(st)) {
+    WEFT_CHECK(out.directory ? fs::is_directory(st) : fs::is_regular_file(st), "{}: {} {} exists and is not a {}",
+               program, out.flag, out.path, out.directory ? "directory" : "regular file (a directory, FIFO or device?)");
+    return;
+  }
+  if (at.filename().empty()) at = at.parent_path();  // "dir/"
+  do at = at.parent_path(); while (out.directory && !at.empty() && at != at.root_path() && !fs::exists(at, ec));
+  WEFT_CHECK(fs::is_directory(at, ec), "{}: {} {}: {} is {}", program, out.flag, out.path, at.string(),
+             fs::exists(at, ec) ? "not a directory" : "a directory that does not exist");
+}
+
 void check_outputs_apart(const std::vector<PathFlag>& outputs, const std::vector<PathFlag>& inputs,
                          const std::string& program) {
   for (const PathFlag& out : outputs) {
@@ -46,6 +63,8 @@ void check_outputs_apart(const std::vector<PathFlag>& outputs, const std::vector
                  "another path", program, out.flag, out.path, how, in.flag, in.path, out.flag);
     }
   }
+  for (const PathFlag& out : outputs)
+    if (!out.path.empty()) check_output_place(out, program);
 }
 
 }  // namespace weft::apps

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <vector>
 
+#include "apps/common/output_paths.h"
 #include "core/error.h"
 #include "fsdp/checkpoint.h"
 
@@ -56,11 +57,7 @@ std::string readable_checkpoint(const std::string& path, const std::string& prog
 }
 
 void check_checkpoint_dir(const std::string& dir, const std::string& flag, const std::string& program) {
-  if (dir.empty()) return;
-  std::error_code ec;
-  const auto st = std::filesystem::status(dir, ec);
-  WEFT_CHECK(!std::filesystem::exists(st) || std::filesystem::is_directory(st),
-             "{}: {} {} exists and is not a directory", program, flag, dir);
+  if (!dir.empty()) check_output_place({flag, dir, true}, program);
 }
 
 }  // namespace weft::apps

@@ -339,7 +339,7 @@ void prepare_run(const Options& o, const Ranks& ranks, Run& run) {
   }
   if (!o.save.empty() || !o.load.empty() || ranks.fsdp) run.train_set = training_set(run.data.train);
   if (!o.load.empty()) run.resume_from = checkpoint_to_load(o, run.train_set, run.steps_per_epoch, ranks.lead());
-  apps::check_outputs_apart({{"--metrics", o.metrics}, {"--save", o.save}, {"WEFT_TRACE", trace::file()}},
+  apps::check_outputs_apart({{"--metrics", o.metrics}, {"--save", o.save, true}, {"WEFT_TRACE", trace::file()}},
                             {{"--data", o.data}, {"--load", run.resume_from}}, "mnist");
   run.identity = apps::run_identity(run.resume_from);
   if (run.dir_lock) apps::check_checkpoint_owner(o.save, "--save", run.identity, o.overwrite_checkpoints, "--load", "mnist");

@@ -280,7 +280,7 @@ int sample(const SampleOptions& o, const Ranks& ranks) {
 int export_hf(const ExportOptions& o) {
   const int64_t shard = parse_bytes(o.max_shard_size, "transformer: --max-shard-size");
   WEFT_CHECK(shard > 0, "transformer: --max-shard-size must be positive");
-  apps::check_outputs_apart({{"--out", o.out}}, {{"--from", o.from}}, "transformer");
+  apps::check_outputs_apart({{"--out", o.out, true}}, {{"--from", o.from}}, "transformer");
   const LoadedModel loaded = load_model(o.from, true);
   WEFT_CHECK(loaded.lora.rank > 0 || !o.merge, "transformer: {} has no LoRA adapters to --merge", o.from);
   WEFT_CHECK(loaded.lora.rank == 0 || o.merge, "transformer: {} holds LoRA adapters (rank {}): export-hf --merge folds "
@@ -373,7 +373,7 @@ int eval(const EvalOptions& o) {
 
 // A LoRA run's adapters for peft: PeftModel.from_pretrained(base, OUT) on the run's --init-from.
 int export_peft(const ExportOptions& o) {
-  apps::check_outputs_apart({{"--out", o.out}}, {{"--from", o.from}}, "transformer");
+  apps::check_outputs_apart({{"--out", o.out, true}}, {{"--from", o.from}}, "transformer");
   const LoadedModel loaded = load_model(o.from, true);
   WEFT_CHECK(loaded.lora.rank > 0, "transformer: {} holds no LoRA adapters (a train --lora-rank run's checkpoint has "
              "them)", o.from);
