@@ -19,7 +19,7 @@ case "$target" in
   safetensors)      sources=(core/safetensors.cpp);      libs=(-lweft-core) ;;
   checkpoint_index) sources=(fsdp/checkpoint_index.cpp); libs=(-lweft-fsdp -lweft-dist -lweft-nn -lweft-core) ;;
   idx)              sources=(apps/mnist/idx.cpp);        libs=(-lweft-core -lz) ;;
-  tokenizer)        sources=(apps/transformer/bpe_tokenizer.cpp apps/transformer/tokenizer_decoder.cpp apps/transformer/tokenizer_normalizer.cpp); libs=(-lweft-core -lpcre2-8 -licuuc) ;;
+  tokenizer)        sources=(apps/transformer/bpe_tokenizer.cpp apps/transformer/tokenizer_decoder.cpp apps/transformer/tokenizer_normalizer.cpp apps/transformer/file_contents.cpp); libs=(-lweft-core -lpcre2-8 -licuuc) ;;
   *) echo "run_fuzz.sh: unknown target '$target' (safetensors, checkpoint_index, idx or tokenizer)" >&2; exit 2 ;;
 esac
 for lib in "${libs[@]}"; do
