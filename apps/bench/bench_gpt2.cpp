@@ -56,6 +56,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/common/cli.h"
 #include "apps/bench/machine_peaks.h"
 #include "apps/common/device.h"
 #include "apps/common/op_table.h"
@@ -195,7 +196,7 @@ int run(const Options& o) {
                "(this is rank {} of {})", dist::rank(), dist::world_size());
   }
   const Device device = apps::parse_device(o.device, "weft-bench-gpt2");
-  if (o.threads > 0) set_num_threads(o.threads);
+  apps::cli::use_threads(o.threads);
   apps::check_config(o.model);
   const int64_t B = o.batch, T = o.model.ctx, V = o.model.vocab_size;
   const int64_t warmup = std::min(o.warmup, o.steps - 1);  // at least one measured step

@@ -10,6 +10,7 @@
 
 #include "core/allocator.h"
 #include "core/error.h"
+#include "kernels/threads.h"
 
 namespace weft::apps::cli {
 
@@ -76,6 +77,13 @@ CLI::Validator seed() {
 }
 
 CLI::Validator threads() { return integer(1, kMaxThreads); }
+
+void use_threads(int64_t threads) {
+  if (threads > 0) return set_num_threads(int(threads));
+  const char* env = std::getenv("OMP_NUM_THREADS");
+  WEFT_CHECK(get_num_threads() <= kMaxThreads, "OMP_NUM_THREADS={} asks for {} threads, more than the {} weft runs "
+             "(--threads N overrides it)", env ? env : "", get_num_threads(), kMaxThreads);
+}
 
 CLI::Validator number_above(double lo) {
   return CLI::Validator(

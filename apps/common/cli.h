@@ -18,6 +18,9 @@ CLI::Validator integer(int64_t lo, int64_t hi);
 CLI::Validator seed();
 // --threads: an integer from 1 to kMaxThreads.
 CLI::Validator threads();
+// --threads when given (> 0); else OpenMP's default (OMP_NUM_THREADS or the cores), held to the
+// same limit (an OpenMP team of 100,000 threads crashes inside libgomp).
+void use_threads(int64_t threads);
 // A finite number > lo (lo_open) or >= lo, and <= hi when hi is finite.
 CLI::Validator number_above(double lo);           // > lo
 CLI::Validator number_from(double lo, double hi);  // lo <= x <= hi

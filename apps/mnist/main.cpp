@@ -306,7 +306,7 @@ struct Run {
 // (bad flags, missing files, a checkpoint that does not fit) stops every rank.
 void prepare_run(const Options& o, const Ranks& ranks, Run& run) {
   run.device = apps::parse_device(o.device, "mnist");  // first: a device that cannot work ends the run at once
-  if (o.threads > 0) set_num_threads(o.threads);
+  apps::cli::use_threads(o.threads);
   set_deterministic(o.deterministic);
   if (o.deterministic) run.leaves = apps::make_leaf_plan("mnist", o.virtual_batches, o.batch_size, 1, ranks);
   WEFT_CHECK(o.batch_size > 0 && o.epochs > 0 && o.lr > 0, "mnist: --batch-size, --epochs and --lr must be positive");

@@ -9,6 +9,7 @@
 #include <map>
 #include <optional>
 
+#include "apps/common/cli.h"
 #include "apps/common/device.h"
 #include "apps/common/nonfinite.h"
 #include "apps/common/output_paths.h"
@@ -209,7 +210,7 @@ void write_prompt_logits(nn::Module& model, const std::vector<int64_t>& ids, int
 
 int sample(const SampleOptions& o, const Ranks& ranks) {
   const Device device = apps::parse_device(o.device, "transformer");
-  if (o.threads > 0) set_num_threads(o.threads);
+  apps::cli::use_threads(o.threads);
   WEFT_CHECK(o.tokens >= 0, "transformer: --tokens must be non-negative");
   apps::check_outputs_apart({{"--logits-out", o.logits_out}, {"WEFT_TRACE", trace::file()}}, {{"--from", o.checkpoint}, {"--tokenizer", o.tokenizer}},
                             "transformer");
@@ -346,7 +347,7 @@ void check_data_tokenizer(const EvalOptions& o, const LoadedModel& loaded, const
 // Loss, perplexity and token count of a model over a split of a dataset, in blocks of ctx + 1
 // tokens (apps/transformer/block_eval.h).
 int eval(const EvalOptions& o) {
-  if (o.threads > 0) set_num_threads(o.threads);
+  apps::cli::use_threads(o.threads);
   const LoadedModel loaded = load_model(o.from, true);
   nn::Module& model = *loaded.lm.module;
   apps::TrainingData data;

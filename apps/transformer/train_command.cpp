@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 
+#include "apps/common/cli.h"
 #include "apps/common/checkpoint_owner.h"
 #include "apps/common/deterministic.h"
 #include "apps/common/device.h"
@@ -334,6 +335,10 @@ void validate(TrainOptions& o, const Ranks& ranks, Run& run) {
   o.warmup = std::min(o.warmup, o.steps - 1);
   check_schedule(o);
   apps::check_checkpoint_dir(o.checkpoint_dir, "--checkpoint-dir", "transformer");
+  WEFT_CHECK(o.checkpoint_dir.empty() || !(apps::is_hf_dir(o.checkpoint_dir) || apps::is_peft_dir(o.checkpoint_dir)),
+             "transformer: --checkpoint-dir {} holds a Hugging Face model or peft adapter, which sample, eval and "
+             "export would read instead of its checkpoints: give the checkpoints a directory of their own",
+             o.checkpoint_dir);
   o.plan.modelled = o.sharding_strategy == "FULL_SHARD" && (o.reshard_after_forward == "true" || o.reshard_after_forward == "false");
   if (o.plan.wanted())
     WEFT_CHECK(o.plan.modelled,
@@ -465,7 +470,7 @@ void build_model(TrainOptions& o, const Ranks& ranks, Run& run) {
 // (bad flags, missing files, a checkpoint that does not fit) stops every rank.
 void prepare_run(TrainOptions& o, const Ranks& ranks, Run& run) {
   run.device = apps::parse_device(o.device, "transformer");  // first: a device that cannot work ends the run at once
-  if (o.threads > 0) set_num_threads(o.threads);
+  apps::cli::use_threads(o.threads);
   set_deterministic(o.deterministic);
   o.model.tie_weights = !o.untie;
   validate(o, ranks, run);
@@ -619,6 +624,7 @@ dist::ConfigSettings shared_settings(const TrainOptions& o) {
           {"--tp", num(o.tp)},
           {"--ac", nn::checkpointing_name(o.checkpointing)},
           {"--reshard-after-forward", o.reshard_after_forward},
+          {"--sharding-strategy", o.sharding_strategy},
           {"--mixed-precision", o.mixed_precision},
           {"--on-nan", o.on_nan},
           {"--max-skipped-steps", num(o.max_skipped)},

@@ -116,6 +116,7 @@ for _ in $(seq 50); do flock -n "$tmp/locked/.lock" true || break; sleep 0.1; do
 mkdir -p "$tmp/ck_bigstep/step_99999999999999999999"
 echo '{}' > "$tmp/ck_bigstep/step_99999999999999999999/index.json"
 
+cp -r "$(dirname "${BASH_SOURCE[0]}")/../data/hf/gpt2" "$tmp/hf_copy"  # a model directory, as downloaded
 # A Hugging Face directory whose config.json is a directory.
 cp -r "$(dirname "${BASH_SOURCE[0]}")/../data/hf/gpt2" "$tmp/hf_cfgdir" && rm "$tmp/hf_cfgdir/config.json" &&
   mkdir "$tmp/hf_cfgdir/config.json"
