@@ -16,24 +16,13 @@
 #include <string>
 #include <vector>
 
+#include "apps/common/cli.h"
+#include "core/allocator.h"
 #include "dist/dist.h"
 
 using namespace weft;
 
 namespace {
-
-int64_t parse_bytes(const std::string& s) {
-  size_t pos = 0;
-  double v = std::stod(s, &pos);
-  std::string unit = s.substr(pos);
-  double mul = unit.empty() || unit == "B" ? 1
-             : unit == "K" || unit == "KB" ? 1 << 10
-             : unit == "M" || unit == "MB" ? 1 << 20
-             : unit == "G" || unit == "GB" ? double(1 << 30)
-                                           : -1;
-  WEFT_CHECK(mul > 0, "bad size '{}': use a number with K, M or G", s);
-  return int64_t(v * mul);
-}
 
 std::string human(int64_t bytes) {
   if (bytes >= (1 << 20)) return fmt::format("{}M", bytes >> 20);
@@ -122,21 +111,28 @@ void bench_size(const Options& o, bool gather, int64_t bytes, dist::ProcessGroup
 int main(int argc, char** argv) {
   CLI::App app{"weft-bench-collectives: all-gather and reduce-scatter through weft vs raw MPI (run under mpirun)"};
   Options o;
-  app.add_option("--min-bytes", o.min_s, "smallest size (K, M, G suffixes)")->capture_default_str();
-  app.add_option("--max-bytes", o.max_s, "largest size; sizes grow 4x from --min-bytes")->capture_default_str();
-  app.add_option("--rounds", o.rounds, "alternating rounds per size")->capture_default_str();
+  app.add_option("--min-bytes", o.min_s, "smallest size (K, M, G suffixes)")->check(apps::cli::bytes())->capture_default_str();
+  app.add_option("--max-bytes", o.max_s, "largest size; sizes grow 4x from --min-bytes")->check(apps::cli::bytes())
+      ->capture_default_str();
+  app.add_option("--rounds", o.rounds, "alternating rounds per size")->check(apps::cli::integer(1, 1000))->capture_default_str();
   app.add_option("--stat", o.stat, "which round to report: min (least disturbed) or median")
       ->check(CLI::IsMember({"min", "median"}))
       ->capture_default_str();
-  app.add_option("--batch-ms", o.batch_ms, "target time of one round's batch of calls")->capture_default_str();
+  app.add_option("--batch-ms", o.batch_ms, "target time of one round's batch of calls")
+      ->check(apps::cli::number_from(0.001, 1e6))->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  const int64_t min_bytes = parse_bytes(o.min_s, "--min-bytes"), max_bytes = parse_bytes(o.max_s, "--max-bytes");
+  if (min_bytes < 4 || max_bytes < min_bytes) {
+    std::fprintf(stderr, "weft-bench-collectives: --min-bytes %s and --max-bytes %s: need 4 B (one f32) <= min <= max\n",
+                 o.min_s.c_str(), o.max_s.c_str());
+    return 2;
+  }
 
   dist::init();
   auto world = dist::world();
   int n = world->size(), me = world->rank();
   MPI_Comm comm;  // raw MPI gets its own communicator too, as weft's world group has
   MPI_Comm_dup(MPI_COMM_WORLD, &comm);
-  int64_t min_bytes = parse_bytes(o.min_s), max_bytes = parse_bytes(o.max_s);
   if (me == 0) {
     char host[MPI_MAX_PROCESSOR_NAME];
     int len = 0;
@@ -144,9 +140,13 @@ int main(int argc, char** argv) {
     std::printf("# weft-bench-collectives: %d ranks on %s, f32, %s of %d rounds per size, sizes %s..%s\n", n, host,
                 o.stat == "min" ? "best" : "median", o.rounds, human(min_bytes).c_str(), human(max_bytes).c_str());
   }
-  for (bool gather : {true, false}) {
-    if (me == 0) print_section_head(gather);
-    for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) bench_size(o, gather, bytes, *world, comm);
+  try {
+    for (bool gather : {true, false}) {
+      if (me == 0) print_section_head(gather);
+      for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) bench_size(o, gather, bytes, *world, comm);
+    }
+  } catch (const std::exception& e) {  // out of memory at the largest sizes, say: the other ranks wait in MPI
+    dist::abort_job(fmt::format("weft-bench-collectives: error on rank {}: {}", me, e.what()));
   }
   if (me == 0)
     std::printf("\nalgbw and busbw in GB/s; times are per call, the %s of %d rounds.\n",

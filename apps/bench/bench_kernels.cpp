@@ -237,7 +237,7 @@ int main(int argc, char** argv) {
   bool gemm_only = false;
   std::string kernel_filter;
   app.add_option("--threads", max_threads, "largest thread count to measure (1..N)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, 1024));
   app.add_flag("--gemm-only", gemm_only, "only the FMA peak and the GEMM rows");
   app.add_option("--kernel", kernel_filter, "only this GEMM kernel (avx512bf16, amx: the bf16 ones)")
       ->check(CLI::IsMember({"avx512", "avx2", "eigen", "avx512bf16", "amx"}));
