@@ -112,8 +112,7 @@ int main(int argc, char** argv) {
   app.add_option("--vocab", o.model.vocab_size, "vocabulary")->capture_default_str();
   app.add_option("--batch-size", o.batch, "sequences per step (every rank)")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--steps", o.steps, "steps")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--warmup", o.warmup, "first steps left out of the median")->check(CLI::Range(0, 1000000))
-      ->capture_default_str();
+  app.add_option("--warmup", o.warmup, "first steps left out of the median")->check(CLI::Range(0, 1000000))->capture_default_str();
   app.add_option("--threads", o.threads, "threads per rank")->check(CLI::Range(1, 1024))->capture_default_str();
   app.add_option("--tp", o.tp, "ranks a tensor-parallel group (default: all; the rest data-parallel under fully_shard)")
       ->check(CLI::PositiveNumber);
