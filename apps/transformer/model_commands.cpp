@@ -233,6 +233,8 @@ int sample(const SampleOptions& o, const Ranks& ranks) {
   const std::string source = hf_source(o.checkpoint, loaded.recorded);
   const std::optional<apps::BpeTokenizer> tok = sample_tokenizer(o, loaded, source);
   const std::vector<int64_t> ids = prompt_ids(o, tok ? &*tok : nullptr, cfg.vocab_size);
+  WEFT_CHECK(o.logits_out.empty() || int64_t(ids.size()) <= cfg.ctx, "transformer: --logits-out writes a row per prompt "
+             "token, and the prompt's {} tokens are past {}'s context of {}: shorten it", ids.size(), o.checkpoint, cfg.ctx);
   const apps::HfGenerationConfig gen = source.empty() ? apps::HfGenerationConfig{} : apps::read_hf_generation_config(source);
   nn::GenerateOptions g{.max_new_tokens = o.tokens,
                         .sampling = sampling_of(o, gen, source),
