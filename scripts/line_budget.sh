@@ -17,7 +17,7 @@ budgets=(
   "dist           2574  dist"
   "tp              767  tp"
   "fsdp           4919  fsdp"
-  "apps          10543  apps"
+  "apps          10547  apps"
 )
 count() {  # PATH...: the lines of the code files among them
   find "$@" -type f \( -name '*.h' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' \) -print0 | xargs -0 cat | wc -l
