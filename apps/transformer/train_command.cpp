@@ -330,6 +330,10 @@ void validate(TrainOptions& o, const Ranks& ranks, Run& run) {
   WEFT_CHECK(o.sharding_strategy == "FULL_SHARD" || o.reshard_after_forward == "true",
              "transformer: --reshard-after-forward applies to --sharding-strategy FULL_SHARD only ({} decides it)",
              o.sharding_strategy);
+  const bool raf_bool = o.reshard_after_forward == "true" || o.reshard_after_forward == "false";
+  if (const int64_t k = raf_bool ? 0 : std::stoll(o.reshard_after_forward), n = ranks.data_world(); k > 0 && ranks.fsdp && !o.plan.wanted())
+    WEFT_CHECK(k > 1 && k < n && n % k == 0, "transformer: --reshard-after-forward {} must divide the {} ranks and lie "
+               "strictly between 1 and {} (for 1: false, keep the full parameters; for {}: true)", k, n, n, n);
   WEFT_CHECK(o.warmup >= 0, "transformer: --warmup must be non-negative, got {}", o.warmup);
   // The schedule needs a step after the warmup; a short run keeps the default warmup usable.
   o.warmup = std::min(o.warmup, o.steps - 1);
@@ -339,7 +343,7 @@ void validate(TrainOptions& o, const Ranks& ranks, Run& run) {
              "transformer: --checkpoint-dir {} holds a Hugging Face model or peft adapter, which sample, eval and "
              "export would read instead of its checkpoints: give the checkpoints a directory of their own",
              o.checkpoint_dir);
-  o.plan.modelled = o.sharding_strategy == "FULL_SHARD" && (o.reshard_after_forward == "true" || o.reshard_after_forward == "false");
+  o.plan.modelled = o.sharding_strategy == "FULL_SHARD" && raf_bool;
   if (o.plan.wanted())
     WEFT_CHECK(o.plan.modelled,
                "transformer: --plan, --plan-ranks and --memory-budget plan FULL_SHARD with --reshard-after-forward "
