@@ -13,11 +13,11 @@ budgets=(
   "kernels/cpu    5666  kernels/cpu"
   "cuda           4669  cuda"
   "autograd       2041  autograd"
-  "nn             3050  nn"
-  "dist           2574  dist"
+  "nn             3060  nn"
+  "dist           2575  dist"
   "tp              767  tp"
   "fsdp           4919  fsdp"
-  "apps          10547  apps"
+  "apps          10563  apps"
 )
 count() {  # PATH...: the lines of the code files among them
   find "$@" -type f \( -name '*.h' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' \) -print0 | xargs -0 cat | wc -l
