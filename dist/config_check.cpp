@@ -75,7 +75,7 @@ void check_same_config(const ConfigSettings& settings, std::string_view program,
   }
   if (group->size() <= 1) return;
   const std::string tail = fmt::format(" ({})", rule);
-  const std::string head = fmt::format("{}: ranks were started with different settings: ", program);
+  const std::string head = fmt::format("{}: the ranks differ: ", program);
 
   // The number of entries first: the hashes below need the same length on every rank.
   auto [count_lo, count_hi] = min_max(group, {int64_t(settings.size())});

@@ -24,7 +24,7 @@ using ConfigSettings = std::vector<std::pair<std::string, std::string>>;
 // when they differ). Returns when every rank passed the same names and values. Otherwise throws
 // AgreedError on every rank with the same message, naming the first differing flag and each
 // rank's value (cut to 60 characters):
-//   "<program>: ranks were started with different settings: --lr is 0.1 on rank 0, 0.2 on rank 1
+//   "<program>: the ranks differ: --lr is 0.1 on rank 0, 0.2 on rank 1
 //    (every rank must get the same flags)"
 // (ranks with equal values are listed together, "on ranks 0-1,3"). Ranks are group ranks, and
 // failed_rank is the world rank of the lowest group rank whose value differs from rank 0's.

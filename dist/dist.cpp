@@ -259,7 +259,8 @@ ProcessGroupPtr new_group(DeviceType device, MPI_Comm comm, std::string name) {
     g = factory(comm, std::move(name));
   } else {
     MPI_Comm_free(&comm);
-    WEFT_ERROR("dist: group '{}' on CUDA needs the NCCL backend, but {}", name, backend_unavailable_reason(device));
+    WEFT_ERROR("dist: group '{}' on {}: {}", name, device_type_name(device), device == DeviceType::cuda ? "CUDA needs "
+               "the NCCL backend, but " + backend_unavailable_reason(device) : "collectives run on CPU or CUDA tensors");
   }
   State& s = state();
   std::lock_guard lock(s.mu);

@@ -21,6 +21,15 @@ bool names_target(const std::string& module_name, const std::string& target) {
           module_name[module_name.size() - target.size() - 1] == '.');
 }
 
+// The last parts of the Linear modules' names ("q_proj, k_proj, ..."): what a target can name.
+std::string linear_names(const std::vector<std::pair<std::string, ModulePtr>>& modules) {
+  std::vector<std::string> names;
+  for (auto& [name, m] : modules)
+    if (const std::string last = name.substr(name.rfind('.') + 1); dynamic_cast<Linear*>(m.get()) &&
+        std::find(names.begin(), names.end(), last) == names.end()) names.push_back(last);
+  return names.empty() ? "none" : fmt::format("{}", fmt::join(names, ", "));
+}
+
 void check_options(Module& model, const LoRAOptions& o) {
   WEFT_CHECK(o.rank >= 1, "apply_lora: rank must be >= 1, got {}", o.rank);
   WEFT_CHECK(std::isfinite(o.alpha) && o.alpha > 0, "apply_lora: alpha must be a finite number > 0, got {}", o.alpha);
@@ -83,7 +92,8 @@ std::vector<std::string> apply_lora(Module& model, const LoRAOptions& opts, Gene
       chosen.push_back(&adaptable(name, *m));
       adapted.push_back(name);
     }
-    WEFT_CHECK(found, "apply_lora: target '{}' names no module of the model", t);
+    WEFT_CHECK(found, "apply_lora: target '{}' names no module of the model (its Linear modules: {})", t,
+               linear_names(modules));
   }
   // Everything checked: the base is frozen, then the adapters (which train) are made.
   for (auto& [name, m] : modules)

@@ -607,6 +607,15 @@ TEST_CASE("peft adapters weft cannot reproduce are errors naming the field") {
   CHECK_THROWS_WITH(apps::read_peft_adapter(dir), Contains("only LORA adapters"));
   write("base_model_name_or_path", "/nowhere/llama");
   CHECK_THROWS_WITH(apps::read_peft_adapter(dir), Contains("is \"/nowhere/llama\", which is not a Hugging Face model"));
+  write("r", 0);
+  CHECK_THROWS_WITH(apps::read_peft_adapter(dir), Contains("\"r\" must be >= 1, \"lora_alpha\" > 0 and \"lora_dropout\" "
+                                                           "in [0, 1), got 0, 8 and 0"));
+  write("lora_alpha", -2);
+  CHECK_THROWS_WITH(apps::read_peft_adapter(dir), Contains("got 4, -2 and 0"));
+  write("lora_dropout", "0.1");
+  CHECK_THROWS_WITH(apps::read_peft_adapter(dir), Contains("\"lora_dropout\" is \"0.1\", not a number"));
+  write("task_type", "SEQ_CLS");
+  CHECK_THROWS_WITH(apps::read_peft_adapter(dir), Contains("\"task_type\" is \"SEQ_CLS\": an adapter of a model other"));
   write("modules_to_save", nlohmann::json::array({"lm_head"}));
   CHECK_THROWS_WITH(apps::read_peft_adapter(dir), Contains("\"modules_to_save\" is [\"lm_head\"]"));
   fs::remove_all(dir);

@@ -140,7 +140,7 @@ TEST_CASE("check_same_config: a value that differs by rank names the flag and ev
     CHECK(message == "");
   } else {
     const std::string others = world_size() == 2 ? "rank 1" : "ranks 1-" + std::to_string(world_size() - 1);
-    CHECK(message == "weft-test: ranks were started with different settings: --lr is 0.1 on rank 0, 0.2 on " + others +
+    CHECK(message == "weft-test: the ranks differ: --lr is 0.1 on rank 0, 0.2 on " + others +
                          " (every rank must get the same flags)");
     CHECK(failed == 1);
   }
@@ -150,7 +150,7 @@ TEST_CASE("check_same_config: a value that differs by rank names the flag and ev
 TEST_CASE("check_same_config: each rank its own value; long values are cut") {
   std::string message = config_message({{"--data", "/data/rank" + std::to_string(rank()) + std::string(100, 'z')}});
   if (world_size() > 1) {
-    CHECK_THAT(message, StartsWith("weft-test: ranks were started with different settings: --data is /data/rank0zz"));
+    CHECK_THAT(message, StartsWith("weft-test: the ranks differ: --data is /data/rank0zz"));
     for (int r = 0; r < world_size(); ++r)
       CHECK_THAT(message, Contains("/data/rank" + std::to_string(r) + "zz") && Contains("... on rank " + std::to_string(r)));
   }

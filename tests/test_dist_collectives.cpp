@@ -73,6 +73,7 @@ TEST_CASE("world group") {
   CHECK(w->backend() == "mpi");
   CHECK(w->world_ranks().size() == size_t(world_size()));
   CHECK(world() == w);
+  CHECK_THROWS_WITH(world(DeviceType::meta), Contains("dist: group 'world' on meta: collectives run on CPU or CUDA"));
   CHECK(local_rank() >= 0);
   init();  // idempotent
   CHECK(is_initialized());

@@ -148,7 +148,7 @@ TEST_CASE("apply_lora refuses what it cannot adapt, naming it") {
   CHECK_THROWS_WITH(apply_lora(m, with([](LoRAOptions& o) { o.alpha = std::nan(""); })), Contains("alpha must be"));
   CHECK_THROWS_WITH(apply_lora(m, with([](LoRAOptions& o) { o.dropout = 1; })), Contains("dropout must be in [0, 1)"));
   CHECK_THROWS_WITH(apply_lora(m, with([](LoRAOptions& o) { o.targets.clear(); })), Contains("no target modules"));
-  CHECK_THROWS_WITH(apply_lora(m, opts({"q_proj", "k_proj"})), Contains("target 'k_proj' names no module"));
+  CHECK_THROWS_WITH(apply_lora(m, opts({"q_proj", "k_proj"})), Contains("target 'k_proj' names no module of the model (its Linear modules: q_proj, o_proj)"));
   CHECK_THROWS_WITH(apply_lora(m, opts({"norm"})), Contains("'norm' is a LayerNorm; only Linear modules"));
   for (auto& [name, t] : m.named_parameters()) CHECK(t.requires_grad());  // nothing was changed
   apply_lora(m, opts({"q_proj"}));

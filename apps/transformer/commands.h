@@ -20,7 +20,7 @@ struct TrainOptions {
   bool untie = false;
   bool tie = false;  // --tie (llama)
   std::string init_from;  // a Hugging Face directory whose config and weights start the run
-  int64_t batch_size = 16, steps = 200, grad_accum = 1, warmup = 10;
+  int64_t batch_size = 16, steps = 200, grad_accum = 1, warmup = -1;  // warmup -1: 10, at most steps - 1
   double lr = 3e-4, weight_decay = 0.1, clip = 1.0;
   std::string lr_schedule = "cosine";  // after the warmup: cosine, linear, constant or wsd
   double min_lr = -1;                  // where the decay ends (-1: 0.1 x lr)

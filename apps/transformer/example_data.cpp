@@ -144,7 +144,10 @@ std::vector<Example> read_jsonl(const std::string& file, RecordEncoder& enc) {
       const json record = json::parse(line, nullptr, false);
       WEFT_CHECK(!record.is_discarded(), "not JSON");
       out.push_back(enc.encode(record));
-      WEFT_CHECK(!out.back().ids.empty(), "the record encodes to no tokens");
+      const Example& ex = out.back();
+      WEFT_CHECK(!ex.ids.empty(), "the record encodes to no tokens");
+      WEFT_CHECK(std::count(ex.trained.begin() + 1, ex.trained.end(), uint8_t(1)) > 0, "no token of the record is "
+                 "trained (a chat needs an assistant message; a completion, text or --eos)");
     } catch (const Error& e) {
       throw Error(fmt::format("transformer: {}:{}: {}", file, n, e.what()));
     }

@@ -13,8 +13,11 @@ std::vector<std::string> lora_targets(const std::string& list, const ModelConfig
   size_t start = 0;
   while (start <= list.size()) {
     const size_t end = std::min(list.find(',', start), list.size());
-    out.push_back(list.substr(start, end - start));
-    WEFT_CHECK(!out.back().empty(), "transformer: --lora-targets \"{}\" has an empty name", list);
+    std::string name = list.substr(start, end - start);  // "q_proj, v_proj" names two modules
+    name.erase(0, name.find_first_not_of(" \t"));
+    name.erase(name.find_last_not_of(" \t") + 1);
+    WEFT_CHECK(!name.empty(), "transformer: --lora-targets \"{}\" has an empty name", list);
+    out.push_back(std::move(name));
     start = end + 1;
   }
   return out;

@@ -119,7 +119,9 @@ void add_lora_flags(CLI::App* tr, TrainOptions& t) {
       ->check(apps::cli::number_in_half_open(0, 1))->needs(rank);
   tr->add_option("--lora-targets", t.lora_targets, "comma-separated names of the modules to adapt (default: every "
                  "linear layer of the blocks: llama q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj; gpt2 "
-                 "c_attn,c_proj,c_fc)")->needs(rank);
+                 "c_attn,c_proj,c_fc)")->needs(rank)->check(CLI::Validator([](std::string& s) {
+        return s.empty() ? std::string("an empty list: name the modules, or leave the flag out for the default") : "";
+      }, "LIST"));
   tr->add_option("--base-dtype", t.base_dtype, "with --lora-rank and --init-from: the frozen base's dtype (bf16 halves "
                  "its memory; the adapters and their optimizer state stay f32; needs --mixed-precision bf16)")
       ->check(CLI::IsMember({"f32", "bf16"}))->capture_default_str();
@@ -137,8 +139,8 @@ CLI::App* add_train_flags(CLI::App& app, TrainOptions& t) {
   tr->add_option("--steps", t.steps, "optimizer steps in all (the schedule's length)")
       ->check(apps::cli::integer(1, int64_t(1) << 40))->capture_default_str();
   tr->add_option("--lr", t.lr, "peak learning rate")->check(apps::cli::number_above(0))->capture_default_str();
-  tr->add_option("--warmup", t.warmup, "linear warmup steps before the cosine decay")
-      ->check(apps::cli::integer(0, int64_t(1) << 40))->capture_default_str();
+  tr->add_option("--warmup", t.warmup, "linear warmup steps before the decay (default: 10, at most --steps - 1; a "
+                 "given value must be below --steps)")->check(apps::cli::integer(0, int64_t(1) << 40));
   tr->add_option("--weight-decay", t.weight_decay, "AdamW decay on 2-D weights (matmuls and embeddings; never biases "
                  "or norm weights)")->check(apps::cli::number_from(0, 1e6))->capture_default_str();
   tr->add_option("--lr-schedule", t.lr_schedule, "after the linear warmup: cosine or linear decay to --min-lr at "

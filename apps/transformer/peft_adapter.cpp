@@ -1,6 +1,7 @@
 #include "apps/transformer/peft_adapter.h"
 #include "apps/transformer/file_contents.h"
 
+#include <cmath>
 #include <filesystem>
 #include <set>
 #include <nlohmann/json.hpp>
@@ -38,6 +39,7 @@ void refuse_unsupported(const json& c, const std::string& file) {
   off("target_parameters", json::array(), "adapting parameters rather than modules");
   off("trainable_token_indices", json::array(), "training some tokens' embeddings");
   off("use_qalora", false, "QA-LoRA");
+  off("task_type", "CAUSAL_LM", "an adapter of a model other than a causal language model");
 }
 }  // namespace
 
@@ -58,7 +60,12 @@ PeftAdapter read_peft_adapter(const std::string& dir) {
              "integer and \"lora_alpha\" a number, got {} and {}", file, field("r").dump(), field("lora_alpha").dump());
   a.lora.rank = field("r").get<int64_t>();
   a.lora.alpha = field("lora_alpha").get<double>();
-  a.lora.dropout = c.value("lora_dropout", 0.0);
+  const json dropout = c.value("lora_dropout", json(0.0));
+  WEFT_CHECK(dropout.is_number(), "transformer: {}: \"lora_dropout\" is {}, not a number", file, dropout.dump());
+  a.lora.dropout = dropout.get<double>();
+  WEFT_CHECK(a.lora.rank >= 1 && std::isfinite(a.lora.alpha) && a.lora.alpha > 0 && a.lora.dropout >= 0 &&
+             a.lora.dropout < 1, "transformer: {}: \"r\" must be >= 1, \"lora_alpha\" > 0 and \"lora_dropout\" in "
+             "[0, 1), got {}, {} and {}", file, a.lora.rank, a.lora.alpha, a.lora.dropout);
   const json targets = field("target_modules");
   if (targets != "all-linear") {  // all-linear: targets left empty
     WEFT_CHECK(targets.is_array() && !targets.empty(), "transformer: {}: \"target_modules\" is {}: a list of module "

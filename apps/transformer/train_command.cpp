@@ -334,9 +334,10 @@ void validate(TrainOptions& o, const Ranks& ranks, Run& run) {
   if (const int64_t k = raf_bool ? 0 : std::stoll(o.reshard_after_forward), n = ranks.data_world(); k > 0 && ranks.fsdp && !o.plan.wanted())
     WEFT_CHECK(k > 1 && k < n && n % k == 0, "transformer: --reshard-after-forward {} must divide the {} ranks and lie "
                "strictly between 1 and {} (for 1: false, keep the full parameters; for {}: true)", k, n, n, n);
-  WEFT_CHECK(o.warmup >= 0, "transformer: --warmup must be non-negative, got {}", o.warmup);
-  // The schedule needs a step after the warmup; a short run keeps the default warmup usable.
-  o.warmup = std::min(o.warmup, o.steps - 1);
+  // The schedule needs a step after the warmup: the default (10) shortens for a short run, a given --warmup must fit.
+  WEFT_CHECK(o.warmup < o.steps, "transformer: --warmup {} is not below --steps {}: the schedule needs a step after "
+             "the warmup", o.warmup, o.steps);
+  if (o.warmup < 0) o.warmup = std::min<int64_t>(10, o.steps - 1);
   check_schedule(o);
   apps::check_checkpoint_dir(o.checkpoint_dir, "--checkpoint-dir", "transformer");
   WEFT_CHECK(o.checkpoint_dir.empty() || !(apps::is_hf_dir(o.checkpoint_dir) || apps::is_peft_dir(o.checkpoint_dir)),

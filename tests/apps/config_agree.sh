@@ -34,11 +34,11 @@ expect_mismatch() {
   [ "$rc" != 0 ] || fail "$name: ranks with different $flag trained on: $(cat "$tmp/$name.out")"
   [ "$rc" != 124 ] && [ "$rc" != 137 ] || fail "$name: hung with different $flag: $(cat "$tmp/$name.out")"
   for ((r = 0; r < np; ++r)); do
-    grep -q "error on rank $r: .*ranks were started with different settings: $flag is " "$tmp/$name.out" ||
+    grep -q "error on rank $r: .*the ranks differ: $flag is " "$tmp/$name.out" ||
       fail "$name: rank $r does not name $flag: $(cat "$tmp/$name.out")"
   done
   local lines
-  lines=$(grep -c "different settings: $flag is .*(every rank must get the same flags)" "$tmp/$name.out" || true)
+  lines=$(grep -c "the ranks differ: $flag is .*(every rank must get the same flags)" "$tmp/$name.out" || true)
   [ "$lines" -ge "$np" ] || fail "$name: $lines of $np ranks name $flag: $(cat "$tmp/$name.out")"
 }
 
@@ -70,5 +70,5 @@ mpmd 1 1 -- "$mnist" "${m[@]}" --batch-size 16 --lr 0.1 -- "$mnist" "${m[@]}" --
   fail "mnist with agreeing flags: $(cat "$tmp/ok.out")"
 mpmd 1 1 -- "$transformer" "${t[@]}" --steps 2 -- "$transformer" "${t[@]}" --steps 2 >"$tmp/ok.out" 2>&1 ||
   fail "transformer with agreeing flags: $(cat "$tmp/ok.out")"
-! grep -q "different settings" "$tmp/ok.out" || fail "agreeing flags reported as different: $(cat "$tmp/ok.out")"
+! grep -q "the ranks differ" "$tmp/ok.out" || fail "agreeing flags reported as different: $(cat "$tmp/ok.out")"
 echo "config_agree: ok"
