@@ -42,7 +42,7 @@ struct TrainOptions {
   bool deterministic = false;
   bool pack = false;  // a dataset of examples: several per row (example_data.h)
   int64_t virtual_batches = 8;  // --deterministic's V
-  std::string reshard_after_forward = "true", mixed_precision = "none";
+  std::string reshard_after_forward, mixed_precision = "none";  // reshard_after_forward "": true
   bool autocast() const { return mixed_precision == "bf16" && !fsdp; }  // else FSDP's policy, if any
   std::string sharding_strategy = "FULL_SHARD";
   std::string device = "cpu";

@@ -58,8 +58,8 @@ void add_step_flags(CLI::App* tr, TrainOptions& t) {
       ->capture_default_str();
   tr->add_option("--reshard-after-forward", t.reshard_after_forward,
                  "under --fsdp: free each block's gathered parameters after forward (true), keep them for "
-                 "backward (false), or keep 1/N per rank and gather within groups of N ranks (N)")
-      ->check(CLI::IsMember({"true", "false"}) | apps::cli::integer(1, 1 << 20))->capture_default_str();
+                 "backward (false), or keep 1/N per rank and gather within groups of N ranks (N); default true")
+      ->check(CLI::IsMember({"true", "false"}) | apps::cli::integer(1, 1 << 20));
   tr->add_option("--sharding-strategy", t.sharding_strategy,
                  "under --fsdp: FULL_SHARD (parameters, gradients and optimizer state sharded), SHARD_GRAD_OP "
                  "(parameters kept gathered from forward to backward) or NO_SHARD (every rank holds the whole "

@@ -314,6 +314,12 @@ void validate(TrainOptions& o, const Ranks& ranks, Run& run) {
     if (o.lora.alpha == 0) o.lora.alpha = double(o.lora.rank);
   }
   check_base_dtype(o);
+  WEFT_CHECK(ranks.fsdp || (o.reshard_after_forward.empty() && o.sharding_strategy == "FULL_SHARD"),
+             "transformer: --reshard-after-forward and --sharding-strategy are FSDP options: add --fsdp");
+  WEFT_CHECK(o.sharding_strategy == "FULL_SHARD" || o.reshard_after_forward.empty(),
+             "transformer: --reshard-after-forward applies to --sharding-strategy FULL_SHARD only ({} decides it)",
+             o.sharding_strategy);
+  if (o.reshard_after_forward.empty()) o.reshard_after_forward = "true";  // FULL_SHARD's default
   check_tensor_parallel(o, ranks, run);
   WEFT_CHECK(o.lr > 0 && o.steps > 0 && o.batch_size > 0 && o.grad_accum > 0,
              "transformer: --lr, --steps, --batch-size and --grad-accum must be positive");
@@ -325,11 +331,6 @@ void validate(TrainOptions& o, const Ranks& ranks, Run& run) {
   WEFT_CHECK(o.batch_size % dp == 0, "transformer: --batch-size {} does not split evenly over {} {}{}: it is the global "
              "batch and each takes an equal slice, so use a multiple of {}", o.batch_size, dp,
              o.tp > 1 ? "data-parallel groups" : "ranks", o.plan.ranks > 0 ? " of --plan-ranks" : "", dp);
-  WEFT_CHECK(ranks.fsdp || (o.reshard_after_forward == "true" && o.sharding_strategy == "FULL_SHARD"),
-             "transformer: --reshard-after-forward and --sharding-strategy are FSDP options: add --fsdp");
-  WEFT_CHECK(o.sharding_strategy == "FULL_SHARD" || o.reshard_after_forward == "true",
-             "transformer: --reshard-after-forward applies to --sharding-strategy FULL_SHARD only ({} decides it)",
-             o.sharding_strategy);
   const bool raf_bool = o.reshard_after_forward == "true" || o.reshard_after_forward == "false";
   if (const int64_t k = raf_bool ? 0 : std::stoll(o.reshard_after_forward), n = ranks.data_world(); k > 0 && ranks.fsdp && !o.plan.wanted())
     WEFT_CHECK(k > 1 && k < n && n % k == 0, "transformer: --reshard-after-forward {} must divide the {} ranks and lie "
