@@ -62,7 +62,6 @@ struct ConfigReader {
   }
 };
 
-
 struct HfFamily {
   const char* model_type;
   const char* architecture;             // config.json's architectures entry
