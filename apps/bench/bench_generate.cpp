@@ -42,8 +42,8 @@ int main(int argc, char** argv) {
   app.add_option("--prompt", prompt_len, "prompt tokens")->check(CLI::Range(1, 1 << 16))->capture_default_str();
   app.add_option("--new", new_tokens, "new tokens (the context is prompt + new)")
       ->check(CLI::Range(2, 1 << 16))->capture_default_str();
-  app.add_option("--no-cache-new", no_cache_new, "new tokens of the no-cache path (0: --new)")
-      ->check(CLI::Range(0, 1 << 16))->capture_default_str();
+  app.add_option("--no-cache-new", no_cache_new, "new tokens of the no-cache path (default: --new)")
+      ->check(CLI::Range(2, 1 << 16));
   app.add_option("--rounds", rounds, "timed rounds of each path")->check(CLI::Range(1, 100))->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (no_cache_new == 0) no_cache_new = new_tokens;

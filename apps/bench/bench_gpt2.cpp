@@ -284,7 +284,7 @@ int main(int argc, char** argv) {
   app.add_option("--clip", o.clip, "gradient-norm clip (0: none)")->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--peak-tflops", o.peak_tflops, "the device's peak for MFU, TFLOP/s (989: H100 SXM dense bf16)")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(apps::cli::number_above(0))->capture_default_str();
   app.add_option("--seed", o.seed, "seed for the weights and the tokens")->capture_default_str();
   app.add_option("--threads", o.threads, "CPU threads (default: OMP_NUM_THREADS or all cores)")
       ->check(CLI::NonNegativeNumber);

@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/common/output_paths.h"
 #include "apps/transformer/gpt.h"
 #include "core/allocator.h"
 #include "dist/dist.h"
@@ -317,8 +318,7 @@ int run(const Options& o) {
   dist::init();
   if (o.threads > 0) set_num_threads(o.threads);
   apps::check_config(o.model);
-  WEFT_CHECK(o.batch > 0 && o.steps >= 2, "weft-bench-memory: --batch-size must be positive and --steps at least 2 "
-             "(the bound's peak comes from a step after the first, once Adam's state exists)");
+  apps::check_outputs_apart({{"--json", o.json_path}}, {}, "weft-bench-memory");  // its place, before the run
 
   // Everything is measured above what this process held before the model existed.
   MPI_Barrier(MPI_COMM_WORLD);
@@ -400,8 +400,8 @@ int main(int argc, char** argv) {
   app.add_option("--ctx", o.model.ctx, "tokens per sequence")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--batch-size", o.batch, "sequences per rank per step (fixed per rank, as data parallel scales)")
       ->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--steps", o.steps, "training steps (at least 2)")->check(CLI::Range(int64_t(2), int64_t(1000)))
-      ->capture_default_str();
+  app.add_option("--steps", o.steps, "training steps (at least 2: the bound's peak is a step's after Adam's state exists)")
+      ->check(CLI::Range(int64_t(2), int64_t(1000)))->capture_default_str();
   app.add_option("--seed", o.seed, "seed for the weights and the tokens")->capture_default_str();
   app.add_option("--threads", o.threads, "CPU threads per rank (default: OMP_NUM_THREADS or all cores)")
       ->check(CLI::NonNegativeNumber);

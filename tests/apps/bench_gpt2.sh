@@ -93,4 +93,6 @@ rc=0
 
 if "$exe" --device cpu --n-head 3 --d-model 64 --steps 1 2>"$tmp/err" >/dev/null; then fail "--n-head 3 accepted"; fi
 grep -q "does not divide --d-model" "$tmp/err" || fail "bad --n-head not explained: $(cat "$tmp/err")"
+if "$exe" --device cpu --peak-tflops nan --steps 1 2>"$tmp/err" >/dev/null; then fail "--peak-tflops nan accepted"; fi
+grep -q -- "--peak-tflops: not a finite number: nan" "$tmp/err" || fail "--peak-tflops nan not explained: $(cat "$tmp/err")"
 echo "bench_gpt2: OK"

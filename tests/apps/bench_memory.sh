@@ -72,4 +72,8 @@ if "$bench" --steps 1 > "$tmp/bad.txt" 2>&1; then fail "--steps 1 was accepted";
 grep -q -- '--steps' "$tmp/bad.txt" || { cat "$tmp/bad.txt"; fail "no clear message for --steps 1"; }
 if "$bench" --summary "$tmp/bad.txt" > "$tmp/bad2.txt" 2>&1; then fail "--summary of a text file was accepted"; fi
 grep -q 'not a weft-bench-memory --json file' "$tmp/bad2.txt" || { cat "$tmp/bad2.txt"; fail "no clear message for --summary"; }
+# --json's place is checked before the run (it had failed writing after the whole run).
+if "$bench" --steps 2 --json "$tmp/nowhere/x.json" > "$tmp/bad.txt" 2>&1; then fail "--json in a missing directory was accepted"; fi
+grep -q -- "--json $tmp/nowhere/x.json: $tmp/nowhere is a directory that does not exist" "$tmp/bad.txt" &&
+  ! grep -q '^| 0 |' "$tmp/bad.txt" || { cat "$tmp/bad.txt"; fail "--json's place not checked before the run"; }
 echo "bench_memory ok"
