@@ -114,7 +114,7 @@ void add_lora_flags(CLI::App* tr, TrainOptions& t) {
                               "layers, every other parameter frozen (0: train every parameter)")
                    ->check(apps::cli::integer(0, 1 << 16))->capture_default_str();
   tr->add_option("--lora-alpha", t.lora.alpha, "the adapters' term is scaled by alpha / rank (default: the rank)")
-      ->check(apps::cli::number_above(0))->needs(rank);
+      ->check(apps::cli::number_above(0))->check(apps::cli::number_from(0, 1e6))->needs(rank);
   tr->add_option("--lora-dropout", t.lora.dropout, "dropout on the adapters' input, in training")
       ->check(apps::cli::number_in_half_open(0, 1))->needs(rank);
   tr->add_option("--lora-targets", t.lora_targets, "comma-separated names of the modules to adapt (default: every "
