@@ -343,9 +343,9 @@ Tensor SafetensorsReader::read_slice(const std::string& name, int64_t dim, int64
   WEFT_CHECK(it != impl_->by_name.end(), "safetensors: '{}' has no tensor '{}'", path(), name);
   const Entry& e = impl_->header.entries[it->second];
   const int64_t nd = int64_t(e.shape.size());
-  WEFT_CHECK(dim >= 0 && dim < nd && offset >= 0 && length >= 0 && offset + length <= e.shape[size_t(dim)],
-             "safetensors: '{}': cannot read [{}, {}) of dim {} of tensor '{}' shaped {}", path(), offset,
-             offset + length, dim, name, shape_str(e.shape));
+  WEFT_CHECK(dim >= 0 && dim < nd && offset >= 0 && length >= 0 && length <= e.shape[size_t(dim)] - offset,
+             "safetensors: '{}': cannot read {} from {} of dim {} of tensor '{}' shaped {}", path(), length, offset,
+             dim, name, shape_str(e.shape));
   WEFT_CHECK(e.dtype != DType::bool_, "safetensors: '{}': slices of bool tensor '{}' are not supported", path(), name);
   Shape out_shape = e.shape;
   out_shape[size_t(dim)] = length;
@@ -372,8 +372,8 @@ void SafetensorsReader::read_rows_into(const std::string& name, int64_t offset, 
   WEFT_CHECK(it != impl_->by_name.end(), "safetensors: '{}' has no tensor '{}'", path(), name);
   const Entry& e = impl_->header.entries[it->second];
   const int64_t rows = e.shape.empty() ? 1 : e.shape[0];
-  WEFT_CHECK(offset >= 0 && length >= 0 && offset + length <= rows, "safetensors: '{}': cannot read rows [{}, {}) of "
-             "tensor '{}' shaped {}", path(), offset, offset + length, name, shape_str(e.shape));
+  WEFT_CHECK(offset >= 0 && length >= 0 && length <= rows - offset, "safetensors: '{}': cannot read {} rows from {} of "
+             "tensor '{}' shaped {}", path(), length, offset, name, shape_str(e.shape));
   const int64_t row_numel = rows == 0 ? 0 : shape_numel(e.shape) / rows;
   WEFT_CHECK((dst.dtype() == e.dtype || (is_floating(e.dtype) && is_floating(dst.dtype()))) && dst.device() == kCPU &&
              dst.is_contiguous() && dst.numel() == length * row_numel, "safetensors: '{}': rows of tensor '{}' ({}, {} x {} "

@@ -243,7 +243,7 @@ Tensor Tensor::expand(Shape target) const {
     }
     int64_t cur = shape()[i - lead];
     if (target[i] == -1) target[i] = cur;
-    WEFT_CHECK(cur == target[i] || cur == 1, "expand: cannot expand {} to {} (dim {}: {} vs {})",
+    WEFT_CHECK((cur == target[i] || cur == 1) && target[i] >= 0, "expand: cannot expand {} to {} (dim {}: {} vs {})",
                shape_str(shape()), shape_str(target), i, cur, target[i]);
     st[i] = cur == target[i] ? strides()[i - lead] : 0;
   }
@@ -317,13 +317,15 @@ std::vector<Tensor> Tensor::chunk(int64_t chunks, int64_t d) const {
 Tensor Tensor::as_strided(Shape s, Shape st, int64_t off) const {
   WEFT_CHECK(s.size() == st.size(), "as_strided: shape {} and strides {} differ in length",
              shape_str(s), shape_str(st));
-  int64_t max_index = off;
+  int64_t max_index = off, step = 0;  // the last element's index; overflow: past any storage
+  bool overflow = false;
   for (size_t i = 0; i < s.size(); ++i) {
     WEFT_CHECK(s[i] >= 0 && st[i] >= 0, "as_strided: negative size or stride in {} / {}", shape_str(s), shape_str(st));
     if (s[i] == 0) max_index = -1;
-    if (max_index >= 0) max_index += (s[i] - 1) * st[i];
+    if (max_index >= 0)
+      overflow |= __builtin_mul_overflow(s[i] - 1, st[i], &step) || __builtin_add_overflow(max_index, step, &max_index);
   }
-  WEFT_CHECK(off >= 0 && int64_t((max_index + 1) * int64_t(element_size())) <= int64_t(storage()->nbytes()),
+  WEFT_CHECK(off >= 0 && !overflow && max_index < int64_t(storage()->nbytes() / element_size()),
              "as_strided: view (shape {}, strides {}, offset {}) reaches past storage of {} bytes",
              shape_str(s), shape_str(st), off, storage()->nbytes());
   return make_view(*this, std::move(s), std::move(st), off, nullptr);

@@ -242,7 +242,8 @@ void FSDPModule::set_is_last_backward(bool last) {
   if (FSDPState* r = state_->root()) r->is_last_backward_ = last;
 }
 void FSDPModule::set_reduce_scatter_divide_factor(double factor) {
-  WEFT_CHECK(factor > 0, "set_reduce_scatter_divide_factor: factor must be positive, got {}", factor);
+  WEFT_CHECK(factor > 0 && factor < HUGE_VAL, "set_reduce_scatter_divide_factor: factor must be a finite number > 0, "
+             "got {}", factor);
   for (FSDPState* s : subtree())
     if (s->group) s->group->reduce_scatter_divide_factor = factor;
 }

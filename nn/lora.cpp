@@ -111,11 +111,14 @@ NamedTensorList merge_lora(const NamedTensorList& state, const LoRAOptions& opts
   std::map<std::string, Tensor> by_name(state.begin(), state.end());
   // "...q_proj.lora_A.weight" -> "...q_proj." (the adapted module's prefix)
   auto prefix_of = [](const std::string& name) { return name.substr(0, name.size() - 13); };
-  for (auto& [name, t] : state)
-    if (is_lora_parameter(name))
-      for (const char* partner : {"lora_A.weight", "lora_B.weight", "weight"})
-        WEFT_CHECK(by_name.count(prefix_of(name) + partner), "merge_lora: the state has {} but no {}", name,
-                   prefix_of(name) + partner);
+  for (auto& [name, t] : state) {
+    if (!is_lora_parameter(name)) continue;
+    WEFT_CHECK(t.dim() == 2 && t.size(name.ends_with("lora_A.weight") ? 0 : 1) == opts.rank, "merge_lora: {} is "
+               "shaped {}: not an adapter of rank {}, which the options give", name, shape_str(t.shape()), opts.rank);
+    for (const char* partner : {"lora_A.weight", "lora_B.weight", "weight"})
+      WEFT_CHECK(by_name.count(prefix_of(name) + partner), "merge_lora: the state has {} but no {}", name,
+                 prefix_of(name) + partner);
+  }
   NoGradGuard no_grad;
   NamedTensorList out;
   for (auto& [name, t] : state) {

@@ -85,6 +85,11 @@ Tensor& Module::register_buffer(const std::string& name, Tensor t) {
 void Module::add_child(const std::string& name, ModulePtr m) {
   check_new_name(name, "module");
   WEFT_CHECK(m != nullptr, "{}: child module \"{}\" is null", type_name_, name);
+  auto holds_this = [this](auto& self, const Module& n) -> bool {  // the tree below m, acyclic so far
+    return &n == this || std::any_of(n.children_.begin(), n.children_.end(), [&](auto& c) { return self(self, *c.second); });
+  };
+  WEFT_CHECK(!holds_this(holds_this, *m), "{}: child module \"{}\" is this module or holds it: a module tree cannot "
+             "contain itself", type_name_, name);
   children_.emplace_back(name, std::move(m));
 }
 

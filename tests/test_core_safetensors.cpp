@@ -245,7 +245,12 @@ TEST_CASE("safetensors: rows read into a tensor, converted piece by piece or str
   CHECK_THROWS_WITH(r.read_rows_into("w", 0, 3, strided), Contains("into a contiguous CPU tensor"));
   Tensor ints = empty({3, 10}, {.dtype = kInt64});
   CHECK_THROWS_WITH(r.read_rows_into("w", 0, 3, ints), Contains("of its dtype or (a float) any float dtype, not i64"));
-  CHECK_THROWS_WITH(r.read_rows_into("w", 5, 3, straight), Contains("cannot read rows [5, 8) of tensor 'w' shaped [7, 10]"));
+  CHECK_THROWS_WITH(r.read_rows_into("w", 5, 3, straight), Contains("cannot read 3 rows from 5 of tensor 'w' shaped [7, 10]"));
+  // An offset near the int64 limit: offset + length wraps, and the read would seek into another tensor or the header.
+  Tensor one = empty({1, 10});
+  CHECK_THROWS_WITH(r.read_rows_into("w", INT64_MAX, 1, one), Contains("cannot read 1 rows from 9223372036854775807"));
+  CHECK_THROWS_WITH(r.read_slice("w", 1, INT64_MAX - 1, 2), Contains("cannot read 2 from 9223372036854775806 of dim 1"));
+  CHECK_THROWS_WITH(r.read_slice("w", 0, INT64_MAX, 1), Contains("cannot read 1 from 9223372036854775807 of dim 0"));
 }
 
 TEST_CASE("safetensors: a reader that refuses NaN and infinity names the element, however it reads") {

@@ -16,6 +16,7 @@
 #include "core/tensor.h"
 
 using namespace weft;
+using Catch::Contains;
 
 TEST_CASE("contiguous tensors have row-major strides") {
   Tensor t = zeros({2, 3, 4});
@@ -72,6 +73,18 @@ TEST_CASE("expand, squeeze, unsqueeze, chunk and split") {
   REQUIRE(parts.size() == 2);
   CHECK(parts[1].shape() == Shape{3, 1});
   CHECK(to_vector(parts[1]) == std::vector<double>{3, 7, 11});
+  // A size-1 dim expands to any size but a negative one (-2 had made a tensor of -6 elements).
+  CHECK_THROWS_WITH(ones({1, 3}).expand({-2, 3}), Contains("expand: cannot expand [1, 3] to [-2, 3] (dim 0: 1 vs -2)"));
+}
+
+TEST_CASE("as_strided refuses a view past its storage, however large the strides") {
+  CHECK(to_vector(arange(0, 6).as_strided({2, 2}, {3, 1}, 1)) == std::vector<double>{1, 2, 4, 5});
+  CHECK_THROWS_WITH(arange(0, 6).as_strided({2, 2}, {3, 1}, 2), Contains("reaches past storage of 24 bytes"));
+  // (size - 1) * stride and the byte count wrapped: the view passed and wrote before its storage.
+  CHECK_THROWS_WITH(zeros({2}).as_strided({2}, {(int64_t(1) << 62) - 1}, 0), Contains("reaches past storage of 8 bytes"));
+  CHECK_THROWS_WITH(zeros({2}).as_strided({2}, {INT64_MAX / 4 + 1}, 0), Contains("reaches past storage"));
+  CHECK_THROWS_WITH(zeros({2}).as_strided({3, 2}, {INT64_MAX / 2, INT64_MAX / 2}, 0), Contains("reaches past storage"));
+  CHECK(zeros({2}).as_strided({0, 5}, {INT64_MAX, INT64_MAX}, 0).numel() == 0);  // no element: any strides
 }
 
 TEST_CASE("dtype conversions round to nearest even") {
@@ -391,7 +404,6 @@ TEST_CASE("printing shows values, dtype and shape") {
 }
 
 TEST_CASE("streams and events: no-ops on the CPU, timing needs recorded device events") {
-  using Catch::Contains;
   Stream s = current_stream(kCPU);
   CHECK(s == Stream());
   CHECK(s.device() == kCPU);

@@ -596,6 +596,10 @@ TEST_CASE("set_reduce_scatter_divide_factor: sum, then divide by the factor") {
   for (double v : avg) want_sum.push_back(v * n), want_half.push_back(v * n / 2);
   check_close(summed, want_sum, 1e-5, "factor 1: the sum over ranks");
   check_close(half, want_half, 1e-5, "factor 2: the sum over ranks, halved");
+  auto model = std::make_shared<UnevenMLP>();
+  auto root = fsdp::fully_shard(model);  // infinity had made every gradient -0
+  for (double bad : {0.0, -1.0, std::nan(""), HUGE_VAL})
+    CHECK_THROWS_WITH(root.set_reduce_scatter_divide_factor(bad), Contains("factor must be a finite number > 0"));
 }
 
 TEST_CASE("MixedPrecisionPolicy::output_dtype: the module returns it, with the values of the computation") {

@@ -134,6 +134,10 @@ TEST_CASE("merge_lora folds each adapter into its weight and drops the adapters"
   std::erase_if(broken, [](auto& e) { return e.first == "o_proj.lora_B.weight"; });
   CHECK_THROWS_WITH(merge_lora(broken, opts({"o_proj"})),
                     Contains("has o_proj.lora_A.weight but no o_proj.lora_B.weight"));
+  LoRAOptions other_rank = opts({"q_proj", "o_proj"});  // rank 3: the scale alpha / r would be another
+  other_rank.rank = 4;
+  CHECK_THROWS_WITH(merge_lora(m.state_dict(), other_rank), Contains("merge_lora: q_proj.lora_A.weight is shaped "
+                                                                      "[3, 6]: not an adapter of rank 4"));
 }
 
 TEST_CASE("apply_lora refuses what it cannot adapt, naming it") {

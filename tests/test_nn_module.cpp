@@ -45,6 +45,18 @@ TEST_CASE("parameters, buffers and modules have dotted names in registration ord
   CHECK_THROWS_WITH(net->register_buffer("a.b", ones({1})), Contains("'.'"));
 }
 
+TEST_CASE("a module cannot hold itself: a cycle would recurse without end in every walk of the tree") {
+  auto s = std::make_shared<Sequential>();
+  CHECK_THROWS_WITH(s->push_back(s), Contains("Sequential: child module \"0\" is this module or holds it"));
+  auto a = std::make_shared<Sequential>(), b = std::make_shared<Sequential>();
+  a->push_back(b);
+  CHECK_THROWS_WITH(b->push_back(a), Contains("child module \"0\" is this module or holds it"));
+  auto shared = std::make_shared<Linear>(2, 2);  // one module under two parents is no cycle
+  a->push_back(shared);
+  b->push_back(shared);
+  CHECK(a->named_modules().size() == 4);
+}
+
 TEST_CASE("state_dict round trip and load errors") {
   manual_seed(1);
   auto a = std::make_shared<Net>();
