@@ -87,9 +87,9 @@ void copy_elements(const Tensor& dst, const Tensor& src) {
 Tensor& Tensor::copy_(const Tensor& src) {
   check_defined("copy_");
   WEFT_CHECK(src.defined(), "copy_: source is an undefined tensor");
-  WEFT_CHECK(!(GradMode::is_enabled() && is_leaf() && requires_grad()),
-             "copy_: a leaf tensor that requires grad ({}) cannot be written in place while grad "
-             "mode is on (use NoGradGuard)", tensor_desc(*this));
+  WEFT_CHECK(!(GradMode::is_enabled() && requires_grad()), "copy_: {} requires grad and cannot be written in place "
+             "while grad mode is on: autograd does not record in-place writes (use NoGradGuard, or a new tensor)",
+             tensor_desc(*this));
   Tensor s = src.shape() == shape() ? src : src.expand(shape());
   copy_elements(*this, s.detach());
   return *this;

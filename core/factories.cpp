@@ -124,9 +124,9 @@ double Tensor::item() const {
 // ---------------------------------------------------------------- in-place fills
 
 static void check_inplace(const Tensor& t, const char* op) {
-  WEFT_CHECK(!(GradMode::is_enabled() && t.is_leaf() && t.requires_grad()),
-             "{}: a leaf tensor that requires grad ({}) cannot be written in place while grad mode "
-             "is on (use NoGradGuard)", op, tensor_desc(t));
+  WEFT_CHECK(!(GradMode::is_enabled() && t.requires_grad()), "{}: {} requires grad and cannot be written in place "
+             "while grad mode is on: autograd does not record in-place writes (use NoGradGuard, or a new tensor)", op,
+             tensor_desc(t));
 }
 
 Tensor& Tensor::fill_(double value) {

@@ -64,6 +64,27 @@ TEST_CASE("backward twice through a freed graph is an error unless retained") {
   CHECK_THROWS_WITH(y.backward(), Catch::Contains("second time"));
 }
 
+TEST_CASE("no in-place write reaches a tensor that requires grad while grad mode is on") {
+  // Autograd does not record in-place writes: y.fill_(5) before backward had given x.grad 20 (the
+  // product's gradient taken at the filled values, then through y = 2x) where 0 is right.
+  Tensor x = ones({4}).set_requires_grad();
+  Tensor y = x * 2.0;
+  const auto refused = Catch::Contains("requires grad and cannot be written in place while grad mode is on");
+  CHECK_THROWS_WITH(y.fill_(5), refused);
+  CHECK_THROWS_WITH(y.copy_(zeros({4})), refused);
+  CHECK_THROWS_WITH(x.fill_(3), refused);  // a leaf
+  CHECK_THROWS_WITH(x.narrow(0, 0, 2).fill_(3), refused);  // views of a leaf: they write its values
+  CHECK_THROWS_WITH(x.view({2, 2}).zero_(), refused);
+  CHECK_THROWS_WITH(x.narrow(0, 1, 2).copy_(ones({2})), refused);
+  CHECK_THROWS_WITH(y.normal_(), refused);
+  CHECK(vec(x) == std::vector<double>{1, 1, 1, 1});
+  sum(y * y).backward();
+  CHECK(vec(x.grad()) == std::vector<double>{8, 8, 8, 8});
+  NoGradGuard no_grad;  // outside autograd's view: allowed
+  x.narrow(0, 0, 2).fill_(3);
+  CHECK(vec(x) == std::vector<double>{3, 3, 1, 1});
+}
+
 TEST_CASE("tensor hooks fire in backward order and may replace gradients") {
   Tensor x = from_vector({1, 2}, {2}).set_requires_grad();
   std::vector<std::string> order;
