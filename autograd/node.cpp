@@ -30,6 +30,9 @@ TensorList AccumulateGrad::apply(TensorList&& grad_outputs) {
   AutogradMeta& meta = leaf_.autograd_meta();
   for (auto& hook : meta.leaf_hooks) {
     Tensor r = hook(g);
+    WEFT_CHECK(!r.defined() || (r.shape() == g.shape() && r.dtype() == g.dtype() && r.device() == g.device()),
+               "backward: a hook of {} returned {} for its gradient {}", tensor_desc(leaf_), tensor_desc(r),
+               tensor_desc(g));
     if (r.defined()) g = r;
   }
   if (!meta.grad.defined()) {

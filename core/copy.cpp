@@ -54,6 +54,13 @@ double copy_bytes(const Tensor& dst, const Tensor& src) {
   return double(dst.numel()) * double(dtype_size(dst.dtype()) + dtype_size(src.dtype()));
 }
 
+// The byte range [first, last] that a non-empty tensor's elements span in its storage.
+std::pair<int64_t, int64_t> byte_span(const Tensor& t) {
+  int64_t last = t.offset();
+  for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
+  return {t.offset() * int64_t(t.element_size()), (last + 1) * int64_t(t.element_size()) - 1};
+}
+
 }  // namespace
 
 void register_device_copy(DeviceType type, DeviceCopyFn fn) { g_device_copy[int(type)] = fn; }
@@ -90,7 +97,15 @@ Tensor& Tensor::copy_(const Tensor& src) {
   WEFT_CHECK(!(GradMode::is_enabled() && requires_grad()), "copy_: {} requires grad and cannot be written in place "
              "while grad mode is on: autograd does not record in-place writes (use NoGradGuard, or a new tensor)",
              tensor_desc(*this));
+  for (int64_t d = 0; d < dim(); ++d)
+    WEFT_CHECK(stride(d) != 0 || size(d) <= 1, "copy_: {} is expanded (dim {} has stride 0): its elements share "
+               "memory, so a copy into it would keep one of several values", tensor_desc(*this), d);
   Tensor s = src.shape() == shape() ? src : src.expand(shape());
+  if (numel() > 0 && s.storage() == storage() && (s.offset() != offset() || s.strides() != strides())) {
+    const auto [a0, a1] = byte_span(*this);
+    const auto [b0, b1] = byte_span(s);
+    if (a0 <= b1 && b0 <= a1) s = s.clone();  // overlapping elements: read them all before any is written
+  }
   copy_elements(*this, s.detach());
   return *this;
 }

@@ -366,7 +366,7 @@ Tensor Tensor::grad() const {
 
 void Tensor::set_grad(const Tensor& g) const {
   if (g.defined()) {
-    WEFT_CHECK(g.shape() == shape() && g.device() == device(),
+    WEFT_CHECK(g.shape() == shape() && g.device() == device() && g.dtype() == dtype(),
                "set_grad: gradient {} does not match tensor {}", tensor_desc(g), tensor_desc(*this));
   }
   autograd_meta().grad = g;

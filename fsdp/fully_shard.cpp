@@ -185,7 +185,9 @@ FSDPModule fully_shard(const std::vector<nn::ModulePtr>& modules, const FullySha
   auto entries = collect_entries(walk, opts, what);
   auto mesh = pick_mesh(opts, pick_device(entries, walk, opts), what);
   auto group = make_group(std::move(entries), members, opts, *mesh, what);
-  return attach_state(members, std::make_shared<FSDPState>(members, opts, std::move(group), mesh));
+  auto state = std::make_shared<FSDPState>(members, opts, std::move(group), mesh);
+  state->owners.assign(modules.begin(), modules.end());
+  return attach_state(members, state);
 }
 
 std::optional<FSDPModule> fsdp_module(const nn::Module& module) {

@@ -87,7 +87,16 @@ std::vector<std::pair<std::string, nn::Module*>> named_modules_of(const std::vec
   return out;
 }
 
-std::vector<std::pair<std::string, nn::Module*>> FSDPState::named_modules() const { return named_modules_of(modules_); }
+void FSDPState::check_alive() const {
+  for (const auto& o : owners)
+    WEFT_CHECK(!o.expired(), "FSDPModule of {}: the module fully_shard was applied to has been destroyed (keep the "
+               "model alive while its FSDPModule is used)", path_);
+}
+
+std::vector<std::pair<std::string, nn::Module*>> FSDPState::named_modules() const {
+  check_alive();
+  return named_modules_of(modules_);
+}
 
 void FSDPState::lazy_init() {
   is_root_ = true;

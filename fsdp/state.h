@@ -53,7 +53,10 @@ class FSDPState : public nn::ModuleExtension, public std::enable_shared_from_thi
   const std::unique_ptr<FSDPParamGroup> group;  // null when the module had no unsharded parameters left
   const std::shared_ptr<dist::DeviceMesh> mesh;
 
-  nn::Module& module() const { return *modules_[0]; }  // the first member of a list
+  // The members as fully_shard got them: an FSDPModule used after they are gone is an error.
+  std::vector<std::weak_ptr<nn::Module>> owners;
+  void check_alive() const;
+  nn::Module& module() const { return check_alive(), *modules_[0]; }  // the first member of a list
   const std::vector<nn::Module*>& modules() const { return modules_; }
   // The modules this state covers and every module below them, named as under the module
   // fully_shard was called on (for a list: as a ModuleList of its members, "0.fc", "1.fc").

@@ -64,7 +64,8 @@ std::vector<int64_t> generate(Module& model, const std::vector<int64_t>& prompt,
   using Clock = std::chrono::steady_clock;
   std::vector<int64_t> ids = prompt, out;
   std::optional<KVCache> cache;  // the positions this call reaches, not all the context (Llama 3's: 131,072)
-  if (o.use_cache) cache.emplace(lm->make_cache().n_layer(), std::min<int64_t>(ctx, int64_t(prompt.size()) + o.max_new_tokens));
+  const int64_t reach = std::min<int64_t>(ctx, int64_t(prompt.size()) + std::min(o.max_new_tokens, ctx));
+  if (o.use_cache) cache.emplace(lm->make_cache().n_layer(), reach);
   const Device device = model.parameters().empty() ? kCPU : model.parameters().front().device();
   // The logits of the last token after running the last n tokens of ids (a prefill with the cache).
   auto run_window = [&](int64_t n) {

@@ -1,5 +1,6 @@
 #include "nn/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/allocator.h"
@@ -15,14 +16,15 @@ namespace weft::nn {
 
 Optimizer::Optimizer(std::string name, std::vector<ParamGroup> groups, std::map<std::string, double> defaults)
     : groups_(std::move(groups)), name_(std::move(name)) {
-  WEFT_CHECK(!groups_.empty(), "{}: no parameter groups given", name_);
+  WEFT_CHECK(std::any_of(groups_.begin(), groups_.end(), [](const ParamGroup& g) { return !g.params.empty(); }),
+             "{}: no parameters given (an empty parameter list, or only empty groups)", name_);
   std::map<TensorImpl*, size_t> seen;
   for (size_t g = 0; g < groups_.size(); ++g) {
     ParamGroup& group = groups_[g];
     for (auto& [k, v] : group.options)
       WEFT_CHECK(defaults.count(k), "{}: unknown option \"{}\" in parameter group {}", name_, k, g);
     for (auto& [k, v] : defaults) group.options.try_emplace(k, v);
-    WEFT_CHECK(group.options["lr"] >= 0, "{}: learning rate must be >= 0, got {}", name_, group.options["lr"]);
+    Optimizer::check_options(group.options);
     for (size_t i = 0; i < group.params.size(); ++i) {
       const Tensor& p = group.params[i];
       WEFT_CHECK(p.defined() && p.is_leaf() && is_floating(p.dtype()),
@@ -47,16 +49,28 @@ void Optimizer::zero_grad(bool set_to_none) {
     }
 }
 
-double Optimizer::option(size_t group, const std::string& name) const {
+void Optimizer::check_options(const std::map<std::string, double>& o) const {
+  for (auto& [k, v] : o) WEFT_CHECK(std::isfinite(v), "{}: option \"{}\" must be a finite number, got {}", name_, k, v);
+  WEFT_CHECK(o.at("lr") >= 0, "{}: learning rate must be >= 0, got {}", name_, o.at("lr"));
+}
+
+size_t Optimizer::checked_group(size_t group) const {
   WEFT_CHECK(group < groups_.size(), "{}: no parameter group {} (have {})", name_, group, groups_.size());
-  auto it = groups_[group].options.find(name);
+  return group;
+}
+
+double Optimizer::option(size_t group, const std::string& name) const {
+  auto it = groups_[checked_group(group)].options.find(name);
   WEFT_CHECK(it != groups_[group].options.end(), "{}: no option \"{}\"", name_, name);
   return it->second;
 }
 
 void Optimizer::set_option(size_t group, const std::string& name, double value) {
-  option(group, name);  // validates
-  groups_[group].options[name] = value;
+  option(group, name);  // the group and the name
+  std::map<std::string, double> o = groups_[group].options;
+  o[name] = value;
+  check_options(o);
+  groups_[group].options = std::move(o);
 }
 
 void Optimizer::set_lr(double lr) {
@@ -111,10 +125,11 @@ void Optimizer::load_state_dict(const NamedTensorList& state) {
   size_t index = 0;
   for (size_t g = 0; g < groups_.size(); ++g) {
     double n = take(fmt::format("param_groups.{}.num_params", g)).item();
-    WEFT_CHECK(size_t(n) == groups_[g].params.size(),
+    WEFT_CHECK(n == double(groups_[g].params.size()),
                "{}.load_state_dict: group {} has {} parameters in the checkpoint but {} here", name_, g, n,
                groups_[g].params.size());
     for (auto& [k, v] : groups_[g].options) options[g][k] = take(fmt::format("param_groups.{}.{}", g, k)).item();
+    check_options(options[g]);
     for (const Tensor& p : groups_[g].params) {
       std::string prefix = fmt::format("state.{}.", index++);
       for (auto it = given.begin(); it != given.end();) {
@@ -132,6 +147,10 @@ void Optimizer::load_state_dict(const NamedTensorList& state) {
         new_state[p.impl()][k] = per_element ? t.to(p.device(), p.dtype()).contiguous().clone() : t.clone();
         it = given.erase(it);
       }
+      std::vector<std::string> held;
+      for (auto& [k, t] : new_state[p.impl()]) held.push_back(k);
+      WEFT_CHECK(held.empty() || state_names().empty() || held == state_names(), "{}.load_state_dict: {}* holds "
+                 "{}, not {}", name_, prefix, fmt::join(held, ", "), fmt::join(state_names(), ", "));
     }
   }
   WEFT_CHECK(given.empty(), "{}.load_state_dict: unexpected key \"{}\"", name_, given.begin()->first);
@@ -155,12 +174,14 @@ SGD::SGD(std::vector<ParamGroup> groups, SGDOptions o)
     : Optimizer("SGD", std::move(groups),
                 {{"lr", o.lr}, {"momentum", o.momentum}, {"dampening", o.dampening},
                  {"weight_decay", o.weight_decay}, {"nesterov", o.nesterov ? 1.0 : 0.0}}) {
-  for (auto& g : groups_) {
-    WEFT_CHECK(g.options["momentum"] >= 0 && g.options["weight_decay"] >= 0,
-               "SGD: momentum and weight_decay must be >= 0");
-    WEFT_CHECK(g.options["nesterov"] == 0 || (g.options["momentum"] > 0 && g.options["dampening"] == 0),
-               "SGD: nesterov momentum requires a momentum and zero dampening");
-  }
+  for (auto& g : groups_) check_options(g.options);
+}
+
+void SGD::check_options(const std::map<std::string, double>& o) const {
+  Optimizer::check_options(o);
+  WEFT_CHECK(o.at("momentum") >= 0 && o.at("weight_decay") >= 0, "SGD: momentum and weight_decay must be >= 0");
+  WEFT_CHECK(o.at("nesterov") == 0 || (o.at("momentum") > 0 && o.at("dampening") == 0),
+             "SGD: nesterov momentum requires a momentum and zero dampening");
 }
 
 void SGD::step() {
@@ -196,12 +217,14 @@ Adam::Adam(std::string name, std::vector<ParamGroup> groups, AdamOptions o, bool
                 {{"lr", o.lr}, {"beta1", o.beta1}, {"beta2", o.beta2}, {"eps", o.eps},
                  {"weight_decay", o.weight_decay}}),
       decoupled_(decoupled) {
-  for (auto& g : groups_) {
-    double b1 = g.options["beta1"], b2 = g.options["beta2"];
-    WEFT_CHECK(b1 >= 0 && b1 < 1 && b2 >= 0 && b2 < 1, "{}: betas must be in [0, 1), got ({}, {})", name_, b1, b2);
-    WEFT_CHECK(g.options["eps"] >= 0 && g.options["weight_decay"] >= 0, "{}: eps and weight_decay must be >= 0",
-               name_);
-  }
+  for (auto& g : groups_) check_options(g.options);
+}
+
+void Adam::check_options(const std::map<std::string, double>& o) const {
+  Optimizer::check_options(o);
+  const double b1 = o.at("beta1"), b2 = o.at("beta2");
+  WEFT_CHECK(b1 >= 0 && b1 < 1 && b2 >= 0 && b2 < 1, "{}: betas must be in [0, 1), got ({}, {})", name_, b1, b2);
+  WEFT_CHECK(o.at("eps") >= 0 && o.at("weight_decay") >= 0, "{}: eps and weight_decay must be >= 0", name_);
 }
 
 void Adam::check_state(const std::string& key, const std::string& state, const Tensor& value) const {
@@ -210,6 +233,10 @@ void Adam::check_state(const std::string& key, const std::string& state, const T
   if (state == "exp_avg_sq" || state == "max_exp_avg_sq" || state == "step")
     if (auto bad = find_element(value, [](double v) { return v < 0; }))
       WEFT_ERROR("{}: state \"{}\" holds {}: {} cannot be negative", name_, key, bad->str(), state);
+  if (state == "step")
+    WEFT_CHECK(value.numel() == 1 && value.item() == std::floor(value.item()) && value.item() < 0x1p53, "{}: state "
+               "\"{}\" is {}: a step count is one whole number below 2^53", name_, key,
+               value.numel() == 1 ? fmt::format("{}", value.item()) : tensor_desc(value));
 }
 
 void Adam::step() {

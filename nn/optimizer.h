@@ -34,16 +34,17 @@ class Optimizer {
   void zero_grad(bool set_to_none = true);
 
   size_t num_groups() const { return groups_.size(); }
-  std::vector<Tensor>& params(size_t group) { return groups_.at(group).params; }
-  const std::vector<Tensor>& params(size_t group) const { return groups_.at(group).params; }
+  std::vector<Tensor>& params(size_t group) { return groups_[checked_group(group)].params; }
+  const std::vector<Tensor>& params(size_t group) const { return groups_[checked_group(group)].params; }
   double option(size_t group, const std::string& name) const;
   void set_option(size_t group, const std::string& name, double value);
   double lr(size_t group = 0) const { return option(group, "lr"); }
   void set_lr(double lr);  // all groups
 
   NamedTensorList state_dict() const;
-  // Restores options and state; the parameter layout (groups, sizes, shapes) must match, and
-  // every state tensor must pass check_state.
+  // Restores options and state; the parameter layout (groups, sizes, shapes) must match, the
+  // options pass check_options, each parameter's state has exactly state_names() (when not
+  // empty), and every state tensor passes check_state.
   void load_state_dict(const NamedTensorList& state);
   // Throws naming `key` when `value` cannot be per-parameter state `state` (e.g. "exp_avg") of
   // this optimizer: a NaN or an infinity anywhere; Adam adds a negative second moment or step.
@@ -53,6 +54,12 @@ class Optimizer {
  protected:
   // `defaults` lists every option this optimizer knows; groups may override some.
   Optimizer(std::string name, std::vector<ParamGroup> groups, std::map<std::string, double> defaults);
+  // Throws naming the option unless one group's options are valid: every value finite, lr >= 0,
+  // and each optimizer's own rules. The constructors, set_option and load_state_dict call it.
+  virtual void check_options(const std::map<std::string, double>& o) const;
+  // The state a stepped parameter holds (sorted), or empty when it depends on the options.
+  virtual std::vector<std::string> state_names() const { return {}; }
+  size_t checked_group(size_t group) const;
   // Throws if a parameter was replaced in its module after this optimizer was built (e.g. by
   // fsdp::fully_shard): stepping it would train a tensor the model no longer uses. Each step()
   // calls it first.
@@ -79,6 +86,9 @@ class SGD : public Optimizer {
   SGD(std::vector<Tensor> params, SGDOptions opts);
   SGD(std::vector<ParamGroup> groups, SGDOptions opts);
   void step() override;
+
+ protected:
+  void check_options(const std::map<std::string, double>& o) const override;
 };
 
 struct AdamOptions {
@@ -97,6 +107,8 @@ class Adam : public Optimizer {
 
  protected:
   Adam(std::string name, std::vector<ParamGroup> groups, AdamOptions opts, bool decoupled);
+  void check_options(const std::map<std::string, double>& o) const override;
+  std::vector<std::string> state_names() const override { return {"exp_avg", "exp_avg_sq", "step"}; }
   bool decoupled_;
 };
 

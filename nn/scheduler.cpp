@@ -44,7 +44,8 @@ double LinearLR::factor(int64_t step) const {
 
 CosineAnnealingLR::CosineAnnealingLR(Optimizer& opt, int64_t t, double eta)
     : LRScheduler(opt), t_max(t), eta_min(eta) {
-  WEFT_CHECK(t > 0, "CosineAnnealingLR: t_max must be > 0, got {}", t);
+  WEFT_CHECK(t > 0 && eta >= 0 && eta < HUGE_VAL, "CosineAnnealingLR: t_max must be > 0 and eta_min a finite number "
+             ">= 0, got {} and {}", t, eta);
   WEFT_CHECK(opt.num_groups() == 1 || eta == 0, "CosineAnnealingLR: eta_min needs a single parameter group");
   apply();
 }
@@ -56,7 +57,8 @@ double CosineAnnealingLR::factor(int64_t step) const {
 }
 
 StepLR::StepLR(Optimizer& opt, int64_t s, double g) : LRScheduler(opt), step_size(s), gamma(g) {
-  WEFT_CHECK(s > 0, "StepLR: step_size must be > 0, got {}", s);
+  WEFT_CHECK(s > 0 && g >= 0 && g < HUGE_VAL, "StepLR: step_size must be > 0 and gamma a finite number >= 0, got {} "
+             "and {}", s, g);
   apply();
 }
 double StepLR::factor(int64_t step) const { return std::pow(gamma, double(step / step_size)); }

@@ -100,6 +100,13 @@ TEST_CASE("tensor hooks fire in backward order and may replace gradients") {
   sum(b).backward();
   CHECK(order == std::vector<std::string>{"b", "a", "x", "post"});
   CHECK(vec(x.grad()) == std::vector<double>{60, 60});  // 2 * 10 * 3
+  // A leaf's hook must return a gradient like the one it got (ones({5}) had become x's gradient).
+  Tensor y = ones({2, 2}).set_requires_grad();
+  y.register_hook([](const Tensor&) { return ones({5}); });
+  CHECK_THROWS_WITH(sum(y * 2.0).backward(), Catch::Contains("backward: a hook of f32[2, 2]") &&
+                                                 Catch::Contains("returned f32[5] on cpu for its gradient f32[2, 2]"));
+  Tensor z = ones({2}).set_requires_grad();
+  CHECK_THROWS_WITH(z.set_grad(ones({2}, {.dtype = kInt64})), Catch::Contains("set_grad: gradient i64[2]"));
 }
 
 TEST_CASE("retain_grad keeps a non-leaf gradient") {

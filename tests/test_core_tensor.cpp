@@ -77,6 +77,28 @@ TEST_CASE("expand, squeeze, unsqueeze, chunk and split") {
   CHECK_THROWS_WITH(ones({1, 3}).expand({-2, 3}), Contains("expand: cannot expand [1, 3] to [-2, 3] (dim 0: 1 vs -2)"));
 }
 
+TEST_CASE("arange refuses a range that is not a finite count of elements") {
+  CHECK(to_vector(arange(0, 3)) == std::vector<double>{0, 1, 2});
+  CHECK(arange(2, 2).numel() == 0);
+  for (double end : {-1.0, HUGE_VAL, 1e30, std::nan("")})  // inf had read "negative size in shape [-2^63]"
+    CHECK_THROWS_WITH(arange(0, end), Contains("arange: range [0, ") && Contains("does not hold 0 to 2^62 elements"));
+}
+
+TEST_CASE("copy_ between overlapping views of one storage reads every element before writing") {
+  Tensor t = arange(0, 9).view({3, 3});
+  t.copy_(t.t());  // had given 0 3 6 3 4 7 6 7 8: rows written before they were read
+  CHECK(to_vector(t) == std::vector<double>{0, 3, 6, 1, 4, 7, 2, 5, 8});
+  Tensor u = arange(0, 6);
+  u.narrow(0, 1, 5).copy_(u.narrow(0, 0, 5));  // a shift by one
+  CHECK(to_vector(u) == std::vector<double>{0, 0, 1, 2, 3, 4});
+  Tensor same = arange(0, 4);
+  same.copy_(same);  // the same elements: nothing to do
+  CHECK(to_vector(same) == std::vector<double>{0, 1, 2, 3});
+  // Several elements of an expanded destination are one memory location: refused.
+  CHECK_THROWS_WITH(zeros({1, 3}).expand({4, 3}).copy_(arange(0, 12).view({4, 3})),
+                    Contains("copy_: f32[4, 3]") && Contains("is expanded (dim 0 has stride 0)"));
+}
+
 TEST_CASE("as_strided refuses a view past its storage, however large the strides") {
   CHECK(to_vector(arange(0, 6).as_strided({2, 2}, {3, 1}, 1)) == std::vector<double>{1, 2, 4, 5});
   CHECK_THROWS_WITH(arange(0, 6).as_strided({2, 2}, {3, 1}, 2), Contains("reaches past storage of 24 bytes"));

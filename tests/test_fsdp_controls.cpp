@@ -602,6 +602,14 @@ TEST_CASE("set_reduce_scatter_divide_factor: sum, then divide by the factor") {
     CHECK_THROWS_WITH(root.set_reduce_scatter_divide_factor(bad), Contains("factor must be a finite number > 0"));
 }
 
+TEST_CASE("an FSDPModule used after its module is gone is an error naming that, not a crash") {
+  fsdp::FSDPModule handle = fsdp::fully_shard(std::make_shared<UnevenMLP>());  // the module dies with the temporary
+  const auto gone = Contains("the module fully_shard was applied to has been destroyed");
+  CHECK_THROWS_WITH(handle.full_tensor("fc1.weight"), gone);  // had read freed memory (a segfault)
+  CHECK_THROWS_WITH(handle.module(), gone);
+  CHECK_THROWS_WITH(handle.set_requires_gradient_sync(false), gone);
+}
+
 TEST_CASE("MixedPrecisionPolicy::output_dtype: the module returns it, with the values of the computation") {
   SECTION("f32 parameters, f64 outputs") {
     auto ref = seeded<UnevenMLP>(3);

@@ -145,6 +145,13 @@ TEST_CASE("generate sizes its key/value cache for the prompt and the new tokens 
   CHECK(cache_bytes(5) == (3 + 5) * per_position);
   CHECK(cache_bytes(1) == (3 + 1) * per_position);
   CHECK(cache_bytes(40) == 24 * per_position);  // past the context: the context, restarting when full
+  // No limit but an end token (the first one greedy decoding gives): prompt + new had wrapped to -2^63 positions.
+  const int64_t first = nn::generate(*model, prompt, {.max_new_tokens = 1, .sampling = {.temperature = 0}})[0];
+  nn::GenerateStats st;
+  const auto out = nn::generate(*model, prompt, {.max_new_tokens = INT64_MAX, .sampling = {.temperature = 0},
+                                                 .eos = {first}}, {}, &st);
+  CHECK(out == std::vector<int64_t>{first});
+  CHECK(st.cache_bytes == 24 * per_position);
 }
 
 TEST_CASE("key/value cache errors name what is wrong") {

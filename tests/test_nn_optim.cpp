@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <filesystem>
+#include <optional>
 #include <unistd.h>
 
 #include "core/safetensors.h"
@@ -115,6 +116,52 @@ TEST_CASE("parameter groups carry their own options; parameters without grads ar
   CHECK_THROWS_WITH(SGD(std::vector<Tensor>{a, a}, {}), Catch::Contains("more than one place"));
   opt.zero_grad();
   CHECK(!a.grad().defined());
+}
+
+TEST_CASE("options are checked wherever they are set: constructor, set_option, load_state_dict") {
+  using Catch::Contains;
+  Tensor a = ones({2}).set_requires_grad();
+  CHECK_THROWS_WITH(SGD(std::vector<Tensor>{}, {}), Contains("SGD: no parameters given"));
+  CHECK_THROWS_WITH(AdamW(std::vector<ParamGroup>{{{}, {}}}, {}), Contains("AdamW: no parameters given"));
+  CHECK_THROWS_WITH(SGD({a}, {.lr = HUGE_VAL}), Contains("option \"lr\" must be a finite number, got inf"));
+  CHECK_THROWS_WITH(SGD({a}, {.momentum = 0.9, .dampening = std::nan("")}), Contains("\"dampening\" must be a finite"));
+  AdamW opt({a}, {.lr = 0.1});
+  CHECK_THROWS_WITH(opt.set_lr(std::nan("")), Contains("AdamW: option \"lr\" must be a finite number, got nan"));
+  CHECK_THROWS_WITH(opt.set_lr(-1), Contains("learning rate must be >= 0, got -1"));
+  CHECK_THROWS_WITH(opt.set_option(0, "beta1", 1.0), Contains("betas must be in [0, 1), got (1, 0.999)"));
+  CHECK_THROWS_WITH(opt.set_option(0, "eps", -1), Contains("eps and weight_decay must be >= 0"));
+  CHECK(opt.lr() == 0.1);  // nothing was changed
+  CHECK_THROWS_WITH(opt.params(3), Contains("AdamW: no parameter group 3 (have 1)"));
+  a.set_grad(ones({2}));
+  opt.step();
+  const NamedTensorList good = opt.state_dict();
+  auto edited = [&](const std::string& key, std::optional<Tensor> value) {
+    NamedTensorList out;
+    for (auto& [k, t] : good)
+      if (k != key) out.emplace_back(k, t);
+      else if (value) out.emplace_back(k, *value);
+    return out;
+  };
+  auto scalar = [](double v) { return scalar_tensor(v, {.dtype = DType::f64}); };
+  AdamW other({ones({2}).set_requires_grad()}, {});
+  CHECK_THROWS_WITH(other.load_state_dict(edited("param_groups.0.lr", scalar(std::nan("")))),
+                    Contains("\"lr\" must be a finite number"));  // had made every parameter NaN at the next step
+  CHECK_THROWS_WITH(other.load_state_dict(edited("param_groups.0.beta1", scalar(3))), Contains("betas must be in"));
+  CHECK_THROWS_WITH(other.load_state_dict(edited("param_groups.0.num_params", scalar(1.7))),
+                    Contains("group 0 has 1.7 parameters in the checkpoint but 1 here"));
+  CHECK_THROWS_WITH(other.load_state_dict(edited("state.0.step", std::nullopt)),  // had dropped exp_avg silently
+                    Contains("AdamW.load_state_dict: state.0.* holds exp_avg, exp_avg_sq, not exp_avg, exp_avg_sq, step"));
+  NamedTensorList extra = good;
+  extra.emplace_back("state.0.foo", ones({2}));
+  CHECK_THROWS_WITH(other.load_state_dict(extra), Contains("holds exp_avg, exp_avg_sq, foo, step, not"));
+  CHECK_THROWS_WITH(other.load_state_dict(edited("state.0.step", scalar_tensor(0.5))),
+                    Contains("state \"state.0.step\" is 0.5: a step count is one whole number below 2^53"));
+  CHECK_THROWS_WITH(other.load_state_dict(edited("state.0.step", scalar_tensor(1e30))), Contains("is 1.0000000150474662e+30"));
+  other.load_state_dict(good);
+  CHECK(other.lr() == 0.1);
+  CHECK_THROWS_WITH(StepLR(other, 1, std::nan("")), Contains("gamma a finite number >= 0, got 1 and nan"));
+  CHECK_THROWS_WITH(StepLR(other, 1, -1), Contains("gamma a finite number >= 0"));
+  CHECK_THROWS_WITH(CosineAnnealingLR(other, 10, -1), Contains("eta_min a finite number >= 0, got 10 and -1"));
 }
 
 TEST_CASE("optimizer state round-trips through safetensors bit-exactly") {
