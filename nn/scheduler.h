@@ -58,6 +58,7 @@ class StepLR : public LRScheduler {
 // Linear warmup to the base lr over `warmup` steps ((step + 1) / warmup), then a decay to
 // min_lr_ratio * base at `total` steps, flat after it: cosine, linear, constant (no decay), or
 // wsd (warmup-stable-decay: the base lr until the last `decay_steps`, then linear to the minimum).
+// A warmup as long as the run or longer ramps at its own rate to the end (as Hugging Face's).
 class WarmupDecayLR : public LRScheduler {
  public:
   enum class Decay { constant, linear, cosine, wsd };

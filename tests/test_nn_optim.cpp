@@ -256,6 +256,11 @@ TEST_CASE("learning-rate schedules") {
   at(D::cosine, 0, {0.5, 1, 0.55, 0.1 + 0.9 * 0.5 * (1 + std::cos(M_PI * 0.75)), 0.1, 0.1});
   at(D::wsd, 4, {0.5, 1, 1, 0.55, 0.1, 0.1});  // stable to step 6, then linear over the last 4
   SGD o5({p}, {.lr = 1.0});
+  WarmupDecayLR longer(o5, 10, 4, 0.1, D::cosine);  // a warmup past the run: (step + 1) / 10 to the end
+  for (int64_t step = 0; step < 4; ++step) {
+    longer.set_last_step(step);
+    CHECK(o5.lr() == Approx(double(step + 1) / 10));
+  }
   CHECK_THROWS_WITH(WarmupDecayLR(o5, 2, 10, 0.1, D::wsd, 9), Catch::Contains("wsd needs 1 <= decay_steps <= total - warmup"));
   CHECK_THROWS_WITH(WarmupDecayLR(o5, 2, 10, 0.1, D::wsd, 0), Catch::Contains("wsd needs"));
 }

@@ -140,7 +140,7 @@ CLI::App* add_train_flags(CLI::App& app, TrainOptions& t) {
       ->check(apps::cli::integer(1, int64_t(1) << 40))->capture_default_str();
   tr->add_option("--lr", t.lr, "peak learning rate")->check(apps::cli::number_above(0))->capture_default_str();
   tr->add_option("--warmup", t.warmup, "linear warmup steps before the decay (default: 10, at most --steps - 1; a "
-                 "given value must be below --steps)")->check(apps::cli::integer(0, int64_t(1) << 40));
+                 "given one past --steps ramps to the end)")->check(apps::cli::integer(0, int64_t(1) << 40));
   tr->add_option("--weight-decay", t.weight_decay, "AdamW decay on 2-D weights (matmuls and embeddings; never biases "
                  "or norm weights)")->check(apps::cli::number_from(0, 1e6))->capture_default_str();
   tr->add_option("--lr-schedule", t.lr_schedule, "after the linear warmup: cosine or linear decay to --min-lr at "

@@ -263,7 +263,7 @@ void check_schedule(TrainOptions& o) {
   WEFT_CHECK(o.min_lr <= o.lr, "transformer: --min-lr {} is above --lr {}", o.min_lr, o.lr);
   if (o.lr_schedule == "wsd" && o.decay_steps == 0) o.decay_steps = std::max<int64_t>(1, o.steps / 5);
   WEFT_CHECK(o.lr_schedule != "wsd" || o.decay_steps <= o.steps - o.warmup, "transformer: --decay-steps {} is more "
-             "than the {} steps after the warmup", o.decay_steps, o.steps - o.warmup);
+             "than the {} steps after the warmup of {}", o.decay_steps, std::max<int64_t>(0, o.steps - o.warmup), o.warmup);
 }
 
 // --base-dtype bf16: a LoRA run's frozen base, read from --init-from, kept in bf16; the model then
@@ -335,9 +335,7 @@ void validate(TrainOptions& o, const Ranks& ranks, Run& run) {
   if (const int64_t k = raf_bool ? 0 : std::stoll(o.reshard_after_forward), n = ranks.data_world(); k > 0 && ranks.fsdp && !o.plan.wanted())
     WEFT_CHECK(k > 1 && k < n && n % k == 0, "transformer: --reshard-after-forward {} must divide the {} ranks and lie "
                "strictly between 1 and {} (for 1: false, keep the full parameters; for {}: true)", k, n, n, n);
-  // The schedule needs a step after the warmup: the default (10) shortens for a short run, a given --warmup must fit.
-  WEFT_CHECK(o.warmup < o.steps, "transformer: --warmup {} is not below --steps {}: the schedule needs a step after "
-             "the warmup", o.warmup, o.steps);
+  // The default warmup (10) ends before a short run's last step; a given one ramps at its own rate, however long.
   if (o.warmup < 0) o.warmup = std::min<int64_t>(10, o.steps - 1);
   check_schedule(o);
   apps::check_checkpoint_dir(o.checkpoint_dir, "--checkpoint-dir", "transformer");

@@ -29,10 +29,15 @@ check_lrs constant 0.005 0.01 0.01 0.01 0.01 0.01
 check_lrs linear 0.005 0.01 0.01 0.00775 0.0055 0.00325 -- --min-lr 1e-3
 check_lrs cosine 0.005 0.01 0.01 0.0086819805 0.0055 0.0023180195 -- --min-lr 1e-3
 check_lrs wsd 0.005 0.01 0.01 0.01 0.01 0.0055 -- --min-lr 1e-3 --decay-steps 2
+# A given warmup longer than the run ramps at its own rate to the end (it had been cut to 5 steps).
+[ "${cfg[12]}" = --warmup ] || fail "cfg[12] is not --warmup"
+saved=("${cfg[@]}") && cfg[13]=10 && rm "$tmp/linear.jsonl"  # --metrics appends
+check_lrs linear 0.001 0.002 0.003 0.004 0.005 0.006
+cfg=("${saved[@]}")
 expect_error "--lr-schedule constant has none" train "${cfg[@]}" --lr-schedule constant --min-lr 1e-3
 expect_error "--decay-steps is for --lr-schedule wsd" train "${cfg[@]}" --decay-steps 2
 expect_error "--min-lr 0.5 is above --lr 0.01" train "${cfg[@]}" --min-lr 0.5
-expect_error "--decay-steps 5 is more than the 4 steps after the warmup" train "${cfg[@]}" --lr-schedule wsd --decay-steps 5
+expect_error "--decay-steps 5 is more than the 4 steps after the warmup of 2" train "${cfg[@]}" --lr-schedule wsd --decay-steps 5
 expect_error "--beta2: expected a number" train "${cfg[@]}" --beta2 1
 
 # AdamW's betas and eps reach the optimizer, and a checkpoint keeps them.

@@ -81,12 +81,12 @@ tail -c +13 "$tmp/sp.out" | grep -q " " || fail "sample's continuation lost its 
 # Damaged token files are refused at load, naming the file and what is wrong: an id past the
 # vocabulary (token 5 set to 65535), and train and val files whose vocabularies differ.
 cp -r "$tmp/ds" "$tmp/bad_id" && printf '\xff\xff' | dd of="$tmp/bad_id/train.tokens" bs=1 seek=138 conv=notrunc status=none
-if "$exe" train --data "$tmp/bad_id" "${model[@]}" --steps 1 >/dev/null 2>"$tmp/err"; then
+if "$exe" train --data "$tmp/bad_id" "${model[@]}" --steps 4 >/dev/null 2>"$tmp/err"; then
   fail "trained on an id past the vocabulary"; fi
 grep -q "token file $tmp/bad_id/train.tokens: token 5 (of [0-9]*) is id 65535, outside its vocabulary of 2000" \
   "$tmp/err" || fail "an id past the vocabulary is not named: $(cat "$tmp/err")"
 cp -r "$tmp/ds" "$tmp/bad_vocab" && printf '\xd1\x07' | dd of="$tmp/bad_vocab/val.tokens" bs=1 seek=24 conv=notrunc status=none
-if "$exe" train --data "$tmp/bad_vocab" "${model[@]}" --steps 1 >/dev/null 2>"$tmp/err"; then
+if "$exe" train --data "$tmp/bad_vocab" "${model[@]}" --steps 4 >/dev/null 2>"$tmp/err"; then
   fail "trained on files with different vocabularies"; fi
 grep -q "train.tokens has a vocabulary of 2000 tokens but $tmp/bad_vocab/val.tokens of 2001" "$tmp/err" ||
   fail "the vocabulary mismatch is not named as such: $(cat "$tmp/err")"
