@@ -158,8 +158,7 @@ void Optimizer::load_state_dict(const NamedTensorList& state) {
   state_ = std::move(new_state);
 }
 
-void Optimizer::check_state(const std::string& key, const std::string& state, const Tensor& value) const {
-  (void)state;
+void Optimizer::check_state(const std::string& key, const std::string& /*state*/, const Tensor& value) const {
   if (auto bad = find_nonfinite(value))
     WEFT_ERROR("{}: state \"{}\" holds {}: optimizer state must be finite", name_, key, bad->str());
 }
