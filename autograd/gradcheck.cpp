@@ -20,6 +20,7 @@ double weighted_sum(const Tensor& y, const std::vector<double>& v) {
 
 GradcheckResult gradcheck(const std::function<Tensor(const TensorList&)>& fn, const TensorList& inputs,
                           GradcheckOptions opts) {
+  WEFT_CHECK(opts.eps > 0 && opts.eps < HUGE_VAL, "gradcheck: eps must be a finite number > 0, got {}", opts.eps);
   for (const Tensor& t : inputs) {
     WEFT_CHECK(t.dtype() == DType::f64, "gradcheck: inputs must be f64, got {}", tensor_desc(t));
     WEFT_CHECK(t.is_leaf(), "gradcheck: inputs must be leaves, got {}", tensor_desc(t));

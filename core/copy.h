@@ -12,6 +12,14 @@ void copy_elements(const Tensor& dst, const Tensor& src);
 using DeviceCopyFn = void (*)(const Tensor& dst, const Tensor& src);
 void register_device_copy(DeviceType type, DeviceCopyFn fn);
 
+// Whether a scalar converts to `dt` defined: always for the floats and bool; for the integer
+// dtypes only a number whose integer part the type holds (C++ leaves the rest undefined).
+inline bool scalar_fits(double v, DType dt) {
+  if (dt == DType::i64) return v >= -0x1p63 && v < 0x1p63;
+  if (dt == DType::i32) return v >= -0x1p31 && v < 0x1p31;
+  return dt != DType::u8 || (v > -1 && v < 256);
+}
+
 // Conversion rules shared with kernels: through float for 16-bit floats, != 0 for bool.
 template <class D, class S>
 inline D convert_scalar(S s) {

@@ -62,7 +62,12 @@ Tensor from_doubles(const Shape& shape, TensorOptions opts, Fill&& fill) {
   int64_t n = host.numel();
   WEFT_DISPATCH(opts.dtype, "factory", [&]<typename T>() {
     T* p = static_cast<T*>(host.data_ptr());
-    for (int64_t i = 0; i < n; ++i) p[i] = convert_scalar<T>(fill(i));
+    for (int64_t i = 0; i < n; ++i) {
+      const double v = fill(i);
+      WEFT_CHECK(scalar_fits(v, opts.dtype), "factory: element {} is {}, which {} cannot hold", i, v,
+                 dtype_name(opts.dtype));
+      p[i] = convert_scalar<T>(v);
+    }
   });
   Tensor out = opts.device.is_cpu() ? host : host.to(opts.device);
   if (opts.requires_grad) out.set_requires_grad(true);
@@ -132,6 +137,7 @@ static void check_inplace(const Tensor& t, const char* op) {
 Tensor& Tensor::fill_(double value) {
   check_defined("fill_");
   check_inplace(*this, "fill_");
+  WEFT_CHECK(scalar_fits(value, dtype()), "fill_: {} cannot hold {}", tensor_desc(*this), value);
   if (device().is_meta()) {
     record_fill(*this, {.kind = FillRule::Kind::constant, .a = value}, "fill_");
     return *this;

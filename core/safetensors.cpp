@@ -223,6 +223,7 @@ std::optional<DType> parse_safetensors_dtype(const std::string& name) {
 void save_safetensors(const std::string& path, const std::vector<SafetensorsEntry>& entries,
                       const std::function<Tensor(size_t)>& produce, const Metadata& metadata) {
   // Check everything and build the header before the file is touched.
+  WEFT_CHECK(produce || entries.empty(), "save_safetensors: '{}': no function to produce the tensors", path);
   Json header = Json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::set<std::string> seen;

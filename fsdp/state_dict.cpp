@@ -93,6 +93,7 @@ nn::NamedTensorList full_optimizer_state_dict(const nn::Optimizer& opt, nn::Modu
 void load_full_state_dict(nn::Module& model, const nn::NamedTensorList& full, const FSDPModule* root,
                           const std::map<std::string, std::string>& aliases) {
   const char* what = "load_full_state_dict";
+  nn::check_state_entries(full, std::string("fsdp: ") + what);
   std::map<std::string, Tensor> given(full.begin(), full.end());
   auto expected = sharded_state_dict(model, root);
   auto local = slices(expected, given, what);

@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "core/copy.h"
 #include "kernels/backend.h"
 
 namespace weft::kernels {
@@ -263,6 +264,7 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
   WEFT_CHECK(mask.dtype() == DType::bool_ || mask.dtype() == DType::u8,
              "masked_fill: mask must be bool (or u8), got {}", tensor_desc(mask));
   check_same_device("masked_fill", x, mask);
+  WEFT_CHECK(scalar_fits(value, x.dtype()), "masked_fill: {} cannot hold {}", tensor_desc(x), value);
   WEFT_CHECK(broadcast_shapes(x.shape(), mask.shape(), "masked_fill") == x.shape(),
              "masked_fill: mask {} cannot be broadcast to the input's shape {}", tensor_desc(mask),
              shape_str(x.shape()));

@@ -137,6 +137,7 @@ NamedTensorList merge_lora(const NamedTensorList& state, const LoRAOptions& opts
 }
 
 void cast_frozen(Module& model, DType dtype) {
+  WEFT_CHECK(is_floating(dtype), "cast_frozen: the frozen parameters compute in a floating dtype, not {}", dtype_name(dtype));
   NoGradGuard no_grad;
   std::map<TensorImpl*, Tensor> cast;
   for (auto& [name, m] : model.named_modules())

@@ -10,6 +10,7 @@
 #include "autograd/ops.h"
 #include "core/allocator.h"
 #include "core/autograd_meta.h"
+#include "core/element_search.h"
 #include "core/grad_mode.h"
 
 namespace weft::nn {
@@ -172,8 +173,18 @@ NamedTensorList Module::state_dict() const {
   return out;
 }
 
+void check_state_entries(const NamedTensorList& state, const std::string& what) {
+  std::unordered_set<std::string> seen;
+  for (auto& [n, t] : state) {
+    WEFT_CHECK(t.defined(), "{}: \"{}\" is an undefined tensor", what, n);
+    WEFT_CHECK(seen.insert(n).second, "{}: \"{}\" is given twice", what, n);
+    if (auto bad = find_nonfinite(t)) WEFT_ERROR("{}: \"{}\" holds {}", what, n, bad->str());
+  }
+}
+
 void Module::load_state_dict(const NamedTensorList& state, bool strict) {
   for (auto& [n, m] : named_modules()) m->check_not_meta("load_state_dict");
+  check_state_entries(state, "load_state_dict for " + type_name_);
   std::unordered_map<std::string, const Tensor*> given;
   for (auto& [n, t] : state) given[n] = &t;
   std::vector<std::string> missing, mismatched;

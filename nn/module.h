@@ -23,6 +23,10 @@ namespace weft::nn {
 using autograd::TensorList;
 using NamedTensorList = std::vector<std::pair<std::string, Tensor>>;
 
+// What every loader of a state dict checks first: each entry defined, each name once, and no
+// NaN or infinity in a floating tensor; throws "<what>: ..." naming the entry.
+void check_state_entries(const NamedTensorList& state, const std::string& what);
+
 class Module;
 
 // An object a layer above nn attaches to a module (fsdp's per-module state): owned by the

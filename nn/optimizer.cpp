@@ -112,6 +112,7 @@ NamedTensorList Optimizer::state_dict() const {
 }
 
 void Optimizer::load_state_dict(const NamedTensorList& state) {
+  check_state_entries(state, name_ + ".load_state_dict");
   std::map<std::string, Tensor> given(state.begin(), state.end());
   auto take = [&](const std::string& key) -> Tensor {
     auto it = given.find(key);

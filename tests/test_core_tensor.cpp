@@ -77,6 +77,17 @@ TEST_CASE("expand, squeeze, unsqueeze, chunk and split") {
   CHECK_THROWS_WITH(ones({1, 3}).expand({-2, 3}), Contains("expand: cannot expand [1, 3] to [-2, 3] (dim 0: 1 vs -2)"));
 }
 
+TEST_CASE("a scalar written into an integer tensor must be a number the dtype holds") {
+  // C++ leaves the conversion of NaN or 1e20 to an integer undefined (it had given -2^63 and INT_MIN).
+  CHECK_THROWS_WITH(zeros({2}, {.dtype = kInt64}).fill_(NAN), Contains("fill_: i64[2] on cpu cannot hold nan"));
+  CHECK_THROWS_WITH(full({2}, 1e20, {.dtype = kInt32}), Contains("cannot hold 1e+20"));
+  CHECK_THROWS_WITH(full({2}, 256, {.dtype = DType::u8}), Contains("cannot hold 256"));
+  CHECK_THROWS_WITH(from_vector({1, NAN}, {2}, {.dtype = kInt64}), Contains("factory: element 1 is nan, which i64 cannot hold"));
+  CHECK(to_vector(full({2}, -2147483648.0, {.dtype = kInt32})) == std::vector<double>{-2147483648.0, -2147483648.0});
+  CHECK(to_vector(full({1}, 255.9, {.dtype = DType::u8})) == std::vector<double>{255});
+  CHECK(to_vector(full({1}, NAN)).front() != 0);  // floats hold anything
+}
+
 TEST_CASE("arange refuses a range that is not a finite count of elements") {
   CHECK(to_vector(arange(0, 3)) == std::vector<double>{0, 1, 2});
   CHECK(arange(2, 2).numel() == 0);

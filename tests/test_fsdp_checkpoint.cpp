@@ -218,6 +218,12 @@ TEST_CASE("full state dicts: gathered like the single-process model, to every ra
   auto extra = full;
   extra.emplace_back("lm_head.weight", full[0].second.clone());
   CHECK_THROWS_WITH(fsdp::load_full_state_dict(*m2, extra, &root2), Contains("unexpected key \"lm_head.weight\""));
+  auto nan = clone_all(full);  // had loaded; of two entries of one name, the first had counted
+  nan[0].second = weft::full(full[0].second.shape(), NAN);
+  CHECK_THROWS_WITH(fsdp::load_full_state_dict(*m2, nan, &root2), Contains("\"wte.weight\" holds nan at element 0"));
+  auto twice = full;
+  twice.push_back(full[0]);
+  CHECK_THROWS_WITH(fsdp::load_full_state_dict(*m2, twice, &root2), Contains("\"wte.weight\" is given twice"));
   check_same(fsdp::full_state_dict(*m2, &root2), full, "model after refused loads");
   // A separately saved copy of a tied weight (nanoGPT's lm_head.weight) is accepted when equal.
   fsdp::load_full_state_dict(*m2, extra, &root2, {{"lm_head.weight", "wte.weight"}});

@@ -511,6 +511,8 @@ TEST_CASE("where, masked_fill and clamp") {
   Tensor mi = masked_fill(vec({1, 2}, kInt64), vec({0, 1}, kBool), 7);
   CHECK(mi.dtype() == kInt64);
   check_values(mi, {1, 7});
+  CHECK_THROWS_WITH(masked_fill(vec({1, 2}, kInt64), vec({0, 1}, kBool), kNaN),  // had written 0
+                    Contains("masked_fill: i64[2] on cpu cannot hold nan"));
   check_values(masked_fill(at, vec({1, 0}, kBool).view({2, 1}), 9), {9, 9, 9, 1, 3, 5});
 
   Tensor v = vec({-2, -0.5, 0.5, 3, kNaN});

@@ -75,6 +75,18 @@ TEST_CASE("state_dict round trip and load errors") {
   auto bad = a->state_dict();
   bad[0].second = ones({3});
   CHECK_THROWS_WITH(b->load_state_dict(bad, false), Contains("scale (checkpoint [3], model [1])"));
+  // Each entry defined, named once, and finite (a NaN weight had loaded; of two "scale"s, the last).
+  auto edited = [&](auto change) {
+    auto sd = a->state_dict();
+    change(sd);
+    return sd;
+  };
+  CHECK_THROWS_WITH(b->load_state_dict(edited([](NamedTensorList& sd) { sd[2].second = full({4, 3}, NAN); })),
+                    Contains("load_state_dict for Net: \"fc1.weight\" holds nan at element 0"));
+  CHECK_THROWS_WITH(b->load_state_dict(edited([](NamedTensorList& sd) { sd.push_back(sd[0]); })),
+                    Contains("load_state_dict for Net: \"scale\" is given twice"));
+  CHECK_THROWS_WITH(b->load_state_dict(edited([](NamedTensorList& sd) { sd[1].second = Tensor(); })),
+                    Contains("load_state_dict for Net: \"running\" is an undefined tensor"));
 }
 
 TEST_CASE("forward hooks run on every call and may replace inputs and outputs") {

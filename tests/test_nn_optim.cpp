@@ -144,8 +144,10 @@ TEST_CASE("options are checked wherever they are set: constructor, set_option, l
   };
   auto scalar = [](double v) { return scalar_tensor(v, {.dtype = DType::f64}); };
   AdamW other({ones({2}).set_requires_grad()}, {});
-  CHECK_THROWS_WITH(other.load_state_dict(edited("param_groups.0.lr", scalar(std::nan("")))),
-                    Contains("\"lr\" must be a finite number"));  // had made every parameter NaN at the next step
+  CHECK_THROWS_WITH(other.load_state_dict(edited("param_groups.0.lr", scalar(std::nan("")))),  // NaN parameters, next step
+                    Contains("AdamW.load_state_dict: \"param_groups.0.lr\" holds nan at element 0"));
+  CHECK_THROWS_WITH(other.load_state_dict(edited("param_groups.0.lr", scalar(-1))), Contains("learning rate must be >= 0"));
+  CHECK_THROWS_WITH(other.load_state_dict(edited("state.0.exp_avg", Tensor())), Contains("\"state.0.exp_avg\" is an undefined"));
   CHECK_THROWS_WITH(other.load_state_dict(edited("param_groups.0.beta1", scalar(3))), Contains("betas must be in"));
   CHECK_THROWS_WITH(other.load_state_dict(edited("param_groups.0.num_params", scalar(1.7))),
                     Contains("group 0 has 1.7 parameters in the checkpoint but 1 here"));

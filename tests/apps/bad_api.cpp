@@ -69,6 +69,14 @@ const std::map<std::string, std::function<void()>> kCases = {
     {"cross_entropy_target_out_of_range", [] { cross_entropy(ones({2, 3}), from_vector({0, 3}, {2}, {.dtype = kInt64})); }},
     {"cross_entropy_batch_mismatch", [] { cross_entropy(ones({2, 3}), from_vector({0, 1, 2}, {3}, {.dtype = kInt64})); }},
     {"mse_shape_mismatch", [] { nn::mse_loss(ones({2, 3}), ones({3, 2})); }},
+    {"gradcheck_eps_zero", [] {
+       autograd::gradcheck([](const autograd::TensorList& in) { return sum(in[0]); }, {ones({2}, {.dtype = kFloat64})
+                           .set_requires_grad()}, {.eps = 0});
+     }},
+    {"cast_frozen_int", [] { nn::cast_frozen(*tiny_mlp(), DType::i64); }},
+    {"safetensors_no_producer", [] {
+       save_safetensors(scratch_dir("producer") + "/x.safetensors", {{"a", DType::f32, {2}}}, {}, {});
+     }},
     // optimizers and schedules: NaN and out-of-range settings
     {"adamw_nan_lr", [] { nn::AdamW(tiny_mlp()->parameters(), {.lr = NAN}); }},
     {"adamw_negative_lr", [] { nn::AdamW(tiny_mlp()->parameters(), {.lr = -1}); }},
