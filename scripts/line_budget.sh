@@ -8,15 +8,15 @@ set -euo pipefail
 cd "${1:-$(dirname "$0")/..}"
 # layer | budget | the files and folders counted (kernels: the entry points and the meta device)
 budgets=(
-  "core           4362  core weft.h"
-  "kernels        2584  kernels/*.h kernels/*.cpp kernels/meta"
+  "core           4364  core weft.h"
+  "kernels        2587  kernels/*.h kernels/*.cpp kernels/meta"
   "kernels/cpu    5666  kernels/cpu"
   "cuda           4669  cuda"
   "autograd       2045  autograd"
   "nn             3127  nn"
   "dist           2575  dist"
   "tp              767  tp"
-  "fsdp           4935  fsdp"
+  "fsdp           4936  fsdp"
   "apps          10563  apps"
 )
 count() {  # PATH...: the lines of the code files among them
