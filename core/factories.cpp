@@ -108,7 +108,9 @@ Tensor from_vector(const std::vector<double>& values, const Shape& shape, Tensor
 
 Tensor from_blob(void* data, const Shape& shape, DType dtype, Device device,
                  std::function<void(void*)> deleter) {
+  for (int64_t d : shape) WEFT_CHECK(d >= 0, "from_blob: negative size in shape {}", shape_str(shape));
   size_t nbytes = shape_nbytes(shape, dtype_size(dtype));
+  WEFT_CHECK(data != nullptr || nbytes == 0, "from_blob: null data for {} {}", dtype_name(dtype), shape_str(shape));
   auto storage = std::make_shared<StorageImpl>(data, nbytes, device, std::move(deleter));
   return Tensor(std::make_shared<TensorImpl>(std::move(storage), shape, contiguous_strides(shape), 0, dtype));
 }

@@ -36,7 +36,8 @@ void FSDPParam::init_from_rule(const Tensor& meta) {
   Tensor chunk = chunk_view(padded_flat_);
   auto rule = recorded_fill(meta);
   // A parameter never filled is zeros; shards on the meta device (a memory plan) have no values.
-  if (local_rows_ == 0 || !rule || chunk.device().is_meta()) return (void)chunk.zero_();
+  if (chunk.device().is_meta()) return;
+  if (local_rows_ == 0 || !rule) return (void)chunk.zero_();
   zero_padding();  // then only this rank's elements: the slice [rank * chunk, + local_rows) on shard_dim
   fill_slice(chunk.narrow(shard_dim_, 0, local_rows_), *rule, global_shape_, shard_dim_, int64_t(rank_) * chunk_);
 }

@@ -174,6 +174,9 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   if (float_only(op) && !is_floating(ct)) ct = out_dt = DType::f32;
   WEFT_CHECK(!(ct == DType::bool_ && (op == BinaryOp::sub || op == BinaryOp::pow)),
              "{}: not supported for bool tensors ({} and {})", name, tensor_desc(a), tensor_desc(b));
+  if (op == BinaryOp::pow && !is_floating(ct) && !b.device().is_meta())  // as with a scalar exponent
+    for (double e : to_vector(b)) WEFT_CHECK(e >= 0, "pow: integer tensor {} to the negative integer power {} in {} "
+                                             "(convert to float first)", tensor_desc(a), e, tensor_desc(b));
   const KernelBackend& backend = kernel_backend(a.device(), name);
   Tensor out = empty(shape, {.dtype = out_dt, .device = a.device()});
   Tensor ac = operand(a, ct, shape), bc = operand(b, ct, shape);

@@ -88,6 +88,14 @@ TEST_CASE("a scalar written into an integer tensor must be a number the dtype ho
   CHECK(to_vector(full({1}, NAN)).front() != 0);  // floats hold anything
 }
 
+TEST_CASE("from_blob names a null pointer or a negative size") {
+  float data[4] = {1, 2, 3, 4};
+  CHECK(to_vector(from_blob(data, {2, 2}, kFloat32, kCPU)) == std::vector<double>{1, 2, 3, 4});
+  CHECK_THROWS_WITH(from_blob(nullptr, {4}, kFloat32, kCPU), Contains("from_blob: null data for f32 [4]"));
+  CHECK_THROWS_WITH(from_blob(data, {-4}, kFloat32, kCPU), Contains("from_blob: negative size in shape [-4]"));
+  CHECK(from_blob(nullptr, {0}, kFloat32, kCPU).numel() == 0);
+}
+
 TEST_CASE("arange refuses a range that is not a finite count of elements") {
   CHECK(to_vector(arange(0, 3)) == std::vector<double>{0, 1, 2});
   CHECK(arange(2, 2).numel() == 0);

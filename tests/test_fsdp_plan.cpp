@@ -8,6 +8,7 @@
 
 #include "apps/transformer/gpt.h"
 #include "core/allocator.h"
+#include "dist/fake_group.h"
 #include "fsdp/fsdp.h"
 #include "fsdp_test_models.h"
 
@@ -100,6 +101,20 @@ fsdp::PlanSettings settings(bool reshard, nn::Checkpointing ac) {
 }
 
 }  // namespace
+
+TEST_CASE("fully_shard over a fake mesh shards a meta model outside a memory plan") {
+  nn::ModulePtr m;
+  {
+    DefaultDeviceGuard meta(Device::meta());
+    m = std::make_shared<nn::Linear>(4, 8);
+  }
+  fsdp::fully_shard(m, {.mesh = dist::fake_mesh(1, 2)});  // had failed zeroing a view of the shards' meta storage
+  auto params = m->named_parameters();
+  REQUIRE(params.size() == 2);
+  CHECK(params[0].second.shape() == Shape{4, 4});  // rank 1's rows of the [8, 4] weight
+  CHECK(params[1].second.shape() == Shape{4});
+  CHECK(params[0].second.device().is_meta());
+}
 
 TEST_CASE("plan_memory predicts the peak of training within 5 % and its shards exactly") {
   using enum nn::Checkpointing;

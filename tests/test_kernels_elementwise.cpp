@@ -394,8 +394,10 @@ TEST_CASE("binary type promotion") {
   CHECK(binary(BinaryOp::add, bo, bo).dtype() == kBool);
   check_values(binary(BinaryOp::add, bo, vec({1, 1}, kBool)), {1, 1});
   check_values(binary(BinaryOp::mul, bo, vec({1, 1}, kBool)), {1, 0});
-  // integer pow by squaring, negative exponents truncate
-  check_values(binary(BinaryOp::pow, vec({3, 2, -1, 2}, kInt64), vec({4, 0, 3, -1}, kInt64)), {81, 1, -1, 0});
+  // integer pow by squaring; a negative integer exponent is refused, as for a scalar one (it had truncated to 0)
+  check_values(binary(BinaryOp::pow, vec({3, 2, -1, 2}, kInt64), vec({4, 0, 3, 1}, kInt64)), {81, 1, -1, 2});
+  CHECK_THROWS_WITH(binary(BinaryOp::pow, vec({2, 2}, kInt64), vec({1, -1}, kInt64)),
+                    Contains("pow: integer tensor i64[2] on cpu to the negative integer power -1 in i64[2]"));
   check_values(binary(BinaryOp::eq, i, l), {1, 1});
   check_values(binary(BinaryOp::lt, vec({1, 5}, kInt64), vec({1.5, 4.5})), {1, 0});
 }
