@@ -77,7 +77,7 @@ off=$(grep -o '"data_offsets":\[[0-9]*' <<<"$entry" | grep -o '[0-9]*$')
 printf '\x00\x00\xc0\x7f' | dd of="$tmp/nan.safetensors" bs=1 seek=$((8 + hlen + off)) conv=notrunc 2>/dev/null
 if "$tf" sample --checkpoint "$tmp/nan.safetensors" --tokens 5 >"$tmp/out" 2>"$tmp/err"; then
   fail "sample on NaN weights exited 0"; fi
-grep -q "parameter transformer.ln_f.weight (nan at element 0) is not finite" "$tmp/err" ||
+grep -q '"transformer.ln_f.weight" holds nan at element 0' "$tmp/err" ||
   fail "sample on NaN weights does not name the parameter: $(cat "$tmp/err")"
 [ "$(tr -d '\000' <"$tmp/out" | wc -c)" = "$(wc -c <"$tmp/out")" ] || fail "sample printed NUL bytes"
 
