@@ -17,6 +17,11 @@ TensorList FunctionNode::apply(TensorList&& grad_outputs) {
   WEFT_CHECK(!released_,
              "backward: trying to backward through {} a second time, but its saved tensors were "
              "freed by the first backward; pass retain_graph=true to the first backward", name_);
+  for (size_t i = 0; i < input_versions.size(); ++i)
+    if (auto s = input_versions[i].first.lock(); s && s->version != input_versions[i].second)
+      WEFT_ERROR("backward: input {} of {} was written in place after the forward used it (its storage's version {} "
+                 "-> {}), so its gradient would be computed from other values: write into a copy, or after backward",
+                 i, name_, input_versions[i].second, s->version);
   return fn_(grad_outputs);
 }
 
@@ -78,7 +83,11 @@ std::shared_ptr<FunctionNode> record(std::string name, const TensorList& inputs,
                                      const TensorList& outputs, FunctionNode::BackwardFn fn) {
   auto node = std::make_shared<FunctionNode>(std::move(name), std::move(fn));
   node->next_edges.reserve(inputs.size());
-  for (const Tensor& t : inputs) node->next_edges.push_back(gradient_edge(t));
+  for (const Tensor& t : inputs) {
+    node->next_edges.push_back(gradient_edge(t));
+    if (t.defined()) node->input_versions.emplace_back(t.storage(), t.storage()->version);
+    else node->input_versions.emplace_back();
+  }
   for (uint32_t i = 0; i < outputs.size(); ++i) {
     const Tensor& out = outputs[i];
     node->output_meta.push_back({out.shape(), out.dtype(), out.device()});

@@ -66,6 +66,9 @@ class FunctionNode : public Node {
   FunctionNode(std::string name, BackwardFn fn) : Node(std::move(name)), fn_(std::move(fn)) {}
   TensorList apply(TensorList&& grad_outputs) override;
   void release_saved() override { fn_ = nullptr; released_ = true; }
+  // Each input's storage and its version when the op was recorded: apply refuses to run when
+  // one was written in place since (the backward would read the new values).
+  std::vector<std::pair<std::weak_ptr<StorageImpl>, uint64_t>> input_versions;
 
  private:
   BackwardFn fn_;

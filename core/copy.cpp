@@ -107,6 +107,7 @@ Tensor& Tensor::copy_(const Tensor& src) {
     if (a0 <= b1 && b0 <= a1) s = s.clone();  // overlapping elements: read them all before any is written
   }
   copy_elements(*this, s.detach());
+  ++storage()->version;  // autograd's check of the inputs it recorded
   return *this;
 }
 

@@ -130,15 +130,17 @@ double Tensor::item() const {
 
 // ---------------------------------------------------------------- in-place fills
 
-static void check_inplace(const Tensor& t, const char* op) {
+// Every public in-place write starts here: refused into a tensor autograd tracks, counted in its storage's version.
+static void start_inplace(const Tensor& t, const char* op) {
   WEFT_CHECK(!(GradMode::is_enabled() && t.requires_grad()), "{}: {} requires grad and cannot be written in place "
              "while grad mode is on: autograd does not record in-place writes (use NoGradGuard, or a new tensor)", op,
              tensor_desc(t));
+  ++t.storage()->version;
 }
 
 Tensor& Tensor::fill_(double value) {
   check_defined("fill_");
-  check_inplace(*this, "fill_");
+  start_inplace(*this, "fill_");
   WEFT_CHECK(scalar_fits(value, dtype()), "fill_: {} cannot hold {}", tensor_desc(*this), value);
   if (device().is_meta()) {
     record_fill(*this, {.kind = FillRule::Kind::constant, .a = value}, "fill_");
@@ -178,7 +180,7 @@ void Tensor::random_fill(FillRule rule, Generator* gen, const char* op) {
 
 Tensor& Tensor::uniform_(double low, double high, Generator* gen) {
   check_defined("uniform_");
-  check_inplace(*this, "uniform_");
+  start_inplace(*this, "uniform_");
   WEFT_CHECK(is_floating(dtype()), "uniform_: expects a floating tensor, got {}", tensor_desc(*this));
   WEFT_CHECK(low <= high, "uniform_: low {} > high {}", low, high);
   random_fill({.kind = FillRule::Kind::uniform, .a = low, .b = high}, gen, "uniform_");
@@ -187,7 +189,7 @@ Tensor& Tensor::uniform_(double low, double high, Generator* gen) {
 
 Tensor& Tensor::normal_(double mean, double std, Generator* gen) {
   check_defined("normal_");
-  check_inplace(*this, "normal_");
+  start_inplace(*this, "normal_");
   WEFT_CHECK(is_floating(dtype()), "normal_: expects a floating tensor, got {}", tensor_desc(*this));
   WEFT_CHECK(std >= 0, "normal_: std must be non-negative, got {}", std);
   random_fill({.kind = FillRule::Kind::normal, .a = mean, .b = std}, gen, "normal_");

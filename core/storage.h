@@ -32,6 +32,10 @@ class StorageImpl {
   void free();                   // releases the memory; views keep their geometry
   void allocate(size_t nbytes);  // (re)allocates uninitialised memory of nbytes in place
 
+  // Counts the in-place writes through the public API (copy_, fill_, uniform_, normal_, an
+  // optimizer's step): autograd refuses a backward that would read an input changed since.
+  uint64_t version = 0;
+
   // Meta storage only: how its elements are to be computed (null: never filled).
   const std::shared_ptr<const FillRule>& deferred_fill() const { return deferred_fill_; }
   void set_deferred_fill(std::shared_ptr<const FillRule> rule) { deferred_fill_ = std::move(rule); }

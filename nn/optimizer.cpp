@@ -203,6 +203,7 @@ void SGD::step() {
         buf = st["momentum_buffer"];
       }
       kernels::sgd_step_(p, grad.contiguous(), buf, s);
+      ++p.storage()->version;  // written in place: a graph that read p cannot backward any more
     }
   }
 }
@@ -260,6 +261,7 @@ void Adam::step() {
       kernels::adam_step_(p, grad.contiguous(), st["exp_avg"], st["exp_avg_sq"],
                           {g.options["lr"], g.options["beta1"], g.options["beta2"], g.options["eps"],
                            g.options["weight_decay"], step, decoupled_});
+      ++p.storage()->version;
     }
   }
 }

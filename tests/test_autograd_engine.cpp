@@ -85,6 +85,29 @@ TEST_CASE("no in-place write reaches a tensor that requires grad while grad mode
   CHECK(vec(x) == std::vector<double>{3, 3, 1, 1});
 }
 
+TEST_CASE("backward refuses to read an input written in place after the forward used it") {
+  const auto written = Catch::Contains("was written in place after the forward used it");
+  Tensor x = ones({3}).set_requires_grad();
+  Tensor w = full({3}, 2.0);
+  Tensor z = sum(x * w);
+  w.fill_(5);  // x's gradient had been 5 (the new w) instead of 2
+  CHECK_THROWS_WITH(z.backward(), Catch::Contains("backward: input 1 of MulBackward") && written);
+  Tensor v = full({4}, 2.0);  // a write through another view of the same storage counts
+  Tensor z2 = sum(x * v.narrow(0, 0, 3));
+  v.narrow(0, 3, 1).copy_(full({1}, 9.0));
+  CHECK_THROWS_WITH(z2.backward(), written);
+  Tensor p = ones({2}).set_requires_grad();  // an optimizer step between forward and backward
+  nn::SGD opt({p}, {.lr = 0.5});
+  Tensor y = sum(p * p);
+  p.set_grad(ones({2}));
+  opt.step();
+  CHECK_THROWS_WITH(y.backward(), written);
+  w.fill_(2);  // written before the forward: nothing to refuse
+  Tensor z3 = sum(x * w);
+  z3.backward();
+  CHECK(vec(x.grad()) == std::vector<double>{2, 2, 2});
+}
+
 TEST_CASE("tensor hooks fire in backward order and may replace gradients") {
   Tensor x = from_vector({1, 2}, {2}).set_requires_grad();
   std::vector<std::string> order;
