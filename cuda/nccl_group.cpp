@@ -157,7 +157,7 @@ bool NcclWork::is_completed() {
 }
 
 void NcclWork::wait(double timeout_seconds) {
-  auto deadline = Clock::now() + std::chrono::duration<double>(timeout_seconds);
+  auto deadline = Clock::now() + std::chrono::duration<double>(checked_timeout(timeout_seconds, "Work::wait"));
   for (int spins = 0; !is_completed(); ++spins) {
     ncclResult_t async = ncclSuccess;
     NCCL_CHECK(ncclCommGetAsyncError(group_->nccl(), &async));

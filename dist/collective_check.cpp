@@ -19,7 +19,7 @@ constexpr size_t kLabelBytes = 120;
 
 // One rank's call as the ranks exchange it.
 struct Descriptor {
-  std::array<int64_t, 7> numbers;  // seq, kind, dtype, in_numel, out_numel, op, root
+  std::array<int64_t, 8> numbers;  // seq, kind, dtype, in_numel, out_numel, op, root, the whole label's hash
   char label[kLabelBytes];
   bool operator==(const Descriptor& o) const {
     return numbers == o.numbers && std::memcmp(label, o.label, kLabelBytes) == 0;
@@ -27,7 +27,8 @@ struct Descriptor {
 };
 
 Descriptor describe(const CollectiveInfo& i) {
-  Descriptor d{{int64_t(i.seq), int64_t(i.kind), int64_t(i.dtype), i.in_numel, i.out_numel, int64_t(i.op), i.root}, {}};
+  Descriptor d{{int64_t(i.seq), int64_t(i.kind), int64_t(i.dtype), i.in_numel, i.out_numel, int64_t(i.op), i.root,
+                int64_t(std::hash<std::string>{}(i.label) >> 1)}, {}};  // labels past kLabelBytes differ too
   std::strncpy(d.label, i.label.c_str(), kLabelBytes - 1);
   return d;
 }

@@ -4,6 +4,7 @@
 
 #include "dist/backend.h"
 #include "dist/check.h"
+#include "dist/config_check.h"
 #include "dist/dist.h"
 
 namespace weft::dist {
@@ -33,6 +34,10 @@ DeviceMesh::DeviceMesh(DeviceType device, std::vector<int> shape, std::vector<st
              ndim(), names_.size());
   WEFT_CHECK(ndim() == 1 || names_[0] != names_[1], "DeviceMesh: both dims are named '{}'", names_[0]);
 
+  // The same mesh on every rank, before the splits (a rank left out would wait in them for ever).
+  check_same_config({{"the mesh's device", device_type_name(device)}, {"the mesh's shape", shape_s},
+                     {"the mesh's dim names", fmt::format("{}", fmt::join(names_, ", "))}},
+                    "DeviceMesh", world(), "every rank must build the same meshes in the same order");
   int r = rank();
   coord_.resize(size_t(ndim()));
   for (int d = ndim() - 1, rest = r; d >= 0; --d) {

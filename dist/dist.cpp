@@ -68,9 +68,7 @@ bool parse_flag(const char* name, const char* text) {
   WEFT_ERROR("dist::init: {}='{}' is not a flag (use 1 or 0)", name, text);
 }
 
-}  // namespace
-
-void init() {
+void start_mpi() {
   State& s = state();
   std::lock_guard lock(s.mu);
   if (s.initialized) return;
@@ -120,6 +118,12 @@ void init() {
   detail::flight_start();
   detail::start_comm_thread(s.local_size);
   s.initialized = true;
+}
+}  // namespace
+
+void init() {
+  start_mpi();
+  world();  // made on every rank at once: later agreement checks (a DeviceMesh's) run on it, with a timeout
 }
 
 void finalize() {
@@ -184,10 +188,11 @@ std::shared_ptr<DeviceMesh> default_mesh(DeviceType device, const std::vector<in
     std::lock_guard lock(s.mu);
     if (auto& mesh = s.meshes[{device, dims}]; mesh && !mesh->group(0)->closed()) return mesh;
   }
-  detail::QuietEngine quiet;  // a new mesh splits communicators: the engine before s.mu, as in world()
+  // Built holding neither s.mu nor a quiet engine: it agrees on its shape with collectives first.
+  auto made = std::make_shared<DeviceMesh>(device, dims);
   std::lock_guard lock(s.mu);
   auto& mesh = s.meshes[{device, dims}];
-  if (!mesh || mesh->group(0)->closed()) mesh = std::make_shared<DeviceMesh>(device, dims);
+  if (!mesh || mesh->group(0)->closed()) mesh = made;
   return mesh;
 }
 

@@ -407,6 +407,7 @@ void ProgressEngine::run() {
 }
 
 void MpiWork::wait(double timeout_seconds) {
+  checked_timeout(timeout_seconds, "Work::wait");
   if (!is_completed()) progress_engine().drive_until_done(*this, timeout_seconds);
   if (error_) std::rethrow_exception(error_);
 }

@@ -71,6 +71,12 @@ std::string CollectiveInfo::str() const {
 
 void Work::wait() { wait(collective_timeout()); }
 
+double checked_timeout(double seconds, const char* what) {
+  WEFT_CHECK(seconds > 0 && seconds <= 1e9, "{}: a timeout of {} s is not above 0 and at most 1e9 (31 years; longer "
+             "would overflow the clock)", what, seconds);
+  return seconds;
+}
+
 ProcessGroup::ProcessGroup(std::string name, int rank, int size, std::vector<int> world_ranks)
     : name_(std::move(name)), rank_(rank), size_(size), world_ranks_(std::move(world_ranks)),
       id_(g_next_group_id.fetch_add(1)) {}

@@ -72,8 +72,9 @@ class Work {
   virtual ~Work() = default;
   // True once the collective has finished (or failed); never blocks.
   virtual bool is_completed() = 0;
-  // Blocks until done; throws weft::Error if the collective failed. Past the timeout (seconds;
-  // the default is dist::collective_timeout()) it prints the collective and aborts the job.
+  // Blocks until done; throws weft::Error if the collective failed. Past the timeout (seconds,
+  // above 0 and at most 1e9; the default is dist::collective_timeout()) it prints the
+  // collective and aborts the job.
   void wait();
   virtual void wait(double timeout_seconds) = 0;
   // Device backends (NCCL): makes the work queued from now on on the calling thread's current
@@ -145,5 +146,9 @@ class ProcessGroup {
 };
 
 using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
+
+// `seconds` when a wait can keep it as a timeout (above 0, at most 1e9: longer would overflow the
+// clock); else throws naming `what`. Each backend's Work::wait checks its argument with it.
+double checked_timeout(double seconds, const char* what);
 
 }  // namespace weft::dist

@@ -13,6 +13,9 @@
 namespace weft::nn {
 namespace {
 
+// The larger of two partial norms, NaN if either is (std::max(0, NaN) is 0: NaN gradients read as a zero norm).
+double max_nan(double a, double b) { return a > b || std::isnan(a) ? a : b; }
+
 // This process's share of a gradient's norm: max |g| (inf), or sum |g|^p in f64, which keeps
 // the result independent of how the elements are split over ranks up to rounding. Meta
 // gradients (a memory plan: shapes only) allocate what the real ones would and count 0.
@@ -77,7 +80,7 @@ double ordered_total(const std::vector<Tensor>& params, double p) {
       }
   double total = 0;
   for (const std::vector<double>& rows : rows_of)
-    for (double v : rows) total = inf ? std::max(total, v) : total + v;
+    for (double v : rows) total = inf ? max_nan(total, v) : total + v;
   return total;
 }
 
@@ -121,13 +124,13 @@ double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
     Tensor g = p.grad();
     if (!g.defined() || g.numel() == 0) continue;
     const double v = local_part(g, norm_type);
-    parts[i].value = inf ? std::max(parts[i].value, v) : parts[i].value + v;
+    parts[i].value = inf ? max_nan(parts[i].value, v) : parts[i].value + v;
   }
   double total = 0;
   for (Part& part : parts) {
     const double v = part.reduction ? part.reduction->reduce(part.value, inf ? PartialOp::max : PartialOp::sum)
                                     : part.value;
-    total = inf ? std::max(total, v) : total + v;
+    total = inf ? max_nan(total, v) : total + v;
   }
   return scale_grads(params, max_norm, norm_type, total);
 }

@@ -339,9 +339,18 @@ TEST_CASE("the always-on fingerprint check: mismatched calls throw on every rank
     CHECK_THROWS_WITH(g->all_reduce(x)->wait(), Contains("[module a]") && Contains("[module b]"));
     check_equal(x, std::vector<double>(2, 1.0), "the all-reduce's tensor after the check failed");
   }
+  if (g->size() > 1) {  // labels alike in their first 120 bytes (an FSDP module's path can be that long)
+    CollectiveLabel label(std::string(125, 'm') + (g->rank() == 0 ? "a" : "b"));
+    Tensor x = ones({2});
+    CHECK_THROWS_WITH(g->all_reduce(x)->wait(), Contains("issue different collectives"));  // had mixed the two
+    check_equal(x, std::vector<double>(2, 1.0), "the all-reduce's tensor after the long labels' check failed");
+  }
   // Matching calls pass, and the group is still in step.
   Tensor y = ones({2});
-  g->all_reduce(y)->wait();
+  auto work = g->all_reduce(y);
+  for (double bad : {1e30, 0.0, -1.0, std::nan("")})  // 1e30 had put the deadline in the past: the job aborted
+    CHECK_THROWS_WITH(work->wait(bad), Contains("Work::wait: a timeout of") && Contains("is not above 0 and at most 1e9"));
+  work->wait();
   check_equal(y, std::vector<double>(2, double(g->size())), "all_reduce after the check errors");
 }
 

@@ -81,3 +81,15 @@ TEST_CASE("bad meshes throw on every rank") {
   CHECK_THROWS_WITH(mesh.group(2), Contains("out of range"));
   CHECK(mesh.group("replicate")->size() == 1);
 }
+
+TEST_CASE("ranks that build different meshes stop on every rank, naming what differs") {
+  const int n = world_size();
+  if (n < 2) return;
+  // Rank 0 [1, n], the others [n, 1]: the splits had paired the wrong ranks (or waited for ever).
+  const std::vector<int> shape = rank() == 0 ? std::vector<int>{1, n} : std::vector<int>{n, 1};
+  CHECK_THROWS_WITH(DeviceMesh(DeviceType::cpu, shape), Contains("DeviceMesh: the ranks differ: the mesh's shape is [1, " +
+                                                                  std::to_string(n) + "] on rank 0"));
+  CHECK_THROWS_WITH(DeviceMesh(DeviceType::cpu, {n}, {rank() == 0 ? "shard" : "dp"}),
+                    Contains("the mesh's dim names is shard on rank 0") && Contains("every rank must build the same meshes"));
+  CHECK(DeviceMesh(DeviceType::cpu, {n}).group(0)->size() == n);  // the ranks are still in step
+}

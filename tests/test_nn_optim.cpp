@@ -282,4 +282,10 @@ TEST_CASE("clip_grad_norm_ returns the total norm and scales gradients") {
   CHECK(to_vector(b.grad())[0] == Approx(4.0 / (5 + 1e-6)));
   a.set_grad(from_vector({-7, 2}, {2}));
   CHECK(clip_grad_norm_({a, b}, 100.0, INFINITY) == Approx(7.0));
+  // A NaN gradient gives a NaN norm for every norm type (the max norm had dropped it: 0 for {nan, nan} and {3})
+  a.set_grad(from_vector({NAN, NAN}, {2}));
+  b.set_grad(from_vector({3}, {1}));
+  CHECK(std::isnan(clip_grad_norm_({a, b}, 100.0, INFINITY)));
+  CHECK(std::isnan(clip_grad_norm_({b, a}, 100.0, INFINITY)));
+  CHECK(std::isnan(clip_grad_norm_({a, b}, 100.0)));
 }
