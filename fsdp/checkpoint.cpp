@@ -5,6 +5,8 @@
 // when one fails is dist::agree's.
 #include "fsdp/checkpoint.h"
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <bit>
 #include <cstring>
@@ -180,6 +182,13 @@ std::string save_checkpoint(const std::string& dir, nn::Module& model, const nn:
   const fs::path tmp = fs::path(dir) / checkpoint_temp_dir(state.step);
   ShardedStateDict sd;
   std::map<std::string, std::string> aliases;
+  // One directory, step and progress: another directory per rank had published a checkpoint without
+  // some ranks' files, and only rank 0's progress is recorded.
+  const std::string progress = fmt::format("{} {}", fmt::join(state.data, ","), fmt::join(state.app, ","));
+  for (const dist::ProcessGroupPtr& g : sc.groups())
+    if (g) dist::check_same_config({{"the checkpoint directory", fs::absolute(dir).lexically_normal().string()},
+                                    {"the step", std::to_string(state.step)}, {"the progress", progress}},
+                                   "save_checkpoint", g, "every rank must save the same checkpoint");
   dist::agree(sc.groups(), "checkpoint: saving a checkpoint", [&] {
     WEFT_CHECK(!dir.empty(), "save_checkpoint: the directory is empty");
     WEFT_CHECK(state.step >= 0, "save_checkpoint: step {} is negative", state.step);

@@ -160,7 +160,8 @@ void FSDPState::validate_across_ranks() {
   for (FSDPState* s : states_)
     if (s->group)
       for (auto& p : s->group->params())
-        descs.push_back(fmt::format("{} {} {}", p->name(), shape_str(p->global_shape()), dtype_name(p->dtype())));
+        descs.push_back(fmt::format("{} {} {}, sharded on dim {}", p->name(), shape_str(p->global_shape()),
+                                    dtype_name(p->dtype()), p->shard_dim()));  // the dim: a shard_placement_fn's
   int world = pg->size();
   // Exchanged on the group's device (NCCL takes CUDA tensors only), read on the host.
   Device dev = pg->device();

@@ -4,11 +4,27 @@
 
 #include "core/copy.h"
 #include "core/grad_mode.h"
+#include "core/sha256.h"
+#include "dist/config_check.h"
 #include "dist/dist.h"
 #include "fsdp/state.h"
 
 namespace weft::fsdp {
 namespace {
+
+// Every rank must pass the same full dict (each takes its own slices from it): compared across the
+// world by a digest of the names, shapes, dtypes and bytes, so that different dicts stop every rank.
+void check_same_full_dict(const nn::NamedTensorList& full, const char* what) {
+  if (!dist::is_initialized() || dist::world_size() == 1) return;
+  std::string all;
+  for (auto& [k, t] : full) {
+    const Tensor c = t.defined() && !t.device().is_meta() ? t.to(kCPU).contiguous() : Tensor();
+    all += fmt::format("{} {} {} {}\n", k, t.defined() ? shape_str(t.shape()) : "undefined", t.defined() ?
+                       dtype_name(t.dtype()) : "", c.defined() ? sha256_hex(c.data_ptr(), c.nbytes()) : "");
+  }
+  dist::check_same_config({{"the full dict's digest", sha256_hex(all.data(), all.size())}}, fmt::format("fsdp: {}", what),
+                          nullptr, "every rank must pass the same full dict");
+}
 
 // Gathers each entry of a sharded state dict (a whole one is already full), one at a time.
 // `param_of(key)` names the FSDP parameter whose layout a sharded entry follows.
@@ -93,6 +109,7 @@ nn::NamedTensorList full_optimizer_state_dict(const nn::Optimizer& opt, nn::Modu
 void load_full_state_dict(nn::Module& model, const nn::NamedTensorList& full, const FSDPModule* root,
                           const std::map<std::string, std::string>& aliases) {
   const char* what = "load_full_state_dict";
+  check_same_full_dict(full, what);
   nn::check_state_entries(full, std::string("fsdp: ") + what);
   std::map<std::string, Tensor> given(full.begin(), full.end());
   auto expected = sharded_state_dict(model, root);
@@ -118,6 +135,7 @@ void load_full_state_dict(nn::Module& model, const nn::NamedTensorList& full, co
 
 void load_full_optimizer_state_dict(nn::Optimizer& opt, nn::Module& model, const nn::NamedTensorList& full,
                                     const FSDPModule* root) {
+  check_same_full_dict(full, "load_full_optimizer_state_dict");
   std::map<std::string, Tensor> params;
   for (auto& [name, t] : model.named_parameters()) params.emplace(name, t);
   nn::NamedTensorList local;

@@ -224,6 +224,12 @@ TEST_CASE("full state dicts: gathered like the single-process model, to every ra
   auto twice = full;
   twice.push_back(full[0]);
   CHECK_THROWS_WITH(fsdp::load_full_state_dict(*m2, twice, &root2), Contains("\"wte.weight\" is given twice"));
+  if (dist::world_size() > 1) {  // ranks passing different dicts (each takes its own slices) had loaded a mix
+    auto mine = clone_all(full);
+    if (dist::rank() == 1) mine[0].second = mine[0].second * 2.0;
+    CHECK_THROWS_WITH(fsdp::load_full_state_dict(*m2, mine, &root2),
+                      Contains("fsdp: load_full_state_dict: the ranks differ: the full dict's digest is"));
+  }
   check_same(fsdp::full_state_dict(*m2, &root2), full, "model after refused loads");
   // A separately saved copy of a tied weight (nanoGPT's lm_head.weight) is accepted when equal.
   fsdp::load_full_state_dict(*m2, extra, &root2, {{"lm_head.weight", "wte.weight"}});
@@ -390,6 +396,15 @@ TEST_CASE("bad checkpoints fail on every rank with the file and key, and change 
   train(*m, opt, 0, 1);
   const std::string good = fsdp::save_checkpoint(dir.string(), *m, &opt, &root, {.step = 1});
   const auto before = clone_all(fsdp::full_state_dict(*m, &root));
+  if (dist::world_size() > 1) {  // ranks saving to different directories, steps or positions stop together
+    const std::string mine = (dir / fmt::format("rank{}", dist::rank())).string();
+    CHECK_THROWS_WITH(fsdp::save_checkpoint(mine, *m, &opt, &root, {.step = 1}),  // had published a partial one
+                      Contains("save_checkpoint: the ranks differ: the checkpoint directory is"));
+    CHECK_THROWS_WITH(fsdp::save_checkpoint(dir.string(), *m, &opt, &root, {.step = 2 + dist::rank()}),
+                      Contains("the step is 2 on rank 0"));
+    CHECK_THROWS_WITH(fsdp::save_checkpoint(dir.string(), *m, &opt, &root, {.step = 2, .data = {{"batch", dist::rank()}}}),
+                      Contains("the progress is"));  // only rank 0's had been recorded
+  }
   const std::string last = fmt::format("rank_{:05d}.safetensors", dist::world_size() - 1);
 
   // Each case: a copy of the good checkpoint, damaged by rank 0; every rank must fail, each

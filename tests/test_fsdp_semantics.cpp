@@ -254,6 +254,14 @@ TEST_CASE("bad input: tied parameters split across groups, models that differ ac
       std::make_shared<nn::Linear>(4, dist::rank() == 1 ? 5 : 6)});
   fsdp::fully_shard(other);
   CHECK_THROWS_WITH((*other)(ones({2, 4})), Catch::Contains("ranks hold different models") && Catch::Contains("rank 1"));
+  // The same model sharded on another dim on one rank (a shard_placement_fn that reads the rank): each
+  // rank had trained its own wrong model.
+  auto placed = std::make_shared<nn::Sequential>(std::initializer_list<nn::ModulePtr>{std::make_shared<nn::Linear>(4, 4)});
+  fsdp::FullyShardOptions o;
+  o.shard_placement_fn = [](const std::string& name, const Tensor&) { return name == "0.weight" ? dist::rank() % 2 : 0; };
+  fsdp::fully_shard(placed, o);
+  CHECK_THROWS_WITH((*placed)(ones({2, 4})), Catch::Contains("ranks hold different models") &&
+                                                 Catch::Contains("sharded on dim"));
 }
 
 TEST_CASE("reshard_after_forward = 2: backward gathers within pairs of ranks") {
