@@ -15,7 +15,7 @@ budgets=(
   "autograd       2057  autograd"
   "nn             3132  nn"
   "dist           2598  dist"
-  "tp              767  tp"
+  "tp              779  tp"
   "fsdp           4964  fsdp"
   "apps          10563  apps"
 )
