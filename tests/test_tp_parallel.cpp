@@ -286,6 +286,17 @@ TEST_CASE("what cannot be split is refused on every rank, before anything change
     nn::Linear odd(8, 3 * P() + 1);
     CHECK_THAT(error_of([&] { tp::parallelize(odd, tp::colwise(), group(), "odd"); }),
                Contains("colwise odd: its out_features " + std::to_string(3 * P() + 1) + " do not divide over"));
+    // Ranks with different plans had split different layers (different wrong outputs); a refusal on one
+    // rank had left the others to the collective timeout.
+    auto differ = seeded_llama<nn::Llama>(small_llama(), 4);
+    const std::string layer = fmt::format("model.layers.{}.self_attn.q_proj", dist::rank() == 0 ? 0 : 1);
+    CHECK_THAT(error_of([&] { tp::parallelize_module(*differ, group(), {{layer, tp::colwise()}}); }),
+               Contains("tp: parallelize_module: the ranks differ: the plan is model.layers.0.self_attn.q_proj"));
+    nn::Sequential one;
+    one.push_back(std::make_shared<nn::Linear>(8, dist::rank() == 0 ? 3 * P() + 1 : 3 * P()));
+    CHECK_THAT(error_of([&] { tp::parallelize_module(one, group(), {{"0", tp::colwise()}}); }),
+               Contains(dist::rank() == 0 ? "do not divide over" : "tp: parallelize_module failed on another rank"));
+    CHECK(one.named_parameters()[0].second.size(0) == (dist::rank() == 0 ? 3 * P() + 1 : 3 * P()));  // unchanged
   }
 }
 

@@ -10,6 +10,8 @@
 #include "autograd/ops.h"
 #include "core/error.h"
 #include "core/partial_reduction.h"
+#include "dist/agree.h"
+#include "dist/config_check.h"
 #include "nn/layers.h"
 #include "tp/collectives.h"
 #include "tp/split.h"
@@ -199,20 +201,30 @@ void parallelize(nn::Module& m, const Style& style, const dist::ProcessGroupPtr&
 }
 
 void parallelize_module(nn::Module& root, const dist::ProcessGroupPtr& group, const ParallelPlan& plan) {
-  // Every entry is checked against every match before any module changes.
+  // One plan on every rank of the group (different plans had split different layers, silently).
+  std::string described;
+  for (const auto& [pattern, st] : plan)
+    described += fmt::format("{} {}{}{}{}{}; ", pattern, int(st.weights), int(st.input), int(st.output), st.sum_gradients,
+                             st.chunks);
+  const std::vector<dist::ProcessGroupPtr> groups = {group->device().is_meta() ? nullptr : group};  // a plan's fake one
+  if (groups[0]) dist::check_same_config({{"the plan", described}}, "tp: parallelize_module", group,
+                                         "every rank of the group must split the model with the same plan");
+  // Every entry is checked against every match before any module changes; a refusal stops every rank.
   std::vector<std::tuple<nn::Module*, Style>> todo;
   const auto modules = root.named_modules();
-  for (const auto& [pattern, style] : plan) {
-    const size_t before = todo.size();
-    for (const auto& [path, m] : modules) {
-      if (path.empty() || !matches(pattern, path)) continue;
-      check(*m, style, group, path, "plan entry '" + pattern + "'");
-      for (const auto& done : todo)
-        WEFT_CHECK(std::get<0>(done) != m.get(), "tp: {} is matched by two plan entries (the second: '{}')", path, pattern);
-      todo.emplace_back(m.get(), style);
+  dist::agree(groups, "tp: parallelize_module", [&] {
+    for (const auto& [pattern, style] : plan) {
+      const size_t before = todo.size();
+      for (const auto& [path, m] : modules) {
+        if (path.empty() || !matches(pattern, path)) continue;
+        check(*m, style, group, path, "plan entry '" + pattern + "'");
+        for (const auto& done : todo)
+          WEFT_CHECK(std::get<0>(done) != m.get(), "tp: {} is matched by two plan entries (the second: '{}')", path, pattern);
+        todo.emplace_back(m.get(), style);
+      }
+      WEFT_CHECK(todo.size() > before, "tp: plan entry '{}' matches no module of {}", pattern, root.type_name());
     }
-    WEFT_CHECK(todo.size() > before, "tp: plan entry '{}' matches no module of {}", pattern, root.type_name());
-  }
+  });
   for (auto& [m, style] : todo) apply(*m, style, group);
 }
 
