@@ -77,9 +77,10 @@ Tensor from_doubles(const Shape& shape, TensorOptions opts, Fill&& fill) {
 
 Tensor arange(double start, double end, double step, TensorOptions opts) {
   WEFT_CHECK(step != 0, "arange: step must be non-zero");
-  WEFT_CHECK((end - start) / step >= 0 && (end - start) / step < 0x1p62, "arange: range [{}, {}) with step {} does not "
-             "hold 0 to 2^62 elements (it runs in the wrong direction, or is not finite)", start, end, step);
-  int64_t n = int64_t(std::ceil((end - start) / step));
+  const double count = (end - start) / step;
+  WEFT_CHECK(count >= 0 && count < 0x1p62, "arange: range [{}, {}) with step {} does not hold 0 to 2^62 elements (it "
+             "runs in the wrong direction, or is not finite)", start, end, step);
+  const int64_t n = int64_t(std::ceil(count));
   return from_doubles({n}, opts, [&](int64_t i) { return start + double(i) * step; });
 }
 

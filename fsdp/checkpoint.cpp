@@ -50,6 +50,10 @@ struct Scope {
   bool lead() const { return writer() && shard == 0 && part == 0; }        // writes the index
   // What a dist::agree over every rank reduces over (none: this process alone).
   std::vector<dist::ProcessGroupPtr> groups() const { return {shard_group, replicate_group, part_group}; }
+  // The same settings on every rank the call spans (dist::check_same_config over each group).
+  void check_same(const dist::ConfigSettings& settings, std::string_view program, std::string_view rule) const {
+    for (const dist::ProcessGroupPtr& g : groups()) if (g) dist::check_same_config(settings, program, g, rule);
+  }
   // Whether this rank writes its piece `p`: split pieces by every part, the others by part 0.
   bool writes(const Placement& p) const {
     return writer() && (p.split.split() || part == 0) && (p.dim < 0 ? shard == 0 : p.length > 0);
@@ -185,10 +189,9 @@ std::string save_checkpoint(const std::string& dir, nn::Module& model, const nn:
   // One directory, step and progress: another directory per rank had published a checkpoint without
   // some ranks' files, and only rank 0's progress is recorded.
   const std::string progress = fmt::format("{} {}", fmt::join(state.data, ","), fmt::join(state.app, ","));
-  for (const dist::ProcessGroupPtr& g : sc.groups())
-    if (g) dist::check_same_config({{"the checkpoint directory", fs::absolute(dir).lexically_normal().string()},
-                                    {"the step", std::to_string(state.step)}, {"the progress", progress}},
-                                   "save_checkpoint", g, "every rank must save the same checkpoint");
+  sc.check_same({{"the checkpoint directory", fs::absolute(dir).lexically_normal().string()},
+                 {"the step", std::to_string(state.step)}, {"the progress", progress}},
+                "save_checkpoint", "every rank must save the same checkpoint");
   dist::agree(sc.groups(), "checkpoint: saving a checkpoint", [&] {
     WEFT_CHECK(!dir.empty(), "save_checkpoint: the directory is empty");
     WEFT_CHECK(state.step >= 0, "save_checkpoint: step {} is negative", state.step);
@@ -323,9 +326,8 @@ CheckpointProgress load_checkpoint(const std::string& path, nn::Module& model, n
   });
 
   // A path that holds other checkpoints on other hosts (node-local disks) would load a mix of them.
-  for (const dist::ProcessGroupPtr& g : sc.groups())
-    if (g) dist::check_same_config({{"the checkpoint read", read}}, "checkpoint", g, "every rank must read the same "
-                                   "checkpoint: the path holds another one on some rank's host");
+  sc.check_same({{"the checkpoint read", read}}, "checkpoint", "every rank must read the same checkpoint: the path "
+                "holds another one on some rank's host");
   // The optimizer first: its own checks (groups, options) may still fail on some rank, and
   // then every rank puts back what it had.
   if (opt && have_optim) {

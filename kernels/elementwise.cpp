@@ -46,14 +46,7 @@ bool float_only(BinaryOp op) {
 // A scalar that fits an integer tensor's arithmetic without turning it into f32.
 bool is_integral_scalar(double s) { return std::trunc(s) == s && std::fabs(s) < 9.2e18; }
 // Whether the integral scalar s is a value of the integer dtype dt.
-bool fits(DType dt, double s) {
-  switch (dt) {
-    case DType::i32: return s >= -2147483648.0 && s <= 2147483647.0;
-    case DType::u8: return s >= 0 && s <= 255;
-    case DType::bool_: return s == 0 || s == 1;
-    default: return true;
-  }
-}
+bool fits(DType dt, double s) { return dt == DType::bool_ ? s == 0 || s == 1 : scalar_fits(s, dt); }
 
 // Ops that integer tensors support (bool tensors only take logical_not).
 bool unary_takes_integers(UnaryOp op) {

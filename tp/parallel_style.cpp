@@ -204,8 +204,8 @@ void parallelize_module(nn::Module& root, const dist::ProcessGroupPtr& group, co
   // One plan on every rank of the group (different plans had split different layers, silently).
   std::string described;
   for (const auto& [pattern, st] : plan)
-    described += fmt::format("{} {}{}{}{}{}; ", pattern, int(st.weights), int(st.input), int(st.output), st.sum_gradients,
-                             st.chunks);
+    described += fmt::format("{} {} {} {} {} {}; ", pattern, int(st.weights), int(st.input), int(st.output),
+                             st.sum_gradients, st.chunks);
   const std::vector<dist::ProcessGroupPtr> groups = {group->device().is_meta() ? nullptr : group};  // a plan's fake one
   if (groups[0]) dist::check_same_config({{"the plan", described}}, "tp: parallelize_module", group,
                                          "every rank of the group must split the model with the same plan");
