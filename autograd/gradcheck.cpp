@@ -21,12 +21,15 @@ double weighted_sum(const Tensor& y, const std::vector<double>& v) {
 GradcheckResult gradcheck(const std::function<Tensor(const TensorList&)>& fn, const TensorList& inputs,
                           GradcheckOptions opts) {
   WEFT_CHECK(opts.eps > 0 && opts.eps < HUGE_VAL, "gradcheck: eps must be a finite number > 0, got {}", opts.eps);
-  for (const Tensor& t : inputs) {
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& t = inputs[i];
+    WEFT_CHECK(t.defined(), "gradcheck: input {} is an undefined tensor", i);
     WEFT_CHECK(t.dtype() == DType::f64, "gradcheck: inputs must be f64, got {}", tensor_desc(t));
     WEFT_CHECK(t.is_leaf(), "gradcheck: inputs must be leaves, got {}", tensor_desc(t));
   }
   for (const Tensor& t : inputs) if (t.requires_grad()) t.set_grad(Tensor());
   Tensor y = fn(inputs);
+  WEFT_CHECK(y.defined(), "gradcheck: the function returned an undefined tensor");
   Generator gen(opts.seed);
   std::vector<double> v(size_t(y.numel()));
   for (double& x : v) x = gen.uniform() * 2 - 1;

@@ -61,6 +61,18 @@ std::pair<int64_t, int64_t> byte_span(const Tensor& t) {
   return {t.offset() * int64_t(t.element_size()), (last + 1) * int64_t(t.element_size()) - 1};
 }
 
+// A floating tensor cast to an integer dtype: every value must be one the integer type holds
+// (C++ leaves NaN, infinities and the out-of-range undefined); an error names the first that is not.
+void check_int_cast(const Tensor& dst, const Tensor& src) {
+  if (!is_floating(src.dtype()) || !is_integral(dst.dtype()) || dst.dtype() == DType::bool_) return;
+  const Tensor v = src.to(Device::cpu(), DType::f64).contiguous();  // a device's values read on the host
+  const double* p = static_cast<const double*>(v.data_ptr());
+  for (int64_t i = 0; i < v.numel(); ++i)
+    WEFT_CHECK(scalar_fits(p[i], dst.dtype()), "cast {} -> {}: element {} of {} is {}, which {} cannot hold (NaN, an "
+               "infinity or out of its range)", dtype_name(src.dtype()), dtype_name(dst.dtype()), i, tensor_desc(src),
+               p[i], dtype_name(dst.dtype()));
+}
+
 }  // namespace
 
 void register_device_copy(DeviceType type, DeviceCopyFn fn) { g_device_copy[int(type)] = fn; }
@@ -75,6 +87,7 @@ void copy_elements(const Tensor& dst, const Tensor& src) {
   WEFT_CHECK(!dst.device().is_meta() && !src.device().is_meta(),
              "copy: {} to {}: a tensor on the meta device has no data (deferred initialisation: materialise it with "
              "nn::materialize or fsdp::fully_shard its module first)", tensor_desc(src), tensor_desc(dst));
+  check_int_cast(dst, src);
   if (dst.device().is_cpu() && src.device().is_cpu()) {
     std::optional<op_profiler::Span> span;
     if (op_profiler::wanted()) span.emplace(copy_name(dst, src), 0.0, copy_bytes(dst, src));

@@ -131,7 +131,8 @@ double Tensor::item() const {
 
 // ---------------------------------------------------------------- in-place fills
 
-// Every public in-place write starts here: refused into a tensor autograd tracks, counted in its storage's version.
+// Every public in-place write starts here once its arguments are checked: refused into a tensor
+// autograd tracks, counted in its storage's version (a refused call leaves the version as it was).
 static void start_inplace(const Tensor& t, const char* op) {
   WEFT_CHECK(!(GradMode::is_enabled() && t.requires_grad()), "{}: {} requires grad and cannot be written in place "
              "while grad mode is on: autograd does not record in-place writes (use NoGradGuard, or a new tensor)", op,
@@ -141,8 +142,8 @@ static void start_inplace(const Tensor& t, const char* op) {
 
 Tensor& Tensor::fill_(double value) {
   check_defined("fill_");
-  start_inplace(*this, "fill_");
   WEFT_CHECK(scalar_fits(value, dtype()), "fill_: {} cannot hold {}", tensor_desc(*this), value);
+  start_inplace(*this, "fill_");
   if (device().is_meta()) {
     record_fill(*this, {.kind = FillRule::Kind::constant, .a = value}, "fill_");
     return *this;
@@ -181,18 +182,20 @@ void Tensor::random_fill(FillRule rule, Generator* gen, const char* op) {
 
 Tensor& Tensor::uniform_(double low, double high, Generator* gen) {
   check_defined("uniform_");
-  start_inplace(*this, "uniform_");
   WEFT_CHECK(is_floating(dtype()), "uniform_: expects a floating tensor, got {}", tensor_desc(*this));
-  WEFT_CHECK(low <= high, "uniform_: low {} > high {}", low, high);
+  WEFT_CHECK(std::isfinite(low) && std::isfinite(high) && low <= high, "uniform_: needs finite low <= high, got [{}, {}]",
+             low, high);
+  start_inplace(*this, "uniform_");
   random_fill({.kind = FillRule::Kind::uniform, .a = low, .b = high}, gen, "uniform_");
   return *this;
 }
 
 Tensor& Tensor::normal_(double mean, double std, Generator* gen) {
   check_defined("normal_");
-  start_inplace(*this, "normal_");
   WEFT_CHECK(is_floating(dtype()), "normal_: expects a floating tensor, got {}", tensor_desc(*this));
-  WEFT_CHECK(std >= 0, "normal_: std must be non-negative, got {}", std);
+  WEFT_CHECK(std::isfinite(mean) && std::isfinite(std) && std >= 0, "normal_: needs a finite mean and a finite std >= "
+             "0, got mean {} std {}", mean, std);
+  start_inplace(*this, "normal_");
   random_fill({.kind = FillRule::Kind::normal, .a = mean, .b = std}, gen, "normal_");
   return *this;
 }

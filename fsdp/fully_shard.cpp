@@ -284,6 +284,7 @@ Tensor FSDPModule::full_tensor(const std::string& name) const { return gather_sh
 
 Tensor FSDPModule::gather_shard(const std::string& name, const Tensor& local) const {
   const FSDPParam& p = find_param(name);
+  WEFT_CHECK(local.defined(), "fsdp: gather_shard of {}: the local tensor is undefined", name);
   WEFT_CHECK(local.shape() == p.sharded().shape(), "fsdp: gather_shard of {}: tensor {} is not shaped like the shard {}",
              name, tensor_desc(local), shape_str(p.sharded().shape()));
   auto pg = state_->mesh->group(state_->mesh->ndim() - 1);

@@ -97,8 +97,13 @@ SummonFullParams::SummonFullParams(const FSDPModule& module, SummonOptions optio
         held_[it->second].slots.push_back(&m->parameter_slot(pname));
   for (auto& s : states_) {
     summoned().insert(s.get());
-    // Registered after fully_shard's own hooks, so these run after its pre- and post-forward.
+    // Registered after fully_shard's own hooks, so these run after its pre- and post-forward;
+    // the first runs before them, while the slots still hold what the caller left there.
     for (nn::Module* member : s->modules()) {
+      hooks_.push_back(member->register_forward_pre_hook([this](nn::Module&, const TensorList&) {
+        if (!forward_starter_) adopt_replacements();
+        return std::optional<TensorList>();
+      }, /*prepend=*/true));
       hooks_.push_back(member->register_forward_pre_hook([this](nn::Module& m, const TensorList&) {
         before_forward(m);
         return std::optional<TensorList>();
@@ -116,12 +121,13 @@ SummonFullParams::SummonFullParams(const FSDPModule& module, SummonOptions optio
   point_slots_at_full();
 }
 
+// A failed exit is tried again without the writeback, so the module is not left holding full tensors.
 SummonFullParams::~SummonFullParams() {
-  try {
-    exit();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "fsdp::SummonFullParams: error while restoring the shards: %s\n", e.what());
-  }
+  for (int attempt = 0; attempt < 2 && active_; ++attempt, opts_.writeback = false) try {
+      exit();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "fsdp::SummonFullParams: error while restoring the shards: %s\n", e.what());
+    }
 }
 
 void SummonFullParams::point_slots_at_full() {
@@ -130,7 +136,27 @@ void SummonFullParams::point_slots_at_full() {
       for (Tensor* slot : h.slots) *slot = h.full;
 }
 
+// A parameter replaced inside the guard (set_parameter, a module's to()) rather than edited in
+// place: its values become the full tensor's, so they reach the shards as an in-place edit
+// would (a different dtype is converted to the parameter's); a different shape is an error.
+void SummonFullParams::adopt_replacements() {
+  NoGradGuard no_grad;
+  for (auto& h : held_) {
+    if (!h.full.defined()) continue;
+    for (Tensor* slot : h.slots) {
+      const bool fsdp_own = slot->defined() && (slot->is_same(h.param->sharded()) || slot->is_same(h.param->unsharded()));
+      if (slot->is_same(h.full) || fsdp_own) continue;  // a forward inside the guard swaps in FSDP's own tensors
+      WEFT_CHECK(slot->defined() && slot->shape() == h.full.shape(), "fsdp::SummonFullParams: parameter {} was "
+                 "replaced inside the guard by {}, not a tensor of its full shape {}: its shards cannot take it",
+                 h.param->name(), slot->defined() ? tensor_desc(*slot) : "an undefined tensor", shape_str(h.full.shape()));
+      h.full.detach().copy_(*slot);
+      *slot = h.full;
+    }
+  }
+}
+
 void SummonFullParams::writeback_to_shards() {
+  adopt_replacements();
   NoGradGuard no_grad;
   for (auto& h : held_)
     if (h.full.defined()) h.param->load_full(h.full);  // this rank's chunk; padding stays zero
@@ -160,6 +186,7 @@ void SummonFullParams::before_forward(nn::Module& m) {
 
 void SummonFullParams::exit() {
   if (!active_) return;
+  if (opts_.writeback) adopt_replacements();  // a refused replacement leaves the guard as it was
   active_ = false;
   for (auto& h : hooks_) h.remove();
   hooks_.clear();

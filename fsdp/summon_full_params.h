@@ -9,7 +9,8 @@
 //     model->fc1->weight.fill_(0.5);                      // persists into the shards
 //   }
 //
-// Not inside forward or backward, nor between them (the error says so). A forward of a sharded
+// A parameter replaced inside the guard (set_parameter, to(dtype)) counts as an edit of the same
+// shape. Not inside forward or backward, nor between them (the error says so). A forward of a sharded
 // module inside the guard runs under NoGradGuard only (evaluation): edits reach the shards
 // first, and the parameters are the full tensors again afterwards.
 #pragma once
@@ -45,6 +46,7 @@ class SummonFullParams {
     std::vector<Tensor*> slots;  // every module slot of the parameter (tied ones have several)
   };
   void point_slots_at_full();
+  void adopt_replacements();
   void writeback_to_shards();
   void before_forward(nn::Module& m);
 

@@ -2,25 +2,7 @@
 
 namespace weft::nn {
 
-Sequential::Sequential(std::initializer_list<ModulePtr> modules) : Module("Sequential") {
-  for (auto& m : modules) push_back(m);
-}
-
-Sequential& Sequential::push_back(ModulePtr m) {
-  register_module(std::to_string(items_.size()), m);
-  items_.push_back(std::move(m));
-  return *this;
-}
-
-TensorList Sequential::forward(const TensorList& inputs) {
-  TensorList x = inputs;
-  for (auto& m : items_) x = (*m)(x);
-  return x;
-}
-
-Tensor Sequential::forward(const Tensor& x) { return forward(TensorList{x}).at(0); }
-
-ModuleList::ModuleList(std::initializer_list<ModulePtr> modules) : Module("ModuleList") {
+ModuleList::ModuleList(std::initializer_list<ModulePtr> modules, std::string type_name) : Module(std::move(type_name)) {
   for (auto& m : modules) push_back(m);
 }
 
@@ -28,6 +10,25 @@ ModuleList& ModuleList::push_back(ModulePtr m) {
   register_module(std::to_string(items_.size()), m);
   items_.push_back(std::move(m));
   return *this;
+}
+
+const ModulePtr& ModuleList::operator[](size_t i) const {
+  WEFT_CHECK(i < items_.size(), "{}[{}]: index out of range for a {} of {} module{}", type_name(), i, type_name(),
+             items_.size(), items_.size() == 1 ? "" : "s");
+  return items_[i];
+}
+
+TensorList Sequential::forward(const TensorList& inputs) {
+  TensorList x = inputs;
+  for (auto& m : *this) x = (*m)(x);
+  return x;
+}
+
+Tensor Sequential::forward(const Tensor& x) {
+  TensorList y = forward(TensorList{x});
+  WEFT_CHECK(y.size() == 1, "Sequential::forward(Tensor): its last module returned {} tensors, not one: call "
+             "forward(TensorList) instead", y.size());
+  return y[0];
 }
 
 }  // namespace weft::nn

@@ -1,4 +1,4 @@
-// nn: containers. Sequential chains its children's forwards; ModuleList only holds them.
+// nn: containers. ModuleList holds its children in order; Sequential also chains their forwards.
 #pragma once
 #include <initializer_list>
 
@@ -6,34 +6,32 @@
 
 namespace weft::nn {
 
-class Sequential : public Module {
- public:
-  Sequential() : Module("Sequential") {}
-  Sequential(std::initializer_list<ModulePtr> modules);
-  // Appends a child named by its position ("0", "1", ...).
-  Sequential& push_back(ModulePtr m);
-  TensorList forward(const TensorList& inputs) override;
-  Tensor forward(const Tensor& x) override;
-  size_t size() const { return items_.size(); }
-  const ModulePtr& operator[](size_t i) const { return items_.at(i); }
-
- private:
-  std::vector<ModulePtr> items_;
-};
-
 class ModuleList : public Module {
  public:
-  ModuleList() : Module("ModuleList") {}
-  ModuleList(std::initializer_list<ModulePtr> modules);
+  ModuleList(std::initializer_list<ModulePtr> modules = {}, std::string type_name = "ModuleList");
+  // Appends a child named by its position ("0", "1", ...).
   ModuleList& push_back(ModulePtr m);
   size_t size() const { return items_.size(); }
-  const ModulePtr& operator[](size_t i) const { return items_.at(i); }
-  template <class M> std::shared_ptr<M> at(size_t i) const { return std::dynamic_pointer_cast<M>(items_.at(i)); }
+  // Out of range is an error naming the index and the size.
+  const ModulePtr& operator[](size_t i) const;
+  // The child as M; an error naming the index where it is not an M.
+  template <class M> std::shared_ptr<M> at(size_t i) const {
+    auto m = std::dynamic_pointer_cast<M>((*this)[i]);
+    WEFT_CHECK(m, "ModuleList::at<M>({}): the module there is a {}, not the type asked for", i, items_[i]->type_name());
+    return m;
+  }
   auto begin() const { return items_.begin(); }
   auto end() const { return items_.end(); }
 
  private:
   std::vector<ModulePtr> items_;
+};
+
+class Sequential : public ModuleList {
+ public:
+  Sequential(std::initializer_list<ModulePtr> modules = {}) : ModuleList(modules, "Sequential") {}
+  TensorList forward(const TensorList& inputs) override;
+  Tensor forward(const Tensor& x) override;
 };
 
 }  // namespace weft::nn

@@ -13,6 +13,14 @@
 
 namespace weft::nn {
 
+void check_lora_values(const LoRAOptions& o, const std::string& where) {
+  WEFT_CHECK(o.rank >= 1, "{}: rank must be >= 1 (peft's \"r\"), got {}", where, o.rank);
+  WEFT_CHECK(std::isfinite(o.alpha) && o.alpha > 0, "{}: alpha must be a finite number > 0 (peft's "
+             "\"lora_alpha\"), got {}", where, o.alpha);
+  WEFT_CHECK(o.dropout >= 0 && o.dropout < 1, "{}: dropout must be in [0, 1) (peft's \"lora_dropout\"), got {}", where,
+             o.dropout);
+}
+
 namespace {
 
 bool names_target(const std::string& module_name, const std::string& target) {
@@ -31,9 +39,7 @@ std::string linear_names(const std::vector<std::pair<std::string, ModulePtr>>& m
 }
 
 void check_options(Module& model, const LoRAOptions& o) {
-  WEFT_CHECK(o.rank >= 1, "apply_lora: rank must be >= 1, got {}", o.rank);
-  WEFT_CHECK(std::isfinite(o.alpha) && o.alpha > 0, "apply_lora: alpha must be a finite number > 0, got {}", o.alpha);
-  WEFT_CHECK(o.dropout >= 0 && o.dropout < 1, "apply_lora: dropout must be in [0, 1), got {}", o.dropout);
+  check_lora_values(o, "apply_lora");
   WEFT_CHECK(!o.targets.empty(), "apply_lora: no target modules given (e.g. q_proj, v_proj)");
   for (auto& [name, m] : model.named_modules())
     WEFT_CHECK(!m->extension(), "apply_lora: fully_shard was applied to '{}' already; apply LoRA to the model first, "

@@ -26,6 +26,10 @@ struct LoRAOptions {
   double scale() const { return alpha / double(rank); }
 };
 
+// rank >= 1, a finite alpha > 0 and dropout in [0, 1); else an error naming `where` and the field
+// (with peft's name for it, as adapter_config.json spells it).
+void check_lora_values(const LoRAOptions& o, const std::string& where);
+
 // Adds adapters to every Linear the targets name and freezes every other parameter. Adapters
 // take the dtype and device of the weight they adapt; on a meta (deferred) model they are meta
 // too, with their init rules recorded. Returns the adapted modules' dotted names. Errors, each

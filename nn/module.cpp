@@ -269,9 +269,9 @@ void Module::zero_grad(bool set_to_none) {
   }
 }
 
-HookHandle Module::register_forward_pre_hook(ForwardPreHook hook) {
+HookHandle Module::register_forward_pre_hook(ForwardPreHook hook, bool prepend) {
   uint64_t id = hooks_->next_id++;
-  hooks_->pre.emplace_back(id, std::move(hook));
+  hooks_->pre.emplace(prepend ? hooks_->pre.begin() : hooks_->pre.end(), id, std::move(hook));
   return HookHandle([weak = std::weak_ptr<Hooks>(hooks_), id] {
     if (auto h = weak.lock()) std::erase_if(h->pre, [id](auto& e) { return e.first == id; });
   });

@@ -124,8 +124,8 @@ class Module : public std::enable_shared_from_this<Module> {
   bool activation_checkpointing() const { return checkpointing_ != Checkpointing::none; }
   Checkpointing checkpointing() const { return checkpointing_; }
 
-  // ---- hooks, run on every call in registration order
-  HookHandle register_forward_pre_hook(ForwardPreHook hook);
+  // ---- hooks, run on every call in registration order (prepend: before those registered so far)
+  HookHandle register_forward_pre_hook(ForwardPreHook hook, bool prepend = false);
   HookHandle register_forward_hook(ForwardHook hook);
   bool has_forward_hooks() const { return !hooks_->pre.empty() || !hooks_->post.empty(); }
 

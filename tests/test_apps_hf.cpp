@@ -608,10 +608,9 @@ TEST_CASE("peft adapters weft cannot reproduce are errors naming the field") {
   write("base_model_name_or_path", "/nowhere/llama");
   CHECK_THROWS_WITH(apps::read_peft_adapter(dir), Contains("is \"/nowhere/llama\", which is not a Hugging Face model"));
   write("r", 0);
-  CHECK_THROWS_WITH(apps::read_peft_adapter(dir), Contains("\"r\" must be >= 1, \"lora_alpha\" > 0 and \"lora_dropout\" "
-                                                           "in [0, 1), got 0, 8 and 0"));
+  CHECK_THROWS_WITH(apps::read_peft_adapter(dir), Contains("adapter_config.json: rank must be >= 1 (peft's \"r\"), got 0"));
   write("lora_alpha", -2);
-  CHECK_THROWS_WITH(apps::read_peft_adapter(dir), Contains("got 4, -2 and 0"));
+  CHECK_THROWS_WITH(apps::read_peft_adapter(dir), Contains("alpha must be a finite number > 0 (peft's \"lora_alpha\"), got -2"));
   write("lora_dropout", "0.1");
   CHECK_THROWS_WITH(apps::read_peft_adapter(dir), Contains("\"lora_dropout\" is \"0.1\", not a number"));
   write("task_type", "SEQ_CLS");

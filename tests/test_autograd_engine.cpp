@@ -106,6 +106,10 @@ TEST_CASE("backward refuses to read an input written in place after the forward 
   Tensor z3 = sum(x * w);
   z3.backward();
   CHECK(vec(x.grad()) == std::vector<double>{2, 2, 2});
+  Tensor z4 = sum(x * w);  // a refused write writes nothing, so it leaves the forward's input valid
+  CHECK_THROWS_WITH(w.uniform_(0, INFINITY), Catch::Contains("uniform_: needs finite low <= high, got [0, inf]"));
+  CHECK_THROWS_WITH(w.normal_(NAN, 1), Catch::Contains("normal_: needs a finite mean"));
+  CHECK_NOTHROW(z4.backward());
 }
 
 TEST_CASE("tensor hooks fire in backward order and may replace gradients") {

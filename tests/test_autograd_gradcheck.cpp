@@ -182,3 +182,13 @@ TEST_CASE("gradcheck: conv2d and max_pool2d") {
   expect_ok([](const TensorList& x) { return max_pool2d(x[0], 2); }, {img});
   expect_ok([](const TensorList& x) { return max_pool2d(x[0], 3, 1, 1); }, {img});
 }
+
+TEST_CASE("gradcheck names its bad arguments") {
+  using Catch::Contains;
+  auto id = [](const TensorList& in) { return in[0] * 2.0; };
+  CHECK_THROWS_WITH(gradcheck(id, {Tensor()}), Contains("gradcheck: input 0 is an undefined tensor"));
+  CHECK_THROWS_WITH(gradcheck(id, {leaf({2}).to(kFloat32)}), Contains("gradcheck: inputs must be f64"));
+  CHECK_THROWS_WITH(gradcheck(id, {leaf({2})}, {.eps = 0}), Contains("eps must be a finite number > 0, got 0"));
+  CHECK_THROWS_WITH(gradcheck([](const TensorList&) { return Tensor(); }, {leaf({2})}),
+                    Contains("gradcheck: the function returned an undefined tensor"));
+}

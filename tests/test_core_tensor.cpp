@@ -85,7 +85,20 @@ TEST_CASE("a scalar written into an integer tensor must be a number the dtype ho
   CHECK_THROWS_WITH(from_vector({1, NAN}, {2}, {.dtype = kInt64}), Contains("factory: element 1 is nan, which i64 cannot hold"));
   CHECK(to_vector(full({2}, -2147483648.0, {.dtype = kInt32})) == std::vector<double>{-2147483648.0, -2147483648.0});
   CHECK(to_vector(full({1}, 255.9, {.dtype = DType::u8})) == std::vector<double>{255});
-  CHECK(to_vector(full({1}, NAN)).front() != 0);  // floats hold anything
+  CHECK(std::isnan(to_vector(full({1}, NAN)).front()));  // floats hold anything
+}
+
+TEST_CASE("a floating tensor cast to an integer dtype must hold only values that dtype can") {
+  CHECK_THROWS_WITH(from_vector({1, 2, NAN}, {3}).to(kInt64), Contains("cast f32 -> i64: element 2 of f32[3] on cpu is nan"));
+  CHECK_THROWS_WITH(from_vector({INFINITY}, {1}).to(kInt32), Contains("element 0 of f32[1] on cpu is inf, which i32 cannot"));
+  CHECK_THROWS_WITH(from_vector({3e9}, {1}, {.dtype = DType::f64}).to(kInt32), Contains("is 3000000000, which i32"));
+  CHECK_THROWS_WITH(from_vector({-1.0}, {1}).to(DType::bf16).to(DType::u8), Contains("cast bf16 -> u8: element 0"));
+  Tensor dst = zeros({2}, {.dtype = kInt64});  // copy_ checks before it writes
+  CHECK_THROWS_WITH(dst.copy_(from_vector({7, NAN}, {2})), Contains("element 1"));
+  CHECK(to_vector(dst) == std::vector<double>{0, 0});
+  CHECK(to_vector(from_vector({-2.7, 2147483647.0}, {2}, {.dtype = DType::f64}).to(kInt32)) ==
+        std::vector<double>{-2, 2147483647});  // truncated toward zero, as C++ and torch do
+  CHECK(to_vector(from_vector({NAN, 0}, {2}).to(DType::bool_)) == std::vector<double>{1, 0});  // NaN != 0: true
 }
 
 TEST_CASE("from_blob names a null pointer or a negative size") {

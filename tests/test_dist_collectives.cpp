@@ -381,7 +381,7 @@ TEST_CASE("bad input is a clear error naming the op and the tensors") {
   CHECK_THROWS_WITH(g->all_reduce(cuda), Contains("cuda:0") && Contains("MPI backend takes CPU tensors"));
   CHECK_THROWS_WITH(g->all_gather_into_tensor(zeros({p * 4}), cuda), Contains("in is f32[4] on cuda:0"));
   CHECK(g->num_collectives() == before);  // nothing was issued, so the ranks stay in step
-  CHECK_THROWS_WITH(set_collective_timeout(-1), Contains("not a number of seconds above 0 and at most 1e9"));
+  CHECK_THROWS_WITH(set_collective_timeout(-1), Contains("dist::set_collective_timeout: a timeout of -1 s is not above 0 and at most 1e9"));
   CHECK_THROWS_WITH(set_collective_timeout(1e10), Contains("at most 1e9"));  // past it the clock overflows
   if (!nccl_available()) CHECK_THROWS_WITH(world(DeviceType::cuda), Contains("without CUDA"));
   else if (cuda_device_count() == 0) CHECK_THROWS_WITH(world(DeviceType::cuda), Contains("no usable CUDA device"));

@@ -285,6 +285,42 @@ TEST_CASE("SummonFullParams: edits persist into the shards and training continue
   run_parity<UnevenMLP>([](int s) { return mlp_batch(s); }, [](auto m) { return shard_mlp(m); }, cb);
 }
 
+TEST_CASE("SummonFullParams: a parameter replaced inside the guard is written back like an edit; a wrong shape is refused") {
+  manual_seed(6);
+  auto ref = std::make_shared<UnevenMLP>();
+  manual_seed(6);
+  auto m = std::make_shared<UnevenMLP>();
+  auto root = shard_mlp(m);
+  {
+    fsdp::SummonFullParams guard(root);
+    m->fc1->set_parameter("weight", full({15, 7}, 0.25));  // a new tensor, not an in-place edit
+    NoGradGuard ng;  // a forward inside the guard computes with it
+    ref->fc1->weight.fill_(0.25);
+    const Tensor x = from_vector(std::vector<double>(14, 0.5), {2, 7});
+    CHECK(to_vector((*m)(x)) == to_vector((*ref)(x)));
+    ref->fc1->bias.fill_(0.125);  // and a forward of the very module that holds it
+    m->fc1->set_parameter("bias", full({15}, 0.125));
+    CHECK(to_vector((*m->fc1)(x)) == to_vector((*ref->fc1)(x)));
+  }
+  check_params(*ref, root, "after a replaced parameter");
+  {
+    fsdp::SummonFullParams guard(root);
+    Tensor kept = m->fc2->bias;
+    m->fc2->set_parameter("bias", zeros({4}));
+    CHECK_THROWS_WITH(guard.exit(), Catch::Contains("bias was replaced inside the guard by f32[4]") &&
+                                        Catch::Contains("not a tensor of its full shape"));
+    m->fc2->set_parameter("bias", kept);  // the guard is still active: put it back and end it
+  }
+  check_params(*ref, root, "after a refused replacement");
+  const Shape shard_shape = m->fc2->bias.shape();
+  {
+    fsdp::SummonFullParams guard(root);  // never put back: the guard's end restores the shards, unedited
+    m->fc2->set_parameter("bias", zeros({4}));
+  }
+  CHECK(m->fc2->bias.shape() == shard_shape);
+  check_params(*ref, root, "after a replacement the guard's end refused");
+}
+
 TEST_CASE("SummonFullParams: writeback = false discards edits; rank0_only") {
   manual_seed(4);
   auto ref = std::make_shared<UnevenMLP>();

@@ -148,7 +148,7 @@ TEST_CASE("apply_lora refuses what it cannot adapt, naming it") {
     change(o);
     return o;
   };
-  CHECK_THROWS_WITH(apply_lora(m, with([](LoRAOptions& o) { o.rank = 0; })), Contains("rank must be >= 1, got 0"));
+  CHECK_THROWS_WITH(apply_lora(m, with([](LoRAOptions& o) { o.rank = 0; })), Contains("apply_lora: rank must be >= 1 (peft's \"r\"), got 0"));
   CHECK_THROWS_WITH(apply_lora(m, with([](LoRAOptions& o) { o.alpha = std::nan(""); })), Contains("alpha must be"));
   CHECK_THROWS_WITH(apply_lora(m, with([](LoRAOptions& o) { o.dropout = 1; })), Contains("dropout must be in [0, 1)"));
   CHECK_THROWS_WITH(apply_lora(m, with([](LoRAOptions& o) { o.targets.clear(); })), Contains("no target modules"));

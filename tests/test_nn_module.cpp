@@ -57,6 +57,23 @@ TEST_CASE("a module cannot hold itself: a cycle would recurse without end in eve
   CHECK(a->named_modules().size() == 4);
 }
 
+TEST_CASE("containers name a bad index or child type instead of std::out_of_range or a null pointer") {
+  auto s = std::make_shared<Sequential>(std::initializer_list<ModulePtr>{std::make_shared<Linear>(2, 2)});
+  CHECK((*s)[0] != nullptr);
+  CHECK_THROWS_WITH((*s)[1], Contains("Sequential[1]: index out of range for a Sequential of 1 module"));
+  ModuleList l{std::make_shared<Linear>(2, 2), std::make_shared<ReLU>()};
+  CHECK(l.at<Linear>(0) != nullptr);
+  CHECK_THROWS_WITH(l[2], Contains("ModuleList[2]: index out of range for a ModuleList of 2 modules"));
+  CHECK_THROWS_WITH(l.at<Linear>(1), Contains("ModuleList::at<M>(1): the module there is a ReLU"));
+  struct Pair : Module {  // returns two tensors: Sequential's one-tensor forward cannot hand them on
+    Pair() : Module("Pair") {}
+    TensorList forward(const TensorList& in) override { return {in[0], in[0]}; }
+    using Module::forward;
+  };
+  Sequential two{std::make_shared<Pair>()};
+  CHECK_THROWS_WITH(two.forward(ones({2})), Contains("its last module returned 2 tensors, not one"));
+}
+
 TEST_CASE("state_dict round trip and load errors") {
   manual_seed(1);
   auto a = std::make_shared<Net>();

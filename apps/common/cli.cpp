@@ -10,6 +10,7 @@
 
 #include "core/allocator.h"
 #include "core/error.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/threads.h"
 
 namespace weft::apps::cli {
@@ -79,6 +80,7 @@ CLI::Validator seed() {
 CLI::Validator threads() { return integer(1, kMaxThreads); }
 
 void use_threads(int64_t threads) {
+  kernels::cpu::check_kernel_choices();
   if (threads > 0) return set_num_threads(int(threads));
   const char* env = std::getenv("OMP_NUM_THREADS");
   WEFT_CHECK(get_num_threads() <= kMaxThreads, "OMP_NUM_THREADS={} asks for {} threads, more than the {} weft runs "

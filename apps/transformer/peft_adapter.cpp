@@ -63,9 +63,7 @@ PeftAdapter read_peft_adapter(const std::string& dir) {
   const json dropout = c.value("lora_dropout", json(0.0));
   WEFT_CHECK(dropout.is_number(), "transformer: {}: \"lora_dropout\" is {}, not a number", file, dropout.dump());
   a.lora.dropout = dropout.get<double>();
-  WEFT_CHECK(a.lora.rank >= 1 && std::isfinite(a.lora.alpha) && a.lora.alpha > 0 && a.lora.dropout >= 0 &&
-             a.lora.dropout < 1, "transformer: {}: \"r\" must be >= 1, \"lora_alpha\" > 0 and \"lora_dropout\" in "
-             "[0, 1), got {}, {} and {}", file, a.lora.rank, a.lora.alpha, a.lora.dropout);
+  nn::check_lora_values(a.lora, "transformer: " + file);
   const json targets = field("target_modules");
   if (targets != "all-linear") {  // all-linear: targets left empty
     WEFT_CHECK(targets.is_array() && !targets.empty(), "transformer: {}: \"target_modules\" is {}: a list of module "

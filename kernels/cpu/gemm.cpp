@@ -479,6 +479,12 @@ BgemmKernel bgemm_kernel() {
   return in_use(chosen, forced_bgemm);
 }
 
+void check_kernel_choices() {
+  sgemm_kernel();
+  const char* bf16 = std::getenv("WEFT_CPU_BF16_GEMM");
+  if ((bf16 && *bf16) || bf16_gemm_native()) bgemm_kernel();
+}
+
 void set_bgemm_kernel(BgemmKernel k) {
   WEFT_CHECK(bgemm_kernel_supported(k), "set_bgemm_kernel: this CPU cannot run the {} kernel", bgemm_kernel_name(k));
   forced_bgemm.store(int(k), std::memory_order_relaxed);

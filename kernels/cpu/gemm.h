@@ -48,7 +48,7 @@ bool gemm_bf16_sums_a(MatLayout la);
 
 // The f32 GEMM kernel: weft's own packed kernels for AVX-512 or AVX2 + FMA (sgemm.h), chosen
 // at run time from what the CPU has, else Eigen (f64 always uses Eigen). WEFT_CPU_GEMM=avx512|
-// avx2|eigen picks one by hand; a bad value is an error at the first f32 GEMM.
+// avx2|eigen picks one by hand; a bad value is an error at the first f32 GEMM (or check_kernel_choices).
 enum class SgemmKernel { eigen, avx2, avx512 };
 const char* sgemm_kernel_name(SgemmKernel k);
 bool sgemm_kernel_supported(SgemmKernel k);  // this CPU can run it
@@ -57,12 +57,15 @@ void set_sgemm_kernel(SgemmKernel k);        // for tests and benchmarks; unsupp
 
 // The bf16 kernel gemm_bf16 takes (bgemm.h): AMX tiles where the CPU has AMX-BF16 and Linux
 // grants the process the tile state, else AVX512_BF16's vdpbf16ps. WEFT_CPU_BF16_GEMM=amx|
-// avx512bf16 picks one by hand; a bad value is an error at the first bf16 GEMM.
+// avx512bf16 picks one by hand; a bad value is an error at the first bf16 GEMM (or check_kernel_choices).
 enum class BgemmKernel { avx512bf16, amx };
 const char* bgemm_kernel_name(BgemmKernel k);
 bool bgemm_kernel_supported(BgemmKernel k);  // bf16_gemm_native(), and for amx the tiles
 BgemmKernel bgemm_kernel();
 void set_bgemm_kernel(BgemmKernel k);
+// Throws now, not at the first product that reads it, where WEFT_CPU_GEMM or WEFT_CPU_BF16_GEMM
+// names a kernel this CPU cannot run (so a program can fail before it reads its inputs).
+void check_kernel_choices();
 
 // Tensor-level kernels behind kernels::matmul / kernels::gemm (checked by the caller). a [..., m, k] and b [..., k, n]
 // with batch dims broadcastable to out's [batch..., m, n]; out is contiguous. Any float dtype (bf16 on the bf16 kernel

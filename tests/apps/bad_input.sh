@@ -146,7 +146,7 @@ run_row() {  # run_row I: runs row I, writing its output to $tmp/out.I and its e
   args=${args//@MNIST@/${prog[mnist]}}
   args=${args//@TRANSFORMER@/${prog[transformer]}}
   eval "set -- $args"
-  while [[ $# -gt 0 && "$1" =~ ^[A-Z_]+= ]]; do envs+=("$1"); shift; done
+  while [[ $# -gt 0 && "$1" =~ ^[A-Z_][A-Z0-9_]*= ]]; do envs+=("$1"); shift; done
   [ "$name" = api ] && envs+=("TMPDIR=$tmp")  # the cases' scratch directories go with $tmp
   if [ "$name" = mpirun ]; then
     if [ ${#mpirun[@]} = 0 ]; then echo skip >"$tmp/rc.$i"; return; fi
