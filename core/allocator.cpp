@@ -31,8 +31,11 @@ constexpr bool kSanitized = false;
 // at most 1/8 is wasted) and handed out again for the next request of their class: a training
 // step allocates the same sizes every time, and reusing them spares the page faults of memory
 // that malloc returned to the system (large blocks are mmap'd and unmapped on every free).
-// The cache holds at most WEFT_CPU_CACHE bytes (default: an eighth of physical memory, >= 1 GiB;
-// 0: off, as in sanitizer builds, so use after free is caught); empty_cache() empties it.
+// The cache holds WEFT_CPU_CACHE bytes (default: an eighth of physical memory, >= 1 GiB; 0: off,
+// as in sanitizer builds, so use after free is caught), and more while the live and cached bytes
+// stay within the peak of live bytes (plus the 1/8 of class rounding): memory the process held
+// once, as a training step's transients, comes back every step, and on a virtual machine a page
+// the system takes back costs far more than its clearing. empty_cache() empties it.
 // Counters: live and peak count the bytes asked for, as before; reserved counts what the
 // allocator holds from the system (the classes of the live blocks plus the cache).
 // OpenMP threads and the communication thread may allocate concurrently.
@@ -93,11 +96,11 @@ class CpuAllocator final : public Allocator {
     if (!ptr) return;
     untrack(ptr);
     const size_t cls = size_class(nbytes);
-    if (!put_cached(ptr, cls)) {
+    const int64_t live = live_.fetch_sub(int64_t(nbytes)) - int64_t(nbytes);
+    if (!put_cached(ptr, cls, (peak_.load() - live) / 8 * 9)) {
       std::free(ptr);
       reserved_.fetch_sub(int64_t(cls));
     }
-    int64_t live = live_.fetch_sub(int64_t(nbytes)) - int64_t(nbytes);
     frees_.fetch_add(1);
     record_live(live);
   }
@@ -147,10 +150,10 @@ class CpuAllocator final : public Allocator {
     cached_bytes_ -= int64_t(cls);
     return p;
   }
-  bool put_cached(void* p, size_t cls) {
+  bool put_cached(void* p, size_t cls, int64_t to_peak) {
     if (cache_limit_ == 0) return false;
     std::lock_guard<std::mutex> lock(cache_mu_);
-    if (cached_bytes_ + int64_t(cls) > cache_limit_) return false;
+    if (cached_bytes_ + int64_t(cls) > std::max(cache_limit_, to_peak)) return false;
     cache_[cls].push_back(p);
     cached_bytes_ += int64_t(cls);
     return true;

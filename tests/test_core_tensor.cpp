@@ -413,6 +413,38 @@ TEST_CASE("the CPU allocator reuses freed blocks of a size class and gives them 
   CHECK(memory_stats().reserved_bytes == before.reserved_bytes);
 }
 
+// Run in a child process with WEFT_CPU_CACHE=1M (the allocator reads it once per process).
+const char* const kCacheToPeak = "the CPU block cache keeps freed blocks past its size while the process stays under its peak";
+TEST_CASE(kCacheToPeak, "[.]") {
+  REQUIRE(std::getenv("WEFT_CPU_CACHE") != nullptr);
+  const int64_t mib8 = 8 << 20;
+  auto reserved = [] { return memory_stats().reserved_bytes; };
+  Tensor a = empty({mib8 / 4}), b = empty({mib8 / 4});
+  const int64_t with_both = reserved();
+  a = Tensor();  // 8 MiB past the 1 MiB cache, but live + cached stays at the peak: kept
+  CHECK(reserved() == with_both);
+  Tensor c = empty({mib8 / 4});  // and handed out again
+  CHECK(reserved() == with_both);
+  c = Tensor();
+  b = Tensor();  // both kept: 16 MiB cached, nothing live
+  CHECK(reserved() == with_both);
+  Tensor big = empty({4 * mib8 / 4});  // 32 MiB: the peak is now 32 MiB (+ class rounding)
+  const int64_t with_big = reserved();
+  big = Tensor();  // 16 + 32 MiB would be past the peak's 36: given back
+  CHECK(reserved() == with_big - 4 * mib8);
+}
+
+TEST_CASE("the CPU block cache grows to the peak of live bytes, not past it") {
+  if (!cpu_block_cache_enabled()) {
+    WARN("skipped: the CPU block cache is off (WEFT_CPU_CACHE=0 or a sanitizer build)");
+    return;
+  }
+  std::string cmd = fmt::format("WEFT_CPU_CACHE=1M '{}' '{}' > /dev/null", std::filesystem::read_symlink("/proc/self/exe").string(),
+                                kCacheToPeak);
+  INFO(cmd);
+  CHECK(std::system(cmd.c_str()) == 0);
+}
+
 TEST_CASE("CPU blocks of 2 MiB and more start on a 2 MiB boundary, advised as transparent huge pages") {
   Tensor small = empty({1000});
   Tensor big = empty({1 << 20});  // 4 MiB

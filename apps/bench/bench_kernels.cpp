@@ -192,6 +192,7 @@ void measure_gemms(Bench& b) {
     gemm_row(b, fmt::format("{} mlp fc dW", tag), F, 2048, C, true, false, 1, gr);
   }
   gemm_row(b, "GPT-2 124M head fwd (8,192 of its columns)", 2048, 768, 8192, false, true, 1, b.quick ? 3 : 7);
+  gemm_row(b, "Llama 350M head dW (all 50,257 rows)", 50257, 2048, 1024, true, false, 1, 2);
   gemm_row(b, "batched attention scores", 128, 64, 128, false, true, 48, b.quick ? 20 : 50);
 }
 
