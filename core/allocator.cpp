@@ -31,11 +31,8 @@ constexpr bool kSanitized = false;
 // at most 1/8 is wasted) and handed out again for the next request of their class: a training
 // step allocates the same sizes every time, and reusing them spares the page faults of memory
 // that malloc returned to the system (large blocks are mmap'd and unmapped on every free).
-// The cache holds WEFT_CPU_CACHE bytes (default: an eighth of physical memory, >= 1 GiB; 0: off,
-// as in sanitizer builds, so use after free is caught), and more while the live and cached bytes
-// stay within the peak of live bytes (plus the 1/8 of class rounding): memory the process held
-// once, as a training step's transients, comes back every step, and on a virtual machine a page
-// the system takes back costs far more than its clearing. empty_cache() empties it.
+// The cache holds WEFT_CPU_CACHE bytes (default an eighth of physical memory, >= 1 GiB; 0: off, as in sanitizer builds),
+// and more while live + cached bytes stay within the peak of live ones (a step's transients). empty_cache() empties it.
 // Counters: live and peak count the bytes asked for, as before; reserved counts what the
 // allocator holds from the system (the classes of the live blocks plus the cache).
 // OpenMP threads and the communication thread may allocate concurrently.

@@ -19,8 +19,7 @@ CLI::Validator seed();
 // --threads: an integer from 1 to kMaxThreads.
 CLI::Validator threads();
 // --threads when given (> 0); else OpenMP's default (OMP_NUM_THREADS or the cores), held to the
-// same limit (an OpenMP team of 100,000 threads crashes inside libgomp). Checks the GEMM kernels
-// WEFT_CPU_GEMM / WEFT_CPU_BF16_GEMM ask for first.
+// same limit (an OpenMP team of 100,000 threads crashes inside libgomp); first checks WEFT_CPU_(BF16_)GEMM.
 void use_threads(int64_t threads);
 // A finite number > lo (lo_open) or >= lo, and <= hi when hi is finite.
 CLI::Validator number_above(double lo);           // > lo
