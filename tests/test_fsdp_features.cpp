@@ -76,19 +76,6 @@ fsdp::FSDPModule shard_mlp(const std::shared_ptr<UnevenMLP>& m, const fsdp::Full
   fsdp::fully_shard(m->fc2, o);
   return fsdp::fully_shard(m, o);
 }
-// Two MLPs from one seed: `ref` whole, `m` sharded by shard_mlp (its root returned).
-struct MlpPair {
-  std::shared_ptr<UnevenMLP> ref, m;
-  fsdp::FSDPModule root;
-};
-MlpPair mlp_pair(uint64_t seed) {
-  manual_seed(seed);
-  auto ref = std::make_shared<UnevenMLP>();
-  manual_seed(seed);
-  auto m = std::make_shared<UnevenMLP>();
-  auto root = shard_mlp(m);
-  return {ref, m, root};
-}
 fsdp::FSDPModule shard_gpt(const std::shared_ptr<TinyGPT>& m, const fsdp::FullyShardOptions& o = {}) {
   for (auto& b : *m->blocks) fsdp::fully_shard(b, o);
   return fsdp::fully_shard(m, o);
@@ -247,7 +234,11 @@ TEST_CASE("clip_grad_norm_: bad arguments fail on every rank") {
 // SummonFullParams
 
 TEST_CASE("SummonFullParams: full parameters inside, shards again after") {
-  auto [ref, m, root] = mlp_pair(3);
+  manual_seed(3);
+  auto ref = std::make_shared<UnevenMLP>();
+  manual_seed(3);
+  auto m = std::make_shared<UnevenMLP>();
+  auto root = shard_mlp(m);
   auto shard_shapes = [&] {
     std::vector<Shape> s;
     for (auto& p : m->parameters()) s.push_back(p.shape());
@@ -295,7 +286,11 @@ TEST_CASE("SummonFullParams: edits persist into the shards and training continue
 }
 
 TEST_CASE("SummonFullParams: a parameter replaced inside the guard is written back like an edit; a wrong shape is refused") {
-  auto [ref, m, root] = mlp_pair(6);
+  manual_seed(6);
+  auto ref = std::make_shared<UnevenMLP>();
+  manual_seed(6);
+  auto m = std::make_shared<UnevenMLP>();
+  auto root = shard_mlp(m);
   {
     fsdp::SummonFullParams guard(root);
     m->fc1->set_parameter("weight", full({15, 7}, 0.25));  // a new tensor, not an in-place edit
@@ -327,7 +322,11 @@ TEST_CASE("SummonFullParams: a parameter replaced inside the guard is written ba
 }
 
 TEST_CASE("SummonFullParams: writeback = false discards edits; rank0_only") {
-  auto [ref, m, root] = mlp_pair(4);
+  manual_seed(4);
+  auto ref = std::make_shared<UnevenMLP>();
+  manual_seed(4);
+  auto m = std::make_shared<UnevenMLP>();
+  auto root = shard_mlp(m);
   {
     fsdp::SummonFullParams full(root, {.writeback = false});
     NoGradGuard ng;
