@@ -374,7 +374,8 @@ double bf16(double x) { return double(float(BFloat16(float(x)))); }
 // The arithmetic of the bf16 tiles (kernels/cpu/attention_avx512bf16.cpp) in f64, for bf16 q
 // [B, H, T, E], k and v [B, Hkv, T, E] and upstream gradient g: q and k rotated (with the
 // kernel's f32 tables) and rounded to bf16; scores, softmax and every sum exact; P and dS
-// rounded to bf16 where they enter a product; each output rounded once. Returns y, dq, dk, dv.
+// rounded to bf16 where they enter a product (the forward's P unnormalised, e^(s - max), each
+// row of O divided by its sum after the product); each output rounded once. Returns y, dq, dk, dv.
 TensorList bf16_model(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, bool causal,
                       double theta) {
   const int64_t B = q.size(0), H = q.size(1), Hkv = k.size(1), T = q.size(2), E = q.size(3), G = H / Hkv;
@@ -416,11 +417,13 @@ TensorList bf16_model(const Tensor& q, const Tensor& k, const Tensor& v, const T
             p[size_t(j)] = s * scale, mx = std::max(mx, s * scale);
           }
           for (double& x : p) sum += (x = std::exp(x - mx));
+          const std::vector<double> e = p;  // the forward's P: e^(s - max), unnormalised
           for (double& x : p) x /= sum;
           const double* gi = &Gr[q0 + size_t(i * E)];
           for (int64_t c = 0; c < E; ++c) {
             double o = 0;
-            for (int64_t j = 0; j < n; ++j) o += bf16(p[size_t(j)]) * V[kv0 + size_t(j * E + c)];
+            for (int64_t j = 0; j < n; ++j) o += bf16(e[size_t(j)]) * V[kv0 + size_t(j * E + c)];
+            o /= sum;
             Y[q0 + size_t(i * E + c)] = bf16(o);
             d += gi[c] * bf16(o);
           }

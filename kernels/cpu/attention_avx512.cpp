@@ -45,6 +45,8 @@ inline vf load(const float* p) {
 }
 inline void store(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+// The row length of the key panels: whole vectors and one more, so that rows are not 4 KiB apart (one L1 set).
+int64_t key_ld(int64_t Tk) { return round_up(Tk, kW) + kW; }
 
 // c[r, 0:NV*16] = alpha * sum_p a[r*ars + p*acs] * b[p*ldb + 0:NV*16] (+ c when accumulate), for r < R.
 template <int R, int NV>
@@ -168,7 +170,7 @@ struct ForwardBuffers {
   int64_t size;
 };
 ForwardBuffers forward_buffers(const AttentionDims& d, float* base) {
-  const int64_t rb = std::min<int64_t>(kRowBlock, d.Tq), ldk = round_up(d.Tk, kW);
+  const int64_t rb = std::min<int64_t>(kRowBlock, d.Tq), ldk = key_ld(d.Tk);
   Carve c{base};
   ForwardBuffers f{};
   f.S = c.take(rb * ldk), f.KT = c.take(d.E * ldk), f.Qc = c.take(d.Tq * d.E), f.Kc = c.take(d.Tk * d.E);
@@ -181,7 +183,7 @@ struct BackwardBuffers {
   int64_t size;
 };
 BackwardBuffers backward_buffers(const AttentionDims& d, float* base) {
-  const int64_t rb = std::min<int64_t>(kRowBlock, d.Tq), ldk = round_up(d.Tk, kW);
+  const int64_t rb = std::min<int64_t>(kRowBlock, d.Tq), ldk = key_ld(d.Tk);
   Carve c{base};
   BackwardBuffers g{};
   g.P = c.take(rb * ldk), g.dP = c.take(rb * ldk), g.KT = c.take(d.E * ldk), g.VT = c.take(d.Ev * ldk);
@@ -202,7 +204,7 @@ int64_t attention_workspace_avx512(const AttentionDims& d, bool backward) {
 void attention_forward_avx512(const AttentionDims& d, HeadsF32 Q, HeadsF32 K, HeadsF32 V, HeadsF32 O, float* L,
                               float* workspace) {
   const int64_t B = d.B, H = d.H, Tq = d.Tq, E = d.E, Tk = d.Tk, Ev = d.Ev;
-  const int64_t bh_count = B * H, ldk = round_up(Tk, kW), G = H / d.Hkv;
+  const int64_t bh_count = B * H, ldk = key_ld(Tk), G = H / d.Hkv;
 #pragma omp parallel if (d.parallel)
   {
     const int64_t size = forward_buffers(d, nullptr).size;
@@ -241,7 +243,7 @@ void attention_backward_avx512(const AttentionDims& d, HeadsF32 G, HeadsF32 Q, H
                                const float* L, HeadsF32 DQ, HeadsF32 DK, HeadsF32 DV, float* workspace) {
   const int64_t B = d.B, H = d.H, Hkv = d.Hkv, Tq = d.Tq, E = d.E, Tk = d.Tk, Ev = d.Ev;
   const float scale = d.scale;  // in a register through the loops that store floats
-  const int64_t task_count = B * Hkv, ldk = round_up(Tk, kW), group = H / Hkv;
+  const int64_t task_count = B * Hkv, ldk = key_ld(Tk), group = H / Hkv;
 #pragma omp parallel if (d.parallel)
   {
     const int64_t size = backward_buffers(d, nullptr).size;

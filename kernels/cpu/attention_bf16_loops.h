@@ -2,8 +2,9 @@
 // how they multiply: attention_avx512bf16.cpp (vdpbf16ps register tiles) and attention_amx.cpp (AMX tiles). The steps,
 // grouped-query heads and rotary embeddings are those of attention_avx512.cpp, with every product on bf16 operands
 // summed in f32: S = Q K^T, O = P V, dP = dO V^T, dQ = dS K, dV += P^T dO and dK += dS^T Q. The scores, softmax, lse, D
-// and every sum (dK and dV over row blocks and query heads) stay f32; P and dS round to bf16 to enter the next product,
-// rotated q and k round to bf16 once, and each output rounds once. TU-local (an anonymous namespace): each includer is
+// and every sum (dK and dV over row blocks and query heads) stay f32; P and dS round to bf16 to enter the next product
+// (the forward's P unnormalised, e^(s - max), each row of O divided by its sum after O = P V), rotated q and k round to
+// bf16 once, and each output rounds once. TU-local (an anonymous namespace): each includer is
 // built for its own instruction set.
 //
 // The products take bf16 operands with pairs of the summed index in one 32-bit word (a
@@ -44,16 +45,14 @@ constexpr int64_t kBackwardRowBlock = 64;  // dK and dV sum more depth per load 
 constexpr int64_t kW = 16;         // f32 lanes per vector; bf16 pairs per vector
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+// The row length of the buffers with a column per key: whole vectors and one more, so that rows are not 4 KiB apart.
+int64_t key_ld(int64_t Tk) { return round_up(Tk, kW) + kW; }
 int64_t thread_index() {
 #ifdef _OPENMP
   return omp_get_thread_num();
 #else
   return 0;
 #endif
-}
-template <typename T>
-void zero(T* begin, T* end) {
-  for (T* p = begin; p < end; ++p) *p = T(0);
 }
 uint16_t* at(const HeadsBF16& x, int64_t b, int64_t h) { return x.p + b * x.sb + h * x.sh; }
 
@@ -89,25 +88,25 @@ inline void store_pairs(uint16_t* p, __m512 lo, __m512 hi) {
   _mm512_storeu_si512(p, interleave16(reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo))));
 }
 
-// One query row's softmax (softmax_row.h's steps, 16 lanes at a time) over the scaled scores s[0, valid), rounded into
-// the bf16 row p[0, n16) that enters O = P V, zero from `valid` on; s keeps e^(s - max). Returns the row's log-sum-exp.
-inline float softmax_row_bf16(float* s, int64_t valid, int64_t n16, uint16_t* p) {
+// One query row's softmax over the scaled scores s[0, valid), in two passes: the row's max, then e^(s - max) rounded
+// into the bf16 row p[0, n16) that enters O = P V (zero from `valid` on) and summed in f32. P stays unnormalised: the
+// row of O is divided by the sum (*inv_sum = 1 / sum) after the product. Returns the row's log-sum-exp.
+inline float softmax_row_bf16(const float* s, int64_t valid, int64_t n16, uint16_t* p, float* inv_sum) {
   __m512 mx = _mm512_set1_ps(-__builtin_inff());
   for (int64_t j = 0; j < valid; j += kW)
     mx = _mm512_mask_max_ps(mx, lanes_below(valid, j), mx, _mm512_loadu_ps(s + j));
   const float top = _mm512_reduce_max_ps(mx);
   const __m512 vt = _mm512_set1_ps(top);
   __m512 sum = _mm512_setzero_ps();
-  for (int64_t j = 0; j < valid; j += kW) {
+  int64_t j = 0;
+  for (; j < valid; j += kW) {
     const __m512 e = _mm512_maskz_mov_ps(lanes_below(valid, j), exp_x16(_mm512_sub_ps(_mm512_loadu_ps(s + j), vt)));
-    _mm512_storeu_ps(s + j, e);
+    store_bf16x16(p + j, e);
     sum = _mm512_add_ps(sum, e);
   }
-  const float total = _mm512_reduce_add_ps(sum);
-  const __m512 inv = _mm512_set1_ps(1.f / total);
-  int64_t j = 0;
-  for (; j < valid; j += kW) store_bf16x16(p + j, _mm512_mul_ps(_mm512_loadu_ps(s + j), inv));
   for (; j < n16; j += kW) _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + j), _mm256_setzero_si256());
+  const float total = _mm512_reduce_add_ps(sum);
+  *inv_sum = 1.f / total;
   return top + std::log(total);
 }
 
@@ -171,17 +170,16 @@ void rows_to_bf16(const AttentionDims& d, const S* src, int64_t ss, int64_t t, i
   }
 }
 
-// Scores of query rows [i0, i0 + m) against keys [0, n16): S = scale * Q K^T from the bf16
-// rows of Q (E columns) and the keys' panel, one row tile at a time so that causal tiles stop
-// near the diagonal; columns a tile does not reach are zeroed up to n16.
+// c = alpha * A B^T against a key panel for query rows [i0, i0 + m): A the rows' k2 pairs (row stride ars words), B the
+// panel (ldb words a pair row), one row tile at a time so that causal tiles stop at the keys their last row sees
+// (rounded up to a vector). Columns past a tile's are left as they were: the loops read only the keys each row sees.
 template <class Products>
-void scores(const uint16_t* qc, int64_t E, const uint16_t* kt, int64_t ldk, int64_t i0, int64_t m, int64_t Tk,
-            bool causal, float scale, float* S, int64_t n16) {
+void panel_products(const uint16_t* a, int64_t ars, int64_t k2, const uint16_t* b, int64_t ldb, int64_t i0, int64_t m,
+                    int64_t n, bool causal, float alpha, float* c, int64_t ldc) {
   for (int64_t r0 = 0; r0 < m; r0 += Products::kTileRows) {
     const int64_t rows = std::min<int64_t>(Products::kTileRows, m - r0);
-    const int64_t nt = causal ? round_up(std::min<int64_t>(Tk, i0 + r0 + rows), kW) : n16;
-    Products::gemm(rows, nt, E / 2, qc + (i0 + r0) * E, E / 2, 1, kt, ldk, S + r0 * ldk, ldk, scale, false);
-    for (int64_t r = r0; r < r0 + rows; ++r) zero(S + r * ldk + nt, S + r * ldk + n16);
+    const int64_t nt = round_up(causal ? i0 + r0 + rows : n, kW);
+    Products::gemm(rows, nt, k2, a + 2 * r0 * ars, ars, 1, b, ldb, c + r0 * ldc, ldc, alpha, false);
   }
 }
 
@@ -203,7 +201,7 @@ struct ForwardBuffers {
   int64_t size;
 };
 ForwardBuffers forward_buffers(const AttentionDims& d, char* base) {
-  const int64_t rb = std::min<int64_t>(kRowBlock, d.Tq), ldk = round_up(d.Tk, kW), tk2 = round_up(d.Tk, 2);
+  const int64_t rb = std::min<int64_t>(kRowBlock, d.Tq), ldk = key_ld(d.Tk), tk2 = round_up(d.Tk, 2);
   Carve c{base};
   ForwardBuffers f{};
   f.S = c.take<float>(rb * ldk), f.Oc = c.take<float>(d.Tq * d.Ev), f.Pb = c.take<uint16_t>(rb * ldk);
@@ -218,7 +216,7 @@ struct BackwardBuffers {
   int64_t size;
 };
 BackwardBuffers backward_buffers(const AttentionDims& d, char* base) {
-  const int64_t rb = std::min<int64_t>(kBackwardRowBlock, d.Tq), ldk = round_up(d.Tk, kW), rb2 = round_up(rb, 2),
+  const int64_t rb = std::min<int64_t>(kBackwardRowBlock, d.Tq), ldk = key_ld(d.Tk), rb2 = round_up(rb, 2),
                 tk2 = round_up(d.Tk, 2), tq2 = round_up(d.Tq, 2);
   Carve c{base};
   BackwardBuffers g{};
@@ -236,7 +234,7 @@ template <class Products>
 void forward_loops(const AttentionDims& d, HeadsBF16 Q, HeadsBF16 K, HeadsBF16 V, HeadsBF16 O, float* L,
                    char* workspace) {
   const int64_t H = d.H, Tq = d.Tq, E = d.E, Tk = d.Tk, Ev = d.Ev;
-  const int64_t bh_count = d.B * H, ldk = round_up(Tk, kW), G = H / d.Hkv;
+  const int64_t bh_count = d.B * H, ldk = key_ld(Tk), G = H / d.Hkv;
 #pragma omp parallel if (d.parallel)
   {
     const int64_t size = forward_buffers(d, nullptr).size;
@@ -262,14 +260,18 @@ void forward_loops(const AttentionDims& d, HeadsBF16 Q, HeadsBF16 K, HeadsBF16 V
       }
       for (int64_t i0 = 0; i0 < Tq; i0 += kRowBlock) {
         const int64_t m = std::min<int64_t>(kRowBlock, Tq - i0), n = d.causal ? i0 + m : Tk, n16 = round_up(n, kW);
-        scores<Products>(Qc, E, KT, ldk, i0, m, Tk, d.causal, d.scale, S, n16);
+        panel_products<Products>(Qc + i0 * E, E / 2, E / 2, KT, ldk, i0, m, n, d.causal, d.scale, S, ldk);
+        float inv_sum[kRowBlock];
         for (int64_t r = 0; r < m; ++r)
-          lp[i0 + r] = softmax_row_bf16(S + r * ldk, d.causal ? i0 + r + 1 : n, n16, Pb + r * ldk);
-        // O = P V, each row tile summing only over the key pairs it sees.
+          lp[i0 + r] = softmax_row_bf16(S + r * ldk, d.causal ? i0 + r + 1 : n, n16, Pb + r * ldk, inv_sum + r);
+        // O = P V, each row tile summing only over the key pairs it sees; then each row divided by its sum.
         for (int64_t r0 = 0; r0 < m; r0 += Products::kTileRows) {
           const int64_t rows = std::min<int64_t>(Products::kTileRows, m - r0), kn = d.causal ? i0 + r0 + rows : n;
           Products::gemm(rows, Ev, (kn + 1) / 2, Pb + r0 * ldk, ldk / 2, 1, V2, Ev, Oc + (i0 + r0) * Ev, Ev, 1.f, false);
         }
+        for (int64_t r = 0; r < m; ++r)
+          for (float* o = Oc + (i0 + r) * Ev; o < Oc + (i0 + r + 1) * Ev; o += kW)
+            _mm512_storeu_ps(o, _mm512_mul_ps(_mm512_loadu_ps(o), _mm512_set1_ps(inv_sum[r])));
       }
       rows_to_bf16(AttentionDims{}, Oc, Ev, Tq, Ev, 0, at(O, b, h), O.st, 1.f);
     }
@@ -280,7 +282,7 @@ template <class Products>
 void backward_loops(const AttentionDims& d, HeadsBF16 G, HeadsBF16 Q, HeadsBF16 K, HeadsBF16 V, HeadsBF16 O,
                     const float* L, HeadsBF16 DQ, HeadsBF16 DK, HeadsBF16 DV, char* workspace) {
   const int64_t H = d.H, Hkv = d.Hkv, Tq = d.Tq, E = d.E, Tk = d.Tk, Ev = d.Ev;
-  const int64_t task_count = d.B * Hkv, ldk = round_up(Tk, kW), group = H / Hkv;
+  const int64_t task_count = d.B * Hkv, ldk = key_ld(Tk), group = H / Hkv;
   const AttentionDims plain{};  // copies without rotation
 #pragma omp parallel if (d.parallel)
   {
@@ -301,8 +303,8 @@ void backward_loops(const AttentionDims& d, HeadsBF16 G, HeadsBF16 Q, HeadsBF16 
       panel(Kc, Tk, E, KT, ldk);
       panel(Vc, Tk, Ev, VT, ldk);
       pair_rows(Kc, Tk, E, K2);
-      zero(dKc, dKc + Tk * E);
-      zero(dVc, dVc + Tk * Ev);
+      std::fill_n(dKc, Tk * E, 0.f);
+      std::fill_n(dVc, Tk * Ev, 0.f);
       for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
         const uint16_t* op = at(O, b, h);
         const float* lp = L + (b * H + h) * Tq;
@@ -321,13 +323,9 @@ void backward_loops(const AttentionDims& d, HeadsBF16 G, HeadsBF16 Q, HeadsBF16 
         for (int64_t i0 = 0; i0 < Tq; i0 += kBackwardRowBlock) {
           const int64_t m = std::min<int64_t>(kBackwardRowBlock, Tq - i0), n = d.causal ? i0 + m : Tk;
           const int64_t n16 = round_up(n, kW);
-          scores<Products>(Qc, E, KT, ldk, i0, m, Tk, d.causal, d.scale, P, n16);
+          panel_products<Products>(Qc + i0 * E, E / 2, E / 2, KT, ldk, i0, m, n, d.causal, d.scale, P, ldk);
           // dP = dO V^T over the same columns.
-          for (int64_t r0 = 0; r0 < m; r0 += Products::kTileRows) {
-            const int64_t rows = std::min<int64_t>(Products::kTileRows, m - r0);
-            const int64_t nt = d.causal ? round_up(std::min<int64_t>(Tk, i0 + r0 + rows), kW) : n16;
-            Products::gemm(rows, nt, Ev / 2, Gc + (i0 + r0) * Ev, Ev / 2, 1, VT, ldk, dP + r0 * ldk, ldk, 1.f, false);
-          }
+          panel_products<Products>(Gc + i0 * Ev, Ev / 2, Ev / 2, VT, ldk, i0, m, n, d.causal, 1.f, dP, ldk);
           // P = exp(S - lse) and dS = P (dP - D) scale, by pairs of rows: rounded to bf16 as pair
           // rows (P2, dS2: the A side of dV, dK) and as rows (dSb: the A side of dQ). An odd m's
           // last row pairs with zeros; lanes from a row's `valid` on are zero.
