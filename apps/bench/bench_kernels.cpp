@@ -1,8 +1,9 @@
 // weft-bench: CPU kernel throughput against the machine's own measured peak. Prints one table: peak fp32 FMA
 // rate per vector width (and the bf16 dot-product peak where the CPU has AVX512_BF16, the AMX tile peak where it
 // has AMX), GFLOP/s of each f32 GEMM kernel the CPU runs (avx512, avx2, eigen) and of the bf16 ones at 1024^3 and
-// the GEMM shapes of GPT training, and GB/s of an element-wise op, one read stream, a decode step's products and
-// a row softmax, each at 1..N threads. Every figure is the median (and the best) of several runs after a warm-up.
+// the GEMM shapes of GPT training, of bf16 attention at GPT-2 124M's and Llama 350M's shapes, and GB/s of an
+// element-wise op, one read stream, a decode step's products and a row softmax, each at 1..N threads. Every figure
+// is the median (and the best) of several runs after a warm-up.
 #include <malloc.h>
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -16,6 +17,7 @@
 #include "core/error.h"
 #include "core/generator.h"
 #include "core/tensor.h"
+#include "kernels/attention.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/elementwise.h"
 #include "kernels/linalg.h"
@@ -176,6 +178,31 @@ void gemm_row(Bench& b, const std::string& name, int64_t m, int64_t k, int64_t n
   if (!b.bf16_kernels.empty()) kernels::cpu::set_bgemm_kernel(bf16_default);
 }
 
+// Causal attention of a training step (batch 2, ctx 1024, head dim 64) in bf16 on the bf16 kernel in use, q, k, v the
+// heads of one fused qkv output; GFLOP/s as the op profiler counts them (forward 4 B H T^2 E, backward 10, halved).
+void attention_row(Bench& b, const std::string& name, int64_t H, int64_t Hkv, double theta) {
+  if (b.bf16_kernels.empty() || (name + " attention").find(b.row_filter) == std::string::npos) return;
+  const int64_t B = 2, T = 1024, E = 64;
+  Tensor x = randn({B, T, (H + 2 * Hkv) * E}, {}, &b.gen).to(kBFloat16);
+  auto heads = [&](int64_t first, int64_t n) { return x.narrow(2, first * E, n * E).view({B, T, n, E}).transpose(1, 2); };
+  Tensor q = heads(0, H), k = heads(H, Hkv), v = heads(H + Hkv, Hkv);
+  const kernels::Rope rope{.theta = theta};
+  auto [out, lse] = kernels::attention(q, k, v, true, 0.125, rope);
+  Tensor grad = randn(out.shape(), {}, &b.gen).to(kBFloat16);
+  const std::string size = fmt::format("B{} H{} Hkv{} T{} E{} causal{}", B, H, Hkv, T, E, theta ? " rope" : "");
+  const std::string kname = kernels::cpu::bgemm_kernel_name(kernels::cpu::bgemm_kernel());
+  for (bool bwd : {false, true}) {
+    const std::string row = fmt::format("{} attention {} ({})", name, bwd ? "bwd" : "fwd", kname);
+    b.measure({row, size, "GFLOP/s", {}, &b.peaks[kname]}, [&](int) {
+      const double s = median_seconds(1, b.quick ? 3 : 9, [&] {
+        if (bwd) kernels::attention_backward(grad, q, k, v, out, lse, true, 0.125, rope);
+        else kernels::attention(q, k, v, true, 0.125, rope);
+      });
+      return (bwd ? 10 : 4) * double(B * H * T * T * E) / 2 / s / 1e9;
+    });
+  }
+}
+
 void measure_gemms(Bench& b) {
   int gr = b.quick ? 5 : 15;  // repetitions of a GEMM
   gemm_row(b, "gemm", 1024, 1024, 1024, false, false, 1, gr);
@@ -194,6 +221,8 @@ void measure_gemms(Bench& b) {
   gemm_row(b, "GPT-2 124M head fwd (8,192 of its columns)", 2048, 768, 8192, false, true, 1, b.quick ? 3 : 7);
   gemm_row(b, "Llama 350M head dW (all 50,257 rows)", 50257, 2048, 1024, true, false, 1, 2);
   gemm_row(b, "batched attention scores", 128, 64, 128, false, true, 48, b.quick ? 20 : 50);
+  attention_row(b, "GPT-2 124M", 12, 12, 0);
+  attention_row(b, "Llama 350M", 16, 8, 10000);
 }
 
 // Bandwidth rows: bytes read + written per call.
