@@ -354,8 +354,8 @@ TEST_CASE("each bf16 GEMM kernel matches a double loop on every shape, transpose
     check_gemm<BFloat16, BFloat16>(b16, 40, 300, 2100, true, false, 1, 0.5f, 0.0f);
     check_gemm<BFloat16, BFloat16>(b16, 300, 40, 2100, true, true, 0, 1.0f, 1.0f);
     bgemm_sum_block = sum_block;
-    // a^T packed once for two column blocks, over two row blocks and two KC blocks
-    check_gemm<BFloat16, float>(f32, 300, 600, 2100, true, false, 1, 1.0f, 0.5f);
+    // a^T packed once for two column blocks (of 1,024 columns for a transposed a), over two row blocks and two KC blocks
+    check_gemm<BFloat16, float>(f32, 150, 1100, 2100, true, false, 1, 1.0f, 0.5f);
     // 16 columns: one vector per tile row (a LoRA adapter's x A^T, dY B), full tiles and a row tail
     for (int t = 0; t < 4; ++t) {
       check_gemm<BFloat16, float>(f32, 300, 16, 300, t & 1, t & 2, 1, 1.0f, 0.5f);
@@ -411,6 +411,19 @@ TEST_CASE("the bf16 GEMM entry point splits over threads and gives the kernel's 
       check_gemm<BFloat16, float>(entry_bf16<float>, 16, 700, 2048, true, false, 1, 1.0f, 0.0f);  // a LoRA dA: skinny
       check_gemm<BFloat16, float>(entry_bf16<float>, 700, 16, 2048, true, false, 0, 1.0f, 1.0f);  // its dB, transposed
     }
+  }
+  // a^T too large to keep (4,100 x 2,048 values, past 8 Mi), packed again for each of two column blocks: against the f32
+  // GEMM of the same values (a stale packing is off by O(1), the sums' order by ~1e-5).
+  Generator gen(3);
+  Tensor a = randn({2048, 4100}, {}, &gen).to(kBFloat16), b = randn({2048, 1040}, {}, &gen).to(kBFloat16);
+  Tensor want = empty({4100, 1040}), got = empty({4100, 1040});
+  kernels::gemm(a.to(kFloat32), true, b.to(kFloat32), false, want);
+  set_num_threads(1);
+  for (BgemmKernel kernel : bf16_kernels()) {
+    set_bgemm_kernel(kernel);
+    kernels::gemm(a, true, b, false, got);
+    INFO("kernel " << bgemm_kernel_name(kernel) << ": a^T 4100 x 2048 times 2048 x 1040");
+    test::check_values(got, to_vector(want), 1e-4, 1e-3);
   }
   set_num_threads(threads);
   set_bgemm_kernel(saved);
@@ -493,7 +506,7 @@ TEST_CASE("gemm sums op(a)'s rows beside the product, as reduce(sum) would") {
     bool ta, out16 = false;  // out16: c in a's dtype
   };
   const std::vector<Case> cases = {{300, 129, 300, true}, {65, 700, 257, true}, {37, 45, 2100, true},
-                                   {4100, 600, 2048, true}, {40, 600, 64, true}, {530, 40, 64, false},
+                                   {4100, 1040, 2048, true}, {40, 600, 64, true}, {530, 40, 64, false},
                                    {20, 30, 0, true},       {20, 0, 30, true},  // no depth; no columns
                                    {37, 45, 2100, true, true}};  // bf16 c summed in f32 column blocks
   const int64_t sum_block = bgemm_sum_block.exchange(512);  // of 32 columns at 37 rows
