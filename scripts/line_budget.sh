@@ -13,7 +13,7 @@ budgets=(
   "kernels/cpu    5672  kernels/cpu"
   "cuda           4669  cuda"
   "autograd       2060  autograd"
-  "nn             3141  nn"
+  "nn             3159  nn"
   "dist           2598  dist"
   "tp              779  tp"
   "fsdp           4996  fsdp"
