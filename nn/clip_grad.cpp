@@ -1,5 +1,6 @@
 #include "nn/clip_grad.h"
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 
@@ -95,12 +96,28 @@ double scale_grads(const std::vector<Tensor>& params, double max_norm, double no
   return norm;
 }
 
+// max_norm and norm_type of every process holding part of a parameter (a gather per set of them), so that a refused
+// value or processes that disagree fail on all of them alike (not one left in a collective, or each its own factor).
+void check_arguments(const std::vector<Tensor>& params, double max_norm, double norm_type) {
+  std::vector<double> seen = {max_norm, norm_type};
+  std::vector<std::shared_ptr<const PartialReduction>> sets;
+  for (const Tensor& p : params)
+    if (auto r = partial_reduction(p); r && std::none_of(sets.begin(), sets.end(), [&](auto& s) { return s->same_processes(*r); })) {
+      sets.push_back(r);
+      for (double v : r->gather({max_norm, norm_type})) seen.push_back(v);
+    }
+  for (size_t i = 0; i < seen.size(); i += 2) {
+    WEFT_CHECK(seen[i + 1] > 0, "clip_grad_norm_: norm_type must be > 0 or inf, got {}", seen[i + 1]);
+    WEFT_CHECK(seen[i] >= 0, "clip_grad_norm_: max_norm must be >= 0, got {}", seen[i]);
+    WEFT_CHECK(seen[i] == max_norm && seen[i + 1] == norm_type, "clip_grad_norm_: the processes disagree: max_norm {} "
+               "and norm_type {} here, {} and {} on another", max_norm, norm_type, seen[i], seen[i + 1]);
+  }
+}
+
 }  // namespace
 
 double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type) {
-  // Checks on arguments only, which every rank shares, so a bad call fails on all of them.
-  WEFT_CHECK(norm_type > 0, "clip_grad_norm_: norm_type must be > 0 or inf, got {}", norm_type);
-  WEFT_CHECK(max_norm >= 0, "clip_grad_norm_: max_norm must be >= 0, got {}", max_norm);
+  check_arguments(params, max_norm, norm_type);
   const bool inf = std::isinf(norm_type);
   NoGradGuard no_grad;
   if (deterministic()) return scale_grads(params, max_norm, norm_type, ordered_total(params, norm_type));

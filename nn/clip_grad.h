@@ -18,8 +18,9 @@ namespace weft::nn {
 // before clipping (the same on every rank), as torch.nn.utils.clip_grad_norm_: coefficient
 // max_norm / (norm + 1e-6) when that is < 1. norm_type: any p > 0 (sum of |g|^p in f64, then
 // the p-th root) or inf (max |g|). Parameters without a gradient are skipped. With sharded
-// parameters it is a collective over their groups (one all-reduce per group of ranks): every
-// rank passes its parameters in the same order.
+// parameters it is a collective over their groups (a gather of max_norm and norm_type, then one
+// all-reduce per group of ranks): every rank passes its parameters in the same order, and ranks
+// whose max_norm or norm_type differ, or that pass a refused value, all fail alike.
 double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type = 2.0);
 
 }  // namespace weft::nn

@@ -221,6 +221,12 @@ TEST_CASE("clip_grad_norm_: bad arguments fail on every rank") {
   loss_of(*m, slice(mlp_batch(0))).backward();
   CHECK_THROWS_WITH(nn::clip_grad_norm_(m->parameters(), 1.0, -1.0), Catch::Contains("norm_type must be > 0 or inf"));
   CHECK_THROWS_WITH(fsdp::clip_grad_norm_(root, -1.0), Catch::Contains("max_norm must be >= 0"));
+  if (dist::world_size() > 1) {  // one rank's value differs, or only one rank's is refused: every rank throws
+    const int rank = dist::rank();
+    CHECK_THROWS_WITH(nn::clip_grad_norm_(m->parameters(), rank == 1 ? 2.0 : 1.0), Catch::Contains("disagree"));
+    CHECK_THROWS_WITH(nn::clip_grad_norm_(m->parameters(), 1.0, rank == 1 ? 1.0 : 2.0), Catch::Contains("disagree"));
+    CHECK_THROWS_WITH(nn::clip_grad_norm_(m->parameters(), rank == 0 ? NAN : 1.0), Catch::Contains("max_norm must be >= 0"));
+  }
   // Not clipping (max_norm above the norm) leaves gradients untouched.
   std::vector<std::vector<double>> before;
   for (auto& p : m->parameters()) before.push_back(to_vector(p.grad()));
