@@ -81,6 +81,22 @@ fsdp::FSDPModule shard_gpt(const std::shared_ptr<TinyGPT>& m, const fsdp::FullyS
   return fsdp::fully_shard(m, o);
 }
 
+// A whole model and its sharded twin, both made from `seed`: members, not a structured binding, which clang 14 cannot
+// capture in the tests' lambdas.
+template <class M>
+struct Twins {
+  std::shared_ptr<M> ref, m;
+  fsdp::FSDPModule root;
+};
+template <class M, class Shard>
+Twins<M> twins(uint64_t seed, Shard shard) {
+  manual_seed(seed);
+  auto ref = std::make_shared<M>();
+  manual_seed(seed);
+  auto m = std::make_shared<M>();
+  return {ref, m, shard(m)};
+}
+
 double sum_of(const Tensor& t) {
   double s = 0;
   for (double v : to_vector(t)) s += v;
@@ -240,11 +256,9 @@ TEST_CASE("clip_grad_norm_: bad arguments fail on every rank") {
 // SummonFullParams
 
 TEST_CASE("SummonFullParams: full parameters inside, shards again after") {
-  manual_seed(3);
-  auto ref = std::make_shared<UnevenMLP>();
-  manual_seed(3);
-  auto m = std::make_shared<UnevenMLP>();
-  auto root = shard_mlp(m);
+  auto twin = twins<UnevenMLP>(3, [](auto m) { return shard_mlp(m); });
+  auto ref = twin.ref, m = twin.m;
+  auto& root = twin.root;
   auto shard_shapes = [&] {
     std::vector<Shape> s;
     for (auto& p : m->parameters()) s.push_back(p.shape());
@@ -292,11 +306,9 @@ TEST_CASE("SummonFullParams: edits persist into the shards and training continue
 }
 
 TEST_CASE("SummonFullParams: a parameter replaced inside the guard is written back like an edit; a wrong shape is refused") {
-  manual_seed(6);
-  auto ref = std::make_shared<UnevenMLP>();
-  manual_seed(6);
-  auto m = std::make_shared<UnevenMLP>();
-  auto root = shard_mlp(m);
+  auto twin = twins<UnevenMLP>(6, [](auto m) { return shard_mlp(m); });
+  auto ref = twin.ref, m = twin.m;
+  auto& root = twin.root;
   {
     fsdp::SummonFullParams guard(root);
     m->fc1->set_parameter("weight", full({15, 7}, 0.25));  // a new tensor, not an in-place edit
@@ -328,11 +340,9 @@ TEST_CASE("SummonFullParams: a parameter replaced inside the guard is written ba
 }
 
 TEST_CASE("SummonFullParams: writeback = false discards edits; rank0_only") {
-  manual_seed(4);
-  auto ref = std::make_shared<UnevenMLP>();
-  manual_seed(4);
-  auto m = std::make_shared<UnevenMLP>();
-  auto root = shard_mlp(m);
+  auto twin = twins<UnevenMLP>(4, [](auto m) { return shard_mlp(m); });
+  auto ref = twin.ref, m = twin.m;
+  auto& root = twin.root;
   {
     fsdp::SummonFullParams full(root, {.writeback = false});
     NoGradGuard ng;
@@ -351,11 +361,9 @@ TEST_CASE("SummonFullParams: writeback = false discards edits; rank0_only") {
 }
 
 TEST_CASE("SummonFullParams: a no-grad forward inside the guard sees the edits") {
-  manual_seed(5);
-  auto ref = std::make_shared<TinyGPT>();
-  manual_seed(5);
-  auto m = std::make_shared<TinyGPT>();
-  auto root = shard_gpt(m);
+  auto twin = twins<TinyGPT>(5, [](auto m) { return shard_gpt(m); });
+  auto ref = twin.ref, m = twin.m;
+  auto& root = twin.root;
   auto edit = [](TinyGPT& g) {
     NoGradGuard ng;
     g.head->weight.narrow(0, 0, 4).fill_(0.25);
