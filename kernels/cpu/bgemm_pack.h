@@ -164,7 +164,7 @@ void pack_pairs_lanes(int64_t kc, int64_t mc, const uint16_t* x, int64_t k_st, u
   if (mc % W) std::memset(out + mc / W * W * 2 * kc2, 0, size_t(kc2) * 2 * W * sizeof(uint16_t));
   for (int64_t q = 0; q < kc2; ++q) {
     const uint16_t* x0 = x + 2 * q * k_st;
-    // Rows a page or more apart are not prefetched by the hardware: each line 16 rows ahead into L1.
+    // Rows a page or more apart are not prefetched by the hardware: each line 32 rows ahead into L1.
     for (int64_t l0 = 0; l0 < mc; l0 += 32)
       for (int64_t ahead : {32, 33}) _mm_prefetch(reinterpret_cast<const char*>(x0 + ahead * k_st + l0), _MM_HINT_T0);
     for (int64_t l0 = 0; sums && l0 < mc; l0 += 16) {  // bf16 to f32: the bits moved up 16
