@@ -136,15 +136,15 @@ static k::Reduction parse_reduction(std::string_view r, const char* op) {
 }
 
 // 16-bit logits are computed in f32 where they are read (no widened copy), and their gradient
-// written in their dtype. The loss is f32 then: under autocast it stays f32 (one of the ops
+// written in their dtype; the backward keeps the logits and two numbers a row, not log-probs. The loss is f32 then: under autocast it stays f32 (one of the ops
 // autocast computes in f32); otherwise it is rounded to the logits' dtype, as torch returns it.
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntropyOptions& opts) {
   k::Reduction red = parse_reduction(opts.reduction, "cross_entropy");
-  auto [loss, log_probs] = k::cross_entropy(logits.detach(), target, opts.ignore_index, opts.label_smoothing, red);
+  auto [loss, row_stats] = k::cross_entropy(logits.detach(), target, opts.ignore_index, opts.label_smoothing, red);
   if (needs_grad({&logits})) {
     record("CrossEntropyBackward", {logits}, {loss},
-           [log_probs = log_probs, t = target.detach(), opts, red, dt = logits.dtype()](const TensorList& g) -> TensorList {
-             return {k::cross_entropy_backward(g[0], log_probs, t, opts.ignore_index, opts.label_smoothing, red, dt)};
+           [x = logits.detach(), row_stats = row_stats, t = target.detach(), opts, red](const TensorList& g) -> TensorList {
+             return {k::cross_entropy_backward(g[0], x, row_stats, t, opts.ignore_index, opts.label_smoothing, red)};
            });
   }
   return autocast_dtype() || loss.dtype() == logits.dtype() ? loss : loss.to(logits.dtype());

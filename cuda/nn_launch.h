@@ -29,14 +29,15 @@ void launch_layer_norm_backward(const void* grad, const void* x, const void* mea
                                 const void* weight, DType dtype, int64_t rows, int64_t n, void* dx, void* dweight,
                                 void* dbias, cudaStream_t stream);
 
-// ---- cross_entropy.cu: logits, log_probs [n, c]; target [n] (i64 or i32, already checked to
+// ---- cross_entropy.cu: logits [n, c] of `dtype`; target [n] (i64 or i32, already checked to
 // be in range or ignore_index). reduction: 0 none (loss [n]), 1 mean, 2 sum (loss 0-dim);
 // `count` is the number of non-ignored targets (used by mean). row_loss: scratch of n doubles.
+// loss, row_stats [n, 2] and grad_loss in the arithmetic type (f32 for 16-bit logits).
 void launch_cross_entropy(const void* logits, const void* target, DType target_dtype, DType dtype, int64_t n,
                           int64_t c, int64_t ignore_index, double label_smoothing, int reduction, int64_t count,
-                          void* loss, void* log_probs, double* row_loss, cudaStream_t stream);
-// grad_loss [n] (none) or one element.
-void launch_cross_entropy_backward(const void* grad_loss, const void* log_probs, const void* target,
+                          void* loss, void* row_stats, double* row_loss, cudaStream_t stream);
+// grad_loss [n] (none) or one element; dlogits [n, c] of `dtype`.
+void launch_cross_entropy_backward(const void* grad_loss, const void* logits, const void* row_stats, const void* target,
                                    DType target_dtype, DType dtype, int64_t n, int64_t c, int64_t ignore_index,
                                    double label_smoothing, int reduction, int64_t count, void* dlogits,
                                    cudaStream_t stream);

@@ -105,38 +105,30 @@ void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& mean
 // ---------------------------------------------------------------- cross-entropy
 
 // The targets are copied to the host to be checked (as on the CPU, an out-of-range target is
-// an error) and counted, so these wait for the stream. The kernels take one dtype: 16-bit
-// logits (f32 log_probs) are widened first, and their dlogits computed in f32 and narrowed.
+// an error) and counted, so these wait for the stream. 16-bit logits are read and their dlogits
+// written in their dtype; loss, row_stats and grad_loss are f32 then.
 void cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing,
-                   Reduction reduction, const Tensor& loss, const Tensor& log_probs) {
-  if (logits.dtype() != log_probs.dtype())
-    return cross_entropy(logits.to(log_probs.dtype()), target, ignore_index, label_smoothing, reduction, loss, log_probs);
+                   Reduction reduction, const Tensor& loss, const Tensor& row_stats) {
   const int64_t n = logits.size(0), c = logits.size(1);
   const int64_t count = check_and_count_targets(target, c, ignore_index);
   DeviceGuard guard(logits.device().index);
   Tensor row_loss = empty({std::max<int64_t>(n, 1)}, {.dtype = DType::f64, .device = logits.device()});
   launch_cross_entropy(n ? logits.data_ptr() : nullptr, n ? target.data_ptr() : nullptr, target.dtype(),
                        logits.dtype(), n, c, ignore_index, label_smoothing, reduction_code(reduction), count,
-                       loss.numel() ? loss.data_ptr() : nullptr, n ? log_probs.data_ptr() : nullptr,
+                       loss.numel() ? loss.data_ptr() : nullptr, n ? row_stats.data_ptr() : nullptr,
                        row_loss.data<double>(), stream_of(logits));
 }
 
-void cross_entropy_backward(const Tensor& grad_loss, const Tensor& log_probs, const Tensor& target,
-                            int64_t ignore_index, double label_smoothing, Reduction reduction,
+void cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, const Tensor& row_stats,
+                            const Tensor& target, int64_t ignore_index, double label_smoothing, Reduction reduction,
                             const Tensor& dlogits) {
-  if (dlogits.dtype() != log_probs.dtype()) {
-    Tensor wide = empty(dlogits.shape(), {.dtype = log_probs.dtype(), .device = dlogits.device()});
-    cross_entropy_backward(grad_loss, log_probs, target, ignore_index, label_smoothing, reduction, wide);
-    copy_elements(dlogits, wide);
-    return;
-  }
-  const int64_t n = log_probs.size(0), c = log_probs.size(1);
+  const int64_t n = logits.size(0), c = logits.size(1);
   const int64_t count = check_and_count_targets(target, c, ignore_index);
   if (n * c == 0) return;
-  DeviceGuard guard(log_probs.device().index);
-  launch_cross_entropy_backward(grad_loss.data_ptr(), log_probs.data_ptr(), target.data_ptr(), target.dtype(),
-                                log_probs.dtype(), n, c, ignore_index, label_smoothing, reduction_code(reduction),
-                                count, dlogits.data_ptr(), stream_of(log_probs));
+  DeviceGuard guard(logits.device().index);
+  launch_cross_entropy_backward(grad_loss.data_ptr(), logits.data_ptr(), row_stats.data_ptr(), target.data_ptr(),
+                                target.dtype(), logits.dtype(), n, c, ignore_index, label_smoothing,
+                                reduction_code(reduction), count, dlogits.data_ptr(), stream_of(logits));
 }
 
 // ---------------------------------------------------------------- dropout

@@ -74,13 +74,14 @@ struct KernelBackend {
   void (*layer_norm_backward)(const Tensor& grad, const Tensor& x, const Tensor& mean, const Tensor& rstd,
                               const Tensor& weight, const Tensor& dx, const Tensor& dweight, const Tensor& dbias);
   // logits contiguous [N, C]; target contiguous [N] (range-checked by the backend); loss [N]
-  // (Reduction::none) or 0-dim; log_probs [N, C]. loss, log_probs and grad_loss are f32 for
-  // 16-bit logits (and dlogits), else of the logits' dtype.
+  // (Reduction::none) or 0-dim; row_stats [N, 2]: each row's max and log(sum e^(x - max)), from
+  // which the backward makes the log-probabilities again. loss, row_stats and grad_loss are f32
+  // for 16-bit logits, else of the logits' dtype; dlogits is of the logits' dtype.
   void (*cross_entropy)(const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing,
-                        Reduction reduction, const Tensor& loss, const Tensor& log_probs);
-  void (*cross_entropy_backward)(const Tensor& grad_loss, const Tensor& log_probs, const Tensor& target,
-                                 int64_t ignore_index, double label_smoothing, Reduction reduction,
-                                 const Tensor& dlogits);
+                        Reduction reduction, const Tensor& loss, const Tensor& row_stats);
+  void (*cross_entropy_backward)(const Tensor& grad_loss, const Tensor& logits, const Tensor& row_stats,
+                                 const Tensor& target, int64_t ignore_index, double label_smoothing,
+                                 Reduction reduction, const Tensor& dlogits);
   // Inputs fit `out` (contiguous) along dim; any dtypes and strides.
   void (*cat)(const std::vector<Tensor>& xs, int64_t dim, const Tensor& out);
   // x, y contiguous; mask bool, a function of `seed` and the element position only.

@@ -176,45 +176,43 @@ std::pair<Tensor, Tensor> cross_entropy(const Tensor& logits_, const Tensor& tar
   WEFT_CHECK(c > 0, "cross_entropy: logits {} have no classes", tensor_desc(logits));
   const KernelBackend& backend = kernel_backend(logits.device(), op);
   const TensorOptions stats{.dtype = stats_dtype(logits.dtype()), .device = logits.device()};
-  Tensor log_probs = empty({n, c}, stats);
+  Tensor row_stats = empty({n, 2}, stats);
   Tensor loss = empty(reduction == Reduction::none ? Shape{n} : Shape{}, stats);
   backend.cross_entropy(logits.reshape({n, c}).contiguous(), target.reshape({n}).contiguous(), ignore_index,
-                        label_smoothing, reduction, loss, log_probs);
-  if (logits.dim() == 1) {
-    log_probs = log_probs.view({c});
-    if (reduction == Reduction::none) loss = loss.view({});
-  }
-  return {loss, log_probs};
+                        label_smoothing, reduction, loss, row_stats);
+  if (logits.dim() == 1 && reduction == Reduction::none) loss = loss.view({});
+  return {loss, row_stats};
 }
 
-Tensor cross_entropy_backward(const Tensor& grad_loss_, const Tensor& log_probs_, const Tensor& target_,
-                              int64_t ignore_index, double label_smoothing, Reduction reduction,
-                              std::optional<DType> logits_dtype) {
-  Tensor grad_loss = plain(grad_loss_), log_probs = plain(log_probs_), target = plain(target_);
+Tensor cross_entropy_backward(const Tensor& grad_loss_, const Tensor& logits_, const Tensor& row_stats_,
+                              const Tensor& target_, int64_t ignore_index, double label_smoothing,
+                              Reduction reduction) {
+  Tensor grad_loss = plain(grad_loss_), logits = plain(logits_), row_stats = plain(row_stats_),
+         target = plain(target_);
   const char* op = "cross_entropy_backward";
-  check_float(op, log_probs, "log_probs");
+  check_float(op, logits, "logits");
   check_float(op, grad_loss, "grad");
   check_index(op, target, "target");
-  check_device(op, log_probs, target);
-  check_device(op, log_probs, grad_loss);
-  WEFT_CHECK(log_probs.dim() == 1 || log_probs.dim() == 2, "{}: log_probs must be [N, C] or [C], got {}", op,
-             tensor_desc(log_probs));
-  int64_t n = log_probs.dim() == 2 ? log_probs.size(0) : 1, c = log_probs.size(-1);
-  WEFT_CHECK(target.numel() == n, "{}: target {} does not fit log_probs {}", op, tensor_desc(target),
-             tensor_desc(log_probs));
-  WEFT_CHECK(
-      grad_loss.dtype() == log_probs.dtype() && grad_loss.numel() == (reduction == Reduction::none ? n : 1),
-      "{}: grad {} does not fit the loss of log_probs {}", op, tensor_desc(grad_loss),
-      tensor_desc(log_probs));
-  const DType out_dtype = logits_dtype.value_or(log_probs.dtype());
-  WEFT_CHECK(is_floating(out_dtype) && stats_dtype(out_dtype) == log_probs.dtype(),
-             "{}: logits of {} cannot have log_probs {} (f32 for 16-bit logits, else the logits' own dtype)", op,
-             dtype_name(out_dtype), tensor_desc(log_probs));
-  const KernelBackend& backend = kernel_backend(log_probs.device(), op);
-  Tensor dlogits = empty(log_probs.shape(), {.dtype = out_dtype, .device = log_probs.device()});
+  check_device(op, logits, target);
+  check_device(op, logits, grad_loss);
+  check_device(op, logits, row_stats);
+  WEFT_CHECK(logits.dim() == 1 || logits.dim() == 2, "{}: logits must be [N, C] or [C], got {}", op,
+             tensor_desc(logits));
+  int64_t n = logits.dim() == 2 ? logits.size(0) : 1, c = logits.size(-1);
+  WEFT_CHECK(target.numel() == n, "{}: target {} does not fit logits {}", op, tensor_desc(target),
+             tensor_desc(logits));
+  const DType stats = stats_dtype(logits.dtype());
+  WEFT_CHECK(row_stats.dtype() == stats && row_stats.dim() == 2 && row_stats.size(0) == n && row_stats.size(1) == 2,
+             "{}: row_stats {} do not fit logits {} (want [{}, 2] {})", op, tensor_desc(row_stats),
+             tensor_desc(logits), n, dtype_name(stats));
+  WEFT_CHECK(grad_loss.dtype() == stats && grad_loss.numel() == (reduction == Reduction::none ? n : 1),
+             "{}: grad {} does not fit the loss of logits {}", op, tensor_desc(grad_loss), tensor_desc(logits));
+  const KernelBackend& backend = kernel_backend(logits.device(), op);
+  Tensor dlogits = empty(logits.shape(), {.dtype = logits.dtype(), .device = logits.device()});
   backend.cross_entropy_backward(grad_loss.reshape({grad_loss.numel()}).contiguous(),
-                                 log_probs.reshape({n, c}).contiguous(), target.reshape({n}).contiguous(),
-                                 ignore_index, label_smoothing, reduction, dlogits.view({n, c}));
+                                 logits.reshape({n, c}).contiguous(), row_stats.contiguous(),
+                                 target.reshape({n}).contiguous(), ignore_index, label_smoothing, reduction,
+                                 dlogits.view({n, c}));
   return dlogits;
 }
 

@@ -47,16 +47,17 @@ Tensor scatter_add(const Tensor& self, int64_t dim, const Tensor& index, const T
 
 // ---- cross-entropy on logits [N, C] (or [C]) and targets [N] (i64/i32) as in
 // torch.nn.functional.cross_entropy; reduction "mean" (over non-ignored targets), "sum" or
-// "none". Returns (loss, log_probs) where log_probs [N, C] is saved for the backward. 16-bit
-// logits are read as they are and computed in f32: loss and log_probs are f32 then, and the
-// backward writes dlogits in `logits_dtype` (default: log_probs' dtype).
+// "none". Returns (loss, row_stats) where row_stats [N, 2] (each row's max and
+// log(sum e^(x - max))) is what the backward needs besides the logits: it makes the
+// log-probabilities again instead of keeping an [N, C] tensor. 16-bit logits are read as they
+// are and computed in f32: loss and row_stats are f32 then; dlogits has the logits' dtype.
 enum class Reduction { none, mean, sum };
 std::pair<Tensor, Tensor> cross_entropy(const Tensor& logits, const Tensor& target,
                                         int64_t ignore_index, double label_smoothing,
                                         Reduction reduction);
-Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& log_probs, const Tensor& target,
-                              int64_t ignore_index, double label_smoothing, Reduction reduction,
-                              std::optional<DType> logits_dtype = std::nullopt);
+Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, const Tensor& row_stats,
+                              const Tensor& target, int64_t ignore_index, double label_smoothing,
+                              Reduction reduction);
 
 // ---- concatenation (dtypes promoted, shapes equal except along dim)
 Tensor cat(const std::vector<Tensor>& xs, int64_t dim);

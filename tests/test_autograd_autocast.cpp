@@ -7,6 +7,7 @@
 
 #include "autograd/autocast.h"
 #include "autograd/ops.h"
+#include "core/allocator.h"
 #include "core/op_profiler.h"
 #include "core/generator.h"
 #include "kernels/elementwise.h"
@@ -133,6 +134,36 @@ TEST_CASE("autocast: matmul and attention return bf16; cross_entropy and layer_n
   CHECK(autocast_dtype() == DType::bf16);
   CHECK(std::fabs(loss.item() - loss_f32.item()) <= 1e-6 * std::fabs(loss_f32.item()));  // computed from the same bf16 values
   CHECK(layer_norm(randn({4, 16}, {}, &gen), {16}).dtype() == kFloat32);
+}
+
+// The loss of a 50,257-token head at ctx 1024 has logits of 100 MB a sequence: its backward
+// keeps those (bf16 under autocast) and two f32 numbers a row, not an f32 copy of log-probs.
+TEST_CASE("autocast: cross_entropy keeps the bf16 logits and two numbers a row for its backward") {
+  Generator gen(5);
+  const int64_t n = 64, c = 1000;
+  Tensor logits = randn({n, c}, {}, &gen).to(DType::bf16);
+  logits.set_requires_grad(true);
+  Tensor target = arange(0, double(n) * 7, 7, {.dtype = DType::i64});
+  AutocastGuard autocast;
+  const int64_t before = memory_stats().live_bytes;
+  Tensor loss = cross_entropy(logits, target);
+  const int64_t held = memory_stats().live_bytes - before;
+  INFO("bytes held after the forward: " << held);
+  CHECK(held < n * c);  // under half the bf16 logits; f32 log-probs would be 4 n c
+  loss.backward();
+  REQUIRE(logits.grad().dtype() == DType::bf16);
+  Tensor wide = logits.detach().to(kFloat32);
+  wide.set_requires_grad(true);
+  {
+    AutocastGuard off(DType::bf16, false);
+    cross_entropy(wide, target).backward();
+  }
+  std::vector<double> got = to_vector(logits.grad()), want = to_vector(wide.grad());
+  int bad = 0;
+  // The f32 gradient of the same values rounded once to bf16, but for the last bit of a row's
+  // log-sum (its sum may add in another order), which can move a value by one bf16 step.
+  for (size_t i = 0; i < got.size(); ++i) bad += std::fabs(got[i] - bf16_round(want[i])) > std::fabs(want[i]) / 128;
+  CHECK(bad == 0);
 }
 
 TEST_CASE("autocast: a checkpointed recompute runs under its forward's policy") {

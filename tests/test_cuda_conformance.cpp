@@ -416,10 +416,10 @@ std::vector<Case> cases() {
           cs.push_back({std::string("cross_entropy + backward ") + rn + (smooth > 0 ? " smoothed" : ""),
                         {{{37, 10}, t}, {{37}, it, Values::index, false, 10}, {{r == Reduction::none ? 37 : 1}, t}},
                         [r, smooth](const auto& x) {
-                          auto [loss, lp] = cross_entropy(x[0], x[1], 2, smooth, r);
+                          auto [loss, st] = cross_entropy(x[0], x[1], 2, smooth, r);
                           Tensor g = (r == Reduction::none ? x[2] : x[2].view({})).to(loss.dtype());  // f32 for 16-bit
-                          return std::vector<Tensor>{loss, lp,
-                                                     cross_entropy_backward(g, lp, x[1], 2, smooth, r, x[0].dtype())};
+                          return std::vector<Tensor>{loss, st,
+                                                     cross_entropy_backward(g, x[0], st, x[1], 2, smooth, r)};
                         }, 4.0});
         }
 

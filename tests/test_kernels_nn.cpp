@@ -350,9 +350,11 @@ TEST_CASE("cross_entropy matches a naive loop for every reduction, ignore_index 
       auto [rows, count] = ref_cross_entropy(xv, t, c, -100, eps);
       double sum = 0;
       for (double v : rows) sum += v;
-      auto [none, lp] = k::cross_entropy(logits, target, -100, eps, k::Reduction::none);
+      auto [none, st] = k::cross_entropy(logits, target, -100, eps, k::Reduction::none);
       CHECK(none.shape() == Shape{n});
       check_close(none, rows, 1e-12);
+      Vec lp(xv.size()), sv = to_vector(st);  // log_softmax made again from the two numbers a row
+      for (size_t i = 0; i < lp.size(); ++i) lp[i] = (xv[i] - sv[2 * (i / size_t(c))]) - sv[2 * (i / size_t(c)) + 1];
       check_close(lp, ref_softmax(logits, 1, true), 1e-12);
       check_close(k::cross_entropy(logits, target, -100, eps, k::Reduction::sum).first, {sum}, 1e-12);
       Tensor mean = k::cross_entropy(logits, target, -100, eps, k::Reduction::mean).first;
@@ -368,9 +370,9 @@ TEST_CASE("cross_entropy matches a naive loop for every reduction, ignore_index 
     }
   // [C] logits with a scalar target.
   Tensor one = rnd({c});
-  auto [l1, lp1] = k::cross_entropy(one, idx({3}, {}), -100, 0.0, k::Reduction::mean);
+  auto [l1, st1] = k::cross_entropy(one, idx({3}, {}), -100, 0.0, k::Reduction::mean);
   check_close(l1, ref_cross_entropy(to_vector(one), {3}, c, -100, 0.0).first, 1e-12);
-  CHECK(lp1.shape() == Shape{c});
+  CHECK(st1.shape() == Shape{1, 2});
   CHECK(k::cross_entropy(one, idx({3}, {}), -100, 0.0, k::Reduction::none).first.dim() == 0);
   // Every target ignored: the mean is 0/0.
   CHECK(std::isnan(k::cross_entropy(logits, full({n}, -100, {.dtype = kInt64}), -100, 0.0, k::Reduction::mean)
@@ -391,22 +393,58 @@ TEST_CASE("cross_entropy reads 16-bit logits as they are: f32 results as if wide
       for (double eps : {0.0, 0.1}) {
         INFO(dtype_name(dt) << " reduction " << int(r) << " label_smoothing " << eps);
         Tensor x = rnd({n, c}).to(dt), wide = x.to(kFloat32), target = idx(t, {n});
-        auto [loss, lp] = k::cross_entropy(x, target, -100, eps, r);
-        auto [loss32, lp32] = k::cross_entropy(wide, target, -100, eps, r);
+        auto [loss, st] = k::cross_entropy(x, target, -100, eps, r);
+        auto [loss32, st32] = k::cross_entropy(wide, target, -100, eps, r);
         REQUIRE(loss.dtype() == kFloat32);
-        REQUIRE(lp.dtype() == kFloat32);
+        REQUIRE(st.dtype() == kFloat32);
+        REQUIRE(st.shape() == Shape{n, 2});
         test::check_values(loss, to_vector(loss32), 1e-6, 0);  // the sums' order may differ in the last bit
-        test::check_values(lp, to_vector(lp32), 1e-6, 1e-6);
+        test::check_values(st, to_vector(st32), 1e-6, 1e-6);
         Tensor g = r == k::Reduction::none ? rnd({n}).to(kFloat32) : full({}, 0.75);
-        Tensor d = k::cross_entropy_backward(g, lp, target, -100, eps, r, dt);
+        Tensor d = k::cross_entropy_backward(g, x, st, target, -100, eps, r);
         REQUIRE(d.dtype() == dt);
-        test::check_values(d, to_vector(k::cross_entropy_backward(g, lp32, target, -100, eps, r).to(dt)),
+        test::check_values(d, to_vector(k::cross_entropy_backward(g, wide, st32, target, -100, eps, r).to(dt)),
                            dt == kBFloat16 ? 1.0 / 128 : 1.0 / 1024, 1e-6);
       }
-  Tensor lp = k::cross_entropy(rnd({2, 3}).to(kBFloat16), idx({0, 1}, {2}), -100, 0.0, k::Reduction::mean).second;
-  CHECK_THROWS_WITH(k::cross_entropy_backward(full({}, 1.0), lp, idx({0, 1}, {2}), -100, 0.0, k::Reduction::mean,
-                                              kFloat64),
-                    Contains("logits of f64 cannot have log_probs"));
+  Tensor x = rnd({2, 3}).to(kBFloat16);
+  Tensor st = k::cross_entropy(x, idx({0, 1}, {2}), -100, 0.0, k::Reduction::mean).second;
+  CHECK_THROWS_WITH(k::cross_entropy_backward(full({}, 1.0), x, st.to(kFloat64), idx({0, 1}, {2}), -100, 0.0,
+                                              k::Reduction::mean),
+                    Contains("row_stats") && Contains("want [2, 2] f32"));
+  CHECK_THROWS_WITH(k::cross_entropy_backward(full({}, 1.0), x, st.narrow(0, 0, 1), idx({0, 1}, {2}), -100, 0.0,
+                                              k::Reduction::mean),
+                    Contains("row_stats") && Contains("want [2, 2] f32"));
+}
+
+// The backward makes each row's log-probabilities again from the logits and the forward's two
+// numbers a row; they must be the ones the forward had: log_softmax's, to the last bits.
+TEST_CASE("cross_entropy keeps two numbers a row, from which the backward's probabilities are the forward's") {
+  const int64_t n = 6, c = 1000;
+  Tensor x = rnd({n, c}).to(kFloat32), target = idx({0, 999, 5, 5, 17, 500}, {n});
+  auto [loss, st] = k::cross_entropy(x, target, -100, 0.0, k::Reduction::sum);
+  REQUIRE(st.shape() == Shape{n, 2});
+  Vec xv = to_vector(x), sv = to_vector(st);
+  for (int64_t i = 0; i < n; ++i) {
+    double mx = -1e300, sum = 0;
+    for (int64_t j = 0; j < c; ++j) mx = std::max(mx, xv[size_t(i * c + j)]);
+    for (int64_t j = 0; j < c; ++j) sum += std::exp(xv[size_t(i * c + j)] - mx);
+    CHECK(sv[size_t(2 * i)] == mx);
+    CHECK(sv[size_t(2 * i + 1)] == Approx(std::log(sum)).epsilon(1e-6));
+  }
+  // d loss / d x = softmax(x) - onehot: rows sum to 0, and the target's entry is p_t - 1.
+  Tensor d = k::cross_entropy_backward(full({}, 1.0, {.dtype = kFloat32}), x, st, target, -100, 0.0,
+                                       k::Reduction::sum);
+  Vec dv = to_vector(d);
+  for (int64_t i = 0; i < n; ++i) {
+    double row = 0;
+    for (int64_t j = 0; j < c; ++j) row += dv[size_t(i * c + j)];
+    CHECK(row == Approx(0.0).margin(1e-5));
+  }
+  const Vec ref = ref_cross_entropy(xv, to_vector(target), c, -100, 0.0).first;  // -log p_t per row
+  for (int64_t i = 0; i < n; ++i) {
+    const size_t at = size_t(i * c + int64_t(to_vector(target)[size_t(i)]));
+    CHECK(dv[at] == Approx(std::exp(-ref[size_t(i)]) - 1.0).epsilon(1e-5));
+  }
 }
 
 TEST_CASE("cross_entropy backward matches finite differences") {
@@ -419,8 +457,8 @@ TEST_CASE("cross_entropy backward matches finite differences") {
       Tensor g = red == k::Reduction::none ? rnd({n}) : scalar_tensor(0.7, {.dtype = kFloat64});
       Vec gv = to_vector(g);
       auto loss = [&] { return dot(gv, to_vector(k::cross_entropy(logits, target, -100, eps, red).first)); };
-      auto [l, lp] = k::cross_entropy(logits, target, -100, eps, red);
-      Tensor d = k::cross_entropy_backward(g, lp, target, -100, eps, red);
+      auto [l, st] = k::cross_entropy(logits, target, -100, eps, red);
+      Tensor d = k::cross_entropy_backward(g, logits, st, target, -100, eps, red);
       CHECK(d.shape() == Shape{n, c});
       check_close(d, numeric_grad(loss, logits), 1e-6);
       for (int64_t j = 0; j < c; ++j) CHECK(to_vector(d)[size_t(c + j)] == 0.0);  // ignored row

@@ -13,6 +13,20 @@ inline uint64_t mix64(uint64_t z) {
   return z ^ (z >> 31);
 }
 
+// out = in * mask / (1 - p): the kept elements scaled, the others 0 (the forward and the backward alike).
+void apply_mask(const Tensor& in, const Tensor& mask, double p, const Tensor& out, const char* op) {
+  const int64_t n = in.numel();
+  const bool* pm = mask.data<bool>();
+  dispatch_float(in.dtype(), op, [&]<typename T>() {
+    using A = acc_t<T>;
+    const T* px = in.data<T>();
+    T* py = out.data<T>();
+    A scale = p < 1 ? A(1.0 / (1.0 - p)) : A(0);
+#pragma omp parallel for simd schedule(static) if (n > kParallelGrain)
+    for (int64_t i = 0; i < n; ++i) py[i] = T(A(px[i]) * (pm[i] ? scale : A(0)));
+  });
+}
+
 }  // namespace
 
 void dropout(const Tensor& x, double p, uint64_t seed, const Tensor& y, const Tensor& mask) {
@@ -26,27 +40,11 @@ void dropout(const Tensor& x, double p, uint64_t seed, const Tensor& y, const Te
     pm[i] = (h & 0xffffffffull) >= threshold;
     if (i + 1 < n) pm[i + 1] = (h >> 32) >= threshold;
   }
-  dispatch_float(x.dtype(), "dropout", [&]<typename T>() {
-    using A = acc_t<T>;
-    const T* px = x.data<T>();
-    T* py = y.data<T>();
-    A scale = p < 1 ? A(1.0 / (1.0 - p)) : A(0);
-#pragma omp parallel for simd schedule(static) if (n > kParallelGrain)
-    for (int64_t i = 0; i < n; ++i) py[i] = T(A(px[i]) * (pm[i] ? scale : A(0)));
-  });
+  apply_mask(x, mask, p, y, "dropout");
 }
 
 void dropout_backward(const Tensor& grad, const Tensor& mask, double p, const Tensor& dx) {
-  int64_t n = grad.numel();
-  const bool* pm = mask.data<bool>();
-  dispatch_float(grad.dtype(), "dropout_backward", [&]<typename T>() {
-    using A = acc_t<T>;
-    const T* pg = grad.data<T>();
-    T* pd = dx.data<T>();
-    A scale = p < 1 ? A(1.0 / (1.0 - p)) : A(0);
-#pragma omp parallel for simd schedule(static) if (n > kParallelGrain)
-    for (int64_t i = 0; i < n; ++i) pd[i] = T(A(pg[i]) * (pm[i] ? scale : A(0)));
-  });
+  apply_mask(grad, mask, p, dx, "dropout_backward");
 }
 
 }  // namespace weft::kernels::cpu

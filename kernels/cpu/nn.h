@@ -61,11 +61,12 @@ void gather(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& out
 // out (a copy of self) contiguous; index contiguous; src any strides.
 void scatter_add(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src);
 
-// logits contiguous [N, C]; target contiguous [N]; loss [N] (none) or 0-dim; log_probs [N, C].
+// logits contiguous [N, C]; target contiguous [N]; loss [N] (none) or 0-dim; row_stats [N, 2].
 void cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing,
-                   Reduction reduction, const Tensor& loss, const Tensor& log_probs);
-void cross_entropy_backward(const Tensor& grad_loss, const Tensor& log_probs, const Tensor& target,
-                            int64_t ignore_index, double label_smoothing, Reduction reduction, const Tensor& dlogits);
+                   Reduction reduction, const Tensor& loss, const Tensor& row_stats);
+void cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, const Tensor& row_stats,
+                            const Tensor& target, int64_t ignore_index, double label_smoothing, Reduction reduction,
+                            const Tensor& dlogits);
 
 // Inputs already checked to fit `out` (contiguous) along dim; any dtypes and strides.
 void cat(const std::vector<Tensor>& xs, int64_t dim, const Tensor& out);

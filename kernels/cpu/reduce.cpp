@@ -26,45 +26,28 @@ template <class T> struct Buffer {
 };
 
 // A reducer says what a lane accumulates in (Lane), what lane results fold into (Total),
-// and how. Lanes combine with step(), totals with merge().
-template <class T> struct SumR {
+// and how. Lanes combine with step(), totals with merge(). Sums and products (Prod) of
+// integers wrap.
+template <class T, bool Prod = false> struct SumR {
   using Lane = std::conditional_t<is_float_v<T>, acc_t<T>, int64_t>;
   using Total = std::conditional_t<is_float_v<T>, double, int64_t>;
   static Lane in(T x) { return Lane(x); }
-  static Lane init() { return Lane(0); }
-  static Total total_init() { return Total(0); }
-  static Lane step(Lane a, Lane x) {
-    if constexpr (std::is_integral_v<Lane>) return int64_t(uint64_t(a) + uint64_t(x));  // wraps
-    else return a + x;
+  static Lane init() { return Lane(Prod ? 1 : 0); }
+  static Total total_init() { return Total(Prod ? 1 : 0); }
+  template <class V> static V combine(V a, V b) {
+    if constexpr (std::is_integral_v<V>) return int64_t(Prod ? uint64_t(a) * uint64_t(b) : uint64_t(a) + uint64_t(b));
+    else return Prod ? a * b : a + b;
   }
+  static Lane step(Lane a, Lane x) { return combine(a, x); }
   static Total fold(Total t, Lane l) { return merge(t, Total(l)); }
-  static Total merge(Total a, Total b) {
-    if constexpr (std::is_integral_v<Total>) return int64_t(uint64_t(a) + uint64_t(b));
-    else return a + b;
-  }
+  static Total merge(Total a, Total b) { return combine(a, b); }
 };
+template <class T> using ProdR = SumR<T, true>;
 
 // x^2 summed in f64: SumR<double> over the squares, each square of an f32 (or 16-bit) value
 // exact in f64, so the bits of summing x.to(f64) squared.
 template <class T> struct SumSqR : SumR<double> {
   static Lane in(T x) { return double(x) * double(x); }
-};
-
-template <class T> struct ProdR {
-  using Lane = std::conditional_t<is_float_v<T>, acc_t<T>, int64_t>;
-  using Total = std::conditional_t<is_float_v<T>, double, int64_t>;
-  static Lane in(T x) { return Lane(x); }
-  static Lane init() { return Lane(1); }
-  static Total total_init() { return Total(1); }
-  static Lane step(Lane a, Lane x) {
-    if constexpr (std::is_integral_v<Lane>) return int64_t(uint64_t(a) * uint64_t(x));
-    else return a * x;
-  }
-  static Total fold(Total t, Lane l) { return merge(t, Total(l)); }
-  static Total merge(Total a, Total b) {
-    if constexpr (std::is_integral_v<Total>) return int64_t(uint64_t(a) * uint64_t(b));
-    else return a * b;
-  }
 };
 
 // max/min: NaN wins (as torch.max), and it is exact, so Lane == Total.
