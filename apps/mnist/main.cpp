@@ -462,7 +462,7 @@ int main(int argc, char** argv) {
                "another run wrote to --save (removed at its first save)")->needs(save);
   app.add_option("--load,--resume", o.load, "resume from the latest checkpoint in DIR (written at any number of ranks)")
       ->check(CLI::ExistingDirectory);
-  app.add_option("--steps", o.steps, "stop after N more optimizer steps")->check(apps::cli::integer(0, int64_t(1) << 40));
+  app.add_option("--steps", o.steps, "stop after N more optimizer steps (0, the default: run all of --epochs)")->check(apps::cli::integer(0, int64_t(1) << 40));
   app.add_option("--data", o.data, "directory with {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]")->capture_default_str();
   app.add_option("--log-every", o.log_every, "steps between metrics lines")->check(apps::cli::integer(1, int64_t(1) << 40))->capture_default_str();
   app.add_option("--device", o.device, "cpu, cuda (this rank's GPU) or cuda:N: where the model and batches live")

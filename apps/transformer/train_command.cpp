@@ -483,6 +483,7 @@ void prepare_run(TrainOptions& o, const Ranks& ranks, Run& run) {
   if (!o.resume.empty()) find_resume(o, run, ranks.lead());
   std::vector<apps::PathFlag> inputs = {{"--resume", run.resume_from}, {"--init-from", o.init_from}};
   for (const std::string& file : run.data.files) inputs.push_back({"--data", file});
+  inputs.push_back({"--data", o.data});  // a folder: what is written inside it would be read as data next time
   apps::check_outputs_apart({{"--metrics", o.metrics}, {"--checkpoint-dir", o.checkpoint_dir, true},
                              {"WEFT_TRACE", trace::file()}}, inputs, "transformer");
   run.identity = apps::run_identity(run.resume_from);
