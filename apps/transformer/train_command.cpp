@@ -575,6 +575,17 @@ void print_run(const TrainOptions& o, const Run& run, const Ranks& ranks, int64_
 // --init-from without --resume: the Hugging Face weights replace the initial ones (each rank
 // reads its shards' bytes only; a NaN or infinity in them throws as it is read).
 void load_init_weights(const TrainOptions& o, const Run& run, const Ranks& ranks, const fsdp::FSDPModule* root) {
+  if (ranks.fsdp) {  // each rank reads its shards' bytes only: one path may hold other weights on another host
+    dist::ConfigSettings held;
+    dist::agree(ranks.groups(), "transformer", [&] {
+      held = {{"--init-from " + o.init_from + "'s weights (sha256)",
+               o.base_elsewhere() ? o.base_digest : apps::hf_weights_digest(o.init_from)}};
+      if (run.adapter) held.emplace_back("the adapters of " + run.adapter->dir + " (sha256)",
+                                         sha256_file(run.adapter->dir + "/adapter_model.safetensors"));
+    });
+    dist::check_same_config(held, "weft-transformer", nullptr, "every rank must start from the same weights: the "
+                            "path holds other files on some rank's host");
+  }
   dist::agree(ranks.groups(), "transformer", [&] {
     apps::load_hf_checkpoint(o.init_from, run.lm, root);
     if (run.adapter) apps::load_peft_weights(*run.adapter, run.lm, root);

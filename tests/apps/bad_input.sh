@@ -127,6 +127,11 @@ cp -r "$(dirname "${BASH_SOURCE[0]}")/../data/hf/gpt2" "$tmp/hf_cfgdir" && rm "$
 # checkpoint of a later step.
 mkdir -p "$tmp/r0" "$tmp/r1"
 cp "$tmp/text.txt" "$tmp/r0/text.txt" && cp "$tmp/same_len.txt" "$tmp/r1/text.txt"
+# One path, other weights on another "host": rank 1's copy has one value's lowest bit flipped (still finite).
+cp -r "$tmp/hf_copy" "$tmp/r0/hf" && cp -r "$tmp/hf_copy" "$tmp/r1/hf"
+w="$tmp/r1/hf/model.safetensors" && at=$(( $(stat -c %s "$w") - 4 ))
+printf "\\x$(printf %02x $(( $(od -An -tu1 -j "$at" -N1 "$w") ^ 1 )))" | dd of="$w" bs=1 seek="$at" conv=notrunc status=none
+cmp -s "$tmp/r0/hf/model.safetensors" "$w" && fail "could not change rank 1's weights"
 idx_set "$tmp/r0/mi" && idx_set "$tmp/r1/mi"
 printf '\x01' | dd of="$tmp/r1/mi/train-images-idx3-ubyte" bs=1 seek=20 conv=notrunc status=none
 cp -r "$tmp/ck" "$tmp/r0/ck"
