@@ -99,12 +99,31 @@ TEST_CASE("token data: prepare puts the tokenizer's template tokens (Llama's BOS
   }
 }
 
+// prepare replaces train.tokens, then val.tokens, each by rename: stopped between the two, a
+// directory holds one split of the new text and one of the old, under the same tokenizer.
+TEST_CASE("token data: the files of one dataset carry its id; splits of two prepares are refused together") {
+  const fs::path texts = kScratch.fresh("ids_texts"), one = kScratch.fresh("ids") / "one", two = kScratch.fresh("ids2") / "two";
+  write(texts / "a.txt", "The quick brown fox jumps over the lazy dog, again and again and again.\n");
+  apps::prepare_tokens(kTokenizer, texts.string(), one.string(), "<|endoftext|>", 0.25);
+  apps::prepare_tokens(kTokenizer, texts.string(), two.string(), "<|endoftext|>", 0.25);
+  const apps::TokenFile a((one / "train.tokens").string()), b((two / "train.tokens").string());
+  CHECK(a.header().dataset_id.size() == 32);
+  CHECK(a.header().dataset_id == b.header().dataset_id);  // the same text, the same bytes
+  write(texts / "a.txt", "Another text entirely: its tokens are not the first one's.\n");
+  apps::prepare_tokens(kTokenizer, texts.string(), two.string(), "<|endoftext|>", 0.25);
+  fs::copy_file(two / "val.tokens", one / "val.tokens", fs::copy_options::overwrite_existing);
+  apps::TrainingData d;
+  CHECK_THROWS_WITH(apps::load_training_data(one.string(), d),
+                    Contains("belong to different datasets") && Contains("prepare the dataset again"));
+}
+
 TEST_CASE("token data: token files hold 16-bit ids up to 65,536 tokens and 32-bit ones past it") {
   const fs::path dir = kScratch.fresh("widths");
   const std::string digest(64, 'a');
   const std::vector<uint32_t> small = {0, 1, 65535, 7}, large = {0, 65536, 69999, 123456 % 70000};
-  apps::write_token_file((dir / "s").string(), small, 65536, digest);
-  apps::write_token_file((dir / "l").string(), large, 70000, digest);
+  const std::string id = apps::dataset_id({small, large});
+  apps::write_token_file((dir / "s").string(), small, 65536, digest, id);
+  apps::write_token_file((dir / "l").string(), large, 70000, digest, id);
   const apps::TokenFile s((dir / "s").string()), l((dir / "l").string());
   CHECK(s.header().bytes_per_token == 2);
   CHECK(l.header().bytes_per_token == 4);
@@ -112,14 +131,16 @@ TEST_CASE("token data: token files hold 16-bit ids up to 65,536 tokens and 32-bi
   CHECK(all_tokens(l) == large);
   CHECK(fs::file_size(dir / "s") == 128 + 4 * 2);
   CHECK(fs::file_size(dir / "l") == 128 + 4 * 4);
-  CHECK_THROWS_WITH(apps::write_token_file((dir / "x").string(), std::vector<uint32_t>{3, 70000}, 70000, digest),
+  CHECK(s.header().dataset_id == id);
+  CHECK_THROWS_WITH(apps::write_token_file((dir / "x").string(), std::vector<uint32_t>{3, 70000}, 70000, digest, id),
                     Contains("id 70000 at 1 is outside the vocabulary of 70000"));
   CHECK(!fs::exists(dir / "x"));  // nothing left behind
 }
 
 TEST_CASE("token data: bad token files are named") {
   const fs::path dir = kScratch.fresh("bad");
-  apps::write_token_file((dir / "good").string(), std::vector<uint32_t>{1, 2, 3}, 100, std::string(64, 'f'));
+  apps::write_token_file((dir / "good").string(), std::vector<uint32_t>{1, 2, 3}, 100, std::string(64, 'f'),
+                         std::string(32, 'c'));
   std::string bytes;
   {
     std::ifstream in(dir / "good", std::ios::binary);
@@ -158,7 +179,7 @@ TEST_CASE(kTruncatedChild, "[.]") {
 
 TEST_CASE("token data: a token file truncated in place while it is mapped is an error naming it, not a signal") {
   const fs::path dir = kScratch.fresh("truncated"), file = dir / "train.tokens";
-  apps::write_token_file(file.string(), std::vector<uint32_t>(100000, 7), 100, std::string(64, 'e'));
+  apps::write_token_file(file.string(), std::vector<uint32_t>(100000, 7), 100, std::string(64, 'e'), std::string(32, 'd'));
   // exec: the status is the child's own, so that a death by SIGBUS shows as one (not as the shell's exit 135).
   const std::string cmd = fmt::format("WEFT_TEST_TOKEN_FILE='{}' exec '{}' '{}' 2>&1", file.string(),
                                       fs::read_symlink("/proc/self/exe").string(), kTruncatedChild);

@@ -156,17 +156,18 @@ std::vector<Example> read_jsonl(const std::string& file, RecordEncoder& enc) {
   return out;
 }
 
-void write_split(const std::string& out_dir, const std::string& name, const std::vector<Example>& examples,
-                 size_t begin, size_t end, int64_t vocab, const std::string& digest, int64_t& tokens) {
+// One split's ids, and each id's label (kLabelStart at an example's first token).
+struct Split {
   std::vector<uint32_t> ids, labels;
+};
+Split make_split(const std::vector<Example>& examples, size_t begin, size_t end) {
+  Split s;
   for (size_t e = begin; e < end; ++e) {
-    ids.insert(ids.end(), examples[e].ids.begin(), examples[e].ids.end());
+    s.ids.insert(s.ids.end(), examples[e].ids.begin(), examples[e].ids.end());
     for (size_t i = 0; i < examples[e].ids.size(); ++i)
-      labels.push_back(i == 0 ? kLabelStart : examples[e].trained[i] ? kLabelTrained : kLabelContext);
+      s.labels.push_back(i == 0 ? kLabelStart : examples[e].trained[i] ? kLabelTrained : kLabelContext);
   }
-  write_token_file(out_dir + "/" + name + ".tokens", ids, vocab, digest);
-  write_token_file(out_dir + "/" + name + ".labels", labels, 3, digest);
-  tokens = int64_t(ids.size());
+  return s;
 }
 
 }  // namespace
@@ -213,8 +214,13 @@ PreparedExamples prepare_examples(const std::string& tokenizer_path, const std::
   const std::string digest = tokenizer_digest(tokenizer_path);
   const int64_t vocab = enc.tokenizer().vocab_size();
   const size_t n_train = examples.size() - n_val;
-  write_split(out_dir, "train", examples, 0, n_train, vocab, digest, out.train_tokens);
-  write_split(out_dir, "val", examples, n_train, examples.size(), vocab, digest, out.val_tokens);
+  const Split train = make_split(examples, 0, n_train), val = make_split(examples, n_train, examples.size());
+  const std::string id = dataset_id({train.ids, train.labels, val.ids, val.labels});
+  for (const auto& [name, split] : {std::pair{"train", &train}, std::pair{"val", &val}}) {
+    write_token_file(out_dir + "/" + name + ".tokens", split->ids, vocab, digest, id);
+    write_token_file(out_dir + "/" + name + ".labels", split->labels, 3, digest, id);
+  }
+  out.train_tokens = int64_t(train.ids.size()), out.val_tokens = int64_t(val.ids.size());
   copy_tokenizer(tokenizer_path, out_dir);
   out.train_examples = int64_t(n_train), out.val_examples = int64_t(n_val);
   return out;

@@ -150,8 +150,14 @@ int64_t encode_file(const BpeTokenizer& tok, const std::string& path, bool speci
 
 }  // namespace
 
+std::string dataset_id(std::initializer_list<std::span<const uint32_t>> parts) {
+  std::string digests;
+  for (const auto& part : parts) digests += sha256_hex(part.data(), part.size_bytes());
+  return sha256_hex(digests.data(), digests.size()).substr(0, 32);
+}
+
 void write_token_file(const std::string& path, std::span<const uint32_t> tokens, int64_t vocab_size,
-                      const std::string& tokenizer_sha256) {
+                      const std::string& tokenizer_sha256, const std::string& dataset_id) {
   WEFT_CHECK(vocab_size > 0 && vocab_size <= (int64_t(1) << 32), "transformer: token file {}: vocabulary size {}",
              path, vocab_size);
   WEFT_CHECK(tokenizer_sha256.size() == 64, "transformer: token file {}: the tokenizer digest must be 64 hex "
@@ -164,6 +170,8 @@ void write_token_file(const std::string& path, std::span<const uint32_t> tokens,
   put_le(header + 16, tokens.size(), 8);
   put_le(header + 24, uint64_t(vocab_size), 8);
   std::memcpy(header + 32, tokenizer_sha256.data(), 64);
+  WEFT_CHECK(dataset_id.size() == 32, "transformer: token file {}: the dataset id must be 32 hex characters", path);
+  std::memcpy(header + 96, dataset_id.data(), 32);
   write_file_atomic(path, [&](std::FILE* f) {
     check_write(f, header, kHeaderBytes, path);
     std::vector<unsigned char> block;
@@ -225,6 +233,8 @@ TokenFile::TokenFile(const std::string& path) : path_(path) {
   header_.count = int64_t(count);
   header_.vocab_size = int64_t(vocab);
   header_.tokenizer_sha256.assign(reinterpret_cast<const char*>(h + 32), 64);
+  header_.dataset_id.assign(reinterpret_cast<const char*>(h + 96), 32);
+  if (header_.dataset_id.find_first_not_of('\0') == std::string::npos) header_.dataset_id.clear();
   data_ = h + kHeaderBytes;
   const bool ranks = dist::is_initialized() && dist::world_size() > 1;  // named as run_program names a rank's error
   guard_ = guard_mapping(map_, map_size_, fmt::format("{}: error{}: transformer: token file {} became shorter while "
@@ -260,6 +270,9 @@ void load_training_data(const std::string& path, TrainingData& d) {
   WEFT_CHECK(a.tokenizer_sha256 == b.tokenizer_sha256,
              "transformer: {} and {} come from different tokenizers (sha256 {} and {}): prepare them together", train,
              val, a.tokenizer_sha256, b.tokenizer_sha256);
+  WEFT_CHECK(a.dataset_id == b.dataset_id, "transformer: {} and {} belong to different datasets (ids {} and {}): a "
+             "prepare stopped between its files, or one was copied in from another dataset: prepare the dataset again",
+             train, val, a.dataset_id.empty() ? "none" : a.dataset_id, b.dataset_id.empty() ? "none" : b.dataset_id);
   WEFT_CHECK(a.vocab_size == b.vocab_size, "transformer: {} has a vocabulary of {} tokens but {} of {}, though both "
              "record tokenizer sha256 {}: one of them is damaged; prepare them again", train, a.vocab_size, val,
              b.vocab_size, a.tokenizer_sha256);
@@ -275,10 +288,11 @@ void load_training_data(const std::string& path, TrainingData& d) {
                                             std::tuple{val, &*d.val_file, &d.val_labels_file}}) {
     const std::string name = file.substr(0, file.size() - 7) + ".labels";
     const TokenFile& l = labels->emplace(name);
-    WEFT_CHECK(l.header().tokenizer_sha256 == a.tokenizer_sha256 && l.size() == tokens->size(),
-               "transformer: {} does not belong to {} ({} labels for {} tokens, tokenizer sha256 {} and {}): prepare "
-               "the dataset again", name, file, l.size(), tokens->size(), l.header().tokenizer_sha256,
-               a.tokenizer_sha256);
+    WEFT_CHECK(l.header().tokenizer_sha256 == a.tokenizer_sha256 && l.size() == tokens->size() &&
+               l.header().dataset_id == a.dataset_id,
+               "transformer: {} does not belong to {} ({} labels for {} tokens, tokenizer sha256 {} and {}, dataset ids "
+               "{} and {}): prepare the dataset again", name, file, l.size(), tokens->size(),
+               l.header().tokenizer_sha256, a.tokenizer_sha256, l.header().dataset_id, a.dataset_id);
   }
   d.train_labels = d.train_labels_file->view(), d.val_labels = d.val_labels_file->view();
 }
@@ -329,8 +343,9 @@ PreparedData prepare_tokens(const std::string& tokenizer_path, const std::string
   WEFT_CHECK(!ec && WEFT_FS(fs::is_directory(out_dir)), "transformer: cannot create the dataset directory {}: {}", out_dir,
              ec ? ec.message() : "not a directory");
   const std::span<const uint32_t> train(tokens.data(), tokens.size() - n_val), val(tokens.data() + train.size(), n_val);
-  write_token_file(out_dir + "/train.tokens", train, tok.vocab_size(), digest);
-  write_token_file(out_dir + "/val.tokens", val, tok.vocab_size(), digest);
+  const std::string id = dataset_id({train, val});
+  write_token_file(out_dir + "/train.tokens", train, tok.vocab_size(), digest, id);
+  write_token_file(out_dir + "/val.tokens", val, tok.vocab_size(), digest, id);
   copy_tokenizer(tokenizer_path, out_dir);
   for (const char* stale : {"/train.labels", "/val.labels"}) fs::remove(out_dir + stale, ec);  // now a text dataset
   out.train_tokens = int64_t(train.size()), out.val_tokens = int64_t(val.size());

@@ -5,11 +5,13 @@
 //   0   magic "WEFTTOK1" (8 bytes)       8  format version (u32, 1)
 //   12  bytes per token (u32, 2 or 4)    16 token count (u64)
 //   24  vocabulary size (u64)            32 the tokenizer.json's sha256 (64 hex characters)
-//   96  zeros up to 128
+//   96  the dataset's id (32 hex characters, the same in every file of one dataset; zeros in
+//       files written before it was kept)
 // Files are written atomically (core/atomic_file.h) and read memory-mapped (TokenFile), so a
 // dataset never has to fit in memory.
 #pragma once
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <span>
 #include <string>
@@ -23,11 +25,18 @@ namespace weft::apps {
 struct TokenFileHeader {
   int64_t bytes_per_token = 0, count = 0, vocab_size = 0;
   std::string tokenizer_sha256;
+  std::string dataset_id;  // empty in files from before it was kept
 };
+
+// The id every file of one prepared dataset carries: the first 32 hex characters of a sha256 of
+// all its parts' ids (train, val; labels too), so that the same text prepared again gets the same
+// bytes. A dataset whose files carry different ids (a prepare stopped between two of its renames,
+// or a file copied in from another dataset) is refused.
+std::string dataset_id(std::initializer_list<std::span<const uint32_t>> parts);
 
 // Writes `tokens` (each < vocab_size) as a token file at `path`, replacing it atomically.
 void write_token_file(const std::string& path, std::span<const uint32_t> tokens, int64_t vocab_size,
-                      const std::string& tokenizer_sha256);
+                      const std::string& tokenizer_sha256, const std::string& dataset_id);
 
 // A token file, memory-mapped read-only; a bad header or a size that disagrees with it is an
 // error naming the file and the field, and so is the file's truncation while it is mapped.
