@@ -2,6 +2,7 @@
 #include "kernels/rope.h"
 
 #include <cmath>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <string>
@@ -27,6 +28,9 @@ void check_rope_scaling(const char* op, const RopeScaling& s) {
 void check_rope(const char* op, const Rope& rope, int64_t E, int64_t n_pos) {
   WEFT_CHECK(std::isfinite(rope.theta) && rope.theta > 0, "{}: rope theta must be finite and positive, got {}", op,
              rope.theta);
+  WEFT_CHECK(rope.theta >= double(std::numeric_limits<float>::min()) && rope.theta <= double(std::numeric_limits<float>::max()),
+             "{}: rope theta {} is outside what f32 holds ({} to {}), in which the rotary tables are computed", op,
+             rope.theta, std::numeric_limits<float>::min(), std::numeric_limits<float>::max());
   WEFT_CHECK(E % 2 == 0, "{}: rotary embeddings need an even head dim, got {}", op, E);
   WEFT_CHECK(rope.q_pos >= 0 && rope.k_pos >= 0, "{}: rope positions must be non-negative, got q {} and k {}", op,
              rope.q_pos, rope.k_pos);

@@ -23,6 +23,7 @@
 #include "apps/transformer/lora_settings.h"
 #include "apps/transformer/peft_adapter.h"
 #include "apps/transformer/token_data.h"
+#include "core/element_search.h"
 #include "core/trace.h"
 #include "weft.h"
 
@@ -203,6 +204,9 @@ void write_prompt_logits(nn::Module& model, const std::vector<int64_t>& ids, int
   Tensor x = empty({1, t}, {.dtype = kInt64});
   std::copy(ids.end() - t, ids.end(), x.data<int64_t>());
   Tensor logits = model(x.to(device)).select(0, 0).to(kCPU).to(kFloat32).contiguous();  // [t, vocab]
+  if (auto bad = find_nonfinite(logits))  // on every rank alike: each holds the whole logits
+    WEFT_ERROR("transformer: the prompt's logits hold {} ([{}, {}]): nothing was written to {} (the model's weights or "
+               "config give non-finite values)", bad->str(), t, logits.size(1), path);
   if (ranks.lead()) save_safetensors(path, {{"logits", logits}}, {{"prompt_tokens", std::to_string(t)}});
 }
 

@@ -127,6 +127,10 @@ cp -r "$(dirname "${BASH_SOURCE[0]}")/../data/hf/gpt2" "$tmp/hf_cfgdir" && rm "$
 # checkpoint of a later step.
 mkdir -p "$tmp/r0" "$tmp/r1"
 cp "$tmp/text.txt" "$tmp/r0/text.txt" && cp "$tmp/same_len.txt" "$tmp/r1/text.txt"
+# Finite weights whose products are not: the first 64 floats (attention biases) at f32's largest value.
+cp -r "$tmp/hf_copy" "$tmp/hf_huge" && w="$tmp/hf_huge/model.safetensors"
+at=$(( 8 + $(od -An -tu8 -N8 "$w" | tr -d ' ') )) && for i in $(seq 0 63); do
+  printf '\xff\xff\x7f\x7f' | dd of="$w" bs=1 seek=$((at + 4 * i)) conv=notrunc status=none; done
 # One path, other weights on another "host": rank 1's copy has one value's lowest bit flipped (still finite).
 cp -r "$tmp/hf_copy" "$tmp/r0/hf" && cp -r "$tmp/hf_copy" "$tmp/r1/hf"
 w="$tmp/r1/hf/model.safetensors" && at=$(( $(stat -c %s "$w") - 4 ))
