@@ -98,9 +98,8 @@ int main(int argc, char** argv) {
     if (ver->parsed()) return verify(dir);
     WEFT_CHECK(!out.empty(), "checkpoint: OUT is empty: name the .safetensors file to write");
     apps::check_outputs_apart({{"OUT", out}}, {{"DIR", dir}}, "checkpoint");
-    std::error_code ec;
-    WEFT_CHECK(!std::filesystem::exists(out, ec), "checkpoint: OUT {} already exists: consolidate writes a new file "
-               "and overwrites nothing (choose another OUT or remove it)", out);
+    WEFT_CHECK(!WEFT_FS(std::filesystem::exists(out)), "checkpoint: OUT {} already exists: consolidate writes a new "
+               "file and overwrites nothing (choose another OUT or remove it)", out);
     fsdp::consolidate_checkpoint(dir, out, with_optimizer, allow_nonfinite);
     auto entries = read_safetensors_index(out);
     std::fprintf(stderr, "wrote %s: %zu tensors from %s\n", out.c_str(), entries.size(),

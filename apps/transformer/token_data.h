@@ -28,10 +28,9 @@ struct TokenFileHeader {
   std::string dataset_id;  // empty in files from before it was kept
 };
 
-// The id every file of one prepared dataset carries: the first 32 hex characters of a sha256 of
-// all its parts' ids (train, val; labels too), so that the same text prepared again gets the same
-// bytes. A dataset whose files carry different ids (a prepare stopped between two of its renames,
-// or a file copied in from another dataset) is refused.
+// The id every file of one prepared dataset carries (32 hex characters of a sha256 of all its ids and labels: the same
+// text prepared again gets the same bytes). Files of one dataset with different ids (a prepare stopped between its
+// renames, a file copied in from another dataset) are refused.
 std::string dataset_id(std::initializer_list<std::span<const uint32_t>> parts);
 
 // Writes `tokens` (each < vocab_size) as a token file at `path`, replacing it atomically.

@@ -578,10 +578,8 @@ void load_init_weights(const TrainOptions& o, const Run& run, const Ranks& ranks
   if (ranks.fsdp) {  // each rank reads its shards' bytes only: one path may hold other weights on another host
     dist::ConfigSettings held;
     dist::agree(ranks.groups(), "transformer", [&] {
-      held = {{"--init-from " + o.init_from + "'s weights (sha256)",
-               o.base_elsewhere() ? o.base_digest : apps::hf_weights_digest(o.init_from)}};
-      if (run.adapter) held.emplace_back("the adapters of " + run.adapter->dir + " (sha256)",
-                                         sha256_file(run.adapter->dir + "/adapter_model.safetensors"));
+      held = {{o.init_from + "'s weights", o.base_elsewhere() ? o.base_digest : apps::hf_weights_digest(o.init_from)}};
+      if (run.adapter) held.emplace_back(run.adapter->dir + "'s adapters", sha256_file(run.adapter->dir + "/adapter_model.safetensors"));
     });
     dist::check_same_config(held, "weft-transformer", nullptr, "every rank must start from the same weights: the "
                             "path holds other files on some rank's host");
