@@ -20,6 +20,9 @@ struct TrainOptions {
   bool untie = false;
   bool tie = false;  // --tie (llama)
   std::string init_from;  // a Hugging Face directory whose config and weights start the run
+  bool shape_given = false, ctx_given = false;  // flags given: with --resume alone the model is the checkpoint's else
+  bool model_from_checkpoint = false;           // it was (then `source`: the Hugging Face directory it records)
+  std::string source;
   int64_t batch_size = 16, steps = 200, grad_accum = 1, warmup = -1;  // warmup -1: 10, at most steps - 1
   double lr = 3e-4, weight_decay = 0.1, clip = 1.0;
   std::string lr_schedule = "cosine";  // after the warmup: cosine, linear, constant or wsd

@@ -97,7 +97,7 @@ void add_model_flags(CLI::App* tr, TrainOptions& t) {
                  "--d-model rounded up to a multiple of 32)")->check(apps::cli::integer(0, 16 * apps::kMaxDModel))->capture_default_str());
   shape_flags.push_back(tr->add_option("--rope-theta", t.model.rope_theta, "llama: the rotary embeddings' base")
       ->check(apps::cli::number_above(0))->capture_default_str());
-  tr->add_option("--ctx", t.model.ctx, "context length in bytes")->check(apps::cli::integer(1, apps::kMaxCtx))->capture_default_str();
+  auto* ctx = tr->add_option("--ctx", t.model.ctx, "context length in bytes")->check(apps::cli::integer(1, apps::kMaxCtx))->capture_default_str();
   tr->add_option("--dropout", t.model.dropout, "dropout probability")->check(apps::cli::number_in_half_open(0, 1))->capture_default_str();
   auto* untie = tr->add_flag("--untie", t.untie, "give the LM head its own weight instead of sharing the token "
                              "embedding (llama is untied unless --tie)");
@@ -106,6 +106,10 @@ void add_model_flags(CLI::App* tr, TrainOptions& t) {
   shape_flags.push_back(tie_flag);
   shape_flags.push_back(arch);
   for (CLI::Option* f : shape_flags) f->excludes(init_from);
+  tr->parse_complete_callback([&t, shape_flags, ctx] {  // --resume alone takes the checkpoint's model
+    t.shape_given = std::any_of(shape_flags.begin(), shape_flags.end(), [](CLI::Option* f) { return f->count() > 0; });
+    t.ctx_given = ctx->count() > 0;
+  });
 }
 
 // train's LoRA flags (nn/lora.h): adapters on the blocks' linear layers, the rest frozen.

@@ -65,6 +65,7 @@ std::map<std::string, std::string> describe(const apps::ModelConfig& cfg, const 
   if (o.pack) d["pack"] = "1";
   if (o.base_dtype != "f32") d["base_dtype"] = o.base_dtype;
   if (!o.init_from.empty()) d["hf_source"] = WEFT_FS(std::filesystem::absolute(o.init_from)).string();  // export-hf's side files
+  else if (!o.source.empty()) d["hf_source"] = o.source;
   return d;
 }
 
@@ -234,6 +235,21 @@ double validation_loss(nn::Module& model, const Run& run, const TrainOptions& o,
   return mean_over_ranks(total / double(o.eval_iters), ranks);
 }
 
+// --resume without --init-from or a shape flag: the model is the one the checkpoint describes (--ctx, if given, must
+// be its context: find_resume checks every field).
+void take_resume_config(TrainOptions& o) {
+  const std::string where = apps::readable_checkpoint(o.resume, "transformer", false);
+  if (where.empty()) return;  // find_resume says so
+  const std::map<std::string, std::string> app = fsdp::read_checkpoint_index(where).training.app;
+  apps::ModelConfig c = config_of(app, where);
+  c.dropout = o.model.dropout;
+  if (o.ctx_given) c.ctx = o.model.ctx;
+  o.model = c;
+  o.untie = !c.tie_weights;
+  o.model_from_checkpoint = true;
+  if (auto it = app.find("hf_source"); it != app.end()) o.source = it->second;
+}
+
 // --init-from: the model is the checkpoint's; --ctx may shorten its context.
 void take_init_config(TrainOptions& o) {
   WEFT_CHECK(apps::is_hf_dir(o.init_from), "transformer: --init-from {} is not a Hugging Face model directory "
@@ -355,9 +371,10 @@ void validate(TrainOptions& o, const Ranks& ranks, Run& run) {
 void load_data(TrainOptions& o, Run& run, bool fsdp) {
   apps::load_training_data(o.data, run.data);
   if (!run.data.tokenizer_sha256.empty()) {  // token ids: the model's vocabulary must hold them
-    if (o.init_from.empty()) o.model.vocab_size = run.data.vocab_size;
+    if (o.init_from.empty() && !o.model_from_checkpoint) o.model.vocab_size = run.data.vocab_size;
     WEFT_CHECK(o.model.vocab_size >= run.data.vocab_size, "transformer: {}'s vocabulary of {} is smaller than the "
-               "dataset's {} ({})", o.init_from, o.model.vocab_size, run.data.vocab_size, o.data);
+               "dataset's {} ({})", o.init_from.empty() ? o.resume : o.init_from, o.model.vocab_size,
+               run.data.vocab_size, o.data);
   }
   if (!o.checkpoint_dir.empty() || !o.resume.empty() || fsdp) run.train_text = training_text(run.data);
   if (run.data.examples()) {  // whole examples, cut at the context
@@ -476,6 +493,7 @@ void prepare_run(TrainOptions& o, const Ranks& ranks, Run& run) {
   run.device = apps::parse_device(o.device, "transformer");  // first: a device that cannot work ends the run at once
   apps::cli::use_threads(o.threads);
   set_deterministic(o.deterministic);
+  if (!o.resume.empty() && o.init_from.empty() && !o.shape_given) take_resume_config(o);
   o.model.tie_weights = !o.untie;
   validate(o, ranks, run);
   if (!o.checkpoint_dir.empty() && ranks.lead() && !o.plan.only()) run.dir_lock.emplace(o.checkpoint_dir);

@@ -70,8 +70,17 @@ h1=$(loss_at "$tmp/h.jsonl" 1)
 l3=(--init-from "$data/llama3" --ctx 80 --batch-size 4 --steps 4 --warmup 1 --lr 1e-3 --seed 0 --threads 1
     --eval-every 0 --eval-iters 2 --checkpoint-dir "$tmp/ck3" --checkpoint-every 2)
 "$exe" train "${l3[@]}" --stop-after 2 >/dev/null 2>"$tmp/l3.err" || fail "--init-from llama3 failed: $(cat "$tmp/l3.err")"
+cp -r "$tmp/ck3" "$tmp/ck3b"
 "$exe" train "${l3[@]}" --resume "$tmp/ck3" --metrics "$tmp/l3.jsonl" >/dev/null 2>"$tmp/l3.err" ||
   fail "resuming the llama3 fine-tune failed: $(cat "$tmp/l3.err")"
+# --resume alone (no --init-from, no shape flag): the model is the one the checkpoint describes, the same steps.
+l3b=("${l3[@]:2}") && l3b[${#l3b[@]}-3]="$tmp/ck3b"  # its --checkpoint-dir
+"$exe" train "${l3b[@]}" --resume "$tmp/ck3b" --metrics "$tmp/l3b.jsonl" >/dev/null \
+  2>"$tmp/l3b.err" || fail "resuming the llama3 fine-tune without --init-from failed: $(cat "$tmp/l3b.err")"
+[ "$(loss_at "$tmp/l3b.jsonl" 4)" = "$(loss_at "$tmp/l3.jsonl" 4)" ] ||
+  fail "resumed without --init-from: step-4 loss $(loss_at "$tmp/l3b.jsonl" 4), with it $(loss_at "$tmp/l3.jsonl" 4)"
+grep -q "\"hf_source\": *\"$(readlink -f "$data/llama3")\"" "$tmp/ck3b/step_00000004/index.json" ||
+  fail "the checkpoint of a run resumed without --init-from lost its hf_source"
 # generation_config.json's eos ids stop sampling (any of them; --eos none: never), from the
 # directory and from a checkpoint of a run that started from it.
 all=$("$exe" sample --from "$data/llama3" --prompt "The " --greedy --tokens 20 --ids 2>/dev/null)
