@@ -14,6 +14,7 @@
 #include "apps/common/checkpoint_owner.h"
 #include "apps/common/cli.h"
 #include "apps/common/output_paths.h"
+#include "apps/transformer/chat_template.h"
 #include "apps/transformer/commands.h"
 #include "apps/transformer/example_data.h"
 #include "apps/transformer/token_data.h"
@@ -343,6 +344,7 @@ int main(int argc, char** argv) {
     if (pr->parsed()) {
       apps::start_ranks("weft-transformer", false, {{"command", "prepare"}}, {});
       apps::check_outputs_apart({{"--out", p.out, true}}, {{"--tokenizer", p.tokenizer}, {"--data", p.data}}, "transformer");
+      if (!p.chat_format.empty()) apps::parse_chat_format(p.chat_format);  // named now, not at the first chat record
       if (apps::is_jsonl_data(p.data)) return prepare_examples(p);
       WEFT_CHECK(p.chat_format.empty(), "transformer: --chat-format renders the \"messages\" of JSONL records, and {} "
                  "is text", p.data);

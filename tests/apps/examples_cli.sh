@@ -89,6 +89,9 @@ expect_error "--chat-format renders the \"messages\" of JSONL records" prepare -
   --data "$tmp/plain.txt" --out "$tmp/bad" --chat-format chatml
 expect_error "--chat-format vicuna: not a chat format" prepare --tokenizer "$chat/chatml" --data "$tmp/data.jsonl" \
   --out "$tmp/bad" --chat-format vicuna
+grep -v '"messages"' "$tmp/data.jsonl" >"$tmp/no_chats.jsonl"  # named even where no record would use it
+expect_error "--chat-format vicuna: not a chat format" prepare --tokenizer "$chat/chatml" --data "$tmp/no_chats.jsonl" \
+  --out "$tmp/bad" --chat-format vicuna
 # Chats whose first 5 tokens hold no assistant token: a context of 4 skips them all.
 grep '"messages"' "$tmp/data.jsonl" >"$tmp/chats.jsonl"
 "$exe" prepare --tokenizer "$chat/chatml" --data "$tmp/chats.jsonl" --out "$tmp/dsc" >/dev/null 2>&1 || fail "prepare chats"
