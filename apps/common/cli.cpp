@@ -30,8 +30,7 @@ std::string parse_number(const std::string& text, double& v) {
   if (end == b || *end != '\0' || std::isspace(static_cast<unsigned char>(text[0])) ||
       text.find_first_of("xX") != std::string::npos)
     return fmt::format("not a number: {}", text);
-  if (errno == ERANGE && std::isfinite(v))  // underflow: below the smallest normal double
-    return fmt::format("too close to 0 to hold (below 2.2e-308): {}", text);
+  if (errno == ERANGE && std::isfinite(v)) return fmt::format("too close to 0 to hold (below 2.2e-308): {}", text);
   if (!std::isfinite(v) || errno == ERANGE) return fmt::format("not a finite number: {}", text);
   return "";
 }

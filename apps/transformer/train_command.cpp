@@ -242,11 +242,8 @@ void take_resume_config(TrainOptions& o) {
   if (where.empty()) return;  // find_resume says so
   const std::map<std::string, std::string> app = fsdp::read_checkpoint_index(where).training.app;
   apps::ModelConfig c = config_of(app, where);
-  c.dropout = o.model.dropout;
-  if (o.ctx_given) c.ctx = o.model.ctx;
-  o.model = c;
-  o.untie = !c.tie_weights;
-  o.model_from_checkpoint = true;
+  c.dropout = o.model.dropout, c.ctx = o.ctx_given ? o.model.ctx : c.ctx;
+  o.model = c, o.untie = !c.tie_weights, o.model_from_checkpoint = true;
   if (auto it = app.find("hf_source"); it != app.end()) o.source = it->second;
 }
 
