@@ -186,12 +186,12 @@ std::string save_checkpoint(const std::string& dir, nn::Module& model, const nn:
   const fs::path tmp = fs::path(dir) / checkpoint_temp_dir(state.step);
   ShardedStateDict sd;
   std::map<std::string, std::string> aliases;
-  // One directory, step and progress: another directory per rank had published a checkpoint without
-  // some ranks' files, and only rank 0's progress is recorded.
-  const std::string progress = fmt::format("{} {}", fmt::join(state.data, ","), fmt::join(state.app, ","));
-  sc.check_same({{"the checkpoint directory", fs::absolute(dir).lexically_normal().string()},
-                 {"the step", std::to_string(state.step)}, {"the progress", progress}},
-                "save_checkpoint", "every rank must save the same checkpoint");
+  // One directory, step and progress (each entry on its own, a difference named by its key): another directory
+  // per rank had published a checkpoint without some ranks' files, and only rank 0's progress is recorded.
+  dist::ConfigSettings same = {{"the checkpoint directory", fs::absolute(dir).lexically_normal().string()}, {"the step", std::to_string(state.step)}};
+  for (const auto& [k, v] : state.data) same.emplace_back("the data position's " + k, std::to_string(v));
+  for (const auto& [k, v] : state.app) same.emplace_back("the description's " + k, v);
+  sc.check_same(same, "save_checkpoint", "every rank must save the same checkpoint");
   dist::agree(sc.groups(), "checkpoint: saving a checkpoint", [&] {
     WEFT_CHECK(!dir.empty(), "save_checkpoint: the directory is empty");
     WEFT_CHECK(state.step >= 0, "save_checkpoint: step {} is negative", state.step);

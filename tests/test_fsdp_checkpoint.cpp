@@ -403,7 +403,11 @@ TEST_CASE("bad checkpoints fail on every rank with the file and key, and change 
     CHECK_THROWS_WITH(fsdp::save_checkpoint(dir.string(), *m, &opt, &root, {.step = 2 + dist::rank()}),
                       Contains("the step is 2 on rank 0"));
     CHECK_THROWS_WITH(fsdp::save_checkpoint(dir.string(), *m, &opt, &root, {.step = 2, .data = {{"batch", dist::rank()}}}),
-                      Contains("the progress is"));  // only rank 0's had been recorded
+                      Contains("the data position's batch is 0 on rank 0"));  // only rank 0's had been recorded
+    fsdp::CheckpointProgress far{.step = 2, .app = {{"arch", "gpt2"}, {"a_long_field", std::string(200, 'x')},
+                                                  {"source", fmt::format("dir{}", dist::rank())}}};
+    CHECK_THROWS_WITH(fsdp::save_checkpoint(dir.string(), *m, &opt, &root, far),  // named past a long value
+                      Contains("the description's source is dir0 on rank 0"));
   }
   const std::string last = fmt::format("rank_{:05d}.safetensors", dist::world_size() - 1);
 
