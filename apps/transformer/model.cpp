@@ -34,6 +34,11 @@ void check_config(const ModelConfig& cfg) {
              cfg.vocab_size);
   WEFT_CHECK(cfg.ffn_dim >= 0 && cfg.ffn_dim <= 16 * kMaxDModel, "transformer: --ffn-dim must be in [0, {}], got {}",
              16 * kMaxDModel, cfg.ffn_dim);
+  // A family's structure (weft computes it; an export names the family): GPT-2's is gpt2, Qwen2 alone has q/k/v biases
+  // and Qwen3 alone q/k norms.
+  WEFT_CHECK(cfg.family.empty() || ((cfg.family == "gpt2") == (cfg.arch == "gpt2") && cfg.qkv_bias == (cfg.family ==
+             "qwen2") && cfg.qk_norm == (cfg.family == "qwen3")), "transformer: family {} is not a model of arch {}{}{}",
+             cfg.family, cfg.arch, cfg.qkv_bias ? " with q/k/v biases" : "", cfg.qk_norm ? " with q/k norms" : "");
   if (cfg.arch == "gpt2") {
     WEFT_CHECK(cfg.n_kv_head == 0 || cfg.n_kv_head == cfg.n_head,
                "transformer: --n-kv-head is for --arch llama (GPT-2 has one key/value head per query head)");

@@ -58,6 +58,7 @@ edit ck_batchneg 's/"batch": *[0-9]+/"batch": -4/'
 edit ck_batchbig 's/"batch": *[0-9]+/"batch": 9223372036854775807/'
 edit ck_stepstr 's/"step": *[0-9]+/"step": "one"/'
 edit ck_tiedyes 's/"tied": *"1"/"tied": "yes"/'
+edit ck_family 's/"family": *""/"family": "mistral"/'
 edit ck_ropelist 's/"rope_scaling": *"null"/"rope_scaling": "[1]"/'
 # A weft-mnist checkpoint (batch 32, one step) and edited copies.
 if ! "${prog[mnist]}" --steps 1 --batch-size 32 --threads 1 --save "$tmp/mck" >"$tmp/setup.log" 2>&1; then
