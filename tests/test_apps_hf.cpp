@@ -617,6 +617,13 @@ TEST_CASE("peft adapters weft cannot reproduce are errors naming the field") {
   CHECK_THROWS_WITH(apps::read_peft_adapter(dir), Contains("\"task_type\" is \"SEQ_CLS\": an adapter of a model other"));
   write("modules_to_save", nlohmann::json::array({"lm_head"}));
   CHECK_THROWS_WITH(apps::read_peft_adapter(dir), Contains("\"modules_to_save\" is [\"lm_head\"]"));
+  // Settings that change the forward, known or from a newer peft, are refused by name.
+  write("alora_invocation_tokens", nlohmann::json::array({1, 2}));
+  CHECK_THROWS_WITH(apps::read_peft_adapter(dir), Contains("\"alora_invocation_tokens\" is [1,2]: a peft setting weft does not reproduce"));
+  write("use_bdlora", true);
+  CHECK_THROWS_WITH(apps::read_peft_adapter(dir), Contains("\"use_bdlora\" is true: a peft setting"));
+  write("some_future_setting", 3);
+  CHECK_THROWS_WITH(apps::read_peft_adapter(dir), Contains("\"some_future_setting\" is 3: a peft setting"));
   fs::remove_all(dir);
 }
 
