@@ -166,6 +166,36 @@ TEST_CASE("autocast: cross_entropy keeps the bf16 logits and two numbers a row f
   CHECK(bad == 0);
 }
 
+// Llama's q, k and v projections read one normalised x: under autocast they share one bf16 copy of
+// it (kept for their backward) instead of casting and keeping three; a write into x between two of
+// them is seen (the copy is made again).
+TEST_CASE("autocast: projections of one input share its 16-bit copy, made again after a write") {
+  Generator gen(9);
+  const int64_t n = 64, d = 256;
+  Tensor x = randn({n, d}, {}, &gen);
+  x.set_requires_grad(true);
+  std::vector<Tensor> w;
+  for (int i = 0; i < 3; ++i) w.push_back(randn({d, d}, {}, &gen)), w.back().set_requires_grad(true);
+  AutocastGuard autocast;
+  const int64_t before = memory_stats().live_bytes;
+  std::vector<Tensor> out;
+  for (const Tensor& wi : w) out.push_back(linear(x, wi));
+  const int64_t held = memory_stats().live_bytes - before, copy = n * d * 2;
+  INFO("bytes held: " << held << ", one bf16 copy of x: " << copy);
+  CHECK(held < 3 * n * d * 2 + 3 * d * d * 2 + 2 * copy);  // outputs, weight casts, and x once
+  CHECK(held >= 3 * n * d * 2 + 3 * d * d * 2 + copy);
+  sum(out[0] + out[1] + out[2]).backward();
+  REQUIRE(x.grad().defined());
+
+  Tensor y = randn({n, d}, {}, &gen);
+  const Tensor first = linear(y, w[0]);  // its backward keeps the bf16 copy of y alive
+  y.copy_(y.detach() + y.detach());  // doubles every value: exact in bf16, and a version of y's storage
+  const std::vector<double> once = to_vector(first), twice = to_vector(linear(y, w[0]));
+  int bad = 0;
+  for (size_t i = 0; i < once.size(); ++i) bad += twice[i] != 2 * once[i];
+  CHECK(bad == 0);
+}
+
 TEST_CASE("autocast: a checkpointed recompute runs under its forward's policy") {
   Generator gen(11);
   Tensor x = randn({8, 32}, {}, &gen), w1 = randn({32, 32}, {}, &gen), w2 = randn({32, 32}, {}, &gen);
