@@ -82,12 +82,14 @@ struct AdamArgs {
   double lr, beta1, beta2, eps, weight_decay;
   int64_t step;
   bool decoupled;
+  double grad_scale;
 };
 void launch_adam_step(void* param, const void* grad, void* exp_avg, void* exp_avg_sq, DType dtype, int64_t n,
                       const AdamArgs& a, cudaStream_t stream);
 struct SgdArgs {
   double lr, momentum, dampening, weight_decay;
   bool nesterov, first;
+  double grad_scale;
 };
 // momentum_buf may be null when momentum == 0.
 void launch_sgd_step(void* param, const void* grad, void* momentum_buf, DType dtype, int64_t n, const SgdArgs& a,

@@ -254,7 +254,7 @@ void adam_step_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, 
              "adam_step: parameters must be f32 or f64 (keep master weights in f32), got {}", tensor_desc(param));
   DeviceGuard guard(param.device().index);
   launch_adam_step(param.data_ptr(), grad.data_ptr(), exp_avg.data_ptr(), exp_avg_sq.data_ptr(), param.dtype(),
-                   param.numel(), {s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, s.step, s.decoupled},
+                   param.numel(), {s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, s.step, s.decoupled, s.grad_scale},
                    stream_of(param));
 }
 
@@ -263,7 +263,8 @@ void sgd_step_(const Tensor& param, const Tensor& grad, const Tensor& momentum_b
              "sgd_step: parameters must be f32 or f64, got {}", tensor_desc(param));
   DeviceGuard guard(param.device().index);
   launch_sgd_step(param.data_ptr(), grad.data_ptr(), mut_ptr_or_null(momentum_buf), param.dtype(), param.numel(),
-                  {s.lr, s.momentum, s.dampening, s.weight_decay, s.nesterov, s.first}, stream_of(param));
+                  {s.lr, s.momentum, s.dampening, s.weight_decay, s.nesterov, s.first, s.grad_scale},
+                  stream_of(param));
 }
 
 // ---------------------------------------------------------------- attention

@@ -25,7 +25,7 @@ __device__ __forceinline__ double fma_rn(double a, double b, double c) { return 
 
 // The scalar factors, rounded to T on the host as the CPU path rounds them.
 template <class T> struct AdamConsts {
-  T decay, wd, b1, w1, b2, w2, neg_step, bc2_sqrt, eps;
+  T decay, wd, b1, w1, b2, w2, neg_step, bc2_sqrt, eps, gs;
   bool decoupled, has_wd;
 };
 
@@ -33,7 +33,7 @@ template <class T>
 __global__ void adam_kernel(T* __restrict__ p, const T* __restrict__ g, T* __restrict__ m, T* __restrict__ v,
                             int64_t n, AdamConsts<T> c) {
   WEFT_CUDA_GRID_STRIDE_LOOP(i, n) {
-    T pi = p[i], gi = g[i];
+    T pi = p[i], gi = mul_rn(g[i], c.gs);                 // grad.mul_(clip_coef) (x 1: the same bits)
     if (c.has_wd) {
       if (c.decoupled) pi = mul_rn(pi, c.decay);          // param.mul_(1 - lr * wd)
       else gi = fma_rn(c.wd, pi, gi);                      // grad.add(param, alpha=wd)
@@ -49,7 +49,7 @@ __global__ void adam_kernel(T* __restrict__ p, const T* __restrict__ g, T* __res
 }
 
 template <class T> struct SgdConsts {
-  T wd, mom, damp, neg_lr;
+  T wd, mom, damp, neg_lr, gs;
   bool has_wd, has_mom, nesterov, first;
 };
 
@@ -57,7 +57,7 @@ template <class T>
 __global__ void sgd_kernel(T* __restrict__ p, const T* __restrict__ g, T* __restrict__ buf, int64_t n,
                            SgdConsts<T> c) {
   WEFT_CUDA_GRID_STRIDE_LOOP(i, n) {
-    T d = g[i];
+    T d = mul_rn(g[i], c.gs);
     if (c.has_wd) d = fma_rn(c.wd, p[i], d);  // d_p.add(param, alpha=wd)
     if (c.has_mom) {
       // clone on the first step, else buf.mul_(momentum).add_(d_p, alpha=1-dampening)
@@ -84,7 +84,7 @@ void launch_adam_step(void* param, const void* grad, void* exp_avg, void* exp_av
   const double bc2 = 1 - std::pow(a.beta2, double(a.step));
   dispatch_master(dtype, [&]<class T>() {
     AdamConsts<T> c{T(1 - a.lr * a.weight_decay), T(a.weight_decay), T(a.beta1), T(1 - a.beta1), T(a.beta2),
-                    T(1 - a.beta2), T(-(a.lr / bc1)), T(std::sqrt(bc2)), T(a.eps), a.decoupled,
+                    T(1 - a.beta2), T(-(a.lr / bc1)), T(std::sqrt(bc2)), T(a.eps), T(a.grad_scale), a.decoupled,
                     a.weight_decay != 0};
     adam_kernel<T><<<grid_for(n), kThreads, 0, stream>>>(static_cast<T*>(param), static_cast<const T*>(grad),
                                                           static_cast<T*>(exp_avg), static_cast<T*>(exp_avg_sq), n,
@@ -97,7 +97,7 @@ void launch_sgd_step(void* param, const void* grad, void* momentum_buf, DType dt
                      cudaStream_t stream) {
   if (n == 0) return;
   dispatch_master(dtype, [&]<class T>() {
-    SgdConsts<T> c{T(a.weight_decay), T(a.momentum), T(1 - a.dampening), T(-a.lr), a.weight_decay != 0,
+    SgdConsts<T> c{T(a.weight_decay), T(a.momentum), T(1 - a.dampening), T(-a.lr), T(a.grad_scale), a.weight_decay != 0,
                    a.momentum != 0, a.nesterov, a.first};
     sgd_kernel<T><<<grid_for(n), kThreads, 0, stream>>>(static_cast<T*>(param), static_cast<const T*>(grad),
                                                          static_cast<T*>(momentum_buf), n, c);

@@ -85,15 +85,11 @@ double ordered_total(const std::vector<Tensor>& params, double p) {
   return total;
 }
 
-// The norm from the combined total, and the gradients scaled when it is above max_norm.
-double scale_grads(const std::vector<Tensor>& params, double max_norm, double norm_type, double total) {
-  const bool inf = std::isinf(norm_type);
-  const double norm = inf ? total : norm_type == 2.0 ? std::sqrt(total) : std::pow(total, 1.0 / norm_type);
+// The norm from the combined total, and the factor that clips to max_norm (1 when below).
+GradClip clip_of(double max_norm, double norm_type, double total) {
+  const double norm = std::isinf(norm_type) ? total : norm_type == 2.0 ? std::sqrt(total) : std::pow(total, 1.0 / norm_type);
   const double coef = max_norm / (norm + 1e-6);
-  if (coef < 1.0)
-    for (const Tensor& p : params)
-      if (p.grad().defined() && p.grad().numel() > 0) kernels::mul_scalar_(p.grad(), coef);
-  return norm;
+  return {norm, coef < 1.0 ? coef : 1.0};
 }
 
 // max_norm and norm_type of every process holding part of a parameter (a gather per set of them), so that a refused
@@ -117,10 +113,19 @@ void check_arguments(const std::vector<Tensor>& params, double max_norm, double 
 }  // namespace
 
 double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type) {
+  const GradClip c = clip_grad_coefficient(params, max_norm, norm_type);
+  NoGradGuard no_grad;
+  if (c.coef < 1.0)
+    for (const Tensor& p : params)
+      if (p.grad().defined() && p.grad().numel() > 0) kernels::mul_scalar_(p.grad(), c.coef);
+  return c.norm;
+}
+
+GradClip clip_grad_coefficient(const std::vector<Tensor>& params, double max_norm, double norm_type) {
   check_arguments(params, max_norm, norm_type);
   const bool inf = std::isinf(norm_type);
   NoGradGuard no_grad;
-  if (deterministic()) return scale_grads(params, max_norm, norm_type, ordered_total(params, norm_type));
+  if (deterministic()) return clip_of(max_norm, norm_type, ordered_total(params, norm_type));
   // Partial results per set of ranks, in the order the parameters first name them: the same on
   // every rank, so the reductions below line up. Index 0: whole parameters, combined locally.
   struct Part {
@@ -149,7 +154,7 @@ double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
                                     : part.value;
     total = inf ? max_nan(total, v) : total + v;
   }
-  return scale_grads(params, max_norm, norm_type, total);
+  return clip_of(max_norm, norm_type, total);
 }
 
 }  // namespace weft::nn

@@ -23,4 +23,10 @@ namespace weft::nn {
 // whose max_norm or norm_type differ, or that pass a refused value, all fail alike.
 double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type = 2.0);
 
+// The same norm (and collectives), the gradients left as they are: `coef` is the factor
+// clip_grad_norm_ would scale them by (1 when the norm is at most max_norm), for an optimizer's
+// step_scaled to apply as it reads them, a pass over the gradients fewer.
+struct GradClip { double norm, coef; };
+GradClip clip_grad_coefficient(const std::vector<Tensor>& params, double max_norm, double norm_type = 2.0);
+
 }  // namespace weft::nn

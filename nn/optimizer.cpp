@@ -39,6 +39,17 @@ Optimizer::Optimizer(std::string name, std::vector<ParamGroup> groups, std::map<
   }
 }
 
+void Optimizer::step_scaled(double grad_scale) {
+  WEFT_CHECK(std::isfinite(grad_scale), "{}: step_scaled: the gradients' scale must be finite, got {}", name_, grad_scale);
+  NoGradGuard no_grad;
+  for (auto& g : groups_)  // an optimizer whose step() does not read grad_scale_: the gradients scaled first
+    for (auto& p : g.params)
+      if (grad_scale != 1 && !scales_grads() && p.grad().defined() && p.grad().numel() > 0) kernels::mul_scalar_(p.grad(), grad_scale);
+  grad_scale_ = scales_grads() ? grad_scale : 1;
+  try { step(); } catch (...) { grad_scale_ = 1; throw; }
+  grad_scale_ = 1;
+}
+
 void Optimizer::zero_grad(bool set_to_none) {
   NoGradGuard no_grad;
   for (auto& g : groups_)
@@ -191,7 +202,7 @@ void SGD::step() {
   NoGradGuard no_grad;
   for (auto& g : groups_) {
     kernels::SgdStep s{g.options["lr"], g.options["momentum"], g.options["dampening"], g.options["weight_decay"],
-                       g.options["nesterov"] != 0, false};
+                       g.options["nesterov"] != 0, false, grad_scale_};
     for (Tensor& p : g.params) {
       Tensor grad = p.grad();
       if (!grad.defined()) continue;
@@ -260,7 +271,7 @@ void Adam::step() {
       st["step"].fill_(double(step));
       kernels::adam_step_(p, grad.contiguous(), st["exp_avg"], st["exp_avg_sq"],
                           {g.options["lr"], g.options["beta1"], g.options["beta2"], g.options["eps"],
-                           g.options["weight_decay"], step, decoupled_});
+                           g.options["weight_decay"], step, decoupled_, grad_scale_});
       ++p.storage()->version;
     }
   }

@@ -31,6 +31,9 @@ class Optimizer {
  public:
   virtual ~Optimizer() = default;
   virtual void step() = 0;
+  // step() from every gradient times grad_scale (the bits of scaling the gradients first), read in the update's own
+  // pass, unwritten: opt.step_scaled(nn::clip_grad_coefficient(params, 1.0).coef) is clip_grad_norm_ then step().
+  void step_scaled(double grad_scale);
   void zero_grad(bool set_to_none = true);
 
   size_t num_groups() const { return groups_.size(); }
@@ -66,6 +69,8 @@ class Optimizer {
   void check_params() const;
   // Per-parameter state (e.g. "exp_avg"), created lazily by step().
   std::map<std::string, Tensor>& state_of(const Tensor& param);
+  virtual bool scales_grads() const { return false; }
+  double grad_scale_ = 1;  // step_scaled's, for the one step() it calls
   std::vector<ParamGroup> groups_;
   std::string name_;
   std::string state_owner_ = name_ + " state";  // names the state step() allocates in out-of-memory reports
@@ -89,6 +94,7 @@ class SGD : public Optimizer {
 
  protected:
   void check_options(const std::map<std::string, double>& o) const override;
+  bool scales_grads() const override { return true; }
 };
 
 struct AdamOptions {
@@ -109,6 +115,7 @@ class Adam : public Optimizer {
   Adam(std::string name, std::vector<ParamGroup> groups, AdamOptions opts, bool decoupled);
   void check_options(const std::map<std::string, double>& o) const override;
   std::vector<std::string> state_names() const override { return {"exp_avg", "exp_avg_sq", "step"}; }
+  bool scales_grads() const override { return true; }
   bool decoupled_;
 };
 

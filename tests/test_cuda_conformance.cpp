@@ -464,7 +464,8 @@ std::vector<Case> cases() {
                     {{{7, 33}, t}, {{7, 33}, t}, {{7, 33}, t}, {{7, 33}, t, Values::positive}}, [decoupled](const auto& x) {
                       Tensor p = x[0].clone(), m = x[2].clone(), v = x[3].clone();
                       adam_step_(p, x[1], m, v, {.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8,
-                                                 .weight_decay = 0.1, .step = 3, .decoupled = decoupled});
+                                                 .weight_decay = 0.1, .step = 3, .decoupled = decoupled,
+                                                 .grad_scale = decoupled ? 0.37 : 1.0});
                       return std::vector<Tensor>{p, m, v};
                     }});
     for (bool nesterov : {false, true})
@@ -473,7 +474,8 @@ std::vector<Case> cases() {
                       {{{7, 33}, t}, {{7, 33}, t}, {{7, 33}, t}}, [nesterov, first](const auto& x) {
                         Tensor p = x[0].clone(), b = x[2].clone();
                         sgd_step_(p, x[1], b, {.lr = 0.05, .momentum = 0.9, .dampening = nesterov ? 0.0 : 0.1,
-                                               .weight_decay = 0.01, .nesterov = nesterov, .first = first});
+                                               .weight_decay = 0.01, .nesterov = nesterov, .first = first,
+                                               .grad_scale = first ? 0.37 : 1.0});
                         return std::vector<Tensor>{p, b};
                       }});
     cs.push_back({"sgd step plain", {{{7, 33}, t}, {{7, 33}, t}}, [](const auto& x) {

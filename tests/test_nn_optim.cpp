@@ -289,3 +289,54 @@ TEST_CASE("clip_grad_norm_ returns the total norm and scales gradients") {
   CHECK(std::isnan(clip_grad_norm_({b, a}, 100.0, INFINITY)));
   CHECK(std::isnan(clip_grad_norm_({a, b}, 100.0)));
 }
+
+// The trainer clips by handing clip_grad_coefficient's factor to step_scaled, which applies it as
+// the update reads each gradient: the same parameters and state, bit for bit, as clip_grad_norm_
+// then step(), with the gradients left as they were (one pass over them fewer).
+TEST_CASE("step_scaled(clip_grad_coefficient) is clip_grad_norm_ then step(), bit for bit") {
+  auto grads = [](const std::vector<Tensor>& ps, int k) {
+    for (size_t i = 0; i < ps.size(); ++i) {
+      std::vector<double> g;
+      for (int j = 0; j < 40; ++j) g.push_back(std::sin(0.37 * j + double(i) + k) * (j % 7 + 1) / 3.0);
+      ps[i].set_grad(from_vector(g, {40}));
+    }
+  };
+  auto make = [](const std::string& kind, std::vector<Tensor> ps) -> std::unique_ptr<Optimizer> {
+    if (kind == "adamw") return std::make_unique<AdamW>(ps, AdamWOptions{.lr = 1e-2, .weight_decay = 0.1});
+    if (kind == "adam") return std::make_unique<Adam>(ps, AdamOptions{.lr = 1e-2, .weight_decay = 0.1});
+    return std::make_unique<SGD>(ps, SGDOptions{.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01, .nesterov = true});
+  };
+  for (const std::string kind : {"adamw", "adam", "sgd"}) {
+    INFO(kind);
+    std::vector<Tensor> a, b;
+    for (int i = 0; i < 2; ++i) {
+      Tensor p = randn({40});
+      a.push_back(p.clone().set_requires_grad()), b.push_back(p.clone().set_requires_grad());
+    }
+    auto oa = make(kind, a), ob = make(kind, b);
+    for (int k = 0; k < 3; ++k) {
+      grads(a, k), grads(b, k);
+      const std::vector<double> before = to_vector(b[0].grad());
+      const double na = clip_grad_norm_(a, 1.5);
+      oa->step();
+      const GradClip c = clip_grad_coefficient(b, 1.5);
+      CHECK(c.norm == na);
+      CHECK(c.coef < 1.0);  // clipping is on: the factor matters
+      ob->step_scaled(c.coef);
+      CHECK(to_vector(b[0].grad()) == before);  // read, not written
+      for (int i = 0; i < 2; ++i) CHECK(to_vector(a[i]) == to_vector(b[i]));
+    }
+  }
+  // Below max_norm the factor is 1, and an optimizer whose step() does not scale gets its gradients scaled first.
+  Tensor p = ones({2}).set_requires_grad();
+  p.set_grad(from_vector({3, 4}, {2}));
+  CHECK(clip_grad_coefficient({p}, 10.0).coef == 1.0);
+  struct Plain : Optimizer {
+    explicit Plain(std::vector<Tensor> ps) : Optimizer("Plain", {{ps, {}}}, {{"lr", 1.0}}) {}
+    void step() override { seen = to_vector(groups_[0].params[0].grad()); }
+    std::vector<double> seen;
+  } plain({p});
+  plain.step_scaled(0.5);
+  CHECK(plain.seen == std::vector<double>{1.5, 2.0});
+  CHECK_THROWS_WITH(plain.step_scaled(NAN), Catch::Matchers::Contains("the gradients' scale must be finite"));
+}

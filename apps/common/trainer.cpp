@@ -96,8 +96,10 @@ int Trainer::train_step() {
   if (nan_.skip(loss_, step_ + 1, ranks_, saver_.watch())) {
     p_.opt->zero_grad();  // drop this step's update; the schedule and the data still move on
   } else {
-    if (o_.clip > 0) grad_norm_ = nn::clip_grad_norm_(params_, o_.clip);  // sharded or not
-    p_.opt->step();
+    // Clipped as clip_grad_norm_ clips (sharded or not), its factor applied as the update reads the gradients.
+    const nn::GradClip clip = o_.clip > 0 ? nn::clip_grad_coefficient(params_, o_.clip) : nn::GradClip{0, 1};
+    grad_norm_ = clip.norm;
+    p_.opt->step_scaled(clip.coef);
   }
   if (p_.sched) p_.sched->step();
   ++step_;

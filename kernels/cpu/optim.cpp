@@ -25,9 +25,10 @@ void adam_loop(T* p, const T* g, T* m, T* v, int64_t n, const AdamStep& s) {
   const T bc2_sqrt = T(std::sqrt(bc2));
   const T eps = T(s.eps);
   const bool decoupled = s.decoupled, has_wd = s.weight_decay != 0;
+  const T gs = T(s.grad_scale);
 #pragma omp parallel for simd if (n > 65536)
   for (int64_t i = 0; i < n; ++i) {
-    T pi = p[i], gi = g[i];
+    T pi = p[i], gi = g[i] * gs;                  // grad.mul_(clip_coef) (x 1: the same bits)
     if (has_wd) {
       if (decoupled) pi = pi * decay;             // param.mul_(1 - lr * wd)
       else gi = std::fma(wd, pi, gi);             // grad.add(param, alpha=wd)
@@ -46,9 +47,10 @@ template <typename T>
 void sgd_loop(T* p, const T* g, T* buf, int64_t n, const SgdStep& s) {
   const T wd = T(s.weight_decay), mom = T(s.momentum), damp = T(1 - s.dampening), neg_lr = T(-s.lr);
   const bool has_wd = s.weight_decay != 0, has_mom = s.momentum != 0;
+  const T gs = T(s.grad_scale);
 #pragma omp parallel for simd if (n > 65536)
   for (int64_t i = 0; i < n; ++i) {
-    T d = g[i];
+    T d = g[i] * gs;
     if (has_wd) d = std::fma(wd, p[i], d);        // d_p.add(param, alpha=wd)
     if (has_mom) {
       // clone on the first step, else buf.mul_(momentum).add_(d_p, alpha=1-dampening)
