@@ -85,6 +85,14 @@ done
 grep -q "weft-elastic: SIGTERM passed on to the job at 2 ranks, which ended with status [0-9]*: not restarting" \
   "$tmp/stopped.err" || stop_fail "no message from weft-elastic: $(grep weft-elastic "$tmp/stopped.err")"
 if pgrep -f -- "--checkpoint-dir $ck2" >/dev/null; then stop_fail "processes of the stopped job are left: $(pgrep -af -- "--checkpoint-dir $ck2")"; fi
+# The same weft-elastic again goes on from the checkpoint the stop wrote (its --resume-args on the first launch too).
+stopped_at=$(ls -d "$ck2"/step_* | sort | tail -1) && stopped_at=$((10#${stopped_at##*step_}))
+run "$elastic" --np 2 --launch "$launch -np {n}" --checkpoint-dir "$ck2" --resume-args "--resume $ck2" -- \
+  "$transformer" train --steps $((stopped_at + 2)) --batch-size 8 --ctx 32 --n-layer 2 --d-model 32 --eval-every 0 \
+  --threads 1 --fsdp --checkpoint-dir "$ck2" >/dev/null 2>"$tmp/again.err" || fail "weft-elastic again: $(tail -3 "$tmp/again.err")"
+grep -q "holds a complete checkpoint: starting at 2 ranks from $ck2/step_0*$stopped_at (step $stopped_at)" "$tmp/again.err" &&
+  grep -q "resumed from $ck2/step_0*$stopped_at at step $stopped_at" "$tmp/again.err" ||
+  fail "weft-elastic again did not go on from step $stopped_at: $(grep -E 'weft-elastic|resumed' "$tmp/again.err")"
 
 # No restart for a job whose ranks are all alive; the restart limit; options.
 if run "$elastic" --np 2 --launch "$launch -np {n}" -- "$transformer" train --steps 0 >/dev/null 2>"$tmp/bad"; then
