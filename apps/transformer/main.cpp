@@ -326,7 +326,11 @@ int main(int argc, char** argv) {
                                             {{"--from", s.checkpoint}, {"--prompt", s.prompt},
                                              {"--tokens", std::to_string(s.tokens)}, {"--seed", std::to_string(s.seed)},
                                              {"--eos", s.eos}, {"--tokenizer", s.tokenizer},
-                                             {"--no-special", s.no_special ? "1" : "0"}});
+                                             {"--no-special", s.no_special ? "1" : "0"}, {"--dtype", s.dtype},
+                                             {"--no-cache", s.no_cache ? "1" : "0"},
+                                             {"--logits-out", s.logits_out.empty() ? "not given" : "given"},
+                                             {"--temperature", fmt::format("{}", s.greedy ? 0.0 : s.temperature)},
+                                             {"--top-k", std::to_string(s.top_k)}, {"--top-p", fmt::format("{}", s.top_p)}});
       return sample(s, ranks);
     }
     if (ex->parsed()) {
