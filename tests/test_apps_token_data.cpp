@@ -99,6 +99,21 @@ TEST_CASE("token data: prepare puts the tokenizer's template tokens (Llama's BOS
   }
 }
 
+// A stretch with no place to cut is encoded at once, ~40 bytes of BPE state a byte: one the
+// memory cannot hold is refused naming the file, before it is read whole (here: a 3 MiB "word"
+// against 16 MiB, read in 16 MiB blocks; the same text with spaces, cut as it goes, fits).
+TEST_CASE("token data: prepare refuses a stretch without a place to cut that the memory cannot hold") {
+  const fs::path texts = kScratch.fresh("unbroken"), out = kScratch.fresh("unbroken_out") / "ds";
+  write(texts / "a.txt", std::string(3 << 20, 'a'));
+  CHECK_THROWS_WITH(apps::prepare_tokens(kTokenizer, texts.string(), out.string(), "", 0.1, true, 16 << 20),
+                    Contains("a.txt: the 3.0 MiB from byte 0 have no place where the tokenizer may cut them") &&
+                        Contains("needs about 0.1 GiB, more than the 0.0 GiB available"));
+  std::string words;
+  while (words.size() < (3u << 20)) words += "abc ";
+  write(texts / "a.txt", words);
+  CHECK(apps::prepare_tokens(kTokenizer, texts.string(), out.string(), "", 0.1, true, 16 << 20).bytes == int64_t(words.size()));
+}
+
 // prepare replaces train.tokens, then val.tokens, each by rename: stopped between the two, a
 // directory holds one split of the new text and one of the old, under the same tokenizer.
 TEST_CASE("token data: the files of one dataset carry its id; splits of two prepares are refused together") {

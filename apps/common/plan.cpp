@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "apps/common/cli.h"
+#include "apps/common/host_memory.h"
 
 #include "core/allocator.h"
 #include "core/tensor.h"
@@ -12,17 +13,9 @@ namespace weft::apps {
 
 namespace {
 
-// The bytes this rank can allocate without the kernel's OOM killer ending it: /proc/meminfo's
-// MemAvailable shared by the ranks on this host (0: unknown).
-int64_t available_bytes() {
-  std::FILE* f = std::fopen("/proc/meminfo", "r");
-  if (!f) return 0;
-  char line[256];
-  long long kb = 0;
-  while (std::fgets(line, sizeof line, f) && std::sscanf(line, "MemAvailable: %lld kB", &kb) != 1) kb = 0;
-  std::fclose(f);
-  return kb * 1024 / (dist::is_initialized() ? dist::local_size() : 1);
-}
+// The bytes this rank can allocate without the kernel's OOM killer ending it: MemAvailable shared
+// by the ranks on this host (0: unknown).
+int64_t available_bytes() { return host_available_bytes() / (dist::is_initialized() ? dist::local_size() : 1); }
 
 // Without plan flags, a run whose planned peak is past the memory it can have would be killed
 // mid-step (a batch too large): refused first. With WEFT_MEMORY_LIMIT set, the allocator's own

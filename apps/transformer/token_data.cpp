@@ -17,6 +17,7 @@
 #include <span>
 #include <tuple>
 
+#include "apps/common/host_memory.h"
 #include "apps/common/progress.h"
 #include "apps/transformer/file_contents.h"
 #include "apps/transformer/text_data.h"
@@ -120,7 +121,8 @@ int64_t first_out_of_vocabulary(void* map, const TokenView& ids, int64_t vocab) 
 // Appends the ids of text file `path` to `tokens`; returns its size. Read in blocks of 16 MiB, each
 // encoded up to the last place the tokenizer may cut it (BpeTokenizer::split_point), so that a
 // long line is never held whole with its ids (a tokenizer that cannot be cut reads the file whole).
-int64_t encode_file(const BpeTokenizer& tok, const std::string& path, bool special, std::vector<uint32_t>& tokens) {
+int64_t encode_file(const BpeTokenizer& tok, const std::string& path, bool special, int64_t memory,
+                    std::vector<uint32_t>& tokens) {
   constexpr size_t kBlock = size_t(16) << 20;
   std::ifstream in(path, std::ios::binary);
   WEFT_CHECK(in.good(), "transformer: cannot open {}: {}", path, std::strerror(errno));
@@ -134,7 +136,13 @@ int64_t encode_file(const BpeTokenizer& tok, const std::string& path, bool speci
     text.resize(had + size_t(in.gcount()));
     WEFT_CHECK(!in.bad(), "transformer: error while reading {}", path);
     end = in.eof();
-    const size_t cut = end ? text.size() : tok.split_point(text, text.size());
+    const size_t last = tok.split_point(text, text.size()), cut = end ? text.size() : last;
+    const double tail = double(text.size() - last);  // held since the last place to cut: encoded at once
+    WEFT_CHECK(memory <= 0 || tail * kEncodeBytesPerByte <= double(memory), "transformer: {}: the {:.1f} MiB from byte "
+               "{} have no place where the tokenizer may cut them (a space before a word; a SentencePiece-style "
+               "tokenizer reads a file whole): encoding them at once needs about {:.1f} GiB, more than the {:.1f} GiB "
+               "available: split the text into smaller files", path, tail / (1 << 20), offset + int64_t(last),
+               tail * kEncodeBytesPerByte / (1 << 30), double(memory) / (1 << 30));
     if (cut == 0 && !end) continue;  // no place to cut yet: read on
     try {
       for (int32_t id : tok.encode(std::string_view(text).substr(0, cut))) tokens.push_back(uint32_t(id));
@@ -308,7 +316,7 @@ void copy_tokenizer(const std::string& tokenizer_path, const std::string& dir) {
 }
 
 PreparedData prepare_tokens(const std::string& tokenizer_path, const std::string& data, const std::string& out_dir,
-                            const std::string& eos, double val_fraction, bool special) {
+                            const std::string& eos, double val_fraction, bool special, int64_t memory) {
   WEFT_CHECK(val_fraction >= 0 && val_fraction < 1, "transformer: validation fraction {} not in [0, 1)", val_fraction);
   const BpeTokenizer tok(tokenizer_path);
   const std::string digest = tokenizer_digest(tokenizer_path);
@@ -330,7 +338,7 @@ PreparedData prepare_tokens(const std::string& tokenizer_path, const std::string
   Progress progress("prepare", int64_t(files.size()), "bytes");
   for (const std::string& f : files) {
     WEFT_CHECK(WEFT_FS(fs::is_regular_file(f)), "transformer: {} is not a regular file or a directory (a FIFO or device?)", f);
-    const int64_t bytes = encode_file(tok, f, special, tokens);
+    const int64_t bytes = encode_file(tok, f, special, memory > 0 ? memory : host_available_bytes(), tokens);
     if (eos_id >= 0) tokens.push_back(uint32_t(eos_id));
     out.files += 1, out.bytes += bytes;
     progress.update(out.files, bytes, fmt::format("{} tokens", tokens.size()));

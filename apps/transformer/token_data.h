@@ -98,7 +98,11 @@ struct PreparedData {
 // each file, and writes the last `val_fraction` of the tokens as val.tokens, the rest as
 // train.tokens, and the tokenizer as tokenizer.json, into `out_dir` (created; existing dataset
 // files there are replaced, .labels files of an earlier dataset of examples removed). Prints a progress bar with rate and ETA to stderr.
+// Text encoded at once (no place to cut it, or a SentencePiece-style tokenizer's whole file) holds
+// about kEncodeBytesPerByte bytes of BPE state a byte: a stretch `memory` (0: MemAvailable)
+// cannot hold is an error naming the file, not an OOM kill.
 PreparedData prepare_tokens(const std::string& tokenizer_path, const std::string& data, const std::string& out_dir,
-                            const std::string& eos, double val_fraction = 0.1, bool special = true);
+                            const std::string& eos, double val_fraction = 0.1, bool special = true, int64_t memory = 0);
+constexpr int64_t kEncodeBytesPerByte = 40;  // 32 MiB of one GPT-2 "word" peaked at 1.2 GB
 
 }  // namespace weft::apps
