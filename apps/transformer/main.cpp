@@ -193,7 +193,8 @@ CLI::App* add_sample_flags(CLI::App& app, SampleOptions& s) {
   auto* sa = app.add_subcommand("sample", "generate text from a checkpoint or a Hugging Face model");
   sa->add_option("--from,--checkpoint", s.checkpoint, "a Hugging Face model directory, a checkpoint directory (the "
                  "latest in it) or a consolidated .safetensors file")->required();
-  sa->add_option("--prompt", s.prompt, "text to continue (its bytes are the token ids, or --tokenizer's encoding)")->capture_default_str();
+  sa->add_option("--prompt", s.prompt, "text to continue (its bytes are the token ids, or --tokenizer's encoding; "
+                 "default: a newline)");
   sa->add_option("--tokens,--max-new-tokens", s.tokens, "tokens to generate")
       ->check(apps::cli::integer(0, apps::kMaxSampleTokens))->capture_default_str();
   auto* temperature = sa->add_option("--temperature", s.temperature, "softmax temperature (0: greedy)")
@@ -211,7 +212,8 @@ CLI::App* add_sample_flags(CLI::App& app, SampleOptions& s) {
   sa->add_option("--top-p", s.top_p, "then from the fewest most likely tokens whose probability reaches P (1: all)")
       ->check(apps::cli::number_from(1e-9, 1))->capture_default_str();
   sa->add_option("--eos", s.eos, "stop after generating this token: an id, a token of --tokenizer, or none (default: "
-                 "the eos ids of the model's Hugging Face generation_config.json, if any)");
+                 "the eos ids of the model's Hugging Face generation_config.json, if any)")
+      ->check([](const std::string& v) { return v.empty() ? std::string("empty: give an id, a token or none") : ""; });
   sa->add_flag("--no-cache", s.no_cache, "run the whole window again for every token instead of keeping each layer's "
                "keys and values");
   sa->add_flag("--fsdp", s.fsdp, "shard the model over the ranks of mpirun (fully_shard per block, then the root); "
