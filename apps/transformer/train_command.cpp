@@ -571,8 +571,8 @@ void print_run(const TrainOptions& o, const Run& run, const Ranks& ranks, int64_
                run.data.files.size(), o.data.c_str(), (long long)o.batch_size, (long long)o.grad_accum,
                get_num_threads());
   if (sharded)
-    std::fprintf(stderr, "weft-transformer: FSDP over %d ranks: one group per block and the root; %lld parameters "
-                 "on rank 0, %lld sequences per %s per micro-step\n", ranks.world,
+    std::fprintf(stderr, "weft-transformer: FSDP over %d rank%s: one group per block and the root; %lld parameters "
+                 "on rank 0, %lld sequences per %s per micro-step\n", ranks.data_world(), ranks.data_world() > 1 ? "s" : "",
                  (long long)apps::count_parameters(*run.lm.module), (long long)(o.batch_size / ranks.data_world()),
                  run.tp.size > 1 ? "tensor-parallel group" : "rank");
   if (run.tp.size > 1) std::fprintf(stderr, "weft-transformer: %s\n", apps::describe(run.tp).c_str());
