@@ -8,9 +8,9 @@
 // - everything else runs in its inputs' dtype: norms keep f32 statistics, and an element-wise
 //   op on f32 and bf16 operands promotes to f32, so a residual stream that starts f32 stays f32.
 // Parameters stay as they are (the f32 master weights the optimizer steps); the casts are part
-// of the graph. Products that read the same tensor in a row (Llama's q, k and v projections of one
-// normalised x) share one 16-bit copy of it, made again if the tensor is written in between. The state is per thread, like grad mode; activation checkpointing recomputes
-// under the state its forward ran with. Under FSDP, MixedPrecisionPolicy is the counterpart.
+// of the graph. Products that read the same tensor in a row (Llama's q, k and v projections of one normalised x) share
+// one 16-bit copy of it, made again if the tensor is written in between. The state is per thread, like grad mode;
+// activation checkpointing recomputes under the state its forward ran with. FSDP's counterpart: MixedPrecisionPolicy.
 #pragma once
 #include <optional>
 

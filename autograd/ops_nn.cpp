@@ -136,8 +136,8 @@ static k::Reduction parse_reduction(std::string_view r, const char* op) {
 }
 
 // 16-bit logits are computed in f32 where they are read (no widened copy), and their gradient
-// written in their dtype; the backward keeps the logits and two numbers a row, not log-probs. The loss is f32 then: under autocast it stays f32 (one of the ops
-// autocast computes in f32); otherwise it is rounded to the logits' dtype, as torch returns it.
+// written in their dtype; the backward keeps the logits and two numbers a row, not log-probs. The loss is f32 then:
+// under autocast it stays f32 (autocast computes it in f32); otherwise it is rounded to the logits' dtype, as torch's.
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntropyOptions& opts) {
   k::Reduction red = parse_reduction(opts.reduction, "cross_entropy");
   auto [loss, row_stats] = k::cross_entropy(logits.detach(), target, opts.ignore_index, opts.label_smoothing, red);

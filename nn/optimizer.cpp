@@ -42,9 +42,9 @@ Optimizer::Optimizer(std::string name, std::vector<ParamGroup> groups, std::map<
 void Optimizer::step_scaled(double grad_scale) {
   WEFT_CHECK(std::isfinite(grad_scale), "{}: step_scaled: the gradients' scale must be finite, got {}", name_, grad_scale);
   NoGradGuard no_grad;
-  for (auto& g : groups_)  // an optimizer whose step() does not read grad_scale_: the gradients scaled first
-    for (auto& p : g.params)
-      if (grad_scale != 1 && !scales_grads() && p.grad().defined() && p.grad().numel() > 0) kernels::mul_scalar_(p.grad(), grad_scale);
+  if (grad_scale != 1 && !scales_grads())  // its step() does not read grad_scale_: the gradients scaled first
+    for (auto& g : groups_)
+      for (auto& p : g.params) if (p.grad().defined() && p.grad().numel() > 0) kernels::mul_scalar_(p.grad(), grad_scale);
   grad_scale_ = scales_grads() ? grad_scale : 1;
   try { step(); } catch (...) { grad_scale_ = 1; throw; }
   grad_scale_ = 1;

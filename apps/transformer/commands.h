@@ -20,9 +20,8 @@ struct TrainOptions {
   bool untie = false;
   bool tie = false;  // --tie (llama)
   std::string init_from;  // a Hugging Face directory whose config and weights start the run
-  bool shape_given = false, ctx_given = false;  // flags given: with --resume alone the model is the checkpoint's else
-  bool model_from_checkpoint = false;           // it was (then `source`: the Hugging Face directory it records)
-  std::string source;
+  bool shape_given = false, ctx_given = false;  // given as flags
+  std::string source;  // model_from_checkpoint(): the hf_source its checkpoint records
   int64_t batch_size = 16, steps = 200, grad_accum = 1, warmup = -1;  // warmup -1: 10, at most steps - 1
   double lr = 3e-4, weight_decay = 0.1, clip = 1.0;
   std::string lr_schedule = "cosine";  // after the warmup: cosine, linear, constant or wsd
@@ -57,6 +56,8 @@ struct TrainOptions {
   std::string base_dtype = "f32";               // LoRA: the frozen base's dtype
   std::string base_digest;  // LoRA from --init-from: its weights' digest; checkpoints hold the adapters only
   bool base_elsewhere() const { return !base_digest.empty(); }
+  // --resume without --init-from or a shape flag: the model is the one the checkpoint describes
+  bool model_from_checkpoint() const { return !resume.empty() && init_from.empty() && !shape_given; }
 };
 
 struct SampleOptions {

@@ -331,7 +331,7 @@ int main(int argc, char** argv) {
                                              {"--no-special", s.no_special ? "1" : "0"}, {"--dtype", s.dtype},
                                              {"--no-cache", s.no_cache ? "1" : "0"},
                                              {"--logits-out", s.logits_out.empty() ? "not given" : "given"},
-                                             {"--temperature", fmt::format("{}", s.greedy ? 0.0 : s.temperature)},
+                                             {"--temperature", fmt::format("{}", s.temperature)},
                                              {"--top-k", std::to_string(s.top_k)}, {"--top-p", fmt::format("{}", s.top_p)}});
       return sample(s, ranks);
     }

@@ -22,7 +22,13 @@ const std::string kPrefix = "base_model.model.";
 
 // The fields weft cannot reproduce must hold their "off" values (absent counts as off).
 void refuse_unsupported(const json& c, const std::string& file) {
+  // Fields that leave the adapters' forward as peft computes it for weft's settings (read here, initialisation
+  // methods, bookkeeping); the off() ones join them as they are checked.
+  std::set<std::string> known = {"peft_type", "r", "lora_alpha", "lora_dropout", "target_modules", "base_model_name_or_path",
+      "fan_in_fan_out", "inference_mode", "init_lora_weights", "revision", "auto_mapping", "peft_version", "layers_pattern",
+      "megatron_config", "megatron_core", "qalora_group_size", "ensure_weight_tying", "corda_config", "eva_config", "loftq_config", "lora_ga_config"};
   auto off = [&](const char* key, const json& want, const char* what) {
+    known.insert(key);
     if (c.contains(key) && !c[key].is_null() && c[key] != want)
       throw Error(fmt::format("transformer: {}: \"{}\" is {}: {} is not supported", file, key, c[key].dump(), what));
   };
@@ -40,17 +46,10 @@ void refuse_unsupported(const json& c, const std::string& file) {
   off("trainable_token_indices", json::array(), "training some tokens' embeddings");
   off("use_qalora", false, "QA-LoRA");
   off("task_type", "CAUSAL_LM", "an adapter of a model other than a causal language model");
-  // Any other field must be one that leaves the adapters' forward as peft computes it for weft's settings
-  // (initialisation methods, bookkeeping), or hold nothing: aLoRA, Arrow, BD-LoRA, KaSA, ... change what
-  // the adapters compute, and a newer peft's setting is refused by name rather than ignored.
-  static const std::set<std::string> kKnown = {"use_dora", "use_rslora", "bias", "modules_to_save", "rank_pattern",
-      "alpha_pattern", "layers_to_transform", "exclude_modules", "lora_bias", "layer_replication", "target_parameters",
-      "trainable_token_indices", "use_qalora", "task_type", "peft_type", "r", "lora_alpha", "lora_dropout",
-      "target_modules", "base_model_name_or_path", "fan_in_fan_out", "inference_mode", "init_lora_weights", "revision",
-      "auto_mapping", "peft_version", "layers_pattern", "megatron_config", "megatron_core", "qalora_group_size",
-      "ensure_weight_tying", "corda_config", "eva_config", "loftq_config", "lora_ga_config"};
+  // Any other field must hold nothing: aLoRA, Arrow, BD-LoRA, KaSA, ... change what the adapters compute, and a
+  // newer peft's setting is refused by name rather than ignored.
   for (const auto& [key, v] : c.items())
-    if (!kKnown.count(key) && !v.is_null() && v != false && v != json::array() && v != json::object())
+    if (!known.count(key) && !v.is_null() && v != false && v != json::array() && v != json::object())
       throw Error(fmt::format("transformer: {}: \"{}\" is {}: a peft setting weft does not reproduce", file, key, v.dump()));
 }
 }  // namespace

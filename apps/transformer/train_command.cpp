@@ -243,7 +243,7 @@ void take_resume_config(TrainOptions& o) {
   const std::map<std::string, std::string> app = fsdp::read_checkpoint_index(where).training.app;
   apps::ModelConfig c = config_of(app, where);
   c.dropout = o.model.dropout, c.ctx = o.ctx_given ? o.model.ctx : c.ctx;
-  o.model = c, o.untie = !c.tie_weights, o.model_from_checkpoint = true;
+  o.model = c, o.untie = !c.tie_weights;
   if (auto it = app.find("hf_source"); it != app.end()) o.source = it->second;
 }
 
@@ -368,7 +368,7 @@ void validate(TrainOptions& o, const Ranks& ranks, Run& run) {
 void load_data(TrainOptions& o, Run& run, bool fsdp) {
   apps::load_training_data(o.data, run.data);
   if (!run.data.tokenizer_sha256.empty()) {  // token ids: the model's vocabulary must hold them
-    if (o.init_from.empty() && !o.model_from_checkpoint) o.model.vocab_size = run.data.vocab_size;
+    if (o.init_from.empty() && !o.model_from_checkpoint()) o.model.vocab_size = run.data.vocab_size;
     WEFT_CHECK(o.model.vocab_size >= run.data.vocab_size, "transformer: {}'s vocabulary of {} is smaller than the "
                "dataset's {} ({})", o.init_from.empty() ? o.resume : o.init_from, o.model.vocab_size,
                run.data.vocab_size, o.data);
@@ -490,7 +490,7 @@ void prepare_run(TrainOptions& o, const Ranks& ranks, Run& run) {
   run.device = apps::parse_device(o.device, "transformer");  // first: a device that cannot work ends the run at once
   apps::cli::use_threads(o.threads);
   set_deterministic(o.deterministic);
-  if (!o.resume.empty() && o.init_from.empty() && !o.shape_given) take_resume_config(o);
+  if (o.model_from_checkpoint()) take_resume_config(o);
   o.model.tie_weights = !o.untie;
   validate(o, ranks, run);
   if (!o.checkpoint_dir.empty() && ranks.lead() && !o.plan.only()) run.dir_lock.emplace(o.checkpoint_dir);
