@@ -114,6 +114,29 @@ TEST_CASE("token data: prepare refuses a stretch without a place to cut that the
   CHECK(apps::prepare_tokens(kTokenizer, texts.string(), out.string(), "", 0.1, true, 16 << 20).bytes == int64_t(words.size()));
 }
 
+// A SentencePiece-style tokenizer (Mistral's: "\n" is its byte token) encodes a file in blocks cut after a line's
+// end: a 17 MiB file of lines (two 16 MiB blocks) within 16 MiB, id for id as the whole text; one line of 3 MiB is refused.
+TEST_CASE("token data: prepare with a SentencePiece-style tokenizer reads a long file line by line") {
+  const std::string sp = WEFT_TEST_DATA "/tokenizers/mistral/tokenizer.json";
+  const fs::path texts = kScratch.fresh("sp_lines"), out = kScratch.fresh("sp_lines_out") / "ds";
+  const char* words[] = {"the ", "cat", "  ", "Über ", "日本", "42", "\n", "\n", " \n  "};
+  std::string text;
+  uint64_t state = 7;
+  while (text.size() < (17u << 20)) text += words[((state = state * 6364136223846793005ull + 1442695040888963407ull) >> 33) % 9];
+  write(texts / "a.txt", text);
+  apps::prepare_tokens(sp, texts.string(), out.string(), "", 0.0, false, 16 << 20);
+  std::vector<uint32_t> want;
+  for (int32_t id : apps::BpeTokenizer(sp).encode(text)) want.push_back(uint32_t(id));
+  const std::vector<uint32_t> got = all_tokens(apps::TokenFile((out / "train.tokens").string()));
+  const auto [g, w] = std::mismatch(got.begin(), got.end(), want.begin(), want.end());
+  INFO("ids " << got.size() << " and " << want.size() << ", first difference at " << (g - got.begin()));
+  CHECK((g == got.end() && w == want.end()));
+  std::replace(text.begin(), text.end(), '\n', ' ');
+  write(texts / "a.txt", text.substr(0, 3u << 20));
+  CHECK_THROWS_WITH(apps::prepare_tokens(sp, texts.string(), out.string(), "", 0.0, false, 16 << 20),
+                    Contains("a.txt: the 3.0 MiB from byte 0 have no place where the tokenizer may cut them"));
+}
+
 // prepare replaces train.tokens, then val.tokens, each by rename: stopped between the two, a
 // directory holds one split of the new text and one of the old, under the same tokenizer.
 TEST_CASE("token data: the files of one dataset carry its id; splits of two prepares are refused together") {

@@ -71,6 +71,7 @@ struct BpeTokenizer::Impl {
   std::optional<TokenizerDecoder> decoder;
   std::vector<AddedToken> raw_added, normalized_added;  // matched before and after normalizing; longest first
   std::vector<int32_t> prefix, suffix;  // the post-processor's tokens around a text
+  bool newline_cuts = false;  // split_point may cut after any "\n" (SentencePiece-style tokenizers)
 
   ~Impl() { pcre2_code_free(regex); }
   [[noreturn]] void fail(const std::string& what) const { throw Error(fmt::format("tokenizer {}: {}", path, what)); }
@@ -85,7 +86,9 @@ struct BpeTokenizer::Impl {
   void merge(std::vector<int32_t>& sym) const;
   void bpe(std::string_view word, bool bytes, std::vector<int32_t>& out) const;
   void byte_level(std::string_view part, std::vector<int32_t>& out) const;
-  void encode_part(std::string_view part, bool first, std::vector<int32_t>& out) const;
+  void encode_part(std::string_view part, bool first, bool continues, std::vector<int32_t>& out) const;
+  bool cuts_after_newlines() const;
+  bool newline_cut_at(std::string_view text, size_t cut) const;
   void split_added(std::string_view text, const std::vector<AddedToken>& list, std::vector<int32_t>& out,
                    const std::function<void(std::string_view, bool)>& part) const;
   std::string text_of(const std::vector<int32_t>& ids, bool skip_special, bool lossy, bool at_start) const;
@@ -314,6 +317,24 @@ BpeTokenizer::BpeTokenizer(const std::string& given) : impl_(std::make_unique<Im
   t.decoder.emplace(part("decoder"));
   t.read_added_tokens(root);
   t.read_post_processor(part("post_processor"));
+  t.newline_cuts = t.cuts_after_newlines();
+}
+
+// Whether a text cut after a "\n" encodes part by part as it does whole, the second part continuing the first (no
+// Prepend, no Metaspace prefix): a tokenizer that reads a part as one word (no pre-tokenizer) or splits words only at
+// its replacement, whose normalizer keeps "\n" where it is, whose added tokens matched after the normalizer do not take
+// whitespace beside them (newline_cut_at checks the others at each cut), where no token (added ones too) holds "\n"
+// with more (so no merge or match joins it to anything), that does not take words whole (ignore_merges), and where
+// "\n" ends an unknown token's run (fuse_unk would join runs across the cut).
+bool BpeTokenizer::Impl::cuts_after_newlines() const {
+  if (pre == Pre::ByteLevel || ignore_merges || !normalizer.keeps_newlines()) return false;
+  if (replacement.find('\n') != std::string::npos) return false;
+  for (const AddedToken& a : normalized_added)
+    if (a.lstrip || a.rstrip) return false;
+  for (const std::string& token : tokens)  // added tokens among them
+    if (token.size() > 1 && token.find('\n') != std::string::npos) return false;
+  const bool every_byte = std::all_of(fallback_id.begin(), fallback_id.end(), [](int32_t id) { return id >= 0; });
+  return !fuse_unk || unk_token.empty() || vocab.count("\n") || (byte_fallback && every_byte);
 }
 
 BpeTokenizer::~BpeTokenizer() = default;
@@ -382,8 +403,16 @@ void BpeTokenizer::Impl::merge(std::vector<int32_t>& sym) const {
 }
 
 // The ids of one word: its symbols (bytes: each byte's byte-level token; else each character's
-// token, or its "<0xAB>" byte tokens under byte_fallback, or the unknown token) merged.
+// token, or its "<0xAB>" byte tokens under byte_fallback, or the unknown token) merged; a word holding lines line by
+// line when merges never join "\n" (cuts_after_newlines), which keeps the merge's state to a line's.
 void BpeTokenizer::Impl::bpe(std::string_view word, bool bytes, std::vector<int32_t>& out) const {
+  if (const size_t nl = word.find('\n'); !bytes && newline_cuts && nl != word.npos && nl + 1 < word.size()) {
+    for (size_t b = 0, e; b < word.size(); b = e) {
+      e = std::min(word.find('\n', b), word.size() - 1) + 1;
+      bpe(word.substr(b, e - b), false, out);
+    }
+    return;
+  }
   if (ignore_merges) {  // a word that is itself in the vocabulary is taken whole
     std::string mapped;
     if (bytes)
@@ -459,14 +488,15 @@ void BpeTokenizer::Impl::byte_level(std::string_view part, std::vector<int32_t>&
   }
 }
 
-// A normalized part between added tokens; `first`: it starts the text.
-void BpeTokenizer::Impl::encode_part(std::string_view part, bool first, std::vector<int32_t>& out) const {
+// A normalized part between added tokens; `first`: it starts the text; `continues`: it continues the part before a cut
+// (cuts_after_newlines), which put the replacement before it already.
+void BpeTokenizer::Impl::encode_part(std::string_view part, bool first, bool continues, std::vector<int32_t>& out) const {
   if (pre == Pre::ByteLevel) return byte_level(part, out);
   if (pre == Pre::None) return bpe(part, false, out);
   std::string s;  // Metaspace: spaces become the replacement, which may start the part and each word
   for (char c : part) c == ' ' ? s += replacement : s += c;
   const bool starts = s.compare(0, replacement.size(), replacement) == 0;
-  if (!s.empty() && !starts && (prepend == Prepend::Always || (prepend == Prepend::First && first)))
+  if (!s.empty() && !starts && !continues && (prepend == Prepend::Always || (prepend == Prepend::First && first)))
     s.insert(0, replacement);
   if (!split) return bpe(s, false, out);
   for (size_t begin = 0; begin < s.size();) {
@@ -515,6 +545,31 @@ void BpeTokenizer::Impl::split_added(std::string_view text, const std::vector<Ad
   if (start < text.size()) part(text.substr(start), start == 0);
 }
 
+// Whether `text` may be cut at `cut`, after a "\n" (cuts_after_newlines). An added token with lstrip or rstrip takes
+// the whitespace beside it: the text must go on past the cut with a character that is neither whitespace nor the start
+// of a token with lstrip, and the whitespace before the cut must not follow a token with rstrip (which would end the
+// part there, so that what follows starts one).
+bool BpeTokenizer::Impl::newline_cut_at(std::string_view text, size_t cut) const {
+  if (std::none_of(raw_added.begin(), raw_added.end(), [](const AddedToken& a) { return a.lstrip || a.rstrip; }))
+    return true;
+  size_t k = cut;
+  if (cut >= text.size() || utf8::unit(text, cut) < 0 || utf8::is_space(utf8::next(text, k))) return false;
+  size_t b = cut;  // back over the whitespace before the cut
+  for (size_t p = b; p > 0; b = p) {
+    do --p;
+    while (p > 0 && (uint8_t(text[p]) & 0xc0) == 0x80);
+    size_t q = p;
+    if (!utf8::is_space(utf8::next(text, q))) break;
+  }
+  for (const AddedToken& a : raw_added) {
+    if (a.lstrip && (text.size() - cut < a.content.size() || text.compare(cut, a.content.size(), a.content) == 0))
+      return false;
+    if (a.rstrip && b >= a.content.size() && text.compare(b - a.content.size(), a.content.size(), a.content) == 0)
+      return false;
+  }
+  return true;
+}
+
 size_t BpeTokenizer::split_point(std::string_view text, size_t limit) const {
   const Impl& t = *impl_;
   // The three patterns end a piece, and start one whatever came before, at a space that follows
@@ -522,6 +577,12 @@ size_t BpeTokenizer::split_point(std::string_view text, size_t limit) const {
   // an added token holding a space, a letter or a digit could span such a place, one with rstrip
   // that ends there would take the space, a normalizer other than a Unicode form could change
   // it, and a prefix space would be put before a digit.
+  if (t.newline_cuts) {
+    for (size_t nl = text.substr(0, std::min(limit, text.size())).rfind('\n'); nl != std::string_view::npos;
+         nl = nl == 0 ? std::string_view::npos : text.rfind('\n', nl - 1))
+      if (t.newline_cut_at(text, nl + 1)) return nl + 1;
+    return 0;
+  }
   if (t.pattern != kGpt2Pattern && t.pattern != kLlama3Pattern && t.pattern != kQwen2Pattern) return 0;
   if (!t.normalizer.local()) return 0;
   auto letter = [](char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); };
@@ -545,7 +606,7 @@ size_t BpeTokenizer::split_point(std::string_view text, size_t limit) const {
   return 0;
 }
 
-std::vector<int32_t> BpeTokenizer::encode(std::string_view text, bool add_special) const {
+std::vector<int32_t> BpeTokenizer::encode(std::string_view text, bool add_special, bool continues) const {
   const Impl& t = *impl_;
   for (size_t i = 0; i < text.size();) {  // invalid UTF-8 is named before any work
     const int n = utf8::unit(text, i);
@@ -556,9 +617,11 @@ std::vector<int32_t> BpeTokenizer::encode(std::string_view text, bool add_specia
   if (add_special) out = t.prefix;
   // Added tokens matched in the text as it is, then normalized ones in each normalized part.
   t.split_added(text, t.raw_added, out, [&](std::string_view part, bool first) {
-    const std::string normalized = t.normalizer(part);
-    t.split_added(normalized, t.normalized_added, out,
-                  [&](std::string_view piece, bool starts) { t.encode_part(piece, first && starts, out); });
+    const bool on = continues && first;  // the part that goes on from before the cut
+    const std::string normalized = t.normalizer(part, on);
+    t.split_added(normalized, t.normalized_added, out, [&](std::string_view piece, bool starts) {
+      t.encode_part(piece, first && starts && !on, on && starts, out);
+    });
   });
   if (add_special) out.insert(out.end(), t.suffix.begin(), t.suffix.end());
   return out;

@@ -35,15 +35,17 @@ class BpeTokenizer {
 
   // The ids of `text` (UTF-8; invalid UTF-8 is an error naming the byte offset), with the
   // post-processor's special tokens around them when add_special (as `transformers` encodes).
-  std::vector<int32_t> encode(std::string_view text, bool add_special = false) const;
+  // continues: `text` follows a cut at split_point, so nothing is put before it (Prepend, Metaspace's "▁").
+  std::vector<int32_t> encode(std::string_view text, bool add_special = false, bool continues = false) const;
   // The post-processor's special tokens before and after a text (Llama's BOS; none for GPT-2).
   const std::vector<int32_t>& special_prefix() const;
   const std::vector<int32_t>& special_suffix() const;
   // A place at or before `limit` where `text` may be cut so that encoding the two parts one after
-  // the other gives encode(text)'s ids (for reading a long text in blocks): a space between a
-  // non-space and an ASCII letter, or an ASCII digit after an ASCII letter, under GPT-2's or
+  // the other (the second with continues) gives encode(text)'s ids (for reading a long text in blocks): a space
+  // between a non-space and an ASCII letter, or an ASCII digit after an ASCII letter, under GPT-2's or
   // Llama 3's or Qwen2's pre-tokenizer pattern when no added token could span it and the
-  // normalizer is none or Unicode forms only. 0 when there is none.
+  // normalizer is none or Unicode forms only; after a "\n" for a SentencePiece-style tokenizer whose merges never
+  // join "\n" (Llama 2's, Mistral's: "\n" is the byte token <0x0A>). 0 when there is none.
   size_t split_point(std::string_view text, size_t limit) const;
   // The text of `ids` (ids outside the vocabulary are an error), bytes that do not form UTF-8
   // replaced by U+FFFD as `tokenizers` does; special added tokens left out when skip_special.

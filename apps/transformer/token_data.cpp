@@ -139,13 +139,13 @@ int64_t encode_file(const BpeTokenizer& tok, const std::string& path, bool speci
     const size_t last = tok.split_point(text, text.size()), cut = end ? text.size() : last;
     const double tail = double(text.size() - last);  // held since the last place to cut: encoded at once
     WEFT_CHECK(memory <= 0 || tail * kEncodeBytesPerByte <= double(memory), "transformer: {}: the {:.1f} MiB from byte "
-               "{} have no place where the tokenizer may cut them (a space before a word; a SentencePiece-style "
-               "tokenizer reads a file whole): encoding them at once needs about {:.1f} GiB, more than the {:.1f} GiB "
+               "{} have no place where the tokenizer may cut them (a space before a word; a line's end for a "
+               "SentencePiece-style one): encoding them at once needs about {:.1f} GiB, more than the {:.1f} GiB "
                "available: split the text into smaller files", path, tail / (1 << 20), offset + int64_t(last),
                tail * kEncodeBytesPerByte / (1 << 30), double(memory) / (1 << 30));
     if (cut == 0 && !end) continue;  // no place to cut yet: read on
     try {
-      for (int32_t id : tok.encode(std::string_view(text).substr(0, cut))) tokens.push_back(uint32_t(id));
+      for (int32_t id : tok.encode(std::string_view(text).substr(0, cut), false, offset > 0)) tokens.push_back(uint32_t(id));
     } catch (const Error& e) {
       throw Error(fmt::format("transformer: {} (the part from byte {}): {}", path, offset, e.what()));
     }

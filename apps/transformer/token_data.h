@@ -98,7 +98,7 @@ struct PreparedData {
 // each file, and writes the last `val_fraction` of the tokens as val.tokens, the rest as
 // train.tokens, and the tokenizer as tokenizer.json, into `out_dir` (created; existing dataset
 // files there are replaced, .labels files of an earlier dataset of examples removed). Prints a progress bar with rate and ETA to stderr.
-// Text encoded at once (no place to cut it, or a SentencePiece-style tokenizer's whole file) holds
+// Text encoded at once (no place to cut it: BpeTokenizer::split_point) holds
 // about kEncodeBytesPerByte bytes of BPE state a byte: a stretch `memory` (0: MemAvailable)
 // cannot hold is an error naming the file, not an OOM kill.
 PreparedData prepare_tokens(const std::string& tokenizer_path, const std::string& data, const std::string& out_dir,

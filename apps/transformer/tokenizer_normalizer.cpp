@@ -56,12 +56,16 @@ bool TokenizerNormalizer::local() const {
   return std::all_of(steps_.begin(), steps_.end(), [](const Step& s) { return s.kind != Kind::Prepend && s.kind != Kind::Replace; });
 }
 
-std::string TokenizerNormalizer::operator()(std::string_view text) const {
+bool TokenizerNormalizer::keeps_newlines() const {
+  return std::none_of(steps_.begin(), steps_.end(), [](const Step& s) { return s.from.find('\n') != std::string::npos; });
+}
+
+std::string TokenizerNormalizer::operator()(std::string_view text, bool continues) const {
   std::string s(text);
   for (const Step& step : steps_) {
     switch (step.kind) {
       case Kind::Prepend:
-        if (!s.empty()) s.insert(0, step.to);
+        if (!s.empty() && !continues) s.insert(0, step.to);
         break;
       case Kind::Replace: s = utf8::replace_all(s, step.from, step.to); break;
       case Kind::Nfc: s = unicode_form(s, "nfc", UNORM2_COMPOSE); break;

@@ -18,7 +18,11 @@ class TokenizerNormalizer {
   // Reads the normalizer at `f` (null: none).
   explicit TokenizerNormalizer(const TokenizerField& f);
 
-  std::string operator()(std::string_view text) const;
+  // continues: `text` goes on from a part cut after a "\n" (keeps_newlines), so nothing is prepended.
+  std::string operator()(std::string_view text, bool continues = false) const;
+  // Whether a text cut after a "\n" normalizes part by part as it does whole, the second part continuing: no
+  // Replace pattern holds a "\n" (the Unicode forms leave a "\n" and what follows it apart).
+  bool keeps_newlines() const;
   // Whether it changes a text only within runs of non-ASCII characters and their neighbours
   // (none, or Unicode forms only), so that a text cut between ASCII letters, digits and spaces
   // normalizes part by part as it does whole.
