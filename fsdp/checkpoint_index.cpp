@@ -9,6 +9,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <tuple>
 
 #include "core/safetensors.h"
 
@@ -87,6 +88,32 @@ tp::Split read_split(const IndexReader& r, const std::string& key, const Json& s
   return split;
 }
 
+// The pieces of `e` must tile each part (the tensor, unless split) along the shard dim, `extent` long: sorted by part and
+// offset, each starting where the last ended; a replicated tensor has one piece a part. Pieces that overlap and leave a
+// gap cover as many elements as a tiling: a loader counting elements would take the gap's memory as read.
+void check_tiling(const IndexReader& r, const CheckpointIndex::Entry& e, int64_t extent) {
+  std::vector<CheckpointIndex::Shard> shards = e.shards;
+  std::sort(shards.begin(), shards.end(), [](auto& a, auto& b) { return std::tie(a.part, a.offset) < std::tie(b.part, b.offset); });
+  auto covers = [&](int64_t end, int64_t part) {
+    return fmt::format("has pieces that cover {} of the {} indices of dim {}{}", end, extent, e.shard_dim,
+                       e.split.split() ? fmt::format(" of part {} of {}", part, e.split.parts) : "");
+  };
+  if (e.shard_dim < 0 && shards.size() != size_t(e.split.parts))
+    r.fail(e.key, fmt::format("is replicated but has {} pieces for {} part(s)", shards.size(), e.split.parts));
+  int64_t end = 0, part = 0;
+  for (const auto& s : shards) {
+    if (s.part != part) {  // the next part begins
+      if (s.part != part + 1 || (e.shard_dim >= 0 && end != extent)) r.fail(e.key, covers(end, part));
+      part = s.part, end = 0;
+    }
+    if (e.shard_dim >= 0 && s.offset != end)
+      r.fail(e.key, fmt::format("has pieces that {} at index {} of dim {}", s.offset < end ? "overlap" : "leave a gap",
+                                end, e.shard_dim));
+    end = s.offset + s.length;
+  }
+  if (shards.empty() || part + 1 != e.split.parts || (e.shard_dim >= 0 && end != extent)) r.fail(e.key, covers(end, part));
+}
+
 // The entry of tensor `key` in "tensors"; its shards may only name files in `file_names`.
 CheckpointIndex::Entry read_entry(const IndexReader& r, const std::string& key, const Json& t,
                                   const std::set<std::string>& file_names) {
@@ -129,6 +156,7 @@ CheckpointIndex::Entry read_entry(const IndexReader& r, const std::string& key, 
     }
     e.shards.push_back(sh);
   }
+  check_tiling(r, e, extent);
   return e;
 }
 

@@ -1,11 +1,6 @@
 // fsdp: checkpoint tools that need no model and no other rank: verify_checkpoint checks a
 // directory against its index, consolidate_checkpoint writes the whole model to one file
 // (declared in fsdp/checkpoint.h).
-#include <algorithm>
-#include <map>
-#include <set>
-#include <tuple>
-
 #include "core/element_search.h"
 #include "fsdp/checkpoint.h"
 #include "fsdp/checkpoint_index.h"
@@ -24,25 +19,7 @@ VerifyReport verify_checkpoint(const std::string& path) {
     report.bytes += f.bytes;
   }
   for (auto& e : index.tensors) {
-    // The pieces must tile each part (the tensor, unless split): sorted by part and offset,
-    // each starting where the last ended.
-    std::vector<CheckpointIndex::Shard> shards = e.shards;
-    std::sort(shards.begin(), shards.end(), [](auto& a, auto& b) { return std::tie(a.part, a.offset) <
-                                                                          std::tie(b.part, b.offset); });
-    const int64_t extent = e.shard_dim < 0 ? 0 : e.shape.empty() ? 1
-                           : Placement{e.shape, -1, 0, 0, e.split}.local_shape()[size_t(e.shard_dim)];
-    int64_t end = 0, part = 0;
-    for (auto& s : shards) {
-      WEFT_CHECK(e.shard_dim >= 0 || shards.size() == size_t(e.split.parts), "checkpoint: {}: the replicated tensor "
-                 "\"{}\" has {} pieces", index.dir, e.key, shards.size());
-      if (s.part != part) {  // the next part begins
-        WEFT_CHECK(s.part == part + 1 && (e.shard_dim < 0 || end == extent), "checkpoint: {}: the pieces of \"{}\" "
-                   "cover {} of the {} indices of dim {} of part {}", index.dir, e.key, end, extent, e.shard_dim, part);
-        part = s.part, end = 0;
-      }
-      WEFT_CHECK(e.shard_dim < 0 || s.offset == end, "checkpoint: {}: the pieces of \"{}\" {} at index {} of dim {}",
-                 index.dir, e.key, s.offset < end ? "overlap" : "leave a gap", end, e.shard_dim);
-      end = s.offset + s.length;
+    for (auto& s : e.shards) {  // read_checkpoint_index has checked that they tile the tensor
       const Placement pl = e.placement(s);
       const SafetensorsEntry* se = source.open(s.file).find(e.key);
       WEFT_CHECK(se, "checkpoint: {} has no tensor \"{}\" although the index lists a piece of it there",
@@ -54,9 +31,6 @@ VerifyReport verify_checkpoint(const std::string& path) {
         WEFT_ERROR("checkpoint: {}: \"{}\" holds {} (element of this file's piece): the checkpoint was written from "
                    "state that is not finite", index.file_path(s.file), e.key, bad->str());
     }
-    WEFT_CHECK(!shards.empty() && part + 1 == e.split.parts && (e.shard_dim < 0 || end == extent), "checkpoint: {}: "
-               "the pieces of \"{}\" cover {} of the {} indices of dim {}{}", index.dir, e.key, end, extent, e.shard_dim,
-               e.split.split() ? fmt::format(" of part {} of {}", part, e.split.parts) : "");
     ++report.tensors;
   }
   return report;

@@ -457,6 +457,15 @@ TEST_CASE("bad checkpoints fail on every rank with the file and key, and change 
     std::ofstream(d / "index.json") << fsdp::checkpoint_index_json(ix);
   };
   expect_failure("int_dtype", int_dtype, "\"model.wte.weight\" is I32 [", *m, root, &opt);
+  // Pieces that overlap and leave a gap hold as many elements as a tiling: the index is refused, not the gap left unread.
+  auto overlap = [](const fs::path& d) {
+    fsdp::CheckpointIndex ix = fsdp::read_checkpoint_index(d.string());
+    for (auto& e : ix.tensors)
+      if (e.key == "model.wte.weight") e.shards.size() > 1 ? void(e.shards.back().offset -= 1) : void(e.shards[0].length -= 1);
+    std::ofstream(d / "index.json") << fsdp::checkpoint_index_json(ix);
+  };
+  expect_failure("overlap", overlap, dist::world_size() > 1 ? "\"model.wte.weight\" has pieces that overlap at index"
+                 : "\"model.wte.weight\" has pieces that cover", *m, root, &opt);
   expect_failure("no_rng", drop_rng, "\"rng\" holds 0 generator states for world_size", *m, root, &opt);
   // Ranks whose path holds different checkpoints (node-local disks) load none of them.
   const std::string later = fsdp::save_checkpoint((dir / "later").string(), *m, &opt, &root, {.step = 2});
