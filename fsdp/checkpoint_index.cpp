@@ -88,9 +88,8 @@ tp::Split read_split(const IndexReader& r, const std::string& key, const Json& s
   return split;
 }
 
-// The pieces of `e` must tile each part (the tensor, unless split) along the shard dim, `extent` long: sorted by part and
-// offset, each starting where the last ended; a replicated tensor has one piece a part. Pieces that overlap and leave a
-// gap cover as many elements as a tiling: a loader counting elements would take the gap's memory as read.
+// The pieces of `e` must tile each part (the tensor, unless split) along the shard dim, `extent` long, each starting
+// where the last ended (overlaps and gaps can sum to a tiling's size); a replicated tensor has one piece a part.
 void check_tiling(const IndexReader& r, const CheckpointIndex::Entry& e, int64_t extent) {
   std::vector<CheckpointIndex::Shard> shards = e.shards;
   std::sort(shards.begin(), shards.end(), [](auto& a, auto& b) { return std::tie(a.part, a.offset) < std::tie(b.part, b.offset); });
@@ -107,8 +106,7 @@ void check_tiling(const IndexReader& r, const CheckpointIndex::Entry& e, int64_t
       part = s.part, end = 0;
     }
     if (e.shard_dim >= 0 && s.offset != end)
-      r.fail(e.key, fmt::format("has pieces that {} at index {} of dim {}", s.offset < end ? "overlap" : "leave a gap",
-                                end, e.shard_dim));
+      r.fail(e.key, fmt::format("has pieces that {} at index {} of dim {}", s.offset < end ? "overlap" : "leave a gap", end, e.shard_dim));
     end = s.offset + s.length;
   }
   if (shards.empty() || part + 1 != e.split.parts || (e.shard_dim >= 0 && end != extent)) r.fail(e.key, covers(end, part));
