@@ -13,6 +13,8 @@
 #include <iterator>
 
 #include "apps/transformer/bpe_tokenizer.h"
+#include "apps/transformer/example_data.h"
+#include "apps/transformer/file_contents.h"
 #include "apps/transformer/token_data.h"
 #include "core/sha256.h"
 #include "scratch_dir.h"
@@ -135,6 +137,24 @@ TEST_CASE("token data: prepare with a SentencePiece-style tokenizer reads a long
   write(texts / "a.txt", text.substr(0, 3u << 20));
   CHECK_THROWS_WITH(apps::prepare_tokens(sp, texts.string(), out.string(), "", 0.0, false, 16 << 20),
                     Contains("a.txt: the 3.0 MiB from byte 0 have no place where the tokenizer may cut them"));
+}
+
+// An --out that holds a tokenizer.json and no token files is a model's directory: its tokenizer is not replaced.
+TEST_CASE("token data: prepare refuses a directory with a tokenizer.json of its own") {
+  const fs::path texts = kScratch.fresh("model_out_texts"), model = kScratch.fresh("model_out");
+  write(texts / "a.txt", "some text to encode\n");
+  write(model / "tokenizer.json", "{\"a model's\": 1}"), write(model / "config.json", "{}");
+  CHECK_THROWS_WITH(apps::prepare_tokens(kTokenizer, texts.string(), model.string(), ""),
+                    Contains("holds a tokenizer.json and no train.tokens or val.tokens: not a dataset directory"));
+  write(texts / "b.jsonl", "{\"text\": \"hello\"}\n");
+  CHECK_THROWS_WITH(apps::prepare_examples(kTokenizer, (texts / "b.jsonl").string(), model.string(), "", 0.1, true, ""),
+                    Contains("not a dataset directory"));
+  CHECK(apps::read_file((model / "tokenizer.json").string()) == "{\"a model's\": 1}");
+  CHECK(!fs::exists(model / "train.tokens"));
+  // A dataset's directory is prepared again.
+  fs::remove(texts / "b.jsonl");
+  apps::prepare_tokens(kTokenizer, texts.string(), (model / "ds").string(), "");
+  CHECK(apps::prepare_tokens(kTokenizer, texts.string(), (model / "ds").string(), "").files == 1);
 }
 
 // prepare replaces train.tokens, then val.tokens, each by rename: stopped between the two, a

@@ -210,6 +210,19 @@ void write_prompt_logits(nn::Module& model, const std::vector<int64_t>& ids, int
   if (ranks.lead()) save_safetensors(path, {{"logits", logits}}, {{"prompt_tokens", std::to_string(t)}});
 }
 
+// An existing --logits-out file is replaced only if an earlier --logits-out wrote it: any other file is the user's.
+void check_logits_out(const std::string& path) {
+  if (path.empty() || !WEFT_FS(std::filesystem::exists(path))) return;
+  bool logits = false;
+  try {
+    const auto entries = read_safetensors_index(path);
+    logits = entries.size() == 1 && entries[0].name == "logits" && read_safetensors_metadata(path).count("prompt_tokens");
+  } catch (const Error&) {  // not a safetensors file
+  }
+  WEFT_CHECK(logits, "transformer: --logits-out {} exists and is not the logits an earlier --logits-out wrote: give "
+             "another path (or remove it)", path);
+}
+
 }  // namespace
 
 int sample(const SampleOptions& o, const Ranks& ranks) {
@@ -218,6 +231,7 @@ int sample(const SampleOptions& o, const Ranks& ranks) {
   WEFT_CHECK(o.tokens >= 0, "transformer: --tokens must be non-negative");
   apps::check_outputs_apart({{"--logits-out", o.logits_out}, {"WEFT_TRACE", trace::file()}}, {{"--from", o.checkpoint}, {"--tokenizer", o.tokenizer}},
                             "transformer");
+  check_logits_out(o.logits_out);
   LoadedModel loaded;
   const auto load_start = std::chrono::steady_clock::now();
   dist::agree(ranks.groups(), "transformer", [&] {

@@ -87,6 +87,8 @@ void load_training_data(const std::string& path, TrainingData& d);
 std::string tokenizer_digest(const std::string& path);
 // Writes the tokenizer.json of `tokenizer_path` into the dataset directory `dir`, atomically.
 void copy_tokenizer(const std::string& tokenizer_path, const std::string& dir);
+// Refuses an output directory that holds a tokenizer.json but no token files (a model's), before any work.
+void check_dataset_out(const std::string& dir);
 
 struct PreparedData {
   int64_t files = 0, bytes = 0, train_tokens = 0, val_tokens = 0;

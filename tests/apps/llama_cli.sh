@@ -193,6 +193,9 @@ if [ -n "$mpirun" ]; then
   "$exe" sample --from "$data/llama3" --prompt "The " --tokens 0 --logits-out "$tmp/f32.st" 2>/dev/null
   "$exe" sample --from "$data/llama3" --prompt "The " --tokens 0 --dtype bf16 --logits-out "$tmp/bf16.st" 2>/dev/null
   [ -s "$tmp/bf16.st" ] && ! cmp -s "$tmp/f32.st" "$tmp/bf16.st" || fail "sample --dtype bf16 wrote the f32 logits"
+  # An earlier --logits-out's file is replaced (any other existing file is refused: bad_input.tsv).
+  "$exe" sample --from "$data/llama3" --prompt "The " --tokens 0 --logits-out "$tmp/bf16.st" 2>/dev/null &&
+    cmp -s "$tmp/f32.st" "$tmp/bf16.st" || fail "sample --logits-out did not replace its own earlier logits file"
   c=$("$exe" sample --from "$data/llama3" --prompt "The " --tokens 40 --greedy --ids --dtype bf16 2>/dev/null)
   n=$("$exe" sample --from "$data/llama3" --prompt "The " --tokens 40 --greedy --ids --dtype bf16 --no-cache 2>/dev/null)
   f=$("$mpirun" -np 2 "${mpirun_args[@]}" "$exe" sample --fsdp --from "$data/llama3" --prompt "The " --tokens 40 \
