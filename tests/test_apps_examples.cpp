@@ -156,6 +156,16 @@ TEST_CASE("bad JSONL records are named by file and line", "[apps][examples]") {
   CHECK_THROWS_WITH(apps::prepare_examples(kChat + "/mistral", kChat + "/records.jsonl", (dir / "m").string(), "</s>",
                                            0.1, true, ""),
                     Contains("records.jsonl:15: message 0: role \"system\""));
+  // --eos ends text and prompt/completion records: a chat's end is its template's, so a tokenizer without the default
+  // <|endoftext|> prepares chats, and the first record that needs it is named.
+  const std::string chat = R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})" "\n";
+  write(dir / "chat.jsonl", chat + chat);
+  CHECK(apps::prepare_examples(kChat + "/mistral", (dir / "chat.jsonl").string(), (dir / "c").string(), "<|endoftext|>",
+                               0.1, true, "").records == 2);
+  write(dir / "chat.jsonl", chat + ok);
+  CHECK_THROWS_WITH(apps::prepare_examples(kChat + "/mistral", (dir / "chat.jsonl").string(), (dir / "c2").string(),
+                                           "<|endoftext|>", 0.1, true, ""),
+                    Contains("chat.jsonl:2: --eos \"<|endoftext|>\" is not a token of"));
   write(dir / "one.jsonl", ok);
   CHECK_THROWS_WITH(apps::prepare_examples(kChat + "/chatml", (dir / "one.jsonl").string(), (dir / "o").string(),
                                            "<|endoftext|>", 0.1, true, ""), Contains("too few"));
@@ -186,11 +196,16 @@ TEST_CASE("examples are drawn whole, padded with ignored targets, cut at the con
   CHECK(targets == all.targets({1, 2}));
   // The completion's tokens and the end-of-text token; the prompt "x" is context.
   CHECK(all.targets({2}) == int64_t(apps::BpeTokenizer(kChat + "/chatml").encode(" y z").size()) + 1);
-  // A context that cuts the long prompt before its completion skips it; a longer one cuts it.
+  // A context that cuts the long prompt before its completion skips it (not counted as cut too); one that cuts the
+  // others past their first target keeps them, cut.
   const apps::ExampleSet short_ctx(d.train, d.train_labels, 6, "train");
   CHECK(short_ctx.size() == 2);
   CHECK(short_ctx.skipped() == 1);
-  CHECK(short_ctx.truncated() == 1);
+  CHECK(short_ctx.truncated() == 0);
+  const apps::ExampleSet shorter(d.train, d.train_labels, 1, "train");
+  CHECK(shorter.size() == 2);
+  CHECK(shorter.skipped() == 1);
+  CHECK(shorter.truncated() == 2);
   // Every example once per epoch, in an order drawn anew each epoch: of eight epochs, not all alike.
   std::set<std::vector<int64_t>> orders;
   for (int64_t epoch = 0; epoch < 8; ++epoch) {

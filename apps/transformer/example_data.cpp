@@ -76,13 +76,8 @@ std::vector<ChatMessage> messages_of(const json& record) {
 class RecordEncoder {
  public:
   RecordEncoder(const std::string& tokenizer_path, const std::string& eos, bool special, std::string chat_format)
-      : path_(tokenizer_path), tok_(tokenizer_path), special_(special), chat_format_(std::move(chat_format)) {
-    if (!eos.empty()) {
-      eos_ = tok_.id_of(eos);
-      WEFT_CHECK(eos_ >= 0, "transformer: --eos \"{}\" is not a token of {} (pass --eos \"\" for none)", eos,
-                 tokenizer_path);
-    }
-  }
+      : path_(tokenizer_path), tok_(tokenizer_path), special_(special), chat_format_(std::move(chat_format)),
+        eos_name_(eos) {}
   const BpeTokenizer& tokenizer() const { return tok_; }
 
   Example encode(const json& record) {
@@ -104,13 +99,20 @@ class RecordEncoder {
     if (text) encode_pieces(tok_, {{*text, true}}, ex);
     else encode_pieces(tok_, {{*prompt, false}, {*completion, true}}, ex);
     if (special_) add(ex, tok_.special_suffix(), true);
-    if (eos_ >= 0) add(ex, {eos_}, true);
+    if (!eos_name_.empty()) add(ex, {eos_id()}, true);
     return ex;
   }
 
  private:
   static void add(Example& ex, const std::vector<int32_t>& ids, bool trained) {
     for (int32_t id : ids) ex.ids.push_back(uint32_t(id)), ex.trained.push_back(trained);
+  }
+  // --eos ends text and prompt/completion records only (a chat's template has its own end): checked at the first.
+  int32_t eos_id() {
+    if (eos_ < 0) eos_ = tok_.id_of(eos_name_);
+    WEFT_CHECK(eos_ >= 0, "--eos \"{}\" is not a token of {} (pass --eos \"\" for none): text and prompt/completion "
+               "records end with it", eos_name_, path_);
+    return eos_;
   }
   const ChatTemplate& chat_template() {
     if (!template_) {
@@ -128,7 +130,7 @@ class RecordEncoder {
   std::string path_;
   BpeTokenizer tok_;
   bool special_;
-  std::string chat_format_;
+  std::string chat_format_, eos_name_;
   int32_t eos_ = -1;
   std::optional<ChatTemplate> template_;
 };
@@ -235,13 +237,13 @@ ExampleSet::ExampleSet(TokenView ids, TokenView labels, int64_t ctx, const std::
   for (int64_t i = 0; i < labels.size();) {
     int64_t end = i + 1;
     while (end < labels.size() && labels[end] != kLabelStart) ++end;
-    int64_t len = end - i;
-    if (len > ctx + 1) len = ctx + 1, ++truncated_;
+    const int64_t len = std::min(end - i, ctx + 1);
     int64_t targets = 0;
     for (int64_t t = i + 1; t < i + len; ++t) targets += labels[t] == kLabelTrained;
-    if (targets == 0) {
+    if (targets == 0) {  // a skipped example is not counted as cut too
       ++skipped_;
     } else {
+      truncated_ += len < end - i;
       starts_.push_back(i), lengths_.push_back(len), targets_.push_back(targets);
     }
     i = end;
