@@ -261,8 +261,8 @@ CLI::App* add_eval_flags(CLI::App& app, EvalOptions& ev) {
 CLI::App* add_peft_flags(CLI::App& app, ExportOptions& px) {
   CLI::App* pe = app.add_subcommand("export-peft", "write a LoRA run's adapters as a Hugging Face peft adapter "
                                     "directory (adapter_config.json + adapter_model.safetensors)");
-  pe->add_option("--from", px.from, "a checkpoint directory of a train --lora-rank run (the latest in it) or its "
-                 "consolidated .safetensors file")->required();
+  pe->add_option("--from", px.from, "a checkpoint directory of a train --init-from --lora-rank run (the latest in it)")
+      ->required();
   pe->add_option("--out", px.out, "the directory to write (must not exist)")->required();
   return pe;
 }

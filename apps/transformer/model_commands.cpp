@@ -399,10 +399,12 @@ int export_peft(const ExportOptions& o) {
   WEFT_CHECK(loaded.lora.rank > 0, "transformer: {} holds no LoRA adapters (a train --lora-rank run's checkpoint has "
              "them)", o.from);
   const std::string base = hf_source(o.from, loaded.recorded);
-  apps::export_peft_adapter(loaded.lm, loaded.lora, o.out, base.empty() ? "" : WEFT_FS(std::filesystem::absolute(base)).string());
-  std::fprintf(stderr, "weft-transformer: wrote %s (LoRA rank %lld on %s%s%s)\n", o.out.c_str(),
-               (long long)loaded.lora.rank, apps::lora_fields(loaded.lora).at("lora_targets").c_str(),
-               base.empty() ? ", no base directory recorded" : ", base ", base.c_str());
+  WEFT_CHECK(!base.empty(), "transformer: {} holds the LoRA adapters of a model trained from scratch (no --init-from): "
+             "peft puts adapters on a Hugging Face base, and this run has none: write the merged model with export-hf "
+             "--merge", o.from);
+  apps::export_peft_adapter(loaded.lm, loaded.lora, o.out, WEFT_FS(std::filesystem::absolute(base)).string());
+  std::fprintf(stderr, "weft-transformer: wrote %s (LoRA rank %lld on %s, base %s)\n", o.out.c_str(),
+               (long long)loaded.lora.rank, apps::lora_fields(loaded.lora).at("lora_targets").c_str(), base.c_str());
   return 0;
 }
 

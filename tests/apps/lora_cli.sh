@@ -118,9 +118,13 @@ expect_error "it needs --lora-rank and --init-from" train "${run[@]}" --mixed-pr
 
 # GPT-2 from scratch: the default targets. 2 layers x 4 x ((32 + 96) + (32 + 32) + (32 + 128) + (128 + 32)).
 "$exe" train --n-layer 2 --n-head 2 --d-model 32 --ctx 16 --batch-size 4 --steps 2 --threads 1 --eval-every 0 \
-  --eval-iters 1 --lora-rank 4 >/dev/null 2>"$tmp/g.err" || fail "gpt2 --lora-rank failed: $(cat "$tmp/g.err")"
+  --eval-iters 1 --lora-rank 4 --checkpoint-dir "$tmp/gck" >/dev/null 2>"$tmp/g.err" || fail "gpt2 --lora-rank failed: $(cat "$tmp/g.err")"
 grep -q "LoRA rank 4, alpha 4 on c_attn,c_proj,c_fc: 4096 trainable" "$tmp/g.err" ||
   fail "gpt2's LoRA defaults: $(grep LoRA "$tmp/g.err")"
+# Its adapters have no Hugging Face base for peft to put them on: export-peft points at export-hf --merge.
+expect_error "model trained from scratch (no --init-from): peft puts adapters on a Hugging Face base" \
+  export-peft --from "$tmp/gck" --out "$tmp/gpeft"
+[ ! -e "$tmp/gpeft" ] || fail "export-peft of a run from scratch wrote $tmp/gpeft"
 
 [ -n "$mpirun" ] || { echo "lora_cli: no mpirun given: the 2-rank runs are not run"; exit 0; }
 "$mpirun" "${mpirun_args[@]}" -np 2 "$exe" train "${run[@]}" "${lora[@]}" --fsdp --metrics "$tmp/f.jsonl" >/dev/null 2>"$tmp/f.err" ||
