@@ -16,6 +16,7 @@
 
 #include "apps/transformer/hf_family.h"
 #include "core/atomic_file.h"
+#include "core/element_search.h"
 #include "core/safetensors.h"
 #include "core/sha256.h"
 
@@ -188,6 +189,9 @@ void export_hf_checkpoint(const LanguageModel& model, const std::string& out, in
   NamedTensors tensors;
   for (auto& [name, p] : model.module->named_parameters()) {
     Tensor t = p.detach().to(kCPU).to(dtype);
+    if (auto bad = find_nonfinite(t))  // a finite f32 weight past bf16's range rounds to infinity
+      WEFT_ERROR("transformer: \"{}\" holds {} in {} (its weights reach past {}'s range): nothing was written to {}",
+                 name, bad->str(), dtype_name(dtype), dtype_name(dtype), out);
     tensors.emplace_back(name, layout.is_transposed(name) ? t.transpose(0, 1).contiguous() : t.contiguous());
   }
   // Shards of at most max_shard_bytes (a larger tensor alone in its shard).
