@@ -407,6 +407,21 @@ TEST_CASE("export-hf --dtype bf16 writes bf16 files and copies the source's toke
   CHECK_THROWS_WITH(apps::export_hf_checkpoint(lm, out, 1 << 30, kFloat16), Contains("f32 or bf16, not f16"));
 }
 
+// The source's token ids stay in config.json (what generate falls back on without generation_config.json); an --out
+// ending in "/" names the directory.
+TEST_CASE("export-hf keeps the source's bos and eos token ids") {
+  const std::string src = WEFT_TEST_DATA "/chat/model", out = temp_dir("ids") + "/";
+  apps::export_hf_checkpoint(load_whole(src), out, int64_t(1) << 30, kFloat32, src);
+  std::ifstream in(out + "config.json"), src_in(src + "/config.json");
+  const nlohmann::json cfg = nlohmann::json::parse(in), src_cfg = nlohmann::json::parse(src_in);
+  for (const char* key : {"bos_token_id", "eos_token_id"}) {
+    INFO(key);
+    REQUIRE(src_cfg[key].is_number_integer());
+    CHECK(cfg[key] == src_cfg[key]);
+  }
+  fs::remove_all(out);
+}
+
 TEST_CASE("source weights in f16 load as their f32 values, as those in bf16 and f32 do") {
   // qwen2's f32 weights written in f16 (its config, one file): the loaded model holds exactly
   // each weight rounded to f16, and its logits are those of the f32 model with rounded weights.

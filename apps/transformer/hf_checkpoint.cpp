@@ -204,10 +204,12 @@ void export_hf_checkpoint(const LanguageModel& model, const std::string& out, in
     shard_bytes += bytes, total += bytes;
   }
   json cfg = layout.write(c);
-  if (!source.empty() && c.arch == "llama") {  // fine-tuned at a shorter --ctx, a rotary model keeps its source's
-    const json src = json::parse(read_file((fs::path(source) / "config.json").string()), nullptr, false);
-    if (const json m = src.is_object() ? src.value("max_position_embeddings", json()) : json(); m.is_number_integer())
+  const json src = source.empty() ? json() : json::parse(read_file((fs::path(source) / "config.json").string()), nullptr, false);
+  if (src.is_object()) {  // fine-tuned at a shorter --ctx, a rotary model keeps its source's
+    if (const json m = src.value("max_position_embeddings", json()); c.arch == "llama" && m.is_number_integer())
       cfg["max_position_embeddings"] = std::max(cfg.value("max_position_embeddings", int64_t(0)), m.get<int64_t>());
+    for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"})  // for generate without generation_config.json
+      if (src.contains(key) && !cfg.contains(key)) cfg[key] = src[key];
   }
   cfg["model_type"] = layout.model_type;
   cfg["architectures"] = {layout.architecture};
@@ -221,15 +223,15 @@ void export_hf_checkpoint(const LanguageModel& model, const std::string& out, in
 
 void write_new_directory(const std::string& out, const char* command,
                          const std::function<void(const std::filesystem::path&)>& write) {
-  WEFT_CHECK(!out.empty() && fs::path(out).has_filename(), "transformer: --out \"{}\" does not name a directory to "
-             "write", out);
-  WEFT_CHECK(!WEFT_FS(fs::exists(out)), "transformer: {} already exists: {} writes a new directory (choose another --out or "
+  const fs::path dst = fs::path(out).has_filename() ? fs::path(out) : fs::path(out).parent_path();  // "DIR/" as DIR
+  WEFT_CHECK(dst.has_filename(), "transformer: --out \"{}\" does not name a directory to write", out);
+  WEFT_CHECK(!WEFT_FS(fs::exists(dst)), "transformer: {} already exists: {} writes a new directory (choose another --out or "
              "remove it)", out, command);
   fs::path tmp;
   try {
-    tmp = export_temp_dir(out);
+    tmp = export_temp_dir(dst.string());
     write(tmp);
-    WEFT_FS(fs::rename(tmp, out));
+    WEFT_FS(fs::rename(tmp, dst));
   } catch (const std::exception& e) {
     std::error_code ec;
     if (!tmp.empty()) fs::remove_all(tmp, ec);
