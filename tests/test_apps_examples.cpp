@@ -173,6 +173,9 @@ TEST_CASE("bad JSONL records are named by file and line", "[apps][examples]") {
   write(dir / "mixed" / "a.jsonl", ok);
   write(dir / "mixed" / "b.txt", "text");
   CHECK_THROWS_WITH(apps::is_jsonl_data((dir / "mixed").string()), Contains("mixes .jsonl files"));
+  fs::remove(dir / "mixed" / "b.txt");
+  write(dir / "mixed" / "c.JSONL", ok);  // the extension in any case
+  CHECK(apps::is_jsonl_data((dir / "mixed").string()));
 }
 
 TEST_CASE("examples are drawn whole, padded with ignored targets, cut at the context or skipped", "[apps][examples]") {

@@ -294,7 +294,10 @@ BpeTokenizer::BpeTokenizer(const std::string& given) : impl_(std::make_unique<Im
   try {
     j = json::parse(read_file(path));
   } catch (const json::exception& e) {
-    t.fail(fmt::format("is not valid JSON: {}", e.what()));
+    const bool sp = path.size() > 6 && path.compare(path.size() - 6, 6, ".model") == 0;
+    t.fail(sp ? "is a SentencePiece model: weft reads tokenizer.json (the Hugging Face tokenizers format), which model "
+                "directories on the Hub hold beside it"
+              : fmt::format("is not valid JSON: {}", e.what()));
   }
   const TokenizerField root{j, path, ""};
   if (!j.is_object()) root.fail("is not a JSON object");

@@ -1,6 +1,7 @@
 #include "apps/transformer/example_data.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -20,8 +21,8 @@ using nlohmann::json;
 
 namespace {
 
-bool ends_with_jsonl(const std::string& path) {
-  return path.size() > 6 && path.compare(path.size() - 6, 6, ".jsonl") == 0;
+bool ends_with_jsonl(const std::string& path) {  // .jsonl or .JSONL (any case)
+  return path.size() > 6 && std::equal(path.end() - 6, path.end(), ".jsonl", [](char a, char b) { return std::tolower(a) == b; });
 }
 
 // The tokens of `pieces` encoded as one text, each flagged as its piece is (see the header).

@@ -1,5 +1,6 @@
 #include "apps/transformer/lora_settings.h"
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "core/fill_rule.h"
@@ -17,6 +18,8 @@ std::vector<std::string> lora_targets(const std::string& list, const ModelConfig
     name.erase(0, name.find_first_not_of(" \t"));
     name.erase(name.find_last_not_of(" \t") + 1);
     WEFT_CHECK(!name.empty(), "transformer: --lora-targets \"{}\" has an empty name", list);
+    WEFT_CHECK(std::find(out.begin(), out.end(), name) == out.end(), "transformer: --lora-targets \"{}\" names {} "
+               "twice", list, name);
     out.push_back(std::move(name));
     start = end + 1;
   }
