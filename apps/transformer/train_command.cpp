@@ -155,10 +155,8 @@ fsdp::MemoryPlanRequest plan_request(const TrainOptions& o, bool fsdp, bool full
     return [model, opt, o, rows, ctx, loss = apps::tensor_parallel_loss(tp)] {
       auto tokens = [&] { return empty({rows, ctx}, {.dtype = kInt64}); };
       opt->zero_grad();
-      // The peak is reached by the second micro-step (the first makes the gradients, the others add to them): the rest
-      // run only for the step-time model's record of the whole step.
-      const int64_t micro_steps = step_trace::recording() ? o.grad_accum : std::min<int64_t>(o.grad_accum, 2);
-      for (int64_t micro = 0; micro < micro_steps; ++micro) {
+      // The second micro-step reaches the peak the others repeat: all run only for --step-time's record of the step.
+      for (int64_t micro = 0; micro < (step_trace::recording() ? o.grad_accum : std::min<int64_t>(o.grad_accum, 2)); ++micro) {
         Tensor x = tokens(), y = tokens();
         apps::forward_backward(*model, x, y, o.autocast(), o.grad_accum, 0, {}, loss);
       }
