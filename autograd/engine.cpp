@@ -102,8 +102,11 @@ void run_backward(const TensorList& roots, const TensorList& root_grads, bool re
       Tensor r = hook(grads[nr]);
       if (r.defined()) grads[nr] = r;
     }
-    for (auto& [nr, weak] : node->retained) {
-      if (auto impl = weak.lock()) Tensor(impl).autograd_meta().grad = grads[nr].clone();
+    for (auto& [nr, weak] : node->retained) {  // summed over backward calls, as a leaf's (and PyTorch's) are
+      if (auto impl = weak.lock()) {
+        Tensor& g = Tensor(impl).autograd_meta().grad;
+        g = g.defined() ? kernels::binary(kernels::BinaryOp::add, g, grads[nr]) : grads[nr].clone();
+      }
     }
     // Names the gradients and temporaries in out-of-memory reports, while a limit is set.
     const std::string owner = MemoryOwner::wanted() ? "backward of " + node->name() : std::string();

@@ -1,10 +1,12 @@
 // autograd: gradients of core's view and copy methods. A view's gradient is written back
 // through the same view (re-applied by `replay`) into zeros shaped like the base; expanded
-// dims are summed first. as_strided has no replay and maps by raw geometry instead, which
-// is exact when the base is contiguous (the only case weft itself uses).
+// dims are summed first. as_strided has no replay: its gradient is summed at each element's offset in a contiguous
+// base (index_add), so overlapping windows add up.
 #include "autograd/engine.h"
 #include "core/autograd_meta.h"
 #include "core/copy.h"
+#include "kernels/elementwise.h"
+#include "kernels/nn.h"
 #include "kernels/reduce.h"
 
 namespace weft::autograd::detail {
@@ -70,9 +72,18 @@ void record_view(const Tensor& base, Tensor& out, const weft::detail::ViewReplay
   Shape shape = out.shape(), strides = out.strides();
   int64_t rel = out.offset() - base.offset();
   record("AsStridedBackward", {base}, {out}, [=](const TensorList& g) -> TensorList {
-    Tensor grad_base = zeros(base_shape, {.dtype = dtype, .device = g[0].device()});
-    write_through(grad_base.as_strided(shape, strides, rel), g[0]);
-    return {grad_base};
+    // Each element's offset in the base, its gradient summed there: windows may overlap (a sliding window's).
+    const TensorOptions i64{.dtype = kInt64, .device = g[0].device()};
+    Tensor at = full({}, double(rel), i64);
+    for (size_t i = 0; i < shape.size(); ++i) {
+      Shape along(i + 1, 1), grown = at.shape();
+      along[i] = shape[i], grown.push_back(1);
+      const Tensor step = strides[i] == 0 ? zeros({shape[i]}, i64)
+                                          : arange(0, double(shape[i]) * double(strides[i]), double(strides[i]), i64);
+      at = kernels::binary(kernels::BinaryOp::add, at.view(grown), step.view(along));
+    }
+    return {kernels::index_add({shape_numel(base_shape)}, 0, at.reshape({-1}), g[0].contiguous().reshape({-1}))
+                .view(base_shape)};
   });
 }
 

@@ -163,9 +163,9 @@ Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
   d = wrap_dim(d, dim(), "narrow");
   int64_t n = shape()[d];
   if (start < 0) start += n;
-  WEFT_CHECK(start >= 0 && length >= 0 && start + length <= n,
-             "narrow: range [{}, {}) out of bounds for dim {} of size {} (tensor {})", start,
-             start + length, d, n, tensor_desc(*this));
+  WEFT_CHECK(start >= 0 && start <= n && length >= 0 && length <= n - start,  // (start + length could overflow)
+             "narrow: {} elements from {} are out of bounds for dim {} of size {} (tensor {})", length, start, d, n,
+             tensor_desc(*this));
   Shape s = shape();
   s[d] = length;
   return make_view(*this, std::move(s), strides(), offset() + start * strides()[d],
@@ -181,8 +181,8 @@ Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const 
   start = std::clamp<int64_t>(start, 0, n);
   end = std::clamp<int64_t>(end, start, n);
   Shape s = shape(), st = strides();
-  s[d] = (end - start + step - 1) / step;
-  st[d] *= step;
+  s[d] = end == start ? 0 : 1 + (end - start - 1) / step;  // (end - start + step - 1 could overflow)
+  if (s[d] > 1) st[d] *= step;  // within the storage then; one element takes no step
   return make_view(*this, std::move(s), std::move(st), offset() + start * strides()[d],
                    [=](const Tensor& t) { return t.slice(d, start, end, step); });
 }

@@ -142,6 +142,13 @@ TEST_CASE("retain_grad keeps a non-leaf gradient") {
   h.retain_grad();
   sum(h * h).backward();
   CHECK(vec(h.grad()) == std::vector<double>{8, 8});
+  // A second backward adds to it, as to the leaf's.
+  Tensor b = zeros({2}).set_requires_grad(), k = b + 0.0;
+  k.retain_grad();
+  sum(k * from_vector({1, 2}, {2})).backward({}, true);
+  sum(k * from_vector({10, 20}, {2})).backward();
+  CHECK(vec(k.grad()) == std::vector<double>{11, 22});
+  CHECK(vec(b.grad()) == std::vector<double>{11, 22});
 }
 
 TEST_CASE("queue_callback runs once after all nodes, and only during backward") {

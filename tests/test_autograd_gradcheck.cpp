@@ -162,6 +162,12 @@ TEST_CASE("gradcheck: cat, stack and views") {
   expect_ok([](const TensorList& x) { auto c = x[0].chunk(3, 1); return c[0] * c[2]; }, {a});
   expect_ok([](const TensorList& x) { return x[0].unsqueeze(1).expand({4, 3, 6}).squeeze(0) * 1.0; }, {a});
   expect_ok([](const TensorList& x) { return x[0].flatten() * x[0].flatten(); }, {a});
+  // as_strided windows that overlap (a sliding window's), broadcast (stride 0) and start past the base's first element.
+  Tensor b = leaf({7});
+  expect_ok([](const TensorList& x) { return x[0].as_strided({3, 3}, {1, 1}, 0) * x[0].as_strided({3, 3}, {2, 0}, 1); }, {b});
+  Tensor c = arange(0, 4, 1, {.dtype = kFloat64}).set_requires_grad();
+  sum(c.as_strided({3, 2}, {1, 1}, 0)).backward();
+  CHECK(to_vector(c.grad()) == std::vector<double>{1, 2, 2, 1});
 }
 
 TEST_CASE("gradcheck: dropout with a fixed mask") {

@@ -42,6 +42,21 @@ TEST_CASE("views share storage with their base") {
   CHECK(to_vector(tr.contiguous()) == std::vector<double>{0, 4, 8, -1, -1, -1, 2, 6, 10, 3, 7, 11});
 }
 
+// Bounds whose sums would overflow int64 are checked without forming them.
+TEST_CASE("narrow and slice take any int64 bounds without overflow") {
+  Tensor t = from_vector({1, 2, 3, 4}, {4});
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  CHECK_THROWS_WITH(t.narrow(0, 2, kMax), Catch::Contains("narrow: 9223372036854775807 elements from 2 are out of bounds"));
+  CHECK_THROWS_WITH(t.narrow(0, int64_t(1) << 62, int64_t(1) << 62), Catch::Contains("out of bounds for dim 0 of size 4"));
+  CHECK(t.narrow(0, 4, 0).numel() == 0);
+  Tensor one = t.slice(0, 1, 4, kMax);  // one element, t[1], as PyTorch's t[1:4:huge]
+  REQUIRE(one.shape() == Shape{1});
+  one.fill_(9);
+  CHECK(to_vector(t) == std::vector<double>{1, 9, 3, 4});
+  CHECK(t.slice(0, 3, 3, kMax).numel() == 0);
+  CHECK(to_vector(t.slice(0, 0, 4, 3)) == std::vector<double>{1, 4});
+}
+
 TEST_CASE("reshape views when possible and copies otherwise") {
   Tensor t = arange(0, 6).view({2, 3});
   CHECK(t.reshape({3, 2}).storage() == t.storage());

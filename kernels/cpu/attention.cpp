@@ -26,6 +26,7 @@
 // reads them (as it rotates them) and rounds what it writes, so no f32 copy of a whole operand is made.
 #include "kernels/cpu/attention.h"
 
+#include "core/allocator.h"
 #include "core/copy.h"
 
 #include <algorithm>
@@ -111,6 +112,31 @@ void rows_to(const T* src, int64_t rows, int64_t cols, S* dst, int64_t dst_st) {
 }
 
 // S: how q, k, v and out are stored (T, or a 16-bit type computed in T = f32).
+// Scratch of `per_thread` elements for each thread a region (parallel if `par`) may use, taken before it: an
+// allocation that fails is an error here, where inside an OpenMP region it would end the process.
+template <typename T>
+std::vector<T> thread_scratch(bool par, int64_t per_thread) {
+#ifdef _OPENMP
+  const int64_t threads = par ? omp_get_max_threads() : 1;
+#else
+  const int64_t threads = 1;
+#endif
+  try {
+    return std::vector<T>(size_t(threads * per_thread));
+  } catch (const std::exception&) {  // bad_alloc, length_error
+    throw OutOfMemoryError(fmt::format("attention: no memory for {} thread(s)' scratch of {} bytes each", threads,
+                                       double(per_thread) * sizeof(T)));
+  }
+}
+template <typename T>
+T* own_block(std::vector<T>& scratch, int64_t per_thread) {
+#ifdef _OPENMP
+  return scratch.data() + omp_get_thread_num() * per_thread;
+#else
+  return scratch.data();
+#endif
+}
+
 template <typename T, typename S = T>
 void forward_typed(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, T scale,
                    const AttentionRope& rope, const Tensor& out, const Tensor& lse) {
@@ -122,16 +148,19 @@ void forward_typed(const Tensor& q, const Tensor& k, const Tensor& v, bool causa
   const int64_t bh_count = B * H;
   [[maybe_unused]] const bool par = double(bh_count) * double(Tq) * double(Tk) * double(E + Ev) > kParallelWork && bh_count > 1;
   constexpr bool wide = !std::is_same_v<S, T>;
+  const int64_t n_s = std::min(kRowBlock, Tq) * Tk, n_rot = rot.on() ? (Tq + Tk) * E : 0;
+  const int64_t per_thread = n_s + n_rot + (wide ? (Tq + Tk) * (E + Ev) : 0);  // scores, rotated q k, widened q k v out
+  std::vector<T> scratch = thread_scratch<T>(par, per_thread);
 #pragma omp parallel if (par)
   {
-    std::vector<T> buf(size_t(std::min(kRowBlock, Tq) * Tk)), rotated(rot.on() ? size_t((Tq + Tk) * E) : 0);
-    std::vector<T> widened(wide ? size_t((Tq + Tk) * (E + Ev)) : 0);  // q, k, v, out
-    T* Sc = buf.data();
+    T* const Sc = own_block(scratch, per_thread);
+    T* const rotated = Sc + n_s;
+    T* const widened = rotated + n_rot;
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < bh_count; ++bh) {
       const int64_t b = bh / H, h = bh % H;
       int64_t qst = Q.st, kst = K.st, vst = V.st, ost = O.st;
-      T* w = widened.data();
+      T* w = widened;
       const T* qp = rows_as<T>(Q.at(b, h), &qst, Tq, E, w);
       const T* kp = rows_as<T>(K.at(b, h / G), &kst, Tk, E, w + Tq * E);
       const T* vp = rows_as<T>(V.at(b, h / G), &vst, Tk, Ev, w + (Tq + Tk) * E);
@@ -139,7 +168,7 @@ void forward_typed(const Tensor& q, const Tensor& k, const Tensor& v, bool causa
       if constexpr (wide) op = w + (Tq + Tk) * E + Tk * Ev, ost = Ev;
       else op = O.at(b, h);
       if (rot.on()) {
-        T *qr = rotated.data(), *kr = qr + Tq * E;
+        T *qr = rotated, *kr = qr + Tq * E;
         rot.rows(qp, qst, Tq, rope.q_pos, qr, E, false);
         rot.rows(kp, kst, Tk, rope.k_pos, kr, E, false);
         qp = qr, kp = kr, qst = kst = E;
@@ -170,42 +199,44 @@ void decode_typed(const Tensor& q, const Tensor& k, const Tensor& v, T scale, co
   const Rotation<T> rot(rope.tables);
   T* L = lse.data<T>();
   [[maybe_unused]] const bool par = double(B * H) * double(Tk) * double(E + Ev) > kParallelWork && B * Hkv > 1;
+  const int64_t per_thread = G * Tk + G * E + E + G * Ev;  // scores, scaled queries, a rotated key, sums
+  std::vector<T> scratch = thread_scratch<T>(par, per_thread);
 #pragma omp parallel if (par)
   {
-    std::vector<T> S(static_cast<size_t>(G * Tk)), Qr(static_cast<size_t>(G * E)), Kr(static_cast<size_t>(E)),
-        Acc(static_cast<size_t>(G * Ev));
+    T* const S = own_block(scratch, per_thread);
+    T *const Qr = S + G * Tk, *const Kr = Qr + G * E, *const Acc = Kr + E;
 #pragma omp for schedule(static)
     for (int64_t bk = 0; bk < B * Hkv; ++bk) {
       const int64_t b = bk / Hkv, hk = bk % Hkv;
       for (int64_t g = 0; g < G; ++g) {
-        T* qr = Qr.data() + g * E;
+        T* qr = Qr + g * E;
         if (rot.on()) rot.rows(Q.at(b, hk * G + g), 0, 1, rope.q_pos, qr, E, false);
         else std::copy_n(Q.at(b, hk * G + g), E, qr);
         for (int64_t i = 0; i < E; ++i) qr[i] *= scale;
       }
       for (int64_t j = 0; j < Tk; ++j) {
         const T* kj = K.at(b, hk) + j * K.st;
-        if (rot.on()) rot.rows(kj, 0, 1, rope.k_pos + j, Kr.data(), E, false), kj = Kr.data();
+        if (rot.on()) rot.rows(kj, 0, 1, rope.k_pos + j, Kr, E, false), kj = Kr;
         for (int64_t g = 0; g < G; ++g) {
-          const T* qr = Qr.data() + g * E;
+          const T* qr = Qr + g * E;
           T dot = 0;
 #pragma omp simd reduction(+ : dot)
           for (int64_t i = 0; i < E; ++i) dot += qr[i] * kj[i];
-          S[size_t(g * Tk + j)] = dot;
+          S[g * Tk + j] = dot;
         }
       }
-      for (int64_t g = 0; g < G; ++g) L[(b * H + hk * G + g)] = softmax_row(S.data() + g * Tk, Tk, Tk);
-      std::fill(Acc.begin(), Acc.end(), T(0));
+      for (int64_t g = 0; g < G; ++g) L[(b * H + hk * G + g)] = softmax_row(S + g * Tk, Tk, Tk);
+      std::fill_n(Acc, G * Ev, T(0));
       for (int64_t j = 0; j < Tk; ++j) {
         const T* vj = V.at(b, hk) + j * V.st;
         for (int64_t g = 0; g < G; ++g) {
-          T* acc = Acc.data() + g * Ev;
-          const T p = S[size_t(g * Tk + j)];
+          T* acc = Acc + g * Ev;
+          const T p = S[g * Tk + j];
 #pragma omp simd
           for (int64_t i = 0; i < Ev; ++i) acc[i] += p * vj[i];
         }
       }
-      for (int64_t g = 0; g < G; ++g) std::copy_n(Acc.data() + g * Ev, Ev, O.at(b, hk * G + g));
+      for (int64_t g = 0; g < G; ++g) std::copy_n(Acc + g * Ev, Ev, O.at(b, hk * G + g));
     }
   }
 }
@@ -223,26 +254,27 @@ void backward_typed(const Tensor& grad, const Tensor& q, const Tensor& k, const 
   const int64_t task_count = B * Hkv;
   [[maybe_unused]] const bool par =
       double(B * H) * double(Tq) * double(Tk) * double(E + Ev) > kParallelWork && task_count > 1;
+  const int64_t rb = std::min(kRowBlock, Tq), n_p = 2 * rb * Tk + Tq, n_rot = rot.on() ? (Tq + Tk) * E : 0;
+  // P, dP and D; rotated q and k; 16-bit heads widened: k, v, dk, dv, then q, out, grad, dq
+  const int64_t per_thread = n_p + n_rot + (wide ? 2 * Tk * (E + Ev) + Tq * (2 * E + 2 * Ev) : 0);
+  std::vector<T> scratch = thread_scratch<T>(par, per_thread);
 #pragma omp parallel if (par)
   {
-    const int64_t rb = std::min(kRowBlock, Tq);
-    std::vector<T> buf(size_t(2 * rb * Tk + Tq)), rotated(rot.on() ? size_t((Tq + Tk) * E) : 0);
-    // 16-bit heads: k, v, dk, dv, then q, out, grad, dq
-    std::vector<T> widened(wide ? size_t(2 * Tk * (E + Ev) + Tq * (2 * E + 2 * Ev)) : 0);
-    T* P = buf.data();
+    T* const P = own_block(scratch, per_thread);
+    T *const rotated = P + n_p, *const widened = rotated + n_rot;
     T* dP = P + rb * Tk;
     T* D = dP + rb * Tk;
 #pragma omp for schedule(static)
     for (int64_t task = 0; task < task_count; ++task) {
       const int64_t b = task / Hkv, hk = task % Hkv;
       int64_t kst = K.st, vst = V.st, dkst = DK.st, dvst = DV.st;
-      T* w = widened.data();
+      T* w = widened;
       const T* kp = rows_as<T>(K.at(b, hk), &kst, Tk, E, w);
       const T* vp = rows_as<T>(V.at(b, hk), &vst, Tk, Ev, w + Tk * E);
       T *dkp, *dvp, *wq = w + 2 * Tk * (E + Ev);
       if constexpr (wide) dkp = w + Tk * (E + Ev), dvp = dkp + Tk * E, dkst = E, dvst = Ev;
       else dkp = DK.at(b, hk), dvp = DV.at(b, hk);
-      T* qr = rotated.data();
+      T* qr = rotated;
       if (rot.on()) {
         T* kr = qr + Tq * E;
         rot.rows(kp, kst, Tk, rope.k_pos, kr, E, false);
@@ -329,17 +361,6 @@ HeadsBF16 heads_bf16(const Tensor& t) {
   return {reinterpret_cast<uint16_t*>(t.data<BFloat16>()), t.stride(0), t.stride(1), t.stride(2)};
 }
 
-// One workspace block per thread the tiled loops may use, of `per_thread` elements.
-template <typename T>
-std::vector<T> tiled_workspace(const AttentionDims& d, int64_t per_thread) {
-#ifdef _OPENMP
-  const int64_t threads = d.parallel ? omp_get_max_threads() : 1;
-#else
-  const int64_t threads = 1;
-#endif
-  return std::vector<T>(size_t(threads * per_thread));
-}
-
 }  // namespace
 
 bool attention_uses_tiles(const Tensor& q, const Tensor& v) {
@@ -362,11 +383,11 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, d
   if (attention_uses_tiles(q, v)) {
     const AttentionDims d = dims_of(q, k, v, causal, scale, rope, false);
     if (q.dtype() == DType::bf16) {
-      std::vector<char> ws = tiled_workspace<char>(d, attention_workspace_avx512bf16(d, false));
+      std::vector<char> ws = thread_scratch<char>(d.parallel, attention_workspace_avx512bf16(d, false));
       auto* forward = bgemm_kernel() == BgemmKernel::amx ? attention_forward_amx : attention_forward_avx512bf16;
       return forward(d, heads_bf16(q), heads_bf16(k), heads_bf16(v), heads_bf16(out), lse.data<float>(), ws.data());
     }
-    std::vector<float> ws = tiled_workspace<float>(d, attention_workspace_avx512(d, false));
+    std::vector<float> ws = thread_scratch<float>(d.parallel, attention_workspace_avx512(d, false));
     return attention_forward_avx512(d, heads_f32(q), heads_f32(k), heads_f32(v), heads_f32(out),
                                     lse.data<float>(), ws.data());
   }
@@ -382,12 +403,12 @@ void attention_backward(const Tensor& grad, const Tensor& q, const Tensor& k, co
   if (attention_uses_tiles(q, v)) {
     const AttentionDims d = dims_of(q, k, v, causal, scale, rope, true);
     if (q.dtype() == DType::bf16) {
-      std::vector<char> ws = tiled_workspace<char>(d, attention_workspace_avx512bf16(d, true));
+      std::vector<char> ws = thread_scratch<char>(d.parallel, attention_workspace_avx512bf16(d, true));
       auto* backward = bgemm_kernel() == BgemmKernel::amx ? attention_backward_amx : attention_backward_avx512bf16;
       return backward(d, heads_bf16(grad), heads_bf16(q), heads_bf16(k), heads_bf16(v), heads_bf16(out),
                       lse.data<float>(), heads_bf16(dq), heads_bf16(dk), heads_bf16(dv), ws.data());
     }
-    std::vector<float> ws = tiled_workspace<float>(d, attention_workspace_avx512(d, true));
+    std::vector<float> ws = thread_scratch<float>(d.parallel, attention_workspace_avx512(d, true));
     return attention_backward_avx512(d, heads_f32(grad), heads_f32(q), heads_f32(k), heads_f32(v), heads_f32(out),
                                      lse.data<float>(), heads_f32(dq), heads_f32(dk), heads_f32(dv), ws.data());
   }
