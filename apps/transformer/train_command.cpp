@@ -646,7 +646,7 @@ dist::ConfigSettings shared_settings(const TrainOptions& o) {
           {"--eval-iters", num(o.eval_iters)},
           {"--log-every", num(o.log_every)},
           {"--stop-after", num(o.stop_after)},
-          {"--checkpoint-dir", o.checkpoint_dir.empty() ? "(none)" : "(given)"},
+          {"--checkpoint-dir", o.checkpoint_dir},  // a rank saving elsewhere is refused now, not at the first save
           {"--checkpoint-every", num(o.checkpoint_every)},
           {"--keep-last", num(o.keep_last)},
           {"--resume", o.resume},
