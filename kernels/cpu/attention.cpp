@@ -29,6 +29,8 @@
 #include "core/allocator.h"
 #include "core/copy.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -112,30 +114,21 @@ void rows_to(const T* src, int64_t rows, int64_t cols, S* dst, int64_t dst_st) {
 }
 
 // S: how q, k, v and out are stored (T, or a 16-bit type computed in T = f32).
-// Scratch of `per_thread` elements for each thread a region (parallel if `par`) may use, taken before it: an
-// allocation that fails is an error here, where inside an OpenMP region it would end the process.
+// Scratch of `per_thread` elements for each thread a region (parallel if `par`) may use, taken before it (inside an
+// OpenMP region a failed allocation would end the process); more than the machine holds is refused untried.
 template <typename T>
 std::vector<T> thread_scratch(bool par, int64_t per_thread) {
-#ifdef _OPENMP
-  const int64_t threads = par ? omp_get_max_threads() : 1;
-#else
-  const int64_t threads = 1;
-#endif
+  const int64_t threads = par ? thread_count() : 1;
   try {
-    return std::vector<T>(size_t(threads * per_thread));
+    if (double(threads) * double(per_thread) * sizeof(T) <= double(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGE_SIZE))
+      return std::vector<T>(size_t(threads * per_thread));
   } catch (const std::exception&) {  // bad_alloc, length_error
-    throw OutOfMemoryError(fmt::format("attention: no memory for {} thread(s)' scratch of {} bytes each", threads,
-                                       double(per_thread) * sizeof(T)));
   }
+  throw OutOfMemoryError(fmt::format("attention: no memory for {} thread(s)' scratch of {} bytes each", threads,
+                                     double(per_thread) * sizeof(T)));
 }
 template <typename T>
-T* own_block(std::vector<T>& scratch, int64_t per_thread) {
-#ifdef _OPENMP
-  return scratch.data() + omp_get_thread_num() * per_thread;
-#else
-  return scratch.data();
-#endif
-}
+T* own_block(std::vector<T>& scratch, int64_t per_thread) { return scratch.data() + thread_index() * per_thread; }
 
 template <typename T, typename S = T>
 void forward_typed(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, T scale,
