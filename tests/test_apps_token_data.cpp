@@ -150,10 +150,11 @@ TEST_CASE("token data: prepare refuses a directory with a tokenizer.json of its 
   write(texts / "a.txt", "some text to encode\n");
   write(model / "tokenizer.json", "{\"a model's\": 1}"), write(model / "config.json", "{}");
   CHECK_THROWS_WITH(apps::prepare_tokens(kTokenizer, texts.string(), model.string(), ""),
-                    Contains("holds a tokenizer.json and no train.tokens or val.tokens: not a dataset directory"));
+                    Contains("exists and is not a dataset directory: it holds a tokenizer.json (a model's?) and no "
+                             "train.tokens or val.tokens"));
   write(texts / "b.jsonl", "{\"text\": \"hello\"}\n");
   CHECK_THROWS_WITH(apps::prepare_examples(kTokenizer, (texts / "b.jsonl").string(), model.string(), "", 0.1, true, ""),
-                    Contains("not a dataset directory"));
+                    Contains("is not a dataset directory"));
   CHECK(apps::read_file((model / "tokenizer.json").string()) == "{\"a model's\": 1}");
   CHECK(!fs::exists(model / "train.tokens"));
   // A dataset's directory is prepared again.

@@ -43,6 +43,8 @@ void check_output_place(const PathFlag& out, const std::string& program) {
   if (fs::exists(st)) {
     WEFT_CHECK(out.directory ? fs::is_directory(st) : fs::is_regular_file(st), "{}: {} {} exists and is not a {}",
                program, out.flag, out.path, out.directory ? "directory" : "regular file (a directory, FIFO or device?)");
+    WEFT_CHECK(!out.ours || out.ours(out.path), "{}: {} {} exists and is not {}: give {} another path", program,
+               out.flag, out.path, out.what, out.flag);
     return;
   }
   if (at.filename().empty()) at = at.parent_path();  // "dir/"

@@ -4,8 +4,10 @@
 // an output that is an input (the same file or directory, under any name or link) or lies inside
 // an input directory is an error naming both flags. And each output's place must take it: a
 // file's directory must exist and the file, if it does, be a regular file; a directory output
-// must be a directory or lie under one (its missing parents are made).
+// must be a directory or lie under one (its missing parents are made). An existing output that
+// PathFlag::ours does not accept (as an earlier --logits-out's file, a dataset) is the user's.
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -15,6 +17,8 @@ struct PathFlag {
   std::string flag;  // "--metrics"
   std::string path;  // empty: not given (skipped)
   bool directory = false;  // an output that is a directory (--checkpoint-dir, --out)
+  std::function<bool(const std::string& path)> ours = nullptr;  // set: an existing output must pass it
+  std::string what;  // what `ours` accepts, for the error ("the logits an earlier --logits-out wrote")
 };
 
 // That the output's place can take it (above); "<program>: <flag> <path> ..." if not.

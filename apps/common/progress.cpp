@@ -19,11 +19,6 @@ Progress::Progress(std::string label, int64_t total, std::string unit, double ev
     : label_(std::move(label)), unit_(std::move(unit)), total_(total), every_s_(every_s),
       tty_(isatty(fileno(stderr)) != 0), start_(std::chrono::steady_clock::now()), last_print_(start_) {}
 
-double Progress::items_per_s() const {
-  double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  return el > 0 ? double(items_) / el : 0.0;
-}
-
 void Progress::update(int64_t step, int64_t items, const std::string& note) {
   step_ = step;
   items_ += items;

@@ -15,7 +15,6 @@ class Progress {
   // (e.g. "loss 0.4312") is shown beside the bar.
   void update(int64_t step, int64_t items, const std::string& note);
   void finish(const std::string& note);
-  double items_per_s() const;
 
  private:
   void print(int64_t step, const std::string& note, bool final);

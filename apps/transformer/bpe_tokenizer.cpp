@@ -72,6 +72,7 @@ struct BpeTokenizer::Impl {
   std::vector<AddedToken> raw_added, normalized_added;  // matched before and after normalizing; longest first
   std::vector<int32_t> prefix, suffix;  // the post-processor's tokens around a text
   bool newline_cuts = false;  // split_point may cut after any "\n" (SentencePiece-style tokenizers)
+  bool raw_strips = false;  // a raw added token takes the whitespace beside it (lstrip or rstrip)
 
   ~Impl() { pcre2_code_free(regex); }
   [[noreturn]] void fail(const std::string& what) const { throw Error(fmt::format("tokenizer {}: {}", path, what)); }
@@ -321,6 +322,8 @@ BpeTokenizer::BpeTokenizer(const std::string& given) : impl_(std::make_unique<Im
   t.read_added_tokens(root);
   t.read_post_processor(part("post_processor"));
   t.newline_cuts = t.cuts_after_newlines();
+  t.raw_strips =
+      std::any_of(t.raw_added.begin(), t.raw_added.end(), [](const AddedToken& a) { return a.lstrip || a.rstrip; });
 }
 
 // Whether a text cut after a "\n" encodes part by part as it does whole, the second part continuing the first (no
@@ -553,8 +556,7 @@ void BpeTokenizer::Impl::split_added(std::string_view text, const std::vector<Ad
 // of a token with lstrip, and the whitespace before the cut must not follow a token with rstrip (which would end the
 // part there, so that what follows starts one).
 bool BpeTokenizer::Impl::newline_cut_at(std::string_view text, size_t cut) const {
-  if (std::none_of(raw_added.begin(), raw_added.end(), [](const AddedToken& a) { return a.lstrip || a.rstrip; }))
-    return true;
+  if (!raw_strips) return true;
   size_t k = cut;
   if (cut >= text.size() || utf8::unit(text, cut) < 0 || utf8::is_space(utf8::next(text, k))) return false;
   size_t b = cut;  // back over the whitespace before the cut

@@ -191,7 +191,7 @@ PreparedExamples prepare_examples(const std::string& tokenizer_path, const std::
                                   const std::string& out_dir, const std::string& eos, double val_fraction,
                                   bool special, const std::string& chat_format) {
   WEFT_CHECK(val_fraction >= 0 && val_fraction < 1, "transformer: validation fraction {} not in [0, 1)", val_fraction);
-  check_dataset_out(out_dir);
+  check_output_place(dataset_out(out_dir), "transformer");
   RecordEncoder enc(tokenizer_path, eos, special, chat_format);
   const std::vector<std::string> files = text_files(data);
   PreparedExamples out;

@@ -349,7 +349,7 @@ int main(int argc, char** argv) {
     }
     if (pr->parsed()) {
       apps::start_ranks("weft-transformer", false, {{"command", "prepare"}}, {});
-      apps::check_outputs_apart({{"--out", p.out, true}}, {{"--tokenizer", p.tokenizer}, {"--data", p.data}}, "transformer");
+      apps::check_outputs_apart({apps::dataset_out(p.out)}, {{"--tokenizer", p.tokenizer}, {"--data", p.data}}, "transformer");
       if (!p.chat_format.empty()) apps::parse_chat_format(p.chat_format);  // named now, not at the first chat record
       if (apps::is_jsonl_data(p.data)) return prepare_examples(p);
       WEFT_CHECK(p.chat_format.empty(), "transformer: --chat-format renders the \"messages\" of JSONL records, and {} "

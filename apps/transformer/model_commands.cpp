@@ -211,15 +211,11 @@ void write_prompt_logits(nn::Module& model, const std::vector<int64_t>& ids, int
 }
 
 // An existing --logits-out file is replaced only if an earlier --logits-out wrote it: any other file is the user's.
-void check_logits_out(const std::string& path) {
-  if (path.empty() || !WEFT_FS(std::filesystem::exists(path))) return;
-  bool logits = false;
-  try {  // (not a safetensors file: false)
-    logits = read_safetensors_index(path).size() == 1 && read_safetensors_metadata(path).count("prompt_tokens");
-  } catch (const Error&) {
-  }
-  WEFT_CHECK(logits, "transformer: --logits-out {} exists and is not the logits an earlier --logits-out wrote: give "
-             "another path (or remove it)", path);
+bool is_logits_file(const std::string& path) try {
+  const SafetensorsReader file(path);
+  return file.entries().size() == 1 && file.metadata().count("prompt_tokens");
+} catch (const Error&) {  // not a safetensors file
+  return false;
 }
 
 }  // namespace
@@ -228,9 +224,9 @@ int sample(const SampleOptions& o, const Ranks& ranks) {
   const Device device = apps::parse_device(o.device, "transformer");
   apps::cli::use_threads(o.threads);
   WEFT_CHECK(o.tokens >= 0, "transformer: --tokens must be non-negative");
-  apps::check_outputs_apart({{"--logits-out", o.logits_out}, {"WEFT_TRACE", trace::file()}}, {{"--from", o.checkpoint}, {"--tokenizer", o.tokenizer}},
+  apps::check_outputs_apart({{"--logits-out", o.logits_out, false, is_logits_file, "the logits an earlier --logits-out "
+                             "wrote"}, {"WEFT_TRACE", trace::file()}}, {{"--from", o.checkpoint}, {"--tokenizer", o.tokenizer}},
                             "transformer");
-  check_logits_out(o.logits_out);
   LoadedModel loaded;
   const auto load_start = std::chrono::steady_clock::now();
   dist::agree(ranks.groups(), "transformer", [&] {

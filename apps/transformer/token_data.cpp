@@ -315,17 +315,17 @@ void copy_tokenizer(const std::string& tokenizer_path, const std::string& dir) {
   write_file_atomic(dir + "/tokenizer.json", [&](std::FILE* f) { check_write(f, json.data(), json.size(), dir); });
 }
 
-void check_dataset_out(const std::string& dir) {
-  const bool tokenizer = WEFT_FS(fs::exists(dir + "/tokenizer.json"));
-  WEFT_CHECK(!tokenizer || WEFT_FS(fs::exists(dir + "/train.tokens")) || WEFT_FS(fs::exists(dir + "/val.tokens")),
-             "transformer: {} holds a tokenizer.json and no train.tokens or val.tokens: not a dataset directory (a "
-             "model's?), and prepare would replace its tokenizer.json: give --out a new directory or a dataset's", dir);
+PathFlag dataset_out(const std::string& dir) {
+  auto has = [](const std::string& d, const char* f) { return WEFT_FS(fs::exists(d + "/" + f)); };
+  return {"--out", dir, true, [=](const std::string& d) { return !has(d, "tokenizer.json") || has(d, "train.tokens") ||
+            has(d, "val.tokens"); }, "a dataset directory: it holds a tokenizer.json (a model's?) and no "
+          "train.tokens or val.tokens, and prepare would replace that tokenizer.json"};
 }
 
 PreparedData prepare_tokens(const std::string& tokenizer_path, const std::string& data, const std::string& out_dir,
                             const std::string& eos, double val_fraction, bool special, int64_t memory) {
   WEFT_CHECK(val_fraction >= 0 && val_fraction < 1, "transformer: validation fraction {} not in [0, 1)", val_fraction);
-  check_dataset_out(out_dir);
+  check_output_place(dataset_out(out_dir), "transformer");
   const BpeTokenizer tok(tokenizer_path);
   const std::string digest = tokenizer_digest(tokenizer_path);
   int32_t eos_id = -1;

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/common/output_paths.h"
 #include "apps/transformer/bpe_tokenizer.h"
 #include "apps/transformer/text_data.h"
 
@@ -87,8 +88,9 @@ void load_training_data(const std::string& path, TrainingData& d);
 std::string tokenizer_digest(const std::string& path);
 // Writes the tokenizer.json of `tokenizer_path` into the dataset directory `dir`, atomically.
 void copy_tokenizer(const std::string& tokenizer_path, const std::string& dir);
-// Refuses an output directory that holds a tokenizer.json but no token files (a model's), before any work.
-void check_dataset_out(const std::string& dir);
+// prepare's --out: an existing directory that holds a tokenizer.json but no token files is a model's
+// (prepare would replace its tokenizer), refused by check_output_place before any work.
+PathFlag dataset_out(const std::string& dir);
 
 struct PreparedData {
   int64_t files = 0, bytes = 0, train_tokens = 0, val_tokens = 0;
