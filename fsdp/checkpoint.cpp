@@ -115,20 +115,12 @@ constexpr int64_t kRecord = 12;  // bytes, fingerprint, 8 words of sha256 hex, R
 Tensor make_record(uint64_t bytes, uint64_t fingerprint, const std::string& sha, const Generator::State& g) {
   Tensor r = zeros({kRecord}, {.dtype = kInt64});
   int64_t* p = r.data<int64_t>();
-  p[0] = int64_t(bytes);
-  p[1] = int64_t(fingerprint);
+  p[0] = int64_t(bytes), p[1] = int64_t(fingerprint), p[10] = int64_t(g.seed), p[11] = int64_t(g.offset);
   std::memcpy(p + 2, sha.data(), std::min<size_t>(sha.size(), 64));
-  p[10] = int64_t(g.seed);
-  p[11] = int64_t(g.offset);
   return r;
 }
 
-Generator::State record_rng(const int64_t* p) {
-  Generator::State g{};
-  g.seed = uint64_t(p[10]);
-  g.offset = uint64_t(p[11]);
-  return g;
-}
+Generator::State record_rng(const int64_t* p) { return {uint64_t(p[10]), uint64_t(p[11])}; }
 
 // The piece of a dim-`dim` sharded tensor that shard `s` of `n` holds (torch.chunk's split).
 std::pair<int64_t, int64_t> chunk_of(const Shape& shape, int64_t dim, int s, int n) {
@@ -177,6 +169,11 @@ std::set<std::string> frozen_parameters(nn::Module& model) {
   return out;
 }
 
+struct TempDirRemover {
+  fs::path dir;  // empty: nothing to remove
+  ~TempDirRemover() { if (std::error_code ec; !dir.empty()) fs::remove_all(dir, ec); }
+};
+
 }  // namespace
 
 std::string save_checkpoint(const std::string& dir, nn::Module& model, const nn::Optimizer* opt,
@@ -186,6 +183,9 @@ std::string save_checkpoint(const std::string& dir, nn::Module& model, const nn:
   const fs::path tmp = fs::path(dir) / checkpoint_temp_dir(state.step);
   ShardedStateDict sd;
   std::map<std::string, std::string> aliases;
+  // A refused save (a rank's write failed, the ranks' tensors differ) leaves no temporary directory: the ranks are
+  // past their writes when a collective check throws. A published one was renamed away.
+  const TempDirRemover remover{sc.lead() ? tmp : fs::path()};
   // One directory, step and progress (each entry on its own, a difference named by its key): another directory
   // per rank had published a checkpoint without some ranks' files, and only rank 0's progress is recorded.
   dist::ConfigSettings same = {{"the checkpoint directory", fs::absolute(dir).lexically_normal().string()}, {"the step", std::to_string(state.step)}};

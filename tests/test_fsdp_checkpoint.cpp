@@ -408,6 +408,14 @@ TEST_CASE("bad checkpoints fail on every rank with the file and key, and change 
                                                   {"source", fmt::format("dir{}", dist::rank())}}};
     CHECK_THROWS_WITH(fsdp::save_checkpoint(dir.string(), *m, &opt, &root, far),  // named past a long value
                       Contains("the description's source is dir0 on rank 0"));
+    // Refused after the ranks wrote their files (rank 0's optimizer has no state): nothing is left behind.
+    nn::AdamW fresh(m->parameters(), {.lr = 0.0});  // its step leaves the weights as they are
+    if (dist::rank() != 0) fresh.step();
+    CHECK_THROWS_WITH(fsdp::save_checkpoint(dir.string(), *m, &fresh, &root, {.step = 3}),
+                      Contains("holds other tensors than rank 0"));
+    barrier();
+    CHECK(!fs::exists(dir / "step_00000003"));
+    CHECK(!fs::exists(dir / ".tmp-step_00000003"));
   }
   const std::string last = fmt::format("rank_{:05d}.safetensors", dist::world_size() - 1);
 
