@@ -46,7 +46,8 @@ struct SaveOptions {
   std::string keep_also;
   // keep_last counts and removes only the checkpoints of this save's run (CheckpointProgress::run):
   // it never touches another run's. With replace_other_runs, the complete checkpoints of every
-  // other run (and those whose index cannot be read) are removed once this one is published.
+  // other run (and those whose index cannot be read) are removed once this one is published, and
+  // this run's of later steps (those of steps a run resumed from an earlier one leaves behind).
   bool replace_other_runs = false;
   // Frozen parameters (requires_grad false: a LoRA run's base, kept in files of its own) are not
   // written; loading such a checkpoint needs LoadOptions::frozen_elsewhere.

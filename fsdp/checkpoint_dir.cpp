@@ -91,24 +91,23 @@ void discard(const fs::path& checkpoint) {
   WEFT_FS(fs::remove_all(old));
 }
 
-// keep_last over run `run`'s checkpoints (SaveOptions), then replace_other_runs.
+// replace_other_runs (the other runs' checkpoints and this run's past `final_dir`'s step: those of steps a resumed
+// run left), then keep_last over run `run`'s checkpoints (SaveOptions).
 void rotate(const fs::path& final_dir, const SaveOptions& options, const std::string& run) {
   if (options.keep_last <= 0 && !options.replace_other_runs) return;  // nothing to rotate: no index read
   std::map<int64_t, Recorded> own, others;
-  for (auto& [step, r] : recorded_checkpoints(final_dir.parent_path())) (r.run == run ? own : others)[step] = r;
-  std::error_code ec;
-  if (options.keep_last > 0) {
-    const std::optional<fs::path> best = best_checkpoint(own);
-    int excess = int(own.size()) - options.keep_last;
-    for (auto& [step, r] : own) {
-      if (excess-- <= 0) break;
-      if (r.path != final_dir && r.path != best &&
-          !(!options.keep_also.empty() && fs::equivalent(r.path, options.keep_also, ec)))
-        discard(r.path);
-    }
-  }
+  const int64_t step = step_of(final_dir.filename().string(), "");
+  for (auto& [s, r] : recorded_checkpoints(final_dir.parent_path()))
+    (r.run == run && !(options.replace_other_runs && s > step) ? own : others)[s] = r;
   if (options.replace_other_runs)
-    for (auto& [step, r] : others) discard(r.path);
+    for (auto& [s, r] : others) discard(r.path);
+  std::error_code ec;
+  const std::optional<fs::path> best = best_checkpoint(own);
+  int excess = options.keep_last > 0 ? int(own.size()) - options.keep_last : 0;
+  for (auto it = own.begin(); excess-- > 0; ++it)
+    if (it->second.path != final_dir && it->second.path != best &&
+        !(!options.keep_also.empty() && fs::equivalent(it->second.path, options.keep_also, ec)))
+      discard(it->second.path);
 }
 
 }  // namespace

@@ -36,28 +36,35 @@ std::string describe_run(const std::string& newest, const std::string& run, int6
 
 }  // namespace
 
-void check_checkpoint_owner(const std::string& dir, const std::string& flag, const std::string& run, bool overwrite,
-                            const std::string& resume_flag, const std::string& program) {
-  int64_t first = -1, last = -1, count = 0;
-  std::string other, newest;
+void check_checkpoint_owner(const std::string& dir, const std::string& flag, const std::string& run,
+                            const std::string& resume_from, bool overwrite, const std::string& resume_flag,
+                            const std::string& program) {
+  const int64_t resumed_step = resume_from.empty() ? -1 : fsdp::read_checkpoint_index(resume_from).training.step;
+  struct Found {
+    int64_t first = -1, last = -1, count = 0;
+    std::string run, newest;
+  } other, later;  // other runs' checkpoints; this run's past the step it resumes from
   for (auto& [step, ck] : fsdp::checkpoint_runs(dir)) {
-    if (ck.run == run) continue;
-    if (first < 0) first = step;
-    last = step;
-    other = ck.run;  // the newest other run's
-    newest = ck.path;
-    ++count;
+    if (ck.run == run && step <= resumed_step) continue;
+    Found& f = ck.run == run ? later : other;
+    if (f.first < 0) f.first = step;
+    f.last = step, f.run = ck.run, f.newest = ck.path, ++f.count;
   }
-  if (count == 0) return;
-  const std::string who = describe_run(newest, other, first, last);
-  if (overwrite) {
-    std::fprintf(stderr, "weft-%s: %s %s holds %lld checkpoint(s) of another run (%s): %s replaces them at this run's "
-                 "first save\n", program.c_str(), flag.c_str(), dir.c_str(), (long long)count, who.c_str(),
+  for (const Found* f : {&other, &later}) {
+    if (f->count == 0) continue;
+    const std::string who = describe_run(f->newest, f->run, f->first, f->last);
+    const std::string what = f == &other ? "checkpoints of another run (" + who + ")" : fmt::format(
+        "checkpoints of this run past step {}, which it resumes from ({}: {} {} would take them)", resumed_step, who,
+        resume_flag, dir);
+    if (overwrite)
+      std::fprintf(stderr, "weft-%s: %s %s holds %lld %s: %s replaces them at this run's first save\n",
+                   program.c_str(), flag.c_str(), dir.c_str(), (long long)f->count, what.c_str(),
+                   kOverwriteCheckpointsFlag);
+    else
+      WEFT_ERROR("{}: {} {} holds {}: {}, or another directory, or {} to replace them", program, flag, dir, what,
+                 f == &other ? "use " + resume_flag + " " + dir + " to continue that run" : "move them away",
                  kOverwriteCheckpointsFlag);
-    return;
   }
-  WEFT_ERROR("{}: {} {} holds checkpoints of another run ({}): use {} {} to continue that run, or another "
-             "directory, or {} to replace them", program, flag, dir, who, resume_flag, dir, kOverwriteCheckpointsFlag);
 }
 
 }  // namespace weft::apps

@@ -314,7 +314,6 @@ void prepare_run(const Options& o, const Ranks& ranks, Run& run) {
              "mnist: --batch-size {} does not split evenly over {} ranks: --batch-size is the global batch and "
              "each rank takes an equal slice of it, so use a multiple of {}", o.batch_size, ranks.world, ranks.world);
   apps::check_checkpoint_dir(o.save, "--save", "mnist");
-  if (!o.save.empty() && ranks.lead() && !o.plan.only()) run.dir_lock.emplace(o.save);
   run.data = apps::load_mnist(o.data);
   const int64_t n_train = run.data.train.images.size(0);
   run.steps_per_epoch = n_train / o.batch_size;
@@ -341,8 +340,10 @@ void prepare_run(const Options& o, const Ranks& ranks, Run& run) {
   if (!o.load.empty()) run.resume_from = checkpoint_to_load(o, run.train_set, run.steps_per_epoch, ranks.lead());
   apps::check_outputs_apart({{"--metrics", o.metrics}, {"--save", o.save, true}, {"WEFT_TRACE", trace::file()}},
                             {{"--data", o.data}, {"--load", run.resume_from}}, "mnist");
+  if (!o.save.empty() && ranks.lead() && !o.plan.only()) run.dir_lock.emplace(o.save);  // nothing made before
   run.identity = apps::run_identity(run.resume_from);
-  if (run.dir_lock) apps::check_checkpoint_owner(o.save, "--save", run.identity, o.overwrite_checkpoints, "--load", "mnist");
+  if (run.dir_lock)
+    apps::check_checkpoint_owner(o.save, "--save", run.identity, run.resume_from, o.overwrite_checkpoints, "--load", "mnist");
   run.metrics.emplace(ranks.lead() ? o.metrics : std::string());  // one file, written by rank 0
 }
 

@@ -83,9 +83,10 @@ std::string lora_base(const std::map<std::string, std::string>& app, const std::
   if (base.empty()) base = source->second;
   WEFT_CHECK(apps::is_hf_dir(base), "transformer: {} holds the LoRA adapters of {} but not that base model, which is "
              "not a Hugging Face directory here", where, base);
-  WEFT_CHECK((known.empty() ? apps::hf_weights_digest(base) : known) == digest->second, "transformer: {} holds LoRA "
-             "adapters trained on the weights of {} (sha256 {}), but that directory's weights have changed since",
-             where, base, digest->second);
+  const std::string have = known.empty() ? apps::hf_weights_digest(base) : known;
+  WEFT_CHECK(have == digest->second, "transformer: {} holds LoRA adapters trained on the weights of {} (sha256 {}), "
+             "but {}", where, source->second, digest->second, base == source->second ? "that directory's weights have "
+             "changed since (sha256 " + have + ")" : "the base given, " + base + ", holds other weights (sha256 " + have + ")");
   return base;
 }
 

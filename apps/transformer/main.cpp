@@ -77,7 +77,8 @@ void add_step_flags(CLI::App* tr, TrainOptions& t) {
   tr->footer(
       "Sharded training: mpirun -np N --oversubscribe --bind-to none weft-transformer train --fsdp ...\n"
       "  --batch-size stays the global batch (a multiple of N): rank r trains on rows [r*B/N, (r+1)*B/N)\n"
-      "  of the same batch, so the losses match a single-process run up to float rounding.");
+      "  of the same batch, so the losses match a single-process run up to float rounding (without --dropout:\n"
+      "  each rank draws its rows' masks; --deterministic draws them per virtual batch, at any world size).");
 }
 
 // train's model flags: the family and its shape, or --init-from's.

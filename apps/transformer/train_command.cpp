@@ -494,7 +494,6 @@ void prepare_run(TrainOptions& o, const Ranks& ranks, Run& run) {
   if (o.model_from_checkpoint()) take_resume_config(o);
   o.model.tie_weights = !o.untie;
   validate(o, ranks, run);
-  if (!o.checkpoint_dir.empty() && ranks.lead() && !o.plan.only()) run.dir_lock.emplace(o.checkpoint_dir);
   load_data(o, run, ranks.fsdp);
   if (!o.resume.empty()) find_resume(o, run, ranks.lead());
   std::vector<apps::PathFlag> inputs = {{"--resume", run.resume_from}, {"--init-from", o.init_from}};
@@ -502,10 +501,11 @@ void prepare_run(TrainOptions& o, const Ranks& ranks, Run& run) {
   inputs.push_back({"--data", o.data});  // a folder: what is written inside it would be read as data next time
   apps::check_outputs_apart({{"--metrics", o.metrics}, {"--checkpoint-dir", o.checkpoint_dir, true},
                              {"WEFT_TRACE", trace::file()}}, inputs, "transformer");
+  if (!o.checkpoint_dir.empty() && ranks.lead() && !o.plan.only()) run.dir_lock.emplace(o.checkpoint_dir);  // made now
   run.identity = apps::run_identity(run.resume_from);
   if (run.dir_lock)
-    apps::check_checkpoint_owner(o.checkpoint_dir, "--checkpoint-dir", run.identity, o.overwrite_checkpoints,
-                                 "--resume", "transformer");
+    apps::check_checkpoint_owner(o.checkpoint_dir, "--checkpoint-dir", run.identity, run.resume_from,
+                                 o.overwrite_checkpoints, "--resume", "transformer");
   build_model(o, ranks, run);
   run.metrics.emplace(ranks.lead() && !o.plan.only() ? o.metrics : std::string());
 }
@@ -646,7 +646,8 @@ dist::ConfigSettings shared_settings(const TrainOptions& o) {
           {"--eval-iters", num(o.eval_iters)},
           {"--log-every", num(o.log_every)},
           {"--stop-after", num(o.stop_after)},
-          {"--checkpoint-dir", o.checkpoint_dir},  // a rank saving elsewhere is refused now, not at the first save
+          {"--checkpoint-dir", o.checkpoint_dir.empty() ? "" :  // a rank saving elsewhere is refused now, not at
+           WEFT_FS(std::filesystem::absolute(o.checkpoint_dir)).lexically_normal().string()},  // the first save
           {"--checkpoint-every", num(o.checkpoint_every)},
           {"--keep-last", num(o.keep_last)},
           {"--resume", o.resume},

@@ -35,6 +35,11 @@ run "$gpt" train "${cfg[@]}" --dropout 0.1 --metrics "$tmp/dr.jsonl" --resume "$
   fail "resume: $(cat "$tmp/err")"
 grep -q "resumed from .*step_00000005 at step 5" "$tmp/err" || fail "did not resume from the latest: $(cat "$tmp/err")"
 for s in 6 8 10; do same "$(loss_at "$tmp/d.jsonl" $s)" "$(loss_at "$tmp/dr.jsonl" $s)" "resumed step-$s loss (dropout)"; done
+# A refused output makes nothing: no directory, no lock file inside the checkpoint it would damage.
+! run "$gpt" train "${cfg[@]}" --resume "$tmp/ckd" --checkpoint-dir "$tmp/ckd/step_00000005/sub" >/dev/null 2>&1 ||
+  fail "a --checkpoint-dir inside the checkpoint --resume reads was taken"
+[ ! -e "$tmp/ckd/step_00000005/sub" ] && [ ! -e "$tmp/ckd/step_00000005/.lock" ] ||
+  fail "a refused --checkpoint-dir was made: $(ls -a "$tmp/ckd/step_00000005")"
 # A run resumed at its last step says that nothing is left to train.
 run "$gpt" train "${cfg[@]}" --checkpoint-dir "$tmp/ckend" >/dev/null 2>&1
 run "$gpt" train "${cfg[@]}" --resume "$tmp/ckend" >/dev/null 2>"$tmp/err" || fail "resume at the end: $(cat "$tmp/err")"
@@ -169,9 +174,19 @@ run "$gpt" train "${cfg[@]}" --stop-after 1 --resume "$tmp/own" --checkpoint-dir
   fail "a resumed run records another identity: $(run_of "$tmp/own/step_00000003") vs $(run_of "$tmp/own/step_00000002")"
 run "$gpt" train "${other[@]}" --stop-after 1 --checkpoint-dir "$tmp/own" --overwrite-checkpoints >/dev/null \
   2>"$tmp/err" || fail "--overwrite-checkpoints: $(cat "$tmp/err")"
-grep -q "holds 2 checkpoint(s) of another run .*--overwrite-checkpoints replaces them" "$tmp/err" ||
+grep -q "holds 2 checkpoints of another run .*--overwrite-checkpoints replaces them" "$tmp/err" ||
   fail "--overwrite-checkpoints does not say what it replaces: $(cat "$tmp/err")"
 [ "$(ls "$tmp/own")" = step_00000001 ] || fail "--overwrite-checkpoints left: $(ls "$tmp/own")"
+# A run resumed from an earlier step of its own: the directory's later steps, which --resume DIR would take, are
+# refused; --overwrite-checkpoints removes them at the run's first save.
+run "$gpt" train "${cfg[@]}" --stop-after 6 --checkpoint-dir "$tmp/br" --checkpoint-every 2 >/dev/null 2>&1
+if run "$gpt" train "${cfg[@]}" --resume "$tmp/br/step_00000002" --checkpoint-dir "$tmp/br" >/dev/null 2>"$tmp/err"
+then fail "a run resumed at step 2 wrote beside its own steps 4 and 6"; fi
+grep -q "holds checkpoints of this run past step 2, which it resumes from (run .*, steps 4 to 6, .*: --resume $tmp/br" \
+  "$tmp/err" || fail "the refusal of the later steps: $(cat "$tmp/err")"
+run "$gpt" train "${cfg[@]}" --resume "$tmp/br/step_00000002" --checkpoint-dir "$tmp/br" --checkpoint-every 1 \
+  --stop-after 1 --overwrite-checkpoints >/dev/null 2>"$tmp/err" || fail "resumed over later steps: $(cat "$tmp/err")"
+[ "$(ls "$tmp/br" | tr '\n' ' ')" = "step_00000002 step_00000003 " ] || fail "the resumed run left: $(ls "$tmp/br")"
 # A directory whose newest step cannot be read: verify and --resume fall back to the newest step
 # that reads, naming both.
 cp -r "$tmp/own" "$tmp/fb"
@@ -191,4 +206,4 @@ run "$gpt" export-hf --from "$tmp/fb" --out "$tmp/hf" >/dev/null 2>"$tmp/err" ||
   fail "export-hf's leftovers: $(ls -a "$tmp")"
 echo "checkpoint cli ok: exact resume (dropout) alone and at 2 ranks; step-10 loss $a10 after 1->4 and 4->1;" \
      "mnist 2->1->4; inspect, verify, consolidate; corrupt shards refused on every rank; one writer per directory;" \
-     "run ownership; fallback past an unreadable step; export leftovers"
+     "run ownership, later steps of a resumed run; fallback past an unreadable step; export leftovers"

@@ -62,6 +62,10 @@ printf '\x11' | dd of="$last" bs=1 seek=$(( $(stat -c %s "$last") - 1 )) conv=no
 expect_error "but that directory's weights have changed since" sample --from "$tmp/ckb" --tokens 1
 expect_error "but that directory's weights have changed since" train "${common[@]}" --init-from "$tmp/base" --steps 3 \
   "${lora[@]}" --resume "$tmp/ckb"
+cp -r "$tmp/base" "$tmp/other"  # another directory's other weights: the recorded base and the given one both named
+expect_error "but the base given, $tmp/other, holds other weights" train "${common[@]}" --init-from "$tmp/other" \
+  --steps 3 "${lora[@]}" --resume "$tmp/ckb"
+grep -qF "trained on the weights of $tmp/base (sha256 " "$tmp/err" || fail "the recorded base is not named: $(cat "$tmp/err")"
 expect_error "holds lora_alpha 8, lora_dropout 0, lora_rank 4" train "${run[@]}" --lora-rank 8 --resume "$tmp/ck"
 expect_error "holds lora_alpha 8" train "${run[@]}" --resume "$tmp/ck"
 
