@@ -197,7 +197,7 @@ void FSDPState::reset_iteration() {
   // needs no all-gather for them.
   const bool interrupted = step_ != TrainingState::idle;
   for (FSDPState* s : states_) {
-    s->training_state_ = TrainingState::idle;
+    s->training_state_ = TrainingState::idle, s->inputs_pending_ = s->unhooked_calls_ = 0;
     // A list whose members did not all run (a forward without gradients may skip some) is
     // still gathered: reshard it.
     const bool list_unfinished = s->members_left_ > 0;
@@ -262,7 +262,7 @@ std::optional<TensorList> FSDPState::pre_forward(const TensorList& inputs, size_
   dist::CollectiveLabel label(fmt::format("fsdp '{}' FORWARD", path_));
   if (!is_root_.has_value()) lazy_init();
   if (*is_root_) {
-    reset_iteration();
+    if (grad_forwards_ == 0 || step_ != TrainingState::idle) reset_iteration();  // else a second forward, one step
     if (!forward_order_) recording_order_.clear();
     step_ = TrainingState::forward;
     // set_post_optim_event: the gathers wait for the event besides the issuing stream.
@@ -277,7 +277,6 @@ std::optional<TensorList> FSDPState::pre_forward(const TensorList& inputs, size_
     members_to_run_.assign(modules_.size(), false);
     members_to_run_[member] = true;
     members_left_ = modules_.size();
-    inputs_pending_ = 0;
   }
   forward_started_us_ = trace::enabled() ? trace::now_us() : 0;
   FSDPState* r = root();
@@ -303,14 +302,11 @@ TensorList FSDPState::prepare_inputs(const TensorList& inputs) {
   // Hook the inputs that need gradients so this module's post-backward runs when they have them.
   TensorList need;
   std::vector<size_t> where;
-  if (GradMode::is_enabled() && group)
-    for (size_t i = 0; i < out.size(); ++i)
-      if (out[i].defined() && out[i].requires_grad()) {
-        need.push_back(out[i]);
-        where.push_back(i);
-      }
+  if (!GradMode::is_enabled() || !group) return out;
+  for (size_t i = 0; i < out.size(); ++i)
+    if (out[i].defined() && out[i].requires_grad()) need.push_back(out[i]), where.push_back(i);
+  ++(need.empty() ? unhooked_calls_ : inputs_pending_);
   if (!need.empty()) {
-    if (modules_.size() > 1) ++inputs_pending_;
     TensorList wrapped = autograd::Function::apply<PostBackward>(need, weak_from_this());
     for (size_t k = 0; k < where.size(); ++k) out[where[k]] = wrapped[k];
   }
@@ -318,9 +314,9 @@ TensorList FSDPState::prepare_inputs(const TensorList& inputs) {
 }
 
 void FSDPState::member_inputs_done() {
-  // A list's post-backward waits for the inputs of every member that ran: members run one after
-  // another (the first one's inputs are done last) or side by side (in any order).
-  if (modules_.size() > 1 && --inputs_pending_ > 0) return;
+  // The post-backward waits for the inputs of every call (a list's members, one after another or side by side; a
+  // module called twice); a call without such inputs leaves it to the end of the backward.
+  if (--inputs_pending_ > 0 || unhooked_calls_ > 0) return;
   post_backward();
 }
 
@@ -330,12 +326,13 @@ std::optional<TensorList> FSDPState::post_forward(const TensorList& outputs, siz
     if (--members_left_ > 0) return prepare_outputs(outputs);  // the group stays gathered for the others
   }
   transition(TrainingState::idle, {TrainingState::forward}, "post-forward");
+  bool grad = GradMode::is_enabled();
   if (*is_root_) {  // the root's forward ends last: the order is recorded
     if (!forward_order_) forward_order_ = std::move(recording_order_);
     recording_order_.clear();
     step_ = TrainingState::idle;
+    grad_forwards_ += grad;
   }
-  bool grad = GradMode::is_enabled();
   // Without gradients no backward follows, so nothing needs to stay gathered.
   if (group && (*reshard_after_forward_ || !grad)) {
     if (grad && reshard_group_) group->reshard_to_subgroup(reshard_group_);
@@ -433,7 +430,9 @@ void FSDPState::root_final_callback() {
     if (s->group && is_last_backward_) s->group->finish_reduce_scatter();  // set on any module of this root
     if (s->group && s->group->offloaded()) offloaded = true;
     s->training_state_ = TrainingState::idle;
+    s->inputs_pending_ = s->unhooked_calls_ = 0;  // hooks of a forward whose graph was dropped never fire
   }
+  grad_forwards_ = 0;
   // With CPU offload the optimizer writes the pinned shards on the host next: every upload
   // from them (the all-gathers' copy-in) must have completed.
   if (offloaded)

@@ -93,11 +93,11 @@ class FSDPState : public nn::ModuleExtension, public std::enable_shared_from_thi
   TensorList prepare_outputs(const TensorList& outputs);
 
   std::vector<nn::Module*> modules_;
-  // A list's forward: the members that have not run yet (empty between forwards), and the
-  // post-backward hooks armed on members' inputs that have not fired yet.
+  // A list's forward: the members that have not run yet (empty between forwards). In this step: the post-backward
+  // hooks armed on its calls' inputs not fired yet, and the calls with no input to arm one on (members' or repeats).
   std::vector<bool> members_to_run_;
   size_t members_left_ = 0;
-  int inputs_pending_ = 0;
+  int inputs_pending_ = 0, unhooked_calls_ = 0;
   MixedPrecisionPolicy mp_;
   TrainingState training_state_ = TrainingState::idle;
   std::string path_;
@@ -124,6 +124,7 @@ class FSDPState : public nn::ModuleExtension, public std::enable_shared_from_thi
   // The whole step: FORWARD while the root's forward runs, PRE_BACKWARD from the first
   // pre-backward hook of a backward (the end-of-backward callback is queued) to its callback.
   TrainingState step_ = TrainingState::idle;
+  int grad_forwards_ = 0;  // forwards with gradients since the last backward (a second one joins the step)
   FSDPState* last_reduce_scatter_ = nullptr;  // the group whose reduce-scatter was started last
   std::optional<Event> post_optim_event_;     // set_post_optim_event: waited on by the next forward's gathers
 

@@ -1,5 +1,5 @@
-// FSDP semantics beyond plain parity: HSDP on a 2-D mesh, frozen and tied parameters,
-// mixed precision, sharding on another dim, recovery from an exception in forward,
+// FSDP semantics beyond plain parity: HSDP on a 2-D mesh, frozen and tied parameters, a module
+// called twice (weight sharing) and a model twice before one backward, mixed precision, sharding on another dim, recovery from an exception in forward,
 // bitwise repeatability, explicit prefetching, the errors for bad input, the checked training
 // states and the state's lifetime with its module. Runs under
 // mpirun at 1, 2 and 4 ranks.
@@ -146,6 +146,51 @@ TEST_CASE("sharding on dim 1 through shard_placement_fn") {
     CHECK_THROWS_WITH(fsdp::fully_shard(m, {.shard_placement_fn = [](const std::string&, const Tensor&) -> int64_t { return 1; }}),
                       Catch::Contains("divide evenly") || Catch::Contains("bias"));
   }
+}
+
+// Weight sharing: `a` runs twice in one forward (b(a(a(x)))), and the whole model may run twice
+// before one backward (two micro-batches summed). Each sharded module's post-backward waits for
+// the gradients of all its calls.
+struct Shared : nn::Module {
+  std::shared_ptr<nn::Linear> a, b;
+  Shared() : nn::Module("Shared") {
+    a = register_module("a", std::make_shared<nn::Linear>(4, 4));
+    b = register_module("b", std::make_shared<nn::Linear>(4, 4));
+  }
+  Tensor forward(const Tensor& x) override { return (*b)((*a)((*a)(x))); }
+  using nn::Module::forward;
+};
+
+TEST_CASE("a module called twice in one forward, a model called twice before one backward") {
+  const int n = dist::world_size();
+  for (bool input_grad : {false, true})
+    for (bool twice : {false, true})
+      for (bool reshard : {true, false}) {
+        INFO("input requires grad " << input_grad << ", model called twice " << twice << ", reshard " << reshard);
+        manual_seed(3);
+        auto ref = std::make_shared<Shared>();
+        manual_seed(3);
+        auto m = std::make_shared<Shared>();
+        fsdp::fully_shard(m->a, {.reshard_after_forward = reshard});
+        fsdp::fully_shard(m->b);
+        auto root = fsdp::fully_shard(m);
+        nn::SGD ref_opt(ref->parameters(), {.lr = 0.1}), opt(m->parameters(), {.lr = 0.1});
+        auto loss = [&](nn::Module& model, const Tensor& x) {  // the mean over x's rows of the squared outputs
+          Tensor y = model(x), l = sum(y * y) / double(x.size(0));
+          return twice ? l + sum(model(x * 0.5)) / double(x.size(0)) : l;
+        };
+        for (int step = 0; step < 2; ++step) {
+          Generator g(40 + uint64_t(step));
+          Tensor x = rand({2 * n, 4}, {}, &g) - 0.5, mine = x.narrow(0, 2 * dist::rank(), 2).contiguous();
+          x.set_requires_grad(input_grad), mine.set_requires_grad(input_grad);
+          ref_opt.zero_grad(), opt.zero_grad();
+          loss(*ref, x).backward();
+          loss(*m, mine).backward();
+          ref_opt.step(), opt.step();
+        }
+        for (auto& [name, p] : ref->named_parameters())
+          check_close(to_vector(root.full_tensor(name)), to_vector(p), "parameter " + name);
+      }
 }
 
 TEST_CASE("an exception in the middle of forward, then normal steps") {
