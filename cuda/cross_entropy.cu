@@ -39,7 +39,7 @@ __global__ void cross_entropy_rows(const T* __restrict__ logits, const I* __rest
         row_loss[r] = 0;
       } else {
         const double nll = double(ls) - (double(load(x[t])) - double(mx));
-        const double smooth = double(c) * double(ls) - double(xsum);
+        const double smooth = eps > 0 ? double(c) * double(ls) - double(xsum) : 0.0;  // 0 * inf (a -inf logit) is NaN
         row_loss[r] = (1 - eps) * nll + eps / double(c) * smooth;
       }
     }

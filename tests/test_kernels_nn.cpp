@@ -374,6 +374,18 @@ TEST_CASE("cross_entropy matches a naive loop for every reduction, ignore_index 
   check_close(l1, ref_cross_entropy(to_vector(one), {3}, c, -100, 0.0).first, 1e-12);
   CHECK(st1.shape() == Shape{1, 2});
   CHECK(k::cross_entropy(one, idx({3}, {}), -100, 0.0, k::Reduction::none).first.dim() == 0);
+  // Masked classes (logits at -inf, as vocabulary padding): the loss of the others, as PyTorch gives
+  // (ln 2 for two equal classes left), inf when the target is masked, and with smoothing inf too.
+  for (DType dt : {kFloat64, kFloat32, kBFloat16}) {
+    INFO("masked classes, " << dtype_name(dt));
+    Tensor masked = from_vector({0, -kInf, 0, -kInf, 0, 1}, {2, 3}).to(dt);
+    auto none = k::cross_entropy(masked, idx({0, 0}, {2}), -100, 0.0, k::Reduction::none).first;
+    CHECK(std::abs(to_vector(none)[0] - std::log(2.0)) < 1e-2);
+    CHECK(to_vector(none)[1] == kInf);
+    CHECK(std::abs(k::cross_entropy(masked, idx({0, 2}, {2}), -100, 0.0, k::Reduction::mean).first.item() -
+                   (std::log(2.0) + std::log1p(std::exp(-1.0))) / 2) < 1e-2);
+    CHECK(k::cross_entropy(masked, idx({0, 2}, {2}), -100, 0.1, k::Reduction::mean).first.item() == kInf);
+  }
   // Every target ignored: the mean is 0/0.
   CHECK(std::isnan(k::cross_entropy(logits, full({n}, -100, {.dtype = kInt64}), -100, 0.0, k::Reduction::mean)
                        .first.item()));

@@ -62,7 +62,8 @@ void forward_typed(const Tensor& logits, const Tensor& target, int64_t ignore_in
       continue;
     }
     double nll = double(ls) - (double(A(x[t])) - double(mx));
-    double smooth = double(c) * double(ls) - double(xsum);
+    // Without smoothing the sum is not taken: a logit at -inf (a masked class) makes it inf, and 0 * inf NaN.
+    const double smooth = eps > 0 ? double(c) * double(ls) - double(xsum) : 0.0;
     row_loss[i] = (1 - eps) * nll + eps / double(c) * smooth;
   }
   if (reduction == Reduction::none) {
