@@ -62,8 +62,7 @@ void forward_typed(const Tensor& logits, const Tensor& target, int64_t ignore_in
       continue;
     }
     double nll = double(ls) - (double(A(x[t])) - double(mx));
-    // Without smoothing the sum is not taken: a logit at -inf (a masked class) makes it inf, and 0 * inf NaN.
-    const double smooth = eps > 0 ? double(c) * double(ls) - double(xsum) : 0.0;
+    const double smooth = eps > 0 ? double(c) * double(ls) - double(xsum) : 0.0;  // 0 * inf (a -inf logit) is NaN
     row_loss[i] = (1 - eps) * nll + eps / double(c) * smooth;
   }
   if (reduction == Reduction::none) {
