@@ -108,9 +108,10 @@ Tensor pow(const Tensor& a, const Tensor& b) {
                Tensor d = mul_t(b, k::binary(BinaryOp::pow, a, k::binary_scalar(BinaryOp::sub, b, 1.0)));
                ga = k::sum_to(mul_t(g[0], d), a.shape());
              }
-             if (rb) {  // out * log(a), taken as 0 where a == 0 (the limit for b > 0)
+             if (rb) {  // out * log(a), taken as 0 where a == 0 and b >= 0 (the limit), as PyTorch
                Tensor d = mul_t(out, k::unary(UnaryOp::log, a));
-               d = k::masked_fill(d, k::binary_scalar(BinaryOp::eq, a, 0.0), 0.0);
+               d = k::masked_fill(d, k::binary(BinaryOp::logical_and, k::binary_scalar(BinaryOp::eq, a, 0.0),
+                                               k::binary_scalar(BinaryOp::ge, b, 0.0)), 0.0);
                gb = k::sum_to(mul_t(g[0], d), b.shape());
              }
              return {ga, gb};
@@ -131,14 +132,8 @@ Tensor pow(const Tensor& a, double e) {
   return out;
 }
 
-Tensor pow(double base, const Tensor& e) {
-  Tensor out = k::binary_scalar(BinaryOp::pow, e, base, /*scalar_first=*/true);
-  if (needs_grad({&e})) {
-    record("PowBackward", {e}, {out}, [out = out.detach(), base](const TensorList& g) -> TensorList {
-      return {scale(mul_t(g[0], out), std::log(base))};
-    });
-  }
-  return out;
+Tensor pow(double base, const Tensor& e) {  // the gradient is that of pow(Tensor, Tensor) above
+  return pow(full({}, base, {.dtype = is_floating(e.dtype()) ? e.dtype() : kFloat32, .device = e.device()}), e);
 }
 
 namespace {

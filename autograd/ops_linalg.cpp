@@ -33,10 +33,9 @@ std::pair<Tensor, Tensor> matmul_grads(const Tensor& g, const Tensor& a, const T
                                        bool need_b) {
   Tensor ga, gb;
   if (a.dim() >= 2 && b.dim() == 2) {
-    int64_t k_dim = a.size(-1), n = b.size(-1);
-    Tensor g2 = g.reshape({-1, n});
+    Tensor g2 = autograd::as_rows(g);
     if (need_a) ga = k::matmul(g2, b.t()).reshape(a.shape());
-    if (need_b) gb = weight_grad(a.reshape({-1, k_dim}), g2, b);
+    if (need_b) gb = weight_grad(autograd::as_rows(a), g2, b);
     return {ga, gb};
   }
   if (need_a) ga = k::sum_to(k::matmul(g, mT(b)), a.shape());
@@ -83,8 +82,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   WEFT_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0)),
              "linear: bias {} does not match weight {} (expected [{}])", tensor_desc(bias),
              tensor_desc(weight), weight.size(0));
-  int64_t in = weight.size(1), out_f = weight.size(0);
-  Tensor x2 = autocast_input(x.detach().reshape({-1, in})), w = autocast_input(weight.detach());
+  const int64_t out_f = weight.size(0);
+  Tensor x2 = autocast_input(autograd::as_rows(x.detach())), w = autocast_input(weight.detach());
   const DType dt = x2.dtype();
   Tensor y2 = autograd::kept_op("linear", [&] {
     if (!bias.defined()) return TensorList{k::matmul(x2, w.t())};
@@ -100,7 +99,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
            [x2, w, x_shape = x.shape(), x_dtype = x.dtype(), w_dtype = weight.dtype(),
             b_dtype = bias.defined() ? bias.dtype() : dt, rx = x.requires_grad(), rw = weight.requires_grad(),
             rb = bias.defined() && bias.requires_grad(), has_bias = bias.defined()](const TensorList& g) -> TensorList {
-             Tensor g2 = g[0].reshape({-1, w.size(0)});
+             Tensor g2 = autograd::as_rows(g[0]);
              TensorList r(has_bias ? 3 : 2);
              if (rx) r[0] = autograd::product(g2, false, w, false, x_dtype).view(x_shape);
              // The bias gradient, dY's column sums, taken as dY^T is packed for the weight's.

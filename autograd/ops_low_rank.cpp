@@ -49,8 +49,8 @@ void joined_product(const Tensor& x, const Tensor& xa, const Tensor& weight, con
   const TensorOptions opts{.dtype = y2.dtype(), .device = y2.device()};
   Tensor xh = empty({rows, depth}, opts), wb = empty({weight.size(0), depth}, opts);
   x2 = xh.narrow(1, 0, in);
-  x2.copy_(x.detach().reshape({-1, in}));
-  xa2 = xa.impl() == x.impl() ? x2 : autocast_input(xa.detach().reshape({-1, in}));
+  x2.copy_(autograd::as_rows(x.detach()));
+  xa2 = xa.impl() == x.impl() ? x2 : autocast_input(autograd::as_rows(xa.detach()));
   h = xh.narrow(1, in, r);
   h.copy_(product(xa2, false, a2, true, y2.dtype(), scale));
   w = wb.narrow(1, 0, in);
@@ -79,8 +79,8 @@ Tensor low_rank_linear(const Tensor& x, const Tensor& xa, const Tensor& weight, 
   if (x.dtype() != dt && weight.dtype() != dt) {  // x and W are cast anyway: into [x | h] and [W | B]
     joined_product(x, one_input ? x : xa, weight, bias2, a2, b, scale, y2, x2, xa2, w, b2, h);
   } else {
-    x2 = autocast_input(x.detach().reshape({-1, in}));
-    xa2 = one_input ? x2 : autocast_input(xa.detach().reshape({-1, in}));
+    x2 = autocast_input(autograd::as_rows(x.detach()));
+    xa2 = one_input ? x2 : autocast_input(autograd::as_rows(xa.detach()));
     w = autocast_input(weight.detach());
     b2 = autocast_input(b.detach());
     h = product(xa2, false, a2, true, dt, scale);  // [rows, r]
@@ -96,7 +96,7 @@ Tensor low_rank_linear(const Tensor& x, const Tensor& xa, const Tensor& weight, 
           w_dtype = weight.dtype(), a_dtype = a.dtype(), b_dtype = b.dtype(), bias_dtype = bias.defined() ? bias.dtype() : dt,
           want = std::array<bool, 6>{wants(x), wants(weight), wants(a), wants(b), wants(bias), !one_input && wants(xa)}](
              const TensorList& g) -> TensorList {
-           Tensor g2 = g[0].reshape({-1, w.size(0)});
+           Tensor g2 = autograd::as_rows(g[0]);
            TensorList r(6);
            Tensor dh = product(g2, false, b2, false, h.dtype(), scale);  // d(y)/d(xa A^T): scale dY B
            if (want[3]) r[3] = product(g2, true, h, false, b_dtype);

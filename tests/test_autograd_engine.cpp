@@ -245,3 +245,27 @@ TEST_CASE("dtype conversions are differentiable and gradients keep the leaf dtyp
   CHECK(x.grad().dtype() == kFloat64);
   CHECK(vec(x.grad()) == std::vector<double>{2, 2});
 }
+
+// Products over an empty inner dimension are zeros (plus the bias), with empty gradients for the
+// empty factors; an empty output gives the input zero gradients.
+TEST_CASE("matmul and linear with zero-size dimensions, forward and backward") {
+  Tensor a = zeros({2, 0}), b = zeros({0, 3});
+  a.set_requires_grad(true), b.set_requires_grad(true);
+  Tensor y = matmul(a, b);
+  CHECK(y.shape() == Shape{2, 3});
+  sum(y).backward();
+  CHECK((a.grad().shape() == Shape{2, 0} && b.grad().shape() == Shape{0, 3}));
+  Tensor x = zeros({2, 5, 0}), w = zeros({3, 0}), bias = from_vector({1, 2, 3}, {3});
+  x.set_requires_grad(true), w.set_requires_grad(true), bias.set_requires_grad(true);
+  Tensor z = linear(x, w, bias);
+  CHECK(to_vector(z) == to_vector(bias.expand({2, 5, 3}).contiguous()));
+  sum(z).backward();
+  CHECK((x.grad().shape() == Shape{2, 5, 0} && w.grad().shape() == Shape{3, 0}));
+  CHECK(to_vector(bias.grad()) == std::vector<double>{10, 10, 10});
+  Tensor x2 = ones({2, 4}), none = zeros({0, 4});
+  x2.set_requires_grad(true);
+  Tensor out = linear(x2, none, Tensor());
+  CHECK(out.shape() == Shape{2, 0});
+  sum(out).backward();
+  CHECK(to_vector(x2.grad()) == std::vector<double>(8, 0.0));
+}

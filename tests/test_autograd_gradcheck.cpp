@@ -198,3 +198,17 @@ TEST_CASE("gradcheck names its bad arguments") {
   CHECK_THROWS_WITH(gradcheck([](const TensorList&) { return Tensor(); }, {leaf({2})}),
                     Contains("gradcheck: the function returned an undefined tensor"));
 }
+
+// The exponent's gradient at base 0 (out * log 0): 0 where e >= 0, as PyTorch takes it, for a
+// scalar base as for a tensor one; -inf where e < 0 (out is inf there).
+TEST_CASE("pow's exponent gradient at base 0") {
+  for (bool scalar_base : {true, false}) {
+    INFO("scalar base " << scalar_base);
+    Tensor e = from_vector({0, 1, 2, -1}, {4});
+    e.set_requires_grad(true);
+    sum(scalar_base ? pow(0.0, e) : pow(zeros({4}), e)).backward();
+    const std::vector<double> g = to_vector(e.grad());
+    CHECK((g[0] == 0 && g[1] == 0 && g[2] == 0));
+    CHECK(g[3] == -std::numeric_limits<double>::infinity());
+  }
+}
