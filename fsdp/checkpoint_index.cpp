@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -32,9 +33,13 @@ struct IndexReader {
     if (it == obj.end()) fail(where.empty() ? key : where + "." + key, "is missing");
     return *it;
   }
-  int64_t integer(const Json& obj, const std::string& key, const std::string& where = "") const {
+  // An integer in [lo, hi] (one past int64's range, which get<int64_t> would wrap, is refused too).
+  int64_t integer(const Json& obj, const std::string& key, const std::string& where = "",
+                  int64_t lo = std::numeric_limits<int64_t>::min(), int64_t hi = std::numeric_limits<int64_t>::max()) const {
     const Json& v = at(obj, key, where);
-    if (!v.is_number_integer()) fail(where.empty() ? key : where + "." + key, "is " + v.dump() + ", not an integer");
+    if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(hi)) || v.get<int64_t>() < lo ||
+        v.get<int64_t>() > hi)
+      fail(where.empty() ? key : where + "." + key, fmt::format("is {}, not an integer from {} to {}", v.dump(), lo, hi));
     return v.get<int64_t>();
   }
   std::string string(const Json& obj, const std::string& key, const std::string& where = "") const {
@@ -234,20 +239,20 @@ CheckpointIndex read_checkpoint_index(const std::string& path) {
              r.path, r.string(j, "format"));
   CheckpointIndex ix;
   ix.dir = where;
-  ix.format_version = int(r.integer(j, "format_version"));
+  constexpr int64_t kInt = std::numeric_limits<int>::max();
+  ix.format_version = int(r.integer(j, "format_version", "", 0, kInt));
   WEFT_CHECK(ix.format_version == 2 || ix.format_version == kCheckpointFormatVersion, "checkpoint: {} has "
              "format_version {}; this weft reads 2 and {}", r.path, ix.format_version, kCheckpointFormatVersion);
   ix.weft_version = r.string(j, "weft_version");
-  ix.training.step = r.integer(j, "step");
-  WEFT_CHECK(ix.training.step >= 0, "checkpoint: {}: step {} is negative", r.path, ix.training.step);
+  ix.training.step = r.integer(j, "step", "", 0);
   if (auto it = j.find("loss"); it != j.end()) {  // absent: no loss was recorded
     if (it->is_number()) ix.training.loss = it->get<double>();
     else if (*it == "nan" || *it == "inf" || *it == "-inf") ix.training.loss = std::stod(it->get<std::string>());
     else r.fail("loss", "is " + it->dump() + ", not a number, \"nan\", \"inf\" or \"-inf\"");
   }
   if (j.contains("run")) ix.training.run = r.string(j, "run");  // absent: written without a run identity
-  ix.world_size = int(r.integer(j, "world_size"));
-  ix.num_shards = int(r.integer(j, "num_shards"));
+  ix.world_size = int(r.integer(j, "world_size", "", 1, kInt));
+  ix.num_shards = int(r.integer(j, "num_shards", "", 1, kInt));
   WEFT_CHECK(ix.num_shards >= 1 && ix.world_size >= ix.num_shards, "checkpoint: {}: num_shards {} and world_size {} "
              "do not fit", r.path, ix.num_shards, ix.world_size);
   try {
@@ -258,6 +263,9 @@ CheckpointIndex read_checkpoint_index(const std::string& path) {
     ix.training.app = r.at(j, "app").get<std::map<std::string, std::string>>();
     ix.training.aliases = r.at(j, "aliases").get<std::map<std::string, std::string>>();
     for (const Json& g : r.at(j, "rng")) {
+      if (g.contains("rank") && r.integer(g, "rank", "rng") != int64_t(ix.rng.size()))
+        r.fail("rng", fmt::format("holds the state of rank {} at position {} (one a rank, in rank order)", g["rank"].dump(),
+                                  ix.rng.size()));
       Generator::State st{};
       for (auto [key, field] : {std::pair{"seed", &st.seed}, {"offset", &st.offset}})  // get<uint64_t> wraps -5
         if (const Json& v = r.integral(r.at(g, key, "rng"), std::string("rng.") + key); v.is_number_unsigned()) *field = v;
@@ -269,14 +277,19 @@ CheckpointIndex read_checkpoint_index(const std::string& path) {
   }
   std::set<std::string> file_names;
   for (const Json& f : r.at(j, "files")) {
-    CheckpointIndex::File file{r.string(f, "file", "files"), int(r.integer(f, "shard", "files")),
-                               uint64_t(r.integer(f, "bytes", "files")), r.string(f, "sha256", "files")};
+    CheckpointIndex::File file{r.string(f, "file", "files"), int(r.integer(f, "shard", "files", 0, ix.num_shards - 1)),
+                               uint64_t(r.integer(f, "bytes", "files", 0)), r.string(f, "sha256", "files")};
+    if (size_t(file.shard) != ix.files.size())
+      r.fail("files", fmt::format("lists shard {} at position {} (one file a shard, in shard order)", file.shard,
+                                  ix.files.size()));
     // Only plain names: an index must not point outside its directory.
     WEFT_CHECK(!file.name.empty() && file.name.find('/') == std::string::npos && file.name[0] != '.',
                "checkpoint: {}: file name \"{}\" is not a plain name in the checkpoint directory", r.path, file.name);
     file_names.insert(file.name);
     ix.files.push_back(file);
   }
+  if (ix.files.size() != size_t(ix.num_shards))
+    r.fail("files", fmt::format("lists {} files for {} shards", ix.files.size(), ix.num_shards));
   const Json& tensors = r.at(j, "tensors");
   WEFT_CHECK(tensors.is_object(), "checkpoint: {}: \"tensors\" is not an object", r.path);
   for (auto& [key, t] : tensors.items()) ix.tensors.push_back(read_entry(r, key, t, file_names));

@@ -565,6 +565,27 @@ TEST_CASE("index.json: numbers out of their type's range are errors, not undefin
   CHECK_THROWS_WITH(read(ok_mesh + ok_rest + tensor +
                          R"j([{"file":"f","offset":3,"length":9223372036854775807}]}}})j"),
                     Contains("outside its extent 4"));
+  // Integers past their field's type (an int narrowed, an unsigned past 2^63 wrapped), files and RNG states that
+  // are not one a shard / rank in order.
+  auto with = [&](std::string text, const std::string& from, const std::string& to) {
+    text.replace(text.find(from), from.size(), to);
+    std::ofstream(dir / "index.json") << text << ok_mesh << ok_rest << R"j("tensors":{}})j";
+    return fsdp::read_checkpoint_index(dir.string());
+  };
+  CHECK_THROWS_WITH(with(head, "\"world_size\":1", "\"world_size\":4294967297"),
+                    Contains("\"world_size\" is 4294967297, not an integer from 1 to 2147483647"));
+  CHECK_THROWS_WITH(with(head, "\"format_version\":2", "\"format_version\":4294967298"),
+                    Contains("\"format_version\" is 4294967298, not an integer from 0"));
+  CHECK_THROWS_WITH(with(head, "\"step\":0", "\"step\":18446744073709551615"),
+                    Contains("\"step\" is 18446744073709551615, not an integer from 0 to 9223372036854775807"));
+  CHECK_THROWS_WITH(with(head, "\"bytes\":1", "\"bytes\":100000000000000000000"), Contains("\"files.bytes\" is"));
+  CHECK_THROWS_WITH(with(head, "}],", R"j(},{"file":"g","shard":0,"bytes":1,"sha256":""}],)j"),
+                    Contains("\"files\" lists shard 0 at position 1"));
+  CHECK_THROWS_WITH(with(head, "\"world_size\":1,\"num_shards\":1", "\"world_size\":2,\"num_shards\":2"),
+                    Contains("lists 1 files for 2 shards"));
+  std::ofstream(dir / "index.json") << head << ok_mesh << R"j("data":{},"rng":[{"rank":5,"seed":0,"offset":0}],)j"
+                                    << R"j("tensors":{}})j";
+  CHECK_THROWS_WITH(fsdp::read_checkpoint_index(dir.string()), Contains("holds the state of rank 5 at position 0"));
   fs::remove_all(dir);
 }
 
