@@ -192,8 +192,9 @@ std::string latest_checkpoint(const std::string& path, std::vector<std::string>*
   if (WEFT_FS(fs::exists(fs::path(path) / kCheckpointIndexFile))) return path;
   auto all = complete_checkpoints(path);
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
-    try {
-      read_checkpoint_index(it->second.string());
+    try {  // a step_N whose index records another step (a copy renamed) would be taken as step N
+      const int64_t step = read_checkpoint_index(it->second.string()).training.step;
+      WEFT_CHECK(step == it->first, "checkpoint: {} holds step {}, not the step its name says", it->second.string(), step);
       return it->second.string();
     } catch (const Error& e) {
       if (unreadable) unreadable->push_back(e.what());

@@ -198,6 +198,11 @@ run "$gpt" train "${other[@]}" --stop-after 1 --resume "$tmp/fb" --checkpoint-di
   fail "--resume did not fall back: $(cat "$tmp/err")"
 grep -q "using $tmp/fb/step_00000001, the newest checkpoint in $tmp/fb that reads" "$tmp/err" &&
   [ -e "$tmp/fb/step_00000002/index.json" ] || fail "--resume's fallback: $(cat "$tmp/err"; ls "$tmp/fb")"
+# A step_N whose index records another step (a copy, renamed) is passed over the same way.
+cp -r "$tmp/own" "$tmp/ren" && cp -r "$tmp/ren/step_00000001" "$tmp/ren/step_00000008"
+"$tool" verify "$tmp/ren" >"$tmp/out" 2>&1 || fail "verify did not pass over a renamed copy: $(cat "$tmp/out")"
+grep -q "$tmp/ren/step_00000008 holds step 1, not the step its name says" "$tmp/out" &&
+  grep -q "ok: $tmp/ren/step_00000001" "$tmp/out" || fail "a renamed copy: $(cat "$tmp/out")"
 # export-hf: the leftovers of an export to the same --out whose process is gone are removed when
 # the next one starts (a live process's are kept).
 mkdir -p "$tmp/.hf.tmp-999999999/x" "$tmp/.hf.tmp-$$"
