@@ -83,8 +83,8 @@ std::optional<fs::path> best_checkpoint(const std::map<int64_t, Recorded>& own) 
   return best;
 }
 
-// Removes a published checkpoint: renamed to .old-step_N first, so that a removal cut short
-// leaves a leftover the next save clears, never a step_N directory without its index.
+// Removes a published checkpoint: renamed to .old-step_N first, so that a removal cut short leaves a leftover the next
+// save clears, never a step_N directory without its index.
 void discard(const fs::path& checkpoint) {
   const fs::path old = checkpoint.parent_path() / (".old-" + checkpoint.filename().string());
   WEFT_FS(fs::rename(checkpoint, old));
