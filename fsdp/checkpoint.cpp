@@ -169,10 +169,7 @@ std::set<std::string> frozen_parameters(nn::Module& model) {
   return out;
 }
 
-struct TempDirRemover {
-  fs::path dir;  // empty: nothing to remove
-  ~TempDirRemover() { if (std::error_code ec; !dir.empty()) fs::remove_all(dir, ec); }
-};
+struct TempDirRemover { fs::path dir; ~TempDirRemover() { if (std::error_code ec; !dir.empty()) fs::remove_all(dir, ec); } };
 
 }  // namespace
 
