@@ -5,7 +5,7 @@
 
 namespace weft {
 
-StorageImpl::StorageImpl(size_t nbytes, Device device) : device_(device) { allocate(nbytes); }
+StorageImpl::StorageImpl(size_t nbytes, Device device) : nbytes_(nbytes), device_(device) { allocate(nbytes); }
 
 StorageImpl::StorageImpl(void* data, size_t nbytes, Device device,
                          std::function<void(void*)> deleter)
@@ -39,6 +39,10 @@ void StorageImpl::free() {
 
 void StorageImpl::allocate(size_t nbytes) {
   WEFT_CHECK(owned_, "storage::allocate: cannot re-allocate memory weft does not own");
+  WEFT_CHECK(nbytes == nbytes_, "storage::allocate: {} bytes for a storage of {}: a re-allocation keeps the size its "
+             "views were made for", nbytes, nbytes_);
+  if (nbytes > (size_t(1) << 62))  // past any machine (and past the allocators' size arithmetic)
+    throw OutOfMemoryError(fmt::format("storage: {} bytes on {} is past any memory", nbytes, device_.str()));
   release();
   nbytes_ = nbytes;
   // Meta storage: the meta allocator counts the bytes and hands out an address that is never

@@ -30,7 +30,7 @@ class StorageImpl {
   bool is_allocated() const { return data_ != nullptr || nbytes_ == 0; }
 
   void free();                   // releases the memory; views keep their geometry
-  void allocate(size_t nbytes);  // (re)allocates uninitialised memory of nbytes in place
+  void allocate(size_t nbytes);  // (re)allocates uninitialised memory in place: nbytes must be nbytes()
 
   // Counts the in-place writes through the public API (copy_, fill_, uniform_, normal_, an
   // optimizer's step): autograd refuses a backward that would read an input changed since.

@@ -494,6 +494,15 @@ TEST_CASE("storage can be freed and re-allocated in place") {
   CHECK(memory_stats().live_bytes == live);
   t.fill_(3);
   CHECK(to_vector(v) == std::vector<double>{3, 3, 3, 3, 3});
+  // The views were made for 1024 bytes: another size is refused (64 bytes backed a 1 KiB view, whose writes ran
+  // past them), and a size past any memory is an out-of-memory error, not an overflowed size class.
+  t.storage()->free();
+  CHECK_THROWS_WITH(t.storage()->allocate(64), Catch::Contains("64 bytes for a storage of 1024"));
+  CHECK_THROWS_WITH(t.data_ptr(), Catch::Contains("freed"));
+  Tensor w = arange(4);
+  w.storage()->free();
+  CHECK_THROWS_WITH(w.storage()->allocate(size_t(-1)), Catch::Contains("bytes for a storage of"));
+  CHECK_THROWS_AS(StorageImpl(size_t(-1), kCPU), OutOfMemoryError);
 }
 
 TEST_CASE("printing shows values, dtype and shape") {
