@@ -137,9 +137,7 @@ Tensor Tensor::to(Device device, DType dtype) const {
   } else {
     copy_elements(out, detach());
   }
-  if (requires_grad()) {
-    if (auto fn = detail::autograd_hooks().record_copy) fn(*this, out);
-  }
+  if (auto fn = detail::autograd_hooks().record_copy; fn && requires_grad()) fn(*this, out);
   return out;
 }
 Tensor Tensor::to(DType dtype) const { return to(device(), dtype); }
@@ -149,9 +147,7 @@ Tensor Tensor::clone() const {
   check_defined("clone");
   Tensor out = empty(shape(), {.dtype = dtype(), .device = device()});
   copy_elements(out, detach());
-  if (requires_grad()) {
-    if (auto fn = detail::autograd_hooks().record_copy) fn(*this, out);
-  }
+  if (auto fn = detail::autograd_hooks().record_copy; fn && requires_grad()) fn(*this, out);
   return out;
 }
 

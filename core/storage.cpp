@@ -41,8 +41,7 @@ void StorageImpl::allocate(size_t nbytes) {
   WEFT_CHECK(owned_, "storage::allocate: cannot re-allocate memory weft does not own");
   WEFT_CHECK(nbytes == nbytes_, "storage::allocate: {} bytes for a storage of {}: a re-allocation keeps the size its "
              "views were made for", nbytes, nbytes_);
-  if (nbytes > (size_t(1) << 62))  // past any machine (and past the allocators' size arithmetic)
-    throw OutOfMemoryError(fmt::format("storage: {} bytes on {} is past any memory", nbytes, device_.str()));
+  if (nbytes > (size_t(1) << 62)) throw OutOfMemoryError(fmt::format("storage: {} bytes is past any memory", nbytes));
   release();
   nbytes_ = nbytes;
   // Meta storage: the meta allocator counts the bytes and hands out an address that is never
