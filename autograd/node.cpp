@@ -33,6 +33,9 @@ AccumulateGrad::AccumulateGrad(Tensor leaf) : Node("AccumulateGrad"), leaf_(std:
 TensorList AccumulateGrad::apply(TensorList&& grad_outputs) {
   Tensor g = std::move(grad_outputs[0]);
   AutogradMeta& meta = leaf_.autograd_meta();
+  WEFT_CHECK(leaf_.dtype() == output_meta[0].dtype && leaf_.device() == output_meta[0].device, "backward: {} was "
+             "{} on {} when the forward used it (a Module::to between the forward and this backward): run the forward "
+             "again", tensor_desc(leaf_), dtype_name(output_meta[0].dtype), output_meta[0].device.str());
   for (auto& hook : meta.leaf_hooks) {
     Tensor r = hook(g);
     WEFT_CHECK(!r.defined() || (r.shape() == g.shape() && r.dtype() == g.dtype() && r.device() == g.device()),

@@ -227,12 +227,12 @@ void Module::convert(const std::function<Tensor(const Tensor&)>& fn) {
     Tensor c = fn(t.detach());
     if (c.is_same(t) || (c.storage() == t.storage() && c.dtype() == t.dtype())) return;
     TensorImpl* impl = t.impl();
+    ++impl->storage->version;  // a graph that saved the old values refuses its backward
     impl->storage = c.storage();
-    impl->shape = c.shape();
-    impl->strides = c.strides();
+    impl->shape = c.shape(), impl->strides = c.strides();
     impl->offset = c.offset();
     impl->dtype = c.dtype();
-    if (impl->autograd) impl->autograd->grad = Tensor();
+    if (impl->autograd) impl->autograd->grad = Tensor(), impl->autograd->grad_accumulator.reset();  // a new graph's own
   };
   std::unordered_set<TensorImpl*> done;
   for (auto& [n, t] : params_)

@@ -150,6 +150,19 @@ TEST_CASE("train/eval, to(dtype), apply and zero_grad") {
   CHECK(!net->fc1->weight.grad().defined());
 }
 
+// A graph recorded before Module::to refuses its backward (its gradients would be of the old dtype, for parameters
+// of the new one); a forward after it trains as usual.
+TEST_CASE("to(dtype) between a forward and its backward is refused") {
+  auto lin = std::make_shared<Linear>(2, 2);
+  Tensor through_weight = sum((*lin)(ones({1, 2}))), bias_only = sum(ones({2}) + lin->bias);
+  lin->to(kFloat64);
+  CHECK_THROWS_WITH(through_weight.backward(), Contains("written in place after the forward used it"));
+  CHECK_THROWS_WITH(bias_only.backward(), Contains("was f32 on cpu when the forward used it (a Module::to"));
+  CHECK(!lin->bias.grad().defined());
+  sum((*lin)(ones({1, 2}, {.dtype = kFloat64}))).backward();
+  CHECK((lin->weight.grad().dtype() == kFloat64 && lin->bias.grad().dtype() == kFloat64));
+}
+
 TEST_CASE("set_parameter swaps what forward uses") {
   auto lin = std::make_shared<Linear>(2, 1, false);
   lin->set_parameter("weight", from_vector({2, 3}, {1, 2}).set_requires_grad());
