@@ -381,14 +381,11 @@ int64_t memory_limit(Device device) { return allocator_for(device).limit(); }
 // ---------------------------------------------------------------- registry
 
 Allocator& allocator_for(Device device) {
-  if (device.is_cpu()) {
-    static CpuAllocator cpu;  // never destroyed before static tensors that use it
-    return cpu;
-  }
-  if (device.is_meta()) {
-    static MetaAllocator meta;
-    return meta;
-  }
+  // Never destroyed: tensors freed after the static destructors (a static tensor's, a communication
+  // thread's works still in flight when the process exits) still find their allocator.
+  static Allocator* const cpu = new CpuAllocator, * const meta = new MetaAllocator;
+  if (device.is_cpu()) return *cpu;
+  if (device.is_meta()) return *meta;
   // A backend in its own library registers its allocator when it is loaded.
   if (g_lookups[int(device.type)] == nullptr && g_allocators[int(device.type)] == nullptr) {
     WEFT_CHECK(load_backend(device.type), "{} device {} requested ({}), but {}", device_type_name(device.type),

@@ -505,6 +505,18 @@ TEST_CASE("storage can be freed and re-allocated in place") {
   CHECK_THROWS_AS(StorageImpl(size_t(-1), kCPU), OutOfMemoryError);
 }
 
+// A tensor freed after the static destructors (as by a communication thread whose works are still in flight when the
+// process exits) finds its allocator: this holder is made before the first tensor and so destroyed after every
+// function-local static, the allocators' too (a destroyed allocator was a "pure virtual method called" abort).
+struct FreedAtExit {
+  Tensor t;
+} g_freed_at_exit;
+
+TEST_CASE("a tensor freed after the static destructors finds its allocator") {
+  g_freed_at_exit.t = ones({1024});
+  CHECK(g_freed_at_exit.t.storage()->is_allocated());
+}
+
 TEST_CASE("printing shows values, dtype and shape") {
   std::string s = from_vector({1, 2, 3, 4}, {2, 2}).str();
   CHECK(s.find("[[1.0, 2.0],") != std::string::npos);
