@@ -84,6 +84,7 @@ LoadedModel load_model(const std::string& from, bool say, bool shard = false, De
                "{}): read the checkpoint directory it was made from instead", from, contents.metadata["hf_source"]);
     auto cfg = config_of(contents.metadata, from);
     build(cfg, apps::lora_of(contents.metadata, from));
+    std::erase_if(contents.tensors, [](auto& t) { return t.first.starts_with("optim."); });  // --with-optimizer's
     fsdp::load_full_state_dict(*m.lm.module, contents.tensors, nullptr, head_alias(cfg));
     m.recorded = contents.metadata;
     apps::check_finite_parameters(*m.lm.module, fmt::format("transformer: refusing to load {}", from));

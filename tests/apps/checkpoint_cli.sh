@@ -96,6 +96,10 @@ if grep -aF '"model.' "$tmp/header" >/dev/null; then fail "consolidated names ke
 "$gpt" sample --checkpoint "$tmp/ck4" --prompt "Q: " --tokens 30 --seed 1 >"$tmp/s_dir.txt"
 "$gpt" sample --checkpoint "$tmp/gpt.safetensors" --prompt "Q: " --tokens 30 --seed 1 >"$tmp/s_file.txt"
 cmp -s "$tmp/s_dir.txt" "$tmp/s_file.txt" || fail "sampling the consolidated file differs from the directory"
+"$tool" consolidate --with-optimizer "$tmp/ck4" "$tmp/gpt_opt.safetensors" 2>/dev/null || fail "consolidate --with-optimizer"
+"$gpt" sample --checkpoint "$tmp/gpt_opt.safetensors" --prompt "Q: " --tokens 30 --seed 1 >"$tmp/s_opt.txt" 2>"$tmp/err" ||
+  fail "sampling a file with the optimizer state: $(cat "$tmp/err")"
+cmp -s "$tmp/s_dir.txt" "$tmp/s_opt.txt" || fail "sampling the file with the optimizer state differs from the directory"
 
 # Damaged copies: verify names the file; resuming fails on every rank and writes nothing.
 last=rank_00003.safetensors
