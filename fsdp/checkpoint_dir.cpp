@@ -119,7 +119,8 @@ std::map<int64_t, fs::path> complete_checkpoints(const fs::path& dir) {
     std::string name = e.path().filename().string();
     // step_<digits>, at most 18 of them (so the number fits an int64; longer names are not ours).
     const int64_t step = step_of(name, "");
-    if (step >= 0 && WEFT_FS(fs::exists(e.path() / kCheckpointIndexFile))) out[step] = e.path();
+    // An index that cannot be looked at (a loop of links) counts: reading it names the problem.
+    if (std::error_code seen; step >= 0 && (fs::exists(e.path() / kCheckpointIndexFile, seen) || seen)) out[step] = e.path();
   }
   return out;
 }

@@ -40,6 +40,11 @@ void check_output_place(const PathFlag& out, const std::string& program) {
   std::error_code ec;
   fs::path at = fs::absolute(out.path, ec).lexically_normal();
   const fs::file_status st = fs::status(at, ec);
+  WEFT_CHECK(!ec || ec == std::errc::no_such_file_or_directory || ec == std::errc::not_a_directory, "{}: {} {}: {}",
+             program, out.flag, out.path, ec.message());  // a loop of links (a file as a parent: named below)
+  for (fs::path p = at; !p.empty() && p != p.root_path(); p = p.parent_path())  // it or a parent: a dangling link
+    WEFT_CHECK(fs::exists(p, ec) || !fs::is_symlink(fs::symlink_status(p, ec)), "{}: {} {}: {} is a link to {}, which "
+               "does not exist", program, out.flag, out.path, p.string(), fs::read_symlink(p, ec).string());
   if (fs::exists(st)) {
     WEFT_CHECK(out.directory ? fs::is_directory(st) : fs::is_regular_file(st), "{}: {} {} exists and is not a {}",
                program, out.flag, out.path, out.directory ? "directory" : "regular file (a directory, FIFO or device?)");

@@ -19,6 +19,15 @@ void check_resumed_setting(const std::map<std::string, std::string>& app, const 
              "new run)", program, where, flag, it->second, flag, value, why, flag, it->second);
 }
 
+void check_resumed_determinism(const std::map<std::string, std::string>& app, int64_t virtual_batches,
+                               const std::string& where, const std::string& program) {
+  auto flags = [](const std::string& n) { return n == "0" ? "no --deterministic" : "--deterministic --virtual-batches " + n; };
+  auto it = app.find("virtual_batches");
+  WEFT_CHECK(it == app.end() || it->second == std::to_string(virtual_batches), "{}: {} was written with {}, and this "
+             "run has {}: the summation order decides the bits of every later step; resume it with {} (or start a new "
+             "run)", program, where, flags(it->second), flags(std::to_string(virtual_batches)), flags(it->second));
+}
+
 void check_resumed_data(const std::map<std::string, std::string>& app, const std::map<std::string, std::string>& now,
                         const std::string& what, const std::string& source, const std::string& where,
                         const std::string& program) {

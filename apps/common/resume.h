@@ -10,6 +10,11 @@
 
 namespace weft::apps {
 
+// The summation order a checkpoint was trained with (its "virtual_batches": 0 without --deterministic) must be
+// this run's, or every later step's bits differ: the error says which flags resume it.
+void check_resumed_determinism(const std::map<std::string, std::string>& app, int64_t virtual_batches,
+                               const std::string& where, const std::string& program);
+
 // Throws weft::Error "<program>: <where> was written with <flag> <recorded> but <flag> is <value>:
 // <why>; pass <flag> <recorded> to resume it" when `app` records `key` with a value other than
 // `value`. A key the checkpoint lacks (written by an older weft) is not checked.

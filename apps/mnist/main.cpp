@@ -214,9 +214,7 @@ std::string checkpoint_to_load(const Options& o, const std::map<std::string, std
   };
   same("seed", "--seed", std::to_string(o.seed), "the seed decides the order of the samples");
   same("batch_size", "--batch-size", std::to_string(o.batch_size), "the checkpoint's step counts batches of that size");
-  same("virtual_batches", o.deterministic ? "--virtual-batches" : "--deterministic",
-       o.deterministic ? std::to_string(o.virtual_batches) : "0",
-       "the summation order decides the bits of every later step (0: without --deterministic)");
+  apps::check_resumed_determinism(ck.app, o.deterministic ? o.virtual_batches : 0, where, "mnist");
   apps::check_resumed_data(ck.app, train_set, "training set", "--data " + o.data, where, "mnist");
   const int64_t total = o.epochs * steps_per_epoch;
   WEFT_CHECK(ck.step <= total, "mnist: {} is at step {}, beyond the {} steps of --epochs {} ({} steps per epoch): "

@@ -422,9 +422,7 @@ void find_resume(const TrainOptions& o, Run& run, bool say) {
   same("seed", "--seed", std::to_string(o.seed), "the seed decides the batches");
   same("batch_size", "--batch-size", std::to_string(o.batch_size), "the data position counts batches of that size");
   same("grad_accum", "--grad-accum", std::to_string(o.grad_accum), "the data position counts micro-batches");
-  same("virtual_batches", o.deterministic ? "--virtual-batches" : "--deterministic",
-       o.deterministic ? std::to_string(o.virtual_batches) : "0",
-       "the summation order decides the bits of every later step (0: without --deterministic)");
+  apps::check_resumed_determinism(ck.app, o.deterministic ? o.virtual_batches : 0, where, "transformer");
   apps::check_resumed_data(ck.app, run.train_text, "training text", "--data " + o.data, where, "transformer");
   const std::string base_dtype = ck.app.count("base_dtype") ? ck.app.at("base_dtype") : "f32";
   WEFT_CHECK(base_dtype == o.base_dtype, "transformer: checkpoint {} was written with --base-dtype {}, and this run "

@@ -51,7 +51,7 @@ cp -r "$tmp/ck" "$tmp/ck_cut" && truncate -s 100 "$(index "$tmp/ck_cut")"
 edit() {  # edit NAME SED: a copy of the checkpoint with its index edited
   cp -r "$tmp/ck" "$tmp/$1" && sed -i -E "$2" "$(index "$tmp/$1")"
 }
-edit ck_step99 's/"step": *[0-9]+/"step": 99/'
+edit ck_step99 's/"step": *[0-9]+/"step": 99/' && mv "$tmp/ck_step99/step_00000001" "$tmp/ck_step99/step_00000099"
 edit ck_stepneg 's/"step": *[0-9]+/"step": -1/'
 edit ck_stephuge 's/"step": *[0-9]+/"step": 99999999999999999999/'
 edit ck_batchneg 's/"batch": *[0-9]+/"batch": -4/'
@@ -65,7 +65,8 @@ if ! "${prog[mnist]}" --steps 1 --batch-size 32 --threads 1 --save "$tmp/mck" >"
   echo "FAIL: could not write the mnist fixture checkpoint:"; cat "$tmp/setup.log"; exit 1
 fi
 cp -r "$tmp/mck" "$tmp/mck_epoch" && sed -i -E 's/"epoch": *[0-9]+/"epoch": -1/' "$(index "$tmp/mck_epoch")"
-cp -r "$tmp/mck" "$tmp/mck_step" && sed -i -E 's/"step": *[0-9]+/"step": 999999/' "$(index "$tmp/mck_step")"
+cp -r "$tmp/mck" "$tmp/mck_step" && sed -i -E 's/"step": *[0-9]+/"step": 999999/' "$(index "$tmp/mck_step")" &&
+  mv "$tmp/mck_step/step_00000001" "$tmp/mck_step/step_00999999"  # the name says the step the index records
 # IDX data sets: each a copy of a tiny valid set (10 images of 2x2) with one file damaged.
 idx_set() {  # idx_set DIR: 40 train and 40 test images of 2x2 pixels, labels 0..9 four times
   mkdir -p "$1"
@@ -127,6 +128,7 @@ cp -r "$(dirname "${BASH_SOURCE[0]}")/../data/hf/gpt2" "$tmp/hf_cfgdir" && rm "$
 # Per-rank working directories (mpirun -wdir) whose same relative paths hold other files, as
 # node-local disks can: a text of the same length, an IDX set with one pixel changed, and a
 # checkpoint of a later step.
+ln -s "$tmp/loop" "$tmp/loop" && ln -s /nonexistent/x "$tmp/dang"  # a loop of links, a link to nothing
 mkdir -p "$tmp/r0" "$tmp/r1"
 cp "$tmp/text.txt" "$tmp/r0/text.txt" && cp "$tmp/same_len.txt" "$tmp/r1/text.txt"
 # Finite weights whose products are not: the first 64 floats (attention biases) at f32's largest value.

@@ -195,8 +195,10 @@ run "$gpt" train "${cfg[@]}" --resume "$tmp/br/step_00000002" --checkpoint-dir "
 # that reads, naming both.
 cp -r "$tmp/own" "$tmp/fb"
 mkdir "$tmp/fb/step_00000009" && echo '{"format": ' >"$tmp/fb/step_00000009/index.json"
+mkdir "$tmp/fb/step_00000010" && ln -s index.json "$tmp/fb/step_00000010/index.json"  # a loop of links: passed over too
 "$tool" verify "$tmp/fb" >"$tmp/out" 2>&1 || fail "verify did not fall back: $(cat "$tmp/out")"
 grep -q "passing over a checkpoint that cannot be read: checkpoint: $tmp/fb/step_00000009/index.json" "$tmp/out" &&
+  grep -q "passing over a checkpoint that cannot be read: .*Too many levels of symbolic links" "$tmp/out" &&
   grep -q "ok: $tmp/fb/step_00000001" "$tmp/out" || fail "verify's fallback is not said: $(cat "$tmp/out")"
 run "$gpt" train "${other[@]}" --stop-after 1 --resume "$tmp/fb" --checkpoint-dir "$tmp/fb" >/dev/null 2>"$tmp/err" ||
   fail "--resume did not fall back: $(cat "$tmp/err")"
