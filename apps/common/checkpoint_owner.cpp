@@ -61,9 +61,10 @@ void check_checkpoint_owner(const std::string& dir, const std::string& flag, con
                    program.c_str(), flag.c_str(), dir.c_str(), (long long)f->count, what.c_str(),
                    kOverwriteCheckpointsFlag);
     else
-      WEFT_ERROR("{}: {} {} holds {}: {}, or another directory, or {} to replace them", program, flag, dir, what,
-                 f == &other ? "use " + resume_flag + " " + dir + " to continue that run" : "move them away",
-                 kOverwriteCheckpointsFlag);
+      WEFT_ERROR("{}: {} {} holds {}: {}, or {} to replace them", program, flag, dir, what, f != &other ? "move them "
+                 "away, or another directory" : who.find("format weft-" + program) == std::string::npos &&
+                 who.find("format ") != std::string::npos ? "another program's: give another directory" :
+                 "use " + resume_flag + " " + dir + " to continue that run, or another directory", kOverwriteCheckpointsFlag);
   }
 }
 

@@ -393,9 +393,14 @@ void load_data(TrainOptions& o, Run& run, bool fsdp) {
 void check_resumed_model(apps::ModelConfig c, apps::ModelConfig m, const std::string& where) {
   for (apps::ModelConfig* x : {&c, &m}) x->ffn_dim = x->arch != "llama" && !x->ffn_dim ? 4 * x->d_model : x->ffn_dim;  // GPT-2's
   const auto have = model_fields(c), want = model_fields(m);
+  std::string held, asked;  // every field that differs (n_head changes head_dim too)
   for (const auto& [key, value] : have)
-    WEFT_CHECK(want.at(key) == value, "transformer: checkpoint {} holds a model with {} {}; the flags (and "
-               "--init-from) ask for {} {}", where, key, value, key, want.at(key));
+    if (want.at(key) != value) {
+      held += fmt::format("{}{} {}", held.empty() ? "" : ", ", key, value);
+      asked += fmt::format("{}{} {}", asked.empty() ? "" : ", ", key, want.at(key));
+    }
+  WEFT_CHECK(held.empty(), "transformer: checkpoint {} holds a model with {}; the flags (and --init-from) ask for {}",
+             where, held, asked);
 }
 
 void check_lora_base(const std::map<std::string, std::string>& app, const TrainOptions& o, const std::string& where) {
