@@ -107,4 +107,13 @@ for bad in "--np 0" "--np 2 --launch mpirun" "--np 4 --sizes 2,1 --launch x{n}" 
   if "$elastic" $bad -- true >/dev/null 2>"$tmp/opt"; then fail "weft-elastic $bad succeeded"; fi
   grep -q "weft-elastic: " "$tmp/opt" || fail "weft-elastic $bad: no message: $(cat "$tmp/opt")"
 done
+# The checkpoint a start names: the highest step by number (step_100000000 after step_99999999), in a directory whose
+# name holds a space, passed whole through a quoted --resume-args.
+sp="$tmp/e k"
+mkdir -p "$sp/step_99999999" "$sp/step_100000000" && touch "$sp/step_99999999/index.json" "$sp/step_100000000/index.json"
+"$elastic" --np 1 --launch "env WORLD={n}" --checkpoint-dir "$sp" --resume-args "--resume \"$sp\"" -- \
+  printf '%s|' >"$tmp/sp.out" 2>"$tmp/sp.err" || fail "weft-elastic on a directory with a space: $(cat "$tmp/sp.err")"
+grep -qF "starting at 1 ranks from $sp/step_100000000 (step 100000000)" "$tmp/sp.err" ||
+  fail "the newest step by number is not named: $(cat "$tmp/sp.err")"
+[ "$(cat "$tmp/sp.out")" = "--resume|$sp|" ] || fail "--resume-args was split: $(cat "$tmp/sp.out")"
 echo "elastic: killed at 4 ranks, resumed at 2 from step $resumed, every later loss and the final bytes as uninterrupted"
