@@ -40,7 +40,8 @@ Optimizer::Optimizer(std::string name, std::vector<ParamGroup> groups, std::map<
 }
 
 void Optimizer::step_scaled(double grad_scale) {
-  WEFT_CHECK(std::isfinite(grad_scale), "{}: step_scaled: the gradients' scale must be finite, got {}", name_, grad_scale);
+  WEFT_CHECK(std::isfinite(grad_scale) && grad_scale >= 0, "{}: step_scaled: the gradients' scale must be finite and "
+             ">= 0 (a negative one steps up the gradient), got {}", name_, grad_scale);
   NoGradGuard no_grad;
   if (grad_scale != 1 && !scales_grads())  // its step() does not read grad_scale_: the gradients scaled first
     for (auto& g : groups_)
@@ -190,7 +191,9 @@ SGD::SGD(std::vector<ParamGroup> groups, SGDOptions o)
 
 void SGD::check_options(const std::map<std::string, double>& o) const {
   Optimizer::check_options(o);
-  WEFT_CHECK(o.at("momentum") >= 0 && o.at("weight_decay") >= 0, "SGD: momentum and weight_decay must be >= 0");
+  WEFT_CHECK(o.at("momentum") >= 0 && o.at("weight_decay") >= 0 && (o.at("nesterov") == 0 || o.at("nesterov") == 1),
+             "SGD: momentum and weight_decay must be >= 0 and nesterov is a flag (0 or 1), got {}, {} and {}",
+             o.at("momentum"), o.at("weight_decay"), o.at("nesterov"));
   WEFT_CHECK(o.at("nesterov") == 0 || (o.at("momentum") > 0 && o.at("dampening") == 0),
              "SGD: nesterov momentum requires a momentum and zero dampening");
 }

@@ -10,14 +10,10 @@ LRScheduler::LRScheduler(Optimizer& opt) : opt_(opt) {
 }
 
 void LRScheduler::apply() {
-  double f = factor(step_);
-  for (size_t g = 0; g < base_lrs_.size(); ++g) opt_.set_option(g, "lr", base_lrs_[g] * f);
+  for (size_t g = 0; g < base_lrs_.size(); ++g) opt_.set_option(g, "lr", base_lrs_[g] * factor(step_));
 }
 
-void LRScheduler::step() {
-  ++step_;
-  apply();
-}
+void LRScheduler::step() { ++step_, apply(); }
 
 void LRScheduler::set_last_step(int64_t step) {
   WEFT_CHECK(step >= 0, "LRScheduler: step must be >= 0, got {}", step);
@@ -47,12 +43,12 @@ CosineAnnealingLR::CosineAnnealingLR(Optimizer& opt, int64_t t, double eta)
   WEFT_CHECK(t > 0 && eta >= 0 && eta < HUGE_VAL, "CosineAnnealingLR: t_max must be > 0 and eta_min a finite number "
              ">= 0, got {} and {}", t, eta);
   WEFT_CHECK(opt.num_groups() == 1 || eta == 0, "CosineAnnealingLR: eta_min needs a single parameter group");
+  WEFT_CHECK(opt.lr() > 0 || eta == 0, "CosineAnnealingLR: eta_min {} with a base lr of 0 (it scales the base)", eta);
   apply();
 }
 double CosineAnnealingLR::factor(int64_t step) const {
   double base = base_lrs_.at(0);
-  double t = double(std::min(step, t_max));
-  double lr = eta_min + (base - eta_min) * (1 + std::cos(M_PI * t / double(t_max))) / 2;
+  double lr = eta_min + (base - eta_min) * (1 + std::cos(M_PI * double(step) / double(t_max))) / 2;  // on past t_max
   return base == 0 ? 0 : lr / base;
 }
 

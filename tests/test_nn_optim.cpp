@@ -230,6 +230,10 @@ TEST_CASE("learning-rate schedules") {
   CHECK(c[1] == Approx(1 + std::cos(M_PI / 4)));
   CHECK(c[2] == Approx(1.0));
   CHECK(c[4] == Approx(0.0).margin(1e-12));
+  cos.step();  // at step 6: past t_max the cosine goes on, as PyTorch's closed form (the lr of step 2)
+  CHECK(opt2.lr() == Approx(1.0));
+  SGD zero({p}, {.lr = 0.0});
+  CHECK_THROWS_WITH(CosineAnnealingLR(zero, 4, 0.1), Catch::Matchers::Contains("eta_min 0.1 with a base lr of 0"));
   SGD opt3({p}, {.lr = 1.0});
   StepLR st(opt3, 2, 0.5);
   for (int i = 0; i < 5; ++i) st.step();
@@ -339,4 +343,7 @@ TEST_CASE("step_scaled(clip_grad_coefficient) is clip_grad_norm_ then step(), bi
   plain.step_scaled(0.5);
   CHECK(plain.seen == std::vector<double>{1.5, 2.0});
   CHECK_THROWS_WITH(plain.step_scaled(NAN), Catch::Matchers::Contains("the gradients' scale must be finite"));
+  CHECK_THROWS_WITH(plain.step_scaled(-1), Catch::Matchers::Contains("a negative one steps up the gradient"));
+  SGD sgd({p}, {.lr = 0.1, .momentum = 0.9});
+  CHECK_THROWS_WITH(sgd.set_option(0, "nesterov", 0.5), Catch::Matchers::Contains("nesterov is a flag (0 or 1), got 0.9, 0 and 0.5"));
 }
