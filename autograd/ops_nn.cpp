@@ -151,7 +151,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntr
 }
 
 Tensor cat(const std::vector<Tensor>& xs, int64_t dim) {
-  WEFT_CHECK(!xs.empty(), "cat: expects at least one tensor");
+  WEFT_CHECK(!xs.empty() && std::all_of(xs.begin(), xs.end(), [](const Tensor& t) { return t.defined(); }),
+             "cat: expects at least one tensor, none undefined ({} given)", xs.size());
   TensorList detached;
   for (const Tensor& t : xs) detached.push_back(t.detach());
   Tensor out = k::cat(detached, dim);

@@ -60,6 +60,7 @@ TEST_CASE("undefined tensors, freed storage and invalid arguments") {
   Tensor undefined;
   CHECK_THROWS_WITH(undefined.shape(), Contains("undefined"));
   CHECK_THROWS_WITH(ones({2}) + undefined, Contains("undefined"));
+  CHECK_THROWS_WITH(cat({undefined, ones({2})}, 0), Contains("cat: expects at least one tensor, none undefined (2 given)"));
   Tensor t = ones({4});
   t.storage()->free();
   CHECK_THROWS_WITH(t + t, Contains("freed"));
