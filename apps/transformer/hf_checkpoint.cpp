@@ -179,7 +179,7 @@ void write_hf_files(const fs::path& tmp, const std::vector<NamedTensors>& shards
 }  // namespace
 
 void export_hf_checkpoint(const LanguageModel& model, const std::string& out, int64_t max_shard_bytes, DType dtype,
-                          const std::string& source) {
+                          const std::string& source, bool source_tokens) {
   WEFT_CHECK(max_shard_bytes > 0, "transformer: the shard size must be positive, got {}", max_shard_bytes);
   WEFT_CHECK(dtype == kFloat32 || dtype == kBFloat16, "transformer: export-hf writes f32 or bf16, not {}",
              dtype_name(dtype));
@@ -209,7 +209,7 @@ void export_hf_checkpoint(const LanguageModel& model, const std::string& out, in
     if (const json m = src.value("max_position_embeddings", json()); c.arch == "llama" && m.is_number_integer())
       cfg["max_position_embeddings"] = std::max(cfg.value("max_position_embeddings", int64_t(0)), m.get<int64_t>());
     for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"})  // for generate without generation_config.json
-      if (src.contains(key) && !cfg.contains(key)) cfg[key] = src[key];
+      if (source_tokens && src.contains(key) && !cfg.contains(key)) cfg[key] = src[key];
   }
   cfg["model_type"] = layout.model_type;
   cfg["architectures"] = {layout.architecture};
@@ -217,7 +217,8 @@ void export_hf_checkpoint(const LanguageModel& model, const std::string& out, in
   write_new_directory(out, "export-hf", [&](const fs::path& tmp) {
     write_hf_files(tmp, shards, total, cfg);
     for (const char* name : kHfSideFiles)  // the tokenizer's and generation's files, as downloaded
-      if (const fs::path f = fs::path(source) / name; !source.empty() && WEFT_FS(fs::exists(f))) WEFT_FS(fs::copy_file(f, tmp / name));
+      if (const fs::path f = fs::path(source) / name; source_tokens && !source.empty() && WEFT_FS(fs::exists(f)))
+        WEFT_FS(fs::copy_file(f, tmp / name));
   });
 }
 

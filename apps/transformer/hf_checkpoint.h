@@ -59,9 +59,10 @@ void load_hf_checkpoint(const std::string& dir, const LanguageModel& model, cons
 // model.safetensors, or shards of at most `max_shard_bytes` each with the index when the
 // weights are larger, in `dtype` (f32 or bf16, config.json's torch_dtype). The files of
 // kHfSideFiles in `source` (the Hugging Face directory the model came from; none: "") are
-// copied beside them. The directory is written next to `out` and renamed into place.
+// copied beside them, with its config's token ids, unless `source_tokens` is false (the model was trained on other
+// tokens: they would decode wrong). The directory is written next to `out` and renamed into place.
 void export_hf_checkpoint(const LanguageModel& model, const std::string& out, int64_t max_shard_bytes,
-                          DType dtype = kFloat32, const std::string& source = "");
+                          DType dtype = kFloat32, const std::string& source = "", bool source_tokens = true);
 // Writes a new directory `out` (an existing one is an error naming `command`): `write` fills a
 // directory beside it (.NAME.tmp-PID; leftovers of dead processes are removed), which is then
 // renamed into place; on any failure it is removed and the error says nothing was written.

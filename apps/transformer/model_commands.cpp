@@ -169,8 +169,9 @@ std::optional<apps::BpeTokenizer> sample_tokenizer(const SampleOptions& o, const
                "vocabulary of {}", path, tok->vocab_size(), o.checkpoint, vocab);
     if (auto recorded = loaded.recorded.find("tokenizer_sha256"); recorded != loaded.recorded.end()) {
       const std::string digest = apps::tokenizer_digest(path);
-      WEFT_CHECK(recorded->second == digest, "transformer: --tokenizer {} is not the tokenizer {} was trained with "
-                 "(sha256 {}, the checkpoint records {})", path, o.checkpoint, digest, recorded->second);
+      WEFT_CHECK(recorded->second == digest, "transformer: {} {} is not the tokenizer {} was trained with (sha256 {}, the "
+                 "checkpoint records {}): give the dataset's tokenizer.json with --tokenizer", o.tokenizer.empty() ?
+                 "the model's tokenizer" : "--tokenizer", path, o.checkpoint, digest, recorded->second);
     }
   }
   WEFT_CHECK(o.ids || tok || vocab == 256, "transformer: {} has a vocabulary of {} tokens, not 256 bytes: "
@@ -317,7 +318,18 @@ int export_hf(const ExportOptions& o) {
                  "are not copied\n", source.c_str());
     source.clear();
   }
-  apps::export_hf_checkpoint(lm, o.out, shard, o.dtype == "bf16" ? kBFloat16 : kFloat32, source);
+  // A run's checkpoint takes the source's tokenizer (and the token ids of its files) only if it trained on its tokens.
+  bool tokens = true;
+  if (!source.empty() && loaded.recorded.count("train_sha256") && WEFT_FS(std::filesystem::exists(source + "/tokenizer.json"))) {
+    const auto trained = loaded.recorded.find("tokenizer_sha256");
+    const std::string have = apps::tokenizer_digest(source);
+    if ((tokens = trained != loaded.recorded.end() && trained->second == have) == false)
+      std::fprintf(stderr, "weft-transformer: %s was trained on %s, not on the tokens of %s/tokenizer.json (sha256 %s): "
+                   "its tokenizer and generation files and token ids are not exported; put the dataset's "
+                   "tokenizer.json beside the model\n", o.from.c_str(), trained == loaded.recorded.end() ? "bytes" :
+                   ("tokens of tokenizer sha256 " + trained->second).c_str(), source.c_str(), have.c_str());
+  }
+  apps::export_hf_checkpoint(lm, o.out, shard, o.dtype == "bf16" ? kBFloat16 : kFloat32, source, tokens);
   std::fprintf(stderr, "weft-transformer: wrote %s (Hugging Face model_type %s, %lld parameters, %s)\n", o.out.c_str(),
                (lm.cfg.family.empty() ? lm.cfg.arch : lm.cfg.family).c_str(),
                (long long)apps::count_parameters(*lm.module), o.dtype.c_str());

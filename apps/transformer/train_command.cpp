@@ -488,6 +488,17 @@ void build_model(TrainOptions& o, const Ranks& ranks, Run& run) {
   }
 }
 
+// Fine-tuning a downloaded model on another tokenizer's ids (or on bytes) teaches it a code it does not know: said,
+// not refused (another copy of the same tokenizer may differ in its bytes).
+void warn_other_tokens(const TrainOptions& o, const Run& run) {
+  if (o.init_from.empty() || !WEFT_FS(std::filesystem::exists(o.init_from + "/tokenizer.json"))) return;
+  const std::string model = apps::tokenizer_digest(o.init_from), data = run.data.tokenizer_sha256;
+  if (model != data)
+    std::fprintf(stderr, "weft-transformer: warning: %s holds %s, not the tokens of %s/tokenizer.json (sha256 %s): the "
+                 "model is trained on ids it was not made for\n", o.data.c_str(), data.empty() ? "bytes" :
+                 ("tokens of tokenizer sha256 " + data).c_str(), o.init_from.c_str(), model.c_str());
+}
+
 // Everything before sharding, rank-local: run inside dist::agree, so that a failure on any rank
 // (bad flags, missing files, a checkpoint that does not fit) stops every rank.
 void prepare_run(TrainOptions& o, const Ranks& ranks, Run& run) {
@@ -498,6 +509,7 @@ void prepare_run(TrainOptions& o, const Ranks& ranks, Run& run) {
   o.model.tie_weights = !o.untie;
   validate(o, ranks, run);
   load_data(o, run, ranks.fsdp);
+  if (ranks.lead()) warn_other_tokens(o, run);
   if (!o.resume.empty()) find_resume(o, run, ranks.lead());
   std::vector<apps::PathFlag> inputs = {{"--resume", run.resume_from}, {"--init-from", o.init_from}};
   for (const std::string& file : run.data.files) inputs.push_back({"--data", file});

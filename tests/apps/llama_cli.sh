@@ -81,6 +81,18 @@ l3b=("${l3[@]:2}") && l3b[${#l3b[@]}-3]="$tmp/ck3b"  # its --checkpoint-dir
   fail "resumed without --init-from: step-4 loss $(loss_at "$tmp/l3b.jsonl" 4), with it $(loss_at "$tmp/l3.jsonl" 4)"
 grep -q "\"hf_source\": *\"$(readlink -f "$data/llama3")\"" "$tmp/ck3b/step_00000004/index.json" ||
   fail "the checkpoint of a run resumed without --init-from lost its hf_source"
+# A model that ships a tokenizer, fine-tuned on bytes: said at the start, and its export leaves out the tokenizer,
+# generation files and token ids it was not trained on (they would decode its output wrong).
+cp -r "$data/llama3" "$tmp/l3tok" && cp "$data/../tokenizers/llama3/tokenizer.json" "$tmp/l3tok/"
+"$exe" train --init-from "$tmp/l3tok" --ctx 80 --batch-size 4 --steps 1 --threads 1 --eval-every 0 --eval-iters 2 \
+  --checkpoint-dir "$tmp/cktok" >/dev/null 2>"$tmp/tok.err" ||
+  fail "--init-from a model with a tokenizer: $(cat "$tmp/tok.err")"
+grep -q "warning: .* holds bytes, not the tokens of $tmp/l3tok/tokenizer.json" "$tmp/tok.err" ||
+  fail "training a model with a tokenizer on bytes is not said: $(cat "$tmp/tok.err")"
+"$exe" export-hf --from "$tmp/cktok" --out "$tmp/tokhf" >/dev/null 2>"$tmp/tok.err" || fail "export-hf: $(cat "$tmp/tok.err")"
+grep -q "was trained on bytes, not on the tokens of $tmp/l3tok/tokenizer.json" "$tmp/tok.err" &&
+  [ ! -e "$tmp/tokhf/tokenizer.json" ] && [ ! -e "$tmp/tokhf/generation_config.json" ] &&
+  ! grep -q eos_token_id "$tmp/tokhf/config.json" || fail "export-hf shipped the source's tokenizer: $(cat "$tmp/tok.err"; ls "$tmp/tokhf")"
 # generation_config.json's eos ids stop sampling (any of them; --eos none: never), from the
 # directory and from a checkpoint of a run that started from it.
 all=$("$exe" sample --from "$data/llama3" --prompt "The " --greedy --tokens 20 --ids 2>/dev/null)
