@@ -287,6 +287,20 @@ TEST_CASE("Hugging Face rope scaling: llama3, linear and dynamic as transformers
       fs::remove_all(dir);
     }
   }
+  // Both keys in one file: the same scaling (and theta) reads; scalings or thetas that differ are refused.
+  auto both = [&](const nlohmann::json& scaling, const nlohmann::json& parameters) {
+    const std::string dir = llama_with_config("both", [&](nlohmann::json& j) {
+      j["rope_scaling"] = scaling, j["rope_parameters"] = parameters;
+    }, "llama3");
+    struct Remove { std::string d; ~Remove() { fs::remove_all(d); } } remove{dir};
+    return apps::read_hf_config(dir);
+  };
+  const nlohmann::json linear4 = {{"rope_type", "linear"}, {"factor", 4.0}};
+  CHECK(both(linear4, {{"rope_type", "linear"}, {"factor", 4.0}, {"rope_theta", 1e4}}).rope_scaling.factor == 4.0);
+  CHECK_THROWS_WITH(both(linear4, {{"rope_type", "linear"}, {"factor", 2.0}}),
+                    Contains("rope_parameters\" differs from rope_scaling in the same file"));
+  CHECK_THROWS_WITH(both({{"rope_type", "default"}, {"rope_theta", 1e4}}, {{"rope_type", "default"}, {"rope_theta", 5e5}}),
+                    Contains("differs from rope_scaling"));
   // Dynamic scaling changes every frequency with the sequence's length past max_position_embeddings.
   const std::string dir = llama_with_config("dynamic", [](nlohmann::json& j) {
     j.erase("rope_parameters");

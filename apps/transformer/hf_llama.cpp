@@ -1,6 +1,7 @@
 // llama: LlamaForCausalLM (nn/llama.h), its rope scaling (kernels/rope.h); Mistral's and Qwen's build on it.
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "apps/transformer/hf_checkpoint.h"
@@ -79,14 +80,20 @@ ModelConfig read_llama_config(const ConfigReader& r) {
   c.norm_eps = r.number("rms_norm_eps", 1e-6);
   c.rope_theta = r.number("rope_theta", 10000.0);
   r.require("partial_rotary_factor", r.number("partial_rotary_factor", 1.0), 1.0, "every channel rotated");
-  // Newer files put theta and the scaling in "rope_parameters".
+  // Newer files put theta and the scaling in "rope_parameters"; a file with both must not have them disagree (which
+  // one transformers takes depends on its version).
+  std::optional<std::pair<kernels::RopeScaling, std::optional<double>>> first;
   for (const char* key : {"rope_scaling", "rope_parameters"}) {
     const json* p = r.find(key);
     if (!p) continue;
     if (!p->is_object()) r.fail(key, fmt::format("must be an object or null, got {}", p->dump()));
     ConfigReader rp{*p, fmt::format("{} {}", r.where, key)};
-    c.rope_theta = rp.number("rope_theta", c.rope_theta);
+    const auto theta = p->contains("rope_theta") ? std::optional(rp.number("rope_theta", 0.0)) : std::nullopt;
+    c.rope_theta = theta.value_or(c.rope_theta);
     c.rope_scaling = rope_scaling_of(rp, c.ctx);
+    if (first && (!(first->first == c.rope_scaling) || (first->second && theta && *first->second != *theta)))
+      r.fail(key, "differs from rope_scaling in the same file: keep the one the model was trained with");
+    first.emplace(c.rope_scaling, theta);
   }
   // As transformers: a top-level original_max_position_embeddings wins over llama3's own.
   if (c.rope_scaling.kind == kernels::RopeScaling::Kind::llama3)
