@@ -33,6 +33,7 @@ struct HfGenerationConfig {
   bool do_sample = false;
   double temperature = 1.0, top_p = 1.0;
   int64_t top_k = 50;
+  std::vector<std::string> ignored;  // fields set away from their neutral value that weft does not apply, with it
 };
 // Reads `dir`/generation_config.json (found false when there is none); an error naming the file
 // and the field for a value of the wrong kind (eos ids that are not non-negative integers, a

@@ -251,6 +251,10 @@ int sample(const SampleOptions& o, const Ranks& ranks) {
   WEFT_CHECK(o.logits_out.empty() || int64_t(ids.size()) <= cfg.ctx, "transformer: --logits-out writes a row per prompt "
              "token, and the prompt's {} tokens are past {}'s context of {}: shorten it", ids.size(), o.checkpoint, cfg.ctx);
   const apps::HfGenerationConfig gen = source.empty() ? apps::HfGenerationConfig{} : apps::read_hf_generation_config(source);
+  if (!gen.ignored.empty() && ranks.lead())
+    std::fprintf(stderr, "weft-transformer: warning: %s/generation_config.json sets %s, which weft does not apply (it "
+                 "samples with temperature, top_k and top_p): the tokens may differ from transformers' generate\n",
+                 source.c_str(), fmt::format("{}", fmt::join(gen.ignored, ", ")).c_str());
   nn::GenerateOptions g{.max_new_tokens = o.tokens,
                         .sampling = sampling_of(o, gen, source),
                         .seed = o.seed,

@@ -120,6 +120,12 @@ grep -q "sampling temperature 0.7, top_k 5, top_p 0.9, as $tmp/l3eos/generation_
   fail "--temperature 0 did not override generation_config.json's do_sample"
 [ "$("$exe" sample --from "$data/llama3" --prompt "The " --tokens 20 --seed 9 --ids 2>/dev/null)" = "$all" ] ||
   fail "a generation_config.json without do_sample does not sample greedily"
+# Fields that change generation and that weft does not apply are named (their neutral values are not).
+echo '{"repetition_penalty": 1.3, "no_repeat_ngram_size": 0, "num_beams": 1, "min_new_tokens": 4}' \
+  >"$tmp/l3eos/generation_config.json"
+"$exe" sample --from "$tmp/l3eos" --prompt "The " --tokens 2 --ids >/dev/null 2>"$tmp/gen.err" || fail "$(cat "$tmp/gen.err")"
+grep -q "generation_config.json sets repetition_penalty 1.3, min_new_tokens 4, which weft does not apply" "$tmp/gen.err" ||
+  fail "ignored generation fields not named: $(cat "$tmp/gen.err")"
 echo '{"do_sample": true, "top_p": 1.5}' >"$tmp/l3eos/generation_config.json"
 expect_error '"top_p" is 1.5, which weft cannot sample with' sample --from "$tmp/l3eos" --prompt "The " --tokens 2
 # The same model with another rope scaling is not the checkpoint's model.
