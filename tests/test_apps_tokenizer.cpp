@@ -232,6 +232,21 @@ TEST_CASE("tokenizer: with ignore_merges a pre-token in the vocabulary is one to
   CHECK(without.encode(" zqxj zqxj") == std::vector<int32_t>{222, 91, 82, 89, 75, 222, 91, 82, 89, 75});
 }
 
+// An added token is matched in the text, never a symbol of a word the model builds: `tokenizers` gives these ids for
+// Mistral's tokenizer with "鿃" added (normalized, so "▁鿃" after Prepend: only after a space or at the start), the
+// character's bytes through byte fallback elsewhere.
+TEST_CASE("tokenizer: an added token is not one of the model's symbols inside a word") {
+  json j = read_json(kData + "/mistral/tokenizer.json");
+  j["added_tokens"].push_back({{"id", 32000}, {"content", "\xe9\xbf\x83"}, {"single_word", false}, {"lstrip", false},
+                               {"rstrip", false}, {"normalized", true}, {"special", false}});
+  const apps::BpeTokenizer tok(write_tokenizer(j, "added_char.json"));
+  CHECK(show(tok.encode("x\xe9\xbf\x83y", true)) == "1,1318,236,194,134,28724");
+  CHECK(show(tok.encode("\xe9\xbf\x83\xe9\xbf\x83", true)) == "1,32000,236,194,134");
+  CHECK(show(tok.encode("(\xe9\xbf\x83)", true)) == "1,325,236,194,134,28731");
+  CHECK(show(tok.encode(" \xe9\xbf\x83 a", true)) == "1,28705,32000,264");
+  CHECK(tok.id_of("\xe9\xbf\x83") == 32000);
+}
+
 TEST_CASE("tokenizer: GPT-2's tokenizer.json encodes and decodes as the tokenizers library does, id for id") {
   const apps::BpeTokenizer tok(WEFT_TEST_DATA "/gpt2/tokenizer.json");
   const json want = read_json(WEFT_TEST_DATA "/gpt2/expected.json");

@@ -53,7 +53,9 @@ struct BpeTokenizer::Impl {
   std::vector<std::string> tokens;  // by id: the vocabulary form, or an added token's content
   std::vector<char> is_special;     // by id
   std::unordered_map<int32_t, std::string> decoded_as;  // a normalized added token's normalized form
-  std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> vocab;
+  // The model's tokens (what BPE builds words from) and the added ones (matched in the text before it: never a
+  // symbol inside a word, as `tokenizers` keeps them apart).
+  std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> vocab, added_vocab;
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges;  // (a, b) -> (rank, merged id)
   bool ignore_merges = false, byte_fallback = false, fuse_unk = false;
   std::string unk_token;                 // "" when none
@@ -229,7 +231,7 @@ void BpeTokenizer::Impl::read_added_tokens(const TokenizerField& root) {
     if (!tokens[i].empty() && tokens[i] != tok.content) a.fail(fmt::format("id {} is \"{}\" in the vocabulary", i, tokens[i]));
     tokens[i] = tok.content;
     is_special[i] = tok.special;
-    vocab[tok.content] = tok.id;
+    added_vocab[tok.content] = tok.id;
     // `tokenizers` reads "normalized" as true for a token that is not special when it is absent.
     const bool normalized = a.flag("normalized", !tok.special);
     if (normalized) tok.content = normalizer(tok.content);  // matched and decoded in normalized form
@@ -349,7 +351,8 @@ BpeTokenizer& BpeTokenizer::operator=(BpeTokenizer&&) noexcept = default;
 
 int64_t BpeTokenizer::vocab_size() const { return int64_t(impl_->tokens.size()); }
 
-int32_t BpeTokenizer::id_of(std::string_view token) const {
+int32_t BpeTokenizer::id_of(std::string_view token) const {  // an added token first, as `tokenizers`' token_to_id
+  if (auto it = impl_->added_vocab.find(token); it != impl_->added_vocab.end()) return it->second;
   auto it = impl_->vocab.find(token);
   return it == impl_->vocab.end() ? -1 : it->second;
 }
