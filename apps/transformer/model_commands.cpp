@@ -251,6 +251,10 @@ int sample(const SampleOptions& o, const Ranks& ranks) {
   WEFT_CHECK(o.logits_out.empty() || int64_t(ids.size()) <= cfg.ctx, "transformer: --logits-out writes a row per prompt "
              "token, and the prompt's {} tokens are past {}'s context of {}: shorten it", ids.size(), o.checkpoint, cfg.ctx);
   const apps::HfGenerationConfig gen = source.empty() ? apps::HfGenerationConfig{} : apps::read_hf_generation_config(source);
+  if (cfg.sliding_window > 0 && int64_t(ids.size()) + o.tokens > cfg.ctx && ranks.lead())
+    std::fprintf(stderr, "weft-transformer: warning: %zu prompt and %lld new tokens pass the sliding_window of %lld: "
+                 "weft starts again from the last half of the window there, where transformers slides it, so the "
+                 "tokens differ from that point\n", ids.size(), (long long)o.tokens, (long long)cfg.sliding_window);
   if (!gen.ignored.empty() && ranks.lead())
     std::fprintf(stderr, "weft-transformer: warning: %s/generation_config.json sets %s, which weft does not apply (it "
                  "samples with temperature, top_k and top_p): the tokens may differ from transformers' generate\n",

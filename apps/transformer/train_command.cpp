@@ -253,8 +253,8 @@ void take_init_config(TrainOptions& o) {
   WEFT_CHECK(apps::is_hf_dir(o.init_from), "transformer: --init-from {} is not a Hugging Face model directory "
              "(no config.json there)", o.init_from);
   apps::ModelConfig hf = apps::read_hf_config(o.init_from);
-  WEFT_CHECK(o.model.ctx <= hf.ctx, "transformer: --ctx {} is longer than {}'s context {}", o.model.ctx, o.init_from,
-             hf.ctx);
+  WEFT_CHECK(o.model.ctx <= hf.ctx, "transformer: --ctx {} is longer than {}'s context {}{}", o.model.ctx, o.init_from,
+             hf.ctx, hf.sliding_window == hf.ctx ? " (its sliding_window: weft attends to the whole context)" : "");
   if (hf.arch == "llama") hf.ctx = o.model.ctx;  // no position table: any shorter context works
   WEFT_CHECK(hf.arch == "llama" || o.model.ctx == hf.ctx, "transformer: --ctx {} differs from {}'s n_positions "
              "{} (GPT-2's position table is that long: pass --ctx {})", o.model.ctx, o.init_from, hf.ctx, hf.ctx);

@@ -120,6 +120,7 @@ mkdir -p "$tmp/ck_bigstep/step_99999999999999999999"
 echo '{}' > "$tmp/ck_bigstep/step_99999999999999999999/index.json"
 
 cp -r "$(dirname "${BASH_SOURCE[0]}")/../data/hf/gpt2" "$tmp/hf_copy"  # a model directory, as downloaded
+ln -s "$(cd "$(dirname "${BASH_SOURCE[0]}")/../data/hf/mistral" && pwd)" "$tmp/hf_mistral"  # sliding_window 48
 printf '\n\x05<unk>\x15\x00\x00\x00\x00' >"$tmp/tokenizer.model"  # a SentencePiece model's first bytes (protobuf)
 # A Hugging Face directory whose config.json is a directory.
 cp -r "$(dirname "${BASH_SOURCE[0]}")/../data/hf/gpt2" "$tmp/hf_cfgdir" && rm "$tmp/hf_cfgdir/config.json" &&

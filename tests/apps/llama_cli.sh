@@ -126,6 +126,11 @@ echo '{"repetition_penalty": 1.3, "no_repeat_ngram_size": 0, "num_beams": 1, "mi
 "$exe" sample --from "$tmp/l3eos" --prompt "The " --tokens 2 --ids >/dev/null 2>"$tmp/gen.err" || fail "$(cat "$tmp/gen.err")"
 grep -q "generation_config.json sets repetition_penalty 1.3, min_new_tokens 4, which weft does not apply" "$tmp/gen.err" ||
   fail "ignored generation fields not named: $(cat "$tmp/gen.err")"
+# Mistral (sliding_window 48): generating past the window is said (weft starts again where transformers slides).
+"$exe" sample --from "$data/mistral" --prompt "ab" --tokens 60 --ids >/dev/null 2>"$tmp/gen.err" || fail "$(cat "$tmp/gen.err")"
+grep -q "2 prompt and 60 new tokens pass the sliding_window of 48" "$tmp/gen.err" || fail "past the window: $(cat "$tmp/gen.err")"
+"$exe" sample --from "$data/mistral" --prompt "ab" --tokens 8 --ids >/dev/null 2>"$tmp/gen.err" || fail "$(cat "$tmp/gen.err")"
+if grep -q "sliding_window" "$tmp/gen.err"; then fail "within the window: $(cat "$tmp/gen.err")"; fi
 echo '{"do_sample": true, "top_p": 1.5}' >"$tmp/l3eos/generation_config.json"
 expect_error '"top_p" is 1.5, which weft cannot sample with' sample --from "$tmp/l3eos" --prompt "The " --tokens 2
 # The same model with another rope scaling is not the checkpoint's model.
