@@ -653,6 +653,17 @@ TEST_CASE("peft adapters weft cannot reproduce are errors naming the field") {
   CHECK_THROWS_WITH(apps::read_peft_adapter(dir), Contains("\"use_bdlora\" is true: a peft setting"));
   write("some_future_setting", 3);
   CHECK_THROWS_WITH(apps::read_peft_adapter(dir), Contains("\"some_future_setting\" is 3: a peft setting"));
+  // A base layer peft saved beside the adapters (save_embedding_layers) is named as such.
+  write("base_model_name_or_path", kData + "/llama");
+  auto weights = load_safetensors(WEFT_TEST_DATA "/peft/llama/adapter_model.safetensors");
+  weights.tensors.emplace_back("base_model.model.lm_head.base_layer.weight", zeros({256, 4}));
+  save_safetensors(dir + "/adapter_model.safetensors", weights.tensors);
+  const apps::PeftAdapter saved = apps::read_peft_adapter(dir);
+  apps::LanguageModel lm = apps::make_model_to_load(apps::read_hf_config(saved.base));
+  apps::add_lora(lm, saved.lora, true);
+  nn::materialize(*lm.module);
+  CHECK_THROWS_WITH(apps::load_peft_weights(saved, lm, nullptr), Contains("lm_head.base_layer.weight\", which the "
+                    "adapters") && Contains("peft saves a base layer beside its adapters with save_embedding_layers"));
   fs::remove_all(dir);
 }
 

@@ -100,7 +100,10 @@ void load_peft_weights(const PeftAdapter& adapter, const LanguageModel& model, c
   for (auto& [name, src] : names) expected.insert(src.name);
   for (const SafetensorsEntry& stored : read_safetensors_index(file))
     WEFT_CHECK(expected.count(stored.name), "transformer: {} holds \"{}\", which the adapters {} describes do not "
-               "have", file, stored.name, (fs::path(adapter.dir) / kConfig).string());
+               "have{}", file, stored.name, (fs::path(adapter.dir) / kConfig).string(), stored.name.ends_with(
+               "base_layer.weight") ? " (peft saves a base layer beside its adapters with save_embedding_layers, as "
+               "for an adapted lm_head or embedding: weft reads adapters only; save with save_embedding_layers=False)"
+               : "");
   fsdp::load_external_checkpoint(*model.module, root, names, [](const std::string& n) { return !nn::is_lora_parameter(n); });
 }
 
