@@ -145,6 +145,8 @@ TEST_CASE("bad JSONL records are named by file and line", "[apps][examples]") {
   const std::string ok = R"({"text": "fine"})" "\n";
   fails(ok + "[1, 2]\n", "must be a JSON object, got array");
   fails(ok + "{\"text\": \n", "not JSON");
+  fails(ok + R"({"text": "\ud800"})" "\n", "not JSON: [json.exception.parse_error.101] parse error at line 1, column 17: "
+                                          "syntax error while parsing value - invalid string: surrogate");
   fails(ok + R"({"id": 3})" "\n", "none of them");
   fails(ok + R"({"text": "a", "messages": []})" "\n", "several");
   fails(ok + R"({"prompt": "a"})" "\n", "needs \"completion\" too");
