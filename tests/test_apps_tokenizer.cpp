@@ -247,6 +247,22 @@ TEST_CASE("tokenizer: an added token is not one of the model's symbols inside a 
   CHECK(tok.id_of("\xe9\xbf\x83") == 32000);
 }
 
+// Added tokens are found before their lstrip/rstrip take whitespace: one inside the whitespace another took is still
+// a token (`tokenizers`' ids for GPT-2's fixture with "<tool>" (special, lstrip, rstrip) and "\n\n" (rstrip) added).
+TEST_CASE("tokenizer: an added token inside the whitespace another one strips is kept") {
+  json j = read_json(kData + "/gpt2/tokenizer.json");
+  j["added_tokens"].push_back({{"id", 2000}, {"content", "<tool>"}, {"single_word", false}, {"lstrip", true},
+                               {"rstrip", true}, {"normalized", false}, {"special", true}});
+  j["added_tokens"].push_back({{"id", 2001}, {"content", "\n\n"}, {"single_word", false}, {"lstrip", false},
+                               {"rstrip", true}, {"normalized", false}, {"special", false}});
+  const apps::BpeTokenizer tok(write_tokenizer(j, "stripped.json"));
+  CHECK(show(tok.encode("x  <tool>\n\ny", true)) == "89,2000,2001,90");
+  CHECK(show(tok.encode("para\n\n\n\nnext", true)) == "81,285,66,2001,2001,563,1040");
+  CHECK(show(tok.encode("a <tool> <tool>  b", true)) == "66,2000,2000,67");
+  CHECK(show(tok.encode("a\n\n <tool>c", true)) == "66,2001,2000,68");
+  CHECK(show(tok.encode("q\n\n\n", true)) == "82,2001");
+}
+
 TEST_CASE("tokenizer: GPT-2's tokenizer.json encodes and decodes as the tokenizers library does, id for id") {
   const apps::BpeTokenizer tok(WEFT_TEST_DATA "/gpt2/tokenizer.json");
   const json want = read_json(WEFT_TEST_DATA "/gpt2/expected.json");

@@ -549,7 +549,7 @@ void BpeTokenizer::Impl::split_added(std::string_view text, const std::vector<Ad
     }
     if (begin > start) part(text.substr(start, begin - start), start == 0);
     out.push_back(hit->id);
-    i = start = end;
+    i += hit->content.size(), start = std::max(start, end);  // matches are found before stripping, as `tokenizers`
   }
   if (start < text.size()) part(text.substr(start), start == 0);
 }
