@@ -11,19 +11,28 @@
 
 namespace weft::nn {
 
-int64_t sample_token(const Tensor& logits, const SamplingOptions& o, Generator& gen) {
+int64_t sample_token(const Tensor& logits, const SamplingOptions& o, Generator& gen, const std::vector<int64_t>& sequence) {
   WEFT_CHECK(logits.defined() && logits.dim() == 1 && logits.numel() >= 1, "sample_token: expected logits [vocab], "
              "got {}", logits.defined() ? tensor_desc(logits) : "undefined");
   WEFT_CHECK(o.temperature >= 0 && std::isfinite(o.temperature), "sample_token: temperature must be >= 0, got {}",
              o.temperature);
   WEFT_CHECK(o.top_k >= 0, "sample_token: top_k must be >= 0, got {}", o.top_k);
   WEFT_CHECK(o.top_p > 0 && o.top_p <= 1, "sample_token: top_p must be in (0, 1], got {}", o.top_p);
+  WEFT_CHECK(o.repetition_penalty > 0 && std::isfinite(o.repetition_penalty), "sample_token: repetition_penalty must "
+             "be a finite number > 0, got {}", o.repetition_penalty);
   Tensor l = logits.to(kCPU).to(kFloat64).contiguous();
-  const double* p = l.data<double>();
+  double* p = l.data<double>();
   const int64_t v = l.numel();
   for (int64_t i = 0; i < v; ++i)
     WEFT_CHECK(std::isfinite(p[i]), "sample_token: the logit of token {} is {}: the model's output is not finite, so "
                "there is nothing to sample", i, p[i]);
+  if (o.repetition_penalty != 1) {
+    std::vector<int64_t> seen(sequence);
+    std::sort(seen.begin(), seen.end());
+    seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
+    for (int64_t t : seen)
+      if (t >= 0 && t < v) p[t] = p[t] < 0 ? p[t] * o.repetition_penalty : p[t] / o.repetition_penalty;
+  }
   const int64_t best = int64_t(std::max_element(p, p + v) - p);
   if (o.temperature == 0) return best;
   // Tokens by falling logit (ties by id); the top-k cut, then the top-p cut, of that order.
@@ -84,7 +93,7 @@ std::vector<int64_t> generate(Module& model, const std::vector<int64_t>& prompt,
     st.prefills = 1;
     t0 = Clock::now();
     for (int64_t n = 0; n < o.max_new_tokens; ++n) {
-      int64_t next = sample_token(last, o.sampling, gen);
+      int64_t next = sample_token(last, o.sampling, gen, ids);
       if (o.agree) next = o.agree(next);
       ids.push_back(next);
       out.push_back(next);

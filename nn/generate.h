@@ -11,8 +11,11 @@
 
 namespace weft::nn {
 
-// Applied in this order, as Hugging Face's generate does: temperature, then top-k, then top-p.
+// Applied in this order, as Hugging Face's generate does: the repetition penalty, temperature, then top-k, then top-p.
 struct SamplingOptions {
+  // > 0; 1: off. As transformers' RepetitionPenaltyLogitsProcessor: the logit of a token already in the sequence
+  // (prompt and generated, each once) is divided by it when positive, multiplied when negative (greedy too).
+  double repetition_penalty = 1.0;
   double temperature = 1.0;  // 0: greedy (the most likely token; the first of equal ones)
   int64_t top_k = 0;         // draw among the k most likely tokens only (0: all)
   double top_p = 1.0;        // then among the fewest most likely whose probability reaches p (1: all)
@@ -20,7 +23,8 @@ struct SamplingOptions {
 
 // A token drawn from logits [vocab] (any float dtype and device) with one uniform draw of `gen`.
 // Throws naming the token when a logit is not finite.
-int64_t sample_token(const Tensor& logits, const SamplingOptions& opts, Generator& gen);
+int64_t sample_token(const Tensor& logits, const SamplingOptions& opts, Generator& gen,
+                     const std::vector<int64_t>& sequence = {});  // what the repetition penalty applies to
 
 struct GenerateOptions {
   int64_t max_new_tokens = 200;

@@ -182,6 +182,20 @@ TEST_CASE("key/value cache errors name what is wrong") {
   CHECK_THROWS_WITH(nn::generate(not_lm, {1}, {}), Contains("not a CausalLM"));
 }
 
+// transformers' RepetitionPenaltyLogitsProcessor: each token of the sequence once, a positive logit divided by the
+// penalty, a negative one multiplied; before temperature, and for greedy too.
+TEST_CASE("sample_token: the repetition penalty of the tokens already in the sequence") {
+  using weft::test::vec;
+  Generator gen(1);
+  const Tensor l = vec({3.0, 2.0, -1.0, -0.4, 1.0});
+  CHECK(nn::sample_token(l, {.temperature = 0}, gen, {0, 0, 3}) == 0);  // penalty 1: off
+  CHECK(nn::sample_token(l, {.repetition_penalty = 2, .temperature = 0}, gen, {0, 0, 3}) == 1);  // 3 / 2 < 2
+  CHECK(nn::sample_token(l, {.repetition_penalty = 1.4, .temperature = 0}, gen, {0}) == 0);  // 3 / 1.4 > 2
+  // A negative logit is multiplied: -0.4 * 3 = -1.2 falls below -1 (divided, -0.13, it would have stayed ahead).
+  CHECK(nn::sample_token(vec({-1.0, -0.4}), {.repetition_penalty = 3, .temperature = 0}, gen, {1}) == 0);
+  CHECK_THROWS_WITH(nn::sample_token(l, {.repetition_penalty = 0}, gen), Contains("repetition_penalty must be"));
+}
+
 TEST_CASE("sample_token: greedy, temperature, top-k and top-p draw from what they name") {
   using weft::test::vec;
   Generator gen(1);

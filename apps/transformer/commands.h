@@ -63,12 +63,12 @@ struct TrainOptions {
 struct SampleOptions {
   std::string checkpoint, prompt = "\n";
   int64_t tokens = 200, top_k = 0;
-  double temperature = 1.0, top_p = 1.0;
+  double temperature = 1.0, top_p = 1.0, repetition_penalty = 1.0;
   uint64_t seed = 0;
   int threads = 0;
   std::string device = "cpu";
   bool greedy = false;     // --temperature 0
-  bool temperature_set = false, top_k_set = false, top_p_set = false;  // given as flags
+  bool temperature_set = false, top_k_set = false, top_p_set = false, repetition_penalty_set = false;  // as flags
   bool ids = false;         // print the generated token ids, comma-separated, on one line
   bool no_cache = false;    // run the whole window again for every token
   bool fsdp = false;        // shard the model over mpirun's ranks; rank 0 prints

@@ -76,9 +76,10 @@ HfGenerationConfig read_hf_generation_config(const std::string& dir) {
   field("temperature", g.temperature, [](double x) { return x >= 0 && std::isfinite(x); });
   field("top_k", g.top_k, [](double x) { return x >= 0 && x == std::floor(x) && x < 1e9; });
   field("top_p", g.top_p, [](double x) { return x > 0 && x <= 1; });
+  field("repetition_penalty", g.repetition_penalty, [](double x) { return x > 0 && std::isfinite(x); });
   // What else changes generation (transformers' logits processors, beams): named when set away from neutral.
   for (const auto& [key, neutral] : std::initializer_list<std::pair<const char*, json>>{
-           {"repetition_penalty", 1.0}, {"no_repeat_ngram_size", 0}, {"min_new_tokens", 0}, {"min_length", 0},
+           {"no_repeat_ngram_size", 0}, {"min_new_tokens", 0}, {"min_length", 0},
            {"num_beams", 1}, {"typical_p", 1.0}, {"epsilon_cutoff", 0.0}, {"eta_cutoff", 0.0}, {"min_p", 0.0},
            {"encoder_repetition_penalty", 1.0}, {"bad_words_ids", nullptr}, {"suppress_tokens", nullptr},
            {"begin_suppress_tokens", nullptr}, {"forced_bos_token_id", nullptr}, {"forced_eos_token_id", nullptr},

@@ -31,7 +31,7 @@ struct HfGenerationConfig {
   bool found = false;  // the file exists
   std::vector<int64_t> eos;
   bool do_sample = false;
-  double temperature = 1.0, top_p = 1.0;
+  double temperature = 1.0, top_p = 1.0, repetition_penalty = 1.0;
   int64_t top_k = 50;
   std::vector<std::string> ignored;  // fields set away from their neutral value that weft does not apply, with it
 };

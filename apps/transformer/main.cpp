@@ -212,6 +212,9 @@ CLI::App* add_sample_flags(CLI::App& app, SampleOptions& s) {
       ->check(apps::cli::integer(0, 1 << 20))->capture_default_str();
   sa->add_option("--top-p", s.top_p, "then from the fewest most likely tokens whose probability reaches P (1: all)")
       ->check(apps::cli::number_from(1e-9, 1))->capture_default_str();
+  sa->add_option("--repetition-penalty", s.repetition_penalty, "divide a positive logit (multiply a negative one) of "
+                 "each token already in the sequence by P, as transformers (1: off)")
+      ->check(apps::cli::number_from(1e-9, 1e9))->capture_default_str();
   sa->add_option("--eos", s.eos, "stop after generating this token: an id, a token of --tokenizer, or none (default: "
                  "the eos ids of the model's Hugging Face generation_config.json, if any)")
       ->check([](const std::string& v) { return v.empty() ? std::string("empty: give an id, a token or none") : ""; });
@@ -315,6 +318,7 @@ int main(int argc, char** argv) {
   if (s.greedy) s.temperature = 0;
   s.temperature_set = s.greedy || sa->get_option("--temperature")->count() > 0;
   s.top_k_set = sa->get_option("--top-k")->count() > 0, s.top_p_set = sa->get_option("--top-p")->count() > 0;
+  s.repetition_penalty_set = sa->get_option("--repetition-penalty")->count() > 0;
   t.checkpointing = t.ac_full ? nn::Checkpointing::full : nn::parse_checkpointing(t.ac, "--ac");
   if (t.model.arch == "llama") t.untie = t.untie || !t.tie;  // Llama's head is untied by default
   else if (t.tie || tr->get_option("--rope-theta")->count() > 0) {  // flags GPT-2 would ignore
@@ -333,7 +337,8 @@ int main(int argc, char** argv) {
                                              {"--no-cache", s.no_cache ? "1" : "0"},
                                              {"--logits-out", s.logits_out.empty() ? "not given" : "given"},
                                              {"--temperature", fmt::format("{}", s.temperature)},
-                                             {"--top-k", std::to_string(s.top_k)}, {"--top-p", fmt::format("{}", s.top_p)}});
+                                             {"--top-k", std::to_string(s.top_k)}, {"--top-p", fmt::format("{}", s.top_p)},
+                                             {"--repetition-penalty", fmt::format("{}", s.repetition_penalty)}});
       return sample(s, ranks);
     }
     if (ex->parsed()) {

@@ -137,9 +137,12 @@ std::vector<int64_t> eos_ids(const std::string& eos, const apps::BpeTokenizer* t
 // the Hugging Face directory the model came from (do_sample false or absent: greedy), stderr
 // naming what it took; without one, weft's defaults.
 nn::SamplingOptions sampling_of(const SampleOptions& o, const apps::HfGenerationConfig& gen, const std::string& source) {
-  nn::SamplingOptions s{.temperature = o.temperature, .top_k = o.top_k, .top_p = o.top_p};
+  nn::SamplingOptions s{.repetition_penalty = o.repetition_penalty, .temperature = o.temperature, .top_k = o.top_k,
+                        .top_p = o.top_p};
   if (!gen.found) return s;
   std::vector<std::string> taken;
+  if (!o.repetition_penalty_set && gen.repetition_penalty != 1)  // greedy too
+    s.repetition_penalty = gen.repetition_penalty, taken.push_back(fmt::format("repetition_penalty {}", gen.repetition_penalty));
   if (!o.temperature_set) {
     s.temperature = gen.do_sample ? gen.temperature : 0;
     taken.push_back(gen.do_sample ? fmt::format("temperature {}", s.temperature) : "greedy (do_sample false)");

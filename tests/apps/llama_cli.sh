@@ -123,9 +123,14 @@ grep -q "sampling temperature 0.7, top_k 5, top_p 0.9, as $tmp/l3eos/generation_
 # Fields that change generation and that weft does not apply are named (their neutral values are not).
 echo '{"repetition_penalty": 1.3, "no_repeat_ngram_size": 0, "num_beams": 1, "min_new_tokens": 4}' \
   >"$tmp/l3eos/generation_config.json"
-"$exe" sample --from "$tmp/l3eos" --prompt "The " --tokens 2 --ids >/dev/null 2>"$tmp/gen.err" || fail "$(cat "$tmp/gen.err")"
-grep -q "generation_config.json sets repetition_penalty 1.3, min_new_tokens 4, which weft does not apply" "$tmp/gen.err" ||
+pen=$("$exe" sample --from "$tmp/l3eos" --prompt "The " --tokens 20 --ids 2>"$tmp/gen.err") || fail "$(cat "$tmp/gen.err")"
+grep -q "generation_config.json sets min_new_tokens 4, which weft does not apply" "$tmp/gen.err" ||
   fail "ignored generation fields not named: $(cat "$tmp/gen.err")"
+# Its repetition_penalty applies (to greedy too), named; --repetition-penalty 1 turns it off.
+grep -q "sampling repetition_penalty 1.3, greedy (do_sample false), as $tmp/l3eos/generation_config.json" "$tmp/gen.err" ||
+  fail "repetition_penalty not taken: $(cat "$tmp/gen.err")"
+off=$("$exe" sample --from "$tmp/l3eos" --prompt "The " --tokens 20 --ids --repetition-penalty 1 2>/dev/null)
+[ -n "$pen" ] && [ "$pen" != "$off" ] || fail "repetition_penalty 1.3 changed nothing: $pen"
 # Mistral (sliding_window 48): generating past the window is said (weft starts again where transformers slides).
 "$exe" sample --from "$data/mistral" --prompt "ab" --tokens 60 --ids >/dev/null 2>"$tmp/gen.err" || fail "$(cat "$tmp/gen.err")"
 grep -q "2 prompt and 60 new tokens pass the sliding_window of 48" "$tmp/gen.err" || fail "past the window: $(cat "$tmp/gen.err")"
