@@ -291,6 +291,14 @@ CLI::App* add_prepare_flags(CLI::App& app, PrepareOptions& p) {
 
 }  // namespace
 
+// Which sampling flags were given (they override generation_config.json's fields); --greedy is --temperature 0.
+void note_given_sampling(SampleOptions& s, const CLI::App& sa) {
+  auto given = [&](const char* flag) { return sa.get_option(flag)->count() > 0; };
+  if (s.greedy) s.temperature = 0;
+  s.temperature_set = s.greedy || given("--temperature");
+  s.top_k_set = given("--top-k"), s.top_p_set = given("--top-p"), s.repetition_penalty_set = given("--repetition-penalty");
+}
+
 int main(int argc, char** argv) {
   CLI::App app{"weft-transformer: train a byte-level decoder (GPT-2 or Llama) on text, sample from it, export it"};
   app.require_subcommand(1);
@@ -315,10 +323,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   CLI11_PARSE(app, argc, argv);
-  if (s.greedy) s.temperature = 0;
-  s.temperature_set = s.greedy || sa->get_option("--temperature")->count() > 0;
-  s.top_k_set = sa->get_option("--top-k")->count() > 0, s.top_p_set = sa->get_option("--top-p")->count() > 0;
-  s.repetition_penalty_set = sa->get_option("--repetition-penalty")->count() > 0;
+  note_given_sampling(s, *sa);
   t.checkpointing = t.ac_full ? nn::Checkpointing::full : nn::parse_checkpointing(t.ac, "--ac");
   if (t.model.arch == "llama") t.untie = t.untie || !t.tie;  // Llama's head is untied by default
   else if (t.tie || tr->get_option("--rope-theta")->count() > 0) {  // flags GPT-2 would ignore
