@@ -48,6 +48,12 @@ std::string write_tokenizer(const json& j, const std::string& name) {
   return path;
 }
 
+// An added token as `tokenizers`' add_tokens writes it into tokenizer.json.
+void add_token(json& j, int id, const std::string& content, bool lstrip, bool rstrip, bool normalized, bool special) {
+  j["added_tokens"].push_back({{"id", id}, {"content", content}, {"single_word", false}, {"lstrip", lstrip},
+                               {"rstrip", rstrip}, {"normalized", normalized}, {"special", special}});
+}
+
 }  // namespace
 
 // Every style weft reads: byte-level (gpt2, llama3 with its BOS template, qwen2 with NFC and
@@ -237,8 +243,7 @@ TEST_CASE("tokenizer: with ignore_merges a pre-token in the vocabulary is one to
 // character's bytes through byte fallback elsewhere.
 TEST_CASE("tokenizer: an added token is not one of the model's symbols inside a word") {
   json j = read_json(kData + "/mistral/tokenizer.json");
-  j["added_tokens"].push_back({{"id", 32000}, {"content", "\xe9\xbf\x83"}, {"single_word", false}, {"lstrip", false},
-                               {"rstrip", false}, {"normalized", true}, {"special", false}});
+  add_token(j, 32000, "\xe9\xbf\x83", false, false, true, false);
   const apps::BpeTokenizer tok(write_tokenizer(j, "added_char.json"));
   CHECK(show(tok.encode("x\xe9\xbf\x83y", true)) == "1,1318,236,194,134,28724");
   CHECK(show(tok.encode("\xe9\xbf\x83\xe9\xbf\x83", true)) == "1,32000,236,194,134");
@@ -251,10 +256,8 @@ TEST_CASE("tokenizer: an added token is not one of the model's symbols inside a 
 // a token (`tokenizers`' ids for GPT-2's fixture with "<tool>" (special, lstrip, rstrip) and "\n\n" (rstrip) added).
 TEST_CASE("tokenizer: an added token inside the whitespace another one strips is kept") {
   json j = read_json(kData + "/gpt2/tokenizer.json");
-  j["added_tokens"].push_back({{"id", 2000}, {"content", "<tool>"}, {"single_word", false}, {"lstrip", true},
-                               {"rstrip", true}, {"normalized", false}, {"special", true}});
-  j["added_tokens"].push_back({{"id", 2001}, {"content", "\n\n"}, {"single_word", false}, {"lstrip", false},
-                               {"rstrip", true}, {"normalized", false}, {"special", false}});
+  add_token(j, 2000, "<tool>", true, true, false, true);
+  add_token(j, 2001, "\n\n", false, true, false, false);
   const apps::BpeTokenizer tok(write_tokenizer(j, "stripped.json"));
   CHECK(show(tok.encode("x  <tool>\n\ny", true)) == "89,2000,2001,90");
   CHECK(show(tok.encode("para\n\n\n\nnext", true)) == "81,285,66,2001,2001,563,1040");

@@ -1,6 +1,7 @@
 #include "apps/common/checkpoint_owner.h"
 
 #include <cstdio>
+#include <map>
 #include <ctime>
 #include <fmt/chrono.h>
 #include <fmt/format.h>
@@ -20,16 +21,13 @@ std::string run_identity(const std::string& resume_from) {
 
 namespace {
 
-// "run R, steps A to B, <model>" for the checkpoints of one other run: what a user needs to know
-// which run the directory holds.
-std::string describe_run(const std::string& newest, const std::string& run, int64_t first, int64_t last) {
+// "run R, steps A to B, <model>" for the checkpoints of one other run (`app`: its newest's description): what a
+// user needs to know which run the directory holds.
+std::string describe_run(const std::map<std::string, std::string>& app, const std::string& run, int64_t first,
+                         int64_t last) {
   std::string model;
-  try {
-    const auto app = fsdp::read_checkpoint_index(newest).training.app;
-    for (const char* key : {"format", "arch", "model", "n_layer", "d_model", "seed"})
-      if (auto it = app.find(key); it != app.end()) model += fmt::format(", {} {}", key, it->second);
-  } catch (const Error&) {
-  }
+  for (const char* key : {"format", "arch", "model", "n_layer", "d_model", "seed"})
+    if (auto it = app.find(key); it != app.end()) model += fmt::format(", {} {}", key, it->second);
   const std::string steps = first == last ? fmt::format("step {}", first) : fmt::format("steps {} to {}", first, last);
   return fmt::format("{}, {}{}", run.empty() ? "a run that recorded no identity" : "run " + run, steps, model);
 }
@@ -40,10 +38,8 @@ void check_checkpoint_owner(const std::string& dir, const std::string& flag, con
                             const std::string& resume_from, bool overwrite, const std::string& resume_flag,
                             const std::string& program) {
   const int64_t resumed_step = resume_from.empty() ? -1 : fsdp::read_checkpoint_index(resume_from).training.step;
-  struct Found {
-    int64_t first = -1, last = -1, count = 0;
-    std::string run, newest;
-  } other, later;  // other runs' checkpoints; this run's past the step it resumes from
+  // Other runs' checkpoints; this run's past the step it resumes from.
+  struct Found { int64_t first = -1, last = -1, count = 0; std::string run, newest; } other, later;
   for (auto& [step, ck] : fsdp::checkpoint_runs(dir)) {
     if (ck.run == run && step <= resumed_step) continue;
     Found& f = ck.run == run ? later : other;
@@ -52,19 +48,19 @@ void check_checkpoint_owner(const std::string& dir, const std::string& flag, con
   }
   for (const Found* f : {&other, &later}) {
     if (f->count == 0) continue;
-    const std::string who = describe_run(f->newest, f->run, f->first, f->last);
+    std::map<std::string, std::string> app;  // (none when the index does not read)
+    try { app = fsdp::read_checkpoint_index(f->newest).training.app; } catch (const Error&) {}
+    const std::string who = describe_run(app, f->run, f->first, f->last);
+    const bool ours = !app.count("format") || app.at("format") == "weft-" + program;  // else another program's run
     const std::string what = f == &other ? "checkpoints of another run (" + who + ")" : fmt::format(
         "checkpoints of this run past step {}, which it resumes from ({}: {} {} would take them)", resumed_step, who,
         resume_flag, dir);
-    if (overwrite)
-      std::fprintf(stderr, "weft-%s: %s %s holds %lld %s: %s replaces them at this run's first save\n",
-                   program.c_str(), flag.c_str(), dir.c_str(), (long long)f->count, what.c_str(),
-                   kOverwriteCheckpointsFlag);
-    else
-      WEFT_ERROR("{}: {} {} holds {}: {}, or {} to replace them", program, flag, dir, what, f != &other ? "move them "
-                 "away, or another directory" : who.find("format weft-" + program) == std::string::npos &&
-                 who.find("format ") != std::string::npos ? "another program's: give another directory" :
-                 "use " + resume_flag + " " + dir + " to continue that run, or another directory", kOverwriteCheckpointsFlag);
+    const std::string advice = f != &other ? "move them away, or another directory" : !ours ? "another program's: give "
+        "another directory" : "use " + resume_flag + " " + dir + " to continue that run, or another directory";
+    WEFT_CHECK(overwrite, "{}: {} {} holds {}: {}, or {} to replace them", program, flag, dir, what, advice,
+               kOverwriteCheckpointsFlag);
+    std::fprintf(stderr, "weft-%s: %s %s holds %lld %s: %s replaces them at this run's first save\n", program.c_str(),
+                 flag.c_str(), dir.c_str(), (long long)f->count, what.c_str(), kOverwriteCheckpointsFlag);
   }
 }
 

@@ -289,8 +289,6 @@ CLI::App* add_prepare_flags(CLI::App& app, PrepareOptions& p) {
   return pr;
 }
 
-}  // namespace
-
 // Which sampling flags were given (they override generation_config.json's fields); --greedy is --temperature 0.
 void note_given_sampling(SampleOptions& s, const CLI::App& sa) {
   auto given = [&](const char* flag) { return sa.get_option(flag)->count() > 0; };
@@ -298,6 +296,8 @@ void note_given_sampling(SampleOptions& s, const CLI::App& sa) {
   s.temperature_set = s.greedy || given("--temperature");
   s.top_k_set = given("--top-k"), s.top_p_set = given("--top-p"), s.repetition_penalty_set = given("--repetition-penalty");
 }
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"weft-transformer: train a byte-level decoder (GPT-2 or Llama) on text, sample from it, export it"};

@@ -260,7 +260,7 @@ int sample(const SampleOptions& o, const Ranks& ranks) {
                  "tokens differ from that point\n", ids.size(), (long long)o.tokens, (long long)cfg.sliding_window);
   if (!gen.ignored.empty() && ranks.lead())
     std::fprintf(stderr, "weft-transformer: warning: %s/generation_config.json sets %s, which weft does not apply (it "
-                 "samples with temperature, top_k and top_p): the tokens may differ from transformers' generate\n",
+                 "samples with repetition_penalty, temperature, top_k and top_p): the tokens may differ from transformers' generate\n",
                  source.c_str(), fmt::format("{}", fmt::join(gen.ignored, ", ")).c_str());
   nn::GenerateOptions g{.max_new_tokens = o.tokens,
                         .sampling = sampling_of(o, gen, source),
@@ -333,12 +333,13 @@ int export_hf(const ExportOptions& o) {
   bool tokens = true;
   if (!source.empty() && loaded.recorded.count("train_sha256") && WEFT_FS(std::filesystem::exists(source + "/tokenizer.json"))) {
     const auto trained = loaded.recorded.find("tokenizer_sha256");
-    const std::string have = apps::tokenizer_digest(source);
-    if ((tokens = trained != loaded.recorded.end() && trained->second == have) == false)
+    const std::string have = apps::tokenizer_digest(source), on = trained == loaded.recorded.end() ? "" : trained->second;
+    tokens = on == have;
+    if (!tokens)
       std::fprintf(stderr, "weft-transformer: %s was trained on %s, not on the tokens of %s/tokenizer.json (sha256 %s): "
                    "its tokenizer and generation files and token ids are not exported; put the dataset's "
-                   "tokenizer.json beside the model\n", o.from.c_str(), trained == loaded.recorded.end() ? "bytes" :
-                   ("tokens of tokenizer sha256 " + trained->second).c_str(), source.c_str(), have.c_str());
+                   "tokenizer.json beside the model\n", o.from.c_str(), apps::describe_tokens(on).c_str(),
+                   source.c_str(), have.c_str());
   }
   apps::export_hf_checkpoint(lm, o.out, shard, o.dtype == "bf16" ? kBFloat16 : kFloat32, source, tokens);
   std::fprintf(stderr, "weft-transformer: wrote %s (Hugging Face model_type %s, %lld parameters, %s)\n", o.out.c_str(),
@@ -375,10 +376,9 @@ void check_data_tokenizer(const EvalOptions& o, const LoadedModel& loaded, const
   if (model.empty() && !source.empty() && WEFT_FS(std::filesystem::exists(source + "/tokenizer.json")))
     model = apps::tokenizer_digest(source + "/tokenizer.json");
   const std::string& have = data.tokenizer_sha256;
-  auto tokens = [](const std::string& sha) { return sha.empty() ? "text (bytes)" : "tokens of tokenizer sha256 " + sha; };
   WEFT_CHECK(model.empty() ? have.empty() || !loaded.recorded.count("train_bytes") : have == model, "transformer: {} "
-             "holds {}, and {} reads {}: prepare it with the model's tokenizer", o.data, tokens(have), o.from,
-             model.empty() ? "text (bytes)" : tokens(model));
+             "holds {}, and {} reads {}: prepare it with the model's tokenizer", o.data, apps::describe_tokens(have),
+             o.from, apps::describe_tokens(model));
 }
 
 }  // namespace

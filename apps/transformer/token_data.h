@@ -86,6 +86,10 @@ void load_training_data(const std::string& path, TrainingData& d);
 
 // The sha256 (hex) of the tokenizer.json at `path`, as a dataset and its checkpoints record it.
 std::string tokenizer_digest(const std::string& path);
+// What a dataset or a model holds, in messages: text (bytes) for no tokenizer, else the tokenizer's tokens.
+inline std::string describe_tokens(const std::string& sha) {
+  return sha.empty() ? "text (bytes)" : "tokens of tokenizer sha256 " + sha;
+}
 // Writes the tokenizer.json of `tokenizer_path` into the dataset directory `dir`, atomically.
 void copy_tokenizer(const std::string& tokenizer_path, const std::string& dir);
 // prepare's --out: an existing directory that holds a tokenizer.json but no token files is a model's

@@ -495,8 +495,8 @@ void warn_other_tokens(const TrainOptions& o, const Run& run) {
   const std::string model = apps::tokenizer_digest(o.init_from), data = run.data.tokenizer_sha256;
   if (model != data)
     std::fprintf(stderr, "weft-transformer: warning: %s holds %s, not the tokens of %s/tokenizer.json (sha256 %s): the "
-                 "model is trained on ids it was not made for\n", o.data.c_str(), data.empty() ? "bytes" :
-                 ("tokens of tokenizer sha256 " + data).c_str(), o.init_from.c_str(), model.c_str());
+                 "model is trained on ids it was not made for\n", o.data.c_str(), apps::describe_tokens(data).c_str(),
+                 o.init_from.c_str(), model.c_str());
 }
 
 // Everything before sharding, rank-local: run inside dist::agree, so that a failure on any rank

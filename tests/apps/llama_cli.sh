@@ -87,10 +87,10 @@ cp -r "$data/llama3" "$tmp/l3tok" && cp "$data/../tokenizers/llama3/tokenizer.js
 "$exe" train --init-from "$tmp/l3tok" --ctx 80 --batch-size 4 --steps 1 --threads 1 --eval-every 0 --eval-iters 2 \
   --checkpoint-dir "$tmp/cktok" >/dev/null 2>"$tmp/tok.err" ||
   fail "--init-from a model with a tokenizer: $(cat "$tmp/tok.err")"
-grep -q "warning: .* holds bytes, not the tokens of $tmp/l3tok/tokenizer.json" "$tmp/tok.err" ||
+grep -q "warning: .* holds text (bytes), not the tokens of $tmp/l3tok/tokenizer.json" "$tmp/tok.err" ||
   fail "training a model with a tokenizer on bytes is not said: $(cat "$tmp/tok.err")"
 "$exe" export-hf --from "$tmp/cktok" --out "$tmp/tokhf" >/dev/null 2>"$tmp/tok.err" || fail "export-hf: $(cat "$tmp/tok.err")"
-grep -q "was trained on bytes, not on the tokens of $tmp/l3tok/tokenizer.json" "$tmp/tok.err" &&
+grep -q "was trained on text (bytes), not on the tokens of $tmp/l3tok/tokenizer.json" "$tmp/tok.err" &&
   [ ! -e "$tmp/tokhf/tokenizer.json" ] && [ ! -e "$tmp/tokhf/generation_config.json" ] &&
   ! grep -q eos_token_id "$tmp/tokhf/config.json" || fail "export-hf shipped the source's tokenizer: $(cat "$tmp/tok.err"; ls "$tmp/tokhf")"
 # generation_config.json's eos ids stop sampling (any of them; --eos none: never), from the
