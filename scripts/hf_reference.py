@@ -29,6 +29,7 @@ safetensors, numpy from PyPI). A developer tool: never part of meson test or CI.
                 eps 1e-8, weight decay 0) on it, from the saved weights,
         prompt_ids [8] int64 = the bytes of "Hello, w" (llama3: 40 bytes),
         greedy_ids [32] int64 = the 32 new ids of greedy generate() from the saved weights,
+        greedy_ids_penalty [32] int64 = the same with repetition_penalty 1.3,
       and metadata (lr, made_by, transformers and torch versions).
 
   (The tokenizer fixtures, tests/data/tokenizers, are scripts/tokenizer_fixtures.py's.)
@@ -77,6 +78,7 @@ FIXTURE_PROMPT = "Hello, w"
 LONG_PROMPT = "Hello, world! A longer prompt, forty byt"
 CHECK_PROMPT = "The quick brown fox"
 NEW_TOKENS = 32
+REPETITION_PENALTY = 1.3  # greedy_ids_penalty
 
 
 def log(msg=""):
@@ -97,12 +99,13 @@ def text_ids(text):
 # greedy decoding
 
 
-def hf_greedy(model, prompt_ids, n):
+def hf_greedy(model, prompt_ids, n, repetition_penalty=None):
     """The n new ids of transformers' greedy generate(), never stopping early.
 
     The model's own generation config may name an eos (Llama's default is 2, a byte here); it is
     cleared so that generate() neither stops at it nor, through min_new_tokens, masks it out of
-    the argmax: the result is plain argmax decoding, as weft's `sample --greedy` does.
+    the argmax: the result is plain argmax decoding, as weft's `sample --greedy` does, with
+    repetition_penalty (a float) applied to the logits of every id in the prompt and the ids so far.
     """
     gc = copy.deepcopy(model.generation_config)
     gc.eos_token_id = None
@@ -116,6 +119,7 @@ def hf_greedy(model, prompt_ids, n):
     gc.max_length = None
     gc.max_new_tokens = n
     gc.min_new_tokens = n
+    gc.repetition_penalty = repetition_penalty
     x = prompt_ids[None]
     with torch.no_grad():
         out = model.generate(x, attention_mask=torch.ones_like(x), generation_config=gc)
@@ -335,6 +339,7 @@ def expected_for(model, name, seed, shape=(2, 17), prompt_text=FIXTURE_PROMPT):
     if not torch.equal(greedy, by_hand):
         log(f"WARNING {name}: generate() (KV cache) and argmax decoding without a cache differ:\n"
             f"  generate: {greedy.tolist()}\n  by hand:  {by_hand.tolist()}")
+    penalised = hf_greedy(model, prompt, NEW_TOKENS, REPETITION_PENALTY)
     variants = rope_variant_logits(model, ids) if name == "llama3" else {}
     return {
         **variants,
@@ -344,6 +349,7 @@ def expected_for(model, name, seed, shape=(2, 17), prompt_text=FIXTURE_PROMPT):
         "loss_after_step": loss_after.detach().float().reshape(1).contiguous(),
         "prompt_ids": prompt.contiguous(),
         "greedy_ids": greedy.to(torch.int64).contiguous(),
+        "greedy_ids_penalty": penalised.to(torch.int64).contiguous(),
     }
 
 

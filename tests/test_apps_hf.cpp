@@ -34,13 +34,13 @@ namespace {
 const std::string kData = WEFT_TEST_DATA "/hf";
 
 struct Expected {
-  Tensor ids, logits, greedy, prompt;
+  Tensor ids, logits, greedy, greedy_penalty, prompt;
   double loss, loss_after_step;
 };
 Expected expected(const std::string& family) {
   auto c = load_safetensors(kData + "/" + family + "/expected.safetensors");
   std::map<std::string, Tensor> t(c.tensors.begin(), c.tensors.end());
-  return {t.at("ids"), t.at("logits"), t.at("greedy_ids"), t.at("prompt_ids"), t.at("loss").item(),
+  return {t.at("ids"), t.at("logits"), t.at("greedy_ids"), t.at("greedy_ids_penalty"), t.at("prompt_ids"), t.at("loss").item(),
           t.at("loss_after_step").item()};
 }
 
@@ -136,6 +136,10 @@ TEST_CASE("Hugging Face checkpoints: logits, one training step and greedy genera
         const auto out = nn::generate(*lm.module, prompt,
                                       {.max_new_tokens = 32, .sampling = {.temperature = 0}, .use_cache = cache});
         CHECK(std::vector<double>(out.begin(), out.end()) == to_vector(e.greedy));
+        // generate()'s repetition_penalty 1.3 over the prompt and the ids so far, as transformers' processor.
+        const auto penalised = nn::generate(
+            *lm.module, prompt, {.max_new_tokens = 32, .sampling = {.repetition_penalty = 1.3, .temperature = 0}, .use_cache = cache});
+        CHECK(std::vector<double>(penalised.begin(), penalised.end()) == to_vector(e.greedy_penalty));
       }
     }
     const double after = loss_after_step(*lm.module, e);
