@@ -199,7 +199,7 @@ int run(const Options& o) {
   apps::cli::use_threads(o.threads);
   apps::check_config(o.model);
   const int64_t B = o.batch, T = o.model.ctx, V = o.model.vocab_size;
-  const int64_t warmup = std::min(o.warmup, o.steps - 1);  // at least one measured step
+  const int64_t warmup = std::min(o.warmup, o.steps - 1);  // the default's 5 at most; a given --warmup is checked
 
   manual_seed(o.seed);
   auto model = std::make_shared<apps::GPT>(o.model);
@@ -267,29 +267,34 @@ int main(int argc, char** argv) {
   app.add_option("--precision", o.precision, "bf16: bf16 compute with f32 master weights (FSDP mixed precision on "
                  "one rank); autocast: the same under autocast, without FSDP; f32: plain f32")
       ->check(CLI::IsMember({"bf16", "autocast", "f32"}))->capture_default_str();
-  app.add_option("--batch-size", o.batch, "sequences per step")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--steps", o.steps, "training steps")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--warmup", o.warmup, "first steps left out of the summary's medians")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
-  app.add_option("--ctx", o.model.ctx, "tokens per sequence (and the position table)")->check(CLI::PositiveNumber)
+  app.add_option("--batch-size", o.batch, "sequences per step")->check(apps::cli::integer(1, int64_t(1) << 30))->capture_default_str();
+  app.add_option("--steps", o.steps, "training steps")->check(apps::cli::integer(1, int64_t(1) << 30))->capture_default_str();
+  CLI::Option* warmup = app.add_option("--warmup", o.warmup, "first steps left out of the summary's medians (fewer than --steps)")
+      ->check(apps::cli::integer(0, int64_t(1) << 30))->capture_default_str();
+  app.add_option("--ctx", o.model.ctx, "tokens per sequence (and the position table)")->check(apps::cli::integer(1, apps::kMaxCtx))
       ->capture_default_str();
   app.add_option("--vocab", o.model.vocab_size, "vocabulary size (GPT-2's 50257 padded to 50304)")
-      ->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--n-layer", o.model.n_layer, "transformer blocks")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--n-head", o.model.n_head, "attention heads (must divide --d-model)")->check(CLI::PositiveNumber)
+      ->check(apps::cli::integer(1, apps::kMaxVocab))->capture_default_str();
+  app.add_option("--n-layer", o.model.n_layer, "transformer blocks")->check(apps::cli::integer(1, apps::kMaxLayers))->capture_default_str();
+  app.add_option("--n-head", o.model.n_head, "attention heads (must divide --d-model)")->check(apps::cli::integer(1, apps::kMaxHeads))
       ->capture_default_str();
-  app.add_option("--d-model", o.model.d_model, "embedding width")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--lr", o.lr, "AdamW learning rate (constant)")->capture_default_str();
-  app.add_option("--weight-decay", o.weight_decay, "AdamW decay on 2-D weights")->capture_default_str();
-  app.add_option("--clip", o.clip, "gradient-norm clip (0: none)")->check(CLI::NonNegativeNumber)
+  app.add_option("--d-model", o.model.d_model, "embedding width")->check(apps::cli::integer(1, apps::kMaxDModel))->capture_default_str();
+  app.add_option("--lr", o.lr, "AdamW learning rate (constant)")->check(apps::cli::number_above(0))->capture_default_str();
+  app.add_option("--weight-decay", o.weight_decay, "AdamW decay on 2-D weights")->check(apps::cli::number_from(0, 1e30))->capture_default_str();
+  app.add_option("--clip", o.clip, "gradient-norm clip (0: none)")->check(apps::cli::number_from(0, 1e30))
       ->capture_default_str();
   app.add_option("--peak-tflops", o.peak_tflops, "the device's peak for MFU, TFLOP/s (989: H100 SXM dense bf16)")
       ->check(apps::cli::number_above(0))->capture_default_str();
-  app.add_option("--seed", o.seed, "seed for the weights and the tokens")->capture_default_str();
+  app.add_option("--seed", o.seed, "seed for the weights and the tokens")->check(apps::cli::seed())->capture_default_str();
   app.add_option("--threads", o.threads, "CPU threads (default: OMP_NUM_THREADS or all cores)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(apps::cli::threads());
   app.add_flag("--profile", o.profile, "print the time, rate and (cpu) limit of every op of the measured steps");
   CLI11_PARSE(app, argc, argv);
+  if (warmup->count() && o.warmup >= o.steps) {
+    std::fprintf(stderr, "weft-bench-gpt2: --warmup %lld must be fewer than --steps %lld (a step is measured)\n",
+                 (long long)o.warmup, (long long)o.steps);
+    return 105;
+  }
   try {
     if (std::string why = unavailable(o.device); !why.empty()) {
       std::printf("weft-bench-gpt2: skipped: --device %s: %s\n", o.device.c_str(), why.c_str());

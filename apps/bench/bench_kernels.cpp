@@ -289,7 +289,12 @@ int main(int argc, char** argv) {
   b.reps = b.quick ? 3 : 9;
   measure_peaks(b, kernel_filter);
   b.gemm_kernels = f32_gemm_kernels(kernel_filter);
+  const size_t rows_before = b.rows.size();
   measure_gemms(b);
+  if (b.rows.size() == rows_before)
+    std::fprintf(stderr, "weft-bench: no GEMM rows: %s\n", b.gemm_kernels.empty() && b.bf16_kernels.empty()
+                     ? ("this CPU cannot run --kernel " + kernel_filter).c_str()
+                     : ("no row's name holds --rows '" + b.row_filter + "'").c_str());
   // The clock moves with load and temperature: the peak again after the GEMMs shows by how much.
   const std::string widest = fma_width("avx512") ? "avx512" : "avx2";
   if (fma_width(widest)) b.measure_peak(fmt::format("peak fp32 FMA ({}), again", widest), widest);

@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/common/cli.h"
 #include "apps/common/output_paths.h"
 #include "apps/transformer/gpt.h"
 #include "core/allocator.h"
@@ -393,21 +394,21 @@ int main(int argc, char** argv) {
   CLI::App app{"weft-bench-memory: peak memory per rank of FSDP training (GPT, fp32, AdamW) beside FSDP2's bounds; "
                "run under mpirun, or --summary to combine runs"};
   Options o;
-  app.add_option("--n-layer", o.model.n_layer, "transformer blocks")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--d-model", o.model.d_model, "embedding width")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--n-layer", o.model.n_layer, "transformer blocks")->check(apps::cli::integer(1, apps::kMaxLayers))->capture_default_str();
+  app.add_option("--d-model", o.model.d_model, "embedding width")->check(apps::cli::integer(1, apps::kMaxDModel))->capture_default_str();
   app.add_option("--n-head", o.model.n_head, "attention heads (must divide --d-model)")
-      ->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--ctx", o.model.ctx, "tokens per sequence")->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(apps::cli::integer(1, apps::kMaxHeads))->capture_default_str();
+  app.add_option("--ctx", o.model.ctx, "tokens per sequence")->check(apps::cli::integer(1, apps::kMaxCtx))->capture_default_str();
   app.add_option("--batch-size", o.batch, "sequences per rank per step (fixed per rank, as data parallel scales)")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(apps::cli::integer(1, int64_t(1) << 30))->capture_default_str();
   app.add_option("--steps", o.steps, "training steps (at least 2: the bound's peak is a step's after Adam's state exists)")
-      ->check(CLI::Range(int64_t(2), int64_t(1000)))->capture_default_str();
-  app.add_option("--seed", o.seed, "seed for the weights and the tokens")->capture_default_str();
+      ->check(apps::cli::integer(2, 1000))->capture_default_str();
+  app.add_option("--seed", o.seed, "seed for the weights and the tokens")->check(apps::cli::seed())->capture_default_str();
   app.add_option("--threads", o.threads, "CPU threads per rank (default: OMP_NUM_THREADS or all cores)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(apps::cli::threads());
   app.add_option("--json", o.json_path, "write the figures and each rank's memory timeline to FILE (rank 0)");
   app.add_option("--series-points", o.series_points, "time bins per rank in the JSON timeline (each keeps min and max)")
-      ->check(CLI::Range(int64_t(10), int64_t(1000000)))->capture_default_str();
+      ->check(apps::cli::integer(10, 1000000))->capture_default_str();
   app.add_flag("--activation-checkpointing", o.activation_checkpointing,
                "recompute each block in backward (the activations A then hold only the blocks' inputs)");
   app.add_flag("--deferred-init", o.deferred_init,

@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "apps/common/cli.h"
 #include "apps/common/trainer.h"
 #include "apps/transformer/model.h"
 #include "apps/transformer/tensor_parallel.h"
@@ -41,9 +42,8 @@ struct Options {
 int run(const Options& o) {
   set_num_threads(int(o.threads));
   const int tp = o.tp > 0 ? int(o.tp) : dist::world_size(), dp = dist::world_size() / tp;
-  WEFT_CHECK(dp * tp == dist::world_size() && o.batch % dp == 0,
-             "--tp {} must divide the {} ranks, and the data-parallel groups ({}) the batch {}", tp,
-             dist::world_size(), dp, o.batch);
+  WEFT_CHECK(dp * tp == dist::world_size(), "--tp {} must divide the {} ranks of mpirun", tp, dist::world_size());
+  WEFT_CHECK(o.batch % dp == 0, "--batch-size {} must split evenly over the {} data-parallel groups", o.batch, dp);
   apps::check_config(o.model);
   manual_seed(0);
   const apps::LanguageModel lm = apps::make_model(o.model);
@@ -102,24 +102,33 @@ int main(int argc, char** argv) {
   Options o;
   CLI::App app{"weft-bench-tp: Llama or GPT-2 training steps split by tensor parallelism over the ranks of mpirun"};
   app.add_option("--arch", o.model.arch, "llama, or gpt2 (biases, GELU, 4 d_model MLP, tied head: --n-kv-head and "
-                 "--ffn are ignored)")->check(CLI::IsMember({"llama", "gpt2"}))->capture_default_str();
-  app.add_option("--n-layer", o.model.n_layer, "blocks")->capture_default_str();
-  app.add_option("--n-head", o.model.n_head, "query heads")->capture_default_str();
-  app.add_option("--n-kv-head", o.model.n_kv_head, "key/value heads")->capture_default_str();
-  app.add_option("--d-model", o.model.d_model, "width")->capture_default_str();
-  app.add_option("--ffn", o.model.ffn_dim, "SwiGLU's width")->capture_default_str();
-  app.add_option("--ctx", o.model.ctx, "tokens per sequence")->capture_default_str();
-  app.add_option("--vocab", o.model.vocab_size, "vocabulary")->capture_default_str();
-  app.add_option("--batch-size", o.batch, "sequences per step (every rank)")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--steps", o.steps, "steps")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--warmup", o.warmup, "first steps left out of the median")->check(CLI::Range(0, 1000000))->capture_default_str();
-  app.add_option("--threads", o.threads, "threads per rank")->check(CLI::Range(1, 1024))->capture_default_str();
+                 "--ffn-dim are ignored)")->check(CLI::IsMember({"llama", "gpt2"}))->capture_default_str();
+  app.add_option("--n-layer", o.model.n_layer, "blocks")->check(apps::cli::integer(1, apps::kMaxLayers))->capture_default_str();
+  app.add_option("--n-head", o.model.n_head, "query heads")->check(apps::cli::integer(1, apps::kMaxHeads))->capture_default_str();
+  app.add_option("--n-kv-head", o.model.n_kv_head, "key/value heads")->check(apps::cli::integer(1, apps::kMaxHeads))->capture_default_str();
+  app.add_option("--d-model", o.model.d_model, "width")->check(apps::cli::integer(1, apps::kMaxDModel))->capture_default_str();
+  app.add_option("--ffn-dim", o.model.ffn_dim, "SwiGLU's width")->check(apps::cli::integer(1, int64_t(1) << 20))->capture_default_str();
+  app.add_option("--ctx", o.model.ctx, "tokens per sequence")->check(apps::cli::integer(1, apps::kMaxCtx))->capture_default_str();
+  app.add_option("--vocab", o.model.vocab_size, "vocabulary")->check(apps::cli::integer(1, apps::kMaxVocab))->capture_default_str();
+  app.add_option("--batch-size", o.batch, "sequences per step in all (each data-parallel group trains batch / dp of them)")->check(apps::cli::integer(1, int64_t(1) << 30))->capture_default_str();
+  app.add_option("--steps", o.steps, "steps")->check(apps::cli::integer(1, int64_t(1) << 30))->capture_default_str();
+  CLI::Option* warmup = app.add_option("--warmup", o.warmup, "first steps left out of the median (fewer than --steps)")->check(apps::cli::integer(0, int64_t(1) << 30))->capture_default_str();
+  app.add_option("--threads", o.threads, "threads per rank")->check(apps::cli::threads())->capture_default_str();
   app.add_option("--tp", o.tp, "ranks a tensor-parallel group (default: all; the rest data-parallel under fully_shard)")
-      ->check(CLI::PositiveNumber);
+      ->check(apps::cli::integer(1, int64_t(1) << 20));
   app.add_flag("--sequence-parallel", o.sequence_parallel, "llama: norms and the residual stream on sequence blocks");
   app.add_flag("--loss-parallel", o.loss_parallel, "llama: the vocabulary split (embedding, head, loss)");
   CLI11_PARSE(app, argc, argv);
   if (o.model.arch == "gpt2") o.model.n_kv_head = 0, o.model.ffn_dim = 0, o.model.tie_weights = true;
+  if (o.model.arch == "gpt2" && (o.sequence_parallel || o.loss_parallel)) {
+    std::fprintf(stderr, "weft-bench-tp: --sequence-parallel and --loss-parallel are for --arch llama\n");
+    return 105;
+  }
+  if (warmup->count() && o.warmup >= o.steps) {
+    std::fprintf(stderr, "weft-bench-tp: --warmup %lld must be fewer than --steps %lld (a step is measured)\n",
+                 (long long)o.warmup, (long long)o.steps);
+    return 105;
+  }
   dist::init();
   int status = 1;
   try {

@@ -40,6 +40,8 @@ void parallelize(const LanguageModel& lm, const TensorParallel& tp) {
   if (auto* llama = dynamic_cast<nn::Llama*>(lm.module.get()))
     return tp::parallelize_llama(*llama, tp.group, {.loss_parallel = tp.loss_parallel,
                                                     .sequence_parallel = tp.sequence_parallel});
+  WEFT_CHECK(!tp.sequence_parallel && !tp.loss_parallel, "transformer: sequence and loss parallel are Llama's (GPT-2's "
+             "embedding and head stay whole on every rank of its tensor-parallel group)");
   tp::parallelize_gpt2_blocks(*lm.module, tp.group);
 }
 

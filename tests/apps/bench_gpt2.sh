@@ -95,4 +95,17 @@ if "$exe" --device cpu --n-head 3 --d-model 64 --steps 1 2>"$tmp/err" >/dev/null
 grep -q "does not divide --d-model" "$tmp/err" || fail "bad --n-head not explained: $(cat "$tmp/err")"
 if "$exe" --device cpu --peak-tflops nan --steps 1 2>"$tmp/err" >/dev/null; then fail "--peak-tflops nan accepted"; fi
 grep -q -- "--peak-tflops: not a finite number: nan" "$tmp/err" || fail "--peak-tflops nan not explained: $(cat "$tmp/err")"
+# The apps' validators: --threads held to 1024 (a larger OpenMP team crashed inside libgomp), no
+# seed that wraps, no NaN clip that turned clipping off, no warmup that left no step measured.
+bad_flag() {  # MESSAGE ARGS...
+  local want=$1; shift
+  if "$exe" --device cpu "$@" 2>"$tmp/err" >/dev/null; then fail "$* accepted"; fi
+  grep -q -- "$want" "$tmp/err" || fail "$* not explained: $(cat "$tmp/err")"
+}
+bad_flag "--threads: expected an integer from 1 to 1024, got 100000" --threads 100000
+bad_flag "--seed: expected an integer from 0 to 18446744073709551615, got -1" --seed -1
+bad_flag "--clip: not a finite number: nan" --clip nan
+bad_flag "--batch-size: expected an integer from 1 to" --batch-size 0
+bad_flag "--warmup 5 must be fewer than --steps 2" "${tiny[@]:2}" --warmup 5
+bad_flag "--warmup 2 must be fewer than --steps 2" "${tiny[@]:2}" --warmup 2
 echo "bench_gpt2: OK"

@@ -70,6 +70,8 @@ if "$bench" --n-layer 2 --d-model 100 --n-head 3 > "$tmp/bad.txt" 2>&1; then fai
 grep -q 'does not divide --d-model' "$tmp/bad.txt" || { cat "$tmp/bad.txt"; fail "no clear message for --n-head"; }
 if "$bench" --steps 1 > "$tmp/bad.txt" 2>&1; then fail "--steps 1 was accepted"; fi
 grep -q -- '--steps' "$tmp/bad.txt" || { cat "$tmp/bad.txt"; fail "no clear message for --steps 1"; }
+if "$bench" --threads 100000 > "$tmp/bad.txt" 2>&1; then fail "--threads 100000 was accepted"; fi
+grep -q -- '--threads: expected an integer from 1 to 1024, got 100000' "$tmp/bad.txt" || { cat "$tmp/bad.txt"; fail "no clear message for --threads"; }
 if "$bench" --summary "$tmp/bad.txt" > "$tmp/bad2.txt" 2>&1; then fail "--summary of a text file was accepted"; fi
 grep -q 'not a weft-bench-memory --json file' "$tmp/bad2.txt" || { cat "$tmp/bad2.txt"; fail "no clear message for --summary"; }
 # --json's place is checked before the run (it had failed writing after the whole run).
