@@ -6,19 +6,30 @@
 namespace weft::apps {
 
 LeafPlan make_leaf_plan(const std::string& program, int64_t virtual_batches, int64_t batch_size, int64_t accum,
-                        const Ranks& ranks) {
+                        int world, int rank) {
   auto power_of_two = [](int64_t n) { return n > 0 && (n & (n - 1)) == 0; };
   WEFT_CHECK(virtual_batches > 0 && batch_size % virtual_batches == 0,
              "{}: --deterministic: --virtual-batches {} must divide --batch-size {}", program, virtual_batches,
              batch_size);
-  WEFT_CHECK(virtual_batches % ranks.world == 0 && power_of_two(virtual_batches / ranks.world),
+  WEFT_CHECK(virtual_batches % world == 0 && power_of_two(virtual_batches / world),
              "{}: --deterministic: {} ranks must divide --virtual-batches {} into a power of two per rank (1, 2, 4, "
-             "...), so that each rank's micro-batches are one node of the summation tree", program, ranks.world,
+             "...), so that each rank's micro-batches are one node of the summation tree", program, world,
              virtual_batches);
   WEFT_CHECK(power_of_two(accum), "{}: --deterministic: --grad-accum {} must be a power of two (each rank's "
              "backwards per step are one node of the summation tree)", program, accum);
-  return {.virtual_batches = virtual_batches, .accum = accum, .per_rank = virtual_batches / ranks.world,
-          .rank = ranks.rank};
+  return {.virtual_batches = virtual_batches, .accum = accum, .per_rank = virtual_batches / world, .rank = rank};
+}
+
+void run_leaves(const LeafPlan& plan, int64_t batch_size, fsdp::FSDPModule* root, nn::TreeSum& tree,
+                const std::vector<Tensor>& params, const std::function<void(int64_t, int64_t, int64_t)>& backward) {
+  const int64_t n = plan.leaves();
+  for (int64_t j = 0; j < n; ++j) {
+    if (root) root->set_requires_gradient_sync(j + 1 == n);
+    auto [lo, hi] = plan.rows(plan.micro(j), batch_size);
+    backward(j, lo, hi);
+    if (!root) nn::add_grads_as_leaf(tree, params);
+  }
+  if (!root) nn::set_grads_to_total(tree, params);
 }
 
 LeafRandom::LeafRandom(int64_t step, int64_t tree_index, int64_t leaves_per_step)

@@ -8,10 +8,13 @@
 // keyed by (seed, step, leaf): the same bits at every world size W dividing V.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "apps/common/ranks.h"
 #include "core/generator.h"
+#include "fsdp/fsdp.h"
+#include "nn/tree_sum.h"
 
 namespace weft::apps {
 
@@ -33,9 +36,16 @@ struct LeafPlan {
 };
 
 // Checks the split (V divides the batch, W divides V, V / W and A powers of two: each rank's
-// leaves then form one node of the tree) and names what does not fit.
+// leaves then form one node of the tree) for rank `rank` of `world` and names what does not fit.
 LeafPlan make_leaf_plan(const std::string& program, int64_t virtual_batches, int64_t batch_size, int64_t accum,
-                        const Ranks& ranks);
+                        int world, int rank);
+
+// One step's leaves on this rank, in order: `backward(j, lo, hi)` runs leaf j's forward and
+// backward on rows [lo, hi) of the global batch of `batch_size`. Under FSDP (`root`) the gradients
+// are reduced along the tree after the last leaf; without it they are summed along `tree` into
+// `params`' .grad. The training loop's step and the memory plan's run this same sequence.
+void run_leaves(const LeafPlan& plan, int64_t batch_size, fsdp::FSDPModule* root, nn::TreeSum& tree,
+                const std::vector<Tensor>& params, const std::function<void(int64_t, int64_t, int64_t)>& backward);
 
 // While alive, the default generator draws from a stream of its own for leaf `tree_index` of
 // step `step` (its seed: a Philox draw of the run's seed at that pair); the previous state after.

@@ -122,14 +122,10 @@ StepEnd Trainer::accumulate_gradients() {
   }
   const int64_t n = leaves_->leaves();
   std::vector<double> losses;
-  for (int64_t j = 0; j < n; ++j) {
-    if (p_.root) p_.root->set_requires_gradient_sync(j + 1 == n);
-    auto [lo, hi] = leaves_->rows(leaves_->micro(j), o_.batch_size);
+  run_leaves(*leaves_, o_.batch_size, p_.root, grad_tree_, params_, [&](int64_t j, int64_t lo, int64_t hi) {
     LeafRandom dropout(step_, leaves_->tree_index(j), n * ranks_.world);
     losses.push_back(backward_on(leaves_->accumulated(j), lo, hi, n, targets));
-    if (!p_.root) nn::add_grads_as_leaf(grad_tree_, params_);
-  }
-  if (!p_.root) nn::set_grads_to_total(grad_tree_, params_);
+  });
   return end_step(ordered_mean(losses, 1, ranks_), ranks_, true);
 }
 

@@ -265,13 +265,26 @@ fsdp::MemoryPlanRequest plan_request(const Options& o, bool fsdp, int64_t rows, 
   r.setup = [o, rows, cols](const fsdp::PlanSettings& s, const std::shared_ptr<dist::DeviceMesh>& mesh) -> fsdp::TrainingStep {
     manual_seed(o.seed);
     nn::ModulePtr model = apps::make_mnist_model(o.model, rows, cols);
-    if (mesh) shard_model(model, Device::meta(), o, mesh, s.reshard_after_forward);
+    std::optional<fsdp::FSDPModule> root;
+    if (mesh) root = shard_model(model, Device::meta(), o, mesh, s.reshard_after_forward);
     std::shared_ptr<nn::Optimizer> opt = make_optimizer(o, model->parameters());
-    const int64_t world = mesh ? mesh->size(0) : 1, batch = o.batch_size / world;
-    const int64_t eval_rows = 1000 >= world ? 1000 / world + (1000 % world ? 1 : 0) : 1000;
-    return [model, opt, batch, eval_rows, pixels = rows * cols, autocast = o.autocast()] {
+    const int world = mesh ? mesh->size(0) : 1;
+    const int64_t batch = o.batch_size / world;
+    int64_t eval_rows = 1000 >= world ? 1000 / world + (1000 % world ? 1 : 0) : 1000;
+    std::optional<apps::LeafPlan> leaves;  // --deterministic: rank 0's leaves, as the step and evaluate() run them
+    if (o.deterministic) leaves = apps::make_leaf_plan("mnist", o.virtual_batches, o.batch_size, 1, world, 0);
+    if (leaves) eval_rows = std::min<int64_t>(1000, (1000 + o.virtual_batches - 1) / o.virtual_batches);  // the largest part
+    return [model, opt, root, leaves, o, batch, eval_rows, pixels = rows * cols, autocast = o.autocast()]() mutable {
       opt->zero_grad();
-      apps::forward_backward(*model, empty({batch, pixels}), empty({batch}, {.dtype = kInt64}), autocast, 1);
+      auto backward = [&](int64_t n, int64_t parts) {
+        apps::forward_backward(*model, empty({n, pixels}), empty({n}, {.dtype = kInt64}), autocast, parts);
+      };
+      nn::TreeSum tree;
+      if (leaves)
+        apps::run_leaves(*leaves, o.batch_size, root ? &*root : nullptr, tree, model->parameters(),
+                         [&](int64_t, int64_t lo, int64_t hi) { backward(hi - lo, leaves->leaves()); });
+      else
+        backward(batch, 1);
       opt->step();
       NoGradGuard no_grad;  // an evaluation batch, as after each epoch of run()
       step_trace::Pause not_timed;  // memory only: the step-time model times the training step
@@ -306,7 +319,9 @@ void prepare_run(const Options& o, const Ranks& ranks, Run& run) {
   run.device = apps::parse_device(o.device, "mnist");  // first: a device that cannot work ends the run at once
   apps::cli::use_threads(o.threads);
   set_deterministic(o.deterministic);
-  if (o.deterministic) run.leaves = apps::make_leaf_plan("mnist", o.virtual_batches, o.batch_size, 1, ranks);
+  if (o.deterministic)  // checked at --plan-ranks' world too, before the plan
+    run.leaves = apps::make_leaf_plan("mnist", o.virtual_batches, o.batch_size, 1, o.plan.ranks > 0 ? o.plan.ranks : ranks.world,
+                                      ranks.rank);
   WEFT_CHECK(o.batch_size > 0 && o.epochs > 0 && o.lr > 0, "mnist: --batch-size, --epochs and --lr must be positive");
   WEFT_CHECK(o.batch_size % ranks.world == 0,
              "mnist: --batch-size {} does not split evenly over {} ranks: --batch-size is the global batch and "

@@ -149,24 +149,34 @@ fsdp::MemoryPlanRequest plan_request(const TrainOptions& o, bool fsdp, bool full
     const std::shared_ptr<nn::Module> model = lm.module;
     const auto decay = decayed_names(*model);
     for (auto& block : lm.blocks) block->set_checkpointing(s.activation_checkpointing);
-    if (mesh) shard_model(lm, o, Device::meta(), mesh, s.reshard_after_forward);
+    std::optional<fsdp::FSDPModule> root;
+    if (mesh) root = shard_model(lm, o, Device::meta(), mesh, s.reshard_after_forward);
     std::shared_ptr<nn::AdamW> opt = make_optimizer(*model, decay, o);
-    const int64_t rows = o.batch_size / (mesh ? mesh->size(0) : 1), ctx = o.model.ctx;
-    return [model, opt, o, rows, ctx, loss = apps::tensor_parallel_loss(tp)] {
-      auto tokens = [&] { return empty({rows, ctx}, {.dtype = kInt64}); };
+    const int world = mesh ? mesh->size(0) : 1;
+    int64_t rows = o.batch_size / world;
+    std::optional<apps::LeafPlan> leaves;  // --deterministic: rank 0's leaves, as the step runs them
+    if (o.deterministic) {
+      leaves = apps::make_leaf_plan("transformer", o.virtual_batches, o.batch_size, o.grad_accum, world, 0);
+      rows = o.batch_size / o.virtual_batches;  // a leaf's, and an evaluation's part
+    }
+    return [model, opt, root, leaves, o, rows, loss = apps::tensor_parallel_loss(tp)]() mutable {
+      auto tokens = [&](int64_t n) { return empty({n, o.model.ctx}, {.dtype = kInt64}); };
+      auto backward = [&](int64_t n, int64_t parts) { apps::forward_backward(*model, tokens(n), tokens(n), o.autocast(), parts, 0, {}, loss); };
       opt->zero_grad();
+      nn::TreeSum tree;
+      if (leaves)
+        apps::run_leaves(*leaves, o.batch_size, root ? &*root : nullptr, tree, model->parameters(),
+                         [&](int64_t, int64_t lo, int64_t hi) { backward(hi - lo, leaves->leaves()); });
       // The second micro-step reaches the peak the others repeat: all run only for --step-time's record of the step.
-      for (int64_t micro = 0; micro < (step_trace::recording() ? o.grad_accum : std::min<int64_t>(o.grad_accum, 2)); ++micro) {
-        Tensor x = tokens(), y = tokens();
-        apps::forward_backward(*model, x, y, o.autocast(), o.grad_accum, 0, {}, loss);
-      }
+      for (int64_t micro = 0; !leaves && micro < (step_trace::recording() ? o.grad_accum : std::min<int64_t>(o.grad_accum, 2)); ++micro)
+        backward(rows, o.grad_accum);
       if (o.clip > 0) nn::clip_grad_norm_(model->parameters(), o.clip);
       opt->step();
       NoGradGuard no_grad;  // an evaluation batch, as between the steps of train()
       step_trace::Pause not_timed;  // memory only: the step-time model times the training step
       AutocastGuard bf16(DType::bf16, o.autocast());
       model->eval();
-      Tensor x = tokens(), y = tokens(), logits = (*model)(x);
+      Tensor x = tokens(rows), y = tokens(rows), logits = (*model)(x);
       apps::loss_of(loss, logits.view({-1, logits.size(-1)}), y.view({-1}));
       model->train();
     };
@@ -337,7 +347,9 @@ void validate(TrainOptions& o, const Ranks& ranks, Run& run) {
   check_tensor_parallel(o, ranks, run);
   WEFT_CHECK(o.lr > 0 && o.steps > 0 && o.batch_size > 0 && o.grad_accum > 0,
              "transformer: --lr, --steps, --batch-size and --grad-accum must be positive");
-  if (o.deterministic) run.leaves = apps::make_leaf_plan("transformer", o.virtual_batches, o.batch_size, o.grad_accum, ranks);
+  if (o.deterministic)  // checked at --plan-ranks' world too, before the plan
+    run.leaves = apps::make_leaf_plan("transformer", o.virtual_batches, o.batch_size, o.grad_accum,
+                                      o.plan.ranks > 0 ? o.plan.ranks : ranks.world, ranks.rank);
   WEFT_CHECK(!o.deterministic || o.sharding_strategy != "NO_SHARD",
              "transformer: --deterministic reduces gradients over one sharded dimension: use --sharding-strategy "
              "FULL_SHARD or SHARD_GRAD_OP, not NO_SHARD");

@@ -96,6 +96,26 @@ train plain_n2 "${launch[@]}" -np 2 "$transformer" "${plain[@]}" --fsdp --thread
 [ "$(losses "$tmp/plain_n1")" != "$(losses "$tmp/plain_n2")" ] ||
   fail "without --deterministic 1 and 2 ranks logged the same losses: the comparison above could not fail"
 
+# The memory plan runs the step's leaves as training does (one forward and backward per leaf; under
+# FSDP every leaf's gradients kept until the last): its peak is the run's within 1 % (it had been
+# 25 % low under FSDP and 187 % high in one process, planning one backward of the whole batch).
+plan_within() {  # TAG COMMAND...
+  local tag=$1 pct
+  shift
+  run "$@" --memory-budget 1G >"$tmp/$tag.out" 2>&1 || fail "$tag: $* ended with status $?: $(tail -5 "$tmp/$tag.out")"
+  pct=$(grep -o 'the plan predicted [0-9]* bytes ([-+0-9.]* %)' "$tmp/$tag.out" | grep -o '([-+0-9.]*' | tr -d '(')
+  [ -n "$pct" ] || fail "$tag: no plan beside the peak: $(tail -5 "$tmp/$tag.out")"
+  awk -v p="$pct" 'BEGIN { exit !(p < 1 && p > -1) }' || fail "$tag: the plan is $pct % off the peak"
+}
+plan_small=(train --steps 2 --batch-size 16 --ctx 32 --n-layer 2 --d-model 64 --eval-every 2 --eval-iters 1 --deterministic)
+plan_within plan_gpt_t1 "$transformer" "${plan_small[@]}" --grad-accum 2 --threads 1
+plan_within plan_gpt_n2 "${launch[@]}" -np 2 "$transformer" "${plan_small[@]}" --fsdp --threads 1 --virtual-batches 4
+plan_within plan_mlp_t1 "$mnist" --steps 2 --batch-size 64 --deterministic --data "$(mnist_small 1000)" --threads 1
+plan_within plan_mlp_n2 "${launch[@]}" -np 2 "$mnist" --steps 2 --batch-size 64 --deterministic --data "$(mnist_small 1000)" --fsdp --threads 1
+# --plan-ranks N checks the split at N ranks, not at this one process's.
+run "$mnist" --fsdp --plan-ranks 3 --deterministic --virtual-batches 12 --batch-size 96 >"$tmp/plan4.out" 2>&1 ||
+  fail "--plan-ranks 3 --virtual-batches 12 refused: $(cat "$tmp/plan4.out")"
+
 # What does not fit is named.
 expect() {  # expect WHAT-THE-ERROR-NAMES COMMAND...
   local want=$1
@@ -110,4 +130,5 @@ expect "--virtual-batches 3 must divide --batch-size 16" "$transformer" "${small
 expect "--grad-accum 3 must be a power of two" "$transformer" "${small[@]}" --grad-accum 3
 expect "NO_SHARD" "${launch[@]}" -np 2 "$transformer" "${small[@]}" --fsdp --sharding-strategy NO_SHARD
 expect "requires --deterministic" "$mnist" --virtual-batches 4
+expect "2 ranks must divide --virtual-batches 1" "$mnist" --fsdp --plan-ranks 2 --deterministic --virtual-batches 1
 echo "deterministic: GPT, Llama, bf16 and the MLP bitwise equal at 1/2 threads and 1/2/4${eight:+/8} ranks"
