@@ -31,12 +31,16 @@ void classify(PeakParts& parts, std::set<std::string>& groups, const std::string
   }
 }
 
+}  // namespace
+
 std::string describe(const PlanSettings& s) {
   int kept = 0;
   for (bool r : s.reshard_after_forward) kept += r ? 0 : 1;
   return fmt::format("reshard_after_forward false for {} of {} groups, activation checkpointing {}", kept,
                      s.reshard_after_forward.size(), nn::checkpointing_name(s.activation_checkpointing));
 }
+
+namespace {
 
 // Sets up and runs the training step on the meta device; the peak and its parts.
 MemoryPlan run_plan(const MemoryPlanRequest& r, const PlanSettings& settings) {
@@ -106,14 +110,18 @@ MemoryPlan plan_memory(const MemoryPlanRequest& r) {
   } else {
     // Fastest first: no recomputation before it, and of each, the most groups kept gathered
     // from forward to backward (no second all-gather). Keeping the last k groups (those
-    // backward reaches first) costs more memory as k grows, so k is found by bisection.
+    // backward reaches first) costs more memory as k grows, so k is found by bisection. What the
+    // caller fixed is not searched.
     std::optional<MemoryPlan> smallest;
-    for (nn::Checkpointing ac : {nn::Checkpointing::none, nn::Checkpointing::selective, nn::Checkpointing::full}) {
-      if (ac != nn::Checkpointing::none && !r.can_checkpoint) break;
+    std::vector<nn::Checkpointing> acs{nn::Checkpointing::none, nn::Checkpointing::selective, nn::Checkpointing::full};
+    if (r.fixed_checkpointing) acs = {*r.fixed_checkpointing};
+    const int searched = r.fixed_reshard ? 0 : n;
+    for (nn::Checkpointing ac : acs) {
+      if (ac != nn::Checkpointing::none && !r.can_checkpoint && !r.fixed_checkpointing) break;
       auto settings_for = [&](int k) {
         PlanSettings s;
         s.activation_checkpointing = ac;
-        for (int g = 0; g < n; ++g) s.reshard_after_forward.push_back(g < n - k);
+        for (int g = 0; g < n; ++g) s.reshard_after_forward.push_back(r.fixed_reshard ? *r.fixed_reshard : g < n - k);
         return s;
       };
       MemoryPlan least = run(settings_for(0));
@@ -122,12 +130,12 @@ MemoryPlan plan_memory(const MemoryPlanRequest& r) {
         continue;
       }
       MemoryPlan best = least;
-      if (n > 0) {
-        MemoryPlan all = run(settings_for(n));
+      if (searched > 0) {
+        MemoryPlan all = run(settings_for(searched));
         if (all.fits) {
           best = all;
         } else {
-          int lo = 0, hi = n;  // lo fits, hi does not
+          int lo = 0, hi = searched;  // lo fits, hi does not
           while (hi - lo > 1) {
             int mid = (lo + hi) / 2;
             MemoryPlan p = run(settings_for(mid));
@@ -142,11 +150,12 @@ MemoryPlan plan_memory(const MemoryPlanRequest& r) {
     out = *smallest;
   }
   out.tried = std::move(tried);
+  out.ranks = !r.ranks.empty() ? r.ranks : fmt::format("{} rank{}", out.world_size, out.world_size == 1 ? "" : "s");
   return out;
 }
 
 std::string MemoryPlan::table() const {
-  std::string t = fmt::format("memory plan per rank at {} rank{}: {}\n", world_size, world_size == 1 ? "" : "s",
+  std::string t = fmt::format("memory plan per rank at {}: {}\n", ranks,
                               describe(settings));
   auto row = [&](const char* what, int64_t bytes, const std::string& note = "") {
     t += fmt::format("  {:<34} {:>12} {:>14}{}\n", what, format_mib(bytes), bytes, note);

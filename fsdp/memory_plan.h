@@ -43,11 +43,15 @@ using StepSetup = std::function<TrainingStep(const PlanSettings&, const std::sha
 struct MemoryPlanRequest {
   StepSetup setup;
   int world_size = 1;      // ranks the model is sharded over
+  std::string ranks;       // how the table names the ranks ("4 ranks (2 data-parallel x tp 2)"); "": world_size's
   bool sharded = true;     // false: one process, no fully_shard (mesh is null)
   int tunable_groups = 0;  // the size of PlanSettings::reshard_after_forward
   bool can_checkpoint = false;  // whether the search may turn activation checkpointing on (selective, then full)
   PlanSettings settings;   // what is planned without a budget
   std::optional<int64_t> budget;  // bytes per rank (above what is live before training)
+  // What the caller fixed (its user chose): a budget's search keeps it and chooses only the rest.
+  std::optional<nn::Checkpointing> fixed_checkpointing;
+  std::optional<bool> fixed_reshard;  // every tunable group's reshard_after_forward
   int steps = 2;           // optimizer state appears in the first step; the second is the steady state
   bool record_step = false;  // keep the last step's trace in MemoryPlan::step (for the step-time model)
 };
@@ -65,6 +69,7 @@ struct PeakParts {
 
 struct MemoryPlan {
   int world_size = 1;
+  std::string ranks;  // the request's, or "N rank(s)"
   PlanSettings settings;
   int64_t peak_bytes = 0;  // predicted peak per rank
   std::string peak_at;     // the owner of the allocation that reaches the peak
@@ -76,6 +81,9 @@ struct MemoryPlan {
   // A table of the peak's parts, the settings and, with a budget, whether it fits.
   std::string table() const;
 };
+
+// "reshard_after_forward false for K of N groups, activation checkpointing AC".
+std::string describe(const PlanSettings& settings);
 
 MemoryPlan plan_memory(const MemoryPlanRequest& request);
 

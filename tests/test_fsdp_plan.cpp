@@ -176,6 +176,30 @@ TEST_CASE("with a budget, plan_memory chooses settings that fit, and training wi
   CHECK(refused.table().find("does NOT fit: over by") != std::string::npos);
 }
 
+TEST_CASE("with a budget, plan_memory keeps the settings the caller fixed and chooses the rest") {
+  fsdp::MemoryPlanRequest r = request();
+  r.budget = int64_t(1) << 40;  // everything fits: the search would keep every group gathered, without recomputation
+  r.fixed_checkpointing = nn::Checkpointing::full;
+  fsdp::MemoryPlan p = fsdp::plan_memory(r);
+  INFO(p.table());
+  CHECK(p.settings.activation_checkpointing == nn::Checkpointing::full);
+  CHECK(p.settings.reshard_after_forward == std::vector<bool>(size_t(kConfig.n_layer), false));
+  r.fixed_checkpointing.reset();
+  r.fixed_reshard = true;
+  p = fsdp::plan_memory(r);
+  INFO(p.table());
+  CHECK(p.settings.activation_checkpointing == nn::Checkpointing::none);
+  CHECK(p.settings.reshard_after_forward == std::vector<bool>(size_t(kConfig.n_layer), true));
+  // A budget the fixed settings cannot meet is refused even where others would fit.
+  fsdp::MemoryPlanRequest least = request();
+  least.settings = settings(true, nn::Checkpointing::full);
+  const int64_t smallest = fsdp::plan_memory(least).peak_bytes;
+  r.fixed_reshard = false;
+  r.fixed_checkpointing = nn::Checkpointing::none;
+  r.budget = smallest + 1;
+  CHECK_FALSE(fsdp::plan_memory(r).fits);
+}
+
 TEST_CASE("plan_memory leaves the random state and the memory counters of the real run alone") {
   manual_seed(3);
   const Generator::State before = default_generator().state();

@@ -50,16 +50,21 @@ int inspect(const std::string& dir) {
   size_t width = 6;
   for (auto& e : ix.tensors) width = std::max(width, e.key.size());
   std::printf("%-*s  %-5s  %-16s  %-11s  %s\n", int(width), "tensor", "dtype", "shape", "placement", "pieces");
+  // A tensor split by tensor parallelism: its placement names the split (dim, parts), and each piece its part,
+  // the piece's rows those of that part (of dim shard_dim).
   for (auto& e : ix.tensors) {
     std::string pieces;
     for (auto& s : e.shards) {
+      const std::string part = e.split.split() ? fmt::format("part{}", s.part) : "";
       if (!pieces.empty()) pieces += " ";
-      pieces += e.shard_dim < 0 ? s.file : fmt::format("{}:[{},{})", s.file.substr(0, s.file.find('.')), s.offset,
-                                                       s.offset + s.length);
+      pieces += e.shard_dim < 0 ? s.file + (part.empty() ? "" : ":" + part)
+                                : fmt::format("{}:{}[{},{})", s.file.substr(0, s.file.find('.')), part, s.offset,
+                                              s.offset + s.length);
     }
+    std::string placement = e.shard_dim < 0 ? "Replicate()" : fmt::format("Shard({})", e.shard_dim);
+    if (e.split.split()) placement += fmt::format(" split(dim {}, {} parts)", e.split.dim, e.split.parts);
     std::printf("%-*s  %-5s  %-16s  %-11s  %s\n", int(width), e.key.c_str(), safetensors_dtype_name(e.dtype),
-                shape_str(e.shape).c_str(),
-                e.shard_dim < 0 ? "Replicate()" : fmt::format("Shard({})", e.shard_dim).c_str(), pieces.c_str());
+                shape_str(e.shape).c_str(), placement.c_str(), pieces.c_str());
   }
   return 0;
 }

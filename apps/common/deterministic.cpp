@@ -12,8 +12,8 @@ LeafPlan make_leaf_plan(const std::string& program, int64_t virtual_batches, int
              "{}: --deterministic: --virtual-batches {} must divide --batch-size {}", program, virtual_batches,
              batch_size);
   WEFT_CHECK(virtual_batches % world == 0 && power_of_two(virtual_batches / world),
-             "{}: --deterministic: {} ranks must divide --virtual-batches {} into a power of two per rank (1, 2, 4, "
-             "...), so that each rank's micro-batches are one node of the summation tree", program, world,
+             "{}: --deterministic: {} rank{} must divide --virtual-batches {} into a power of two per rank (1, 2, 4, "
+             "...), so that each rank's micro-batches are one node of the summation tree", program, world, world == 1 ? "" : "s",
              virtual_batches);
   WEFT_CHECK(power_of_two(accum), "{}: --deterministic: --grad-accum {} must be a power of two (each rank's "
              "backwards per step are one node of the summation tree)", program, accum);

@@ -17,23 +17,30 @@ namespace {
 // by the ranks on this host (0: unknown).
 int64_t available_bytes() { return host_available_bytes() / (dist::is_initialized() ? dist::local_size() : 1); }
 
-// Without plan flags, a run whose planned peak is past the memory it can have would be killed
-// mid-step (a batch too large): refused first. With WEFT_MEMORY_LIMIT set, the allocator's own
-// limit stops it cleanly instead; on a GPU, the device's allocation errors do.
-// Returns no plan: the run goes on as unplanned.
-std::optional<fsdp::MemoryPlan> check_fits_this_machine(const PlanFlags& f, fsdp::MemoryPlanRequest request,
-                                                        const Ranks& ranks, Device device, const std::string& program) {
-  const int64_t available = available_bytes(), held = memory_stats(device).live_bytes;
-  if (!f.modelled || !device.is_cpu() || memory_limit(device) > 0 || available <= 0) return std::nullopt;
-  request.world_size = request.sharded ? ranks.data_world() : 1;
-  const fsdp::MemoryPlan plan = fsdp::plan_memory(request);
+// A run whose planned peak is past the memory it can have would be killed mid-step (a batch too
+// large): refused first. With WEFT_MEMORY_LIMIT set, the allocator's own limit stops it cleanly
+// instead; on a GPU, the device's allocation errors do: whether MemAvailable is checked.
+bool machine_checked(Device device) { return device.is_cpu() && memory_limit(device) <= 0 && available_bytes() > 0; }
+
+// A plan whose peak is past the memory this rank can have is refused (the run would be killed mid-step).
+void check_peak_fits_machine(const fsdp::MemoryPlan& plan, int64_t held, const std::string& program, bool budget) {
+  const int64_t available = available_bytes();
   const int local = dist::is_initialized() ? dist::local_size() : 1;
   WEFT_CHECK(plan.peak_bytes + held <= available, "{}: training would need about {} per rank (the memory plan's peak; "
-             "activations {}), more than the {} this machine has available{} (MemAvailable): use a smaller "
-             "--batch-size (with --grad-accum to keep the batch), activation checkpointing (--ac), more ranks, or "
-             "--memory-budget to let the planner choose; WEFT_MEMORY_LIMIT=BYTES runs it under that limit instead",
-             error_prefix(program), format_mib(plan.peak_bytes + held), format_mib(plan.parts.activations),
-             format_mib(available), local > 1 ? fmt::format(" to each of its {} ranks", local) : "");
+             "activations {}), more than the {} this machine has available{} (MemAvailable): {}; WEFT_MEMORY_LIMIT=BYTES "
+             "runs it under that limit instead", error_prefix(program), format_mib(plan.peak_bytes + held),
+             format_mib(plan.parts.activations), format_mib(available), local > 1 ? fmt::format(" to each of its {} ranks", local) : "",
+             budget ? "give a --memory-budget this machine has, so that the planner chooses within it"
+                    : "use a smaller --batch-size (with --grad-accum to keep the batch), activation checkpointing (--ac), "
+                      "more ranks, or --memory-budget to let the planner choose");
+}
+
+// Without plan flags: the plan of the flags' settings, checked; no plan returned (the run goes on unplanned).
+std::optional<fsdp::MemoryPlan> check_fits_this_machine(const PlanFlags& f, fsdp::MemoryPlanRequest request,
+                                                        const Ranks& ranks, Device device, const std::string& program) {
+  if (!f.modelled || !machine_checked(device)) return std::nullopt;
+  request.world_size = request.sharded ? ranks.data_world() : 1;
+  check_peak_fits_machine(fsdp::plan_memory(request), memory_stats(device).live_bytes, program, false);
   return std::nullopt;
 }
 
@@ -50,6 +57,13 @@ void add_plan_flags(CLI::App& cmd, PlanFlags& f) {
   add_step_time_flags(cmd, f.step_time);
 }
 
+std::string ranks_text(const PlanFlags& f, int world) {
+  if (f.ranks > 0) return fmt::format("the {} rank{} of --plan-ranks (weft-plan's --ranks)", f.ranks, f.ranks == 1 ? "" : "s");
+  if (world > 1) return fmt::format("the {} ranks of mpirun", world);
+  return "the 1 rank of this process (run it under mpirun -np N, or plan for N ranks with --plan-ranks N, weft-plan's "
+         "--ranks N)";
+}
+
 std::optional<fsdp::MemoryPlan> plan_from_flags(const PlanFlags& f, fsdp::MemoryPlanRequest request,
                                                 const Ranks& ranks, Device device, const StepItems& per_step,
                                                 const std::string& program) {
@@ -60,6 +74,8 @@ std::optional<fsdp::MemoryPlan> plan_from_flags(const PlanFlags& f, fsdp::Memory
   WEFT_CHECK(f.ranks == 0 || request.sharded, "memory plan: --plan-ranks plans sharded training: add --fsdp");
   // The ranks fully_shard shards over: the data-parallel ones (--tp splits each group's model).
   request.world_size = request.sharded ? (f.ranks > 0 ? f.ranks / ranks.tp : ranks.data_world()) : 1;
+  if (request.sharded && ranks.tp > 1)
+    request.ranks = fmt::format("{} ranks ({} data-parallel x tp {})", request.world_size * ranks.tp, request.world_size, ranks.tp);
   request.record_step = f.step_time.wanted;
   const int64_t held = memory_stats(device).live_bytes;
   int64_t budget = 0;
@@ -76,12 +92,12 @@ std::optional<fsdp::MemoryPlan> plan_from_flags(const PlanFlags& f, fsdp::Memory
     if (held > 0) std::fprintf(out, "  (above the %lld bytes held before the model)\n", (long long)held);
     std::fflush(out);
   }
-  WEFT_CHECK(plan.fits, "memory plan: training does not fit --memory-budget {} at {} rank{}: the smallest plan (activation "
-             "checkpointing {}, every group resharded after forward) needs {} bytes per rank, {} more than the "
-             "budget leaves after the {} bytes held before the model; use more ranks or a smaller model or batch",
-             f.budget, plan.world_size, plan.world_size == 1 ? "" : "s",
-             nn::checkpointing_name(plan.settings.activation_checkpointing), plan.peak_bytes, plan.peak_bytes - budget + held,
-             held);
+  WEFT_CHECK(plan.fits, "memory plan: training does not fit --memory-budget {} at {}: the smallest plan ({}) "
+             "needs {} bytes per rank, {} more than the budget leaves after the {} bytes held before the model; use "
+             "more ranks or a smaller model or batch{}", f.budget, plan.ranks,
+             fsdp::describe(plan.settings), plan.peak_bytes, plan.peak_bytes - budget + held, held,
+             request.fixed_checkpointing || request.fixed_reshard ? ", or leave the settings given by flag to the planner" : "");
+  if (!f.only() && request.budget && machine_checked(device)) check_peak_fits_machine(plan, held, program, true);
   report_step_time(f.step_time, plan, ranks, f.ranks > 0 ? f.ranks : ranks.world, per_step, f.only() ? stdout : stderr,
                    program);
   return plan;

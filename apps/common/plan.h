@@ -27,6 +27,10 @@ struct PlanFlags {
 
 void add_plan_flags(CLI::App& cmd, PlanFlags& flags);
 
+// The ranks a run plans for or has, for messages: "the 4 ranks of --plan-ranks (weft-plan's --ranks)",
+// "the 2 ranks of mpirun", or "the 1 rank of this process (...how to plan for more)".
+std::string ranks_text(const PlanFlags& flags, int world);
+
 // When the flags ask for a plan: fills in the world size and the budget (less what `device`
 // holds already) and plans; rank 0 prints the table (to stdout under --plan), and with
 // --step-time the predicted step (apps/common/step_time.h) training on `per_step`. A budget

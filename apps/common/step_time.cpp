@@ -153,22 +153,41 @@ std::pair<double, double> elementwise_and_framework(const std::vector<step_trace
 
 }  // namespace
 
+namespace {
+
+const std::regex& network_form() {
+  static const std::regex form(R"(^([0-9]+(?:\.[0-9]+)?)(?:,([0-9]+(?:\.[0-9]+)?))?$)");
+  return form;
+}
+
+// "" when `text` is a link GBPS[,LATENCY_US] with a positive bandwidth, else what is wrong.
+std::string network_error(const std::string& text) {
+  std::smatch m;
+  if (std::regex_match(text, m, network_form()) && std::stod(m[1].str()) > 0) return "";
+  return fmt::format("expected GBPS[,LATENCY_US] with a positive bandwidth in Gb/s (e.g. 100 or 100,5), got \"{}\"", text);
+}
+
+}  // namespace
+
 void add_step_time_flags(CLI::App& cmd, StepTimeFlags& f) {
   cmd.add_flag("--step-time", f.wanted,
                "with --plan, --plan-ranks or --memory-budget: predict the step's time from this machine's measured compute "
                "and the network (docs/PARALLEL.md, \"Step-time model\")");
+  // Checked as the flags are read, before any plan is made.
+  const CLI::Validator link([](std::string& text) { return network_error(text); }, "GBPS[,LATENCY_US]");
   cmd.add_option("--network", f.network,
-                 "the network --step-time assumes, GBPS[,LATENCY_US] (e.g. 100,5); default: measured on this run's ranks");
+                 "the network --step-time assumes, GBPS[,LATENCY_US] (e.g. 100,5); default: measured on this run's ranks")
+      ->check(link);
   cmd.add_option("--tp-network", f.tp_network,
                  "a link of their own for the tensor-parallel groups' collectives (inside a node), GBPS[,LATENCY_US] "
-                 "(e.g. 400,1); default: --network's");
+                 "(e.g. 400,1); default: --network's")->check(link);
 }
 
 fsdp::Link parse_network(const std::string& text, const std::string& flag) {
-  static const std::regex form(R"(^([0-9]+(?:\.[0-9]+)?)(?:,([0-9]+(?:\.[0-9]+)?))?$)");
+  const std::string error = network_error(text);
+  WEFT_CHECK(error.empty(), "{}: {}", flag, error);
   std::smatch m;
-  WEFT_CHECK(std::regex_match(text, m, form) && std::stod(m[1].str()) > 0,
-             "{}: expected GBPS[,LATENCY_US] with a positive bandwidth in Gb/s (e.g. 100 or 100,5), got \"{}\"", flag, text);
+  std::regex_match(text, m, network_form());
   return {.latency_seconds = (m[2].matched ? std::stod(m[2].str()) : 5.0) * 1e-6,
           .bytes_per_second = std::stod(m[1].str()) * 1e9 / 8};
 }

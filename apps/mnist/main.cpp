@@ -331,10 +331,13 @@ void prepare_run(const Options& o, const Ranks& ranks, Run& run) {
   const int64_t n_train = run.data.train.images.size(0);
   run.steps_per_epoch = n_train / o.batch_size;
   WEFT_CHECK(run.steps_per_epoch > 0, "mnist: batch size {} exceeds the {} training samples", o.batch_size, n_train);
+  if (!o.save.empty() || !o.load.empty() || ranks.fsdp) run.train_set = training_set(run.data.train);
+  // --load's checkpoint is checked before any plan: weft-plan plans only a run that can start.
+  if (!o.load.empty()) run.resume_from = checkpoint_to_load(o, run.train_set, run.steps_per_epoch, ranks.lead());
   reset_peak_memory_stats(run.device);
   run.start_bytes = memory_stats(run.device).live_bytes;
   WEFT_CHECK(o.plan.ranks == 0 || o.batch_size % o.plan.ranks == 0,
-             "mnist: --batch-size {} does not split evenly over --plan-ranks {}", o.batch_size, o.plan.ranks);
+             "mnist: --batch-size {} does not split evenly over {}", o.batch_size, apps::ranks_text(o.plan, 0));
   run.plan = apps::plan_from_flags(o.plan, plan_request(o, ranks.fsdp, run.data.rows, run.data.cols), ranks,
                                    run.device, {double(o.batch_size), "images"}, "weft-mnist");
   if (o.plan.only()) return;  // printed; nothing to build or train
@@ -349,8 +352,6 @@ void prepare_run(const Options& o, const Ranks& ranks, Run& run) {
     run.model = apps::make_mnist_model(o.model, run.data.rows, run.data.cols);
     run.model->to(run.device);  // initialised on the host (the same values on every device), then moved
   }
-  if (!o.save.empty() || !o.load.empty() || ranks.fsdp) run.train_set = training_set(run.data.train);
-  if (!o.load.empty()) run.resume_from = checkpoint_to_load(o, run.train_set, run.steps_per_epoch, ranks.lead());
   apps::check_outputs_apart({{"--metrics", o.metrics}, {"--save", o.save, true}, {"WEFT_TRACE", trace::file()}},
                             {{"--data", o.data}, {"--load", run.resume_from}}, "mnist");
   if (!o.save.empty() && ranks.lead() && !o.plan.only()) run.dir_lock.emplace(o.save);  // nothing made before

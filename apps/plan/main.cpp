@@ -49,6 +49,10 @@ int main(int argc, char** argv) {
   bool ranks = false;
   for (int i = 2; i < argc; ++i) {
     std::string a = argv[i];
+    if ((a == "--ranks" || a.starts_with("--ranks=")) && ranks) {
+      std::fprintf(stderr, "weft-plan: --ranks is given more than once\n");
+      return 2;
+    }
     if (a == "--ranks" || a.starts_with("--ranks=")) {
       // Checked here, so that the error names weft-plan's flag rather than the app's --plan-ranks.
       const std::string n = a == "--ranks" ? (i + 1 < argc ? argv[i + 1] : "") : a.substr(8);
@@ -62,7 +66,10 @@ int main(int argc, char** argv) {
     }
     args.push_back(a);
   }
-  if (ranks && std::find(args.begin(), args.end(), "--fsdp") == args.end()) {
+  auto fsdp = [](const std::string& a) {  // --fsdp, or CLI11's --fsdp=VALUE with a true value
+    return a == "--fsdp" || (a.starts_with("--fsdp=") && a != "--fsdp=false" && a != "--fsdp=0" && a != "--fsdp=off");
+  };
+  if (ranks && std::none_of(args.begin(), args.end(), fsdp)) {
     std::fprintf(stderr, "weft-plan: --ranks plans sharded training: add --fsdp\n");
     return 2;
   }

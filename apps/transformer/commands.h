@@ -39,12 +39,14 @@ struct TrainOptions {
   bool fsdp = false;
   int tp = 1;  // ranks per tensor-parallel group (tensor_parallel.h)
   nn::Checkpointing checkpointing = nn::Checkpointing::none;  // --ac (--activation-checkpointing: full)
-  std::string ac = "none";
+  std::string ac;  // "": not given (none)
   bool ac_full = false;
+  bool ac_given() const { return ac_full || !ac.empty(); }  // a memory budget then keeps it
   bool deterministic = false;
   bool pack = false;  // a dataset of examples: several per row (example_data.h)
   int64_t virtual_batches = 8;  // --deterministic's V
   std::string reshard_after_forward, mixed_precision = "none";  // reshard_after_forward "": true
+  bool reshard_given = false;  // --reshard-after-forward: a memory budget keeps it
   bool autocast() const { return mixed_precision == "bf16" && !fsdp; }  // else FSDP's policy, if any
   std::string sharding_strategy = "FULL_SHARD";
   std::string device = "cpu";

@@ -50,8 +50,8 @@ void add_step_flags(CLI::App* tr, TrainOptions& t) {
   auto* ac_full = tr->add_flag("--activation-checkpointing", t.ac_full, "--ac full");
   tr->add_option("--ac", t.ac, "activation checkpointing of each block: none, selective (keep the outputs of its "
                  "GEMMs and attention, recompute the element-wise ops and norms in backward) or full (keep its input "
-                 "only, recompute its whole forward)")->check(CLI::IsMember({"none", "selective", "full"}))
-      ->capture_default_str()->excludes(ac_full);
+                 "only, recompute its whole forward; default none, or with --memory-budget the planner's choice)")
+      ->check(CLI::IsMember({"none", "selective", "full"}))->excludes(ac_full);
   apps::add_plan_flags(*tr, t.plan);
   tr->add_flag("--fsdp", t.fsdp, "shard over the ranks of mpirun: fully_shard per block, then the root");
   tr->add_option("--tp", t.tp, "under --fsdp: split each layer over N consecutive ranks (tensor parallel), "
@@ -324,7 +324,7 @@ int main(int argc, char** argv) {
   }
   CLI11_PARSE(app, argc, argv);
   note_given_sampling(s, *sa);
-  t.checkpointing = t.ac_full ? nn::Checkpointing::full : nn::parse_checkpointing(t.ac, "--ac");
+  t.checkpointing = t.ac_full ? nn::Checkpointing::full : nn::parse_checkpointing(t.ac.empty() ? "none" : t.ac, "--ac");
   if (t.model.arch == "llama") t.untie = t.untie || !t.tie;  // Llama's head is untied by default
   else if (t.tie || tr->get_option("--rope-theta")->count() > 0) {  // flags GPT-2 would ignore
     std::fprintf(stderr, "weft-transformer: %s is for --arch llama (%s)\n", t.tie ? "--tie" : "--rope-theta",

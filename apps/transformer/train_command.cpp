@@ -138,6 +138,8 @@ fsdp::MemoryPlanRequest plan_request(const TrainOptions& o, bool fsdp, bool full
   r.can_checkpoint = true;
   r.settings.activation_checkpointing = o.checkpointing;
   r.settings.reshard_after_forward.assign(size_t(r.tunable_groups), o.reshard_after_forward == "true");
+  if (o.ac_given()) r.fixed_checkpointing = o.checkpointing;  // a budget chooses only what the flags leave open
+  if (o.reshard_given) r.fixed_reshard = o.reshard_after_forward == "true";
   r.setup = [o, full_rows](const fsdp::PlanSettings& s, const std::shared_ptr<dist::DeviceMesh>& mesh) -> fsdp::TrainingStep {
     manual_seed(o.seed);
     const apps::LanguageModel lm = apps::make_model(o.model);
@@ -309,8 +311,7 @@ void check_tensor_parallel(const TrainOptions& o, const Ranks& ranks, const Run&
   WEFT_CHECK(o.fsdp, "transformer: --tp {} splits the model among the ranks of an FSDP run: add --fsdp (fully_shard "
              "then shards it over the data-parallel groups, one included)", o.tp);
   const int world = o.plan.ranks > 0 ? o.plan.ranks : ranks.world;  // --plan-ranks: the run planned
-  WEFT_CHECK(world % o.tp == 0, "transformer: --tp {} does not divide the {} ranks of {}", o.tp, world,
-             o.plan.ranks > 0 ? "--plan-ranks" : "mpirun");
+  WEFT_CHECK(world % o.tp == 0, "transformer: --tp {} does not divide {}", o.tp, apps::ranks_text(o.plan, world));
   WEFT_CHECK(run.device.is_cpu(), "transformer: --tp runs on the CPU for now, not {}", run.device.str());
   WEFT_CHECK(!o.deterministic, "transformer: --tp cannot run --deterministic: a row-parallel layer adds its ranks' "
              "partial products in another order than one rank's matmul, so the bits differ at any --tp above 1");
@@ -343,6 +344,7 @@ void validate(TrainOptions& o, const Ranks& ranks, Run& run) {
   WEFT_CHECK(o.sharding_strategy == "FULL_SHARD" || o.reshard_after_forward.empty(),
              "transformer: --reshard-after-forward applies to --sharding-strategy FULL_SHARD only ({} decides it)",
              o.sharding_strategy);
+  o.reshard_given = !o.reshard_after_forward.empty();
   if (o.reshard_after_forward.empty()) o.reshard_after_forward = "true";  // FULL_SHARD's default
   check_tensor_parallel(o, ranks, run);
   WEFT_CHECK(o.lr > 0 && o.steps > 0 && o.batch_size > 0 && o.grad_accum > 0,
@@ -354,9 +356,10 @@ void validate(TrainOptions& o, const Ranks& ranks, Run& run) {
              "transformer: --deterministic reduces gradients over one sharded dimension: use --sharding-strategy "
              "FULL_SHARD or SHARD_GRAD_OP, not NO_SHARD");
   const int dp = (o.plan.ranks > 0 ? o.plan.ranks : ranks.world) / o.tp;  // the batch's slices
-  WEFT_CHECK(o.batch_size % dp == 0, "transformer: --batch-size {} does not split evenly over {} {}{}: it is the global "
-             "batch and each takes an equal slice, so use a multiple of {}", o.batch_size, dp,
-             o.tp > 1 ? "data-parallel groups" : "ranks", o.plan.ranks > 0 ? " of --plan-ranks" : "", dp);
+  WEFT_CHECK(o.batch_size % dp == 0, "transformer: --batch-size {} does not split evenly over {}{}: it is the global "
+             "batch and each takes an equal slice, so use a multiple of {}", o.batch_size,
+             apps::ranks_text(o.plan, o.plan.ranks > 0 ? o.plan.ranks : ranks.world),
+             o.tp > 1 ? fmt::format(" (their {} data-parallel groups of --tp {})", dp, o.tp) : "", dp);
   const bool raf_bool = o.reshard_after_forward == "true" || o.reshard_after_forward == "false";
   if (const int64_t k = raf_bool ? 0 : std::stoll(o.reshard_after_forward), n = ranks.data_world(); k > 0 && ranks.fsdp && !o.plan.wanted())
     WEFT_CHECK(k > 1 && k < n && n % k == 0, "transformer: --reshard-after-forward {} must divide the {} ranks and lie "

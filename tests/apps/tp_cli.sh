@@ -88,6 +88,10 @@ run 4 --fsdp --tp 2 "${cfg[@]}" --stop-after 10 --checkpoint-dir "$tmp/ck22" >/d
 grep -q '"tp"' "$tmp"/ck22/step_00000010/index.json && [ "$(ls "$tmp"/ck22/step_00000010/rank_*.safetensors | wc -l)" = 4 ] ||
   fail "the (2, 2) checkpoint has no tp dim or not 4 files: $(ls "$tmp"/ck22/step_00000010)"
 "$ck_exe" verify "$tmp/ck22" >/dev/null 2>"$tmp/err" || fail "verify of the (2, 2) checkpoint: $(cat "$tmp/err")"
+# inspect names the split and each piece's part (o_proj is split along its columns, dim 1).
+"$ck_exe" inspect "$tmp/ck22" >"$tmp/inspect" 2>&1 || fail "inspect of the (2, 2) checkpoint: $(cat "$tmp/inspect")"
+grep -qE 'layers\.0\.self_attn\.o_proj\.weight +F32 +\[[0-9]+, [0-9]+\] +Shard\(0\) split\(dim 1, 2 parts\) .*:part1\[' \
+  "$tmp/inspect" || fail "inspect does not show o_proj's split and parts: $(grep o_proj "$tmp/inspect" | head -2)"
 "$ck_exe" consolidate "$tmp/ck22" "$tmp/c22.safetensors" >/dev/null 2>"$tmp/err" ||
   fail "consolidate of the (2, 2) checkpoint: $(cat "$tmp/err")"
 for layout in "4 1" "2 2" "1 1"; do
@@ -116,7 +120,7 @@ for layout in "4 1G none" "2 6500K selective" "2 5M full"; do
   set -- $layout
   run "$1" --fsdp --tp 2 "${big[@]}" --memory-budget "$2" >/dev/null 2>"$tmp/plan.err" ||
     fail "--tp 2 --memory-budget $2 at $1 ranks: $(cat "$tmp/plan.err")"
-  grep -q "memory plan per rank.*activation checkpointing $3$" "$tmp/plan.err" ||
+  grep -q "memory plan per rank at $1 ranks ($(($1 / 2)) data-parallel x tp 2): .*activation checkpointing $3$" "$tmp/plan.err" ||
     fail "--memory-budget $2 at $1 ranks did not choose --ac $3: $(grep -A12 'memory plan' "$tmp/plan.err")"
   pct=$(grep -o 'the plan predicted [0-9]* bytes ([-+0-9.]* %)' "$tmp/plan.err" | grep -o '([-+0-9.]*' | tr -d '(')
   awk -v p="$pct" 'BEGIN { exit !(p != "" && p <= 5 && p >= -5) }' ||
