@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -17,7 +18,9 @@
 #include "apps/transformer/chat_template.h"
 #include "apps/transformer/example_data.h"
 #include "apps/transformer/hf_checkpoint.h"
+#include "apps/transformer/text_data.h"
 #include "apps/transformer/token_data.h"
+#include "apps/transformer/utf8.h"
 #include "scratch_dir.h"
 
 using namespace weft;
@@ -282,5 +285,34 @@ TEST_CASE("packed rows give every example the loss it has alone (Llama and GPT-2
   SECTION("positions that do not count from 0 are named") {
     Tensor pos = from_vector({0, 1, 2, 4}, {1, 4}, {.dtype = kInt64});
     CHECK_THROWS_WITH(nn::Documents::from_positions(pos), Contains("row 0 position 3 is 4"));
+  }
+}
+
+TEST_CASE("a folder of JSONL records follows links to .jsonl files; passed-over links are named", "[apps][examples]") {
+  const fs::path dir = kScratch.fresh("links");
+  std::string records;
+  for (int i = 0; i < 6; ++i) records += R"({"text": "record )" + std::to_string(i) + "\"}\n";
+  write(dir / "blob", records);
+  fs::create_directories(dir / "snap" / "sub");
+  fs::create_symlink(dir / "blob", dir / "snap" / "train.jsonl");  // a Hugging Face snapshot's link
+  write(dir / "snap" / "extra.jsonl", R"({"text": "more"})" "\n");
+  write(dir / "snap" / "sub" / "skipped.jsonl", R"({"text": "not read"})" "\n");
+  fs::create_symlink(dir / "blob", dir / "snap" / "README.md");  // not a .jsonl file: passed over
+  CHECK(apps::is_jsonl_data((dir / "snap").string()));
+  const auto p = apps::prepare_examples(kChat + "/chatml", (dir / "snap").string(), (dir / "o").string(),
+                                        "<|endoftext|>", 0.1, true, "");
+  CHECK(p.files == 2);
+  CHECK(p.records == 7);
+  // Text folders pass over links (the fortunes folder's *.u8 links): when that leaves nothing, the error says so,
+  // without the hint about the default data.
+  fs::create_directories(dir / "texts");
+  fs::create_symlink(dir / "blob", dir / "texts" / "a.txt");
+  try {
+    apps::text_files((dir / "texts").string());
+    FAIL("accepted");
+  } catch (const Error& e) {
+    CHECK_THAT(std::string(e.what()), Contains("no text found in") && Contains("1 symbolic link(s) or sub-folder(s), "
+                                                                                "such as a.txt, which are not read"));
+    CHECK_THAT(std::string(e.what()), !Contains("fortunes"));
   }
 }
