@@ -288,6 +288,77 @@ TEST_CASE("packed rows give every example the loss it has alone (Llama and GPT-2
   }
 }
 
+namespace {
+
+// The ids and labels (as transformers writes them: the id, or -100) of the examples prepared from `data`.
+std::pair<std::vector<int64_t>, std::vector<int64_t>> prepared(const std::string& tokenizer, const fs::path& data,
+                                                               const fs::path& out, const std::string& format = "") {
+  apps::prepare_examples(tokenizer, data.string(), out.string(), "<|endoftext|>", 0, true, format);
+  apps::TrainingData d;
+  apps::load_training_data(out.string(), d);
+  const std::vector<int64_t> ids = concat(d.train, d.val), labels = concat(d.train_labels, d.val_labels);
+  std::vector<int64_t> got_labels;
+  for (size_t i = 0; i < ids.size(); ++i) got_labels.push_back(labels[i] == apps::kLabelTrained ? ids[i] : -100);
+  return {ids, got_labels};
+}
+
+}  // namespace
+
+TEST_CASE("Qwen3's template and chatml default system messages written with Jinja escapes render as transformers' "
+          "apply_chat_template", "[apps][examples]") {
+  std::ifstream in(kChat + "/templates.json");
+  const nlohmann::json cases = nlohmann::json::parse(in)["cases"];
+  for (const nlohmann::json& c : cases) {
+    SECTION(c["name"].get<std::string>()) {
+      const fs::path dir = kScratch.fresh(c["name"].get<std::string>());
+      std::string tokenizer = kChat + "/" + c["dir"].get<std::string>();
+      if (c.contains("template")) {  // the chatml fixture's tokenizer with this template
+        fs::create_directories(dir / "tok");
+        fs::copy_file(tokenizer + "/tokenizer.json", dir / "tok" / "tokenizer.json");
+        write(dir / "tok" / "tokenizer_config.json", nlohmann::json{{"chat_template", c["template"]}}.dump());
+        tokenizer = (dir / "tok").string();
+      }
+      std::ofstream data(dir / "d.jsonl");
+      std::vector<int64_t> want_ids, want_labels;
+      for (const auto& r : c["records"]) {
+        data << nlohmann::json{{"messages", r["messages"]}}.dump() << "\n";
+        for (int64_t id : r["ids"]) want_ids.push_back(id);
+        for (int64_t l : r["labels"]) want_labels.push_back(l);
+      }
+      data.close();
+      const auto [ids, labels] = prepared(tokenizer, dir / "d.jsonl", dir / "ds");
+      CHECK(ids == want_ids);
+      CHECK(labels == want_labels);
+      CHECK(apps::load_chat_template(tokenizer, "").format ==
+            (c["name"] == "qwen3" ? apps::ChatFormat::qwen3 : apps::ChatFormat::chatml));
+    }
+  }
+}
+
+TEST_CASE("a chatml default system message weft cannot read, and a <think> template that is not Qwen3's, are named",
+          "[apps][examples]") {
+  const fs::path dir = kScratch.fresh("unreadable");
+  fs::copy_file(kChat + "/chatml/tokenizer.json", dir / "tokenizer.json");
+  auto config = [&](const std::string& t) { write(dir / "tokenizer_config.json", nlohmann::json{{"chat_template", t}}.dump()); };
+  config("{% set s = 'Be kind.' %}{% if messages[0].role != 'system' %}{{ '<|im_start|>system\\n' + s + "
+         "'<|im_end|>\\n' }}{% endif %}{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + "
+         "'<|im_end|>\\n' }}{% endfor %}");
+  CHECK_THROWS_WITH(apps::load_chat_template(dir.string(), ""),
+                    Contains("tokenizer_config.json: cannot read the chatml default system message") && Contains("`s +"));
+  config("{{ '<|im_start|>system\\nA\\N{BULLET}<|im_end|>' }}");
+  CHECK_THROWS_WITH(apps::load_chat_template(dir.string(), ""), Contains("a \\N{NAME} escape"));
+  // A default written as template text, and the system header joined to messages[0]'s content, are read.
+  config("{% if messages[0].role != 'system' %}<|im_start|>system\nPlain 'text'.<|im_end|>\n{% else %}"
+         "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}{% endif %}");
+  CHECK(apps::load_chat_template(dir.string(), "").default_system == "Plain 'text'.");
+  // QwQ's template strips the reasoning of earlier turns but puts no think block on the last.
+  config("{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content.split('</think>')[-1] + "
+         "'<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n<think>\\n' }}{% endif %}");
+  CHECK_THROWS_WITH(apps::load_chat_template(dir.string(), ""), Contains("not Qwen3's"));
+  CHECK(apps::load_chat_template(dir.string(), "qwen3").format == apps::ChatFormat::qwen3);
+  CHECK(!apps::load_chat_template(dir.string(), "qwen3").default_system);
+}
+
 TEST_CASE("a folder of JSONL records follows links to .jsonl files; passed-over links are named", "[apps][examples]") {
   const fs::path dir = kScratch.fresh("links");
   std::string records;

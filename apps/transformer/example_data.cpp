@@ -68,7 +68,12 @@ std::vector<ChatMessage> messages_of(const json& record) {
     WEFT_CHECK(m[i].is_object() && m[i].contains("role") && m[i]["role"].is_string() && m[i].contains("content") &&
                m[i]["content"].is_string(), "message {} must be an object with string \"role\" and \"content\", got {}",
                i, m[i].dump().substr(0, 80));
-    out.push_back({m[i]["role"].get<std::string>(), m[i]["content"].get<std::string>()});
+    out.push_back({m[i]["role"].get<std::string>(), m[i]["content"].get<std::string>(), std::nullopt});
+    if (m[i].contains("reasoning_content") && !m[i]["reasoning_content"].is_null()) {
+      WEFT_CHECK(m[i]["reasoning_content"].is_string(), "message {}: \"reasoning_content\" must be a string, got {}",
+                 i, m[i]["reasoning_content"].type_name());
+      out.back().reasoning = m[i]["reasoning_content"].get<std::string>();
+    }
   }
   return out;
 }
