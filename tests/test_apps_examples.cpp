@@ -359,6 +359,32 @@ TEST_CASE("a chatml default system message weft cannot read, and a <think> templ
   CHECK(!apps::load_chat_template(dir.string(), "qwen3").default_system);
 }
 
+TEST_CASE("a deeply nested or long message is named without dumping it whole", "[apps][examples]") {
+  const fs::path dir = kScratch.fresh("deep");
+  const std::string ok = R"({"text": "fine"})" "\n";
+  const size_t depth = 200000;
+  write(dir / "d.jsonl", ok + "{\"messages\": " + std::string(depth, '[') + std::string(depth, ']') + "}\n" + ok);
+  CHECK_THROWS_WITH(apps::prepare_examples(kChat + "/chatml", (dir / "d.jsonl").string(), (dir / "o").string(),
+                                           "<|endoftext|>", 0.1, true, ""),
+                    Contains("d.jsonl:2: message 0 must be an object with string \"role\" and \"content\", got an array"));
+  // 79 bytes of JSON, then a two-byte character across the 80-byte cut.
+  write(dir / "d.jsonl", ok + R"({"messages": [{"role": "user", "content": 1, "note": ")" + std::string(58, 'x') +
+                             "\xc3\xa9\xc3\xa9\"}]}\n");
+  try {
+    apps::prepare_examples(kChat + "/chatml", (dir / "d.jsonl").string(), (dir / "o").string(), "<|endoftext|>", 0.1,
+                           true, "");
+    FAIL("accepted");
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    CHECK_THAT(what, Contains("got {\"content\":1,\"note\":\"xxx") && Contains("x..."));
+    CHECK(apps::utf8::valid(what));
+  }
+  write(dir / "d.jsonl", ok + R"({"messages": [{"role": "assistant", "content": "", "tool_calls": [{"id": 1}]}]})" "\n");
+  CHECK_THROWS_WITH(apps::prepare_examples(kChat + "/chatml", (dir / "d.jsonl").string(), (dir / "o").string(),
+                                           "<|endoftext|>", 0.1, true, ""),
+                    Contains("d.jsonl:2: message 0: \"tool_calls\": weft renders a message's content"));
+}
+
 TEST_CASE("a folder of JSONL records follows links to .jsonl files; passed-over links are named", "[apps][examples]") {
   const fs::path dir = kScratch.fresh("links");
   std::string records;

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 
@@ -60,6 +61,26 @@ std::optional<std::string> string_field(const json& record, const char* key) {
   return record[key].get<std::string>();
 }
 
+// A value for an error message: its JSON when that is short and shallow (cut at a character
+// boundary), else its type; never the whole of a deep or large value.
+std::string describe(const json& v) {
+  std::function<bool(const json&, int, size_t&)> small = [&](const json& x, int depth, size_t& budget) {
+    if (!x.is_structured()) return budget-- > 0;
+    if (depth == 0 || x.size() > budget) return false;
+    budget -= x.size();
+    for (const json& e : x)
+      if (!small(e, depth - 1, budget)) return false;
+    return true;
+  };
+  size_t budget = 16;
+  if (!small(v, 3, budget)) return fmt::format("an {} of {} elements", v.type_name(), v.size());
+  std::string s = v.dump();
+  if (s.size() <= 80) return s;
+  size_t cut = 80;
+  while (cut > 0 && (uint8_t(s[cut]) & 0xc0) == 0x80) --cut;  // not inside a UTF-8 sequence
+  return s.substr(0, cut) + "...";
+}
+
 std::vector<ChatMessage> messages_of(const json& record) {
   const json& m = record["messages"];
   WEFT_CHECK(m.is_array(), "\"messages\" must be a list, got {}", m.type_name());
@@ -67,7 +88,10 @@ std::vector<ChatMessage> messages_of(const json& record) {
   for (size_t i = 0; i < m.size(); ++i) {
     WEFT_CHECK(m[i].is_object() && m[i].contains("role") && m[i]["role"].is_string() && m[i].contains("content") &&
                m[i]["content"].is_string(), "message {} must be an object with string \"role\" and \"content\", got {}",
-               i, m[i].dump().substr(0, 80));
+               i, describe(m[i]));
+    const auto calls = m[i].find("tool_calls");
+    WEFT_CHECK(calls == m[i].end() || calls->is_null() || calls->empty(), "message {}: \"tool_calls\": weft renders a message's content, not "
+               "its tool calls", i);
     out.push_back({m[i]["role"].get<std::string>(), m[i]["content"].get<std::string>(), std::nullopt});
     if (m[i].contains("reasoning_content") && !m[i]["reasoning_content"].is_null()) {
       WEFT_CHECK(m[i]["reasoning_content"].is_string(), "message {}: \"reasoning_content\" must be a string, got {}",
