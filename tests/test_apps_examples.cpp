@@ -413,3 +413,67 @@ TEST_CASE("a folder of JSONL records follows links to .jsonl files; passed-over 
     CHECK_THAT(std::string(e.what()), !Contains("fortunes"));
   }
 }
+
+namespace {
+
+// A conversation of `turns` user and assistant messages with spaces, digits, new lines and non-ASCII text.
+nlohmann::json long_chat(int turns) {
+  nlohmann::json m = nlohmann::json::array();
+  for (int i = 0; i < turns; ++i) {
+    m.push_back({{"role", "user"}, {"content", fmt::format("question {} about the weather in caf\u00e9 town{}", i,
+                                                          i % 3 ? "?" : "\n\n")}});
+    m.push_back({{"role", "assistant"}, {"content", fmt::format("{}answer{}: sunny, a light breeze ({} km/h)", i % 4 ? " " : "",
+                                                               i, i * 7)}});
+  }
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("a long conversation is prepared in time linear in its turns, with the labels of its prefixes' encodings",
+          "[apps][examples]") {
+  for (const std::string style : {"llama3", "chatml", "mistral", "qwen3"}) {
+    SECTION(style) {  // against the definition: each run starts where the encoding of the text before it stops agreeing
+      const fs::path dir = kScratch.fresh("long_" + style);
+      const nlohmann::json chat = long_chat(40);
+      write(dir / "d.jsonl", nlohmann::json{{"messages", chat}}.dump() + "\n");
+      const auto [ids, labels] = prepared(kChat + "/" + style, dir / "d.jsonl", dir / "ds");
+      std::vector<apps::ChatMessage> messages;
+      for (const auto& m : chat) messages.push_back({m["role"], m["content"], std::nullopt});
+      const auto pieces = apps::render_chat(apps::load_chat_template(kChat + "/" + style, ""), messages);
+      const apps::BpeTokenizer tok(kChat + "/" + style);
+      std::string whole;
+      for (const auto& p : pieces) whole += p.text;
+      const std::vector<int32_t> want = tok.encode(whole);
+      REQUIRE(ids == std::vector<int64_t>(want.begin(), want.end()));
+      std::vector<int64_t> want_labels(want.size(), -100);
+      size_t start = 0, end = 0;
+      for (size_t k = 0; k < pieces.size(); end += pieces[k].text.size(), ++k) {
+        if (k == 0 || pieces[k].trained == pieces[k - 1].trained) continue;
+        const std::vector<int32_t> before = tok.encode(std::string_view(whole).substr(0, end));
+        size_t same = 0;
+        while (same < before.size() && before[same] == want[same]) ++same;
+        start = std::max(start, same);  // from here on, this run's flag
+        for (size_t i = start; i < want.size(); ++i) want_labels[i] = pieces[k].trained ? want[i] : -100;
+      }
+      want_labels[0] = -100;
+      CHECK(labels == want_labels);
+    }
+  }
+  SECTION("time") {  // 4 times the turns: about 4 times the time (16 when each boundary encoded the text before it)
+    const fs::path dir = kScratch.fresh("long_time");
+    auto seconds = [&](int turns) {
+      write(dir / "d.jsonl", nlohmann::json{{"messages", long_chat(turns)}}.dump() + "\n");
+      double best = 1e9;
+      for (int r = 0; r < 2; ++r) {
+        const auto t0 = std::chrono::steady_clock::now();
+        apps::prepare_examples(kChat + "/chatml", (dir / "d.jsonl").string(), (dir / "ds").string(), "", 0, true, "");
+        best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
+      return best;
+    };
+    const double small = seconds(300), large = seconds(1200);
+    INFO("300 turns " << small << " s, 1200 turns " << large << " s");
+    CHECK(large < 8 * small + 0.05);
+  }
+}

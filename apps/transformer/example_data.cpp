@@ -26,30 +26,51 @@ bool ends_with_jsonl(const std::string& path) {  // .jsonl or .JSONL (any case)
   return path.size() > 6 && std::equal(path.end() - 6, path.end(), ".jsonl", [](char a, char b) { return std::tolower(a) == b; });
 }
 
-// The tokens of `pieces` encoded as one text, each flagged as its piece is (see the header).
+// The tokens of `pieces` encoded as one text, each flagged as its piece is (see the header): a run
+// of equally flagged pieces starts where the encoding of the text before it stops agreeing with
+// the whole's. The text is encoded in parts cut where the tokenizer may cut it (split_point), so
+// each run's start costs the text since the last cut, not the whole prefix.
 void encode_pieces(const BpeTokenizer& tok, const std::vector<TextPiece>& pieces, Example& ex) {
   std::string whole;
   for (const TextPiece& p : pieces) whole += p.text;
-  const std::vector<int32_t> ids = tok.encode(whole);
-  std::vector<std::pair<size_t, bool>> runs;  // where each run of equally flagged pieces starts, its flag
-  size_t start = 0, text_end = 0;
+  const std::string_view text(whole);
+  std::vector<int32_t> ids;  // of text[0, cut)
+  size_t cut = 0;
+  auto encode_to = [&](size_t end) {  // the ids of text[cut, end), after moving `cut` as near `end` as it may go
+    if (const size_t k = tok.split_point(text.substr(cut, end - cut), end - cut); k > 0) {
+      const std::vector<int32_t> part = tok.encode(text.substr(cut, k), false, cut > 0);
+      ids.insert(ids.end(), part.begin(), part.end());
+      cut += k;
+    }
+    return tok.encode(text.substr(cut, end - cut), false, cut > 0);
+  };
+  struct Run {
+    size_t base;                  // ids before the last cut before the run
+    std::vector<int32_t> before;  // the ids of the text from there to the run
+    bool trained;
+  };
+  std::vector<Run> runs;
+  size_t text_end = 0;
   for (size_t k = 0; k < pieces.size(); ++k) {
     if (k == 0 || pieces[k].trained != pieces[k - 1].trained) {
-      if (k > 0) {
-        const std::vector<int32_t> before = tok.encode(std::string_view(whole).substr(0, text_end));
-        size_t same = 0;
-        while (same < before.size() && same < ids.size() && before[same] == ids[same]) ++same;
-        start = std::max(start, same);
-      }
-      runs.push_back({start, pieces[k].trained});
+      std::vector<int32_t> before = k > 0 ? encode_to(text_end) : std::vector<int32_t>();
+      runs.push_back({ids.size(), std::move(before), pieces[k].trained});
     }
     text_end += pieces[k].text.size();
   }
+  const std::vector<int32_t> rest = encode_to(whole.size());
+  ids.insert(ids.end(), rest.begin(), rest.end());
+  std::vector<size_t> starts;
+  for (const Run& r : runs) {
+    size_t same = r.base;
+    while (same - r.base < r.before.size() && same < ids.size() && r.before[same - r.base] == ids[same]) ++same;
+    starts.push_back(starts.empty() ? 0 : std::max(starts.back(), same));
+  }
   for (size_t r = 0; r < runs.size(); ++r) {
-    const size_t end = r + 1 < runs.size() ? runs[r + 1].first : ids.size();
-    for (size_t i = runs[r].first; i < end; ++i) {
+    const size_t end = r + 1 < runs.size() ? starts[r + 1] : ids.size();
+    for (size_t i = starts[r]; i < end; ++i) {
       ex.ids.push_back(uint32_t(ids[i]));
-      ex.trained.push_back(runs[r].second);
+      ex.trained.push_back(runs[r].trained);
     }
   }
 }
