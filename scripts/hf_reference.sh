@@ -16,6 +16,7 @@
 #   bash scripts/hf_reference.sh peft-fixture             # tests/data/peft/llama (scripts/peft_reference.py)
 #   bash scripts/hf_reference.sh peft-check --build build # export-peft loaded by peft's PeftModel
 #   bash scripts/hf_reference.sh chat-fixture             # tests/data/chat (scripts/chat_reference.py)
+#   bash scripts/hf_reference.sh chat-templates           # tests/data/chat/qwen3 and templates.json only
 # Environment: HF_VENV (default /tmp/hfenv): the venv, made on first use with
 #   pip install torch transformers tokenizers safetensors numpy peft   (from PyPI; several GB)
 set -euo pipefail

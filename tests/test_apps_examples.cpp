@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -17,7 +18,9 @@
 #include "apps/transformer/chat_template.h"
 #include "apps/transformer/example_data.h"
 #include "apps/transformer/hf_checkpoint.h"
+#include "apps/transformer/text_data.h"
 #include "apps/transformer/token_data.h"
+#include "apps/transformer/utf8.h"
 #include "scratch_dir.h"
 
 using namespace weft;
@@ -282,5 +285,195 @@ TEST_CASE("packed rows give every example the loss it has alone (Llama and GPT-2
   SECTION("positions that do not count from 0 are named") {
     Tensor pos = from_vector({0, 1, 2, 4}, {1, 4}, {.dtype = kInt64});
     CHECK_THROWS_WITH(nn::Documents::from_positions(pos), Contains("row 0 position 3 is 4"));
+  }
+}
+
+namespace {
+
+// The ids and labels (as transformers writes them: the id, or -100) of the examples prepared from `data`.
+std::pair<std::vector<int64_t>, std::vector<int64_t>> prepared(const std::string& tokenizer, const fs::path& data,
+                                                               const fs::path& out, const std::string& format = "") {
+  apps::prepare_examples(tokenizer, data.string(), out.string(), "<|endoftext|>", 0, true, format);
+  apps::TrainingData d;
+  apps::load_training_data(out.string(), d);
+  const std::vector<int64_t> ids = concat(d.train, d.val), labels = concat(d.train_labels, d.val_labels);
+  std::vector<int64_t> got_labels;
+  for (size_t i = 0; i < ids.size(); ++i) got_labels.push_back(labels[i] == apps::kLabelTrained ? ids[i] : -100);
+  return {ids, got_labels};
+}
+
+}  // namespace
+
+TEST_CASE("Qwen3's template and chatml default system messages written with Jinja escapes render as transformers' "
+          "apply_chat_template", "[apps][examples]") {
+  std::ifstream in(kChat + "/templates.json");
+  const nlohmann::json cases = nlohmann::json::parse(in)["cases"];
+  for (const nlohmann::json& c : cases) {
+    SECTION(c["name"].get<std::string>()) {
+      const fs::path dir = kScratch.fresh(c["name"].get<std::string>());
+      std::string tokenizer = kChat + "/" + c["dir"].get<std::string>();
+      if (c.contains("template")) {  // the chatml fixture's tokenizer with this template
+        fs::create_directories(dir / "tok");
+        fs::copy_file(tokenizer + "/tokenizer.json", dir / "tok" / "tokenizer.json");
+        write(dir / "tok" / "tokenizer_config.json", nlohmann::json{{"chat_template", c["template"]}}.dump());
+        tokenizer = (dir / "tok").string();
+      }
+      std::ofstream data(dir / "d.jsonl");
+      std::vector<int64_t> want_ids, want_labels;
+      for (const auto& r : c["records"]) {
+        data << nlohmann::json{{"messages", r["messages"]}}.dump() << "\n";
+        for (int64_t id : r["ids"]) want_ids.push_back(id);
+        for (int64_t l : r["labels"]) want_labels.push_back(l);
+      }
+      data.close();
+      const auto [ids, labels] = prepared(tokenizer, dir / "d.jsonl", dir / "ds");
+      CHECK(ids == want_ids);
+      CHECK(labels == want_labels);
+      CHECK(apps::load_chat_template(tokenizer, "").format ==
+            (c["name"] == "qwen3" ? apps::ChatFormat::qwen3 : apps::ChatFormat::chatml));
+    }
+  }
+}
+
+TEST_CASE("a chatml default system message weft cannot read, and a <think> template that is not Qwen3's, are named",
+          "[apps][examples]") {
+  const fs::path dir = kScratch.fresh("unreadable");
+  fs::copy_file(kChat + "/chatml/tokenizer.json", dir / "tokenizer.json");
+  auto config = [&](const std::string& t) { write(dir / "tokenizer_config.json", nlohmann::json{{"chat_template", t}}.dump()); };
+  config("{% set s = 'Be kind.' %}{% if messages[0].role != 'system' %}{{ '<|im_start|>system\\n' + s + "
+         "'<|im_end|>\\n' }}{% endif %}{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + "
+         "'<|im_end|>\\n' }}{% endfor %}");
+  CHECK_THROWS_WITH(apps::load_chat_template(dir.string(), ""),
+                    Contains("tokenizer_config.json: cannot read the chatml default system message") && Contains("`s +"));
+  config("{{ '<|im_start|>system\\nA\\N{BULLET}<|im_end|>' }}");
+  CHECK_THROWS_WITH(apps::load_chat_template(dir.string(), ""), Contains("a \\N{NAME} escape"));
+  // A default written as template text, and the system header joined to messages[0]'s content, are read.
+  config("{% if messages[0].role != 'system' %}<|im_start|>system\nPlain 'text'.<|im_end|>\n{% else %}"
+         "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}{% endif %}");
+  CHECK(apps::load_chat_template(dir.string(), "").default_system == "Plain 'text'.");
+  // QwQ's template strips the reasoning of earlier turns but puts no think block on the last.
+  config("{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content.split('</think>')[-1] + "
+         "'<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n<think>\\n' }}{% endif %}");
+  CHECK_THROWS_WITH(apps::load_chat_template(dir.string(), ""), Contains("not Qwen3's"));
+  CHECK(apps::load_chat_template(dir.string(), "qwen3").format == apps::ChatFormat::qwen3);
+  CHECK(!apps::load_chat_template(dir.string(), "qwen3").default_system);
+}
+
+TEST_CASE("a deeply nested or long message is named without dumping it whole", "[apps][examples]") {
+  const fs::path dir = kScratch.fresh("deep");
+  const std::string ok = R"({"text": "fine"})" "\n";
+  const size_t depth = 200000;
+  write(dir / "d.jsonl", ok + "{\"messages\": " + std::string(depth, '[') + std::string(depth, ']') + "}\n" + ok);
+  CHECK_THROWS_WITH(apps::prepare_examples(kChat + "/chatml", (dir / "d.jsonl").string(), (dir / "o").string(),
+                                           "<|endoftext|>", 0.1, true, ""),
+                    Contains("d.jsonl:2: message 0 must be an object with string \"role\" and \"content\", got an array"));
+  // 79 bytes of JSON, then a two-byte character across the 80-byte cut.
+  write(dir / "d.jsonl", ok + R"({"messages": [{"role": "user", "content": 1, "note": ")" + std::string(58, 'x') +
+                             "\xc3\xa9\xc3\xa9\"}]}\n");
+  try {
+    apps::prepare_examples(kChat + "/chatml", (dir / "d.jsonl").string(), (dir / "o").string(), "<|endoftext|>", 0.1,
+                           true, "");
+    FAIL("accepted");
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    CHECK_THAT(what, Contains("got {\"content\":1,\"note\":\"xxx") && Contains("x..."));
+    CHECK(apps::utf8::valid(what));
+  }
+  write(dir / "d.jsonl", ok + R"({"messages": [{"role": "assistant", "content": "", "tool_calls": [{"id": 1}]}]})" "\n");
+  CHECK_THROWS_WITH(apps::prepare_examples(kChat + "/chatml", (dir / "d.jsonl").string(), (dir / "o").string(),
+                                           "<|endoftext|>", 0.1, true, ""),
+                    Contains("d.jsonl:2: message 0: \"tool_calls\": weft renders a message's content"));
+}
+
+TEST_CASE("a folder of JSONL records follows links to .jsonl files; passed-over links are named", "[apps][examples]") {
+  const fs::path dir = kScratch.fresh("links");
+  std::string records;
+  for (int i = 0; i < 6; ++i) records += R"({"text": "record )" + std::to_string(i) + "\"}\n";
+  write(dir / "blob", records);
+  fs::create_directories(dir / "snap" / "sub");
+  fs::create_symlink(dir / "blob", dir / "snap" / "train.jsonl");  // a Hugging Face snapshot's link
+  write(dir / "snap" / "extra.jsonl", R"({"text": "more"})" "\n");
+  write(dir / "snap" / "sub" / "skipped.jsonl", R"({"text": "not read"})" "\n");
+  fs::create_symlink(dir / "blob", dir / "snap" / "README.md");  // not a .jsonl file: passed over
+  CHECK(apps::is_jsonl_data((dir / "snap").string()));
+  const auto p = apps::prepare_examples(kChat + "/chatml", (dir / "snap").string(), (dir / "o").string(),
+                                        "<|endoftext|>", 0.1, true, "");
+  CHECK(p.files == 2);
+  CHECK(p.records == 7);
+  // Text folders pass over links (the fortunes folder's *.u8 links): when that leaves nothing, the error says so,
+  // without the hint about the default data.
+  fs::create_directories(dir / "texts");
+  fs::create_symlink(dir / "blob", dir / "texts" / "a.txt");
+  try {
+    apps::text_files((dir / "texts").string());
+    FAIL("accepted");
+  } catch (const Error& e) {
+    CHECK_THAT(std::string(e.what()), Contains("no text found in") && Contains("1 symbolic link(s) or sub-folder(s), "
+                                                                                "such as a.txt, which are not read"));
+    CHECK_THAT(std::string(e.what()), !Contains("fortunes"));
+  }
+}
+
+namespace {
+
+// A conversation of `turns` user and assistant messages with spaces, digits, new lines and non-ASCII text.
+nlohmann::json long_chat(int turns) {
+  nlohmann::json m = nlohmann::json::array();
+  for (int i = 0; i < turns; ++i) {
+    m.push_back({{"role", "user"}, {"content", fmt::format("question {} about the weather in caf\u00e9 town{}", i,
+                                                          i % 3 ? "?" : "\n\n")}});
+    m.push_back({{"role", "assistant"}, {"content", fmt::format("{}answer{}: sunny, a light breeze ({} km/h)", i % 4 ? " " : "",
+                                                               i, i * 7)}});
+  }
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("a long conversation is prepared in time linear in its turns, with the labels of its prefixes' encodings",
+          "[apps][examples]") {
+  for (const std::string style : {"llama3", "chatml", "mistral", "qwen3"}) {
+    SECTION(style) {  // against the definition: each run starts where the encoding of the text before it stops agreeing
+      const fs::path dir = kScratch.fresh("long_" + style);
+      const nlohmann::json chat = long_chat(40);
+      write(dir / "d.jsonl", nlohmann::json{{"messages", chat}}.dump() + "\n");
+      const auto [ids, labels] = prepared(kChat + "/" + style, dir / "d.jsonl", dir / "ds");
+      std::vector<apps::ChatMessage> messages;
+      for (const auto& m : chat) messages.push_back({m["role"], m["content"], std::nullopt});
+      const auto pieces = apps::render_chat(apps::load_chat_template(kChat + "/" + style, ""), messages);
+      const apps::BpeTokenizer tok(kChat + "/" + style);
+      std::string whole;
+      for (const auto& p : pieces) whole += p.text;
+      const std::vector<int32_t> want = tok.encode(whole);
+      REQUIRE(ids == std::vector<int64_t>(want.begin(), want.end()));
+      std::vector<int64_t> want_labels(want.size(), -100);
+      size_t start = 0, end = 0;
+      for (size_t k = 0; k < pieces.size(); end += pieces[k].text.size(), ++k) {
+        if (k == 0 || pieces[k].trained == pieces[k - 1].trained) continue;
+        const std::vector<int32_t> before = tok.encode(std::string_view(whole).substr(0, end));
+        size_t same = 0;
+        while (same < before.size() && before[same] == want[same]) ++same;
+        start = std::max(start, same);  // from here on, this run's flag
+        for (size_t i = start; i < want.size(); ++i) want_labels[i] = pieces[k].trained ? want[i] : -100;
+      }
+      want_labels[0] = -100;
+      CHECK(labels == want_labels);
+    }
+  }
+  SECTION("time") {  // 4 times the turns: about 4 times the time (16 when each boundary encoded the text before it)
+    const fs::path dir = kScratch.fresh("long_time");
+    auto seconds = [&](int turns) {
+      write(dir / "d.jsonl", nlohmann::json{{"messages", long_chat(turns)}}.dump() + "\n");
+      double best = 1e9;
+      for (int r = 0; r < 2; ++r) {
+        const auto t0 = std::chrono::steady_clock::now();
+        apps::prepare_examples(kChat + "/chatml", (dir / "d.jsonl").string(), (dir / "ds").string(), "", 0, true, "");
+        best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
+      return best;
+    };
+    const double small = seconds(300), large = seconds(1200);
+    INFO("300 turns " << small << " s, 1200 turns " << large << " s");
+    CHECK(large < 8 * small + 0.05);
   }
 }

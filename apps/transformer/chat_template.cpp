@@ -1,6 +1,8 @@
 #include "apps/transformer/chat_template.h"
 #include "apps/transformer/file_contents.h"
 
+#include <cctype>
+#include <cstring>
 #include <filesystem>
 #include <iterator>
 #include <nlohmann/json.hpp>
@@ -15,7 +17,7 @@ using nlohmann::json;
 
 namespace {
 
-constexpr const char* kFormats = "llama3, chatml or mistral";
+constexpr const char* kFormats = "llama3, chatml, qwen3 or mistral";
 
 // Python's str.isspace, which the templates' `trim` (str.strip) uses.
 bool is_space(uint32_t c) {
@@ -45,9 +47,13 @@ std::string token_text(const json& config, const char* key) {
 }
 
 // The template text: chat_template.jinja, else tokenizer_config.json's chat_template (a string,
-// or a list of named templates of which "default" is used); "" when there is none.
-std::string template_text(const fs::path& dir, const json& config, const std::string& config_file) {
-  if (WEFT_FS(fs::exists(dir / "chat_template.jinja"))) return read_file((dir / "chat_template.jinja").string());
+// or a list of named templates of which "default" is used); "" when there is none. `where`: its file.
+std::string template_text(const fs::path& dir, const json& config, std::string& where) {
+  const std::string config_file = where;
+  if (WEFT_FS(fs::exists(dir / "chat_template.jinja"))) {
+    where = (dir / "chat_template.jinja").string();
+    return read_file(where);
+  }
   if (!config.contains("chat_template") || config["chat_template"].is_null()) return "";
   const json& t = config["chat_template"];
   if (t.is_string()) return t.get<std::string>();
@@ -60,17 +66,106 @@ std::string template_text(const fs::path& dir, const json& config, const std::st
                           "template", config_file));
 }
 
-// chatml's default system message: the literal '<|im_start|>system\n...<|im_end|>' a template
-// writes when the conversation has none ("" when it writes none).
-std::string default_system(const std::string& text) {
-  const std::string open = "<|im_start|>system\\n", close = "<|im_end|>";
-  for (size_t at = text.find(open); at != std::string::npos; at = text.find(open, at + 1)) {
-    const size_t begin = at + open.size(), end = text.find(close, begin);
-    if (end == std::string::npos) break;
-    const std::string body = text.substr(begin, end - begin);
-    if (!body.empty() && body.find_first_of("'\"{}+") == std::string::npos) return body;
+// A Jinja string literal at text[at] (its quote): its value with Python's escapes undone, as
+// jinja2 reads it; `at` is left past the closing quote.
+std::string jinja_string(const std::string& text, size_t& at, const std::string& where) {
+  const char quote = text[at++];
+  std::string out;
+  auto fail = [&](const char* what) {
+    return Error(fmt::format("transformer: {}: cannot read the chat template's string literal at byte {}: {}", where,
+                             at, what));
+  };
+  while (at < text.size() && text[at] != quote) {
+    if (text[at] != '\\' || at + 1 >= text.size()) {
+      out += text[at++];
+      continue;
+    }
+    const char c = text[at + 1];
+    at += 2;
+    static constexpr char kSimple[] = "n\nt\tr\ra\ab\bf\fv\v\\\\''\"\"";  // pairs: escape, character
+    const char* simple = c == 0 ? nullptr : std::strchr(kSimple, c);
+    if (simple && (simple - kSimple) % 2 == 0) {
+      out += simple[1];
+    } else if (c == 'x' || c == 'u' || c == 'U' || (c >= '0' && c <= '7')) {  // hex digits, or up to 3 octal
+      const bool octal = c >= '0' && c <= '7';
+      const size_t n = octal ? 3 : c == 'x' ? 2 : c == 'u' ? 4 : 8, begin = octal ? at - 1 : at;
+      size_t len = 0;
+      while (len < n && begin + len < text.size() && std::isxdigit(uint8_t(text[begin + len])) &&
+             (!octal || (text[begin + len] >= '0' && text[begin + len] <= '7')))
+        ++len;
+      if (!octal && len < n) throw fail("a \\x, \\u or \\U escape without its hex digits");
+      const unsigned long cp = std::stoul(text.substr(begin, len), nullptr, octal ? 8 : 16);
+      if (cp > 0x10ffff || (cp >= 0xd800 && cp < 0xe000)) throw fail("an escape that is not a Unicode character");
+      utf8::append(out, uint32_t(cp));
+      at = begin + len;
+    } else if (c == 'N') {
+      throw fail("a \\N{NAME} escape");
+    } else if (c != '\n') {  // a backslash before a newline joins the lines; other escapes stay as written
+      out += '\\', out += c;
+    }
   }
-  return "";
+  if (at >= text.size()) throw fail("no closing quote");
+  ++at;
+  return out;
+}
+
+// The template's text pieces: its data between tags, and the string literals inside {{ }} and
+// {% %} tags (comments skipped); `end` is where each ends in `text`.
+struct JinjaText {
+  std::string value;
+  size_t end;
+  bool in_tag;
+};
+std::vector<JinjaText> jinja_texts(const std::string& text, const std::string& where) {
+  std::vector<JinjaText> out;
+  for (size_t i = 0; i < text.size();) {
+    size_t tag = text.find('{', i);
+    while (tag != std::string::npos && (tag + 1 >= text.size() || !std::strchr("{%#", text[tag + 1])))
+      tag = text.find('{', tag + 1);
+    tag = std::min(tag, text.size());
+    if (tag > i) out.push_back({text.substr(i, tag - i), tag, false});
+    if (tag + 1 >= text.size()) break;
+    const char close = text[tag + 1] == '{' ? '}' : text[tag + 1];
+    for (i = tag + 2; i < text.size() && !(text[i] == close && i + 1 < text.size() && text[i + 1] == '}');) {
+      if (close != '#' && (text[i] == '\'' || text[i] == '"')) {
+        std::string value = jinja_string(text, i, where);
+        out.push_back({std::move(value), i, true});
+      } else {
+        ++i;
+      }
+    }
+    i += 2;
+  }
+  return out;
+}
+
+// chatml's default system message: the body of a '<|im_start|>system\n...<|im_end|>' the
+// template writes as one text (none when it writes none). The header joined (+, ~ or {{ }}) to
+// anything but messages[0]'s content is a default weft cannot read: an error.
+std::optional<std::string> default_system(const std::string& text, const std::string& where) {
+  const std::string head = "<|im_start|>system\n", close = "<|im_end|>";
+  std::optional<std::string> found;
+  for (const JinjaText& t : jinja_texts(text, where)) {
+    const size_t at = t.value.find(head);
+    if (at == std::string::npos) continue;
+    const size_t end = t.value.find(close, at + head.size());
+    if (end != std::string::npos) {
+      const std::string body = t.value.substr(at + head.size(), end - at - head.size());
+      WEFT_CHECK(!found || *found == body, "transformer: {}: the chat template writes two default system messages "
+                 "(\"{}\" and \"{}\"): weft cannot tell which one applies", where, *found, body);
+      found = body;
+      continue;
+    }
+    size_t p = text.find_first_not_of(" \t\r\n", t.end);
+    const bool joined = p != std::string::npos && (t.in_tag ? text[p] == '+' || text[p] == '~' : text.compare(p, 2, "{{") == 0);
+    if (!joined) continue;
+    p = text.find_first_not_of(" \t\r\n-", p + (t.in_tag ? 1 : 2));
+    WEFT_CHECK(p != std::string::npos && text.compare(p, 11, "messages[0]") == 0, "transformer: {}: cannot read the "
+               "chatml default system message: the template follows \"<|im_start|>system\\n\" with `{}` rather than "
+               "writing it as one string literal: give each record a system message and --chat-format chatml, or "
+               "fix the template", where, text.substr(p == std::string::npos ? text.size() : p, 40));
+  }
+  return found;
 }
 
 [[noreturn]] void no_place(const ChatTemplate& t, size_t i, const std::string& role, const char* roles) {
@@ -85,11 +180,71 @@ ChatFormat recognise(const std::string& text, const std::string& where) {
                "not recognised; --chat-format llama3 renders Llama 3's form without it", where);
     return ChatFormat::llama3;
   }
-  if (has("<|im_start|>") && has("<|im_end|>")) return ChatFormat::chatml;
+  if (has("<|im_start|>") && has("<|im_end|>")) {
+    if (!has("<think>")) return ChatFormat::chatml;
+    WEFT_CHECK(has("last_query_index") && has("loop.last or (not loop.last and reasoning_content)"), "transformer: {}: "
+               "a chatml template with <think> reasoning that is not Qwen3's: not recognised; --chat-format qwen3 "
+               "renders Qwen3's form, --chat-format chatml plain chatml", where);
+    return ChatFormat::qwen3;
+  }
   if (has("'[INST] ' + message['content'] + ' [/INST]'") && !has("<<SYS>>")) return ChatFormat::mistral;
   const std::string start = text.substr(0, 120);
   throw Error(fmt::format("transformer: {}: a chat template weft does not recognise (it knows {}; the template "
                           "begins \"{}\"): pass --chat-format NAME to render one of them", where, kFormats, start));
+}
+
+// An assistant message's reasoning and content as Qwen3's template splits them: reasoning_content
+// when the record gives it, else what the content holds between <think> and </think>.
+std::pair<std::string, std::string> qwen3_parts(const ChatMessage& m) {
+  if (m.reasoning) return {*m.reasoning, m.content};
+  const size_t first = m.content.find("</think>"), last = m.content.rfind("</think>");
+  if (first == std::string::npos) return {"", m.content};
+  std::string reasoning = m.content.substr(0, first);
+  reasoning.erase(reasoning.find_last_not_of('\n') + 1);
+  const size_t open = reasoning.rfind("<think>");
+  if (open != std::string::npos) reasoning.erase(0, open + 7);
+  const std::string content = m.content.substr(last + 8);
+  return {reasoning.substr(std::min(reasoning.find_first_not_of('\n'), reasoning.size())),
+          content.substr(std::min(content.find_first_not_of('\n'), content.size()))};
+}
+
+// Qwen3's template (chat_template.h): the think block goes on assistant messages after the last
+// user message that is not a <tool_response>, and on the last message.
+void render_qwen3(const ChatTemplate& t, const std::vector<ChatMessage>& m, std::vector<TextPiece>& out) {
+  auto piece = [&](std::string text, bool trained) { out.push_back({std::move(text), trained}); };
+  auto tool_response = [](const std::string& s) {
+    return s.starts_with("<tool_response>") && s.ends_with("</tool_response>");
+  };
+  size_t last_query = m.size() - 1;
+  for (size_t k = m.size(); k-- > 0;)
+    if (m[k].role == "user" && !tool_response(m[k].content)) {
+      last_query = k;
+      break;
+    }
+  auto strip = [](const std::string& s) {  // Python's s.strip("\n")
+    const size_t b = s.find_first_not_of('\n');
+    return b == std::string::npos ? std::string() : s.substr(b, s.find_last_not_of('\n') + 1 - b);
+  };
+  for (size_t i = 0; i < m.size(); ++i) {
+    const std::string& role = m[i].role;
+    if (role == "system" || role == "user") {
+      piece("<|im_start|>" + role + "\n" + m[i].content + "<|im_end|>\n", false);
+    } else if (role == "tool") {
+      const bool first = i == 0 || m[i - 1].role != "tool", last = i + 1 == m.size() || m[i + 1].role != "tool";
+      piece(std::string(first ? "<|im_start|>user" : "") + "\n<tool_response>\n" + m[i].content + "\n</tool_response>" +
+            (last ? "<|im_end|>\n" : ""), false);
+    } else if (role == "assistant") {
+      auto [reasoning, content] = qwen3_parts(m[i]);
+      if (i > last_query && (i + 1 == m.size() || !reasoning.empty()))
+        content = "<think>\n" + strip(reasoning) + "\n</think>\n\n" +
+                  content.substr(std::min(content.find_first_not_of('\n'), content.size()));
+      piece("<|im_start|>assistant\n", false);
+      piece(content + "<|im_end|>", true);
+      piece("\n", false);
+    } else {
+      no_place(t, i, role, "system, user, assistant and tool");
+    }
+  }
 }
 
 }  // namespace
@@ -98,13 +253,14 @@ const char* chat_format_name(ChatFormat f) {
   switch (f) {
     case ChatFormat::llama3: return "llama3";
     case ChatFormat::chatml: return "chatml";
+    case ChatFormat::qwen3: return "qwen3";
     case ChatFormat::mistral: return "mistral";
   }
   return "?";
 }
 
 ChatFormat parse_chat_format(const std::string& name) {
-  for (ChatFormat f : {ChatFormat::llama3, ChatFormat::chatml, ChatFormat::mistral})
+  for (ChatFormat f : {ChatFormat::llama3, ChatFormat::chatml, ChatFormat::qwen3, ChatFormat::mistral})
     if (name == chat_format_name(f)) return f;
   throw Error(fmt::format("transformer: --chat-format {}: not a chat format (use {})", name, kFormats));
 }
@@ -115,21 +271,22 @@ ChatTemplate load_chat_template(const std::string& tokenizer_path, const std::st
   json config = json::object();
   if (WEFT_FS(fs::exists(config_file))) config = read_json_object(config_file);
   ChatTemplate t;
-  const std::string text = template_text(dir, config, config_file);
+  std::string where = config_file;
+  const std::string text = template_text(dir, config, where);
   if (!forced.empty()) {
     t.format = parse_chat_format(forced);
   } else {
     WEFT_CHECK(!text.empty(), "transformer: chat messages need a chat template, and {} has none (no "
                "chat_template.jinja, no \"chat_template\" in tokenizer_config.json): pass --chat-format {}",
                dir.string(), kFormats);
-    t.format = recognise(text, config_file);
+    t.format = recognise(text, where);
   }
   t.bos = token_text(config, "bos_token");
   t.eos = token_text(config, "eos_token");
   if (t.format == ChatFormat::llama3 && t.bos.empty()) t.bos = "<|begin_of_text|>";
   if (t.format == ChatFormat::mistral && t.bos.empty()) t.bos = "<s>";
   if (t.format == ChatFormat::mistral && t.eos.empty()) t.eos = "</s>";
-  if (t.format == ChatFormat::chatml) t.default_system = default_system(text);
+  if (t.format == ChatFormat::chatml) t.default_system = default_system(text, where);
   return t;
 }
 
@@ -137,7 +294,8 @@ std::vector<TextPiece> render_chat(const ChatTemplate& t, const std::vector<Chat
   WEFT_CHECK(!messages.empty(), "\"messages\" is empty");
   std::vector<TextPiece> out;
   auto piece = [&](std::string text, bool trained) { out.push_back({std::move(text), trained}); };
-  for (size_t i = 0; i < messages.size(); ++i) {
+  if (t.format == ChatFormat::qwen3) render_qwen3(t, messages, out);
+  for (size_t i = 0; i < messages.size() && t.format != ChatFormat::qwen3; ++i) {
     const std::string& role = messages[i].role;
     const bool assistant = role == "assistant";
     switch (t.format) {
@@ -148,12 +306,13 @@ std::vector<TextPiece> render_chat(const ChatTemplate& t, const std::vector<Chat
         break;
       case ChatFormat::chatml:
         if (role != "system" && role != "user" && !assistant) no_place(t, i, role, "system, user and assistant");
-        if (i == 0 && role != "system" && !t.default_system.empty())
-          piece("<|im_start|>system\n" + t.default_system + "<|im_end|>\n", false);
+        if (i == 0 && role != "system" && t.default_system)
+          piece("<|im_start|>system\n" + *t.default_system + "<|im_end|>\n", false);
         piece("<|im_start|>" + role + "\n", false);
         piece(messages[i].content + "<|im_end|>", assistant);
         piece("\n", false);
         break;
+      case ChatFormat::qwen3: break;  // render_qwen3
       case ChatFormat::mistral:
         if (role != "user" && !assistant) no_place(t, i, role, "user and assistant, alternating");
         if ((role == "user") != (i % 2 == 0))

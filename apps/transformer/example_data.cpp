@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 
@@ -25,30 +26,51 @@ bool ends_with_jsonl(const std::string& path) {  // .jsonl or .JSONL (any case)
   return path.size() > 6 && std::equal(path.end() - 6, path.end(), ".jsonl", [](char a, char b) { return std::tolower(a) == b; });
 }
 
-// The tokens of `pieces` encoded as one text, each flagged as its piece is (see the header).
+// The tokens of `pieces` encoded as one text, each flagged as its piece is (see the header): a run
+// of equally flagged pieces starts where the encoding of the text before it stops agreeing with
+// the whole's. The text is encoded in parts cut where the tokenizer may cut it (split_point), so
+// each run's start costs the text since the last cut, not the whole prefix.
 void encode_pieces(const BpeTokenizer& tok, const std::vector<TextPiece>& pieces, Example& ex) {
   std::string whole;
   for (const TextPiece& p : pieces) whole += p.text;
-  const std::vector<int32_t> ids = tok.encode(whole);
-  std::vector<std::pair<size_t, bool>> runs;  // where each run of equally flagged pieces starts, its flag
-  size_t start = 0, text_end = 0;
+  const std::string_view text(whole);
+  std::vector<int32_t> ids;  // of text[0, cut)
+  size_t cut = 0;
+  auto encode_to = [&](size_t end) {  // the ids of text[cut, end), after moving `cut` as near `end` as it may go
+    if (const size_t k = tok.split_point(text.substr(cut, end - cut), end - cut); k > 0) {
+      const std::vector<int32_t> part = tok.encode(text.substr(cut, k), false, cut > 0);
+      ids.insert(ids.end(), part.begin(), part.end());
+      cut += k;
+    }
+    return tok.encode(text.substr(cut, end - cut), false, cut > 0);
+  };
+  struct Run {
+    size_t base;                  // ids before the last cut before the run
+    std::vector<int32_t> before;  // the ids of the text from there to the run
+    bool trained;
+  };
+  std::vector<Run> runs;
+  size_t text_end = 0;
   for (size_t k = 0; k < pieces.size(); ++k) {
     if (k == 0 || pieces[k].trained != pieces[k - 1].trained) {
-      if (k > 0) {
-        const std::vector<int32_t> before = tok.encode(std::string_view(whole).substr(0, text_end));
-        size_t same = 0;
-        while (same < before.size() && same < ids.size() && before[same] == ids[same]) ++same;
-        start = std::max(start, same);
-      }
-      runs.push_back({start, pieces[k].trained});
+      std::vector<int32_t> before = k > 0 ? encode_to(text_end) : std::vector<int32_t>();
+      runs.push_back({ids.size(), std::move(before), pieces[k].trained});
     }
     text_end += pieces[k].text.size();
   }
+  const std::vector<int32_t> rest = encode_to(whole.size());
+  ids.insert(ids.end(), rest.begin(), rest.end());
+  std::vector<size_t> starts;
+  for (const Run& r : runs) {
+    size_t same = r.base;
+    while (same - r.base < r.before.size() && same < ids.size() && r.before[same - r.base] == ids[same]) ++same;
+    starts.push_back(starts.empty() ? 0 : std::max(starts.back(), same));
+  }
   for (size_t r = 0; r < runs.size(); ++r) {
-    const size_t end = r + 1 < runs.size() ? runs[r + 1].first : ids.size();
-    for (size_t i = runs[r].first; i < end; ++i) {
+    const size_t end = r + 1 < runs.size() ? starts[r + 1] : ids.size();
+    for (size_t i = starts[r]; i < end; ++i) {
       ex.ids.push_back(uint32_t(ids[i]));
-      ex.trained.push_back(runs[r].second);
+      ex.trained.push_back(runs[r].trained);
     }
   }
 }
@@ -60,6 +82,26 @@ std::optional<std::string> string_field(const json& record, const char* key) {
   return record[key].get<std::string>();
 }
 
+// A value for an error message: its JSON when that is short and shallow (cut at a character
+// boundary), else its type; never the whole of a deep or large value.
+std::string describe(const json& v) {
+  std::function<bool(const json&, int, size_t&)> small = [&](const json& x, int depth, size_t& budget) {
+    if (!x.is_structured()) return budget-- > 0;
+    if (depth == 0 || x.size() > budget) return false;
+    budget -= x.size();
+    for (const json& e : x)
+      if (!small(e, depth - 1, budget)) return false;
+    return true;
+  };
+  size_t budget = 16;
+  if (!small(v, 3, budget)) return fmt::format("an {} of {} elements", v.type_name(), v.size());
+  std::string s = v.dump();
+  if (s.size() <= 80) return s;
+  size_t cut = 80;
+  while (cut > 0 && (uint8_t(s[cut]) & 0xc0) == 0x80) --cut;  // not inside a UTF-8 sequence
+  return s.substr(0, cut) + "...";
+}
+
 std::vector<ChatMessage> messages_of(const json& record) {
   const json& m = record["messages"];
   WEFT_CHECK(m.is_array(), "\"messages\" must be a list, got {}", m.type_name());
@@ -67,8 +109,16 @@ std::vector<ChatMessage> messages_of(const json& record) {
   for (size_t i = 0; i < m.size(); ++i) {
     WEFT_CHECK(m[i].is_object() && m[i].contains("role") && m[i]["role"].is_string() && m[i].contains("content") &&
                m[i]["content"].is_string(), "message {} must be an object with string \"role\" and \"content\", got {}",
-               i, m[i].dump().substr(0, 80));
-    out.push_back({m[i]["role"].get<std::string>(), m[i]["content"].get<std::string>()});
+               i, describe(m[i]));
+    const auto calls = m[i].find("tool_calls");
+    WEFT_CHECK(calls == m[i].end() || calls->is_null() || calls->empty(), "message {}: \"tool_calls\": weft renders a message's content, not "
+               "its tool calls", i);
+    out.push_back({m[i]["role"].get<std::string>(), m[i]["content"].get<std::string>(), std::nullopt});
+    if (m[i].contains("reasoning_content") && !m[i]["reasoning_content"].is_null()) {
+      WEFT_CHECK(m[i]["reasoning_content"].is_string(), "message {}: \"reasoning_content\" must be a string, got {}",
+                 i, m[i]["reasoning_content"].type_name());
+      out.back().reasoning = m[i]["reasoning_content"].get<std::string>();
+    }
   }
   return out;
 }

@@ -282,8 +282,8 @@ CLI::App* add_prepare_flags(CLI::App& app, PrepareOptions& p) {
   pr->add_option("--out", p.out, "the dataset directory to write (created; its dataset files replaced)")->required();
   pr->add_option("--eos", p.eos, "token put after each file, or each text or completion record (\"\" for none; an "
                  "error if the tokenizer lacks it)")->capture_default_str();
-  pr->add_option("--chat-format", p.chat_format, "how \"messages\" are rendered: llama3, chatml or mistral (default: "
-                 "recognised from the tokenizer's chat_template)");
+  pr->add_option("--chat-format", p.chat_format, "how \"messages\" are rendered: llama3, chatml, qwen3 or mistral "
+                 "(default: recognised from the tokenizer's chat_template)");
   pr->add_flag("--no-special", p.no_special, "leave out the special tokens the tokenizer's post-processor puts "
                "around each file (Llama's BOS)");
   return pr;

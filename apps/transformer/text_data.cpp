@@ -1,6 +1,7 @@
 #include "apps/transformer/text_data.h"
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -30,9 +31,17 @@ void append_file(const fs::path& p, std::vector<uint8_t>& out) {
 
 namespace {
 
-// Said whenever no text is found: the usual cause is the default data not being installed.
-std::string hint() {
+// Said when the data is missing or the default folder holds no text: the usual cause is the
+// default data not being installed (not said of a folder the user named that holds none).
+std::string hint(bool said = true) {
+  if (!said) return "";
   return " (the default text is Debian's `fortunes` package: apt-get install fortunes; or pass --data FILE|DIR)";
+}
+
+bool is_jsonl(const fs::path& p) {  // .jsonl or .JSONL (any case)
+  std::string ext = p.extension().string();
+  for (char& c : ext) c = char(std::tolower(uint8_t(c)));
+  return ext == ".jsonl";
 }
 
 }  // namespace
@@ -41,14 +50,21 @@ std::vector<std::string> text_files(const std::string& path) {
   std::error_code ec;
   WEFT_CHECK(fs::exists(path, ec), "transformer: text data {} does not exist{}", path, hint());
   if (!fs::is_directory(path, ec)) return {path};
-  std::vector<std::string> files;
+  std::vector<std::string> files, passed;  // passed over: links to other than .jsonl files, sub-folders
   for (auto& e : fs::directory_iterator(path, ec)) {
-    if (e.is_symlink() || !e.is_regular_file()) continue;
-    if (e.path().extension() == ".dat") continue;  // strfile's binary index, not text
-    files.push_back(e.path().string());
+    std::error_code lec;
+    const bool link = e.is_symlink(lec), regular = e.is_regular_file(lec);  // a link: its target's type
+    if (e.path().extension() == ".dat" && !link) continue;  // strfile's binary index, not text
+    if (regular && (!link || is_jsonl(e.path()))) files.push_back(e.path().string());
+    else if (link || e.is_directory(lec)) passed.push_back(e.path().filename().string());
   }
   WEFT_CHECK(!ec, "transformer: cannot list {}: {}", path, ec.message());
-  WEFT_CHECK(!files.empty(), "transformer: no text found in {}{}", path, hint());
+  std::sort(passed.begin(), passed.end());
+  WEFT_CHECK(!files.empty(), "transformer: no text found in {}{}{}", path,
+             passed.empty() ? "" : fmt::format(": it holds {} symbolic link(s) or sub-folder(s), such as {}, which are "
+                                               "not read (a folder's regular files are, and its links to .jsonl files)",
+                                               passed.size(), passed[0]),
+             hint(path == kDefaultTextDir));
   std::sort(files.begin(), files.end());
   return files;
 }
@@ -60,7 +76,7 @@ TextData load_text(const std::string& path, double val_fraction) {
     append_file(f, all);
     d.files.push_back(f);
   }
-  WEFT_CHECK(!all.empty(), "transformer: no text found in {}{}", path, hint());
+  WEFT_CHECK(!all.empty(), "transformer: no text found in {}{}", path, hint(path == kDefaultTextDir));
   WEFT_CHECK(val_fraction >= 0 && val_fraction < 1, "transformer: validation fraction {} not in [0, 1)", val_fraction);
   const size_t n_val = size_t(double(all.size()) * val_fraction);
   d.train.assign(all.begin(), all.end() - std::ptrdiff_t(n_val));

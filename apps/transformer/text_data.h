@@ -36,9 +36,10 @@ struct TextData {
   std::vector<std::string> files;  // what was read, in order
 };
 
-// The files of `path`: itself, or every regular file of a folder in name order (skipping *.dat
-// index files and symbolic links, as the fortunes folder holds *.u8 links to its own texts).
-// Missing data or a folder without files is an error naming `path`.
+// The files of `path`: itself, or a folder's regular files in name order, skipping *.dat index
+// files and symbolic links (the fortunes folder holds *.u8 links to its own texts) except links to
+// regular *.jsonl files (a Hugging Face snapshot folder is all links); sub-folders are not read.
+// Missing data, or a folder without such files (the error names what it passed over), is an error naming `path`.
 std::vector<std::string> text_files(const std::string& path);
 
 // Reads the text_files of `path`, each whole, concatenated. The last
