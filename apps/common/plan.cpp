@@ -81,6 +81,7 @@ std::optional<fsdp::MemoryPlan> plan_from_flags(const PlanFlags& f, fsdp::Memory
   int64_t budget = 0;
   if (!f.budget.empty()) {
     budget = parse_bytes(f.budget, "--memory-budget");
+    WEFT_CHECK(budget > 0, "memory plan: --memory-budget {}: a budget is more than 0 bytes", f.budget);
     WEFT_CHECK(budget > held, "memory plan: --memory-budget {} is not more than the {} bytes this rank holds before the model "
                "(the data)", f.budget, held);
     request.budget = budget - held;
