@@ -81,9 +81,8 @@ std::optional<fsdp::MemoryPlan> plan_from_flags(const PlanFlags& f, fsdp::Memory
   int64_t budget = 0;
   if (!f.budget.empty()) {
     budget = parse_bytes(f.budget, "--memory-budget");
-    WEFT_CHECK(budget > 0, "memory plan: --memory-budget {}: a budget is more than 0 bytes", f.budget);
-    WEFT_CHECK(budget > held, "memory plan: --memory-budget {} is not more than the {} bytes this rank holds before the model "
-               "(the data)", f.budget, held);
+    WEFT_CHECK(budget > held, "memory plan: --memory-budget {} {}", f.budget, budget <= 0 ? "must be more than 0 bytes"
+               : fmt::format("is not more than the {} bytes this rank holds before the model (the data)", held));
     request.budget = budget - held;
   }
   fsdp::MemoryPlan plan = fsdp::plan_memory(request);
