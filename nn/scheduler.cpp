@@ -63,15 +63,16 @@ WarmupDecayLR::WarmupDecayLR(Optimizer& opt, int64_t w, int64_t t, double r, Dec
     : LRScheduler(opt), warmup(w), total(t), decay_steps(d == Decay::wsd ? ds : 0), min_lr_ratio(r), decay(d) {
   WEFT_CHECK(w >= 0 && t > 0 && r >= 0 && r <= 1, "WarmupDecayLR: need 0 <= warmup, 0 < total and 0 <= min_lr_ratio "
              "<= 1; got {}, {}, {}", w, t, r);
-  WEFT_CHECK(d != Decay::wsd || (ds >= 1 && ds <= t - w), "WarmupDecayLR: wsd needs 1 <= decay_steps <= total - "
-             "warmup ({} - {}); got {}", t, w, ds);
+  WEFT_CHECK(d != Decay::wsd || (ds >= 0 && ds <= std::max<int64_t>(0, t - w)), "WarmupDecayLR: wsd needs 0 <= "
+             "decay_steps <= total - warmup ({} - {}); got {}", t, w, ds);
   apply();
 }
 
 double WarmupDecayLR::factor(int64_t step) const {
   if (step < warmup) return double(step + 1) / double(warmup);
   const int64_t start = decay == Decay::wsd ? total - decay_steps : warmup;  // where the decay begins
-  const double progress = total > start ? std::clamp(double(step - start) / double(total - start), 0.0, 1.0) : 1.0;
+  const double progress = total > start ? std::clamp(double(step - start) / double(total - start), 0.0, 1.0)
+                                        : step >= total ? 1.0 : 0.0;  // no decay within the run (wsd's 0 steps)
   switch (decay) {
     case Decay::constant: return 1.0;
     case Decay::cosine: return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + std::cos(M_PI * progress));

@@ -267,8 +267,15 @@ TEST_CASE("learning-rate schedules") {
     longer.set_last_step(step);
     CHECK(o5.lr() == Approx(double(step + 1) / 10));
   }
-  CHECK_THROWS_WITH(WarmupDecayLR(o5, 2, 10, 0.1, D::wsd, 9), Catch::Contains("wsd needs 1 <= decay_steps <= total - warmup"));
-  CHECK_THROWS_WITH(WarmupDecayLR(o5, 2, 10, 0.1, D::wsd, 0), Catch::Contains("wsd needs"));
+  // wsd without decay steps (a warmup as long as the run): the warmup, then the peak to the end.
+  SGD o6({p}, {.lr = 1.0});
+  WarmupDecayLR no_decay(o6, 3, 5, 0.1, D::wsd, 0);
+  for (int64_t step = 0; step < 5; ++step) {
+    no_decay.set_last_step(step);
+    CHECK(o6.lr() == Approx(std::min(1.0, double(step + 1) / 3)));
+  }
+  CHECK_THROWS_WITH(WarmupDecayLR(o5, 2, 10, 0.1, D::wsd, 9), Catch::Contains("wsd needs 0 <= decay_steps <= total - warmup"));
+  CHECK_THROWS_WITH(WarmupDecayLR(o5, 2, 10, 0.1, D::wsd, -1), Catch::Contains("wsd needs"));
 }
 
 TEST_CASE("clip_grad_norm_ returns the total norm and scales gradients") {

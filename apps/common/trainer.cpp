@@ -51,7 +51,12 @@ int64_t Trainer::resume(const std::string& checkpoint) {
                                   {.frozen_elsewhere = o_.checkpoints.frozen_elsewhere}).step;
     check_finite_parameters(*p_.model, fmt::format("{}: refusing to resume from {}", name, checkpoint));
   });
+  const double restored_lr = p_.opt->lr();  // the checkpoint's, with its optimizer state
   if (p_.sched) p_.sched->set_last_step(step_);
+  if (p_.sched && std::abs(p_.opt->lr() - restored_lr) > 1e-12 * restored_lr && ranks_.lead())
+    std::fprintf(stderr, "%s: this run's schedule sets the learning rate at step %lld to %g; the checkpoint's was %g "
+                 "(--lr and the schedule's flags decide it on resume)\n", o_.program.c_str(), (long long)step_,
+                 p_.opt->lr(), restored_lr);
   saver_.resumed(checkpoint, step_);
   if (ranks_.lead()) std::fprintf(stderr, "resumed from %s at step %lld\n", checkpoint.c_str(), (long long)step_);
   return step_;
@@ -70,12 +75,15 @@ int Trainer::run(int64_t end) {
       profile_.start_step(step_ + 1);
       const int sig = train_step();
       profile_.end_step();
-      log_step(first, stretch_end);
-      if (sig != 0) return stop(sig);
+      // A signal during the last step stops nothing: the run ends as it would have.
+      log_step(first, stretch_end, sig != 0 && step_ < end);
+      if (sig != 0 && step_ < end) return stop(sig);
+      const auto paused = std::chrono::steady_clock::now();  // evaluation and saving: outside the rate's window
       if (step_ == stretch_end) close_stretch();
       if (step_ == stretch_end || (o_.eval_every > 0 && step_ % o_.eval_every == 0))
         task_.evaluate({step_, loss_, metrics_, nan_, saver_.watch()});
       if (saver_.due(step_, end)) save();
+      window_start_ += std::chrono::steady_clock::now() - paused;
     }
   }
   if (ranks_.lead()) profile_.print();
@@ -162,10 +170,10 @@ void Trainer::close_stretch() {
   progress_.reset();
 }
 
-void Trainer::log_step(int64_t first, int64_t stretch_end) {
+void Trainer::log_step(int64_t first, int64_t stretch_end, bool stopping) {
   window_items_ += o_.items_per_step;
   if (progress_) progress_->update(step_ - stretch_start_, o_.items_per_step, fmt::format("loss {:.4f}", loss_));
-  if (step_ % o_.log_every != 0 && step_ != stretch_end && !(o_.log_first && step_ == first + 1)) return;
+  if (step_ % o_.log_every != 0 && step_ != stretch_end && !stopping && !(o_.log_first && step_ == first + 1)) return;
   const auto now = std::chrono::steady_clock::now();
   const double dt = std::chrono::duration<double>(now - window_start_).count();
   std::map<std::string, MetricValue> line = {{"step", step_}, {"loss", loss_}, {"lr", lr_}, {"skipped", nan_.skipped()},

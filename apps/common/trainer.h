@@ -134,7 +134,7 @@ class Trainer {
   double backward_on(int64_t micro, int64_t lo, int64_t hi, int64_t parts, int64_t targets);
   int64_t open_stretch(int64_t first, int64_t end);
   void close_stretch();
-  void log_step(int64_t first, int64_t stretch_end);
+  void log_step(int64_t first, int64_t stretch_end, bool stopping);
   void save();
   int stop(int sig);
 

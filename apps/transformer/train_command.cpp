@@ -287,7 +287,9 @@ void check_schedule(TrainOptions& o) {
   WEFT_CHECK(o.lr_schedule == "wsd" || o.decay_steps == 0, "transformer: --decay-steps is for --lr-schedule wsd");
   if (o.min_lr < 0) o.min_lr = o.lr_schedule == "constant" ? o.lr : 0.1 * o.lr;
   WEFT_CHECK(o.min_lr <= o.lr, "transformer: --min-lr {} is above --lr {}", o.min_lr, o.lr);
-  if (o.lr_schedule == "wsd" && o.decay_steps == 0) o.decay_steps = std::max<int64_t>(1, o.steps / 5);
+  // wsd's default decay: a fifth of the run, within what the warmup leaves (none after a warmup as long as the run).
+  if (o.lr_schedule == "wsd" && o.decay_steps == 0)
+    o.decay_steps = std::min(std::max<int64_t>(1, o.steps / 5), std::max<int64_t>(0, o.steps - o.warmup));
   WEFT_CHECK(o.lr_schedule != "wsd" || o.decay_steps <= o.steps - o.warmup, "transformer: --decay-steps {} is more "
              "than the {} steps after the warmup of {}", o.decay_steps, std::max<int64_t>(0, o.steps - o.warmup), o.warmup);
 }

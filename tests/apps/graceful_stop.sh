@@ -137,5 +137,33 @@ grep -q "weft-transformer: a second stop signal: stopping at once, without a che
   fail "second signal: no message: $(cat "$tmp/err")"
 ! grep -q "stopping after step" "$tmp/err" || fail "second signal: the run stopped gracefully instead: $(cat "$tmp/err")"
 [ -z "$(ls "$tmp/sck" 2>/dev/null | grep step_ || true)" ] || fail "second signal: a checkpoint was written"
+# 5. A signal during the last step stops nothing: the run ends as it would have (its validation,
+# its checkpoint, exit 0). The signal is sent as step 1 is logged, while step 2 (of 2, about a
+# second) runs.
+rc=0
+last=(train --n-layer 6 --d-model 384 --ctx 256 --batch-size 8 --steps 2 --eval-every 0 --eval-iters 1 --threads 1
+      --log-every 1)
+"$gpt" "${last[@]}" --metrics "$tmp/l.jsonl" --checkpoint-dir "$tmp/lck" >/dev/null 2>"$tmp/err" &
+pid=$!
+wait_for_step "$tmp/l.jsonl" 1 $pid
+kill -INT $pid
+wait $pid || rc=$?
+[ "$rc" = 0 ] || fail "SIGINT during the last step: exit $rc, want 0: $(cat "$tmp/err")"
+grep -q '"split":"val","step":2' "$tmp/l.jsonl" || fail "SIGINT during the last step: no final validation: $(cat "$tmp/l.jsonl")"
+
+# 6. The step a signal stops after is logged, whatever --log-every (the checkpoint's step).
+rc=0
+quiet=("${big[@]}")
+for i in "${!quiet[@]}"; do [ "${quiet[$i]}" = --log-every ] && quiet[$((i + 1))]=1000000; done
+"$gpt" "${quiet[@]:0:1}" "${quiet[@]:2}" --metrics "$tmp/q.jsonl" --checkpoint-dir "$tmp/qck" >/dev/null 2>"$tmp/err" &
+pid=$!
+wait_for_step "$tmp/q.jsonl" 1 $pid
+sleep 0.5
+kill -INT $pid
+wait $pid || rc=$?
+q=$(grep -Eo "stopping after step [0-9]+ on SIGINT" "$tmp/err" | grep -Eo "[0-9]+" || true)
+[ -n "$q" ] && [ "$(tail -1 "$tmp/q.jsonl" | grep -o '"step":[0-9]*' | cut -d: -f2)" = "$q" ] ||
+  fail "the stopped step ($q) is not the last logged: $(tail -1 "$tmp/q.jsonl"); $(cat "$tmp/err")"
+
 echo "graceful_stop: ok (2 ranks stopped after step $n on SIGTERM to rank 1 and resumed bitwise; SIGTERM to mpirun;" \
      "mnist SIGINT resumed bitwise; a second signal stops at once)"

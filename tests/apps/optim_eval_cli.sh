@@ -29,6 +29,13 @@ check_lrs constant 0.005 0.01 0.01 0.01 0.01 0.01
 check_lrs linear 0.005 0.01 0.01 0.00775 0.0055 0.00325 -- --min-lr 1e-3
 check_lrs cosine 0.005 0.01 0.01 0.0086819805 0.0055 0.0023180195 -- --min-lr 1e-3
 check_lrs wsd 0.005 0.01 0.01 0.01 0.01 0.0055 -- --min-lr 1e-3 --decay-steps 2
+# wsd's default decay (a fifth of the run, 1 step here) within what the warmup leaves; none after
+# a warmup as long as the run (both had been refused, naming a --decay-steps never given).
+rm "$tmp/wsd.jsonl"  # --metrics appends
+check_lrs wsd 0.005 0.01 0.01 0.01 0.01 0.01 -- --min-lr 1e-3
+saved=("${cfg[@]}") && cfg[13]=6 && rm "$tmp/wsd.jsonl"
+check_lrs wsd 0.00166666666667 0.00333333333333 0.005 0.00666666666667 0.00833333333333 0.01
+cfg=("${saved[@]}")
 # A given warmup longer than the run ramps at its own rate to the end (it had been cut to 5 steps).
 [ "${cfg[12]}" = --warmup ] || fail "cfg[12] is not --warmup"
 saved=("${cfg[@]}") && cfg[13]=10 && rm "$tmp/linear.jsonl"  # --metrics appends
@@ -45,6 +52,16 @@ expect_error "--beta2: expected a number" train "${cfg[@]}" --beta2 1
 "$exe" train "${cfg[@]}" --metrics "$tmp/b.jsonl" --beta2 0.95 --eps 1e-6 >/dev/null 2>&1 || fail "--beta2 0.95 failed"
 differs "$(loss_at "$tmp/b.jsonl" 6)" "$(loss_at "$tmp/a.jsonl" 6)" 1e-7 "--beta2 0.95 --eps 1e-6 step-6 loss"
 expect_error "written with --beta2 0.999 but --beta2 is 0.95" train "${cfg[@]}" --beta2 0.95 --resume "$tmp/ck"
+# Resuming with another --lr (here a longer run at 2e-2): the schedule of the flags decides the rate, and the run says
+# so when it is not the checkpoint's (it had changed silently); the same flags say nothing.
+[ "${cfg[10]} ${cfg[14]}" = "--steps --lr" ] || fail "cfg[10] is not --steps or cfg[14] not --lr"
+longer=("${cfg[@]}") && longer[11]=8 && longer[15]=2e-2
+"$exe" train "${longer[@]}" --resume "$tmp/ck" --checkpoint-dir "$tmp/ck2" >/dev/null 2>"$tmp/err" ||
+  fail "resume with --lr 2e-2: $(cat "$tmp/err")"
+grep -Eq "this run's schedule sets the learning rate at step 6 to [0-9.e-]+; the checkpoint's was [0-9.e-]+" "$tmp/err" ||
+  fail "resume with another --lr: no notice: $(cat "$tmp/err")"
+"$exe" train "${cfg[@]}" --resume "$tmp/ck" >/dev/null 2>"$tmp/err" || fail "resume: $(cat "$tmp/err")"
+! grep -q "sets the learning rate" "$tmp/err" || fail "resume with the same flags: a notice: $(cat "$tmp/err")"
 
 # Validation lines: perplexity = exp(loss).
 val=$(grep '"split":"val"' "$tmp/a.jsonl" | tail -1)
