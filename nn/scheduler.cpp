@@ -71,8 +71,7 @@ WarmupDecayLR::WarmupDecayLR(Optimizer& opt, int64_t w, int64_t t, double r, Dec
 double WarmupDecayLR::factor(int64_t step) const {
   if (step < warmup) return double(step + 1) / double(warmup);
   const int64_t start = decay == Decay::wsd ? total - decay_steps : warmup;  // where the decay begins
-  const double progress = total > start ? std::clamp(double(step - start) / double(total - start), 0.0, 1.0)
-                                        : step >= total ? 1.0 : 0.0;  // no decay within the run (wsd's 0 steps)
+  const double progress = total > start ? std::clamp(double(step - start) / double(total - start), 0.0, 1.0) : 0.0;
   switch (decay) {
     case Decay::constant: return 1.0;
     case Decay::cosine: return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + std::cos(M_PI * progress));
