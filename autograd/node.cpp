@@ -94,6 +94,7 @@ std::shared_ptr<FunctionNode> record(std::string name, const TensorList& inputs,
   for (uint32_t i = 0; i < outputs.size(); ++i) {
     const Tensor& out = outputs[i];
     node->output_meta.push_back({out.shape(), out.dtype(), out.device()});
+    if (!is_floating(out.dtype())) continue;  // an integer or bool result (a cast, indices) is not differentiable
     AutogradMeta& meta = out.autograd_meta();
     meta.grad_fn = node;
     meta.output_nr = i;

@@ -129,6 +129,8 @@ std::vector<Tensor> Module::parameters(bool recurse) const {
 NamedTensorList Module::named_buffers(bool recurse) const {
   NamedTensorList out;
   collect("", recurse, true, out);
+  std::unordered_set<TensorImpl*> seen;  // a shared module's buffer once, under its first name
+  std::erase_if(out, [&](const auto& e) { return !seen.insert(e.second.impl()).second; });
   return out;
 }
 
@@ -140,8 +142,10 @@ std::vector<std::pair<std::string, ModulePtr>> Module::named_modules() {
   ModulePtr self = weak_from_this().lock();
   if (!self) self = ModulePtr(this, [](Module*) {});
   out.emplace_back("", self);
+  std::unordered_set<Module*> seen{this};  // a module registered twice (shared) once, under its first name
   for (auto& [n, child] : children_)
-    for (auto& [sub, m] : child->named_modules()) out.emplace_back(sub.empty() ? n : n + "." + sub, m);
+    for (auto& [sub, m] : child->named_modules())
+      if (seen.insert(m.get()).second) out.emplace_back(sub.empty() ? n : n + "." + sub, m);
   return out;
 }
 
@@ -254,8 +258,13 @@ Module& Module::to(Device device) {
 }
 
 Module& Module::apply(const std::function<void(Module&)>& fn) {
-  for (auto& [n, child] : children_) child->apply(fn);
-  fn(*this);
+  std::unordered_set<Module*> seen{this};  // a shared module once, at its first place
+  std::function<void(Module&)> visit = [&](Module& m) {
+    for (auto& [n, child] : m.children_)
+      if (seen.insert(child.get()).second) visit(*child);
+    fn(m);
+  };
+  visit(*this);
   return *this;
 }
 

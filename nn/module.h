@@ -92,7 +92,8 @@ class Module : public std::enable_shared_from_this<Module> {
   std::vector<Tensor> parameters(bool recurse = true) const;
   NamedTensorList named_buffers(bool recurse = true) const;
   std::vector<std::pair<std::string, ModulePtr>> named_children() const;
-  // All modules in the tree, pre-order, self first under the name "".
+  // All modules in the tree, pre-order, self first under the name ""; a shared module once, under
+  // its first name (as named_parameters lists a tied tensor, and nn.Module.named_modules does).
   std::vector<std::pair<std::string, ModulePtr>> named_modules();
   std::vector<ModulePtr> modules();
   // Slot of a direct parameter (throws if there is none of that name).
@@ -112,7 +113,8 @@ class Module : public std::enable_shared_from_this<Module> {
   // layers' slots) sees the new dtype/device.
   Module& to(DType dtype);
   Module& to(Device device);
-  // fn(module) on every module of the tree, children first, then self (like nn.Module.apply).
+  // fn(module) on every module of the tree once, children before their parent, self last (like
+  // nn.Module.apply).
   Module& apply(const std::function<void(Module&)>& fn);
   void zero_grad(bool set_to_none = true);
 

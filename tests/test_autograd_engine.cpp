@@ -269,3 +269,15 @@ TEST_CASE("matmul and linear with zero-size dimensions, forward and backward") {
   sum(out).backward();
   CHECK(to_vector(x2.grad()) == std::vector<double>(8, 0.0));
 }
+
+TEST_CASE("an integer or bool result leaves the graph: a cast to i64 passes no gradient back (as PyTorch)") {
+  Tensor x = from_vector({1.5, 2.5, -0.7}, {3}).set_requires_grad();
+  const Tensor r = x.to(kInt64);
+  CHECK_FALSE(r.requires_grad());
+  CHECK_FALSE(r.view({3, 1}).requires_grad());
+  CHECK_FALSE(x.to(kBool).requires_grad());
+  Tensor z = x * 1.0 + x.to(kInt64).to(kFloat32) * 5.7;
+  sum(z).backward();
+  CHECK(to_vector(x.grad()) == std::vector<double>{1, 1, 1});  // the truncated 5.7 (5) had been added through the cast
+  CHECK(x.to(kFloat64).requires_grad());                      // a floating cast stays differentiable
+}

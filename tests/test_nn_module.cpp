@@ -54,7 +54,7 @@ TEST_CASE("a module cannot hold itself: a cycle would recurse without end in eve
   auto shared = std::make_shared<Linear>(2, 2);  // one module under two parents is no cycle
   a->push_back(shared);
   b->push_back(shared);
-  CHECK(a->named_modules().size() == 4);
+  CHECK(a->named_modules().size() == 3);  // a, b and the shared Linear, once
 }
 
 TEST_CASE("containers name a bad index or child type instead of std::out_of_range or a null pointer") {
@@ -442,4 +442,41 @@ TEST_CASE("shape propagation: forward and backward on a meta model give the shap
   // Outside the guard the meta model is refused again.
   CHECK_THROWS_WITH((*meta)(empty({1, 2}, {.dtype = DType::i64, .device = Device::meta()})),
                     Contains("meta device"));
+}
+
+TEST_CASE("a module registered twice is visited and listed once, as nn.Module's apply and named_modules do") {
+  struct Twice : Module {
+    Twice() {
+      auto shared = std::make_shared<Linear>(2, 2);
+      register_module("a", shared);
+      register_module("b", shared);
+      register_module("c", std::make_shared<Linear>(2, 2));
+    }
+  };
+  auto m = std::make_shared<Twice>();
+  int visits = 0;
+  std::vector<Module*> order;
+  m->apply([&](Module& x) {
+    order.push_back(&x);
+    if (dynamic_cast<Linear*>(&x)) ++visits;
+  });
+  CHECK(visits == 2);                        // a (= b) and c: a re-initialisation through apply ran twice on a before
+  CHECK(order.back() == m.get());            // children before the module itself
+  std::vector<std::string> names;
+  for (auto& [n, sub] : m->named_modules()) names.push_back(n);
+  CHECK(names == std::vector<std::string>{"", "a", "c"});
+  CHECK(m->modules().size() == 3);
+  struct WithBuffer : Module {
+    WithBuffer() { register_buffer("count", zeros({1})); }
+  };
+  struct Outer : Module {
+    Outer() {
+      auto shared = std::make_shared<WithBuffer>();
+      register_module("a", shared);
+      register_module("b", shared);
+    }
+  };
+  const auto buffers = Outer().named_buffers();
+  REQUIRE(buffers.size() == 1);
+  CHECK(buffers[0].first == "a.count");
 }
