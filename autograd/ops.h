@@ -133,9 +133,10 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 // The same with grouped-query heads and rotary embeddings: k and v may have Hkv heads dividing
 // q's H (query head h reads key/value head h / (H / Hkv), as torch's enable_gqa), and
 // rope.theta > 0 rotates q and k (kernels/rope.h) inside the fused kernel, so the caller
-// passes the projections' head views as they are.
+// passes the projections' head views as they are. Not causal unless asked, as the other overload
+// and torch's is_causal.
 struct AttentionOptions {
-  bool causal = true;
+  bool causal = false;
   double dropout_p = 0.0;
   bool training = true;
   Generator* gen = nullptr;

@@ -704,3 +704,11 @@ TEST_CASE("attention: empty batches give empty results") {
   sum(y2).backward();
   test::check_values(k.grad().reshape({-1}), std::vector<double>(12, 0.0));
 }
+
+TEST_CASE("both overloads of scaled_dot_product_attention are not causal unless asked, as torch's is_causal") {
+  const Tensor q = random({1, 2, 4, 8}), k = random({1, 2, 4, 8}), v = random({1, 2, 4, 8});
+  const Tensor plain = scaled_dot_product_attention(q, k, v), with_options = scaled_dot_product_attention(q, k, v, AttentionOptions{});
+  auto diff = [](const Tensor& a, const Tensor& b) { return max(abs(sub(a, b))).item(); };
+  CHECK(diff(plain, with_options) == 0);
+  CHECK(diff(plain, scaled_dot_product_attention(q, k, v, true)) > 1e-3);  // causal is another result
+}
