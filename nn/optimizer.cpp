@@ -151,6 +151,9 @@ void Optimizer::load_state_dict(const NamedTensorList& state) {
           continue;
         }
         std::string k = it->first.substr(prefix.size());
+        const auto names = state_names();
+        WEFT_CHECK(names.empty() || std::find(names.begin(), names.end(), k) != names.end(), "{}.load_state_dict: unknown state \"{}\" "
+                   "(a parameter's state is {})", name_, it->first, fmt::join(names, ", "));
         const Tensor& t = it->second;
         bool per_element = k != "step";
         WEFT_CHECK(!per_element || t.shape() == p.shape(),

@@ -60,7 +60,8 @@ class Optimizer {
   // Throws naming the option unless one group's options are valid: every value finite, lr >= 0,
   // and each optimizer's own rules. The constructors, set_option and load_state_dict call it.
   virtual void check_options(const std::map<std::string, double>& o) const;
-  // The state a stepped parameter holds (sorted), or empty when it depends on the options.
+  // The state a stepped parameter holds (sorted; none at all is also accepted: not stepped, or SGD
+  // without momentum); empty: any.
   virtual std::vector<std::string> state_names() const { return {}; }
   size_t checked_group(size_t group) const;
   // Throws if a parameter was replaced in its module after this optimizer was built (e.g. by
@@ -95,6 +96,7 @@ class SGD : public Optimizer {
  protected:
   void check_options(const std::map<std::string, double>& o) const override;
   bool scales_grads() const override { return true; }
+  std::vector<std::string> state_names() const override { return {"momentum_buffer"}; }  // with momentum
 };
 
 struct AdamOptions {

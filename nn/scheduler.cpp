@@ -10,7 +10,7 @@ LRScheduler::LRScheduler(Optimizer& opt) : opt_(opt) {
 }
 
 void LRScheduler::apply() {
-  for (size_t g = 0; g < base_lrs_.size(); ++g) opt_.set_option(g, "lr", base_lrs_[g] * factor(step_));
+  for (size_t g = 0; g < base_lrs_.size(); ++g) opt_.set_option(g, "lr", lr_at(step_, g));
 }
 
 void LRScheduler::step() { ++step_, apply(); }
@@ -42,15 +42,12 @@ CosineAnnealingLR::CosineAnnealingLR(Optimizer& opt, int64_t t, double eta)
     : LRScheduler(opt), t_max(t), eta_min(eta) {
   WEFT_CHECK(t > 0 && eta >= 0 && eta < HUGE_VAL, "CosineAnnealingLR: t_max must be > 0 and eta_min a finite number "
              ">= 0, got {} and {}", t, eta);
-  WEFT_CHECK(opt.num_groups() == 1 || eta == 0, "CosineAnnealingLR: eta_min needs a single parameter group");
-  WEFT_CHECK(opt.lr() > 0 || eta == 0, "CosineAnnealingLR: eta_min {} with a base lr of 0 (it scales the base)", eta);
   apply();
 }
-double CosineAnnealingLR::factor(int64_t step) const {
-  double base = base_lrs_.at(0);
-  double lr = eta_min + (base - eta_min) * (1 + std::cos(M_PI * double(step) / double(t_max))) / 2;  // on past t_max
-  return base == 0 ? 0 : lr / base;
+double CosineAnnealingLR::lr_at(int64_t step, size_t group) const {  // on past t_max, as PyTorch's closed form
+  return eta_min + (base_lrs_[group] - eta_min) * (1 + std::cos(M_PI * double(step) / double(t_max))) / 2;
 }
+double CosineAnnealingLR::factor(int64_t step) const { return base_lrs_[0] == 0 ? 0 : lr_at(step, 0) / base_lrs_[0]; }
 
 StepLR::StepLR(Optimizer& opt, int64_t s, double g) : LRScheduler(opt), step_size(s), gamma(g) {
   WEFT_CHECK(s > 0 && g >= 0 && g < HUGE_VAL, "StepLR: step_size must be > 0 and gamma a finite number >= 0, got {} "

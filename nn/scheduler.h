@@ -18,6 +18,8 @@ class LRScheduler {
   std::vector<double> get_last_lr() const;
   // Multiplier of the base lr at `step` (0 = before the first optimizer step).
   virtual double factor(int64_t step) const = 0;
+  // The lr of `group` at `step`: its base lr times factor(step), unless a schedule says otherwise.
+  virtual double lr_at(int64_t step, size_t group) const { return base_lrs_[group] * factor(step); }
   // For checkpoints: restores the position (and re-applies the lr).
   void set_last_step(int64_t step);
 
@@ -41,7 +43,8 @@ class LinearLR : public LRScheduler {
 class CosineAnnealingLR : public LRScheduler {
  public:
   CosineAnnealingLR(Optimizer& opt, int64_t t_max, double eta_min = 0.0);
-  double factor(int64_t step) const override;
+  double factor(int64_t step) const override;  // group 0's lr over its base
+  double lr_at(int64_t step, size_t group) const override;  // eta_min + (base - eta_min)(1 + cos(pi step / t_max)) / 2
   int64_t t_max;
   double eta_min;
 };
