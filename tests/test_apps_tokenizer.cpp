@@ -465,3 +465,15 @@ TEST_CASE("tokenizer: a text cut at split_point encodes as the whole (prepare re
     CHECK(apps::BpeTokenizer(write_tokenizer(j, "no_newline_cut.json")).split_point(words, words.size()) == 0);
   }
 }
+
+// An id between the model's vocabulary and an added token placed past it (a gap) decodes to nothing, as `tokenizers`'
+// decode skips an id it has no token for; an id past the last is an error (sample had stopped on a gap id).
+TEST_CASE("tokenizer: an id in a gap of the ids decodes to nothing") {
+  json j = read_json(kData + "/mistral/tokenizer.json");
+  add_token(j, 32003, "<extra>", false, false, false, true);
+  const apps::BpeTokenizer tok(write_tokenizer(j, "gap.json"));
+  REQUIRE(tok.vocab_size() == 32004);
+  CHECK(tok.decode({1318, 32001, 264}) == tok.decode({1318, 264}));
+  CHECK(tok.decode({32000, 32002}).empty());
+  CHECK_THROWS_WITH(tok.decode({32004}), Contains("is not in the vocabulary"));
+}

@@ -640,21 +640,26 @@ std::string BpeTokenizer::Impl::text_of(const std::vector<int32_t>& ids, bool sk
   std::vector<std::string> pieces;
   pieces.reserve(ids.size());
   for (int32_t id : ids) {
-    if (id < 0 || size_t(id) >= tokens.size() || tokens[size_t(id)].empty())
+    if (id < 0 || size_t(id) >= tokens.size())
       throw Error(fmt::format("tokenizer {}: decoding: id {} is not in the vocabulary (size {})", path, id,
                               tokens.size()));
+    if (tokens[size_t(id)].empty()) continue;  // an id between the vocabulary's and the added tokens': nothing, as tokenizers
     auto form = decoded_as.find(id);
     if (!(skip_special && is_special[size_t(id)])) pieces.push_back(form == decoded_as.end() ? tokens[size_t(id)] : form->second);
   }
   return (*decoder)(std::move(pieces), lossy, at_start);
 }
 
+bool BpeTokenizer::byte_token(int32_t id) const {
+  return impl_->byte_fallback && std::find(impl_->fallback_id.begin(), impl_->fallback_id.end(), id) != impl_->fallback_id.end();
+}
+
 std::string BpeTokenizer::bytes_of(const std::vector<int32_t>& ids, bool skip_special, bool at_start) const {
   return impl_->text_of(ids, skip_special, false, at_start);
 }
 
-std::string BpeTokenizer::decode(const std::vector<int32_t>& ids, bool skip_special) const {
-  return impl_->text_of(ids, skip_special, true, true);
+std::string BpeTokenizer::decode(const std::vector<int32_t>& ids, bool skip_special, bool at_start) const {
+  return impl_->text_of(ids, skip_special, true, at_start);
 }
 
 }  // namespace weft::apps

@@ -49,13 +49,15 @@ class BpeTokenizer {
   size_t split_point(std::string_view text, size_t limit) const;
   // The text of `ids` (ids outside the vocabulary are an error), bytes that do not form UTF-8
   // replaced by U+FFFD as `tokenizers` does; special added tokens left out when skip_special.
-  std::string decode(const std::vector<int32_t>& ids, bool skip_special = false) const;
+  std::string decode(const std::vector<int32_t>& ids, bool skip_special = false, bool at_start = true) const;
   // The bytes the ids stand for, before that replacement (a stream printed token by token
   // forms its characters at the reader). at_start false: the ids continue a text, so the space
   // the encoder put before its first word is not removed ("▁world" is " world").
   std::string bytes_of(const std::vector<int32_t>& ids, bool skip_special = false, bool at_start = true) const;
   // One more than the largest id (vocabulary and added tokens).
   int64_t vocab_size() const;
+  // Whether `id` is a byte token "<0xAB>" of byte fallback (a run of them decodes together).
+  bool byte_token(int32_t id) const;
   // The id of a token (its vocabulary form, or an added token's content); -1 when none.
   int32_t id_of(std::string_view token) const;
 

@@ -27,8 +27,13 @@ std::string read_file(const std::string& path) {
 }
 
 nlohmann::json read_json_object(const std::string& path) {
-  nlohmann::json j = nlohmann::json::parse(read_file(path), nullptr, false);
-  WEFT_CHECK(!j.is_discarded() && j.is_object(), "transformer: {} is not a JSON object", path);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_file(path));
+  } catch (const nlohmann::json::parse_error& e) {
+    WEFT_ERROR("transformer: {} is not valid JSON: {}", path, e.what());
+  }
+  WEFT_CHECK(j.is_object(), "transformer: {} is not a JSON object (it holds a JSON {})", path, j.type_name());
   return j;
 }
 

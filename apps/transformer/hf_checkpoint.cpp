@@ -52,10 +52,12 @@ std::map<std::string, std::string> weight_files(const std::string& dir) {
 }  // namespace
 
 HfGenerationConfig read_hf_generation_config(const std::string& dir) {
-  const fs::path path = fs::path(dir) / "generation_config.json";
+  fs::path path = fs::path(dir) / "generation_config.json";
   HfGenerationConfig g;
+  if (!WEFT_FS(fs::exists(path))) path = fs::path(dir) / "config.json";
   if (!WEFT_FS(fs::exists(path))) return g;
   g.found = true;
+  g.file = path.string();
   const json j = read_json_object(path.string());
   const json eos = j.value("eos_token_id", json(nullptr));
   for (const json& id : eos.is_array() ? eos : json::array({eos})) {
@@ -83,7 +85,9 @@ HfGenerationConfig read_hf_generation_config(const std::string& dir) {
            {"num_beams", 1}, {"typical_p", 1.0}, {"epsilon_cutoff", 0.0}, {"eta_cutoff", 0.0}, {"min_p", 0.0},
            {"encoder_repetition_penalty", 1.0}, {"bad_words_ids", nullptr}, {"suppress_tokens", nullptr},
            {"begin_suppress_tokens", nullptr}, {"forced_bos_token_id", nullptr}, {"forced_eos_token_id", nullptr},
-           {"sequence_bias", nullptr}, {"exponential_decay_length_penalty", nullptr}, {"penalty_alpha", nullptr}})
+           {"sequence_bias", nullptr}, {"exponential_decay_length_penalty", nullptr}, {"penalty_alpha", nullptr},
+           {"stop_strings", nullptr}, {"max_new_tokens", nullptr}, {"max_length", nullptr}, {"guidance_scale", nullptr},
+           {"length_penalty", 1.0}, {"num_beam_groups", 1}, {"diversity_penalty", 0.0}, {"watermarking_config", nullptr}})
     if (j.contains(key) && !j[key].is_null() && j[key] != neutral) g.ignored.push_back(fmt::format("{} {}", key, j[key].dump()));
   return g;
 }

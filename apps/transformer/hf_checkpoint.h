@@ -28,14 +28,17 @@ kernels::RopeScaling parse_rope_scaling(const std::string& text, const std::stri
 // eos_token_id (one id or a list) and its sampling defaults, transformers' own where a field is
 // absent (do_sample false: greedy).
 struct HfGenerationConfig {
-  bool found = false;  // the file exists
+  bool found = false;  // a file was read
+  std::string file;    // generation_config.json, or config.json where there is none (as transformers reads it)
   std::vector<int64_t> eos;
   bool do_sample = false;
   double temperature = 1.0, top_p = 1.0, repetition_penalty = 1.0;
   int64_t top_k = 50;
   std::vector<std::string> ignored;  // fields set away from their neutral value that weft does not apply, with it
 };
-// Reads `dir`/generation_config.json (found false when there is none); an error naming the file
+// Reads `dir`/generation_config.json, or without one the generation fields of `dir`/config.json (its
+// eos_token_id; greedy unless it says do_sample), as transformers' generate does (found false when
+// neither exists); an error naming the file
 // and the field for a value of the wrong kind (eos ids that are not non-negative integers, a
 // negative temperature or top_k, top_p outside (0, 1]).
 HfGenerationConfig read_hf_generation_config(const std::string& dir);

@@ -23,6 +23,7 @@
 #include "apps/transformer/lora_settings.h"
 #include "apps/transformer/peft_adapter.h"
 #include "apps/transformer/token_data.h"
+#include "apps/transformer/utf8.h"
 #include "core/element_search.h"
 #include "core/trace.h"
 #include "weft.h"
@@ -111,18 +112,17 @@ std::string hf_source(const std::string& from, const std::map<std::string, std::
 }
 
 // --eos: a token id, or a token of the tokenizer; "none": never stop; not given: the eos ids of
-// the generation_config.json of the Hugging Face directory the model came from (`source`), if any.
+// the generation_config.json (or config.json) of the Hugging Face directory the model came from, if any.
 std::vector<int64_t> eos_ids(const std::string& eos, const apps::BpeTokenizer* tok, int64_t vocab,
-                             const apps::HfGenerationConfig& gen, const std::string& source) {
+                             const apps::HfGenerationConfig& gen) {
   if (eos == "none") return {};
   if (eos.empty()) {
     const std::vector<int64_t>& ids = gen.eos;
     for (int64_t id : ids)
-      WEFT_CHECK(id < vocab, "transformer: {}/generation_config.json's eos id {} is past the vocabulary of {}", source,
-                 id, vocab);
+      WEFT_CHECK(id < vocab, "transformer: {}'s eos id {} is past the vocabulary of {}", gen.file, id, vocab);
     if (!ids.empty())
-      std::fprintf(stderr, "weft-transformer: stopping after eos id(s) %s (%s/generation_config.json; --eos none: "
-                   "never)\n", fmt::format("{}", fmt::join(ids, ",")).c_str(), source.c_str());
+      std::fprintf(stderr, "weft-transformer: stopping after eos id(s) %s (%s; --eos none: never)\n",
+                   fmt::format("{}", fmt::join(ids, ",")).c_str(), gen.file.c_str());
     return ids;
   }
   int64_t id = -1;
@@ -133,10 +133,36 @@ std::vector<int64_t> eos_ids(const std::string& eos, const apps::BpeTokenizer* t
   return {id};
 }
 
-// --temperature, --top-k and --top-p where given; the others from the generation_config.json of
-// the Hugging Face directory the model came from (do_sample false or absent: greedy), stderr
-// naming what it took; without one, weft's defaults.
-nn::SamplingOptions sampling_of(const SampleOptions& o, const apps::HfGenerationConfig& gen, const std::string& source) {
+// The generated text as the tokenizer decodes the whole of it (bytes that are no character as U+FFFD, as tokenizers'
+// decode), written to stdout as it grows. What a later token may still change waits: a run of byte tokens (decoded
+// together) until another token ends it, and a trailing U+FFFD that a later byte-level token may complete.
+class TextStream {
+ public:
+  explicit TextStream(const apps::BpeTokenizer& tok) : tok_(tok) {}
+  void add(int64_t id) {
+    ids_.push_back(int32_t(id));
+    if (!tok_.byte_token(int32_t(id))) write(false);
+  }
+  void finish() { write(true); }
+
+ private:
+  void write(bool all) {
+    const std::string text = tok_.decode(ids_, false, false), replacement = "\xef\xbf\xbd";
+    size_t end = text.size();
+    while (!all && end >= written_.size() + 3 && text.compare(end - 3, 3, replacement) == 0) end -= 3;
+    if (end <= written_.size() || text.compare(0, written_.size(), written_) != 0) return;  // nothing new, or not final
+    std::fwrite(text.data() + written_.size(), 1, end - written_.size(), stdout);
+    written_ = text.substr(0, end);
+  }
+  const apps::BpeTokenizer& tok_;
+  std::vector<int32_t> ids_;
+  std::string written_;
+};
+
+// --temperature, --top-k and --top-p where given; the others from the generation_config.json (or
+// config.json) of the Hugging Face directory the model came from (do_sample false or absent:
+// greedy), stderr naming what it took; without one, weft's defaults.
+nn::SamplingOptions sampling_of(const SampleOptions& o, const apps::HfGenerationConfig& gen) {
   nn::SamplingOptions s{.repetition_penalty = o.repetition_penalty, .temperature = o.temperature, .top_k = o.top_k,
                         .top_p = o.top_p};
   if (!gen.found) return s;
@@ -150,8 +176,8 @@ nn::SamplingOptions sampling_of(const SampleOptions& o, const apps::HfGeneration
   if (!o.top_k_set && gen.do_sample && s.temperature > 0) s.top_k = gen.top_k, taken.push_back(fmt::format("top_k {}", s.top_k));
   if (!o.top_p_set && gen.do_sample && s.temperature > 0) s.top_p = gen.top_p, taken.push_back(fmt::format("top_p {}", s.top_p));
   if (!taken.empty())
-    std::fprintf(stderr, "weft-transformer: sampling %s, as %s/generation_config.json says (flags override)\n",
-                 fmt::format("{}", fmt::join(taken, ", ")).c_str(), source.c_str());
+    std::fprintf(stderr, "weft-transformer: sampling %s, as %s says (flags override)\n",
+                 fmt::format("{}", fmt::join(taken, ", ")).c_str(), gen.file.c_str());
   return s;
 }
 
@@ -188,6 +214,7 @@ std::optional<apps::BpeTokenizer> sample_tokenizer(const SampleOptions& o, const
 std::vector<int64_t> prompt_ids(const SampleOptions& o, const apps::BpeTokenizer* tok, int64_t vocab) {
   std::vector<int64_t> ids;
   if (tok) {
+    WEFT_CHECK(apps::utf8::valid(o.prompt), "transformer: --prompt is not valid UTF-8 text, which the tokenizer encodes");
     for (int32_t id : tok->encode(o.prompt, !o.no_special)) ids.push_back(id);
   } else {
     for (unsigned char c : o.prompt) {
@@ -225,6 +252,23 @@ bool is_logits_file(const std::string& path) try {
 
 }  // namespace
 
+// What makes the tokens differ from transformers' generate, named on stderr: a sliding window passed, fields of the
+// generation config weft does not apply, a prompt past the context (cut to its last ctx tokens).
+void warn_unlike_transformers(const SampleOptions& o, const apps::ModelConfig& cfg, const apps::HfGenerationConfig& gen,
+                              int64_t prompt) {
+  if (cfg.sliding_window > 0 && prompt + o.tokens > cfg.ctx)
+    std::fprintf(stderr, "weft-transformer: warning: %lld prompt and %lld new tokens pass the sliding_window of %lld: "
+                 "weft starts again from the last half of the window there, where transformers slides it, so the "
+                 "tokens differ from that point\n", (long long)prompt, (long long)o.tokens, (long long)cfg.sliding_window);
+  if (!gen.ignored.empty())
+    std::fprintf(stderr, "weft-transformer: warning: %s sets %s, which weft does not apply (it samples with "
+                 "repetition_penalty, temperature, top_k and top_p, --tokens new tokens): the tokens may differ from "
+                 "transformers' generate\n", gen.file.c_str(), fmt::format("{}", fmt::join(gen.ignored, ", ")).c_str());
+  if (prompt > cfg.ctx)
+    std::fprintf(stderr, "weft-transformer: warning: the prompt's %lld tokens are past the context of %lld: the model "
+                 "sees its last %lld\n", (long long)prompt, (long long)cfg.ctx, (long long)cfg.ctx);
+}
+
 int sample(const SampleOptions& o, const Ranks& ranks) {
   const Device device = apps::parse_device(o.device, "transformer");
   apps::cli::use_threads(o.threads);
@@ -254,18 +298,11 @@ int sample(const SampleOptions& o, const Ranks& ranks) {
   WEFT_CHECK(o.logits_out.empty() || int64_t(ids.size()) <= cfg.ctx, "transformer: --logits-out writes a row per prompt "
              "token, and the prompt's {} tokens are past {}'s context of {}: shorten it", ids.size(), o.checkpoint, cfg.ctx);
   const apps::HfGenerationConfig gen = source.empty() ? apps::HfGenerationConfig{} : apps::read_hf_generation_config(source);
-  if (cfg.sliding_window > 0 && int64_t(ids.size()) + o.tokens > cfg.ctx && ranks.lead())
-    std::fprintf(stderr, "weft-transformer: warning: %zu prompt and %lld new tokens pass the sliding_window of %lld: "
-                 "weft starts again from the last half of the window there, where transformers slides it, so the "
-                 "tokens differ from that point\n", ids.size(), (long long)o.tokens, (long long)cfg.sliding_window);
-  if (!gen.ignored.empty() && ranks.lead())
-    std::fprintf(stderr, "weft-transformer: warning: %s/generation_config.json sets %s, which weft does not apply (it "
-                 "samples with repetition_penalty, temperature, top_k and top_p): the tokens may differ from transformers' generate\n",
-                 source.c_str(), fmt::format("{}", fmt::join(gen.ignored, ", ")).c_str());
+  if (ranks.lead()) warn_unlike_transformers(o, cfg, gen, int64_t(ids.size()));
   nn::GenerateOptions g{.max_new_tokens = o.tokens,
-                        .sampling = sampling_of(o, gen, source),
+                        .sampling = sampling_of(o, gen),
                         .seed = o.seed,
-                        .eos = eos_ids(o.eos, tok ? &*tok : nullptr, cfg.vocab_size, gen, source),
+                        .eos = eos_ids(o.eos, tok ? &*tok : nullptr, cfg.vocab_size, gen),
                         .use_cache = !o.no_cache};
   if (ranks.fsdp)  // every rank takes rank 0's token, so all run the same steps and stop together
     g.agree = [](int64_t token) {
@@ -277,13 +314,14 @@ int sample(const SampleOptions& o, const Ranks& ranks) {
   const bool print = ranks.lead();
   if (print && !o.ids) std::fwrite(o.prompt.data(), 1, o.prompt.size(), stdout);
   std::string printed;
+  std::optional<TextStream> stream;
+  if (tok) stream.emplace(*tok);
   auto on_token = [&](int64_t next) {
     if (!print) return;
     if (o.ids) {
       printed += (printed.empty() ? "" : ",") + std::to_string(next);
-    } else if (tok) {  // the token's bytes as they come (a character may span tokens)
-      const std::string b = next < tok->vocab_size() ? tok->bytes_of({int32_t(next)}, false, false) : std::string();
-      std::fwrite(b.data(), 1, b.size(), stdout);
+    } else if (tok) {
+      if (next < tok->vocab_size()) stream->add(next);
     } else {
       std::fputc(int(next), stdout);
     }
@@ -293,6 +331,7 @@ int sample(const SampleOptions& o, const Ranks& ranks) {
   nn::generate(model, ids, g, on_token, &st);
   if (!print) return 0;
   if (o.ids) std::fputs(printed.c_str(), stdout);
+  if (stream) stream->finish();
   std::fputc('\n', stdout);
   std::fflush(stdout);
   const double total = st.prefill_seconds + st.decode_seconds;

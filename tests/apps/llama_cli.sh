@@ -106,6 +106,16 @@ got=$("$exe" sample --from "$tmp/l3eos" --prompt "The " --greedy --tokens 20 --i
 grep -q "stopping after eos id(s) 255,$e" "$tmp/eos.err" || fail "no eos message: $(cat "$tmp/eos.err")"
 [ "$("$exe" sample --from "$tmp/l3eos" --prompt "The " --greedy --tokens 20 --ids --eos none 2>/dev/null)" = "$all" ] ||
   fail "--eos none still stopped"
+# Without generation_config.json, config.json's generation fields hold, as transformers reads them: greedy (no
+# do_sample) and its eos_token_id (weft had drawn at temperature 1, never stopping).
+mkdir "$tmp/l3nogen" && cp "$data/llama3/model.safetensors" "$tmp/l3nogen/"
+sed "s/\"eos_token_id\": *\(null\|[0-9][0-9]*\)/\"eos_token_id\": $e/" "$data/llama3/config.json" >"$tmp/l3nogen/config.json"
+grep -q "\"eos_token_id\": $e" "$tmp/l3nogen/config.json" || fail "could not set config.json's eos_token_id"
+got=$("$exe" sample --from "$tmp/l3nogen" --prompt "The " --tokens 20 --ids 2>"$tmp/eos.err") || fail "$(cat "$tmp/eos.err")"
+[ "$got" = "$want" ] || fail "no generation_config.json: got $got, want greedy ids up to eos $e: $want"
+grep -q "stopping after eos id(s) $e ($tmp/l3nogen/config.json" "$tmp/eos.err" &&
+  grep -q "sampling greedy (do_sample false), as $tmp/l3nogen/config.json says" "$tmp/eos.err" ||
+  fail "no generation_config.json: the messages do not name config.json: $(cat "$tmp/eos.err")"
 # Its sampling defaults apply where no flag is given: do_sample with temperature/top_k/top_p
 # draws as those flags do; do_sample false or absent is greedy; a flag overrides its field.
 echo '{"do_sample": true, "temperature": 0.7, "top_k": 5, "top_p": 0.9}' >"$tmp/l3eos/generation_config.json"
@@ -121,21 +131,28 @@ grep -q "sampling temperature 0.7, top_k 5, top_p 0.9, as $tmp/l3eos/generation_
 [ "$("$exe" sample --from "$data/llama3" --prompt "The " --tokens 20 --seed 9 --ids 2>/dev/null)" = "$all" ] ||
   fail "a generation_config.json without do_sample does not sample greedily"
 # Fields that change generation and that weft does not apply are named (their neutral values are not).
-echo '{"repetition_penalty": 1.3, "no_repeat_ngram_size": 0, "num_beams": 1, "min_new_tokens": 4}' \
+echo '{"repetition_penalty": 1.3, "no_repeat_ngram_size": 0, "num_beams": 1, "min_new_tokens": 4, "stop_strings": ["x"]}' \
   >"$tmp/l3eos/generation_config.json"
 pen=$("$exe" sample --from "$tmp/l3eos" --prompt "The " --tokens 20 --ids 2>"$tmp/gen.err") || fail "$(cat "$tmp/gen.err")"
-grep -q "generation_config.json sets min_new_tokens 4, which weft does not apply" "$tmp/gen.err" ||
+grep -q "generation_config.json sets min_new_tokens 4, stop_strings \[\"x\"\], which weft does not apply" "$tmp/gen.err" ||
   fail "ignored generation fields not named: $(cat "$tmp/gen.err")"
 # Its repetition_penalty applies (to greedy too), named; --repetition-penalty 1 turns it off.
 grep -q "sampling repetition_penalty 1.3, greedy (do_sample false), as $tmp/l3eos/generation_config.json" "$tmp/gen.err" ||
   fail "repetition_penalty not taken: $(cat "$tmp/gen.err")"
 off=$("$exe" sample --from "$tmp/l3eos" --prompt "The " --tokens 20 --ids --repetition-penalty 1 2>/dev/null)
 [ -n "$pen" ] && [ "$pen" != "$off" ] || fail "repetition_penalty 1.3 changed nothing: $pen"
+# A prompt past the context is said (the model sees its last ctx tokens).
+"$exe" sample --from "$data/llama" --prompt "$(printf 'x%.0s' $(seq 100))" --tokens 1 --ids >/dev/null 2>"$tmp/gen.err" ||
+  fail "$(cat "$tmp/gen.err")"
+grep -q "the prompt's 100 tokens are past the context of 64: the model sees its last 64" "$tmp/gen.err" ||
+  fail "a prompt past the context: $(cat "$tmp/gen.err")"
 # Mistral (sliding_window 48): generating past the window is said (weft starts again where transformers slides).
 "$exe" sample --from "$data/mistral" --prompt "ab" --tokens 60 --ids >/dev/null 2>"$tmp/gen.err" || fail "$(cat "$tmp/gen.err")"
 grep -q "2 prompt and 60 new tokens pass the sliding_window of 48" "$tmp/gen.err" || fail "past the window: $(cat "$tmp/gen.err")"
 "$exe" sample --from "$data/mistral" --prompt "ab" --tokens 8 --ids >/dev/null 2>"$tmp/gen.err" || fail "$(cat "$tmp/gen.err")"
 if grep -q "sliding_window" "$tmp/gen.err"; then fail "within the window: $(cat "$tmp/gen.err")"; fi
+echo '{"do_sample": true,' >"$tmp/l3eos/generation_config.json"
+expect_error "generation_config.json is not valid JSON: [json.exception.parse_error" sample --from "$tmp/l3eos" --prompt "The " --tokens 2
 echo '{"do_sample": true, "top_p": 1.5}' >"$tmp/l3eos/generation_config.json"
 expect_error '"top_p" is 1.5, which weft cannot sample with' sample --from "$tmp/l3eos" --prompt "The " --tokens 2
 # The same model with another rope scaling is not the checkpoint's model.

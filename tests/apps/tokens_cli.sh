@@ -77,6 +77,13 @@ sp=$tokenizer_dir/llama2/tokenizer.json
 head -c 12 "$tmp/sp.out" | grep -q "^The computer" || fail "sample does not start with the prompt: $(cat "$tmp/sp.out")"
 ! grep -q $'\xe2\x96\x81' "$tmp/sp.out" || fail "sample printed the tokens' \"▁\": $(cat "$tmp/sp.out")"
 tail -c +13 "$tmp/sp.out" | grep -q " " || fail "sample's continuation lost its spaces: $(cat "$tmp/sp.out")"
+# Drawn almost uniformly, the tokens include byte tokens that make no character: printed as U+FFFD, as the
+# tokenizer's decode (and `tokenizers`') gives them, so stdout stays UTF-8 (the raw bytes had been written).
+"$exe" sample --from "$tmp/ck_sp" --tokenizer "$tmp/sp/tokenizer.json" --prompt "The computer" --tokens 400 \
+  --temperature 50 --seed 3 --eos none >"$tmp/hot.out" 2>"$tmp/err" || fail "sample at temperature 50: $(cat "$tmp/err")"
+expect_error "--prompt is not valid UTF-8 text" sample --from "$tmp/ck_sp" --tokenizer "$tmp/sp/tokenizer.json" --prompt $'ok\xff' --tokens 1
+grep -q $'\xef\xbf\xbd' "$tmp/hot.out" || fail "no byte token that makes no character was drawn: choose another seed"
+iconv -f UTF-8 -t UTF-8 "$tmp/hot.out" >/dev/null 2>&1 || fail "sample printed bytes that are not UTF-8"
 
 # Damaged token files are refused at load, naming the file and what is wrong: an id past the
 # vocabulary (token 5 set to 65535), and train and val files whose vocabularies differ.
