@@ -210,6 +210,10 @@ void Module::load_state_dict(const NamedTensorList& state, bool strict) {
     if (!used.count(n)) unexpected.push_back(n);
   std::string problems;
   if (!mismatched.empty()) problems += fmt::format(" shape mismatch: {};", fmt::join(mismatched, ", "));
+  const auto modules = const_cast<Module*>(this)->named_modules();
+  if (!mismatched.empty() && std::any_of(modules.begin(), modules.end(), [](auto& m) { return m.second->extension(); }))
+    problems += " the module is sharded (fsdp::fully_shard): its parameters are this rank's shards; load a full state "
+                "dict with fsdp::load_full_state_dict (and take one with fsdp::full_state_dict);";
   if (strict && !missing.empty()) problems += fmt::format(" missing keys: {};", fmt::join(missing, ", "));
   if (strict && !unexpected.empty()) problems += fmt::format(" unexpected keys: {};", fmt::join(unexpected, ", "));
   WEFT_CHECK(problems.empty(), "load_state_dict for {}:{}", type_name_, problems);

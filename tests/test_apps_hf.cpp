@@ -640,6 +640,12 @@ TEST_CASE("peft adapters weft cannot reproduce are errors naming the field") {
   CHECK_THROWS_WITH(apps::read_peft_adapter(dir), Contains("only LORA adapters"));
   write("base_model_name_or_path", "/nowhere/llama");
   CHECK_THROWS_WITH(apps::read_peft_adapter(dir), Contains("is \"/nowhere/llama\", which is not a Hugging Face model"));
+  // A relative base as peft writes it (the path it was given, from the current directory) is found there too.
+  const std::string from_here = fs::relative(WEFT_TEST_DATA "/hf/llama").string();
+  write("base_model_name_or_path", from_here);
+  CHECK(fs::equivalent(apps::read_peft_adapter(dir).base, WEFT_TEST_DATA "/hf/llama"));
+  write("base_model_name_or_path", "nowhere/llama");
+  CHECK_THROWS_WITH(apps::read_peft_adapter(dir), Contains("at " + dir + "/nowhere/llama nor from the current directory"));
   write("r", 0);
   CHECK_THROWS_WITH(apps::read_peft_adapter(dir), Contains("adapter_config.json: rank must be >= 1 (peft's \"r\"), got 0"));
   write("lora_alpha", -2);

@@ -645,3 +645,20 @@ TEST_CASE("LoRA under fully_shard: only the adapters get gradients and are reduc
   }
   check_params(*ref, root, "after training", kAdamTrainedAtol);
 }
+
+// Module::load_state_dict works on the module's own tensors: on a sharded model those are this rank's shards, so a
+// full state dict does not fit them; the error says so and names fsdp's full state dict (it gave shapes only).
+TEST_CASE("Module::load_state_dict of a full state dict into a sharded model names fsdp's full state dict") {
+  auto whole = std::make_shared<nn::Linear>(4, 6);
+  const nn::NamedTensorList full = whole->state_dict();
+  auto sharded = std::make_shared<nn::Linear>(4, 6);
+  fsdp::FSDPModule root = fsdp::fully_shard(sharded);
+  if (dist::world_size() == 1) {  // one rank's shards are the whole tensors: it loads
+    CHECK_NOTHROW(sharded->load_state_dict(full));
+    return;
+  }
+  CHECK_THROWS_WITH(sharded->load_state_dict(full), Catch::Matchers::Contains("shape mismatch") &&
+                                                        Catch::Matchers::Contains("fsdp::load_full_state_dict"));
+  fsdp::load_full_state_dict(*sharded, full, &root);
+  CHECK(to_vector(fsdp::full_state_dict(*sharded, &root)[0].second) == to_vector(full[0].second));
+}

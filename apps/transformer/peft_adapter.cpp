@@ -81,13 +81,17 @@ PeftAdapter read_peft_adapter(const std::string& dir) {
                "names or \"all-linear\" (a regular expression is not supported)", file, targets.dump());
     for (const json& t : targets) a.lora.targets.push_back(t.get<std::string>());
   }
+  // A relative base: beside the adapter's directory, else from the current directory (as peft wrote it, at the path it
+  // was given).
   const json base = c.value("base_model_name_or_path", json());
   if (base.is_string()) {
     const fs::path b = base.get<std::string>();
     a.base = (b.is_absolute() ? b : fs::path(dir) / b).lexically_normal().string();
+    if (!b.is_absolute() && !is_hf_dir(a.base) && is_hf_dir(b.string())) a.base = b.lexically_normal().string();
   }
   WEFT_CHECK(is_hf_dir(a.base), "transformer: {}: \"base_model_name_or_path\" is {}, which is not a Hugging Face model "
-             "directory here", file, base.dump());
+             "directory (a config.json) at {}{}", file, base.dump(), a.base.empty() ? "any path" : a.base,
+             base.is_string() && !fs::path(base.get<std::string>()).is_absolute() ? " nor from the current directory" : "");
   return a;
 }
 
