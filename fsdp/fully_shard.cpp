@@ -49,14 +49,11 @@ std::vector<nn::Module*> check_arguments(const std::vector<nn::ModulePtr>& modul
 // The subtree's parameters no earlier call took, each with every slot holding it and its shard dim.
 std::vector<FSDPParamGroup::Entry> collect_entries(const NamedModules& walk, const FullyShardOptions& opts,
                                                    const std::string& what) {
-  // Earlier calls' shards, and the tensors they replaced (still registered only if tied across groups).
-  std::unordered_set<TensorImpl*> shards, originals_taken;
+  // Earlier calls' shards.
+  std::unordered_set<TensorImpl*> shards;
   for (auto& [mn, m] : walk)
-    if (auto s = state_of(*m); s && s->group) {
+    if (auto s = state_of(*m); s && s->group)
       for (auto& p : s->group->params()) shards.insert(p->sharded().impl());
-      for (auto& w : s->group->originals)
-        if (auto o = w.lock()) originals_taken.insert(o.get());
-    }
   std::vector<FSDPParamGroup::Entry> entries;
   std::unordered_map<TensorImpl*, size_t> index;
   for (auto& [mname, m] : walk) {
@@ -70,12 +67,15 @@ std::vector<FSDPParamGroup::Entry> collect_entries(const NamedModules& walk, con
       }
       if (shards.count(impl)) continue;
       const std::string* made_by = impl->autograd ? impl->autograd->attached(shard_of) : nullptr;
-      WEFT_CHECK(!made_by, "fully_shard: parameter {} of this {} is already a shard made by fully_shard on an enclosing "
-                 "module ({}); call fully_shard bottom-up: on the blocks first, then on the modules that contain them, "
-                 "the root last", name, what, made_by ? *made_by : "");
-      WEFT_CHECK(!originals_taken.count(impl),
-                 "fully_shard: parameter {} is tied to a parameter already sharded by an earlier fully_shard call; "
-                 "tied parameters must be in the same group (shard the module that holds both)", name);
+      WEFT_CHECK(!made_by, "fully_shard: parameter {} of this {} is already a shard made by fully_shard on another "
+                 "module ({}): a module that encloses this one was sharded first (call fully_shard bottom-up: the "
+                 "blocks first, the root last), or this module also belongs to another sharded model", name, what,
+                 made_by ? *made_by : "");
+      // A tensor an earlier call replaced by its shard, still registered here: tied across groups (in any order).
+      const std::string* replaced = impl->autograd ? impl->autograd->attached(nn::replaced_parameter) : nullptr;
+      WEFT_CHECK(!replaced, "fully_shard: parameter {} is tied to a parameter already sharded by an earlier fully_shard "
+                 "call (replaced by {}); tied parameters must be in the same group (shard the module that holds both)",
+                 name, replaced ? *replaced : "");
       int64_t dim = 0;
       if (opts.shard_placement_fn) {
         dim = opts.shard_placement_fn(name, t);

@@ -754,3 +754,23 @@ TEST_CASE("a checkpoint directory has one writer: a second claim names the holde
   CHECK_NOTHROW(fsdp::CheckpointDirLock(dir.string()));  // released with its holder
   fs::remove_all(dir);
 }
+
+// A parameter with no rows has no pieces in the index (nothing to write); the reader takes that as the tiling of its
+// 0 indices (it had refused such a checkpoint at every world size, the one that wrote it too).
+TEST_CASE("a checkpoint of a model with a 0-row parameter loads back") {
+  fs::path dir = shared_dir("zero_rows");
+  auto make = [] {
+    auto m = std::make_shared<nn::Sequential>(std::initializer_list<nn::ModulePtr>{std::make_shared<nn::Linear>(4, 3)});
+    m->register_parameter("empty", zeros({0, 4}).set_requires_grad());
+    return m;
+  };
+  auto m = make();
+  fsdp::FSDPModule root = fsdp::fully_shard(m);
+  nn::AdamW opt(m->parameters(), {.lr = 1e-2});
+  fsdp::save_checkpoint(dir.string(), *m, &opt, &root, {.step = 1});
+  auto back = make();
+  fsdp::FSDPModule back_root = fsdp::fully_shard(back);
+  nn::AdamW back_opt(back->parameters(), {.lr = 1e-2});
+  CHECK(fsdp::load_checkpoint(dir.string(), *back, &back_opt, &back_root).step == 1);
+  for (auto& [name, t] : fsdp::full_state_dict(*back, &back_root)) CHECK(t.shape() == (name == "empty" ? Shape{0, 4} : t.shape()));
+}

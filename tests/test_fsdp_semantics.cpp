@@ -290,6 +290,13 @@ TEST_CASE("bad input: tied parameters split across groups, models that differ ac
   model->set_parameter("alias", model->blocks->at<nn::Block>(0)->mlp->c_fc->weight);
   fsdp::fully_shard(model->blocks->at<nn::Block>(0));
   CHECK_THROWS_WITH(fsdp::fully_shard(model), Catch::Contains("tied"));
+  // The same tie between two sibling groups (block 1's weight is block 0's): the second call sees the replaced tensor
+  // (it had untied them silently: two copies that drifted apart in training).
+  auto siblings = std::make_shared<Stack>();
+  auto b0 = siblings->blocks->at<nn::Block>(0), b1 = siblings->blocks->at<nn::Block>(1);
+  b1->mlp->c_fc->set_parameter("weight", b0->mlp->c_fc->weight);
+  fsdp::fully_shard(b0);
+  CHECK_THROWS_WITH(fsdp::fully_shard(b1), Catch::Contains("mlp.c_fc.weight is tied to a parameter already sharded"));
 
   if (dist::world_size() == 1) {
     WARN("models differing across ranks need at least 2 ranks; checked under mpirun -np 2 and 4");
