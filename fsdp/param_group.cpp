@@ -4,6 +4,7 @@
 #include "core/device_runtime.h"
 #include "core/grad_mode.h"
 #include "core/stream.h"
+#include "dist/agree.h"
 #include "fsdp/collectives.h"
 #include "fsdp/comm_context.h"
 
@@ -102,9 +103,18 @@ void FSDPParamGroup::finish_unshard() {
   if (state_ == State::sharded || state_ == State::partial) start_unshard();
   const std::string owner = "fsdp unsharded parameters of '" + label + "'";
   MemoryOwner owning(owner);
-  // Dropped only once done: a wait that throws leaves the collective to complete later.
+  // Dropped only once done: a wait that throws leaves the collective to complete later, unless every rank skipped it
+  // (the collective check's verdict): it never completes, so the group is sharded again and the error goes on.
   AllGatherResult& gathered = *gather_;
-  wait_all_gather(gathered);
+  try {
+    wait_all_gather(gathered);
+  } catch (const dist::AgreedError&) {
+    gather_.reset();
+    partial_shard_ = Tensor();
+    for (auto& p : params_) p->free_unsharded(), p->use_sharded();
+    state_ = State::sharded;
+    throw;
+  }
   std::vector<int64_t> offsets = partial_offsets_;
   if (!gathering_partial_) {
     offsets.clear();
