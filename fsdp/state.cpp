@@ -133,7 +133,13 @@ void FSDPState::lazy_init() {
       s->group->set_comm_context(comm);
     }
   }
-  validate_across_ranks();
+  try {
+    validate_across_ranks();
+  } catch (...) {  // not a root yet: the next forward initialises again (as on the other ranks, which failed alike)
+    is_root_.reset();
+    states_.clear();
+    throw;
+  }
 }
 
 void FSDPState::transition(TrainingState to, std::initializer_list<TrainingState> from, const char* hook) {

@@ -698,7 +698,13 @@ TEST_CASE("a sharded model trains on after a collective mismatch that every rank
   fsdp::fully_shard(model->fc2);
   fsdp::FSDPModule root = fsdp::fully_shard(model);
   auto step = [&] { return loss_of(*model, slice(mlp_batch(0, 8))); };
-  const double before = step().item();  // the first forward (its lazy initialisation) on every rank
+  auto mismatch = [&] {
+    if (dist::rank() == 0) fc1.unshard(), fc1.reshard();  // one rank only: the others do not
+    return step();
+  };
+  // At the first forward (its check across ranks fails too: the root initialises again at the next one), then later.
+  CHECK_THROWS_WITH(mismatch(), Contains("issue different collectives"));
+  const double before = step().item();
   CHECK_THROWS_WITH(([&] {
                       if (dist::rank() == 0) fc1.unshard(), fc1.reshard();  // one rank only: the others do not
                       return step();
