@@ -5,6 +5,7 @@
 #include <cmath>
 #include <numeric>
 #include <optional>
+#include <utility>
 
 #include "autograd/ops.h"
 #include "core/grad_mode.h"
@@ -26,12 +27,11 @@ int64_t sample_token(const Tensor& logits, const SamplingOptions& o, Generator& 
   for (int64_t i = 0; i < v; ++i)
     WEFT_CHECK(std::isfinite(p[i]), "sample_token: the logit of token {} is {}: the model's output is not finite, so "
                "there is nothing to sample", i, p[i]);
-  if (o.repetition_penalty != 1) {
-    std::vector<int64_t> seen(sequence);
-    std::sort(seen.begin(), seen.end());
-    seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
-    for (int64_t t : seen)
-      if (t >= 0 && t < v) p[t] = p[t] < 0 ? p[t] * o.repetition_penalty : p[t] / o.repetition_penalty;
+  if (o.repetition_penalty != 1) {  // each token of the sequence once, in one pass over it
+    std::vector<char> seen(size_t(v), 0);
+    for (int64_t t : sequence)
+      if (t >= 0 && t < v && !std::exchange(seen[size_t(t)], 1))
+        p[t] = p[t] < 0 ? p[t] * o.repetition_penalty : p[t] / o.repetition_penalty;
   }
   const int64_t best = int64_t(std::max_element(p, p + v) - p);
   if (o.temperature == 0) return best;

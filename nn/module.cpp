@@ -109,15 +109,17 @@ void Module::collect(const std::string& prefix, bool recurse, bool buffers, Name
   for (auto& [n, child] : children_) child->collect(prefix + n + ".", true, buffers, out);
 }
 
+// A tensor registered twice (tied weights, a shared module's buffer) once, under its first name.
+static NamedTensorList first_of_each(NamedTensorList all) {
+  std::unordered_set<TensorImpl*> seen;
+  std::erase_if(all, [&](const auto& e) { return !seen.insert(e.second.impl()).second; });
+  return all;
+}
+
 NamedTensorList Module::named_parameters(bool recurse) const {
   NamedTensorList out;
   collect("", recurse, false, out);
-  // A tensor registered twice (tied weights) is listed once, under its first name.
-  std::unordered_set<TensorImpl*> seen;
-  NamedTensorList unique;
-  for (auto& e : out)
-    if (seen.insert(e.second.impl()).second) unique.push_back(std::move(e));
-  return unique;
+  return first_of_each(std::move(out));
 }
 
 std::vector<Tensor> Module::parameters(bool recurse) const {
@@ -129,9 +131,7 @@ std::vector<Tensor> Module::parameters(bool recurse) const {
 NamedTensorList Module::named_buffers(bool recurse) const {
   NamedTensorList out;
   collect("", recurse, true, out);
-  std::unordered_set<TensorImpl*> seen;  // a shared module's buffer once, under its first name
-  std::erase_if(out, [&](const auto& e) { return !seen.insert(e.second.impl()).second; });
-  return out;
+  return first_of_each(std::move(out));
 }
 
 std::vector<std::pair<std::string, ModulePtr>> Module::named_children() const { return children_; }
@@ -209,11 +209,13 @@ void Module::load_state_dict(const NamedTensorList& state, bool strict) {
   for (auto& [n, t] : state)
     if (!used.count(n)) unexpected.push_back(n);
   std::string problems;
-  if (!mismatched.empty()) problems += fmt::format(" shape mismatch: {};", fmt::join(mismatched, ", "));
-  const auto modules = const_cast<Module*>(this)->named_modules();
-  if (!mismatched.empty() && std::any_of(modules.begin(), modules.end(), [](auto& m) { return m.second->extension(); }))
-    problems += " the module is sharded (fsdp::fully_shard): its parameters are this rank's shards; load a full state "
-                "dict with fsdp::load_full_state_dict (and take one with fsdp::full_state_dict);";
+  if (!mismatched.empty()) {
+    problems += fmt::format(" shape mismatch: {};", fmt::join(mismatched, ", "));
+    const auto modules = named_modules();
+    if (std::any_of(modules.begin(), modules.end(), [](auto& m) { return m.second->extension(); }))
+      problems += " the module is sharded (fsdp::fully_shard): its parameters are this rank's shards; load a full "
+                  "state dict with fsdp::load_full_state_dict (and take one with fsdp::full_state_dict);";
+  }
   if (strict && !missing.empty()) problems += fmt::format(" missing keys: {};", fmt::join(missing, ", "));
   if (strict && !unexpected.empty()) problems += fmt::format(" unexpected keys: {};", fmt::join(unexpected, ", "));
   WEFT_CHECK(problems.empty(), "load_state_dict for {}:{}", type_name_, problems);

@@ -35,13 +35,12 @@ void check_peak_fits_machine(const fsdp::MemoryPlan& plan, int64_t held, const s
                       "more ranks, or --memory-budget to let the planner choose");
 }
 
-// Without plan flags: the plan of the flags' settings, checked; no plan returned (the run goes on unplanned).
-std::optional<fsdp::MemoryPlan> check_fits_this_machine(const PlanFlags& f, fsdp::MemoryPlanRequest request,
-                                                        const Ranks& ranks, Device device, const std::string& program) {
-  if (!f.modelled || !machine_checked(device)) return std::nullopt;
+// Without plan flags: the plan of the flags' settings, checked (the run goes on unplanned).
+void check_fits_this_machine(const PlanFlags& f, fsdp::MemoryPlanRequest request, const Ranks& ranks, Device device,
+                             const std::string& program) {
+  if (!f.modelled || !machine_checked(device)) return;
   request.world_size = request.sharded ? ranks.data_world() : 1;
   check_peak_fits_machine(fsdp::plan_memory(request), memory_stats(device).live_bytes, program, false);
-  return std::nullopt;
 }
 
 }  // namespace
@@ -70,7 +69,10 @@ std::optional<fsdp::MemoryPlan> plan_from_flags(const PlanFlags& f, fsdp::Memory
   WEFT_CHECK(!f.step_time.wanted || f.wanted(), "--step-time predicts the planned step: add --plan, --plan-ranks or --memory-budget");
   for (const auto& [flag, value] : {std::pair{"--network", &f.step_time.network}, {"--tp-network", &f.step_time.tp_network}})
     WEFT_CHECK(value->empty() || f.step_time.wanted, "{} is a network --step-time assumes: add --step-time", flag);
-  if (!f.wanted()) return check_fits_this_machine(f, request, ranks, device, program);
+  if (!f.wanted()) {
+    check_fits_this_machine(f, request, ranks, device, program);
+    return std::nullopt;
+  }
   WEFT_CHECK(f.ranks == 0 || request.sharded, "memory plan: --plan-ranks plans sharded training: add --fsdp");
   // The ranks fully_shard shards over: the data-parallel ones (--tp splits each group's model).
   request.world_size = request.sharded ? (f.ranks > 0 ? f.ranks / ranks.tp : ranks.data_world()) : 1;

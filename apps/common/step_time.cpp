@@ -151,10 +151,6 @@ std::pair<double, double> elementwise_and_framework(const std::vector<step_trace
   return rounds[1];
 }
 
-}  // namespace
-
-namespace {
-
 const std::regex& network_form() {
   static const std::regex form(R"(^([0-9]+(?:\.[0-9]+)?)(?:,([0-9]+(?:\.[0-9]+)?))?$)");
   return form;

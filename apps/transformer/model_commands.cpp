@@ -135,7 +135,8 @@ std::vector<int64_t> eos_ids(const std::string& eos, const apps::BpeTokenizer* t
 
 // The generated text as the tokenizer decodes the whole of it (bytes that are no character as U+FFFD, as tokenizers'
 // decode), written to stdout as it grows. What a later token may still change waits: a run of byte tokens (decoded
-// together) until another token ends it, and a trailing U+FFFD that a later byte-level token may complete.
+// together) until another token ends it, and a trailing U+FFFD that a later byte-level token may complete. Only the
+// ids since the text was last all written are decoded again.
 class TextStream {
  public:
   explicit TextStream(const apps::BpeTokenizer& tok) : tok_(tok) {}
@@ -153,6 +154,7 @@ class TextStream {
     if (end <= written_.size() || text.compare(0, written_.size(), written_) != 0) return;  // nothing new, or not final
     std::fwrite(text.data() + written_.size(), 1, end - written_.size(), stdout);
     written_ = text.substr(0, end);
+    if (end == text.size()) ids_.clear(), written_.clear();  // all of it final: the next tokens decode on their own
   }
   const apps::BpeTokenizer& tok_;
   std::vector<int32_t> ids_;
