@@ -209,13 +209,11 @@ void Module::load_state_dict(const NamedTensorList& state, bool strict) {
   for (auto& [n, t] : state)
     if (!used.count(n)) unexpected.push_back(n);
   std::string problems;
-  if (!mismatched.empty()) {
-    problems += fmt::format(" shape mismatch: {};", fmt::join(mismatched, ", "));
-    const auto modules = named_modules();
-    if (std::any_of(modules.begin(), modules.end(), [](auto& m) { return m.second->extension(); }))
-      problems += " the module is sharded (fsdp::fully_shard): its parameters are this rank's shards; load a full "
-                  "state dict with fsdp::load_full_state_dict (and take one with fsdp::full_state_dict);";
-  }
+  if (!mismatched.empty()) problems += fmt::format(" shape mismatch: {};", fmt::join(mismatched, ", "));
+  if (const auto m = mismatched.empty() ? decltype(named_modules())() : named_modules();  // listed only on a mismatch
+      std::any_of(m.begin(), m.end(), [](auto& e) { return e.second->extension(); }))
+    problems += " the module is sharded (fsdp::fully_shard): its parameters are this rank's shards; load a full state "
+                "dict with fsdp::load_full_state_dict (and take one with fsdp::full_state_dict);";
   if (strict && !missing.empty()) problems += fmt::format(" missing keys: {};", fmt::join(missing, ", "));
   if (strict && !unexpected.empty()) problems += fmt::format(" unexpected keys: {};", fmt::join(unexpected, ", "));
   WEFT_CHECK(problems.empty(), "load_state_dict for {}:{}", type_name_, problems);
