@@ -629,6 +629,7 @@ TEST_CASE("peft adapters weft cannot reproduce are errors naming the field") {
     fs::create_directories(dir);
     std::ifstream in(WEFT_TEST_DATA "/peft/llama/adapter_config.json");
     nlohmann::json c = nlohmann::json::parse(in);
+    c["base_model_name_or_path"] = kData + "/llama";  // the fixture's relative one is not found from dir
     c[edit_key] = value;
     std::ofstream(dir + "/adapter_config.json") << c.dump();
   };
@@ -656,6 +657,19 @@ TEST_CASE("peft adapters weft cannot reproduce are errors naming the field") {
   CHECK_THROWS_WITH(apps::read_peft_adapter(dir), Contains("\"task_type\" is \"SEQ_CLS\": an adapter of a model other"));
   write("modules_to_save", nlohmann::json::array({"lm_head"}));
   CHECK_THROWS_WITH(apps::read_peft_adapter(dir), Contains("\"modules_to_save\" is [\"lm_head\"]"));
+  // Initialisations for which peft changes the base weights as it loads the adapter; those that leave it load.
+  for (const char* method : {"pissa", "pissa_niter_4", "olora", "corda", "loftq"}) {
+    write("init_lora_weights", method);
+    CHECK_THROWS_WITH(apps::read_peft_adapter(dir), Contains(fmt::format("\"init_lora_weights\" is \"{}\": peft changes "
+                      "the base weights", method)));
+  }
+  write("init_lora_weights", "kaiming");
+  CHECK_THROWS_WITH(apps::read_peft_adapter(dir), Contains("\"init_lora_weights\" is \"kaiming\": an initialisation weft "
+                    "does not know"));
+  for (const nlohmann::json& method : {nlohmann::json(false), nlohmann::json("gaussian"), nlohmann::json("eva")}) {
+    write("init_lora_weights", method);
+    CHECK(apps::read_peft_adapter(dir).lora.rank == 4);
+  }
   // Settings that change the forward, known or from a newer peft, are refused by name.
   write("alora_invocation_tokens", nlohmann::json::array({1, 2}));
   CHECK_THROWS_WITH(apps::read_peft_adapter(dir), Contains("\"alora_invocation_tokens\" is [1,2]: a peft setting weft does not reproduce"));

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cmath>
 #include <csignal>
+#include <cstring>
 
 #include <algorithm>
 #include <filesystem>
@@ -229,9 +230,11 @@ void export_hf_checkpoint(const LanguageModel& model, const std::string& out, in
   cfg["torch_dtype"] = cfg["dtype"] = dtype == kBFloat16 ? "bfloat16" : "float32";  // transformers 4's key, 5's
   write_new_directory(out, "export-hf", [&](const fs::path& tmp) {
     write_hf_files(tmp, shards, total, cfg);
-    for (const char* name : kHfSideFiles)  // the tokenizer's and generation's files, as downloaded
+    for (const char* name : kHfSideFiles)  // the tokenizer's, chat template's and generation's files, as downloaded
       if (const fs::path f = fs::path(source) / name; source_tokens && !source.empty() && WEFT_FS(fs::exists(f)))
-        WEFT_FS(fs::copy_file(f, tmp / name));
+        write_file_atomic(tmp / name, [text = read_file(f.string())](std::FILE* out) {  // a full disk named as such
+          WEFT_CHECK(std::fwrite(text.data(), 1, text.size(), out) == text.size(), "writing: {}", std::strerror(errno));
+        });
   });
 }
 

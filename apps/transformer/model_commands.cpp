@@ -46,6 +46,14 @@ struct LoadedModel {
   std::map<std::string, std::string> recorded;  // a checkpoint's training description (tokenizer_sha256, ...)
   nn::LoRAOptions lora{.rank = 0};              // a LoRA run's adapters (rank 0: none)
 };
+// A rotary model fine-tuned from a Hugging Face directory at a shorter --ctx reads as far as its export-hf does.
+apps::ModelConfig with_source_context(apps::ModelConfig cfg, const std::map<std::string, std::string>& recorded) {
+  const auto it = recorded.find("hf_source");
+  if (cfg.arch == "llama" && it != recorded.end() && apps::is_hf_dir(it->second))
+    cfg.ctx = std::max(cfg.ctx, apps::read_hf_config(it->second).ctx);
+  return cfg;
+}
+
 LoadedModel load_model(const std::string& from, bool say, bool shard = false, Device device = kCPU,
                        DType dtype = kFloat32) {
   LoadedModel m;
@@ -83,7 +91,7 @@ LoadedModel load_model(const std::string& from, bool say, bool shard = false, De
     auto contents = load_safetensors(from);
     WEFT_CHECK(!contents.metadata.count("lora_base_sha256"), "transformer: {} holds only LoRA adapters (the base is "
                "{}): read the checkpoint directory it was made from instead", from, contents.metadata["hf_source"]);
-    auto cfg = config_of(contents.metadata, from);
+    const auto cfg = with_source_context(config_of(contents.metadata, from), contents.metadata);
     build(cfg, apps::lora_of(contents.metadata, from));
     std::erase_if(contents.tensors, [](auto& t) { return t.first.starts_with("optim."); });  // --with-optimizer's
     fsdp::load_full_state_dict(*m.lm.module, contents.tensors, nullptr, head_alias(cfg));
@@ -95,7 +103,7 @@ LoadedModel load_model(const std::string& from, bool say, bool shard = false, De
   WEFT_CHECK(!where.empty(), "transformer: no checkpoint at {} (neither a Hugging Face directory, a checkpoint directory "
              "nor a safetensors file)", from);
   m.recorded = fsdp::read_checkpoint_index(where).training.app;
-  build(config_of(m.recorded, where), apps::lora_of(m.recorded, where));
+  build(with_source_context(config_of(m.recorded, where), m.recorded), apps::lora_of(m.recorded, where));
   if (m.root) root = &*m.root;
   const std::string base = lora_base(m.recorded, where);  // a LoRA checkpoint of adapters only: its base first
   if (!base.empty()) apps::load_hf_checkpoint(base, m.lm, root);
@@ -254,14 +262,15 @@ bool is_logits_file(const std::string& path) try {
 
 }  // namespace
 
-// What makes the tokens differ from transformers' generate, named on stderr: a sliding window passed, fields of the
+// What makes the tokens differ from transformers' generate, named on stderr: the context or window passed, fields of the
 // generation config weft does not apply, a prompt past the context (cut to its last ctx tokens).
 void warn_unlike_transformers(const SampleOptions& o, const apps::ModelConfig& cfg, const apps::HfGenerationConfig& gen,
                               int64_t prompt) {
-  if (cfg.sliding_window > 0 && prompt + o.tokens > cfg.ctx)
-    std::fprintf(stderr, "weft-transformer: warning: %lld prompt and %lld new tokens pass the sliding_window of %lld: "
-                 "weft starts again from the last half of the window there, where transformers slides it, so the "
-                 "tokens differ from that point\n", (long long)prompt, (long long)o.tokens, (long long)cfg.sliding_window);
+  if (const bool window = cfg.ctx == cfg.sliding_window; prompt + o.tokens > cfg.ctx && prompt <= cfg.ctx)
+    std::fprintf(stderr, "weft-transformer: warning: %lld prompt and %lld new tokens pass the %s of %lld: weft starts "
+                 "again from the last half of it there%s\n", (long long)prompt, (long long)o.tokens,
+                 window ? "sliding_window" : "model's context", (long long)cfg.ctx,
+                 window ? ", where transformers slides it, so the tokens differ from that point" : "");
   if (!gen.ignored.empty())
     std::fprintf(stderr, "weft-transformer: warning: %s sets %s, which weft does not apply (it samples with "
                  "repetition_penalty, temperature, top_k and top_p, --tokens new tokens): the tokens may differ from "

@@ -46,6 +46,20 @@ void refuse_unsupported(const json& c, const std::string& file) {
   off("trainable_token_indices", json::array(), "training some tokens' embeddings");
   off("use_qalora", false, "QA-LoRA");
   off("task_type", "CAUSAL_LM", "an adapter of a model other than a causal language model");
+  // PiSSA, OLoRA, CorDA and LoftQ change the base weights as peft builds the adapters, at load too (the base minus the
+  // adapters' first product, or a quantised base): weft would add the adapters to the unchanged base.
+  const json init = c.value("init_lora_weights", json(true));
+  const std::string method = init.is_string() ? init.get<std::string>() : "";
+  const bool base_changed = method.starts_with("pissa") || method.starts_with("corda") || method == "olora" ||
+                            method == "loftq";
+  WEFT_CHECK(init.is_null() || init.is_boolean() || method == "gaussian" || method == "eva" ||
+                 method == "orthogonal" || method == "mica" || method == "lora_ga",
+             "transformer: {}: \"init_lora_weights\" is {}: {}", file, init.dump(),
+             base_changed ? "peft changes the base weights for it when it loads the adapter, which weft does not "
+                            "reproduce (save the adapter from peft as plain LoRA, with "
+                            "path_initial_model_for_weight_conversion)"
+                          : "an initialisation weft does not know (true, false, \"gaussian\", \"eva\", \"orthogonal\", "
+                            "\"mica\" and \"lora_ga\" leave the base as it is)");
   // Any other field must hold nothing: aLoRA, Arrow, BD-LoRA, KaSA, ... change what the adapters compute, and a
   // newer peft's setting is refused by name rather than ignored.
   for (const auto& [key, v] : c.items())

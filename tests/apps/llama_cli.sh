@@ -172,9 +172,19 @@ cmp -s "$data/llama3/generation_config.json" "$tmp/l3out/generation_config.json"
 grep -q '"torch_dtype": "bfloat16"' "$tmp/q2bf/config.json" && grep -q '"model_type": "qwen2"' "$tmp/q2bf/config.json" ||
   fail "export-hf --dtype bf16 of qwen2: $(cat "$tmp/q2bf/config.json")"
 expect_error "--dtype: f16 not in {f32,bf16}" export-hf --from "$data/qwen2" --out "$tmp/q2f16" --dtype f16
-s3=$("$exe" sample --from "$tmp/ck3" --prompt "The " --greedy --max-new-tokens 70 --ids)
-[ "$s3" = "$("$exe" sample --from "$tmp/l3out" --prompt "The " --greedy --max-new-tokens 70 --ids)" ] ||
+# Past the run's --ctx 80 and within the source's 128, the checkpoint reads on as its export does (it had started
+# again at 80: other tokens from there).
+s3=$("$exe" sample --from "$tmp/ck3" --prompt "The " --greedy --max-new-tokens 110 --ids 2>"$tmp/x.err")
+[ "$s3" = "$("$exe" sample --from "$tmp/l3out" --prompt "The " --greedy --max-new-tokens 110 --ids 2>/dev/null)" ] ||
   fail "greedy ids from the llama3 checkpoint and its export differ"
+if grep -q "context" "$tmp/x.err"; then fail "the checkpoint's context is not its source's: $(cat "$tmp/x.err")"; fi
+"$exe" sample --from "$data/llama" --prompt "ab" --tokens 70 --ids >/dev/null 2>"$tmp/gen.err" || fail "$(cat "$tmp/gen.err")"
+grep -q "2 prompt and 70 new tokens pass the model's context of 64: weft starts again from the last half" \
+  "$tmp/gen.err" || fail "past the context: $(cat "$tmp/gen.err")"
+# A chat template saved as transformers 5 saves it goes with the export.
+cp -r "$data/qwen2" "$tmp/q2chat" && echo '{{ messages[0].content }}' >"$tmp/q2chat/chat_template.jinja"
+"$exe" export-hf --from "$tmp/q2chat" --out "$tmp/q2chat_out" 2>"$tmp/x.err" || fail "export-hf: $(cat "$tmp/x.err")"
+cmp -s "$tmp/q2chat/chat_template.jinja" "$tmp/q2chat_out/chat_template.jinja" || fail "chat_template.jinja not exported"
 
 if [ -n "$mpirun" ]; then
   run() { "$mpirun" -np "$1" "${mpirun_args[@]}" "$exe" train --fsdp "${@:2}"; }
