@@ -232,8 +232,9 @@ void export_hf_checkpoint(const LanguageModel& model, const std::string& out, in
     write_hf_files(tmp, shards, total, cfg);
     for (const char* name : kHfSideFiles)  // the tokenizer's, chat template's and generation's files, as downloaded
       if (const fs::path f = fs::path(source) / name; source_tokens && !source.empty() && WEFT_FS(fs::exists(f)))
-        write_file_atomic(tmp / name, [text = read_file(f.string())](std::FILE* out) {  // a full disk named as such
-          WEFT_CHECK(std::fwrite(text.data(), 1, text.size(), out) == text.size(), "writing: {}", std::strerror(errno));
+        write_file_atomic(tmp / name, [&, text = read_file(f.string())](std::FILE* out) {  // a full disk named
+          WEFT_CHECK(std::fwrite(text.data(), 1, text.size(), out) == text.size(), "writing {}: {}",
+                     (tmp / name).string(), std::strerror(errno));
         });
   });
 }

@@ -46,8 +46,7 @@ void refuse_unsupported(const json& c, const std::string& file) {
   off("trainable_token_indices", json::array(), "training some tokens' embeddings");
   off("use_qalora", false, "QA-LoRA");
   off("task_type", "CAUSAL_LM", "an adapter of a model other than a causal language model");
-  // PiSSA, OLoRA, CorDA and LoftQ change the base weights as peft builds the adapters, at load too (the base minus the
-  // adapters' first product, or a quantised base): weft would add the adapters to the unchanged base.
+  // PiSSA, OLoRA, CorDA and LoftQ: peft changes the base weights as it loads the adapters (weft keeps the base as is).
   const json init = c.value("init_lora_weights", json(true));
   const std::string method = init.is_string() ? init.get<std::string>() : "";
   const bool base_changed = method.starts_with("pissa") || method.starts_with("corda") || method == "olora" ||
