@@ -3,12 +3,12 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <string>
 
 #include "core/error.h"
 #include "core/tensor.h"
@@ -17,16 +17,18 @@ namespace weft::apps {
 namespace {
 
 std::atomic<int> g_signal{0};
-// Built before the handlers are installed: a handler may only call async-signal-safe functions.
-char g_second_message[256];
-size_t g_second_length = 0;
+// Written before the handlers are installed and only read by them (a handler may only call async-signal-safe functions).
+std::string g_at_once, g_again;
 
 extern "C" void on_stop_signal(int sig) {
   int none = 0;
   if (g_signal.compare_exchange_strong(none, sig)) return;  // the first: the loop stops at the step's end
-  // The second: stop at once, as the signal's default action would (no checkpoint).
-  ssize_t ignored = write(STDERR_FILENO, g_second_message, g_second_length);
+  // A SIGTERM after it changes nothing (Slurm signals the ranks and mpirun, which signals them again: the step and its
+  // checkpoint go on); a SIGINT (Ctrl-C again) stops at once, as its default action would (no checkpoint).
+  const std::string& say = sig == SIGTERM ? g_again : g_at_once;
+  ssize_t ignored = write(STDERR_FILENO, say.data(), say.size());
   (void)ignored;
+  if (sig == SIGTERM) return;
   std::signal(sig, SIG_DFL);
   std::raise(sig);
 }
@@ -40,9 +42,9 @@ std::string signal_name(int sig) {
 }
 
 StopSignals::StopSignals(const std::string& program) {
-  std::string msg = fmt::format("{}: a second stop signal: stopping at once, without a checkpoint\n", program);
-  g_second_length = std::min(msg.size(), sizeof(g_second_message));
-  std::memcpy(g_second_message, msg.data(), g_second_length);
+  g_at_once = fmt::format("{}: a second stop signal: stopping at once, without a checkpoint\n", program);
+  g_again = fmt::format("{}: SIGTERM again: still stopping after this step, with its checkpoint (SIGINT or SIGKILL "
+                        "stops at once)\n", program);
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
   sa.sa_flags = SA_RESTART;  // reads and writes in progress go on

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <filesystem>
 #include <numeric>
 #include <map>
 #include <optional>
@@ -67,16 +68,15 @@ using apps::mean_over_ranks;
 
 // The flags that change the model, the math, the data stream or the collective sequence: under
 // mpirun every rank must get the same ones (not --threads, --metrics or --device, which are the
-// rank's own). Checkpoint directories count by presence only.
+// rank's own). --save as an absolute path: a rank saving elsewhere is refused now, not at the first save.
 dist::ConfigSettings shared_settings(const Options& o) {
-  auto present = [](const std::string& dir) { return std::string(dir.empty() ? "(none)" : "(given)"); };
   return {{"--model", o.model},
           {"--epochs", fmt::format("{}", o.epochs)},
           {"--batch-size", fmt::format("{}", o.batch_size)},
           {"--lr", fmt::format("{}", o.lr)},
           {"--optimizer", o.optimizer},
           {"--seed", fmt::format("{}", o.seed)},
-          {"--save", present(o.save)},
+          {"--save", o.save.empty() ? "" : WEFT_FS(std::filesystem::absolute(o.save)).lexically_normal().string()},
           {"--checkpoint-every", fmt::format("{}", o.checkpoint_every)},
           {"--keep-last", fmt::format("{}", o.keep_last)},
           {"--load", o.load},
@@ -139,6 +139,10 @@ std::pair<double, double> evaluate(nn::Module& model, const apps::MnistSplit& sp
       if (hi == lo) {  // a batch shorter than --virtual-batches: this part is empty
         losses.push_back(0);
         rights.push_back(0);
+        if (ranks.fsdp) {  // a sharded model's forward is collective: the other ranks' parts wait for its all-gathers
+          auto [x1, y1] = apps::mnist_batch(split, all, b, 1);
+          eval_batch(model, x1.to(device), y1.to(device), autocast);
+        }
         continue;
       }
       auto [x_host, y_host] = apps::mnist_batch(split, all, b + lo, hi - lo);

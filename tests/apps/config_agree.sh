@@ -50,6 +50,11 @@ expect_mismatch mnist_batch --batch-size 2 1 1 -- "$mnist" "${m[@]}" --batch-siz
 expect_mismatch mnist_batch_np4 --batch-size 4 2 2 -- "$mnist" "${m[@]}" --batch-size 16 -- "$mnist" "${m[@]}" --batch-size 32
 grep -q -- "--batch-size is 16 on ranks 0-1, 32 on ranks 2-3" "$tmp/mnist_batch_np4.out" ||
   fail "mnist --batch-size at 4 ranks: the message lists the values wrongly: $(cat "$tmp/mnist_batch_np4.out")"
+# Ranks saving to different directories stop before training (they had trained the whole run, then failed at the
+# save, writing nothing).
+expect_mismatch mnist_save --save 2 1 1 -- "$mnist" "${m[@]}" --batch-size 16 --save "$tmp/sa" -- "$mnist" "${m[@]}" \
+  --batch-size 16 --save "$tmp/sb"
+grep -q "on rank 0, $tmp/sb on rank 1" "$tmp/mnist_save.out" || fail "mnist --save: $(cat "$tmp/mnist_save.out")"
 
 # --fsdp on some ranks only: the ranks without it join MPI too (started by mpirun) and every rank
 # names --fsdp, instead of the --fsdp rank hanging in MPI_Init while the other trains alone.
