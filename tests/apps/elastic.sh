@@ -107,6 +107,19 @@ for bad in "--np 0" "--np 2 --launch mpirun" "--np 4 --sizes 2,1 --launch x{n}" 
   if "$elastic" $bad -- true >/dev/null 2>"$tmp/opt"; then fail "weft-elastic $bad succeeded"; fi
   grep -q "weft-elastic: " "$tmp/opt" || fail "weft-elastic $bad: no message: $(cat "$tmp/opt")"
 done
+for opt in --np --launch --sizes --max-restarts --checkpoint-dir --resume-args; do  # no value: named (it had spun for ever)
+  rc=0 && timeout 10 "$elastic" $opt >/dev/null 2>"$tmp/opt" || rc=$?
+  [ "$rc" = 2 ] && grep -q "weft-elastic: $opt needs a value" "$tmp/opt" || fail "weft-elastic $opt: status $rc: $(cat "$tmp/opt")"
+done
+"$elastic" --help | grep -q "Usage: weft-elastic --np N --launch" || fail "weft-elastic --help prints no usage"
+# The default sizes are --np's divisors: after a loss at 4 ranks, 2 (3 would not split the batch).
+"$elastic" --np 4 --max-restarts 1 --launch 'env W={n}' -- sh -c 'kill -9 $$' >/dev/null 2>"$tmp/div" || true
+grep -q "relaunching at 2 ranks" "$tmp/div" || fail "default sizes: $(grep weft-elastic "$tmp/div")"
+# Ranks that stopped on a signal sent to them (scancel, kill) are not lost: no restart.
+rc=0 && "$elastic" --np 2 --launch 'env W={n}' -- sh -c 'echo "x: stopping after step 3 on SIGTERM; checkpoint written to c" >&2
+  exit 143' >/dev/null 2>"$tmp/term" || rc=$?
+[ "$rc" = 143 ] && grep -q "the job at 2 ranks was stopped by a signal to its ranks (status 143): not restarting" "$tmp/term" &&
+  ! grep -q "restart 1" "$tmp/term" || fail "a stopped job: status $rc: $(grep weft-elastic "$tmp/term")"
 # The checkpoint a start names: the highest step by number (step_100000000 after step_99999999), in a directory whose
 # name holds a space, passed whole through a quoted --resume-args.
 sp="$tmp/e k"
