@@ -69,12 +69,17 @@ int inspect(const std::string& dir) {
   return 0;
 }
 
+// A directory of checkpoints verifies its newest; one newer whose index does not read fails the verification too.
 int verify(const std::string& dir) {
-  fsdp::VerifyReport r = fsdp::verify_checkpoint(dir);
-  std::printf("ok: %s: %zu file(s), %s, %zu tensors; sizes, sha256s, shapes and coverage match the index, and "
-              "every value is finite\n",
-              fsdp::latest_checkpoint(dir).c_str(), r.files, human_bytes(r.bytes).c_str(), r.tensors);
-  return 0;
+  std::vector<std::string> unreadable;
+  const std::string latest = fsdp::latest_checkpoint(dir, &unreadable);
+  fsdp::VerifyReport r = fsdp::verify_checkpoint(latest.empty() ? dir : latest);
+  std::printf("%s: %s: %zu file(s), %s, %zu tensors; sizes, sha256s, shapes and coverage match the index, and "
+              "every value is finite\n", unreadable.empty() ? "ok" : "ok, but it is not the newest", latest.c_str(),
+              r.files, human_bytes(r.bytes).c_str(), r.tensors);
+  for (const std::string& e : unreadable)
+    std::fprintf(stderr, "weft-checkpoint: error: a newer checkpoint cannot be read: %s\n", e.c_str());
+  return unreadable.empty() ? 0 : 1;
 }
 
 }  // namespace
@@ -98,9 +103,9 @@ int main(int argc, char** argv) {
              "lm_head.weight repeated for a tied head) and the app's config in their metadata.");
   CLI11_PARSE(app, argc, argv);
   try {
+    if (ver->parsed()) return verify(dir);
     if (const std::string readable = apps::readable_checkpoint(dir, "checkpoint", true); !readable.empty()) dir = readable;
     if (ins->parsed()) return inspect(dir);
-    if (ver->parsed()) return verify(dir);
     WEFT_CHECK(!out.empty(), "checkpoint: OUT is empty: name the .safetensors file to write");
     apps::check_outputs_apart({{"OUT", out}}, {{"DIR", dir}}, "checkpoint");
     WEFT_CHECK(!WEFT_FS(std::filesystem::exists(out)), "checkpoint: OUT {} already exists: consolidate writes a new "
