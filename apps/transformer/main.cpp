@@ -87,7 +87,7 @@ void add_model_flags(CLI::App* tr, TrainOptions& t) {
                               "head) or llama (RoPE, RMSNorm, SwiGLU, grouped-query attention, untied head)")
                    ->check(CLI::IsMember({"gpt2", "llama"}))->capture_default_str();
   auto* init_from = tr->add_option("--init-from", t.init_from, "start from a Hugging Face model directory (config.json "
-                                   "+ safetensors, model_type gpt2 or llama): its config and weights");
+                                   "+ safetensors; model_type gpt2, llama, mistral, qwen2 or qwen3): its config and weights");
   std::vector<CLI::Option*> shape_flags;
   shape_flags.push_back(tr->add_option("--n-layer", t.model.n_layer, "transformer blocks")->check(apps::cli::integer(1, apps::kMaxLayers))->capture_default_str());
   shape_flags.push_back(tr->add_option("--n-head", t.model.n_head, "attention heads (must divide --d-model)")->check(apps::cli::integer(1, apps::kMaxHeads))
