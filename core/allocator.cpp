@@ -122,6 +122,11 @@ class CpuAllocator final : public Allocator {
   }
   void reset_peak() override { peak_.store(live_.load()); }
   bool caching() const { return cache_limit_ > 0; }
+  int64_t keep_cache_within(int64_t bytes) {  // never to 0, which would turn caching off
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    if (cache_limit_ > 0) cache_limit_ = std::clamp<int64_t>(bytes, 1, cache_limit_);
+    return cache_limit_;
+  }
 
  private:
   // Blocks of 2 MiB and more start on a 2 MiB boundary, and their whole 2 MiB pieces are
@@ -150,14 +155,14 @@ class CpuAllocator final : public Allocator {
   bool put_cached(void* p, size_t cls, int64_t to_peak) {
     if (cache_limit_ == 0) return false;
     std::lock_guard<std::mutex> lock(cache_mu_);
-    if (cached_bytes_ + int64_t(cls) > std::max(cache_limit_, to_peak)) return false;
+    if (cached_bytes_ + int64_t(cls) > std::max(cache_limit_.load(), to_peak)) return false;
     cache_[cls].push_back(p);
     cached_bytes_ += int64_t(cls);
     return true;
   }
 
   std::atomic<int64_t> live_{0}, peak_{0}, total_{0}, allocs_{0}, frees_{0}, reserved_{0};
-  int64_t cache_limit_ = 0;
+  std::atomic<int64_t> cache_limit_{0};
   std::mutex cache_mu_;
   std::unordered_map<size_t, std::vector<void*>> cache_;  // free blocks by size class
   int64_t cached_bytes_ = 0;
@@ -401,6 +406,9 @@ void register_allocator(DeviceType type, Allocator* allocator) { g_allocators[in
 void register_allocator_lookup(DeviceType type, AllocatorLookup lookup) { g_lookups[int(type)] = lookup; }
 
 bool cpu_block_cache_enabled() { return static_cast<CpuAllocator&>(allocator_for(Device::cpu())).caching(); }
+int64_t limit_cpu_block_cache(int64_t bytes) {
+  return static_cast<CpuAllocator&>(allocator_for(Device::cpu())).keep_cache_within(bytes);
+}
 MemoryStats memory_stats(Device device) { return allocator_for(device).stats(); }
 void reset_peak_memory_stats(Device device) { allocator_for(device).reset_peak(); }
 

@@ -136,6 +136,9 @@ void register_allocator_lookup(DeviceType type, AllocatorLookup lookup);
 // Whether the CPU allocator keeps freed blocks for reuse (WEFT_CPU_CACHE; off in sanitizer
 // builds). allocator_for(Device::cpu()).empty_cache() returns them to the system.
 bool cpu_block_cache_enabled();
+// Lowers what the cache keeps beyond the blocks freed under the peak of live bytes to `bytes` (at least 1; never
+// raised): a run whose planned peak comes near the memory it has leaves the cache only the rest. Returns the limit.
+int64_t limit_cpu_block_cache(int64_t bytes);
 
 MemoryStats memory_stats(Device device = Device::cpu());
 void reset_peak_memory_stats(Device device = Device::cpu());

@@ -23,7 +23,8 @@ int64_t available_bytes() { return host_available_bytes() / (dist::is_initialize
 bool machine_checked(Device device) { return device.is_cpu() && memory_limit(device) <= 0 && available_bytes() > 0; }
 
 // A plan whose peak is past the memory this rank can have is refused (the run would be killed mid-step).
-void check_peak_fits_machine(const fsdp::MemoryPlan& plan, int64_t held, const std::string& program, bool budget) {
+void check_peak_fits_machine(const fsdp::MemoryPlan& plan, int64_t held, const std::string& program, bool budget,
+                             const std::string& lighter) {
   const int64_t available = available_bytes();
   const int local = dist::is_initialized() ? dist::local_size() : 1;
   WEFT_CHECK(plan.peak_bytes + held <= available, "{}: training would need about {} per rank (the memory plan's peak; "
@@ -31,8 +32,8 @@ void check_peak_fits_machine(const fsdp::MemoryPlan& plan, int64_t held, const s
              "runs it under that limit instead", error_prefix(program), format_mib(plan.peak_bytes + held),
              format_mib(plan.parts.activations), format_mib(available), local > 1 ? fmt::format(" to each of its {} ranks", local) : "",
              budget ? "give a --memory-budget this machine has, so that the planner chooses within it"
-                    : "use a smaller --batch-size (with --grad-accum to keep the batch), activation checkpointing (--ac), "
-                      "more ranks, or --memory-budget to let the planner choose");
+                    : "use " + lighter + ", more ranks, or --memory-budget to let the planner choose");
+  limit_cpu_block_cache(available - plan.peak_bytes - held);  // what the block cache keeps past the peak: the rest
 }
 
 // Without plan flags: the plan of the flags' settings, checked (the run goes on unplanned).
@@ -40,7 +41,7 @@ void check_fits_this_machine(const PlanFlags& f, fsdp::MemoryPlanRequest request
                              const std::string& program) {
   if (!f.modelled || !machine_checked(device)) return;
   request.world_size = request.sharded ? ranks.data_world() : 1;
-  check_peak_fits_machine(fsdp::plan_memory(request), memory_stats(device).live_bytes, program, false);
+  check_peak_fits_machine(fsdp::plan_memory(request), memory_stats(device).live_bytes, program, false, f.lighter);
 }
 
 }  // namespace
@@ -99,7 +100,7 @@ std::optional<fsdp::MemoryPlan> plan_from_flags(const PlanFlags& f, fsdp::Memory
              "more ranks or a smaller model or batch{}", f.budget, plan.ranks,
              fsdp::describe(plan.settings), plan.peak_bytes, plan.peak_bytes - budget + held, held,
              request.fixed_checkpointing || request.fixed_reshard ? ", or leave the settings given by flag to the planner" : "");
-  if (!f.only() && request.budget && machine_checked(device)) check_peak_fits_machine(plan, held, program, true);
+  if (!f.only() && request.budget && machine_checked(device)) check_peak_fits_machine(plan, held, program, true, f.lighter);
   report_step_time(f.step_time, plan, ranks, f.ranks > 0 ? f.ranks : ranks.world, per_step, f.only() ? stdout : stderr,
                    program);
   return plan;

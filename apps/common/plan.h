@@ -21,6 +21,7 @@ struct PlanFlags {
   std::string budget;  // a byte count as WEFT_MEMORY_LIMIT takes it; empty: none
   StepTimeFlags step_time;
   bool modelled = true;  // the app's settings are ones its plan models (else no plan is made unasked)
+  std::string lighter = "a smaller --batch-size (with --grad-accum to keep the batch), activation checkpointing (--ac)";
   bool wanted() const { return plan || ranks > 0 || !budget.empty(); }
   bool only() const { return plan || ranks > 0; }  // print the plan and stop
 };

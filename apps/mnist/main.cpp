@@ -60,7 +60,7 @@ struct Options {
   std::string device = "cpu";
   std::string on_nan = "error";
   int64_t max_skipped = 5;  // --on-nan skip: give up after this many skipped steps in a row
-  apps::PlanFlags plan;
+  apps::PlanFlags plan{.lighter = "a smaller --batch-size"};
 };
 
 using apps::Ranks;

@@ -12,6 +12,20 @@ if "$exe" --model rnn 2>"$tmp/err"; then fail "--model rnn accepted"; fi
 grep -q "rnn" "$tmp/err" || fail "bad --model not named: $(cat "$tmp/err")"
 if "$exe" --data "$tmp/nowhere" --steps 1 2>"$tmp/err"; then fail "missing data accepted"; fi
 grep -q "dataset-fashion-mnist" "$tmp/err" || fail "missing data does not name the package: $(cat "$tmp/err")"
+# A model past this machine's memory (64 images of 4 Mi pixels: a 48 GiB MLP) is refused with this program's advice.
+mkdir "$tmp/huge"
+{ printf '\x00\x00\x08\x03\x00\x00\x00\x40\x00\x00\x00\x01\x00\x40\x00\x00'; head -c $((64 << 22)) /dev/zero; } | gzip -1 \
+  >"$tmp/huge/train-images-idx3-ubyte.gz"
+{ printf '\x00\x00\x08\x01\x00\x00\x00\x40'; head -c 64 /dev/zero; } >"$tmp/huge/train-labels-idx1-ubyte"
+cp "$tmp/huge/train-images-idx3-ubyte.gz" "$tmp/huge/t10k-images-idx3-ubyte.gz"
+cp "$tmp/huge/train-labels-idx1-ubyte" "$tmp/huge/t10k-labels-idx1-ubyte"
+if [ "$(awk '/^MemAvailable/ {print $2}' /proc/meminfo)" -gt $((40 << 20)) ]; then
+  echo "mnist_cli: the model past this machine's memory not tried: more than 40 GiB available"
+else
+  if "$exe" --data "$tmp/huge" --batch-size 32 --threads 1 2>"$tmp/err"; then fail "a 48 GiB model trained"; fi
+  grep -q "this machine has available (MemAvailable): use a smaller --batch-size, more ranks, or --memory-budget" \
+    "$tmp/err" || fail "a model past the memory: $(cat "$tmp/err")"
+fi
 # --device: an unknown name is refused; cuda trains where a GPU is visible and is otherwise a
 # clear error naming why (this holds on machines without a GPU and on builds without CUDA).
 if "$exe" --device tpu --steps 1 2>"$tmp/err"; then fail "--device tpu accepted"; fi
