@@ -8,7 +8,7 @@ set -euo pipefail
 cd "${1:-$(dirname "$0")/..}"
 # layer | budget | the files and folders counted (kernels: the entry points and the meta device)
 budgets=(
-  "core           4395  core weft.h"
+  "core           4396  core weft.h"
   "kernels        2588  kernels/*.h kernels/*.cpp kernels/meta"
   "kernels/cpu    5677  kernels/cpu"
   "cuda           4671  cuda"
@@ -17,7 +17,7 @@ budgets=(
   "dist           2598  dist"
   "tp              781  tp"
   "fsdp           5042  fsdp"
-  "apps          11418  apps"
+  "apps          11422  apps"
 )
 count() {  # PATH...: the lines of the code files among them
   find "$@" -type f \( -name '*.h' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' \) -print0 | xargs -0 cat | wc -l
