@@ -37,13 +37,14 @@ std::string core_library_dir() {
 // dlopen()s the CUDA backend: $WEFT_CUDA_BACKEND if set, else the file beside libweft-core,
 // else the name through the loader's search path. Its static initialisers register it.
 void load_cuda(BackendSlot& slot) {
-  if (!WEFT_CUDA_BACKEND_BUILT && std::getenv("WEFT_CUDA_BACKEND") == nullptr) {
+  const char* env = std::getenv("WEFT_CUDA_BACKEND");  // empty: as if unset
+  if (!WEFT_CUDA_BACKEND_BUILT && (env == nullptr || *env == 0)) {
     slot.reason = "weft was built without CUDA (reconfigure with -Dcuda=enabled where the CUDA toolkit, "
                   "cuBLAS and NCCL are installed)";
     return;
   }
   std::vector<std::string> candidates;
-  if (const char* env = std::getenv("WEFT_CUDA_BACKEND")) {
+  if (env != nullptr && *env != 0) {
     candidates.push_back(env);
   } else {
     std::string dir = core_library_dir();

@@ -63,6 +63,10 @@ void check_outputs_apart(const std::vector<PathFlag>& outputs, const std::vector
   for (const PathFlag& out : outputs) {
     if (out.path.empty()) continue;
     const fs::path o = resolved(out.path);
+    for (const PathFlag& other : outputs)  // two outputs at one path: the second would fail only once the first is made
+      WEFT_CHECK(&other == &out || other.path.empty() || clash(o, resolved(other.path)) != "the same path as",
+                 "{}: {} {} is the same path as {} {}: give one of them another path", program, out.flag, out.path,
+                 other.flag, other.path);
     for (const PathFlag& in : inputs) {
       if (in.path.empty()) continue;
       const std::string how = clash(o, resolved(in.path));

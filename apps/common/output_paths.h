@@ -25,8 +25,8 @@ struct PathFlag {
 void check_output_place(const PathFlag& out, const std::string& program);
 
 // Throws "<program>: <output flag> <path> is <where> <input flag> <path>: ... give it another path"
-// for the first output that would write over or into an input, or naming the output whose place
-// cannot take it.
+// for the first output that would write over or into an input, naming two outputs at one path,
+// or naming the output whose place cannot take it.
 void check_outputs_apart(const std::vector<PathFlag>& outputs, const std::vector<PathFlag>& inputs,
                          const std::string& program);
 

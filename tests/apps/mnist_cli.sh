@@ -30,10 +30,12 @@ fi
 # clear error naming why (this holds on machines without a GPU and on builds without CUDA).
 if "$exe" --device tpu --steps 1 2>"$tmp/err"; then fail "--device tpu accepted"; fi
 grep -q "expected cpu, cuda or cuda:N" "$tmp/err" || fail "bad --device not explained: $(cat "$tmp/err")"
-if ! "$exe" --device cuda --steps 1 >/dev/null 2>"$tmp/err"; then
-  grep -Eq -- "--device cuda: (no CUDA device is visible|weft was built without CUDA)" "$tmp/err" ||
-    fail "--device cuda failed without naming the problem: $(cat "$tmp/err")"
-fi
+for empty in "" 1; do  # an empty WEFT_CUDA_BACKEND is as if unset (it had loaded the program itself as the backend)
+  if ! env ${empty:+WEFT_CUDA_BACKEND=} "$exe" --device cuda --steps 1 >/dev/null 2>"$tmp/err"; then
+    grep -Eq -- "--device cuda: (no CUDA device is visible|weft was built without CUDA)" "$tmp/err" ||
+      fail "--device cuda${empty:+ (WEFT_CUDA_BACKEND empty)} failed without naming the problem: $(cat "$tmp/err")"
+  fi
+done
 
 common=(--seed 3 --batch-size 64 --threads 1 --data "$(mnist_small 1000)")
 "$exe" "${common[@]}" --steps 30 --log-every 10 --metrics "$tmp/a.jsonl" >/dev/null 2>&1
