@@ -5,6 +5,7 @@
 #include "core/copy.h"
 #include "core/grad_mode.h"
 #include "core/sha256.h"
+#include "dist/agree.h"
 #include "dist/config_check.h"
 #include "dist/dist.h"
 #include "fsdp/state.h"
@@ -106,14 +107,11 @@ nn::NamedTensorList full_optimizer_state_dict(const nn::Optimizer& opt, nn::Modu
   });
 }
 
-void load_full_state_dict(nn::Module& model, const nn::NamedTensorList& full, const FSDPModule* root,
-                          const std::map<std::string, std::string>& aliases) {
-  const char* what = "load_full_state_dict";
-  check_same_full_dict(full, what);
-  nn::check_state_entries(full, std::string("fsdp: ") + what);
-  std::map<std::string, Tensor> given(full.begin(), full.end());
-  auto expected = sharded_state_dict(model, root);
-  auto local = slices(expected, given, what);
+namespace {
+// `full`'s keys beyond the model's (`given` less `expected`'s) must be a tie's or an alias's second name, equal to it.
+void check_duplicates(nn::Module& model, const nn::NamedTensorList& full, std::map<std::string, Tensor> given,
+                      const ShardedStateDict& expected, const std::map<std::string, std::string>& aliases,
+                      const char* what) {
   for (auto& [k, t] : expected) given.erase(k);
   auto duplicates = tied_parameter_names(model);
   duplicates.insert(aliases.begin(), aliases.end());
@@ -128,6 +126,45 @@ void load_full_state_dict(nn::Module& model, const nn::NamedTensorList& full, co
                    to_vector(target->second) == to_vector(t),
                "fsdp: {}: \"{}\" must equal \"{}\" (the model ties them), but the full state dict holds different "
                "values", what, key, it->second);
+  }
+}
+}  // namespace
+
+void load_full_state_dict(nn::Module& model, const nn::NamedTensorList& full, const FSDPModule* root,
+                          const std::map<std::string, std::string>& aliases) {
+  const char* what = "load_full_state_dict";
+  check_same_full_dict(full, what);
+  nn::check_state_entries(full, std::string("fsdp: ") + what);
+  const std::map<std::string, Tensor> given(full.begin(), full.end());
+  auto expected = sharded_state_dict(model, root);
+  auto local = slices(expected, given, what);
+  check_duplicates(model, full, given, expected, aliases, what);
+  NoGradGuard no_grad;
+  for (auto& [k, t] : expected) copy_elements(t.local, local.at(k));
+}
+
+void broadcast_full_state_dict(nn::Module& model, const nn::NamedTensorList& full, const FSDPModule* root,
+                               const std::map<std::string, std::string>& aliases) {
+  const char* what = "broadcast_full_state_dict";
+  if (!dist::is_initialized() || dist::world_size() == 1) return load_full_state_dict(model, full, root, aliases);
+  const bool lead = dist::rank() == 0;
+  auto expected = sharded_state_dict(model, root);
+  dist::agree({dist::world()}, std::string("fsdp: ") + what, [&] {  // rank 0's dict checked whole: fails every rank
+    WEFT_CHECK(lead || full.empty(), "fsdp: {}: rank {} passed {} entries: only global rank 0 passes the full dict",
+               what, dist::rank(), full.size());
+    if (!lead) return;
+    nn::check_state_entries(full, std::string("fsdp: ") + what);
+    const std::map<std::string, Tensor> given(full.begin(), full.end());
+    slices(expected, given, what);
+    check_duplicates(model, full, given, expected, aliases, what);
+  });
+  std::map<std::string, Tensor> given(full.begin(), full.end()), local;
+  for (auto& [key, t] : expected) {  // one full tensor at a time, in the same order on every rank
+    const Device at = dist::world()->device();
+    Tensor whole = lead ? given.at(key).to(at).to(t.local.dtype()).contiguous()
+                        : empty(t.placement.global_shape, {.dtype = t.local.dtype(), .device = at});
+    dist::world()->broadcast(whole, 0)->wait();
+    local.emplace(key, slices({{key, t}}, {{key, whole}}, what).at(key));
   }
   NoGradGuard no_grad;
   for (auto& [k, t] : expected) copy_elements(t.local, local.at(k));

@@ -33,6 +33,12 @@ nn::NamedTensorList full_optimizer_state_dict(const nn::Optimizer& opt, nn::Modu
 // is an error. Nothing is written unless everything fits.
 void load_full_state_dict(nn::Module& model, const nn::NamedTensorList& full, const FSDPModule* root,
                           const std::map<std::string, std::string>& aliases = {});
+// The same from a full state dict only global rank 0 holds (full_state_dict's rank0_only, or a file
+// only rank 0 reads; the other ranks pass {}), as torch's set_model_state_dict with
+// broadcast_from_rank0: rank 0 checks it whole by load_full_state_dict's rules (a failure fails
+// every rank), then broadcasts it over the world one tensor at a time, and each rank keeps its slice.
+void broadcast_full_state_dict(nn::Module& model, const nn::NamedTensorList& full, const FSDPModule* root,
+                               const std::map<std::string, std::string>& aliases = {});
 // The optimizer's state from a full (name-keyed) optimizer state dict: each rank takes its slice.
 void load_full_optimizer_state_dict(nn::Optimizer& opt, nn::Module& model, const nn::NamedTensorList& full,
                                     const FSDPModule* root);

@@ -231,6 +231,16 @@ TEST_CASE("full state dicts: gathered like the single-process model, to every ra
                       Contains("fsdp: load_full_state_dict: the ranks differ: the full dict's digest is"));
   }
   check_same(fsdp::full_state_dict(*m2, &root2), full, "model after refused loads");
+  // A dict only rank 0 holds (rank0_only) loads by broadcast; rank 0's bad dict fails every rank, nothing written.
+  auto [m3, root3] = make_sharded<TinyGPT>(97);
+  const auto before = fsdp::full_state_dict(*m3, &root3);
+  CHECK_THROWS_WITH(fsdp::broadcast_full_state_dict(*m3, dist::rank() == 0 ? missing : nn::NamedTensorList{}, &root3),
+                    Contains("lacks \"wte.weight\""));
+  if (dist::world_size() > 1)
+    CHECK_THROWS_WITH(fsdp::broadcast_full_state_dict(*m3, full, &root3), Contains("only global rank 0 passes"));
+  check_same(fsdp::full_state_dict(*m3, &root3), before, "model after refused broadcasts");
+  fsdp::broadcast_full_state_dict(*m3, r0, &root3);
+  check_same(fsdp::full_state_dict(*m3, &root3), full, "model loaded from rank 0's full state dict");
   // A separately saved copy of a tied weight (nanoGPT's lm_head.weight) is accepted when equal.
   fsdp::load_full_state_dict(*m2, extra, &root2, {{"lm_head.weight", "wte.weight"}});
   extra.back().second = extra.back().second + 1.0;
