@@ -26,8 +26,7 @@ extern "C" void on_stop_signal(int sig) {
   // A SIGTERM after it changes nothing (Slurm signals the ranks and mpirun, which signals them again: the step and its
   // checkpoint go on); a SIGINT (Ctrl-C again) stops at once, as its default action would (no checkpoint).
   const std::string& say = sig == SIGTERM ? g_again : g_at_once;
-  ssize_t ignored = write(STDERR_FILENO, say.data(), say.size());
-  (void)ignored;
+  (void)!write(STDERR_FILENO, say.data(), say.size());  // nothing to do if it fails
   if (sig == SIGTERM) return;
   std::signal(sig, SIG_DFL);
   std::raise(sig);

@@ -254,8 +254,8 @@ CLI::App* add_eval_flags(CLI::App& app, EvalOptions& ev) {
   evc->add_option("--data", ev.data, "text file or folder of text files, or a prepared token dataset")->capture_default_str();
   evc->add_option("--split", ev.split, "val: the part training validates on (the last tenth of a text, a dataset's "
                   "val.tokens); train: the rest")->check(CLI::IsMember({"val", "train"}))->capture_default_str();
-  evc->add_option("--ctx", ev.ctx, "tokens each block predicts (blocks of ctx + 1 tokens; default: the model's "
-                  "context)")->check(apps::cli::integer(1, apps::kMaxCtx));
+  evc->add_option("--ctx", ev.ctx, "tokens each block predicts (blocks of ctx + 1 tokens; default: the --ctx a "
+                  "checkpoint's run trained at, else the model's context)")->check(apps::cli::integer(1, apps::kMaxCtx));
   evc->add_option("--batch-size", ev.batch_size, "blocks per forward")->check(apps::cli::integer(1, 1 << 20))
       ->capture_default_str();
   evc->add_option("--threads", ev.threads, "CPU threads (default: OMP_NUM_THREADS or all cores)")->check(apps::cli::threads());

@@ -48,9 +48,8 @@ struct LoadedModel {
 };
 // A rotary model fine-tuned from a Hugging Face directory at a shorter --ctx reads as far as its export-hf does.
 apps::ModelConfig with_source_context(apps::ModelConfig cfg, const std::map<std::string, std::string>& recorded) {
-  const auto it = recorded.find("hf_source");
-  if (cfg.arch == "llama" && it != recorded.end() && apps::is_hf_dir(it->second))
-    cfg.ctx = std::max(cfg.ctx, apps::read_hf_config(it->second).ctx);
+  if (cfg.arch == "llama" && recorded.count("hf_source") && apps::is_hf_dir(recorded.at("hf_source")))
+    cfg.ctx = std::max(cfg.ctx, apps::read_hf_config(recorded.at("hf_source")).ctx);
   return cfg;
 }
 
@@ -442,7 +441,9 @@ int eval(const EvalOptions& o) {
   apps::TrainingData data;
   apps::load_training_data(o.data, data);
   check_data_tokenizer(o, loaded, data);
-  const int64_t ctx = o.ctx > 0 ? o.ctx : loaded.lm.cfg.ctx, vocab = loaded.lm.cfg.vocab_size;
+  const auto& run = loaded.recorded;  // a checkpoint's: blocks of its run's --ctx by default
+  const int64_t ctx = o.ctx > 0 ? o.ctx : run.count("ctx") ? std::stoll(run.at("ctx")) : loaded.lm.cfg.ctx,
+                vocab = loaded.lm.cfg.vocab_size;
   WEFT_CHECK(ctx <= loaded.lm.cfg.ctx, "transformer: --ctx {} is longer than {}'s context {}", ctx, o.from,
              loaded.lm.cfg.ctx);
   WEFT_CHECK(vocab >= data.vocab_size, "transformer: {}'s vocabulary of {} is smaller than {}'s {}", o.from, vocab,

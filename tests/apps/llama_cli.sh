@@ -178,6 +178,9 @@ s3=$("$exe" sample --from "$tmp/ck3" --prompt "The " --greedy --max-new-tokens 1
 [ "$s3" = "$("$exe" sample --from "$tmp/l3out" --prompt "The " --greedy --max-new-tokens 110 --ids 2>/dev/null)" ] ||
   fail "greedy ids from the llama3 checkpoint and its export differ"
 if grep -q "context" "$tmp/x.err"; then fail "the checkpoint's context is not its source's: $(cat "$tmp/x.err")"; fi
+head -c 4000 /usr/share/common-licenses/GPL-3 >"$tmp/ev.txt"  # eval's blocks: the run's --ctx 80 by default
+"$exe" eval --from "$tmp/ck3" --data "$tmp/ev.txt" >/dev/null 2>"$tmp/x.err" || fail "eval: $(cat "$tmp/x.err")"
+grep -q "blocks of 80 + 1 tokens" "$tmp/x.err" || fail "eval of the checkpoint: $(cat "$tmp/x.err")"
 "$exe" sample --from "$data/llama" --prompt "ab" --tokens 70 --ids >/dev/null 2>"$tmp/gen.err" || fail "$(cat "$tmp/gen.err")"
 grep -q "2 prompt and 70 new tokens pass the model's context of 64: weft starts again from the last half" \
   "$tmp/gen.err" || fail "past the context: $(cat "$tmp/gen.err")"
