@@ -114,14 +114,15 @@ void FSDPParam::assemble_into(const Tensor& gathered, int64_t column_offset, con
     copy_elements(part, chunks);
 }
 
-void FSDPParam::copy_in_grad(const Tensor& send) const {
+void FSDPParam::copy_in_grad(const Tensor& send) {
   Tensor g = unsharded_grad();
   if (!g.defined() || !requires_grad_) return;  // no gradient reached it: contributes zeros
+  grad_packed_ = true;
   for (const auto& [part, chunks] : rank_blocks(g.detach(), send, grad_offset_, world_)) copy_elements(chunks, part);
 }
 
 void FSDPParam::accumulate_sharded_grad(const Tensor& reduced_flat) {
-  if (!requires_grad_) return;
+  if (!requires_grad_ || !std::exchange(grad_packed_, false)) return;
   Tensor part = chunk_view(reduced_flat.narrow(0, grad_offset_, padded_numel_)).narrow(shard_dim_, 0, local_rows_);
   if (global_shape_.empty() && local_rows_ == 1) part = part.view({});
   Tensor current = sharded_.grad();

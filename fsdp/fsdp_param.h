@@ -60,10 +60,16 @@ class FSDPParam {
   // zero padding included.
   void copy_chunk_of_unsharded(int index, int ranks, const Tensor& flat) const;
   // Packs the unsharded gradient into `send` [world, grad_numel] at this param's gradient
-  // columns, zero padding included, converted to send's dtype (nothing for a frozen one).
-  void copy_in_grad(const Tensor& send) const;
+  // columns, zero padding included, converted to send's dtype (nothing for a frozen one, or one
+  // no gradient reached: its columns stay zero for the other ranks' sums).
+  void copy_in_grad(const Tensor& send);
+  // Whether a gradient reached it since its last reduction (packed or still unsharded).
+  bool grad_reached() const { return grad_packed_ || (requires_grad_ && has_unsharded_grad()); }
   // Adds this rank's reduced chunk (flat [padded] slice of the reduce-scatter output) into the
-  // sharded parameter's .grad.
+  // sharded parameter's .grad; nothing where no gradient reached it (its .grad stays as it was,
+  // undefined after zero_grad, so the optimizer passes over it as over an unused parameter in
+  // one process). Every rank must leave the same parameters without one: the reduce-scatter's
+  // label names them, so the collective check stops ranks that differ.
   void accumulate_sharded_grad(const Tensor& reduced_flat);
   // CPU offload of device parameters: new sharded gradients go to host memory pinned through
   // `device`'s backend.
@@ -97,6 +103,7 @@ class FSDPParam {
   int64_t local_rows_ = 0;  // real extent of this rank's chunk (<= chunk_)
   int64_t padded_numel_ = 0, offset_ = 0, grad_offset_ = -1;
   bool requires_grad_ = false;
+  bool grad_packed_ = false;  // copy_in_grad packed a gradient since the last accumulate_sharded_grad
   bool pin_grads_ = false;
   Device pin_device_ = kCPU;
   Tensor padded_flat_, sharded_, unsharded_;

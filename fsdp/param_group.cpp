@@ -183,9 +183,19 @@ void FSDPParamGroup::add_grad_leaf() {
   grad_leaves_.add({packed});
 }
 
+// The reduction's label names the parameters no gradient reached: ranks that leave different ones without (each
+// would step what the others do not) fail the collective check together.
+std::string FSDPParamGroup::reduce_label() const {
+  std::vector<std::string> none;
+  for (auto& p : params_)
+    if (p->requires_grad() && !p->grad_reached()) none.push_back(p->name());
+  return none.empty() ? label : fmt::format("{} (no gradient: {})", label, fmt::join(none, ", "));
+}
+
 void FSDPParamGroup::start_reduce_scatter() {
   if (pending_rs_) finish_reduce_scatter();
   if (grad_numel_ == 0) return;  // every parameter frozen: nothing to reduce
+  const std::string what = reduce_label();
   stats.reduce_scatter_elements += shard_group_->size() * grad_numel_;
   const std::string owner = "fsdp reduce-scatter of '" + label + "'";
   MemoryOwner owning(owner);
@@ -198,14 +208,14 @@ void FSDPParamGroup::start_reduce_scatter() {
                "reduction on each rank (so that each rank's sum is one node of the tree at any world size); '{}' "
                "reduces after {}", label, n);
     pending_rs_ = std::make_unique<ReduceScatterResult>(
-        ordered_reduce_scatter(*comm_, grad_leaves_.total()[0], shard_group_, compute_device_, label));
+        ordered_reduce_scatter(*comm_, grad_leaves_.total()[0], shard_group_, compute_device_, what));
     ++stats.reduce_scatters;
     return;
   }
   bool average = reduce_scatter_divide_factor == 0;
   pending_rs_ = std::make_unique<ReduceScatterResult>(
       reduce_scatter(*comm_, params_, shard_group_, grad_numel_, reduce_dtype_, compute_device_,
-                     average ? dist::ReduceOp::avg : dist::ReduceOp::sum, label));
+                     average ? dist::ReduceOp::avg : dist::ReduceOp::sum, what));
   ++stats.reduce_scatters;
 }
 

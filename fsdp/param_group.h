@@ -70,6 +70,7 @@ class FSDPParamGroup {
   // After backward: packs the unsharded gradients and starts their reduce-scatter (and, with
   // HSDP, the all-reduce across replicas happens in finish); frees the unsharded gradients.
   void start_reduce_scatter();
+  std::string reduce_label() const;
   bool reduce_scatter_pending() const { return pending_rs_ != nullptr; }
   // Waits for the reduce-scatter and accumulates into the sharded parameters' .grad.
   void finish_reduce_scatter();
