@@ -85,11 +85,12 @@ double ordered_total(const std::vector<Tensor>& params, double p) {
   return total;
 }
 
-// The norm from the combined total, and the factor that clips to max_norm (1 when below).
+// The norm from the combined total, and the factor that clips to max_norm (1 when below; NaN for a NaN norm, which
+// then turns every gradient to NaN, as torch's clamp(coef, max=1) does).
 GradClip clip_of(double max_norm, double norm_type, double total) {
   const double norm = std::isinf(norm_type) ? total : norm_type == 2.0 ? std::sqrt(total) : std::pow(total, 1.0 / norm_type);
   const double coef = max_norm / (norm + 1e-6);
-  return {norm, coef < 1.0 ? coef : 1.0};
+  return {norm, coef >= 1.0 ? 1.0 : coef};
 }
 
 // max_norm and norm_type of every process holding part of a parameter (a gather per set of them), so that a refused
@@ -115,7 +116,7 @@ void check_arguments(const std::vector<Tensor>& params, double max_norm, double 
 double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type) {
   const GradClip c = clip_grad_coefficient(params, max_norm, norm_type);
   NoGradGuard no_grad;
-  if (c.coef < 1.0)
+  if (!(c.coef >= 1.0))  // NaN too
     for (const Tensor& p : params)
       if (p.grad().defined() && p.grad().numel() > 0) kernels::mul_scalar_(p.grad(), c.coef);
   return c.norm;

@@ -38,9 +38,14 @@ int64_t sample_token(const Tensor& logits, const SamplingOptions& o, Generator& 
   // Tokens by falling logit (ties by id); the top-k cut, then the top-p cut, of that order.
   std::vector<int64_t> order(static_cast<size_t>(v));
   std::iota(order.begin(), order.end(), 0);
-  const int64_t k = o.top_k > 0 ? std::min(o.top_k, v) : v;
-  std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                    [&](int64_t a, int64_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+  auto before = [&](int64_t a, int64_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); };
+  int64_t k = o.top_k > 0 ? std::min(o.top_k, v) : v;
+  if (k < v) {  // every token tied with the k-th logit stays, as transformers' top-k keeps them
+    std::nth_element(order.begin(), order.begin() + (k - 1), order.end(), before);
+    const double kth = p[order[size_t(k - 1)]];
+    k = std::count_if(p, p + v, [&](double x) { return x >= kth; });
+  }
+  std::partial_sort(order.begin(), order.begin() + k, order.end(), before);
   order.resize(size_t(k));
   std::vector<double> w(order.size());
   double total = 0;

@@ -39,7 +39,8 @@ class LinearLR : public LRScheduler {
   int64_t total_iters;
 };
 
-// eta_min + (base - eta_min) * (1 + cos(pi * step / t_max)) / 2, flat at eta_min after t_max.
+// eta_min + (base - eta_min) * (1 + cos(pi * step / t_max)) / 2, as torch's: past t_max it rises again (back to
+// base at 2 t_max).
 class CosineAnnealingLR : public LRScheduler {
  public:
   CosineAnnealingLR(Optimizer& opt, int64_t t_max, double eta_min = 0.0);

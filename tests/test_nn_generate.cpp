@@ -201,12 +201,22 @@ TEST_CASE("sample_token: greedy, temperature, top-k and top-p draw from what the
   Generator gen(1);
   const Tensor l = vec({0.5, 2.0, 1.0, 2.0, -1.0});
   CHECK(nn::sample_token(l, {.temperature = 0}, gen) == 1);  // the first of equal maxima
-  for (int i = 0; i < 50; ++i) {
-    CHECK(nn::sample_token(l, {.temperature = 1, .top_k = 1}, gen) == 1);
+  // top-k keeps every token tied with the k-th logit, as transformers' TopKLogitsWarper (it had cut ties by id).
+  const Tensor tied = vec({3.0, 1.0, 1.0, 1.0, 0.0});
+  int threes = 0, past_k = 0;
+  for (int i = 0; i < 200; ++i) {
+    const int64_t one = nn::sample_token(l, {.temperature = 1, .top_k = 1}, gen);  // 1 and 3 tie at the top
+    CHECK((one == 1 || one == 3));
+    threes += one == 3;
     CHECK(nn::sample_token(l, {.temperature = 1, .top_p = 1e-6}, gen) == 1);
     const int64_t two = nn::sample_token(l, {.temperature = 1, .top_k = 2}, gen);
     CHECK((two == 1 || two == 3));
+    const int64_t t = nn::sample_token(tied, {.temperature = 1, .top_k = 2}, gen);
+    CHECK(t != 4);
+    past_k += t == 2 || t == 3;
   }
+  CHECK(threes > 50);
+  CHECK(past_k > 10);
   // p = softmax([0, log 3]) = (1/4, 3/4); at temperature 2, (sqrt 3 against 1): 0.634.
   auto frequency_of_1 = [&](double temperature, const Tensor& logits, double top_p) {
     int ones = 0;

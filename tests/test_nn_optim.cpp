@@ -311,6 +311,12 @@ TEST_CASE("clip_grad_norm_ returns the total norm and scales gradients") {
   CHECK(std::isnan(clip_grad_norm_({a, b}, 100.0, INFINITY)));
   CHECK(std::isnan(clip_grad_norm_({b, a}, 100.0, INFINITY)));
   CHECK(std::isnan(clip_grad_norm_({a, b}, 100.0)));
+  // ... and, as torch's clamp(max_norm / norm, max=1), turns every gradient to NaN (they had been left unclipped).
+  CHECK(std::isnan(to_vector(b.grad())[0]));
+  b.set_grad(from_vector({3}, {1}));
+  CHECK(clip_grad_coefficient({b}, 1.0).coef == Approx(1 / (3 + 1e-6)));
+  a.set_grad(from_vector({NAN, 1}, {2}));
+  CHECK(std::isnan(clip_grad_coefficient({a, b}, 1.0).coef));
 }
 
 // The trainer clips by handing clip_grad_coefficient's factor to step_scaled, which applies it as

@@ -182,8 +182,9 @@ nn::SamplingOptions sampling_of(const SampleOptions& o, const apps::HfGeneration
     s.temperature = gen.do_sample ? gen.temperature : 0;
     taken.push_back(gen.do_sample ? fmt::format("temperature {}", s.temperature) : "greedy (do_sample false)");
   }
-  if (!o.top_k_set && gen.do_sample && s.temperature > 0) s.top_k = gen.top_k, taken.push_back(fmt::format("top_k {}", s.top_k));
-  if (!o.top_p_set && gen.do_sample && s.temperature > 0) s.top_p = gen.top_p, taken.push_back(fmt::format("top_p {}", s.top_p));
+  // Sampling (do_sample, or a --temperature): its top_k and top_p, as generate(do_sample=True, ...) takes them.
+  if (!o.top_k_set && s.temperature > 0) s.top_k = gen.top_k, taken.push_back(fmt::format("top_k {}", s.top_k));
+  if (!o.top_p_set && s.temperature > 0) s.top_p = gen.top_p, taken.push_back(fmt::format("top_p {}", s.top_p));
   if (!taken.empty())
     std::fprintf(stderr, "weft-transformer: sampling %s, as %s says (flags override)\n",
                  fmt::format("{}", fmt::join(taken, ", ")).c_str(), gen.file.c_str());

@@ -126,6 +126,13 @@ grep -q "sampling temperature 0.7, top_k 5, top_p 0.9, as $tmp/l3eos/generation_
   --top-k 5 --top-p 0.9 2>/dev/null)" ] || fail "generation_config.json's sampling is not its flags' ($drawn)"
 [ "$drawn" != "$("$exe" sample --from "$tmp/l3eos" --prompt "The " --tokens 20 --seed 9 --ids --top-k 0 --top-p 1 \
   2>/dev/null)" ] || fail "--top-k 0 --top-p 1 did not override generation_config.json's"
+# A --temperature without do_sample samples as generate(do_sample=True, temperature=T): the file's top_k (50 where
+# absent) and top_p (it had sampled from the whole vocabulary).
+drawn=$("$exe" sample --from "$data/llama3" --prompt "The " --tokens 20 --seed 9 --ids --temperature 0.9 2>"$tmp/gen.err")
+grep -q "sampling top_k 50, top_p 1, as $data/llama3/generation_config.json says" "$tmp/gen.err" ||
+  fail "--temperature alone: $(cat "$tmp/gen.err")"
+[ "$drawn" = "$("$exe" sample --from "$data/llama3" --prompt "The " --tokens 20 --seed 9 --ids --temperature 0.9 \
+  --top-k 50 --top-p 1 2>/dev/null)" ] || fail "--temperature alone did not sample with top_k 50"
 [ "$("$exe" sample --from "$tmp/l3eos" --prompt "The " --tokens 20 --seed 9 --ids --temperature 0 2>/dev/null)" = "$all" ] ||
   fail "--temperature 0 did not override generation_config.json's do_sample"
 [ "$("$exe" sample --from "$data/llama3" --prompt "The " --tokens 20 --seed 9 --ids 2>/dev/null)" = "$all" ] ||
