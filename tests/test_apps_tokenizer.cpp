@@ -419,9 +419,11 @@ TEST_CASE("tokenizer: a text cut at split_point encodes as the whole (prepare re
   auto next = [&] { return (state = state * 6364136223846793005ull + 1442695040888963407ull) >> 33; };
   const std::string alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
   for (int i = 0; i < 4000; ++i) base64 += alphabet[next() % alphabet.size()];
-  // qwen2's rstrip and lstrip tokens (and llama2's), a decomposed é, a line of spaces, an unknown character.
+  // qwen2's rstrip and lstrip tokens (and llama2's), a decomposed é, a line of spaces, an unknown character, and
+  // Unicode whitespace (an rstrip token takes "\u3000 " after it: no cut at that space).
   const char* vocabulary[] = {"the", " ", "  ", "don't", "x2", "42", "\n", "\n\n", "\n  ", "Über", "日本", ".", "a\tb",
-                              "'s", "<|user|>", "[END]", "<mask>", "e\xcc\x81", "qzx", "<s>", "\xf0\x9f\x98\x80"};
+                              "'s", "<|user|>", "[END]", "<mask>", "e\xcc\x81", "qzx", "<s>", "\xf0\x9f\x98\x80",
+                              "[END]\xe3\x80\x80", "\xc2\x85", "[END]\xc2\xa0"};
   for (int i = 0; i < 3000; ++i) words += std::string(vocabulary[next() % std::size(vocabulary)]) + (next() % 3 ? " " : "");
   // Byte-level ones cut before words and digits; SentencePiece-style ones after a "\n" (llama2's lstrip and rstrip
   // tokens only where no whitespace follows it).

@@ -595,7 +595,11 @@ size_t BpeTokenizer::split_point(std::string_view text, size_t limit) const {
   if (!t.normalizer.local()) return 0;
   auto letter = [](char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); };
   auto digit = [](char c) { return c >= '0' && c <= '9'; };
-  auto space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; };
+  auto space_before = [&](size_t i) {  // the character ending at i is whitespace (Unicode's: "\u3000 " too)
+    do --i;
+    while (i > 0 && (uint8_t(text[i]) & 0xc0) == 0x80);
+    return utf8::is_space(utf8::next(text, i));
+  };
   for (const auto* list : {&t.raw_added, &t.normalized_added})
     for (const AddedToken& a : *list)
       for (size_t i = 0; i < a.content.size(); ++i)
@@ -608,7 +612,7 @@ size_t BpeTokenizer::split_point(std::string_view text, size_t limit) const {
     return false;
   };
   for (size_t i = std::min(limit, text.size() < 2 ? 0 : text.size() - 2); i > 0; --i)
-    if ((text[i] == ' ' && !space(text[i - 1]) && letter(text[i + 1]) && !rstrip_ends(i)) ||
+    if ((text[i] == ' ' && !space_before(i) && letter(text[i + 1]) && !rstrip_ends(i)) ||
         (!t.add_prefix_space && letter(text[i - 1]) && digit(text[i])))
       return i;
   return 0;
