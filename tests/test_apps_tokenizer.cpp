@@ -234,13 +234,16 @@ TEST_CASE("tokenizer: the older \"a b\" merges and the GPT-2 form read the same"
 }
 
 TEST_CASE("tokenizer: with ignore_merges a pre-token in the vocabulary is one token, merges or not") {
-  // A vocabulary word no merge builds (as in Llama 3's): `tokenizers` gives [2001, 2001] for
-  // " zqxj zqxj" with ignore_merges, and the words' bytes (222, 91, 82, 89, 75 each) without.
+  // A vocabulary word no merge builds (as in Llama 3's): `tokenizers` gives [2000, 2000] for
+  // " zqxj zqxj" with ignore_merges, and the words' bytes (222, 91, 82, 89, 75 each) without. (The word takes the id
+  // of the BOS token, left out with its template.)
   json j = read_json(kData + "/llama3/tokenizer.json");
-  j["model"]["vocab"]["\xc4\xa0zqxj"] = 2001;  // "Ġzqxj"
+  j["added_tokens"].erase(2);
+  j["post_processor"] = nullptr;
+  j["model"]["vocab"]["\xc4\xa0zqxj"] = 2000;  // "Ġzqxj"
   const apps::BpeTokenizer with(write_tokenizer(j, "ignore_merges.json"));
-  CHECK(with.encode(" zqxj zqxj") == std::vector<int32_t>{2001, 2001});
-  CHECK(with.decode({2001}) == " zqxj");
+  CHECK(with.encode(" zqxj zqxj") == std::vector<int32_t>{2000, 2000});
+  CHECK(with.decode({2000}) == " zqxj");
   j["model"]["ignore_merges"] = false;
   const apps::BpeTokenizer without(write_tokenizer(j, "merges.json"));
   CHECK(without.encode(" zqxj zqxj") == std::vector<int32_t>{222, 91, 82, 89, 75, 222, 91, 82, 89, 75});
@@ -471,14 +474,22 @@ TEST_CASE("tokenizer: a text cut at split_point encodes as the whole (prepare re
   }
 }
 
-// An id between the model's vocabulary and an added token placed past it (a gap) decodes to nothing, as `tokenizers`'
-// decode skips an id it has no token for; an id past the last is an error (sample had stopped on a gap id).
-TEST_CASE("tokenizer: an id in a gap of the ids decodes to nothing") {
+// `tokenizers` gives an added token the vocabulary's id for its content, else the next id past the vocabulary and the
+// added tokens before it, whatever the file says: a file that says otherwise is refused, naming both ids (weft had
+// kept the file's: other ids than `tokenizers`', and a gap that decoded to nothing). An id past the last is an error.
+TEST_CASE("tokenizer: an added token's id is the one tokenizers gives it") {
   json j = read_json(kData + "/mistral/tokenizer.json");
-  add_token(j, 32003, "<extra>", false, false, false, true);
-  const apps::BpeTokenizer tok(write_tokenizer(j, "gap.json"));
-  REQUIRE(tok.vocab_size() == 32004);
-  CHECK(tok.decode({1318, 32001, 264}) == tok.decode({1318, 264}));
-  CHECK(tok.decode({32000, 32002}).empty());
-  CHECK_THROWS_WITH(tok.decode({32004}), Contains("is not in the vocabulary"));
+  json gap = j, swapped = j;
+  add_token(gap, 32003, "<extra>", false, false, false, true);
+  CHECK_THROWS_WITH(apps::BpeTokenizer(write_tokenizer(gap, "gap.json")),
+                    Contains("\"id\" is 32003, but tokenizers gives \"<extra>\" the id 32000 (added tokens follow"));
+  add_token(swapped, 32001, "<b>", false, false, false, true);
+  add_token(swapped, 32000, "<a>", false, false, false, true);
+  CHECK_THROWS_WITH(apps::BpeTokenizer(write_tokenizer(swapped, "swapped.json")), Contains("\"id\" is 32001"));
+  j["added_tokens"][0]["id"] = 5;  // "<unk>", the vocabulary's 0
+  CHECK_THROWS_WITH(apps::BpeTokenizer(write_tokenizer(j, "moved.json")), Contains("its id in the vocabulary"));
+  add_token(j = read_json(kData + "/mistral/tokenizer.json"), 32000, "<extra>", false, false, false, true);
+  const apps::BpeTokenizer tok(write_tokenizer(j, "next.json"));
+  CHECK(tok.id_of("<extra>") == 32000);
+  CHECK_THROWS_WITH(tok.decode({32001}), Contains("is not in the vocabulary"));
 }

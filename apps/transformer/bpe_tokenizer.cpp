@@ -216,6 +216,7 @@ void BpeTokenizer::Impl::read_pre_tokenizer(const TokenizerField& p) {
 
 void BpeTokenizer::Impl::read_added_tokens(const TokenizerField& root) {
   if (root.is_null("added_tokens")) return;
+  int64_t last = -1;  // the largest added id so far
   for (size_t k = 0, n = root.items("added_tokens"); k < n; ++k) {
     const TokenizerField a = root.item("added_tokens", k);
     if (a.flag("single_word", false)) a.fail("\"single_word\" is true: weft supports only false");
@@ -226,6 +227,15 @@ void BpeTokenizer::Impl::read_added_tokens(const TokenizerField& root) {
                    a.flag("rstrip", false)};
     if (tok.content.empty()) a.fail("\"content\" is empty");
     if (!utf8::valid(tok.content)) a.fail("\"content\" is not valid UTF-8");
+    // `tokenizers` gives it the vocabulary's id for its content, else the next one past the vocabulary and the added
+    // tokens before it, whatever the file says: a file that says otherwise (edited by hand) is refused.
+    const auto known = vocab.find(tok.content);
+    const int64_t want = known != vocab.end() ? known->second : std::max<int64_t>(int64_t(vocab.size()), last + 1);
+    if (tok.id != want)
+      a.fail(fmt::format("\"id\" is {}, but tokenizers gives \"{}\" the id {} ({}): weft would encode it otherwise",
+                         tok.id, tok.content, want, known != vocab.end() ? "its id in the vocabulary"
+                                                                         : "added tokens follow the vocabulary in order"));
+    last = std::max(last, want);
     const size_t i = size_t(tok.id);
     if (i >= tokens.size()) tokens.resize(i + 1), is_special.resize(i + 1);
     if (!tokens[i].empty() && tokens[i] != tok.content) a.fail(fmt::format("id {} is \"{}\" in the vocabulary", i, tokens[i]));
