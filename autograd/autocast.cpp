@@ -49,7 +49,7 @@ AutocastGuard::~AutocastGuard() { t_autocast = prev_; }
 std::optional<DType> autocast_dtype() { return t_autocast; }
 
 Tensor autocast_input(const Tensor& x) {
-  if (!t_autocast || !x.defined() || !is_floating(x.dtype())) return x;
+  if (!t_autocast || !x.defined() || !is_floating(x.dtype()) || x.dtype() == kFloat64) return x;  // f64: as torch
   // A transposed matrix (a tied head reads the embedding as W^T) is cast as the W it views and
   // viewed again: no transposing copy, and the product and its gradient see W's own layout.
   if (x.dim() == 2 && !x.is_contiguous() && x.t().is_contiguous()) return x.t().to(*t_autocast).t();

@@ -17,6 +17,10 @@ namespace {
 
 Tensor mul_t(const Tensor& a, const Tensor& b) { return k::binary(BinaryOp::mul, a, b); }
 Tensor scale(const Tensor& a, double s) { return s == 1.0 ? a : k::binary_scalar(BinaryOp::mul, a, s); }
+// alpha * b in the result's dtype (in b's it had lost the result's precision).
+Tensor scaled_to(const Tensor& a, const Tensor& b, double alpha) {
+  return alpha == 1.0 ? b : scale(b.to(promote_types(a.dtype(), b.dtype())), alpha);
+}
 // What a backward needs to know of an input whose values it does not need.
 struct InputInfo {
   Shape shape;
@@ -50,7 +54,7 @@ Tensor unary_op(UnaryOp op, const char* name, const Tensor& x) {
 }  // namespace
 
 Tensor add(const Tensor& a, const Tensor& b, double alpha) {
-  Tensor out = alpha == 1.0 ? k::binary(BinaryOp::add, a, b) : k::binary(BinaryOp::add, a, scale(b, alpha));
+  Tensor out = k::binary(BinaryOp::add, a, scaled_to(a, b, alpha));
   if (needs_grad({&a, &b})) {
     record("AddBackward", {a, b}, {out}, [ia = InputInfo(a), ib = InputInfo(b), alpha](const TensorList& g) -> TensorList {
       return {ia.reduce(g[0]), ib.requires_grad ? ib.reduce(scale(g[0], alpha)) : Tensor()};
@@ -60,7 +64,7 @@ Tensor add(const Tensor& a, const Tensor& b, double alpha) {
 }
 
 Tensor sub(const Tensor& a, const Tensor& b, double alpha) {
-  Tensor out = alpha == 1.0 ? k::binary(BinaryOp::sub, a, b) : k::binary(BinaryOp::sub, a, scale(b, alpha));
+  Tensor out = k::binary(BinaryOp::sub, a, scaled_to(a, b, alpha));
   if (needs_grad({&a, &b})) {
     record("SubBackward", {a, b}, {out}, [ia = InputInfo(a), ib = InputInfo(b), alpha](const TensorList& g) -> TensorList {
       return {ia.reduce(g[0]), ib.requires_grad ? ib.reduce(scale(g[0], -alpha)) : Tensor()};
@@ -104,8 +108,9 @@ Tensor pow(const Tensor& a, const Tensor& b) {
            [a = a.detach(), b = b.detach(), out = out.detach(), ra = a.requires_grad(), rb = b.requires_grad()](
                const TensorList& g) -> TensorList {
              Tensor ga, gb;
-             if (ra) {  // b * a^(b-1)
+             if (ra) {  // b * a^(b-1), 0 where b == 0 (0 * inf at a == 0), as PyTorch
                Tensor d = mul_t(b, k::binary(BinaryOp::pow, a, k::binary_scalar(BinaryOp::sub, b, 1.0)));
+               d = k::masked_fill(d, k::binary_scalar(BinaryOp::eq, b, 0.0), 0.0);
                ga = k::sum_to(mul_t(g[0], d), a.shape());
              }
              if (rb) {  // out * log(a), taken as 0 where a == 0 and b >= 0 (the limit), as PyTorch
@@ -143,10 +148,13 @@ Tensor extremum(BinaryOp op, BinaryOp wins, const char* name, const Tensor& a, c
   if (needs_grad({&a, &b})) {
     record(name, {a, b}, {out}, [a = a.detach(), b = b.detach(), wins, ra = a.requires_grad(),
                                  rb = b.requires_grad()](const TensorList& g) -> TensorList {
-      Tensor tie = k::binary(BinaryOp::eq, a, b);
-      Tensor wa = k::where(tie, scalar_tensor(0.5, {.dtype = g[0].dtype()}), k::binary(wins, a, b).to(g[0].dtype()));
-      Tensor ga = ra ? k::sum_to(mul_t(g[0], wa), a.shape()) : Tensor();
-      Tensor gb = rb ? k::sum_to(k::binary(BinaryOp::sub, g[0], mul_t(g[0], wa)), b.shape()) : Tensor();
+      // Each side's share: half on a tie, else all unless the other side wins (a NaN gives both all, as PyTorch).
+      const Tensor tie = k::binary(BinaryOp::eq, a, b), half = scalar_tensor(0.5, {.dtype = g[0].dtype()});
+      auto share = [&](const Tensor& x, const Tensor& y) {
+        return k::where(tie, half, k::binary_scalar(BinaryOp::eq, k::binary(wins, y, x), 0.0).to(g[0].dtype()));
+      };
+      Tensor ga = ra ? k::sum_to(mul_t(g[0], share(a, b)), a.shape()) : Tensor();
+      Tensor gb = rb ? k::sum_to(mul_t(g[0], share(b, a)), b.shape()) : Tensor();
       return {ga, gb};
     });
   }
@@ -205,14 +213,11 @@ Tensor clamp(const Tensor& x, std::optional<double> lo, std::optional<double> hi
   Tensor out = k::clamp(x, lo, hi);
   if (needs_grad({&x})) {
     record("ClampBackward", {x}, {out}, [x = x.detach(), lo, hi](const TensorList& g) -> TensorList {
-      // Gradient passes where lo <= x <= hi (inclusive, as torch.clamp).
-      Tensor outside;
-      if (lo) outside = k::binary_scalar(BinaryOp::lt, x, *lo);
-      if (hi) {
-        Tensor above = k::binary_scalar(BinaryOp::gt, x, *hi);
-        outside = outside.defined() ? k::binary(BinaryOp::logical_or, outside, above) : above;
-      }
-      return {outside.defined() ? k::masked_fill(g[0], outside, 0.0) : g[0]};
+      // Gradient passes where lo <= x <= hi (inclusive, as torch.clamp); not at a NaN.
+      Tensor outside = k::binary(BinaryOp::ne, x, x);
+      if (lo) outside = k::binary(BinaryOp::logical_or, outside, k::binary_scalar(BinaryOp::lt, x, *lo));
+      if (hi) outside = k::binary(BinaryOp::logical_or, outside, k::binary_scalar(BinaryOp::gt, x, *hi));
+      return {k::masked_fill(g[0], outside, 0.0)};
     });
   }
   return out;

@@ -101,10 +101,12 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
             rb = bias.defined() && bias.requires_grad(), has_bias = bias.defined()](const TensorList& g) -> TensorList {
              Tensor g2 = autograd::as_rows(g[0]);
              TensorList r(has_bias ? 3 : 2);
-             if (rx) r[0] = autograd::product(g2, false, w, false, x_dtype).view(x_shape);
+             // A product writes its operands' dtype or f32: an input autocast read in another (f16) gets f32, converted.
+             auto out = [&](DType want) { return want == g2.dtype() ? want : kFloat32; };
+             if (rx) r[0] = autograd::product(g2, false, w, false, out(x_dtype)).to(x_dtype).view(x_shape);
              // The bias gradient, dY's column sums, taken as dY^T is packed for the weight's.
              Tensor gb = rb && rw ? empty({w.size(0)}, {.dtype = g2.dtype(), .device = g2.device()}) : Tensor();
-             if (rw) r[1] = autograd::product(g2, true, x2, false, w_dtype, 1.0, gb);
+             if (rw) r[1] = autograd::product(g2, true, x2, false, out(w_dtype), 1.0, gb).to(w_dtype);
              if (rb) r[2] = (rw ? gb : k::reduce(k::ReduceOp::sum, g2, {0}, false)).to(b_dtype);
              return r;
            });

@@ -59,7 +59,9 @@ Tensor extreme_all(k::ReduceOp op, const char* name, const Tensor& x) {
   Tensor out = k::reduce(op, x, {}, false);
   if (needs_grad({&x})) {
     record(name, {x}, {out}, [x = x.detach(), out = out.detach()](const TensorList& g) -> TensorList {
-      Tensor hit = k::binary(k::BinaryOp::eq, x, out);
+      Tensor hit = k::binary(k::BinaryOp::logical_or, k::binary(k::BinaryOp::eq, x, out),  // or, for a NaN result, the
+                             k::binary(k::BinaryOp::logical_and, k::binary(k::BinaryOp::ne, x, x),  // NaNs (as PyTorch)
+                                       k::binary(k::BinaryOp::ne, out, out)));
       Tensor count = k::reduce(k::ReduceOp::sum, hit, {}, false);
       Tensor share = k::binary(k::BinaryOp::div, g[0], count.to(g[0].dtype()));
       return {k::where(hit, share.expand(x.shape()), scalar_tensor(0.0, {.dtype = g[0].dtype(), .device = g[0].device()}))};
@@ -73,8 +75,8 @@ std::pair<Tensor, Tensor> extreme_dim(bool is_max, const char* name, const Tenso
   if (needs_grad({&x})) {
     int64_t d = wrap_dim(dim, x.dim(), name);
     record(name, {x}, {values}, [shape = x.shape(), idx = indices, d, keepdim](const TensorList& g) -> TensorList {
-      Tensor gi = keepdim ? g[0] : g[0].unsqueeze(d);
-      Tensor ii = keepdim ? idx : idx.unsqueeze(d);
+      Tensor gi = keepdim || shape.empty() ? g[0] : g[0].unsqueeze(d);  // a 0-d x: its index and gradient as they are
+      Tensor ii = keepdim || shape.empty() ? idx : idx.unsqueeze(d);
       return {k::scatter_add(zeros(shape, {.dtype = g[0].dtype(), .device = g[0].device()}), d, ii, gi)};
     });
   }

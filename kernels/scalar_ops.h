@@ -156,7 +156,7 @@ template <UnaryOp OP, class M> struct GradFn {
     else if constexpr (OP == UnaryOp::abs) return v > A(0) ? A(1) : v < A(0) ? A(-1) : A(0);
     else if constexpr (OP == UnaryOp::tanh) return A(1) - v * v;
     else if constexpr (OP == UnaryOp::sigmoid) return v * (A(1) - v);
-    else if constexpr (OP == UnaryOp::relu) return v > A(0) ? A(1) : A(0);
+    else if constexpr (OP == UnaryOp::relu) return v <= A(0) ? A(0) : A(1);  // NaN passes, as torch
     else if constexpr (OP == UnaryOp::gelu_tanh) return gelu_tanh_grad<M>(v);
     else if constexpr (OP == UnaryOp::gelu_erf) return gelu_erf_grad<M>(v);
     else if constexpr (OP == UnaryOp::silu) return silu_grad<M>(v);

@@ -342,3 +342,23 @@ TEST_CASE("autocast: SwiGLU's backward on bf16 is one pass, with the bits of its
                         "d gate");
   test::check_same_bits(kernels::binary(kernels::BinaryOp::silu_mul, gd, dy), u.grad(), "d up");
 }
+
+// f64 is left as it is under autocast (as torch's CPU autocast), and an f16 input read in bf16 gets its gradient in
+// f16 (linear's backward had asked the product for an f16 or f64 output of bf16 operands, which it refuses).
+TEST_CASE("autocast: linear on f64 stays f64; on f16 its backward gives f16 gradients") {
+  for (DType dt : {kFloat64, kFloat16}) {
+    INFO(dtype_name(dt));
+    Tensor x = randn({2, 3}).to(dt), w = randn({4, 3}).to(dt);
+    x.set_requires_grad(true), w.set_requires_grad(true);
+    Tensor y;
+    {
+      AutocastGuard autocast;
+      y = linear(x, w);
+    }
+    CHECK(y.dtype() == (dt == kFloat64 ? kFloat64 : kBFloat16));
+    sum(y).backward();
+    CHECK(x.grad().dtype() == dt);
+    CHECK(w.grad().dtype() == dt);
+    CHECK(to_vector(x.grad())[0] == Approx(to_vector(sum(w.to(kFloat64), {0}))[0]).epsilon(2e-2));
+  }
+}

@@ -212,3 +212,37 @@ TEST_CASE("pow's exponent gradient at base 0") {
     CHECK(g[3] == -std::numeric_limits<double>::infinity());
   }
 }
+
+// Edge values as PyTorch takes them (each had differed): pow's base gradient at b == 0 (0, not 0 * inf); a NaN in
+// max/min over all elements takes the gradient, maximum/minimum give it to both sides of a NaN, relu passes it at a
+// NaN and clamp does not; max over dim 0 of a 0-d tensor; alpha * b in the result's dtype.
+TEST_CASE("gradients at NaN, at 0 ** 0 and of 0-d reductions, as PyTorch") {
+  auto grad_of = [](const std::vector<double>& v, const std::function<Tensor(const Tensor&)>& f) {
+    Tensor x = from_vector(v, {int64_t(v.size())}, {.dtype = kFloat64});
+    x.set_requires_grad(true);
+    sum(f(x)).backward();
+    return to_vector(x.grad());
+  };
+  const double nan = std::nan("");
+  Tensor b = from_vector({0.0, 0.5, 0.0}, {3}, {.dtype = kFloat64});
+  auto pa = grad_of({0, 0, 2}, [&](const Tensor& a) { return pow(a, b); });
+  CHECK((pa[0] == 0 && std::isinf(pa[1]) && pa[2] == 0));
+  CHECK(grad_of({1, nan, 3}, [](const Tensor& x) { return max(x); }) == std::vector<double>{0, 1, 0});
+  CHECK(grad_of({1, nan, 3}, [](const Tensor& x) { return min(x); }) == std::vector<double>{0, 1, 0});
+  Tensor other = from_vector({1.0, nan, 2.0}, {3}, {.dtype = kFloat64});
+  other.set_requires_grad(true);
+  Tensor mine = from_vector({nan, 1.0, 2.0}, {3}, {.dtype = kFloat64});
+  mine.set_requires_grad(true);
+  sum(maximum(mine, other)).backward();
+  CHECK(to_vector(mine.grad()) == std::vector<double>{1, 1, 0.5});
+  CHECK(to_vector(other.grad()) == std::vector<double>{1, 1, 0.5});
+  CHECK(grad_of({nan, -1, 2}, [](const Tensor& x) { return relu(x); }) == std::vector<double>{1, 0, 1});
+  CHECK(grad_of({nan, 0.5, 2}, [](const Tensor& x) { return clamp(x, 0.0, 1.0); }) == std::vector<double>{0, 1, 0});
+  Tensor s = scalar_tensor(2.0, {.dtype = kFloat64});
+  s.set_requires_grad(true);
+  max(s, 0).first.backward();
+  CHECK(s.grad().item() == 1);
+  Tensor f32 = from_vector({1.0}, {1}), bf = from_vector({-0.8046875}, {1}, {.dtype = kBFloat16});
+  CHECK(add(f32, bf, 1.0 / 3).item() == Approx(1.0f - 0.8046875f / 3).epsilon(1e-7));
+  CHECK(sub(f32, bf, 1.0 / 3).item() == Approx(1.0f + 0.8046875f / 3).epsilon(1e-7));
+}
