@@ -187,6 +187,9 @@ Tensor binary_scalar(BinaryOp op, const Tensor& a, double s, bool scalar_first) 
     if (!is_integral_scalar(s) || float_only(op)) ct = DType::f32;
     else if (ct == DType::bool_ && !is_comparison(op)) ct = DType::i64;  // as torch.add: True + 1 == 2
     else if (is_comparison(op) && !fits(ct, s)) ct = DType::i64;      // u8 < 300 is true
+    WEFT_CHECK(is_floating(ct) || is_comparison(op) || fits(ct, s), "{}: the scalar {} is past what {} {} holds (C++ "
+               "leaves its conversion undefined): convert the tensor to a wider type or to float first", name, s,
+               tensor_desc(a), dtype_name(ct));
   }
   WEFT_CHECK(!(op == BinaryOp::pow && !scalar_first && !is_floating(ct) && s < 0),
              "pow: integer tensor {} to the negative integer power {} (convert to float first)",

@@ -246,3 +246,12 @@ TEST_CASE("gradients at NaN, at 0 ** 0 and of 0-d reductions, as PyTorch") {
   CHECK(add(f32, bf, 1.0 / 3).item() == Approx(1.0f - 0.8046875f / 3).epsilon(1e-7));
   CHECK(sub(f32, bf, 1.0 / 3).item() == Approx(1.0f + 0.8046875f / 3).epsilon(1e-7));
 }
+
+// An integral scalar in an integer tensor's arithmetic must be a number its dtype holds (i32 * 3e9 had wrapped).
+TEST_CASE("integer arithmetic with a scalar past the dtype's range is an error") {
+  const Tensor i = from_vector({1, 2, -3}, {3}, {.dtype = kInt32});
+  CHECK_THROWS_WITH(i * 3e9, Catch::Contains("mul: the scalar 3000000000 is past what i32[3] on cpu i32 holds"));
+  CHECK_THROWS_WITH(i - 1e10, Catch::Contains("the scalar 10000000000 is past what"));
+  CHECK(to_vector(i * 2.5) == std::vector<double>{2.5, 5, -7.5});  // a non-integral scalar: f32
+  CHECK(to_vector(i < 3e9) == std::vector<double>{1, 1, 1});      // comparisons compare in i64
+}
