@@ -277,6 +277,8 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
 Tensor clamp(const Tensor& x, std::optional<double> lo, std::optional<double> hi) {
   check_defined(x, "clamp", "input");
   WEFT_CHECK(lo || hi, "clamp: at least one of min and max must be given (input {})", tensor_desc(x));
+  WEFT_CHECK(!(lo && std::isnan(*lo)) && !(hi && std::isnan(*hi)), "clamp: a bound is nan (min {}, max {}) for input "
+             "{}: NaN is no bound", lo ? fmt::format("{}", *lo) : "none", hi ? fmt::format("{}", *hi) : "none", tensor_desc(x));
   WEFT_CHECK(x.dtype() != DType::bool_, "clamp: not supported for bool tensor {}", tensor_desc(x));
   DType dt = x.dtype();
   if (!is_floating(dt) && ((lo && !is_integral_scalar(*lo)) || (hi && !is_integral_scalar(*hi))))

@@ -254,4 +254,6 @@ TEST_CASE("integer arithmetic with a scalar past the dtype's range is an error")
   CHECK_THROWS_WITH(i - 1e10, Catch::Contains("the scalar 10000000000 is past what"));
   CHECK(to_vector(i * 2.5) == std::vector<double>{2.5, 5, -7.5});  // a non-integral scalar: f32
   CHECK(to_vector(i < 3e9) == std::vector<double>{1, 1, 1});      // comparisons compare in i64
+  // A NaN bound of clamp is no bound (it had clamped nothing, silently).
+  CHECK_THROWS_WITH(clamp(ones({2}), NAN, std::nullopt), Catch::Contains("clamp: a bound is nan (min nan, max none)"));
 }
