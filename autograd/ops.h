@@ -47,7 +47,7 @@ Tensor reciprocal(const Tensor& x);
 Tensor clamp(const Tensor& x, std::optional<double> min, std::optional<double> max);
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
-// Comparisons and logic give bool tensors and are not differentiable.
+// Comparisons and logic give bool tensors and are not differentiable; sign has a zero gradient (0 at NaN), as torch's.
 Tensor eq(const Tensor& a, const Tensor& b);
 Tensor ne(const Tensor& a, const Tensor& b);
 Tensor lt(const Tensor& a, const Tensor& b);

@@ -178,7 +178,7 @@ Tensor sin(const Tensor& x) { return unary_op(UnaryOp::sin, "SinBackward", x); }
 Tensor cos(const Tensor& x) { return unary_op(UnaryOp::cos, "CosBackward", x); }
 Tensor square(const Tensor& x) { return unary_op(UnaryOp::square, "SquareBackward", x); }
 Tensor reciprocal(const Tensor& x) { return unary_op(UnaryOp::reciprocal, "ReciprocalBackward", x); }
-Tensor sign(const Tensor& x) { return k::unary(UnaryOp::sign, x); }
+Tensor sign(const Tensor& x) { return unary_op(UnaryOp::sign, "SignBackward", x); }  // a zero gradient, as torch
 
 Tensor gelu(const Tensor& x, std::string_view approximate) {
   WEFT_CHECK(approximate == "none" || approximate == "tanh",

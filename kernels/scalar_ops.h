@@ -137,7 +137,7 @@ template <UnaryOp OP, class M> struct UnaryFn {
       else if constexpr (OP == UnaryOp::cos) return M::cos(v);
       else if constexpr (OP == UnaryOp::square) return v * v;
       else if constexpr (OP == UnaryOp::reciprocal) return A(1) / v;
-      else if constexpr (OP == UnaryOp::sign) return v > A(0) ? A(1) : v < A(0) ? A(-1) : v;  // NaN stays NaN
+      else if constexpr (OP == UnaryOp::sign) return v > A(0) ? A(1) : v < A(0) ? A(-1) : v == v ? v : A(0);  // NaN: 0
       else if constexpr (OP == UnaryOp::log1p) return M::log1p(v);
       else return M::expm1(v);  // expm1
     }

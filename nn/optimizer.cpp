@@ -40,7 +40,8 @@ Optimizer::Optimizer(std::string name, std::vector<ParamGroup> groups, std::map<
 }
 
 void Optimizer::step_scaled(double grad_scale) {
-  WEFT_CHECK(std::isfinite(grad_scale) && grad_scale >= 0, "{}: step_scaled: the gradients' scale must be finite and "
+  // NaN (clip_grad_coefficient of a NaN norm) makes every gradient NaN, as clip_grad_norm_ then step() does.
+  WEFT_CHECK(!std::isinf(grad_scale) && !(grad_scale < 0), "{}: step_scaled: the gradients' scale must be finite and "
              ">= 0 (a negative one steps up the gradient), got {}", name_, grad_scale);
   NoGradGuard no_grad;
   if (grad_scale != 1 && !scales_grads())  // its step() does not read grad_scale_: the gradients scaled first

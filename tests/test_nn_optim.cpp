@@ -367,7 +367,9 @@ TEST_CASE("step_scaled(clip_grad_coefficient) is clip_grad_norm_ then step(), bi
   } plain({p});
   plain.step_scaled(0.5);
   CHECK(plain.seen == std::vector<double>{1.5, 2.0});
-  CHECK_THROWS_WITH(plain.step_scaled(NAN), Catch::Matchers::Contains("the gradients' scale must be finite"));
+  CHECK_THROWS_WITH(plain.step_scaled(INFINITY), Catch::Matchers::Contains("the gradients' scale must be finite"));
+  plain.step_scaled(NAN);  // a NaN norm's factor: NaN gradients, as clip_grad_norm_ makes them
+  CHECK((std::isnan(plain.seen[0]) && std::isnan(plain.seen[1])));
   CHECK_THROWS_WITH(plain.step_scaled(-1), Catch::Matchers::Contains("a negative one steps up the gradient"));
   SGD sgd({p}, {.lr = 0.1, .momentum = 0.9});
   CHECK_THROWS_WITH(sgd.set_option(0, "nesterov", 0.5), Catch::Matchers::Contains("nesterov is a flag (0 or 1), got 0.9, 0 and 0.5"));
