@@ -149,22 +149,22 @@ void broadcast_full_state_dict(nn::Module& model, const nn::NamedTensorList& ful
   if (!dist::is_initialized() || dist::world_size() == 1) return load_full_state_dict(model, full, root, aliases);
   const bool lead = dist::rank() == 0;
   auto expected = sharded_state_dict(model, root);
+  const std::map<std::string, Tensor> given(full.begin(), full.end());
+  std::map<std::string, Tensor> local;  // rank 0's slices come from its check
   dist::agree({dist::world()}, std::string("fsdp: ") + what, [&] {  // rank 0's dict checked whole: fails every rank
     WEFT_CHECK(lead || full.empty(), "fsdp: {}: rank {} passed {} entries: only global rank 0 passes the full dict",
                what, dist::rank(), full.size());
     if (!lead) return;
     nn::check_state_entries(full, std::string("fsdp: ") + what);
-    const std::map<std::string, Tensor> given(full.begin(), full.end());
-    slices(expected, given, what);
+    local = slices(expected, given, what);
     check_duplicates(model, full, given, expected, aliases, what);
   });
-  std::map<std::string, Tensor> given(full.begin(), full.end()), local;
+  const Device at = dist::world()->device();
   for (auto& [key, t] : expected) {  // one full tensor at a time, in the same order on every rank
-    const Device at = dist::world()->device();
     Tensor whole = lead ? given.at(key).to(at).to(t.local.dtype()).contiguous()
                         : empty(t.placement.global_shape, {.dtype = t.local.dtype(), .device = at});
     dist::world()->broadcast(whole, 0)->wait();
-    local.emplace(key, slices({{key, t}}, {{key, whole}}, what).at(key));
+    if (!lead) local.emplace(key, slices({{key, t}}, {{key, whole}}, what).at(key));
   }
   NoGradGuard no_grad;
   for (auto& [k, t] : expected) copy_elements(t.local, local.at(k));

@@ -22,7 +22,8 @@ int64_t available_bytes() { return host_available_bytes() / (dist::is_initialize
 // instead; on a GPU, the device's allocation errors do: whether MemAvailable is checked.
 bool machine_checked(Device device) { return device.is_cpu() && memory_limit(device) <= 0 && available_bytes() > 0; }
 
-// A plan whose peak is past the memory this rank can have is refused (the run would be killed mid-step).
+// A plan whose peak is past the memory this rank can have is refused (the run would be killed mid-step); one that
+// fits leaves the CPU block cache only what remains.
 void check_peak_fits_machine(const fsdp::MemoryPlan& plan, int64_t held, const std::string& program, bool budget,
                              const std::string& lighter) {
   const int64_t available = available_bytes();
@@ -33,7 +34,7 @@ void check_peak_fits_machine(const fsdp::MemoryPlan& plan, int64_t held, const s
              format_mib(plan.parts.activations), format_mib(available), local > 1 ? fmt::format(" to each of its {} ranks", local) : "",
              budget ? "give a --memory-budget this machine has, so that the planner chooses within it"
                     : "use " + lighter + ", more ranks, or --memory-budget to let the planner choose");
-  limit_cpu_block_cache(available - plan.peak_bytes - held);  // what the block cache keeps past the peak: the rest
+  limit_cpu_block_cache(available - plan.peak_bytes - held);
 }
 
 // Without plan flags: the plan of the flags' settings, checked (the run goes on unplanned).

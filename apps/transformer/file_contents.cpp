@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 
 namespace weft::apps {
@@ -24,6 +25,10 @@ std::string read_file(const std::string& path) {
   std::fclose(f);
   WEFT_CHECK(!error, "transformer: error while reading {}: {}", path, std::strerror(error));
   return text;
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  write_file_atomic(path, [&](std::FILE* f) { std::fwrite(text.data(), 1, text.size(), f); });
 }
 
 nlohmann::json read_json_object(const std::string& path) {

@@ -8,6 +8,8 @@
 namespace weft::apps {
 
 std::string read_file(const std::string& path);
+// `text` as the whole of `path`, through write_file_atomic (errors name the path and the system's reason).
+void write_file(const std::string& path, const std::string& text);
 nlohmann::json read_json_object(const std::string& path);
 
 }  // namespace weft::apps

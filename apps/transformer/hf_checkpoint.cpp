@@ -6,7 +6,6 @@
 #include <cerrno>
 #include <cmath>
 #include <csignal>
-#include <cstring>
 
 #include <algorithm>
 #include <filesystem>
@@ -16,7 +15,6 @@
 #include <type_traits>
 
 #include "apps/transformer/hf_family.h"
-#include "core/atomic_file.h"
 #include "core/element_search.h"
 #include "core/safetensors.h"
 #include "core/sha256.h"
@@ -183,11 +181,9 @@ void write_hf_files(const fs::path& tmp, const std::vector<NamedTensors>& shards
       for (auto& nt : shards[i]) weight_map[nt.first] = file;
     }
     const std::string index = json{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}}.dump(2);
-    write_file_atomic((tmp / "model.safetensors.index.json").string(),
-                      [&](std::FILE* f) { std::fwrite(index.data(), 1, index.size(), f); });
+    write_file((tmp / "model.safetensors.index.json").string(), index);
   }
-  const std::string text = cfg.dump(2);
-  write_file_atomic((tmp / "config.json").string(), [&](std::FILE* f) { std::fwrite(text.data(), 1, text.size(), f); });
+  write_file((tmp / "config.json").string(), cfg.dump(2));
 }
 
 }  // namespace
@@ -232,10 +228,7 @@ void export_hf_checkpoint(const LanguageModel& model, const std::string& out, in
     write_hf_files(tmp, shards, total, cfg);
     for (const char* name : kHfSideFiles)  // the tokenizer's, chat template's and generation's files, as downloaded
       if (const fs::path f = fs::path(source) / name; source_tokens && !source.empty() && WEFT_FS(fs::exists(f)))
-        write_file_atomic(tmp / name, [&, text = read_file(f.string())](std::FILE* out) {  // a full disk named
-          WEFT_CHECK(std::fwrite(text.data(), 1, text.size(), out) == text.size(), "writing {}: {}",
-                     (tmp / name).string(), std::strerror(errno));
-        });
+        write_file((tmp / name).string(), read_file(f.string()));  // not copy_file: a full disk named as such
   });
 }
 

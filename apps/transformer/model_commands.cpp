@@ -46,10 +46,17 @@ struct LoadedModel {
   std::map<std::string, std::string> recorded;  // a checkpoint's training description (tokenizer_sha256, ...)
   nn::LoRAOptions lora{.rank = 0};              // a LoRA run's adapters (rank 0: none)
 };
+// The Hugging Face directory a model came from: --from itself, or the run's --init-from ("" if neither).
+std::string hf_source(const std::string& from, const std::map<std::string, std::string>& recorded) {
+  auto it = recorded.find("hf_source");
+  const std::string source = apps::is_hf_dir(from) ? from : it != recorded.end() ? it->second : "";
+  return !source.empty() && apps::is_hf_dir(source) ? source : "";
+}
+
 // A rotary model fine-tuned from a Hugging Face directory at a shorter --ctx reads as far as its export-hf does.
 apps::ModelConfig with_source_context(apps::ModelConfig cfg, const std::map<std::string, std::string>& recorded) {
-  if (cfg.arch == "llama" && recorded.count("hf_source") && apps::is_hf_dir(recorded.at("hf_source")))
-    cfg.ctx = std::max(cfg.ctx, apps::read_hf_config(recorded.at("hf_source")).ctx);
+  if (const std::string source = hf_source("", recorded); cfg.arch == "llama" && !source.empty())
+    cfg.ctx = std::max(cfg.ctx, apps::read_hf_config(source).ctx);
   return cfg;
 }
 
@@ -109,13 +116,6 @@ LoadedModel load_model(const std::string& from, bool say, bool shard = false, De
   fsdp::load_checkpoint(where, *m.lm.module, nullptr, root, {.restore_rng = false, .frozen_elsewhere = !base.empty()});
   apps::check_finite_parameters(*m.lm.module, fmt::format("transformer: refusing to load {}", from));
   return m;
-}
-
-// The Hugging Face directory a model came from: --from itself, or the run's --init-from ("" if neither).
-std::string hf_source(const std::string& from, const std::map<std::string, std::string>& recorded) {
-  auto it = recorded.find("hf_source");
-  const std::string source = apps::is_hf_dir(from) ? from : it != recorded.end() ? it->second : "";
-  return !source.empty() && apps::is_hf_dir(source) ? source : "";
 }
 
 // --eos: a token id, or a token of the tokenizer; "none": never stop; not given: the eos ids of

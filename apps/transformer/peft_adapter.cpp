@@ -8,7 +8,6 @@
 
 #include "apps/transformer/hf_checkpoint.h"
 #include "apps/transformer/lora_settings.h"
-#include "core/atomic_file.h"
 #include "core/safetensors.h"
 
 namespace weft::apps {
@@ -139,8 +138,7 @@ void export_peft_adapter(const LanguageModel& model, const nn::LoRAOptions& lora
                        {"layers_to_transform", json()}, {"revision", json()}};
   write_new_directory(out, "export-peft", [&](const fs::path& tmp) {
     save_safetensors((tmp / kWeights).string(), tensors, {{"format", "pt"}});
-    const std::string text = config.dump(2);
-    write_file_atomic((tmp / kConfig).string(), [&](std::FILE* f) { std::fwrite(text.data(), 1, text.size(), f); });
+    write_file((tmp / kConfig).string(), config.dump(2));
   });
 }
 

@@ -126,14 +126,18 @@ cmp -s "$tmp/mu.safetensors" "$tmp/mi.safetensors" || fail "mnist: resumed final
 # into a step of about a second.
 slow=(train --n-layer 6 --d-model 384 --ctx 256 --batch-size 8 --steps 1000 --eval-every 0 --eval-iters 1 --threads 1
       --log-every 1)
-rc=0
-"$gpt" "${slow[@]}" --metrics "$tmp/s.jsonl" --checkpoint-dir "$tmp/sck" >/dev/null 2>"$tmp/err" &
-pid=$!
-wait_for_step "$tmp/s.jsonl" 1 $pid
-kill -TERM $pid
-sleep 0.3
-kill -INT $pid
-wait $pid || rc=$?
+# two_signals SIGNAL TAG: a slow run sent SIGTERM once step 1 is logged, then SIGNAL 0.3 s later; sets rc.
+two_signals() {
+  rc=0
+  "$gpt" "${slow[@]}" --metrics "$tmp/$2.jsonl" --checkpoint-dir "$tmp/${2}ck" >/dev/null 2>"$tmp/err" &
+  local pid=$!
+  wait_for_step "$tmp/$2.jsonl" 1 $pid
+  kill -TERM $pid
+  sleep 0.3
+  kill -"$1" $pid 2>/dev/null || true
+  wait $pid || rc=$?
+}
+two_signals INT s
 [ "$rc" = 130 ] || fail "second signal: exit $rc, want 130: $(cat "$tmp/err")"
 grep -q "weft-transformer: a second stop signal: stopping at once, without a checkpoint" "$tmp/err" ||
   fail "second signal: no message: $(cat "$tmp/err")"
@@ -155,14 +159,7 @@ grep -q '"split":"val","step":2' "$tmp/l.jsonl" || fail "SIGINT during the last 
 
 # 5b. A SIGTERM after the first (Slurm signals the ranks and mpirun, which passes its own on) changes nothing: the
 # step and the checkpoint go on (it had ended the run at once, the checkpoint lost).
-rc=0
-"$gpt" "${slow[@]}" --metrics "$tmp/t.jsonl" --checkpoint-dir "$tmp/tck" >/dev/null 2>"$tmp/err" &
-pid=$!
-wait_for_step "$tmp/t.jsonl" 1 $pid
-kill -TERM $pid
-sleep 0.3
-kill -TERM $pid 2>/dev/null || true
-wait $pid || rc=$?
+two_signals TERM t
 [ "$rc" = 143 ] && grep -q "stopping after step [0-9]* on SIGTERM; checkpoint written to $tmp/tck/step_" "$tmp/err" ||
   fail "two SIGTERMs: exit $rc, want 143 with a checkpoint: $(cat "$tmp/err")"
 grep -q "SIGTERM again: still stopping after this step" "$tmp/err" || fail "two SIGTERMs: the second was not noted" \
