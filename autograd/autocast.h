@@ -14,7 +14,7 @@
 #pragma once
 #include <optional>
 
-#include "core/tensor.h"
+#include "../core/tensor.h"
 
 namespace weft {
 

@@ -3,7 +3,7 @@
 #pragma once
 #include <functional>
 
-#include "autograd/node.h"
+#include "node.h"
 
 namespace weft::autograd {
 

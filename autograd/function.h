@@ -6,8 +6,8 @@
 #include <memory>
 #include <string>
 
-#include "autograd/engine.h"
-#include "autograd/node.h"
+#include "engine.h"
+#include "node.h"
 
 namespace weft::autograd {
 

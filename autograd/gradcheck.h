@@ -5,7 +5,7 @@
 #include <functional>
 #include <string>
 
-#include "autograd/node.h"
+#include "node.h"
 
 namespace weft::autograd {
 

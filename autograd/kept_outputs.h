@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "autograd/node.h"
+#include "node.h"
 
 namespace weft::autograd {
 

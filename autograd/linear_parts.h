@@ -1,7 +1,7 @@
 // autograd: what the linear nodes (ops_linalg.cpp, ops_low_rank.cpp) share: their output's shape,
 // and alpha op(a) op(b) into a new 2-D tensor of `dtype` (a_sums: kernels::gemm's row sums of op(a)).
 #pragma once
-#include "kernels/linalg.h"
+#include "../kernels/linalg.h"
 namespace weft::autograd {
 inline Shape with_last(Shape s, int64_t n) { s.back() = n; return s; }
 // x as the matrix [rows, x.size(-1)] of its leading dims: reshape({-1, n}), also when n is 0 (empty products).

@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/tensor.h"
+#include "../core/tensor.h"
 
 namespace weft::autograd {
 

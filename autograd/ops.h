@@ -6,11 +6,11 @@
 #include <string_view>
 #include <vector>
 
-#include "autograd/engine.h"
-#include "autograd/node.h"
-#include "core/generator.h"
-#include "core/tensor.h"
-#include "kernels/rope.h"
+#include "engine.h"
+#include "node.h"
+#include "../core/generator.h"
+#include "../core/tensor.h"
+#include "../kernels/rope.h"
 
 namespace weft {
 

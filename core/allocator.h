@@ -16,8 +16,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "core/device.h"
-#include "core/error.h"
+#include "device.h"
+#include "error.h"
 
 namespace weft {
 

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "core/partial_reduction.h"
-#include "core/tensor.h"
+#include "partial_reduction.h"
+#include "tensor.h"
 
 namespace weft {
 

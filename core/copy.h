@@ -1,7 +1,7 @@
 // core: element copies between tensors of the same shape, any dtypes, any strides. The CPU
 // path is here; other devices' backends register a copy function for their device type.
 #pragma once
-#include "core/tensor.h"
+#include "tensor.h"
 
 namespace weft {
 

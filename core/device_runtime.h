@@ -16,9 +16,9 @@
 #pragma once
 #include <string>
 
-#include "core/device.h"
-#include "core/dtype.h"
-#include "core/shape.h"
+#include "device.h"
+#include "dtype.h"
+#include "shape.h"
 
 namespace weft {
 

@@ -3,9 +3,9 @@
 //   WEFT_DISPATCH_FLOAT(dtype, "op", [&]<typename T>() { ... });  f32, f64, bf16, f16
 // The lambda is called as fn.template operator()<T>().
 #pragma once
-#include "core/dtype.h"
-#include "core/error.h"
-#include "core/half.h"
+#include "dtype.h"
+#include "error.h"
+#include "half.h"
 
 namespace weft {
 

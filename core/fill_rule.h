@@ -9,7 +9,7 @@
 #include <memory>
 #include <string>
 
-#include "core/tensor.h"
+#include "tensor.h"
 
 namespace weft {
 

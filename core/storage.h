@@ -8,7 +8,7 @@
 #include <functional>
 #include <memory>
 
-#include "core/device.h"
+#include "device.h"
 
 namespace weft {
 

@@ -18,7 +18,7 @@
 #pragma once
 #include <memory>
 
-#include "core/device.h"
+#include "device.h"
 
 namespace weft {
 

@@ -6,7 +6,7 @@
 #include <array>
 #include <cstdint>
 
-#include "core/shape.h"
+#include "shape.h"
 
 namespace weft {
 

@@ -15,8 +15,8 @@
 #include <string_view>
 #include <vector>
 
-#include "core/error.h"
-#include "dist/process_group.h"
+#include "../core/error.h"
+#include "process_group.h"
 
 namespace weft::dist {
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/process_group.h"
+#include "process_group.h"
 
 namespace weft::dist::detail {
 

@@ -4,7 +4,7 @@
 #pragma once
 #include <string>
 
-#include "core/error.h"
+#include "../core/error.h"
 
 namespace weft::dist::detail {
 [[noreturn]] void throw_mpi_error(int code, const char* call, const char* file, int line);

@@ -9,8 +9,8 @@
 #include <string_view>
 #include <vector>
 
-#include "core/device.h"
-#include "dist/process_group.h"
+#include "../core/device.h"
+#include "process_group.h"
 
 namespace weft::dist {
 

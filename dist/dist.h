@@ -13,8 +13,8 @@
 #pragma once
 #include <string>
 
-#include "core/device.h"
-#include "dist/process_group.h"
+#include "../core/device.h"
+#include "process_group.h"
 
 namespace weft::dist {
 

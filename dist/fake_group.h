@@ -8,8 +8,8 @@
 #include <memory>
 #include <string>
 
-#include "dist/device_mesh.h"
-#include "dist/process_group.h"
+#include "device_mesh.h"
+#include "process_group.h"
 
 namespace weft::dist {
 

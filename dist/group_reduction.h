@@ -4,8 +4,8 @@
 #pragma once
 #include <memory>
 
-#include "core/partial_reduction.h"
-#include "dist/process_group.h"
+#include "../core/partial_reduction.h"
+#include "process_group.h"
 
 namespace weft::dist {
 

@@ -20,8 +20,8 @@
 #include <string_view>
 #include <vector>
 
-#include "core/allocator.h"
-#include "core/tensor.h"
+#include "../core/allocator.h"
+#include "../core/tensor.h"
 
 namespace weft::dist {
 

@@ -20,8 +20,8 @@
 #include <string>
 #include <vector>
 
-#include "core/generator.h"
-#include "fsdp/sharded_state_dict.h"
+#include "../core/generator.h"
+#include "sharded_state_dict.h"
 
 namespace weft::fsdp {
 

@@ -8,7 +8,7 @@
 #include <map>
 #include <string>
 
-#include "fsdp/checkpoint.h"
+#include "checkpoint.h"
 
 namespace weft::fsdp {
 

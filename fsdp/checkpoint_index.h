@@ -5,7 +5,7 @@
 #pragma once
 #include <string>
 
-#include "fsdp/checkpoint.h"
+#include "checkpoint.h"
 
 namespace weft::fsdp {
 

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "core/safetensors.h"
-#include "fsdp/checkpoint.h"
+#include "../core/safetensors.h"
+#include "checkpoint.h"
 
 namespace weft::fsdp {
 

@@ -8,8 +8,8 @@
 // after backward (set_reshard_after_backward(false)): its module slots then hold the unsharded
 // parameters, while the reduced gradients are on the shards.
 #pragma once
-#include "fsdp/fully_shard.h"
-#include "nn/clip_grad.h"
+#include "fully_shard.h"
+#include "../nn/clip_grad.h"
 
 namespace weft::fsdp {
 

@@ -18,10 +18,10 @@
 #include <string>
 #include <vector>
 
-#include "core/stream.h"
-#include "dist/process_group.h"
-#include "fsdp/comm_context.h"
-#include "fsdp/fsdp_param.h"
+#include "../core/stream.h"
+#include "../dist/process_group.h"
+#include "comm_context.h"
+#include "fsdp_param.h"
 
 namespace weft::fsdp {
 

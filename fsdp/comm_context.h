@@ -23,9 +23,9 @@
 #include <utility>
 #include <vector>
 
-#include "core/stream.h"
-#include "core/tensor.h"
-#include "dist/process_group.h"
+#include "../core/stream.h"
+#include "../core/tensor.h"
+#include "../dist/process_group.h"
 
 namespace weft::fsdp {
 

@@ -9,8 +9,8 @@
 #include <map>
 #include <string>
 
-#include "fsdp/fully_shard.h"
-#include "nn/module.h"
+#include "fully_shard.h"
+#include "../nn/module.h"
 
 namespace weft::fsdp {
 

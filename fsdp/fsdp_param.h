@@ -9,8 +9,8 @@
 #include <utility>
 #include <vector>
 
-#include "core/partial_reduction.h"
-#include "nn/module.h"
+#include "../core/partial_reduction.h"
+#include "../nn/module.h"
 
 namespace weft::fsdp {
 

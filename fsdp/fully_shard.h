@@ -14,11 +14,11 @@
 #include <string>
 #include <vector>
 
-#include "core/stream.h"
-#include "fsdp/options.h"
-#include "fsdp/param_group.h"
-#include "nn/module.h"
-#include "tp/split.h"
+#include "../core/stream.h"
+#include "options.h"
+#include "param_group.h"
+#include "../nn/module.h"
+#include "../tp/split.h"
 
 namespace weft::fsdp {
 

@@ -16,9 +16,9 @@
 #include <string>
 #include <vector>
 
-#include "core/step_trace.h"
-#include "dist/device_mesh.h"
-#include "nn/activation_checkpoint.h"
+#include "../core/step_trace.h"
+#include "../dist/device_mesh.h"
+#include "../nn/activation_checkpoint.h"
 
 namespace weft::fsdp {
 

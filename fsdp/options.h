@@ -6,8 +6,8 @@
 #include <optional>
 #include <variant>
 
-#include "core/tensor.h"
-#include "dist/device_mesh.h"
+#include "../core/tensor.h"
+#include "../dist/device_mesh.h"
 
 namespace weft::fsdp {
 

@@ -9,10 +9,10 @@
 #include <memory>
 #include <vector>
 
-#include "dist/process_group.h"
-#include "fsdp/fsdp_param.h"
-#include "fsdp/options.h"
-#include "nn/tree_sum.h"
+#include "../dist/process_group.h"
+#include "fsdp_param.h"
+#include "options.h"
+#include "../nn/tree_sum.h"
 
 namespace weft::fsdp {
 

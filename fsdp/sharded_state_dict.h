@@ -15,9 +15,9 @@
 #include <utility>
 #include <vector>
 
-#include "fsdp/fully_shard.h"
-#include "nn/optimizer.h"
-#include "tp/split.h"
+#include "fully_shard.h"
+#include "../nn/optimizer.h"
+#include "../tp/split.h"
 
 namespace weft::fsdp {
 

@@ -30,8 +30,8 @@
 #include <string>
 #include <vector>
 
-#include "core/stream.h"
-#include "fsdp/param_group.h"
+#include "../core/stream.h"
+#include "param_group.h"
 
 namespace weft::fsdp {
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "fsdp/sharded_state_dict.h"
+#include "sharded_state_dict.h"
 
 namespace weft::fsdp {
 

@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "core/step_trace.h"
+#include "../core/step_trace.h"
 
 namespace weft::fsdp {
 

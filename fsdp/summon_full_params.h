@@ -17,7 +17,7 @@
 #include <memory>
 #include <vector>
 
-#include "fsdp/fully_shard.h"
+#include "fully_shard.h"
 
 namespace weft::fsdp {
 

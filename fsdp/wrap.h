@@ -9,7 +9,7 @@
 #include <string_view>
 #include <vector>
 
-#include "fsdp/fully_shard.h"
+#include "fully_shard.h"
 
 namespace weft::fsdp {
 

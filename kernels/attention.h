@@ -12,8 +12,8 @@
 #include <tuple>
 #include <utility>
 
-#include "core/tensor.h"
-#include "kernels/rope.h"
+#include "../core/tensor.h"
+#include "rope.h"
 
 namespace weft::kernels {
 

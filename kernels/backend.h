@@ -16,11 +16,11 @@
 #include <string>
 #include <vector>
 
-#include "core/tensor.h"
-#include "kernels/nn.h"
-#include "kernels/op_kinds.h"
-#include "kernels/optim.h"
-#include "kernels/rope.h"
+#include "../core/tensor.h"
+#include "nn.h"
+#include "op_kinds.h"
+#include "optim.h"
+#include "rope.h"
 
 namespace weft::kernels {
 

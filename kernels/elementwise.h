@@ -6,8 +6,8 @@
 #include <optional>
 #include <utility>
 
-#include "core/tensor.h"
-#include "kernels/op_kinds.h"  // UnaryOp, BinaryOp
+#include "../core/tensor.h"
+#include "op_kinds.h"  // UnaryOp, BinaryOp
 
 namespace weft::kernels {
 

@@ -3,7 +3,7 @@
 // strided inputs that are row- or column-major are used in place, others are made
 // contiguous first.
 #pragma once
-#include "core/tensor.h"
+#include "../core/tensor.h"
 
 namespace weft::kernels {
 

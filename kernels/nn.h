@@ -6,8 +6,8 @@
 #include <utility>
 #include <vector>
 
-#include "core/generator.h"
-#include "core/tensor.h"
+#include "../core/generator.h"
+#include "../core/tensor.h"
 
 namespace weft::kernels {
 

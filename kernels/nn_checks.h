@@ -1,6 +1,6 @@
 // kernels: argument checks shared by the nn entry points (kernels/nn*.cpp); internal.
 #pragma once
-#include "core/tensor.h"
+#include "../core/tensor.h"
 
 namespace weft::kernels::checks {
 

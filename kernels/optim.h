@@ -3,7 +3,7 @@
 // 1.13, the version Debian 12 ships), in the same order and precision, so parameters agree
 // to the last bit on the same inputs.
 #pragma once
-#include "core/tensor.h"
+#include "../core/tensor.h"
 
 namespace weft::kernels {
 

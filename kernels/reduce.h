@@ -4,8 +4,8 @@
 #pragma once
 #include <utility>
 
-#include "core/tensor.h"
-#include "kernels/op_kinds.h"  // ReduceOp
+#include "../core/tensor.h"
+#include "op_kinds.h"  // ReduceOp
 
 namespace weft::kernels {
 

@@ -8,7 +8,7 @@
 #pragma once
 #include <cstdint>
 
-#include "core/tensor.h"
+#include "../core/tensor.h"
 
 namespace weft::kernels {
 

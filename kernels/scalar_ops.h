@@ -12,7 +12,7 @@
 #include <limits>
 #include <type_traits>
 
-#include "kernels/op_kinds.h"
+#include "op_kinds.h"
 
 #if defined(__CUDACC__)
 #define WEFT_HOST_DEVICE __host__ __device__ __forceinline__

@@ -18,7 +18,7 @@
 #include <functional>
 #include <string>
 
-#include "autograd/node.h"
+#include "../autograd/node.h"
 
 namespace weft::nn {
 

@@ -2,7 +2,7 @@
 #pragma once
 #include <initializer_list>
 
-#include "nn/module.h"
+#include "module.h"
 
 namespace weft::nn {
 

@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "autograd/ops.h"
+#include "../autograd/ops.h"
 
 namespace weft::nn {
 

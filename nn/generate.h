@@ -5,9 +5,9 @@
 #include <functional>
 #include <vector>
 
-#include "core/generator.h"
-#include "nn/kv_cache.h"
-#include "nn/module.h"
+#include "../core/generator.h"
+#include "kv_cache.h"
+#include "module.h"
 
 namespace weft::nn {
 

@@ -3,8 +3,8 @@
 #pragma once
 #include <string_view>
 
-#include "core/generator.h"
-#include "core/tensor.h"
+#include "../core/generator.h"
+#include "../core/tensor.h"
 
 namespace weft::nn::init {
 

@@ -1,7 +1,7 @@
 // nn: the basic layers. Parameters are created in the layer's constructor and initialised
 // as PyTorch does (seeded from the default generator, or `gen` when given).
 #pragma once
-#include "nn/module.h"
+#include "module.h"
 
 namespace weft::nn {
 

@@ -8,10 +8,10 @@
 #include <array>
 #include <functional>
 
-#include "nn/containers.h"
-#include "nn/documents.h"
-#include "nn/layers.h"
-#include "nn/transformer.h"
+#include "containers.h"
+#include "documents.h"
+#include "layers.h"
+#include "transformer.h"
 
 namespace weft::nn {
 

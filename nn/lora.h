@@ -11,8 +11,8 @@
 #include <string_view>
 #include <vector>
 
-#include "core/generator.h"
-#include "nn/module.h"
+#include "../core/generator.h"
+#include "module.h"
 
 namespace weft::nn {
 

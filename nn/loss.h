@@ -2,7 +2,7 @@
 #pragma once
 #include <string_view>
 
-#include "autograd/ops.h"
+#include "../autograd/ops.h"
 
 namespace weft::nn {
 

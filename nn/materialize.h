@@ -5,7 +5,7 @@
 // values the same construction would have produced eagerly with the same seed, bit for bit.
 // fsdp::fully_shard on such a model instead allocates and initialises only this rank's shards.
 #pragma once
-#include "nn/module.h"
+#include "module.h"
 
 namespace weft::nn {
 

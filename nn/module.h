@@ -14,9 +14,9 @@
 #include <utility>
 #include <vector>
 
-#include "autograd/node.h"
-#include "nn/activation_checkpoint.h"
-#include "core/tensor.h"
+#include "../autograd/node.h"
+#include "activation_checkpoint.h"
+#include "../core/tensor.h"
 
 namespace weft::nn {
 

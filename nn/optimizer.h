@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "core/autograd_meta.h"
-#include "nn/clip_grad.h"  // clip_grad_norm_, used beside every optimizer
-#include "nn/module.h"
+#include "../core/autograd_meta.h"
+#include "clip_grad.h"  // clip_grad_norm_, used beside every optimizer
+#include "module.h"
 
 namespace weft::nn {
 

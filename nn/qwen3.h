@@ -3,7 +3,7 @@
 // [head_dim] weights), applied after the projections and before the rotation; head_dim is
 // explicit in its configs (128, not hidden / heads).
 #pragma once
-#include "nn/llama.h"
+#include "llama.h"
 
 namespace weft::nn {
 

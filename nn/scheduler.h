@@ -5,7 +5,7 @@
 #include <memory>
 #include <vector>
 
-#include "nn/optimizer.h"
+#include "optimizer.h"
 
 namespace weft::nn {
 

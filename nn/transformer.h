@@ -2,9 +2,9 @@
 // map one to one: attn.c_attn (fused q, k, v: [3d, d]), attn.c_proj, mlp.c_fc, mlp.c_proj,
 // ln_1, ln_2.
 #pragma once
-#include "nn/documents.h"
-#include "nn/kv_cache.h"
-#include "nn/layers.h"
+#include "documents.h"
+#include "kv_cache.h"
+#include "layers.h"
 
 namespace weft::nn {
 

@@ -12,7 +12,7 @@
 #pragma once
 #include <vector>
 
-#include "core/tensor.h"
+#include "../core/tensor.h"
 
 namespace weft::nn {
 

@@ -14,8 +14,8 @@
 // (scattered, reduce-scattered). Issued from the calling thread and waited for before they
 // return; every rank of `group` calls them in the same order.
 #pragma once
-#include "core/tensor.h"
-#include "dist/process_group.h"
+#include "../core/tensor.h"
+#include "../dist/process_group.h"
 
 namespace weft::tp {
 

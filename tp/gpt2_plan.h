@@ -7,8 +7,8 @@
 // GPT-2's 50,257-token vocabulary divides by no P > 1. A block's attention then reads n_head / P
 // heads; the KV-cache path (sampling) is not split.
 #pragma once
-#include "dist/process_group.h"
-#include "nn/module.h"
+#include "../dist/process_group.h"
+#include "../nn/module.h"
 
 namespace weft::tp {
 

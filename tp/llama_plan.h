@@ -12,8 +12,8 @@
 // (sum_gradients). Attention dropout draws each rank's heads' masks from that rank's
 // generator: a run with dropout is not the 1-rank run's.
 #pragma once
-#include "dist/process_group.h"
-#include "nn/llama.h"
+#include "../dist/process_group.h"
+#include "../nn/llama.h"
 
 namespace weft::tp {
 

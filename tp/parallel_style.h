@@ -22,8 +22,8 @@
 #include <utility>
 #include <vector>
 
-#include "dist/process_group.h"
-#include "nn/module.h"
+#include "../dist/process_group.h"
+#include "../nn/module.h"
 
 namespace weft::tp {
 

@@ -6,9 +6,9 @@
 #pragma once
 #include <memory>
 
-#include "core/partial_reduction.h"
-#include "core/shape.h"
-#include "dist/process_group.h"
+#include "../core/partial_reduction.h"
+#include "../core/shape.h"
+#include "../dist/process_group.h"
 
 namespace weft::tp {
 

@@ -2,9 +2,9 @@
 // row-parallel Linear), their collectives as differentiable ops, and plans per model family.
 // Sits beside fsdp on nn and dist (fsdp may use it).
 #pragma once
-#include "tp/collectives.h"
-#include "tp/gpt2_plan.h"
-#include "tp/llama_plan.h"
-#include "tp/parallel_style.h"
-#include "tp/split.h"
-#include "tp/vocab_parallel_loss.h"
+#include "collectives.h"
+#include "gpt2_plan.h"
+#include "llama_plan.h"
+#include "parallel_style.h"
+#include "split.h"
+#include "vocab_parallel_loss.h"

@@ -4,8 +4,8 @@
 // the target's logit are each one all-reduce over `group`; every rank gets the same loss, and
 // the gradient of its own columns (softmax - one-hot, restricted to them).
 #pragma once
-#include "autograd/ops.h"
-#include "dist/process_group.h"
+#include "../autograd/ops.h"
+#include "../dist/process_group.h"
 
 namespace weft::tp {
 

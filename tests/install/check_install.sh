@@ -35,12 +35,20 @@ awk -v dir="$dest" '
   /^```cpp/ { n++; file = dir "/readme_" n ".cpp"; inblock = 1; next }
   /^```/ { inblock = 0; next }
   inblock { print > file }' "$src_dir/README.md"
+# A program's own headers at weft's paths (its core/tensor.h, nn/layers.h, ...), on an include
+# path searched before weft's, must not stand in for weft's: each one here is an #error.
+shadow="$dest/shadow"
+(cd "$root/include/weft" && find . -name '*.h' ! -name weft.h) | while read -r h; do
+  mkdir -p "$shadow/$(dirname "$h")"
+  echo "#error \"a program's own ${h#./} was taken for weft's\"" > "$shadow/$h"
+done
 count=0
 for src in "$dest"/readme_*.cpp; do
   grep -q '#include <weft/weft.h>' "$src" || continue
   exe="${src%.cpp}"
   # As the README says: pkg-config, plus an rpath to the prefix's libdir.
-  c++ -std=c++20 -O1 "${san_flags[@]}" "$src" -o "$exe" $flags -Wl,-rpath,"$(pkg-config --variable=libdir weft)"
+  c++ -std=c++20 -O1 "${san_flags[@]}" "$src" -o "$exe" -I"$shadow" $flags \
+    -Wl,-rpath,"$(pkg-config --variable=libdir weft)"
   if ldd "$exe" | grep -E 'libweft-cuda|libcudart|libcublas|libnccl'; then
     echo "$exe (a CPU program) links a CUDA library (above)"; exit 1
   fi
