@@ -15,7 +15,7 @@ budgets=(
   "autograd       2119  autograd"
   "nn             3228  nn"
   "dist           2598  dist"
-  "tp              781  tp"
+  "tp              806  tp"
   "fsdp           5104  fsdp"
   "apps          11437  apps"
 )
