@@ -273,6 +273,18 @@ TEST_CASE("what cannot be split is refused on every rank, before anything change
   CHECK_THAT(error_of([&] { tp::parallelize_gpt2_blocks(*model, group()); }),
              Contains("Llama holds no GPT-2 block (nn::Block)"));
   CHECK(model->blocks[0]->self_attn->q_proj->weight.shape() == q_shape);  // nothing split by the refusals
+  // A second style on a module whose weights stay whole: its hooks had run beside the first's (two
+  // copy_to_parallel: the input's gradient P^2 times too large).
+  nn::Linear copied(8, 8);
+  tp::parallelize(copied, {.input = tp::Comm::copy}, group(), "copied");
+  CHECK_THAT(error_of([&] { tp::parallelize(copied, {.input = tp::Comm::copy}, group(), "copied"); }),
+             Contains("tp: copied (copied) has a parallel style already"));
+  // Ids past the vocabulary, which every rank had taken for another rank's rows (zeros), as the whole layer.
+  nn::Embedding rows(4 * P(), 8);
+  tp::parallelize(rows, {.weights = tp::Weights::vocab_rows, .output = tp::Comm::reduce}, group(), "rows");
+  for (const double id : {double(4 * P()), -1.0})
+    CHECK_THAT(error_of([&] { rows(from_vector({1.0, id}, {2}, {.dtype = kInt64})); }),
+               Contains(fmt::format("embedding: index {} is out of range for {} embeddings", int64_t(id), 4 * P())));
   if (P() > 1) {
     nn::LlamaConfig cfg = small_llama();
     cfg.n_kv_head = 1;
@@ -282,7 +294,7 @@ TEST_CASE("what cannot be split is refused on every rank, before anything change
     auto twice = seeded_llama<nn::Llama>(small_llama(), 3);
     tp::parallelize_llama(*twice, group());
     CHECK_THAT(error_of([&] { tp::parallelize_llama(*twice, group()); }),
-               Contains("colwise model.layers.0.self_attn.q_proj: its weight is held in part already"));
+               Contains("tp: model.layers.0.self_attn (plan entry 'model.layers.*.self_attn') has a parallel style already"));
     nn::Linear odd(8, 3 * P() + 1);
     CHECK_THAT(error_of([&] { tp::parallelize(odd, tp::colwise(), group(), "odd"); }),
                Contains("colwise odd: its out_features " + std::to_string(3 * P() + 1) + " do not divide over"));

@@ -2,6 +2,7 @@
 
 #include <array>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -47,10 +48,22 @@ void check_linear(const nn::Linear& l, Weights w, int64_t chunks, const dist::Pr
              group.size(), chunks > 1 ? fmt::format(" in each of {} blocks", chunks) : "");
 }
 
+// The modules a style was applied to, each holding its entry's token in a hook: an entry expires with its module.
+std::map<const nn::Module*, std::weak_ptr<const bool>> g_styled;
+void mark_styled(nn::Module& m) {
+  std::erase_if(g_styled, [](const auto& entry) { return entry.second.expired(); });
+  auto token = std::make_shared<const bool>(true);
+  m.register_forward_pre_hook([token](nn::Module&, const TensorList&) { return std::optional<TensorList>(); });
+  g_styled[&m] = token;
+}
+
 // Throws naming what about `m` stands in the way of `style` (`what` names the caller's entry).
 void check(nn::Module& m, const Style& style, const dist::ProcessGroupPtr& group, const std::string& path,
            const std::string& what) {
   WEFT_CHECK(group != nullptr, "tp: parallelize {}: no process group", path);
+  WEFT_CHECK(!g_styled.contains(&m) || g_styled.at(&m).expired(), "tp: {} ({}) has a parallel style already: a second one's "
+             "collectives would run beside the first's (its values or gradients scaled by the group's size); "
+             "parallelize a module once", path, what);
   if (style.weights == Weights::whole) return;
   auto* linear = dynamic_cast<nn::Linear*>(&m);
   auto* embedding = dynamic_cast<nn::Embedding*>(&m);
@@ -75,11 +88,14 @@ void check(nn::Module& m, const Style& style, const dist::ProcessGroupPtr& group
 // Ids outside this rank's rows look up row 0, then are zeroed (`hit` carries the mask from the
 // pre-hook to the hook).
 void split_vocab(nn::Embedding& e, const dist::ProcessGroupPtr& group) {
-  const int64_t n = e.num_embeddings / group->size(), first = group->rank() * n;
+  const int64_t total = e.num_embeddings, n = total / group->size(), first = group->rank() * n;
   e.weight = slice_of(e.weight, 0, group);
   e.num_embeddings = n;
   auto hit = std::make_shared<Tensor>();
-  e.register_forward_pre_hook([hit, n, first](nn::Module&, const TensorList& in) -> std::optional<TensorList> {
+  e.register_forward_pre_hook([hit, n, first, total](nn::Module&, const TensorList& in) -> std::optional<TensorList> {
+    if (const int64_t at = first_id_outside(in[0], total); at >= 0)  // every rank sees the same ids: all throw
+      WEFT_CHECK(false, "embedding: index {} is out of range for {} embeddings (split by vocabulary over {} ranks)",
+                 int64_t(in[0].reshape({-1})[at].item()), total, total / n);
     VocabRows rows = vocab_rows_of(in[0], first, n);
     *hit = rows.hit;
     return TensorList{rows.local};
@@ -157,6 +173,7 @@ void while_running(nn::Module& m, View view) {
 }
 
 void apply(nn::Module& m, const Style& style, const dist::ProcessGroupPtr& group) {
+  mark_styled(m);
   if (style.weights != Weights::whole) split_weights(m, style, group);
   if (style.input != Comm::none)
     m.register_forward_pre_hook([group, c = style.input](nn::Module&, const TensorList& in) -> std::optional<TensorList> {

@@ -11,6 +11,14 @@ VocabRows vocab_rows_of(const Tensor& ids, int64_t first, int64_t n) {
   return {hit, (clamp(t - double(first), 0.0, double(n - 1)) * hit).to(kInt64)};
 }
 
+int64_t first_id_outside(const Tensor& ids, int64_t total, const Tensor& counted) {
+  if (ids.device().is_meta() || ids.numel() == 0) return -1;
+  Tensor outside = 1.0 - vocab_rows_of(ids, 0, total).hit;
+  if (counted.defined()) outside = outside * counted;
+  const auto [most, at] = max(outside.reshape({-1}), 0);
+  return most.item() > 0 ? int64_t(at.item()) : -1;
+}
+
 Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& target, const dist::ProcessGroupPtr& group,
                                     const CrossEntropyOptions& opts) {
   WEFT_CHECK(group != nullptr, "tp::vocab_parallel_cross_entropy: no process group");
@@ -23,12 +31,9 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& target, 
              "tp::vocab_parallel_cross_entropy: unknown reduction '{}'", opts.reduction);
   const int64_t n = logits.size(1), first = int64_t(group->rank()) * n;
   const Tensor kept = 1.0 - (target.to(kFloat32) == double(opts.ignore_index)).to(kFloat32);
-  if (const auto [outside, row] = max(kept * (1.0 - vocab_rows_of(target, 0, n * group->size()).hit), 0);
-      !target.device().is_meta() && outside.item() > 0) {  // meta: shapes only (a memory plan), no values
-    const int64_t r = int64_t(row.item());
+  if (const int64_t r = first_id_outside(target, n * group->size(), kept); r >= 0)
     WEFT_CHECK(false, "tp::vocab_parallel_cross_entropy: target {} (row {}) is out of range for {} classes (ignore_index {})",
                int64_t(target[r].item()), r, n * group->size(), opts.ignore_index);
-  }
   const Tensor z = logits.dtype() == kFloat32 ? logits : logits.to(kFloat32);
   // The shift by the row's maximum only keeps exp() in range: no gradient flows through it.
   Tensor top = max(z.detach(), 1, true).first.contiguous();

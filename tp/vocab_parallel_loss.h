@@ -15,6 +15,9 @@ struct VocabRows {
   Tensor hit, local;
 };
 VocabRows vocab_rows_of(const Tensor& ids, int64_t first, int64_t n);
+// The flat index of the first of `ids` outside [0, total) where `counted` (f32 of ids' shape,
+// 1 where an id counts; undefined: all count) is 1, or -1 if none (meta ids: -1, no values).
+int64_t first_id_outside(const Tensor& ids, int64_t total, const Tensor& counted = {});
 
 // As weft::cross_entropy over the whole logits: targets [N] (i64, in [0, V) or ignore_index),
 // reduction "mean" (over the targets not ignored), "sum" or "none"; label smoothing is refused.
