@@ -461,7 +461,11 @@ void find_resume(const TrainOptions& o, Run& run, bool say) {
     for (auto& [k, v] : f) t += fmt::format("{}{} {}", t.empty() ? "" : ", ", k, v);
     return t.empty() ? std::string("no LoRA adapters") : t;
   };
-  const auto recorded = apps::lora_fields(apps::lora_of(ck.app, where)), wanted = apps::lora_fields(o.lora);
+  auto fields = [](nn::LoRAOptions l) {  // the same modules, named in any order
+    std::ranges::sort(l.targets);
+    return apps::lora_fields(l);
+  };
+  const auto recorded = fields(apps::lora_of(ck.app, where)), wanted = fields(o.lora);
   WEFT_CHECK(recorded == wanted, "transformer: checkpoint {} holds {}; the --lora-* flags ask for {}", where,
              text(recorded), text(wanted));
   WEFT_CHECK(ck.step <= o.steps, "transformer: {} is at step {}, beyond --steps {}: raise --steps to go on", where,

@@ -43,7 +43,10 @@ for s in 1 6; do within "$(loss_at "$tmp/ac.jsonl" $s)" "$(loss_at "$tmp/a.jsonl
 "$exe" train "${run[@]}" "${lora[@]}" --plan >"$tmp/plan.out" 2>&1 || fail "--plan with --lora-rank: $(cat "$tmp/plan.out")"
 grep -Eq "optimizer state +0.1 MiB +53248$" "$tmp/plan.out" || fail "the plan's optimizer state: $(grep optimizer "$tmp/plan.out")"
 "$exe" train "${run[@]}" "${lora[@]}" --metrics "$tmp/b.jsonl" --stop-after 3 --checkpoint-dir "$tmp/ck" >/dev/null 2>&1
-"$exe" train "${run[@]}" "${lora[@]}" --metrics "$tmp/b.jsonl" --resume "$tmp/ck" --checkpoint-dir "$tmp/ck" >/dev/null 2>&1
+# The same seven targets in another order (as a peft adapter's config may list them) resume it.
+"$exe" train "${run[@]}" "${lora[@]}" --lora-targets down_proj,up_proj,gate_proj,o_proj,v_proj,k_proj,q_proj \
+  --metrics "$tmp/b.jsonl" --resume "$tmp/ck" --checkpoint-dir "$tmp/ck" >/dev/null 2>"$tmp/b.err" ||
+  fail "resumed with the targets in another order: $(cat "$tmp/b.err")"
 [ "$(loss_at "$tmp/b.jsonl" 6)" = "$a6" ] || fail "the resumed run's step-6 loss $(loss_at "$tmp/b.jsonl" 6) differs from $a6"
 # The checkpoint holds the adapters and their optimizer state, not the base: the base's weights'
 # digest instead, checked whenever the checkpoint is read.
