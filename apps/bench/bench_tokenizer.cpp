@@ -10,8 +10,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 
 #include "apps/transformer/bpe_tokenizer.h"
 #include "apps/transformer/text_data.h"
@@ -19,16 +17,13 @@
 
 namespace {
 
-// The files `prepare` and load_text read (text_files), each whole.
+// The files `prepare` and load_text read (text_files), each whole, as load_text reads them: regular
+// files only (a FIFO or /dev/zero refused) within its size limit.
 std::vector<std::string> read_texts(const std::string& path) {
   std::vector<std::string> texts;
   for (const std::string& n : weft::apps::text_files(path)) {
-    std::ifstream in(n, std::ios::binary);
-    if (!in) throw weft::Error("weft-bench-tokenizer: cannot read " + n);
-    std::ostringstream s;
-    s << in.rdbuf();
-    if (in.bad()) throw weft::Error("weft-bench-tokenizer: error while reading " + n);
-    texts.push_back(s.str());
+    const std::vector<uint8_t> text = weft::apps::load_text(n, 0).train;
+    texts.emplace_back(text.begin(), text.end());
   }
   return texts;
 }
