@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include "autograd/ops.h"
+#include "core/allocator.h"
 #include "core/error.h"
 #include "core/op_profiler.h"
 #include "core/tensor.h"
@@ -81,7 +82,7 @@ struct Replay {
   std::function<void()> call;
   double flops = 0;
 };
-std::optional<Replay> replay(const std::string& name, double flops) {
+std::optional<Replay> replay(const std::string& name, double flops, int64_t working_bytes) {
   static const std::regex gemm(R"(^\S+ (\d+)x(\d+)x(\d+) ([NT])([NT]) (\S+)$)");
   static const std::regex attention(R"(^(attention|attention_backward) (\d+)x(\d+)x(\d+)x(\d+)x(\d+)x(\d+)( causal)? (\S+)$)");
   std::smatch m;
@@ -91,9 +92,11 @@ std::optional<Replay> replay(const std::string& name, double flops) {
     const bool ta = m[4] == "T", tb = m[5] == "T";
     const DType dt = dtype_named(m[6]);
     // As in the step: operands read from memory (copies, 64 MiB together, taken in turn: more
-    // than the caches hold) and a fresh output each call (allocation, first touches, free).
+    // than the caches hold; at most half the step's peak) and a fresh output each call (allocation,
+    // first touches, free).
     const int64_t pair_bytes = (rows + cols) * inner * int64_t(dtype_size(dt));
-    std::vector<std::pair<Tensor, Tensor>> operands(size_t(std::clamp<int64_t>((int64_t(64) << 20) / pair_bytes, 1, 64)));
+    const int64_t pool = std::min(int64_t(64) << 20, working_bytes / 2);
+    std::vector<std::pair<Tensor, Tensor>> operands(size_t(std::clamp<int64_t>(pool / pair_bytes, 1, 64)));
     for (auto& [a, b] : operands)
       a = ta ? random({inner, rows}, dt) : random({rows, inner}, dt), b = tb ? random({cols, inner}, dt) : random({inner, cols}, dt);
     return Replay{[=, next = size_t(0)]() mutable {
@@ -129,9 +132,10 @@ std::pair<double, double> elementwise_and_framework(const std::vector<step_trace
   std::sort(sizes.begin(), sizes.end());
   for (size_t i = 0; i < sizes.size() && seen < total / 2; ++i) median = sizes[i], seen += sizes[i];
   const int64_t n = std::clamp<int64_t>(int64_t(median / 12), 1 << 10, int64_t(1) << 26);
-  // Distinct operands, as many bytes together as the step works in (its predicted peak, at most
-  // 256 MiB): the caches hold as much of them as of the step's activations.
-  std::vector<Tensor> xs(size_t(std::clamp<int64_t>(std::min(working_bytes, int64_t(256) << 20) / 4 / n, 4, 128)));
+  // Distinct operands: with the chain's outputs and gradients (three times theirs) as many bytes
+  // as the step works in (its predicted peak, at most 256 MiB), so the caches hold as much of them
+  // as of the step's activations, and the calibration stays within the plan.
+  std::vector<Tensor> xs(size_t(std::clamp<int64_t>(std::min(working_bytes, int64_t(256) << 20) / 12 / n, 4, 128)));
   for (Tensor& x : xs) x = randn({n}, {.requires_grad = true});
   std::vector<std::pair<double, double>> rounds;  // (rate, seconds per op)
   for (int round = 0; round < 3; ++round) {
@@ -201,8 +205,11 @@ fsdp::Link measure_link() {
   };
   const auto [s1, t1] = seconds(int64_t(4) << 10);
   const auto [s2, t2] = seconds(int64_t(8) << 20);
+  WEFT_CHECK(t2 > t1, "--step-time: the network could not be measured: an all-gather of {} bytes took {:.1f} us, no longer "
+             "than one of {} bytes ({:.1f} us; the machine busy elsewhere?): state it with --network GBPS[,LATENCY_US]",
+             s2, t2 * 1e6, s1, t1 * 1e6);
   const double share = double(n - 1) / n;
-  const double bandwidth = share * (s2 - s1) / std::max(t2 - t1, 1e-9);
+  const double bandwidth = share * (s2 - s1) / (t2 - t1);
   return {.latency_seconds = std::max(0.0, (t1 - share * s1 / bandwidth) / (n - 1)), .bytes_per_second = bandwidth};
 }
 
@@ -213,7 +220,8 @@ fsdp::Link measure_link() {
 // and over (the same rounds on every rank; per point the median of three measurements); what a
 // round takes beyond its GEMMs alone and the link's cost of the all-gather, the ranks' mean.
 std::map<int, fsdp::Meeting> measure_meetings(const std::vector<step_trace::Event>& trace, const fsdp::ComputeRates& rates,
-                                              const fsdp::Link& link, const dist::ProcessGroupPtr& world) {
+                                              const fsdp::Link& link, const dist::ProcessGroupPtr& world,
+                                              int64_t working_bytes) {
   std::map<std::string, std::pair<double, double>> gemms;  // name -> (FLOPs in the step, of one call)
   std::map<int, std::pair<std::vector<double>, double>> sizes;  // group size -> (its collectives' bytes, longest compute before one)
   const std::vector<double> before = fsdp::compute_before_collectives(trace, rates);
@@ -229,7 +237,7 @@ std::map<int, fsdp::Meeting> measure_meetings(const std::vector<step_trace::Even
   std::map<int, fsdp::Meeting> meetings;
   if (gemms.empty()) return meetings;
   const auto heaviest = std::max_element(gemms.begin(), gemms.end(), [](auto& x, auto& y) { return x.second.first < y.second.first; });
-  const std::optional<Replay> gemm = replay(heaviest->first, heaviest->second.second);
+  const std::optional<Replay> gemm = replay(heaviest->first, heaviest->second.second, working_bytes);
   const double gemm_seconds = gemm->flops / rates.flops_per_second.at(heaviest->first);
   const Timer timer{world, 0.25};
   for (auto& [size, collectives] : sizes) {
@@ -269,7 +277,7 @@ fsdp::ComputeRates calibrate_compute(const std::vector<step_trace::Event>& trace
   double best = 0;
   for (const auto& e : trace) {
     if (e.kind != step_trace::Event::Kind::op || e.flops == 0 || r.flops_per_second.count(e.name)) continue;
-    if (auto r1 = replay(e.name, e.flops)) {
+    if (auto r1 = replay(e.name, e.flops, working_bytes)) {
       // The median of three (a time the machine was busy elsewhere left out).
       const double rate = r1->flops / median_of_3([&] { return shape_timer.seconds(r1->call); });
       r.flops_per_second[e.name] = rate;
@@ -303,7 +311,9 @@ void report_step_time(const StepTimeFlags& f, const fsdp::MemoryPlan& plan, cons
   fsdp::StepTimeModel model;
   model.link = !measured ? parse_network(f.network) : ranks.world > 1 ? measure_link() : fsdp::Link{};
   model.compute = calibrate_compute(plan.step, ranks.world > 1 ? dist::world() : nullptr, plan.peak_bytes);
-  if (measured && ranks.world > 1) model.meetings = measure_meetings(plan.step, model.compute, model.link, dist::world());
+  if (measured && ranks.world > 1)
+    model.meetings = measure_meetings(plan.step, model.compute, model.link, dist::world(), plan.peak_bytes);
+  reset_peak_memory_stats(Device::cpu());  // the run's peak, reported beside the plan's, is the training's
   // More ranks' threads than this host has cores: communication moves only while a rank waits.
   const int threads = ranks.world > 1 ? dist::local_size() * get_num_threads() : 0;
   const int cores = int(std::thread::hardware_concurrency());

@@ -25,6 +25,16 @@ grep -Eq "Largest live allocations: [0-9.]+ MiB (forward of|parameter|backward o
 if WEFT_MEMORY_LIMIT=12X "$tf" train "${cfg[@]}" >/dev/null 2>"$tmp/err"; then fail "WEFT_MEMORY_LIMIT=12X accepted"; fi
 grep -q 'WEFT_MEMORY_LIMIT: "12X" is not a byte count' "$tmp/err" || fail "bad limit not named: $(cat "$tmp/err")"
 
+# --step-time's calibration (its products' and element-wise chain's operands) stays within the
+# plan's peak: with a budget 5 % above the plan as the limit too, it trains (the calibration had
+# used three times the peak), and the peak reported beside the plan's is the training's.
+peak=$("$tf" train "${cfg[@]}" --plan | awk '/predicted peak/ { print $5 }')
+limit=$((peak * 105 / 100))
+WEFT_MEMORY_LIMIT=$limit "$tf" train "${cfg[@]}" --memory-budget $limit --step-time >/dev/null 2>"$tmp/err" ||
+  fail "--step-time under a limit 5 % above the plan's peak $peak: $(cat "$tmp/err")"
+grep -Eq "the plan predicted $peak bytes \([+-]0\.0[0-9] %\)" "$tmp/err" ||
+  fail "--step-time: the reported peak is not the plan's $peak: $(grep 'peak memory' "$tmp/err")"
+
 if [ -n "$mpirun" ]; then
   start=$SECONDS
   # env, not mpirun -x (which OpenMPI refuses beside the sanitizer runs' mca_base_env_list).
