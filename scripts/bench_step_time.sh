@@ -5,9 +5,9 @@
 # a real run: tokens per step / the metrics' tokens/s), as a Markdown table.
 #   bash scripts/bench_step_time.sh [build] [layouts, e.g. "1:1 2:1 4:1 2:2 4:2 4:4"] [-- model flags]
 set -euo pipefail
-build=${1:-build}
-layouts=${2:-"1:1 2:1 4:1 2:2 4:2 4:4"}
-shift $(( $# < 2 ? $# : 2 ))
+build=build layouts="1:1 2:1 4:1 2:2 4:2 4:4"  # each positional argument may be left out before `--`
+[ $# -gt 0 ] && [ "$1" != -- ] && { build=$1; shift; }
+[ $# -gt 0 ] && [ "$1" != -- ] && { layouts=$1; shift; }
 [ "${1:-}" = "--" ] && shift
 model=("$@")
 [ ${#model[@]} -gt 0 ] || model=(--arch llama --n-layer 4 --n-head 8 --n-kv-head 4 --d-model 256 --ctx 128 --batch-size 8)

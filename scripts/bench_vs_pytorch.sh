@@ -26,6 +26,7 @@ cd "$(dirname "$0")/.."
 build=build models="gpt-medium llama-medium gpt2-124m llama-350m" threads="1 2" fsdp=0 rounds=2 lora=0
 runs="weft-f32 weft-bf16 torch-f32 torch-bf16 torch-compile-bf16"
 while [ $# -gt 0 ]; do
+  case $1 in --fsdp) ;; *) [ $# -ge 2 ] || { echo "bench_vs_pytorch.sh: $1 needs a value" >&2; exit 2; } ;; esac
   case $1 in
     --build) build=$2; shift 2 ;;
     --models) models=${2//,/ }; shift 2 ;;
@@ -37,6 +38,15 @@ while [ $# -gt 0 ]; do
     *) echo "bench_vs_pytorch.sh: unknown argument '$1' (see the header of $0)" >&2; exit 2 ;;
   esac
 done
+for r in $runs; do
+  case $r in weft-f32|weft-bf16|torch-f32|torch-bf16|torch-compile-bf16) ;;
+    *) echo "bench_vs_pytorch.sh: unknown run '$r' (weft-f32 weft-bf16 torch-f32 torch-bf16 torch-compile-bf16)" >&2; exit 2 ;;
+  esac
+done
+for n in "$rounds" "$lora" $threads; do
+  [[ "$n" =~ ^[0-9]+$ ]] || { echo "bench_vs_pytorch.sh: '$n' is not a count (--rounds, --lora-rank, --threads)" >&2; exit 2; }
+done
+[ "$rounds" -ge 1 ] || { echo "bench_vs_pytorch.sh: --rounds must be at least 1" >&2; exit 2; }
 weft="$build/apps/transformer/weft-transformer"
 [ -x "$weft" ] || { echo "bench_vs_pytorch.sh: no $weft: build it first (meson setup $build && ninja -C $build)" >&2; exit 1; }
 python=${PYTHON:-/tmp/torchenv/bin/python}
@@ -63,6 +73,8 @@ steps_of() {  # MODEL: steps and warm-up steps (override with STEPS_<model>, WAR
   local sv="STEPS_$v" wv="WARMUP_$v"
   echo "${!sv:-$s} ${!wv:-$w}"
 }
+
+for m in $models; do shape "$m" > /dev/null || exit 2; done  # an unknown model named before any work
 
 # The data: the corpus as text, and as GPT-2 tokens.
 corpus="$out/corpus.txt"

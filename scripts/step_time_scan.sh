@@ -7,9 +7,9 @@
 # groups a link of their own (inside a node).
 #   bash scripts/step_time_scan.sh [build] [budget, e.g. 2G] [-- model flags]
 set -euo pipefail
-build=${1:-build}
-budget=${2:-2G}
-shift $(( $# < 2 ? $# : 2 ))
+build=build budget=2G  # each positional argument may be left out before `--`
+[ $# -gt 0 ] && [ "$1" != -- ] && { build=$1; shift; }
+[ $# -gt 0 ] && [ "$1" != -- ] && { budget=$1; shift; }
 [ "${1:-}" = "--" ] && shift
 model=("$@")
 [ ${#model[@]} -gt 0 ] || model=(--arch llama --n-layer 8 --n-head 8 --n-kv-head 4 --d-model 512 --ctx 256)

@@ -164,7 +164,8 @@ const std::regex& network_form() {
 std::string network_error(const std::string& text) {
   std::smatch m;
   if (std::regex_match(text, m, network_form()) && std::stod(m[1].str()) > 0) return "";
-  return fmt::format("expected GBPS[,LATENCY_US] with a positive bandwidth in Gb/s (e.g. 100 or 100,5), got \"{}\"", text);
+  return fmt::format("expected GBPS[,LATENCY_US]: a bandwidth in Gb/s above 0 and optionally a latency in microseconds, "
+                     "each a plain decimal (e.g. 100 or 100,5), got \"{}\"", text);
 }
 
 }  // namespace

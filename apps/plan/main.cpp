@@ -66,8 +66,8 @@ int main(int argc, char** argv) {
     }
     args.push_back(a);
   }
-  auto fsdp = [](const std::string& a) {  // --fsdp, or CLI11's --fsdp=VALUE with a true value
-    return a == "--fsdp" || (a.starts_with("--fsdp=") && a != "--fsdp=false" && a != "--fsdp=0" && a != "--fsdp=off");
+  auto fsdp = [](const std::string& a) {  // --fsdp, or CLI11's --fsdp=VALUE with a true value (no, disable: false)
+    return a == "--fsdp" || a == "--fsdp=true" || a == "--fsdp=1" || a == "--fsdp=on" || a == "--fsdp=yes" || a == "--fsdp=enable";
   };
   if (ranks && std::none_of(args.begin(), args.end(), fsdp)) {
     std::fprintf(stderr, "weft-plan: --ranks plans sharded training: add --fsdp\n");
