@@ -71,6 +71,7 @@ std::optional<fsdp::MemoryPlan> plan_from_flags(const PlanFlags& f, fsdp::Memory
   WEFT_CHECK(!f.step_time.wanted || f.wanted(), "--step-time predicts the planned step: add --plan, --plan-ranks or --memory-budget");
   for (const auto& [flag, value] : {std::pair{"--network", &f.step_time.network}, {"--tp-network", &f.step_time.tp_network}})
     WEFT_CHECK(value->empty() || f.step_time.wanted, "{} is a network --step-time assumes: add --step-time", flag);
+  WEFT_CHECK(f.step_time.tp_network.empty() || ranks.tp > 1, "--tp-network is the tensor-parallel groups' link: add --tp N");
   if (!f.wanted()) {
     check_fits_this_machine(f, request, ranks, device, program);
     return std::nullopt;
