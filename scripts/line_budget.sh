@@ -13,7 +13,7 @@ budgets=(
   "kernels/cpu    5677  kernels/cpu"
   "cuda           4671  cuda"
   "autograd       2119  autograd"
-  "nn             3228  nn"
+  "nn             3242  nn"
   "dist           2598  dist"
   "tp              806  tp"
   "fsdp           5104  fsdp"
