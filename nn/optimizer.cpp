@@ -103,6 +103,15 @@ void Optimizer::check_params() const {
         WEFT_ERROR("{}::step: parameter {} of group {} ({}) is no longer in its module: it was replaced by {}. "
                    "This optimizer was built before that; build it after sharding, from model->parameters()",
                    name_, i, g, tensor_desc(p), *by);
+      // Each check before any parameter or state changes: a step that threw part-way had left some stepped.
+      if (!p.grad().defined()) continue;
+      WEFT_CHECK(p.dtype() == DType::f32 || p.dtype() == DType::f64, "{}::step: parameter {} of group {} is {}: "
+                 "steps need f32 or f64 parameters (keep master weights in f32)", name_, i, g, tensor_desc(p));
+      auto it = state_.find(p.impl());
+      for (const auto& [name, t] : it == state_.end() ? std::map<std::string, Tensor>{} : it->second)
+        WEFT_CHECK(name == "step" || (t.shape() == p.shape() && t.dtype() == p.dtype() && t.device() == p.device()),
+                   "{}::step: parameter {} of group {} ({}) has state \"{}\" {}: it must match the parameter (was the "
+                   "model converted after the optimizer stepped?)", name_, i, g, tensor_desc(p), name, tensor_desc(t));
     }
 }
 
@@ -220,7 +229,9 @@ void SGD::step() {
         if (s.first) st["momentum_buffer"] = empty_like(p);
         buf = st["momentum_buffer"];
       }
-      kernels::sgd_step_(p, grad.contiguous(), buf, s);
+      Tensor work = p.is_contiguous() ? p : p.contiguous();  // a strided leaf (a transposed one) as torch steps it
+      kernels::sgd_step_(work, grad.contiguous(), buf, s);
+      if (!work.is_same(p)) p.copy_(work);
       ++p.storage()->version;  // written in place: a graph that read p cannot backward any more
     }
   }
@@ -276,9 +287,11 @@ void Adam::step() {
       // The step count is kept as a f32 tensor, as PyTorch does, so state dicts look alike.
       int64_t step = int64_t(st["step"].item()) + 1;
       st["step"].fill_(double(step));
-      kernels::adam_step_(p, grad.contiguous(), st["exp_avg"], st["exp_avg_sq"],
+      Tensor work = p.is_contiguous() ? p : p.contiguous();  // a strided leaf (a transposed one) as torch steps it
+      kernels::adam_step_(work, grad.contiguous(), st["exp_avg"], st["exp_avg_sq"],
                           {g.options["lr"], g.options["beta1"], g.options["beta2"], g.options["eps"],
                            g.options["weight_decay"], step, decoupled_, grad_scale_});
+      if (!work.is_same(p)) p.copy_(work);
       ++p.storage()->version;
     }
   }

@@ -29,12 +29,13 @@ std::vector<double> LRScheduler::get_last_lr() const {
 
 LinearLR::LinearLR(Optimizer& opt, double s, double e, int64_t n)
     : LRScheduler(opt), start_factor(s), end_factor(e), total_iters(n) {
-  WEFT_CHECK(s > 0 && s <= 1 && e >= 0 && e <= 1 && n >= 0,
-             "LinearLR: need 0 < start_factor <= 1, 0 <= end_factor <= 1, total_iters >= 0; got {}, {}, {}", s, e, n);
+  // total_iters 0 ramps over no step: torch then keeps start_factor for ever, an end_factor never reached.
+  WEFT_CHECK(s > 0 && s <= 1 && e >= 0 && e <= 1 && n >= 1,
+             "LinearLR: need 0 < start_factor <= 1, 0 <= end_factor <= 1, total_iters >= 1; got {}, {}, {}", s, e, n);
   apply();
 }
 double LinearLR::factor(int64_t step) const {
-  if (total_iters == 0 || step >= total_iters) return end_factor;
+  if (step >= total_iters) return end_factor;
   return start_factor + (end_factor - start_factor) * double(step) / double(total_iters);
 }
 

@@ -209,6 +209,45 @@ TEST_CASE("optimizer state round-trips through safetensors bit-exactly") {
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("a step that cannot run changes nothing; a strided parameter steps as its contiguous copy") {
+  for (const bool adam : {true, false}) {
+    INFO((adam ? "Adam" : "SGD with momentum"));
+    auto make = [adam](std::vector<Tensor> ps) -> std::unique_ptr<Optimizer> {
+      if (adam) return std::make_unique<Adam>(std::move(ps), AdamOptions{.lr = 0.1});
+      return std::make_unique<SGD>(std::move(ps), SGDOptions{.lr = 0.1, .momentum = 0.9});
+    };
+    // A bf16 parameter after an f32 one: refused before the f32 one moves or any state is made.
+    Tensor a = ones({4}).set_requires_grad(), b = ones({4}).to(DType::bf16).set_requires_grad();
+    auto opt = make({a, b});
+    a.set_grad(ones({4})), b.set_grad(ones({4}).to(DType::bf16));
+    CHECK_THROWS_WITH(opt->step(), Catch::Contains("parameter 1 of group 0 is") && Catch::Contains("f32 or f64"));
+    CHECK(to_vector(a) == std::vector<double>(4, 1.0));
+    for (const auto& [key, t] : opt->state_dict()) CHECK_FALSE(key.starts_with("state."));  // options only
+    // State of another dtype than its parameter (converted after a step): refused, nothing stepped.
+    Linear lin(3, 2);
+    auto opt2 = make(lin.parameters());
+    for (Tensor& p : lin.parameters()) p.set_grad(ones_like(p));
+    opt2->step();
+    lin.to(DType::f64);
+    for (Tensor& p : lin.parameters()) p.set_grad(ones_like(p));
+    const std::vector<double> w = to_vector(lin.weight);
+    CHECK_THROWS_WITH(opt2->step(), Catch::Contains("must match the parameter"));
+    CHECK(to_vector(lin.weight) == w);
+    // A transposed leaf steps as a contiguous parameter of the same values and gradients.
+    Tensor strided = from_vector({1, 2, 3, 4, 5, 6}, {3, 2}).t().detach().set_requires_grad();
+    Tensor plain = strided.contiguous().detach().set_requires_grad();
+    auto o1 = make({strided}), o2 = make({plain});
+    for (int k = 0; k < 3; ++k) {
+      strided.set_grad(plain.detach() * 0.5 + 1.0), plain.set_grad(plain.detach() * 0.5 + 1.0);
+      o1->step(), o2->step();
+    }
+    CHECK(to_vector(strided.contiguous()) == to_vector(plain));
+  }
+  Tensor p = ones({1}).set_requires_grad();
+  SGD opt({p}, {.lr = 1.0});
+  CHECK_THROWS_WITH(LinearLR(opt, 0.5, 1.0, 0), Catch::Contains("total_iters"));  // torch keeps start_factor for ever
+}
+
 TEST_CASE("learning-rate schedules") {
   Tensor p = ones({1}).set_requires_grad();
   SGD opt({p}, {.lr = 1.0});

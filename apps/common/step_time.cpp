@@ -344,7 +344,7 @@ void report_step_time(const StepTimeFlags& f, const fsdp::MemoryPlan& plan, cons
                program.c_str(), planned_ranks, planned_ranks == 1 ? "" : "s", t.seconds * 1e3,
                per_step.count / t.seconds, per_step.what.c_str(), t.compute * 1e3, t.flops_ops * 1e3, t.bytes_ops * 1e3,
                t.per_op * 1e3, (long long)t.ops, t.communication * 1e3, (long long)t.collectives,
-               kinds.empty() ? "none" : kinds.c_str(), t.exposed * 1e3, hi > 0 ? lo / 1e9 : 0.0, hi / 1e9,
+               kinds.empty() ? "none" : kinds.c_str(), std::max(0.0, t.exposed) * 1e3, hi > 0 ? lo / 1e9 : 0.0, hi / 1e9,
                model.compute.flops_per_second.size(), model.compute.bytes_per_second / 1e9, model.compute.op_seconds * 1e6,
                model.link.bytes_per_second / 1e9, model.link.latency_seconds * 1e6, meets.c_str(),
                !measured ? ("stated: --network " + f.network).c_str()
