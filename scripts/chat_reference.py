@@ -20,8 +20,9 @@ never part of meson test or CI (tests/test_apps_examples.cpp reads the committed
       qwen3/: the qwen2 tokenizer plus Qwen3's <think>, </think>, <tool_response>, </tool_response>
       and Qwen3's published template (no generation marks; the labels come from a copy with them
       around each assistant message after its header, think block included, and its <|im_end|>).
-      templates.json: for Qwen3 and for chatml templates whose default system message is written
-      with Jinja escapes, each record's ids and labels (weft renders them from the template alone).
+      templates.json: for Qwen3, for chatml templates whose default system message is written
+      with Jinja escapes and for one that writes {{ bos_token }} first, each record's ids and labels
+      (weft renders them from the template alone).
   templates [--out tests/data/chat]
       only qwen3/ and templates.json (the fixture command writes them too).
       Labels, as weft makes them: a text record is BOS? text EOS, all trained; a prompt/completion
@@ -352,6 +353,10 @@ def cmd_templates(args):
         base.chat_template = CHATML.replace(_CHATML_DEFAULT, literal)
         cases.append({"name": name, "dir": "chatml", "template": base.chat_template,
                       "records": chat_rows(base, CHAT_RECORDS)})
+    # A chatml template that writes the BOS first (Hermes 2 Pro's, InternLM2's), with a BOS set.
+    base.chat_template, base.bos_token = "{{ bos_token }}" + CHATML, "<|endoftext|>"
+    cases.append({"name": "bos_first", "dir": "chatml", "template": base.chat_template, "bos_token": base.bos_token,
+                  "records": chat_rows(base, CHAT_RECORDS)})
     with open(os.path.join(out, "templates.json"), "w") as f:
         json.dump({"cases": cases}, f, indent=1, ensure_ascii=False)
     for c in cases:

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <array>
 #include <set>
 
 #include "apps/transformer/block_eval.h"
@@ -153,6 +154,9 @@ TEST_CASE("bad JSONL records are named by file and line", "[apps][examples]") {
   fails(ok + R"({"text": "a", "messages": []})" "\n", "several");
   fails(ok + R"({"prompt": "a"})" "\n", "needs \"completion\" too");
   fails(ok + R"({"text": 5})" "\n", "\"text\" must be a string");
+  // With no BOS, an empty text is its EOS alone, the example's first token: never a target.
+  fails(ok + R"({"text": ""})" "\n", "no token of the record is trained: its empty \"text\" encodes, with --eos, to no "
+        "token after the example's first");
   fails(ok + R"({"messages": [{"role": "user"}]})" "\n", "message 0 must be an object");
   fails(ok + R"({"messages": [{"role": "tool", "content": "x"}]})" "\n", "role \"tool\"");
   fails(ok + R"({"messages": [{"role": "user", "content": "x"}]})" "\n", "which is not a token", "llama3");
@@ -314,7 +318,9 @@ TEST_CASE("Qwen3's template and chatml default system messages written with Jinj
       if (c.contains("template")) {  // the chatml fixture's tokenizer with this template
         fs::create_directories(dir / "tok");
         fs::copy_file(tokenizer + "/tokenizer.json", dir / "tok" / "tokenizer.json");
-        write(dir / "tok" / "tokenizer_config.json", nlohmann::json{{"chat_template", c["template"]}}.dump());
+        nlohmann::json config{{"chat_template", c["template"]}};
+        if (c.contains("bos_token")) config["bos_token"] = c["bos_token"];  // a chatml template that writes it first
+        write(dir / "tok" / "tokenizer_config.json", config.dump());
         tokenizer = (dir / "tok").string();
       }
       std::ofstream data(dir / "d.jsonl");
@@ -358,6 +364,41 @@ TEST_CASE("a chatml default system message weft cannot read, and a <think> templ
   CHECK(!apps::load_chat_template(dir.string(), "qwen3").default_system);
 }
 
+// A template is recognised only where weft renders its text: a chatml template that trims or strips content, or writes
+// a BOS other than first, or an EOS, is refused naming it (--chat-format chatml still renders the form); a Mistral
+// template other than v0.1's, and any unknown one, is refused saying that --chat-format renders other text.
+TEST_CASE("a chat template whose text weft's form does not render is refused, naming what differs", "[apps][examples]") {
+  const fs::path dir = kScratch.fresh("differs");
+  fs::copy_file(kChat + "/chatml/tokenizer.json", dir / "tokenizer.json");
+  auto config = [&](const std::string& t) { write(dir / "tokenizer_config.json", nlohmann::json{{"chat_template", t}}.dump()); };
+  const std::string loop = "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + CONTENT + '<|im_end|>\\n' }}"
+                           "{% endfor %}";
+  auto chatml = [&](const std::string& before, const std::string& content, const std::string& after = "") {
+    std::string t = loop;
+    t.replace(t.find("CONTENT"), 7, content);
+    config(before + t + after);
+  };
+  for (const auto& [before, content, after, what] : std::vector<std::array<std::string, 4>>{
+           {"", "m['content'] | trim", "", "`trim`"},
+           {"", "m['content'].strip()", "", "`strip(`"},
+           {"", "m['content']", "{{ eos_token }}", "`eos_token`"},
+           {"{% if false %}{{ bos_token }}{% endif %}", "m['content']", "", "`bos_token`"}}) {
+    chatml(before, content, after);
+    CHECK_THROWS_WITH(apps::load_chat_template(dir.string(), ""), Contains("tokenizer_config.json: a chatml template "
+                      "that writes " + what) && Contains("--chat-format chatml renders that form, not this template's"));
+    CHECK(apps::load_chat_template(dir.string(), "chatml").format == apps::ChatFormat::chatml);
+  }
+  chatml("{{- bos_token -}}\n", "m['content']");  // a BOS first is rendered (templates.json: bos_first)
+  CHECK(apps::load_chat_template(dir.string(), "").bos_first);
+  chatml("", "m['content']");
+  CHECK(!apps::load_chat_template(dir.string(), "").bos_first);
+  config("{{- bos_token }}{%- for message in messages %}{%- if message['role'] == 'user' %}{{- ' [INST] ' + "
+         "message['content'] + ' [/INST]' }}{%- else %}{{- ' ' + message['content'] + eos_token }}{%- endif %}"
+         "{%- endfor %}");
+  CHECK_THROWS_WITH(apps::load_chat_template(dir.string(), ""), Contains("a Mistral template other than v0.1's") &&
+                    Contains("not this template's text") && !Contains("to render one of them"));
+}
+
 TEST_CASE("a deeply nested or long message is named without dumping it whole", "[apps][examples]") {
   const fs::path dir = kScratch.fresh("deep");
   const std::string ok = R"({"text": "fine"})" "\n";
@@ -399,6 +440,12 @@ TEST_CASE("a folder of JSONL records follows links to .jsonl files; passed-over 
                                         "<|endoftext|>", 0.1, true, "");
   CHECK(p.files == 2);
   CHECK(p.records == 7);
+  // A link whose target is missing (a snapshot's shard gone from blobs/) is named, not passed over.
+  fs::create_symlink(dir / "gone", dir / "snap" / "train-2.jsonl");
+  CHECK_THROWS_WITH(apps::prepare_examples(kChat + "/chatml", (dir / "snap").string(), (dir / "o2").string(),
+                                           "<|endoftext|>", 0.1, true, ""),
+                    Contains("snap/train-2.jsonl: a symbolic link to " + (dir / "gone").string() + ", which does not exist"));
+  fs::remove(dir / "snap" / "train-2.jsonl");
   // Text folders pass over links (the fortunes folder's *.u8 links): when that leaves nothing, the error says so,
   // without the hint about the default data.
   fs::create_directories(dir / "texts");
@@ -419,8 +466,8 @@ namespace {
 nlohmann::json long_chat(int turns) {
   nlohmann::json m = nlohmann::json::array();
   for (int i = 0; i < turns; ++i) {
-    m.push_back({{"role", "user"}, {"content", fmt::format("question {} about the weather in caf\u00e9 town{}", i,
-                                                          i % 3 ? "?" : "\n\n")}});
+    m.push_back({{"role", "user"}, {"content", fmt::format("question {} about the weather in caf\u00e9 town{}{}", i,
+                                                          i % 3 ? "?" : "\n\n", i % 5 ? "" : "  <mask>\u4e2d\u6587[END] ")}});
     m.push_back({{"role", "assistant"}, {"content", fmt::format("{}answer{}: sunny, a light breeze ({} km/h)", i % 4 ? " " : "",
                                                                i, i * 7)}});
   }

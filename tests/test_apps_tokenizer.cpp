@@ -458,7 +458,10 @@ TEST_CASE("tokenizer: a text cut at split_point encodes as the whole (prepare re
     CHECK(cuts > (byte_level ? 500u : 40u));
   }
   // Where merges may join "\n" to its neighbours (a token holds it with more), or one fused unknown token spans it,
-  // there is no cut: words of SentencePiece-style ones merge across spaces.
+  // there is no cut after a line's end: words of SentencePiece-style ones merge across spaces (the lines hold no added
+  // token, before which it would cut).
+  std::string lines;
+  for (int i = 0; i < 200; ++i) lines += "the cat x2\n\xc3\x9c" "ber 42 \n";
   for (const auto& [edit, what] : std::vector<std::pair<std::function<void(json&)>, const char*>>{
            {[](json& j) { j["model"]["vocab"]["\n\n"] = j["model"]["vocab"].size(); }, "a token \"\\n\\n\""},
            {[](json& j) { j["model"]["byte_fallback"] = false; }, "unknown tokens fused"},
@@ -470,7 +473,40 @@ TEST_CASE("tokenizer: a text cut at split_point encodes as the whole (prepare re
     INFO(what);
     json j = read_json(kData + "/mistral/tokenizer.json");
     edit(j);
-    CHECK(apps::BpeTokenizer(write_tokenizer(j, "no_newline_cut.json")).split_point(words, words.size()) == 0);
+    CHECK(apps::BpeTokenizer(write_tokenizer(j, "no_newline_cut.json")).split_point(lines, lines.size()) == 0);
+  }
+}
+
+// Text with no other place to cut (no "\n", no space before an ASCII letter: CJK, chat formats without new lines) is cut
+// before each added token matched in the raw text, with the whitespace an lstrip token takes: cut after it instead,
+// the part after would lose the Prepend normalizer's "▁" (llama2, mistral); cut before the whitespace, that whitespace
+// would be encoded alone.
+TEST_CASE("tokenizer: a text with no other place to cut is cut before its added tokens") {
+  const char* chunks[] = {"\xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e", "\xe4\xb8\xad\xe6\x96\x87\xef\xbc\x8c", " \xe6\xbc\xa2",
+                          "\xe3\x80\x80", "\xf0\x9f\x98\x80", "\xc3\xa9t\xc3\xa9", "]", "  ", "<|endoftext|>", "<|user|>", "<s>",
+                          "</s>", "<mask>", "[END]", "<|im_start|>", "<|im_end|>", "<|begin_of_text|>"};
+  uint64_t state = 7;
+  auto next = [&] { return (state = state * 6364136223846793005ull + 1442695040888963407ull) >> 33; };
+  std::string text;
+  for (int i = 0; i < 2000; ++i) text += std::string(next() % 4 ? "" : " ") + chunks[next() % std::size(chunks)];
+  for (const char* family : kStyles) {
+    INFO(family);
+    const apps::BpeTokenizer tok(kData + "/" + family + "/tokenizer.json");
+    std::vector<int32_t> got;
+    size_t cuts = 0;
+    for (std::string_view rest = text; !rest.empty();) {
+      size_t cut = 0;
+      for (size_t limit = 16 + next() % 64; cut == 0 && limit < rest.size(); limit *= 2) cut = tok.split_point(rest, limit);
+      if (cut == 0) cut = rest.size();
+      cuts += cut < rest.size();
+      const std::vector<int32_t> part = tok.encode(rest.substr(0, cut), false, rest.size() < text.size());
+      got.insert(got.end(), part.begin(), part.end());
+      rest.remove_prefix(cut);
+    }
+    const std::vector<int32_t> want = tok.encode(text);
+    INFO("got  " << show(got) << "\nwant " << show(want));
+    CHECK(got == want);
+    CHECK(cuts > 100);
   }
 }
 

@@ -93,7 +93,8 @@ struct BpeTokenizer::Impl {
   bool cuts_after_newlines() const;
   bool newline_cut_at(std::string_view text, size_t cut) const;
   void split_added(std::string_view text, const std::vector<AddedToken>& list, std::vector<int32_t>& out,
-                   const std::function<void(std::string_view, bool)>& part) const;
+                   const std::function<void(std::string_view, bool)>& part, std::vector<size_t>* cuts = nullptr) const;
+  size_t added_cut(std::string_view text, size_t limit) const;
   std::string text_of(const std::vector<int32_t>& ids, bool skip_special, bool lossy, bool at_start) const;
 };
 
@@ -528,10 +529,12 @@ void BpeTokenizer::Impl::encode_part(std::string_view part, bool first, bool con
 
 // Splits `text` at the added tokens of `list` (the leftmost, then the longest), appending their
 // ids and calling part() for the text between them with whether it starts `text`. A token with
-// lstrip or rstrip takes the whitespace before or after it along.
+// lstrip or rstrip takes the whitespace before or after it along. `cuts`: where each match starts
+// with that whitespace, unless inside whitespace an rstrip took or in the text's last bytes, where a
+// longer token could match in a longer text (added_cut).
 void BpeTokenizer::Impl::split_added(std::string_view text, const std::vector<AddedToken>& list,
-                                     std::vector<int32_t>& out,
-                                     const std::function<void(std::string_view, bool)>& part) const {
+                                     std::vector<int32_t>& out, const std::function<void(std::string_view, bool)>& part,
+                                     std::vector<size_t>* cuts) const {
   size_t start = 0;
   for (size_t i = 0; i < text.size() && !list.empty();) {
     const AddedToken* hit = nullptr;
@@ -557,11 +560,23 @@ void BpeTokenizer::Impl::split_added(std::string_view text, const std::vector<Ad
       if (!utf8::is_space(utf8::next(text, k))) break;
       end = k;
     }
+    if (cuts && i >= start && i + list.front().content.size() <= text.size()) cuts->push_back(begin);
     if (begin > start) part(text.substr(start, begin - start), start == 0);
     out.push_back(hit->id);
     i += hit->content.size(), start = std::max(start, end);  // matches are found before stripping, as `tokenizers`
   }
   if (start < text.size()) part(text.substr(start), start == 0);
+}
+
+// The last place at or before `limit` where an added token matched in the raw text starts (split_added's cuts):
+// `tokenizers` splits the text there first, and the part after starts with the token, so no Prepend or Metaspace
+// prefix goes before it, cut or not. 0 when there is none.
+size_t BpeTokenizer::Impl::added_cut(std::string_view text, size_t limit) const {
+  std::vector<int32_t> ids;
+  std::vector<size_t> cuts;
+  split_added(text, raw_added, ids, [](std::string_view, bool) {}, &cuts);
+  const auto after = std::upper_bound(cuts.begin(), cuts.end(), limit);
+  return after == cuts.begin() ? 0 : *(after - 1);
 }
 
 // Whether `text` may be cut at `cut`, after a "\n" (cuts_after_newlines). An added token with lstrip or rstrip takes
@@ -590,6 +605,7 @@ bool BpeTokenizer::Impl::newline_cut_at(std::string_view text, size_t cut) const
 
 size_t BpeTokenizer::split_point(std::string_view text, size_t limit) const {
   const Impl& t = *impl_;
+  const size_t added = t.added_cut(text, limit);  // before an added token, or (the later) one of the places below
   // The three patterns end a piece, and start one whatever came before, at a space that follows
   // a non-space when a letter follows (" word") and at a digit that follows a letter ("ab|12");
   // an added token holding a space, a letter or a digit could span such a place, one with rstrip
@@ -598,11 +614,11 @@ size_t BpeTokenizer::split_point(std::string_view text, size_t limit) const {
   if (t.newline_cuts) {
     for (size_t nl = text.substr(0, std::min(limit, text.size())).rfind('\n'); nl != std::string_view::npos;
          nl = nl == 0 ? std::string_view::npos : text.rfind('\n', nl - 1))
-      if (t.newline_cut_at(text, nl + 1)) return nl + 1;
-    return 0;
+      if (t.newline_cut_at(text, nl + 1)) return std::max(added, nl + 1);
+    return added;
   }
-  if (t.pattern != kGpt2Pattern && t.pattern != kLlama3Pattern && t.pattern != kQwen2Pattern) return 0;
-  if (!t.normalizer.local()) return 0;
+  if (t.pattern != kGpt2Pattern && t.pattern != kLlama3Pattern && t.pattern != kQwen2Pattern) return added;
+  if (!t.normalizer.local()) return added;
   auto letter = [](char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); };
   auto digit = [](char c) { return c >= '0' && c <= '9'; };
   auto space_before = [&](size_t i) {  // the character ending at i is whitespace (Unicode's: "\u3000 " too)
@@ -613,7 +629,7 @@ size_t BpeTokenizer::split_point(std::string_view text, size_t limit) const {
   for (const auto* list : {&t.raw_added, &t.normalized_added})
     for (const AddedToken& a : *list)
       for (size_t i = 0; i < a.content.size(); ++i)
-        if (a.content[i] == ' ' || (i > 0 && letter(a.content[i - 1]) && digit(a.content[i]))) return 0;
+        if (a.content[i] == ' ' || (i > 0 && letter(a.content[i - 1]) && digit(a.content[i]))) return added;
   auto rstrip_ends = [&](size_t i) {
     for (const auto* list : {&t.raw_added, &t.normalized_added})
       for (const AddedToken& a : *list)
@@ -624,8 +640,8 @@ size_t BpeTokenizer::split_point(std::string_view text, size_t limit) const {
   for (size_t i = std::min(limit, text.size() < 2 ? 0 : text.size() - 2); i > 0; --i)
     if ((text[i] == ' ' && !space_before(i) && letter(text[i + 1]) && !rstrip_ends(i)) ||
         (!t.add_prefix_space && letter(text[i - 1]) && digit(text[i])))
-      return i;
-  return 0;
+      return std::max(added, i);
+  return added;
 }
 
 std::vector<int32_t> BpeTokenizer::encode(std::string_view text, bool add_special, bool continues) const {

@@ -41,7 +41,9 @@ class BpeTokenizer {
   const std::vector<int32_t>& special_prefix() const;
   const std::vector<int32_t>& special_suffix() const;
   // A place at or before `limit` where `text` may be cut so that encoding the two parts one after
-  // the other (the second with continues) gives encode(text)'s ids (for reading a long text in blocks): a space
+  // the other (the second with continues) gives encode(text)'s ids (for reading a long text in blocks): where
+  // an added token matched in the raw text starts (with the whitespace lstrip takes), which `tokenizers` splits
+  // off first; a space
   // between a non-space and an ASCII letter, or an ASCII digit after an ASCII letter, under GPT-2's or
   // Llama 3's or Qwen2's pre-tokenizer pattern when no added token could span it and the
   // normalizer is none or Unicode forms only; after a "\n" for a SentencePiece-style tokenizer whose merges never

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <iterator>
 #include <nlohmann/json.hpp>
+#include <regex>
 
 #include "apps/transformer/bpe_tokenizer.h"
 #include "apps/transformer/utf8.h"
@@ -188,9 +189,12 @@ ChatFormat recognise(const std::string& text, const std::string& where) {
     return ChatFormat::qwen3;
   }
   if (has("'[INST] ' + message['content'] + ' [/INST]'") && !has("<<SYS>>")) return ChatFormat::mistral;
-  const std::string start = text.substr(0, 120);
-  throw Error(fmt::format("transformer: {}: a chat template weft does not recognise (it knows {}; the template "
-                          "begins \"{}\"): pass --chat-format NAME to render one of them", where, kFormats, start));
+  WEFT_CHECK(!has("[INST]"), "transformer: {}: a Mistral template other than v0.1's: not recognised; --chat-format "
+             "mistral renders v0.1's `<s>[INST] X [/INST]Y</s>`, not this template's text (later ones put a space "
+             "before [INST] and before each answer, and fold a system message into the first [INST]): other ids", where);
+  throw Error(fmt::format("transformer: {}: a chat template weft does not recognise (it knows {}; the template begins "
+                          "\"{}\"): --chat-format NAME renders one of those forms, not this template's text, so the ids "
+                          "differ from its own", where, kFormats, text.substr(0, 120)));
 }
 
 // An assistant message's reasoning and content as Qwen3's template splits them: reasoning_content
@@ -286,7 +290,18 @@ ChatTemplate load_chat_template(const std::string& tokenizer_path, const std::st
   if (t.format == ChatFormat::llama3 && t.bos.empty()) t.bos = "<|begin_of_text|>";
   if (t.format == ChatFormat::mistral && t.bos.empty()) t.bos = "<s>";
   if (t.format == ChatFormat::mistral && t.eos.empty()) t.eos = "</s>";
-  if (t.format == ChatFormat::chatml) t.default_system = default_system(text, where);
+  if (t.format != ChatFormat::chatml) return t;
+  t.default_system = default_system(text, where);
+  std::smatch bos;  // a {{ bos_token }} first (Hermes 2 Pro's, InternLM2's) is written; a template that trims or
+  // strips text, or writes a BOS elsewhere or an EOS, renders other text than the form: refused, naming what
+  t.bos_first = std::regex_search(text, bos, std::regex(R"(^\s*\{\{-?\s*bos_token\s*-?\}\})"));
+  for (const char* s : {"trim", "strip(", "bos_token", "eos_token"}) {
+    const size_t at = forced.empty() ? text.find(s, size_t(bos.length(0))) : std::string::npos;
+    WEFT_CHECK(at == std::string::npos, "transformer: {}: a chatml template that writes `{}` (\"...{}...\"): not "
+               "recognised, as weft's chatml form writes each message's content as given, after a BOS only where the "
+               "template starts with {{{{ bos_token }}}}; --chat-format chatml renders that form, not this template's "
+               "text", where, s, text.substr(at - std::min<size_t>(at, 30), 60));
+  }
   return t;
 }
 
@@ -306,6 +321,7 @@ std::vector<TextPiece> render_chat(const ChatTemplate& t, const std::vector<Chat
         break;
       case ChatFormat::chatml:
         if (role != "system" && role != "user" && !assistant) no_place(t, i, role, "system, user and assistant");
+        if (i == 0 && t.bos_first) piece(t.bos, false);
         if (i == 0 && role != "system" && t.default_system)
           piece("<|im_start|>system\n" + *t.default_system + "<|im_end|>\n", false);
         piece("<|im_start|>" + role + "\n", false);

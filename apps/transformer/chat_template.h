@@ -5,7 +5,8 @@
 //   llama3   <|begin_of_text|> then per message <|start_header_id|>ROLE<|end_header_id|>\n\n
 //            CONTENT (trimmed) <|eot_id|>                       (Llama 3 / 3.0's template)
 //   chatml   <|im_start|>ROLE\nCONTENT<|im_end|>\n per message, after the template's default
-//            system message when the first message is not a system one           (Qwen2, Qwen2.5)
+//            system message when the first message is not a system one, after the BOS when the
+//            template starts with {{ bos_token }}             (Qwen2, Qwen2.5; Hermes 2 Pro, InternLM2)
 //   qwen3    chatml without a default system message; an assistant message's reasoning (its
 //            reasoning_content, else what its content holds in <think>...</think>) is dropped,
 //            except after the last user message, where the message is <think>\nREASONING\n
@@ -41,6 +42,7 @@ struct ChatTemplate {
   ChatFormat format = ChatFormat::chatml;
   std::string bos, eos;          // the tokenizer's, where the template writes them
   std::optional<std::string> default_system;  // chatml: the system message put first when none is given
+  bool bos_first = false;                      // chatml: the template starts with {{ bos_token }}
 };
 
 const char* chat_format_name(ChatFormat f);

@@ -28,8 +28,9 @@ bool ends_with_jsonl(const std::string& path) {  // .jsonl or .JSONL (any case)
 
 // The tokens of `pieces` encoded as one text, each flagged as its piece is (see the header): a run
 // of equally flagged pieces starts where the encoding of the text before it stops agreeing with
-// the whole's. The text is encoded in parts cut where the tokenizer may cut it (split_point), so
-// each run's start costs the text since the last cut, not the whole prefix.
+// the whole's. The text is encoded in parts cut where the tokenizer may cut it (split_point: before
+// each special token too), so each run's start costs the text since the last cut, not the whole
+// prefix, and a run keeps the ids of that text only until the next cut settles where they stop agreeing.
 void encode_pieces(const BpeTokenizer& tok, const std::vector<TextPiece>& pieces, Example& ex) {
   std::string whole;
   for (const TextPiece& p : pieces) whole += p.text;
@@ -45,33 +46,39 @@ void encode_pieces(const BpeTokenizer& tok, const std::vector<TextPiece>& pieces
     return tok.encode(text.substr(cut, end - cut), false, cut > 0);
   };
   struct Run {
-    size_t base;                  // ids before the last cut before the run
-    std::vector<int32_t> before;  // the ids of the text from there to the run
+    size_t base;                  // where `before` starts in the ids: at last, where the run's prefix stops agreeing
+    std::vector<int32_t> before;  // the ids of the text from there to the run, not yet compared with the whole's
     bool trained;
   };
   std::vector<Run> runs;
+  size_t settled = 0;  // the runs before it have compared all of `before`
+  auto settle = [&](bool last) {
+    for (size_t r = settled; r < runs.size(); ++r) {
+      Run& run = runs[r];
+      size_t n = 0;
+      while (n < run.before.size() && run.base + n < ids.size() && run.before[n] == ids[run.base + n]) ++n;
+      run.base += n;
+      run.before.erase(run.before.begin(), run.before.begin() + std::ptrdiff_t(n));
+      if (last || run.base < ids.size()) run.before = {};  // where they stop agreeing (or the whole's ids end)
+    }
+    while (settled < runs.size() && runs[settled].before.empty()) ++settled;
+  };
   size_t text_end = 0;
   for (size_t k = 0; k < pieces.size(); ++k) {
     if (k == 0 || pieces[k].trained != pieces[k - 1].trained) {
       std::vector<int32_t> before = k > 0 ? encode_to(text_end) : std::vector<int32_t>();
+      settle(false);
       runs.push_back({ids.size(), std::move(before), pieces[k].trained});
     }
     text_end += pieces[k].text.size();
   }
   const std::vector<int32_t> rest = encode_to(whole.size());
   ids.insert(ids.end(), rest.begin(), rest.end());
-  std::vector<size_t> starts;
-  for (const Run& r : runs) {
-    size_t same = r.base;
-    while (same - r.base < r.before.size() && same < ids.size() && r.before[same - r.base] == ids[same]) ++same;
-    starts.push_back(starts.empty() ? 0 : std::max(starts.back(), same));
-  }
-  for (size_t r = 0; r < runs.size(); ++r) {
-    const size_t end = r + 1 < runs.size() ? starts[r + 1] : ids.size();
-    for (size_t i = starts[r]; i < end; ++i) {
-      ex.ids.push_back(uint32_t(ids[i]));
-      ex.trained.push_back(runs[r].trained);
-    }
+  settle(true);
+  for (size_t r = 0, start = 0; r < runs.size(); ++r) {
+    start = r == 0 ? 0 : std::max(start, runs[r].base);
+    const size_t end = r + 1 < runs.size() ? std::max(start, runs[r + 1].base) : ids.size();
+    for (size_t i = start; i < end; ++i) ex.ids.push_back(uint32_t(ids[i])), ex.trained.push_back(runs[r].trained);
   }
 }
 
@@ -203,8 +210,11 @@ std::vector<Example> read_jsonl(const std::string& file, RecordEncoder& enc) {
       out.push_back(enc.encode(record));
       const Example& ex = out.back();
       WEFT_CHECK(!ex.ids.empty(), "the record encodes to no tokens");
+      const char* field = record.contains("messages") ? nullptr : record.contains("text") ? "text" : "completion";
       WEFT_CHECK(std::count(ex.trained.begin() + 1, ex.trained.end(), uint8_t(1)) > 0, "no token of the record is "
-                 "trained (a chat needs an assistant message; a completion, text or --eos)");
+                 "trained: {}", field ? fmt::format("its {}\"{}\" encodes, with --eos, to no token after the example's "
+                 "first, which is never a target", record[field] == "" ? "empty " : "", field) : "a chat needs an "
+                 "assistant message");
     } catch (const Error& e) {
       throw Error(fmt::format("transformer: {}:{}: {}", file, n, e.what()));
     }

@@ -55,6 +55,8 @@ std::vector<std::string> text_files(const std::string& path) {
     std::error_code lec;
     const bool link = e.is_symlink(lec), regular = e.is_regular_file(lec);  // a link: its target's type
     if (e.path().extension() == ".dat" && !link) continue;  // strfile's binary index, not text
+    WEFT_CHECK(!link || fs::exists(e.path(), lec), "transformer: {}: a symbolic link to {}, which does not exist (a "
+               "shard missing from the data)", e.path().string(), fs::read_symlink(e.path(), lec).string());
     if (regular && (!link || is_jsonl(e.path()))) files.push_back(e.path().string());
     else if (link || e.is_directory(lec)) passed.push_back(e.path().filename().string());
   }

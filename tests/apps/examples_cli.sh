@@ -83,7 +83,7 @@ echo '{"prompt": "x"}' >"$tmp/bad.jsonl"
 expect_error "bad.jsonl:1: a record with \"prompt\" needs \"completion\" too" prepare --tokenizer "$chat/chatml" \
   --data "$tmp/bad.jsonl" --out "$tmp/bad"
 printf '%s\n' '{"text": "a"}' '{"messages": [{"role": "user", "content": "hi"}]}' >"$tmp/no_answer.jsonl"
-expect_error "no_answer.jsonl:2: no token of the record is trained (a chat needs an assistant message" prepare \
+expect_error "no_answer.jsonl:2: no token of the record is trained: a chat needs an assistant message" prepare \
   --tokenizer "$chat/chatml" --data "$tmp/no_answer.jsonl" --out "$tmp/bad"
 expect_error "--chat-format renders the \"messages\" of JSONL records" prepare --tokenizer "$chat/chatml" \
   --data "$tmp/plain.txt" --out "$tmp/bad" --chat-format chatml
