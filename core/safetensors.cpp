@@ -389,7 +389,8 @@ void SafetensorsReader::read_rows_into(const std::string& name, int64_t offset, 
   if (!convert && !impl_->refuse_nonfinite) return impl_->in.read(dst.data_ptr(), uint64_t(length) * row_bytes, what);
   // In pieces: each one checked (and converted) while in cache.
   const int64_t chunk = std::max<int64_t>(1, buffer_bytes / int64_t(row_bytes));  // rows per piece
-  Tensor buf = convert ? empty({std::min(chunk, length) * row_numel}, {.dtype = e.dtype}) : Tensor();
+  Tensor buf = convert ? empty({rows_buffer_bytes(name, length, dst.dtype(), buffer_bytes) / int64_t(dtype_size(e.dtype))},
+                               {.dtype = e.dtype}) : Tensor();
   Tensor flat = dst.view({-1});
   for (int64_t r = 0; r < length; r += chunk) {
     const int64_t n = std::min(chunk, length - r);
@@ -399,6 +400,16 @@ void SafetensorsReader::read_rows_into(const std::string& name, int64_t offset, 
     impl_->check_finite(raw, e.name, (offset + r) * row_numel);
     if (convert) piece.copy_(raw);
   }
+}
+
+int64_t SafetensorsReader::rows_buffer_bytes(const std::string& name, int64_t length, DType dtype,
+                                             int64_t buffer_bytes) const {
+  const SafetensorsEntry* e = find(name);
+  WEFT_CHECK(e, "safetensors: '{}' has no tensor '{}'", path(), name);
+  const int64_t rows = e->shape.empty() ? 1 : e->shape[0], numel = shape_numel(e->shape);
+  if (dtype == e->dtype || numel == 0 || length == 0) return 0;
+  const int64_t row_bytes = numel / rows * int64_t(dtype_size(e->dtype));
+  return std::min(std::max<int64_t>(1, buffer_bytes / row_bytes), length) * row_bytes;
 }
 
 SafetensorsContents load_safetensors(const std::string& path) {

@@ -73,6 +73,9 @@ class SafetensorsReader {
   // converted in cache, each thread into whole 2 MiB pages (threads sharing a fresh page wait on its fault).
   void read_rows_into(const std::string& name, int64_t offset, int64_t length, Tensor& dst,
                       int64_t buffer_bytes = int64_t(4) << 20);
+  // The bytes of that buffer for `length` rows of `name` into `dtype` (0: read straight in), e.g. for a memory plan.
+  int64_t rows_buffer_bytes(const std::string& name, int64_t length, DType dtype,
+                            int64_t buffer_bytes = int64_t(4) << 20) const;
 
  private:
   struct Impl;

@@ -8,16 +8,15 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
-#include <bit>
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <optional>
 #include <set>
 
+#include "core/allocator.h"
 #include "core/atomic_file.h"
-#include "core/copy.h"
 #include "core/element_search.h"
-#include "core/grad_mode.h"
 #include "core/safetensors.h"
 #include "core/sha256.h"
 #include "core/version.h"
@@ -171,6 +170,100 @@ std::set<std::string> frozen_parameters(nn::Module& model) {
 
 struct TempDirRemover { fs::path dir; ~TempDirRemover() { if (std::error_code ec; !dir.empty()) fs::remove_all(dir, ec); } };
 
+// A model tensor and where the checkpoint holds its value.
+struct ModelEntry { std::string key; Tensor live; Placement placement; const CheckpointIndex::Entry* entry; };
+
+// The model's tensors and their entries, checked against the index; nothing is read.
+std::vector<ModelEntry> model_entries(const CheckpointIndex& index, nn::Module& model, const FSDPModule* root,
+                                      const LoadOptions& options) {
+  const std::string index_path = index.file_path(kCheckpointIndexFile);
+  std::vector<ModelEntry> out;
+  std::set<std::string> used;
+  const std::set<std::string> frozen = options.frozen_elsewhere ? frozen_parameters(model) : std::set<std::string>{};
+  for (auto& [name, t] : sharded_state_dict(model, root)) {
+    const std::string key = "model." + name;
+    used.insert(key);
+    const CheckpointIndex::Entry* e = index.find(key);
+    if (!e && frozen.count(name)) continue;  // kept elsewhere (a LoRA run's base)
+    WEFT_CHECK(e, "checkpoint: {} has no tensor \"{}\" ({} {}): it was saved from another model", index_path, key,
+               dtype_name(t.local.dtype()), shape_str(t.placement.global_shape));
+    WEFT_CHECK(e->shape == t.placement.global_shape && is_floating(e->dtype) == is_floating(t.local.dtype()),
+               "checkpoint: {}: \"{}\" is {} there but {} {} in this model", index_path, key, describe(*e),
+               dtype_name(t.local.dtype()), shape_str(t.placement.global_shape));
+    out.push_back({key, t.local, t.placement, e});
+  }
+  auto tied = tied_parameter_names(model);
+  for (auto& e : index.tensors)
+    WEFT_CHECK(e.key.rfind("model.", 0) != 0 || used.count(e.key) || tied.count(e.key.substr(6)),
+               "checkpoint: {} holds \"{}\" ({}), which this model does not have: it was saved from another model",
+               index_path, e.key, describe(e));
+  return out;
+}
+
+// Reads this rank's part of `m` into `dst` (the model's tensor, or one shaped like it) and refuses a value that is
+// not finite.
+void read_model_value(PieceSource& source, const CheckpointIndex& index, const ModelEntry& m, const Tensor& dst) {
+  assemble_from_pieces(m.key, dst, m.placement, source.pieces(*m.entry));
+  if (auto bad = find_nonfinite(dst))
+    WEFT_ERROR("checkpoint: {}: \"{}\" holds {} (of this rank's part): the checkpoint was written from state that "
+               "is not finite; resume from an earlier one", index.file_path(kCheckpointIndexFile), m.key, bad->str());
+}
+
+// The optimizer state the checkpoint holds, read and checked, by position (for opt.load_state_dict).
+nn::NamedTensorList read_optimizer_state(PieceSource& source, const CheckpointIndex& index, nn::Module& model,
+                                         nn::Optimizer& opt, const FSDPModule* root) {
+  const std::string index_path = index.file_path(kCheckpointIndexFile);
+  std::map<std::string, Tensor> params;
+  for (auto& [name, t] : model.named_parameters()) params.emplace(name, t);
+  nn::NamedTensorList named;
+  for (auto& e : index.tensors) {
+    if (e.key.rfind("optim.", 0) != 0) continue;
+    const std::string key = e.key.substr(6);
+    std::string param, state;
+    Placement want = Placement::of_whole(e.shape);
+    if (split_optimizer_state_key(key, param, state)) {
+      auto it = params.find(param);
+      WEFT_CHECK(it != params.end(), "checkpoint: {}: \"{}\" is optimizer state of parameter \"{}\", which this "
+                 "model does not have", index_path, e.key, param);
+      if (state != "step") {
+        want = param_placement(root, param, it->second);
+        WEFT_CHECK(e.shape == want.global_shape, "checkpoint: {}: \"{}\" is {} but parameter {} is {}", index_path,
+                   e.key, describe(e), param, shape_str(want.global_shape));
+      }
+    }
+    Tensor value = empty(want.local_shape(), {.dtype = e.dtype});
+    assemble_from_pieces(e.key, value, want, source.pieces(e));
+    try {
+      opt.check_state(e.key, state.empty() ? key : state, value);
+    } catch (const Error& err) {
+      WEFT_ERROR("checkpoint: {}: {}; resume from an earlier checkpoint", index_path, err.what());
+    }
+    named.emplace_back(key, std::move(value));
+  }
+  return position_optimizer_state(named, optimizer_param_names(opt, model));
+}
+
+// Gives the optimizer `state` (it keeps the tensors: no second copy) on every rank, or on none: when one rank's
+// optimizer refuses it, each puts back what it had.
+void load_optimizer_state(nn::Optimizer& opt, nn::NamedTensorList state, const Scope& sc, const std::string& dir) {
+  nn::NamedTensorList before = opt.state_dict();
+  std::exception_ptr error;
+  try {
+    opt.load_state_dict(std::move(state));
+  } catch (const OutOfMemoryError&) {
+    error = std::current_exception();  // not a mismatch: said as it is
+  } catch (const Error& e) {
+    error = std::make_exception_ptr(Error(fmt::format("checkpoint: {}: the optimizer state does not fit this "
+                                                      "optimizer: {}", dir, e.what())));
+  }
+  try {
+    dist::agree_on_error(error, "checkpoint: loading the optimizer state", sc.groups());
+  } catch (...) {
+    if (!error) opt.load_state_dict(before);
+    throw;
+  }
+}
+
 }  // namespace
 
 std::string save_checkpoint(const std::string& dir, nn::Module& model, const nn::Optimizer* opt,
@@ -250,13 +343,15 @@ std::string save_checkpoint(const std::string& dir, nn::Module& model, const nn:
   return final_dir.string();
 }
 
+// Each model value is read and checked one at a time, then read again into the model once all ranks read everything;
+// the optimizer keeps the state tensors read: no second copy of the model or of the state (docs/CHECKPOINTS.md).
 CheckpointProgress load_checkpoint(const std::string& path, nn::Module& model, nn::Optimizer* opt, const FSDPModule* root,
                               const LoadOptions& options) {
   const Scope sc = scope_of(root, model);
   CheckpointIndex index;
-  std::vector<std::pair<Tensor, Tensor>> model_values;  // (the model's tensor, its new value)
-  nn::NamedTensorList optim_state;                      // by position, for opt->load_state_dict
-  bool have_optim = false;
+  std::optional<PieceSource> source;
+  std::vector<ModelEntry> entries;
+  nn::NamedTensorList optim_state;  // by position, for opt->load_state_dict
   std::string read;  // which checkpoint this rank read: every rank must read the same one
   dist::agree(sc.groups(), "checkpoint: loading a checkpoint", [&] {
     index = read_checkpoint_index(path);
@@ -265,61 +360,11 @@ CheckpointProgress load_checkpoint(const std::string& path, nn::Module& model, n
     WEFT_CHECK(!options.restore_rng || index.rng.size() == size_t(index.world_size), "checkpoint: {}: \"rng\" holds "
                "{} generator states for world_size {} (one a rank): a run resumed from it would draw other random "
                "numbers than the run that wrote it", index_path, index.rng.size(), index.world_size);
-    PieceSource source(index, options.verify);
-    std::set<std::string> used;
-    const std::set<std::string> frozen = options.frozen_elsewhere ? frozen_parameters(model) : std::set<std::string>{};
-    for (auto& [name, t] : sharded_state_dict(model, root)) {
-      const std::string key = "model." + name;
-      used.insert(key);
-      const CheckpointIndex::Entry* e = index.find(key);
-      if (!e && frozen.count(name)) continue;  // kept elsewhere (a LoRA run's base)
-      WEFT_CHECK(e, "checkpoint: {} has no tensor \"{}\" ({} {}): it was saved from another model", index_path, key,
-                 dtype_name(t.local.dtype()), shape_str(t.placement.global_shape));
-      WEFT_CHECK(e->shape == t.placement.global_shape && is_floating(e->dtype) == is_floating(t.local.dtype()),
-                 "checkpoint: {}: \"{}\" is {} there but {} {} in this model", index_path, key, describe(*e),
-                 dtype_name(t.local.dtype()), shape_str(t.placement.global_shape));
-      Tensor value = empty(t.local.shape(), {.dtype = t.local.dtype()});
-      assemble_from_pieces(key, value, t.placement, source.pieces(*e));
-      if (auto bad = find_nonfinite(value))
-        WEFT_ERROR("checkpoint: {}: \"{}\" holds {} (of this rank's part): the checkpoint was written from state "
-                   "that is not finite; resume from an earlier one", index_path, key, bad->str());
-      model_values.emplace_back(t.local, value);
-    }
-    auto tied = tied_parameter_names(model);
-    for (auto& e : index.tensors)
-      WEFT_CHECK(e.key.rfind("model.", 0) != 0 || used.count(e.key) || tied.count(e.key.substr(6)),
-                 "checkpoint: {} holds \"{}\" ({}), which this model does not have: it was saved from another model",
-                 index_path, e.key, describe(e));
-    if (!opt) return;
-    std::map<std::string, Tensor> params;
-    for (auto& [name, t] : model.named_parameters()) params.emplace(name, t);
-    nn::NamedTensorList named;
-    for (auto& e : index.tensors) {
-      if (e.key.rfind("optim.", 0) != 0) continue;
-      const std::string key = e.key.substr(6);
-      std::string param, state;
-      Placement want = Placement::of_whole(e.shape);
-      if (split_optimizer_state_key(key, param, state)) {
-        auto it = params.find(param);
-        WEFT_CHECK(it != params.end(), "checkpoint: {}: \"{}\" is optimizer state of parameter \"{}\", which this "
-                   "model does not have", index_path, e.key, param);
-        if (state != "step") {
-          want = param_placement(root, param, it->second);
-          WEFT_CHECK(e.shape == want.global_shape, "checkpoint: {}: \"{}\" is {} but parameter {} is {}", index_path,
-                     e.key, describe(e), param, shape_str(want.global_shape));
-        }
-      }
-      Tensor value = empty(want.local_shape(), {.dtype = e.dtype});
-      assemble_from_pieces(e.key, value, want, source.pieces(e));
-      try {
-        opt->check_state(e.key, state.empty() ? key : state, value);
-      } catch (const Error& err) {
-        WEFT_ERROR("checkpoint: {}: {}; resume from an earlier checkpoint", index_path, err.what());
-      }
-      named.emplace_back(key, value);
-    }
-    have_optim = !named.empty();
-    optim_state = position_optimizer_state(named, optimizer_param_names(*opt, model));
+    source.emplace(index, options.verify);
+    entries = model_entries(index, model, root, options);
+    for (const ModelEntry& m : entries)
+      read_model_value(*source, index, m, empty(m.live.shape(), {.dtype = m.live.dtype()}));
+    if (opt) optim_state = read_optimizer_state(*source, index, model, *opt, root);
   });
 
   // A path that holds other checkpoints on other hosts (node-local disks) would load a mix of them.
@@ -327,24 +372,10 @@ CheckpointProgress load_checkpoint(const std::string& path, nn::Module& model, n
                 "holds another one on some rank's host");
   // The optimizer first: its own checks (groups, options) may still fail on some rank, and
   // then every rank puts back what it had.
-  if (opt && have_optim) {
-    nn::NamedTensorList before = opt->state_dict();
-    std::exception_ptr error;
-    try {
-      opt->load_state_dict(optim_state);
-    } catch (const Error& e) {
-      error = std::make_exception_ptr(Error(fmt::format("checkpoint: {}: the optimizer state does not fit this "
-                                                        "optimizer: {}", index.dir, e.what())));
-    }
-    try {
-      dist::agree_on_error(error, "checkpoint: loading the optimizer state", sc.groups());
-    } catch (...) {
-      if (!error) opt->load_state_dict(before);
-      throw;
-    }
-  }
-  NoGradGuard no_grad;
-  for (auto& [live, value] : model_values) copy_elements(live, value);
+  if (opt && !optim_state.empty()) load_optimizer_state(*opt, std::move(optim_state), sc, index.dir);
+  dist::agree(sc.groups(), "checkpoint: reading the model's values", [&] {
+    for (const ModelEntry& m : entries) read_model_value(*source, index, m, m.live);
+  });
   if (options.restore_rng)
     default_generator().set_state(index.rng[size_t(sc.linear()) < index.rng.size() ? size_t(sc.linear()) : 0]);
   return index.training;

@@ -1,5 +1,6 @@
 #include "fsdp/external_checkpoint.h"
 
+#include <algorithm>
 #include <memory>
 
 #include "core/grad_mode.h"
@@ -7,6 +8,28 @@
 #include "fsdp/sharded_state_dict.h"
 
 namespace weft::fsdp {
+
+// Whether `dst`'s piece is read by rows straight into it (converted through read_rows_into's buffer).
+static bool reads_rows(const ExternalTensor& src, const Placement& p, const Tensor& dst, Device device) {
+  return !src.transposed && device == kCPU && dst.is_contiguous() && (p.whole() || p.dim == 0);
+}
+
+int64_t external_load_bytes(nn::Module& model, const FSDPModule* root, const ExternalNames& names, Device device,
+                            const std::function<bool(const std::string&)>& keep) {
+  int64_t most = 0;
+  for (const auto& [name, t] : sharded_state_dict(model, root)) {
+    if (keep && keep(name)) continue;
+    const ExternalTensor& src = names.at(name);
+    SafetensorsReader reader(src.file);
+    const SafetensorsEntry* e = reader.find(src.name);
+    WEFT_CHECK(e, "external_load_bytes: {} has no tensor \"{}\" (for parameter \"{}\")", src.file, src.name, name);
+    const Shape rows = t.placement.local_shape();
+    most = std::max(most, t.placement.split.split() ? shape_numel(e->shape) * int64_t(dtype_size(e->dtype))  // whole
+        : reads_rows(src, t.placement, t.local, device) ? reader.rows_buffer_bytes(src.name, rows.empty() ? 1 : rows[0], t.local.dtype())
+        : shape_numel(rows) * int64_t(dtype_size(e->dtype)));  // the piece, read whole
+  }
+  return most;
+}
 
 void load_external_checkpoint(nn::Module& model, const FSDPModule* root, const ExternalNames& names,
                               const std::function<bool(const std::string&)>& keep) {
@@ -48,7 +71,7 @@ void load_external_checkpoint(nn::Module& model, const FSDPModule* root, const E
       assemble_from_pieces(name, dst, p, {Piece{Placement::of_whole(whole.shape()), [&] { return whole; }, src.file}});
       continue;
     }
-    if (!src.transposed && dst.device() == kCPU && dst.is_contiguous() && (p.whole() || p.dim == 0)) {
+    if (reads_rows(src, p, dst, dst.device())) {
       const Shape rows = p.local_shape();  // the piece's rows of dim 0 (one for a 0-d tensor)
       reader(src.file).read_rows_into(src.name, p.whole() ? 0 : p.offset, rows.empty() ? 1 : rows[0], dst);
       continue;

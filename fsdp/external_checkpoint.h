@@ -31,5 +31,9 @@ using ExternalNames = std::map<std::string, ExternalTensor>;  // parameter name 
 // element (what was read before it stays loaded), so the loaded parameters need no second scan.
 void load_external_checkpoint(nn::Module& model, const FSDPModule* root, const ExternalNames& names,
                               const std::function<bool(const std::string&)>& keep = nullptr);
+// The most bytes that load holds at once beside the model it reads into (a dtype conversion's buffer, a piece read
+// whole) when the model is placed as `model` and `root` place it, on `device`: what a memory plan adds at loading.
+int64_t external_load_bytes(nn::Module& model, const FSDPModule* root, const ExternalNames& names, Device device,
+                            const std::function<bool(const std::string&)>& keep = nullptr);
 
 }  // namespace weft::fsdp

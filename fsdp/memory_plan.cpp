@@ -50,8 +50,13 @@ MemoryPlan run_plan(const MemoryPlanRequest& r, const PlanSettings& settings) {
   start_owner_accounting(meta);
   OwnerPeak peak;
   std::vector<step_trace::Event> trace;
+  // What the step keeps on the host (the optimizer's step counts, as PyTorch keeps them) is the trained device's
+  // memory when that is the CPU: held from the first step on, so part of the peak.
+  int64_t host_state = memory_stats(kCPU).live_bytes, load = 0, model = 0;
   try {
     TrainingStep step = r.setup(settings, r.sharded ? dist::fake_mesh(0, r.world_size) : nullptr);
+    load = r.load_bytes ? r.load_bytes() : 0;
+    model = memory_stats(meta).live_bytes;
     // Building the model on meta is not part of training: count from its shards on.
     reset_owner_accounting_peak(meta);
     for (int i = 0; i + 1 < r.steps; ++i) step();
@@ -59,6 +64,7 @@ MemoryPlan run_plan(const MemoryPlanRequest& r, const PlanSettings& settings) {
     step();
     if (r.record_step) trace = step_trace::stop();
     peak = stop_owner_accounting(meta);
+    host_state = r.device.is_cpu() ? memory_stats(kCPU).live_bytes - host_state : 0;
   } catch (...) {
     step_trace::stop();
     stop_owner_accounting(meta);
@@ -73,6 +79,10 @@ MemoryPlan run_plan(const MemoryPlanRequest& r, const PlanSettings& settings) {
   std::set<std::string> groups;
   for (auto& [owner, bytes] : peak.by_owner) classify(plan.parts, groups, owner, bytes);
   plan.parts.groups_in_flight = int(groups.size());
+  plan.peak_bytes += host_state;
+  plan.parts.optimizer_state += host_state;
+  if (model + load > plan.peak_bytes)  // reading the model's values peaks above training
+    plan.peak_bytes = model + load, plan.peak_at = "loading the model's values", plan.parts = {.shards = model, .temporary = load};
   plan.budget = r.budget;
   plan.fits = !r.budget || plan.peak_bytes <= *r.budget;
   return plan;

@@ -52,6 +52,10 @@ struct MemoryPlanRequest {
   // What the caller fixed (its user chose): a budget's search keeps it and chooses only the rest.
   std::optional<nn::Checkpointing> fixed_checkpointing;
   std::optional<bool> fixed_reshard;  // every tunable group's reshard_after_forward
+  // Called after setup: what reading the model's values from files holds at once beside the model as set up (e.g.
+  // fsdp::external_load_bytes); the peak is at least the two together. None: the values are not read.
+  std::function<int64_t()> load_bytes;
+  Device device = kCPU;    // where the run trains: what the step keeps on the host counts only on the CPU
   int steps = 2;           // optimizer state appears in the first step; the second is the steady state
   bool record_step = false;  // keep the last step's trace in MemoryPlan::step (for the step-time model)
 };

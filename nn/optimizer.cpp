@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
+#include "autograd/ops.h"
 #include "core/allocator.h"
 #include "core/autograd_meta.h"
 #include "core/element_search.h"
@@ -133,7 +135,10 @@ NamedTensorList Optimizer::state_dict() const {
   return out;
 }
 
-void Optimizer::load_state_dict(const NamedTensorList& state) {
+void Optimizer::load_state_dict(const NamedTensorList& state) { load_state(state, false); }
+void Optimizer::load_state_dict(NamedTensorList&& state) { load_state(std::exchange(state, {}), true); }
+
+void Optimizer::load_state(const NamedTensorList& state, bool keep) {
   check_state_entries(state, name_ + ".load_state_dict");
   std::map<std::string, Tensor> given(state.begin(), state.end());
   auto take = [&](const std::string& key) -> Tensor {
@@ -170,7 +175,8 @@ void Optimizer::load_state_dict(const NamedTensorList& state) {
                    "{}.load_state_dict: state \"{}\" has shape {} but its parameter has shape {}", name_, it->first,
                    shape_str(t.shape()), shape_str(p.shape()));
         check_state(it->first, k, t);
-        new_state[p.impl()][k] = per_element ? t.to(p.device(), p.dtype()).contiguous().clone() : t.clone();
+        Tensor own = per_element ? t.to(p.device(), p.dtype()).contiguous() : t;
+        new_state[p.impl()][k] = keep ? own : own.clone();
         it = given.erase(it);
       }
       std::vector<std::string> held;
@@ -261,7 +267,8 @@ void Adam::check_state(const std::string& key, const std::string& state, const T
   Optimizer::check_state(key, state, value);
   // Second moments are running means of squares, and the step a count: never negative.
   if (state == "exp_avg_sq" || state == "max_exp_avg_sq" || state == "step")
-    if (auto bad = find_element(value, [](double v) { return v < 0; }))
+    if (value.numel() > 0 && min(value).item() < 0)  // a scan first: find_element copies slices as f64
+      if (auto bad = find_element(value, [](double v) { return v < 0; }))
       WEFT_ERROR("{}: state \"{}\" holds {}: {} cannot be negative", name_, key, bad->str(), state);
   if (state == "step")
     WEFT_CHECK(value.numel() == 1 && value.item() == std::floor(value.item()) && value.item() < 0x1p53, "{}: state "

@@ -49,6 +49,8 @@ class Optimizer {
   // options pass check_options, each parameter's state has exactly state_names() (when not
   // empty), and every state tensor passes check_state.
   void load_state_dict(const NamedTensorList& state);
+  // The same, keeping the given tensors as the state where they have their parameter's device and dtype (no copy).
+  void load_state_dict(NamedTensorList&& state);
   // Throws naming `key` when `value` cannot be per-parameter state `state` (e.g. "exp_avg") of
   // this optimizer: a NaN or an infinity anywhere; Adam adds a negative second moment or step.
   // A checkpoint loader calls it with its own names for the entries.
@@ -78,6 +80,7 @@ class Optimizer {
 
  private:
   std::map<TensorImpl*, std::map<std::string, Tensor>> state_;
+  void load_state(const NamedTensorList& state, bool keep);
 };
 
 struct SGDOptions {

@@ -8,7 +8,9 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
+#include "core/allocator.h"
 #include "core/safetensors.h"
 #include "core/sha256.h"
 #include "fsdp/checkpoint_index.h"
@@ -783,4 +785,73 @@ TEST_CASE("a checkpoint of a model with a 0-row parameter loads back") {
   nn::AdamW back_opt(back->parameters(), {.lr = 1e-2});
   CHECK(fsdp::load_checkpoint(dir.string(), *back, &back_opt, &back_root).step == 1);
   for (auto& [name, t] : fsdp::full_state_dict(*back, &back_root)) CHECK(t.shape() == (name == "empty" ? Shape{0, 4} : t.shape()));
+}
+
+namespace {
+
+// Four bias-free 64 x 64 Linears sharded over the world (one group), trained one AdamW step and saved to `dir`;
+// then a fresh copy in `dtype` and its optimizer, for load_checkpoint.
+struct Reloaded {
+  std::shared_ptr<nn::Sequential> model;
+  std::optional<fsdp::FSDPModule> root;
+  std::unique_ptr<nn::AdamW> opt;
+  int64_t shard_bytes = 0, largest = 0;  // of this rank's f32 shards: all, and the largest
+};
+Reloaded saved_and_fresh(const fs::path& dir, DType dtype) {
+  Reloaded r;
+  for (int copy = 0; copy < 2; ++copy) {
+    manual_seed(5);
+    r.model = std::make_shared<nn::Sequential>(std::initializer_list<nn::ModulePtr>{
+        std::make_shared<nn::Linear>(64, 64, false), std::make_shared<nn::Linear>(64, 64, false),
+        std::make_shared<nn::Linear>(64, 64, false), std::make_shared<nn::Linear>(64, 64, false)});
+    if (copy == 1) r.model->to(dtype);
+    r.root = fsdp::fully_shard(r.model);
+    r.opt = std::make_unique<nn::AdamW>(r.model->parameters(), nn::AdamWOptions{.lr = 1e-2});
+    if (copy == 1) break;
+    sum((*r.model)(ones({2, 64}))).backward();
+    r.opt->step();
+    fsdp::save_checkpoint(dir.string(), *r.model, r.opt.get(), &*r.root, {.step = 1});
+  }
+  for (const Tensor& p : r.model->parameters()) {
+    r.shard_bytes += p.numel() * 4;
+    r.largest = std::max(r.largest, p.numel() * 4);
+  }
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("load_checkpoint keeps the optimizer state it reads and reads the model's values into the model") {
+  fs::path dir = shared_dir("load_peak");
+  Reloaded r = saved_and_fresh(dir, kFloat32);
+  const int64_t start = memory_stats().live_bytes;
+  reset_peak_memory_stats();
+  REQUIRE(fsdp::load_checkpoint(dir.string(), *r.model, r.opt.get(), &*r.root).step == 1);
+  const int64_t held = memory_stats().live_bytes - start, peak = memory_stats().peak_bytes - start;
+  INFO("shards " << r.shard_bytes << " bytes (largest " << r.largest << "); held after the load " << held
+                 << ", peak " << peak);
+  CHECK(held == 2 * r.shard_bytes + 4 * 4);  // exp_avg, exp_avg_sq and four step counts
+  // No second copy of the state (the optimizer's own) nor of the model (values read before any is placed): at most
+  // one tensor beside them (the piece read for it), and the checkpoint's scalars.
+  CHECK(peak <= 2 * r.shard_bytes + r.largest + 256);
+  barrier();
+  if (dist::rank() == 0) fs::remove_all(dir);
+}
+
+TEST_CASE("a checkpoint's optimizer state that runs out of memory in the optimizer says so, as itself") {
+  fs::path dir = shared_dir("load_oom");
+  Reloaded r = saved_and_fresh(dir, kFloat64);  // the f32 state is converted to the parameters' f64 as it is loaded
+  // Room to read it all, not to convert it.
+  set_memory_limit(Device::cpu(), memory_stats().live_bytes + 2 * r.shard_bytes + r.largest + 1024);
+  std::string message;
+  try {
+    fsdp::load_checkpoint(dir.string(), *r.model, r.opt.get(), &*r.root);
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  set_memory_limit(Device::cpu(), 0);
+  CHECK_THAT(message, Contains("out of memory on cpu"));
+  CHECK_THAT(message, !Contains("does not fit this optimizer"));
+  barrier();
+  if (dist::rank() == 0) fs::remove_all(dir);
 }

@@ -96,6 +96,18 @@ Measured measure(const fsdp::PlanSettings& s, Precision precision = Precision::f
   return m;
 }
 
+// An unsharded Linear trained with AdamW, its input made inside the step: the plan and a real run allocate alike
+// (bias-free: the CPU's bias gradient takes a buffer the meta device does not).
+fsdp::TrainingStep linear_step(const fsdp::PlanSettings&, const std::shared_ptr<dist::DeviceMesh>&) {
+  auto model = std::make_shared<nn::Linear>(16, 8, false);
+  auto opt = std::make_shared<nn::AdamW>(model->parameters(), nn::AdamWOptions{.lr = 1e-3});
+  return [=] {
+    opt->zero_grad();
+    cross_entropy((*model)(zeros({4, 16})), zeros({4}, {.dtype = kInt64})).backward();
+    opt->step();
+  };
+}
+
 fsdp::PlanSettings settings(bool reshard, nn::Checkpointing ac) {
   return {.reshard_after_forward = std::vector<bool>(size_t(kConfig.n_layer), reshard), .activation_checkpointing = ac};
 }
@@ -210,4 +222,33 @@ TEST_CASE("plan_memory leaves the random state and the memory counters of the re
   CHECK(default_generator().state().offset == before.offset);
   CHECK(memory_stats().live_bytes == cpu_before.live_bytes);
   CHECK(memory_stats(Device::meta()).live_bytes == 0);
+}
+
+TEST_CASE("plan_memory counts the step counts the optimizer keeps on the host: a CPU run's peak to the byte") {
+  fsdp::MemoryPlanRequest r;
+  r.setup = linear_step;
+  r.sharded = false;
+  const int64_t planned = fsdp::plan_memory(r).peak_bytes;
+  const int64_t start = memory_stats().live_bytes;
+  reset_peak_memory_stats();
+  {
+    fsdp::TrainingStep step = linear_step({}, nullptr);
+    step();
+    step();
+  }
+  CHECK(planned == memory_stats().peak_bytes - start);
+  r.device = Device::cuda(0);  // host memory, not the device's
+  CHECK(fsdp::plan_memory(r).peak_bytes == planned - 4);  // the weight's step count
+}
+
+TEST_CASE("plan_memory counts what reading the model's values holds beside the model") {
+  fsdp::MemoryPlanRequest r;
+  r.setup = linear_step;
+  r.sharded = false;
+  r.load_bytes = [] { return int64_t(1) << 20; };  // more than training adds to the model
+  const fsdp::MemoryPlan plan = fsdp::plan_memory(r);
+  INFO(plan.table());
+  CHECK(plan.peak_bytes == 16 * 8 * 4 + (int64_t(1) << 20));  // the weight, and the load's buffer beside it
+  CHECK(plan.peak_at == "loading the model's values");
+  CHECK(plan.parts.shards + plan.parts.temporary == plan.peak_bytes);
 }

@@ -82,6 +82,7 @@ std::optional<fsdp::MemoryPlan> plan_from_flags(const PlanFlags& f, fsdp::Memory
   if (request.sharded && ranks.tp > 1)
     request.ranks = fmt::format("{} ranks ({} data-parallel x tp {})", request.world_size * ranks.tp, request.world_size, ranks.tp);
   request.record_step = f.step_time.wanted;
+  request.device = device;
   const int64_t held = memory_stats(device).live_bytes;
   int64_t budget = 0;
   if (!f.budget.empty()) {

@@ -123,7 +123,8 @@ std::string hf_weights_digest(const std::string& dir) {
   return sha256_hex(text.data(), text.size());
 }
 
-void load_hf_checkpoint(const std::string& dir, const LanguageModel& model, const fsdp::FSDPModule* root) {
+// Where each parameter of `model` but its LoRA adapters is stored in the Hugging Face model `dir`.
+static fsdp::ExternalNames hf_names(const std::string& dir, const LanguageModel& model) {
   const HfFamily& layout = hf_family_of(model.cfg);
   const std::map<std::string, std::string> files = weight_files(dir);
   fsdp::ExternalNames names;
@@ -144,7 +145,15 @@ void load_hf_checkpoint(const std::string& dir, const LanguageModel& model, cons
     WEFT_CHECK(layout.is_ignored(hf), "transformer: {} holds \"{}\" ({}), which a {} model of this config does not "
                "have", dir, hf, file, layout.model_type);
   }
-  fsdp::load_external_checkpoint(*model.module, root, names, [](const std::string& n) { return nn::is_lora_parameter(n); });
+  return names;
+}
+
+void load_hf_checkpoint(const std::string& dir, const LanguageModel& model, const fsdp::FSDPModule* root) {
+  fsdp::load_external_checkpoint(*model.module, root, hf_names(dir, model), nn::is_lora_parameter);
+}
+
+int64_t hf_load_bytes(const std::string& dir, const LanguageModel& model, const fsdp::FSDPModule* root, Device device) {
+  return fsdp::external_load_bytes(*model.module, root, hf_names(dir, model), device, nn::is_lora_parameter);
 }
 
 namespace {

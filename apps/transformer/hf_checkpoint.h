@@ -58,6 +58,8 @@ std::string hf_weights_digest(const std::string& dir);
 // Loads the weights of `dir` into `model` (built from read_hf_config(dir)), this rank's shards
 // only when `root` shards it (each rank reads only their byte ranges).
 void load_hf_checkpoint(const std::string& dir, const LanguageModel& model, const fsdp::FSDPModule* root);
+// What that load holds at once beside the model on `device` (fsdp::external_load_bytes), for the memory plan.
+int64_t hf_load_bytes(const std::string& dir, const LanguageModel& model, const fsdp::FSDPModule* root, Device device);
 
 // Writes `model` (whole, on one process) as a Hugging Face directory: config.json and
 // model.safetensors, or shards of at most `max_shard_bytes` each with the index when the

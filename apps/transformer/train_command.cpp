@@ -131,8 +131,11 @@ std::vector<std::string> decayed_names(const nn::Module& model) {
   return out;
 }
 
-fsdp::MemoryPlanRequest plan_request(const TrainOptions& o, bool fsdp, bool full_rows) {
+// `init_on`: the device the --init-from weights are read onto, when the run reads them.
+fsdp::MemoryPlanRequest plan_request(const TrainOptions& o, bool fsdp, bool full_rows, std::optional<Device> init_on) {
   fsdp::MemoryPlanRequest r;
+  auto load = std::make_shared<int64_t>(0);
+  if (init_on && o.tp == 1) r.load_bytes = [load] { return *load; };
   r.sharded = fsdp;
   r.tunable_groups = fsdp ? int(o.model.n_layer) : 0;
   r.can_checkpoint = true;
@@ -140,7 +143,7 @@ fsdp::MemoryPlanRequest plan_request(const TrainOptions& o, bool fsdp, bool full
   r.settings.reshard_after_forward.assign(size_t(r.tunable_groups), o.reshard_after_forward == "true");
   if (o.ac_given()) r.fixed_checkpointing = o.checkpointing;  // a budget chooses only what the flags leave open
   if (o.reshard_given) r.fixed_reshard = o.reshard_after_forward == "true";
-  r.setup = [o, full_rows](const fsdp::PlanSettings& s, const std::shared_ptr<dist::DeviceMesh>& mesh) -> fsdp::TrainingStep {
+  r.setup = [o, full_rows, load, init_on](const fsdp::PlanSettings& s, const std::shared_ptr<dist::DeviceMesh>& mesh) -> fsdp::TrainingStep {
     manual_seed(o.seed);
     const apps::LanguageModel lm = apps::make_model(o.model);
     apps::init_model(lm);
@@ -153,6 +156,7 @@ fsdp::MemoryPlanRequest plan_request(const TrainOptions& o, bool fsdp, bool full
     for (auto& block : lm.blocks) block->set_checkpointing(s.activation_checkpointing);
     std::optional<fsdp::FSDPModule> root;
     if (mesh) root = shard_model(lm, o, Device::meta(), mesh, s.reshard_after_forward);
+    if (init_on && o.tp == 1) *load = apps::hf_load_bytes(o.init_from, lm, root ? &*root : nullptr, *init_on);
     std::shared_ptr<nn::AdamW> opt = make_optimizer(*model, decay, o);
     const int world = mesh ? mesh->size(0) : 1;
     int64_t rows = o.batch_size / world;
@@ -483,7 +487,9 @@ void build_model(TrainOptions& o, const Ranks& ranks, Run& run) {
   reset_peak_memory_stats(run.device);
   run.start_bytes = memory_stats(run.device).live_bytes;
   const apps::StepItems tokens{double(o.batch_size * o.grad_accum * o.model.ctx), "tokens"};
-  run.plan = apps::plan_from_flags(o.plan, plan_request(o, ranks.fsdp, !run.data.examples()), ranks, run.device, tokens,
+  const bool init_weights = !o.init_from.empty() && (run.resume_from.empty() || o.base_elsewhere());  // read below
+  run.plan = apps::plan_from_flags(o.plan, plan_request(o, ranks.fsdp, !run.data.examples(), init_weights ?
+                                   std::optional<Device>(run.device) : std::nullopt), ranks, run.device, tokens,
                                    "weft-transformer");
   if (o.plan.only()) return;  // printed; nothing to build or train
   if (run.plan && run.plan->budget) {  // train with the plan's choices
@@ -491,7 +497,7 @@ void build_model(TrainOptions& o, const Ranks& ranks, Run& run) {
     run.per_block = run.plan->settings.reshard_after_forward;
   }
   manual_seed(o.seed);
-  if (!o.init_from.empty() && (run.resume_from.empty() || o.base_elsewhere())) {  // load_init_weights reads them
+  if (init_weights) {  // load_init_weights reads them
     run.lm = apps::make_model_to_load(o.model);
     apps::add_lora(run.lm, o.lora, false);  // drawn after nothing: the same adapters at any world size
     if (o.base_dtype == "bf16") nn::cast_frozen(*run.lm.module, kBFloat16);

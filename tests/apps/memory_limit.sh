@@ -3,7 +3,9 @@
 # stops with an out-of-memory error naming the request, the live bytes, the limit and the
 # largest owners; a bad value is named; under a limit it fits in, it trains exactly as without.
 # With an mpirun: --fsdp at 2 ranks under too small a limit ends the whole job with that error,
-# within seconds (no rank left waiting in a collective).
+# within seconds (no rank left waiting in a collective). A budget of exactly the plan's peak holds
+# under a limit of it when training, resuming (one process and 2 ranks) and starting from a Hugging
+# Face model read into a bf16 base.
 # Usage: memory_limit.sh TRANSFORMER [MPIRUN MPIRUN_ARGS...]
 set -euo pipefail
 tf=$1
@@ -35,6 +37,26 @@ WEFT_MEMORY_LIMIT=$limit "$tf" train "${cfg[@]}" --memory-budget $limit --step-t
 grep -Eq "the plan predicted $peak bytes \([+-]0\.0[0-9] %\)" "$tmp/err" ||
   fail "--step-time: the reported peak is not the plan's $peak: $(grep 'peak memory' "$tmp/err")"
 
+# A budget of exactly the plan's peak holds under a limit of it, and the run's peak is the plan's: training (the
+# optimizer's step counts on the host included), resuming from a checkpoint (the optimizer state and the model's
+# values read without a second copy), and starting from a Hugging Face model read into a bf16 base (the
+# conversion's buffer beside the model).
+peak_of() { "$tf" train "$@" --plan | sed -n 's/.*predicted peak *[0-9.]* MiB *\([0-9]*\).*/\1/p'; }
+at_peak() {  # FLAGS...
+  local p
+  p=$(peak_of "$@")
+  [ -n "$p" ] || fail "no plan for $*"
+  WEFT_MEMORY_LIMIT=$p "$tf" train "$@" --memory-budget "$p" >/dev/null 2>"$tmp/err" ||
+    fail "a budget and limit of the plan's peak ($p bytes) ran out: $*: $(cat "$tmp/err")"
+  grep -q "the plan predicted $p bytes (+0.00 %)" "$tmp/err" ||
+    fail "the peak is not the plan's: $*: $(grep 'peak memory' "$tmp/err")"
+}
+fit=(--n-layer 2 --n-head 4 --d-model 256 --ctx 8 --batch-size 2 --threads 1 --eval-iters 1)
+at_peak "${fit[@]}" --steps 2 --checkpoint-dir "$tmp/ck"
+at_peak "${fit[@]}" --steps 4 --resume "$tmp/ck"
+at_peak --threads 1 --steps 2 --eval-iters 1 --batch-size 1 --ctx 8 --lora-rank 2 --base-dtype bf16 \
+  --mixed-precision bf16 --init-from "$(dirname "${BASH_SOURCE[0]}")/../data/hf/llama"
+
 if [ -n "$mpirun" ]; then
   start=$SECONDS
   # env, not mpirun -x (which OpenMPI refuses beside the sanitizer runs' mca_base_env_list).
@@ -43,5 +65,10 @@ if [ -n "$mpirun" ]; then
   [ $((SECONDS - start)) -lt 60 ] || fail "the job took $((SECONDS - start)) s to stop"
   grep -q "out of memory on cpu" "$tmp/err" || fail "2 ranks: no out-of-memory error: $(cat "$tmp/err")"
   ! grep -q "did not complete within" "$tmp/err" || fail "2 ranks: stopped by a timeout: $(cat "$tmp/err")"
+  p=$(peak_of "${fit[@]}" --fsdp --plan-ranks 2 --steps 4 --resume "$tmp/ck")
+  [ -n "$p" ] || fail "no plan for 2 ranks"
+  "$mpirun" "${mpirun_args[@]}" -np 2 env WEFT_MEMORY_LIMIT="$p" "$tf" train "${fit[@]}" --fsdp --steps 4 \
+    --resume "$tmp/ck" --memory-budget "$p" >/dev/null 2>"$tmp/err" || fail "2 ranks resumed over the plan: $(cat "$tmp/err")"
+  grep -q "the plan predicted [0-9]* bytes (+0.00 %)" "$tmp/err" || fail "2 ranks: $(grep 'peak memory' "$tmp/err")"
 fi
 echo "memory_limit: ok"
