@@ -269,7 +269,7 @@ void Adam::check_state(const std::string& key, const std::string& state, const T
   if (state == "exp_avg_sq" || state == "max_exp_avg_sq" || state == "step")
     if (value.numel() > 0 && min(value).item() < 0)  // a scan first: find_element copies slices as f64
       if (auto bad = find_element(value, [](double v) { return v < 0; }))
-      WEFT_ERROR("{}: state \"{}\" holds {}: {} cannot be negative", name_, key, bad->str(), state);
+        WEFT_ERROR("{}: state \"{}\" holds {}: {} cannot be negative", name_, key, bad->str(), state);
   if (state == "step")
     WEFT_CHECK(value.numel() == 1 && value.item() == std::floor(value.item()) && value.item() < 0x1p53, "{}: state "
                "\"{}\" is {}: a step count is one whole number below 2^53", name_, key,
