@@ -111,7 +111,7 @@ void bench_size(const Options& o, bool gather, int64_t bytes, dist::ProcessGroup
 int main(int argc, char** argv) {
   CLI::App app{"weft-bench-collectives: all-gather and reduce-scatter through weft vs raw MPI (run under mpirun)"};
   Options o;
-  app.add_option("--min-bytes", o.min_s, "smallest size (K, M, G suffixes; each size is rounded down to whole f32s a rank, and the table shows the size measured)")->check(apps::cli::bytes())->capture_default_str();
+  app.add_option("--min-bytes", o.min_s, "smallest size (K, M, G suffixes; each size is rounded down to whole f32s a rank, at least one, and the table shows the size measured)")->check(apps::cli::bytes())->capture_default_str();
   app.add_option("--max-bytes", o.max_s, "largest size; sizes grow 4x from --min-bytes")->check(apps::cli::bytes())
       ->capture_default_str();
   app.add_option("--rounds", o.rounds, "alternating rounds per size")->check(apps::cli::integer(1, 1000))->capture_default_str();

@@ -361,6 +361,9 @@ int summarize(const std::vector<std::string>& paths) {
     runs.push_back(std::move(j));
   }
   std::sort(runs.begin(), runs.end(), [](const json& a, const json& b) { return a["world"] < b["world"]; });
+  for (size_t i = 1; i < runs.size(); ++i)
+    WEFT_CHECK(runs[i]["world"] != runs[i - 1]["world"], "weft-bench-memory: two files of {} ranks (a file given twice?): "
+               "the table has one row a world size", runs[i]["world"].get<int>());
   const json& first = runs.front();
   for (auto& r : runs)
     WEFT_CHECK(r["n_layer"] == first["n_layer"] && r["d_model"] == first["d_model"] && r["ctx"] == first["ctx"] &&

@@ -72,6 +72,8 @@ if "$bench" --steps 1 > "$tmp/bad.txt" 2>&1; then fail "--steps 1 was accepted";
 grep -q -- '--steps' "$tmp/bad.txt" || { cat "$tmp/bad.txt"; fail "no clear message for --steps 1"; }
 if "$bench" --threads 100000 > "$tmp/bad.txt" 2>&1; then fail "--threads 100000 was accepted"; fi
 grep -q -- '--threads: expected an integer from 1 to 1024, got 100000' "$tmp/bad.txt" || { cat "$tmp/bad.txt"; fail "no clear message for --threads"; }
+if "$bench" --summary "${files[0]}" "${files[0]}" > "$tmp/twice.txt" 2>&1; then fail "--summary of one file twice was accepted"; fi
+grep -q 'two files of 1 ranks' "$tmp/twice.txt" || { cat "$tmp/twice.txt"; fail "no clear message for a file given twice"; }
 if "$bench" --summary "$tmp/bad.txt" > "$tmp/bad2.txt" 2>&1; then fail "--summary of a text file was accepted"; fi
 grep -q 'not a weft-bench-memory --json file' "$tmp/bad2.txt" || { cat "$tmp/bad2.txt"; fail "no clear message for --summary"; }
 # --json's place is checked before the run (it had failed writing after the whole run).
