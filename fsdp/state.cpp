@@ -203,7 +203,7 @@ void FSDPState::reset_iteration() {
   // needs no all-gather for them.
   const bool interrupted = step_ != TrainingState::idle;
   for (FSDPState* s : states_) {
-    s->training_state_ = TrainingState::idle, s->inputs_pending_ = s->unhooked_calls_ = 0;
+    s->training_state_ = TrainingState::idle, s->hooked_calls_ = s->inputs_fired_ = s->unhooked_calls_ = 0;
     // A list whose members did not all run (a forward without gradients may skip some) is
     // still gathered: reshard it.
     const bool list_unfinished = s->members_left_ > 0;
@@ -311,7 +311,7 @@ TensorList FSDPState::prepare_inputs(const TensorList& inputs) {
   if (!GradMode::is_enabled() || !group) return out;
   for (size_t i = 0; i < out.size(); ++i)
     if (out[i].defined() && out[i].requires_grad()) need.push_back(out[i]), where.push_back(i);
-  ++(need.empty() ? unhooked_calls_ : inputs_pending_);
+  ++(need.empty() ? unhooked_calls_ : hooked_calls_);
   if (!need.empty()) {
     TensorList wrapped = autograd::Function::apply<PostBackward>(need, weak_from_this());
     for (size_t k = 0; k < where.size(); ++k) out[where[k]] = wrapped[k];
@@ -322,7 +322,7 @@ TensorList FSDPState::prepare_inputs(const TensorList& inputs) {
 void FSDPState::member_inputs_done() {
   // The post-backward waits for the inputs of every call (a list's members, one after another or side by side; a
   // module called twice); a call without such inputs leaves it to the end of the backward.
-  if (--inputs_pending_ > 0 || unhooked_calls_ > 0) return;
+  if (++inputs_fired_ < hooked_calls_ || unhooked_calls_ > 0) return;
   post_backward();
 }
 
@@ -436,7 +436,7 @@ void FSDPState::root_final_callback() {
     if (s->group && is_last_backward_) s->group->finish_reduce_scatter();  // set on any module of this root
     if (s->group && s->group->offloaded()) offloaded = true;
     s->training_state_ = TrainingState::idle;
-    s->inputs_pending_ = s->unhooked_calls_ = 0;  // hooks of a forward whose graph was dropped never fire
+    s->inputs_fired_ = 0;  // a backward through the same graph again (retain_graph) fires its hooks again
   }
   grad_forwards_ = 0;
   // With CPU offload the optimizer writes the pinned shards on the host next: every upload

@@ -93,11 +93,11 @@ class FSDPState : public nn::ModuleExtension, public std::enable_shared_from_thi
   TensorList prepare_outputs(const TensorList& outputs);
 
   std::vector<nn::Module*> modules_;
-  // A list's forward: the members that have not run yet (empty between forwards). In this step: the post-backward
-  // hooks armed on its calls' inputs not fired yet, and the calls with no input to arm one on (members' or repeats).
+  // A list's forward: the members that have not run yet (empty between forwards). In this step: the calls whose inputs
+  // carry a post-backward hook, those fired in this backward, the calls with none (members' or repeats).
   std::vector<bool> members_to_run_;
   size_t members_left_ = 0;
-  int inputs_pending_ = 0, unhooked_calls_ = 0;
+  int hooked_calls_ = 0, inputs_fired_ = 0, unhooked_calls_ = 0;
   MixedPrecisionPolicy mp_;
   TrainingState training_state_ = TrainingState::idle;
   std::string path_;

@@ -149,8 +149,8 @@ TEST_CASE("sharding on dim 1 through shard_placement_fn") {
 }
 
 // Weight sharing: `a` runs twice in one forward (b(a(a(x)))), and the whole model may run twice
-// before one backward (two micro-batches summed). Each sharded module's post-backward waits for
-// the gradients of all its calls.
+// before one backward (two micro-batches summed), or backward run twice through one graph (retain_graph).
+// Each sharded module's post-backward waits for the gradients of all its calls.
 struct Shared : nn::Module {
   std::shared_ptr<nn::Linear> a, b;
   Shared() : nn::Module("Shared") {
@@ -161,12 +161,14 @@ struct Shared : nn::Module {
   using nn::Module::forward;
 };
 
-TEST_CASE("a module called twice in one forward, a model called twice before one backward") {
+TEST_CASE("a module called twice in one forward, a model called twice before one backward, retain_graph") {
   const int n = dist::world_size();
   for (bool input_grad : {false, true})
     for (bool twice : {false, true})
-      for (bool reshard : {true, false}) {
-        INFO("input requires grad " << input_grad << ", model called twice " << twice << ", reshard " << reshard);
+      for (bool reshard : {true, false})
+      for (bool retain : {false, true}) {
+        INFO("input requires grad " << input_grad << ", model called twice " << twice << ", reshard " << reshard
+             << ", a second backward through the graph " << retain);
         manual_seed(3);
         auto ref = std::make_shared<Shared>();
         manual_seed(3);
@@ -184,8 +186,9 @@ TEST_CASE("a module called twice in one forward, a model called twice before one
           Tensor x = rand({2 * n, 4}, {}, &g) - 0.5, mine = x.narrow(0, 2 * dist::rank(), 2).contiguous();
           x.set_requires_grad(input_grad), mine.set_requires_grad(input_grad);
           ref_opt.zero_grad(), opt.zero_grad();
-          loss(*ref, x).backward();
-          loss(*m, mine).backward();
+          Tensor lr = loss(*ref, x), lm = loss(*m, mine);
+          if (retain) lr.backward({}, true), lm.backward({}, true);  // twice through one graph: both gradients add up
+          lr.backward(), lm.backward();
           ref_opt.step(), opt.step();
         }
         for (auto& [name, p] : ref->named_parameters())
