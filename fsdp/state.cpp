@@ -31,6 +31,12 @@ class PostBackward : public autograd::Function {
   std::weak_ptr<FSDPState> state_;
 };
 
+// The roots whose end-of-backward callbacks the running backward queued.
+std::vector<std::string>& backward_roots() {
+  static std::vector<std::string> roots;
+  return roots;
+}
+
 uint64_t fnv1a(const std::string& s) {
   uint64_t h = 1469598103934665603ull;
   for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
@@ -156,9 +162,9 @@ void FSDPState::transition(TrainingState to, std::initializer_list<TrainingState
              hook, path_, training_state_name(training_state_), training_state_name(to), allowed);
 }
 
-// Every rank must hold the same model: same parameter names, global shapes and dtypes in the
-// same order, or the collectives would mismatch. Compared by hash, then per parameter to name
-// the first difference; every rank raises the same error.
+// Every rank must hold the same model: same parameter names, global shapes, dtypes, shard dims (a
+// shard_placement_fn's) and frozen ones in the same order, or the collectives would mismatch.
+// Compared by hash, then per parameter to name the first difference; every rank raises the same error.
 void FSDPState::validate_across_ranks() {
   auto pg = mesh->group(mesh->ndim() - 1);
   if (pg->device().is_meta()) return;  // a fake group (a memory plan): no other ranks to compare with
@@ -166,8 +172,8 @@ void FSDPState::validate_across_ranks() {
   for (FSDPState* s : states_)
     if (s->group)
       for (auto& p : s->group->params())
-        descs.push_back(fmt::format("{} {} {}, sharded on dim {}", p->name(), shape_str(p->global_shape()),
-                                    dtype_name(p->dtype()), p->shard_dim()));  // the dim: a shard_placement_fn's
+        descs.push_back(fmt::format("{} {} {}, sharded on dim {}{}", p->name(), shape_str(p->global_shape()),
+                                    dtype_name(p->dtype()), p->shard_dim(), p->requires_grad() ? "" : ", frozen"));
   int world = pg->size();
   // Exchanged on the group's device (NCCL takes CUDA tensors only), read on the host.
   Device dev = pg->device();
@@ -202,6 +208,7 @@ void FSDPState::reset_iteration() {
   // (reshard_after_backward off, a root that keeps its parameters) stay so: the next forward
   // needs no all-gather for them.
   const bool interrupted = step_ != TrainingState::idle;
+  if (interrupted) backward_roots().clear();  // a backward that threw never ran its end-of-backward callback
   for (FSDPState* s : states_) {
     s->training_state_ = TrainingState::idle, s->hooked_calls_ = s->inputs_fired_ = s->unhooked_calls_ = 0;
     // A list whose members did not all run (a forward without gradients may skip some) is
@@ -233,12 +240,6 @@ FSDPState* FSDPState::next_in_order(int direction) {
 }
 
 namespace {
-// The roots whose end-of-backward callbacks the running backward queued.
-std::vector<std::string>& backward_roots() {
-  static std::vector<std::string> roots;
-  return roots;
-}
-
 // One backward through several roots means the module that calls them is not sharded: its own
 // parameters get each rank's gradients unsynchronized and drift apart. FSDP2 allows the
 // pattern, so this warns (once per process) rather than fails.
@@ -411,8 +412,7 @@ void FSDPState::post_backward() {
   if (requires_gradient_sync_) {
     // At most one reduce-scatter in flight besides this one: finishing the previous group's
     // frees its send buffer before this group's is filled (the backward memory bound).
-    FSDPState* r = root();
-    if (!r) r = this;
+    FSDPState* r = root() ? root() : this;
     if (r->last_reduce_scatter_ && r->last_reduce_scatter_ != this && r->last_reduce_scatter_->group)
       r->last_reduce_scatter_->group->finish_reduce_scatter();
     group->start_reduce_scatter();

@@ -364,20 +364,16 @@ TEST_CASE("tied parameters in every state-dict path") {
   if (dist::rank() == 0) fs::remove_all(dir);
 }
 
-TEST_CASE("an unsharded parent of sharded modules is warned about") {
-  // Only the layers are sharded: each is a root, and the model's own parameters (none here, a
-  // model with a head of its own would drift) are not synchronized. FSDP2 allows it; weft warns.
-  manual_seed(3);
-  auto m = std::make_shared<UnevenMLP>();
-  fsdp::fully_shard(m->fc1);
-  fsdp::fully_shard(m->fc2);
+namespace {
+// What `run` writes to stderr.
+std::string stderr_of(const std::function<void()>& run) {
   std::fflush(stderr);
   char path[] = "/tmp/weft_warn_XXXXXX";
   int fd = mkstemp(path);
   REQUIRE(fd >= 0);
   int saved = dup(2);
   dup2(fd, 2);
-  loss_of(*m, slice(mlp_batch(0, 8))).backward();
+  run();
   std::fflush(stderr);
   dup2(saved, 2);
   close(saved);
@@ -386,8 +382,32 @@ TEST_CASE("an unsharded parent of sharded modules is warned about") {
   std::stringstream text;
   text << in.rdbuf();
   std::remove(path);
-  CHECK_THAT(text.str(), Contains("fsdp: warning: one backward ran through 2 separately sharded modules") &&
-                             Contains("Call fully_shard on the whole model last"));
+  return text.str();
+}
+}  // namespace
+
+// Before the next test: the warning is printed once per process.
+TEST_CASE("a backward that threw leaves no root behind for the next backward's warning") {
+  manual_seed(3);
+  auto m = std::make_shared<UnevenMLP>();
+  fsdp::fully_shard(m);
+  Tensor out = (*m)(slice(mlp_batch(0, 8)).x);
+  out.register_hook([](const Tensor&) -> Tensor { throw std::runtime_error("hook failure"); });
+  CHECK_THROWS_WITH(sum(out).backward(), Contains("hook failure"));
+  CHECK_THAT(stderr_of([&] { loss_of(*m, slice(mlp_batch(1, 8))).backward(); }),
+             !Contains("separately sharded modules"));
+}
+
+TEST_CASE("an unsharded parent of sharded modules is warned about") {
+  // Only the layers are sharded: each is a root, and the model's own parameters (none here, a
+  // model with a head of its own would drift) are not synchronized. FSDP2 allows it; weft warns.
+  manual_seed(3);
+  auto m = std::make_shared<UnevenMLP>();
+  fsdp::fully_shard(m->fc1);
+  fsdp::fully_shard(m->fc2);
+  CHECK_THAT(stderr_of([&] { loss_of(*m, slice(mlp_batch(0, 8))).backward(); }),
+             Contains("fsdp: warning: one backward ran through 2 separately sharded modules") &&
+                 Contains("Call fully_shard on the whole model last"));
 }
 
 TEST_CASE("activation checkpointing composes with fully_shard: parity, either order") {

@@ -369,6 +369,14 @@ TEST_CASE("bad input: tied parameters split across groups, models that differ ac
   fsdp::fully_shard(placed, o);
   CHECK_THROWS_WITH((*placed)(ones({2, 4})), Catch::Contains("ranks hold different models") &&
                                                  Catch::Contains("sharded on dim"));
+  // Ranks that freeze different parameters of the same shapes: each rank's gradient columns would hold another
+  // parameter, averaged together.
+  auto frozen = std::make_shared<nn::Sequential>(std::initializer_list<nn::ModulePtr>{
+      std::make_shared<nn::Linear>(4, 4), std::make_shared<nn::Linear>(4, 4)});
+  frozen->at<nn::Linear>(dist::rank() % 2)->weight.set_requires_grad(false);
+  fsdp::fully_shard(frozen);
+  CHECK_THROWS_WITH((*frozen)(ones({2, 4})), Catch::Contains("ranks hold different models") &&
+                                                 Catch::Contains("0.weight [4, 4] f32"));
 }
 
 TEST_CASE("reshard_after_forward = 2: backward gathers within pairs of ranks") {
