@@ -82,6 +82,8 @@ class FSDPParam {
   Tensor unsharded_grad() const;
   bool has_unsharded_grad() const;
   void clear_unsharded_grad();
+  // Takes up a requires_grad set since on the registered parameter (FSDP2 follows it); true if it changed.
+  bool follow_requires_grad();
   void use_sharded();
   void use_unsharded();
 

@@ -58,13 +58,10 @@ FSDPParamGroup::FSDPParamGroup(std::vector<Entry> entries, const FullyShardOptio
   for (size_t i = 0; i < entries.size(); ++i) {
     params_.push_back(std::make_unique<FSDPParam>(entries[i].name, entries[i].slots, entries[i].shard_dim, rank,
                                                   world, flat_shard_, offset));
-    if (params_.back()->requires_grad()) {
-      params_.back()->set_grad_offset(grad_numel_);
-      grad_numel_ += padded[i];
-    }
     offset += padded[i];
     if (offload_) params_.back()->set_pin_grads(opts.offload_policy->pin_memory, device);
   }
+  lay_out_grads();
   // The shards were copied from the device into pinned memory asynchronously; the host (an
   // optimizer, a state dict) may read them as soon as fully_shard returns.
   if (offload_) current_stream(device).synchronize();
@@ -74,6 +71,21 @@ FSDPParamGroup::FSDPParamGroup(std::vector<Entry> entries, const FullyShardOptio
   param_dtype_ = opts.mp_policy.param_dtype.value_or(dtype);
   reduce_dtype_ = opts.mp_policy.reduce_dtype.value_or(param_dtype_);
   for (auto& p : params_) p->use_sharded();
+}
+
+void FSDPParamGroup::lay_out_grads() {
+  WEFT_CHECK(!pending_rs_ && !partial_reduce_output_.defined() && grad_leaves_.leaves() == 0, "fsdp: requires_grad of "
+             "a parameter of '{}' changed while its gradients wait for a reduction (HSDP without all-reduce, or "
+             "deterministic accumulation): change it after the step that reduces them", label);
+  grad_numel_ = 0;
+  for (auto& p : params_)
+    p->set_grad_offset(p->requires_grad() ? std::exchange(grad_numel_, grad_numel_ + p->padded_numel()) : -1);
+}
+
+void FSDPParamGroup::follow_requires_grad() {
+  bool changed = false;
+  for (auto& p : params_) changed |= p->follow_requires_grad();
+  if (changed) lay_out_grads();
 }
 
 void FSDPParamGroup::set_comm_context(std::shared_ptr<CommContext> ctx) { comm_ = std::move(ctx); }
@@ -183,13 +195,14 @@ void FSDPParamGroup::add_grad_leaf() {
   grad_leaves_.add({packed});
 }
 
-// The reduction's label names the parameters no gradient reached: ranks that leave different ones without (each
-// would step what the others do not) fail the collective check together.
+// The reduction's label names the parameters no gradient reached and the frozen ones: ranks that leave different
+// ones without (each would step what the others do not) or froze different ones fail the collective check together.
 std::string FSDPParamGroup::reduce_label() const {
-  std::vector<std::string> none;
+  std::vector<std::string> none, frozen;
   for (auto& p : params_)
-    if (p->requires_grad() && !p->grad_reached()) none.push_back(p->name());
-  return none.empty() ? label : fmt::format("{} (no gradient: {})", label, fmt::join(none, ", "));
+    if (!p->requires_grad() || !p->grad_reached()) (p->requires_grad() ? none : frozen).push_back(p->name());
+  const std::string what = none.empty() ? label : fmt::format("{} (no gradient: {})", label, fmt::join(none, ", "));
+  return frozen.empty() ? what : fmt::format("{} (frozen: {})", what, fmt::join(frozen, ", "));
 }
 
 void FSDPParamGroup::start_reduce_scatter() {

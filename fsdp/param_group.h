@@ -51,6 +51,8 @@ class FSDPParamGroup {
   // group under it share the root's.
   const std::shared_ptr<CommContext>& comm_context() const { return comm_; }
   void set_comm_context(std::shared_ptr<CommContext> ctx);
+  // Before each forward: takes up requires_grad changed on its parameters and lays out the gradient columns again.
+  void follow_requires_grad();
 
   // partial: after a forward with reshard_after_forward = k, each rank keeps its 1/k chunk of
   // the full parameters, gathered again within its group of k ranks for backward.
@@ -94,6 +96,7 @@ class FSDPParamGroup {
 
  private:
   std::vector<std::unique_ptr<FSDPParam>> params_;
+  void lay_out_grads();  // the columns of the parameters that require gradients, in order, from 0
   dist::ProcessGroupPtr shard_group_, replicate_group_;
   Tensor flat_shard_;
   int64_t group_numel_ = 0;

@@ -289,6 +289,7 @@ std::optional<TensorList> FSDPState::pre_forward(const TensorList& inputs, size_
   FSDPState* r = root();
   if (r && !r->forward_order_) r->recording_order_.push_back(this);
   if (group) {
+    group->follow_requires_grad();
     group->finish_unshard();
     // Prefetch: the next group's all-gather runs while this module computes.
     if (forward_prefetch_) {

@@ -196,6 +196,47 @@ TEST_CASE("a module called twice in one forward, a model called twice before one
       }
 }
 
+// As FSDP2, requires_grad set after fully_shard is followed: a parameter frozen mid-training gets no more gradient
+// and is not stepped, an unfrozen one trains (both had kept the flag they had when sharded). Ranks that change
+// different parameters stop.
+TEST_CASE("requires_grad changed after fully_shard: frozen or unfrozen mid-training") {
+  const int n = dist::world_size();
+  for (bool freeze : {true, false}) {
+    INFO("frozen mid-training " << freeze << " (else unfrozen)");
+    manual_seed(5);
+    auto ref = std::make_shared<Shared>();
+    manual_seed(5);
+    auto m = std::make_shared<Shared>();
+    auto set_flags = [](Shared& s, bool on) { s.a->weight.set_requires_grad(on), s.b->bias.set_requires_grad(on); };
+    set_flags(*ref, freeze), set_flags(*m, freeze);
+    fsdp::fully_shard(m->a);
+    auto root = fsdp::fully_shard(m);
+    nn::SGD ref_opt(ref->parameters(), {.lr = 0.1}), opt(m->parameters(), {.lr = 0.1});
+    for (int step = 0; step < 4; ++step) {
+      if (step == 2) set_flags(*ref, !freeze), set_flags(*m, !freeze);
+      Generator g(60 + uint64_t(step));
+      Tensor x = rand({2 * n, 4}, {}, &g) - 0.5, mine = x.narrow(0, 2 * dist::rank(), 2).contiguous();
+      ref_opt.zero_grad(), opt.zero_grad();
+      (sum((*ref)(x) * (*ref)(x)) / double(x.size(0))).backward();
+      (sum((*m)(mine) * (*m)(mine)) / double(mine.size(0))).backward();
+      CHECK(m->a->weight.grad().defined() == ((step < 2) == freeze));
+      ref_opt.step(), opt.step();
+    }
+    for (auto& [name, p] : ref->named_parameters())
+      check_close(to_vector(root.full_tensor(name)), to_vector(p), "parameter " + name);
+  }
+  if (n < 2) {
+    WARN("ranks that freeze different parameters need 2 ranks; checked under mpirun -np 2 and 4");
+    return;
+  }
+  auto m = std::make_shared<Shared>();
+  fsdp::fully_shard(m);
+  sum((*m)(ones({2, 4}))).backward();
+  (dist::rank() == 0 ? m->a->weight : m->b->weight).set_requires_grad(false);  // both [4, 4]
+  CHECK_THROWS_WITH(sum((*m)(ones({2, 4}))).backward(), Catch::Contains("issue different collectives") &&
+                                                           Catch::Contains("(frozen: "));
+}
+
 // b is used at the first step only (a branch a step passes by).
 struct Branch : nn::Module {
   std::shared_ptr<nn::Linear> a, b;
