@@ -6,11 +6,20 @@
 #include "core/copy.h"
 #include "core/grad_mode.h"
 #include "core/partial_reduction.h"
+#include "fsdp/param_group.h"
+#include "fsdp/state.h"
 
 namespace weft::fsdp {
 namespace {
 
 Shape as_nd(const Shape& s) { return s.empty() ? Shape{1} : s; }
+
+// Every group of `model` back to its shards, as FSDP2 reshards before state-dict work: a group still gathered (a
+// forward without backward, reshard_after_backward false, unshard()) holds the whole parameters in its slots.
+void reshard_gathered(nn::Module& model) {
+  for (auto& [name, m] : model.named_modules())
+    if (auto s = state_of(*m); s && s->group && s->group->state() != FSDPParamGroup::State::sharded) s->group->reshard();
+}
 
 // Along one dim, a piece holds runs of the global indices: `length` of them from `global`, at
 // `local` in the piece (one run unless a tensor-parallel split cut the dim in blocks).
@@ -155,6 +164,7 @@ std::map<std::string, std::string> tied_parameter_names(nn::Module& model) {
 }
 
 ShardedStateDict sharded_state_dict(nn::Module& model, const FSDPModule* root) {
+  reshard_gathered(model);
   ShardedStateDict out;
   std::set<TensorImpl*> seen;
   for (auto& [name, t] : model.named_parameters())
@@ -164,6 +174,7 @@ ShardedStateDict sharded_state_dict(nn::Module& model, const FSDPModule* root) {
 }
 
 std::vector<std::string> optimizer_param_names(const nn::Optimizer& opt, nn::Module& model) {
+  reshard_gathered(model);
   std::unordered_map<TensorImpl*, std::string> names;
   for (auto& [name, t] : model.named_parameters()) names.emplace(t.impl(), name);
   std::vector<std::string> out;

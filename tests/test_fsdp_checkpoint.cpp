@@ -250,6 +250,38 @@ TEST_CASE("full state dicts: gathered like the single-process model, to every ra
                     Contains("\"lm_head.weight\" must equal \"wte.weight\""));
 }
 
+// A group left gathered (unshard(), a loss with gradients on and no backward, reshard_after_backward false) held
+// the whole parameters in its slots: a checkpoint saved then held them as shards (it failed at load), and state
+// dicts and loads failed with shape errors. State-dict work reshards first, as FSDP2 does.
+TEST_CASE("state dicts and checkpoints of a model left gathered are those of its shards") {
+  const fs::path dir = shared_dir("gathered");
+  int64_t step = 0;  // each case's checkpoint the newest
+  for (const std::string how : {"unshard", "forward", "reshard_after_backward false"}) {
+    INFO(how);
+    auto [m, root] = make_sharded<TinyGPT>(7);
+    nn::AdamW opt(m->parameters(), {.lr = 1e-2});
+    train(*m, opt, 0, 2);
+    const auto full = fsdp::full_state_dict(*m, &root), ofull = fsdp::full_optimizer_state_dict(opt, *m, &root);
+    const auto gather = [&, &m = m, &root = root] {
+      if (how == "unshard") root.unshard();
+      if (how == "forward") (void)loss_of(*m, slice(gpt_batch(5, 4)));
+      if (how == "reshard_after_backward false") root.set_reshard_after_backward(false), loss_of(*m, slice(gpt_batch(5, 4))).backward();
+    };
+    gather();
+    check_same(fsdp::full_state_dict(*m, &root), full, how + ": full state dict");
+    if (how != "reshard_after_backward false") check_same(fsdp::full_optimizer_state_dict(opt, *m, &root), ofull, how);
+    opt.zero_grad();
+    gather();
+    fsdp::save_checkpoint(dir.string(), *m, &opt, &root, {.step = ++step});
+    gather();
+    fsdp::load_checkpoint(dir.string(), *m, &opt, &root);
+    check_same(fsdp::full_state_dict(*m, &root), full, how + ": saved and loaded");
+    gather();
+    fsdp::load_full_state_dict(*m, full, &root);
+    check_same(fsdp::full_state_dict(*m, &root), full, how + ": a full state dict loaded");
+  }
+}
+
 TEST_CASE("checkpoints reshard N -> M for every pair of shard counts (HSDP meshes of N shards)") {
   fs::path dir = shared_dir("reshard");
   std::map<int, std::pair<nn::NamedTensorList, nn::NamedTensorList>> saved;  // N -> full model, optimizer
