@@ -27,6 +27,13 @@ FSDPParam::FSDPParam(std::string name, std::vector<Tensor*> slots, int64_t shard
   if (global_shape_.empty() && local_rows_ == 1) local = local.view({});  // 0-dim: held by rank 0
   sharded_ = local.detach();
   if (requires_grad_) sharded_.set_requires_grad(true);
+  // Gradients reach the shard through the reduce-scatter only: one from autograd means a forward used the shard
+  // itself (a parent reading a separately sharded child's weight, or module->forward() skipping the hooks).
+  sharded_.autograd_meta().leaf_hooks.push_back([name = name_](const Tensor&) -> Tensor {
+    WEFT_ERROR("fsdp: a backward reached the shard of {}: a forward used this rank's shard of it, outside the call of "
+               "the module that holds it (a parent reading a separately sharded child's parameter, or module->forward() "
+               "instead of (*module)(x)); call that module, or shard the two in one group", name);
+  });
   if (orig.device().is_meta()) init_from_rule(orig);
   else load_full(orig);
 }
