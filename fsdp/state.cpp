@@ -208,7 +208,7 @@ void FSDPState::reset_iteration() {
   // (reshard_after_backward off, a root that keeps its parameters) stay so: the next forward
   // needs no all-gather for them.
   const bool interrupted = step_ != TrainingState::idle;
-  if (interrupted) backward_roots().clear();  // a backward that threw never ran its end-of-backward callback
+  if (!autograd::Engine::is_running()) backward_roots().clear();  // stale: a backward that threw, of any root
   for (FSDPState* s : states_) {
     s->training_state_ = TrainingState::idle, s->hooked_calls_ = s->inputs_fired_ = s->unhooked_calls_ = 0;
     // A list whose members did not all run (a forward without gradients may skip some) is

@@ -286,34 +286,6 @@ TEST_CASE("an optimizer built before fully_shard is refused at its first step, n
   CHECK_NOTHROW(late.step());
 }
 
-namespace {
-// nanoGPT's tying by reading: the head is the embedding's weight, read by the parent's forward.
-struct ReadsChildWeight : nn::Module {
-  std::shared_ptr<nn::Embedding> wte = register_module("wte", std::make_shared<nn::Embedding>(8, 4));
-  std::shared_ptr<nn::Linear> mid = register_module("mid", std::make_shared<nn::Linear>(4, 4));
-  ReadsChildWeight() : nn::Module("ReadsChildWeight") {}
-  Tensor forward(const Tensor& idx) override { return linear(tanh((*mid)((*wte)(idx))), wte->weight); }
-  using nn::Module::forward;
-};
-}  // namespace
-
-// With wte sharded apart, the parent read this rank's shard (logits [4, 8 / P], a gradient that skipped the
-// reduce-scatter), where FSDP2 fails on mixing a DTensor with a tensor: the backward reaching the shard says so.
-TEST_CASE("a forward that reads a separately sharded child's parameter is refused at its backward") {
-  manual_seed(1);
-  auto m = std::make_shared<ReadsChildWeight>();
-  fsdp::fully_shard(m->wte);
-  fsdp::fully_shard(m);
-  const Tensor idx = from_vector({1, 2, 3, 0}, {4}, {.dtype = kInt64});
-  CHECK_THROWS_WITH(sum((*m)(idx)).backward(),
-                    Contains("a backward reached the shard of weight") && Contains("outside the call of the module"));
-  // Sharded in one group, the same model trains.
-  manual_seed(1);
-  auto one = std::make_shared<ReadsChildWeight>();
-  fsdp::fully_shard(one);
-  CHECK_NOTHROW(sum((*one)(idx)).backward());
-}
-
 TEST_CASE("sharding a module after the module that contains it is refused: bottom-up") {
   manual_seed(3);
   auto m = std::make_shared<UnevenMLP>();
@@ -436,6 +408,35 @@ TEST_CASE("an unsharded parent of sharded modules is warned about") {
   CHECK_THAT(stderr_of([&] { loss_of(*m, slice(mlp_batch(0, 8))).backward(); }),
              Contains("fsdp: warning: one backward ran through 2 separately sharded modules") &&
                  Contains("Call fully_shard on the whole model last"));
+}
+
+namespace {
+// nanoGPT's tying by reading: the head is the embedding's weight, read by the parent's forward.
+struct ReadsChildWeight : nn::Module {
+  std::shared_ptr<nn::Embedding> wte = register_module("wte", std::make_shared<nn::Embedding>(8, 4));
+  std::shared_ptr<nn::Linear> mid = register_module("mid", std::make_shared<nn::Linear>(4, 4));
+  ReadsChildWeight() : nn::Module("ReadsChildWeight") {}
+  Tensor forward(const Tensor& idx) override { return linear(tanh((*mid)((*wte)(idx))), wte->weight); }
+  using nn::Module::forward;
+};
+}  // namespace
+
+// With wte sharded apart, the parent read this rank's shard (logits [4, 8 / P], a gradient that skipped the
+// reduce-scatter), where FSDP2 fails on mixing a DTensor with a tensor: the backward reaching the shard says so.
+// After the warning's tests: a backward stopped here may print the once-a-process warning.
+TEST_CASE("a forward that reads a separately sharded child's parameter is refused at its backward") {
+  manual_seed(1);
+  auto m = std::make_shared<ReadsChildWeight>();
+  fsdp::fully_shard(m->wte);
+  fsdp::fully_shard(m);
+  const Tensor idx = from_vector({1, 2, 3, 0}, {4}, {.dtype = kInt64});
+  CHECK_THROWS_WITH(sum((*m)(idx)).backward(),
+                    Contains("a backward reached the shard of weight") && Contains("outside the call of the module"));
+  // Sharded in one group, the same model trains.
+  manual_seed(1);
+  auto one = std::make_shared<ReadsChildWeight>();
+  fsdp::fully_shard(one);
+  CHECK_NOTHROW(sum((*one)(idx)).backward());
 }
 
 TEST_CASE("activation checkpointing composes with fully_shard: parity, either order") {
