@@ -17,15 +17,17 @@ static bool reads_rows(const ExternalTensor& src, const Placement& p, const Tens
 int64_t external_load_bytes(nn::Module& model, const FSDPModule* root, const ExternalNames& names, Device device,
                             const std::function<bool(const std::string&)>& keep) {
   int64_t most = 0;
+  std::map<std::string, std::unique_ptr<SafetensorsReader>> readers;  // each file's header read once
   for (const auto& [name, t] : sharded_state_dict(model, root)) {
     if (keep && keep(name)) continue;
     const ExternalTensor& src = names.at(name);
-    SafetensorsReader reader(src.file);
-    const SafetensorsEntry* e = reader.find(src.name);
+    auto& reader = readers[src.file];
+    if (!reader) reader = std::make_unique<SafetensorsReader>(src.file);
+    const SafetensorsEntry* e = reader->find(src.name);
     WEFT_CHECK(e, "external_load_bytes: {} has no tensor \"{}\" (for parameter \"{}\")", src.file, src.name, name);
     const Shape rows = t.placement.local_shape();
     most = std::max(most, t.placement.split.split() ? shape_numel(e->shape) * int64_t(dtype_size(e->dtype))  // whole
-        : reads_rows(src, t.placement, t.local, device) ? reader.rows_buffer_bytes(src.name, rows.empty() ? 1 : rows[0], t.local.dtype())
+        : reads_rows(src, t.placement, t.local, device) ? reader->rows_buffer_bytes(src.name, rows.empty() ? 1 : rows[0], t.local.dtype())
         : shape_numel(rows) * int64_t(dtype_size(e->dtype)));  // the piece, read whole
   }
   return most;

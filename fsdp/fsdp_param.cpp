@@ -169,7 +169,7 @@ void FSDPParam::clear_unsharded_grad() {
 }
 
 bool FSDPParam::follow_requires_grad() {  // set on the shard, or on the unsharded parameter while its slots held it
-  const bool now = sharded_.requires_grad() != requires_grad_ ? !requires_grad_ : slots_[0]->requires_grad();
+  const bool now = sharded_.requires_grad() != requires_grad_ ? sharded_.requires_grad() : slots_[0]->requires_grad();
   if (now == requires_grad_) return false;
   sharded_.set_requires_grad(requires_grad_ = now);
   if (unsharded_.defined()) unsharded_.set_requires_grad(now);

@@ -109,11 +109,11 @@ void Optimizer::check_params() const {
       if (!p.grad().defined()) continue;
       WEFT_CHECK(p.dtype() == DType::f32 || p.dtype() == DType::f64, "{}::step: parameter {} of group {} is {}: "
                  "steps need f32 or f64 parameters (keep master weights in f32)", name_, i, g, tensor_desc(p));
-      auto it = state_.find(p.impl());
-      for (const auto& [name, t] : it == state_.end() ? std::map<std::string, Tensor>{} : it->second)
-        WEFT_CHECK(name == "step" || (t.shape() == p.shape() && t.dtype() == p.dtype() && t.device() == p.device()),
-                   "{}::step: parameter {} of group {} ({}) has state \"{}\" {}: it must match the parameter (was the "
-                   "model converted after the optimizer stepped?)", name_, i, g, tensor_desc(p), name, tensor_desc(t));
+      if (auto it = state_.find(p.impl()); it != state_.end())
+        for (const auto& [name, t] : it->second)
+          WEFT_CHECK(name == "step" || (t.shape() == p.shape() && t.dtype() == p.dtype() && t.device() == p.device()),
+                     "{}::step: parameter {} of group {} ({}) has state \"{}\" {}: it must match the parameter (was "
+                     "the model converted after the optimizer stepped?)", name_, i, g, tensor_desc(p), name, tensor_desc(t));
     }
 }
 

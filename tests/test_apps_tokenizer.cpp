@@ -33,6 +33,23 @@ json read_json(const std::string& path) {
   return json::parse(in);
 }
 
+// `text` encoded in the parts split_point cuts, one after the other: each cut looked for from the limit `first()`
+// gives, doubled until one is found; `cuts` counts them.
+std::vector<int32_t> encode_in_cut_parts(const apps::BpeTokenizer& tok, std::string_view text,
+                                         const std::function<size_t()>& first, size_t& cuts) {
+  std::vector<int32_t> got;
+  for (std::string_view rest = text; !rest.empty();) {
+    size_t cut = 0;
+    for (size_t limit = first(); cut == 0 && limit < rest.size(); limit *= 2) cut = tok.split_point(rest, limit);
+    if (cut == 0) cut = rest.size();
+    cuts += cut < rest.size();
+    const std::vector<int32_t> part = tok.encode(rest.substr(0, cut), false, rest.size() < text.size());
+    got.insert(got.end(), part.begin(), part.end());
+    rest.remove_prefix(cut);
+  }
+  return got;
+}
+
 std::string show(const std::vector<int32_t>& ids) {
   std::ostringstream s;
   for (size_t i = 0; i < ids.size(); ++i) s << (i ? "," : "") << ids[i];
@@ -439,16 +456,7 @@ TEST_CASE("tokenizer: a text cut at split_point encodes as the whole (prepare re
     size_t cuts = 0;
     for (const std::string& text : texts) {
       INFO("text " << json(text.substr(0, 80)).dump(-1, ' ', false, json::error_handler_t::replace));
-      std::vector<int32_t> got;
-      for (std::string_view rest = text; !rest.empty();) {
-        size_t cut = 0;
-        for (size_t limit = 16; cut == 0 && limit < rest.size(); limit *= 2) cut = tok.split_point(rest, limit);
-        if (cut == 0) cut = rest.size();
-        cuts += cut < rest.size();
-        const std::vector<int32_t> part = tok.encode(rest.substr(0, cut), false, rest.size() < text.size());
-        got.insert(got.end(), part.begin(), part.end());
-        rest.remove_prefix(cut);
-      }
+      const std::vector<int32_t> got = encode_in_cut_parts(tok, text, [] { return size_t(16); }, cuts);
       const std::vector<int32_t> want = tok.encode(text);
       INFO("got  " << show(got) << "\nwant " << show(want));
       CHECK(got == want);
@@ -492,17 +500,8 @@ TEST_CASE("tokenizer: a text with no other place to cut is cut before its added 
   for (const char* family : kStyles) {
     INFO(family);
     const apps::BpeTokenizer tok(kData + "/" + family + "/tokenizer.json");
-    std::vector<int32_t> got;
     size_t cuts = 0;
-    for (std::string_view rest = text; !rest.empty();) {
-      size_t cut = 0;
-      for (size_t limit = 16 + next() % 64; cut == 0 && limit < rest.size(); limit *= 2) cut = tok.split_point(rest, limit);
-      if (cut == 0) cut = rest.size();
-      cuts += cut < rest.size();
-      const std::vector<int32_t> part = tok.encode(rest.substr(0, cut), false, rest.size() < text.size());
-      got.insert(got.end(), part.begin(), part.end());
-      rest.remove_prefix(cut);
-    }
+    const std::vector<int32_t> got = encode_in_cut_parts(tok, text, [&] { return size_t(16 + next() % 64); }, cuts);
     const std::vector<int32_t> want = tok.encode(text);
     INFO("got  " << show(got) << "\nwant " << show(want));
     CHECK(got == want);

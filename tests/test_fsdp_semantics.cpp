@@ -196,6 +196,17 @@ TEST_CASE("a module called twice in one forward, a model called twice before one
       }
 }
 
+namespace {
+// The backward of mean(y^2) for `ref` over a global batch [2 x ranks, 4] drawn from `seed`, and for the sharded `m`
+// over this rank's two rows of it.
+void backward_both(nn::Module& ref, nn::Module& m, uint64_t seed) {
+  Generator g(seed);
+  Tensor x = rand({2 * dist::world_size(), 4}, {}, &g) - 0.5, mine = x.narrow(0, 2 * dist::rank(), 2).contiguous();
+  (sum(ref(x) * ref(x)) / double(x.size(0))).backward();
+  (sum(m(mine) * m(mine)) / double(mine.size(0))).backward();
+}
+}  // namespace
+
 // As FSDP2, requires_grad set after fully_shard is followed: a parameter frozen mid-training gets no more gradient
 // and is not stepped, an unfrozen one trains (both had kept the flag they had when sharded). Ranks that change
 // different parameters stop.
@@ -214,11 +225,8 @@ TEST_CASE("requires_grad changed after fully_shard: frozen or unfrozen mid-train
     nn::SGD ref_opt(ref->parameters(), {.lr = 0.1}), opt(m->parameters(), {.lr = 0.1});
     for (int step = 0; step < 4; ++step) {
       if (step == 2) set_flags(*ref, !freeze), set_flags(*m, !freeze);
-      Generator g(60 + uint64_t(step));
-      Tensor x = rand({2 * n, 4}, {}, &g) - 0.5, mine = x.narrow(0, 2 * dist::rank(), 2).contiguous();
       ref_opt.zero_grad(), opt.zero_grad();
-      (sum((*ref)(x) * (*ref)(x)) / double(x.size(0))).backward();
-      (sum((*m)(mine) * (*m)(mine)) / double(mine.size(0))).backward();
+      backward_both(*ref, *m, 60 + uint64_t(step));
       CHECK(m->a->weight.grad().defined() == ((step < 2) == freeze));
       ref_opt.step(), opt.step();
     }
@@ -265,11 +273,8 @@ TEST_CASE("parameters no gradient reached are not stepped; ranks that leave diff
     std::vector<double> b_after_first;
     for (int step = 0; step < 3; ++step) {
       ref->use_b = m->use_b = step == 0;
-      Generator g(50 + uint64_t(step));
-      Tensor x = rand({2 * n, 4}, {}, &g) - 0.5, mine = x.narrow(0, 2 * dist::rank(), 2).contiguous();
       ref_opt.zero_grad(), opt.zero_grad();
-      (sum((*ref)(x) * (*ref)(x)) / double(x.size(0))).backward();
-      (sum((*m)(mine) * (*m)(mine)) / double(mine.size(0))).backward();
+      backward_both(*ref, *m, 50 + uint64_t(step));
       if (step > 0) CHECK(!m->b->weight.grad().defined());
       ref_opt.step(), opt.step();
       if (step == 0) b_after_first = to_vector(root.full_tensor("b.weight"));
