@@ -1,9 +1,9 @@
-// weft-bench: CPU kernel throughput against the machine's own measured peak. Prints one table: peak fp32 FMA
-// rate per vector width (and the bf16 dot-product peak where the CPU has AVX512_BF16, the AMX tile peak where it
-// has AMX), GFLOP/s of each f32 GEMM kernel the CPU runs (avx512, avx2, eigen) and of the bf16 ones at 1024^3 and
-// the GEMM shapes of GPT training, of bf16 attention at GPT-2 124M's and Llama 350M's shapes, and GB/s of an
-// element-wise op, one read stream, a decode step's products and a row softmax, each at 1..N threads. Every figure
-// is the median (and the best) of several runs after a warm-up.
+// weft-bench: CPU kernel throughput against the machine's own measured peak. Prints one table: peak fp32 FMA rate per
+// vector width (and the bf16 dot-product peak where the CPU has AVX512_BF16, the AMX tile peak where it has AMX),
+// GFLOP/s of each f32 GEMM kernel the CPU runs (avx512, avx2, eigen) and of the bf16 ones at 1024^3 and the GEMM
+// shapes of GPT training, of bf16 attention at GPT medium's, GPT-2 124M's and Llama 350M's shapes, and GB/s of an
+// element-wise op, one read stream, a decode step's products and a row softmax, each at 1..N threads. Every figure is
+// the median (and the best) of several runs after a warm-up.
 #include <malloc.h>
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -184,11 +184,11 @@ void gemm_row(Bench& b, const std::string& name, int64_t m, int64_t k, int64_t n
   if (!b.bf16_kernels.empty()) kernels::cpu::set_bgemm_kernel(bf16_default);
 }
 
-// Causal attention of a training step (batch 2, ctx 1024, head dim 64) in bf16 on the bf16 kernel in use, q, k, v the
+// Causal attention of a training step (batch B, ctx T, head dim E) in bf16 on the bf16 kernel in use, q, k, v the
 // heads of one fused qkv output; GFLOP/s as the op profiler counts them (forward 4 B H T^2 E, backward 10, halved).
-void attention_row(Bench& b, const std::string& name, int64_t H, int64_t Hkv, double theta) {
+void attention_row(Bench& b, const std::string& name, int64_t B, int64_t T, int64_t H, int64_t Hkv, double theta,
+                   int64_t E = 64) {
   if (b.bf16_kernels.empty() || (name + " attention").find(b.row_filter) == std::string::npos) return;
-  const int64_t B = 2, T = 1024, E = 64;
   Tensor x = randn({B, T, (H + 2 * Hkv) * E}, {}, &b.gen).to(kBFloat16);
   auto heads = [&](int64_t first, int64_t n) { return x.narrow(2, first * E, n * E).view({B, T, n, E}).transpose(1, 2); };
   Tensor q = heads(0, H), k = heads(H, Hkv), v = heads(H + Hkv, Hkv);
@@ -227,8 +227,9 @@ void measure_gemms(Bench& b) {
   gemm_row(b, "GPT-2 124M head fwd (8,192 of its columns)", 2048, 768, 8192, false, true, 1, b.quick ? 3 : 7);
   gemm_row(b, "Llama 350M head dW (all 50,257 rows)", 50257, 2048, 1024, true, false, 1, 2);
   gemm_row(b, "batched attention scores", 128, 64, 128, false, true, 48, b.quick ? 20 : 50);
-  attention_row(b, "GPT-2 124M", 12, 12, 0);
-  attention_row(b, "Llama 350M", 16, 8, 10000);
+  attention_row(b, "GPT medium", 8, 256, 6, 6, 0);
+  attention_row(b, "GPT-2 124M", 2, 1024, 12, 12, 0);
+  attention_row(b, "Llama 350M", 2, 1024, 16, 8, 10000);
 }
 
 // Bandwidth rows: bytes read + written per call.
@@ -272,8 +273,7 @@ int main(int argc, char** argv) {
   app.add_flag("--quick", b.quick, "fewer repetitions and no 2048^3 GEMM");
   bool gemm_only = false;
   std::string kernel_filter;
-  app.add_option("--threads", max_threads, "largest thread count to measure (1..N)")
-      ->check(CLI::Range(1, 1024));
+  app.add_option("--threads", max_threads, "largest thread count to measure (1..N)")->check(CLI::Range(1, 1024));
   app.add_flag("--gemm-only", gemm_only, "only the FMA peak and the GEMM rows");
   app.add_option("--kernel", kernel_filter, "only this GEMM kernel (avx512bf16, amx: the bf16 ones)")
       ->check(CLI::IsMember({"avx512", "avx2", "eigen", "avx512bf16", "amx"}));
@@ -305,7 +305,7 @@ int main(int argc, char** argv) {
   const std::string widest = fma_width("avx512") ? "avx512" : "avx2";
   if (fma_width(widest)) {
     b.measure_peak(fmt::format("peak fp32 FMA ({}), again", widest), widest);
-    for (const std::string k : {widest, std::string("eigen")})  // the rows read against the higher of the two
+    for (const std::string& k : {widest, std::string("eigen")})  // the rows read against the higher of the two
       for (size_t i = 0; i < b.counts.size(); ++i) b.peaks[k][i] = std::max(b.peaks[k][i], b.rows.back().best[i]);
   }
   if (!gemm_only) measure_bandwidth(b);
