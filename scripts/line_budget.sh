@@ -9,7 +9,7 @@ cd "${1:-$(dirname "$0")/..}"
 # layer | budget | the files and folders counted (kernels: the entry points and the meta device)
 budgets=(
   "core           4410  core weft.h"
-  "kernels        2593  kernels/*.h kernels/*.cpp kernels/meta"
+  "kernels        2595  kernels/*.h kernels/*.cpp kernels/meta"
   "kernels/cpu    5677  kernels/cpu"
   "cuda           4671  cuda"
   "autograd       2119  autograd"
