@@ -120,7 +120,7 @@ Tensor stack(const std::vector<Tensor>& xs, int64_t dim = 0);
 Tensor dropout(const Tensor& x, double p, bool training = true, Generator* gen = nullptr);
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = {}, int64_t stride = 1,
               int64_t padding = 0);
-Tensor max_pool2d(const Tensor& x, int64_t kernel_size, int64_t stride = -1, int64_t padding = 0);
+Tensor max_pool2d(const Tensor& x, int64_t kernel_size, int64_t stride = -1, int64_t padding = 0);  // -1: kernel_size
 
 // ---- attention (autograd/ops_attention.cpp)
 // softmax(q k^T / sqrt(E) (+ causal mask)) v for q [B, H, Tq, E], k [B, H, Tk, E],

@@ -212,7 +212,7 @@ Tensor conv2d(const Tensor& x_, const Tensor& weight_, const Tensor& bias_, int6
 }
 
 Tensor max_pool2d(const Tensor& x, int64_t kernel_size, int64_t stride, int64_t padding) {
-  if (stride < 0) stride = kernel_size;
+  if (stride == -1) stride = kernel_size;  // the default: windows side by side
   WEFT_CHECK(kernel_size >= 1 && stride >= 1 && padding >= 0 && 2 * padding <= kernel_size,
              "max_pool2d: need kernel_size >= 1, stride >= 1 and 0 <= padding <= kernel_size/2, got "
              "kernel {} stride {} padding {}", kernel_size, stride, padding);

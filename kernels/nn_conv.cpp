@@ -12,11 +12,13 @@ namespace {
 int64_t conv_out_size(int64_t in, int64_t k, int64_t stride, int64_t pad) {
   return (in + 2 * pad - k) / stride + 1;
 }
+constexpr int64_t kMaxSide = int64_t(1) << 30;  // padding and windows: sums of sides stay far inside int64
 
 void check_conv_params(const Conv2dParams& p) {
-  WEFT_CHECK(p.stride_h >= 1 && p.stride_w >= 1 && p.pad_h >= 0 && p.pad_w >= 0,
-             "conv2d: stride must be >= 1 and padding >= 0, got stride ({}, {}) padding ({}, {})", p.stride_h,
-             p.stride_w, p.pad_h, p.pad_w);
+  WEFT_CHECK(p.stride_h >= 1 && p.stride_w >= 1 && p.pad_h >= 0 && p.pad_w >= 0 && p.pad_h <= kMaxSide &&
+                 p.pad_w <= kMaxSide,
+             "conv2d: stride must be >= 1 and padding in [0, 2^30], got stride ({}, {}) padding ({}, {})",
+             p.stride_h, p.stride_w, p.pad_h, p.pad_w);
 }
 
 // Checks x [N, C, H, W] against weight [O, C, kh, kw] and returns the output shape.
@@ -25,8 +27,8 @@ Shape conv_shape(const char* op, const Tensor& x, const Tensor& weight, const Co
   check_float(op, weight, "weight");
   check_device(op, x, weight);
   check_conv_params(p);
-  WEFT_CHECK(x.dim() == 4 && weight.dim() == 4 && x.size(1) == weight.size(1),
-             "{}: input {} must be [N, C, H, W] and weight {} [O, C, kh, kw] with the same C", op,
+  WEFT_CHECK(x.dim() == 4 && weight.dim() == 4 && x.size(1) == weight.size(1) && x.size(2) >= 1 && x.size(3) >= 1,
+             "{}: input {} must be [N, C, H, W] (H, W >= 1) and weight {} [O, C, kh, kw] with the same C", op,
              tensor_desc(x), tensor_desc(weight));
   WEFT_CHECK(x.dtype() == weight.dtype(), "{}: dtypes differ: input {} and weight {}", op, tensor_desc(x),
              tensor_desc(weight));
@@ -87,14 +89,14 @@ std::tuple<Tensor, Tensor, Tensor> conv2d_backward(const Tensor& grad_, const Te
 std::pair<Tensor, Tensor> max_pool2d(const Tensor& x_, const Pool2dParams& p) {
   Tensor x = plain(x_);
   check_float("max_pool2d", x, "input");
-  WEFT_CHECK(x.dim() == 3 || x.dim() == 4, "max_pool2d: input must be [N, C, H, W] or [C, H, W], got {}",
-             tensor_desc(x));
-  WEFT_CHECK(
-      p.kernel_h >= 1 && p.kernel_w >= 1 && p.stride_h >= 1 && p.stride_w >= 1 && p.pad_h >= 0 &&
-          p.pad_w >= 0 && 2 * p.pad_h <= p.kernel_h && 2 * p.pad_w <= p.kernel_w,
-      "max_pool2d: need kernel >= 1, stride >= 1 and 0 <= padding <= kernel/2, got kernel ({}, {}) stride "
-      "({}, {}) padding ({}, {})",
-      p.kernel_h, p.kernel_w, p.stride_h, p.stride_w, p.pad_h, p.pad_w);
+  WEFT_CHECK((x.dim() == 3 || x.dim() == 4) && x.size(-2) >= 1 && x.size(-1) >= 1,
+             "max_pool2d: input must be [N, C, H, W] or [C, H, W] (H, W >= 1), got {}", tensor_desc(x));
+  WEFT_CHECK(p.kernel_h >= 1 && p.kernel_w >= 1 && p.kernel_h <= kMaxSide && p.kernel_w <= kMaxSide &&
+                 p.stride_h >= 1 && p.stride_w >= 1 && p.pad_h >= 0 && p.pad_w >= 0 && 2 * p.pad_h <= p.kernel_h &&
+                 2 * p.pad_w <= p.kernel_w,
+             "max_pool2d: need 1 <= kernel <= 2^30, stride >= 1 and 0 <= padding <= kernel/2, got kernel ({}, {}) "
+             "stride ({}, {}) padding ({}, {})",
+             p.kernel_h, p.kernel_w, p.stride_h, p.stride_w, p.pad_h, p.pad_w);
   int64_t h = x.size(-2), w = x.size(-1);
   int64_t ho = conv_out_size(h, p.kernel_h, p.stride_h, p.pad_h);
   int64_t wo = conv_out_size(w, p.kernel_w, p.stride_w, p.pad_w);

@@ -187,6 +187,8 @@ TEST_CASE("gradcheck: conv2d and max_pool2d") {
   img = (sin(img) * 3.0).detach().set_requires_grad();
   expect_ok([](const TensorList& x) { return max_pool2d(x[0], 2); }, {img});
   expect_ok([](const TensorList& x) { return max_pool2d(x[0], 3, 1, 1); }, {img});
+  // Only -1 stands for the default stride (the window's size); another negative one is refused, as nn::MaxPool2d does.
+  CHECK_THROWS_WITH(max_pool2d(img, 2, -5), Catch::Contains("max_pool2d") && Catch::Contains("stride -5"));
 }
 
 TEST_CASE("gradcheck names its bad arguments") {

@@ -775,6 +775,15 @@ TEST_CASE("nn kernels reject bad input with errors naming the op") {
   CHECK_THROWS_WITH(k::max_pool2d(rnd({1, 1, 4, 4}), {2, 2, 2, 2, 2, 0}),
                     Contains("max_pool2d") && Contains("padding"));
   CHECK_THROWS_WITH(k::max_pool2d(rnd({4, 4}), {}), Contains("max_pool2d") && Contains("[4, 4]"));
+  // An empty plane that padding would cover, padding past int64 when doubled, a window as wide.
+  CHECK_THROWS_WITH(k::max_pool2d(rnd({1, 1, 0, 3}), {2, 2, 1, 1, 1, 1}), Contains("(H, W >= 1), got f64[1, 1, 0, 3]"));
+  CHECK_THROWS_WITH(k::conv2d(rnd({1, 1, 0, 3}), rnd({1, 1, 3, 3}), Tensor(), {1, 1, 2, 2}),
+                    Contains("conv2d") && Contains("(H, W >= 1)"));
+  const int64_t huge = int64_t(1) << 62;
+  CHECK_THROWS_WITH(k::conv2d(rnd({1, 1, 4, 4}), rnd({1, 1, 3, 3}), Tensor(), {1, 1, huge, 0}),
+                    Contains("conv2d") && Contains("padding in [0, 2^30]"));
+  CHECK_THROWS_WITH(k::max_pool2d(rnd({1, 1, 4, 4}), {huge, 2, 1, 1, huge / 2, 0}),
+                    Contains("max_pool2d") && Contains("kernel <= 2^30"));
   CHECK_THROWS_WITH(k::embedding(rnd({3}), idx({0}, {1})), Contains("embedding") && Contains("[V, D]"));
   CHECK_THROWS_WITH(k::embedding(rnd({3, 2}), x), Contains("embedding") && Contains("i64"));
   CHECK_THROWS_WITH(k::dropout_backward(x, ones({3, 2}, {.dtype = kBool}), 0.5),
