@@ -39,7 +39,8 @@ struct CheckpointProgress {
 
 struct SaveOptions {
   // Keep only the K newest complete checkpoints under the directory (0: all) and, besides them,
-  // the one with the lowest finite recorded loss (the newest of equals), so that a diverging run
+  // the one with the lowest finite recorded loss (the newest of equals) and the one before it
+  // (whose weights gave that loss, logged before its step's update), so that a diverging run
   // cannot rotate away every checkpoint it wrote before diverging.
   int keep_last = 0;
   // A checkpoint keep_last must not remove either (a trainer's newest checkpoint known to resume).

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <limits>
 #include <optional>
+#include <set>
 #include <sys/file.h>
 #include <unistd.h>
 
@@ -70,17 +71,19 @@ std::map<int64_t, Recorded> recorded_checkpoints(const fs::path& dir) {
   return out;
 }
 
-// Of `own`'s checkpoints, the one with the lowest finite recorded loss (the newest of equals);
-// none when none records one.
-std::optional<fs::path> best_checkpoint(const std::map<int64_t, Recorded>& own) {
-  std::optional<fs::path> best;
-  double best_loss = 0;
-  for (auto& [step, r] : own)
-    if (r.loss && std::isfinite(*r.loss) && (!best || *r.loss <= best_loss)) {
-      best = r.path;
-      best_loss = *r.loss;
-    }
-  return best;
+// Of `own`'s checkpoints, the one with the lowest finite recorded loss (the newest of equals) and the one before it: a
+// loss is logged before its step's update, so the weights that gave it are the earlier checkpoint's (or, with saves
+// more than a step apart, the nearest saved). None when none records a loss.
+std::set<fs::path> best_checkpoints(const std::map<int64_t, Recorded>& own) {
+  auto best = own.end(), before = own.end();
+  for (auto it = own.begin(), prev = own.end(); it != own.end(); prev = it++) {
+    const std::optional<double>& loss = it->second.loss;
+    if (loss && std::isfinite(*loss) && (best == own.end() || *loss <= *best->second.loss)) best = it, before = prev;
+  }
+  std::set<fs::path> out;
+  for (auto it : {best, before})
+    if (it != own.end()) out.insert(it->second.path);
+  return out;
 }
 
 // Removes a published checkpoint: renamed to .old-step_N first, so that a removal cut short leaves a leftover the next
@@ -102,10 +105,10 @@ void rotate(const fs::path& final_dir, const SaveOptions& options, const std::st
   if (options.replace_other_runs)
     for (auto& [s, r] : others) discard(r.path);
   std::error_code ec;
-  const std::optional<fs::path> best = best_checkpoint(own);
+  const std::set<fs::path> best = best_checkpoints(own);
   int excess = options.keep_last > 0 ? int(own.size()) - options.keep_last : 0;
   for (auto it = own.begin(); excess-- > 0; ++it)
-    if (it->second.path != final_dir && it->second.path != best &&
+    if (it->second.path != final_dir && !best.count(it->second.path) &&
         !(!options.keep_also.empty() && fs::equivalent(it->second.path, options.keep_also, ec)))
       discard(it->second.path);
 }

@@ -733,15 +733,16 @@ TEST_CASE("keep_last keeps, besides the newest, the best recorded loss and keep_
                           {.keep_last = 1, .keep_also = keep_also});
   }
   barrier();
-  // Step 6 (newest), step 2 (loss 1, the lowest), step 3 (keep_also since step 4); the NaN
-  // of step 4 is never "best".
+  // Step 6 (newest), step 2 (loss 1, the lowest) and step 1 (its weights gave that loss), step 3 (keep_also since
+  // step 4); the NaN of step 4 is never "best".
   std::vector<std::string> left;
   for (auto& e : fs::directory_iterator(dir))
     if (e.path().filename().string().rfind("step_", 0) == 0) left.push_back(e.path().filename().string());
   std::sort(left.begin(), left.end());
-  CHECK(left == std::vector<std::string>{"step_00000002", "step_00000003", "step_00000006"});
+  CHECK(left == std::vector<std::string>{"step_00000001", "step_00000002", "step_00000003", "step_00000006"});
   CHECK(fsdp::older_kept_checkpoints(dir.string(), 1) ==
-        std::vector<std::string>{(dir / "step_00000002").string(), (dir / "step_00000003").string()});
+        std::vector<std::string>{(dir / "step_00000001").string(), (dir / "step_00000002").string(),
+                                 (dir / "step_00000003").string()});
   CHECK(*fsdp::read_checkpoint_index((dir / "step_00000002").string()).training.loss == 1.0);
   barrier();
   fsdp::save_checkpoint((dir / "nan").string(), *m, nullptr, &root, {.step = 1, .loss = NAN});

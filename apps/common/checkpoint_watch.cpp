@@ -59,7 +59,7 @@ void CheckpointWatch::announce_kept(const std::string& program, const std::strin
   for (const std::string& kept : fsdp::older_kept_checkpoints(dir, keep_last))
     if (announced_.insert(kept).second)
       std::fprintf(stderr, "%s: keeping %s besides the %d newest: %s\n", program.c_str(), kept.c_str(), keep_last,
-                   kept == g ? "the newest checkpoint known to resume" : "the lowest training loss");
+                   kept == g ? "the newest checkpoint known to resume" : "the lowest training loss or the one before");
 }
 
 }  // namespace weft::apps

@@ -474,8 +474,8 @@ int main(int argc, char** argv) {
                               "run at a time may write DIR");
   app.add_option("--checkpoint-every", o.checkpoint_every, "with --save: also every N steps (0: only at the end)")
       ->check(apps::cli::integer(0, int64_t(1) << 40))->needs(save);
-  app.add_option("--keep-last", o.keep_last, "with --save: keep only the K newest checkpoints (0: all), and besides "
-                 "them the one with the lowest training loss")
+  app.add_option("--keep-last", o.keep_last, "with --save: keep only the K newest checkpoints (0: all), besides "
+                 "them the lowest training loss's, the one before it and the newest known to resume")
       ->check(apps::cli::integer(0, 1000000))->needs(save);
   app.add_flag(apps::kOverwriteCheckpointsFlag, o.overwrite_checkpoints, "let this run replace the checkpoints "
                "another run wrote to --save (removed at its first save)")->needs(save);

@@ -181,8 +181,8 @@ CLI::App* add_train_flags(CLI::App& app, TrainOptions& t) {
                                 "index.json); one run at a time may write DIR");
   tr->add_option("--checkpoint-every", t.checkpoint_every, "steps between checkpoints (0: only at the end)")
       ->check(apps::cli::integer(0, int64_t(1) << 40))->needs(ck_dir);
-  tr->add_option("--keep-last", t.keep_last, "keep only the K newest checkpoints in --checkpoint-dir (0: all), and "
-                 "besides them the one with the lowest training loss")
+  tr->add_option("--keep-last", t.keep_last, "keep only the K newest checkpoints in --checkpoint-dir (0: all), "
+                 "besides them the lowest training loss's, the one before it and the newest known to resume")
       ->check(apps::cli::integer(0, 1000000))->capture_default_str()->needs(ck_dir);
   tr->add_option("--resume", t.resume, "continue from the latest checkpoint in DIR (written at any number of ranks)");
   tr->add_flag(apps::kOverwriteCheckpointsFlag, t.overwrite_checkpoints, "let this run replace the checkpoints "
