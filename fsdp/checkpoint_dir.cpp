@@ -2,6 +2,7 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <fcntl.h>
@@ -38,14 +39,19 @@ int64_t step_of(const std::string& name, const std::string& prefix) {
 // Leftovers of saves that stopped before publishing (".tmp-step_N", ".old-step_N") for steps
 // up to `up_to`: a training run saves its steps in order, so nothing can still be writing them.
 // Later steps' leftovers are kept (another run may own them) unless the caller holds the lock.
+// A complete .old-step_N without its step_N is a replace cut short between its two renames (on
+// a filesystem without RENAME_EXCHANGE): it is the published checkpoint, and goes back.
 void remove_stale_temporaries(const fs::path& dir, int64_t up_to) {
   std::error_code ec;
-  std::vector<fs::path> stale;
+  std::vector<fs::path> stale, restore;
   for (auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
     int64_t step = std::max(step_of(name, ".tmp-"), step_of(name, ".old-"));
-    if (step >= 0 && step <= up_to) stale.push_back(e.path());
+    const bool complete = fs::exists(e.path() / kCheckpointIndexFile, ec);
+    if (step_of(name, ".old-") >= 0 && complete && !fs::exists(dir / name.substr(5), ec)) restore.push_back(e.path());
+    else if (step >= 0 && step <= up_to) stale.push_back(e.path());
   }
+  for (const fs::path& p : restore) WEFT_FS(fs::rename(p, dir / p.filename().string().substr(5)));
   for (const fs::path& p : stale) fs::remove_all(p, ec);  // best effort: the checkpoint is already safe
 }
 
@@ -132,11 +138,16 @@ void publish_checkpoint(const fs::path& tmp, const fs::path& final_dir, const Sa
                         const std::string& run) {
   fsync_directory(tmp.string());
   fs::path old = final_dir.parent_path() / (".old-" + final_dir.filename().string());
-  if (WEFT_FS(fs::exists(final_dir))) {
+  // Replacing a checkpoint of the same step swaps the two in one step where the filesystem can; else the published one
+  // steps aside as .old-step_N first (remove_stale_temporaries puts it back if a crash falls between the renames).
+  const bool swapped = WEFT_FS(fs::exists(final_dir)) &&
+                       ::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0;
+  if (swapped) old = tmp;
+  else if (WEFT_FS(fs::exists(final_dir))) {
     WEFT_FS(fs::remove_all(old));
     WEFT_FS(fs::rename(final_dir, old));
   }
-  WEFT_FS(fs::rename(tmp, final_dir));
+  if (!swapped) WEFT_FS(fs::rename(tmp, final_dir));
   fsync_directory(final_dir.parent_path().string());
   WEFT_FS(fs::remove_all(old));
   remove_stale_temporaries(final_dir.parent_path(), step_of(final_dir.filename().string(), ""));

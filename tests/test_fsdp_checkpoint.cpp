@@ -788,11 +788,20 @@ TEST_CASE("a checkpoint directory has one writer: a second claim names the holde
   fs::create_directories(dir / ".tmp-step_00000099" / "sub");
   fs::create_directories(dir / ".old-step_00000007");
   fs::create_directories(dir / "step_00000005");
+  // A replace of step 9 cut short between its renames: the published one (complete) aside, the new one complete too.
+  for (const char* d : {".old-step_00000009", ".tmp-step_00000009"}) {
+    fs::create_directories(dir / d);
+    std::ofstream(dir / d / "index.json") << d;
+  }
   {
     fsdp::CheckpointDirLock first(dir.string());
     CHECK(!fs::exists(dir / ".tmp-step_00000099"));
     CHECK(!fs::exists(dir / ".old-step_00000007"));
     CHECK(fs::exists(dir / "step_00000005"));
+    CHECK(!fs::exists(dir / ".tmp-step_00000009"));
+    CHECK(!fs::exists(dir / ".old-step_00000009"));
+    std::ifstream restored(dir / "step_00000009" / "index.json");
+    CHECK(std::string(std::istreambuf_iterator<char>(restored), {}) == ".old-step_00000009");
     CHECK_THROWS_WITH(fsdp::CheckpointDirLock(dir.string()),
                       Contains("is in use by another run") && Contains(fmt::format("pid {},", ::getpid())));
   }
