@@ -140,14 +140,13 @@ void publish_checkpoint(const fs::path& tmp, const fs::path& final_dir, const Sa
   fs::path old = final_dir.parent_path() / (".old-" + final_dir.filename().string());
   // Replacing a checkpoint of the same step swaps the two in one step where the filesystem can; else the published one
   // steps aside as .old-step_N first (remove_stale_temporaries puts it back if a crash falls between the renames).
-  const bool swapped = WEFT_FS(fs::exists(final_dir)) &&
-                       ::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0;
-  if (swapped) old = tmp;
-  else if (WEFT_FS(fs::exists(final_dir))) {
+  if (!WEFT_FS(fs::exists(final_dir))) WEFT_FS(fs::rename(tmp, final_dir));
+  else if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) old = tmp;
+  else {
     WEFT_FS(fs::remove_all(old));
     WEFT_FS(fs::rename(final_dir, old));
+    WEFT_FS(fs::rename(tmp, final_dir));
   }
-  if (!swapped) WEFT_FS(fs::rename(tmp, final_dir));
   fsync_directory(final_dir.parent_path().string());
   WEFT_FS(fs::remove_all(old));
   remove_stale_temporaries(final_dir.parent_path(), step_of(final_dir.filename().string(), ""));
