@@ -171,9 +171,18 @@ class TextStream {
 // --temperature, --top-k and --top-p where given; the others from the generation_config.json (or
 // config.json) of the Hugging Face directory the model came from (do_sample false or absent:
 // greedy), stderr naming what it took; without one, weft's defaults.
+// Says when --top-k or --top-p is given to a greedy run (where it changes nothing), as transformers warns.
+nn::SamplingOptions warn_greedy_filters(const SampleOptions& o, const nn::SamplingOptions& s, const std::string& why) {
+  if (s.temperature <= 0 && (o.top_k_set || o.top_p_set))
+    std::fprintf(stderr, "weft-transformer: warning: --top-k and --top-p filter only sampled tokens, and this run is "
+                 "greedy (%s): give --temperature to sample\n", why.c_str());
+  return s;
+}
+
 nn::SamplingOptions sampling_of(const SampleOptions& o, const apps::HfGenerationConfig& gen) {
   nn::SamplingOptions s{.repetition_penalty = o.repetition_penalty, .temperature = o.temperature, .top_k = o.top_k,
                         .top_p = o.top_p};
+  if (!gen.found || o.temperature_set) warn_greedy_filters(o, s, o.greedy ? "--greedy" : "--temperature 0");
   if (!gen.found) return s;
   std::vector<std::string> taken;
   if (!o.repetition_penalty_set && gen.repetition_penalty != 1)  // greedy too
@@ -188,7 +197,7 @@ nn::SamplingOptions sampling_of(const SampleOptions& o, const apps::HfGeneration
   if (!taken.empty())
     std::fprintf(stderr, "weft-transformer: sampling %s, as %s says (flags override)\n",
                  fmt::format("{}", fmt::join(taken, ", ")).c_str(), gen.file.c_str());
-  return s;
+  return o.temperature_set ? s : warn_greedy_filters(o, s, "do_sample false in " + gen.file);
 }
 
 // --tokenizer (by default the tokenizer.json of the Hugging Face directory the model came from),
@@ -266,7 +275,8 @@ bool is_logits_file(const std::string& path) try {
 // generation config weft does not apply, a prompt past the context (cut to its last ctx tokens).
 void warn_unlike_transformers(const SampleOptions& o, const apps::ModelConfig& cfg, const apps::HfGenerationConfig& gen,
                               int64_t prompt) {
-  if (const bool window = cfg.ctx == cfg.sliding_window; prompt + o.tokens > cfg.ctx && prompt <= cfg.ctx)
+  // The last new token is never fed back: positions up to prompt + tokens - 1 enter the model.
+  if (const bool window = cfg.ctx == cfg.sliding_window; prompt + o.tokens - 1 > cfg.ctx && prompt <= cfg.ctx)
     std::fprintf(stderr, "weft-transformer: warning: %lld prompt and %lld new tokens pass the %s of %lld: weft starts "
                  "again from the last half of it there%s\n", (long long)prompt, (long long)o.tokens,
                  window ? "sliding_window" : "model's context", (long long)cfg.ctx,
@@ -304,6 +314,10 @@ int sample(const SampleOptions& o, const Ranks& ranks) {
   nn::Module& model = *loaded.lm.module;
   const apps::ModelConfig& cfg = loaded.lm.cfg;
   const std::string source = hf_source(o.checkpoint, loaded.recorded);
+  const auto it = loaded.recorded.find("hf_source");
+  if (ranks.lead() && source.empty() && it != loaded.recorded.end() && !it->second.empty())
+    std::fprintf(stderr, "weft-transformer: warning: %s, the run's --init-from, is gone: its generation_config.json "
+                 "(stop ids, sampling defaults), context and tokenizer are not read\n", it->second.c_str());
   const std::optional<apps::BpeTokenizer> tok = sample_tokenizer(o, loaded, source);
   const std::vector<int64_t> ids = prompt_ids(o, tok ? &*tok : nullptr, cfg.vocab_size);
   WEFT_CHECK(o.logits_out.empty() || int64_t(ids.size()) <= cfg.ctx, "transformer: --logits-out writes a row per prompt "
