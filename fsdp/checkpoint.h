@@ -64,7 +64,8 @@ std::string save_checkpoint(const std::string& dir, nn::Module& model, const nn:
 
 // `path` itself when it is a checkpoint (holds index.json), else the complete step_* under it with
 // the highest step whose index reads; empty when there is none. Newer ones whose index cannot be
-// read are passed over, each adding its error (which names it) to `unreadable` when given.
+// read are passed over, each adding its error (which names it) to `unreadable` when given, as
+// does every step_* directory without an index.
 std::string latest_checkpoint(const std::string& path, std::vector<std::string>* unreadable = nullptr);
 
 // Each complete checkpoint under `dir` by step: its path and the run its index records ("" for

@@ -121,7 +121,7 @@ void rotate(const fs::path& final_dir, const SaveOptions& options, const std::st
 
 }  // namespace
 
-std::map<int64_t, fs::path> complete_checkpoints(const fs::path& dir) {
+std::map<int64_t, fs::path> complete_checkpoints(const fs::path& dir, std::map<int64_t, fs::path>* incomplete) {
   std::map<int64_t, fs::path> out;
   std::error_code ec;
   for (auto& e : fs::directory_iterator(dir, ec)) {
@@ -130,6 +130,7 @@ std::map<int64_t, fs::path> complete_checkpoints(const fs::path& dir) {
     const int64_t step = step_of(name, "");
     // An index that cannot be looked at (a loop of links) counts: reading it names the problem.
     if (std::error_code seen; step >= 0 && (fs::exists(e.path() / kCheckpointIndexFile, seen) || seen)) out[step] = e.path();
+    else if (step >= 0 && incomplete && fs::is_directory(e.path(), seen)) (*incomplete)[step] = e.path();
   }
   return out;
 }
@@ -204,7 +205,13 @@ CheckpointDirLock::~CheckpointDirLock() {
 
 std::string latest_checkpoint(const std::string& path, std::vector<std::string>* unreadable) {
   if (WEFT_FS(fs::exists(fs::path(path) / kCheckpointIndexFile))) return path;
-  auto all = complete_checkpoints(path);
+  std::map<int64_t, fs::path> incomplete;
+  auto all = complete_checkpoints(path, &incomplete);
+  for (auto& [step, dir] : incomplete)
+    if (unreadable)
+      unreadable->push_back(fmt::format("checkpoint: {} has no {}: not a complete checkpoint (weft publishes a step "
+                                        "only with its index: it was cut short or edited by hand)", dir.string(),
+                                        kCheckpointIndexFile));
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     try {  // a step_N whose index records another step (a copy renamed) would be taken as step N
       const int64_t step = read_checkpoint_index(it->second.string()).training.step;

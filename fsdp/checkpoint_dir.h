@@ -17,8 +17,10 @@ std::string checkpoint_step_dir(int64_t step);
 // .tmp-step_<step>: where it is written first.
 std::string checkpoint_temp_dir(int64_t step);
 
-// Complete checkpoints (step_* holding an index) directly under `dir`, by step.
-std::map<int64_t, std::filesystem::path> complete_checkpoints(const std::filesystem::path& dir);
+// Complete checkpoints (step_* holding an index) directly under `dir`, by step; `incomplete`, when given, gets the
+// step_* directories without one (weft publishes a step only with its index: one cut short or edited by hand).
+std::map<int64_t, std::filesystem::path> complete_checkpoints(const std::filesystem::path& dir,
+                                                              std::map<int64_t, std::filesystem::path>* incomplete = nullptr);
 
 // Moves the finished `tmp` to `final_dir` (replacing a checkpoint of the same step, which is
 // removed only after), fsync'ing both directories; removes the leftovers of saves that stopped

@@ -414,6 +414,9 @@ TEST_CASE("retention and latest: keep_last, incomplete checkpoints ignored, same
                     Catch::Contains("step_00000009 exists and is not a checkpoint (it has no index.json)"));
   barrier();
   CHECK(fs::exists(dir / "step_00000009" / "mine.txt"));
+  std::vector<std::string> unreadable;  // and latest_checkpoint names it
+  CHECK(fs::path(fsdp::latest_checkpoint(dir.string(), &unreadable)).filename() == "step_00000004");
+  CHECK_THAT(fmt::format("{}", fmt::join(unreadable, " | ")), Catch::Contains("step_00000009 has no index.json"));
   // Leftovers of saves that stopped midway (a crash, kill -9) are removed when a later step is
   // published; those of later steps are kept.
   if (dist::rank() == 0) {

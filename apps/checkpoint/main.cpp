@@ -78,7 +78,7 @@ int verify(const std::string& dir) {
               "every value is finite\n", unreadable.empty() ? "ok" : "ok, but it is not the newest", latest.c_str(),
               r.files, human_bytes(r.bytes).c_str(), r.tensors);
   for (const std::string& e : unreadable)
-    std::fprintf(stderr, "weft-checkpoint: error: a newer checkpoint cannot be read: %s\n", e.c_str());
+    std::fprintf(stderr, "weft-checkpoint: error: a checkpoint in the directory cannot be read: %s\n", e.c_str());
   return unreadable.empty() ? 0 : 1;
 }
 

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "apps/common/nonfinite.h"
+#include "fsdp/checkpoint_dir.h"
 
 namespace weft::apps {
 
@@ -14,6 +15,18 @@ CheckpointSaver::CheckpointSaver(std::string program, CheckpointFlags flags, nn:
 void CheckpointSaver::resumed(const std::string& checkpoint, int64_t step) {
   watch_ = CheckpointWatch(checkpoint, step);
   last_ = checkpoint;
+}
+
+void CheckpointSaver::check_schedule(int64_t from, int64_t end) const {
+  if (!enabled()) return;
+  const std::string name = error_prefix(program_);
+  dist::agree(ranks_.groups(), name, [&] {
+    std::map<int64_t, std::filesystem::path> incomplete;
+    fsdp::complete_checkpoints(flags_.dir, &incomplete);
+    for (auto& [step, dir] : incomplete)
+      WEFT_CHECK(step <= from || step > end || !due(step, end), "{}: {} is not a checkpoint (it has no index.json) and "
+                 "this run would save step {} there: move it away first (nothing was trained)", name, dir.string(), step);
+  });
 }
 
 bool CheckpointSaver::due(int64_t step, int64_t end) const {

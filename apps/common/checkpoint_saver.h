@@ -31,6 +31,8 @@ class CheckpointSaver {
                   const fsdp::FSDPModule* root, const Ranks& ranks);
   // The run continues from `checkpoint`, written after `step`.
   void resumed(const std::string& checkpoint, int64_t step);
+  // Refuses, before a run from `from` to `end` trains, a save it would make into a step_N that is not a checkpoint.
+  void check_schedule(int64_t from, int64_t end) const;
   bool enabled() const { return !flags_.dir.empty(); }
   // Whether a step that ends at `step` of a run ending at `end` writes a checkpoint.
   bool due(int64_t step, int64_t end) const;

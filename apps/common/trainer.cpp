@@ -67,6 +67,7 @@ int Trainer::run(int64_t end) {
   // From here a signal stops the run after its step (stop.h); before, the default action ends
   // it at once (a process blocked while starting up could not reach a step's end).
   StopSignals stop_signals(o_.program);
+  saver_.check_schedule(step_, end);
   if (step_ >= end && ranks_.lead())  // resumed at its last step
     std::fprintf(stderr, "%s: nothing to train: step %lld is the run's last\n", o_.program.c_str(), (long long)step_);
   while (step_ < end) {

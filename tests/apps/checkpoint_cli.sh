@@ -197,8 +197,8 @@ cp -r "$tmp/own" "$tmp/fb"
 mkdir "$tmp/fb/step_00000009" && echo '{"format": ' >"$tmp/fb/step_00000009/index.json"
 mkdir "$tmp/fb/step_00000010" && ln -s index.json "$tmp/fb/step_00000010/index.json"  # a loop of links: passed over too
 if "$tool" verify "$tmp/fb" >"$tmp/out" 2>&1; then fail "verify passed a directory whose newest steps do not read"; fi
-grep -q "error: a newer checkpoint cannot be read: checkpoint: $tmp/fb/step_00000009/index.json" "$tmp/out" &&
-  grep -q "error: a newer checkpoint cannot be read: .*Too many levels of symbolic links" "$tmp/out" &&
+grep -q "error: a checkpoint in the directory cannot be read: checkpoint: $tmp/fb/step_00000009/index.json" "$tmp/out" &&
+  grep -q "error: a checkpoint in the directory cannot be read: .*Too many levels of symbolic links" "$tmp/out" &&
   grep -q "ok, but it is not the newest: $tmp/fb/step_00000001" "$tmp/out" || fail "verify's fallback: $(cat "$tmp/out")"
 run "$gpt" train "${other[@]}" --stop-after 1 --resume "$tmp/fb" --checkpoint-dir "$tmp/fb" >/dev/null 2>"$tmp/err" ||
   fail "--resume did not fall back: $(cat "$tmp/err")"
@@ -209,6 +209,15 @@ cp -r "$tmp/own" "$tmp/ren" && cp -r "$tmp/ren/step_00000001" "$tmp/ren/step_000
 if "$tool" verify "$tmp/ren" >"$tmp/out" 2>&1; then fail "verify passed a renamed copy"; fi
 grep -q "$tmp/ren/step_00000008 holds step 1, not the step its name says" "$tmp/out" &&
   grep -q "ok, but it is not the newest: $tmp/ren/step_00000001" "$tmp/out" || fail "a renamed copy: $(cat "$tmp/out")"
+# A step_N without its index: verify fails naming it (it had said ok), and a run that would save step N there is
+# refused before training (it had trained up to step N and failed at its save).
+cp -r "$tmp/own" "$tmp/noidx" && mkdir "$tmp/noidx/step_00000003"
+if "$tool" verify "$tmp/noidx" >"$tmp/out" 2>&1; then fail "verify passed a step without its index"; fi
+grep -q "$tmp/noidx/step_00000003 has no index.json: not a complete checkpoint" "$tmp/out" || fail "verify: $(cat "$tmp/out")"
+if run "$gpt" train "${other[@]}" --resume "$tmp/noidx" --checkpoint-dir "$tmp/noidx" --checkpoint-every 1 \
+  --metrics "$tmp/noidx.jsonl" >/dev/null 2>"$tmp/err"; then fail "a run saved over a step without its index"; fi
+grep -q "$tmp/noidx/step_00000003 is not a checkpoint (it has no index.json) and this run would save step 3 there" \
+  "$tmp/err" && [ ! -s "$tmp/noidx.jsonl" ] || fail "the refusal before training: $(cat "$tmp/err")"
 # export-hf: the leftovers of an export to the same --out whose process is gone are removed when
 # the next one starts (a live process's are kept).
 mkdir -p "$tmp/.hf.tmp-999999999/x" "$tmp/.hf.tmp-$$"
