@@ -335,8 +335,8 @@ std::string save_checkpoint(const std::string& dir, nn::Module& model, const nn:
     const std::string text = checkpoint_index_json(index_of(sd, sc, state, aliases, records));
     const std::string index_path = (tmp / kCheckpointIndexFile).string();
     write_file_atomic(index_path, [&](std::FILE* f) {
-      WEFT_CHECK(std::fwrite(text.data(), 1, text.size(), f) == text.size(), "save_checkpoint: writing {} failed",
-                 index_path);
+      WEFT_CHECK(std::fwrite(text.data(), 1, text.size(), f) == text.size(), "save_checkpoint: writing {} failed: {}",
+                 index_path, std::strerror(errno));
     });
     publish_checkpoint(tmp, final_dir, options, state.run);
   });
