@@ -36,11 +36,10 @@ int64_t step_of(const std::string& name, const std::string& prefix) {
   return std::stoll(name.substr(head.size()));
 }
 
-// Leftovers of saves that stopped before publishing (".tmp-step_N", ".old-step_N") for steps
-// up to `up_to`: a training run saves its steps in order, so nothing can still be writing them.
-// Later steps' leftovers are kept (another run may own them) unless the caller holds the lock.
-// A complete .old-step_N without its step_N is a replace cut short between its two renames (on
-// a filesystem without RENAME_EXCHANGE): it is the published checkpoint, and goes back.
+// Leftovers of saves that stopped before publishing (".tmp-step_N", ".old-step_N") for steps up to `up_to`: a training
+// run saves its steps in order, so nothing can still be writing them. Later steps' leftovers are kept (another run may
+// own them) unless the caller holds the lock. A complete .old-step_N without its step_N is a replace cut short between
+// its two renames (on a filesystem without RENAME_EXCHANGE): it is the published checkpoint, and goes back.
 void remove_stale_temporaries(const fs::path& dir, int64_t up_to) {
   std::error_code ec;
   std::vector<fs::path> stale, restore;
@@ -92,11 +91,12 @@ std::set<fs::path> best_checkpoints(const std::map<int64_t, Recorded>& own) {
   return out;
 }
 
-// Removes a published checkpoint: renamed to .old-step_N first, so that a removal cut short leaves a leftover the next
-// save clears, never a step_N directory without its index.
+// Removes a published checkpoint: renamed to .old-step_N first (a removal cut short leaves a leftover the next save
+// clears, never a step_N without its index), its index first (that leftover is never put back as a replace cut short).
 void discard(const fs::path& checkpoint) {
   const fs::path old = checkpoint.parent_path() / (".old-" + checkpoint.filename().string());
   WEFT_FS(fs::rename(checkpoint, old));
+  WEFT_FS(fs::remove(old / kCheckpointIndexFile));
   WEFT_FS(fs::remove_all(old));
 }
 
