@@ -46,8 +46,9 @@ void remove_stale_temporaries(const fs::path& dir, int64_t up_to) {
   for (auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
     int64_t step = std::max(step_of(name, ".tmp-"), step_of(name, ".old-"));
-    const bool complete = fs::exists(e.path() / kCheckpointIndexFile, ec);
-    if (step_of(name, ".old-") >= 0 && complete && !fs::exists(dir / name.substr(5), ec)) restore.push_back(e.path());
+    if (step_of(name, ".old-") >= 0 && fs::exists(e.path() / kCheckpointIndexFile, ec) &&
+        !fs::exists(dir / name.substr(5), ec))
+      restore.push_back(e.path());
     else if (step >= 0 && step <= up_to) stale.push_back(e.path());
   }
   for (const fs::path& p : restore) WEFT_FS(fs::rename(p, dir / p.filename().string().substr(5)));
@@ -206,12 +207,11 @@ CheckpointDirLock::~CheckpointDirLock() {
 std::string latest_checkpoint(const std::string& path, std::vector<std::string>* unreadable) {
   if (WEFT_FS(fs::exists(fs::path(path) / kCheckpointIndexFile))) return path;
   std::map<int64_t, fs::path> incomplete;
-  auto all = complete_checkpoints(path, &incomplete);
-  for (auto& [step, dir] : incomplete)
-    if (unreadable)
-      unreadable->push_back(fmt::format("checkpoint: {} has no {}: not a complete checkpoint (weft publishes a step "
-                                        "only with its index: it was cut short or edited by hand)", dir.string(),
-                                        kCheckpointIndexFile));
+  auto all = complete_checkpoints(path, unreadable ? &incomplete : nullptr);
+  for (const auto& [step, dir] : incomplete)
+    unreadable->push_back(fmt::format("checkpoint: {} has no {}: not a complete checkpoint (weft publishes a step only "
+                                      "with its index: it was cut short or edited by hand)", dir.string(),
+                                      kCheckpointIndexFile));
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     try {  // a step_N whose index records another step (a copy renamed) would be taken as step N
       const int64_t step = read_checkpoint_index(it->second.string()).training.step;

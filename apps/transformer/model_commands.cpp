@@ -171,18 +171,9 @@ class TextStream {
 // --temperature, --top-k and --top-p where given; the others from the generation_config.json (or
 // config.json) of the Hugging Face directory the model came from (do_sample false or absent:
 // greedy), stderr naming what it took; without one, weft's defaults.
-// Says when --top-k or --top-p is given to a greedy run (where it changes nothing), as transformers warns.
-nn::SamplingOptions warn_greedy_filters(const SampleOptions& o, const nn::SamplingOptions& s, const std::string& why) {
-  if (s.temperature <= 0 && (o.top_k_set || o.top_p_set))
-    std::fprintf(stderr, "weft-transformer: warning: --top-k and --top-p filter only sampled tokens, and this run is "
-                 "greedy (%s): give --temperature to sample\n", why.c_str());
-  return s;
-}
-
 nn::SamplingOptions sampling_of(const SampleOptions& o, const apps::HfGenerationConfig& gen) {
   nn::SamplingOptions s{.repetition_penalty = o.repetition_penalty, .temperature = o.temperature, .top_k = o.top_k,
                         .top_p = o.top_p};
-  if (!gen.found || o.temperature_set) warn_greedy_filters(o, s, o.greedy ? "--greedy" : "--temperature 0");
   if (!gen.found) return s;
   std::vector<std::string> taken;
   if (!o.repetition_penalty_set && gen.repetition_penalty != 1)  // greedy too
@@ -197,7 +188,7 @@ nn::SamplingOptions sampling_of(const SampleOptions& o, const apps::HfGeneration
   if (!taken.empty())
     std::fprintf(stderr, "weft-transformer: sampling %s, as %s says (flags override)\n",
                  fmt::format("{}", fmt::join(taken, ", ")).c_str(), gen.file.c_str());
-  return o.temperature_set ? s : warn_greedy_filters(o, s, "do_sample false in " + gen.file);
+  return s;
 }
 
 // --tokenizer (by default the tokenizer.json of the Hugging Face directory the model came from),
@@ -274,7 +265,11 @@ bool is_logits_file(const std::string& path) try {
 // What makes the tokens differ from transformers' generate, named on stderr: the context or window passed, fields of the
 // generation config weft does not apply, a prompt past the context (cut to its last ctx tokens).
 void warn_unlike_transformers(const SampleOptions& o, const apps::ModelConfig& cfg, const apps::HfGenerationConfig& gen,
-                              int64_t prompt) {
+                              const nn::SamplingOptions& s, int64_t prompt) {
+  if (s.temperature <= 0 && (o.top_k_set || o.top_p_set))  // they filter only sampled tokens: ignored, as it warns
+    std::fprintf(stderr, "weft-transformer: warning: --top-k and --top-p filter only sampled tokens, and this run is "
+                 "greedy (%s): give --temperature to sample\n", o.temperature_set ? (o.greedy ? "--greedy" :
+                 "--temperature 0") : ("do_sample false in " + gen.file).c_str());
   // The last new token is never fed back: positions up to prompt + tokens - 1 enter the model.
   if (const bool window = cfg.ctx == cfg.sliding_window; prompt + o.tokens - 1 > cfg.ctx && prompt <= cfg.ctx)
     std::fprintf(stderr, "weft-transformer: warning: %lld prompt and %lld new tokens pass the %s of %lld: weft starts "
@@ -323,9 +318,10 @@ int sample(const SampleOptions& o, const Ranks& ranks) {
   WEFT_CHECK(o.logits_out.empty() || int64_t(ids.size()) <= cfg.ctx, "transformer: --logits-out writes a row per prompt "
              "token, and the prompt's {} tokens are past {}'s context of {}: shorten it", ids.size(), o.checkpoint, cfg.ctx);
   const apps::HfGenerationConfig gen = source.empty() ? apps::HfGenerationConfig{} : apps::read_hf_generation_config(source);
-  if (ranks.lead()) warn_unlike_transformers(o, cfg, gen, int64_t(ids.size()));
+  const nn::SamplingOptions sampling = sampling_of(o, gen);
+  if (ranks.lead()) warn_unlike_transformers(o, cfg, gen, sampling, int64_t(ids.size()));
   nn::GenerateOptions g{.max_new_tokens = o.tokens,
-                        .sampling = sampling_of(o, gen),
+                        .sampling = sampling,
                         .seed = o.seed,
                         .eos = eos_ids(o.eos, tok ? &*tok : nullptr, cfg.vocab_size, gen),
                         .use_cache = !o.no_cache};
