@@ -46,11 +46,16 @@ struct LoadedModel {
   std::map<std::string, std::string> recorded;  // a checkpoint's training description (tokenizer_sha256, ...)
   nn::LoRAOptions lora{.rank = 0};              // a LoRA run's adapters (rank 0: none)
 };
-// The Hugging Face directory a model came from: --from itself, or the run's --init-from ("" if neither).
-std::string hf_source(const std::string& from, const std::map<std::string, std::string>& recorded) {
-  auto it = recorded.find("hf_source");
-  const std::string source = apps::is_hf_dir(from) ? from : it != recorded.end() ? it->second : "";
-  return !source.empty() && apps::is_hf_dir(source) ? source : "";
+// The Hugging Face directory a model came from: --from itself, or the run's --init-from ("" if neither). With `lost`
+// (what goes unread without it), a recorded --init-from that is gone is said so.
+std::string hf_source(const std::string& from, const std::map<std::string, std::string>& recorded,
+                      const char* lost = nullptr) {
+  if (apps::is_hf_dir(from)) return from;
+  const auto it = recorded.find("hf_source");
+  const std::string source = it != recorded.end() ? it->second : "";
+  if (source.empty() || apps::is_hf_dir(source)) return source;
+  if (lost) std::fprintf(stderr, "weft-transformer: warning: %s, the run's --init-from, is gone: %s\n", source.c_str(), lost);
+  return "";
 }
 
 // A rotary model fine-tuned from a Hugging Face directory at a shorter --ctx reads as far as its export-hf does.
@@ -308,11 +313,8 @@ int sample(const SampleOptions& o, const Ranks& ranks) {
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count());
   nn::Module& model = *loaded.lm.module;
   const apps::ModelConfig& cfg = loaded.lm.cfg;
-  const std::string source = hf_source(o.checkpoint, loaded.recorded);
-  const auto it = loaded.recorded.find("hf_source");
-  if (ranks.lead() && source.empty() && it != loaded.recorded.end() && !it->second.empty())
-    std::fprintf(stderr, "weft-transformer: warning: %s, the run's --init-from, is gone: its generation_config.json "
-                 "(stop ids, sampling defaults), context and tokenizer are not read\n", it->second.c_str());
+  const std::string source = hf_source(o.checkpoint, loaded.recorded, ranks.lead() ? "its generation_config.json (stop "
+                                       "ids, sampling defaults), context and tokenizer are not read" : nullptr);
   const std::optional<apps::BpeTokenizer> tok = sample_tokenizer(o, loaded, source);
   const std::vector<int64_t> ids = prompt_ids(o, tok ? &*tok : nullptr, cfg.vocab_size);
   WEFT_CHECK(o.logits_out.empty() || int64_t(ids.size()) <= cfg.ctx, "transformer: --logits-out writes a row per prompt "
@@ -382,13 +384,7 @@ int export_hf(const ExportOptions& o) {
   }
   const apps::LanguageModel& lm = o.merge ? merged : loaded.lm;
   // The Hugging Face directory the model came from, whose tokenizer and generation files go along.
-  std::string source = apps::is_hf_dir(o.from) ? o.from : "";
-  if (auto it = loaded.recorded.find("hf_source"); it != loaded.recorded.end()) source = it->second;
-  if (!source.empty() && !apps::is_hf_dir(source)) {
-    std::fprintf(stderr, "weft-transformer: %s, the run's --init-from, is gone: its tokenizer and generation files "
-                 "are not copied\n", source.c_str());
-    source.clear();
-  }
+  const std::string source = hf_source(o.from, loaded.recorded, "its tokenizer and generation files are not copied");
   // A run's checkpoint takes the source's tokenizer (and the token ids of its files) only if it trained on its tokens.
   bool tokens = true;
   if (!source.empty() && loaded.recorded.count("train_sha256") && WEFT_FS(std::filesystem::exists(source + "/tokenizer.json"))) {

@@ -199,7 +199,7 @@ if grep -q "pass the" "$tmp/gen.err"; then fail "2 + 63 tokens in a context of 6
 grep -q "this run is greedy (--greedy): give --temperature" "$tmp/gen.err" || fail "--greedy --top-k: $(cat "$tmp/gen.err")"
 "$exe" sample --from "$tmp/l3nogen" --top-p 0.5 --tokens 2 --ids >/dev/null 2>"$tmp/gen.err" || fail "$(cat "$tmp/gen.err")"
 grep -q "greedy (do_sample false in $tmp/l3nogen/config.json)" "$tmp/gen.err" || fail "--top-p, greedy: $(cat "$tmp/gen.err")"
-# A checkpoint whose --init-from directory is gone samples without its generation files: said so.
+# A checkpoint whose --init-from directory is gone samples (and exports) without its generation files: said so.
 cp -r "$data/llama3" "$tmp/l3gone"
 "$exe" train --init-from "$tmp/l3gone" --ctx 32 --batch-size 2 --steps 1 --threads 1 --eval-every 0 --eval-iters 1 \
   --checkpoint-dir "$tmp/ckgone" >/dev/null 2>"$tmp/gen.err" || fail "$(cat "$tmp/gen.err")"
@@ -207,6 +207,9 @@ rm -r "$tmp/l3gone"
 "$exe" sample --from "$tmp/ckgone" --tokens 2 --ids >/dev/null 2>"$tmp/gen.err" || fail "$(cat "$tmp/gen.err")"
 grep -q "$tmp/l3gone, the run's --init-from, is gone: its generation_config.json" "$tmp/gen.err" ||
   fail "sample from a checkpoint whose source is gone: $(cat "$tmp/gen.err")"
+"$exe" export-hf --from "$tmp/ckgone" --out "$tmp/gone_out" >/dev/null 2>"$tmp/gen.err" || fail "$(cat "$tmp/gen.err")"
+grep -q "$tmp/l3gone, the run's --init-from, is gone: its tokenizer and generation files are not copied" \
+  "$tmp/gen.err" && [ ! -e "$tmp/gone_out/tokenizer.json" ] || fail "export-hf, source gone: $(cat "$tmp/gen.err")"
 # A chat template saved as transformers 5 saves it goes with the export.
 cp -r "$data/qwen2" "$tmp/q2chat" && echo '{{ messages[0].content }}' >"$tmp/q2chat/chat_template.jinja"
 "$exe" export-hf --from "$tmp/q2chat" --out "$tmp/q2chat_out" 2>"$tmp/x.err" || fail "export-hf: $(cat "$tmp/x.err")"
