@@ -1,9 +1,13 @@
 #include "apps/common/metrics.h"
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/error.h"
 
@@ -17,21 +21,37 @@ MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
   const auto st = std::filesystem::status(path, ec);
   WEFT_CHECK(!std::filesystem::exists(st) || std::filesystem::is_regular_file(st),
              "metrics: {} exists and is not a regular file (a FIFO, device or directory?)", path);
-  file_ = std::fopen(path.c_str(), "a");
-  WEFT_CHECK(file_ != nullptr, "metrics: cannot open {} for writing: {}", path, std::strerror(errno));
+  fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  WEFT_CHECK(fd_ >= 0, "metrics: cannot open {} for writing: {}", path, std::strerror(errno));
 }
 
 MetricsWriter::~MetricsWriter() {
-  if (file_) std::fclose(file_);
+  if (fd_ < 0) return;
+  ::close(fd_);
+  if (dropped_ > 0) std::fprintf(stderr, "metrics: %lld line(s) could not be written to %s\n", (long long)dropped_, path_.c_str());
 }
 
 void MetricsWriter::write(const std::map<std::string, MetricValue>& fields) {
-  if (!file_) return;
+  if (fd_ < 0) return;
   nlohmann::json j = nlohmann::json::object();
   for (auto& [k, v] : fields) std::visit([&](auto&& x) { j[k] = x; }, v);
-  std::string line = j.dump() + "\n";
-  WEFT_CHECK(std::fwrite(line.data(), 1, line.size(), file_) == line.size() && std::fflush(file_) == 0,
-             "metrics: writing {} failed: {}", path_, std::strerror(errno));
+  const std::string line = j.dump() + "\n";
+  struct stat st {};
+  const bool sized = ::fstat(fd_, &st) == 0;
+  size_t done = 0;
+  errno = 0;
+  while (done < line.size()) {
+    const ssize_t w = ::write(fd_, line.data() + done, line.size() - done);
+    if (w > 0) done += size_t(w);
+    else if (w < 0 && errno == EINTR) continue;
+    else break;  // 0 bytes, or an error (ENOSPC, EFBIG, EIO)
+  }
+  if (done == line.size()) return;
+  const int err = errno != 0 ? errno : EIO;
+  const bool cut = sized && ::ftruncate(fd_, st.st_size) == 0;  // a partial line's bytes off the file
+  if (dropped_++ == 0 || !cut)
+    std::fprintf(stderr, "metrics: writing %s failed: %s; training goes on%s\n", path_.c_str(), std::strerror(err),
+                 cut ? " (each line that cannot be written is dropped)" : ", and the file may end in a partial line");
 }
 
 }  // namespace weft::apps

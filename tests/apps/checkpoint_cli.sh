@@ -218,6 +218,18 @@ if run "$gpt" train "${other[@]}" --resume "$tmp/noidx" --checkpoint-dir "$tmp/n
   --metrics "$tmp/noidx.jsonl" >/dev/null 2>"$tmp/err"; then fail "a run saved over a step without its index"; fi
 grep -q "$tmp/noidx/step_00000003 is not a checkpoint (it has no index.json) and this run would save step 3 there" \
   "$tmp/err" && [ ! -s "$tmp/noidx.jsonl" ] || fail "the refusal before training: $(cat "$tmp/err")"
+# A metrics file that cannot grow (a file-size limit here, a full disk elsewhere) costs its lines, never the run: it
+# trains on to its last checkpoint, says what was dropped, and the file keeps whole lines only (a failed write had
+# ended the run, its steps since the last checkpoint lost).
+head -n 11752 < <(yes '{"filler":"earlier run"}') > "$tmp/full.jsonl"  # 293,800 bytes: 1,112 short of 288 KiB
+( trap '' XFSZ; ulimit -f 288; run "$gpt" train --n-layer 1 --n-head 2 --d-model 16 --ctx 16 --batch-size 2 --steps 12 \
+  --warmup 0 --threads 1 --eval-every 4 --log-every 1 --metrics "$tmp/full.jsonl" --checkpoint-dir "$tmp/full" \
+  --checkpoint-every 4 ) >/dev/null 2>"$tmp/err" || fail "a metrics file that could not grow ended the run: $(cat "$tmp/err")"
+grep -q "metrics: writing $tmp/full.jsonl failed: File too large; training goes on" "$tmp/err" &&
+  grep -Eq "metrics: [0-9]+ line\(s\) could not be written to $tmp/full.jsonl" "$tmp/err" &&
+  [ -e "$tmp/full/step_00000012/index.json" ] || fail "the dropped metrics lines: $(cat "$tmp/err"; ls "$tmp/full")"
+[ "$(grep -vc '^{.*}$' "$tmp/full.jsonl")" = 0 ] && [ "$(tail -c 1 "$tmp/full.jsonl" | od -An -c | tr -d ' ')" = '\n' ] &&
+  [ "$(grep -c '"step":' "$tmp/full.jsonl")" -ge 2 ] || fail "the metrics file holds a partial line: $(tail -c 300 "$tmp/full.jsonl")"
 # export-hf: the leftovers of an export to the same --out whose process is gone are removed when
 # the next one starts (a live process's are kept).
 mkdir -p "$tmp/.hf.tmp-999999999/x" "$tmp/.hf.tmp-$$"
@@ -226,4 +238,4 @@ run "$gpt" export-hf --from "$tmp/fb" --out "$tmp/hf" >/dev/null 2>"$tmp/err" ||
   fail "export-hf's leftovers: $(ls -a "$tmp")"
 echo "checkpoint cli ok: exact resume (dropout) alone and at 2 ranks; step-10 loss $a10 after 1->4 and 4->1;" \
      "mnist 2->1->4; inspect, verify, consolidate; corrupt shards refused on every rank; one writer per directory;" \
-     "run ownership, later steps of a resumed run; fallback past an unreadable step; export leftovers"
+     "run ownership, later steps of a resumed run; fallback past an unreadable step; export leftovers; a full metrics file"
