@@ -1,9 +1,11 @@
 #include "apps/common/checkpoint_saver.h"
 
 #include <cstdio>
+#include <filesystem>
 #include <fmt/format.h>
 
 #include "apps/common/nonfinite.h"
+#include "fsdp/checkpoint.h"
 #include "fsdp/checkpoint_dir.h"
 
 namespace weft::apps {
@@ -12,8 +14,25 @@ CheckpointSaver::CheckpointSaver(std::string program, CheckpointFlags flags, nn:
                                  const fsdp::FSDPModule* root, const Ranks& ranks)
     : program_(std::move(program)), flags_(std::move(flags)), model_(model), opt_(opt), root_(root), ranks_(ranks) {}
 
+namespace {
+// The checkpoints beside `checkpoint` that its run wrote, with their recorded losses (none when its index or theirs do
+// not read: the watch then starts from nothing, as a new run).
+std::map<int64_t, CheckpointWatch::Recorded> run_history(const std::string& checkpoint) {
+  std::map<int64_t, CheckpointWatch::Recorded> out;
+  try {
+    const std::string run = fsdp::read_checkpoint_index(checkpoint).training.run;
+    for (auto& [step, path] : fsdp::complete_checkpoints(std::filesystem::path(checkpoint).parent_path()))
+      if (const fsdp::CheckpointProgress p = fsdp::read_checkpoint_index(path.string()).training; !run.empty() && p.run == run)
+        out[step] = {path.string(), p.loss};
+  } catch (const std::exception&) {
+    out.clear();
+  }
+  return out;
+}
+}  // namespace
+
 void CheckpointSaver::resumed(const std::string& checkpoint, int64_t step) {
-  watch_ = CheckpointWatch(checkpoint, step);
+  watch_ = CheckpointWatch(checkpoint, step, run_history(checkpoint));
   last_ = checkpoint;
 }
 

@@ -11,8 +11,13 @@
 
 namespace weft::apps {
 
-CheckpointWatch::CheckpointWatch(const std::string& resumed, int64_t step) {
-  if (!resumed.empty()) saved_[step] = resumed;
+CheckpointWatch::CheckpointWatch(const std::string& resumed, int64_t step, const std::map<int64_t, Recorded>& earlier) {
+  for (auto& [s, r] : earlier) {
+    if (s > step) break;
+    if (r.loss) loss(s, *r.loss);  // judges the checkpoint of step s - 1, when there is one
+    saved(s, r.path);
+  }
+  if (!resumed.empty()) saved(step, resumed);
 }
 
 bool CheckpointWatch::spike(double value) const {

@@ -2,6 +2,8 @@
 // k holds the weights whose loss step k+1 logs, so it is judged then: "good" when that loss is
 // finite and not a spike, i.e. at most kSpikeFactor times the median of the (up to kWindow)
 // finite losses logged before it (with fewer than kMinHistory of them only finiteness is judged).
+// A resumed run first replays the losses its earlier checkpoints recorded, so that the first
+// steps after a resume are judged against the run's history as the uninterrupted run would.
 // When a run stops on a non-finite loss, or gives up skipping such steps, it names the newest
 // good checkpoint still on disk: the newest one written may hold weights that are finite but
 // already diverged. See docs/CHECKPOINTS.md ("Divergence").
@@ -9,6 +11,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -19,8 +22,13 @@ class CheckpointWatch {
   static constexpr double kSpikeFactor = 2.0;
   static constexpr size_t kWindow = 16, kMinHistory = 4;
 
-  // `resumed`: the checkpoint this run started from (judged by the first loss), or empty.
-  CheckpointWatch(const std::string& resumed, int64_t step);
+  struct Recorded {  // a checkpoint the run wrote earlier, and the loss its index records
+    std::string path;
+    std::optional<double> loss;
+  };
+  // `resumed`: the checkpoint this run started from at `step` (judged by the first loss), or empty;
+  // `earlier`: its run's checkpoints by step, replayed up to `step` as if this run had logged them.
+  CheckpointWatch(const std::string& resumed, int64_t step, const std::map<int64_t, Recorded>& earlier = {});
   // The loss logged at `step` (the mean over the global batch, computed with step-1's weights).
   void loss(int64_t step, double value);
   // A checkpoint written after `step`.

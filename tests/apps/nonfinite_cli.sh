@@ -39,6 +39,17 @@ grep -q "keeping $tmp/ck_div/step_00000002 besides the 1 newest: the newest chec
 [ -f "$tmp/ck_div/step_00000002/index.json" ] || fail "rotation removed the checkpoint that resumes: $(ls "$tmp/ck_div")"
 "$tf" train "${cfg[@]}" --steps 3 --resume "$tmp/ck_div/step_00000002" >/dev/null 2>"$tmp/err" ||
   fail "resuming from the named checkpoint failed: $(cat "$tmp/err")"
+# Right after a resume the watch judges against the losses the run's checkpoints recorded: step 5's weights (after an
+# update at --lr 10) give step 6 a finite loss about 5x the earlier ones, so the resumed run names step 4, not step 5
+# (judged by finiteness alone, with no history, step 5 had been named and kept).
+"$tf" train "${cfg[@]}" --steps 4 --checkpoint-dir "$tmp/ckh" --checkpoint-every 1 >/dev/null 2>"$tmp/err" || fail "$(cat "$tmp/err")"
+"$tf" train "${cfg[@]}" --steps 5 --lr 10 --resume "$tmp/ckh" --checkpoint-dir "$tmp/ckh" >/dev/null 2>"$tmp/err" ||
+  fail "$(cat "$tmp/err")"
+if "$tf" train "${cfg[@]}" --steps 8 --lr 1e30 --resume "$tmp/ckh" --checkpoint-dir "$tmp/ckh" --checkpoint-every 1 \
+    --keep-last 1 --metrics "$tmp/ckh.jsonl" --log-every 1 >/dev/null 2>"$tmp/err"; then fail "diverging run exited 0"; fi
+differs "$(loss_at "$tmp/ckh.jsonl" 6)" 5.5 1.5 "step 6's loss after the update at --lr 10 (no spike to judge)"
+grep -q "the newest checkpoint that resumes is $tmp/ckh/step_00000004 " "$tmp/err" && [ ! -e "$tmp/ckh/step_00000005" ] ||
+  fail "the spike right after a resume was not judged: $(cat "$tmp/err"; ls "$tmp/ckh")"
 # --on-nan skip gives up after --max-skipped-steps in a row, exit 1, naming a checkpoint.
 if "$tf" train "${cfg[@]}" --steps 20 --lr 1e30 --on-nan skip --max-skipped-steps 3 --resume "$tmp/ck" \
     >/dev/null 2>"$tmp/err"; then fail "--on-nan skip never gave up"; fi
