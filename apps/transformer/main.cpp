@@ -194,8 +194,10 @@ CLI::App* add_sample_flags(CLI::App& app, SampleOptions& s) {
   auto* sa = app.add_subcommand("sample", "generate text from a checkpoint or a Hugging Face model");
   sa->add_option("--from,--checkpoint", s.checkpoint, "a Hugging Face model directory, a checkpoint directory (the "
                  "latest in it) or a consolidated .safetensors file")->required();
-  sa->add_option("--prompt", s.prompt, "text to continue (its bytes are the token ids, or --tokenizer's encoding; "
-                 "default: a newline)");
+  auto* prompt = sa->add_option("--prompt", s.prompt, "text to continue (its bytes are the token ids, or --tokenizer's "
+                                "encoding; default: a newline)");
+  sa->add_option("--prompt-ids", s.prompt_ids, "the prompt as token ids, comma-separated (a model trained on token "
+                 "files, without its tokenizer)")->delimiter(',')->excludes(prompt);
   sa->add_option("--tokens,--max-new-tokens", s.tokens, "tokens to generate")
       ->check(apps::cli::integer(0, apps::kMaxSampleTokens))->capture_default_str();
   auto* temperature = sa->add_option("--temperature", s.temperature, "softmax temperature (0: greedy)")

@@ -201,6 +201,7 @@ nn::SamplingOptions sampling_of(const SampleOptions& o, const apps::HfGeneration
 std::optional<apps::BpeTokenizer> sample_tokenizer(const SampleOptions& o, const LoadedModel& loaded,
                                                    const std::string& source) {
   const int64_t vocab = loaded.lm.cfg.vocab_size;
+  const auto recorded = loaded.recorded.find("tokenizer_sha256");  // a run on token files: its tokenizer's
   std::optional<apps::BpeTokenizer> tok;
   std::string path = o.tokenizer;
   if (path.empty() && !source.empty() && WEFT_FS(std::filesystem::exists(source + "/tokenizer.json"))) {
@@ -211,13 +212,16 @@ std::optional<apps::BpeTokenizer> sample_tokenizer(const SampleOptions& o, const
     tok.emplace(path);
     WEFT_CHECK(tok->vocab_size() <= vocab, "transformer: --tokenizer {} has {} tokens, more than {}'s "
                "vocabulary of {}", path, tok->vocab_size(), o.checkpoint, vocab);
-    if (auto recorded = loaded.recorded.find("tokenizer_sha256"); recorded != loaded.recorded.end()) {
+    if (recorded != loaded.recorded.end()) {
       const std::string digest = apps::tokenizer_digest(path);
       WEFT_CHECK(recorded->second == digest, "transformer: {} {} is not the tokenizer {} was trained with (sha256 {}, the "
                  "checkpoint records {}): give the dataset's tokenizer.json with --tokenizer", o.tokenizer.empty() ?
                  "the model's tokenizer" : "--tokenizer", path, o.checkpoint, digest, recorded->second);
     }
   }
+  WEFT_CHECK(tok || recorded == loaded.recorded.end() || !o.prompt_ids.empty(), "transformer: {} was trained on the ids "
+             "of a tokenizer (sha256 {}), which a prompt's bytes are not: give that tokenizer.json with --tokenizer, or "
+             "the prompt's ids with --prompt-ids", o.checkpoint, recorded->second);
   WEFT_CHECK(o.ids || tok || vocab == 256, "transformer: {} has a vocabulary of {} tokens, not 256 bytes: "
              "give its --tokenizer (the tokenizer.json of the dataset it was trained on) or print token ids with --ids",
              o.checkpoint, vocab);
@@ -228,6 +232,10 @@ std::optional<apps::BpeTokenizer> sample_tokenizer(const SampleOptions& o, const
 // `transformers` encodes a prompt, unless --no-special).
 std::vector<int64_t> prompt_ids(const SampleOptions& o, const apps::BpeTokenizer* tok, int64_t vocab) {
   std::vector<int64_t> ids;
+  for (int64_t id : o.prompt_ids)
+    WEFT_CHECK(id >= 0 && id < vocab, "transformer: --prompt-ids: {} is not a token of {}'s vocabulary of {}", id,
+               o.checkpoint, vocab);
+  if (!o.prompt_ids.empty()) return o.prompt_ids;
   if (tok) {
     WEFT_CHECK(apps::utf8::valid(o.prompt), "transformer: --prompt is not valid UTF-8 text, which the tokenizer encodes");
     for (int32_t id : tok->encode(o.prompt, !o.no_special)) ids.push_back(id);
@@ -335,19 +343,19 @@ int sample(const SampleOptions& o, const Ranks& ranks) {
     };
   if (!o.logits_out.empty()) write_prompt_logits(model, ids, cfg.ctx, device, o.logits_out, ranks);
   const bool print = ranks.lead();
-  if (print && !o.ids) std::fwrite(o.prompt.data(), 1, o.prompt.size(), stdout);
   std::string printed;
   std::optional<TextStream> stream;
   if (tok) stream.emplace(*tok);
+  auto text = [&](int64_t token) {
+    if (!tok) std::fputc(int(token), stdout);
+    else if (token < tok->vocab_size()) stream->add(token);
+  };
+  if (print && !o.ids && o.prompt_ids.empty()) std::fwrite(o.prompt.data(), 1, o.prompt.size(), stdout);
+  if (print && !o.ids) std::for_each(o.prompt_ids.begin(), o.prompt_ids.end(), text);
   auto on_token = [&](int64_t next) {
     if (!print) return;
-    if (o.ids) {
-      printed += (printed.empty() ? "" : ",") + std::to_string(next);
-    } else if (tok) {
-      if (next < tok->vocab_size()) stream->add(next);
-    } else {
-      std::fputc(int(next), stdout);
-    }
+    if (o.ids) printed += (printed.empty() ? "" : ",") + std::to_string(next);
+    else text(next);
     std::fflush(stdout);
   };
   nn::GenerateStats st;

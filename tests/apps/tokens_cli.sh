@@ -52,7 +52,18 @@ if "$exe" sample --from "$tmp/ck" --tokenizer "$tmp/other.json" --prompt "x" --t
 fi
 grep -q "is not the tokenizer $tmp/ck was trained with" "$tmp/err" || fail "another tokenizer not named: $(cat "$tmp/err")"
 grep -q -- "--tokenizer" "$tmp/err" || fail "sampling without --tokenizer not explained: $(cat "$tmp/err")"
-"$exe" sample --from "$tmp/ck" --prompt "x" --tokens 3 --ids >"$tmp/ids.out" 2>/dev/null || fail "sample --ids failed"
+# Without its tokenizer a prompt's bytes are not the model's ids (refused, --ids too); --prompt-ids gives them, and
+# prints what --tokenizer's encoding of the same text prints (317,979: "The computer" in the fixture, by `tokenizers`).
+if "$exe" sample --from "$tmp/ck" --prompt "x" --tokens 3 --ids 2>"$tmp/err"; then fail "a byte prompt for a token model"; fi
+grep -q "was trained on the ids of a tokenizer (sha256 [0-9a-f]*), which a prompt's bytes are not" "$tmp/err" ||
+  fail "a byte prompt for a token model: $(cat "$tmp/err")"
+"$exe" sample --from "$tmp/ck" --tokenizer "$tmp/ds/tokenizer.json" --prompt "The computer" --tokens 0 --ids --logits-out \
+  "$tmp/text.safetensors" >/dev/null 2>"$tmp/err" || fail "$(cat "$tmp/err")"
+"$exe" sample --from "$tmp/ck" --prompt-ids 317,979 --tokens 3 --greedy --ids >"$tmp/ids.out" --logits-out \
+  "$tmp/ids.safetensors" 2>"$tmp/err" || fail "sample --prompt-ids: $(cat "$tmp/err")"
+cmp -s "$tmp/text.safetensors" "$tmp/ids.safetensors" || fail "--prompt-ids 317,979 is not \"The computer\"'s encoding"
+"$exe" sample --from "$tmp/ck" --tokenizer "$tmp/ds/tokenizer.json" --prompt-ids 317,979 --tokens 3 --greedy \
+  >"$tmp/pi.out" 2>"$tmp/err" && grep -q "^The computer" "$tmp/pi.out" || fail "--prompt-ids as text: $(cat "$tmp/pi.out" "$tmp/err")"
 # eval reads data in the model's tokens only: the dataset it trained on, not text as bytes, nor
 # (for a model trained on bytes) a token dataset.
 "$exe" eval --from "$tmp/ck" --data "$tmp/ds" --threads 1 >/dev/null 2>"$tmp/err" || fail "eval failed: $(cat "$tmp/err")"
