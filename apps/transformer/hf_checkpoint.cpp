@@ -55,8 +55,7 @@ HfGenerationConfig read_hf_generation_config(const std::string& dir) {
   HfGenerationConfig g;
   if (!WEFT_FS(fs::exists(path))) path = fs::path(dir) / "config.json";
   if (!WEFT_FS(fs::exists(path))) return g;
-  g.found = true;
-  g.file = path.string();
+  g.found = true, g.file = path.string();
   const json j = read_json_object(path.string());
   const json eos = j.value("eos_token_id", json(nullptr));
   for (const json& id : eos.is_array() ? eos : json::array({eos})) {
@@ -230,6 +229,7 @@ void export_hf_checkpoint(const LanguageModel& model, const std::string& out, in
     for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"})  // for generate without generation_config.json
       if (source_tokens && src.contains(key) && !cfg.contains(key)) cfg[key] = src[key];
   }
+  for (const char* key : {"bos_token_id", "eos_token_id"}) cfg.emplace(key, nullptr);  // none, as sample: not a default of another vocabulary
   cfg["model_type"] = layout.model_type;
   cfg["architectures"] = {layout.architecture};
   cfg["torch_dtype"] = cfg["dtype"] = dtype == kBFloat16 ? "bfloat16" : "float32";  // transformers 4's key, 5's

@@ -236,6 +236,9 @@ mkdir -p "$tmp/.hf.tmp-999999999/x" "$tmp/.hf.tmp-$$"
 run "$gpt" export-hf --from "$tmp/fb" --out "$tmp/hf" >/dev/null 2>"$tmp/err" || fail "export-hf: $(cat "$tmp/err")"
 [ ! -e "$tmp/.hf.tmp-999999999" ] && [ -d "$tmp/.hf.tmp-$$" ] && [ -e "$tmp/hf/config.json" ] ||
   fail "export-hf's leftovers: $(ls -a "$tmp")"
+# A byte model's export names no bos/eos (transformers' GPT-2 default, 50256, is past its 256 tokens).
+grep -q '"bos_token_id": null' "$tmp/hf/config.json" && grep -q '"eos_token_id": null' "$tmp/hf/config.json" ||
+  fail "a byte model's export: $(cat "$tmp/hf/config.json")"
 echo "checkpoint cli ok: exact resume (dropout) alone and at 2 ranks; step-10 loss $a10 after 1->4 and 4->1;" \
      "mnist 2->1->4; inspect, verify, consolidate; corrupt shards refused on every rank; one writer per directory;" \
      "run ownership, later steps of a resumed run; fallback past an unreadable step; export leftovers; a full metrics file"
