@@ -58,7 +58,7 @@ void CheckpointSaver::save(const fsdp::CheckpointProgress& progress) {
   dist::agree(ranks_.groups(), name, [&] {
     // Never from non-finite state: the checkpoints already written stay as they are.
     check_finite_parameters(model_, fmt::format("{}: refusing to write a checkpoint at step {}", name, progress.step),
-                            "; the existing checkpoints are untouched");
+                            fmt::format("; the existing checkpoints are untouched; {} — lower --lr", watch_.advice()));
     fsdp::CheckpointProgress mine = progress;
     mine.run = flags_.run;
     where = fsdp::save_checkpoint(flags_.dir, model_, &opt_, root_, mine,

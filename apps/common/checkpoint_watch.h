@@ -1,7 +1,7 @@
 // apps: which checkpoint of a training run is known to resume. A checkpoint written after step
 // k holds the weights whose loss step k+1 logs, so it is judged then: "good" when that loss is
 // finite and not a spike, i.e. at most kSpikeFactor times the median of the (up to kWindow)
-// finite losses logged before it (with fewer than kMinHistory of them only finiteness is judged).
+// finite losses logged before it (the first step's loss, with none before it, only by finiteness).
 // A resumed run first replays the losses its earlier checkpoints recorded, so that the first
 // steps after a resume are judged against the run's history as the uninterrupted run would.
 // When a run stops on a non-finite loss, or gives up skipping such steps, it names the newest
@@ -20,7 +20,7 @@ namespace weft::apps {
 class CheckpointWatch {
  public:
   static constexpr double kSpikeFactor = 2.0;
-  static constexpr size_t kWindow = 16, kMinHistory = 4;
+  static constexpr size_t kWindow = 16, kMinHistory = 1;
 
   struct Recorded {  // a checkpoint the run wrote earlier, and the loss its index records
     std::string path;

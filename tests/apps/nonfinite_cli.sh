@@ -50,6 +50,12 @@ if "$tf" train "${cfg[@]}" --steps 8 --lr 1e30 --resume "$tmp/ckh" --checkpoint-
 differs "$(loss_at "$tmp/ckh.jsonl" 6)" 5.5 1.5 "step 6's loss after the update at --lr 10 (no spike to judge)"
 grep -q "the newest checkpoint that resumes is $tmp/ckh/step_00000004 " "$tmp/err" && [ ! -e "$tmp/ckh/step_00000005" ] ||
   fail "the spike right after a resume was not judged: $(cat "$tmp/err"; ls "$tmp/ckh")"
+# A run diverging from its first steps: step 1's weights give step 2 a loss far past step 1's, so no checkpoint is known
+# to resume (the first 4 steps had been judged by finiteness alone: step 1, 2 or 3 was named and kept).
+if "$tf" train "${cfg[@]}" --steps 30 --lr 1000 --checkpoint-dir "$tmp/ck4" --checkpoint-every 1 --metrics "$tmp/ck4.jsonl" \
+    --log-every 1 >/dev/null 2>"$tmp/err"; then fail "--lr 1000 trained on"; fi
+differs "$(loss_at "$tmp/ck4.jsonl" 2)" "$(loss_at "$tmp/ck4.jsonl" 1)" 2 "step 2's loss at --lr 1000 (no spike to judge)"
+grep -q "no checkpoint on disk is known to resume" "$tmp/err" || fail "a run diverging from its start: $(cat "$tmp/err")"
 # --on-nan skip gives up after --max-skipped-steps in a row, exit 1, naming a checkpoint.
 if "$tf" train "${cfg[@]}" --steps 20 --lr 1e30 --on-nan skip --max-skipped-steps 3 --resume "$tmp/ck" \
     >/dev/null 2>"$tmp/err"; then fail "--on-nan skip never gave up"; fi
@@ -64,6 +70,12 @@ if "$tf" train "${cfg[@]}" --steps 3 --lr 1e30 --checkpoint-dir "$tmp/ck2" --on-
 grep -Eq "refusing to write a checkpoint at step 3: parameter [a-z_.0-9]+ \((nan|inf|-inf) at element" "$tmp/err" ||
   fail "non-finite save not explained: $(cat "$tmp/err")"
 [ -z "$(ls "$tmp/ck2" 2>/dev/null | grep step_ || true)" ] || fail "a step directory was written: $(ls "$tmp/ck2")"
+# The refusal names the checkpoint to resume from, as a stop on a non-finite loss does.
+cp -r "$tmp/ck" "$tmp/ck3"
+if "$tf" train "${cfg[@]}" --steps 5 --lr 1e30 --resume "$tmp/ck3" --checkpoint-dir "$tmp/ck3" --checkpoint-every 1 \
+    --on-nan ignore >/dev/null 2>"$tmp/err"; then fail "a checkpoint of non-finite weights was written"; fi
+grep -Eq "refusing to write a checkpoint at step [345]: .* is not finite; the existing checkpoints are untouched; the \
+newest checkpoint that resumes is $tmp/ck3/step_00000002 " "$tmp/err" || fail "the refusal's advice: $(cat "$tmp/err")"
 # --on-nan skip counts the skipped steps, but a model whose validation loss is not finite is an
 # error, not a finished run; --on-nan ignore exits 0 as before.
 if "$tf" train "${cfg[@]}" --steps 4 --lr 1e30 --on-nan skip >/dev/null 2>"$tmp/err"; then
