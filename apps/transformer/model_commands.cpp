@@ -196,6 +196,18 @@ nn::SamplingOptions sampling_of(const SampleOptions& o, const apps::HfGeneration
   return s;
 }
 
+// The Hugging Face directory whose tokenizer and generation files sample reads: the model's, unless its run trained on
+// text (bytes), whose ids are not that tokenizer's (its prompt is then read as bytes, and no stop id applies).
+std::string sample_source(const SampleOptions& o, const LoadedModel& loaded, const Ranks& ranks) {
+  const std::string source = hf_source(o.checkpoint, loaded.recorded, ranks.lead() ? "its generation_config.json (stop "
+                                       "ids, sampling defaults), context and tokenizer are not read" : nullptr);
+  if (source.empty() || !loaded.recorded.count("train_bytes")) return source;
+  if (ranks.lead())
+    std::fprintf(stderr, "weft-transformer: %s was trained on text (bytes): the prompt is read as bytes, and the tokenizer "
+                 "and generation files of %s are not used\n", o.checkpoint.c_str(), source.c_str());
+  return "";
+}
+
 // --tokenizer (by default the tokenizer.json of the Hugging Face directory the model came from),
 // checked against the model's vocabulary and the tokenizer its checkpoint records.
 std::optional<apps::BpeTokenizer> sample_tokenizer(const SampleOptions& o, const LoadedModel& loaded,
@@ -208,6 +220,8 @@ std::optional<apps::BpeTokenizer> sample_tokenizer(const SampleOptions& o, const
     path = source + "/tokenizer.json";
     std::fprintf(stderr, "weft-transformer: tokenizer %s (the model's; --tokenizer to give another)\n", path.c_str());
   }
+  WEFT_CHECK(path.empty() || !loaded.recorded.count("train_bytes"), "transformer: {} was trained on text (bytes), whose "
+             "ids a --tokenizer's are not: leave --tokenizer out", o.checkpoint);
   if (!path.empty()) {
     tok.emplace(path);
     WEFT_CHECK(tok->vocab_size() <= vocab, "transformer: --tokenizer {} has {} tokens, more than {}'s "
@@ -222,7 +236,7 @@ std::optional<apps::BpeTokenizer> sample_tokenizer(const SampleOptions& o, const
   WEFT_CHECK(tok || recorded == loaded.recorded.end() || !o.prompt_ids.empty(), "transformer: {} was trained on the ids "
              "of a tokenizer (sha256 {}), which a prompt's bytes are not: give that tokenizer.json with --tokenizer, or "
              "the prompt's ids with --prompt-ids", o.checkpoint, recorded->second);
-  WEFT_CHECK(o.ids || tok || vocab == 256, "transformer: {} has a vocabulary of {} tokens, not 256 bytes: "
+  WEFT_CHECK(o.ids || tok || vocab == 256 || loaded.recorded.count("train_bytes"), "transformer: {} has a vocabulary of {} tokens, not 256 bytes: "
              "give its --tokenizer (the tokenizer.json of the dataset it was trained on) or print token ids with --ids",
              o.checkpoint, vocab);
   return tok;
@@ -298,6 +312,18 @@ void warn_unlike_transformers(const SampleOptions& o, const apps::ModelConfig& c
                  "sees its last %lld\n", (long long)prompt, (long long)cfg.ctx, (long long)cfg.ctx);
 }
 
+// The rates of a generation, on stderr.
+void print_generate_stats(const nn::GenerateStats& st, bool no_cache) {
+  const double total = st.prefill_seconds + st.decode_seconds;
+  if (st.new_tokens > 0)
+    std::fprintf(stderr, "weft-transformer: %lld tokens in %.3f s (%.1f tokens/s; prompt of %lld tokens %.1f ms, then "
+                 "%.1f tokens/s%s; %s)\n", (long long)st.new_tokens, total, double(st.new_tokens) / total,
+                 (long long)st.prompt_tokens, 1e3 * st.prefill_seconds,
+                 st.new_tokens > 1 ? double(st.new_tokens - 1) / st.decode_seconds : 0.0,
+                 st.prefills > 1 ? fmt::format(", {} restart{} at a full context", st.prefills - 1, st.prefills > 2 ? "s" : "").c_str() : "",
+                 no_cache ? "no cache" : fmt::format("key/value cache of {:.1f} MiB", double(st.cache_bytes) / (1 << 20)).c_str());
+}
+
 int sample(const SampleOptions& o, const Ranks& ranks) {
   const Device device = apps::parse_device(o.device, "transformer");
   apps::cli::use_threads(o.threads);
@@ -307,22 +333,16 @@ int sample(const SampleOptions& o, const Ranks& ranks) {
                             "transformer");
   LoadedModel loaded;
   const auto load_start = std::chrono::steady_clock::now();
-  dist::agree(ranks.groups(), "transformer", [&] {
-    const DType dtype = o.dtype == "bf16" ? kBFloat16 : kFloat32;
-    if (!ranks.fsdp) {
-      loaded = load_model(o.checkpoint, ranks.lead(), false, kCPU, dtype);
-      loaded.lm.module->to(device);
-    } else {
-      loaded = load_model(o.checkpoint, ranks.lead(), true, device, dtype);
-    }
+  dist::agree(ranks.groups(), "transformer", [&] {  // sharded: on the device; else on the CPU, then moved
+    loaded = load_model(o.checkpoint, ranks.lead(), ranks.fsdp, ranks.fsdp ? device : kCPU, o.dtype == "bf16" ? kBFloat16 : kFloat32);
+    if (!ranks.fsdp) loaded.lm.module->to(device);
   });
   if (ranks.lead())
     std::fprintf(stderr, "weft-transformer: loaded %s in %.2f s\n", o.checkpoint.c_str(),
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count());
   nn::Module& model = *loaded.lm.module;
   const apps::ModelConfig& cfg = loaded.lm.cfg;
-  const std::string source = hf_source(o.checkpoint, loaded.recorded, ranks.lead() ? "its generation_config.json (stop "
-                                       "ids, sampling defaults), context and tokenizer are not read" : nullptr);
+  const std::string source = sample_source(o, loaded, ranks);
   const std::optional<apps::BpeTokenizer> tok = sample_tokenizer(o, loaded, source);
   const std::vector<int64_t> ids = prompt_ids(o, tok ? &*tok : nullptr, cfg.vocab_size);
   WEFT_CHECK(o.logits_out.empty() || int64_t(ids.size()) <= cfg.ctx, "transformer: --logits-out writes a row per prompt "
@@ -346,9 +366,11 @@ int sample(const SampleOptions& o, const Ranks& ranks) {
   std::string printed;
   std::optional<TextStream> stream;
   if (tok) stream.emplace(*tok);
+  int64_t unprintable = 0;  // a byte model's ids past its bytes (one trained on bytes from a larger vocabulary)
   auto text = [&](int64_t token) {
-    if (!tok) std::fputc(int(token), stdout);
-    else if (token < tok->vocab_size()) stream->add(token);
+    if (!tok && token < 256) std::fputc(int(token), stdout);
+    else if (tok && token < tok->vocab_size()) stream->add(token);
+    else ++unprintable;
   };
   if (print && !o.ids && o.prompt_ids.empty()) std::fwrite(o.prompt.data(), 1, o.prompt.size(), stdout);
   if (print && !o.ids) std::for_each(o.prompt_ids.begin(), o.prompt_ids.end(), text);
@@ -365,14 +387,10 @@ int sample(const SampleOptions& o, const Ranks& ranks) {
   if (stream) stream->finish();
   std::fputc('\n', stdout);
   std::fflush(stdout);
-  const double total = st.prefill_seconds + st.decode_seconds;
-  if (st.new_tokens > 0)
-    std::fprintf(stderr, "weft-transformer: %lld tokens in %.3f s (%.1f tokens/s; prompt of %lld tokens %.1f ms, then "
-                 "%.1f tokens/s%s; %s)\n", (long long)st.new_tokens, total, double(st.new_tokens) / total,
-                 (long long)st.prompt_tokens, 1e3 * st.prefill_seconds,
-                 st.new_tokens > 1 ? double(st.new_tokens - 1) / st.decode_seconds : 0.0,
-                 st.prefills > 1 ? fmt::format(", {} restart{} at a full context", st.prefills - 1, st.prefills > 2 ? "s" : "").c_str() : "",
-                 o.no_cache ? "no cache" : fmt::format("key/value cache of {:.1f} MiB", double(st.cache_bytes) / (1 << 20)).c_str());
+  if (unprintable > 0)
+    std::fprintf(stderr, "weft-transformer: %lld token(s) past the tokenizer's or the 256 bytes' ids were not printed "
+                 "(--ids prints every id)\n", (long long)unprintable);
+  print_generate_stats(st, o.no_cache);
   return 0;
 }
 
@@ -437,10 +455,11 @@ int eval_examples(const EvalOptions& o, nn::Module& model, const apps::TrainingD
 void check_data_tokenizer(const EvalOptions& o, const LoadedModel& loaded, const apps::TrainingData& data) {
   auto it = loaded.recorded.find("tokenizer_sha256");
   std::string model = it != loaded.recorded.end() ? it->second : "", source = hf_source(o.from, loaded.recorded);
-  if (model.empty() && !source.empty() && WEFT_FS(std::filesystem::exists(source + "/tokenizer.json")))
+  const bool bytes = loaded.recorded.count("train_bytes") > 0;  // trained on text: not its source's tokenizer's ids
+  if (model.empty() && !bytes && !source.empty() && WEFT_FS(std::filesystem::exists(source + "/tokenizer.json")))
     model = apps::tokenizer_digest(source + "/tokenizer.json");
   const std::string& have = data.tokenizer_sha256;
-  WEFT_CHECK(model.empty() ? have.empty() || !loaded.recorded.count("train_bytes") : have == model, "transformer: {} "
+  WEFT_CHECK(model.empty() ? have.empty() || !bytes : have == model, "transformer: {} "
              "holds {}, and {} reads {}: prepare it with the model's tokenizer", o.data, apps::describe_tokens(have),
              o.from, apps::describe_tokens(model));
 }

@@ -93,6 +93,18 @@ grep -q "warning: .* holds text (bytes), not the tokens of $tmp/l3tok/tokenizer.
 grep -q "was trained on text (bytes), not on the tokens of $tmp/l3tok/tokenizer.json" "$tmp/tok.err" &&
   [ ! -e "$tmp/tokhf/tokenizer.json" ] && [ ! -e "$tmp/tokhf/generation_config.json" ] &&
   grep -q '"eos_token_id": null' "$tmp/tokhf/config.json" || fail "export-hf shipped the source's tokenizer: $(cat "$tmp/tok.err"; ls "$tmp/tokhf")"
+# Its eval reads text (bytes), as it trained, and refuses its source's tokens; sample reads the prompt as bytes (the
+# source's tokenizer had been taken by both: another text scored, another prompt encoded, silently).
+head -c 3000 /usr/share/common-licenses/GPL-3 >"$tmp/tokev.txt"
+"$exe" eval --from "$tmp/cktok" --data "$tmp/tokev.txt" >/dev/null 2>"$tmp/tok.err" || fail "eval on bytes: $(cat "$tmp/tok.err")"
+"$exe" prepare --tokenizer "$tmp/l3tok" --data "$tmp/tokev.txt" --out "$tmp/tokds" >/dev/null 2>"$tmp/tok.err" ||
+  fail "prepare: $(cat "$tmp/tok.err")"
+expect_error "and $tmp/cktok reads text (bytes)" eval --from "$tmp/cktok" --data "$tmp/tokds"
+"$exe" sample --from "$tmp/cktok" --prompt "The" --tokens 3 --seed 1 >/dev/null 2>"$tmp/tok.err" || fail "$(cat "$tmp/tok.err")"
+grep -q "$tmp/cktok was trained on text (bytes): the prompt is read as bytes" "$tmp/tok.err" &&
+  grep -q "prompt of 3 tokens" "$tmp/tok.err" || fail "sample of a byte run: $(cat "$tmp/tok.err")"
+expect_error "was trained on text (bytes), whose ids a --tokenizer's are not" sample --from "$tmp/cktok" --tokenizer \
+  "$tmp/l3tok/tokenizer.json" --tokens 1
 # generation_config.json's eos ids stop sampling (any of them; --eos none: never), from the
 # directory and from a checkpoint of a run that started from it.
 all=$("$exe" sample --from "$data/llama3" --prompt "The " --greedy --tokens 20 --ids 2>/dev/null)
