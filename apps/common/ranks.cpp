@@ -37,6 +37,17 @@ Ranks start_ranks(const std::string& program, bool fsdp, dist::ConfigSettings la
   return ranks;
 }
 
+void start_alone(const std::string& program, const std::string& command) {
+  const char* n = std::getenv("OMPI_COMM_WORLD_SIZE");
+  if (n && std::atoi(n) > 1) {  // after the launch check, so that a rank given another command or --fsdp names it
+    dist::init();
+    dist::check_same_config({{"--fsdp", "false"}, {"command", command}}, program);
+    WEFT_ERROR("{}: {}{} runs in one process, and mpirun started {}: run it without mpirun", error_prefix(program),
+               command, command == "sample" ? " without --fsdp" : "", n);
+  }
+  trace::check_writable();
+}
+
 void check_same_data(const std::map<std::string, std::string>& read, const Ranks& ranks, const std::string& program) {
   dist::ConfigSettings named;
   for (const auto& [part, value] : read) named.emplace_back("the data's " + part, value);

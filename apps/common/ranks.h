@@ -32,6 +32,10 @@ struct Ranks {
 // trains alone (rank 0 says so).
 Ranks start_ranks(const std::string& program, bool fsdp, dist::ConfigSettings launch, const dist::ConfigSettings& shared);
 
+// A command that runs in one process (export, eval, prepare): refused on every process mpirun
+// started when it started several (each had written or printed the same thing again).
+void start_alone(const std::string& program, const std::string& command);
+
 // Under --fsdp, that every rank read the same data (names its parts' sizes and sha256s): one path
 // can hold other files on another host (node-local disks). Each rank's error names the part.
 void check_same_data(const std::map<std::string, std::string>& read, const Ranks& ranks, const std::string& program);

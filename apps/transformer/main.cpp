@@ -336,6 +336,7 @@ int main(int argc, char** argv) {
 
   return dist::run_program("weft-transformer", [&] {
     if (sa->parsed()) {
+      if (!s.fsdp) apps::start_alone("weft-transformer", "sample");
       const apps::Ranks ranks = apps::start_ranks("weft-transformer", s.fsdp, {{"command", "sample"}},
                                             {{"--from", s.checkpoint}, {"--prompt", s.prompt},
                                              {"--tokens", std::to_string(s.tokens)}, {"--seed", std::to_string(s.seed)},
@@ -349,19 +350,19 @@ int main(int argc, char** argv) {
       return sample(s, ranks);
     }
     if (ex->parsed()) {
-      apps::start_ranks("weft-transformer", false, {{"command", "export-hf"}}, {});
+      apps::start_alone("weft-transformer", "export-hf");
       return export_hf(x);
     }
     if (evc->parsed()) {
-      apps::start_ranks("weft-transformer", false, {{"command", "eval"}}, {});
+      apps::start_alone("weft-transformer", "eval");
       return eval(ev);
     }
     if (pe->parsed()) {
-      apps::start_ranks("weft-transformer", false, {{"command", "export-peft"}}, {});
+      apps::start_alone("weft-transformer", "export-peft");
       return export_peft(px);
     }
     if (pr->parsed()) {
-      apps::start_ranks("weft-transformer", false, {{"command", "prepare"}}, {});
+      apps::start_alone("weft-transformer", "prepare");
       apps::check_outputs_apart({apps::dataset_out(p.out)}, {{"--tokenizer", p.tokenizer}, {"--data", p.data}}, "transformer");
       if (!p.chat_format.empty()) apps::parse_chat_format(p.chat_format);  // named now, not at the first chat record
       if (apps::is_jsonl_data(p.data)) return prepare_examples(p);

@@ -236,6 +236,11 @@ mkdir -p "$tmp/.hf.tmp-999999999/x" "$tmp/.hf.tmp-$$"
 run "$gpt" export-hf --from "$tmp/fb" --out "$tmp/hf" >/dev/null 2>"$tmp/err" || fail "export-hf: $(cat "$tmp/err")"
 [ ! -e "$tmp/.hf.tmp-999999999" ] && [ -d "$tmp/.hf.tmp-$$" ] && [ -e "$tmp/hf/config.json" ] ||
   fail "export-hf's leftovers: $(ls -a "$tmp")"
+# A command that runs in one process refuses an mpirun of several, on every rank (rank 1 had failed to publish what
+# rank 0 had written, saying that nothing was written).
+if mp 2 "$gpt" export-hf --from "$tmp/fb" --out "$tmp/hf_mp" >"$tmp/out" 2>&1; then fail "export-hf ran under mpirun -np 2"; fi
+[ "$(grep -c "export-hf runs in one process, and mpirun started 2" "$tmp/out")" = 2 ] && [ ! -e "$tmp/hf_mp" ] ||
+  fail "export-hf under mpirun -np 2: $(cat "$tmp/out")"
 # A byte model's export names no bos/eos (transformers' GPT-2 default, 50256, is past its 256 tokens).
 grep -q '"bos_token_id": null' "$tmp/hf/config.json" && grep -q '"eos_token_id": null' "$tmp/hf/config.json" ||
   fail "a byte model's export: $(cat "$tmp/hf/config.json")"
