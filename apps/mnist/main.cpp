@@ -84,11 +84,13 @@ dist::ConfigSettings shared_settings(const Options& o) {
           {"--data", o.data},
           {"--log-every", fmt::format("{}", o.log_every)},
           {"--fsdp", o.fsdp ? "true" : "false"},
-          {"--deterministic", o.deterministic ? fmt::format("{}", o.virtual_batches) : "off"},
+          {"--deterministic", o.deterministic ? "true" : "false"},
+          {"--virtual-batches", fmt::format("{}", o.virtual_batches)},
           {"--mixed-precision", o.mixed_precision},
           {"--on-nan", o.on_nan},
           {"--max-skipped-steps", fmt::format("{}", o.max_skipped)},
-          {"--plan", o.plan.wanted() ? "true" : "false"},
+          {"--plan", o.plan.plan ? "true" : "false"},
+          {"--plan-ranks", std::to_string(o.plan.ranks)},
           {"--memory-budget", o.plan.budget}};
 }
 

@@ -3,7 +3,10 @@
 // each block predicting its last ctx tokens from the ones before them; the tail shorter than a
 // block is left out (or, for a dataset of examples, example by example). The loss is the mean over every predicted token, the perplexity exp(loss).
 #pragma once
+#include <cmath>
 #include <cstdint>
+#include <fmt/format.h>
+#include <string>
 
 #include "apps/transformer/example_data.h"
 #include "apps/transformer/text_data.h"
@@ -17,6 +20,12 @@ struct BlockLoss {
   int64_t blocks = 0;
   double loss() const { return tokens > 0 ? loss_sum / double(tokens) : 0; }
 };
+
+// exp(loss) as printed: `decimals` places, or in e-notation past 1e9 (a diverged run's had printed 135 digits).
+inline std::string perplexity_text(double loss, int decimals) {
+  const double p = std::exp(loss);
+  return p < 1e9 ? fmt::format("{:.{}f}", p, decimals) : fmt::format("{:.{}e}", p, decimals);
+}
 
 // Blocks [first, first + count) of `stream` (block b: tokens [b (ctx + 1), (b + 1) (ctx + 1))),
 // `batch` blocks per forward, on `device`; `model` in evaluation mode, without gradients.

@@ -442,7 +442,7 @@ int eval_examples(const EvalOptions& o, nn::Module& model, const apps::TrainingD
   const apps::BlockLoss r = apps::example_loss(model, set, o.batch_size);
   WEFT_CHECK(std::isfinite(r.loss()), "transformer: the loss of {} on {} is {}", o.from, o.data,
              apps::describe_value(r.loss()));
-  std::printf("loss %.6f perplexity %.4f tokens %lld\n", r.loss(), std::exp(r.loss()), (long long)r.tokens);
+  std::printf("loss %.6f perplexity %s tokens %lld\n", r.loss(), apps::perplexity_text(r.loss(), 4).c_str(), (long long)r.tokens);
   std::fprintf(stderr, "weft-transformer: %s on the %s part of %s: %lld examples (%lld skipped: no target within "
                "--ctx %lld; %lld cut at it), %lld trained targets\n", o.from.c_str(), o.split.c_str(), o.data.c_str(),
                (long long)r.blocks, (long long)set.skipped(), (long long)ctx, (long long)set.truncated(),
@@ -490,7 +490,7 @@ int eval(const EvalOptions& o) {
   const apps::BlockLoss r = apps::block_loss(model, stream, ctx, 0, blocks, o.batch_size);
   WEFT_CHECK(std::isfinite(r.loss()), "transformer: the loss of {} on {} is {}", o.from, o.data,
              apps::describe_value(r.loss()));
-  std::printf("loss %.6f perplexity %.4f tokens %lld\n", r.loss(), std::exp(r.loss()), (long long)r.tokens);
+  std::printf("loss %.6f perplexity %s tokens %lld\n", r.loss(), apps::perplexity_text(r.loss(), 4).c_str(), (long long)r.tokens);
   std::fprintf(stderr, "weft-transformer: %s on the %s part of %s: %lld blocks of %lld + 1 tokens\n", o.from.c_str(),
                o.split.c_str(), o.data.c_str(), (long long)r.blocks, (long long)ctx);
   return 0;

@@ -19,6 +19,7 @@
 #include "apps/common/output_paths.h"
 #include "apps/common/resume.h"
 #include "apps/common/trainer.h"
+#include "apps/transformer/block_eval.h"
 #include "apps/transformer/checkpoint_description.h"
 #include "apps/transformer/commands.h"
 #include "apps/transformer/example_data.h"
@@ -382,8 +383,8 @@ void validate(TrainOptions& o, const Ranks& ranks, Run& run) {
   if (o.plan.wanted())
     WEFT_CHECK(o.plan.modelled,
                "transformer: --plan, --plan-ranks and --memory-budget plan FULL_SHARD with --reshard-after-forward "
-               "true or false, not --sharding-strategy {} with --reshard-after-forward {}", o.sharding_strategy,
-               o.reshard_after_forward);
+               "true or false, not {}", o.sharding_strategy != "FULL_SHARD" ? "--sharding-strategy " + o.sharding_strategy
+               : "--reshard-after-forward " + o.reshard_after_forward);
 }
 
 // The text or token files; a token dataset sets the vocabulary.
@@ -578,8 +579,8 @@ class TextTask : public apps::TrainingTask {
     at.nan.check_evaluation(val, fmt::format("the validation loss is {} at step {}", apps::describe_value(val),
                                              at.step), at.watch);
     if (!ranks_.lead()) return;
-    std::printf("step %lld train_loss %.4f val_loss %.4f val_ppl %.3f\n", (long long)at.step, at.train_loss, val,
-                std::exp(val));
+    std::printf("step %lld train_loss %.4f val_loss %.4f val_ppl %s\n", (long long)at.step, at.train_loss, val,
+                apps::perplexity_text(val, 3).c_str());
     std::fflush(stdout);
   }
   fsdp::CheckpointProgress checkpoint(int64_t step) override {
@@ -668,7 +669,8 @@ dist::ConfigSettings shared_settings(const TrainOptions& o) {
           {"--untie", o.untie ? "true" : "false"},
           {"--batch-size", num(o.batch_size)},
           {"--grad-accum", num(o.grad_accum)},
-          {"--deterministic", o.deterministic ? num(o.virtual_batches) : "off"},
+          {"--deterministic", o.deterministic ? "true" : "false"},
+          {"--virtual-batches", num(o.virtual_batches)},
           {"--pack", o.pack ? "true" : "false"},
           {"--base-dtype", o.base_dtype},
           {"--steps", num(o.steps)},
@@ -701,7 +703,8 @@ dist::ConfigSettings shared_settings(const TrainOptions& o) {
           {"--mixed-precision", o.mixed_precision},
           {"--on-nan", o.on_nan},
           {"--max-skipped-steps", num(o.max_skipped)},
-          {"--plan", o.plan.wanted() ? "true" : "false"},
+          {"--plan", o.plan.plan ? "true" : "false"},
+          {"--plan-ranks", std::to_string(o.plan.ranks)},
           {"--memory-budget", o.plan.budget},
           {"--lora-rank", num(o.lora.rank)},
           {"--lora-alpha", num(o.lora.alpha)},

@@ -68,6 +68,13 @@ expect_mismatch transformer_accum --grad-accum 2 1 1 -- "$transformer" "${t[@]}"
 expect_mismatch transformer_fsdp_some --fsdp 3 1 2 -- "$transformer" "${t[@]}" --steps 2 -- "$transformer" train \
   "${t[@]:2}" --steps 2
 expect_mismatch transformer_steps --steps 2 1 1 -- "$transformer" "${t[@]}" --steps 3 -- "$transformer" "${t[@]}" --steps 4
+# Each flag is named as given (--memory-budget had been named "--plan", --deterministic by its virtual batches).
+expect_mismatch transformer_budget --memory-budget 2 1 1 -- "$transformer" "${t[@]}" --steps 2 --memory-budget 100M -- \
+  "$transformer" "${t[@]}" --steps 2
+expect_mismatch transformer_det --deterministic 2 1 1 -- "$transformer" "${t[@]}" --steps 2 --deterministic -- \
+  "$transformer" "${t[@]}" --steps 2
+grep -q -- "--deterministic is true on rank 0, false on rank 1" "$tmp/transformer_det.out" ||
+  fail "--deterministic on rank 0 only: $(cat "$tmp/transformer_det.out")"
 expect_mismatch transformer_clip_np4 --clip 4 2 2 -- "$transformer" "${t[@]}" --steps 2 -- "$transformer" "${t[@]}" --steps 2 --clip 0.5
 
 # Control: the same MPMD launch with agreeing flags trains at 2 ranks (once per app).

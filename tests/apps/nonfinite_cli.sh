@@ -56,6 +56,10 @@ if "$tf" train "${cfg[@]}" --steps 30 --lr 1000 --checkpoint-dir "$tmp/ck4" --ch
     --log-every 1 >/dev/null 2>"$tmp/err"; then fail "--lr 1000 trained on"; fi
 differs "$(loss_at "$tmp/ck4.jsonl" 2)" "$(loss_at "$tmp/ck4.jsonl" 1)" 2 "step 2's loss at --lr 1000 (no spike to judge)"
 grep -q "no checkpoint on disk is known to resume" "$tmp/err" || fail "a run diverging from its start: $(cat "$tmp/err")"
+# A diverging run's validation perplexity prints in e-notation past 1e9 (it had printed a number of 140 digits).
+"$tf" train --n-layer 1 --n-head 2 --d-model 16 --ctx 16 --batch-size 4 --warmup 0 --seed 0 --threads 1 --eval-iters 1 \
+  --steps 2 --lr 10 --eval-every 2 >"$tmp/out" 2>"$tmp/err" || fail "$(cat "$tmp/err")"
+grep -Eq "val_loss [0-9]{2,}\.[0-9]{4} val_ppl [1-9]\.[0-9]{3}e\+[0-9]+$" "$tmp/out" || fail "val_ppl: $(cat "$tmp/out")"
 # --on-nan skip gives up after --max-skipped-steps in a row, exit 1, naming a checkpoint.
 if "$tf" train "${cfg[@]}" --steps 20 --lr 1e30 --on-nan skip --max-skipped-steps 3 --resume "$tmp/ck" \
     >/dev/null 2>"$tmp/err"; then fail "--on-nan skip never gave up"; fi
