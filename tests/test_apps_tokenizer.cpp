@@ -290,6 +290,20 @@ TEST_CASE("tokenizer: an added token inside the whitespace another one strips is
                  {"a <tool> <tool>  b", "66,2000,2000,67"}, {"a\n\n <tool>c", "66,2001,2000,68"}, {"q\n\n\n", "82,2001"}});
 }
 
+// A merge listed twice has its later rank, as in `tokenizers` (whose map of merges keeps the last one written): with
+// merges [a b], [b c], [a b] it gives "abc" [a, bc], where the first rank would give [ab, c].
+TEST_CASE("tokenizer: a merge listed twice takes its last rank") {
+  const json j = {{"version", "1.0"}, {"added_tokens", json::array()}, {"normalizer", nullptr},
+                  {"pre_tokenizer", nullptr}, {"post_processor", nullptr}, {"decoder", nullptr},
+                  {"model", {{"type", "BPE"}, {"unk_token", nullptr},
+                             {"vocab", {{"a", 0}, {"b", 1}, {"c", 2}, {"ab", 3}, {"bc", 4}}},
+                             {"merges", json::array({json::array({"a", "b"}), json::array({"b", "c"}),
+                                                     json::array({"a", "b"})})}}}};
+  const apps::BpeTokenizer tok(write_tokenizer(j, "repeated_merge.json"));
+  CHECK(tok.encode("abc") == std::vector<int32_t>{0, 4});
+  CHECK(tok.encode("abcab") == std::vector<int32_t>{0, 4, 3});
+}
+
 TEST_CASE("tokenizer: GPT-2's tokenizer.json encodes and decodes as the tokenizers library does, id for id") {
   const apps::BpeTokenizer tok(WEFT_TEST_DATA "/gpt2/tokenizer.json");
   const json want = read_json(WEFT_TEST_DATA "/gpt2/expected.json");

@@ -152,7 +152,8 @@ void BpeTokenizer::Impl::read_merges(const TokenizerField& m) {
     auto ia = vocab.find(a), ib = vocab.find(b), iab = vocab.find(a + b);
     if (ia == vocab.end() || ib == vocab.end() || iab == vocab.end())
       m.fail(fmt::format("merge {} (\"{}\" + \"{}\") names a token the vocabulary lacks", rank, a, b));
-    merges.emplace(pair_key(ia->second, ib->second), std::make_pair(rank, iab->second));  // a repeat keeps its first rank
+    // A merge listed twice takes its later rank, as `tokenizers` does (its map of merges keeps the last one written).
+    merges.insert_or_assign(pair_key(ia->second, ib->second), std::make_pair(rank, iab->second));
     ++rank;
   }
 }
