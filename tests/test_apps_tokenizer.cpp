@@ -290,6 +290,18 @@ TEST_CASE("tokenizer: an added token inside the whitespace another one strips is
                  {"a <tool> <tool>  b", "66,2000,2000,67"}, {"a\n\n <tool>c", "66,2001,2000,68"}, {"q\n\n\n", "82,2001"}});
 }
 
+// After a token with rstrip, an added token inside the whitespace it took ends the match there: the text after that
+// token is encoded from its end, the whitespace past it again (`tokenizers`' ids for the qwen2 fixture with "<a>"
+// (special, rstrip) and "\n\n" added: "<a>\n\n world" is <a>, "\n\n", " world").
+TEST_CASE("tokenizer: the text after an added token inside another's rstrip starts at its end") {
+  json j = read_json(kData + "/qwen2/tokenizer.json");
+  add_token(j, 2002, "<a>", false, true, false, true);
+  add_token(j, 2003, "\n\n", false, false, false, false);
+  const apps::BpeTokenizer tok(write_tokenizer(j, "rstrip_inner.json"));
+  check_ids(tok, {{"<a>\n\n world", "2002,2003,702"}, {"<a>  \n\n  x", "2002,2003,223,223,90"},
+                 {"<a> \n\n \n\n y", "2002,2003,223,2003,300"}, {"q<a>\n\n<a> z\n\n", "83,2002,2003,2002,92,2003"}});
+}
+
 // A merge listed twice has its later rank, as in `tokenizers` (whose map of merges keeps the last one written): with
 // merges [a b], [b c], [a b] it gives "abc" [a, bc], where the first rank would give [ab, c].
 TEST_CASE("tokenizer: a merge listed twice takes its last rank") {

@@ -546,7 +546,7 @@ void BpeTokenizer::Impl::encode_part(std::string_view part, bool first, bool con
 void BpeTokenizer::Impl::split_added(std::string_view text, const std::vector<AddedToken>& list,
                                      std::vector<int32_t>& out, const std::function<void(std::string_view, bool)>& part,
                                      std::vector<size_t>* cuts) const {
-  size_t start = 0;
+  size_t start = 0, stripped = 0;  // where the next part starts; the end of the whitespace any rstrip took
   for (size_t i = 0; i < text.size() && !list.empty();) {
     const AddedToken* hit = nullptr;
     for (const AddedToken& a : list)
@@ -571,10 +571,12 @@ void BpeTokenizer::Impl::split_added(std::string_view text, const std::vector<Ad
       if (!utf8::is_space(utf8::next(text, k))) break;
       end = k;
     }
-    if (cuts && i >= start && i + list.front().content.size() <= text.size()) cuts->push_back(begin);
+    if (cuts && i >= stripped && i + list.front().content.size() <= text.size()) cuts->push_back(begin);
     if (begin > start) part(text.substr(start, begin - start), start == 0);
     out.push_back(hit->id);
-    i += hit->content.size(), start = std::max(start, end);  // matches are found before stripping, as `tokenizers`
+    // Matches are found before stripping, and the next part starts at this match's end even when that is inside the
+    // whitespace an rstrip before took (which it then encodes again), as `tokenizers` does.
+    i += hit->content.size(), start = end, stripped = std::max(stripped, end);
   }
   if (start < text.size()) part(text.substr(start), start == 0);
 }
