@@ -522,6 +522,17 @@ TEST_CASE("a deeply nested or long message is named without dumping it whole", "
   CHECK_THROWS_WITH(apps::prepare_examples(kChat + "/chatml", (dir / "d.jsonl").string(), (dir / "o").string(),
                                            "<|endoftext|>", 0.1, true, ""),
                     Contains("d.jsonl:2: message 0: \"tool_calls\": weft renders a message's content"));
+  // The templates test tool_calls for truth: false, null and [] are no tool calls (it was refused as tool calls).
+  for (const char* none : {"false", "null", "[]"}) {
+    write(dir / "d.jsonl", ok + R"({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b", )"
+                               R"("tool_calls": )" + none + "}]}\n");
+    CHECK_NOTHROW(apps::prepare_examples(kChat + "/chatml", (dir / "d.jsonl").string(), (dir / "o").string(),
+                                         "<|endoftext|>", 0.1, true, ""));
+  }
+  write(dir / "d.jsonl", ok + R"({"messages": [{"role": "assistant", "content": "", "tool_calls": "x"}]})" "\n");
+  CHECK_THROWS_WITH(apps::prepare_examples(kChat + "/chatml", (dir / "d.jsonl").string(), (dir / "o").string(),
+                                           "<|endoftext|>", 0.1, true, ""),
+                    Contains("d.jsonl:2: message 0: \"tool_calls\" must be a list of tool calls") && Contains("\"x\""));
 }
 
 TEST_CASE("a folder of JSONL records follows links to .jsonl files; passed-over links are named", "[apps][examples]") {
