@@ -7,6 +7,8 @@ protobuf, transformers; no torch). Styles, each trained on Debian's fortunes tex
   gpt2       byte-level BPE, GPT-2's ByteLevel regex.
   llama3     byte-level BPE, Llama 3's Split regex then ByteLevel, ignore_merges, and the
              template <|begin_of_text|> $A of the Llama 3 post-processor.
+  llama3_prefix  the llama3 fixture's tokenizer.json with ByteLevel's add_prefix_space true (not
+             retrained): after a Split, `tokenizers` puts the space before each of its pieces.
   qwen2      byte-level BPE with Qwen2's NFC normalizer and Split regex; an added token with
              rstrip and one with lstrip.
   llama2     SentencePiece BPE (byte_fallback) in the form Llama 2, Mistral v0.1 and TinyLlama
@@ -57,6 +59,14 @@ MORE_TEXTS = [
     "<s>Hello</s> <s> spaced </s>\n<unk> x",
     "<|begin_of_text|>a<|im_start|>user\nhi<|im_end|>\n<|im_end|>   after  <mask> and   <mask>x",
     "[END]  then qzx and qzxqzx, <mask>",
+]
+# For llama3_prefix: pieces of the Split that start with a space, and ones that do not (words,
+# punctuation, digits, new lines) at the text's start and after added tokens.
+PREFIX_TEXTS = [
+    "Hello,world 12",
+    "\nfoo",
+    "a1b22c333d4444 e",
+    "x<|user|>y <|user|> z<|endoftext|>\n\n  q",
 ]
 
 
@@ -193,10 +203,10 @@ def main():
     ap.add_argument("--out", default=os.path.join(REPO, "tests", "data", "tokenizers"))
     ap.add_argument("--mistral", default=None, help="Mistral 7B's tokenizer.model (the mistral fixture)")
     ap.add_argument("--only", nargs="+", default=None,
-                    choices=["gpt2", "llama3", "qwen2", "llama2", "metaspace", "mistral"])
+                    choices=["gpt2", "llama3", "llama3_prefix", "qwen2", "llama2", "metaspace", "mistral"])
     args = ap.parse_args()
     from tokenizers import decoders, normalizers, pre_tokenizers, processors
-    want = set(args.only or ["gpt2", "llama3", "qwen2", "llama2", "metaspace"] + (["mistral"] if args.mistral else []))
+    want = set(args.only or ["gpt2", "llama3", "llama3_prefix", "qwen2", "llama2", "metaspace"] + (["mistral"] if args.mistral else []))
     texts, more = TEXTS + paragraphs(), TEXTS + paragraphs() + MORE_TEXTS
     work = tempfile.mkdtemp()
     if "gpt2" in want:
@@ -209,6 +219,12 @@ def main():
             processors.TemplateProcessing(single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A $B:1",
                                           special_tokens=[("<|begin_of_text|>", tok.token_to_id("<|begin_of_text|>"))])])
         write(tok, os.path.join(args.out, "llama3"), texts)
+    if "llama3_prefix" in want:  # from the llama3 fixture as written, so run after it
+        from tokenizers import Tokenizer
+        with open(os.path.join(args.out, "llama3", "tokenizer.json"), encoding="utf-8") as f:
+            j = json.load(f)
+        j["pre_tokenizer"]["pretokenizers"][1]["add_prefix_space"] = True
+        write(Tokenizer.from_str(json.dumps(j)), os.path.join(args.out, "llama3_prefix"), texts + PREFIX_TEXTS)
     if "qwen2" in want:
         tok = train_byte_level("qwen2", ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], QWEN2_SPLIT,
                                normalizer=normalizers.NFC())

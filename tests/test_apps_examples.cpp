@@ -399,6 +399,105 @@ TEST_CASE("a chat template whose text weft's form does not render is refused, na
                     Contains("not this template's text") && !Contains("to render one of them"));
 }
 
+// Markers alone do not make a template its family's: one that filters or calls methods on what it writes, or tests a
+// condition the family's template does not (so renders or skips messages otherwise), or a llama3 one that does not trim,
+// is refused naming it (each had rendered the form's text: other ids than apply_chat_template's, silently). The
+// families' own templates are recognised (Qwen2's, Qwen2.5's, Llama 3's; tests/data/chat holds Qwen3's and Mistral's).
+TEST_CASE("a chat template with logic its family's template does not have is refused, naming it", "[apps][examples]") {
+  const fs::path dir = kScratch.fresh("logic");
+  fs::copy_file(kChat + "/chatml/tokenizer.json", dir / "tokenizer.json");
+  auto config = [&](const std::string& t) { write(dir / "tokenizer_config.json", nlohmann::json{{"chat_template", t}}.dump()); };
+  const std::string llama3_system = "{{ bos_token }}{% if messages[0]['role'] != 'system' %}{{ '<|start_header_id|>"
+      "system<|end_header_id|>\\n\\nYou are a helpful assistant.<|eot_id|>' }}{% endif %}{% for m in messages %}{{ "
+      "'<|start_header_id|>' + m['role'] + '<|end_header_id|>\\n\\n' + m['content'] + '<|eot_id|>' }}{% endfor %}";
+  for (const auto& [name, text, what] : std::vector<std::array<std::string, 3>>{
+           {"chatml", "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] | replace('\\r\\n',"
+            "'\\n') + '<|im_end|>\\n' }}{% endfor %}", "applies the filter `replace`"},
+           {"chatml", "{% for m in messages %}{% if m['role'] != 'system' or loop.first %}{{ '<|im_start|>' + m['role'] "
+            "+ '\\n' + m['content'] + '<|im_end|>\\n' }}{% endif %}{% endfor %}",
+            "tests a condition of its own (`{% if m['role'] != 'system' or loop.first %}`)"},
+           {"chatml", "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content.upper() + '<|im_end|>\\n' }}"
+            "{% endfor %}", "calls `upper(...)`"},
+           {"llama3", llama3_system, "tests a condition of its own (`{% if messages[0]['role'] != 'system' %}`)"}}) {
+    INFO(text);
+    config(text);
+    CHECK_THROWS_WITH(apps::load_chat_template(dir.string(), ""), Contains("tokenizer_config.json: the chat template " +
+                      what) && Contains("which weft does not render") && Contains("--chat-format " + name));
+    CHECK(apps::load_chat_template(dir.string(), name).format == apps::parse_chat_format(name));
+  }
+  std::string untrimmed = llama3_system.substr(llama3_system.find("{% for"));
+  config(untrimmed);
+  CHECK_THROWS_WITH(apps::load_chat_template(dir.string(), ""), Contains("does not `trim` the messages' content"));
+  config("{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + "
+         "message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 "
+         "%}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ "
+         "'<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}");  // Llama 3's
+  CHECK(apps::load_chat_template(dir.string(), "").format == apps::ChatFormat::llama3);
+  config("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\n"
+         "You are a helpful assistant.<|im_end|>\\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\\n' + "
+         "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>"
+         "assistant\\n' }}{% endif %}");  // Qwen2's
+  CHECK(apps::load_chat_template(dir.string(), "").default_system == "You are a helpful assistant.");
+  const std::string qwen25 = R"QWEN({%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- messages[0]['content'] }}
+    {%- else %}
+        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}
+    {%- endif %}
+    {{- "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
+{%- else %}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}
+    {%- else %}
+        {{- '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n' }}
+    {%- endif %}
+{%- endif %}
+{%- for message in messages %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}
+        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + '\n' }}
+    {%- elif message.role == "assistant" %}
+        {{- '<|im_start|>' + message.role }}
+        {%- if message.content %}
+            {{- '\n' + message.content }}
+        {%- endif %}
+        {%- for tool_call in message.tool_calls %}
+            {%- if tool_call.function is defined %}
+                {%- set tool_call = tool_call.function %}
+            {%- endif %}
+            {{- '\n<tool_call>\n{"name": "' }}
+            {{- tool_call.name }}
+            {{- '", "arguments": ' }}
+            {{- tool_call.arguments | tojson }}
+            {{- '}\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' }}
+        {{- message.content }}
+        {{- '\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+)QWEN";
+  config(qwen25);  // Qwen2.5's
+  CHECK(apps::load_chat_template(dir.string(), "").default_system ==
+        "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.");
+}
+
 TEST_CASE("a deeply nested or long message is named without dumping it whole", "[apps][examples]") {
   const fs::path dir = kScratch.fresh("deep");
   const std::string ok = R"({"text": "fine"})" "\n";
@@ -423,6 +522,17 @@ TEST_CASE("a deeply nested or long message is named without dumping it whole", "
   CHECK_THROWS_WITH(apps::prepare_examples(kChat + "/chatml", (dir / "d.jsonl").string(), (dir / "o").string(),
                                            "<|endoftext|>", 0.1, true, ""),
                     Contains("d.jsonl:2: message 0: \"tool_calls\": weft renders a message's content"));
+  // The templates test tool_calls for truth: false, null and [] are no tool calls (it was refused as tool calls).
+  for (const char* none : {"false", "null", "[]"}) {
+    write(dir / "d.jsonl", ok + R"({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b", )"
+                               R"("tool_calls": )" + none + "}]}\n");
+    CHECK_NOTHROW(apps::prepare_examples(kChat + "/chatml", (dir / "d.jsonl").string(), (dir / "o").string(),
+                                         "<|endoftext|>", 0.1, true, ""));
+  }
+  write(dir / "d.jsonl", ok + R"({"messages": [{"role": "assistant", "content": "", "tool_calls": "x"}]})" "\n");
+  CHECK_THROWS_WITH(apps::prepare_examples(kChat + "/chatml", (dir / "d.jsonl").string(), (dir / "o").string(),
+                                           "<|endoftext|>", 0.1, true, ""),
+                    Contains("d.jsonl:2: message 0: \"tool_calls\" must be a list of tool calls") && Contains("\"x\""));
 }
 
 TEST_CASE("a folder of JSONL records follows links to .jsonl files; passed-over links are named", "[apps][examples]") {

@@ -63,6 +63,7 @@ struct BpeTokenizer::Impl {
   // The pre-tokenizer: ByteLevel (regex or none), Metaspace, or none (the part is one word).
   enum class Pre { None, ByteLevel, Metaspace } pre = Pre::None;
   bool add_prefix_space = false;     // ByteLevel
+  bool after_split = false;          // ByteLevel after a Split: its prefix space goes before each of the Split's pieces
   std::array<int32_t, 256> byte_id{};  // ByteLevel: each byte's one-character token
   std::string replacement;           // Metaspace
   enum class Prepend { Always, First, Never } prepend = Prepend::Always;
@@ -151,7 +152,8 @@ void BpeTokenizer::Impl::read_merges(const TokenizerField& m) {
     auto ia = vocab.find(a), ib = vocab.find(b), iab = vocab.find(a + b);
     if (ia == vocab.end() || ib == vocab.end() || iab == vocab.end())
       m.fail(fmt::format("merge {} (\"{}\" + \"{}\") names a token the vocabulary lacks", rank, a, b));
-    merges.emplace(pair_key(ia->second, ib->second), std::make_pair(rank, iab->second));  // a repeat keeps its first rank
+    // A merge listed twice takes its later rank, as `tokenizers` does (its map of merges keeps the last one written).
+    merges.insert_or_assign(pair_key(ia->second, ib->second), std::make_pair(rank, iab->second));
     ++rank;
   }
 }
@@ -213,6 +215,7 @@ void BpeTokenizer::Impl::read_pre_tokenizer(const TokenizerField& p) {
   if (pattern.is_null("Regex")) pattern.fail("weft supports a Regex pattern only (not a String)");
   compile(pattern.text("Regex"));
   byte_level(level, false);
+  after_split = true;
 }
 
 void BpeTokenizer::Impl::read_added_tokens(const TokenizerField& root) {
@@ -469,14 +472,22 @@ void BpeTokenizer::Impl::bpe(std::string_view word, bool bytes, std::vector<int3
 }
 
 // A part under the ByteLevel pre-tokenizer: the prefix space, the regex's pieces (its matches
-// and the text between them), each piece's BPE.
+// and the text between them), each piece's BPE. `tokenizers` puts ByteLevel's prefix space
+// before each piece it is given that does not start with one: the part when ByteLevel splits
+// with its own regex, but each of the Split's pieces when a Split comes first.
 void BpeTokenizer::Impl::byte_level(std::string_view part, std::vector<int32_t>& out) const {
   std::string prefixed;
-  if (add_prefix_space && !part.empty() && part[0] != ' ') {
+  if (add_prefix_space && !after_split && !part.empty() && part[0] != ' ') {
     prefixed.reserve(part.size() + 1);
     prefixed.append(1, ' ').append(part);
     part = prefixed;
   }
+  std::string spaced;
+  auto piece = [&](std::string_view p) {
+    if (!add_prefix_space || !after_split || p[0] == ' ') return bpe(p, true, out);
+    spaced.assign(1, ' ').append(p);
+    bpe(spaced, true, out);
+  };
   if (!regex) return bpe(part, true, out);
   const std::unique_ptr<pcre2_match_data, void (*)(pcre2_match_data*)> md(
       pcre2_match_data_create_from_pattern(regex, nullptr), pcre2_match_data_free);
@@ -486,7 +497,7 @@ void BpeTokenizer::Impl::byte_level(std::string_view part, std::vector<int32_t>&
   while (pos < part.size()) {  // encode checked the text as UTF-8
     const int rc = pcre2_match(regex, s, part.size(), pos, PCRE2_NO_UTF_CHECK, md.get(), nullptr);
     if (rc == PCRE2_ERROR_NOMATCH) {
-      bpe(part.substr(pos), true, out);
+      piece(part.substr(pos));
       break;
     }
     if (rc < 0) {  // a PCRE2 limit (matching or JIT stack)
@@ -495,14 +506,14 @@ void BpeTokenizer::Impl::byte_level(std::string_view part, std::vector<int32_t>&
       fail(fmt::format("encode: the pre-tokenizer regex fails: {}", reinterpret_cast<const char*>(msg.data())));
     }
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.get());
-    if (ov[0] > pos) bpe(part.substr(pos, ov[0] - pos), true, out);
+    if (ov[0] > pos) piece(part.substr(pos, ov[0] - pos));
     if (ov[1] > ov[0]) {
-      bpe(part.substr(ov[0], ov[1] - ov[0]), true, out);
+      piece(part.substr(ov[0], ov[1] - ov[0]));
       pos = ov[1];
     } else {  // an empty match: step over one character
       size_t next = ov[0];
       if (next < part.size()) next += utf8::length(part[next]);
-      if (next > pos) bpe(part.substr(pos, next - pos), true, out);
+      if (next > pos) piece(part.substr(pos, next - pos));
       pos = next;
     }
   }
@@ -535,7 +546,7 @@ void BpeTokenizer::Impl::encode_part(std::string_view part, bool first, bool con
 void BpeTokenizer::Impl::split_added(std::string_view text, const std::vector<AddedToken>& list,
                                      std::vector<int32_t>& out, const std::function<void(std::string_view, bool)>& part,
                                      std::vector<size_t>* cuts) const {
-  size_t start = 0;
+  size_t start = 0, stripped = 0;  // where the next part starts; the end of the whitespace any rstrip took
   for (size_t i = 0; i < text.size() && !list.empty();) {
     const AddedToken* hit = nullptr;
     for (const AddedToken& a : list)
@@ -560,10 +571,12 @@ void BpeTokenizer::Impl::split_added(std::string_view text, const std::vector<Ad
       if (!utf8::is_space(utf8::next(text, k))) break;
       end = k;
     }
-    if (cuts && i >= start && i + list.front().content.size() <= text.size()) cuts->push_back(begin);
+    if (cuts && i >= stripped && i + list.front().content.size() <= text.size()) cuts->push_back(begin);
     if (begin > start) part(text.substr(start, begin - start), start == 0);
     out.push_back(hit->id);
-    i += hit->content.size(), start = std::max(start, end);  // matches are found before stripping, as `tokenizers`
+    // Matches are found before stripping, and the next part starts at this match's end even when that is inside the
+    // whitespace an rstrip before took (which it then encodes again), as `tokenizers` does.
+    i += hit->content.size(), start = end, stripped = std::max(stripped, end);
   }
   if (start < text.size()) part(text.substr(start), start == 0);
 }
@@ -610,7 +623,8 @@ size_t BpeTokenizer::split_point(std::string_view text, size_t limit) const {
   // a non-space when a letter follows (" word") and at a digit that follows a letter ("ab|12");
   // an added token holding a space, a letter or a digit could span such a place, one with rstrip
   // that ends there would take the space, a normalizer other than a Unicode form could change
-  // it, and a prefix space would be put before a digit.
+  // it, and a prefix space would be put before a digit (unless after a Split, which puts it before the digits' piece
+  // whole or cut).
   if (t.newline_cuts) {
     for (size_t nl = text.substr(0, std::min(limit, text.size())).rfind('\n'); nl != std::string_view::npos;
          nl = nl == 0 ? std::string_view::npos : text.rfind('\n', nl - 1))
@@ -639,7 +653,7 @@ size_t BpeTokenizer::split_point(std::string_view text, size_t limit) const {
   };
   for (size_t i = std::min(limit, text.size() < 2 ? 0 : text.size() - 2); i > 0; --i)
     if ((text[i] == ' ' && !space_before(i) && letter(text[i + 1]) && !rstrip_ends(i)) ||
-        (!t.add_prefix_space && letter(text[i - 1]) && digit(text[i])))
+        ((!t.add_prefix_space || t.after_split) && letter(text[i - 1]) && digit(text[i])))
       return std::max(added, i);
   return added;
 }

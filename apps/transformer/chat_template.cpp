@@ -169,6 +169,158 @@ std::optional<std::string> default_system(const std::string& text, const std::st
   return found;
 }
 
+// A template's {% %} and {{ }} tags: `code` with each string literal as "\x01" (its value, as jinja2 reads it, in
+// `literals`), and the tag as written.
+struct JinjaTag {
+  bool statement;
+  std::string code, raw;
+  std::vector<std::string> literals;
+};
+std::vector<JinjaTag> jinja_tags(const std::string& text, const std::string& where) {
+  std::vector<JinjaTag> out;
+  for (size_t tag = text.find('{'); tag != std::string::npos && tag + 1 < text.size(); tag = text.find('{', tag + 1)) {
+    if (text[tag + 1] == '#') tag = std::min(text.find("#}", tag + 2), text.size() - 1);  // a comment
+    if (text[tag + 1] != '{' && text[tag + 1] != '%') continue;
+    JinjaTag t{text[tag + 1] == '%', "", "", {}};
+    const char close = t.statement ? '%' : '}';
+    size_t i = tag + 2;
+    while (i < text.size() && !(text[i] == close && i + 1 < text.size() && text[i + 1] == '}')) {
+      if (text[i] == '\'' || text[i] == '"') t.literals.push_back(jinja_string(text, i, where)), t.code += '\x01';
+      else t.code += text[i++];
+    }
+    t.raw = text.substr(tag, std::min(i + 2, text.size()) - tag);
+    out.push_back(std::move(t));
+    tag = i;
+  }
+  return out;
+}
+
+// A tag's code in one form whatever its spelling: a space only between two words, whitespace control (-, +) dropped,
+// literals single-quoted, x['name'] as x.name, and `loop_var` (a loop over the messages) as `message`.
+std::string canonical(const JinjaTag& t, const std::string& loop_var) {
+  std::string code = t.code;
+  for (char& c : code)
+    if (std::isspace(uint8_t(c))) c = ' ';
+  code.erase(0, std::min(code.find_first_not_of(' '), code.size()));
+  code.erase(code.find_last_not_of(' ') + 1);
+  if (!code.empty() && (code.front() == '-' || code.front() == '+')) code.erase(0, 1);
+  if (!code.empty() && (code.back() == '-' || code.back() == '+')) code.pop_back();
+  auto word = [](char c) { return std::isalnum(uint8_t(c)) || c == '_'; };
+  std::string tight;
+  for (size_t i = 0; i < code.size(); ++i)
+    if (code[i] != ' ' || (!tight.empty() && word(tight.back()) && i + 1 < code.size() && word(code[i + 1])))
+      tight += code[i];
+  if (!loop_var.empty() && loop_var != "message")
+    tight = std::regex_replace(tight, std::regex("(^|[^.\\w])" + loop_var + "\\b"), "$1message");
+  std::string out;
+  size_t literal = 0;
+  for (size_t i = 0; i < tight.size(); ++i) {
+    if (tight[i] != '\x01') {
+      out += tight[i];
+      continue;
+    }
+    const std::string& v = t.literals[literal++];
+    const bool name = !v.empty() && std::all_of(v.begin(), v.end(), word) && !out.empty() && out.back() == '[' &&
+                      i + 1 < tight.size() && tight[i + 1] == ']';
+    if (name) out.back() = '.', out += v, ++i;
+    else out += "'" + v + "'";
+  }
+  return out;
+}
+
+// What each format renders of a template's logic: the conditions it tests (in canonical form), the filters and the
+// methods it calls. The templates the forms were checked against (tests/data/chat: Llama 3's, Qwen2's and Qwen2.5's,
+// Qwen3's, Mistral v0.1's) use no others; a template that does may render other text, and is refused naming it.
+struct FormLogic {
+  std::vector<const char*> conditions, filters, methods;
+};
+const FormLogic& form_logic(ChatFormat f) {
+  static const FormLogic llama3{{"loop.index0==0", "message.role=='assistant'", "add_generation_prompt"}, {"trim"}, {}};
+  static const FormLogic chatml{
+      {"add_generation_prompt", "messages[0].role=='system'", "messages[0].role!='system'",
+       "loop.first and messages[0].role!='system'", "message.role=='assistant'",
+       "message.role=='user'or(message.role=='system'and not loop.first)", "tools",
+       "(message.role=='user')or(message.role=='system'and not loop.first)or(message.role=='assistant'and not "
+       "message.tool_calls)",
+       "message.content", "tool_call.function is defined", "message.role=='tool'",
+       "(loop.index0==0)or(messages[loop.index0-1].role!='tool')", "loop.last or(messages[loop.index0+1].role!='tool')"},
+      {"tojson"},
+      {}};
+  static const FormLogic qwen3{
+      {"tools", "messages[0].role=='system'", "ns.multi_step_tool and message.role=='user'and not(message.content."
+       "startswith('<tool_response>')and message.content.endswith('</tool_response>'))",
+       "(message.role=='user')or(message.role=='system'and not loop.first)", "message.role=='assistant'",
+       "message.reasoning_content is defined and message.reasoning_content is not none", "'</think>'in message.content",
+       "loop.index0>ns.last_query_index", "loop.last or(not loop.last and reasoning_content)", "message.tool_calls",
+       "(loop.first and content)or(not loop.first)", "tool_call.function", "tool_call.arguments is string",
+       "message.role=='tool'", "loop.first or(messages[loop.index0-1].role!='tool')",
+       "loop.last or(messages[loop.index0+1].role!='tool')", "add_generation_prompt",
+       "enable_thinking is defined and enable_thinking is false"},
+      {"length", "tojson"},
+      {"startswith", "endswith", "split", "lstrip", "rstrip", "strip"}};
+  static const FormLogic mistral{{"(message.role=='user')!=(loop.index0%2==0)", "message.role=='user'",
+                                  "message.role=='assistant'"}, {}, {}};
+  switch (f) {
+    case ChatFormat::llama3: return llama3;
+    case ChatFormat::chatml: return chatml;
+    case ChatFormat::qwen3: return qwen3;
+    case ChatFormat::mistral: break;
+  }
+  return mistral;
+}
+
+// Refuses a recognised template whose logic its format does not render (form_logic), naming what it uses.
+void check_logic(const std::string& text, ChatFormat f, const std::string& where) {
+  const std::vector<JinjaTag> tags = jinja_tags(text, where);
+  const FormLogic& logic = form_logic(f);
+  const std::string name = chat_format_name(f);
+  auto refuse = [&](const std::string& what, const JinjaTag& t) {
+    size_t cut = std::min<size_t>(t.raw.size(), 100);
+    while (cut < t.raw.size() && (uint8_t(t.raw[cut]) & 0xc0) == 0x80) --cut;  // not inside a UTF-8 sequence
+    return Error(fmt::format("transformer: {}: the chat template {} (`{}`), which weft does not render: weft renders "
+                             "the {} form only where the template renders the same text; --chat-format {} renders "
+                             "that form, not this template's text", where, what, t.raw.substr(0, cut), name, name));
+  };
+  auto listed = [](const std::vector<const char*>& list, const std::string& s) {
+    return std::any_of(list.begin(), list.end(), [&](const char* l) { return s == l; });
+  };
+  std::string loop_var;
+  const std::regex for_messages(R"(^\s*[-+]?\s*for\s+(\w+)\s+in\s+(loop_)?messages\b)");
+  const std::regex filter(R"(\|\s*(\w+))"), method(R"(\.\s*(\w+)\s*\()");
+  bool trims = false;
+  for (const JinjaTag& t : tags) {
+    std::smatch m;
+    if (t.statement && std::regex_search(t.code, m, for_messages)) loop_var = m[1];
+    for (auto it = std::sregex_iterator(t.code.begin(), t.code.end(), filter); it != std::sregex_iterator(); ++it) {
+      if (!listed(logic.filters, (*it)[1])) throw refuse("applies the filter `" + (*it)[1].str() + "`", t);
+      trims = trims || (*it)[1] == "trim";
+    }
+    for (auto it = std::sregex_iterator(t.code.begin(), t.code.end(), method); it != std::sregex_iterator(); ++it)
+      if (!listed(logic.methods, (*it)[1])) throw refuse("calls `" + (*it)[1].str() + "(...)`", t);
+    const std::string c = canonical(t, loop_var);
+    if (t.statement && std::regex_search(c, m, std::regex("^(el)?if\\b ?")) && !listed(logic.conditions, m.suffix()))
+      throw refuse("tests a condition of its own", t);
+  }
+  WEFT_CHECK(f != ChatFormat::llama3 || trims, "transformer: {}: the chat template does not `trim` the messages' "
+             "content, which weft's llama3 form does (as Llama 3's template): --chat-format llama3 renders that form, "
+             "not this template's text", where);
+}
+
+// chatml's default system message and leading BOS; what the chatml form does not write is refused unless forced.
+void read_chatml(ChatTemplate& t, const std::string& text, const std::string& where, const std::string& forced) {
+  t.default_system = default_system(text, where);
+  std::smatch bos;  // a {{ bos_token }} first (Hermes 2 Pro's, InternLM2's) is written; a template that trims or
+  // strips text, or writes a BOS elsewhere or an EOS, renders other text than the form: refused, naming what
+  t.bos_first = std::regex_search(text, bos, std::regex(R"(^\s*\{\{-?\s*bos_token\s*-?\}\})"));
+  for (const char* s : {"trim", "strip(", "bos_token", "eos_token"}) {
+    const size_t at = forced.empty() ? text.find(s, size_t(bos.length(0))) : std::string::npos;
+    WEFT_CHECK(at == std::string::npos, "transformer: {}: a chatml template that writes `{}` (\"...{}...\"): not "
+               "recognised, as weft's chatml form writes each message's content as given, after a BOS only where the "
+               "template starts with {{{{ bos_token }}}}; --chat-format chatml renders that form, not this template's "
+               "text", where, s, text.substr(at - std::min<size_t>(at, 30), 60));
+  }
+}
+
 [[noreturn]] void no_place(const ChatTemplate& t, size_t i, const std::string& role, const char* roles) {
   throw Error(fmt::format("message {}: role \"{}\": the {} chat template has no place for it (it has {})", i, role,
                           chat_format_name(t.format), roles));
@@ -290,18 +442,8 @@ ChatTemplate load_chat_template(const std::string& tokenizer_path, const std::st
   if (t.format == ChatFormat::llama3 && t.bos.empty()) t.bos = "<|begin_of_text|>";
   if (t.format == ChatFormat::mistral && t.bos.empty()) t.bos = "<s>";
   if (t.format == ChatFormat::mistral && t.eos.empty()) t.eos = "</s>";
-  if (t.format != ChatFormat::chatml) return t;
-  t.default_system = default_system(text, where);
-  std::smatch bos;  // a {{ bos_token }} first (Hermes 2 Pro's, InternLM2's) is written; a template that trims or
-  // strips text, or writes a BOS elsewhere or an EOS, renders other text than the form: refused, naming what
-  t.bos_first = std::regex_search(text, bos, std::regex(R"(^\s*\{\{-?\s*bos_token\s*-?\}\})"));
-  for (const char* s : {"trim", "strip(", "bos_token", "eos_token"}) {
-    const size_t at = forced.empty() ? text.find(s, size_t(bos.length(0))) : std::string::npos;
-    WEFT_CHECK(at == std::string::npos, "transformer: {}: a chatml template that writes `{}` (\"...{}...\"): not "
-               "recognised, as weft's chatml form writes each message's content as given, after a BOS only where the "
-               "template starts with {{{{ bos_token }}}}; --chat-format chatml renders that form, not this template's "
-               "text", where, s, text.substr(at - std::min<size_t>(at, 30), 60));
-  }
+  if (t.format == ChatFormat::chatml) read_chatml(t, text, where, forced);
+  if (forced.empty()) check_logic(text, t.format, where);
   return t;
 }
 

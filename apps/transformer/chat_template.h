@@ -17,7 +17,8 @@
 //            system role                                         (Mistral v0.1's template)
 // The format is recognised from the tokenizer's chat_template (chat_template.jinja or
 // tokenizer_config.json beside tokenizer.json) by its markers, or named by --chat-format; a
-// template weft does not know is an error that names what it found.
+// template weft does not know is an error that names what it found, and so is a recognised one
+// with logic its family's templates lack (a condition, filter or method; llama3: no trim).
 #pragma once
 #include <optional>
 #include <string>

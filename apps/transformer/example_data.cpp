@@ -117,9 +117,12 @@ std::vector<ChatMessage> messages_of(const json& record) {
     WEFT_CHECK(m[i].is_object() && m[i].contains("role") && m[i]["role"].is_string() && m[i].contains("content") &&
                m[i]["content"].is_string(), "message {} must be an object with string \"role\" and \"content\", got {}",
                i, describe(m[i]));
+    // The templates test `message.tool_calls` for truth: null, false and an empty list render no tool calls.
     const auto calls = m[i].find("tool_calls");
-    WEFT_CHECK(calls == m[i].end() || calls->is_null() || calls->empty(), "message {}: \"tool_calls\": weft renders a message's content, not "
-               "its tool calls", i);
+    const bool none = calls == m[i].end() || calls->is_null() || *calls == false || (calls->is_array() && calls->empty());
+    WEFT_CHECK(none || calls->is_array(), "message {}: \"tool_calls\" must be a list of tool calls (or null, false or "
+               "empty: none), got {}", i, describe(*calls));
+    WEFT_CHECK(none, "message {}: \"tool_calls\": weft renders a message's content, not its tool calls", i);
     out.push_back({m[i]["role"].get<std::string>(), m[i]["content"].get<std::string>(), std::nullopt});
     if (m[i].contains("reasoning_content") && !m[i]["reasoning_content"].is_null()) {
       WEFT_CHECK(m[i]["reasoning_content"].is_string(), "message {}: \"reasoning_content\" must be a string, got {}",
