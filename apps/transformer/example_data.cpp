@@ -240,12 +240,25 @@ Split make_split(const std::vector<Example>& examples, size_t begin, size_t end)
   return s;
 }
 
+// A .json file that starts as JSON does (records as Hugging Face datasets often ship them) is refused: it would be
+// read as text, its braces and keys trained on.
+void check_not_json_records(const std::string& path) {
+  if (path.size() < 5 || !std::equal(path.end() - 5, path.end(), ".json", [](char a, char b) { return std::tolower(a) == b; }))
+    return;
+  std::ifstream in(path, std::ios::binary);
+  char c = 0;
+  while (in.get(c) && std::isspace(uint8_t(c))) {}
+  WEFT_CHECK(!in || (c != '{' && c != '['), "transformer: {} is JSON, which prepare would read as text: records go in a "
+             ".jsonl file (one object per line; rename it if it holds such lines), text in any other", path);
+}
+
 }  // namespace
 
 bool is_jsonl_data(const std::string& data) {
   std::error_code ec;
-  if (!fs::is_directory(data, ec)) return ends_with_jsonl(data);
+  if (!fs::is_directory(data, ec)) return check_not_json_records(data), ends_with_jsonl(data);
   const std::vector<std::string> files = text_files(data);
+  std::for_each(files.begin(), files.end(), check_not_json_records);
   const auto jsonl = std::count_if(files.begin(), files.end(), ends_with_jsonl);
   if (jsonl == 0) return false;
   for (const std::string& f : files)

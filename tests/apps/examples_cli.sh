@@ -82,6 +82,15 @@ cp "$tmp/ds/train.labels" "$tmp/ds/val.labels" "$tmp/ds2/"
 echo '{"prompt": "x"}' >"$tmp/bad.jsonl"
 expect_error "bad.jsonl:1: a record with \"prompt\" needs \"completion\" too" prepare --tokenizer "$chat/chatml" \
   --data "$tmp/bad.jsonl" --out "$tmp/bad"
+# Records in a .json file (as datasets often ship them) are refused, alone or in a directory (they had been read as
+# text, braces and keys trained on); a .json file of text is text.
+mkdir "$tmp/jsondir" && cp "$chat/records.jsonl" "$tmp/jsondir/train.json" && echo 'plain' >"$tmp/jsondir/notes.json"
+expect_error "train.json is JSON, which prepare would read as text: records go in a .jsonl file" prepare --tokenizer \
+  "$chat/chatml" --data "$tmp/jsondir/train.json" --out "$tmp/bad"
+expect_error "train.json is JSON, which prepare would read as text" prepare --tokenizer "$chat/chatml" --data \
+  "$tmp/jsondir" --out "$tmp/bad"
+"$exe" prepare --tokenizer "$chat/chatml" --data "$tmp/jsondir/notes.json" --out "$tmp/notes" >/dev/null 2>"$tmp/err" ||
+  fail "a .json file of text: $(cat "$tmp/err")"
 printf '%s\n' '{"text": "a"}' '{"messages": [{"role": "user", "content": "hi"}]}' >"$tmp/no_answer.jsonl"
 expect_error "no_answer.jsonl:2: no token of the record is trained: a chat needs an assistant message" prepare \
   --tokenizer "$chat/chatml" --data "$tmp/no_answer.jsonl" --out "$tmp/bad"
