@@ -62,6 +62,7 @@ apps::ModelConfig config_of(const std::map<std::string, std::string>& app, const
     cfg.qk_norm = flag("qk_norm");
     cfg.sliding_window = field("sliding_window", 0, apps::kMaxCtx);
   }
+  if (app.count("dropout") && get("dropout") != "0") cfg.dropout = apps::cli::parse_positive_field(get("dropout"), what("dropout"));
   try {
     apps::check_config(cfg);
   } catch (const Error& e) {  // in terms of the flags that would make such a model

@@ -226,8 +226,8 @@ void export_hf_checkpoint(const LanguageModel& model, const std::string& out, in
   if (src.is_object()) {  // fine-tuned at a shorter --ctx, a rotary model keeps its source's
     if (const json m = src.value("max_position_embeddings", json()); c.arch == "llama" && m.is_number_integer())
       cfg["max_position_embeddings"] = std::max(cfg.value("max_position_embeddings", int64_t(0)), m.get<int64_t>());
-    for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"})  // for generate without generation_config.json
-      if (source_tokens && src.contains(key) && !cfg.contains(key)) cfg[key] = src[key];
+    for (const auto& [key, value] : src.items())  // the rest as downloaded (read, and left as it was); its token ids
+      if (source_tokens || !key.ends_with("_token_id")) cfg.emplace(key, value);  // where the run kept its tokens
   }
   for (const char* key : {"bos_token_id", "eos_token_id"}) cfg.emplace(key, nullptr);  // none, as sample: not a default of another vocabulary
   cfg["model_type"] = layout.model_type;

@@ -12,6 +12,7 @@ ModelConfig read_gpt2_config(const ConfigReader& r) {
   c.n_layer = r.integer("n_layer");
   c.n_head = r.integer("n_head");
   c.ffn_dim = r.integer("n_inner", 0);
+  c.dropout = r.number("resid_pdrop", 0.0);  // what an export writes back (a run trains with its --dropout)
   const std::string act = r.text("activation_function", "gelu_new");
   if (act != "gelu_new" && act != "gelu_pytorch_tanh")
     r.fail("activation_function", fmt::format("is \"{}\": weft's GPT-2 uses the tanh GELU (gelu_new)", act));
@@ -29,8 +30,8 @@ nlohmann::json write_gpt2_config(const ModelConfig& c) {
   return {{"vocab_size", c.vocab_size},
           {"n_positions", c.ctx}, {"n_ctx", c.ctx}, {"n_embd", c.d_model}, {"n_layer", c.n_layer},
           {"n_head", c.n_head}, {"n_inner", c.ffn_dim > 0 ? json(c.ffn_dim) : json(nullptr)},
-          {"activation_function", "gelu_new"}, {"layer_norm_epsilon", 1e-5}, {"resid_pdrop", 0.0},
-          {"embd_pdrop", 0.0}, {"attn_pdrop", 0.0}, {"scale_attn_weights", true},
+          {"activation_function", "gelu_new"}, {"layer_norm_epsilon", 1e-5}, {"resid_pdrop", c.dropout},
+          {"embd_pdrop", c.dropout}, {"attn_pdrop", c.dropout}, {"scale_attn_weights", true},
           {"tie_word_embeddings", c.tie_weights}, {"torch_dtype", "float32"}, {"use_cache", true}};
 }
 

@@ -478,8 +478,9 @@ int eval(const EvalOptions& o) {
   const auto& run = loaded.recorded;  // a checkpoint's: blocks of its run's --ctx by default
   const int64_t ctx = o.ctx > 0 ? o.ctx : run.count("ctx") ? std::stoll(run.at("ctx")) : loaded.lm.cfg.ctx,
                 vocab = loaded.lm.cfg.vocab_size;
-  WEFT_CHECK(ctx <= loaded.lm.cfg.ctx, "transformer: --ctx {} is longer than {}'s context {}", ctx, o.from,
-             loaded.lm.cfg.ctx);
+  WEFT_CHECK(ctx <= loaded.lm.cfg.ctx, "transformer: --ctx {} is longer than {}'s context {}{}", ctx, o.from,
+             loaded.lm.cfg.ctx, loaded.lm.cfg.sliding_window == loaded.lm.cfg.ctx ? " (its sliding_window: weft attends "
+             "to the whole context)" : "");
   WEFT_CHECK(vocab >= data.vocab_size, "transformer: {}'s vocabulary of {} is smaller than {}'s {}", o.from, vocab,
              o.data, data.vocab_size);
   if (data.examples()) return eval_examples(o, model, data, ctx);

@@ -59,7 +59,8 @@ std::map<std::string, std::string> describe(const apps::ModelConfig& cfg, const 
   d.insert({{"format", kCheckpointFormat}, {"seed", std::to_string(o.seed)}, {"batch_size", std::to_string(o.batch_size)},
             {"grad_accum", std::to_string(o.grad_accum)}, {"weight_decay", fmt::format("{}", o.weight_decay)},
             {"beta1", fmt::format("{}", o.beta1)}, {"beta2", fmt::format("{}", o.beta2)}, {"eps", fmt::format("{}", o.eps)},
-            {"virtual_batches", o.deterministic ? std::to_string(o.virtual_batches) : "0"}});
+            {"virtual_batches", o.deterministic ? std::to_string(o.virtual_batches) : "0"},
+            {"dropout", fmt::format("{}", cfg.dropout)}});  // not a model field: a resume may change it; export writes it
   d.insert(train_text.begin(), train_text.end());
   for (auto& [k, v] : apps::lora_fields(o.lora)) d[k] = v;
   if (o.base_elsewhere()) d["lora_base_sha256"] = o.base_digest;

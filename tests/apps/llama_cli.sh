@@ -222,6 +222,18 @@ grep -q "$tmp/l3gone, the run's --init-from, is gone: its generation_config.json
 "$exe" export-hf --from "$tmp/ckgone" --out "$tmp/gone_out" >/dev/null 2>"$tmp/gen.err" || fail "$(cat "$tmp/gen.err")"
 grep -q "$tmp/l3gone, the run's --init-from, is gone: its tokenizer and generation files are not copied" \
   "$tmp/gen.err" && [ ! -e "$tmp/gone_out/tokenizer.json" ] || fail "export-hf, source gone: $(cat "$tmp/gen.err")"
+# An export keeps its source's other config.json fields (initializer_range, summary_*), and GPT-2's dropouts are the
+# run's (written 0.0 whatever the source or the run had).
+cp -r "$data/gpt2" "$tmp/g2drop" && sed -i 's/"resid_pdrop": 0.0/"resid_pdrop": 0.1/' "$tmp/g2drop/config.json"
+"$exe" export-hf --from "$tmp/g2drop" --out "$tmp/g2drop_out" >/dev/null 2>"$tmp/x.err" || fail "export-hf: $(cat "$tmp/x.err")"
+grep -q '"resid_pdrop": 0.1' "$tmp/g2drop_out/config.json" && grep -q '"initializer_range": 0.02' \
+  "$tmp/g2drop_out/config.json" && grep -q '"summary_type": "cls_index"' "$tmp/g2drop_out/config.json" ||
+  fail "the source's config fields: $(cat "$tmp/g2drop_out/config.json")"
+"$exe" train --init-from "$tmp/g2drop" --dropout 0.05 --ctx 64 --batch-size 2 --steps 1 --threads 1 --eval-every 0 \
+  --eval-iters 1 --checkpoint-dir "$tmp/ckg2" >/dev/null 2>"$tmp/x.err" || fail "$(cat "$tmp/x.err")"
+"$exe" export-hf --from "$tmp/ckg2" --out "$tmp/ckg2_out" >/dev/null 2>"$tmp/x.err" || fail "export-hf: $(cat "$tmp/x.err")"
+grep -q '"attn_pdrop": 0.05' "$tmp/ckg2_out/config.json" && grep -q '"initializer_range": 0.02' "$tmp/ckg2_out/config.json" ||
+  fail "the run's dropout and the source's fields: $(cat "$tmp/ckg2_out/config.json")"
 # A chat template saved as transformers 5 saves it goes with the export.
 cp -r "$data/qwen2" "$tmp/q2chat" && echo '{{ messages[0].content }}' >"$tmp/q2chat/chat_template.jinja"
 "$exe" export-hf --from "$tmp/q2chat" --out "$tmp/q2chat_out" 2>"$tmp/x.err" || fail "export-hf: $(cat "$tmp/x.err")"
