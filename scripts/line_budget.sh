@@ -15,7 +15,7 @@ budgets=(
   "autograd       2119  autograd"
   "nn             3252  nn"
   "dist           2598  dist"
-  "tp              806  tp"
+  "tp              807  tp"
   "fsdp           5247  fsdp"
   "apps          11621  apps"
 )
