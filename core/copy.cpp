@@ -65,12 +65,16 @@ std::pair<int64_t, int64_t> byte_span(const Tensor& t) {
 // (C++ leaves NaN, infinities and the out-of-range undefined); an error names the first that is not.
 void check_int_cast(const Tensor& dst, const Tensor& src) {
   if (!is_floating(src.dtype()) || !is_integral(dst.dtype()) || dst.dtype() == DType::bool_) return;
-  const Tensor v = src.to(Device::cpu(), DType::f64).contiguous();  // a device's values read on the host
-  const double* p = static_cast<const double*>(v.data_ptr());
-  for (int64_t i = 0; i < v.numel(); ++i)
-    WEFT_CHECK(scalar_fits(p[i], dst.dtype()), "cast {} -> {}: element {} of {} is {}, which {} cannot hold (NaN, an "
-               "infinity or out of its range)", dtype_name(src.dtype()), dtype_name(dst.dtype()), i, tensor_desc(src),
-               p[i], dtype_name(dst.dtype()));
+  // Contiguous on the host, the values are read in place: an f64 copy beside the cast's output would be memory
+  // that a memory plan (whose meta casts check nothing) does not see. A device's values are read on the host.
+  const Tensor v = src.device().is_cpu() && src.is_contiguous() ? src : src.to(Device::cpu(), DType::f64).contiguous();
+  WEFT_DISPATCH(v.dtype(), "cast", [&]<typename S>() {
+    const S* p = static_cast<const S*>(v.data_ptr());
+    for (int64_t i = 0; i < v.numel(); ++i)
+      WEFT_CHECK(scalar_fits(convert_scalar<double>(p[i]), dst.dtype()), "cast {} -> {}: element {} of {} is {}, which "
+                 "{} cannot hold (NaN, an infinity or out of its range)", dtype_name(src.dtype()),
+                 dtype_name(dst.dtype()), i, tensor_desc(src), convert_scalar<double>(p[i]), dtype_name(dst.dtype()));
+  });
 }
 
 }  // namespace

@@ -75,7 +75,7 @@ MemoryPlan run_plan(const MemoryPlanRequest& r, const PlanSettings& settings) {
   plan.world_size = r.sharded ? r.world_size : 1;
   plan.settings = settings;
   plan.peak_bytes = peak.peak_bytes;
-  plan.peak_at = peak.at;
+  plan.peak_at = peak.at.empty() ? "an allocation outside the modules' scopes (e.g. the loss)" : peak.at;
   std::set<std::string> groups;
   for (auto& [owner, bytes] : peak.by_owner) classify(plan.parts, groups, owner, bytes);
   plan.parts.groups_in_flight = int(groups.size());

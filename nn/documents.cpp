@@ -1,10 +1,28 @@
 #include "nn/documents.h"
 
+#include <algorithm>
+#include <utility>
+
 namespace weft::nn {
+
+namespace {
+thread_local std::shared_ptr<const Documents> meta_documents;
+}  // namespace
+
+MetaDocuments::MetaDocuments(std::shared_ptr<const Documents> d) : previous_(std::exchange(meta_documents, std::move(d))) {}
+MetaDocuments::~MetaDocuments() { meta_documents = std::move(previous_); }
 
 std::shared_ptr<const Documents> Documents::from_positions(const Tensor& positions) {
   WEFT_CHECK(positions.dim() == 2 && positions.dtype() == kInt64, "positions: expected [B, T] int64, got {}",
              tensor_desc(positions));
+  if (positions.device().is_meta()) {
+    const auto& d = meta_documents;
+    auto spans = [&](const auto& row) { return !row.empty() && row.back().second == positions.size(1); };
+    WEFT_CHECK(d && int64_t(d->rows.size()) == positions.size(0) && std::ranges::all_of(d->rows, spans),
+               "positions: {} on the meta device hold no values, and no MetaDocuments gives their layout",
+               tensor_desc(positions));
+    return d;
+  }
   const Tensor p = positions.to(kCPU).contiguous();
   const int64_t B = p.size(0), T = p.size(1);
   const int64_t* v = p.data<int64_t>();

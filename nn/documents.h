@@ -20,6 +20,20 @@ struct Documents {
   static std::shared_ptr<const Documents> from_positions(const Tensor& positions);
 };
 
+// Positions on the meta device (a memory plan's step) hold no values: while a MetaDocuments is
+// alive on this thread, from_positions of meta positions gives its layout, so that the planned
+// step attends document by document as the run will.
+class MetaDocuments {
+ public:
+  explicit MetaDocuments(std::shared_ptr<const Documents> d);
+  ~MetaDocuments();
+  MetaDocuments(const MetaDocuments&) = delete;
+  MetaDocuments& operator=(const MetaDocuments&) = delete;
+
+ private:
+  std::shared_ptr<const Documents> previous_;
+};
+
 // The outputs of `attend(row, begin, length)` for every document, concatenated along `time_dim`
 // within a row and the rows along dim 0: [B, ..., T, ...] as one call over the whole batch gives.
 Tensor attend_per_document(const Documents& d, int64_t time_dim,

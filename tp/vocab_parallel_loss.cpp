@@ -12,10 +12,11 @@ VocabRows vocab_rows_of(const Tensor& ids, int64_t first, int64_t n) {
 }
 
 int64_t first_id_outside(const Tensor& ids, int64_t total, const Tensor& counted) {
-  if (ids.device().is_meta() || ids.numel() == 0) return -1;
+  if (ids.numel() == 0) return -1;
   Tensor outside = 1.0 - vocab_rows_of(ids, 0, total).hit;
   if (counted.defined()) outside = outside * counted;
   const auto [most, at] = max(outside.reshape({-1}), 0);
+  if (ids.device().is_meta()) return -1;  // a memory plan's step: the same buffers, no values to check
   return most.item() > 0 ? int64_t(at.item()) : -1;
 }
 

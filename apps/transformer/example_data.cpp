@@ -346,6 +346,15 @@ int64_t ExampleSet::inputs(int64_t u) const {
   return n;
 }
 
+std::vector<int64_t> ExampleSet::longest_row() const {
+  std::vector<int64_t> row;
+  if (size() == 0) return row;
+  int64_t longest = 0;
+  for (int64_t u = 1; u < size(); ++u) longest = inputs(u) > inputs(longest) ? u : longest;
+  for (int64_t e : unit(longest)) row.push_back(length(e) - 1);
+  return row;
+}
+
 std::vector<int64_t> ExampleSet::draw(uint64_t seed, int64_t index, int64_t batch) const {
   const int64_t n = size();
   WEFT_CHECK(n > 0, "transformer: no example to draw a batch from");

@@ -87,6 +87,9 @@ class ExampleSet {
   ExampleRows rows(const std::vector<int64_t>& picked, int64_t lo, int64_t hi) const;
   // The targets that carry loss in the units `picked`.
   int64_t targets(const std::vector<int64_t>& picked) const;
+  // The row of the longest unit: the inputs of each of its examples, in its order (their sum is
+  // the longest row a batch can have; a memory plan's rows).
+  std::vector<int64_t> longest_row() const;
   // The examples of unit `u`, in their order in its row.
   std::vector<int64_t> unit(int64_t u) const { return packed() ? packs_[size_t(u)] : std::vector<int64_t>{u}; }
 

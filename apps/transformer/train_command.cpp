@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <numeric>
 #include <memory>
 #include <optional>
 
@@ -133,8 +134,38 @@ std::vector<std::string> decayed_names(const nn::Module& model) {
   return out;
 }
 
+// The rows a planned step trains and evaluates on. Text's hold ctx tokens. A dataset of examples
+// pads each batch to its longest row, so the peak is reached at the batch holding the longest
+// unit: the plan's rows are that long, and packed, each holds that unit's documents
+// (docs/MEMORY_SCALING.md, "Rows of examples").
+struct PlannedRows {
+  int64_t train = 0, val = 0;
+  std::vector<int64_t> documents;  // packed: the inputs of each document of a training row
+  bool examples = false;           // the loss is summed over the targets that carry it
+};
+
+PlannedRows planned_rows(const TrainOptions& o, const std::optional<apps::ExampleSet>& train,
+                         const std::optional<apps::ExampleSet>& val) {
+  if (!train) return {.train = o.model.ctx, .val = o.model.ctx};
+  const std::vector<int64_t> row = train->longest_row(), val_row = val->longest_row();
+  return {.train = std::accumulate(row.begin(), row.end(), int64_t(0)),
+          .val = std::accumulate(val_row.begin(), val_row.end(), int64_t(0)),
+          .documents = train->packed() ? row : std::vector<int64_t>{}, .examples = true};
+}
+
+// `n` rows of the planned documents, for the meta positions of a planned step (null: not packed).
+std::shared_ptr<const nn::Documents> planned_documents(const PlannedRows& p, int64_t n) {
+  if (p.documents.empty()) return nullptr;
+  auto d = std::make_shared<nn::Documents>();
+  std::vector<std::pair<int64_t, int64_t>> row;
+  for (int64_t at = 0; int64_t length : p.documents) row.push_back({at, at + length}), at += length;
+  d->rows.assign(size_t(n), row);
+  return d;
+}
+
 // `init_on`: the device the --init-from weights are read onto, when the run reads them.
-fsdp::MemoryPlanRequest plan_request(const TrainOptions& o, bool fsdp, bool full_rows, std::optional<Device> init_on) {
+fsdp::MemoryPlanRequest plan_request(const TrainOptions& o, bool fsdp, const PlannedRows& planned,
+                                     std::optional<Device> init_on) {
   fsdp::MemoryPlanRequest r;
   auto load = std::make_shared<int64_t>(0);
   if (init_on && o.tp == 1) r.load_bytes = [load] { return *load; };
@@ -145,12 +176,12 @@ fsdp::MemoryPlanRequest plan_request(const TrainOptions& o, bool fsdp, bool full
   r.settings.reshard_after_forward.assign(size_t(r.tunable_groups), o.reshard_after_forward == "true");
   if (o.ac_given()) r.fixed_checkpointing = o.checkpointing;  // a budget chooses only what the flags leave open
   if (o.reshard_given) r.fixed_reshard = o.reshard_after_forward == "true";
-  r.setup = [o, full_rows, load, init_on](const fsdp::PlanSettings& s, const std::shared_ptr<dist::DeviceMesh>& mesh) -> fsdp::TrainingStep {
+  r.setup = [o, planned, load, init_on](const fsdp::PlanSettings& s, const std::shared_ptr<dist::DeviceMesh>& mesh) -> fsdp::TrainingStep {
     manual_seed(o.seed);
     const apps::LanguageModel lm = apps::make_model(o.model);
     apps::init_model(lm);
     apps::add_lora(lm, o.lora, false);
-    const apps::TensorParallel tp = o.tp > 1 ? apps::planned_tensor_parallel(o.model, o.tp, full_rows) : apps::TensorParallel{};
+    const apps::TensorParallel tp = o.tp > 1 ? apps::planned_tensor_parallel(o.model, o.tp, !planned.examples) : apps::TensorParallel{};
     if (o.tp > 1) apps::parallelize(lm, tp);  // the shapes of this rank's parts (mesh: the data-parallel ranks)
     if (o.base_dtype == "bf16") nn::cast_frozen(*lm.module, kBFloat16);
     const std::shared_ptr<nn::Module> model = lm.module;
@@ -167,9 +198,15 @@ fsdp::MemoryPlanRequest plan_request(const TrainOptions& o, bool fsdp, bool full
       leaves = apps::make_leaf_plan("transformer", o.virtual_batches, o.batch_size, o.grad_accum, world, 0);
       rows = o.batch_size / o.virtual_batches;  // a leaf's, and an evaluation's part
     }
-    return [model, opt, root, leaves, o, rows, loss = apps::tensor_parallel_loss(tp)]() mutable {
-      auto tokens = [&](int64_t n) { return empty({n, o.model.ctx}, {.dtype = kInt64}); };
-      auto backward = [&](int64_t n, int64_t parts) { apps::forward_backward(*model, tokens(n), tokens(n), o.autocast(), parts, 0, {}, loss); };
+    return [model, opt, root, leaves, o, rows, planned, loss = apps::tensor_parallel_loss(tp)]() mutable {
+      auto tokens = [&](int64_t n, int64_t T) { return empty({n, T}, {.dtype = kInt64}); };
+      auto backward = [&](int64_t n, int64_t parts) {  // as a batch of the data's longest rows
+        const Tensor x = tokens(n, planned.train), y = tokens(n, planned.train);
+        const Tensor positions = planned.documents.empty() ? Tensor() : tokens(n, planned.train);
+        nn::MetaDocuments layout(planned_documents(planned, n));
+        // Examples: the loss summed, times a scale (not 1, which would skip the product and its gradient).
+        apps::forward_backward(*model, x, y, o.autocast(), parts, planned.examples ? 0.5 : 0, positions, loss);
+      };
       opt->zero_grad();
       nn::TreeSum tree;
       if (leaves)
@@ -184,8 +221,9 @@ fsdp::MemoryPlanRequest plan_request(const TrainOptions& o, bool fsdp, bool full
       step_trace::Pause not_timed;  // memory only: the step-time model times the training step
       AutocastGuard bf16(DType::bf16, o.autocast());
       model->eval();
-      Tensor x = tokens(rows), y = tokens(rows), logits = (*model)(x);
-      apps::loss_of(loss, logits.view({-1, logits.size(-1)}), y.view({-1}));
+      Tensor x = tokens(rows, planned.val), y = tokens(rows, planned.val), logits = (*model)(x);
+      apps::loss_of(loss, logits.view({-1, logits.size(-1)}), y.view({-1}),
+                    {.reduction = planned.examples ? "sum" : "mean"});
       model->train();
     };
   };
@@ -490,9 +528,9 @@ void build_model(TrainOptions& o, const Ranks& ranks, Run& run) {
   run.start_bytes = memory_stats(run.device).live_bytes;
   const apps::StepItems tokens{double(o.batch_size * o.grad_accum * o.model.ctx), "tokens"};
   const bool init_weights = !o.init_from.empty() && (run.resume_from.empty() || o.base_elsewhere());  // read below
-  run.plan = apps::plan_from_flags(o.plan, plan_request(o, ranks.fsdp, !run.data.examples(), init_weights ?
-                                   std::optional<Device>(run.device) : std::nullopt), ranks, run.device, tokens,
-                                   "weft-transformer");
+  const PlannedRows rows = planned_rows(o, run.train_examples, run.val_examples);
+  run.plan = apps::plan_from_flags(o.plan, plan_request(o, ranks.fsdp, rows, init_weights ? std::optional<Device>(run.device)
+                                   : std::nullopt), ranks, run.device, tokens, "weft-transformer");
   if (o.plan.only()) return;  // printed; nothing to build or train
   if (run.plan && run.plan->budget) {  // train with the plan's choices
     o.checkpointing = run.plan->settings.activation_checkpointing;

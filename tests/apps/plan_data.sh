@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The memory plan predicts the peak of the rows a run really trains on (docs/MEMORY_SCALING.md,
+# "Rows of examples"): a dataset of examples pads each batch to its longest row, so the plan's rows
+# are as long as the data's longest (not --ctx); packed rows attend document by document, which
+# the plan counts. With mpirun, --tp 2: the plan is exact too, and names where its peak is reached.
+# Each run trains under a --memory-budget and WEFT_MEMORY_LIMIT of exactly the plan's peak and must
+# report that peak (+0.00 %): a plan too low runs out of memory, one too high reports a lower peak.
+# Usage: plan_data.sh TRANSFORMER CHAT_DATA_DIR [MPIRUN MPIRUN_ARGS...]
+set -euo pipefail
+tf=$1
+chat=$2
+mpirun=${3:-}
+shift $(( $# > 2 ? 3 : 2 ))
+mpirun_args=("$@")
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # $tmp (removed on exit), fail
+
+# The chat fixture's records, eight times over: 108 train and 12 val examples of at most ~60 tokens.
+for _ in 1 2 3 4 5 6 7 8; do cat "$chat/records.jsonl"; done >"$tmp/data.jsonl"
+"$tf" prepare --tokenizer "$chat/chatml" --data "$tmp/data.jsonl" --out "$tmp/ds" >/dev/null 2>"$tmp/err" ||
+  fail "prepare failed: $(cat "$tmp/err")"
+
+peak_of() { "$tf" train "$@" --plan | sed -n 's/.*predicted peak *[0-9.]* MiB *\([0-9]*\).*/\1/p'; }
+at_peak() {  # FLAGS...: trains under a budget and limit of the plan's peak, which it reaches
+  local p
+  p=$(peak_of "$@")
+  [ -n "$p" ] || fail "no plan for $*"
+  WEFT_MEMORY_LIMIT=$p "$tf" train "$@" --memory-budget "$p" >/dev/null 2>"$tmp/err" ||
+    fail "a budget and limit of the plan's peak ($p bytes) ran out: $*: $(cat "$tmp/err")"
+  grep -q "the plan predicted $p bytes (+0.00 %)" "$tmp/err" ||
+    fail "the peak is not the plan's: $*: $(grep 'peak memory' "$tmp/err")"
+}
+# A batch of 216 rows draws every training example (two epochs of 108), so it holds the longest.
+gpt=(--data "$tmp/ds" --n-layer 2 --n-head 2 --d-model 32 --steps 2 --eval-iters 1 --batch-size 216 --threads 1)
+at_peak "${gpt[@]}" --ctx 512  # rows as long as the longest example, not 512
+at_peak "${gpt[@]}" --ctx 64   # cut at the context
+at_peak "${gpt[@]}" --ctx 128 --pack
+
+if [ -n "$mpirun" ]; then
+  tp=(--steps 3 --n-layer 2 --d-model 64 --eval-iters 1 --batch-size 8 --ctx 32 --arch llama --tp 2 --threads 1 --fsdp)
+  p=$(peak_of "${tp[@]}" --plan-ranks 2)
+  [ -n "$p" ] || fail "no plan for --tp 2"
+  "$tf" train "${tp[@]}" --plan-ranks 2 --plan | grep -q "predicted peak .*(reached in " ||
+    fail "--tp 2: the plan does not say where its peak is reached"
+  "$mpirun" "${mpirun_args[@]}" -np 2 env WEFT_MEMORY_LIMIT="$p" "$tf" train "${tp[@]}" --memory-budget "$p" \
+    >/dev/null 2>"$tmp/err" || fail "--tp 2 ran out under a budget and limit of the plan's peak $p: $(cat "$tmp/err")"
+  grep -q "the plan predicted $p bytes (+0.00 %)" "$tmp/err" || fail "--tp 2: $(grep 'peak memory' "$tmp/err")"
+fi
+echo "plan_data: ok"
