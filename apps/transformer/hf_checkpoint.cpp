@@ -235,9 +235,18 @@ void export_hf_checkpoint(const LanguageModel& model, const std::string& out, in
   cfg["torch_dtype"] = cfg["dtype"] = dtype == kBFloat16 ? "bfloat16" : "float32";  // transformers 4's key, 5's
   write_new_directory(out, "export-hf", [&](const fs::path& tmp) {
     write_hf_files(tmp, shards, total, cfg);
-    for (const char* name : kHfSideFiles)  // the tokenizer's, chat template's and generation's files, as downloaded
-      if (const fs::path f = fs::path(source) / name; source_tokens && !source.empty() && WEFT_FS(fs::exists(f)))
-        write_file((tmp / name).string(), read_file(f.string()));  // not copy_file: a full disk named as such
+    // The tokenizer's, chat template's and generation's files, as downloaded; the tokenizer's only with the tokenizer
+    // itself (a tokenizer_config.json alone fails AutoTokenizer).
+    auto there = [&](const char* name) { return !source.empty() && WEFT_FS(fs::exists(fs::path(source) / name)); };
+    const bool tokenizer = there("tokenizer.json") || there("tokenizer.model");
+    for (const char* name : kHfSideFiles) {
+      if (!source_tokens || !there(name)) continue;
+      if (tokenizer || name == std::string("generation_config.json"))
+        write_file((tmp / name).string(), read_file((fs::path(source) / name).string()));  // a full disk named as such
+      else
+        std::fprintf(stderr, "weft-transformer: %s has %s but no tokenizer.json (or tokenizer.model): not copied\n",
+                     source.c_str(), name);
+    }
   });
 }
 

@@ -74,7 +74,8 @@ void export_hf_checkpoint(const LanguageModel& model, const std::string& out, in
 // renamed into place; on any failure it is removed and the error says nothing was written.
 void write_new_directory(const std::string& out, const char* command,
                          const std::function<void(const std::filesystem::path&)>& write);
-inline constexpr const char* kHfSideFiles[] = {"tokenizer.json", "tokenizer_config.json", "generation_config.json",
-                                                "special_tokens_map.json", "chat_template.jinja", "chat_template.json"};
+inline constexpr const char* kHfSideFiles[] = {"tokenizer.json", "tokenizer.model", "tokenizer_config.json",
+                                                "generation_config.json", "special_tokens_map.json",
+                                                "chat_template.jinja", "chat_template.json"};
 
 }  // namespace weft::apps

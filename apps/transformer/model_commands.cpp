@@ -197,11 +197,12 @@ nn::SamplingOptions sampling_of(const SampleOptions& o, const apps::HfGeneration
 }
 
 // The Hugging Face directory whose tokenizer and generation files sample reads: the model's, unless its run trained on
-// text (bytes), whose ids are not that tokenizer's (its prompt is then read as bytes, and no stop id applies).
+// text (bytes), whose ids are not its tokenizer's (its prompt is then read as bytes, and no stop id applies).
 std::string sample_source(const SampleOptions& o, const LoadedModel& loaded, const Ranks& ranks) {
   const std::string source = hf_source(o.checkpoint, loaded.recorded, ranks.lead() ? "its generation_config.json (stop "
                                        "ids, sampling defaults), context and tokenizer are not read" : nullptr);
-  if (source.empty() || !loaded.recorded.count("train_bytes")) return source;
+  if (source.empty() || !loaded.recorded.count("train_bytes") || !WEFT_FS(std::filesystem::exists(source + "/tokenizer.json")))
+    return source;  // without a tokenizer, the source's ids are bytes too
   if (ranks.lead())
     std::fprintf(stderr, "weft-transformer: %s was trained on text (bytes): the prompt is read as bytes, and the tokenizer "
                  "and generation files of %s are not used\n", o.checkpoint.c_str(), source.c_str());

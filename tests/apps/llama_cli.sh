@@ -105,6 +105,15 @@ grep -q "$tmp/cktok was trained on text (bytes): the prompt is read as bytes" "$
   grep -q "prompt of 3 tokens" "$tmp/tok.err" || fail "sample of a byte run: $(cat "$tmp/tok.err")"
 expect_error "was trained on text (bytes), whose ids a --tokenizer's are not" sample --from "$tmp/cktok" --tokenizer \
   "$tmp/l3tok/tokenizer.json" --tokens 1
+# A run whose source no longer holds its tokenizer.json exports none of the tokenizer's other files
+# (tokenizer_config.json had gone along without the tokenizer: AutoTokenizer failed on the export).
+cp -r "$tmp/l3tok" "$tmp/l3notok" && echo '{}' >"$tmp/l3notok/tokenizer_config.json"
+"$exe" train --init-from "$tmp/l3notok" --ctx 80 --batch-size 4 --steps 1 --threads 1 --eval-every 0 --eval-iters 2 \
+  --checkpoint-dir "$tmp/cknotok" >/dev/null 2>"$tmp/tok.err" || fail "$(cat "$tmp/tok.err")"
+rm "$tmp/l3notok/tokenizer.json"
+"$exe" export-hf --from "$tmp/cknotok" --out "$tmp/notokhf" >/dev/null 2>"$tmp/tok.err" || fail "$(cat "$tmp/tok.err")"
+grep -q "$tmp/l3notok has tokenizer_config.json but no tokenizer.json (or tokenizer.model): not copied" "$tmp/tok.err" &&
+  [ ! -e "$tmp/notokhf/tokenizer_config.json" ] || fail "export without the source's tokenizer: $(cat "$tmp/tok.err"; ls "$tmp/notokhf")"
 # generation_config.json's eos ids stop sampling (any of them; --eos none: never), from the
 # directory and from a checkpoint of a run that started from it.
 all=$("$exe" sample --from "$data/llama3" --prompt "The " --greedy --tokens 20 --ids 2>/dev/null)
@@ -235,7 +244,8 @@ grep -q '"resid_pdrop": 0.1' "$tmp/g2drop_out/config.json" && grep -q '"initiali
 grep -q '"attn_pdrop": 0.05' "$tmp/ckg2_out/config.json" && grep -q '"initializer_range": 0.02' "$tmp/ckg2_out/config.json" ||
   fail "the run's dropout and the source's fields: $(cat "$tmp/ckg2_out/config.json")"
 # A chat template saved as transformers 5 saves it goes with the export.
-cp -r "$data/qwen2" "$tmp/q2chat" && echo '{{ messages[0].content }}' >"$tmp/q2chat/chat_template.jinja"
+cp -r "$data/qwen2" "$tmp/q2chat" && echo '{{ messages[0].content }}' >"$tmp/q2chat/chat_template.jinja" &&
+  cp "$data/../tokenizers/qwen2/tokenizer.json" "$tmp/q2chat/"
 "$exe" export-hf --from "$tmp/q2chat" --out "$tmp/q2chat_out" 2>"$tmp/x.err" || fail "export-hf: $(cat "$tmp/x.err")"
 cmp -s "$tmp/q2chat/chat_template.jinja" "$tmp/q2chat_out/chat_template.jinja" || fail "chat_template.jinja not exported"
 
