@@ -16,6 +16,7 @@
 #include <mutex>
 #include <span>
 #include <tuple>
+#include <vector>
 
 #include "apps/common/host_memory.h"
 #include "apps/common/progress.h"
@@ -296,11 +297,14 @@ void load_training_data(const std::string& path, TrainingData& d) {
                                             std::tuple{val, &*d.val_file, &d.val_labels_file}}) {
     const std::string name = file.substr(0, file.size() - 7) + ".labels";
     const TokenFile& l = labels->emplace(name);
-    WEFT_CHECK(l.header().tokenizer_sha256 == a.tokenizer_sha256 && l.size() == tokens->size() &&
-               l.header().dataset_id == a.dataset_id,
-               "transformer: {} does not belong to {} ({} labels for {} tokens, tokenizer sha256 {} and {}, dataset ids "
-               "{} and {}): prepare the dataset again", name, file, l.size(), tokens->size(),
-               l.header().tokenizer_sha256, a.tokenizer_sha256, l.header().dataset_id, a.dataset_id);
+    std::vector<std::string> why;  // what differs, only
+    if (l.size() != tokens->size()) why.push_back(fmt::format("{} labels for {} tokens", l.size(), tokens->size()));
+    if (l.header().tokenizer_sha256 != a.tokenizer_sha256)
+      why.push_back(fmt::format("tokenizer sha256 {}, not {}", l.header().tokenizer_sha256, a.tokenizer_sha256));
+    if (l.header().dataset_id != a.dataset_id)
+      why.push_back(fmt::format("dataset id {}, not {}", l.header().dataset_id, a.dataset_id));
+    WEFT_CHECK(why.empty(), "transformer: {} does not belong to {} ({}): prepare the dataset again", name, file,
+               fmt::join(why, "; "));
   }
   d.train_labels = d.train_labels_file->view(), d.val_labels = d.val_labels_file->view();
 }

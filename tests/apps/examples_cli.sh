@@ -23,6 +23,11 @@ grep -q "108 train and 12 val examples" "$tmp/prep.out" || fail "prepare: $(cat 
 # Missing one of its .labels files, a dataset of examples is refused (not trained as text).
 cp -r "$tmp/ds" "$tmp/ds_half" && rm "$tmp/ds_half/train.labels"
 expect_error "ds_half has val.labels but not train.labels" train --data "$tmp/ds_half" --init-from "$chat/model" --steps 1
+# Another part's labels: the message names what differs (the count), not the digests both share.
+cp -r "$tmp/ds" "$tmp/ds_swap" && cp "$tmp/ds_swap/train.labels" "$tmp/ds_swap/val.labels"
+expect_error "ds_swap/val.labels does not belong to $tmp/ds_swap/val.tokens (" train --data "$tmp/ds_swap" --init-from \
+  "$chat/model" --steps 1
+grep -Eq "\([0-9]+ labels for [0-9]+ tokens\): prepare the dataset again" "$tmp/err" || fail "another part's labels: $(cat "$tmp/err")"
 
 base=(--init-from "$chat/model" --data "$tmp/ds" --batch-size 4 --grad-accum 2 --lr 3e-3 --warmup 1 --seed 0 --threads 1
       --eval-every 0 --eval-iters 3 --log-every 1)
