@@ -62,9 +62,9 @@ std::string CheckpointWatch::advice() const {
 void CheckpointWatch::announce_kept(const std::string& program, const std::string& dir, int keep_last) {
   const std::string g = good();
   for (const std::string& kept : fsdp::older_kept_checkpoints(dir, keep_last))
-    if (announced_.insert(kept).second)
+    if (announced_.insert(kept == g ? std::string() : kept).second)  // "": the one known to resume, said once
       std::fprintf(stderr, "%s: keeping %s besides the %d newest: %s\n", program.c_str(), kept.c_str(), keep_last,
-                   kept == g ? "the newest checkpoint known to resume" : "the lowest training loss or the one before");
+                   kept == g ? "the newest checkpoint known to resume (as at later saves, said once)" : "the lowest training loss or the one before");
 }
 
 }  // namespace weft::apps

@@ -39,8 +39,8 @@ class CheckpointWatch {
   std::string good() const;
   // For messages: "the newest checkpoint that resumes is DIR (RULE)" or why there is none.
   std::string advice() const;
-  // After a save to `dir` with --keep-last `keep_last`: says once (on stderr, as `program`) why
-  // each older checkpoint outlived the rotation (the lowest loss, or the newest that resumes).
+  // After a save to `dir` with --keep-last `keep_last`: says once (on stderr, as `program`) why each older
+  // checkpoint outlived the rotation (the lowest loss; the newest that resumes, moving on, the first time).
   void announce_kept(const std::string& program, const std::string& dir, int keep_last);
 
  private:

@@ -218,6 +218,12 @@ if run "$gpt" train "${other[@]}" --resume "$tmp/noidx" --checkpoint-dir "$tmp/n
   --metrics "$tmp/noidx.jsonl" >/dev/null 2>"$tmp/err"; then fail "a run saved over a step without its index"; fi
 grep -q "$tmp/noidx/step_00000003 is not a checkpoint (it has no index.json) and this run would save step 3 there" \
   "$tmp/err" && [ ! -s "$tmp/noidx.jsonl" ] || fail "the refusal before training: $(cat "$tmp/err")"
+# --keep-last 1 saving every step keeps the newest known to resume besides it, which moves on at each save: said once
+# (it had been said at every save).
+run "$gpt" train "${cfg[@]}" --checkpoint-dir "$tmp/k1" --checkpoint-every 1 --keep-last 1 >/dev/null 2>"$tmp/err" ||
+  fail "$(cat "$tmp/err")"
+[ "$(grep -c "besides the 1 newest: the newest checkpoint known to resume" "$tmp/err")" = 1 ] &&
+  [ "$(ls "$tmp/k1" | grep -c step_)" = 2 ] || fail "--keep-last 1's notes: $(cat "$tmp/err"; ls "$tmp/k1")"
 # A metrics file that cannot grow (a file-size limit here, a full disk elsewhere) costs its lines, never the run: it
 # trains on to its last checkpoint, says what was dropped, and the file keeps whole lines only (a failed write had
 # ended the run, its steps since the last checkpoint lost).
