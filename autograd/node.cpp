@@ -22,7 +22,17 @@ TensorList FunctionNode::apply(TensorList&& grad_outputs) {
       WEFT_ERROR("backward: input {} of {} was written in place after the forward used it (its storage's version {} "
                  "-> {}), so its gradient would be computed from other values: write into a copy, or after backward",
                  i, name_, input_versions[i].second, s->version);
+  for (size_t i = 0; i < output_versions.size(); ++i)
+    if (auto s = output_versions[i].first.lock(); s && s->version != output_versions[i].second)
+      WEFT_ERROR("backward: the output of {} was written in place after the forward made it (its storage's version {} "
+                 "-> {}), and its backward reads it, so its gradient would be computed from other values: write into "
+                 "a copy (clone), or after backward", name_, output_versions[i].second, s->version);
   return fn_(grad_outputs);
+}
+
+void FunctionNode::reads_outputs(const TensorList& outputs) {
+  for (const Tensor& t : outputs)
+    if (t.defined()) output_versions.emplace_back(t.storage(), t.storage()->version);
 }
 
 AccumulateGrad::AccumulateGrad(Tensor leaf) : Node("AccumulateGrad"), leaf_(std::move(leaf)) {

@@ -69,6 +69,10 @@ class FunctionNode : public Node {
   // Each input's storage and its version when the op was recorded: apply refuses to run when
   // one was written in place since (the backward would read the new values).
   std::vector<std::pair<std::weak_ptr<StorageImpl>, uint64_t>> input_versions;
+  // The same for the outputs its backward reads (exp's, softmax's, attention's), as PyTorch checks
+  // a saved result: record them with reads_outputs.
+  std::vector<std::pair<std::weak_ptr<StorageImpl>, uint64_t>> output_versions;
+  void reads_outputs(const TensorList& outputs);
 
  private:
   BackwardFn fn_;

@@ -81,7 +81,7 @@ Tensor scaled_dot_product_attention(const Tensor& q_, const Tensor& k_, const Te
             scale, rope = o.rope](const TensorList& g) -> TensorList {
              auto [dq, dk, dv] = kernels::attention_backward(g[0], q, k, v, out, lse, causal, scale, rope);
              return {dq, dk, dv};
-           });
+           })->reads_outputs({out});
   }
   return out;
 }
@@ -135,7 +135,7 @@ Tensor scaled_dot_product_attention_qkv(const Tensor& qkv_, int64_t n_head, bool
              kernels::attention_backward_into(grad, qkv_heads(x, 0), qkv_heads(x, 1), qkv_heads(x, 2), out, lse,
                                               causal, scale, qkv_heads(dx, 0), qkv_heads(dx, 1), qkv_heads(dx, 2));
              return {dqkv};
-           });
+           })->reads_outputs({out});
   }
   return y;
 }

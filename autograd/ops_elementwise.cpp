@@ -44,9 +44,10 @@ Tensor unary_op(UnaryOp op, const char* name, const Tensor& x) {
   if (needs_grad({&x})) {
     Tensor saved_y = y.detach();
     Tensor saved_x = derivative_from_output(op) ? saved_y : x.detach();
-    record(name, {x}, {y}, [op, saved_x, saved_y](const TensorList& g) -> TensorList {
+    const auto node = record(name, {x}, {y}, [op, saved_x, saved_y](const TensorList& g) -> TensorList {
       return {k::unary_backward(op, g[0], saved_x, saved_y)};
     });
+    if (derivative_from_output(op)) node->reads_outputs({y});
   }
   return y;
 }
@@ -89,7 +90,7 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 Tensor div(const Tensor& a, const Tensor& b) {
   Tensor out = k::binary(BinaryOp::div, a, b);
   if (needs_grad({&a, &b})) {
-    record("DivBackward", {a, b}, {out},
+    const auto node = record("DivBackward", {a, b}, {out},
            [ia = InputInfo(a), b = b.detach(), out = out.detach(), rb = b.requires_grad()](
                const TensorList& g) -> TensorList {
              Tensor ga = k::binary(BinaryOp::div, g[0], b);
@@ -97,6 +98,7 @@ Tensor div(const Tensor& a, const Tensor& b) {
              if (rb) gb = k::sum_to(k::unary(UnaryOp::neg, k::binary(BinaryOp::mul, ga, out)), b.shape());
              return {ia.reduce(ga), gb};
            });
+    if (b.requires_grad()) node->reads_outputs({out});
   }
   return out;
 }
@@ -104,7 +106,7 @@ Tensor div(const Tensor& a, const Tensor& b) {
 Tensor pow(const Tensor& a, const Tensor& b) {
   Tensor out = k::binary(BinaryOp::pow, a, b);
   if (needs_grad({&a, &b})) {
-    record("PowBackward", {a, b}, {out},
+    const auto node = record("PowBackward", {a, b}, {out},
            [a = a.detach(), b = b.detach(), out = out.detach(), ra = a.requires_grad(), rb = b.requires_grad()](
                const TensorList& g) -> TensorList {
              Tensor ga, gb;
@@ -121,6 +123,7 @@ Tensor pow(const Tensor& a, const Tensor& b) {
              }
              return {ga, gb};
            });
+    if (b.requires_grad()) node->reads_outputs({out});
   }
   return out;
 }
@@ -257,7 +260,7 @@ namespace {
 Tensor scalar_op(BinaryOp op, const char* name, const Tensor& a, double s, bool scalar_first) {
   Tensor out = k::binary_scalar(op, a, s, scalar_first);
   if (needs_grad({&a})) {
-    record(name, {a}, {out}, [op, s, scalar_first, a = a.detach(), out = out.detach()](const TensorList& g) -> TensorList {
+    const auto node = record(name, {a}, {out}, [op, s, scalar_first, a = a.detach(), out = out.detach()](const TensorList& g) -> TensorList {
       switch (op) {
         case BinaryOp::add: return {g[0]};
         case BinaryOp::sub: return {scalar_first ? k::unary(UnaryOp::neg, g[0]) : g[0]};
@@ -268,6 +271,7 @@ Tensor scalar_op(BinaryOp op, const char* name, const Tensor& a, double s, bool 
           return {k::unary(UnaryOp::neg, k::binary(BinaryOp::div, mul_t(g[0], out), a))};
       }
     });
+    if (op == BinaryOp::div && scalar_first) node->reads_outputs({out});  // d(s / a) = -out / a
   }
   return out;
 }

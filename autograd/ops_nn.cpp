@@ -18,7 +18,7 @@ Tensor softmax(const Tensor& x, int64_t dim) {
   if (needs_grad({&x})) {
     record("SoftmaxBackward", {x}, {y}, [y = y.detach(), dim](const TensorList& g) -> TensorList {
       return {k::softmax_backward(g[0], y, dim)};
-    });
+    })->reads_outputs({y});
   }
   return y;
 }
@@ -28,7 +28,7 @@ Tensor log_softmax(const Tensor& x, int64_t dim) {
   if (needs_grad({&x})) {
     record("LogSoftmaxBackward", {x}, {y}, [y = y.detach(), dim](const TensorList& g) -> TensorList {
       return {k::log_softmax_backward(g[0], y, dim)};
-    });
+    })->reads_outputs({y});
   }
   return y;
 }

@@ -65,7 +65,7 @@ Tensor extreme_all(k::ReduceOp op, const char* name, const Tensor& x) {
       Tensor count = k::reduce(k::ReduceOp::sum, hit, {}, false);
       Tensor share = k::binary(k::BinaryOp::div, g[0], count.to(g[0].dtype()));
       return {k::where(hit, share.expand(x.shape()), scalar_tensor(0.0, {.dtype = g[0].dtype(), .device = g[0].device()}))};
-    });
+    })->reads_outputs({out});
   }
   return out;
 }

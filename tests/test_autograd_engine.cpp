@@ -112,6 +112,41 @@ TEST_CASE("backward refuses to read an input written in place after the forward 
   CHECK_NOTHROW(z4.backward());
 }
 
+TEST_CASE("backward refuses to read an output written in place after the forward made it") {
+  const auto written = Catch::Contains("was written in place after the forward made it");
+  // Each op whose backward reads its own output, the output then written outside autograd's view (no_grad, or a
+  // detached alias): the gradient had been computed from the written values (exp's from 0.25 instead of e^x).
+  const std::vector<std::pair<const char*, std::function<Tensor(const Tensor&)>>> ops = {
+      {"ExpBackward", [](const Tensor& x) { return exp(x); }},
+      {"SigmoidBackward", [](const Tensor& x) { return sigmoid(x); }},
+      {"ReluBackward", [](const Tensor& x) { return relu(x); }},
+      {"SqrtBackward", [](const Tensor& x) { return sqrt(x); }},
+      {"SoftmaxBackward", [](const Tensor& x) { return softmax(x, 0); }},
+      {"LogSoftmaxBackward", [](const Tensor& x) { return log_softmax(x, 0); }},
+      {"DivBackward", [](const Tensor& x) { return from_vector({1, 2, 3}, {3}) / x; }},
+      {"ScaledDotProductAttentionBackward",
+       [](const Tensor& x) { return scaled_dot_product_attention(x.view({1, 1, 3, 1}), x.view({1, 1, 3, 1}),
+                                                                 x.view({1, 1, 3, 1}), true); }}};
+  for (const auto& [name, op] : ops) {
+    INFO(name);
+    Tensor x = from_vector({0.5, 1.0, 0.3}, {3}).set_requires_grad();
+    Tensor y = op(x);
+    {
+      NoGradGuard no_grad;
+      y.fill_(0.25);
+    }
+    CHECK_THROWS_WITH(sum(y).backward(), Catch::Contains(std::string("the output of ") + name) && written);
+    Tensor y2 = op(x);
+    y2.detach().fill_(0.25);
+    CHECK_THROWS_WITH(sum(y2).backward(), written);
+  }
+  Tensor x = from_vector({0.5, 1.0, 0.3}, {3}).set_requires_grad();  // an op that reads only its input: allowed
+  Tensor y = x * 2.0;
+  y.detach().fill_(0.25);
+  sum(y).backward();
+  CHECK(vec(x.grad()) == std::vector<double>{2, 2, 2});
+}
+
 TEST_CASE("tensor hooks fire in backward order and may replace gradients") {
   Tensor x = from_vector({1, 2}, {2}).set_requires_grad();
   std::vector<std::string> order;
