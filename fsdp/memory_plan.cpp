@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/generator.h"
 #include "dist/fake_group.h"
+#include "kernels/rope.h"
 
 namespace weft::fsdp {
 namespace {
@@ -47,6 +48,7 @@ MemoryPlan run_plan(const MemoryPlanRequest& r, const PlanSettings& settings) {
   const Device meta = Device::meta();
   MetaComputeGuard shapes_only;
   DefaultDeviceGuard on_meta(meta);
+  kernels::forget_rope_tables(meta);  // allocated in this run's step, as the run's are in its first
   start_owner_accounting(meta);
   OwnerPeak peak;
   std::vector<step_trace::Event> trace;

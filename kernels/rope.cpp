@@ -84,13 +84,24 @@ void fill(T* cos_p, T* sin_p, const std::vector<T>& inv_freq, int64_t n_pos) {
 
 }  // namespace
 
+namespace {
+using RopeKey = std::tuple<double, int64_t, int64_t, int, std::string, int, double, double, double, int64_t>;
+std::mutex rope_mu;
+std::map<RopeKey, RopeTables> rope_cache;
+}  // namespace
+
+void forget_rope_tables(Device device) {
+  std::lock_guard<std::mutex> lock(rope_mu);
+  std::erase_if(rope_cache, [&](const auto& entry) { return std::get<4>(entry.first) == device.str(); });
+}
+
 RopeTables rope_tables(double theta, int64_t E, int64_t n_pos, DType dtype, Device device, const RopeScaling& scaling) {
   WEFT_CHECK(dtype == DType::f32 || dtype == DType::f64, "rope_tables: dtype must be f32 or f64, got {}",
              dtype_name(dtype));
   check_rope_scaling("rope_tables", scaling);
-  using Key = std::tuple<double, int64_t, int64_t, int, std::string, int, double, double, double, int64_t>;
-  static std::mutex mu;
-  static std::map<Key, RopeTables> cache;
+  using Key = RopeKey;
+  auto& mu = rope_mu;
+  auto& cache = rope_cache;
   // Positions are rounded up to a power of two so that growing sequences reuse a table.
   int64_t rounded = 16;
   while (rounded < n_pos) rounded *= 2;

@@ -47,6 +47,9 @@ struct RopeTables {
 };
 RopeTables rope_tables(double theta, int64_t E, int64_t n_pos, DType dtype, Device device,
                        const RopeScaling& scaling = {});
+// Drops the cached tables on `device`: a memory plan's runs on the meta device each allocate
+// (and so count) their own, as the run allocates its tables in its first step and keeps them.
+void forget_rope_tables(Device device);
 
 // What a backend's attention receives: the tables (undefined: no rotation) and the positions of
 // the first query and key rows.
