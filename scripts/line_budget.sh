@@ -8,7 +8,7 @@ set -euo pipefail
 cd "${1:-$(dirname "$0")/..}"
 # layer | budget | the files and folders counted (kernels: the entry points and the meta device)
 budgets=(
-  "core           4414  core weft.h"
+  "core           4431  core weft.h"
   "kernels        2609  kernels/*.h kernels/*.cpp kernels/meta"
   "kernels/cpu    5677  kernels/cpu"
   "cuda           4671  cuda"
