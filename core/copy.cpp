@@ -114,6 +114,7 @@ Tensor& Tensor::copy_(const Tensor& src) {
   WEFT_CHECK(!(GradMode::is_enabled() && requires_grad()), "copy_: {} requires grad and cannot be written in place "
              "while grad mode is on: autograd does not record in-place writes (use NoGradGuard, or a new tensor)",
              tensor_desc(*this));
+  check_no_grad_view(*this, "copy_");
   for (int64_t d = 0; d < dim(); ++d)
     WEFT_CHECK(stride(d) != 0 || size(d) <= 1, "copy_: {} is expanded (dim {} has stride 0): its elements share "
                "memory, so a copy into it would keep one of several values", tensor_desc(*this), d);

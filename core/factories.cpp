@@ -137,6 +137,7 @@ static void start_inplace(const Tensor& t, const char* op) {
   WEFT_CHECK(!(GradMode::is_enabled() && t.requires_grad()), "{}: {} requires grad and cannot be written in place "
              "while grad mode is on: autograd does not record in-place writes (use NoGradGuard, or a new tensor)", op,
              tensor_desc(t));
+  check_no_grad_view(t, op);
   ++t.storage()->version;
 }
 

@@ -7,6 +7,7 @@
 
 #include "core/autograd_meta.h"
 #include "core/error.h"
+#include "core/grad_mode.h"
 
 namespace weft {
 
@@ -62,6 +63,12 @@ void* Tensor::data_ptr() const {
 
 // ---------------------------------------------------------------- views
 
+void check_no_grad_view(const Tensor& t, const char* op) {
+  WEFT_CHECK(!(GradMode::is_enabled() && t.impl_ptr()->no_grad_view), "{}: {} is a view made with grad mode off (under "
+             "NoGradGuard) of a tensor that requires grad; written with grad mode on, its gradients would flow as if "
+             "the write had not happened: write it under NoGradGuard too, or into a copy", op, tensor_desc(t));
+}
+
 namespace {
 
 // Records `out` as a view of `base` for autograd when base needs gradients.
@@ -71,6 +78,7 @@ template <class Replay>
 Tensor make_view(const Tensor& base, Shape shape, Shape strides, int64_t offset, Replay&& replay) {
   auto impl = std::make_shared<TensorImpl>(base.storage(), std::move(shape), std::move(strides), offset, base.dtype());
   Tensor out(std::move(impl));
+  out.impl_ptr()->no_grad_view = base.impl_ptr()->no_grad_view || (base.requires_grad() && !GradMode::is_enabled());
   if (base.requires_grad()) {
     if (auto fn = detail::autograd_hooks().record_view) fn(base, out, detail::ViewReplay(replay));
   }

@@ -42,6 +42,9 @@ class TensorImpl {
   int64_t offset = 0;  // in elements
   DType dtype;
   std::unique_ptr<AutogradMeta> autograd;  // null until autograd touches the tensor
+  // A view made with grad mode off of a tensor that requires grad (or a view of such a view): written in place with
+  // grad mode on, gradients would flow as if the write had not happened, so in-place writes refuse it then.
+  bool no_grad_view = false;
 };
 
 // Hook called on a tensor's gradient; may return a replacement (or an undefined Tensor to
@@ -152,6 +155,10 @@ inline Tensor arange(double end, TensorOptions opts = {}) { return arange(0, end
 Tensor rand(const Shape& shape, TensorOptions opts = {}, Generator* gen = nullptr);
 Tensor randn(const Shape& shape, TensorOptions opts = {}, Generator* gen = nullptr);
 Tensor scalar_tensor(double value, TensorOptions opts = {});
+// Refuses (naming `op`) an in-place write with grad mode on into a view made with it off of a tensor that requires
+// grad (TensorImpl::no_grad_view), as PyTorch does.
+void check_no_grad_view(const Tensor& t, const char* op);
+
 Tensor empty_like(const Tensor& t);
 Tensor zeros_like(const Tensor& t);
 Tensor ones_like(const Tensor& t);

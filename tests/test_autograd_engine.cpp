@@ -112,6 +112,27 @@ TEST_CASE("backward refuses to read an input written in place after the forward 
   CHECK_NOTHROW(z4.backward());
 }
 
+TEST_CASE("a view made under NoGradGuard of a tensor that requires grad is not written with grad mode on") {
+  const auto refused = Catch::Contains("is a view made with grad mode off (under NoGradGuard) of a tensor that requires grad");
+  Tensor a = ones({3}).set_requires_grad();
+  Tensor b = a * 2.0, v, w;
+  {
+    NoGradGuard no_grad;
+    v = b.narrow(0, 0, 1);
+  }
+  CHECK(!v.requires_grad());
+  CHECK_THROWS_WITH(v.fill_(10), Catch::Contains("fill_: ") && refused);  // b[0] = 10 had kept a's gradient 4
+  CHECK_THROWS_WITH(v.copy_(full({1}, 10.0)), Catch::Contains("copy_: ") && refused);
+  w = v.view({1});  // a view of such a view too
+  CHECK_THROWS_WITH(w.zero_(), refused);
+  {
+    NoGradGuard no_grad;  // with grad mode off, as where it was made: allowed
+    v.fill_(10);
+  }
+  Tensor d = b.detach();  // a detached alias is the caller's to write
+  CHECK_NOTHROW(d.narrow(0, 1, 1).fill_(3));
+}
+
 TEST_CASE("backward refuses to read an output written in place after the forward made it") {
   const auto written = Catch::Contains("was written in place after the forward made it");
   // Each op whose backward reads its own output, the output then written outside autograd's view (no_grad, or a
