@@ -12,7 +12,10 @@ namespace {
 
 class CheckpointFunction : public autograd::Function {
  public:
-  CheckpointFunction(CheckpointFn fn, bool selective) : fn_(std::move(fn)), selective_(selective) {}
+  CheckpointFunction(CheckpointFn fn, bool selective, const TensorList& reads) : fn_(std::move(fn)), selective_(selective) {
+    for (const Tensor& t : reads)
+      if (t.defined()) reads_.emplace_back(t.storage(), t.storage()->version);
+  }
   std::string name() const override { return "CheckpointBackward"; }
 
   TensorList forward(autograd::FunctionCtx& ctx, const TensorList& inputs) override {
@@ -25,6 +28,11 @@ class CheckpointFunction : public autograd::Function {
   }
 
   TensorList backward(autograd::FunctionCtx& ctx, const TensorList& grad_outputs) override {
+    for (size_t i = 0; i < reads_.size(); ++i)
+      if (auto s = reads_[i].first.lock(); s && s->version != reads_[i].second)
+        WEFT_ERROR("backward: parameter {} of a checkpointed block was written in place after its forward (its "
+                   "storage's version {} -> {}; an optimizer step?), so the recompute would use other values: step "
+                   "after backward", i, reads_[i].second, s->version);
     // The inputs again, as leaves of the recomputed graph.
     TensorList x;
     for (size_t i = 0; i < ctx.saved.size(); ++i) {
@@ -77,6 +85,7 @@ class CheckpointFunction : public autograd::Function {
   autograd::KeptOutputs kept_;  // selective: the first forward's GEMM and attention outputs
   Generator::State rng_;
   std::optional<DType> autocast_;
+  std::vector<std::pair<std::weak_ptr<StorageImpl>, uint64_t>> reads_;  // (storage, version) at the first run
 };
 
 }  // namespace
@@ -91,11 +100,11 @@ const char* checkpointing_name(Checkpointing c) {
   return c == Checkpointing::none ? "none" : c == Checkpointing::selective ? "selective" : "full";
 }
 
-TensorList checkpoint(const CheckpointFn& fn, const TensorList& inputs, bool selective) {
+TensorList checkpoint(const CheckpointFn& fn, const TensorList& inputs, bool selective, const TensorList& reads) {
   if (!GradMode::is_enabled()) return fn(inputs);
   bool any = false;
   for (const Tensor& t : inputs) any |= t.defined() && t.requires_grad();
-  if (any) return autograd::Function::apply<CheckpointFunction>(inputs, fn, selective);
+  if (any) return autograd::Function::apply<CheckpointFunction>(inputs, fn, selective, reads);
   // No input needs a gradient, but fn's parameters may: an empty anchor that does makes the
   // call part of the graph, so the backward reaches the recompute.
   Tensor anchor = empty({0});
@@ -104,7 +113,7 @@ TensorList checkpoint(const CheckpointFn& fn, const TensorList& inputs, bool sel
   in.push_back(anchor);
   const size_t n = inputs.size();
   return autograd::Function::apply<CheckpointFunction>(
-      in, [fn, n](const TensorList& x) { return fn(TensorList(x.begin(), x.begin() + int64_t(n))); }, selective);
+      in, [fn, n](const TensorList& x) { return fn(TensorList(x.begin(), x.begin() + int64_t(n))); }, selective, reads);
 }
 
 }  // namespace weft::nn

@@ -35,7 +35,10 @@ const char* checkpointing_name(Checkpointing c);
 // any input or parameter does; their backward recomputes fn with the saved inputs and the
 // generator state of this call, and backpropagates through the recomputation. Outside grad
 // mode it is fn(inputs).
-// `selective`: the GEMMs' and attention's outputs are kept too, and not recomputed.
-TensorList checkpoint(const CheckpointFn& fn, const TensorList& inputs, bool selective = false);
+// `selective`: the GEMMs' and attention's outputs are kept too, and not recomputed. `reads`: the
+// tensors fn reads besides its inputs (a module's parameters): the recompute refuses to run when
+// one was written in place since the first run (an optimizer step between forward and backward).
+TensorList checkpoint(const CheckpointFn& fn, const TensorList& inputs, bool selective = false,
+                      const TensorList& reads = {});
 
 }  // namespace weft::nn

@@ -38,8 +38,9 @@ TensorList Module::call(const std::function<TensorList(const TensorList&)>& meth
   TensorList out;
   {
     MemoryOwner owner(memory_owner_);
-    out = checkpointing_ != Checkpointing::none ? checkpoint(method, in, checkpointing_ == Checkpointing::selective)
-                                                : method(in);
+    out = checkpointing_ != Checkpointing::none
+              ? checkpoint(method, in, checkpointing_ == Checkpointing::selective, parameters())
+              : method(in);
   }
   auto post = hooks_->post;
   for (auto& [id, hook] : post)

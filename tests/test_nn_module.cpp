@@ -224,6 +224,23 @@ TEST_CASE("activation checkpointing: the same outputs and gradients, dropout inc
   CHECK(ckpt->mlp->c_fc->weight.grad().defined());
 }
 
+TEST_CASE("activation checkpointing refuses a recompute after its parameters were written (a step before backward)") {
+  for (const bool checkpointed : {false, true}) {
+    INFO("checkpointed " << checkpointed);
+    manual_seed(0);
+    auto l = std::make_shared<nn::Linear>(2, 2);
+    l->set_activation_checkpointing(checkpointed);
+    nn::SGD opt(l->parameters(), {.lr = 10.0});
+    Tensor x = ones({1, 2}).set_requires_grad();
+    sum((*l)(x)).backward();  // gradients for the step
+    Tensor y = (*l)(x);       // a forward with the weights before the step
+    opt.step();
+    // The recompute had used the stepped weights silently (x's gradient -15.78, -14.68).
+    CHECK_THROWS_WITH(sum(y * y).backward(), Catch::Contains(checkpointed ? "of a checkpointed block was written in place "
+                      "after its forward" : "was written in place after the forward used it"));
+  }
+}
+
 TEST_CASE("selective activation checkpointing: GEMMs and attention kept and not run again, the rest recomputed") {
   const nn::TransformerConfig cfg{.d_model = 32, .n_head = 4};
   const Tensor x = randn({2, 16, 32});
