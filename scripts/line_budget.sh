@@ -13,7 +13,7 @@ budgets=(
   "kernels/cpu    5677  kernels/cpu"
   "cuda           4671  cuda"
   "autograd       2137  autograd"
-  "nn             3297  nn"
+  "nn             3305  nn"
   "dist           2598  dist"
   "tp              807  tp"
   "fsdp           5249  fsdp"
