@@ -36,6 +36,9 @@ class Optimizer {
   void step_scaled(double grad_scale);
   void zero_grad(bool set_to_none = true);
 
+  // The LRScheduler that owns "lr" (one at a time: each sets lr from its own base, so a second would override it).
+  std::weak_ptr<const char> scheduled_by;
+
   size_t num_groups() const { return groups_.size(); }
   std::vector<Tensor>& params(size_t group) { return groups_[checked_group(group)].params; }
   const std::vector<Tensor>& params(size_t group) const { return groups_[checked_group(group)].params; }

@@ -6,6 +6,10 @@
 namespace weft::nn {
 
 LRScheduler::LRScheduler(Optimizer& opt) : opt_(opt) {
+  WEFT_CHECK(opt.scheduled_by.expired(), "LRScheduler: the optimizer has a scheduler already, which sets its lr at "
+             "each step from its own base: one would override the other (PyTorch chains them); give one schedule the "
+             "whole shape (WarmupDecayLR: warmup, then decay)");
+  opt.scheduled_by = owns_;
   for (size_t g = 0; g < opt_.num_groups(); ++g) base_lrs_.push_back(opt_.lr(g));
 }
 

@@ -26,6 +26,7 @@ class LRScheduler {
  protected:
   void apply();
   Optimizer& opt_;
+  std::shared_ptr<const char> owns_ = std::make_shared<const char>();  // opt_.scheduled_by while alive
   std::vector<double> base_lrs_;
   int64_t step_ = 0;
 };

@@ -325,8 +325,9 @@ TEST_CASE("learning-rate schedules") {
     no_decay.set_last_step(step);
     CHECK(o6.lr() == Approx(std::min(1.0, double(step + 1) / 3)));
   }
-  CHECK_THROWS_WITH(WarmupDecayLR(o5, 2, 10, 0.1, D::wsd, 9), Catch::Contains("wsd needs 0 <= decay_steps <= total - warmup"));
-  CHECK_THROWS_WITH(WarmupDecayLR(o5, 2, 10, 0.1, D::wsd, -1), Catch::Contains("wsd needs"));
+  SGD o7({p}, {.lr = 1.0});  // one scheduler at a time per optimizer: o5 and o6 have theirs
+  CHECK_THROWS_WITH(WarmupDecayLR(o7, 2, 10, 0.1, D::wsd, 9), Catch::Contains("wsd needs 0 <= decay_steps <= total - warmup"));
+  CHECK_THROWS_WITH(WarmupDecayLR(o7, 2, 10, 0.1, D::wsd, -1), Catch::Contains("wsd needs"));
 }
 
 TEST_CASE("clip_grad_norm_ returns the total norm and scales gradients") {
@@ -424,4 +425,17 @@ TEST_CASE("load_state_dict names a per-parameter state the optimizer does not ho
   NamedTensorList ad = adam.state_dict();
   ad.emplace_back("state.0.foo", zeros({1}));
   CHECK_THROWS_WITH(adam.load_state_dict(ad), Catch::Matchers::Contains("unknown state \"state.0.foo\""));
+}
+
+TEST_CASE("an optimizer takes one scheduler at a time") {
+  Tensor p = ones({1}).set_requires_grad();
+  SGD opt({p}, {.lr = 1.0});
+  {
+    LinearLR warm(opt, 0.5, 1.0, 2);
+    // A second had taken the first's step-0 lr as its base and overridden it at every step (0.25, 0.125, ...).
+    CHECK_THROWS_WITH(StepLR(opt, 1, 0.5), Catch::Contains("LRScheduler: the optimizer has a scheduler already"));
+  }
+  StepLR after(opt, 1, 0.5);  // once the first is gone, another may own lr
+  after.step();
+  CHECK(opt.lr() == 0.25);  // its base: the lr the first left (0.5)
 }
