@@ -99,16 +99,13 @@ RopeTables rope_tables(double theta, int64_t E, int64_t n_pos, DType dtype, Devi
   WEFT_CHECK(dtype == DType::f32 || dtype == DType::f64, "rope_tables: dtype must be f32 or f64, got {}",
              dtype_name(dtype));
   check_rope_scaling("rope_tables", scaling);
-  using Key = RopeKey;
-  auto& mu = rope_mu;
-  auto& cache = rope_cache;
   // Positions are rounded up to a power of two so that growing sequences reuse a table.
   int64_t rounded = 16;
   while (rounded < n_pos) rounded *= 2;
-  const Key key{theta, E, rounded, int(dtype), device.str(), int(scaling.kind), scaling.factor,
+  const RopeKey key{theta, E, rounded, int(dtype), device.str(), int(scaling.kind), scaling.factor,
                 scaling.low_freq_factor, scaling.high_freq_factor, scaling.original_context};
-  std::lock_guard<std::mutex> lock(mu);
-  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  std::lock_guard<std::mutex> lock(rope_mu);
+  if (auto it = rope_cache.find(key); it != rope_cache.end()) return it->second;
   // Computed on the host whatever the default device (meta while a memory plan runs).
   Tensor c = empty({rounded, E / 2}, {.dtype = dtype, .device = kCPU});
   Tensor s = empty({rounded, E / 2}, {.dtype = dtype, .device = kCPU});
@@ -119,8 +116,8 @@ RopeTables rope_tables(double theta, int64_t E, int64_t n_pos, DType dtype, Devi
     return device.is_meta() ? empty(t.shape(), {.dtype = dtype, .device = device}) : t.to(device);
   };
   RopeTables tables{place(c), place(s)};
-  if (cache.size() > 64) cache.clear();  // many distinct shapes: start again rather than grow
-  cache.emplace(key, tables);
+  if (rope_cache.size() > 64) rope_cache.clear();  // many distinct shapes: start again rather than grow
+  rope_cache.emplace(key, tables);
   return tables;
 }
 

@@ -22,7 +22,7 @@ CheckpointWatch::CheckpointWatch(const std::string& resumed, int64_t step, const
 
 bool CheckpointWatch::spike(double value) const {
   if (!std::isfinite(value)) return true;
-  if (recent_.size() < kMinHistory) return false;
+  if (recent_.empty()) return false;  // the first loss: finiteness only
   std::vector<double> v(recent_.begin(), recent_.end());
   std::nth_element(v.begin(), v.begin() + ptrdiff_t(v.size() / 2), v.end());
   return value > kSpikeFactor * v[v.size() / 2];

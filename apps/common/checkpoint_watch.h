@@ -20,7 +20,7 @@ namespace weft::apps {
 class CheckpointWatch {
  public:
   static constexpr double kSpikeFactor = 2.0;
-  static constexpr size_t kWindow = 16, kMinHistory = 1;
+  static constexpr size_t kWindow = 16;
 
   struct Recorded {  // a checkpoint the run wrote earlier, and the loss its index records
     std::string path;

@@ -25,7 +25,6 @@ class MetricsWriter {
     other.fd_ = -1;
   }
   void write(const std::map<std::string, MetricValue>& fields);
-  int64_t dropped() const { return dropped_; }
 
  private:
   int fd_ = -1;

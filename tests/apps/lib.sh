@@ -49,3 +49,15 @@ idx_head() {
   { head -c 4 "$2.part"; printf "$count"; tail -c +9 "$2.part"; } >"$2"
   rm -f "$2.part"
 }
+# at_peak FLAGS...: "$tf" train FLAGS under a --memory-budget and WEFT_MEMORY_LIMIT of exactly its plan's predicted
+# peak, which the run must reach (+0.00 %): a plan too low runs out of memory, one too high reports a lower peak.
+peak_of() { "$tf" train "$@" --plan | sed -n 's/.*predicted peak *[0-9.]* MiB *\([0-9]*\).*/\1/p'; }
+at_peak() {
+  local p
+  p=$(peak_of "$@")
+  [ -n "$p" ] || fail "no plan for $*"
+  WEFT_MEMORY_LIMIT=$p "$tf" train "$@" --memory-budget "$p" >/dev/null 2>"$tmp/err" ||
+    fail "a budget and limit of the plan's peak ($p bytes) ran out: $*: $(cat "$tmp/err")"
+  grep -q "the plan predicted $p bytes (+0.00 %)" "$tmp/err" ||
+    fail "the peak is not the plan's: $*: $(grep 'peak memory' "$tmp/err")"
+}

@@ -41,16 +41,6 @@ grep -Eq "the plan predicted $peak bytes \([+-]0\.0[0-9] %\)" "$tmp/err" ||
 # optimizer's step counts on the host included), resuming from a checkpoint (the optimizer state and the model's
 # values read without a second copy), and starting from a Hugging Face model read into a bf16 base (the
 # conversion's buffer beside the model).
-peak_of() { "$tf" train "$@" --plan | sed -n 's/.*predicted peak *[0-9.]* MiB *\([0-9]*\).*/\1/p'; }
-at_peak() {  # FLAGS...
-  local p
-  p=$(peak_of "$@")
-  [ -n "$p" ] || fail "no plan for $*"
-  WEFT_MEMORY_LIMIT=$p "$tf" train "$@" --memory-budget "$p" >/dev/null 2>"$tmp/err" ||
-    fail "a budget and limit of the plan's peak ($p bytes) ran out: $*: $(cat "$tmp/err")"
-  grep -q "the plan predicted $p bytes (+0.00 %)" "$tmp/err" ||
-    fail "the peak is not the plan's: $*: $(grep 'peak memory' "$tmp/err")"
-}
 fit=(--n-layer 2 --n-head 4 --d-model 256 --ctx 8 --batch-size 2 --threads 1 --eval-iters 1)
 at_peak "${fit[@]}" --steps 2 --checkpoint-dir "$tmp/ck"
 at_peak "${fit[@]}" --steps 4 --resume "$tmp/ck"

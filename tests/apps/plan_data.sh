@@ -19,16 +19,6 @@ for _ in 1 2 3 4 5 6 7 8; do cat "$chat/records.jsonl"; done >"$tmp/data.jsonl"
 "$tf" prepare --tokenizer "$chat/chatml" --data "$tmp/data.jsonl" --out "$tmp/ds" >/dev/null 2>"$tmp/err" ||
   fail "prepare failed: $(cat "$tmp/err")"
 
-peak_of() { "$tf" train "$@" --plan | sed -n 's/.*predicted peak *[0-9.]* MiB *\([0-9]*\).*/\1/p'; }
-at_peak() {  # FLAGS...: trains under a budget and limit of the plan's peak, which it reaches
-  local p
-  p=$(peak_of "$@")
-  [ -n "$p" ] || fail "no plan for $*"
-  WEFT_MEMORY_LIMIT=$p "$tf" train "$@" --memory-budget "$p" >/dev/null 2>"$tmp/err" ||
-    fail "a budget and limit of the plan's peak ($p bytes) ran out: $*: $(cat "$tmp/err")"
-  grep -q "the plan predicted $p bytes (+0.00 %)" "$tmp/err" ||
-    fail "the peak is not the plan's: $*: $(grep 'peak memory' "$tmp/err")"
-}
 # A batch of 216 rows draws every training example (two epochs of 108), so it holds the longest.
 gpt=(--data "$tmp/ds" --n-layer 2 --n-head 2 --d-model 32 --steps 2 --eval-iters 1 --batch-size 216 --threads 1)
 at_peak "${gpt[@]}" --ctx 512  # rows as long as the longest example, not 512
