@@ -1,9 +1,8 @@
-// cuda/: fused Adam/AdamW and SGD updates, one thread per element, with exactly the
-// operations of kernels/cpu/optim.cpp (PyTorch's single-tensor update) in the same order.
-// nvcc would contract a*b + c into an FMA where the CPU rounds twice, so every operation is
-// spelled with its correctly rounded intrinsic (__fmul_rn, __fadd_rn, __fdiv_rn, __fsqrt_rn,
-// __fmaf_rn and their double forms), which the compiler never fuses or reorders: the same
-// inputs give the same bits on both devices.
+// cuda/: fused Adam/AdamW and SGD updates, one thread per element, with exactly the operations of
+// kernels/cpu/optim.cpp (PyTorch's single-tensor update) in the same order. nvcc would contract a*b + c into an FMA
+// where the CPU rounds twice, so every operation is spelled with its correctly rounded intrinsic (__fmul_rn,
+// __fadd_rn, __fdiv_rn, __fsqrt_rn, __fmaf_rn and their double forms), which the compiler never fuses or reorders:
+// the same inputs give the same bits on both devices.
 #include <cmath>
 
 #include "cuda/common.cuh"
@@ -25,8 +24,8 @@ __device__ __forceinline__ double fma_rn(double a, double b, double c) { return 
 
 // The scalar factors, rounded to T on the host as the CPU path rounds them.
 template <class T> struct AdamConsts {
-  T decay, wd, b1, w1, b2, w2, neg_step, bc2_sqrt, eps, gs;
-  bool decoupled, has_wd;
+  T decay, wd, coef, b2, w2, neg_step, bc2_sqrt, eps, gs;
+  bool decoupled, has_wd, small;  // small: |1 - beta1| < 0.5, which of lerp's two forms
 };
 
 template <class T>
@@ -38,7 +37,7 @@ __global__ void adam_kernel(T* __restrict__ p, const T* __restrict__ g, T* __res
       if (c.decoupled) pi = mul_rn(pi, c.decay);          // param.mul_(1 - lr * wd)
       else gi = fma_rn(c.wd, pi, gi);                      // grad.add(param, alpha=wd)
     }
-    const T mi = fma_rn(c.w1, gi, mul_rn(m[i], c.b1));    // exp_avg.mul_(beta1).add_(grad, alpha=1-beta1)
+    const T mi = fma_rn(c.coef, add_rn(gi, -m[i]), c.small ? m[i] : gi);  // exp_avg.lerp_(grad, 1-beta1)
     T vi = mul_rn(v[i], c.b2);                             // exp_avg_sq.mul_(beta2)
     vi = fma_rn(mul_rn(c.w2, gi), gi, vi);                 //   .addcmul_(grad, grad, value=1-beta2)
     const T denom = add_rn(div_rn(sqrt_rn(vi), c.bc2_sqrt), c.eps);
@@ -83,9 +82,10 @@ void launch_adam_step(void* param, const void* grad, void* exp_avg, void* exp_av
   const double bc1 = 1 - std::pow(a.beta1, double(a.step));
   const double bc2 = 1 - std::pow(a.beta2, double(a.step));
   dispatch_master(dtype, [&]<class T>() {
-    AdamConsts<T> c{T(1 - a.lr * a.weight_decay), T(a.weight_decay), T(a.beta1), T(1 - a.beta1), T(a.beta2),
-                    T(1 - a.beta2), T(-(a.lr / bc1)), T(std::sqrt(bc2)), T(a.eps), T(a.grad_scale), a.decoupled,
-                    a.weight_decay != 0};
+    const T w1 = T(1 - a.beta1), coef = (w1 < T(0) ? -w1 : w1) < T(0.5) ? w1 : T(w1 - T(1));  // lerp's two forms
+    AdamConsts<T> c{T(1 - a.lr * a.weight_decay), T(a.weight_decay), coef, T(a.beta2), T(1 - a.beta2),
+                    T(-(a.lr / bc1)), T(std::sqrt(bc2)), T(a.eps), T(a.grad_scale), a.decoupled, a.weight_decay != 0,
+                    coef == w1};
     adam_kernel<T><<<grid_for(n), kThreads, 0, stream>>>(static_cast<T*>(param), static_cast<const T*>(grad),
                                                           static_cast<T*>(exp_avg), static_cast<T*>(exp_avg_sq), n,
                                                           c);

@@ -17,6 +17,7 @@
 #   bash scripts/hf_reference.sh peft-check --build build # export-peft loaded by peft's PeftModel
 #   bash scripts/hf_reference.sh chat-fixture             # tests/data/chat (scripts/chat_reference.py)
 #   bash scripts/hf_reference.sh chat-templates           # tests/data/chat/qwen3 and templates.json only
+#   bash scripts/hf_reference.sh optim-fixture            # tests/test_nn_optim.cpp's expected parameters
 # Environment: HF_VENV (default /tmp/hfenv): the venv, made on first use with
 #   pip install torch transformers tokenizers safetensors numpy peft   (from PyPI; several GB)
 set -euo pipefail
@@ -34,5 +35,6 @@ fi
 case "${1:-}" in
   chat-*) cmd=${1#chat-}; shift; exec "$venv/bin/python" "$here/chat_reference.py" "$cmd" "$@" ;;
   peft-*) cmd=${1#peft-}; shift; exec "$venv/bin/python" "$here/peft_reference.py" "$cmd" "$@" ;;
+  optim-fixture) exec "$venv/bin/python" "$here/optim_reference.py" ;;
 esac
 exec "$venv/bin/python" "$here/hf_reference.py" "$@"

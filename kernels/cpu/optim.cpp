@@ -1,8 +1,8 @@
 // kernels/cpu: the fused Adam/AdamW and SGD update loops behind kernels/optim.h. The scalar factors are rounded to the
 // parameter type before use, as PyTorch does when it passes Python floats to its kernels. Rounding follows PyTorch's
-// vectorized CPU kernels: `add(x, alpha=a)` and `addcmul(t1, t2, value=v)` end in one fused multiply-add (std::fma
-// here); every other multiply, add and divide rounds on its own, so the compiler must not contract anything else in
-// this file.
+// vectorized CPU kernels: `add(x, alpha=a)`, `addcmul(t1, t2, value=v)` and `lerp` end in one fused multiply-add
+// (std::fma here); every other multiply, add and divide rounds on its own, so the compiler must not contract anything
+// else in this file.
 #pragma GCC optimize("fp-contract=off")
 
 #include <cmath>
@@ -19,7 +19,7 @@ void adam_loop(T* p, const T* g, T* m, T* v, int64_t n, const AdamStep& s) {
   const double bc2 = 1 - std::pow(s.beta2, double(s.step));
   const T decay = T(1 - s.lr * s.weight_decay);
   const T wd = T(s.weight_decay);
-  const T b1 = T(s.beta1), w1 = T(1 - s.beta1);
+  const T w1 = T(1 - s.beta1), coef = std::abs(w1) < T(0.5) ? w1 : w1 - T(1);  // PyTorch's lerp: two forms
   const T b2 = T(s.beta2), w2 = T(1 - s.beta2);
   const T neg_step = T(-(s.lr / bc1));
   const T bc2_sqrt = T(std::sqrt(bc2));
@@ -33,7 +33,7 @@ void adam_loop(T* p, const T* g, T* m, T* v, int64_t n, const AdamStep& s) {
       if (decoupled) pi = pi * decay;             // param.mul_(1 - lr * wd)
       else gi = std::fma(wd, pi, gi);             // grad.add(param, alpha=wd)
     }
-    T mi = std::fma(w1, gi, m[i] * b1);           // exp_avg.mul_(beta1).add_(grad, alpha=1-beta1)
+    T mi = std::fma(coef, gi - m[i], coef == w1 ? m[i] : gi);  // exp_avg.lerp_(grad, w1): |w1| < 0.5 from m
     T vi = v[i] * b2;                             // exp_avg_sq.mul_(beta2)
     vi = std::fma(w2 * gi, gi, vi);               //   .addcmul_(grad, grad, value=1-beta2)
     T denom = std::sqrt(vi) / bc2_sqrt + eps;     // (exp_avg_sq.sqrt() / bc2_sqrt).add_(eps)
