@@ -100,7 +100,8 @@ int run(const Options& o) {
 
 int main(int argc, char** argv) {
   Options o;
-  CLI::App app{"weft-bench-tp: Llama or GPT-2 training steps split by tensor parallelism over the ranks of mpirun"};
+  CLI::App app{"weft-bench-tp: Llama or GPT-2 training steps split by tensor parallelism over the ranks of mpirun; rank 0 "
+               "prints the median step, tokens/s of the whole batch, and the losses of its data-parallel group's rows"};
   app.add_option("--arch", o.model.arch, "llama, or gpt2 (biases, GELU, 4 d_model MLP, tied head: --n-kv-head and "
                  "--ffn-dim are ignored)")->check(CLI::IsMember({"llama", "gpt2"}))->capture_default_str();
   app.add_option("--n-layer", o.model.n_layer, "blocks")->check(apps::cli::integer(1, apps::kMaxLayers))->capture_default_str();

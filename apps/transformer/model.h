@@ -42,6 +42,11 @@ double param_count(const ModelConfig& cfg);
 // Checks a config and throws a weft::Error naming the flag at fault, including a model whose
 // float32 weights alone would not fit in this machine's memory (before anything is allocated).
 void check_config(const ModelConfig& cfg);
+// A --ctx past `name`'s context is refused, naming its sliding_window where that is what bounds it.
+inline void check_ctx_within(int64_t ctx, const ModelConfig& cfg, const std::string& name) {
+  WEFT_CHECK(ctx <= cfg.ctx, "transformer: --ctx {} is longer than {}'s context {}{}", ctx, name, cfg.ctx,
+             cfg.sliding_window == cfg.ctx ? " (its sliding_window: weft attends to the whole context)" : "");
+}
 
 nn::LlamaConfig llama_config(const ModelConfig& cfg);
 

@@ -58,6 +58,17 @@ std::string hf_source(const std::string& from, const std::map<std::string, std::
   return "";
 }
 
+// The tokenizer.json of a Hugging Face directory ("" for none).
+std::string source_tokenizer(const std::string& source) {
+  return !source.empty() && WEFT_FS(std::filesystem::exists(source + "/tokenizer.json")) ? source + "/tokenizer.json" : "";
+}
+// The tokenizer whose ids the model reads: a run's recorded one ("" for text, as bytes), else its source's.
+std::string model_tokenizer_digest(const LoadedModel& loaded, const std::string& source) {
+  const auto& r = loaded.recorded;
+  if (r.count("train_sha256")) return r.count("tokenizer_sha256") ? r.at("tokenizer_sha256") : "";
+  return source_tokenizer(source).empty() ? "" : apps::tokenizer_digest(source_tokenizer(source));
+}
+
 // A rotary model fine-tuned from a Hugging Face directory at a shorter --ctx reads as far as its export-hf does.
 apps::ModelConfig with_source_context(apps::ModelConfig cfg, const std::map<std::string, std::string>& recorded) {
   if (const std::string source = hf_source("", recorded); cfg.arch == "llama" && !source.empty())
@@ -197,15 +208,16 @@ nn::SamplingOptions sampling_of(const SampleOptions& o, const apps::HfGeneration
 }
 
 // The Hugging Face directory whose tokenizer and generation files sample reads: the model's, unless its run trained on
-// text (bytes), whose ids are not its tokenizer's (its prompt is then read as bytes, and no stop id applies).
+// other ids than its tokenizer's (text as bytes, or another tokenizer's files): no stop id of it applies then.
 std::string sample_source(const SampleOptions& o, const LoadedModel& loaded, const Ranks& ranks) {
   const std::string source = hf_source(o.checkpoint, loaded.recorded, ranks.lead() ? "its generation_config.json (stop "
                                        "ids, sampling defaults), context and tokenizer are not read" : nullptr);
-  if (source.empty() || !loaded.recorded.count("train_bytes") || !WEFT_FS(std::filesystem::exists(source + "/tokenizer.json")))
-    return source;  // without a tokenizer, the source's ids are bytes too
+  const std::string tok = source_tokenizer(source), on = model_tokenizer_digest(loaded, source);
+  if (tok.empty() || on == apps::tokenizer_digest(tok)) return source;  // without a tokenizer, its ids are bytes too
   if (ranks.lead())
-    std::fprintf(stderr, "weft-transformer: %s was trained on text (bytes): the prompt is read as bytes, and the tokenizer "
-                 "and generation files of %s are not used\n", o.checkpoint.c_str(), source.c_str());
+    std::fprintf(stderr, "weft-transformer: %s was trained on %s: %sthe tokenizer and generation files of %s are not "
+                 "used\n", o.checkpoint.c_str(), apps::describe_tokens(on).c_str(),
+                 on.empty() ? "the prompt is read as bytes, and " : "", source.c_str());
   return "";
 }
 
@@ -217,8 +229,8 @@ std::optional<apps::BpeTokenizer> sample_tokenizer(const SampleOptions& o, const
   const auto recorded = loaded.recorded.find("tokenizer_sha256");  // a run on token files: its tokenizer's
   std::optional<apps::BpeTokenizer> tok;
   std::string path = o.tokenizer;
-  if (path.empty() && !source.empty() && WEFT_FS(std::filesystem::exists(source + "/tokenizer.json"))) {
-    path = source + "/tokenizer.json";
+  if (path.empty() && !source_tokenizer(source).empty()) {
+    path = source_tokenizer(source);
     std::fprintf(stderr, "weft-transformer: tokenizer %s (the model's; --tokenizer to give another)\n", path.c_str());
   }
   WEFT_CHECK(path.empty() || !loaded.recorded.count("train_bytes"), "transformer: {} was trained on text (bytes), whose "
@@ -413,17 +425,12 @@ int export_hf(const ExportOptions& o) {
   // The Hugging Face directory the model came from, whose tokenizer and generation files go along.
   const std::string source = hf_source(o.from, loaded.recorded, "its tokenizer and generation files are not copied");
   // A run's checkpoint takes the source's tokenizer (and the token ids of its files) only if it trained on its tokens.
-  bool tokens = true;
-  if (!source.empty() && loaded.recorded.count("train_sha256") && WEFT_FS(std::filesystem::exists(source + "/tokenizer.json"))) {
-    const auto trained = loaded.recorded.find("tokenizer_sha256");
-    const std::string have = apps::tokenizer_digest(source), on = trained == loaded.recorded.end() ? "" : trained->second;
-    tokens = on == have;
-    if (!tokens)
-      std::fprintf(stderr, "weft-transformer: %s was trained on %s, not on the tokens of %s/tokenizer.json (sha256 %s): "
-                   "its tokenizer and generation files and token ids are not exported; put the dataset's "
-                   "tokenizer.json beside the model\n", o.from.c_str(), apps::describe_tokens(on).c_str(),
-                   source.c_str(), have.c_str());
-  }
+  const std::string tok = source_tokenizer(source), on = model_tokenizer_digest(loaded, source);
+  const bool tokens = tok.empty() || on == apps::tokenizer_digest(tok);
+  if (!tokens)
+    std::fprintf(stderr, "weft-transformer: %s was trained on %s, not on the tokens of %s (sha256 %s): its tokenizer "
+                 "and generation files and token ids are not exported; put the dataset's tokenizer.json beside the "
+                 "model\n", o.from.c_str(), apps::describe_tokens(on).c_str(), tok.c_str(), apps::tokenizer_digest(tok).c_str());
   apps::export_hf_checkpoint(lm, o.out, shard, o.dtype == "bf16" ? kBFloat16 : kFloat32, source, tokens);
   std::fprintf(stderr, "weft-transformer: wrote %s (Hugging Face model_type %s, %lld parameters, %s)\n", o.out.c_str(),
                (lm.cfg.family.empty() ? lm.cfg.arch : lm.cfg.family).c_str(),
@@ -433,6 +440,13 @@ int export_hf(const ExportOptions& o) {
 
 namespace {
 
+// eval's result (stdout): loss, perplexity and the tokens scored; a non-finite loss is an error.
+void print_eval(const EvalOptions& o, const apps::BlockLoss& r) {
+  WEFT_CHECK(std::isfinite(r.loss()), "transformer: the loss of {} on {} is {}", o.from, o.data,
+             apps::describe_value(r.loss()));
+  std::printf("loss %.6f perplexity %s tokens %lld\n", r.loss(), apps::perplexity_text(r.loss(), 4).c_str(), (long long)r.tokens);
+}
+
 // eval over a dataset of examples: every example of the split, the mean over its trained targets.
 int eval_examples(const EvalOptions& o, nn::Module& model, const apps::TrainingData& data, int64_t ctx) {
   const bool train = o.split == "train";
@@ -441,9 +455,7 @@ int eval_examples(const EvalOptions& o, nn::Module& model, const apps::TrainingD
   WEFT_CHECK(set.size() > 0, "transformer: no example of the {} part of {} has a target within --ctx {}", o.split,
              o.data, ctx);
   const apps::BlockLoss r = apps::example_loss(model, set, o.batch_size);
-  WEFT_CHECK(std::isfinite(r.loss()), "transformer: the loss of {} on {} is {}", o.from, o.data,
-             apps::describe_value(r.loss()));
-  std::printf("loss %.6f perplexity %s tokens %lld\n", r.loss(), apps::perplexity_text(r.loss(), 4).c_str(), (long long)r.tokens);
+  print_eval(o, r);
   std::fprintf(stderr, "weft-transformer: %s on the %s part of %s: %lld examples (%lld skipped: no target within "
                "--ctx %lld; %lld cut at it), %lld trained targets\n", o.from.c_str(), o.split.c_str(), o.data.c_str(),
                (long long)r.blocks, (long long)set.skipped(), (long long)ctx, (long long)set.truncated(),
@@ -454,11 +466,8 @@ int eval_examples(const EvalOptions& o, nn::Module& model, const apps::TrainingD
 // --data must be in the model's tokens: prepared with the tokenizer its checkpoint records (or its
 // Hugging Face directory's tokenizer.json), and text (bytes) only for a model trained on bytes.
 void check_data_tokenizer(const EvalOptions& o, const LoadedModel& loaded, const apps::TrainingData& data) {
-  auto it = loaded.recorded.find("tokenizer_sha256");
-  std::string model = it != loaded.recorded.end() ? it->second : "", source = hf_source(o.from, loaded.recorded);
-  const bool bytes = loaded.recorded.count("train_bytes") > 0;  // trained on text: not its source's tokenizer's ids
-  if (model.empty() && !bytes && !source.empty() && WEFT_FS(std::filesystem::exists(source + "/tokenizer.json")))
-    model = apps::tokenizer_digest(source + "/tokenizer.json");
+  const std::string model = model_tokenizer_digest(loaded, hf_source(o.from, loaded.recorded));
+  const bool bytes = loaded.recorded.count("train_bytes") > 0;
   const std::string& have = data.tokenizer_sha256;
   WEFT_CHECK(model.empty() ? have.empty() || !bytes : have == model, "transformer: {} "
              "holds {}, and {} reads {}: prepare it with the model's tokenizer", o.data, apps::describe_tokens(have),
@@ -479,9 +488,7 @@ int eval(const EvalOptions& o) {
   const auto& run = loaded.recorded;  // a checkpoint's: blocks of its run's --ctx by default
   const int64_t ctx = o.ctx > 0 ? o.ctx : run.count("ctx") ? std::stoll(run.at("ctx")) : loaded.lm.cfg.ctx,
                 vocab = loaded.lm.cfg.vocab_size;
-  WEFT_CHECK(ctx <= loaded.lm.cfg.ctx, "transformer: --ctx {} is longer than {}'s context {}{}", ctx, o.from,
-             loaded.lm.cfg.ctx, loaded.lm.cfg.sliding_window == loaded.lm.cfg.ctx ? " (its sliding_window: weft attends "
-             "to the whole context)" : "");
+  apps::check_ctx_within(ctx, loaded.lm.cfg, o.from);
   WEFT_CHECK(vocab >= data.vocab_size, "transformer: {}'s vocabulary of {} is smaller than {}'s {}", o.from, vocab,
              o.data, data.vocab_size);
   if (data.examples()) return eval_examples(o, model, data, ctx);
@@ -490,9 +497,7 @@ int eval(const EvalOptions& o) {
   WEFT_CHECK(blocks > 0, "transformer: the {} part of {} ({} tokens) is shorter than one block of --ctx + 1 = {}",
              o.split, o.data, stream.size(), ctx + 1);
   const apps::BlockLoss r = apps::block_loss(model, stream, ctx, 0, blocks, o.batch_size);
-  WEFT_CHECK(std::isfinite(r.loss()), "transformer: the loss of {} on {} is {}", o.from, o.data,
-             apps::describe_value(r.loss()));
-  std::printf("loss %.6f perplexity %s tokens %lld\n", r.loss(), apps::perplexity_text(r.loss(), 4).c_str(), (long long)r.tokens);
+  print_eval(o, r);
   std::fprintf(stderr, "weft-transformer: %s on the %s part of %s: %lld blocks of %lld + 1 tokens\n", o.from.c_str(),
                o.split.c_str(), o.data.c_str(), (long long)r.blocks, (long long)ctx);
   return 0;

@@ -309,8 +309,7 @@ void take_init_config(TrainOptions& o) {
   WEFT_CHECK(apps::is_hf_dir(o.init_from), "transformer: --init-from {} is not a Hugging Face model directory "
              "(no config.json there)", o.init_from);
   apps::ModelConfig hf = apps::read_hf_config(o.init_from);
-  WEFT_CHECK(o.model.ctx <= hf.ctx, "transformer: --ctx {} is longer than {}'s context {}{}", o.model.ctx, o.init_from,
-             hf.ctx, hf.sliding_window == hf.ctx ? " (its sliding_window: weft attends to the whole context)" : "");
+  apps::check_ctx_within(o.model.ctx, hf, o.init_from);
   if (hf.arch == "llama") hf.ctx = o.model.ctx;  // no position table: any shorter context works
   WEFT_CHECK(hf.arch == "llama" || o.model.ctx == hf.ctx, "transformer: --ctx {} differs from {}'s n_positions "
              "{} (GPT-2's position table is that long: pass --ctx {})", o.model.ctx, o.init_from, hf.ctx, hf.ctx);
@@ -383,6 +382,9 @@ void validate(TrainOptions& o, const Ranks& ranks, Run& run) {
   if (o.lora.rank > 0 && o.lora.targets.empty()) {  // flags, or a peft adapter's "all-linear"
     o.lora.targets = apps::lora_targets(o.lora_targets, o.model);
     if (o.lora.alpha == 0) o.lora.alpha = double(o.lora.rank);
+    WEFT_CHECK(o.untie || std::count(o.lora.targets.begin(), o.lora.targets.end(), "lm_head") == 0, "transformer: "
+               "--lora-targets names lm_head, but this model's head is its token embedding (tied weights: no lm_head "
+               "Linear){}", o.init_from.empty() ? ": give --untie, or leave lm_head out" : ": leave lm_head out");
   }
   check_base_dtype(o);
   WEFT_CHECK(ranks.fsdp || (o.reshard_after_forward.empty() && o.sharding_strategy == "FULL_SHARD"),
