@@ -522,6 +522,26 @@ TEST_CASE("bad checkpoints fail on every rank with the file and key, and change 
   expect_failure("overlap", overlap, dist::world_size() > 1 ? "\"model.wte.weight\" has pieces that overlap at index"
                  : "\"model.wte.weight\" has pieces that cover", *m, root, &opt);
   expect_failure("no_rng", drop_rng, "\"rng\" holds 0 generator states for world_size", *m, root, &opt);
+  // A hand-edited index that a resume would refuse is refused where it is read, so verify_checkpoint refuses it too.
+  auto edit_index = [](const std::function<void(fsdp::CheckpointIndex&)>& edit) {
+    return [edit](const fs::path& d) {
+      fsdp::CheckpointIndex ix = fsdp::read_checkpoint_index(d.string());
+      edit(ix);
+      std::ofstream(d / "index.json") << fsdp::checkpoint_index_json(ix);
+    };
+  };
+  const std::string rngs = fmt::format("\"rng\" holds {} generator states for world_size {} (one a rank)",
+                                       dist::world_size() + 1, dist::world_size());
+  expect_failure("extra_rng", edit_index([](fsdp::CheckpointIndex& ix) { ix.rng.push_back(ix.rng.back()); }), rngs, *m,
+                 root, &opt);
+  CHECK_THROWS_WITH(fsdp::verify_checkpoint((dir / "extra_rng").string()), Contains(rngs));
+  const std::string negative = "\"data\" batch is -3, not a count";
+  expect_failure("negative_data", edit_index([](fsdp::CheckpointIndex& ix) { ix.training.data["batch"] = -3; }),
+                 negative, *m, root, &opt);
+  CHECK_THROWS_WITH(fsdp::verify_checkpoint((dir / "negative_data").string()), Contains(negative));
+  CHECK_THROWS_WITH(fsdp::save_checkpoint((dir / "negative_save").string(), *m, &opt, &root, {.data = {{"batch", -1}}}),
+                    Contains("save_checkpoint: data position batch is -1, not a count"));
+  CHECK(!fs::exists(dir / "negative_save"));
   // Ranks whose path holds different checkpoints (node-local disks) load none of them.
   const std::string later = fsdp::save_checkpoint((dir / "later").string(), *m, &opt, &root, {.step = 2});
   if (dist::world_size() > 1) {
