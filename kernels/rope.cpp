@@ -85,27 +85,28 @@ void fill(T* cos_p, T* sin_p, const std::vector<T>& inv_freq, int64_t n_pos) {
 }  // namespace
 
 namespace {
-using RopeKey = std::tuple<double, int64_t, int64_t, int, std::string, int, double, double, double, int64_t>;
+using RopeKey = std::tuple<double, int64_t, int, std::string, int, double, double, double, int64_t>;
 std::mutex rope_mu;
 std::map<RopeKey, RopeTables> rope_cache;
 }  // namespace
 
 void forget_rope_tables(Device device) {
   std::lock_guard<std::mutex> lock(rope_mu);
-  std::erase_if(rope_cache, [&](const auto& entry) { return std::get<4>(entry.first) == device.str(); });
+  std::erase_if(rope_cache, [&](const auto& entry) { return std::get<3>(entry.first) == device.str(); });
 }
 
 RopeTables rope_tables(double theta, int64_t E, int64_t n_pos, DType dtype, Device device, const RopeScaling& scaling) {
   WEFT_CHECK(dtype == DType::f32 || dtype == DType::f64, "rope_tables: dtype must be f32 or f64, got {}",
              dtype_name(dtype));
   check_rope_scaling("rope_tables", scaling);
-  // Positions are rounded up to a power of two so that growing sequences reuse a table.
+  // One table per rotation and device, as long as the longest sequence yet (a row t does not depend on the length):
+  // shorter sequences read its first rows, and a longer one replaces it by one of the next power of two.
   int64_t rounded = 16;
   while (rounded < n_pos) rounded *= 2;
-  const RopeKey key{theta, E, rounded, int(dtype), device.str(), int(scaling.kind), scaling.factor,
+  const RopeKey key{theta, E, int(dtype), device.str(), int(scaling.kind), scaling.factor,
                 scaling.low_freq_factor, scaling.high_freq_factor, scaling.original_context};
   std::lock_guard<std::mutex> lock(rope_mu);
-  if (auto it = rope_cache.find(key); it != rope_cache.end()) return it->second;
+  if (auto it = rope_cache.find(key); it != rope_cache.end() && it->second.cos.size(0) >= n_pos) return it->second;
   // Computed on the host whatever the default device (meta while a memory plan runs).
   Tensor c = empty({rounded, E / 2}, {.dtype = dtype, .device = kCPU});
   Tensor s = empty({rounded, E / 2}, {.dtype = dtype, .device = kCPU});
@@ -116,8 +117,8 @@ RopeTables rope_tables(double theta, int64_t E, int64_t n_pos, DType dtype, Devi
     return device.is_meta() ? empty(t.shape(), {.dtype = dtype, .device = device}) : t.to(device);
   };
   RopeTables tables{place(c), place(s)};
-  if (rope_cache.size() > 64) rope_cache.clear();  // many distinct shapes: start again rather than grow
-  rope_cache.emplace(key, tables);
+  if (rope_cache.size() > 64) rope_cache.clear();  // many distinct rotations: start again rather than grow
+  rope_cache.insert_or_assign(key, tables);
   return tables;
 }
 

@@ -24,6 +24,9 @@ gpt=(--data "$tmp/ds" --n-layer 2 --n-head 2 --d-model 32 --steps 2 --eval-iters
 at_peak "${gpt[@]}" --ctx 512  # rows as long as the longest example, not 512
 at_peak "${gpt[@]}" --ctx 64   # cut at the context
 at_peak "${gpt[@]}" --ctx 128 --pack
+# Rotary tables: one as long as the longest document (a table per length of the packed documents drawn had been kept,
+# 19,456 bytes past the plan, which allocates the longest's).
+at_peak "${gpt[@]}" --ctx 128 --pack --arch llama
 
 if [ -n "$mpirun" ]; then
   tp=(--steps 3 --n-layer 2 --d-model 64 --eval-iters 1 --batch-size 8 --ctx 32 --arch llama --tp 2 --threads 1 --fsdp)
