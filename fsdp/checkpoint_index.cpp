@@ -276,9 +276,6 @@ CheckpointIndex read_checkpoint_index(const std::string& path) {
   } catch (const Json::exception& e) {
     WEFT_ERROR("checkpoint: {}: mesh, data, app, aliases or rng is malformed: {}", r.path, e.what());
   }
-  if (ix.rng.size() != size_t(ix.world_size))  // a resumed run would draw other random numbers than the one that wrote it
-    r.fail("rng", fmt::format("holds {} generator states for world_size {} (one a rank)", ix.rng.size(), ix.world_size));
-  for (const auto& [key, at] : ix.training.data) if (at < 0) r.fail("data", fmt::format("{} is {}, not a count", key, at));
   std::set<std::string> file_names;
   for (const Json& f : r.at(j, "files")) {
     CheckpointIndex::File file{r.string(f, "file", "files"), int(r.integer(f, "shard", "files", 0, ix.num_shards - 1)),
@@ -294,6 +291,9 @@ CheckpointIndex read_checkpoint_index(const std::string& path) {
   }
   if (ix.files.size() != size_t(ix.num_shards))
     r.fail("files", fmt::format("lists {} files for {} shards", ix.files.size(), ix.num_shards));
+  if (ix.rng.size() != size_t(ix.world_size))  // a resumed run would draw other random numbers than the one that wrote it
+    r.fail("rng", fmt::format("holds {} generator states for world_size {} (one a rank)", ix.rng.size(), ix.world_size));
+  for (const auto& [key, at] : ix.training.data) if (at < 0) r.fail("data", fmt::format("{} is {}, not a count", key, at));
   const Json& tensors = r.at(j, "tensors");
   WEFT_CHECK(tensors.is_object(), "checkpoint: {}: \"tensors\" is not an object", r.path);
   for (auto& [key, t] : tensors.items()) ix.tensors.push_back(read_entry(r, key, t, file_names));

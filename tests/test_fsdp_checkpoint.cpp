@@ -619,7 +619,7 @@ TEST_CASE("index.json: numbers out of their type's range are errors, not undefin
     std::ofstream(dir / "index.json") << head << rest;
     return fsdp::read_checkpoint_index(dir.string());
   };
-  const std::string ok_mesh = R"j("mesh":{"shape":[1],"dim_names":["x"]},)j", ok_rest = R"j("data":{},"rng":[],)j";
+  const std::string ok_mesh = R"j("mesh":{"shape":[1],"dim_names":["x"]},)j", ok_rest = R"j("data":{},"rng":[{"seed":0,"offset":0}],)j";
   const std::string tensor = R"j("tensors":{"k":{"dtype":"F32","shape":[4],"placement":"Shard(0)","shards":)j";
   CHECK(read(ok_mesh + ok_rest + tensor + R"j([{"file":"f","offset":0,"length":4}]}}})j").tensors.size() == 1);
   CHECK_THROWS_WITH(read(R"j("mesh":{"shape":[1e300],"dim_names":["x"]},)j" + ok_rest + R"j("tensors":{}})j"),

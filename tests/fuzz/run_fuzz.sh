@@ -82,7 +82,7 @@ case "$target" in
 JSON
     cat >"$corpus/replicated" <<'JSON'
 {"format":"weft-checkpoint","format_version":2,"weft_version":"0.1.0","step":0,"world_size":1,"num_shards":1,
- "mesh":{"shape":[],"dim_names":[]},"data":{},"app":{},"aliases":{},"rng":[],
+ "mesh":{"shape":[],"dim_names":[]},"data":{},"app":{},"aliases":{},"rng":[{"seed":0,"offset":0}],
  "files":[{"file":"rank_00000.safetensors","shard":0,"bytes":8,"sha256":""}],
  "tensors":{"model.step":{"dtype":"I64","shape":[],"placement":"Replicate()","shards":[{"file":"rank_00000.safetensors"}]}}}
 JSON
@@ -90,11 +90,11 @@ JSON
     # Inputs that once hit undefined behaviour (floats cast to integers, offset + length past
     # 2^63), kept as regression seeds.
     small='{"format":"weft-checkpoint","format_version":2,"weft_version":"0","step":0,"world_size":1,"num_shards":1,
- "mesh":{"shape":[1],"dim_names":["x"]},"data":{},"app":{},"aliases":{},"rng":[],
+ "mesh":{"shape":[1],"dim_names":["x"]},"data":{},"app":{},"aliases":{},"rng":[{"seed":0,"offset":0}],
  "files":[{"file":"f","shard":0,"bytes":1,"sha256":""}],"tensors":{}}'
     printf '%s' "${small/'"shape":[1]'/'"shape":[1e300]'}" >"$corpus/float_mesh"
     printf '%s' "${small/'"data":{}'/'"data":{"epoch":-1e300}'}" >"$corpus/float_data"
-    printf '%s' "${small/'"rng":[]'/'"rng":[{"seed":0,"offset":4.5e40}]'}" \
+    printf '%s' "${small/'"offset":0}]'/'"offset":4.5e40}]'}" \
       >"$corpus/float_rng"
     printf '%s' "${small/'"tensors":{}'/'"tensors":{"k":{"dtype":"F32","shape":[4],"placement":"Shard(0)",
  "shards":[{"file":"f","offset":3,"length":9223372036854775807}]}}'}" >"$corpus/offset_overflow"
