@@ -9,13 +9,13 @@ cd "${1:-$(dirname "$0")/..}"
 # layer | budget | the files and folders counted (kernels: the entry points and the meta device)
 budgets=(
   "core           4431  core weft.h"
-  "kernels        2609  kernels/*.h kernels/*.cpp kernels/meta"
+  "kernels        2654  kernels/*.h kernels/*.cpp kernels/meta"
   "kernels/cpu    5677  kernels/cpu"
   "cuda           4671  cuda"
-  "autograd       2137  autograd"
-  "nn             3305  nn"
+  "autograd       2140  autograd"
+  "nn             3309  nn"
   "dist           2598  dist"
-  "tp              807  tp"
+  "tp              810  tp"
   "fsdp           5249  fsdp"
   "apps          11912  apps"
 )
