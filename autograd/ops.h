@@ -10,6 +10,7 @@
 #include "node.h"
 #include "../core/generator.h"
 #include "../core/tensor.h"
+#include "../kernels/nn.h"  // RandomBlock
 #include "../kernels/rope.h"
 
 namespace weft {
@@ -116,8 +117,9 @@ struct CrossEntropyOptions {
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntropyOptions& opts = {});
 Tensor cat(const std::vector<Tensor>& xs, int64_t dim = 0);
 Tensor stack(const std::vector<Tensor>& xs, int64_t dim = 0);
-// Identity when !training or p == 0.
-Tensor dropout(const Tensor& x, double p, bool training = true, Generator* gen = nullptr);
+// Identity when !training or p == 0. With a block: x is that part of a whole, drawing its masks (kernels/nn.h).
+Tensor dropout(const Tensor& x, double p, bool training = true, Generator* gen = nullptr,
+               const kernels::RandomBlock& block = {});
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = {}, int64_t stride = 1,
               int64_t padding = 0);
 Tensor max_pool2d(const Tensor& x, int64_t kernel_size, int64_t stride = -1, int64_t padding = 0);  // -1: kernel_size
@@ -141,6 +143,7 @@ struct AttentionOptions {
   bool training = true;
   Generator* gen = nullptr;
   kernels::Rope rope;
+  kernels::RandomBlock dropout_block;  // the probabilities [B, H, Tq, Tk] as a part of a whole's (dropout)
 };
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts);
 // Rotary position embedding of x [..., T, E] (kernels/rope.h) with rows at positions pos0,
@@ -150,6 +153,7 @@ Tensor rotary_embedding(const Tensor& x, double theta, int64_t pos0 = 0, const k
 // into n_head heads, as nanoGPT's c_attn) -> [B, T, d] with the heads concatenated. Reads the
 // heads in place and writes the gradient of qkv as one tensor.
 Tensor scaled_dot_product_attention_qkv(const Tensor& qkv, int64_t n_head, bool causal = true,
-                                        double dropout_p = 0.0, bool training = true, Generator* gen = nullptr);
+                                        double dropout_p = 0.0, bool training = true, Generator* gen = nullptr,
+                                        const kernels::RandomBlock& dropout_block = {});
 
 }  // namespace weft

@@ -38,20 +38,19 @@ Tensor repeat_heads(const Tensor& x, int64_t G) {
 }
 
 // softmax(q k^T * scale, masked) with dropout, then @ v, from differentiable ops.
-Tensor composite_attention(const Tensor& q_, const Tensor& k_, const Tensor& v_, bool causal, double dropout_p,
-                           Generator* gen, const kernels::Rope& rope) {
+Tensor composite_attention(const Tensor& q_, const Tensor& k_, const Tensor& v_, const AttentionOptions& o) {
   const int64_t G = q_.size(1) / k_.size(1);
-  Tensor q = rope.on() ? rotary_embedding(q_, rope.theta, rope.q_pos, rope.scaling) : q_;
-  Tensor k = repeat_heads(rope.on() ? rotary_embedding(k_, rope.theta, rope.k_pos, rope.scaling) : k_, G);
+  Tensor q = o.rope.on() ? rotary_embedding(q_, o.rope.theta, o.rope.q_pos, o.rope.scaling) : q_;
+  Tensor k = repeat_heads(o.rope.on() ? rotary_embedding(k_, o.rope.theta, o.rope.k_pos, o.rope.scaling) : k_, G);
   Tensor v = repeat_heads(v_, G);
   Tensor att = matmul(q, k.transpose(-2, -1)) * default_scale(q);
-  if (causal) {
+  if (o.causal) {
     const int64_t tq = q.size(-2), tk = k.size(-2);
     Tensor rows = arange(0, double(tq), 1, {.dtype = DType::i64, .device = q.device()}).view({tq, 1});
     Tensor cols = arange(0, double(tk), 1, {.dtype = DType::i64, .device = q.device()}).view({1, tk});
     att = masked_fill(att, cols > rows, -std::numeric_limits<double>::infinity());
   }
-  return matmul(dropout(softmax(att, -1), dropout_p, true, gen), v);
+  return matmul(dropout(softmax(att, -1), o.dropout_p, true, o.gen, o.dropout_block), v);
 }
 
 }  // namespace
@@ -68,7 +67,7 @@ Tensor scaled_dot_product_attention(const Tensor& q_, const Tensor& k_, const Te
   WEFT_CHECK(q_.defined() && k_.defined() && v_.defined(), "{}: query, key and value must be defined tensors", op);
   const Tensor q = autocast_input(q_), k = autocast_input(k_), v = autocast_input(v_);
   kernels::check_attention(op, q, k, v, o.causal, o.rope);
-  if (o.training && o.dropout_p > 0) return composite_attention(q, k, v, o.causal, o.dropout_p, o.gen, o.rope);
+  if (o.training && o.dropout_p > 0) return composite_attention(q, k, v, o);
   const double scale = default_scale(q);
   const TensorList kept = autograd::kept_op("attention", [&] {
     auto [out, lse] = kernels::attention(q, k, v, o.causal, scale, o.rope);
@@ -101,7 +100,7 @@ Tensor rotary_embedding(const Tensor& x, double theta, int64_t pos0, const kerne
 }
 
 Tensor scaled_dot_product_attention_qkv(const Tensor& qkv_, int64_t n_head, bool causal, double dropout_p,
-                                        bool training, Generator* gen) {
+                                        bool training, Generator* gen, const kernels::RandomBlock& dropout_block) {
   const char* op = "scaled_dot_product_attention_qkv";
   check_dropout(dropout_p, op);
   WEFT_CHECK(qkv_.defined() && qkv_.dim() == 3, "{}: qkv must be [batch, seq, 3 * d_model], got {}", op,
@@ -112,8 +111,8 @@ Tensor scaled_dot_product_attention_qkv(const Tensor& qkv_, int64_t n_head, bool
   const int64_t B = qkv.size(0), T = qkv.size(1), d = qkv.size(2) / 3, hd = d / n_head;
   if (training && dropout_p > 0) {
     Tensor x = qkv.reshape({B, T, 3, n_head, hd});
-    Tensor y = scaled_dot_product_attention(qkv_heads(x, 0), qkv_heads(x, 1), qkv_heads(x, 2), causal, dropout_p,
-                                            training, gen);
+    Tensor y = scaled_dot_product_attention(qkv_heads(x, 0), qkv_heads(x, 1), qkv_heads(x, 2),
+                                            {causal, dropout_p, training, gen, {}, dropout_block});
     return y.transpose(1, 2).reshape({B, T, d});
   }
   Tensor x = qkv.detach().reshape({B, T, 3, n_head, hd});  // a view of a Linear's output

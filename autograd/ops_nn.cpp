@@ -179,10 +179,10 @@ Tensor stack(const std::vector<Tensor>& xs, int64_t dim) {
   return cat(parts, d);
 }
 
-Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
+Tensor dropout(const Tensor& x, double p, bool training, Generator* gen, const kernels::RandomBlock& block) {
   WEFT_CHECK(p >= 0 && p <= 1, "dropout: probability must be in [0, 1], got {}", p);
   if (!training || p == 0) return x;
-  auto [y, mask] = k::dropout(x.detach(), p, gen);
+  auto [y, mask] = k::dropout(x.detach(), p, gen, block);
   if (needs_grad({&x})) {
     record("DropoutBackward", {x}, {y}, [mask = mask, p](const TensorList& g) -> TensorList {
       return {k::dropout_backward(g[0], mask, p)};

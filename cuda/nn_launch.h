@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "kernels/dropout_mask.h"
 
 namespace weft::kernels::cuda {
 
@@ -42,10 +43,10 @@ void launch_cross_entropy_backward(const void* grad_loss, const void* logits, co
                                    double label_smoothing, int reduction, int64_t count, void* dlogits,
                                    cudaStream_t stream);
 
-// ---- dropout.cu: mask bool. The keep decision of element i is the hash kernels/cpu/dropout.cpp
-// uses, so the mask equals the CPU's for the same seed.
-void launch_dropout(const void* x, DType dtype, int64_t numel, double p, uint64_t seed, void* y, bool* mask,
-                    cudaStream_t stream);
+// ---- dropout.cu: mask bool. The keep decision of element i is the CPU's (kernels/dropout_mask.h),
+// so the mask equals the CPU's for the same seed.
+void launch_dropout(const void* x, DType dtype, int64_t numel, double p, uint64_t seed, const DropoutIndex& at, void* y,
+                    bool* mask, cudaStream_t stream);
 void launch_dropout_backward(const void* grad, const bool* mask, DType dtype, int64_t numel, double p, void* dx,
                              cudaStream_t stream);
 

@@ -134,10 +134,10 @@ void cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, const
 // ---------------------------------------------------------------- dropout
 
 // The same mask as the CPU for the same seed.
-void dropout(const Tensor& x, double p, uint64_t seed, const Tensor& y, const Tensor& mask) {
+void dropout(const Tensor& x, double p, uint64_t seed, const DropoutIndex& at, const Tensor& y, const Tensor& mask) {
   if (x.numel() == 0) return;
   DeviceGuard guard(x.device().index);
-  launch_dropout(x.data_ptr(), x.dtype(), x.numel(), p, seed, y.data_ptr(), mask.data<bool>(), stream_of(x));
+  launch_dropout(x.data_ptr(), x.dtype(), x.numel(), p, seed, at, y.data_ptr(), mask.data<bool>(), stream_of(x));
 }
 
 void dropout_backward(const Tensor& grad, const Tensor& mask, double p, const Tensor& dx) {

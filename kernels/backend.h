@@ -24,6 +24,7 @@
 
 namespace weft::kernels {
 
+struct DropoutIndex;  // kernels/dropout_mask.h
 // Every member must be set. All tensors are on the backend's device; shapes, dtypes and
 // devices have been checked by the caller and outputs allocated there.
 struct KernelBackend {
@@ -84,8 +85,8 @@ struct KernelBackend {
                                  Reduction reduction, const Tensor& dlogits);
   // Inputs fit `out` (contiguous) along dim; any dtypes and strides.
   void (*cat)(const std::vector<Tensor>& xs, int64_t dim, const Tensor& out);
-  // x, y contiguous; mask bool, a function of `seed` and the element position only.
-  void (*dropout)(const Tensor& x, double p, uint64_t seed, const Tensor& y, const Tensor& mask);
+  // x, y contiguous; mask bool, element i's dropout_keep(seed, threshold, at.whole(i)) (kernels/dropout_mask.h).
+  void (*dropout)(const Tensor& x, double p, uint64_t seed, const DropoutIndex& at, const Tensor& y, const Tensor& mask);
   void (*dropout_backward)(const Tensor& grad, const Tensor& mask, double p, const Tensor& dx);
   // NCHW f32/f64, contiguous; bias may be undefined; dx zeroed.
   void (*conv2d)(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dParams& p,

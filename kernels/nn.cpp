@@ -5,6 +5,7 @@
 #include "kernels/nn.h"
 
 #include "kernels/backend.h"
+#include "kernels/dropout_mask.h"
 #include "kernels/nn_checks.h"
 
 namespace weft::kernels {
@@ -257,15 +258,23 @@ Tensor cat(const std::vector<Tensor>& xs, int64_t dim) {
 
 // ---------------------------------------------------------------- dropout
 
-std::pair<Tensor, Tensor> dropout(const Tensor& x_, double p, Generator* gen) {
+std::pair<Tensor, Tensor> dropout(const Tensor& x_, double p, Generator* gen, const RandomBlock& b) {
   Tensor x = plain(x_);
   check_float("dropout", x, "input");
   WEFT_CHECK(p >= 0 && p <= 1, "dropout: probability p must be in [0, 1], got {}", p);
+  WEFT_CHECK(b.parts >= 1 && b.index >= 0 && b.index < b.parts, "dropout: block {} of {} parts: needs parts >= 1 and "
+             "0 <= block < parts", b.index, b.parts);
+  DropoutIndex at{x.numel(), 1, x.numel(), 0};  // x is the whole
+  if (b.parts > 1) {
+    int64_t outer;
+    split_dim(x, wrap_dim(b.dim, x.dim(), "dropout (the block's dim)"), outer, at.rows, at.inner);
+    at.extent = at.rows * b.parts, at.start = at.rows * b.index;
+  }
   const KernelBackend& backend = kernel_backend(x.device(), "dropout");
   uint64_t seed = (gen ? *gen : default_generator()).next_u64();
   Tensor y = empty(x.shape(), like(x));
   Tensor mask = empty(x.shape(), {.dtype = DType::bool_, .device = x.device()});
-  backend.dropout(x.contiguous(), p, seed, y, mask);
+  backend.dropout(x.contiguous(), p, seed, at, y, mask);
   return {y, mask};
 }
 

@@ -63,7 +63,14 @@ Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, con
 Tensor cat(const std::vector<Tensor>& xs, int64_t dim);
 
 // ---- dropout: returns (y, mask) with mask a bool/u8 tensor of kept elements; y = x*mask/(1-p).
-std::pair<Tensor, Tensor> dropout(const Tensor& x, double p, Generator* gen = nullptr);
+// A call takes one counter of the generator, its seed; element i's keep decision is a function of
+// (seed, i) (kernels/dropout_mask.h). Given a block, x is block `index` of `parts` equal blocks
+// along `dim` of a whole tensor (its other dims whole: a rank's part of a split activation), and
+// each element is decided as the whole's element at its index, as DTensor's sharded random ops.
+struct RandomBlock {
+  int64_t dim = 0, parts = 1, index = 0;  // parts 1: x is the whole
+};
+std::pair<Tensor, Tensor> dropout(const Tensor& x, double p, Generator* gen = nullptr, const RandomBlock& block = {});
 Tensor dropout_backward(const Tensor& grad, const Tensor& mask, double p);
 
 // ---- 2-D convolution and max pooling, NCHW, weight [O, C/groups=C, kh, kw]

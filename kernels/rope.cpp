@@ -99,8 +99,7 @@ RopeTables rope_tables(double theta, int64_t E, int64_t n_pos, DType dtype, Devi
   WEFT_CHECK(dtype == DType::f32 || dtype == DType::f64, "rope_tables: dtype must be f32 or f64, got {}",
              dtype_name(dtype));
   check_rope_scaling("rope_tables", scaling);
-  // One table per rotation and device, as long as the longest sequence yet (a row t does not depend on the length):
-  // shorter sequences read its first rows, and a longer one replaces it by one of the next power of two.
+  // One table per rotation and device, the longest yet (row t does not depend on the length; a longer one replaces it).
   int64_t rounded = 16;
   while (rounded < n_pos) rounded *= 2;
   const RopeKey key{theta, E, int(dtype), device.str(), int(scaling.kind), scaling.factor,

@@ -41,8 +41,7 @@ struct Rope {
 // cos and sin of every angle, [at least n_pos, E/2], of `dtype` (f32 or f64) on `device`. The f32
 // tables are computed as Hugging Face computes them (the inverse frequencies and the angles
 // rounded to f32, then cos and sin), so weft's rotations match a transformers model's; f64
-// tables are exact to f64. Tables are cached, one per rotation and device, as long as the
-// longest request yet: a shorter request returns the same tensors.
+// tables are exact to f64. Cached: one per rotation and device, the longest requested yet.
 struct RopeTables {
   Tensor cos, sin;
 };

@@ -78,7 +78,7 @@ std::string RMSNorm::extra_repr() const { return fmt::format("({},), eps={}", di
 Dropout::Dropout(double prob) : Module("Dropout"), p(prob) {
   WEFT_CHECK(p >= 0 && p < 1, "Dropout: p must be in [0, 1) (1 would zero everything and scale by 1/0), got {}", p);
 }
-Tensor Dropout::forward(const Tensor& x) { return dropout(x, p, is_training()); }
+Tensor Dropout::forward(const Tensor& x) { return dropout(x, p, is_training(), nullptr, block); }
 std::string Dropout::extra_repr() const { return fmt::format("p={}", p); }
 
 Tensor ReLU::forward(const Tensor& x) { return relu(x); }

@@ -1,6 +1,7 @@
 // nn: the basic layers. Parameters are created in the layer's constructor and initialised
 // as PyTorch does (seeded from the default generator, or `gen` when given).
 #pragma once
+#include "../kernels/nn.h"  // RandomBlock
 #include "module.h"
 
 namespace weft::nn {
@@ -69,6 +70,7 @@ class Dropout : public Module {
   std::string extra_repr() const override;
   using Module::forward;
   double p;
+  kernels::RandomBlock block;  // its input as a part of a whole tensor (tp: a split one), drawing the whole's masks
 };
 
 class ReLU : public Module {

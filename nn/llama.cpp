@@ -58,7 +58,7 @@ Tensor LlamaAttention::forward(const Tensor& x) {
   const std::array<Tensor, 3> qkv = heads(x);
   const Tensor &q = qkv[0], &k = qkv[1], &v = qkv[2];  // not a structured binding: a lambda reads them
   const AttentionOptions o{.causal = true, .dropout_p = dropout_p, .training = is_training(),
-                           .rope = {.theta = rope_theta, .scaling = rope_scaling}};
+                           .rope = {.theta = rope_theta, .scaling = rope_scaling}, .dropout_block = dropout_block};
   Tensor y = documents_ ? attend_per_document(*documents_, 2, [&](int64_t b, int64_t begin, int64_t n) {
     auto part = [&](const Tensor& t) { return t.narrow(0, b, 1).narrow(2, begin, n); };
     return scaled_dot_product_attention(part(q), part(k), part(v), o);  // rotated from position 0

@@ -50,6 +50,7 @@ class LlamaAttention : public Module, public CachedAttention, public DocumentAtt
   std::string extra_repr() const override;
   int64_t n_head, n_kv_head, head_dim;
   double rope_theta, dropout_p;
+  kernels::RandomBlock dropout_block;  // its probabilities' place among a whole model's (tp: this rank's heads)
   kernels::RopeScaling rope_scaling;
   std::shared_ptr<Linear> q_proj, k_proj, v_proj, o_proj;
 

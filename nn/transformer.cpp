@@ -34,7 +34,7 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   // returns the heads concatenated as [B, T, d]; the [B, H, T, T] scores are never stored.
   const Tensor qkv = (*c_attn)(x);
   auto attend = [&](const Tensor& part) {
-    return scaled_dot_product_attention_qkv(part, n_head, /*causal=*/true, dropout_p, is_training());
+    return scaled_dot_product_attention_qkv(part, n_head, /*causal=*/true, dropout_p, is_training(), nullptr, dropout_block);
   };
   Tensor y = documents_ ? attend_per_document(*documents_, 1, [&](int64_t b, int64_t begin, int64_t n) {
     return attend(qkv.narrow(0, b, 1).narrow(1, begin, n));

@@ -47,6 +47,7 @@ class CausalSelfAttention : public Module, public CachedAttention, public Docume
   using Module::forward;
   int64_t d_model, n_head;
   double dropout_p;
+  kernels::RandomBlock dropout_block;  // its probabilities' place among a whole model's (tp: this rank's heads)
   std::shared_ptr<Linear> c_attn, c_proj;
 };
 

@@ -423,13 +423,19 @@ std::vector<Case> cases() {
                         }, 4.0});
         }
 
-  // ---- dropout: the CUDA mask is the CPU's (same counter-based hash of the seed)
+  // ---- dropout: the CUDA mask is the CPU's (same counter-based hash of the seed), of a whole
+  // tensor and of a block of one (the elements' indices in the whole)
   for (DType t : kFloats)
     cs.push_back({"dropout + backward", {{{9, 301}, t}, {{9, 301}, t}}, [](const auto& x) {
                     Generator g(5);
                     auto [y, mask] = dropout(x[0], 0.3, &g);
                     return std::vector<Tensor>{y, mask, dropout_backward(x[1], mask, 0.3)};
                   }});
+  cs.push_back({"dropout of a block", {{{3, 5, 41}, DType::f32}}, [](const auto& x) {
+                  Generator g(5);
+                  auto [y, mask] = dropout(x[0], 0.3, &g, {1, 3, 2});
+                  return std::vector<Tensor>{y, mask};
+                }});
 
   // ---- conv2d (im2col + GEMM on CUDA) and max pooling
   for (DType t : {DType::f32, DType::f64, DType::bf16}) {

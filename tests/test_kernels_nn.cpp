@@ -612,6 +612,27 @@ TEST_CASE("dropout is deterministic for a seed and keeps 1-p of the elements") {
   CHECK_THROWS_WITH(k::dropout(x, -0.1, &g1), Contains("dropout"));
 }
 
+TEST_CASE("dropout of a block of a whole tensor draws the whole's mask for its elements") {
+  // The whole [4, 6, 10]; each block along each dim (a negative dim counts from the end) from the
+  // same generator state gets the whole's mask there, and takes as many counters as the whole.
+  Tensor whole = ones({4, 6, 10});
+  Generator g(11);
+  const Tensor want = k::dropout(whole, 0.5, &g).second;
+  for (const auto& [dim, parts] : std::vector<std::pair<int64_t, int64_t>>{{0, 2}, {1, 3}, {-1, 5}, {2, 1}})
+    for (int64_t index = 0; index < parts; ++index) {
+      const int64_t n = whole.size(dim) / parts;
+      Generator h(11);
+      auto [y, mask] = k::dropout(whole.narrow(dim, index * n, n), 0.5, &h, {dim, parts, index});
+      INFO("block " << index << " of " << parts << " along dim " << dim);
+      CHECK(to_vector(mask) == to_vector(want.narrow(dim, index * n, n)));
+      CHECK(h.offset() == g.offset());
+    }
+  Tensor part = ones({4, 3, 10});
+  CHECK_THROWS_WITH(k::dropout(part, 0.5, &g, {1, 2, 2}), Contains("dropout: block 2 of 2 parts"));
+  CHECK_THROWS_WITH(k::dropout(part, 0.5, &g, {1, 0, 0}), Contains("dropout: block 0 of 0 parts"));
+  CHECK_THROWS_WITH(k::dropout(part, 0.5, &g, {3, 2, 0}), Contains("dropout (the block's dim)"));
+}
+
 // ---------------------------------------------------------------- convolution and pooling
 
 TEST_CASE("conv2d matches a naive loop") {

@@ -9,23 +9,15 @@
 #include <filesystem>
 #include <optional>
 
-#include "dist/dist.h"
-#include "fsdp_test_models.h"
 #include "shared_dir.h"
-#include "tp/tp.h"
-#include "weft.h"
+#include "tp_test_models.h"
 
 using namespace weft;
+using namespace weft::tp_test;
 using fsdp_test::check_close;
 using Catch::Contains;
 
 namespace {
-
-dist::ProcessGroupPtr group() { return dist::world(); }
-int P() { return dist::world_size(); }
-int R() { return dist::rank(); }
-
-std::vector<double> values(const Tensor& t) { return to_vector(t.contiguous()); }
 
 // This rank's `n / P` slice along `dim` of the unsplit tensor (P the group's size).
 Tensor my_slice(const Tensor& t, int64_t dim, const dist::ProcessGroup& g) {
@@ -37,24 +29,6 @@ Tensor my_slice(const Tensor& t, int64_t dim, const dist::ProcessGroup& g) {
 Tensor slice_like(const Tensor& whole, const Tensor& split, const dist::ProcessGroup& g) {
   if (whole.shape() == split.shape()) return whole;
   return my_slice(whole, whole.size(0) != split.size(0) ? 0 : 1, g);
-}
-
-nn::LlamaConfig small_llama() {
-  // Heads and key/value heads divide over 1, 2 and 4 ranks; grouped (2 query heads a key/value head).
-  return {.vocab_size = 32, .ctx = 12, .n_layer = 2, .n_head = 8, .n_kv_head = 4, .d_model = 32, .ffn_dim = 48};
-}
-
-template <class Model>
-std::shared_ptr<Model> seeded_llama(const nn::LlamaConfig& cfg, uint64_t seed) {
-  manual_seed(seed);
-  auto m = std::make_shared<Model>(cfg);
-  nn::init_llama(*m);
-  return m;
-}
-
-fsdp_test::Batch token_batch(int step) {
-  Generator g(300 + uint64_t(step));
-  return {(rand({4, 12}, {}, &g) * 32.0).to(kInt64), (rand({4, 12}, {}, &g) * 32.0).to(kInt64)};
 }
 
 // The split model's gradients against the unsplit one's, element by element: each split
@@ -170,12 +144,6 @@ TEST_CASE("colwise then rowwise: the unsplit pair's output and gradients") {
 }
 
 namespace {
-
-// The loss of a model whose logits are this rank's vocabulary columns.
-Tensor parallel_loss_of(nn::Module& m, const fsdp_test::Batch& b, const dist::ProcessGroupPtr& g = group()) {
-  Tensor logits = m(b.x);
-  return tp::vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}), b.y.reshape({-1}), g);
-}
 
 // `steps` AdamW steps of the unsplit model and of the split one on the same batches; the
 // losses compared at every step, the parameters after the last.

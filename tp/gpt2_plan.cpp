@@ -26,7 +26,8 @@ void parallelize_gpt2_blocks(nn::Module& root, const dist::ProcessGroupPtr& grou
   }
   WEFT_CHECK(!blocks.empty(), "tp: parallelize_gpt2_blocks: {} holds no GPT-2 block (nn::Block)", root.type_name());
   parallelize_module(root, group, plan);
-  for (nn::Block* b : blocks) b->attn->n_head /= group->size();
+  for (nn::Block* b : blocks)  // each attention: this rank's heads (its probabilities' dropout too)
+    b->attn->n_head /= group->size(), b->attn->dropout_block = {1, group->size(), group->rank()};
 }
 
 }  // namespace weft::tp

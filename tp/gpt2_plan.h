@@ -5,7 +5,7 @@
 // copy_to_parallel once. The rowwise projections' biases are added once (by rank 0's partial
 // output) and their gradients summed. The embeddings, the norms and the tied head stay whole:
 // GPT-2's 50,257-token vocabulary divides by no P > 1. A block's attention then reads n_head / P
-// heads; the KV-cache path (sampling) is not split.
+// heads (their dropout draws the whole's masks for them); the KV-cache path is not split.
 #pragma once
 #include "../dist/process_group.h"
 #include "../nn/module.h"

@@ -62,6 +62,7 @@ void parallelize_llama(nn::Llama& model, const dist::ProcessGroupPtr& group, con
   for (const auto& block : model.blocks) {
     block->self_attn->n_head /= P;
     block->self_attn->n_kv_head /= P;
+    block->self_attn->dropout_block = {.dim = 1, .parts = P, .index = group->rank()};  // its probabilities: this rank's heads
   }
 }
 

@@ -9,8 +9,8 @@
 // The embedding, the norms and the head stay whole on every rank (unless loss_parallel): their
 // inputs and the gradients reaching them are equal on every rank, so are their gradients.
 // Qwen3's head norms apply to this rank's heads: their gradients are summed over the group
-// (sum_gradients). Attention dropout draws each rank's heads' masks from that rank's
-// generator: a run with dropout is not the 1-rank run's.
+// (sum_gradients). Attention dropout draws, for this rank's heads, the masks of the whole
+// probabilities (each attention's dropout_block): a run with dropout is the 1-rank run's.
 #pragma once
 #include "../dist/process_group.h"
 #include "../nn/llama.h"

@@ -133,6 +133,7 @@ void split_weights(nn::Module& m, const Style& style, const dist::ProcessGroupPt
     a.weight = slice_of(a.weight, 1, group);
     a.in_features /= P;
     sum_gradients(*l.low_rank->b, group);
+    if (auto* d = dynamic_cast<nn::Dropout*>(l.low_rank->dropout.get())) d->block = {-1, P, group->rank()};  // x's columns
   }
 }
 

@@ -1,17 +1,11 @@
-// kernels/cpu: dropout. The keep decision for element i is a hash of (seed, i) — the
-// splitmix64 output for counter i/2, one 32-bit half per element — so the mask is the same
-// for a seed whatever the thread count, and threads need no shared generator state.
+// kernels/cpu: dropout. Element i's keep decision is dropout_keep of its index in the whole
+// tensor (kernels/dropout_mask.h): a hash of (seed, index), so the mask is the same for a seed
+// whatever the thread count, and threads need no shared generator state.
 #include "core/dispatch.h"
 #include "kernels/cpu/nn.h"
 
 namespace weft::kernels::cpu {
 namespace {
-
-inline uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
 
 // out = in * mask / (1 - p): the kept elements scaled, the others 0 (the forward and the backward alike).
 void apply_mask(const Tensor& in, const Tensor& mask, double p, const Tensor& out, const char* op) {
@@ -29,17 +23,12 @@ void apply_mask(const Tensor& in, const Tensor& mask, double p, const Tensor& ou
 
 }  // namespace
 
-void dropout(const Tensor& x, double p, uint64_t seed, const Tensor& y, const Tensor& mask) {
-  int64_t n = x.numel();
-  // Keep when the 32-bit draw is >= p * 2^32, so P(keep) = 1 - p up to 2^-32.
-  uint64_t threshold = uint64_t(p * 4294967296.0);
+void dropout(const Tensor& x, double p, uint64_t seed, const DropoutIndex& at, const Tensor& y, const Tensor& mask) {
+  const int64_t n = x.numel();
+  const uint64_t threshold = uint64_t(p * 4294967296.0);  // P(keep) = 1 - p up to 2^-32
   bool* pm = mask.data<bool>();
 #pragma omp parallel for schedule(static) if (n > kParallelGrain)
-  for (int64_t i = 0; i < n; i += 2) {
-    uint64_t h = mix64(seed + uint64_t(i / 2 + 1) * 0x9e3779b97f4a7c15ull);
-    pm[i] = (h & 0xffffffffull) >= threshold;
-    if (i + 1 < n) pm[i + 1] = (h >> 32) >= threshold;
-  }
+  for (int64_t i = 0; i < n; ++i) pm[i] = dropout_keep(seed, threshold, at.whole(i));
   apply_mask(x, mask, p, y, "dropout");
 }
 

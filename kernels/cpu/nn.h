@@ -8,6 +8,7 @@
 
 #include "core/tensor.h"
 #include "kernels/cpu/elementwise.h"  // kParallelGrain
+#include "kernels/dropout_mask.h"
 #include "kernels/nn.h"
 #include "kernels/optim.h"
 
@@ -72,7 +73,7 @@ void cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, const
 void cat(const std::vector<Tensor>& xs, int64_t dim, const Tensor& out);
 
 // x, y contiguous; mask bool. The mask depends only on `seed` and the element position.
-void dropout(const Tensor& x, double p, uint64_t seed, const Tensor& y, const Tensor& mask);
+void dropout(const Tensor& x, double p, uint64_t seed, const DropoutIndex& at, const Tensor& y, const Tensor& mask);
 void dropout_backward(const Tensor& grad, const Tensor& mask, double p, const Tensor& dx);
 
 // NCHW, everything contiguous; bias may be undefined. 16-bit types are computed in f32 by the caller.

@@ -3,7 +3,8 @@
 # (dp, tp) = (1, 2), (2, 2) and (1, 4) logs the single-process training and validation losses
 # (1e-5 relative, every step), with sequence and loss parallel; a tied head, activation
 # checkpointing (full, and selective at (2, 2)), GPT-2's blocks, and the Hugging Face fixtures
-# of every family (--init-from) likewise; bf16 mixed precision within 2 %; a run stopped at (2, 2) resumes at (4, 1), (1, 2) and
+# of every family (--init-from) likewise, --dropout and --lora-dropout too (each rank draws the
+# 1-process run's masks for its part); bf16 mixed precision within 2 %; a run stopped at (2, 2) resumes at (4, 1), (1, 2) and
 # in one process, each ending at the uninterrupted run's losses and evaluation, and its checkpoint
 # verifies, consolidates and exports; the memory plan of a split run is within 5 % of its peak;
 # what --tp cannot run is named.
@@ -59,16 +60,32 @@ train_same 2 2 gpt2 --n-layer 2 --n-head 4 --d-model 32 --ctx 32 --batch-size 8 
 grep -q "22176 parameters on rank 0" "$tmp/gpt2.err" &&
   grep -q "tensor parallel: 2 ranks per group x 1 data-parallel group(s)$" "$tmp/gpt2.err" ||
   fail "GPT-2's layout: $(cat "$tmp/gpt2.err")"
-# LoRA: the adapters split with their layers (B's rows colwise, A's columns rowwise); a run
-# stopped at (1, 2) resumes in one process, ending at the uninterrupted 1-process run's loss.
-lora=(--init-from "$data/llama" --ctx 32 --batch-size 4 --steps 6 --warmup 1 --lr 1e-2 --seed 0 --threads 1 --eval-every 3
-      --eval-iters 2 --log-every 1 --lora-rank 4 --lora-dropout 0)
-train_same 2 2 lora "${lora[@]}"
-run 2 --fsdp --tp 2 "${lora[@]}" --stop-after 3 --checkpoint-dir "$tmp/ck_lora" >/dev/null 2>"$tmp/err" ||
+# Dropout on the embeddings and the residual branches (whole on every rank) and on each rank's heads.
+train_same 2 2 gpt2_dropout --n-layer 2 --n-head 4 --d-model 32 --ctx 32 --batch-size 8 --steps 12 --lr 3e-3 --seed 0 \
+  --threads 1 --eval-every 6 --eval-iters 2 --log-every 1 --dropout 0.1
+# LoRA: the adapters split with their layers (B's rows colwise, A's columns rowwise). Dropout: each
+# rank draws, for its heads of the attention probabilities (--dropout) and its columns of a rowwise
+# adapter's input (--lora-dropout), what one process draws there, so the losses are the 1-process
+# run's. A run with both stopped at (1, 2) resumes in one process and at (1, 2), each ending at its
+# uninterrupted run's loss.
+hf=(--init-from "$data/llama" --ctx 32 --batch-size 4 --steps 6 --warmup 1 --lr 1e-2 --seed 0 --threads 1 --eval-every 3
+    --eval-iters 2 --log-every 1)
+train_same 2 2 lora "${hf[@]}" --lora-rank 4 --lora-dropout 0
+train_same 2 2 lora_dropout "${hf[@]}" --lora-rank 4 --lora-dropout 0.1
+differs "$(loss_at "$tmp/lora_dropout.one.jsonl" 3)" "$(loss_at "$tmp/lora.one.jsonl" 3)" 1e-4 "--lora-dropout 0.1: step-3 loss"
+train_same 2 2 dropout "${hf[@]}" --dropout 0.1
+drop=("${hf[@]}" --dropout 0.1 --lora-rank 4 --lora-dropout 0.1)
+train_same 2 2 drop "${drop[@]}"
+run 2 --fsdp --tp 2 "${drop[@]}" --stop-after 3 --checkpoint-dir "$tmp/ck_lora" >/dev/null 2>"$tmp/err" ||
   fail "LoRA at --tp 2 with --checkpoint-dir: $(cat "$tmp/err")"
-"$exe" train "${lora[@]}" --resume "$tmp/ck_lora" --metrics "$tmp/lora.r.jsonl" >/dev/null 2>"$tmp/err" ||
+"$exe" train "${drop[@]}" --resume "$tmp/ck_lora" --metrics "$tmp/drop.r1.jsonl" >/dev/null 2>"$tmp/err" ||
   fail "resuming the --tp 2 LoRA checkpoint in one process: $(cat "$tmp/err")"
-within "$(loss_at "$tmp/lora.r.jsonl" 6)" "$(loss_at "$tmp/lora.one.jsonl" 6)" 1e-5 0 "LoRA resumed from (1, 2): step-6 loss"
+within "$(loss_at "$tmp/drop.r1.jsonl" 6)" "$(loss_at "$tmp/drop.one.jsonl" 6)" 1e-5 0 \
+  "LoRA with dropout resumed from (1, 2) in one process: step-6 loss"
+run 2 --fsdp --tp 2 "${drop[@]}" --resume "$tmp/ck_lora" --metrics "$tmp/drop.r2.jsonl" >/dev/null 2>"$tmp/err" ||
+  fail "resuming the --tp 2 LoRA checkpoint at --tp 2: $(cat "$tmp/err")"
+within "$(loss_at "$tmp/drop.r2.jsonl" 6)" "$(loss_at "$tmp/drop.2.jsonl" 6)" 0 0 \
+  "LoRA with dropout resumed from (1, 2) at (1, 2): step-6 loss"
 for m in llama3 mistral qwen2 qwen3; do
   train_same 2 2 "$m" --init-from "$data/$m" --ctx 32 --batch-size 4 --steps 4 --warmup 1 --lr 1e-3 --seed 0 \
     --threads 1 --eval-every 2 --eval-iters 2 --log-every 1
