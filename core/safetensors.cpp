@@ -155,9 +155,19 @@ Header read_header(InFile& in) {
   std::string text(n, '\0');
   in.read(text.data(), n, "the header");
 
+  // nlohmann keeps the last of two equal keys, so a tensor named twice would hide the other: refused.
+  std::vector<std::pair<std::string, std::set<std::string>>> open;  // objects being parsed: name, keys so far
+  std::string key = "the header";
+  auto unique_keys = [&](int, Json::parse_event_t event, Json& parsed) {
+    if (event == Json::parse_event_t::object_start) open.push_back({open.empty() ? key : "'" + key + "'", {}});
+    if (event == Json::parse_event_t::object_end) open.pop_back();
+    WEFT_CHECK(event != Json::parse_event_t::key || open.back().second.insert(key = parsed.get<std::string>()).second,
+               "safetensors: '{}': {} has key '{}' twice; keys must be unique", path, open.back().first, key);
+    return true;
+  };
   Json j;
   try {
-    j = Json::parse(text);
+    j = Json::parse(text, unique_keys);
   } catch (const Json::exception& e) {
     WEFT_ERROR("safetensors: '{}': header is not valid JSON: {}", path, e.what());
   }

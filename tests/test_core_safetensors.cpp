@@ -414,6 +414,13 @@ TEST_CASE("safetensors: corrupt files give errors naming the file and the proble
               "past the end of the data section (5 bytes; is the file truncated?)");
     check_bad(make_file("{}", "x"), "1 trailing bytes");
   }
+  SECTION("a key given twice (a JSON parser keeps one of them)") {
+    const std::string a = "\"a\":{" + f32x2 + R"(,"data_offsets":[0,8]})";
+    check_bad(make_file("{" + a + "," + a + "}", eight), "the header has key 'a' twice");
+    check_bad(make_file(R"({"a":{"dtype":"I32","dtype":"F32","shape":[2],"data_offsets":[0,8]}})", eight),
+              "'a' has key 'dtype' twice");
+    check_bad(make_file(R"({"__metadata__":{"k":"1","k":"2"}})"), "'__metadata__' has key 'k' twice");
+  }
   SECTION("bad metadata") {
     check_bad(make_file(R"({"__metadata__":{"k":1}})"), "__metadata__ entry 'k' is 1, not a string");
     check_bad(make_file(R"({"__metadata__":[]})"), "__metadata__ is a JSON array");
