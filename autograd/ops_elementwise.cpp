@@ -241,8 +241,8 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
   Tensor out = k::masked_fill(x, mask, value);
   if (needs_grad({&x})) {
-    record("MaskedFillBackward", {x}, {out}, [mask = mask.detach()](const TensorList& g) -> TensorList {
-      return {k::masked_fill(g[0], mask, 0.0)};
+    record("MaskedFillBackward", {x}, {out}, [mask = mask.detach(), ix = InputInfo(x)](const TensorList& g) -> TensorList {
+      return {ix.reduce(k::masked_fill(g[0], mask, 0.0))};  // summed over the dims a larger mask broadcast x along
     });
   }
   return out;

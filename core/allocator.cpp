@@ -111,14 +111,7 @@ class CpuAllocator final : public Allocator {
     cached_bytes_ = 0;
   }
   MemoryStats stats() const override {
-    MemoryStats s;
-    s.live_bytes = live_.load();
-    s.reserved_bytes = reserved_.load();
-    s.peak_bytes = peak_.load();
-    s.total_allocated_bytes = total_.load();
-    s.num_allocs = allocs_.load();
-    s.num_frees = frees_.load();
-    return s;
+    return {live_.load(), peak_.load(), reserved_.load(), total_.load(), allocs_.load(), frees_.load()};
   }
   void reset_peak() override { peak_.store(live_.load()); }
   bool caching() const { return cache_limit_ > 0; }
@@ -194,13 +187,8 @@ class MetaAllocator final : public Allocator {
     frees_.fetch_add(1);
   }
   MemoryStats stats() const override {
-    MemoryStats s;
-    s.live_bytes = s.reserved_bytes = live_.load();
-    s.peak_bytes = peak_.load();
-    s.total_allocated_bytes = total_.load();
-    s.num_allocs = allocs_.load();
-    s.num_frees = frees_.load();
-    return s;
+    const int64_t live = live_.load();  // reserved: the same
+    return {live, peak_.load(), live, total_.load(), allocs_.load(), frees_.load()};
   }
   void reset_peak() override { peak_.store(live_.load()); }
 

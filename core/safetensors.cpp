@@ -155,9 +155,19 @@ Header read_header(InFile& in) {
   std::string text(n, '\0');
   in.read(text.data(), n, "the header");
 
+  // nlohmann keeps the last of two equal keys, so a tensor named twice would hide the other: refused.
+  std::vector<std::pair<std::string, std::set<std::string>>> open;  // objects being parsed: name, keys so far
+  std::string key = "the header";
+  auto unique_keys = [&](int, Json::parse_event_t event, Json& parsed) {
+    if (event == Json::parse_event_t::object_start) open.push_back({open.empty() ? key : "'" + key + "'", {}});
+    if (event == Json::parse_event_t::object_end) open.pop_back();
+    WEFT_CHECK(event != Json::parse_event_t::key || open.back().second.insert(key = parsed.get<std::string>()).second,
+               "safetensors: '{}': {} has key '{}' twice; keys must be unique", path, open.back().first, key);
+    return true;
+  };
   Json j;
   try {
-    j = Json::parse(text);
+    j = Json::parse(text, unique_keys);
   } catch (const Json::exception& e) {
     WEFT_ERROR("safetensors: '{}': header is not valid JSON: {}", path, e.what());
   }
@@ -305,8 +315,14 @@ struct SafetensorsReader::Impl {
   std::map<std::string, size_t> by_name;
   bool refuse_nonfinite;
 
-  // `piece` holds elements [first, first + numel) (flat) of tensor `name`, as just read.
-  void check_finite(const Tensor& piece, const std::string& name, int64_t first) const {
+  // `piece` holds elements [first, first + numel) (flat) of tensor `name`, as just read: a bool must be
+  // 0 or 1 (another byte in a C++ bool is undefined behaviour); NaN and infinity only when refused.
+  void check_values(const Tensor& piece, const std::string& name, int64_t first) const {
+    if (const auto* p = piece.dtype() == DType::bool_ ? static_cast<const uint8_t*>(piece.data_ptr()) : nullptr) {
+      const int64_t bad = std::find_if(p, p + piece.numel(), [](uint8_t b) { return b > 1; }) - p;
+      WEFT_CHECK(bad == piece.numel(), "safetensors: '{}': bool tensor '{}' holds byte {} at index {}, not 0 or 1 "
+                 "(refused)", in.path(), name, p[bad], first + bad);
+    }
     if (!refuse_nonfinite) return;
     if (auto bad = find_nonfinite(piece))
       WEFT_ERROR("safetensors: '{}': tensor '{}' holds {} (not finite: refused)", in.path(), name,
@@ -332,10 +348,6 @@ Tensor SafetensorsReader::read(const std::string& name) {
   WEFT_CHECK(e != nullptr, "safetensors: '{}' has no tensor '{}'", path(), name);
   Tensor t = empty(e->shape, {.dtype = e->dtype, .device = kCPU});
   read_rows_into(name, 0, e->shape.empty() ? 1 : e->shape[0], t);
-  if (e->dtype == DType::bool_) {  // any byte other than 0 or 1 in a C++ bool is undefined behaviour: make it 1
-    auto* p = static_cast<uint8_t*>(t.data_ptr());
-    for (int64_t i = 0; i < t.numel(); ++i) p[i] = p[i] != 0;
-  }
   return t;
 }
 
@@ -347,7 +359,6 @@ Tensor SafetensorsReader::read_slice(const std::string& name, int64_t dim, int64
   WEFT_CHECK(dim >= 0 && dim < nd && offset >= 0 && length >= 0 && length <= e.shape[size_t(dim)] - offset,
              "safetensors: '{}': cannot read {} from {} of dim {} of tensor '{}' shaped {}", path(), length, offset,
              dim, name, shape_str(e.shape));
-  WEFT_CHECK(e.dtype != DType::bool_, "safetensors: '{}': slices of bool tensor '{}' are not supported", path(), name);
   Shape out_shape = e.shape;
   out_shape[size_t(dim)] = length;
   Tensor t = empty(out_shape, {.dtype = e.dtype, .device = kCPU});
@@ -362,7 +373,7 @@ Tensor SafetensorsReader::read_slice(const std::string& name, int64_t dim, int64
   for (int64_t o = 0; o < outer; ++o) {
     impl_->in.seek(data_start + uint64_t(o * row + offset * inner));
     impl_->in.read(dst + o * piece, uint64_t(piece), fmt::format("tensor '{}'", e.name));
-    impl_->check_finite(t.view({-1}).narrow(0, o * piece_numel, piece_numel), e.name, (o * row + offset * inner) / elt);
+    impl_->check_values(t.view({-1}).narrow(0, o * piece_numel, piece_numel), e.name, (o * row + offset * inner) / elt);
   }
   return t;
 }
@@ -386,7 +397,8 @@ void SafetensorsReader::read_rows_into(const std::string& name, int64_t offset, 
   impl_->in.seek(impl_->in.size() - impl_->header.data_size + e.begin + uint64_t(offset) * row_bytes);
   const std::string what = fmt::format("tensor '{}'", e.name);
   const bool convert = dst.dtype() != e.dtype;
-  if (!convert && !impl_->refuse_nonfinite) return impl_->in.read(dst.data_ptr(), uint64_t(length) * row_bytes, what);
+  if (!convert && !impl_->refuse_nonfinite && e.dtype != DType::bool_)
+    return impl_->in.read(dst.data_ptr(), uint64_t(length) * row_bytes, what);
   // In pieces: each one checked (and converted) while in cache.
   const int64_t chunk = std::max<int64_t>(1, buffer_bytes / int64_t(row_bytes));  // rows per piece
   Tensor buf = convert ? empty({rows_buffer_bytes(name, length, dst.dtype(), buffer_bytes) / int64_t(dtype_size(e.dtype))},
@@ -397,7 +409,7 @@ void SafetensorsReader::read_rows_into(const std::string& name, int64_t offset, 
     Tensor piece = flat.narrow(0, r * row_numel, n * row_numel);
     Tensor raw = convert ? buf.narrow(0, 0, n * row_numel) : piece;
     impl_->in.read(raw.data_ptr(), uint64_t(n) * row_bytes, what);
-    impl_->check_finite(raw, e.name, (offset + r) * row_numel);
+    impl_->check_values(raw, e.name, (offset + r) * row_numel);
     if (convert) piece.copy_(raw);
   }
 }

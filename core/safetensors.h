@@ -27,7 +27,7 @@ struct SafetensorsContents {
   NamedTensors tensors;  // CPU, contiguous, in the order of their data in the file
   Metadata metadata;
 };
-// Reads and validates the whole file; any malformed input is a weft::Error naming the file.
+// Reads and validates the whole file (BOOL bytes must be 0 or 1); bad input is a weft::Error naming the file.
 SafetensorsContents load_safetensors(const std::string& path);
 
 // Header only (the data is not read, but its extent is still validated).

@@ -172,10 +172,7 @@ void launch_reduce(ReduceOp op, const void* x, DType x_dtype, void* out, DType o
         bool mean = op == ReduceOp::mean;
         if constexpr (kFloat) {
           run_reduce<T, T>(x, out, outer, reduced, inner, inner_reduced, SumR<T, T>{mean ? scale : 1.0, 0}, stream);
-        } else if (mean) {
-          if (out_dtype != DType::f32) WEFT_CUDA_FAIL("cuda mean: integer input needs an f32 output");
-          run_reduce<T, float>(x, out, outer, reduced, inner, inner_reduced, SumR<T, float>{scale, 0}, stream);
-        } else {
+        } else {  // the sum; the front end refuses the mean of integers
           if (out_dtype != DType::i64) WEFT_CUDA_FAIL("cuda sum: integer input needs an i64 output");
           run_reduce<T, int64_t>(x, out, outer, reduced, inner, inner_reduced, SumR<T, int64_t>{1.0, 0}, stream);
         }

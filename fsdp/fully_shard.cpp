@@ -20,7 +20,7 @@ namespace {
 
 using NamedModules = std::vector<std::pair<std::string, nn::Module*>>;
 
-const AttachmentKey<std::string> shard_of{};  // on each shard: the fully_shard call that made it
+using nn::shard_of;  // on each shard: the fully_shard call that made it (nn/module.h)
 
 // Checks the modules (non-null, not yet sharded, disjoint) and dtypes; returns the group's members.
 std::vector<nn::Module*> check_arguments(const std::vector<nn::ModulePtr>& modules, const FullyShardOptions& opts) {

@@ -264,13 +264,11 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
              "masked_fill: mask must be bool (or u8), got {}", tensor_desc(mask));
   check_same_device("masked_fill", x, mask);
   WEFT_CHECK(scalar_fits(value, x.dtype()), "masked_fill: {} cannot hold {}", tensor_desc(x), value);
-  WEFT_CHECK(broadcast_shapes(x.shape(), mask.shape(), "masked_fill") == x.shape(),
-             "masked_fill: mask {} cannot be broadcast to the input's shape {}", tensor_desc(mask),
-             shape_str(x.shape()));
+  // x and mask broadcast together, as torch.masked_fill (x [3] with a mask [2, 3] gives [2, 3]).
+  const Shape shape = broadcast_shapes(x.shape(), mask.shape(), "masked_fill");
   const KernelBackend& backend = kernel_backend(x.device(), "masked_fill");
-  Tensor out = empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});
-  Tensor m = operand(mask, mask.dtype(), x.shape());
-  backend.masked_fill(out, x, m, value);
+  Tensor out = empty(shape, {.dtype = x.dtype(), .device = x.device()});
+  backend.masked_fill(out, operand(x, x.dtype(), shape), operand(mask, mask.dtype(), shape), value);
   return out;
 }
 

@@ -141,9 +141,10 @@ Tensor reduce(ReduceOp op, const Tensor& x, const Shape& dims, bool keepdim) {
   if (op == ReduceOp::sum_squares) {
     WEFT_CHECK(is_floating(dt), "sum_squares: {} is not a floating-point tensor", tensor_desc(x));
     dt = DType::f64;
-  } else if (!is_floating(dt)) {
+  } else if (!is_floating(dt)) {  // as torch.mean: no output dtype to infer from an integer or bool input
+    WEFT_CHECK(op != ReduceOp::mean, "mean: {} is not a floating tensor (f32, f64, bf16, f16); convert it first "
+               "(x.to(kFloat32))", tensor_desc(x));
     if (op == ReduceOp::sum || op == ReduceOp::prod) dt = DType::i64;
-    else if (op == ReduceOp::mean) dt = DType::f32;
   }
   int64_t n = reduced_numel_of(x, nd);
   Shape shape = reduced_shape(x.shape(), nd, keepdim);

@@ -3,8 +3,8 @@
 namespace weft::nn {
 
 Tensor mse_loss(const Tensor& input, const Tensor& target, std::string_view reduction) {
-  WEFT_CHECK(input.shape() == target.shape(), "mse_loss: input {} and target {} must have the same shape",
-             tensor_desc(input), tensor_desc(target));
+  WEFT_CHECK(input.shape() == target.shape() && is_floating(input.dtype()) && is_floating(target.dtype()), "mse_loss: "
+             "input {} and target {} must be floating tensors of one shape", tensor_desc(input), tensor_desc(target));
   Tensor sq = square(input - target);
   if (reduction == "mean") return mean(sq);
   if (reduction == "sum") return sum(sq);

@@ -2,6 +2,7 @@
 
 #include "nn/activation_checkpoint.h"
 
+#include <algorithm>
 #include <ostream>
 #include <sstream>
 #include <unordered_map>
@@ -57,11 +58,7 @@ Tensor Module::operator()(const Tensor& input) {
 void Module::check_new_name(const std::string& name, const char* what) const {
   WEFT_CHECK(!name.empty() && name.find('.') == std::string::npos,
              "{}: {} name \"{}\" must be non-empty and contain no '.'", type_name_, what, name);
-  auto taken = [&](const auto& list) {
-    for (auto& [n, _] : list)
-      if (n == name) return true;
-    return false;
-  };
+  auto taken = [&](const auto& list) { return std::ranges::any_of(list, [&](auto& e) { return e.first == name; }); };
   WEFT_CHECK(!taken(params_) && !taken(buffers_) && !taken(children_),
              "{}: name \"{}\" is already registered", type_name_, name);
 }
@@ -111,17 +108,15 @@ void Module::collect(const std::string& prefix, bool recurse, bool buffers, Name
 }
 
 // A tensor registered twice (tied weights, a shared module's buffer) once, under its first name.
-static NamedTensorList first_of_each(NamedTensorList all) {
+NamedTensorList Module::first_of_each(bool recurse, bool buffers) const {
+  NamedTensorList all;
+  collect("", recurse, buffers, all);
   std::unordered_set<TensorImpl*> seen;
   std::erase_if(all, [&](const auto& e) { return !seen.insert(e.second.impl()).second; });
   return all;
 }
 
-NamedTensorList Module::named_parameters(bool recurse) const {
-  NamedTensorList out;
-  collect("", recurse, false, out);
-  return first_of_each(std::move(out));
-}
+NamedTensorList Module::named_parameters(bool recurse) const { return first_of_each(recurse, false); }
 
 std::vector<Tensor> Module::parameters(bool recurse) const {
   std::vector<Tensor> out;
@@ -129,11 +124,7 @@ std::vector<Tensor> Module::parameters(bool recurse) const {
   return out;
 }
 
-NamedTensorList Module::named_buffers(bool recurse) const {
-  NamedTensorList out;
-  collect("", recurse, true, out);
-  return first_of_each(std::move(out));
-}
+NamedTensorList Module::named_buffers(bool recurse) const { return first_of_each(recurse, true); }
 
 std::vector<std::pair<std::string, ModulePtr>> Module::named_children() const { return children_; }
 
@@ -250,14 +241,23 @@ void Module::convert(const std::function<Tensor(const Tensor&)>& fn) {
   for (auto& [n, child] : children_) child->convert(fn);
 }
 
+const AttachmentKey<std::string> shard_of{};
+static void check_shards_kept(const Module& m, const std::string& to, const auto& changes) {
+  for (auto& [n, t] : m.named_parameters())
+    if (const std::string* by = t.impl()->autograd ? t.impl()->autograd->attached(shard_of) : nullptr; by && changes(t))
+      WEFT_ERROR("{}.to({}): parameter '{}' is a shard made by fsdp::fully_shard on {}: its group's buffers hold it "
+                 "and a conversion would leave them behind; convert before fully_shard", m.type_name(), to, n, *by);
+}
+
 Module& Module::to(DType dtype) {
-  WEFT_CHECK(is_floating(dtype), "{}.to: modules convert to floating dtypes only, got {}", type_name_,
-             dtype_name(dtype));
+  WEFT_CHECK(is_floating(dtype), "{}.to: modules take floating dtypes only, got {}", type_name_, dtype_name(dtype));
+  check_shards_kept(*this, std::string(dtype_name(dtype)), [dtype](const Tensor& t) { return t.dtype() != dtype; });
   convert([dtype](const Tensor& t) { return t.to(dtype).contiguous(); });
   return *this;
 }
 
 Module& Module::to(Device device) {
+  check_shards_kept(*this, device.str(), [device](const Tensor& t) { return t.device() != device; });
   convert([device](const Tensor& t) { return t.to(device); });
   return *this;
 }
@@ -304,15 +304,10 @@ std::string Module::str() const {
   if (children_.empty()) return head + ")";
   std::ostringstream os;
   os << head << "\n";
-  for (auto& [n, child] : children_) {
+  for (auto& [n, child] : children_) {  // each child's lines indented by two spaces
     std::string sub = child->str();
-    // Indent the child's lines by two spaces.
-    std::string indented;
-    for (char c : sub) {
-      indented += c;
-      if (c == '\n') indented += "  ";
-    }
-    os << "  (" << n << "): " << indented << "\n";
+    for (size_t i = sub.find('\n'); i != std::string::npos; i = sub.find('\n', i + 1)) sub.insert(i + 1, "  ");
+    os << "  (" << n << "): " << sub << "\n";
   }
   os << ")";
   return os.str();

@@ -16,7 +16,7 @@
 
 #include "../autograd/node.h"
 #include "activation_checkpoint.h"
-#include "../core/tensor.h"
+#include "../core/autograd_meta.h"  // and tensor.h
 
 namespace weft::nn {
 
@@ -28,6 +28,9 @@ using NamedTensorList = std::vector<std::pair<std::string, Tensor>>;
 void check_state_entries(const NamedTensorList& state, const std::string& what);
 
 class Module;
+
+// On a parameter a layer above keeps in storage of its own (fsdp's shards): what made it. Module::to won't convert it.
+extern const AttachmentKey<std::string> shard_of;
 
 // An object a layer above nn attaches to a module (fsdp's per-module state): owned by the
 // module and destroyed with it, so nothing outside keys state by a module's address.
@@ -155,6 +158,7 @@ class Module : public std::enable_shared_from_this<Module> {
   // Throws naming the first direct parameter or buffer on the meta device.
   void check_not_meta(const char* what) const;
   void collect(const std::string& prefix, bool recurse, bool buffers, NamedTensorList& out) const;
+  NamedTensorList first_of_each(bool recurse, bool buffers) const;  // collect()'s, each tensor once
   void convert(const std::function<Tensor(const Tensor&)>& fn);
   std::string type_name_;
   std::string memory_owner_;  // names the memory its forward allocates in out-of-memory reports

@@ -82,6 +82,15 @@ TEST_CASE("gradcheck: where and masked_fill") {
   Tensor cond = from_vector({1, 0, 0, 1}, {4}).to(kBool);
   expect_ok([&](const TensorList& x) { return where(cond, x[0], x[1]); }, {a, b});
   expect_ok([&](const TensorList& x) { return masked_fill(x[0], cond, -5.0); }, {a});
+  // A mask larger than the input broadcasts both (torch.masked_fill): b's gradient sums over the new dim.
+  Tensor wide = from_vector({1, 0, 0, 1, 0, 1, 1, 0, 1, 1, 0, 0}, {3, 4}).to(kBool);
+  expect_ok([&](const TensorList& x) { return masked_fill(x[0], wide, -5.0); }, {b});
+  Tensor v = from_vector({1, 2, 3}, {3}).set_requires_grad();
+  Tensor y = masked_fill(v, from_vector({1, 0, 0, 0, 1, 0}, {2, 3}).to(kBool), -5.0);
+  CHECK(y.shape() == Shape{2, 3});
+  CHECK(to_vector(y) == std::vector<double>{-5, 2, 3, 1, -5, 3});
+  y.backward(arange(0, 6).view({2, 3}));
+  CHECK(to_vector(v.grad()) == std::vector<double>{3, 1, 7});  // torch's
 }
 
 TEST_CASE("gradcheck: reductions") {

@@ -316,11 +316,11 @@ TEST_CASE("safetensors: files written by hand load; tensors come in data order")
   TempDir tmp;
   std::string path = tmp.file("hand.safetensors");
   // Header order differs from data order; extra keys in an entry are ignored; padding after
-  // the JSON is whitespace; bool bytes other than 0/1 read as true.
+  // the JSON is whitespace.
   std::string header = R"({"b":{"dtype":"BOOL","shape":[3],"data_offsets":[4,7],"x":1},)"
                        R"("a":{"dtype":"I32","shape":[],"data_offsets":[0,4]},)"
                        R"("__metadata__":{"m":"1"}}   )";
-  write_bytes(path, make_file(header, std::string("\x07\x00\x00\x00" "\x00\x02\x01", 7)));
+  write_bytes(path, make_file(header, std::string("\x07\x00\x00\x00" "\x00\x01\x01", 7)));
   auto c = load_safetensors(path);
   REQUIRE(c.tensors.size() == 2);
   CHECK(c.tensors[0].first == "a");
@@ -414,10 +414,37 @@ TEST_CASE("safetensors: corrupt files give errors naming the file and the proble
               "past the end of the data section (5 bytes; is the file truncated?)");
     check_bad(make_file("{}", "x"), "1 trailing bytes");
   }
+  SECTION("a key given twice (a JSON parser keeps one of them)") {
+    const std::string a = "\"a\":{" + f32x2 + R"(,"data_offsets":[0,8]})";
+    check_bad(make_file("{" + a + "," + a + "}", eight), "the header has key 'a' twice");
+    check_bad(make_file(R"({"a":{"dtype":"I32","dtype":"F32","shape":[2],"data_offsets":[0,8]}})", eight),
+              "'a' has key 'dtype' twice");
+    check_bad(make_file(R"({"__metadata__":{"k":"1","k":"2"}})"), "'__metadata__' has key 'k' twice");
+  }
   SECTION("bad metadata") {
     check_bad(make_file(R"({"__metadata__":{"k":1}})"), "__metadata__ entry 'k' is 1, not a string");
     check_bad(make_file(R"({"__metadata__":[]})"), "__metadata__ is a JSON array");
   }
+}
+
+// A C++ bool holding another byte than 0 or 1 is undefined behaviour: such a file is refused,
+// naming the first bad byte, however the tensor is read.
+TEST_CASE("safetensors: a BOOL tensor with a byte other than 0 or 1 is refused") {
+  TempDir tmp;
+  std::string path = tmp.file("bool.safetensors");
+  write_bytes(path, make_file(R"({"b":{"dtype":"BOOL","shape":[5],"data_offsets":[0,5]}})",
+                              std::string("\x01\x00\x01\x05\x02", 5)));
+  const std::string third = "bool tensor 'b' holds byte 5 at index 3";
+  CHECK_THROWS_WITH(load_safetensors(path), Contains(path) && Contains(third));
+  SafetensorsReader reader(path, /*refuse_nonfinite=*/true);
+  CHECK_THROWS_WITH(reader.read("b"), Contains(path) && Contains(third));
+  Tensor rows = empty({2}, {.dtype = kBool});
+  CHECK_NOTHROW(reader.read_rows_into("b", 0, 2, rows));
+  CHECK(to_vector(rows) == std::vector<double>{1, 0});
+  CHECK(to_vector(reader.read_slice("b", 0, 1, 2)) == std::vector<double>{0, 1});
+  CHECK_THROWS_WITH(reader.read_slice("b", 0, 2, 3), Contains("'b' holds byte 5 at index 3"));
+  Tensor last = empty({1}, {.dtype = kBool});
+  CHECK_THROWS_WITH(SafetensorsReader(path).read_rows_into("b", 4, 1, last), Contains("'b' holds byte 2 at index 4"));
 }
 
 TEST_CASE("safetensors: bad tensor lists are refused before the file is touched") {

@@ -27,6 +27,10 @@ TEST_CASE("wrong dtypes are named") {
   CHECK_THROWS_WITH(ones({2}).data<double>(), Contains("f32") && Contains("f64"));
   CHECK_THROWS_WITH(embedding(ones({4, 2}), ones({3})), Contains("embedding"));
   CHECK_THROWS_WITH(cross_entropy(ones({2, 3}), ones({2})), Contains("cross_entropy"));
+  // mean of integers or bools: torch.mean's error (no output dtype to infer); convert first.
+  CHECK_THROWS_WITH(mean(i), Contains("mean") && Contains("i64[2, 2]") && Contains("floating"));
+  CHECK_THROWS_WITH(mean(ones({3}, {.dtype = kBool}), {0}), Contains("mean") && Contains("bool[3]"));
+  CHECK_THROWS_WITH(var(i), Contains("var") && Contains("i64[2, 2]"));
 }
 
 TEST_CASE("out-of-range dims and indices are named") {

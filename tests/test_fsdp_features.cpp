@@ -662,3 +662,28 @@ TEST_CASE("Module::load_state_dict of a full state dict into a sharded model nam
   fsdp::load_full_state_dict(*sharded, full, &root);
   CHECK(to_vector(fsdp::full_state_dict(*sharded, &root)[0].second) == to_vector(full[0].second));
 }
+
+// Module::to converts tensors in place by giving them new storage; a shard made by fully_shard lives in its group's
+// flat buffer, which the conversion would leave behind (the group then gathered the old values, or failed later in a
+// GEMM on the mixed dtypes). So converting a sharded model, or a module inside one, is refused at the call on every
+// rank, naming fully_shard; converting to what the shards already are changes nothing and passes.
+TEST_CASE("Module::to after fully_shard is refused at the call, naming fully_shard") {
+  manual_seed(3);
+  auto model = std::make_shared<nn::Sequential>(std::initializer_list<nn::ModulePtr>{
+      std::make_shared<nn::Linear>(4, 6), std::make_shared<nn::Linear>(6, 2)});
+  fsdp::fully_shard(model->at<nn::Linear>(0));
+  fsdp::fully_shard(model);
+  const auto bias = to_vector(model->at<nn::Linear>(1)->bias);
+  CHECK_THROWS_WITH(model->to(kFloat64), Catch::Contains("Sequential.to(f64)") && Catch::Contains("fsdp::fully_shard") &&
+                                             Catch::Contains("before fully_shard"));
+  // Linear 1 has no FSDP state of its own: its parameters are in the root's group.
+  CHECK_THROWS_WITH(model->at<nn::Linear>(1)->to(kBFloat16),
+                    Catch::Contains("Linear.to(bf16): parameter 'weight'") && Catch::Contains("'1.weight'"));
+  CHECK_THROWS_WITH(model->to(Device::meta()), Catch::Contains("to(meta)") && Catch::Contains("fully_shard"));
+  CHECK_NOTHROW(model->to(kFloat32));
+  CHECK(model->at<nn::Linear>(1)->bias.dtype() == kFloat32);
+  CHECK(to_vector(model->at<nn::Linear>(1)->bias) == bias);
+  // Still whole: forward and backward run.
+  sum((*model)(ones({2, 4}))).backward();
+  CHECK(model->at<nn::Linear>(0)->weight.grad().defined());
+}

@@ -516,6 +516,11 @@ TEST_CASE("where, masked_fill and clamp") {
   CHECK_THROWS_WITH(masked_fill(vec({1, 2}, kInt64), vec({0, 1}, kBool), kNaN),  // had written 0
                     Contains("masked_fill: i64[2] on cpu cannot hold nan"));
   check_values(masked_fill(at, vec({1, 0}, kBool).view({2, 1}), 9), {9, 9, 9, 1, 3, 5});
+  // The input and the mask broadcast together (torch.masked_fill): a larger mask gives a larger result.
+  Tensor mb = masked_fill(vec({1, 2, 3}, kInt32), vec({1, 0, 1}, kBool).view({3, 1}), 0);
+  CHECK(mb.shape() == Shape{3, 3});
+  CHECK(mb.dtype() == kInt32);
+  check_values(mb, {0, 0, 0, 1, 2, 3, 0, 0, 0});
 
   Tensor v = vec({-2, -0.5, 0.5, 3, kNaN});
   check_values(clamp(v, -1.0, 1.0), {-1, -0.5, 0.5, 1, kNaN});
@@ -549,7 +554,8 @@ TEST_CASE("element-wise ops reject bad input with messages naming the op") {
   CHECK_THROWS_WITH(binary_scalar(BinaryOp::pow, vec({2}, kInt64), -1), Contains("pow") && Contains("negative"));
   CHECK_THROWS_WITH(where(vec({1, 0}), a, a), Contains("where") && Contains("bool"));
   CHECK_THROWS_WITH(where(vec({1, 0}, kBool), a, a), Contains("where") && Contains("[2]") && Contains("[3]"));
-  CHECK_THROWS_WITH(masked_fill(a, vec({1, 0, 1}, kBool).view({3, 1}), 0), Contains("masked_fill") && Contains("[3, 1]"));
+  CHECK_THROWS_WITH(masked_fill(a, vec({1, 0, 0, 1}, kBool).view({2, 1, 2}), 0),
+                    Contains("masked_fill") && Contains("[2, 1, 2]") && Contains("[3]"));
   CHECK_THROWS_WITH(masked_fill(a, vec({1, 0, 1}), 0), Contains("masked_fill") && Contains("bool"));
   CHECK_THROWS_WITH(clamp(a, std::nullopt, std::nullopt), Contains("clamp"));
   CHECK_THROWS_WITH(add_(a.view({3, 1}).expand({3, 4}), ones({3, 4})), Contains("add_") && Contains("expanded"));

@@ -158,6 +158,10 @@ TEST_CASE("losses: mse_loss and cross_entropy") {
   CHECK(mse_loss(a, b, "sum").item() == Approx(13));
   CHECK(to_vector(mse_loss(a, b, "none")) == std::vector<double>{0, 4, 9});
   CHECK_THROWS_AS(mse_loss(a, ones({2})), Error);
+  // Integer tensors are refused whatever the reduction, as torch's mse_loss (its mean has no integer form).
+  Tensor ai = a.to(kInt64), bi = b.to(kInt64);
+  for (const char* r : {"mean", "sum", "none"})
+    CHECK_THROWS_WITH(mse_loss(ai, bi, r), Catch::Contains("mse_loss") && Catch::Contains("i64[3]"));
   Tensor logits = from_vector({0, 0, 0, 1, 2, 3}, {2, 3});
   Tensor target = from_vector({0, 2}, {2}, {.dtype = kInt64});
   double l0 = std::log(3.0), l1 = std::log(std::exp(1) + std::exp(2) + std::exp(3)) - 3;

@@ -100,6 +100,12 @@ TEST_CASE("state_dict round trip and load errors") {
   };
   CHECK_THROWS_WITH(b->load_state_dict(edited([](NamedTensorList& sd) { sd[2].second = full({4, 3}, NAN); })),
                     Contains("load_state_dict for Net: \"fc1.weight\" holds nan at element 0"));
+  // Infinity too, and nothing is loaded, not even the finite entries before it (docs/NN.md).
+  std::vector<std::vector<double>> before;  // values, not the state dict's handles on b's own tensors
+  for (auto& [n, t] : b->state_dict()) before.push_back(to_vector(t));
+  CHECK_THROWS_WITH(b->load_state_dict(edited([](NamedTensorList& sd) { sd[3].second = full({4}, -INFINITY); })),
+                    Contains("load_state_dict for Net: \"fc1.bias\" holds -inf at element 0"));
+  for (size_t i = 0; i < before.size(); ++i) CHECK(to_vector(b->state_dict()[i].second) == before[i]);
   CHECK_THROWS_WITH(b->load_state_dict(edited([](NamedTensorList& sd) { sd.push_back(sd[0]); })),
                     Contains("load_state_dict for Net: \"scale\" is given twice"));
   CHECK_THROWS_WITH(b->load_state_dict(edited([](NamedTensorList& sd) { sd[1].second = Tensor(); })),

@@ -337,9 +337,8 @@ void reduce(ReduceOp op, const Tensor& out, const Tensor& x, int64_t outer, int6
         if constexpr (is_float_v<T>) {
           if (op == ReduceOp::mean) run.template operator()<SumR<T>, T>([scale](Total t) { return convert_scalar<T>(t * scale); });
           else run.template operator()<SumR<T>, T>([](Total t) { return convert_scalar<T>(t); });
-        } else {
-          if (op == ReduceOp::mean) run.template operator()<SumR<T>, float>([scale](Total t) { return float(double(t) * scale); });
-          else run.template operator()<SumR<T>, int64_t>([](Total t) { return t; });
+        } else {  // the sum; the front end refuses the mean of integers
+          run.template operator()<SumR<T>, int64_t>([](Total t) { return t; });
         }
         return;
       }
