@@ -13,8 +13,7 @@ namespace weft::fsdp {
 
 namespace {
 
-// The stream that runs the code after it is made current waits for the work queued so far on
-// `device`'s current stream.
+// The stream that runs the code after it is made current waits for the work queued so far on `device`'s current stream.
 StreamGuard after_current_stream(const Stream& stream, Device device) {
   Event ready;
   ready.record(current_stream(device));

@@ -87,6 +87,8 @@ void FSDPParam::copy_out(const Tensor& gathered, DType unsharded_dtype, int64_t 
   if (!unsharded_.defined() || unsharded_.dtype() != unsharded_dtype) {
     unsharded_ = empty(global_shape_, {.dtype = unsharded_dtype, .device = gathered.device()});
     if (requires_grad_) unsharded_.set_requires_grad(true);
+    if (const std::string* by = sharded_.autograd_meta().attached(nn::shard_of))  // Module::to refuses it too
+      unsharded_.autograd_meta().attach(nn::shard_of, "the unsharded form of " + *by);
   } else if (!unsharded_.storage()->is_allocated()) {
     unsharded_.storage()->allocate(size_t(unsharded_.numel()) * unsharded_.element_size());
   }

@@ -67,10 +67,9 @@ std::vector<FSDPParamGroup::Entry> collect_entries(const NamedModules& walk, con
       }
       if (shards.count(impl)) continue;
       const std::string* made_by = impl->autograd ? impl->autograd->attached(shard_of) : nullptr;
-      WEFT_CHECK(!made_by, "fully_shard: parameter {} of this {} is already a shard made by fully_shard on another "
-                 "module ({}): a module that encloses this one was sharded first (call fully_shard bottom-up: the "
-                 "blocks first, the root last), or this module also belongs to another sharded model", name, what,
-                 made_by ? *made_by : "");
+      WEFT_CHECK(!made_by, "fully_shard: parameter {} of this {} is already {} (another module): a module that "
+                 "encloses this one was sharded first (call fully_shard bottom-up: the blocks first, the root last), "
+                 "or this module also belongs to another sharded model", name, what, made_by ? *made_by : "");
       // A tensor an earlier call replaced by its shard, still registered here: tied across groups (in any order).
       const std::string* replaced = impl->autograd ? impl->autograd->attached(nn::replaced_parameter) : nullptr;
       WEFT_CHECK(!replaced, "fully_shard: parameter {} is tied to a parameter already sharded by an earlier fully_shard "
@@ -147,7 +146,8 @@ std::unique_ptr<FSDPParamGroup> make_group(std::vector<FSDPParamGroup::Entry> en
   // A shard's reductions (nn::clip_grad_norm_) complete over the ranks holding the others.
   for (size_t i = 0; i < group->params().size(); ++i) {
     FSDPParam& p = *group->params()[i];
-    p.sharded().autograd_meta().attach(shard_of, fmt::format("a {}, as '{}'", what, p.name()));
+    p.sharded().autograd_meta().attach(shard_of, fmt::format("a shard made by fsdp::fully_shard on a {}, as '{}'",
+                                                             what, p.name()));
     p.set_held_in_part(held_in_part[i]);
     // nn totals norms over the shards through this ([Note: partial reductions], core/partial_reduction.h).
     if (shard_group->size() > 1 || held_in_part[i])

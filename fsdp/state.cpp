@@ -76,8 +76,7 @@ FSDPState::FSDPState(std::vector<nn::Module*> modules, const FullyShardOptions& 
                  "1 and {} (for 1 pass false: keep the full parameters; for {} pass true: reshard to the shards)",
                  k, n, n, n);
       reshard_after_forward_ = true;
-      // Groups of k neighbouring ranks (dist's shared mesh: one communicator per k for all
-      // modules).
+      // Groups of k neighbouring ranks (dist's shared mesh: one communicator per k for all modules).
       reshard_group_ = dist::default_mesh(mesh->device_type(), {n / k, k})->group(1);
     }
   }

@@ -245,8 +245,8 @@ const AttachmentKey<std::string> shard_of{};
 static void check_shards_kept(const Module& m, const std::string& to, const auto& changes) {
   for (auto& [n, t] : m.named_parameters())
     if (const std::string* by = t.impl()->autograd ? t.impl()->autograd->attached(shard_of) : nullptr; by && changes(t))
-      WEFT_ERROR("{}.to({}): parameter '{}' is a shard made by fsdp::fully_shard on {}: its group's buffers hold it "
-                 "and a conversion would leave them behind; convert before fully_shard", m.type_name(), to, n, *by);
+      WEFT_ERROR("{}.to({}): parameter '{}' is {}: its group's buffers hold it and a conversion would leave "
+                 "them behind; convert before fully_shard", m.type_name(), to, n, *by);
 }
 
 Module& Module::to(DType dtype) {

@@ -687,3 +687,22 @@ TEST_CASE("Module::to after fully_shard is refused at the call, naming fully_sha
   sum((*model)(ones({2, 4}))).backward();
   CHECK(model->at<nn::Linear>(0)->weight.grad().defined());
 }
+
+// Between a forward that keeps its parameters gathered (reshard_after_forward false) and the backward, the module's
+// parameters are the unsharded ones FSDP all-gathered into its own buffers: a conversion then would leave those behind
+// too, so it is refused at the call, naming them; after the backward resharded, the shards' refusal speaks.
+TEST_CASE("Module::to while fully_shard holds the unsharded parameters is refused, naming them") {
+  manual_seed(4);
+  auto model = std::make_shared<nn::Sequential>(std::initializer_list<nn::ModulePtr>{
+      std::make_shared<nn::Linear>(4, 6), std::make_shared<nn::Linear>(6, 2)});
+  fsdp::fully_shard(model, {.reshard_after_forward = false});
+  Tensor loss = sum((*model)(ones({2, 4})));
+  CHECK_THROWS_WITH(model->to(kFloat64), Catch::Contains("Sequential.to(f64): parameter '0.weight' is the unsharded "
+                                                         "form") && Catch::Contains("fsdp::fully_shard"));
+  CHECK_THROWS_WITH(model->at<nn::Linear>(1)->to(Device::meta()), Catch::Contains("Linear.to(meta): parameter 'weight' "
+                                                                                  "is the unsharded form"));
+  CHECK(model->at<nn::Linear>(1)->bias.dtype() == kFloat32);
+  loss.backward();  // the parameters are as they were: the backward runs and reshards
+  CHECK(model->at<nn::Linear>(0)->weight.grad().defined());
+  CHECK_THROWS_WITH(model->to(kFloat64), Catch::Contains("is a shard made by fsdp::fully_shard"));
+}
