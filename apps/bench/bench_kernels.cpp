@@ -186,8 +186,8 @@ void gemm_row(Bench& b, const std::string& name, int64_t m, int64_t k, int64_t n
 
 // Causal attention of a training step (batch B, ctx T, head dim E) in bf16 on the bf16 kernel in use, q, k, v the
 // heads of one fused qkv output; GFLOP/s as the op profiler counts them (forward 4 B H T^2 E, backward 10, halved).
-void attention_row(Bench& b, const std::string& name, int64_t B, int64_t T, int64_t H, int64_t Hkv, double theta,
-                   int64_t E = 64) {
+void attention_row(Bench& b, const std::string& name, int64_t B, int64_t T, int64_t H, int64_t Hkv, double theta) {
+  constexpr int64_t E = 64;  // the scale below is 1 / sqrt(E)
   if (b.bf16_kernels.empty() || (name + " attention").find(b.row_filter) == std::string::npos) return;
   Tensor x = randn({B, T, (H + 2 * Hkv) * E}, {}, &b.gen).to(kBFloat16);
   auto heads = [&](int64_t first, int64_t n) { return x.narrow(2, first * E, n * E).view({B, T, n, E}).transpose(1, 2); };

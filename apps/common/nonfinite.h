@@ -10,8 +10,9 @@
 
 namespace weft::apps {
 
-// "nan", "inf" or "-inf" (or the number, when finite).
+// "nan", "inf" or "-inf" (or the number, when finite); unsigned_nan(v) prints a NaN as "nan" (x86's is "-nan").
 std::string describe_value(double v);
+inline double unsigned_nan(double v) { return v != v ? __builtin_nan("") : v; }
 
 // The first parameter holding a NaN or an infinity, as "NAME (nan at element I)"; empty when
 // all are finite. One pass over each tensor (copied to the host as f64 when needed).

@@ -37,8 +37,7 @@ struct StepEnd {
   double loss;
   int stop_signal;
 };
-// `agreed`: the loss is already the same on every rank (--deterministic's ordered mean) and
-// comes back as it is.
+// `agreed`: the loss is already the same on every rank (--deterministic's ordered mean) and comes back as it is.
 StepEnd end_step(double local_loss, const Ranks& ranks, bool agreed = false);
 
 // Prints "<program>: [rank R: ]stopping after step N on SIGTERM; checkpoint written to DIR" (or

@@ -167,13 +167,13 @@ int64_t Trainer::open_stretch(int64_t first, int64_t end) {
 }
 
 void Trainer::close_stretch() {
-  if (progress_) progress_->finish(fmt::format("loss {:.4f}", loss_));
+  if (progress_) progress_->finish(fmt::format("loss {:.4f}", unsigned_nan(loss_)));
   progress_.reset();
 }
 
 void Trainer::log_step(int64_t first, int64_t stretch_end, bool stopping) {
   window_items_ += o_.items_per_step;
-  if (progress_) progress_->update(step_ - stretch_start_, o_.items_per_step, fmt::format("loss {:.4f}", loss_));
+  if (progress_) progress_->update(step_ - stretch_start_, o_.items_per_step, fmt::format("loss {:.4f}", unsigned_nan(loss_)));
   if (step_ % o_.log_every != 0 && step_ != stretch_end && !stopping && !(o_.log_first && step_ == first + 1)) return;
   const auto now = std::chrono::steady_clock::now();
   const double dt = std::chrono::duration<double>(now - window_start_).count();

@@ -384,8 +384,9 @@ class MnistTask : public apps::TrainingTask {
     auto [test_loss, acc] = ::evaluate(*run_.model, run_.data.test, ranks_, run_.device, o_.autocast(), run_.leaves);
     const int64_t epoch = (at.step - 1) / run_.steps_per_epoch + 1;
     if (ranks_.lead()) {
-      std::fprintf(stderr, "epoch %lld: test loss %.4f, test accuracy %.2f%%\n", (long long)epoch, test_loss, 100 * acc);
-      std::printf("epoch %lld test_accuracy %.4f test_loss %.4f\n", (long long)epoch, acc, test_loss);
+      std::fprintf(stderr, "epoch %lld: test loss %.4f, test accuracy %.2f%%\n", (long long)epoch,
+                   apps::unsigned_nan(test_loss), 100 * acc);
+      std::printf("epoch %lld test_accuracy %.4f test_loss %.4f\n", (long long)epoch, acc, apps::unsigned_nan(test_loss));
       std::fflush(stdout);
     }
     at.metrics.write({{"split", std::string("test")}, {"epoch", epoch}, {"step", at.step}, {"loss", test_loss},

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <string>
 
+#include "apps/common/nonfinite.h"
 #include "apps/transformer/example_data.h"
 #include "apps/transformer/text_data.h"
 #include "weft.h"
@@ -23,7 +24,7 @@ struct BlockLoss {
 
 // exp(loss) as printed: `decimals` places, or in e-notation past 1e9 (a diverged run's had printed 135 digits).
 inline std::string perplexity_text(double loss, int decimals) {
-  const double p = std::exp(loss);
+  const double p = unsigned_nan(std::exp(loss));
   return p < 1e9 ? fmt::format("{:.{}f}", p, decimals) : fmt::format("{:.{}e}", p, decimals);
 }
 
@@ -32,9 +33,8 @@ inline std::string perplexity_text(double loss, int decimals) {
 BlockLoss block_loss(nn::Module& model, TokenView stream, int64_t ctx, int64_t first, int64_t count, int64_t batch,
                      Device device = kCPU);
 
-// Over a dataset of examples instead (example_data.h): every example of `set` in order, `batch`
-// per forward, the loss the mean over the targets that carry loss (`tokens` counts them, `blocks`
-// the examples).
+// Over a dataset of examples instead (example_data.h): every example of `set` in order, `batch` per forward, the
+// loss the mean over the targets that carry loss (`tokens` counts them, `blocks` the examples).
 BlockLoss example_loss(nn::Module& model, const ExampleSet& set, int64_t batch, Device device = kCPU);
 
 // How many whole blocks of ctx + 1 tokens `stream` holds.

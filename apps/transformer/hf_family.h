@@ -81,8 +81,7 @@ const HfFamily& hf_family(const ConfigReader& r);
 // The family a model config was read as (ModelConfig::family, or its arch's own family).
 const HfFamily& hf_family_of(const ModelConfig& cfg);
 
-// The families' readers and writers (hf_gpt2.cpp, hf_llama.cpp, ...); the Llama-shaped families
-// extend llama's.
+// The families' readers and writers (hf_gpt2.cpp, hf_llama.cpp, ...); the Llama-shaped families extend llama's.
 ModelConfig read_gpt2_config(const ConfigReader& r);
 nlohmann::json write_gpt2_config(const ModelConfig& c);
 ModelConfig read_llama_config(const ConfigReader& r);

@@ -80,8 +80,7 @@ struct TrainingData {
   bool examples() const { return train_labels_file.has_value(); }
 };
 bool is_token_dataset(const std::string& path);
-// Fills `d` from `path`; the token files (and .labels files, when there are) must come from one
-// tokenizer.
+// Fills `d` from `path`; the token files (and .labels files, when there are) must come from one tokenizer.
 void load_training_data(const std::string& path, TrainingData& d);
 
 // The sha256 (hex) of the tokenizer.json at `path`, as a dataset and its checkpoints record it.

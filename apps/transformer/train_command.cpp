@@ -620,7 +620,8 @@ class TextTask : public apps::TrainingTask {
     at.nan.check_evaluation(val, fmt::format("the validation loss is {} at step {}", apps::describe_value(val),
                                              at.step), at.watch);
     if (!ranks_.lead()) return;
-    std::printf("step %lld train_loss %.4f val_loss %.4f val_ppl %s\n", (long long)at.step, at.train_loss, val,
+    std::printf("step %lld train_loss %.4f val_loss %.4f val_ppl %s\n", (long long)at.step,
+                apps::unsigned_nan(at.train_loss), apps::unsigned_nan(val),
                 apps::perplexity_text(val, 3).c_str());
     std::fflush(stdout);
   }
