@@ -15,7 +15,7 @@ budgets=(
   "autograd       2140  autograd"
   "nn             3309  nn"
   "dist           2598  dist"
-  "tp              810  tp"
+  "tp              832  tp"
   "fsdp           5250  fsdp"
   "apps          11924  apps"
 )
