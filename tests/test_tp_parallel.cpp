@@ -277,6 +277,16 @@ TEST_CASE("what cannot be split is refused on every rank, before anything change
     CHECK_THAT(error_of([&] { tp::parallelize_module(one, group(), {{"0", tp::colwise()}}); }),
                Contains(dist::rank() == 0 ? "do not divide over" : "tp: parallelize_module failed on another rank"));
     CHECK(one.named_parameters()[0].second.size(0) == (dist::rank() == 0 ? 3 * P() + 1 : 3 * P()));  // unchanged
+    // Values that differ between the ranks (a seed per rank) had made, silently, a model that no rank holds.
+    auto apart = seeded_llama<nn::Llama>(small_llama(), 10 + uint64_t(dist::rank()));
+    CHECK_THAT(error_of([&] { tp::parallelize_llama(*apart, group()); }),
+               Contains("tp: parallelize: the ranks differ: the values of model.") &&
+                   Contains("(every rank of the group must hold the same values before the split"));
+    CHECK(apart->blocks[0]->self_attn->q_proj->weight.shape() == q_shape);
+    nn::Linear alone(8, 2 * P());  // the default generators differ too
+    CHECK_THAT(error_of([&] { tp::parallelize(alone, tp::colwise(), group(), "alone"); }),
+               Contains("the values of alone.weight is f32[" + std::to_string(2 * P()) + ", 8] hash"));
+    manual_seed(5);
   }
 }
 

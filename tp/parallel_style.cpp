@@ -201,6 +201,25 @@ void sum_gradients(nn::Module& m, const dist::ProcessGroupPtr& group) {
   while_running(m, [group](const std::string&, const Tensor& p) { return copy_to_parallel(p, group); });
 }
 
+// Each rank keeps its part of its own tensors: tensors that differ between the ranks (a seed per rank) would make,
+// silently, a model no rank holds. So the ranks compare a 64-bit hash of each parameter's bytes first (a meta one: its
+// dtype and shape). PyTorch's parallelize_module scatters rank 0's values instead.
+using Styled = std::tuple<nn::Module*, Style, std::string>;  // a module, its style, its path
+void check_same_values(const std::vector<Styled>& modules, const dist::ProcessGroupPtr& group) {
+  if (group->size() == 1 || group->device().is_meta()) return;
+  dist::ConfigSettings values;
+  for (const auto& [m, style, path] : modules)
+    for (const auto& [name, p] : m->named_parameters()) {
+      std::string v = std::string(dtype_name(p.dtype())) + shape_str(p.shape());
+      const Tensor c = p.device().is_meta() ? Tensor() : p.detach().to(kCPU).contiguous();
+      if (c.defined())
+        v += fmt::format(" hash {:016x}", std::hash<std::string_view>{}({static_cast<char*>(c.data_ptr()), c.nbytes()}));
+      values.emplace_back(fmt::format("the values of {}.{}", path, name), v);
+    }
+  dist::check_same_config(values, "tp: parallelize", group, "every rank of the group must hold the same values "
+                          "before the split: seed every rank alike, or load the same checkpoint on each");
+}
+
 bool matches(const std::string& pattern, const std::string& path) {
   std::istringstream p(pattern), q(path);
   std::string a, b;
@@ -214,7 +233,9 @@ bool matches(const std::string& pattern, const std::string& path) {
 }  // namespace
 
 void parallelize(nn::Module& m, const Style& style, const dist::ProcessGroupPtr& group, const std::string& path) {
-  check(m, style, group, path, path);
+  const dist::ProcessGroupPtr real = group && !group->device().is_meta() ? group : nullptr;  // a plan's fake one: none
+  dist::agree({real}, "tp: parallelize", [&] { check(m, style, group, path, path); });
+  check_same_values({{&m, style, path}}, group);
   apply(m, style, group);
 }
 
@@ -228,7 +249,7 @@ void parallelize_module(nn::Module& root, const dist::ProcessGroupPtr& group, co
   if (groups[0]) dist::check_same_config({{"the plan", described}}, "tp: parallelize_module", group,
                                          "every rank of the group must split the model with the same plan");
   // Every entry is checked against every match before any module changes; a refusal stops every rank.
-  std::vector<std::tuple<nn::Module*, Style>> todo;
+  std::vector<Styled> todo;
   const auto modules = root.named_modules();
   dist::agree(groups, "tp: parallelize_module", [&] {
     for (const auto& [pattern, style] : plan) {
@@ -238,12 +259,13 @@ void parallelize_module(nn::Module& root, const dist::ProcessGroupPtr& group, co
         check(*m, style, group, path, "plan entry '" + pattern + "'");
         for (const auto& done : todo)
           WEFT_CHECK(std::get<0>(done) != m.get(), "tp: {} is matched by two plan entries (the second: '{}')", path, pattern);
-        todo.emplace_back(m.get(), style);
+        todo.emplace_back(m.get(), style, path);
       }
       WEFT_CHECK(todo.size() > before, "tp: plan entry '{}' matches no module of {}", pattern, root.type_name());
     }
   });
-  for (auto& [m, style] : todo) apply(*m, style, group);
+  check_same_values(todo, group);
+  for (auto& [m, style, path] : todo) apply(*m, style, group);
 }
 
 }  // namespace weft::tp

@@ -15,8 +15,8 @@
 //     partial sums: while it runs they pass copy_to_parallel, and are all-reduced on their way
 //     into whatever tensors the slots hold (fsdp's unsharded parameters under fully_shard; the
 //     recompute of activation checkpointing runs the hooks again).
-// The collectives run from forward hooks. Parameters must be materialised and equal on every
-// rank of the group (the same seed or checkpoint) when a module is split, once, before fully_shard.
+// The collectives run from forward hooks. Parameters must be materialised and equal on every rank of the
+// group (checked: a hash of each) when a module is split, once, before fully_shard.
 #pragma once
 #include <string>
 #include <utility>
