@@ -285,6 +285,7 @@ std::string save_checkpoint(const std::string& dir, nn::Module& model, const nn:
   dist::agree(sc.groups(), "checkpoint: saving a checkpoint", [&] {
     WEFT_CHECK(!dir.empty(), "save_checkpoint: the directory is empty");
     WEFT_CHECK(state.step >= 0, "save_checkpoint: step {} is negative", state.step);
+    check_recordable(state);
     for (const auto& [k, v] : state.data) WEFT_CHECK(v >= 0, "save_checkpoint: data position {} is {}, not a count", k, v);
     const std::set<std::string> frozen = options.frozen_elsewhere ? frozen_parameters(model) : std::set<std::string>{};
     for (auto& [k, t] : sharded_state_dict(model, root))

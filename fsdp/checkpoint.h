@@ -62,6 +62,10 @@ struct SaveOptions {
 std::string save_checkpoint(const std::string& dir, nn::Module& model, const nn::Optimizer* opt,
                             const FSDPModule* root, const CheckpointProgress& state, const SaveOptions& options = {});
 
+// Throws naming the entry when a string of `state` cannot be written into index.json (JSON holds UTF-8 text only: a
+// path with another byte, say). save_checkpoint checks first; a program checks before it trains, not at its first save.
+void check_recordable(const CheckpointProgress& state);
+
 // `path` itself when it is a checkpoint (holds index.json), else the complete step_* under it with
 // the highest step whose index reads; empty when there is none. Newer ones whose index cannot be
 // read are passed over, each adding its error (which names it) to `unreadable` when given, as

@@ -187,6 +187,21 @@ Placement CheckpointIndex::Entry::placement(const Shard& s) const {
 
 std::string CheckpointIndex::file_path(const std::string& file) const { return (fs::path(dir) / file).string(); }
 
+void check_recordable(const CheckpointProgress& state) {
+  auto check = [](const std::string& what, const std::string& text) {
+    try {
+      (void)Json(text).dump();
+    } catch (const Json::type_error&) {
+      WEFT_ERROR("checkpoint: {} is not UTF-8 text ({}), and index.json records it as JSON text: rename it", what,
+                 Json(text).dump(-1, ' ', true, Json::error_handler_t::replace));
+    }
+  };
+  for (const auto& [k, v] : state.app) check("a description's key", k), check("the description's " + k, v);
+  for (const auto& [k, v] : state.aliases) check("an alias", k), check("the alias " + k, v);
+  for (const auto& [k, v] : state.data) check("a data position's name", k);
+  check("the run", state.run);
+}
+
 std::string checkpoint_index_json(const CheckpointIndex& ix) {
   Json j = {{"format", "weft-checkpoint"}, {"format_version", ix.format_version}, {"weft_version", ix.weft_version},
             {"step", ix.training.step}};

@@ -542,6 +542,13 @@ TEST_CASE("bad checkpoints fail on every rank with the file and key, and change 
   CHECK_THROWS_WITH(fsdp::save_checkpoint((dir / "negative_save").string(), *m, &opt, &root, {.data = {{"batch", -1}}}),
                     Contains("save_checkpoint: data position batch is -1, not a count"));
   CHECK(!fs::exists(dir / "negative_save"));
+  // index.json is JSON text: a description that is not UTF-8 (a path with another byte) had failed in the JSON writer
+  // after every shard was written, with its bare message.
+  const fsdp::CheckpointProgress not_utf8{.app = {{"source", "/data/n\xffme"}}};
+  CHECK_THROWS_WITH(fsdp::save_checkpoint((dir / "not_utf8").string(), *m, &opt, &root, not_utf8),
+                    Contains("checkpoint: the description's source is not UTF-8 text (\"/data/n\\ufffdme\")"));
+  CHECK_THROWS_WITH(fsdp::check_recordable({.run = "r\xc3"}), Contains("the run is not UTF-8 text"));
+  CHECK(!fs::exists(dir / "not_utf8"));
   // Ranks whose path holds different checkpoints (node-local disks) load none of them.
   const std::string later = fsdp::save_checkpoint((dir / "later").string(), *m, &opt, &root, {.step = 2});
   if (dist::world_size() > 1) {

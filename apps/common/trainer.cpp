@@ -68,6 +68,8 @@ int Trainer::run(int64_t end) {
   // it at once (a process blocked while starting up could not reach a step's end).
   StopSignals stop_signals(o_.program);
   saver_.check_schedule(step_, end);
+  if (saver_.enabled())  // what a save would record, before any step rather than after the first of them
+    dist::agree(ranks_.groups(), error_prefix(o_.program), [&] { fsdp::check_recordable(task_.checkpoint(step_)); });
   if (step_ >= end && ranks_.lead())  // resumed at its last step
     std::fprintf(stderr, "%s: nothing to train: step %lld is the run's last\n", o_.program.c_str(), (long long)step_);
   while (step_ < end) {

@@ -21,6 +21,13 @@ expect_error "--n-kv-head 3 must divide --n-head 4" train --arch llama --n-head 
 expect_error "--init-from excludes --n-layer" train --init-from "$data/llama" --n-layer 3 --steps 1
 expect_error "is not a Hugging Face model directory" train --init-from "$tmp" --steps 1
 expect_error "--tie is for --arch llama" train --tie --steps 1
+# A source path that is not UTF-8 cannot be recorded in a checkpoint's index.json: refused before the first step (it
+# had trained, then failed at the save with a bare JSON error, keeping nothing).
+bad_utf8="$tmp/$(printf 'not\xffutf8')" && cp -r "$data/llama" "$bad_utf8"
+expect_error "the description's hf_source is not UTF-8 text" train --init-from "$bad_utf8" --ctx 16 --batch-size 2 \
+  --steps 50 --threads 1 --eval-every 0 --checkpoint-dir "$tmp/ck_utf8"
+grep -q "^train" "$tmp/err" && fail "the run trained before refusing a path index.json cannot hold: $(cat "$tmp/err")"
+[ ! -e "$tmp/ck_utf8/step_00000050" ] || fail "a checkpoint was written from a non-UTF-8 source path"
 
 cfg=(--arch llama --n-layer 2 --n-head 4 --n-kv-head 2 --d-model 32 --ctx 32 --batch-size 8 --steps 30 --warmup 3
      --lr 3e-3 --seed 0 --threads 1 --eval-every 0 --eval-iters 4)
