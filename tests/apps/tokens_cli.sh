@@ -35,6 +35,13 @@ grep -q "train / .* val tokens from 2 file(s)" "$tmp/a.err" || fail "train does 
 grep -q " 90496 parameters" "$tmp/a.err" || fail "parameter count is not 90496: $(head -1 "$tmp/a.err")"
 "$exe" train "${cfg[@]}" --metrics "$tmp/b.jsonl" --stop-after 20 --checkpoint-dir "$tmp/ck" >/dev/null 2>&1
 "$exe" train "${cfg[@]}" --metrics "$tmp/b.jsonl" --resume "$tmp/ck" >/dev/null 2>&1
+# A token file given as --data is not text (it had trained on its header and ids as bytes): its directory is named.
+for cmd in "train --steps 1" "eval --from $tmp/ck"; do
+  # shellcheck disable=SC2086
+  if "$exe" $cmd --data "$tmp/ds/train.tokens" >/dev/null 2>"$tmp/err"; then fail "$cmd took a token file as text"; fi
+  grep -qF "$tmp/ds/train.tokens is a token file of \`weft-transformer prepare\`, not text: pass its dataset's directory ($tmp/ds)" \
+    "$tmp/err" || fail "$cmd: the token file as --data is not named: $(cat "$tmp/err")"
+done
 a1=$(loss_at "$tmp/a.jsonl" 1); a30=$(loss_at "$tmp/a.jsonl" 30); b30=$(loss_at "$tmp/b.jsonl" 30)
 awk -v l="$a1" 'BEGIN { exit !(l > 7.3 && l < 7.9) }' || fail "step-1 loss $a1 is not near ln(2000) = 7.60"
 awk -v l="$a30" 'BEGIN { exit !(l < 6.8) }' || fail "step-30 loss $a30 is not clearly below 7.6"
