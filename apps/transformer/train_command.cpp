@@ -448,8 +448,8 @@ void load_data(TrainOptions& o, Run& run, bool fsdp) {
   }
   WEFT_CHECK(!o.pack, "transformer: --pack packs the examples of a dataset of JSONL records, and {} is text", o.data);
   WEFT_CHECK(run.data.val.size() > o.model.ctx + 1,
-             "transformer: the validation part of {} ({} tokens) is shorter than the context {}", o.data,
-             run.data.val.size(), o.model.ctx);
+             "transformer: the validation part of {} has {} tokens, and a context of {} needs at least {} (ctx + 2: "
+             "windows of ctx + 1 tokens drawn from it)", o.data, run.data.val.size(), o.model.ctx, o.model.ctx + 2);
 }
 
 // The model of the checkpoint --resume names must be the flags' (or --init-from's) model.
