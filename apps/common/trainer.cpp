@@ -68,6 +68,8 @@ int Trainer::run(int64_t end) {
   // it at once (a process blocked while starting up could not reach a step's end).
   StopSignals stop_signals(o_.program);
   saver_.check_schedule(step_, end);
+  WEFT_CHECK(o_.profile_from <= end, "{}: --profile {} is past this run's last step, {}: nothing would be profiled",
+             error_prefix(o_.program), o_.profile_from, end);
   if (saver_.enabled())  // what a save would record, before any step rather than after the first of them
     dist::agree(ranks_.groups(), error_prefix(o_.program), [&] { fsdp::check_recordable(task_.checkpoint(step_)); });
   if (step_ >= end && ranks_.lead())  // resumed at its last step
