@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <sstream>
 
 #include "core/allocator.h"
 #include "core/error.h"
@@ -65,6 +66,26 @@ std::string check_integer(const std::string& text, int64_t lo, int64_t hi) {
 CLI::Validator integer(int64_t lo, int64_t hi) {
   return CLI::Validator([lo, hi](std::string& s) { return check_integer(s, lo, hi); },
                         fmt::format("INT in [{} - {}]", lo, hi));
+}
+
+std::vector<int64_t> integers_of(const std::string& list) {
+  std::vector<int64_t> out;
+  std::istringstream items(list);
+  for (std::string item; std::getline(items, item, ',');) out.push_back(std::stoll(item));
+  return out;
+}
+
+CLI::Validator integer_list(int64_t lo, int64_t hi) {
+  return CLI::Validator([lo, hi](std::string& s) -> std::string {
+    std::istringstream items(s + ",");  // "1," is "1" and "": an empty item is refused
+    for (std::string item; std::getline(items, item, ',');) {
+      const size_t a = item.find_first_not_of(' '), b = item.find_last_not_of(' ');
+      if (a == std::string::npos) return fmt::format("an empty item in \"{}\"", s);
+      const std::string err = check_integer(item.substr(a, b - a + 1), lo, hi);
+      if (!err.empty()) return fmt::format("{} (in \"{}\")", err, s);
+    }
+    return "";
+  }, fmt::format("INT[,INT...] in [{} - {}]", lo, hi));
 }
 
 CLI::Validator seed() {

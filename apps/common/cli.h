@@ -14,6 +14,9 @@ constexpr int64_t kMaxThreads = 1024;
 
 // A decimal integer in [lo, hi] (no sign wrap, no overflow, no trailing text).
 CLI::Validator integer(int64_t lo, int64_t hi);
+// Such integers, comma-separated (spaces around each allowed), at least one; integers_of reads a list it passed.
+CLI::Validator integer_list(int64_t lo, int64_t hi);
+std::vector<int64_t> integers_of(const std::string& list);
 // A decimal integer in [0, UINT64_MAX] for seeds: "-1" is refused rather than wrapped.
 CLI::Validator seed();
 // --threads: an integer from 1 to kMaxThreads.

@@ -64,6 +64,7 @@ struct TrainOptions {
 
 struct SampleOptions {
   std::string checkpoint, prompt = "\n";
+  std::string prompt_id_list;       // --prompt-ids as given
   std::vector<int64_t> prompt_ids;  // the prompt as token ids (instead of --prompt)
   int64_t tokens = 200, top_k = 0;
   double temperature = 1.0, top_p = 1.0, repetition_penalty = 1.0;

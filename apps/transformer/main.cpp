@@ -196,8 +196,8 @@ CLI::App* add_sample_flags(CLI::App& app, SampleOptions& s) {
                  "latest in it) or a consolidated .safetensors file")->required();
   auto* prompt = sa->add_option("--prompt", s.prompt, "text to continue (its bytes are the token ids, or --tokenizer's "
                                 "encoding; default: a newline)");
-  sa->add_option("--prompt-ids", s.prompt_ids, "the prompt as token ids, comma-separated (a model trained on token "
-                 "files, without its tokenizer)")->delimiter(',')->excludes(prompt);
+  sa->add_option("--prompt-ids", s.prompt_id_list, "the prompt as token ids, comma-separated (a model trained on "
+                 "token files, without its tokenizer)")->excludes(prompt)->check(apps::cli::integer_list(0, INT64_MAX));
   sa->add_option("--tokens,--max-new-tokens", s.tokens, "tokens to generate")
       ->check(apps::cli::integer(0, apps::kMaxSampleTokens))->capture_default_str();
   auto* temperature = sa->add_option("--temperature", s.temperature, "softmax temperature (0: greedy)")
@@ -326,6 +326,7 @@ int main(int argc, char** argv) {
   }
   CLI11_PARSE(app, argc, argv);
   note_given_sampling(s, *sa);
+  if (!s.prompt_id_list.empty()) s.prompt_ids = apps::cli::integers_of(s.prompt_id_list);
   t.checkpointing = t.ac_full ? nn::Checkpointing::full : nn::parse_checkpointing(t.ac.empty() ? "none" : t.ac, "--ac");
   if (t.model.arch == "llama") t.untie = t.untie || !t.tie;  // Llama's head is untied by default
   else if (t.tie || tr->get_option("--rope-theta")->count() > 0) {  // flags GPT-2 would ignore
