@@ -446,7 +446,9 @@ void load_data(TrainOptions& o, Run& run, bool fsdp) {
                  "{} ({} skipped): use a longer --ctx", file, o.model.ctx, set->skipped());
     return;
   }
-  WEFT_CHECK(!o.pack, "transformer: --pack packs the examples of a dataset of JSONL records, and {} is text", o.data);
+  WEFT_CHECK(!o.pack, "transformer: --pack packs the examples of a dataset that `weft-transformer prepare` made from "
+             "JSONL records, and {} is read as text: prepare it first (prepare --tokenizer T --data {} --out DIR), then "
+             "train with --data DIR", o.data, o.data);
   WEFT_CHECK(run.data.val.size() > o.model.ctx + 1,
              "transformer: the validation part of {} has {} tokens, and a context of {} needs at least {} (ctx + 2: "
              "windows of ctx + 1 tokens drawn from it)", o.data, run.data.val.size(), o.model.ctx, o.model.ctx + 2);
