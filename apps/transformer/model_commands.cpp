@@ -108,6 +108,10 @@ LoadedModel load_model(const std::string& from, bool say, bool shard = false, De
     return m;
   }
   if (WEFT_FS(std::filesystem::is_regular_file(from))) {
+    const std::filesystem::path file(from);
+    WEFT_CHECK(file.filename() != "index.json" && file.filename() != "config.json", "transformer: {} is "
+               "a file of a {} directory: pass the directory, {}", from, file.filename() == "config.json" ?
+               "Hugging Face model" : "checkpoint", file.parent_path().string());
     WEFT_CHECK(!shard, "transformer: {} is one consolidated file, read whole: sample it without --fsdp, or from the "
                "checkpoint directory it was made from", from);
     auto contents = load_safetensors(from);
