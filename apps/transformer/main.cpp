@@ -291,12 +291,14 @@ CLI::App* add_prepare_flags(CLI::App& app, PrepareOptions& p) {
   return pr;
 }
 
-// Which sampling flags were given (they override generation_config.json's fields); --greedy is --temperature 0.
+// Which sampling flags were given (they override generation_config.json's fields); --greedy is --temperature 0. And
+// --prompt-ids's list as ids.
 void note_given_sampling(SampleOptions& s, const CLI::App& sa) {
   auto given = [&](const char* flag) { return sa.get_option(flag)->count() > 0; };
   if (s.greedy) s.temperature = 0;
   s.temperature_set = s.greedy || given("--temperature");
   s.top_k_set = given("--top-k"), s.top_p_set = given("--top-p"), s.repetition_penalty_set = given("--repetition-penalty");
+  if (!s.prompt_id_list.empty()) s.prompt_ids = apps::cli::integers_of(s.prompt_id_list);  // checked by integer_list
 }
 
 }  // namespace
@@ -326,7 +328,6 @@ int main(int argc, char** argv) {
   }
   CLI11_PARSE(app, argc, argv);
   note_given_sampling(s, *sa);
-  if (!s.prompt_id_list.empty()) s.prompt_ids = apps::cli::integers_of(s.prompt_id_list);
   t.checkpointing = t.ac_full ? nn::Checkpointing::full : nn::parse_checkpointing(t.ac.empty() ? "none" : t.ac, "--ac");
   if (t.model.arch == "llama") t.untie = t.untie || !t.tie;  // Llama's head is untied by default
   else if (t.tie || tr->get_option("--rope-theta")->count() > 0) {  // flags GPT-2 would ignore
