@@ -78,7 +78,7 @@ within "$eppl" "$(awk -v l="$eloss" 'BEGIN { printf "%.12g", exp(l) }')" 1e-5 0 
 
 # A text dataset prepared into the directory is text again.
 printf 'plain text, no records\n%.0s' $(seq 200) >"$tmp/plain.txt"
-expect_error "--pack packs the examples of a dataset of JSONL records" train --data "$tmp/plain.txt" --pack --steps 1
+expect_error "made from JSONL records, and $tmp/plain.txt is read as text: prepare it first" train --data "$tmp/plain.txt" --pack --steps 1
 "$exe" prepare --tokenizer "$chat/chatml" --data "$tmp/plain.txt" --out "$tmp/ds2" >/dev/null 2>&1 || fail "prepare text"
 cp "$tmp/ds/train.labels" "$tmp/ds/val.labels" "$tmp/ds2/"
 "$exe" prepare --tokenizer "$chat/chatml" --data "$tmp/plain.txt" --out "$tmp/ds2" >/dev/null 2>&1 || fail "prepare text"
