@@ -94,11 +94,18 @@ std::set<fs::path> best_checkpoints(const std::map<int64_t, Recorded>& own) {
 
 // Removes a published checkpoint: renamed to .old-step_N first (a removal cut short leaves a leftover the next save
 // clears, never a step_N without its index), its index first (that leftover is never put back as a replace cut short).
+// A step_N that is a symbolic link goes as a link: what it points to is not this directory's to remove. The new
+// checkpoint is published by now, so a removal that fails (a read-only or immutable old step) is a warning.
 void discard(const fs::path& checkpoint) {
-  const fs::path old = checkpoint.parent_path() / (".old-" + checkpoint.filename().string());
-  WEFT_FS(fs::rename(checkpoint, old));
-  WEFT_FS(fs::remove(old / kCheckpointIndexFile));
-  WEFT_FS(fs::remove_all(old));
+  try {
+    const fs::path old = checkpoint.parent_path() / (".old-" + checkpoint.filename().string());
+    WEFT_FS(fs::rename(checkpoint, old));
+    if (!WEFT_FS(fs::is_symlink(old))) WEFT_FS(fs::remove(old / kCheckpointIndexFile));
+    WEFT_FS(fs::remove_all(old));  // a link itself, not its target
+  } catch (const Error& e) {
+    std::fprintf(stderr, "checkpoint: warning: the older checkpoint %s was not removed (keep_last, replace_other_runs) "
+                 "and stays: %s\n", checkpoint.c_str(), e.what());
+  }
 }
 
 // replace_other_runs (the other runs' checkpoints and this run's past `final_dir`'s step: those of steps a resumed

@@ -433,7 +433,21 @@ TEST_CASE("retention and latest: keep_last, incomplete checkpoints ignored, same
   CHECK(fs::exists(dir / "step_00000005" / "index.json"));
   CHECK(!fs::exists(dir / ".tmp-step_00000005"));
   barrier();
-  if (dist::rank() == 0) fs::remove_all(dir);
+  // A step that is a link to a checkpoint kept elsewhere rotates away as a link: rotation had removed the index.json
+  // of the checkpoint it pointed to (through the link), leaving that one incomplete.
+  const fs::path archive = shared_dir("keep_archive");
+  fsdp::save_checkpoint(archive.string(), *m, nullptr, &root, {.step = 6});
+  barrier();
+  if (dist::rank() == 0) fs::create_directory_symlink(archive / "step_00000006", dir / "step_00000006");
+  barrier();
+  for (int step = 7; step <= 8; ++step) fsdp::save_checkpoint(dir.string(), *m, nullptr, &root, {.step = step}, {.keep_last = 1});
+  barrier();
+  CHECK(!fs::exists(dir / "step_00000006"));
+  CHECK(!fs::is_symlink(dir / ".old-step_00000006"));
+  CHECK(fs::exists(archive / "step_00000006" / "index.json"));
+  CHECK_NOTHROW(fsdp::verify_checkpoint((archive / "step_00000006").string()));
+  barrier();
+  if (dist::rank() == 0) fs::remove_all(dir), fs::remove_all(archive);
 }
 
 TEST_CASE("bad checkpoints fail on every rank with the file and key, and change nothing") {

@@ -224,6 +224,17 @@ run "$gpt" train "${cfg[@]}" --checkpoint-dir "$tmp/k1" --checkpoint-every 1 --k
   fail "$(cat "$tmp/err")"
 [ "$(grep -c "besides the 1 newest: the newest checkpoint known to resume" "$tmp/err")" = 1 ] &&
   [ "$(ls "$tmp/k1" | grep -c step_)" = 2 ] || fail "--keep-last 1's notes: $(cat "$tmp/err"; ls "$tmp/k1")"
+# An older checkpoint that rotation cannot remove (immutable here; read-only or stale elsewhere) stays, with a warning:
+# the run goes on (it had ended at the next save, the checkpoint just published kept, its later steps not trained).
+run "$gpt" train "${cfg[@]}" --checkpoint-dir "$tmp/imm" --stop-after 1 >/dev/null 2>&1 || fail "the run to rotate from"
+if chattr +i "$tmp/imm/step_00000001" 2>/dev/null; then
+  rc=0 && run "$gpt" train "${cfg[@]}" --resume "$tmp/imm" --checkpoint-dir "$tmp/imm" --checkpoint-every 1 \
+    --keep-last 1 --stop-after 3 >/dev/null 2>"$tmp/err" || rc=$?
+  chattr -i "$tmp/imm/step_00000001"
+  [ "$rc" = 0 ] && [ -e "$tmp/imm/step_00000004/index.json" ] && [ -e "$tmp/imm/step_00000001/index.json" ] &&
+    grep -q "checkpoint: warning: the older checkpoint $tmp/imm/step_00000001 was not removed" "$tmp/err" ||
+    fail "an old step rotation cannot remove (rc $rc): $(cat "$tmp/err"; ls "$tmp/imm")"
+else echo "checkpoint_cli: the immutable old step is not tested: chattr +i fails on $tmp (needs root on ext4 or xfs)"; fi
 # A metrics file that cannot grow (a file-size limit here, a full disk elsewhere) costs its lines, never the run: it
 # trains on to its last checkpoint, says what was dropped, and the file keeps whole lines only (a failed write had
 # ended the run, its steps since the last checkpoint lost).
