@@ -56,6 +56,9 @@ void check_config(const ModelConfig& cfg) {
                "transformer: --ctx {} is past the model's sliding_window {}: weft computes full attention, which is "
                "that model's only within the window", cfg.ctx, cfg.sliding_window);
   }
+}
+
+void check_fits_host(const ModelConfig& cfg) {
   const double params = param_count(cfg), bytes = 4 * params;
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);  // this machine's memory, 0 if unknown
   const double mem = pages > 0 && page > 0 ? double(pages) * double(page) : 0;
@@ -86,6 +89,7 @@ double param_count(const ModelConfig& cfg) {
 
 LanguageModel make_model(const ModelConfig& cfg) {
   check_config(cfg);
+  if (!default_device().is_meta()) check_fits_host(cfg);  // allocated whole here (a meta model: where it is placed)
   LanguageModel m{cfg, nullptr, {}};
   if (cfg.arch == "llama") {
     auto llama = cfg.qk_norm ? std::make_shared<nn::Qwen3>(llama_config(cfg))

@@ -84,7 +84,7 @@ LoadedModel load_model(const std::string& from, bool say, bool shard = false, De
     apps::add_lora(m.lm, lora, true);  // a LoRA run's checkpoint holds its adapters too
     m.lora = lora;
     m.lm.module->to(dtype);
-    if (!shard) return nn::materialize(*m.lm.module, kCPU);
+    if (!shard) return apps::check_fits_host(cfg), nn::materialize(*m.lm.module, kCPU);
     const fsdp::FullyShardOptions opts{.mesh = dist::default_mesh(device.type)};
     for (auto& block : m.lm.blocks) fsdp::fully_shard(block, opts);
     m.root = fsdp::fully_shard(m.lm.module, opts);

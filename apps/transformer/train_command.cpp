@@ -376,6 +376,7 @@ void validate(TrainOptions& o, const Ranks& ranks, Run& run) {
   }
   if (!o.init_from.empty()) take_init_config(o);
   apps::check_config(o.model);
+  if ((!ranks.fsdp || o.tp > 1) && !o.plan.only()) apps::check_fits_host(o.model);  // whole in each process
   WEFT_CHECK(o.lora.rank > 0 || (o.lora.alpha == 0 && o.lora.dropout == 0 && o.lora_targets.empty()),
              "transformer: --lora-alpha, --lora-dropout and --lora-targets need a --lora-rank above 0");
   if (o.lora.rank > 0 && !o.init_from.empty()) o.base_digest = apps::hf_weights_digest(o.init_from);

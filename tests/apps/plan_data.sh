@@ -14,6 +14,13 @@ shift $(( $# > 2 ? 3 : 2 ))
 mpirun_args=("$@")
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # $tmp (removed on exit), fail
 
+# A model far past any one host (a GPT of 3.2e11 parameters: 1.2 TiB of f32 weights) plans per rank at 1024 ranks,
+# with weft-transformer --plan-ranks as with weft-plan (it was refused as more than this machine's memory: the whole
+# model against one host, where no rank holds it whole).
+"$tf" train --fsdp --plan-ranks 1024 --n-layer 100 --d-model 16384 --n-head 128 --ctx 2048 --batch-size 1024 --ac full \
+  >"$tmp/big.out" 2>"$tmp/err" || fail "the plan of a model larger than this host: $(cat "$tmp/err")"
+grep -q "predicted peak" "$tmp/big.out" || fail "no plan of the large model: $(cat "$tmp/big.out")"
+
 # The chat fixture's records, eight times over: 108 train and 12 val examples of at most ~60 tokens.
 for _ in 1 2 3 4 5 6 7 8; do cat "$chat/records.jsonl"; done >"$tmp/data.jsonl"
 "$tf" prepare --tokenizer "$chat/chatml" --data "$tmp/data.jsonl" --out "$tmp/ds" >/dev/null 2>"$tmp/err" ||
