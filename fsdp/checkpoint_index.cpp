@@ -247,8 +247,10 @@ CheckpointIndex read_checkpoint_index(const std::string& path) {
   std::vector<std::string> unreadable;
   std::string where = latest_checkpoint(path, &unreadable);
   WEFT_CHECK(!where.empty() || unreadable.empty(), "{}", unreadable.front());  // none reads: the newest's error
-  WEFT_CHECK(!where.empty(), "checkpoint: no complete checkpoint at '{}' (no {} there and no step_* directory holding "
-             "one)", path, kCheckpointIndexFile);
+  WEFT_CHECK(!where.empty(), "checkpoint: no complete checkpoint at '{}' ({})", path,
+             fs::path(path).filename() == kCheckpointIndexFile ? "the index itself: pass its directory, " +
+             fs::path(path).parent_path().string() : fmt::format("no {} there and no step_* directory holding one",
+                                                                 kCheckpointIndexFile));
   IndexReader r{(fs::path(where) / kCheckpointIndexFile).string()};
   const Json j = read_index_json(r.path);
   WEFT_CHECK(r.string(j, "format") == "weft-checkpoint", "checkpoint: {} is a \"{}\" index, not a weft checkpoint",
@@ -312,6 +314,12 @@ CheckpointIndex read_checkpoint_index(const std::string& path) {
   const Json& tensors = r.at(j, "tensors");
   WEFT_CHECK(tensors.is_object(), "checkpoint: {}: \"tensors\" is not an object", r.path);
   for (auto& [key, t] : tensors.items()) ix.tensors.push_back(read_entry(r, key, t, file_names));
+  for (const auto& [k, v] : ix.training.app)  // a NUL would cut the messages that quote the field short
+    if ((k + v).find('\0') != std::string::npos) r.fail("app", fmt::format("{} holds a NUL character", Json(k).dump()));
+  for (const auto& [name, target] : ix.training.aliases)  // a consolidated file holds each name once, every alias a copy
+    if (!ix.find("model." + target) || ix.find("model." + name))
+      r.fail("aliases", fmt::format("{} names {}: an alias names a tensor the checkpoint holds, and is not one itself",
+                                    Json(name).dump(), Json(target).dump()));
   return ix;
 }
 

@@ -549,6 +549,18 @@ TEST_CASE("bad checkpoints fail on every rank with the file and key, and change 
   expect_failure("extra_rng", edit_index([](fsdp::CheckpointIndex& ix) { ix.rng.push_back(ix.rng.back()); }), rngs, *m,
                  root, &opt);
   CHECK_THROWS_WITH(fsdp::verify_checkpoint((dir / "extra_rng").string()), Contains(rngs));
+  // Aliases verify accepted and consolidate then refused (a missing target, a name the checkpoint holds itself), and a
+  // NUL in the description that cut the messages quoting it short: refused where the index is read.
+  const std::string held = fsdp::read_checkpoint_index(good).tensors[0].key.substr(6);  // without "model."
+  for (const auto& [alias, target] : {std::pair{std::string("lm_head.weight"), std::string("nope.weight")}, {held, held}}) {
+    const std::string why = fmt::format("\"aliases\" \"{}\" names \"{}\": an alias names a tensor the checkpoint holds, "
+                                        "and is not one itself", alias, target);
+    expect_failure("alias_" + target, edit_index([&](fsdp::CheckpointIndex& ix) { ix.training.aliases[alias] = target; }),
+                   why, *m, root, &opt);
+    CHECK_THROWS_WITH(fsdp::verify_checkpoint((dir / ("alias_" + target)).string()), Contains(why));
+  }
+  expect_failure("nul", edit_index([](fsdp::CheckpointIndex& ix) { ix.training.app["model"] = std::string("mlp\0x", 5); }),
+                 "\"app\" \"model\" holds a NUL character", *m, root, &opt);
   const std::string negative = "\"data\" batch is -3, not a count";
   expect_failure("negative_data", edit_index([](fsdp::CheckpointIndex& ix) { ix.training.data["batch"] = -3; }),
                  negative, *m, root, &opt);

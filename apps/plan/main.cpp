@@ -53,6 +53,10 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "weft-plan: --ranks is given more than once\n");
       return 2;
     }
+    if (a == "--plan-ranks" || a.starts_with("--plan-ranks=")) {  // the app's name for --ranks, which becomes it
+      std::fprintf(stderr, "weft-plan: --plan-ranks is the apps' flag; weft-plan's is --ranks\n");
+      return 2;
+    }
     if (a == "--ranks" || a.starts_with("--ranks=")) {
       // Checked here, so that the error names weft-plan's flag rather than the app's --plan-ranks.
       const std::string n = a == "--ranks" ? (i + 1 < argc ? argv[i + 1] : "") : a.substr(8);
