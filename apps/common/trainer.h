@@ -1,8 +1,7 @@
 // apps: the training loop that weft-mnist and weft-transformer share. An app validates its flags,
 // builds (and shards) its model and its optimizer, and hands them to a Trainer with a
 // TrainingTask: its batches, its evaluation and what its checkpoints record. The Trainer then
-// restores (resume), runs the steps and writes the final checkpoint. One step, top to bottom
-// (Trainer::train_step):
+// restores (resume), runs the steps and writes the final checkpoint. One step, top to bottom (Trainer::train_step):
 //   zero the gradients -> accumulate_gradients (forward and backward over the step's
 //   micro-batches, or --deterministic's leaves) -> the NaN policy (NanPolicy) -> clip -> the
 //   optimizer's step -> the schedule
@@ -47,8 +46,7 @@ inline Tensor loss_of(const LossFn& fn, const Tensor& logits, const Tensor& targ
 }
 
 // One forward and backward of (x, y): the cross-entropy (`loss`, when given) of the logits
-// (flattened to [rows, classes]) against y; the gradient of loss / `parts` is added to the
-// gradients already there.
+// (flattened to [rows, classes]) against y; the gradient of loss / `parts` is added to the gradients already there.
 // With `positions` defined the model is called with (x, positions).
 // Under `autocast` the forward and the loss run in bf16 autocast. With `target_scale` > 0 the loss
 // is instead the sum of the cross-entropies of the targets that are not -100, times target_scale

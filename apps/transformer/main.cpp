@@ -208,7 +208,7 @@ CLI::App* add_sample_flags(CLI::App& app, SampleOptions& s) {
                  "model trained on a prepared dataset: its DIR/tokenizer.json; default: the tokenizer.json of the "
                  "Hugging Face directory the model came from, if any)");
   sa->add_flag("--no-special", s.no_special, "encode the prompt without the tokenizer's special tokens (the BOS its "
-               "post-processor puts first)");
+               "post-processor puts first)")->excludes("--prompt-ids");
   sa->add_option("--logits-out", s.logits_out, "write the prompt's logits [T, vocab] (f32) to FILE.safetensors");
   sa->add_option("--top-k", s.top_k, "draw from the K most likely tokens only (0: all)")
       ->check(apps::cli::integer(0, 1 << 20))->capture_default_str();

@@ -266,6 +266,8 @@ std::vector<int64_t> prompt_ids(const SampleOptions& o, const apps::BpeTokenizer
   for (int64_t id : o.prompt_ids)
     WEFT_CHECK(id >= 0 && id < vocab, "transformer: --prompt-ids: {} is not a token of {}'s vocabulary of {}", id,
                o.checkpoint, vocab);
+  WEFT_CHECK(!o.no_special || tok, "transformer: --no-special leaves out the special tokens a tokenizer adds to "
+             "--prompt, and {} reads bytes (no tokenizer)", o.checkpoint);
   if (!o.prompt_ids.empty()) return o.prompt_ids;
   if (tok) {
     WEFT_CHECK(apps::utf8::valid(o.prompt), "transformer: --prompt is not valid UTF-8 text, which the tokenizer encodes");
