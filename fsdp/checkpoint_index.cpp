@@ -94,8 +94,10 @@ tp::Split read_split(const IndexReader& r, const std::string& key, const Json& s
 }
 
 // The pieces of `e` must tile each part (the tensor, unless split) along the shard dim, `extent` long, each starting
-// where the last ended (overlaps and gaps can sum to a tiling's size); a replicated tensor has one piece a part.
-void check_tiling(const IndexReader& r, const CheckpointIndex::Entry& e, int64_t extent) {
+// where the last ended (overlaps and gaps can sum to a tiling's size), in the order of their files' shards, as
+// written (pieces whose offsets were swapped tile too); a replicated tensor has one piece a part.
+void check_tiling(const IndexReader& r, const CheckpointIndex::Entry& e, int64_t extent,
+                  const std::map<std::string, int>& file_shards) {
   std::vector<CheckpointIndex::Shard> shards = e.shards;
   std::sort(shards.begin(), shards.end(), [](auto& a, auto& b) { return std::tie(a.part, a.offset) < std::tie(b.part, b.offset); });
   if (e.shard_dim >= 0 && extent == 0 && shards.empty()) return;  // no indices, no pieces (as written)
@@ -105,22 +107,25 @@ void check_tiling(const IndexReader& r, const CheckpointIndex::Entry& e, int64_t
   };
   if (e.shard_dim < 0 && shards.size() != size_t(e.split.parts))
     r.fail(e.key, fmt::format("is replicated but has {} pieces for {} part(s)", shards.size(), e.split.parts));
-  int64_t end = 0, part = 0;
+  int64_t end = 0, part = 0, last = -1;  // last: the shard of the piece before
   for (const auto& s : shards) {
     if (s.part != part) {  // the next part begins
       if (s.part != part + 1 || (e.shard_dim >= 0 && end != extent)) r.fail(e.key, covers(end, part));
-      part = s.part, end = 0;
+      part = s.part, end = 0, last = -1;
     }
     if (e.shard_dim >= 0 && s.offset != end)
       r.fail(e.key, fmt::format("has pieces that {} at index {} of dim {}", s.offset < end ? "overlap" : "leave a gap", end, e.shard_dim));
-    end = s.offset + s.length;
+    if (e.shard_dim >= 0 && file_shards.at(s.file) <= last)
+      r.fail(e.key, fmt::format("has its piece at index {} of dim {} in {}, a file before the previous piece's: the "
+                                "pieces are out of their shards' order", s.offset, e.shard_dim, s.file));
+    end = s.offset + s.length, last = file_shards.at(s.file);
   }
   if (shards.empty() || part + 1 != e.split.parts || (e.shard_dim >= 0 && end != extent)) r.fail(e.key, covers(end, part));
 }
 
 // The entry of tensor `key` in "tensors"; its shards may only name files in `file_names`.
 CheckpointIndex::Entry read_entry(const IndexReader& r, const std::string& key, const Json& t,
-                                  const std::set<std::string>& file_names) {
+                                  const std::map<std::string, int>& file_names) {
   CheckpointIndex::Entry e;
   e.key = key;
   auto dtype = parse_safetensors_dtype(r.string(t, "dtype", key));
@@ -160,7 +165,7 @@ CheckpointIndex::Entry read_entry(const IndexReader& r, const std::string& key, 
     }
     e.shards.push_back(sh);
   }
-  check_tiling(r, e, extent);
+  check_tiling(r, e, extent, file_names);
   return e;
 }
 
@@ -293,7 +298,7 @@ CheckpointIndex read_checkpoint_index(const std::string& path) {
   } catch (const Json::exception& e) {
     WEFT_ERROR("checkpoint: {}: mesh, data, app, aliases or rng is malformed: {}", r.path, e.what());
   }
-  std::set<std::string> file_names;
+  std::map<std::string, int> file_names;  // a file's shard
   for (const Json& f : r.at(j, "files")) {
     CheckpointIndex::File file{r.string(f, "file", "files"), int(r.integer(f, "shard", "files", 0, ix.num_shards - 1)),
                                uint64_t(r.integer(f, "bytes", "files", 0)), r.string(f, "sha256", "files")};
@@ -303,7 +308,7 @@ CheckpointIndex read_checkpoint_index(const std::string& path) {
     // Only plain names: an index must not point outside its directory.
     WEFT_CHECK(!file.name.empty() && file.name.find('/') == std::string::npos && file.name[0] != '.',
                "checkpoint: {}: file name \"{}\" is not a plain name in the checkpoint directory", r.path, file.name);
-    file_names.insert(file.name);
+    file_names.emplace(file.name, file.shard);
     ix.files.push_back(file);
   }
   if (ix.files.size() != size_t(ix.num_shards))

@@ -559,6 +559,20 @@ TEST_CASE("bad checkpoints fail on every rank with the file and key, and change 
                    why, *m, root, &opt);
     CHECK_THROWS_WITH(fsdp::verify_checkpoint((dir / ("alias_" + target)).string()), Contains(why));
   }
+  // Two pieces of equal length whose offsets are swapped tile the tensor too: verify passed it and a load or
+  // consolidate permuted the rows. Pieces must lie in their files' shard order.
+  const fsdp::CheckpointIndex read_good = fsdp::read_checkpoint_index(good);
+  for (const auto& e : read_good.tensors)
+    if (e.shards.size() >= 2 && e.shards[0].length == e.shards[1].length && e.shards[0].length > 0) {
+      const std::string why = fmt::format("\"{}\" has its piece at index {} of dim {} in {}, a file before the "
+                                          "previous piece's", e.key, e.shards[1].offset, e.shard_dim, e.shards[0].file);
+      expect_failure("swapped", edit_index([key = e.key](fsdp::CheckpointIndex& ix) {
+                       for (auto& t : ix.tensors)
+                         if (t.key == key) std::swap(t.shards[0].offset, t.shards[1].offset);
+                     }), why, *m, root, &opt);
+      CHECK_THROWS_WITH(fsdp::verify_checkpoint((dir / "swapped").string()), Contains(why));
+      break;
+    }
   expect_failure("nul", edit_index([](fsdp::CheckpointIndex& ix) { ix.training.app["model"] = std::string("mlp\0x", 5); }),
                  "\"app\" \"model\" holds a NUL character", *m, root, &opt);
   const std::string negative = "\"data\" batch is -3, not a count";
