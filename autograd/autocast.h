@@ -5,8 +5,8 @@
 //   each input's own dtype (an f32 weight gets an f32 gradient, computed from the 16-bit
 //   operands and never rounded to 16 bits);
 // - cross_entropy computes in f32 whatever its logits' dtype;
-// - everything else runs in its inputs' dtype: norms keep f32 statistics, and an element-wise
-//   op on f32 and bf16 operands promotes to f32, so a residual stream that starts f32 stays f32.
+// - everything else runs in its inputs' dtype: norms keep f32 statistics, and an element-wise op (or a norm's input
+//   and its weights) on f32 and bf16 operands promotes to f32, so a residual stream that starts f32 stays f32.
 // Parameters stay as they are (the f32 master weights the optimizer steps); the casts are part
 // of the graph. Products that read the same tensor in a row (Llama's q, k and v projections of one normalised x) share
 // one 16-bit copy of it, made again if the tensor is written in between. The state is per thread, like grad mode;

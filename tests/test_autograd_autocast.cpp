@@ -136,6 +136,33 @@ TEST_CASE("autocast: matmul and attention return bf16; cross_entropy and layer_n
   CHECK(layer_norm(randn({4, 16}, {}, &gen), {16}).dtype() == kFloat32);
 }
 
+// Under autocast a norm can meet a bf16 activation and its f32 weight (Qwen3's q and k norms after the bf16
+// projections): it computes in f32, as an element-wise op promotes, with each gradient in its input's dtype (it had
+// refused the dtypes, so a one-process bf16 Qwen3 could not train).
+TEST_CASE("autocast: a norm of a bf16 activation with f32 weights computes in f32, as the widened input would") {
+  Generator gen(5);
+  const Tensor x16 = randn({3, 4, 8}, {}, &gen).to(DType::bf16), w = randn({8}, {}, &gen), b = randn({8}, {}, &gen),
+               g = randn({3, 4, 8}, {}, &gen);
+  for (bool rms : {true, false}) {
+    INFO((rms ? "rms_norm" : "layer_norm"));
+    auto norm = [&](const Tensor& x, const Tensor& weight, const Tensor& bias) {
+      return rms ? rms_norm(x, {8}, weight, 1e-6) : layer_norm(x, {8}, weight, bias, 1e-5);
+    };
+    Tensor x = x16.detach(), xw = x16.to(kFloat32).detach(), w1 = w.detach(), w2 = w.detach(), b1 = b.detach(), b2 = b.detach();
+    for (Tensor* t : {&x, &xw, &w1, &w2, &b1, &b2}) t->set_requires_grad(true);
+    AutocastGuard autocast;
+    const Tensor y = norm(x, w1, b1), want = norm(xw, w2, b2);
+    CHECK(y.dtype() == kFloat32);
+    test::check_values(y, to_vector(want), 0, 0);
+    sum(y * g).backward();
+    sum(want * g).backward();
+    CHECK((x.grad().dtype() == DType::bf16 && w1.grad().dtype() == kFloat32));
+    test::check_values(x.grad(), to_vector(xw.grad().to(DType::bf16)), 0, 0);
+    test::check_values(w1.grad(), to_vector(w2.grad()), 0, 0);
+    if (!rms) test::check_values(b1.grad(), to_vector(b2.grad()), 0, 0);
+  }
+}
+
 // The loss of a 50,257-token head at ctx 1024 has logits of 100 MB a sequence: its backward
 // keeps those (bf16 under autocast) and two f32 numbers a row, not an f32 copy of log-probs.
 TEST_CASE("autocast: cross_entropy keeps the bf16 logits and two numbers a row for its backward") {
