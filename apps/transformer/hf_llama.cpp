@@ -116,7 +116,7 @@ json write_llama_config(const ModelConfig& c) {
           {"num_attention_heads", c.n_head}, {"num_key_value_heads", lc.kv_heads()}, {"head_dim", lc.head_size()},
           {"max_position_embeddings", max_positions}, {"rms_norm_eps", c.norm_eps}, {"rope_theta", c.rope_theta},
           {"rope_scaling", rope_scaling_config(c.rope_scaling)}, {"hidden_act", "silu"}, {"attention_bias", false},
-          {"mlp_bias", false}, {"attention_dropout", 0.0}, {"initializer_range", 0.02}, {"pretraining_tp", 1},
+          {"mlp_bias", false}, {"attention_dropout", c.dropout}, {"pretraining_tp", 1},  // initializer_range: the source's
           {"tie_word_embeddings", c.tie_weights}, {"torch_dtype", "float32"}, {"use_cache", true}};
 }
 

@@ -259,6 +259,13 @@ grep -q '"resid_pdrop": 0.1' "$tmp/g2drop_out/config.json" && grep -q '"initiali
 "$exe" export-hf --from "$tmp/ckg2" --out "$tmp/ckg2_out" >/dev/null 2>"$tmp/x.err" || fail "export-hf: $(cat "$tmp/x.err")"
 grep -q '"attn_pdrop": 0.05' "$tmp/ckg2_out/config.json" && grep -q '"initializer_range": 0.02' "$tmp/ckg2_out/config.json" ||
   fail "the run's dropout and the source's fields: $(cat "$tmp/ckg2_out/config.json")"
+# Llama's too: the source's initializer_range (0.1 in the llama3 fixture) and the run's --dropout as attention_dropout
+# (they were written 0.02 and 0.0 whatever the source or the run had).
+"$exe" train --init-from "$data/llama3" --dropout 0.05 --ctx 16 --batch-size 2 --steps 1 --threads 1 --eval-every 0 \
+  --eval-iters 1 --checkpoint-dir "$tmp/ckl3" >/dev/null 2>"$tmp/x.err" || fail "$(cat "$tmp/x.err")"
+"$exe" export-hf --from "$tmp/ckl3" --out "$tmp/ckl3_out" >/dev/null 2>"$tmp/x.err" || fail "export-hf: $(cat "$tmp/x.err")"
+grep -q '"attention_dropout": 0.05' "$tmp/ckl3_out/config.json" && grep -q '"initializer_range": 0.1' "$tmp/ckl3_out/config.json" ||
+  fail "Llama's dropout and initializer_range: $(cat "$tmp/ckl3_out/config.json")"
 # A chat template saved as transformers 5 saves it goes with the export.
 cp -r "$data/qwen2" "$tmp/q2chat" && echo '{{ messages[0].content }}' >"$tmp/q2chat/chat_template.jinja" &&
   cp "$data/../tokenizers/qwen2/tokenizer.json" "$tmp/q2chat/"
