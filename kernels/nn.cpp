@@ -123,8 +123,9 @@ std::tuple<Tensor, Tensor, Tensor> norm_backward(const char* op, bool center, co
   }
   const KernelBackend& backend = kernel_backend(x.device(), op);
   Tensor dx = empty(x.shape(), like(x));
-  Tensor dweight = weight.defined() ? empty(weight.shape(), like(weight)) : Tensor();
-  Tensor dbias = bias.defined() ? empty(bias.shape(), like(bias)) : Tensor();
+  // No rows (an empty batch) leave them unwritten by the kernels: zeros then.
+  auto grad_of = [&](const Tensor& t) { return t.defined() ? (x.numel() ? empty : zeros)(t.shape(), like(t)) : Tensor(); };
+  Tensor dweight = grad_of(weight), dbias = grad_of(bias);
   backend.layer_norm_backward(grad.contiguous(), x.contiguous(), center ? mean.contiguous() : Tensor(),
                               rstd.contiguous(), contig(weight), dx, dweight, dbias);
   return {dx, dweight, dbias};

@@ -176,7 +176,8 @@ void Optimizer::load_state(const NamedTensorList& state, bool keep) {
                    shape_str(t.shape()), shape_str(p.shape()));
         check_state(it->first, k, t);
         Tensor own = per_element ? t.to(p.device(), p.dtype()).contiguous() : t;
-        new_state[p.impl()][k] = keep ? own : own.clone();
+        // Kept only if nothing else holds its storage (another optimizer's live state: both would step it).
+        new_state[p.impl()][k] = keep && own.storage().use_count() == 1 ? own : own.clone();
         it = given.erase(it);
       }
       std::vector<std::string> held;

@@ -40,7 +40,7 @@ class Optimizer {
   std::weak_ptr<const char> scheduled_by;
 
   size_t num_groups() const { return groups_.size(); }
-  std::vector<Tensor>& params(size_t group) { return groups_[checked_group(group)].params; }
+  // Read only: the constructor's checks (leaves, each once) hold for the optimizer's life.
   const std::vector<Tensor>& params(size_t group) const { return groups_[checked_group(group)].params; }
   double option(size_t group, const std::string& name) const;
   void set_option(size_t group, const std::string& name, double value);

@@ -201,6 +201,11 @@ TEST_CASE("full state dicts: gathered like the single-process model, to every ra
   fsdp::load_full_optimizer_state_dict(opt2, *m2, ofull, &root2);
   check_same(fsdp::full_state_dict(*m2, &root2), full, "model loaded from a full state dict");
   check_same(fsdp::full_optimizer_state_dict(opt2, *m2, &root2), ofull, "optimizer loaded from a full state dict");
+  // Its state is its own: a step of the first optimizer leaves it as loaded (the step counts, the live tensors of
+  // `opt` in `ofull`, had been shared, so each optimizer counted the other's steps).
+  const auto loaded = clone_all(fsdp::full_optimizer_state_dict(opt2, *m2, &root2));
+  train(*m, opt, 3, 1);
+  check_same(fsdp::full_optimizer_state_dict(opt2, *m2, &root2), loaded, "optimizer state after the other's step");
   // ... and the unsharded model from the sharded one's full state dict (the other direction).
   manual_seed(98);
   TinyGPT plain;

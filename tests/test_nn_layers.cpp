@@ -250,3 +250,18 @@ TEST_CASE("layer constructors name the layer and the argument at fault") {
   CHECK_THROWS_WITH(MLP(with([](auto& c) { c.gelu_approximate = "erf"; })), Contains("MLP: gelu_approximate"));
   CHECK_THROWS_WITH(Block(with([](auto& c) { c.dropout = 1.0; })), Contains("Block: dropout must be in [0, 1), got 1"));
 }
+
+// An empty batch's norm gradients are zeros, as Linear's and Embedding's: the kernels write no row, and the weight and
+// bias gradients had kept whatever their memory held before (memory freed just before is the likeliest).
+TEST_CASE("layer_norm and rms_norm of an empty batch give zero weight and bias gradients") {
+  for (bool rms : {true, false})
+    for (int i = 0; i < 8; ++i) {
+      INFO((rms ? "rms_norm" : "layer_norm") << ", round " << i);
+      { Tensor junk = full({4}, 42.0 + i), more = full({2, 4}, 1e30); }
+      Tensor w = ones({4}), b = zeros({4}), x = zeros({0, 4});
+      for (Tensor* t : {&w, &b, &x}) t->set_requires_grad(true);
+      sum(rms ? rms_norm(x, {4}, w) : layer_norm(x, {4}, w, b)).backward();
+      CHECK(to_vector(w.grad()) == std::vector<double>(4, 0.0));
+      if (!rms) CHECK(to_vector(b.grad()) == std::vector<double>(4, 0.0));
+    }
+}

@@ -229,6 +229,30 @@ TEST_CASE("optimizer state round-trips through safetensors bit-exactly") {
   std::filesystem::remove_all(dir);
 }
 
+// The rvalue load keeps the tensors it is given (a checkpoint's, read for it), but not another optimizer's live state:
+// o2.load_state_dict(o1.state_dict()) had shared exp_avg, exp_avg_sq and step with o1, so each stepped the other's.
+TEST_CASE("an optimizer loaded from another's state_dict() owns its state: both step alike") {
+  manual_seed(6);
+  Linear a(3, 2), b(3, 2);
+  AdamW o1(a.parameters(), {.lr = 0.1}), o2(b.parameters(), {.lr = 0.1});
+  const Tensor x = randn({4, 3});
+  auto step = [&](Linear& m, AdamW& o) {
+    o.zero_grad();
+    sum(square(m(x))).backward();
+    o.step();
+  };
+  step(a, o1);
+  b.load_state_dict(a.state_dict());
+  o2.load_state_dict(o1.state_dict());  // a temporary: the rvalue overload
+  for (int i = 0; i < 2; ++i) step(a, o1), step(b, o2);
+  CHECK(to_vector(a.weight) == to_vector(b.weight));
+  const auto s1 = o1.state_dict(), s2 = o2.state_dict();
+  for (size_t i = 0; i < s1.size(); ++i) {
+    INFO(s1[i].first);
+    CHECK((s1[i].second.storage() != s2[i].second.storage() && to_vector(s1[i].second) == to_vector(s2[i].second)));
+  }
+}
+
 TEST_CASE("a step that cannot run changes nothing; a strided parameter steps as its contiguous copy") {
   for (const bool adam : {true, false}) {
     INFO((adam ? "Adam" : "SGD with momentum"));

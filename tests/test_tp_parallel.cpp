@@ -247,6 +247,14 @@ TEST_CASE("what cannot be split is refused on every rank, before anything change
   tp::parallelize(copied, {.input = tp::Comm::copy}, group(), "copied");
   CHECK_THAT(error_of([&] { tp::parallelize(copied, {.input = tp::Comm::copy}, group(), "copied"); }),
              Contains("tp: copied (copied) has a parallel style already"));
+  // A style's chunks below 1 (a colwise Linear's blocks): refused, where 0 had divided by zero (SIGFPE).
+  for (const int64_t chunks : {0, -2}) {
+    nn::Linear blocks(4, 6);
+    tp::Style style = tp::colwise();
+    style.chunks = chunks;
+    CHECK_THAT(error_of([&] { tp::parallelize(blocks, style, group(), "blocks"); }),
+               Contains("tp: blocks (blocks): its style's chunks must be at least 1, got " + std::to_string(chunks)));
+  }
   // Ids past the vocabulary, which every rank had taken for another rank's rows (zeros), as the whole layer.
   nn::Embedding rows(4 * P(), 8);
   tp::parallelize(rows, {.weights = tp::Weights::vocab_rows, .output = tp::Comm::reduce}, group(), "rows");

@@ -61,6 +61,7 @@ void mark_styled(nn::Module& m) {
 void check(nn::Module& m, const Style& style, const dist::ProcessGroupPtr& group, const std::string& path,
            const std::string& what) {
   WEFT_CHECK(group != nullptr, "tp: parallelize {}: no process group", path);
+  WEFT_CHECK(style.chunks >= 1, "tp: {} ({}): its style's chunks must be at least 1, got {}", path, what, style.chunks);
   WEFT_CHECK(!g_styled.contains(&m) || g_styled.at(&m).expired(), "tp: {} ({}) has a parallel style already: a second one's "
              "collectives would run beside the first's (its values or gradients scaled by the group's size); "
              "parallelize a module once", path, what);
@@ -201,9 +202,8 @@ void sum_gradients(nn::Module& m, const dist::ProcessGroupPtr& group) {
   while_running(m, [group](const std::string&, const Tensor& p) { return copy_to_parallel(p, group); });
 }
 
-// Each rank keeps its part of its own tensors: tensors that differ between the ranks (a seed per rank) would make,
-// silently, a model no rank holds. So the ranks compare a 64-bit hash of each parameter's bytes first (a meta one: its
-// dtype and shape). PyTorch's parallelize_module scatters rank 0's values instead.
+// Each rank keeps its part of its own tensors, so the ranks (a seed per rank would differ) compare a 64-bit hash of
+// each parameter's bytes first (a meta one: dtype and shape). PyTorch's parallelize_module scatters rank 0's instead.
 using Styled = std::tuple<nn::Module*, Style, std::string>;  // a module, its style, its path
 void check_same_values(const std::vector<Styled>& modules, const dist::ProcessGroupPtr& group) {
   if (group->size() == 1 || group->device().is_meta()) return;
