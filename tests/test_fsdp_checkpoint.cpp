@@ -557,7 +557,8 @@ TEST_CASE("bad checkpoints fail on every rank with the file and key, and change 
   // Aliases verify accepted and consolidate then refused (a missing target, a name the checkpoint holds itself), and a
   // NUL in the description that cut the messages quoting it short: refused where the index is read.
   const std::string held = fsdp::read_checkpoint_index(good).tensors[0].key.substr(6);  // without "model."
-  for (const auto& [alias, target] : {std::pair{std::string("lm_head.weight"), std::string("nope.weight")}, {held, held}}) {
+  for (const auto& names : {std::pair{std::string("lm_head.weight"), std::string("nope.weight")}, {held, held}}) {
+    const std::string alias = names.first, target = names.second;  // (clang 14 captures no structured binding)
     const std::string why = fmt::format("\"aliases\" \"{}\" names \"{}\": an alias names a tensor the checkpoint holds, "
                                         "and is not one itself", alias, target);
     expect_failure("alias_" + target, edit_index([&](fsdp::CheckpointIndex& ix) { ix.training.aliases[alias] = target; }),
