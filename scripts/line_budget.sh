@@ -15,7 +15,7 @@ budgets=(
   "autograd       2152  autograd"
   "nn             3309  nn"
   "dist           2598  dist"
-  "tp              832  tp"
+  "tp              834  tp"
   "fsdp           5290  fsdp"
   "apps          11977  apps"
 )
