@@ -255,6 +255,12 @@ TEST_CASE("what cannot be split is refused on every rank, before anything change
     CHECK_THAT(error_of([&] { tp::parallelize(blocks, style, group(), "blocks"); }),
                Contains("tp: blocks (blocks): its style's chunks must be at least 1, got " + std::to_string(chunks)));
   }
+  // A colwise output reduced as if it were a partial sum: the ranks' different columns had been added, silently.
+  for (const tp::Comm out : {tp::Comm::reduce, tp::Comm::reduce_scatter}) {
+    nn::Linear cols(4, 6);
+    CHECK_THAT(error_of([&] { tp::parallelize(cols, {tp::Weights::colwise, tp::Comm::copy, out}, group(), "cols"); }),
+               Contains("tp: cols (cols): a colwise module's output is this rank's columns, not a partial sum"));
+  }
   // Ids past the vocabulary, which every rank had taken for another rank's rows (zeros), as the whole layer.
   nn::Embedding rows(4 * P(), 8);
   tp::parallelize(rows, {.weights = tp::Weights::vocab_rows, .output = tp::Comm::reduce}, group(), "rows");

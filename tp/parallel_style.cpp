@@ -62,6 +62,8 @@ void check(nn::Module& m, const Style& style, const dist::ProcessGroupPtr& group
            const std::string& what) {
   WEFT_CHECK(group != nullptr, "tp: parallelize {}: no process group", path);
   WEFT_CHECK(style.chunks >= 1, "tp: {} ({}): its style's chunks must be at least 1, got {}", path, what, style.chunks);
+  WEFT_CHECK(style.weights != Weights::colwise || (style.output != Comm::reduce && style.output != Comm::reduce_scatter),
+             "tp: {} ({}): a colwise module's output is this rank's columns, not a partial sum to reduce", path, what);
   WEFT_CHECK(!g_styled.contains(&m) || g_styled.at(&m).expired(), "tp: {} ({}) has a parallel style already: a second one's "
              "collectives would run beside the first's (its values or gradients scaled by the group's size); "
              "parallelize a module once", path, what);
