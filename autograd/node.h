@@ -79,8 +79,7 @@ class FunctionNode : public Node {
   bool released_ = false;
 };
 
-// Sink for a leaf tensor: runs its hooks, accumulates into .grad, then runs its
-// post-accumulate-grad hooks.
+// Sink for a leaf tensor: runs its hooks, accumulates into .grad, then runs its post-accumulate-grad hooks.
 class AccumulateGrad : public Node {
  public:
   explicit AccumulateGrad(Tensor leaf);

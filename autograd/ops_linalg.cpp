@@ -1,6 +1,5 @@
 // autograd: matmul and linear with their gradients. Batched operands against a 2-D weight
-// fold the batch into rows, so the weight gradient is one GEMM rather than a batched GEMM
-// followed by a sum.
+// fold the batch into rows, so the weight gradient is one GEMM rather than a batched GEMM followed by a sum.
 #include "autograd/autocast.h"
 #include "autograd/kept_outputs.h"
 #include "autograd/ops.h"

@@ -1,5 +1,7 @@
 // autograd: neural-network functions (softmax family, layer norm, indexing, losses,
 // concatenation, dropout, convolution, pooling) over the fused kernels in kernels/nn.h.
+#include <array>
+
 #include "autograd/autocast.h"
 #include "autograd/ops.h"
 #include "kernels/elementwise.h"
@@ -53,21 +55,21 @@ int64_t norm_dims(const char* op, const Tensor& x, const Shape& normalized_shape
 
 Tensor detached(const Tensor& t) { return t.defined() ? t.detach() : Tensor(); }
 
-// A norm's input and affine parameters in one dtype, promoted as element-wise operands are (under autocast a 16-bit
-// activation meets f32 weights: Qwen3's head norms after the bf16 q and k projections). The casts are differentiable.
-Tensor in_norm_dtype(const Tensor& t, const Tensor& x, std::initializer_list<const Tensor*> affine) {
-  DType d = x.dtype();
-  for (const Tensor* p : affine)
-    if (p->defined() && is_floating(p->dtype()) && is_floating(d)) d = promote_types(d, p->dtype());
-  return t.defined() ? t.to(d) : t;
+// A norm's input and affine parameters cast to one dtype, promoted as element-wise operands are (under autocast a
+// 16-bit activation meets f32 weights: Qwen3's head norms after the bf16 q and k projections); differentiable casts.
+template <size_t N>
+std::array<Tensor, N> in_one_dtype(std::array<Tensor, N> ts) {
+  DType d = ts[0].dtype();
+  for (const Tensor& t : ts) d = t.defined() && is_floating(t.dtype()) && is_floating(d) ? promote_types(d, t.dtype()) : d;
+  for (Tensor& t : ts) t = t.defined() ? t.to(d) : t;
+  return ts;
 }
 
 }  // namespace
 
 Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tensor& weight_in, const Tensor& bias_in,
                   double eps) {
-  const Tensor x = in_norm_dtype(x_in, x_in, {&weight_in, &bias_in}), weight = in_norm_dtype(weight_in, x, {}),
-               bias = in_norm_dtype(bias_in, x, {});
+  const auto [x, weight, bias] = in_one_dtype<3>({x_in, weight_in, bias_in});
   int64_t nd = norm_dims("layer_norm", x, normalized_shape, {&weight, &bias});
   auto [y, mu, rstd] = k::layer_norm(x, nd, detached(weight), detached(bias), eps);
   if (needs_grad({&x, &weight, &bias})) {
@@ -83,7 +85,7 @@ Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tenso
 }
 
 Tensor rms_norm(const Tensor& x_in, const Shape& normalized_shape, const Tensor& weight_in, double eps) {
-  const Tensor x = in_norm_dtype(x_in, x_in, {&weight_in}), weight = in_norm_dtype(weight_in, x, {});
+  const auto [x, weight] = in_one_dtype<2>({x_in, weight_in});
   int64_t nd = norm_dims("rms_norm", x, normalized_shape, {&weight});
   auto [y, rstd] = k::rms_norm(x, nd, detached(weight), eps);
   if (needs_grad({&x, &weight})) {

@@ -1,8 +1,7 @@
 // weft-bench-tokenizer: encoding throughput of a byte-level BPE tokenizer.json
 // (apps/transformer/bpe_tokenizer.h), one encode call per file of text, one thread, as the
 // `tokenizers` library is called from Python (tok.encode(text) per file). Prints MB/s and
-// tokens/s, the best and the median of --rounds, and checks that every file decodes back to
-// its text.
+// tokens/s, the best and the median of --rounds, and checks that every file decodes back to its text.
 //
 //   weft-bench-tokenizer --tokenizer tests/data/tokenizers/gpt2/tokenizer.json
 //   weft-bench-tokenizer --tokenizer T --data DIR|FILE --rounds 5

@@ -1,7 +1,6 @@
 // apps/transformer: Hugging Face checkpoints in and out, for the model_types of
 // apps/transformer/hf_family.h (gpt2, llama, mistral, qwen2, qwen3). A directory holds config.json and
-// model.safetensors, or the shards model-0000i-of-0000n.safetensors with
-// model.safetensors.index.json.
+// model.safetensors, or the shards model-0000i-of-0000n.safetensors with model.safetensors.index.json.
 //
 // weft's parameter names are Hugging Face's (nanoGPT's for GPT-2, LlamaForCausalLM's for
 // Llama), so the mapping is a table of differences per model_type (hf_family.cpp):

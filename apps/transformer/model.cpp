@@ -89,7 +89,6 @@ double param_count(const ModelConfig& cfg) {
 
 LanguageModel make_model(const ModelConfig& cfg) {
   check_config(cfg);
-  if (!default_device().is_meta()) check_fits_host(cfg);  // allocated whole here (a meta model: where it is placed)
   LanguageModel m{cfg, nullptr, {}};
   if (cfg.arch == "llama") {
     auto llama = cfg.qk_norm ? std::make_shared<nn::Qwen3>(llama_config(cfg))

@@ -40,8 +40,8 @@ constexpr int64_t kMaxLayers = 1024, kMaxHeads = 1024, kMaxDModel = 65536, kMaxC
 double param_count(const ModelConfig& cfg);
 
 // Checks a config and throws a weft::Error naming the flag at fault. check_fits_host: a model whose float32 weights
-// alone would not fit in this machine's memory, before one process allocates it whole (make_model off the meta
-// device, a whole load); a sharded or planned model is the memory plan's to check (docs/FSDP.md).
+// alone would not fit in this machine's memory, before one process allocates it whole (train's validate without
+// --fsdp or with --tp, a whole load); a sharded or planned model is the memory plan's to check (docs/FSDP.md).
 void check_config(const ModelConfig& cfg);
 void check_fits_host(const ModelConfig& cfg);
 // A --ctx past `name`'s context is refused, naming its sliding_window where that is what bounds it.

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -24,12 +23,8 @@ void append_file(const fs::path& p, std::vector<uint8_t>& out) {
              kMaxTextBytes);
   std::ifstream in(p, std::ios::binary);
   WEFT_CHECK(in.good(), "transformer: cannot open {}", p.string());
-  const size_t start = out.size();
   out.insert(out.end(), std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   WEFT_CHECK(!in.bad(), "transformer: error while reading {}", p.string());
-  const bool tokens = out.size() - start >= 8 && std::memcmp(out.data() + start, "WEFTTOK1", 8) == 0;  // token_data.h
-  WEFT_CHECK(!tokens, "transformer: {} is a token file of `weft-transformer prepare`, not text: pass its dataset's "
-             "directory ({}) as --data", p.string(), p.parent_path().string());
 }
 
 }  // namespace

@@ -267,6 +267,14 @@ bool is_token_dataset(const std::string& path) {
 
 void load_training_data(const std::string& path, TrainingData& d) {
   if (!is_token_dataset(path)) {
+    for (const std::string& f : text_files(path)) {  // a dataset's token file is not text (a FIFO: load_text refuses it)
+      char head[8] = {};
+      std::error_code ec;
+      const bool tokens = fs::is_regular_file(f, ec) && std::ifstream(f, std::ios::binary).read(head, 8) &&
+                          !std::memcmp(head, kMagic, 8);
+      WEFT_CHECK(!tokens, "transformer: {} is a token file of `weft-transformer prepare`, not text: pass its dataset's "
+                 "directory ({}) as --data", f, fs::path(f).parent_path().string());
+    }
     d.text = load_text(path);
     d.train = TokenView::bytes(d.text.train), d.val = TokenView::bytes(d.text.val);
     d.files = d.text.files;
