@@ -26,16 +26,15 @@ constexpr bool kSanitized = true;
 constexpr bool kSanitized = false;
 #endif
 
-// Host memory, 64-byte aligned, with a cache of freed blocks. Freed blocks are kept by size
-// class (64 B steps up to 4 KiB, then steps of an eighth of the power of two below the size, so
-// at most 1/8 is wasted) and handed out again for the next request of their class: a training
-// step allocates the same sizes every time, and reusing them spares the page faults of memory
-// that malloc returned to the system (large blocks are mmap'd and unmapped on every free).
-// The cache holds WEFT_CPU_CACHE bytes (default an eighth of physical memory, >= 1 GiB; 0: off, as in sanitizer builds),
+// Host memory, 64-byte aligned, with a cache of freed blocks. Freed blocks are kept by size class (64 B steps up to 4
+// KiB, then steps of an eighth of the power of two below the size, so at most 1/8 is wasted) and handed out again for
+// the next request of their class: a training step allocates the same sizes every time, and reusing them spares the
+// page faults of memory that malloc returned to the system (large blocks are mmap'd and unmapped on every free). The
+// cache holds WEFT_CPU_CACHE bytes (default an eighth of physical memory, >= 1 GiB; 0: off, as in sanitizer builds),
 // and more while live + cached bytes stay within the peak of live ones (a step's transients). empty_cache() empties it.
-// Counters: live and peak count the bytes asked for, as before; reserved counts what the
-// allocator holds from the system (the classes of the live blocks plus the cache).
-// OpenMP threads and the communication thread may allocate concurrently.
+// Counters: live and peak count the bytes asked for, as before; reserved counts what the allocator holds from the
+// system (the classes of the live blocks plus the cache). OpenMP threads and the communication thread may allocate
+// concurrently.
 class CpuAllocator final : public Allocator {
  public:
   CpuAllocator() {
@@ -122,11 +121,10 @@ class CpuAllocator final : public Allocator {
   }
 
  private:
-  // Blocks of 2 MiB and more start on a 2 MiB boundary, and their whole 2 MiB pieces are
-  // advised as transparent huge pages (Linux with THP "madvise" or "always"): one page fault
-  // per 2 MiB instead of 512 (a 1B model's load: docs/PERFORMANCE.md).
-  // The tail past the last whole piece keeps 4 KiB pages, so no more memory is touched than
-  // asked for. A kernel without THP refuses the advice (EINVAL): the block is used as it is.
+  // Blocks of 2 MiB and more start on a 2 MiB boundary, and their whole 2 MiB pieces are advised as transparent huge
+  // pages (Linux with THP "madvise" or "always"): one page fault per 2 MiB instead of 512 (a 1B model's load:
+  // docs/PERFORMANCE.md). The tail past the last whole piece keeps 4 KiB pages, so no more memory is touched than asked
+  // for. A kernel without THP refuses the advice (EINVAL): the block is used as it is.
   static constexpr size_t kHugePage = size_t(2) << 20;
   static void* system_alloc(size_t cls) {
     if (cls < kHugePage) return std::aligned_alloc(64, cls);

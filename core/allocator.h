@@ -1,11 +1,9 @@
-// core: per-device allocators and the memory counters FSDP's tests and benchmarks read.
-// Counters track the bytes callers asked for (exact, no rounding), like
-// torch.cuda.memory_stats' "allocated_bytes"; `reserved_bytes` is what the allocator holds
-// from the system (equal to live bytes on CPU; a caching CUDA allocator holds more).
-// An opt-in timeline of live bytes (start_memory_recording) feeds memory-over-time plots.
-// A memory limit per device (WEFT_MEMORY_LIMIT, set_memory_limit) turns an allocation that
-// would pass it into an OutOfMemoryError naming the request, the live bytes, the limit and the
-// largest live allocations by owner (MemoryOwner scopes name them).
+// core: per-device allocators and the memory counters FSDP's tests and benchmarks read. Counters track the bytes
+// callers asked for (exact, no rounding), like torch.cuda.memory_stats' "allocated_bytes"; `reserved_bytes` is what the
+// allocator holds from the system (equal to live bytes on CPU; a caching CUDA allocator holds more). An opt-in timeline
+// of live bytes (start_memory_recording) feeds memory-over-time plots. A memory limit per device (WEFT_MEMORY_LIMIT,
+// set_memory_limit) turns an allocation that would pass it into an OutOfMemoryError naming the request, the live bytes,
+// the limit and the largest live allocations by owner (MemoryOwner scopes name them).
 #pragma once
 #include <atomic>
 #include <cstddef>
@@ -143,11 +141,10 @@ int64_t limit_cpu_block_cache(int64_t bytes);
 MemoryStats memory_stats(Device device = Device::cpu());
 void reset_peak_memory_stats(Device device = Device::cpu());
 
-// Memory limit: an allocation that would bring the device's live bytes (as memory_stats
-// counts them) past `bytes` throws OutOfMemoryError instead; 0 removes the limit. The
-// WEFT_MEMORY_LIMIT environment variable sets it for the CPU and every CUDA device when their
-// allocator is first used: a byte count with an optional suffix K, M, G, T (powers of 1024;
-// KiB, MiB, GiB, TiB too), e.g. 512M. Pinned host staging memory is not capped.
+// Memory limit: an allocation that would bring the device's live bytes (as memory_stats counts them) past `bytes`
+// throws OutOfMemoryError instead; 0 removes the limit. The WEFT_MEMORY_LIMIT environment variable sets it for the CPU
+// and every CUDA device when their allocator is first used: a byte count with an optional suffix K, M, G, T (powers of
+// 1024; KiB, MiB, GiB, TiB too), e.g. 512M. Pinned host staging memory is not capped.
 void set_memory_limit(Device device, int64_t bytes);
 int64_t memory_limit(Device device = Device::cpu());
 // Parses a byte count as WEFT_MEMORY_LIMIT takes it; throws weft::Error naming `what` if bad.
@@ -173,23 +170,21 @@ class MemoryOwner {
   const std::string* previous_;
 };
 
-// Owner accounting: from start_owner_accounting until stop_owner_accounting, the device's
-// allocator sums the live bytes of each owner (the innermost MemoryOwner scope of the
-// allocation, or its label) over the allocations made in between, and keeps that split at the
-// highest total. reset_owner_accounting_peak starts the highest point again from the present.
-// fsdp::plan_memory runs a training step on the meta device under it to say what the peak is
-// made of. Costs a map update per allocation while on (meant for the meta device).
+// Owner accounting: from start_owner_accounting until stop_owner_accounting, the device's allocator sums the live bytes
+// of each owner (the innermost MemoryOwner scope of the allocation, or its label) over the allocations made in between,
+// and keeps that split at the highest total. reset_owner_accounting_peak starts the highest point again from the
+// present. fsdp::plan_memory runs a training step on the meta device under it to say what the peak is made of. Costs a
+// map update per allocation while on (meant for the meta device).
 void start_owner_accounting(Device device);
 void reset_owner_accounting_peak(Device device);
 OwnerPeak stop_owner_accounting(Device device);
 
-// Memory timeline: from start_memory_recording until stop_memory_recording, the device's
-// allocator appends (time, live bytes) after every allocation and free, from any thread, up to
-// `capacity` samples (16 bytes each, held outside the counted memory; later changes are
-// counted in `dropped`). Every change is kept, so with the peak reset at the start, the peak
-// is the largest sample (or the live bytes at the start). Off by default, when it costs one relaxed atomic load per allocation
-// and free. Starting again discards an unfinished timeline. The CPU allocator records; a
-// device allocator takes part by calling Allocator::record_live.
+// Memory timeline: from start_memory_recording until stop_memory_recording, the device's allocator appends (time, live
+// bytes) after every allocation and free, from any thread, up to `capacity` samples (16 bytes each, held outside the
+// counted memory; later changes are counted in `dropped`). Every change is kept, so with the peak reset at the start,
+// the peak is the largest sample (or the live bytes at the start). Off by default, when it costs one relaxed atomic
+// load per allocation and free. Starting again discards an unfinished timeline. The CPU allocator records; a device
+// allocator takes part by calling Allocator::record_live.
 void start_memory_recording(Device device = Device::cpu(), size_t capacity = size_t(1) << 22);
 MemoryTimeline stop_memory_recording(Device device = Device::cpu());
 

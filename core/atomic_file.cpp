@@ -1,8 +1,10 @@
 #include "core/atomic_file.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -26,6 +28,16 @@ int create_temp(const std::string& path, std::string& tmp) {
   return -1;
 }
 
+// Removes `<path>.tmp.<pid>.<n>` of writers that are gone (best effort: what it cannot remove stays).
+void remove_dead_temps(const std::filesystem::path& path) {
+  const std::string prefix = path.filename().string() + ".tmp.";
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(path.parent_path().empty() ? "." : path.parent_path(), ec)) {
+    const std::string name = e.path().filename().string(), rest = name.substr(std::min(name.size(), prefix.size()));
+    if (name.rfind(prefix, 0) == 0 && temp_owner_gone(rest.substr(0, rest.find('.')))) std::filesystem::remove(e.path(), ec);
+  }
+}
+
 void fsync_parent_dir(const std::string& path) {
   std::string dir = std::filesystem::path(path).parent_path().string();
   fsync_directory(dir.empty() ? "." : dir);
@@ -35,6 +47,7 @@ void fsync_parent_dir(const std::string& path) {
 
 void write_file_atomic(const std::string& path, const std::function<void(std::FILE*)>& write) {
   WEFT_CHECK(!path.empty(), "write_file_atomic: empty path");
+  remove_dead_temps(path);
   std::string tmp;
   int fd = create_temp(path, tmp);
   WEFT_CHECK(fd >= 0, "write_file_atomic: cannot create temporary file '{}' for '{}': {}", tmp,
@@ -68,6 +81,11 @@ void write_file_atomic(const std::string& path, const std::function<void(std::FI
     WEFT_ERROR("write_file_atomic: renaming '{}' to '{}' failed: {}", tmp, path, err);
   }
   fsync_parent_dir(path);
+}
+
+bool temp_owner_gone(const std::string& pid) {
+  if (pid.empty() || pid.size() > 9 || pid.find_first_not_of("0123456789") != std::string::npos) return false;
+  return ::kill(pid_t(std::stol(pid)), 0) != 0 && errno == ESRCH;
 }
 
 void fsync_directory(const std::string& dir) {

@@ -1,6 +1,5 @@
-// core: the autograd state a tensor carries, and the entry points autograd installs so that
-// core's own methods (views, copies, backward, hooks) take part in graphs. Core stores this
-// data; the logic that reads it is in autograd/.
+// core: the autograd state a tensor carries, and the entry points autograd installs so that core's own methods (views,
+// copies, backward, hooks) take part in graphs. Core stores this data; the logic that reads it is in autograd/.
 #pragma once
 #include <map>
 #include <memory>

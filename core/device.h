@@ -38,11 +38,10 @@ inline const char* device_type_name(DeviceType t) {
 // `DefaultDeviceGuard g(Device::meta())` gives it meta parameters (deferred initialisation).
 Device default_device();
 
-// Shape propagation. Inside a MetaComputeGuard, ops on meta tensors run: their outputs get
-// shapes, dtypes and strides and no values, and the meta device's allocator counts the bytes
-// they would hold (memory_stats(Device::meta()): live and peak), so a forward and backward of a
-// model built on the meta device show its activation memory without allocating any. Outside
-// the guard, computing with a meta tensor is an error that says to materialise it first.
+// Shape propagation. Inside a MetaComputeGuard, ops on meta tensors run: their outputs get shapes, dtypes and strides
+// and no values, and the meta device's allocator counts the bytes they would hold (memory_stats(Device::meta()): live
+// and peak), so a forward and backward of a model built on the meta device show its activation memory without
+// allocating any. Outside the guard, computing with a meta tensor is an error that says to materialise it first.
 class MetaComputeGuard {
  public:
   MetaComputeGuard();

@@ -1,16 +1,11 @@
-// core: the interface a device backend implements so that core can run it: device discovery,
-// streams, events and pinned host memory.
-// [Note: backend registration] A device backend is one shared library (libweft-cuda, built
-// from cuda/) that fills one registry per concern, each owned by the layer that uses
-// it: this DeviceRuntime (register_device_runtime), its allocator and copies
-// (core/allocator.h, core/copy.h), its kernel table (kernels/backend.h) and its process group
-// (dist/backend.h). It registers all of them from static initialisers when it is loaded, and
-// core loads it (load_backend) the first time any registry is asked for that device type, so
-// the layers above never link it and a CPU-only program never loads it. A backend registers one DeviceRuntime per device
-// type (with its allocator and its device copy, core/allocator.h and core/copy.h) when its
-// shared library is loaded. Backends other than the CPU live in their own shared library
-// (libweft-cuda for CUDA), which core loads the first time that device type is asked for
-// (load_backend); a program that never names a CUDA device never loads a CUDA library.
+// core: the interface a device backend implements so that core can run it: device discovery, streams, events and pinned
+// host memory.
+// [Note: backend registration] A device backend is one shared library (libweft-cuda, built from cuda/) that fills one
+// registry per concern, each owned by the layer that uses it: this DeviceRuntime (register_device_runtime), its
+// allocator and copies (core/allocator.h, core/copy.h), its kernel table (kernels/backend.h) and its process group
+// (dist/backend.h). It registers all of them from static initialisers when it is loaded, and core loads it
+// (load_backend) the first time any registry is asked for that device type, so the layers above never link it and a
+// program that never names a CUDA device never loads a CUDA library.
 //
 // Stream and event handles are opaque here (void*); nullptr is the device's default stream.
 #pragma once

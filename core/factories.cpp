@@ -49,9 +49,8 @@ Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), {.dtype = t.dtype()
 Tensor ones_like(const Tensor& t) { return ones(t.shape(), {.dtype = t.dtype(), .device = t.device()}); }
 
 namespace {
-// Builds a tensor of opts' dtype from doubles produced in row-major order, writing straight
-// into a CPU tensor (no f64 staging copy: initialising a large weight must not need twice
-// its size), then moves it to opts' device.
+// Builds a tensor of opts' dtype from doubles produced in row-major order, writing straight into a CPU tensor (no f64
+// staging copy: initialising a large weight must not need twice its size), then moves it to opts' device.
 template <class Fill>
 Tensor from_doubles(const Shape& shape, TensorOptions opts, Fill&& fill) {
   if (opts.device.is_meta() && MetaComputeGuard::enabled()) return empty(shape, opts);  // shapes only

@@ -1,10 +1,8 @@
-// core: element-addressable fills. A FillRule says how every element of a tensor is computed
-// from its row-major index alone (a constant, or a uniform / normal draw from the counter-based
-// generator at counter `offset + index`), so any slice of a tensor's values can be written
-// without the rest. Eager fills (Tensor::uniform_, normal_, fill_) compute through it; on the
-// meta device the same calls only record it on the tensor's storage, and materialising the
-// tensor later (whole, or one rank's shard) computes the values the eager fill would have
-// written, bit for bit.
+// core: element-addressable fills. A FillRule says how every element of a tensor is computed from its row-major index
+// alone (a constant, or a uniform / normal draw from the counter-based generator at counter `offset + index`), so any
+// slice of a tensor's values can be written without the rest. Eager fills (Tensor::uniform_, normal_, fill_) compute
+// through it; on the meta device the same calls only record it on the tensor's storage, and materialising the tensor
+// later (whole, or one rank's shard) computes the values the eager fill would have written, bit for bit.
 #pragma once
 #include <memory>
 #include <string>

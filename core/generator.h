@@ -1,11 +1,9 @@
-// core: seeded random numbers, counter-based. Every random value weft draws is a pure function
-// of (seed, counter): Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2,
-// 3", SC'11) turns the 64-bit counter and the 64-bit seed (its key) into 128 random bits. A
-// Generator is a seed plus the next unused counter (its offset); a fill of n elements reserves
-// the counters [offset, offset + n) and gives element i the value drawn from counter offset + i.
-// So any element of any fill can be computed alone: a rank initialises just its shard of a
-// parameter, bitwise equal to the same elements of the whole parameter built in one process,
-// at any world size and on any platform.
+// core: seeded random numbers, counter-based. Every random value weft draws is a pure function of (seed, counter):
+// Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC'11) turns the 64-bit counter and the
+// 64-bit seed (its key) into 128 random bits. A Generator is a seed plus the next unused counter (its offset); a fill
+// of n elements reserves the counters [offset, offset + n) and gives element i the value drawn from counter offset + i.
+// So any element of any fill can be computed alone: a rank initialises just its shard of a parameter, bitwise equal to
+// the same elements of the whole parameter built in one process, at any world size and on any platform.
 #pragma once
 #include <array>
 #include <cstdint>

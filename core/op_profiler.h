@@ -1,11 +1,10 @@
-// core: the op profiler: where a step's time goes, op by op. While it runs (start() to
-// stop()), every kernel entry point (kernels/backend.h's table on the CPU) and every element
-// copy or dtype cast (core/copy.h) adds its wall time, its floating-point operations and the
-// bytes of its operands to a row named for the op (a GEMM's row also names its shape).
-// A row's time is exclusive: an op that calls another (a cast inside a matmul) is charged only
-// for what is not in the inner op's own row. Only the thread that called start() is timed
-// (an op's OpenMP workers run inside its span); the time outside every span is the framework's
-// own (autograd, allocation, module code), which the caller gets as step time minus the rows.
+// core: the op profiler: where a step's time goes, op by op. While it runs (start() to stop()), every kernel entry
+// point (kernels/backend.h's table on the CPU) and every element copy or dtype cast (core/copy.h) adds its wall time,
+// its floating-point operations and the bytes of its operands to a row named for the op (a GEMM's row also names its
+// shape). A row's time is exclusive: an op that calls another (a cast inside a matmul) is charged only for what is not
+// in the inner op's own row. Only the thread that called start() is timed (an op's OpenMP workers run inside its span);
+// the time outside every span is the framework's own (autograd, allocation, module code), which the caller gets as step
+// time minus the rows.
 #pragma once
 #include <chrono>
 #include <cstdint>

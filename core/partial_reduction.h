@@ -1,13 +1,10 @@
-// core: how a reduction over a parameter's elements is completed when this process holds only
-// part of them.
-// [Note: partial reductions] The dependency points down although the knowledge sits above:
-// nn (clip_grad_norm_) must total a norm over every rank's shard, but nn may not know fsdp or
-// dist. So the layer that shards (fsdp/fully_shard.cpp) attaches to each shard an object that
-// knows its process group, and nn calls it through this core interface. A layer that shards parameters (fsdp) attaches a PartialReduction to each shard
-// it registers, the way a DTensor carries its placement in PyTorch; code below the
-// communication layer (nn::clip_grad_norm_) reduces its local part, then lets the parameter's
-// PartialReduction combine the parts of every process that holds one, without knowing how.
-// A tensor without one is held whole.
+// core: how a reduction over a parameter's elements is completed when this process holds only part of them.
+// [Note: partial reductions] The dependency points down although the knowledge sits above: nn (clip_grad_norm_) must
+// total a norm over every rank's shard, but nn may not know fsdp or dist. So the layer that shards
+// (fsdp/fully_shard.cpp) attaches a PartialReduction to each shard it registers, one that knows its process group, the
+// way a DTensor carries its placement in PyTorch; nn reduces its local part, then lets the parameter's
+// PartialReduction combine the parts of every process that holds one, through this core interface, without knowing
+// how. A tensor without one is held whole.
 #pragma once
 #include <memory>
 #include <vector>
@@ -24,8 +21,7 @@ class PartialReduction {
   // `partial` combined over every process holding a part of the tensor (a collective: each of
   // them calls it, in the same order as its other collectives).
   virtual double reduce(double partial, PartialOp op) const = 0;
-  // Every process's `local` values, concatenated in the processes' rank order (a collective;
-  // the lengths may differ).
+  // Every process's `local` values, concatenated in the processes' rank order (a collective; the lengths may differ).
   virtual std::vector<double> gather(const std::vector<double>& local) const = 0;
   // Whether `other` combines over the same processes, so that one reduce() serves both.
   virtual bool same_processes(const PartialReduction& other) const = 0;

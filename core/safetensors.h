@@ -1,7 +1,6 @@
-// core: checkpoints in the safetensors format (Hugging Face's): an 8-byte little-endian
-// header length N, N bytes of JSON naming each tensor's dtype, shape and byte range, then the
-// raw little-endian data. Files written here load with Python's `safetensors` and PyTorch,
-// and theirs load here (for the dtypes weft has).
+// core: checkpoints in the safetensors format (Hugging Face's): an 8-byte little-endian header length N, N bytes of
+// JSON naming each tensor's dtype, shape and byte range, then the raw little-endian data. Files written here load with
+// Python's `safetensors` and PyTorch, and theirs load here (for the dtypes weft has).
 #pragma once
 #include <functional>
 #include <map>

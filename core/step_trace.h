@@ -1,12 +1,10 @@
-// core: the step trace: the ordered record of what one training step computes and communicates,
-// for the step-time model (fsdp/step_time.h). While it records (start() to stop(), on the
-// calling thread), every kernel entry point and element copy appends an op event with the
-// floating-point operations and operand bytes the op profiler counts (core/op_profiler.h; a
-// GEMM's name carries its shape), and a group that records (dist/fake_group.h) appends the
-// start of each collective and the point where the step waits for it. It is meant for the
-// meta device: the memory planner's step runs the real code without computing, so the trace
-// is the step as weft schedules it (prefetched all-gathers start before the compute they
-// overlap), at any world size, in one process.
+// core: the step trace: the ordered record of what one training step computes and communicates, for the step-time model
+// (fsdp/step_time.h). While it records (start() to stop(), on the calling thread), every kernel entry point and element
+// copy appends an op event with the floating-point operations and operand bytes the op profiler counts
+// (core/op_profiler.h; a GEMM's name carries its shape), and a group that records (dist/fake_group.h) appends the start
+// of each collective and the point where the step waits for it. It is meant for the meta device: the memory planner's
+// step runs the real code without computing, so the trace is the step as weft schedules it (prefetched all-gathers
+// start before the compute they overlap), at any world size, in one process.
 #pragma once
 #include <cstdint>
 #include <string>

@@ -1,8 +1,7 @@
-// core: a block of device memory shared by a tensor and its views. It can be freed and
-// re-allocated in place, so FSDP can drop an unsharded parameter's memory while autograd
-// still holds the tensor object, and bring it back before the next use.
-// Storage on the meta device has a size but no memory: reading its data is an error that says
-// to materialise; it may carry the deferred fill (core/fill_rule.h) that gives its values.
+// core: a block of device memory shared by a tensor and its views. It can be freed and re-allocated in place, so FSDP
+// can drop an unsharded parameter's memory while autograd still holds the tensor object, and bring it back before the
+// next use. Storage on the meta device has a size but no memory: reading its data is an error that says to materialise;
+// it may carry the deferred fill (core/fill_rule.h) that gives its values.
 #pragma once
 #include <cstddef>
 #include <functional>

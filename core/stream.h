@@ -1,9 +1,8 @@
-// core: streams and events, the device-neutral way to order work between queues. A Stream is
-// a queue of device work; an Event marks a point in one so that another queue (or the host)
-// can wait for it. Device backends implement them (core/device_runtime.h); on the CPU every
-// op runs synchronously on the calling thread, so CPU streams and events are no-ops: an event
-// recorded on a CPU stream is complete at once. Code above core (dist, fsdp) orders its
-// collectives with these and never names a device library.
+// core: streams and events, the device-neutral way to order work between queues. A Stream is a queue of device work; an
+// Event marks a point in one so that another queue (or the host) can wait for it. Device backends implement them
+// (core/device_runtime.h); on the CPU every op runs synchronously on the calling thread, so CPU streams and events are
+// no-ops: an event recorded on a CPU stream is complete at once. Code above core (dist, fsdp) orders its collectives
+// with these and never names a device library.
 //
 // [Note: stream and event lifetimes] (as in PyTorch; cited where a rule is relied on)
 // - Work weft issues for a device runs on that device's current stream. Unless a

@@ -1,7 +1,6 @@
-// core: walking N strided operands of one shape together. Dims of size 1 are dropped and
-// adjacent dims that are contiguous for every operand are merged, so the innermost run is
-// as long as possible; kernels then loop over "runs" (one per outer index), which is also
-// the unit OpenMP splits.
+// core: walking N strided operands of one shape together. Dims of size 1 are dropped and adjacent dims that are
+// contiguous for every operand are merged, so the innermost run is as long as possible; kernels then loop over "runs"
+// (one per outer index), which is also the unit OpenMP splits.
 #pragma once
 #include <array>
 #include <cstdint>

@@ -47,8 +47,7 @@ class TensorImpl {
   bool no_grad_view = false;
 };
 
-// Hook called on a tensor's gradient; may return a replacement (or an undefined Tensor to
-// keep the gradient as is).
+// Hook called on a tensor's gradient; may return a replacement (or an undefined Tensor to keep the gradient as is).
 using GradHook = std::function<Tensor(const Tensor&)>;
 using PostAccumulateGradHook = std::function<void(Tensor&)>;
 

@@ -1,7 +1,6 @@
-// core: a Chrome-trace recorder (viewable in Perfetto or chrome://tracing). Enabled by the
-// environment variable WEFT_TRACE=path: each process writes path.rank<R>.json (R set by
-// dist::init; 0 otherwise) when it exits or calls trace::flush(). Spans are complete ("X")
-// events; tid 0 is the main thread's compute, tid 1 the collectives in flight.
+// core: a Chrome-trace recorder (viewable in Perfetto or chrome://tracing). Enabled by the environment variable
+// WEFT_TRACE=path: each process writes path.rank<R>.json (R set by dist::init; 0 otherwise) when it exits or calls
+// trace::flush(). Spans are complete ("X") events; tid 0 is the main thread's compute, tid 1 the collectives in flight.
 #pragma once
 #include <cstdint>
 #include <string>

@@ -8,6 +8,7 @@
 // logits within 1e-5 relative of transformers', also loaded under FSDP (run at 1, 2 and 4
 // ranks) with each rank reading only its shards' bytes; the loss after one AdamW step; greedy
 // generation (with and without the key/value cache); export then re-import bitwise; configs weft cannot represent named.
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -243,6 +244,25 @@ TEST_CASE("export-hf then import gives the same parameters bitwise, single file 
       fs::remove_all(out);
     }
   }
+}
+
+TEST_CASE("export-hf removes what exports killed before their rename left beside the output, no live export's") {
+  const pid_t child = ::fork();  // a pid that is gone once waited for
+  REQUIRE(child >= 0);
+  if (child == 0) ::_exit(0);
+  REQUIRE(::waitpid(child, nullptr, 0) == child);
+  const fs::path out = fs::path(temp_dir("leftovers")) / "export";
+  const fs::path dead = out.parent_path() / fmt::format(".export.tmp-{}", child);
+  const fs::path live = out.parent_path() / fmt::format(".export.tmp-{}", ::getppid());
+  for (const fs::path& d : {dead, live}) {
+    fs::create_directories(d);
+    std::ofstream(d / "model.safetensors") << "half";
+  }
+  apps::export_hf_checkpoint(load_whole(kData + "/" + kFixtures[0]), out.string(), int64_t(1) << 30);
+  CHECK(fs::exists(out / "config.json"));
+  CHECK_FALSE(fs::exists(dead));
+  CHECK(fs::exists(live / "model.safetensors"));
+  fs::remove_all(out.parent_path());
 }
 
 TEST_CASE("Hugging Face rope scaling: llama3, linear and dynamic as transformers computes them, either config form") {

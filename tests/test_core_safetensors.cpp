@@ -2,6 +2,7 @@
 // layout, the exact bytes of a small file, clear errors for every kind of corrupt file, and
 // that a save which fails midway leaves the old checkpoint intact.
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -512,4 +513,24 @@ TEST_CASE("write_file_atomic: replaces whole files, or not at all") {
 
   CHECK_THROWS_WITH(write_file_atomic(tmp.file("missing/f.txt"), put("x")),
                     Contains("missing/f.txt") && Contains("No such file or directory"));
+}
+
+TEST_CASE("write_file_atomic: removes the temporary files of killed writers to the same path, no others") {
+  TempDir tmp;
+  const pid_t child = ::fork();  // a pid that is gone once waited for
+  REQUIRE(child >= 0);
+  if (child == 0) ::_exit(0);
+  REQUIRE(::waitpid(child, nullptr, 0) == child);
+  const std::string path = tmp.file("train.tokens"), dead = fmt::format("train.tokens.tmp.{}.0", child);
+  const std::string live = fmt::format("train.tokens.tmp.{}.7", ::getpid());
+  for (const std::string& name : {dead, live, fmt::format("other.tmp.{}.0", child), std::string("train.tokens.tmp.x.0")})
+    write_bytes(tmp.file(name), "half");
+  CHECK(temp_owner_gone(std::to_string(child)));
+  CHECK_FALSE(temp_owner_gone(std::to_string(::getpid())));
+  CHECK_FALSE(temp_owner_gone("12a"));
+  write_file_atomic(path, [](std::FILE* f) { REQUIRE(std::fputs("whole", f) >= 0); });
+  std::vector<std::string> want = {fmt::format("other.tmp.{}.0", child), "train.tokens", live,
+                                   "train.tokens.tmp.x.0"};
+  std::sort(want.begin(), want.end());
+  CHECK(tmp.listing() == want);
 }

@@ -3,9 +3,7 @@
 
 #include <unistd.h>
 
-#include <cerrno>
 #include <cmath>
-#include <csignal>
 
 #include <algorithm>
 #include <filesystem>
@@ -15,6 +13,7 @@
 #include <type_traits>
 
 #include "apps/transformer/hf_family.h"
+#include "core/atomic_file.h"
 #include "core/element_search.h"
 #include "core/safetensors.h"
 #include "core/sha256.h"
@@ -164,11 +163,8 @@ fs::path export_temp_dir(const std::string& out) {
   const std::string prefix = fmt::format(".{}.tmp-", fs::path(out).filename().string());
   std::error_code ec;
   for (auto& e : fs::directory_iterator(parent, ec)) {
-    const std::string name = e.path().filename().string(), pid = name.substr(std::min(name.size(), prefix.size()));
-    if (name.rfind(prefix, 0) != 0 || pid.empty() || pid.size() > 9 ||
-        pid.find_first_not_of("0123456789") != std::string::npos)
-      continue;
-    if (::kill(pid_t(std::stoi(pid)), 0) != 0 && errno == ESRCH) fs::remove_all(e.path(), ec);  // its export died
+    const std::string name = e.path().filename().string();
+    if (name.rfind(prefix, 0) == 0 && temp_owner_gone(name.substr(prefix.size()))) fs::remove_all(e.path(), ec);
   }
   const fs::path tmp = parent / (prefix + std::to_string(::getpid()));
   WEFT_FS(fs::remove_all(tmp));
