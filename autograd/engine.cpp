@@ -19,12 +19,18 @@ struct BackwardState {
 };
 thread_local BackwardState* g_current = nullptr;
 
-// Gradient arriving at `node`'s input slot i: made to match the forward output's dtype and
-// device, and checked for shape, so a wrong backward formula fails loudly here.
+// A shape without its size-1 dims: a gradient that differs from its input only in those is the same values.
+Shape without_ones(Shape s) {
+  std::erase(s, int64_t(1));
+  return s;
+}
+
+// Gradient arriving at `node`'s input slot i: made to match the forward output's dtype and device, and checked for
+// shape (only size-1 dims may differ), so a wrong backward formula fails loudly here instead of being reshaped.
 Tensor validate_grad(const std::string& from, const Node& to, uint32_t slot, Tensor g) {
   const GradMeta& m = to.output_meta.at(slot);
   if (g.shape() != m.shape) {
-    WEFT_CHECK(g.numel() == shape_numel(m.shape),
+    WEFT_CHECK(without_ones(g.shape()) == without_ones(m.shape),
                "backward: {} returned a gradient of shape {} for an input of shape {}",
                from, shape_str(g.shape()), shape_str(m.shape));
     g = g.reshape(m.shape);
@@ -99,7 +105,11 @@ void run_backward(const TensorList& roots, const TensorList& root_grads, bool re
       }
     }
     for (auto& [nr, hook] : node->tensor_pre_hooks) {
-      Tensor r = hook(grads[nr]);
+      const Tensor& g = grads[nr];
+      Tensor r = hook(g);
+      WEFT_CHECK(!r.defined() || (r.shape() == g.shape() && r.dtype() == g.dtype() && r.device() == g.device()),
+                 "backward: a hook on output {} of {} returned {} for its gradient {}", nr, node->name(),
+                 tensor_desc(r), tensor_desc(g));
       if (r.defined()) grads[nr] = r;
     }
     for (auto& [nr, weak] : node->retained) {  // summed over backward calls, as a leaf's (and PyTorch's) are
@@ -172,9 +182,8 @@ void Engine::backward(const TensorList& roots, const TensorList& grads, bool ret
     }
   }
   if (g_current != nullptr) {
-    // Re-entrant: a node's backward runs a backward of its own (activation checkpointing
-    // recomputes its forward and backpropagates through it). Callbacks it queues belong to the
-    // outer pass and run when that one ends.
+    // Re-entrant: a node's backward runs a backward of its own (activation checkpointing recomputes its forward and
+    // backpropagates through it). Callbacks it queues belong to the outer pass and run when that one ends.
     run_backward(roots, root_grads, retain_graph);
     return;
   }

@@ -9,15 +9,13 @@ namespace weft::autograd {
 
 class Engine {
  public:
-  // Backward from `root`. `grad` may be omitted for a one-element root (ones). Unless
-  // retain_graph, saved tensors are freed as nodes run, so a second backward through the
-  // same graph is an error.
+  // Backward from `root`. `grad` may be omitted for a one-element root (ones). Unless retain_graph, saved tensors are
+  // freed as nodes run, so a second backward through the same graph is an error.
   static void backward(const Tensor& root, const Tensor& grad = {}, bool retain_graph = false);
   static void backward(const TensorList& roots, const TensorList& grads, bool retain_graph = false);
-  // A backward started from inside a running one (a node's backward, e.g. nn::checkpoint's
-  // recompute) runs its graph at once; its queued callbacks run when the outer pass ends.
-  // Runs `callback` once after the current backward pass has finished running nodes (and
-  // before backward() returns). Only valid while a backward is running.
+  // A backward started from inside a running one (a node's backward, e.g. nn::checkpoint's recompute) runs its graph at
+  // once; its queued callbacks run when the outer pass ends. Runs `callback` once after the current backward pass has
+  // finished running nodes (and before backward() returns). Only valid while a backward is running.
   static void queue_callback(std::function<void()> callback);
   static bool is_running();
 };

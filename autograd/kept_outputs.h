@@ -1,10 +1,9 @@
-// autograd: selective activation checkpointing's kept outputs (the op-level policy of PyTorch's
-// selective checkpoint contexts). nn::checkpoint with the selective policy runs its first
-// forward recording: each op the policy keeps (the GEMMs of linear and matmul, and attention)
-// appends its outputs to a KeptOutputs; the recompute in backward then replays: the same ops,
-// in the same order, take those outputs back instead of computing them, and record their
-// backward nodes as usual. Element-wise ops, norms, rotary embeddings and the rest run again.
-// Outside a guard the kept ops just compute.
+// autograd: selective activation checkpointing's kept outputs (the op-level policy of PyTorch's selective checkpoint
+// contexts). nn::checkpoint with the selective policy runs its first forward recording: each op the policy keeps (the
+// GEMMs of linear and matmul, and attention) appends its outputs to a KeptOutputs; the recompute in backward then
+// replays: the same ops, in the same order, take those outputs back instead of computing them, and record their
+// backward nodes as usual. Element-wise ops, norms, rotary embeddings and the rest run again. Outside a guard the kept
+// ops just compute.
 #pragma once
 #include <functional>
 #include <string>

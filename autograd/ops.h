@@ -124,19 +124,16 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = {}, in
               int64_t padding = 0);
 Tensor max_pool2d(const Tensor& x, int64_t kernel_size, int64_t stride = -1, int64_t padding = 0);  // -1: kernel_size
 
-// ---- attention (autograd/ops_attention.cpp)
-// softmax(q k^T / sqrt(E) (+ causal mask)) v for q [B, H, Tq, E], k [B, H, Tk, E],
-// v [B, H, Tk, Ev] -> [B, H, Tq, Ev], as torch's F.scaled_dot_product_attention with
-// is_causal (which here needs Tq == Tk). One fused node that never holds the [B, H, Tq, Tk]
-// probabilities; dropout on them (p > 0 while training) falls back to the composite ops.
-// The output is stored [B, Tq, H, Ev], so out.transpose(1, 2) is contiguous.
+// ---- attention (autograd/ops_attention.cpp) softmax(q k^T / sqrt(E) (+ causal mask)) v for q [B, H, Tq, E], k [B, H,
+// Tk, E], v [B, H, Tk, Ev] -> [B, H, Tq, Ev], as torch's F.scaled_dot_product_attention with is_causal (which here
+// needs Tq == Tk). One fused node that never holds the [B, H, Tq, Tk] probabilities; dropout on them (p > 0 while
+// training) falls back to the composite ops. The output is stored [B, Tq, H, Ev], so out.transpose(1, 2) is contiguous.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = false,
                                     double dropout_p = 0.0, bool training = true, Generator* gen = nullptr);
-// The same with grouped-query heads and rotary embeddings: k and v may have Hkv heads dividing
-// q's H (query head h reads key/value head h / (H / Hkv), as torch's enable_gqa), and
-// rope.theta > 0 rotates q and k (kernels/rope.h) inside the fused kernel, so the caller
-// passes the projections' head views as they are. Not causal unless asked, as the other overload
-// and torch's is_causal.
+// The same with grouped-query heads and rotary embeddings: k and v may have Hkv heads dividing q's H (query head h
+// reads key/value head h / (H / Hkv), as torch's enable_gqa), and rope.theta > 0 rotates q and k (kernels/rope.h)
+// inside the fused kernel, so the caller passes the projections' head views as they are. Not causal unless asked, as
+// the other overload and torch's is_causal.
 struct AttentionOptions {
   bool causal = false;
   double dropout_p = 0.0;

@@ -1,9 +1,8 @@
-// autograd: scaled-dot-product attention as one graph node over the fused kernel
-// (kernels/attention.h): the node saves q, k, v, the output and one log-sum-exp per query
-// row, never the [B, H, Tq, Tk] probabilities. With dropout on the probabilities (p > 0
-// while training) the fused kernel does not apply: the op is then computed from the
-// composite ops (rotary_embedding, repeated key/value heads, matmul, masked_fill, softmax,
-// dropout, matmul), which are correct but keep the full score tensor.
+// autograd: scaled-dot-product attention as one graph node over the fused kernel (kernels/attention.h): the node saves
+// q, k, v, the output and one log-sum-exp per query row, never the [B, H, Tq, Tk] probabilities. With dropout on the
+// probabilities (p > 0 while training) the fused kernel does not apply: the op is then computed from the composite ops
+// (rotary_embedding, repeated key/value heads, matmul, masked_fill, softmax, dropout, matmul), which are correct but
+// keep the full score tensor.
 #include <cmath>
 #include <limits>
 

@@ -1,10 +1,9 @@
 // autograd: the low-rank adapted linear (LoRA's layer, nn/lora.h) as one node:
 //   y = x W^T + bias + (scale * xa A^T) B^T,   xa: the adapter's input (x, or x after dropout)
-// What the node saves over linear(x, W, bias) + linear(linear(xa, A) * scale, B): under
-// autocast x is cast to 16 bits once for both products when xa is x (and kept once for
-// backward); scale multiplies the rank-r activation as its product is stored; B's product joins
-// the base's (one product of [x | h] and [W | B] where both are cast anyway, else beta 1 into y);
-// in backward x's two gradient products are summed in one buffer, the scaled dY B rounded once.
+// What the node saves over linear(x, W, bias) + linear(linear(xa, A) * scale, B): under autocast x is cast to 16 bits
+// once for both products when xa is x (and kept once for backward); scale multiplies the rank-r activation as its
+// product is stored; B's product joins the base's (one product of [x | h] and [W | B] where both are cast anyway, else
+// beta 1 into y); in backward x's two gradient products are summed in one buffer, the scaled dY B rounded once.
 // Operands whose dtypes differ after autocast take that composition instead.
 #include <array>
 #include <optional>
@@ -37,11 +36,10 @@ void check_low_rank(const Tensor& x, const Tensor& xa, const Tensor& weight, con
              tensor_desc(x), tensor_desc(xa), tensor_desc(weight), weight.size(1));
 }
 
-// y2 = [x | h | 0] [W | B | 0]^T + bias, one product of depth in + r rounded up to a multiple of
-// 32 (whole AMX tiles, read in place), h = scale * xa A^T: x and W are cast into the joined
-// operands, so y is written once rather than written and read back to add h B^T. Sets the
-// views of the joined operands that backward reads (x2 and h of [x | h], w and b2 of [W | B]);
-// xa2 is x2 when xa is x.
+// y2 = [x | h | 0] [W | B | 0]^T + bias, one product of depth in + r rounded up to a multiple of 32 (whole AMX tiles,
+// read in place), h = scale * xa A^T: x and W are cast into the joined operands, so y is written once rather than
+// written and read back to add h B^T. Sets the views of the joined operands that backward reads (x2 and h of [x | h], w
+// and b2 of [W | B]); xa2 is x2 when xa is x.
 void joined_product(const Tensor& x, const Tensor& xa, const Tensor& weight, const Tensor& bias2, const Tensor& a2,
                     const Tensor& b, double scale, const Tensor& y2, Tensor& x2, Tensor& xa2, Tensor& w, Tensor& b2,
                     Tensor& h) {

@@ -101,10 +101,10 @@ Tensor var(const Tensor& x, const Shape& dims, int64_t correction, bool keepdim)
     Shape nd = k::normalize_dims(dims, x.dim(), "var");
     double n = double(reduced_count(x.shape(), nd));
     record("VarBackward", {x}, {out}, [x = x.detach(), nd, keepdim, n, correction](const TensorList& g) -> TensorList {
-      // d var / dx = 2 (x - mean) / (n - correction)
+      // d var / dx = 2 (x - mean) / (n - correction), the denominator at least 0 as the forward's
       Tensor centered = k::binary(k::BinaryOp::sub, x, k::reduce(k::ReduceOp::mean, x, nd, true));
       Tensor gk = keepdim ? g[0] : g[0].reshape(k::reduced_shape(x.shape(), nd, true));
-      Tensor scaled = k::binary_scalar(k::BinaryOp::mul, gk, 2.0 / (n - double(correction)));
+      Tensor scaled = k::binary_scalar(k::BinaryOp::mul, gk, 2.0 / std::max(0.0, n - double(correction)));
       return {k::binary(k::BinaryOp::mul, centered, scaled)};
     });
   }

@@ -1,7 +1,6 @@
-// autograd: gradients of core's view and copy methods. A view's gradient is written back
-// through the same view (re-applied by `replay`) into zeros shaped like the base; expanded
-// dims are summed first. as_strided has no replay: its gradient is summed at each element's offset in a contiguous
-// base (index_add), so overlapping windows add up.
+// autograd: gradients of core's view and copy methods. A view's gradient is written back through the same view
+// (re-applied by `replay`) into zeros shaped like the base; expanded dims are summed first. as_strided has no replay:
+// its gradient is summed at each element's offset in a contiguous base (index_add), so overlapping windows add up.
 #include "autograd/engine.h"
 #include "core/autograd_meta.h"
 #include "core/copy.h"

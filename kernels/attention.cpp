@@ -1,7 +1,6 @@
-// kernels: entry points of the fused attention (kernels/attention.h): argument checks that
-// name the operand at fault, output allocation in the [B, T, H, hd] layout, and the dispatch
-// to the device's backend (the CPU's computes 16-bit operands in f32 copies,
-// kernels/cpu/backend.cpp). The CPU loops are in kernels/cpu/attention.cpp.
+// kernels: entry points of the fused attention (kernels/attention.h): argument checks that name the operand at fault,
+// output allocation in the [B, T, H, hd] layout, and the dispatch to the device's backend (the CPU's computes 16-bit
+// operands in f32 copies, kernels/cpu/backend.cpp). The CPU loops are in kernels/cpu/attention.cpp.
 #include "kernels/attention.h"
 
 #include <algorithm>

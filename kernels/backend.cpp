@@ -12,8 +12,7 @@
 namespace weft::kernels {
 namespace {
 
-// A function-local static: backends register from static initialisers, which may run before
-// this file's own.
+// A function-local static: backends register from static initialisers, which may run before this file's own.
 std::array<std::atomic<const KernelBackend*>, kNumDeviceTypes>& tables() {
   static std::array<std::atomic<const KernelBackend*>, kNumDeviceTypes> t{};
   return t;

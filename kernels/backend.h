@@ -1,15 +1,13 @@
 // kernels: KernelBackend, the table of op entry points one device type fills and registers,
 // through which every public kernel entry point (kernels/*.cpp) dispatches.
 //
-// The entry points check arguments, allocate outputs and prepare inputs (dtype conversion,
-// broadcasting as stride-0 views, contiguous copies where an entry below says so) in one way
-// valid for every device; a backend function then only runs the loop. Where a device needs
-// more (the CPU computes 16-bit attention in f32, CUDA copies indices to the host to range-
-// check them), that stays inside its own backend function.
+// The entry points check arguments, allocate outputs and prepare inputs (dtype conversion, broadcasting as stride-0
+// views, contiguous copies where an entry below says so) in one way valid for every device; a backend function then
+// only runs the loop. Where a device needs more (the CPU computes 16-bit attention in f32, CUDA copies indices to the
+// host to range-check them), that stays inside its own backend function.
 //
-// The CPU table (kernels/cpu/backend.cpp) is always there. Other device types register theirs
-// from the static initialisers of their backend library (cuda/register.cpp), which
-// kernel_backend() loads on first use.
+// The CPU table (kernels/cpu/backend.cpp) is always there. Other device types register theirs from the static
+// initialisers of their backend library (cuda/register.cpp), which kernel_backend() loads on first use.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -44,9 +42,8 @@ struct KernelBackend {
   void (*masked_fill)(const Tensor& out, const Tensor& x, const Tensor& mask, double value);
   void (*clamp)(const Tensor& out, const Tensor& x, std::optional<double> lo, std::optional<double> hi);
 
-  // ---- reductions (kernels/reduce.h): x's memory is contiguous from its data pointer and
-  // reads as [outer, reduced, inner, inner_reduced]; dims 1 and 3 are reduced into the
-  // contiguous [outer, inner] output.
+  // ---- reductions (kernels/reduce.h): x's memory is contiguous from its data pointer and reads as [outer, reduced,
+  // inner, inner_reduced]; dims 1 and 3 are reduced into the contiguous [outer, inner] output.
   void (*reduce)(ReduceOp op, const Tensor& out, const Tensor& x, int64_t outer, int64_t reduced, int64_t inner,
                  int64_t inner_reduced);
   // Values (x's dtype) and i64 indices of the max (or min) over [outer, reduced, inner]; reduced > 0.
@@ -67,9 +64,8 @@ struct KernelBackend {
   void (*softmax)(const Tensor& x, const Tensor& y, int64_t outer, int64_t n, int64_t inner, bool log);
   void (*softmax_backward)(const Tensor& grad, const Tensor& y, const Tensor& dx, int64_t outer, int64_t n,
                            int64_t inner, bool log);
-  // x contiguous [rows, n]; weight/bias contiguous [n] or undefined; mean/rstd [rows] f32
-  // (f64 for f64); dweight/dbias undefined when not wanted. An undefined mean is RMS norm:
-  // nothing is subtracted (mu = 0) and bias is undefined.
+  // x contiguous [rows, n]; weight/bias contiguous [n] or undefined; mean/rstd [rows] f32 (f64 for f64); dweight/dbias
+  // undefined when not wanted. An undefined mean is RMS norm: nothing is subtracted (mu = 0) and bias is undefined.
   void (*layer_norm)(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& y,
                      const Tensor& mean, const Tensor& rstd);
   void (*layer_norm_backward)(const Tensor& grad, const Tensor& x, const Tensor& mean, const Tensor& rstd,
@@ -114,10 +110,9 @@ struct KernelBackend {
   // out (a copy of self) contiguous; src any strides.
   void (*scatter_add)(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src);
 
-  // ---- fused attention (kernels/attention.h): [B, H, T, C] views with unit last stride, any
-  // other strides, any float dtype, k and v with H / G heads for some G (query head h reads
-  // key head h / G); lse [B, H, Tq] contiguous f32 (f64 for f64), rope tables of lse's dtype.
-  // dq, dk, dv are overwritten.
+  // ---- fused attention (kernels/attention.h): [B, H, T, C] views with unit last stride, any other strides, any float
+  // dtype, k and v with H / G heads for some G (query head h reads key head h / G); lse [B, H, Tq] contiguous f32 (f64
+  // for f64), rope tables of lse's dtype. dq, dk, dv are overwritten.
   void (*attention)(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
                     const AttentionRope& rope, const Tensor& out, const Tensor& lse);
   void (*attention_backward)(const Tensor& grad, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -131,14 +126,12 @@ struct KernelBackend {
   void (*sgd_step_)(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf, const SgdStep& s);
 };
 
-// Installs `table` (which must outlive the program) for a device type; a later call replaces
-// an earlier one. Called by backends at start-up.
-// [Note: backend registration] in core/device_runtime.h.
+// Installs `table` (which must outlive the program) for a device type; a later call replaces an earlier one. Called by
+// backends at start-up. [Note: backend registration] in core/device_runtime.h.
 void register_kernel_backend(DeviceType type, const KernelBackend* table);
 
-// The table for `device`, loading its backend library on first use. Throws weft::Error
-// naming `op`, the device and the reason when no backend provides kernels for its type, or
-// when the device index does not exist.
+// The table for `device`, loading its backend library on first use. Throws weft::Error naming `op`, the device and the
+// reason when no backend provides kernels for its type, or when the device index does not exist.
 const KernelBackend& kernel_backend(Device device, const char* op);
 
 namespace cpu {

@@ -1,8 +1,7 @@
-// kernels: dropout's keep decision, written once for the CPU loop and the CUDA kernel (nvcc
-// includes it). Element g (row-major) of a dropout's whole tensor is kept when its 32-bit draw,
-// one half of the splitmix64 output for counter g/2 + 1 of a stream starting at the seed, is
-// >= p * 2^32: the mask is a function of (seed, g) on any device and thread count, and a part
-// of the whole (kernels::RandomBlock) decides each element by its index in the whole.
+// kernels: dropout's keep decision, written once for the CPU loop and the CUDA kernel (nvcc includes it). Element g
+// (row-major) of a dropout's whole tensor is kept when its 32-bit draw, one half of the splitmix64 output for counter
+// g/2 + 1 of a stream starting at the seed, is >= p * 2^32: the mask is a function of (seed, g) on any device and
+// thread count, and a part of the whole (kernels::RandomBlock) decides each element by its index in the whole.
 #pragma once
 #include <cstdint>
 

@@ -57,8 +57,7 @@ bool unary_takes_integers(UnaryOp op) {
   }
 }
 
-// Rejects expanded (stride-0) views as in-place destinations: several elements would share
-// one memory location.
+// Rejects expanded (stride-0) views as in-place destinations: several elements would share one memory location.
 void check_no_self_overlap(const char* op, const Tensor& dst) {
   for (int64_t d = 0; d < dst.dim(); ++d)
     WEFT_CHECK(dst.stride(d) != 0 || dst.size(d) <= 1,

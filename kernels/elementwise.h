@@ -1,7 +1,6 @@
-// kernels: element-wise math with broadcasting and type promotion. Functions take tensors
-// of any strides on one device, check them, allocate the result and dispatch on
-// (device, dtype) to the backend loop (kernels/cpu now; cuda/ when built). 16-bit
-// floats compute in f32. No autograd here: autograd/ops builds on these.
+// kernels: element-wise math with broadcasting and type promotion. Functions take tensors of any strides on one device,
+// check them, allocate the result and dispatch on (device, dtype) to the backend loop (kernels/cpu now; cuda/ when
+// built). 16-bit floats compute in f32. No autograd here: autograd/ops builds on these.
 #pragma once
 #include <optional>
 #include <utility>
@@ -17,10 +16,9 @@ const char* binary_op_name(BinaryOp op);
 // y = op(x). Float-only ops (exp, log, ...) reject integer inputs with a clear error;
 // neg/abs/sign/relu/square also take integers; logical_not gives bool.
 Tensor unary(UnaryOp op, const Tensor& x);
-// grad_x = grad * op'(x), using the saved output y where that is cheaper (exp, tanh,
-// sigmoid, sqrt, rsqrt, reciprocal). Shapes of grad, x, y are equal. Only the tensor the
-// derivative reads must be defined: y for the ops above, nothing for neg/sign/logical_not
-// (zeros for the last two), x otherwise. relu reads x > 0, so y may be passed as x.
+// grad_x = grad * op'(x), using the saved output y where that is cheaper (exp, tanh, sigmoid, sqrt, rsqrt, reciprocal).
+// Shapes of grad, x, y are equal. Only the tensor the derivative reads must be defined: y for the ops above, nothing
+// for neg/sign/logical_not (zeros for the last two), x otherwise. relu reads x > 0, so y may be passed as x.
 Tensor unary_backward(UnaryOp op, const Tensor& grad, const Tensor& x, const Tensor& y);
 
 // out = a op b with broadcasting; dtype = promote_types (bool for comparisons and logical

@@ -1,7 +1,6 @@
-// kernels: entry points of the neural-network kernels (kernels/nn.h). Each checks its
-// arguments (naming the op, shapes, dtypes and devices), allocates the outputs, makes the
-// inputs contiguous where the loops need it and dispatches through the device's backend
-// (kernels/backend.h); 16-bit types that the loops do not take go through f32 here.
+// kernels: entry points of the neural-network kernels (kernels/nn.h). Each checks its arguments (naming the op, shapes,
+// dtypes and devices), allocates the outputs, makes the inputs contiguous where the loops need it and dispatches
+// through the device's backend (kernels/backend.h); 16-bit types that the loops do not take go through f32 here.
 #include "kernels/nn.h"
 
 #include "kernels/backend.h"

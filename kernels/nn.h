@@ -17,9 +17,8 @@ Tensor softmax_backward(const Tensor& grad, const Tensor& y, int64_t dim);      
 Tensor log_softmax(const Tensor& x, int64_t dim);
 Tensor log_softmax_backward(const Tensor& grad, const Tensor& y, int64_t dim);  // y = log_softmax(x)
 
-// ---- layer norm over the last `normalized_ndim` dims; weight/bias optional (undefined).
-// Returns (y, mean, rstd); mean/rstd have shape x.shape[:-normalized_ndim] and are f32
-// (f64 for f64 inputs).
+// ---- layer norm over the last `normalized_ndim` dims; weight/bias optional (undefined). Returns (y, mean, rstd);
+// mean/rstd have shape x.shape[:-normalized_ndim] and are f32 (f64 for f64 inputs).
 std::tuple<Tensor, Tensor, Tensor> layer_norm(const Tensor& x, int64_t normalized_ndim,
                                               const Tensor& weight, const Tensor& bias, double eps);
 // Returns (dx, dweight, dbias); dweight/dbias undefined when weight/bias are.
@@ -28,9 +27,8 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm_backward(const Tensor& grad, const
                                                        const Tensor& weight, const Tensor& bias,
                                                        int64_t normalized_ndim);
 
-// ---- RMS norm over the last `normalized_ndim` dims: y = x * rstd * weight with
-// rstd = 1/sqrt(mean(x^2) + eps) (no centring, no bias); weight optional. Returns (y, rstd),
-// rstd as layer_norm's; the backward returns (dx, dweight).
+// ---- RMS norm over the last `normalized_ndim` dims: y = x * rstd * weight with rstd = 1/sqrt(mean(x^2) + eps) (no
+// centring, no bias); weight optional. Returns (y, rstd), rstd as layer_norm's; the backward returns (dx, dweight).
 std::pair<Tensor, Tensor> rms_norm(const Tensor& x, int64_t normalized_ndim, const Tensor& weight, double eps);
 std::pair<Tensor, Tensor> rms_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& rstd,
                                             const Tensor& weight, int64_t normalized_ndim);
@@ -45,12 +43,11 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
 // out = self.clone(); out[..index[i]..] += src[i] along dim (torch.scatter_add)
 Tensor scatter_add(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src);
 
-// ---- cross-entropy on logits [N, C] (or [C]) and targets [N] (i64/i32) as in
-// torch.nn.functional.cross_entropy; reduction "mean" (over non-ignored targets), "sum" or
-// "none". Returns (loss, row_stats) where row_stats [N, 2] (each row's max and
-// log(sum e^(x - max))) is what the backward needs besides the logits: it makes the
-// log-probabilities again instead of keeping an [N, C] tensor. 16-bit logits are read as they
-// are and computed in f32: loss and row_stats are f32 then; dlogits has the logits' dtype.
+// ---- cross-entropy on logits [N, C] (or [C]) and targets [N] (i64/i32) as in torch.nn.functional.cross_entropy;
+// reduction "mean" (over non-ignored targets), "sum" or "none". Returns (loss, row_stats) where row_stats [N, 2] (each
+// row's max and log(sum e^(x - max))) is what the backward needs besides the logits: it makes the log-probabilities
+// again instead of keeping an [N, C] tensor. 16-bit logits are read as they are and computed in f32: loss and row_stats
+// are f32 then; dlogits has the logits' dtype.
 enum class Reduction { none, mean, sum };
 std::pair<Tensor, Tensor> cross_entropy(const Tensor& logits, const Tensor& target,
                                         int64_t ignore_index, double label_smoothing,

@@ -1,6 +1,5 @@
-// kernels: entry points of conv2d and max_pool2d (NCHW, or CHW for one image): shape rules,
-// checks, allocation and dispatch to the device's backend. The convolution loops take
-// f32/f64; 16-bit tensors are converted around them.
+// kernels: entry points of conv2d and max_pool2d (NCHW, or CHW for one image): shape rules, checks, allocation and
+// dispatch to the device's backend. The convolution loops take f32/f64; 16-bit tensors are converted around them.
 #include "kernels/backend.h"
 #include "kernels/nn.h"
 #include "kernels/nn_checks.h"

@@ -1,7 +1,6 @@
-// kernels: fused optimizer updates, in place over contiguous f32/f64 tensors. Each performs
-// exactly the floating-point operations of PyTorch's single-tensor update (torch.optim in
-// 1.13, the version Debian 12 ships), in the same order and precision, so parameters agree
-// to the last bit on the same inputs.
+// kernels: fused optimizer updates, in place over contiguous f32/f64 tensors. Each performs exactly the floating-point
+// operations of PyTorch's single-tensor update (torch.optim in 1.13, the version Debian 12 ships), in the same order
+// and precision, so parameters agree to the last bit on the same inputs.
 #pragma once
 #include "../core/tensor.h"
 

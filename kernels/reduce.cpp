@@ -1,9 +1,8 @@
-// kernels: reduction entry points. They check arguments, pick the result dtype, and lay the
-// input out as [outer, reduced, inner, inner_reduced] over contiguous memory for the
-// backend: directly when the tensor's memory already has that form (a contiguous tensor
-// reduced over one block of adjacent dims, or two blocks such as (0, 2, 3) of [N, C, H, W];
-// transposed/permuted views whose memory order allows it), else through one contiguous
-// copy with the reduced dims moved last.
+// kernels: reduction entry points. They check arguments, pick the result dtype, and lay the input out as [outer,
+// reduced, inner, inner_reduced] over contiguous memory for the backend: directly when the tensor's memory already has
+// that form (a contiguous tensor reduced over one block of adjacent dims, or two blocks such as (0, 2, 3) of [N, C, H,
+// W]; transposed/permuted views whose memory order allows it), else through one contiguous copy with the reduced dims
+// moved last.
 #include "kernels/reduce.h"
 
 #include <algorithm>
@@ -48,9 +47,8 @@ Layout plan_layout(const Tensor& x, const Shape& dims) {
     if (x.size(d) != 1) ds.push_back({x.size(d), x.stride(d), d, is_reduced[size_t(d)]});
   std::stable_sort(ds.begin(), ds.end(), [](const Dim& a, const Dim& b) { return a.stride > b.stride; });
 
-  // Usable as is when memory is dense in that order, the dims run kept / reduced / kept /
-  // reduced (any block may be empty), and the kept dims are in their logical order (so the
-  // output is written contiguously).
+  // Usable as is when memory is dense in that order, the dims run kept / reduced / kept / reduced (any block may be
+  // empty), and the kept dims are in their logical order (so the output is written contiguously).
   bool ok = true;
   int64_t expect = 1;
   for (size_t i = ds.size(); i-- > 0;) {
@@ -168,7 +166,9 @@ std::pair<Tensor, Tensor> min_dim(const Tensor& x, int64_t dim, bool keepdim) { 
 Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) { return arg_reduce(true, x, dim, keepdim).second; }
 Tensor argmin(const Tensor& x, int64_t dim, bool keepdim) { return arg_reduce(false, x, dim, keepdim).second; }
 
-// Two passes (mean, then squared deviations) for accuracy; 16-bit inputs work in f32.
+// Two passes (mean, then squared deviations d) for accuracy, corrected for the first mean's rounding: sum(d^2) -
+// sum(d)^2 / n (Chan, Golub and LeVeque; rows of equal values had an f32 mean an ulp off, so a variance, not 0).
+// 16-bit inputs work in f32.
 Tensor var(const Tensor& x, const Shape& dims, int64_t correction, bool keepdim) {
   WEFT_CHECK(x.defined(), "var: input is an undefined tensor");
   WEFT_CHECK(is_floating(x.dtype()), "var: needs a floating tensor (f32, f64, bf16, f16), got {}", tensor_desc(x));
@@ -177,9 +177,11 @@ Tensor var(const Tensor& x, const Shape& dims, int64_t correction, bool keepdim)
   bool half = is_16bit(x.dtype());
   Tensor xc = half ? x.detach().to(DType::f32) : x.detach();
   Tensor mean = reduce(ReduceOp::mean, xc, nd, true);
-  Tensor sq = unary(UnaryOp::square, binary(BinaryOp::sub, xc, mean));
-  Tensor s = reduce(ReduceOp::sum, sq, nd, keepdim);
-  double denom = std::max<double>(0.0, double(reduced_numel_of(x, nd) - correction));
+  Tensor d = binary(BinaryOp::sub, xc, mean);
+  Tensor d_sum = reduce(ReduceOp::sum, d, nd, keepdim), s = reduce(ReduceOp::sum, unary(UnaryOp::square, d), nd, keepdim);
+  const double n = double(reduced_numel_of(x, nd));
+  s = clamp(binary(BinaryOp::sub, s, binary_scalar(BinaryOp::div, unary(UnaryOp::square, d_sum), n)), 0.0, {});
+  double denom = std::max<double>(0.0, n - double(correction));
   Tensor out = binary_scalar(BinaryOp::div, s, denom);  // 0/0 gives NaN, as torch.var
   return half ? out.to(x.dtype()) : out;
 }

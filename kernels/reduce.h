@@ -1,6 +1,5 @@
-// kernels: reductions over any set of dims (empty dims = all dims), with keepdim.
-// 16-bit floats accumulate in f32, f32 in f32 with pairwise/blocked sums (OpenMP across
-// output elements or across the reduced range, whichever is larger).
+// kernels: reductions over any set of dims (empty dims = all dims), with keepdim. 16-bit floats accumulate in f32, f32
+// in f32 with pairwise/blocked sums (OpenMP across output elements or across the reduced range, whichever is larger).
 #pragma once
 #include <utility>
 
@@ -9,11 +8,10 @@
 
 namespace weft::kernels {
 
-// Sum/mean of bool or integer inputs give i64 (sum) or f32 (mean); float inputs keep their dtype.
-// sum_squares takes floats and gives f64: on the CPU the same bits as sum of x.to(f64)^2.
-// prod of integers gives i64; max/min keep the dtype and propagate NaN. Reducing over no
-// elements gives 0 (sum), 1 (prod), NaN (mean) and is an error for max/min. A 0-dim tensor
-// reduces to itself.
+// Sum/mean of bool or integer inputs give i64 (sum) or f32 (mean); float inputs keep their dtype. sum_squares takes
+// floats and gives f64: on the CPU the same bits as sum of x.to(f64)^2. prod of integers gives i64; max/min keep the
+// dtype and propagate NaN. Reducing over no elements gives 0 (sum), 1 (prod), NaN (mean) and is an error for max/min. A
+// 0-dim tensor reduces to itself.
 Tensor reduce(ReduceOp op, const Tensor& x, const Shape& dims, bool keepdim);
 // Values and i64 indices of the max/min along one dim (first occurrence on ties; a NaN wins,
 // as torch.max). An empty dim is an error.

@@ -2,10 +2,9 @@
 // and the CUDA kernels (nvcc): integer arithmetic that wraps, integer powers, the unary ops
 // and their derivatives, the binary ops, and how a host double becomes an operand.
 //
-// Free of fmt and core/tensor.h so that nvcc can include it. Floating math goes through a
-// policy class M (LibMath here; the CPU substitutes float versions that vectorise,
-// kernels/cpu/elementwise.cpp), so that both backends share every formula while each keeps
-// its own exp/tanh. Everything is forced inline: the CPU loops must still vectorise.
+// Free of fmt and core/tensor.h so that nvcc can include it. Floating math goes through a policy class M (LibMath here;
+// the CPU substitutes float versions that vectorise, kernels/cpu/elementwise.cpp), so that both backends share every
+// formula while each keeps its own exp/tanh. Everything is forced inline: the CPU loops must still vectorise.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -78,8 +77,7 @@ struct LibMath {
   template <class A> WEFT_HOST_DEVICE static A normal_pdf(A x) { return A(kInvSqrt2Pi) * exp(A(-0.5) * x * x); }
 };
 
-// gelu_tanh(x) = 0.5x(1 + tanh(u)) = x * sigmoid(2u): the sigmoid form does not cancel for
-// large negative x.
+// gelu_tanh(x) = 0.5x(1 + tanh(u)) = x * sigmoid(2u): the sigmoid form does not cancel for large negative x.
 template <class M, class A> WEFT_HOST_DEVICE A gelu_tanh(A x) {
   A u = A(kSqrt2OverPi) * (x + A(kGeluC) * x * x * x);
   return x * M::sigmoid(A(2) * u);
@@ -169,8 +167,7 @@ template <UnaryOp OP, class M> struct GradFn {
   }
 };
 
-// Calls fn.template operator()<OP>() for the runtime op (one instantiation per op); false for
-// a value outside the enum.
+// Calls fn.template operator()<OP>() for the runtime op (one instantiation per op); false for a value outside the enum.
 template <class F> bool with_unary_op(UnaryOp op, F&& fn) {
   switch (op) {
 #define WEFT_CASE(name) case UnaryOp::name: fn.template operator()<UnaryOp::name>(); return true;
@@ -221,10 +218,9 @@ template <class M> struct SiluGradMulOp {
   template <class A> WEFT_HOST_DEVICE static A apply(A a, A b) { return silu_grad<M>(a) * b; }
 };
 
-// Calls fn.template operator()<Op, O>() for op on storage type T (O: the output type, T or
-// bool); kFloat says whether T computes in floating point; M is the math the silu ops call.
-// Ops the entry points never send for T (sub/pow on bool, div on integers) are not
-// instantiated: returns false for them.
+// Calls fn.template operator()<Op, O>() for op on storage type T (O: the output type, T or bool); kFloat says whether T
+// computes in floating point; M is the math the silu ops call. Ops the entry points never send for T (sub/pow on bool,
+// div on integers) are not instantiated: returns false for them.
 template <class T, bool kFloat, class M = LibMath, class F> bool with_binary_op(BinaryOp op, F&& fn) {
   constexpr bool is_bool = std::is_same_v<T, bool>;
   switch (op) {

@@ -1,12 +1,10 @@
-// kernels: each device type's KernelBackend table with every entry wrapped in an op-profiler
-// span (core/op_profiler.h), handed out while the profiler runs or a step trace records
-// (core/step_trace.h); on a device with streams (cuda) the device is waited for before and
-// after, so the span is the op's device time. A row is named for the public op (`op`) and its
-// dtype; a GEMM's also names m x n x k and which operands are read transposed (T), attention's
-// its shape (BxHxHkvxTqxTkxE[ causal], which a calibration replays). Bytes are the sizes of
-// every tensor operand (a broadcast view counts its full shape); FLOPs are counted for the GEMMs
-// (2 m n k) and attention (forward 4 B H Tq Tk C, backward 10 B H Tq Tk C: the scores recomputed
-// and four products; halved for a causal square), the ops a compute peak limits.
+// kernels: each device type's KernelBackend table with every entry wrapped in an op-profiler span (core/op_profiler.h),
+// handed out while the profiler runs or a step trace records (core/step_trace.h); on a device with streams (cuda) the
+// device is waited for before and after, so the span is the op's device time. A row is named for the public op (`op`)
+// and its dtype; a GEMM's also names m x n x k and which operands are read transposed (T), attention's its shape
+// (BxHxHkvxTqxTkxE[ causal], which a calibration replays). Bytes are the sizes of every tensor operand (a broadcast
+// view counts its full shape); FLOPs are counted for the GEMMs (2 m n k) and attention (forward 4 B H Tq Tk C, backward
+// 10 B H Tq Tk C: the scores recomputed and four products; halved for a causal square), the ops a compute peak limits.
 #include <array>
 #include <mutex>
 #include <optional>

@@ -190,6 +190,11 @@ TEST_CASE("tensor hooks fire in backward order and may replace gradients") {
                                                  Catch::Contains("returned f32[5] on cpu for its gradient f32[2, 2]"));
   Tensor z = ones({2}).set_requires_grad();
   CHECK_THROWS_WITH(z.set_grad(ones({2}, {.dtype = kInt64})), Catch::Contains("set_grad: gradient i64[2]"));
+  // So must a non-leaf's: its [3, 2] had been read as the [2, 3] gradient, row after row.
+  Tensor w = ones({2, 3}).set_requires_grad(), h = w * 2.0;
+  h.register_hook([](const Tensor&) { return from_vector({1, 2, 3, 4, 5, 6}, {3, 2}); });
+  CHECK_THROWS_WITH(sum(h).backward(), Catch::Contains("backward: a hook on output 0 of MulBackward") &&
+                                           Catch::Contains("returned f32[3, 2] on cpu for its gradient f32[2, 3]"));
 }
 
 TEST_CASE("retain_grad keeps a non-leaf gradient") {
@@ -336,4 +341,28 @@ TEST_CASE("an integer or bool result leaves the graph: a cast to i64 passes no g
   sum(z).backward();
   CHECK(to_vector(x.grad()) == std::vector<double>{1, 1, 1});  // the truncated 5.7 (5) had been added through the cast
   CHECK(x.to(kFloat64).requires_grad());                      // a floating cast stays differentiable
+}
+
+// Returns the transposed incoming gradient, or a flat one: wrong shapes with the right number of elements.
+struct WrongShapeFn : autograd::Function {
+  bool flat;
+  explicit WrongShapeFn(bool f) : flat(f) {}
+  TensorList forward(autograd::FunctionCtx&, const TensorList& in) override { return {in[0].clone()}; }
+  TensorList backward(autograd::FunctionCtx&, const TensorList& g) override {
+    return {flat ? g[0].reshape({g[0].numel()}) : g[0].t().contiguous()};
+  }
+};
+
+TEST_CASE("a backward returning a gradient of another shape is refused, not reshaped; size-1 dims may differ") {
+  for (bool flat : {false, true}) {
+    Tensor x = from_vector({1, 2, 3, 4, 5, 6}, {2, 3}).set_requires_grad();
+    Tensor y = autograd::Function::apply<WrongShapeFn>({x}, flat)[0];
+    CHECK_THROWS_WITH(sum(y * from_vector({1, 2, 3, 4, 5, 6}, {2, 3})).backward(),
+                      Catch::Contains(flat ? "gradient of shape [6] for an input of shape [2, 3]"
+                                           : "gradient of shape [3, 2] for an input of shape [2, 3]"));
+  }
+  Tensor x = from_vector({1, 2, 3}, {1, 3}).set_requires_grad();
+  Tensor y = autograd::Function::apply<WrongShapeFn>({x}, true)[0];  // [3] for [1, 3]: the same values
+  sum(y * from_vector({1, 2, 3}, {1, 3})).backward();
+  CHECK(vec(x.grad()) == std::vector<double>{1, 2, 3});
 }

@@ -106,6 +106,10 @@ TEST_CASE("gradcheck: reductions") {
   expect_ok([](const TensorList& x) { return min(x[0]); }, {a});
   expect_ok([](const TensorList& x) { return max(x[0], 1).first; }, {a});
   expect_ok([](const TensorList& x) { return min(x[0], -1, true).first; }, {a});
+  // correction >= n: the forward divides by 0 (inf), so does the gradient (2 / (n - correction) had been finite)
+  Tensor two = from_vector({1, 2}, {2}).set_requires_grad();
+  var(two, {}, 3).backward();
+  CHECK(to_vector(two.grad()) == std::vector<double>{-INFINITY, INFINITY});
 }
 
 TEST_CASE("gradcheck: matmul shapes and linear") {

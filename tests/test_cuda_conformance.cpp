@@ -398,6 +398,10 @@ std::vector<Case> cases() {
                     auto [dx, dw, db] = layer_norm_backward(x[3], x[0], mean, rstd, x[1], x[2], 1);
                     return std::vector<Tensor>{y, mean, rstd, dx, dw, db};
                   }, 4.0});
+    cs.push_back({"layer_norm of rows of equal values, eps 1e-12: the bias", {{{3, 768}, t}, {{768}, t}}, [](const auto& x) {
+                    Tensor c = binary_scalar(BinaryOp::add, binary_scalar(BinaryOp::mul, x[0], 0.0), 11.11);
+                    return std::vector<Tensor>{std::get<0>(layer_norm(c, 1, Tensor(), x[1], 1e-12))};
+                  }, 4.0});
     cs.push_back({"layer_norm + backward (2 dims, no affine)", {{{5, 6, 40}, t}, {{5, 6, 40}, t}}, [](const auto& x) {
                     auto [y, mean, rstd] = layer_norm(x[0], 2, Tensor(), Tensor(), 1e-5);
                     auto [dx, dw, db] = layer_norm_backward(x[1], x[0], mean, rstd, Tensor(), Tensor(), 2);

@@ -272,6 +272,18 @@ TEST_CASE("layer_norm matches a naive loop and returns mean and rstd") {
               ref_layer_norm(to_vector(xb), 64, {}, {}, 1e-5), 2e-2);
 }
 
+TEST_CASE("layer_norm of a row of equal values is its bias, at any eps; a variance past f32's range is NaN") {
+  for (auto [value, n, eps] : {std::tuple{11.11, 768, 1e-12}, std::tuple{57219.5, 4096, 1e-5}, std::tuple{0.7, 1024, 1e-6}}) {
+    INFO(value << " x " << n << ", eps " << eps);
+    Tensor b = rnd({n}, kFloat32);
+    Vec want = to_vector(b);
+    want.insert(want.end(), want.begin(), want.end());
+    check_close(std::get<0>(k::layer_norm(full({2, n}, value), 1, Tensor(), b, eps)), want, 0);
+  }
+  Tensor big = std::get<0>(k::layer_norm(from_vector({3e30, 1e30, 0}, {1, 3}), 1, Tensor(), Tensor(), 1e-6));
+  for (double v : to_vector(big)) CHECK(std::isnan(v));  // 1 / sqrt(inf) had made it 0, silently
+}
+
 TEST_CASE("layer_norm backward matches finite differences") {
   for (int variant = 0; variant < 3; ++variant) {  // weight and bias, weight only, neither
     INFO("variant " << variant);

@@ -358,6 +358,11 @@ TEST_CASE("var with correction") {
   check_values(h, {5.0 / 3, 500.0 / 3}, 1e-2);
   // Large offset: the two-pass form keeps the small variance.
   check_values(var(vec({1e4 + 1, 1e4 + 2, 1e4 + 3}), {}, 1, false), {1}, 1e-4);
+  // Equal values: exactly 0 (an f32 mean an ulp off had given 4.5e-11), each row on its own.
+  for (double value : {11.11, 57219.5}) {
+    check_values(var(full({768}, value), {}, 0, false), {0}, 0, 0);
+    check_values(var(full({2, 768}, value), {1}, 0, false), {0, 0}, 0, 0);
+  }
 }
 
 TEST_CASE("sum_to undoes broadcasting") {

@@ -325,11 +325,10 @@ void gelu_bf16_run(const BFloat16* x, const BFloat16* g, BFloat16* o, int64_t n)
                     : BFloat16(gelu_tanh<CpuMath>(float(x[i])));
 }
 
-// ---- silu(a) * b and silu'(a) * b on bf16 (SwiGLU's gate in mixed-precision Llama training) in
-// 16-lane AVX-512 on unit-stride operands of one shape, as the GELU loop above: sigmoid from
-// one exponential of -|a| and an approximate reciprocal, rounded once to bf16 (within 2^-14 of
-// the generic loop before that rounding). 2,048 x 1,024 on one Xeon core: 1.7 ms by the generic
-// loop, division-bound; 0.8 ms by this one.
+// ---- silu(a) * b and silu'(a) * b on bf16 (SwiGLU's gate in mixed-precision Llama training) in 16-lane AVX-512 on
+// unit-stride operands of one shape, as the GELU loop above: sigmoid from one exponential of -|a| and an approximate
+// reciprocal, rounded once to bf16 (within 2^-14 of the generic loop before that rounding). 2,048 x 1,024 on one Xeon
+// core: 1.7 ms by the generic loop, division-bound; 0.8 ms by this one.
 // silu'(v) = s + v s (1 - s) = s (1 + v (1 - s))
 WEFT_MATH_INLINE __m512 silu_grad_x16(__m512 v, __m512 s) {
   const __m512 one = _mm512_set1_ps(1.f);

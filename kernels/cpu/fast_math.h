@@ -51,8 +51,7 @@ WEFT_MATH_INLINE float tanh_f32(float x) {
   return ax < 0.625f ? small : big;
 }
 
-// sigmoid from e = exp(-|x|) <= 1, so neither side overflows and tiny results keep their
-// precision.
+// sigmoid from e = exp(-|x|) <= 1, so neither side overflows and tiny results keep their precision.
 WEFT_MATH_INLINE float sigmoid_f32(float x) {
   float e = exp_f32(-std::fabs(x));
   float r = 1.f / (1.f + e);

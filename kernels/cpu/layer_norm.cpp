@@ -1,8 +1,9 @@
 // kernels/cpu: layer norm over rows of [rows, n], and RMS norm (no mean: nothing centred, no bias). Statistics are
-// two-pass (mean, then the centred sum of squares) in the accumulation type, which is accurate and vectorises; rows go
+// two-pass (the mean summed in f64, then the centred sum of squares in the accumulation type); rows go
 // to threads. The backward keeps one dweight/dbias partial per chunk of rows and adds them in chunk order, so results
 // do not depend on scheduling or on the thread count.
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "core/dispatch.h"
@@ -26,15 +27,16 @@ void forward_typed(const Tensor& x, const Tensor& weight, const Tensor& bias, do
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = px + r * n;
     T* yr = py + r * n;
-    A sum = 0;
-    if (pm) {
+    double sum = 0;  // f64, exact for f32 rows: a row of equal values has its value as mean (f32 sums were an ulp
+    if (pm) {        // off, and with a small eps such a row normalised to +-1, not 0)
 #pragma omp simd reduction(+ : sum)
-      for (int64_t i = 0; i < n; ++i) sum += A(xr[i]);
+      for (int64_t i = 0; i < n; ++i) sum += double(xr[i]);
     }
-    A mu = sum / A(n), sq = 0;
+    A mu = A(sum / double(n)), sq = 0;
 #pragma omp simd reduction(+ : sq)
     for (int64_t i = 0; i < n; ++i) sq += (A(xr[i]) - mu) * (A(xr[i]) - mu);
-    A rs = A(1) / std::sqrt(sq / A(n) + A(eps));
+    // a variance past the type's range is NaN, as PyTorch's (1 / sqrt(inf) made the row 0, silently)
+    A rs = std::isinf(sq) ? std::numeric_limits<A>::quiet_NaN() : A(1) / std::sqrt(sq / A(n) + A(eps));
     if (pm) pm[r] = mu;
     pr[r] = rs;
     if (w && b) {

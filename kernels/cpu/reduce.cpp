@@ -25,9 +25,8 @@ template <class T> struct Buffer {
   T* data() { return p.get(); }
 };
 
-// A reducer says what a lane accumulates in (Lane), what lane results fold into (Total),
-// and how. Lanes combine with step(), totals with merge(). Sums and products (Prod) of
-// integers wrap.
+// A reducer says what a lane accumulates in (Lane), what lane results fold into (Total), and how. Lanes combine with
+// step(), totals with merge(). Sums and products (Prod) of integers wrap.
 template <class T, bool Prod = false> struct SumR {
   using Lane = std::conditional_t<is_float_v<T>, acc_t<T>, int64_t>;
   using Total = std::conditional_t<is_float_v<T>, double, int64_t>;
