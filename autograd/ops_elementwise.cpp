@@ -216,10 +216,10 @@ Tensor clamp(const Tensor& x, std::optional<double> lo, std::optional<double> hi
   Tensor out = k::clamp(x, lo, hi);
   if (needs_grad({&x})) {
     record("ClampBackward", {x}, {out}, [x = x.detach(), lo, hi](const TensorList& g) -> TensorList {
-      // Gradient passes where lo <= x <= hi (inclusive, as torch.clamp); not at a NaN.
+      // Gradient passes where lo < x < hi (not at a bound, as torch.clamp since 2.x; 1.13 passed it there); not at NaN.
       Tensor outside = k::binary(BinaryOp::ne, x, x);
-      if (lo) outside = k::binary(BinaryOp::logical_or, outside, k::binary_scalar(BinaryOp::lt, x, *lo));
-      if (hi) outside = k::binary(BinaryOp::logical_or, outside, k::binary_scalar(BinaryOp::gt, x, *hi));
+      if (lo) outside = k::binary(BinaryOp::logical_or, outside, k::binary_scalar(BinaryOp::le, x, *lo));
+      if (hi) outside = k::binary(BinaryOp::logical_or, outside, k::binary_scalar(BinaryOp::ge, x, *hi));
       return {k::masked_fill(g[0], outside, 0.0)};
     });
   }

@@ -253,6 +253,11 @@ TEST_CASE("gradients at NaN, at 0 ** 0 and of 0-d reductions, as PyTorch") {
   CHECK(to_vector(other.grad()) == std::vector<double>{1, 1, 0.5});
   CHECK(grad_of({nan, -1, 2}, [](const Tensor& x) { return relu(x); }) == std::vector<double>{1, 0, 1});
   CHECK(grad_of({nan, 0.5, 2}, [](const Tensor& x) { return clamp(x, 0.0, 1.0); }) == std::vector<double>{0, 1, 0});
+  // At a bound, none (torch.clamp 2.15 with number bounds: [0, 0, 1, 0, 0]; 1.13 passed it on the closed interval).
+  CHECK(grad_of({-1, 0, 0.5, 1, 2}, [](const Tensor& x) { return clamp(x, 0.0, 1.0); }) ==
+        std::vector<double>{0, 0, 1, 0, 0});
+  CHECK(grad_of({-1, 0, 0.5, 1, 2}, [](const Tensor& x) { return clamp(x, 0.0, std::nullopt); }) ==
+        std::vector<double>{0, 0, 1, 1, 1});
   CHECK(grad_of({nan, -2, 0}, [](const Tensor& x) { return sign(x); }) == std::vector<double>{0, 0, 0});
   CHECK(to_vector(sign(from_vector({NAN, -2, 0, 3}, {4}))) == std::vector<double>{0, -1, 0, 1});
   Tensor s = scalar_tensor(2.0, {.dtype = kFloat64});
