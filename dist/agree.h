@@ -1,8 +1,7 @@
-// dist: keeping ranks in step when one of them fails. Work that may fail on some ranks only
-// (reading a file, checking flags, writing a checkpoint) runs inside agree(); afterwards every
-// rank learns whether any rank failed, and if one did, every rank throws. No rank goes on alone
-// to a collective that a failed rank never joins (it would wait there until the collective
-// timeout aborts the job).
+// dist: keeping ranks in step when one of them fails. Work that may fail on some ranks only (reading a file, checking
+// flags, writing a checkpoint) runs inside agree(); afterwards every rank learns whether any rank failed, and if one
+// did, every rank throws. No rank goes on alone to a collective that a failed rank never joins (it would wait there
+// until the collective timeout aborts the job).
 //
 //   dist::agree({dist::world()}, "loading the data", [&] { data = load(path); });
 //
@@ -27,12 +26,11 @@ struct AgreedError : Error {
   int failed_rank;  // the lowest world rank that failed
 };
 
-// Every rank of `groups` calls it with its own outcome (null: no error). `groups` together span
-// the ranks taking part: one group, or a DeviceMesh's groups (each is reduced over in turn).
-// Null groups and groups of one are skipped, so a process alone needs no dist::init(). Returns
-// when no rank failed; otherwise throws AgreedError on every rank: a failed rank its own message
-// (an AgreedError passes through unchanged), the others naming the lowest failed rank and its
-// message. One all-reduce per group when all went well, two when a rank failed.
+// Every rank of `groups` calls it with its own outcome (null: no error). `groups` together span the ranks taking part:
+// one group, or a DeviceMesh's groups (each is reduced over in turn). Null groups and groups of one are skipped, so a
+// process alone needs no dist::init(). Returns when no rank failed; otherwise throws AgreedError on every rank: a
+// failed rank its own message (an AgreedError passes through unchanged), the others naming the lowest failed rank and
+// its message. One all-reduce per group when all went well, two when a rank failed.
 void agree_on_error(std::exception_ptr error, std::string_view what, const std::vector<ProcessGroupPtr>& groups);
 
 // Runs `work` on this rank, then agree_on_error on its outcome.
@@ -47,11 +45,10 @@ void agree(const std::vector<ProcessGroupPtr>& groups, std::string_view what, Wo
   agree_on_error(error, what, groups);
 }
 
-// The body of a program's main, on every rank: returns body()'s status. An AgreedError (every
-// rank has one) is printed as "<program>: error on rank R: ..." ("<program>: error: ..." in a
-// world of one) and gives status 1: all ranks stop cleanly. Any other exception, which the other
-// ranks may not share (they may be waiting in a collective), ends the whole job through
-// abort_job when there are other ranks. Afterwards dist is finalized if it was started.
+// The body of a program's main, on every rank: returns body()'s status. An AgreedError (every rank has one) is printed
+// as "<program>: error on rank R: ..." ("<program>: error: ..." in a world of one) and gives status 1: all ranks stop
+// cleanly. Any other exception, which the other ranks may not share (they may be waiting in a collective), ends the
+// whole job through abort_job when there are other ranks. Afterwards dist is finalized if it was started.
 int run_program(std::string_view program, const std::function<int()>& body);
 
 }  // namespace weft::dist

@@ -26,10 +26,9 @@ ProcessGroupPtr new_group(DeviceType device, MPI_Comm comm, std::string name);
 void start_comm_thread(int ranks_on_host);  // weft processes on this host
 void drain_comm_thread();  // returns once every queued collective has completed
 void stop_comm_thread();
-// While one lives, the progress engine makes no MPI call: for a thread's own blocking MPI calls
-// (creating and freeing communicators), which would otherwise progress the engine's collectives
-// from outside it or race its answers to status requests. It first waits for the collectives in
-// flight to complete. Nested ones do nothing more.
+// While one lives, the progress engine makes no MPI call: for a thread's own blocking MPI calls (creating and freeing
+// communicators), which would otherwise progress the engine's collectives from outside it or race its answers to status
+// requests. It first waits for the collectives in flight to complete. Nested ones do nothing more.
 class QuietEngine {
  public:
   QuietEngine();
@@ -47,12 +46,11 @@ std::string ranks_str(const std::vector<int>& ranks);
 void wait_request(MPI_Request& request, const CollectiveInfo& info, const char* stage);
 [[noreturn]] void fail_timeout(const CollectiveInfo& info, double seconds, const std::string& state);
 
-// The check that the ranks of a group issue the same collective (collective_check.cpp).
-// fingerprint: a hash of the call (sequence number, kind, dtype, sizes, op, root, label) in
-// [0, 2^62). compare_calls: every rank of comm exchanges the full description of its call;
-// returns if all are the same, else throws the same AgreedError on every rank naming the calls.
-// Checks pair up in issue order, so the k-th check of every rank describes its k-th call: a rank
-// that skipped a collective shows as a different call (or, at the end, as a timeout).
+// The check that the ranks of a group issue the same collective (collective_check.cpp). fingerprint: a hash of the call
+// (sequence number, kind, dtype, sizes, op, root, label) in [0, 2^62). compare_calls: every rank of comm exchanges the
+// full description of its call; returns if all are the same, else throws the same AgreedError on every rank naming the
+// calls. Checks pair up in issue order, so the k-th check of every rank describes its k-th call: a rank that skipped a
+// collective shows as a different call (or, at the end, as a timeout).
 int64_t fingerprint(const CollectiveInfo& info);
 void compare_calls(MPI_Comm comm, const std::vector<int>& world_ranks, const CollectiveInfo& info);
 

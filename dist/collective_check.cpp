@@ -1,9 +1,8 @@
-// dist: the check that every rank of a group is about to run the same collective, made before
-// any buffer is touched. A mismatch would otherwise hang, corrupt memory inside MPI (counts that
-// differ overrun the smaller buffers) or silently mix up data. Always on for MPI groups: the
-// ranks all-reduce a fingerprint of the call, and only when it differs exchange the full
-// descriptions to name the calls. In debug mode (WEFT_DIST_DEBUG) the full descriptions are
-// exchanged every time.
+// dist: the check that every rank of a group is about to run the same collective, made before any buffer is touched. A
+// mismatch would otherwise hang, corrupt memory inside MPI (counts that differ overrun the smaller buffers) or silently
+// mix up data. Always on for MPI groups: the ranks all-reduce a fingerprint of the call, and only when it differs
+// exchange the full descriptions to name the calls. In debug mode (WEFT_DIST_DEBUG) the full descriptions are exchanged
+// every time.
 #include <array>
 #include <cstring>
 

@@ -1,8 +1,7 @@
-// dist: DeviceMesh, the world's ranks laid out as a 1-D or 2-D grid (row-major: the last dim
-// varies fastest), with one ProcessGroup per dim for the ranks that differ only along it.
-// HSDP uses DeviceMesh(cpu, {replicas, shards}, {"replicate", "shard"}): parameters are
-// sharded over the "shard" group (neighbouring ranks, e.g. one host) and gradients averaged
-// over the "replicate" group.
+// dist: DeviceMesh, the world's ranks laid out as a 1-D or 2-D grid (row-major: the last dim varies fastest), with one
+// ProcessGroup per dim for the ranks that differ only along it. HSDP uses DeviceMesh(cpu, {replicas, shards},
+// {"replicate", "shard"}): parameters are sharded over the "shard" group (neighbouring ranks, e.g. one host) and
+// gradients averaged over the "replicate" group.
 #pragma once
 #include <memory>
 #include <string>
@@ -49,10 +48,9 @@ class DeviceMesh {
   std::vector<ProcessGroupPtr> groups_;
 };
 
-// The shared mesh of `shape` over the world (empty: 1-D over all ranks) for `device`, e.g.
-// fully_shard's default mesh: every caller asking for the same device and shape gets the
-// same groups. Created on first use (a collective call on every rank); owned by dist's process
-// state and released by dist::finalize().
+// The shared mesh of `shape` over the world (empty: 1-D over all ranks) for `device`, e.g. fully_shard's default mesh:
+// every caller asking for the same device and shape gets the same groups. Created on first use (a collective call on
+// every rank); owned by dist's process state and released by dist::finalize().
 std::shared_ptr<DeviceMesh> default_mesh(DeviceType device, const std::vector<int>& shape = {});
 
 }  // namespace weft::dist

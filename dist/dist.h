@@ -1,8 +1,7 @@
-// dist: the communication layer FSDP schedules. Processes are started by `mpirun` (one per
-// CPU slot or GPU, across hosts too) or run alone as a world of one. Collectives go through
-// existing engines: OpenMPI for CPU tensors (nonblocking MPI collectives driven by one
-// communication thread per process) and NCCL for CUDA tensors (unique id sent over MPI).
-// See docs/DIST.md.
+// dist: the communication layer FSDP schedules. Processes are started by `mpirun` (one per CPU slot or GPU, across
+// hosts too) or run alone as a world of one. Collectives go through existing engines: OpenMPI for CPU tensors
+// (nonblocking MPI collectives driven by one communication thread per process) and NCCL for CUDA tensors (unique id
+// sent over MPI). See docs/DIST.md.
 //
 //   dist::init();
 //   auto world = dist::world();                       // ProcessGroup over all ranks (MPI)
@@ -31,10 +30,9 @@ int world_size();
 int local_rank();  // among the processes on this host: picks this rank's GPU
 int local_size();  // the processes on this host
 
-// This rank's device of `type`: the CPU, or for a GPU type local_rank() modulo the visible
-// devices (one rank per GPU on each host; the GPU its NCCL groups use). Device 0 before init()
-// (a process alone). Throws weft::Error saying why when no device of `type` is visible (e.g.
-// "weft was built without CUDA ...").
+// This rank's device of `type`: the CPU, or for a GPU type local_rank() modulo the visible devices (one rank per GPU on
+// each host; the GPU its NCCL groups use). Device 0 before init() (a process alone). Throws weft::Error saying why when
+// no device of `type` is visible (e.g. "weft was built without CUDA ...").
 Device local_device(DeviceType type);
 
 // The group of all ranks: MPI for DeviceType::cpu, NCCL for DeviceType::cuda (created on first
@@ -45,15 +43,13 @@ ProcessGroupPtr world(DeviceType device = DeviceType::cpu);
 // WEFT_COLLECTIVE_TIMEOUT; fractions allowed). Read when a wait starts.
 double collective_timeout();
 void set_collective_timeout(double seconds);
-// Debug mode (WEFT_DIST_DEBUG=1): before each collective, the ranks of its group exchange a
-// description of the call (sequence number, kind, dtype, sizes, op, root) and every rank
-// throws the same error naming the ranks that differ.
+// Debug mode (WEFT_DIST_DEBUG=1): before each collective, the ranks of its group exchange a description of the call
+// (sequence number, kind, dtype, sizes, op, root) and every rank throws the same error naming the ranks that differ.
 bool debug_mode();
 void set_debug_mode(bool on);
-// The always-on fingerprint check of MPI collectives (docs/DIST.md); WEFT_COLLECTIVE_CHECK=0
-// turns it off (to measure its cost, or for the last microseconds of small collectives).
-// Every rank must have the same setting (dist::init checks the environment's agrees); a rank
-// that changes it must do so at the same point as all the others.
+// The always-on fingerprint check of MPI collectives (docs/DIST.md); WEFT_COLLECTIVE_CHECK=0 turns it off (to measure
+// its cost, or for the last microseconds of small collectives). Every rank must have the same setting (dist::init
+// checks the environment's agrees); a rank that changes it must do so at the same point as all the others.
 bool collective_check();
 void set_collective_check(bool on);
 

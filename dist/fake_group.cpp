@@ -9,8 +9,7 @@
 namespace weft::dist {
 namespace {
 
-// A step trace (core/step_trace.h) sees each collective start at its launch and end where
-// the step waits for it.
+// A step trace (core/step_trace.h) sees each collective start at its launch and end where the step waits for it.
 class FakeWork final : public Work {
  public:
   FakeWork(CollectiveInfo info, uint64_t trace_id) : Work(std::move(info)), trace_id_(trace_id) {}

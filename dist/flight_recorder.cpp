@@ -1,9 +1,8 @@
-// dist: the flight recorder (see flight_recorder.h). The record is a ring of entries under one
-// mutex; the status exchange uses two tags on a private duplicate of MPI_COMM_WORLD: a rank that
-// timed out sends the name of its group to the group's other ranks (kQuery), and each answers
-// with how many collectives it issued and completed on that group and its latest call
-// (kReply). This path runs only when something already went wrong, so its MPI calls are not
-// checked with MPI_CHECK: a failed send or receive shows up as "no answer" in the report.
+// dist: the flight recorder (see flight_recorder.h). The record is a ring of entries under one mutex; the status
+// exchange uses two tags on a private duplicate of MPI_COMM_WORLD: a rank that timed out sends the name of its group to
+// the group's other ranks (kQuery), and each answers with how many collectives it issued and completed on that group
+// and its latest call (kReply). This path runs only when something already went wrong, so its MPI calls are not checked
+// with MPI_CHECK: a failed send or receive shows up as "no answer" in the report.
 #include "dist/flight_recorder.h"
 
 #include <mpi.h>

@@ -1,10 +1,9 @@
-// dist: the flight recorder. Every rank keeps its last collectives (WEFT_FLIGHT_RECORDER
-// entries, default 256): sequence number, kind, group, dtype, sizes, the label of the code that
-// issued it (e.g. the FSDP module and phase) and how far it got. When a collective times out,
-// the rank asks the other ranks of its group how far they got (over a private duplicate of the
-// world communicator, answered by their communication threads), names the ranks that never
-// issued the collective, and every rank that hears of the timeout writes its record to stderr
-// and, if WEFT_FLIGHT_DIR is set, to WEFT_FLIGHT_DIR/flight_rank<R>.txt. See docs/DIST.md.
+// dist: the flight recorder. Every rank keeps its last collectives (WEFT_FLIGHT_RECORDER entries, default 256):
+// sequence number, kind, group, dtype, sizes, the label of the code that issued it (e.g. the FSDP module and phase) and
+// how far it got. When a collective times out, the rank asks the other ranks of its group how far they got (over a
+// private duplicate of the world communicator, answered by their communication threads), names the ranks that never
+// issued the collective, and every rank that hears of the timeout writes its record to stderr and, if WEFT_FLIGHT_DIR
+// is set, to WEFT_FLIGHT_DIR/flight_rank<R>.txt. See docs/DIST.md.
 #pragma once
 #include <chrono>
 #include <cstdint>

@@ -1,10 +1,9 @@
-// dist: the MPI backend (CPU tensors). A collective call queues an MpiWork; queued works are
-// posted as nonblocking MPI collectives in issue order and driven to completion with
-// MPI_Testsome by whichever thread holds the process's progress engine: the caller's own
-// thread when it issues a call or waits for one (so a call and its wait cost about what MPI's
-// own nonblocking call and MPI_Wait do), else the communication thread, which drives works
-// while the caller computes. bf16/f16 reductions go through f32 buffers: MPI has no 16-bit
-// float type, and summing in f32 then rounding once is how weft does all 16-bit math.
+// dist: the MPI backend (CPU tensors). A collective call queues an MpiWork; queued works are posted as nonblocking MPI
+// collectives in issue order and driven to completion with MPI_Testsome by whichever thread holds the process's
+// progress engine: the caller's own thread when it issues a call or waits for one (so a call and its wait cost about
+// what MPI's own nonblocking call and MPI_Wait do), else the communication thread, which drives works while the caller
+// computes. bf16/f16 reductions go through f32 buffers: MPI has no 16-bit float type, and summing in f32 then rounding
+// once is how weft does all 16-bit math.
 #include <chrono>
 #include <climits>
 #include <condition_variable>
@@ -21,13 +20,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Polling loops pause between polls. When this host runs more threads that poll than it has
-// cores (callers' waits count one thread per rank, the communication threads two), the
-// communication thread yields the core after each poll, the way OpenMPI's own blocking calls
-// behave when oversubscribed, and a caller's wait sleeps 20 us between polls once it has
-// polled 1024 times without progress: a short wait spins, a long one leaves the core to the
-// ranks that share it (yielding at every poll made 64 KB all-gathers at 4 ranks on 2 cores
-// 10-20 % slower, docs/PERFORMANCE.md).
+// Polling loops pause between polls. When this host runs more threads that poll than it has cores (callers' waits count
+// one thread per rank, the communication threads two), the communication thread yields the core after each poll, the
+// way OpenMPI's own blocking calls behave when oversubscribed, and a caller's wait sleeps 20 us between polls once it
+// has polled 1024 times without progress: a short wait spins, a long one leaves the core to the ranks that share it
+// (yielding at every poll made 64 KB all-gathers at 4 ranks on 2 cores 10-20 % slower, docs/PERFORMANCE.md).
 std::atomic<bool> g_wait_yields{false}, g_thread_yields{true};
 
 void pause() {
@@ -40,12 +37,11 @@ void relax(const std::atomic<bool>& yields) {
   else pause();
 }
 
-// The communication thread naps this long when a caller drives the engine or nothing is in
-// flight, and sleeps until woken after kDeepSleepAfter without work (and then answers other
-// ranks' status requests every 50 ms, flight_recorder.h). A caller that posts a call and then
-// computes is thus served within a nap without waking the thread on every call: on the 2-core
-// VM, naps of 100 us cost FSDP steps 8-10 % against 1 ms (docs/PERFORMANCE.md). A caller that
-// ends its wait with other works still in flight wakes the thread at once.
+// The communication thread naps this long when a caller drives the engine or nothing is in flight, and sleeps until
+// woken after kDeepSleepAfter without work (and then answers other ranks' status requests every 50 ms,
+// flight_recorder.h). A caller that posts a call and then computes is thus served within a nap without waking the
+// thread on every call: on the 2-core VM, naps of 100 us cost FSDP steps 8-10 % against 1 ms (docs/PERFORMANCE.md). A
+// caller that ends its wait with other works still in flight wakes the thread at once.
 constexpr auto kNap = std::chrono::milliseconds(1);
 constexpr auto kDeepSleepAfter = std::chrono::milliseconds(50);
 constexpr auto kServeEvery = std::chrono::milliseconds(50);
@@ -94,11 +90,10 @@ void from_f32(DType t, const std::vector<float>& src, void* dst, float scale) {
 
 class MpiProcessGroup;
 
-// A work goes through two MPI requests: first its fingerprint check, an all-reduce over the
-// group's check communicator, then the collective itself on the group's communicator, posted
-// only when every rank's fingerprint matched. A group has one check in flight at a time, so the
-// checks and the collectives are posted in issue order on their communicators, and a failed
-// check can exchange the full descriptions on the check communicator at once.
+// A work goes through two MPI requests: first its fingerprint check, an all-reduce over the group's check communicator,
+// then the collective itself on the group's communicator, posted only when every rank's fingerprint matched. A group
+// has one check in flight at a time, so the checks and the collectives are posted in issue order on their
+// communicators, and a failed check can exchange the full descriptions on the check communicator at once.
 class MpiWork final : public Work {
  public:
   MpiWork(Collective c, std::shared_ptr<MpiProcessGroup> group)
@@ -164,15 +159,13 @@ class MpiProcessGroup final : public ProcessGroup, public std::enable_shared_fro
   WorkPtr launch(Collective c) override;
 };
 
-// One per process: the works in flight and the communication thread. Works are posted in the
-// order they were queued, which is the order the ranks agreed to issue them; posting is
-// nonblocking, so a work never waits for a later one.
+// One per process: the works in flight and the communication thread. Works are posted in the order they were queued,
+// which is the order the ranks agreed to issue them; posting is nonblocking, so a work never waits for a later one.
 //
-// The engine's state: queued, waiting (a check of their group is in flight) and active works,
-// and one poll() over them. A thread drives it only while holding engine_mu_. The caller's
-// thread takes it when it issues a call (posting the call at once) and while it waits for one;
-// the communication thread (run()) takes it whenever works are in flight and no caller drives,
-// so works progress while the caller computes.
+// The engine's state: queued, waiting (a check of their group is in flight) and active works, and one poll() over them.
+// A thread drives it only while holding engine_mu_. The caller's thread takes it when it issues a call (posting the
+// call at once) and while it waits for one; the communication thread (run()) takes it whenever works are in flight and
+// no caller drives, so works progress while the caller computes.
 class ProgressEngine {
  public:
   void start() {
@@ -242,8 +235,7 @@ void ProgressEngine::retire() {
   if (pending_.empty()) idle_.notify_all();
 }
 
-// Begins the waiting works whose group has no check in flight, in issue order; returns how many
-// ended at once (failed).
+// Begins the waiting works whose group has no check in flight, in issue order; returns how many ended at once (failed).
 size_t begin_waiting(std::vector<std::shared_ptr<MpiWork>>& waiting, std::vector<std::shared_ptr<MpiWork>>& active,
                      std::vector<MPI_Request>& requests) {
   size_t ended = 0, kept = 0;
@@ -328,8 +320,7 @@ void ProgressEngine::enqueue(std::shared_ptr<MpiWork> work) {
     n_pending_.store(pending_.size(), std::memory_order_release);
     has_queued_.store(true, std::memory_order_release);
   }
-  // Post it now on this thread unless another thread drives the engine (it takes the queue on
-  // its next poll).
+  // Post it now on this thread unless another thread drives the engine (it takes the queue on its next poll).
   if (std::unique_lock engine(engine_mu_, std::try_to_lock); engine.owns_lock()) poll("the issuing thread");
   wake_if_asleep();
 }
@@ -359,8 +350,7 @@ void ProgressEngine::drive_until_done(MpiWork& work, double timeout_seconds) {
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     else pause();
   }
-  // Works still in flight (a prefetch issued before this wait) go back to the communication
-  // thread.
+  // Works still in flight (a prefetch issued before this wait) go back to the communication thread.
   if (drivers_.fetch_sub(1, std::memory_order_acq_rel) == 1 && n_pending_.load(std::memory_order_acquire) > 0) {
     { std::lock_guard lock(mu_); }  // the thread is either before its check of drivers_ or asleep
     wake_.notify_one();

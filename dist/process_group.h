@@ -48,10 +48,9 @@ struct CollectiveInfo {
   std::string str() const;  // call() + " on group 'world' (2 ranks)"
 };
 
-// Names the code that issues collectives on this thread while it lives, for error messages,
-// the fingerprint check and the flight recorder (dist/flight_recorder.h). Nested labels join
-// with ": ". A label is part of each collective's fingerprint, so it must be the same text on
-// every rank (no rank numbers, no timings).
+// Names the code that issues collectives on this thread while it lives, for error messages, the fingerprint check and
+// the flight recorder (dist/flight_recorder.h). Nested labels join with ": ". A label is part of each collective's
+// fingerprint, so it must be the same text on every rank (no rank numbers, no timings).
 //
 //   dist::CollectiveLabel label("fsdp 'h.0' FORWARD");
 class CollectiveLabel {
@@ -72,16 +71,14 @@ class Work {
   virtual ~Work() = default;
   // True once the collective has finished (or failed); never blocks.
   virtual bool is_completed() = 0;
-  // Blocks until done; throws weft::Error if the collective failed. Past the timeout (seconds,
-  // above 0 and at most 1e9; the default is dist::collective_timeout()) it prints the
-  // collective and aborts the job.
+  // Blocks until done; throws weft::Error if the collective failed. Past the timeout (seconds, above 0 and at most 1e9;
+  // the default is dist::collective_timeout()) it prints the collective and aborts the job.
   void wait();
   virtual void wait(double timeout_seconds) = 0;
-  // Device backends (NCCL): makes the work queued from now on on the calling thread's current
-  // CUDA stream of the group's device wait for this collective on the device, without
-  // blocking the host, and returns true. Such a wait has no timeout of its own: a collective
-  // that never finishes shows up at the next host wait (Work::wait, a stream synchronize).
-  // Host backends (MPI) return false: call wait() instead.
+  // Device backends (NCCL): makes the work queued from now on on the calling thread's current CUDA stream of the
+  // group's device wait for this collective on the device, without blocking the host, and returns true. Such a wait has
+  // no timeout of its own: a collective that never finishes shows up at the next host wait (Work::wait, a stream
+  // synchronize). Host backends (MPI) return false: call wait() instead.
   virtual bool wait_on_current_stream() { return false; }
   const CollectiveInfo& info() const { return info_; }
 
@@ -113,8 +110,7 @@ class ProcessGroup {
   virtual std::string_view backend() const = 0;                         // "mpi" or "nccl"
   virtual Device device() const = 0;  // where its tensors live (cpu, or this rank's GPU)
   uint64_t num_collectives() const { return seq_; }  // issued so far
-  // Frees the group's communicator; later collectives on it throw. dist::finalize() closes
-  // every group still alive.
+  // Frees the group's communicator; later collectives on it throw. dist::finalize() closes every group still alive.
   virtual void close() = 0;
   bool closed() const { return closed_; }
 
@@ -126,8 +122,7 @@ class ProcessGroup {
   WorkPtr all_reduce(const Tensor& tensor, ReduceOp op = ReduceOp::sum);  // in place
   WorkPtr broadcast(const Tensor& tensor, int root);                    // in place; root's values
   WorkPtr barrier();
-  // Equal splits: in and out hold size() blocks; block j of in goes to rank j, and block i of
-  // out comes from rank i.
+  // Equal splits: in and out hold size() blocks; block j of in goes to rank j, and block i of out comes from rank i.
   WorkPtr all_to_all_single(const Tensor& out, const Tensor& in);
 
  protected:

@@ -1,8 +1,7 @@
-// fsdp: saving and loading checkpoint directories (fsdp/checkpoint.h). The pieces live
-// beside this file: the index format in checkpoint_index.cpp, publishing and rotating
-// directories in checkpoint_dir.cpp, reading pieces in checkpoint_pieces.cpp, and the tools
-// that need no model (verify, consolidate) in checkpoint_verify.cpp. Keeping the ranks in step
-// when one fails is dist::agree's.
+// fsdp: saving and loading checkpoint directories (fsdp/checkpoint.h). The pieces live beside this file: the index
+// format in checkpoint_index.cpp, publishing and rotating directories in checkpoint_dir.cpp, reading pieces in
+// checkpoint_pieces.cpp, and the tools that need no model (verify, consolidate) in checkpoint_verify.cpp. Keeping the
+// ranks in step when one fails is dist::agree's.
 #include "fsdp/checkpoint.h"
 
 #include <fmt/ranges.h>

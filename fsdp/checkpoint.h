@@ -1,18 +1,16 @@
-// fsdp: checkpoint directories. Every rank writes its own pieces of the model and optimizer
-// (a sharded state dict, no gathering) to one safetensors file per shard, and rank 0 writes an
-// index (index.json): world size, mesh, every tensor's global shape, dtype, placement and the
-// files holding its pieces, the training step, RNG states, data-loader position, weft's
-// version and each file's sha256. Loading works at any world size: each rank reads only the
-// pieces that overlap its own shards. See docs/CHECKPOINTS.md.
+// fsdp: checkpoint directories. Every rank writes its own pieces of the model and optimizer (a sharded state dict, no
+// gathering) to one safetensors file per shard, and rank 0 writes an index (index.json): world size, mesh, every
+// tensor's global shape, dtype, placement and the files holding its pieces, the training step, RNG states, data-loader
+// position, weft's version and each file's sha256. Loading works at any world size: each rank reads only the pieces
+// that overlap its own shards. See docs/CHECKPOINTS.md.
 //
 //   DIR/step_00000100/index.json
 //   DIR/step_00000100/rank_00000.safetensors ... rank_<N-1>.safetensors
 //
-// A checkpoint is written to DIR/.tmp-step_<step> (files fsync'ed) and renamed into place only
-// when complete, so a crash leaves the previous checkpoints valid; keep_last removes the oldest
-// but never the one with the best recorded loss. A training run claims its directory first
-// (CheckpointDirLock): a second run writing to it is refused, naming the first.
-// The directory must be visible to every rank (a shared filesystem across hosts).
+// A checkpoint is written to DIR/.tmp-step_<step> (files fsync'ed) and renamed into place only when complete, so a
+// crash leaves the previous checkpoints valid; keep_last removes the oldest but never the one with the best recorded
+// loss. A training run claims its directory first (CheckpointDirLock): a second run writing to it is refused, naming
+// the first. The directory must be visible to every rank (a shared filesystem across hosts).
 #pragma once
 #include <map>
 #include <memory>
@@ -38,10 +36,9 @@ struct CheckpointProgress {
 };
 
 struct SaveOptions {
-  // Keep only the K newest complete checkpoints under the directory (0: all) and, besides them,
-  // the one with the lowest finite recorded loss (the newest of equals) and the one before it
-  // (whose weights gave that loss, logged before its step's update), so that a diverging run
-  // cannot rotate away every checkpoint it wrote before diverging.
+  // Keep only the K newest complete checkpoints under the directory (0: all) and, besides them, the one with the lowest
+  // finite recorded loss (the newest of equals) and the one before it (whose weights gave that loss, logged before its
+  // step's update), so that a diverging run cannot rotate away every checkpoint it wrote before diverging.
   int keep_last = 0;
   // A checkpoint keep_last must not remove either (a trainer's newest checkpoint known to resume).
   std::string keep_also;
@@ -66,10 +63,9 @@ std::string save_checkpoint(const std::string& dir, nn::Module& model, const nn:
 // path with another byte, say). save_checkpoint checks first; a program checks before it trains, not at its first save.
 void check_recordable(const CheckpointProgress& state);
 
-// `path` itself when it is a checkpoint (holds index.json), else the complete step_* under it with
-// the highest step whose index reads; empty when there is none. Newer ones whose index cannot be
-// read are passed over, each adding its error (which names it) to `unreadable` when given, as
-// does every step_* directory without an index.
+// `path` itself when it is a checkpoint (holds index.json), else the complete step_* under it with the highest step
+// whose index reads; empty when there is none. Newer ones whose index cannot be read are passed over, each adding its
+// error (which names it) to `unreadable` when given, as does every step_* directory without an index.
 std::string latest_checkpoint(const std::string& path, std::vector<std::string>* unreadable = nullptr);
 
 // Each complete checkpoint under `dir` by step: its path and the run its index records ("" for
@@ -83,11 +79,10 @@ std::map<int64_t, CheckpointOfRun> checkpoint_runs(const std::string& dir);
 // 0): after a save with keep_last, those it kept for their loss or as keep_also.
 std::vector<std::string> older_kept_checkpoints(const std::string& dir, int keep_last);
 
-// Held by the one process of a training run that writes `dir` (rank 0 of the job): an exclusive
-// lock on DIR/.lock (flock, released when the process ends, however it ends) holding the
-// holder's host, pid and start time. Claiming a directory another live process holds throws a
-// weft::Error naming that holder; once claimed, the leftovers of saves that were killed before
-// publishing (.tmp-step_*, .old-step_*) are removed, since no one else can be writing them.
+// Held by the one process of a training run that writes `dir` (rank 0 of the job): an exclusive lock on DIR/.lock
+// (flock, released when the process ends, however it ends) holding the holder's host, pid and start time. Claiming a
+// directory another live process holds throws a weft::Error naming that holder; once claimed, the leftovers of saves
+// that were killed before publishing (.tmp-step_*, .old-step_*) are removed, since no one else can be writing them.
 class CheckpointDirLock {
  public:
   explicit CheckpointDirLock(const std::string& dir);
@@ -108,13 +103,12 @@ struct LoadOptions {
   bool frozen_elsewhere = false;
 };
 
-// Loads the checkpoint at `path` (or the latest under it) into the model and, unless null, the
-// optimizer, whatever world size wrote it: each rank reads the pieces overlapping its shards.
-// A collective call on every rank of root's mesh. All or nothing: every rank reads and checks
-// everything before any tensor is written, and a failure on one rank fails all of them. Errors
-// name the file and the key (a missing or truncated file, a hash mismatch, a tensor the model
-// does not have or has in another shape, a tensor in a shard file that the index does not list,
-// a NaN or infinity, optimizer state the optimizer refuses: nn::Optimizer::check_state).
+// Loads the checkpoint at `path` (or the latest under it) into the model and, unless null, the optimizer, whatever
+// world size wrote it: each rank reads the pieces overlapping its shards. A collective call on every rank of root's
+// mesh. All or nothing: every rank reads and checks everything before any tensor is written, and a failure on one rank
+// fails all of them. Errors name the file and the key (a missing or truncated file, a hash mismatch, a tensor the model
+// does not have or has in another shape, a tensor in a shard file that the index does not list, a NaN or infinity,
+// optimizer state the optimizer refuses: nn::Optimizer::check_state).
 CheckpointProgress load_checkpoint(const std::string& path, nn::Module& model, nn::Optimizer* opt, const FSDPModule* root,
                               const LoadOptions& options = {});
 
@@ -163,10 +157,9 @@ struct VerifyReport {
   size_t files = 0, tensors = 0;
   uint64_t bytes = 0;
 };
-// Checks that every file exists with its recorded size and sha256, that each holds exactly the
-// pieces the index names with their dtypes and shapes, that the pieces of every tensor cover it
-// once, and that every floating value is finite. Throws a weft::Error naming the file and key of
-// the first problem.
+// Checks that every file exists with its recorded size and sha256, that each holds exactly the pieces the index names
+// with their dtypes and shapes, that the pieces of every tensor cover it once, and that every floating value is finite.
+// Throws a weft::Error naming the file and key of the first problem.
 VerifyReport verify_checkpoint(const std::string& path);
 
 // Writes the whole model (unsharded, names without the "model." prefix, plus the aliases) to

@@ -22,11 +22,10 @@ std::string checkpoint_temp_dir(int64_t step);
 std::map<int64_t, std::filesystem::path> complete_checkpoints(const std::filesystem::path& dir,
                                                               std::map<int64_t, std::filesystem::path>* incomplete = nullptr);
 
-// Moves the finished `tmp` to `final_dir` (replacing a checkpoint of the same step, which is
-// removed only after), fsync'ing both directories; removes the leftovers of saves that stopped
-// before publishing (.tmp-/.old-step_N) for steps up to this one; then rotates the checkpoints
-// of run `run` beside it as SaveOptions says (keep_last, the best recorded loss, keep_also,
-// replace_other_runs), never removing `final_dir` itself.
+// Moves the finished `tmp` to `final_dir` (replacing a checkpoint of the same step, which is removed only after),
+// fsync'ing both directories; removes the leftovers of saves that stopped before publishing (.tmp-/.old-step_N) for
+// steps up to this one; then rotates the checkpoints of run `run` beside it as SaveOptions says (keep_last, the best
+// recorded loss, keep_also, replace_other_runs), never removing `final_dir` itself.
 void publish_checkpoint(const std::filesystem::path& tmp, const std::filesystem::path& final_dir,
                         const SaveOptions& options, const std::string& run);
 

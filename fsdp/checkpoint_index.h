@@ -1,7 +1,6 @@
-// fsdp (internal): the index of a checkpoint directory, index.json, as text. Rank 0 writes it
-// last, from a CheckpointIndex the save assembled from every rank's record; tools and loads
-// read it back with read_checkpoint_index (fsdp/checkpoint.h), which validates every field.
-// The format is described in docs/CHECKPOINTS.md.
+// fsdp (internal): the index of a checkpoint directory, index.json, as text. Rank 0 writes it last, from a
+// CheckpointIndex the save assembled from every rank's record; tools and loads read it back with read_checkpoint_index
+// (fsdp/checkpoint.h), which validates every field. The format is described in docs/CHECKPOINTS.md.
 #pragma once
 #include <string>
 

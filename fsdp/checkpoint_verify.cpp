@@ -1,6 +1,5 @@
-// fsdp: checkpoint tools that need no model and no other rank: verify_checkpoint checks a
-// directory against its index, consolidate_checkpoint writes the whole model to one file
-// (declared in fsdp/checkpoint.h).
+// fsdp: checkpoint tools that need no model and no other rank: verify_checkpoint checks a directory against its index,
+// consolidate_checkpoint writes the whole model to one file (declared in fsdp/checkpoint.h).
 #include "core/element_search.h"
 #include "fsdp/checkpoint.h"
 #include "fsdp/checkpoint_index.h"

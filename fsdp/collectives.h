@@ -1,6 +1,5 @@
-// fsdp: FSDP's collectives as free functions, apart from the parameter group's unshard /
-// reshard / reduce logic (as PyTorch's _fully_shard/_fsdp_collectives.py). Internal (not
-// installed).
+// fsdp: FSDP's collectives as free functions, apart from the parameter group's unshard / reshard / reduce logic (as
+// PyTorch's _fully_shard/_fsdp_collectives.py). Internal (not installed).
 //
 //   unshard: all_gather (copy-in of the flat shard into the send buffer, then one all-gather
 //            into [ranks, columns]), wait_all_gather, all_gather_copy_out (views into each
@@ -38,9 +37,8 @@ struct AllGatherResult {
   uint64_t started_us = 0;
 };
 
-// Copy-in: the all-gather's send buffer from a flat shard buffer — the buffer itself when it
-// already has `dtype` and lives on `device`, else its cast or upload (from pinned host memory,
-// asynchronous on the current stream).
+// Copy-in: the all-gather's send buffer from a flat shard buffer — the buffer itself when it already has `dtype` and
+// lives on `device`, else its cast or upload (from pinned host memory, asynchronous on the current stream).
 Tensor all_gather_copy_in(const Tensor& flat_shard, DType dtype, Device device);
 
 // Issues the copy-in and the all-gather of `flat_shard` over `group` from ctx's all-gather
@@ -76,17 +74,15 @@ struct ReduceScatterResult {
 // Appends to `in_use` those the device may still be reading (not on the CPU).
 void pack_grads(const FSDPParams& params, const Tensor& send, std::vector<Tensor>& in_use);
 
-// Issues the packing and the reduce-scatter of the group's gradients over `group` from ctx's
-// reduce-scatter stream of `device`, after the current stream's queued work (which produced
-// the gradients).
+// Issues the packing and the reduce-scatter of the group's gradients over `group` from ctx's reduce-scatter stream of
+// `device`, after the current stream's queued work (which produced the gradients).
 ReduceScatterResult reduce_scatter(CommContext& ctx, const FSDPParams& params, const dist::ProcessGroupPtr& group,
                                    int64_t columns, DType dtype, Device device, dist::ReduceOp op, std::string label);
 
-// Deterministic mode's reduce-scatter: `send` [ranks, columns] (a tree's sum of packed
-// gradients) goes out by an all-to-all, so that each rank receives every rank's partial of its
-// columns, which reduce_scatter_accumulate sums in rank order along the tree (nn/tree_sum.h)
-// instead of in the collective's order. Issued like reduce_scatter (no division: the caller's
-// PostReduce::divide_factor).
+// Deterministic mode's reduce-scatter: `send` [ranks, columns] (a tree's sum of packed gradients) goes out by an
+// all-to-all, so that each rank receives every rank's partial of its columns, which reduce_scatter_accumulate sums in
+// rank order along the tree (nn/tree_sum.h) instead of in the collective's order. Issued like reduce_scatter (no
+// division: the caller's PostReduce::divide_factor).
 ReduceScatterResult ordered_reduce_scatter(CommContext& ctx, Tensor send, const dist::ProcessGroupPtr& group,
                                            Device device, std::string label);
 
@@ -104,11 +100,10 @@ struct PostReduce {
   bool partial_only = false;
 };
 
-// The post-reduce accumulate: waits for the reduce-scatter (the stream that runs the rest
-// waits on the device, else the host), runs the HSDP all-reduce, divides, and accumulates into
-// each parameter's sharded .grad — with offload after downloading to the host, waited for, as
-// the optimizer steps on the host next; or, with post.partial_only, only adds the output to
-// post.partial_reduce_output. Returns the number of all-reduces issued.
+// The post-reduce accumulate: waits for the reduce-scatter (the stream that runs the rest waits on the device, else the
+// host), runs the HSDP all-reduce, divides, and accumulates into each parameter's sharded .grad — with offload after
+// downloading to the host, waited for, as the optimizer steps on the host next; or, with post.partial_only, only adds
+// the output to post.partial_reduce_output. Returns the number of all-reduces issued.
 int reduce_scatter_accumulate(CommContext& ctx, ReduceScatterResult&& result, const FSDPParams& params, Device device,
                               const PostReduce& post);
 

@@ -1,8 +1,7 @@
-// fsdp: one sharded parameter. Its global tensor is cut along `shard_dim` into world-size
-// chunks of torch.chunk's size (the last ones zero-padded so every rank holds the same
-// number of elements). The module's registered parameter is this rank's unpadded chunk, a
-// leaf the optimizer steps; `unsharded` is the full parameter used in forward and backward,
-// whose storage exists only between unshard and reshard.
+// fsdp: one sharded parameter. Its global tensor is cut along `shard_dim` into world-size chunks of torch.chunk's size
+// (the last ones zero-padded so every rank holds the same number of elements). The module's registered parameter is
+// this rank's unpadded chunk, a leaf the optimizer steps; `unsharded` is the full parameter used in forward and
+// backward, whose storage exists only between unshard and reshard.
 #pragma once
 #include <memory>
 #include <string>
@@ -65,14 +64,12 @@ class FSDPParam {
   void copy_in_grad(const Tensor& send);
   // Whether a gradient reached it since its last reduction (packed or still unsharded).
   bool grad_reached() const { return grad_packed_ || (requires_grad_ && has_unsharded_grad()); }
-  // Adds this rank's reduced chunk (flat [padded] slice of the reduce-scatter output) into the
-  // sharded parameter's .grad; nothing where no gradient reached it (its .grad stays as it was,
-  // undefined after zero_grad, so the optimizer passes over it as over an unused parameter in
-  // one process). Every rank must leave the same parameters without one: the reduce-scatter's
-  // label names them, so the collective check stops ranks that differ.
+  // Adds this rank's reduced chunk (flat [padded] slice of the reduce-scatter output) into the sharded parameter's
+  // .grad; nothing where no gradient reached it (its .grad stays as it was, undefined after zero_grad, so the optimizer
+  // passes over it as over an unused parameter in one process). Every rank must leave the same parameters without one:
+  // the reduce-scatter's label names them, so the collective check stops ranks that differ.
   void accumulate_sharded_grad(const Tensor& reduced_flat);
-  // CPU offload of device parameters: new sharded gradients go to host memory pinned through
-  // `device`'s backend.
+  // CPU offload of device parameters: new sharded gradients go to host memory pinned through `device`'s backend.
   void set_pin_grads(bool pin, Device device) { pin_grads_ = pin, pin_device_ = device; }
   void free_unsharded();  // the parameter's memory; an accumulated gradient stays
   // Gradient accumulation without sync: moves the unsharded parameter's .grad into an

@@ -4,10 +4,9 @@
 //   fsdp::fully_shard(model);
 //   nn::AdamW opt(model->parameters(), {.lr = 1e-3});   // steps this rank's shards only
 //
-// Each call, bottom-up, forms one parameter group from the module's parameters that no
-// earlier call took. Parameter names and the module tree do not change; the registered
-// parameters become this rank's shards. Forward and backward then gather, free and reduce
-// them through hooks (see fsdp/state.h and docs/FSDP.md).
+// Each call, bottom-up, forms one parameter group from the module's parameters that no earlier call took. Parameter
+// names and the module tree do not change; the registered parameters become this rank's shards. Forward and backward
+// then gather, free and reduce them through hooks (see fsdp/state.h and docs/FSDP.md).
 #pragma once
 #include <memory>
 #include <optional>
@@ -26,9 +25,8 @@ using nn::TensorList;
 
 class FSDPState;
 
-// Where one parameter's shard sits in the global tensor: the parameter fully_shard was given,
-// itself a tensor-parallel part when `split` says so (tp/split.h; `split_group` holds the
-// other parts).
+// Where one parameter's shard sits in the global tensor: the parameter fully_shard was given, itself a tensor-parallel
+// part when `split` says so (tp/split.h; `split_group` holds the other parts).
 struct ShardInfo {
   Shape global_shape;  // of the parameter fully_shard was given
   int64_t shard_dim = 0;
@@ -98,11 +96,10 @@ class FSDPModule {
 };
 
 FSDPModule fully_shard(const nn::ModulePtr& module, const FullyShardOptions& options = {});
-// One group for several sibling modules (FSDP2's fully_shard on a list): one all-gather and one
-// reduce-scatter for all of them, gathered when the first of them starts its forward and
-// resharded when the last one ends it. Every forward that needs gradients must run all of
-// them. The handle names their parameters as a ModuleList of them would ("0.weight",
-// "1.weight"); module() is the first of them.
+// One group for several sibling modules (FSDP2's fully_shard on a list): one all-gather and one reduce-scatter for all
+// of them, gathered when the first of them starts its forward and resharded when the last one ends it. Every forward
+// that needs gradients must run all of them. The handle names their parameters as a ModuleList of them would
+// ("0.weight", "1.weight"); module() is the first of them.
 FSDPModule fully_shard(const std::vector<nn::ModulePtr>& modules, const FullyShardOptions& options = {});
 // The FSDPModule of a module fully_shard was applied to, if any.
 std::optional<FSDPModule> fsdp_module(const nn::Module& module);

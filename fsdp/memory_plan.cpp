@@ -120,10 +120,9 @@ MemoryPlan plan_memory(const MemoryPlanRequest& r) {
     if (s.reshard_after_forward.empty()) s.reshard_after_forward.assign(size_t(n), true);
     out = run(s);
   } else {
-    // Fastest first: no recomputation before it, and of each, the most groups kept gathered
-    // from forward to backward (no second all-gather). Keeping the last k groups (those
-    // backward reaches first) costs more memory as k grows, so k is found by bisection. What the
-    // caller fixed is not searched.
+    // Fastest first: no recomputation before it, and of each, the most groups kept gathered from forward to backward
+    // (no second all-gather). Keeping the last k groups (those backward reaches first) costs more memory as k grows, so
+    // k is found by bisection. What the caller fixed is not searched.
     std::optional<MemoryPlan> smallest;
     std::vector<nn::Checkpointing> acs{nn::Checkpointing::none, nn::Checkpointing::selective, nn::Checkpointing::full};
     if (r.fixed_checkpointing) acs = {*r.fixed_checkpointing};

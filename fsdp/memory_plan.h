@@ -1,13 +1,11 @@
-// fsdp: the memory planner. Predicts a rank's peak memory of training before anything runs,
-// by running the training step itself on the meta device: the model is built there (deferred),
-// sharded over a fake mesh of N ranks (dist/fake_group.h) and trained for a few steps under a
-// MetaComputeGuard, so every tensor the real step would allocate (shards, gathered groups,
-// activations from the real graph, gradients, optimizer state, communication buffers) is
-// counted by the meta allocator without holding memory. The peak is split by owner
-// (core/allocator.h's owner accounting). Given a budget, it searches the settings FSDP offers
-// (reshard_after_forward per group, activation checkpointing: none, then selective, then full)
-// for the fastest that fits.
-// See docs/FSDP.md ("Memory planner") and docs/MEMORY_SCALING.md (predicted beside measured).
+// fsdp: the memory planner. Predicts a rank's peak memory of training before anything runs, by running the training
+// step itself on the meta device: the model is built there (deferred), sharded over a fake mesh of N ranks
+// (dist/fake_group.h) and trained for a few steps under a MetaComputeGuard, so every tensor the real step would
+// allocate (shards, gathered groups, activations from the real graph, gradients, optimizer state, communication
+// buffers) is counted by the meta allocator without holding memory. The peak is split by owner (core/allocator.h's
+// owner accounting). Given a budget, it searches the settings FSDP offers (reshard_after_forward per group, activation
+// checkpointing: none, then selective, then full) for the fastest that fits. See docs/FSDP.md ("Memory planner") and
+// docs/MEMORY_SCALING.md (predicted beside measured).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -32,11 +30,10 @@ struct PlanSettings {
   nn::Checkpointing activation_checkpointing = nn::Checkpointing::none;
 };
 
-// One training step of the caller's own code, set up with given settings: `setup` builds the
-// model (it runs under a DefaultDeviceGuard on the meta device), shards it over `mesh` (null:
-// leave it unsharded) applying `settings`, makes its optimizer and returns a function that runs
-// one step on meta inputs (forward and backward of every micro-batch, gradient clipping, the
-// optimizer step, zero_grad). The step owns the model and optimizer.
+// One training step of the caller's own code, set up with given settings: `setup` builds the model (it runs under a
+// DefaultDeviceGuard on the meta device), shards it over `mesh` (null: leave it unsharded) applying `settings`, makes
+// its optimizer and returns a function that runs one step on meta inputs (forward and backward of every micro-batch,
+// gradient clipping, the optimizer step, zero_grad). The step owns the model and optimizer.
 using TrainingStep = std::function<void()>;
 using StepSetup = std::function<TrainingStep(const PlanSettings&, const std::shared_ptr<dist::DeviceMesh>& mesh)>;
 

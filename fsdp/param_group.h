@@ -1,10 +1,9 @@
-// fsdp: a parameter group — the parameters one fully_shard call took over. Its shards live
-// in one flat buffer, so unsharding is one all-gather (straight from that buffer) followed by
-// copies out into each unsharded parameter, and gradient reduction is one reduce-scatter of
-// all the group's gradients packed into one buffer. This file holds the group's state and its
-// unshard / reshard / reduce logic; the collectives themselves (copy-in, all-gather, copy-out,
-// gradient packing, reduce-scatter, accumulate) are free functions in fsdp/collectives.h, issued
-// on the streams of the group's communication context (fsdp/comm_context.h).
+// fsdp: a parameter group — the parameters one fully_shard call took over. Its shards live in one flat buffer, so
+// unsharding is one all-gather (straight from that buffer) followed by copies out into each unsharded parameter, and
+// gradient reduction is one reduce-scatter of all the group's gradients packed into one buffer. This file holds the
+// group's state and its unshard / reshard / reduce logic; the collectives themselves (copy-in, all-gather, copy-out,
+// gradient packing, reduce-scatter, accumulate) are free functions in fsdp/collectives.h, issued on the streams of the
+// group's communication context (fsdp/comm_context.h).
 #pragma once
 #include <memory>
 #include <vector>
@@ -60,8 +59,7 @@ class FSDPParamGroup {
   State state() const { return state_; }
   // Starts the all-gather unless already gathering or unsharded.
   void start_unshard();
-  // Completes a started all-gather (or runs one) and points the module slots at the unsharded
-  // parameters.
+  // Completes a started all-gather (or runs one) and points the module slots at the unsharded parameters.
   void finish_unshard();
   // Frees the unsharded parameters and points the slots back at the sharded ones.
   void reshard();
@@ -77,11 +75,10 @@ class FSDPParamGroup {
   // Waits for the reduce-scatter and accumulates into the sharded parameters' .grad.
   void finish_reduce_scatter();
   bool has_unsharded_grads() const;
-  // Deterministic mode (core/deterministic.h), at each post-backward: packs the unsharded
-  // gradients as the next leaf of this backward's tree and frees them. start_reduce_scatter then
-  // reduces the tree's sum with an all-to-all and sums the ranks' partials in rank order: the
-  // same bits at any world size when each rank runs the same power-of-two number of backwards
-  // per reduction (leaf i of rank r being leaf r * count + i of one tree).
+  // Deterministic mode (core/deterministic.h), at each post-backward: packs the unsharded gradients as the next leaf of
+  // this backward's tree and frees them. start_reduce_scatter then reduces the tree's sum with an all-to-all and sums
+  // the ranks' partials in rank order: the same bits at any world size when each rank runs the same power-of-two number
+  // of backwards per reduction (leaf i of rank r being leaf r * count + i of one tree).
   void add_grad_leaf();
   // Moves the unsharded gradients into accumulators of the reduce dtype when it differs from
   // the param dtype (no-op otherwise); called at each post-backward.

@@ -1,13 +1,11 @@
-// fsdp: sharded state dicts, as FSDP2's: each rank's own pieces of the model's and the
-// optimizer's tensors with where each piece sits in the global tensor. Building one needs no
-// communication (the model's pieces are views of the shards, not copies), loading one back
-// in place needs none either, and `assemble_from_pieces` fills this rank's piece from pieces
-// cut for any other number of ranks (resharding; see fsdp/checkpoint.h).
+// fsdp: sharded state dicts, as FSDP2's: each rank's own pieces of the model's and the optimizer's tensors with where
+// each piece sits in the global tensor. Building one needs no communication (the model's pieces are views of the
+// shards, not copies), loading one back in place needs none either, and `assemble_from_pieces` fills this rank's piece
+// from pieces cut for any other number of ranks (resharding; see fsdp/checkpoint.h).
 //
-// Keys: the model's as Module::state_dict() (a parameter tied to another is listed once,
-// under its first name); the optimizer's by parameter name, not position:
-// "state.<parameter name>.<state>" (exp_avg, exp_avg_sq, momentum_buffer, ...; "step" too)
-// and "param_groups.<g>.<option>".
+// Keys: the model's as Module::state_dict() (a parameter tied to another is listed once, under its first name); the
+// optimizer's by parameter name, not position: "state.<parameter name>.<state>" (exp_avg, exp_avg_sq, momentum_buffer,
+// ...; "step" too) and "param_groups.<g>.<option>".
 #pragma once
 #include <functional>
 #include <map>
@@ -45,17 +43,15 @@ struct ShardedTensor {
 };
 using ShardedStateDict = std::vector<std::pair<std::string, ShardedTensor>>;
 
-// This rank's piece of every parameter and buffer. `root` null: the model is not sharded
-// (every tensor whole).
+// This rank's piece of every parameter and buffer. `root` null: the model is not sharded (every tensor whole).
 ShardedStateDict sharded_state_dict(nn::Module& model, const FSDPModule* root = nullptr);
 // The optimizer's state keyed by parameter names, per-element states placed like their
 // parameter. `model` names the optimizer's parameters (see optimizer_param_names).
 ShardedStateDict sharded_optimizer_state_dict(const nn::Optimizer& opt, nn::Module& model,
                                               const FSDPModule* root = nullptr);
 
-// Loads a sharded state dict of this same layout back into place (values copied, dtypes
-// converted): every key must be present with this rank's placement and no other key may be;
-// all of it is checked before anything is written.
+// Loads a sharded state dict of this same layout back into place (values copied, dtypes converted): every key must be
+// present with this rank's placement and no other key may be; all of it is checked before anything is written.
 void load_sharded_state_dict(nn::Module& model, const ShardedStateDict& sd, const FSDPModule* root = nullptr);
 void load_sharded_optimizer_state_dict(nn::Optimizer& opt, nn::Module& model, const ShardedStateDict& sd,
                                        const FSDPModule* root = nullptr);
@@ -87,9 +83,8 @@ struct Piece {
   std::function<Tensor()> read;
   std::string where;
 };
-// Fills `dst` (shaped want.local_shape()) from `pieces` of the same global tensor `name`,
-// cut for any layout. Throws naming `name` if a piece is shaped unlike its placement or the
-// pieces leave part of `want` uncovered.
+// Fills `dst` (shaped want.local_shape()) from `pieces` of the same global tensor `name`, cut for any layout. Throws
+// naming `name` if a piece is shaped unlike its placement or the pieces leave part of `want` uncovered.
 void assemble_from_pieces(const std::string& name, const Tensor& dst, const Placement& want,
                           const std::vector<Piece>& pieces);
 

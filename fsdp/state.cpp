@@ -202,16 +202,14 @@ void FSDPState::validate_across_ranks() {
 }
 
 void FSDPState::reset_iteration() {
-  // A forward or backward that threw midway (the step did not come back to IDLE) can leave
-  // groups gathered: start clean. After a completed step, groups left unsharded on purpose
-  // (reshard_after_backward off, a root that keeps its parameters) stay so: the next forward
-  // needs no all-gather for them.
+  // A forward or backward that threw midway (the step did not come back to IDLE) can leave groups gathered: start
+  // clean. After a completed step, groups left unsharded on purpose (reshard_after_backward off, a root that keeps its
+  // parameters) stay so: the next forward needs no all-gather for them.
   const bool interrupted = step_ != TrainingState::idle;
   if (!autograd::Engine::is_running()) backward_roots().clear();  // stale: a backward that threw, of any root
   for (FSDPState* s : states_) {
     s->training_state_ = TrainingState::idle, s->hooked_calls_ = s->inputs_fired_ = s->unhooked_calls_ = 0;
-    // A list whose members did not all run (a forward without gradients may skip some) is
-    // still gathered: reshard it.
+    // A list whose members did not all run (a forward without gradients may skip some) is still gathered: reshard it.
     const bool list_unfinished = s->members_left_ > 0;
     s->members_left_ = 0;
     if (!s->group) continue;

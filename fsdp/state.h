@@ -1,11 +1,9 @@
-// fsdp: the per-module state behind fully_shard, attached to the module it shards (the
-// module's extension slot, nn::ModuleExtension) and destroyed with it. It hooks the module's
-// forward (pre: unshard and prefetch the next group; post: reshard and arm the backward hooks),
-// the gradients of its outputs (pre-backward: unshard again and prefetch in reverse order) and
-// of its inputs (post-backward through an identity Function: reduce-scatter and reshard). The
-// root state — the outermost sharded module run in forward — also validates the model across
-// ranks on the first forward and, at the end of every backward, finishes what its descendants
-// left.
+// fsdp: the per-module state behind fully_shard, attached to the module it shards (the module's extension slot,
+// nn::ModuleExtension) and destroyed with it. It hooks the module's forward (pre: unshard and prefetch the next group;
+// post: reshard and arm the backward hooks), the gradients of its outputs (pre-backward: unshard again and prefetch in
+// reverse order) and of its inputs (post-backward through an identity Function: reduce-scatter and reshard). The root
+// state — the outermost sharded module run in forward — also validates the model across ranks on the first forward and,
+// at the end of every backward, finishes what its descendants left.
 //
 // One state may serve several sibling modules (fully_shard on a list): they form one group, gathered
 // when the first of them starts its forward and resharded when the last of them ends it, as
@@ -62,8 +60,7 @@ class FSDPState : public nn::ModuleExtension, public std::enable_shared_from_thi
   // fully_shard was called on (for a list: as a ModuleList of its members, "0.fc", "1.fc").
   std::vector<std::pair<std::string, nn::Module*>> named_modules() const;
   TrainingState training_state() const { return training_state_; }
-  // The module's path under its root ("blocks.3"; the root's type name); its type name until
-  // the root's first forward.
+  // The module's path under its root ("blocks.3"; the root's type name); its type name until the root's first forward.
   const std::string& path() const { return path_; }
 
   // The hooks fully_shard installs on each member module (`member`: its index in modules()).
@@ -87,8 +84,7 @@ class FSDPState : public nn::ModuleExtension, public std::enable_shared_from_thi
   // current and the requested state and `hook`.
   void transition(TrainingState to, std::initializer_list<TrainingState> from, const char* hook);
 
-  // The members' part of the forward hooks: input casts and post-backward hooks; output casts
-  // and pre-backward hooks.
+  // The members' part of the forward hooks: input casts and post-backward hooks; output casts and pre-backward hooks.
   TensorList prepare_inputs(const TensorList& inputs);
   TensorList prepare_outputs(const TensorList& outputs);
 

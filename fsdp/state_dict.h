@@ -1,10 +1,8 @@
-// fsdp: full (unsharded) state dicts of a sharded model and of its optimizer, as one process
-// would have them, and the way back from a full state dict to this rank's shards, so a model
-// trained without FSDP can continue sharded and the other way round. Gathering is a
-// collective call on every rank of the shard group, one all-gather per tensor, so at most one
-// gathered tensor exists at a time on ranks that do not keep the result. The optimizer's
-// state is keyed by parameter names (see fsdp/sharded_state_dict.h). `root` null: the model is
-// not sharded and nothing communicates.
+// fsdp: full (unsharded) state dicts of a sharded model and of its optimizer, as one process would have them, and the
+// way back from a full state dict to this rank's shards, so a model trained without FSDP can continue sharded and the
+// other way round. Gathering is a collective call on every rank of the shard group, one all-gather per tensor, so at
+// most one gathered tensor exists at a time on ranks that do not keep the result. The optimizer's state is keyed by
+// parameter names (see fsdp/sharded_state_dict.h). `root` null: the model is not sharded and nothing communicates.
 #pragma once
 #include <map>
 #include <string>
@@ -26,11 +24,10 @@ nn::NamedTensorList full_state_dict(nn::Module& model, const FSDPModule* root, c
 nn::NamedTensorList full_optimizer_state_dict(const nn::Optimizer& opt, nn::Module& model, const FSDPModule* root,
                                               const FullStateDictOptions& opts = {});
 
-// Loads a full state dict into the (sharded) model: each rank takes its slice; no
-// communication. Every parameter and buffer must be present with its full shape; a key that
-// names a tied parameter's second name, or is listed in `aliases` (key -> parameter it
-// duplicates, e.g. a tied LM head saved separately), must equal that parameter; any other key
-// is an error. Nothing is written unless everything fits.
+// Loads a full state dict into the (sharded) model: each rank takes its slice; no communication. Every parameter and
+// buffer must be present with its full shape; a key that names a tied parameter's second name, or is listed in
+// `aliases` (key -> parameter it duplicates, e.g. a tied LM head saved separately), must equal that parameter; any
+// other key is an error. Nothing is written unless everything fits.
 void load_full_state_dict(nn::Module& model, const nn::NamedTensorList& full, const FSDPModule* root,
                           const std::map<std::string, std::string>& aliases = {});
 // The same from a full state dict only global rank 0 holds (full_state_dict's rank0_only, or a file

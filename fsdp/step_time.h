@@ -1,7 +1,6 @@
-// fsdp: the step-time model. Predicts how long one training step takes from the step trace of
-// the memory planner's meta step (core/step_trace.h: every op in order with its FLOPs and
-// bytes, every collective where it starts and where the step waits for it), a machine's
-// compute rates and a network:
+// fsdp: the step-time model. Predicts how long one training step takes from the step trace of the memory planner's meta
+// step (core/step_trace.h: every op in order with its FLOPs and bytes, every collective where it starts and where the
+// step waits for it), a machine's compute rates and a network:
 //   - an op takes `op_seconds` (dispatch, autograd, allocation: the framework's share) plus its
 //     FLOPs at the rate measured for its shape (GEMMs and attention), or else its operand bytes
 //     at the element-wise rate;

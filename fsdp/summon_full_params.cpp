@@ -15,8 +15,7 @@ namespace weft::fsdp {
 
 namespace {
 
-// Groups under a live guard: a nested guard over them would restore the shards under the
-// outer one's feet.
+// Groups under a live guard: a nested guard over them would restore the shards under the outer one's feet.
 std::unordered_set<const FSDPState*>& summoned() {
   static std::unordered_set<const FSDPState*> s;
   return s;

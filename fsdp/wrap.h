@@ -34,9 +34,8 @@ ShardingStrategy parse_sharding_strategy(std::string_view name);  // the names a
 FullyShardOptions strategy_options(ShardingStrategy strategy, int shard_size = 0,
                                    DeviceType device = DeviceType::cpu);
 
-// Decides whether to shard a (non-root) module: `path` is its dotted name under the root,
-// `unwrapped_params` the number of parameter elements in its subtree that no module below it
-// was sharded for.
+// Decides whether to shard a (non-root) module: `path` is its dotted name under the root, `unwrapped_params` the number
+// of parameter elements in its subtree that no module below it was sharded for.
 using AutoWrapPolicy =
     std::function<bool(const nn::Module& module, const std::string& path, int64_t unwrapped_params)>;
 // Modules whose type_name() is one of `type_names` (FSDP1's ModuleWrapPolicy).

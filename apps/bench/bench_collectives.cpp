@@ -1,11 +1,10 @@
 // weft-bench-collectives: all-gather and reduce-scatter bandwidth through weft's MPI backend,
 // beside the same collective on raw MPI in the same run, like nccl-tests. Run it under mpirun:
 //   mpirun -np 4 --bind-to none ./weft-bench-collectives [--max-bytes 64M]
-// size is the larger buffer (all-gather output, reduce-scatter input), as nccl-tests counts;
-// algbw = size / time and busbw = algbw * (n - 1) / n, the bytes each rank's links carry.
-// Each size runs in rounds that alternate the variants (raw blocking, raw nonblocking, weft),
-// so a noisy machine slows them alike; the table gives each variant's best round (--stat
-// median for the median): on a shared machine the best round is the one least disturbed.
+// size is the larger buffer (all-gather output, reduce-scatter input), as nccl-tests counts; algbw = size / time and
+// busbw = algbw * (n - 1) / n, the bytes each rank's links carry. Each size runs in rounds that alternate the variants
+// (raw blocking, raw nonblocking, weft), so a noisy machine slows them alike; the table gives each variant's best round
+// (--stat median for the median): on a shared machine the best round is the one least disturbed.
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
@@ -63,8 +62,7 @@ void print_section_head(bool gather) {
               "algbw", "busbw", "time(us)", "algbw", "busbw", "time(us)", "algbw", "busbw", "blocking", "nonblk");
 }
 
-// One row of the table: the all-gather (or reduce-scatter) of `bytes` in all, each variant
-// timed in alternating rounds.
+// One row of the table: the all-gather (or reduce-scatter) of `bytes` in all, each variant timed in alternating rounds.
 void bench_size(const Options& o, bool gather, int64_t bytes, dist::ProcessGroup& world, MPI_Comm comm) {
   const int n = world.size();
   int64_t per_rank = std::max<int64_t>(1, bytes / 4 / n), total = per_rank * n;

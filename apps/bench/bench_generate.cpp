@@ -1,10 +1,9 @@
-// weft-bench-generate: text generation speed, batch 1, with the key/value cache (nn::generate)
-// and without it (the whole window again for every token), on GPT medium or the Llama config of
-// its size, freshly initialised (speed does not depend on the weights). A prompt of --prompt
-// random bytes is continued greedily by --new tokens, so the context grows to prompt + new
-// (default 448 + 64 = 512 positions). Prints, per path, the prompt's forward, the new tokens/s
-// after it (decode), the best and median of --rounds, and checks that both paths chose the same
-// tokens. scripts/generate_pytorch.py is the PyTorch twin (docs/PERFORMANCE.md).
+// weft-bench-generate: text generation speed, batch 1, with the key/value cache (nn::generate) and without it (the
+// whole window again for every token), on GPT medium or the Llama config of its size, freshly initialised (speed does
+// not depend on the weights). A prompt of --prompt random bytes is continued greedily by --new tokens, so the context
+// grows to prompt + new (default 448 + 64 = 512 positions). Prints, per path, the prompt's forward, the new tokens/s
+// after it (decode), the best and median of --rounds, and checks that both paths chose the same tokens.
+// scripts/generate_pytorch.py is the PyTorch twin (docs/PERFORMANCE.md).
 //
 //   weft-bench-generate --arch gpt2|llama --threads 1 [--prompt 448 --new 64 --rounds 3]
 #include <CLI/CLI.hpp>

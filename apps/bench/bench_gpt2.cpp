@@ -1,8 +1,7 @@
-// weft-bench-gpt2: training-step throughput of GPT-2 124M (12 layers, 12 heads, d_model 768,
-// ctx 1024, vocabulary 50304 = GPT-2's 50257 padded to a multiple of 128) on one GPU, printed
-// every step as llm.c does: loss, step time, tokens/s, model FLOPs utilisation (MFU) and the
-// device allocator's peak. scripts/bench_gpt2.sh runs it beside PyTorch eager and torch.compile
-// (scripts/bench_gpt2_pytorch.py, the same model and step) and prints the comparison.
+// weft-bench-gpt2: training-step throughput of GPT-2 124M (12 layers, 12 heads, d_model 768, ctx 1024, vocabulary 50304
+// = GPT-2's 50257 padded to a multiple of 128) on one GPU, printed every step as llm.c does: loss, step time, tokens/s,
+// model FLOPs utilisation (MFU) and the device allocator's peak. scripts/bench_gpt2.sh runs it beside PyTorch eager and
+// torch.compile (scripts/bench_gpt2_pytorch.py, the same model and step) and prints the comparison.
 //
 //   weft-bench-gpt2                                   # GPT-2 124M, bf16, batch 8, 20 steps, cuda
 //   weft-bench-gpt2 --device cpu --n-layer 2 --n-head 2 --d-model 64 --ctx 64 --vocab 256
@@ -12,31 +11,27 @@
 // gradient-norm clip, AdamW (betas 0.9/0.95, weight decay 0.1 on 2-D weights only, constant
 // lr). The model is apps/transformer's GPT (nanoGPT's layout, GELU tanh, head tied to wte).
 //
-// bf16 (--precision bf16, the default): weft's mixed precision is FSDP's MixedPrecisionPolicy,
-// so the model is wrapped by fully_shard (each block, then the root) in a world of one
-// process: parameters stay f32 (AdamW updates f32 master weights, as torch.autocast training
-// keeps them), each forward "gathers" them as bf16 copies that the matmuls, attention and
-// layer norms read, gradients come back to the f32 shards, and the logits are returned in f32
-// for the loss. With one rank the gather is a cast and the reduce-scatter a copy; the blocks
-// keep their bf16 copies from forward to backward (reshard_after_forward = false), so each
-// parameter is cast once per step, as autocast does. Casting the whole model to bf16 instead
-// would leave AdamW without f32 master weights (and weft's fused Adam takes f32/f64 only).
-// --precision autocast trains the plain model under weft's autocast instead (the linear layers
-// and attention read bf16 copies of the f32 weights, made in each forward), as weft-transformer
-// trains bf16 without --fsdp; --precision f32 trains the plain f32 model without FSDP.
+// bf16 (--precision bf16, the default): weft's mixed precision is FSDP's MixedPrecisionPolicy, so the model is wrapped
+// by fully_shard (each block, then the root) in a world of one process: parameters stay f32 (AdamW updates f32 master
+// weights, as torch.autocast training keeps them), each forward "gathers" them as bf16 copies that the matmuls,
+// attention and layer norms read, gradients come back to the f32 shards, and the logits are returned in f32 for the
+// loss. With one rank the gather is a cast and the reduce-scatter a copy; the blocks keep their bf16 copies from
+// forward to backward (reshard_after_forward = false), so each parameter is cast once per step, as autocast does.
+// Casting the whole model to bf16 instead would leave AdamW without f32 master weights (and weft's fused Adam takes
+// f32/f64 only). --precision autocast trains the plain model under weft's autocast instead (the linear layers and
+// attention read bf16 copies of the f32 weights, made in each forward), as weft-transformer trains bf16 without --fsdp;
+// --precision f32 trains the plain f32 model without FSDP.
 //
 // Model FLOPs per token (PaLM's estimate, as nanoGPT's estimate_mfu and llm.c use):
 //   6 N + 12 L H hd T
-// N = parameters except the position table (the tied wte is the LM head's matmul, so it
-// counts; wpe is a lookup), 6N = forward + backward of every weight matmul, 12 L H hd T = the
-// attention scores and weighted sums (not halved for the causal mask). MFU = FLOPs per token x
-// tokens/s / --peak-tflops (default 989: H100 SXM dense bf16; use the f32/TF32 peak with
-// --precision f32 and the CPU's own peak, from weft-bench, with --device cpu).
+// N = parameters except the position table (the tied wte is the LM head's matmul, so it counts; wpe is a lookup), 6N =
+// forward + backward of every weight matmul, 12 L H hd T = the attention scores and weighted sums (not halved for the
+// causal mask). MFU = FLOPs per token x tokens/s / --peak-tflops (default 989: H100 SXM dense bf16; use the f32/TF32
+// peak with --precision f32 and the CPU's own peak, from weft-bench, with --device cpu).
 //
-// Timing: the device is synchronised before and after each step and the step is timed with
-// steady_clock, so a step's time includes every kernel it queued. The summary line gives the
-// medians over the steps after --warmup (default 5: cuBLASLt's heuristics, the caching
-// allocator's first segments and NCCL's set-up happen in the first steps).
+// Timing: the device is synchronised before and after each step and the step is timed with steady_clock, so a step's
+// time includes every kernel it queued. The summary line gives the medians over the steps after --warmup (default 5:
+// cuBLASLt's heuristics, the caching allocator's first segments and NCCL's set-up happen in the first steps).
 //
 // --profile times every op of the measured steps (core/op_profiler.h; on a GPU alone, the device
 // waited for around it) and prints, after the summary, one row per op: calls and milliseconds
@@ -154,8 +149,7 @@ void print_header(const Options& o, Device device, int64_t n_params, int64_t n_f
   std::fflush(stdout);
 }
 
-// One line in a fixed key=value form: scripts/bench_gpt2.sh reads it (as it reads the
-// PyTorch script's).
+// One line in a fixed key=value form: scripts/bench_gpt2.sh reads it (as it reads the PyTorch script's).
 void print_summary(const Options& o, Device device, int64_t warmup, double flops_per_token,
                    const std::vector<double>& ms_measured) {
   const double ms = median(ms_measured), tok_s = double(o.batch * o.model.ctx) / (ms * 1e-3);

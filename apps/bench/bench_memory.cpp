@@ -1,21 +1,18 @@
-// weft-bench-memory: peak memory per rank of FSDP training against FSDP2's memory formulas.
-// Builds the GPT of apps/transformer, shards it (fully_shard per block, then the root), trains a
-// few AdamW steps in fp32 on random tokens with a fixed batch per rank, and reads the CPU
-// allocator: its peak per phase, and its timeline of live bytes (start_memory_recording) for
-// plots. Run it at several world sizes, then combine the JSON files into one table:
+// weft-bench-memory: peak memory per rank of FSDP training against FSDP2's memory formulas. Builds the GPT of
+// apps/transformer, shards it (fully_shard per block, then the root), trains a few AdamW steps in fp32 on random tokens
+// with a fixed batch per rank, and reads the CPU allocator: its peak per phase, and its timeline of live bytes
+// (start_memory_recording) for plots. Run it at several world sizes, then combine the JSON files into one table:
 //   mpirun -np 2 --oversubscribe --bind-to none weft-bench-memory --json np2.json
 //   weft-bench-memory --summary np1.json np2.json np4.json
 // scripts/bench_memory.sh runs 1, 2 and 4 ranks, the summary and the plot (docs/MEMORY_SCALING.md).
 //
-// The bound (fp32, Adam; P all parameter bytes, B one block's, E the root's own, Ps this rank's
-// shards, padding included; L blocks; A the activations, measured): FSDP2's forward <= 3B + E +
-// Ps and backward <= 4B + E + 2Ps, plus Adam's 2Ps once the first step has made it, plus the
-// activations. The largest is backward from the second step. Its activation part is A, alive
-// when backward starts, plus the gradients a block's backward holds at once, at most the size
-// of that block's activations, taken as A / L (an over-estimate: A also holds the embeddings'
-// output and the logits). Printed beside each peak: 4B + E + 4Ps + A + A/L.
-// A is measured on each rank, each step: live bytes after the loss minus live bytes before the
-// forward, minus E (the root's gathered parameters, which stay for backward).
+// The bound (fp32, Adam; P all parameter bytes, B one block's, E the root's own, Ps this rank's shards, padding
+// included; L blocks; A the activations, measured): FSDP2's forward <= 3B + E + Ps and backward <= 4B + E + 2Ps, plus
+// Adam's 2Ps once the first step has made it, plus the activations. The largest is backward from the second step. Its
+// activation part is A, alive when backward starts, plus the gradients a block's backward holds at once, at most the
+// size of that block's activations, taken as A / L (an over-estimate: A also holds the embeddings' output and the
+// logits). Printed beside each peak: 4B + E + 4Ps + A + A/L. A is measured on each rank, each step: live bytes after
+// the loss minus live bytes before the forward, minus E (the root's gathered parameters, which stay for backward).
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>

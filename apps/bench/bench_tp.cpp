@@ -1,8 +1,7 @@
-// weft-bench-tp: training-step throughput of a Llama or a GPT-2 split by tensor parallelism over
-// the ranks of mpirun as weft-transformer --tp splits it (apps/transformer/tensor_parallel.h), the
-// twin of scripts/fsdp2_llama_pytorch.py --mode tp and scripts/tp_gpt_pytorch.py (PyTorch's
-// DTensor ColwiseParallel / RowwiseParallel on the same blocks). The ranks form a (dp, tp)
-// mesh, tp = --tp (default: all of them): the ranks of a tp group train on the same rows of the
+// weft-bench-tp: training-step throughput of a Llama or a GPT-2 split by tensor parallelism over the ranks of mpirun as
+// weft-transformer --tp splits it (apps/transformer/tensor_parallel.h), the twin of scripts/fsdp2_llama_pytorch.py
+// --mode tp and scripts/tp_gpt_pytorch.py (PyTorch's DTensor ColwiseParallel / RowwiseParallel on the same blocks). The
+// ranks form a (dp, tp) mesh, tp = --tp (default: all of them): the ranks of a tp group train on the same rows of the
 // batch, the dp groups on different rows, with fully_shard over dp when dp > 1.
 //
 //   mpirun -np 2 weft-bench-tp                  # the Llama medium config, 20 steps, 1 thread a rank
@@ -10,11 +9,10 @@
 //   mpirun -np 4 weft-bench-tp --tp 2           # (dp 2, tp 2): fully_shard over dp on top
 //   mpirun -np 2 weft-bench-tp --arch gpt2      # GPT medium (6 layers, 6 heads, d_model 384)
 //
-// The step: random token ids (drawn before the timer), forward, cross-entropy over all B x T
-// positions (tp::vocab_parallel_cross_entropy under --loss-parallel), backward, gradient-norm
-// clip 1.0, AdamW (lr 3e-4, weight decay 0.1 on every parameter, as the twin). Ranks meet at a
-// barrier before each step; rank 0 prints the median step time after --warmup and tokens/s of
-// the whole batch (its loss is its dp group's).
+// The step: random token ids (drawn before the timer), forward, cross-entropy over all B x T positions
+// (tp::vocab_parallel_cross_entropy under --loss-parallel), backward, gradient-norm clip 1.0, AdamW (lr 3e-4, weight
+// decay 0.1 on every parameter, as the twin). Ranks meet at a barrier before each step; rank 0 prints the median step
+// time after --warmup and tokens/s of the whole batch (its loss is its dp group's).
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>

@@ -1,8 +1,7 @@
-// apps: when and how the training loop writes checkpoints. One CheckpointSaver per run: it
-// writes fsdp::save_checkpoint directories (every rank its shards, rank 0 the index) at the steps
-// --checkpoint-every names and at the run's last step, never from non-finite parameters, rotates
-// with --keep-last while sparing the newest checkpoint known to resume (CheckpointWatch), and
-// remembers the newest checkpoint written or resumed from for the messages that name it.
+// apps: when and how the training loop writes checkpoints. One CheckpointSaver per run: it writes fsdp::save_checkpoint
+// directories (every rank its shards, rank 0 the index) at the steps --checkpoint-every names and at the run's last
+// step, never from non-finite parameters, rotates with --keep-last while sparing the newest checkpoint known to resume
+// (CheckpointWatch), and remembers the newest checkpoint written or resumed from for the messages that name it.
 #pragma once
 #include <cstdint>
 #include <string>

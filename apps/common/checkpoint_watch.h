@@ -1,12 +1,10 @@
-// apps: which checkpoint of a training run is known to resume. A checkpoint written after step
-// k holds the weights whose loss step k+1 logs, so it is judged then: "good" when that loss is
-// finite and not a spike, i.e. at most kSpikeFactor times the median of the (up to kWindow)
-// finite losses logged before it (the first step's loss, with none before it, only by finiteness).
-// A resumed run first replays the losses its earlier checkpoints recorded, so that the first
-// steps after a resume are judged against the run's history as the uninterrupted run would.
-// When a run stops on a non-finite loss, or gives up skipping such steps, it names the newest
-// good checkpoint still on disk: the newest one written may hold weights that are finite but
-// already diverged. See docs/CHECKPOINTS.md ("Divergence").
+// apps: which checkpoint of a training run is known to resume. A checkpoint written after step k holds the weights
+// whose loss step k+1 logs, so it is judged then: "good" when that loss is finite and not a spike, i.e. at most
+// kSpikeFactor times the median of the (up to kWindow) finite losses logged before it (the first step's loss, with none
+// before it, only by finiteness). A resumed run first replays the losses its earlier checkpoints recorded, so that the
+// first steps after a resume are judged against the run's history as the uninterrupted run would. When a run stops on a
+// non-finite loss, or gives up skipping such steps, it names the newest good checkpoint still on disk: the newest one
+// written may hold weights that are finite but already diverged. See docs/CHECKPOINTS.md ("Divergence").
 #pragma once
 #include <cstdint>
 #include <deque>

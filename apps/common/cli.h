@@ -1,7 +1,6 @@
-// apps: weft's own CLI11 validators, with plain ranges in their messages
-// ("--threads: expected an integer from 1 to 1024, got 100000", "--lr: expected a number > 0,
-// got -1", "--lr: not a number: abc"). Both weft-mnist and weft-transformer use them, so
-// every count has an upper bound and no flag wraps, overflows or prints DBL_MAX.
+// apps: weft's own CLI11 validators, with plain ranges in their messages ("--threads: expected an integer from 1 to
+// 1024, got 100000", "--lr: expected a number > 0, got -1", "--lr: not a number: abc"). Both weft-mnist and
+// weft-transformer use them, so every count has an upper bound and no flag wraps, overflows or prints DBL_MAX.
 #pragma once
 #include <CLI/CLI.hpp>
 #include <cstdint>

@@ -1,11 +1,10 @@
-// apps: --deterministic. Each optimizer step's global batch is split into V virtual
-// micro-batches (--virtual-batches, default 8), rows [m B / V, (m + 1) B / V) of every
-// accumulated batch; rank r of W runs micro-batches [r V / W, (r + 1) V / W), each as its own
-// forward and backward (a leaf), so that every micro-batch is computed with the same shapes
-// wherever it runs. The leaves' gradients add along one fixed tree (nn/tree_sum.h: fsdp's
-// ordered reduction across ranks, or nn::add_grads_as_leaf in one process), their losses and
-// the validation losses add in one fixed order, and each leaf's dropout draws from a generator
-// keyed by (seed, step, leaf): the same bits at every world size W dividing V.
+// apps: --deterministic. Each optimizer step's global batch is split into V virtual micro-batches (--virtual-batches,
+// default 8), rows [m B / V, (m + 1) B / V) of every accumulated batch; rank r of W runs micro-batches [r V / W, (r +
+// 1) V / W), each as its own forward and backward (a leaf), so that every micro-batch is computed with the same shapes
+// wherever it runs. The leaves' gradients add along one fixed tree (nn/tree_sum.h: fsdp's ordered reduction across
+// ranks, or nn::add_grads_as_leaf in one process), their losses and the validation losses add in one fixed order, and
+// each leaf's dropout draws from a generator keyed by (seed, step, leaf): the same bits at every world size W dividing
+// V.
 #pragma once
 #include <cstdint>
 #include <functional>

@@ -1,6 +1,5 @@
-// apps: NaN and infinity are bad input. A non-finite loss stops training (or skips the step,
-// or is ignored: --on-nan); a checkpoint is never written from, or loaded into, parameters that
-// hold a NaN or an infinity.
+// apps: NaN and infinity are bad input. A non-finite loss stops training (or skips the step, or is ignored: --on-nan);
+// a checkpoint is never written from, or loaded into, parameters that hold a NaN or an infinity.
 #pragma once
 #include <string>
 
@@ -32,11 +31,10 @@ class NanPolicy {
  public:
   // `program` names the process in messages ("weft-mnist"); `max_in_a_row`: --max-skipped-steps.
   NanPolicy(std::string program, OnNan mode, int64_t max_in_a_row);
-  // Whether the update of the step that logged `loss` at `step` is to be dropped. A finite loss,
-  // or --on-nan ignore: false. --on-nan error: throws dist::AgreedError on every rank, naming the
-  // checkpoint `watch` advises. --on-nan skip: says so and returns true, until the
-  // --max-skipped-steps'th skip in a row, which gives up as error does (a diverged model does not
-  // recover by skipping updates).
+  // Whether the update of the step that logged `loss` at `step` is to be dropped. A finite loss, or --on-nan ignore:
+  // false. --on-nan error: throws dist::AgreedError on every rank, naming the checkpoint `watch` advises. --on-nan
+  // skip: says so and returns true, until the --max-skipped-steps'th skip in a row, which gives up as error does (a
+  // diverged model does not recover by skipping updates).
   bool skip(double loss, int64_t step, const Ranks& ranks, const CheckpointWatch& watch);
   // An evaluation's loss: throws dist::AgreedError naming `what` ("the validation loss is nan at
   // step 7") when it is not finite, unless --on-nan ignore.

@@ -1,8 +1,7 @@
-// apps: the op profiler's rows (core/op_profiler.h) as a Markdown table: per op, calls and
-// milliseconds per step, its share of the step, its rates and, where the caller knows the op's
-// limit, the rate as a share of it; then the small ops together and "framework", the step's
-// time outside every op (autograd, allocation, module code). weft-transformer's `--profile` and
-// weft-bench-gpt2's print it.
+// apps: the op profiler's rows (core/op_profiler.h) as a Markdown table: per op, calls and milliseconds per step, its
+// share of the step, its rates and, where the caller knows the op's limit, the rate as a share of it; then the small
+// ops together and "framework", the step's time outside every op (autograd, allocation, module code).
+// weft-transformer's `--profile` and weft-bench-gpt2's print it.
 #pragma once
 #include <chrono>
 #include <cstdint>
@@ -17,9 +16,8 @@ namespace weft::apps {
 void print_op_table(int64_t steps, double step_ms,
                     const std::function<double(const op_profiler::Row&)>& limit_percent = {});
 
-// Profiles the steps from `first` (1-based) to the end of a run: start_step() and end_step()
-// around each step (the time between steps, evaluations and saves, is left out of both the
-// rows and the step time); print() prints the table.
+// Profiles the steps from `first` (1-based) to the end of a run: start_step() and end_step() around each step (the time
+// between steps, evaluations and saves, is left out of both the rows and the step time); print() prints the table.
 class StepProfile {
  public:
   explicit StepProfile(int64_t first) : first_(first) {}

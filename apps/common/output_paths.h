@@ -1,11 +1,10 @@
-// apps: no output a command writes may destroy an input it reads. Before anything is written,
-// every output path (--metrics, --logits-out, --save, --checkpoint-dir, --out, WEFT_TRACE's
-// file) is checked against the inputs (--data's files, --from, --resume's checkpoint, --init-from, --tokenizer):
-// an output that is an input (the same file or directory, under any name or link) or lies inside
-// an input directory is an error naming both flags. And each output's place must take it: a
-// file's directory must exist and the file, if it does, be a regular file; a directory output
-// must be a directory or lie under one (its missing parents are made). An existing output that
-// PathFlag::ours does not accept (as an earlier --logits-out's file, a dataset) is the user's.
+// apps: no output a command writes may destroy an input it reads. Before anything is written, every output path
+// (--metrics, --logits-out, --save, --checkpoint-dir, --out, WEFT_TRACE's file) is checked against the inputs (--data's
+// files, --from, --resume's checkpoint, --init-from, --tokenizer): an output that is an input (the same file or
+// directory, under any name or link) or lies inside an input directory is an error naming both flags. And each output's
+// place must take it: a file's directory must exist and the file, if it does, be a regular file; a directory output
+// must be a directory or lie under one (its missing parents are made). An existing output that PathFlag::ours does not
+// accept (as an earlier --logits-out's file, a dataset) is the user's.
 #pragma once
 #include <functional>
 #include <string>

@@ -1,8 +1,7 @@
-// apps: the memory planner's flags in the training apps (fsdp::plan_memory). --plan prints the
-// predicted peak per rank and its parts and ends the run; --plan-ranks N plans for N ranks from
-// one process; --memory-budget BYTES makes the planner choose reshard_after_forward per group
-// and activation checkpointing so that training fits, and the run then trains with them (or
-// stops before training, saying by how much it cannot fit). weft-plan APP ... is APP's --plan.
+// apps: the memory planner's flags in the training apps (fsdp::plan_memory). --plan prints the predicted peak per rank
+// and its parts and ends the run; --plan-ranks N plans for N ranks from one process; --memory-budget BYTES makes the
+// planner choose reshard_after_forward per group and activation checkpointing so that training fits, and the run then
+// trains with them (or stops before training, saying by how much it cannot fit). weft-plan APP ... is APP's --plan.
 #pragma once
 #include <CLI/CLI.hpp>
 #include <cstdint>

@@ -24,11 +24,10 @@ struct Ranks {
   std::vector<dist::ProcessGroupPtr> groups() const;
 };
 
-// Where this process sits, checked with the other processes of the launch. Under --fsdp:
-// dist::init, then every rank must pass the same `shared` settings (dist::check_same_config).
-// Started by mpirun with several processes but without --fsdp, a process still joins MPI to
-// compare --fsdp and `launch` (a subcommand, say) with the others, so that a launch giving --fsdp
-// to some ranks only fails on every rank naming --fsdp instead of hanging in MPI_Init; then each
+// Where this process sits, checked with the other processes of the launch. Under --fsdp: dist::init, then every rank
+// must pass the same `shared` settings (dist::check_same_config). Started by mpirun with several processes but without
+// --fsdp, a process still joins MPI to compare --fsdp and `launch` (a subcommand, say) with the others, so that a
+// launch giving --fsdp to some ranks only fails on every rank naming --fsdp instead of hanging in MPI_Init; then each
 // trains alone (rank 0 says so).
 Ranks start_ranks(const std::string& program, bool fsdp, dist::ConfigSettings launch, const dist::ConfigSettings& shared);
 

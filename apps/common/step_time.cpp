@@ -91,9 +91,8 @@ std::optional<Replay> replay(const std::string& name, double flops, int64_t work
     const int64_t rows = num(1), cols = num(2), inner = num(3);
     const bool ta = m[4] == "T", tb = m[5] == "T";
     const DType dt = dtype_named(m[6]);
-    // As in the step: operands read from memory (copies, 64 MiB together, taken in turn: more
-    // than the caches hold; at most half the step's peak) and a fresh output each call (allocation,
-    // first touches, free).
+    // As in the step: operands read from memory (copies, 64 MiB together, taken in turn: more than the caches hold; at
+    // most half the step's peak) and a fresh output each call (allocation, first touches, free).
     const int64_t pair_bytes = (rows + cols) * inner * int64_t(dtype_size(dt));
     const int64_t pool = std::min(int64_t(64) << 20, working_bytes / 2);
     std::vector<std::pair<Tensor, Tensor>> operands(size_t(std::clamp<int64_t>(pool / pair_bytes, 1, 64)));
@@ -117,11 +116,10 @@ std::optional<Replay> replay(const std::string& name, double flops, int64_t work
   return Replay{[=] { kernels::attention_backward(grad, q, k, v, out, lse, causal, scale); }, flops};
 }
 
-// The element-wise rate and the framework's time per op, from a chain of autograd ops on
-// distinct tensors of the byte-weighted median size of the trace's ops without FLOPs (the element-wise
-// share of a step runs at about their size), forward and backward under the op profiler: the
-// ops' own time over their operand bytes, and the rest of the chain's time (autograd,
-// allocation, dispatch) over its ops. The round of the median rate of three (a later round may
+// The element-wise rate and the framework's time per op, from a chain of autograd ops on distinct tensors of the
+// byte-weighted median size of the trace's ops without FLOPs (the element-wise share of a step runs at about their
+// size), forward and backward under the op profiler: the ops' own time over their operand bytes, and the rest of the
+// chain's time (autograd, allocation, dispatch) over its ops. The round of the median rate of three (a later round may
 // find the allocator's pages already touched, an earlier one pays for them).
 std::pair<double, double> elementwise_and_framework(const std::vector<step_trace::Event>& trace, const Timer& timer,
                                                     int64_t working_bytes) {
@@ -214,11 +212,10 @@ fsdp::Link measure_link() {
   return {.latency_seconds = std::max(0.0, (t1 - share * s1 / bandwidth) / (n - 1)), .bytes_per_second = bandwidth};
 }
 
-// How late the ranks of each group size the trace's collectives run on meet (fsdp::Meeting; where
-// ranks share cores, a rank waits for the others' time slices): every rank runs the trace's
-// heaviest GEMM, once or for the longest compute between two of that size's collectives, then
-// all-gathers the median size of those collectives over groups of that size and waits, over
-// and over (the same rounds on every rank; per point the median of three measurements); what a
+// How late the ranks of each group size the trace's collectives run on meet (fsdp::Meeting; where ranks share cores, a
+// rank waits for the others' time slices): every rank runs the trace's heaviest GEMM, once or for the longest compute
+// between two of that size's collectives, then all-gathers the median size of those collectives over groups of that
+// size and waits, over and over (the same rounds on every rank; per point the median of three measurements); what a
 // round takes beyond its GEMMs alone and the link's cost of the all-gather, the ranks' mean.
 std::map<int, fsdp::Meeting> measure_meetings(const std::vector<step_trace::Event>& trace, const fsdp::ComputeRates& rates,
                                               const fsdp::Link& link, const dist::ProcessGroupPtr& world,

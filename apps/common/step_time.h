@@ -1,11 +1,10 @@
-// apps: the step-time model's flags and its calibration on this machine (fsdp/step_time.h).
-// With --step-time the memory plan's meta step is timed too: this machine's rate for each GEMM
-// and attention shape the step runs (replayed on the CPU), the element-wise rate and the time
-// the framework adds per op (a chain of autograd ops of the step's median size); the network is
-// measured on the run's ranks under mpirun (all-gathers of two sizes fitted to the ring's cost),
-// or stated with --network GBPS[,LATENCY_US] (e.g. 100,5; planning N ranks from one process
-// needs it); --tp-network gives the tensor-parallel groups a link of their own (inside a node).
-// Rank 0 prints the predicted step, its parts and tokens per second.
+// apps: the step-time model's flags and its calibration on this machine (fsdp/step_time.h). With --step-time the memory
+// plan's meta step is timed too: this machine's rate for each GEMM and attention shape the step runs (replayed on the
+// CPU), the element-wise rate and the time the framework adds per op (a chain of autograd ops of the step's median
+// size); the network is measured on the run's ranks under mpirun (all-gathers of two sizes fitted to the ring's cost),
+// or stated with --network GBPS[,LATENCY_US] (e.g. 100,5; planning N ranks from one process needs it); --tp-network
+// gives the tensor-parallel groups a link of their own (inside a node). Rank 0 prints the predicted step, its parts and
+// tokens per second.
 #pragma once
 #include <CLI/CLI.hpp>
 #include <cstdio>

@@ -1,10 +1,9 @@
-// apps: stopping cleanly on SIGTERM (what Slurm and mpirun send before killing a job) and SIGINT
-// (Ctrl-C). The handler only records the signal; the training loop finishes its step, the ranks
-// agree on the step to stop after (the stop flags ride in the all-reduce of the step's loss, so
-// it costs no extra collective), a checkpoint is written, and the program exits 128 + signal
-// (143 for SIGTERM, 130 for SIGINT). A SIGINT after the first signal ends the process at once, as
-// the default action would; a SIGTERM after it changes nothing (a launcher passes on the one its job
-// got as well). See docs/CHECKPOINTS.md, "Stopping".
+// apps: stopping cleanly on SIGTERM (what Slurm and mpirun send before killing a job) and SIGINT (Ctrl-C). The handler
+// only records the signal; the training loop finishes its step, the ranks agree on the step to stop after (the stop
+// flags ride in the all-reduce of the step's loss, so it costs no extra collective), a checkpoint is written, and the
+// program exits 128 + signal (143 for SIGTERM, 130 for SIGINT). A SIGINT after the first signal ends the process at
+// once, as the default action would; a SIGTERM after it changes nothing (a launcher passes on the one its job got as
+// well). See docs/CHECKPOINTS.md, "Stopping".
 #pragma once
 #include <string>
 

@@ -45,12 +45,11 @@ inline Tensor loss_of(const LossFn& fn, const Tensor& logits, const Tensor& targ
   return fn ? fn(logits, targets, opts) : cross_entropy(logits, targets, opts);
 }
 
-// One forward and backward of (x, y): the cross-entropy (`loss`, when given) of the logits
-// (flattened to [rows, classes]) against y; the gradient of loss / `parts` is added to the gradients already there.
-// With `positions` defined the model is called with (x, positions).
-// Under `autocast` the forward and the loss run in bf16 autocast. With `target_scale` > 0 the loss
-// is instead the sum of the cross-entropies of the targets that are not -100, times target_scale
-// (a share of a mean over a larger batch). Returns the loss.
+// One forward and backward of (x, y): the cross-entropy (`loss`, when given) of the logits (flattened to [rows,
+// classes]) against y; the gradient of loss / `parts` is added to the gradients already there. With `positions` defined
+// the model is called with (x, positions). Under `autocast` the forward and the loss run in bf16 autocast. With
+// `target_scale` > 0 the loss is instead the sum of the cross-entropies of the targets that are not -100, times
+// target_scale (a share of a mean over a larger batch). Returns the loss.
 Tensor forward_backward(nn::Module& model, const Tensor& x, const Tensor& y, bool autocast, int64_t parts,
                         double target_scale = 0, const Tensor& positions = {}, const LossFn& loss = {});
 
@@ -64,9 +63,8 @@ class TrainingTask {
   // Inputs and targets, on the host: rows [lo, hi) of accumulated batch `micro` of step `step`
   // (0-based: the step about to run). Every rank walks the same global batches.
   virtual Batch batch(int64_t step, int64_t micro, int64_t lo, int64_t hi) = 0;
-  // The targets that carry loss (not -100) in step `step`'s global batch, all micro-batches and
-  // ranks: the loss is then their mean, whichever rows hold them. 0 (the default): the mean of
-  // each micro-batch's mean, all weighing the same.
+  // The targets that carry loss (not -100) in step `step`'s global batch, all micro-batches and ranks: the loss is then
+  // their mean, whichever rows hold them. 0 (the default): the mean of each micro-batch's mean, all weighing the same.
   virtual int64_t step_targets(int64_t /*step*/) { return 0; }
   // Evaluates after `at.step` steps: prints, writes its metrics line and checks the result with
   // `at.nan` (which throws on every rank when it is not finite).

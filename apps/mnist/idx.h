@@ -9,9 +9,8 @@ namespace weft::apps {
 // The largest IDX file (compressed or not) and the largest data it may declare: 4 GiB.
 constexpr uint64_t kMaxIdxBytes = uint64_t(1) << 32;
 
-// Reads an unsigned-byte IDX file (magic 0x0000_08_nd) as a u8 tensor of its dims. Errors
-// name the file and what is wrong: missing, bad magic, unsupported type, truncated data,
-// or bytes left over after the data.
+// Reads an unsigned-byte IDX file (magic 0x0000_08_nd) as a u8 tensor of its dims. Errors name the file and what is
+// wrong: missing, bad magic, unsupported type, truncated data, or bytes left over after the data.
 Tensor read_idx(const std::string& path);
 
 struct MnistSplit {

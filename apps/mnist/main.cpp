@@ -119,12 +119,10 @@ std::pair<Tensor, Tensor> eval_batch(nn::Module& model, const Tensor& x, const T
   return {cross_entropy(logits, y, {.reduction = "sum"}), sum(eq(argmax(logits, 1), y))};
 }
 
-// Test loss and accuracy. Under FSDP each rank evaluates its slice of every batch of 1000 (the
-// forward gathers the parameters and, without gradients, frees them again) and the sums are
-// all-reduced; a batch smaller than the world is evaluated whole on every rank and counted
-// once, so every rank runs the same forwards.
-// With --deterministic each batch goes as the rank's virtual micro-batches, their sums added
-// in one order at any world size.
+// Test loss and accuracy. Under FSDP each rank evaluates its slice of every batch of 1000 (the forward gathers the
+// parameters and, without gradients, frees them again) and the sums are all-reduced; a batch smaller than the world is
+// evaluated whole on every rank and counted once, so every rank runs the same forwards. With --deterministic each batch
+// goes as the rank's virtual micro-batches, their sums added in one order at any world size.
 std::pair<double, double> evaluate(nn::Module& model, const apps::MnistSplit& split, const Ranks& ranks, Device device,
                                    bool autocast, const std::optional<apps::LeafPlan>& leaves) {
   NoGradGuard no_grad;
@@ -177,10 +175,9 @@ std::pair<double, double> evaluate(nn::Module& model, const apps::MnistSplit& sp
   return {loss_sum / double(n), correct / double(n)};
 }
 
-// Checkpoints are fsdp::save_checkpoint directories: every rank writes its own shards, and a run
-// resumes from them at any number of ranks, with or without --fsdp (docs/CHECKPOINTS.md).
-// The training set's size and content (sha256 of its images and labels): a resumed run must
-// draw its batches from the same one.
+// Checkpoints are fsdp::save_checkpoint directories: every rank writes its own shards, and a run resumes from them at
+// any number of ranks, with or without --fsdp (docs/CHECKPOINTS.md). The training set's size and content (sha256 of its
+// images and labels): a resumed run must draw its batches from the same one.
 std::map<std::string, std::string> training_set(const apps::MnistSplit& train) {
   const Tensor images = train.images.contiguous(), labels = train.labels.contiguous();
   const std::string both = sha256_hex(images.data_ptr(), images.nbytes()) + sha256_hex(labels.data_ptr(), labels.nbytes());
@@ -196,10 +193,9 @@ std::map<std::string, std::string> describe(const Options& o, const std::map<std
   return d;
 }
 
-// The checkpoint --load names, checked against the flags: the model, the optimizer and everything
-// that decides the batches (seed, batch size, training set) must be the ones it was written
-// with. --epochs and --steps may change (they say how far to go on), and so may --lr: it
-// replaces the learning rate the optimizer state restores (run() says so).
+// The checkpoint --load names, checked against the flags: the model, the optimizer and everything that decides the
+// batches (seed, batch size, training set) must be the ones it was written with. --epochs and --steps may change (they
+// say how far to go on), and so may --lr: it replaces the learning rate the optimizer state restores (run() says so).
 std::string checkpoint_to_load(const Options& o, const std::map<std::string, std::string>& train_set,
                                int64_t steps_per_epoch, bool say) {
   std::string where = apps::readable_checkpoint(o.load, "mnist", say);
@@ -234,12 +230,11 @@ std::string checkpoint_to_load(const Options& o, const std::map<std::string, std
 
 // ---- FSDP: one group per layer, and full state dicts gathered from the shards.
 
-// fully_shard on every direct child that holds parameters (fc1, fc2, fc3 of the MLP; conv1,
-// conv2, fc1, fc2 of the CNN), then on the root: one all-gather and one reduce-scatter per layer.
-// The model is on the meta device: its shards are allocated and initialised on `device`'s mesh.
-// A memory plan passes its fake `mesh` and each layer's reshard_after_forward (`per_layer`).
-// --mixed-precision bf16 gathers bf16 parameters, computes in bf16 and reduces gradients in f32;
-// the root's output (the logits) comes back in f32 for the loss.
+// fully_shard on every direct child that holds parameters (fc1, fc2, fc3 of the MLP; conv1, conv2, fc1, fc2 of the
+// CNN), then on the root: one all-gather and one reduce-scatter per layer. The model is on the meta device: its shards
+// are allocated and initialised on `device`'s mesh. A memory plan passes its fake `mesh` and each layer's
+// reshard_after_forward (`per_layer`). --mixed-precision bf16 gathers bf16 parameters, computes in bf16 and reduces
+// gradients in f32; the root's output (the logits) comes back in f32 for the loss.
 fsdp::FSDPModule shard_model(const nn::ModulePtr& model, Device device, const Options& o,
                              const std::shared_ptr<dist::DeviceMesh>& mesh = nullptr,
                              const std::vector<bool>& per_layer = {}) {

@@ -471,10 +471,9 @@ void BpeTokenizer::Impl::bpe(std::string_view word, bool bytes, std::vector<int3
   out.insert(out.end(), sym.begin(), sym.end());
 }
 
-// A part under the ByteLevel pre-tokenizer: the prefix space, the regex's pieces (its matches
-// and the text between them), each piece's BPE. `tokenizers` puts ByteLevel's prefix space
-// before each piece it is given that does not start with one: the part when ByteLevel splits
-// with its own regex, but each of the Split's pieces when a Split comes first.
+// A part under the ByteLevel pre-tokenizer: the prefix space, the regex's pieces (its matches and the text between
+// them), each piece's BPE. `tokenizers` puts ByteLevel's prefix space before each piece it is given that does not start
+// with one: the part when ByteLevel splits with its own regex, but each of the Split's pieces when a Split comes first.
 void BpeTokenizer::Impl::byte_level(std::string_view part, std::vector<int32_t>& out) const {
   std::string prefixed;
   if (add_prefix_space && !after_split && !part.empty() && part[0] != ' ') {
@@ -538,11 +537,10 @@ void BpeTokenizer::Impl::encode_part(std::string_view part, bool first, bool con
   }
 }
 
-// Splits `text` at the added tokens of `list` (the leftmost, then the longest), appending their
-// ids and calling part() for the text between them with whether it starts `text`. A token with
-// lstrip or rstrip takes the whitespace before or after it along. `cuts`: where each match starts
-// with that whitespace, unless inside whitespace an rstrip took or in the text's last bytes, where a
-// longer token could match in a longer text (added_cut).
+// Splits `text` at the added tokens of `list` (the leftmost, then the longest), appending their ids and calling part()
+// for the text between them with whether it starts `text`. A token with lstrip or rstrip takes the whitespace before or
+// after it along. `cuts`: where each match starts with that whitespace, unless inside whitespace an rstrip took or in
+// the text's last bytes, where a longer token could match in a longer text (added_cut).
 void BpeTokenizer::Impl::split_added(std::string_view text, const std::vector<AddedToken>& list,
                                      std::vector<int32_t>& out, const std::function<void(std::string_view, bool)>& part,
                                      std::vector<size_t>* cuts) const {
@@ -619,12 +617,11 @@ bool BpeTokenizer::Impl::newline_cut_at(std::string_view text, size_t cut) const
 size_t BpeTokenizer::split_point(std::string_view text, size_t limit) const {
   const Impl& t = *impl_;
   const size_t added = t.added_cut(text, limit);  // before an added token, or (the later) one of the places below
-  // The three patterns end a piece, and start one whatever came before, at a space that follows
-  // a non-space when a letter follows (" word") and at a digit that follows a letter ("ab|12");
-  // an added token holding a space, a letter or a digit could span such a place, one with rstrip
-  // that ends there would take the space, a normalizer other than a Unicode form could change
-  // it, and a prefix space would be put before a digit (unless after a Split, which puts it before the digits' piece
-  // whole or cut).
+  // The three patterns end a piece, and start one whatever came before, at a space that follows a non-space when a
+  // letter follows (" word") and at a digit that follows a letter ("ab|12"); an added token holding a space, a letter
+  // or a digit could span such a place, one with rstrip that ends there would take the space, a normalizer other than a
+  // Unicode form could change it, and a prefix space would be put before a digit (unless after a Split, which puts it
+  // before the digits' piece whole or cut).
   if (t.newline_cuts) {
     for (size_t nl = text.substr(0, std::min(limit, text.size())).rfind('\n'); nl != std::string_view::npos;
          nl = nl == 0 ? std::string_view::npos : text.rfind('\n', nl - 1))

@@ -1,7 +1,6 @@
-// apps/transformer: what a weft-transformer checkpoint's description (its training progress's `app` fields)
-// says of the model: in the checkpoint directories of fsdp::save_checkpoint (every rank writes its own shards;
-// docs/CHECKPOINTS.md) and in single consolidated files (weft-checkpoint consolidate). Resuming, sampling and
-// exporting read them back.
+// apps/transformer: what a weft-transformer checkpoint's description (its training progress's `app` fields) says of the
+// model: in the checkpoint directories of fsdp::save_checkpoint (every rank writes its own shards; docs/CHECKPOINTS.md)
+// and in single consolidated files (weft-checkpoint consolidate). Resuming, sampling and exporting read them back.
 #pragma once
 #include <map>
 #include <string>
@@ -23,9 +22,8 @@ apps::ModelConfig config_of(const std::map<std::string, std::string>& app, const
 // embedding: consolidated files repeat it, and loading one checks that it equals the embedding.
 std::map<std::string, std::string> head_alias(const apps::ModelConfig& cfg);
 
-// A LoRA checkpoint that holds only its adapters names its base (hf_source) and the base's weights'
-// digest: `base`, if given, must be that directory's weights unchanged (`digest`: theirs, if known);
-// empty: the recorded one.
+// A LoRA checkpoint that holds only its adapters names its base (hf_source) and the base's weights' digest: `base`, if
+// given, must be that directory's weights unchanged (`digest`: theirs, if known); empty: the recorded one.
 std::string lora_base(const std::map<std::string, std::string>& app, const std::string& where, std::string base = "",
                       const std::string& known = "");
 

@@ -1,6 +1,5 @@
-// apps/transformer: the commands of weft-transformer, each given its flags as options (main.cpp parses them):
-// train (train_command.cpp), and sample, eval, export-hf and export-peft, which read a trained model
-// (model_commands.cpp).
+// apps/transformer: the commands of weft-transformer, each given its flags as options (main.cpp parses them): train
+// (train_command.cpp), and sample, eval, export-hf and export-peft, which read a trained model (model_commands.cpp).
 #pragma once
 #include <cstdint>
 #include <string>

@@ -4,18 +4,16 @@
 //   {"prompt": P, "completion": C}      BOS P C EOS, the tokens of C and EOS trained
 //   {"messages": [{"role", "content"}, ...]}   rendered by the chat template (chat_template.h),
 //                                       the assistant messages trained
-// and writes, beside the ids of train.tokens / val.tokens, train.labels / val.labels: token files
-// (token_data.h) of one label per token: 1 when the token is a target that carries loss, 0 when
-// not, 2 on the first token of each example (never a target). The whole text of an example is
-// encoded at once; a piece starts at the first token where the encoding of the text before it
-// stops agreeing with the whole (so a token that straddles two pieces belongs to the second).
-// The last val_fraction of the examples are the validation split.
+// and writes, beside the ids of train.tokens / val.tokens, train.labels / val.labels: token files (token_data.h) of one
+// label per token: 1 when the token is a target that carries loss, 0 when not, 2 on the first token of each example
+// (never a target). The whole text of an example is encoded at once; a piece starts at the first token where the
+// encoding of the text before it stops agreeing with the whole (so a token that straddles two pieces belongs to the
+// second). The last val_fraction of the examples are the validation split.
 //
-// Training draws whole examples (ExampleSet): each row of a batch is one example from its start,
-// right-padded to the longest row of the global batch, with target -100 (kIgnoreLabel, as
-// transformers' labels) wherever a token carries no loss; the loss is the mean over the targets
-// that do, over the whole global batch. Packed (--pack), a row holds several examples, each
-// exactly as its own row would (inputs, targets), with positions counting from 0 in each: the
+// Training draws whole examples (ExampleSet): each row of a batch is one example from its start, right-padded to the
+// longest row of the global batch, with target -100 (kIgnoreLabel, as transformers' labels) wherever a token carries no
+// loss; the loss is the mean over the targets that do, over the whole global batch. Packed (--pack), a row holds
+// several examples, each exactly as its own row would (inputs, targets), with positions counting from 0 in each: the
 // model attends within each example only (nn/documents.h).
 #pragma once
 #include <cstdint>
@@ -48,11 +46,10 @@ struct PreparedExamples {
 // is an error naming one of each).
 bool is_jsonl_data(const std::string& data);
 
-// Encodes the JSONL files of `data` with the tokenizer at `tokenizer_path` into `out_dir` as
-// prepare_tokens does, with the .labels files. `eos` ends text and completion records (a token
-// of the tokenizer; "" for none); `special` puts the post-processor's tokens (BOS) around them;
-// `chat_format` names the chat template (empty: recognised from the tokenizer's). A line that is
-// not an object or lacks its fields is an error naming the file and line.
+// Encodes the JSONL files of `data` with the tokenizer at `tokenizer_path` into `out_dir` as prepare_tokens does, with
+// the .labels files. `eos` ends text and completion records (a token of the tokenizer; "" for none); `special` puts the
+// post-processor's tokens (BOS) around them; `chat_format` names the chat template (empty: recognised from the
+// tokenizer's). A line that is not an object or lacks its fields is an error naming the file and line.
 PreparedExamples prepare_examples(const std::string& tokenizer_path, const std::string& data,
                                   const std::string& out_dir, const std::string& eos, double val_fraction,
                                   bool special, const std::string& chat_format);
@@ -62,11 +59,10 @@ struct ExampleRows {
   Tensor x, y, positions;
 };
 
-// The examples of one split (ids and labels of a dataset directory) as a run with context `ctx`
-// sees them: an example longer than ctx + 1 tokens is cut there; one with no target that
-// carries loss in its first ctx + 1 tokens is skipped (counted). With `pack` the units a batch
-// draws are packs: the examples in an order drawn from `seed`, each added to the current pack
-// while its inputs (its length - 1) fit in ctx, else starting the next.
+// The examples of one split (ids and labels of a dataset directory) as a run with context `ctx` sees them: an example
+// longer than ctx + 1 tokens is cut there; one with no target that carries loss in its first ctx + 1 tokens is skipped
+// (counted). With `pack` the units a batch draws are packs: the examples in an order drawn from `seed`, each added to
+// the current pack while its inputs (its length - 1) fit in ctx, else starting the next.
 class ExampleSet {
  public:
   ExampleSet(TokenView ids, TokenView labels, int64_t ctx, const std::string& what, bool pack = false,

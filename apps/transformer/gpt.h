@@ -11,10 +11,9 @@
 
 namespace weft::apps {
 
-// Input: token ids [B, T] (i64, T <= ctx). Output: logits [B, T, vocab_size].
-// When the head is tied there is no lm_head module: the logits use transformer.wte.weight
-// directly, so the weight is one parameter (one FSDP shard, one optimizer state) and the
-// state dict has no separate lm_head.weight.
+// Input: token ids [B, T] (i64, T <= ctx). Output: logits [B, T, vocab_size]. When the head is tied there is no lm_head
+// module: the logits use transformer.wte.weight directly, so the weight is one parameter (one FSDP shard, one optimizer
+// state) and the state dict has no separate lm_head.weight.
 class GPT : public nn::Module, public nn::CausalLM {
  public:
   explicit GPT(const ModelConfig& cfg);

@@ -317,8 +317,7 @@ int main(int argc, char** argv) {
   CLI::App* evc = add_eval_flags(app, ev);
   CLI::App* pe = add_peft_flags(app, px);
   CLI::App* pr = add_prepare_flags(app, p);
-  // A first word that is neither a flag nor a command is named (CLI11 would only say that a
-  // subcommand is required).
+  // A first word that is neither a flag nor a command is named (CLI11 would only say that a subcommand is required).
   const std::string first = argc > 1 ? argv[1] : "";
   if (argc > 1 && first[0] != '-' && first != "train" && first != "sample" && first != "export-hf" &&
       first != "export-peft" && first != "eval" && first != "prepare") {

@@ -1,7 +1,6 @@
-// apps/transformer: the decoder families weft-transformer trains, behind one config and one
-// handle: GPT-2 (apps::GPT: learned positions, LayerNorm, GELU, tied head; nanoGPT's and
-// Hugging Face GPT2LMHeadModel's names) and Llama (nn::Llama: RoPE, RMSNorm, SwiGLU,
-// grouped-query attention, untied head; LlamaForCausalLM's names).
+// apps/transformer: the decoder families weft-transformer trains, behind one config and one handle: GPT-2 (apps::GPT:
+// learned positions, LayerNorm, GELU, tied head; nanoGPT's and Hugging Face GPT2LMHeadModel's names) and Llama
+// (nn::Llama: RoPE, RMSNorm, SwiGLU, grouped-query attention, untied head; LlamaForCausalLM's names).
 #pragma once
 #include <memory>
 #include <string>
@@ -52,8 +51,7 @@ inline void check_ctx_within(int64_t ctx, const ModelConfig& cfg, const std::str
 
 nn::LlamaConfig llama_config(const ModelConfig& cfg);
 
-// A model of either family: the module, its blocks (one FSDP group and one activation
-// checkpoint each) and its config.
+// A model of either family: the module, its blocks (one FSDP group and one activation checkpoint each) and its config.
 struct LanguageModel {
   ModelConfig cfg;
   std::shared_ptr<nn::Module> module;

@@ -32,14 +32,13 @@ namespace weft::apps::transformer {
 
 namespace {
 
-// The model a sample or an export reads: a Hugging Face directory, a checkpoint directory (the
-// latest in it) or one file (weft-checkpoint consolidate's, or any with the same description
-// and the family's names; a tied head's lm_head.weight must equal the embedding). Whole, on the
-// CPU; or, with `shard`, built on the meta device and fully_shard per block and at the root over
-// the world (default options), each rank reading its own shards. In `dtype`: built on the meta
-// device in it, so that bf16 weights are read straight into bf16 parameters (others converted).
-// A NaN or infinity in any parameter throws, naming it: Hugging Face and peft files are checked
-// as they are read (fsdp/external_checkpoint.h), a weft checkpoint after its load.
+// The model a sample or an export reads: a Hugging Face directory, a checkpoint directory (the latest in it) or one
+// file (weft-checkpoint consolidate's, or any with the same description and the family's names; a tied head's
+// lm_head.weight must equal the embedding). Whole, on the CPU; or, with `shard`, built on the meta device and
+// fully_shard per block and at the root over the world (default options), each rank reading its own shards. In `dtype`:
+// built on the meta device in it, so that bf16 weights are read straight into bf16 parameters (others converted). A NaN
+// or infinity in any parameter throws, naming it: Hugging Face and peft files are checked as they are read
+// (fsdp/external_checkpoint.h), a weft checkpoint after its load.
 struct LoadedModel {
   apps::LanguageModel lm;
   std::optional<fsdp::FSDPModule> root;  // with `shard`

@@ -19,12 +19,11 @@ struct PeftAdapter {
 // Whether `dir` holds an adapter_config.json.
 bool is_peft_dir(const std::string& dir);
 
-// Reads adapter_config.json: peft_type LORA, r, lora_alpha, lora_dropout and target_modules (a
-// list; "all-linear", every linear layer of the blocks, leaves the targets empty for
-// lora_targets("", config) to fill). What weft cannot reproduce is an error naming the file and
-// the field: DoRA, rsLoRA, trained biases, modules_to_save, per-module ranks or alphas,
-// layers_to_transform, a regular expression as target_modules; so is a base_model_name_or_path
-// that is not a Hugging Face model directory here.
+// Reads adapter_config.json: peft_type LORA, r, lora_alpha, lora_dropout and target_modules (a list; "all-linear",
+// every linear layer of the blocks, leaves the targets empty for lora_targets("", config) to fill). What weft cannot
+// reproduce is an error naming the file and the field: DoRA, rsLoRA, trained biases, modules_to_save, per-module ranks
+// or alphas, layers_to_transform, a regular expression as target_modules; so is a base_model_name_or_path that is not a
+// Hugging Face model directory here.
 PeftAdapter read_peft_adapter(const std::string& dir);
 
 // Loads the adapter's tensors into `model`'s adapters (added with read_peft_adapter's settings),

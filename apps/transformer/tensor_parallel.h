@@ -1,11 +1,10 @@
-// apps/transformer: --tp N. The world is a (dp, tp) mesh, tp innermost: N consecutive ranks form
-// a tensor-parallel group and train on the same rows of each batch; the world / N groups are
-// data parallel. The model is built whole on every rank (the same seed: the 1-rank run's
-// values), split over its tp group by its family's plan (tp/llama_plan.h, tp/gpt2_plan.h), and
-// then fully_shard over the data-parallel ranks. Llama and the families on it run
-// sequence parallel when every row holds ctx tokens and ctx divides by N, and loss parallel
-// (embedding and head split by vocabulary, the loss over the split logits) when the vocabulary
-// divides by N; GPT-2 splits its blocks (its embeddings and tied head stay whole).
+// apps/transformer: --tp N. The world is a (dp, tp) mesh, tp innermost: N consecutive ranks form a tensor-parallel
+// group and train on the same rows of each batch; the world / N groups are data parallel. The model is built whole on
+// every rank (the same seed: the 1-rank run's values), split over its tp group by its family's plan (tp/llama_plan.h,
+// tp/gpt2_plan.h), and then fully_shard over the data-parallel ranks. Llama and the families on it run sequence
+// parallel when every row holds ctx tokens and ctx divides by N, and loss parallel (embedding and head split by
+// vocabulary, the loss over the split logits) when the vocabulary divides by N; GPT-2 splits its blocks (its embeddings
+// and tied head stay whole).
 #pragma once
 #include <memory>
 #include <string>
@@ -23,9 +22,8 @@ struct TensorParallel {
   bool sequence_parallel = false, loss_parallel = false;
 };
 
-// The layout of `tp` ranks per group for a model of `cfg` whose rows are ctx tokens long
-// (`full_rows`; else they vary, and sequence parallel is off). A collective call on every rank;
-// the world must divide by `tp`.
+// The layout of `tp` ranks per group for a model of `cfg` whose rows are ctx tokens long (`full_rows`; else they vary,
+// and sequence parallel is off). A collective call on every rank; the world must divide by `tp`.
 TensorParallel make_tensor_parallel(const ModelConfig& cfg, int tp, bool full_rows);
 
 // Splits `lm` (materialised, equal on every rank of the group) by its family's plan; throws

@@ -42,9 +42,8 @@ struct TextData {
 // Missing data, or a folder without such files (the error names what it passed over), is an error naming `path`.
 std::vector<std::string> text_files(const std::string& path);
 
-// Reads the text_files of `path`, each whole, concatenated. The last
-// `val_fraction` of the concatenated bytes is the validation part, so the split depends on
-// the data only. Missing data is an error naming where it was looked for.
+// Reads the text_files of `path`, each whole, concatenated. The last `val_fraction` of the concatenated bytes is the
+// validation part, so the split depends on the data only. Missing data is an error naming where it was looked for.
 TextData load_text(const std::string& path, double val_fraction = 0.1);
 
 // The global batch number `index` of `split` (ids [batch, ctx] and targets shifted by one

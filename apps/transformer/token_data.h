@@ -99,15 +99,14 @@ struct PreparedData {
   int64_t files = 0, bytes = 0, train_tokens = 0, val_tokens = 0;
 };
 
-// Encodes the text files of `data` (text_files' order) with the tokenizer at `tokenizer_path`,
-// each between its post-processor's special tokens when `special` (Llama's BOS before it, as
-// `transformers` encodes a text), then `eos` (a token of the tokenizer, or empty for none) after
-// each file, and writes the last `val_fraction` of the tokens as val.tokens, the rest as
-// train.tokens, and the tokenizer as tokenizer.json, into `out_dir` (created; existing dataset
-// files there are replaced, .labels files of an earlier dataset of examples removed). Prints a progress bar with rate and ETA to stderr.
-// Text encoded at once (no place to cut it: BpeTokenizer::split_point) holds
-// about kEncodeBytesPerByte bytes of BPE state a byte: a stretch `memory` (0: MemAvailable)
-// cannot hold is an error naming the file, not an OOM kill.
+// Encodes the text files of `data` (text_files' order) with the tokenizer at `tokenizer_path`, each between its
+// post-processor's special tokens when `special` (Llama's BOS before it, as `transformers` encodes a text), then `eos`
+// (a token of the tokenizer, or empty for none) after each file, and writes the last `val_fraction` of the tokens as
+// val.tokens, the rest as train.tokens, and the tokenizer as tokenizer.json, into `out_dir` (created; existing dataset
+// files there are replaced, .labels files of an earlier dataset of examples removed). Prints a progress bar with rate
+// and ETA to stderr. Text encoded at once (no place to cut it: BpeTokenizer::split_point) holds about
+// kEncodeBytesPerByte bytes of BPE state a byte: a stretch `memory` (0: MemAvailable) cannot hold is an error naming
+// the file, not an OOM kill.
 PreparedData prepare_tokens(const std::string& tokenizer_path, const std::string& data, const std::string& out_dir,
                             const std::string& eos, double val_fraction = 0.1, bool special = true, int64_t memory = 0);
 constexpr int64_t kEncodeBytesPerByte = 40;  // 32 MiB of one GPT-2 "word" peaked at 1.2 GB

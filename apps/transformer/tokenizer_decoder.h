@@ -1,8 +1,7 @@
-// apps/transformer: a tokenizer.json "decoder", turning tokens (their vocabulary strings, or an
-// added token's content) back into text as `tokenizers` does: ByteLevel (each character of the
-// byte-level alphabet is one byte), ByteFallback ("<0xE4>"-style byte tokens), Fuse, Strip,
-// Replace of a String pattern ("▁" -> " "), Metaspace, and a Sequence of these; none joins the
-// tokens with spaces. Another decoder is an error naming its type.
+// apps/transformer: a tokenizer.json "decoder", turning tokens (their vocabulary strings, or an added token's content)
+// back into text as `tokenizers` does: ByteLevel (each character of the byte-level alphabet is one byte), ByteFallback
+// ("<0xE4>"-style byte tokens), Fuse, Strip, Replace of a String pattern ("▁" -> " "), Metaspace, and a Sequence of
+// these; none joins the tokens with spaces. Another decoder is an error naming its type.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -22,11 +21,10 @@ class TokenizerDecoder {
   // Reads the decoder at `f` (null: none).
   explicit TokenizerDecoder(const TokenizerField& f);
 
-  // The text of `tokens`. lossy: bytes that do not form UTF-8 are replaced by U+FFFD as each
-  // decoder replaces them (ByteLevel: one per maximal ill-formed part; ByteFallback: one per
-  // byte); otherwise they are kept (a stream printed token by token forms its characters at the
-  // reader). at_start: tokens[0] is the text's first token (Strip and Metaspace remove the
-  // space the encoder put before it); a continuation is neither the text's start nor its end.
+  // The text of `tokens`. lossy: bytes that do not form UTF-8 are replaced by U+FFFD as each decoder replaces them
+  // (ByteLevel: one per maximal ill-formed part; ByteFallback: one per byte); otherwise they are kept (a stream printed
+  // token by token forms its characters at the reader). at_start: tokens[0] is the text's first token (Strip and
+  // Metaspace remove the space the encoder put before it); a continuation is neither the text's start nor its end.
   std::string operator()(std::vector<std::string> tokens, bool lossy, bool at_start) const;
 
  private:

@@ -23,9 +23,8 @@ class TokenizerNormalizer {
   // Whether a text cut after a "\n" normalizes part by part as it does whole, the second part continuing: no
   // Replace pattern holds a "\n" (the Unicode forms leave a "\n" and what follows it apart).
   bool keeps_newlines() const;
-  // Whether it changes a text only within runs of non-ASCII characters and their neighbours
-  // (none, or Unicode forms only), so that a text cut between ASCII letters, digits and spaces
-  // normalizes part by part as it does whole.
+  // Whether it changes a text only within runs of non-ASCII characters and their neighbours (none, or Unicode forms
+  // only), so that a text cut between ASCII letters, digits and spaces normalizes part by part as it does whole.
   bool local() const;
 
  private:

@@ -1,7 +1,6 @@
-// apps/transformer: `weft-transformer train`: a decoder (GPT-2 or Llama) trained on text or a prepared dataset, in
-// one process or, with --fsdp, sharded over the ranks mpirun starts (one FSDP group per block, then the root), from
-// scratch or from a Hugging Face checkpoint (--init-from), with LoRA adapters (--lora-rank); the loop is
-// apps/common's Trainer.
+// apps/transformer: `weft-transformer train`: a decoder (GPT-2 or Llama) trained on text or a prepared dataset, in one
+// process or, with --fsdp, sharded over the ranks mpirun starts (one FSDP group per block, then the root), from scratch
+// or from a Hugging Face checkpoint (--init-from), with LoRA adapters (--lora-rank); the loop is apps/common's Trainer.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -82,11 +81,10 @@ std::vector<nn::ModulePtr> lora_modules(nn::Module& block) {
   return out;
 }
 
-// --reshard-after-forward applies to the blocks; the root keeps FSDP2's default (its
-// parameters are needed again at once by backward). Under bf16 mixed precision parameters are
-// gathered and used in bf16, gradients reduced in f32, and the logits come out in f32 for the loss.
-// The model is on the meta device: its shards are allocated and initialised on `device`'s mesh,
-// or on `mesh` when given (a memory plan's). `per_block`, when given, is each block's
+// --reshard-after-forward applies to the blocks; the root keeps FSDP2's default (its parameters are needed again at
+// once by backward). Under bf16 mixed precision parameters are gathered and used in bf16, gradients reduced in f32, and
+// the logits come out in f32 for the loss. The model is on the meta device: its shards are allocated and initialised on
+// `device`'s mesh, or on `mesh` when given (a memory plan's). `per_block`, when given, is each block's
 // reshard_after_forward (a memory plan's choice) in place of --reshard-after-forward.
 fsdp::FSDPModule shard_model(const apps::LanguageModel& model, const TrainOptions& o, Device device,
                              const std::shared_ptr<dist::DeviceMesh>& mesh = nullptr,
@@ -134,10 +132,9 @@ std::vector<std::string> decayed_names(const nn::Module& model) {
   return out;
 }
 
-// The rows a planned step trains and evaluates on. Text's hold ctx tokens. A dataset of examples
-// pads each batch to its longest row, so the peak is reached at the batch holding the longest
-// unit: the plan's rows are that long, and packed, each holds that unit's documents
-// (docs/MEMORY_SCALING.md, "Rows of examples").
+// The rows a planned step trains and evaluates on. Text's hold ctx tokens. A dataset of examples pads each batch to its
+// longest row, so the peak is reached at the batch holding the longest unit: the plan's rows are that long, and packed,
+// each holds that unit's documents (docs/MEMORY_SCALING.md, "Rows of examples").
 struct PlannedRows {
   int64_t train = 0, val = 0;
   std::vector<int64_t> documents;  // packed: the inputs of each document of a training row
@@ -249,10 +246,9 @@ struct Run {
   apps::TensorParallel tp;                   // --tp (size 1: none)
 };
 
-// Mean validation loss over `iters` fixed batches (the same ones at every evaluation and any
-// world size); each rank evaluates its rows and the means are averaged over ranks.
-// With --deterministic each batch goes as the rank's virtual micro-batches, their losses
-// averaged in one order at any world size. A dataset of examples: the mean over the targets
+// Mean validation loss over `iters` fixed batches (the same ones at every evaluation and any world size); each rank
+// evaluates its rows and the means are averaged over ranks. With --deterministic each batch goes as the rank's virtual
+// micro-batches, their losses averaged in one order at any world size. A dataset of examples: the mean over the targets
 // that carry loss of all those batches.
 double validation_loss(nn::Module& model, const Run& run, const TrainOptions& o, const Ranks& ranks,
                 const std::optional<apps::LeafPlan>& leaves) {
@@ -476,10 +472,9 @@ void check_lora_base(const std::map<std::string, std::string>& app, const TrainO
   lora_base(app, where, o.init_from, o.base_digest);  // hashed once, by validate(), when the flags ask for LoRA
 }
 
-// --resume: the latest checkpoint in the directory, checked against the flags. The batches:
-// another seed, batch size, accumulation or text would continue on another data stream than the
-// checkpoint's position means. (--lr, --warmup and --steps take effect: the schedule is
-// recomputed from them at the checkpoint's step; docs/CHECKPOINTS.md.)
+// --resume: the latest checkpoint in the directory, checked against the flags. The batches: another seed, batch size,
+// accumulation or text would continue on another data stream than the checkpoint's position means. (--lr, --warmup and
+// --steps take effect: the schedule is recomputed from them at the checkpoint's step; docs/CHECKPOINTS.md.)
 void find_resume(const TrainOptions& o, Run& run, bool say) {
   const std::string& where = run.resume_from = apps::readable_checkpoint(o.resume, "transformer", say);
   WEFT_CHECK(!where.empty(), "transformer: no checkpoint to resume in {} (no index.json there and no complete "
@@ -523,11 +518,10 @@ void find_resume(const TrainOptions& o, Run& run, bool say) {
     apps::data_position(ck.data, "batch", ck.step * o.grad_accum, ck.step * o.grad_accum, where, "transformer");
 }
 
-// The memory plan (when asked), then the same full model on every rank: under --fsdp deferred,
-// on the meta device (init_model records its rules there too; fully_shard then initialises only
-// this rank's shards, bitwise the eager build's values). --init-from draws nothing: its weights
-// replace every parameter (load_init_weights).
-// --tp builds it whole (materialised), to be split over its group before sharding.
+// The memory plan (when asked), then the same full model on every rank: under --fsdp deferred, on the meta device
+// (init_model records its rules there too; fully_shard then initialises only this rank's shards, bitwise the eager
+// build's values). --init-from draws nothing: its weights replace every parameter (load_init_weights). --tp builds it
+// whole (materialised), to be split over its group before sharding.
 void build_model(TrainOptions& o, const Ranks& ranks, Run& run) {
   reset_peak_memory_stats(run.device);
   run.start_bytes = memory_stats(run.device).live_bytes;
