@@ -38,9 +38,16 @@ Tensor reduce_over(const std::vector<ProcessGroupPtr>& groups, Tensor t, ReduceO
 }  // namespace
 
 void agree_on_error(std::exception_ptr error, std::string_view what, const std::vector<ProcessGroupPtr>& groups) {
+  if (error) try {
+      std::rethrow_exception(error);
+    } catch (const AgreedError& e) {
+      if (e.everywhere) throw;
+    } catch (...) {
+    }
   std::vector<ProcessGroupPtr> active;
+  bool everywhere = false;  // an agreement over the world: every rank knows its outcome
   for (auto& g : groups)
-    if (g && g->size() > 1) active.push_back(g);
+    if (g && g->size() > 1) active.push_back(g), everywhere |= g->size() == world_size();
   int failed_rank = error ? (is_initialized() ? rank() : 0) : -1;
   std::string message = error ? message_of(error) : "";
   if (!active.empty()) {
@@ -60,7 +67,7 @@ void agree_on_error(std::exception_ptr error, std::string_view what, const std::
     if (!error)
       throw AgreedError(fmt::format("{} failed on another rank (rank {}: {})", what, failed_rank,
                                     std::string(chars, strnlen(chars, kMessageBytes))),
-                        failed_rank);
+                        failed_rank, everywhere);
   }
   if (!error) return;
   try {
@@ -68,7 +75,7 @@ void agree_on_error(std::exception_ptr error, std::string_view what, const std::
   } catch (const AgreedError&) {
     throw;
   } catch (...) {
-    throw AgreedError(message, failed_rank);
+    throw AgreedError(message, failed_rank, everywhere);
   }
 }
 

@@ -22,15 +22,19 @@ namespace weft::dist {
 // A failure every rank of an agreement knows about. The rank that failed keeps its own message;
 // the others say "<what> failed on another rank (rank K: <rank K's message>)".
 struct AgreedError : Error {
-  AgreedError(const std::string& message, int failed_rank) : Error(message), failed_rank(failed_rank) {}
+  AgreedError(const std::string& message, int failed_rank, bool everywhere = false)
+      : Error(message), failed_rank(failed_rank), everywhere(everywhere) {}
   int failed_rank;  // the lowest world rank that failed
+  // Every rank of the world throws it (an exchange over the world found it): agree_on_error passes it on with no
+  // collective, as the others may already be past theirs (a mismatch the collective check found in their agreement).
+  bool everywhere;
 };
 
 // Every rank of `groups` calls it with its own outcome (null: no error). `groups` together span the ranks taking part:
 // one group, or a DeviceMesh's groups (each is reduced over in turn). Null groups and groups of one are skipped, so a
 // process alone needs no dist::init(). Returns when no rank failed; otherwise throws AgreedError on every rank: a
 // failed rank its own message (an AgreedError passes through unchanged), the others naming the lowest failed rank and
-// its message. One all-reduce per group when all went well, two when a rank failed.
+// its message. One all-reduce per group when all went well, two when a rank failed; none for an AgreedError everywhere.
 void agree_on_error(std::exception_ptr error, std::string_view what, const std::vector<ProcessGroupPtr>& groups);
 
 // Runs `work` on this rank, then agree_on_error on its outcome.

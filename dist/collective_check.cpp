@@ -87,7 +87,7 @@ void compare_calls(MPI_Comm comm, const std::vector<int>& world_ranks, const Col
                   "in the same order. All calls:{}",
                   debug_mode() ? " (WEFT_DIST_DEBUG)" : "", info.group, size, who(0), undescribe(all[0], info).call(),
                   who(first_bad), undescribe(all[size_t(first_bad)], info).call(), calls),
-      world_ranks[size_t(first_bad)]);
+      world_ranks[size_t(first_bad)], size == world_size());
 }
 
 }  // namespace weft::dist::detail

@@ -82,7 +82,7 @@ void check_same_config(const ConfigSettings& settings, std::string_view program,
   if (count_lo[0] != count_hi[0])
     throw AgreedError(fmt::format("{}the ranks passed between {} and {} settings to compare{}", head, count_lo[0],
                                   count_hi[0], tail),
-                      group->world_ranks().at(0));
+                      group->world_ranks().at(0), group->size() == world_size());
 
   std::vector<int64_t> hashes;
   for (auto& [name, value] : settings) hashes.push_back(hash_of(name, value));
@@ -130,7 +130,8 @@ void check_same_config(const ConfigSettings& settings, std::string_view program,
     listed += fmt::format("{} on {}", value_of(groups[i].first), rank_list(groups[i].second));
   }
   const int differing = groups.size() > 1 ? groups[1].second.front() : 0;
-  throw AgreedError(fmt::format("{}{} is {}{}", head, flag, listed, tail), group->world_ranks().at(differing));
+  throw AgreedError(fmt::format("{}{} is {}{}", head, flag, listed, tail), group->world_ranks().at(differing),
+                    group->size() == world_size());
 }
 
 }  // namespace weft::dist

@@ -112,7 +112,7 @@ void start_mpi() {
       throw AgreedError(fmt::format("dist::init: {} differs between ranks (on for some, off for others; this rank: "
                                     "{}); give every rank the same environment (mpirun -x {})",
                                     name, (i == 0 ? bool(s.debug) : bool(s.check)) ? "on" : "off", name),
-                        s.rank);
+                        s.rank, true);
     }
   detail::flight_start();
   detail::start_comm_thread(s.local_size);

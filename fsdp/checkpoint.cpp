@@ -314,6 +314,8 @@ std::string save_checkpoint(const std::string& dir, nn::Module& model, const nn:
   std::string sha(64, '0');
   dist::agree(sc.groups(), fmt::format("checkpoint: writing checkpoint {}", final_dir.string()), [&] {
     if (!sc.writer()) return;
+    WEFT_CHECK(WEFT_FS(fs::is_directory(tmp)), "save_checkpoint: {}, which rank 0 made, is not there on this rank: every "
+               "rank must see the same checkpoint directory (a directory local to each host is not)", tmp.string());
     const int index = sc.file_of(sc.shard, sc.part);
     const std::string file = (tmp / checkpoint_shard_file(index)).string();
     NamedTensors pieces;
@@ -333,7 +335,15 @@ std::string save_checkpoint(const std::string& dir, nn::Module& model, const nn:
 
   dist::agree(sc.groups(), fmt::format("checkpoint: publishing checkpoint {}", final_dir.string()), [&] {
     if (!sc.lead()) return;
-    const std::string text = checkpoint_index_json(index_of(sd, sc, state, aliases, records));
+    const CheckpointIndex ix = index_of(sd, sc, state, aliases, records);
+    for (const auto& f : ix.files) {  // a rank that wrote into another directory (one not shared with this rank)
+      std::error_code ec;
+      const uintmax_t size = fs::file_size(tmp / f.name, ec);
+      WEFT_CHECK(!ec && size == f.bytes, "save_checkpoint: {} is {} in {} ({} bytes written): every rank must see the "
+                 "same checkpoint directory (a directory local to each host is not); nothing was published", f.name,
+                 ec ? "missing" : fmt::format("{} bytes", size), tmp.string(), f.bytes);
+    }
+    const std::string text = checkpoint_index_json(ix);
     const std::string index_path = (tmp / kCheckpointIndexFile).string();
     write_file_atomic(index_path, [&](std::FILE* f) {
       WEFT_CHECK(std::fwrite(text.data(), 1, text.size(), f) == text.size(), "save_checkpoint: writing {} failed: {}",

@@ -2,6 +2,8 @@
 // communication, full state dicts against the single-process model, the optimizer's state by
 // name, checkpoints resharded N -> M for every pair of shard counts the world allows,
 // consolidation, exact resume, retention, and clear errors for corrupt or foreign checkpoints.
+#include <sched.h>
+#include <sys/mount.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -887,6 +889,38 @@ TEST_CASE("a checkpoint directory has one writer: a second claim names the holde
 
 // A parameter with no rows has no pieces in the index (nothing to write); the reader takes that as the tiling of its
 // 0 indices (it had refused such a checkpoint at every world size, the one that wrote it too).
+TEST_CASE("a save whose ranks see the directory apart (a disk local to each host) publishes nothing, on every rank") {
+  if (dist::world_size() == 1) return;  // one rank sees one directory
+  const fs::path dir = shared_dir("apart"), other = shared_dir("apart_other");
+  // The last rank has `other` mounted over `dir` in a mount namespace of its own (root only; else skipped, said).
+  const bool last = dist::rank() == dist::world_size() - 1;
+  Tensor ok = from_vector({1.0}, {1}, {.dtype = kFloat64});
+  if (last && (::unshare(CLONE_NEWNS) != 0 || ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+               ::mount(other.c_str(), dir.c_str(), nullptr, MS_BIND, nullptr) != 0))
+    ok.fill_(0.0);
+  dist::world()->all_reduce(ok, dist::ReduceOp::min)->wait();
+  if (ok.item() == 0) {
+    WARN("not run: the last rank cannot mount a directory over another in a namespace of its own (needs root)");
+    return;
+  }
+  auto [m, root] = make_sharded<UnevenMLP>(2);
+  CHECK_THROWS_WITH(fsdp::save_checkpoint(dir.string(), *m, nullptr, &root, {.step = 1}),
+                    Catch::Contains(".tmp-step_00000001, which rank 0 made, is not there on this rank: every rank must "
+                                    "see the same checkpoint directory"));
+  // With a leftover of a killed save in the last rank's own directory, it had published the index beside rank 0's
+  // file alone and returned (weft-checkpoint verify: a file missing).
+  if (last) fs::create_directories(dir / ".tmp-step_00000001");
+  barrier();
+  CHECK_THROWS_WITH(fsdp::save_checkpoint(dir.string(), *m, nullptr, &root, {.step = 1}),
+                    Catch::Contains("is missing in") && Catch::Contains("every rank must see the same checkpoint "
+                                                                           "directory") &&
+                        Catch::Contains("nothing was published"));
+  barrier();
+  CHECK(!fs::exists(dir / "step_00000001"));
+  if (last) CHECK(::umount(dir.c_str()) == 0);
+  barrier();
+}
+
 TEST_CASE("a checkpoint of a model with a 0-row parameter loads back") {
   fs::path dir = shared_dir("zero_rows");
   auto make = [] {

@@ -58,6 +58,12 @@ void add_plan_flags(CLI::App& cmd, PlanFlags& f) {
   add_step_time_flags(cmd, f.step_time);
 }
 
+dist::ConfigSettings plan_settings(const PlanFlags& f) {
+  return {{"--plan", f.plan ? "true" : "false"}, {"--plan-ranks", std::to_string(f.ranks)}, {"--memory-budget", f.budget},
+          {"--step-time", f.step_time.wanted ? "true" : "false"}, {"--network", f.step_time.network},
+          {"--tp-network", f.step_time.tp_network}};
+}
+
 std::string ranks_text(const PlanFlags& f, int world) {
   if (f.ranks > 0) return fmt::format("the {} rank{} of --plan-ranks (weft-plan's --ranks)", f.ranks, f.ranks == 1 ? "" : "s");
   if (world > 1) return fmt::format("the {} ranks of mpirun", world);

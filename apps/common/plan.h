@@ -26,6 +26,9 @@ struct PlanFlags {
 };
 
 void add_plan_flags(CLI::App& cmd, PlanFlags& flags);
+// The plan flags every rank must share (dist::check_same_config): --step-time and its networks change which
+// collectives a rank issues (a rank measuring the network alone waited in them till the timeout).
+dist::ConfigSettings plan_settings(const PlanFlags& flags);
 
 // The ranks a run plans for or has, for messages: "the 4 ranks of --plan-ranks (weft-plan's --ranks)",
 // "the 2 ranks of mpirun", or "the 1 rank of this process (...how to plan for more)".

@@ -1,13 +1,34 @@
 #include "apps/common/ranks.h"
 
+#include <CLI/CLI.hpp>
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 
+#include "core/atomic_file.h"
 #include "core/tensor.h"
 #include "core/trace.h"
 #include "dist/agree.h"
 
 namespace weft::apps {
+
+namespace {
+
+int launched_processes() {
+  const char* n = std::getenv("OMPI_COMM_WORLD_SIZE");
+  return n ? std::atoi(n) : 1;
+}
+
+// A process of a launch of several joins the others: MPI, then whether each was asked for --help.
+void join_launch(const std::string& program, bool help) {
+  dist::init();
+  dist::check_same_config({{"--help", help ? "true" : "false"}}, program);
+}
+
+}  // namespace
 
 std::vector<dist::ProcessGroupPtr> Ranks::groups() const {
   if (!fsdp) return {};
@@ -15,13 +36,12 @@ std::vector<dist::ProcessGroupPtr> Ranks::groups() const {
 }
 
 Ranks start_ranks(const std::string& program, bool fsdp, dist::ConfigSettings launch, const dist::ConfigSettings& shared) {
-  const char* n = std::getenv("OMPI_COMM_WORLD_SIZE");
-  const int launched = n ? std::atoi(n) : 1;
+  const int launched = launched_processes();
   if (!fsdp && launched <= 1) {
     trace::check_writable();
     return {};
   }
-  dist::init();
+  join_launch(program, false);
   launch.insert(launch.begin(), {"--fsdp", fsdp ? "true" : "false"});
   dist::check_same_config(launch, program);  // before any other collective
   if (!fsdp) {
@@ -37,10 +57,24 @@ Ranks start_ranks(const std::string& program, bool fsdp, dist::ConfigSettings la
   return ranks;
 }
 
+std::optional<int> parse_launched(CLI::App& app, int argc, char** argv, const std::string& program) {
+  try {
+    app.parse(argc, argv);
+    return std::nullopt;
+  } catch (const CLI::Success& help) {  // --help: only rank 0 prints it
+    if (launched_processes() <= 1) return app.exit(help);
+    return dist::run_program(program, [&] {
+      join_launch(program, true);
+      return dist::rank() == 0 ? app.exit(help) : 0;
+    });
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+}
+
 void start_alone(const std::string& program, const std::string& command) {
-  const char* n = std::getenv("OMPI_COMM_WORLD_SIZE");
-  if (n && std::atoi(n) > 1) {  // after the launch check, so that a rank given another command or --fsdp names it
-    dist::init();
+  if (const int n = launched_processes(); n > 1) {  // after the launch check, so that a rank given another command
+    join_launch(program, false);                     // or --fsdp names it
     dist::check_same_config({{"--fsdp", "false"}, {"command", command}}, program);
     WEFT_ERROR("{}: {}{} runs in one process, and mpirun started {}: run it without mpirun", error_prefix(program),
                command, command == "sample" ? " without --fsdp" : "", n);
@@ -53,6 +87,26 @@ void check_same_data(const std::map<std::string, std::string>& read, const Ranks
   for (const auto& [part, value] : read) named.emplace_back("the data's " + part, value);
   if (ranks.fsdp) dist::check_same_config(named, program, nullptr, "every rank must read the same data: the path "
                                           "holds other files on some rank's host");
+}
+
+void check_shared_dir(const std::string& dir, const std::string& flag, const Ranks& ranks, const std::string& program) {
+  if (!ranks.fsdp || dir.empty()) return;
+  const std::string probe = (std::filesystem::path(dir) / ".ranks-probe").string();
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  dist::agree(ranks.groups(), program, [&] {
+    if (ranks.lead())
+      write_file_atomic(probe, [&](std::FILE* f) { std::fputs(fmt::format("host {}, pid {}", host, ::getpid()).c_str(), f); });
+  });
+  std::string seen = "no file";
+  dist::agree(ranks.groups(), program, [&] {  // every rank reads it before rank 0 removes it
+    std::ifstream in(probe);
+    if (in) seen = "rank 0's file, " + std::string(std::istreambuf_iterator<char>(in), {});
+  });
+  std::error_code ec;
+  if (ranks.lead()) std::filesystem::remove(probe, ec);
+  dist::check_same_config({{"what " + flag + " holds", seen}}, program, nullptr, "every rank must see the same "
+                          "checkpoint directory: one local to each host would leave each checkpoint some ranks' files only");
 }
 
 double mean_over_ranks(double local, const Ranks& ranks) {

@@ -70,7 +70,7 @@ using apps::mean_over_ranks;
 // mpirun every rank must get the same ones (not --threads, --metrics or --device, which are the
 // rank's own). --save as an absolute path: a rank saving elsewhere is refused now, not at the first save.
 dist::ConfigSettings shared_settings(const Options& o) {
-  return {{"--model", o.model},
+  dist::ConfigSettings s = {{"--model", o.model},
           {"--epochs", fmt::format("{}", o.epochs)},
           {"--batch-size", fmt::format("{}", o.batch_size)},
           {"--lr", fmt::format("{}", o.lr)},
@@ -89,9 +89,9 @@ dist::ConfigSettings shared_settings(const Options& o) {
           {"--mixed-precision", o.mixed_precision},
           {"--on-nan", o.on_nan},
           {"--max-skipped-steps", fmt::format("{}", o.max_skipped)},
-          {"--plan", o.plan.plan ? "true" : "false"},
-          {"--plan-ranks", std::to_string(o.plan.ranks)},
-          {"--memory-budget", o.plan.budget}};
+          {"--overwrite-checkpoints", o.overwrite_checkpoints ? "true" : "false"}};
+  for (auto& setting : apps::plan_settings(o.plan)) s.push_back(setting);
+  return s;
 }
 
 std::unique_ptr<nn::Optimizer> make_optimizer(const Options& o, std::vector<Tensor> params) {
@@ -195,7 +195,7 @@ std::map<std::string, std::string> describe(const Options& o, const std::map<std
 
 // The checkpoint --load names, checked against the flags: the model, the optimizer and everything that decides the
 // batches (seed, batch size, training set) must be the ones it was written with. --epochs and --steps may change (they
-// say how far to go on), and so may --lr: it replaces the learning rate the optimizer state restores (run() says so).
+// say where to stop), and so may --lr: it replaces the learning rate the optimizer state restores (run() says so).
 std::string checkpoint_to_load(const Options& o, const std::map<std::string, std::string>& train_set,
                                int64_t steps_per_epoch, bool say) {
   std::string where = apps::readable_checkpoint(o.load, "mnist", say);
@@ -225,6 +225,9 @@ std::string checkpoint_to_load(const Options& o, const std::map<std::string, std
   const int64_t batch = apps::data_position(ck.data, "batch", 0, steps_per_epoch - 1, where, "mnist");
   WEFT_CHECK(epoch * steps_per_epoch + batch == ck.step, "mnist: {}: data position epoch {} batch {} is not step {} "
              "at {} steps per epoch", where, epoch, batch, ck.step, steps_per_epoch);
+  // The run's last step, as weft-transformer's: a restart with the same flags (weft-elastic) ends where one run would.
+  WEFT_CHECK(o.steps == 0 || ck.step <= o.steps, "mnist: {} is at step {}, beyond --steps {} (the step to stop at, "
+             "counted from the run's start): raise --steps to go on", where, ck.step, o.steps);
   return where;
 }
 
@@ -428,6 +431,7 @@ int run(const Options& o, const Ranks& ranks) {
   auto read = run.train_set;
   if (ranks.fsdp) read["test_sha256"] = training_set(run.data.test).at("train_sha256");  // its images and labels
   apps::check_same_data(read, ranks, "weft-mnist");
+  apps::check_shared_dir(o.save, "--save", ranks, "weft-mnist");
   const int64_t n_params = apps::count_parameters(*run.model);
   std::optional<fsdp::FSDPModule> root;
   if (ranks.fsdp) root = shard_model(run.model, run.device, o, nullptr, run.per_layer);
@@ -445,7 +449,7 @@ int run(const Options& o, const Ranks& ranks) {
   }
   print_run(o, run, ranks, n_params, root.has_value());
   int64_t end = o.epochs * run.steps_per_epoch;
-  if (o.steps > 0) end = std::min(end, trainer.step() + o.steps);
+  if (o.steps > 0) end = std::min(end, o.steps);
   if (const int status = trainer.run(end); status != 0) return status;
   apps::report_peak_memory("weft-mnist", run.device, run.start_bytes, ranks, run.plan);
   return 0;
@@ -479,7 +483,8 @@ int main(int argc, char** argv) {
                "another run wrote to --save (removed at its first save)")->needs(save);
   app.add_option("--load,--resume", o.load, "resume from the latest checkpoint in DIR (written at any number of ranks)")
       ->check(CLI::ExistingDirectory);
-  app.add_option("--steps", o.steps, "stop after N more optimizer steps (0, the default: run all of --epochs)")->check(apps::cli::integer(0, int64_t(1) << 40));
+  app.add_option("--steps", o.steps, "stop at optimizer step N, counted from the run's start also after --load (0, the "
+                 "default: run all of --epochs)")->check(apps::cli::integer(0, int64_t(1) << 40));
   app.add_option("--data", o.data, "directory with {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]")->capture_default_str();
   app.add_option("--log-every", o.log_every, "steps between metrics lines")->check(apps::cli::integer(1, int64_t(1) << 40))->capture_default_str();
   app.add_option("--device", o.device, "cpu, cuda (this rank's GPU) or cuda:N: where the model and batches live")
@@ -511,7 +516,7 @@ int main(int argc, char** argv) {
       "  index; --load reads it at any number of ranks, with or without --fsdp (each rank reads the\n"
       "  pieces of its slice), so the directory must be visible to all of them.\n"
       "  Set OMP_NUM_THREADS or --threads so that ranks x threads fits the cores.");
-  CLI11_PARSE(app, argc, argv);
+  if (const auto rc = apps::parse_launched(app, argc, argv, "weft-mnist")) return *rc;
   return dist::run_program("weft-mnist", [&] {
     WEFT_CHECK(max_skipped->count() == 0 || o.on_nan == "skip", "mnist: --max-skipped-steps applies to --on-nan skip "
                "only (--on-nan is {})", o.on_nan);

@@ -325,7 +325,7 @@ int main(int argc, char** argv) {
                  "export-peft and prepare; see --help)\n", argv[1]);
     return 2;
   }
-  CLI11_PARSE(app, argc, argv);
+  if (const auto rc = apps::parse_launched(app, argc, argv, "weft-transformer")) return *rc;
   note_given_sampling(s, *sa);
   t.checkpointing = t.ac_full ? nn::Checkpointing::full : nn::parse_checkpointing(t.ac.empty() ? "none" : t.ac, "--ac");
   if (t.model.arch == "llama") t.untie = t.untie || !t.tie;  // Llama's head is untied by default

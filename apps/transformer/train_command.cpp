@@ -695,7 +695,7 @@ void load_init_weights(const TrainOptions& o, const Run& run, const Ranks& ranks
 
 dist::ConfigSettings shared_settings(const TrainOptions& o) {
   auto num = [](auto v) { return fmt::format("{}", v); };
-  return {{"--arch", o.model.arch},
+  dist::ConfigSettings s = {{"--arch", o.model.arch},
           {"--n-kv-head", num(o.model.n_kv_head)},
           {"--ffn-dim", num(o.model.ffn_dim)},
           {"--rope-theta", num(o.model.rope_theta)},
@@ -714,7 +714,7 @@ dist::ConfigSettings shared_settings(const TrainOptions& o) {
           {"--base-dtype", o.base_dtype},
           {"--steps", num(o.steps)},
           {"--lr", num(o.lr)},
-          {"--warmup", num(o.warmup)},
+          {"--warmup", o.warmup < 0 ? "(default)" : num(o.warmup)},
           {"--weight-decay", num(o.weight_decay)},
           {"--lr-schedule", o.lr_schedule},
           {"--min-lr", num(o.min_lr)},
@@ -737,18 +737,18 @@ dist::ConfigSettings shared_settings(const TrainOptions& o) {
           {"--fsdp", o.fsdp ? "true" : "false"},
           {"--tp", num(o.tp)},
           {"--ac", nn::checkpointing_name(o.checkpointing)},
-          {"--reshard-after-forward", o.reshard_after_forward},
+          {"--reshard-after-forward", o.reshard_after_forward.empty() ? "(default)" : o.reshard_after_forward},
           {"--sharding-strategy", o.sharding_strategy},
           {"--mixed-precision", o.mixed_precision},
           {"--on-nan", o.on_nan},
           {"--max-skipped-steps", num(o.max_skipped)},
-          {"--plan", o.plan.plan ? "true" : "false"},
-          {"--plan-ranks", std::to_string(o.plan.ranks)},
-          {"--memory-budget", o.plan.budget},
+          {"--overwrite-checkpoints", o.overwrite_checkpoints ? "true" : "false"},
           {"--lora-rank", num(o.lora.rank)},
           {"--lora-alpha", num(o.lora.alpha)},
           {"--lora-dropout", num(o.lora.dropout)},
           {"--lora-targets", o.lora_targets}};
+  for (auto& setting : apps::plan_settings(o.plan)) s.push_back(setting);
+  return s;
 }
 
 int train(TrainOptions o, const Ranks& ranks) {
@@ -758,6 +758,7 @@ int train(TrainOptions o, const Ranks& ranks) {
   auto read = run.train_text;
   if (ranks.fsdp) read["val_sha256"] = sha256_hex(run.data.val.p, size_t(run.data.val.n * run.data.val.width));
   apps::check_same_data(read, ranks, "weft-transformer");
+  apps::check_shared_dir(o.checkpoint_dir, "--checkpoint-dir", ranks, "weft-transformer");
   nn::Module& model = *run.lm.module;
   const int64_t n_params = apps::count_parameters(model);
   int64_t n_trainable = 0;  // the adapters under LoRA (never tied)

@@ -73,8 +73,8 @@ within "$(loss_at "$tmp/x41.jsonl" 10)" "$a10" 1e-5 0 "step-10 loss resumed 4 ->
 m=(--seed 3 --batch-size 64 --threads 1 --log-every 10 --data "$(mnist_small 1000)")
 run "$mnist" "${m[@]}" --steps 30 --metrics "$tmp/m.jsonl" >/dev/null 2>&1
 mp 2 "$mnist" --fsdp "${m[@]}" --steps 10 --save "$tmp/mck" >/dev/null 2>"$tmp/err" || fail "mnist save: $(cat "$tmp/err")"
-run "$mnist" "${m[@]}" --steps 10 --load "$tmp/mck" --save "$tmp/mck" --metrics "$tmp/m1.jsonl" >/dev/null 2>&1
-mp 4 "$mnist" --fsdp "${m[@]}" --steps 10 --resume "$tmp/mck" --metrics "$tmp/m4.jsonl" >/dev/null 2>"$tmp/err" ||
+run "$mnist" "${m[@]}" --steps 20 --load "$tmp/mck" --save "$tmp/mck" --metrics "$tmp/m1.jsonl" >/dev/null 2>&1
+mp 4 "$mnist" --fsdp "${m[@]}" --steps 30 --resume "$tmp/mck" --metrics "$tmp/m4.jsonl" >/dev/null 2>"$tmp/err" ||
   fail "mnist 1 -> 4: $(cat "$tmp/err")"
 within "$(loss_at "$tmp/m1.jsonl" 20)" "$(loss_at "$tmp/m.jsonl" 20)" 1e-5 0 "mnist step-20 loss resumed 2 -> 1"
 within "$(loss_at "$tmp/m4.jsonl" 30)" "$(loss_at "$tmp/m.jsonl" 30)" 1e-5 0 "mnist step-30 loss resumed 1 -> 4"

@@ -77,6 +77,43 @@ grep -q -- "--deterministic is true on rank 0, false on rank 1" "$tmp/transforme
   fail "--deterministic on rank 0 only: $(cat "$tmp/transformer_det.out")"
 expect_mismatch transformer_clip_np4 --clip 4 2 2 -- "$transformer" "${t[@]}" --steps 2 -- "$transformer" "${t[@]}" --steps 2 --clip 0.5
 
+# --help on one rank: it joins the others, and every rank names it (it had exited unjoined, leaving the others in
+# MPI_Init for ever); --step-time on one rank changes its collectives (the others waited in theirs till the timeout).
+expect_mismatch mnist_help --help 2 1 1 -- "$mnist" "${m[@]}" --batch-size 16 -- "$mnist" "${m[@]}" --batch-size 16 --help
+expect_mismatch transformer_help --help 2 1 1 -- "$transformer" "${t[@]}" --steps 2 --help -- "$transformer" "${t[@]}" --steps 2
+grep -q -- "--help is true on rank 0, false on rank 1" "$tmp/transformer_help.out" ||
+  fail "--help on rank 0 only: $(cat "$tmp/transformer_help.out")"
+expect_mismatch transformer_step_time --step-time 2 1 1 -- "$transformer" "${t[@]}" --steps 2 --memory-budget 1G -- \
+  "$transformer" "${t[@]}" --steps 2 --memory-budget 1G --step-time
+expect_mismatch mnist_overwrite --overwrite-checkpoints 2 1 1 -- "$mnist" "${m[@]}" --batch-size 16 --save "$tmp/so" \
+  --overwrite-checkpoints -- "$mnist" "${m[@]}" --batch-size 16 --save "$tmp/so"
+# --help on every rank prints it once and succeeds.
+mpmd 1 1 -- "$mnist" --help -- "$mnist" --help >"$tmp/help.out" 2>&1 || fail "--help on every rank: $(cat "$tmp/help.out")"
+[ "$(grep -c '^Usage' "$tmp/help.out")" = 1 ] || fail "--help on every rank: not printed once: $(cat "$tmp/help.out")"
+
+# A checkpoint directory each rank sees apart (rank 1 has another directory mounted over the path, as a disk local to
+# each host) is refused before training, on every rank: the run had trained to the end, then failed at the first
+# save, keeping nothing. Needs a mount namespace of its own (unshare -m: root); else said and skipped.
+if unshare -m --propagation private true 2>/dev/null; then
+  mkdir -p "$tmp/ck_a" "$tmp/ck_b"
+  apart=(unshare -m --propagation private bash -c 'mount --bind "$1" "$2" && shift 2 && exec "$@"' _ "$tmp/ck_b" "$tmp/ck_a")
+  for app in mnist transformer; do
+    if [ $app = mnist ]; then a=("$mnist" "${m[@]}" --batch-size 16 --save "$tmp/ck_a"); else
+      a=("$transformer" "${t[@]}" --steps 2 --checkpoint-dir "$tmp/ck_a"); fi
+    rc=0
+    mpmd 1 1 -- "${a[@]}" -- "${apart[@]}" "${a[@]}" >"$tmp/apart.out" 2>&1 || rc=$?
+    [ "$rc" != 0 ] && [ "$rc" != 124 ] || fail "$app: a directory each rank sees apart (rc $rc): $(cat "$tmp/apart.out")"
+    for r in 0 1; do
+      grep -q "error on rank $r: .*what --.* holds is rank 0's file, host .* on rank 0, no file on rank 1 (every rank must see the same checkpoint directory" \
+        "$tmp/apart.out" || fail "$app: rank $r does not name the directory: $(cat "$tmp/apart.out")"
+    done
+    ! grep -q "^step 2\|train 2/2" "$tmp/apart.out" || fail "$app: trained before refusing: $(cat "$tmp/apart.out")"
+    [ -z "$(ls -A "$tmp/ck_b")" ] && ! ls -A "$tmp/ck_a" | grep -q probe || fail "$app: the probe file was left"
+  done
+else
+  echo "config_agree: the node-local directory case not run: unshare -m cannot make a mount namespace here (needs root)"
+fi
+
 # Control: the same MPMD launch with agreeing flags trains at 2 ranks (once per app).
 mpmd 1 1 -- "$mnist" "${m[@]}" --batch-size 16 --lr 0.1 -- "$mnist" "${m[@]}" --batch-size 16 --lr 0.1 >"$tmp/ok.out" 2>&1 ||
   fail "mnist with agreeing flags: $(cat "$tmp/ok.out")"

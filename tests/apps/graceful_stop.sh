@@ -115,7 +115,7 @@ k=$(grep -Eo "^weft-mnist: stopping after step [0-9]+ on SIGINT; checkpoint writ
     grep -Eo "step [0-9]+" | cut -d' ' -f2 || true)
 [ -n "$k" ] || fail "mnist SIGINT: no stop message: $(cat "$tmp/err")"
 [ "$k" -lt $M ] || fail "mnist: the run ended (step $k) before the signal: make it longer"
-"$mnist" "${m[@]}" --steps $((M - k)) --save "$tmp/mi" --resume "$tmp/mi" >"$tmp/mr.out" 2>"$tmp/err" ||
+"$mnist" "${m[@]}" --steps $M --save "$tmp/mi" --resume "$tmp/mi" >"$tmp/mr.out" 2>"$tmp/err" ||
   fail "mnist resume: $(cat "$tmp/err")"
 cmp -s "$tmp/mu.out" "$tmp/mr.out" || fail "mnist after SIGINT and resume: $(cat "$tmp/mr.out"), uninterrupted $(cat "$tmp/mu.out")"
 consolidated "$tmp/mu" "$tmp/mu.safetensors"

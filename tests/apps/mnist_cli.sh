@@ -40,7 +40,12 @@ done
 common=(--seed 3 --batch-size 64 --threads 1 --data "$(mnist_small 1000)")
 "$exe" "${common[@]}" --steps 30 --log-every 10 --metrics "$tmp/a.jsonl" >/dev/null 2>&1
 "$exe" "${common[@]}" --steps 20 --log-every 10 --metrics "$tmp/b.jsonl" --save "$tmp/ck" >/dev/null 2>&1
-"$exe" "${common[@]}" --steps 10 --log-every 10 --metrics "$tmp/b.jsonl" --load "$tmp/ck" >/dev/null 2>&1
+"$exe" "${common[@]}" --steps 30 --log-every 10 --metrics "$tmp/b.jsonl" --load "$tmp/ck" >/dev/null 2>&1
+# --steps is the step to stop at, also after --load (it had counted more steps: a restart with the same flags, as
+# weft-elastic makes, trained past the uninterrupted run's end); a checkpoint past it is refused.
+if "$exe" "${common[@]}" --steps 10 --load "$tmp/ck" >/dev/null 2>"$tmp/err"; then fail "--steps 10 from step 20 ran"; fi
+grep -q "is at step 20, beyond --steps 10 (the step to stop at, counted from the run's start): raise --steps" \
+  "$tmp/err" || fail "--steps below the checkpoint's step: $(cat "$tmp/err")"
 
 for f in a b; do
   for key in '"step":' '"loss":' '"lr":' '"samples_per_s":'; do
