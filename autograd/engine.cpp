@@ -19,16 +19,11 @@ struct BackwardState {
 };
 thread_local BackwardState* g_current = nullptr;
 
-// A shape without its size-1 dims: a gradient that differs from its input only in those is the same values.
-Shape without_ones(Shape s) {
-  std::erase(s, int64_t(1));
-  return s;
-}
-
 // Gradient arriving at `node`'s input slot i: made to match the forward output's dtype and device, and checked for
 // shape (only size-1 dims may differ), so a wrong backward formula fails loudly here instead of being reshaped.
 Tensor validate_grad(const std::string& from, const Node& to, uint32_t slot, Tensor g) {
   const GradMeta& m = to.output_meta.at(slot);
+  auto without_ones = [](Shape s) { std::erase(s, int64_t(1)); return s; };
   if (g.shape() != m.shape) {
     WEFT_CHECK(without_ones(g.shape()) == without_ones(m.shape),
                "backward: {} returned a gradient of shape {} for an input of shape {}",

@@ -59,7 +59,10 @@ TensorList AccumulateGrad::apply(TensorList&& grad_outputs) {
     if (MemoryOwner::wanted() && meta.grad.numel() > 0)  // named for memory reports and plans
       allocator_for(meta.grad.device()).label(meta.grad.storage()->data_or_null(), "gradients");
   } else {
-    kernels::add_(meta.grad, g);
+    bool expanded = false;  // a gradient set as an expanded view (set_grad) takes no sum in place
+    for (int64_t d = 0; d < meta.grad.dim(); ++d) expanded |= meta.grad.stride(d) == 0 && meta.grad.size(d) > 1;
+    if (expanded) meta.grad = kernels::binary(kernels::BinaryOp::add, meta.grad, g);
+    else kernels::add_(meta.grad, g);
   }
   for (auto& hook : meta.post_accumulate_grad_hooks) hook(leaf_);
   return {};

@@ -197,6 +197,13 @@ TEST_CASE("tensor hooks fire in backward order and may replace gradients") {
                                            Catch::Contains("returned f32[3, 2] on cpu for its gradient f32[2, 3]"));
 }
 
+TEST_CASE("a gradient set as an expanded view takes the next backward's sum out of place, as PyTorch") {
+  Tensor x = zeros({2}).set_requires_grad();
+  x.set_grad(ones({1}).expand({2}));  // add_ into it had failed naming neither x nor its gradient
+  sum(x * from_vector({2, 3}, {2})).backward();
+  CHECK(vec(x.grad()) == std::vector<double>{3, 4});
+}
+
 TEST_CASE("retain_grad keeps a non-leaf gradient") {
   Tensor x = ones({2}).set_requires_grad();
   Tensor h = x * 4.0;

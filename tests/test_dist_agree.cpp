@@ -100,6 +100,7 @@ TEST_CASE("agree: an AgreedError from a nested agreement passes through unchange
 TEST_CASE("agree: a collective only one rank's work issues stops every rank with the check's message, no hang") {
   // The others meet it in the agreement's own all-reduce: each rank throws the collective check's error, the last from
   // its work, which it had carried into an all-reduce no one else would join (till the collective timeout).
+  if (world_size() == 1) return;  // no other rank to disagree with
   std::string message = agreed_message({world()}, [&] {
     if (rank() == world_size() - 1) world()->all_reduce(zeros({3}, {.dtype = kInt64}))->wait();
   });

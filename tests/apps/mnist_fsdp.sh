@@ -29,13 +29,13 @@ for np in 2 4; do
   [ "$(grep -c test_accuracy "$tmp/out")" = 1 ] || fail "--fsdp at $np ranks: not exactly one rank printed: $(cat "$tmp/out")"
 done
 
-# Resume: 10 steps at 2 ranks with --save, then 10 more from the checkpoint at 4 ranks and alone.
-half=(--log-every 10 --seed 3 --batch-size 64 --threads 1 --steps 10 --data "$small")
-run "${launch[@]}" -np 2 "$mnist" --fsdp "${half[@]}" --save "$tmp/ck" >/dev/null 2>"$tmp/err" ||
+# Resume: 10 steps at 2 ranks with --save, then on to step 20 from the checkpoint at 4 ranks and alone.
+half=(--log-every 10 --seed 3 --batch-size 64 --threads 1 --data "$small")
+run "${launch[@]}" -np 2 "$mnist" --fsdp "${half[@]}" --steps 10 --save "$tmp/ck" >/dev/null 2>"$tmp/err" ||
   fail "--save at 2 ranks: $(cat "$tmp/err")"
-run "${launch[@]}" -np 4 "$mnist" --fsdp "${half[@]}" --load "$tmp/ck" --metrics "$tmp/resumed4.jsonl" \
+run "${launch[@]}" -np 4 "$mnist" --fsdp "${half[@]}" --steps 20 --load "$tmp/ck" --metrics "$tmp/resumed4.jsonl" \
   >/dev/null 2>"$tmp/err" || fail "--load at 4 ranks: $(cat "$tmp/err")"
-run "$mnist" "${half[@]}" --load "$tmp/ck" --metrics "$tmp/resumed1.jsonl" >/dev/null 2>"$tmp/err" ||
+run "$mnist" "${half[@]}" --steps 20 --load "$tmp/ck" --metrics "$tmp/resumed1.jsonl" >/dev/null 2>"$tmp/err" ||
   fail "--load of an FSDP checkpoint in one process: $(cat "$tmp/err")"
 
 accuracy_of() { grep '"split":"test"' "$1" | grep -o '"accuracy":[^,}]*' | cut -d: -f2 || true; }
