@@ -1,7 +1,7 @@
 // cuda/: layer norm over rows of [rows, n], forward and backward, and RMS norm (mean
 // null: nothing centred, no bias). One block per row
-// computes the statistics two-pass (the mean summed in f64, then the centred sum of squares in
-// the arithmetic type), as the CPU does. The weight and bias gradients sum over rows: one block per 32
+// computes the statistics two-pass (the mean, then the centred sums, corrected for the mean's
+// rounding) in the arithmetic type, as the CPU does. The weight and bias gradients sum over rows: one block per 32
 // columns with 8 row lanes, each lane summing every 8th row and the lanes combined in a fixed
 // order, so the result is deterministic and needs no atomics.
 #include "cuda/block_reduce.cuh"
@@ -16,21 +16,26 @@ __global__ void layer_norm_forward(const T* __restrict__ x, const T* __restrict_
                                    acc_t<T>* __restrict__ mean, acc_t<T>* __restrict__ rstd) {
   using A = acc_t<T>;
   __shared__ A scratch[32];
-  __shared__ double scratch64[32];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = x + r * n;
     T* yr = y + r * n;
-    double s = 0;  // the mean summed in f64, as on the CPU: a row of equal values has its value as mean
+    A s = 0;
     if (mean)
-      for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += double(load(xr[i]));
-    const A mu = mean ? A(block_sum(s, scratch64) / double(n)) : A(0);
-    A sq = 0;
+      for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += load(xr[i]);
+    A mu = mean ? block_sum(s, scratch) / A(n) : A(0);
+    A sq = 0, dev = 0;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
       const A d = load(xr[i]) - mu;
       sq += d * d;
+      dev += d;
     }
-    const A total = block_sum(sq, scratch);  // past the type's range: NaN, as on the CPU
-    const A rs = isinf(total) ? A(NAN) : A(1) / sqrt_acc(total / A(n) + eps);
+    A total = block_sum(sq, scratch);
+    const A dev_total = block_sum(dev, scratch);
+    if (mean && !isinf(total)) {  // the first mean's rounding taken out, as on the CPU: equal values give 0
+      total = fmax(A(0), total - dev_total * dev_total / A(n));
+      mu += dev_total / A(n);
+    }
+    const A rs = isinf(total) ? A(NAN) : A(1) / sqrt_acc(total / A(n) + eps);  // past the type's range: NaN
     if (threadIdx.x == 0) {
       if (mean) mean[r] = mu;
       rstd[r] = rs;

@@ -1,7 +1,8 @@
 // kernels/cpu: layer norm over rows of [rows, n], and RMS norm (no mean: nothing centred, no bias). Statistics are
-// two-pass (the mean summed in f64, then the centred sum of squares in the accumulation type); rows go
+// two-pass (the mean, then the centred sums, corrected for the mean's rounding) in the accumulation type; rows go
 // to threads. The backward keeps one dweight/dbias partial per chunk of rows and adds them in chunk order, so results
 // do not depend on scheduling or on the thread count.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -27,14 +28,21 @@ void forward_typed(const Tensor& x, const Tensor& weight, const Tensor& bias, do
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = px + r * n;
     T* yr = py + r * n;
-    double sum = 0;  // f64, exact for f32 rows: a row of equal values has its value as mean (f32 sums were an ulp
-    if (pm) {        // off, and with a small eps such a row normalised to +-1, not 0)
+    A sum = 0;
+    if (pm) {
 #pragma omp simd reduction(+ : sum)
-      for (int64_t i = 0; i < n; ++i) sum += double(xr[i]);
+      for (int64_t i = 0; i < n; ++i) sum += A(xr[i]);
     }
-    A mu = A(sum / double(n)), sq = 0;
-#pragma omp simd reduction(+ : sq)
-    for (int64_t i = 0; i < n; ++i) sq += (A(xr[i]) - mu) * (A(xr[i]) - mu);
+    A mu = sum / A(n), sq = 0, dev = 0;
+#pragma omp simd reduction(+ : sq, dev)
+    for (int64_t i = 0; i < n; ++i) {
+      const A d = A(xr[i]) - mu;
+      sq += d * d, dev += d;
+    }
+    if (pm && !std::isinf(sq)) {  // the first mean's rounding taken out (Chan, Golub and LeVeque): a row of equal
+      sq = std::max(A(0), sq - dev * dev / A(n));  // values has its value as mean, 0 as variance (an ulp off, with a
+      mu += dev / A(n);                             // small eps such a row had normalised to +-1, not 0)
+    }
     // a variance past the type's range is NaN, as PyTorch's (1 / sqrt(inf) made the row 0, silently)
     A rs = std::isinf(sq) ? std::numeric_limits<A>::quiet_NaN() : A(1) / std::sqrt(sq / A(n) + A(eps));
     if (pm) pm[r] = mu;
