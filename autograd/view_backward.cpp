@@ -69,7 +69,11 @@ void record_view(const Tensor& base, Tensor& out, const weft::detail::ViewReplay
   }
   WEFT_CHECK(base.is_contiguous(), "as_strided: gradients need a contiguous base, got {}", tensor_desc(base));
   Shape shape = out.shape(), strides = out.strides();
-  int64_t rel = out.offset() - base.offset();
+  int64_t rel = out.offset() - base.offset(), last = rel;  // the first and last elements' offsets in the base
+  for (size_t i = 0; i < shape.size(); ++i) last += shape[i] > 0 ? (shape[i] - 1) * strides[i] : 0;
+  WEFT_CHECK(out.numel() == 0 || (rel >= 0 && last < base.numel()), "as_strided: the view reaches offsets {} to {} of "
+             "its base {}, outside its {} elements: their gradients would have no place (view the whole tensor)", rel,
+             last, tensor_desc(base), base.numel());
   record("AsStridedBackward", {base}, {out}, [=](const TensorList& g) -> TensorList {
     // Each element's offset in the base, its gradient summed there: windows may overlap (a sliding window's).
     const TensorOptions i64{.dtype = kInt64, .device = g[0].device()};

@@ -181,6 +181,12 @@ TEST_CASE("gradcheck: cat, stack and views") {
   Tensor c = arange(0, 4, 1, {.dtype = kFloat64}).set_requires_grad();
   sum(c.as_strided({3, 2}, {1, 1}, 0)).backward();
   CHECK(to_vector(c.grad()) == std::vector<double>{1, 2, 2, 1});
+  // A window outside its base (storage offset 0 of a view that starts at 5) is refused where it is taken, naming it
+  // (its backward had failed in index_add, naming index -5).
+  Tensor d = arange(0, 10, 1, {.dtype = kFloat64}).set_requires_grad();
+  CHECK_THROWS_WITH(d.narrow(0, 5, 5).as_strided({3}, {1}, 0),
+                    Catch::Contains("as_strided: the view reaches offsets -5 to -3 of its base f64[5]") &&
+                        Catch::Contains("outside its 5 elements"));
 }
 
 TEST_CASE("gradcheck: dropout with a fixed mask") {
