@@ -1,8 +1,7 @@
-// nn: packed rows. Several documents (fine-tuning examples) packed into one sequence each stay a
-// causal sequence of their own: positions count from 0 at each document's first token, as
-// Hugging Face's position_ids of packed examples do, and no token attends to another document's.
-// A model called with (ids, positions) hands the layout to its attention layers
-// (DocumentAttention), which then attend document by document.
+// nn: packed rows. Several documents (fine-tuning examples) packed into one sequence each stay a causal sequence of
+// their own: positions count from 0 at each document's first token, as Hugging Face's position_ids of packed examples
+// do, and no token attends to another document's. A model called with (ids, positions) hands the layout to its
+// attention layers (DocumentAttention), which then attend document by document.
 #pragma once
 #include <functional>
 #include <memory>

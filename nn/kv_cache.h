@@ -57,11 +57,10 @@ class CachedAttention {
   virtual Tensor forward_cached(const Tensor& x, LayerCache& cache) = 0;
 };
 
-// Appends k, v [B, Hkv, T, E] to `cache` and attends q [B, H, T, E] to every cached position
-// (causal among the T new ones, which must then start an empty cache, when T > 1); a rope that
-// is on (its theta and scaling; the positions are the cache's) rotates q and the keys by their
-// positions. Returns [B, T, H * Ev], the heads concatenated as an output projection reads them.
-// No dropout; no gradient reaches the cache.
+// Appends k, v [B, Hkv, T, E] to `cache` and attends q [B, H, T, E] to every cached position (causal among the T new
+// ones, which must then start an empty cache, when T > 1); a rope that is on (its theta and scaling; the positions are
+// the cache's) rotates q and the keys by their positions. Returns [B, T, H * Ev], the heads concatenated as an output
+// projection reads them. No dropout; no gradient reaches the cache.
 Tensor attend_cached(const Tensor& q, const Tensor& k, const Tensor& v, LayerCache& cache,
                      const kernels::Rope& rope = {});
 

@@ -90,8 +90,7 @@ class LlamaBlock : public PreNormBlock {
 // each document rotated from position 0 and attending within itself.
 class Llama : public Module, public CausalLM {
  public:
-  // `make_block` builds each block (a family with its own attention passes its own; default
-  // LlamaBlock(cfg)).
+  // `make_block` builds each block (a family with its own attention passes its own; default LlamaBlock(cfg)).
   using BlockMaker = std::function<std::shared_ptr<LlamaBlock>(const LlamaConfig&)>;
   explicit Llama(const LlamaConfig& cfg, const BlockMaker& make_block = nullptr);
   Tensor forward(const Tensor& idx) override;
@@ -113,10 +112,9 @@ class Llama : public Module, public CausalLM {
   Tensor logits(const Tensor& x) override;  // the final norm and the head
 };
 
-// Hugging Face's initialisation (initializer_range 0.02): N(0, 0.02) for every Linear and
-// Embedding weight, except o_proj and down_proj, the residual projections, at
-// N(0, 0.02 / sqrt(2 n_layer)) as GPT-2's; RMSNorm weights 1, biases 0. From the default generator, in
-// parameter order.
+// Hugging Face's initialisation (initializer_range 0.02): N(0, 0.02) for every Linear and Embedding weight, except
+// o_proj and down_proj, the residual projections, at N(0, 0.02 / sqrt(2 n_layer)) as GPT-2's; RMSNorm weights 1, biases
+// 0. From the default generator, in parameter order.
 void init_llama(Llama& model);
 
 }  // namespace weft::nn

@@ -116,8 +116,7 @@ class Module : public std::enable_shared_from_this<Module> {
   // layers' slots) sees the new dtype/device.
   Module& to(DType dtype);
   Module& to(Device device);
-  // fn(module) on every module of the tree once, children before their parent, self last (like
-  // nn.Module.apply).
+  // fn(module) on every module of the tree once, children before their parent, self last (like nn.Module.apply).
   Module& apply(const std::function<void(Module&)>& fn);
   void zero_grad(bool set_to_none = true);
 

@@ -1,9 +1,8 @@
-// nn: optimizers. Each holds parameter groups (tensors + options) and per-parameter state;
-// step() updates parameters in place from their .grad() without recording a graph, with
-// PyTorch's update formulas and operation order (single-tensor path), so results agree to
-// float rounding. State dicts are flat lists of named tensors that round-trip through
-// safetensors: "state.<i>.<name>" for parameter i (in group order) and
-// "param_groups.<g>.<option>" as 0-dim f64 tensors.
+// nn: optimizers. Each holds parameter groups (tensors + options) and per-parameter state; step() updates parameters in
+// place from their .grad() without recording a graph, with PyTorch's update formulas and operation order (single-tensor
+// path), so results agree to float rounding. State dicts are flat lists of named tensors that round-trip through
+// safetensors: "state.<i>.<name>" for parameter i (in group order) and "param_groups.<g>.<option>" as 0-dim f64
+// tensors.
 #pragma once
 #include <map>
 #include <memory>
@@ -69,9 +68,8 @@ class Optimizer {
   // without momentum); empty: any.
   virtual std::vector<std::string> state_names() const { return {}; }
   size_t checked_group(size_t group) const;
-  // Throws if a parameter was replaced in its module after this optimizer was built (e.g. by
-  // fsdp::fully_shard): stepping it would train a tensor the model no longer uses. Each step()
-  // calls it first.
+  // Throws if a parameter was replaced in its module after this optimizer was built (e.g. by fsdp::fully_shard):
+  // stepping it would train a tensor the model no longer uses. Each step() calls it first.
   void check_params() const;
   // Per-parameter state (e.g. "exp_avg"), created lazily by step().
   std::map<std::string, Tensor>& state_of(const Tensor& param);

@@ -1,7 +1,6 @@
-// nn: Qwen3's decoder (Hugging Face's Qwen3ForCausalLM): Llama's blocks, names and rotary
-// embeddings with an RMSNorm over each head of q and of k (self_attn.q_norm, self_attn.k_norm,
-// [head_dim] weights), applied after the projections and before the rotation; head_dim is
-// explicit in its configs (128, not hidden / heads).
+// nn: Qwen3's decoder (Hugging Face's Qwen3ForCausalLM): Llama's blocks, names and rotary embeddings with an RMSNorm
+// over each head of q and of k (self_attn.q_norm, self_attn.k_norm, [head_dim] weights), applied after the projections
+// and before the rotation; head_dim is explicit in its configs (128, not hidden / heads).
 #pragma once
 #include "llama.h"
 

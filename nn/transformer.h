@@ -1,6 +1,5 @@
-// nn: transformer building blocks with nanoGPT's layout and parameter names, so checkpoints
-// map one to one: attn.c_attn (fused q, k, v: [3d, d]), attn.c_proj, mlp.c_fc, mlp.c_proj,
-// ln_1, ln_2.
+// nn: transformer building blocks with nanoGPT's layout and parameter names, so checkpoints map one to one: attn.c_attn
+// (fused q, k, v: [3d, d]), attn.c_proj, mlp.c_fc, mlp.c_proj, ln_1, ln_2.
 #pragma once
 #include "documents.h"
 #include "kv_cache.h"

@@ -6,13 +6,12 @@
 //   scatter_to_parallel       this rank's block        | all-gather of the gradient
 //   gather_sequence_parallel  all-gather along dim     | reduce-scatter of the gradient
 //   reduce_scatter_parallel   reduce-scatter along dim | all-gather of the gradient
-// A column-parallel layer's input passes copy_to_parallel (each rank's part of the output
-// contributes a part of the input's gradient); a row-parallel layer's output passes
-// reduce_from_parallel (each rank holds a partial sum). With the sequence split between them
-// (sequence parallel) the pair becomes gather_sequence_parallel and reduce_scatter_parallel on
-// the sequence dim. Blocks are rank order along `dim`, whose size must divide by the ranks
-// (scattered, reduce-scattered). Issued from the calling thread and waited for before they
-// return; every rank of `group` calls them in the same order.
+// A column-parallel layer's input passes copy_to_parallel (each rank's part of the output contributes a part of the
+// input's gradient); a row-parallel layer's output passes reduce_from_parallel (each rank holds a partial sum). With
+// the sequence split between them (sequence parallel) the pair becomes gather_sequence_parallel and
+// reduce_scatter_parallel on the sequence dim. Blocks are rank order along `dim`, whose size must divide by the ranks
+// (scattered, reduce-scattered). Issued from the calling thread and waited for before they return; every rank of
+// `group` calls them in the same order.
 #pragma once
 #include "../core/tensor.h"
 #include "../dist/process_group.h"

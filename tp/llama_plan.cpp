@@ -10,8 +10,7 @@ namespace {
 
 ParallelPlan block_plan(const LlamaPlan& plan) {
   const bool sp = plan.sequence_parallel;
-  // The attention's and the MLP's input is gathered (or its gradient summed) once for all the
-  // colwise layers inside.
+  // The attention's and the MLP's input is gathered (or its gradient summed) once for all the colwise layers inside.
   const Style inputs{.input = sp ? Comm::gather_sequence : Comm::copy};
   const Style outputs{Weights::rowwise, Comm::none, sp ? Comm::reduce_scatter : Comm::reduce};
   const Style cols{Weights::colwise};

@@ -1,16 +1,14 @@
-// tp: Megatron's split of the Llama decoder (nn/llama.h) and of the families built on it
-// (Qwen2's q/k/v biases, Qwen3's per-head norms, Mistral) over a tensor-parallel group of P
-// ranks. In every block q_proj, k_proj, v_proj, gate_proj and up_proj are colwise and o_proj and
-// down_proj rowwise (tp/parallel_style.h): each rank computes n_head / P query heads, n_kv_head / P
-// key/value heads (grouping kept: rank r's query heads read rank r's key/value heads) and
-// ffn / P of SwiGLU's width, with one all-reduce after the attention and one after the MLP in
-// forward, and one each before them in backward.
+// tp: Megatron's split of the Llama decoder (nn/llama.h) and of the families built on it (Qwen2's q/k/v biases, Qwen3's
+// per-head norms, Mistral) over a tensor-parallel group of P ranks. In every block q_proj, k_proj, v_proj, gate_proj
+// and up_proj are colwise and o_proj and down_proj rowwise (tp/parallel_style.h): each rank computes n_head / P query
+// heads, n_kv_head / P key/value heads (grouping kept: rank r's query heads read rank r's key/value heads) and ffn / P
+// of SwiGLU's width, with one all-reduce after the attention and one after the MLP in forward, and one each before them
+// in backward.
 //
-// The embedding, the norms and the head stay whole on every rank (unless loss_parallel): their
-// inputs and the gradients reaching them are equal on every rank, so are their gradients.
-// Qwen3's head norms apply to this rank's heads: their gradients are summed over the group
-// (sum_gradients). Attention dropout draws, for this rank's heads, the masks of the whole
-// probabilities (each attention's dropout_block): a run with dropout is the 1-rank run's.
+// The embedding, the norms and the head stay whole on every rank (unless loss_parallel): their inputs and the gradients
+// reaching them are equal on every rank, so are their gradients. Qwen3's head norms apply to this rank's heads: their
+// gradients are summed over the group (sum_gradients). Attention dropout draws, for this rank's heads, the masks of the
+// whole probabilities (each attention's dropout_block): a run with dropout is the 1-rank run's.
 #pragma once
 #include "../dist/process_group.h"
 #include "../nn/llama.h"
@@ -18,9 +16,8 @@
 namespace weft::tp {
 
 struct LlamaPlan {
-  // Loss parallel: the embedding split by vocabulary rows, the head too (colwise by vocabulary,
-  // or tied to the split embedding); the model's logits are then this rank's vocabulary
-  // columns, for tp::vocab_parallel_cross_entropy.
+  // Loss parallel: the embedding split by vocabulary rows, the head too (colwise by vocabulary, or tied to the split
+  // embedding); the model's logits are then this rank's vocabulary columns, for tp::vocab_parallel_cross_entropy.
   bool loss_parallel = false;
   // Sequence parallel: between the blocks' attention and MLP, the residual stream and the norms
   // hold this rank's block of the sequence (1/P of the activations there): the attention's and

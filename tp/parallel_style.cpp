@@ -24,9 +24,8 @@ using nn::TensorList;
 
 namespace {
 
-// This rank's `n / size` slice of `t` along `dim` (of each of `chunks` equal blocks along it,
-// joined), a new parameter with t's requires_grad whose norms (nn::clip_grad_norm_) total over
-// the group ([Note: partial reductions]).
+// This rank's `n / size` slice of `t` along `dim` (of each of `chunks` equal blocks along it, joined), a new parameter
+// with t's requires_grad whose norms (nn::clip_grad_norm_) total over the group ([Note: partial reductions]).
 Tensor slice_of(const Tensor& t, int64_t dim, const dist::ProcessGroupPtr& group, int64_t chunks = 1) {
   const int64_t block = t.size(dim) / chunks, n = block / group->size();
   std::vector<Tensor> parts;
@@ -88,8 +87,7 @@ void check(nn::Module& m, const Style& style, const dist::ProcessGroupPtr& group
   }
 }
 
-// Ids outside this rank's rows look up row 0, then are zeroed (`hit` carries the mask from the
-// pre-hook to the hook).
+// Ids outside this rank's rows look up row 0, then are zeroed (`hit` carries the mask from the pre-hook to the hook).
 void split_vocab(nn::Embedding& e, const dist::ProcessGroupPtr& group) {
   const int64_t total = e.num_embeddings, n = total / group->size(), first = group->rank() * n;
   e.weight = slice_of(e.weight, 0, group);

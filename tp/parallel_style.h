@@ -48,11 +48,10 @@ struct Style {
 inline Style colwise() { return {Weights::colwise, Comm::copy}; }
 inline Style rowwise() { return {Weights::rowwise, Comm::none, Comm::reduce}; }
 
-// Gives `module` its style over `group` (`path` names it in errors). Throws, before changing
-// anything, when the split dimension does not divide by the group's size, the module is not
-// the split's kind (a Linear, an Embedding) or is on the meta device (outside a
-// MetaComputeGuard). A Linear's LoRA adapter (nn/lora.h) splits with it: B's rows colwise, A's
-// columns rowwise, the other whole with its gradient summed over the group.
+// Gives `module` its style over `group` (`path` names it in errors). Throws, before changing anything, when the split
+// dimension does not divide by the group's size, the module is not the split's kind (a Linear, an Embedding) or is on
+// the meta device (outside a MetaComputeGuard). A Linear's LoRA adapter (nn/lora.h) splits with it: B's rows colwise,
+// A's columns rowwise, the other whole with its gradient summed over the group.
 void parallelize(nn::Module& module, const Style& style, const dist::ProcessGroupPtr& group,
                  const std::string& path = "module");
 

@@ -1,8 +1,7 @@
-// tp: where a parameter that tensor parallelism split sits in the whole tensor it was cut from,
-// so that checkpoints (fsdp/checkpoint.h) can write and read the pieces of any (dp, tp) layout.
-// The split is carried by the parameter's PartialReduction ([Note: partial reductions]), which
-// tp attaches when it splits: fully_shard reads it from the parameter it shards and keeps it
-// with the shard (fsdp::ShardInfo::split).
+// tp: where a parameter that tensor parallelism split sits in the whole tensor it was cut from, so that checkpoints
+// (fsdp/checkpoint.h) can write and read the pieces of any (dp, tp) layout. The split is carried by the parameter's
+// PartialReduction ([Note: partial reductions]), which tp attaches when it splits: fully_shard reads it from the
+// parameter it shards and keeps it with the shard (fsdp::ShardInfo::split).
 #pragma once
 #include <memory>
 
