@@ -15,7 +15,7 @@ budgets=(
   "autograd       2153  autograd"
   "nn             3309  nn"
   "dist           2598  dist"
-  "tp              834  tp"
+  "tp              859  tp"
   "fsdp           5290  fsdp"
   "apps          11977  apps"
 )
