@@ -41,9 +41,13 @@ std::string linear_names(const std::vector<std::pair<std::string, ModulePtr>>& m
 void check_options(Module& model, const LoRAOptions& o) {
   check_lora_values(o, "apply_lora");
   WEFT_CHECK(!o.targets.empty(), "apply_lora: no target modules given (e.g. q_proj, v_proj)");
-  for (auto& [name, m] : model.named_modules())
+  for (auto& [name, m] : model.named_modules()) {
     WEFT_CHECK(!m->extension(), "apply_lora: fully_shard was applied to '{}' already; apply LoRA to the model first, "
                "then fully_shard", name.empty() ? "the model" : name);
+    auto* l = dynamic_cast<Linear*>(m.get());  // a tensor-parallel split: its adapter would be drawn whole, unsplit
+    WEFT_CHECK(!l || !partial_reduction(l->weight), "apply_lora: '{}' is split over ranks already (tensor parallel); "
+               "apply LoRA to the model first, then split it", name);
+  }
 }
 
 // The adapter's modules, made on the adapted weight's device and in its dtype; on the meta

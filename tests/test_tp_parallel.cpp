@@ -301,6 +301,58 @@ TEST_CASE("what cannot be split is refused on every rank, before anything change
     CHECK_THAT(error_of([&] { tp::parallelize(alone, tp::colwise(), group(), "alone"); }),
                Contains("the values of alone.weight is f32[" + std::to_string(2 * P()) + ", 8] hash"));
     manual_seed(5);
+    // A style that differs between the ranks (parallelize alone compared none): each rank kept other columns.
+    nn::Linear styled(4, 4 * P());
+    tp::Style mine = tp::colwise();
+    mine.chunks = dist::rank() == 0 ? 1 : 2;
+    CHECK_THAT(error_of([&] { tp::parallelize(styled, mine, group(), "styled"); }),
+               Contains("tp: parallelize: the ranks differ: the style of styled is"));
+    // Checks before a llama's plan stop every rank (a rank with other heads had waited out the collective timeout).
+    nn::LlamaConfig kv = small_llama();
+    kv.n_kv_head = dist::rank() == 0 ? 1 : P();
+    auto some = seeded_llama<nn::Llama>(kv, 3);
+    CHECK_THAT(error_of([&] { tp::parallelize_llama(*some, group()); }),
+               Contains(dist::rank() == 0 ? "do not divide over" : "tp: parallelize_llama failed on another rank"));
+  }
+  // chunks on a split other than colwise had been ignored; sum_gradients on split weights added different rows
+  // (colwise) or crashed the second backward (rowwise with a bias).
+  nn::Linear rows2(4 * P(), 4);
+  tp::Style chunked = tp::rowwise();
+  chunked.chunks = 3;
+  CHECK_THAT(error_of([&] { tp::parallelize(rows2, chunked, group(), "rows2"); }),
+             Contains("tp: rows2 (rows2): chunks 3 splits colwise weights only, not rowwise ones"));
+  for (tp::Style summed : {tp::colwise(), tp::rowwise()}) {
+    summed.sum_gradients = true;
+    nn::Linear l(4 * P(), 4 * P());
+    CHECK_THAT(error_of([&] { tp::parallelize(l, summed, group(), "l"); }),
+               Contains("tp: l (l): sum_gradients is for weights kept whole"));
+  }
+  CHECK_THAT(error_of([&] { tp::parallelize_module(*model, nullptr, {{"lm_head", tp::colwise()}}); }),
+             Contains("tp: parallelize_module: no process group"));  // had been a segmentation fault
+  // A tied head split alone (its embedding kept the whole tensor): untied, silently.
+  nn::Sequential tied;
+  auto emb = std::make_shared<nn::Embedding>(4 * P(), 4);
+  auto head = std::make_shared<nn::Linear>(4, 4 * P(), false);
+  tied.push_back(emb);
+  tied.push_back(head);
+  head->set_parameter("weight", emb->weight);
+  CHECK_THAT(error_of([&] { tp::parallelize_module(tied, group(), {{"1", tp::colwise()}}); }),
+             Contains("tp: 1.weight is tied to 0.weight (one tensor): splitting 1 would untie them"));
+  // fully_shard before the split (at one data-parallel rank no shard marks the weights), LoRA after it: both had
+  // trained a model unlike the unsplit one.
+  auto pair = std::make_shared<nn::Sequential>();
+  pair->push_back(std::make_shared<nn::Linear>(6, 4 * P()));
+  dist::DeviceMesh mesh(DeviceType::cpu, {1, P()}, {"dp", "tp"});
+  fsdp::fully_shard(pair, {.mesh = std::make_shared<dist::DeviceMesh>(
+                               DeviceType::cpu, std::vector<int>{1}, std::vector<std::string>{"dp"},
+                               std::vector<int>{mesh.coordinate(0)}, std::vector<dist::ProcessGroupPtr>{mesh.group("dp")})});
+  CHECK_THAT(error_of([&] { tp::parallelize_module(*pair, group(), {{"0", tp::colwise()}}); }),
+             Contains("tp: fully_shard was applied to Sequential already: split a model first, then fully_shard"));
+  if (P() > 1) {
+    auto split = seeded_llama<nn::Llama>(small_llama(), 7);
+    tp::parallelize_llama(*split, group());
+    CHECK_THAT(error_of([&] { nn::apply_lora(*split, {.rank = 2, .targets = {"q_proj"}}); }),
+               Contains("is split over ranks already (tensor parallel); apply LoRA to the model first"));
   }
 }
 

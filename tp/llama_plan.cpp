@@ -1,6 +1,7 @@
 #include "tp/llama_plan.h"
 
 #include "core/error.h"
+#include "dist/agree.h"
 #include "nn/qwen3.h"
 #include "tp/parallel_style.h"
 
@@ -47,11 +48,13 @@ void parallelize_llama(nn::Llama& model, const dist::ProcessGroupPtr& group, con
   WEFT_CHECK(group != nullptr, "tp: parallelize_llama: no process group");
   const int P = group->size();
   const nn::LlamaConfig& c = model.cfg;
-  WEFT_CHECK(c.n_head % P == 0, "tp: parallelize_llama: n_head {} does not divide over {} ranks", c.n_head, P);
-  WEFT_CHECK(c.kv_heads() % P == 0, "tp: parallelize_llama: the {} key/value heads (n_kv_head) do not divide over {} ranks",
-             c.kv_heads(), P);
-  WEFT_CHECK(c.ffn() % P == 0, "tp: parallelize_llama: the MLP's width {} (ffn_dim{}) does not divide over {} ranks",
-             c.ffn(), c.ffn_dim > 0 ? "" : ": 8/3 d_model rounded up to 32, as none was given", P);
+  dist::agree({group->device().is_meta() ? nullptr : group}, "tp: parallelize_llama", [&] {  // every rank stops
+    WEFT_CHECK(c.n_head % P == 0, "tp: parallelize_llama: n_head {} does not divide over {} ranks", c.n_head, P);
+    WEFT_CHECK(c.kv_heads() % P == 0, "tp: parallelize_llama: the {} key/value heads (n_kv_head) do not divide over {} "
+               "ranks", c.kv_heads(), P);
+    WEFT_CHECK(c.ffn() % P == 0, "tp: parallelize_llama: the MLP's width {} (ffn_dim{}) does not divide over {} ranks",
+               c.ffn(), c.ffn_dim > 0 ? "" : ": 8/3 d_model rounded up to 32, as none was given", P);
+  });
   ParallelPlan splits = block_plan(plan), ends = ends_plan(model, plan);
   splits.insert(splits.end(), ends.begin(), ends.end());
   if (dynamic_cast<nn::Qwen3Attention*>(model.blocks.front()->self_attn.get()))  // norms of this rank's heads

@@ -56,11 +56,24 @@ void mark_styled(nn::Module& m) {
   g_styled[&m] = token;
 }
 
+// fully_shard on `m` or a module under it (at one data-parallel rank no shard marks the weights) comes first no more.
+void check_unsharded(nn::Module& m, const std::string& path) {
+  for (const auto& [name, sub] : m.named_modules())
+    WEFT_CHECK(!sub->extension(), "tp: fully_shard was applied to {} already: split a model first, then fully_shard",
+               name.empty() ? path : path.empty() ? name : path + "." + name);
+}
+
 // Throws naming what about `m` stands in the way of `style` (`what` names the caller's entry).
 void check(nn::Module& m, const Style& style, const dist::ProcessGroupPtr& group, const std::string& path,
            const std::string& what) {
   WEFT_CHECK(group != nullptr, "tp: parallelize {}: no process group", path);
   WEFT_CHECK(style.chunks >= 1, "tp: {} ({}): its style's chunks must be at least 1, got {}", path, what, style.chunks);
+  WEFT_CHECK(style.chunks == 1 || style.weights == Weights::colwise, "tp: {} ({}): chunks {} splits colwise weights "
+             "only, not {} ones", path, what, style.chunks, weights_name(style.weights));
+  WEFT_CHECK(!style.sum_gradients || style.weights == Weights::whole, "tp: {} ({}): sum_gradients is for weights kept "
+             "whole (a norm beside sequence parallelism); the ranks' {} parts are different rows", path, what,
+             weights_name(style.weights));
+  check_unsharded(m, path);
   WEFT_CHECK(style.weights != Weights::colwise || (style.output != Comm::reduce && style.output != Comm::reduce_scatter),
              "tp: {} ({}): a colwise module's output is this rank's columns, not a partial sum to reduce", path, what);
   WEFT_CHECK(!g_styled.contains(&m) || g_styled.at(&m).expired(), "tp: {} ({}) has a parallel style already: a second one's "
@@ -220,6 +233,22 @@ void check_same_values(const std::vector<Styled>& modules, const dist::ProcessGr
                           "before the split: seed every rank alike, or load the same checkpoint on each");
 }
 
+std::string describe(const Style& st) {
+  return fmt::format("{} {} {} {} {}", int(st.weights), int(st.input), int(st.output), st.sum_gradients, st.chunks);
+}
+
+// A parameter a split module shares with a module outside the split (a tied head and embedding) would come untied.
+void check_untied(nn::Module& root, const std::vector<Styled>& todo) {
+  std::map<const void*, std::vector<std::string>> holders;  // each parameter's slots, by module path
+  for (const auto& [path, m] : root.named_modules())
+    for (const auto& [name, p] : m->named_parameters(false)) holders[p.impl_ptr().get()].push_back(path + "." + name);
+  for (const auto& [m, style, path] : todo)
+    for (const auto& [name, p] : m->named_parameters(false))
+      if (const auto& at = holders[p.impl_ptr().get()]; style.weights != Weights::whole && at.size() > 1)
+        WEFT_ERROR("tp: {}.{} is tied to {} (one tensor): splitting {} would untie them; keep the tied module whole, "
+                   "or untie them before the split", path, name, at[0] == path + "." + name ? at[1] : at[0], path);
+}
+
 bool matches(const std::string& pattern, const std::string& path) {
   std::istringstream p(pattern), q(path);
   std::string a, b;
@@ -235,16 +264,17 @@ bool matches(const std::string& pattern, const std::string& path) {
 void parallelize(nn::Module& m, const Style& style, const dist::ProcessGroupPtr& group, const std::string& path) {
   const dist::ProcessGroupPtr real = group && !group->device().is_meta() ? group : nullptr;  // a plan's fake one: none
   dist::agree({real}, "tp: parallelize", [&] { check(m, style, group, path, path); });
+  if (real) dist::check_same_config({{"the style of " + path, describe(style)}}, "tp: parallelize", group,
+                                    "every rank of the group must split the module with the same style");
   check_same_values({{&m, style, path}}, group);
   apply(m, style, group);
 }
 
 void parallelize_module(nn::Module& root, const dist::ProcessGroupPtr& group, const ParallelPlan& plan) {
   // One plan on every rank of the group (different plans had split different layers, silently).
+  WEFT_CHECK(group != nullptr, "tp: parallelize_module: no process group");
   std::string described;
-  for (const auto& [pattern, st] : plan)
-    described += fmt::format("{} {} {} {} {} {}; ", pattern, int(st.weights), int(st.input), int(st.output),
-                             st.sum_gradients, st.chunks);
+  for (const auto& [pattern, st] : plan) described += pattern + " " + describe(st) + "; ";
   const std::vector<dist::ProcessGroupPtr> groups = {group->device().is_meta() ? nullptr : group};  // a plan's fake one
   if (groups[0]) dist::check_same_config({{"the plan", described}}, "tp: parallelize_module", group,
                                          "every rank of the group must split the model with the same plan");
@@ -252,6 +282,7 @@ void parallelize_module(nn::Module& root, const dist::ProcessGroupPtr& group, co
   std::vector<Styled> todo;
   const auto modules = root.named_modules();
   dist::agree(groups, "tp: parallelize_module", [&] {
+    check_unsharded(root, root.type_name());
     for (const auto& [pattern, style] : plan) {
       const size_t before = todo.size();
       for (const auto& [path, m] : modules) {
@@ -263,6 +294,7 @@ void parallelize_module(nn::Module& root, const dist::ProcessGroupPtr& group, co
       }
       WEFT_CHECK(todo.size() > before, "tp: plan entry '{}' matches no module of {}", pattern, root.type_name());
     }
+    check_untied(root, todo);
   });
   check_same_values(todo, group);
   for (auto& [m, style, path] : todo) apply(*m, style, group);
