@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <limits>
@@ -158,10 +159,16 @@ const std::regex& network_form() {
   return form;
 }
 
-// "" when `text` is a link GBPS[,LATENCY_US] with a positive bandwidth, else what is wrong.
+// "" when `text` is a link GBPS[,LATENCY_US] with a positive bandwidth, both within a double's range, else what is wrong.
 std::string network_error(const std::string& text) {
   std::smatch m;
-  if (std::regex_match(text, m, network_form()) && std::stod(m[1].str()) > 0) return "";
+  auto finite = [](const std::string& s) {  // std::stod throws out_of_range past a double's range (400 digits, say)
+    const double v = std::strtod(s.c_str(), nullptr);
+    return std::isfinite(v) && (v != 0 || s.find_first_not_of("0.") == std::string::npos);
+  };
+  if (std::regex_match(text, m, network_form()) && finite(m[1].str()) && std::stod(m[1].str()) > 0 &&
+      (!m[2].matched || finite(m[2].str())))
+    return "";
   return fmt::format("expected GBPS[,LATENCY_US]: a bandwidth in Gb/s above 0 and optionally a latency in microseconds, "
                      "each a plain decimal (e.g. 100 or 100,5), got \"{}\"", text);
 }

@@ -166,6 +166,7 @@ fsdp::MemoryPlanRequest plan_request(const TrainOptions& o, bool fsdp, const Pla
   fsdp::MemoryPlanRequest r;
   auto load = std::make_shared<int64_t>(0);
   if (init_on && o.tp == 1) r.load_bytes = [load] { return *load; };
+  if (o.tp > 1) r.load_bytes = [load] { return *load - memory_stats(Device::meta()).live_bytes; };  // beside the parts
   r.sharded = fsdp;
   r.tunable_groups = fsdp ? int(o.model.n_layer) : 0;
   r.can_checkpoint = true;
@@ -179,8 +180,14 @@ fsdp::MemoryPlanRequest plan_request(const TrainOptions& o, bool fsdp, const Pla
     apps::init_model(lm);
     apps::add_lora(lm, o.lora, false);
     const apps::TensorParallel tp = o.tp > 1 ? apps::planned_tensor_parallel(o.model, o.tp, !planned.examples) : apps::TensorParallel{};
-    if (o.tp > 1) apps::parallelize(lm, tp);  // the shapes of this rank's parts (mesh: the data-parallel ranks)
     if (o.base_dtype == "bf16") nn::cast_frozen(*lm.module, kBFloat16);
+    if (o.tp > 1) {  // every rank holds the whole model, reads its values and splits it (its parts beside it) first
+      int64_t largest = 0;  // the part made beside it before the whole of that parameter goes
+      for (const Tensor& p : lm.module->parameters()) largest = std::max(largest, int64_t(p.nbytes()) / o.tp);
+      *load = memory_stats(Device::meta()).live_bytes +
+              std::max(init_on ? apps::hf_load_bytes(o.init_from, lm, nullptr, *init_on) : 0, largest);
+      apps::parallelize(lm, tp);  // the shapes of this rank's parts (mesh: the data-parallel ranks)
+    }
     const std::shared_ptr<nn::Module> model = lm.module;
     const auto decay = decayed_names(*model);
     for (auto& block : lm.blocks) block->set_checkpointing(s.activation_checkpointing);
