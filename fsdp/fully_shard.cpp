@@ -139,6 +139,17 @@ std::unique_ptr<FSDPParamGroup> make_group(std::vector<FSDPParamGroup::Entry> en
   for (nn::Module* m : members)
     for (auto& [bname, b] : m->named_buffers())
       if (b.device().is_meta() && !shard_group->device().is_meta()) materialize_in_place(b, shard_group->device());
+  // A part sharded over ranks that hold the other parts (the tensor-parallel group's own) mixed the ranks' slices.
+  for (size_t i = 0; i < entries.size() && shard_group->size() > 1 && !shard_group->device().is_meta(); ++i) {
+    if (!held_in_part[i] || (i > 0 && held_in_part[i - 1] && held_in_part[i]->same_processes(*held_in_part[i - 1])))
+      continue;  // one gather per run of parameters split over the same ranks
+    const std::vector<int>& shard = shard_group->world_ranks();
+    int shared = 0;
+    for (double r : held_in_part[i]->gather({double(dist::rank())})) shared += int(std::ranges::count(shard, int(r)));
+    WEFT_CHECK(shared == 1, "fully_shard: '{}' is split over ranks that the {} would also shard it over ({} of them): "
+               "shard a split model over the other dim of its mesh (the data-parallel ranks)", entries[i].name, what,
+               shared);
+  }
   if (entries.empty()) return nullptr;
   auto group = std::make_unique<FSDPParamGroup>(std::move(entries), opts, shard_group,
                                                 mesh.ndim() == 2 ? mesh.group(0) : nullptr);

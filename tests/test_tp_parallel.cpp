@@ -349,6 +349,15 @@ TEST_CASE("what cannot be split is refused on every rank, before anything change
   CHECK_THAT(error_of([&] { tp::parallelize_module(*pair, group(), {{"0", tp::colwise()}}); }),
              Contains("tp: fully_shard was applied to Sequential already: split a model first, then fully_shard"));
   if (P() > 1) {
+    // fully_shard over the ranks the split is over (the world twice, or the wrong dim of a mesh): each rank's slice
+    // had been sharded over the ranks holding the other slices, and trained a mix of them.
+    manual_seed(8);
+    auto both = std::make_shared<nn::Sequential>();
+    both->push_back(std::make_shared<nn::Linear>(6, 4 * P()));
+    tp::parallelize_module(*both, group(), {{"0", tp::colwise()}});
+    CHECK_THAT(error_of([&] { fsdp::fully_shard(both); }),
+               Contains("fully_shard: '0.weight' is split over ranks that the") &&
+                   Contains("would also shard it over (" + std::to_string(P()) + " of them)"));
     auto split = seeded_llama<nn::Llama>(small_llama(), 7);
     tp::parallelize_llama(*split, group());
     CHECK_THAT(error_of([&] { nn::apply_lora(*split, {.rank = 2, .targets = {"q_proj"}}); }),
