@@ -15,7 +15,7 @@ budgets=(
   "autograd       2153  autograd"
   "nn             3309  nn"
   "dist           2598  dist"
-  "tp              859  tp"
+  "tp              870  tp"
   "fsdp           5290  fsdp"
   "apps          11990  apps"
 )
