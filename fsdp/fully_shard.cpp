@@ -13,6 +13,7 @@
 #include "fsdp/sharded_state_dict.h"
 #include "fsdp/state.h"
 #include "nn/optimizer.h"
+#include "tp/parallel_style.h"
 
 namespace weft::fsdp {
 
@@ -30,6 +31,9 @@ std::vector<nn::Module*> check_arguments(const std::vector<nn::ModulePtr>& modul
     WEFT_CHECK(modules[i] != nullptr, "fully_shard: module {} of the list is null", i);
     WEFT_CHECK(!state_of(*modules[i]), "fully_shard: called twice on the same {} module{}", modules[i]->type_name(),
                modules.size() > 1 ? fmt::format(" (#{} of the list)", i) : "");
+    WEFT_CHECK(!tp::swaps_parameters(*modules[i]), "fully_shard: the {} module{} swaps its parameters while it runs (a "
+               "tensor-parallel rowwise bias or sum_gradients), which FSDP's hooks would undo: fully_shard the module "
+               "holding it", modules[i]->type_name(), modules.size() > 1 ? fmt::format(" (#{} of the list)", i) : "");
     members.push_back(modules[i].get());
   }
   // The members of one group are disjoint: none holds another.

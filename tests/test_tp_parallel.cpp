@@ -351,6 +351,17 @@ TEST_CASE("what cannot be split is refused on every rank, before anything change
   if (P() > 1) {
     // fully_shard over the ranks the split is over (the world twice, or the wrong dim of a mesh): each rank's slice
     // had been sharded over the ranks holding the other slices, and trained a mix of them.
+    // fully_shard on a module whose style swaps its parameters while it runs: FSDP's pre-forward hook had put the
+    // unsharded parameters back over the swapped ones (the rowwise bias added on every rank, the norm's gradient not
+    // summed).
+    manual_seed(9);
+    auto biased = std::make_shared<nn::Linear>(4 * P(), 4);
+    auto norm = std::make_shared<nn::LayerNorm>(4);
+    tp::parallelize(*biased, tp::rowwise(), group(), "biased");
+    tp::parallelize(*norm, {.sum_gradients = true}, group(), "norm");
+    for (const nn::ModulePtr& m : std::vector<nn::ModulePtr>{biased, norm})
+      CHECK_THAT(error_of([&] { fsdp::fully_shard(m); }),
+                 Contains("module swaps its parameters while it runs (a tensor-parallel rowwise bias or sum_gradients)"));
     manual_seed(8);
     auto both = std::make_shared<nn::Sequential>();
     both->push_back(std::make_shared<nn::Linear>(6, 4 * P()));

@@ -166,8 +166,11 @@ Tensor communicate(const Tensor& x, Comm c, const dist::ProcessGroupPtr& g) {
 
 // While `m` runs, the slot of each parameter `view` names holds view(p) (parallel_style.h).
 using View = std::function<std::optional<Tensor>(const std::string& name, const Tensor& p)>;
+std::map<const nn::Module*, std::weak_ptr<const void>> g_swapping;  // as g_styled: the modules while_running hooks
 void while_running(nn::Module& m, View view) {
+  std::erase_if(g_swapping, [](const auto& entry) { return entry.second.expired(); });
   auto held = std::make_shared<std::vector<std::pair<std::string, Tensor>>>();
+  g_swapping[&m] = held;
   auto restore = [held](nn::Module& mod) {
     for (auto& [name, p] : *held) mod.parameter_slot(name) = p;
     held->clear();
@@ -260,6 +263,10 @@ bool matches(const std::string& pattern, const std::string& path) {
 }
 
 }  // namespace
+
+bool swaps_parameters(const nn::Module& module) {
+  return g_swapping.contains(&module) && !g_swapping.at(&module).expired();
+}
 
 void parallelize(nn::Module& m, const Style& style, const dist::ProcessGroupPtr& group, const std::string& path) {
   const dist::ProcessGroupPtr real = group && !group->device().is_meta() ? group : nullptr;  // a plan's fake one: none

@@ -55,6 +55,10 @@ inline Style rowwise() { return {Weights::rowwise, Comm::none, Comm::reduce}; }
 void parallelize(nn::Module& module, const Style& style, const dist::ProcessGroupPtr& group,
                  const std::string& path = "module");
 
+// Whether a style made `module` swap parameter slots while it runs (a rowwise bias, sum_gradients): another wrapper's
+// hooks on it (fully_shard's) would put their own tensors over the swapped ones, so fully_shard refuses such a module.
+bool swaps_parameters(const nn::Module& module);
+
 // Module paths (dotted; a "*" segment matches any one name) to styles. Every entry must match
 // at least one module, and no module two entries; all are checked before any module changes.
 using ParallelPlan = std::vector<std::pair<std::string, Style>>;
