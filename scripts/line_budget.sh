@@ -17,7 +17,7 @@ budgets=(
   "dist           2598  dist"
   "tp              870  tp"
   "fsdp           5290  fsdp"
-  "apps          11990  apps"
+  "apps          11993  apps"
 )
 count() {  # PATH...: the lines of the code files among them
   find "$@" -type f \( -name '*.h' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' \) -print0 | xargs -0 cat | wc -l
