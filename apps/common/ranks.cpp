@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <unistd.h>
 
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -91,7 +92,9 @@ void check_same_data(const std::map<std::string, std::string>& read, const Ranks
 
 void check_shared_dir(const std::string& dir, const std::string& flag, const Ranks& ranks, const std::string& program) {
   if (!ranks.fsdp || dir.empty()) return;
-  const std::string probe = (std::filesystem::path(dir) / ".ranks-probe").string();
+  std::string job = std::getenv("PMIX_NAMESPACE") ? std::getenv("PMIX_NAMESPACE") : "";  // a name of this job's (no
+  std::erase_if(job, [](char c) { return !std::isalnum(static_cast<unsigned char>(c)); });  // stale NFS entry of another)
+  const std::string probe = (std::filesystem::path(dir) / (".ranks-probe" + job.substr(0, 40))).string();
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
   dist::agree(ranks.groups(), program, [&] {
