@@ -47,7 +47,10 @@ void agree_on_error(std::exception_ptr error, std::string_view what, const std::
   std::vector<ProcessGroupPtr> active;
   bool everywhere = false;  // an agreement over the world: every rank knows its outcome
   for (auto& g : groups)
-    if (g && g->size() > 1) active.push_back(g), everywhere |= g->size() == world_size();
+    if (g && g->size() > 1) {
+      active.push_back(g);
+      everywhere |= g->size() == world_size();
+    }
   int failed_rank = error ? (is_initialized() ? rank() : 0) : -1;
   std::string message = error ? message_of(error) : "";
   if (!active.empty()) {

@@ -106,8 +106,7 @@ void check_shared_dir(const std::string& dir, const std::string& flag, const Ran
     std::ifstream in(probe);
     if (in) seen = "rank 0's file, " + std::string(std::istreambuf_iterator<char>(in), {});
   });
-  std::error_code ec;
-  if (ranks.lead()) std::filesystem::remove(probe, ec);
+  if (std::error_code ec; ranks.lead()) std::filesystem::remove(probe, ec);
   dist::check_same_config({{"what " + flag + " holds", seen}}, program, nullptr, "every rank must see the same "
                           "checkpoint directory: one local to each host would leave each checkpoint some ranks' files only");
 }

@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <functional>
 #include <limits>
 #include <map>
+#include <optional>
 #include <regex>
 #include <thread>
 #include <tuple>
@@ -159,18 +161,20 @@ const std::regex& network_form() {
   return form;
 }
 
-// "" when `text` is a link GBPS[,LATENCY_US] with a positive bandwidth, both within a double's range, else what is wrong.
-std::string network_error(const std::string& text) {
+// The link GBPS[,LATENCY_US] (5 us unless given), bandwidth above 0, both in range (strtod: no ERANGE); else none.
+std::optional<std::pair<double, double>> link_of(const std::string& text) {
   std::smatch m;
-  auto finite = [](const std::string& s) {  // std::stod throws out_of_range past a double's range (400 digits, say)
-    const double v = std::strtod(s.c_str(), nullptr);
-    return std::isfinite(v) && (v != 0 || s.find_first_not_of("0.") == std::string::npos);
-  };
-  if (std::regex_match(text, m, network_form()) && finite(m[1].str()) && std::stod(m[1].str()) > 0 &&
-      (!m[2].matched || finite(m[2].str())))
-    return "";
-  return fmt::format("expected GBPS[,LATENCY_US]: a bandwidth in Gb/s above 0 and optionally a latency in microseconds, "
-                     "each a plain decimal (e.g. 100 or 100,5), got \"{}\"", text);
+  auto num = [&m](int i) { return std::strtod(m[i].str().c_str(), nullptr); };
+  errno = 0;
+  if (!std::regex_match(text, m, network_form())) return std::nullopt;
+  const double gbps = num(1), us = m[2].matched ? num(2) : 5.0;
+  return errno == ERANGE || !(gbps > 0) ? std::nullopt : std::optional(std::pair{gbps, us});
+}
+
+std::string network_error(const std::string& text) {
+  return link_of(text) ? "" : fmt::format("expected GBPS[,LATENCY_US]: a bandwidth in Gb/s above 0 and optionally a "
+                                          "latency in microseconds, each a plain decimal (e.g. 100 or 100,5), got "
+                                          "\"{}\"", text);
 }
 
 }  // namespace
@@ -190,12 +194,9 @@ void add_step_time_flags(CLI::App& cmd, StepTimeFlags& f) {
 }
 
 fsdp::Link parse_network(const std::string& text, const std::string& flag) {
-  const std::string error = network_error(text);
-  WEFT_CHECK(error.empty(), "{}: {}", flag, error);
-  std::smatch m;
-  std::regex_match(text, m, network_form());
-  return {.latency_seconds = (m[2].matched ? std::stod(m[2].str()) : 5.0) * 1e-6,
-          .bytes_per_second = std::stod(m[1].str()) * 1e9 / 8};
+  const auto link = link_of(text);
+  WEFT_CHECK(link, "{}: {}", flag, network_error(text));
+  return {.latency_seconds = link->second * 1e-6, .bytes_per_second = link->first * 1e9 / 8};
 }
 
 fsdp::Link measure_link() {
