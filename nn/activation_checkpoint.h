@@ -11,7 +11,8 @@
 //
 // Composes with fsdp::fully_shard: a sharded module that is checkpointed runs its FSDP hooks
 // once in forward, and its pre-backward hook gathers the parameters again before the recompute
-// (shard the blocks after turning checkpointing on or before: the order does not matter).
+// (shard the blocks after turning checkpointing on or before: the order does not matter). A module's hooks run once,
+// outside its checkpointed forward: the recompute runs with the parameters its pre-hooks had set (tp's views).
 #pragma once
 #include <functional>
 #include <string>

@@ -61,7 +61,13 @@ Tensor CausalLM::forward_cached(const Tensor& idx, KVCache& cache, int64_t logit
     TensorList steps;
     for (int64_t i = 0; i < t; i += step) steps.push_back(hidden_cached(step == t ? in[0] : in[0].narrow(1, i, 1), cache));
     Tensor h = steps.size() == 1 ? steps[0] : cat(steps, 1);
-    return {logits(keep == t ? h : h.narrow(1, t - keep, keep).contiguous())};
+    WEFT_CHECK(h.size(1) == t, "forward_cached: the blocks gave {} positions for {} tokens (the model holds a block "
+               "of the sequence: tp's sequence parallel); decode from a split without it, or whole", h.size(1), t);
+    Tensor out = logits(keep == t ? h : h.narrow(1, t - keep, keep).contiguous());
+    WEFT_CHECK(out.size(-1) == vocab_size(), "forward_cached: the logits hold {} columns for a vocabulary of {} (the "
+               "head is split by vocabulary: tp's loss parallel); decode from a split without it, or whole",
+               out.size(-1), vocab_size());
+    return {out};
   };
   auto* module = dynamic_cast<Module*>(this);
   return module ? module->call(run, {idx})[0] : run({idx})[0];

@@ -76,6 +76,7 @@ class CausalLM {
   // An empty cache for this model: one layer per block, its context long.
   virtual KVCache make_cache() const = 0;
   virtual int64_t context_length() const = 0;
+  virtual int64_t vocab_size() const = 0;  // the logits' columns
 
  protected:
   // forward_cached's hidden states [B, T, d] for T == 1 or an empty cache, hooks already

@@ -98,6 +98,7 @@ class Llama : public Module, public CausalLM {
   std::string extra_repr() const override;
   KVCache make_cache() const override { return KVCache(cfg.n_layer, cfg.ctx); }
   int64_t context_length() const override { return cfg.ctx; }
+  int64_t vocab_size() const override { return cfg.vocab_size; }
 
   LlamaConfig cfg;
   ModulePtr model;  // container of embed_tokens, layers, norm

@@ -29,6 +29,25 @@ TensorList Module::operator()(const TensorList& inputs) {
   return call([this](const TensorList& x) { return forward(x); }, inputs);
 }
 
+namespace {
+// Hooks run once, outside the checkpointed region: the recompute puts back the parameters the pre-hooks set for this
+// call (tp's views, whose backward sums the gradients; fsdp's unsharded ones), whatever the slots hold by then.
+CheckpointFn with_call_parameters(const CheckpointFn& method, std::deque<std::pair<std::string, Tensor>>& params) {
+  auto set = std::make_shared<std::vector<std::pair<Tensor*, Tensor>>>();
+  for (auto& [n, t] : params) set->emplace_back(&t, t);
+  return [method, set, first = std::make_shared<bool>(true)](const TensorList& x) {
+    if (std::exchange(*first, false)) return method(x);
+    struct Swap {  // the call's parameters in the slots while it lives, the slots' own held in `set`
+      std::vector<std::pair<Tensor*, Tensor>>& set;
+      void swap() { for (auto& [slot, t] : set) std::swap(*slot, t); }
+      ~Swap() { swap(); }
+    } in{*set};
+    in.swap();
+    return method(x);
+  };
+}
+}  // namespace
+
 TensorList Module::call(const std::function<TensorList(const TensorList&)>& method, const TensorList& inputs) {
   TensorList in = inputs;
   // Iterate over copies: a hook may register or remove hooks.
@@ -40,7 +59,8 @@ TensorList Module::call(const std::function<TensorList(const TensorList&)>& meth
   {
     MemoryOwner owner(memory_owner_);
     out = checkpointing_ != Checkpointing::none
-              ? checkpoint(method, in, checkpointing_ == Checkpointing::selective, parameters())
+              ? checkpoint(with_call_parameters(method, params_), in, checkpointing_ == Checkpointing::selective,
+                           parameters())
               : method(in);
   }
   auto post = hooks_->post;

@@ -219,6 +219,33 @@ TEST_CASE("Llama families split: Qwen2's q/k/v biases, Qwen3's head norms, a tie
   }
 }
 
+TEST_CASE("a split module checkpointed itself: the recompute sees the parameters its hooks set") {
+  // Sequence-parallel norms: whole weights applied to this rank's block of the sequence, their gradients summed.
+  auto whole = seeded_llama<nn::Llama>(small_llama(), 13), split = seeded_llama<nn::Llama>(small_llama(), 13);
+  tp::parallelize_llama(*split, group(), {.sequence_parallel = true});
+  for (auto& b : split->blocks) b->input_layernorm->set_activation_checkpointing(true);
+  split->norm->set_checkpointing(nn::Checkpointing::selective);
+  const fsdp_test::Batch b = token_batch(0);
+  fsdp_test::loss_of(*whole, b).backward();
+  fsdp_test::loss_of(*split, b).backward();
+  check_split_grads(*split, *whole, 1e-5, "gradient of");
+}
+
+TEST_CASE("generate refuses a model split by vocabulary or by sequence, on every rank") {
+  for (bool loss : {true, false}) {
+    auto split = seeded_llama<nn::Llama>(small_llama(), 13);
+    tp::parallelize_llama(*split, group(), {.loss_parallel = loss, .sequence_parallel = !loss});
+    const nn::GenerateOptions greedy{.max_new_tokens = 4, .sampling = {.temperature = 0}};
+    if (P() == 1) {  // nothing split: it decodes
+      CHECK(nn::generate(*split, {1, 2, 3, 4}, greedy).size() == 4);
+      continue;
+    }
+    CHECK_THROWS_WITH(nn::generate(*split, {1, 2, 3, 4}, greedy),
+                      Contains(loss ? "the logits hold " + std::to_string(32 / P()) + " columns for a vocabulary of 32"
+                                    : "the blocks gave " + std::to_string(4 / P()) + " positions for 4 tokens"));
+  }
+}
+
 TEST_CASE("what cannot be split is refused on every rank, before anything changes") {
   auto error_of = [](const std::function<void()>& f) {
     try {
@@ -682,3 +709,4 @@ TEST_CASE("LoRA adapters split with their layers: the unsplit adapted model's gr
     check_close({ls.item()}, {lw.item()}, 1e-5, "loss at step " + std::to_string(step));
   }
 }
+

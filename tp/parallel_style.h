@@ -14,7 +14,7 @@
 //     split activation (a norm on a sequence block, Qwen3's head norms), so their gradients are
 //     partial sums: while it runs they pass copy_to_parallel, and are all-reduced on their way
 //     into whatever tensors the slots hold (fsdp's unsharded parameters under fully_shard; the
-//     recompute of activation checkpointing runs the hooks again).
+//     recompute of activation checkpointing, of the module itself or one above it, uses them too).
 // The collectives run from forward hooks. Parameters must be materialised and equal on every rank of the
 // group (checked: a hash of each) when a module is split, once, before fully_shard.
 #pragma once

@@ -23,6 +23,7 @@ class GPT : public nn::Module, public nn::CausalLM {
   std::string extra_repr() const override;
   nn::KVCache make_cache() const override { return nn::KVCache(cfg.n_layer, cfg.ctx); }
   int64_t context_length() const override { return cfg.ctx; }
+  int64_t vocab_size() const override { return cfg.vocab_size; }
 
   ModelConfig cfg;
   nn::ModulePtr transformer;  // container of wte, wpe, h, ln_f (nanoGPT's ModuleDict)
