@@ -15,7 +15,7 @@ budgets=(
   "autograd       2153  autograd"
   "nn             3321  nn"
   "dist           2598  dist"
-  "tp              870  tp"
+  "tp              883  tp"
   "fsdp           5290  fsdp"
   "apps          11994  apps"
 )
