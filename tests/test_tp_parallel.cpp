@@ -246,6 +246,21 @@ TEST_CASE("generate refuses a model split by vocabulary or by sequence, on every
   }
 }
 
+TEST_CASE("a module registered twice is found at either of its paths, and split once") {
+  auto shared_twice = [] {
+    auto lin = std::make_shared<nn::Linear>(8, 8, false);
+    auto m = std::make_shared<nn::Sequential>();
+    m->push_back(lin);
+    m->push_back(lin);
+    return m;
+  };
+  auto m = shared_twice();
+  tp::parallelize_module(*m, group(), {{"1", {.input = tp::Comm::copy}}});  // its second path only
+  tp::parallelize_module(*shared_twice(), group(), {{"*", {.input = tp::Comm::copy}}});  // both: one style
+  CHECK_THROWS_WITH(tp::parallelize_module(*shared_twice(), group(), {{"0", tp::colwise()}, {"1", tp::rowwise()}}),
+                    Contains("1 is matched by two plan entries (the second: '1') at 0, the same module registered twice"));
+}
+
 TEST_CASE("what cannot be split is refused on every rank, before anything changes") {
   auto error_of = [](const std::function<void()>& f) {
     try {

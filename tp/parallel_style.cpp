@@ -1,5 +1,6 @@
 #include "tp/parallel_style.h"
 
+#include <algorithm>
 #include <array>
 #include <functional>
 #include <map>
@@ -262,6 +263,16 @@ bool matches(const std::string& pattern, const std::string& path) {
   }
 }
 
+// Every path to every module: one registered twice is under each (named_modules lists it at its first only).
+std::vector<std::pair<std::string, nn::Module*>> every_path(nn::Module& root) {
+  std::vector<std::pair<std::string, nn::Module*>> out;
+  std::function<void(nn::Module&, const std::string&)> walk = [&](nn::Module& m, const std::string& at) {
+    for (const auto& [n, c] : m.named_children()) walk(*out.emplace_back(at + n, c.get()).second, at + n + ".");
+  };
+  walk(root, "");
+  return out;
+}
+
 }  // namespace
 
 bool swaps_parameters(const nn::Module& module) {
@@ -287,17 +298,19 @@ void parallelize_module(nn::Module& root, const dist::ProcessGroupPtr& group, co
                                          "every rank of the group must split the model with the same plan");
   // Every entry is checked against every match before any module changes; a refusal stops every rank.
   std::vector<Styled> todo;
-  const auto modules = root.named_modules();
+  const auto modules = every_path(root);
   dist::agree(groups, "tp: parallelize_module", [&] {
     check_unsharded(root, root.type_name());
     for (const auto& [pattern, style] : plan) {
       const size_t before = todo.size();
       for (const auto& [path, m] : modules) {
-        if (path.empty() || !matches(pattern, path)) continue;
+        if (!matches(pattern, path)) continue;
+        const auto done = std::ranges::find(todo, m, [](const Styled& t) { return std::get<0>(t); });
+        if (done != todo.end() && done - todo.begin() >= int64_t(before)) continue;  // registered twice: split once
+        WEFT_CHECK(done == todo.end(), "tp: {} is matched by two plan entries (the second: '{}'){}", path, pattern,
+                   std::get<2>(*done) == path ? "" : " at " + std::get<2>(*done) + ", the same module registered twice");
         check(*m, style, group, path, "plan entry '" + pattern + "'");
-        for (const auto& done : todo)
-          WEFT_CHECK(std::get<0>(done) != m.get(), "tp: {} is matched by two plan entries (the second: '{}')", path, pattern);
-        todo.emplace_back(m.get(), style, path);
+        todo.emplace_back(m, style, path);
       }
       WEFT_CHECK(todo.size() > before, "tp: plan entry '{}' matches no module of {}", pattern, root.type_name());
     }

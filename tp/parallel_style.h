@@ -60,7 +60,8 @@ void parallelize(nn::Module& module, const Style& style, const dist::ProcessGrou
 bool swaps_parameters(const nn::Module& module);
 
 // Module paths (dotted; a "*" segment matches any one name) to styles. Every entry must match
-// at least one module, and no module two entries; all are checked before any module changes.
+// at least one module, and no module two entries (a module registered twice matches at either
+// path, and is split once); all are checked before any module changes.
 using ParallelPlan = std::vector<std::pair<std::string, Style>>;
 void parallelize_module(nn::Module& root, const dist::ProcessGroupPtr& group, const ParallelPlan& plan);
 
