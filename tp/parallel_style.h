@@ -59,9 +59,8 @@ void parallelize(nn::Module& module, const Style& style, const dist::ProcessGrou
 // hooks on it (fully_shard's) would put their own tensors over the swapped ones, so fully_shard refuses such a module.
 bool swaps_parameters(const nn::Module& module);
 
-// Module paths (dotted; a "*" segment matches any one name) to styles. Every entry must match
-// at least one module, and no module two entries (a module registered twice matches at either
-// path, and is split once); all are checked before any module changes.
+// Module paths (dotted; a "*" segment matches any one name) to styles. Every entry must match at least one module, and
+// no module two entries (one registered twice matches at either path, and is split once); all are checked first.
 using ParallelPlan = std::vector<std::pair<std::string, Style>>;
 void parallelize_module(nn::Module& root, const dist::ProcessGroupPtr& group, const ParallelPlan& plan);
 
