@@ -97,23 +97,30 @@ void start_mpi() {
   MPI_CHECK(MPI_Comm_rank(node, &s.local_rank));
   MPI_CHECK(MPI_Comm_size(node, &s.local_size));
   MPI_CHECK(MPI_Comm_free(&node));
-  if (const char* t = std::getenv("WEFT_COLLECTIVE_TIMEOUT")) s.timeout = parse_timeout(t);
-  if (const char* d = std::getenv("WEFT_DIST_DEBUG")) s.debug = parse_flag("WEFT_DIST_DEBUG", d);
-  if (const char* c = std::getenv("WEFT_COLLECTIVE_CHECK")) s.check = parse_flag("WEFT_COLLECTIVE_CHECK", c);
+  std::string bad;  // this rank's value that does not parse: every rank stops, as below
+  try {
+    if (const char* t = std::getenv("WEFT_COLLECTIVE_TIMEOUT")) s.timeout = parse_timeout(t);
+    if (const char* d = std::getenv("WEFT_DIST_DEBUG")) s.debug = parse_flag("WEFT_DIST_DEBUG", d);
+    if (const char* c = std::getenv("WEFT_COLLECTIVE_CHECK")) s.check = parse_flag("WEFT_COLLECTIVE_CHECK", c);
+  } catch (const Error& e) {
+    bad = e.what();
+  }
   // Ranks that check differently would post their checks and collectives on different
   // communicators and wait on each other: every rank must have the same settings.
-  int flags[4] = {int(s.debug), int(s.check), -int(s.debug), -int(s.check)};
-  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, flags, 4, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+  int flags[5] = {int(s.debug), int(s.check), -int(s.debug), -int(s.check), bad.empty() ? s.size : s.rank};
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, flags, 5, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+  auto stop = [&](const std::string& why) {  // every rank sees the same result and stops here; MPI ends cleanly
+    if (s.started_mpi) MPI_CHECK(MPI_Finalize());
+    s.started_mpi = false;
+    throw AgreedError(why, s.rank, true);
+  };
+  if (flags[4] < s.size) stop(!bad.empty() ? bad : fmt::format("dist::init: rank {}'s environment holds a value that "
+                                                               "does not parse (its message names it)", flags[4]));
   for (auto [i, name] : {std::pair{0, "WEFT_DIST_DEBUG"}, {1, "WEFT_COLLECTIVE_CHECK"}})
-    if (flags[i] != -flags[i + 2]) {
-      // Every rank sees the same result and stops here; MPI ends cleanly.
-      if (s.started_mpi) MPI_CHECK(MPI_Finalize());
-      s.started_mpi = false;
-      throw AgreedError(fmt::format("dist::init: {} differs between ranks (on for some, off for others; this rank: "
-                                    "{}); give every rank the same environment (mpirun -x {})",
-                                    name, (i == 0 ? bool(s.debug) : bool(s.check)) ? "on" : "off", name),
-                        s.rank, true);
-    }
+    if (flags[i] != -flags[i + 2])
+      stop(fmt::format("dist::init: {} differs between ranks (on for some, off for others; this rank: {}); give every "
+                       "rank the same environment (mpirun -x {})",
+                       name, (i == 0 ? bool(s.debug) : bool(s.check)) ? "on" : "off", name));
   detail::flight_start();
   detail::start_comm_thread(s.local_size);
   s.initialized = true;

@@ -288,6 +288,9 @@ TEST_CASE("Hugging Face rope scaling: llama3, linear and dynamic as transformers
   for (const Case& k : {Case{"llama3", llama3, "logits"},
                         Case{"linear", {{"rope_type", "linear"}, {"factor", 4.0}}, "logits_linear"},
                         Case{"dynamic", {{"type", "dynamic"}, {"factor", 4.0}}, "logits_dynamic"},
+                        // a smaller original context changes nothing: transformers starts at max_position_embeddings
+                        Case{"dynamic", {{"type", "dynamic"}, {"factor", 4.0}, {"original_max_position_embeddings", 16}},
+                             "logits_dynamic"},
                         Case{"none", nullptr, "logits_unscaled"}}) {
     for (bool parameters : {false, true}) {
       INFO(k.name << (parameters ? " in rope_parameters" : " in rope_scaling"));
@@ -373,6 +376,33 @@ TEST_CASE("Mistral, Qwen2 and Qwen3: the sliding window caps the context, q/k/v 
   CHECK(head_norms == 2 * qwen3.n_layer);
   expect_error("layer_types", nlohmann::json{"full_attention", "sliding_attention"},
                "\"layer_types\" holds \"sliding_attention\"");
+}
+
+TEST_CASE("a field a config leaves out means what transformers' default for its family says") {
+  // The fixture's config without `keys`, with 32 heads of 64 (so that every family's default of key/value heads fits).
+  auto read_without = [](const std::string& fixture, const std::vector<std::string>& keys) {
+    const std::string dir = llama_with_config("defaults", [&](nlohmann::json& j) {
+      j.update({{"num_attention_heads", 32}, {"hidden_size", 2048}});
+      for (const std::string& k : keys) j.erase(k);
+    }, fixture);
+    const apps::ModelConfig c = apps::read_hf_config(dir);
+    fs::remove_all(dir);
+    return c;
+  };
+  const std::vector<std::string> sizes = {"num_key_value_heads", "max_position_embeddings", "head_dim"};
+  const apps::ModelConfig mistral = read_without("mistral", {"sliding_window", "num_key_value_heads",
+                                                             "max_position_embeddings", "head_dim"});
+  CHECK(mistral.sliding_window == 4096);  // transformers' MistralConfig: 4096 when absent, none when null
+  CHECK(mistral.n_kv_head == 8);
+  CHECK(mistral.ctx == 4096);  // max_position_embeddings 131072, capped at the window
+  for (const std::string fixture : {"qwen2", "qwen3"}) {
+    const apps::ModelConfig q = read_without(fixture, sizes);
+    INFO(fixture);
+    CHECK((q.n_kv_head == 32 && q.ctx == 32768));
+    CHECK(q.head_dim == (fixture == "qwen3" ? 128 : 0));  // 0: hidden_size / num_attention_heads
+  }
+  const apps::ModelConfig llama = read_without("llama", sizes);
+  CHECK((llama.n_kv_head == 32 && llama.ctx == 2048 && llama.head_dim == 0));
 }
 
 TEST_CASE("Hugging Face configs weft cannot represent are errors naming the field") {

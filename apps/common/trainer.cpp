@@ -105,13 +105,13 @@ int Trainer::train_step() {
   loss_ = end.loss;
   saver_.watch().loss(step_ + 1, loss_);
   lr_ = p_.opt->lr();
-  grad_norm_ = 0;  // 0: no clipping, or a skipped update
+  grad_norm_ = -1;  // not measured: no clipping, or a skipped update
   if (nan_.skip(loss_, step_ + 1, ranks_, saver_.watch())) {
     p_.opt->zero_grad();  // drop this step's update; the schedule and the data still move on
   } else {
     // Clipped as clip_grad_norm_ clips (sharded or not), its factor applied as the update reads the gradients.
     const nn::GradClip clip = o_.clip > 0 ? nn::clip_grad_coefficient(params_, o_.clip) : nn::GradClip{0, 1};
-    grad_norm_ = clip.norm;
+    grad_norm_ = o_.clip > 0 ? clip.norm : -1;
     p_.opt->step_scaled(clip.coef);
   }
   if (p_.sched) p_.sched->step();
@@ -184,7 +184,7 @@ void Trainer::log_step(int64_t first, int64_t stretch_end, bool stopping) {
   std::map<std::string, MetricValue> line = {{"step", step_}, {"loss", loss_}, {"lr", lr_}, {"skipped", nan_.skipped()},
                                              {o_.unit + "_per_s", dt > 0 ? double(window_items_) / dt : 0.0}};
   if (o_.epoch_steps > 0) line["epoch"] = (step_ - 1) / o_.epoch_steps + 1;
-  if (o_.log_grad_norm) line["grad_norm"] = grad_norm_;
+  if (o_.log_grad_norm && grad_norm_ >= 0) line["grad_norm"] = grad_norm_;
   if (o_.log_peak_bytes) line["peak_bytes"] = memory_stats().peak_bytes;
   metrics_.write(line);
   window_start_ = now;

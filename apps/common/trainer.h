@@ -145,7 +145,7 @@ class Trainer {
   const std::vector<Tensor> params_;  // the model's (this rank's shards once sharded): clipping, --deterministic
   nn::TreeSum grad_tree_;  // --deterministic without --fsdp: the leaves' gradients
   int64_t step_ = 0;       // steps done
-  double loss_ = 0, lr_ = 0, grad_norm_ = 0;  // of the last step (grad_norm_ before clipping)
+  double loss_ = 0, lr_ = 0, grad_norm_ = -1;  // of the last step (grad_norm_ before clipping; -1: not measured)
   std::optional<Progress> progress_;
   StepProfile profile_;
   int64_t stretch_start_ = 0, window_items_ = 0;

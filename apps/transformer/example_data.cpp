@@ -373,6 +373,13 @@ std::vector<int64_t> ExampleSet::draw(uint64_t seed, int64_t index, int64_t batc
   return picked;
 }
 
+std::vector<int64_t> ExampleSet::draw_once(uint64_t seed, int64_t index, int64_t batch) const {
+  std::vector<int64_t> picked = draw(seed, 0, std::min(size(), (index + 1) * batch));
+  picked.erase(picked.begin(), picked.begin() + std::min<int64_t>(int64_t(picked.size()), index * batch));
+  picked.resize(size_t(batch), -1);
+  return picked;
+}
+
 ExampleRows ExampleSet::rows(const std::vector<int64_t>& picked, int64_t lo, int64_t hi) const {
   WEFT_CHECK(0 <= lo && lo <= hi && hi <= int64_t(picked.size()), "ExampleSet: rows [{}, {}) outside [0, {})", lo, hi,
              picked.size());

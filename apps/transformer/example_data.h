@@ -77,6 +77,9 @@ class ExampleSet {
   // The unit indices of global batch `index` of `batch` rows: consecutive slots of a
   // permutation of the units that changes every epoch (from Generator(seed, epoch)).
   std::vector<int64_t> draw(uint64_t seed, int64_t index, int64_t batch) const;
+  // Batch `index` of one pass over the units in the first epoch's order: each once, -1 in the slots past the last (a
+  // row of padding, no target).
+  std::vector<int64_t> draw_once(uint64_t seed, int64_t index, int64_t batch) const;
   // Rows [lo, hi) of the batch of units `picked` (targets kIgnoreLabel where no loss and past a
   // row's end), T the longest of all `picked` (so the same at every rank); packed, the positions
   // too (the padding after the last example counts as one more document).
@@ -87,7 +90,9 @@ class ExampleSet {
   // the longest row a batch can have; a memory plan's rows).
   std::vector<int64_t> longest_row() const;
   // The examples of unit `u`, in their order in its row.
-  std::vector<int64_t> unit(int64_t u) const { return packed() ? packs_[size_t(u)] : std::vector<int64_t>{u}; }
+  std::vector<int64_t> unit(int64_t u) const {  // -1: none
+    return u < 0 ? std::vector<int64_t>{} : packed() ? packs_[size_t(u)] : std::vector<int64_t>{u};
+  }
 
  private:
   int64_t length(int64_t e) const { return lengths_[size_t(e)]; }

@@ -59,8 +59,8 @@ HfGenerationConfig read_hf_generation_config(const std::string& dir) {
   const json eos = j.value("eos_token_id", json(nullptr));
   for (const json& id : eos.is_array() ? eos : json::array({eos})) {
     if (id.is_null()) continue;
-    WEFT_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0, "transformer: {}: \"eos_token_id\" must be token "
-               "ids, got {}", path.string(), eos.dump());
+    WEFT_CHECK(id.is_number_integer(), "transformer: {}: \"eos_token_id\" must be token ids, got {}", path.string(),
+               eos.dump());
     g.eos.push_back(id.get<int64_t>());
   }
   auto field = [&](const char* key, auto& value, bool ok(double)) {

@@ -37,10 +37,12 @@ kernels::RopeScaling rope_scaling_of(const ConfigReader& r, int64_t max_position
   kernels::RopeScaling s{.kind = it->second.first};
   if (s.kind == Kind::none) return s;
   s.factor = r.number("factor");
-  // Dynamic scaling leaves the frequencies as they are up to max_position_embeddings (or an
-  // original_max_position_embeddings in rope_scaling, the smaller of the two taken).
+  // Dynamic scaling leaves the frequencies as they are up to max_position_embeddings, whatever an
+  // original_max_position_embeddings in rope_scaling says (as transformers); a checkpoint's record (no max_positions)
+  // holds where it starts as that field.
   if (s.kind == Kind::dynamic)
-    s.original_context = std::min(max_positions, r.integer("original_max_position_embeddings", max_positions));
+    s.original_context = max_positions < std::numeric_limits<int64_t>::max()
+                             ? max_positions : r.integer("original_max_position_embeddings");
   if (s.kind == Kind::llama3) {
     s.low_freq_factor = r.number("low_freq_factor");
     s.high_freq_factor = r.number("high_freq_factor");
@@ -65,7 +67,9 @@ json rope_scaling_config(const kernels::RopeScaling& s) {
 
 }  // namespace
 
-ModelConfig read_llama_config(const ConfigReader& r) {
+ModelConfig read_llama_config(const ConfigReader& r) { return read_llama_shaped(r, {}); }
+
+ModelConfig read_llama_shaped(const ConfigReader& r, const LlamaDefaults& d) {
   ModelConfig c;
   c.arch = "llama";
   c.vocab_size = r.integer("vocab_size");
@@ -73,10 +77,10 @@ ModelConfig read_llama_config(const ConfigReader& r) {
   c.ffn_dim = r.integer("intermediate_size");
   c.n_layer = r.integer("num_hidden_layers");
   c.n_head = r.integer("num_attention_heads");
-  c.n_kv_head = r.integer("num_key_value_heads", c.n_head);
-  c.head_dim = r.integer("head_dim", 0);
+  c.n_kv_head = r.integer("num_key_value_heads", d.n_kv_head > 0 ? d.n_kv_head : c.n_head);
+  c.head_dim = r.integer("head_dim", d.head_dim);
   if (c.head_dim > 0 && c.n_head > 0 && c.head_dim * c.n_head == c.d_model) c.head_dim = 0;  // the default
-  c.ctx = r.integer("max_position_embeddings", 2048);
+  c.ctx = r.integer("max_position_embeddings", d.ctx);
   c.norm_eps = r.number("rms_norm_eps", 1e-6);
   c.rope_theta = r.number("rope_theta", 10000.0);
   r.require("partial_rotary_factor", r.number("partial_rotary_factor", 1.0), 1.0, "every channel rotated");

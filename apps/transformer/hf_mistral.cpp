@@ -6,9 +6,9 @@
 namespace weft::apps {
 
 ModelConfig read_mistral_config(const ConfigReader& r) {
-  ModelConfig c = read_llama_config(r);
+  ModelConfig c = read_llama_shaped(r, {.n_kv_head = 8, .ctx = 131072});
   c.family = "mistral";
-  c.sliding_window = r.integer("sliding_window", 0);
+  c.sliding_window = r.j.contains("sliding_window") ? r.integer("sliding_window", 0) : 4096;  // null: none
   if (c.sliding_window > 0) c.ctx = std::min(c.ctx, c.sliding_window);
   return c;
 }

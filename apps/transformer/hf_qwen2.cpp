@@ -4,8 +4,10 @@
 
 namespace weft::apps {
 
-ModelConfig read_qwen2_config(const ConfigReader& r) {
-  ModelConfig c = read_llama_config(r);
+ModelConfig read_qwen2_config(const ConfigReader& r) { return read_qwen_config(r, {.n_kv_head = 32, .ctx = 32768}); }
+
+ModelConfig read_qwen_config(const ConfigReader& r, const LlamaDefaults& defaults) {
+  ModelConfig c = read_llama_shaped(r, defaults);
   c.family = "qwen2";
   c.qkv_bias = true;
   r.require("use_sliding_window", r.boolean("use_sliding_window", false), false, "full attention in every layer");

@@ -5,7 +5,8 @@
 namespace weft::apps {
 
 ModelConfig read_qwen3_config(const ConfigReader& r) {
-  ModelConfig c = read_qwen2_config(r);  // the window settings; attention_bias is read (false) as Llama's
+  // the window settings; attention_bias is read (false) as Llama's
+  ModelConfig c = read_qwen_config(r, {.n_kv_head = 32, .ctx = 32768, .head_dim = 128});
   c.family = "qwen3";
   c.qkv_bias = false;
   c.qk_norm = true;

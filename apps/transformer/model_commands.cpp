@@ -143,9 +143,11 @@ std::vector<int64_t> eos_ids(const std::string& eos, const apps::BpeTokenizer* t
                              const apps::HfGenerationConfig& gen) {
   if (eos == "none") return {};
   if (eos.empty()) {
-    const std::vector<int64_t>& ids = gen.eos;
-    for (int64_t id : ids)
-      WEFT_CHECK(id < vocab, "transformer: {}'s eos id {} is past the vocabulary of {}", gen.file, id, vocab);
+    std::vector<int64_t> ids = gen.eos, outside;  // ids no token has never match, as in transformers: said, dropped
+    std::erase_if(ids, [&](int64_t id) { return (id < 0 || id >= vocab) && (outside.push_back(id), true); });
+    if (!outside.empty())
+      std::fprintf(stderr, "weft-transformer: %s's eos id(s) %s lie outside the vocabulary of %lld: no token matches "
+                   "them\n", gen.file.c_str(), fmt::format("{}", fmt::join(outside, ",")).c_str(), (long long)vocab);
     if (!ids.empty())
       std::fprintf(stderr, "weft-transformer: stopping after eos id(s) %s (%s; --eos none: never)\n",
                    fmt::format("{}", fmt::join(ids, ",")).c_str(), gen.file.c_str());

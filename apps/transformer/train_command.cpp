@@ -255,8 +255,8 @@ struct Run {
 
 // Mean validation loss over `iters` fixed batches (the same ones at every evaluation and any world size); each rank
 // evaluates its rows and the means are averaged over ranks. With --deterministic each batch goes as the rank's virtual
-// micro-batches, their losses averaged in one order at any world size. A dataset of examples: the mean over the targets
-// that carry loss of all those batches.
+// micro-batches, their losses averaged in one order at any world size. A dataset of examples: each example at most once
+// (all of them when the batches hold them: as many batches as that takes), the mean over the targets that carry loss.
 double validation_loss(nn::Module& model, const Run& run, const TrainOptions& o, const Ranks& ranks,
                 const std::optional<apps::LeafPlan>& leaves) {
   NoGradGuard no_grad;
@@ -265,15 +265,17 @@ double validation_loss(nn::Module& model, const Run& run, const TrainOptions& o,
   double total = 0;
   std::vector<double> ordered;
   const apps::ExampleSet* examples = run.val_examples ? &*run.val_examples : nullptr;
+  const int64_t iters = examples ? std::min(o.eval_iters, (examples->size() + o.batch_size - 1) / o.batch_size)
+                                 : o.eval_iters;
+  auto picked = [&](int64_t i) { return examples->draw_once(o.seed + kValSeedOffset, i, o.batch_size); };
   double share = 0;  // examples: a part's loss sum times share is its part of the mean over all targets
-  for (int64_t i = 0; examples && i < o.eval_iters; ++i)
-    share += double(examples->targets(examples->draw(o.seed + kValSeedOffset, i, o.batch_size)));
-  if (examples) share = double(o.eval_iters * (leaves ? leaves->per_rank : 1) * ranks.data_world()) / share;
+  for (int64_t i = 0; examples && i < iters; ++i) share += double(examples->targets(picked(i)));
+  if (examples) share = double(iters * (leaves ? leaves->per_rank : 1) * ranks.data_world()) / share;
   const apps::LossFn loss_fn = apps::tensor_parallel_loss(run.tp);
-  for (int64_t i = 0; i < o.eval_iters; ++i) {
+  for (int64_t i = 0; i < iters; ++i) {
     auto loss = [&](int64_t lo, int64_t hi) {
       apps::ExampleRows r;  // validation examples are not packed
-      if (examples) r = examples->rows(examples->draw(o.seed + kValSeedOffset, i, o.batch_size), lo, hi);
+      if (examples) r = examples->rows(picked(i), lo, hi);
       else std::tie(r.x, r.y) = apps::text_batch(run.data.val, o.seed + kValSeedOffset, i, o.batch_size, o.model.ctx, lo, hi);
       Tensor logits = model(r.x.to(run.device));
       Tensor flat = logits.view({-1, logits.size(-1)}), y = r.y.to(run.device).view({-1});
@@ -291,8 +293,8 @@ double validation_loss(nn::Module& model, const Run& run, const TrainOptions& o,
     }
   }
   model.train();
-  if (leaves) return apps::ordered_mean(ordered, o.eval_iters, ranks);
-  return mean_over_ranks(total / double(o.eval_iters), ranks);
+  if (leaves) return apps::ordered_mean(ordered, iters, ranks);
+  return mean_over_ranks(total / double(iters), ranks);
 }
 
 // --resume without --init-from or a shape flag: the model is the one the checkpoint describes (--ctx, if given, must
@@ -675,6 +677,9 @@ void print_run(const TrainOptions& o, const Run& run, const Ranks& ranks, int64_
                  (long long)run.train_examples->skipped(), (long long)run.val_examples->skipped(),
                  (long long)o.model.ctx, (long long)run.train_examples->truncated(),
                  (long long)run.val_examples->truncated());
+  if (const int64_t n = run.val_examples ? run.val_examples->size() : 0; o.eval_every > 0 && o.eval_iters * o.batch_size < n)
+    std::fprintf(stderr, "weft-transformer: a validation scores %lld of the %lld val examples (--eval-iters x "
+                 "--batch-size); `eval` scores them all\n", (long long)(o.eval_iters * o.batch_size), (long long)n);
 }
 
 // --init-from without --resume: the Hugging Face weights replace the initial ones (each rank

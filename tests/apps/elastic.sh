@@ -115,6 +115,14 @@ done
 # The default sizes are --np's divisors: after a loss at 4 ranks, 2 (3 would not split the batch).
 "$elastic" --np 4 --max-restarts 1 --launch 'env W={n}' -- sh -c 'kill -9 $$' >/dev/null 2>"$tmp/div" || true
 grep -q "relaunching at 2 ranks" "$tmp/div" || fail "default sizes: $(grep weft-elastic "$tmp/div")"
+# --checkpoint-dir without --resume-args: a launch adds nothing (it had added an empty argument), and the restart says so
+# (it had named the checkpoint as its start).
+mkdir -p "$tmp/nores/step_00000005" && echo '{}' >"$tmp/nores/step_00000005/index.json"
+"$elastic" --np 2 --max-restarts 1 --launch 'env W={n}' --checkpoint-dir "$tmp/nores" -- \
+  sh -c 'echo "arguments: $#" >&2; kill -9 $$' sh >/dev/null 2>"$tmp/nores.err" || true
+grep -qF "relaunching at 1 ranks from its own arguments (no --resume-args to add; the newest checkpoint: $tmp/nores/step_00000005 (step 5))" \
+  "$tmp/nores.err" && [ "$(grep -c "^arguments: 0$" "$tmp/nores.err")" = 2 ] ||
+  fail "no --resume-args: $(grep -E "weft-elastic|arguments" "$tmp/nores.err")"
 # Ranks that stopped on a signal sent to them (scancel, kill) are not lost: no restart.
 rc=0 && "$elastic" --np 2 --launch 'env W={n}' -- sh -c 'echo "x: stopping after step 3 on SIGTERM; checkpoint written to c" >&2
   exit 143' >/dev/null 2>"$tmp/term" || rc=$?

@@ -2,7 +2,8 @@
 # weft-transformer on a dataset of examples (JSONL records, apps/transformer/example_data.h):
 # prepare writes .labels beside the token files (and a text dataset prepared into the same
 # directory drops them); train --init-from the chat fixture's model learns (the loss falls) and
-# resumes, with LoRA too (on its tied embedding), and --pack (with activation checkpointing alike); eval reports the mean over the trained targets only; bad records and flags are named;
+# resumes, with LoRA too (on its tied embedding), and --pack (with activation checkpointing alike); eval reports the mean
+# over the trained targets only, as a run's validation of every val example does; bad records and flags are named;
 # with mpirun, --fsdp at 2 ranks logs the single-process losses (the loss is the mean over the
 # global batch's targets, however the ranks split its rows) and --deterministic the same bits.
 # Usage: examples_cli.sh EXE CHAT_DATA_DIR [MPIRUN MPIRUN_ARGS...]
@@ -75,6 +76,17 @@ grep -q "12 examples" "$tmp/eval.err" || fail "eval: $(cat "$tmp/eval.err")"
 [ "$etokens" -gt 0 ] && [ "$etokens" -lt "$(grep -o 'and [0-9]* tokens' "$tmp/prep.out" | grep -o '[0-9]*')" ] ||
   fail "eval counted $etokens targets: $(cat "$tmp/eval.out")"
 within "$eppl" "$(awk -v l="$eloss" 'BEGIN { printf "%.12g", exp(l) }')" 1e-5 0 "eval perplexity"
+
+# A run's validation scores each val example once when its batches hold them all: eval's loss (--lr 1e-12 leaves the
+# model as it was); with fewer slots than examples it says how many it scores (it had drawn slots at random, some
+# examples twice and others never).
+"$exe" train --init-from "$chat/model" --data "$tmp/ds" --batch-size 2 --lr 1e-12 --steps 1 --threads 1 \
+  --metrics "$tmp/v.jsonl" >/dev/null 2>"$tmp/err" || fail "validation run: $(cat "$tmp/err")"
+within "$(grep '"split":"val"' "$tmp/v.jsonl" | grep -o '"loss":[^,}]*' | cut -d: -f2)" "$eloss" 1e-6 0 \
+  "a run's validation of every val example, against eval"
+"$exe" train --init-from "$chat/model" --data "$tmp/ds" --batch-size 2 --eval-iters 3 --steps 1 --threads 1 \
+  >/dev/null 2>"$tmp/err" || fail "validation run: $(cat "$tmp/err")"
+grep -q "a validation scores 6 of the 12 val examples" "$tmp/err" || fail "no note of a partial validation: $(cat "$tmp/err")"
 
 # A text dataset prepared into the directory is text again.
 printf 'plain text, no records\n%.0s' $(seq 200) >"$tmp/plain.txt"

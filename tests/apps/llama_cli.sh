@@ -143,6 +143,12 @@ got=$("$exe" sample --from "$tmp/l3eos" --prompt "The " --greedy --tokens 20 --i
 grep -q "stopping after eos id(s) 255,$e" "$tmp/eos.err" || fail "no eos message: $(cat "$tmp/eos.err")"
 [ "$("$exe" sample --from "$tmp/l3eos" --prompt "The " --greedy --tokens 20 --ids --eos none 2>/dev/null)" = "$all" ] ||
   fail "--eos none still stopped"
+# Ids outside the vocabulary (a config's default of another vocabulary, -1) never match, as in transformers: said and
+# dropped (they had been refused).
+echo "{\"eos_token_id\": [-1, 999999, $e]}" >"$tmp/l3eos/generation_config.json"
+got=$("$exe" sample --from "$tmp/l3eos" --prompt "The " --greedy --tokens 20 --ids 2>"$tmp/eos.err") || fail "$(cat "$tmp/eos.err")"
+[ "$got" = "$want" ] && grep -q "eos id(s) -1,999999 lie outside the vocabulary of 256" "$tmp/eos.err" ||
+  fail "eos ids outside the vocabulary: got $got, want $want: $(cat "$tmp/eos.err")"
 # Without generation_config.json, config.json's generation fields hold, as transformers reads them: greedy (no
 # do_sample) and its eos_token_id (weft had drawn at temperature 1, never stopping).
 mkdir "$tmp/l3nogen" && cp "$data/llama3/model.safetensors" "$tmp/l3nogen/"

@@ -26,6 +26,11 @@ check_lrs() {  # check_lrs SCHEDULE WANT... [-- FLAGS...]
   for i in 0 1 2 3 4 5; do within "${got[$i]}" "${want[$i]}" 1e-8 1e-12 "--lr-schedule $schedule step $((i + 1)) lr"; done
 }
 check_lrs constant 0.005 0.01 0.01 0.01 0.01 0.01
+# The gradient norm is logged when clipping measures it (default --clip 1), left out under --clip 0 (it had read 0).
+[ "$(grep -v '"split"' "$tmp/constant.jsonl" | grep -c '"grad_norm":')" = 6 ] ||
+  fail "grad_norm not logged at every step: $(cat "$tmp/constant.jsonl")"
+"$exe" train "${cfg[@]}" --clip 0 --metrics "$tmp/noclip.jsonl" >/dev/null 2>"$tmp/err" || fail "--clip 0: $(cat "$tmp/err")"
+! grep -q grad_norm "$tmp/noclip.jsonl" || fail "--clip 0 logged a gradient norm: $(head -2 "$tmp/noclip.jsonl")"
 check_lrs linear 0.005 0.01 0.01 0.00775 0.0055 0.00325 -- --min-lr 1e-3
 check_lrs cosine 0.005 0.01 0.01 0.0086819805 0.0055 0.0023180195 -- --min-lr 1e-3
 check_lrs wsd 0.005 0.01 0.01 0.01 0.01 0.0055 -- --min-lr 1e-3 --decay-steps 2
