@@ -94,6 +94,14 @@ bool is_hf_dir(const std::string& path) {
   return fs::is_directory(path, ec) && fs::exists(fs::path(path) / "config.json", ec);
 }
 
+void check_tokenizer_readable(const std::string& dir, const std::string& what) {
+  WEFT_CHECK(dir.empty() || !WEFT_FS(fs::exists(fs::path(dir) / "tokenizer.model")) ||
+             WEFT_FS(fs::exists(fs::path(dir) / "tokenizer.json")), "transformer: {} holds tokenizer.model "
+             "(SentencePiece's format) and no tokenizer.json, the one weft reads: {} would be read as bytes, ids the "
+             "model was not made for; write its tokenizer.json first (Python: transformers.AutoTokenizer."
+             "from_pretrained(DIR).save_pretrained(DIR))", dir, what);
+}
+
 ModelConfig read_hf_config(const std::string& dir) {
   const std::string path = (fs::path(dir) / "config.json").string();
   json j = read_json_object(path);

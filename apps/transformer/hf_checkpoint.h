@@ -35,12 +35,15 @@ struct HfGenerationConfig {
 };
 // Reads `dir`/generation_config.json, or without one the generation fields of `dir`/config.json (its eos_token_id;
 // greedy unless it says do_sample), as transformers' generate does (found false when neither exists); an error naming
-// the file and the field for a value of the wrong kind (eos ids that are not non-negative integers, a negative
+// the file and the field for a value of the wrong kind (eos ids that are not integers, a negative
 // temperature or top_k, top_p outside (0, 1]).
 HfGenerationConfig read_hf_generation_config(const std::string& dir);
 
 // Whether `path` is a directory with a config.json.
 bool is_hf_dir(const std::string& path);
+// Throws when `dir` ships SentencePiece's tokenizer.model without the tokenizer.json weft reads: `what` (a prompt, a
+// text) would be read as bytes, ids the model was not made for.
+void check_tokenizer_readable(const std::string& dir, const std::string& what);
 
 // The model config.json describes; a field weft cannot represent (another model_type or activation, a rope type other
 // than default, linear, dynamic and llama3, biases in Llama, ...) is an error naming the field and its value.

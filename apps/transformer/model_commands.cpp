@@ -251,6 +251,7 @@ std::optional<apps::BpeTokenizer> sample_tokenizer(const SampleOptions& o, const
                  "the model's tokenizer" : "--tokenizer", path, o.checkpoint, digest, recorded->second);
     }
   }
+  if (!tok && o.prompt_ids.empty() && !loaded.recorded.count("train_bytes")) apps::check_tokenizer_readable(source, "the prompt");
   WEFT_CHECK(tok || recorded == loaded.recorded.end() || !o.prompt_ids.empty(), "transformer: {} was trained on the ids "
              "of a tokenizer (sha256 {}), which a prompt's bytes are not: give that tokenizer.json with --tokenizer, or "
              "the prompt's ids with --prompt-ids", o.checkpoint, recorded->second);
@@ -476,6 +477,7 @@ void check_data_tokenizer(const EvalOptions& o, const LoadedModel& loaded, const
   const std::string model = model_tokenizer_digest(loaded, hf_source(o.from, loaded.recorded));
   const bool bytes = loaded.recorded.count("train_bytes") > 0;
   const std::string& have = data.tokenizer_sha256;
+  if (have.empty() && !bytes) apps::check_tokenizer_readable(hf_source(o.from, loaded.recorded), o.data + "'s text");
   WEFT_CHECK(model.empty() ? have.empty() || !bytes : have == model, "transformer: {} "
              "holds {}, and {} reads {}: prepare it with the model's tokenizer", o.data, apps::describe_tokens(have),
              o.from, apps::describe_tokens(model));

@@ -564,11 +564,13 @@ void build_model(TrainOptions& o, const Ranks& ranks, Run& run) {
 }
 
 // Fine-tuning a downloaded model on another tokenizer's ids (or on bytes) teaches it a code it does not know: said,
-// not refused (another copy of the same tokenizer may differ in its bytes).
-void warn_other_tokens(const TrainOptions& o, const Run& run) {
+// not refused (another copy of the same tokenizer may differ in its bytes); on bytes, refused for a model whose
+// tokenizer weft cannot read (SentencePiece's tokenizer.model only: its export would ship that tokenizer).
+void warn_other_tokens(const TrainOptions& o, const Run& run, bool lead) {
+  if (run.data.tokenizer_sha256.empty()) apps::check_tokenizer_readable(o.init_from, o.data + "'s text");
   if (o.init_from.empty() || !WEFT_FS(std::filesystem::exists(o.init_from + "/tokenizer.json"))) return;
   const std::string model = apps::tokenizer_digest(o.init_from), data = run.data.tokenizer_sha256;
-  if (model != data)
+  if (lead && model != data)
     std::fprintf(stderr, "weft-transformer: warning: %s holds %s, not the tokens of %s/tokenizer.json (sha256 %s): the "
                  "model is trained on ids it was not made for\n", o.data.c_str(), apps::describe_tokens(data).c_str(),
                  o.init_from.c_str(), model.c_str());
@@ -584,7 +586,7 @@ void prepare_run(TrainOptions& o, const Ranks& ranks, Run& run) {
   o.model.tie_weights = !o.untie;
   validate(o, ranks, run);
   load_data(o, run, ranks.fsdp);
-  if (ranks.lead()) warn_other_tokens(o, run);
+  warn_other_tokens(o, run, ranks.lead());
   if (!o.resume.empty()) find_resume(o, run, ranks.lead());
   std::vector<apps::PathFlag> inputs = {{"--resume", run.resume_from}, {"--init-from", o.init_from}};
   for (const std::string& file : run.data.files) inputs.push_back({"--data", file});

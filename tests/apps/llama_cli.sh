@@ -121,6 +121,15 @@ grep -q "$tmp/cktok was trained on text (bytes): the prompt is read as bytes" "$
   grep -q "prompt of 3 tokens" "$tmp/tok.err" || fail "sample of a byte run: $(cat "$tmp/tok.err")"
 expect_error "was trained on text (bytes), whose ids a --tokenizer's are not" sample --from "$tmp/cktok" --tokenizer \
   "$tmp/l3tok/tokenizer.json" --tokens 1
+# A directory that ships SentencePiece's tokenizer.model without tokenizer.json: text for it (a prompt, eval's or train's
+# data) is refused, not read as bytes (which had been scored, trained on and exported with that tokenizer); ids are not.
+cp -r "$data/llama3" "$tmp/l3spm" && echo "not read" >"$tmp/l3spm/tokenizer.model"
+spm="$tmp/l3spm holds tokenizer.model (SentencePiece's format) and no tokenizer.json"
+expect_error "$spm, the one weft reads: the prompt would be read as bytes" sample --from "$tmp/l3spm" --prompt "The" --tokens 1
+expect_error "$spm, the one weft reads: $tmp/tokev.txt's text would be read as bytes" eval --from "$tmp/l3spm" \
+  --data "$tmp/tokev.txt"
+expect_error "$spm" train --init-from "$tmp/l3spm" --data "$tmp/tokev.txt" --ctx 80 --steps 1
+"$exe" sample --from "$tmp/l3spm" --prompt-ids 1,2 --tokens 1 --ids >/dev/null 2>"$tmp/err" || fail "--prompt-ids: $(cat "$tmp/err")"
 # A run whose source no longer holds its tokenizer.json exports none of the tokenizer's other files
 # (tokenizer_config.json had gone along without the tokenizer: AutoTokenizer failed on the export).
 cp -r "$tmp/l3tok" "$tmp/l3notok" && echo '{}' >"$tmp/l3notok/tokenizer_config.json"
