@@ -328,6 +328,14 @@ TEST_CASE("Hugging Face rope scaling: llama3, linear and dynamic as transformers
                     Contains("rope_parameters\" differs from rope_scaling in the same file"));
   CHECK_THROWS_WITH(both({{"rope_type", "default"}, {"rope_theta", 1e4}}, {{"rope_type", "default"}, {"rope_theta", 5e5}}),
                     Contains("differs from rope_scaling"));
+  // A top-level rope_theta beside rope_parameters' (transformers takes the latter): the same reads, another is refused.
+  auto beside = [&](double theta) {
+    const std::string dir = llama_with_config("theta", [&](nlohmann::json& j) { j["rope_theta"] = theta; }, "llama3");
+    struct Remove { std::string d; ~Remove() { fs::remove_all(d); } } remove{dir};
+    return apps::read_hf_config(dir);
+  };
+  CHECK(beside(500000.0).rope_theta == 500000.0);
+  CHECK_THROWS_WITH(beside(1e4), Contains("\"rope_theta\" is 10000, and rope_parameters's rope_theta 500000"));
   // Dynamic scaling changes every frequency with the sequence's length past max_position_embeddings.
   const std::string dir = llama_with_config("dynamic", [](nlohmann::json& j) {
     j.erase("rope_parameters");

@@ -93,6 +93,9 @@ ModelConfig read_llama_shaped(const ConfigReader& r, const LlamaDefaults& d) {
     if (!p->is_object()) r.fail(key, fmt::format("must be an object or null, got {}", p->dump()));
     ConfigReader rp{*p, fmt::format("{} {}", r.where, key)};
     const auto theta = p->contains("rope_theta") ? std::optional(rp.number("rope_theta", 0.0)) : std::nullopt;
+    if (theta && r.find("rope_theta") && *theta != c.rope_theta)
+      r.fail("rope_theta", fmt::format("is {}, and {}'s rope_theta {}: keep the one the model was trained with",
+                                       c.rope_theta, key, *theta));
     c.rope_theta = theta.value_or(c.rope_theta);
     c.rope_scaling = rope_scaling_of(rp, c.ctx);
     if (first && (!(first->first == c.rope_scaling) || (first->second && theta && *first->second != *theta)))
