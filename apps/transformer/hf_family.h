@@ -85,12 +85,9 @@ const HfFamily& hf_family_of(const ModelConfig& cfg);
 ModelConfig read_gpt2_config(const ConfigReader& r);
 nlohmann::json write_gpt2_config(const ModelConfig& c);
 ModelConfig read_llama_config(const ConfigReader& r);
-// What a Llama-shaped family's config.json means by a field it leaves out: transformers' defaults for the family.
-struct LlamaDefaults {
-  int64_t n_kv_head = 0;  // num_key_value_heads (0: num_attention_heads)
-  int64_t ctx = 2048;     // max_position_embeddings
-  int64_t head_dim = 0;   // 0: hidden_size / num_attention_heads
-};
+// What a Llama-shaped family's config.json means by a field it leaves out: transformers' defaults for the family
+// (num_key_value_heads, 0: num_attention_heads; max_position_embeddings; head_dim, 0: hidden_size / heads).
+struct LlamaDefaults { int64_t n_kv_head = 0, ctx = 2048, head_dim = 0; };
 ModelConfig read_llama_shaped(const ConfigReader& r, const LlamaDefaults& defaults);
 nlohmann::json write_llama_config(const ModelConfig& c);
 ModelConfig read_mistral_config(const ConfigReader& r);
