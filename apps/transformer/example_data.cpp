@@ -85,7 +85,8 @@ void encode_pieces(const BpeTokenizer& tok, const std::vector<TextPiece>& pieces
 // A record's string field ("" when absent); a present field of another type is an error.
 std::optional<std::string> string_field(const json& record, const char* key) {
   if (!record.contains(key)) return std::nullopt;
-  WEFT_CHECK(record[key].is_string(), "\"{}\" must be a string, got {}", key, record[key].type_name());
+  WEFT_CHECK(record[key].is_string(), "\"{}\" must be a string, got {}{}", key, record[key].type_name(),
+             record[key].is_array() ? " (conversational prompt and completion: give it as {\"messages\": [...]})" : "");
   return record[key].get<std::string>();
 }
 

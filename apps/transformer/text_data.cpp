@@ -72,10 +72,9 @@ std::vector<std::string> text_files(const std::string& path) {
   // A downloaded dataset's splits side by side (train.jsonl, test.jsonl): read as one text, the test split is trained on.
   static const std::regex held_out("(test|tests|valid|validation|val|eval|evaluation|dev)([^a-z].*)?", std::regex::icase);
   for (const std::string& f : files)
-    WEFT_CHECK(files.size() == 1 || !std::regex_match(fs::path(f).filename().string(), held_out), "transformer: {} "
-               "holds {}, named for a held-out split, beside {} other file(s): they would be read as one text and it "
-               "trained on; pass the training split's file (weft's validation split is the end of what it reads)", path,
-               fs::path(f).filename().string(), files.size() - 1);
+    WEFT_CHECK(files.size() == 1 || !std::regex_match(fs::path(f).filename().string(), held_out), "transformer: {} holds "
+               "{}, named for a held-out split, beside {} other file(s): read as one text, it would be trained on; pass "
+               "the training split's file", path, fs::path(f).filename().string(), files.size() - 1);
   return files;
 }
 

@@ -96,6 +96,9 @@ cp "$tmp/ds/train.labels" "$tmp/ds/val.labels" "$tmp/ds2/"
 "$exe" prepare --tokenizer "$chat/chatml" --data "$tmp/plain.txt" --out "$tmp/ds2" >/dev/null 2>&1 || fail "prepare text"
 [ ! -e "$tmp/ds2/train.labels" ] || fail "prepare of text left the .labels files of examples"
 
+echo '{"prompt": [{"role": "user", "content": "x"}], "completion": [{"role": "assistant", "content": "y"}]}' >"$tmp/bad.jsonl"
+expect_error "bad.jsonl:1: \"prompt\" must be a string, got array (conversational prompt and completion: give it as {\"messages\": [...]})" \
+  prepare --tokenizer "$chat/chatml" --data "$tmp/bad.jsonl" --out "$tmp/bad"
 echo '{"prompt": "x"}' >"$tmp/bad.jsonl"
 expect_error "bad.jsonl:1: a record with \"prompt\" needs \"completion\" too" prepare --tokenizer "$chat/chatml" \
   --data "$tmp/bad.jsonl" --out "$tmp/bad"
