@@ -368,6 +368,9 @@ void check_tensor_parallel(const TrainOptions& o, const Ranks& ranks, const Run&
   auto refuse = [&](bool used, const char* what) { WEFT_CHECK(!used, "transformer: --tp does not run with {} yet", what); };
   refuse(o.sharding_strategy != "FULL_SHARD", "--sharding-strategy other than FULL_SHARD");
   refuse(o.reshard_after_forward != "true" && o.reshard_after_forward != "false", "--reshard-after-forward N");
+  // The adapters split with their layers sum their gradients over the group while they run (tp's sum_gradients),
+  // which the FSDP group of their own that keeps them f32 would undo.
+  refuse(o.base_dtype == "bf16", "--base-dtype bf16");
 }
 
 // The flags, checked against each other and the world before anything is built.

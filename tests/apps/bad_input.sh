@@ -29,6 +29,7 @@ done
 mkfifo "$tmp/ck_fifo/index.json"
 head -c 4000 /dev/urandom | base64 > "$tmp/text.txt"
 mkdir "$tmp/splits" && cp "$tmp/text.txt" "$tmp/splits/train.txt" && cp "$tmp/text.txt" "$tmp/splits/test.txt"
+cp -r "$(dirname "${BASH_SOURCE[0]}")/../data/hf/llama" "$tmp/hf_llama"
 mkdir "$tmp/text_dir" && cp "$tmp/text.txt" "$tmp/text_dir/a.txt"
 # A real checkpoint, then copies whose model fields are text and absurd.
 if ! "${prog[transformer]}" train --data "$tmp/text.txt" --n-layer 1 --n-head 2 --d-model 16 --ctx 16 --batch-size 2 \
