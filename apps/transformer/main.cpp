@@ -40,8 +40,9 @@ int prepare_examples(const PrepareOptions& p) {
 void add_step_flags(CLI::App* tr, TrainOptions& t) {
   tr->add_option("--device", t.device, "cpu, cuda (this rank's GPU) or cuda:N: where the model and batches live")
       ->capture_default_str();
-  auto* det = tr->add_flag("--deterministic", t.deterministic, "the same bits at any number of ranks and threads: each step's batch "
-               "split into --virtual-batches micro-batches, every sum over them in one fixed order (docs/FSDP.md)");
+  auto* det = tr->add_flag("--deterministic", t.deterministic, "the same bits at any number of ranks and threads (with --mixed-precision "
+               "bf16: among --fsdp runs, one rank included): each step's batch split into --virtual-batches "
+               "micro-batches, every sum over them in one fixed order (docs/FSDP.md)");
   tr->add_option("--virtual-batches", t.virtual_batches, "with --deterministic: micro-batches per step's batch; the "
                  "number of ranks must divide it into a power of two per rank")
       ->check(apps::cli::integer(1, 1 << 20))->capture_default_str()->needs(det);
