@@ -108,8 +108,11 @@ for bad in "--np 0" "--np 2 --launch mpirun" "--np 4 --sizes 2,1 --launch x{n}" 
   grep -q "weft-elastic: " "$tmp/opt" || fail "weft-elastic $bad: no message: $(cat "$tmp/opt")"
 done
 for opt in --np --launch --sizes --max-restarts --checkpoint-dir --resume-args; do  # no value: named (it had spun for ever)
-  rc=0 && timeout 10 "$elastic" $opt >/dev/null 2>"$tmp/opt" || rc=$?
-  [ "$rc" = 2 ] && grep -q "weft-elastic: $opt needs a value" "$tmp/opt" || fail "weft-elastic $opt: status $rc: $(cat "$tmp/opt")"
+  for end in "" "-- true"; do  # last, or right before -- (which it had taken as the value)
+    # shellcheck disable=SC2086
+    rc=0 && timeout 10 "$elastic" $opt $end >/dev/null 2>"$tmp/opt" || rc=$?
+    [ "$rc" = 2 ] && grep -q "weft-elastic: $opt needs a value" "$tmp/opt" || fail "weft-elastic $opt $end: status $rc: $(cat "$tmp/opt")"
+  done
 done
 "$elastic" --help | grep -q "Usage: weft-elastic --np N --launch" || fail "weft-elastic --help prints no usage"
 # The default sizes are --np's divisors: after a loss at 4 ranks, 2 (3 would not split the batch).
