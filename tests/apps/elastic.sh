@@ -102,6 +102,11 @@ if run "$elastic" --np 2 --max-restarts 1 --launch "$launch -np {n}" -- sh -c 'k
   fail "a job that always loses a rank succeeded"; fi
 grep -q "restart 1 of 1: the job at 2 ranks lost" "$tmp/limit" && grep -q "giving up after 1 restart(s)" "$tmp/limit" ||
   fail "the restart limit: $(grep weft-elastic "$tmp/limit")"
+# A new run replacing a directory's checkpoints, resumed from them at a relaunch (its first launch had been resumed too).
+if "$elastic" --np 2 --launch x{n} --checkpoint-dir c --resume-args '--resume c' -- prog --overwrite-checkpoints \
+  >/dev/null 2>"$tmp/opt"; then fail "--overwrite-checkpoints with --resume-args accepted"; fi
+grep -q "the program's --overwrite-checkpoints replaces c's checkpoints with a new run's" "$tmp/opt" ||
+  fail "--overwrite-checkpoints with --resume-args: $(cat "$tmp/opt")"
 for bad in "--np 0" "--np 2 --launch mpirun" "--np 4 --sizes 2,1 --launch x{n}" "--np 2 --launch x{n} --resume-args y"; do
   # shellcheck disable=SC2086
   if "$elastic" $bad -- true >/dev/null 2>"$tmp/opt"; then fail "weft-elastic $bad succeeded"; fi
