@@ -57,8 +57,12 @@ void CheckpointSaver::save(const fsdp::CheckpointProgress& progress) {
   std::string where;
   dist::agree(ranks_.groups(), name, [&] {
     // Never from non-finite state: the checkpoints already written stay as they are.
-    check_finite_parameters(model_, fmt::format("{}: refusing to write a checkpoint at step {}", name, progress.step),
-                            fmt::format("; the existing checkpoints are untouched; {} — lower --lr", watch_.advice()));
+    const std::string refusing = fmt::format("{}: refusing to write a checkpoint at step {}", name, progress.step),
+                      advice = fmt::format("; the existing checkpoints are untouched; {} — lower --lr", watch_.advice());
+    check_finite_parameters(model_, refusing, advice);
+    // Adam's second moment can overflow while the weights stay finite (a finite loss of 1e36): such state never resumes.
+    const std::string bad = first_nonfinite(opt_.state_dict());
+    WEFT_CHECK(bad.empty(), "{}: optimizer state {} is not finite{}", refusing, bad, advice);
     fsdp::CheckpointProgress mine = progress;
     mine.run = flags_.run;
     where = fsdp::save_checkpoint(flags_.dir, model_, &opt_, root_, mine,

@@ -126,6 +126,13 @@ if "$mnist" "${m[@]}" --steps 3 --lr 1e30 --on-nan ignore --save "$tmp/mk2" >/de
   fail "mnist wrote a checkpoint of non-finite weights"; fi
 grep -q "refusing to write a checkpoint at step 3: parameter" "$tmp/err" || fail "mnist save: $(cat "$tmp/err")"
 [ -z "$(ls "$tmp/mk2" 2>/dev/null | grep step_ || true)" ] || fail "mnist wrote a step directory: $(ls "$tmp/mk2")"
+# Adam's second moment overflowing while the loss and the weights stay finite (--lr 1e6): no checkpoint of that state
+# (it had been written, and was then the newest, which no --load could resume).
+if "$mnist" "${m[@]}" --steps 4 --lr 1e6 --save "$tmp/mk4" --checkpoint-every 1 >/dev/null 2>"$tmp/err"; then
+  fail "mnist --lr 1e6 exited 0"; fi
+grep -Eq "refusing to write a checkpoint at step [234]: optimizer state [a-z_.0-9]+ \((nan|inf|-inf) at element" \
+  "$tmp/err" || fail "mnist: non-finite optimizer state saved: $(cat "$tmp/err")"
+for s in "$tmp"/mk4/step_*; do "$ckpt" verify "$s" >/dev/null 2>&1 || fail "$s does not verify"; done
 if "$mnist" "${m[@]}" --steps 3 --lr 1e30 --on-nan skip >/dev/null 2>"$tmp/err"; then
   fail "mnist --on-nan skip exited 0 with a diverged model"; fi
 grep -q "skipped its update (2 skipped)" "$tmp/err" || fail "mnist --on-nan skip does not report: $(cat "$tmp/err")"
