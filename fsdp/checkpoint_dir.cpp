@@ -1,5 +1,6 @@
 #include "fsdp/checkpoint_dir.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -36,16 +37,16 @@ int64_t step_of(const std::string& name, const std::string& prefix) {
   return std::stoll(name.substr(head.size()));
 }
 
-// Leftovers of saves that stopped before publishing (".tmp-step_N", ".old-step_N") for steps up to `up_to`: a training
-// run saves its steps in order, so nothing can still be writing them. Later steps' leftovers are kept (another run may
-// own them) unless the caller holds the lock. A complete .old-step_N without its step_N is a replace cut short between
+// Leftovers of saves that stopped before publishing (".tmp-step_N", ".old-step_N") and of removals (".gone-step_N")
+// for steps up to `up_to`: a training run saves its steps in order, so nothing can still be writing them. Later steps'
+// leftovers are kept (another run may own them) unless the caller holds the lock. A complete .old-step_N without its step_N is a replace cut short between
 // its two renames (on a filesystem without RENAME_EXCHANGE): it is the published checkpoint, and goes back.
 void remove_stale_temporaries(const fs::path& dir, int64_t up_to) {
   std::error_code ec;
   std::vector<fs::path> stale, restore;
   for (auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
-    int64_t step = std::max(step_of(name, ".tmp-"), step_of(name, ".old-"));
+    int64_t step = std::max({step_of(name, ".tmp-"), step_of(name, ".old-"), step_of(name, ".gone-")});
     if (step_of(name, ".old-") >= 0 && fs::exists(e.path() / kCheckpointIndexFile, ec) &&
         !fs::exists(dir / name.substr(5), ec))
       restore.push_back(e.path());
@@ -92,13 +93,13 @@ std::set<fs::path> best_checkpoints(const std::map<int64_t, Recorded>& own) {
   return out;
 }
 
-// Removes a published checkpoint: renamed to .old-step_N first (a removal cut short leaves a leftover the next save
-// clears, never a step_N without its index), its index first (that leftover is never put back as a replace cut short).
+// Removes a published checkpoint: renamed to .gone-step_N first (a removal cut short leaves a leftover the next save
+// clears, never a step_N without its index, and never put back as a replace's .old-step_N is), then its index.
 // A step_N that is a symbolic link goes as a link: what it points to is not this directory's to remove. The new
 // checkpoint is published by now, so a removal that fails (a read-only or immutable old step) is a warning.
 void discard(const fs::path& checkpoint) {
   try {
-    const fs::path old = checkpoint.parent_path() / (".old-" + checkpoint.filename().string());
+    const fs::path old = checkpoint.parent_path() / (".gone-" + checkpoint.filename().string());
     WEFT_FS(fs::rename(checkpoint, old));
     if (!WEFT_FS(fs::is_symlink(old))) WEFT_FS(fs::remove(old / kCheckpointIndexFile));
     WEFT_FS(fs::remove_all(old));  // a link itself, not its target

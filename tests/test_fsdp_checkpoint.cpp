@@ -450,7 +450,7 @@ TEST_CASE("retention and latest: keep_last, incomplete checkpoints ignored, same
   for (int step = 7; step <= 8; ++step) fsdp::save_checkpoint(dir.string(), *m, nullptr, &root, {.step = step}, {.keep_last = 1});
   barrier();
   CHECK(!fs::exists(dir / "step_00000006"));
-  CHECK(!fs::is_symlink(dir / ".old-step_00000006"));
+  CHECK(!fs::is_symlink(dir / ".gone-step_00000006"));
   CHECK(fs::exists(archive / "step_00000006" / "index.json"));
   CHECK_NOTHROW(fsdp::verify_checkpoint((archive / "step_00000006").string()));
   barrier();
@@ -866,8 +866,9 @@ TEST_CASE("a checkpoint directory has one writer: a second claim names the holde
   fs::create_directories(dir / ".tmp-step_00000099" / "sub");
   fs::create_directories(dir / ".old-step_00000007");
   fs::create_directories(dir / "step_00000005");
-  // A replace of step 9 cut short between its renames: the published one (complete) aside, the new one complete too.
-  for (const char* d : {".old-step_00000009", ".tmp-step_00000009"}) {
+  // A replace of step 9 cut short between its renames: the published one (complete) aside, the new one complete too;
+  // a removal of step 11 cut short before its index went (it had been put back as a replace's).
+  for (const char* d : {".old-step_00000009", ".tmp-step_00000009", ".gone-step_00000011"}) {
     fs::create_directories(dir / d);
     std::ofstream(dir / d / "index.json") << d;
   }
@@ -880,6 +881,7 @@ TEST_CASE("a checkpoint directory has one writer: a second claim names the holde
     CHECK(!fs::exists(dir / ".old-step_00000009"));
     std::ifstream restored(dir / "step_00000009" / "index.json");
     CHECK(std::string(std::istreambuf_iterator<char>(restored), {}) == ".old-step_00000009");
+    CHECK((!fs::exists(dir / ".gone-step_00000011") && !fs::exists(dir / "step_00000011")));
     CHECK_THROWS_WITH(fsdp::CheckpointDirLock(dir.string()),
                       Contains("is in use by another run") && Contains(fmt::format("pid {},", ::getpid())));
   }
