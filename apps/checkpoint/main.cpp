@@ -104,7 +104,8 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     if (ver->parsed()) return verify(dir);
-    if (const std::string readable = apps::readable_checkpoint(dir, "checkpoint", true); !readable.empty()) dir = readable;
+    if (const std::string readable = apps::readable_checkpoint(dir, "checkpoint", true, ins->parsed()); !readable.empty())
+      dir = readable;
     if (ins->parsed()) return inspect(dir);
     WEFT_CHECK(!out.empty(), "checkpoint: OUT is empty: name the .safetensors file to write");
     apps::check_outputs_apart({{"OUT", out}}, {{"DIR", dir}}, "checkpoint");

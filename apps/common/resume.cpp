@@ -54,10 +54,12 @@ int64_t data_position(const std::map<std::string, int64_t>& data, const std::str
   return it->second;
 }
 
-std::string readable_checkpoint(const std::string& path, const std::string& program, bool say) {
+std::string readable_checkpoint(const std::string& path, const std::string& program, bool say, bool fall_back) {
   std::vector<std::string> unreadable;
   const std::string where = fsdp::latest_checkpoint(path, &unreadable);
   WEFT_CHECK(!where.empty() || unreadable.empty(), "{}", unreadable.front());  // none reads: the newest's error
+  WEFT_CHECK(fall_back || unreadable.empty(), "{}: a newer checkpoint in {} cannot be read ({}); the newest that reads "
+             "is {}: name it to use it", program, path, unreadable.front(), where);
   for (const std::string& why : unreadable)
     if (say) fmt::print(stderr, "weft-{}: passing over a checkpoint that cannot be read: {}\n", program, why);
   if (say && !unreadable.empty())

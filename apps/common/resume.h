@@ -35,8 +35,9 @@ int64_t data_position(const std::map<std::string, int64_t>& data, const std::str
 
 // The checkpoint `path` names (fsdp::latest_checkpoint: itself, or the newest readable step under it); "" when there is
 // none. Newer steps whose index cannot be read are passed over, and when `say` the program says on stderr which it
-// passes over (and why) and which it uses; when none can be read, the newest's error is thrown.
-std::string readable_checkpoint(const std::string& path, const std::string& program, bool say);
+// passes over (and why) and which it uses; when none can be read, the newest's error is thrown. Not `fall_back` (a
+// command writing a result from it: export, consolidate, sample, eval), such a newer step is an error naming both.
+std::string readable_checkpoint(const std::string& path, const std::string& program, bool say, bool fall_back = true);
 
 // A checkpoint directory given by `flag` must be a directory or not exist yet (it is made on the
 // first save): a file, FIFO or device there is an error at start-up, not after training.

@@ -124,7 +124,7 @@ LoadedModel load_model(const std::string& from, bool say, bool shard = false, De
     apps::check_finite_parameters(*m.lm.module, fmt::format("transformer: refusing to load {}", from));
     return m;
   }
-  std::string where = apps::readable_checkpoint(from, "transformer", say);
+  std::string where = apps::readable_checkpoint(from, "transformer", say, false);
   WEFT_CHECK(!where.empty(), "transformer: no checkpoint at {} (neither a Hugging Face directory, a checkpoint directory "
              "nor a safetensors file)", from);
   m.recorded = fsdp::read_checkpoint_index(where).training.app;

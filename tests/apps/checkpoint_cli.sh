@@ -249,13 +249,20 @@ grep -q "metrics: writing $tmp/full.jsonl failed: File too large; training goes 
   [ "$(grep -c '"step":' "$tmp/full.jsonl")" -ge 2 ] || fail "the metrics file holds a partial line: $(tail -c 300 "$tmp/full.jsonl")"
 # export-hf: the leftovers of an export to the same --out whose process is gone are removed when
 # the next one starts (a live process's are kept).
+# A command writing a result does not fall back past a newer step that does not read, as --resume does (an export of
+# an older step had exited 0): it names the newest that reads, which it then takes.
+if run "$gpt" export-hf --from "$tmp/fb" --out "$tmp/hf" >/dev/null 2>"$tmp/err"; then fail "export-hf fell back"; fi
+grep -q "a newer checkpoint in $tmp/fb cannot be read (.*); the newest that reads is $tmp/fb/step_00000002: name it" \
+  "$tmp/err" || fail "export-hf past an unreadable step: $(cat "$tmp/err")"
+if "$tool" consolidate "$tmp/fb" "$tmp/fb.safetensors" >/dev/null 2>"$tmp/err"; then fail "consolidate fell back"; fi
+grep -q "the newest that reads is $tmp/fb/step_00000002" "$tmp/err" || fail "consolidate: $(cat "$tmp/err")"
 mkdir -p "$tmp/.hf.tmp-999999999/x" "$tmp/.hf.tmp-$$"
-run "$gpt" export-hf --from "$tmp/fb" --out "$tmp/hf" >/dev/null 2>"$tmp/err" || fail "export-hf: $(cat "$tmp/err")"
+run "$gpt" export-hf --from "$tmp/fb/step_00000002" --out "$tmp/hf" >/dev/null 2>"$tmp/err" || fail "export-hf: $(cat "$tmp/err")"
 [ ! -e "$tmp/.hf.tmp-999999999" ] && [ -d "$tmp/.hf.tmp-$$" ] && [ -e "$tmp/hf/config.json" ] ||
   fail "export-hf's leftovers: $(ls -a "$tmp")"
 # A command that runs in one process refuses an mpirun of several, on every rank (rank 1 had failed to publish what
 # rank 0 had written, saying that nothing was written).
-if mp 2 "$gpt" export-hf --from "$tmp/fb" --out "$tmp/hf_mp" >"$tmp/out" 2>&1; then fail "export-hf ran under mpirun -np 2"; fi
+if mp 2 "$gpt" export-hf --from "$tmp/fb/step_00000002" --out "$tmp/hf_mp" >"$tmp/out" 2>&1; then fail "export-hf ran under mpirun -np 2"; fi
 [ "$(grep -c "export-hf runs in one process, and mpirun started 2" "$tmp/out")" = 2 ] && [ ! -e "$tmp/hf_mp" ] ||
   fail "export-hf under mpirun -np 2: $(cat "$tmp/out")"
 # A byte model's export names no bos/eos (transformers' GPT-2 default, 50256, is past its 256 tokens).
