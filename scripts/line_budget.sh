@@ -17,7 +17,7 @@ budgets=(
   "dist           2598  dist"
   "tp              883  tp"
   "fsdp           5290  fsdp"
-  "apps          12051  apps"
+  "apps          12076  apps"
 )
 count() {  # PATH...: the lines of the code files among them
   find "$@" -type f \( -name '*.h' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' \) -print0 | xargs -0 cat | wc -l
