@@ -13,7 +13,7 @@ budgets=(
   "kernels/cpu    5673  kernels/cpu"
   "cuda           4662  cuda"
   "autograd       2153  autograd"
-  "nn             3321  nn"
+  "nn             3332  nn"
   "dist           2598  dist"
   "tp              883  tp"
   "fsdp           5290  fsdp"
