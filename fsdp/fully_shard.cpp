@@ -219,8 +219,8 @@ std::vector<FSDPState*> FSDPModule::subtree() const {
   return out;
 }
 
-void FSDPModule::UnshardHandle::wait() {
-  if (state_->group) state_->group->finish_unshard();
+void FSDPModule::UnshardHandle::wait() {  // a gather still pending: one a forward has used since is done
+  if (state_->group && state_->group->state() == FSDPParamGroup::State::gathering) state_->group->finish_unshard();
 }
 
 FSDPModule::UnshardHandle FSDPModule::unshard(bool async_op) {

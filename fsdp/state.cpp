@@ -209,6 +209,7 @@ void FSDPState::reset_iteration() {
   if (!autograd::Engine::is_running()) backward_roots().clear();  // stale: a backward that threw, of any root
   for (FSDPState* s : states_) {
     s->training_state_ = TrainingState::idle, s->hooked_calls_ = s->inputs_fired_ = s->unhooked_calls_ = 0;
+    s->nested_forwards_ = 0;
     // A list whose members did not all run (a forward without gradients may skip some) is still gathered: reshard it.
     const bool list_unfinished = s->members_left_ > 0;
     s->members_left_ = 0;
@@ -262,6 +263,12 @@ std::optional<TensorList> FSDPState::pre_forward(const TensorList& inputs, size_
     members_to_run_[member] = true;
     return prepare_inputs(inputs);
   }
+  // A call inside this module's own forward (a method through Module::call that calls the module, FSDP2's
+  // register_fsdp_forward_method): gathered already, and the outer call's hooks do the rest.
+  if (nn::Module::calls_in_progress(*modules_[member]) > 1) {
+    ++nested_forwards_;
+    return prepare_inputs(inputs);
+  }
   // Names the collectives issued from here in the fingerprint check and the flight recorder.
   dist::CollectiveLabel label(fmt::format("fsdp '{}' FORWARD", path_));
   if (!is_root_.has_value()) lazy_init();
@@ -288,8 +295,10 @@ std::optional<TensorList> FSDPState::pre_forward(const TensorList& inputs, size_
   if (group) {
     group->follow_requires_grad();
     group->finish_unshard();
-    // Prefetch: the next group's all-gather runs while this module computes.
-    if (forward_prefetch_) {
+    // Prefetch: the next group's all-gather runs while this module computes. Not in a recompute inside the backward
+    // (activation checkpointing): the next group's backward has run, and its gather would outlive the step.
+    if (autograd::Engine::is_running()) {
+    } else if (forward_prefetch_) {
       for (auto& w : *forward_prefetch_)
         if (auto s = w.lock(); s && s->group) s->group->start_unshard();
     } else if (FSDPState* next = next_in_order(+1)) {
@@ -326,6 +335,10 @@ void FSDPState::member_inputs_done() {
 }
 
 std::optional<TensorList> FSDPState::post_forward(const TensorList& outputs, size_t member) {
+  if (nested_forwards_ > 0) {
+    --nested_forwards_;
+    return prepare_outputs(outputs);
+  }
   if (modules_.size() > 1) {
     if (members_left_ == 0 || !members_to_run_[member]) return prepare_outputs(outputs);  // a member run twice
     if (--members_left_ > 0) return prepare_outputs(outputs);  // the group stays gathered for the others
@@ -337,6 +350,9 @@ std::optional<TensorList> FSDPState::post_forward(const TensorList& outputs, siz
     recording_order_.clear();
     step_ = TrainingState::idle;
     grad_forwards_ += grad;
+    // A group still gathering was prefetched for a module this forward did not run: its gather would outlive the step.
+    for (FSDPState* s : states_)
+      if (s->group && s->group->state() == FSDPParamGroup::State::gathering) s->group->reshard();
   }
   // Without gradients no backward follows, so nothing needs to stay gathered.
   if (group && (*reshard_after_forward_ || !grad)) {
@@ -432,6 +448,7 @@ void FSDPState::root_final_callback() {
   bool offloaded = false;
   for (FSDPState* s : states_) {
     if (s->group && is_last_backward_) s->group->finish_reduce_scatter();  // set on any module of this root
+    if (s->group && s->group->state() == FSDPParamGroup::State::gathering) s->group->reshard();  // never consumed
     if (s->group && s->group->offloaded()) offloaded = true;
     s->training_state_ = TrainingState::idle;
     s->inputs_fired_ = 0;  // a backward through the same graph again (retain_graph) fires its hooks again

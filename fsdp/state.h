@@ -94,6 +94,7 @@ class FSDPState : public nn::ModuleExtension, public std::enable_shared_from_thi
   std::vector<bool> members_to_run_;
   size_t members_left_ = 0;
   int hooked_calls_ = 0, inputs_fired_ = 0, unhooked_calls_ = 0;
+  int nested_forwards_ = 0;  // calls of this module inside its own forward (a method run through Module::call)
   MixedPrecisionPolicy mp_;
   TrainingState training_state_ = TrainingState::idle;
   std::string path_;

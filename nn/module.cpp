@@ -48,7 +48,15 @@ CheckpointFn with_call_parameters(const CheckpointFn& method, std::deque<std::pa
 }
 }  // namespace
 
+namespace {
+thread_local std::vector<const Module*> t_calls;  // the calls in progress, innermost last
+}  // namespace
+
+int Module::calls_in_progress(const Module& m) { return int(std::ranges::count(t_calls, &m)); }
+
 TensorList Module::call(const std::function<TensorList(const TensorList&)>& method, const TensorList& inputs) {
+  t_calls.push_back(this);
+  struct Pop { ~Pop() { t_calls.pop_back(); } } pop;  // also when the call throws
   TensorList in = inputs;
   // Iterate over copies: a hook may register or remove hooks.
   auto pre = hooks_->pre;

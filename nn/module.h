@@ -77,6 +77,9 @@ class Module : public std::enable_shared_from_this<Module> {
   // with this module's forward hooks around it, so fsdp's hooks gather and reshard the
   // parameters for it as for forward (FSDP2's register_fsdp_forward_method).
   TensorList call(const std::function<TensorList(const TensorList&)>& method, const TensorList& inputs);
+  // The calls of `m` in progress on this thread (each counted from before its pre-hooks to after its hooks, or until
+  // it throws): 2 inside a call that calls the module again.
+  static int calls_in_progress(const Module& m);
 
   // ---- registration. Names must be non-empty, without dots, and unique per module.
   // An undefined tensor registers an empty slot (like an optional bias set to None).

@@ -464,6 +464,42 @@ TEST_CASE("activation checkpointing composes with fully_shard: parity, either or
   }
 }
 
+TEST_CASE("no gather outlives the step: checkpointed blocks of sharded parts, a skipping no-grad forward, a late wait") {
+  // Blocks checkpointed whole, their attention and MLP sharded on their own: the recompute in the backward had
+  // prefetched the next (already backwarded) group, whose gather then held the weights from before the step.
+  Parity<TinyGPT> parts([](const std::shared_ptr<TinyGPT>& model) {
+    for (auto& b : *model->blocks) {
+      auto block = std::static_pointer_cast<nn::Block>(b);
+      fsdp::fully_shard(block->attn);
+      fsdp::fully_shard(block->mlp);
+      b->set_activation_checkpointing(true);
+    }
+    return fsdp::fully_shard(model);
+  });
+  parts.train(gpt_batch, 4, 4);
+  parts.check_params(1e-5, "checkpointed blocks of sharded parts");
+  // A forward without gradients between the backward and the step that skips block 1 (which block 0 prefetched).
+  Parity<TinyGPT> skip([](const std::shared_ptr<TinyGPT>& model) { return shard_blocks(model); });
+  auto skipping = [&](const nn::TensorList& in) {
+    TinyGPT& m = *skip.model;
+    return nn::TensorList{(*m.head)((*m.ln_f)((*m.blocks->at<nn::Block>(0))((*m.wte)(in[0]))))};
+  };
+  skip.train(gpt_batch, 4, 4, 1, {.after_backward = [&](int, int) {
+    NoGradGuard no_grad;
+    skip.model->call(skipping, {gpt_batch(0).x});
+    // Sharded again whether or not its gather, started before the step, would complete in time to read the old shard.
+    CHECK(fsdp::state_of(*skip.model->blocks->at<nn::Block>(1))->group->state() == fsdp::FSDPParamGroup::State::sharded);
+  }});
+  skip.check_params(1e-5, "a no-grad forward skipping a block");
+  // UnshardHandle::wait() after the forward used the gather: nothing to wait for (it had gathered again).
+  Parity<TinyGPT> late([](const std::shared_ptr<TinyGPT>& model) { return shard_blocks(model); });
+  std::optional<fsdp::FSDPModule::UnshardHandle> handle;
+  late.train(gpt_batch, 4, 3, 1, {.before_forward = [&](int, int) {
+    handle = fsdp::fsdp_module(*late.model->blocks->at<nn::Block>(1))->unshard(true);
+  }, .after_backward = [&](int, int) { handle->wait(); }});
+  late.check_params(1e-5, "a wait after the backward");
+}
+
 TEST_CASE("Module::call runs any method of a sharded module inside its forward hooks") {
   manual_seed(3);
   auto ref = std::make_shared<UnevenMLP>();
@@ -481,6 +517,15 @@ TEST_CASE("Module::call runs any method of a sharded module inside its forward h
   Tensor want = matmul(x, ref->fc1->weight.transpose(0, 1));
   check_close(to_vector(got), to_vector(want), 1e-6, "a method run through call()");
   CHECK(m->fc1->weight.shape() == fsdp::fsdp_module(*m)->state()->group->params()[0]->sharded().shape());
+  // A method that calls the module itself (a sampling loop): the inner calls run on the outer call's gather (the
+  // inner root forward had reset the outer one, which then failed its post-forward).
+  auto again = [](nn::Module& mod, const Tensor& in) {
+    const Tensor y = mod(in);  // [2, 3] -> [2, 7], the input's width
+    return mod(cat({y, y, y.narrow(1, 0, 1)}, 1));
+  };
+  Tensor t = m->call([&](const nn::TensorList& in) { return nn::TensorList{again(*m, in[0])}; }, {x})[0];
+  Tensor r = again(*ref, x);
+  check_close(to_vector(t), to_vector(r), 1e-6, "a method calling the module twice");
 }
 
 TEST_CASE("SummonFullParams: recurse and offload_to_cpu") {
