@@ -63,7 +63,7 @@ expect_error "written with --beta2 0.999 but --beta2 is 0.95" train "${cfg[@]}" 
 longer=("${cfg[@]}") && longer[11]=8 && longer[15]=2e-2
 "$exe" train "${longer[@]}" --resume "$tmp/ck" --checkpoint-dir "$tmp/ck2" >/dev/null 2>"$tmp/err" ||
   fail "resume with --lr 2e-2: $(cat "$tmp/err")"
-grep -Eq "this run's schedule sets the learning rate at step 6 to [0-9.e-]+; the checkpoint's was [0-9.e-]+" "$tmp/err" ||
+grep -Eq "this run's schedule sets the learning rate of step 7, the next, to [0-9.e-]+; the checkpoint's was [0-9.e-]+" "$tmp/err" ||
   fail "resume with another --lr: no notice: $(cat "$tmp/err")"
 "$exe" train "${cfg[@]}" --resume "$tmp/ck" >/dev/null 2>"$tmp/err" || fail "resume: $(cat "$tmp/err")"
 ! grep -q "sets the learning rate" "$tmp/err" || fail "resume with the same flags: a notice: $(cat "$tmp/err")"
