@@ -45,7 +45,7 @@ void fsync_parent_dir(const std::string& path) {
 
 }  // namespace
 
-void write_file_atomic(const std::string& path, const std::function<void(std::FILE*)>& write) {
+void write_file_atomic(const std::string& path, const std::function<void(std::FILE*)>& write, bool replace) {
   WEFT_CHECK(!path.empty(), "write_file_atomic: empty path");
   remove_dead_temps(path);
   std::string tmp;
@@ -75,11 +75,14 @@ void write_file_atomic(const std::string& path, const std::function<void(std::FI
     ::unlink(tmp.c_str());
     WEFT_ERROR("write_file_atomic: closing '{}' failed: {}", path, err);
   }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+  // Not `replace`: published only where nothing is (a hard link fails on an existing name; the rename does not).
+  const bool moved = replace ? ::rename(tmp.c_str(), path.c_str()) == 0 : ::link(tmp.c_str(), path.c_str()) == 0;
+  if (!moved) {
     std::string err = std::strerror(errno);
     ::unlink(tmp.c_str());
-    WEFT_ERROR("write_file_atomic: renaming '{}' to '{}' failed: {}", tmp, path, err);
+    WEFT_ERROR("write_file_atomic: {} '{}' to '{}' failed: {}", replace ? "renaming" : "linking", tmp, path, err);
   }
+  if (!replace) ::unlink(tmp.c_str());
   fsync_parent_dir(path);
 }
 

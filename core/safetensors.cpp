@@ -231,7 +231,7 @@ std::optional<DType> parse_safetensors_dtype(const std::string& name) {
 }
 
 void save_safetensors(const std::string& path, const std::vector<SafetensorsEntry>& entries,
-                      const std::function<Tensor(size_t)>& produce, const Metadata& metadata) {
+                      const std::function<Tensor(size_t)>& produce, const Metadata& metadata, bool replace) {
   // Check everything and build the header before the file is touched.
   WEFT_CHECK(produce || entries.empty(), "save_safetensors: '{}': no function to produce the tensors", path);
   Json header = Json::object();
@@ -287,7 +287,7 @@ void save_safetensors(const std::string& path, const std::vector<SafetensorsEntr
                    "it was: {}", path, e.name, t.defined() ? " (" + tensor_desc(t) + ")" : "", err.what());
       }
     }
-  });
+  }, replace);
 }
 
 void save_safetensors(const std::string& path, const NamedTensors& tensors,

@@ -44,9 +44,11 @@ std::optional<DType> parse_safetensors_dtype(const std::string& name);
 
 // Streaming write: the header comes from `entries` and `produce(i)` is called once per entry,
 // in order, for a tensor of that dtype and shape, so only one tensor need exist at a time
-// (e.g. gathered or assembled just before it is written). Atomic like save_safetensors.
+// (e.g. gathered or assembled just before it is written). Atomic like save_safetensors; not `replace`: fails, leaving
+// it, when a file is at `path` by the time the file is complete (write_file_atomic).
 void save_safetensors(const std::string& path, const std::vector<SafetensorsEntry>& entries,
-                      const std::function<Tensor(size_t index)>& produce, const Metadata& metadata = {});
+                      const std::function<Tensor(size_t index)>& produce, const Metadata& metadata = {},
+                      bool replace = true);
 
 // Random access: opens the file and validates its header once; read() loads one tensor, so
 // a reader that needs a few tensors of a large file holds only those in memory.

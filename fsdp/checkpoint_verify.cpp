@@ -63,7 +63,7 @@ void consolidate_checkpoint(const std::string& path, const std::string& out, boo
       WEFT_ERROR("checkpoint: {}: \"{}\" holds {}; nothing was written (allow it explicitly to copy it anyway)",
                  index.dir, from[i]->key, bad->str());
     return t;
-  }, meta);
+  }, meta, /*replace=*/false);  // an OUT made since the caller checked it stays
 }
 
 }  // namespace weft::fsdp

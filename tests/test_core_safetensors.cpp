@@ -173,6 +173,24 @@ TEST_CASE("safetensors: 0-dim and 0-element tensors round-trip") {
   CHECK(load_safetensors(path).tensors[0].second.item() == 3.5);
 }
 
+TEST_CASE("safetensors: a write that must not replace leaves a file made at its path meanwhile, and nothing else") {
+  TempDir tmp;
+  const std::string path = tmp.file("out.safetensors");
+  const std::vector<SafetensorsEntry> entries = {{"x", kFloat32, {2}}};
+  // The file appears while the tensors are written (after the caller checked that the path was free).
+  auto produce = [&](size_t) {
+    std::ofstream(path) << "someone else's";
+    return from_vector({1, 2}, {2});
+  };
+  CHECK_THROWS_WITH(save_safetensors(path, entries, produce, {}, /*replace=*/false),
+                    Contains("linking") && Contains("File exists"));
+  CHECK(read_bytes(path) == "someone else's");
+  CHECK(tmp.listing() == std::vector<std::string>{"out.safetensors"});  // no temporary left
+  fs::remove(path);
+  save_safetensors(path, entries, [](size_t) { return from_vector({1, 2}, {2}); }, {}, false);  // a free path: written
+  CHECK(to_vector(load_safetensors(path).tensors[0].second) == std::vector<double>{1, 2});
+}
+
 TEST_CASE("safetensors: non-contiguous inputs are written contiguously") {
   Tensor base = arange(0, 24).view({4, 6});
   NamedTensors tensors = {

@@ -56,8 +56,7 @@ int64_t Trainer::resume(const std::string& checkpoint) {
   if (p_.sched && std::abs(p_.opt->lr() - restored_lr) > 1e-12 * restored_lr && ranks_.lead())
     std::fprintf(stderr, "%s: this run's schedule sets the learning rate of step %lld, the next, to %g; the "
                  "checkpoint's was %g (--lr and the schedule's flags decide it on resume)\n", o_.program.c_str(),
-                 (long long)(step_ + 1),
-                 p_.opt->lr(), restored_lr);
+                 (long long)(step_ + 1), p_.opt->lr(), restored_lr);
   saver_.resumed(checkpoint, step_);
   if (ranks_.lead()) std::fprintf(stderr, "resumed from %s at step %lld\n", checkpoint.c_str(), (long long)step_);
   return step_;
