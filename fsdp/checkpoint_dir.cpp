@@ -39,8 +39,9 @@ int64_t step_of(const std::string& name, const std::string& prefix) {
 
 // Leftovers of saves that stopped before publishing (".tmp-step_N", ".old-step_N") and of removals (".gone-step_N")
 // for steps up to `up_to`: a training run saves its steps in order, so nothing can still be writing them. Later steps'
-// leftovers are kept (another run may own them) unless the caller holds the lock. A complete .old-step_N without its step_N is a replace cut short between
-// its two renames (on a filesystem without RENAME_EXCHANGE): it is the published checkpoint, and goes back.
+// leftovers are kept (another run may own them) unless the caller holds the lock. A complete .old-step_N without its
+// step_N is a replace cut short between its two renames (on a filesystem without RENAME_EXCHANGE): it is the published
+// checkpoint, and goes back.
 void remove_stale_temporaries(const fs::path& dir, int64_t up_to) {
   std::error_code ec;
   std::vector<fs::path> stale, restore;

@@ -46,9 +46,7 @@ CheckpointFn with_call_parameters(const CheckpointFn& method, std::deque<std::pa
     return method(x);
   };
 }
-}  // namespace
 
-namespace {
 thread_local std::vector<const Module*> t_calls;  // the calls in progress, innermost last
 }  // namespace
 

@@ -104,8 +104,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     if (ver->parsed()) return verify(dir);
-    if (const std::string readable = apps::readable_checkpoint(dir, "checkpoint", true, ins->parsed()); !readable.empty())
-      dir = readable;
+    if (const std::string r = apps::readable_checkpoint(dir, "checkpoint", true, ins->parsed()); !r.empty()) dir = r;
     if (ins->parsed()) return inspect(dir);
     WEFT_CHECK(!out.empty(), "checkpoint: OUT is empty: name the .safetensors file to write");
     apps::check_outputs_apart({{"OUT", out}}, {{"DIR", dir}}, "checkpoint");

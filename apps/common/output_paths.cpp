@@ -6,6 +6,7 @@
 #include <iterator>
 
 #include "core/error.h"
+#include "fsdp/checkpoint_index.h"
 
 namespace weft::apps {
 
@@ -33,9 +34,10 @@ std::string clash(const fs::path& out, const fs::path& in) {
   return "";
 }
 
-// Whether `dir` is a published weft checkpoint (its index.json names the format; read or damaged past that).
+// Whether `dir` is a published weft checkpoint (its index.json names the format; read or damaged past that): no output
+// may be one or lie inside one (its step read as the output's, or removed with it by a rotation).
 bool is_checkpoint(const fs::path& dir) {
-  std::ifstream in(dir / "index.json");
+  std::ifstream in(dir / fsdp::kCheckpointIndexFile);
   std::string head(256, '\0');
   in.read(head.data(), std::streamsize(head.size()));
   return head.find("\"weft-checkpoint\"") != std::string::npos;
@@ -48,10 +50,9 @@ bool is_checkpoint(const fs::path& dir) {
 void check_output_place(const PathFlag& out, const std::string& program) {
   std::error_code ec;
   fs::path at = fs::absolute(out.path, ec).lexically_normal();
-  // Inside a checkpoint (or one itself): its step read as the output's, or removed with it by a rotation.
-  for (fs::path p = resolved(out.path); !p.empty() && p != p.root_path(); p = p.parent_path())
+  for (fs::path whole = resolved(out.path), p = whole; !p.empty() && p != p.root_path(); p = p.parent_path())
     WEFT_CHECK(!is_checkpoint(p), "{}: {} {} {} the checkpoint {}: give {} a path of its own", program, out.flag,
-               out.path, p == resolved(out.path) ? "is" : "lies inside", p.string(), out.flag);
+               out.path, p == whole ? "is" : "lies inside", p.string(), out.flag);
   const fs::file_status st = fs::status(at, ec);
   WEFT_CHECK(!ec || ec == std::errc::no_such_file_or_directory || ec == std::errc::not_a_directory, "{}: {} {}: {}",
              program, out.flag, out.path, ec.message());  // a loop of links (a file as a parent: named below)

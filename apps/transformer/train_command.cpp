@@ -569,7 +569,7 @@ void build_model(TrainOptions& o, const Ranks& ranks, Run& run) {
 // Fine-tuning a downloaded model on another tokenizer's ids (or on bytes) teaches it a code it does not know: said,
 // not refused (another copy of the same tokenizer may differ in its bytes); on bytes, refused for a model whose
 // tokenizer weft cannot read (SentencePiece's tokenizer.model only: its export would ship that tokenizer).
-void warn_other_tokens(const TrainOptions& o, const Run& run, bool lead) {
+void check_data_tokens(const TrainOptions& o, const Run& run, bool lead) {
   if (run.data.tokenizer_sha256.empty()) apps::check_tokenizer_readable(o.init_from, o.data + "'s text");
   if (o.init_from.empty() || !WEFT_FS(std::filesystem::exists(o.init_from + "/tokenizer.json"))) return;
   const std::string model = apps::tokenizer_digest(o.init_from), data = run.data.tokenizer_sha256;
@@ -589,7 +589,7 @@ void prepare_run(TrainOptions& o, const Ranks& ranks, Run& run) {
   o.model.tie_weights = !o.untie;
   validate(o, ranks, run);
   load_data(o, run, ranks.fsdp);
-  warn_other_tokens(o, run, ranks.lead());
+  check_data_tokens(o, run, ranks.lead());
   if (!o.resume.empty()) find_resume(o, run, ranks.lead());
   std::vector<apps::PathFlag> inputs = {{"--resume", run.resume_from}, {"--init-from", o.init_from}};
   for (const std::string& file : run.data.files) inputs.push_back({"--data", file});
