@@ -148,7 +148,7 @@ void check_gqa_rope(int64_t B, int64_t H, int64_t Hkv, int64_t T, int64_t E, boo
 TEST_CASE("attention: grouped-query heads and rotary embeddings match the reference at every kernel") {
   using namespace weft::kernels::cpu;
   const SgemmKernel saved = sgemm_kernel();
-  for (SgemmKernel kernel : {SgemmKernel::avx512, SgemmKernel::avx2, SgemmKernel::eigen}) {
+  for (SgemmKernel kernel : {SgemmKernel::avx512, SgemmKernel::avx512_8x48, SgemmKernel::avx2, SgemmKernel::eigen}) {
     if (!sgemm_kernel_supported(kernel)) {
       std::printf("skipping grouped-query attention with the %s kernel: this CPU does not have that instruction "
                   "set\n", sgemm_kernel_name(kernel));
@@ -285,7 +285,7 @@ TEST_CASE("attention: every f32 kernel this CPU runs matches the reference") {
   using namespace weft::kernels::cpu;
   const SgemmKernel saved = sgemm_kernel();
   const Tensor q16 = random({1, 1, 4, 16}), q8 = random({1, 1, 4, 8});
-  for (SgemmKernel kernel : {SgemmKernel::avx512, SgemmKernel::avx2, SgemmKernel::eigen}) {
+  for (SgemmKernel kernel : {SgemmKernel::avx512, SgemmKernel::avx512_8x48, SgemmKernel::avx2, SgemmKernel::eigen}) {
     if (!sgemm_kernel_supported(kernel)) {
       std::printf("skipping attention with the %s kernel: this CPU does not have that instruction set\n",
                   sgemm_kernel_name(kernel));
@@ -293,7 +293,7 @@ TEST_CASE("attention: every f32 kernel this CPU runs matches the reference") {
     }
     set_sgemm_kernel(kernel);
     INFO("kernel " << sgemm_kernel_name(kernel));
-    CHECK(attention_uses_tiles(q16, q16) == (kernel == SgemmKernel::avx512));
+    CHECK(attention_uses_tiles(q16, q16) == is_avx512(kernel));
     CHECK_FALSE(attention_uses_tiles(q8, q8));
     CHECK_FALSE(attention_uses_tiles(q16.to(kFloat64), q16.to(kFloat64)));
     for (int64_t T : {1, 7, 33, 70}) check_against_reference(2, 3, T, T, 16, 16, true);

@@ -33,7 +33,7 @@ namespace {
 // The kernels this CPU runs (weft's own ones only when `own`); the others are skipped, saying why.
 std::vector<SgemmKernel> runnable(bool own) {
   std::vector<SgemmKernel> out;
-  for (SgemmKernel k : {SgemmKernel::avx512, SgemmKernel::avx2, SgemmKernel::eigen}) {
+  for (SgemmKernel k : {SgemmKernel::avx512, SgemmKernel::avx512_8x48, SgemmKernel::avx2, SgemmKernel::eigen}) {
     if (own && k == SgemmKernel::eigen) continue;
     if (sgemm_kernel_supported(k)) out.push_back(k);
     else std::printf("skipping the %s f32 GEMM kernel: this CPU does not have that instruction set\n", sgemm_kernel_name(k));
@@ -171,7 +171,9 @@ void entry_bf16(int64_t m, int64_t n, int64_t k, const BFloat16* a, MatLayout la
 
 TEST_CASE("each f32 GEMM kernel matches a double loop on every shape, transpose and stride") {
   for (SgemmKernel kernel : runnable(true)) {
-    SgemmFn fn = kernel == SgemmKernel::avx512 ? sgemm_avx512 : sgemm_avx2;
+    SgemmFn fn = kernel == SgemmKernel::avx512        ? sgemm_avx512
+                 : kernel == SgemmKernel::avx512_8x48 ? sgemm_avx512_8x48
+                                                      : sgemm_avx2;
     INFO("kernel " << sgemm_kernel_name(kernel));
     auto direct = [&](int64_t m, int64_t n, int64_t k, const float* a, MatLayout la, const float* b, MatLayout lb,
                       float* c, int64_t ldc, float alpha, float beta) {
@@ -288,7 +290,8 @@ TEST_CASE(kEnvTest, "[.]") {
   } else {
     using Catch::Contains;
     CHECK_THROWS_WITH(kernels::matmul(a, b), Contains("WEFT_CPU_GEMM=" + std::string(env)) &&
-                                                 Contains("allowed values: avx512, avx2, eigen"));
+                                                 Contains("allowed values: ") && Contains("avx512_8x48, ") &&
+                                                 Contains("avx512, ") && Contains("avx2, eigen"));
   }
 }
 
@@ -623,7 +626,7 @@ TEST_CASE("the portable 16-bit GEMM works on blocks of f32 copies and gives whol
   const int64_t n = 135, k = 8400;
   const SgemmKernel saved = sgemm_kernel();
   for (SgemmKernel kernel : runnable(false)) {
-    if (kernel == SgemmKernel::avx512) continue;  // where the bf16 kernels take bf16
+    if (is_avx512(kernel)) continue;  // where the bf16 kernels take bf16
     set_sgemm_kernel(kernel);
     auto check = [&](const Tensor& want, const Tensor& got, const std::string& what) {
       if (kernel != SgemmKernel::eigen) return test::check_same_bits(want, got, what);

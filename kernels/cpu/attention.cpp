@@ -360,7 +360,7 @@ bool attention_uses_tiles(const Tensor& q, const Tensor& v) {
 #ifdef __x86_64__
   const bool dims = q.size(3) % 16 == 0 && v.size(3) % 16 == 0;
   if (q.dtype() == DType::bf16) return dims && bf16_gemm_native();
-  return q.dtype() == DType::f32 && dims && sgemm_kernel() == SgemmKernel::avx512;
+  return q.dtype() == DType::f32 && dims && is_avx512(sgemm_kernel());
 #else
   (void)q, (void)v;
   return false;

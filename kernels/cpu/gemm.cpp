@@ -261,7 +261,10 @@ K in_use(const std::pair<K, std::string>& chosen, const std::atomic<int>& forced
   return chosen.first;
 }
 
-constexpr SgemmKernel kAllSgemm[] = {SgemmKernel::avx512, SgemmKernel::avx2, SgemmKernel::eigen};
+// In the order a CPU of each vendor prefers them: the 8 x 48 tile is the faster on Intel (sgemm_avx512.cpp).
+using SK = SgemmKernel;
+constexpr SK kAllSgemm[] = {SK::avx512, SK::avx512_8x48, SK::avx2, SK::eigen};
+constexpr SK kIntelSgemm[] = {SK::avx512_8x48, SK::avx512, SK::avx2, SK::eigen};
 constexpr BgemmKernel kAllBgemm[] = {BgemmKernel::amx, BgemmKernel::avx512bf16};
 
 std::atomic<int> forced_sgemm{-1}, forced_bgemm{-1};  // set_sgemm_kernel, set_bgemm_kernel
@@ -269,6 +272,7 @@ std::atomic<int> forced_sgemm{-1}, forced_bgemm{-1};  // set_sgemm_kernel, set_b
 SgemmFn sgemm_fn(SgemmKernel k) {
 #ifdef __x86_64__
   if (k == SgemmKernel::avx512) return sgemm_avx512;
+  if (k == SgemmKernel::avx512_8x48) return sgemm_avx512_8x48;
   if (k == SgemmKernel::avx2) return sgemm_avx2;
 #endif
   return nullptr;
@@ -338,19 +342,25 @@ void gemm_one(int64_t m, int64_t n, int64_t k, const T* a, MatLayout la, const T
 std::atomic<int64_t> bgemm_sum_block{int64_t(4) << 20};
 
 const char* sgemm_kernel_name(SgemmKernel k) {
-  return k == SgemmKernel::avx512 ? "avx512" : k == SgemmKernel::avx2 ? "avx2" : "eigen";
+  static constexpr const char* names[] = {"eigen", "avx2", "avx512", "avx512_8x48"};  // SgemmKernel's order
+  return names[int(k)];
 }
 
 bool sgemm_kernel_supported(SgemmKernel k) {
 #ifdef __x86_64__
-  if (k == SgemmKernel::avx512) return __builtin_cpu_supports("avx512f");
+  if (is_avx512(k)) return __builtin_cpu_supports("avx512f");
   if (k == SgemmKernel::avx2) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #endif
   return k == SgemmKernel::eigen;
 }
 
 SgemmKernel sgemm_kernel() {
+#ifdef __x86_64__
+  static const auto chosen = choose_kernel("WEFT_CPU_GEMM", __builtin_cpu_is("intel") ? kIntelSgemm : kAllSgemm,
+                                           sgemm_kernel_supported, sgemm_kernel_name);
+#else
   static const auto chosen = choose_kernel("WEFT_CPU_GEMM", kAllSgemm, sgemm_kernel_supported, sgemm_kernel_name);
+#endif
   return in_use(chosen, forced_sgemm);
 }
 
@@ -376,7 +386,8 @@ namespace {
 // there are (in turn on one thread or inside a parallel region), so that the product has the same bits on any thread
 // count. Slices of rows (`by_rows`) start on multiples of `row_unit`, the kernel's register tile rows.
 template <class F>
-void split_product(int64_t m, int64_t n, int64_t k, bool fixed, int64_t row_unit, bool by_rows, F&& slice) {
+void split_product(int64_t m, int64_t n, int64_t k, bool fixed, int64_t row_unit, int64_t col_unit, bool by_rows,
+                   F&& slice) {
   if (m == 0 || n == 0) return;
   const bool big = double(m) * double(n) * double(k) >= kSplitWork;
   const int64_t len = by_rows ? m : n;
@@ -386,10 +397,10 @@ void split_product(int64_t m, int64_t n, int64_t k, bool fixed, int64_t row_unit
 #endif
   const int64_t slices = !fixed ? threads : big ? reduction_chunks(len, 64) : 1;
   if (slices <= 1) return slice(0, m, 0, n);
-  // Slices start on multiples of the kernel's tile (rows: row_unit; columns: 32) when large enough, so that only the
+  // Slices start on multiples of the kernel's tile (row_unit, col_unit) when large enough, so that only the
   // last one has a tail tile, each at the multiple nearest its even share: slices differ by at most one tile (2,048
   // rows on two threads in multiples of 96 instead of 12 gave one thread 13 % more work than the other).
-  const int64_t unit = len >= 256 * slices ? (by_rows ? row_unit : 32) : 1;
+  const int64_t unit = len >= 256 * slices ? (by_rows ? row_unit : col_unit) : 1;
   auto start = [&](int64_t t) { return t == slices ? len : (2 * len * t / slices + unit) / (2 * unit) * unit; };
 #pragma omp parallel for num_threads(int(std::clamp<int64_t>(threads, 1, slices))) schedule(static, 1) if (threads > 1)
   for (int64_t t = 0; t < slices; ++t) {
@@ -409,7 +420,7 @@ void gemv_widened(int64_t n, int64_t k, const T* x, const T* w, MatLayout lw, TO
   float* xf = x_buf.get(k);
   if (x_sum) *x_sum = 0;
   widen_lines(x, k, 1, k, xf, x_sum, true);
-  split_product(1, n, k, false, 1, false, [&](int64_t, int64_t, int64_t c0, int64_t c1) {
+  split_product(1, n, k, false, 1, 32, false, [&](int64_t, int64_t, int64_t c0, int64_t c1) {
     gemv_rows<float, T, TO>(c1 - c0, k, xf, col_at(w, lw, c0), lw.ld, c + c0, alpha, beta);
   });
 }
@@ -441,8 +452,10 @@ void gemm(int64_t m, int64_t n, int64_t k, const T* a, MatLayout la, const T* b,
           int64_t ldc, T alpha, T beta) {
   const bool own = (std::is_same_v<T, float> && m > 1 && n > 1 && sgemm_fn(sgemm_kernel())) ||
                    (m == 1 && la.row_major && !lb.row_major);
-  const int64_t row_unit = sgemm_kernel() == SgemmKernel::avx2 ? 6 : 12;
-  split_product(m, n, k, !own, row_unit, m > n, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+  const SgemmKernel kernel = sgemm_kernel();
+  const int64_t row_unit = kernel == SgemmKernel::avx2 ? 6 : kernel == SgemmKernel::avx512_8x48 ? 8 : 12;
+  const int64_t col_unit = kernel == SgemmKernel::avx512_8x48 ? 48 : 32;
+  split_product(m, n, k, !own, row_unit, col_unit, m > n, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
     gemm_one<T>(r1 - r0, c1 - c0, k, row_at(a, la, r0), la, col_at(b, lb, c0), lb, c + r0 * ldc + c0, ldc, alpha, beta);
   });
 }
@@ -450,7 +463,7 @@ void gemm(int64_t m, int64_t n, int64_t k, const T* a, MatLayout la, const T* b,
 bool bf16_gemm_native() {
 #ifdef __x86_64__
   static const bool cpu = __builtin_cpu_supports("avx512bf16");
-  return cpu && sgemm_kernel() == SgemmKernel::avx512;
+  return cpu && is_avx512(sgemm_kernel());
 #else
   return false;
 #endif
@@ -508,7 +521,7 @@ void gemm_bf16(int64_t m, int64_t n, int64_t k, const BFloat16* a, MatLayout la,
   // (dB, as its transpose), the large operand read in place (bgemm.h)
   const bool plain = !amx && !few_rows && !a_sums && k > 0;
   const bool skinny = plain && m <= 32 && n > m && lb.row_major, skinny_t = plain && n <= 16 && m > n && !la.row_major;
-  split_product(m, n, k, false, amx ? 32 : 12, by_rows, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+  split_product(m, n, k, false, amx ? 32 : 12, 32, by_rows, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
     const BFloat16 *ar = row_at(a, la, r0), *bc = col_at(b, lb, c0);
     TO* cp = c + r0 * ldc + c0;
     constexpr bool c16 = std::is_same_v<TO, BFloat16>;

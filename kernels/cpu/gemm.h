@@ -46,10 +46,12 @@ void gemm_bf16(int64_t m, int64_t n, int64_t k, const BFloat16* a, MatLayout la,
                double* a_sums = nullptr);
 bool gemm_bf16_sums_a(MatLayout la);
 
-// The f32 GEMM kernel: weft's own packed kernels for AVX-512 or AVX2 + FMA (sgemm.h), chosen
-// at run time from what the CPU has, else Eigen (f64 always uses Eigen). WEFT_CPU_GEMM=avx512|
-// avx2|eigen picks one by hand; a bad value is an error at the first f32 GEMM (or check_kernel_choices).
-enum class SgemmKernel { eigen, avx2, avx512 };
+// The f32 GEMM kernel: weft's own packed kernels for AVX-512 (two register tiles: 12 x 32, and 8 x 48, the default on
+// Intel) or AVX2 + FMA (sgemm.h), chosen at run time from what the CPU has, else Eigen (f64 always uses Eigen).
+// WEFT_CPU_GEMM=avx512|avx512_8x48|avx2|eigen picks one by hand; a bad value is an error at the first f32 GEMM (or
+// check_kernel_choices).
+enum class SgemmKernel { eigen, avx2, avx512, avx512_8x48 };
+inline bool is_avx512(SgemmKernel k) { return k == SgemmKernel::avx512 || k == SgemmKernel::avx512_8x48; }
 const char* sgemm_kernel_name(SgemmKernel k);
 bool sgemm_kernel_supported(SgemmKernel k);  // this CPU can run it
 SgemmKernel sgemm_kernel();                  // the one in use

@@ -14,6 +14,8 @@ using SgemmFn = void (*)(int64_t m, int64_t n, int64_t k, const float* a, int64_
 void sgemm_avx2(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const float* b,
                 int64_t b_rs, int64_t b_cs, float* c, int64_t ldc, float alpha, float beta);
 void sgemm_avx512(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const float* b,
-                  int64_t b_rs, int64_t b_cs, float* c, int64_t ldc, float alpha, float beta);
+                  int64_t b_rs, int64_t b_cs, float* c, int64_t ldc, float alpha, float beta);  // 12 x 32 tile
+void sgemm_avx512_8x48(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const float* b,
+                       int64_t b_rs, int64_t b_cs, float* c, int64_t ldc, float alpha, float beta);
 
 }  // namespace weft::kernels::cpu

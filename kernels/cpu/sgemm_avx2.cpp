@@ -20,7 +20,7 @@ struct Vec {
 
 struct Kernel {
   using V = Vec;
-  static constexpr int MR = 6;
+  static constexpr int MR = 6, NV = 2;
   static constexpr int64_t MC = 96, KC = 256, NC = 2048;
   static constexpr bool kStreamB = false;  // b's 16 KB micro-panel fits L1
 };

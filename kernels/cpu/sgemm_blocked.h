@@ -40,33 +40,33 @@ void pack_panel(int64_t kc, int64_t rows, const float* x, int64_t r_st, int64_t 
     for (int64_t r = q < p ? r0 : 0; r < W; ++r) out[q * W + r] = r < rows ? x[r * r_st + q * p_st] : 0.0f;
 }
 
-// One full MR x NR tile of c (NR = 2 vectors of V::W floats) from kc steps: per step two vectors of the packed b panel
-// and MR broadcasts of a feed 2 MR FMAs into register accumulators; a[i, p] is at a[i * a_row + p * a_step] (a packed
+// One full MR x NR tile of c (NR = NV vectors of V::W floats) from kc steps: per step NV vectors of the packed b panel
+// and MR broadcasts of a feed MR NV FMAs into register accumulators; a[i, p] is at a[i * a_row + p * a_step] (a packed
 // panel: a_row 1, a_step MR). V: the instruction set's vector type and operations; b is prefetched PF steps ahead.
-template <class V, int MR, int PF>
+template <class V, int MR, int NV, int PF>
 inline void register_tile(int64_t kc, const float* a, int64_t a_row, int64_t a_step, const float* b, float* c,
                           int64_t ldc, float alpha, float beta) {
   constexpr int W = V::W;
-  typename V::T acc[MR][2];
-  for (int i = 0; i < MR; ++i) {
-    acc[i][0] = acc[i][1] = V::zero();
-    _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc + W), _MM_HINT_T0);
-  }
-  for (int64_t p = 0; p < kc; ++p, a += a_step, b += 2 * W) {
-    const typename V::T b0 = V::load(b), b1 = V::load(b + W);
-    if constexpr (PF > 0) _mm_prefetch(reinterpret_cast<const char*>(b + PF * 2 * W), _MM_HINT_T0);
-    if constexpr (PF > 0) _mm_prefetch(reinterpret_cast<const char*>(b + PF * 2 * W + W), _MM_HINT_T0);
+  typename V::T acc[MR][NV];
+  for (int i = 0; i < MR; ++i)
+    for (int v = 0; v < NV; ++v) {
+      acc[i][v] = V::zero();
+      _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc + v * W), _MM_HINT_T0);
+    }
+  for (int64_t p = 0; p < kc; ++p, a += a_step, b += NV * W) {
+    typename V::T bv[NV];
+    for (int v = 0; v < NV; ++v) bv[v] = V::load(b + v * W);
+    if constexpr (PF > 0)
+      for (int v = 0; v < NV; ++v) _mm_prefetch(reinterpret_cast<const char*>(b + (PF * NV + v) * W), _MM_HINT_T0);
 #pragma GCC unroll 12
     for (int i = 0; i < MR; ++i) {
       const typename V::T ai = V::set1(a[i * a_row]);
-      acc[i][0] = V::fmadd(ai, b0, acc[i][0]);
-      acc[i][1] = V::fmadd(ai, b1, acc[i][1]);
+      for (int v = 0; v < NV; ++v) acc[i][v] = V::fmadd(ai, bv[v], acc[i][v]);
     }
   }
   const typename V::T va = V::set1(alpha), vb = V::set1(beta);
   for (int i = 0; i < MR; ++i)
-    for (int v = 0; v < 2; ++v) {
+    for (int v = 0; v < NV; ++v) {
       float* cv = c + i * ldc + W * v;
       typename V::T r = V::mul(va, acc[i][v]);
       if (beta != 0.0f) r = V::fmadd(vb, V::loadu(cv), r);
@@ -74,12 +74,12 @@ inline void register_tile(int64_t kc, const float* a, int64_t a_row, int64_t a_s
     }
 }
 
-// K supplies V, MR, the block sizes MC (a multiple of MR), KC and NC, and kStreamB (true: a's
-// micro-panel, packed when a is transposed, stays in L1 while b's stream past it, prefetched).
+// K supplies V, the register tile (MR rows x NV vectors), the block sizes MC (a multiple of MR), KC and NC, and
+// kStreamB (true: a's micro-panel, packed when a is transposed, stays in L1 while b's stream past it, prefetched).
 template <class K>
 void sgemm_blocked(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const float* b,
                    int64_t b_rs, int64_t b_cs, float* c, int64_t ldc, float alpha, float beta) {
-  constexpr int MR = K::MR, NR = 2 * K::V::W;
+  constexpr int MR = K::MR, NR = K::NV * K::V::W;
   static thread_local Scratch<float> a_buf, b_buf;
   float* pa = a_buf.get(K::MC * K::KC);
   float* pb = b_buf.get(K::KC * ((std::min<int64_t>(n, K::NC) + NR - 1) / NR * NR));
@@ -107,10 +107,11 @@ void sgemm_blocked(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs
           const float* bp = pb + jr * kc;
           float* cp = c + (ic + ir) * ldc + jc + jr;
           if (mr == MR && nr == NR)
-            return register_tile<typename K::V, MR, K::kStreamB * 8>(kc, ap, a_row, a_step, bp, cp, ldc, alpha, beta_pc);
+            return register_tile<typename K::V, MR, K::NV, K::kStreamB * 8>(kc, ap, a_row, a_step, bp, cp, ldc, alpha,
+                                                                             beta_pc);
           // A tail tile: the full tile into `edge`, then only its valid part into c, rounded
           // as a full tile is (one fused multiply-add), so that its place in C cannot matter.
-          register_tile<typename K::V, MR, 0>(kc, ap, a_row, a_step, bp, edge, NR, 1.0f, 0.0f);
+          register_tile<typename K::V, MR, K::NV, 0>(kc, ap, a_row, a_step, bp, edge, NR, 1.0f, 0.0f);
           for (int64_t i = 0; i < mr; ++i)
             for (int64_t j = 0; j < nr; ++j) {
               float v = alpha * edge[i * NR + j];
