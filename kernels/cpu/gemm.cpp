@@ -115,12 +115,35 @@ constexpr int64_t kWidenedBlock = int64_t(1) << 20;
 template <typename T, typename TO>
 void gemv_widened(int64_t n, int64_t k, const T* x, const T* w, MatLayout lw, TO* c, float alpha, float beta,
                   double* x_sum);
+template <typename TO>
+bool gemm_bf16_packing(int64_t m, int64_t n, int64_t k, const BFloat16* a, MatLayout la, const BFloat16* b,
+                       MatLayout lb, TO* c, int64_t ldc, float alpha, float beta, double* a_sums);
+
+// f(pc, ldpc) on c's [rows, cols] block: c itself when TO is f32, else the thread's f32 copy of it (read only when
+// beta != 0), rounded back once.
+template <typename TO, class F>
+void through_f32(TO* c, int64_t ldc, int64_t rows, int64_t cols, float beta, F&& f) {
+  if constexpr (std::is_same_v<TO, float>) {
+    f(c, ldc);
+  } else {
+    static thread_local Scratch<float> c_buf;
+    float* pc = c_buf.get(rows * cols);
+    for (int64_t i = 0; i < rows && beta != 0.0f; ++i)
+      for (int64_t j = 0; j < cols; ++j) pc[i * cols + j] = float(c[i * ldc + j]);
+    f(pc, cols);
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) c[i * ldc + j] = convert_scalar<TO>(pc[i * cols + j]);
+  }
+}
 
 template <typename T, typename TO>
 void gemm_widened(int64_t m, int64_t n, int64_t k, const T* a, MatLayout la, const T* b, MatLayout lb, TO* c,
                   int64_t ldc, float alpha, float beta, double* a_sums = nullptr) {
   if (m == 1 && la.row_major && !lb.row_major) return gemv_widened(n, k, a, b, lb, c, alpha, beta, a_sums);
-  static thread_local Scratch<float> a_buf, b_buf, c_buf;
+  if constexpr (std::is_same_v<T, BFloat16>) {
+    if (gemm_bf16_packing(m, n, k, a, la, b, lb, c, ldc, alpha, beta, a_sums)) return;
+  }
+  static thread_local Scratch<float> a_buf, b_buf;
   const int64_t nb = std::clamp<int64_t>(kWidenedBlock / std::max<int64_t>(k, 1), 1, std::max<int64_t>(n, 1));
   const int64_t mb = std::clamp<int64_t>(kWidenedBlock / std::max(k, nb), 1, std::max<int64_t>(m, 1));
   if (a_sums) std::fill_n(a_sums, m, 0.0);
@@ -135,17 +158,8 @@ void gemm_widened(int64_t m, int64_t n, int64_t k, const T* a, MatLayout la, con
       double* sums = a_sums && j0 == 0 ? a_sums + i0 : nullptr;
       widen_lines(row_at(a, la, i0), la.ld, la.row_major ? mc : k, la.row_major ? k : mc, pa, sums, la.row_major);
       const MatLayout wa{true, la.row_major, la.row_major ? k : mc};
-      TO* cb = c + i0 * ldc + j0;
-      if constexpr (std::is_same_v<TO, float>) {
-        gemm<float>(mc, nc, k, pa, wa, pb, wb, cb, ldc, alpha, beta);
-      } else {
-        float* pc = c_buf.get(mc * nc);
-        for (int64_t i = 0; i < mc && beta != 0.0f; ++i)  // c's block, which the product adds onto
-          for (int64_t j = 0; j < nc; ++j) pc[i * nc + j] = float(cb[i * ldc + j]);
-        gemm<float>(mc, nc, k, pa, wa, pb, wb, pc, nc, alpha, beta);
-        for (int64_t i = 0; i < mc; ++i)
-          for (int64_t j = 0; j < nc; ++j) cb[i * ldc + j] = convert_scalar<TO>(pc[i * nc + j]);
-      }
+      through_f32(c + i0 * ldc + j0, ldc, mc, nc, beta,
+                  [&](float* pc, int64_t ldpc) { gemm<float>(mc, nc, k, pa, wa, pb, wb, pc, ldpc, alpha, beta); });
     }
   }
 }
@@ -269,13 +283,20 @@ constexpr BgemmKernel kAllBgemm[] = {BgemmKernel::amx, BgemmKernel::avx512bf16};
 
 std::atomic<int> forced_sgemm{-1}, forced_bgemm{-1};  // set_sgemm_kernel, set_bgemm_kernel
 
-SgemmFn sgemm_fn(SgemmKernel k) {
+// weft's own f32 kernel behind `k`, its bf16-operand entry and its register tile (rows of a, columns of b); null
+// functions for Eigen.
+struct OwnKernel {
+  SgemmFn f32 = nullptr;
+  SgemmBf16Fn bf16 = nullptr;
+  int64_t rows = 12, cols = 32;
+};
+OwnKernel own_kernel(SgemmKernel k) {
 #ifdef __x86_64__
-  if (k == SgemmKernel::avx512) return sgemm_avx512;
-  if (k == SgemmKernel::avx512_8x48) return sgemm_avx512_8x48;
-  if (k == SgemmKernel::avx2) return sgemm_avx2;
+  if (k == SgemmKernel::avx512) return {sgemm_avx512, sgemm_avx512_bf16, 12, 32};
+  if (k == SgemmKernel::avx512_8x48) return {sgemm_avx512_8x48, sgemm_avx512_8x48_bf16, 8, 48};
+  if (k == SgemmKernel::avx2) return {sgemm_avx2, sgemm_avx2_bf16, 6, 32};
 #endif
-  return nullptr;
+  return {};
 }
 
 // c[j] = alpha * (x . w_j) + beta * c[j], w_j = w + j * ldw (j < n): x W^T, a Linear's one-token
@@ -319,7 +340,7 @@ void gemm_one(int64_t m, int64_t n, int64_t k, const T* a, MatLayout la, const T
   // n of 1), which should not pay for packing a panel they read once, go to gemv_rows (a row
   // vector times a transposed matrix) or to Eigen's GEMV.
   if constexpr (std::is_same_v<T, float>) {
-    if (SgemmFn fn = sgemm_fn(sgemm_kernel()); fn && m > 1 && n > 1) {
+    if (SgemmFn fn = own_kernel(sgemm_kernel()).f32; fn && m > 1 && n > 1) {
       fn(m, n, k, a, la.rs(), la.cs(), b, lb.rs(), lb.cs(), c, ldc, alpha, beta);
       return;
     }
@@ -425,6 +446,32 @@ void gemv_widened(int64_t n, int64_t k, const T* x, const T* w, MatLayout lw, TO
   });
 }
 
+// bf16 a and b on weft's f32 kernels, which widen them as they pack their panels: the bits of gemm_widened's f32
+// copies without the copies (a product on Ice Lake was 15-25 % slower with them). Each thread's slice of c in blocks
+// of at most kWidenedBlock elements when c is 16-bit; a's row sums in f64 along each row, as widen_lines adds them.
+// False where no own f32 kernel runs.
+template <typename TO>
+bool gemm_bf16_packing(int64_t m, int64_t n, int64_t k, const BFloat16* a, MatLayout la, const BFloat16* b,
+                       MatLayout lb, TO* c, int64_t ldc, float alpha, float beta, double* a_sums) {
+  const OwnKernel own = own_kernel(sgemm_kernel());
+  if (!own.bf16 || m <= 1 || n <= 1 || k == 0) return false;
+  for (int64_t i = 0; i < m && a_sums; ++i) a_sums[i] = 0;
+  for (int64_t o = 0; o < (la.row_major ? m : k) && a_sums; ++o)
+    for (int64_t e = 0; e < (la.row_major ? k : m); ++e) a_sums[la.row_major ? o : e] += float(a[o * la.ld + e]);
+  split_product(m, n, k, false, own.rows, own.cols, m > n, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    const int64_t cols = c1 - c0;
+    const int64_t block = std::is_same_v<TO, float> ? r1 - r0 : std::max<int64_t>(1, kWidenedBlock / cols);
+    for (int64_t i0 = r0; i0 < r1; i0 += block) {
+      const int64_t rows = std::min(block, r1 - i0);
+      through_f32(c + i0 * ldc + c0, ldc, rows, cols, beta, [&](float* pc, int64_t ldpc) {
+        own.bf16(rows, cols, k, &row_at(a, la, i0)->bits, la.rs(), la.cs(), &col_at(b, lb, c0)->bits, lb.rs(),
+                 lb.cs(), pc, ldpc, alpha, beta);
+      });
+    }
+  });
+  return true;
+}
+
 using BgemmFn = decltype(&bgemm_amx);  // every bf16 kernel's signature (bgemm.h)
 
 template <typename TO>
@@ -450,12 +497,9 @@ void bgemm_one(BgemmFn fn, int64_t m, int64_t n, int64_t k, const BFloat16* a, M
 template <typename T>
 void gemm(int64_t m, int64_t n, int64_t k, const T* a, MatLayout la, const T* b, MatLayout lb, T* c,
           int64_t ldc, T alpha, T beta) {
-  const bool own = (std::is_same_v<T, float> && m > 1 && n > 1 && sgemm_fn(sgemm_kernel())) ||
-                   (m == 1 && la.row_major && !lb.row_major);
-  const SgemmKernel kernel = sgemm_kernel();
-  const int64_t row_unit = kernel == SgemmKernel::avx2 ? 6 : kernel == SgemmKernel::avx512_8x48 ? 8 : 12;
-  const int64_t col_unit = kernel == SgemmKernel::avx512_8x48 ? 48 : 32;
-  split_product(m, n, k, !own, row_unit, col_unit, m > n, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+  const OwnKernel kernel = own_kernel(sgemm_kernel());
+  const bool own = (std::is_same_v<T, float> && m > 1 && n > 1 && kernel.f32) || (m == 1 && la.row_major && !lb.row_major);
+  split_product(m, n, k, !own, kernel.rows, kernel.cols, m > n, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
     gemm_one<T>(r1 - r0, c1 - c0, k, row_at(a, la, r0), la, col_at(b, lb, c0), lb, c + r0 * ldc + c0, ldc, alpha, beta);
   });
 }

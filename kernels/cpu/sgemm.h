@@ -18,4 +18,16 @@ void sgemm_avx512(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs,
 void sgemm_avx512_8x48(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const float* b,
                        int64_t b_rs, int64_t b_cs, float* c, int64_t ldc, float alpha, float beta);
 
+// The same with bf16 a and b (their bits), widened to f32 as the kernel packs them: bitwise the product of f32 copies.
+using SgemmBf16Fn = void (*)(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, int64_t a_cs,
+                             const uint16_t* b, int64_t b_rs, int64_t b_cs, float* c, int64_t ldc, float alpha,
+                             float beta);
+void sgemm_avx2_bf16(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, int64_t a_cs,
+                     const uint16_t* b, int64_t b_rs, int64_t b_cs, float* c, int64_t ldc, float alpha, float beta);
+void sgemm_avx512_bf16(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, int64_t a_cs,
+                       const uint16_t* b, int64_t b_rs, int64_t b_cs, float* c, int64_t ldc, float alpha, float beta);
+void sgemm_avx512_8x48_bf16(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, int64_t a_cs,
+                            const uint16_t* b, int64_t b_rs, int64_t b_cs, float* c, int64_t ldc, float alpha,
+                            float beta);
+
 }  // namespace weft::kernels::cpu

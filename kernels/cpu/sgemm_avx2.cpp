@@ -32,4 +32,9 @@ void sgemm_avx2(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, i
   sgemm_blocked<Kernel>(m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, c, ldc, alpha, beta);
 }
 
+void sgemm_avx2_bf16(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, int64_t a_cs, const uint16_t* b,
+                     int64_t b_rs, int64_t b_cs, float* c, int64_t ldc, float alpha, float beta) {
+  sgemm_blocked<Kernel>(m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, c, ldc, alpha, beta);
+}
+
 }  // namespace weft::kernels::cpu

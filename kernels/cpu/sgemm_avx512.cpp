@@ -50,4 +50,14 @@ void sgemm_avx512_8x48(int64_t m, int64_t n, int64_t k, const float* a, int64_t 
   sgemm_blocked<Kernel8x48>(m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, c, ldc, alpha, beta);
 }
 
+void sgemm_avx512_bf16(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, int64_t a_cs, const uint16_t* b,
+                       int64_t b_rs, int64_t b_cs, float* c, int64_t ldc, float alpha, float beta) {
+  sgemm_blocked<Kernel12x32>(m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, c, ldc, alpha, beta);
+}
+
+void sgemm_avx512_8x48_bf16(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_rs, int64_t a_cs, const uint16_t* b,
+                            int64_t b_rs, int64_t b_cs, float* c, int64_t ldc, float alpha, float beta) {
+  sgemm_blocked<Kernel8x48>(m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, c, ldc, alpha, beta);
+}
+
 }  // namespace weft::kernels::cpu

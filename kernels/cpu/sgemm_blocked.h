@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cpu/gemm_scratch.h"
 #include "kernels/cpu/sgemm.h"
@@ -38,6 +39,21 @@ void pack_panel(int64_t kc, int64_t rows, const float* x, int64_t r_st, int64_t 
   }
   for (int64_t q = 0; q < kc; ++q)  // whatever the vector paths left
     for (int64_t r = q < p ? r0 : 0; r < W; ++r) out[q * W + r] = r < rows ? x[r * r_st + q * p_st] : 0.0f;
+}
+
+// bf16 bits as the f32 they stand for.
+inline float widen(uint16_t x) { return __builtin_bit_cast(float, uint32_t(x) << 16); }
+
+// The same from bf16 x: widened along its contiguous direction into the thread's buffer, then packed as f32.
+template <int W>
+void pack_panel(int64_t kc, int64_t rows, const uint16_t* x, int64_t r_st, int64_t p_st, float* out) {
+  static thread_local Scratch<float> wide;
+  float* w = wide.get(kc * rows);
+  const bool steps = p_st == 1;  // w[r * kc + p], else w[p * rows + r]
+  for (int64_t o = 0; o < (steps ? rows : kc); ++o)
+    for (int64_t i = 0; i < (steps ? kc : rows); ++i)
+      w[o * (steps ? kc : rows) + i] = widen(steps ? x[o * r_st + i] : x[i * r_st + o * p_st]);
+  pack_panel<W>(kc, rows, w, steps ? kc : 1, steps ? 1 : rows, out);
 }
 
 // One full MR x NR tile of c (NR = NV vectors of V::W floats) from kc steps: per step NV vectors of the packed b panel
@@ -76,8 +92,9 @@ inline void register_tile(int64_t kc, const float* a, int64_t a_row, int64_t a_s
 
 // K supplies V, the register tile (MR rows x NV vectors), the block sizes MC (a multiple of MR), KC and NC, and
 // kStreamB (true: a's micro-panel, packed when a is transposed, stays in L1 while b's stream past it, prefetched).
-template <class K>
-void sgemm_blocked(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const float* b,
+// TA, TB: float, or uint16_t for bf16 operands, widened as they are packed (a then always packed).
+template <class K, class TA = float, class TB = float>
+void sgemm_blocked(int64_t m, int64_t n, int64_t k, const TA* a, int64_t a_rs, int64_t a_cs, const TB* b,
                    int64_t b_rs, int64_t b_cs, float* c, int64_t ldc, float alpha, float beta) {
   constexpr int MR = K::MR, NR = K::NV * K::V::W;
   static thread_local Scratch<float> a_buf, b_buf;
@@ -87,7 +104,8 @@ void sgemm_blocked(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs
   // A row-major a is read in place (packing: 4-10 % slower at n of a few hundred) unless it stays in
   // L1 (K::kStreamB) with rows in one L1 set (rows_share_l1_set; packed: 10-45 % faster, Zen 4); so is
   // a transposed one (X^T of a weight gradient) staying in L1, and a tail panel (missing rows 0).
-  const bool in_place = (a_cs == 1 && (!rows_share_l1_set<float>(a_rs) || !K::kStreamB)) || (a_rs == 1 && !K::kStreamB);
+  const bool in_place = std::is_same_v<TA, float> && ((a_cs == 1 && (!rows_share_l1_set<float>(a_rs) || !K::kStreamB)) ||
+                                                      (a_rs == 1 && !K::kStreamB));
   for (int64_t jc = 0; jc < n; jc += K::NC) {
     const int64_t nc = std::min<int64_t>(K::NC, n - jc);
     for (int64_t pc = 0; pc < k; pc += K::KC) {
@@ -102,7 +120,8 @@ void sgemm_blocked(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs
         auto tile = [&](int64_t ir, int64_t jr) {
           const int64_t mr = std::min<int64_t>(MR, mc - ir), nr = std::min<int64_t>(NR, nc - jr);
           const bool direct = in_place && mr == MR;
-          const float* ap = direct ? a + (ic + ir) * a_rs + pc * a_cs : pa + ir * kc;
+          const float* ap = pa + ir * kc;
+          if constexpr (std::is_same_v<TA, float>) ap = direct ? a + (ic + ir) * a_rs + pc * a_cs : ap;
           const int64_t a_row = direct ? a_rs : 1, a_step = direct ? a_cs : MR;
           const float* bp = pb + jr * kc;
           float* cp = c + (ic + ir) * ldc + jc + jr;
