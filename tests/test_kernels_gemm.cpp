@@ -666,6 +666,12 @@ TEST_CASE("the portable 16-bit GEMM works on blocks of f32 copies and gives whol
             for (int64_t p = 0; p < k; ++p) row_sums[size_t(i)] += av[size_t(ta ? p * m + i : i * k + p)];
           test::check_same_bits(from_vector(row_sums, {m}).to(dt), sums, name + ", op(a)'s row sums");
         }
+    // A 16-bit c wider than a block of bf16 operands on weft's kernels (960 columns) and taller (2^20 / 960 rows).
+    Tensor a = randn({1100, 5}, {.dtype = kBFloat16}, &gen), b = randn({5, 1000}, {.dtype = kBFloat16}, &gen);
+    Tensor c0 = randn({1100, 1000}, {.dtype = kBFloat16}, &gen), want = c0.to(kFloat32), got = c0.clone();
+    kernels::gemm(a.to(kFloat32), false, b.to(kFloat32), false, want, 0.5, 0.25);
+    kernels::gemm(a, false, b, false, got, 0.5, 0.25);
+    check(want.to(kBFloat16), got, fmt::format("{} kernel, c in four blocks", sgemm_kernel_name(kernel)));
   }
   set_sgemm_kernel(saved);
 }

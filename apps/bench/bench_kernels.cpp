@@ -1,9 +1,10 @@
 // weft-bench: CPU kernel throughput against the machine's own measured peak. Prints one table: peak fp32 FMA rate per
 // vector width (and the bf16 dot-product peak where the CPU has AVX512_BF16, the AMX tile peak where it has AMX),
-// GFLOP/s of each f32 GEMM kernel the CPU runs (avx512, avx512_8x48, avx2, eigen) and of the bf16 ones at 1024^3 and
-// the GEMM shapes of GPT training, of bf16 attention at GPT medium's, GPT-2 124M's and Llama 350M's shapes, and GB/s of an
-// element-wise op, one read stream, a decode step's products and a row softmax, each at 1..N threads. Every figure is
-// the median (and the best) of several runs after a warm-up.
+// GFLOP/s of each f32 GEMM kernel the CPU runs (avx512, avx512_8x48, avx2, eigen; without a bf16 kernel also weft's own
+// with bf16 operands) and of the bf16 ones at 1024^3 and the GEMM shapes of GPT training, of bf16 attention at GPT
+// medium's, GPT-2 124M's and Llama 350M's shapes, and GB/s of an element-wise op, one read stream, a decode step's
+// products and a row softmax, each at 1..N threads. Every figure is the median (and the best) of several runs after a
+// warm-up.
 #include <malloc.h>
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -162,9 +163,9 @@ void gemm_row(Bench& b, const std::string& name, int64_t m, int64_t k, int64_t n
   double flops = 2.0 * double(m) * double(n) * double(k) * double(batch);
   std::string size = (batch > 1 ? fmt::format("{}x[{}x{}x{}]", batch, m, k, n) : fmt::format("{}x{}x{}", m, k, n)) +
                      (a_t ? " A^T" : "") + (b_t ? " B^T" : "");
-  auto time = [&](const std::string& kname, DType dt) {
+  auto time = [&](const std::string& kname, DType dt, const std::string& label) {
     Tensor x = mat(m, k, a_t, dt), y = mat(k, n, b_t, dt), out = empty({m, n}, {.dtype = dt});
-    b.measure({fmt::format("{} ({})", name, kname), size, "GFLOP/s", {}, &b.peaks[kname]}, [&](int) {
+    b.measure({fmt::format("{} ({})", name, label), size, "GFLOP/s", {}, &b.peaks[kname]}, [&](int) {
       double s = median_seconds(2, r, [&] {
         if (batch > 1) kernels::matmul(x, y);
         else kernels::gemm(x, false, y, false, out);
@@ -172,16 +173,19 @@ void gemm_row(Bench& b, const std::string& name, int64_t m, int64_t k, int64_t n
       return flops / s / 1e9;
     });
   };
-  for (auto kernel : b.gemm_kernels) {
+  for (auto kernel : b.gemm_kernels) {  // and where no bf16 kernel runs, bf16 operands on weft's own (widened)
     kernels::cpu::set_sgemm_kernel(kernel);
-    time(kernels::cpu::sgemm_kernel_name(kernel), kFloat32);
+    const std::string kname = kernels::cpu::sgemm_kernel_name(kernel);
+    time(kname, kFloat32, kname);
+    if (!kernels::cpu::bf16_gemm_native() && kernel != kernels::cpu::SgemmKernel::eigen)
+      time(kname, kBFloat16, kname + ", bf16 operands");
   }
   kernels::cpu::set_sgemm_kernel(b.default_kernel);
   const auto bf16_default =
       b.bf16_kernels.empty() ? kernels::cpu::BgemmKernel::avx512bf16 : kernels::cpu::bgemm_kernel();
   for (auto kernel : b.bf16_kernels) {  // bf16 in and out, f32 sums
     kernels::cpu::set_bgemm_kernel(kernel);
-    time(kernels::cpu::bgemm_kernel_name(kernel), kBFloat16);
+    time(kernels::cpu::bgemm_kernel_name(kernel), kBFloat16, kernels::cpu::bgemm_kernel_name(kernel));
   }
   if (!b.bf16_kernels.empty()) kernels::cpu::set_bgemm_kernel(bf16_default);
 }

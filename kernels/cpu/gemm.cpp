@@ -459,15 +459,18 @@ bool gemm_bf16_packing(int64_t m, int64_t n, int64_t k, const BFloat16* a, MatLa
   for (int64_t o = 0; o < (la.row_major ? m : k) && a_sums; ++o)
     for (int64_t e = 0; e < (la.row_major ? k : m); ++e) a_sums[la.row_major ? o : e] += float(a[o * la.ld + e]);
   split_product(m, n, k, false, own.rows, own.cols, m > n, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
-    const int64_t cols = c1 - c0;
-    const int64_t block = std::is_same_v<TO, float> ? r1 - r0 : std::max<int64_t>(1, kWidenedBlock / cols);
-    for (int64_t i0 = r0; i0 < r1; i0 += block) {
-      const int64_t rows = std::min(block, r1 - i0);
-      through_f32(c + i0 * ldc + c0, ldc, rows, cols, beta, [&](float* pc, int64_t ldpc) {
-        own.bf16(rows, cols, k, &row_at(a, la, i0)->bits, la.rs(), la.cs(), &col_at(b, lb, c0)->bits, lb.rs(),
-                 lb.cs(), pc, ldpc, alpha, beta);
-      });
-    }
+    // 16-bit c in blocks of at most 960 columns (20 and 30 tiles): each block packs its b and a again, which whole
+    // rows of a wide c (a GPT-2 head's 8,192 columns: 128 rows a block) made a third of the product.
+    const int64_t cb = std::is_same_v<TO, float> ? c1 - c0 : std::min<int64_t>(c1 - c0, 960);
+    const int64_t rb = std::is_same_v<TO, float> ? r1 - r0 : std::max<int64_t>(1, kWidenedBlock / cb);
+    for (int64_t j0 = c0; j0 < c1; j0 += cb)
+      for (int64_t i0 = r0; i0 < r1; i0 += rb) {
+        const int64_t rows = std::min(rb, r1 - i0), cols = std::min(cb, c1 - j0);
+        through_f32(c + i0 * ldc + j0, ldc, rows, cols, beta, [&](float* pc, int64_t ldpc) {
+          own.bf16(rows, cols, k, &row_at(a, la, i0)->bits, la.rs(), la.cs(), &col_at(b, lb, j0)->bits, lb.rs(),
+                   lb.cs(), pc, ldpc, alpha, beta);
+        });
+      }
   });
   return true;
 }
