@@ -246,17 +246,19 @@ MatLayout mat_layout(int64_t rows, int64_t cols, int64_t row_stride, int64_t col
 namespace {
 
 // The kernel environment variable `var` names among `all` (those `supported` on this CPU, by
-// `name`), else the first this CPU runs; a bad value leaves an error for `in_use` to report.
+// `name`), else the first this CPU runs in the order it prefers them (`order`, `all` reordered); a bad value leaves an
+// error for `in_use` to report, listing `all` in their own order.
 template <class K, size_t N, class Supported, class Name>
-std::pair<K, std::string> choose_kernel(const char* var, const K (&all)[N], Supported supported, Name name) {
+std::pair<K, std::string> choose_kernel(const char* var, const K (&all)[N], const K (&order)[N], Supported supported,
+                                        Name name) {
   const char* env = std::getenv(var);
   const bool set = env && *env;
+  for (K k : order)
+    if (supported(k) && (!set || std::strcmp(env, name(k)) == 0)) return {k, ""};
   std::string here, allowed;
   for (K k : all) {
     allowed += std::string(allowed.empty() ? "" : ", ") + name(k);
-    if (!supported(k)) continue;
-    if (!set || std::strcmp(env, name(k)) == 0) return {k, ""};
-    here += std::string(here.empty() ? "" : ", ") + name(k);
+    if (supported(k)) here += std::string(here.empty() ? "" : ", ") + name(k);
   }
   return {all[N - 1], fmt::format("{}={}: not a kernel this CPU runs; allowed values: {} (this CPU: {})", var,
                                   set ? env : "", allowed, here)};
@@ -376,12 +378,15 @@ bool sgemm_kernel_supported(SgemmKernel k) {
 }
 
 SgemmKernel sgemm_kernel() {
+  static const auto chosen = [] {
 #ifdef __x86_64__
-  static const auto chosen = choose_kernel("WEFT_CPU_GEMM", __builtin_cpu_is("intel") ? kIntelSgemm : kAllSgemm,
-                                           sgemm_kernel_supported, sgemm_kernel_name);
+    const bool intel = __builtin_cpu_is("intel");
 #else
-  static const auto chosen = choose_kernel("WEFT_CPU_GEMM", kAllSgemm, sgemm_kernel_supported, sgemm_kernel_name);
+    const bool intel = false;
 #endif
+    return choose_kernel("WEFT_CPU_GEMM", kAllSgemm, intel ? kIntelSgemm : kAllSgemm, sgemm_kernel_supported,
+                         sgemm_kernel_name);
+  }();
   return in_use(chosen, forced_sgemm);
 }
 
@@ -535,7 +540,8 @@ bool bgemm_kernel_supported(BgemmKernel k) {
 }
 
 BgemmKernel bgemm_kernel() {
-  static const auto chosen = choose_kernel("WEFT_CPU_BF16_GEMM", kAllBgemm, bgemm_kernel_supported, bgemm_kernel_name);
+  static const auto chosen =
+      choose_kernel("WEFT_CPU_BF16_GEMM", kAllBgemm, kAllBgemm, bgemm_kernel_supported, bgemm_kernel_name);
   return in_use(chosen, forced_bgemm);
 }
 
