@@ -36,6 +36,7 @@
 
 #include "kernels/cpu/attention_tiled.h"
 #include "kernels/cpu/avx512_math.h"
+#include "kernels/cpu/gemm_scratch.h"
 
 namespace weft::kernels::cpu {
 namespace {
@@ -56,7 +57,6 @@ int64_t thread_index() {
 }
 uint16_t* at(const HeadsBF16& x, int64_t b, int64_t h) { return x.p + b * x.sb + h * x.sh; }
 
-inline float f32_of(uint16_t h) { return __builtin_bit_cast(float, uint32_t(h) << 16); }
 // The lanes of [x0[0..15], x1[0..15]] as (x0[0], x1[0], x0[1], x1[1], ...).
 inline __m512i interleave16(__m512i both) {
   const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
@@ -317,7 +317,7 @@ void backward_loops(const AttentionDims& d, HeadsBF16 G, HeadsBF16 Q, HeadsBF16 
           if (i + kPrefetchRows < Tq) prefetch_row(o + kPrefetchRows * O.st, 2 * Ev);
           float s = 0;
 #pragma omp simd reduction(+ : s)
-          for (int64_t c = 0; c < Ev; ++c) s += f32_of(g[c]) * f32_of(o[c]);
+          for (int64_t c = 0; c < Ev; ++c) s += from_bf16(g[c]) * from_bf16(o[c]);
           D[i] = s;
         }
         for (int64_t i0 = 0; i0 < Tq; i0 += kBackwardRowBlock) {

@@ -23,7 +23,6 @@ inline uint16_t to_bf16(float f) {
   u += 0x7fffu + ((u >> 16) & 1u);
   return uint16_t(u >> 16);
 }
-inline float from_bf16(uint16_t h) { return __builtin_bit_cast(float, uint32_t(h) << 16); }
 
 // _mm512_permutex2var_epi16's index that pairs lane l of its first operand with lane l of its second: words
 // (x0[0], x1[0], x0[1], x1[1], ...) of the first 16 lanes of each.

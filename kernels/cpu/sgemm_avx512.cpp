@@ -1,6 +1,6 @@
 // kernels/cpu: the AVX-512 f32 GEMM kernels, two register tiles of 24 zmm accumulators: 12 x 32 (12 broadcasts of A and
 // two vectors of B per step) and 8 x 48 (8 broadcasts, three vectors: 11 loads for 24 FMAs, not 14). gemm.cpp takes
-// the 8 x 48 on Intel (Ice Lake: 5-15 % faster, docs/PERFORMANCE.md) and the 12 x 32 elsewhere. Compiled with
+// the 8 x 48 on Intel (Ice Lake: 6-18 % faster, docs/PERFORMANCE.md) and the 12 x 32 elsewhere. Compiled with
 // -mavx512f and called only when the CPU has it; it includes nothing built for another instruction set.
 #include "kernels/cpu/sgemm_blocked.h"  // and <immintrin.h>
 

@@ -41,9 +41,6 @@ void pack_panel(int64_t kc, int64_t rows, const float* x, int64_t r_st, int64_t 
     for (int64_t r = q < p ? r0 : 0; r < W; ++r) out[q * W + r] = r < rows ? x[r * r_st + q * p_st] : 0.0f;
 }
 
-// bf16 bits as the f32 they stand for.
-inline float widen(uint16_t x) { return __builtin_bit_cast(float, uint32_t(x) << 16); }
-
 // The same from bf16 x: widened along its contiguous direction into the thread's buffer, then packed as f32.
 template <int W>
 void pack_panel(int64_t kc, int64_t rows, const uint16_t* x, int64_t r_st, int64_t p_st, float* out) {
@@ -52,7 +49,7 @@ void pack_panel(int64_t kc, int64_t rows, const uint16_t* x, int64_t r_st, int64
   const bool steps = p_st == 1;  // w[r * kc + p], else w[p * rows + r]
   for (int64_t o = 0; o < (steps ? rows : kc); ++o)
     for (int64_t i = 0; i < (steps ? kc : rows); ++i)
-      w[o * (steps ? kc : rows) + i] = widen(steps ? x[o * r_st + i] : x[i * r_st + o * p_st]);
+      w[o * (steps ? kc : rows) + i] = from_bf16(steps ? x[o * r_st + i] : x[i * r_st + o * p_st]);
   pack_panel<W>(kc, rows, w, steps ? kc : 1, steps ? 1 : rows, out);
 }
 
