@@ -10,14 +10,14 @@ cd "${1:-$(dirname "$0")/..}"
 budgets=(
   "core           4431  core weft.h"
   "kernels        2654  kernels/*.h kernels/*.cpp kernels/meta"
-  "kernels/cpu    5805  kernels/cpu"
+  "kernels/cpu    5938  kernels/cpu"
   "cuda           4662  cuda"
   "autograd       2153  autograd"
   "nn             3332  nn"
   "dist           2598  dist"
   "tp              883  tp"
   "fsdp           5290  fsdp"
-  "apps          12083  apps"
+  "apps          12095  apps"
 )
 count() {  # PATH...: the lines of the code files among them
   find "$@" -type f \( -name '*.h' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' \) -print0 | xargs -0 cat | wc -l
