@@ -294,6 +294,8 @@ TEST_CASE("attention: every f32 kernel this CPU runs matches the reference") {
     set_sgemm_kernel(kernel);
     INFO("kernel " << sgemm_kernel_name(kernel));
     CHECK(attention_uses_tiles(q16, q16) == is_avx512(kernel));
+    // bf16 takes the bf16 tiles where the CPU has a bf16 kernel, else these f32 tiles on widened heads
+    CHECK(attention_uses_tiles(q16.to(DType::bf16), q16) == (bf16_gemm_native() || is_avx512(kernel)));
     CHECK_FALSE(attention_uses_tiles(q8, q8));
     CHECK_FALSE(attention_uses_tiles(q16.to(kFloat64), q16.to(kFloat64)));
     for (int64_t T : {1, 7, 33, 70}) check_against_reference(2, 3, T, T, 16, 16, true);
@@ -496,7 +498,7 @@ TEST_CASE("attention: bf16 operands take the bf16 tiles, which round P and dS as
   using kernels::cpu::BgemmKernel;
   if (!kernels::cpu::bf16_gemm_native()) {
     std::printf("skipping the bf16 attention tiles: this CPU has no AVX512_BF16 (or avx512 is not the GEMM "
-                "kernel); bf16 attention runs in f32 copies (the 16-bit test below)\n");
+                "kernel); bf16 attention runs in f32 (the 16-bit test below)\n");
     return;
   }
   struct Case {
@@ -559,15 +561,28 @@ TEST_CASE("attention: bf16 operands take the bf16 tiles, which round P and dS as
 // rounded one), rounded once: with grouped key/value heads, whose dk and dv sum over the
 // group before rounding, rotary embeddings and a strided, fused-qkv-like q. No f32 copy of a
 // whole operand is made (test_fsdp_plan's bf16 runs on such CPUs count what a step allocates).
+// bf16 with head dims that are multiples of 16 takes the f32 register tiles on AVX-512 CPUs
+// without AVX512_BF16 (the f32 path those head dims take), the generic loops elsewhere.
 TEST_CASE("attention: 16-bit inputs are computed in f32 where the bf16 tiles do not run") {
   struct Case {
     int64_t B, H, Hkv, T, E;
     bool causal;
     double theta;
   };
+  std::vector<std::pair<DType, Case>> cases;
   for (DType dt : {DType::bf16, DType::f16})
     for (const Case& c : {Case{2, 2, 2, 33, 8, true, 0.0}, Case{2, 6, 2, 37, 8, true, 10000.0},
-                          Case{1, 4, 1, 20, 24, false, 10000.0}}) {
+                          Case{1, 4, 1, 20, 24, false, 10000.0}})
+      cases.push_back({dt, c});
+  if (kernels::cpu::bf16_gemm_native())
+    std::printf("skipping bf16 attention with head dims of 16 and 32 in f32: this CPU runs the bf16 tiles there\n");
+  else
+    for (const Case& c : {Case{2, 2, 2, 70, 16, true, 0.0}, Case{2, 6, 2, 37, 32, true, 10000.0},
+                          Case{1, 4, 1, 20, 32, false, 10000.0}})
+      cases.push_back({DType::bf16, c});
+  for (const auto& item : cases) {
+    const DType dt = item.first;
+    const Case c = item.second;  // not a structured binding: the lambdas below capture it
       const std::string name = fmt::format("{} B{} H{} Hkv{} T{} E{}{} theta {}", dtype_name(dt), c.B, c.H, c.Hkv,
                                            c.T, c.E, c.causal ? " causal" : "", c.theta);
       // q as every third head of a [B, T, 3H, E] buffer: strides no contiguous tensor has

@@ -19,6 +19,7 @@
 #include "core/generator.h"
 #include "core/tensor.h"
 #include "kernels/attention.h"
+#include "kernels/cpu/attention.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/elementwise.h"
 #include "kernels/linalg.h"
@@ -147,6 +148,9 @@ std::vector<kernels::cpu::SgemmKernel> f32_gemm_kernels(const std::string& kerne
   return gemm_kernels;
 }
 
+// The peak a GEMM kernel's rows are read against: its instruction set's (the 8 x 48 tile's is AVX-512's).
+std::string peak_of(const std::string& kernel) { return kernel == "avx512_8x48" ? "avx512" : kernel; }
+
 // C[m, n] = A[m, k] B[k, n]; a_t / b_t: the operand is a transposed view (as the backward
 // pass's X^T and Linear's weight are), through each f32 GEMM kernel and each bf16 one: one row each.
 void gemm_row(Bench& b, const std::string& name, int64_t m, int64_t k, int64_t n, bool a_t, bool b_t, int64_t batch,
@@ -164,8 +168,7 @@ void gemm_row(Bench& b, const std::string& name, int64_t m, int64_t k, int64_t n
                      (a_t ? " A^T" : "") + (b_t ? " B^T" : "");
   auto time = [&](const std::string& kname, DType dt, const std::string& label) {
     Tensor x = mat(m, k, a_t, dt), y = mat(k, n, b_t, dt), out = empty({m, n}, {.dtype = dt});
-    const std::string isa = kname == "avx512_8x48" ? "avx512" : kname;  // the peak of the kernel's instruction set
-    b.measure({fmt::format("{} ({})", name, label), size, "GFLOP/s", {}, &b.peaks[isa]}, [&](int) {
+    b.measure({fmt::format("{} ({})", name, label), size, "GFLOP/s", {}, &b.peaks[peak_of(kname)]}, [&](int) {
       double s = median_seconds(2, r, [&] {
         if (batch > 1) kernels::matmul(x, y);
         else kernels::gemm(x, false, y, false, out);
@@ -190,28 +193,38 @@ void gemm_row(Bench& b, const std::string& name, int64_t m, int64_t k, int64_t n
   if (!b.bf16_kernels.empty()) kernels::cpu::set_bgemm_kernel(bf16_default);
 }
 
-// Causal attention of a training step (batch B, ctx T, head dim E) in bf16 on the bf16 kernel in use, q, k, v the
-// heads of one fused qkv output; GFLOP/s as the op profiler counts them (forward 4 B H T^2 E, backward 10, halved).
+// Causal attention of a training step (batch B, ctx T, head dim E), q, k, v the heads of one fused qkv output: in f32
+// on the f32 kernel in use (its register tiles, or the GEMM loops), and in bf16 on the bf16 kernel in use or, where the
+// CPU has none, on the f32 path with bf16 operands; GFLOP/s as the op profiler counts them (forward 4 B H T^2 E,
+// backward 10, halved).
 void attention_row(Bench& b, const std::string& name, int64_t B, int64_t T, int64_t H, int64_t Hkv, double theta) {
   constexpr int64_t E = 64;  // the scale below is 1 / sqrt(E)
-  if (b.bf16_kernels.empty() || (name + " attention").find(b.row_filter) == std::string::npos) return;
-  Tensor x = randn({B, T, (H + 2 * Hkv) * E}, {}, &b.gen).to(kBFloat16);
-  auto heads = [&](int64_t first, int64_t n) { return x.narrow(2, first * E, n * E).view({B, T, n, E}).transpose(1, 2); };
-  Tensor q = heads(0, H), k = heads(H, Hkv), v = heads(H + Hkv, Hkv);
-  const kernels::Rope rope{.theta = theta};
-  auto [out, lse] = kernels::attention(q, k, v, true, 0.125, rope);
-  Tensor grad = randn(out.shape(), {}, &b.gen).to(kBFloat16);
+  if ((name + " attention").find(b.row_filter) == std::string::npos) return;
   const std::string size = fmt::format("B{} H{} Hkv{} T{} E{} causal{}", B, H, Hkv, T, E, theta ? " rope" : "");
-  const std::string kname = kernels::cpu::bgemm_kernel_name(kernels::cpu::bgemm_kernel());
-  for (bool bwd : {false, true}) {
-    const std::string row = fmt::format("{} attention {} ({})", name, bwd ? "bwd" : "fwd", kname);
-    b.measure({row, size, "GFLOP/s", {}, &b.peaks[kname]}, [&](int) {
-      const double s = median_seconds(1, b.quick ? 3 : 9, [&] {
-        if (bwd) kernels::attention_backward(grad, q, k, v, out, lse, true, 0.125, rope);
-        else kernels::attention(q, k, v, true, 0.125, rope);
+  const std::string f32_kernel = kernels::cpu::sgemm_kernel_name(kernels::cpu::sgemm_kernel());
+  const bool native = !b.bf16_kernels.empty();
+  for (DType dt : {kFloat32, kBFloat16}) {
+    if (b.gemm_kernels.empty() && !(dt == kBFloat16 && native)) continue;  // --kernel named a bf16 kernel
+    Tensor x = randn({B, T, (H + 2 * Hkv) * E}, {}, &b.gen).to(dt);
+    auto heads = [&](int64_t first, int64_t n) { return x.narrow(2, first * E, n * E).view({B, T, n, E}).transpose(1, 2); };
+    Tensor q = heads(0, H), k = heads(H, Hkv), v = heads(H + Hkv, Hkv);
+    const kernels::Rope rope{.theta = theta};
+    auto [out, lse] = kernels::attention(q, k, v, true, 0.125, rope);
+    Tensor grad = randn(out.shape(), {}, &b.gen).to(dt);
+    const bool bf16_kernel = dt == kBFloat16 && native;
+    const std::string kname = bf16_kernel ? kernels::cpu::bgemm_kernel_name(kernels::cpu::bgemm_kernel()) : f32_kernel;
+    const std::string label = kname + (dt == kBFloat16 && !native ? ", bf16 operands" : "") +
+                              (kernels::cpu::attention_uses_tiles(q, v) ? "" : ", GEMM loops");
+    for (bool bwd : {false, true}) {
+      const std::string row = fmt::format("{} attention {} ({})", name, bwd ? "bwd" : "fwd", label);
+      b.measure({row, size, "GFLOP/s", {}, &b.peaks[bf16_kernel ? kname : peak_of(kname)]}, [&](int) {
+        const double s = median_seconds(1, b.quick ? 3 : 9, [&] {
+          if (bwd) kernels::attention_backward(grad, q, k, v, out, lse, true, 0.125, rope);
+          else kernels::attention(q, k, v, true, 0.125, rope);
+        });
+        return (bwd ? 10 : 4) * double(B * H * T * T * E) / 2 / s / 1e9;
       });
-      return (bwd ? 10 : 4) * double(B * H * T * T * E) / 2 / s / 1e9;
-    });
+    }
   }
 }
 

@@ -359,7 +359,7 @@ HeadsBF16 heads_bf16(const Tensor& t) {
 bool attention_uses_tiles(const Tensor& q, const Tensor& v) {
 #ifdef __x86_64__
   const bool dims = q.size(3) % 16 == 0 && v.size(3) % 16 == 0;
-  if (q.dtype() == DType::bf16) return dims && bf16_gemm_native();
+  if (q.dtype() == DType::bf16) return dims && (bf16_gemm_native() || is_avx512(sgemm_kernel()));
   return q.dtype() == DType::f32 && dims && is_avx512(sgemm_kernel());
 #else
   (void)q, (void)v;
@@ -375,12 +375,15 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, d
   }
   if (attention_uses_tiles(q, v)) {
     const AttentionDims d = dims_of(q, k, v, causal, scale, rope, false);
-    if (q.dtype() == DType::bf16) {
+    if (q.dtype() == DType::bf16 && bf16_gemm_native()) {
       std::vector<char> ws = thread_scratch<char>(d.parallel, attention_workspace_avx512bf16(d, false));
       auto* forward = bgemm_kernel() == BgemmKernel::amx ? attention_forward_amx : attention_forward_avx512bf16;
       return forward(d, heads_bf16(q), heads_bf16(k), heads_bf16(v), heads_bf16(out), lse.data<float>(), ws.data());
     }
     std::vector<float> ws = thread_scratch<float>(d.parallel, attention_workspace_avx512(d, false));
+    if (q.dtype() == DType::bf16)  // the f32 tiles on widened heads
+      return attention_forward_avx512(d, heads_bf16(q), heads_bf16(k), heads_bf16(v), heads_bf16(out),
+                                      lse.data<float>(), ws.data());
     return attention_forward_avx512(d, heads_f32(q), heads_f32(k), heads_f32(v), heads_f32(out),
                                     lse.data<float>(), ws.data());
   }
@@ -395,13 +398,17 @@ void attention_backward(const Tensor& grad, const Tensor& q, const Tensor& k, co
                         const Tensor& dk, const Tensor& dv) {
   if (attention_uses_tiles(q, v)) {
     const AttentionDims d = dims_of(q, k, v, causal, scale, rope, true);
-    if (q.dtype() == DType::bf16) {
+    if (q.dtype() == DType::bf16 && bf16_gemm_native()) {
       std::vector<char> ws = thread_scratch<char>(d.parallel, attention_workspace_avx512bf16(d, true));
       auto* backward = bgemm_kernel() == BgemmKernel::amx ? attention_backward_amx : attention_backward_avx512bf16;
       return backward(d, heads_bf16(grad), heads_bf16(q), heads_bf16(k), heads_bf16(v), heads_bf16(out),
                       lse.data<float>(), heads_bf16(dq), heads_bf16(dk), heads_bf16(dv), ws.data());
     }
     std::vector<float> ws = thread_scratch<float>(d.parallel, attention_workspace_avx512(d, true));
+    if (q.dtype() == DType::bf16)
+      return attention_backward_avx512(d, heads_bf16(grad), heads_bf16(q), heads_bf16(k), heads_bf16(v),
+                                       heads_bf16(out), lse.data<float>(), heads_bf16(dq), heads_bf16(dk),
+                                       heads_bf16(dv), ws.data());
     return attention_backward_avx512(d, heads_f32(grad), heads_f32(q), heads_f32(k), heads_f32(v), heads_f32(out),
                                      lse.data<float>(), heads_f32(dq), heads_f32(dk), heads_f32(dv), ws.data());
   }

@@ -38,6 +38,13 @@ void attention_forward_avx512(const AttentionDims& d, HeadsF32 q, HeadsF32 k, He
                               float* workspace);
 void attention_backward_avx512(const AttentionDims& d, HeadsF32 grad, HeadsF32 q, HeadsF32 k, HeadsF32 v,
                                HeadsF32 out, const float* lse, HeadsF32 dq, HeadsF32 dk, HeadsF32 dv, float* workspace);
+// The same f32 tiles on bf16 operands, on CPUs with AVX-512 but no bf16 kernel: each task widens its own heads into
+// f32 buffers as it reads them and rounds what it writes (attention.cpp: 16-bit operands computed in f32).
+void attention_forward_avx512(const AttentionDims& d, HeadsBF16 q, HeadsBF16 k, HeadsBF16 v, HeadsBF16 out,
+                              float* lse, float* workspace);
+void attention_backward_avx512(const AttentionDims& d, HeadsBF16 grad, HeadsBF16 q, HeadsBF16 k, HeadsBF16 v,
+                               HeadsBF16 out, const float* lse, HeadsBF16 dq, HeadsBF16 dk, HeadsBF16 dv,
+                               float* workspace);
 
 // bf16 operands, products summed in f32 (attention_avx512bf16.cpp: which values round to
 // bf16); lse is f32. Workspace in bytes per thread, in the same per-thread blocks.

@@ -15,15 +15,6 @@
 namespace weft::kernels::cpu {
 namespace {
 
-// f32 to bf16 bits, round to nearest even, NaN kept a (quiet) NaN: as core/half.h.
-inline uint16_t to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return uint16_t(u >> 16);
-}
-
 // _mm512_permutex2var_epi16's index that pairs lane l of its first operand with lane l of its second: words
 // (x0[0], x1[0], x0[1], x1[1], ...) of the first 16 lanes of each.
 inline __m512i pair_lanes_index() {

@@ -1,6 +1,6 @@
 // kernels/cpu: the packed-panel buffers of weft's GEMM kernels (sgemm_blocked.h, the bf16 kernel; gemm.cpp's widened
 // 16-bit blocks): grow-only, 64-byte aligned, one per thread and operand; the rule for when an operand must be packed;
-// and bf16 bits widened to f32. TU-local (an anonymous namespace), as the ISA files that include it need.
+// and bf16 bits widened to f32 and rounded back. TU-local (an anonymous namespace), as the ISA files that include it need.
 #pragma once
 #include <cstdint>
 #include <cstdlib>
@@ -27,6 +27,12 @@ struct Scratch {
 
 // bf16 bits as the f32 they stand for.
 inline float from_bf16(uint16_t h) { return __builtin_bit_cast(float, uint32_t(h) << 16); }
+// f32 to bf16 bits, round to nearest even, NaN kept a (quiet) NaN: as core/half.h.
+inline uint16_t to_bf16(float f) {
+  const uint32_t u = __builtin_bit_cast(uint32_t, f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
+  return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
 
 // Whether rows `row_stride` elements of T apart fall in one set of the L1 (a multiple of 4 KiB:
 // 64 sets of 64-byte lines). A register tile reading such rows in place would have its rows evict
