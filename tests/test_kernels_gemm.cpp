@@ -686,6 +686,15 @@ TEST_CASE("the portable 16-bit GEMM works on blocks of f32 copies and gives whol
     kernels::gemm(a.to(kFloat32), false, b.to(kFloat32), false, want, 0.5, 0.25);
     kernels::gemm(a, false, b, false, got, 0.5, 0.25);
     check(want.to(kBFloat16), got, fmt::format("{} kernel, c in four blocks", sgemm_kernel_name(kernel)));
+    // beta 0 over a NaN-filled 16-bit c (k in one of the kernels' k blocks and in three): c is never read, every
+    // element written once its sums are final.
+    for (int64_t kk : {5, 700}) {
+      Tensor x = randn({1100, kk}, {.dtype = kBFloat16}, &gen), y = randn({kk, 1000}, {.dtype = kBFloat16}, &gen);
+      Tensor want32 = empty({1100, 1000}), got16 = full({1100, 1000}, std::nan(""), {.dtype = kBFloat16});
+      kernels::gemm(x.to(kFloat32), false, y.to(kFloat32), false, want32, 0.5, 0.0);
+      kernels::gemm(x, false, y, false, got16, 0.5, 0.0);
+      check(want32.to(kBFloat16), got16, fmt::format("{} kernel, k {}, beta 0", sgemm_kernel_name(kernel), kk));
+    }
   }
   set_sgemm_kernel(saved);
 }
