@@ -18,10 +18,10 @@
 // (batch, key/value head) reads the cached rows in place, once for the whole group of query heads (decode_typed).
 //
 // Three implementations of the same steps: f32 with head dims that are multiples of 16 on CPUs with AVX-512 uses
-// register tiles on packed copies of the operands (attention_avx512.cpp, chosen at run time: 10-13 % faster than the
-// other path at GPT shapes); bf16 with such head dims on CPUs with AVX512_BF16 the same tiles on bf16 pairs
-// (attention_avx512bf16.cpp), or AMX tiles where the bf16 GEMM runs on them (attention_amx.cpp: WEFT_CPU_BF16_GEMM
-// picks both); everything else (f64 for gradcheck, odd head dims, other CPUs) calls the GEMMs of kernels/cpu/gemm.h.
+// register tiles (attention_avx512.cpp, chosen at run time; also bf16 on widened heads where no bf16 kernel runs);
+// bf16 with such head dims on CPUs with AVX512_BF16 tiles on bf16 pairs (attention_avx512bf16.cpp), or AMX tiles
+// where the bf16 GEMM runs on them (attention_amx.cpp: WEFT_CPU_BF16_GEMM picks both); everything else (f64 for
+// gradcheck, odd head dims, f16, other CPUs) calls the GEMMs of kernels/cpu/gemm.h.
 // 16-bit operands the bf16 tiles do not take are computed in f32: each task widens its own heads into its buffers as it
 // reads them (as it rotates them) and rounds what it writes, so no f32 copy of a whole operand is made.
 #include "kernels/cpu/attention.h"

@@ -14,8 +14,8 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, d
 void attention_backward(const Tensor& grad, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                         const Tensor& lse, bool causal, double scale, const AttentionRope& rope, const Tensor& dq,
                         const Tensor& dk, const Tensor& dv);
-// Whether q and v (head dims multiples of 16) take the register-tiled loops: f32 on CPUs with AVX-512 while the AVX-512
-// GEMM kernel is in use, bf16 where the bf16 GEMM kernel is (gemm.h: bf16_gemm_native, WEFT_CPU_GEMM).
+// Whether q and v (head dims multiples of 16) take register-tiled loops: f32 on CPUs with AVX-512 while the AVX-512
+// GEMM kernel is in use; bf16 where the bf16 GEMM kernel is (gemm.h: bf16_gemm_native), else where f32 does.
 bool attention_uses_tiles(const Tensor& q, const Tensor& v);
 
 }  // namespace weft::kernels::cpu
