@@ -1,8 +1,8 @@
 // weft-bench: CPU kernel throughput against the machine's own measured peak. Prints one table: peak fp32 FMA rate per
 // vector width (and the bf16 dot-product peak where the CPU has AVX512_BF16, the AMX tile peak where it has AMX),
 // GFLOP/s of each f32 GEMM kernel the CPU runs (avx512, avx512_8x48, avx2, eigen; without a bf16 kernel also weft's own
-// with bf16 operands) and of the bf16 ones at 1024^3 and the GEMM shapes of GPT training, of bf16 attention at GPT
-// medium's, GPT-2 124M's and Llama 350M's shapes, and GB/s of an element-wise op, one read stream, a decode step's
+// with bf16 operands) and of the bf16 ones at 1024^3 and the GEMM shapes of GPT training, of f32 and bf16 attention at
+// GPT medium's, GPT-2 124M's and Llama 350M's shapes, and GB/s of an element-wise op, one read stream, a decode step's
 // products and a row softmax, each at 1..N threads. Every figure is the median (and the best) of several runs after a
 // warm-up.
 #include <malloc.h>
