@@ -34,7 +34,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <vector>
+#include <memory>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -43,14 +43,14 @@
 #include "kernels/cpu/attention_tiled.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/nn.h"
-#include "kernels/cpu/softmax_row.h"
+#include "kernels/cpu/fast_math.h"
 
 namespace weft::kernels::cpu {
 namespace {
 
 // Query rows per block. Smaller blocks skip more of the masked triangle but make smaller
 // products; with the Eigen products 32 was the fastest of 16/32/64/128 for head_dim 32-64
-// and T 128-256 on Zen 4, and the tiled path keeps it (its dK/dV updates sum over a block).
+// and T 128-256 on Zen 4 (the tiled loops choose their own: attention_avx512.cpp, attention_bf16_loops.h).
 constexpr int64_t kRowBlock = 32;
 
 // One [B, H, T, C] operand: element (b, h, t, c) at p[b*sb + h*sh + t*st + c].
@@ -64,6 +64,27 @@ struct Heads {
 
 // Work (multiply-adds) below which the (batch, head) loop stays on one thread.
 constexpr double kParallelWork = 1 << 18;
+
+// Overwrites s[0, n) (scaled scores of one query row, keys from `valid` on masked) with the softmax probabilities;
+// returns the row's log-sum-exp.
+template <typename T>
+T row_softmax(T* s, int64_t valid, int64_t n) {
+  T mx = -std::numeric_limits<T>::infinity();
+#pragma omp simd reduction(max : mx)
+  for (int64_t j = 0; j < valid; ++j) mx = s[j] > mx ? s[j] : mx;
+  T sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < valid; ++j) {
+    T e = fast_exp(s[j] - mx);
+    s[j] = e;
+    sum += e;
+  }
+  T inv = T(1) / sum;
+#pragma omp simd
+  for (int64_t j = 0; j < valid; ++j) s[j] *= inv;
+  for (int64_t j = valid; j < n; ++j) s[j] = T(0);
+  return mx + std::log(sum);
+}
 
 // The rotation of rows at positions pos0, pos0 + 1, ... (kernels/rope.h), or none.
 template <typename T>
@@ -115,20 +136,21 @@ void rows_to(const T* src, int64_t rows, int64_t cols, S* dst, int64_t dst_st) {
 
 // S: how q, k, v and out are stored (T, or a 16-bit type computed in T = f32).
 // Scratch of `per_thread` elements for each thread a region (parallel if `par`) may use, taken before it (inside an
-// OpenMP region a failed allocation would end the process); more than the machine holds is refused untried.
+// OpenMP region a failed allocation would end the process), uninitialised: the loops write what they read. More than
+// the machine holds is refused untried.
 template <typename T>
-std::vector<T> thread_scratch(bool par, int64_t per_thread) {
+std::unique_ptr<T[]> thread_scratch(bool par, int64_t per_thread) {
   const int64_t threads = par ? thread_count() : 1;
   try {
     if (double(threads) * double(per_thread) * sizeof(T) <= double(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGE_SIZE))
-      return std::vector<T>(size_t(threads * per_thread));
-  } catch (const std::exception&) {  // bad_alloc, length_error
+      return std::make_unique_for_overwrite<T[]>(size_t(threads * per_thread));
+  } catch (const std::exception&) {  // bad_alloc
   }
   throw OutOfMemoryError(fmt::format("attention: no memory for {} thread(s)' scratch of {} bytes each", threads,
                                      double(per_thread) * sizeof(T)));
 }
 template <typename T>
-T* own_block(std::vector<T>& scratch, int64_t per_thread) { return scratch.data() + thread_index() * per_thread; }
+T* own_block(const std::unique_ptr<T[]>& scratch, int64_t per_thread) { return scratch.get() + thread_index() * per_thread; }
 
 template <typename T, typename S = T>
 void forward_typed(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, T scale,
@@ -143,7 +165,7 @@ void forward_typed(const Tensor& q, const Tensor& k, const Tensor& v, bool causa
   constexpr bool wide = !std::is_same_v<S, T>;
   const int64_t n_s = std::min(kRowBlock, Tq) * Tk, n_rot = rot.on() ? (Tq + Tk) * E : 0;
   const int64_t per_thread = n_s + n_rot + (wide ? (Tq + Tk) * (E + Ev) : 0);  // scores, rotated q k, widened q k v out
-  std::vector<T> scratch = thread_scratch<T>(par, per_thread);
+  const std::unique_ptr<T[]> scratch = thread_scratch<T>(par, per_thread);
 #pragma omp parallel if (par)
   {
     T* const Sc = own_block(scratch, per_thread);
@@ -171,7 +193,7 @@ void forward_typed(const Tensor& q, const Tensor& k, const Tensor& v, bool causa
         const int64_t m = std::min(kRowBlock, Tq - i0), n = causal ? i0 + m : Tk;
         // S[m, n] = scale * Q[i0:i0+m] K[0:n]^T; K^T is K read column-major.
         gemm<T>(m, n, E, qp + i0 * qst, row_major(qst), kp, col_major(kst), Sc, n, scale, T(0));
-        for (int64_t r = 0; r < m; ++r) lp[i0 + r] = softmax_row(Sc + r * n, causal ? i0 + r + 1 : n, n);
+        for (int64_t r = 0; r < m; ++r) lp[i0 + r] = row_softmax(Sc + r * n, causal ? i0 + r + 1 : n, n);
         gemm<T>(m, Ev, n, Sc, row_major(n), vp, row_major(vst), op + i0 * ost, ost);
       }
       rows_to(op, Tq, Ev, O.at(b, h), O.st);
@@ -193,7 +215,7 @@ void decode_typed(const Tensor& q, const Tensor& k, const Tensor& v, T scale, co
   T* L = lse.data<T>();
   [[maybe_unused]] const bool par = double(B * H) * double(Tk) * double(E + Ev) > kParallelWork && B * Hkv > 1;
   const int64_t per_thread = G * Tk + G * E + E + G * Ev;  // scores, scaled queries, a rotated key, sums
-  std::vector<T> scratch = thread_scratch<T>(par, per_thread);
+  const std::unique_ptr<T[]> scratch = thread_scratch<T>(par, per_thread);
 #pragma omp parallel if (par)
   {
     T* const S = own_block(scratch, per_thread);
@@ -218,7 +240,7 @@ void decode_typed(const Tensor& q, const Tensor& k, const Tensor& v, T scale, co
           S[g * Tk + j] = dot;
         }
       }
-      for (int64_t g = 0; g < G; ++g) L[(b * H + hk * G + g)] = softmax_row(S + g * Tk, Tk, Tk);
+      for (int64_t g = 0; g < G; ++g) L[(b * H + hk * G + g)] = row_softmax(S + g * Tk, Tk, Tk);
       std::fill_n(Acc, G * Ev, T(0));
       for (int64_t j = 0; j < Tk; ++j) {
         const T* vj = V.at(b, hk) + j * V.st;
@@ -250,7 +272,7 @@ void backward_typed(const Tensor& grad, const Tensor& q, const Tensor& k, const 
   const int64_t rb = std::min(kRowBlock, Tq), n_p = 2 * rb * Tk + Tq, n_rot = rot.on() ? (Tq + Tk) * E : 0;
   // P, dP and D; rotated q and k; 16-bit heads widened: k, v, dk, dv, then q, out, grad, dq
   const int64_t per_thread = n_p + n_rot + (wide ? 2 * Tk * (E + Ev) + Tq * (2 * E + 2 * Ev) : 0);
-  std::vector<T> scratch = thread_scratch<T>(par, per_thread);
+  const std::unique_ptr<T[]> scratch = thread_scratch<T>(par, per_thread);
 #pragma omp parallel if (par)
   {
     T* const P = own_block(scratch, per_thread);
@@ -376,16 +398,17 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, d
   if (attention_uses_tiles(q, v)) {
     const AttentionDims d = dims_of(q, k, v, causal, scale, rope, false);
     if (q.dtype() == DType::bf16 && bf16_gemm_native()) {
-      std::vector<char> ws = thread_scratch<char>(d.parallel, attention_workspace_avx512bf16(d, false));
+      const std::unique_ptr<char[]> ws = thread_scratch<char>(d.parallel, attention_workspace_avx512bf16(d, false));
       auto* forward = bgemm_kernel() == BgemmKernel::amx ? attention_forward_amx : attention_forward_avx512bf16;
-      return forward(d, heads_bf16(q), heads_bf16(k), heads_bf16(v), heads_bf16(out), lse.data<float>(), ws.data());
+      return forward(d, heads_bf16(q), heads_bf16(k), heads_bf16(v), heads_bf16(out), lse.data<float>(), ws.get());
     }
-    std::vector<float> ws = thread_scratch<float>(d.parallel, attention_workspace_avx512(d, false));
-    if (q.dtype() == DType::bf16)  // the f32 tiles on widened heads
+    const bool bf16 = q.dtype() == DType::bf16;
+    const std::unique_ptr<char[]> ws = thread_scratch<char>(d.parallel, attention_workspace_avx512(d, false, bf16));
+    if (bf16)  // the f32 tiles on widened heads
       return attention_forward_avx512(d, heads_bf16(q), heads_bf16(k), heads_bf16(v), heads_bf16(out),
-                                      lse.data<float>(), ws.data());
+                                      lse.data<float>(), ws.get());
     return attention_forward_avx512(d, heads_f32(q), heads_f32(k), heads_f32(v), heads_f32(out),
-                                    lse.data<float>(), ws.data());
+                                    lse.data<float>(), ws.get());
   }
   if (q.dtype() == DType::f64) forward_typed<double>(q, k, v, causal, scale, rope, out, lse);
   else if (q.dtype() == DType::bf16) forward_typed<float, BFloat16>(q, k, v, causal, float(scale), rope, out, lse);
@@ -399,18 +422,19 @@ void attention_backward(const Tensor& grad, const Tensor& q, const Tensor& k, co
   if (attention_uses_tiles(q, v)) {
     const AttentionDims d = dims_of(q, k, v, causal, scale, rope, true);
     if (q.dtype() == DType::bf16 && bf16_gemm_native()) {
-      std::vector<char> ws = thread_scratch<char>(d.parallel, attention_workspace_avx512bf16(d, true));
+      const std::unique_ptr<char[]> ws = thread_scratch<char>(d.parallel, attention_workspace_avx512bf16(d, true));
       auto* backward = bgemm_kernel() == BgemmKernel::amx ? attention_backward_amx : attention_backward_avx512bf16;
       return backward(d, heads_bf16(grad), heads_bf16(q), heads_bf16(k), heads_bf16(v), heads_bf16(out),
-                      lse.data<float>(), heads_bf16(dq), heads_bf16(dk), heads_bf16(dv), ws.data());
+                      lse.data<float>(), heads_bf16(dq), heads_bf16(dk), heads_bf16(dv), ws.get());
     }
-    std::vector<float> ws = thread_scratch<float>(d.parallel, attention_workspace_avx512(d, true));
+    const bool bf16 = q.dtype() == DType::bf16;
+    const std::unique_ptr<char[]> ws = thread_scratch<char>(d.parallel, attention_workspace_avx512(d, true, bf16));
     if (q.dtype() == DType::bf16)
       return attention_backward_avx512(d, heads_bf16(grad), heads_bf16(q), heads_bf16(k), heads_bf16(v),
                                        heads_bf16(out), lse.data<float>(), heads_bf16(dq), heads_bf16(dk),
-                                       heads_bf16(dv), ws.data());
+                                       heads_bf16(dv), ws.get());
     return attention_backward_avx512(d, heads_f32(grad), heads_f32(q), heads_f32(k), heads_f32(v), heads_f32(out),
-                                     lse.data<float>(), heads_f32(dq), heads_f32(dk), heads_f32(dv), ws.data());
+                                     lse.data<float>(), heads_f32(dq), heads_f32(dk), heads_f32(dv), ws.get());
   }
   if (q.dtype() == DType::f64)
     backward_typed<double>(grad, q, k, v, out, lse, causal, scale, rope, dq, dk, dv);

@@ -11,17 +11,9 @@
 // weighted sums at its last row's keys. The steps, grouped-query heads and rotary embeddings are those of
 // attention.cpp's generic loops; rotated (and bf16) operands are copied into f32 buffers first, rotated (widened) as
 // they are copied, and results written through buffers are rotated back (rounded) as they are copied out.
-#include <immintrin.h>
-
-#include <algorithm>
 #include <type_traits>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
-#include "kernels/cpu/attention_tiled.h"
-#include "kernels/cpu/avx512_math.h"
+#include "kernels/cpu/attention_tiled_parts.h"  // and attention_tiled.h, avx512_math.h
 #include "kernels/cpu/gemm_scratch.h"
 // gcc 12 reports a false "used uninitialized" for the undefined pass-through operand inside its own AVX-512 unpack
 // intrinsics.
@@ -35,22 +27,9 @@ constexpr int64_t kRowBlock = 36;  // query rows per block: 6 row tiles
 void zero(float* begin, float* end) {
   for (float* p = begin; p < end; ++p) *p = 0.f;
 }
-template <typename Hd>
-auto* at(const Hd& x, int64_t b, int64_t h) { return x.p + b * x.sb + h * x.sh; }
-int64_t thread_index() {
-#ifdef _OPENMP
-  return omp_get_thread_num();
-#else
-  return 0;
-#endif
-}
 
-constexpr int64_t kW = 16;          // floats per vector
 constexpr int64_t kTileRows = 6;    // rows of a register tile: 6 x 64 holds 24 accumulators
 constexpr int64_t kMaxVectors = 4;  // vectors across a tile
-inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-// The row length of the key panels: whole vectors and one more, so that rows are not 4 KiB apart (one L1 set).
-int64_t key_ld(int64_t Tk) { return round_up(Tk, kW) + kW; }
 
 // c[r, 0:NV*16] = alpha * sum_p a[r*ars + p*acs] * b[p*ldb + 0:NV*16] (+ c when accumulate), for r < R.
 template <int R, int NV>
@@ -143,47 +122,33 @@ void transpose_panel(const float* x, int64_t ldx, int64_t t, int64_t cols, float
   for (int64_t c = 0; c < cols; ++c) zero(panel + c * ld + round_up(t, kW), panel + (c + 1) * ld);
 }
 
-// Scores of query rows [i0, i0 + m) against keys [0, n16): S = scale * Q K^T, one row tile at a time so that causal
-// tiles stop near the diagonal; columns a tile does not reach are zeroed up to n16.
-void scores(const float* qp, int64_t qst, int64_t E, const float* kt, int64_t ldk, int64_t i0, int64_t m,
-            int64_t Tk, bool causal, float scale, float* S, int64_t n16) {
-  auto columns = [&](int64_t r0, int64_t rows) {  // the keys row tile r0 sees, rounded up to a vector
-    return causal ? round_up(std::min<int64_t>(Tk, i0 + r0 + rows), kW) : n16;
+// Scores of query rows [i0, i0 + m) against the block's n keys: S = scale * Q K^T (row stride lds), one row tile at a
+// time so that causal tiles stop at the keys their last row sees, rounded up to a vector; columns past a tile's are
+// zeroed up to n rounded up.
+void scores(const float* qp, int64_t qst, int64_t E, const float* kt, int64_t ldk, int64_t i0, int64_t m, int64_t n,
+            bool causal, float scale, float* S, int64_t lds) {
+  const int64_t n16 = round_up(n, kW);
+  auto columns = [&](int64_t r0) {  // of the row tile at r0
+    return round_up(keys_seen(causal, i0, r0, std::min<int64_t>(kTileRows, m - r0), n), kW);
   };
   for (int64_t j = 0; j < n16; j += kMaxVectors * kW)  // strips of K^T outside, as small_gemm
     for (int64_t r0 = 0; r0 < m; r0 += kTileRows) {
-      const int64_t rows = std::min<int64_t>(kTileRows, m - r0), nt = columns(r0, rows);
+      const int64_t rows = std::min<int64_t>(kTileRows, m - r0), nt = columns(r0);
       if (j < nt)
         tile_fn(rows, std::min<int64_t>(kMaxVectors, (nt - j) / kW))(E, qp + (i0 + r0) * qst, qst, 1, kt + j, ldk,
-                                                                     S + r0 * n16 + j, n16, scale, false);
+                                                                     S + r0 * lds + j, lds, scale, false);
     }
-  for (int64_t r0 = 0; r0 < m; r0 += kTileRows) {
-    const int64_t rows = std::min<int64_t>(kTileRows, m - r0), nt = columns(r0, rows);
-    for (int64_t r = r0; r < r0 + rows; ++r) zero(S + r * n16 + nt, S + (r + 1) * n16);
-  }
-}
-
-// The lanes of the vector at column j that lie before `valid`.
-inline __mmask16 live(int64_t j, int64_t valid) {
-  return valid - j >= kW ? __mmask16(0xffff) : __mmask16((1u << std::max<int64_t>(valid - j, 0)) - 1);
+  for (int64_t r = 0; r < m; ++r) zero(S + r * lds + columns(r / kTileRows * kTileRows), S + r * lds + n16);
 }
 
 // One query row's softmax over its scaled scores s[0, valid), in place, zero on to n16 (a multiple of 16); returns the
-// row's log-sum-exp. Whole vectors, the last one masked.
+// row's log-sum-exp.
 float softmax_row(float* s, int64_t valid, int64_t n16) {
-  __m512 mx = _mm512_set1_ps(-__builtin_inff());
-  for (int64_t j = 0; j < valid; j += kW) mx = _mm512_mask_max_ps(mx, live(j, valid), mx, _mm512_loadu_ps(s + j));
-  const float m = _mm512_reduce_max_ps(mx);
-  __m512 sum = _mm512_setzero_ps();
-  for (int64_t j = 0; j < n16; j += kW) {
-    const __m512 e = _mm512_maskz_mov_ps(live(j, valid), exp_x16(_mm512_sub_ps(_mm512_loadu_ps(s + j), _mm512_set1_ps(m))));
-    _mm512_storeu_ps(s + j, e);
-    sum = _mm512_add_ps(sum, e);
-  }
-  const float total = _mm512_reduce_add_ps(sum);
+  const float top = row_max(s, valid);
+  const float total = exp_row(s, valid, n16, top, [s](int64_t j, __m512 e) { _mm512_storeu_ps(s + j, e); });
   const __m512 inv = _mm512_set1_ps(1.f / total);
   for (int64_t j = 0; j < valid; j += kW) _mm512_storeu_ps(s + j, _mm512_mul_ps(_mm512_loadu_ps(s + j), inv));
-  return m + std::log(total);
+  return top + std::log(total);
 }
 
 // The backward's row of P = exp(S - lse) and dS = P (dP - D) scale over the scaled scores p[0, valid) and dP's row,
@@ -191,7 +156,7 @@ float softmax_row(float* s, int64_t valid, int64_t n16) {
 void softmax_grad_row(float* p, float* dp, int64_t valid, int64_t n16, float lse, float D, float scale) {
   const __m512 l = _mm512_set1_ps(lse), di = _mm512_set1_ps(D), sc = _mm512_set1_ps(scale);
   for (int64_t j = 0; j < n16; j += kW) {
-    const __m512 e = _mm512_maskz_mov_ps(live(j, valid), exp_x16(_mm512_sub_ps(_mm512_loadu_ps(p + j), l)));
+    const __m512 e = _mm512_maskz_mov_ps(lanes_below(valid, j), exp_x16(_mm512_sub_ps(_mm512_loadu_ps(p + j), l)));
     _mm512_storeu_ps(p + j, e);
     _mm512_storeu_ps(dp + j, _mm512_mul_ps(_mm512_mul_ps(e, _mm512_sub_ps(_mm512_loadu_ps(dp + j), di)), sc));
   }
@@ -265,27 +230,23 @@ void zero_rows(Rows r, int64_t t, int64_t cols) {
   for (int64_t j = 0; j < t; ++j) zero(r.p + j * r.st, r.p + j * r.st + cols);
 }
 
-// One thread's buffers, carved in order from its block of the workspace. With base == nullptr
-// only `size` is computed: attention_workspace_avx512 and the loops share this one layout.
-struct Carve {
-  float* base;
-  int64_t size = 0;
-  float* take(int64_t n) {
-    float* p = base ? base + size : nullptr;
-    size += n;
-    return p;
-  }
+// One thread's buffers (Carve, attention_tiled_parts.h): the copies of q, k and the gradients of rotated operands only
+// where there is a rotation or the heads are bf16, those of v, the output and dO only for bf16 heads.
+struct Copies {
+  int64_t rotated, widened;  // 1 where those buffers are needed, else 0
 };
+Copies copies_of(const AttentionDims& d, bool widened) { return {d.rope_cos || widened ? 1 : 0, widened ? 1 : 0}; }
 struct ForwardBuffers {
   float *S, *KT, *Qc, *Kc, *Vc, *Oc;
   int64_t size;
 };
-ForwardBuffers forward_buffers(const AttentionDims& d, float* base) {
+ForwardBuffers forward_buffers(const AttentionDims& d, bool widened, char* base) {
   const int64_t rb = std::min<int64_t>(kRowBlock, d.Tq), ldk = key_ld(d.Tk);
+  const auto [rot, wide] = copies_of(d, widened);
   Carve c{base};
   ForwardBuffers f{};
-  f.S = c.take(rb * ldk), f.KT = c.take(d.E * ldk), f.Qc = c.take(d.Tq * d.E), f.Kc = c.take(d.Tk * d.E);
-  f.Vc = c.take(d.Tk * d.Ev), f.Oc = c.take(d.Tq * d.Ev);
+  f.S = c.take<float>(rb * ldk), f.KT = c.take<float>(d.E * ldk), f.Qc = c.take<float>(rot * d.Tq * d.E);
+  f.Kc = c.take<float>(rot * d.Tk * d.E), f.Vc = c.take<float>(wide * d.Tk * d.Ev), f.Oc = c.take<float>(wide * d.Tq * d.Ev);
   f.size = c.size;
   return f;
 }
@@ -293,13 +254,15 @@ struct BackwardBuffers {
   float *P, *dP, *KT, *VT, *D, *Qc, *dQc, *Gc, *Kc, *dKc, *dVc, *Vc;
   int64_t size;
 };
-BackwardBuffers backward_buffers(const AttentionDims& d, float* base) {
+BackwardBuffers backward_buffers(const AttentionDims& d, bool widened, char* base) {
   const int64_t rb = std::min<int64_t>(kRowBlock, d.Tq), ldk = key_ld(d.Tk);
+  const auto [rot, wide] = copies_of(d, widened);
   Carve c{base};
   BackwardBuffers g{};
-  g.P = c.take(rb * ldk), g.dP = c.take(rb * ldk), g.KT = c.take(d.E * ldk), g.VT = c.take(d.Ev * ldk);
-  g.D = c.take(d.Tq), g.Qc = c.take(d.Tq * d.E), g.dQc = c.take(d.Tq * d.E), g.Gc = c.take(d.Tq * d.Ev);
-  g.Kc = c.take(d.Tk * d.E), g.dKc = c.take(d.Tk * d.E), g.dVc = c.take(d.Tk * d.Ev), g.Vc = c.take(d.Tk * d.Ev);
+  g.P = c.take<float>(rb * ldk), g.dP = c.take<float>(rb * ldk), g.KT = c.take<float>(d.E * ldk);
+  g.VT = c.take<float>(d.Ev * ldk), g.D = c.take<float>(d.Tq), g.Qc = c.take<float>(rot * d.Tq * d.E);
+  g.dQc = c.take<float>(rot * d.Tq * d.E), g.Kc = c.take<float>(rot * d.Tk * d.E), g.dKc = c.take<float>(rot * d.Tk * d.E);
+  g.Gc = c.take<float>(wide * d.Tq * d.Ev), g.dVc = c.take<float>(wide * d.Tk * d.Ev), g.Vc = c.take<float>(wide * d.Tk * d.Ev);
   g.size = c.size;
   return g;
 }
@@ -307,14 +270,15 @@ BackwardBuffers backward_buffers(const AttentionDims& d, float* base) {
 // Each (batch, head) reads its f32 operands in place (keys transposed once per key/value head into a panel that stays
 // in the core's L2 for all the products that follow); rotated or 16-bit ones are first copied into f32 buffers.
 template <typename Hd>
-void forward(const AttentionDims& d, Hd Q, Hd K, Hd V, Hd O, float* L, float* workspace) {
+void forward(const AttentionDims& d, Hd Q, Hd K, Hd V, Hd O, float* L, char* workspace) {
+  constexpr bool widened = std::is_same_v<Hd, HeadsBF16>;
   const int64_t B = d.B, H = d.H, Tq = d.Tq, E = d.E, Tk = d.Tk, Ev = d.Ev;
   const int64_t bh_count = B * H, ldk = key_ld(Tk), G = H / d.Hkv;
 #pragma omp parallel if (d.parallel)
   {
-    const int64_t size = forward_buffers(d, nullptr).size;
+    const int64_t size = forward_buffers(d, widened, nullptr).size;
     // Named pointers, not a structured binding, which clang 14 cannot capture into an OpenMP region.
-    const ForwardBuffers buf = forward_buffers(d, workspace + thread_index() * size);
+    const ForwardBuffers buf = forward_buffers(d, widened, workspace + thread_index() * size);
     float *const S = buf.S, *const KT = buf.KT, *const Qc = buf.Qc, *const Kc = buf.Kc, *const Vc = buf.Vc;
     float* const Oc = buf.Oc;
     int64_t packed = -1;  // the (batch, key/value head) in KT and v: a thread's heads are consecutive
@@ -333,11 +297,11 @@ void forward(const AttentionDims& d, Hd Q, Hd K, Hd V, Hd O, float* L, float* wo
       const Rows o = f32_out(d, false, at(O, b, h), O.st, Ev, Oc);
       for (int64_t i0 = 0; i0 < Tq; i0 += kRowBlock) {
         const int64_t m = std::min<int64_t>(kRowBlock, Tq - i0), n = d.causal ? i0 + m : Tk, n16 = round_up(n, kW);
-        scores(q.p, q.st, E, KT, ldk, i0, m, Tk, d.causal, d.scale, S, n16);
-        for (int64_t r = 0; r < m; ++r) lp[i0 + r] = softmax_row(S + r * n16, d.causal ? i0 + r + 1 : n, n16);
+        scores(q.p, q.st, E, KT, ldk, i0, m, n, d.causal, d.scale, S, ldk);
+        for (int64_t r = 0; r < m; ++r) lp[i0 + r] = softmax_row(S + r * ldk, d.causal ? i0 + r + 1 : n, n16);
         // O = P V, each row tile summing only over the keys it sees.
-        auto keys = [&](int64_t r0, int64_t rows) { return d.causal ? i0 + r0 + rows : n; };
-        small_gemm(m, Ev, n, keys, S, n16, 1, v.p, v.st, o.p + i0 * o.st, o.st, 1.f, false);
+        auto keys = [&](int64_t r0, int64_t rows) { return keys_seen(d.causal, i0, r0, rows, n); };
+        small_gemm(m, Ev, n, keys, S, ldk, 1, v.p, v.st, o.p + i0 * o.st, o.st, 1.f, false);
       }
       put_rows(d, false, o, Tq, Ev, 0, at(O, b, h), O.st);
     }
@@ -362,14 +326,15 @@ void row_dots(Rows g, const S* o, int64_t ost, int64_t Tq, int64_t Ev, float* D)
 
 template <typename Hd>
 void backward(const AttentionDims& d, Hd G, Hd Q, Hd K, Hd V, Hd O, const float* L, Hd DQ, Hd DK, Hd DV,
-              float* workspace) {
+              char* workspace) {
+  constexpr bool widened = std::is_same_v<Hd, HeadsBF16>;
   const int64_t B = d.B, H = d.H, Hkv = d.Hkv, Tq = d.Tq, E = d.E, Tk = d.Tk, Ev = d.Ev;
   const float scale = d.scale;  // in a register through the loops that store floats
   const int64_t task_count = B * Hkv, ldk = key_ld(Tk), group = H / Hkv;
 #pragma omp parallel if (d.parallel)
   {
-    const int64_t size = backward_buffers(d, nullptr).size;
-    const BackwardBuffers buf = backward_buffers(d, workspace + thread_index() * size);
+    const int64_t size = backward_buffers(d, widened, nullptr).size;
+    const BackwardBuffers buf = backward_buffers(d, widened, workspace + thread_index() * size);
     float *const P = buf.P, *const dP = buf.dP, *const KT = buf.KT, *const VT = buf.VT, *const D = buf.D;
     float *const Qc = buf.Qc, *const dQc = buf.dQc, *const Gc = buf.Gc, *const Kc = buf.Kc, *const dKc = buf.dKc;
     float *const dVc = buf.dVc, *const Vc = buf.Vc;
@@ -392,16 +357,16 @@ void backward(const AttentionDims& d, Hd G, Hd Q, Hd K, Hd V, Hd O, const float*
         row_dots(g, at(O, b, h), O.st, Tq, Ev, D);
         for (int64_t i0 = 0; i0 < Tq; i0 += kRowBlock) {
           const int64_t m = std::min<int64_t>(kRowBlock, Tq - i0), n = d.causal ? i0 + m : Tk, n16 = round_up(n, kW);
-          scores(q.p, q.st, E, KT, ldk, i0, m, Tk, d.causal, d.scale, P, n16);
-          scores(g.p, g.st, Ev, VT, ldk, i0, m, Tk, d.causal, 1.f, dP, n16);  // dP = dO V^T over the same columns
+          scores(q.p, q.st, E, KT, ldk, i0, m, n, d.causal, d.scale, P, ldk);
+          scores(g.p, g.st, Ev, VT, ldk, i0, m, n, d.causal, 1.f, dP, ldk);  // dP = dO V^T over the same columns
           for (int64_t r = 0; r < m; ++r)
-            softmax_grad_row(P + r * n16, dP + r * n16, d.causal ? i0 + r + 1 : n, n16, lp[i0 + r], D[i0 + r], scale);
+            softmax_grad_row(P + r * ldk, dP + r * ldk, d.causal ? i0 + r + 1 : n, n16, lp[i0 + r], D[i0 + r], scale);
           // dV[0:n] += P^T dO, dK[0:n] += dS^T Q: P^T and dS^T are P and dS read with swapped strides.
-          small_gemm(n, Ev, m, P, 1, n16, g.p + i0 * g.st, g.st, dv.p, dv.st, 1.f, true);
-          small_gemm(n, E, m, dP, 1, n16, q.p + i0 * q.st, q.st, dk.p, dk.st, 1.f, true);
+          small_gemm(n, Ev, m, P, 1, ldk, g.p + i0 * g.st, g.st, dv.p, dv.st, 1.f, true);
+          small_gemm(n, E, m, dP, 1, ldk, q.p + i0 * q.st, q.st, dk.p, dk.st, 1.f, true);
           // dQ = dS K, each row tile summing only over the keys it sees.
-          auto keys = [&](int64_t r0, int64_t rows) { return d.causal ? i0 + r0 + rows : n; };
-          small_gemm(m, E, n, keys, dP, n16, 1, k.p, k.st, dq.p + i0 * dq.st, dq.st, 1.f, false);
+          auto keys = [&](int64_t r0, int64_t rows) { return keys_seen(d.causal, i0, r0, rows, n); };
+          small_gemm(m, E, n, keys, dP, ldk, 1, k.p, k.st, dq.p + i0 * dq.st, dq.st, 1.f, false);
         }
         put_rows(d, true, dq, Tq, E, d.q_pos, at(DQ, b, h), DQ.st);
       }
@@ -413,25 +378,25 @@ void backward(const AttentionDims& d, Hd G, Hd Q, Hd K, Hd V, Hd O, const float*
 
 }  // namespace
 
-int64_t attention_workspace_avx512(const AttentionDims& d, bool backward) {
-  return backward ? backward_buffers(d, nullptr).size : forward_buffers(d, nullptr).size;
+int64_t attention_workspace_avx512(const AttentionDims& d, bool backward, bool bf16) {
+  return backward ? backward_buffers(d, bf16, nullptr).size : forward_buffers(d, bf16, nullptr).size;
 }
 
 void attention_forward_avx512(const AttentionDims& d, HeadsF32 q, HeadsF32 k, HeadsF32 v, HeadsF32 out, float* lse,
-                              float* workspace) {
+                              char* workspace) {
   forward(d, q, k, v, out, lse, workspace);
 }
 void attention_forward_avx512(const AttentionDims& d, HeadsBF16 q, HeadsBF16 k, HeadsBF16 v, HeadsBF16 out,
-                              float* lse, float* workspace) {
+                              float* lse, char* workspace) {
   forward(d, q, k, v, out, lse, workspace);
 }
 void attention_backward_avx512(const AttentionDims& d, HeadsF32 grad, HeadsF32 q, HeadsF32 k, HeadsF32 v,
-                               HeadsF32 out, const float* lse, HeadsF32 dq, HeadsF32 dk, HeadsF32 dv, float* workspace) {
+                               HeadsF32 out, const float* lse, HeadsF32 dq, HeadsF32 dk, HeadsF32 dv, char* workspace) {
   backward(d, grad, q, k, v, out, lse, dq, dk, dv, workspace);
 }
 void attention_backward_avx512(const AttentionDims& d, HeadsBF16 grad, HeadsBF16 q, HeadsBF16 k, HeadsBF16 v,
                                HeadsBF16 out, const float* lse, HeadsBF16 dq, HeadsBF16 dk, HeadsBF16 dv,
-                               float* workspace) {
+                               char* workspace) {
   backward(d, grad, q, k, v, out, lse, dq, dk, dv, workspace);
 }
 

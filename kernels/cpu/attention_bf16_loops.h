@@ -23,19 +23,10 @@
 //     operand), b's pair row q starts at b + 2 q ldb;
 //   Thread: made once per thread around its products (state such as a tile configuration).
 #pragma once
-#include <immintrin.h>
-
-#include <algorithm>
 #include <cmath>
-#include <cstdint>
 #include <cstring>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
-#include "kernels/cpu/attention_tiled.h"
-#include "kernels/cpu/avx512_math.h"
+#include "kernels/cpu/attention_tiled_parts.h"  // and attention_tiled.h, avx512_math.h
 #include "kernels/cpu/gemm_scratch.h"
 
 namespace weft::kernels::cpu {
@@ -43,19 +34,6 @@ namespace {
 
 constexpr int64_t kRowBlock = 32;  // query rows per block, as attention.cpp
 constexpr int64_t kBackwardRowBlock = 64;  // dK and dV sum more depth per load and store of c
-constexpr int64_t kW = 16;         // f32 lanes per vector; bf16 pairs per vector
-
-int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-// The row length of the buffers with a column per key: whole vectors and one more, so that rows are not 4 KiB apart.
-int64_t key_ld(int64_t Tk) { return round_up(Tk, kW) + kW; }
-int64_t thread_index() {
-#ifdef _OPENMP
-  return omp_get_thread_num();
-#else
-  return 0;
-#endif
-}
-uint16_t* at(const HeadsBF16& x, int64_t b, int64_t h) { return x.p + b * x.sb + h * x.sh; }
 
 // The lanes of [x0[0..15], x1[0..15]] as (x0[0], x1[0], x0[1], x1[1], ...).
 inline __m512i interleave16(__m512i both) {
@@ -78,11 +56,6 @@ void pair_rows(const uint16_t* x, int64_t t, int64_t cols, uint16_t* out) {
   }
 }
 
-// Lanes j, j + 1, ..., j + 15 below `valid`.
-inline __mmask16 lanes_below(int64_t valid, int64_t j) {
-  const int64_t c = valid - j;
-  return c >= kW ? __mmask16(0xffff) : c <= 0 ? __mmask16(0) : __mmask16((1u << c) - 1);
-}
 // Words (lo[c], hi[c]) for c < 16, each rounded to bf16, at p: one vector of a pair row.
 inline void store_pairs(uint16_t* p, __m512 lo, __m512 hi) {
   _mm512_storeu_si512(p, interleave16(reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo))));
@@ -92,20 +65,8 @@ inline void store_pairs(uint16_t* p, __m512 lo, __m512 hi) {
 // into the bf16 row p[0, n16) that enters O = P V (zero from `valid` on) and summed in f32. P stays unnormalised: the
 // row of O is divided by the sum (*inv_sum = 1 / sum) after the product. Returns the row's log-sum-exp.
 inline float softmax_row_bf16(const float* s, int64_t valid, int64_t n16, uint16_t* p, float* inv_sum) {
-  __m512 mx = _mm512_set1_ps(-__builtin_inff());
-  for (int64_t j = 0; j < valid; j += kW)
-    mx = _mm512_mask_max_ps(mx, lanes_below(valid, j), mx, _mm512_loadu_ps(s + j));
-  const float top = _mm512_reduce_max_ps(mx);
-  const __m512 vt = _mm512_set1_ps(top);
-  __m512 sum = _mm512_setzero_ps();
-  int64_t j = 0;
-  for (; j < valid; j += kW) {
-    const __m512 e = _mm512_maskz_mov_ps(lanes_below(valid, j), exp_x16(_mm512_sub_ps(_mm512_loadu_ps(s + j), vt)));
-    store_bf16x16(p + j, e);
-    sum = _mm512_add_ps(sum, e);
-  }
-  for (; j < n16; j += kW) _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + j), _mm256_setzero_si256());
-  const float total = _mm512_reduce_add_ps(sum);
+  const float top = row_max(s, valid);
+  const float total = exp_row(s, valid, n16, top, [p](int64_t j, __m512 e) { store_bf16x16(p + j, e); });
   *inv_sum = 1.f / total;
   return top + std::log(total);
 }
@@ -178,23 +139,12 @@ void panel_products(const uint16_t* a, int64_t ars, int64_t k2, const uint16_t* 
                     int64_t n, bool causal, float alpha, float* c, int64_t ldc) {
   for (int64_t r0 = 0; r0 < m; r0 += Products::kTileRows) {
     const int64_t rows = std::min<int64_t>(Products::kTileRows, m - r0);
-    const int64_t nt = round_up(causal ? i0 + r0 + rows : n, kW);
+    const int64_t nt = round_up(keys_seen(causal, i0, r0, rows, n), kW);
     Products::gemm(rows, nt, k2, a + 2 * r0 * ars, ars, 1, b, ldb, c + r0 * ldc, ldc, alpha, false);
   }
 }
 
-// One thread's buffers, carved in order from its block of the workspace, each 64-byte aligned. With base == nullptr
-// only `size` (bytes) is computed: the workspace query and the loops share this one layout.
-struct Carve {
-  char* base;
-  int64_t size = 0;
-  template <typename T>
-  T* take(int64_t n) {
-    T* p = base ? reinterpret_cast<T*>(base + size) : nullptr;
-    size += round_up(n * int64_t(sizeof(T)), 64);
-    return p;
-  }
-};
+// One thread's buffers (Carve, attention_tiled_parts.h).
 struct ForwardBuffers {
   float *S, *Oc;
   uint16_t *Pb, *Qc, *Kc, *KT, *Vc, *V2;
@@ -266,7 +216,7 @@ void forward_loops(const AttentionDims& d, HeadsBF16 Q, HeadsBF16 K, HeadsBF16 V
           lp[i0 + r] = softmax_row_bf16(S + r * ldk, d.causal ? i0 + r + 1 : n, n16, Pb + r * ldk, inv_sum + r);
         // O = P V, each row tile summing only over the key pairs it sees; then each row divided by its sum.
         for (int64_t r0 = 0; r0 < m; r0 += Products::kTileRows) {
-          const int64_t rows = std::min<int64_t>(Products::kTileRows, m - r0), kn = d.causal ? i0 + r0 + rows : n;
+          const int64_t rows = std::min<int64_t>(Products::kTileRows, m - r0), kn = keys_seen(d.causal, i0, r0, rows, n);
           Products::gemm(rows, Ev, (kn + 1) / 2, Pb + r0 * ldk, ldk / 2, 1, V2, Ev, Oc + (i0 + r0) * Ev, Ev, 1.f, false);
         }
         for (int64_t r = 0; r < m; ++r)
@@ -361,7 +311,7 @@ void backward_loops(const AttentionDims& d, HeadsBF16 G, HeadsBF16 Q, HeadsBF16 
           Products::gemm(n, E, m2, dS2, 1, ldk, Q2 + i0 * E, E, dKc, E, 1.f, true);
           // dQ = dS K, each row tile summing only over the key pairs it sees.
           for (int64_t r0 = 0; r0 < m; r0 += Products::kTileRows) {
-            const int64_t rows = std::min<int64_t>(Products::kTileRows, m - r0), kn = d.causal ? i0 + r0 + rows : n;
+            const int64_t rows = std::min<int64_t>(Products::kTileRows, m - r0), kn = keys_seen(d.causal, i0, r0, rows, n);
             Products::gemm(rows, E, (kn + 1) / 2, dSb + r0 * ldk, ldk / 2, 1, K2, E, dQc + (i0 + r0) * E, E, 1.f, false);
           }
         }

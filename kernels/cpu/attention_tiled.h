@@ -30,24 +30,24 @@ struct AttentionDims {
   int64_t q_pos = 0, k_pos = 0;
 };
 
-// Floats of workspace each thread needs; the caller passes one block of that many per
-// thread the call may use (one unless d.parallel, else omp_get_max_threads()).
-int64_t attention_workspace_avx512(const AttentionDims& d, bool backward);
+// Bytes of workspace each thread needs (bf16: for the bf16 heads below); the caller passes one block of that many per
+// thread the call may use (one unless d.parallel, else omp_get_max_threads()), uninitialised.
+int64_t attention_workspace_avx512(const AttentionDims& d, bool backward, bool bf16);
 // lse: [B, H, Tq] contiguous. The backward overwrites dq, dk and dv.
 void attention_forward_avx512(const AttentionDims& d, HeadsF32 q, HeadsF32 k, HeadsF32 v, HeadsF32 out, float* lse,
-                              float* workspace);
+                              char* workspace);
 void attention_backward_avx512(const AttentionDims& d, HeadsF32 grad, HeadsF32 q, HeadsF32 k, HeadsF32 v,
-                               HeadsF32 out, const float* lse, HeadsF32 dq, HeadsF32 dk, HeadsF32 dv, float* workspace);
+                               HeadsF32 out, const float* lse, HeadsF32 dq, HeadsF32 dk, HeadsF32 dv, char* workspace);
 // The same f32 tiles on bf16 operands, on CPUs with AVX-512 but no bf16 kernel: each task widens its own heads into
 // f32 buffers as it reads them and rounds what it writes (attention.cpp: 16-bit operands computed in f32).
 void attention_forward_avx512(const AttentionDims& d, HeadsBF16 q, HeadsBF16 k, HeadsBF16 v, HeadsBF16 out,
-                              float* lse, float* workspace);
+                              float* lse, char* workspace);
 void attention_backward_avx512(const AttentionDims& d, HeadsBF16 grad, HeadsBF16 q, HeadsBF16 k, HeadsBF16 v,
                                HeadsBF16 out, const float* lse, HeadsBF16 dq, HeadsBF16 dk, HeadsBF16 dv,
-                               float* workspace);
+                               char* workspace);
 
 // bf16 operands, products summed in f32 (attention_avx512bf16.cpp: which values round to
-// bf16); lse is f32. Workspace in bytes per thread, in the same per-thread blocks.
+// bf16); lse is f32. The workspace as above.
 int64_t attention_workspace_avx512bf16(const AttentionDims& d, bool backward);
 void attention_forward_avx512bf16(const AttentionDims& d, HeadsBF16 q, HeadsBF16 k, HeadsBF16 v, HeadsBF16 out,
                                   float* lse, char* workspace);
