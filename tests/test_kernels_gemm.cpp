@@ -446,8 +446,8 @@ TEST_CASE("the bf16 GEMM entry point splits over threads and gives the kernel's 
   set_bgemm_kernel(saved);
 }
 
-// kernels::gemm's bias row: every kernel adds it as it stores a tile (or the portable path
-// fills out with it first), with the same bits as filling out with the bias and adding the
+// kernels::gemm's bias row: every kernel adds it as it stores a tile (or the f32 kernels start
+// out, or its f32 blocks, as the bias rows), with the same bits as filling out with the bias and adding the
 // product with beta 1, and within f32 rounding of a double loop that adds it; the split
 // over threads (by rows and by columns), tail tiles, f32 and bf16 results, several depth
 // blocks (bf16 summed in f32 and rounded once) included. Bad biases are refused.
@@ -498,9 +498,13 @@ TEST_CASE("gemm adds a bias row as filling out with it and adding the product wo
     }
     set_bgemm_kernel(saved);
   }
+  // The f32 kernels: out filled with the bias first for f32 operands; bf16 and f16 ones without a bf16 kernel start
+  // each f32 block of out as the bias rows.
   const SgemmKernel saved = sgemm_kernel();
-  set_sgemm_kernel(SgemmKernel::eigen);
-  run("portable (bias filled first)");
+  for (SgemmKernel kernel : runnable(false)) {
+    set_sgemm_kernel(kernel);
+    run(sgemm_kernel_name(kernel));
+  }
   set_sgemm_kernel(saved);
   set_num_threads(threads);
   Tensor a = randn({8, 16}, {}, &gen), b = randn({16, 24}, {}, &gen), out = empty({8, 24});

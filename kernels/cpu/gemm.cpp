@@ -117,31 +117,40 @@ void gemv_widened(int64_t n, int64_t k, const T* x, const T* w, MatLayout lw, TO
                   double* x_sum);
 template <typename TO>
 bool gemm_bf16_packing(int64_t m, int64_t n, int64_t k, const BFloat16* a, MatLayout la, const BFloat16* b,
-                       MatLayout lb, TO* c, int64_t ldc, float alpha, float beta, double* a_sums);
+                       MatLayout lb, TO* c, int64_t ldc, float alpha, float beta, const TO* bias, double* a_sums);
 
-// f(pc, ldpc) on c's [rows, cols] block: c itself when TO is f32, else the thread's f32 copy of it (read only when
-// beta != 0), rounded back once.
+// f(pc, ldpc, beta) on c's [rows, cols] block: c itself when TO is f32, else the thread's f32 copy of it (read only
+// when beta != 0), rounded back once. With a bias (beta 0) the block starts as the bias rows and f adds onto them
+// (beta 1): the bits of filling c with the bias first, without a pass that reads 16-bit c back.
 template <typename TO, class F>
-void through_f32(TO* c, int64_t ldc, int64_t rows, int64_t cols, float beta, F&& f) {
+void through_f32(TO* c, int64_t ldc, int64_t rows, int64_t cols, float beta, const TO* bias, F&& f) {
+  float* pc = nullptr;
+  int64_t ldpc = cols;
   if constexpr (std::is_same_v<TO, float>) {
-    f(c, ldc);
+    pc = c, ldpc = ldc;
   } else {
     static thread_local Scratch<float> c_buf;
-    float* pc = c_buf.get(rows * cols);
+    pc = c_buf.get(rows * cols);
     for (int64_t i = 0; i < rows && beta != 0.0f; ++i)
       for (int64_t j = 0; j < cols; ++j) pc[i * cols + j] = float(c[i * ldc + j]);
-    f(pc, cols);
+  }
+  for (int64_t i = 0; i < rows && bias; ++i)
+    for (int64_t j = 0; j < cols; ++j) pc[i * ldpc + j] = float(bias[j]);
+  f(pc, ldpc, bias ? 1.0f : beta);
+  if constexpr (!std::is_same_v<TO, float>)
     for (int64_t i = 0; i < rows; ++i)
       for (int64_t j = 0; j < cols; ++j) c[i * ldc + j] = convert_scalar<TO>(pc[i * cols + j]);
-  }
 }
 
 template <typename T, typename TO>
 void gemm_widened(int64_t m, int64_t n, int64_t k, const T* a, MatLayout la, const T* b, MatLayout lb, TO* c,
-                  int64_t ldc, float alpha, float beta, double* a_sums = nullptr) {
-  if (m == 1 && la.row_major && !lb.row_major) return gemv_widened(n, k, a, b, lb, c, alpha, beta, a_sums);
+                  int64_t ldc, float alpha, float beta, const TO* bias = nullptr, double* a_sums = nullptr) {
+  if (m == 1 && la.row_major && !lb.row_major) {
+    if (bias) std::copy_n(bias, n, c), beta = 1.0f;
+    return gemv_widened(n, k, a, b, lb, c, alpha, beta, a_sums);
+  }
   if constexpr (std::is_same_v<T, BFloat16>) {
-    if (gemm_bf16_packing(m, n, k, a, la, b, lb, c, ldc, alpha, beta, a_sums)) return;
+    if (gemm_bf16_packing(m, n, k, a, la, b, lb, c, ldc, alpha, beta, bias, a_sums)) return;
   }
   static thread_local Scratch<float> a_buf, b_buf;
   const int64_t nb = std::clamp<int64_t>(kWidenedBlock / std::max<int64_t>(k, 1), 1, std::max<int64_t>(n, 1));
@@ -158,8 +167,9 @@ void gemm_widened(int64_t m, int64_t n, int64_t k, const T* a, MatLayout la, con
       double* sums = a_sums && j0 == 0 ? a_sums + i0 : nullptr;
       widen_lines(row_at(a, la, i0), la.ld, la.row_major ? mc : k, la.row_major ? k : mc, pa, sums, la.row_major);
       const MatLayout wa{true, la.row_major, la.row_major ? k : mc};
-      through_f32(c + i0 * ldc + j0, ldc, mc, nc, beta,
-                  [&](float* pc, int64_t ldpc) { gemm<float>(mc, nc, k, pa, wa, pb, wb, pc, ldpc, alpha, beta); });
+      through_f32(c + i0 * ldc + j0, ldc, mc, nc, beta, bias ? bias + j0 : nullptr, [&](float* pc, int64_t ldpc, float bt) {
+        gemm<float>(mc, nc, k, pa, wa, pb, wb, pc, ldpc, alpha, bt);
+      });
     }
   }
 }
@@ -457,7 +467,7 @@ void gemv_widened(int64_t n, int64_t k, const T* x, const T* w, MatLayout lw, TO
 // as widen_lines adds them (a pass of their own over a). False where no own f32 kernel runs.
 template <typename TO>
 bool gemm_bf16_packing(int64_t m, int64_t n, int64_t k, const BFloat16* a, MatLayout la, const BFloat16* b,
-                       MatLayout lb, TO* c, int64_t ldc, float alpha, float beta, double* a_sums) {
+                       MatLayout lb, TO* c, int64_t ldc, float alpha, float beta, const TO* bias, double* a_sums) {
   const OwnKernel own = own_kernel(sgemm_kernel());
   if (!own.bf16 || m <= 1 || n <= 1 || k == 0) return false;
   for (int64_t i = 0; i < m && a_sums; ++i) a_sums[i] = 0;
@@ -471,10 +481,11 @@ bool gemm_bf16_packing(int64_t m, int64_t n, int64_t k, const BFloat16* a, MatLa
     for (int64_t j0 = c0; j0 < c1; j0 += cb)
       for (int64_t i0 = r0; i0 < r1; i0 += rb) {
         const int64_t rows = std::min(rb, r1 - i0), cols = std::min(cb, c1 - j0);
-        through_f32(c + i0 * ldc + j0, ldc, rows, cols, beta, [&](float* pc, int64_t ldpc) {
-          own.bf16(rows, cols, k, &row_at(a, la, i0)->bits, la.rs(), la.cs(), &col_at(b, lb, j0)->bits, lb.rs(),
-                   lb.cs(), pc, ldpc, alpha, beta);
-        });
+        through_f32(c + i0 * ldc + j0, ldc, rows, cols, beta, bias ? bias + j0 : nullptr,
+                    [&](float* pc, int64_t ldpc, float bt) {
+                      own.bf16(rows, cols, k, &row_at(a, la, i0)->bits, la.rs(), la.cs(), &col_at(b, lb, j0)->bits,
+                               lb.rs(), lb.cs(), pc, ldpc, alpha, bt);
+                    });
       }
   });
   return true;
@@ -641,24 +652,25 @@ bool gemm(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, dou
     for (size_t i = 0; i < total.size(); ++i) a_sums.data<BFloat16>()[i] = convert_scalar<BFloat16>(total[i]);
     return sums;
   }
-  if (bias.defined()) {  // elsewhere out starts as the bias rows and the product adds onto them
-    copy_elements(out, bias.expand(out.shape()));
-    return gemm(a, b, out, alpha, 1.0, Tensor(), a_sums);
-  }
   if (is_16bit(a.dtype())) {
     Tensor A = with_layout(a), B = with_layout(b);
     std::vector<double> total(a_sums.defined() && B.size(1) > 0 ? size_t(A.size(0)) : 0);  // n 0: no product
     dispatch_float(a.dtype(), "gemm", [&]<typename T>() {
       if constexpr (!std::is_same_v<T, acc_t<T>>) {
-        auto run = [&]<typename TO>(TO* c) {
+        auto run = [&]<typename TO>(TO* c) {  // the bias starts each f32 block of out
           gemm_widened<T, TO>(A.size(0), B.size(1), A.size(1), A.data<T>(), mat_layout(A), B.data<T>(), mat_layout(B),
-                              c, out.size(1), float(alpha), float(beta), total.empty() ? nullptr : total.data());
+                              c, out.size(1), float(alpha), float(beta), bias.defined() ? bias.data<TO>() : nullptr,
+                              total.empty() ? nullptr : total.data());
         };
         out.dtype() == DType::f32 ? run(out.data<float>()) : run(out.data<T>());
         for (size_t i = 0; i < total.size(); ++i) a_sums.data<T>()[i] = convert_scalar<T>(total[i]);
       }
     });
     return !total.empty();
+  }
+  if (bias.defined()) {  // elsewhere out starts as the bias rows and the product adds onto them
+    copy_elements(out, bias.expand(out.shape()));
+    return gemm(a, b, out, alpha, 1.0, Tensor(), a_sums);
   }
   dispatch_float(out.dtype(), "gemm", [&]<typename T>() {
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
