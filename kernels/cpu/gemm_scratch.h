@@ -27,11 +27,11 @@ struct Scratch {
 
 // bf16 bits as the f32 they stand for.
 inline float from_bf16(uint16_t h) { return __builtin_bit_cast(float, uint32_t(h) << 16); }
-// f32 to bf16 bits, round to nearest even, NaN kept a (quiet) NaN: as core/half.h.
+// f32 to bf16 bits, round to nearest even, NaN kept a (quiet) NaN: as core/half.h, with a select for NaN rather than
+// a branch, so that loops converting to bf16 vectorise.
 inline uint16_t to_bf16(float f) {
-  const uint32_t u = __builtin_bit_cast(uint32_t, f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
-  return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  const uint32_t u = __builtin_bit_cast(uint32_t, f), rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  return uint16_t((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : rounded);
 }
 
 // Whether rows `row_stride` elements of T apart fall in one set of the L1 (a multiple of 4 KiB:
