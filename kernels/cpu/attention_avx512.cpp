@@ -232,17 +232,13 @@ void zero_rows(Rows r, int64_t t, int64_t cols) {
 
 // One thread's buffers (Carve, attention_tiled_parts.h): the copies of q, k and the gradients of rotated operands only
 // where there is a rotation or the heads are bf16, those of v, the output and dO only for bf16 heads.
-struct Copies {
-  int64_t rotated, widened;  // 1 where those buffers are needed, else 0
-};
-Copies copies_of(const AttentionDims& d, bool widened) { return {d.rope_cos || widened ? 1 : 0, widened ? 1 : 0}; }
 struct ForwardBuffers {
   float *S, *KT, *Qc, *Kc, *Vc, *Oc;
   int64_t size;
 };
 ForwardBuffers forward_buffers(const AttentionDims& d, bool widened, char* base) {
   const int64_t rb = std::min<int64_t>(kRowBlock, d.Tq), ldk = key_ld(d.Tk);
-  const auto [rot, wide] = copies_of(d, widened);
+  const int64_t rot = d.rope_cos || widened, wide = widened;  // 1 where those copies are needed, else 0
   Carve c{base};
   ForwardBuffers f{};
   f.S = c.take<float>(rb * ldk), f.KT = c.take<float>(d.E * ldk), f.Qc = c.take<float>(rot * d.Tq * d.E);
@@ -256,7 +252,7 @@ struct BackwardBuffers {
 };
 BackwardBuffers backward_buffers(const AttentionDims& d, bool widened, char* base) {
   const int64_t rb = std::min<int64_t>(kRowBlock, d.Tq), ldk = key_ld(d.Tk);
-  const auto [rot, wide] = copies_of(d, widened);
+  const int64_t rot = d.rope_cos || widened, wide = widened;  // 1 where those copies are needed, else 0
   Carve c{base};
   BackwardBuffers g{};
   g.P = c.take<float>(rb * ldk), g.dP = c.take<float>(rb * ldk), g.KT = c.take<float>(d.E * ldk);
