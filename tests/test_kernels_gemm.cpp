@@ -463,7 +463,8 @@ TEST_CASE("gemm adds a bias row as filling out with it and adding the product wo
                                    {300, 16, 64, false, true},
                                    {20, 30, 0, false, false}};  // no depth: the bias alone
   auto run = [&](const char* route) {
-    for (auto [dt, out_dt] : {std::pair{kFloat32, kFloat32}, std::pair{kBFloat16, kBFloat16}, std::pair{kBFloat16, kFloat32}})
+    for (auto [dt, out_dt] : {std::pair{kFloat32, kFloat32}, std::pair{kBFloat16, kBFloat16}, std::pair{kBFloat16, kFloat32},
+                              std::pair{kFloat16, kFloat16}})
         for (const Case& c : cases) {
           INFO(route << ": " << dtype_name(dt) << " -> " << dtype_name(out_dt) << " " << c.m << " x " << c.n << " x "
                      << c.k);
@@ -483,7 +484,8 @@ TEST_CASE("gemm adds a bias row as filling out with it and adding the product wo
             int bad = 0;
             for (size_t i = 0; i < g.size(); ++i) {
               const double x = 0.5 * w[i] + bv[i % size_t(c.n)];
-              const double tol = 1e-4 * (1 + std::abs(x)) + (out_dt == kBFloat16 ? std::ldexp(std::abs(x), -8) : 0.0);
+              const double tol = 1e-4 * (1 + std::abs(x)) + (out_dt == kBFloat16 ? std::ldexp(std::abs(x), -8)
+                                                              : out_dt == kFloat16 ? std::ldexp(std::abs(x), -11) : 0.0);
               if (std::abs(g[i] - x) > tol && bad++ < 4) FAIL_CHECK(fmt::format("[{}] got {} want {}", i, g[i], x));
             }
           }
